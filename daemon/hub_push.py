@@ -1,0 +1,146 @@
+"""Publish a trained artifact: one Hub commit (adapter, tokenizer, model card), or a local folder.
+
+The push is a step of its own: the artifact stays on disk until it succeeds, transient Hub errors
+(429 with Retry-After, 5xx, timeouts) are retried with backoff, authorisation errors fail at once,
+and nothing here ever retrains. Runs in a worker thread: `huggingface_hub` is synchronous.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx2
+import structlog
+from huggingface_hub import HfApi, ModelCardData
+from huggingface_hub.errors import HfHubHTTPError
+from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from daemon.errors import PushFailed
+from daemon.settings import Settings
+from schemas.request import RequestBase
+
+log = structlog.get_logger()
+
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+REQUEST_ID_TRAILER = "adapterd-request-id"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    sink: Literal["hub", "local"]
+    repo_id: str
+    revision: str
+    commit_sha: str | None
+    commit_url: str | None
+    location: str
+    files: list[str]
+
+
+def model_card(request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str]) -> str:
+    """The README.md pushed with the artifact: Hub metadata up top, then what produced it."""
+    is_adapter = request.peft is not None and request.output.push == "adapter"
+    card = ModelCardData(
+        base_model=request.model.id,
+        library_name="peft" if is_adapter else "transformers",
+        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune"],
+    )
+    metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
+    version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
+    return (
+        f"---\n{card.to_yaml()}\n---\n\n"
+        f"# {request.output.repo_id}\n\n"
+        f"{'A LoRA adapter' if is_adapter else 'A model'} trained by adapterd with TRL's `{trainer}` "
+        f"(method `{request.method}`) on the base model `{request.model.id}`"
+        f"{f' at revision `{base_model_revision}`' if base_model_revision else ''}.\n\n"
+        f"- Request id: `{request.request_id}`\n"
+        f"- Dataset: `{request.dataset.id or 'inline rows'}`\n"
+        f"- Versions: {version_line}\n\n"
+        f"| metric | value |\n|---|---|\n{metric_lines}\n"
+    )
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, HfHubHTTPError):
+        return exc.response is None or exc.response.status_code in RETRYABLE_STATUS
+    return isinstance(exc, httpx2.TransportError)
+
+
+def _wait(state: RetryCallState) -> float:
+    """Honour the Hub's Retry-After when it sends one; otherwise back off exponentially."""
+    exc = state.outcome.exception() if state.outcome else None
+    response = getattr(exc, "response", None)
+    retry_after = response.headers.get("Retry-After") if response is not None else None
+    if retry_after and retry_after.isdigit():
+        return min(float(retry_after), 120.0)
+    return wait_exponential(multiplier=0.5, max=30)(state)
+
+
+def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+    assert settings.hub_token is not None
+    api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
+    output = request.output
+
+    @retry(
+        retry=retry_if_exception(_is_transient),
+        wait=_wait,
+        stop=stop_after_attempt(settings.hub_push_attempts),
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "hub.retry", request_id=request.request_id, attempt=state.attempt_number,
+            error=repr(state.outcome.exception()) if state.outcome else None,
+        ),
+    )
+    def commit() -> PushResult:
+        api.create_repo(output.repo_id, private=output.private, exist_ok=True)
+        if output.revision != "main":
+            api.create_branch(output.repo_id, branch=output.revision, exist_ok=True)
+        info = api.upload_folder(
+            folder_path=artifact,
+            repo_id=output.repo_id,
+            revision=output.revision,
+            commit_message=f"adapterd: {request.method} adapter for request {request.request_id}",
+            commit_description=f"{REQUEST_ID_TRAILER}: {request.request_id}",
+        )
+        return PushResult(
+            sink="hub", repo_id=output.repo_id, revision=output.revision, commit_sha=info.oid,
+            commit_url=info.commit_url, location=str(info.repo_url), files=_files(artifact),
+        )
+
+    try:
+        return commit()
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403):
+            raise PushFailed("hub_unauthorized", f"output.repo_id: the Hub refused {output.repo_id} ({status}): {exc}", retryable=False) from exc
+        raise PushFailed("hub_error", f"output.repo_id: pushing to {output.repo_id} failed: {exc}", retryable=_is_transient(exc)) from exc
+    except httpx2.TransportError as exc:
+        raise PushFailed("hub_unreachable", f"the Hub at {settings.hub_endpoint} did not answer: {exc!r}", retryable=True) from exc
+
+
+def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+    """The sink for hosts without a Hub token: work_dir/outputs/<namespace>/<name>[/<revision>]."""
+    target = settings.outputs_dir / request.output.repo_id
+    if request.output.revision != "main":
+        target = target / request.output.revision
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(artifact, staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return PushResult(
+        sink="local", repo_id=request.output.repo_id, revision=request.output.revision, commit_sha=None,
+        commit_url=None, location=str(target), files=_files(target),
+    )
+
+
+def push(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+    if settings.hub_token is None:
+        return push_to_local(artifact, request, settings)
+    return push_to_hub(artifact, request, settings)
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())

@@ -1,0 +1,186 @@
+"""The Kafka loop: consume requests, reject what is invalid, run the rest beside the loop.
+
+Delivery rules (see shared DESIGN.md):
+- An offset is committed only after the request's terminal event is acknowledged by the broker.
+- One job per partition: the partition is paused while its job runs, and the loop keeps polling,
+  so heartbeats and `max_poll_interval_ms` stay satisfied through long jobs.
+- At most `job_slots` jobs at once; beyond that, requests stay in Kafka (partitions paused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.structs import ConsumerRecord
+
+from daemon.job import JobRunner
+from daemon.policy import policy_errors
+from daemon.publisher import Publisher
+from daemon.settings import Settings
+from schemas import Accepted, Rejected, Rejection, decode_request
+
+log = structlog.get_logger()
+
+
+@dataclass
+class RunningJob:
+    request_id: str
+    offset: int
+    task: asyncio.Task[None]
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.publisher = Publisher(settings)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap_servers,
+            group_id=settings.group_id,
+            client_id=f"adapterd-{settings.host}",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_interval_ms=settings.max_poll_interval_ms,
+            session_timeout_ms=settings.session_timeout_ms,
+        )
+        self.jobs: dict[TopicPartition, RunningJob] = {}
+        self.stop_requested = asyncio.Event()
+        self.ready = asyncio.Event()
+
+    def request_stop(self) -> None:
+        log.info("daemon.stopping", running_jobs=len(self.jobs))
+        self.stop_requested.set()
+
+    async def run(self) -> None:
+        await self.publisher.start()
+        try:
+            self.consumer.subscribe([self.settings.requests_topic], listener=_Rebalance(self))
+            await self.consumer.start()
+            log.info("daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id, job_slots=self.settings.job_slots)
+            try:
+                await self._poll_until_stopped()
+            finally:
+                await self._stop_jobs()
+                await self.consumer.stop()
+        finally:
+            await self.publisher.stop()
+            log.info("daemon.stopped")
+
+    async def _poll_until_stopped(self) -> None:
+        while not self.stop_requested.is_set():
+            batches = await self.consumer.getmany(timeout_ms=500, max_records=500)
+            for tp, records in batches.items():
+                for record in records:
+                    if not await self._take(tp, record):
+                        break  # the rest of this batch is fetched again once the partition resumes
+
+    async def _take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> bool:
+        """Handle one message. False when it must stay in Kafka for now (no free slot)."""
+        if tp in self.jobs:
+            return False
+        decoded = decode_request(record.value, record.key)
+        if isinstance(decoded, Rejection):
+            await self._reject(tp, record, decoded)
+            return True
+        errors = policy_errors(decoded, self.settings)
+        if errors:
+            await self._reject(tp, record, Rejection("policy", errors, decoded.request_id))
+            return True
+        if len(self.jobs) >= self.settings.job_slots:
+            self.consumer.seek(tp, record.offset)
+            self._pause_idle_partitions()
+            return False
+
+        self.consumer.pause(tp)
+        self.consumer.seek(tp, record.offset + 1)
+        await self.publisher.publish(Accepted(
+            request_id=decoded.request_id, host=self.settings.host, metadata=decoded.metadata, method=decoded.method,
+        ))
+        queued_s = max(0.0, time.time() - record.timestamp / 1000)
+        runner = JobRunner(decoded, self.settings, self.publisher, queued_s)
+        task = asyncio.create_task(self._run_job(tp, record.offset, runner), name=f"job-{decoded.request_id}")
+        self.jobs[tp] = RunningJob(decoded.request_id, record.offset, task)
+        if len(self.jobs) >= self.settings.job_slots:
+            self._pause_idle_partitions()
+        return True
+
+    async def _reject(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> None:
+        log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
+                    errors=[f"{e.path}: {e.message}" for e in rejection.errors], offset=record.offset)
+        await self.publisher.dead_letter(record, rejection)
+        await self.publisher.publish(Rejected(
+            request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors,
+        ))
+        await self._commit(tp, record.offset + 1)
+
+    async def _run_job(self, tp: TopicPartition, offset: int, runner: JobRunner) -> None:
+        try:
+            await runner.run()
+            await self._commit(tp, offset + 1)
+        except asyncio.CancelledError:
+            log.warning("job.interrupted", request_id=runner.request.request_id, committed=False)
+            raise
+        except Exception:
+            # A fault outside the job itself (the broker refused the event): leave the request uncommitted
+            # and read it again, rather than lose it.
+            log.exception("job.error", request_id=runner.request.request_id)
+            if tp in self.consumer.assignment():
+                self.consumer.seek(tp, offset)
+        finally:
+            if self.jobs.get(tp) is not None and self.jobs[tp].offset == offset:
+                del self.jobs[tp]
+            if not self.stop_requested.is_set():
+                self._resume_idle_partitions()
+
+    async def _commit(self, tp: TopicPartition, offset: int) -> None:
+        try:
+            await self.consumer.commit({tp: offset})
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The partition moved to another member; that member reads the request again.
+            log.warning("offset.commit_failed", partition=tp.partition, offset=offset, error=str(exc))
+
+    def _pause_idle_partitions(self) -> None:
+        idle = [tp for tp in self.consumer.assignment() if tp not in self.jobs]
+        self.consumer.pause(*idle)
+
+    def _resume_idle_partitions(self) -> None:
+        if len(self.jobs) >= self.settings.job_slots:
+            return
+        idle = [tp for tp in self.consumer.assignment() if tp not in self.jobs]
+        self.consumer.resume(*idle)
+
+    async def _stop_jobs(self) -> None:
+        """Stop running jobs without committing them: their requests are read again after a restart."""
+        tasks = [job.task for job in self.jobs.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Keep running jobs' partitions paused across a rebalance, and stop jobs whose partition moved away."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        log.info("partitions.revoked", partitions=sorted(tp.partition for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        service = self.service
+        log.info("partitions.assigned", partitions=sorted(tp.partition for tp in assigned))
+        for tp, job in list(service.jobs.items()):
+            if tp in assigned:
+                # New assignments start unpaused at the committed offset, which is this job's request.
+                service.consumer.pause(tp)
+                service.consumer.seek(tp, job.offset + 1)
+            else:
+                log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
+                job.task.cancel()
+        if len(service.jobs) >= service.settings.job_slots:
+            service._pause_idle_partitions()
+        service.ready.set()

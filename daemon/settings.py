@@ -1,0 +1,104 @@
+"""The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables.
+
+Validated once at start; a wrong value stops the daemon with the setting's name and what was wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from daemon.errors import ConfigError
+
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
+
+    # Kafka
+    bootstrap_servers: str = "127.0.0.1:9092"
+    requests_topic: str = "adapterd.requests"
+    events_topic: str = "adapterd.events"
+    dlq_topic: str = "adapterd.dlq"
+    control_topic: str = "adapterd.control"
+    group_id: str = "adapterd"
+    max_poll_interval_ms: int = Field(300_000, ge=1_000)
+    session_timeout_ms: int = Field(45_000, ge=1_000)
+
+    # Work
+    work_dir: Path = Path("/var/lib/adapterd")
+    job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on this host.")
+    progress_interval_s: float = Field(10.0, ge=0, description="At most one progress event per interval per job.")
+    allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
+    allow_trust_remote_code: bool = False
+
+    # Hub
+    hub_endpoint: str = DEFAULT_HUB_ENDPOINT
+    hub_token: SecretStr | None = Field(None, description="Without one, artifacts go to the local sink under work_dir/outputs.")
+    hub_push_attempts: int = Field(5, ge=1)
+
+    # Logs
+    host: str = Field(default_factory=socket.gethostname)
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers(cls, value: str) -> str:
+        for server in value.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port...], got {server!r}")
+        return value
+
+    @field_validator("allowed_local_model_roots")
+    @classmethod
+    def _absolute(cls, value: list[Path]) -> list[Path]:
+        for root in value:
+            if not root.is_absolute():
+                raise ValueError(f"{root} is not an absolute path")
+        return value
+
+    @property
+    def outputs_dir(self) -> Path:
+        return self.work_dir / "outputs"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.work_dir / "jobs"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("ADAPTERD_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
+    """Settings from `config_file` (or $ADAPTERD_CONFIG) and the environment, or a ConfigError naming each bad setting."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file {config_file} does not exist")
+        os.environ["ADAPTERD_CONFIG"] = str(config_file)
+    elif (path := os.environ.get("ADAPTERD_CONFIG")) and not Path(path).is_file():
+        raise ConfigError(f"config file {path} (from ADAPTERD_CONFIG) does not exist")
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {problems}") from exc

@@ -1,0 +1,227 @@
+"""What every handler does the same way, in the child process: talk to the parent, load the base
+model and the dataset, build LoRA and trainer arguments, report progress, save the artifact.
+
+Handlers call these helpers explicitly; nothing here decides how a method trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from datasets import Dataset, load_dataset
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError
+from peft import LoraConfig, PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from daemon.errors import JobFailed
+from schemas.request import DatasetSpec, LoraSpec, ModelSpec, RequestBase
+
+VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
+ConfigT = TypeVar("ConfigT")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """The job's folders in the daemon's work directory, keyed by request id."""
+
+    checkpoints: Path
+    artifact: Path
+
+
+@dataclass
+class TrainResult:
+    """What the child tells the parent about a finished job."""
+
+    trainer: str
+    files: list[str]
+    metrics: dict[str, float]
+    base_model_revision: str | None
+    dataset_fingerprint: str | None
+    durations_s: dict[str, float]
+    versions: dict[str, str] = field(default_factory=lambda: package_versions())
+
+
+def package_versions() -> dict[str, str]:
+    found = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "unknown"
+    return found
+
+
+class StatusReporter:
+    """Writes one JSON object per line to the pipe the parent reads (fd in ADAPTERD_STATUS_FD)."""
+
+    def __init__(self, fd: int) -> None:
+        self._stream = os.fdopen(fd, "w", buffering=1)
+        self.stage = "preflight"
+        self._stage_started = time.monotonic()
+        self.durations_s: dict[str, float] = {}
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self._stream.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+    def enter(self, stage: str) -> None:
+        now = time.monotonic()
+        self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)
+        self.stage, self._stage_started = stage, now
+        self.send("stage", stage=stage)
+
+    def result(self, result: TrainResult) -> None:
+        self.send("result", **asdict(result))
+
+    def error(self, failure: JobFailed) -> None:
+        self.send("error", code=failure.code, stage=failure.stage, message=failure.message, retryable=failure.retryable)
+
+
+def _is_transient(exc: BaseException) -> bool:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status is None or status == 429 or status >= 500
+
+
+def resolve_model(spec: ModelSpec) -> tuple[str, str | None]:
+    """The local folder of the base model and, for a Hub model, the commit it resolved to."""
+    if spec.id.startswith("/"):
+        if not Path(spec.id).is_dir():
+            raise JobFailed("model_unavailable", "load_model", f"model.id: local path {spec.id} is not a directory")
+        return spec.id, None
+    try:
+        sha = HfApi().model_info(spec.id, revision=spec.revision).sha
+        return snapshot_download(spec.id, revision=sha), sha
+    except HfHubHTTPError as exc:
+        raise JobFailed(
+            "model_unavailable", "load_model",
+            f"model.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc}",
+            retryable=_is_transient(exc),
+        ) from exc
+
+
+def load_tokenizer(path: str, spec: ModelSpec) -> PreTrainedTokenizerBase:
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no loadable tokenizer: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, spec: ModelSpec) -> PreTrainedModel:
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES.get(spec.dtype, "auto"), trust_remote_code=spec.trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not a loadable causal LM: {exc}") from exc
+
+
+def load_datasets(spec: DatasetSpec) -> tuple[Dataset, Dataset | None]:
+    """The training split (and the eval split, if asked), columns renamed, at most `max_samples` rows."""
+    try:
+        if spec.rows is not None:
+            train, evaluation = Dataset.from_list(list(spec.rows)), None
+        else:
+            def split(name: str) -> Dataset:
+                return load_dataset(spec.id, spec.config, split=name, revision=spec.revision, data_files=spec.data_files)
+
+            train = split(spec.split)
+            evaluation = split(spec.eval_split) if spec.eval_split else None
+    except Exception as exc:  # datasets raises many unrelated types for "cannot load"
+        source = "inline rows" if spec.rows is not None else f"{spec.id} (split {spec.split})"
+        raise JobFailed(
+            "dataset_unavailable", "load_dataset", f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
+            retryable=isinstance(exc, HfHubHTTPError) and _is_transient(exc),
+        ) from exc
+    if spec.columns:
+        missing = sorted(set(spec.columns) - set(train.column_names))
+        if missing:
+            raise JobFailed("dataset_invalid", "preflight", f"dataset.columns: {missing} not in the dataset's columns {train.column_names}")
+        train = train.rename_columns(spec.columns)
+        evaluation = evaluation.rename_columns(spec.columns) if evaluation is not None else None
+    if spec.max_samples is not None and len(train) > spec.max_samples:
+        train = train.select(range(spec.max_samples))
+    return train, evaluation
+
+
+def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
+    if spec is None:
+        return None
+    return LoraConfig(task_type=task_type, **spec.model_dump())
+
+
+def trl_config(config_class: type[ConfigT], request: RequestBase, paths: JobPaths, method_block: str) -> ConfigT:
+    """The method's TRL config: the request's `training` block and method block, plus the daemon's
+    own choices (where checkpoints go, no reporting integrations, CPU when there is no GPU)."""
+    arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
+    arguments.update(request.set_fields("training"))
+    arguments.update(request.set_fields(method_block))
+    arguments.update(
+        output_dir=str(paths.checkpoints),
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+    )
+    try:
+        return config_class(**arguments)
+    except (TypeError, ValueError) as exc:
+        raise JobFailed("config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}") from exc
+
+
+def last_checkpoint(paths: JobPaths) -> str | None:
+    return get_last_checkpoint(str(paths.checkpoints)) if paths.checkpoints.is_dir() else None
+
+
+class ProgressCallback(TrainerCallback):
+    """Reports the trainer's progress to the parent at its logging steps, at most once per
+    `interval_s`, and always at the last step."""
+
+    def __init__(self, reporter: StatusReporter, interval_s: float) -> None:
+        self.reporter = reporter
+        self.interval_s = interval_s
+        self.started = time.monotonic()
+        self.last_sent = float("-inf")
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "loss" not in logs:
+            return  # the end-of-training summary, not a step
+        now = time.monotonic()
+        if now - self.last_sent < self.interval_s and state.global_step < state.max_steps:
+            return
+        self.last_sent = now
+        elapsed, total = now - self.started, max(state.max_steps, 1)
+        eta = elapsed / state.global_step * (total - state.global_step) if state.global_step else None
+        self.reporter.send(
+            "progress", step=state.global_step, total_steps=total, epoch=state.epoch,
+            loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"), eta_s=eta,
+        )
+
+
+def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path) -> list[str]:
+    """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files."""
+    artifact.mkdir(parents=True, exist_ok=True)
+    model = trainer.model
+    if request.output.push == "merged" and isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    model.save_pretrained(artifact)
+    trainer.processing_class.save_pretrained(artifact)
+    return sorted(str(p.relative_to(artifact)) for p in artifact.rglob("*") if p.is_file())
+
+
+def final_metrics(train_output: Any, trainer: Trainer) -> dict[str, float]:
+    metrics = {k: float(v) for k, v in train_output.metrics.items() if isinstance(v, int | float)}
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    if losses:
+        metrics["first_loss"], metrics["final_loss"] = float(losses[0]), float(losses[-1])
+    return metrics

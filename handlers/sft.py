@@ -1,0 +1,78 @@
+"""Supervised fine-tuning with `trl.SFTTrainer`.
+
+Rows: conversational `messages`, or `prompt` + `completion`, or plain text in `dataset_text_field`
+(default `text`). Conversational rows need a tokenizer with a chat template.
+"""
+
+from __future__ import annotations
+
+from trl import SFTConfig, SFTTrainer
+
+from daemon.errors import JobFailed
+from handlers.common import (
+    JobPaths,
+    ProgressCallback,
+    StatusReporter,
+    TrainResult,
+    final_metrics,
+    last_checkpoint,
+    load_causal_lm,
+    load_datasets,
+    load_tokenizer,
+    lora_config,
+    resolve_model,
+    save_artifact,
+    trl_config,
+)
+from schemas.request import SFTRequest
+
+TRAINER = "trl.SFTTrainer/trl.SFTConfig"
+
+
+def check_columns(columns: list[str], text_field: str) -> None:
+    if "messages" in columns or {"prompt", "completion"} <= set(columns) or text_field in columns:
+        return
+    raise JobFailed(
+        "dataset_invalid", "preflight",
+        f"dataset.columns: method sft needs 'messages', or 'prompt' and 'completion', or '{text_field}'; found {columns}",
+    )
+
+
+def train(request: SFTRequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+    config = trl_config(SFTConfig, request, paths, "sft")
+
+    reporter.enter("load_dataset")
+    train_dataset, eval_dataset = load_datasets(request.dataset)
+    check_columns(train_dataset.column_names, request.sft.dataset_text_field or "text")
+
+    reporter.enter("load_model")
+    model_path, model_revision = resolve_model(request.model)
+    tokenizer = load_tokenizer(model_path, request.model)
+    if "messages" in train_dataset.column_names and tokenizer.chat_template is None:
+        raise JobFailed("dataset_invalid", "preflight", f"model.id: {request.model.id} has no chat template for conversational rows ('messages')")
+    model = load_causal_lm(model_path, request.model)
+
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+    )
+
+    reporter.enter("train")
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+
+    reporter.enter("save")
+    files = save_artifact(trainer, request, paths.artifact)
+    reporter.enter("done")
+    return TrainResult(
+        trainer=TRAINER,
+        files=files,
+        metrics=final_metrics(train_output, trainer),
+        base_model_revision=model_revision,
+        dataset_fingerprint=train_dataset._fingerprint,
+        durations_s=reporter.durations_s,
+    )

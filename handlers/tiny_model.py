@@ -1,0 +1,86 @@
+"""Build a tiny, randomly initialised Qwen2 model and a byte-level BPE tokenizer with a chat template.
+
+Used by `adapterd demo` and by the tests, so that neither needs to download a model: two layers of
+width 32 train a few SFT steps on the CPU in about a second. Run as
+`python -m handlers.tiny_model OUT_DIR` (the daemon never imports this module: it imports torch).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "adapterd trains adapters from a stream of requests.",
+    "What is the capital of France? The capital of France is Paris.",
+    "Two plus two equals four. Three plus five equals eight.",
+    "Kafka keeps the requests; the Hub keeps the adapters.",
+    "user assistant system question answer prompt completion chosen rejected",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 yes no true false good bad",
+]
+
+def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+    )
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
+
+
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCausalLM:
+    import torch
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def save_tiny_model(out_dir: Path) -> Path:
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+if __name__ == "__main__":
+    print(save_tiny_model(Path(sys.argv[1])))

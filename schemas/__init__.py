@@ -1,0 +1,43 @@
+"""The wire contract of adapterd, version 1: requests, lifecycle events, and their JSON Schemas.
+
+Depends on pydantic only, so that producers and consumers can import it.
+"""
+
+from schemas.common import SCHEMA_VERSION, FieldError
+from schemas.decode import Rejection, decode_request
+from schemas.events import (
+    TERMINAL_TYPES,
+    Accepted,
+    Cancelled,
+    Checkpoint,
+    Event,
+    Failed,
+    Progress,
+    Rejected,
+    Started,
+    Succeeded,
+    parse_event,
+)
+from schemas.request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
+
+__all__ = [
+    "REQUEST_MODELS",
+    "SCHEMA_VERSION",
+    "TERMINAL_TYPES",
+    "Accepted",
+    "Cancelled",
+    "Checkpoint",
+    "Event",
+    "Failed",
+    "FieldError",
+    "Progress",
+    "Rejected",
+    "Rejection",
+    "RequestBase",
+    "SFTRequest",
+    "Started",
+    "Succeeded",
+    "TrainingRequest",
+    "decode_request",
+    "parse_event",
+]

@@ -1,0 +1,23 @@
+"""Building blocks shared by requests and events."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+# An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe.
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+
+
+class Frozen(BaseModel):
+    """Base of every model read from or written to the outside world: immutable and strict about keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FieldError(Frozen):
+    """One reason a request was refused, named by the path of the offending field."""
+
+    path: str = Field(description="Dotted path of the offending field, e.g. 'training.learning_rate'; '' for the whole message.")
+    message: str = Field(description="What was wrong with it.")

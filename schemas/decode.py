@@ -1,0 +1,75 @@
+"""Turn the raw bytes of a message into a request, or into the reasons it is not one.
+
+Producers can call this before publishing; the daemon calls it on every message it consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from schemas.common import REQUEST_ID_PATTERN, FieldError
+from schemas.request import REQUEST_MODELS, RequestBase
+
+RejectReason = Literal["not_json", "not_an_object", "unknown_method", "invalid", "policy"]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a message is not a valid request. `request_id` is what could be recovered, if anything."""
+
+    reason: RejectReason
+    errors: list[FieldError]
+    request_id: str | None = None
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _message(error: dict[str, object]) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown field; not part of schema version 1 (check the spelling)"
+    return str(error["msg"])
+
+
+def field_errors(exc: ValidationError) -> list[FieldError]:
+    return [FieldError(path=_path(tuple(e["loc"])), message=_message(dict(e))) for e in exc.errors()]
+
+
+def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase | Rejection:
+    """Decode and validate one message. Never raises for bad input: it returns a `Rejection`."""
+    key_id = _request_id_from_key(key)
+    try:
+        document = json.loads(raw or b"")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
+    if not isinstance(document, dict):
+        kind = type(document).__name__
+        return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
+
+    request_id = document.get("request_id")
+    if not (isinstance(request_id, str) and re.fullmatch(REQUEST_ID_PATTERN, request_id)):
+        request_id = key_id
+    method = document.get("method")
+    if method not in REQUEST_MODELS:
+        known = ", ".join(sorted(REQUEST_MODELS))
+        message = "missing" if method is None else f"unknown method {method!r}"
+        return Rejection("unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id)
+
+    try:
+        return REQUEST_MODELS[method].model_validate(document)
+    except ValidationError as exc:
+        return Rejection("invalid", field_errors(exc), request_id)
+
+
+def _request_id_from_key(key: bytes | None) -> str | None:
+    try:
+        text = (key or b"").decode()
+    except UnicodeDecodeError:
+        return None
+    return text if re.fullmatch(REQUEST_ID_PATTERN, text) else None

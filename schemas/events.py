@@ -1,0 +1,117 @@
+"""Version 1 of the lifecycle events published to `adapterd.events`, keyed by request id.
+
+Every request ends in exactly one terminal event: `succeeded`, `failed`, `cancelled` or `rejected`.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from schemas.common import SCHEMA_VERSION, FieldError, Frozen
+
+TERMINAL_TYPES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+
+Stage = Literal["intake", "preflight", "load_model", "load_dataset", "train", "save", "push"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _event_id() -> str:
+    return uuid.uuid4().hex
+
+
+class EventBase(Frozen):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str = Field(default_factory=_event_id, description="Unique per event; consumers de-duplicate on it.")
+    request_id: str | None = Field(description="The request's id; null only for a rejected message whose id could not be read.")
+    time: datetime = Field(default_factory=_now)
+    host: str = Field(default_factory=socket.gethostname)
+    attempt: int = Field(1, ge=1)
+    metadata: dict[str, str] = Field(default_factory=dict, description="The request's metadata, echoed.")
+
+
+class Accepted(EventBase):
+    type: Literal["accepted"] = "accepted"
+    method: str
+
+
+class Rejected(EventBase):
+    type: Literal["rejected"] = "rejected"
+    reason: Literal["not_json", "not_an_object", "unknown_method", "invalid", "policy"]
+    errors: list[FieldError] = Field(min_length=1)
+
+
+class Started(EventBase):
+    type: Literal["started"] = "started"
+    method: str
+    slot: str = Field(description="The GPU ids given to the job ('cpu' on a host without GPUs).")
+    pid: int
+
+
+class Progress(EventBase):
+    type: Literal["progress"] = "progress"
+    step: int
+    total_steps: int
+    epoch: float | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    eta_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+class Checkpoint(EventBase):
+    type: Literal["checkpoint"] = "checkpoint"
+    step: int
+    path: str
+
+
+class Succeeded(EventBase):
+    type: Literal["succeeded"] = "succeeded"
+    sink: Literal["hub", "local"]
+    repo_id: str
+    revision: str
+    commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink.")
+    commit_url: str | None
+    location: str = Field(description="Where the artifact is: the Hub repo URL or the local directory.")
+    files: list[str]
+    metrics: dict[str, float]
+    durations_s: dict[str, float] = Field(description="Seconds per stage: queue, load, train, push, total.")
+    versions: dict[str, str] = Field(description="adapterd, trl, transformers, peft, torch, datasets.")
+    method: str
+    trainer: str = Field(description="The TRL trainer and config classes that ran.")
+    base_model: str
+    base_model_revision: str | None = Field(description="The resolved commit of the base model, when it came from the Hub.")
+    dataset_fingerprint: str | None
+    duplicate: bool = Field(False, description="True when a redelivered request had already succeeded.")
+
+
+class Failed(EventBase):
+    type: Literal["failed"] = "failed"
+    code: str = Field(description="Stable machine-readable cause, e.g. 'model_unavailable'.")
+    message: str
+    stage: Stage
+    retryable: bool
+
+
+class Cancelled(EventBase):
+    type: Literal["cancelled"] = "cancelled"
+    reason: str
+
+
+Event = Annotated[
+    Accepted | Rejected | Started | Progress | Checkpoint | Succeeded | Failed | Cancelled,
+    Field(discriminator="type"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def parse_event(raw: bytes) -> Event:
+    return EVENT_ADAPTER.validate_json(raw)
