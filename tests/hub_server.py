@@ -198,6 +198,8 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
         hub = self.server_state
         if path == "/api/repos/create" and self.command == "POST":
             return self._create_repo(json.loads(self._body() or b"{}"))
+        if path == "/api/validate-yaml" and self.command == "POST":
+            return self._validate_card(json.loads(self._body())["content"])
         if path == "/api/whoami-v2":
             return self._send(200, {"type": "user", "name": "adapterd-test", "orgs": [], "auth": {}})
         if match := API.match(path):
@@ -232,6 +234,20 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
         if exists:
             return self._send(409, {"error": "You already created this repo", "url": url})
         self._send(200, {"url": url, "name": repo_id, "id": repo_id})
+
+    def _validate_card(self, content: str) -> None:
+        """Like the Hub: a README.md's front matter must be a YAML mapping."""
+        import yaml
+
+        if not content.startswith("---\n") or "\n---" not in content[4:]:
+            return self._send(200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata"}]})
+        try:
+            metadata = yaml.safe_load(content[4:].split("\n---", 1)[0])
+        except yaml.YAMLError as exc:
+            return self._send(400, {"error": f"invalid YAML: {exc}", "errors": [{"message": str(exc)}]})
+        if not isinstance(metadata, dict):
+            return self._send(400, {"error": "metadata is not a mapping", "errors": [{"message": "not a mapping"}]})
+        self._send(200, {"errors": [], "warnings": []})
 
     def _api(self, repo: Repo, action: str | None, revision: str | None, rest: str, query: dict[str, str]) -> None:
         hub = self.server_state

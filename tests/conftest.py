@@ -1,0 +1,154 @@
+"""The fixtures that start real services, all in one place: a Kafka broker, the local Hub server,
+a tiny model and datasets published to it, and the daemon itself as a child process.
+
+Set ADAPTERD_TEST_BOOTSTRAP_SERVERS to use an external Kafka cluster instead of the local broker.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The local Hub cannot serve Xet uploads; the client must take the plain HTTP path. Set before
+# huggingface_hub is imported anywhere in the test process.
+os.environ["HF_HUB_DISABLE_XET"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import json
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.local_kafka import LocalKafka
+from daemon.settings import Settings
+from daemon.topics import ensure_topics
+from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, TINY_MODEL
+from tests.hub_server import HubServer
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of a real broker: external if configured, else a local KRaft node."""
+    external = os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS")
+    if external:
+        yield external
+        return
+    broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka")).start()
+    yield broker.bootstrap_servers
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def hub() -> Iterator[HubServer]:
+    server = HubServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from handlers.tiny_model import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def published(hub: HubServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> HubServer:
+    """The tiny model and a chat dataset, on the local Hub under the ids requests name them by."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=hub.endpoint, token=HUB_TOKEN)
+    api.create_repo(TINY_MODEL, exist_ok=True)
+    api.upload_folder(folder_path=tiny_model_dir, repo_id=TINY_MODEL, commit_message="tiny model")
+    data = tmp_path_factory.mktemp("chat-dataset")
+    (data / "data").mkdir()
+    (data / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS))
+    api.create_repo(CHAT_DATASET, repo_type="dataset", exist_ok=True)
+    api.upload_folder(folder_path=data, repo_id=CHAT_DATASET, repo_type="dataset", commit_message="chat rows")
+    return hub
+
+
+@pytest.fixture
+async def settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
+    """Settings with topics and a group of this test's own, so tests never see each other's messages."""
+    suffix = uuid.uuid4().hex[:8]
+    settings = Settings(
+        bootstrap_servers=kafka,
+        requests_topic=f"requests-{suffix}",
+        events_topic=f"events-{suffix}",
+        dlq_topic=f"dlq-{suffix}",
+        control_topic=f"control-{suffix}",
+        group_id=f"adapterd-{suffix}",
+        work_dir=tmp_path / "work",
+        hub_endpoint=hub.endpoint,
+        hub_token=HUB_TOKEN,  # type: ignore[arg-type]
+        progress_interval_s=0,
+        allowed_local_model_roots=[tmp_path],
+        log_format="json",
+    )
+    await ensure_topics(settings)
+    return settings
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The environment that makes `adapterd run` use `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_")}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        if name == "hub_token":
+            value = settings.hub_token.get_secret_value() if settings.hub_token else None
+        env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+    env["HF_HOME"] = str(settings.work_dir / "hf-home")
+    return env
+
+
+@dataclass
+class DaemonProcess:
+    """`adapterd run` as an operator starts it, in a child process of the test."""
+
+    settings: Settings
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> DaemonProcess:
+        self.settings.work_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "run"],
+            env={**settings_environment(self.settings), **self.extra_env},
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
+        )
+        return self
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                lines.append({"event": "raw", "text": line})
+        return lines
+
+
+@pytest.fixture
+def daemon(settings: Settings, tmp_path: Path) -> Iterator[DaemonProcess]:
+    process = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    yield process
+    process.stop()

@@ -1,0 +1,94 @@
+"""The push step against the local Hub server, with the real huggingface_hub client."""
+
+from pathlib import Path
+
+import pytest
+
+from daemon import hub_push
+from daemon.errors import PushFailed
+from daemon.settings import Settings
+from schemas import SFTRequest
+from tests.helpers import HUB_TOKEN
+from tests.hub_server import HubServer
+
+
+def request(request_id: str, **output: object) -> SFTRequest:
+    return SFTRequest.model_validate({
+        "request_id": request_id, "method": "sft", "model": {"id": "tiny/base"},
+        "dataset": {"rows": [{"text": "x"}]}, "output": {"repo_id": f"pushes/{request_id}", **output},
+    })
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    folder = tmp_path / "artifact"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text('{"r": 4}')
+    (folder / "adapter_model.safetensors").write_bytes(b"\x00weights")
+    (folder / "README.md").write_text(hub_push.model_card(request("card"), "trl.SFTTrainer/trl.SFTConfig", "abc123", {"train_loss": 1.5}, {"trl": "1.16.0"}))
+    return folder
+
+
+def hub_settings(hub: HubServer, tmp_path: Path, **overrides: object) -> Settings:
+    return Settings(hub_endpoint=hub.endpoint, hub_token=HUB_TOKEN, work_dir=tmp_path, **overrides)  # type: ignore[arg-type]
+
+
+def test_one_commit_records_the_request_id(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    result = hub_push.push(artifact, request("push-1"), hub_settings(hub, tmp_path))
+    commits = hub.commits("pushes/push-1")
+    assert len(commits) == 1
+    assert result.sink == "hub" and result.commit_sha == commits[0].sha
+    assert result.commit_url is not None and result.commit_url.endswith(commits[0].sha)
+    assert "adapterd-request-id: push-1" in commits[0].description
+    assert set(commits[0].files) >= {"adapter_config.json", "adapter_model.safetensors", "README.md"}
+    assert hub.repo("pushes/push-1").private is True
+
+
+def test_model_card_metadata(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    hub_push.push(artifact, request("push-card"), hub_settings(hub, tmp_path))
+    card = hub.commits("pushes/push-card")[0].files["README.md"].decode()
+    front_matter = card.split("---")[1]
+    assert "base_model: tiny/base" in front_matter
+    assert "library_name: peft" in front_matter
+    assert "- trl" in front_matter and "- sft" in front_matter
+    assert "abc123" in card and "train_loss" in card
+
+
+def test_branch_revision_is_created(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    result = hub_push.push(artifact, request("push-branch", revision="experiment"), hub_settings(hub, tmp_path))
+    assert hub.commits("pushes/push-branch", revision="experiment")[0].sha == result.commit_sha
+    assert hub.commits("pushes/push-branch", revision="main") == []
+
+
+def test_transient_errors_are_retried_without_a_second_commit(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    hub.fail("POST", r"/api/models/pushes/push-retry/commit/", 500, times=1)
+    hub.fail("POST", r"/api/models/pushes/push-retry/preupload/", 429, times=1, headers={"Retry-After": "0"})
+    result = hub_push.push(artifact, request("push-retry"), hub_settings(hub, tmp_path))
+    assert [c.sha for c in hub.commits("pushes/push-retry")] == [result.commit_sha]
+
+
+def test_unauthorised_fails_at_once(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    hub.fail("POST", r"/api/repos/create", 401, times=5)
+    with pytest.raises(PushFailed) as failure:
+        hub_push.push(artifact, request("push-401"), hub_settings(hub, tmp_path))
+    assert failure.value.code == "hub_unauthorized" and failure.value.retryable is False
+    assert sum(1 for method, path in hub.requests if path == "/api/repos/create") >= 1
+    remaining = [f for f in hub.faults if f.path_pattern == r"/api/repos/create"][0].times
+    assert remaining == 4, "an authorisation error must not be retried"
+    hub.faults.clear()
+
+
+def test_retries_give_up_with_a_retryable_failure(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    hub.fail("POST", r"/api/models/pushes/push-503/commit/", 503, times=2)
+    with pytest.raises(PushFailed) as failure:
+        hub_push.push(artifact, request("push-503"), hub_settings(hub, tmp_path, hub_push_attempts=2))
+    assert failure.value.code == "hub_error" and failure.value.retryable is True
+    assert artifact.joinpath("adapter_model.safetensors").exists(), "the artifact stays on disk for a later push"
+
+
+def test_local_sink_without_a_token(artifact: Path, tmp_path: Path) -> None:
+    settings = Settings(work_dir=tmp_path / "work", hub_token=None)
+    result = hub_push.push(artifact, request("local-1"), settings)
+    assert result.sink == "local" and result.commit_sha is None
+    assert Path(result.location) == tmp_path / "work" / "outputs" / "pushes" / "local-1"
+    assert (Path(result.location) / "adapter_model.safetensors").read_bytes() == b"\x00weights"

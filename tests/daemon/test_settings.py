@@ -1,0 +1,48 @@
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import ConfigError
+from daemon.settings import load_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("ADAPTERD_"):
+            monkeypatch.delenv(name)
+
+
+def test_toml_file_then_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "adapterd.toml"
+    config.write_text('bootstrap_servers = "kafka-1:9092,kafka-2:9092"\ngroup_id = "from-file"\njob_slots = 2\n')
+    monkeypatch.setenv("ADAPTERD_GROUP_ID", "from-env")
+    settings = load_settings(config)
+    assert settings.bootstrap_servers == "kafka-1:9092,kafka-2:9092"
+    assert settings.job_slots == 2
+    assert settings.group_id == "from-env"
+
+
+def test_hub_token_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN", "hf_secret")
+    settings = load_settings()
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_secret"
+    assert "hf_secret" not in repr(settings)
+
+
+def test_bad_values_are_named(tmp_path: Path) -> None:
+    config = tmp_path / "adapterd.toml"
+    config.write_text('bootstrap_servers = "no-port"\njob_slots = 0\nunknown_setting = 1\n')
+    with pytest.raises(ConfigError) as error:
+        load_settings(config)
+    message = str(error.value)
+    assert "bootstrap_servers" in message and "host:port" in message
+    assert "job_slots" in message
+    assert "unknown_setting" in message
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml")

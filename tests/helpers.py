@@ -1,0 +1,113 @@
+"""Helpers the tests share: publishing requests and reading events, offsets and dead letters back
+from the real broker, and a small valid request to start from."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from daemon.settings import Settings
+from schemas import TERMINAL_TYPES, Event, parse_event
+
+HUB_TOKEN = "hf_adapterd_test_token"
+TINY_MODEL = "tiny/qwen2-chat"
+CHAT_DATASET = "tiny/chat-rows"
+EVENT_TIMEOUT_S = 240.0
+
+CHAT_ROWS = [
+    {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+    for q, a in [
+        ("What is the capital of France?", "The capital of France is Paris."),
+        ("What is two plus two?", "Two plus two equals four."),
+        ("Where are the requests kept?", "Kafka keeps the requests."),
+        ("Where are the adapters kept?", "The Hub keeps the adapters."),
+        ("What is three plus five?", "Three plus five equals eight."),
+        ("Is the dog lazy?", "yes, the dog is lazy."),
+    ]
+]
+
+
+async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None) -> int:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key)
+    finally:
+        await producer.stop()
+    return int(meta.offset)
+
+
+async def submit(settings: Settings, request: dict[str, Any]) -> int:
+    return await produce(settings, json.dumps(request).encode(), request["request_id"].encode())
+
+
+async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
+    """The first `count` records of a topic; fails if they do not arrive in time."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=settings.bootstrap_servers, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for record in consumer:
+                records.append(record)
+                if len(records) == count:
+                    break
+    finally:
+        await consumer.stop()
+    return records
+
+
+async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
+    """Every event of the given requests, up to and including each one's terminal event."""
+    consumer = AIOKafkaConsumer(
+        settings.events_topic, bootstrap_servers=settings.bootstrap_servers, group_id=None,
+        auto_offset_reset="earliest", enable_auto_commit=False,
+    )
+    await consumer.start()
+    events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}
+    waiting = set(request_ids)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for record in consumer:
+                event = parse_event(record.value)
+                if event.request_id in events:
+                    events[event.request_id].append(event)
+                    if event.type in TERMINAL_TYPES:
+                        waiting.discard(event.request_id)
+                if not waiting:
+                    break
+    finally:
+        await consumer.stop()
+    return events
+
+
+async def committed_offset(settings: Settings, partition: int = 0) -> int | None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=settings.group_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(settings.requests_topic, partition))
+    finally:
+        await consumer.stop()
+
+
+def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:
+    """A small SFT request on the published tiny model and chat dataset; 4 steps."""
+    request: dict[str, Any] = {
+        "schema_version": 1,
+        "request_id": request_id,
+        "method": "sft",
+        "model": {"id": TINY_MODEL},
+        "dataset": {"id": CHAT_DATASET},
+        "peft": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        "training": {"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
+        "output": {"repo_id": f"results/{request_id}"},
+        "metadata": {"team": "tests"},
+    }
+    request.update(overrides)
+    return request

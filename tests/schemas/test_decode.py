@@ -1,0 +1,89 @@
+import json
+from typing import Any
+
+import pytest
+
+from schemas import Rejection, SFTRequest, decode_request
+
+
+def valid() -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "request_id": "req-1",
+        "method": "sft",
+        "model": {"id": "org/base"},
+        "dataset": {"rows": [{"text": "hello"}]},
+        "output": {"repo_id": "org/adapter"},
+    }
+
+
+def rejection(document: Any, key: bytes | None = None) -> Rejection:
+    outcome = decode_request(json.dumps(document).encode(), key)
+    assert isinstance(outcome, Rejection), outcome
+    return outcome
+
+
+def test_valid_request_decodes_with_defaults() -> None:
+    request = decode_request(json.dumps(valid()).encode())
+    assert isinstance(request, SFTRequest)
+    assert request.output.private is True
+    assert request.peft is not None and request.peft.r == 16
+    assert request.set_fields("training") == {}
+
+
+def test_full_fine_tune_is_peft_null() -> None:
+    request = decode_request(json.dumps({**valid(), "peft": None}).encode())
+    assert isinstance(request, SFTRequest) and request.peft is None
+
+
+def test_not_json_keeps_the_key_as_request_id() -> None:
+    outcome = decode_request(b"\xff{not json", b"req-7")
+    assert isinstance(outcome, Rejection)
+    assert outcome.reason == "not_json"
+    assert outcome.request_id == "req-7"
+    assert outcome.errors[0].path == ""
+
+
+def test_json_that_is_not_an_object() -> None:
+    outcome = rejection([1, 2, 3])
+    assert outcome.reason == "not_an_object"
+    assert "got list" in outcome.errors[0].message
+
+
+@pytest.mark.parametrize("method", ["sft2", None])
+def test_unknown_or_missing_method_names_the_known_ones(method: str | None) -> None:
+    outcome = rejection({**valid(), "method": method})
+    assert outcome.reason == "unknown_method"
+    assert outcome.request_id == "req-1"
+    assert outcome.errors[0].path == "method"
+    assert "known methods: sft" in outcome.errors[0].message
+
+
+def test_each_offending_field_is_named() -> None:
+    document = valid()
+    document["training"] = {"learning_rat": 0.1, "max_steps": 0}
+    document["peft"] = {"r": "four"}
+    document["request_id"] = "has spaces"
+    outcome = rejection(document)
+    paths = {error.path: error.message for error in outcome.errors}
+    assert outcome.reason == "invalid"
+    assert "unknown field" in paths["training.learning_rat"]
+    assert "greater than or equal to 1" in paths["training.max_steps"]
+    assert "peft.r" in paths
+    assert "request_id" in paths
+    assert outcome.request_id is None
+
+
+def test_dataset_needs_exactly_one_source() -> None:
+    document = valid()
+    document["dataset"] = {"id": "org/data", "rows": [{"text": "x"}]}
+    outcome = rejection(document)
+    assert [e.path for e in outcome.errors] == ["dataset"]
+    assert "exactly one of 'id'" in outcome.errors[0].message
+
+
+def test_inline_rows_are_bounded() -> None:
+    document = valid()
+    document["dataset"] = {"rows": [{"text": "x"}] * 10_001}
+    outcome = rejection(document)
+    assert outcome.errors[0].path == "dataset.rows"
