@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from daemon.errors import ConfigError
@@ -41,12 +41,24 @@ class Settings(BaseSettings):
     # Hub
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
     hub_token: SecretStr | None = Field(None, description="Without one, artifacts go to the local sink under work_dir/outputs.")
+    hub_token_file: Path | None = Field(None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=).")
     hub_push_attempts: int = Field(5, ge=1)
 
     # Logs
     host: str = Field(default_factory=socket.gethostname)
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("hub_token_file") and not data.get("hub_token"):
+            path = Path(data["hub_token_file"])
+            try:
+                data = {**data, "hub_token": path.read_text().strip()}
+            except OSError as exc:
+                raise ValueError(f"hub_token_file: cannot read {path}: {exc.strerror}") from exc
+        return data
 
     @field_validator("bootstrap_servers")
     @classmethod

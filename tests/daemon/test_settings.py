@@ -46,3 +46,17 @@ def test_bad_values_are_named(tmp_path: Path) -> None:
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")
+
+
+def test_hub_token_from_a_credential_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = tmp_path / "hub-token"
+    token.write_text("hf_from_file\n")
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN_FILE", str(token))
+    settings = load_settings()
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_file"
+
+
+def test_unreadable_token_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="hub_token_file"):
+        load_settings()

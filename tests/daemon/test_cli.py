@@ -1,0 +1,83 @@
+"""The `adapterd` command line, as users call it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from daemon.cli import app
+from daemon.settings import Settings
+from tests.conftest import settings_environment
+from tests.helpers import read_records, sft_request
+
+runner = CliRunner()
+
+
+def write(tmp_path: Path, document: object) -> Path:
+    path = tmp_path / "request.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_validate_accepts_a_valid_request(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["validate", str(write(tmp_path, sft_request("cli-ok")))])
+    assert result.exit_code == 0, result.output
+    assert "valid sft request cli-ok" in result.output
+
+
+def test_validate_names_each_bad_field(tmp_path: Path) -> None:
+    request = sft_request("cli-bad")
+    request["peft"] = {"r": 0, "alpha": 3}
+    result = runner.invoke(app, ["validate", str(write(tmp_path, request))])
+    assert result.exit_code == 2
+    assert "peft.r:" in result.output and "peft.alpha: unknown field" in result.output
+
+
+def test_schema_prints_both_schemas() -> None:
+    result = runner.invoke(app, ["schema"])
+    assert result.exit_code == 0
+    assert set(json.loads(result.output)) == {"request.schema.json", "event.schema.json"}
+
+
+async def test_submit_publishes_keyed_by_request_id(settings: Settings, tmp_path: Path) -> None:
+    path = write(tmp_path, sft_request("cli-submit"))
+    env = settings_environment(settings)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon.cli", "submit", str(path), env=env, stdout=asyncio.subprocess.PIPE
+    )
+    stdout, _ = await process.communicate()
+    assert process.returncode == 0
+    assert f"submitted cli-submit to {settings.requests_topic}[0]@0" in stdout.decode()
+    [record] = await read_records(settings, settings.requests_topic, 1)
+    assert record.key == b"cli-submit"
+    assert json.loads(record.value)["request_id"] == "cli-submit"
+
+
+def test_run_refuses_bad_settings_with_their_names(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("job_slots = -1\n")
+    result = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "job_slots" in result.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_to_succeeded_on_a_fresh_work_dir(tmp_path: Path) -> None:
+    """The README's main command, as written, on built-in defaults."""
+    work_dir = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "demo", "--work-dir", str(work_dir)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert lines[0] == "accepted" and lines[-1] == "succeeded" and "progress" in lines
+    adapter = work_dir / "outputs" / "demo" / "tiny-sft-adapter"
+    assert (adapter / "adapter_model.safetensors").stat().st_size > 0
+    assert "library_name: peft" in (adapter / "README.md").read_text()
