@@ -18,11 +18,12 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord
 
+from daemon.capabilities import available_methods, unsupported_reason
 from daemon.job import JobRunner
 from daemon.policy import policy_errors
 from daemon.publisher import Publisher
 from daemon.settings import Settings
-from schemas import Accepted, Rejected, Rejection, decode_request
+from schemas import Accepted, FieldError, Rejected, Rejection, decode_request
 
 log = structlog.get_logger()
 
@@ -60,7 +61,7 @@ class Service:
         try:
             self.consumer.subscribe([self.settings.requests_topic], listener=_Rebalance(self))
             await self.consumer.start()
-            log.info("daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id, job_slots=self.settings.job_slots)
+            log.info("daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id, job_slots=self.settings.job_slots, methods=available_methods())
             try:
                 await self._poll_until_stopped()
             finally:
@@ -86,6 +87,10 @@ class Service:
         if isinstance(decoded, Rejection):
             await self._reject(tp, record, decoded)
             return True
+        unsupported = unsupported_reason(decoded.method)
+        if unsupported:
+            await self._reject(tp, record, Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], decoded.request_id))
+            return True
         errors = policy_errors(decoded, self.settings)
         if errors:
             await self._reject(tp, record, Rejection("policy", errors, decoded.request_id))
@@ -95,6 +100,8 @@ class Service:
             self._pause_idle_partitions()
             return False
 
+        if decoded.experimental:
+            log.warning("job.experimental_method", request_id=decoded.request_id, method=decoded.method)
         self.consumer.pause(tp)
         self.consumer.seek(tp, record.offset + 1)
         await self.publisher.publish(Accepted(

@@ -2,12 +2,19 @@
 
 A new method is one new module, one line in `HANDLERS`, one request model in `schemas.request`,
 and one test file. Importing this package imports torch and TRL: the daemon never does.
+`ppo` exists only on trl 1.10 to 1.12 (TRL removed it in 1.13.0), so it is imported only there.
 """
 
 from types import ModuleType
 
-from handlers import sft
+from handlers import dpo, grpo, kto, orpo, reward, rloo, sft
 
 HANDLERS: dict[str, ModuleType] = {
     "sft": sft,
+    "dpo": dpo,
+    "kto": kto,
+    "reward": reward,
+    "grpo": grpo,
+    "rloo": rloo,
+    "orpo": orpo,
 }

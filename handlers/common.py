@@ -19,11 +19,20 @@ from datasets import Dataset, load_dataset
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
 from peft import LoraConfig, PeftModel
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BitsAndBytesConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+)
 from transformers.trainer_utils import get_last_checkpoint
 
 from daemon.errors import JobFailed
-from schemas.request import DatasetSpec, LoraSpec, ModelSpec, RequestBase
+from schemas.request import DatasetSpec, LoraSpec, ModelSpec, RequestBase, RewardModelSpec
 
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
 ConfigT = TypeVar("ConfigT")
@@ -91,7 +100,7 @@ def _is_transient(exc: BaseException) -> bool:
     return status is None or status == 429 or status >= 500
 
 
-def resolve_model(spec: ModelSpec) -> tuple[str, str | None]:
+def resolve_model(spec: ModelSpec | RewardModelSpec) -> tuple[str, str | None]:
     """The local folder of the base model and, for a Hub model, the commit it resolved to."""
     if spec.id.startswith("/"):
         if not Path(spec.id).is_dir():
@@ -118,13 +127,59 @@ def load_tokenizer(path: str, spec: ModelSpec) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def check_hardware(spec: ModelSpec) -> None:
+    """QLoRA loads the base through bitsandbytes, which needs CUDA: fail before anything is loaded."""
+    if spec.quantization != "none" and not torch.cuda.is_available():
+        raise JobFailed(
+            "cuda_required", "preflight",
+            f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host has none; use quantization 'none'",
+        )
+
+
+def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"dtype": DTYPES.get(spec.dtype, "auto"), "trust_remote_code": spec.trust_remote_code}
+    if spec.quantization == "4bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16
+        )
+    elif spec.quantization == "8bit":
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
+    return kwargs
+
+
 def load_causal_lm(path: str, spec: ModelSpec) -> PreTrainedModel:
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            path, dtype=DTYPES.get(spec.dtype, "auto"), trust_remote_code=spec.trust_remote_code
-        )
+        return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec))
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not a loadable causal LM: {exc}") from exc
+
+
+def load_sequence_classifier(path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A one-label sequence classifier (a reward model) on the base's weights, with a new score head."""
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec))
+    except (OSError, ValueError) as exc:
+        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not loadable as a sequence classifier: {exc}") from exc
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def is_conversational(dataset: Dataset) -> bool:
+    """TRL's own test: rows of role/content messages rather than plain text."""
+    from trl.data_utils import is_conversational as trl_is_conversational
+
+    return len(dataset) > 0 and trl_is_conversational(dataset[0])
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase, dataset: Dataset, spec: ModelSpec) -> None:
+    if is_conversational(dataset) and tokenizer.chat_template is None:
+        raise JobFailed("dataset_invalid", "preflight", f"model.id: {spec.id} has no chat template, and the dataset's rows are conversational")
+
+
+def check_columns(request: RequestBase, dataset: Dataset) -> None:
+    problem = request.dataset_problem(dataset.column_names)
+    if problem:
+        raise JobFailed("dataset_invalid", "preflight", problem)
 
 
 def load_datasets(spec: DatasetSpec) -> tuple[Dataset, Dataset | None]:
@@ -161,12 +216,13 @@ def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
     return LoraConfig(task_type=task_type, **spec.model_dump())
 
 
-def trl_config(config_class: type[ConfigT], request: RequestBase, paths: JobPaths, method_block: str) -> ConfigT:
+def trl_config(config_class: type[ConfigT], request: RequestBase, paths: JobPaths, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
     own choices (where checkpoints go, no reporting integrations, CPU when there is no GPU)."""
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
+    arguments.update(derived)
     arguments.update(
         output_dir=str(paths.checkpoints),
         report_to="none",

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from trl import SFTConfig, SFTTrainer
 
-from daemon.errors import JobFailed
 from handlers.common import (
     JobPaths,
     ProgressCallback,
     StatusReporter,
     TrainResult,
+    check_chat_template,
+    check_columns,
+    check_hardware,
     final_metrics,
     last_checkpoint,
     load_causal_lm,
@@ -29,27 +31,18 @@ from schemas.request import SFTRequest
 TRAINER = "trl.SFTTrainer/trl.SFTConfig"
 
 
-def check_columns(columns: list[str], text_field: str) -> None:
-    if "messages" in columns or {"prompt", "completion"} <= set(columns) or text_field in columns:
-        return
-    raise JobFailed(
-        "dataset_invalid", "preflight",
-        f"dataset.columns: method sft needs 'messages', or 'prompt' and 'completion', or '{text_field}'; found {columns}",
-    )
-
-
 def train(request: SFTRequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+    check_hardware(request.model)
     config = trl_config(SFTConfig, request, paths, "sft")
 
     reporter.enter("load_dataset")
     train_dataset, eval_dataset = load_datasets(request.dataset)
-    check_columns(train_dataset.column_names, request.sft.dataset_text_field or "text")
+    check_columns(request, train_dataset)
 
     reporter.enter("load_model")
     model_path, model_revision = resolve_model(request.model)
     tokenizer = load_tokenizer(model_path, request.model)
-    if "messages" in train_dataset.column_names and tokenizer.chat_template is None:
-        raise JobFailed("dataset_invalid", "preflight", f"model.id: {request.model.id} has no chat template for conversational rows ('messages')")
+    check_chat_template(tokenizer, train_dataset, request.model)
     model = load_causal_lm(model_path, request.model)
 
     trainer = SFTTrainer(

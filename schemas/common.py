@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
@@ -21,3 +23,7 @@ class FieldError(Frozen):
 
     path: str = Field(description="Dotted path of the offending field, e.g. 'training.learning_rate'; '' for the whole message.")
     message: str = Field(description="What was wrong with it.")
+
+
+# Why a message did not become a job; the `reason` of a `rejected` event and of a DLQ record.
+RejectReason = Literal["not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy"]

@@ -8,14 +8,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Literal
-
 from pydantic import ValidationError
 
-from schemas.common import REQUEST_ID_PATTERN, FieldError
+from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.request import REQUEST_MODELS, RequestBase
-
-RejectReason = Literal["not_json", "not_an_object", "unknown_method", "invalid", "policy"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +33,19 @@ def _message(error: dict[str, object]) -> str:
     return str(error["msg"])
 
 
+# Checks that span several fields run on the whole request; they name their field first ("dataset.columns: ...").
+_NAMED_FIELD = re.compile(r"^Value error, ([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
+
+
 def field_errors(exc: ValidationError) -> list[FieldError]:
-    return [FieldError(path=_path(tuple(e["loc"])), message=_message(dict(e))) for e in exc.errors()]
+    errors = []
+    for error in exc.errors():
+        path, message = _path(tuple(error["loc"])), _message(dict(error))
+        named = _NAMED_FIELD.match(message)
+        if named and not path:
+            path, message = named.group(1), named.group(2)
+        errors.append(FieldError(path=path, message=message))
+    return errors
 
 
 def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase | Rejection:

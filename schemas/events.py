@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from schemas.common import SCHEMA_VERSION, FieldError, Frozen
+from schemas.common import SCHEMA_VERSION, FieldError, Frozen, RejectReason
 
 TERMINAL_TYPES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
@@ -44,7 +44,7 @@ class Accepted(EventBase):
 
 class Rejected(EventBase):
     type: Literal["rejected"] = "rejected"
-    reason: Literal["not_json", "not_an_object", "unknown_method", "invalid", "policy"]
+    reason: RejectReason
     errors: list[FieldError] = Field(min_length=1)
 
 

@@ -6,7 +6,7 @@ TRL carries over. A field left out means "TRL's default": the daemon passes on o
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -92,6 +92,154 @@ class SFTSpec(Frozen):
     dataset_text_field: str | None = None
 
 
+class DPOSpec(Frozen):
+    """`trl.DPOConfig` fields specific to direct preference optimisation."""
+
+    beta: float | None = Field(None, gt=0)
+    loss_type: list[Literal[
+        "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+        "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
+    ]] | None = Field(None, min_length=1)
+    loss_weights: list[float] | None = None
+    label_smoothing: float | None = Field(None, ge=0, le=0.5)
+    max_length: int | None = Field(None, ge=1)
+    truncation_mode: Literal["keep_start", "keep_end"] | None = None
+
+
+class KTOSpec(Frozen):
+    """`trl.KTOConfig` fields specific to Kahneman-Tversky optimisation."""
+
+    beta: float | None = Field(None, gt=0)
+    loss_type: Literal["kto", "apo_zero_unpaired"] | None = None
+    desirable_weight: float | None = Field(None, gt=0)
+    undesirable_weight: float | None = Field(None, gt=0)
+    max_length: int | None = Field(None, ge=1)
+
+
+class RewardSpec(Frozen):
+    """`trl.RewardConfig` fields specific to reward modelling."""
+
+    max_length: int | None = Field(None, ge=1)
+    center_rewards_coefficient: float | None = Field(None, ge=0)
+
+
+class ORPOSpec(Frozen):
+    """`trl.experimental.orpo.ORPOConfig` fields specific to ORPO."""
+
+    beta: float | None = Field(None, gt=0)
+    max_length: int | None = Field(None, ge=1)
+    max_completion_length: int | None = Field(None, ge=1)
+
+
+class GRPOSpec(Frozen):
+    """`trl.GRPOConfig` fields specific to group relative policy optimisation."""
+
+    num_generations: int | None = Field(None, ge=2)
+    max_completion_length: int | None = Field(None, ge=1)
+    beta: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, gt=0)
+    num_iterations: int | None = Field(None, ge=1)
+    epsilon: float | None = Field(None, gt=0)
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] | None = None
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+
+
+class RLOOSpec(Frozen):
+    """`trl.RLOOConfig` fields specific to REINFORCE leave-one-out."""
+
+    num_generations: int | None = Field(None, ge=2)
+    max_completion_length: int | None = Field(None, ge=1)
+    beta: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, gt=0)
+    num_iterations: int | None = Field(None, ge=1)
+    epsilon: float | None = Field(None, gt=0)
+    normalize_advantages: bool | None = None
+
+
+class PPOSpec(Frozen):
+    """`trl.experimental.ppo.PPOConfig` fields (trl 1.10 to 1.12), plus adapterd's KL early stop."""
+
+    kl_coef: float | None = Field(None, ge=0)
+    cliprange: float | None = Field(None, gt=0)
+    vf_coef: float | None = Field(None, ge=0)
+    num_ppo_epochs: int | None = Field(None, ge=1)
+    num_mini_batches: int | None = Field(None, ge=1)
+    response_length: int | None = Field(None, ge=1)
+    total_episodes: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, gt=0)
+    missing_eos_penalty: float | None = None
+    target_kl: float | None = Field(None, gt=0, description="adapterd: stop training once the policy's KL to the reference exceeds this.")
+
+
+class ExactMatchReward(Frozen):
+    """1.0 when the completion, stripped, equals the row's reference column; else 0.0."""
+
+    name: Literal["exact_match"]
+    weight: float = 1.0
+    column: str = "answer"
+
+
+class RegexReward(Frozen):
+    """1.0 when the completion matches `pattern` (Python `re.search`); else 0.0."""
+
+    name: Literal["regex_match"]
+    weight: float = 1.0
+    pattern: str = Field(min_length=1, max_length=1000)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> RegexReward:
+        import re
+
+        try:
+            re.compile(self.pattern)
+        except re.error as exc:
+            raise ValueError(f"pattern does not compile: {exc}") from exc
+        return self
+
+
+class LengthPenaltyReward(Frozen):
+    """-|len(completion) - target_chars| / target_chars: 0.0 at the target length, lower away from it."""
+
+    name: Literal["length_penalty"]
+    weight: float = 1.0
+    target_chars: int = Field(ge=1)
+
+
+class ThinkFormatReward(Frozen):
+    """TRL's `think_format_reward`: 1.0 when the completion has a `<think>...</think>` block first."""
+
+    name: Literal["think_format"]
+    weight: float = 1.0
+
+
+RewardFunction = Annotated[
+    ExactMatchReward | RegexReward | LengthPenaltyReward | ThinkFormatReward,
+    Field(discriminator="name"),
+]
+
+
+class RewardModelSpec(Frozen):
+    """A sequence-classification reward model on the Hub, e.g. the output of a `reward` request."""
+
+    id: str = Field(pattern=MODEL_ID_PATTERN)
+    revision: str | None = None
+    weight: float = 1.0
+
+
+class OnlineRewards(Frozen):
+    """What scores an online method's completions: shipped functions by name, and/or a reward model.
+    A request can never name code to import."""
+
+    functions: list[RewardFunction] = Field(default_factory=list, max_length=16)
+    model: RewardModelSpec | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> OnlineRewards:
+        if not self.functions and self.model is None:
+            raise ValueError("give at least one reward function or a reward model")
+        return self
+
+
 class OutputSpec(Frozen):
     """Where the trained adapter goes."""
 
@@ -108,6 +256,11 @@ class Resources(Frozen):
 class RequestBase(Frozen):
     """The fields every method shares."""
 
+    # TRL's experimental layer (`trl.experimental...`): its API may change between TRL releases.
+    experimental: ClassVar[bool] = False
+    # The column sets the method accepts, any one of which the dataset must have (after `columns`).
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = ()
+
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: str = Field(pattern=REQUEST_ID_PATTERN, description="Idempotency key; also the Kafka key.")
     model: ModelSpec
@@ -119,6 +272,28 @@ class RequestBase(Frozen):
     timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Free key-value pairs, echoed in every event.")
 
+    @model_validator(mode="after")
+    def _inline_rows_fit_the_method(self) -> RequestBase:
+        if self.dataset.rows is not None:
+            common = set.intersection(*(set(row) for row in self.dataset.rows))
+            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
+            if problem:
+                raise ValueError(problem)
+        if self.model.quantization != "none" and self.peft is None:
+            raise ValueError(f"model.quantization {self.model.quantization} (QLoRA) trains a LoRA adapter: set 'peft'")
+        return self
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return self.dataset_formats
+
+    def dataset_problem(self, columns: list[str]) -> str | None:
+        """Why a dataset with these columns cannot feed this method, or None when it can."""
+        formats = self.accepted_formats()
+        if any(form <= set(columns) for form in formats):
+            return None
+        options = " or ".join(" and ".join(f"'{c}'" for c in sorted(form)) for form in formats)
+        return f"dataset.columns: method {getattr(self, 'method')} needs {options}; found {sorted(columns)}"
+
     def set_fields(self, block: str) -> dict[str, Any]:
         """The fields of one block that the request set, to pass on to TRL as keyword arguments."""
         return getattr(self, block).model_dump(exclude_none=True)
@@ -127,13 +302,89 @@ class RequestBase(Frozen):
 class SFTRequest(RequestBase):
     """Supervised fine-tuning with `trl.SFTTrainer`. Rows: `messages`, `prompt`+`completion`, or `text`."""
 
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"messages"}), frozenset({"prompt", "completion"}), frozenset({"text"}))
     method: Literal["sft"]
     sft: SFTSpec = Field(default_factory=SFTSpec)
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return (frozenset({"messages"}), frozenset({"prompt", "completion"}), frozenset({self.sft.dataset_text_field or "text"}))
+
+
+class DPORequest(RequestBase):
+    """Direct preference optimisation with `trl.DPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
+
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"chosen", "rejected"}),)
+    method: Literal["dpo"]
+    dpo: DPOSpec = Field(default_factory=DPOSpec)
+
+
+class KTORequest(RequestBase):
+    """Kahneman-Tversky optimisation with `trl.KTOTrainer`. Rows: `prompt`, `completion`, `label` (bool)."""
+
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"prompt", "completion", "label"}),)
+    method: Literal["kto"]
+    kto: KTOSpec = Field(default_factory=KTOSpec)
+
+
+class RewardRequest(RequestBase):
+    """Reward modelling with `trl.RewardTrainer` (sequence classification head). Rows: `chosen`, `rejected`."""
+
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"chosen", "rejected"}),)
+    method: Literal["reward"]
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+
+
+class GRPORequest(RequestBase):
+    """Group relative policy optimisation with `trl.GRPOTrainer`. Rows: `prompt` (plus reward columns)."""
+
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"prompt"}),)
+    method: Literal["grpo"]
+    grpo: GRPOSpec = Field(default_factory=GRPOSpec)
+    rewards: OnlineRewards
+
+
+class RLOORequest(RequestBase):
+    """REINFORCE leave-one-out with `trl.RLOOTrainer`. Rows: `prompt` (plus reward columns)."""
+
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"prompt"}),)
+    method: Literal["rloo"]
+    rloo: RLOOSpec = Field(default_factory=RLOOSpec)
+    rewards: OnlineRewards
+
+
+class ORPORequest(RequestBase):
+    """Experimental: ORPO with `trl.experimental.orpo.ORPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
+
+    experimental: ClassVar[bool] = True
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"chosen", "rejected"}),)
+    method: Literal["orpo"]
+    orpo: ORPOSpec = Field(default_factory=ORPOSpec)
+
+
+class PPORequest(RequestBase):
+    """Experimental: PPO with `trl.experimental.ppo.PPOTrainer` (trl 1.10 to 1.12 only). Rows: `prompt`.
+    The reward model is a sequence classifier by repo id, e.g. the output of a `reward` request."""
+
+    experimental: ClassVar[bool] = True
+    dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"prompt"}),)
+    method: Literal["ppo"]
+    ppo: PPOSpec = Field(default_factory=PPOSpec)
+    reward_model: RewardModelSpec
 
 
 # The request models by method name. A new method adds one model here and one handler module.
 REQUEST_MODELS: dict[str, type[RequestBase]] = {
     "sft": SFTRequest,
+    "dpo": DPORequest,
+    "kto": KTORequest,
+    "reward": RewardRequest,
+    "grpo": GRPORequest,
+    "rloo": RLOORequest,
+    "orpo": ORPORequest,
+    "ppo": PPORequest,
 }
 
-TrainingRequest = SFTRequest
+TrainingRequest = Annotated[
+    SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | ORPORequest | PPORequest,
+    Field(discriminator="method"),
+]

@@ -1,0 +1,70 @@
+"""Kahneman-Tversky optimisation with `trl.KTOTrainer`.
+
+Rows: `prompt`, `completion` and a boolean `label` (desirable or not): unpaired preference data.
+"""
+
+from __future__ import annotations
+
+from trl import KTOConfig, KTOTrainer
+
+from handlers.common import (
+    JobPaths,
+    ProgressCallback,
+    StatusReporter,
+    TrainResult,
+    check_chat_template,
+    check_columns,
+    check_hardware,
+    final_metrics,
+    last_checkpoint,
+    load_causal_lm,
+    load_datasets,
+    load_tokenizer,
+    lora_config,
+    resolve_model,
+    save_artifact,
+    trl_config,
+)
+from schemas.request import KTORequest
+
+TRAINER = "trl.KTOTrainer/trl.KTOConfig"
+
+
+def train(request: KTORequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+    check_hardware(request.model)
+    config = trl_config(KTOConfig, request, paths, "kto")
+
+    reporter.enter("load_dataset")
+    train_dataset, eval_dataset = load_datasets(request.dataset)
+    check_columns(request, train_dataset)
+
+    reporter.enter("load_model")
+    model_path, model_revision = resolve_model(request.model)
+    tokenizer = load_tokenizer(model_path, request.model)
+    check_chat_template(tokenizer, train_dataset, request.model)
+    model = load_causal_lm(model_path, request.model)
+
+    trainer = KTOTrainer(
+        model=model,
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+    )
+
+    reporter.enter("train")
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+
+    reporter.enter("save")
+    files = save_artifact(trainer, request, paths.artifact)
+    reporter.enter("done")
+    return TrainResult(
+        trainer=TRAINER,
+        files=files,
+        metrics=final_metrics(train_output, trainer),
+        base_model_revision=model_revision,
+        dataset_fingerprint=train_dataset._fingerprint,
+        durations_s=reporter.durations_s,
+    )

@@ -1,0 +1,76 @@
+"""REINFORCE leave-one-out with `trl.RLOOTrainer`.
+
+Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
+scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
+"""
+
+from __future__ import annotations
+
+from trl import RLOOConfig, RLOOTrainer
+
+from handlers.common import (
+    JobPaths,
+    ProgressCallback,
+    StatusReporter,
+    TrainResult,
+    check_chat_template,
+    check_columns,
+    check_hardware,
+    final_metrics,
+    last_checkpoint,
+    load_causal_lm,
+    load_datasets,
+    load_tokenizer,
+    lora_config,
+    resolve_model,
+    save_artifact,
+    trl_config,
+)
+from handlers.rewards import check_reward_columns, reward_functions
+from schemas.request import RLOORequest
+
+TRAINER = "trl.RLOOTrainer/trl.RLOOConfig"
+
+
+def train(request: RLOORequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+    check_hardware(request.model)
+
+    reporter.enter("load_dataset")
+    train_dataset, eval_dataset = load_datasets(request.dataset)
+    check_columns(request, train_dataset)
+    check_reward_columns(request.rewards, train_dataset.column_names)
+
+    reporter.enter("load_model")
+    model_path, model_revision = resolve_model(request.model)
+    reward_model_path = resolve_model(request.rewards.model)[0] if request.rewards.model else None
+    reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
+    config = trl_config(RLOOConfig, request, paths, "rloo", reward_weights=reward_weights)
+    tokenizer = load_tokenizer(model_path, request.model)
+    check_chat_template(tokenizer, train_dataset, request.model)
+    model = load_causal_lm(model_path, request.model)
+
+    trainer = RLOOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=config,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+    )
+
+    reporter.enter("train")
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+
+    reporter.enter("save")
+    files = save_artifact(trainer, request, paths.artifact)
+    reporter.enter("done")
+    return TrainResult(
+        trainer=TRAINER,
+        files=files,
+        metrics=final_metrics(train_output, trainer),
+        base_model_revision=model_revision,
+        dataset_fingerprint=train_dataset._fingerprint,
+        durations_s=reporter.durations_s,
+    )
