@@ -14,8 +14,8 @@ from packaging.specifiers import SpecifierSet
 from schemas.request import REQUEST_MODELS
 
 # Methods that need a TRL range narrower than the lock's; every other method runs on any locked TRL.
-TRL_REQUIREMENTS: dict[str, tuple[SpecifierSet, str]] = {
-    "ppo": (SpecifierSet(">=1.10,<1.13"), "trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
+TRL_REQUIREMENTS: dict[str, tuple[str, str]] = {
+    "ppo": (">=1.10,<1.13", "trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
 }
 
 
@@ -34,7 +34,7 @@ def unsupported_reason(method: str) -> str | None:
         return "trl is not installed on this host"
     if method in TRL_REQUIREMENTS:
         needed, why = TRL_REQUIREMENTS[method]
-        if installed not in needed:
+        if installed not in SpecifierSet(needed):
             return f"method {method} needs trl{needed} ({why}); this host has trl {installed}"
     return None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from schemas.common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
@@ -355,6 +355,7 @@ class RLOORequest(RequestBase):
 class ORPORequest(RequestBase):
     """Experimental: ORPO with `trl.experimental.orpo.ORPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra={"x-adapterd-experimental": True})
     experimental: ClassVar[bool] = True
     dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"chosen", "rejected"}),)
     method: Literal["orpo"]
@@ -365,6 +366,7 @@ class PPORequest(RequestBase):
     """Experimental: PPO with `trl.experimental.ppo.PPOTrainer` (trl 1.10 to 1.12 only). Rows: `prompt`.
     The reward model is a sequence classifier by repo id, e.g. the output of a `reward` request."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra={"x-adapterd-experimental": True})
     experimental: ClassVar[bool] = True
     dataset_formats: ClassVar[tuple[frozenset[str], ...]] = (frozenset({"prompt"}),)
     method: Literal["ppo"]

@@ -28,7 +28,7 @@ import pytest
 from daemon.local_kafka import LocalKafka
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
-from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, TINY_MODEL
+from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, PREFERENCE_ROWS, TINY_MODEL
 from tests.hub_server import HubServer
 
 @pytest.fixture(scope="session")
@@ -70,6 +70,15 @@ def published(hub: HubServer, tiny_model_dir: Path, tmp_path_factory: pytest.Tem
     (data / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS))
     api.create_repo(CHAT_DATASET, repo_type="dataset", exist_ok=True)
     api.upload_folder(folder_path=data, repo_id=CHAT_DATASET, repo_type="dataset", commit_message="chat rows")
+
+    # Preference rows under other column names, with a train and a test split (from the file names).
+    preferences = tmp_path_factory.mktemp("preference-dataset")
+    (preferences / "data").mkdir()
+    renamed = [{"question": r["prompt"], "good": r["chosen"], "bad": r["rejected"]} for r in PREFERENCE_ROWS]
+    (preferences / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in renamed))
+    (preferences / "data" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in renamed[:2]))
+    api.create_repo(PREFERENCE_DATASET, repo_type="dataset", exist_ok=True)
+    api.upload_folder(folder_path=preferences, repo_id=PREFERENCE_DATASET, repo_type="dataset", commit_message="preferences")
     return hub
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+import schemas
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Event, parse_event
 
 HUB_TOKEN = "hf_adapterd_test_token"
 TINY_MODEL = "tiny/qwen2-chat"
 CHAT_DATASET = "tiny/chat-rows"
+PREFERENCE_DATASET = "tiny/preferences"
 EVENT_TIMEOUT_S = 240.0
 
 CHAT_ROWS = [
@@ -111,3 +114,75 @@ def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:
     }
     request.update(overrides)
     return request
+
+
+EXAMPLES_DIR = Path(schemas.__file__).parent / "examples"
+
+PREFERENCE_ROWS = [
+    {"prompt": "What is two plus two?", "chosen": "Two plus two equals four.", "rejected": "yes no yes no"},
+    {"prompt": "Where are the requests kept?", "chosen": "Kafka keeps the requests.", "rejected": "the dog is lazy"},
+    {"prompt": "What is the capital of France?", "chosen": "The capital of France is Paris.", "rejected": "eight"},
+    {"prompt": "Where are the adapters kept?", "chosen": "The Hub keeps the adapters.", "rejected": "no"},
+]
+PROMPT_ROWS = [
+    {"prompt": "Two plus two equals", "answer": "four"},
+    {"prompt": "Three plus five equals", "answer": "eight"},
+    {"prompt": "The capital of France is", "answer": "Paris"},
+    {"prompt": "Kafka keeps the", "answer": "requests"},
+]
+SMALL_TRAINING = {"max_steps": 3, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
+SMALL_LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
+
+
+def example_request(method: str, request_id: str, **overrides: Any) -> dict[str, Any]:
+    """The README's example for `method` (schemas/examples), pointed at the tiny model on the local Hub
+    with a small LoRA and a few steps; its method block and rewards stay as written unless overridden."""
+    request = json.loads((EXAMPLES_DIR / f"{method}.json").read_text())
+    request.update(
+        request_id=request_id,
+        model={"id": TINY_MODEL},
+        peft=SMALL_LORA,
+        training=SMALL_TRAINING,
+        output={**request["output"], "repo_id": f"results/{request_id}"},
+    )
+    request.update(overrides)
+    return request
+
+
+async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]:
+    await submit(settings, request)
+    return (await terminal_events(settings, {request["request_id"]}))[request["request_id"]]
+
+
+def download(hub_endpoint: str, repo_id: str, revision: str | None, cache_dir: Path) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, revision=revision, endpoint=hub_endpoint, token=HUB_TOKEN, cache_dir=cache_dir))
+
+
+def assert_adapter_trained(adapter_dir: Path, base_dir: Path, *, sequence_classifier: bool = False) -> None:
+    """The adapter loads with PEFT on the base; LoRA starts B at zero, so a non-zero B means it trained."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    loader = AutoModelForSequenceClassification if sequence_classifier else AutoModelForCausalLM
+    kwargs = {"num_labels": 1} if sequence_classifier else {}
+    model = PeftModel.from_pretrained(loader.from_pretrained(base_dir, **kwargs), adapter_dir)
+    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
+    assert lora_b, "no LoRA weights in the pushed adapter"
+    assert any(torch.count_nonzero(p) > 0 for p in lora_b), "LoRA B is still all zeros: nothing was trained"
+
+
+def assert_full_model_trained(model_dir: Path, base_dir: Path, *, sequence_classifier: bool = False) -> None:
+    """The pushed weights load with transformers alone and differ from the base's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    loader = AutoModelForSequenceClassification if sequence_classifier else AutoModelForCausalLM
+    trained = loader.from_pretrained(model_dir).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(base_dir).state_dict()
+    base = {name.removeprefix("lm_head.").removeprefix("model."): tensor for name, tensor in base.items()}
+    shared = [name for name in trained if name.removeprefix("model.") in base]
+    assert shared, "no weights in common with the base model"
+    assert any(not torch.equal(trained[name], base[name.removeprefix("model.")]) for name in shared)

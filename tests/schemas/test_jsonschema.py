@@ -13,6 +13,8 @@ def test_request_schema_forbids_unknown_fields() -> None:
     import json
 
     schema = json.loads(generated_schemas()["request.schema.json"])
-    assert schema["additionalProperties"] is False
-    assert schema["$defs"]["TrainingSpec"]["additionalProperties"] is False
+    assert set(schema["discriminator"]["mapping"]) == {"sft", "dpo", "kto", "reward", "grpo", "rloo", "orpo", "ppo"}
+    for name in ("SFTRequest", "DPORequest", "TrainingSpec", "GRPOSpec", "LoraSpec"):
+        assert schema["$defs"][name]["additionalProperties"] is False, name
     assert "learning_rate" in schema["$defs"]["TrainingSpec"]["properties"]
+    assert "num_generations" in schema["$defs"]["GRPOSpec"]["properties"]

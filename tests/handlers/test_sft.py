@@ -1,0 +1,34 @@
+from pathlib import Path
+
+import pytest
+
+from daemon.settings import Settings
+from schemas import Failed, Succeeded
+from tests.conftest import DaemonProcess
+from tests.helpers import CHAT_ROWS, assert_full_model_trained, download, example_request, run_to_end
+from tests.hub_server import HubServer
+
+
+@pytest.mark.slow
+async def test_full_fine_tune_pushes_weights_that_load_without_peft(
+    daemon: DaemonProcess, published: HubServer, settings: Settings, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    request = example_request("sft", "sft-full", dataset={"rows": CHAT_ROWS}, peft=None, sft={"max_length": 64})
+    done = (await run_to_end(settings, request))[-1]
+    assert isinstance(done, Succeeded), done
+    assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
+    card = published.commits("results/sft-full")[0].files["README.md"].decode()
+    assert "library_name: transformers" in card and "full-fine-tune" in card
+    assert_full_model_trained(download(published.endpoint, "results/sft-full", done.commit_sha, tmp_path), tiny_model_dir)
+
+
+@pytest.mark.slow
+async def test_qlora_without_cuda_fails_in_preflight_before_training(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
+    request = example_request("sft", "sft-qlora", dataset={"rows": CHAT_ROWS}, model={"id": "tiny/qwen2-chat", "quantization": "4bit"})
+    events = await run_to_end(settings, request)
+    failed = events[-1]
+    assert isinstance(failed, Failed), failed
+    assert (failed.code, failed.stage, failed.retryable) == ("cuda_required", "preflight", False)
+    assert failed.message.startswith("model.quantization: 4bit")
+    assert not any(event.type == "progress" for event in events)
+    assert published.commits("results/sft-qlora") == []
