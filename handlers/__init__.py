@@ -7,6 +7,7 @@ and one test file. Importing this package imports torch and TRL: the daemon neve
 
 from types import ModuleType
 
+from daemon.capabilities import unsupported_reason
 from handlers import dpo, grpo, kto, orpo, reward, rloo, sft
 
 HANDLERS: dict[str, ModuleType] = {
@@ -18,3 +19,9 @@ HANDLERS: dict[str, ModuleType] = {
     "rloo": rloo,
     "orpo": orpo,
 }
+
+# PPO exists only in trl 1.10 to 1.12.0 (see daemon.capabilities); elsewhere it is not importable.
+if unsupported_reason("ppo") is None:
+    from handlers import ppo
+
+    HANDLERS["ppo"] = ppo

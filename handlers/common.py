@@ -250,8 +250,8 @@ class ProgressCallback(TrainerCallback):
         self.last_sent = float("-inf")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if not logs or "loss" not in logs:
-            return  # the end-of-training summary, not a step
+        if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
+            return  # the end-of-training summary or an evaluation, not a training step
         now = time.monotonic()
         if now - self.last_sent < self.interval_s and state.global_step < state.max_steps:
             return
@@ -264,10 +264,11 @@ class ProgressCallback(TrainerCallback):
         )
 
 
-def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path) -> list[str]:
-    """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files."""
+def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> list[str]:
+    """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
+    `model` is the trained model when it is not `trainer.model` (PPO trains a policy+value wrapper)."""
     artifact.mkdir(parents=True, exist_ok=True)
-    model = trainer.model
+    model = model if model is not None else trainer.model
     if request.output.push == "merged" and isinstance(model, PeftModel):
         model = model.merge_and_unload()
     model.save_pretrained(artifact)

@@ -157,7 +157,7 @@ class RLOOSpec(Frozen):
 
 
 class PPOSpec(Frozen):
-    """`trl.experimental.ppo.PPOConfig` fields (trl 1.10 to 1.12), plus adapterd's KL early stop."""
+    """`trl.experimental.ppo.PPOConfig` fields (trl 1.10 to 1.12)."""
 
     kl_coef: float | None = Field(None, ge=0)
     cliprange: float | None = Field(None, gt=0)
@@ -168,7 +168,12 @@ class PPOSpec(Frozen):
     total_episodes: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, gt=0)
     missing_eos_penalty: float | None = None
-    target_kl: float | None = Field(None, gt=0, description="adapterd: stop training once the policy's KL to the reference exceeds this.")
+
+
+class KLEarlyStopSpec(Frozen):
+    """adapterd's own guard for PPO: stop training once the policy's KL to the reference exceeds `target_kl`."""
+
+    target_kl: float = Field(gt=0)
 
 
 class ExactMatchReward(Frozen):
@@ -372,6 +377,7 @@ class PPORequest(RequestBase):
     method: Literal["ppo"]
     ppo: PPOSpec = Field(default_factory=PPOSpec)
     reward_model: RewardModelSpec
+    kl_early_stop: KLEarlyStopSpec | None = None
 
 
 # The request models by method name. A new method adds one model here and one handler module.
