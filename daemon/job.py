@@ -7,6 +7,7 @@ returned so the caller can commit the request's offset.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import shutil
 import time
@@ -134,7 +135,8 @@ class JobRunner:
             commit_url=pushed.commit_url,
             location=pushed.location,
             files=pushed.files,
-            metrics=result["metrics"],
+            # JSON has no NaN or infinity; a metric without a finite value is left out, not sent as null.
+            metrics={name: value for name, value in result["metrics"].items() if math.isfinite(value)},
             durations_s=durations,
             versions=result["versions"],
             method=self.request.method,

@@ -14,6 +14,8 @@ from pydantic import Field, TypeAdapter
 
 from schemas.common import SCHEMA_VERSION, FieldError, Frozen, RejectReason
 
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
 TERMINAL_TYPES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
 Stage = Literal["intake", "preflight", "load_model", "load_dataset", "train", "save", "push"]
@@ -82,7 +84,7 @@ class Succeeded(EventBase):
     commit_url: str | None
     location: str = Field(description="Where the artifact is: the Hub repo URL or the local directory.")
     files: list[str]
-    metrics: dict[str, float]
+    metrics: dict[str, FiniteFloat]
     durations_s: dict[str, float] = Field(description="Seconds per stage: queue, load, train, push, total.")
     versions: dict[str, str] = Field(description="adapterd, trl, transformers, peft, torch, datasets.")
     method: str
