@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from daemon import hub_push
-from daemon.child import ChildOutcome, Message, run_child
+from daemon.child import ChildOutcome, Message, WarmChildren
 from daemon.errors import JobFailed
 from daemon.job_spec import JobSpec
 from daemon.publisher import Publisher
@@ -58,11 +58,12 @@ def failure_of(outcome: ChildOutcome) -> JobFailed | None:
 class JobRunner:
     """One request's job. `run()` returns the published terminal event."""
 
-    def __init__(self, request: RequestBase, settings: Settings, publisher: Publisher, queued_s: float) -> None:
+    def __init__(self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren, received_at: float) -> None:
         self.request = request
         self.settings = settings
         self.publisher = publisher
-        self.queued_s = queued_s
+        self.children = children
+        self.received_at = received_at  # wall-clock time the request reached Kafka
         self.job_dir = settings.jobs_dir / request.request_id
         self.log = log.bind(request_id=request.request_id, method=request.method)
 
@@ -71,6 +72,7 @@ class JobRunner:
 
     async def run(self) -> EventBase:
         started = time.monotonic()
+        queued_s = max(0.0, time.time() - self.received_at)
         try:
             outcome = await self._train()
             failure = failure_of(outcome)
@@ -80,11 +82,13 @@ class JobRunner:
             push_started = time.monotonic()
             pushed = await self._push(outcome.result)
             durations = {
-                "queue": round(self.queued_s, 3),
+                "queue": round(queued_s, 3),
                 **outcome.result["durations_s"],
                 "push": round(time.monotonic() - push_started, 3),
-                "total": round(time.monotonic() - started + self.queued_s, 3),
+                "total": round(time.monotonic() - started + queued_s, 3),
             }
+            if outcome.first_step_at is not None:
+                durations["until_first_step"] = round(outcome.first_step_at - self.received_at, 3)
             event: EventBase = self._succeeded(outcome.result, pushed, durations)
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message)
@@ -115,7 +119,8 @@ class JobRunner:
             elif message["kind"] == "stage":
                 self.log.info("job.stage", stage=message["stage"])
 
-        return await run_child(spec_path, self.job_dir / "child.log", child_environment(self.settings), on_start, on_message)
+        child = await self.children.take()
+        return await child.run(spec_path, self.job_dir / "child.log", on_start, on_message)
 
     async def _push(self, result: Message) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"

@@ -5,11 +5,12 @@ One idempotent producer with acks=all: a `publish` that returns means the event 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from daemon.settings import Settings
 from schemas import Rejection
@@ -36,17 +37,22 @@ class Publisher:
         await self.producer.stop()
 
     async def publish(self, event: EventBase) -> None:
+        """Publish one event and wait until the broker has it."""
+        await (await self.send(event))
+        log.info("event.published", type=getattr(event, "type"), request_id=event.request_id)
+
+    async def send(self, event: EventBase) -> asyncio.Future[RecordMetadata]:
+        """Queue one event; the returned future resolves once the broker has it. Many can be in flight."""
         event_type = getattr(event, "type")
-        await self.producer.send_and_wait(
+        return await self.producer.send(
             self.settings.events_topic,
             event.model_dump_json().encode(),
             key=event.request_id.encode() if event.request_id else None,
             headers=[("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1")],
         )
-        log.info("event.published", type=event_type, request_id=event.request_id)
 
-    async def dead_letter(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> None:
-        """The raw bytes of a message that could not become a job, with why and where it came from."""
+    async def send_dead_letter(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> asyncio.Future[RecordMetadata]:
+        """Queue the raw bytes of a message that could not become a job, with why and where it came from."""
         errors = json.dumps([error.model_dump() for error in rejection.errors])
         headers = [
             ("adapterd-reason", rejection.reason.encode()),
@@ -56,5 +62,4 @@ class Publisher:
             ("adapterd-source-offset", str(record.offset).encode()),
             ("adapterd-host", self.settings.host.encode()),
         ]
-        await self.producer.send_and_wait(self.settings.dlq_topic, record.value, key=record.key, headers=headers)
-        log.info("dlq.published", reason=rejection.reason, source_offset=record.offset)
+        return await self.producer.send(self.settings.dlq_topic, record.value, key=record.key, headers=headers)

@@ -10,20 +10,20 @@ Delivery rules (see shared DESIGN.md):
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from daemon.capabilities import available_methods, unsupported_reason
-from daemon.job import JobRunner
+from daemon.child import WarmChildren
+from daemon.job import JobRunner, child_environment
 from daemon.policy import policy_errors
 from daemon.publisher import Publisher
 from daemon.settings import Settings
-from schemas import Accepted, FieldError, Rejected, Rejection, decode_request
+from schemas import Accepted, FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
@@ -48,6 +48,7 @@ class Service:
             max_poll_interval_ms=settings.max_poll_interval_ms,
             session_timeout_ms=settings.session_timeout_ms,
         )
+        self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child)
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
@@ -58,6 +59,7 @@ class Service:
 
     async def run(self) -> None:
         await self.publisher.start()
+        await self.children.prepare()
         try:
             self.consumer.subscribe([self.settings.requests_topic], listener=_Rebalance(self))
             await self.consumer.start()
@@ -68,61 +70,80 @@ class Service:
                 await self._stop_jobs()
                 await self.consumer.stop()
         finally:
+            await self.children.close()
             await self.publisher.stop()
             log.info("daemon.stopped")
 
     async def _poll_until_stopped(self) -> None:
         while not self.stop_requested.is_set():
-            batches = await self.consumer.getmany(timeout_ms=500, max_records=500)
+            batches = await self.consumer.getmany(timeout_ms=500, max_records=2000)
             for tp, records in batches.items():
-                for record in records:
-                    if not await self._take(tp, record):
-                        break  # the rest of this batch is fetched again once the partition resumes
+                await self._take_batch(tp, records)
 
-    async def _take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes]) -> bool:
-        """Handle one message. False when it must stay in Kafka for now (no free slot)."""
-        if tp in self.jobs:
-            return False
-        decoded = decode_request(record.value, record.key)
-        if isinstance(decoded, Rejection):
-            await self._reject(tp, record, decoded)
-            return True
-        unsupported = unsupported_reason(decoded.method)
+    async def _take_batch(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        """Handle one partition's records in order. Rejections are pipelined: their DLQ records and
+        events are sent without waiting one by one, and settled (acknowledged, then committed) before
+        the next valid request starts and at the end of the batch."""
+        acks: list[asyncio.Future[RecordMetadata]] = []
+        last_rejected: int | None = None
+        for record in records:
+            if tp in self.jobs:
+                break  # stale records of a paused partition; it is read again from its job's next offset
+            decoded = decode_request(record.value, record.key)
+            rejection = decoded if isinstance(decoded, Rejection) else self._refusal(decoded)
+            if rejection is not None:
+                acks += await self._send_rejection(record, rejection)
+                last_rejected = record.offset
+                continue
+            assert not isinstance(decoded, Rejection)
+            await self._settle(tp, acks, last_rejected)
+            acks, last_rejected = [], None
+            if not await self._start_job(tp, record, decoded):
+                break  # no free slot: the request stays in Kafka, and so does the rest of this batch
+        await self._settle(tp, acks, last_rejected)
+
+    def _refusal(self, request: RequestBase) -> Rejection | None:
+        """A valid request this host will not run: a method its TRL lacks, or one outside policy."""
+        unsupported = unsupported_reason(request.method)
         if unsupported:
-            await self._reject(tp, record, Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], decoded.request_id))
-            return True
-        errors = policy_errors(decoded, self.settings)
-        if errors:
-            await self._reject(tp, record, Rejection("policy", errors, decoded.request_id))
-            return True
+            return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
+        errors = policy_errors(request, self.settings)
+        return Rejection("policy", errors, request.request_id) if errors else None
+
+    async def _send_rejection(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> list[asyncio.Future[RecordMetadata]]:
+        log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
+                    errors=[f"{e.path}: {e.message}" for e in rejection.errors], offset=record.offset)
+        return [
+            await self.publisher.send_dead_letter(record, rejection),
+            await self.publisher.send(Rejected(
+                request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors,
+            )),
+        ]
+
+    async def _settle(self, tp: TopicPartition, acks: list[asyncio.Future[RecordMetadata]], last_offset: int | None) -> None:
+        if last_offset is not None:
+            await asyncio.gather(*acks)
+            await self._commit(tp, last_offset + 1)
+
+    async def _start_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], request: RequestBase) -> bool:
+        """Start the request's job beside the loop. False when no slot is free."""
         if len(self.jobs) >= self.settings.job_slots:
             self.consumer.seek(tp, record.offset)
             self._pause_idle_partitions()
             return False
-
-        if decoded.experimental:
-            log.warning("job.experimental_method", request_id=decoded.request_id, method=decoded.method)
+        if request.experimental:
+            log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.consumer.pause(tp)
         self.consumer.seek(tp, record.offset + 1)
         await self.publisher.publish(Accepted(
-            request_id=decoded.request_id, host=self.settings.host, metadata=decoded.metadata, method=decoded.method,
+            request_id=request.request_id, host=self.settings.host, metadata=request.metadata, method=request.method,
         ))
-        queued_s = max(0.0, time.time() - record.timestamp / 1000)
-        runner = JobRunner(decoded, self.settings, self.publisher, queued_s)
-        task = asyncio.create_task(self._run_job(tp, record.offset, runner), name=f"job-{decoded.request_id}")
-        self.jobs[tp] = RunningJob(decoded.request_id, record.offset, task)
+        runner = JobRunner(request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000)
+        task = asyncio.create_task(self._run_job(tp, record.offset, runner), name=f"job-{request.request_id}")
+        self.jobs[tp] = RunningJob(request.request_id, record.offset, task)
         if len(self.jobs) >= self.settings.job_slots:
             self._pause_idle_partitions()
         return True
-
-    async def _reject(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> None:
-        log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
-                    errors=[f"{e.path}: {e.message}" for e in rejection.errors], offset=record.offset)
-        await self.publisher.dead_letter(record, rejection)
-        await self.publisher.publish(Rejected(
-            request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors,
-        ))
-        await self._commit(tp, record.offset + 1)
 
     async def _run_job(self, tp: TopicPartition, offset: int, runner: JobRunner) -> None:
         try:
@@ -142,6 +163,7 @@ class Service:
                 del self.jobs[tp]
             if not self.stop_requested.is_set():
                 self._resume_idle_partitions()
+                await self.children.prepare()
 
     async def _commit(self, tp: TopicPartition, offset: int) -> None:
         try:

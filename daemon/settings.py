@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     # Work
     work_dir: Path = Path("/var/lib/adapterd")
     job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on this host.")
+    warm_child: bool = Field(True, description="Keep one child interpreter started ahead, its imports done, for the next job.")
     progress_interval_s: float = Field(10.0, ge=0, description="At most one progress event per interval per job.")
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
     allow_trust_remote_code: bool = False

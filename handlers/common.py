@@ -79,6 +79,10 @@ class StatusReporter:
         self._stage_started = time.monotonic()
         self.durations_s: dict[str, float] = {}
 
+    def restart_clock(self) -> None:
+        """Stage durations count from the job's arrival, not from the child's start."""
+        self._stage_started = time.monotonic()
+
     def send(self, kind: str, **fields: Any) -> None:
         self._stream.write(json.dumps({"kind": kind, **fields}) + "\n")
 
@@ -248,6 +252,10 @@ class ProgressCallback(TrainerCallback):
         self.interval_s = interval_s
         self.started = time.monotonic()
         self.last_sent = float("-inf")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == 1:
+            self.reporter.send("first_step", time=time.time())
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):

@@ -1,13 +1,16 @@
-"""The child process's entry point: `python -m handlers.runner SPEC_JSON`.
+"""The child process's entry point: `python -m handlers.runner`.
 
-Runs one job in a fresh interpreter and reports to the parent through the pipe whose fd is in
-ADAPTERD_STATUS_FD. Exit status: 0 after a `result` line, 1 after an `error` line; anything else
-(a signal, an out-of-memory kill) means the child died before it could say why.
+Imports the training stack, says `ready` on the status pipe (fd in ADAPTERD_STATUS_FD), then reads
+one job from stdin: a JSON line `{"spec": path, "log": path}`. It moves its stdout and stderr to the
+job's log, runs the job, and exits: 0 after a `result` line, 1 after an `error` line; anything
+else (a signal, an out-of-memory kill) means it died before it could say why.
+Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -27,16 +30,32 @@ def die_with_parent() -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
-def main(spec_path: str) -> int:
-    die_with_parent()
-    spec = JobSpec.model_validate_json(Path(spec_path).read_text())
+def redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
-    # Heavy imports happen here, after the parent link is set up.
+
+def main() -> int:
+    die_with_parent()
+
     from handlers import HANDLERS
     from handlers.common import JobPaths, StatusReporter
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(int(os.environ["ADAPTERD_STATUS_FD"]))
+    reporter.send("ready")
+    line = sys.stdin.readline()
+    if not line:
+        return 0  # the daemon closed the pipe: this warm child is not needed
+    job = json.loads(line)
+    redirect_output(job["log"])
+    reporter.restart_clock()
+
+    spec = JobSpec.model_validate_json(Path(job["spec"]).read_text())
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
     paths = JobPaths(checkpoints=spec.checkpoints, artifact=spec.artifact)
     try:
@@ -52,4 +71,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())
