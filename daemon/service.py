@@ -21,7 +21,7 @@ from daemon.capabilities import available_methods, unsupported_reason
 from daemon.child import WarmChildren
 from daemon.job import JobRunner, child_environment
 from daemon.policy import policy_errors
-from daemon.publisher import Publisher
+from daemon.publisher import Outgoing, Publisher
 from daemon.settings import Settings
 from schemas import Accepted, FieldError, Rejected, Rejection, RequestBase, decode_request
 
@@ -50,6 +50,7 @@ class Service:
         )
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child)
         self.jobs: dict[TopicPartition, RunningJob] = {}
+        self._settling: dict[TopicPartition, asyncio.Task[None]] = {}
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
 
@@ -67,6 +68,7 @@ class Service:
             try:
                 await self._poll_until_stopped()
             finally:
+                await self._settled()
                 await self._stop_jobs()
                 await self.consumer.stop()
         finally:
@@ -82,9 +84,9 @@ class Service:
 
     async def _take_batch(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
         """Handle one partition's records in order. Rejections are pipelined: their DLQ records and
-        events are sent without waiting one by one, and settled (acknowledged, then committed) before
-        the next valid request starts and at the end of the batch."""
-        acks: list[asyncio.Future[RecordMetadata]] = []
+        events go out in batches and are settled (acknowledged, then committed) in the background,
+        in order; a valid request waits for the rejections before it to be settled."""
+        outgoing: list[Outgoing] = []
         last_rejected: int | None = None
         for record in records:
             if tp in self.jobs:
@@ -92,15 +94,16 @@ class Service:
             decoded = decode_request(record.value, record.key)
             rejection = decoded if isinstance(decoded, Rejection) else self._refusal(decoded)
             if rejection is not None:
-                acks += await self._send_rejection(record, rejection)
+                outgoing += self._rejection_messages(record, rejection)
                 last_rejected = record.offset
                 continue
             assert not isinstance(decoded, Rejection)
-            await self._settle(tp, acks, last_rejected)
-            acks, last_rejected = [], None
+            await self._flush(tp, outgoing, last_rejected)
+            outgoing, last_rejected = [], None
+            await self._settled(tp)
             if not await self._start_job(tp, record, decoded):
                 break  # no free slot: the request stays in Kafka, and so does the rest of this batch
-        await self._settle(tp, acks, last_rejected)
+        await self._flush(tp, outgoing, last_rejected)
 
     def _refusal(self, request: RequestBase) -> Rejection | None:
         """A valid request this host will not run: a method its TRL lacks, or one outside policy."""
@@ -110,20 +113,41 @@ class Service:
         errors = policy_errors(request, self.settings)
         return Rejection("policy", errors, request.request_id) if errors else None
 
-    async def _send_rejection(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> list[asyncio.Future[RecordMetadata]]:
+    def _rejection_messages(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> list[Outgoing]:
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
-                    errors=[f"{e.path}: {e.message}" for e in rejection.errors], offset=record.offset)
-        return [
-            await self.publisher.send_dead_letter(record, rejection),
-            await self.publisher.send(Rejected(
-                request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors,
-            )),
-        ]
+                    errors=rejection.errors, offset=record.offset)
+        rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
+        return [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected)]
 
-    async def _settle(self, tp: TopicPartition, acks: list[asyncio.Future[RecordMetadata]], last_offset: int | None) -> None:
+    async def _flush(self, tp: TopicPartition, messages: list[Outgoing], last_offset: int | None) -> None:
         if last_offset is not None:
-            await asyncio.gather(*acks)
+            self._settle_later(tp, await self.publisher.send_all(messages), last_offset)
+
+    def _settle_later(self, tp: TopicPartition, acks: list[asyncio.Future[RecordMetadata]], last_offset: int | None) -> None:
+        """Commit past `last_offset` once every ack has come and the partition's earlier settles are done."""
+        if last_offset is None:
+            return
+        previous = self._settling.get(tp)
+
+        async def settle() -> None:
+            if previous is not None:
+                await previous
+            try:
+                await asyncio.gather(*acks)
+            except Exception as exc:
+                # Not committed: the rejected messages are read again after a restart; nothing is lost.
+                log.error("rejections.unacknowledged", partition=tp.partition, offset=last_offset, error=repr(exc))
+                return
             await self._commit(tp, last_offset + 1)
+
+        self._settling[tp] = asyncio.create_task(settle())
+
+    async def _settled(self, tp: TopicPartition | None = None) -> None:
+        """Wait for the partition's settles (every partition's when None)."""
+        if tp is None:
+            await asyncio.gather(*self._settling.values())
+        elif tp in self._settling:
+            await self._settling[tp]
 
     async def _start_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], request: RequestBase) -> bool:
         """Start the request's job beside the loop. False when no slot is free."""

@@ -6,7 +6,7 @@ Every request ends in exactly one terminal event: `succeeded`, `failed`, `cancel
 from __future__ import annotations
 
 import socket
-import uuid
+import secrets
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -26,7 +26,7 @@ def _now() -> datetime:
 
 
 def _event_id() -> str:
-    return uuid.uuid4().hex
+    return secrets.token_hex(16)  # 128 random bits, as a uuid4 has; cheaper on the intake path
 
 
 class EventBase(Frozen):

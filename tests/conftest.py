@@ -14,21 +14,16 @@ os.environ["HF_HUB_DISABLE_XET"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import json
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from daemon.local_kafka import LocalKafka
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
-from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, PREFERENCE_ROWS, TINY_MODEL
+from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, PREFERENCE_ROWS, TINY_MODEL, DaemonProcess
 from tests.hub_server import HubServer
 
 @pytest.fixture(scope="session")
@@ -102,58 +97,6 @@ async def settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
     )
     await ensure_topics(settings)
     return settings
-
-
-def settings_environment(settings: Settings) -> dict[str, str]:
-    """The environment that makes `adapterd run` use `settings`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_")}
-    for name, value in settings.model_dump(mode="json").items():
-        if value is None:
-            continue
-        if name == "hub_token":
-            value = settings.hub_token.get_secret_value() if settings.hub_token else None
-        env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
-    env["HF_HOME"] = str(settings.work_dir / "hf-home")
-    return env
-
-
-@dataclass
-class DaemonProcess:
-    """`adapterd run` as an operator starts it, in a child process of the test."""
-
-    settings: Settings
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-    def start(self) -> DaemonProcess:
-        self.settings.work_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "run"],
-            env={**settings_environment(self.settings), **self.extra_env},
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
-        )
-        return self
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60) -> int:
-        assert self.process is not None
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        lines = []
-        for line in self.log_path.read_text().splitlines():
-            try:
-                lines.append(json.loads(line))
-            except json.JSONDecodeError:
-                lines.append({"event": "raw", "text": line})
-        return lines
 
 
 @pytest.fixture

@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +191,55 @@ def assert_full_model_trained(model_dir: Path, base_dir: Path, *, sequence_class
     shared = [name for name in trained if name.removeprefix("model.") in base]
     assert shared, "no weights in common with the base model"
     assert any(not torch.equal(trained[name], base[name.removeprefix("model.")]) for name in shared)
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The environment that makes `adapterd run` use `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_")}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        if name == "hub_token":
+            value = settings.hub_token.get_secret_value() if settings.hub_token else None
+        env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+    env["HF_HOME"] = str(settings.work_dir / "hf-home")
+    return env
+
+
+@dataclass
+class DaemonProcess:
+    """`adapterd run` as an operator starts it, in a child process of the test."""
+
+    settings: Settings
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> DaemonProcess:
+        self.settings.work_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "run"],
+            env={**settings_environment(self.settings), **self.extra_env},
+            stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
+        )
+        return self
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        lines = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except json.JSONDecodeError:
+                lines.append({"event": "raw", "text": line})
+        return lines

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from daemon.cli import app
 from daemon.settings import Settings
-from tests.conftest import settings_environment
+from tests.helpers import settings_environment
 from tests.helpers import read_records, sft_request
 
 runner = CliRunner()

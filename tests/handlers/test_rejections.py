@@ -7,7 +7,7 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.conftest import DaemonProcess
+from tests.helpers import DaemonProcess
 from tests.helpers import example_request, read_records, submit, terminal_events
 
 WRONG_COLUMNS = {

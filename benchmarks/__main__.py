@@ -1,0 +1,60 @@
+"""`python -m benchmarks`: every benchmark, side by side in one run on this machine.
+
+Prints a table and writes it to benchmarks/results/latest.json and latest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks import footprint, intake, overhead, start_latency
+from benchmarks.harness import Environment, Row
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def markdown(rows: list[Row], header: str) -> str:
+    lines = [header, "", "| benchmark | measure | value | unit | target | note |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.benchmark} | {r.measure} | {r.value} | {r.unit} | {r.target} | {r.note} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+async def main(args: argparse.Namespace) -> None:
+    env = Environment.start()
+    rows: list[Row] = []
+    started = time.monotonic()
+    try:
+        if "intake" in args.only:
+            rows += await intake.run(env, args.intake_messages)
+        if "footprint" in args.only:
+            rows += await footprint.run(env)
+        if "start" in args.only:
+            rows += await start_latency.run(env, args.repeats)
+        if "overhead" in args.only:
+            rows += await overhead.run(env, args.overhead_steps)
+    finally:
+        env.stop()
+    header = (f"adapterd benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+              f"{platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
+              f"{time.monotonic() - started:.0f} s")
+    table = markdown(rows, header)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.md").write_text(table)
+    (RESULTS / "latest.json").write_text(json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "overhead"])
+    parser.add_argument("--overhead-steps", type=int, default=300, help="steps of the overhead job (about a minute on 2 CPU cores)")
+    parser.add_argument("--intake-messages", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3, help="requests per start-latency variant")
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,117 @@
+"""What every benchmark needs: a real broker, the local Hub server, the tiny model, and daemons.
+
+Reuses the test suite's pieces (`tests/hub_server.py`, `tests/helpers.py`) so the benchmarks run
+the same real parts as the tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local Hub takes plain HTTP uploads only
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from daemon.local_kafka import LocalKafka
+from daemon.settings import Settings
+from daemon.topics import ensure_topics
+from tests.helpers import HUB_TOKEN, DaemonProcess
+from tests.hub_server import HubServer
+
+
+@dataclass
+class Row:
+    benchmark: str
+    measure: str
+    value: float | str
+    unit: str = ""
+    target: str = ""
+    note: str = ""
+
+
+@dataclass
+class Environment:
+    root: Path
+    broker: LocalKafka
+    hub: HubServer
+    model_dir: Path
+
+    @classmethod
+    def start(cls) -> Environment:
+        root = Path(tempfile.mkdtemp(prefix="adapterd-bench-"))
+        broker = LocalKafka(data_dir=root / "kafka").start()
+        hub = HubServer().start()
+        model_dir = root / "tiny-model"
+        subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(model_dir)], check=True, capture_output=True)
+        return cls(root, broker, hub, model_dir)
+
+    def stop(self) -> None:
+        self.hub.stop()
+        self.broker.stop()
+
+    async def settings(self, **overrides: Any) -> Settings:
+        suffix = uuid.uuid4().hex[:8]
+        fields: dict[str, Any] = {
+            "bootstrap_servers": self.broker.bootstrap_servers,
+            "requests_topic": f"requests-{suffix}",
+            "events_topic": f"events-{suffix}",
+            "dlq_topic": f"dlq-{suffix}",
+            "control_topic": f"control-{suffix}",
+            "group_id": f"bench-{suffix}",
+            "work_dir": self.root / f"work-{suffix}",
+            "hub_endpoint": self.hub.endpoint,
+            "hub_token": HUB_TOKEN,
+            "progress_interval_s": 10,
+            "allowed_local_model_roots": [self.root],
+            "log_format": "json",
+        }
+        fields.update(overrides)
+        settings = Settings(**fields)
+        await ensure_topics(settings)
+        return settings
+
+    def daemon(self, settings: Settings) -> DaemonProcess:
+        return DaemonProcess(settings, settings.work_dir.with_suffix(".log")).start()
+
+
+async def wait_for_log(daemon: DaemonProcess, event: str, after: int = 0, timeout_s: float = 180) -> int:
+    """Wait until the daemon's log has its `after+1`-th line with this event name; return how many it has.
+    The daemon says readiness only in its log, so this polls the file."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        count = sum(1 for line in daemon.log_lines() if line.get("event") == event)
+        if count > after:
+            return count
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"no {event} in the daemon's log after {timeout_s}s")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def maps_torch(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
