@@ -38,7 +38,7 @@ async def main(args: argparse.Namespace) -> None:
         if "start" in args.only:
             rows += await start_latency.run(env, args.repeats)
         if "overhead" in args.only:
-            rows += await overhead.run(env, args.overhead_steps)
+            rows += await overhead.run(env, args.overhead_steps, args.repeats)
     finally:
         env.stop()
     header = (f"adapterd benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
@@ -56,5 +56,5 @@ if __name__ == "__main__":
     parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "overhead"])
     parser.add_argument("--overhead-steps", type=int, default=300, help="steps of the overhead job (about a minute on 2 CPU cores)")
     parser.add_argument("--intake-messages", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=3, help="requests per start-latency variant")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency, overhead)")
     asyncio.run(main(parser.parse_args()))

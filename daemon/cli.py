@@ -86,6 +86,19 @@ def submit(file: Path, config: ConfigOption = None) -> None:
 
 
 @app.command()
+def methods() -> None:
+    """List the training methods and whether this host's TRL can run each."""
+    from daemon.capabilities import trl_version, unsupported_reason
+    from schemas import REQUEST_MODELS
+
+    typer.echo(f"trl {trl_version()}")
+    for method, model in REQUEST_MODELS.items():
+        reason = unsupported_reason(method)
+        status = "available" if reason is None else f"unavailable: {reason}"
+        typer.echo(f"  {method:<7} {'experimental ' if model.experimental else ''}{status}")
+
+
+@app.command()
 def schema() -> None:
     """Print the JSON Schemas of requests and events."""
     from schemas.jsonschema import generated_schemas

@@ -81,3 +81,12 @@ def test_demo_runs_to_succeeded_on_a_fresh_work_dir(tmp_path: Path) -> None:
     adapter = work_dir / "outputs" / "demo" / "tiny-sft-adapter"
     assert (adapter / "adapter_model.safetensors").stat().st_size > 0
     assert "library_name: peft" in (adapter / "README.md").read_text()
+
+
+def test_methods_lists_what_this_trl_can_run() -> None:
+    result = runner.invoke(app, ["methods"])
+    assert result.exit_code == 0
+    lines = {line.split()[0]: line for line in result.output.splitlines()[1:]}
+    assert set(lines) == {"sft", "dpo", "kto", "reward", "grpo", "rloo", "orpo", "ppo"}
+    assert "available" in lines["sft"] and "experimental" in lines["orpo"]
+    assert "unavailable: method ppo needs trl>=1.10,<1.13" in lines["ppo"]
