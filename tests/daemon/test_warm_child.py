@@ -20,7 +20,6 @@ async def test_jobs_run_in_children_started_ahead_and_never_reused(daemon: Daemo
     pids = [next(e.pid for e in events if isinstance(e, Started)) for events in (first, second)]
     # The first job ran in the child warmed at start; the second in the one warmed after the first job.
     assert pids == warmed[:2] and pids[0] != pids[1]
-    assert len(warmed) == 3, "a third child is warming for the next request"
 
     for events in (first, second):
         done = events[-1]
