@@ -3,7 +3,6 @@
 import json
 from typing import Any
 
-import pytest
 
 from daemon.settings import Settings
 from schemas import Rejected
