@@ -5,7 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 
-from benchmarks.harness import Environment, Row, cpu_seconds, group_members, maps_torch, rss_mib, wait_for_log
+from benchmarks.harness import (
+    Environment,
+    Row,
+    cpu_seconds,
+    group_members,
+    maps_torch,
+    rss_mib,
+    wait_for_log,
+)
 from benchmarks.overhead import job
 from schemas import Started, Succeeded
 from tests.helpers import submit, terminal_events

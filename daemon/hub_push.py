@@ -16,7 +16,13 @@ import httpx2
 import structlog
 from huggingface_hub import HfApi, ModelCardData
 from huggingface_hub.errors import HfHubHTTPError
-from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (
+    RetryCallState,
+    retry,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from daemon.errors import PushFailed
 from daemon.settings import Settings

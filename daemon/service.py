@@ -23,7 +23,14 @@ from daemon.job import JobRunner, child_environment
 from daemon.policy import policy_errors
 from daemon.publisher import Outgoing, Publisher
 from daemon.settings import Settings
-from schemas import Accepted, FieldError, Rejected, Rejection, RequestBase, decode_request
+from schemas import (
+    Accepted,
+    FieldError,
+    Rejected,
+    Rejection,
+    RequestBase,
+    decode_request,
+)
 
 log = structlog.get_logger()
 

@@ -32,7 +32,13 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint
 
 from daemon.errors import JobFailed
-from schemas.request import DatasetSpec, LoraSpec, ModelSpec, RequestBase, RewardModelSpec
+from schemas.request import (
+    DatasetSpec,
+    LoraSpec,
+    ModelSpec,
+    RequestBase,
+    RewardModelSpec,
+)
 
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
 ConfigT = TypeVar("ConfigT")

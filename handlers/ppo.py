@@ -12,7 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase, TrainerCallback
+from transformers import (
+    AutoModelForSequenceClassification,
+    PreTrainedTokenizerBase,
+    TrainerCallback,
+)
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
 from daemon.errors import JobFailed

@@ -13,7 +13,14 @@ from typing import Any
 from trl.rewards import think_format_reward
 
 from daemon.errors import JobFailed
-from schemas.request import ExactMatchReward, LengthPenaltyReward, OnlineRewards, RegexReward, RewardFunction, ThinkFormatReward
+from schemas.request import (
+    ExactMatchReward,
+    LengthPenaltyReward,
+    OnlineRewards,
+    RegexReward,
+    RewardFunction,
+    ThinkFormatReward,
+)
 
 RewardFn = Callable[..., list[float]]
 

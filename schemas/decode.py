@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
 from pydantic import ValidationError
 
 from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason

@@ -5,8 +5,8 @@ Every request ends in exactly one terminal event: `succeeded`, `failed`, `cancel
 
 from __future__ import annotations
 
-import socket
 import secrets
+import socket
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 

@@ -23,8 +23,17 @@ import pytest
 from daemon.local_kafka import LocalKafka
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
-from tests.helpers import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, PREFERENCE_ROWS, TINY_MODEL, DaemonProcess
+from tests.helpers import (
+    CHAT_DATASET,
+    CHAT_ROWS,
+    HUB_TOKEN,
+    PREFERENCE_DATASET,
+    PREFERENCE_ROWS,
+    TINY_MODEL,
+    DaemonProcess,
+)
 from tests.hub_server import HubServer
+
 
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

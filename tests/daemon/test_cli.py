@@ -13,8 +13,7 @@ from typer.testing import CliRunner
 
 from daemon.cli import app
 from daemon.settings import Settings
-from tests.helpers import settings_environment
-from tests.helpers import read_records, sft_request
+from tests.helpers import read_records, settings_environment, sft_request
 
 runner = CliRunner()
 

@@ -13,8 +13,17 @@ from transformers import AutoModelForCausalLM
 
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Progress, Rejected, Started, Succeeded
-from tests.helpers import DaemonProcess
-from tests.helpers import HUB_TOKEN, TINY_MODEL, committed_offset, produce, read_records, sft_request, submit, terminal_events
+from tests.helpers import (
+    HUB_TOKEN,
+    TINY_MODEL,
+    DaemonProcess,
+    committed_offset,
+    produce,
+    read_records,
+    sft_request,
+    submit,
+    terminal_events,
+)
 from tests.hub_server import HubServer
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,14 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import DaemonProcess
-from tests.helpers import PREFERENCE_ROWS, assert_adapter_trained, download, example_request, run_to_end
+from tests.helpers import (
+    PREFERENCE_ROWS,
+    DaemonProcess,
+    assert_adapter_trained,
+    download,
+    example_request,
+    run_to_end,
+)
 from tests.hub_server import HubServer
 
 

@@ -9,8 +9,16 @@ import pytest
 from daemon.capabilities import trl_version, unsupported_reason
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
-from tests.helpers import DaemonProcess
-from tests.helpers import HUB_TOKEN, PROMPT_ROWS, assert_adapter_trained, download, example_request, submit, terminal_events
+from tests.helpers import (
+    HUB_TOKEN,
+    PROMPT_ROWS,
+    DaemonProcess,
+    assert_adapter_trained,
+    download,
+    example_request,
+    submit,
+    terminal_events,
+)
 from tests.hub_server import HubServer
 
 pytestmark = [

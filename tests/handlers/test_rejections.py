@@ -3,11 +3,15 @@
 import json
 from typing import Any
 
-
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.helpers import DaemonProcess
-from tests.helpers import example_request, read_records, submit, terminal_events
+from tests.helpers import (
+    DaemonProcess,
+    example_request,
+    read_records,
+    submit,
+    terminal_events,
+)
 
 WRONG_COLUMNS = {
     "sft": [{"question": "q", "answer": "a"}],

@@ -4,11 +4,11 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import DaemonProcess
 from tests.helpers import (
     PREFERENCE_ROWS,
     PROMPT_ROWS,
     SMALL_TRAINING,
+    DaemonProcess,
     assert_adapter_trained,
     assert_full_model_trained,
     download,

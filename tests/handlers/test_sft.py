@@ -4,8 +4,14 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Failed, Succeeded
-from tests.helpers import DaemonProcess
-from tests.helpers import CHAT_ROWS, assert_full_model_trained, download, example_request, run_to_end
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    assert_full_model_trained,
+    download,
+    example_request,
+    run_to_end,
+)
 from tests.hub_server import HubServer
 
 
