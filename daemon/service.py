@@ -130,10 +130,8 @@ class Service:
         if last_offset is not None:
             self._settle_later(tp, await self.publisher.send_all(messages), last_offset)
 
-    def _settle_later(self, tp: TopicPartition, acks: list[asyncio.Future[RecordMetadata]], last_offset: int | None) -> None:
+    def _settle_later(self, tp: TopicPartition, acks: list[asyncio.Future[RecordMetadata]], last_offset: int) -> None:
         """Commit past `last_offset` once every ack has come and the partition's earlier settles are done."""
-        if last_offset is None:
-            return
         previous = self._settling.get(tp)
 
         async def settle() -> None:

@@ -6,18 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from huggingface_hub import snapshot_download
-from peft import PeftModel
-from transformers import AutoModelForCausalLM
 
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Progress, Rejected, Started, Succeeded
 from tests.helpers import (
-    HUB_TOKEN,
     TINY_MODEL,
     DaemonProcess,
+    assert_adapter_trained,
     committed_offset,
+    download,
     produce,
     read_records,
     sft_request,
@@ -52,13 +49,10 @@ async def test_sft_request_trains_pushes_and_commits(daemon: DaemonProcess, publ
     assert {"queue", "load_model", "train", "push", "total"} <= set(done.durations_s)
     assert done.metrics["train_loss"] > 0 and done.dataset_fingerprint
 
-    # The pushed adapter loads with PEFT on the base model, and training moved its weights:
-    # LoRA initialises B to zero, so a non-zero B means the adapter learned something.
-    adapter = snapshot_download("results/sft-e2e-1", revision=done.commit_sha, endpoint=published.endpoint, token=HUB_TOKEN, cache_dir=tmp_path / "hf")
-    base = AutoModelForCausalLM.from_pretrained(snapshot_download(TINY_MODEL, endpoint=published.endpoint, cache_dir=tmp_path / "hf"))
-    model = PeftModel.from_pretrained(base, adapter)
-    lora_b = [p for name, p in model.named_parameters() if "lora_B" in name]
-    assert lora_b and any(torch.count_nonzero(p) > 0 for p in lora_b)
+    # The pushed adapter, downloaded by its commit, loads with PEFT on the base model from the Hub,
+    # and training moved its weights (LoRA B starts at zero).
+    adapter = download(published.endpoint, "results/sft-e2e-1", done.commit_sha, tmp_path / "hf")
+    assert_adapter_trained(adapter, download(published.endpoint, TINY_MODEL, None, tmp_path / "hf"))
 
     assert await committed_offset(settings) == 1
 
