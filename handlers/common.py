@@ -32,6 +32,7 @@ from transformers import (
 from transformers.trainer_utils import get_last_checkpoint
 
 from daemon.errors import JobFailed
+from daemon.job_spec import JobSpec
 from schemas.request import (
     DatasetSpec,
     LoraSpec,
@@ -40,17 +41,11 @@ from schemas.request import (
     RewardModelSpec,
 )
 
+# The child's exit status after stopping at a checkpoint because the daemon asked it to.
+EXIT_STOPPED = 75
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
 ConfigT = TypeVar("ConfigT")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class JobPaths:
-    """The job's folders in the daemon's work directory, keyed by request id."""
-
-    checkpoints: Path
-    artifact: Path
 
 
 @dataclass
@@ -84,6 +79,8 @@ class StatusReporter:
         self.stage = "preflight"
         self._stage_started = time.monotonic()
         self.durations_s: dict[str, float] = {}
+        # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
+        self.stop_requested = False
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
@@ -226,16 +223,16 @@ def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
     return LoraConfig(task_type=task_type, **spec.model_dump())
 
 
-def trl_config(config_class: type[ConfigT], request: RequestBase, paths: JobPaths, method_block: str, **derived: Any) -> ConfigT:
+def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
-    own choices (where checkpoints go, no reporting integrations, CPU when there is no GPU)."""
+    own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)."""
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
     arguments.update(derived)
     arguments.update(
-        output_dir=str(paths.checkpoints),
-        report_to="none",
+        output_dir=str(job.checkpoints),
+        report_to=list(job.report_to) or "none",
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
@@ -245,36 +242,68 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, paths: JobPath
         raise JobFailed("config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}") from exc
 
 
-def last_checkpoint(paths: JobPaths) -> str | None:
-    return get_last_checkpoint(str(paths.checkpoints)) if paths.checkpoints.is_dir() else None
+def last_checkpoint(job: JobSpec) -> str | None:
+    """The newest checkpoint of an earlier attempt at this request: training resumes there, not at step 0."""
+    return get_last_checkpoint(str(job.checkpoints)) if job.checkpoints.is_dir() else None
 
 
-class ProgressCallback(TrainerCallback):
-    """Reports the trainer's progress to the parent at its logging steps, at most once per
-    `interval_s`, and always at the last step."""
+class JobCallback(TrainerCallback):
+    """What the daemon sees of a trainer: the first optimizer step; progress at the job's interval
+    (at least `progress_interval_steps` steps and `progress_interval_s` seconds apart, and always the
+    last step); each checkpoint saved; and, once a stop is requested, a checkpoint and a clean exit."""
 
-    def __init__(self, reporter: StatusReporter, interval_s: float) -> None:
+    def __init__(self, reporter: StatusReporter, job: JobSpec) -> None:
         self.reporter = reporter
-        self.interval_s = interval_s
+        self.job = job
         self.started = time.monotonic()
-        self.last_sent = float("-inf")
+        self.first_step: int | None = None  # global step this run started from (non-zero after a resume)
+        self.last_sent_at = float("-inf")
+        self.last_sent_step = 0
+        self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.monotonic()
+        self.first_step = state.global_step
+        self.last_sent_step = state.global_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.global_step == 1:
-            self.reporter.send("first_step", time=time.time())
+        if state.global_step == (self.first_step or 0) + 1:
+            self.reporter.send("first_step", time=time.time(), step=state.global_step)
+        if self.reporter.stop_requested:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.reporter.send("checkpoint", step=state.global_step, path=str(path))
+        if self.reporter.stop_requested:
+            self.reporter.send("stopped", step=state.global_step, path=str(path))
+            raise SystemExit(EXIT_STOPPED)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
             return  # the end-of-training summary or an evaluation, not a training step
         now = time.monotonic()
-        if now - self.last_sent < self.interval_s and state.global_step < state.max_steps:
+        tokens_per_s = None
+        if "num_tokens" in logs:  # TRL's trainers log the tokens seen so far
+            if self.last_tokens is not None and now > self.last_tokens[0]:
+                tokens_per_s = (logs["num_tokens"] - self.last_tokens[1]) / (now - self.last_tokens[0])
+            self.last_tokens = (now, float(logs["num_tokens"]))
+        last = state.global_step >= state.max_steps
+        due = (
+            state.global_step - self.last_sent_step >= self.job.progress_interval_steps
+            and now - self.last_sent_at >= self.job.progress_interval_s
+        )
+        if not (due or last):
             return
-        self.last_sent = now
-        elapsed, total = now - self.started, max(state.max_steps, 1)
-        eta = elapsed / state.global_step * (total - state.global_step) if state.global_step else None
+        self.last_sent_at, self.last_sent_step = now, state.global_step
+        total = max(state.max_steps, 1)
+        done_this_run = state.global_step - (self.first_step or 0)
+        eta = (now - self.started) / done_this_run * (total - state.global_step) if done_this_run > 0 else None
         self.reporter.send(
             "progress", step=state.global_step, total_steps=total, epoch=state.epoch,
-            loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"), eta_s=eta,
+            loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+            tokens_per_s=tokens_per_s, eta_s=eta,
         )
 
 

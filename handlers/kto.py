@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from trl import KTOConfig, KTOTrainer
 
+from daemon.job_spec import JobSpec
 from handlers.common import (
-    JobPaths,
-    ProgressCallback,
+    JobCallback,
     StatusReporter,
     TrainResult,
     check_chat_template,
@@ -30,9 +30,9 @@ from schemas.request import KTORequest
 TRAINER = "trl.KTOTrainer/trl.KTOConfig"
 
 
-def train(request: KTORequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     check_hardware(request.model)
-    config = trl_config(KTOConfig, request, paths, "kto")
+    config = trl_config(KTOConfig, request, job, "kto")
 
     reporter.enter("load_dataset")
     train_dataset, eval_dataset = load_datasets(request.dataset)
@@ -51,14 +51,14 @@ def train(request: KTORequest, paths: JobPaths, reporter: StatusReporter, progre
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
-        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+        callbacks=[JobCallback(reporter, job)],
     )
 
     reporter.enter("train")
-    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, paths.artifact)
+    files = save_artifact(trainer, request, job.artifact)
     reporter.enter("done")
     return TrainResult(
         trainer=TRAINER,

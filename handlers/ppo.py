@@ -20,9 +20,9 @@ from transformers import (
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
 from daemon.errors import JobFailed
+from daemon.job_spec import JobSpec
 from handlers.common import (
-    JobPaths,
-    ProgressCallback,
+    JobCallback,
     StatusReporter,
     TrainResult,
     check_chat_template,
@@ -82,9 +82,9 @@ def load_reward_model(request: PPORequest) -> Any:
         ) from exc
 
 
-def train(request: PPORequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     check_hardware(request.model)
-    config = trl_config(PPOConfig, request, paths, "ppo", num_sample_generations=0)
+    config = trl_config(PPOConfig, request, job, "ppo", num_sample_generations=0)
 
     reporter.enter("load_dataset")
     train_dataset, _ = load_datasets(request.dataset)
@@ -108,7 +108,7 @@ def train(request: PPORequest, paths: JobPaths, reporter: StatusReporter, progre
         train_dataset=tokenize_prompts(train_dataset, tokenizer),
         value_model=value_model,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
-        callbacks=[ProgressCallback(reporter, progress_interval_s), *([stop] if stop else [])],
+        callbacks=[JobCallback(reporter, job), *([stop] if stop else [])],
     )
 
     reporter.enter("train")
@@ -118,7 +118,7 @@ def train(request: PPORequest, paths: JobPaths, reporter: StatusReporter, progre
         pass
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, paths.artifact, model=trainer.model.policy)
+    files = save_artifact(trainer, request, job.artifact, model=trainer.model.policy)
     reporter.enter("done")
     logged = [entry for entry in trainer.state.log_history if "objective/kl" in entry]
     metrics = {key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)}

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from trl import RLOOConfig, RLOOTrainer
 
+from daemon.job_spec import JobSpec
 from handlers.common import (
-    JobPaths,
-    ProgressCallback,
+    JobCallback,
     StatusReporter,
     TrainResult,
     check_chat_template,
@@ -32,7 +32,7 @@ from schemas.request import RLOORequest
 TRAINER = "trl.RLOOTrainer/trl.RLOOConfig"
 
 
-def train(request: RLOORequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     check_hardware(request.model)
 
     reporter.enter("load_dataset")
@@ -44,7 +44,7 @@ def train(request: RLOORequest, paths: JobPaths, reporter: StatusReporter, progr
     model_path, model_revision = resolve_model(request.model)
     reward_model_path = resolve_model(request.rewards.model)[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
-    config = trl_config(RLOOConfig, request, paths, "rloo", reward_weights=reward_weights)
+    config = trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights)
     tokenizer = load_tokenizer(model_path, request.model)
     check_chat_template(tokenizer, train_dataset, request.model)
     model = load_causal_lm(model_path, request.model)
@@ -57,14 +57,14 @@ def train(request: RLOORequest, paths: JobPaths, reporter: StatusReporter, progr
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
-        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+        callbacks=[JobCallback(reporter, job)],
     )
 
     reporter.enter("train")
-    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, paths.artifact)
+    files = save_artifact(trainer, request, job.artifact)
     reporter.enter("done")
     return TrainResult(
         trainer=TRAINER,

@@ -2,8 +2,9 @@
 
 Imports the training stack, says `ready` on the status pipe (fd in ADAPTERD_STATUS_FD), then reads
 one job from stdin: a JSON line `{"spec": path, "log": path}`. It moves its stdout and stderr to the
-job's log, runs the job, and exits: 0 after a `result` line, 1 after an `error` line; anything
-else (a signal, an out-of-memory kill) means it died before it could say why.
+job's log, runs the job, and exits: 0 after a `result` line, 1 after an `error` line, 75 after
+stopping at a checkpoint on SIGTERM; anything else (a signal, an out-of-memory kill) means it died
+before it could say why.
 Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
 """
 
@@ -43,7 +44,7 @@ def main() -> int:
     die_with_parent()
 
     from handlers import HANDLERS
-    from handlers.common import JobPaths, StatusReporter
+    from handlers.common import EXIT_STOPPED, StatusReporter
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(int(os.environ["ADAPTERD_STATUS_FD"]))
@@ -54,12 +55,21 @@ def main() -> int:
     job = json.loads(line)
     redirect_output(job["log"])
     reporter.restart_clock()
+    print(f"adapterd child {os.getpid()}: job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
+
+    def stop(signum: int, frame: object) -> None:
+        # While training, stop at a fresh checkpoint (JobCallback); before that there is nothing to keep.
+        if reporter.stage == "train":
+            reporter.stop_requested = True
+        else:
+            raise SystemExit(EXIT_STOPPED)
+
+    signal.signal(signal.SIGTERM, stop)
 
     spec = JobSpec.model_validate_json(Path(job["spec"]).read_text())
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
-    paths = JobPaths(checkpoints=spec.checkpoints, artifact=spec.artifact)
     try:
-        result = HANDLERS[request.method].train(request, paths, reporter, spec.progress_interval_s)
+        result = HANDLERS[request.method].train(request, spec, reporter)
     except JobFailed as failure:
         reporter.error(failure)
         return 1

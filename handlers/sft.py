@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from trl import SFTConfig, SFTTrainer
 
+from daemon.job_spec import JobSpec
 from handlers.common import (
-    JobPaths,
-    ProgressCallback,
+    JobCallback,
     StatusReporter,
     TrainResult,
     check_chat_template,
@@ -31,9 +31,9 @@ from schemas.request import SFTRequest
 TRAINER = "trl.SFTTrainer/trl.SFTConfig"
 
 
-def train(request: SFTRequest, paths: JobPaths, reporter: StatusReporter, progress_interval_s: float) -> TrainResult:
+def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     check_hardware(request.model)
-    config = trl_config(SFTConfig, request, paths, "sft")
+    config = trl_config(SFTConfig, request, job, "sft")
 
     reporter.enter("load_dataset")
     train_dataset, eval_dataset = load_datasets(request.dataset)
@@ -52,14 +52,14 @@ def train(request: SFTRequest, paths: JobPaths, reporter: StatusReporter, progre
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
-        callbacks=[ProgressCallback(reporter, progress_interval_s)],
+        callbacks=[JobCallback(reporter, job)],
     )
 
     reporter.enter("train")
-    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(paths))
+    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, paths.artifact)
+    files = save_artifact(trainer, request, job.artifact)
     reporter.enter("done")
     return TrainResult(
         trainer=TRAINER,
