@@ -36,6 +36,7 @@ class ChildOutcome:
     result: Message | None = None
     error: Message | None = None
     first_step_at: float | None = None
+    stopped_at: Message | None = None  # the checkpoint a stopped child saved
     log_tail: list[str] = field(default_factory=list)
 
     def describe_exit(self) -> str:
@@ -59,6 +60,8 @@ class Child:
         self.reader = reader
         self.transport = transport
         self._early: list[Message] = []
+        # How long a stopped child may take to save a checkpoint before it is killed; 0 kills at once.
+        self.stop_grace_s = 10.0
         # The only reader of the pipe until the child is ready; `run` reads it after this ends.
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
@@ -97,10 +100,10 @@ class Child:
         log_path: Path,
         on_start: Callable[[int], Awaitable[None]],
         on_message: Callable[[Message], Awaitable[None]],
-        stop_grace_s: float = 10.0,
     ) -> ChildOutcome:
         """Hand the child its job and follow it to the end. Cancelling the awaiting task stops the
-        child's whole process group: SIGTERM first, SIGKILL after `stop_grace_s`."""
+        child's whole process group: SIGTERM first (a training child saves a checkpoint and exits),
+        SIGKILL after `stop_grace_s`."""
         outcome = ChildOutcome(returncode=0, stage="preflight")
         try:
             assert self.process.stdin is not None
@@ -116,12 +119,24 @@ class Child:
             outcome.returncode = await self.process.wait()
             _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
         except BaseException:
-            await self.stop(stop_grace_s)
+            await self.stop(self.stop_grace_s)
+            await self._drain(outcome, on_message)
             raise
         finally:
             self.transport.close()
         outcome.log_tail = read_tail(log_path)
         return outcome
+
+    async def _drain(self, outcome: ChildOutcome, on_message: Callable[[Message], Awaitable[None]]) -> None:
+        """After a stop: what the child said while stopping (the checkpoint it saved), now that it has exited."""
+        if not self.ready_task.done() or self.ready_task.cancelled():
+            return  # it was stopped before it was ready: it said nothing worth reading
+        try:
+            async with asyncio.timeout(5):
+                async for line in self.reader:
+                    await self._follow(json.loads(line), outcome, on_message)
+        except (TimeoutError, ValueError) as exc:
+            log.warning("child.unread_messages", pid=self.process.pid, error=repr(exc))
 
     @staticmethod
     async def _follow(message: Message, outcome: ChildOutcome, on_message: Callable[[Message], Awaitable[None]]) -> None:
@@ -134,50 +149,75 @@ class Child:
             outcome.error = message
         elif kind == "first_step":
             outcome.first_step_at = message["time"]
+        elif kind == "stopped":
+            outcome.stopped_at = message
         await on_message(message)
 
-    async def stop(self, grace_s: float = 10.0) -> None:
+    async def stop(self, grace_s: float) -> None:
         process = self.process
         if process.returncode is None:
-            _signal_group(process.pid, signal.SIGTERM)
+            _signal_group(process.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
             try:
                 await asyncio.wait_for(asyncio.shield(process.wait()), grace_s)
             except TimeoutError:
                 log.warning("child.kill", pid=process.pid, grace_s=grace_s)
                 _signal_group(process.pid, signal.SIGKILL)
                 await process.wait()
+        _signal_group(process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
         self.ready_task.cancel()
         self.transport.close()
 
 
 class WarmChildren:
-    """Keeps one child started ahead of time, and replaces it after each job it takes."""
+    """Keeps a child started ahead of time for each free slot, and replaces each one a job takes.
+
+    A child is warmed for one slot: CUDA reads CUDA_VISIBLE_DEVICES once, when the child first
+    touches CUDA, so the slot's devices are in its environment from the start.
+    """
 
     def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool) -> None:
         self.env = env
         self.log_path = log_path
         self.enabled = enabled
-        self._next: Child | None = None
+        self._ready: list[tuple[str | None, Child]] = []  # (CUDA_VISIBLE_DEVICES, child)
 
-    async def prepare(self) -> None:
-        if self.enabled and self._next is None:
-            child = self._next = await Child.spawn(self.env, self.log_path)
-            log.info("child.warming", pid=child.process.pid)
+    def environment(self, visible_devices: str | None) -> dict[str, str]:
+        env = dict(self.env)
+        if visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices
+        return env
+
+    async def prepare(self, wanted: list[str | None]) -> None:
+        """Have one live warm child per entry of `wanted` (the devices of each free slot)."""
+        if not self.enabled:
+            return
+        self._ready = [(devices, child) for devices, child in self._ready if child.process.returncode is None]
+        missing = list(wanted)
+        for devices, _ in self._ready:
+            if devices in missing:
+                missing.remove(devices)
+        for devices in missing:
+            child = await Child.spawn(self.environment(devices), self.log_path)
+            self._ready.append((devices, child))
+            log.info("child.warming", pid=child.process.pid, visible_devices=devices)
             child.ready_task.add_done_callback(
-                lambda task: log.info("child.warm_ready" if not task.cancelled() and task.result() else "child.warm_died", pid=child.process.pid)
+                lambda task, pid=child.process.pid: log.info(
+                    "child.warm_ready" if not task.cancelled() and task.result() else "child.warm_died", pid=pid
+                )
             )
 
-    async def take(self) -> Child:
-        """The warm child if there is a live one (ready or still importing), else a new cold one."""
-        child, self._next = self._next, None
-        if child is not None and child.process.returncode is None:
-            return child
-        return await Child.spawn(self.env, self.log_path)
+    async def take(self, visible_devices: str | None) -> Child:
+        """A live warm child for these devices (ready or still importing), else a new cold one."""
+        for entry in self._ready:
+            devices, child = entry
+            if devices == visible_devices and child.process.returncode is None:
+                self._ready.remove(entry)
+                return child
+        return await Child.spawn(self.environment(visible_devices), self.log_path)
 
     async def close(self) -> None:
-        if self._next is not None:
-            await self._next.stop(grace_s=2.0)
-            self._next = None
+        await asyncio.gather(*(child.stop(grace_s=2.0) for _, child in self._ready))
+        self._ready = []
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
