@@ -1,0 +1,71 @@
+"""The daemon's local HTTP endpoint: `/metrics` (Prometheus), `/healthz` and `/status` (JSON).
+
+It runs in a thread of its own (wsgiref), so a scrape never waits on the Kafka loop; the loop's
+state is read through the callables it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import structlog
+from prometheus_client import make_wsgi_app
+
+from daemon.errors import ConfigError
+
+log = structlog.get_logger()
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # a scrape every few seconds is not worth a log line
+
+
+class HttpEndpoint:
+    def __init__(self, address: str, health: Callable[[], tuple[bool, dict[str, Any]]], status: Callable[[], dict[str, Any]]) -> None:
+        host, _, port = address.rpartition(":")
+        self.health = health
+        self.status = status
+        self.metrics_app = make_wsgi_app()
+        try:
+            self.server: WSGIServer = make_server(host, int(port), self.app, handler_class=_QuietHandler)
+        except OSError as exc:
+            raise ConfigError(f"metrics_address: cannot listen on {address}: {exc.strerror}") from exc
+        self.thread = threading.Thread(target=self.server.serve_forever, name="http-endpoint", daemon=True)
+
+    @property
+    def address(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"{host}:{port}"
+
+    def start(self) -> HttpEndpoint:
+        self.thread.start()
+        log.info("http.listening", address=self.address, paths=["/metrics", "/healthz", "/status"])
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path == "/metrics":
+            return self.metrics_app(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            healthy, detail = self.health()
+            return _json(start_response, "200 OK" if healthy else "503 Service Unavailable", detail)
+        if path == "/status":
+            return _json(start_response, "200 OK", self.status())
+        return _json(start_response, "404 Not Found", {"error": f"no such path {path}; try /metrics, /healthz or /status"})
+
+
+def _json(start_response: StartResponse, status: str, body: dict[str, Any]) -> list[bytes]:
+    data = json.dumps(body, default=str).encode()
+    start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+    return [data]

@@ -1,0 +1,19 @@
+"""Prometheus metrics of the daemon, on the default registry of `prometheus_client`.
+
+Names follow Prometheus conventions: counters end in `_total`, durations are in seconds.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+JOBS = Counter("adapterd_jobs", "Jobs that reached a terminal event, by outcome.", ["outcome"])
+STAGE_SECONDS = Histogram(
+    "adapterd_stage_duration_seconds", "Seconds a job spent in each stage.", ["stage"],
+    buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 48 * 3600),
+)
+SLOTS = Gauge("adapterd_slots", "Job slots of this host (one per GPU, or CPU slots).")
+SLOTS_BUSY = Gauge("adapterd_slots_busy", "Job slots in use.")
+CONSUMER_LAG = Gauge("adapterd_consumer_lag", "Requests in the partition after the one this daemon will read next.", ["partition"])
+HUB_RETRIES = Counter("adapterd_hub_push_retries", "Hub push attempts retried after a transient error.")
+REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])

@@ -1,0 +1,89 @@
+"""The daemon under systemd: the unit file verifies, and `Type=notify` messages arrive on a real socket."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.settings import Settings
+from schemas import Rejected
+from tests.helpers import (
+    DaemonProcess,
+    NotifySocket,
+    http_get,
+    metric,
+    sft_request,
+    submit,
+    terminal_events,
+)
+
+UNIT = Path(__file__).parents[2] / "deploy" / "adapterd.service"
+
+
+def unit_directives() -> dict[str, list[str]]:
+    directives: dict[str, list[str]] = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            directives.setdefault(key.strip(), []).append(value.strip())
+    return directives
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_unit_file_verifies(tmp_path: Path) -> None:
+    # verify checks that ExecStart's program exists: point it at this checkout's virtual environment.
+    installed = UNIT.read_text().replace("/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd"))
+    unit = tmp_path / "adapterd.service"
+    unit.write_text(installed)
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", f"systemd ignored part of the unit: {result.stderr}"
+
+
+def test_unit_file_asks_for_what_the_daemon_does() -> None:
+    unit = unit_directives()
+    assert unit["Type"] == ["notify"] and unit["NotifyAccess"] == ["main"] and unit["WatchdogSec"]
+    assert unit["Restart"] == ["on-failure"] and unit["KillMode"] == ["mixed"]
+    assert int(unit["TimeoutStopSec"][0]) > 60  # the default drain_timeout_s, for checkpoints
+    assert unit["LoadCredential"] == ["hub-token:/etc/adapterd/hub-token"]
+    assert "ADAPTERD_HUB_TOKEN_FILE=%d/hub-token" in unit["Environment"]
+    assert unit["NoNewPrivileges"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
+    assert unit["ReadWritePaths"] == ["/var/lib/adapterd"] and unit["StateDirectory"] == ["adapterd"]
+
+
+async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(settings: Settings, tmp_path: Path) -> None:
+    notify = NotifySocket(tmp_path / "notify.sock")
+    one_gpu = settings.model_copy(update={"gpus": ["0"], "warm_child": False})
+    daemon = DaemonProcess(one_gpu, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=1_000_000)).start()
+    try:
+        ready = await notify.wait_for("READY=1", timeout_s=60)
+        assert ready == "READY=1"
+        assert any(line.startswith("STATUS=joined group") for line in notify.lines)
+        await notify.wait_for("WATCHDOG=1", timeout_s=10)
+        address = one_gpu.metrics_address
+        assert address is not None
+        code, body = http_get(address, "/healthz")
+        assert code == 200 and json.loads(body)["joined_group"] is True
+
+        # A request for more GPUs than the host has is rejected, and counted.
+        await submit(settings, sft_request("two-gpus", resources={"gpus": 2}))
+        rejected = (await terminal_events(settings, {"two-gpus"}))["two-gpus"][-1]
+        assert isinstance(rejected, Rejected) and rejected.reason == "resources"
+        assert rejected.errors[0].path == "resources.gpus" and "this host has 1 GPU" in rejected.errors[0].message
+        _, text = http_get(address, "/metrics")
+        assert metric(text.decode(), "adapterd_requests_rejected_total", reason="resources") == 1.0
+        assert metric(text.decode(), "adapterd_slots") == 1.0
+        _, status = http_get(address, "/status")
+        assert json.loads(status)["slots"] == {"total": 1, "busy": 0, "free": ["0"]}
+
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+        await notify.wait_for("STOPPING=1", timeout_s=30)
+        assert daemon.stop() == 0
+    finally:
+        daemon.stop()
+        notify.close()
