@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.local_kafka import LocalKafka
+from daemon.local_kafka import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from tests.helpers import HUB_TOKEN, DaemonProcess
@@ -72,6 +72,7 @@ class Environment:
             "progress_interval_s": 10,
             "allowed_local_model_roots": [self.root],
             "log_format": "json",
+            "metrics_address": f"127.0.0.1:{free_port()}",
         }
         fields.update(overrides)
         settings = Settings(**fields)

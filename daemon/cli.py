@@ -1,4 +1,4 @@
-"""The `adapterd` command line: run the daemon, submit and validate requests, run the demo."""
+"""The `adapterd` command line: run the daemon; submit, validate, follow and cancel requests; see a host's status; run the demo."""
 
 from __future__ import annotations
 
@@ -6,16 +6,27 @@ import asyncio
 import json
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
 
 from daemon.errors import ConfigError
+from daemon.event_reader import EventStream
 from daemon.logs import configure_logging
 from daemon.settings import Settings, load_settings
-from schemas import Rejection, RequestBase, decode_request
+from schemas import (
+    TERMINAL_TYPES,
+    Cancel,
+    Event,
+    Progress,
+    Rejection,
+    RequestBase,
+    decode_request,
+)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream.")
 
@@ -25,7 +36,7 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="TOML 
 def _settings(config: Path | None) -> Settings:
     try:
         return load_settings(config)
-    except ConfigError as exc:
+    except (ConfigError, LookupError) as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
 
@@ -55,7 +66,11 @@ def run(config: ConfigOption = None) -> None:
             loop.add_signal_handler(sig, service.request_stop)
         await service.run()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except (ConfigError, LookupError) as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(2) from exc
 
 
 @app.command()
@@ -66,23 +81,153 @@ def validate(file: Path) -> None:
 
 
 @app.command()
-def submit(file: Path, config: ConfigOption = None) -> None:
+def submit(
+    file: Path,
+    config: ConfigOption = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")] = False,
+) -> None:
     """Validate a request file and publish it to the requests topic, keyed by its request id."""
     request = _read_request(file)
     settings = _settings(config)
+
+    async def publish() -> int:
+        async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
+            producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True)
+            await producer.start()
+            try:
+                meta = await producer.send_and_wait(
+                    settings.requests_topic, request.model_dump_json(exclude_unset=True).encode(), key=request.request_id.encode()
+                )
+            finally:
+                await producer.stop()
+            typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
+            if not wait:
+                return 0
+            return await _follow_to_end(stream, request.request_id)
+
+    raise typer.Exit(asyncio.run(publish()))
+
+
+async def _follow_to_end(stream: EventStream, request_id: str) -> int:
+    """Print the request's events as they come, with a progress bar while it trains; 0 on succeeded."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as ProgressBar
+
+    console = Console(stderr=True)
+    with ProgressBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task(f"{request_id}: waiting", total=None)
+        async for event in stream.events(request_id):
+            if isinstance(event, Progress):
+                bar.update(task, description=f"{request_id}: step", completed=event.step, total=event.total_steps)
+                continue
+            bar.console.print(_describe(event))
+            if event.type in TERMINAL_TYPES:
+                return 0 if event.type == "succeeded" else 1
+    return 1
+
+
+def _describe(event: Event) -> str:
+    details = {
+        "accepted": lambda e: f"method {e.method}",
+        "rejected": lambda e: f"{e.reason}: " + "; ".join(f"{x.path or '(message)'}: {x.message}" for x in e.errors),
+        "started": lambda e: f"slot {e.slot}, pid {e.pid}",
+        "checkpoint": lambda e: f"step {e.step}: {e.path}",
+        "succeeded": lambda e: f"{e.location} (commit {e.commit_sha})" + (" [duplicate]" if e.duplicate else ""),
+        "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",
+        "cancelled": lambda e: e.reason,
+    }
+    detail = details.get(event.type)
+    return f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
+
+
+@app.command()
+def events(
+    config: ConfigOption = None,
+    request_id: Annotated[str | None, typer.Option("--request-id", help="Only this request's events.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until interrupted.")] = False,
+) -> None:
+    """Print lifecycle events as JSON lines: those already published, then new ones with --follow."""
+    settings = _settings(config)
+
+    async def read() -> None:
+        async with EventStream(settings) as stream:
+            async for event in stream.events(request_id, until_terminal=False, follow=follow):
+                typer.echo(event.model_dump_json())
+
+    asyncio.run(read())
+
+
+@app.command()
+def cancel(
+    request_id: str,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
+) -> None:
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped."""
+    settings = _settings(config)
+    try:
+        message = Cancel(request_id=request_id, reason=reason)
+    except ValidationError as exc:
+        typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
+        raise typer.Exit(2) from exc
 
     async def publish() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True)
         await producer.start()
         try:
-            meta = await producer.send_and_wait(
-                settings.requests_topic, request.model_dump_json(exclude_unset=True).encode(), key=request.request_id.encode()
-            )
+            await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
         finally:
             await producer.stop()
-        typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
+        typer.echo(f"cancel of {request_id} sent to {settings.control_topic}")
 
     asyncio.run(publish())
+
+
+@app.command()
+def status(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the daemon's /status document as it is.")] = False,
+) -> None:
+    """What the daemon on this host is running (read from its metrics_address)."""
+    settings = _settings(config)
+    if not settings.metrics_address:
+        typer.echo("adapterd: metrics_address is switched off, so the daemon's status cannot be read", err=True)
+        raise typer.Exit(2)
+    url = f"http://{settings.metrics_address}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document = json.load(response)
+    except OSError as exc:
+        typer.echo(f"adapterd: no daemon answers at {url}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    slots = document["slots"]
+    typer.echo(f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy")
+    for job in document["jobs"]:
+        step = f", step {job['step']}/{job['total_steps']}" if job.get("step") is not None else ""
+        typer.echo(f"  {job['request_id']}  {job['method']}  slot {job['slot']}  {job['stage']}{step}")
+
+
+@app.command()
+def topics(
+    config: ConfigOption = None,
+    partitions: Annotated[int, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots.")] = 1,
+    replication_factor: Annotated[int, typer.Option(help="Replicas of each partition (3 on a production cluster).")] = 1,
+) -> None:
+    """Create the requests, events, DLQ and control topics where they are missing."""
+    from daemon.topics import ensure_topics
+
+    settings = _settings(config)
+    asyncio.run(ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
+    typer.echo(f"topics ready: {settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}")
 
 
 @app.command()

@@ -71,6 +71,7 @@ async def run_demo(work_dir: Path) -> bool:
             hub_token=None,
             progress_interval_s=0,
             group_id="adapterd-demo",
+            metrics_address=None,  # the demo runs beside whatever already listens on this machine
         )
         await ensure_topics(settings)
         model_dir = work_dir / "tiny-model"

@@ -25,6 +25,7 @@ from tenacity import (
 )
 
 from daemon.errors import PushFailed
+from daemon.metrics import HUB_RETRIES
 from daemon.settings import Settings
 from schemas.request import RequestBase
 
@@ -84,6 +85,12 @@ def _wait(state: RetryCallState) -> float:
     return wait_exponential(multiplier=0.5, max=30)(state)
 
 
+def _count_retry(request_id: str, state: RetryCallState) -> None:
+    HUB_RETRIES.inc()
+    log.warning("hub.retry", request_id=request_id, attempt=state.attempt_number,
+                error=repr(state.outcome.exception()) if state.outcome else None)
+
+
 def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
     assert settings.hub_token is not None
     api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
@@ -94,10 +101,7 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> Pus
         wait=_wait,
         stop=stop_after_attempt(settings.hub_push_attempts),
         reraise=True,
-        before_sleep=lambda state: log.warning(
-            "hub.retry", request_id=request.request_id, attempt=state.attempt_number,
-            error=repr(state.outcome.exception()) if state.outcome else None,
-        ),
+        before_sleep=lambda state: _count_retry(request.request_id, state),
     )
     def commit() -> PushResult:
         api.create_repo(output.repo_id, private=output.private, exist_ok=True)

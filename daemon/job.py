@@ -16,12 +16,24 @@ from typing import Any
 import structlog
 
 from daemon import hub_push
-from daemon.child import ChildOutcome, Message, WarmChildren
+from daemon.child import Child, ChildOutcome, Message, WarmChildren
 from daemon.errors import JobFailed
 from daemon.job_spec import JobSpec
+from daemon.metrics import JOBS, STAGE_SECONDS
+from daemon.policy import report_to
 from daemon.publisher import Publisher
 from daemon.settings import Settings
-from schemas.events import EventBase, Failed, Progress, Started, Succeeded
+from schemas.events import (
+    STAGES,
+    Cancelled,
+    Checkpoint,
+    EventBase,
+    Failed,
+    Progress,
+    Stage,
+    Started,
+    Succeeded,
+)
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -40,6 +52,17 @@ def child_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
+def _timeout(requested: int | None, most: int | None) -> int | None:
+    """The job's wall-clock limit: what the request asked for, capped by the operator's maximum."""
+    if requested is None:
+        return most
+    return requested if most is None else min(requested, most)
+
+
+def _stage(stage: str) -> Stage:
+    return stage if stage in STAGES else "train"  # type: ignore[return-value]
+
+
 def failure_of(outcome: ChildOutcome) -> JobFailed | None:
     """The child's own account of its failure, or one derived from how it died."""
     if outcome.error is not None:
@@ -56,29 +79,66 @@ def failure_of(outcome: ChildOutcome) -> JobFailed | None:
 
 
 class JobRunner:
-    """One request's job. `run()` returns the published terminal event."""
+    """One request's job on its slots. `run()` returns the published terminal event.
 
-    def __init__(self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren, received_at: float) -> None:
+    Cancelling the task that awaits `run()` stops the child's process group. After `cancel()` the
+    job ends in `cancelled`; otherwise (the daemon stops, the partition moved) it ends with no
+    terminal event, so the request is read again.
+    """
+
+    def __init__(
+        self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
+        received_at: float, slot: str, visible_devices: str | None,
+    ) -> None:
         self.request = request
         self.settings = settings
         self.publisher = publisher
         self.children = children
         self.received_at = received_at  # wall-clock time the request reached Kafka
+        self.slot = slot
+        self.visible_devices = visible_devices
         self.job_dir = settings.jobs_dir / request.request_id
-        self.log = log.bind(request_id=request.request_id, method=request.method)
+        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
+        self.timeout_s = _timeout(request.timeout_s, settings.max_timeout_s)
+        self.stage = "queued"
+        self.progress: dict[str, Any] = {}
+        self.child: Child | None = None
+        self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
+        self.cancel_reason: str | None = None
 
     def _common(self) -> dict[str, Any]:
         return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host}
 
+    def stop_at_checkpoint(self, grace_s: float) -> None:
+        """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
+        self.stop_grace_s = grace_s
+        if self.child is not None:
+            self.child.stop_grace_s = grace_s
+
+    def cancel(self, reason: str) -> bool:
+        """Before the task is cancelled for a cancel request. False once the push has begun: too late."""
+        if self.stage == "push":
+            return False
+        self.cancel_reason = reason
+        return True
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request.request_id, "method": self.request.method, "slot": self.slot,
+            "stage": self.stage, "pid": self.child.process.pid if self.child else None, **self.progress,
+        }
+
     async def run(self) -> EventBase:
         started = time.monotonic()
         queued_s = max(0.0, time.time() - self.received_at)
+        event: EventBase
         try:
             outcome = await self._train()
             failure = failure_of(outcome)
             if failure is not None:
                 raise failure
             assert outcome.result is not None
+            self.stage = "push"
             push_started = time.monotonic()
             pushed = await self._push(outcome.result)
             durations = {
@@ -89,11 +149,22 @@ class JobRunner:
             }
             if outcome.first_step_at is not None:
                 durations["until_first_step"] = round(outcome.first_step_at - self.received_at, 3)
-            event: EventBase = self._succeeded(outcome.result, pushed, durations)
+            for stage, seconds in durations.items():
+                STAGE_SECONDS.labels(stage).observe(seconds)
+            event = self._succeeded(outcome.result, pushed, durations)
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message)
             event = Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+        except asyncio.CancelledError:
+            if self.cancel_reason is None:
+                raise
+            current = asyncio.current_task()
+            assert current is not None
+            current.uncancel()
+            self.log.info("job.cancelled", reason=self.cancel_reason)
+            event = Cancelled(**self._common(), reason=self.cancel_reason or "cancelled")
         await self.publisher.publish(event)
+        JOBS.labels(event.type).inc()
         return event
 
     async def _train(self) -> ChildOutcome:
@@ -103,24 +174,42 @@ class JobRunner:
             checkpoints=self.job_dir / "checkpoints",
             artifact=self.job_dir / "artifact",
             progress_interval_s=self.settings.progress_interval_s,
+            progress_interval_steps=self.settings.progress_interval_steps,
+            report_to=report_to(self.request, self.settings),
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
 
         async def on_start(pid: int) -> None:
-            self.log.info("job.started", pid=pid)
-            await self.publisher.publish(Started(**self._common(), method=self.request.method, slot="all", pid=pid))
+            self.stage = "preflight"
+            self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
+            await self.publisher.publish(Started(**self._common(), method=self.request.method, slot=self.slot, pid=pid))
 
         async def on_message(message: Message) -> None:
-            if message["kind"] == "progress":
+            kind = message["kind"]
+            if kind == "progress":
                 fields = {k: v for k, v in message.items() if k != "kind"}
+                self.progress = {"step": fields["step"], "total_steps": fields["total_steps"], "eta_s": fields.get("eta_s")}
                 await self.publisher.publish(Progress(**self._common(), **fields))
-            elif message["kind"] == "stage":
+            elif kind == "checkpoint":
+                self.log.info("job.checkpoint", step=message["step"], path=message["path"])
+                await self.publisher.publish(Checkpoint(**self._common(), step=message["step"], path=message["path"]))
+            elif kind == "stopped":
+                self.log.info("job.stopped_at_checkpoint", step=message["step"], path=message["path"])
+            elif kind == "stage":
+                self.stage = message["stage"]
                 self.log.info("job.stage", stage=message["stage"])
 
-        child = await self.children.take()
-        return await child.run(spec_path, self.job_dir / "child.log", on_start, on_message)
+        self.child = child = await self.children.take(self.visible_devices)
+        child.stop_grace_s = self.stop_grace_s
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await child.run(spec_path, self.job_dir / "child.log", on_start, on_message)
+        except TimeoutError:
+            raise JobFailed(
+                "timeout", _stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
+            ) from None
 
     async def _push(self, result: Message) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"

@@ -1,21 +1,76 @@
-"""The operator's rules for what a request may ask of this host; a request outside them is rejected."""
+"""The operator's rules for what a request may ask of this host. A request outside them is rejected,
+each broken rule named by the request field it concerns and the setting that refused it."""
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from daemon.settings import Settings
 from schemas import FieldError
-from schemas.request import RequestBase
+from schemas.request import RequestBase, RewardModelSpec
 
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
-    errors = []
-    if request.model.id.startswith("/"):
-        path = Path(request.model.id).resolve()
-        if not any(path.is_relative_to(root.resolve()) for root in settings.allowed_local_model_roots):
-            roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
-            errors.append(FieldError(path="model.id", message=f"local path {request.model.id} is outside allowed_local_model_roots ({roots})"))
+    errors = _model_errors("model.id", request.model.id, settings)
+    for path, spec in _reward_models(request):
+        errors += _model_errors(path, spec.id, settings)
     if request.model.trust_remote_code and not settings.allow_trust_remote_code:
-        errors.append(FieldError(path="model.trust_remote_code", message="refused: this host's policy does not allow remote code"))
+        errors.append(FieldError(path="model.trust_remote_code", message="refused: this host does not allow remote code (allow_trust_remote_code)"))
+    dataset = request.dataset
+    if dataset.id is not None and settings.allowed_datasets and not _matches(dataset.id, settings.allowed_datasets):
+        errors.append(FieldError(path="dataset.id", message=f"{dataset.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
+    if settings.max_dataset_rows is not None:
+        if dataset.rows is not None and len(dataset.rows) > settings.max_dataset_rows:
+            errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+        if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
+            errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+    namespace = request.output.repo_id.split("/")[0]
+    if settings.allowed_output_namespaces and namespace not in settings.allowed_output_namespaces:
+        errors.append(FieldError(
+            path="output.repo_id",
+            message=f"namespace {namespace} is not allowed on this host (allowed_output_namespaces: {settings.allowed_output_namespaces})",
+        ))
+    if request.timeout_s is not None and settings.max_timeout_s is not None and request.timeout_s > settings.max_timeout_s:
+        errors.append(FieldError(path="timeout_s", message=f"{request.timeout_s} s; this host allows at most {settings.max_timeout_s} s (max_timeout_s)"))
+    if settings.max_gpus_per_job is not None and request.resources.gpus > settings.max_gpus_per_job:
+        errors.append(FieldError(path="resources.gpus", message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)"))
+    for integration in request.training.report_to or []:
+        if integration not in settings.allowed_report_to:
+            errors.append(FieldError(
+                path="training.report_to",
+                message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
+            ))
     return errors
+
+
+def report_to(request: RequestBase, settings: Settings) -> list[str]:
+    """The TRL integrations a job reports to: the operator's, plus those the request asked for (policy permitting)."""
+    return sorted({*settings.report_to, *(request.training.report_to or [])})
+
+
+def _reward_models(request: RequestBase) -> list[tuple[str, RewardModelSpec]]:
+    found: list[tuple[str, RewardModelSpec]] = []
+    rewards = getattr(request, "rewards", None)
+    if rewards is not None and rewards.model is not None:
+        found.append(("rewards.model.id", rewards.model))
+    reward_model = getattr(request, "reward_model", None)
+    if reward_model is not None:
+        found.append(("reward_model.id", reward_model))
+    return found
+
+
+def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldError]:
+    if model_id.startswith("/"):
+        local = Path(model_id).resolve()
+        if not any(local.is_relative_to(root.resolve()) for root in settings.allowed_local_model_roots):
+            roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
+            return [FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")]
+        return []
+    if settings.allowed_models and not _matches(model_id, settings.allowed_models):
+        return [FieldError(path=path, message=f"{model_id} is not allowed on this host (allowed_models: {settings.allowed_models})")]
+    return []
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatchcase(name, pattern) for pattern in patterns)

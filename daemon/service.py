@@ -4,27 +4,44 @@ Delivery rules (see shared DESIGN.md):
 - An offset is committed only after the request's terminal event is acknowledged by the broker.
 - One job per partition: the partition is paused while its job runs, and the loop keeps polling,
   so heartbeats and `max_poll_interval_ms` stay satisfied through long jobs.
-- At most `job_slots` jobs at once; beyond that, requests stay in Kafka (partitions paused).
+- As many jobs at once as the host has free slots (one per GPU); a request that does not fit
+  stays in Kafka (its partition paused) until a slot frees.
+- A cancel on the control topic stops the running job, or skips the request when it is reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
+    StickyPartitionAssignor,
+)
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
+from daemon import metrics
 from daemon.capabilities import available_methods, unsupported_reason
 from daemon.child import WarmChildren
+from daemon.control import ControlReader
+from daemon.http_server import HttpEndpoint
 from daemon.job import JobRunner, child_environment
 from daemon.policy import policy_errors
 from daemon.publisher import Outgoing, Publisher
 from daemon.settings import Settings
+from daemon.slots import Slots, discover_gpus
+from daemon.systemd import Notifier
+from daemon.topics import partition_numbers
 from schemas import (
     Accepted,
+    Cancel,
+    Cancelled,
     FieldError,
     Rejected,
     Rejection,
@@ -35,10 +52,17 @@ from schemas import (
 log = structlog.get_logger()
 
 
+ASSIGNORS = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor, "sticky": StickyPartitionAssignor}
+# The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
+STUCK_AFTER_S = 30.0
+
+
 @dataclass
 class RunningJob:
     request_id: str
     offset: int
+    runner: JobRunner
+    slots: list[str]
     task: asyncio.Task[None]
 
 
@@ -54,24 +78,43 @@ class Service:
             auto_offset_reset="earliest",
             max_poll_interval_ms=settings.max_poll_interval_ms,
             session_timeout_ms=settings.session_timeout_ms,
+            group_instance_id=settings.group_instance_id,
+            partition_assignment_strategy=(ASSIGNORS[settings.partition_assignment],),
         )
+        self.slots = Slots(discover_gpus(settings.gpus), settings.job_slots)
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child)
+        self.control = ControlReader(settings, self._cancel)
+        self.notifier = Notifier()
+        self.http: HttpEndpoint | None = None
         self.jobs: dict[TopicPartition, RunningJob] = {}
+        self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
         self._settling: dict[TopicPartition, asyncio.Task[None]] = {}
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
+        self.last_turn = time.monotonic()
+        self._lag_measured = 0.0
 
     def request_stop(self) -> None:
         log.info("daemon.stopping", running_jobs=len(self.jobs))
+        self.notifier.stopping(f"stopping; {len(self.jobs)} job(s) saving a checkpoint")
+        if self.jobs:
+            self.notifier.extend_stop(self.settings.drain_timeout_s + 30)
         self.stop_requested.set()
 
     async def run(self) -> None:
+        metrics.SLOTS.set(self.slots.total)
+        if self.settings.metrics_address:
+            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status).start()
         await self.publisher.start()
-        await self.children.prepare()
+        await self._prepare_children()
         try:
+            await self.control.start(await partition_numbers(self.settings, self.settings.control_topic))
             self.consumer.subscribe([self.settings.requests_topic], listener=_Rebalance(self))
             await self.consumer.start()
-            log.info("daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id, job_slots=self.settings.job_slots, methods=available_methods())
+            log.info(
+                "daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id,
+                gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(),
+            )
             try:
                 await self._poll_until_stopped()
             finally:
@@ -79,15 +122,56 @@ class Service:
                 await self._stop_jobs()
                 await self.consumer.stop()
         finally:
+            await self.control.stop()
             await self.children.close()
             await self.publisher.stop()
+            if self.http is not None:
+                self.http.stop()
             log.info("daemon.stopped")
 
     async def _poll_until_stopped(self) -> None:
         while not self.stop_requested.is_set():
             batches = await self.consumer.getmany(timeout_ms=500, max_records=2000)
+            self.last_turn = time.monotonic()
+            self.notifier.feed_watchdog()
             for tp, records in batches.items():
                 await self._take_batch(tp, records)
+            await self._measure_lag()
+
+    async def _measure_lag(self) -> None:
+        if self.last_turn - self._lag_measured < 5.0:
+            return
+        self._lag_measured = self.last_turn
+        for tp in self.consumer.assignment():
+            highwater = self.consumer.highwater(tp)
+            if highwater is None:
+                continue
+            job = self.jobs.get(tp)
+            # A running job's request still counts: its offset is not committed until it ends.
+            next_offset = job.offset if job is not None else await self.consumer.position(tp)
+            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, highwater - next_offset))
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy once the consumer has joined its group, while the Kafka loop keeps turning."""
+        since_turn = time.monotonic() - self.last_turn
+        healthy = self.ready.is_set() and since_turn < STUCK_AFTER_S and not self.stop_requested.is_set()
+        return healthy, {
+            "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
+            "seconds_since_poll": round(since_turn, 3),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """What this host is running: for `adapterd status` and operators."""
+        return {
+            "host": self.settings.host,
+            "group_id": self.settings.group_id,
+            "gpus": self.slots.gpus,
+            "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
+            "jobs": [
+                {**job.runner.status(), "partition": tp.partition, "offset": job.offset}
+                for tp, job in list(self.jobs.items())
+            ],
+        }
 
     async def _take_batch(self, tp: TopicPartition, records: list[ConsumerRecord[bytes, bytes]]) -> None:
         """Handle one partition's records in order. Rejections are pipelined: their DLQ records and
@@ -108,6 +192,9 @@ class Service:
             await self._flush(tp, outgoing, last_rejected)
             outgoing, last_rejected = [], None
             await self._settled(tp)
+            if decoded.request_id in self.cancelled:
+                await self._skip_cancelled(tp, record, decoded)
+                continue
             if not await self._start_job(tp, record, decoded):
                 break  # no free slot: the request stays in Kafka, and so does the rest of this batch
         await self._flush(tp, outgoing, last_rejected)
@@ -117,10 +204,14 @@ class Service:
         unsupported = unsupported_reason(request.method)
         if unsupported:
             return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
+        if request.resources.gpus > self.slots.most_per_job():
+            host = f"this host has {len(self.slots.gpus)} GPU(s)" if self.slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
+            return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
         errors = policy_errors(request, self.settings)
         return Rejection("policy", errors, request.request_id) if errors else None
 
     def _rejection_messages(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> list[Outgoing]:
+        metrics.REJECTED.labels(rejection.reason).inc()
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
                     errors=rejection.errors, offset=record.offset)
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
@@ -154,12 +245,24 @@ class Service:
         elif tp in self._settling:
             await self._settling[tp]
 
+    async def _skip_cancelled(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], request: RequestBase) -> None:
+        """A request cancelled before it started: its terminal event, then its offset; no training."""
+        reason = self.cancelled[request.request_id]
+        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
+        await self.publisher.publish(Cancelled(request_id=request.request_id, host=self.settings.host, metadata=request.metadata, reason=reason))
+        metrics.JOBS.labels("cancelled").inc()
+        await self._commit(tp, record.offset + 1)
+
     async def _start_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], request: RequestBase) -> bool:
-        """Start the request's job beside the loop. False when no slot is free."""
-        if len(self.jobs) >= self.settings.job_slots:
+        """Start the request's job beside the loop. False when not enough slots are free."""
+        slots = self.slots.take(request.resources.gpus)
+        if slots is None:
             self.consumer.seek(tp, record.offset)
-            self._pause_idle_partitions()
+            self.consumer.pause(tp)  # until a job ends and frees its slots
+            if not self.slots.free:
+                self._pause_idle_partitions()
             return False
+        metrics.SLOTS_BUSY.set(self.slots.busy)
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.consumer.pause(tp)
@@ -167,11 +270,15 @@ class Service:
         await self.publisher.publish(Accepted(
             request_id=request.request_id, host=self.settings.host, metadata=request.metadata, method=request.method,
         ))
-        runner = JobRunner(request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000)
+        runner = JobRunner(
+            request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
+            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots),
+        )
         task = asyncio.create_task(self._run_job(tp, record.offset, runner), name=f"job-{request.request_id}")
-        self.jobs[tp] = RunningJob(request.request_id, record.offset, task)
-        if len(self.jobs) >= self.settings.job_slots:
+        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
+        if not self.slots.free:
             self._pause_idle_partitions()
+        self._report_status()
         return True
 
     async def _run_job(self, tp: TopicPartition, offset: int, runner: JobRunner) -> None:
@@ -188,11 +295,34 @@ class Service:
             if tp in self.consumer.assignment():
                 self.consumer.seek(tp, offset)
         finally:
-            if self.jobs.get(tp) is not None and self.jobs[tp].offset == offset:
+            job = self.jobs.get(tp)
+            if job is not None and job.offset == offset:
                 del self.jobs[tp]
+                self.slots.give_back(job.slots)
+                metrics.SLOTS_BUSY.set(self.slots.busy)
             if not self.stop_requested.is_set():
                 self._resume_idle_partitions()
-                await self.children.prepare()
+                await self._prepare_children()
+                self._report_status()
+
+    async def _prepare_children(self) -> None:
+        """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""
+        await self.children.prepare([self.slots.visible_devices([slot]) for slot in self.slots.free])
+
+    def _report_status(self) -> None:
+        status = f"{len(self.jobs)} job(s) running; {len(self.slots.free)} of {self.slots.total} slot(s) free"
+        if self.ready.is_set():
+            self.notifier.status(status)
+
+    async def _cancel(self, cancel: Cancel) -> None:
+        """From the control topic: stop the request's running job, or remember to skip it."""
+        self.cancelled[cancel.request_id] = cancel.reason or "cancelled"
+        for job in list(self.jobs.values()):
+            if job.request_id == cancel.request_id:
+                if job.runner.cancel(self.cancelled[cancel.request_id]):
+                    job.task.cancel()
+                else:
+                    log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
 
     async def _commit(self, tp: TopicPartition, offset: int) -> None:
         try:
@@ -206,17 +336,18 @@ class Service:
         self.consumer.pause(*idle)
 
     def _resume_idle_partitions(self) -> None:
-        if len(self.jobs) >= self.settings.job_slots:
+        if not self.slots.free:
             return
         idle = [tp for tp in self.consumer.assignment() if tp not in self.jobs]
         self.consumer.resume(*idle)
 
     async def _stop_jobs(self) -> None:
-        """Stop running jobs without committing them: their requests are read again after a restart."""
-        tasks = [job.task for job in self.jobs.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop running jobs without committing them: each saves a checkpoint (within `drain_timeout_s`)
+        and its request is read again after a restart, resuming there."""
+        for job in self.jobs.values():
+            job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
+            job.task.cancel()
+        await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -238,7 +369,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
                 service.consumer.seek(tp, job.offset + 1)
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
+                job.runner.stop_at_checkpoint(service.settings.drain_timeout_s)
                 job.task.cancel()
-        if len(service.jobs) >= service.settings.job_slots:
+        if not service.slots.free:
             service._pause_idle_partitions()
-        service.ready.set()
+        if not service.ready.is_set():
+            service.ready.set()
+            service.notifier.ready(f"joined group {service.settings.group_id}; {service.slots.total} slot(s)")

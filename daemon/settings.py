@@ -36,13 +36,31 @@ class Settings(BaseSettings):
     max_poll_interval_ms: int = Field(300_000, ge=1_000)
     session_timeout_ms: int = Field(45_000, ge=1_000)
 
+    control_lookback_s: float = Field(86_400, ge=0, description="At start, cancels this recent are read from the control topic.")
+    group_instance_id: str | None = Field(None, description="Static group membership: a restart within session_timeout_ms causes no rebalance.")
+    partition_assignment: Literal["range", "roundrobin", "sticky"] = "sticky"
+
     # Work
     work_dir: Path = Path("/var/lib/adapterd")
-    job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on this host.")
-    warm_child: bool = Field(True, description="Keep one child interpreter started ahead, its imports done, for the next job.")
-    progress_interval_s: float = Field(10.0, ge=0, description="At most one progress event per interval per job.")
+    gpus: list[str] | None = Field(None, description="GPU ids jobs may use; unset: $CUDA_VISIBLE_DEVICES, else nvidia-smi; [] for none.")
+    job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on a host without GPUs (with GPUs: one slot per GPU).")
+    warm_child: bool = Field(True, description="Keep a child interpreter started ahead, its imports done, for the next job.")
+    progress_interval_s: float = Field(10.0, ge=0, description="Progress events of a job at least this many seconds apart...")
+    progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
+    drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
+    metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
+
+    # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
+    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward models); empty allows any.")
+    allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
+    allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")
     allow_trust_remote_code: bool = False
+    max_timeout_s: int | None = Field(None, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none.")
+    max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
+    max_gpus_per_job: int | None = Field(None, ge=1)
+    allowed_report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations a request may switch on.")
+    report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations on for every job.")
 
     # Hub
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
@@ -73,6 +91,16 @@ class Settings(BaseSettings):
             host, _, port = server.strip().rpartition(":")
             if not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port...], got {server!r}")
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _address(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected host:port, got {value!r}")
         return value
 
     @field_validator("allowed_local_model_roots")

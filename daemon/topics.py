@@ -22,3 +22,17 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
                 pass  # another process created them meanwhile
     finally:
         await admin.close()
+
+
+async def partition_numbers(settings: Settings, topic: str) -> set[int]:
+    """The partitions of a topic; a LookupError naming it when it does not exist."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    numbers = {partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]}
+    if not numbers:
+        raise LookupError(f"topic {topic} does not exist on {settings.bootstrap_servers}; create it (adapterd topics)")
+    return numbers

@@ -4,6 +4,7 @@ Depends on pydantic only, so that producers and consumers can import it.
 """
 
 from schemas.common import SCHEMA_VERSION, FieldError
+from schemas.control import Cancel
 from schemas.decode import Rejection, decode_request
 from schemas.events import (
     TERMINAL_TYPES,
@@ -25,6 +26,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
     "Accepted",
+    "Cancel",
     "Cancelled",
     "Checkpoint",
     "Event",

@@ -26,4 +26,4 @@ class FieldError(Frozen):
 
 
 # Why a message did not become a job; the `reason` of a `rejected` event and of a DLQ record.
-RejectReason = Literal["not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy"]
+RejectReason = Literal["not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources"]

@@ -19,6 +19,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 TERMINAL_TYPES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
 Stage = Literal["intake", "preflight", "load_model", "load_dataset", "train", "save", "push"]
+STAGES: frozenset[str] = frozenset(Stage.__args__)  # type: ignore[attr-defined]
 
 
 def _now() -> datetime:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
+from schemas.control import Cancel
 from schemas.events import Event
 from schemas.request import TrainingRequest
 
@@ -21,6 +22,7 @@ def generated_schemas() -> dict[str, str]:
     documents = {
         "request.schema.json": TypeAdapter(TrainingRequest).json_schema(),
         "event.schema.json": TypeAdapter(Event).json_schema(),
+        "control.schema.json": Cancel.model_json_schema(),
     }
     for name, document in documents.items():
         document["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -80,6 +80,9 @@ class TrainingSpec(Frozen):
     seed: int | None = None
     gradient_checkpointing: bool | None = None
     bf16: bool | None = None
+    report_to: list[Literal["trackio", "wandb", "mlflow", "tensorboard"]] | None = Field(
+        None, description="TRL reporting integrations for this job; each must be in the host's allowed_report_to.",
+    )
 
 
 class SFTSpec(Frozen):
@@ -255,7 +258,7 @@ class OutputSpec(Frozen):
 
 
 class Resources(Frozen):
-    gpus: int = Field(1, ge=1, le=64)
+    gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host.")
 
 
 class RequestBase(Frozen):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.local_kafka import LocalKafka
+from daemon.local_kafka import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from tests.helpers import (
@@ -103,6 +103,7 @@ async def settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
         progress_interval_s=0,
         allowed_local_model_roots=[tmp_path],
         log_format="json",
+        metrics_address=f"127.0.0.1:{free_port()}",
     )
     await ensure_topics(settings)
     return settings

@@ -38,10 +38,10 @@ def test_validate_names_each_bad_field(tmp_path: Path) -> None:
     assert "peft.r:" in result.output and "peft.alpha: unknown field" in result.output
 
 
-def test_schema_prints_both_schemas() -> None:
+def test_schema_prints_every_schema() -> None:
     result = runner.invoke(app, ["schema"])
     assert result.exit_code == 0
-    assert set(json.loads(result.output)) == {"request.schema.json", "event.schema.json"}
+    assert set(json.loads(result.output)) == {"request.schema.json", "event.schema.json", "control.schema.json"}
 
 
 async def test_submit_publishes_keyed_by_request_id(settings: Settings, tmp_path: Path) -> None:

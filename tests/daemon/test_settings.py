@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from daemon.errors import ConfigError
-from daemon.settings import load_settings
+from daemon.settings import Settings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -60,3 +60,15 @@ def test_unreadable_token_file_is_named(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("ADAPTERD_HUB_TOKEN_FILE", str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="hub_token_file"):
         load_settings()
+
+
+def test_example_config_explains_every_setting_and_loads(tmp_path: Path) -> None:
+    example = Path(__file__).parents[2] / "deploy" / "adapterd.example.toml"
+    text = example.read_text()
+    keys = {line.lstrip("# ").split("=")[0].strip() for line in text.splitlines() if "=" in line and not line.startswith("# ---")}
+    assert set(Settings.model_fields) - {"hub_token"} <= keys
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            assert "#" in line.split("=", 1)[1], f"unexplained: {line}"
+    settings = load_settings(example)
+    assert settings.partition_assignment == "sticky" and settings.metrics_address == "127.0.0.1:9464"

@@ -1,0 +1,77 @@
+"""Cancelling a running and a queued request through the control topic, `adapterd status` and
+`adapterd events`, and a job's timeout."""
+
+import asyncio
+import json
+import os
+import sys
+
+import pytest
+
+from daemon.event_reader import EventStream
+from daemon.settings import Settings
+from schemas import Accepted, Cancelled, Failed, Progress, Started
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    committed_offset,
+    settings_environment,
+    sft_request,
+    submit,
+    terminal_events,
+)
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.slow
+
+
+async def adapterd(settings: Settings, *args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon.cli", *args, env=settings_environment(settings),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await process.communicate()
+    return process.returncode or 0, output.decode()
+
+
+async def test_cancel_running_and_queued_requests_then_a_timeout(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
+    endless = sft_request("cancel-running", dataset={"rows": CHAT_ROWS},
+                          training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2})
+    async with EventStream(settings) as stream:
+        await submit(settings, endless)
+        async for event in stream.events("cancel-running"):
+            if isinstance(event, Started):
+                pid = event.pid
+            if isinstance(event, Progress):
+                break
+    # One slot, one partition: this one waits in Kafka behind the running job.
+    await submit(settings, sft_request("cancel-queued", dataset={"rows": CHAT_ROWS}))
+
+    code, output = await adapterd(settings, "status", "--json")
+    assert code == 0, output
+    [running] = json.loads(output)["jobs"]
+    assert running["request_id"] == "cancel-running" and running["stage"] == "train" and running["pid"] == pid
+
+    assert (await adapterd(settings, "cancel", "cancel-queued", "--reason", "superseded"))[0] == 0
+    assert (await adapterd(settings, "cancel", "cancel-running", "--reason", "wrong data"))[0] == 0
+    events = await terminal_events(settings, {"cancel-running", "cancel-queued"}, timeout_s=60)
+
+    cancelled = events["cancel-running"][-1]
+    assert isinstance(cancelled, Cancelled) and cancelled.reason == "wrong data"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the trainer's process is gone, and with it its GPU memory
+    [skipped] = events["cancel-queued"]  # no accepted, no started: never trained
+    assert isinstance(skipped, Cancelled) and skipped.reason == "superseded"
+
+    await submit(settings, sft_request("times-out", dataset={"rows": CHAT_ROWS}, timeout_s=2,
+                                       training={"max_steps": 1_000_000, "per_device_train_batch_size": 2}))
+    timed_out = (await terminal_events(settings, {"times-out"}))["times-out"]
+    assert isinstance(timed_out[0], Accepted)
+    assert isinstance(timed_out[-1], Failed) and timed_out[-1].code == "timeout" and not timed_out[-1].retryable
+    assert "2 s" in timed_out[-1].message
+    assert await committed_offset(settings) == 3
+
+    code, output = await adapterd(settings, "events", "--request-id", "cancel-running")
+    assert code == 0, output
+    printed = [json.loads(line)["type"] for line in output.splitlines()]
+    assert printed[0] == "accepted" and printed[-1] == "cancelled"

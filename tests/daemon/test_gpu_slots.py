@@ -1,0 +1,108 @@
+"""Two GPU slots, two jobs at once, each child on its own GPU; `submit --wait` exit codes; metrics after
+the jobs. The daemon runs as the systemd unit starts it: its ExecStart line, a TOML file, the Hub
+token as a credential file."""
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka.partitioner import DefaultPartitioner
+
+from daemon.settings import Settings
+from daemon.topics import ensure_topics
+from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
+from tests.helpers import (
+    NotifySocket,
+    http_get,
+    metric,
+    sft_request,
+    terminal_events,
+    unit_daemon,
+    write_config,
+)
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.slow
+
+
+def ids_on_partitions(prefix: str, partitions: int) -> list[str]:
+    """One request id per partition: Kafka places a keyed message by the murmur2 hash of its key."""
+    partitioner = DefaultPartitioner()
+    found: dict[int, str] = {}
+    for n in range(1000):
+        candidate = f"{prefix}-{n}"
+        found.setdefault(partitioner(candidate.encode(), list(range(partitions)), list(range(partitions))), candidate)
+        if len(found) == partitions:
+            return [found[p] for p in range(partitions)]
+    raise AssertionError("no ids found")
+
+
+async def adapterd(*args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "daemon.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await process.communicate()
+    return process.returncode or 0, output.decode()
+
+
+async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "requests_topic": settings.requests_topic + "-2p"})
+    await ensure_topics(two_gpus, partitions=2)
+    good, bad = ids_on_partitions("slots", 2)
+    files = {}
+    for request in (
+        sft_request(good, training={"max_steps": 12, "save_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}),
+        sft_request(bad, model={"id": "tiny/no-such-model"}),
+    ):
+        files[request["request_id"]] = tmp_path / f"{request['request_id']}.json"
+        files[request["request_id"]].write_text(json.dumps(request))
+    config = write_config(two_gpus, tmp_path / "client.toml")
+
+    notify = NotifySocket(tmp_path / "notify.sock")
+    daemon = unit_daemon(two_gpus, tmp_path, extra_env=notify.environment()).start()
+    try:
+        await notify.wait_for("READY=1", timeout_s=60)
+        (good_rc, good_out), (bad_rc, bad_out) = await asyncio.gather(
+            adapterd("submit", str(files[good]), "--wait", "--config", str(config)),
+            adapterd("submit", str(files[bad]), "--wait", "--config", str(config)),
+        )
+        assert (good_rc, bad_rc) == (0, 1), good_out + bad_out
+        assert f"{good} succeeded" in good_out and f"{bad} failed" in bad_out and "model_unavailable" in bad_out
+
+        events = await terminal_events(two_gpus, {good, bad})
+        # Both jobs started before either ended: they ran at once, each on one of the two GPUs.
+        ordered = sorted([*events[good], *events[bad]], key=lambda e: e.time)
+        first_terminal = next(i for i, e in enumerate(ordered) if e.type in TERMINAL_TYPES)
+        started = [e for e in ordered[:first_terminal] if isinstance(e, Started)]
+        assert {e.request_id for e in started} == {good, bad}
+        assert sorted(e.slot for e in started) == ["7", "9"]
+        for event in started:
+            child_log = (two_gpus.jobs_dir / str(event.request_id) / "child.log").read_text()
+            assert f"CUDA_VISIBLE_DEVICES={event.slot}" in child_log
+
+        done, failed = events[good][-1], events[bad][-1]
+        assert isinstance(done, Succeeded) and isinstance(failed, Failed) and failed.code == "model_unavailable"
+        assert [e.step for e in events[good] if isinstance(e, Checkpoint)] == [4, 8, 12]
+        progress = [e for e in events[good] if isinstance(e, Progress)]
+        assert progress[-1].step == progress[-1].total_steps == 12
+        assert all(p.eta_s is not None and p.learning_rate is not None for p in progress)
+        assert any(p.tokens_per_s and p.tokens_per_s > 0 for p in progress)
+
+        assert two_gpus.metrics_address is not None
+        _, body = http_get(two_gpus.metrics_address, "/metrics")
+        text = body.decode()
+        assert metric(text, "adapterd_jobs_total", outcome="succeeded") == 1.0
+        assert metric(text, "adapterd_jobs_total", outcome="failed") == 1.0
+        assert metric(text, "adapterd_stage_duration_seconds_count", stage="train") == 1.0
+        assert metric(text, "adapterd_slots") == 2.0 and metric(text, "adapterd_slots_busy") == 0.0
+        _, status = http_get(two_gpus.metrics_address, "/status")
+        assert json.loads(status)["jobs"] == []
+
+        # Every log line of a job carries its request id.
+        job_lines = [line for line in daemon.log_lines() if str(line.get("event", "")).startswith("job.")]
+        assert job_lines and all(line.get("request_id") in {good, bad} for line in job_lines)
+    finally:
+        assert daemon.stop() == 0
+        notify.close()

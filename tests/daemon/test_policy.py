@@ -1,0 +1,94 @@
+"""Each policy rule refuses what it should, naming the request field and the setting that refused it."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.policy import policy_errors, report_to
+from daemon.settings import Settings
+from schemas import REQUEST_MODELS, RequestBase
+from tests.helpers import CHAT_ROWS, PROMPT_ROWS, sft_request
+
+
+def request(**overrides: Any) -> RequestBase:
+    raw = sft_request("policy-1", **overrides)
+    return REQUEST_MODELS[raw["method"]].model_validate(raw)
+
+
+def refused(req: RequestBase, **settings: Any) -> dict[str, str]:
+    return {error.path: error.message for error in policy_errors(req, Settings(**settings))}
+
+
+def test_defaults_allow_a_plain_hub_request() -> None:
+    assert refused(request()) == {}
+
+
+def test_base_model_outside_the_allow_list() -> None:
+    errors = refused(request(), allowed_models=["org/*"])
+    assert "tiny/qwen2-chat is not allowed" in errors["model.id"] and "allowed_models" in errors["model.id"]
+    assert refused(request(), allowed_models=["tiny/*"]) == {}
+
+
+def test_reward_model_outside_the_allow_list() -> None:
+    raw = sft_request("policy-2", method="grpo", dataset={"rows": PROMPT_ROWS},
+                      rewards={"model": {"id": "other/reward"}})
+    grpo = REQUEST_MODELS["grpo"].model_validate(raw)
+    errors = refused(grpo, allowed_models=["tiny/*"])
+    assert list(errors) == ["rewards.model.id"] and "other/reward" in errors["rewards.model.id"]
+
+
+def test_local_model_outside_the_allowed_roots(tmp_path: Path) -> None:
+    errors = refused(request(model={"id": "/srv/models/x"}), allowed_local_model_roots=[tmp_path])
+    assert "outside allowed_local_model_roots" in errors["model.id"]
+    assert refused(request(model={"id": str(tmp_path / "m")}), allowed_local_model_roots=[tmp_path]) == {}
+
+
+def test_dataset_outside_the_allow_list() -> None:
+    errors = refused(request(), allowed_datasets=["approved/*"])
+    assert "tiny/chat-rows is not allowed" in errors["dataset.id"] and "allowed_datasets" in errors["dataset.id"]
+
+
+def test_output_namespace_outside_the_allow_list() -> None:
+    errors = refused(request(), allowed_output_namespaces=["adapters"])
+    assert "namespace results is not allowed" in errors["output.repo_id"]
+    assert refused(request(), allowed_output_namespaces=["results"]) == {}
+
+
+def test_trust_remote_code_refused_unless_allowed() -> None:
+    asking = request(model={"id": "tiny/qwen2-chat", "trust_remote_code": True})
+    assert "allow_trust_remote_code" in refused(asking)["model.trust_remote_code"]
+    assert refused(asking, allow_trust_remote_code=True) == {}
+
+
+def test_timeout_above_the_maximum() -> None:
+    errors = refused(request(timeout_s=7200), max_timeout_s=3600)
+    assert errors == {"timeout_s": "7200 s; this host allows at most 3600 s (max_timeout_s)"}
+    assert refused(request(timeout_s=600), max_timeout_s=3600) == {}
+
+
+def test_dataset_size_above_the_maximum() -> None:
+    assert "max_dataset_rows" in refused(request(dataset={"rows": CHAT_ROWS}), max_dataset_rows=3)["dataset.rows"]
+    too_many = request(dataset={"id": "tiny/chat-rows", "max_samples": 50})
+    assert "max_dataset_rows" in refused(too_many, max_dataset_rows=10)["dataset.max_samples"]
+    assert refused(request(dataset={"rows": CHAT_ROWS}), max_dataset_rows=6) == {}
+
+
+def test_gpus_above_the_maximum_per_job() -> None:
+    errors = refused(request(resources={"gpus": 4}), max_gpus_per_job=2)
+    assert errors == {"resources.gpus": "4 GPUs; this host allows at most 2 per job (max_gpus_per_job)"}
+
+
+def test_reporting_integrations_need_the_operators_consent() -> None:
+    asking = request(training={"max_steps": 2, "report_to": ["tensorboard"]})
+    assert "allowed_report_to" in refused(asking)["training.report_to"]
+    assert refused(asking, allowed_report_to=["tensorboard"]) == {}
+    assert report_to(asking, Settings(report_to=["mlflow"], allowed_report_to=["tensorboard"])) == ["mlflow", "tensorboard"]
+    assert report_to(request(), Settings()) == []
+
+
+@pytest.mark.parametrize("rule", ["allowed_models", "allowed_datasets", "allowed_output_namespaces"])
+def test_every_broken_rule_is_reported_not_only_the_first(rule: str) -> None:
+    errors = refused(request(), allowed_models=["x/*"], allowed_datasets=["x/*"], allowed_output_namespaces=["x"])
+    assert set(errors) == {"model.id", "dataset.id", "output.repo_id"}
+    assert any(rule in message for message in errors.values())

@@ -1,0 +1,73 @@
+"""SIGTERM mid-training: the job saves a checkpoint and stops uncommitted, systemd is told to wait;
+after a restart the request resumes from that checkpoint and makes one Hub commit."""
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from daemon.event_reader import EventStream
+from daemon.settings import Settings
+from schemas import TERMINAL_TYPES, Progress, Started, Succeeded
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    NotifySocket,
+    committed_offset,
+    sft_request,
+    submit,
+    terminal_events,
+)
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.slow
+
+
+async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    request_id = "stop-resume-1"
+    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
+                          training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    notify = NotifySocket(tmp_path / "notify.sock")
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment()).start()
+    try:
+        await notify.wait_for("READY=1", timeout_s=60)
+        async with EventStream(settings) as stream:
+            await submit(settings, request)
+            async for event in stream.events(request_id):
+                if isinstance(event, Started):
+                    child_pid = event.pid
+                if isinstance(event, Progress) and event.step >= 3:
+                    break
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGTERM)
+        await notify.wait_for("STOPPING=1", timeout_s=30)
+        extend = await notify.wait_for("EXTEND_TIMEOUT_USEC=", timeout_s=30)
+        assert int(extend.split("=")[1]) >= settings.drain_timeout_s * 1_000_000
+        assert daemon.stop(timeout_s=settings.drain_timeout_s + 30) == 0
+    finally:
+        daemon.stop()
+        notify.close()
+
+    stopped = [line for line in daemon.log_lines() if line.get("event") == "job.stopped_at_checkpoint"]
+    assert len(stopped) == 1 and stopped[0]["request_id"] == request_id
+    step = stopped[0]["step"]
+    assert 3 <= step < 100 and (settings.jobs_dir / request_id / "checkpoints" / f"checkpoint-{step}").is_dir()
+    with pytest.raises(ProcessLookupError):
+        os.kill(child_pid, 0)  # the trainer did not outlive the daemon
+    assert await committed_offset(settings) is None  # not committed: the request will be read again
+    async with EventStream(settings) as stream:
+        assert not [e async for e in stream.events(request_id, follow=False) if e.type in TERMINAL_TYPES]
+
+    restarted = DaemonProcess(settings, tmp_path / "daemon-2.log").start()
+    try:
+        events = (await terminal_events(settings, {request_id}))[request_id]
+    finally:
+        restarted.stop()
+    done = events[-1]
+    assert isinstance(done, Succeeded), done
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
+    assert resumed_steps[0] == step + 1 and resumed_steps[-1] == 100  # resumed, not from step 0
+    assert len(published.commits(f"results/{request_id}")) == 1
+    assert await committed_offset(settings) == 1
