@@ -12,10 +12,12 @@ from typing import Annotated
 
 import typer
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from daemon.errors import ConfigError
 from daemon.event_reader import EventStream
+from daemon.kafka_options import kafka_options
 from daemon.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
@@ -39,6 +41,9 @@ def _settings(config: Path | None) -> Settings:
     except (ConfigError, LookupError) as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except KafkaError as exc:
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def _read_request(file: Path) -> RequestBase:
@@ -71,6 +76,9 @@ def run(config: ConfigOption = None) -> None:
     except (ConfigError, LookupError) as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
+    except KafkaError as exc:
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 @app.command()
@@ -92,7 +100,7 @@ def submit(
 
     async def publish() -> int:
         async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
-            producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True)
+            producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
             await producer.start()
             try:
                 meta = await producer.send_and_wait(
@@ -178,7 +186,7 @@ def cancel(
         raise typer.Exit(2) from exc
 
     async def publish() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True)
+        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
         await producer.start()
         try:
             await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
+from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from schemas.control import Cancel
 
@@ -27,7 +28,7 @@ class ControlReader:
         self.settings = settings
         self.on_cancel = on_cancel
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False,
+            **kafka_options(settings), group_id=None, enable_auto_commit=False,
             client_id=f"adapterd-control-{settings.host}",
         )
         self.caught_up = asyncio.Event()

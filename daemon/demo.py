@@ -15,6 +15,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from daemon.event_reader import follow_events
+from daemon.kafka_options import kafka_options
 from daemon.local_kafka import LocalKafka
 from daemon.logs import configure_logging
 from daemon.service import Service
@@ -81,7 +82,7 @@ async def run_demo(work_dir: Path) -> bool:
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
         request = demo_request(model_dir)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", enable_idempotence=True)
+        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
         await producer.start()
         try:
             await producer.send_and_wait(settings.requests_topic, request.model_dump_json().encode(), key=request.request_id.encode())

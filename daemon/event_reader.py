@@ -7,6 +7,7 @@ from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from daemon.topics import partition_numbers
 from schemas import TERMINAL_TYPES, Event, parse_event
@@ -22,7 +23,7 @@ class EventStream:
     def __init__(self, settings: Settings, *, from_end: bool = False) -> None:
         self.settings = settings
         self.from_end = from_end
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None, enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=None, enable_auto_commit=False)
         self.ends: dict[TopicPartition, int] = {}
 
     async def __aenter__(self) -> EventStream:

@@ -16,6 +16,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 from pydantic import TypeAdapter
 
+from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
 from schemas.events import EventBase
@@ -38,7 +39,7 @@ class Publisher:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_options(settings),
             client_id=f"adapterd-{settings.host}",
             acks="all",
             enable_idempotence=True,

@@ -32,6 +32,7 @@ from daemon.child import WarmChildren
 from daemon.control import ControlReader
 from daemon.http_server import HttpEndpoint
 from daemon.job import JobRunner, child_environment
+from daemon.kafka_options import kafka_options
 from daemon.policy import policy_errors
 from daemon.publisher import Outgoing, Publisher
 from daemon.settings import Settings
@@ -71,7 +72,7 @@ class Service:
         self.settings = settings
         self.publisher = Publisher(settings)
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap_servers,
+            **kafka_options(settings),
             group_id=settings.group_id,
             client_id=f"adapterd-{settings.host}",
             enable_auto_commit=False,

@@ -33,6 +33,14 @@ class Settings(BaseSettings):
     dlq_topic: str = "adapterd.dlq"
     control_topic: str = "adapterd.control"
     group_id: str = "adapterd"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = Field(None, description="Prefer sasl_password_file (systemd: LoadCredential=).")
+    sasl_password_file: Path | None = Field(None, description="A file holding the SASL password (systemd: %d/kafka-password).")
+    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL).")
+    ssl_certfile: Path | None = Field(None, description="Client certificate, for brokers that require one (mutual TLS).")
+    ssl_keyfile: Path | None = None
     max_poll_interval_ms: int = Field(300_000, ge=1_000)
     session_timeout_ms: int = Field(45_000, ge=1_000)
 
@@ -75,14 +83,23 @@ class Settings(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _token_from_file(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("hub_token_file") and not data.get("hub_token"):
-            path = Path(data["hub_token_file"])
-            try:
-                data = {**data, "hub_token": path.read_text().strip()}
-            except OSError as exc:
-                raise ValueError(f"hub_token_file: cannot read {path}: {exc.strerror}") from exc
+    def _secrets_from_files(cls, data: Any) -> Any:
+        for secret in ("hub_token", "sasl_password"):
+            if isinstance(data, dict) and data.get(f"{secret}_file") and not data.get(secret):
+                path = Path(data[f"{secret}_file"])
+                try:
+                    data = {**data, secret: path.read_text().strip()}
+                except OSError as exc:
+                    raise ValueError(f"{secret}_file: cannot read {path}: {exc.strerror}") from exc
         return data
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> Settings:
+        if self.security_protocol.startswith("SASL_"):
+            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None]
+            if missing:
+                raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
+        return self
 
     @field_validator("bootstrap_servers")
     @classmethod

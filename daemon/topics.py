@@ -5,11 +5,12 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 
 
 async def ensure_topics(settings: Settings, partitions: int = 1, replication_factor: int = 1) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -26,7 +27,7 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
 
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
     """The partitions of a topic; a LookupError naming it when it does not exist."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap_servers)
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
         described = await admin.describe_topics([topic])

@@ -36,15 +36,20 @@ from tests.hub_server import HubServer
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap servers of a real broker: external if configured, else a local KRaft node."""
-    external = os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS")
-    if external:
-        yield external
+def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | None]:
+    """A local KRaft node, unless ADAPTERD_TEST_BOOTSTRAP_SERVERS names an external cluster (then None)."""
+    if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS"):
+        yield None
         return
     broker = LocalKafka(data_dir=tmp_path_factory.mktemp("kafka")).start()
-    yield broker.bootstrap_servers
+    yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(local_broker: LocalKafka | None) -> str:
+    """Bootstrap servers of a real broker: external if configured, else the local node's plaintext listener."""
+    return os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") or local_broker.bootstrap_servers  # type: ignore[union-attr]
 
 
 @pytest.fixture(scope="session")

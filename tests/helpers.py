@@ -17,8 +17,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from pydantic import SecretStr
 
 import schemas
+from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Event, parse_event
 
@@ -42,7 +44,7 @@ CHAT_ROWS = [
 
 
 async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None) -> int:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
         meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key)
@@ -58,7 +60,7 @@ async def submit(settings: Settings, request: dict[str, Any]) -> int:
 async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
     """The first `count` records of a topic; fails if they do not arrive in time."""
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=settings.bootstrap_servers, group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
+        topic, **kafka_options(settings), group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
     )
     await consumer.start()
     records: list[ConsumerRecord[bytes, bytes]] = []
@@ -76,7 +78,7 @@ async def read_records(settings: Settings, topic: str, count: int, timeout_s: fl
 async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
     """Every event of the given requests, up to and including each one's terminal event."""
     consumer = AIOKafkaConsumer(
-        settings.events_topic, bootstrap_servers=settings.bootstrap_servers, group_id=None,
+        settings.events_topic, **kafka_options(settings), group_id=None,
         auto_offset_reset="earliest", enable_auto_commit=False,
     )
     await consumer.start()
@@ -98,7 +100,7 @@ async def terminal_events(settings: Settings, request_ids: set[str | None], time
 
 
 async def committed_offset(settings: Settings, partition: int = 0) -> int | None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=settings.group_id, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=settings.group_id, enable_auto_commit=False)
     await consumer.start()
     try:
         return await consumer.committed(TopicPartition(settings.requests_topic, partition))
@@ -198,7 +200,7 @@ def assert_full_model_trained(model_dir: Path, base_dir: Path, *, sequence_class
 def write_config(settings: Settings, path: Path) -> Path:
     """The settings as a TOML file an operator would write; the Hub token stays out of it."""
     lines = []
-    for name, value in settings.model_dump(mode="json", exclude={"hub_token"}).items():
+    for name, value in settings.model_dump(mode="json", exclude={"hub_token", "sasl_password"}).items():
         if value is not None:
             lines.append(f"{name} = {json.dumps(value)}")  # JSON strings, numbers, booleans and lists are TOML too
     path.write_text("\n".join(lines) + "\n")
@@ -242,8 +244,11 @@ def settings_environment(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump(mode="json").items():
         if value is None:
             continue
-        if name == "hub_token":
-            value = settings.hub_token.get_secret_value() if settings.hub_token else None
+        secret = getattr(settings, name)
+        if isinstance(secret, SecretStr):
+            if getattr(settings, f"{name}_file", None) is not None:
+                continue  # the daemon reads it from the file, as under systemd
+            value = secret.get_secret_value()
         env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
     env["HF_HOME"] = str(settings.work_dir / "hf-home")
     return env

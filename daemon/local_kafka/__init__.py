@@ -64,12 +64,20 @@ class LocalKafka:
     data_dir: Path
     port: int = field(default_factory=free_port)
     controller_port: int = field(default_factory=free_port)
+    # A second listener that needs SASL/SCRAM-SHA-256 as this user, so clients' security settings can be tried.
+    sasl_port: int = field(default_factory=free_port)
+    scram_user: str = "adapterd"
+    scram_password: str = "adapterd-secret"
     heap: str = "512m"
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.sasl_port}"
 
     @property
     def log_path(self) -> Path:
@@ -80,11 +88,15 @@ class LocalKafka:
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
+                         f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
             "controller.listener.names": "CONTROLLER",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
             "log.dirs": str(self.data_dir / "logs"),
             "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "4",
@@ -113,7 +125,10 @@ class LocalKafka:
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id = uuid.uuid4().bytes.hex()[:22]
             subprocess.run(
-                self._java(jar_dir, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties)),
+                self._java(
+                    jar_dir, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties),
+                    "--add-scram", f"SCRAM-SHA-256=[name={self.scram_user},password={self.scram_password}]",
+                ),
                 check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
         log = self.log_path.open("wb")  # a fresh log: readiness is read from it
