@@ -55,11 +55,16 @@ def read_tail(path: Path, lines: int = 20) -> list[str]:
 class Child:
     """One started child interpreter, waiting for its job."""
 
-    def __init__(self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader, transport: asyncio.BaseTransport, log_path: Path) -> None:
         self.process = process
         self.reader = reader
         self.transport = transport
         self._early: list[Message] = []
+        # The child's stdout and stderr: written to `log_path` (the job's log once it has one) and
+        # logged as `child.output` lines with the job's request id.
+        self.log_path = log_path
+        self.log_context: dict[str, str] = {}
+        self.output_task: asyncio.Task[None] = asyncio.create_task(self._forward_output())
         # How long a stopped child may take to save a checkpoint before it is killed; 0 kills at once.
         self.stop_grace_s = 10.0
         # The only reader of the pipe until the child is ready; `run` reads it after this ends.
@@ -70,20 +75,34 @@ class Child:
         read_fd, write_fd = os.pipe()
         child_env = {**env, "ADAPTERD_STATUS_FD": str(write_fd), "ADAPTERD_PARENT_PID": str(os.getpid())}
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log_file:
-            try:
-                process = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "handlers.runner",
-                    stdin=asyncio.subprocess.PIPE, stdout=log_file, stderr=asyncio.subprocess.STDOUT,
-                    pass_fds=(write_fd,), env=child_env, start_new_session=True,
-                )
-            finally:
-                os.close(write_fd)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "handlers.runner",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(write_fd,), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=2**20,
+            )
+        finally:
+            os.close(write_fd)
         reader = asyncio.StreamReader(limit=2**24)
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
         )
-        return cls(process, reader, transport)
+        return cls(process, reader, transport, log_path)
+
+    async def _forward_output(self) -> None:
+        assert self.process.stdout is not None
+        while True:
+            try:
+                line = await self.process.stdout.readline()
+            except ValueError:  # a line longer than the limit: take it in pieces
+                line = await self.process.stdout.read(2**20)
+            if not line:
+                return
+            with self.log_path.open("ab") as log_file:
+                log_file.write(line)
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                log.info("child.output", pid=self.process.pid, line=text, **self.log_context)
 
     async def _read_until_ready(self) -> bool:
         """True once the child has imported the training stack; False if it died first."""
@@ -105,6 +124,7 @@ class Child:
         child's whole process group: SIGTERM first (a training child saves a checkpoint and exits),
         SIGKILL after `stop_grace_s`."""
         outcome = ChildOutcome(returncode=0, stage="preflight")
+        self.log_path = log_path
         try:
             assert self.process.stdin is not None
             self.process.stdin.write(json.dumps({"spec": str(spec_path), "log": str(log_path)}).encode() + b"\n")
@@ -118,14 +138,22 @@ class Child:
                 await self._follow(json.loads(line), outcome, on_message)
             outcome.returncode = await self.process.wait()
             _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
+            await self._output_done()
         except BaseException:
             await self.stop(self.stop_grace_s)
             await self._drain(outcome, on_message)
+            await self._output_done()
             raise
         finally:
             self.transport.close()
         outcome.log_tail = read_tail(log_path)
         return outcome
+
+    async def _output_done(self) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.output_task), 5)
+        except TimeoutError:
+            log.warning("child.output_open", pid=self.process.pid)  # a descendant still holds stdout open
 
     async def _drain(self, outcome: ChildOutcome, on_message: Callable[[Message], Awaitable[None]]) -> None:
         """After a stop: what the child said while stopping (the checkpoint it saved), now that it has exited."""

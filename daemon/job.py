@@ -203,6 +203,7 @@ class JobRunner:
 
         self.child = child = await self.children.take(self.visible_devices)
         child.stop_grace_s = self.stop_grace_s
+        child.log_context = {"request_id": self.request.request_id}
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await child.run(spec_path, self.job_dir / "child.log", on_start, on_message)

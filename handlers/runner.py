@@ -1,10 +1,10 @@
 """The child process's entry point: `python -m handlers.runner`.
 
 Imports the training stack, says `ready` on the status pipe (fd in ADAPTERD_STATUS_FD), then reads
-one job from stdin: a JSON line `{"spec": path, "log": path}`. It moves its stdout and stderr to the
-job's log, runs the job, and exits: 0 after a `result` line, 1 after an `error` line, 75 after
-stopping at a checkpoint on SIGTERM; anything else (a signal, an out-of-memory kill) means it died
-before it could say why.
+one job from stdin: a JSON line `{"spec": path, "log": path}`. Its stdout and stderr go to the
+daemon, which writes them to the job's log and to its own log. It runs the job and exits: 0 after a
+`result` line, 1 after an `error` line, 75 after stopping at a checkpoint on SIGTERM; anything else
+(a signal, an out-of-memory kill) means it died before it could say why.
 Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
 """
 
@@ -31,15 +31,6 @@ def die_with_parent() -> None:
         os._exit(1)  # the parent died before prctl took effect
 
 
-def redirect_output(log_path: str) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
 def main() -> int:
     die_with_parent()
 
@@ -53,7 +44,6 @@ def main() -> int:
     if not line:
         return 0  # the daemon closed the pipe: this warm child is not needed
     job = json.loads(line)
-    redirect_output(job["log"])
     reporter.restart_clock()
     print(f"adapterd child {os.getpid()}: job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
 

@@ -100,9 +100,13 @@ async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings,
         _, status = http_get(two_gpus.metrics_address, "/status")
         assert json.loads(status)["jobs"] == []
 
-        # Every log line of a job carries its request id.
-        job_lines = [line for line in daemon.log_lines() if str(line.get("event", "")).startswith("job.")]
+        # Every log line of a job carries its request id, the child's own output included.
+        lines = daemon.log_lines()
+        job_lines = [line for line in lines if str(line.get("event", "")).startswith("job.")]
         assert job_lines and all(line.get("request_id") in {good, bad} for line in job_lines)
+        child_output = [line for line in lines if line.get("event") == "child.output" and line.get("request_id") == good]
+        assert any("CUDA_VISIBLE_DEVICES=" in line["line"] for line in child_output)
+        assert any("'loss'" in line["line"] for line in child_output)  # the trainer's own log lines
     finally:
         assert daemon.stop() == 0
         notify.close()
