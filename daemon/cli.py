@@ -38,12 +38,9 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="TOML 
 def _settings(config: Path | None) -> Settings:
     try:
         return load_settings(config)
-    except (ConfigError, LookupError) as exc:
+    except ConfigError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
-    except KafkaError as exc:
-        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
-        raise typer.Exit(1) from exc
 
 
 def _read_request(file: Path) -> RequestBase:

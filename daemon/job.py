@@ -7,6 +7,7 @@ returned so the caller can commit the request's offset.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import shutil
@@ -97,6 +98,7 @@ class JobRunner:
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.slot = slot
         self.visible_devices = visible_devices
+        self.gpus = request.resources.gpus
         self.job_dir = settings.jobs_dir / request.request_id
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.timeout_s = _timeout(request.timeout_s, settings.max_timeout_s)
@@ -201,7 +203,12 @@ class JobRunner:
                 self.stage = message["stage"]
                 self.log.info("job.stage", stage=message["stage"])
 
-        self.child = child = await self.children.take(self.visible_devices)
+        if self.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
+            job = json.dumps({"spec": str(spec_path), "log": str(self.job_dir / "child.log")})
+            env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
+            self.child = child = await Child.spawn(env, self.job_dir / "child.log", entry=("handlers.launch", str(self.gpus)))
+        else:
+            self.child = child = await self.children.take(self.visible_devices)
         child.stop_grace_s = self.stop_grace_s
         child.log_context = {"request_id": self.request.request_id}
         try:

@@ -269,9 +269,20 @@ class JobCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == (self.first_step or 0) + 1:
             self.reporter.send("first_step", time=time.time(), step=state.global_step)
-        if self.reporter.stop_requested:
+        if self._stop_everywhere(args):
             control.should_save = True
             control.should_training_stop = True
+
+    def _stop_everywhere(self, args: Any) -> bool:
+        """Whether any rank was asked to stop. Data-parallel ranks must stop at the same step, or
+        the ones still training wait forever on the others' gradients: so they agree at each step."""
+        if args.world_size <= 1:
+            return self.reporter.stop_requested
+        flag = torch.tensor([1.0 if self.reporter.stop_requested else 0.0], device=args.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        stop = bool(flag.item())
+        self.reporter.stop_requested = stop
+        return stop
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -310,6 +321,8 @@ class JobCallback(TrainerCallback):
 def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> list[str]:
     """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
     `model` is the trained model when it is not `trainer.model` (PPO trains a policy+value wrapper)."""
+    if not trainer.accelerator.is_main_process:
+        return []  # in a multi-GPU job, rank 0 writes the artifact
     artifact.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else trainer.model
     if request.output.push == "merged" and isinstance(model, PeftModel):
@@ -324,4 +337,5 @@ def final_metrics(train_output: Any, trainer: Trainer) -> dict[str, float]:
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     if losses:
         metrics["first_loss"], metrics["final_loss"] = float(losses[0]), float(losses[-1])
+    metrics["world_size"] = float(trainer.args.world_size)
     return metrics

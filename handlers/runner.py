@@ -24,11 +24,28 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when the daemon dies, so no trainer outlives it."""
+    """Ask the kernel to SIGKILL this process when its parent dies (the daemon; for a worker of a
+    multi-GPU job, torchrun's agent, which dies with the daemon), so no trainer outlives it."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != int(os.environ.get("ADAPTERD_PARENT_PID", os.getppid())):
+    parent = os.getppid() if is_torchrun_worker() else int(os.environ.get("ADAPTERD_PARENT_PID", os.getppid()))
+    if os.getppid() != parent or os.getppid() == 1:
         os._exit(1)  # the parent died before prctl took effect
+
+
+def is_torchrun_worker() -> bool:
+    return "LOCAL_RANK" in os.environ
+
+
+def status_fd() -> int:
+    """Where this process reports to the daemon. A multi-GPU job's rank 0 reaches the daemon's pipe
+    through the agent (torchrun closes inherited descriptors in its workers); other ranks stay silent."""
+    fd = int(os.environ["ADAPTERD_STATUS_FD"])
+    if not is_torchrun_worker():
+        return fd
+    if os.environ.get("RANK") == "0":
+        return os.open(f"/proc/{os.getppid()}/fd/{fd}", os.O_WRONLY)
+    return os.open(os.devnull, os.O_WRONLY)
 
 
 def main() -> int:
@@ -38,14 +55,16 @@ def main() -> int:
     from handlers.common import EXIT_STOPPED, StatusReporter
     from schemas.request import REQUEST_MODELS
 
-    reporter = StatusReporter(int(os.environ["ADAPTERD_STATUS_FD"]))
+    reporter = StatusReporter(status_fd())
     reporter.send("ready")
-    line = sys.stdin.readline()
+    # A multi-GPU job's workers are started for their job (ADAPTERD_JOB); a warm child waits on stdin for one.
+    line = os.environ.get("ADAPTERD_JOB") or sys.stdin.readline()
     if not line:
         return 0  # the daemon closed the pipe: this warm child is not needed
     job = json.loads(line)
     reporter.restart_clock()
-    print(f"adapterd child {os.getpid()}: job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
+    rank = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, " if is_torchrun_worker() else ""
+    print(f"adapterd child {os.getpid()}: {rank}job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
 
     def stop(signum: int, frame: object) -> None:
         # While training, stop at a fresh checkpoint (JobCallback); before that there is nothing to keep.

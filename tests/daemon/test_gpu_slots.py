@@ -14,9 +14,13 @@ from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
 from tests.helpers import (
+    DaemonProcess,
     NotifySocket,
+    assert_adapter_trained,
+    download,
     http_get,
     metric,
+    run_to_end,
     sft_request,
     terminal_events,
     unit_daemon,
@@ -110,3 +114,23 @@ async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings,
     finally:
         assert daemon.stop() == 0
         notify.close()
+
+
+async def test_a_two_gpu_request_runs_data_parallel_on_both(
+    settings: Settings, published: HubServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False})
+    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
+    try:
+        events = await run_to_end(two_gpus, sft_request("two-gpu-job", resources={"gpus": 2}))
+    finally:
+        daemon.stop()
+    started = next(e for e in events if isinstance(e, Started))
+    done = events[-1]
+    assert started.slot == "7,9"
+    assert isinstance(done, Succeeded), done
+    assert done.metrics["world_size"] == 2.0  # the trainer ran data-parallel over two processes
+    child_log = (two_gpus.jobs_dir / "two-gpu-job" / "child.log").read_text()
+    for rank in (0, 1):
+        assert f"rank {rank} of 2, job" in child_log and "CUDA_VISIBLE_DEVICES=7,9" in child_log
+    assert_adapter_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)

@@ -11,7 +11,14 @@ from daemon.local_kafka import LocalKafka
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from schemas import Rejected
-from tests.helpers import DaemonProcess, NotifySocket, settings_environment, sft_request, submit, terminal_events
+from tests.helpers import (
+    DaemonProcess,
+    NotifySocket,
+    settings_environment,
+    sft_request,
+    submit,
+    terminal_events,
+)
 
 
 def scram_settings(settings: Settings, broker: LocalKafka, password_file: Path) -> Settings:
