@@ -178,6 +178,7 @@ class JobRunner:
             progress_interval_s=self.settings.progress_interval_s,
             progress_interval_steps=self.settings.progress_interval_steps,
             report_to=report_to(self.request, self.settings),
+            max_dataset_rows=self.settings.max_dataset_rows,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))

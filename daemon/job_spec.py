@@ -19,4 +19,5 @@ class JobSpec(Frozen):
     artifact: Path = Field(description="What gets pushed: the adapter or model, the tokenizer and the model card.")
     progress_interval_s: float = Field(ge=0)
     progress_interval_steps: int = Field(1, ge=1)
+    max_dataset_rows: int | None = Field(None, description="The operator's limit on training rows, for datasets whose size intake cannot see.")
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")

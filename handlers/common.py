@@ -189,8 +189,9 @@ def check_columns(request: RequestBase, dataset: Dataset) -> None:
         raise JobFailed("dataset_invalid", "preflight", problem)
 
 
-def load_datasets(spec: DatasetSpec) -> tuple[Dataset, Dataset | None]:
-    """The training split (and the eval split, if asked), columns renamed, at most `max_samples` rows."""
+def load_datasets(spec: DatasetSpec, job: JobSpec) -> tuple[Dataset, Dataset | None]:
+    """The training split (and the eval split, if asked), columns renamed, at most `max_samples` rows,
+    within the operator's `max_dataset_rows`."""
     try:
         if spec.rows is not None:
             train, evaluation = Dataset.from_list(list(spec.rows)), None
@@ -214,6 +215,11 @@ def load_datasets(spec: DatasetSpec) -> tuple[Dataset, Dataset | None]:
         evaluation = evaluation.rename_columns(spec.columns) if evaluation is not None else None
     if spec.max_samples is not None and len(train) > spec.max_samples:
         train = train.select(range(spec.max_samples))
+    if job.max_dataset_rows is not None and len(train) > job.max_dataset_rows:
+        raise JobFailed(
+            "dataset_too_large", "load_dataset",
+            f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} (max_dataset_rows); set dataset.max_samples",
+        )
     return train, evaluation
 
 

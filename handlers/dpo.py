@@ -36,7 +36,7 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(DPOConfig, request, job, "dpo")
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

@@ -36,7 +36,7 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     check_hardware(request.model)
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
     check_reward_columns(request.rewards, train_dataset.column_names)
 

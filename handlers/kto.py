@@ -35,7 +35,7 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(KTOConfig, request, job, "kto")
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

@@ -36,7 +36,7 @@ def train(request: ORPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     config = trl_config(ORPOConfig, request, job, "orpo")
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

@@ -87,7 +87,7 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(PPOConfig, request, job, "ppo", num_sample_generations=0)
 
     reporter.enter("load_dataset")
-    train_dataset, _ = load_datasets(request.dataset)
+    train_dataset, _ = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

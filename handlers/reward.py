@@ -36,7 +36,7 @@ def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> Tra
     config = trl_config(RewardConfig, request, job, "reward")
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

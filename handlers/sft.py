@@ -36,7 +36,7 @@ def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(SFTConfig, request, job, "sft")
 
     reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset)
+    train_dataset, eval_dataset = load_datasets(request.dataset, job)
     check_columns(request, train_dataset)
 
     reporter.enter("load_model")

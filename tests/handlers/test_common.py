@@ -1,0 +1,95 @@
+"""The child-side helpers every handler shares: progress throttling, checkpoint and stop messages,
+and the TRL config the daemon's choices go into."""
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from daemon.job_spec import JobSpec
+from handlers.common import EXIT_STOPPED, JobCallback, StatusReporter, trl_config
+from schemas import SFTRequest
+from tests.helpers import CHAT_ROWS, sft_request
+
+
+def job_spec(tmp_path: Path, **fields: Any) -> JobSpec:
+    return JobSpec(request={}, checkpoints=tmp_path / "checkpoints", artifact=tmp_path / "artifact", **fields)
+
+
+def messages(read_fd: int) -> list[dict[str, Any]]:
+    with os.fdopen(read_fd) as pipe:
+        return [json.loads(line) for line in pipe]
+
+
+def run_logs(tmp_path: Path, steps: int, **fields: Any) -> list[dict[str, Any]]:
+    """Feed a JobCallback the logs of `steps` steps, as a trainer would, and read what it sent."""
+    read_fd, write_fd = os.pipe()
+    reporter = StatusReporter(write_fd)
+    callback = JobCallback(reporter, job_spec(tmp_path, **fields))
+    args, control = SimpleNamespace(world_size=1, output_dir=str(tmp_path)), SimpleNamespace()
+    state = SimpleNamespace(global_step=0, max_steps=steps, epoch=0.0)
+    callback.on_train_begin(args, state, control)
+    for step in range(1, steps + 1):
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+        callback.on_log(args, state, control, logs={"loss": 1.0 / step, "learning_rate": 0.1, "grad_norm": 0.5, "num_tokens": 100.0 * step})
+    reporter._stream.close()
+    return messages(read_fd)
+
+
+def test_progress_every_n_steps_and_always_the_last(tmp_path: Path) -> None:
+    sent = run_logs(tmp_path, 10, progress_interval_s=0, progress_interval_steps=3)
+    progress = [m for m in sent if m["kind"] == "progress"]
+    assert [m["step"] for m in progress] == [3, 6, 9, 10]
+    assert progress[-1]["total_steps"] == 10 and progress[-1]["eta_s"] == 0
+    assert all(m["tokens_per_s"] > 0 for m in progress)
+    assert [m["step"] for m in sent if m["kind"] == "first_step"] == [1]
+
+
+def test_progress_at_most_once_per_interval_in_seconds(tmp_path: Path) -> None:
+    sent = run_logs(tmp_path, 10, progress_interval_s=3600, progress_interval_steps=1)
+    assert [m["step"] for m in sent if m["kind"] == "progress"] == [1, 10]
+
+
+def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
+    read_fd, write_fd = os.pipe()
+    reporter = StatusReporter(write_fd)
+    callback = JobCallback(reporter, job_spec(tmp_path, progress_interval_s=0))
+    args, state = SimpleNamespace(world_size=1, output_dir=str(tmp_path)), SimpleNamespace(global_step=7, max_steps=10, epoch=1.0)
+    control = SimpleNamespace(should_save=False, should_training_stop=False)
+    reporter.stop_requested = True  # what the runner's SIGTERM handler does while training
+    callback.on_step_end(args, state, control)
+    assert control.should_save and control.should_training_stop
+    with pytest.raises(SystemExit) as exited:
+        callback.on_save(args, state, control)
+    assert exited.value.code == EXIT_STOPPED
+    reporter._stream.close()
+    sent = messages(read_fd)
+    assert [m["kind"] for m in sent] == ["checkpoint", "stopped"]
+    assert sent[0]["path"] == str(tmp_path / "checkpoint-7")
+
+
+def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:
+    from daemon.errors import JobFailed
+    from handlers.common import load_datasets
+
+    rows = SFTRequest.model_validate(sft_request("rows-1", dataset={"rows": CHAT_ROWS})).dataset
+    with pytest.raises(JobFailed) as failure:
+        load_datasets(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=4))
+    assert failure.value.code == "dataset_too_large" and "max_dataset_rows" in failure.value.message
+    train, _ = load_datasets(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=6))
+    assert len(train) == 6
+
+
+def test_trl_config_reports_only_to_what_the_job_allows(tmp_path: Path) -> None:
+    from trl import SFTConfig
+
+    request = SFTRequest.model_validate(sft_request("config-1"))
+    quiet = trl_config(SFTConfig, request, job_spec(tmp_path, progress_interval_s=0), "sft")
+    assert quiet.report_to in ("none", [], ["none"])
+    reporting = trl_config(SFTConfig, request, job_spec(tmp_path, progress_interval_s=0, report_to=["tensorboard"]), "sft")
+    assert reporting.report_to == ["tensorboard"]
+    assert reporting.output_dir == str(tmp_path / "checkpoints") and reporting.max_steps == 4
