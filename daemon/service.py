@@ -56,6 +56,7 @@ log = structlog.get_logger()
 ASSIGNORS = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor, "sticky": StickyPartitionAssignor}
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
+LAG_INTERVAL_S = 5.0
 
 
 @dataclass
@@ -140,17 +141,18 @@ class Service:
             await self._measure_lag()
 
     async def _measure_lag(self) -> None:
-        if self.last_turn - self._lag_measured < 5.0:
+        """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,
+        so its high watermark would go stale while its job runs)."""
+        if self.last_turn - self._lag_measured < LAG_INTERVAL_S or not self.consumer.assignment():
             return
         self._lag_measured = self.last_turn
-        for tp in self.consumer.assignment():
-            highwater = self.consumer.highwater(tp)
-            if highwater is None:
-                continue
+        assigned = list(self.consumer.assignment())
+        ends = await self.consumer.end_offsets(assigned)
+        for tp in assigned:
             job = self.jobs.get(tp)
             # A running job's request still counts: its offset is not committed until it ends.
             next_offset = job.offset if job is not None else await self.consumer.position(tp)
-            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, highwater - next_offset))
+            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, ends[tp] - next_offset))
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Healthy once the consumer has joined its group, while the Kafka loop keeps turning."""

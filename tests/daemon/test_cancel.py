@@ -15,6 +15,8 @@ from tests.helpers import (
     CHAT_ROWS,
     DaemonProcess,
     committed_offset,
+    http_get,
+    metric,
     settings_environment,
     sft_request,
     submit,
@@ -46,6 +48,12 @@ async def test_cancel_running_and_queued_requests_then_a_timeout(daemon: DaemonP
                 break
     # One slot, one partition: this one waits in Kafka behind the running job.
     await submit(settings, sft_request("cancel-queued", dataset={"rows": CHAT_ROWS}))
+
+    # Both requests count as lag: the running one is not committed until it ends.
+    assert settings.metrics_address is not None
+    async with asyncio.timeout(30):
+        while metric(http_get(settings.metrics_address, "/metrics")[1].decode(), "adapterd_consumer_lag", partition="0") != 2.0:
+            await asyncio.sleep(0.5)  # the daemon measures lag every few seconds; nothing to wait on but the metric
 
     code, output = await adapterd(settings, "status", "--json")
     assert code == 0, output

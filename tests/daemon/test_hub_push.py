@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
 from daemon import hub_push
 from daemon.errors import PushFailed
@@ -63,8 +64,11 @@ def test_branch_revision_is_created(hub: HubServer, artifact: Path, tmp_path: Pa
 def test_transient_errors_are_retried_without_a_second_commit(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
     hub.fail("POST", r"/api/models/pushes/push-retry/commit/", 500, times=1)
     hub.fail("POST", r"/api/models/pushes/push-retry/preupload/", 429, times=1, headers={"Retry-After": "0"})
+    retries_before = REGISTRY.get_sample_value("adapterd_hub_push_retries_total") or 0.0
     result = hub_push.push(artifact, request("push-retry"), hub_settings(hub, tmp_path))
     assert [c.sha for c in hub.commits("pushes/push-retry")] == [result.commit_sha]
+    # The 500 on the commit is adapterd's retry (huggingface_hub retries some 429s by itself).
+    assert (REGISTRY.get_sample_value("adapterd_hub_push_retries_total") or 0.0) - retries_before >= 1
 
 
 def test_unauthorised_fails_at_once(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
