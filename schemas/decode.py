@@ -56,6 +56,8 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         document = json.loads(raw or b"")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
+    except RecursionError:
+        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
     if not isinstance(document, dict):
         kind = type(document).__name__
         return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
@@ -64,7 +66,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
     if not (isinstance(request_id, str) and re.fullmatch(REQUEST_ID_PATTERN, request_id)):
         request_id = key_id
     method = document.get("method")
-    if method not in REQUEST_MODELS:
+    if not isinstance(method, str) or method not in REQUEST_MODELS:
         known = ", ".join(sorted(REQUEST_MODELS))
         message = "missing" if method is None else f"unknown method {method!r}"
         return Rejection("unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id)
