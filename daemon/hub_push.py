@@ -146,6 +146,31 @@ def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> P
     )
 
 
+def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
+    """The Hub commit an earlier attempt at this request made, found by the request id its
+    description records; None when there is none (or no Hub). A Hub error here is not a reason to
+    fail: the push itself will report it."""
+    if settings.hub_token is None:
+        return None
+    api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
+    output = request.output
+    trailer = f"{REQUEST_ID_TRAILER}: {request.request_id}"
+    try:
+        commits = api.list_repo_commits(output.repo_id, revision=output.revision)
+        found = next((commit for commit in commits if trailer in commit.message.splitlines()), None)
+        if found is None:
+            return None
+        files = sorted(api.list_repo_files(output.repo_id, revision=found.commit_id))
+    except (HfHubHTTPError, httpx2.TransportError) as exc:
+        log.info("hub.no_earlier_commit", request_id=request.request_id, repo_id=output.repo_id, error=str(exc))
+        return None
+    url = f"{settings.hub_endpoint}/{output.repo_id}"
+    return PushResult(
+        sink="hub", repo_id=output.repo_id, revision=output.revision, commit_sha=found.commit_id,
+        commit_url=f"{url}/commit/{found.commit_id}", location=url, files=files,
+    )
+
+
 def push(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
     if settings.hub_token is None:
         return push_to_local(artifact, request, settings)

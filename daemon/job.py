@@ -20,6 +20,7 @@ from daemon import hub_push
 from daemon.child import Child, ChildOutcome, Message, WarmChildren
 from daemon.errors import JobFailed
 from daemon.job_spec import JobSpec
+from daemon.journal import Journal
 from daemon.metrics import JOBS, STAGE_SECONDS
 from daemon.policy import report_to
 from daemon.publisher import Publisher
@@ -100,6 +101,7 @@ class JobRunner:
         self.visible_devices = visible_devices
         self.gpus = request.resources.gpus
         self.job_dir = settings.jobs_dir / request.request_id
+        self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.timeout_s = _timeout(request.timeout_s, settings.max_timeout_s)
         self.stage = "queued"
@@ -135,25 +137,38 @@ class JobRunner:
         queued_s = max(0.0, time.time() - self.received_at)
         event: EventBase
         try:
-            outcome = await self._train()
-            failure = failure_of(outcome)
-            if failure is not None:
-                raise failure
-            assert outcome.result is not None
-            self.stage = "push"
-            push_started = time.monotonic()
-            pushed = await self._push(outcome.result)
-            durations = {
-                "queue": round(queued_s, 3),
-                **outcome.result["durations_s"],
-                "push": round(time.monotonic() - push_started, 3),
-                "total": round(time.monotonic() - started + queued_s, 3),
-            }
-            if outcome.first_step_at is not None:
-                durations["until_first_step"] = round(outcome.first_step_at - self.received_at, 3)
-            for stage, seconds in durations.items():
-                STAGE_SECONDS.labels(stage).observe(seconds)
-            event = self._succeeded(outcome.result, pushed, durations)
+            earlier = await self._earlier_success()
+            if earlier is not None:
+                event = earlier
+            else:
+                trained = self.journal.read().get("trained")
+                first_step_at = None
+                if trained is not None and (self.job_dir / "artifact").is_dir():
+                    self.log.info("job.already_trained", artifact=str(self.job_dir / "artifact"))
+                    result = trained
+                else:
+                    outcome = await self._train()
+                    failure = failure_of(outcome)
+                    if failure is not None:
+                        raise failure
+                    assert outcome.result is not None
+                    result, first_step_at = outcome.result, outcome.first_step_at
+                    self.journal.record("trained", result)
+                self.stage = "push"
+                push_started = time.monotonic()
+                pushed = await self._push(result)
+                durations = {
+                    "queue": round(queued_s, 3),
+                    **result["durations_s"],
+                    "push": round(time.monotonic() - push_started, 3),
+                    "total": round(time.monotonic() - started + queued_s, 3),
+                }
+                if first_step_at is not None:
+                    durations["until_first_step"] = round(first_step_at - self.received_at, 3)
+                for stage, seconds in durations.items():
+                    STAGE_SECONDS.labels(stage).observe(seconds)
+                event = self._succeeded(result, pushed, durations)
+                self.journal.record("succeeded", event.model_dump(mode="json"))
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message)
             event = Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
@@ -182,6 +197,7 @@ class JobRunner:
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
+        self.journal.record("trained", None)  # until this attempt's artifact is complete
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
 
         async def on_start(pid: int) -> None:
@@ -219,6 +235,25 @@ class JobRunner:
             raise JobFailed(
                 "timeout", _stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
             ) from None
+
+    async def _earlier_success(self) -> Succeeded | None:
+        """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
+        from this host's journal, or from the Hub commit that records the request id."""
+        recorded = self.journal.read().get("succeeded")
+        if recorded is not None:
+            earlier = Succeeded.model_validate(recorded)
+            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in="journal")
+            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self._common(), "duplicate": True})
+        found = await asyncio.to_thread(hub_push.find_commit, self.request, self.settings)
+        if found is None:
+            return None
+        self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
+        return Succeeded(
+            **self._common(), sink=found.sink, repo_id=found.repo_id, revision=found.revision, commit_sha=found.commit_sha,
+            commit_url=found.commit_url, location=found.location, files=found.files, metrics={}, durations_s={},
+            versions={}, method=self.request.method, trainer="unknown: found by its Hub commit",
+            base_model=self.request.model.id, base_model_revision=None, dataset_fingerprint=None, duplicate=True,
+        )
 
     async def _push(self, result: Message) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"

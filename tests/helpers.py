@@ -350,3 +350,13 @@ def metric(text: str, name: str, **labels: str) -> float | None:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return None
+
+
+async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
+    """Submit a request and return its events up to its terminal one, reading from the end of the
+    events topic as it was before the submission: an earlier request with the same id is not seen."""
+    from daemon.event_reader import EventStream
+
+    async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
+        await submit(settings, request)
+        return [event async for event in stream.events(request["request_id"])]
