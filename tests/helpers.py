@@ -360,3 +360,17 @@ async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout
     async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
         await submit(settings, request)
         return [event async for event in stream.events(request["request_id"])]
+
+
+async def wait_until_gone(pid: int, timeout_s: float = 30) -> None:
+    """Until the process no longer runs (gone, or a zombie waiting for init to reap it). The kernel
+    gives no event to await for another process's death, so this polls /proc."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            if state in ("Z", "X"):
+                return
+            await asyncio.sleep(0.1)

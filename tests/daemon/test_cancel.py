@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,12 +37,25 @@ async def adapterd(settings: Settings, *args: str) -> tuple[int, str]:
     return process.returncode or 0, output.decode()
 
 
-async def test_cancel_running_and_queued_requests_then_a_timeout(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
+async def test_cancel_running_and_queued_requests_then_a_timeout(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+    # A poll interval far shorter than the job: the job runs beside the loop, so no rebalance follows.
+    settings = settings.model_copy(update={"max_poll_interval_ms": 5_000, "session_timeout_ms": 6_000})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        await cancel_running_and_queued_requests_then_a_timeout(settings)
+    finally:
+        daemon.stop()
+    assert sum(1 for line in daemon.log_lines() if line.get("event") == "partitions.assigned") == 1
+
+
+async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) -> None:
     endless = sft_request("cancel-running", dataset={"rows": CHAT_ROWS},
                           training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2})
     async with EventStream(settings) as stream:
         await submit(settings, endless)
+        events_so_far = []
         async for event in stream.events("cancel-running"):
+            events_so_far.append(event)
             if isinstance(event, Started):
                 pid = event.pid
             if isinstance(event, Progress):
@@ -59,6 +73,7 @@ async def test_cancel_running_and_queued_requests_then_a_timeout(daemon: DaemonP
     assert code == 0, output
     [running] = json.loads(output)["jobs"]
     assert running["request_id"] == "cancel-running" and running["stage"] == "train" and running["pid"] == pid
+    started_at = next(e.time for e in events_so_far if isinstance(e, Accepted))
 
     assert (await adapterd(settings, "cancel", "cancel-queued", "--reason", "superseded"))[0] == 0
     assert (await adapterd(settings, "cancel", "cancel-running", "--reason", "wrong data"))[0] == 0
@@ -66,6 +81,8 @@ async def test_cancel_running_and_queued_requests_then_a_timeout(daemon: DaemonP
 
     cancelled = events["cancel-running"][-1]
     assert isinstance(cancelled, Cancelled) and cancelled.reason == "wrong data"
+    assert (cancelled.time - started_at).total_seconds() > settings.max_poll_interval_ms / 1000  # longer than the poll interval
+    assert sum(1 for e in events["cancel-running"] if isinstance(e, Accepted)) == 1  # and never redelivered
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the trainer's process is gone, and with it its GPU memory
     [skipped] = events["cancel-queued"]  # no accepted, no started: never trained

@@ -1,7 +1,6 @@
 """SIGTERM mid-training: the job saves a checkpoint and stops uncommitted, systemd is told to wait;
 after a restart the request resumes from that checkpoint and makes one Hub commit."""
 
-import os
 import signal
 from pathlib import Path
 
@@ -9,7 +8,7 @@ import pytest
 
 from daemon.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Progress, Started, Succeeded
+from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
     DaemonProcess,
@@ -18,6 +17,7 @@ from tests.helpers import (
     sft_request,
     submit,
     terminal_events,
+    wait_until_gone,
 )
 from tests.hub_server import HubServer
 
@@ -53,8 +53,7 @@ async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Setting
     assert len(stopped) == 1 and stopped[0]["request_id"] == request_id
     step = stopped[0]["step"]
     assert 3 <= step < 100 and (settings.jobs_dir / request_id / "checkpoints" / f"checkpoint-{step}").is_dir()
-    with pytest.raises(ProcessLookupError):
-        os.kill(child_pid, 0)  # the trainer did not outlive the daemon
+    await wait_until_gone(child_pid, timeout_s=5)  # the trainer did not outlive the daemon
     assert await committed_offset(settings) is None  # not committed: the request will be read again
     async with EventStream(settings) as stream:
         assert not [e async for e in stream.events(request_id, follow=False) if e.type in TERMINAL_TYPES]
@@ -71,3 +70,38 @@ async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Setting
     assert resumed_steps[0] == step + 1 and resumed_steps[-1] == 100  # resumed, not from step 0
     assert len(published.commits(f"results/{request_id}")) == 1
     assert await committed_offset(settings) == 1
+
+
+async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from_the_last_checkpoint(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
+    request_id = "kill-resume-1"
+    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
+                          training={"max_steps": 100, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        async with EventStream(settings) as stream:
+            await submit(settings, request)
+            async for event in stream.events(request_id):
+                if isinstance(event, Started):
+                    child_pid = event.pid
+                if isinstance(event, Checkpoint) and event.step >= 5:
+                    break
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        daemon.stop()
+    await wait_until_gone(child_pid)  # PR_SET_PDEATHSIG: no trainer outlives the daemon
+    assert await committed_offset(settings) is None
+
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in (settings.jobs_dir / request_id / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints and checkpoints[-1] % 5 == 0
+    restarted = DaemonProcess(settings, tmp_path / "daemon-2.log").start()
+    try:
+        events = (await terminal_events(settings, {request_id}))[request_id]
+    finally:
+        restarted.stop()
+    assert isinstance(events[-1], Succeeded), events[-1]
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
+    assert resumed_steps[0] == checkpoints[-1] + 1 and resumed_steps[-1] == 100
+    assert len(published.commits(f"results/{request_id}")) == 1
