@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 from pydantic import TypeAdapter
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
@@ -77,9 +79,21 @@ class Publisher:
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
     async def publish(self, event: EventBase) -> None:
-        """Publish one event and wait until the broker has it."""
-        [ack] = await self.send_all([self.event(event)])
-        await ack
+        """Publish one event and wait until the broker has it, however long the brokers are away.
+        After a failure the same bytes (the same event_id) are sent again, so a consumer can drop a
+        repeat; the job goes on meanwhile, and its later events wait behind this one."""
+        message = self.event(event)
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(KafkaError),
+            wait=wait_exponential(multiplier=0.5, max=10),
+            before_sleep=lambda state: log.warning(
+                "event.publish_retry", request_id=event.request_id, type=getattr(event, "type"), attempt=state.attempt_number,
+                error=repr(state.outcome.exception()) if state.outcome else None,
+            ),
+        ):
+            with attempt:
+                [ack] = await self.send_all([message])
+                await ack
         log.info("event.published", type=getattr(event, "type"), request_id=event.request_id)
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:

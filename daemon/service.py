@@ -23,8 +23,14 @@ from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssigno
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
     StickyPartitionAssignor,
 )
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, RecordMetadata
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from daemon import metrics
 from daemon.capabilities import available_methods, unsupported_reason
@@ -328,8 +334,17 @@ class Service:
                     log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
 
     async def _commit(self, tp: TopicPartition, offset: int) -> None:
+        """Commit, retrying while the brokers are away; not once the partition has moved."""
         try:
-            await self.consumer.commit({tp: offset})
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(lambda exc: isinstance(exc, KafkaError) and not isinstance(exc, CommitFailedError | IllegalStateError)),
+                wait=wait_exponential(multiplier=0.5, max=10),
+                stop=stop_after_delay(300),
+                reraise=True,
+                before_sleep=lambda state: log.warning("offset.commit_retry", partition=tp.partition, offset=offset, attempt=state.attempt_number),
+            ):
+                with attempt:
+                    await self.consumer.commit({tp: offset})
         except (CommitFailedError, IllegalStateError) as exc:
             # The partition moved to another member; that member reads the request again.
             log.warning("offset.commit_failed", partition=tp.partition, offset=offset, error=str(exc))

@@ -52,6 +52,14 @@ def kafka(local_broker: LocalKafka | None) -> str:
     return os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") or local_broker.bootstrap_servers  # type: ignore[union-attr]
 
 
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[LocalKafka]:
+    """A broker of this test's own, for tests that stop and restart it."""
+    broker = LocalKafka(data_dir=tmp_path / "own-kafka").start()
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture(scope="session")
 def hub() -> Iterator[HubServer]:
     server = HubServer().start()

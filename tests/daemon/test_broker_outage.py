@@ -1,0 +1,59 @@
+"""The broker goes away mid-job and comes back: the job goes on, the daemon reconnects, and every
+event arrives once the broker is back (repeats carry the same event_id); one commit, one success."""
+
+import asyncio
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from daemon.event_reader import EventStream
+from daemon.local_kafka import LocalKafka
+from daemon.settings import Settings
+from daemon.topics import ensure_topics
+from schemas import Accepted, Progress, Succeeded
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    committed_offset,
+    sft_request,
+    submit,
+    terminal_events,
+)
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 10  # how long the broker stays away: the fault itself, not a wait for anything
+
+
+async def test_broker_stopped_and_restarted_mid_job(own_broker: LocalKafka, settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    settings = settings.model_copy(update={"bootstrap_servers": own_broker.bootstrap_servers})
+    await ensure_topics(settings)
+    request = sft_request("through-an-outage", dataset={"rows": CHAT_ROWS},
+                          training={"max_steps": 150, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        async with EventStream(settings) as stream:
+            await submit(settings, request)
+            async for event in stream.events("through-an-outage"):
+                if isinstance(event, Progress):
+                    break
+        await asyncio.to_thread(own_broker.stop)
+        away_from = datetime.now(UTC)
+        await asyncio.sleep(OUTAGE_S)
+        back_at = datetime.now(UTC)
+        await asyncio.to_thread(own_broker.start)
+        events = (await terminal_events(settings, {"through-an-outage"}))["through-an-outage"]
+        assert daemon.process is not None and daemon.process.poll() is None  # it rode the outage out
+    finally:
+        daemon.stop()
+
+    assert isinstance(events[-1], Succeeded), events[-1]
+    unique = {e.event_id: e for e in events}.values()  # a retried send may repeat an event, with its event_id
+    assert sorted(e.step for e in unique if isinstance(e, Progress)) == list(range(1, 151))
+    assert sum(1 for e in unique if isinstance(e, Accepted)) == 1
+    assert len(published.commits("results/through-an-outage")) == 1
+    assert await committed_offset(settings) == 1
+    # Events written while the broker was away were kept (the producer holds and resends them).
+    assert any(away_from < e.time < back_at for e in unique if isinstance(e, Progress))
