@@ -32,6 +32,7 @@ from schemas.events import (
     EventBase,
     Failed,
     Progress,
+    Retrying,
     Stage,
     Started,
     Succeeded,
@@ -90,7 +91,7 @@ class JobRunner:
 
     def __init__(
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
-        received_at: float, slot: str, visible_devices: str | None,
+        received_at: float, slot: str, visible_devices: str | None, attempt: int = 1,
     ) -> None:
         self.request = request
         self.settings = settings
@@ -100,6 +101,7 @@ class JobRunner:
         self.slot = slot
         self.visible_devices = visible_devices
         self.gpus = request.resources.gpus
+        self.attempt = attempt
         self.job_dir = settings.jobs_dir / request.request_id
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
@@ -111,7 +113,7 @@ class JobRunner:
         self.cancel_reason: str | None = None
 
     def _common(self) -> dict[str, Any]:
-        return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host}
+        return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host, "attempt": self.attempt}
 
     def stop_at_checkpoint(self, grace_s: float) -> None:
         """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
@@ -137,6 +139,10 @@ class JobRunner:
         queued_s = max(0.0, time.time() - self.received_at)
         event: EventBase
         try:
+            if self.attempt > 1:
+                backoff_s = min(self.settings.retry_backoff_s * 2 ** (self.attempt - 2), 3600.0)
+                self.log.info("job.retry_backoff", attempt=self.attempt, seconds=backoff_s)
+                await asyncio.sleep(backoff_s)
             earlier = await self._earlier_success()
             if earlier is not None:
                 event = earlier
@@ -170,8 +176,12 @@ class JobRunner:
                 event = self._succeeded(result, pushed, durations)
                 self.journal.record("succeeded", event.model_dump(mode="json"))
         except JobFailed as failure:
-            self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message)
-            event = Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+            self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
+            if failure.retryable and self.attempt < self.settings.max_attempts:
+                event = Retrying(**self._common(), code=failure.code, message=failure.message, stage=failure.stage,
+                                 max_attempts=self.settings.max_attempts)
+            else:
+                event = Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
         except asyncio.CancelledError:
             if self.cancel_reason is None:
                 raise
@@ -181,7 +191,8 @@ class JobRunner:
             self.log.info("job.cancelled", reason=self.cancel_reason)
             event = Cancelled(**self._common(), reason=self.cancel_reason or "cancelled")
         await self.publisher.publish(event)
-        JOBS.labels(event.type).inc()
+        if event.type != "retrying":
+            JOBS.labels(event.type).inc()
         return event
 
     async def _train(self) -> ChildOutcome:

@@ -21,12 +21,14 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
-from schemas.events import EventBase
+from schemas.events import EventBase, Failed
 
 log = structlog.get_logger()
 
 Headers = list[tuple[str, bytes]]
 FIELD_ERRORS = TypeAdapter(list[FieldError])
+# On a request sent back to the requests topic for another try: which attempt it is.
+ATTEMPT_HEADER = "adapterd-attempt"
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,33 @@ class Publisher:
             ("adapterd-host", self.settings.host.encode()),
         ]
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
+
+    def retry(self, record: ConsumerRecord[bytes, bytes], attempt: int) -> Outgoing:
+        """The request again, byte for byte and with the same key, for its next attempt."""
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", [(ATTEMPT_HEADER, str(attempt).encode())])
+
+    def failed_letter(self, record: ConsumerRecord[bytes, bytes], failed: Failed) -> Outgoing:
+        """The bytes of a request whose every attempt failed, for the DLQ."""
+        headers = [
+            ("adapterd-reason", b"attempts_exhausted"),
+            ("adapterd-errors", FIELD_ERRORS.dump_json([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])),
+            ("adapterd-attempts", str(failed.attempt).encode()),
+            ("adapterd-source-topic", record.topic.encode()),
+            ("adapterd-source-partition", str(record.partition).encode()),
+            ("adapterd-source-offset", str(record.offset).encode()),
+            ("adapterd-host", self.settings.host.encode()),
+        ]
+        return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
+
+    async def deliver(self, message: Outgoing) -> None:
+        """Send one message and wait for the broker's acknowledgement, retrying while it is away."""
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(KafkaError), wait=wait_exponential(multiplier=0.5, max=10),
+            before_sleep=lambda state: log.warning("message.send_retry", topic=message.topic, attempt=state.attempt_number),
+        ):
+            with attempt:
+                [ack] = await self.send_all([message])
+                await ack
 
     async def publish(self, event: EventBase) -> None:
         """Publish one event and wait until the broker has it, however long the brokers are away.

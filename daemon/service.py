@@ -40,7 +40,7 @@ from daemon.http_server import HttpEndpoint
 from daemon.job import JobRunner, child_environment
 from daemon.kafka_options import kafka_options
 from daemon.policy import policy_errors
-from daemon.publisher import Outgoing, Publisher
+from daemon.publisher import ATTEMPT_HEADER, Outgoing, Publisher
 from daemon.settings import Settings
 from daemon.slots import Slots, discover_gpus
 from daemon.systemd import Notifier
@@ -49,10 +49,12 @@ from schemas import (
     Accepted,
     Cancel,
     Cancelled,
+    Failed,
     FieldError,
     Rejected,
     Rejection,
     RequestBase,
+    Retrying,
     decode_request,
 )
 
@@ -281,18 +283,25 @@ class Service:
         ))
         runner = JobRunner(
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
-            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots),
+            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=_attempt(record),
         )
-        task = asyncio.create_task(self._run_job(tp, record.offset, runner), name=f"job-{request.request_id}")
+        task = asyncio.create_task(self._run_job(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
         if not self.slots.free:
             self._pause_idle_partitions()
         self._report_status()
         return True
 
-    async def _run_job(self, tp: TopicPartition, offset: int, runner: JobRunner) -> None:
+    async def _run_job(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes], runner: JobRunner) -> None:
+        offset = record.offset
         try:
-            await runner.run()
+            event = await runner.run()
+            if isinstance(event, Retrying):
+                # Back to the end of its partition, so the requests behind it are not held up.
+                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1))
+            elif isinstance(event, Failed) and event.retryable:
+                log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
+                await self.publisher.deliver(self.publisher.failed_letter(record, event))
             await self._commit(tp, offset + 1)
         except asyncio.CancelledError:
             log.warning("job.interrupted", request_id=runner.request.request_id, committed=False)
@@ -366,6 +375,12 @@ class Service:
             job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
             job.task.cancel()
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
+
+
+def _attempt(record: ConsumerRecord[bytes, bytes]) -> int:
+    """Which try of its request this record is: 1, or what the header of a retry says."""
+    value = dict(record.headers or ()).get(ATTEMPT_HEADER, b"1")
+    return int(value) if value.isdigit() and int(value) >= 1 else 1
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

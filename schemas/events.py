@@ -104,13 +104,24 @@ class Failed(EventBase):
     retryable: bool
 
 
+class Retrying(EventBase):
+    """Not terminal: the attempt failed in a way that may pass, and the request goes back to the end
+    of its partition for attempt `attempt + 1`."""
+
+    type: Literal["retrying"] = "retrying"
+    code: str
+    message: str
+    stage: Stage
+    max_attempts: int
+
+
 class Cancelled(EventBase):
     type: Literal["cancelled"] = "cancelled"
     reason: str
 
 
 Event = Annotated[
-    Accepted | Rejected | Started | Progress | Checkpoint | Succeeded | Failed | Cancelled,
+    Accepted | Rejected | Started | Progress | Checkpoint | Retrying | Succeeded | Failed | Cancelled,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

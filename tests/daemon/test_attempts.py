@@ -1,0 +1,46 @@
+"""A request whose child dies every time: tried `max_attempts` times, each retry sent to the end of
+its partition, then `failed` and its bytes in the DLQ; it never loops forever."""
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from daemon.event_reader import EventStream
+from daemon.settings import Settings
+from schemas import Failed, Retrying, Started
+from tests.helpers import CHAT_ROWS, DaemonProcess, committed_offset, read_records, sft_request, submit
+
+pytestmark = pytest.mark.slow
+
+
+async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settings: Settings, tmp_path: Path) -> None:
+    settings = settings.model_copy(update={"max_attempts": 2, "retry_backoff_s": 0})
+    request = sft_request("crash-loop", dataset={"rows": CHAT_ROWS})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    events = []
+    try:
+        async with EventStream(settings) as stream:
+            await submit(settings, request)
+            async for event in stream.events("crash-loop"):
+                events.append(event)
+                if isinstance(event, Started):
+                    os.kill(event.pid, signal.SIGKILL)  # the out-of-memory killer, say
+        dead = await read_records(settings, settings.dlq_topic, 1)
+        assert await committed_offset(settings) == 2  # the request and its retry
+    finally:
+        daemon.stop()
+
+    assert [(e.type, e.attempt) for e in events if e.type in ("started", "retrying", "failed")] == [
+        ("started", 1), ("retrying", 1), ("started", 2), ("failed", 2),
+    ]
+    retrying, failed = next(e for e in events if isinstance(e, Retrying)), events[-1]
+    assert retrying.code == "child_crashed" and retrying.max_attempts == 2
+    assert isinstance(failed, Failed) and failed.code == "child_crashed" and failed.retryable
+    assert "killed by SIGKILL" in failed.message
+    [letter] = dead
+    headers = {k: v.decode() for k, v in letter.headers}
+    assert headers["adapterd-reason"] == "attempts_exhausted" and headers["adapterd-attempts"] == "2"
+    assert json.loads(letter.value) == request and letter.key == b"crash-loop"
