@@ -111,6 +111,8 @@ class JobRunner:
         self.child: Child | None = None
         self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
         self.cancel_reason: str | None = None
+        self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
+        self.stalled = False
 
     def _common(self) -> dict[str, Any]:
         return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host, "attempt": self.attempt}
@@ -217,6 +219,7 @@ class JobRunner:
             await self.publisher.publish(Started(**self._common(), method=self.request.method, slot=self.slot, pid=pid))
 
         async def on_message(message: Message) -> None:
+            self.last_heard = time.monotonic()
             kind = message["kind"]
             if kind == "progress":
                 fields = {k: v for k, v in message.items() if k != "kind"}
@@ -239,13 +242,42 @@ class JobRunner:
             self.child = child = await self.children.take(self.visible_devices)
         child.stop_grace_s = self.stop_grace_s
         child.log_context = {"request_id": self.request.request_id}
+        run = asyncio.create_task(child.run(spec_path, self.job_dir / "child.log", on_start, on_message))
+        watchdog = asyncio.create_task(self._watch_for_stalls(run))
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await child.run(spec_path, self.job_dir / "child.log", on_start, on_message)
+                return await run
         except TimeoutError:
             raise JobFailed(
                 "timeout", _stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
             ) from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.stalled and current is not None and current.cancelling() == 0:
+                raise JobFailed(
+                    "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
+                    retryable=True,
+                ) from None
+            raise
+        finally:
+            watchdog.cancel()
+            if not run.done():
+                run.cancel()  # stops the child's process group
+            await asyncio.gather(run, return_exceptions=True)
+
+    async def _watch_for_stalls(self, run: asyncio.Task[ChildOutcome]) -> None:
+        """Stop a training job that goes `stall_timeout_s` without a step (a hung collective, a stuck
+        data loader): while it trains, the child says something every few seconds."""
+        limit = self.settings.stall_timeout_s
+        if limit is None:
+            return
+        while not run.done():
+            await asyncio.sleep(min(limit / 4, 5.0))
+            if self.stage == "train" and time.monotonic() - self.last_heard > limit:
+                self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
+                self.stalled = True
+                run.cancel()
+                return
 
     async def _earlier_success(self) -> Succeeded | None:
         """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:

@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
     max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")
     retry_backoff_s: float = Field(30.0, ge=0, description="Wait before the second try; doubled for each later one.")
+    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A training job without a step for this long is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
 

@@ -41,6 +41,8 @@ from schemas.request import (
     RewardModelSpec,
 )
 
+# While training, the child tells the daemon it is alive at least this often (at step ends).
+HEARTBEAT_S = 5.0
 # The child's exit status after stopping at a checkpoint because the daemon asked it to.
 EXIT_STOPPED = 75
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
@@ -266,6 +268,7 @@ class JobCallback(TrainerCallback):
         self.last_sent_at = float("-inf")
         self.last_sent_step = 0
         self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
+        self.last_beat = float("-inf")
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -275,6 +278,9 @@ class JobCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == (self.first_step or 0) + 1:
             self.reporter.send("first_step", time=time.time(), step=state.global_step)
+        if time.monotonic() - self.last_beat >= HEARTBEAT_S:
+            self.last_beat = time.monotonic()
+            self.reporter.send("step", step=state.global_step)  # alive: the daemon's stall watchdog listens
         if self._stop_everywhere(args):
             control.should_save = True
             control.should_training_stop = True

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 from pydantic import SecretStr
 
@@ -374,3 +375,15 @@ async def wait_until_gone(pid: int, timeout_s: float = 30) -> None:
             if state in ("Z", "X"):
                 return
             await asyncio.sleep(0.1)
+
+
+def ids_on_partitions(prefix: str, partitions: int) -> list[str]:
+    """One request id per partition: Kafka places a keyed message by the murmur2 hash of its key."""
+    partitioner = DefaultPartitioner()
+    found: dict[int, str] = {}
+    for n in range(1000):
+        candidate = f"{prefix}-{n}"
+        found.setdefault(partitioner(candidate.encode(), list(range(partitions)), list(range(partitions))), candidate)
+        if len(found) == partitions:
+            return [found[p] for p in range(partitions)]
+    raise AssertionError("no ids found")

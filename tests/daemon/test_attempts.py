@@ -1,4 +1,6 @@
-"""A request whose child dies every time: tried `max_attempts` times, each retry sent to the end of
+"""A request whose child dies every time, and one whose training hangs.
+
+A request whose child dies every time: tried `max_attempts` times, each retry sent to the end of
 its partition, then `failed` and its bytes in the DLQ; it never loops forever."""
 
 import json
@@ -10,8 +12,17 @@ import pytest
 
 from daemon.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import Failed, Retrying, Started
-from tests.helpers import CHAT_ROWS, DaemonProcess, committed_offset, read_records, sft_request, submit
+from schemas import Failed, Progress, Retrying, Started
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    committed_offset,
+    read_records,
+    sft_request,
+    submit,
+    wait_until_gone,
+)
+from tests.hub_server import HubServer
 
 pytestmark = pytest.mark.slow
 
@@ -44,3 +55,23 @@ async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settin
     headers = {k: v.decode() for k, v in letter.headers}
     assert headers["adapterd-reason"] == "attempts_exhausted" and headers["adapterd-attempts"] == "2"
     assert json.loads(letter.value) == request and letter.key == b"crash-loop"
+
+
+async def test_a_job_that_stops_stepping_is_stopped_as_stalled(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    settings = settings.model_copy(update={"max_attempts": 1, "stall_timeout_s": 3.0})
+    request = sft_request("stalls", dataset={"rows": CHAT_ROWS}, training={"max_steps": 1_000_000, "per_device_train_batch_size": 2})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        async with EventStream(settings) as stream:
+            await submit(settings, request)
+            async for event in stream.events("stalls"):
+                if isinstance(event, Started):
+                    pid = event.pid
+                if isinstance(event, Progress):
+                    os.kill(pid, signal.SIGSTOP)  # hung, as on a collective that never returns
+                if isinstance(event, Failed):
+                    break
+    finally:
+        daemon.stop()
+    assert event.code == "stalled" and event.stage == "train" and "stall_timeout_s" in event.message
+    await wait_until_gone(pid, timeout_s=10)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from aiokafka.partitioner import DefaultPartitioner
 
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
@@ -19,6 +18,7 @@ from tests.helpers import (
     assert_adapter_trained,
     download,
     http_get,
+    ids_on_partitions,
     metric,
     run_to_end,
     sft_request,
@@ -29,18 +29,6 @@ from tests.helpers import (
 from tests.hub_server import HubServer
 
 pytestmark = pytest.mark.slow
-
-
-def ids_on_partitions(prefix: str, partitions: int) -> list[str]:
-    """One request id per partition: Kafka places a keyed message by the murmur2 hash of its key."""
-    partitioner = DefaultPartitioner()
-    found: dict[int, str] = {}
-    for n in range(1000):
-        candidate = f"{prefix}-{n}"
-        found.setdefault(partitioner(candidate.encode(), list(range(partitions)), list(range(partitions))), candidate)
-        if len(found) == partitions:
-            return [found[p] for p in range(partitions)]
-    raise AssertionError("no ids found")
 
 
 async def adapterd(*args: str) -> tuple[int, str]:

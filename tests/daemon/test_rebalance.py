@@ -10,8 +10,16 @@ from daemon.event_reader import EventStream
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from schemas import Progress, Started, Succeeded
-from tests.daemon.test_gpu_slots import ids_on_partitions
-from tests.helpers import CHAT_ROWS, DaemonProcess, NotifySocket, committed_offset, sft_request, submit, terminal_events
+from tests.helpers import (
+    CHAT_ROWS,
+    DaemonProcess,
+    NotifySocket,
+    committed_offset,
+    ids_on_partitions,
+    sft_request,
+    submit,
+    terminal_events,
+)
 from tests.hub_server import HubServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -68,8 +68,8 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
     assert exited.value.code == EXIT_STOPPED
     reporter._stream.close()
     sent = messages(read_fd)
-    assert [m["kind"] for m in sent] == ["checkpoint", "stopped"]
-    assert sent[0]["path"] == str(tmp_path / "checkpoint-7")
+    assert [m["kind"] for m in sent] == ["step", "checkpoint", "stopped"]  # a heartbeat, then the checkpoint
+    assert sent[1]["path"] == str(tmp_path / "checkpoint-7")
 
 
 def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:

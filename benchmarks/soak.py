@@ -1,0 +1,98 @@
+"""Soak: many small requests while daemons are killed (SIGKILL) and restarted at random.
+
+    uv run python -m benchmarks.soak --requests 300 --daemons 2 --kill-every 45
+
+Prints what the promise is about: requests sent, terminal outcomes, requests lost (no terminal
+event), duplicate Hub commits (more than one commit for a request id) and duplicate trainings (a
+request whose training finished more than once). Not a unit test: it runs for as long as it takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import time
+from collections import Counter
+
+from benchmarks.harness import HUB_TOKEN, Environment
+from daemon.event_reader import EventStream
+from schemas import TERMINAL_TYPES
+from tests.helpers import CHAT_ROWS, DaemonProcess, submit
+
+
+async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, seed: int, timeout_s: float) -> dict[str, object]:
+    rng = random.Random(seed)
+    env = Environment.start()
+    try:
+        settings = await env.settings(job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN, max_attempts=3, retry_backoff_s=1)
+        ids = [f"soak-{n}" for n in range(requests)]
+        for request_id in ids:
+            await submit(settings, {
+                "schema_version": 1, "request_id": request_id, "method": "sft",
+                "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
+                "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
+                "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
+                "output": {"repo_id": f"soak/{request_id}"},
+            })
+        hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}"}) for n in range(daemons)]
+        running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
+        kills = 0
+        outcomes: dict[str, str] = {}
+        started = time.monotonic()
+
+        async def collect() -> None:
+            async with EventStream(settings) as stream:
+                async for event in stream.events(until_terminal=False):
+                    if event.type in TERMINAL_TYPES and event.request_id is not None:
+                        outcomes.setdefault(event.request_id, event.type)
+
+        collector = asyncio.create_task(collect())
+        while len(outcomes) < requests and time.monotonic() - started < timeout_s:
+            await asyncio.sleep(kill_every_s * rng.uniform(0.5, 1.5))  # the fault schedule
+            if len(outcomes) >= requests:
+                break
+            victim = rng.randrange(daemons)
+            running[victim].stop(signal.SIGKILL)
+            running[victim] = DaemonProcess(hosts[victim], running[victim].log_path).start()
+            kills += 1
+        collector.cancel()
+        for daemon in running:
+            daemon.stop()
+        trainings = Counter(
+            line.get("request_id")
+            for daemon in running for line in daemon.log_lines()
+            if line.get("event") == "job.stage" and line.get("stage") == "save"
+        )
+        commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
+        return {
+            "requests sent": requests,
+            "daemons": daemons,
+            "daemon kills (SIGKILL)": kills,
+            "minutes": round((time.monotonic() - started) / 60, 1),
+            "terminal outcomes": dict(Counter(outcomes.values())),
+            "requests lost (no terminal event)": requests - len(outcomes),
+            "duplicate Hub commits": sum(1 for count in commits.values() if count > 1),
+            "duplicate trainings": sum(1 for count in trainings.values() if count > 1),
+        }
+    finally:
+        env.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--daemons", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=2, help="CPU job slots per daemon")
+    parser.add_argument("--kill-every", type=float, default=45.0, help="mean seconds between kills")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--timeout", type=float, default=4 * 3600)
+    args = parser.parse_args()
+    figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.seed, args.timeout))
+    for name, value in figures.items():
+        print(f"{name:>36}: {value}")
+
+
+if __name__ == "__main__":
+    main()
