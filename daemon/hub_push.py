@@ -14,7 +14,8 @@ from typing import Literal
 
 import httpx2
 import structlog
-from huggingface_hub import HfApi, ModelCardData
+from huggingface_hub import HfApi, ModelCardData, set_client_factory
+from huggingface_hub.utils._http import default_client_factory as _default_client_factory
 from huggingface_hub.errors import HfHubHTTPError
 from tenacity import (
     RetryCallState,
@@ -91,8 +92,28 @@ def _count_retry(request_id: str, state: RetryCallState) -> None:
                 error=repr(state.outcome.exception()) if state.outcome else None)
 
 
+def use_timeout(timeout_s: float) -> None:
+    """Give every Hub call a timeout: huggingface_hub's own client has none, and a Hub that stops
+    answering would hold a push forever instead of failing it into a retry."""
+    global _timeout_s
+    if _timeout_s == timeout_s:
+        return
+
+    def client() -> httpx2.Client:
+        session = _default_client_factory()  # huggingface_hub's client, with its request hooks
+        session.timeout = httpx2.Timeout(timeout_s)
+        return session
+
+    set_client_factory(client)
+    _timeout_s = timeout_s
+
+
+_timeout_s: float | None = None
+
+
 def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
     assert settings.hub_token is not None
+    use_timeout(settings.hub_timeout_s)
     api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
     output = request.output
 
@@ -152,6 +173,7 @@ def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
     fail: the push itself will report it."""
     if settings.hub_token is None:
         return None
+    use_timeout(settings.hub_timeout_s)
     api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
     output = request.output
     trailer = f"{REQUEST_ID_TRAILER}: {request.request_id}"

@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     hub_token: SecretStr | None = Field(None, description="Without one, artifacts go to the local sink under work_dir/outputs.")
     hub_token_file: Path | None = Field(None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=).")
     hub_push_attempts: int = Field(5, ge=1)
+    hub_timeout_s: float = Field(120.0, gt=0, description="A Hub call without an answer for this long fails, and is retried.")
 
     # Logs
     host: str = Field(default_factory=socket.gethostname)

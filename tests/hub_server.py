@@ -60,6 +60,7 @@ class Fault:
     times: int = 1
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
+    answered: int = 0  # faulted requests answered so far (a delayed one counts once its answer is sent)
 
 
 @dataclass
@@ -184,7 +185,11 @@ class _HubRequestHandler(BaseHTTPRequestHandler):
             if fault.delay_s:
                 threading.Event().wait(fault.delay_s)
             self._body()
-            self._send(fault.status, {"error": f"injected fault {fault.status}"}, fault.headers)
+            try:
+                self._send(fault.status, {"error": f"injected fault {fault.status}"}, fault.headers)
+            except OSError:
+                pass  # the client gave up waiting and closed the connection
+            fault.answered += 1
             return
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:

@@ -71,6 +71,15 @@ def test_transient_errors_are_retried_without_a_second_commit(hub: HubServer, ar
     assert (REGISTRY.get_sample_value("adapterd_hub_push_retries_total") or 0.0) - retries_before >= 1
 
 
+def test_a_hub_that_stops_answering_times_out_into_a_retry(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    hung = hub.fail("POST", r"/api/models/pushes/push-timeout/commit/", 500, times=1, delay_s=20)
+    result = hub_push.push(artifact, request("push-timeout"), hub_settings(hub, tmp_path, hub_timeout_s=1))
+    assert hung.answered == 0, "the push waited for the hung call instead of timing out"
+    assert [c.sha for c in hub.commits("pushes/push-timeout")] == [result.commit_sha]
+    commit_calls = [path for method, path in hub.requests if method == "POST" and path.startswith("/api/models/pushes/push-timeout/commit/")]
+    assert len(commit_calls) == 2  # the one that timed out, and the retry
+
+
 def test_unauthorised_fails_at_once(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
     hub.fail("POST", r"/api/repos/create", 401, times=5)
     with pytest.raises(PushFailed) as failure:
