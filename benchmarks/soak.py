@@ -2,8 +2,8 @@
 
     uv run python -m benchmarks.soak --requests 300 --daemons 2 --kill-every 45
 
-Prints what the promise is about: requests sent, terminal outcomes, requests lost (no terminal
-event), duplicate Hub commits (more than one commit for a request id) and duplicate trainings (a
+Prints what the promise is about: requests sent, terminal outcomes, requests lost (committed without
+a terminal event), requests still unfinished when the run ended (uncommitted), duplicate Hub commits (more than one commit for a request id) and duplicate trainings (a
 request whose training finished more than once). Not a unit test: it runs for as long as it takes.
 """
 
@@ -19,7 +19,7 @@ from collections import Counter
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.event_reader import EventStream
 from schemas import TERMINAL_TYPES
-from tests.helpers import CHAT_ROWS, DaemonProcess, submit
+from tests.helpers import CHAT_ROWS, DaemonProcess, committed_offset, submit
 
 
 async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, seed: int, timeout_s: float) -> dict[str, object]:
@@ -28,8 +28,9 @@ async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, see
     try:
         settings = await env.settings(job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN, max_attempts=3, retry_backoff_s=1)
         ids = [f"soak-{n}" for n in range(requests)]
+        offsets: dict[str, int] = {}
         for request_id in ids:
-            await submit(settings, {
+            offsets[request_id] = await submit(settings, {
                 "schema_version": 1, "request_id": request_id, "method": "sft",
                 "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
                 "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
@@ -66,13 +67,18 @@ async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, see
             if line.get("event") == "job.stage" and line.get("stage") == "save"
         )
         commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
+        # Without a terminal event: lost if its offset was committed anyway, else still waiting in Kafka.
+        committed = await committed_offset(settings) or 0
+        unfinished = [request_id for request_id in ids if request_id not in outcomes]
+        lost = [request_id for request_id in unfinished if offsets[request_id] < committed]
         return {
             "requests sent": requests,
             "daemons": daemons,
             "daemon kills (SIGKILL)": kills,
             "minutes": round((time.monotonic() - started) / 60, 1),
             "terminal outcomes": dict(Counter(outcomes.values())),
-            "requests lost (no terminal event)": requests - len(outcomes),
+            "requests lost (committed, no terminal event)": len(lost),
+            "requests unfinished when the run ended (uncommitted, to be redelivered)": len(unfinished) - len(lost),
             "duplicate Hub commits": sum(1 for count in commits.values() if count > 1),
             "duplicate trainings": sum(1 for count in trainings.values() if count > 1),
         }

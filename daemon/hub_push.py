@@ -15,8 +15,10 @@ from typing import Literal
 import httpx2
 import structlog
 from huggingface_hub import HfApi, ModelCardData, set_client_factory
-from huggingface_hub.utils._http import default_client_factory as _default_client_factory
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils._http import (
+    default_client_factory as _default_client_factory,
+)
 from tenacity import (
     RetryCallState,
     retry,

@@ -113,6 +113,7 @@ class JobRunner:
         self.cancel_reason: str | None = None
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
         self.stalled = False
+        self.ended = False  # its terminal (or retrying) event is published: only the commit is left
 
     def _common(self) -> dict[str, Any]:
         return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host, "attempt": self.attempt}
@@ -193,6 +194,7 @@ class JobRunner:
             self.log.info("job.cancelled", reason=self.cancel_reason)
             event = Cancelled(**self._common(), reason=self.cancel_reason or "cancelled")
         await self.publisher.publish(event)
+        self.ended = True
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
         return event

@@ -372,6 +372,8 @@ class Service:
         """Stop running jobs without committing them: each saves a checkpoint (within `drain_timeout_s`)
         and its request is read again after a restart, resuming there."""
         for job in self.jobs.values():
+            if job.runner.ended:
+                continue  # its outcome is published; let it commit rather than have it redelivered
             job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
             job.task.cancel()
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)

@@ -109,6 +109,15 @@ async def committed_offset(settings: Settings, partition: int = 0) -> int | None
         await consumer.stop()
 
 
+async def wait_for_commit(settings: Settings, offset: int, partition: int = 0, timeout_s: float = 30) -> None:
+    """Until the group's committed offset reaches `offset`. The daemon commits just after a terminal
+    event is acknowledged, and Kafka offers no notification of a commit, so this polls."""
+    async with asyncio.timeout(timeout_s):
+        while (await committed_offset(settings, partition) or 0) < offset:
+            await asyncio.sleep(0.2)
+    assert await committed_offset(settings, partition) == offset
+
+
 def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:
     """A small SFT request on the published tiny model and chat dataset; 4 steps."""
     request: dict[str, Any] = {

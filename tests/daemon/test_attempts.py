@@ -16,10 +16,10 @@ from schemas import Failed, Progress, Retrying, Started
 from tests.helpers import (
     CHAT_ROWS,
     DaemonProcess,
-    committed_offset,
     read_records,
     sft_request,
     submit,
+    wait_for_commit,
     wait_until_gone,
 )
 from tests.hub_server import HubServer
@@ -40,7 +40,7 @@ async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settin
                 if isinstance(event, Started):
                     os.kill(event.pid, signal.SIGKILL)  # the out-of-memory killer, say
         dead = await read_records(settings, settings.dlq_topic, 1)
-        assert await committed_offset(settings) == 2  # the request and its retry
+        await wait_for_commit(settings, 2)  # the request and its retry
     finally:
         daemon.stop()
 

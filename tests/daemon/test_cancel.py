@@ -15,13 +15,13 @@ from schemas import Accepted, Cancelled, Failed, Progress, Started
 from tests.helpers import (
     CHAT_ROWS,
     DaemonProcess,
-    committed_offset,
     http_get,
     metric,
     settings_environment,
     sft_request,
     submit,
     terminal_events,
+    wait_for_commit,
 )
 from tests.hub_server import HubServer
 
@@ -94,7 +94,7 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
     assert isinstance(timed_out[0], Accepted)
     assert isinstance(timed_out[-1], Failed) and timed_out[-1].code == "timeout" and not timed_out[-1].retryable
     assert "2 s" in timed_out[-1].message
-    assert await committed_offset(settings) == 3
+    await wait_for_commit(settings, 3)
 
     code, output = await adapterd(settings, "events", "--request-id", "cancel-running")
     assert code == 0, output

@@ -14,11 +14,11 @@ from tests.helpers import (
     CHAT_ROWS,
     DaemonProcess,
     NotifySocket,
-    committed_offset,
     ids_on_partitions,
     sft_request,
     submit,
     terminal_events,
+    wait_for_commit,
 )
 from tests.hub_server import HubServer
 
@@ -52,7 +52,8 @@ async def test_a_daemon_joining_and_leaving_mid_job(settings: Settings, publishe
         await notify.wait_for("READY=1", timeout_s=120)  # joined: the group has rebalanced
         events = await terminal_events(base, {stays, moves}, timeout_s=400)
         assert b.stop() == 0  # and leaves again
-        assert await committed_offset(base, 0) == 1 and await committed_offset(base, 1) == 1
+        await wait_for_commit(base, 1, partition=0)
+        await wait_for_commit(base, 1, partition=1)
     finally:
         a.stop()
         b.stop()

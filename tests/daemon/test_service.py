@@ -13,13 +13,13 @@ from tests.helpers import (
     TINY_MODEL,
     DaemonProcess,
     assert_adapter_trained,
-    committed_offset,
     download,
     produce,
     read_records,
     sft_request,
     submit,
     terminal_events,
+    wait_for_commit,
 )
 from tests.hub_server import HubServer
 
@@ -54,7 +54,7 @@ async def test_sft_request_trains_pushes_and_commits(daemon: DaemonProcess, publ
     adapter = download(published.endpoint, "results/sft-e2e-1", done.commit_sha, tmp_path / "hf")
     assert_adapter_trained(adapter, download(published.endpoint, TINY_MODEL, None, tmp_path / "hf"))
 
-    assert await committed_offset(settings) == 1
+    await wait_for_commit(settings, 1)
 
 
 async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(daemon: DaemonProcess, published: HubServer, settings: Settings, tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(daemon: Daemon
     assert headers["adapterd-source-offset"] == b"3"
     assert {e["path"] for e in json.loads(headers["adapterd-errors"])} == paths
 
-    assert await committed_offset(settings) == 6
+    await wait_for_commit(settings, 6)
     assert daemon.process is not None and daemon.process.poll() is None
 
 
@@ -107,4 +107,4 @@ async def test_unloadable_model_or_dataset_fails_with_its_stage(daemon: DaemonPr
     assert (dataset_failure.code, dataset_failure.stage) == ("dataset_unavailable", "load_dataset")
     assert "tiny/does-not-exist" in dataset_failure.message
 
-    assert await committed_offset(settings) == 2
+    await wait_for_commit(settings, 2)
