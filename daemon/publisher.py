@@ -98,31 +98,25 @@ class Publisher:
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
     async def deliver(self, message: Outgoing) -> None:
-        """Send one message and wait for the broker's acknowledgement, retrying while it is away."""
+        """Send one message and wait until the broker has it, however long the brokers are away.
+        After a failure the same bytes are sent again (for an event, the same event_id, so a
+        consumer can drop a repeat)."""
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(KafkaError), wait=wait_exponential(multiplier=0.5, max=10),
-            before_sleep=lambda state: log.warning("message.send_retry", topic=message.topic, attempt=state.attempt_number),
+            retry=retry_if_exception_type(KafkaError),
+            wait=wait_exponential(multiplier=0.5, max=10),
+            before_sleep=lambda state: log.warning(
+                "message.send_retry", topic=message.topic, key=(message.key or b"").decode(errors="replace"),
+                attempt=state.attempt_number, error=repr(state.outcome.exception()) if state.outcome else None,
+            ),
         ):
             with attempt:
                 [ack] = await self.send_all([message])
                 await ack
 
     async def publish(self, event: EventBase) -> None:
-        """Publish one event and wait until the broker has it, however long the brokers are away.
-        After a failure the same bytes (the same event_id) are sent again, so a consumer can drop a
-        repeat; the job goes on meanwhile, and its later events wait behind this one."""
-        message = self.event(event)
-        async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(KafkaError),
-            wait=wait_exponential(multiplier=0.5, max=10),
-            before_sleep=lambda state: log.warning(
-                "event.publish_retry", request_id=event.request_id, type=getattr(event, "type"), attempt=state.attempt_number,
-                error=repr(state.outcome.exception()) if state.outcome else None,
-            ),
-        ):
-            with attempt:
-                [ack] = await self.send_all([message])
-                await ack
+        """Publish one event and wait until the broker has it. While the brokers are away the job
+        goes on, and its later events wait behind this one."""
+        await self.deliver(self.event(event))
         log.info("event.published", type=getattr(event, "type"), request_id=event.request_id)
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:
