@@ -140,29 +140,15 @@ class JobRunner:
     async def run(self) -> EventBase:
         started = time.monotonic()
         queued_s = max(0.0, time.time() - self.received_at)
-        event: EventBase
+        event: EventBase | None
         try:
             if self.attempt > 1:
                 backoff_s = min(self.settings.retry_backoff_s * 2 ** (self.attempt - 2), 3600.0)
                 self.log.info("job.retry_backoff", attempt=self.attempt, seconds=backoff_s)
                 await asyncio.sleep(backoff_s)
-            earlier = await self._earlier_success()
-            if earlier is not None:
-                event = earlier
-            else:
-                trained = self.journal.read().get("trained")
-                first_step_at = None
-                if trained is not None and (self.job_dir / "artifact").is_dir():
-                    self.log.info("job.already_trained", artifact=str(self.job_dir / "artifact"))
-                    result = trained
-                else:
-                    outcome = await self._train()
-                    failure = failure_of(outcome)
-                    if failure is not None:
-                        raise failure
-                    assert outcome.result is not None
-                    result, first_step_at = outcome.result, outcome.first_step_at
-                    self.journal.record("trained", result)
+            event = await self._earlier_success()
+            if event is None:
+                result, first_step_at = await self._trained()
                 self.stage = "push"
                 push_started = time.monotonic()
                 pushed = await self._push(result)
@@ -193,11 +179,27 @@ class JobRunner:
             current.uncancel()
             self.log.info("job.cancelled", reason=self.cancel_reason)
             event = Cancelled(**self._common(), reason=self.cancel_reason or "cancelled")
+        assert event is not None
         await self.publisher.publish(event)
         self.ended = True
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
         return event
+
+    async def _trained(self) -> tuple[Message, float | None]:
+        """The child's result, and the time of its first step: an earlier attempt's when its
+        artifact is complete on disk (nothing is trained twice), else this attempt's."""
+        trained = self.journal.read().get("trained")
+        if trained is not None and (self.job_dir / "artifact").is_dir():
+            self.log.info("job.already_trained", artifact=str(self.job_dir / "artifact"))
+            return trained, None
+        outcome = await self._train()
+        failure = failure_of(outcome)
+        if failure is not None:
+            raise failure
+        assert outcome.result is not None
+        self.journal.record("trained", outcome.result)
+        return outcome.result, outcome.first_step_at
 
     async def _train(self) -> ChildOutcome:
         self.job_dir.mkdir(parents=True, exist_ok=True)
