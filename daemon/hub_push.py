@@ -30,11 +30,11 @@ from tenacity import (
 from daemon.errors import PushFailed
 from daemon.metrics import HUB_RETRIES
 from daemon.settings import Settings
+from schemas.job import is_transient
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 REQUEST_ID_TRAILER = "adapterd-request-id"
 
 
@@ -73,8 +73,9 @@ def model_card(request: RequestBase, trainer: str, base_model_revision: str | No
 
 
 def _is_transient(exc: BaseException) -> bool:
+    """`schemas.job.is_transient`, the rule the child's downloads follow too."""
     if isinstance(exc, HfHubHTTPError):
-        return exc.response is None or exc.response.status_code in RETRYABLE_STATUS
+        return is_transient(exc.response.status_code if exc.response is not None else None)
     return isinstance(exc, httpx2.TransportError)
 
 

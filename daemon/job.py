@@ -18,8 +18,7 @@ import structlog
 
 from daemon import hub_push
 from daemon.child import Child, ChildOutcome, Message, WarmChildren
-from daemon.errors import JobFailed
-from daemon.job_spec import JobSpec
+from schemas.job import JobFailed, JobSpec
 from daemon.journal import Journal
 from daemon.metrics import JOBS, STAGE_SECONDS
 from daemon.policy import report_to

@@ -6,10 +6,8 @@ Handlers call these helpers explicitly; nothing here decides how a method trains
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +16,7 @@ import torch
 from datasets import Dataset, load_dataset
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
+from httpx2 import TransportError
 from peft import LoraConfig, PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -31,8 +30,21 @@ from transformers import (
 )
 from transformers.trainer_utils import get_last_checkpoint
 
-from daemon.errors import JobFailed
-from daemon.job_spec import JobSpec
+from schemas.job import (
+    CheckpointSaved,
+    ChildError,
+    ChildMessage,
+    FirstStep,
+    Heartbeat,
+    JobFailed,
+    JobSpec,
+    ProgressReport,
+    Ready,
+    StageEntered,
+    StoppedAtCheckpoint,
+    TrainResult,
+    is_transient,
+)
 from schemas.request import (
     DatasetSpec,
     LoraSpec,
@@ -48,19 +60,6 @@ EXIT_STOPPED = 75
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
 ConfigT = TypeVar("ConfigT")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class TrainResult:
-    """What the child tells the parent about a finished job."""
-
-    trainer: str
-    files: list[str]
-    metrics: dict[str, float]
-    base_model_revision: str | None
-    dataset_fingerprint: str | None
-    durations_s: dict[str, float]
-    versions: dict[str, str] = field(default_factory=lambda: package_versions())
 
 
 def package_versions() -> dict[str, str]:
@@ -88,25 +87,26 @@ class StatusReporter:
         """Stage durations count from the job's arrival, not from the child's start."""
         self._stage_started = time.monotonic()
 
-    def send(self, kind: str, **fields: Any) -> None:
-        self._stream.write(json.dumps({"kind": kind, **fields}) + "\n")
+    def send(self, message: ChildMessage) -> None:
+        self._stream.write(message.model_dump_json() + "\n")
+
+    def ready(self) -> None:
+        self.send(Ready())
 
     def enter(self, stage: str) -> None:
         now = time.monotonic()
         self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)
         self.stage, self._stage_started = stage, now
-        self.send("stage", stage=stage)
-
-    def result(self, result: TrainResult) -> None:
-        self.send("result", **asdict(result))
+        self.send(StageEntered(stage=stage))  # type: ignore[arg-type]
 
     def error(self, failure: JobFailed) -> None:
-        self.send("error", code=failure.code, stage=failure.stage, message=failure.message, retryable=failure.retryable)
+        self.send(ChildError.of(failure))
 
 
-def _is_transient(exc: BaseException) -> bool:
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    return status is None or status == 429 or status >= 500
+def _http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a failed Hub call; None when no answer came (a network error, a timeout)."""
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
 
 
 def resolve_model(spec: ModelSpec | RewardModelSpec) -> tuple[str, str | None]:
@@ -118,11 +118,11 @@ def resolve_model(spec: ModelSpec | RewardModelSpec) -> tuple[str, str | None]:
     try:
         sha = HfApi().model_info(spec.id, revision=spec.revision).sha
         return snapshot_download(spec.id, revision=sha), sha
-    except HfHubHTTPError as exc:
+    except (HfHubHTTPError, TransportError) as exc:
         raise JobFailed(
             "model_unavailable", "load_model",
-            f"model.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc}",
-            retryable=_is_transient(exc),
+            f"model.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc!r}",
+            retryable=is_transient(_http_status(exc)),
         ) from exc
 
 
@@ -207,7 +207,7 @@ def load_datasets(spec: DatasetSpec, job: JobSpec) -> tuple[Dataset, Dataset | N
         source = "inline rows" if spec.rows is not None else f"{spec.id} (split {spec.split})"
         raise JobFailed(
             "dataset_unavailable", "load_dataset", f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
-            retryable=isinstance(exc, HfHubHTTPError) and _is_transient(exc),
+            retryable=isinstance(exc, HfHubHTTPError | TransportError) and is_transient(_http_status(exc)),
         ) from exc
     if spec.columns:
         missing = sorted(set(spec.columns) - set(train.column_names))
@@ -277,10 +277,10 @@ class JobCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == (self.first_step or 0) + 1:
-            self.reporter.send("first_step", time=time.time(), step=state.global_step)
+            self.reporter.send(FirstStep(time=time.time(), step=state.global_step))
         if time.monotonic() - self.last_beat >= HEARTBEAT_S:
             self.last_beat = time.monotonic()
-            self.reporter.send("step", step=state.global_step)  # alive: the daemon's stall watchdog listens
+            self.reporter.send(Heartbeat(step=state.global_step))  # alive: the daemon's stall watchdog listens
         if self._stop_everywhere(args):
             control.should_save = True
             control.should_training_stop = True
@@ -298,9 +298,9 @@ class JobCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        self.reporter.send("checkpoint", step=state.global_step, path=str(path))
+        self.reporter.send(CheckpointSaved(step=state.global_step, path=str(path)))
         if self.reporter.stop_requested:
-            self.reporter.send("stopped", step=state.global_step, path=str(path))
+            self.reporter.send(StoppedAtCheckpoint(step=state.global_step, path=str(path)))
             raise SystemExit(EXIT_STOPPED)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -323,25 +323,24 @@ class JobCallback(TrainerCallback):
         total = max(state.max_steps, 1)
         done_this_run = state.global_step - (self.first_step or 0)
         eta = (now - self.started) / done_this_run * (total - state.global_step) if done_this_run > 0 else None
-        self.reporter.send(
-            "progress", step=state.global_step, total_steps=total, epoch=state.epoch,
+        self.reporter.send(ProgressReport(
+            step=state.global_step, total_steps=total, epoch=state.epoch,
             loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
             tokens_per_s=tokens_per_s, eta_s=eta,
-        )
+        ))
 
 
-def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> list[str]:
+def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> None:
     """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
     `model` is the trained model when it is not `trainer.model` (PPO trains a policy+value wrapper)."""
     if not trainer.accelerator.is_main_process:
-        return []  # in a multi-GPU job, rank 0 writes the artifact
+        return  # in a multi-GPU job, rank 0 writes the artifact
     artifact.mkdir(parents=True, exist_ok=True)
     model = model if model is not None else trainer.model
     if request.output.push == "merged" and isinstance(model, PeftModel):
         model = model.merge_and_unload()
     model.save_pretrained(artifact)
     trainer.processing_class.save_pretrained(artifact)
-    return sorted(str(p.relative_to(artifact)) for p in artifact.rglob("*") if p.is_file())
 
 
 def final_metrics(train_output: Any, trainer: Trainer) -> dict[str, float]:

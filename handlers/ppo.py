@@ -19,12 +19,10 @@ from transformers import (
 )
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-from daemon.errors import JobFailed
-from daemon.job_spec import JobSpec
+from schemas.job import JobFailed, JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
-    TrainResult,
     check_chat_template,
     check_columns,
     check_hardware,
@@ -33,6 +31,7 @@ from handlers.common import (
     load_datasets,
     load_sequence_classifier,
     load_tokenizer,
+    package_versions,
     lora_config,
     resolve_model,
     save_artifact,
@@ -118,7 +117,7 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         pass
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, job.artifact, model=trainer.model.policy)
+    save_artifact(trainer, request, job.artifact, model=trainer.model.policy)
     reporter.enter("done")
     logged = [entry for entry in trainer.state.log_history if "objective/kl" in entry]
     metrics = {key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)}
@@ -128,9 +127,9 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         metrics["kl_early_stop_step"], metrics["kl_at_stop"] = float(stop.stopped_at[0]), stop.stopped_at[1]
     return TrainResult(
         trainer=TRAINER,
-        files=files,
         metrics=metrics,
         base_model_revision=model_revision,
         dataset_fingerprint=train_dataset._fingerprint,
         durations_s=reporter.durations_s,
+        versions=package_versions(),
     )

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from trl import RewardConfig, RewardTrainer
 
-from daemon.job_spec import JobSpec
+from schemas.job import JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
-    TrainResult,
     check_chat_template,
     check_columns,
     check_hardware,
@@ -21,6 +20,7 @@ from handlers.common import (
     load_datasets,
     load_sequence_classifier,
     load_tokenizer,
+    package_versions,
     lora_config,
     resolve_model,
     save_artifact,
@@ -59,13 +59,13 @@ def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> Tra
     train_output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
 
     reporter.enter("save")
-    files = save_artifact(trainer, request, job.artifact)
+    save_artifact(trainer, request, job.artifact)
     reporter.enter("done")
     return TrainResult(
         trainer=TRAINER,
-        files=files,
         metrics=final_metrics(train_output, trainer),
         base_model_revision=model_revision,
         dataset_fingerprint=train_dataset._fingerprint,
         durations_s=reporter.durations_s,
+        versions=package_versions(),
     )

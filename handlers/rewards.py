@@ -12,7 +12,7 @@ from typing import Any
 
 from trl.rewards import think_format_reward
 
-from daemon.errors import JobFailed
+from schemas.job import JobFailed
 from schemas.request import (
     ExactMatchReward,
     LengthPenaltyReward,

@@ -17,8 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from daemon.errors import JobFailed
-from daemon.job_spec import JobSpec
+from schemas.job import JobFailed, JobSpec
 
 PR_SET_PDEATHSIG = 1
 
@@ -56,7 +55,7 @@ def main() -> int:
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())
-    reporter.send("ready")
+    reporter.ready()
     # A multi-GPU job's workers are started for their job (ADAPTERD_JOB); a warm child waits on stdin for one.
     line = os.environ.get("ADAPTERD_JOB") or sys.stdin.readline()
     if not line:
@@ -85,7 +84,7 @@ def main() -> int:
     except Exception as exc:
         reporter.error(JobFailed("training_error", reporter.stage, f"{type(exc).__name__}: {exc}"))
         raise
-    reporter.result(result)
+    reporter.send(result)
     return 0
 
 

@@ -12,6 +12,10 @@ SCHEMA_VERSION = 1
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 
 
+class AdapterdError(Exception):
+    """Base of every error adapterd raises on purpose (the daemon's and the child's)."""
+
+
 class Frozen(BaseModel):
     """Base of every model read from or written to the outside world: immutable and strict about keys."""
 

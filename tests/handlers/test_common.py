@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.job_spec import JobSpec
+from schemas.job import JobSpec
 from handlers.common import EXIT_STOPPED, JobCallback, StatusReporter, trl_config
 from schemas import SFTRequest
 from tests.helpers import CHAT_ROWS, sft_request
