@@ -1,9 +1,9 @@
-"""Child processes that run jobs, without ever importing torch here.
+"""One child process that runs one job, without ever importing torch here.
 
 A child is a fresh interpreter running `handlers.runner`: it imports the training stack, says
-`ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Started ahead of
-time it is a *warm* child: the seconds spent importing torch and TRL are gone when a request
-arrives. Each child runs one job and exits, so every job still gets a clean process.
+`ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Each child runs
+one job and exits, so every job gets a clean process (`daemon.warm` starts them ahead of time).
+Its status pipe carries `schemas.job` messages, decoded here and nowhere else.
 
 Every child runs in its own process group (a cancel or timeout kills everything it started), dies
 with the daemon (PR_SET_PDEATHSIG), and writes JSON lines to a pipe of its own; its stdout and
@@ -17,26 +17,35 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
+from pydantic import ValidationError
+
+from schemas.job import (
+    ChildError,
+    ChildMessage,
+    FirstStep,
+    Ready,
+    StageEntered,
+    TrainResult,
+    parse_child_message,
+)
 
 log = structlog.get_logger()
 
-Message = dict[str, Any]
+OnMessage = Callable[[ChildMessage], Awaitable[None]]
 
 
 @dataclass
 class ChildOutcome:
     returncode: int
     stage: str
-    result: Message | None = None
-    error: Message | None = None
+    result: TrainResult | None = None
+    error: ChildError | None = None
     first_step_at: float | None = None
-    stopped_at: Message | None = None  # the checkpoint a stopped child saved
     log_tail: list[str] = field(default_factory=list)
 
     def describe_exit(self) -> str:
@@ -59,7 +68,7 @@ class Child:
         self.process = process
         self.reader = reader
         self.transport = transport
-        self._early: list[Message] = []
+        self._early: list[ChildMessage] = []
         # The child's stdout and stderr: written to `log_path` (the job's log once it has one) and
         # logged as `child.output` lines with the job's request id.
         self.log_path = log_path
@@ -105,11 +114,18 @@ class Child:
             if text:
                 log.info("child.output", pid=self.process.pid, line=text, **self.log_context)
 
+    async def _messages(self) -> AsyncIterator[ChildMessage]:
+        """The child's messages, decoded; a line that is not one is logged and skipped."""
+        async for line in self.reader:
+            try:
+                yield parse_child_message(line)
+            except ValidationError as exc:
+                log.warning("child.bad_message", pid=self.process.pid, line=line[:200].decode(errors="replace"), error=str(exc))
+
     async def _read_until_ready(self) -> bool:
         """True once the child has imported the training stack; False if it died first."""
-        async for line in self.reader:
-            message = json.loads(line)
-            if message["kind"] == "ready":
+        async for message in self._messages():
+            if isinstance(message, Ready):
                 return True
             self._early.append(message)
         return False
@@ -119,7 +135,7 @@ class Child:
         spec_path: Path,
         log_path: Path,
         on_start: Callable[[int], Awaitable[None]],
-        on_message: Callable[[Message], Awaitable[None]],
+        on_message: OnMessage,
     ) -> ChildOutcome:
         """Hand the child its job and follow it to the end. Cancelling the awaiting task stops the
         child's whole process group: SIGTERM first (a training child saves a checkpoint and exits),
@@ -135,8 +151,8 @@ class Child:
             await self.ready_task
             for message in self._early:
                 await self._follow(message, outcome, on_message)
-            async for line in self.reader:
-                await self._follow(json.loads(line), outcome, on_message)
+            async for message in self._messages():
+                await self._follow(message, outcome, on_message)
             outcome.returncode = await self.process.wait()
             _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
             await self._output_done()
@@ -156,30 +172,27 @@ class Child:
         except TimeoutError:
             log.warning("child.output_open", pid=self.process.pid)  # a descendant still holds stdout open
 
-    async def _drain(self, outcome: ChildOutcome, on_message: Callable[[Message], Awaitable[None]]) -> None:
+    async def _drain(self, outcome: ChildOutcome, on_message: OnMessage) -> None:
         """After a stop: what the child said while stopping (the checkpoint it saved), now that it has exited."""
         if not self.ready_task.done() or self.ready_task.cancelled():
             return  # it was stopped before it was ready: it said nothing worth reading
         try:
             async with asyncio.timeout(5):
-                async for line in self.reader:
-                    await self._follow(json.loads(line), outcome, on_message)
+                async for message in self._messages():
+                    await self._follow(message, outcome, on_message)
         except (TimeoutError, ValueError) as exc:
             log.warning("child.unread_messages", pid=self.process.pid, error=repr(exc))
 
     @staticmethod
-    async def _follow(message: Message, outcome: ChildOutcome, on_message: Callable[[Message], Awaitable[None]]) -> None:
-        kind = message["kind"]
-        if kind == "stage":
-            outcome.stage = message["stage"]
-        elif kind == "result":
+    async def _follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
+        if isinstance(message, StageEntered):
+            outcome.stage = message.stage
+        elif isinstance(message, TrainResult):
             outcome.result = message
-        elif kind == "error":
+        elif isinstance(message, ChildError):
             outcome.error = message
-        elif kind == "first_step":
-            outcome.first_step_at = message["time"]
-        elif kind == "stopped":
-            outcome.stopped_at = message
+        elif isinstance(message, FirstStep):
+            outcome.first_step_at = message.time
         await on_message(message)
 
     async def stop(self, grace_s: float) -> None:
@@ -195,58 +208,6 @@ class Child:
         _signal_group(process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
         self.ready_task.cancel()
         self.transport.close()
-
-
-class WarmChildren:
-    """Keeps a child started ahead of time for each free slot, and replaces each one a job takes.
-
-    A child is warmed for one slot: CUDA reads CUDA_VISIBLE_DEVICES once, when the child first
-    touches CUDA, so the slot's devices are in its environment from the start.
-    """
-
-    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool) -> None:
-        self.env = env
-        self.log_path = log_path
-        self.enabled = enabled
-        self._ready: list[tuple[str | None, Child]] = []  # (CUDA_VISIBLE_DEVICES, child)
-
-    def environment(self, visible_devices: str | None) -> dict[str, str]:
-        env = dict(self.env)
-        if visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices
-        return env
-
-    async def prepare(self, wanted: list[str | None]) -> None:
-        """Have one live warm child per entry of `wanted` (the devices of each free slot)."""
-        if not self.enabled:
-            return
-        self._ready = [(devices, child) for devices, child in self._ready if child.process.returncode is None]
-        missing = list(wanted)
-        for devices, _ in self._ready:
-            if devices in missing:
-                missing.remove(devices)
-        for devices in missing:
-            child = await Child.spawn(self.environment(devices), self.log_path)
-            self._ready.append((devices, child))
-            log.info("child.warming", pid=child.process.pid, visible_devices=devices)
-            child.ready_task.add_done_callback(
-                lambda task, pid=child.process.pid: log.info(
-                    "child.warm_ready" if not task.cancelled() and task.result() else "child.warm_died", pid=pid
-                )
-            )
-
-    async def take(self, visible_devices: str | None) -> Child:
-        """A live warm child for these devices (ready or still importing), else a new cold one."""
-        for entry in self._ready:
-            devices, child = entry
-            if devices == visible_devices and child.process.returncode is None:
-                self._ready.remove(entry)
-                return child
-        return await Child.spawn(self.environment(visible_devices), self.log_path)
-
-    async def close(self) -> None:
-        await asyncio.gather(*(child.stop(grace_s=2.0) for _, child in self._ready))
-        self._ready = []
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

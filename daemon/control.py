@@ -12,12 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
-from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
+from daemon.topic_reader import Record, TopicReader
 from schemas.control import Cancel
 
 log = structlog.get_logger()
@@ -27,47 +25,33 @@ class ControlReader:
     def __init__(self, settings: Settings, on_cancel: Callable[[Cancel], Awaitable[None]]) -> None:
         self.settings = settings
         self.on_cancel = on_cancel
-        self.consumer = AIOKafkaConsumer(
-            **kafka_options(settings), group_id=None, enable_auto_commit=False,
-            client_id=f"adapterd-control-{settings.host}",
-        )
-        self.caught_up = asyncio.Event()
+        self.reader = TopicReader(settings, settings.control_topic, client_id=f"adapterd-control-{settings.host}")
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self, partition_numbers: set[int]) -> None:
+    async def start(self) -> None:
         """Read from the start of each partition, and return once caught up with its end as of now."""
-        await self.consumer.start()
-        partitions = [TopicPartition(self.settings.control_topic, number) for number in sorted(partition_numbers)]
-        self.consumer.assign(partitions)
-        await self.consumer.seek_to_beginning(*partitions)
-        ends = await self.consumer.end_offsets(partitions)
-        self._task = asyncio.create_task(self._read(ends), name="control-reader")
-        await self.caught_up.wait()
+        await self.reader.start()
+        self._task = asyncio.create_task(self._read(), name="control-reader")
+        caught_up = asyncio.create_task(self.reader.caught_up.wait())
+        await asyncio.wait([caught_up, self._task], return_when=asyncio.FIRST_COMPLETED)
+        if self._task.done():
+            caught_up.cancel()
+            self._task.result()  # the reader failed: say why
+        log.info("control.caught_up", partitions=len(self.reader.ends))
 
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.stop()
+        await self.reader.stop()
 
-    async def _read(self, ends: dict[TopicPartition, int]) -> None:
+    async def _read(self) -> None:
         oldest_ms = (time.time() - self.settings.control_lookback_s) * 1000
-        behind = {tp for tp, end in ends.items() if end > 0}
-        if not behind:
-            self.caught_up.set()
-        while True:
-            batches = await self.consumer.getmany(timeout_ms=1000)
-            for tp, records in batches.items():
-                for record in records:
-                    if record.timestamp >= oldest_ms:
-                        await self._handle(record)
-                    if record.offset + 1 >= ends.get(tp, 0):
-                        behind.discard(tp)
-            if not behind and not self.caught_up.is_set():
-                log.info("control.caught_up", partitions=len(ends))
-                self.caught_up.set()
+        async for record in self.reader.records():
+            if record.timestamp >= oldest_ms:
+                await self._handle(record)
 
-    async def _handle(self, record: ConsumerRecord[bytes, bytes]) -> None:
+    async def _handle(self, record: Record) -> None:
         try:
             cancel = Cancel.model_validate_json(record.value or b"")
         except ValidationError as exc:

@@ -1,15 +1,17 @@
-"""Run one accepted request to its terminal event: child process, then push, then `succeeded` or `failed`.
+"""One accepted request's lifecycle, to its terminal event: an earlier success answered again, or
+training in a child (`daemon.supervisor`), then the push, then `succeeded`; or `failed`,
+`retrying` or `cancelled`.
 
 Every event of the job is published (and acknowledged) before the next step; the terminal event is
-returned so the caller can commit the request's offset.
+returned so the scheduler can commit the request's offset. The journal in the job's folder makes
+each step happen once per request id: a trained artifact is pushed without training again, and a
+request that already succeeded is answered with its `succeeded`, marked duplicate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
 import shutil
 import time
 from typing import Any
@@ -17,41 +19,24 @@ from typing import Any
 import structlog
 
 from daemon import hub_push
-from daemon.child import Child, ChildOutcome, Message, WarmChildren
-from schemas.job import JobFailed, JobSpec
 from daemon.journal import Journal
 from daemon.metrics import JOBS, STAGE_SECONDS
 from daemon.policy import report_to
 from daemon.publisher import Publisher
 from daemon.settings import Settings
+from daemon.supervisor import Supervisor
+from daemon.warm import WarmChildren
 from schemas.events import (
-    STAGES,
     Cancelled,
-    Checkpoint,
     EventBase,
     Failed,
-    Progress,
     Retrying,
-    Stage,
-    Started,
     Succeeded,
 )
+from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
-
-
-def child_environment(settings: Settings) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HF_ENDPOINT"] = settings.hub_endpoint
-    env.pop("HF_TOKEN", None)
-    if settings.hub_token is not None:
-        env["HF_TOKEN"] = settings.hub_token.get_secret_value()
-    # The child's own logs go to a file: keep them free of progress bars.
-    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    env.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return env
 
 
 def _timeout(requested: int | None, most: int | None) -> int | None:
@@ -61,31 +46,12 @@ def _timeout(requested: int | None, most: int | None) -> int | None:
     return requested if most is None else min(requested, most)
 
 
-def _stage(stage: str) -> Stage:
-    return stage if stage in STAGES else "train"  # type: ignore[return-value]
-
-
-def failure_of(outcome: ChildOutcome) -> JobFailed | None:
-    """The child's own account of its failure, or one derived from how it died."""
-    if outcome.error is not None:
-        error = outcome.error
-        return JobFailed(error["code"], error["stage"], error["message"], retryable=error["retryable"])
-    if outcome.returncode != 0 or outcome.result is None:
-        tail = " | ".join(line.strip() for line in outcome.log_tail[-5:] if line.strip())
-        return JobFailed(
-            "child_crashed", outcome.stage,
-            f"the training process died ({outcome.describe_exit()}) during {outcome.stage}; last output: {tail or '(none)'}",
-            retryable=True,
-        )
-    return None
-
-
 class JobRunner:
     """One request's job on its slots. `run()` returns the published terminal event.
 
-    Cancelling the task that awaits `run()` stops the child's process group. After `cancel()` the
-    job ends in `cancelled`; otherwise (the daemon stops, the partition moved) it ends with no
-    terminal event, so the request is read again.
+    `cancel()` ends the job in `cancelled`. Cancelling the task that awaits `run()` (the daemon
+    stops, the partition moved) stops the child's process group and publishes nothing, so the
+    request is read again.
     """
 
     def __init__(
@@ -95,112 +61,107 @@ class JobRunner:
         self.request = request
         self.settings = settings
         self.publisher = publisher
-        self.children = children
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.slot = slot
-        self.visible_devices = visible_devices
-        self.gpus = request.resources.gpus
         self.attempt = attempt
         self.job_dir = settings.jobs_dir / request.request_id
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
-        self.timeout_s = _timeout(request.timeout_s, settings.max_timeout_s)
-        self.stage = "queued"
-        self.progress: dict[str, Any] = {}
-        self.child: Child | None = None
-        self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
+        self.supervisor = Supervisor(
+            request, settings, publisher, children, slot=slot, visible_devices=visible_devices, common=self._common,
+            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s),
+        )
+        self.phase = "queued"  # then "child" (the supervisor's stage) and "push"
         self.cancel_reason: str | None = None
-        self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
-        self.stalled = False
+        self._work: asyncio.Task[EventBase] | None = None
         self.ended = False  # its terminal (or retrying) event is published: only the commit is left
+
+    @property
+    def stage(self) -> str:
+        return self.supervisor.stage if self.phase == "child" else self.phase
 
     def _common(self) -> dict[str, Any]:
         return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host, "attempt": self.attempt}
 
     def stop_at_checkpoint(self, grace_s: float) -> None:
         """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
-        self.stop_grace_s = grace_s
-        if self.child is not None:
-            self.child.stop_grace_s = grace_s
+        self.supervisor.stop_at_checkpoint(grace_s)
 
     def cancel(self, reason: str) -> bool:
-        """Before the task is cancelled for a cancel request. False once the push has begun: too late."""
-        if self.stage == "push":
+        """Stop the job for a cancel request: it ends in `cancelled`. False once the push has begun: too late."""
+        if self.phase == "push":
             return False
         self.cancel_reason = reason
+        if self._work is not None:
+            self._work.cancel()  # stops the child's process group at once
         return True
 
     def status(self) -> dict[str, Any]:
         return {
             "request_id": self.request.request_id, "method": self.request.method, "slot": self.slot,
-            "stage": self.stage, "pid": self.child.process.pid if self.child else None, **self.progress,
+            "stage": self.stage, "pid": self.supervisor.child.process.pid if self.supervisor.child else None,
+            **self.supervisor.progress,
         }
 
     async def run(self) -> EventBase:
-        started = time.monotonic()
-        queued_s = max(0.0, time.time() - self.received_at)
-        event: EventBase | None
+        """The job to its published terminal (or `retrying`) event. Cancelling the task that awaits
+        this (a daemon stop, a partition that moved) stops the child and publishes nothing."""
+        self._work = asyncio.create_task(self._outcome(), name=f"work-{self.request.request_id}")
+        if self.cancel_reason is not None:
+            self._work.cancel()  # cancelled between its acceptance and its start
         try:
-            if self.attempt > 1:
-                backoff_s = min(self.settings.retry_backoff_s * 2 ** (self.attempt - 2), 3600.0)
-                self.log.info("job.retry_backoff", attempt=self.attempt, seconds=backoff_s)
-                await asyncio.sleep(backoff_s)
-            event = await self._earlier_success()
-            if event is None:
-                result, first_step_at = await self._trained()
-                self.stage = "push"
-                push_started = time.monotonic()
-                pushed = await self._push(result)
-                durations = {
-                    "queue": round(queued_s, 3),
-                    **result["durations_s"],
-                    "push": round(time.monotonic() - push_started, 3),
-                    "total": round(time.monotonic() - started + queued_s, 3),
-                }
-                if first_step_at is not None:
-                    durations["until_first_step"] = round(first_step_at - self.received_at, 3)
-                for stage, seconds in durations.items():
-                    STAGE_SECONDS.labels(stage).observe(seconds)
-                event = self._succeeded(result, pushed, durations)
-                self.journal.record("succeeded", event.model_dump(mode="json"))
-        except JobFailed as failure:
-            self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
-            if failure.retryable and self.attempt < self.settings.max_attempts:
-                event = Retrying(**self._common(), code=failure.code, message=failure.message, stage=failure.stage,
-                                 max_attempts=self.settings.max_attempts)
-            else:
-                event = Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+            event = await self._work
         except asyncio.CancelledError:
-            if self.cancel_reason is None:
-                raise
             current = asyncio.current_task()
-            assert current is not None
-            current.uncancel()
+            if self.cancel_reason is None or (current is not None and current.cancelling() > 0):
+                raise  # not a cancel request: the request is read again
             self.log.info("job.cancelled", reason=self.cancel_reason)
-            event = Cancelled(**self._common(), reason=self.cancel_reason or "cancelled")
-        assert event is not None
+            event = Cancelled(**self._common(), reason=self.cancel_reason)
         await self.publisher.publish(event)
         self.ended = True
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
         return event
 
-    async def _trained(self) -> tuple[Message, float | None]:
+    async def _outcome(self) -> EventBase:
+        started = time.monotonic()
+        queued_s = max(0.0, time.time() - self.received_at)
+        try:
+            earlier = await self._earlier_success()
+            if earlier is not None:
+                return earlier
+            result, first_step_at = await self._trained()
+            self.phase = "push"
+            push_started = time.monotonic()
+            pushed = await self._push(result)
+        except JobFailed as failure:
+            self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
+            if failure.retryable and self.attempt < self.settings.max_attempts:
+                return Retrying(**self._common(), code=failure.code, message=failure.message, stage=failure.stage,
+                                max_attempts=self.settings.max_attempts)
+            return Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+        durations = {
+            "queue": round(queued_s, 3),
+            **result.durations_s,
+            "push": round(time.monotonic() - push_started, 3),
+            "total": round(time.monotonic() - started + queued_s, 3),
+        }
+        if first_step_at is not None:
+            durations["until_first_step"] = round(first_step_at - self.received_at, 3)
+        for stage, seconds in durations.items():
+            STAGE_SECONDS.labels(stage).observe(seconds)
+        succeeded = self._succeeded(result, pushed, durations)
+        self.journal.record("succeeded", succeeded.model_dump(mode="json"))
+        return succeeded
+
+    async def _trained(self) -> tuple[TrainResult, float | None]:
         """The child's result, and the time of its first step: an earlier attempt's when its
         artifact is complete on disk (nothing is trained twice), else this attempt's."""
         trained = self.journal.read().get("trained")
         if trained is not None and (self.job_dir / "artifact").is_dir():
             self.log.info("job.already_trained", artifact=str(self.job_dir / "artifact"))
-            return trained, None
-        outcome = await self._train()
-        failure = failure_of(outcome)
-        if failure is not None:
-            raise failure
-        assert outcome.result is not None
-        self.journal.record("trained", outcome.result)
-        return outcome.result, outcome.first_step_at
-
-    async def _train(self) -> ChildOutcome:
+            return TrainResult.model_validate(trained), None
+        self.phase = "child"
         self.job_dir.mkdir(parents=True, exist_ok=True)
         spec = JobSpec(
             request=self.request.model_dump(mode="json"),
@@ -215,72 +176,9 @@ class JobRunner:
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.record("trained", None)  # until this attempt's artifact is complete
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
-
-        async def on_start(pid: int) -> None:
-            self.stage = "preflight"
-            self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-            await self.publisher.publish(Started(**self._common(), method=self.request.method, slot=self.slot, pid=pid))
-
-        async def on_message(message: Message) -> None:
-            self.last_heard = time.monotonic()
-            kind = message["kind"]
-            if kind == "progress":
-                fields = {k: v for k, v in message.items() if k != "kind"}
-                self.progress = {"step": fields["step"], "total_steps": fields["total_steps"], "eta_s": fields.get("eta_s")}
-                await self.publisher.publish(Progress(**self._common(), **fields))
-            elif kind == "checkpoint":
-                self.log.info("job.checkpoint", step=message["step"], path=message["path"])
-                await self.publisher.publish(Checkpoint(**self._common(), step=message["step"], path=message["path"]))
-            elif kind == "stopped":
-                self.log.info("job.stopped_at_checkpoint", step=message["step"], path=message["path"])
-            elif kind == "stage":
-                self.stage = message["stage"]
-                self.log.info("job.stage", stage=message["stage"])
-
-        if self.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
-            job = json.dumps({"spec": str(spec_path), "log": str(self.job_dir / "child.log")})
-            env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
-            self.child = child = await Child.spawn(env, self.job_dir / "child.log", entry=("handlers.launch", str(self.gpus)))
-        else:
-            self.child = child = await self.children.take(self.visible_devices)
-        child.stop_grace_s = self.stop_grace_s
-        child.log_context = {"request_id": self.request.request_id}
-        run = asyncio.create_task(child.run(spec_path, self.job_dir / "child.log", on_start, on_message))
-        watchdog = asyncio.create_task(self._watch_for_stalls(run))
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await run
-        except TimeoutError:
-            raise JobFailed(
-                "timeout", _stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
-            ) from None
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self.stalled and current is not None and current.cancelling() == 0:
-                raise JobFailed(
-                    "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
-                    retryable=True,
-                ) from None
-            raise
-        finally:
-            watchdog.cancel()
-            if not run.done():
-                run.cancel()  # stops the child's process group
-            await asyncio.gather(run, return_exceptions=True)
-
-    async def _watch_for_stalls(self, run: asyncio.Task[ChildOutcome]) -> None:
-        """Stop a training job that goes `stall_timeout_s` without a step (a hung collective, a stuck
-        data loader): while it trains, the child says something every few seconds."""
-        limit = self.settings.stall_timeout_s
-        if limit is None:
-            return
-        while not run.done():
-            await asyncio.sleep(min(limit / 4, 5.0))
-            if self.stage == "train" and time.monotonic() - self.last_heard > limit:
-                self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
-                self.stalled = True
-                run.cancel()
-                return
+        result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
+        self.journal.record("trained", result.model_dump(mode="json"))
+        return result, first_step_at
 
     async def _earlier_success(self) -> Succeeded | None:
         """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
@@ -301,15 +199,15 @@ class JobRunner:
             base_model=self.request.model.id, base_model_revision=None, dataset_fingerprint=None, duplicate=True,
         )
 
-    async def _push(self, result: Message) -> hub_push.PushResult:
+    async def _push(self, result: TrainResult) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
-        card = hub_push.model_card(self.request, result["trainer"], result["base_model_revision"], result["metrics"], result["versions"])
+        card = hub_push.model_card(self.request, result.trainer, result.base_model_revision, result.metrics, result.versions)
         (artifact / "README.md").write_text(card)
         pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings)
         self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location)
         return pushed
 
-    def _succeeded(self, result: Message, pushed: hub_push.PushResult, durations: dict[str, float]) -> Succeeded:
+    def _succeeded(self, result: TrainResult, pushed: hub_push.PushResult, durations: dict[str, float]) -> Succeeded:
         return Succeeded(
             **self._common(),
             sink=pushed.sink,
@@ -320,12 +218,12 @@ class JobRunner:
             location=pushed.location,
             files=pushed.files,
             # JSON has no NaN or infinity; a metric without a finite value is left out, not sent as null.
-            metrics={name: value for name, value in result["metrics"].items() if math.isfinite(value)},
+            metrics={name: value for name, value in result.metrics.items() if math.isfinite(value)},
             durations_s=durations,
-            versions=result["versions"],
+            versions=result.versions,
             method=self.request.method,
-            trainer=result["trainer"],
+            trainer=result.trainer,
             base_model=self.request.model.id,
-            base_model_revision=result["base_model_revision"],
-            dataset_fingerprint=result["dataset_fingerprint"],
+            base_model_revision=result.base_model_revision,
+            dataset_fingerprint=result.dataset_fingerprint,
         )

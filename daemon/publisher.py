@@ -8,6 +8,7 @@ futures of their acknowledgements; order is kept per partition.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 
 import structlog
@@ -26,9 +27,27 @@ from schemas.events import EventBase, Failed
 log = structlog.get_logger()
 
 Headers = list[tuple[str, bytes]]
+Record = ConsumerRecord[bytes, bytes]
 FIELD_ERRORS = TypeAdapter(list[FieldError])
-# On a request sent back to the requests topic for another try: which attempt it is.
+# On a request sent back to the requests topic for another try: which attempt it is, and the
+# time (seconds since the epoch) before which it does not run.
 ATTEMPT_HEADER = "adapterd-attempt"
+DUE_HEADER = "adapterd-not-before"
+
+
+def attempt_of(record: Record) -> int:
+    """Which try of its request this record is: 1, or what the header of a retry says."""
+    value = dict(record.headers or ()).get(ATTEMPT_HEADER, b"1")
+    return int(value) if value.isdigit() and int(value) >= 1 else 1
+
+
+def due_at(record: Record) -> float | None:
+    """When a retry may run (its header), or None for a first try or an unreadable header."""
+    value = dict(record.headers or ()).get(DUE_HEADER)
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -67,7 +86,7 @@ class Publisher:
             [("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1")],
         )
 
-    def dead_letter(self, record: ConsumerRecord[bytes, bytes], rejection: Rejection) -> Outgoing:
+    def dead_letter(self, record: Record, rejection: Rejection) -> Outgoing:
         """The raw bytes of a message that could not become a job, with why and where it came from."""
         errors = FIELD_ERRORS.dump_json(rejection.errors)
         headers = [
@@ -80,11 +99,16 @@ class Publisher:
         ]
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
-    def retry(self, record: ConsumerRecord[bytes, bytes], attempt: int) -> Outgoing:
-        """The request again, byte for byte and with the same key, for its next attempt."""
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", [(ATTEMPT_HEADER, str(attempt).encode())])
+    def retry(self, record: Record, attempt: int, backoff_s: float) -> Outgoing:
+        """The request again, byte for byte and with the same key, for its next attempt, due in `backoff_s`."""
+        headers = [(ATTEMPT_HEADER, str(attempt).encode()), (DUE_HEADER, f"{time.time() + backoff_s:.3f}".encode())]
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
-    def failed_letter(self, record: ConsumerRecord[bytes, bytes], failed: Failed) -> Outgoing:
+    def again(self, record: Record) -> Outgoing:
+        """A retry that is not yet due, to the end of its partition again, headers and all."""
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", list(record.headers or ()))
+
+    def failed_letter(self, record: Record, failed: Failed) -> Outgoing:
         """The bytes of a request whose every attempt failed, for the DLQ."""
         headers = [
             ("adapterd-reason", b"attempts_exhausted"),

@@ -14,9 +14,9 @@ from typing import Any, TypeVar
 
 import torch
 from datasets import Dataset, load_dataset
+from httpx2 import TransportError
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
-from httpx2 import TransportError
 from peft import LoraConfig, PeftModel
 from transformers import (
     AutoModelForCausalLM,
@@ -42,7 +42,6 @@ from schemas.job import (
     Ready,
     StageEntered,
     StoppedAtCheckpoint,
-    TrainResult,
     is_transient,
 )
 from schemas.request import (

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from trl import GRPOConfig, GRPOTrainer
 
-from schemas.job import JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
@@ -20,13 +19,14 @@ from handlers.common import (
     load_causal_lm,
     load_datasets,
     load_tokenizer,
-    package_versions,
     lora_config,
+    package_versions,
     resolve_model,
     save_artifact,
     trl_config,
 )
 from handlers.rewards import check_reward_columns, reward_functions
+from schemas.job import JobSpec, TrainResult
 from schemas.request import GRPORequest
 
 TRAINER = "trl.GRPOTrainer/trl.GRPOConfig"

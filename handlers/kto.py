@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from trl import KTOConfig, KTOTrainer
 
-from schemas.job import JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
@@ -19,12 +18,13 @@ from handlers.common import (
     load_causal_lm,
     load_datasets,
     load_tokenizer,
-    package_versions,
     lora_config,
+    package_versions,
     resolve_model,
     save_artifact,
     trl_config,
 )
+from schemas.job import JobSpec, TrainResult
 from schemas.request import KTORequest
 
 TRAINER = "trl.KTOTrainer/trl.KTOConfig"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-from schemas.job import JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
@@ -20,12 +19,13 @@ from handlers.common import (
     load_causal_lm,
     load_datasets,
     load_tokenizer,
-    package_versions,
     lora_config,
+    package_versions,
     resolve_model,
     save_artifact,
     trl_config,
 )
+from schemas.job import JobSpec, TrainResult
 from schemas.request import ORPORequest
 
 TRAINER = "trl.experimental.orpo.ORPOTrainer/trl.experimental.orpo.ORPOConfig"

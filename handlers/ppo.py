@@ -19,7 +19,6 @@ from transformers import (
 )
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-from schemas.job import JobFailed, JobSpec, TrainResult
 from handlers.common import (
     JobCallback,
     StatusReporter,
@@ -31,12 +30,13 @@ from handlers.common import (
     load_datasets,
     load_sequence_classifier,
     load_tokenizer,
-    package_versions,
     lora_config,
+    package_versions,
     resolve_model,
     save_artifact,
     trl_config,
 )
+from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import PPORequest
 
 TRAINER = "trl.experimental.ppo.PPOTrainer/trl.experimental.ppo.PPOConfig"

@@ -1,0 +1,79 @@
+"""Intake: every record of the requests topic becomes a valid request for the scheduler, or a
+rejection — a `rejected` event naming each bad field, and the record's bytes in the DLQ.
+
+A record is rejected when it does not decode or validate (`schemas.decode_request`), names a
+method this host's TRL cannot run, asks for more GPUs than the host has, or breaks the operator's
+policy. Rejections are pipelined: their DLQ records and events go out in batches and are settled
+(acknowledged, then committed) in the background, in order; a valid request waits until the
+rejections before it are settled, so offsets are committed in order.
+"""
+
+from __future__ import annotations
+
+import structlog
+from aiokafka import TopicPartition
+
+from daemon import metrics
+from daemon.capabilities import unsupported_reason
+from daemon.partitions import Partitions
+from daemon.policy import policy_errors
+from daemon.publisher import Outgoing, Publisher, Record
+from daemon.scheduler import Scheduler
+from daemon.settings import Settings
+from daemon.slots import Slots
+from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
+
+log = structlog.get_logger()
+
+
+class Intake:
+    def __init__(self, settings: Settings, publisher: Publisher, partitions: Partitions, scheduler: Scheduler, slots: Slots) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.partitions = partitions
+        self.scheduler = scheduler
+        self.slots = slots
+
+    async def take(self, tp: TopicPartition, records: list[Record]) -> None:
+        """Handle one partition's fetched records in order, until the scheduler holds the partition."""
+        outgoing: list[Outgoing] = []
+        last_rejected: int | None = None
+        for index, record in enumerate(records):
+            if self.scheduler.holds(tp):
+                break  # stale records of a held partition: it is read again from where it was held
+            decoded = decode_request(record.value, record.key)
+            rejection = decoded if isinstance(decoded, Rejection) else self.refusal(decoded)
+            if rejection is not None:
+                outgoing += self.rejection_messages(record, rejection)
+                last_rejected = record.offset
+                continue
+            assert not isinstance(decoded, Rejection)
+            await self._flush(tp, outgoing, last_rejected)
+            outgoing, last_rejected = [], None
+            await self.partitions.settled(tp)
+            more_behind = index + 1 < len(records) or self.partitions.highwater(tp) > record.offset + 1
+            if not await self.scheduler.offer(tp, record, decoded, more_behind=more_behind):
+                break  # the rest of this batch is read again when the partition resumes
+        await self._flush(tp, outgoing, last_rejected)
+
+    def refusal(self, request: RequestBase) -> Rejection | None:
+        """A valid request this host will not run: a method its TRL lacks, too many GPUs, or one outside policy."""
+        unsupported = unsupported_reason(request.method)
+        if unsupported:
+            return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
+        if request.resources.gpus > self.slots.most_per_job():
+            host = f"this host has {len(self.slots.gpus)} GPU(s)" if self.slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
+            return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
+        errors = policy_errors(request, self.settings)
+        return Rejection("policy", errors, request.request_id) if errors else None
+
+    def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
+        metrics.REJECTED.labels(rejection.reason).inc()
+        log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
+                    errors=rejection.errors, offset=record.offset)
+        rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
+        return [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected)]
+
+    async def _flush(self, tp: TopicPartition, messages: list[Outgoing], last_offset: int | None) -> None:
+        if last_offset is not None:
+            self.partitions.settle_later(tp, await self.publisher.send_all(messages), last_offset)

@@ -1,0 +1,214 @@
+"""Which request runs where and when: GPU slots, one job per partition, retries and cancels.
+
+- A valid request starts when enough slots are free; its partition is paused while its job runs.
+  A request that does not fit stays in Kafka (its partition paused at it) until a slot frees.
+- A job's outcome decides what happens to its record: committed after a terminal event; sent back
+  to the end of its partition for another try after `retrying` (with the attempt and the time it
+  is due in headers); also dead-lettered after a retryable failure on the last try.
+- A retry read before it is due holds no slot and blocks no request behind it: it is sent to the
+  end of its partition again. Only when nothing stands behind it does its partition wait, until it
+  is due or until a new request arrives behind it (`wake`).
+- A cancel stops the running job, or skips the request when it is reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiokafka import TopicPartition
+
+from daemon import metrics
+from daemon.job import JobRunner
+from daemon.partitions import Partitions
+from daemon.publisher import Publisher, Record, attempt_of, due_at
+from daemon.settings import Settings
+from daemon.slots import Slots
+from daemon.warm import WarmChildren
+from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
+
+log = structlog.get_logger()
+
+
+@dataclass
+class RunningJob:
+    request_id: str
+    offset: int
+    runner: JobRunner
+    slots: list[str]
+    task: asyncio.Task[None]
+
+
+@dataclass(frozen=True)
+class WaitingRetry:
+    offset: int
+    due: float  # time.time() at which the retry may run
+
+
+class Scheduler:
+    def __init__(
+        self, settings: Settings, publisher: Publisher, partitions: Partitions, slots: Slots, children: WarmChildren,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.partitions = partitions
+        self.slots = slots
+        self.children = children
+        self.on_change = on_change  # jobs or slots changed: the daemon updates its systemd status
+        self.jobs: dict[TopicPartition, RunningJob] = {}
+        self.waiting: dict[TopicPartition, WaitingRetry] = {}
+        self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        self.stopping = False
+
+    def holds(self, tp: TopicPartition) -> bool:
+        """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due)."""
+        return tp in self.jobs or tp in self.waiting
+
+    async def offer(self, tp: TopicPartition, record: Record, request: RequestBase, *, more_behind: bool) -> bool:
+        """Take a valid request. True: go on with the partition's next record; False: the partition
+        is held (its job runs, no slot is free, or a retry waits for its time)."""
+        if request.request_id in self.cancelled:
+            await self._skip_cancelled(tp, record, request)
+            return True
+        due = due_at(record)
+        if due is not None and due > time.time():
+            return await self._not_yet(tp, record, due, more_behind=more_behind)
+        slots = self.slots.take(request.resources.gpus)
+        if slots is None:
+            self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots
+            self.pause_idle_partitions()
+            return False
+        self._start(tp, record, request, slots)
+        return False
+
+    async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase) -> None:
+        """A request cancelled before it started: its terminal event, then its offset; no training."""
+        reason = self.cancelled[request.request_id]
+        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
+        await self.publisher.publish(Cancelled(request_id=request.request_id, host=self.settings.host, metadata=request.metadata, reason=reason))
+        metrics.JOBS.labels("cancelled").inc()
+        await self.partitions.commit(tp, record.offset + 1)
+
+    async def _not_yet(self, tp: TopicPartition, record: Record, due: float, *, more_behind: bool) -> bool:
+        if more_behind:
+            # Requests stand behind it: it goes behind them, byte for byte, and they go first.
+            await self.publisher.deliver(self.publisher.again(record))
+            await self.partitions.commit(tp, record.offset + 1)
+            log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
+            return True
+        self.partitions.hold(tp, record.offset)
+        self.waiting[tp] = WaitingRetry(record.offset, due)
+        return False
+
+    def wake(self, end_offsets: dict[TopicPartition, int] | None = None) -> None:
+        """Resume the partitions of waiting retries that are due, or that have requests behind them."""
+        now = time.time()
+        for tp, waiting in list(self.waiting.items()):
+            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1):
+                del self.waiting[tp]
+                if self.slots.free:
+                    self.partitions.resume([tp])
+
+    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, slots: list[str]) -> None:
+        metrics.SLOTS_BUSY.set(self.slots.busy)
+        if request.experimental:
+            log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
+        self.partitions.hold(tp, record.offset + 1)
+        runner = JobRunner(
+            request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
+            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt_of(record),
+        )
+        task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
+        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
+        self.pause_idle_partitions()
+        self.on_change()
+
+    async def _run(self, tp: TopicPartition, record: Record, runner: JobRunner) -> None:
+        offset = record.offset
+        try:
+            await self.publisher.publish(Accepted(
+                request_id=runner.request.request_id, host=self.settings.host, metadata=runner.request.metadata,
+                method=runner.request.method, attempt=runner.attempt,
+            ))
+            event = await runner.run()
+            if isinstance(event, Retrying):
+                # Back to the end of its partition, so the requests behind it are not held up.
+                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1, self._backoff_s(runner.attempt + 1)))
+            elif isinstance(event, Failed) and event.retryable:
+                log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
+                await self.publisher.deliver(self.publisher.failed_letter(record, event))
+            await self.partitions.commit(tp, offset + 1)
+        except asyncio.CancelledError:
+            log.warning("job.interrupted", request_id=runner.request.request_id, committed=False)
+            raise
+        except Exception:
+            # A fault outside the job itself (the broker refused the event): leave the request uncommitted
+            # and read it again, rather than lose it.
+            log.exception("job.error", request_id=runner.request.request_id)
+            if tp in self.partitions.assigned():
+                self.partitions.hold(tp, offset)
+        finally:
+            job = self.jobs.get(tp)
+            if job is not None and job.offset == offset:
+                del self.jobs[tp]
+                self.slots.give_back(job.slots)
+                metrics.SLOTS_BUSY.set(self.slots.busy)
+            if not self.stopping:
+                self.resume_idle_partitions()
+                await self.prepare_children()
+                self.on_change()
+
+    def _backoff_s(self, attempt: int) -> float:
+        """The wait before `attempt` (2, 3, ...): retry_backoff_s, doubled for each later try, at most an hour."""
+        return min(self.settings.retry_backoff_s * 2 ** (attempt - 2), 3600.0)
+
+    async def prepare_children(self) -> None:
+        """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""
+        await self.children.prepare([self.slots.visible_devices([slot]) for slot in self.slots.free])
+
+    def pause_idle_partitions(self) -> None:
+        if not self.slots.free:
+            self.partitions.pause([tp for tp in self.partitions.assigned() if not self.holds(tp)])
+
+    def resume_idle_partitions(self) -> None:
+        if self.slots.free:
+            self.partitions.resume([tp for tp in self.partitions.assigned() if not self.holds(tp)])
+
+    async def cancel(self, cancel: Cancel) -> None:
+        """From the control topic: stop the request's running job, or remember to skip it."""
+        reason = self.cancelled[cancel.request_id] = cancel.reason or "cancelled"
+        for job in list(self.jobs.values()):
+            if job.request_id == cancel.request_id and not job.runner.cancel(reason):
+                log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
+
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """After a rebalance: keep running jobs' partitions paused; stop jobs whose partition moved away."""
+        for tp, job in list(self.jobs.items()):
+            if tp in assigned:
+                # New assignments start unpaused at the committed offset, which is this job's request.
+                self.partitions.hold(tp, job.offset + 1)
+            else:
+                log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
+                job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
+                job.task.cancel()
+        self.waiting.clear()  # their partitions start again at the retry, which is read anew
+        self.pause_idle_partitions()
+
+    async def stop_jobs(self) -> None:
+        """Stop running jobs without committing them: each saves a checkpoint (within `drain_timeout_s`)
+        and its request is read again after a restart, resuming there."""
+        self.stopping = True
+        for job in self.jobs.values():
+            if job.runner.ended:
+                continue  # its outcome is published; let it commit rather than have it redelivered
+            job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
+            job.task.cancel()
+        await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [{**job.runner.status(), "partition": tp.partition, "offset": job.offset} for tp, job in list(self.jobs.items())]

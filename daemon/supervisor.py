@@ -1,0 +1,154 @@
+"""Supervise one job's child process: hand it the job, turn what it says into events, and stop it
+when the job runs past its timeout, goes silent while training, or is cancelled.
+
+Returns the child's `TrainResult`, or raises `JobFailed` with the child's own account of its
+failure or one derived from how it died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from daemon.child import Child, ChildOutcome
+from daemon.publisher import Publisher
+from daemon.settings import Settings
+from daemon.warm import WarmChildren
+from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
+from schemas.job import (
+    CheckpointSaved,
+    ChildMessage,
+    JobFailed,
+    ProgressReport,
+    StageEntered,
+    StoppedAtCheckpoint,
+    TrainResult,
+)
+from schemas.request import RequestBase
+
+log = structlog.get_logger()
+
+
+def event_stage(stage: str) -> Stage:
+    """A child's stage as a `failed` event names it (the child's own `done` counts as `save`)."""
+    return stage if stage in STAGES else "save"  # type: ignore[return-value]
+
+
+def failure_of(outcome: ChildOutcome) -> JobFailed | None:
+    """The child's own account of its failure, or one derived from how it died."""
+    if outcome.error is not None:
+        error = outcome.error
+        return JobFailed(error.code, event_stage(error.stage), error.message, retryable=error.retryable)
+    if outcome.returncode != 0 or outcome.result is None:
+        tail = " | ".join(line.strip() for line in outcome.log_tail[-5:] if line.strip())
+        return JobFailed(
+            "child_crashed", event_stage(outcome.stage),
+            f"the training process died ({outcome.describe_exit()}) during {outcome.stage}; last output: {tail or '(none)'}",
+            retryable=True,
+        )
+    return None
+
+
+class Supervisor:
+    def __init__(
+        self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
+        *, slot: str, visible_devices: str | None, common: Callable[[], dict[str, Any]], timeout_s: int | None,
+    ) -> None:
+        self.request = request
+        self.settings = settings
+        self.publisher = publisher
+        self.children = children
+        self.slot = slot
+        self.visible_devices = visible_devices
+        self.common = common  # the fields every event of this job carries
+        self.timeout_s = timeout_s
+        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
+        self.stage = "preflight"
+        self.progress: dict[str, Any] = {}
+        self.child: Child | None = None
+        self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
+        self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
+        self.stalled = False
+
+    def stop_at_checkpoint(self, grace_s: float) -> None:
+        """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
+        self.stop_grace_s = grace_s
+        if self.child is not None:
+            self.child.stop_grace_s = grace_s
+
+    async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
+        """Run the job in a child; its result and the time of its first optimizer step."""
+        if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
+            job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
+            env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
+            self.child = child = await Child.spawn(env, log_path, entry=("handlers.launch", str(self.request.resources.gpus)))
+        else:
+            self.child = child = await self.children.take(self.visible_devices)
+        child.stop_grace_s = self.stop_grace_s
+        child.log_context = {"request_id": self.request.request_id}
+        run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
+        watchdog = asyncio.create_task(self._watch_for_stalls(run))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                outcome = await run
+        except TimeoutError:
+            raise JobFailed(
+                "timeout", event_stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
+            ) from None
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.stalled and current is not None and current.cancelling() == 0:
+                raise JobFailed(
+                    "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
+                    retryable=True,
+                ) from None
+            raise
+        finally:
+            watchdog.cancel()
+            if not run.done():
+                run.cancel()  # stops the child's process group
+            await asyncio.gather(run, return_exceptions=True)
+        failure = failure_of(outcome)
+        if failure is not None:
+            raise failure
+        assert outcome.result is not None
+        return outcome.result, outcome.first_step_at
+
+    async def _on_start(self, pid: int) -> None:
+        self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
+        await self.publisher.publish(Started(**self.common(), method=self.request.method, slot=self.slot, pid=pid))
+
+    async def _on_message(self, message: ChildMessage) -> None:
+        self.last_heard = time.monotonic()
+        if isinstance(message, ProgressReport):
+            fields = message.model_dump(exclude={"kind"})
+            self.progress = {"step": message.step, "total_steps": message.total_steps, "eta_s": message.eta_s}
+            await self.publisher.publish(Progress(**self.common(), **fields))
+        elif isinstance(message, CheckpointSaved):
+            self.log.info("job.checkpoint", step=message.step, path=message.path)
+            await self.publisher.publish(Checkpoint(**self.common(), step=message.step, path=message.path))
+        elif isinstance(message, StoppedAtCheckpoint):
+            self.log.info("job.stopped_at_checkpoint", step=message.step, path=message.path)
+        elif isinstance(message, StageEntered):
+            self.stage = message.stage
+            self.log.info("job.stage", stage=message.stage)
+
+    async def _watch_for_stalls(self, run: asyncio.Task[ChildOutcome]) -> None:
+        """Stop a training job that goes `stall_timeout_s` without a step (a hung collective, a stuck
+        data loader): while it trains, the child says something every few seconds."""
+        limit = self.settings.stall_timeout_s
+        if limit is None:
+            return
+        while not run.done():
+            await asyncio.sleep(min(limit / 4, 5.0))
+            if self.stage == "train" and time.monotonic() - self.last_heard > limit:
+                self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
+                self.stalled = True
+                run.cancel()
+                return
