@@ -86,7 +86,11 @@ class Succeeded(EventBase):
     location: str = Field(description="Where the artifact is: the Hub repo URL or the local directory.")
     files: list[str]
     metrics: dict[str, FiniteFloat]
-    durations_s: dict[str, float] = Field(description="Seconds per stage: queue, load, train, push, total.")
+    durations_s: dict[str, float] = Field(description=(
+        "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "
+        "then push and total; until_first_step (arrival to the first optimizer step) when this attempt trained. "
+        "Empty for a duplicate found by its Hub commit."
+    ))
     versions: dict[str, str] = Field(description="adapterd, trl, transformers, peft, torch, datasets.")
     method: str
     trainer: str = Field(description="The TRL trainer and config classes that ran.")

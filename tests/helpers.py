@@ -23,6 +23,7 @@ from pydantic import SecretStr
 import schemas
 from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
+from daemon.topic_reader import TopicReader
 from schemas import TERMINAL_TYPES, Event, parse_event
 
 HUB_TOKEN = "hf_adapterd_test_token"
@@ -59,44 +60,29 @@ async def submit(settings: Settings, request: dict[str, Any]) -> int:
 
 
 async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
-    """The first `count` records of a topic; fails if they do not arrive in time."""
-    consumer = AIOKafkaConsumer(
-        topic, **kafka_options(settings), group_id=None, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
+    """The first `count` records of a topic (in partition order); fails if they do not arrive in time."""
     records: list[ConsumerRecord[bytes, bytes]] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for record in consumer:
-                records.append(record)
-                if len(records) == count:
-                    break
-    finally:
-        await consumer.stop()
+    async with asyncio.timeout(timeout_s), TopicReader(settings, topic) as reader:
+        async for record in reader.records():
+            records.append(record)
+            if len(records) == count:
+                break
     return records
 
 
 async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
     """Every event of the given requests, up to and including each one's terminal event."""
-    consumer = AIOKafkaConsumer(
-        settings.events_topic, **kafka_options(settings), group_id=None,
-        auto_offset_reset="earliest", enable_auto_commit=False,
-    )
-    await consumer.start()
     events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}
     waiting = set(request_ids)
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for record in consumer:
-                event = parse_event(record.value)
-                if event.request_id in events:
-                    events[event.request_id].append(event)
-                    if event.type in TERMINAL_TYPES:
-                        waiting.discard(event.request_id)
-                if not waiting:
-                    break
-    finally:
-        await consumer.stop()
+    async with asyncio.timeout(timeout_s), TopicReader(settings, settings.events_topic) as reader:
+        async for record in reader.records():
+            event = parse_event(record.value or b"")
+            if event.request_id in events:
+                events[event.request_id].append(event)
+                if event.type in TERMINAL_TYPES:
+                    waiting.discard(event.request_id)
+            if not waiting:
+                break
     return events
 
 
