@@ -23,8 +23,9 @@ from typing import Any
 from daemon.local_kafka import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
-from tests.helpers import HUB_TOKEN, DaemonProcess
+from tests.helpers import HUB_TOKEN
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 
 @dataclass

@@ -19,7 +19,8 @@ from collections import Counter
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.event_reader import EventStream
 from schemas import TERMINAL_TYPES
-from tests.helpers import CHAT_ROWS, DaemonProcess, committed_offset, submit
+from tests.helpers import CHAT_ROWS, committed_offset, submit
+from tests.processes import DaemonProcess
 
 
 async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, seed: int, timeout_s: float) -> dict[str, object]:

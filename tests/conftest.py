@@ -30,9 +30,9 @@ from tests.helpers import (
     PREFERENCE_DATASET,
     PREFERENCE_ROWS,
     TINY_MODEL,
-    DaemonProcess,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 
 @pytest.fixture(scope="session")

@@ -15,14 +15,13 @@ from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Failed, Progress, Retrying, Started
 from tests.helpers import (
     CHAT_ROWS,
-    DaemonProcess,
     read_records,
     sft_request,
     submit,
     wait_for_commit,
-    wait_until_gone,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess, wait_until_gone
 
 pytestmark = pytest.mark.slow
 

@@ -14,13 +14,13 @@ from daemon.topics import ensure_topics
 from schemas import Accepted, Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
-    DaemonProcess,
     committed_offset,
     sft_request,
     submit,
     terminal_events,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

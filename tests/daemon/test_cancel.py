@@ -14,16 +14,18 @@ from daemon.settings import Settings
 from schemas import Accepted, Cancelled, Failed, Progress, Started
 from tests.helpers import (
     CHAT_ROWS,
-    DaemonProcess,
-    http_get,
-    metric,
-    settings_environment,
     sft_request,
     submit,
     terminal_events,
     wait_for_commit,
 )
 from tests.hub_server import HubServer
+from tests.processes import (
+    DaemonProcess,
+    http_get,
+    metric,
+    settings_environment,
+)
 
 pytestmark = pytest.mark.slow
 

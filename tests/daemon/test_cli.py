@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from daemon.cli import app
 from daemon.settings import Settings
-from tests.helpers import read_records, settings_environment, sft_request
+from tests.helpers import read_records, sft_request
+from tests.processes import settings_environment
 
 runner = CliRunner()
 

@@ -9,7 +9,8 @@ from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
 from schemas import Accepted, Rejected, Rejection, decode_request, parse_event
 from tests.fuzz import malformed_messages
-from tests.helpers import DaemonProcess, read_records, sft_request, submit
+from tests.helpers import read_records, sft_request, submit
+from tests.processes import DaemonProcess
 
 
 async def test_the_daemon_rejects_every_malformed_message_and_keeps_serving(settings: Settings, tmp_path: Path) -> None:

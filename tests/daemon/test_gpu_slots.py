@@ -13,20 +13,22 @@ from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
 from tests.helpers import (
-    DaemonProcess,
-    NotifySocket,
     assert_adapter_trained,
     download,
-    http_get,
     ids_on_partitions,
-    metric,
     run_to_end,
     sft_request,
     terminal_events,
+)
+from tests.hub_server import HubServer
+from tests.processes import (
+    DaemonProcess,
+    NotifySocket,
+    http_get,
+    metric,
     unit_daemon,
     write_config,
 )
-from tests.hub_server import HubServer
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,9 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Failed, Started, Succeeded
-from tests.helpers import DaemonProcess, sft_request, submit_and_follow
+from tests.helpers import sft_request, submit_and_follow
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

@@ -11,14 +11,8 @@ from daemon.local_kafka import LocalKafka
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
 from schemas import Rejected
-from tests.helpers import (
-    DaemonProcess,
-    NotifySocket,
-    settings_environment,
-    sft_request,
-    submit,
-    terminal_events,
-)
+from tests.helpers import sft_request, submit, terminal_events
+from tests.processes import DaemonProcess, NotifySocket, settings_environment
 
 
 def scram_settings(settings: Settings, broker: LocalKafka, password_file: Path) -> Settings:

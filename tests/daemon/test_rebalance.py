@@ -12,8 +12,6 @@ from daemon.topics import ensure_topics
 from schemas import Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
-    DaemonProcess,
-    NotifySocket,
     ids_on_partitions,
     sft_request,
     submit,
@@ -21,6 +19,7 @@ from tests.helpers import (
     wait_for_commit,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess, NotifySocket
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -11,7 +11,6 @@ from daemon.settings import Settings
 from schemas import Accepted, Failed, Progress, Rejected, Started, Succeeded
 from tests.helpers import (
     TINY_MODEL,
-    DaemonProcess,
     assert_adapter_trained,
     download,
     produce,
@@ -22,6 +21,7 @@ from tests.helpers import (
     wait_for_commit,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

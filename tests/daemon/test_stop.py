@@ -11,15 +11,13 @@ from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
-    DaemonProcess,
-    NotifySocket,
     committed_offset,
     sft_request,
     submit,
     terminal_events,
-    wait_until_gone,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess, NotifySocket, wait_until_gone
 
 pytestmark = pytest.mark.slow
 

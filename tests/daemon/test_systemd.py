@@ -11,14 +11,12 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.helpers import (
+from tests.helpers import sft_request, submit, terminal_events
+from tests.processes import (
     DaemonProcess,
     NotifySocket,
     http_get,
     metric,
-    sft_request,
-    submit,
-    terminal_events,
 )
 
 UNIT = Path(__file__).parents[2] / "deploy" / "adapterd.service"

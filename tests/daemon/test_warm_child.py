@@ -4,8 +4,14 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Started, Succeeded
-from tests.helpers import CHAT_ROWS, DaemonProcess, sft_request, submit, terminal_events
+from tests.helpers import (
+    CHAT_ROWS,
+    sft_request,
+    submit,
+    terminal_events,
+)
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from schemas.job import JobSpec
 from handlers.common import EXIT_STOPPED, JobCallback, StatusReporter, trl_config
 from schemas import SFTRequest
+from schemas.job import JobSpec
 from tests.helpers import CHAT_ROWS, sft_request
 
 

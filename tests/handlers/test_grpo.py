@@ -7,13 +7,13 @@ from schemas import Succeeded
 from tests.helpers import (
     PROMPT_ROWS,
     SMALL_TRAINING,
-    DaemonProcess,
     assert_adapter_trained,
     download,
     example_request,
     run_to_end,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 
 @pytest.mark.slow

@@ -12,7 +12,6 @@ from schemas import Progress, Succeeded
 from tests.helpers import (
     HUB_TOKEN,
     PROMPT_ROWS,
-    DaemonProcess,
     assert_adapter_trained,
     download,
     example_request,
@@ -20,6 +19,7 @@ from tests.helpers import (
     terminal_events,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 pytestmark = [
     pytest.mark.slow,

@@ -6,12 +6,12 @@ from typing import Any
 from daemon.settings import Settings
 from schemas import Rejected
 from tests.helpers import (
-    DaemonProcess,
     example_request,
     read_records,
     submit,
     terminal_events,
 )
+from tests.processes import DaemonProcess
 
 WRONG_COLUMNS = {
     "sft": [{"question": "q", "answer": "a"}],

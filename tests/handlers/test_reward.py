@@ -6,13 +6,13 @@ from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import (
     PREFERENCE_ROWS,
-    DaemonProcess,
     assert_adapter_trained,
     download,
     example_request,
     run_to_end,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ from tests.helpers import (
     PREFERENCE_ROWS,
     PROMPT_ROWS,
     SMALL_TRAINING,
-    DaemonProcess,
     assert_adapter_trained,
     assert_full_model_trained,
     download,
@@ -16,6 +15,7 @@ from tests.helpers import (
     run_to_end,
 )
 from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
 
 
 @pytest.mark.slow
