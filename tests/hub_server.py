@@ -2,22 +2,19 @@
 `datasets` use to create repos, commit files, and download files and snapshots.
 
 It keeps everything it receives in memory so tests can check it, and can inject faults
-(`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves.
+(`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves. This module
+holds the state; `tests/hub_http.py` answers the HTTP requests.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 
 @dataclass
@@ -78,9 +75,13 @@ class HubServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> HubServer:
+        from tests.hub_http import (
+            HubRequestHandler,  # it reads this module's state types
+        )
+
         hub = self
 
-        class Handler(_HubRequestHandler):
+        class Handler(HubRequestHandler):
             server_state = hub
 
         self._server = ThreadingHTTPServer((self.host, self.port), Handler)
@@ -119,7 +120,7 @@ class HubServer:
             key = (repo_type, repo_id)
             if key not in self.repos:
                 repo = Repo(repo_type, repo_id, private)
-                initial = _new_commit(repo, None, "initial commit", "", {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
+                initial = new_commit(repo, None, "initial commit", "", {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
                 repo.branches["main"] = initial.sha
                 self.repos[key] = repo
             return self.repos[key]
@@ -133,7 +134,7 @@ class HubServer:
         return None
 
 
-def _new_commit(repo: Repo, parent: Commit | None, title: str, description: str, files: dict[str, bytes]) -> Commit:
+def new_commit(repo: Repo, parent: Commit | None, title: str, description: str, files: dict[str, bytes]) -> Commit:
     date = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     seed = f"{repo.repo_id}|{parent.sha if parent else ''}|{title}|{date}|{len(repo.commits)}".encode()
     for path in sorted(files):
@@ -141,207 +142,3 @@ def _new_commit(repo: Repo, parent: Commit | None, title: str, description: str,
     commit = Commit(hashlib.sha1(seed).hexdigest(), parent.sha if parent else None, title, description, files, date)
     repo.commits[commit.sha] = commit
     return commit
-
-
-API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch)/([^/]+)(?:/(.*))?)?$")
-RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
-
-
-class _HubRequestHandler(BaseHTTPRequestHandler):
-    server_state: HubServer
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
-        pass
-
-    # Plumbing.
-
-    def _send(self, status: int, body: Any = None, headers: dict[str, str] | None = None, *, raw: bytes | None = None) -> None:
-        payload = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
-        self.send_response(status)
-        if raw is None and body is not None:
-            self.send_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(payload)
-
-    def _error(self, status: int, code: str, message: str) -> None:
-        self._send(status, {"error": message}, {"X-Error-Code": code, "X-Error-Message": message})
-
-    def _body(self) -> bytes:
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-    def _dispatch(self) -> None:
-        hub = self.server_state
-        url = urlsplit(self.path)
-        path = unquote(url.path)
-        with hub.lock:
-            hub.requests.append((self.command, path))
-        fault = hub.take_fault(self.command, path)
-        if fault is not None:
-            if fault.delay_s:
-                threading.Event().wait(fault.delay_s)
-            self._body()
-            try:
-                self._send(fault.status, {"error": f"injected fault {fault.status}"}, fault.headers)
-            except OSError:
-                pass  # the client gave up waiting and closed the connection
-            fault.answered += 1
-            return
-        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        try:
-            self._route(path, query)
-        except KeyError as exc:
-            self._error(404, "EntryNotFound", f"not found: {exc}")
-
-    do_GET = do_POST = do_HEAD = do_PUT = _dispatch  # noqa: N815 - the stdlib's names
-
-    def _route(self, path: str, query: dict[str, str]) -> None:
-        hub = self.server_state
-        if path == "/api/repos/create" and self.command == "POST":
-            return self._create_repo(json.loads(self._body() or b"{}"))
-        if path == "/api/validate-yaml" and self.command == "POST":
-            return self._validate_card(json.loads(self._body())["content"])
-        if path == "/api/whoami-v2":
-            return self._send(200, {"type": "user", "name": "adapterd-test", "orgs": [], "auth": {}})
-        if match := API.match(path):
-            kind, repo_id, action, revision, rest = match.groups()
-            repo_type = kind[:-1]
-            repo = hub.repos.get((repo_type, repo_id))
-            if repo is None:
-                self._body()
-                return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
-            return self._api(repo, action, revision, rest or "", query)
-        if match := RESOLVE.match(path):
-            datasets, repo_id, revision, file_path = match.groups()
-            repo = hub.repos.get(("dataset" if datasets else "model", repo_id))
-            if repo is None:
-                return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
-            return self._resolve(repo, revision, file_path)
-        self._body()
-        self._error(404, "NotFound", f"{self.command} {path} is not served by the test Hub")
-
-    # The API.
-
-    def _create_repo(self, body: dict[str, Any]) -> None:
-        hub = self.server_state
-        repo_type = body.get("type") or "model"
-        repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else body["name"]
-        private = body.get("visibility", "private" if body.get("private") else "public") == "private"
-        prefix = "" if repo_type == "model" else f"{repo_type}s/"
-        url = f"{hub.endpoint}/{prefix}{repo_id}"
-        with hub.lock:
-            exists = (repo_type, repo_id) in hub.repos
-            hub.create_repo(repo_id, repo_type, private)
-        if exists:
-            return self._send(409, {"error": "You already created this repo", "url": url})
-        self._send(200, {"url": url, "name": repo_id, "id": repo_id})
-
-    def _validate_card(self, content: str) -> None:
-        """Like the Hub: a README.md's front matter must be a YAML mapping."""
-        import yaml
-
-        if not content.startswith("---\n") or "\n---" not in content[4:]:
-            return self._send(200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata"}]})
-        try:
-            metadata = yaml.safe_load(content[4:].split("\n---", 1)[0])
-        except yaml.YAMLError as exc:
-            return self._send(400, {"error": f"invalid YAML: {exc}", "errors": [{"message": str(exc)}]})
-        if not isinstance(metadata, dict):
-            return self._send(400, {"error": "metadata is not a mapping", "errors": [{"message": "not a mapping"}]})
-        self._send(200, {"errors": [], "warnings": []})
-
-    def _api(self, repo: Repo, action: str | None, revision: str | None, rest: str, query: dict[str, str]) -> None:
-        hub = self.server_state
-        with hub.lock:
-            if action == "branch" and self.command == "POST":
-                body = json.loads(self._body() or b"{}")
-                start = repo.resolve(body.get("startingPoint") or "main")
-                if revision in repo.branches:
-                    return self._error(409, "BranchExists", f"branch {revision} exists")
-                repo.branches[revision] = start.sha if start else repo.branches["main"]
-                return self._send(200, {})
-            if action == "preupload":
-                body = json.loads(self._body())
-                files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in body["files"]]
-                return self._send(200, {"files": files, "commitOid": repo.branches.get(revision or "main")})
-            if action == "commit":
-                return self._commit(repo, revision or "main")
-            commit = repo.resolve(revision or "main")
-            if commit is None:
-                return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-            if action in (None, "revision"):
-                return self._send(200, self._info(repo, commit))
-            if action == "tree":
-                return self._send(200, self._tree(commit, rest.strip("/"), query.get("recursive") in ("1", "true", "True")))
-            if action == "commits":
-                return self._send(200, [
-                    {"id": c.sha, "title": c.title, "message": f"{c.title}\n\n{c.description}".strip(), "authors": [], "date": c.date}
-                    for c in repo.history(commit.sha)
-                ])
-        self._error(404, "NotFound", f"{action} not served")
-
-    def _commit(self, repo: Repo, revision: str) -> None:
-        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
-        header = next(line["value"] for line in lines if line["key"] == "header")
-        parent = repo.resolve(revision)
-        if parent is None:
-            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        files = dict(parent.files)
-        for line in lines:
-            if line["key"] == "file":
-                value = line["value"]
-                files[value["path"]] = base64.b64decode(value["content"]) if value.get("encoding") == "base64" else value["content"].encode()
-            elif line["key"] == "deletedFile":
-                files.pop(line["value"]["path"], None)
-            elif line["key"] == "lfsFile":
-                return self._error(400, "LfsNotServed", "the test Hub takes regular uploads only")
-        commit = _new_commit(repo, parent, header.get("summary", ""), header.get("description", ""), files)
-        repo.branches[revision] = commit.sha
-        prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
-        url = f"{self.server_state.endpoint}/{prefix}{repo.repo_id}/commit/{commit.sha}"
-        self._send(200, {"success": True, "commitOid": commit.sha, "commitUrl": url, "pullRequestUrl": None})
-
-    def _info(self, repo: Repo, commit: Commit) -> dict[str, Any]:
-        return {
-            "id": repo.repo_id,
-            "_id": repo.repo_id,
-            "sha": commit.sha,
-            "private": repo.private,
-            "lastModified": commit.date,
-            "tags": [],
-            "siblings": [{"rfilename": p} for p in sorted(commit.files)],
-        }
-
-    def _tree(self, commit: Commit, folder: str, recursive: bool) -> list[dict[str, Any]]:
-        prefix = f"{folder}/" if folder else ""
-        entries: dict[str, dict[str, Any]] = {}
-        for path, content in sorted(commit.files.items()):
-            if not path.startswith(prefix):
-                continue
-            parts = path[len(prefix):].split("/")
-            for depth in range(1, len(parts)):
-                directory = prefix + "/".join(parts[:depth])
-                if recursive or depth == 1:
-                    entries.setdefault(directory, {"type": "directory", "oid": hashlib.sha1(directory.encode()).hexdigest(), "size": 0, "path": directory})
-            if recursive or len(parts) == 1:
-                entries[path] = {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
-        return list(entries.values())
-
-    def _resolve(self, repo: Repo, revision: str, file_path: str) -> None:
-        with self.server_state.lock:
-            commit = repo.resolve(revision)
-        if commit is None:
-            return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-        if file_path not in commit.files:
-            return self._error(404, "EntryNotFound", f"{file_path} does not exist at {revision}")
-        content = commit.files[file_path]
-        headers = {
-            "X-Repo-Commit": commit.sha,
-            "ETag": f'"{hashlib.sha256(content).hexdigest()}"',
-            "Content-Type": "application/octet-stream",
-        }
-        self._send(HTTPStatus.OK, headers=headers, raw=content)
