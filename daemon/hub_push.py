@@ -167,10 +167,8 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> Pus
 
 
 def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
-    """The sink for hosts without a Hub token: work_dir/outputs/<namespace>/<name>[/<revision>]."""
-    target = settings.outputs_dir / request.output.repo_id
-    if request.output.revision != "main":
-        target = target / request.output.revision
+    """The sink for hosts without a Hub token: `local_target`."""
+    target = local_target(request, settings)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(artifact, staging)
@@ -180,6 +178,12 @@ def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> P
         sink="local", repo_id=request.output.repo_id, revision=request.output.revision, commit_sha=None,
         commit_url=None, location=str(target), files=_files(target),
     )
+
+
+def local_target(request: RequestBase, settings: Settings) -> Path:
+    """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>[/<revision>]."""
+    target = settings.outputs_dir / request.output.repo_id
+    return target if request.output.revision == "main" else target / request.output.revision
 
 
 def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
