@@ -43,7 +43,8 @@ class CoordinatorElection(logging.Filter):
 def configure_logging(log_format: Literal["auto", "json", "console"] = "auto", level: str = "info") -> None:
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if use_json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)
+        structlog.processors.JSONRenderer() if use_json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)
     )
     stamp = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
     formatter = structlog.stdlib.ProcessorFormatter(
