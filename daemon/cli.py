@@ -129,7 +129,8 @@ async def _follow_to_end(stream: EventStream, request_id: str) -> int:
         task = bar.add_task(f"{request_id}: waiting", total=None)
         async for event in stream.events(request_id):
             if isinstance(event, Progress):
-                bar.update(task, description=f"{request_id}: step", completed=event.step, total=event.total_steps)
+                loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+                bar.update(task, description=f"{request_id}: step{loss}", completed=event.step, total=event.total_steps)
                 continue
             bar.console.print(_describe(event))
             if event.type in TERMINAL_TYPES:
@@ -259,11 +260,12 @@ def schema() -> None:
 @app.command()
 def demo(
     work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path("adapterd-demo"),
+    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`).")] = "sft",
 ) -> None:
-    """Run the main job on built-in defaults: local broker, tiny model, one SFT request, local output."""
+    """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
     from daemon.demo import main
 
-    sys.exit(main(work_dir))
+    sys.exit(main(work_dir, method))
 
 
 if __name__ == "__main__":

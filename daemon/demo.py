@@ -1,7 +1,8 @@
-"""`adapterd demo`: the main job on built-in defaults, on a fresh machine, with nothing configured.
+"""`adapterd demo [--method NAME]`: the main job on built-in defaults, on a fresh machine, with nothing configured.
 
-Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submits one SFT request
-on inline rows, prints the events as they arrive, and leaves the adapter in a local folder.
+Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submits one request of
+the method (SFT unless named) on inline rows, follows it with a progress bar (loss, ETA) and a line
+per event, and ends with where the adapter is and the three lines of Python that load it.
 """
 
 from __future__ import annotations
@@ -14,41 +15,18 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.event_reader import follow_events
+from daemon.capabilities import available_methods, unsupported_reason
+from daemon.cli import _follow_to_end
+from daemon.demo_requests import demo_request, known_methods
+from daemon.event_reader import EventStream
+from daemon.hub_push import local_target
 from daemon.kafka_options import kafka_options
 from daemon.local_kafka import LocalKafka
 from daemon.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
-from schemas import SFTRequest, Succeeded
-
-DEMO_ROWS = [
-    {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-    for q, a in [
-        ("What is the capital of France?", "The capital of France is Paris."),
-        ("What is two plus two?", "Two plus two equals four."),
-        ("What does adapterd do?", "adapterd trains adapters from a stream of requests."),
-        ("Where are the requests kept?", "Kafka keeps the requests."),
-        ("Where are the adapters kept?", "The Hub keeps the adapters."),
-        ("What is three plus five?", "Three plus five equals eight."),
-        ("Is the fox quick?", "yes, the quick brown fox jumps over the lazy dog."),
-        ("Is the dog lazy?", "yes, the dog is lazy."),
-    ]
-]
-
-
-def demo_request(model_dir: Path, request_id: str = "demo-sft-1") -> SFTRequest:
-    return SFTRequest.model_validate({
-        "request_id": request_id,
-        "method": "sft",
-        "model": {"id": str(model_dir)},
-        "dataset": {"rows": DEMO_ROWS},
-        "peft": {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
-        "training": {"max_steps": 10, "learning_rate": 5e-3, "per_device_train_batch_size": 4},
-        "output": {"repo_id": "demo/tiny-sft-adapter"},
-        "metadata": {"source": "adapterd demo"},
-    })
+from schemas import RequestBase
 
 
 def build_tiny_model(model_dir: Path) -> None:
@@ -57,9 +35,31 @@ def build_tiny_model(model_dir: Path) -> None:
         subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(model_dir)], check=True, capture_output=True)
 
 
-async def run_demo(work_dir: Path) -> bool:
+def loading_snippet(request: RequestBase, adapter_dir: Path) -> str:
+    """Three lines of Python that load the adapter onto its base model with PEFT."""
+    if request.method == "reward":  # a sequence-classification head, one score
+        loader, kwargs = "AutoModelForSequenceClassification", ", num_labels=1"
+    else:
+        loader, kwargs = "AutoModelForCausalLM", ""
+    return (
+        f"from peft import PeftModel\n"
+        f"from transformers import {loader}\n"
+        f"model = PeftModel.from_pretrained({loader}.from_pretrained({str(request.model.id)!r}{kwargs}), {str(adapter_dir)!r})\n"
+    )
+
+
+async def submit(settings: Settings, request: RequestBase) -> None:
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.requests_topic, request.model_dump_json().encode(), key=request.request_id.encode())
+    finally:
+        await producer.stop()
+
+
+async def run_demo(work_dir: Path, method: str) -> bool:
     work_dir = work_dir.resolve()
-    print(f"adapterd demo: working in {work_dir}")
+    print(f"adapterd demo ({method}): working in {work_dir}")
     shutil.rmtree(work_dir / "kafka", ignore_errors=True)  # each demo starts from empty topics
     broker = LocalKafka(data_dir=work_dir / "kafka")
     print("starting a local Kafka broker (the first run fetches its jars with Maven)...")
@@ -81,29 +81,39 @@ async def run_demo(work_dir: Path) -> bool:
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
-        request = demo_request(model_dir)
-        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-        await producer.start()
+        request = demo_request(method, model_dir)
         try:
-            await producer.send_and_wait(settings.requests_topic, request.model_dump_json().encode(), key=request.request_id.encode())
+            async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
+                await submit(settings, request)
+                print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
+                outcome = await _follow_to_end(stream, request.request_id)
         finally:
-            await producer.stop()
-        print(f"submitted request {request.request_id}; events:")
-
-        succeeded = False
-        async for event in follow_events(settings, request.request_id):
-            details = event.model_dump(exclude={"schema_version", "event_id", "request_id", "host", "metadata", "type", "time", "attempt"})
-            print(f"  {event.type:<10} {details}")
-            succeeded = isinstance(event, Succeeded)
-            if succeeded:
-                print(f"the adapter is in {event.location}")
-        service.request_stop()
-        await daemon
-        return succeeded
+            service.request_stop()
+            await daemon
+        if outcome != 0:
+            print(f"the request did not succeed; the job's own log is in {settings.jobs_dir / request.request_id}")
+            return False
+        adapter_dir = local_target(request, settings)
+        print(f"\nthe adapter is in {adapter_dir}\nload it with:\n")
+        print(loading_snippet(request, adapter_dir))
+        return True
     finally:
         await asyncio.to_thread(broker.stop)
 
 
-def main(work_dir: Path, log_format: str = "console") -> int:
-    configure_logging("console" if log_format == "console" else "json", "warning")
-    return 0 if asyncio.run(run_demo(work_dir)) else 1
+def method_problem(method: str) -> str | None:
+    """Why the demo cannot run `method` on this host, naming those it can; None when it can."""
+    available = ", ".join(available_methods()) or "none"
+    if method not in known_methods():
+        return f"unknown method {method!r}; this host can run: {available}"
+    reason = unsupported_reason(method)
+    return None if reason is None else f"{reason}; this host can run: {available}"
+
+
+def main(work_dir: Path, method: str = "sft") -> int:
+    problem = method_problem(method)
+    if problem is not None:
+        print(f"adapterd demo: {problem}", file=sys.stderr)
+        return 2
+    configure_logging("console", "warning")
+    return 0 if asyncio.run(run_demo(work_dir, method)) else 1

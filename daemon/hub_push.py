@@ -8,6 +8,7 @@ and nothing here ever retrains. Runs in a worker thread: `huggingface_hub` is sy
 from __future__ import annotations
 
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -16,9 +17,6 @@ import httpx2
 import structlog
 from huggingface_hub import HfApi, ModelCardData, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
-from huggingface_hub.utils._http import (
-    default_client_factory as _default_client_factory,
-)
 from tenacity import (
     RetryCallState,
     retry,
@@ -96,19 +94,33 @@ def _count_retry(request_id: str, state: RetryCallState) -> None:
 
 
 def use_timeout(timeout_s: float) -> None:
-    """Give every Hub call a timeout: huggingface_hub's own client has none, and a Hub that stops
-    answering would hold a push forever instead of failing it into a retry."""
+    """Give every Hub call of this process a timeout: huggingface_hub's own client has none, and a Hub
+    that stops answering would hold a push forever instead of failing it into a retry.
+
+    Through the public `set_client_factory`: huggingface_hub builds its shared client from this
+    factory on first use, and again after it drops it (after a fork, after an SSL error), so the
+    timeout survives those. The library's default client differs from this one only by its request
+    hook: an offline-mode guard, a request id header, a download counter and debug logging. This
+    process only creates repos, commits and lists commits (every download happens in the job's
+    child, a fresh interpreter that keeps the library's default client), so of that hook what
+    matters here is the request id the Hub's logs are searched by, which `_request_id` adds too;
+    endpoint fixes and retries live in `http_backoff`, not in the client, and are unchanged.
+    """
     global _timeout_s
     if _timeout_s == timeout_s:
         return
 
     def client() -> httpx2.Client:
-        session = _default_client_factory()  # huggingface_hub's client, with its request hooks
-        session.timeout = httpx2.Timeout(timeout_s)
-        return session
+        return httpx2.Client(
+            event_hooks={"request": [_request_id]}, follow_redirects=True, timeout=httpx2.Timeout(timeout_s)
+        )
 
     set_client_factory(client)
     _timeout_s = timeout_s
+
+
+def _request_id(request: httpx2.Request) -> None:
+    request.headers.setdefault("X-Amzn-Trace-Id", request.headers.get("X-Request-Id") or str(uuid.uuid4()))
 
 
 _timeout_s: float | None = None
@@ -155,10 +167,8 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> Pus
 
 
 def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
-    """The sink for hosts without a Hub token: work_dir/outputs/<namespace>/<name>[/<revision>]."""
-    target = settings.outputs_dir / request.output.repo_id
-    if request.output.revision != "main":
-        target = target / request.output.revision
+    """The sink for hosts without a Hub token: `local_target`."""
+    target = local_target(request, settings)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(artifact, staging)
@@ -168,6 +178,12 @@ def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> P
         sink="local", repo_id=request.output.repo_id, revision=request.output.revision, commit_sha=None,
         commit_url=None, location=str(target), files=_files(target),
     )
+
+
+def local_target(request: RequestBase, settings: Settings) -> Path:
+    """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>[/<revision>]."""
+    target = settings.outputs_dir / request.output.repo_id
+    return target if request.output.revision == "main" else target / request.output.revision
 
 
 def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:

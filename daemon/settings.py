@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -85,18 +86,6 @@ class Settings(BaseSettings):
     log_format: Literal["auto", "json", "console"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _secrets_from_files(cls, data: Any) -> Any:
-        for secret in ("hub_token", "sasl_password"):
-            if isinstance(data, dict) and data.get(f"{secret}_file") and not data.get(secret):
-                path = Path(data[f"{secret}_file"])
-                try:
-                    data = {**data, secret: path.read_text().strip()}
-                except OSError as exc:
-                    raise ValueError(f"{secret}_file: cannot read {path}: {exc.strerror}") from exc
-        return data
-
     @model_validator(mode="after")
     def _sasl_complete(self) -> Settings:
         if self.security_protocol.startswith("SASL_"):
@@ -153,7 +142,35 @@ class Settings(BaseSettings):
         config_file = os.environ.get("ADAPTERD_CONFIG")
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        sources.append(SecretFilesSource(settings_cls))  # last: it reads the *_file values the others found
         return tuple(sources)
+
+
+class SecretFilesSource(PydanticBaseSettingsSource):
+    """`hub_token` and `sasl_password` from the files `hub_token_file` and `sasl_password_file` name.
+
+    Operators hand secrets over as files (systemd's `LoadCredential=` puts them in `%d`; a container
+    mounts them wherever it mounts them), and name the file in the TOML file or the environment. This
+    source comes after those: pydantic-settings gives it what the sources before it found
+    (`current_state`), so it reads each named file, unless the secret itself was given.
+    """
+
+    SECRETS = ("hub_token", "sasl_password")
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # not used: __call__ reads the files as a whole
+
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for secret in self.SECRETS:
+            path = self.current_state.get(f"{secret}_file")
+            if not path or self.current_state.get(secret) is not None:
+                continue
+            try:
+                found[secret] = Path(path).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"invalid settings: {secret}_file: cannot read {path}: {exc.strerror}") from exc
+        return found
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:

@@ -40,11 +40,14 @@ def ensure_jars(jar_dir: Path | None = None) -> Path:
         raise ConfigError("Maven ('mvn') is needed to fetch the Kafka broker's jars and is not on PATH")
     partial = jar_dir.with_name(jar_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    subprocess.run(
+    # Maven's own output (with its terminal colours) is shown only when it fails.
+    result = subprocess.run(
         [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
          f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
-        check=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
     )
+    if result.returncode != 0:
+        raise RuntimeError(f"Maven could not fetch the Kafka broker's jars (exit {result.returncode}):\n{result.stdout[-4000:]}")
     shutil.rmtree(jar_dir, ignore_errors=True)
     partial.rename(jar_dir)
     marker.touch()

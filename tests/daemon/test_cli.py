@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from daemon.cli import app
 from daemon.settings import Settings
+from schemas import TERMINAL_TYPES
 from tests.helpers import read_records, sft_request
 from tests.processes import settings_environment
 
@@ -76,8 +78,9 @@ def test_demo_runs_to_succeeded_on_a_fresh_work_dir(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
-    assert lines[0] == "accepted" and lines[-1] == "succeeded" and "progress" in lines
+    events = [word for line in result.stderr.splitlines() for word in line.split()[2:3] if word in TERMINAL_TYPES | {"accepted", "started"}]
+    assert events == ["accepted", "started", "succeeded"], result.stderr
+    assert re.search(r"step, loss \d+\.\d+ .* 10/10", result.stderr), result.stderr  # the progress bar
     adapter = work_dir / "outputs" / "demo" / "tiny-sft-adapter"
     assert (adapter / "adapter_model.safetensors").stat().st_size > 0
     assert "library_name: peft" in (adapter / "README.md").read_text()

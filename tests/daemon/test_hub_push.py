@@ -105,3 +105,12 @@ def test_local_sink_without_a_token(artifact: Path, tmp_path: Path) -> None:
     assert result.sink == "local" and result.commit_sha is None
     assert Path(result.location) == tmp_path / "work" / "outputs" / "pushes" / "local-1"
     assert (Path(result.location) / "adapter_model.safetensors").read_bytes() == b"\x00weights"
+
+
+def test_the_hub_client_keeps_its_timeout_after_the_library_drops_it() -> None:
+    import huggingface_hub
+
+    hub_push.use_timeout(7.0)
+    assert huggingface_hub.get_session().timeout.read == 7.0
+    huggingface_hub.close_session()  # as the library does after a fork or an SSL error
+    assert huggingface_hub.get_session().timeout.read == 7.0

@@ -72,3 +72,22 @@ def test_example_config_explains_every_setting_and_loads(tmp_path: Path) -> None
             assert "#" in line.split("=", 1)[1], f"unexplained: {line}"
     settings = load_settings(example)
     assert settings.partition_assignment == "sticky" and settings.metrics_address == "127.0.0.1:9464"
+
+
+def test_secret_files_named_in_the_toml_file_and_a_given_secret_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "kafka-password").write_text("scram-from-file\n")
+    (tmp_path / "hub-token").write_text("hf_from_file\n")
+    config = tmp_path / "adapterd.toml"
+    config.write_text(
+        f'security_protocol = "SASL_SSL"\nsasl_mechanism = "SCRAM-SHA-512"\nsasl_username = "adapterd"\n'
+        f'sasl_password_file = "{tmp_path / "kafka-password"}"\nhub_token_file = "{tmp_path / "hub-token"}"\n'
+    )
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN", "hf_from_env")
+    settings = load_settings(config)
+    assert settings.sasl_password is not None and settings.sasl_password.get_secret_value() == "scram-from-file"
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_env"
+
+
+def test_an_unreadable_secret_file_names_the_setting_and_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"sasl_password_file: cannot read .*missing: No such file or directory"):
+        Settings(sasl_password_file=tmp_path / "missing")

@@ -1,0 +1,49 @@
+"""`adapterd demo` as a newcomer runs it: readable output, no terminal escape codes, no ERROR line on a
+healthy run, and an adapter at the printed path that the printed Python snippet loads."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.capabilities import available_methods
+from tests.helpers import assert_adapter_trained
+
+
+def demo(*args: str, home: Path, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS"}
+    environment.update(HF_HOME=str(home / "hf-home"), HF_HUB_OFFLINE="1")  # the demo needs no network
+    return subprocess.run(
+        [sys.executable, "-m", "daemon.cli", "demo", *args], env=environment, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+def test_an_unknown_method_exits_2_naming_the_available_ones(tmp_path: Path) -> None:
+    result = demo("--method", "nonsense", "--work-dir", str(tmp_path / "demo"), home=tmp_path, timeout_s=120)
+    assert result.returncode == 2
+    assert "unknown method 'nonsense'" in result.stderr
+    assert f"this host can run: {', '.join(available_methods())}" in result.stderr
+    assert not (tmp_path / "demo").exists()  # nothing was started
+
+
+@pytest.mark.slow
+def test_dpo_demo_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path: Path) -> None:
+    result = demo("--method", "dpo", "--work-dir", str(tmp_path / "demo"), home=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "\x1b" not in output
+    assert not [line for line in output.splitlines() if "ERROR" in line or "[error" in line], output
+    assert re.search(r"succeeded on .*", output) and "loss " in output, output
+
+    [adapter] = re.findall(r"^the adapter is in (.+)$", result.stdout, re.MULTILINE)
+    adapter_dir = Path(adapter)
+    assert adapter_dir == tmp_path / "demo" / "outputs" / "demo" / "tiny-dpo-adapter"
+    assert (adapter_dir / "adapter_config.json").is_file()
+    snippet = result.stdout[result.stdout.index("from peft import PeftModel"):]
+    namespace: dict[str, object] = {}
+    exec(snippet, namespace)  # the three lines the demo tells a newcomer to run
+    assert type(namespace["model"]).__name__ == "PeftModelForCausalLM"
+    assert_adapter_trained(adapter_dir, tmp_path / "demo" / "tiny-model")
