@@ -15,16 +15,14 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from daemon.console import follow_to_end
 from daemon.errors import ConfigError
 from daemon.event_reader import EventStream
 from daemon.kafka_options import kafka_options
 from daemon.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
-    TERMINAL_TYPES,
     Cancel,
-    Event,
-    Progress,
     Rejection,
     RequestBase,
     decode_request,
@@ -108,48 +106,9 @@ def submit(
             typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
             if not wait:
                 return 0
-            return await _follow_to_end(stream, request.request_id)
+            return await follow_to_end(stream, request.request_id)
 
     raise typer.Exit(asyncio.run(publish()))
-
-
-async def _follow_to_end(stream: EventStream, request_id: str) -> int:
-    """Print the request's events as they come, with a progress bar while it trains; 0 on succeeded."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeRemainingColumn,
-    )
-    from rich.progress import Progress as ProgressBar
-
-    console = Console(stderr=True)
-    with ProgressBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
-        task = bar.add_task(f"{request_id}: waiting", total=None)
-        async for event in stream.events(request_id):
-            if isinstance(event, Progress):
-                loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-                bar.update(task, description=f"{request_id}: step{loss}", completed=event.step, total=event.total_steps)
-                continue
-            bar.console.print(_describe(event))
-            if event.type in TERMINAL_TYPES:
-                return 0 if event.type == "succeeded" else 1
-    return 1
-
-
-def _describe(event: Event) -> str:
-    details = {
-        "accepted": lambda e: f"method {e.method}",
-        "rejected": lambda e: f"{e.reason}: " + "; ".join(f"{x.path or '(message)'}: {x.message}" for x in e.errors),
-        "started": lambda e: f"slot {e.slot}, pid {e.pid}",
-        "checkpoint": lambda e: f"step {e.step}: {e.path}",
-        "succeeded": lambda e: f"{e.location} (commit {e.commit_sha})" + (" [duplicate]" if e.duplicate else ""),
-        "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",
-        "cancelled": lambda e: e.reason,
-    }
-    detail = details.get(event.type)
-    return f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
 
 
 @app.command()

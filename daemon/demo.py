@@ -16,7 +16,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from daemon.capabilities import available_methods, unsupported_reason
-from daemon.cli import _follow_to_end
+from daemon.console import follow_to_end
 from daemon.demo_requests import demo_request, known_methods
 from daemon.event_reader import EventStream
 from daemon.hub_push import local_target
@@ -86,7 +86,7 @@ async def run_demo(work_dir: Path, method: str) -> bool:
             async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
                 await submit(settings, request)
                 print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
-                outcome = await _follow_to_end(stream, request.request_id)
+                outcome = await follow_to_end(stream, request.request_id)
         finally:
             service.request_stop()
             await daemon

@@ -1,0 +1,46 @@
+"""Following a request on a terminal: a progress bar (step, loss, ETA) while it trains and one
+readable line per other event; for `adapterd submit --wait` and the demo."""
+
+from __future__ import annotations
+
+from daemon.event_reader import EventStream
+from schemas import TERMINAL_TYPES, Event, Progress
+
+
+async def follow_to_end(stream: EventStream, request_id: str) -> int:
+    """Print the request's events as they come, with a progress bar while it trains; 0 on succeeded."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+    from rich.progress import Progress as ProgressBar
+
+    console = Console(stderr=True)
+    with ProgressBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task(f"{request_id}: waiting", total=None)
+        async for event in stream.events(request_id):
+            if isinstance(event, Progress):
+                loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+                bar.update(task, description=f"{request_id}: step{loss}", completed=event.step, total=event.total_steps)
+                continue
+            bar.console.print(describe(event))
+            if event.type in TERMINAL_TYPES:
+                return 0 if event.type == "succeeded" else 1
+    return 1
+
+
+def describe(event: Event) -> str:
+    details = {
+        "accepted": lambda e: f"method {e.method}",
+        "rejected": lambda e: f"{e.reason}: " + "; ".join(f"{x.path or '(message)'}: {x.message}" for x in e.errors),
+        "started": lambda e: f"slot {e.slot}, pid {e.pid}",
+        "checkpoint": lambda e: f"step {e.step}: {e.path}",
+        "succeeded": lambda e: e.location + (f" (commit {e.commit_sha})" if e.commit_sha else "") + (" [duplicate]" if e.duplicate else ""),
+        "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",
+        "cancelled": lambda e: e.reason,
+    }
+    detail = details.get(event.type)
+    return f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
