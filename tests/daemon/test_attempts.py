@@ -18,6 +18,7 @@ from tests.helpers import (
     read_records,
     sft_request,
     submit,
+    submit_and_follow,
     wait_for_commit,
 )
 from tests.hub_server import HubServer
@@ -106,3 +107,20 @@ async def test_a_retry_waiting_for_its_backoff_holds_no_slot_and_no_partition(se
     assert retry.key == b"backoff-crash" and json.loads(retry.value) == crashing
     due = float(dict(retry.headers)["adapterd-not-before"])
     assert due - retry.timestamp / 1000 == pytest.approx(600, abs=5)
+
+
+async def test_a_network_error_downloading_the_base_model_is_retryable(settings: Settings, tmp_path: Path) -> None:
+    """The one transient rule (schemas.job.is_transient) holds for the child's downloads as for the
+    push: a Hub that does not answer at all is worth another try, not a failure for good."""
+    from daemon.local_kafka import free_port
+
+    settings = settings.model_copy(update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"})  # nothing listens
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        events = await submit_and_follow(settings, sft_request("hub-down", dataset={"rows": CHAT_ROWS}))
+    finally:
+        daemon.stop()
+    failed = events[-1]
+    assert isinstance(failed, Failed), failed
+    assert (failed.code, failed.stage, failed.retryable) == ("model_unavailable", "load_model", True)
+    assert failed.message.startswith("model.id: cannot download tiny/qwen2-chat")
