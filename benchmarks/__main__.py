@@ -46,9 +46,9 @@ async def main(args: argparse.Namespace) -> None:
               f"{time.monotonic() - started:.0f} s")
     table = markdown(rows, header)
     print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "latest.md").write_text(table)
-    (RESULTS / "latest.json").write_text(json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "latest.md").write_text(table)
+    (args.results / "latest.json").write_text(json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
@@ -57,4 +57,5 @@ if __name__ == "__main__":
     parser.add_argument("--overhead-steps", type=int, default=300, help="steps of the overhead job (about a minute on 2 CPU cores)")
     parser.add_argument("--intake-messages", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency, overhead)")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where latest.md and latest.json go")
     asyncio.run(main(parser.parse_args()))
