@@ -55,3 +55,33 @@ def test_the_experimental_flag_and_schema_mark_come_from_the_table() -> None:
     for name, method in METHODS.items():
         marked = method.request.model_json_schema().get("x-adapterd-experimental", False)
         assert marked == (method.status == "experimental"), name
+
+
+def _defines_train(path: Path) -> bool:
+    return any(isinstance(node, ast.FunctionDef) and node.name == "train" for node in ast.parse(path.read_text()).body)
+
+
+def _imported_names(path: Path) -> set[str]:
+    """`module.Name` for every `from module import Name` at the top of a file."""
+    return {
+        f"{node.module}.{alias.name}"
+        for node in ast.parse(path.read_text()).body if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str) -> None:
+    method = METHODS[name]
+    handler = ROOT / "handlers" / f"{method.handler}.py"
+    assert handler.is_file() and _defines_train(handler), f"{name}: no handlers/{method.handler}.py with a train()"
+    # the handler trains with the TRL classes the table names (and events report)
+    assert {method.trainer, method.config} <= _imported_names(handler), f"{name}: handler does not import {method.trained_by}"
+    assert (ROOT / "schemas" / "examples" / f"{name}.json").is_file(), f"{name}: no schemas/examples/{name}.json"
+    test = ROOT / "tests" / "handlers" / f"test_{name}.py"
+    assert test.is_file() and f'"{name}"' in test.read_text(), f"{name}: no tests/handlers/test_{name}.py that runs it"
+
+
+def test_every_handler_module_is_in_the_table() -> None:
+    handlers = {path.stem for path in (ROOT / "handlers").glob("*.py") if _defines_train(path)}
+    assert handlers == {method.handler for method in METHODS.values()}
