@@ -197,15 +197,15 @@ def topics(
 
 @app.command()
 def methods() -> None:
-    """List the training methods and whether this host's TRL can run each."""
+    """List the training methods, the TRL trainer of each, and whether this host's TRL can run it."""
     from daemon.capabilities import trl_version, unsupported_reason
-    from schemas import REQUEST_MODELS
+    from schemas.methods import METHODS
 
     typer.echo(f"trl {trl_version()}")
-    for method, model in REQUEST_MODELS.items():
-        reason = unsupported_reason(method)
+    for name, method in METHODS.items():
+        reason = unsupported_reason(name)
         status = "available" if reason is None else f"unavailable: {reason}"
-        typer.echo(f"  {method:<7} {'experimental ' if model.experimental else ''}{status}")
+        typer.echo(f"  {name:<7} {method.trainer:<34} {method.status:<13}{status}")
 
 
 @app.command()

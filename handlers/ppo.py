@@ -5,15 +5,20 @@ online RL against a learned reward model goes through `grpo` and `rloo`.
 Rows: `prompt`. The policy is the base with LoRA (its reference is the same base with the adapter
 off); the value model is the base with a one-label value head; the reward model is a sequence
 classifier by repo id, e.g. the merged output of a `reward` request.
+
+PPOTrainer has its own loop (`train()` takes no checkpoint and ignores `should_training_stop`), so
+this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/ppo_checkpoints.py.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from datasets import Dataset
 from transformers import (
     AutoModelForSequenceClassification,
+    PreTrainedModel,
     PreTrainedTokenizerBase,
     TrainerCallback,
 )
@@ -22,24 +27,20 @@ from trl.experimental.ppo import PPOConfig, PPOTrainer
 from handlers.common import (
     JobCallback,
     StatusReporter,
-    check_chat_template,
-    check_columns,
-    check_hardware,
-    is_conversational,
+    load_base,
     load_causal_lm,
-    load_datasets,
+    load_data,
     load_sequence_classifier,
-    load_tokenizer,
     lora_config,
-    package_versions,
     resolve_model,
-    save_artifact,
+    result,
     trl_config,
 )
+from handlers.loading import DTYPES, is_conversational
+from handlers.ppo_checkpoints import PPOCheckpoints
+from handlers.training import final_metrics, last_checkpoint, save_artifact
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import PPORequest
-
-TRAINER = "trl.experimental.ppo.PPOTrainer/trl.experimental.ppo.PPOConfig"
 
 
 class KLLimitReached(Exception):
@@ -70,10 +71,13 @@ def tokenize_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> Da
     return dataset.map(tokenize, remove_columns=dataset.column_names)
 
 
-def load_reward_model(request: PPORequest) -> Any:
+def load_reward_model(request: PPORequest) -> PreTrainedModel:
+    """The reward model, in the request's dtype and under its remote-code choice (which policy allowed)."""
     path, _ = resolve_model(request.reward_model)
     try:
-        return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        return AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=DTYPES.get(request.model.dtype, "auto"), trust_remote_code=request.model.trust_remote_code,
+        )
     except (OSError, ValueError) as exc:
         raise JobFailed(
             "model_unavailable", "load_model",
@@ -82,35 +86,29 @@ def load_reward_model(request: PPORequest) -> Any:
 
 
 def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
-    check_hardware(request.model)
     config = trl_config(PPOConfig, request, job, "ppo", num_sample_generations=0)
-
-    reporter.enter("load_dataset")
-    train_dataset, _ = load_datasets(request.dataset, job)
-    check_columns(request, train_dataset)
-
-    reporter.enter("load_model")
-    model_path, model_revision = resolve_model(request.model)
-    tokenizer = load_tokenizer(model_path, request.model)
-    check_chat_template(tokenizer, train_dataset, request.model)
-    policy = load_causal_lm(model_path, request.model)
-    value_model = load_sequence_classifier(model_path, request.model, tokenizer)
-    reward_model = load_reward_model(request)
+    data = load_data(request, job, reporter)
+    base = load_base(request, reporter, data)
+    value_model = load_sequence_classifier(base.path, request.model, base.tokenizer)
+    checkpoints = PPOCheckpoints(value_model)
     stop = StopAtKL(request.kl_early_stop.target_kl) if request.kl_early_stop else None
-
     trainer = PPOTrainer(
         args=config,
-        processing_class=tokenizer,
-        model=policy,
+        processing_class=base.tokenizer,
+        model=load_causal_lm(base.path, request.model),
         ref_model=None,
-        reward_model=reward_model,
-        train_dataset=tokenize_prompts(train_dataset, tokenizer),
+        reward_model=load_reward_model(request),
+        train_dataset=tokenize_prompts(data.train, base.tokenizer),
+        eval_dataset=tokenize_prompts(data.eval, base.tokenizer) if data.eval is not None else None,
         value_model=value_model,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
-        callbacks=[JobCallback(reporter, job), *([stop] if stop else [])],
+        # PPOCheckpoints first: it must write the value head before JobCallback may exit at a stop.
+        callbacks=[checkpoints, JobCallback(reporter, job), *([stop] if stop else [])],
     )
 
     reporter.enter("train")
+    started = time.monotonic()
+    checkpoints.resume(trainer, last_checkpoint(job))
     try:
         trainer.train()
     except KLLimitReached:
@@ -118,18 +116,13 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
 
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact, model=trainer.model.policy)
-    reporter.enter("done")
-    logged = [entry for entry in trainer.state.log_history if "objective/kl" in entry]
-    metrics = {key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)}
-    metrics["steps"] = float(trainer.state.global_step)
-    metrics["total_steps"] = float(trainer.state.max_steps)
+    state = trainer.state
+    metrics = final_metrics(trainer, {"train_runtime": time.monotonic() - started, "epoch": state.epoch}, loss_key="loss/policy_avg")
+    logged = [entry for entry in state.log_history if "objective/kl" in entry]
+    metrics.update({key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)})
+    metrics["steps"], metrics["total_steps"] = float(state.global_step), float(state.max_steps)
+    if checkpoints.resumed_from is not None:
+        metrics["resumed_from_step"] = float(checkpoints.resumed_from)
     if stop is not None and stop.stopped_at is not None:
         metrics["kl_early_stop_step"], metrics["kl_at_stop"] = float(stop.stopped_at[0]), stop.stopped_at[1]
-    return TrainResult(
-        trainer=TRAINER,
-        metrics=metrics,
-        base_model_revision=model_revision,
-        dataset_fingerprint=train_dataset._fingerprint,
-        durations_s=reporter.durations_s,
-        versions=package_versions(),
-    )
+    return result(request, reporter, data, base, metrics)

@@ -11,66 +11,33 @@ from trl import RLOOConfig, RLOOTrainer
 from handlers.common import (
     JobCallback,
     StatusReporter,
-    check_chat_template,
-    check_columns,
-    check_hardware,
-    final_metrics,
-    last_checkpoint,
+    load_base,
     load_causal_lm,
-    load_datasets,
-    load_tokenizer,
+    load_data,
     lora_config,
-    package_versions,
     resolve_model,
-    save_artifact,
+    train_and_save,
     trl_config,
 )
 from handlers.rewards import check_reward_columns, reward_functions
 from schemas.job import JobSpec, TrainResult
 from schemas.request import RLOORequest
 
-TRAINER = "trl.RLOOTrainer/trl.RLOOConfig"
-
 
 def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
-    check_hardware(request.model)
-
-    reporter.enter("load_dataset")
-    train_dataset, eval_dataset = load_datasets(request.dataset, job)
-    check_columns(request, train_dataset)
-    check_reward_columns(request.rewards, train_dataset.column_names)
-
-    reporter.enter("load_model")
-    model_path, model_revision = resolve_model(request.model)
+    data = load_data(request, job, reporter)
+    check_reward_columns(request.rewards, data.train.column_names)
+    base = load_base(request, reporter, data)
     reward_model_path = resolve_model(request.rewards.model)[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
-    config = trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights)
-    tokenizer = load_tokenizer(model_path, request.model)
-    check_chat_template(tokenizer, train_dataset, request.model)
-    model = load_causal_lm(model_path, request.model)
-
     trainer = RLOOTrainer(
-        model=model,
+        model=load_causal_lm(base.path, request.model),
         reward_funcs=reward_funcs,
-        args=config,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
+        args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights),
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=base.tokenizer,
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
         callbacks=[JobCallback(reporter, job)],
     )
-
-    reporter.enter("train")
-    train_output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
-
-    reporter.enter("save")
-    save_artifact(trainer, request, job.artifact)
-    reporter.enter("done")
-    return TrainResult(
-        trainer=TRAINER,
-        metrics=final_metrics(train_output, trainer),
-        base_model_revision=model_revision,
-        dataset_fingerprint=train_dataset._fingerprint,
-        durations_s=reporter.durations_s,
-        versions=package_versions(),
-    )
+    return train_and_save(trainer, request, job, reporter, data, base)

@@ -51,7 +51,7 @@ def main() -> int:
     die_with_parent()
 
     from handlers import HANDLERS
-    from handlers.common import EXIT_STOPPED, StatusReporter
+    from handlers.reporting import EXIT_STOPPED, StatusReporter
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())

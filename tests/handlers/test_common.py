@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from handlers.common import EXIT_STOPPED, JobCallback, StatusReporter, trl_config
+from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
+from handlers.training import trl_config
 from schemas import SFTRequest
 from schemas.job import JobSpec
 from tests.helpers import CHAT_ROWS, sft_request
@@ -73,8 +74,8 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
 
 
 def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:
-    from daemon.errors import JobFailed
-    from handlers.common import load_datasets
+    from handlers.loading import load_datasets
+    from schemas.job import JobFailed
 
     rows = SFTRequest.model_validate(sft_request("rows-1", dataset={"rows": CHAT_ROWS})).dataset
     with pytest.raises(JobFailed) as failure:

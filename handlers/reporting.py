@@ -1,0 +1,140 @@
+"""What the daemon sees of a child: the status pipe (`StatusReporter`) and the trainer callback that
+reports through it (`JobCallback`): the first step, progress, heartbeats, checkpoints, and a stop at
+a checkpoint when the daemon asks for one (SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from schemas.job import (
+    CheckpointSaved,
+    ChildError,
+    ChildMessage,
+    FirstStep,
+    Heartbeat,
+    JobFailed,
+    JobSpec,
+    ProgressReport,
+    Ready,
+    StageEntered,
+    StoppedAtCheckpoint,
+)
+
+# While training, the child tells the daemon it is alive at least this often (at step ends).
+HEARTBEAT_S = 5.0
+# The child's exit status after stopping at a checkpoint because the daemon asked it to.
+EXIT_STOPPED = 75
+
+
+class StatusReporter:
+    """Writes one JSON object per line to the pipe the parent reads (fd in ADAPTERD_STATUS_FD)."""
+
+    def __init__(self, fd: int) -> None:
+        self._stream = os.fdopen(fd, "w", buffering=1)
+        self.stage = "preflight"
+        self._stage_started = time.monotonic()
+        self.durations_s: dict[str, float] = {}
+        # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
+        self.stop_requested = False
+
+    def restart_clock(self) -> None:
+        """Stage durations count from the job's arrival, not from the child's start."""
+        self._stage_started = time.monotonic()
+
+    def send(self, message: ChildMessage) -> None:
+        self._stream.write(message.model_dump_json() + "\n")
+
+    def ready(self) -> None:
+        self.send(Ready())
+
+    def enter(self, stage: str) -> None:
+        now = time.monotonic()
+        self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)
+        self.stage, self._stage_started = stage, now
+        self.send(StageEntered(stage=stage))  # type: ignore[arg-type]
+
+    def error(self, failure: JobFailed) -> None:
+        self.send(ChildError.of(failure))
+
+
+class JobCallback(TrainerCallback):
+    """What the daemon sees of a trainer: the first optimizer step; progress at the job's interval
+    (at least `progress_interval_steps` steps and `progress_interval_s` seconds apart, and always the
+    last step); each checkpoint saved; and, once a stop is requested, a checkpoint and a clean exit."""
+
+    def __init__(self, reporter: StatusReporter, job: JobSpec) -> None:
+        self.reporter = reporter
+        self.job = job
+        self.started = time.monotonic()
+        self.first_step: int | None = None  # global step this run started from (non-zero after a resume)
+        self.last_sent_at = float("-inf")
+        self.last_sent_step = 0
+        self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
+        self.last_beat = float("-inf")
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.monotonic()
+        self.first_step = state.global_step
+        self.last_sent_step = state.global_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == (self.first_step or 0) + 1:
+            self.reporter.send(FirstStep(time=time.time(), step=state.global_step))
+        if time.monotonic() - self.last_beat >= HEARTBEAT_S:
+            self.last_beat = time.monotonic()
+            self.reporter.send(Heartbeat(step=state.global_step))  # alive: the daemon's stall watchdog listens
+        if self._stop_everywhere(args):
+            control.should_save = True
+            control.should_training_stop = True
+
+    def _stop_everywhere(self, args: Any) -> bool:
+        """Whether any rank was asked to stop. Data-parallel ranks must stop at the same step, or
+        the ones still training wait forever on the others' gradients: so they agree at each step."""
+        if args.world_size <= 1:
+            return self.reporter.stop_requested
+        flag = torch.tensor([1.0 if self.reporter.stop_requested else 0.0], device=args.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        stop = bool(flag.item())
+        self.reporter.stop_requested = stop
+        return stop
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.reporter.send(CheckpointSaved(step=state.global_step, path=str(path)))
+        if self.reporter.stop_requested:
+            self.reporter.send(StoppedAtCheckpoint(step=state.global_step, path=str(path)))
+            raise SystemExit(EXIT_STOPPED)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
+            return  # the end-of-training summary or an evaluation, not a training step
+        now = time.monotonic()
+        tokens_per_s = None
+        if "num_tokens" in logs:  # TRL's trainers log the tokens seen so far
+            if self.last_tokens is not None and now > self.last_tokens[0]:
+                tokens_per_s = (logs["num_tokens"] - self.last_tokens[1]) / (now - self.last_tokens[0])
+            self.last_tokens = (now, float(logs["num_tokens"]))
+        last = state.global_step >= state.max_steps
+        due = (
+            state.global_step - self.last_sent_step >= self.job.progress_interval_steps
+            and now - self.last_sent_at >= self.job.progress_interval_s
+        )
+        if not (due or last):
+            return
+        self.last_sent_at, self.last_sent_step = now, state.global_step
+        total = max(state.max_steps, 1)
+        done_this_run = state.global_step - (self.first_step or 0)
+        eta = (now - self.started) / done_this_run * (total - state.global_step) if done_this_run > 0 else None
+        self.reporter.send(ProgressReport(
+            step=state.global_step, total_steps=total, epoch=state.epoch,
+            loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
+            tokens_per_s=tokens_per_s, eta_s=eta,
+        ))
+

@@ -1,0 +1,85 @@
+"""The trainer's side of a job, in the child: the TRL config (the request's fields plus the daemon's
+own choices), LoRA, where an earlier attempt's checkpoint is, the artifact that gets pushed, and
+the final metrics and package versions a `succeeded` event carries.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from peft import LoraConfig, PeftModel
+from transformers import PreTrainedModel, Trainer
+from transformers.trainer_utils import get_last_checkpoint
+
+from schemas.job import JobFailed, JobSpec
+from schemas.request import LoraSpec, RequestBase
+
+VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
+ConfigT = TypeVar("ConfigT")
+
+
+def package_versions() -> dict[str, str]:
+    found = {}
+    for name in VERSIONED_PACKAGES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "unknown"
+    return found
+
+
+def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
+    if spec is None:
+        return None
+    return LoraConfig(task_type=task_type, **spec.model_dump())
+
+
+def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
+    """The method's TRL config: the request's `training` block and method block, plus the daemon's
+    own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)."""
+    arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
+    arguments.update(request.set_fields("training"))
+    arguments.update(request.set_fields(method_block))
+    arguments.update(derived)
+    arguments.update(
+        output_dir=str(job.checkpoints),
+        report_to=list(job.report_to) or "none",
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+    )
+    try:
+        return config_class(**arguments)
+    except (TypeError, ValueError) as exc:
+        raise JobFailed("config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}") from exc
+
+
+def last_checkpoint(job: JobSpec) -> str | None:
+    """The newest checkpoint of an earlier attempt at this request: training resumes there, not at step 0."""
+    return get_last_checkpoint(str(job.checkpoints)) if job.checkpoints.is_dir() else None
+
+def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> None:
+    """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
+    `model` is the trained model when it is not `trainer.model` (PPO trains a policy+value wrapper)."""
+    if not trainer.accelerator.is_main_process:
+        return  # in a multi-GPU job, rank 0 writes the artifact
+    artifact.mkdir(parents=True, exist_ok=True)
+    model = model if model is not None else trainer.model
+    if request.output.push == "merged" and isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    model.save_pretrained(artifact)
+    trainer.processing_class.save_pretrained(artifact)
+
+
+def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "loss") -> dict[str, float]:
+    """What a `succeeded` event reports of training: the trainer's summary (`train_runtime`, ...),
+    the first and last logged loss (`loss_key`: PPO logs its policy loss under its own name) and the
+    number of processes."""
+    metrics = {k: float(v) for k, v in summary.items() if isinstance(v, int | float)}
+    losses = [entry[loss_key] for entry in trainer.state.log_history if loss_key in entry]
+    if losses:
+        metrics["first_loss"], metrics["final_loss"] = float(losses[0]), float(losses[-1])
+    metrics["world_size"] = float(trainer.args.world_size)
+    return metrics

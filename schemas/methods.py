@@ -1,0 +1,108 @@
+"""The methods adapterd knows, in one table: the single source of what a method is.
+
+Each row names the method's request model, its handler module (`handlers/<handler>.py`), the TRL
+trainer and config classes it trains with, whether it is stable or on TRL's experimental layer,
+the dataset columns it reads (in words, for the README) and the TRL releases that ship it.
+Everything else that lists methods is derived from `METHODS`: the request models by name and the
+request union (schemas/request.py), the handler modules the child imports (handlers/__init__.py),
+what this host's TRL can run (daemon/capabilities.py, `adapterd methods`) and README's method
+table (`python -m schemas.methods_doc`).
+
+This package depends on pydantic only, so TRL ranges are plain bounds compared by `release()`,
+not `packaging` specifiers.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.method_requests import (
+    DPORequest,
+    GRPORequest,
+    KTORequest,
+    ORPORequest,
+    PPORequest,
+    RewardRequest,
+    RLOORequest,
+    SFTRequest,
+)
+from schemas.request_base import RequestBase
+
+
+@dataclass(frozen=True)
+class Method:
+    request: type[RequestBase]
+    handler: str  # the module in handlers/ that trains it
+    trainer: str  # TRL's trainer class, by the path it is imported from
+    config: str  # TRL's config class
+    status: Literal["stable", "experimental"]
+    columns: str  # the dataset columns it reads, in words (README)
+    trl_min: str | None = None  # the first TRL release that ships it; None: any TRL the lock allows
+    trl_below: str | None = None  # the first TRL release without it
+    trl_note: str = ""  # why the range, for the refusal and the README
+
+    @property
+    def trained_by(self) -> str:
+        """What `succeeded` events name as the trainer, e.g. "trl.SFTTrainer/trl.SFTConfig"."""
+        return f"{self.trainer}/{self.config}"
+
+    @property
+    def trl_range(self) -> str:
+        """The TRL releases it needs as a specifier ("" for any), e.g. ">=1.10,<1.13"."""
+        return ",".join(bound for bound in (self.trl_min and f">={self.trl_min}", self.trl_below and f"<{self.trl_below}") if bound)
+
+
+METHODS: dict[str, Method] = {
+    "sft": Method(SFTRequest, "sft", "trl.SFTTrainer", "trl.SFTConfig", "stable",
+                  "`messages`, or `prompt` + `completion`, or `text`"),
+    "dpo": Method(DPORequest, "dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable",
+                  "`chosen` + `rejected` (and usually `prompt`)"),
+    "kto": Method(KTORequest, "kto", "trl.KTOTrainer", "trl.KTOConfig", "stable",
+                  "`prompt` + `completion` + `label` (bool)"),
+    "reward": Method(RewardRequest, "reward", "trl.RewardTrainer", "trl.RewardConfig", "stable",
+                     "`chosen` + `rejected`"),
+    "grpo": Method(GRPORequest, "grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable",
+                   "`prompt` (+ columns the rewards read)"),
+    "rloo": Method(RLOORequest, "rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
+                   "`prompt` (+ columns the rewards read)"),
+    "orpo": Method(ORPORequest, "orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
+                   "`chosen` + `rejected` (and usually `prompt`)"),
+    "ppo": Method(PPORequest, "ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
+                  "`prompt`", trl_min="1.10", trl_below="1.13",
+                  trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
+}
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The leading integers of a version string: "1.12.0" → (1, 12, 0), "1.13.0rc1" → (1, 13, 0),
+    "1.10" → (1, 10). Enough for release bounds; pre-releases count as their release."""
+    numbers = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+        if digits.end() < len(part):
+            break  # "0rc1": the release ends here
+    return tuple(numbers)
+
+
+def _compare(a: str, b: str) -> int:
+    x, y = release(a), release(b)
+    width = max(len(x), len(y))  # "1.10" is "1.10.0"
+    x, y = x + (0,) * (width - len(x)), y + (0,) * (width - len(y))
+    return (x > y) - (x < y)
+
+
+def unsupported_reason(method: str, trl_version: str | None) -> str | None:
+    """Why a host with this TRL (None: not installed) cannot run `method`, or None when it can."""
+    if trl_version is None:
+        return "trl is not installed on this host"
+    row = METHODS[method]
+    too_old = row.trl_min is not None and _compare(trl_version, row.trl_min) < 0
+    too_new = row.trl_below is not None and _compare(trl_version, row.trl_below) >= 0
+    if too_old or too_new:
+        return f"method {method} needs trl{row.trl_range} ({row.trl_note}); this host has trl {trl_version}"
+    return None

@@ -1,0 +1,166 @@
+"""The parts of a training request every method shares: the base model, the dataset, LoRA, the
+common trainer arguments, the output, and `RequestBase`, which each method's request extends
+(schemas/method_requests.py).
+
+Field names follow TRL's and PEFT's own config names wherever one exists, so what users know from
+TRL carries over. A field left out means "TRL's default": the daemon passes on only what was set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import ConfigDict, Field, JsonValue, model_validator
+
+from schemas.common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
+
+MAX_INLINE_ROWS = 10_000
+
+# A Hub repo id ("name" or "namespace/name"), or an absolute local path that the operator allows.
+MODEL_ID_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
+REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class ModelSpec(Frozen):
+    """The base model to train."""
+
+    id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
+    revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    trust_remote_code: bool = Field(False, description="Refused unless the operator's policy allows it.")
+    quantization: Literal["none", "4bit", "8bit"] = Field("none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA.")
+
+
+class DatasetSpec(Frozen):
+    """Where the training rows come from: exactly one of `id` (a Hub dataset) or `rows` (inline)."""
+
+    id: str | None = Field(None, pattern=REPO_ID_PATTERN, description="Hub dataset repo id.")
+    config: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    rows: list[dict[str, JsonValue]] | None = Field(None, min_length=1, max_length=MAX_INLINE_ROWS, description="Inline rows, at most 10,000.")
+    max_samples: int | None = Field(None, ge=1, description="Use at most this many rows of the training split.")
+    eval_split: str | None = Field(None, description="A split of the same dataset to evaluate on.")
+    columns: dict[str, str] = Field(default_factory=dict, description="Renames dataset columns onto the names the method expects: {dataset_column: expected_column}.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        if (self.id is None) == (self.rows is None):
+            raise ValueError("give exactly one of 'id' (a Hub dataset) or 'rows' (inline rows)")
+        return self
+
+
+class LoraSpec(Frozen):
+    """PEFT LoRA settings (`peft.LoraConfig` names). `peft: null` in a request means a full fine-tune."""
+
+    r: int = Field(16, ge=1, le=1024)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    use_rslora: bool = False
+    use_dora: bool = False
+
+
+class TrainingSpec(Frozen):
+    """The trainer arguments common to every method (`transformers.TrainingArguments` names)."""
+
+    learning_rate: float | None = Field(None, gt=0)
+    num_train_epochs: float | None = Field(None, gt=0)
+    max_steps: int | None = Field(None, ge=1)
+    per_device_train_batch_size: int | None = Field(None, ge=1)
+    per_device_eval_batch_size: int | None = Field(None, ge=1)
+    gradient_accumulation_steps: int | None = Field(None, ge=1)
+    warmup_steps: float | None = Field(None, ge=0, description="Steps, or a fraction of the run when below 1.")
+    lr_scheduler_type: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"] | None = None
+    weight_decay: float | None = Field(None, ge=0)
+    max_grad_norm: float | None = Field(None, gt=0)
+    logging_steps: int | None = Field(None, ge=1)
+    save_steps: int | None = Field(None, ge=1)
+    eval_strategy: Literal["no", "steps", "epoch"] | None = None
+    eval_steps: int | None = Field(None, ge=1)
+    seed: int | None = None
+    gradient_checkpointing: bool | None = None
+    bf16: bool | None = None
+    report_to: list[Literal["trackio", "wandb", "mlflow", "tensorboard"]] | None = Field(
+        None, description="TRL reporting integrations for this job; each must be in the host's allowed_report_to.",
+    )
+
+
+class OutputSpec(Frozen):
+    """Where the trained adapter goes."""
+
+    repo_id: str = Field(pattern=REPO_ID_PATTERN, description="Hub model repo 'namespace/name'; created if missing.")
+    private: bool = Field(True, description="Visibility of a repo adapterd creates; an existing repo keeps its own.")
+    revision: str = Field("main", description="Branch to commit to; created from the default branch if missing.")
+    push: Literal["adapter", "merged"] = Field("adapter", description="'merged' merges the adapter into the base before pushing.")
+
+
+class Resources(Frozen):
+    gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host.")
+
+
+def _mark_experimental(schema: dict[str, Any], model: type[Any]) -> None:
+    """Mark an experimental method's request in the JSON Schema (`x-adapterd-experimental`), from the method table."""
+    from schemas.methods import (
+        METHODS,  # the table imports the request models: import it late
+    )
+
+    method = get_args(model.model_fields["method"].annotation)[0] if "method" in model.model_fields else None
+    if method in METHODS and METHODS[method].status == "experimental":
+        schema["x-adapterd-experimental"] = True
+
+
+class RequestBase(Frozen):
+    """The fields every method shares."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_mark_experimental)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    request_id: str = Field(pattern=REQUEST_ID_PATTERN, description="Idempotency key; also the Kafka key.")
+    model: ModelSpec
+    dataset: DatasetSpec
+    peft: LoraSpec | None = Field(default_factory=LoraSpec, description="LoRA settings; null for a full fine-tune.")
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    output: OutputSpec
+    resources: Resources = Field(default_factory=Resources)
+    timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Free key-value pairs, echoed in every event.")
+
+    @model_validator(mode="after")
+    def _inline_rows_fit_the_method(self) -> RequestBase:
+        if self.dataset.rows is not None:
+            common = set.intersection(*(set(row) for row in self.dataset.rows))
+            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
+            if problem:
+                raise ValueError(problem)
+        if self.model.quantization != "none" and self.peft is None:
+            raise ValueError(f"model.quantization {self.model.quantization} (QLoRA) trains a LoRA adapter: set 'peft'")
+        return self
+
+    @property
+    def experimental(self) -> bool:
+        """Whether the method runs on TRL's experimental layer (`trl.experimental...`), whose API may
+        change between TRL releases: the method table says."""
+        from schemas.methods import (
+            METHODS,  # the table imports the request models: import it late
+        )
+
+        return METHODS[getattr(self, "method")].status == "experimental"
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        """The column sets the method accepts, any one of which the dataset must have (after `columns`)."""
+        raise NotImplementedError(f"{type(self).__name__} must say which dataset columns it accepts")
+
+    def dataset_problem(self, columns: list[str]) -> str | None:
+        """Why a dataset with these columns cannot feed this method, or None when it can."""
+        formats = self.accepted_formats()
+        if any(form <= set(columns) for form in formats):
+            return None
+        options = " or ".join(" and ".join(f"'{c}'" for c in sorted(form)) for form in formats)
+        return f"dataset.columns: method {getattr(self, 'method')} needs {options}; found {sorted(columns)}"
+
+    def set_fields(self, block: str) -> dict[str, Any]:
+        """The fields of one block that the request set, to pass on to TRL as keyword arguments."""
+        return getattr(self, block).model_dump(exclude_none=True)
+

@@ -1,0 +1,66 @@
+"""The package boundaries, read from the source: every import statement of every module, the ones
+inside functions too, so an import that only runs on some path cannot slip through.
+
+- `daemon/` never imports the training stack: the parent stays small and starts fast, and torch
+  and TRL load only in the child.
+- `handlers/` and `schemas/` never import `daemon`: the child and the wire contract stand alone.
+- `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
+  import it.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+TRAINING_STACK = {"torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes"}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level package of every absolute import in the module, at any depth of the tree."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_the_walk_sees_imports_inside_functions(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    import torch.nn\n    from trl import SFTTrainer\n")
+    assert imported_packages(module) == {"torch", "trl"}
+
+
+@pytest.mark.parametrize("path", modules("daemon"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_daemon_never_imports_the_training_stack(path: Path) -> None:
+    assert not imported_packages(path) & TRAINING_STACK
+
+
+@pytest.mark.parametrize("path", modules("handlers") + modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_handlers_and_schemas_never_import_the_daemon(path: Path) -> None:
+    assert "daemon" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_schemas_depend_on_pydantic_and_the_standard_library_only(path: Path) -> None:
+    outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} if name not in sys.stdlib_module_names}
+    assert not outside
+
+
+def test_importing_every_daemon_module_loads_no_training_stack() -> None:
+    """The same, at run time: what the modules' imports pull in transitively."""
+    names = ", ".join(f"daemon.{p.stem}" for p in modules("daemon") if p.parent.name == "daemon" and p.stem != "__init__")
+    code = f"import sys, {names}; print(sorted(m for m in {sorted(TRAINING_STACK)!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
