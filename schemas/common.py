@@ -31,3 +31,17 @@ class FieldError(Frozen):
 
 # Why a message did not become a job; the `reason` of a `rejected` event and of a DLQ record.
 RejectReason = Literal["not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources"]
+
+
+class TrainingProgress(Frozen):
+    """Where a training run stands: what the child reports (`schemas.job.ProgressReport`) and a
+    `progress` event carries (`schemas.events.Progress`), said once."""
+
+    step: int
+    total_steps: int
+    epoch: float | None = None
+    loss: float | None = None
+    learning_rate: float | None = None
+    grad_norm: float | None = None
+    eta_s: float | None = None
+    tokens_per_s: float | None = None

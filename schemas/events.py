@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from schemas.common import SCHEMA_VERSION, FieldError, Frozen, RejectReason
+from schemas.common import SCHEMA_VERSION, FieldError, Frozen, RejectReason, TrainingProgress
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -58,16 +58,8 @@ class Started(EventBase):
     pid: int
 
 
-class Progress(EventBase):
+class Progress(TrainingProgress, EventBase):
     type: Literal["progress"] = "progress"
-    step: int
-    total_steps: int
-    epoch: float | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    eta_s: float | None = None
-    tokens_per_s: float | None = None
 
 
 class Checkpoint(EventBase):

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 
-from schemas.common import AdapterdError, Frozen
+from schemas.common import AdapterdError, Frozen, TrainingProgress
 
 
 class JobSpec(Frozen):
@@ -106,16 +106,8 @@ class Heartbeat(ChildMessageBase):
     step: int
 
 
-class ProgressReport(ChildMessageBase):
+class ProgressReport(TrainingProgress, ChildMessageBase):
     kind: Literal["progress"] = "progress"
-    step: int
-    total_steps: int
-    epoch: float | None = None
-    loss: float | None = None
-    learning_rate: float | None = None
-    grad_norm: float | None = None
-    tokens_per_s: float | None = None
-    eta_s: float | None = None
 
 
 class CheckpointSaved(ChildMessageBase):
