@@ -20,14 +20,16 @@ BUCKET = "ml-data"
 
 
 def put_parquet(endpoint: str, key: str, rows: list[dict[str, object]]) -> None:
+    import boto3
     import pyarrow as pa
     import pyarrow.parquet as pq
     import s3fs
 
-    fs = s3fs.S3FileSystem(key=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], secret=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                           client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"})
-    if not fs.exists(BUCKET):
-        fs.mkdir(BUCKET)
+    credentials = {"aws_access_key_id": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials)
+    if BUCKET not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=BUCKET)
+    fs = s3fs.S3FileSystem(key=credentials["aws_access_key_id"], secret=credentials["aws_secret_access_key"], client_kwargs={"endpoint_url": endpoint})
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buffer)
     fs.pipe(f"{BUCKET}/{key}", buffer.getvalue())
