@@ -15,7 +15,7 @@ from typing import Literal
 
 import httpx2
 import structlog
-from huggingface_hub import HfApi, ModelCardData, set_client_factory
+from huggingface_hub import HfApi, set_client_factory
 from huggingface_hub.errors import HfHubHTTPError
 from tenacity import (
     RetryCallState,
@@ -27,6 +27,7 @@ from tenacity import (
 
 from daemon.errors import PushFailed
 from daemon.metrics import HUB_RETRIES
+from daemon.model_card import model_card  # noqa: F401  (where it was; defined in daemon/model_card.py)
 from daemon.settings import Settings
 from schemas.job import is_transient
 from schemas.request import RequestBase
@@ -45,29 +46,6 @@ class PushResult:
     commit_url: str | None
     location: str
     files: list[str]
-
-
-def model_card(request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str]) -> str:
-    """The README.md pushed with the artifact: Hub metadata up top, then what produced it."""
-    is_adapter = request.peft is not None and request.output.push == "adapter"
-    card = ModelCardData(
-        base_model=request.model.id,
-        library_name="peft" if is_adapter else "transformers",
-        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune"],
-    )
-    metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
-    version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
-    return (
-        f"---\n{card.to_yaml()}\n---\n\n"
-        f"# {request.output.repo_id}\n\n"
-        f"{'A LoRA adapter' if is_adapter else 'A model'} trained by adapterd with TRL's `{trainer}` "
-        f"(method `{request.method}`) on the base model `{request.model.id}`"
-        f"{f' at revision `{base_model_revision}`' if base_model_revision else ''}.\n\n"
-        f"- Request id: `{request.request_id}`\n"
-        f"- Dataset: `{request.dataset.id or 'inline rows'}`\n"
-        f"- Versions: {version_line}\n\n"
-        f"| metric | value |\n|---|---|\n{metric_lines}\n"
-    )
 
 
 def _is_transient(exc: BaseException) -> bool:

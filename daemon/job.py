@@ -21,6 +21,7 @@ import structlog
 from daemon import hub_push
 from daemon.journal import Journal
 from daemon.metrics import JOBS, STAGE_SECONDS
+from daemon.model_card import model_card
 from daemon.policy import report_to
 from daemon.publisher import Publisher
 from daemon.settings import Settings
@@ -64,7 +65,7 @@ class JobRunner:
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.slot = slot
         self.attempt = attempt
-        self.job_dir = settings.jobs_dir / request.request_id
+        self.job_dir = (settings.jobs_dir / request.request_id).absolute()  # the child runs in it: paths in its spec stay absolute
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.supervisor = Supervisor(
@@ -171,6 +172,8 @@ class JobRunner:
             progress_interval_steps=self.settings.progress_interval_steps,
             report_to=report_to(self.request, self.settings),
             max_dataset_rows=self.settings.max_dataset_rows,
+            allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
+            storage_options=self.settings.dataset_storage_options,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
@@ -201,7 +204,11 @@ class JobRunner:
 
     async def _push(self, result: TrainResult) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
-        card = hub_push.model_card(self.request, result.trainer, result.base_model_revision, result.metrics, result.versions)
+        card = model_card(
+            self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
+            dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
+            local_model_hub_ids=self.settings.local_model_hub_ids,
+        )
         (artifact / "README.md").write_text(card)
         pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings)
         self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location)
@@ -226,4 +233,5 @@ class JobRunner:
             base_model=self.request.model.id,
             base_model_revision=result.base_model_revision,
             dataset_fingerprint=result.dataset_fingerprint,
+            dataset_sources=result.dataset_sources,
         )

@@ -3,11 +3,13 @@ each broken rule named by the request field it concerns and the setting that ref
 
 from __future__ import annotations
 
+import re
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 from daemon.settings import Settings
 from schemas import FieldError
+from schemas.dataset import SourceSpec
 from schemas.request import RequestBase, RewardModelSpec
 
 
@@ -18,8 +20,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     if request.model.trust_remote_code and not settings.allow_trust_remote_code:
         errors.append(FieldError(path="model.trust_remote_code", message="refused: this host does not allow remote code (allow_trust_remote_code)"))
     dataset = request.dataset
-    if dataset.id is not None and settings.allowed_datasets and not _matches(dataset.id, settings.allowed_datasets):
-        errors.append(FieldError(path="dataset.id", message=f"{dataset.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
+    for prefix, source in dataset.sources():
+        errors += _source_errors(prefix, source, settings)
     if settings.max_dataset_rows is not None:
         if dataset.rows is not None and len(dataset.rows) > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
@@ -42,6 +44,32 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
                 message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
             ))
     return errors
+
+
+def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[FieldError]:
+    """A Hub id must match allowed_datasets (empty allows any); a URL must match allowed_dataset_urls
+    and a local path must lie under allowed_local_dataset_roots, both empty (nothing allowed) until
+    the operator opens them."""
+    errors = []
+    if source.id is not None and settings.allowed_datasets and not _matches(source.id, settings.allowed_datasets):
+        errors.append(FieldError(path=f"{prefix}.id", message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
+    for path, location in source.locations():
+        if location.startswith("/"):
+            if not _under_roots(location, settings.allowed_local_dataset_roots):
+                roots = [str(root) for root in settings.allowed_local_dataset_roots] or "none configured"
+                errors.append(FieldError(path=f"{prefix}.{path}", message=f"local path {location} is outside allowed_local_dataset_roots ({roots})"))
+        elif not _matches(location, settings.allowed_dataset_urls):
+            allowed = settings.allowed_dataset_urls or "none configured"
+            errors.append(FieldError(path=f"{prefix}.{path}", message=f"{location} is not allowed on this host (allowed_dataset_urls: {allowed})"))
+    return errors
+
+
+def _under_roots(location: str, roots: list[Path]) -> bool:
+    """Whether the fixed part of a path (up to its first glob character), symlinks resolved, is under
+    a root. The schema already refuses '..'; the child checks each file it expands to again."""
+    fixed = re.split(r"[*?\[]", location, maxsplit=1)[0]
+    resolved = Path(fixed).resolve()
+    return any(resolved.is_relative_to(root.resolve()) for root in roots)
 
 
 def report_to(request: RequestBase, settings: Settings) -> list[str]:

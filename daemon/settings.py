@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
     allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward models); empty allows any.")
     allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
+    allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.")
+    allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="Folders datasets may be read from; empty allows none.")
+    dataset_storage_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, not "
+        "credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
+    ))
+    local_model_hub_ids: dict[str, str] = Field(default_factory=dict, description="The Hub id a local base model came from, by path, for model cards.")
     allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")
     allow_trust_remote_code: bool = False
     max_timeout_s: int | None = Field(None, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none.")
@@ -113,7 +120,7 @@ class Settings(BaseSettings):
             raise ValueError(f"expected host:port, got {value!r}")
         return value
 
-    @field_validator("allowed_local_model_roots")
+    @field_validator("allowed_local_model_roots", "allowed_local_dataset_roots")
     @classmethod
     def _absolute(cls, value: list[Path]) -> list[Path]:
         for root in value:

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from datasets import Dataset
 from transformers import PreTrainedTokenizerBase, Trainer
 
 from handlers.loading import (
     check_chat_template,
     check_columns,
     check_hardware,
+    fingerprint,
     load_causal_lm,
-    load_datasets,
+    load_dataset_sources,
     load_sequence_classifier,
     load_tokenizer,
     resolve_model,
 )
 from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
+from handlers.sources import AnyDataset
 from handlers.training import (
     final_metrics,
     last_checkpoint,
@@ -35,6 +36,7 @@ from handlers.training import (
 )
 from schemas.job import JobSpec, TrainResult
 from schemas.methods import METHODS
+from schemas.provenance import ResolvedSource
 from schemas.request import RequestBase
 
 __all__ = [
@@ -45,8 +47,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Data:
-    train: Dataset
-    eval: Dataset | None
+    train: AnyDataset  # an IterableDataset when the request streams
+    eval: AnyDataset | None
+    sources: list[ResolvedSource]  # what the rows were resolved to (provenance)
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,9 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     and check the training split has the columns the method reads."""
     check_hardware(request.model)
     reporter.enter("load_dataset")
-    train, evaluation = load_datasets(request.dataset, job)
+    train, evaluation, sources = load_dataset_sources(request.dataset, job, seed=request.training.seed or 42)
     check_columns(request, train)
-    return Data(train, evaluation)
+    return Data(train, evaluation, sources)
 
 
 def load_base(request: RequestBase, reporter: StatusReporter, data: Data) -> Base:
@@ -94,7 +97,8 @@ def result(request: RequestBase, reporter: StatusReporter, data: Data, base: Bas
         trainer=METHODS[request.method].trained_by,  # type: ignore[attr-defined]
         metrics=metrics,
         base_model_revision=base.revision,
-        dataset_fingerprint=data.train._fingerprint,
+        dataset_fingerprint=fingerprint(data.train, data.sources),
+        dataset_sources=data.sources,
         durations_s=reporter.durations_s,
         versions=package_versions(),
     )

@@ -5,11 +5,13 @@ trains (no CUDA for QLoRA, missing columns, conversational rows without a chat t
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset, load_dataset
+from datasets import Dataset, IterableDataset, interleave_datasets
 from httpx2 import TransportError
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError
@@ -22,7 +24,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from handlers.sources import AnyDataset, load_source
 from schemas.job import JobFailed, JobSpec, is_transient
+from schemas.provenance import ResolvedSource
 from schemas.request import DatasetSpec, ModelSpec, RequestBase, RewardModelSpec
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -98,54 +102,122 @@ def load_sequence_classifier(path: str, spec: ModelSpec, tokenizer: PreTrainedTo
     return model
 
 
-def is_conversational(dataset: Dataset) -> bool:
-    """TRL's own test: rows of role/content messages rather than plain text."""
+def is_conversational(dataset: AnyDataset) -> bool:
+    """TRL's own test, on the first row: role/content messages rather than plain text."""
     from trl.data_utils import is_conversational as trl_is_conversational
 
-    return len(dataset) > 0 and trl_is_conversational(dataset[0])
+    first = first_row(dataset)
+    return first is not None and trl_is_conversational(first)
 
 
-def check_chat_template(tokenizer: PreTrainedTokenizerBase, dataset: Dataset, spec: ModelSpec) -> None:
+def check_chat_template(tokenizer: PreTrainedTokenizerBase, dataset: AnyDataset, spec: ModelSpec) -> None:
     if is_conversational(dataset) and tokenizer.chat_template is None:
         raise JobFailed("dataset_invalid", "preflight", f"model.id: {spec.id} has no chat template, and the dataset's rows are conversational")
 
 
-def check_columns(request: RequestBase, dataset: Dataset) -> None:
-    problem = request.dataset_problem(dataset.column_names)
+def check_columns(request: RequestBase, dataset: AnyDataset) -> None:
+    problem = request.dataset_problem(column_names(dataset))
     if problem:
         raise JobFailed("dataset_invalid", "preflight", problem)
 
 
-def load_datasets(spec: DatasetSpec, job: JobSpec) -> tuple[Dataset, Dataset | None]:
-    """The training split (and the eval split, if asked), columns renamed, at most `max_samples` rows,
-    within the operator's `max_dataset_rows`."""
-    try:
-        if spec.rows is not None:
-            train, evaluation = Dataset.from_list(list(spec.rows)), None
-        else:
-            def split(name: str) -> Dataset:
-                return load_dataset(spec.id, spec.config, split=name, revision=spec.revision, data_files=spec.data_files)
+def load_datasets(spec: DatasetSpec, job: JobSpec) -> tuple[AnyDataset, AnyDataset | None]:
+    train, evaluation, _ = load_dataset_sources(spec, job)
+    return train, evaluation
 
-            train = split(spec.split)
-            evaluation = split(spec.eval_split) if spec.eval_split else None
-    except Exception as exc:  # datasets raises many unrelated types for "cannot load"
-        source = "inline rows" if spec.rows is not None else f"{spec.id} (split {spec.split})"
+
+def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tuple[AnyDataset, AnyDataset | None, list[ResolvedSource]]:
+    """The training rows (one source, or a mixture interleaved by proportion) and the eval rows (a
+    split of the same source, or a source of its own), columns renamed, at most `max_samples` rows,
+    within the operator's `max_dataset_rows`; and what each source resolved to."""
+    sources: list[ResolvedSource] = []
+    try:
+        if spec.mixture is not None:
+            total = sum(part.proportion for part in spec.mixture)
+            parts = []
+            for index, part in enumerate(spec.mixture):
+                rows, resolved = load_source(part, part.split, "train", job, streaming=spec.streaming, field=f"dataset.mixture.{index}")
+                parts.append(_renamed(rows, part.columns, f"dataset.mixture.{index}"))
+                sources.append(resolved.model_copy(update={"proportion": part.proportion / total}))
+            train = _interleave(parts, [part.proportion / total for part in spec.mixture], seed)
+        else:
+            rows, resolved = load_source(spec, spec.split, "train", job, streaming=spec.streaming, field="dataset")
+            train = _renamed(rows, spec.columns, "dataset")
+            sources.append(resolved)
+        evaluation = None
+        if spec.eval is not None:
+            rows, resolved = load_source(spec.eval, spec.eval.split, "eval", job, streaming=False, field="dataset.eval")
+            evaluation = _renamed(rows, spec.eval.columns, "dataset.eval")
+            sources.append(resolved)
+        elif spec.eval_split is not None:
+            rows, resolved = load_source(spec, spec.eval_split, "eval", job, streaming=False, field="dataset")
+            evaluation = _renamed(rows, spec.columns, "dataset")
+            sources.append(resolved)
+    except JobFailed:
+        raise
+    except Exception as exc:  # datasets and fsspec raise many unrelated types for "cannot load"
+        source = "inline rows" if spec.rows is not None else f"{spec.id or spec.url or 'its sources'} (split {spec.split})"
         raise JobFailed(
             "dataset_unavailable", "load_dataset", f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
             retryable=isinstance(exc, HfHubHTTPError | TransportError) and is_transient(_http_status(exc)),
         ) from exc
-    if spec.columns:
-        missing = sorted(set(spec.columns) - set(train.column_names))
-        if missing:
-            raise JobFailed("dataset_invalid", "preflight", f"dataset.columns: {missing} not in the dataset's columns {train.column_names}")
-        train = train.rename_columns(spec.columns)
-        evaluation = evaluation.rename_columns(spec.columns) if evaluation is not None else None
-    if spec.max_samples is not None and len(train) > spec.max_samples:
-        train = train.select(range(spec.max_samples))
+    if spec.max_samples is not None:
+        train = _at_most(train, spec.max_samples)
+    if isinstance(train, IterableDataset):
+        # A stream's length is unknown until it ends: the operator's limit caps what is read.
+        return (train.take(job.max_dataset_rows) if job.max_dataset_rows is not None else train), evaluation, sources
     if job.max_dataset_rows is not None and len(train) > job.max_dataset_rows:
         raise JobFailed(
             "dataset_too_large", "load_dataset",
             f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} (max_dataset_rows); set dataset.max_samples",
         )
-    return train, evaluation
+    return train, evaluation, sources
 
+
+def _renamed(rows: AnyDataset, columns: dict[str, str], field: str) -> AnyDataset:
+    if not columns:
+        return rows
+    present = column_names(rows)
+    missing = sorted(set(columns) - set(present))
+    if missing:
+        raise JobFailed("dataset_invalid", "preflight", f"{field}.columns: {missing} not in the dataset's columns {present}")
+    return rows.rename_columns(columns)
+
+
+def _at_most(rows: AnyDataset, count: int) -> AnyDataset:
+    if isinstance(rows, IterableDataset):
+        return rows.take(count)
+    return rows.select(range(count)) if len(rows) > count else rows
+
+
+def _interleave(parts: list[AnyDataset], shares: list[float], seed: int) -> AnyDataset:
+    """Rows drawn from each part by its share, until every part is used up; the parts keep only the
+    columns they all have, in the first part's types, so their rows line up."""
+    common = [name for name in column_names(parts[0]) if all(name in column_names(part) for part in parts[1:])]
+    parts = [part.select_columns(common) for part in parts]
+    if all(isinstance(part, Dataset) for part in parts):
+        features = parts[0].features
+        parts = [parts[0], *(part.cast(features) if part.features != features else part for part in parts[1:])]
+    return interleave_datasets(parts, probabilities=shares, seed=seed, stopping_strategy="all_exhausted")  # type: ignore[type-var]
+
+
+def column_names(rows: AnyDataset) -> list[str]:
+    """A dataset's columns; a stream whose format does not say is read for its first row."""
+    if rows.column_names is not None:
+        return list(rows.column_names)
+    first = first_row(rows)
+    return list(first) if first is not None else []
+
+
+def first_row(rows: AnyDataset) -> dict[str, Any] | None:
+    if isinstance(rows, IterableDataset):
+        return next(iter(rows.take(1)), None)
+    return rows[0] if len(rows) > 0 else None
+
+
+def fingerprint(rows: AnyDataset, sources: list[ResolvedSource]) -> str | None:
+    """datasets' own fingerprint of the rows; for a stream, which has none, a hash of what it was resolved to."""
+    if isinstance(rows, Dataset):
+        return rows._fingerprint
+    text = json.dumps([source.model_dump(mode="json") for source in sources], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -74,7 +74,11 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
 
-    spec = JobSpec.model_validate_json(Path(job["spec"]).read_text())
+    # A warm child starts wherever the daemon runs; the job runs in its own folder, so nothing in the
+    # daemon's working directory (a folder named like a Hub dataset, say) is in reach of a relative path.
+    spec_path = Path(job["spec"]).absolute()
+    os.chdir(spec_path.parent)
+    spec = JobSpec.model_validate_json(spec_path.read_text())
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
     try:
         result = HANDLERS[request.method].train(request, spec, reporter)

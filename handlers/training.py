@@ -81,5 +81,8 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     losses = [entry[loss_key] for entry in trainer.state.log_history if loss_key in entry]
     if losses:
         metrics["first_loss"], metrics["final_loss"] = float(losses[0]), float(losses[-1])
+    evaluations = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
+    if evaluations:  # the last evaluation's loss, so a separate eval set shows in `succeeded`
+        metrics["eval_loss"] = float(evaluations[-1]["eval_loss"])
     metrics["world_size"] = float(trainer.args.world_size)
     return metrics

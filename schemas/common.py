@@ -30,7 +30,10 @@ class FieldError(Frozen):
 
 
 # Why a message did not become a job; the `reason` of a `rejected` event and of a DLQ record.
-RejectReason = Literal["not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources"]
+RejectReason = Literal[
+    "not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources",
+    "secret_in_request",  # a value that looks like a credential; the event names its path, never the value
+]
 
 
 class TrainingProgress(Frozen):

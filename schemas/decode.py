@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.request import REQUEST_MODELS, RequestBase
+from schemas.secrets import find_secrets, secret_kind
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,8 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
     for error in exc.errors():
         path, message = _path(tuple(error["loc"])), _message(dict(error))
         named = _NAMED_FIELD.match(message)
-        if named and not path:
-            path, message = named.group(1), named.group(2)
+        if named:  # a check on a block names its field inside the block: "dataset" + "data_files"
+            path, message = (f"{path}.{named.group(1)}" if path else named.group(1)), named.group(2)
         errors.append(FieldError(path=path, message=message))
     return errors
 
@@ -58,6 +59,16 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
     except RecursionError:
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
+    secrets = find_secrets(document)
+    if secrets:
+        # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
+        request_id = document.get("request_id") if isinstance(document, dict) else None
+        if not (isinstance(request_id, str) and re.fullmatch(REQUEST_ID_PATTERN, request_id) and not secret_kind(request_id)):
+            request_id = key_id
+        return Rejection("secret_in_request", [
+            FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
+            for path, kind in secrets
+        ], request_id)
     if not isinstance(document, dict):
         kind = type(document).__name__
         return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
@@ -82,4 +93,4 @@ def _request_id_from_key(key: bytes | None) -> str | None:
         text = (key or b"").decode()
     except UnicodeDecodeError:
         return None
-    return text if re.fullmatch(REQUEST_ID_PATTERN, text) else None
+    return text if re.fullmatch(REQUEST_ID_PATTERN, text) and not secret_kind(text) else None

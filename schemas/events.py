@@ -12,7 +12,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from schemas.common import SCHEMA_VERSION, FieldError, Frozen, RejectReason, TrainingProgress
+from schemas.common import (
+    SCHEMA_VERSION,
+    FieldError,
+    Frozen,
+    RejectReason,
+    TrainingProgress,
+)
+from schemas.provenance import ResolvedSource
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -89,6 +96,9 @@ class Succeeded(EventBase):
     base_model: str
     base_model_revision: str | None = Field(description="The resolved commit of the base model, when it came from the Hub.")
     dataset_fingerprint: str | None
+    dataset_sources: list[ResolvedSource] = Field(default_factory=list, description=(
+        "The resolved dataset sources: Hub commit, object ETags or version ids, files and sizes; empty for a duplicate found by its Hub commit."
+    ))
     duplicate: bool = Field(False, description="True when a redelivered request had already succeeded.")
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 
 from schemas.common import AdapterdError, Frozen, TrainingProgress
+from schemas.provenance import ResolvedSource
 
 
 class JobSpec(Frozen):
@@ -28,6 +29,8 @@ class JobSpec(Frozen):
     progress_interval_steps: int = Field(1, ge=1)
     max_dataset_rows: int | None = Field(None, description="The operator's limit on training rows, for datasets whose size intake cannot see.")
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
+    allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
+    storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -132,6 +135,7 @@ class TrainResult(ChildMessageBase):
     metrics: dict[str, float]
     base_model_revision: str | None
     dataset_fingerprint: str | None
+    dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description="Seconds per child stage: preflight, load_dataset, load_model, train, save.")
     versions: dict[str, str]
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from schemas.common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
-MAX_INLINE_ROWS = 10_000
+# The dataset specs live in schemas/dataset.py; imported here too, where they always were.
+from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
 
 # A Hub repo id ("name" or "namespace/name"), or an absolute local path that the operator allows.
 MODEL_ID_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
@@ -29,26 +30,6 @@ class ModelSpec(Frozen):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = Field(False, description="Refused unless the operator's policy allows it.")
     quantization: Literal["none", "4bit", "8bit"] = Field("none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA.")
-
-
-class DatasetSpec(Frozen):
-    """Where the training rows come from: exactly one of `id` (a Hub dataset) or `rows` (inline)."""
-
-    id: str | None = Field(None, pattern=REPO_ID_PATTERN, description="Hub dataset repo id.")
-    config: str | None = None
-    split: str = "train"
-    revision: str | None = None
-    data_files: str | list[str] | dict[str, str | list[str]] | None = None
-    rows: list[dict[str, JsonValue]] | None = Field(None, min_length=1, max_length=MAX_INLINE_ROWS, description="Inline rows, at most 10,000.")
-    max_samples: int | None = Field(None, ge=1, description="Use at most this many rows of the training split.")
-    eval_split: str | None = Field(None, description="A split of the same dataset to evaluate on.")
-    columns: dict[str, str] = Field(default_factory=dict, description="Renames dataset columns onto the names the method expects: {dataset_column: expected_column}.")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DatasetSpec:
-        if (self.id is None) == (self.rows is None):
-            raise ValueError("give exactly one of 'id' (a Hub dataset) or 'rows' (inline rows)")
-        return self
 
 
 class LoraSpec(Frozen):
@@ -134,6 +115,8 @@ class RequestBase(Frozen):
             problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
             if problem:
                 raise ValueError(problem)
+        if self.dataset.streaming and self.training.max_steps is None:
+            raise ValueError("training.max_steps: a streaming dataset has no length; set max_steps")
         if self.model.quantization != "none" and self.peft is None:
             raise ValueError(f"model.quantization {self.model.quantization} (QLoRA) trains a LoRA adapter: set 'peft'")
         return self

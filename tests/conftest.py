@@ -99,6 +99,22 @@ def published(hub: HubServer, tiny_model_dir: Path, tmp_path_factory: pytest.Tem
     return hub
 
 
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 API server on the loopback (moto's standalone server), with dummy credentials: what
+    s3fs's own tests run against. Nothing reaches AWS."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 @pytest.fixture
 async def settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
     """Settings with topics and a group of this test's own, so tests never see each other's messages."""

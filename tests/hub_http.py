@@ -16,6 +16,30 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tests.hub_server import Commit, HubServer, Repo, new_commit
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def card_problem(content: str) -> str | None:
+    """Like the Hub: a README.md's front matter must be a YAML mapping, and its `base_model` (a
+    string or a list) must name Hub models, never a path on some host."""
+    import yaml
+
+    if not content.startswith("---\n") or "\n---" not in content[4:]:
+        return None
+    try:
+        metadata = yaml.safe_load(content[4:].split("\n---", 1)[0])
+    except yaml.YAMLError as exc:
+        return f"invalid YAML: {exc}"
+    if not isinstance(metadata, dict):
+        return "metadata is not a mapping"
+    base = metadata.get("base_model")
+    bases = base if isinstance(base, list) else [] if base is None else [base]
+    for name in bases:
+        if not isinstance(name, str) or not HUB_ID.fullmatch(name):
+            return f'"base_model" with value "{name}" is not valid. Use a model id from the Hub, e.g. google/gemma-2b'
+    return None
+
+
 API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch)/([^/]+)(?:/(.*))?)?$")
 RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
@@ -114,17 +138,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self._send(200, {"url": url, "name": repo_id, "id": repo_id})
 
     def _validate_card(self, content: str) -> None:
-        """Like the Hub: a README.md's front matter must be a YAML mapping."""
-        import yaml
-
-        if not content.startswith("---\n") or "\n---" not in content[4:]:
+        problem = card_problem(content)
+        if problem is None and not content.startswith("---\n"):
             return self._send(200, {"errors": [], "warnings": [{"message": "empty or missing yaml metadata"}]})
-        try:
-            metadata = yaml.safe_load(content[4:].split("\n---", 1)[0])
-        except yaml.YAMLError as exc:
-            return self._send(400, {"error": f"invalid YAML: {exc}", "errors": [{"message": str(exc)}]})
-        if not isinstance(metadata, dict):
-            return self._send(400, {"error": "metadata is not a mapping", "errors": [{"message": "not a mapping"}]})
+        if problem is not None:
+            return self._send(400, {"error": problem, "errors": [{"message": problem}]})
         self._send(200, {"errors": [], "warnings": []})
 
     def _api(self, repo: Repo, action: str | None, revision: str | None, rest: str, query: dict[str, str]) -> None:
@@ -172,6 +190,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 files.pop(line["value"]["path"], None)
             elif line["key"] == "lfsFile":
                 return self._error(400, "LfsNotServed", "the test Hub takes regular uploads only")
+        if repo.repo_type == "model" and "README.md" in files:
+            # Like the Hub, which refuses a commit whose model card has invalid metadata.
+            problem = card_problem(files["README.md"].decode(errors="replace"))
+            if problem is not None:
+                return self._error(400, "BadRequest", f"Invalid metadata in README.md.\n- {problem}")
         commit = new_commit(repo, parent, header.get("summary", ""), header.get("description", ""), files)
         repo.branches[revision] = commit.sha
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
@@ -186,7 +209,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             "private": repo.private,
             "lastModified": commit.date,
             "tags": [],
-            "siblings": [{"rfilename": p} for p in sorted(commit.files)],
+            "siblings": [{"rfilename": p, "size": len(content)} for p, content in sorted(commit.files.items())],
         }
 
     def _tree(self, commit: Commit, folder: str, recursive: bool) -> list[dict[str, Any]]:

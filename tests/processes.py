@@ -73,7 +73,7 @@ def settings_environment(settings: Settings) -> dict[str, str]:
             if getattr(settings, f"{name}_file", None) is not None:
                 continue  # the daemon reads it from the file, as under systemd
             value = secret.get_secret_value()
-        env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list) else str(value)
+        env[f"ADAPTERD_{name.upper()}"] = json.dumps(value) if isinstance(value, list | dict) else str(value)
     env["HF_HOME"] = str(settings.work_dir / "hf-home")
     return env
 
@@ -90,13 +90,14 @@ class DaemonProcess:
     # line and an environment of its own (the systemd unit's, see `unit_daemon`).
     command: list[str] | None = None
     environment: dict[str, str] | None = None
+    cwd: Path | None = None  # the daemon's working directory; the test's own when None
 
     def start(self) -> DaemonProcess:
         self.settings.work_dir.mkdir(parents=True, exist_ok=True)
         environment = settings_environment(self.settings) if self.environment is None else self.environment
         self.process = subprocess.Popen(
             self.command or [sys.executable, "-m", "daemon.cli", "run"],
-            env={**environment, **self.extra_env},
+            env={**environment, **self.extra_env}, cwd=self.cwd,
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
         )
         return self

@@ -114,3 +114,24 @@ def test_the_hub_client_keeps_its_timeout_after_the_library_drops_it() -> None:
     assert huggingface_hub.get_session().timeout.read == 7.0
     huggingface_hub.close_session()  # as the library does after a fork or an SSL error
     assert huggingface_hub.get_session().timeout.read == 7.0
+
+
+def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    import json
+
+    from daemon.model_card import card_base_model
+
+    local = tmp_path / "base"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps({"_name_or_path": "Qwen/Qwen2.5-0.5B"}))
+    assert card_base_model(str(local)) == "Qwen/Qwen2.5-0.5B"
+    assert card_base_model(str(local), {str(local): "org/mapped"}) == "org/mapped"
+    (local / "config.json").write_text(json.dumps({"_name_or_path": "/home/someone/checkpoints/x"}))
+    assert card_base_model(str(local)) is None
+    on_local = SFTRequest.model_validate({**request("push-local").model_dump(), "model": {"id": str(local)}})
+    card = hub_push.model_card(on_local, "trl.SFTTrainer/trl.SFTConfig", None, {}, {})
+    assert "base_model" not in card.split("---")[1] and str(local) not in card
+    # The local Hub refuses a card naming a host path, as the Hub does: such a push fails.
+    (artifact / "README.md").write_text("---\nbase_model: /abs/path/on/the/host\n---\n")
+    with pytest.raises((PushFailed, ValueError), match="base_model"):  # the client checks the card before committing
+        hub_push.push(artifact, request("push-bad-card"), hub_settings(hub, tmp_path, hub_push_attempts=1))

@@ -92,3 +92,31 @@ def test_every_broken_rule_is_reported_not_only_the_first(rule: str) -> None:
     errors = refused(request(), allowed_models=["x/*"], allowed_datasets=["x/*"], allowed_output_namespaces=["x"])
     assert set(errors) == {"model.id", "dataset.id", "output.repo_id"}
     assert any(rule in message for message in errors.values())
+
+
+def test_object_storage_is_off_until_a_prefix_allows_it() -> None:
+    asking = request(dataset={"url": "s3://ml-data/curated/chat/*.parquet"})
+    assert "allowed_dataset_urls: none configured" in refused(asking)["dataset.url"]
+    assert refused(asking, allowed_dataset_urls=["s3://ml-data/curated/*"]) == {}
+    elsewhere = request(dataset={"files": {"train": ["s3://ml-data/curated/a.parquet", "s3://ml-data/raw/b.parquet"]}})
+    assert list(refused(elsewhere, allowed_dataset_urls=["s3://ml-data/curated/*"])) == ["dataset.files.train.1"]
+
+
+def test_local_files_only_under_an_allowed_root(tmp_path: Path) -> None:
+    inside = request(dataset={"url": str(tmp_path / "chat") + "/"})
+    assert "none configured" in refused(inside)["dataset.url"]
+    assert refused(inside, allowed_local_dataset_roots=[tmp_path]) == {}
+    outside = request(dataset={"url": "/etc/*.json"})
+    assert "outside allowed_local_dataset_roots" in refused(outside, allowed_local_dataset_roots=[tmp_path])["dataset.url"]
+    (tmp_path / "link").symlink_to("/etc")
+    through_link = request(dataset={"url": str(tmp_path / "link" / "*.json")})
+    assert "dataset.url" in refused(through_link, allowed_local_dataset_roots=[tmp_path])
+
+
+def test_every_source_of_a_mixture_and_the_eval_set_is_checked(tmp_path: Path) -> None:
+    asking = request(dataset={
+        "mixture": [{"id": "tiny/chat-rows", "proportion": 1}, {"url": "s3://other/x.parquet", "proportion": 1}],
+        "eval": {"url": "/srv/eval.jsonl"},
+    })
+    errors = refused(asking, allowed_datasets=["approved/*"], allowed_dataset_urls=["s3://ml-data/*"], allowed_local_dataset_roots=[tmp_path])
+    assert set(errors) == {"dataset.mixture.0.id", "dataset.mixture.1.url", "dataset.eval.url"}

@@ -1,0 +1,82 @@
+"""The model card (README.md) pushed with an artifact: Hub metadata up top, then what produced it —
+the base model, the resolved dataset sources (provenance), metrics and versions.
+
+The Hub refuses a card whose `base_model` is not a Hub id, and a host path there would leak the
+host's layout: a local base names the Hub id it came from (the operator's `local_model_hub_ids`, or
+its config's `_name_or_path` when that is a Hub id), or `base_model` is left out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from huggingface_hub import ModelCardData
+
+from schemas.provenance import ResolvedSource
+from schemas.request import RequestBase
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+def card_base_model(model_id: str, local_model_hub_ids: dict[str, str] | None = None) -> str | None:
+    """The Hub id to name as `base_model`, or None when a local base cannot say where it came from."""
+    if not model_id.startswith("/"):
+        return model_id
+    mapped = (local_model_hub_ids or {}).get(model_id) or (local_model_hub_ids or {}).get(model_id.rstrip("/"))
+    if mapped:
+        return mapped
+    try:
+        name = json.loads((Path(model_id) / "config.json").read_text()).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and HUB_ID.fullmatch(name) and not Path(name).exists() else None
+
+
+def _source_lines(sources: Sequence[ResolvedSource]) -> str:
+    lines = []
+    for source in sources:
+        where = f"`{source.location}`" + (f" at `{source.revision}`" if source.revision else "")
+        share = f", {source.proportion:.0%} of the mixture" if source.proportion is not None else ""
+        files = "; ".join(
+            f"`{f.path}`" + (f" ({f.size} bytes)" if f.size is not None else "") + (f" ETag {f.etag}" if f.etag else "")
+            + (f" version {f.version_id}" if f.version_id else "")
+            for f in source.files[:20]
+        )
+        more = f" and {len(source.files) - 20} more" if len(source.files) > 20 else ""
+        lines.append(f"- {source.role}: {source.kind} {where}{share}" + (f": {files}{more}" if files else ""))
+    return "\n".join(lines)
+
+
+def model_card(
+    request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str],
+    *, dataset_sources: Sequence[ResolvedSource] = (), dataset_fingerprint: str | None = None,
+    local_model_hub_ids: dict[str, str] | None = None,
+) -> str:
+    is_adapter = request.peft is not None and request.output.push == "adapter"
+    base = card_base_model(request.model.id, local_model_hub_ids)
+    card = ModelCardData(
+        base_model=base,
+        library_name="peft" if is_adapter else "transformers",
+        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune"],
+    )
+    metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
+    version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
+    # A local base is named by its Hub id when known, else only as a local model: its path stays on the host.
+    base_text = f"`{base}`" if base else "a local model"
+    dataset = request.dataset.id or ("inline rows" if request.dataset.rows is not None else "see below")
+    return (
+        f"---\n{card.to_yaml()}\n---\n\n"
+        f"# {request.output.repo_id}\n\n"
+        f"{'A LoRA adapter' if is_adapter else 'A model'} trained by adapterd with TRL's `{trainer}` "
+        f"(method `{request.method}`) on the base model {base_text}"
+        f"{f' at revision `{base_model_revision}`' if base_model_revision else ''}.\n\n"
+        f"- Request id: `{request.request_id}`\n"
+        f"- Dataset: `{dataset}`\n"
+        + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
+        + f"- Versions: {version_line}\n\n"
+        + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
+        + f"| metric | value |\n|---|---|\n{metric_lines}\n"
+    )

@@ -1,0 +1,28 @@
+"""What a job trained on, as the child resolved it: each source's kind and location, the Hub commit
+or each object's ETag and version, and every file with its size. Goes into `succeeded` and the model
+card, so a result can be traced to the exact bytes it was trained on."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.common import Frozen
+
+
+class SourceFile(Frozen):
+    path: str = Field(description="The file: a path inside the Hub repo, a URL, or a local path.")
+    size: int | None = Field(None, description="Bytes, when the store says.")
+    etag: str | None = Field(None, description="The object's ETag (object storage).")
+    version_id: str | None = Field(None, description="The object's version id, on a versioned bucket.")
+
+
+class ResolvedSource(Frozen):
+    role: Literal["train", "eval"]
+    kind: Literal["hub", "object_storage", "local", "inline"]
+    location: str = Field(description="The Hub id, the URL or path as requested, or 'inline rows'.")
+    revision: str | None = Field(None, description="The Hub commit sha the dataset resolved to.")
+    split: str | None = None
+    proportion: float | None = Field(None, description="This source's normalised share of a mixture.")
+    files: list[SourceFile] = Field(default_factory=list)
