@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.request import REQUEST_MODELS, RequestBase
-from schemas.secrets import find_secrets, secret_kind
+from schemas.secrets import find_secrets, may_hold_secrets, secret_kind
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
     except RecursionError:
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
-    secrets = find_secrets(document)
+    secrets = find_secrets(document) if may_hold_secrets(raw or b"") else []
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
         request_id = document.get("request_id") if isinstance(document, dict) else None
@@ -93,4 +93,6 @@ def _request_id_from_key(key: bytes | None) -> str | None:
         text = (key or b"").decode()
     except UnicodeDecodeError:
         return None
-    return text if re.fullmatch(REQUEST_ID_PATTERN, text) and not secret_kind(text) else None
+    if not re.fullmatch(REQUEST_ID_PATTERN, text):
+        return None
+    return None if may_hold_secrets(key or b"") and secret_kind(text) else text

@@ -13,22 +13,35 @@ from typing import Any
 
 # What each kind looks like. Kept specific enough that ordinary text (a prompt about "tokens", a
 # sentence with "bearer") does not trip them: each needs the credential's own shape.
-_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    ("a Hugging Face token (hf_...)", re.compile(r"\bhf_[A-Za-z0-9]{30,}\b")),
-    ("an AWS access key id (AKIA.../ASIA...)", re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")),
-    ("a private key (-----BEGIN ... PRIVATE KEY-----)", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")),
-    ("a bearer token", re.compile(r"\bBearer\s+[A-Za-z0-9\-._~+/]{16,}=*", re.IGNORECASE)),
-    ("a GitHub token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{36,}\b")),
-    ("a URL with a password in it", re.compile(r"\b[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)),
-]
+_PATTERNS: dict[str, tuple[str, str]] = {
+    "hf": ("a Hugging Face token (hf_...)", r"\bhf_[A-Za-z0-9]{30,}\b"),
+    "aws": ("an AWS access key id (AKIA.../ASIA...)", r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"),
+    "key": ("a private key (-----BEGIN ... PRIVATE KEY-----)", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"),
+    "bearer": ("a bearer token", r"(?i:\bBearer\s+[A-Za-z0-9\-._~+/]{16,}=*)"),
+    "github": ("a GitHub token", r"\bgh[pousr]_[A-Za-z0-9]{36,}\b"),
+    "url": ("a URL with a password in it", r"(?i:\b[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@)"),
+}
+# All of them in one pattern, so that a string is scanned once: every message on the requests
+# topic passes through here, and intake throughput is bound by this and validation.
+_ANY = re.compile("|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in _PATTERNS.items()))
+
+
+# What every pattern above needs to find in the raw JSON, one literal at least. A raw message
+# without any of them holds no credential-looking string, so most messages skip the walk. JSON's
+# escapes are the catch: `\u` can spell any of these literals, and `\/` the slashes, so a raw
+# message with either is always walked.
+_TRIGGERS = re.compile(rb"hf_|AKIA|ASIA|PRIVATE KEY|(?i:bearer)|gh[pousr]_|:/|\\u|\\/")
+
+
+def may_hold_secrets(raw: bytes) -> bool:
+    """False only when no string in this JSON text can look like a credential: a cheap test on the raw bytes."""
+    return _TRIGGERS.search(raw) is not None
 
 
 def secret_kind(value: str) -> str | None:
     """What kind of credential `value` looks like, or None."""
-    for kind, pattern in _PATTERNS:
-        if pattern.search(value):
-            return kind
-    return None
+    found = _ANY.search(value)
+    return _PATTERNS[found.lastgroup][0] if found is not None and found.lastgroup else None
 
 
 def find_secrets(document: Any, path: str = "") -> list[tuple[str, str]]:

@@ -87,3 +87,15 @@ def test_inline_rows_are_bounded() -> None:
     document["dataset"] = {"rows": [{"text": "x"}] * 10_001}
     outcome = rejection(document)
     assert outcome.errors[0].path == "dataset.rows"
+
+
+def test_a_token_hidden_behind_json_escapes_is_still_found() -> None:
+    """The raw-bytes shortcut skips the walk only when no literal can spell a credential; a `\\u`
+    escape can, so such a message is walked and the decoded token found."""
+    token = "hf_" + "x" * 34
+    escaped = "".join(f"\\u{ord(c):04x}" for c in token)
+    raw = ('{"schema_version": 1, "request_id": "r1", "method": "sft", "metadata": {"note": "' + escaped + '"}}').encode()
+    rejection = decode_request(raw)
+    assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request"
+    assert [error.path for error in rejection.errors] == ["metadata.note"]
+    assert token not in repr(rejection)
