@@ -27,7 +27,6 @@ from tenacity import (
 
 from daemon.errors import PushFailed
 from daemon.metrics import HUB_RETRIES
-from daemon.model_card import model_card  # noqa: F401  (where it was; defined in daemon/model_card.py)
 from daemon.settings import Settings
 from schemas.job import is_transient
 from schemas.request import RequestBase

@@ -15,10 +15,11 @@ from pathlib import Path
 
 from huggingface_hub import ModelCardData
 
+from schemas.common import HUB_ID_PATTERN
 from schemas.provenance import ResolvedSource
 from schemas.request import RequestBase
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+HUB_ID = re.compile(HUB_ID_PATTERN)
 
 
 def card_base_model(model_id: str, local_model_hub_ids: dict[str, str] | None = None) -> str | None:

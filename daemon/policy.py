@@ -67,8 +67,12 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
 def _under_roots(location: str, roots: list[Path]) -> bool:
     """Whether the fixed part of a path (up to its first glob character), symlinks resolved, is under
     a root. The schema already refuses '..'; the child checks each file it expands to again."""
-    fixed = re.split(r"[*?\[]", location, maxsplit=1)[0]
-    resolved = Path(fixed).resolve()
+    return _within(re.split(r"[*?\[]", location, maxsplit=1)[0], roots)
+
+
+def _within(path: str, roots: list[Path]) -> bool:
+    """Whether the path, symlinks resolved, lies under one of the roots."""
+    resolved = Path(path).resolve()
     return any(resolved.is_relative_to(root.resolve()) for root in roots)
 
 
@@ -90,8 +94,7 @@ def _reward_models(request: RequestBase) -> list[tuple[str, RewardModelSpec]]:
 
 def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldError]:
     if model_id.startswith("/"):
-        local = Path(model_id).resolve()
-        if not any(local.is_relative_to(root.resolve()) for root in settings.allowed_local_model_roots):
+        if not _within(model_id, settings.allowed_local_model_roots):
             roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
             return [FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")]
         return []

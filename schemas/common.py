@@ -8,6 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
 
+# A Hub repo id: "name" or "namespace/name" (HUB_ID inside other patterns, HUB_ID_PATTERN alone).
+HUB_ID = r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
+HUB_ID_PATTERN = rf"^{HUB_ID}$"
+
 # An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe.
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 

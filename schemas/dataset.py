@@ -14,12 +14,12 @@ from typing import Literal
 
 from pydantic import Field, JsonValue, model_validator
 
-from schemas.common import Frozen
+from schemas.common import HUB_ID_PATTERN, Frozen
 
 MAX_INLINE_ROWS = 10_000
 
 # A Hub dataset id: "name" or "namespace/name".
-DATASET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$"
+DATASET_ID_PATTERN = HUB_ID_PATTERN
 # Object storage through fsspec, or an absolute local path; globs allowed in the path.
 OBJECT_STORAGE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
 LOCATION_PATTERN = rf"^(/\S*|({'|'.join(OBJECT_STORAGE_SCHEMES)})://\S+)$"

@@ -12,13 +12,13 @@ from typing import Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
 
-from schemas.common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
+from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
 
 # A Hub repo id ("name" or "namespace/name"), or an absolute local path that the operator allows.
-MODEL_ID_PATTERN = r"^(/\S+|[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?)$"
+MODEL_ID_PATTERN = rf"^(/\S+|{HUB_ID})$"
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 

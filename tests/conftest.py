@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.demo_requests import PREFERENCE_ROWS
 from daemon.local_kafka import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
@@ -28,7 +29,6 @@ from tests.helpers import (
     CHAT_ROWS,
     HUB_TOKEN,
     PREFERENCE_DATASET,
-    PREFERENCE_ROWS,
     TINY_MODEL,
 )
 from tests.hub_server import HubServer

@@ -115,18 +115,6 @@ def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:
 
 EXAMPLES_DIR = Path(schemas.__file__).parent / "examples"
 
-PREFERENCE_ROWS = [
-    {"prompt": "What is two plus two?", "chosen": "Two plus two equals four.", "rejected": "yes no yes no"},
-    {"prompt": "Where are the requests kept?", "chosen": "Kafka keeps the requests.", "rejected": "the dog is lazy"},
-    {"prompt": "What is the capital of France?", "chosen": "The capital of France is Paris.", "rejected": "eight"},
-    {"prompt": "Where are the adapters kept?", "chosen": "The Hub keeps the adapters.", "rejected": "no"},
-]
-PROMPT_ROWS = [
-    {"prompt": "Two plus two equals", "answer": "four"},
-    {"prompt": "Three plus five equals", "answer": "eight"},
-    {"prompt": "The capital of France is", "answer": "Paris"},
-    {"prompt": "Kafka keeps the", "answer": "requests"},
-]
 SMALL_TRAINING = {"max_steps": 3, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
 SMALL_LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}
 

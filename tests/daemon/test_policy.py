@@ -5,10 +5,11 @@ from typing import Any
 
 import pytest
 
+from daemon.demo_requests import PROMPT_ROWS
 from daemon.policy import policy_errors, report_to
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
-from tests.helpers import CHAT_ROWS, PROMPT_ROWS, sft_request
+from tests.helpers import CHAT_ROWS, sft_request
 
 
 def request(**overrides: Any) -> RequestBase:

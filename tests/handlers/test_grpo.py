@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import (
-    PROMPT_ROWS,
     SMALL_TRAINING,
     assert_adapter_trained,
     download,

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon.demo_requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import (
-    PREFERENCE_ROWS,
     assert_adapter_trained,
     download,
     example_request,

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from daemon.capabilities import trl_version, unsupported_reason
+from daemon.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
 from schemas.job import JobSpec
 from tests.helpers import (
     HUB_TOKEN,
-    PROMPT_ROWS,
     assert_adapter_trained,
     download,
     example_request,

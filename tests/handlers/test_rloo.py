@@ -2,11 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon.demo_requests import PREFERENCE_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import (
-    PREFERENCE_ROWS,
-    PROMPT_ROWS,
     SMALL_TRAINING,
     assert_adapter_trained,
     assert_full_model_trained,
