@@ -121,11 +121,6 @@ def check_columns(request: RequestBase, dataset: AnyDataset) -> None:
         raise JobFailed("dataset_invalid", "preflight", problem)
 
 
-def load_datasets(spec: DatasetSpec, job: JobSpec) -> tuple[AnyDataset, AnyDataset | None]:
-    train, evaluation, _ = load_dataset_sources(spec, job)
-    return train, evaluation
-
-
 def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tuple[AnyDataset, AnyDataset | None, list[ResolvedSource]]:
     """The training rows (one source, or a mixture interleaved by proportion) and the eval rows (a
     split of the same source, or a source of its own), columns renamed, at most `max_samples` rows,

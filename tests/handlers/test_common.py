@@ -74,14 +74,14 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
 
 
 def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:
-    from handlers.loading import load_datasets
+    from handlers.loading import load_dataset_sources
     from schemas.job import JobFailed
 
     rows = SFTRequest.model_validate(sft_request("rows-1", dataset={"rows": CHAT_ROWS})).dataset
     with pytest.raises(JobFailed) as failure:
-        load_datasets(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=4))
+        load_dataset_sources(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=4))
     assert failure.value.code == "dataset_too_large" and "max_dataset_rows" in failure.value.message
-    train, _ = load_datasets(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=6))
+    train, _, _ = load_dataset_sources(rows, job_spec(tmp_path, progress_interval_s=0, max_dataset_rows=6))
     assert len(train) == 6
 
 
