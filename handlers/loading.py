@@ -62,6 +62,8 @@ def load_tokenizer(path: str, spec: ModelSpec) -> PreTrainedTokenizerBase:
         raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no loadable tokenizer: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if spec.chat_template is not None:  # the request's own template; saved with the artifact, so it is pushed too
+        tokenizer.chat_template = spec.chat_template
     return tokenizer
 
 
@@ -75,10 +77,19 @@ def check_hardware(spec: ModelSpec) -> None:
 
 
 def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
+    """`from_pretrained` arguments from the request's model block: dtype, remote code (policy-gated
+    at intake), `trl.ModelConfig`'s loading options, and bitsandbytes for QLoRA."""
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(spec.dtype, "auto"), "trust_remote_code": spec.trust_remote_code}
+    if spec.attn_implementation is not None:
+        kwargs["attn_implementation"] = spec.attn_implementation
     if spec.quantization == "4bit":
+        compute = spec.bnb_4bit_compute_dtype or (spec.dtype if spec.dtype != "auto" else "bfloat16")
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16
+            load_in_4bit=True,
+            bnb_4bit_quant_type=spec.bnb_4bit_quant_type or "nf4",
+            bnb_4bit_use_double_quant=spec.use_bnb_nested_quant,
+            bnb_4bit_compute_dtype=DTYPES[compute],
+            bnb_4bit_quant_storage=spec.bnb_4bit_quant_storage or "uint8",
         )
     elif spec.quantization == "8bit":
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)

@@ -5,6 +5,8 @@ the final metrics and package versions a `succeeded` event carries.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,10 +33,27 @@ def package_versions() -> dict[str, str]:
     return found
 
 
+def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments, with each JSON object given for a field typed as a config class (PEFT's
+    `eva_config: EvaConfig`, ...) built into that class, as the dataclass expects."""
+    hints = typing.get_type_hints(config_class)
+    built = dict(arguments)
+    for name, value in arguments.items():
+        if not isinstance(value, dict) or name not in hints:
+            continue
+        classes = [c for c in (typing.get_args(hints[name]) or (hints[name],)) if isinstance(c, type) and dataclasses.is_dataclass(c)]
+        if classes:
+            built[name] = classes[0](**value)
+    return built
+
+
 def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
     if spec is None:
         return None
-    return LoraConfig(task_type=task_type, **spec.model_dump())
+    try:
+        return LoraConfig(task_type=task_type, **with_objects(LoraConfig, spec.set_fields()))
+    except (TypeError, ValueError) as exc:
+        raise JobFailed("config_invalid", "preflight", f"peft: LoraConfig refused the arguments: {exc}") from exc
 
 
 def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
@@ -51,7 +70,7 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
         disable_tqdm=True,
     )
     try:
-        return config_class(**arguments)
+        return config_class(**with_objects(config_class, arguments))
     except (TypeError, ValueError) as exc:
         raise JobFailed("config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}") from exc
 

@@ -1,5 +1,6 @@
-"""Each method's request: its own block of TRL config fields (`trl.SFTConfig` names for `sft`, and so
-on) and the dataset columns it accepts. Which TRL trainer runs it, and on which TRL, is in the
+"""Each method's request: its own block of TRL config fields (every `trl.SFTConfig` field that is
+not a `TrainingArguments` one for `sft`, and so on; generated: schemas/trl_fields.py) and the
+dataset columns it accepts. Which TRL trainer runs it, and on which TRL, is in the
 method table (schemas/methods.py).
 """
 
@@ -12,94 +13,48 @@ from pydantic import Field
 from schemas.common import Frozen
 from schemas.request_base import RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
+from schemas.trl_fields import (
+    DPOConfigFields,
+    GRPOConfigFields,
+    KTOConfigFields,
+    ORPOConfigFields,
+    PPOConfigFields,
+    RewardConfigFields,
+    RLOOConfigFields,
+    SFTConfigFields,
+)
 
 
-class SFTSpec(Frozen):
+class SFTSpec(SFTConfigFields):
     """`trl.SFTConfig` fields specific to supervised fine-tuning."""
 
-    max_length: int | None = Field(None, ge=1)
-    packing: bool | None = None
-    completion_only_loss: bool | None = None
-    assistant_only_loss: bool | None = None
-    dataset_text_field: str | None = None
 
-
-class DPOSpec(Frozen):
+class DPOSpec(DPOConfigFields):
     """`trl.DPOConfig` fields specific to direct preference optimisation."""
 
-    beta: float | None = Field(None, gt=0)
-    loss_type: list[Literal[
-        "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-        "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm",
-    ]] | None = Field(None, min_length=1)
-    loss_weights: list[float] | None = None
-    label_smoothing: float | None = Field(None, ge=0, le=0.5)
-    max_length: int | None = Field(None, ge=1)
-    truncation_mode: Literal["keep_start", "keep_end"] | None = None
 
-
-class KTOSpec(Frozen):
+class KTOSpec(KTOConfigFields):
     """`trl.KTOConfig` fields specific to Kahneman-Tversky optimisation."""
 
-    beta: float | None = Field(None, gt=0)
-    loss_type: Literal["kto", "apo_zero_unpaired"] | None = None
-    desirable_weight: float | None = Field(None, gt=0)
-    undesirable_weight: float | None = Field(None, gt=0)
-    max_length: int | None = Field(None, ge=1)
 
-
-class RewardSpec(Frozen):
+class RewardSpec(RewardConfigFields):
     """`trl.RewardConfig` fields specific to reward modelling."""
 
-    max_length: int | None = Field(None, ge=1)
-    center_rewards_coefficient: float | None = Field(None, ge=0)
 
-
-class ORPOSpec(Frozen):
+class ORPOSpec(ORPOConfigFields):
     """`trl.experimental.orpo.ORPOConfig` fields specific to ORPO."""
 
-    beta: float | None = Field(None, gt=0)
-    max_length: int | None = Field(None, ge=1)
-    max_completion_length: int | None = Field(None, ge=1)
 
-
-class GRPOSpec(Frozen):
+class GRPOSpec(GRPOConfigFields):
     """`trl.GRPOConfig` fields specific to group relative policy optimisation."""
 
-    num_generations: int | None = Field(None, ge=2)
-    max_completion_length: int | None = Field(None, ge=1)
-    beta: float | None = Field(None, ge=0)
-    temperature: float | None = Field(None, gt=0)
-    num_iterations: int | None = Field(None, ge=1)
-    epsilon: float | None = Field(None, gt=0)
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] | None = None
-    scale_rewards: Literal["group", "batch", "none"] | None = None
 
-
-class RLOOSpec(Frozen):
+class RLOOSpec(RLOOConfigFields):
     """`trl.RLOOConfig` fields specific to REINFORCE leave-one-out."""
 
-    num_generations: int | None = Field(None, ge=2)
-    max_completion_length: int | None = Field(None, ge=1)
-    beta: float | None = Field(None, ge=0)
-    temperature: float | None = Field(None, gt=0)
-    num_iterations: int | None = Field(None, ge=1)
-    epsilon: float | None = Field(None, gt=0)
-    normalize_advantages: bool | None = None
 
-
-class PPOSpec(Frozen):
-    """`trl.experimental.ppo.PPOConfig` fields (trl 1.10 to 1.12)."""
-
-    kl_coef: float | None = Field(None, ge=0)
-    cliprange: float | None = Field(None, gt=0)
-    vf_coef: float | None = Field(None, ge=0)
-    num_ppo_epochs: int | None = Field(None, ge=1)
-    num_mini_batches: int | None = Field(None, ge=1)
-    response_length: int | None = Field(None, ge=1)
-    total_episodes: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, gt=0)
-    missing_eos_penalty: float | None = None
+class PPOSpec(PPOConfigFields):
+    """`trl.experimental.ppo.PPOConfig` fields specific to PPO (generated from trl 1.12)."""
 
 
 class KLEarlyStopSpec(Frozen):

@@ -2,8 +2,10 @@
 common trainer arguments, the output, and `RequestBase`, which each method's request extends
 (schemas/method_requests.py).
 
-Field names follow TRL's and PEFT's own config names wherever one exists, so what users know from
-TRL carries over. A field left out means "TRL's default": the daemon passes on only what was set.
+The `training` and `peft` blocks, and the model's loading options, are generated from the locked
+transformers, PEFT and TRL (schemas/trl_fields.py): every field by its own name, less the ones a
+request may not set (schemas/contract_rules.py). A field left out means "TRL's default": the daemon
+passes on only what was set.
 """
 
 from __future__ import annotations
@@ -16,56 +18,44 @@ from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
+from schemas.trl_fields import (
+    LoraConfigFields,
+    ModelConfigFields,
+    TrainingArgumentsFields,
+)
 
 # A Hub repo id ("name" or "namespace/name"), or an absolute local path that the operator allows.
 MODEL_ID_PATTERN = rf"^(/\S+|{HUB_ID})$"
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
-class ModelSpec(Frozen):
-    """The base model to train."""
+class ModelSpec(ModelConfigFields):
+    """The base model to train: which one (`id`, `revision`), how to load it, and its chat template.
+    The loading options besides these are `trl.ModelConfig`'s own (generated: schemas/trl_fields.py)."""
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
     revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = Field(False, description="Refused unless the operator's policy allows it.")
     quantization: Literal["none", "4bit", "8bit"] = Field("none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA.")
-
-
-class LoraSpec(Frozen):
-    """PEFT LoRA settings (`peft.LoraConfig` names). `peft: null` in a request means a full fine-tune."""
-
-    r: int = Field(16, ge=1, le=1024)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
-    use_rslora: bool = False
-    use_dora: bool = False
-
-
-class TrainingSpec(Frozen):
-    """The trainer arguments common to every method (`transformers.TrainingArguments` names)."""
-
-    learning_rate: float | None = Field(None, gt=0)
-    num_train_epochs: float | None = Field(None, gt=0)
-    max_steps: int | None = Field(None, ge=1)
-    per_device_train_batch_size: int | None = Field(None, ge=1)
-    per_device_eval_batch_size: int | None = Field(None, ge=1)
-    gradient_accumulation_steps: int | None = Field(None, ge=1)
-    warmup_steps: float | None = Field(None, ge=0, description="Steps, or a fraction of the run when below 1.")
-    lr_scheduler_type: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup"] | None = None
-    weight_decay: float | None = Field(None, ge=0)
-    max_grad_norm: float | None = Field(None, gt=0)
-    logging_steps: int | None = Field(None, ge=1)
-    save_steps: int | None = Field(None, ge=1)
-    eval_strategy: Literal["no", "steps", "epoch"] | None = None
-    eval_steps: int | None = Field(None, ge=1)
-    seed: int | None = None
-    gradient_checkpointing: bool | None = None
-    bf16: bool | None = None
-    report_to: list[Literal["trackio", "wandb", "mlflow", "tensorboard"]] | None = Field(
-        None, description="TRL reporting integrations for this job; each must be in the host's allowed_report_to.",
+    bnb_4bit_compute_dtype: Literal["float32", "float16", "bfloat16"] | None = Field(
+        None, description="The compute dtype of a 4bit base (bitsandbytes); the model's dtype when unset.",
     )
+    chat_template: str | None = Field(
+        None, max_length=65536,
+        description="A Jinja chat template, inline, that replaces the tokenizer's own for this job and is pushed with the result "
+                    "(TRL's chat_template_path, without reading a host path).",
+    )
+
+
+class LoraSpec(LoraConfigFields):
+    """PEFT LoRA settings, every `peft.LoraConfig` field by its own name (generated: schemas/trl_fields.py).
+    `peft: null` in a request means a full fine-tune."""
+
+
+class TrainingSpec(TrainingArgumentsFields):
+    """The trainer arguments common to every method, every `transformers.TrainingArguments` field a
+    request may set, by its own name (generated: schemas/trl_fields.py)."""
 
 
 class OutputSpec(Frozen):
@@ -145,5 +135,5 @@ class RequestBase(Frozen):
 
     def set_fields(self, block: str) -> dict[str, Any]:
         """The fields of one block that the request set, to pass on to TRL as keyword arguments."""
-        return getattr(self, block).model_dump(exclude_none=True)
+        return getattr(self, block).set_fields()
 
