@@ -39,7 +39,7 @@ def removed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 def write(contract: dict[str, Any]) -> list[Path]:
-    CONTRACT_FILE.write_text(json.dumps(contract, indent=1, sort_keys=True) + "\n")
+    CONTRACT_FILE.write_text(json.dumps(contract, indent=1) + "\n")  # in the dataclasses' order, as TRL groups them
     MODULE_FILE.write_text(render_module(contract))
     DOC_FILE.write_text(render_doc(contract))
     return [CONTRACT_FILE, MODULE_FILE, DOC_FILE]

@@ -102,7 +102,6 @@ REFUSED: dict[str, dict[str, Refusal]] = {
     },
     "*": {
         "model_init_kwargs": _INIT,
-        "ref_model_init_kwargs": _INIT,
         "trust_remote_code": _CODE,
         "chat_template_path": _TEMPLATE_PATH,
         "vllm_server_base_url": _VLLM_SERVER,
@@ -111,7 +110,6 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "vllm_group_port": _VLLM_SERVER,
         "reward_model_path": Refusal("daemon", "the reward model is named in the request and checked by policy", "reward_model"),
         "sft_model_path": Refusal("daemon", "the policy model is the request's base model", "model.id"),
-        "output_dir": Refusal("daemon", "checkpoints go to the job's folder"),
     },
 }
 
