@@ -17,7 +17,14 @@ import pytest
 from handlers.contract_source import dataclass_of, read_contract
 from handlers.generate_contract import removed_fields
 from schemas import contract_rules as rules
-from schemas.contract_render import DOC_FILE, MODULE_FILE, REGENERATE, load_contract, render_doc, render_module
+from schemas.contract_render import (
+    DOC_FILE,
+    MODULE_FILE,
+    REGENERATE,
+    load_contract,
+    render_doc,
+    render_module,
+)
 from schemas.request import REQUEST_MODELS, ModelSpec
 
 CHECKED_IN = load_contract()
