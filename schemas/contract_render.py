@@ -130,7 +130,7 @@ def render_doc(contract: dict[str, Any]) -> str:
         if block not in contract:
             continue
         section = contract[block]
-        lines += ["", f"## {titles.get(block, f'`{block}`')}: `{section['source']}` ({section['package']} {section['version']})", ""]
+        lines += ["", f'<a id="{block}"></a>', "", f"## {titles.get(block, f'`{block}`')}: `{section['source']}` ({section['package']} {section['version']})", ""]
         if section.get("training_defaults"):
             changed = ", ".join(f"`{k}` {v!r}" for k, v in section["training_defaults"].items())
             lines += [f"Training defaults this method changes: {changed}.", ""]
