@@ -174,6 +174,7 @@ class JobRunner:
             max_dataset_rows=self.settings.max_dataset_rows,
             allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
             storage_options=self.settings.dataset_storage_options,
+            vllm_server_base_url=self.settings.vllm_server_base_url,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))

@@ -31,6 +31,7 @@ class JobSpec(Frozen):
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
     storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
+    vllm_server_base_url: str | None = Field(None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -45,6 +46,7 @@ FailureCode = Literal[
     "dataset_too_large",  # more rows than the operator's max_dataset_rows
     "config_invalid",  # TRL refused the trainer arguments
     "cuda_required",  # QLoRA on a host without CUDA
+    "vllm_unavailable",  # use_vllm on a host without vLLM installed or without CUDA
     "training_error",  # the trainer raised
     "child_crashed",  # the child died without saying why (a signal, out of memory)
     "timeout",  # the job ran past its timeout_s

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.common import Frozen
-from schemas.request_base import RequestBase
+from schemas.request_base import MODEL_ID_PATTERN, RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
 
 
@@ -36,6 +36,9 @@ class DPOSpec(Frozen):
     label_smoothing: float | None = Field(None, ge=0, le=0.5)
     max_length: int | None = Field(None, ge=1)
     truncation_mode: Literal["keep_start", "keep_end"] | None = None
+    # hand-added for vllm-ref; the generated blocks replace this
+    precompute_ref_log_probs: bool | None = None
+    precompute_ref_batch_size: int | None = Field(None, ge=1)
 
 
 class KTOSpec(Frozen):
@@ -46,6 +49,9 @@ class KTOSpec(Frozen):
     desirable_weight: float | None = Field(None, gt=0)
     undesirable_weight: float | None = Field(None, gt=0)
     max_length: int | None = Field(None, ge=1)
+    # hand-added for vllm-ref; the generated blocks replace this
+    precompute_ref_log_probs: bool | None = None
+    precompute_ref_batch_size: int | None = Field(None, ge=1)
 
 
 class RewardSpec(Frozen):
@@ -74,6 +80,17 @@ class GRPOSpec(Frozen):
     epsilon: float | None = Field(None, gt=0)
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] | None = None
     scale_rewards: Literal["group", "batch", "none"] | None = None
+    # hand-added for vllm-ref; the generated blocks replace this
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    use_vllm: bool | None = None
+    vllm_mode: Literal["colocate", "server"] | None = None
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    vllm_tensor_parallel_size: int | None = Field(None, ge=1)
+    vllm_max_model_length: int | None = Field(None, ge=1)
+    vllm_enable_sleep_mode: bool | None = None
 
 
 class RLOOSpec(Frozen):
@@ -86,6 +103,17 @@ class RLOOSpec(Frozen):
     num_iterations: int | None = Field(None, ge=1)
     epsilon: float | None = Field(None, gt=0)
     normalize_advantages: bool | None = None
+    # hand-added for vllm-ref; the generated blocks replace this
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    use_vllm: bool | None = None
+    vllm_mode: Literal["colocate", "server"] | None = None
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    vllm_tensor_parallel_size: int | None = Field(None, ge=1)
+    vllm_max_model_length: int | None = Field(None, ge=1)
+    vllm_enable_sleep_mode: bool | None = None
 
 
 class PPOSpec(Frozen):
@@ -108,6 +136,23 @@ class KLEarlyStopSpec(Frozen):
     target_kl: float = Field(gt=0)
 
 
+class ReferenceModelSpec(Frozen):
+    """DPO's and KTO's frozen reference model, when it is not the base model itself (e.g. the SFT model
+    the base was tuned from). Loaded like the base: its dtype, quantization and trust_remote_code; it must
+    share the base model's tokenizer."""
+
+    id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
+    revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+
+
+def _reference_problem(request: RequestBase, block: str) -> str | None:
+    """Why the reference settings of a DPO or KTO request cannot work, or None. TRL computes reference
+    log-probs ahead (`precompute_ref_log_probs`) only over a map-style dataset, never a stream."""
+    if request.set_fields(block).get("precompute_ref_log_probs") and request.dataset.streaming:
+        return f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
+    return None
+
+
 class SFTRequest(RequestBase):
     """Supervised fine-tuning with `trl.SFTTrainer`. Rows: `messages`, `prompt`+`completion`, or `text`."""
 
@@ -123,6 +168,16 @@ class DPORequest(RequestBase):
 
     method: Literal["dpo"]
     dpo: DPOSpec = Field(default_factory=DPOSpec)
+    ref_model: ReferenceModelSpec | None = Field(None, description=(
+        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+    ))
+
+    @model_validator(mode="after")
+    def _reference_fits(self) -> DPORequest:
+        problem = _reference_problem(self, "dpo")
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
@@ -133,6 +188,16 @@ class KTORequest(RequestBase):
 
     method: Literal["kto"]
     kto: KTOSpec = Field(default_factory=KTOSpec)
+    ref_model: ReferenceModelSpec | None = Field(None, description=(
+        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+    ))
+
+    @model_validator(mode="after")
+    def _reference_fits(self) -> KTORequest:
+        problem = _reference_problem(self, "kto")
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt", "completion", "label"}),)
