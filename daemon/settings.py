@@ -64,7 +64,7 @@ class Settings(BaseSettings):
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
-    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward models); empty allows any.")
+    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward and reference models); empty allows any.")
     allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
     allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="Folders datasets may be read from; empty allows none.")

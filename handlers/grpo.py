@@ -32,7 +32,7 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, reporter, data)
-    reward_model_path = resolve_model(request.rewards.model)[0] if request.rewards.model else None
+    reward_model_path = resolve_model(request.rewards.model, "rewards.model")[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
     trainer = GRPOTrainer(
         model=load_causal_lm(base.path, request.model),
