@@ -40,7 +40,7 @@ ChildStage = Literal["preflight", "load_dataset", "load_model", "train", "save",
 # Why a job failed: the `code` of a `failed` or `retrying` event. Consumers branch on these, so a
 # code never changes meaning; a new cause gets a new code.
 FailureCode = Literal[
-    "model_unavailable",  # the base or reward model cannot be downloaded or loaded
+    "model_unavailable",  # the base, reward or reference model cannot be downloaded or loaded
     "dataset_unavailable",  # the dataset cannot be loaded
     "dataset_invalid",  # the dataset loads, but its columns or rows do not fit the method
     "dataset_too_large",  # more rows than the operator's max_dataset_rows
