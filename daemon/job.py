@@ -174,6 +174,7 @@ class JobRunner:
             max_dataset_rows=self.settings.max_dataset_rows,
             allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
             storage_options=self.settings.dataset_storage_options,
+            vllm_server_base_url=self.settings.vllm_server_base_url,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
@@ -199,8 +200,14 @@ class JobRunner:
             **self._common(), sink=found.sink, repo_id=found.repo_id, revision=found.revision, commit_sha=found.commit_sha,
             commit_url=found.commit_url, location=found.location, files=found.files, metrics={}, durations_s={},
             versions={}, method=self.request.method, trainer="unknown: found by its Hub commit",
-            base_model=self.request.model.id, base_model_revision=None, dataset_fingerprint=None, duplicate=True,
+            base_model=self.request.model.id, base_model_revision=None, ref_model=self._ref_model(), dataset_fingerprint=None,
+            duplicate=True,
         )
+
+    def _ref_model(self) -> str | None:
+        """The reference model a dpo or kto request named; None for the other methods and when the base was the reference."""
+        ref_model = getattr(self.request, "ref_model", None)
+        return ref_model.id if ref_model is not None else None
 
     async def _push(self, result: TrainResult) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
@@ -232,6 +239,8 @@ class JobRunner:
             trainer=result.trainer,
             base_model=self.request.model.id,
             base_model_revision=result.base_model_revision,
+            ref_model=self._ref_model(),
+            ref_model_revision=result.ref_model_revision,
             dataset_fingerprint=result.dataset_fingerprint,
             dataset_sources=result.dataset_sources,
         )

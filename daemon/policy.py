@@ -10,13 +10,17 @@ from pathlib import Path
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
-from schemas.request import RequestBase, RewardModelSpec
+from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
+
+# TRL's fields that say where a vLLM server is: a host address only the operator may give (vllm_server_base_url).
+VLLM_HOST_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_group_port")
 
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     errors = _model_errors("model.id", request.model.id, settings)
-    for path, spec in _reward_models(request):
+    for path, spec in _other_models(request):
         errors += _model_errors(path, spec.id, settings)
+    errors += _vllm_errors(request, settings)
     if request.model.trust_remote_code and not settings.allow_trust_remote_code:
         errors.append(FieldError(path="model.trust_remote_code", message="refused: this host does not allow remote code (allow_trust_remote_code)"))
     dataset = request.dataset
@@ -81,14 +85,36 @@ def report_to(request: RequestBase, settings: Settings) -> list[str]:
     return sorted({*settings.report_to, *(request.training.report_to or [])})
 
 
-def _reward_models(request: RequestBase) -> list[tuple[str, RewardModelSpec]]:
-    found: list[tuple[str, RewardModelSpec]] = []
+def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
+    """vLLM's server mode goes only to the operator's server: a request may not name a host, and asks
+    for server mode only where the operator configured one (vllm_server_base_url)."""
+    block = request.method  # type: ignore[attr-defined]  # a method's TRL fields are in the block named after it
+    fields = request.set_fields(block) if hasattr(request, block) else {}
+    errors = [
+        FieldError(path=f"{block}.{name}", message="a request may not name a vLLM server; server mode uses the one this host configured (vllm_server_base_url)")
+        for name in VLLM_HOST_FIELDS if name in fields
+    ]
+    if fields.get("use_vllm") and fields.get("vllm_mode") == "server" and settings.vllm_server_base_url is None:
+        errors.append(FieldError(
+            path=f"{block}.vllm_mode",
+            message="server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'",
+        ))
+    return errors
+
+
+def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | ReferenceModelSpec]]:
+    """The models a request names besides its base (reward models, DPO's and KTO's reference), each
+    under the same rules as the base."""
+    found: list[tuple[str, RewardModelSpec | ReferenceModelSpec]] = []
     rewards = getattr(request, "rewards", None)
     if rewards is not None and rewards.model is not None:
         found.append(("rewards.model.id", rewards.model))
     reward_model = getattr(request, "reward_model", None)
     if reward_model is not None:
         found.append(("reward_model.id", reward_model))
+    ref_model = getattr(request, "ref_model", None)
+    if ref_model is not None:
+        found.append(("ref_model.id", ref_model))
     return found
 
 

@@ -64,7 +64,7 @@ class Settings(BaseSettings):
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
-    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward models); empty allows any.")
+    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward and reference models); empty allows any.")
     allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
     allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="Folders datasets may be read from; empty allows none.")
@@ -80,6 +80,10 @@ class Settings(BaseSettings):
     max_gpus_per_job: int | None = Field(None, ge=1)
     allowed_report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations a request may switch on.")
     report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations on for every job.")
+    vllm_server_base_url: str | None = Field(None, description=(
+        "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
+        "such requests are rejected. A request never names a server itself."
+    ))
 
     # Hub
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
@@ -119,6 +123,15 @@ class Settings(BaseSettings):
         if not host or not port.isdigit():
             raise ValueError(f"expected host:port, got {value!r}")
         return value
+
+    @field_validator("vllm_server_base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
 
     @field_validator("allowed_local_model_roots", "allowed_local_dataset_roots")
     @classmethod

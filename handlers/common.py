@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase, Trainer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
 
 from handlers.loading import (
     check_chat_template,
@@ -34,14 +34,14 @@ from handlers.training import (
     save_artifact,
     trl_config,
 )
-from schemas.job import JobSpec, TrainResult
+from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
 from schemas.provenance import ResolvedSource
 from schemas.request import RequestBase
 
 __all__ = [
-    "EXIT_STOPPED", "Base", "Data", "JobCallback", "StatusReporter", "load_base", "load_causal_lm", "load_data",
-    "load_sequence_classifier", "lora_config", "resolve_model", "result", "train_and_save", "trl_config",
+    "EXIT_STOPPED", "Base", "Data", "JobCallback", "Reference", "StatusReporter", "load_base", "load_causal_lm", "load_data",
+    "load_reference", "load_sequence_classifier", "lora_config", "resolve_model", "result", "train_and_save", "trl_config",
 ]
 
 
@@ -79,17 +79,48 @@ def load_base(request: RequestBase, reporter: StatusReporter, data: Data) -> Bas
     return Base(path, revision, tokenizer)
 
 
-def train_and_save(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data, base: Base) -> TrainResult:
+@dataclass(frozen=True)
+class Reference:
+    model: PreTrainedModel  # the frozen reference the trainer compares the policy with
+    revision: str | None  # the Hub commit it resolved to; None for a local folder
+
+
+def load_reference(request: RequestBase, base: Base) -> Reference | None:
+    """Stage `load_model`, for DPO and KTO: the request's `ref_model`, loaded like the base (its dtype,
+    quantization and trust_remote_code), or None when the base is the reference (TRL's default). The
+    trainer feeds it the base tokenizer's ids, so it must have an embedding for each of them."""
+    spec = getattr(request, "ref_model", None)
+    if spec is None:
+        return None
+    as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
+    path, revision = resolve_model(as_base, "ref_model")
+    model = load_causal_lm(path, as_base, "ref_model")
+    embeddings, tokens = model.get_input_embeddings().num_embeddings, len(base.tokenizer)
+    if embeddings < tokens:
+        raise JobFailed(
+            "model_unavailable", "load_model",
+            f"ref_model.id: {spec.id} has {embeddings} token embeddings and the base model's tokenizer {tokens} tokens: "
+            "the reference model must share the base model's tokenizer",
+        )
+    return Reference(model, revision)
+
+
+def train_and_save(
+    trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data, base: Base,
+    reference: Reference | None = None,
+) -> TrainResult:
     """Stages `train` and `save`: train from the last checkpoint of an earlier attempt (step 0 when
     there is none), write the artifact, and report."""
     reporter.enter("train")
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
-    return result(request, reporter, data, base, final_metrics(trainer, output.metrics))
+    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference)
 
 
-def result(request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float]) -> TrainResult:
+def result(
+    request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float], reference: Reference | None = None,
+) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
     comes from the method table."""
     reporter.enter("done")
@@ -97,6 +128,7 @@ def result(request: RequestBase, reporter: StatusReporter, data: Data, base: Bas
         trainer=METHODS[request.method].trained_by,  # type: ignore[attr-defined]
         metrics=metrics,
         base_model_revision=base.revision,
+        ref_model_revision=reference.revision if reference is not None else None,
         dataset_fingerprint=fingerprint(data.train, data.sources),
         dataset_sources=data.sources,
         durations_s=reporter.durations_s,

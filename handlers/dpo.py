@@ -1,7 +1,9 @@
 """Direct preference optimisation with `trl.DPOTrainer`.
 
 Rows: `chosen` and `rejected` (and usually `prompt`), conversational or plain text. With LoRA the
-reference model is the base with the adapter switched off, so no second copy is loaded.
+reference model is the base with the adapter switched off, so no second copy is loaded; `ref_model`
+names another one, loaded beside the policy (with LoRA too). With `dpo.precompute_ref_log_probs` TRL
+computes the reference's log-probs over the dataset once, before the first step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from handlers.common import (
     load_base,
     load_causal_lm,
     load_data,
+    load_reference,
     lora_config,
     train_and_save,
     trl_config,
@@ -26,8 +29,10 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(DPOConfig, request, job, "dpo")
     data = load_data(request, job, reporter)
     base = load_base(request, reporter, data)
+    reference = load_reference(request, base)
     trainer = DPOTrainer(
         model=load_causal_lm(base.path, request.model),
+        ref_model=reference.model if reference is not None else None,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
@@ -35,4 +40,4 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
         callbacks=[JobCallback(reporter, job)],
     )
-    return train_and_save(trainer, request, job, reporter, data, base)
+    return train_and_save(trainer, request, job, reporter, data, base, reference)

@@ -1,6 +1,8 @@
 """Kahneman-Tversky optimisation with `trl.KTOTrainer`.
 
 Rows: `prompt`, `completion` and a boolean `label` (desirable or not): unpaired preference data.
+The reference is the base (with LoRA, the base with the adapter switched off) unless `ref_model`
+names another, loaded beside the policy; `kto.precompute_ref_log_probs` computes its log-probs once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from handlers.common import (
     load_base,
     load_causal_lm,
     load_data,
+    load_reference,
     lora_config,
     train_and_save,
     trl_config,
@@ -25,8 +28,10 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(KTOConfig, request, job, "kto")
     data = load_data(request, job, reporter)
     base = load_base(request, reporter, data)
+    reference = load_reference(request, base)
     trainer = KTOTrainer(
         model=load_causal_lm(base.path, request.model),
+        ref_model=reference.model if reference is not None else None,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
@@ -34,4 +39,4 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         peft_config=lora_config(request.peft, "CAUSAL_LM"),
         callbacks=[JobCallback(reporter, job)],
     )
-    return train_and_save(trainer, request, job, reporter, data, base)
+    return train_and_save(trainer, request, job, reporter, data, base, reference)

@@ -38,11 +38,12 @@ def _http_status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
-def resolve_model(spec: ModelSpec | RewardModelSpec) -> tuple[str, str | None]:
-    """The local folder of the base model and, for a Hub model, the commit it resolved to."""
+def resolve_model(spec: ModelSpec | RewardModelSpec, field: str = "model") -> tuple[str, str | None]:
+    """The local folder of a model (the base, or the one the request's `field` names) and, for a Hub
+    model, the commit it resolved to."""
     if spec.id.startswith("/"):
         if not Path(spec.id).is_dir():
-            raise JobFailed("model_unavailable", "load_model", f"model.id: local path {spec.id} is not a directory")
+            raise JobFailed("model_unavailable", "load_model", f"{field}.id: local path {spec.id} is not a directory")
         return spec.id, None
     try:
         sha = HfApi().model_info(spec.id, revision=spec.revision).sha
@@ -50,7 +51,7 @@ def resolve_model(spec: ModelSpec | RewardModelSpec) -> tuple[str, str | None]:
     except (HfHubHTTPError, TransportError) as exc:
         raise JobFailed(
             "model_unavailable", "load_model",
-            f"model.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc!r}",
+            f"{field}.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc!r}",
             retryable=is_transient(_http_status(exc)),
         ) from exc
 
@@ -96,11 +97,11 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     return kwargs
 
 
-def load_causal_lm(path: str, spec: ModelSpec) -> PreTrainedModel:
+def load_causal_lm(path: str, spec: ModelSpec, field: str = "model") -> PreTrainedModel:
     try:
         return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec))
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not a loadable causal LM: {exc}") from exc
+        raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}") from exc
 
 
 def load_sequence_classifier(path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:

@@ -73,7 +73,7 @@ def tokenize_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> Da
 
 def load_reward_model(request: PPORequest) -> PreTrainedModel:
     """The reward model, in the request's dtype and under its remote-code choice (which policy allowed)."""
-    path, _ = resolve_model(request.reward_model)
+    path, _ = resolve_model(request.reward_model, "reward_model")
     try:
         return AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=DTYPES.get(request.model.dtype, "auto"), trust_remote_code=request.model.trust_remote_code,

@@ -2,6 +2,8 @@
 
 Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
 scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
+With `rloo.use_vllm` vLLM generates them (handlers/vllm_support.py); the preflight fails first on a
+host without it.
 """
 
 from __future__ import annotations
@@ -20,20 +22,22 @@ from handlers.common import (
     trl_config,
 )
 from handlers.rewards import check_reward_columns, reward_functions
+from handlers.vllm_support import check_vllm, vllm_arguments
 from schemas.job import JobSpec, TrainResult
 from schemas.request import RLOORequest
 
 
 def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
+    check_vllm(request, job, "rloo")
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, reporter, data)
-    reward_model_path = resolve_model(request.rewards.model)[0] if request.rewards.model else None
+    reward_model_path = resolve_model(request.rewards.model, "rewards.model")[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
     trainer = RLOOTrainer(
         model=load_causal_lm(base.path, request.model),
         reward_funcs=reward_funcs,
-        args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights),
+        args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights, **vllm_arguments(request, job, "rloo")),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,

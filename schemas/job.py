@@ -31,6 +31,7 @@ class JobSpec(Frozen):
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
     storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
+    vllm_server_base_url: str | None = Field(None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -39,12 +40,13 @@ ChildStage = Literal["preflight", "load_dataset", "load_model", "train", "save",
 # Why a job failed: the `code` of a `failed` or `retrying` event. Consumers branch on these, so a
 # code never changes meaning; a new cause gets a new code.
 FailureCode = Literal[
-    "model_unavailable",  # the base or reward model cannot be downloaded or loaded
+    "model_unavailable",  # the base, reward or reference model cannot be downloaded or loaded
     "dataset_unavailable",  # the dataset cannot be loaded
     "dataset_invalid",  # the dataset loads, but its columns or rows do not fit the method
     "dataset_too_large",  # more rows than the operator's max_dataset_rows
     "config_invalid",  # TRL refused the trainer arguments
     "cuda_required",  # QLoRA on a host without CUDA
+    "vllm_unavailable",  # use_vllm on a host without vLLM installed or without CUDA
     "training_error",  # the trainer raised
     "child_crashed",  # the child died without saying why (a signal, out of memory)
     "timeout",  # the job ran past its timeout_s
@@ -134,6 +136,7 @@ class TrainResult(ChildMessageBase):
     trainer: str
     metrics: dict[str, float]
     base_model_revision: str | None
+    ref_model_revision: str | None = Field(None, description="The resolved commit of DPO's or KTO's ref_model, when it came from the Hub.")
     dataset_fingerprint: str | None
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description="Seconds per child stage: preflight, load_dataset, load_model, train, save.")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.common import Frozen
-from schemas.request_base import RequestBase
+from schemas.request_base import MODEL_ID_PATTERN, RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
 from schemas.trl_fields import (
     DPOConfigFields,
@@ -63,6 +63,23 @@ class KLEarlyStopSpec(Frozen):
     target_kl: float = Field(gt=0)
 
 
+class ReferenceModelSpec(Frozen):
+    """DPO's and KTO's frozen reference model, when it is not the base model itself (e.g. the SFT model
+    the base was tuned from). Loaded like the base: its dtype, quantization and trust_remote_code; it must
+    share the base model's tokenizer."""
+
+    id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
+    revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+
+
+def _reference_problem(request: RequestBase, block: str) -> str | None:
+    """Why the reference settings of a DPO or KTO request cannot work, or None. TRL computes reference
+    log-probs ahead (`precompute_ref_log_probs`) only over a map-style dataset, never a stream."""
+    if request.set_fields(block).get("precompute_ref_log_probs") and request.dataset.streaming:
+        return f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
+    return None
+
+
 class SFTRequest(RequestBase):
     """Supervised fine-tuning with `trl.SFTTrainer`. Rows: `messages`, `prompt`+`completion`, or `text`."""
 
@@ -78,6 +95,16 @@ class DPORequest(RequestBase):
 
     method: Literal["dpo"]
     dpo: DPOSpec = Field(default_factory=DPOSpec)
+    ref_model: ReferenceModelSpec | None = Field(None, description=(
+        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+    ))
+
+    @model_validator(mode="after")
+    def _reference_fits(self) -> DPORequest:
+        problem = _reference_problem(self, "dpo")
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
@@ -88,6 +115,16 @@ class KTORequest(RequestBase):
 
     method: Literal["kto"]
     kto: KTOSpec = Field(default_factory=KTOSpec)
+    ref_model: ReferenceModelSpec | None = Field(None, description=(
+        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+    ))
+
+    @model_validator(mode="after")
+    def _reference_fits(self) -> KTORequest:
+        problem = _reference_problem(self, "kto")
+        if problem:
+            raise ValueError(problem)
+        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt", "completion", "label"}),)

@@ -25,6 +25,7 @@ from schemas.method_requests import (
     ORPOSpec,
     PPORequest,
     PPOSpec,
+    ReferenceModelSpec,
     RewardRequest,
     RewardSpec,
     RLOORequest,
@@ -68,7 +69,7 @@ __all__ = [
     "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
     "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
     "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",
-    "PPORequest", "PPOSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",
+    "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",
     "RewardFunction", "RewardModelSpec", "RewardRequest", "RewardSpec", "SFTRequest", "SFTSpec",
     "ThinkFormatReward", "TrainingRequest", "TrainingSpec",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,43 @@ def example_request(method: str, request_id: str, **overrides: Any) -> dict[str,
     )
     request.update(overrides)
     return request
+
+
+def run_handler(request: dict[str, Any], work: Path, **job: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Run a request's handler in this process, as the child would, without a daemon or Kafka: the
+    handler's TrainResult, or the JobFailed it raised, and every message it sent on its status pipe."""
+    from handlers import HANDLERS
+    from handlers.reporting import StatusReporter
+    from schemas.job import JobFailed, JobSpec
+
+    spec = JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job)
+    work.mkdir(parents=True, exist_ok=True)
+    status = work / "status.jsonl"
+    reporter = StatusReporter(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
+    outcome: Any
+    try:
+        outcome = HANDLERS[request["method"]].train(schemas.REQUEST_MODELS[request["method"]].model_validate(request), spec, reporter)
+    except JobFailed as failure:
+        outcome = failure
+    finally:
+        reporter._stream.close()
+    return outcome, [json.loads(line) for line in status.read_text().splitlines()]
+
+
+def other_model(tiny_model_dir: Path, out_dir: Path, **config: int) -> Path:
+    """A causal LM other than the tiny base: the same architecture and tokenizer, other random weights
+    (or, with `config`, another shape), to be a reference model."""
+    from transformers import AutoTokenizer
+
+    from handlers.tiny_model import build_model
+
+    model = build_model(AutoTokenizer.from_pretrained(tiny_model_dir), seed=1)
+    if config:
+        from transformers import Qwen2ForCausalLM
+
+        model = Qwen2ForCausalLM(model.config.__class__(**{**model.config.to_dict(), **config}))
+    model.save_pretrained(out_dir)
+    return out_dir
 
 
 async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]:

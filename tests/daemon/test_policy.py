@@ -39,6 +39,21 @@ def test_reward_model_outside_the_allow_list() -> None:
     assert list(errors) == ["rewards.model.id"] and "other/reward" in errors["rewards.model.id"]
 
 
+def test_reference_model_under_the_same_rules_as_the_base(tmp_path: Path) -> None:
+    for method in ("dpo", "kto"):
+        asking = REQUEST_MODELS[method].model_validate(
+            sft_request(f"policy-{method}", method=method, dataset={"id": "tiny/preferences"}, ref_model={"id": "other/sft-model"})
+        )
+        errors = refused(asking, allowed_models=["tiny/*"])
+        assert list(errors) == ["ref_model.id"] and "other/sft-model is not allowed" in errors["ref_model.id"]
+        assert "allowed_models" in errors["ref_model.id"]
+        assert refused(asking, allowed_models=["tiny/*", "other/*"]) == {}
+    local = REQUEST_MODELS["dpo"].model_validate(
+        sft_request("policy-dpo-local", method="dpo", dataset={"id": "tiny/preferences"}, ref_model={"id": "/srv/models/sft"})
+    )
+    assert "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["ref_model.id"]
+
+
 def test_local_model_outside_the_allowed_roots(tmp_path: Path) -> None:
     errors = refused(request(model={"id": "/srv/models/x"}), allowed_local_model_roots=[tmp_path])
     assert "outside allowed_local_model_roots" in errors["model.id"]
@@ -121,3 +136,44 @@ def test_every_source_of_a_mixture_and_the_eval_set_is_checked(tmp_path: Path) -
     })
     errors = refused(asking, allowed_datasets=["approved/*"], allowed_dataset_urls=["s3://ml-data/*"], allowed_local_dataset_roots=[tmp_path])
     assert set(errors) == {"dataset.mixture.0.id", "dataset.mixture.1.url", "dataset.eval.url"}
+
+
+def grpo_request(method: str = "grpo", **block: Any) -> RequestBase:
+    raw = sft_request("policy-vllm", method=method, dataset={"rows": PROMPT_ROWS}, rewards={"functions": [{"name": "think_format"}]}, **{method: block})
+    return REQUEST_MODELS[method].model_validate(raw)
+
+
+@pytest.mark.parametrize("method", ["grpo", "rloo"])
+def test_vllm_server_mode_only_where_the_operator_configured_a_server(method: str) -> None:
+    server = grpo_request(method, use_vllm=True, vllm_mode="server")
+    errors = refused(server)
+    assert errors == {f"{method}.vllm_mode": "server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'"}
+    assert refused(server, vllm_server_base_url="http://vllm.internal:8000") == {}
+    assert refused(grpo_request(method, use_vllm=True, vllm_mode="colocate")) == {}
+    assert refused(grpo_request(method, use_vllm=True)) == {}  # TRL's default mode: colocate
+
+
+def test_a_request_never_names_a_vllm_server() -> None:
+    """The hand-written grpo block has no such fields (decode rejects them as unknown); a block that
+    spells out all of TRL's fields has them, and policy refuses each one set."""
+    from schemas.request import GRPOSpec
+
+    class EveryTRLField(GRPOSpec):
+        vllm_server_base_url: str | None = None
+        vllm_server_host: str | None = None
+        vllm_server_port: int | None = None
+        vllm_group_port: int | None = None
+
+    block = EveryTRLField(use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.9", vllm_server_port=8000)
+    asking = grpo_request().model_copy(update={"grpo": block})
+    errors = refused(asking, vllm_server_base_url="http://vllm.internal:8000")
+    assert set(errors) == {"grpo.vllm_server_host", "grpo.vllm_server_port"}
+    assert all("may not name a vLLM server" in message for message in errors.values())
+
+
+def test_the_vllm_server_setting_is_a_url() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="vllm_server_base_url"):
+        Settings(vllm_server_base_url="vllm.internal:8000")
+    assert Settings(vllm_server_base_url="http://vllm.internal:8000/").vllm_server_base_url == "http://vllm.internal:8000"
