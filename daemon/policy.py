@@ -12,9 +12,6 @@ from schemas import FieldError
 from schemas.dataset import SourceSpec
 from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
 
-# TRL's fields that say where a vLLM server is: a host address only the operator may give (vllm_server_base_url).
-VLLM_HOST_FIELDS = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_group_port")
-
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     errors = _model_errors("model.id", request.model.id, settings)
@@ -86,14 +83,12 @@ def report_to(request: RequestBase, settings: Settings) -> list[str]:
 
 
 def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
-    """vLLM's server mode goes only to the operator's server: a request may not name a host, and asks
-    for server mode only where the operator configured one (vllm_server_base_url)."""
+    """vLLM's server mode goes only to the operator's server (vllm_server_base_url): a request asks for
+    it only where the operator configured one. Naming a server is refused by the schema itself
+    (`vllm_server_*` are in the refusal table, schemas/contract_rules.py)."""
     block = request.method  # type: ignore[attr-defined]  # a method's TRL fields are in the block named after it
     fields = request.set_fields(block) if hasattr(request, block) else {}
-    errors = [
-        FieldError(path=f"{block}.{name}", message="a request may not name a vLLM server; server mode uses the one this host configured (vllm_server_base_url)")
-        for name in VLLM_HOST_FIELDS if name in fields
-    ]
+    errors = []
     if fields.get("use_vllm") and fields.get("vllm_mode") == "server" and settings.vllm_server_base_url is None:
         errors.append(FieldError(
             path=f"{block}.vllm_mode",

@@ -54,7 +54,7 @@ def type_text(hint: Any) -> tuple[str, bool, list[Any] | None, str | None]:
         parts = [type_text(m) for m in members]
         literals = [p for p in parts if p[2] is not None and p[0] != "str"]
         objects = [p[3] for p in parts if p[3]]
-        text = " | ".join(dict.fromkeys(p[0] for p in parts))
+        text = " | ".join(sorted({p[0] for p in parts}))  # sorted: typing caches a Union in whichever order it first met it
         return text, nullable or any(p[1] for p in parts), (literals[0][2] if len(parts) == 1 and literals else None), (objects[0] if objects else None)
     if origin is typing.Literal:
         values = list(args)

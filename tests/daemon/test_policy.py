@@ -1,5 +1,6 @@
 """Each policy rule refuses what it should, naming the request field and the setting that refused it."""
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -153,22 +154,18 @@ def test_vllm_server_mode_only_where_the_operator_configured_a_server(method: st
     assert refused(grpo_request(method, use_vllm=True)) == {}  # TRL's default mode: colocate
 
 
-def test_a_request_never_names_a_vllm_server() -> None:
-    """The hand-written grpo block has no such fields (decode rejects them as unknown); a block that
-    spells out all of TRL's fields has them, and policy refuses each one set."""
-    from schemas.request import GRPOSpec
+@pytest.mark.parametrize("field", ["vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_group_port"])
+def test_a_request_never_names_a_vllm_server(field: str) -> None:
+    """TRL's fields that say where a vLLM server is are in the refusal table: decode rejects them,
+    with the reason and the safe form (the host's own server)."""
+    from schemas.decode import Rejection, decode_request
 
-    class EveryTRLField(GRPOSpec):
-        vllm_server_base_url: str | None = None
-        vllm_server_host: str | None = None
-        vllm_server_port: int | None = None
-        vllm_group_port: int | None = None
-
-    block = EveryTRLField(use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.9", vllm_server_port=8000)
-    asking = grpo_request().model_copy(update={"grpo": block})
-    errors = refused(asking, vllm_server_base_url="http://vllm.internal:8000")
-    assert set(errors) == {"grpo.vllm_server_host", "grpo.vllm_server_port"}
-    assert all("may not name a vLLM server" in message for message in errors.values())
+    raw = grpo_request().model_dump(mode="json")
+    raw["grpo"] = {**raw["grpo"], "use_vllm": True, "vllm_mode": "server", field: 8000 if field.endswith("port") else "10.0.0.9"}
+    rejection = decode_request(json.dumps(raw).encode())
+    assert isinstance(rejection, Rejection) and rejection.reason == "invalid"
+    assert [(e.path, e.message.split(":")[0]) for e in rejection.errors] == [(f"grpo.{field}", "a path or address on the host")]
+    assert "ADAPTERD_VLLM_SERVER_BASE_URL" in rejection.errors[0].message
 
 
 def test_the_vllm_server_setting_is_a_url() -> None:
