@@ -3,6 +3,7 @@ carry is named on stderr with the reason."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -13,7 +14,13 @@ import pytest
 from typer.testing import CliRunner
 
 from daemon.cli import app
-from daemon.convert import MODEL_CLI_DEFAULTS
+from daemon.convert import (
+    MIXTURE_DEFAULTS,
+    MODEL_CLI_DEFAULTS,
+    REWARD_DEFAULTS,
+    REWARD_METHODS,
+    SCRIPT_DEFAULTS,
+)
 from schemas import Rejection, decode_request
 from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
@@ -237,3 +244,16 @@ def test_the_command_line_prints_the_request_on_stdout_and_the_dropped_keys_on_s
 
 def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> None:
     assert set(MODEL_CLI_DEFAULTS) == set(MODEL_CONFIG_PATHS)
+
+
+@pytest.mark.slow  # imports TRL and torch: half a minute on 2 cores
+@pytest.mark.parametrize("method", ["sft", "dpo", "kto", "reward", "grpo", "rloo"])
+def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method: str) -> None:
+    """The contract's fields and the script arguments listed in daemon/convert.py, against the parser
+    of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
+    parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
+    defaults = {action.dest: action.default for action in parser._actions if action.dest != "help"}
+    listed = MODEL_CLI_DEFAULTS | SCRIPT_DEFAULTS | MIXTURE_DEFAULTS | (REWARD_DEFAULTS if method in REWARD_METHODS else {})
+    known = set(CONTRACT["training"]["fields"]) | set(CONTRACT[method]["fields"]) | set(CONTRACT["model"]["fields"]) | set(listed)
+    assert set(defaults) == known
+    assert {key: defaults[key] for key in listed} == listed
