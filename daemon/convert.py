@@ -55,7 +55,12 @@ OTHER_BUILDERS = {"text", "pandas", "xml", "sql", "generator", "spark", "hdf5", 
 DATASET_CONFIG_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
-_LAUNCH = refusal("training", "local_rank")  # the daemon launches the processes
+
+def _refused(block: str, field: str, key: str | None = None) -> str:
+    """The refusal table's reason for a block's field, said of the file's key: "set by the daemon: ..."."""
+    why = refusal(block, field)
+    assert why is not None, f"{block}.{field} is not in the refusal table"
+    return why.message(key or field).split(": ", 1)[1]
 
 
 class UsageError(Exception):
@@ -235,7 +240,7 @@ class _Converter:
         self.put("peft.target_modules", "all-linear" if targets == ["all-linear"] else targets, "lora_target_modules")
         task_type = "SEQ_CLS" if self.method == "reward" else "CAUSAL_LM"
         if self.get("lora_task_type", task_type) != task_type:
-            self.drop("lora_task_type", refusal("peft", "task_type").message("lora_task_type").split(": ", 1)[1])  # type: ignore[union-attr]
+            self.drop("lora_task_type", _refused("peft", "task_type", "lora_task_type"))
         for key in lora_keys:
             if key not in ("lora_target_modules", "lora_task_type") and self.has(key):
                 self.put(MODEL_CONFIG_PATHS[key], self.get(key), key)
@@ -356,7 +361,7 @@ class _Converter:
             self.put("output.revision", self.config["hub_revision"], "hub_revision")
         if self.has("num_processes"):
             self.put("resources.gpus", self.get("num_processes"), "num_processes")
-        self.drop("accelerate_config", _LAUNCH.message("accelerate_config").split(": ", 1)[1])  # type: ignore[union-attr]
+        self.drop("accelerate_config", _refused("training", "local_rank", "accelerate_config"))  # the daemon launches the processes
 
     def blocks(self) -> None:
         """TrainingArguments keys to `training`, the method's own config keys to its block."""
@@ -381,9 +386,8 @@ class _Converter:
         if key == "report_to":
             self.report_to(value)
             return
-        why = refusal(block, key)
-        if why is not None:
-            self.drop(key, why.message(key).split(": ", 1)[1], default)
+        if refusal(block, key) is not None:
+            self.drop(key, _refused(block, key), default)
         elif not _same(value, default):
             self.put(f"{block}.{key}", value, key)
 
