@@ -220,20 +220,20 @@ convert_app = typer.Typer(no_args_is_help=True, help="Turn another tool's config
 app.add_typer(convert_app, name="convert")
 
 
-CONVERT_TRL_HELP = "\n\n".join([
-    "Print the adapterd request a `trl` CLI config file makes (the YAML of `trl sft --config FILE`), as JSON on stdout.",
+CONVERT_TRL_HELP = (
+    "Print the adapterd request a `trl` CLI config file makes (the YAML of `trl sft --config FILE`), as JSON on stdout.\n\n"
     "Each key goes where a request says it: TrainingArguments keys to `training`, the method's config keys to its block "
     "(`sft`, `dpo`, ...), trl.ModelConfig's to `model` and `peft` (use_peft and lora_*; without use_peft, `peft: null`, "
     "a full fine-tune, as trl does), dataset_name and its options or a `datasets:` mixture to `dataset`, hub_model_id to "
     "`output.repo_id`, num_processes to `resources.gpus`. Where adapterd's default differs from the trl CLI's, the request "
     "states trl's: model.dtype float32 unless the file sets dtype, peft.target_modules null (PEFT's choice for the "
-    "architecture) unless it sets lora_target_modules, no nested quantization with load_in_4bit.",
+    "architecture) unless it sets lora_target_modules, no nested quantization with load_in_4bit.\n\n"
     "Each key the request cannot carry is named on stderr, one line each, with why: refused (the reason from the refusal "
     "table), set by the daemon, unused, unknown to trl, or already said by another field. A key whose value is TRL's "
-    "default is left out silently: the job gets that default too.",
+    "default is left out silently: the job gets that default too.\n\n"
     "The request is checked as the daemon checks it. Exit 0 when it converted (keys left out or not), 1 when the request "
-    "is not valid (each field named, with the key it came from), 2 on a usage error.",
-])
+    "is not valid (each field named, with the key it came from), 2 on a usage error."
+)
 
 
 @convert_app.command("trl-config", help=CONVERT_TRL_HELP)
