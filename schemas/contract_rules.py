@@ -43,10 +43,13 @@ class Refusal:
     reason: str
     instead: str = ""  # the safe form, where there is one
 
-    def message(self, field: str) -> str:
-        """What a request that sets the field is told: "output_dir: set by the daemon: ..."."""
+    def message(self, field: str, source: str | None = None) -> str:
+        """What a request that sets the field is told: "output_dir: set by the daemon: ...", or, given
+        the dataclass it comes from (BLOCK_SOURCES), "output_dir: transformers.TrainingArguments.output_dir
+        is refused (set by the daemon): ..."."""
         kinds = {"daemon": "set by the daemon", "host": "a path or address on the host", "policy": "would get round the host's policy"}
-        return f"{field}: {kinds[self.kind]}: {self.reason}" + (f"; use {self.instead}" if self.instead else "")
+        why = f"{source}.{field} is refused ({kinds[self.kind]})" if source else kinds[self.kind]
+        return f"{field}: {why}: {self.reason}" + (f"; use {self.instead}" if self.instead else "")
 
 
 _HUB = Refusal("daemon", "the daemon pushes the result to `output.repo_id` once training succeeds", "output.*")

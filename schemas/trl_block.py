@@ -1,6 +1,6 @@
-"""The base of the request's generated TRL blocks (schemas/trl_fields.py): it refuses, with the
-reason, a field the rules say a request may not set, accepts a renamed field under its old name,
-and hands TRL only what the request set.
+"""The base of the request's generated TRL blocks (schemas/trl_fields.py): it refuses a field the
+rules say a request may not set, naming the TRL (or transformers, or PEFT) field and the reason;
+accepts a renamed field under its old name; and hands TRL only what the request set.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from schemas.common import Frozen
-from schemas.contract_rules import RENAMED, refusal
+from schemas.contract_rules import BLOCK_SOURCES, RENAMED, refusal
 
 
 class TRLBlock(Frozen):
@@ -25,7 +25,7 @@ class TRLBlock(Frozen):
             return data
         for name in data:
             if (why := refusal(cls.block, name)) is not None:
-                raise ValueError(why.message(name))
+                raise ValueError(why.message(name, BLOCK_SOURCES.get(cls.block)))
         renamed = RENAMED.get(cls.block, {})
         return {renamed.get(name, name): value for name, value in data.items()}
 

@@ -41,6 +41,20 @@ def test_validate_names_each_bad_field(tmp_path: Path) -> None:
     assert "peft.r:" in result.output and "peft.alpha: unknown field" in result.output
 
 
+@pytest.mark.parametrize(("block", "field", "names"), [
+    ("training", "output_dir", ("transformers.TrainingArguments.output_dir", "set by the daemon", "the job's folder")),
+    ("sft", "chat_template_path", ("trl.SFTConfig.chat_template_path", "a path or address on the host", "use model.chat_template")),
+    ("peft", "task_type", ("peft.LoraConfig.task_type", "set by the daemon", "the method decides it")),
+])
+def test_validate_names_a_refused_trl_field_and_why(tmp_path: Path, block: str, field: str, names: tuple[str, ...]) -> None:
+    request = sft_request("cli-refused")
+    request[block] = {field: "/etc/x"}
+    result = runner.invoke(app, ["validate", str(write(tmp_path, request))])
+    assert result.exit_code == 2
+    [line] = [line.strip() for line in result.output.splitlines() if line.strip().startswith(f"{block}.{field}:")]
+    assert all(name in line for name in names), line
+
+
 def test_schema_prints_every_schema() -> None:
     result = runner.invoke(app, ["schema"])
     assert result.exit_code == 0
