@@ -164,7 +164,8 @@ def test_a_request_never_names_a_vllm_server(field: str) -> None:
     raw["grpo"] = {**raw["grpo"], "use_vllm": True, "vllm_mode": "server", field: 8000 if field.endswith("port") else "10.0.0.9"}
     rejection = decode_request(json.dumps(raw).encode())
     assert isinstance(rejection, Rejection) and rejection.reason == "invalid"
-    assert [(e.path, e.message.split(":")[0]) for e in rejection.errors] == [(f"grpo.{field}", "a path or address on the host")]
+    assert [e.path for e in rejection.errors] == [f"grpo.{field}"]
+    assert f"trl.GRPOConfig.{field} is refused (a path or address on the host)" in rejection.errors[0].message
     assert "ADAPTERD_VLLM_SERVER_BASE_URL" in rejection.errors[0].message
 
 
