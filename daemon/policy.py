@@ -28,12 +28,10 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
         if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
-    namespace = request.output.repo_id.split("/")[0]
-    if settings.allowed_output_namespaces and namespace not in settings.allowed_output_namespaces:
-        errors.append(FieldError(
-            path="output.repo_id",
-            message=f"namespace {namespace} is not allowed on this host (allowed_output_namespaces: {settings.allowed_output_namespaces})",
-        ))
+    errors += _namespace_errors("output.repo_id", request.output.repo_id, settings)
+    completions_repo = request.set_fields("grpo").get("log_completions_hub_repo") if hasattr(request, "grpo") else None
+    if completions_repo is not None:  # TRL pushes completions there with the host's token: the same namespaces as the result
+        errors += _namespace_errors("grpo.log_completions_hub_repo", completions_repo, settings, bare_name_ok=False)
     if request.timeout_s is not None and settings.max_timeout_s is not None and request.timeout_s > settings.max_timeout_s:
         errors.append(FieldError(path="timeout_s", message=f"{request.timeout_s} s; this host allows at most {settings.max_timeout_s} s (max_timeout_s)"))
     if settings.max_gpus_per_job is not None and request.resources.gpus > settings.max_gpus_per_job:
@@ -45,6 +43,17 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
                 message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
             ))
     return errors
+
+
+def _namespace_errors(path: str, repo_id: str, settings: Settings, *, bare_name_ok: bool = True) -> list[FieldError]:
+    """A repo the job pushes to must be in one of the operator's allowed_output_namespaces (when set).
+    A bare name (the token owner's own namespace) is refused where it would dodge the check."""
+    namespace = repo_id.split("/")[0] if "/" in repo_id or bare_name_ok else None
+    allowed = settings.allowed_output_namespaces
+    if allowed and namespace not in allowed:
+        shown = namespace or "the token's own (a name without a namespace)"
+        return [FieldError(path=path, message=f"namespace {shown} is not allowed on this host (allowed_output_namespaces: {allowed})")]
+    return []
 
 
 def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[FieldError]:

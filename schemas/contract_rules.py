@@ -104,6 +104,7 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "ref_adapter_name": Refusal("daemon", "adapterd builds the policy and reference from one LoRA adapter"),
     },
     "*": {
+        "reward_weights": Refusal("daemon", "the daemon passes each reward's own weight", "rewards.functions[].weight"),
         "model_init_kwargs": _INIT,
         "trust_remote_code": _CODE,
         "chat_template_path": _TEMPLATE_PATH,

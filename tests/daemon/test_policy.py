@@ -175,3 +175,24 @@ def test_the_vllm_server_setting_is_a_url() -> None:
     with pytest.raises(ValidationError, match="vllm_server_base_url"):
         Settings(vllm_server_base_url="vllm.internal:8000")
     assert Settings(vllm_server_base_url="http://vllm.internal:8000/").vllm_server_base_url == "http://vllm.internal:8000"
+
+
+def test_grpo_completions_go_only_to_an_allowed_namespace() -> None:
+    """`grpo.log_completions_hub_repo` is settable, but TRL pushes there with the host's token: it is
+    held to allowed_output_namespaces like the result, and a bare name (the token's own namespace) is refused."""
+    allowed = {"allowed_output_namespaces": ["results"]}
+    assert refused(grpo_request(log_completions_hub_repo="results/completions"), **allowed) == {}
+    elsewhere = refused(grpo_request(log_completions_hub_repo="someone-else/completions"), **allowed)
+    assert elsewhere == {"grpo.log_completions_hub_repo": "namespace someone-else is not allowed on this host (allowed_output_namespaces: ['results'])"}
+    assert list(refused(grpo_request(log_completions_hub_repo="completions"), **allowed)) == ["grpo.log_completions_hub_repo"]
+    assert refused(grpo_request(log_completions_hub_repo="anyone/completions")) == {}  # no namespaces set: any
+
+
+def test_a_request_cannot_set_grpo_reward_weights_beside_each_rewards_weight() -> None:
+    from schemas.decode import Rejection, decode_request
+
+    raw = grpo_request().model_dump(mode="json")
+    raw["grpo"] = {"reward_weights": [2.0]}
+    rejection = decode_request(json.dumps(raw).encode())
+    assert isinstance(rejection, Rejection) and [e.path for e in rejection.errors] == ["grpo.reward_weights"]
+    assert "rewards.functions[].weight" in rejection.errors[0].message
