@@ -72,12 +72,24 @@ class ReferenceModelSpec(Frozen):
     revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
 
 
-def _reference_problem(request: RequestBase, block: str) -> str | None:
-    """Why the reference settings of a DPO or KTO request cannot work, or None. TRL computes reference
-    log-probs ahead (`precompute_ref_log_probs`) only over a map-style dataset, never a stream."""
-    if request.set_fields(block).get("precompute_ref_log_probs") and request.dataset.streaming:
-        return f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
-    return None
+class ReferencedRequest(RequestBase):
+    """What DPO and KTO share: a frozen reference model, the base itself unless `ref_model` names one."""
+
+    ref_model: ReferenceModelSpec | None = Field(None, description=(
+        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+    ))
+
+    @model_validator(mode="after")
+    def _reference_fits(self) -> ReferencedRequest:
+        """TRL computes reference log-probs ahead (`precompute_ref_log_probs`) only over a map-style
+        dataset, never a stream."""
+        block = getattr(self, "method")
+        if self.set_fields(block).get("precompute_ref_log_probs") and self.dataset.streaming:
+            raise ValueError(
+                f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; "
+                "set dataset.streaming false or leave precompute_ref_log_probs out"
+            )
+        return self
 
 
 class SFTRequest(RequestBase):
@@ -90,41 +102,21 @@ class SFTRequest(RequestBase):
         return (frozenset({"messages"}), frozenset({"prompt", "completion"}), frozenset({self.sft.dataset_text_field or "text"}))
 
 
-class DPORequest(RequestBase):
+class DPORequest(ReferencedRequest):
     """Direct preference optimisation with `trl.DPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
 
     method: Literal["dpo"]
     dpo: DPOSpec = Field(default_factory=DPOSpec)
-    ref_model: ReferenceModelSpec | None = Field(None, description=(
-        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
-    ))
-
-    @model_validator(mode="after")
-    def _reference_fits(self) -> DPORequest:
-        problem = _reference_problem(self, "dpo")
-        if problem:
-            raise ValueError(problem)
-        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
 
 
-class KTORequest(RequestBase):
+class KTORequest(ReferencedRequest):
     """Kahneman-Tversky optimisation with `trl.KTOTrainer`. Rows: `prompt`, `completion`, `label` (bool)."""
 
     method: Literal["kto"]
     kto: KTOSpec = Field(default_factory=KTOSpec)
-    ref_model: ReferenceModelSpec | None = Field(None, description=(
-        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
-    ))
-
-    @model_validator(mode="after")
-    def _reference_fits(self) -> KTORequest:
-        problem = _reference_problem(self, "kto")
-        if problem:
-            raise ValueError(problem)
-        return self
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt", "completion", "label"}),)

@@ -181,29 +181,21 @@ async def both_routes(settings: Settings, request: dict[str, Any], tmp_path: Pat
 
 
 @pytest.mark.slow
-async def test_sft_lora_losses_match_trl_sft_cli(cpu_daemon: DaemonProcess, settings: Settings, model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("method", "learning_rate", "block"), [
+    ("sft", 3e-2, {"max_length": 64}),
+    ("dpo", 5e-2, {"beta": 0.1, "loss_type": ["sigmoid"], "max_length": 64}),
+])
+async def test_lora_losses_match_trls_own_cli(
+    cpu_daemon: DaemonProcess, settings: Settings, model_dir: Path, tmp_path: Path, method: str, learning_rate: float, block: dict[str, Any],
+) -> None:
+    """`trl sft` / `trl dpo` and the daemon, on the same request: the same loss at every step."""
     training = {
-        "max_steps": 4, "learning_rate": 3e-2, "per_device_train_batch_size": 2, "lr_scheduler_type": "cosine",
+        "max_steps": 4, "learning_rate": learning_rate, "per_device_train_batch_size": 2, "lr_scheduler_type": "cosine",
         "max_grad_norm": 0.1, "seed": 7,
     }
     request = example_request(
-        "sft", "fidelity-sft", model={"id": str(model_dir)}, dataset={"rows": CHAT_ROWS},
-        peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}, training=training, sft={"max_length": 64},
-    )
-    daemon_losses, cli_losses = await both_routes(settings, request, tmp_path)
-    assert_losses_agree(daemon_losses, cli_losses, training["max_steps"])
-
-
-@pytest.mark.slow
-async def test_dpo_lora_losses_match_trl_dpo_cli(cpu_daemon: DaemonProcess, settings: Settings, model_dir: Path, tmp_path: Path) -> None:
-    training = {
-        "max_steps": 4, "learning_rate": 5e-2, "per_device_train_batch_size": 2, "lr_scheduler_type": "cosine",
-        "max_grad_norm": 0.1, "seed": 7,
-    }
-    request = example_request(
-        "dpo", "fidelity-dpo", model={"id": str(model_dir)}, dataset={"rows": PREFERENCE_ROWS},
-        peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}, training=training,
-        dpo={"beta": 0.1, "loss_type": ["sigmoid"], "max_length": 64},
+        method, f"fidelity-{method}", model={"id": str(model_dir)}, dataset={"rows": CHAT_ROWS if method == "sft" else PREFERENCE_ROWS},
+        peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}, training=training, **{method: block},
     )
     daemon_losses, cli_losses = await both_routes(settings, request, tmp_path)
     assert_losses_agree(daemon_losses, cli_losses, training["max_steps"])
