@@ -205,6 +205,11 @@ def refusal(block: str, field: str) -> Refusal | None:
     return REFUSED.get(block, {}).get(field) or REFUSED["*"].get(field)
 
 
+def refused_names(block: str) -> set[str]:
+    """Every name `refusal` refuses in `block`."""
+    return set(REFUSED.get(block, {})) | (set() if block in ("training", "peft", "model") else set(REFUSED["*"]))
+
+
 def rule(table: dict[str, dict[str, object]], block: str, field: str) -> object | None:
     """A field's entry in one of the tables above: its block's, else the method blocks' shared "*"."""
     found = table.get(block, {}).get(field)
