@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from handlers.contract_source import dataclass_of, read_contract
 from handlers.generate_contract import removed_fields
 from schemas import contract_rules as rules
+from schemas.contract_diff import diff_block
 from schemas.contract_render import (
     DOC_FILE,
     MODULE_FILE,
@@ -31,31 +33,22 @@ CHECKED_IN = load_contract()
 INSTALLED = [block for block, source in rules.BLOCK_SOURCES.items() if dataclass_of(source) is not None]
 
 
-def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two readings of one block, one line each."""
-    found = []
+def differences(block: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What differs between two readings of one block, one line each (schemas/contract_diff.py's
+    report, help text included: the generated descriptions are made of it)."""
+    found = diff_block(block, old, new, help_text=True, counts=Counter())
     if old["version"] != new["version"]:
-        found.append(f"{old['package']} {old['version']} → {new['version']}")
-    for name in sorted(set(new["fields"]) - set(old["fields"])):
-        found.append(f"+ {name}: added ({new['fields'][name]['type']})")
-    for name in sorted(set(old["fields"]) - set(new["fields"])):
-        found.append(f"- {name}: removed (renamed? add it to RENAMED in schemas/contract_rules.py)")
-    for name in sorted(set(old["fields"]) & set(new["fields"])):
-        for key in ("type", "nullable", "choices", "default", "object", "help"):
-            if old["fields"][name][key] != new["fields"][name][key]:
-                found.append(f"~ {name}: {key} {old['fields'][name][key]!r} → {new['fields'][name][key]!r}"[:300])
-    if old.get("training_defaults") != new.get("training_defaults"):
-        found.append(f"~ training defaults {old.get('training_defaults')} → {new.get('training_defaults')}")
+        found.insert(0, f"  {old['package']} {old['version']} -> {new['version']}")
     return found
 
 
 @pytest.mark.parametrize("block", INSTALLED)
 def test_the_installed_library_matches_the_checked_in_contract(block: str) -> None:
     fresh = read_contract([block])[block]
-    found = differences(CHECKED_IN[block], fresh)
+    found = differences(block, CHECKED_IN[block], fresh)
     assert not found, (
-        f"{rules.BLOCK_SOURCES[block]} differs from schemas/trl_contract.json ({len(found)}):\n  "
-        + "\n  ".join(found) + f"\nregenerate with: {REGENERATE}" + (" ppo" if block == "ppo" else "")
+        f"{rules.BLOCK_SOURCES[block]} differs from schemas/trl_contract.json:\n"
+        + "\n".join(found) + f"\nregenerate with: {REGENERATE}" + (" ppo" if block == "ppo" else "")
     )
 
 
