@@ -29,7 +29,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
     errors += _namespace_errors("output.repo_id", request.output.repo_id, settings)
-    completions_repo = request.set_fields("grpo").get("log_completions_hub_repo") if hasattr(request, "grpo") else None
+    completions_repo = getattr(getattr(request, "grpo", None), "log_completions_hub_repo", None)
     if completions_repo is not None:  # TRL pushes completions there with the host's token: the same namespaces as the result
         errors += _namespace_errors("grpo.log_completions_hub_repo", completions_repo, settings, bare_name_ok=False)
     if request.timeout_s is not None and settings.max_timeout_s is not None and request.timeout_s > settings.max_timeout_s:
@@ -96,9 +96,9 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     it only where the operator configured one. Naming a server is refused by the schema itself
     (`vllm_server_*` are in the refusal table, schemas/contract_rules.py)."""
     block = request.method  # type: ignore[attr-defined]  # a method's TRL fields are in the block named after it
-    fields = request.set_fields(block) if hasattr(request, block) else {}
+    fields = getattr(request, block, None)
     errors = []
-    if fields.get("use_vllm") and fields.get("vllm_mode") == "server" and settings.vllm_server_base_url is None:
+    if getattr(fields, "use_vllm", None) and getattr(fields, "vllm_mode", None) == "server" and settings.vllm_server_base_url is None:
         errors.append(FieldError(
             path=f"{block}.vllm_mode",
             message="server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'",

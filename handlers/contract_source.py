@@ -24,9 +24,9 @@ from schemas.contract_rules import (
     CHOICES,
     HELP_CHOICES,
     MODEL_CONFIG_PATHS,
+    SHARED_BLOCKS,
 )
 
-PACKAGE_OF = {"transformers": "transformers", "peft": "peft", "trl": "trl"}
 _NONE = type(None)
 
 
@@ -143,7 +143,7 @@ def read_contract(blocks: typing.Iterable[str] = BLOCK_SOURCES) -> dict[str, Any
             exclude = set(training_fields)
         section: dict[str, Any] = {"source": source, "package": package, "version": version(package),
                                    "fields": read_fields(cls, block, exclude)}
-        if block not in ("training", "peft", "model"):  # where the method's config changes a training default
+        if block not in SHARED_BLOCKS:  # where the method's config changes a training default
             section["training_defaults"] = {
                 f.name: default_of(f) for f in dataclasses.fields(cls)
                 if f.name in training_fields and default_of(f) != training_fields[f.name]

@@ -18,6 +18,7 @@ from schemas.contract_rules import (
     DEFAULTS,
     RENAMED,
     SETTABLE_UNDER_POLICY,
+    SHARED_BLOCKS,
     TYPES,
     refusal,
     rule,
@@ -28,7 +29,6 @@ CONTRACT_FILE = ROOT / "schemas" / "trl_contract.json"
 MODULE_FILE = ROOT / "schemas" / "trl_fields.py"
 DOC_FILE = ROOT / "docs" / "requests.md"
 REGENERATE = "uv run python -m handlers.generate_contract"
-SHARED_BLOCKS = ("training", "peft", "model")
 
 
 def load_contract(path: Path = CONTRACT_FILE) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from typing import Literal
 
 RefusalKind = Literal["daemon", "host", "policy"]
 
+# The blocks every method's request has; the others are one method's own (a TRL config's fields).
+SHARED_BLOCKS = ("training", "peft", "model")
+
 # The request's blocks and the dataclass each is generated from ("section" in trl_contract.json).
 BLOCK_SOURCES: dict[str, str] = {
     "training": "transformers.TrainingArguments",
@@ -200,19 +203,17 @@ SETTABLE_UNDER_POLICY: dict[str, dict[str, str]] = {
 
 def refusal(block: str, field: str) -> Refusal | None:
     """Why a request may not set `field` in `block`, or None when it may."""
-    if block in ("training", "peft", "model"):
-        return REFUSED.get(block, {}).get(field)
-    return REFUSED.get(block, {}).get(field) or REFUSED["*"].get(field)
+    return rule(REFUSED, block, field)  # type: ignore[arg-type, return-value]
 
 
 def refused_names(block: str) -> set[str]:
     """Every name `refusal` refuses in `block`."""
-    return set(REFUSED.get(block, {})) | (set() if block in ("training", "peft", "model") else set(REFUSED["*"]))
+    return set(REFUSED.get(block, {})) | (set() if block in SHARED_BLOCKS else set(REFUSED["*"]))
 
 
 def rule(table: dict[str, dict[str, object]], block: str, field: str) -> object | None:
     """A field's entry in one of the tables above: its block's, else the method blocks' shared "*"."""
     found = table.get(block, {}).get(field)
-    if found is None and block not in ("training", "peft", "model"):
+    if found is None and block not in SHARED_BLOCKS:
         found = table.get("*", {}).get(field)
     return found

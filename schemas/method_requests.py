@@ -84,7 +84,7 @@ class ReferencedRequest(RequestBase):
         """TRL computes reference log-probs ahead (`precompute_ref_log_probs`) only over a map-style
         dataset, never a stream."""
         block = getattr(self, "method")
-        if self.set_fields(block).get("precompute_ref_log_probs") and self.dataset.streaming:
+        if getattr(self, block).precompute_ref_log_probs and self.dataset.streaming:
             raise ValueError(
                 f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; "
                 "set dataset.streaming false or leave precompute_ref_log_probs out"

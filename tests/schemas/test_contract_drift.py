@@ -57,7 +57,7 @@ def test_the_generated_module_and_reference_match_the_contract() -> None:
     assert DOC_FILE.read_text() == render_doc(CHECKED_IN), f"docs/requests.md is stale: {REGENERATE}"
 
 
-@pytest.mark.parametrize("block", [b for b in INSTALLED if b not in ("training", "peft", "model")])
+@pytest.mark.parametrize("block", [b for b in INSTALLED if b not in rules.SHARED_BLOCKS])
 def test_every_field_of_a_method_config_is_settable_or_refused_with_a_reason(block: str) -> None:
     """Each field of the installed config class (inherited TrainingArguments ones too) is a field of
     the method's request (its block, `training`) or is in the refusal table."""
@@ -88,7 +88,7 @@ def test_every_lora_and_model_config_field_is_settable_or_refused_or_said_elsewh
 
 
 def _fields_anywhere(block: str) -> set[str]:
-    blocks = [block] if block != "*" else [b for b in CHECKED_IN if b not in ("training", "peft", "model")]
+    blocks = [block] if block != "*" else [b for b in CHECKED_IN if b not in rules.SHARED_BLOCKS]
     return set().union(*(CHECKED_IN[b]["fields"] for b in blocks))
 
 
