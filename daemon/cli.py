@@ -276,7 +276,7 @@ def convert_trl_config(
 @app.command()
 def demo(
     work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path("adapterd-demo"),
-    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`).")] = "sft",
+    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision.")] = "sft",
 ) -> None:
     """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
     from daemon.demo import main

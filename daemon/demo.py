@@ -1,7 +1,8 @@
 """`adapterd demo [--method NAME]`: the main job on built-in defaults, on a fresh machine, with nothing configured.
 
 Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submits one request of
-the method (SFT unless named) on inline rows, follows it with a progress bar (loss, ETA) and a line
+the method (SFT unless named; `sft-vision`, `dpo-vision`, `grpo-vision` train a tiny
+vision-language model on rows with images) on inline rows, follows it with a progress bar (loss, ETA) and a line
 per event, and ends with where the adapter is and the three lines of Python that load it.
 """
 
@@ -17,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.capabilities import available_methods, unsupported_reason
 from daemon.console import follow_to_end
-from daemon.demo_requests import demo_request, known_methods
+from daemon.demo_requests import VISION_SUFFIX, demo_request, is_vision, known_methods
 from daemon.event_reader import EventStream
 from daemon.hub_push import local_target
 from daemon.kafka_options import kafka_options
@@ -29,14 +30,22 @@ from daemon.topics import ensure_topics
 from schemas import RequestBase
 
 
-def build_tiny_model(model_dir: Path) -> None:
+def build_tiny_model(model_dir: Path, builder: str = "handlers.tiny_model") -> None:
     """In a child interpreter: building the model imports torch, which the daemon never does."""
     if not (model_dir / "config.json").exists():
-        subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(model_dir)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", builder, str(model_dir)], check=True, capture_output=True)
 
 
-def loading_snippet(request: RequestBase, adapter_dir: Path) -> str:
-    """Three lines of Python that load the adapter onto its base model with PEFT."""
+def loading_snippet(request: RequestBase, adapter_dir: Path, vision: bool = False) -> str:
+    """Three lines of Python that load the adapter onto its base model with PEFT (and, for a
+    vision-language model, a fourth that loads its processor)."""
+    if vision:
+        return (
+            f"from peft import PeftModel\n"
+            f"from transformers import AutoModelForImageTextToText, AutoProcessor\n"
+            f"model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained({str(request.model.id)!r}), {str(adapter_dir)!r})\n"
+            f"processor = AutoProcessor.from_pretrained({str(adapter_dir)!r})\n"
+        )
     if request.method == "reward":  # a sequence-classification head, one score
         loader, kwargs = "AutoModelForSequenceClassification", ", num_labels=1"
     else:
@@ -75,9 +84,14 @@ async def run_demo(work_dir: Path, method: str) -> bool:
             metrics_address=None,  # the demo runs beside whatever already listens on this machine
         )
         await ensure_topics(settings)
-        model_dir = work_dir / "tiny-model"
-        print(f"building a tiny Qwen2 model in {model_dir}...")
-        await asyncio.to_thread(build_tiny_model, model_dir)
+        if is_vision(method):
+            model_dir = work_dir / "tiny-vlm"
+            print(f"building a tiny vision-language model (LLaVA) in {model_dir}...")
+            await asyncio.to_thread(build_tiny_model, model_dir, "handlers.tiny_vlm")
+        else:
+            model_dir = work_dir / "tiny-model"
+            print(f"building a tiny Qwen2 model in {model_dir}...")
+            await asyncio.to_thread(build_tiny_model, model_dir)
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
@@ -95,7 +109,7 @@ async def run_demo(work_dir: Path, method: str) -> bool:
             return False
         adapter_dir = local_target(request, settings)
         print(f"\nthe adapter is in {adapter_dir}\nload it with:\n")
-        print(loading_snippet(request, adapter_dir))
+        print(loading_snippet(request, adapter_dir, vision=is_vision(method)))
         return True
     finally:
         await asyncio.to_thread(broker.stop)
@@ -106,7 +120,7 @@ def method_problem(method: str) -> str | None:
     available = ", ".join(available_methods()) or "none"
     if method not in known_methods():
         return f"unknown method {method!r}; this host can run: {available}"
-    reason = unsupported_reason(method)
+    reason = unsupported_reason(method.removesuffix(VISION_SUFFIX))
     return None if reason is None else f"{reason}; this host can run: {available}"
 
 

@@ -1,18 +1,27 @@
 """The requests `adapterd demo --method NAME` submits: each method's README example
 (`schemas/examples/<method>.json`) on the demo's tiny local model, with a small LoRA, a few steps
 and a few inline rows of the columns that method reads. Its method block and reward functions stay
-as the example writes them, but for generation lengths shortened for the CPU."""
+as the example writes them, but for generation lengths shortened for the CPU. `sft-vision`,
+`dpo-vision` and `grpo-vision` run the vision-language examples on a tiny vision-language model,
+with rows whose images are small coloured squares, inline as base64 data."""
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 import schemas
 from schemas import RequestBase, decode_request
+from schemas.methods import METHODS
 from schemas.request import REQUEST_MODELS
+
+VISION_SUFFIX = "-vision"
 
 EXAMPLES_DIR = Path(schemas.__file__).parent / "examples"
 
@@ -45,9 +54,42 @@ PROMPT_ROWS = [
     {"prompt": "The capital of France is", "answer": "Paris"},
     {"prompt": "Kafka keeps the", "answer": "requests"},
 ]
+
+
+def square(rgb: tuple[int, int, int], size: int = 32) -> str:
+    """A square of one colour, as an inline image: a PNG in a base64 data URI."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), rgb).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 220, 40)}
+
+
+def _asks(question: str) -> list[dict[str, Any]]:
+    """A user turn showing one image, then asking about it."""
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+
+
+def _says(text: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": [{"type": "text", "text": text}]}]
+
+
+VISION_CHAT_ROWS = [
+    {"messages": _asks("What colour is this square?") + _says(f"The square is {name}."), "images": [square(rgb)]}
+    for name, rgb in COLOURS.items()
+]
+VISION_PREFERENCE_ROWS = [
+    {"prompt": _asks("What colour is this square?"), "chosen": _says(f"It is {name}."), "rejected": _says("yes no yes"),
+     "images": [square(rgb)]}
+    for name, rgb in COLOURS.items()
+]
+VISION_PROMPT_ROWS = [{"prompt": _asks("What colour is this square?"), "image": square(rgb), "answer": name} for name, rgb in COLOURS.items()]
+
 ROWS = {
     "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "reward": PREFERENCE_ROWS,
     "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS,
+    "sft-vision": VISION_CHAT_ROWS, "dpo-vision": VISION_PREFERENCE_ROWS, "grpo-vision": VISION_PROMPT_ROWS,
 }
 # Generation on the CPU: 4 completions of 16 tokens per prompt (the examples ask for 64).
 SHORT_GENERATION = {
@@ -57,16 +99,18 @@ SHORT_GENERATION = {
 }
 
 
-def demo_request(method: str, model_dir: Path) -> RequestBase:
-    """The demo's request for `method`; a fresh request id each run, so each run trains."""
-    request: dict[str, Any] = json.loads((EXAMPLES_DIR / f"{method}.json").read_text())
+def demo_request(name: str, model_dir: Path) -> RequestBase:
+    """The demo's request for `name` (a method, or a method's vision-language demo: `sft-vision`); a
+    fresh request id each run, so each run trains."""
+    request: dict[str, Any] = json.loads((EXAMPLES_DIR / f"{name}.json").read_text())
+    method = request["method"]
     request.update(
-        request_id=f"demo-{method}-{time.strftime('%Y%m%d-%H%M%S')}",
+        request_id=f"demo-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
         model={"id": str(model_dir)},
-        dataset={"rows": ROWS[method]},
+        dataset={"rows": ROWS[name]},
         peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
         training={"max_steps": 10, "learning_rate": 5e-3, "per_device_train_batch_size": 4, "logging_steps": 1},
-        output={"repo_id": f"demo/tiny-{method}-adapter", "push": "adapter"},
+        output={"repo_id": f"demo/tiny-{name}-adapter", "push": "adapter"},
         metadata={"source": "adapterd demo"},
     )
     if method in SHORT_GENERATION:
@@ -77,9 +121,14 @@ def demo_request(method: str, model_dir: Path) -> RequestBase:
         request["reward_model"] = {"id": str(model_dir)}  # PPO needs one: the tiny model, its score head untrained
     decoded = decode_request(json.dumps(request).encode())
     if not isinstance(decoded, RequestBase):
-        raise ValueError(f"the demo's {method} request is invalid: {decoded.errors}")
+        raise ValueError(f"the demo's {name} request is invalid: {decoded.errors}")
     return decoded
 
 
 def known_methods() -> list[str]:
-    return list(REQUEST_MODELS)
+    """What the demo runs: every method, and the vision-language demo of each method that has one."""
+    return [*REQUEST_MODELS, *(f"{name}{VISION_SUFFIX}" for name, row in METHODS.items() if row.vision)]
+
+
+def is_vision(name: str) -> bool:
+    return name.endswith(VISION_SUFFIX)

@@ -15,6 +15,7 @@ from aiokafka import TopicPartition
 
 from daemon import metrics
 from daemon.capabilities import unsupported_reason
+from daemon.images import inline_image_errors
 from daemon.partitions import Partitions
 from daemon.policy import policy_errors
 from daemon.publisher import Outgoing, Publisher, Record
@@ -57,7 +58,8 @@ class Intake:
         await self._flush(tp, outgoing, last_rejected)
 
     def refusal(self, request: RequestBase) -> Rejection | None:
-        """A valid request this host will not run: a method its TRL lacks, too many GPUs, or one outside policy."""
+        """A valid request this host will not run: a method its TRL lacks, too many GPUs, one outside
+        policy, or inline images that do not decode or break the operator's bounds."""
         unsupported = unsupported_reason(request.method)
         if unsupported:
             return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
@@ -65,7 +67,10 @@ class Intake:
             host = f"this host has {len(self.slots.gpus)} GPU(s)" if self.slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
             return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
         errors = policy_errors(request, self.settings)
-        return Rejection("policy", errors, request.request_id) if errors else None
+        if errors:
+            return Rejection("policy", errors, request.request_id)
+        images = inline_image_errors(request, self.settings.image_bounds)
+        return Rejection("invalid", images, request.request_id) if images else None
 
     def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
         metrics.REJECTED.labels(rejection.reason).inc()

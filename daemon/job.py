@@ -175,6 +175,8 @@ class JobRunner:
             allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
             storage_options=self.settings.dataset_storage_options,
             vllm_server_base_url=self.settings.vllm_server_base_url,
+            allowed_dataset_urls=self.settings.allowed_dataset_urls,
+            images=self.settings.image_bounds,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
@@ -214,7 +216,7 @@ class JobRunner:
         card = model_card(
             self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
             dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
-            local_model_hub_ids=self.settings.local_model_hub_ids,
+            local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag,
         )
         (artifact / "README.md").write_text(card)
         pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings)

@@ -1,5 +1,6 @@
 """The model card (README.md) pushed with an artifact: Hub metadata up top, then what produced it —
-the base model, the resolved dataset sources (provenance), metrics and versions.
+the base model, the resolved dataset sources (provenance), metrics and versions; for a
+vision-language model, its `pipeline_tag` (image-text-to-text) and how to load it with its processor.
 
 The Hub refuses a card whose `base_model` is not a Hub id, and a host path there would leak the
 host's layout: a local base names the Hub id it came from (the operator's `local_model_hub_ids`, or
@@ -54,14 +55,16 @@ def _source_lines(sources: Sequence[ResolvedSource]) -> str:
 def model_card(
     request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str],
     *, dataset_sources: Sequence[ResolvedSource] = (), dataset_fingerprint: str | None = None,
-    local_model_hub_ids: dict[str, str] | None = None,
+    local_model_hub_ids: dict[str, str] | None = None, pipeline_tag: str | None = None,
 ) -> str:
     is_adapter = request.peft is not None and request.output.push == "adapter"
     base = card_base_model(request.model.id, local_model_hub_ids)
+    vision = pipeline_tag == "image-text-to-text"
     card = ModelCardData(
         base_model=base,
         library_name="peft" if is_adapter else "transformers",
-        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune"],
+        pipeline_tag=pipeline_tag,
+        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune", *(["vision-language"] if vision else [])],
     )
     metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
     version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
@@ -79,5 +82,28 @@ def model_card(
         + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
         + f"- Versions: {version_line}\n\n"
         + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
+        + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")
         + f"| metric | value |\n|---|---|\n{metric_lines}\n"
+    )
+
+
+def _vision_usage(base: str | None, repo_id: str, is_adapter: bool) -> str:
+    """How to load a vision-language result: the processor (image processor, tokenizer, chat template)
+    is in this repo; an adapter goes on its base model with PEFT."""
+    if is_adapter:
+        load = (
+            f"model = AutoModelForImageTextToText.from_pretrained({base or 'BASE_MODEL'!r})\n"
+            f"model = PeftModel.from_pretrained(model, {repo_id!r})\n"
+        )
+        imports = "from peft import PeftModel\nfrom transformers import AutoModelForImageTextToText, AutoProcessor\n"
+    else:
+        load = f"model = AutoModelForImageTextToText.from_pretrained({repo_id!r})\n"
+        imports = "from transformers import AutoModelForImageTextToText, AutoProcessor\n"
+    return (
+        "## How to use\n\n```python\n" + imports
+        + f"processor = AutoProcessor.from_pretrained({repo_id!r})\n" + load
+        + 'messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]\n'
+        + "prompt = processor.apply_chat_template(messages, add_generation_prompt=True)\n"
+        + 'inputs = processor(images=[image], text=prompt, return_tensors="pt")\n'
+        + "print(processor.decode(model.generate(**inputs, max_new_tokens=32)[0]))\n```\n\n"
     )

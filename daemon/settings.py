@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
+from schemas.images import ImageBounds
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
@@ -78,6 +79,10 @@ class Settings(BaseSettings):
     max_timeout_s: int | None = Field(None, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none.")
     max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
     max_gpus_per_job: int | None = Field(None, ge=1)
+    # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).
+    max_images_per_row: int = Field(ImageBounds().max_images_per_row, ge=1, description="The most images one row may hold.")
+    max_image_bytes: int = Field(ImageBounds().max_image_bytes, ge=1, description="The largest encoded image, in bytes.")
+    max_image_pixels: int = Field(ImageBounds().max_image_pixels, ge=1, description="The most pixels (width × height) of a decoded image.")
     allowed_report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations a request may switch on.")
     report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations on for every job.")
     vllm_server_base_url: str | None = Field(None, description=(
@@ -140,6 +145,11 @@ class Settings(BaseSettings):
             if not root.is_absolute():
                 raise ValueError(f"{root} is not an absolute path")
         return value
+
+    @property
+    def image_bounds(self) -> ImageBounds:
+        return ImageBounds(max_images_per_row=self.max_images_per_row, max_image_bytes=self.max_image_bytes,
+                           max_image_pixels=self.max_image_pixels)
 
     @property
     def outputs_dir(self) -> Path:

@@ -1,5 +1,5 @@
-"""The sequence every handler follows, said once: load and check the data, load the base model's
-tokenizer, train (resuming from an earlier attempt's checkpoint), save the artifact, report.
+"""The sequence every handler follows, said once: load and check the data (a vision-language job's
+images too), load the base model's tokenizer (and processor), train (resuming from an earlier attempt's checkpoint), save the artifact, report.
 
 A handler calls these in order and builds its own TRL trainer in between, so each method's module
 reads top to bottom: what differs between methods is only what it builds there. The helpers they
@@ -10,18 +10,29 @@ handler needs are re-exported here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer
+import datasets
+from huggingface_hub import constants
+from peft import LoraConfig
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    ProcessorMixin,
+    Trainer,
+)
 
 from handlers.loading import (
     check_chat_template,
     check_columns,
     check_hardware,
+    column_names,
     fingerprint,
     load_causal_lm,
     load_dataset_sources,
     load_sequence_classifier,
     load_tokenizer,
+    model_kwargs,
     resolve_model,
 )
 from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
@@ -34,14 +45,24 @@ from handlers.training import (
     save_artifact,
     trl_config,
 )
+from handlers.vision import (
+    PIPELINE_TAG,
+    is_vision_model,
+    language_model_targets,
+    load_processor,
+    load_vision_model,
+    prepare_images,
+)
+from schemas.images import image_column
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
 from schemas.provenance import ResolvedSource
-from schemas.request import RequestBase
+from schemas.request import LoraSpec, ModelSpec, RequestBase
 
 __all__ = [
     "EXIT_STOPPED", "Base", "Data", "JobCallback", "Reference", "StatusReporter", "load_base", "load_causal_lm", "load_data",
-    "load_reference", "load_sequence_classifier", "lora_config", "resolve_model", "result", "train_and_save", "trl_config",
+    "load_policy", "load_reference", "load_sequence_classifier", "lora_config", "policy_lora", "resolve_model", "result",
+    "train_and_save", "trl_config",
 ]
 
 
@@ -57,6 +78,16 @@ class Base:
     path: str  # the local folder of the base model
     revision: str | None  # the Hub commit it resolved to; None for a local folder
     tokenizer: PreTrainedTokenizerBase
+    processor: ProcessorMixin | None = None  # a vision-language model's (its tokenizer is `tokenizer`)
+
+    @property
+    def vision(self) -> bool:
+        return self.processor is not None
+
+    @property
+    def processing_class(self) -> PreTrainedTokenizerBase | ProcessorMixin:
+        """What the trainer is given: the processor of a vision-language model, else the tokenizer."""
+        return self.processor if self.processor is not None else self.tokenizer
 
 
 def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> Data:
@@ -66,17 +97,48 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     reporter.enter("load_dataset")
     train, evaluation, sources = load_dataset_sources(request.dataset, job, seed=request.training.seed or 42)
     check_columns(request, train)
+    # A Hub dataset's images may be files datasets itself downloaded into its cache.
+    trusted = [Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)] if any(s.kind == "hub" for s in sources) else []
+    train = prepare_images(train, job, trusted)
+    evaluation = prepare_images(evaluation, job, trusted) if evaluation is not None else None
     return Data(train, evaluation, sources)
 
 
 def load_base(request: RequestBase, reporter: StatusReporter, data: Data) -> Base:
     """Stage `load_model`: download (or find) the base model and load its tokenizer, which must have a
-    chat template when the rows are conversational. The handler loads the model itself, as its method needs."""
+    chat template when the rows are conversational; for rows with images, the base must be a
+    vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
     path, revision = resolve_model(request.model)
+    images = image_column(column_names(data.train))
+    if images is not None:
+        if not is_vision_model(path, request.model):
+            raise JobFailed(
+                "dataset_invalid", "preflight",
+                f"model.id: {request.model.id} is not a vision-language model (its config has no vision_config), "
+                f"and the dataset's rows have images ('{images}')",
+            )
+        processor = load_processor(path, request.model)
+        return Base(path, revision, processor.tokenizer, processor)
     tokenizer = load_tokenizer(path, request.model)
     check_chat_template(tokenizer, data.train, request.model)
     return Base(path, revision, tokenizer)
+
+
+def load_policy(base: Base, spec: ModelSpec, field: str = "model") -> PreTrainedModel:
+    """The model to train from the base's folder: a vision-language model as transformers loads one
+    (`AutoModelForImageTextToText`), else a causal LM."""
+    if base.vision:
+        return load_vision_model(base.path, spec, field, model_kwargs(spec))
+    return load_causal_lm(base.path, spec, field)
+
+
+def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> LoraConfig | None:
+    """LoRA for a causal LM; for a vision-language model, aimed at its language model (the vision tower
+    stays frozen) unless the request names its own `target_modules`, which may widen it."""
+    if base.vision and spec is not None and "target_modules" not in spec.model_fields_set:
+        return lora_config(spec, "CAUSAL_LM", target_modules=language_model_targets(model))
+    return lora_config(spec, "CAUSAL_LM")
 
 
 @dataclass(frozen=True)
@@ -94,7 +156,7 @@ def load_reference(request: RequestBase, base: Base) -> Reference | None:
         return None
     as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
     path, revision = resolve_model(as_base, "ref_model")
-    model = load_causal_lm(path, as_base, "ref_model")
+    model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, "ref_model")
     embeddings, tokens = model.get_input_embeddings().num_embeddings, len(base.tokenizer)
     if embeddings < tokens:
         raise JobFailed(
@@ -133,4 +195,5 @@ def result(
         dataset_sources=data.sources,
         durations_s=reporter.durations_s,
         versions=package_versions(),
+        pipeline_tag=PIPELINE_TAG if base.vision else None,
     )

@@ -3,7 +3,8 @@
 Rows: `chosen` and `rejected` (and usually `prompt`), conversational or plain text. With LoRA the
 reference model is the base with the adapter switched off, so no second copy is loaded; `ref_model`
 names another one, loaded beside the policy (with LoRA too). With `dpo.precompute_ref_log_probs` TRL
-computes the reference's log-probs over the dataset once, before the first step.
+computes the reference's log-probs over the dataset once, before the first step. With an `images` (or
+`image`) column the base is a vision-language model, trained with its processor (handlers/vision.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from handlers.common import (
     JobCallback,
     StatusReporter,
     load_base,
-    load_causal_lm,
     load_data,
+    load_policy,
     load_reference,
-    lora_config,
+    policy_lora,
     train_and_save,
     trl_config,
 )
@@ -29,15 +30,16 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(DPOConfig, request, job, "dpo")
     data = load_data(request, job, reporter)
     base = load_base(request, reporter, data)
+    model = load_policy(base, request.model)
     reference = load_reference(request, base)
     trainer = DPOTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         ref_model=reference.model if reference is not None else None,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        processing_class=base.processing_class,
+        peft_config=policy_lora(request.peft, base, model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base, reference)

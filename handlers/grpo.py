@@ -3,7 +3,8 @@
 Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
 scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
 With `grpo.use_vllm` vLLM generates them (handlers/vllm_support.py); the preflight fails first on a
-host without it.
+host without it. With an `image` (or `images`) column the base is a vision-language model, prompted
+with each row's images; the reward functions see the text (handlers/vision.py).
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from handlers.common import (
     JobCallback,
     StatusReporter,
     load_base,
-    load_causal_lm,
     load_data,
-    lora_config,
+    load_policy,
+    policy_lora,
     resolve_model,
     train_and_save,
     trl_config,
@@ -32,16 +33,17 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, reporter, data)
+    model = load_policy(base, request.model)
     reward_model_path = resolve_model(request.rewards.model, "rewards.model")[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
     trainer = GRPOTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         reward_funcs=reward_funcs,
         args=trl_config(GRPOConfig, request, job, "grpo", reward_weights=reward_weights, **vllm_arguments(request, job, "grpo")),
         train_dataset=data.train,
         eval_dataset=data.eval,
-        processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        processing_class=base.processing_class,
+        peft_config=policy_lora(request.peft, base, model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

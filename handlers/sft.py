@@ -1,7 +1,8 @@
 """Supervised fine-tuning with `trl.SFTTrainer`.
 
 Rows: conversational `messages`, or `prompt` + `completion`, or plain text in `dataset_text_field`
-(default `text`). Conversational rows need a tokenizer with a chat template.
+(default `text`). Conversational rows need a tokenizer with a chat template. With an `images` (or
+`image`) column the base is a vision-language model, trained with its processor (handlers/vision.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from handlers.common import (
     JobCallback,
     StatusReporter,
     load_base,
-    load_causal_lm,
     load_data,
-    lora_config,
+    load_policy,
+    policy_lora,
     train_and_save,
     trl_config,
 )
@@ -26,13 +27,14 @@ def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(SFTConfig, request, job, "sft")
     data = load_data(request, job, reporter)
     base = load_base(request, reporter, data)
+    model = load_policy(base, request.model)
     trainer = SFTTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        processing_class=base.processing_class,
+        peft_config=policy_lora(request.peft, base, model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

@@ -33,24 +33,29 @@ CORPUS = [
     "0 1 2 3 4 5 6 7 8 9 10 11 12 yes no true false good bad",
 ]
 
-def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    vocab_size: int = 320, *, special_tokens: list[str] = SPECIAL_TOKENS, corpus: list[str] = CORPUS,
+    chat_template: str = CHAT_TEMPLATE, **named_tokens: str,
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on `corpus`; `named_tokens` name special tokens by role (`image_token="<image>"`)."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         bos_token=None,
+        **({"extra_special_tokens": named_tokens} if named_tokens else {}),
     )
-    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.chat_template = chat_template
     return wrapped
 
 

@@ -47,11 +47,13 @@ def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any
     return built
 
 
-def lora_config(spec: LoraSpec | None, task_type: str) -> LoraConfig | None:
+def lora_config(spec: LoraSpec | None, task_type: str, **derived: Any) -> LoraConfig | None:
+    """PEFT's LoraConfig from the request's `peft` block; `derived`: what the handler decides in place
+    of a default (a vision-language model's `target_modules`)."""
     if spec is None:
         return None
     try:
-        return LoraConfig(task_type=task_type, **with_objects(LoraConfig, spec.set_fields()))
+        return LoraConfig(task_type=task_type, **with_objects(LoraConfig, {**spec.set_fields(), **derived}))
     except (TypeError, ValueError) as exc:
         raise JobFailed("config_invalid", "preflight", f"peft: LoraConfig refused the arguments: {exc}") from exc
 

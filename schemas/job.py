@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 
 from schemas.common import AdapterdError, Frozen, TrainingProgress
+from schemas.images import ImageBounds
 from schemas.provenance import ResolvedSource
 
 
@@ -32,6 +33,8 @@ class JobSpec(Frozen):
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
     storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
     vllm_server_base_url: str | None = Field(None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'.")
+    allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs a dataset's image paths may name.")
+    images: ImageBounds = Field(default_factory=ImageBounds, description="The operator's bounds on a vision-language job's images.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -141,6 +144,7 @@ class TrainResult(ChildMessageBase):
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description="Seconds per child stage: preflight, load_dataset, load_model, train, save.")
     versions: dict[str, str]
+    pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
 
 
 class ChildError(ChildMessageBase):

@@ -2,7 +2,8 @@
 
 Each row names the method's request model, its handler module (`handlers/<handler>.py`), the TRL
 trainer and config classes it trains with, whether it is stable or on TRL's experimental layer,
-the dataset columns it reads (in words, for the README) and the TRL releases that ship it.
+the dataset columns it reads (in words, for the README), whether it trains vision-language models on
+rows with images, and the TRL releases that ship it.
 Everything else that lists methods is derived from `METHODS`: the request models by name and the
 request union (schemas/request.py), the handler modules the child imports (handlers/__init__.py),
 what this host's TRL can run (daemon/capabilities.py, `adapterd methods`) and README's method
@@ -39,6 +40,7 @@ class Method:
     config: str  # TRL's config class
     status: Literal["stable", "experimental"]
     columns: str  # the dataset columns it reads, in words (README)
+    vision: bool = False  # trains vision-language models on rows with images (TRL's `images` / `image` column)
     trl_min: str | None = None  # the first TRL release that ships it; None: any TRL the lock allows
     trl_below: str | None = None  # the first TRL release without it
     trl_note: str = ""  # why the range, for the refusal and the README
@@ -56,15 +58,15 @@ class Method:
 
 METHODS: dict[str, Method] = {
     "sft": Method(SFTRequest, "sft", "trl.SFTTrainer", "trl.SFTConfig", "stable",
-                  "`messages`, or `prompt` + `completion`, or `text`"),
+                  "`messages`, or `prompt` + `completion`, or `text`", vision=True),
     "dpo": Method(DPORequest, "dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable",
-                  "`chosen` + `rejected` (and usually `prompt`)"),
+                  "`chosen` + `rejected` (and usually `prompt`)", vision=True),
     "kto": Method(KTORequest, "kto", "trl.KTOTrainer", "trl.KTOConfig", "stable",
                   "`prompt` + `completion` + `label` (bool)"),
     "reward": Method(RewardRequest, "reward", "trl.RewardTrainer", "trl.RewardConfig", "stable",
                      "`chosen` + `rejected`"),
     "grpo": Method(GRPORequest, "grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable",
-                   "`prompt` (+ columns the rewards read)"),
+                   "`prompt` (+ columns the rewards read)", vision=True),
     "rloo": Method(RLOORequest, "rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
                    "`prompt` (+ columns the rewards read)"),
     "orpo": Method(ORPORequest, "orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",

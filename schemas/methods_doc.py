@@ -15,13 +15,17 @@ HEADING = "## Methods"
 
 
 def markdown_table() -> str:
-    lines = ["| method | TRL trainer | TRL config | status | dataset columns | example | fields |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | TRL trainer | TRL config | status | dataset columns | vision-language | example | fields |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, method in METHODS.items():
         status = method.status + (f", trl{method.trl_range} only" if method.trl_range else "")
         example = f"[{name}.json](schemas/examples/{name}.json)"
         block = method.request.model_fields[name].annotation
         fields = f"[`{name}`: {len(block.model_fields)}](docs/requests.md#{name})"  # type: ignore[union-attr]
-        lines.append(f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {example} | {fields} |")
+        vision = f"yes: + `images` or `image` ([{name}-vision.json](schemas/examples/{name}-vision.json))" if method.vision else "no"
+        lines.append(f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |")
     return "\n".join(lines) + "\n"
 
 

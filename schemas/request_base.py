@@ -18,6 +18,7 @@ from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
+from schemas.images import image_column
 from schemas.trl_fields import (
     LoraConfigFields,
     ModelConfigFields,
@@ -102,7 +103,10 @@ class RequestBase(Frozen):
     def _inline_rows_fit_the_method(self) -> RequestBase:
         if self.dataset.rows is not None:
             common = set.intersection(*(set(row) for row in self.dataset.rows))
-            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
+            every = set.union(*(set(row) for row in self.dataset.rows))  # an image column only some rows have counts too
+            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common]) or self.dataset_problem(
+                [self.dataset.columns.get(c, c) for c in every]
+            )
             if problem:
                 raise ValueError(problem)
         if self.dataset.streaming and self.training.max_steps is None:
@@ -127,6 +131,15 @@ class RequestBase(Frozen):
 
     def dataset_problem(self, columns: list[str]) -> str | None:
         """Why a dataset with these columns cannot feed this method, or None when it can."""
+        from schemas.methods import (
+            METHODS,  # the table imports the request models: import it late
+        )
+
+        method = getattr(self, "method")
+        images = image_column(columns)
+        if images is not None and not METHODS[method].vision:
+            vision = ", ".join(name for name, row in METHODS.items() if row.vision)
+            return f"dataset.columns: '{images}': method {method} trains on text only; the vision-language methods are {vision}"
         formats = self.accepted_formats()
         if any(form <= set(columns) for form in formats):
             return None

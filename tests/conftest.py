@@ -75,6 +75,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny vision-language model (LLaVA) and its processor, built locally (handlers/tiny_vlm.py)."""
+    from handlers.tiny_vlm import save_tiny_vlm
+
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+
+
+@pytest.fixture(scope="session")
 def published(hub: HubServer, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> HubServer:
     """The tiny model and a chat dataset, on the local Hub under the ids requests name them by."""
     from huggingface_hub import HfApi
@@ -118,6 +126,12 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 async def settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
     """Settings with topics and a group of this test's own, so tests never see each other's messages."""
+    return await own_settings(kafka, hub, tmp_path)
+
+
+async def own_settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
+    """The `settings` fixture's settings, for a fixture of wider scope: topics, a group and a work
+    folder of its own, its topics created."""
     suffix = uuid.uuid4().hex[:8]
     settings = Settings(
         bootstrap_servers=kafka,

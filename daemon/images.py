@@ -1,0 +1,66 @@
+"""Intake's check of the images in a request's inline rows, before it becomes a job: each is inline
+base64 data (a URL in a request is never fetched), decodes (Pillow), and keeps to the operator's
+bounds (max_images_per_row, max_image_bytes, max_image_pixels); a row has as many images as its
+messages have image entries. Each problem is named by its row and field, e.g.
+`dataset.rows.3.images.0`. The child checks a dataset's rows the same way (handlers/vision.py).
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+from PIL import Image, UnidentifiedImageError
+
+from schemas import FieldError
+from schemas.images import (
+    ImageBounds,
+    check_pixels,
+    data_uri_bytes,
+    image_column,
+    row_problems,
+)
+from schemas.request import RequestBase
+
+
+def inline_image_errors(request: RequestBase, bounds: ImageBounds) -> list[FieldError]:
+    """Every problem with the images of the request's inline rows; empty when there are none."""
+    rows = request.dataset.rows
+    if rows is None:
+        return []
+    renamed = {request.dataset.columns.get(name, name): name for row in rows for name in row}
+    column = image_column(renamed)
+    if column is None:
+        return []
+    source = renamed[column]  # the name the rows use, before `dataset.columns` renames it
+    errors = []
+    for index, row in enumerate(rows):
+        as_trained = {renamed_name: row[name] for renamed_name, name in renamed.items() if name in row}
+        problems = row_problems(as_trained, column, bounds)
+        errors += [FieldError(path=f"dataset.rows.{index}.{source}", message=message) for _, message in problems]
+        if problems:
+            continue
+        value = row.get(source)
+        for position, image in enumerate(value if column == "images" and isinstance(value, list) else [value] if value is not None else []):
+            path = f"dataset.rows.{index}.{source}" + (f".{position}" if column == "images" else "")
+            problem = _image_problem(image, bounds)
+            if problem:
+                errors.append(FieldError(path=path, message=problem))
+    return errors
+
+
+def _image_problem(value: object, bounds: ImageBounds) -> str | None:
+    if not isinstance(value, str):
+        return f"an inline image is a data:image/...;base64, string; got {type(value).__name__}"
+    try:
+        data = data_uri_bytes(value, bounds)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                check_pixels(image.width, image.height, bounds)  # from the header, before the pixels are decoded
+                image.load()
+    except ValueError as exc:
+        return str(exc)
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        return f"not a decodable image: {exc}"
+    return None

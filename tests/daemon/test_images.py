@@ -1,0 +1,84 @@
+"""Intake's check of inline images (daemon/images.py): each problem is a `rejected` reason naming the
+row and the field, before any job exists; a URL is refused, never fetched."""
+
+import base64
+import io
+import json
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from daemon.demo_requests import VISION_CHAT_ROWS, VISION_PROMPT_ROWS, square
+from daemon.images import inline_image_errors
+from schemas import FieldError, RequestBase, decode_request
+from schemas.images import ImageBounds
+from tests.helpers import EXAMPLES_DIR
+
+BOUNDS = ImageBounds()
+
+
+def request(rows: list[dict[str, Any]], example: str = "sft-vision", **overrides: Any) -> RequestBase:
+    body = json.loads((EXAMPLES_DIR / f"{example}.json").read_text())
+    body.update(dataset={"rows": rows, **overrides})
+    decoded = decode_request(json.dumps(body).encode())
+    assert isinstance(decoded, RequestBase), decoded
+    return decoded
+
+
+def with_images(*images: Any, row: dict[str, Any] = VISION_CHAT_ROWS[0]) -> list[dict[str, Any]]:
+    return [VISION_CHAT_ROWS[1], {**row, "images": list(images)}]
+
+
+def test_good_rows_pass() -> None:
+    assert inline_image_errors(request(VISION_CHAT_ROWS), BOUNDS) == []
+    assert inline_image_errors(request(VISION_PROMPT_ROWS, "grpo-vision"), BOUNDS) == []
+
+
+@pytest.mark.parametrize(("images", "path", "says"), [
+    (["https://images.example/cat.png"], "dataset.rows.1.images.0", "an inline image is base64 data in a data:image/...;base64, URI (a URL is never fetched)"),
+    (["data:image/png;base64,@@@not-base64@@@"], "dataset.rows.1.images.0", "not valid base64"),
+    (["data:image/png;base64," + base64.b64encode(b"GIF? no. text.").decode()], "dataset.rows.1.images.0", "not a decodable image"),
+    ([{"bytes": "abc"}], "dataset.rows.1.images.0", "an inline image is a data:image/...;base64, string; got dict"),
+    ([square((1, 2, 3)), square((4, 5, 6))], "dataset.rows.1.images", "2 image(s), but the row's messages have 1 image entries"),
+], ids=["url", "base64", "undecodable", "not-a-string", "count"])
+def test_each_bad_inline_image_is_named_by_row_and_field(images: list[Any], path: str, says: str) -> None:
+    [error] = inline_image_errors(request(with_images(*images)), BOUNDS)
+    assert error.path == path and error.message.startswith(says), error
+
+
+def test_a_truncated_png_is_caught_by_decoding_not_only_its_header() -> None:
+    buffer = io.BytesIO()
+    Image.effect_noise((64, 64), 50).convert("RGB").save(buffer, format="PNG")
+    cut = "data:image/png;base64," + base64.b64encode(buffer.getvalue()[:-200]).decode()
+    [error] = inline_image_errors(request(with_images(cut)), BOUNDS)
+    assert (error.path, error.message.split(":")[0]) == ("dataset.rows.1.images.0", "not a decodable image")
+
+
+def test_the_operators_bounds() -> None:
+    big = square((9, 9, 9), size=64)
+    assert inline_image_errors(request(with_images(big)), ImageBounds(max_image_pixels=64 * 64 - 1)) == [
+        FieldError(path="dataset.rows.1.images.0", message="64x64 pixels; this host allows at most 4095 per image (max_image_pixels)"),
+    ]
+    errors = inline_image_errors(request(with_images(big)), ImageBounds(max_image_bytes=10))
+    assert [e.path for e in errors] == ["dataset.rows.0.images.0", "dataset.rows.1.images.0"]  # every row's image is over 10 bytes
+    assert all(e.message.endswith("this host allows at most 10 per image (max_image_bytes)") for e in errors), errors
+    many = {**VISION_CHAT_ROWS[0], "messages": [{"role": "user", "content": [{"type": "image"}] * 3}]}
+    assert inline_image_errors(request([many | {"images": [big] * 3}]), ImageBounds(max_images_per_row=2)) == [
+        FieldError(path="dataset.rows.0.images", message="3 images; this host allows at most 2 per row (max_images_per_row)"),
+    ]
+
+
+def test_a_renamed_image_column_is_named_as_the_rows_name_it() -> None:
+    rows = [{"messages": row["messages"], "pictures": ["ftp://x/y.png"]} for row in VISION_CHAT_ROWS]
+    errors = inline_image_errors(request(rows, columns={"pictures": "images"}), BOUNDS)
+    assert [e.path for e in errors] == [f"dataset.rows.{i}.pictures.0" for i in range(len(rows))]
+
+
+def test_a_text_only_method_refuses_rows_with_images() -> None:
+    body = json.loads((EXAMPLES_DIR / "kto.json").read_text())
+    body["dataset"] = {"rows": [{"prompt": "What colour?", "completion": "red", "label": True, "images": [square((1, 1, 1))]}]}
+    rejected = decode_request(json.dumps(body).encode())
+    assert not isinstance(rejected, RequestBase)
+    assert any("'images': method kto trains on text only; the vision-language methods are sft, dpo, grpo" in e.message for e in rejected.errors), rejected
+
