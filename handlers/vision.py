@@ -61,26 +61,30 @@ def prepare_images(rows: AnyDataset, job: JobSpec, trusted_roots: list[Path]) ->
         # Undecoded: datasets would open an `Image` value's path itself, wherever it points.
         undecoded = Image(decode=False) if column == "image" else List(Image(decode=False))
         rows = rows.cast_column(column, undecoded)
+    stored = isinstance(rows, Dataset)
+    stage = "preflight" if stored else "train"  # a stream's rows are checked as training reads them
     typed = Image() if column == "image" else List(Image())
-    features = Features({**rows.features, column: typed}) if rows.features is not None else None
     roots = [*job.allowed_local_dataset_roots, *trusted_roots]
 
     def check(row: dict[str, Any], index: int) -> dict[str, Any]:
         problems = row_problems(row, column, job.images)
         if problems:
-            raise JobFailed("dataset_invalid", "preflight", f"dataset row {index}: {problems[0][0]}: {problems[0][1]}")
+            raise JobFailed("dataset_invalid", stage, f"dataset row {index}: {problems[0][0]}: {problems[0][1]}")
         encoded = []
         for position, value in enumerate(row_images(row, column)):
             field = f"{column}.{position}" if column == "images" else column
             try:
-                encoded.append({"bytes": _checked(_image_bytes(value, job, roots), job.images), "path": None})
+                data = _checked(_image_bytes(value, job, roots), job.images)
             except ValueError as exc:
-                raise JobFailed("dataset_invalid", "preflight", f"dataset row {index}: {field}: {exc}") from exc
+                raise JobFailed("dataset_invalid", stage, f"dataset row {index}: {field}: {exc}") from exc
+            # A dataset's rows keep the bytes, typed as `Image` (decoded as read); a stream's rows are
+            # not typed again after a map, so they carry the decoded image.
+            encoded.append({"bytes": data, "path": None} if stored else PILImage.open(io.BytesIO(data)))
         return {column: encoded[0] if column == "image" else encoded}
 
-    if isinstance(rows, Dataset):
-        return rows.map(check, with_indices=True, features=features, desc="checking images")
-    return rows.map(check, with_indices=True, features=features)
+    if stored:
+        return rows.map(check, with_indices=True, features=Features({**rows.features, column: typed}), desc="checking images")
+    return rows.map(check, with_indices=True)
 
 
 def _image_bytes(value: Any, job: JobSpec, roots: list[Path]) -> bytes:

@@ -47,3 +47,16 @@ def test_dpo_demo_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path
     exec(snippet, namespace)  # the three lines the demo tells a newcomer to run
     assert type(namespace["model"]).__name__ == "PeftModelForCausalLM"
     assert_adapter_trained(adapter_dir, tmp_path / "demo" / "tiny-model")
+
+
+@pytest.mark.parametrize("name", ["sft-vision", "dpo-vision", "grpo-vision"])
+def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> None:
+    from daemon.demo import method_problem
+    from daemon.demo_requests import demo_request
+    from daemon.images import inline_image_errors
+    from schemas.images import ImageBounds
+
+    request = demo_request(name, tmp_path / "tiny-vlm")
+    assert request.method == name.removesuffix("-vision") and request.dataset.rows is not None
+    assert inline_image_errors(request, ImageBounds()) == []
+    assert method_problem(name) is None

@@ -95,6 +95,19 @@ def test_images_from_allowed_files_and_parquet_bytes_train(tiny_vlm_dir: Path, t
     assert isinstance(result, TrainResult), result
 
 
+def test_a_streamed_dataset_checks_each_row_as_it_is_read(tiny_vlm_dir: Path, tmp_path: Path) -> None:
+    good = write_jsonl(tmp_path / "data" / "good.jsonl", VISION_CHAT_ROWS)
+    result, _ = run_handler(vision_request("vision-stream", tiny_vlm_dir, {"url": str(good), "streaming": True}), tmp_path / "good",
+                            allowed_local_dataset_roots=[tmp_path / "data"])
+    assert isinstance(result, TrainResult), result
+    bad = write_jsonl(tmp_path / "data" / "bad.jsonl", [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["/etc/hostname"]}])
+    failure, _ = run_handler(vision_request("vision-stream-bad", tiny_vlm_dir, {"url": str(bad), "streaming": True}), tmp_path / "bad",
+                             allowed_local_dataset_roots=[tmp_path / "data"])
+    assert isinstance(failure, JobFailed), failure
+    assert (failure.code, failure.stage) == ("dataset_invalid", "train")
+    assert failure.message.startswith("dataset row 1: images.0: /etc/hostname is outside allowed_local_dataset_roots")
+
+
 def test_an_image_over_the_operators_bounds_fails(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     bounds = ImageBounds(max_image_pixels=32 * 32 - 1)
     data = write_jsonl(tmp_path / "data" / "train.jsonl", VISION_CHAT_ROWS)
