@@ -3,7 +3,7 @@ on rows with images succeed, and what they push loads back with `AutoProcessor` 
 generates from an image; a bad inline image is rejected at intake and a bad image in a dataset
 fails the job, each naming its row and field, while the daemon goes on with the others.
 
-One daemon runs all five requests, submitted together (one CPU slot takes them in turn); each test
+A Hub dataset with an `Image` feature trains too. One daemon runs all six requests, submitted together (one CPU slot takes them in turn); each test
 reads its own request's events."""
 
 import base64
@@ -21,7 +21,7 @@ from daemon.demo_requests import (
 )
 from schemas import Event, Failed, Rejected, Succeeded
 from tests.conftest import own_settings
-from tests.helpers import EXAMPLES_DIR, SMALL_LORA, download, submit, terminal_events
+from tests.helpers import EXAMPLES_DIR, HUB_TOKEN, SMALL_LORA, download, submit, terminal_events
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess
 
@@ -41,12 +41,29 @@ def vision_request(name: str, request_id: str, model: Path, dataset: dict[str, A
     return request
 
 
+IMAGE_DATASET = "tiny/vision-chat"
+
+
+def publish_image_dataset(hub: HubServer, folder: Path) -> None:
+    """The chat rows as the Hub keeps image datasets: Parquet with an `Image` feature (bytes inside)."""
+    from datasets import Dataset, Image, List
+    from huggingface_hub import HfApi
+
+    rows = [{**row, "images": [{"bytes": base64.b64decode(row["images"][0].split(",", 1)[1]), "path": None}]} for row in VISION_CHAT_ROWS]
+    (folder / "data").mkdir(parents=True)
+    Dataset.from_list(rows).cast_column("images", List(Image())).to_parquet(str(folder / "data" / "train.parquet"))
+    api = HfApi(endpoint=hub.endpoint, token=HUB_TOKEN)
+    api.create_repo(IMAGE_DATASET, repo_type="dataset", exist_ok=True)
+    api.upload_folder(folder_path=folder, repo_id=IMAGE_DATASET, repo_type="dataset", commit_message="image rows")
+
+
 @pytest.fixture(scope="module")
 async def outcomes(kafka: str, hub: HubServer, tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, list[Event]]]:
     work = tmp_path_factory.mktemp("vision-e2e")
     data = work / "data"
     data.mkdir()
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": [NOT_AN_IMAGE]}]))
+    publish_image_dataset(hub, work / "hub-dataset")
     settings = (await own_settings(kafka, hub, work)).model_copy(update={
         "allowed_local_model_roots": [tiny_vlm_dir.parent], "allowed_local_dataset_roots": [data],
     })
@@ -54,6 +71,7 @@ async def outcomes(kafka: str, hub: HubServer, tiny_vlm_dir: Path, tmp_path_fact
         vision_request("sft-vision", "vision-bad-inline", tiny_vlm_dir, {"rows": [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["https://x.example/a.png"]}]}),
         vision_request("sft-vision", "vision-bad-dataset", tiny_vlm_dir, {"url": str(data / "train.jsonl")}),
         vision_request("sft-vision", "vision-sft", tiny_vlm_dir, {"rows": VISION_CHAT_ROWS}),
+        vision_request("sft-vision", "vision-hub-dataset", tiny_vlm_dir, {"id": IMAGE_DATASET}),
         vision_request("dpo-vision", "vision-dpo", tiny_vlm_dir, {"rows": VISION_PREFERENCE_ROWS}),
         vision_request("grpo-vision", "vision-grpo", tiny_vlm_dir, {"rows": VISION_PROMPT_ROWS},
                        grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.0}, training={**TRAINING, "per_device_train_batch_size": 4}),
@@ -110,6 +128,12 @@ async def test_vision_job_succeeds_and_its_push_loads_and_generates_from_an_imag
     card = card_metadata(hub, done, tmp_path)
     assert card["pipeline_tag"] == "image-text-to-text" and card["library_name"] == "peft"
     assert_loads_and_generates(hub, done, tiny_vlm_dir, tmp_path)
+
+
+async def test_a_hub_dataset_with_an_image_feature_trains(outcomes: dict[str, list[Event]]) -> None:
+    done = outcomes["vision-hub-dataset"][-1]
+    assert isinstance(done, Succeeded), done
+    assert [(s.kind, s.location) for s in done.dataset_sources] == [("hub", IMAGE_DATASET)]
 
 
 async def test_a_bad_inline_image_is_rejected_naming_row_and_field(outcomes: dict[str, list[Event]]) -> None:
