@@ -26,24 +26,25 @@ def job(env: Environment, request_id: str, steps: int) -> dict[str, object]:
     }
 
 
-def plain_run(env: Environment, steps: int) -> tuple[float, float]:
-    """Wall time (process start to exit) and throughput of the plain script."""
+def plain_run(env: Environment, steps: int, request: dict[str, object] | None = None) -> tuple[float, float]:
+    """Wall time (process start to exit) and throughput of the plain script (`request`: another job
+    than the tiny model's, as benchmarks/gpu_check.py runs)."""
     request_file = env.root / "plain-request.json"
-    request_file.write_text(json.dumps(job(env, "plain", steps)))
+    request_file.write_text(json.dumps(request or job(env, "plain", steps)))
     started = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "benchmarks.plain_sft", str(request_file)], check=True, capture_output=True, text=True)
     wall = time.monotonic() - started
     return wall, json.loads(out.stdout.strip().splitlines()[-1])["train_samples_per_second"]
 
 
-async def daemon_run(env: Environment, steps: int, index: int) -> tuple[float, float, float]:
+async def daemon_run(env: Environment, steps: int, index: int, request: dict[str, object] | None = None) -> tuple[float, float, float]:
     """Wall time (submission to `succeeded`, the warm child ready as between jobs), push time, throughput."""
     settings = await env.settings()
     daemon = env.daemon(settings)
     try:
         await wait_for_log(daemon, "child.warm_ready")
         started = time.monotonic()
-        events = await run_to_end(settings, job(env, f"through-daemon-{index}", steps))
+        events = await run_to_end(settings, {**request, "request_id": f"{request['request_id']}-{index}"} if request else job(env, f"through-daemon-{index}", steps))
         wall = time.monotonic() - started
     finally:
         daemon.stop()

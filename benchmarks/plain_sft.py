@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
 from datasets import Dataset
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -20,13 +21,14 @@ from trl import SFTConfig, SFTTrainer
 def main(request_path: str) -> None:
     request = json.loads(Path(request_path).read_text())
     model_dir = request["model"]["id"]
+    dtype = request["model"].get("dtype", "auto")  # as handlers.loading.model_kwargs reads it
     with tempfile.TemporaryDirectory() as output_dir:
         config = SFTConfig(
             logging_steps=1, save_strategy="steps", save_total_limit=2, **request["training"],
-            output_dir=output_dir, report_to="none", use_cpu=True, disable_tqdm=True,
+            output_dir=output_dir, report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
         )
         trainer = SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir),
+            model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)),
             args=config,
             train_dataset=Dataset.from_list(request["dataset"]["rows"]),
             processing_class=AutoTokenizer.from_pretrained(model_dir),
