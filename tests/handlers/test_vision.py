@@ -5,12 +5,13 @@ or a base model that cannot see, fails before training, naming the row and the f
 import base64
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemon.demo_requests import VISION_CHAT_ROWS, square
+from daemon.demo_requests import VISION_CHAT_ROWS, VISION_PREFERENCE_ROWS, VISION_PROMPT_ROWS, square
 from schemas.images import ImageBounds
 from schemas.job import JobFailed, TrainResult
 from tests.helpers import SMALL_LORA, example_request, run_handler
@@ -40,6 +41,44 @@ def test_sft_trains_the_language_model_only_and_saves_the_processor(tiny_vlm_dir
     weights = load_file(artifact / "adapter_model.safetensors")
     assert weights and all(".language_model." in name for name in weights), sorted(weights)[:5]
     assert not [name for name in weights if "vision_tower" in name or "multi_modal_projector" in name]
+
+
+VISION_PARTS = ("vision", "visual", "multi_modal_projector", "connector", "merger")  # each family's tower and projector
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The tiny model of a family (handlers/tiny_vlm.py), built once per session when first asked for."""
+    from handlers.tiny_vlm import save_tiny_vlm
+
+    built: dict[str, Path] = {}
+
+    def of(family: str) -> Path:
+        if family not in built:
+            built[family] = save_tiny_vlm(tmp_path_factory.mktemp(f"tiny-{family}"), family)
+        return built[family]
+
+    return of
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("family", ["qwen2-vl", "idefics3"])
+def test_other_families_train_their_language_model_only(
+    family: str, method: str, tiny_vlm_of: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    """Qwen2-VL's language model is `model.language_model`, Idefics3's `model.text_model`: LoRA finds each."""
+    from safetensors.torch import load_file
+
+    rows = {"sft": VISION_CHAT_ROWS, "dpo": VISION_PREFERENCE_ROWS, "grpo": VISION_PROMPT_ROWS}[method]
+    extra = {"grpo": {"grpo": {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}}}.get(method, {})
+    request = example_request(f"{method}-vision", f"{family}-{method}", **{
+        "model": {"id": str(tiny_vlm_of(family))}, "dataset": {"rows": rows}, "training": TRAINING, **extra,
+    })
+    result, _ = run_handler(request, tmp_path)
+    assert isinstance(result, TrainResult), result
+    weights = load_file(tmp_path / "artifact" / "adapter_model.safetensors")
+    assert weights and not [name for name in weights if any(part in name for part in VISION_PARTS)], sorted(weights)[:5]
 
 
 def test_a_request_may_widen_lora_to_the_vision_tower(tiny_vlm_dir: Path, tmp_path: Path) -> None:
