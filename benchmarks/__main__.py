@@ -38,7 +38,7 @@ async def main(args: argparse.Namespace) -> None:
         if "start" in args.only:
             rows += await start_latency.run(env, args.repeats)
         if "overhead" in args.only:
-            rows += await overhead.run(env, args.overhead_steps, args.repeats)
+            rows += await overhead.run(env, args.overhead_steps, args.overhead_pairs)
     finally:
         env.stop()
     header = (f"adapterd benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
@@ -55,7 +55,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "overhead"])
     parser.add_argument("--overhead-steps", type=int, default=300, help="steps of the overhead job (about a minute on 2 CPU cores)")
+    parser.add_argument("--overhead-pairs", type=int, default=8, help="plain/daemon pairs of the overhead job, ABBA order")
     parser.add_argument("--intake-messages", type=int, default=20_000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency, overhead)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where latest.md and latest.json go")
     asyncio.run(main(parser.parse_args()))

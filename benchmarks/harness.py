@@ -58,6 +58,11 @@ class Environment:
         self.hub.stop()
         self.broker.stop()
 
+    def broker_cpu_seconds(self) -> float:
+        """CPU seconds the broker's processes (its process group) have used."""
+        assert self.broker.process is not None
+        return sum(cpu_seconds(pid) for pid in group_members(self.broker.process.pid))
+
     async def settings(self, **overrides: Any) -> Settings:
         suffix = uuid.uuid4().hex[:8]
         fields: dict[str, Any] = {

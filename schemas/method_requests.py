@@ -96,7 +96,7 @@ class SFTRequest(RequestBase):
     """Supervised fine-tuning with `trl.SFTTrainer`. Rows: `messages`, `prompt`+`completion`, or `text`."""
 
     method: Literal["sft"]
-    sft: SFTSpec = Field(default_factory=SFTSpec)
+    sft: SFTSpec = SFTSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"messages"}), frozenset({"prompt", "completion"}), frozenset({self.sft.dataset_text_field or "text"}))
@@ -106,7 +106,7 @@ class DPORequest(ReferencedRequest):
     """Direct preference optimisation with `trl.DPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
 
     method: Literal["dpo"]
-    dpo: DPOSpec = Field(default_factory=DPOSpec)
+    dpo: DPOSpec = DPOSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
@@ -116,7 +116,7 @@ class KTORequest(ReferencedRequest):
     """Kahneman-Tversky optimisation with `trl.KTOTrainer`. Rows: `prompt`, `completion`, `label` (bool)."""
 
     method: Literal["kto"]
-    kto: KTOSpec = Field(default_factory=KTOSpec)
+    kto: KTOSpec = KTOSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt", "completion", "label"}),)
@@ -126,7 +126,7 @@ class RewardRequest(RequestBase):
     """Reward modelling with `trl.RewardTrainer` (sequence classification head). Rows: `chosen`, `rejected`."""
 
     method: Literal["reward"]
-    reward: RewardSpec = Field(default_factory=RewardSpec)
+    reward: RewardSpec = RewardSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
@@ -136,7 +136,7 @@ class GRPORequest(RequestBase):
     """Group relative policy optimisation with `trl.GRPOTrainer`. Rows: `prompt` (plus reward columns)."""
 
     method: Literal["grpo"]
-    grpo: GRPOSpec = Field(default_factory=GRPOSpec)
+    grpo: GRPOSpec = GRPOSpec()  # shared when left out, as in RequestBase
     rewards: OnlineRewards
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
@@ -147,7 +147,7 @@ class RLOORequest(RequestBase):
     """REINFORCE leave-one-out with `trl.RLOOTrainer`. Rows: `prompt` (plus reward columns)."""
 
     method: Literal["rloo"]
-    rloo: RLOOSpec = Field(default_factory=RLOOSpec)
+    rloo: RLOOSpec = RLOOSpec()  # shared when left out, as in RequestBase
     rewards: OnlineRewards
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
@@ -158,7 +158,7 @@ class ORPORequest(RequestBase):
     """Experimental: ORPO with `trl.experimental.orpo.ORPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
 
     method: Literal["orpo"]
-    orpo: ORPOSpec = Field(default_factory=ORPOSpec)
+    orpo: ORPOSpec = ORPOSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
@@ -169,7 +169,7 @@ class PPORequest(RequestBase):
     The reward model is a sequence classifier by repo id, e.g. the output of a `reward` request."""
 
     method: Literal["ppo"]
-    ppo: PPOSpec = Field(default_factory=PPOSpec)
+    ppo: PPOSpec = PPOSpec()  # shared when left out, as in RequestBase
     reward_model: RewardModelSpec
     kl_early_stop: KLEarlyStopSpec | None = None
 

@@ -92,10 +92,12 @@ class RequestBase(Frozen):
     request_id: str = Field(pattern=REQUEST_ID_PATTERN, description="Idempotency key; also the Kafka key.")
     model: ModelSpec
     dataset: DatasetSpec
-    peft: LoraSpec | None = Field(default_factory=LoraSpec, description="LoRA settings; null for a full fine-tune.")
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    # A block left out is one shared instance (they are frozen): a fresh one per request ran the
+    # block's validator over all its fields, a quarter of the time decoding a request took.
+    peft: LoraSpec | None = Field(LoraSpec(), description="LoRA settings; null for a full fine-tune.")
+    training: TrainingSpec = TrainingSpec()
     output: OutputSpec
-    resources: Resources = Field(default_factory=Resources)
+    resources: Resources = Resources()
     timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Free key-value pairs, echoed in every event.")
 

@@ -21,7 +21,14 @@ from daemon.demo_requests import (
 )
 from schemas import Event, Failed, Rejected, Succeeded
 from tests.conftest import own_settings
-from tests.helpers import EXAMPLES_DIR, HUB_TOKEN, SMALL_LORA, download, submit, terminal_events
+from tests.helpers import (
+    EXAMPLES_DIR,
+    HUB_TOKEN,
+    SMALL_LORA,
+    download,
+    submit,
+    terminal_events,
+)
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess
 
