@@ -11,7 +11,12 @@ from typing import Any
 
 import pytest
 
-from daemon.demo_requests import VISION_CHAT_ROWS, VISION_PREFERENCE_ROWS, VISION_PROMPT_ROWS, square
+from daemon.demo_requests import (
+    VISION_CHAT_ROWS,
+    VISION_PREFERENCE_ROWS,
+    VISION_PROMPT_ROWS,
+    square,
+)
 from schemas.images import ImageBounds
 from schemas.job import JobFailed, TrainResult
 from tests.helpers import SMALL_LORA, example_request, run_handler
