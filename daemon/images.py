@@ -18,6 +18,7 @@ from schemas.images import (
     check_pixels,
     data_uri_bytes,
     image_column,
+    row_images,
     row_problems,
 )
 from schemas.request import RequestBase
@@ -40,8 +41,7 @@ def inline_image_errors(request: RequestBase, bounds: ImageBounds) -> list[Field
         errors += [FieldError(path=f"dataset.rows.{index}.{source}", message=message) for _, message in problems]
         if problems:
             continue
-        value = row.get(source)
-        for position, image in enumerate(value if column == "images" and isinstance(value, list) else [value] if value is not None else []):
+        for position, image in enumerate(row_images(as_trained, column)):
             path = f"dataset.rows.{index}.{source}" + (f".{position}" if column == "images" else "")
             problem = _image_problem(image, bounds)
             if problem:

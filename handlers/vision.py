@@ -32,6 +32,7 @@ from transformers import (
     ProcessorMixin,
 )
 
+from handlers.loading import column_names
 from handlers.sources import AnyDataset
 from schemas.images import (
     ImageBounds,
@@ -53,8 +54,7 @@ def prepare_images(rows: AnyDataset, job: JobSpec, trusted_roots: list[Path]) ->
     so the trainer gets decoded images. A map-style dataset is checked whole here, before training;
     a stream is checked row by row as it is read. `trusted_roots`: where datasets itself put files
     (its cache, for a Hub dataset), besides the operator's roots."""
-    columns = rows.column_names or []
-    column = image_column(columns)
+    column = image_column(column_names(rows))  # a stream whose format does not say is read for its first row, as load_base reads it
     if column is None:
         return rows
     if rows.features is not None and column in rows.features:

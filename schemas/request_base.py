@@ -106,7 +106,7 @@ class RequestBase(Frozen):
         if self.dataset.rows is not None:
             common = set.intersection(*(set(row) for row in self.dataset.rows))
             every = set.union(*(set(row) for row in self.dataset.rows))  # an image column only some rows have counts too
-            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common]) or self.dataset_problem(
+            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common]) or self.text_only_problem(
                 [self.dataset.columns.get(c, c) for c in every]
             )
             if problem:
@@ -131,8 +131,8 @@ class RequestBase(Frozen):
         """The column sets the method accepts, any one of which the dataset must have (after `columns`)."""
         raise NotImplementedError(f"{type(self).__name__} must say which dataset columns it accepts")
 
-    def dataset_problem(self, columns: list[str]) -> str | None:
-        """Why a dataset with these columns cannot feed this method, or None when it can."""
+    def text_only_problem(self, columns: list[str]) -> str | None:
+        """Why a dataset with an image column among these cannot feed a text-only method, or None."""
         from schemas.methods import (
             METHODS,  # the table imports the request models: import it late
         )
@@ -142,6 +142,13 @@ class RequestBase(Frozen):
         if images is not None and not METHODS[method].vision:
             vision = ", ".join(name for name, row in METHODS.items() if row.vision)
             return f"dataset.columns: '{images}': method {method} trains on text only; the vision-language methods are {vision}"
+        return None
+
+    def dataset_problem(self, columns: list[str]) -> str | None:
+        """Why a dataset with these columns cannot feed this method, or None when it can."""
+        problem = self.text_only_problem(columns)
+        if problem:
+            return problem
         formats = self.accepted_formats()
         if any(form <= set(columns) for form in formats):
             return None
