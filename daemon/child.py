@@ -80,8 +80,11 @@ class Child:
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
     @classmethod
-    async def spawn(cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.runner",)) -> Child:
-        """Start `python -m <entry>`: `handlers.runner` for one process, `handlers.launch N` for N GPUs."""
+    async def spawn(
+        cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.runner",), pass_fds: tuple[int, ...] = (),
+    ) -> Child:
+        """Start `python -m <entry>`: `handlers.runner` for one process, `handlers.launch N` for N GPUs,
+        `handlers.forkserver` for the fork server (`pass_fds`: its socket)."""
         read_fd, write_fd = os.pipe()
         child_env = {**env, "ADAPTERD_STATUS_FD": str(write_fd), "ADAPTERD_PARENT_PID": str(os.getpid())}
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +92,7 @@ class Child:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", *entry,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(write_fd,), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=2**20,
+                pass_fds=(write_fd, *pass_fds), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=2**20,
             )
         finally:
             os.close(write_fd)

@@ -64,7 +64,8 @@ class Service:
             partition_assignment_strategy=(ASSIGNORS[settings.partition_assignment],),
         )
         self.slots = Slots(discover_gpus(settings.gpus), settings.job_slots)
-        self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child)
+        self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
+                                     mode=settings.child_start)
         self.partitions = Partitions(self.consumer)
         self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=self._report_status)
         self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)

@@ -54,7 +54,12 @@ class Settings(BaseSettings):
     work_dir: Path = Path("/var/lib/adapterd")
     gpus: list[str] | None = Field(None, description="GPU ids jobs may use; unset: $CUDA_VISIBLE_DEVICES, else nvidia-smi; [] for none.")
     job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on a host without GPUs (with GPUs: one slot per GPU).")
-    warm_child: bool = Field(True, description="Keep a child interpreter started ahead, its imports done, for the next job.")
+    warm_child: bool = Field(True, description="Start jobs warm: the training stack imported ahead of the job (child_start says how).")
+    child_start: Literal["fork", "spawn"] = Field("fork", description=(
+        "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack once "
+        "(every start warm, CUDA untouched in the server); 'spawn' starts a fresh interpreter per job, one ahead per "
+        "free slot (only a slot's first job after a pause starts warm)."
+    ))
     progress_interval_s: float = Field(10.0, ge=0, description="Progress events of a job at least this many seconds apart...")
     progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
     max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")

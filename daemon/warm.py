@@ -1,8 +1,9 @@
-"""Children started ahead of time: one per free slot, its imports done, for the next job.
+"""Children whose imports are done before their job: forked from a fork server (the default), or
+started ahead, one per free slot (`child_start = "spawn"`).
 
-A warm child has already spent the seconds of importing torch, transformers and TRL when a request
-arrives; CUDA stays untouched until its job. Each is replaced after its job, so every job still
-gets a clean process of its own.
+A warm start has already spent the seconds of importing torch, transformers and TRL when a request
+arrives; CUDA stays untouched until the job. Every job still gets a process of its own that exits
+after it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import structlog
 
 from daemon.child import Child
+from daemon.forkserver import ForkServer
 from daemon.settings import Settings
 
 log = structlog.get_logger()
@@ -35,17 +37,25 @@ def child_environment(settings: Settings) -> dict[str, str]:
 
 
 class WarmChildren:
-    """Keeps a child started ahead of time for each free slot, and replaces each one a job takes.
+    """Where a one-GPU job's child comes from, its imports done ahead of the job.
 
-    A child is warmed for one slot: CUDA reads CUDA_VISIBLE_DEVICES once, when the child first
-    touches CUDA, so the slot's devices are in its environment from the start.
+    - `fork` (the default): one fork server for the host, started ahead; every job's child is forked
+      from it, so every start is warm, back-to-back jobs on a slot included. A fresh server is
+      started if it dies; until it is ready, a job gets a cold child.
+    - `spawn`: one child interpreter started ahead per free slot and replaced after its job, so only
+      a slot's first job after a pause is warm.
+
+    CUDA reads CUDA_VISIBLE_DEVICES once, when a process first touches CUDA, so each child gets its
+    slot's devices in its environment before its job starts.
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: str = "fork") -> None:
         self.env = env
         self.log_path = log_path
         self.enabled = enabled
-        self._ready: list[tuple[str | None, Child]] = []  # (CUDA_VISIBLE_DEVICES, child)
+        self.mode = mode
+        self.server: ForkServer | None = None
+        self._ready: list[tuple[str | None, Child]] = []  # spawn: (CUDA_VISIBLE_DEVICES, child)
 
     def environment(self, visible_devices: str | None) -> dict[str, str]:
         env = dict(self.env)
@@ -54,8 +64,21 @@ class WarmChildren:
         return env
 
     async def prepare(self, wanted: list[str | None]) -> None:
-        """Have one live warm child per entry of `wanted` (the devices of each free slot)."""
+        """Be ready for the next jobs: a live fork server, or (spawn) one live warm child per entry of
+        `wanted` (the devices of each free slot)."""
         if not self.enabled:
+            return
+        if self.mode == "fork":
+            if self.server is None or not self.server.alive:
+                if self.server is not None:
+                    log.warning("forkserver.died", pid=self.server.server.process.pid, returncode=self.server.server.process.returncode)
+                    await self.server.close()
+                self.server = await ForkServer.start(self.env, self.log_path)
+                self.server.server.ready_task.add_done_callback(
+                    lambda task, pid=self.server.server.process.pid: log.info(
+                        "forkserver.ready" if not task.cancelled() and task.result() else "forkserver.died", pid=pid
+                    )
+                )
             return
         self._ready = [(devices, child) for devices, child in self._ready if child.process.returncode is None]
         missing = list(wanted)
@@ -73,7 +96,14 @@ class WarmChildren:
             )
 
     async def take(self, visible_devices: str | None) -> Child:
-        """A live warm child for these devices (ready or still importing), else a new cold one."""
+        """A child for one job on these devices: forked, or a live warm one (ready or still importing),
+        else a new cold one."""
+        if self.server is not None and self.server.alive:
+            try:
+                return await self.server.fork({"CUDA_VISIBLE_DEVICES": visible_devices} if visible_devices is not None else {},
+                                              self.log_path)
+            except ConnectionError as exc:
+                log.warning("forkserver.fork_failed", error=str(exc))
         for entry in self._ready:
             devices, child = entry
             if devices == visible_devices and child.process.returncode is None:
@@ -82,5 +112,9 @@ class WarmChildren:
         return await Child.spawn(self.environment(visible_devices), self.log_path)
 
     async def close(self) -> None:
+        """Stop the fork server and every child waiting for a job."""
         await asyncio.gather(*(child.stop(grace_s=2.0) for _, child in self._ready))
         self._ready = []
+        if self.server is not None:
+            await self.server.close()
+            self.server = None

@@ -54,6 +54,9 @@ class StatusReporter:
     def ready(self) -> None:
         self.send(Ready())
 
+    def close(self) -> None:
+        self._stream.close()
+
     def enter(self, stage: str) -> None:
         now = time.monotonic()
         self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)

@@ -1,9 +1,15 @@
-"""The warm child: started before any request, it takes the next job; each job gets a fresh one."""
+"""Warm starts: every job's child forked from one fork server (the default), or with
+child_start = "spawn" started ahead per free slot; either way each job gets a process of its own."""
+
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
+from daemon.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import Started, Succeeded
+from schemas import Retrying, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
     sft_request,
@@ -11,22 +17,76 @@ from tests.helpers import (
     terminal_events,
 )
 from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from tests.processes import DaemonProcess, wait_until_gone
 
 pytestmark = pytest.mark.slow
 
 
-async def test_jobs_run_in_children_started_ahead_and_never_reused(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
-    await submit(settings, sft_request("warm-1", dataset={"rows": CHAT_ROWS}))
-    first = (await terminal_events(settings, {"warm-1"}))["warm-1"]
-    await submit(settings, sft_request("warm-2", dataset={"rows": CHAT_ROWS}))
-    second = (await terminal_events(settings, {"warm-2"}))["warm-2"]
+def started_pid(events: list) -> int:
+    return next(e.pid for e in events if isinstance(e, Started))
 
-    warmed = [line["pid"] for line in daemon.log_lines() if line.get("event") == "child.warming"]
-    pids = [next(e.pid for e in events if isinstance(e, Started)) for events in (first, second)]
+
+async def test_queued_jobs_are_forked_from_one_server_which_is_replaced_when_it_dies(
+    published: HubServer, settings: Settings, tmp_path: Path,
+) -> None:
+    settings = settings.model_copy(update={"retry_backoff_s": 0})
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        # Submitted at once: on the one slot the second waits for the first, as a queue of jobs does.
+        await submit(settings, sft_request("fork-1", dataset={"rows": CHAT_ROWS}))
+        await submit(settings, sft_request("fork-2", dataset={"rows": CHAT_ROWS}))
+        queued = await terminal_events(settings, {"fork-1", "fork-2"})
+
+        # The server dies (the out-of-memory killer, say) while a job runs: the child it forked dies
+        # with it, the job is tried again, and a fresh server is started.
+        events = []
+        async with EventStream(settings, from_end=True) as stream:
+            await submit(settings, sft_request("fork-3", dataset={"rows": CHAT_ROWS}))
+            async for event in stream.events("fork-3"):
+                events.append(event)
+                if isinstance(event, Started) and event.attempt == 1:
+                    [server] = [line["pid"] for line in daemon.log_lines() if line.get("event") == "forkserver.starting"]
+                    os.kill(server, signal.SIGKILL)
+        lines = daemon.log_lines()
+        assert daemon.stop() == 0
+    finally:
+        daemon.stop()
+
+    servers = [line["pid"] for line in lines if line.get("event") == "forkserver.starting"]
+    forked = {line["pid"]: line["server_pid"] for line in lines if line.get("event") == "child.forked"}
+    first, second = (started_pid(queued[rid]) for rid in ("fork-1", "fork-2"))
+    # Both queued jobs were forked from the one server started with the daemon: the imports were done once.
+    assert first != second and forked[first] == forked[second] == servers[0]
+    assert not [line for line in lines if line.get("event") == "child.warming"]  # no interpreter started per job
+    for rid in ("fork-1", "fork-2"):
+        done = queued[rid][-1]
+        assert isinstance(done, Succeeded), done
+        assert 0 < done.durations_s["until_first_step"] < done.durations_s["total"]
+
+    retrying, done = next(e for e in events if isinstance(e, Retrying)), events[-1]
+    assert retrying.code == "child_crashed" and "killed by SIGKILL" in retrying.message
+    assert isinstance(done, Succeeded) and done.attempt == 2, events
+    assert len(servers) == 2  # the dead one, then its replacement
+    for pid in [*servers, *forked]:  # nothing outlives the daemon's stop
+        await wait_until_gone(pid)
+
+
+async def test_spawned_children_are_started_ahead_and_never_reused(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+    daemon = DaemonProcess(settings.model_copy(update={"child_start": "spawn"}), tmp_path / "daemon.log").start()
+    try:
+        await submit(settings, sft_request("warm-1", dataset={"rows": CHAT_ROWS}))
+        first = (await terminal_events(settings, {"warm-1"}))["warm-1"]
+        await submit(settings, sft_request("warm-2", dataset={"rows": CHAT_ROWS}))
+        second = (await terminal_events(settings, {"warm-2"}))["warm-2"]
+        lines = daemon.log_lines()
+    finally:
+        daemon.stop()
+
+    warmed = [line["pid"] for line in lines if line.get("event") == "child.warming"]
+    pids = [started_pid(events) for events in (first, second)]
     # The first job ran in the child warmed at start; the second in the one warmed after the first job.
     assert pids == warmed[:2] and pids[0] != pids[1]
-
+    assert not [line for line in lines if line.get("event") == "forkserver.starting"]
     for events in (first, second):
         done = events[-1]
         assert isinstance(done, Succeeded), done

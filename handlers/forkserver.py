@@ -1,0 +1,112 @@
+"""The fork server: `python -m handlers.forkserver`, the training stack imported once, a child forked per job.
+
+It imports what `handlers.runner` imports, says `ready` on its status pipe (fd in
+ADAPTERD_STATUS_FD), then serves the daemon on a Unix socket (fd in ADAPTERD_FORK_FD, one datagram
+a message). A request is a JSON object of environment variables for the child (its
+CUDA_VISIBLE_DEVICES) with three descriptors: the child's stdin, its stdout and stderr, its status
+pipe. The server forks; the child is then what a spawned `handlers.runner` is after its imports: a
+session of its own, killed when its parent dies, reading its job on stdin, one job and out. The
+server answers `{"kind": "forked", "pid": …}`, and `{"kind": "exited", "pid": …, "returncode": …}`
+(negative: the signal that killed it) once it has reaped that child. It exits when the daemon
+closes the socket, and dies with the daemon.
+
+Why a fork: every job starts with torch, transformers and TRL already imported (seconds on a GPU
+host, more on a busy one), however many jobs run back to back. Why it stays safe: the server never
+touches CUDA (checked before each fork), so every child's CUDA state is its own, made by its job;
+and each job is still a process of its own that exits after it.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import selectors
+import socket
+import sys
+import traceback
+
+from handlers import runner
+
+MAX_MESSAGE = 65536
+
+
+def main() -> int:
+    runner.die_with_parent()
+
+    import torch
+
+    from handlers import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
+    from handlers.reporting import StatusReporter
+
+    reporter = StatusReporter(runner.status_fd())
+    server = socket.socket(fileno=int(os.environ["ADAPTERD_FORK_FD"]))
+    # Objects made by the imports are never freed here; frozen, the collector leaves their pages
+    # alone in the children, so those pages stay shared instead of being copied on a collection.
+    gc.collect()
+    gc.freeze()
+    reporter.ready()
+    print(f"adapterd fork server {os.getpid()}: ready", flush=True)
+
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ, None)
+    while True:
+        for key, _ in selector.select():
+            if key.data is None:  # a request from the daemon
+                data, fds, _, _ = socket.recv_fds(server, MAX_MESSAGE, 3)
+                if not data:
+                    return 0  # the daemon closed its end: it is stopping
+                if torch.cuda.is_initialized():  # never expected: a child would inherit a CUDA context it cannot use
+                    print("adapterd fork server: CUDA was initialised in the server; exiting", flush=True)
+                    return 1
+                pid = fork_child(json.loads(data), fds, [server, reporter, selector])
+                pidfd = os.pidfd_open(pid)
+                selector.register(pidfd, selectors.EVENT_READ, pid)
+                server.send(json.dumps({"kind": "forked", "pid": pid}).encode())
+            else:  # a child has exited: reap it and say how
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                _, status = os.waitpid(key.data, 0)
+                server.send(json.dumps({"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+
+
+def fork_child(env: dict[str, str], fds: list[int], server_side: list[object]) -> int:
+    """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits."""
+    stdin, output, status = fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        for fd in fds:
+            os.close(fd)
+        return pid
+    code = 1
+    try:
+        for item in server_side:  # the server's socket, status pipe and selector are not the child's
+            item.close()  # type: ignore[attr-defined]
+        os.setsid()  # a process group of its own: a cancel kills the job and all it started
+        os.dup2(stdin, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.close(stdin)
+        os.close(output)
+        os.environ.update(env)
+        os.environ["ADAPTERD_STATUS_FD"] = str(status)
+        os.environ["ADAPTERD_PARENT_PID"] = str(os.getppid())
+        code = runner.main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # os._exit, not sys.exit: unwinding would run the server's frames in the child. What an
+        # interpreter's exit would still do for the job is flush its output and its log handlers.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
