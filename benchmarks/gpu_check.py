@@ -7,11 +7,12 @@ Qwen2.5-0.5B, random weights, bf16; nothing is downloaded):
 - a QLoRA (bitsandbytes 4-bit) job through the daemon: that it succeeds, and its tokens/s;
 - GPU memory (nvidia-smi) before a job, its peak during it, and after it: back to the baseline, since
   the child holds all CUDA state and exits;
-- the warm child: started ahead, its imports done, CUDA untouched until its job (no /dev/nvidia*
-  file open, not among nvidia-smi's compute processes), and the start latency it buys;
+- the fork server every job's child is forked from: its imports done, CUDA never touched by it,
+  before or after a job (no /dev/nvidia* file open, not among nvidia-smi's compute processes), and
+  the start latency it buys;
 - GRPO with vLLM colocated, when `import vllm` works.
 
-Without CUDA (or with `--cpu`) it runs the same daemon-against-plain and warm-child rows on the tiny
+Without CUDA (or with `--cpu`) it runs the same daemon-against-plain and fork-server rows on the tiny
 model for a few steps, so the check's own path is known to work, and marks the GPU rows skipped.
 `--plan` only says which rows this host would run. The table goes to stdout and to
 benchmarks/results/gpu_check-<host>.md.
@@ -73,7 +74,7 @@ CHECKS = [
     Check("sft", "SFT LoRA tokens/s: daemon against plain TRL", target=">= 0.98"),
     Check("qlora", "QLoRA 4-bit job through the daemon", needs_cuda=True, needs="bitsandbytes", target="succeeds"),
     Check("memory", "GPU memory before, during and after a job", needs_cuda=True, target="<= 16 (back to baseline)"),
-    Check("warm", "warm child: CUDA untouched until its job, start latency", target="yes"),
+    Check("warm", "fork server: CUDA untouched, the job forked from it, start latency", target="yes"),
     Check("grpo_vllm", "GRPO with vLLM colocated", needs_cuda=True, needs="vllm", target="succeeds"),
 ]
 
@@ -249,8 +250,9 @@ async def sft_rows(env: Any, request: dict[str, Any], steps: int, repeats: int, 
 
 
 async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    """One job through a daemon with a warm child: the warm child's CUDA state before its job, GPU
-    memory before / peak during / after (the next warm child ready), and the `succeeded` event."""
+    """One job through a daemon whose fork server is ready: the server's CUDA state before the job
+    and after it (it must never touch CUDA), GPU memory before / peak during / after, the pid the job
+    was forked from, and the `succeeded` event."""
     from benchmarks.harness import wait_for_log
     from schemas import Started, Succeeded
     from tests.helpers import run_to_end
@@ -266,12 +268,12 @@ async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str,
             peak = max(peak, await asyncio.to_thread(gpu_used_mib))
             await asyncio.sleep(0.2)
 
-    def warming_pids() -> list[int]:
-        return [line["pid"] for line in daemon.log_lines() if line.get("event") == "child.warming"]
+    def logged(event: str) -> list[dict[str, Any]]:
+        return [line for line in daemon.log_lines() if line.get("event") == event]
 
     try:
-        await wait_for_log(daemon, "child.warm_ready")
-        warm_pid = warming_pids()[-1]
+        await wait_for_log(daemon, "forkserver.ready")
+        warm_pid = logged("forkserver.starting")[-1]["pid"]
         before_state = cuda_state(warm_pid)
         before = gpu_used_mib() if cuda else None
         sampler = asyncio.create_task(sample()) if cuda else None
@@ -281,8 +283,8 @@ async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str,
         done.set()
         if sampler is not None:
             await sampler
-        await wait_for_log(daemon, "child.warm_ready", after=1)  # the next job's child, started after this one
-        next_state = cuda_state(warming_pids()[-1])
+        next_state = cuda_state(warm_pid)  # the server again, after forking the job: still without CUDA
+        forked_from = {line["pid"]: line["server_pid"] for line in logged("child.forked")}
         after = None
         if cuda:
             await asyncio.sleep(1.0)  # nvidia-smi's figure trails the child's exit by a moment
@@ -294,6 +296,7 @@ async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str,
     job_pid = next((e.pid for e in events if isinstance(e, Started)), None)
     return {
         "ok": isinstance(final, Succeeded), "final": final, "wall": wall, "warm_pid": warm_pid, "job_pid": job_pid,
+        "forked_from": forked_from.get(job_pid),
         "before_state": before_state, "next_state": next_state, "before": before, "peak": peak, "after": after,
     }
 
@@ -357,11 +360,13 @@ async def run_checks(host: Host, args: argparse.Namespace) -> list[Any]:
                 first_step = r["final"].durations_s.get("until_first_step") if r["ok"] else None
                 state, next_state = r["before_state"], r["next_state"]
                 rows += [
-                    Row(BENCH, "warm child: CUDA untouched before its job", "yes" if untouched(state) and untouched(next_state) else "NO", "", check.target,
+                    Row(BENCH, "fork server: CUDA untouched before and after a job", "yes" if untouched(state) and untouched(next_state) else "NO", "",
+                        check.target,
                         note=f"/dev/nvidia* fds {state['nvidia_fds']}, CUDA context {state['context']}, libcuda mapped {state['libcuda']}, "
-                        f"torch imported {state['torch']}; the next warm child: fds {next_state['nvidia_fds']}"
+                        f"torch imported {state['torch']}; after the job: fds {next_state['nvidia_fds']}, context {next_state['context']}"
                         + ("" if host.cuda else "; no CUDA on this host, so trivially yes")),
-                    Row(BENCH, "warm child: the job ran in it", "yes" if r["job_pid"] == r["warm_pid"] else "NO", "", "yes", note=f"pid {r['warm_pid']}"),
+                    Row(BENCH, "the job's child was forked from the server", "yes" if r["forked_from"] == r["warm_pid"] else "NO", "", "yes",
+                        note=f"server {r['warm_pid']}, job {r['job_pid']}"),
                     Row(BENCH, "warm: arrival to first step", round(first_step, 3) if first_step is not None else "FAILED", "s",
                         "" if host.cuda else "< 1 s", note=model + ("" if r["ok"] else "; job FAILED: " + failure_text(r))),
                 ]

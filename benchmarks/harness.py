@@ -101,6 +101,12 @@ async def wait_for_log(daemon: DaemonProcess, event: str, after: int = 0, timeou
     raise TimeoutError(f"no {event} in the daemon's log after {timeout_s}s")
 
 
+def warm_event(settings: Settings) -> str:
+    """The log event that says a daemon's next job will start warm: its fork server is ready, or
+    (child_start = "spawn") a warm child is."""
+    return "forkserver.ready" if settings.child_start == "fork" else "child.warm_ready"
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

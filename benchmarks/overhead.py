@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.harness import Environment, Row, cpu_seconds, wait_for_log
+from benchmarks.harness import Environment, Row, cpu_seconds, wait_for_log, warm_event
 from schemas import Succeeded
 from tests.helpers import CHAT_ROWS, run_to_end
 
@@ -44,7 +44,7 @@ async def daemon_run(env: Environment, steps: int, index: int, request: dict[str
     settings = await env.settings()
     daemon = env.daemon(settings)
     try:
-        await wait_for_log(daemon, "child.warm_ready")
+        await wait_for_log(daemon, warm_event(settings))
         assert daemon.process is not None
         parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid), env.broker_cpu_seconds()
         started = time.monotonic()

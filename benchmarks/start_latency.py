@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.harness import Environment, Row, wait_for_log
+from benchmarks.harness import Environment, Row, wait_for_log, warm_event
 from benchmarks.overhead import job
 from schemas import Succeeded
 from tests.helpers import run_to_end
@@ -17,8 +17,8 @@ async def first_steps(env: Environment, warm: bool, repeats: int) -> tuple[list[
     try:
         for index in range(repeats):
             if warm:
-                # A warm start is a request that finds a child ready; wait for this round's child.
-                await wait_for_log(daemon, "child.warm_ready", after=index)
+                # A warm start is a request that finds the fork server ready (it serves every round).
+                await wait_for_log(daemon, warm_event(settings))
             done = (await run_to_end(settings, job(env, f"{'warm' if warm else 'cold'}-{index}", steps=3)))[-1]
             assert isinstance(done, Succeeded), done
             seconds.append(done.durations_s["until_first_step"])

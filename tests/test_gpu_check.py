@@ -16,7 +16,7 @@ def skipped(host: Host) -> dict[str, str | None]:
     return {check.name: skip for check, skip in plan(host)}
 
 
-def test_cpu_host_runs_the_daemon_and_warm_rows_and_skips_the_gpu_rows() -> None:
+def test_cpu_host_runs_the_daemon_and_fork_server_rows_and_skips_the_gpu_rows() -> None:
     rows = skipped(Host(cuda=False, vllm=False, bitsandbytes=True))
     assert rows == {
         "sft": None,
