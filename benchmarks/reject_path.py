@@ -37,8 +37,9 @@ def records(mix: str, count: int) -> list:
 
     from benchmarks.intake import bad_message
 
-    make = bad_message if mix == "bad mix" else refused_message
-    return [ConsumerRecord("adapterd.requests", 0, offset, 0, 0, f"bad-{offset}".encode(), make(offset), None, 0, 0, [])
+    # Keyed by request id, as producers key requests: a DLQ record and its event share the key.
+    make, prefix = (bad_message, "bad") if mix == "bad mix" else (refused_message, "big")
+    return [ConsumerRecord("adapterd.requests", 0, offset, 0, 0, f"{prefix}-{offset}".encode(), make(offset), None, 0, 0, [])
             for offset in range(count)]
 
 
