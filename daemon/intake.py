@@ -73,7 +73,7 @@ class Intake:
         return Rejection("invalid", images, request.request_id) if images else None
 
     def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
-        metrics.REJECTED.labels(rejection.reason).inc()
+        metrics.rejected(rejection.reason).inc()
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
                     errors=rejection.errors, offset=record.offset)
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -145,13 +146,12 @@ class Publisher:
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:
         """Queue messages partition by partition (by key, as Kafka's default partitioner does)."""
-        partitions: dict[str, list[int]] = {}
         groups: dict[tuple[str, int], list[Outgoing]] = {}
+        placement = Placement(self.partitioner)
         for message in messages:
-            if message.topic not in partitions:
-                partitions[message.topic] = sorted(await self.producer.partitions_for(message.topic))
-            known = partitions[message.topic]
-            groups.setdefault((message.topic, self.partitioner(message.key, known, known)), []).append(message)
+            if message.topic not in placement:
+                placement.add(message.topic, await self.producer.partitions_for(message.topic))
+            groups.setdefault((message.topic, placement.choose(message.topic, message.key)), []).append(message)
         acks = []
         for (topic, partition), group in groups.items():
             batch = self.producer.create_batch()
@@ -162,3 +162,33 @@ class Publisher:
                     batch.append(key=message.key, value=message.value, timestamp=None, headers=message.headers)
             acks.append(await self.producer.send_batch(batch, topic, partition=partition))
         return acks
+
+
+class Placement:
+    """The partition of each message of one `send_all`, chosen by the default partitioner once per
+    key and partition list. A rejection's DLQ record and its `rejected` event carry the same key,
+    and aiokafka's murmur2 is pure Python: hashing each key once takes half of it off intake's
+    rejection path. Topics whose partitions are the same share their choices; a message without
+    a key is placed afresh each time (at random, as the default partitioner does)."""
+
+    def __init__(self, partitioner: Callable[[bytes | None, list[int], list[int]], int]) -> None:
+        self.partitioner = partitioner
+        self.topics: dict[str, tuple[list[int], dict[bytes, int]]] = {}
+        self.layouts: dict[tuple[int, ...], tuple[list[int], dict[bytes, int]]] = {}
+
+    def __contains__(self, topic: str) -> bool:
+        return topic in self.topics
+
+    def add(self, topic: str, partitions: set[int]) -> None:
+        """A topic's partitions, sorted as the producer hands them to its partitioner."""
+        known = sorted(partitions)
+        self.topics[topic] = self.layouts.setdefault(tuple(known), (known, {}))
+
+    def choose(self, topic: str, key: bytes | None) -> int:
+        known, chosen = self.topics[topic]
+        if key is None:
+            return self.partitioner(None, known, known)
+        partition = chosen.get(key)
+        if partition is None:
+            partition = chosen[key] = self.partitioner(key, known, known)
+        return partition

@@ -37,6 +37,9 @@ def _message(error: dict[str, object]) -> str:
 
 # Checks that span several fields run on the whole request; they name their field first ("dataset.columns: ...").
 _NAMED_FIELD = re.compile(r"^Value error, ([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
+# Compiled once: every message's key and request_id are matched against it, and re.fullmatch with
+# a pattern string looks the pattern up in re's cache each call (0.5 us against 0.15).
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 def field_errors(exc: ValidationError) -> list[FieldError]:
@@ -63,7 +66,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
         request_id = document.get("request_id") if isinstance(document, dict) else None
-        if not (isinstance(request_id, str) and re.fullmatch(REQUEST_ID_PATTERN, request_id) and not secret_kind(request_id)):
+        if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not secret_kind(request_id)):
             request_id = key_id
         return Rejection("secret_in_request", [
             FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
@@ -74,7 +77,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
 
     request_id = document.get("request_id")
-    if not (isinstance(request_id, str) and re.fullmatch(REQUEST_ID_PATTERN, request_id)):
+    if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id)):
         request_id = key_id
     method = document.get("method")
     if not isinstance(method, str) or method not in REQUEST_MODELS:
@@ -93,6 +96,6 @@ def _request_id_from_key(key: bytes | None) -> str | None:
         text = (key or b"").decode()
     except UnicodeDecodeError:
         return None
-    if not re.fullmatch(REQUEST_ID_PATTERN, text):
+    if not _REQUEST_ID.fullmatch(text):
         return None
     return None if may_hold_secrets(key or b"") and secret_kind(text) else text

@@ -106,9 +106,9 @@ class RequestBase(Frozen):
         if self.dataset.rows is not None:
             common = set.intersection(*(set(row) for row in self.dataset.rows))
             every = set.union(*(set(row) for row in self.dataset.rows))  # an image column only some rows have counts too
-            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common]) or self.text_only_problem(
-                [self.dataset.columns.get(c, c) for c in every]
-            )
+            problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
+            if not problem and every != common:  # dataset_problem has looked for images among the common columns
+                problem = self.text_only_problem([self.dataset.columns.get(c, c) for c in every])
             if problem:
                 raise ValueError(problem)
         if self.dataset.streaming and self.training.max_steps is None:

@@ -82,3 +82,14 @@ def test_a_text_only_method_refuses_rows_with_images() -> None:
     assert not isinstance(rejected, RequestBase)
     assert any("'images': method kto trains on text only; the vision-language methods are sft, dpo, grpo" in e.message for e in rejected.errors), rejected
 
+
+
+def test_a_text_only_method_refuses_an_image_column_only_some_rows_have() -> None:
+    """The columns every row has are checked with the method's formats; the image check also reads
+    the columns only some rows have, since one image is as unreadable to a text-only method."""
+    body = json.loads((EXAMPLES_DIR / "kto.json").read_text())
+    text = {"prompt": "What colour?", "completion": "red", "label": True}
+    body["dataset"] = {"rows": [text, {**text, "images": [square((1, 1, 1))]}]}
+    rejected = decode_request(json.dumps(body).encode())
+    assert not isinstance(rejected, RequestBase)
+    assert any("'images': method kto trains on text only" in e.message for e in rejected.errors), rejected
