@@ -14,7 +14,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks import footprint, intake, overhead, start_latency
+from benchmarks import footprint, intake, overhead, queue_start, start_latency
 from benchmarks.harness import Environment, Row
 
 RESULTS = Path(__file__).with_name("results")
@@ -37,6 +37,8 @@ async def main(args: argparse.Namespace) -> None:
             rows += await footprint.run(env)
         if "start" in args.only:
             rows += await start_latency.run(env, args.repeats)
+        if "queue" in args.only:
+            rows += await queue_start.run(env, args.queue_jobs)
         if "overhead" in args.only:
             rows += await overhead.run(env, args.overhead_steps, args.overhead_pairs)
     finally:
@@ -53,10 +55,11 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "overhead"])
+    parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "queue", "overhead"])
     parser.add_argument("--overhead-steps", type=int, default=300, help="steps of the overhead job (about a minute on 2 CPU cores)")
     parser.add_argument("--overhead-pairs", type=int, default=8, help="plain/daemon pairs of the overhead job, ABBA order")
     parser.add_argument("--intake-messages", type=int, default=20_000)
+    parser.add_argument("--queue-jobs", type=int, default=20, help="short jobs queued on one slot (queue start)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency)")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where latest.md and latest.json go")
     asyncio.run(main(parser.parse_args()))

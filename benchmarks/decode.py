@@ -1,8 +1,9 @@
 """Decoding alone, in process: microseconds a message for intake's bad-message mix and for a valid
 SFT request, each as median [min, max] over a few runs. No broker, no daemon.
 
-`python -m benchmarks.decode` measures this checkout; to compare two, alternate runs with the other
-one first on the path: `PYTHONPATH=/path/to/other/checkout python -m benchmarks.decode`.
+`python -m benchmarks.decode` measures the checkout it is run from (`-m` puts the working directory
+first on the path, ahead of PYTHONPATH); to compare two, alternate runs from each checkout's own
+folder, or use `benchmarks/reject_path.py --checkout A --checkout B`, which does that for intake.
 """
 
 from __future__ import annotations

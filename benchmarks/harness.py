@@ -63,7 +63,8 @@ class Environment:
         assert self.broker.process is not None
         return sum(cpu_seconds(pid) for pid in group_members(self.broker.process.pid))
 
-    async def settings(self, **overrides: Any) -> Settings:
+    async def settings(self, partitions: int = 1, **overrides: Any) -> Settings:
+        """Settings with topics of their own (`partitions` each), on this environment's broker and Hub."""
         suffix = uuid.uuid4().hex[:8]
         fields: dict[str, Any] = {
             "bootstrap_servers": self.broker.bootstrap_servers,
@@ -82,7 +83,7 @@ class Environment:
         }
         fields.update(overrides)
         settings = Settings(**fields)
-        await ensure_topics(settings)
+        await ensure_topics(settings, partitions=partitions)
         return settings
 
     def daemon(self, settings: Settings) -> DaemonProcess:

@@ -37,6 +37,7 @@ from schemas import Succeeded
 from tests.helpers import terminal_events
 
 MODES = ("spawn", "fork")
+STAGES = ("preflight", "load_dataset", "load_model")  # the child's own stages before training
 LABEL = {"spawn": 'child_start="spawn" (before)', "fork": 'child_start="fork" (now)'}
 
 
@@ -62,6 +63,7 @@ class Queue:
     own_start: list[float]  # per job: its start on the slot to its first step
     wall: float  # first arrival to last succeeded
     memory: float  # resident MiB of the process that makes starts warm (fork server, or a waiting child)
+    stages: dict[str, float]  # median seconds of each part of a job's own start
 
 
 async def queue(env: Environment, mode: str, jobs: int, steps: int) -> Queue:
@@ -84,7 +86,9 @@ async def queue(env: Environment, mode: str, jobs: int, steps: int) -> Queue:
         assert isinstance(event, Succeeded), event
     first_step = [e.durations_s["until_first_step"] for e in done if isinstance(e, Succeeded)]
     own_start = [e.durations_s["until_first_step"] - e.durations_s["queue"] for e in done if isinstance(e, Succeeded)]
-    return Queue(first_step, own_start, wall, memory)
+    parts = {stage: [e.durations_s.get(stage, 0.0) for e in done if isinstance(e, Succeeded)] for stage in STAGES}
+    parts["rest"] = [start - sum(parts[stage][i] for stage in STAGES) for i, start in enumerate(own_start)]
+    return Queue(first_step, own_start, wall, memory, {stage: statistics.median(values) for stage, values in parts.items()})
 
 
 def summary(values: list[float]) -> str:
@@ -107,6 +111,9 @@ async def run(env: Environment, jobs: int, steps: int = 3) -> list[Row]:
             Row("queue start", f"{label}: first arrival → last succeeded", round(side.wall, 1), "s"),
             Row("queue start", f"{label}: resident memory of the warm process", round(side.memory), "MiB",
                 note="the fork server" if mode == "fork" else "a warm child waiting (one per free slot)"),
+            Row("queue start", f"{label}: a job's own start in parts (medians)", "", "s",
+                note=", ".join(f"{stage} {seconds:.3f}" for stage, seconds in side.stages.items())
+                + "; rest: the child's start (fork or imports), the hand-over, trainer set-up and the first step"),
         ]
     fork, spawn = sides["fork"], sides["spawn"]
     rows.append(Row("queue start", "p95 own start, spawn/fork", round(percentile(spawn.own_start, 95) / percentile(fork.own_start, 95), 1), "x",

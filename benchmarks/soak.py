@@ -11,33 +11,51 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import signal
 import time
 from collections import Counter
 
+from aiokafka import AIOKafkaProducer
+
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.event_reader import EventStream
+from daemon.kafka_options import kafka_options
+from daemon.settings import Settings
 from schemas import TERMINAL_TYPES
-from tests.helpers import CHAT_ROWS, committed_offset, submit
+from tests.helpers import CHAT_ROWS, committed_offset
 from tests.processes import DaemonProcess
 
 
-async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, seed: int, timeout_s: float) -> dict[str, object]:
+async def submit_all(settings: Settings, requests: list[dict[str, object]]) -> dict[str, tuple[int, int]]:
+    """Publish the requests keyed by request id; where each landed: (partition, offset)."""
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        sent = [await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode()) for r in requests]
+        landed = await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return {str(r["request_id"]): (meta.partition, meta.offset) for r, meta in zip(requests, landed, strict=True)}
+
+
+async def soak(
+    requests: int, daemons: int, kill_every_s: float, slots: int, partitions: int, seed: int, timeout_s: float,
+) -> dict[str, object]:
     rng = random.Random(seed)
     env = Environment.start()
     try:
-        settings = await env.settings(job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN, max_attempts=3, retry_backoff_s=1)
+        settings = await env.settings(partitions=partitions, job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN,
+                                      max_attempts=3, retry_backoff_s=1)
         ids = [f"soak-{n}" for n in range(requests)]
-        offsets: dict[str, int] = {}
-        for request_id in ids:
-            offsets[request_id] = await submit(settings, {
-                "schema_version": 1, "request_id": request_id, "method": "sft",
-                "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
-                "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
-                "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
-                "output": {"repo_id": f"soak/{request_id}"},
-            })
+        landed = await submit_all(settings, [{
+            "schema_version": 1, "request_id": request_id, "method": "sft",
+            "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
+            "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
+            "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
+            "output": {"repo_id": f"soak/{request_id}"},
+        } for request_id in ids])
         hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}"}) for n in range(daemons)]
         running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
         kills = 0
@@ -69,12 +87,13 @@ async def soak(requests: int, daemons: int, kill_every_s: float, slots: int, see
         )
         commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
         # Without a terminal event: lost if its offset was committed anyway, else still waiting in Kafka.
-        committed = await committed_offset(settings) or 0
+        committed = {partition: await committed_offset(settings, partition) or 0 for partition in range(partitions)}
         unfinished = [request_id for request_id in ids if request_id not in outcomes]
-        lost = [request_id for request_id in unfinished if offsets[request_id] < committed]
+        lost = [request_id for request_id in unfinished if landed[request_id][1] < committed[landed[request_id][0]]]
         return {
             "requests sent": requests,
             "daemons": daemons,
+            "partitions, slots per daemon": f"{partitions}, {slots}",
             "daemon kills (SIGKILL)": kills,
             "minutes": round((time.monotonic() - started) / 60, 1),
             "terminal outcomes": dict(Counter(outcomes.values())),
@@ -91,12 +110,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--daemons", type=int, default=2)
-    parser.add_argument("--slots", type=int, default=2, help="CPU job slots per daemon")
+    parser.add_argument("--slots", type=int, default=1, help="CPU job slots per daemon")
+    parser.add_argument("--partitions", type=int, default=4, help="partitions of the requests topic")
     parser.add_argument("--kill-every", type=float, default=45.0, help="mean seconds between kills")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=4 * 3600)
     args = parser.parse_args()
-    figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.seed, args.timeout))
+    figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.partitions, args.seed, args.timeout))
     for name, value in figures.items():
         print(f"{name:>36}: {value}")
 
