@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.event_reader import EventStream
 from daemon.kafka_options import kafka_options
+from daemon.local_kafka import free_port
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES
 from tests.helpers import CHAT_ROWS, committed_offset
@@ -56,7 +57,8 @@ async def soak(
             "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
             "output": {"repo_id": f"soak/{request_id}"},
         } for request_id in ids])
-        hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}"}) for n in range(daemons)]
+        hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}",
+                                             "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(daemons)]
         running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
         kills = 0
         outcomes: dict[str, str] = {}
