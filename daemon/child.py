@@ -20,6 +20,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 from pydantic import ValidationError
@@ -104,18 +105,29 @@ class Child:
 
     async def _forward_output(self) -> None:
         assert self.process.stdout is not None
-        while True:
-            try:
-                line = await self.process.stdout.readline()
-            except ValueError:  # a line longer than the limit: take it in pieces
-                line = await self.process.stdout.read(2**20)
-            if not line:
-                return
-            with self.log_path.open("ab") as log_file:
+        # Kept open while the lines go to the same file (a trainer prints a line a step), reopened
+        # when the job's log takes over; unbuffered, so the file is whole whenever it is read.
+        log_file: BinaryIO | None = None
+        opened: Path | None = None
+        try:
+            while True:
+                try:
+                    line = await self.process.stdout.readline()
+                except ValueError:  # a line longer than the limit: take it in pieces
+                    line = await self.process.stdout.read(2**20)
+                if not line:
+                    return
+                if log_file is None or opened != self.log_path:
+                    if log_file is not None:
+                        log_file.close()
+                    log_file, opened = open(self.log_path, "ab", buffering=0), self.log_path  # noqa: SIM115  # closed below
                 log_file.write(line)
-            text = line.decode(errors="replace").rstrip()
-            if text:
-                log.info("child.output", pid=self.process.pid, line=text, **self.log_context)
+                text = line.decode(errors="replace").rstrip()
+                if text:
+                    log.info("child.output", pid=self.process.pid, line=text, **self.log_context)
+        finally:
+            if log_file is not None:
+                log_file.close()
 
     async def _messages(self) -> AsyncIterator[ChildMessage]:
         """The child's messages, decoded; a line that is not one is logged and skipped."""
