@@ -3,8 +3,11 @@
     uv run python -m benchmarks.soak --requests 300 --daemons 2 --kill-every 45
 
 Prints what the promise is about: requests sent, terminal outcomes, requests lost (committed without
-a terminal event), requests still unfinished when the run ended (uncommitted), duplicate Hub commits (more than one commit for a request id) and duplicate trainings (a
-request whose training finished more than once). Not a unit test: it runs for as long as it takes.
+a terminal event, judged per partition from the group's committed offsets), requests still
+unfinished when the run ended (uncommitted), duplicate Hub commits (more than one commit for a
+request id) and duplicate trainings (an optimizer step checkpointed twice for one request: trained
+again although a retry resumes from the last checkpoint), and how many requests were started more
+than once. Not a unit test: it runs for as long as it takes.
 """
 
 from __future__ import annotations
@@ -82,11 +85,13 @@ async def soak(
         collector.cancel()
         for daemon in running:
             daemon.stop()
-        trainings = Counter(
-            line.get("request_id")
-            for daemon in running for line in daemon.log_lines()
-            if line.get("event") == "job.stage" and line.get("stage") == "save"
-        )
+        lines = [line for daemon in running for line in daemon.log_lines()]
+        # A retry resumes from the last checkpoint, so an optimizer step is trained twice only if it
+        # is checkpointed twice: that counts as a duplicate training. (A step done after the last
+        # checkpoint and lost with its daemon is trained again, once: that is what checkpoints bound.)
+        checkpoints = Counter((line.get("request_id"), line.get("step")) for line in lines if line.get("event") == "job.checkpoint")
+        retrained = {request_id for (request_id, _), count in checkpoints.items() if count > 1}
+        starts = Counter(line.get("request_id") for line in lines if line.get("event") == "job.started")
         commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
         # Without a terminal event: lost if its offset was committed anyway, else still waiting in Kafka.
         committed = {partition: await committed_offset(settings, partition) or 0 for partition in range(partitions)}
@@ -102,7 +107,8 @@ async def soak(
             "requests lost (committed, no terminal event)": len(lost),
             "requests unfinished when the run ended (uncommitted, to be redelivered)": len(unfinished) - len(lost),
             "duplicate Hub commits": sum(1 for count in commits.values() if count > 1),
-            "duplicate trainings": sum(1 for count in trainings.values() if count > 1),
+            "duplicate trainings (a checkpointed step trained again)": len(retrained),
+            "requests started more than once (resumed or answered again)": sum(1 for count in starts.values() if count > 1),
         }
     finally:
         env.stop()
