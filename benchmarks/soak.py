@@ -5,9 +5,10 @@
 Prints what the promise is about: requests sent, terminal outcomes, requests lost (committed without
 a terminal event, judged per partition from the group's committed offsets), requests still
 unfinished when the run ended (uncommitted), duplicate Hub commits (more than one commit for a
-request id) and duplicate trainings (an optimizer step checkpointed twice for one request: trained
-again although a retry resumes from the last checkpoint), and how many requests were started more
-than once. Not a unit test: it runs for as long as it takes.
+request id), duplicate trainings (a request trained to its last step twice) and requests with a
+checkpointed step trained again (a retry resumes from the last checkpoint on the same host; on
+another host it starts over), and how many requests were started more than once. The daemons use
+static membership by default, as deploy/README.md advises (`--no-static-membership` to leave it out). Not a unit test: it runs for as long as it takes.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def submit_all(settings: Settings, requests: list[dict[str, object]]) -> d
 
 
 async def soak(
-    requests: int, daemons: int, kill_every_s: float, slots: int, partitions: int, seed: int, timeout_s: float,
+    requests: int, daemons: int, kill_every_s: float, slots: int, partitions: int, seed: int, timeout_s: float, static: bool,
 ) -> dict[str, object]:
     rng = random.Random(seed)
     env = Environment.start()
@@ -60,8 +61,11 @@ async def soak(
             "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
             "output": {"repo_id": f"soak/{request_id}"},
         } for request_id in ids])
+        # Static membership (deploy/README.md: `group_instance_id` per host): a daemon restarted within
+        # session_timeout_ms gets its partitions back, so its jobs resume from its own checkpoints.
         hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}",
-                                             "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(daemons)]
+                                             "metrics_address": f"127.0.0.1:{free_port()}",
+                                             "group_instance_id": f"soak-{n}" if static else None}) for n in range(daemons)]
         running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
         kills = 0
         outcomes: dict[str, str] = {}
@@ -86,11 +90,13 @@ async def soak(
         for daemon in running:
             daemon.stop()
         lines = [line for daemon in running for line in daemon.log_lines()]
-        # A retry resumes from the last checkpoint, so an optimizer step is trained twice only if it
-        # is checkpointed twice: that counts as a duplicate training. (A step done after the last
-        # checkpoint and lost with its daemon is trained again, once: that is what checkpoints bound.)
+        # Every step is checkpointed here (save_steps 1). A duplicate training is a request trained to
+        # its last step twice (its last checkpoint saved twice); a step checkpointed twice is a step
+        # trained again (after a kill, on a host without that checkpoint).
         checkpoints = Counter((line.get("request_id"), line.get("step")) for line in lines if line.get("event") == "job.checkpoint")
-        retrained = {request_id for (request_id, _), count in checkpoints.items() if count > 1}
+        last_step = {request_id: step for (request_id, step) in sorted(checkpoints, key=lambda key: key[1])}
+        retrained_steps = {request_id for (request_id, _), count in checkpoints.items() if count > 1}
+        retrained = {request_id for request_id, step in last_step.items() if checkpoints[(request_id, step)] > 1}
         starts = Counter(line.get("request_id") for line in lines if line.get("event") == "job.started")
         commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
         # Without a terminal event: lost if its offset was committed anyway, else still waiting in Kafka.
@@ -101,13 +107,15 @@ async def soak(
             "requests sent": requests,
             "daemons": daemons,
             "partitions, slots per daemon": f"{partitions}, {slots}",
+            "static membership (group_instance_id per daemon)": static,
             "daemon kills (SIGKILL)": kills,
             "minutes": round((time.monotonic() - started) / 60, 1),
             "terminal outcomes": dict(Counter(outcomes.values())),
             "requests lost (committed, no terminal event)": len(lost),
             "requests unfinished when the run ended (uncommitted, to be redelivered)": len(unfinished) - len(lost),
             "duplicate Hub commits": sum(1 for count in commits.values() if count > 1),
-            "duplicate trainings (a checkpointed step trained again)": len(retrained),
+            "duplicate trainings (trained to the last step twice)": len(retrained),
+            "requests with a checkpointed step trained again": len(retrained_steps),
             "requests started more than once (resumed or answered again)": sum(1 for count in starts.values() if count > 1),
         }
     finally:
@@ -122,9 +130,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the requests topic")
     parser.add_argument("--kill-every", type=float, default=45.0, help="mean seconds between kills")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-static-membership", dest="static", action="store_false",
+                        help="daemons without group_instance_id: a killed one's partitions move after session_timeout_ms")
     parser.add_argument("--timeout", type=float, default=4 * 3600)
     args = parser.parse_args()
-    figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.partitions, args.seed, args.timeout))
+    figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.partitions, args.seed, args.timeout, args.static))
     for name, value in figures.items():
         print(f"{name:>36}: {value}")
 
