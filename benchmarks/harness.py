@@ -11,6 +11,7 @@ import os
 os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local Hub takes plain HTTP uploads only
 
 import asyncio
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -55,8 +56,14 @@ class Environment:
         return cls(root, broker, hub, model_dir)
 
     def stop(self) -> None:
+        """Stop the broker and the Hub and remove the run's folder (its logs and Kafka's data, some
+        hundreds of MB), unless ADAPTERD_BENCH_KEEP is set: then say where it is."""
         self.hub.stop()
         self.broker.stop()
+        if os.environ.get("ADAPTERD_BENCH_KEEP"):
+            print(f"kept: {self.root}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def broker_cpu_seconds(self) -> float:
         """CPU seconds the broker's processes (its process group) have used."""
