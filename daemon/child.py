@@ -55,6 +55,17 @@ class ChildOutcome:
         return f"exit status {self.returncode}"
 
 
+STATUS_LIMIT = 2**24  # the longest status line (a result with its metrics)
+OUTPUT_LIMIT = 2**20  # the longest stdout line read whole; longer ones are read in pieces
+
+
+async def read_pipe(fd: int, limit: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    """A stream over the read end of a pipe (it is closed with the transport)."""
+    reader = asyncio.StreamReader(limit=limit)
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
+    return reader, transport
+
+
 def read_tail(path: Path, lines: int = 20) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]
@@ -93,14 +104,11 @@ class Child:
             process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", *entry,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(write_fd, *pass_fds), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=2**20,
+                pass_fds=(write_fd, *pass_fds), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=OUTPUT_LIMIT,
             )
         finally:
             os.close(write_fd)
-        reader = asyncio.StreamReader(limit=2**24)
-        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb")
-        )
+        reader, transport = await read_pipe(read_fd, STATUS_LIMIT)
         return cls(process, reader, transport, log_path)
 
     async def _forward_output(self) -> None:
@@ -114,7 +122,7 @@ class Child:
                 try:
                     line = await self.process.stdout.readline()
                 except ValueError:  # a line longer than the limit: take it in pieces
-                    line = await self.process.stdout.read(2**20)
+                    line = await self.process.stdout.read(OUTPUT_LIMIT)
                 if not line:
                     return
                 if log_file is None or opened != self.log_path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from daemon.child import Child
+from daemon.child import OUTPUT_LIMIT, STATUS_LIMIT, Child, read_pipe
 
 log = structlog.get_logger()
 
@@ -113,11 +113,8 @@ class ForkServer:
         finally:
             for fd in (stdin_r, out_w, status_w):
                 os.close(fd)
-        loop = asyncio.get_running_loop()
-        stdout = asyncio.StreamReader(limit=2**20)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdout), os.fdopen(out_r, "rb"))
-        status = asyncio.StreamReader(limit=2**24)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(status), os.fdopen(status_r, "rb"))
+        stdout, _ = await read_pipe(out_r, OUTPUT_LIMIT)  # its transport closes itself at the end of the output
+        status, transport = await read_pipe(status_r, STATUS_LIMIT)
         log.info("child.forked", pid=pid, server_pid=self.server.process.pid)
         return Child(ForkedProcess(pid, PipeWriter(stdin_w), stdout, self._exits[pid]), status, transport, log_path)  # type: ignore[arg-type]
 
