@@ -11,6 +11,7 @@ import os
 os.environ["HF_HUB_DISABLE_XET"] = "1"  # the local Hub takes plain HTTP uploads only
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
+
+from daemon.kafka_options import kafka_options
 from daemon.local_kafka import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.topics import ensure_topics
@@ -95,6 +99,18 @@ class Environment:
 
     def daemon(self, settings: Settings) -> DaemonProcess:
         return DaemonProcess(settings, settings.work_dir.with_suffix(".log")).start()
+
+
+async def publish_all(settings: Settings, requests: list[dict[str, object]]) -> dict[str, tuple[int, int]]:
+    """Publish requests at once, keyed by request id; where each landed: (partition, offset)."""
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        sent = [await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode()) for r in requests]
+        landed = await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return {str(r["request_id"]): (meta.partition, meta.offset) for r, meta in zip(requests, landed, strict=True)}
 
 
 async def wait_for_log(daemon: DaemonProcess, event: str, after: int = 0, timeout_s: float = 180) -> int:

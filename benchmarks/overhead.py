@@ -11,8 +11,10 @@ import sys
 import time
 
 from benchmarks.harness import Environment, Row, cpu_seconds, wait_for_log, warm_event
+from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import CHAT_ROWS, run_to_end
+from tests.processes import DaemonProcess
 
 
 def job(env: Environment, request_id: str, steps: int) -> dict[str, object]:
@@ -39,26 +41,32 @@ def plain_run(env: Environment, steps: int, request: dict[str, object] | None = 
     return wall, json.loads(out.stdout.strip().splitlines()[-1])["train_samples_per_second"]
 
 
-async def daemon_run(env: Environment, steps: int, index: int, request: dict[str, object] | None = None) -> dict[str, float]:
-    """One job through a fresh daemon, its warm child ready as between jobs: wall time (submission to
-    `succeeded`), push time, the trainer's own throughput, and the CPU seconds the daemon (the parent,
-    not its child) and the broker spent while the job ran."""
-    settings = await env.settings()
-    daemon = env.daemon(settings)
-    try:
-        await wait_for_log(daemon, warm_event(settings))
-        assert daemon.process is not None
-        parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid), env.broker_cpu_seconds()
-        started = time.monotonic()
-        events = await run_to_end(settings, {**request, "request_id": f"{request['request_id']}-{index}"} if request else job(env, f"through-daemon-{index}", steps))
-        wall = time.monotonic() - started
-        parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid) - parent_cpu, env.broker_cpu_seconds() - broker_cpu
-    finally:
-        daemon.stop()
+async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settings, request: dict[str, object]) -> dict[str, float]:
+    """One job through a running daemon: wall time (submission to `succeeded`), push time, the
+    trainer's own throughput, and the CPU seconds the daemon (the parent, not its child) and the
+    broker spent while the job ran."""
+    assert daemon.process is not None
+    parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid), env.broker_cpu_seconds()
+    started = time.monotonic()
+    events = await run_to_end(settings, request)
+    wall = time.monotonic() - started
+    parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid) - parent_cpu, env.broker_cpu_seconds() - broker_cpu
     done = events[-1]
     assert isinstance(done, Succeeded), done
     return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
             "train_s": done.durations_s["train"], "parent_cpu": parent_cpu, "broker_cpu": broker_cpu}
+
+
+async def daemon_run(env: Environment, steps: int, index: int, request: dict[str, object] | None = None) -> dict[str, float]:
+    """One job through a fresh daemon, ready for a warm start as between jobs (`measured_job`)."""
+    settings = await env.settings()
+    daemon = env.daemon(settings)
+    try:
+        await wait_for_log(daemon, warm_event(settings))
+        request = {**request, "request_id": f"{request['request_id']}-{index}"} if request else job(env, f"through-daemon-{index}", steps)
+        return await measured_job(env, daemon, settings, request)
+    finally:
+        daemon.stop()
 
 
 def spread(values: list[float]) -> str:
@@ -119,18 +127,9 @@ async def run(env: Environment, steps: int, pairs: int) -> list[Row]:
     daemon_side: list[dict[str, float]] = []
     try:
         await wait_for_log(daemon, warm_event(settings))
-        assert daemon.process is not None
 
         async def through_daemon(index: int) -> dict[str, float]:
-            parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid), env.broker_cpu_seconds()
-            started = time.monotonic()
-            events = await run_to_end(settings, job(env, f"through-daemon-{index}", steps))
-            wall = time.monotonic() - started
-            done = events[-1]
-            assert isinstance(done, Succeeded), done
-            return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
-                    "train_s": done.durations_s["train"], "parent_cpu": cpu_seconds(daemon.process.pid) - parent_cpu,
-                    "broker_cpu": env.broker_cpu_seconds() - broker_cpu}
+            return await measured_job(env, daemon, settings, job(env, f"through-daemon-{index}", steps))
 
         for index in range(pairs):
             if index % 2 == 0:

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import statistics
 import time
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaProducer
-
-from benchmarks.harness import Environment, Row, rss_mib, wait_for_log, warm_event
+from benchmarks.harness import (
+    Environment,
+    Row,
+    publish_all,
+    rss_mib,
+    wait_for_log,
+    warm_event,
+)
 from benchmarks.overhead import job
-from daemon.kafka_options import kafka_options
-from daemon.settings import Settings
 from daemon.slots import discover_gpus
 from schemas import Succeeded
 from tests.helpers import terminal_events
@@ -45,16 +47,6 @@ def percentile(values: list[float], q: float) -> float:
     """The nearest-rank percentile: a value that was measured."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-
-
-async def publish_all(settings: Settings, requests: list[dict[str, object]]) -> None:
-    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
-    await producer.start()
-    try:
-        sent = [await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode()) for r in requests]
-        await asyncio.gather(*sent)
-    finally:
-        await producer.stop()
 
 
 @dataclass

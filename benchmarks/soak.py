@@ -15,34 +15,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import signal
 import time
 from collections import Counter
 
-from aiokafka import AIOKafkaProducer
-
-from benchmarks.harness import HUB_TOKEN, Environment
+from benchmarks.harness import HUB_TOKEN, Environment, publish_all
 from daemon.event_reader import EventStream
-from daemon.kafka_options import kafka_options
 from daemon.local_kafka import free_port
-from daemon.settings import Settings
 from schemas import TERMINAL_TYPES
 from tests.helpers import CHAT_ROWS, committed_offset
 from tests.processes import DaemonProcess
-
-
-async def submit_all(settings: Settings, requests: list[dict[str, object]]) -> dict[str, tuple[int, int]]:
-    """Publish the requests keyed by request id; where each landed: (partition, offset)."""
-    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
-    await producer.start()
-    try:
-        sent = [await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode()) for r in requests]
-        landed = await asyncio.gather(*sent)
-    finally:
-        await producer.stop()
-    return {str(r["request_id"]): (meta.partition, meta.offset) for r, meta in zip(requests, landed, strict=True)}
 
 
 async def soak(
@@ -54,7 +37,7 @@ async def soak(
         settings = await env.settings(partitions=partitions, job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN,
                                       max_attempts=3, retry_backoff_s=1)
         ids = [f"soak-{n}" for n in range(requests)]
-        landed = await submit_all(settings, [{
+        landed = await publish_all(settings, [{
             "schema_version": 1, "request_id": request_id, "method": "sft",
             "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
             "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
