@@ -43,8 +43,8 @@ def plain_run(env: Environment, steps: int, request: dict[str, object] | None = 
 
 async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settings, request: dict[str, object]) -> dict[str, float]:
     """One job through a running daemon: wall time (submission to `succeeded`), push time, the
-    trainer's own throughput, and the CPU seconds the daemon (the parent, not its child) and the
-    broker spent while the job ran."""
+    trainer's own throughput and median step time, and the CPU seconds the daemon (the parent, not
+    its child) and the broker spent while the job ran."""
     assert daemon.process is not None
     parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid), env.broker_cpu_seconds()
     started = time.monotonic()
@@ -54,7 +54,8 @@ async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settin
     done = events[-1]
     assert isinstance(done, Succeeded), done
     return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
-            "train_s": done.durations_s["train"], "parent_cpu": parent_cpu, "broker_cpu": broker_cpu}
+            "step_s": done.metrics["median_step_s"], "train_s": done.durations_s["train"], "parent_cpu": parent_cpu,
+            "broker_cpu": broker_cpu}
 
 
 async def daemon_run(env: Environment, steps: int, index: int, request: dict[str, object] | None = None) -> dict[str, float]:
@@ -91,9 +92,9 @@ class PlainServer:
         self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.plain_sft", "--serve"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
-    def run(self, request: dict[str, object]) -> tuple[float, float, float]:
-        """Wall time of the job (no imports), the trainer's own throughput, and the broker's CPU
-        seconds meanwhile (its baseline: no daemon talks to it)."""
+    def run(self, request: dict[str, object]) -> dict[str, float]:
+        """Wall time of the job (no imports), the trainer's own throughput and median step time, and
+        the broker's CPU seconds meanwhile (its baseline: no daemon talks to it)."""
         assert self.process.stdin is not None and self.process.stdout is not None
         request_file = self.env.root / f"{request['request_id']}.json"
         request_file.write_text(json.dumps(request))
@@ -103,7 +104,8 @@ class PlainServer:
         for line in self.process.stdout:  # TRL prints each log line too; the result is the marked one
             if line.startswith("RESULT "):
                 metrics = json.loads(line.removeprefix("RESULT "))
-                return time.monotonic() - started, metrics["train_samples_per_second"], self.env.broker_cpu_seconds() - broker_cpu
+                return {"wall": time.monotonic() - started, "throughput": metrics["train_samples_per_second"],
+                        "step_s": metrics["median_step_s"], "broker_cpu": self.env.broker_cpu_seconds() - broker_cpu}
         raise RuntimeError("the plain script exited before its result")
 
     def stop(self) -> None:
@@ -115,15 +117,16 @@ class PlainServer:
 async def run(env: Environment, steps: int, pairs: int) -> list[Row]:
     """`pairs` pairs of the same job, run by the plain script and through the daemon, the order
     swapped every other pair (ABBA) so slow drift of the shared machine falls on both sides alike.
-    Both sides stay up for the whole run (the plain script serving one job a line, the daemon
-    forking each job's child), so every pair costs two trainings, not two sets of imports; that is
-    what makes many pairs affordable. Each pair gives one ratio of the trainer's own throughput
-    (`train_samples_per_second`: samples over its training loop's time); reported as the median
-    with a bootstrap 95% interval, which must be narrower than the 2% it judges, and the range."""
+    Both sides stay up for the whole run (the plain script serving one job a line, the daemon forking
+    each job's child), so every pair costs two trainings, not two sets of imports; that is what makes
+    many pairs affordable. Each pair gives two ratios of the trainer's own timing: of the median step
+    time (`StepClock`, the first step's set-up left out) and of TRL's samples/s over its whole loop.
+    Each is reported as the median with a bootstrap 95% interval, which must be narrower than the 2%
+    it judges, and the range."""
     settings = await env.settings()
     daemon = env.daemon(settings)
     plain_side = PlainServer(env)
-    plain: list[tuple[float, float, float]] = []
+    plain: list[dict[str, float]] = []
     daemon_side: list[dict[str, float]] = []
     try:
         await wait_for_log(daemon, warm_event(settings))
@@ -141,18 +144,30 @@ async def run(env: Environment, steps: int, pairs: int) -> list[Row]:
     finally:
         plain_side.stop()
         daemon.stop()
-    ratios = [d["throughput"] / t for d, (_, t, _) in zip(daemon_side, plain, strict=True)]
-    wall_ratios = [(d["wall"] - d["push"]) / w for d, (w, _, _) in zip(daemon_side, plain, strict=True)]
+    # Per pair, the daemon's pace over plain TRL's: the median step time (the first step's set-up
+    # left out, both sides timed by the same StepClock), and TRL's samples/s over its whole loop.
+    step_ratios = [t["step_s"] / d["step_s"] for d, t in zip(daemon_side, plain, strict=True)]
+    ratios = [d["throughput"] / t["throughput"] for d, t in zip(daemon_side, plain, strict=True)]
+    wall_ratios = [(d["wall"] - d["push"]) / t["wall"] for d, t in zip(daemon_side, plain, strict=True)]
     parent = [d["parent_cpu"] / d["train_s"] for d in daemon_side]
     broker = [d["broker_cpu"] / d["train_s"] for d in daemon_side]
-    broker_plain = [cpu / wall for wall, _, cpu in plain]
-    median, low, high = median_ci(ratios)
+    broker_plain = [t["broker_cpu"] / t["wall"] for t in plain]
     runs = f"{pairs} pairs, ABBA order, {steps} steps each"
+
+    def ratio_row(measure: str, values: list[float], how: str) -> Row:
+        median, low, high = median_ci(values)
+        return Row("overhead", f"{measure}: median [95% interval]", f"{median:.3f} [{low:.3f}, {high:.3f}]", "", ">= 0.98",
+                   note=f"{how}; {runs}; interval half-width ±{(high - low) / 2 / median:.1%} (bootstrap over pairs), "
+                   f"pairs' range [{min(values):.3f}, {max(values):.3f}]")
+
     return [
-        Row("overhead", "throughput ratio daemon/plain: median [95% interval]", f"{median:.3f} [{low:.3f}, {high:.3f}]", "", ">= 0.98",
-            note=f"{runs}; interval half-width ±{(high - low) / 2 / median:.1%} (bootstrap over pairs); pairs' range "
-            f"[{min(ratios):.3f}, {max(ratios):.3f}]"),
-        Row("overhead", "plain TRL throughput: median [min, max]", spread([t for _, t, _ in plain]), "samples/s", note="the trainer's own timing"),
+        ratio_row("pace ratio daemon/plain, median step time", step_ratios,
+                  "plain step time / daemon step time, the first step left out"),
+        ratio_row("throughput ratio daemon/plain, samples/s", ratios, "TRL's train_samples_per_second, its whole loop"),
+        Row("overhead", "plain TRL median step time: median [min, max]", spread([1000 * t["step_s"] for t in plain]), "ms"),
+        Row("overhead", "daemon median step time: median [min, max]", spread([1000 * d["step_s"] for d in daemon_side]), "ms"),
+        Row("overhead", "plain TRL throughput: median [min, max]", spread([t["throughput"] for t in plain]), "samples/s",
+            note="the trainer's own timing"),
         Row("overhead", "daemon throughput: median [min, max]", spread([d["throughput"] for d in daemon_side]), "samples/s",
             note="the trainer's own timing"),
         Row("overhead", "wall-time ratio daemon/plain, push excluded: median [min, max]", spread(wall_ratios), "", "<= 1.05",

@@ -18,9 +18,12 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
+from handlers.reporting import StepClock
+
 
 def train(request: dict) -> dict[str, float]:
-    """One job, built exactly as `handlers.sft` builds it; TRL's training metrics."""
+    """One job, built exactly as `handlers.sft` builds it; TRL's training metrics, and the median
+    step time measured as the daemon's child measures it (`StepClock`, a timer and nothing else)."""
     model_dir = request["model"]["id"]
     dtype = request["model"].get("dtype", "auto")  # as handlers.loading.model_kwargs reads it
     with tempfile.TemporaryDirectory() as output_dir:
@@ -34,8 +37,9 @@ def train(request: dict) -> dict[str, float]:
             train_dataset=Dataset.from_list(request["dataset"]["rows"]),
             processing_class=AutoTokenizer.from_pretrained(model_dir),
             peft_config=LoraConfig(task_type="CAUSAL_LM", **request["peft"]),
+            callbacks=[clock := StepClock()],
         )
-        metrics = trainer.train().metrics
+        metrics = {**trainer.train().metrics, "median_step_s": clock.median_step_s()}
         trainer.save_model(str(Path(output_dir) / "artifact"))
     return metrics
 

@@ -1,11 +1,13 @@
 """What the daemon sees of a child: the status pipe (`StatusReporter`) and the trainer callback that
 reports through it (`JobCallback`): the first step, progress, heartbeats, checkpoints, and a stop at
-a checkpoint when the daemon asks for one (SIGTERM).
+a checkpoint when the daemon asks for one (SIGTERM). Also each step's duration (`StepClock`), for
+the median step time a `succeeded` event reports.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -67,12 +69,32 @@ class StatusReporter:
         self.send(ChildError.of(failure))
 
 
-class JobCallback(TrainerCallback):
+class StepClock(TrainerCallback):
+    """The time between consecutive optimizer steps of this run. The first step (lazy set-up, the
+    allocator's first pages) is not among them, so their median is the trainer's steady pace:
+    what benchmarks.overhead compares between the daemon's child and plain TRL."""
+
+    def __init__(self) -> None:
+        self.last_step_at: float | None = None
+        self.step_seconds: list[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        now = time.perf_counter()
+        if self.last_step_at is not None:
+            self.step_seconds.append(now - self.last_step_at)
+        self.last_step_at = now
+
+    def median_step_s(self) -> float | None:
+        return statistics.median(self.step_seconds) if self.step_seconds else None
+
+
+class JobCallback(StepClock):
     """What the daemon sees of a trainer: the first optimizer step; progress at the job's interval
     (at least `progress_interval_steps` steps and `progress_interval_s` seconds apart, and always the
     last step); each checkpoint saved; and, once a stop is requested, a checkpoint and a clean exit."""
 
     def __init__(self, reporter: StatusReporter, job: JobSpec) -> None:
+        super().__init__()
         self.reporter = reporter
         self.job = job
         self.started = time.monotonic()
@@ -88,6 +110,7 @@ class JobCallback(TrainerCallback):
         self.last_sent_step = state.global_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_step_end(args, state, control, **kwargs)
         if state.global_step == (self.first_step or 0) + 1:
             self.reporter.send(FirstStep(time=time.time(), step=state.global_step))
         if time.monotonic() - self.last_beat >= HEARTBEAT_S:

@@ -16,6 +16,7 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
+from handlers.reporting import StepClock
 from schemas.job import JobFailed, JobSpec
 from schemas.request import LoraSpec, RequestBase
 
@@ -96,8 +97,8 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
 
 def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "loss") -> dict[str, float]:
     """What a `succeeded` event reports of training: the trainer's summary (`train_runtime`, ...),
-    the first and last logged loss (`loss_key`: PPO logs its policy loss under its own name) and the
-    number of processes."""
+    the first and last logged loss (`loss_key`: PPO logs its policy loss under its own name), the
+    number of processes, and the median seconds between optimizer steps (`StepClock`)."""
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, int | float)}
     losses = [entry[loss_key] for entry in trainer.state.log_history if loss_key in entry]
     if losses:
@@ -106,4 +107,7 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     if evaluations:  # the last evaluation's loss, so a separate eval set shows in `succeeded`
         metrics["eval_loss"] = float(evaluations[-1]["eval_loss"])
     metrics["world_size"] = float(trainer.args.world_size)
+    clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
+    if clocks and (median := clocks[0].median_step_s()) is not None:
+        metrics["median_step_s"] = median  # the steady pace, the first step's set-up left out
     return metrics

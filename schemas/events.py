@@ -84,7 +84,11 @@ class Succeeded(EventBase):
     commit_url: str | None
     location: str = Field(description="Where the artifact is: the Hub repo URL or the local directory.")
     files: list[str]
-    metrics: dict[str, FiniteFloat]
+    metrics: dict[str, FiniteFloat] = Field(description=(
+        "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and final_loss, "
+        "eval_loss when it evaluated, world_size, and median_step_s: the median seconds between optimizer steps, "
+        "the first step's set-up left out."
+    ))
     durations_s: dict[str, float] = Field(description=(
         "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "
         "then push and total; until_first_step (arrival to the first optimizer step) when this attempt trained. "

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
-from handlers.training import trl_config
+from handlers.training import final_metrics, trl_config
 from schemas import SFTRequest
 from schemas.job import JobSpec
 from tests.helpers import CHAT_ROWS, sft_request
@@ -94,3 +94,20 @@ def test_trl_config_reports_only_to_what_the_job_allows(tmp_path: Path) -> None:
     reporting = trl_config(SFTConfig, request, job_spec(tmp_path, progress_interval_s=0, report_to=["tensorboard"]), "sft")
     assert reporting.report_to == ["tensorboard"]
     assert reporting.output_dir == str(tmp_path / "checkpoints") and reporting.max_steps == 4
+
+
+def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    read_fd, write_fd = os.pipe()
+    callback = JobCallback(StatusReporter(write_fd), job_spec(tmp_path, progress_interval_s=3600))
+    args, control = SimpleNamespace(world_size=1, output_dir=str(tmp_path)), SimpleNamespace()
+    state = SimpleNamespace(global_step=0, max_steps=5, epoch=0.0)
+    callback.on_train_begin(args, state, control)
+    # Steps end at these clock readings; the first step's 30 s of set-up is not a step's pace.
+    for step, now in enumerate([30.0, 31.0, 31.5, 33.5, 34.0], start=1):
+        monkeypatch.setattr("handlers.reporting.time.perf_counter", lambda now=now: now)
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]), state=SimpleNamespace(log_history=[]),
+                              args=SimpleNamespace(world_size=1))
+    assert final_metrics(trainer, {"train_runtime": 34.0})["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
+    os.close(read_fd)
