@@ -57,7 +57,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", nargs="*", default=["intake", "footprint", "start", "queue", "overhead"])
     parser.add_argument("--overhead-steps", type=int, default=150, help="steps of the overhead job (a few seconds on 2 CPU cores)")
-    parser.add_argument("--overhead-pairs", type=int, default=40, help="plain/daemon pairs of the overhead job, ABBA order")
+    parser.add_argument("--overhead-pairs", type=int, default=120, help="plain/daemon pairs of the overhead job, ABBA order (about 15 s a pair on 2 CPU cores)")
     parser.add_argument("--intake-messages", type=int, default=20_000)
     parser.add_argument("--queue-jobs", type=int, default=20, help="short jobs queued on one slot (queue start)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per variant (start latency)")
