@@ -62,7 +62,7 @@ async def profile(messages: int, top: int, output: Path) -> None:
         await fill(settings, messages)
         daemon = env.daemon(settings)
         assert daemon.process is not None
-        spy = subprocess.Popen(["py-spy", "record", "--pid", str(daemon.process.pid), "--format", "raw", "--rate", "250",
+        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(daemon.process.pid), "--format", "raw", "--rate", "250",
                                 "--output", str(output), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             events = await read_records(settings, settings.events_topic, messages, timeout_s=900)
