@@ -87,7 +87,7 @@ class Succeeded(EventBase):
     metrics: dict[str, FiniteFloat] = Field(description=(
         "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and final_loss, "
         "eval_loss when it evaluated, world_size, and median_step_s: the median seconds between optimizer steps, "
-        "the first step's set-up left out."
+        "the first step's set-up left out (when this attempt ran two steps or more)."
     ))
     durations_s: dict[str, float] = Field(description=(
         "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "
