@@ -54,7 +54,7 @@ async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settin
     done = events[-1]
     assert isinstance(done, Succeeded), done
     return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
-            "step_s": done.metrics["median_step_s"], "train_s": done.durations_s["train"], "parent_cpu": parent_cpu,
+            "step_s": done.metrics["median_step_s"], "runtime": done.metrics["train_runtime"], "train_s": done.durations_s["train"], "parent_cpu": parent_cpu,
             "broker_cpu": broker_cpu}
 
 
@@ -105,7 +105,7 @@ class PlainServer:
             if line.startswith("RESULT "):
                 metrics = json.loads(line.removeprefix("RESULT "))
                 return {"wall": time.monotonic() - started, "throughput": metrics["train_samples_per_second"],
-                        "step_s": metrics["median_step_s"], "broker_cpu": self.env.broker_cpu_seconds() - broker_cpu}
+                        "step_s": metrics["median_step_s"], "runtime": metrics["train_runtime"], "broker_cpu": self.env.broker_cpu_seconds() - broker_cpu}
         raise RuntimeError("the plain script exited before its result")
 
     def stop(self) -> None:
@@ -169,6 +169,9 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
     step_ratios = [t["step_s"] / d["step_s"] for d, t in zip(daemon_side, plain, strict=True)]
     ratios = [d["throughput"] / t["throughput"] for d, t in zip(daemon_side, plain, strict=True)]
     wall_ratios = [(d["wall"] - d["push"]) / t["wall"] for d, t in zip(daemon_side, plain, strict=True)]
+    # What TRL's loop spent beyond the steady steps: its set-up and the first step (where a fresh
+    # child's lazy start-up lands; the plain script's process has run jobs before), and the end.
+    beyond = {side: [1000 * (r["runtime"] - (steps - 1) * r["step_s"]) for r in runs_of] for side, runs_of in (("plain", plain), ("daemon", daemon_side))}
     parent = [d["parent_cpu"] / d["train_s"] for d in daemon_side]
     broker = [d["broker_cpu"] / d["train_s"] for d in daemon_side]
     broker_plain = [t["broker_cpu"] / t["wall"] for t in plain]
@@ -191,6 +194,10 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
         ratio_row("throughput ratio daemon/plain, samples/s", ratios, "TRL's train_samples_per_second, its whole loop"),
         Row("overhead", "plain TRL median step time: median [min, max]", spread([1000 * t["step_s"] for t in plain]), "ms"),
         Row("overhead", "daemon median step time: median [min, max]", spread([1000 * d["step_s"] for d in daemon_side]), "ms"),
+        Row("overhead", "plain TRL loop beyond its steady steps: median [min, max]", spread(beyond["plain"]), "ms",
+            note="train_runtime - (steps - 1) x median step: set-up, the first step, the end"),
+        Row("overhead", "daemon loop beyond its steady steps: median [min, max]", spread(beyond["daemon"]), "ms",
+            note="the same, in the job's forked child"),
         Row("overhead", "plain TRL throughput: median [min, max]", spread([t["throughput"] for t in plain]), "samples/s",
             note="the trainer's own timing"),
         Row("overhead", "daemon throughput: median [min, max]", spread([d["throughput"] for d in daemon_side]), "samples/s",

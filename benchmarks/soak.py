@@ -52,6 +52,7 @@ async def soak(
         running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
         kills = 0
         outcomes: dict[str, str] = {}
+        all_terminal = asyncio.Event()
         started = time.monotonic()
 
         async def collect() -> None:
@@ -59,12 +60,16 @@ async def soak(
                 async for event in stream.events(until_terminal=False):
                     if event.type in TERMINAL_TYPES and event.request_id is not None:
                         outcomes.setdefault(event.request_id, event.type)
+                        if len(outcomes) >= requests:
+                            all_terminal.set()
 
         collector = asyncio.create_task(collect())
-        while len(outcomes) < requests and time.monotonic() - started < timeout_s:
-            await asyncio.sleep(kill_every_s * rng.uniform(0.5, 1.5))  # the fault schedule
-            if len(outcomes) >= requests:
+        while not all_terminal.is_set() and time.monotonic() - started < timeout_s:
+            try:  # the fault schedule, cut short by the last terminal event so "minutes" has no idle tail
+                await asyncio.wait_for(all_terminal.wait(), timeout=kill_every_s * rng.uniform(0.5, 1.5))
                 break
+            except TimeoutError:
+                pass
             victim = rng.randrange(daemons)
             running[victim].stop(signal.SIGKILL)
             running[victim] = DaemonProcess(hosts[victim], running[victim].log_path).start()
