@@ -12,6 +12,7 @@ import asyncio
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 import structlog
 
@@ -49,7 +50,7 @@ class WarmChildren:
     slot's devices in its environment before its job starts.
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: str = "fork") -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: Literal["fork", "spawn"] = "fork") -> None:
         self.env = env
         self.log_path = log_path
         self.enabled = enabled
@@ -71,7 +72,10 @@ class WarmChildren:
         if self.mode == "fork":
             if self.server is None or not self.server.alive:
                 if self.server is not None:
-                    log.warning("forkserver.died", pid=self.server.server.process.pid, returncode=self.server.server.process.returncode)
+                    ready = self.server.server.ready_task
+                    # One that died before it was ready was reported by the callback below, once.
+                    if ready.done() and not ready.cancelled() and ready.result():
+                        log.warning("forkserver.died", pid=self.server.server.process.pid, returncode=self.server.server.process.returncode)
                     await self.server.close()
                 self.server = await ForkServer.start(self.env, self.log_path)
                 self.server.server.ready_task.add_done_callback(

@@ -3,12 +3,16 @@ child_start = "spawn" started ahead per free slot; either way each job gets a pr
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from daemon.event_reader import EventStream
+from daemon.forkserver import ForkServer
 from daemon.settings import Settings
+from handlers.forkserver import THREADS_PROBE
 from schemas import Retrying, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,
@@ -67,6 +71,7 @@ async def test_queued_jobs_are_forked_from_one_server_which_is_replaced_when_it_
     assert retrying.code == "child_crashed" and "killed by SIGKILL" in retrying.message
     assert isinstance(done, Succeeded) and done.attempt == 2, events
     assert len(servers) == 2  # the dead one, then its replacement
+    assert [line["pid"] for line in lines if line.get("event") == "forkserver.died"] == servers[:1]  # said once
     for pid in [*servers, *forked]:  # nothing outlives the daemon's stop
         await wait_until_gone(pid)
 
@@ -91,3 +96,28 @@ async def test_spawned_children_are_started_ahead_and_never_reused(published: Hu
         done = events[-1]
         assert isinstance(done, Succeeded), done
         assert 0 < done.durations_s["until_first_step"] < done.durations_s["total"]
+
+
+HELD_IMPORTS = "import os, torch; from handlers import HANDLERS; print(len(os.listdir('/proc/self/task')))"
+
+
+async def test_the_fork_server_has_no_openmp_workers_and_its_children_get_a_fresh_thread_count(tmp_path: Path) -> None:
+    # A fork keeps none of libgomp's worker threads; a child of a server that had some can hang at its
+    # first CPU matmul. So the server must have none, and each child the count a fresh process picks.
+    log_path = tmp_path / "children.log"
+    server = await ForkServer.start(dict(os.environ), log_path)
+    try:
+        assert await server.server.ready_task
+        # The server's threads are those of the same imports with OpenMP at one thread (libgomp's
+        # workers have no name or Python frame to find them by, so they are counted).
+        held = subprocess.run([sys.executable, "-c", HELD_IMPORTS], capture_output=True, text=True, check=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
+        assert len(os.listdir(f"/proc/{server.server.process.pid}/task")) == int(held)
+        child = await server.fork({}, log_path)
+        assert await child.ready_task
+        await child.stop(grace_s=2.0)
+        await child.output_task
+    finally:
+        await server.close()
+    fresh = int(subprocess.run([sys.executable, "-c", THREADS_PROBE], capture_output=True, text=True, check=True).stdout)
+    assert f"adapterd job child {child.process.pid}: {fresh} intra-op threads" in log_path.read_text()
