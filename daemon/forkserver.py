@@ -79,7 +79,10 @@ class ForkServer:
     async def start(cls, env: Mapping[str, str], log_path: Path) -> ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            server = await Child.spawn({**env, "ADAPTERD_FORK_FD": str(theirs.fileno())}, log_path,
+            # OpenMP held at one thread in the server, the environment's own value kept for its
+            # children: handlers/forkserver.py says why.
+            omp = {"OMP_NUM_THREADS": "1"} | ({"ADAPTERD_CHILD_OMP_NUM_THREADS": env["OMP_NUM_THREADS"]} if "OMP_NUM_THREADS" in env else {})
+            server = await Child.spawn({**env, "ADAPTERD_FORK_FD": str(theirs.fileno()), **omp}, log_path,
                                        entry=("handlers.forkserver",), pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()

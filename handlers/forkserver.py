@@ -14,6 +14,16 @@ Why a fork: every job starts with torch, transformers and TRL already imported (
 host, more on a busy one), however many jobs run back to back. Why it stays safe: the server never
 touches CUDA (checked before each fork), so every child's CUDA state is its own, made by its job;
 and each job is still a process of its own that exits after it.
+
+Why the server holds OpenMP at one thread: `import torch` runs a parallel region, which starts
+libgomp's worker threads, and a fork keeps none of them while libgomp's state still counts them; a
+child's first parallel region (its first CPU matmul) can then wait on them for ever (seen here: a
+forked child stuck in libgomp under `dnnl::impl::parallel`). The daemon starts the server with
+OMP_NUM_THREADS=1 (importing this package imports torch, so it must be set before the interpreter
+starts), which leaves no workers to lose, and the environment's own value in
+ADAPTERD_CHILD_OMP_NUM_THREADS. Each child gets that value back (or none) and the intra-op thread
+count a fresh interpreter picks in that environment, probed once in a subprocess before the server
+says ready (torch's default is MKL's count of physical cores, which nothing cheaper reproduces).
 """
 
 from __future__ import annotations
@@ -24,22 +34,32 @@ import logging
 import os
 import selectors
 import socket
+import subprocess
 import sys
 import traceback
 
 from handlers import runner
 
 MAX_MESSAGE = 65536
+THREADS_PROBE = "import torch; print(torch.get_num_threads())"
 
 
 def main() -> int:
     runner.die_with_parent()
 
+    # OMP_NUM_THREADS is 1 here (no libgomp workers to lose in a fork: the module docstring says why);
+    # a child gets the environment's own value back.
+    restore_omp = {"OMP_NUM_THREADS": os.environ.pop("ADAPTERD_CHILD_OMP_NUM_THREADS", None)}
+    fresh_env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    if restore_omp["OMP_NUM_THREADS"] is not None:
+        fresh_env["OMP_NUM_THREADS"] = restore_omp["OMP_NUM_THREADS"]
+    probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=fresh_env)
     import torch
 
     from handlers import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
     from handlers.reporting import StatusReporter
 
+    threads = int(probe.communicate()[0].strip())
     reporter = StatusReporter(runner.status_fd())
     server = socket.socket(fileno=int(os.environ["ADAPTERD_FORK_FD"]))
     # Objects made by the imports are never freed here; frozen, the collector leaves their pages
@@ -47,7 +67,8 @@ def main() -> int:
     gc.collect()
     gc.freeze()
     reporter.ready()
-    print(f"adapterd fork server {os.getpid()}: ready", flush=True)
+    print(f"adapterd fork server {os.getpid()}: ready; OpenMP held at {torch.get_num_threads()} thread here, "
+          f"{threads} intra-op threads for each child", flush=True)
 
     selector = selectors.DefaultSelector()
     selector.register(server, selectors.EVENT_READ, None)
@@ -60,7 +81,7 @@ def main() -> int:
                 if torch.cuda.is_initialized():  # never expected: a child would inherit a CUDA context it cannot use
                     print("adapterd fork server: CUDA was initialised in the server; exiting", flush=True)
                     return 1
-                pid = fork_child(json.loads(data), fds, [server, reporter, selector])
+                pid = fork_child(json.loads(data), fds, [server, reporter, selector], threads, restore_omp)
                 pidfd = os.pidfd_open(pid)
                 selector.register(pidfd, selectors.EVENT_READ, pid)
                 server.send(json.dumps({"kind": "forked", "pid": pid}).encode())
@@ -71,8 +92,11 @@ def main() -> int:
                 server.send(json.dumps({"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def fork_child(env: dict[str, str], fds: list[int], server_side: list[object]) -> int:
-    """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits."""
+def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int,
+               restore_omp: dict[str, str | None]) -> int:
+    """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits.
+    The child gets `threads` intra-op threads and the environment's OMP_NUM_THREADS as it was before
+    the server held it at one (`restore_omp`)."""
     stdin, output, status = fds
     sys.stdout.flush()
     sys.stderr.flush()
@@ -91,6 +115,15 @@ def fork_child(env: dict[str, str], fds: list[int], server_side: list[object]) -
         os.dup2(output, 2)
         os.close(stdin)
         os.close(output)
+        for name, value in restore_omp.items():  # as the operator set it, for what the job starts
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        import torch
+
+        torch.set_num_threads(threads)  # new libgomp workers, started in this process
+        print(f"adapterd job child {os.getpid()}: {torch.get_num_threads()} intra-op threads", flush=True)
         os.environ.update(env)
         os.environ["ADAPTERD_STATUS_FD"] = str(status)
         os.environ["ADAPTERD_PARENT_PID"] = str(os.getppid())
