@@ -116,8 +116,16 @@ class PlainServer:
 
 def half_width(values: list[float]) -> float:
     """Half the width of the median's bootstrap 95% interval, relative to the median."""
-    median, low, high = median_ci(values)
+    return relative_half_width(*median_ci(values))
+
+
+def relative_half_width(median: float, low: float, high: float) -> float:
     return (high - low) / 2 / median
+
+
+def pace_ratios(daemon_side: list[dict[str, float]], plain: list[dict[str, float]]) -> list[float]:
+    """Per pair, the daemon's pace over plain TRL's: plain median step time / daemon median step time."""
+    return [t["step_s"] / d["step_s"] for d, t in zip(daemon_side, plain, strict=True)]
 
 
 def enough_pairs(ratios: list[float], target: float, min_pairs: int, check_every: int) -> bool:
@@ -159,14 +167,14 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
             else:
                 daemon_side.append(await through_daemon(index))
                 plain.append(await asyncio.to_thread(plain_side.run, job(env, f"plain-{index}", steps)))
-            if enough_pairs([t["step_s"] / d["step_s"] for d, t in zip(daemon_side, plain, strict=True)], target, min_pairs, check_every):
+            if enough_pairs(pace_ratios(daemon_side, plain), target, min_pairs, check_every):
                 break
     finally:
         plain_side.stop()
         daemon.stop()
     # Per pair, the daemon's pace over plain TRL's: the median step time (the first step's set-up
     # left out, both sides timed by the same StepClock), and TRL's samples/s over its whole loop.
-    step_ratios = [t["step_s"] / d["step_s"] for d, t in zip(daemon_side, plain, strict=True)]
+    step_ratios = pace_ratios(daemon_side, plain)
     ratios = [d["throughput"] / t["throughput"] for d, t in zip(daemon_side, plain, strict=True)]
     wall_ratios = [(d["wall"] - d["push"]) / t["wall"] for d, t in zip(daemon_side, plain, strict=True)]
     # What TRL's loop spent beyond the steady steps: its set-up and the first step (where a fresh
@@ -178,19 +186,20 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
     pairs = len(plain)
     runs = f"{pairs} pairs, ABBA order, {steps} steps each"
 
-    def ratio_row(measure: str, values: list[float], how: str) -> Row:
-        median, low, high = median_ci(values)
+    def ratio_row(measure: str, values: list[float], how: str, ci: tuple[float, float, float] | None = None) -> Row:
+        median, low, high = ci or median_ci(values)
         return Row("overhead", f"{measure}: median [95% interval]", f"{median:.3f} [{low:.3f}, {high:.3f}]", "", ">= 0.98",
-                   note=f"{how}; {runs}; interval half-width ±{(high - low) / 2 / median:.1%} (bootstrap over pairs), "
+                   note=f"{how}; {runs}; interval half-width ±{relative_half_width(median, low, high):.1%} (bootstrap over pairs), "
                    f"pairs' range [{min(values):.3f}, {max(values):.3f}]")
 
-    width = half_width(step_ratios)
+    pace_ci = median_ci(step_ratios)
+    width = relative_half_width(*pace_ci)
     return [
         Row("overhead", "pace ratio's 95% interval, half-width", f"{width:.1%}", "", "< 2%",
             note=f"{pairs} pairs: " + (f"under ±{target:.1%} at a check (every {check_every} pairs from {min_pairs})" if width < target
                                       else f"the cap of {max_pairs} pairs came first")),
         ratio_row("pace ratio daemon/plain, median step time", step_ratios,
-                  "plain step time / daemon step time, the first step left out"),
+                  "plain step time / daemon step time, the first step left out", pace_ci),
         ratio_row("throughput ratio daemon/plain, samples/s", ratios, "TRL's train_samples_per_second, its whole loop"),
         Row("overhead", "plain TRL median step time: median [min, max]", spread([1000 * t["step_s"] for t in plain]), "ms"),
         Row("overhead", "daemon median step time: median [min, max]", spread([1000 * d["step_s"] for d in daemon_side]), "ms"),

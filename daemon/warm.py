@@ -37,6 +37,11 @@ def child_environment(settings: Settings) -> dict[str, str]:
     return env
 
 
+def became_ready(ready_task: asyncio.Task[bool]) -> bool:
+    """Whether a child's (or the fork server's) finished readiness task says it got ready."""
+    return not ready_task.cancelled() and ready_task.result()
+
+
 class WarmChildren:
     """Where a one-GPU job's child comes from, its imports done ahead of the job.
 
@@ -72,15 +77,14 @@ class WarmChildren:
         if self.mode == "fork":
             if self.server is None or not self.server.alive:
                 if self.server is not None:
-                    ready = self.server.server.ready_task
                     # One that died before it was ready was reported by the callback below, once.
-                    if ready.done() and not ready.cancelled() and ready.result():
+                    if self.server.server.ready_task.done() and became_ready(self.server.server.ready_task):
                         log.warning("forkserver.died", pid=self.server.server.process.pid, returncode=self.server.server.process.returncode)
                     await self.server.close()
                 self.server = await ForkServer.start(self.env, self.log_path)
                 self.server.server.ready_task.add_done_callback(
                     lambda task, pid=self.server.server.process.pid: log.info(
-                        "forkserver.ready" if not task.cancelled() and task.result() else "forkserver.died", pid=pid
+                        "forkserver.ready" if became_ready(task) else "forkserver.died", pid=pid
                     )
                 )
             return
@@ -95,7 +99,7 @@ class WarmChildren:
             log.info("child.warming", pid=child.process.pid, visible_devices=devices)
             child.ready_task.add_done_callback(
                 lambda task, pid=child.process.pid: log.info(
-                    "child.warm_ready" if not task.cancelled() and task.result() else "child.warm_died", pid=pid
+                    "child.warm_ready" if became_ready(task) else "child.warm_died", pid=pid
                 )
             )
 

@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import traceback
+from collections.abc import MutableMapping
 
 from handlers import runner
 
@@ -48,12 +49,11 @@ def main() -> int:
     runner.die_with_parent()
 
     # OMP_NUM_THREADS is 1 here (no libgomp workers to lose in a fork: the module docstring says why);
-    # a child gets the environment's own value back.
-    restore_omp = {"OMP_NUM_THREADS": os.environ.pop("ADAPTERD_CHILD_OMP_NUM_THREADS", None)}
-    fresh_env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
-    if restore_omp["OMP_NUM_THREADS"] is not None:
-        fresh_env["OMP_NUM_THREADS"] = restore_omp["OMP_NUM_THREADS"]
-    probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=fresh_env)
+    # a child, and the probe of what a fresh interpreter picks, get the environment's own value.
+    child_omp = os.environ.pop("ADAPTERD_CHILD_OMP_NUM_THREADS", None)
+    probe_env = dict(os.environ)
+    set_omp(probe_env, child_omp)
+    probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=probe_env)
     import torch
 
     from handlers import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
@@ -81,7 +81,7 @@ def main() -> int:
                 if torch.cuda.is_initialized():  # never expected: a child would inherit a CUDA context it cannot use
                     print("adapterd fork server: CUDA was initialised in the server; exiting", flush=True)
                     return 1
-                pid = fork_child(json.loads(data), fds, [server, reporter, selector], threads, restore_omp)
+                pid = fork_child(json.loads(data), fds, [server, reporter, selector], threads, child_omp)
                 pidfd = os.pidfd_open(pid)
                 selector.register(pidfd, selectors.EVENT_READ, pid)
                 server.send(json.dumps({"kind": "forked", "pid": pid}).encode())
@@ -92,11 +92,16 @@ def main() -> int:
                 server.send(json.dumps({"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int,
-               restore_omp: dict[str, str | None]) -> int:
+def set_omp(env: MutableMapping[str, str], value: str | None) -> None:
+    """OMP_NUM_THREADS in `env` as the environment had it before the server held it at one (None: unset)."""
+    env.pop("OMP_NUM_THREADS", None)
+    if value is not None:
+        env["OMP_NUM_THREADS"] = value
+
+
+def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int, child_omp: str | None) -> int:
     """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits.
-    The child gets `threads` intra-op threads and the environment's OMP_NUM_THREADS as it was before
-    the server held it at one (`restore_omp`)."""
+    The child gets `threads` intra-op threads and the environment's own OMP_NUM_THREADS (`child_omp`)."""
     stdin, output, status = fds
     sys.stdout.flush()
     sys.stderr.flush()
@@ -115,11 +120,7 @@ def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], t
         os.dup2(output, 2)
         os.close(stdin)
         os.close(output)
-        for name, value in restore_omp.items():  # as the operator set it, for what the job starts
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        set_omp(os.environ, child_omp)  # as the operator set it, for what the job starts
         import torch
 
         torch.set_num_threads(threads)  # new libgomp workers, started in this process
