@@ -158,9 +158,17 @@ def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> P
 
 
 def local_target(request: RequestBase, settings: Settings) -> Path:
-    """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>[/<revision>]."""
-    target = settings.outputs_dir / request.output.repo_id
-    return target if request.output.revision == "main" else target / request.output.revision
+    """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>, or
+    <name>@<branch> for another branch (beside main's folder, not inside it: a push replaces its
+    folder whole). Never outside work_dir/outputs, whatever the request says: the schema holds the
+    repo id and the branch to their rules, and this holds the result, symlinks resolved."""
+    output = request.output
+    name = output.repo_id if output.revision == "main" else f"{output.repo_id}@{output.revision}"
+    outputs = settings.outputs_dir.resolve()
+    target = (outputs / name).resolve()
+    if not target.is_relative_to(outputs) or target == outputs or target.parent == outputs:
+        raise PushFailed("hub_error", f"output: {name} names no folder inside the local sink {outputs}", retryable=False)
+    return target
 
 
 def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:

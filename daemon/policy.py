@@ -3,13 +3,12 @@ each broken rule named by the request field it concerns and the setting that ref
 
 from __future__ import annotations
 
-import re
 from fnmatch import fnmatchcase
-from pathlib import Path
 
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
+from schemas.locations import local_location_inside, within
 from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
 
 
@@ -65,25 +64,13 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
         errors.append(FieldError(path=f"{prefix}.id", message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
     for path, location in source.locations():
         if location.startswith("/"):
-            if not _under_roots(location, settings.allowed_local_dataset_roots):
+            if not local_location_inside(location, settings.allowed_local_dataset_roots):
                 roots = [str(root) for root in settings.allowed_local_dataset_roots] or "none configured"
                 errors.append(FieldError(path=f"{prefix}.{path}", message=f"local path {location} is outside allowed_local_dataset_roots ({roots})"))
         elif not _matches(location, settings.allowed_dataset_urls):
             allowed = settings.allowed_dataset_urls or "none configured"
             errors.append(FieldError(path=f"{prefix}.{path}", message=f"{location} is not allowed on this host (allowed_dataset_urls: {allowed})"))
     return errors
-
-
-def _under_roots(location: str, roots: list[Path]) -> bool:
-    """Whether the fixed part of a path (up to its first glob character), symlinks resolved, is under
-    a root. The schema already refuses '..'; the child checks each file it expands to again."""
-    return _within(re.split(r"[*?\[]", location, maxsplit=1)[0], roots)
-
-
-def _within(path: str, roots: list[Path]) -> bool:
-    """Whether the path, symlinks resolved, lies under one of the roots."""
-    resolved = Path(path).resolve()
-    return any(resolved.is_relative_to(root.resolve()) for root in roots)
 
 
 def report_to(request: RequestBase, settings: Settings) -> list[str]:
@@ -124,7 +111,7 @@ def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | Ref
 
 def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldError]:
     if model_id.startswith("/"):
-        if not _within(model_id, settings.allowed_local_model_roots):
+        if not within(model_id, settings.allowed_local_model_roots):
             roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
             return [FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")]
         return []

@@ -6,7 +6,7 @@ to import. Each function takes TRL's reward-function arguments and returns one f
 
 from __future__ import annotations
 
-import re
+import re2
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +41,7 @@ def exact_match(spec: ExactMatchReward) -> RewardFn:
 
 
 def regex_match(spec: RegexReward) -> RewardFn:
-    pattern = re.compile(spec.pattern)
+    pattern = re2.compile(spec.pattern)  # linear time: a request's pattern cannot backtrack catastrophically
 
     def regex_match(completions: list[Any], **columns: Any) -> list[float]:
         return [float(pattern.search(completion_text(c)) is not None) for c in completions]

@@ -19,6 +19,7 @@ from huggingface_hub import HfApi
 
 from schemas.dataset import SourceSpec
 from schemas.job import JobFailed, JobSpec
+from schemas.locations import within
 from schemas.provenance import ResolvedSource, SourceFile
 
 # datasets' builder for each format; json reads JSON Lines too.
@@ -70,7 +71,10 @@ def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str)
 
 def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[SourceFile]:
     """The files a location names (a file, a glob, or a folder: every file of the format in it)."""
-    scheme = location.split("://", 1)[0] if "://" in location else "file"
+    if "::" in location:  # intake refuses a chain; a file is never opened through one
+        raise JobFailed("dataset_unavailable", "load_dataset", f"{field}: {location}: a location may not chain filesystems ('::')")
+    protocol, _ = fsspec.core.split_protocol(location)  # fsspec's own reading of the scheme, which is what it opens
+    scheme = protocol or "file"
     fs, path = fsspec.core.url_to_fs(location, **job.storage_options.get(scheme, {}))
     if GLOB.search(path):
         paths = sorted(fs.glob(path))
@@ -97,8 +101,7 @@ def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[So
 
 def _check_local(path: str, job: JobSpec, field: str) -> None:
     """Intake checked the path as written; a symlink in the tree could still point elsewhere."""
-    real = Path(path).resolve()
-    if not any(real.is_relative_to(root.resolve()) for root in job.allowed_local_dataset_roots):
+    if not within(path, job.allowed_local_dataset_roots):
         raise JobFailed("dataset_unavailable", "load_dataset", f"{field}: {path} resolves outside allowed_local_dataset_roots")
 
 

@@ -44,6 +44,7 @@ from schemas.images import (
     row_problems,
 )
 from schemas.job import JobFailed, JobSpec
+from schemas.locations import has_parent_segment, within
 from schemas.request import ModelSpec
 
 PIPELINE_TAG = "image-text-to-text"
@@ -104,16 +105,17 @@ def _image_bytes(value: Any, job: JobSpec, roots: list[Path]) -> bytes:
 
 
 def _read_location(location: str, job: JobSpec, roots: list[Path]) -> bytes:
-    if location.startswith("/"):
-        real = Path(location).resolve()
-        if not any(real.is_relative_to(root.resolve()) for root in roots):
+    if "::" in location:
+        raise ValueError(f"{location[:200]}: an image location may not chain filesystems ('::')")
+    protocol, _ = fsspec.core.split_protocol(location)  # the scheme as fsspec reads it, which is what it opens
+    if protocol is None and location.startswith("/"):
+        if not within(location, roots):
             raise ValueError(f"{location} is outside allowed_local_dataset_roots; an image is read only from where a dataset may be")
-        opened = fsspec.open(str(real), "rb")
-    elif "://" in location:
-        if not any(fnmatchcase(location, pattern) for pattern in job.allowed_dataset_urls):
+        opened = fsspec.open(str(Path(location).resolve()), "rb")
+    elif protocol is not None and protocol != "file" and "://" in location:
+        if not any(fnmatchcase(location, pattern) for pattern in job.allowed_dataset_urls) or has_parent_segment(location):
             raise ValueError(f"{location} is not allowed on this host (allowed_dataset_urls); an image URL is read only where a dataset may be")
-        scheme = location.split("://", 1)[0]
-        opened = fsspec.open(location, "rb", **job.storage_options.get(scheme, {}))
+        opened = fsspec.open(location, "rb", **job.storage_options.get(protocol, {}))
     else:
         raise ValueError(f"{location!r} is a relative path; give the image's bytes, base64 data or an absolute path or URL")
     with opened as handle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,8 +13,36 @@ SCHEMA_VERSION = 1
 HUB_ID = r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 HUB_ID_PATTERN = rf"^{HUB_ID}$"
 
-# An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe.
-REQUEST_ID_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
+# An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe;
+# it may not start with a dot ("." and ".." would name the work folder or the jobs folder itself).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
+
+# Every integer a request carries fits in 64 bits: Python's own ints have no bound, and a number of
+# thousands of digits costs time to convert and overflows whatever it reaches (a timer, a tensor).
+MAX_INT = 2**63 - 1
+
+
+# What git's check-ref-format refuses in a branch name (and the Hub with it): control characters,
+# space and ~^:?*[\\, an empty or dot-led component, "..", "@{", ".lock" at a component's end.
+_REF_CHARACTERS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
+
+
+def branch_problem(name: str) -> str | None:
+    """Why `name` is not a branch name by git's ref rules, or None. A branch names a Hub ref and,
+    on the local sink, a folder: "../x", "/abs" or "." must never get that far."""
+    if not name or len(name) > 255:
+        return "a branch name of 1 to 255 characters"
+    if _REF_CHARACTERS.search(name):
+        return "a branch name has no spaces, control characters or any of ~^:?*[\\"
+    if name.startswith(("-", "/")) or name.endswith(("/", ".")) or name == "@":
+        return "a branch name does not start with '-' or '/', end with '/' or '.', or equal '@'"
+    if ".." in name or "@{" in name or "//" in name:
+        return "a branch name has no '..', '@{' or '//'"
+    if any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
+        return "no part of a branch name starts with '.' or ends with '.lock'"
+    if name.startswith("refs/"):
+        return "a branch name, not a ref path (refs/...)"
+    return None
 
 
 class AdapterdError(Exception):
@@ -37,6 +66,7 @@ class FieldError(Frozen):
 RejectReason = Literal[
     "not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources",
     "secret_in_request",  # a value that looks like a credential; the event names its path, never the value
+    "internal",  # deciding about the record raised unexpectedly: a bug of adapterd's, dead-lettered rather than re-read
 ]
 
 

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, JsonValue, model_validator
 
 from schemas.common import HUB_ID_PATTERN, Frozen
+from schemas.locations import has_parent_segment
 
 MAX_INLINE_ROWS = 10_000
 
@@ -26,10 +27,6 @@ LOCATION_PATTERN = rf"^(/\S*|({'|'.join(OBJECT_STORAGE_SCHEMES)})://\S+)$"
 
 DatasetFormat = Literal["json", "jsonl", "parquet", "csv", "arrow"]
 Location = str  # validated by LOCATION_PATTERN where it is used
-
-
-def _parent_segment(location: str) -> bool:
-    return ".." in re.split(r"[/\\]", location)
 
 
 class SourceSpec(Frozen):
@@ -76,12 +73,16 @@ class SourceSpec(Frozen):
         for path, location in self.locations():
             if not re.match(LOCATION_PATTERN, location):
                 raise ValueError(f"{path}: not an absolute local path or an {'/'.join(OBJECT_STORAGE_SCHEMES)} URL")
-            if _parent_segment(location):
+            if has_parent_segment(location):
                 raise ValueError(f"{path}: a location may not contain '..'")
+            if "::" in location:
+                # fsspec reads "a::b" as a chain of filesystems, each with its own protocol: the
+                # scheme this schema and the operator's rules see would not be the one that is read.
+                raise ValueError(f"{path}: a location may not chain filesystems ('::')")
         for item in _data_files(self.data_files):
             # Under a Hub id, datasets reads these from the repo; an absolute path or a URL would
             # make it read the host's disk or another store instead (and fails late, at load time).
-            if item.startswith(("/", "\\", "~")) or "://" in item or _parent_segment(item) or re.match(r"^[A-Za-z]:", item):
+            if item.startswith(("/", "\\", "~")) or "://" in item or "::" in item or has_parent_segment(item) or re.match(r"^[A-Za-z]:", item):
                 raise ValueError("data_files: a Hub dataset's data_files are paths inside its repo, not an absolute path, a URL or '..'")
         return self
 

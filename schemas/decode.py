@@ -6,14 +6,15 @@ Producers can call this before publishing; the daemon calls it on every message 
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
+from schemas.common import MAX_INT, REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.request import REQUEST_MODELS, RequestBase
-from schemas.secrets import find_secrets, may_hold_secrets, secret_kind
+from schemas.secrets import find_secrets, may_hold_secrets, metadata_secrets, secret_kind
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,25 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
     """Decode and validate one message. Never raises for bad input: it returns a `Rejection`."""
     key_id = _request_id_from_key(key)
     try:
-        document = json.loads(raw or b"")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
+        text = (raw or b"").decode("utf-8")
+        document = json.loads(text, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
+    except json.JSONDecodeError as exc:
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
     except RecursionError:
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
-    secrets = find_secrets(document) if may_hold_secrets(raw or b"") else []
+    except ValueError:  # an integer of more digits than Python converts, or NaN / Infinity
+        errors, document = _unreadable_numbers(text)
+        return Rejection("invalid", errors, _request_id_of(document, key_id))
+    try:
+        problems = leaf_problems(document) if _SUSPECT_LEAF.search(text) else []
+        secrets = [] if problems else (find_secrets(document) if may_hold_secrets(raw or b"") else []) + metadata_secrets(document)
+    except RecursionError:  # json.loads nests deeper than a walk in Python can follow
+        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
+    if problems:
+        return Rejection("invalid", problems, _request_id_of(document, key_id))
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
         request_id = document.get("request_id") if isinstance(document, dict) else None
@@ -76,19 +90,103 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         kind = type(document).__name__
         return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
 
-    request_id = document.get("request_id")
-    if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id)):
-        request_id = key_id
+    request_id = _request_id_of(document, key_id)
     method = document.get("method")
     if not isinstance(method, str) or method not in REQUEST_MODELS:
         known = ", ".join(sorted(REQUEST_MODELS))
-        message = "missing" if method is None else f"unknown method {method!r}"
+        message = "missing" if method is None else f"unknown method {str(method)[:64]!r}"
         return Rejection("unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id)
 
     try:
         return REQUEST_MODELS[method].model_validate(document)
     except ValidationError as exc:
         return Rejection("invalid", field_errors(exc), request_id)
+    except RecursionError:
+        return Rejection("invalid", [FieldError(path="", message="nested too deeply to validate")], request_id)
+
+
+def _request_id_of(document: object, key_id: str | None) -> str | None:
+    request_id = document.get("request_id") if isinstance(document, dict) else None
+    return request_id if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) else key_id
+
+
+# What a leaf the walk below refuses needs to show in the text: a run of 19 digits (a 64-bit bound
+# needs that many), an exponent of three digits (1e400 reads as inf), or an escaped surrogate
+# (\ud800; the text itself is strict UTF-8, so a lone surrogate can only come from an escape).
+# Most messages have none of these and skip the walk.
+_SUSPECT_LEAF = re.compile(r"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def leaf_problems(document: object, path: str = "", found: list[FieldError] | None = None) -> list[FieldError]:
+    """The leaves no request may hold, wherever they are: integers beyond 64 bits, numbers that are
+    not finite, and strings (or keys) that are not encodable as UTF-8 (lone surrogates). At most ten."""
+    found = [] if found is None else found
+    if len(found) >= 10:
+        return found
+    if isinstance(document, str):
+        if not _encodable(document):
+            found.append(FieldError(path=path, message="not valid Unicode: holds a lone surrogate (\\ud800-\\udfff)"))
+    elif isinstance(document, bool):
+        pass
+    elif isinstance(document, int):
+        if not -MAX_INT - 1 <= document <= MAX_INT:
+            found.append(FieldError(path=path, message=f"an integer of {len(str(abs(document)))} digits; at most 64 bits ({MAX_INT})"))
+    elif isinstance(document, float):
+        if not math.isfinite(document):
+            found.append(FieldError(path=path, message="a number too large to be finite"))
+    elif isinstance(document, dict):
+        for key, value in document.items():
+            if not _encodable(key):
+                found.append(FieldError(path=f"{path}.<key>" if path else "<key>", message="a key that is not valid Unicode (a lone surrogate)"))
+                continue
+            leaf_problems(value, f"{path}.{key}" if path else key, found)
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            leaf_problems(item, f"{path}.{index}" if path else str(index), found)
+    return found
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _Digits(str):
+    """An integer literal kept as its text, to find where an unreadable one is."""
+
+
+def _unreadable_numbers(text: str) -> tuple[list[FieldError], object]:
+    """Where the numbers are that json.loads refused (an integer past Python's digit limit, NaN,
+    Infinity): the text parsed again with integers and constants kept as text."""
+    try:
+        document = json.loads(text, parse_int=_Digits, parse_constant=_Digits)
+    except (ValueError, RecursionError) as exc:
+        return [FieldError(path="", message=f"a number no request may hold: {str(exc)[:200]}")], None
+    found: list[FieldError] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, _Digits) and (not node.lstrip("-").isdigit() or len(node.lstrip("-")) > 19):
+            shown = node if not node.lstrip("-").isdigit() else f"an integer of {len(node.lstrip('-'))} digits"
+            found.append(FieldError(path=path, message=f"{shown}: not a number a request may hold (integers fit in 64 bits, numbers are finite)"))
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else key)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                walk(item, f"{path}.{index}" if path else str(index))
+
+    try:
+        walk(document, "")
+    except RecursionError:
+        pass
+    return found[:10] or [FieldError(path="", message="a number no request may hold")], document
 
 
 def _request_id_from_key(key: bytes | None) -> str | None:

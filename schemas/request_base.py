@@ -10,11 +10,11 @@ passes on only what was set.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
+from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, branch_problem
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
@@ -64,8 +64,16 @@ class OutputSpec(Frozen):
 
     repo_id: str = Field(pattern=REPO_ID_PATTERN, description="Hub model repo 'namespace/name'; created if missing.")
     private: bool = Field(True, description="Visibility of a repo adapterd creates; an existing repo keeps its own.")
-    revision: str = Field("main", description="Branch to commit to; created from the default branch if missing.")
+    revision: str = Field("main", max_length=255, description="Branch to commit to (git's rules for a branch name); created from the default branch if missing.")
     push: Literal["adapter", "merged"] = Field("adapter", description="'merged' merges the adapter into the base before pushing.")
+
+    @field_validator("revision")
+    @classmethod
+    def _branch(cls, value: str) -> str:
+        problem = branch_problem(value)
+        if problem:
+            raise ValueError(f"not a branch name: {problem}")
+        return value
 
 
 class Resources(Frozen):
@@ -99,7 +107,10 @@ class RequestBase(Frozen):
     output: OutputSpec
     resources: Resources = Resources()
     timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=64, description="Free key-value pairs, echoed in every event.")
+    # Bounded so that an event, which echoes it, stays far below the broker's message size.
+    metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=dict, max_length=64, description="Free key-value pairs (64 at most, keys up to 128 characters, values up to 1024), echoed in every event.",
+    )
 
     @model_validator(mode="after")
     def _inline_rows_fit_the_method(self) -> RequestBase:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from schemas.common import Frozen
+from schemas.regex import pattern_problem
 from schemas.request_base import MODEL_ID_PATTERN
 
 
@@ -21,20 +22,17 @@ class ExactMatchReward(Frozen):
 
 
 class RegexReward(Frozen):
-    """1.0 when the completion matches `pattern` (Python `re.search`); else 0.0."""
+    """1.0 when the pattern is found in the completion (RE2 syntax, matched in linear time); else 0.0."""
 
     name: Literal["regex_match"]
     weight: float = 1.0
-    pattern: str = Field(min_length=1, max_length=1000)
+    pattern: str = Field(min_length=1, max_length=1000, description="An RE2 pattern (no look-around or back-references); searched for in each completion.")
 
     @model_validator(mode="after")
     def _compiles(self) -> RegexReward:
-        import re
-
-        try:
-            re.compile(self.pattern)
-        except re.error as exc:
-            raise ValueError(f"pattern does not compile: {exc}") from exc
+        problem = pattern_problem(self.pattern)
+        if problem:
+            raise ValueError(f"pattern: {problem}")
         return self
 
 

@@ -5,7 +5,8 @@ inside functions too, so an import that only runs on some path cannot slip throu
   and TRL load only in the child.
 - `handlers/` and `schemas/` never import `daemon`: the child and the wire contract stand alone.
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
-  import it.
+  import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
+  contract gives the same verdicts.
 """
 
 from __future__ import annotations
@@ -54,8 +55,24 @@ def test_handlers_and_schemas_never_import_the_daemon(path: Path) -> None:
 
 @pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_schemas_depend_on_pydantic_and_the_standard_library_only(path: Path) -> None:
-    outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} if name not in sys.stdlib_module_names}
+    optional = {"re2"} if path.name == "regex.py" else set()  # the engine it prefers; `re` without it
+    outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} - optional if name not in sys.stdlib_module_names}
     assert not outside
+
+
+def test_schemas_give_the_same_verdicts_without_re2() -> None:
+    """A producer without google-re2 gets Python's re: the same secret rules and verdicts, and a
+    pattern that re cannot compile refused rather than raised (look-around, which RE2 alone
+    refuses, is judged by the daemon, which always has RE2)."""
+    code = (
+        "import sys; sys.modules['re2'] = None\n"
+        "from schemas.regex import ENGINE, pattern_problem\n"
+        "from schemas.secrets import secret_kind\n"
+        "print(ENGINE, pattern_problem('[') is not None, pattern_problem('a{4294967296}') is not None,"
+        " secret_kind('xoxb-1234567890-abcdefghij'), secret_kind('a prompt about tokens'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split(maxsplit=1)
+    assert out == ["re", "True True a Slack token or webhook None\n"]
 
 
 def test_importing_every_daemon_module_loads_no_training_stack() -> None:

@@ -1,0 +1,40 @@
+"""The regular-expression engine of the wire contract: RE2 where it is installed (adapterd installs
+google-re2), Python's `re` otherwise.
+
+RE2 matches in time linear in the text, whatever the pattern: a pattern a request supplies (a
+`regex_match` reward) cannot backtrack catastrophically, and the secret scan's many rules run as
+one automaton. A pattern is valid in a request when RE2 compiles it (no look-around, no
+back-references, repetitions up to 1000); a producer without RE2 checks it with `re`, which takes
+look-around too: the daemon, which always has RE2, has the last word.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+try:
+    import re2 as engine
+
+    _OPTIONS: Any = engine.Options()
+    _OPTIONS.log_errors = False  # a refused pattern is the request's error, not a line on the daemon's stderr
+except ImportError:  # pragma: no cover - a producer's environment without google-re2
+    engine = re
+    _OPTIONS = 0  # re.compile's flags
+
+ENGINE = getattr(engine, "__name__", "re")
+
+
+def compile_pattern(pattern: str | bytes) -> Any:
+    """Compile with the contract's engine."""
+    return engine.compile(pattern, _OPTIONS)
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why a request's pattern cannot be used, or None. Any failure to compile is a reason, never an
+    exception: Python's `re` raises OverflowError and RecursionError as well as re.error."""
+    try:
+        compile_pattern(pattern)
+    except Exception as exc:  # noqa: BLE001 - whatever the engine raises, the pattern is refused
+        return f"pattern does not compile ({ENGINE}): {str(exc)[:200]}"
+    return None
