@@ -7,6 +7,7 @@ and nothing here ever retrains. Runs in a worker thread: `huggingface_hub` is sy
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -165,9 +166,10 @@ def local_target(request: RequestBase, settings: Settings) -> Path:
     output = request.output
     name = output.repo_id if output.revision == "main" else f"{output.repo_id}@{output.revision}"
     outputs = settings.outputs_dir.resolve()
-    target = (outputs / name).resolve()
-    if not target.is_relative_to(outputs) or target == outputs or target.parent == outputs:
-        raise PushFailed("hub_error", f"output: {name} names no folder inside the local sink {outputs}", retryable=False)
+    target = outputs / name
+    # Its own folder exactly: nothing in the name that normalises away ('..', '.'), no symlink on the way.
+    if os.path.normpath(target) != str(target) or target.resolve() != target or len(target.relative_to(outputs).parts) < 2:
+        raise PushFailed("hub_error", f"output: {name} names no folder of its own inside the local sink {outputs}", retryable=False)
     return target
 
 

@@ -27,6 +27,15 @@ from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 log = structlog.get_logger()
 
 
+def internal_rejection(record: Record, exc: Exception) -> Rejection:
+    """What a record becomes when deciding about it raised: rejected (reason `internal`), the
+    exception's class in the DLQ, the traceback in the log, and counted."""
+    log.exception("intake.internal_error", offset=record.offset, partition=record.partition, error=type(exc).__name__)
+    metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
+    message = f"adapterd failed to decide about this request ({type(exc).__name__}); the record is in the DLQ and the daemon's log says why"
+    return Rejection("internal", [FieldError(path="", message=message)], None, type(exc).__name__)
+
+
 class Intake:
     def __init__(self, settings: Settings, publisher: Publisher, partitions: Partitions, scheduler: Scheduler, slots: Slots) -> None:
         self.settings = settings
@@ -42,8 +51,11 @@ class Intake:
         for index, record in enumerate(records):
             if self.scheduler.holds(tp):
                 break  # stale records of a held partition: it is read again from where it was held
-            decoded = decode_request(record.value, record.key)
-            rejection = decoded if isinstance(decoded, Rejection) else self.refusal(decoded)
+            try:
+                decoded = decode_request(record.value, record.key)
+                rejection = decoded if isinstance(decoded, Rejection) else self.refusal(decoded)
+            except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
+                decoded, rejection = None, internal_rejection(record, exc)
             if rejection is not None:
                 outgoing += self.rejection_messages(record, rejection)
                 last_rejected = record.offset
@@ -73,11 +85,20 @@ class Intake:
         return Rejection("invalid", images, request.request_id) if images else None
 
     def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
+        """The DLQ record and the `rejected` event of one rejection; never raises (an error in
+        building them is rejected as `internal` in their place)."""
+        try:
+            return self._rejection_messages(record, rejection.bounded())
+        except Exception as exc:
+            return self._rejection_messages(record, internal_rejection(record, exc))
+
+    def _rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
+        rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
+        messages = [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected)]
         metrics.rejected(rejection.reason).inc()
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
                     errors=rejection.errors, offset=record.offset)
-        rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
-        return [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected)]
+        return messages
 
     async def _flush(self, tp: TopicPartition, messages: list[Outgoing], last_offset: int | None) -> None:
         if last_offset is not None:

@@ -18,6 +18,10 @@ SLOTS = Gauge("adapterd_slots", "Job slots of this host (one per GPU, or CPU slo
 SLOTS_BUSY = Gauge("adapterd_slots_busy", "Job slots in use.")
 CONSUMER_LAG = Gauge("adapterd_consumer_lag", "Requests in the partition after the one this daemon will read next.", ["partition"])
 HUB_RETRIES = Counter("adapterd_hub_push_retries", "Hub push attempts retried after a transient error.")
+INTAKE_ERRORS = Counter(
+    "adapterd_intake_internal_errors", "Records whose decoding, policy check or rejection raised unexpectedly (rejected as internal), by exception class.",
+    ["exception"],
+)
 REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+from daemon.bounds import bound_errors
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
@@ -35,6 +36,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         errors.append(FieldError(path="timeout_s", message=f"{request.timeout_s} s; this host allows at most {settings.max_timeout_s} s (max_timeout_s)"))
     if settings.max_gpus_per_job is not None and request.resources.gpus > settings.max_gpus_per_job:
         errors.append(FieldError(path="resources.gpus", message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)"))
+    errors += bound_errors(request, settings)
     for integration in request.training.report_to or []:
         if integration not in settings.allowed_report_to:
             errors.append(FieldError(

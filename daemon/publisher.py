@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 from pydantic import TypeAdapter
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from daemon.kafka_options import kafka_options
+from daemon.retry_state import RetrySigner
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
@@ -30,27 +31,6 @@ log = structlog.get_logger()
 Headers = list[tuple[str, bytes]]
 Record = ConsumerRecord[bytes, bytes]
 FIELD_ERRORS = TypeAdapter(list[FieldError])
-# On a request sent back to the requests topic for another try: which attempt it is, and the
-# time (seconds since the epoch) before which it does not run.
-ATTEMPT_HEADER = "adapterd-attempt"
-DUE_HEADER = "adapterd-not-before"
-
-
-def attempt_of(record: Record) -> int:
-    """Which try of its request this record is: 1, or what the header of a retry says."""
-    value = dict(record.headers or ()).get(ATTEMPT_HEADER, b"1")
-    return int(value) if value.isdigit() and int(value) >= 1 else 1
-
-
-def due_at(record: Record) -> float | None:
-    """When a retry may run (its header), or None for a first try or an unreadable header."""
-    value = dict(record.headers or ()).get(DUE_HEADER)
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class Outgoing:
     topic: str
@@ -71,6 +51,7 @@ class Publisher:
             max_batch_size=1 << 20,
         )
         self.partitioner = DefaultPartitioner()
+        self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -89,36 +70,40 @@ class Publisher:
 
     def dead_letter(self, record: Record, rejection: Rejection) -> Outgoing:
         """The raw bytes of a message that could not become a job, with why and where it came from."""
-        errors = FIELD_ERRORS.dump_json(rejection.errors)
         headers = [
             ("adapterd-reason", rejection.reason.encode()),
-            ("adapterd-errors", errors),
+            *([("adapterd-exception", rejection.exception.encode())] if rejection.exception else []),
+            ("adapterd-errors", FIELD_ERRORS.dump_json(rejection.errors)),
+            *self._source(record),
+        ]
+        return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
+
+    def _source(self, record: Record) -> Headers:
+        """Where a dead letter came from, and which host sent it there."""
+        return [
             ("adapterd-source-topic", record.topic.encode()),
             ("adapterd-source-partition", str(record.partition).encode()),
             ("adapterd-source-offset", str(record.offset).encode()),
             ("adapterd-host", self.settings.host.encode()),
         ]
-        return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
     def retry(self, record: Record, attempt: int, backoff_s: float) -> Outgoing:
         """The request again, byte for byte and with the same key, for its next attempt, due in `backoff_s`."""
-        headers = [(ATTEMPT_HEADER, str(attempt).encode()), (DUE_HEADER, f"{time.time() + backoff_s:.3f}".encode())]
+        headers = self.retries.headers(record.key, record.value or b"", attempt, time.time() + backoff_s)
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def again(self, record: Record) -> Outgoing:
         """A retry that is not yet due, to the end of its partition again, headers and all."""
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", list(record.headers or ()))
 
-    def failed_letter(self, record: Record, failed: Failed) -> Outgoing:
-        """The bytes of a request whose every attempt failed, for the DLQ."""
+    def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
+        """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
         headers = [
-            ("adapterd-reason", b"attempts_exhausted"),
+            ("adapterd-reason", reason.encode()),
+            *([("adapterd-exception", exception.encode())] if exception else []),
             ("adapterd-errors", FIELD_ERRORS.dump_json([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])),
             ("adapterd-attempts", str(failed.attempt).encode()),
-            ("adapterd-source-topic", record.topic.encode()),
-            ("adapterd-source-partition", str(record.partition).encode()),
-            ("adapterd-source-offset", str(record.offset).encode()),
-            ("adapterd-host", self.settings.host.encode()),
+            *self._source(record),
         ]
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
@@ -127,7 +112,7 @@ class Publisher:
         After a failure the same bytes are sent again (for an event, the same event_id, so a
         consumer can drop a repeat)."""
         async for attempt in AsyncRetrying(
-            retry=retry_if_exception_type(KafkaError),
+            retry=retry_if_exception(_brokers_away),
             wait=wait_exponential(multiplier=0.5, max=10),
             before_sleep=lambda state: log.warning(
                 "message.send_retry", topic=message.topic, key=(message.key or b"").decode(errors="replace"),
@@ -162,6 +147,13 @@ class Publisher:
                     batch.append(key=message.key, value=message.value, timestamp=None, headers=message.headers)
             acks.append(await self.producer.send_batch(batch, topic, partition=partition))
         return acks
+
+
+def _brokers_away(exc: BaseException) -> bool:
+    """A send worth trying again: the brokers are away or moving (a retriable error, a timeout).
+    What the broker refuses outright (a message too large, no authorisation) is raised at once:
+    sending the same bytes again would be refused for ever."""
+    return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and bool(exc.retriable))
 
 
 class Placement:

@@ -25,7 +25,8 @@ from aiokafka import TopicPartition
 from daemon import metrics
 from daemon.job import JobRunner
 from daemon.partitions import Partitions
-from daemon.publisher import Publisher, Record, attempt_of, due_at
+from daemon.publisher import Publisher, Record
+from daemon.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings
 from daemon.slots import Slots
 from daemon.warm import WarmChildren
@@ -63,6 +64,7 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting: dict[TopicPartition, WaitingRetry] = {}
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        self.faults: dict[tuple[TopicPartition, int], int] = {}  # unexpected failures in a row, per record
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -75,15 +77,15 @@ class Scheduler:
         if request.request_id in self.cancelled:
             await self._skip_cancelled(tp, record, request)
             return True
-        due = due_at(record)
-        if due is not None and due > time.time():
-            return await self._not_yet(tp, record, due, more_behind=more_behind)
+        retry = self.publisher.retries.read(record)
+        if retry.due is not None and retry.due > time.time():
+            return await self._not_yet(tp, record, retry.due, more_behind=more_behind)
         slots = self.slots.take(request.resources.gpus)
         if slots is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots
             self.pause_idle_partitions()
             return False
-        self._start(tp, record, request, slots)
+        self._start(tp, record, request, slots, retry.attempt)
         return False
 
     async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase) -> None:
@@ -114,14 +116,14 @@ class Scheduler:
                 if self.slots.free:
                     self.partitions.resume([tp])
 
-    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, slots: list[str]) -> None:
+    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, slots: list[str], attempt: int) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
-            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt_of(record),
+            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt,
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
@@ -146,12 +148,17 @@ class Scheduler:
         except asyncio.CancelledError:
             log.warning("job.interrupted", request_id=runner.request.request_id, committed=False)
             raise
-        except Exception:
-            # A fault outside the job itself (the broker refused the event): leave the request uncommitted
-            # and read it again, rather than lose it.
-            log.exception("job.error", request_id=runner.request.request_id)
+        except Exception as exc:
+            # A fault outside the job itself (the broker refused an event, a bug): read the request
+            # again rather than lose it, but not for ever: the same record failing max_record_faults
+            # times in a row ends as failed and goes to the DLQ.
+            log.exception("job.error", request_id=runner.request.request_id, offset=offset)
             if tp in self.partitions.assigned():
-                self.partitions.hold(tp, offset)
+                faults = self.faults[(tp, offset)] = self.faults.get((tp, offset), 0) + 1
+                if faults < self.settings.max_record_faults or not await self._give_up(tp, record, runner, exc):
+                    self.partitions.hold(tp, offset)
+        else:
+            self.faults.pop((tp, offset), None)
         finally:
             job = self.jobs.get(tp)
             if job is not None and job.offset == offset:
@@ -163,9 +170,30 @@ class Scheduler:
                 await self.prepare_children()
                 self.on_change()
 
+    async def _give_up(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception) -> bool:
+        """End a record that keeps failing outside its job: `failed` (code internal), its bytes in the
+        DLQ, its offset committed. False when even that cannot be sent (it is read again)."""
+        failed = Failed(
+            request_id=runner.request.request_id, host=self.settings.host, attempt=runner.attempt, code="internal",
+            stage="intake", retryable=False,
+            message=f"handling the request failed {self.settings.max_record_faults} times in a row ({type(exc).__name__}); see the daemon's log",
+        )
+        try:
+            await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))
+            await self.publisher.publish(failed)  # no metadata: it may be what the broker refused
+            await self.partitions.commit(tp, record.offset + 1)
+        except Exception:
+            log.exception("job.give_up_failed", request_id=runner.request.request_id, offset=record.offset)
+            return False
+        self.faults.pop((tp, record.offset), None)
+        metrics.JOBS.labels("failed").inc()
+        log.error("job.given_up", request_id=runner.request.request_id, offset=record.offset, faults=self.settings.max_record_faults,
+                  error=type(exc).__name__)
+        return True
+
     def _backoff_s(self, attempt: int) -> float:
         """The wait before `attempt` (2, 3, ...): retry_backoff_s, doubled for each later try, at most an hour."""
-        return min(self.settings.retry_backoff_s * 2 ** (attempt - 2), 3600.0)
+        return min(self.settings.retry_backoff_s * 2 ** (attempt - 2), MAX_BACKOFF_S)
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""

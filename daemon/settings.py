@@ -64,6 +64,14 @@ class Settings(BaseSettings):
     progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
     max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")
     retry_backoff_s: float = Field(30.0, ge=0, description="Wait before the second try; doubled for each later one.")
+    max_record_faults: int = Field(3, ge=1, description=(
+        "A record whose handling fails unexpectedly (outside its job: an event the broker refuses, a bug) this many "
+        "times in a row ends in failed (code internal) and goes to the DLQ, rather than being read again for ever."
+    ))
+    retry_key_file: Path | None = Field(None, description=(
+        "The key that signs a retry's attempt and due time (16 bytes or more; one for the whole fleet, systemd: "
+        "%d/retry-key); unset: one made in work_dir/retry-key, which only this host knows."
+    ))
     stall_timeout_s: float | None = Field(1800.0, gt=0, description="A training job without a step for this long is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
@@ -81,7 +89,16 @@ class Settings(BaseSettings):
     local_model_hub_ids: dict[str, str] = Field(default_factory=dict, description="The Hub id a local base model came from, by path, for model cards.")
     allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")
     allow_trust_remote_code: bool = False
-    max_timeout_s: int | None = Field(None, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none.")
+    max_timeout_s: int | None = Field(7 * 86_400, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none (a week).")
+    # The bounds on the work a request may ask for (daemon/bounds.py says which field each bounds).
+    max_batch_size: int = Field(256, ge=1, description="Per-device batch sizes (train, eval, reference precompute, generation).")
+    max_gradient_accumulation_steps: int = Field(1024, ge=1)
+    max_processes: int = Field(8, ge=0, description="dataloader_num_workers and dataset_num_proc: processes a job may start.")
+    max_steps: int = Field(1_000_000, ge=1, description="The most optimizer steps a request may ask for (max_steps).")
+    max_epochs: float = Field(100, gt=0, description="num_train_epochs (and PPO's and GRPO's epochs and iterations).")
+    max_generations: int = Field(64, ge=1, description="Completions per prompt (num_generations, num_return_sequences, num_beams).")
+    max_new_tokens: int = Field(32_768, ge=1, description="Tokens a completion may have (max_completion_length, generation_kwargs.max_new_tokens).")
+    max_sequence_length: int = Field(131_072, ge=1, description="max_length of a tokenized example.")
     max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
     max_gpus_per_job: int | None = Field(None, ge=1)
     # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).

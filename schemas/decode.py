@@ -24,6 +24,21 @@ class Rejection:
     reason: RejectReason
     errors: list[FieldError]
     request_id: str | None = None
+    exception: str | None = None  # for reason `internal`: the class of what was raised
+
+    def bounded(self) -> Rejection:
+        """The same rejection fit to travel: at most 50 errors, each path and message cut to a bound
+        and any character UTF-8 cannot carry escaped, so that its event and DLQ headers always
+        serialise and stay far below the broker's message size, whatever the request held."""
+        errors = [FieldError(path=_fit(error.path, 256), message=_fit(error.message, 1000)) for error in self.errors[:50]]
+        if len(self.errors) > 50:
+            errors.append(FieldError(path="", message=f"and {len(self.errors) - 50} more errors"))
+        return Rejection(self.reason, errors, self.request_id, self.exception)
+
+
+def _fit(text: str, limit: int) -> str:
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate becomes \\udfff
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _path(loc: tuple[int | str, ...]) -> str:

@@ -57,6 +57,7 @@ FailureCode = Literal[
     "hub_unauthorized",  # the Hub refused the token (401/403)
     "hub_error",  # the Hub answered the push with another error
     "hub_unreachable",  # the Hub did not answer the push
+    "internal",  # handling the request failed unexpectedly max_record_faults times in a row (a bug of adapterd's); dead-lettered
 ]
 
 # HTTP answers that say "try again later": a timeout, rate limiting, and the server-side errors

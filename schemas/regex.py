@@ -30,9 +30,16 @@ def compile_pattern(pattern: str | bytes) -> Any:
     return engine.compile(pattern, _OPTIONS)
 
 
+# A counted repetition of 1000 or more (RE2 stops at 1000): RE2 would read "a{4294967296}" as literal text,
+# and Python's re raises OverflowError; either way it is not what the producer meant.
+_LARGE_REPEAT = re.compile(r"\{\s*\d{4,}|\{\s*\d*\s*,\s*\d{4,}")
+
+
 def pattern_problem(pattern: str) -> str | None:
     """Why a request's pattern cannot be used, or None. Any failure to compile is a reason, never an
     exception: Python's `re` raises OverflowError and RecursionError as well as re.error."""
+    if _LARGE_REPEAT.search(pattern):
+        return "a counted repetition ({n}) of 1000 or more"
     try:
         compile_pattern(pattern)
     except Exception as exc:  # noqa: BLE001 - whatever the engine raises, the pattern is refused

@@ -1,0 +1,104 @@
+"""Retry state on a request sent back to its topic: which attempt it is and when it is due, signed
+with a key the hosts hold, so that a producer cannot set it.
+
+A retry travels as the request's own bytes with three headers: `adapterd-attempt`,
+`adapterd-not-before` (seconds since the epoch) and `adapterd-retry-signature`, an HMAC-SHA256 over
+both values, the key and the bytes of the record. A record whose signature is missing or wrong is
+read as a first attempt due now, whatever its headers say (a producer's `adapterd-attempt: 99`
+would switch retries off, `adapterd-not-before: inf` would hold its partition for ever), and a
+due time further ahead than the longest backoff is brought back to it.
+
+The key is `retry_key_file` (one key for the fleet: a retry may be read by any host of the group),
+else one made on first start in `work_dir/retry-key` (this host's retries only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiokafka.structs import ConsumerRecord
+
+log = structlog.get_logger()
+
+ATTEMPT_HEADER = "adapterd-attempt"
+DUE_HEADER = "adapterd-not-before"
+SIGNATURE_HEADER = "adapterd-retry-signature"
+RETRY_HEADERS = (ATTEMPT_HEADER, DUE_HEADER, SIGNATURE_HEADER)
+MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (Scheduler._backoff_s)
+
+
+@dataclass(frozen=True)
+class RetryState:
+    attempt: int  # 1 for a first try
+    due: float | None  # time.time() before which it does not run; None for a first try
+
+
+FIRST = RetryState(1, None)
+
+
+class RetrySigner:
+    def __init__(self, key: bytes, max_attempts: int) -> None:
+        self.key = key
+        self.max_attempts = max_attempts
+
+    @classmethod
+    def from_settings(cls, key_file: Path | None, work_dir: Path, max_attempts: int) -> RetrySigner:
+        return cls(load_key(key_file, work_dir), max_attempts)
+
+    def headers(self, record_key: bytes | None, value: bytes, attempt: int, due: float) -> list[tuple[str, bytes]]:
+        attempt_text, due_text = str(attempt).encode(), f"{due:.3f}".encode()
+        return [(ATTEMPT_HEADER, attempt_text), (DUE_HEADER, due_text),
+                (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text).encode())]
+
+    def read(self, record: ConsumerRecord[bytes, bytes]) -> RetryState:
+        """The record's retry state, when the daemon signed it; a first try otherwise."""
+        headers = {name: value for name, value in record.headers or () if name in RETRY_HEADERS}
+        if not headers:
+            return FIRST
+        attempt_text, due_text, signature = (headers.get(name, b"") for name in RETRY_HEADERS)
+        expected = self._sign(record.key, record.value or b"", attempt_text, due_text)
+        if not hmac.compare_digest(expected.encode(), signature):
+            log.warning("retry.unsigned_headers", partition=record.partition, offset=record.offset,
+                        headers=sorted(headers), reason="read as a first attempt, due now")
+            return FIRST
+        try:
+            attempt, due = int(attempt_text), float(due_text)
+        except ValueError:
+            return FIRST
+        if not (1 <= attempt <= self.max_attempts and math.isfinite(due)):
+            return FIRST
+        return RetryState(attempt, min(due, time.time() + MAX_BACKOFF_S))
+
+    def _sign(self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes) -> str:
+        mac = hmac.new(self.key, digestmod=hashlib.sha256)
+        for part in (record_key or b"", hashlib.sha256(value).digest(), attempt, due):
+            mac.update(len(part).to_bytes(8, "big") + part)  # length-prefixed: no two splits sign alike
+        return mac.hexdigest()
+
+
+def load_key(key_file: Path | None, work_dir: Path) -> bytes:
+    """The operator's key file, else this host's own, made once (mode 0600) in the work folder."""
+    if key_file is not None:
+        key = key_file.read_bytes().strip()
+        if len(key) < 16:
+            raise ValueError(f"retry_key_file {key_file}: a key of at least 16 bytes")
+        return key
+    path = work_dir / "retry-key"
+    if not path.exists():
+        work_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another daemon of this host made it first
+            pass
+        else:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secrets.token_hex(32).encode())
+    return path.read_bytes().strip()

@@ -1,0 +1,128 @@
+"""Issue 22's hostile inputs, decided in process as intake decides them (decode, then the host's
+refusals): each ends in a rejection naming its field. Also the pieces that keep intake total: an
+exception becomes an `internal` rejection, a rejection always fits its event, retry headers are
+the daemon's own, paths stay inside their roots. No broker, no child: milliseconds."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from daemon.hub_push import PushFailed, local_target
+from daemon.intake import Intake, internal_rejection
+from daemon.retry_state import FIRST, RetrySigner
+from daemon.settings import Settings
+from daemon.slots import Slots
+from schemas import FieldError, Rejection, decode_request
+from schemas.locations import local_location_inside, within
+from schemas.regex import ENGINE
+from tests.helpers import sft_request
+from tests.hostile import hostile_cases
+
+
+def decide(raw: bytes, settings: Settings) -> Rejection | None:
+    decoded = decode_request(raw)
+    if isinstance(decoded, Rejection):
+        return decoded
+    return Intake(settings, None, None, None, Slots([], 1)).refusal(decoded)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    (data).mkdir()
+    (tmp_path / "data-backup").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "file").write_text('{"text": "secret rows"}\n')
+    (data / "link").symlink_to(tmp_path / "outside")
+    return data
+
+
+@pytest.fixture
+def host(tmp_path: Path, root: Path) -> Settings:
+    return Settings(work_dir=tmp_path / "work", allowed_local_dataset_roots=[root], allowed_dataset_urls=["s3://bucket/*"])
+
+
+@pytest.mark.parametrize("case", hostile_cases(sft_request("valid"), Path("/tmp/root")), ids=lambda case: case[0])
+def test_each_hostile_input_is_rejected_naming_its_field(case: tuple[str, bytes, list[tuple[str, bytes]], str], host: Settings, root: Path) -> None:
+    name, raw, _, path = case
+    raw = raw.replace(b"/tmp/root", str(root).encode())
+    rejection = decide(raw, host)
+    assert rejection is not None, f"{name} was accepted"
+    assert path in [error.path for error in rejection.errors], rejection.errors
+    json.dumps([error.model_dump() for error in rejection.bounded().errors]).encode("utf-8")  # it serialises
+    if name.startswith("secret-"):
+        assert rejection.reason == "secret_in_request"
+        assert json.loads(raw)["metadata"]["note"] not in repr(rejection)
+
+
+def test_the_valid_request_behind_them_is_accepted(host: Settings) -> None:
+    assert decide(json.dumps(sft_request("valid")).encode(), host) is None
+
+
+def test_the_secret_scan_and_request_patterns_run_on_re2() -> None:
+    assert ENGINE == "re2"
+
+
+def test_an_exception_while_deciding_becomes_an_internal_rejection() -> None:
+    record = ConsumerRecord("requests", 0, 7, 0, 0, b"k", b"{}", None, 1, 2, [])
+    rejection = internal_rejection(record, OverflowError("boom"))
+    assert rejection.reason == "internal" and rejection.exception == "OverflowError"
+    assert "OverflowError" in rejection.errors[0].message
+
+
+def test_a_rejection_always_fits_its_event() -> None:
+    errors = [FieldError(path="x" * 10_000 + "\ud800", message="\udfff" * 50_000)] * 500
+    bounded = Rejection("invalid", errors, "r").bounded()
+    assert len(bounded.errors) == 51 and bounded.errors[-1].message == "and 450 more errors"
+    encoded = json.dumps([error.model_dump() for error in bounded.errors]).encode("utf-8")
+    assert len(encoded) < 200_000
+
+
+def record_with(value: bytes, headers: list[tuple[str, bytes]], key: bytes = b"r1") -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("requests", 0, 1, 0, 0, key, value, None, len(key), len(value), headers)
+
+
+def test_retry_state_is_read_only_when_the_daemon_signed_it(tmp_path: Path) -> None:
+    signer = RetrySigner.from_settings(None, tmp_path, max_attempts=3)
+    due = time.time() + 30
+    signed = signer.headers(b"r1", b"request", 2, due)
+    state = signer.read(record_with(b"request", signed))
+    assert state.attempt == 2 and state.due == pytest.approx(due, abs=0.01)
+    assert signer.read(record_with(b"request", [("adapterd-attempt", b"99"), ("adapterd-not-before", b"inf")])) == FIRST
+    assert signer.read(record_with(b"another request", signed)) == FIRST  # headers moved onto other bytes
+    assert signer.read(record_with(b"request", signed, key=b"r2")) == FIRST
+    other_host = RetrySigner(b"a key this host does not have", max_attempts=3)
+    assert other_host.read(record_with(b"request", signed)) == FIRST
+    assert RetrySigner.from_settings(None, tmp_path, max_attempts=3).key == signer.key  # kept across restarts
+
+
+def test_a_signed_due_time_has_a_ceiling(tmp_path: Path) -> None:
+    signer = RetrySigner.from_settings(None, tmp_path, max_attempts=3)
+    far = signer.headers(b"r1", b"request", 2, time.time() + 10**9)
+    assert signer.read(record_with(b"request", far)).due <= time.time() + 3601  # type: ignore[operator]
+
+
+def test_paths_are_judged_on_components_with_symlinks_resolved(root: Path) -> None:
+    assert within(root / "a.jsonl", [root])
+    assert not within(root / "link" / "file", [root])  # the symlink leads out
+    assert not within(root.parent / "data-backup" / "x.jsonl", [root])  # a sibling that shares the prefix
+    assert not local_location_inside(f"{root}*/x.jsonl", [root])
+    assert local_location_inside(f"{root}/*.jsonl", [root])
+
+
+def test_the_local_sink_never_writes_outside_its_folder(host: Settings) -> None:
+    request = decode_request(json.dumps(sft_request("sink")).encode())
+    assert not isinstance(request, Rejection)
+    main = local_target(request, host)
+    branch = local_target(request.model_copy(update={"output": request.output.model_copy(update={"revision": "exp/1"})}), host)
+    assert main == host.outputs_dir.resolve() / "results" / "sink"
+    assert branch == host.outputs_dir.resolve() / "results" / "sink@exp" / "1"  # beside main's folder: a main push keeps it
+    for revision in ("../../../jobs", "../../other-org/model", "exp/../../../x"):
+        escaped = request.model_copy(update={"output": request.output.model_copy(update={"revision": revision})})
+        with pytest.raises(PushFailed):
+            local_target(escaped, host)

@@ -1,0 +1,95 @@
+"""What a hostile or careless producer sends: each input issue 22 measured on main, as bytes, with
+the field its rejection must name. The unit tests decode them in process, the end-to-end test sends
+them to a running daemon, and `benchmarks.adversarial` times them.
+
+`HOSTILE` builds every case from the SFT request given (the e2e test's points at the local Hub);
+each is (name, record value, headers, the path its error names).
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+Case = tuple[str, bytes, list[tuple[str, bytes]], str]
+
+# Credentials of each kind the scan must know (made-up values of the issuers' shapes).
+CREDENTIALS = {
+    "aws_secret": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    "azure_account_key": "AccountName=x;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+    "azure_sas": "https://acct.blob.core.windows.net/c/b?sv=2020-08-04&sig=abcdEFGH1234ijklMNOP5678qrst%2B",
+    "openai": "sk-proj-abcdefghijklmnopqrstuvwxyz012345",
+    "anthropic": "sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
+    "slack_token": "xoxb-1234567890-abcdefghij",
+    "slack_webhook": "https://hooks.slack.com/services/T0000/B0000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "github_pat": "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+    "gitlab": "glpat-abcdefghij0123456789",
+    "google": "AIzaSyA1234567890abcdefghijklmnopqrstuv",
+    "stripe": "sk_live_abcdefghijklmnop1234",
+    "basic_auth": "Authorization: Basic dXNlcjpwYXNzd29yZA==",
+    "url_token": "https://x.example/a?token=abcdefgh12345",
+    "hf_glued": "xhf_abcdefghijklmnopqrstuvwxyz0123456789",
+    "hf_base64": base64.b64encode(b"hf_abcdefghijklmnopqrstuvwxyz0123456789").decode(),
+    "random_key": "Zx8Qw3Er5Ty7Ui9Op1As2Df4Gh6Jk8LzXcVbNm",
+}
+
+
+def _raw(document: dict[str, Any]) -> bytes:
+    return json.dumps(document).encode()
+
+
+def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]:
+    """Every hostile input, built from `valid` (an SFT request). `root`: an allowed local dataset
+    root holding a symlink `link` out of it, for the path escapes."""
+    def variant(name: str, path: str, **changes: Any) -> Case:
+        document = copy.deepcopy(valid)
+        document["request_id"] = f"hostile-{name}"
+        for dotted, value in changes.items():
+            target = document
+            parts = dotted.split("__")
+            for part in parts[:-1]:
+                target = target.setdefault(part, {})
+            target[parts[-1]] = value
+        return (name, _raw(document), [], path)
+
+    base = copy.deepcopy(valid)
+    base["request_id"] = "hostile-huge-int"
+    huge = _raw(base).replace(b'"request_id"', b'"timeout_s": ' + b"9" * 5000 + b', "request_id"', 1)
+    surrogate = _raw({**valid, "request_id": "hostile-surrogate", "metadata": {"team": "@@"}}).replace(b"@@", b"\\ud800")
+    revision_surrogate = _raw({**valid, "request_id": "hostile-rev-surrogate", "output": {**valid["output"], "revision": "@@"}}).replace(b"@@", b"\\udfff")
+    files_surrogate = _raw({**valid, "request_id": "hostile-files-surrogate", "dataset": {"files": {"train": "/data/@@.jsonl"}}}).replace(b"@@", b"\\ud800")
+    s3_surrogate = _raw({**valid, "request_id": "hostile-s3-surrogate", "dataset": {"url": "s3://bucket/@@.parquet"}}).replace(b"@@", b"\\ud800")
+    root_text = str(root or "/data")
+    cases: list[Case] = [
+        ("huge-int", huge, [], "timeout_s"),
+        variant("regex-overflow", "rewards.functions.0.regex_match.pattern", method="grpo", rewards={"functions": [{"name": "regex_match", "pattern": "a{4294967296}"}]},
+                dataset={"rows": [{"prompt": [{"role": "user", "content": "hi"}]}] * 2}),
+        ("surrogate-metadata", surrogate, [], "metadata.team"),
+        ("surrogate-revision", revision_surrogate, [], "output.revision"),
+        ("surrogate-files", files_surrogate, [], "dataset.files.train"),
+        ("surrogate-s3", s3_surrogate, [], "dataset.url"),
+        variant("revision-escape", "output.revision", output__revision="../../../jobs"),
+        variant("revision-absolute", "output.revision", output__revision="/var/lib/adapterd/jobs"),
+        variant("revision-namespace", "output.revision", output__revision="../../other-org/model"),
+        variant("chained-url", "dataset.url", dataset={"url": f"{root_text}/link::file://"}),
+        variant("glob-sibling", "dataset.url", dataset={"url": f"{root_text}*/x.jsonl"}),
+        variant("long-note", "metadata.note", metadata={"note": "a-" * 20000 + "x:/"}),
+        variant("workers", "training.dataloader_num_workers", training={**valid.get("training", {}), "dataloader_num_workers": 100000}),
+        variant("num-proc", "sft.dataset_num_proc", sft={"dataset_num_proc": 100000}),
+        variant("batch", "training.per_device_train_batch_size", training={**valid.get("training", {}), "per_device_train_batch_size": 10**9}),
+        variant("steps", "training.max_steps", training={**valid.get("training", {}), "max_steps": 10**18}),
+        variant("timeout", "timeout_s", timeout_s=10**12),
+    ]
+    cases += [("request-id-" + rid.strip(".") + "dots", _raw({**valid, "request_id": rid}), [], "request_id") for rid in (".", "..")]
+    cases += [variant(f"secret-{kind}", "metadata.note", metadata={"note": value}) for kind, value in CREDENTIALS.items()]
+    return cases
+
+
+def forged_retry_headers() -> list[tuple[str, bytes]]:
+    """Retry headers a producer should not be able to set: attempt 99 would switch retries off, a
+    due time of inf would hold the partition for ever."""
+    return [("adapterd-attempt", b"99"), ("adapterd-not-before", b"inf")]
