@@ -23,18 +23,18 @@ ODD_VALUES: list[Any] = [
 ]
 
 
-def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def leaf_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     found = [prefix] if prefix else []
     if isinstance(node, dict):
         for key, value in node.items():
-            found += _paths(value, (*prefix, key))
+            found += leaf_paths(value, (*prefix, key))
     elif isinstance(node, list):
         for index, value in enumerate(node):
-            found += _paths(value, (*prefix, index))
+            found += leaf_paths(value, (*prefix, index))
     return found
 
 
-def _set(document: Any, path: tuple[Any, ...], value: Any) -> None:
+def set_leaf(document: Any, path: tuple[Any, ...], value: Any) -> None:
     for part in path[:-1]:
         document = document[part]
     document[path[-1]] = value
@@ -54,7 +54,7 @@ def malformed_messages(count: int, seed: int = 0) -> Iterator[bytes]:
     rng = random.Random(seed)
     for _ in range(count):
         example = copy.deepcopy(rng.choice(EXAMPLES))
-        paths = _paths(example)
+        paths = leaf_paths(example)
         strategy = rng.randrange(9)
         if strategy == 0:  # random bytes
             yield bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
@@ -67,7 +67,7 @@ def malformed_messages(count: int, seed: int = 0) -> Iterator[bytes]:
             _delete(example, rng.choice(paths))
             yield _encode(example)
         elif strategy == 4:  # a value of the wrong type or out of range
-            _set(example, rng.choice(paths), rng.choice(ODD_VALUES))
+            set_leaf(example, rng.choice(paths), rng.choice(ODD_VALUES))
             yield _encode(example)
         elif strategy == 5:  # an unknown key somewhere
             containers = [p for p in paths if isinstance(_get(example, p), dict)] or [()]
@@ -82,9 +82,9 @@ def malformed_messages(count: int, seed: int = 0) -> Iterator[bytes]:
             yield b"[" * depth + b"]" * depth if rng.random() < 0.5 else b'{"a":' * depth + b"1" + b"}" * depth
         else:  # several mutations at once
             for _ in range(3):
-                paths = _paths(example)
+                paths = leaf_paths(example)
                 if paths:
-                    _set(example, rng.choice(paths), rng.choice(ODD_VALUES))
+                    set_leaf(example, rng.choice(paths), rng.choice(ODD_VALUES))
             yield _encode(example)
 
 

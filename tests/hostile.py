@@ -3,7 +3,8 @@ the field its rejection must name. The unit tests decode them in process, the en
 them to a running daemon, and `benchmarks.adversarial` times them.
 
 `HOSTILE` builds every case from the SFT request given (the e2e test's points at the local Hub);
-each is (name, record value, headers, the path its error names).
+each is (name, record value, headers, the path its error names); its request id (or, where the id
+itself is refused, its record's key) is `hostile-<name>`.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
     base = copy.deepcopy(valid)
     base["request_id"] = "hostile-huge-int"
     huge = _raw(base).replace(b'"request_id"', b'"timeout_s": ' + b"9" * 5000 + b', "request_id"', 1)
-    surrogate = _raw({**valid, "request_id": "hostile-surrogate", "metadata": {"team": "@@"}}).replace(b"@@", b"\\ud800")
-    revision_surrogate = _raw({**valid, "request_id": "hostile-rev-surrogate", "output": {**valid["output"], "revision": "@@"}}).replace(b"@@", b"\\udfff")
-    files_surrogate = _raw({**valid, "request_id": "hostile-files-surrogate", "dataset": {"files": {"train": "/data/@@.jsonl"}}}).replace(b"@@", b"\\ud800")
-    s3_surrogate = _raw({**valid, "request_id": "hostile-s3-surrogate", "dataset": {"url": "s3://bucket/@@.parquet"}}).replace(b"@@", b"\\ud800")
+    surrogate = _raw({**valid, "request_id": "hostile-surrogate-metadata", "metadata": {"team": "@@"}}).replace(b"@@", b"\\ud800")
+    revision_surrogate = _raw({**valid, "request_id": "hostile-surrogate-revision", "output": {**valid["output"], "revision": "@@"}}).replace(b"@@", b"\\udfff")
+    files_surrogate = _raw({**valid, "request_id": "hostile-surrogate-files", "dataset": {"files": {"train": "/data/@@.jsonl"}}}).replace(b"@@", b"\\ud800")
+    s3_surrogate = _raw({**valid, "request_id": "hostile-surrogate-s3", "dataset": {"url": "s3://bucket/@@.parquet"}}).replace(b"@@", b"\\ud800")
     root_text = str(root or "/data")
     cases: list[Case] = [
         ("huge-int", huge, [], "timeout_s"),
@@ -84,7 +85,8 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("steps", "training.max_steps", training={**valid.get("training", {}), "max_steps": 10**18}),
         variant("timeout", "timeout_s", timeout_s=10**12),
     ]
-    cases += [("request-id-" + rid.strip(".") + "dots", _raw({**valid, "request_id": rid}), [], "request_id") for rid in (".", "..")]
+    # The record's key names these (the id itself is refused): the producer's key is the request id.
+    cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]
     cases += [variant(f"secret-{kind}", "metadata.note", metadata={"note": value}) for kind, value in CREDENTIALS.items()]
     return cases
 
