@@ -21,7 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 PARTITIONS = 6  # of the events topic and the DLQ, as the stand-in reports them
 
@@ -54,7 +56,8 @@ async def microseconds(mix: str, count: int) -> float:
     from daemon.slots import Slots
 
     configure_logging("json", "error")
-    settings = Settings(gpus=[], warm_child=False)
+    # A work folder of its own: the publisher keeps this host's retry key there.
+    settings = Settings(gpus=[], warm_child=False, work_dir=Path(tempfile.mkdtemp(prefix="adapterd-reject-path-")))
     publisher = Publisher(settings)
     acked = asyncio.get_running_loop().create_future()
     acked.set_result(None)

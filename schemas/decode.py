@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from schemas.common import MAX_INT, REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.request import REQUEST_MODELS, RequestBase
+from schemas.regex import compile_pattern
 from schemas.secrets import find_secrets, may_hold_secrets, metadata_secrets, secret_kind
 
 
@@ -30,10 +31,16 @@ class Rejection:
         """The same rejection fit to travel: at most 50 errors, each path and message cut to a bound
         and any character UTF-8 cannot carry escaped, so that its event and DLQ headers always
         serialise and stay far below the broker's message size, whatever the request held."""
+        if len(self.errors) <= 50 and all(_fits(error.path, 256) and _fits(error.message, 1000) for error in self.errors):
+            return self  # the common case: nothing to cut
         errors = [FieldError(path=_fit(error.path, 256), message=_fit(error.message, 1000)) for error in self.errors[:50]]
         if len(self.errors) > 50:
             errors.append(FieldError(path="", message=f"and {len(self.errors) - 50} more errors"))
         return Rejection(self.reason, errors, self.request_id, self.exception)
+
+
+def _fits(text: str, limit: int) -> bool:
+    return len(text) <= limit and (text.isascii() or _encodable(text))
 
 
 def _fit(text: str, limit: int) -> str:
@@ -86,7 +93,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         errors, document = _unreadable_numbers(text)
         return Rejection("invalid", errors, _request_id_of(document, key_id))
     try:
-        problems = leaf_problems(document) if _SUSPECT_LEAF.search(text) else []
+        problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
         secrets = [] if problems else (find_secrets(document) if may_hold_secrets(raw or b"") else []) + metadata_secrets(document)
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
@@ -129,7 +136,7 @@ def _request_id_of(document: object, key_id: str | None) -> str | None:
 # needs that many), an exponent of three digits (1e400 reads as inf), or an escaped surrogate
 # (\ud800; the text itself is strict UTF-8, so a lone surrogate can only come from an escape).
 # Most messages have none of these and skip the walk.
-_SUSPECT_LEAF = re.compile(r"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")
+_SUSPECT_LEAF = compile_pattern(rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")  # on the raw bytes, RE2 when installed
 
 
 def _no_constant(name: str) -> float:
