@@ -172,6 +172,8 @@ class JobRunner:
             progress_interval_steps=self.settings.progress_interval_steps,
             report_to=report_to(self.request, self.settings),
             max_dataset_rows=self.settings.max_dataset_rows,
+            max_model_bytes=self.settings.max_model_bytes,
+            max_dataset_bytes=self.settings.max_dataset_bytes,
             allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
             storage_options=self.settings.dataset_storage_options,
             vllm_server_base_url=self.settings.vllm_server_base_url,

@@ -101,6 +101,8 @@ class Settings(BaseSettings):
     max_sequence_length: int = Field(131_072, ge=1, description="max_length of a tokenized example.")
     max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
     max_gpus_per_job: int | None = Field(None, ge=1)
+    max_model_bytes: int = Field(200_000_000_000, ge=1, description="A Hub model whose files add up to more fails before its download (download_too_large).")
+    max_dataset_bytes: int = Field(100_000_000_000, ge=1, description="A dataset source whose files add up to more fails before it is read (a stream is not downloaded whole).")
     # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).
     max_images_per_row: int = Field(ImageBounds().max_images_per_row, ge=1, description="The most images one row may hold.")
     max_image_bytes: int = Field(ImageBounds().max_image_bytes, ge=1, description="The largest encoded image, in bytes.")

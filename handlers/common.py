@@ -104,12 +104,12 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     return Data(train, evaluation, sources)
 
 
-def load_base(request: RequestBase, reporter: StatusReporter, data: Data) -> Base:
+def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data) -> Base:
     """Stage `load_model`: download (or find) the base model and load its tokenizer, which must have a
     chat template when the rows are conversational; for rows with images, the base must be a
     vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
-    path, revision = resolve_model(request.model)
+    path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
     images = image_column(column_names(data.train))
     if images is not None:
         if not is_vision_model(path, request.model):
@@ -147,7 +147,7 @@ class Reference:
     revision: str | None  # the Hub commit it resolved to; None for a local folder
 
 
-def load_reference(request: RequestBase, base: Base) -> Reference | None:
+def load_reference(request: RequestBase, job: JobSpec, base: Base) -> Reference | None:
     """Stage `load_model`, for DPO and KTO: the request's `ref_model`, loaded like the base (its dtype,
     quantization and trust_remote_code), or None when the base is the reference (TRL's default). The
     trainer feeds it the base tokenizer's ids, so it must have an embedding for each of them."""
@@ -155,7 +155,7 @@ def load_reference(request: RequestBase, base: Base) -> Reference | None:
     if spec is None:
         return None
     as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
-    path, revision = resolve_model(as_base, "ref_model")
+    path, revision = resolve_model(as_base, "ref_model", max_bytes=job.max_model_bytes)
     model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, "ref_model")
     embeddings, tokens = model.get_input_embeddings().num_embeddings, len(base.tokenizer)
     if embeddings < tokens:

@@ -29,9 +29,9 @@ from schemas.request import DPORequest
 def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(DPOConfig, request, job, "dpo")
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     model = load_policy(base, request.model)
-    reference = load_reference(request, base)
+    reference = load_reference(request, job, base)
     trainer = DPOTrainer(
         model=model,
         ref_model=reference.model if reference is not None else None,

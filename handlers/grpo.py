@@ -32,9 +32,9 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     check_vllm(request, job, "grpo")
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     model = load_policy(base, request.model)
-    reward_model_path = resolve_model(request.rewards.model, "rewards.model")[0] if request.rewards.model else None
+    reward_model_path = resolve_model(request.rewards.model, "rewards.model", max_bytes=job.max_model_bytes)[0] if request.rewards.model else None
     reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
     trainer = GRPOTrainer(
         model=model,

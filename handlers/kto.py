@@ -27,8 +27,8 @@ from schemas.request import KTORequest
 def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(KTOConfig, request, job, "kto")
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
-    reference = load_reference(request, base)
+    base = load_base(request, job, reporter, data)
+    reference = load_reference(request, job, base)
     trainer = KTOTrainer(
         model=load_causal_lm(base.path, request.model),
         ref_model=reference.model if reference is not None else None,

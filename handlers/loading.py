@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from handlers.sources import AnyDataset, load_source
+from handlers.sources import AnyDataset, check_download_size, load_source
 from schemas.job import JobFailed, JobSpec, is_transient
 from schemas.provenance import ResolvedSource
 from schemas.request import DatasetSpec, ModelSpec, RequestBase, RewardModelSpec
@@ -38,15 +38,18 @@ def _http_status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
-def resolve_model(spec: ModelSpec | RewardModelSpec, field: str = "model") -> tuple[str, str | None]:
+def resolve_model(spec: ModelSpec | RewardModelSpec, field: str = "model", *, max_bytes: int | None = None) -> tuple[str, str | None]:
     """The local folder of a model (the base, or the one the request's `field` names) and, for a Hub
-    model, the commit it resolved to."""
+    model, the commit it resolved to. A Hub model larger than `max_bytes` (the operator's
+    max_model_bytes, its files' sizes as the Hub lists them) fails before anything is downloaded."""
     if spec.id.startswith("/"):
         if not Path(spec.id).is_dir():
             raise JobFailed("model_unavailable", "load_model", f"{field}.id: local path {spec.id} is not a directory")
         return spec.id, None
     try:
-        sha = HfApi().model_info(spec.id, revision=spec.revision).sha
+        info = HfApi().model_info(spec.id, revision=spec.revision, files_metadata=True)
+        check_download_size(f"{field}.id", spec.id, [s.size for s in info.siblings or []], max_bytes, "max_model_bytes")
+        sha = info.sha
         return snapshot_download(spec.id, revision=sha), sha
     except (HfHubHTTPError, TransportError) as exc:
         raise JobFailed(

@@ -25,7 +25,7 @@ from schemas.request import ORPORequest
 def train(request: ORPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(ORPOConfig, request, job, "orpo")
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     trainer = ORPOTrainer(
         model=load_causal_lm(base.path, request.model),
         args=config,

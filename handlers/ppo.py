@@ -71,9 +71,9 @@ def tokenize_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> Da
     return dataset.map(tokenize, remove_columns=dataset.column_names)
 
 
-def load_reward_model(request: PPORequest) -> PreTrainedModel:
+def load_reward_model(request: PPORequest, job: JobSpec) -> PreTrainedModel:
     """The reward model, in the request's dtype and under its remote-code choice (which policy allowed)."""
-    path, _ = resolve_model(request.reward_model, "reward_model")
+    path, _ = resolve_model(request.reward_model, "reward_model", max_bytes=job.max_model_bytes)
     try:
         return AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=DTYPES.get(request.model.dtype, "auto"), trust_remote_code=request.model.trust_remote_code,
@@ -88,7 +88,7 @@ def load_reward_model(request: PPORequest) -> PreTrainedModel:
 def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(PPOConfig, request, job, "ppo", num_sample_generations=0)
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     value_model = load_sequence_classifier(base.path, request.model, base.tokenizer)
     checkpoints = PPOCheckpoints(value_model)
     stop = StopAtKL(request.kl_early_stop.target_kl) if request.kl_early_stop else None
@@ -97,7 +97,7 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         processing_class=base.tokenizer,
         model=load_causal_lm(base.path, request.model),
         ref_model=None,
-        reward_model=load_reward_model(request),
+        reward_model=load_reward_model(request, job),
         train_dataset=tokenize_prompts(data.train, base.tokenizer),
         eval_dataset=tokenize_prompts(data.eval, base.tokenizer) if data.eval is not None else None,
         value_model=value_model,

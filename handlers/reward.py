@@ -25,7 +25,7 @@ from schemas.request import RewardRequest
 def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(RewardConfig, request, job, "reward")
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     trainer = RewardTrainer(
         model=load_sequence_classifier(base.path, request.model, base.tokenizer),
         args=config,

@@ -26,7 +26,7 @@ from schemas.request import SFTRequest
 def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
     config = trl_config(SFTConfig, request, job, "sft")
     data = load_data(request, job, reporter)
-    base = load_base(request, reporter, data)
+    base = load_base(request, job, reporter, data)
     model = load_policy(base, request.model)
     trainer = SFTTrainer(
         model=model,

@@ -36,7 +36,7 @@ def load_source(source: SourceSpec, split: str, role: str, job: JobSpec, *, stre
         rows = Dataset.from_list(list(source.rows))
         return (rows.to_iterable_dataset() if streaming else rows), ResolvedSource(role=role, kind="inline", location="inline rows")  # type: ignore[arg-type]
     if source.id is not None:
-        return _hub(source, split, role, streaming, field)
+        return _hub(source, split, role, streaming, field, job.max_dataset_bytes)
     locations = source.files.get(split) if source.files is not None else source.url
     if locations is None:
         raise JobFailed("dataset_unavailable", "load_dataset", f"{field}.files: no split {split!r} (has {sorted(source.files or {})})")
@@ -46,6 +46,8 @@ def load_source(source: SourceSpec, split: str, role: str, job: JobSpec, *, stre
         files += _expand(location, source.format, job, field)
     if not files:
         raise JobFailed("dataset_unavailable", "load_dataset", f"{field}: no data files at {items}")
+    if not streaming:  # a stream is read as training goes, never downloaded whole
+        check_download_size(field, ", ".join(items), [f.size for f in files], job.max_dataset_bytes, "max_dataset_bytes")
     builder = _builder(source, files, field)
     remote = "://" in items[0]
     scheme = items[0].split("://", 1)[0] if remote else None
@@ -55,7 +57,7 @@ def load_source(source: SourceSpec, split: str, role: str, job: JobSpec, *, stre
     return dataset, ResolvedSource(role=role, kind=kind, location=", ".join(items), split=split, files=files)  # type: ignore[arg-type]
 
 
-def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str) -> tuple[AnyDataset, ResolvedSource]:
+def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str, max_bytes: int | None) -> tuple[AnyDataset, ResolvedSource]:
     assert source.id is not None
     for shadow in (Path(source.id), Path(f"{source.id}.py")):
         if shadow.exists():
@@ -64,6 +66,8 @@ def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str)
                 f"{field}.id: {source.id} also names a local path in the job's folder; a Hub id is read from the Hub only",
             )
     info = HfApi().dataset_info(source.id, revision=source.revision, files_metadata=True)
+    if not streaming:
+        check_download_size(f"{field}.id", source.id, [s.size for s in info.siblings or []], max_bytes, "max_dataset_bytes")
     dataset = load_dataset(source.id, source.config, split=split, revision=info.sha, data_files=source.data_files, streaming=streaming)
     files = [SourceFile(path=s.rfilename, size=s.size) for s in info.siblings or [] if not s.rfilename.startswith(".")]
     return dataset, ResolvedSource(role=role, kind="hub", location=source.id, revision=info.sha, split=split, files=files)  # type: ignore[arg-type]
@@ -97,6 +101,14 @@ def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[So
             found.append(SourceFile(path=url, size=info.get("size"), etag=str(etag).strip('"') if etag else None,
                                     version_id=str(version) if version and version != "null" else None))
     return found
+
+
+def check_download_size(field: str, what: str, sizes: list[int | None], max_bytes: int | None, setting: str) -> None:
+    """Fail (not retried) when the files a source lists add up to more than the operator's bound."""
+    total = sum(size or 0 for size in sizes)
+    if max_bytes is not None and total > max_bytes:
+        raise JobFailed("download_too_large", "load_model" if setting == "max_model_bytes" else "load_dataset",
+                        f"{field}: {what} is {total:,} bytes; this host downloads at most {max_bytes:,} ({setting})")
 
 
 def _check_local(path: str, job: JobSpec, field: str) -> None:

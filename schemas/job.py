@@ -29,6 +29,8 @@ class JobSpec(Frozen):
     progress_interval_s: float = Field(ge=0)
     progress_interval_steps: int = Field(1, ge=1)
     max_dataset_rows: int | None = Field(None, description="The operator's limit on training rows, for datasets whose size intake cannot see.")
+    max_model_bytes: int | None = Field(None, description="The most bytes of a Hub model (base, reference, reward) the child downloads, by the Hub's listed sizes.")
+    max_dataset_bytes: int | None = Field(None, description="The most bytes of a dataset source the child downloads (Hub, object storage, local files), by their listed sizes.")
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
     storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
@@ -47,6 +49,7 @@ FailureCode = Literal[
     "dataset_unavailable",  # the dataset cannot be loaded
     "dataset_invalid",  # the dataset loads, but its columns or rows do not fit the method
     "dataset_too_large",  # more rows than the operator's max_dataset_rows
+    "download_too_large",  # a model or dataset whose files add up to more than max_model_bytes / max_dataset_bytes, found before downloading
     "config_invalid",  # TRL refused the trainer arguments
     "cuda_required",  # QLoRA on a host without CUDA
     "vllm_unavailable",  # use_vllm on a host without vLLM installed or without CUDA

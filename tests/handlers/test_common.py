@@ -111,3 +111,34 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
                               args=SimpleNamespace(world_size=1))
     assert final_metrics(trainer, {"train_runtime": 34.0})["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
     os.close(read_fd)
+
+
+def test_a_source_larger_than_the_hosts_download_bound_fails_before_it_is_read(tmp_path: Path) -> None:
+    from handlers.loading import load_dataset_sources
+    from schemas.job import JobFailed
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS))
+    size = (root / "train.jsonl").stat().st_size
+    spec = SFTRequest.model_validate(sft_request("bytes-1", dataset={"url": str(root / "train.jsonl")})).dataset
+    with pytest.raises(JobFailed) as failure:
+        load_dataset_sources(spec, job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size - 1, allowed_local_dataset_roots=[root]))
+    assert failure.value.code == "download_too_large" and f"{size:,} bytes" in failure.value.message and "max_dataset_bytes" in failure.value.message
+    train, _, _ = load_dataset_sources(spec, job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size, allowed_local_dataset_roots=[root]))
+    assert len(train) == len(CHAT_ROWS)
+
+
+def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    from handlers import loading
+    from schemas.job import JobFailed
+    from schemas.request import ModelSpec
+    from tests.helpers import TINY_MODEL
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", published.endpoint)
+    monkeypatch.setattr(loading, "snapshot_download", lambda *a, **k: pytest.fail("downloaded a model above the bound"))
+    with pytest.raises(JobFailed) as failure:
+        loading.resolve_model(ModelSpec(id=TINY_MODEL), max_bytes=1000)
+    assert failure.value.code == "download_too_large" and failure.value.message.startswith(f"model.id: {TINY_MODEL} is ")
