@@ -174,6 +174,8 @@ class JobRunner:
             max_dataset_rows=self.settings.max_dataset_rows,
             max_model_bytes=self.settings.max_model_bytes,
             max_dataset_bytes=self.settings.max_dataset_bytes,
+            max_template_bytes=self.settings.max_template_bytes,
+            max_template_s=self.settings.max_template_s,
             allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
             storage_options=self.settings.dataset_storage_options,
             vllm_server_base_url=self.settings.vllm_server_base_url,

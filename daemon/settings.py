@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
     max_gpus_per_job: int | None = Field(None, ge=1)
     max_model_bytes: int = Field(200_000_000_000, ge=1, description="A Hub model whose files add up to more fails before its download (download_too_large).")
+    max_template_bytes: int = Field(256 * 2**20, ge=2**20, description="Memory a request's chat template may take to render once in preflight.")
+    max_template_s: float = Field(10.0, gt=0, description="Seconds a request's chat template may take to render once in preflight.")
     max_dataset_bytes: int = Field(100_000_000_000, ge=1, description="A dataset source whose files add up to more fails before it is read (a stream is not downloaded whole).")
     # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).
     max_images_per_row: int = Field(ImageBounds().max_images_per_row, ge=1, description="The most images one row may hold.")

@@ -22,6 +22,7 @@ from transformers import (
     Trainer,
 )
 
+from handlers.chat_template import check_chat_template
 from handlers.loading import (
     check_chat_template,
     check_columns,
@@ -94,6 +95,8 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     """Stage `load_dataset`: fail early without the hardware the request needs, then load the splits
     and check the training split has the columns the method reads."""
     check_hardware(request.model)
+    if request.model.chat_template is not None:
+        check_chat_template(request.model.chat_template, max_bytes=job.max_template_bytes, max_s=job.max_template_s)
     reporter.enter("load_dataset")
     train, evaluation, sources = load_dataset_sources(request.dataset, job, seed=request.training.seed or 42)
     check_columns(request, train)

@@ -30,6 +30,8 @@ class JobSpec(Frozen):
     progress_interval_steps: int = Field(1, ge=1)
     max_dataset_rows: int | None = Field(None, description="The operator's limit on training rows, for datasets whose size intake cannot see.")
     max_model_bytes: int | None = Field(None, description="The most bytes of a Hub model (base, reference, reward) the child downloads, by the Hub's listed sizes.")
+    max_template_bytes: int = Field(256 * 2**20, description="The memory a request's chat template may take to render once, in preflight.")
+    max_template_s: float = Field(10.0, description="The time a request's chat template may take to render once, in preflight.")
     max_dataset_bytes: int | None = Field(None, description="The most bytes of a dataset source the child downloads (Hub, object storage, local files), by their listed sizes.")
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
     allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")

@@ -1,6 +1,7 @@
 """Issue 22's hostile inputs sent to a running daemon on one partition, as a producer would send
 them: every one is rejected naming its field and dead-lettered, the daemon stays up, and the
-valid requests right behind them (one carrying retry headers a producer forged) succeed."""
+valid requests right behind them (one carrying retry headers a producer forged) succeed. A chat
+template that would exhaust the host when rendered ends in `failed`, in preflight."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.kafka_options import kafka_options
 from daemon.settings import Settings
-from schemas import Rejected, Succeeded
+from schemas import Failed, Rejected, Succeeded
 from tests.helpers import read_records, sft_request, terminal_events
 from tests.hostile import forged_retry_headers, hostile_cases
 from tests.hub_server import HubServer
@@ -34,6 +35,9 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
     try:
         for name, raw, headers, _ in cases:
             await producer.send_and_wait(settings.requests_topic, raw, key=f"hostile-{name}".encode(), headers=headers)
+        # Valid by the schema, but its chat template allocates 400 MB when rendered: failed in preflight.
+        bomb = sft_request("template-bomb", model={"id": "tiny/qwen2-chat", "chat_template": "{{ 'a' * 400000000 }}"})
+        await producer.send_and_wait(settings.requests_topic, json.dumps(bomb).encode(), key=b"template-bomb")
         forged = json.dumps(sft_request("forged-retry-headers")).encode()
         await producer.send_and_wait(settings.requests_topic, forged, key=b"forged-retry-headers", headers=forged_retry_headers())
         behind = json.dumps(sft_request("right-behind")).encode()
@@ -43,7 +47,7 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
 
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
-        ids = {f"hostile-{name}" for name, *_ in cases} | {"forged-retry-headers", "right-behind"}
+        ids = {f"hostile-{name}" for name, *_ in cases} | {"template-bomb", "forged-retry-headers", "right-behind"}
         events = await terminal_events(settings, ids, timeout_s=300)
         dead_letters = await read_records(settings, settings.dlq_topic, len(cases), timeout_s=60)
         assert daemon.process is not None and daemon.process.poll() is None, "the daemon exited"
@@ -54,6 +58,8 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
         terminal = events[f"hostile-{name}"][-1]
         assert isinstance(terminal, Rejected), (name, terminal)
         assert path in [error.path for error in terminal.errors], (name, terminal.errors)
+    bomb_end = events["template-bomb"][-1]
+    assert isinstance(bomb_end, Failed) and bomb_end.code == "config_invalid" and bomb_end.message.startswith("model.chat_template: ")
     for request_id in ("forged-retry-headers", "right-behind"):
         assert isinstance(events[request_id][-1], Succeeded), events[request_id]
     assert events["forged-retry-headers"][0].attempt == 1  # the forged attempt 99 was not believed

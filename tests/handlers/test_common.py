@@ -142,3 +142,23 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     with pytest.raises(JobFailed) as failure:
         loading.resolve_model(ModelSpec(id=TINY_MODEL), max_bytes=1000)
     assert failure.value.code == "download_too_large" and failure.value.message.startswith(f"model.id: {TINY_MODEL} is ")
+
+
+@pytest.mark.parametrize(("template", "bound"), [
+    ("{{ 'a' * 400000000 }}", "bytes of memory"),  # 21 characters, 400 MB when rendered
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "took more than 2 s"),
+])
+def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str, bound: str) -> None:
+    from handlers.chat_template import check_chat_template
+    from schemas.job import JobFailed
+
+    with pytest.raises(JobFailed) as failure:
+        check_chat_template(template, max_bytes=256 * 2**20, max_s=2)
+    assert failure.value.code == "config_invalid" and failure.value.stage == "preflight"
+    assert failure.value.message.startswith("model.chat_template: ") and bound in failure.value.message
+
+
+def test_an_ordinary_chat_template_passes_the_preflight_render() -> None:
+    from handlers.chat_template import check_chat_template
+
+    check_chat_template("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)
