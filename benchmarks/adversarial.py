@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from daemon.intake import Intake
+from daemon.secret_rules import SCANNER
 from daemon.settings import Settings
 from daemon.slots import Slots
 from schemas import Rejection, decode_request
@@ -48,7 +49,7 @@ def message(text: str, rows: int = 1) -> bytes:
 
 
 def decide(raw: bytes) -> object:
-    decoded = decode_request(raw, b"bench-1")
+    decoded = decode_request(raw, b"bench-1", scanner=SCANNER)  # as intake decodes: with detect-secrets' rules too
     return decoded if isinstance(decoded, Rejection) else INTAKE.refusal(decoded)
 
 

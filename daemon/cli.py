@@ -20,6 +20,7 @@ from daemon.errors import ConfigError
 from daemon.event_reader import EventStream
 from daemon.kafka_options import kafka_options
 from daemon.logs import configure_logging
+from daemon.secret_rules import SCANNER
 from daemon.settings import Settings, load_settings
 from schemas import (
     Cancel,
@@ -42,7 +43,7 @@ def _settings(config: Path | None) -> Settings:
 
 
 def _read_request(file: Path) -> RequestBase:
-    decoded = decode_request(file.read_bytes())
+    decoded = decode_request(file.read_bytes(), scanner=SCANNER)
     if isinstance(decoded, Rejection):
         typer.echo(f"{file}: not a valid request ({decoded.reason}):", err=True)
         for error in decoded.errors:

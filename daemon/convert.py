@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.secret_rules import SCANNER
 from schemas import FieldError, Rejection, RequestBase, decode_request
 from schemas.common import REQUEST_ID_PATTERN
 from schemas.contract_render import load_contract
@@ -415,7 +416,7 @@ class _Converter:
         """The request through the daemon's own decoder; the converter's errors first, then the
         schema's on fields those do not already name."""
         conversion = Conversion(dropped=self.dropped, errors=list(self.errors))
-        decoded = decode_request(json.dumps(self.request).encode())
+        decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]
             conversion.errors += [

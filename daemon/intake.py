@@ -20,6 +20,7 @@ from daemon.partitions import Partitions
 from daemon.policy import policy_errors
 from daemon.publisher import Outgoing, Publisher, Record
 from daemon.scheduler import Scheduler
+from daemon.secret_rules import SCANNER
 from daemon.settings import Settings
 from daemon.slots import Slots
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
@@ -52,7 +53,7 @@ class Intake:
             if self.scheduler.holds(tp):
                 break  # stale records of a held partition: it is read again from where it was held
             try:
-                decoded = decode_request(record.value, record.key)
+                decoded = decode_request(record.value, record.key, scanner=SCANNER)
                 rejection = decoded if isinstance(decoded, Rejection) else self.refusal(decoded)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
                 decoded, rejection = None, internal_rejection(record, exc)

@@ -27,7 +27,7 @@ SAMPLE = [
 _OUT_OF_MEMORY = 3
 
 
-def check_chat_template(template: str, *, max_bytes: int, max_s: float) -> None:
+def check_template_render(template: str, *, max_bytes: int, max_s: float) -> None:
     """Raise JobFailed when rendering `template` on a short conversation needs more than `max_bytes`
     of new memory or more than `max_s` seconds."""
     pid = os.fork()

@@ -22,7 +22,7 @@ from transformers import (
     Trainer,
 )
 
-from handlers.chat_template import check_chat_template
+from handlers.chat_template import check_template_render
 from handlers.loading import (
     check_chat_template,
     check_columns,
@@ -96,7 +96,7 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     and check the training split has the columns the method reads."""
     check_hardware(request.model)
     if request.model.chat_template is not None:
-        check_chat_template(request.model.chat_template, max_bytes=job.max_template_bytes, max_s=job.max_template_s)
+        check_template_render(request.model.chat_template, max_bytes=job.max_template_bytes, max_s=job.max_template_s)
     reporter.enter("load_dataset")
     train, evaluation, sources = load_dataset_sources(request.dataset, job, seed=request.training.seed or 42)
     check_columns(request, train)

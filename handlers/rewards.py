@@ -6,10 +6,10 @@ to import. Each function takes TRL's reward-function arguments and returns one f
 
 from __future__ import annotations
 
-import re2
 from collections.abc import Callable
 from typing import Any
 
+import re2
 from trl.rewards import think_format_reward
 
 from schemas.job import JobFailed

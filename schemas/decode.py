@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from schemas.common import MAX_INT, REQUEST_ID_PATTERN, FieldError, RejectReason
-from schemas.request import REQUEST_MODELS, RequestBase
 from schemas.regex import compile_pattern
-from schemas.secrets import find_secrets, may_hold_secrets, metadata_secrets, secret_kind
+from schemas.request import REQUEST_MODELS, RequestBase
+from schemas.secrets import BUILTIN, SecretScanner
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,10 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
     return errors
 
 
-def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase | Rejection:
-    """Decode and validate one message. Never raises for bad input: it returns a `Rejection`."""
-    key_id = _request_id_from_key(key)
+def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: SecretScanner = BUILTIN) -> RequestBase | Rejection:
+    """Decode and validate one message. Never raises for bad input: it returns a `Rejection`.
+    `scanner`: the credential rules (the built-in ones; the daemon passes its larger set)."""
+    key_id = _request_id_from_key(key, scanner)
     try:
         # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
         text = (raw or b"").decode("utf-8")
@@ -94,7 +95,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
         return Rejection("invalid", errors, _request_id_of(document, key_id))
     try:
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
-        secrets = [] if problems else (find_secrets(document) if may_hold_secrets(raw or b"") else []) + metadata_secrets(document)
+        secrets = [] if problems else (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
     if problems:
@@ -102,7 +103,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None) -> RequestBase |
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
         request_id = document.get("request_id") if isinstance(document, dict) else None
-        if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not secret_kind(request_id)):
+        if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id)):
             request_id = key_id
         return Rejection("secret_in_request", [
             FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
@@ -211,11 +212,11 @@ def _unreadable_numbers(text: str) -> tuple[list[FieldError], object]:
     return found[:10] or [FieldError(path="", message="a number no request may hold")], document
 
 
-def _request_id_from_key(key: bytes | None) -> str | None:
+def _request_id_from_key(key: bytes | None, scanner: SecretScanner) -> str | None:
     try:
         text = (key or b"").decode()
     except UnicodeDecodeError:
         return None
     if not _REQUEST_ID.fullmatch(text):
         return None
-    return None if may_hold_secrets(key or b"") and secret_kind(text) else text
+    return None if scanner.may_hold(key or b"") and scanner.kind(text) else text

@@ -47,48 +47,79 @@ _PATTERNS: dict[str, tuple[str, str]] = {
     "url": ("a URL with a password in it", r"(?i:\b[a-z][a-z0-9+.-]{0,31}://[^/\s:@]{1,256}:[^/\s@]{1,256}@)"),
     "query": ("a URL with a credential in its query", r"(?i:[?&](?:access_token|token|api_key|apikey|password|secret|client_secret)=)[^&#\s\"']{8,}"),
 }
-# All of them in one pattern, so that a string is scanned once. On RE2 (schemas/regex.py) that is
-# one automaton, about a hundred times faster than Python's re on this alternation; a producer
-# without RE2 gets the same verdicts from re, since every rule is bounded.
-_ANY = compile_pattern("|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in _PATTERNS.items()))
-# What every rule above needs to find in the raw JSON, one literal at least. A raw message
-# without any of them holds no credential-looking string, so most messages skip the walk. JSON's
-# escapes are the catch: `\u` can spell any of these literals, and `\/` the slashes, so a raw
-# message with either is always walked.
-_TRIGGERS = compile_pattern(
-    rb"hf_|AKIA|ASIA|ABIA|ACCA|(?i:secret|bearer|basic|accountkey|token|api_?key|password)|PRIVATE KEY|gh[pousr]_|github_pat_"
-    rb"|gl(?:pat|ptt|dt|rt)-|sk-|xox|hooks\.slack|AIza|[rs]k_(?:live|test)|eyJ|sig=|:/|\\u|\\/"
-)
-
 # A metadata value that is one long token of base64's alphabet, with letters of both cases and
 # digits, and close to random (bits per character): a key or a password, whatever its issuer.
 _TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_]{32,512}={0,2}")
+_TOKEN_LIKE_RAW = compile_pattern(rb"[A-Za-z0-9+/_]{32}")  # a base64 token the walk decodes (_encoded_kind)
 _MIN_ENTROPY = 4.3
 
 
-def may_hold_secrets(raw: bytes) -> bool:
-    """False only when no string in this JSON text can look like a credential: a cheap test on the raw bytes."""
-    return _TRIGGERS.search(raw) is not None
+class SecretScanner:
+    """Rules of credential shapes (kind → (what a rejection says, an RE2 pattern)), run as one
+    pattern, so that a string is scanned once. On RE2 (schemas/regex.py) that is one automaton,
+    about a hundred times faster than Python's re on this alternation; a producer without RE2 gets
+    the same verdicts from re for the built-in rules, since every one is bounded. The daemon adds
+    a maintained rule set to these (daemon/secret_rules.py)."""
 
+    def __init__(self, rules: dict[str, tuple[str, str]]) -> None:
+        self.rules = rules
+        alternation = "|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in rules.items())
+        self._any = compile_pattern(alternation)
+        self._raw = compile_pattern(alternation.encode())
 
-def secret_kind(value: str) -> str | None:
-    """What kind of credential `value` looks like, or None."""
-    found = _ANY.search(value)
-    if found is not None and found.lastgroup:
-        return _PATTERNS[found.lastgroup][0]
-    return _encoded_kind(value)
+    def may_hold(self, raw: bytes) -> bool:
+        """False only when no string of this JSON text can look like a credential. Without a
+        backslash, every decoded string is a piece of the raw text, so the rules run over the raw
+        bytes once (and a long base64-alphabet run, which may hide one encoded); JSON's escapes (`\\u`, `\\/`, `\\n`...) can spell or separate what a rule
+        needs, so a text with one is always walked."""
+        return b"\\" in raw or self._raw.search(raw) is not None or _TOKEN_LIKE_RAW.search(raw) is not None
 
+    def kind(self, value: str) -> str | None:
+        """What kind of credential `value` looks like, or None."""
+        found = self._any.search(value)
+        if found is not None and found.lastgroup:
+            return self.rules[found.lastgroup][0]
+        return self._encoded_kind(value)
 
-def _encoded_kind(value: str) -> str | None:
-    """A credential hidden in base64: a whole token of that alphabet, decoded and scanned once."""
-    if not 32 <= len(value) <= 512 or not _TOKEN_LIKE.fullmatch(value):
-        return None
-    try:
-        decoded = base64.b64decode(value + "=" * (-len(value) % 4), validate=False).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    found = _ANY.search(decoded)
-    return f"{_PATTERNS[found.lastgroup][0]}, base64-encoded" if found is not None and found.lastgroup else None
+    def _encoded_kind(self, value: str) -> str | None:
+        """A credential hidden in base64: a whole token of that alphabet, decoded and scanned once."""
+        if not 32 <= len(value) <= 512 or not _TOKEN_LIKE.fullmatch(value):
+            return None
+        try:
+            decoded = base64.b64decode(value + "=" * (-len(value) % 4), validate=False).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            return None
+        found = self._any.search(decoded)
+        return f"{self.rules[found.lastgroup][0]}, base64-encoded" if found is not None and found.lastgroup else None
+
+    def find(self, document: Any, path: str = "") -> list[tuple[str, str]]:
+        """(path, kind) of every credential-looking string in a decoded JSON document. A key that
+        looks like one is reported at its parent's path: naming it would repeat the secret."""
+        found: list[tuple[str, str]] = []
+        if isinstance(document, str):
+            kind = self.kind(document)
+            if kind:
+                found.append((path, kind))
+        elif isinstance(document, dict):
+            for key, value in document.items():
+                key_kind = self.kind(str(key))
+                if key_kind:
+                    found.append((f"{path}.<key>" if path else "<key>", key_kind))
+                    continue
+                found += self.find(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(document, list):
+            for index, item in enumerate(document):
+                found += self.find(item, f"{path}.{index}" if path else str(index))
+        return found
+
+    def in_metadata(self, document: Any) -> list[tuple[str, str]]:
+        """(path, kind) of each `metadata` value of a request document that looks like a random key:
+        its values are free-form, so a secret without a known shape goes there."""
+        metadata = document.get("metadata") if isinstance(document, dict) else None
+        if not isinstance(metadata, dict):
+            return []
+        return [(f"metadata.{key}", "a random key (a high-entropy value)") for key, value in metadata.items()
+                if isinstance(value, str) and high_entropy(value) and not self.kind(value)]  # those `find` names
 
 
 def high_entropy(value: str) -> bool:
@@ -103,32 +134,15 @@ def high_entropy(value: str) -> bool:
     return entropy >= _MIN_ENTROPY
 
 
-def metadata_secrets(document: Any) -> list[tuple[str, str]]:
-    """(path, kind) of each `metadata` value of a request document that looks like a random key:
-    its values are free-form, so a secret without a known shape goes there."""
-    metadata = document.get("metadata") if isinstance(document, dict) else None
-    if not isinstance(metadata, dict):
-        return []
-    return [(f"metadata.{key}", "a random key (a high-entropy value)") for key, value in metadata.items()
-            if isinstance(value, str) and high_entropy(value) and not secret_kind(value)]  # those find_secrets names
+# The built-in rules, for producers (and the daemon's base).
+BUILTIN = SecretScanner(_PATTERNS)
 
 
-def find_secrets(document: Any, path: str = "") -> list[tuple[str, str]]:
-    """(path, kind) of every credential-looking string in a decoded JSON document. A key that looks
-    like one is reported at its parent's path: naming it would repeat the secret."""
-    found: list[tuple[str, str]] = []
-    if isinstance(document, str):
-        kind = secret_kind(document)
-        if kind:
-            found.append((path, kind))
-    elif isinstance(document, dict):
-        for key, value in document.items():
-            key_kind = secret_kind(str(key))
-            if key_kind:
-                found.append((f"{path}.<key>" if path else "<key>", key_kind))
-                continue
-            found += find_secrets(value, f"{path}.{key}" if path else str(key))
-    elif isinstance(document, list):
-        for index, item in enumerate(document):
-            found += find_secrets(item, f"{path}.{index}" if path else str(index))
-    return found
+def secret_kind(value: str) -> str | None:
+    """What kind of credential `value` looks like by the built-in rules, or None."""
+    return BUILTIN.kind(value)
+
+
+def find_secrets(document: Any) -> list[tuple[str, str]]:
+    """(path, kind) of every credential-looking string in a document, by the built-in rules."""
+    return BUILTIN.find(document)

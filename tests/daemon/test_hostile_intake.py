@@ -126,3 +126,24 @@ def test_the_local_sink_never_writes_outside_its_folder(host: Settings) -> None:
         escaped = request.model_copy(update={"output": request.output.model_copy(update={"revision": revision})})
         with pytest.raises(PushFailed):
             local_target(escaped, host)
+
+
+def test_intake_scans_with_detect_secrets_rules_besides_its_own() -> None:
+    from daemon.secret_rules import LEFT_OUT, SCANNER
+    from schemas.secrets import secret_kind
+
+    shapes = {  # made-up values of shapes only detect-secrets' plugins know
+        "SendGrid": "SG." + "a1B2c3D4e5F6g7H8i9J0kL" + "." + "m" * 43,
+        "Square": "sq0csp-" + "Ab3" * 14 + "x",
+        "Mailchimp": "0123456789abcdef0123456789abcdef-us12",
+        "Telegram": "123456789:AAH" + "b" * 32,
+    }
+    for issuer, value in shapes.items():
+        assert secret_kind(value) is None  # not among adapterd's own rules
+        kind = SCANNER.kind(value)
+        assert kind is not None and "detect-secrets" in kind, (issuer, kind)
+        raw = json.dumps(sft_request("ds", metadata={"note": f"see {value}"})).encode()
+        rejection = decode_request(raw, scanner=SCANNER)
+        assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request" and value not in repr(rejection)
+    assert SCANNER.kind("hf_" + "x" * 34) == "a Hugging Face token (hf_...)"  # adapterd's rules first
+    assert all(": " in line for line in LEFT_OUT) and len(LEFT_OUT) < len(SCANNER.rules)

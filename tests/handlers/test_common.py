@@ -149,16 +149,16 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "took more than 2 s"),
 ])
 def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str, bound: str) -> None:
-    from handlers.chat_template import check_chat_template
+    from handlers.chat_template import check_template_render
     from schemas.job import JobFailed
 
     with pytest.raises(JobFailed) as failure:
-        check_chat_template(template, max_bytes=256 * 2**20, max_s=2)
+        check_template_render(template, max_bytes=256 * 2**20, max_s=2)
     assert failure.value.code == "config_invalid" and failure.value.stage == "preflight"
     assert failure.value.message.startswith("model.chat_template: ") and bound in failure.value.message
 
 
 def test_an_ordinary_chat_template_passes_the_preflight_render() -> None:
-    from handlers.chat_template import check_chat_template
+    from handlers.chat_template import check_template_render
 
-    check_chat_template("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)
+    check_template_render("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)

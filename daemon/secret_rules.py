@@ -1,0 +1,48 @@
+"""The credential rules intake scans every request with: adapterd's own (schemas/secrets.py) and
+Yelp's detect-secrets, a maintained rule set of some twenty issuers' token shapes.
+
+Every regex-based detect-secrets plugin contributes its published `denylist`, run on RE2 with the
+built-in rules as one automaton (linear time, on the event loop). detect-secrets' own scanner is
+not used: it runs its patterns one by one on Python's re, and its entropy and keyword plugins
+judge source code, not JSON values. A pattern RE2 cannot compile (look-around) or written in
+verbose mode is left out, and `LEFT_OUT` names it (the same on every host of a release; the
+canary's tests notice when a release changes it). Why detect-secrets and not gitleaks: it is a Python package, installed with
+adapterd from PyPI, whose rules are read at run time through its public plugin API, so they move
+with its releases; gitleaks' rules live in a Go project's configuration.
+"""
+
+from __future__ import annotations
+
+import re
+
+from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+from detect_secrets.plugins.base import RegexBasedDetector
+
+from schemas.regex import pattern_problem
+from schemas.secrets import BUILTIN, SecretScanner
+
+
+def detect_secrets_rules() -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """kind → (description, RE2 pattern) for each usable pattern of detect-secrets' regex plugins,
+    and the patterns left out (plugin and why)."""
+    rules: dict[str, tuple[str, str]] = {}
+    left_out: list[str] = []
+    for secret_type, plugin in sorted(get_mapping_from_secret_type_to_class().items()):
+        if not issubclass(plugin, RegexBasedDetector):
+            continue  # entropy and keyword plugins: not a shape to match
+        for index, compiled in enumerate(plugin().denylist):
+            if compiled.flags & re.VERBOSE:
+                left_out.append(f"{plugin.__name__}[{index}]: verbose mode")
+                continue
+            pattern = f"(?i:{compiled.pattern})" if compiled.flags & re.IGNORECASE else compiled.pattern
+            problem = pattern_problem(pattern)
+            if problem:
+                left_out.append(f"{plugin.__name__}[{index}]: {problem}")
+                continue
+            rules[f"ds_{plugin.__name__}_{index}"] = (f"a {secret_type} (detect-secrets)", pattern)
+    return rules, left_out
+
+
+_RULES, LEFT_OUT = detect_secrets_rules()
+# adapterd's rules first: where both match, the rejection says the more specific kind.
+SCANNER = SecretScanner({**BUILTIN.rules, **_RULES})
