@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -79,17 +80,20 @@ def field_errors(exc: ValidationError) -> list[FieldError]:
 def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: SecretScanner = BUILTIN) -> RequestBase | Rejection:
     """Decode and validate one message. Never raises for bad input: it returns a `Rejection`.
     `scanner`: the credential rules (the built-in ones; the daemon passes its larger set)."""
-    key_id = _request_id_from_key(key, scanner)
+    # The record key's id, worked out only where the document has none (a scan of it costs).
+    def key_id() -> str | None:
+        return _request_id_from_key(key, scanner)
+
     try:
         # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
         text = (raw or b"").decode("utf-8")
         document = json.loads(text, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
-        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
+        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
     except json.JSONDecodeError as exc:
-        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id)
+        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
     except RecursionError:
-        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
+        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     except ValueError:  # an integer of more digits than Python converts, or NaN / Infinity
         errors, document = _unreadable_numbers(text)
         return Rejection("invalid", errors, _request_id_of(document, key_id))
@@ -97,21 +101,21 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
         secrets = [] if problems else (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
-        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id)
+        return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     if problems:
         return Rejection("invalid", problems, _request_id_of(document, key_id))
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
         request_id = document.get("request_id") if isinstance(document, dict) else None
         if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id)):
-            request_id = key_id
+            request_id = key_id()
         return Rejection("secret_in_request", [
             FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
             for path, kind in secrets
         ], request_id)
     if not isinstance(document, dict):
         kind = type(document).__name__
-        return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id)
+        return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id())
 
     request_id = _request_id_of(document, key_id)
     method = document.get("method")
@@ -128,16 +132,16 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", [FieldError(path="", message="nested too deeply to validate")], request_id)
 
 
-def _request_id_of(document: object, key_id: str | None) -> str | None:
+def _request_id_of(document: object, key_id: Callable[[], str | None]) -> str | None:
     request_id = document.get("request_id") if isinstance(document, dict) else None
-    return request_id if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) else key_id
+    return request_id if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) else key_id()
 
 
 # What a leaf the walk below refuses needs to show in the text: a run of 19 digits (a 64-bit bound
 # needs that many), an exponent of three digits (1e400 reads as inf), or an escaped surrogate
 # (\ud800; the text itself is strict UTF-8, so a lone surrogate can only come from an escape).
 # Most messages have none of these and skip the walk.
-_SUSPECT_LEAF = compile_pattern(rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")  # on the raw bytes, RE2 when installed
+_SUSPECT_LEAF = compile_pattern(rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")  # on the raw bytes; RE2 when installed
 
 
 def _no_constant(name: str) -> float:
@@ -219,4 +223,4 @@ def _request_id_from_key(key: bytes | None, scanner: SecretScanner) -> str | Non
         return None
     if not _REQUEST_ID.fullmatch(text):
         return None
-    return None if scanner.may_hold(key or b"") and scanner.kind(text) else text
+    return None if scanner.kind(text) else text
