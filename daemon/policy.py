@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
+import fsspec
+
 from daemon.bounds import bound_errors
 from daemon.settings import Settings
 from schemas import FieldError
@@ -65,7 +67,8 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
     if source.id is not None and settings.allowed_datasets and not _matches(source.id, settings.allowed_datasets):
         errors.append(FieldError(path=f"{prefix}.id", message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
     for path, location in source.locations():
-        if location.startswith("/"):
+        protocol, _ = fsspec.core.split_protocol(location)  # as the child's fsspec will read it
+        if protocol is None:
             if not local_location_inside(location, settings.allowed_local_dataset_roots):
                 roots = [str(root) for root in settings.allowed_local_dataset_roots] or "none configured"
                 errors.append(FieldError(path=f"{prefix}.{path}", message=f"local path {location} is outside allowed_local_dataset_roots ({roots})"))

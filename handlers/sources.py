@@ -10,6 +10,7 @@ sizes and ETags taken) and handed to datasets' own builders as a fixed list.
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,7 @@ def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[So
             etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
             version = info.get("VersionId") or info.get("version_id") or info.get("generation")
             url = fs.unstrip_protocol(item) if hasattr(fs, "unstrip_protocol") else f"{scheme}://{item}"
+            _check_url(url, job, field)
             found.append(SourceFile(path=url, size=info.get("size"), etag=str(etag).strip('"') if etag else None,
                                     version_id=str(version) if version and version != "null" else None))
     return found
@@ -109,6 +111,13 @@ def check_download_size(field: str, what: str, sizes: list[int | None], max_byte
     if max_bytes is not None and total > max_bytes:
         raise JobFailed("download_too_large", "load_model" if setting == "max_model_bytes" else "load_dataset",
                         f"{field}: {what} is {total:,} bytes; this host downloads at most {max_bytes:,} ({setting})")
+
+
+def _check_url(url: str, job: JobSpec, field: str) -> None:
+    """Intake matched the location as written; each object a glob or prefix expands to must match
+    the operator's allowed_dataset_urls too (`**` or a wildcard can reach further than it reads)."""
+    if not any(fnmatchcase(url, pattern) for pattern in job.allowed_dataset_urls):
+        raise JobFailed("dataset_unavailable", "load_dataset", f"{field}: {url} is not allowed on this host (allowed_dataset_urls)")
 
 
 def _check_local(path: str, job: JobSpec, field: str) -> None:

@@ -162,3 +162,21 @@ def test_an_ordinary_chat_template_passes_the_preflight_render() -> None:
     from handlers.chat_template import check_template_render
 
     check_template_render("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)
+
+
+def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_path: Path) -> None:
+    """Intake matched `.../cur*/x.jsonl` against the operator's rule as written; the child checks what
+    it expands to, and `curious/` is not `curated/` (fsspec's memory filesystem stands in for a bucket)."""
+    import fsspec
+
+    from handlers.sources import _expand
+    from schemas.job import JobFailed
+
+    memory = fsspec.filesystem("memory")
+    for folder in ("curated", "curious"):
+        memory.pipe(f"/bucket/{folder}/x.jsonl", b'{"text": "rows"}\n')
+    job = job_spec(tmp_path, progress_interval_s=0, allowed_dataset_urls=["memory:///bucket/curated/*"])
+    assert [f.path for f in _expand("memory://bucket/curated/*.jsonl", None, job, "dataset.url")] == ["memory:///bucket/curated/x.jsonl"]
+    with pytest.raises(JobFailed) as failure:
+        _expand("memory://bucket/cur*/x.jsonl", None, job, "dataset.url")
+    assert failure.value.message == "dataset.url: memory:///bucket/curious/x.jsonl is not allowed on this host (allowed_dataset_urls)"
