@@ -1,12 +1,15 @@
 """The daemon's local HTTP endpoint: `/metrics` (Prometheus), `/healthz` and `/status` (JSON).
 
-It runs in a thread of its own (wsgiref), so a scrape never waits on the Kafka loop; the loop's
-state is read through the callables it is given.
+It runs in threads of its own (wsgiref), so a scrape never waits on the Kafka loop; the loop's
+state is read through the callables it is given. Each connection gets its own thread, and one
+that sends nothing is dropped after `IDLE_TIMEOUT_S`: an idle or slow client (a port scan, a
+half-open health check) never keeps `/healthz` from answering the next.
 """
 
 from __future__ import annotations
 
 import json
+import socketserver
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -22,9 +25,20 @@ log = structlog.get_logger()
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
+IDLE_TIMEOUT_S = 10.0
+
+
 class _QuietHandler(WSGIRequestHandler):
+    timeout = IDLE_TIMEOUT_S  # socketserver sets it on the connection: a silent client is dropped
+
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds is not worth a log line
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A thread per connection (as prometheus_client's own WSGI server does), none outliving the daemon."""
+
+    daemon_threads = True
 
 
 class HttpEndpoint:
@@ -34,7 +48,7 @@ class HttpEndpoint:
         self.status = status
         self.metrics_app = make_wsgi_app()
         try:
-            self.server: WSGIServer = make_server(host, int(port), self.app, handler_class=_QuietHandler)
+            self.server: WSGIServer = make_server(host, int(port), self.app, server_class=_ThreadingServer, handler_class=_QuietHandler)
         except OSError as exc:
             raise ConfigError(f"metrics_address: cannot listen on {address}: {exc.strerror}") from exc
         self.thread = threading.Thread(target=self.server.serve_forever, name="http-endpoint", daemon=True)
