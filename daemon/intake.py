@@ -23,6 +23,7 @@ from daemon.scheduler import Scheduler
 from daemon.secret_rules import SCANNER
 from daemon.settings import Settings
 from daemon.slots import Slots
+from daemon.trace import trace_context
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
@@ -95,7 +96,7 @@ class Intake:
 
     def _rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
-        messages = [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected)]
+        messages = [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected, trace_context(record))]
         metrics.rejected(rejection.reason).inc()
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
                     errors=rejection.errors, offset=record.offset)

@@ -26,6 +26,7 @@ from daemon.policy import report_to
 from daemon.publisher import Publisher
 from daemon.settings import Settings
 from daemon.supervisor import Supervisor
+from daemon.trace import Headers, traceparent
 from daemon.warm import WarmChildren
 from schemas.events import (
     Cancelled,
@@ -57,9 +58,10 @@ class JobRunner:
 
     def __init__(
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
-        received_at: float, slot: str, visible_devices: str | None, attempt: int = 1,
+        received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
     ) -> None:
         self.request = request
+        self.trace = trace or []  # the request's W3C trace headers (daemon/trace.py), on each of its events
         self.settings = settings
         self.publisher = publisher
         self.received_at = received_at  # wall-clock time the request reached Kafka
@@ -67,10 +69,10 @@ class JobRunner:
         self.attempt = attempt
         self.job_dir = (settings.jobs_dir / request.request_id).absolute()  # the child runs in it: paths in its spec stay absolute
         self.journal = Journal(self.job_dir / "journal.json")
-        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
+        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot, traceparent=traceparent(self.trace))
         self.supervisor = Supervisor(
             request, settings, publisher, children, slot=slot, visible_devices=visible_devices, common=self._common,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s),
+            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), trace=self.trace,
         )
         self.phase = "queued"  # then "child" (the supervisor's stage) and "push"
         self.cancel_reason: str | None = None
@@ -118,7 +120,7 @@ class JobRunner:
                 raise  # not a cancel request: the request is read again
             self.log.info("job.cancelled", reason=self.cancel_reason)
             event = Cancelled(**self._common(), reason=self.cancel_reason)
-        await self.publisher.publish(event)
+        await self.publisher.publish(event, self.trace)
         self.ended = True
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
@@ -181,6 +183,7 @@ class JobRunner:
             vllm_server_base_url=self.settings.vllm_server_base_url,
             allowed_dataset_urls=self.settings.allowed_dataset_urls,
             images=self.settings.image_bounds,
+            traceparent=traceparent(self.trace),
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))

@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 from daemon.kafka_options import kafka_options
 from daemon.retry_state import RetrySigner
 from daemon.settings import Settings
+from daemon.trace import trace_context
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
 
@@ -59,13 +60,14 @@ class Publisher:
     async def stop(self) -> None:
         await self.producer.stop()
 
-    def event(self, event: EventBase) -> Outgoing:
+    def event(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
+        """An event, with its request's trace context (daemon/trace.py) when the request had one."""
         event_type = getattr(event, "type")
         return Outgoing(
             self.settings.events_topic,
             event.request_id.encode() if event.request_id else None,
             event.model_dump_json().encode(),
-            [("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1")],
+            [("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1"), *(trace or [])],
         )
 
     def dead_letter(self, record: Record, rejection: Rejection) -> Outgoing:
@@ -79,8 +81,9 @@ class Publisher:
         return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
 
     def _source(self, record: Record) -> Headers:
-        """Where a dead letter came from, and which host sent it there."""
+        """Where a dead letter came from, which host sent it there, and the trace it belongs to."""
         return [
+            *trace_context(record),
             ("adapterd-source-topic", record.topic.encode()),
             ("adapterd-source-partition", str(record.partition).encode()),
             ("adapterd-source-offset", str(record.offset).encode()),
@@ -89,7 +92,7 @@ class Publisher:
 
     def retry(self, record: Record, attempt: int, backoff_s: float) -> Outgoing:
         """The request again, byte for byte and with the same key, for its next attempt, due in `backoff_s`."""
-        headers = self.retries.headers(record.key, record.value or b"", attempt, time.time() + backoff_s)
+        headers = self.retries.headers(record.key, record.value or b"", attempt, time.time() + backoff_s) + trace_context(record)
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def again(self, record: Record) -> Outgoing:
@@ -123,10 +126,10 @@ class Publisher:
                 [ack] = await self.send_all([message])
                 await ack
 
-    async def publish(self, event: EventBase) -> None:
-        """Publish one event and wait until the broker has it. While the brokers are away the job
-        goes on, and its later events wait behind this one."""
-        await self.deliver(self.event(event))
+    async def publish(self, event: EventBase, trace: Headers | None = None) -> None:
+        """Publish one event (with its request's trace headers) and wait until the broker has it.
+        While the brokers are away the job goes on, and its later events wait behind this one."""
+        await self.deliver(self.event(event, trace))
         log.info("event.published", type=getattr(event, "type"), request_id=event.request_id)
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:

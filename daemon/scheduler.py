@@ -29,6 +29,7 @@ from daemon.publisher import Publisher, Record
 from daemon.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings
 from daemon.slots import Slots
+from daemon.trace import trace_context
 from daemon.warm import WarmChildren
 from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
 
@@ -92,7 +93,8 @@ class Scheduler:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
         reason = self.cancelled[request.request_id]
         log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
-        await self.publisher.publish(Cancelled(request_id=request.request_id, host=self.settings.host, metadata=request.metadata, reason=reason))
+        cancelled = Cancelled(request_id=request.request_id, host=self.settings.host, metadata=request.metadata, reason=reason)
+        await self.publisher.publish(cancelled, trace_context(record))
         metrics.JOBS.labels("cancelled").inc()
         await self.partitions.commit(tp, record.offset + 1)
 
@@ -124,6 +126,7 @@ class Scheduler:
         runner = JobRunner(
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
             slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt,
+            trace=trace_context(record),
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
@@ -136,7 +139,7 @@ class Scheduler:
             await self.publisher.publish(Accepted(
                 request_id=runner.request.request_id, host=self.settings.host, metadata=runner.request.metadata,
                 method=runner.request.method, attempt=runner.attempt,
-            ))
+            ), runner.trace)
             event = await runner.run()
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
@@ -180,7 +183,7 @@ class Scheduler:
         )
         try:
             await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))
-            await self.publisher.publish(failed)  # no metadata: it may be what the broker refused
+            await self.publisher.publish(failed, runner.trace)  # no metadata: it may be what the broker refused
             await self.partitions.commit(tp, record.offset + 1)
         except Exception:
             log.exception("job.give_up_failed", request_id=runner.request.request_id, offset=record.offset)

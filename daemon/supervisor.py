@@ -19,6 +19,7 @@ import structlog
 from daemon.child import Child, ChildOutcome
 from daemon.publisher import Publisher
 from daemon.settings import Settings
+from daemon.trace import Headers
 from daemon.warm import WarmChildren
 from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.job import (
@@ -59,6 +60,7 @@ class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
         *, slot: str, visible_devices: str | None, common: Callable[[], dict[str, Any]], timeout_s: int | None,
+        trace: Headers | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
@@ -67,6 +69,7 @@ class Supervisor:
         self.slot = slot
         self.visible_devices = visible_devices
         self.common = common  # the fields every event of this job carries
+        self.trace = trace or []  # and the headers: the request's trace context
         self.timeout_s = timeout_s
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"
@@ -122,17 +125,17 @@ class Supervisor:
 
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-        await self.publisher.publish(Started(**self.common(), method=self.request.method, slot=self.slot, pid=pid))
+        await self.publisher.publish(Started(**self.common(), method=self.request.method, slot=self.slot, pid=pid), self.trace)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()
         if isinstance(message, ProgressReport):
             fields = message.model_dump(exclude={"kind"})
             self.progress = {"step": message.step, "total_steps": message.total_steps, "eta_s": message.eta_s}
-            await self.publisher.publish(Progress(**self.common(), **fields))
+            await self.publisher.publish(Progress(**self.common(), **fields), self.trace)
         elif isinstance(message, CheckpointSaved):
             self.log.info("job.checkpoint", step=message.step, path=message.path)
-            await self.publisher.publish(Checkpoint(**self.common(), step=message.step, path=message.path))
+            await self.publisher.publish(Checkpoint(**self.common(), step=message.step, path=message.path), self.trace)
         elif isinstance(message, StoppedAtCheckpoint):
             self.log.info("job.stopped_at_checkpoint", step=message.step, path=message.path)
         elif isinstance(message, StageEntered):

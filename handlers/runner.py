@@ -79,6 +79,9 @@ def main() -> int:
     spec_path = Path(job["spec"]).absolute()
     os.chdir(spec_path.parent)
     spec = JobSpec.model_validate_json(spec_path.read_text())
+    if spec.traceparent is not None:  # the request's trace: in the job's log, and for any tracer in this process
+        os.environ["TRACEPARENT"] = spec.traceparent
+        print(f"adapterd child {os.getpid()}: traceparent {spec.traceparent}", flush=True)
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
     try:
         result = HANDLERS[request.method].train(request, spec, reporter)

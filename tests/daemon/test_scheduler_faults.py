@@ -58,7 +58,7 @@ class Broker(Publisher):
     async def deliver(self, message: Outgoing) -> None:
         self.sent.append(message)
 
-    async def publish(self, event: EventBase) -> None:
+    async def publish(self, event: EventBase, trace: list[tuple[str, bytes]] | None = None) -> None:
         if isinstance(event, Accepted):
             raise MessageSizeTooLargeError()
         self.sent.append(event)

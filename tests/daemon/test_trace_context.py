@@ -1,0 +1,67 @@
+"""A request's W3C trace context comes back on its events: `traceparent` and `tracestate` from the
+request's record on every event of the request, on its dead letter, and in its job's log; a
+malformed one from a producer is dropped, never echoed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+
+from daemon.kafka_options import kafka_options
+from daemon.settings import Settings
+from daemon.trace import trace_context
+from schemas import TERMINAL_TYPES, parse_event
+from tests.helpers import read_records, sft_request, terminal_events
+from tests.hub_server import HubServer
+from tests.processes import DaemonProcess
+
+PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+STATE = b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+
+
+def record(headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord("requests", 0, 0, 0, 0, b"k", b"{}", None, 1, 2, headers)
+
+
+def test_only_a_well_formed_trace_context_is_carried() -> None:
+    assert trace_context(record([("traceparent", PARENT), ("tracestate", STATE), ("other", b"x")])) == [("traceparent", PARENT), ("tracestate", STATE)]
+    assert trace_context(record([("tracestate", STATE)])) == []  # a state without a parent means nothing
+    for bad in (b"x" * 10_000, PARENT.upper(), b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01", b"ff-" + PARENT[3:], PARENT + b"\n"):
+        assert trace_context(record([("traceparent", bad), ("tracestate", STATE)])) == []
+    assert trace_context(record([("traceparent", PARENT), ("tracestate", b"\xff" * 10)])) == [("traceparent", PARENT)]
+
+
+@pytest.mark.slow
+async def test_a_requests_trace_context_comes_back_on_its_events(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        traced = [("traceparent", PARENT), ("tracestate", STATE)]
+        await producer.send_and_wait(settings.requests_topic, json.dumps(sft_request("traced")).encode(), key=b"traced", headers=traced)
+        await producer.send_and_wait(settings.requests_topic, b'{"not": "a request"}', key=b"traced-bad", headers=traced)
+        await producer.send_and_wait(settings.requests_topic, b"[]", key=b"forged", headers=[("traceparent", b"x" * 10_000)])
+    finally:
+        await producer.stop()
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    try:
+        events = await terminal_events(settings, {"traced", "traced-bad", "forged"})
+        records = await read_records(settings, settings.events_topic, sum(len(e) for e in events.values()))
+        dead_letters = await read_records(settings, settings.dlq_topic, 2)
+    finally:
+        daemon.stop()
+    by_request: dict[str, list[dict[str, bytes]]] = {}
+    for event_record in records:
+        event = parse_event(event_record.value or b"")
+        by_request.setdefault(str(event.request_id), []).append(dict(event_record.headers))
+    kinds = [event.type for event in events["traced"]]
+    assert kinds[0] == "accepted" and kinds[-1] == "succeeded" and "started" in kinds and "progress" in kinds
+    for headers in by_request["traced"] + by_request["traced-bad"]:
+        assert headers["traceparent"] == PARENT and headers["tracestate"] == STATE
+    assert all("traceparent" not in headers for headers in by_request["forged"])
+    assert [dict(letter.headers).get("traceparent") for letter in dead_letters] == [PARENT, None]
+    assert events["forged"][-1].type in TERMINAL_TYPES
+    assert f"traceparent {PARENT.decode()}" in (settings.jobs_dir / "traced" / "child.log").read_text()
