@@ -98,7 +98,7 @@ def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[So
         else:
             etag = info.get("ETag") or info.get("etag") or info.get("md5Hash")
             version = info.get("VersionId") or info.get("version_id") or info.get("generation")
-            url = fs.unstrip_protocol(item) if hasattr(fs, "unstrip_protocol") else f"{scheme}://{item}"
+            url = f"{scheme}://{item}"  # under the scheme the request named (adlfs would say abfs:// for az://)
             _check_url(url, job, field)
             found.append(SourceFile(path=url, size=info.get("size"), etag=str(etag).strip('"') if etag else None,
                                     version_id=str(version) if version and version != "null" else None))

@@ -1,5 +1,6 @@
 """The fixtures that start real services, all in one place: a Kafka broker, the local Hub server,
-a tiny model and datasets published to it, and the daemon itself as a child process.
+a tiny model and datasets published to it, object stores (moto's S3, a GCS emulator, Azurite), and the
+daemon itself as a child process.
 
 Set ADAPTERD_TEST_BOOTSTRAP_SERVERS to use an external Kafka cluster instead of the local broker.
 """
@@ -12,6 +13,9 @@ import os
 # huggingface_hub is imported anywhere in the test process.
 os.environ["HF_HUB_DISABLE_XET"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# gcsfs asks each bucket's type over gRPC, which the GCS emulator does not answer (every call would
+# wait 60 s); set before gcsfs is imported, here and in the daemons and children the tests start.
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 
 import json
 import uuid
@@ -120,6 +124,30 @@ def s3_endpoint() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_endpoint() -> Iterator[str]:
+    """A GCS JSON API server on the loopback (gcp-storage-emulator, in memory, in this process) with
+    the bucket `ml-data`; gcsfs reads it with `token="anon"`. Nothing reaches Google."""
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="ml-data")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azure Blob Storage on the loopback (Azurite, in memory): its connection string, which the
+    tests hand to the daemon as the host's AZURE_STORAGE_CONNECTION_STRING, never in a request."""
+    from tests.azurite import Azurite, connection_string
+
+    server = Azurite(free_port(), tmp_path_factory.mktemp("azurite") / "azurite.log").start()
+    yield connection_string(server.port)
     server.stop()
 
 
