@@ -223,7 +223,7 @@ class JobRunner:
         card = model_card(
             self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
             dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
-            local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag,
+            local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag, tracking=result.tracking,
         )
         (artifact / "README.md").write_text(card)
         pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings)
@@ -252,4 +252,5 @@ class JobRunner:
             ref_model_revision=result.ref_model_revision,
             dataset_fingerprint=result.dataset_fingerprint,
             dataset_sources=result.dataset_sources,
+            tracking=result.tracking,
         )

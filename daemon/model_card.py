@@ -17,7 +17,7 @@ from pathlib import Path
 from huggingface_hub import ModelCardData
 
 from schemas.common import HUB_ID_PATTERN
-from schemas.provenance import ResolvedSource
+from schemas.provenance import ResolvedSource, TrackedRun
 from schemas.request import RequestBase
 
 HUB_ID = re.compile(HUB_ID_PATTERN)
@@ -55,7 +55,7 @@ def _source_lines(sources: Sequence[ResolvedSource]) -> str:
 def model_card(
     request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str],
     *, dataset_sources: Sequence[ResolvedSource] = (), dataset_fingerprint: str | None = None,
-    local_model_hub_ids: dict[str, str] | None = None, pipeline_tag: str | None = None,
+    local_model_hub_ids: dict[str, str] | None = None, pipeline_tag: str | None = None, tracking: Sequence[TrackedRun] = (),
 ) -> str:
     is_adapter = request.peft is not None and request.output.push == "adapter"
     base = card_base_model(request.model.id, local_model_hub_ids)
@@ -80,7 +80,9 @@ def model_card(
         f"- Request id: `{request.request_id}`\n"
         f"- Dataset: `{dataset}`\n"
         + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
-        + f"- Versions: {version_line}\n\n"
+        + f"- Versions: {version_line}\n"
+        + "".join(f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' ({run.url})' if run.url else ''}\n" for run in tracking)
+        + "\n"
         + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
         + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")
         + f"| metric | value |\n|---|---|\n{metric_lines}\n"

@@ -45,6 +45,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
                 path="training.report_to",
                 message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
             ))
+        elif integration == "mlflow" and settings.mlflow_tracking_uri is None:
+            errors.append(FieldError(path="training.report_to", message="mlflow: this host has no MLflow tracking server configured (mlflow_tracking_uri)"))
     return errors
 
 

@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(ImageBounds().max_image_pixels, ge=1, description="The most pixels (width × height) of a decoded image.")
     allowed_report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations a request may switch on.")
     report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations on for every job.")
+    mlflow_tracking_uri: str | None = Field(None, description=(
+        "The MLflow tracking server jobs with report_to 'mlflow' log to (the child's MLFLOW_TRACKING_URI); unset: such requests "
+        "are rejected. Its credentials come from the unit's environment (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
+    ))
+    mlflow_experiment: str = Field("adapterd", description="The MLflow experiment the runs go to (one run per job, named by its request id).")
     vllm_server_base_url: str | None = Field(None, description=(
         "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
         "such requests are rejected. A request never names a server itself."

@@ -24,7 +24,8 @@ log = structlog.get_logger()
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
-    """What every child sees: the Hub endpoint and the daemon's token (never a request's), quiet logs."""
+    """What every child sees: the Hub endpoint and the daemon's token (never a request's), the
+    operator's experiment tracker, quiet logs."""
     env = dict(os.environ)
     env["HF_ENDPOINT"] = settings.hub_endpoint
     env.pop("HF_TOKEN", None)
@@ -34,6 +35,9 @@ def child_environment(settings: Settings) -> dict[str, str]:
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if settings.mlflow_tracking_uri is not None:  # the operator's tracker, never a request's
+        env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
+        env["MLFLOW_EXPERIMENT_NAME"] = settings.mlflow_experiment
     return env
 
 

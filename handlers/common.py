@@ -44,6 +44,7 @@ from handlers.training import (
     lora_config,
     package_versions,
     save_artifact,
+    tracked_runs,
     trl_config,
 )
 from handlers.vision import (
@@ -57,7 +58,7 @@ from handlers.vision import (
 from schemas.images import image_column
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
-from schemas.provenance import ResolvedSource
+from schemas.provenance import ResolvedSource, TrackedRun
 from schemas.request import LoraSpec, ModelSpec, RequestBase
 
 __all__ = [
@@ -180,11 +181,12 @@ def train_and_save(
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
-    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference)
+    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference, tracking=tracked_runs(job))
 
 
 def result(
     request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float], reference: Reference | None = None,
+    *, tracking: list[TrackedRun] | None = None,
 ) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
     comes from the method table."""
@@ -199,4 +201,5 @@ def result(
         durations_s=reporter.durations_s,
         versions=package_versions(),
         pipeline_tag=PIPELINE_TAG if base.vision else None,
+        tracking=tracking or [],
     )

@@ -18,6 +18,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from handlers.reporting import StepClock
 from schemas.job import JobFailed, JobSpec
+from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
 VERSIONED_PACKAGES = ("adapterd", "trl", "transformers", "peft", "torch", "datasets", "accelerate")
@@ -62,7 +63,8 @@ def lora_config(spec: LoraSpec | None, task_type: str, **derived: Any) -> LoraCo
 def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
     own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)."""
-    arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
+    # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
+    arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
     arguments.update(derived)
@@ -111,3 +113,18 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     if clocks and (median := clocks[0].median_step_s()) is not None:
         metrics["median_step_s"] = median  # the steady pace, the first step's set-up left out
     return metrics
+
+
+def tracked_runs(job: JobSpec) -> list[TrackedRun]:
+    """The tracker runs this job reported to: MLflow's last run in this process (transformers'
+    MLflowCallback started and ended it), with its page in the tracking server's UI."""
+    if "mlflow" not in job.report_to:
+        return []
+    import mlflow  # only where the operator enabled MLflow (the `mlflow` extra)
+
+    run = mlflow.last_active_run()
+    if run is None:
+        return []
+    uri = mlflow.get_tracking_uri().rstrip("/")
+    url = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" if uri.startswith(("http://", "https://")) else None
+    return [TrackedRun(tracker="mlflow", run_id=run.info.run_id, url=url)]

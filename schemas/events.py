@@ -19,7 +19,7 @@ from schemas.common import (
     RejectReason,
     TrainingProgress,
 )
-from schemas.provenance import ResolvedSource
+from schemas.provenance import ResolvedSource, TrackedRun
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -104,6 +104,9 @@ class Succeeded(EventBase):
     dataset_fingerprint: str | None
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description=(
         "The resolved dataset sources: Hub commit, object ETags or version ids, files and sizes; empty for a duplicate found by its Hub commit."
+    ))
+    tracking: list[TrackedRun] = Field(default_factory=list, description=(
+        "The experiment-tracker runs the job reported its metrics to (report_to), each with its id and, for MLflow, its URL."
     ))
     duplicate: bool = Field(False, description="True when a redelivered request had already succeeded.")
 

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 
 from schemas.common import AdapterdError, Frozen, TrainingProgress
 from schemas.images import ImageBounds
-from schemas.provenance import ResolvedSource
+from schemas.provenance import ResolvedSource, TrackedRun
 
 
 class JobSpec(Frozen):
@@ -152,6 +152,7 @@ class TrainResult(ChildMessageBase):
     durations_s: dict[str, float] = Field(description="Seconds per child stage: preflight, load_dataset, load_model, train, save.")
     versions: dict[str, str]
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
+    tracking: list[TrackedRun] = Field(default_factory=list, description="The runs the job's metrics were reported to.")
 
 
 class ChildError(ChildMessageBase):

@@ -26,3 +26,11 @@ class ResolvedSource(Frozen):
     split: str | None = None
     proportion: float | None = Field(None, description="This source's normalised share of a mixture.")
     files: list[SourceFile] = Field(default_factory=list)
+
+
+class TrackedRun(Frozen):
+    """Where a job's metrics went: a run in an experiment tracker the operator configured."""
+
+    tracker: str = Field(description="TRL's report_to name of the tracker, e.g. 'mlflow'.")
+    run_id: str
+    url: str | None = Field(None, description="The run's page, when the tracker has one (MLflow's UI).")

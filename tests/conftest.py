@@ -1,5 +1,5 @@
 """The fixtures that start real services, all in one place: a Kafka broker, the local Hub server,
-a tiny model and datasets published to it, object stores (moto's S3, a GCS emulator, Azurite), and the
+a tiny model and datasets published to it, object stores (moto's S3, a GCS emulator, Azurite), an MLflow tracking server, and the
 daemon itself as a child process.
 
 Set ADAPTERD_TEST_BOOTSTRAP_SERVERS to use an external Kafka cluster instead of the local broker.
@@ -148,6 +148,16 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     server = Azurite(free_port(), tmp_path_factory.mktemp("azurite") / "azurite.log").start()
     yield connection_string(server.port)
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An MLflow tracking server on the loopback (its own environment, SQLite): its URI."""
+    from tests.mlflow_server import MlflowServer
+
+    server = MlflowServer(free_port(), tmp_path_factory.mktemp("mlflow")).start()
+    yield server.uri
     server.stop()
 
 

@@ -1,0 +1,69 @@
+"""An MLflow tracking server on the loopback (SQLite and a folder of artifacts, in the test's own
+folder), run from an environment of its own: mlflow 3.17's server pins a pyarrow older than the
+project's. The project's environment has only the client (mlflow-skinny), which transformers'
+MLflowCallback reports through, as on an operator's host.
+
+The server's environment is made once per machine under ~/.cache/adapterd/mlflow-venv with uv
+(`.ci/run` does it, and so does the first test that needs it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+VERSION = "3.17.2"
+VENV = Path.home() / ".cache" / "adapterd" / "mlflow-venv"
+
+
+def ensure_mlflow() -> Path:
+    """The `mlflow` command of the server's own environment, made if this machine has none yet."""
+    command = VENV / "bin" / "mlflow"
+    if not command.exists():
+        uv = shutil.which("uv")
+        assert uv, "uv makes the MLflow server's environment: pip install uv (as .ci/run does)"
+        subprocess.run([uv, "venv", "-q", str(VENV), "--python", "3.11"], check=True)
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(VENV / "bin" / "python"), f"mlflow=={VERSION}"], check=True)
+    return command
+
+
+class MlflowServer:
+    def __init__(self, port: int, folder: Path) -> None:
+        self.port = port
+        self.folder = folder
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 120) -> MlflowServer:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [str(ensure_mlflow()), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+             "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}", "--artifacts-destination", str(self.folder / "artifacts")],
+            env={"PATH": f"{VENV / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            stdout=(self.folder / "server.log").open("ab"), stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self._healthy():  # it prints no ready line to wait on; /health answering is the event
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the MLflow server did not start (see {self.folder / 'server.log'})")
+            time.sleep(0.5)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=1) as answer:
+                return answer.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
