@@ -184,6 +184,7 @@ class JobRunner:
             allowed_dataset_urls=self.settings.allowed_dataset_urls,
             images=self.settings.image_bounds,
             traceparent=traceparent(self.trace),
+            tensorboard_dir=self.settings.tensorboard_dir,
         )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))

@@ -47,6 +47,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             ))
         elif integration == "mlflow" and settings.mlflow_tracking_uri is None:
             errors.append(FieldError(path="training.report_to", message="mlflow: this host has no MLflow tracking server configured (mlflow_tracking_uri)"))
+        elif integration == "tensorboard" and settings.tensorboard_dir is None:
+            errors.append(FieldError(path="training.report_to", message="tensorboard: this host has no TensorBoard folder configured (tensorboard_dir)"))
     return errors
 
 

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
         "are rejected. Its credentials come from the unit's environment (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
     ))
     mlflow_experiment: str = Field("adapterd", description="The MLflow experiment the runs go to (one run per job, named by its request id).")
+    tensorboard_dir: Path | None = Field(None, description=(
+        "Where jobs with report_to 'tensorboard' write their event files, a folder per request id (serve it with "
+        "`tensorboard --logdir`); unset: such requests are rejected."
+    ))
     vllm_server_base_url: str | None = Field(None, description=(
         "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
         "such requests are rejected. A request never names a server itself."

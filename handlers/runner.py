@@ -82,6 +82,8 @@ def main() -> int:
     if spec.traceparent is not None:  # the request's trace: in the job's log, and for any tracer in this process
         os.environ["TRACEPARENT"] = spec.traceparent
         print(f"adapterd child {os.getpid()}: traceparent {spec.traceparent}", flush=True)
+    if spec.tensorboard_dir is not None:  # transformers' TensorBoardCallback writes where this says
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(spec.tensorboard_dir / str(spec.request["request_id"]))
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
     try:
         result = HANDLERS[request.method].train(request, spec, reporter)

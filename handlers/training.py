@@ -116,15 +116,18 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
 
 
 def tracked_runs(job: JobSpec) -> list[TrackedRun]:
-    """The tracker runs this job reported to: MLflow's last run in this process (transformers'
-    MLflowCallback started and ended it), with its page in the tracking server's UI."""
-    if "mlflow" not in job.report_to:
-        return []
-    import mlflow  # only where the operator enabled MLflow (the `mlflow` extra)
+    """The tracker runs this job reported to: its TensorBoard folder (named by the request id, under
+    the operator's tensorboard_dir), and MLflow's last run in this process (transformers'
+    MLflowCallback started and ended it) with its page in the tracking server's UI."""
+    runs = []
+    if "tensorboard" in job.report_to and job.tensorboard_dir is not None:  # a folder per request id (runner.py)
+        runs.append(TrackedRun(tracker="tensorboard", run_id=str(job.request["request_id"])))
+    if "mlflow" in job.report_to:
+        import mlflow  # only where the operator enabled MLflow (the `mlflow` extra)
 
-    run = mlflow.last_active_run()
-    if run is None:
-        return []
-    uri = mlflow.get_tracking_uri().rstrip("/")
-    url = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" if uri.startswith(("http://", "https://")) else None
-    return [TrackedRun(tracker="mlflow", run_id=run.info.run_id, url=url)]
+        run = mlflow.last_active_run()
+        if run is not None:
+            uri = mlflow.get_tracking_uri().rstrip("/")
+            url = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" if uri.startswith(("http://", "https://")) else None
+            runs.append(TrackedRun(tracker="mlflow", run_id=run.info.run_id, url=url))
+    return runs

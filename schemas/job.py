@@ -39,6 +39,7 @@ class JobSpec(Frozen):
     vllm_server_base_url: str | None = Field(None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'.")
     allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs a dataset's image paths may name.")
     images: ImageBounds = Field(default_factory=ImageBounds, description="The operator's bounds on a vision-language job's images.")
+    tensorboard_dir: Path | None = Field(None, description="The operator's TensorBoard folder: the job's event files go to <it>/<request_id>.")
     traceparent: str | None = Field(None, description="The request's W3C traceparent: the child logs it and exports it as TRACEPARENT.")
 
 

@@ -8,10 +8,11 @@ so does the first test that needs it); 3.35.0 is the last release that declares 
 from __future__ import annotations
 
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.helpers import wait_until_up
 
 VERSION = "3.35.0"
 HOME = Path.home() / ".cache" / "adapterd" / "azurite"
@@ -46,11 +47,7 @@ class Azurite:
              "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
             stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout_s
-        while not self._answers():  # node prints no ready line to wait on; its port answering is the event
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"azurite did not start (see {self.log_path})")
-            time.sleep(0.2)
+        wait_until_up(self._answers, self.process, "azurite", self.log_path, timeout_s)  # node prints no ready line
         return self
 
     def _answers(self) -> bool:

@@ -4,8 +4,10 @@ from the real broker, and a small valid request to start from."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +97,44 @@ async def wait_for_commit(settings: Settings, offset: int, partition: int = 0, t
         while (await committed_offset(settings, partition) or 0) < offset:
             await asyncio.sleep(0.2)
     assert await committed_offset(settings, partition) == offset
+
+
+def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
+    """Rows as a Parquet file, as a pipeline would write them to object storage."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buffer)
+    return buffer.getvalue()
+
+
+def jsonl_bytes(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+def wait_until_up(answers: Any, process: Any, what: str, log_path: Path, timeout_s: float) -> None:
+    """Until a server a test started answers (`answers()`): those that print no ready line to wait
+    on are polled. Fails, naming its log, if the process exits or the time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while not answers():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start (see {log_path})")
+        time.sleep(0.2)
+
+
+async def all_succeed(settings: Settings, requests: dict[str, dict[str, Any]], daemon: Any, timeout_s: float = 800) -> dict[str, Any]:
+    """Submit the requests to the started daemon, stop it once each has its terminal event, and
+    return each request's `succeeded` (failing, with the events, unless every one succeeded)."""
+    try:
+        for request in requests.values():
+            await submit(settings, request)
+        events = await terminal_events(settings, set(requests), timeout_s=timeout_s)
+    finally:
+        daemon.stop()
+    done = {request_id: request_events[-1] for request_id, request_events in events.items()}
+    assert all(event.type == "succeeded" for event in done.values()), done
+    return done
 
 
 def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tests.helpers import wait_until_up
 
 VERSION = "3.17.2"
 VENV = Path.home() / ".cache" / "adapterd" / "mlflow-venv"
@@ -49,11 +50,7 @@ class MlflowServer:
             env={"PATH": f"{VENV / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
             stdout=(self.folder / "server.log").open("ab"), stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():  # it prints no ready line to wait on; /health answering is the event
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the MLflow server did not start (see {self.folder / 'server.log'})")
-            time.sleep(0.5)
+        wait_until_up(self._healthy, self.process, "the MLflow server", self.folder / "server.log", timeout_s)  # /health answering
         return self
 
     def _healthy(self) -> bool:

@@ -5,15 +5,13 @@ records the objects' generations, ETags and sizes, and the model card names them
 
 from __future__ import annotations
 
-import io
-import json
 from pathlib import Path
 
 import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import CHAT_ROWS, sft_request, submit, terminal_events
+from tests.helpers import CHAT_ROWS, all_succeed, jsonl_bytes, parquet_bytes, sft_request
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess
 
@@ -26,26 +24,13 @@ def put(endpoint: str, key: str, data: bytes) -> None:
     gcsfs.GCSFileSystem(endpoint_url=endpoint, token="anon").pipe(f"{BUCKET}/{key}", data)
 
 
-def parquet(rows: list[dict[str, object]]) -> bytes:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    buffer = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buffer)
-    return buffer.getvalue()
-
-
-def jsonl(rows: list[dict[str, object]]) -> bytes:
-    return "".join(json.dumps(row) + "\n" for row in rows).encode()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_gcs_parquet_glob_eval_source_and_streaming(published: HubServer, settings: Settings, gcs_endpoint: str, tmp_path: Path) -> None:
-    put(gcs_endpoint, "curated/chat/part-0.parquet", parquet(CHAT_ROWS[:3]))
-    put(gcs_endpoint, "curated/chat/part-1.parquet", parquet(CHAT_ROWS[3:]))
-    put(gcs_endpoint, "curated/eval.jsonl", jsonl(CHAT_ROWS[:2]))
-    put(gcs_endpoint, "curated/stream.jsonl", jsonl(CHAT_ROWS))
+    put(gcs_endpoint, "curated/chat/part-0.parquet", parquet_bytes(CHAT_ROWS[:3]))
+    put(gcs_endpoint, "curated/chat/part-1.parquet", parquet_bytes(CHAT_ROWS[3:]))
+    put(gcs_endpoint, "curated/eval.jsonl", jsonl_bytes(CHAT_ROWS[:2]))
+    put(gcs_endpoint, "curated/stream.jsonl", jsonl_bytes(CHAT_ROWS))
     settings = settings.model_copy(update={
         "allowed_dataset_urls": [f"gs://{BUCKET}/curated/*"],
         "dataset_storage_options": {"gs": {"endpoint_url": gcs_endpoint, "token": "anon"}},
@@ -57,15 +42,7 @@ async def test_gcs_parquet_glob_eval_source_and_streaming(published: HubServer, 
         "gcs-stream": sft_request("gcs-stream", dataset={"url": f"gs://{BUCKET}/curated/stream.jsonl", "streaming": True}, training=training),
     }
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        for request in requests.values():
-            await submit(settings, request)
-        events = await terminal_events(settings, set(requests), timeout_s=800)
-    finally:
-        daemon.stop()
-    done = {rid: evs[-1] for rid, evs in events.items()}
-    assert all(isinstance(event, Succeeded) for event in done.values()), done
-    succeeded: dict[str, Succeeded] = done  # type: ignore[assignment]
+    succeeded: dict[str, Succeeded] = await all_succeed(settings, requests, daemon)
 
     train, evaluation = succeeded["gcs-parquet"].dataset_sources
     assert (train.role, train.kind, evaluation.role, evaluation.kind) == ("train", "object_storage", "eval", "object_storage")

@@ -1,7 +1,8 @@
-"""Experiment tracking as an operator configures it: the MLflow tracking server is the host's
-(`mlflow_tracking_uri`), `report_to: ["mlflow"]` is allowed by policy, and a job's run is read back
-from the real server over its REST API: its parameters and one loss per step, and its id and URL
-in `succeeded` and the model card."""
+"""Experiment tracking as an operator configures it: the MLflow tracking server and the TensorBoard
+folder are the host's (`mlflow_tracking_uri`, `tensorboard_dir`), `report_to` is allowed by policy,
+and a job's MLflow run is read back from the real server over its REST API (its parameters and one
+loss per step, its id and URL in `succeeded` and the model card), another job's TensorBoard event
+files from their folder."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import sft_request, submit, terminal_events
+from tests.helpers import all_succeed, sft_request
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess
 
@@ -27,16 +28,18 @@ def mlflow_get(uri: str, path: str, **query: str) -> Any:
 
 @pytest.mark.slow
 async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published: HubServer, settings: Settings, mlflow_server: str, tmp_path: Path) -> None:
-    settings = settings.model_copy(update={"allowed_report_to": ["mlflow"], "mlflow_tracking_uri": mlflow_server, "mlflow_experiment": "adapterd-tests"})
-    tracked = sft_request("tracked", training={"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2, "report_to": ["mlflow"]})
+    tensorboard = tmp_path / "tensorboard"
+    settings = settings.model_copy(update={
+        "allowed_report_to": ["mlflow", "tensorboard"], "mlflow_tracking_uri": mlflow_server, "mlflow_experiment": "adapterd-tests",
+        "tensorboard_dir": tensorboard,
+    })
+    training = {"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
+    tracked = sft_request("tracked", training={**training, "report_to": ["mlflow"]})
+    requests = {"tracked": tracked, "tb-tracked": sft_request("tb-tracked", training={**training, "report_to": ["tensorboard"]})}
     untracked_host = settings.model_copy(update={"mlflow_tracking_uri": None})
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        await submit(settings, tracked)
-        events = (await terminal_events(settings, {"tracked"}))["tracked"]
-    finally:
-        daemon.stop()
-    done = events[-1]
+    succeeded = await all_succeed(settings, requests, daemon)
+    done = succeeded["tracked"]
     assert isinstance(done, Succeeded), done
     [run] = done.tracking
     assert run.tracker == "mlflow" and run.url is not None and run.url.startswith(f"{mlflow_server}/#/experiments/") and run.run_id in run.url
@@ -52,6 +55,14 @@ async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published
 
     card = published.commits("results/tracked")[0].files["README.md"].decode()
     assert f"run `{run.run_id}` ({run.url})" in card
+
+    # TensorBoard: the event files in the operator's folder, under the request id, one loss a step.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    assert [(run.tracker, run.run_id, run.url) for run in succeeded["tb-tracked"].tracking] == [("tensorboard", "tb-tracked", None)]
+    events = EventAccumulator(str(tensorboard / "tb-tracked"))
+    events.Reload()
+    assert [scalar.step for scalar in events.Scalars("train/loss")] == [1, 2, 3, 4]
 
     # A host without a tracking server refuses the same request rather than log to a local folder.
     from daemon.intake import Intake
