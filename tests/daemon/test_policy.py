@@ -99,7 +99,12 @@ def test_gpus_above_the_maximum_per_job() -> None:
 def test_reporting_integrations_need_the_operators_consent() -> None:
     asking = request(training={"max_steps": 2, "report_to": ["tensorboard"]})
     assert "allowed_report_to" in refused(asking)["training.report_to"]
-    assert refused(asking, allowed_report_to=["tensorboard"]) == {}
+    assert refused(asking, allowed_report_to=["tensorboard"], tensorboard_dir=Path("/var/lib/adapterd/tensorboard")) == {}
+    # Allowed, but with nowhere to write on this host: refused, naming the setting.
+    assert "tensorboard_dir" in refused(asking, allowed_report_to=["tensorboard"])["training.report_to"]
+    mlflow = request(training={"max_steps": 2, "report_to": ["mlflow"]})
+    assert "mlflow_tracking_uri" in refused(mlflow, allowed_report_to=["mlflow"])["training.report_to"]
+    assert refused(mlflow, allowed_report_to=["mlflow"], mlflow_tracking_uri="http://127.0.0.1:5000") == {}
     assert report_to(asking, Settings(report_to=["mlflow"], allowed_report_to=["tensorboard"])) == ["mlflow", "tensorboard"]
     assert report_to(request(), Settings()) == []
 
