@@ -20,7 +20,6 @@ from daemon.errors import ConfigError
 from daemon.event_reader import EventStream
 from daemon.kafka_options import kafka_options
 from daemon.logs import configure_logging
-from daemon.secret_rules import SCANNER
 from daemon.settings import Settings, load_settings
 from schemas import (
     Cancel,
@@ -43,6 +42,10 @@ def _settings(config: Path | None) -> Settings:
 
 
 def _read_request(file: Path) -> RequestBase:
+    # The daemon's credential rules, loaded here only: detect-secrets takes a third of a second to
+    # import, which every other command (events, cancel, status) would pay.
+    from daemon.secret_rules import SCANNER
+
     decoded = decode_request(file.read_bytes(), scanner=SCANNER)
     if isinstance(decoded, Rejection):
         typer.echo(f"{file}: not a valid request ({decoded.reason}):", err=True)

@@ -45,11 +45,17 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
                 path="training.report_to",
                 message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
             ))
-        elif integration == "mlflow" and settings.mlflow_tracking_uri is None:
-            errors.append(FieldError(path="training.report_to", message="mlflow: this host has no MLflow tracking server configured (mlflow_tracking_uri)"))
-        elif integration == "tensorboard" and settings.tensorboard_dir is None:
-            errors.append(FieldError(path="training.report_to", message="tensorboard: this host has no TensorBoard folder configured (tensorboard_dir)"))
+        elif integration in TRACKER_HOSTS and getattr(settings, TRACKER_HOSTS[integration][0]) is None:
+            setting, what = TRACKER_HOSTS[integration]
+            errors.append(FieldError(path="training.report_to", message=f"{integration}: this host has no {what} configured ({setting})"))
     return errors
+
+
+# A tracker whose place is the host's to give (never a request's): the setting that gives it.
+TRACKER_HOSTS = {
+    "mlflow": ("mlflow_tracking_uri", "MLflow tracking server"),
+    "tensorboard": ("tensorboard_dir", "TensorBoard folder"),
+}
 
 
 def _namespace_errors(path: str, repo_id: str, settings: Settings, *, bare_name_ok: bool = True) -> list[FieldError]:

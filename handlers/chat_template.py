@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
-import time
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -41,16 +41,17 @@ def check_template_render(template: str, *, max_bytes: int, max_s: float) -> Non
         except BaseException:  # noqa: BLE001 - an ordinary template error is the real render's to report
             code = 0
         os._exit(code)
-    deadline = time.monotonic() + max_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise JobFailed("config_invalid", "preflight", f"model.chat_template: rendering a three-message conversation took more than {max_s:g} s")
-        time.sleep(0.01)  # a fork has no event to await; 10 ms against a bound of seconds
+    # The fork's exit is the event to wait for: its pidfd becomes readable then, or the time is up.
+    pidfd = os.pidfd_open(pid)
+    try:
+        exited, _, _ = select.select([pidfd], [], [], max_s)
+    finally:
+        os.close(pidfd)
+    if not exited:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise JobFailed("config_invalid", "preflight", f"model.chat_template: rendering a three-message conversation took more than {max_s:g} s")
+    _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) == _OUT_OF_MEMORY or os.WIFSIGNALED(status):
         raise JobFailed("config_invalid", "preflight",
                         f"model.chat_template: rendering a three-message conversation needs more than {max_bytes:,} bytes of memory")

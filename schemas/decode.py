@@ -88,9 +88,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
         text = (raw or b"").decode("utf-8")
         document = json.loads(text, parse_constant=_no_constant)
-    except UnicodeDecodeError as exc:
-        return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
-    except json.JSONDecodeError as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
     except RecursionError:
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
@@ -191,7 +189,8 @@ class _Digits(str):
 
 def _unreadable_numbers(text: str) -> tuple[list[FieldError], object]:
     """Where the numbers are that json.loads refused (an integer past Python's digit limit, NaN,
-    Infinity): the text parsed again with integers and constants kept as text."""
+    Infinity): the text parsed again with integers and constants kept as text (and the document,
+    for its request id)."""
     try:
         document = json.loads(text, parse_int=_Digits, parse_constant=_Digits)
     except (ValueError, RecursionError) as exc:

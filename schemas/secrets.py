@@ -1,8 +1,8 @@
 """Credentials have no place in a request: find values that look like one, anywhere in a document.
 
 A request travels through Kafka, the DLQ, logs and every event (its `metadata` is echoed), so a
-token put in it by mistake would reach every consumer. `find_secrets` walks the decoded JSON and
-names the path of each credential-looking string (or key) and what kind it looks like, never the
+token put in it by mistake would reach every consumer. `SecretScanner.find` walks the decoded JSON
+and names the path of each credential-looking string (or key) and what kind it looks like, never the
 value itself: callers put the path and the kind in a `rejected` event, and nothing else.
 
 The rules are the shapes the issuers publish for their tokens (the same ones gitleaks' and
@@ -49,7 +49,8 @@ _PATTERNS: dict[str, tuple[str, str]] = {
 }
 # A metadata value that is one long token of base64's alphabet, with letters of both cases and
 # digits, and close to random (bits per character): a key or a password, whatever its issuer.
-_TOKEN_LIKE = re.compile(r"[A-Za-z0-9+/_]{32,512}={0,2}")
+_TOKEN = r"[A-Za-z0-9+/_]"  # base64's alphabet, and the URL-safe one's underscore
+_TOKEN_LIKE = re.compile(_TOKEN + r"{32,512}={0,2}")
 _MIN_ENTROPY = 4.3
 
 
@@ -67,13 +68,14 @@ class SecretScanner:
         # Over raw bytes, one search also looks for a long base64-alphabet run, which may hide a
         # credential encoded (the walk decodes it): a search through the RE2 wrapper costs
         # microseconds however short the text, so one search a message, not two.
-        self._raw = compile_pattern(alternation.encode() + rb"|[A-Za-z0-9+/_]{32}")
+        self._raw = compile_pattern(f"{alternation}|{_TOKEN}{{32}}".encode())
 
     def may_hold(self, raw: bytes) -> bool:
         """False only when no string of this JSON text can look like a credential. Without a
         backslash, every decoded string is a piece of the raw text, so the rules run over the raw
-        bytes once (and a long base64-alphabet run, which may hide one encoded); JSON's escapes (`\\u`, `\\/`, `\\n`...) can spell or separate what a rule
-        needs, so a text with one is always walked."""
+        bytes once (with a long base64-alphabet run, which may hide one encoded). JSON's escapes
+        (`\\u`, `\\/`, `\\n`...) can spell or separate what a rule needs, so a text with one is
+        always walked."""
         return b"\\" in raw or self._raw.search(raw) is not None
 
     def kind(self, value: str) -> str | None:
@@ -143,8 +145,3 @@ BUILTIN = SecretScanner(_PATTERNS)
 def secret_kind(value: str) -> str | None:
     """What kind of credential `value` looks like by the built-in rules, or None."""
     return BUILTIN.kind(value)
-
-
-def find_secrets(document: Any) -> list[tuple[str, str]]:
-    """(path, kind) of every credential-looking string in a document, by the built-in rules."""
-    return BUILTIN.find(document)
