@@ -84,6 +84,9 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("batch", "training.per_device_train_batch_size", training={**valid.get("training", {}), "per_device_train_batch_size": 10**9}),
         variant("steps", "training.max_steps", training={**valid.get("training", {}), "max_steps": 10**18}),
         variant("timeout", "timeout_s", timeout_s=10**12),
+        # Trackers the host allows but has no server or folder for: refused, not logged somewhere local.
+        variant("tracker-mlflow", "training.report_to", training={**valid.get("training", {}), "report_to": ["mlflow"]}),
+        variant("tracker-tensorboard", "training.report_to", training={**valid.get("training", {}), "report_to": ["tensorboard"]}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]
