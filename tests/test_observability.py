@@ -79,6 +79,16 @@ def test_the_dashboard_and_the_rules_name_only_metrics_the_daemon_exports() -> N
     assert {b"adapterd_consumer_lag", b"adapterd_jobs_total", b"adapterd_requests_rejected_total", b"adapterd_slots_busy"} <= named
 
 
+def dead_letter_threshold() -> int:
+    """How many rejections within AdapterdDeadLetters' window make its rate cross the threshold."""
+    (expr,) = [rule["expr"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+               if rule.get("alert") == "AdapterdDeadLetters"]
+    match = re.fullmatch(r"sum by \(instance\) \(rate\(adapterd_requests_rejected_total\[(\d+)m\]\)\) > ([\d.]+)", expr)
+    assert match, f"AdapterdDeadLetters' expression changed shape: {expr}"
+    window_m, per_s = match.groups()
+    return int(int(window_m) * 60 * float(per_s)) + 1
+
+
 def get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as answer:
         return json.loads(answer.read())
@@ -141,11 +151,14 @@ async def test_a_real_prometheus_scraping_a_real_daemon_fires_the_dead_letter_al
     )
     try:
         # One rejection first, scraped, so the burst after it is an increase of a series Prometheus
-        # already has (a counter's first sample is only its baseline).
+        # already has (a counter's first sample is only its baseline). The burst is twice what the
+        # rule's rate needs over its whole window: a smaller one fires only while the window holds a
+        # few seconds of samples (rate() extrapolates them) and stops firing as samples accumulate.
         await send_bad(settings, 1, 0)
         await wait_for(address, "adapterd_requests_rejected_total", lambda result: bool(result))
-        await send_bad(settings, 49, 1)
-        await read_records(settings, settings.dlq_topic, 50, timeout_s=120)  # the daemon has rejected them all
+        burst = 2 * dead_letter_threshold()
+        await send_bad(settings, burst, 1)
+        await read_records(settings, settings.dlq_topic, 1 + burst, timeout_s=120)  # the daemon has rejected them all
         firing = await wait_for_alert(address, "AdapterdDeadLetters")
         assert "AdapterdDeadLetters" in firing, (firing, (tmp_path / "prometheus.log").read_text()[-2000:])
         up = await wait_for(address, 'up{job="adapterd"}', lambda result: bool(result))
