@@ -81,7 +81,7 @@ def model_card(
         f"- Dataset: `{dataset}`\n"
         + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
         + f"- Versions: {version_line}\n"
-        + "".join(f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' ({run.url})' if run.url else ''}\n" for run in tracking)
+        + "".join(f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' of project `{run.project}`' if run.project else ''}{f' ({run.url})' if run.url else ''}\n" for run in tracking)
         + "\n"
         + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
         + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")

@@ -55,6 +55,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
 TRACKER_HOSTS = {
     "mlflow": ("mlflow_tracking_uri", "MLflow tracking server"),
     "tensorboard": ("tensorboard_dir", "TensorBoard folder"),
+    "trackio": ("trackio_dir", "Trackio folder"),
 }
 
 

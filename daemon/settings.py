@@ -120,6 +120,10 @@ class Settings(BaseSettings):
         "Where jobs with report_to 'tensorboard' write their event files, a folder per request id (serve it with "
         "`tensorboard --logdir`); unset: such requests are rejected."
     ))
+    trackio_dir: Path | None = Field(None, description=(
+        "Where jobs with report_to 'trackio' log (the child's TRACKIO_DIR: a SQLite file per training.project; serve it with "
+        "`trackio show`). Only this folder: a Space, a server or a bucket on the Hub is never used. Unset: such requests are rejected."
+    ))
     vllm_server_base_url: str | None = Field(None, description=(
         "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
         "such requests are rejected. A request never names a server itself."

@@ -38,6 +38,14 @@ def child_environment(settings: Settings) -> dict[str, str]:
     if settings.mlflow_tracking_uri is not None:  # the operator's tracker, never a request's
         env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
         env["MLFLOW_EXPERIMENT_NAME"] = settings.mlflow_experiment
+    # Trackio logs to the operator's folder only. Its Space, server and bucket variables go: each would
+    # send the metrics off the host (a Space and a bucket are created under the daemon's Hub token,
+    # outside allowed_output_namespaces). trackio reads TRACKIO_DIR when it is imported, which the
+    # fork server does ahead of any job (TRL imports it), so it is set here, not in the child.
+    for variable in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_REGISTRY_BUCKET_ID", "TRACKIO_WRITE_TOKEN"):
+        env.pop(variable, None)
+    if settings.trackio_dir is not None:
+        env["TRACKIO_DIR"] = str(settings.trackio_dir)
     return env
 
 

@@ -181,7 +181,7 @@ def train_and_save(
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
-    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference, tracking=tracked_runs(job))
+    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference, tracking=tracked_runs(job, trainer))
 
 
 def result(

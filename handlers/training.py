@@ -115,13 +115,17 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     return metrics
 
 
-def tracked_runs(job: JobSpec) -> list[TrackedRun]:
+def tracked_runs(job: JobSpec, trainer: Trainer) -> list[TrackedRun]:
     """The tracker runs this job reported to: its TensorBoard folder (named by the request id, under
-    the operator's tensorboard_dir), and MLflow's last run in this process (transformers'
-    MLflowCallback started and ended it) with its page in the tracking server's UI."""
+    the operator's tensorboard_dir), its Trackio run (transformers' TrackioCallback names it by
+    run_name, in the project training.project names, in the operator's trackio_dir), and MLflow's
+    last run in this process (MLflowCallback started and ended it) with its page in the tracking
+    server's UI."""
     runs = []
     if "tensorboard" in job.report_to and job.tensorboard_dir is not None:  # a folder per request id (runner.py)
         runs.append(TrackedRun(tracker="tensorboard", run_id=str(job.request["request_id"])))
+    if "trackio" in job.report_to:
+        runs.append(TrackedRun(tracker="trackio", run_id=str(trainer.args.run_name), project=str(trainer.args.project)))
     if "mlflow" in job.report_to:
         import mlflow  # only where the operator enabled MLflow (the `mlflow` extra)
 

@@ -96,6 +96,20 @@ def test_gpus_above_the_maximum_per_job() -> None:
     assert errors == {"resources.gpus": "4 GPUs; this host allows at most 2 per job (max_gpus_per_job)"}
 
 
+def test_trackio_logs_to_the_operators_folder_and_nowhere_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Space, server or bucket in the unit's environment would send a job's metrics off the host
+    under the daemon's token; the child gets only the operator's folder."""
+    from daemon.warm import child_environment
+
+    for variable in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_REGISTRY_BUCKET_ID", "TRACKIO_WRITE_TOKEN"):
+        monkeypatch.setenv(variable, "someone/else")
+    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    env = child_environment(Settings(trackio_dir=Path("/var/lib/adapterd/trackio")))
+    assert env["TRACKIO_DIR"] == "/var/lib/adapterd/trackio"
+    assert not {name for name in env if name.startswith("TRACKIO_")} - {"TRACKIO_DIR"}
+    assert "TRACKIO_DIR" not in child_environment(Settings())
+
+
 def test_reporting_integrations_need_the_operators_consent() -> None:
     asking = request(training={"max_steps": 2, "report_to": ["tensorboard"]})
     assert "allowed_report_to" in refused(asking)["training.report_to"]
@@ -105,6 +119,9 @@ def test_reporting_integrations_need_the_operators_consent() -> None:
     mlflow = request(training={"max_steps": 2, "report_to": ["mlflow"]})
     assert "mlflow_tracking_uri" in refused(mlflow, allowed_report_to=["mlflow"])["training.report_to"]
     assert refused(mlflow, allowed_report_to=["mlflow"], mlflow_tracking_uri="http://127.0.0.1:5000") == {}
+    trackio = request(training={"max_steps": 2, "report_to": ["trackio"]})
+    assert "trackio_dir" in refused(trackio, allowed_report_to=["trackio"])["training.report_to"]
+    assert refused(trackio, allowed_report_to=["trackio"], trackio_dir=Path("/var/lib/adapterd/trackio")) == {}
     assert report_to(asking, Settings(report_to=["mlflow"], allowed_report_to=["tensorboard"])) == ["mlflow", "tensorboard"]
     assert report_to(request(), Settings()) == []
 

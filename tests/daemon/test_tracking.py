@@ -1,12 +1,16 @@
 """Experiment tracking as an operator configures it: the MLflow tracking server and the TensorBoard
-folder are the host's (`mlflow_tracking_uri`, `tensorboard_dir`), `report_to` is allowed by policy,
-and a job's MLflow run is read back from the real server over its REST API (its parameters and one
-loss per step, its id and URL in `succeeded` and the model card), another job's TensorBoard event
-files from their folder."""
+and Trackio folders are the host's (`mlflow_tracking_uri`, `tensorboard_dir`, `trackio_dir`),
+`report_to` is allowed by policy, and a job's MLflow run is read back from the real server over its
+REST API (its parameters and one loss per step, its id and URL in `succeeded` and the model card),
+another job's TensorBoard event files from their folder, and a third's Trackio run with trackio's
+own command line."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -28,14 +32,17 @@ def mlflow_get(uri: str, path: str, **query: str) -> Any:
 
 @pytest.mark.slow
 async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published: HubServer, settings: Settings, mlflow_server: str, tmp_path: Path) -> None:
-    tensorboard = tmp_path / "tensorboard"
+    tensorboard, trackio = tmp_path / "tensorboard", tmp_path / "trackio"
     settings = settings.model_copy(update={
-        "allowed_report_to": ["mlflow", "tensorboard"], "mlflow_tracking_uri": mlflow_server, "mlflow_experiment": "adapterd-tests",
-        "tensorboard_dir": tensorboard,
+        "allowed_report_to": ["mlflow", "tensorboard", "trackio"], "mlflow_tracking_uri": mlflow_server, "mlflow_experiment": "adapterd-tests",
+        "tensorboard_dir": tensorboard, "trackio_dir": trackio,
     })
     training = {"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
     tracked = sft_request("tracked", training={**training, "report_to": ["mlflow"]})
-    requests = {"tracked": tracked, "tb-tracked": sft_request("tb-tracked", training={**training, "report_to": ["tensorboard"]})}
+    requests = {
+        "tracked": tracked, "tb-tracked": sft_request("tb-tracked", training={**training, "report_to": ["tensorboard"]}),
+        "trackio-tracked": sft_request("trackio-tracked", training={**training, "report_to": ["trackio"], "project": "team-a"}),
+    }
     untracked_host = settings.model_copy(update={"mlflow_tracking_uri": None})
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     succeeded = await all_succeed(settings, requests, daemon)
@@ -63,6 +70,25 @@ async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published
     events = EventAccumulator(str(tensorboard / "tb-tracked"))
     events.Reload()
     assert [scalar.step for scalar in events.Scalars("train/loss")] == [1, 2, 3, 4]
+
+    # Trackio: the run in the operator's folder, in the request's project, one loss a step, read with
+    # the command line an operator would use (`trackio get metric`).
+    [run] = succeeded["trackio-tracked"].tracking
+    assert (run.tracker, run.run_id, run.project, run.url) == ("trackio", "trackio-tracked", "team-a", None)
+    assert (trackio / "team-a.db").is_file()
+    def trackio_metric(name: str) -> list[float]:
+        shown = subprocess.run(
+            [str(Path(sys.executable).with_name("trackio")), "get", "metric", "--project", "team-a", "--run", "trackio-tracked", "--metric", name, "--json"],
+            env={**os.environ, "TRACKIO_DIR": str(trackio)}, capture_output=True, text=True, check=True,
+        )
+        return [point["value"] for point in sorted(json.loads(shown.stdout)["values"], key=lambda point: point["step"])]
+
+    # trackio numbers its own points; the trainer's step is logged beside each loss (and once more
+    # beside the run's summary).
+    assert sorted(set(trackio_metric("train/global_step"))) == [1, 2, 3, 4]
+    assert len(trackio_metric("train/loss")) == 4
+    card = published.commits("results/trackio-tracked")[0].files["README.md"].decode()
+    assert "run `trackio-tracked` of project `team-a`" in card
 
     # A host without a tracking server refuses the same request rather than log to a local folder.
     from daemon.intake import Intake
