@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
@@ -208,7 +209,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("ADAPTERD_CONFIG")
+        config_file = _CONFIG_FILE.get() or os.environ.get("ADAPTERD_CONFIG")
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
         sources.append(SecretFilesSource(settings_cls))  # last: it reads the *_file values the others found
@@ -242,16 +243,23 @@ class SecretFilesSource(PydanticBaseSettingsSource):
         return found
 
 
+# The file load_settings was given, read by settings_customise_sources while that call builds its
+# Settings. A context variable rather than os.environ, so loading one file leaves every later
+# Settings(...) in the process as it was.
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("adapterd_config_file", default=None)
+
+
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
     """Settings from `config_file` (or $ADAPTERD_CONFIG) and the environment, or a ConfigError naming each bad setting."""
-    if config_file is not None:
-        if not config_file.is_file():
-            raise ConfigError(f"config file {config_file} does not exist")
-        os.environ["ADAPTERD_CONFIG"] = str(config_file)
-    elif (path := os.environ.get("ADAPTERD_CONFIG")) and not Path(path).is_file():
+    if config_file is not None and not config_file.is_file():
+        raise ConfigError(f"config file {config_file} does not exist")
+    if config_file is None and (path := os.environ.get("ADAPTERD_CONFIG")) and not Path(path).is_file():
         raise ConfigError(f"config file {path} (from ADAPTERD_CONFIG) does not exist")
+    token = _CONFIG_FILE.set(config_file)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid settings: {problems}") from exc
+    finally:
+        _CONFIG_FILE.reset(token)

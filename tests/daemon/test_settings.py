@@ -25,6 +25,18 @@ def test_toml_file_then_environment_overrides(tmp_path: Path, monkeypatch: pytes
     assert settings.group_id == "from-env"
 
 
+def test_loading_a_file_leaves_later_settings_as_they_were(tmp_path: Path) -> None:
+    """load_settings(file) is read by that call only: a later Settings() in the same process (a
+    test's, the demo's) does not pick up the file's values."""
+    import os
+
+    config = tmp_path / "adapterd.toml"
+    config.write_text("job_slots = 2\n")
+    assert load_settings(config).job_slots == 2
+    assert "ADAPTERD_CONFIG" not in os.environ
+    assert Settings().job_slots == Settings.model_fields["job_slots"].default
+
+
 def test_hub_token_is_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ADAPTERD_HUB_TOKEN", "hf_secret")
     settings = load_settings()
