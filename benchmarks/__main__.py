@@ -15,15 +15,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks import footprint, intake, overhead, queue_start, start_latency
-from benchmarks.harness import Environment, Row
+from benchmarks.harness import Environment, Row, markdown
 
 RESULTS = Path(__file__).with_name("results")
-
-
-def markdown(rows: list[Row], header: str) -> str:
-    lines = [header, "", "| benchmark | measure | value | unit | target | note |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r.benchmark} | {r.measure} | {r.value} | {r.unit} | {r.target} | {r.note} |" for r in rows]
-    return "\n".join(lines) + "\n"
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -407,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print(build_qwen2_05b(args.build_model))
         return 0
 
-    from benchmarks.__main__ import markdown
-    from benchmarks.harness import Row
+    from benchmarks.harness import Row, markdown
 
     host = probe(force_cpu=args.cpu)
     if args.plan:

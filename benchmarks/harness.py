@@ -43,6 +43,13 @@ class Row:
     note: str = ""
 
 
+def markdown(rows: list[Row], header: str) -> str:
+    """The rows as a Markdown table under a header line (what `benchmarks/results/` keeps)."""
+    lines = [header, "", "| benchmark | measure | value | unit | target | note |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.benchmark} | {r.measure} | {r.value} | {r.unit} | {r.target} | {r.note} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 @dataclass
 class Environment:
     root: Path

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from benchmarks.harness import (
     Environment,
     Row,
+    markdown,
     publish_all,
     rss_mib,
     wait_for_log,
@@ -119,8 +120,6 @@ async def main(args: argparse.Namespace) -> None:
         rows = await run(env, args.jobs, args.steps)
     finally:
         env.stop()
-    from benchmarks.__main__ import markdown
-
     print(markdown(rows, f"queue start, {args.jobs} jobs of {args.steps} steps, one slot"))
 
 

@@ -1,13 +1,15 @@
 """The methods adapterd knows, in one table: the single source of what a method is.
 
-Each row names the method's request model, its handler module (`handlers/<handler>.py`), the TRL
-trainer and config classes it trains with, whether it is stable or on TRL's experimental layer,
-the dataset columns it reads (in words, for the README), whether it trains vision-language models on
-rows with images, and the TRL releases that ship it.
-Everything else that lists methods is derived from `METHODS`: the request models by name and the
-request union (schemas/request.py), the handler modules the child imports (handlers/__init__.py),
-what this host's TRL can run (daemon/capabilities.py, `adapterd methods`) and README's method
-table (`python -m schemas.methods_doc`).
+Each row names the method's handler module (`handlers/<handler>.py`), the TRL trainer and config
+classes it trains with, whether it is stable or on TRL's experimental layer, the dataset columns it
+reads (in words, for the README), whether it trains vision-language models on rows with images, and
+the TRL releases that ship it. Everything else that lists methods follows `METHODS`: the request
+models by name (schemas/request.py, checked against the table by tests/schemas/test_methods.py),
+the handler modules the child imports (handlers/__init__.py), what this host's TRL can run
+(daemon/capabilities.py, `adapterd methods`) and README's method table (`python -m schemas.methods_doc`).
+
+The table imports no request model, so the request models can read it (whether a method is
+experimental or trains on images) without an import cycle.
 
 This package depends on pydantic only, so TRL ranges are plain bounds compared by `release()`,
 not `packaging` specifiers.
@@ -19,22 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.method_requests import (
-    DPORequest,
-    GRPORequest,
-    KTORequest,
-    ORPORequest,
-    PPORequest,
-    RewardRequest,
-    RLOORequest,
-    SFTRequest,
-)
-from schemas.request_base import RequestBase
-
 
 @dataclass(frozen=True)
 class Method:
-    request: type[RequestBase]
     handler: str  # the module in handlers/ that trains it
     trainer: str  # TRL's trainer class, by the path it is imported from
     config: str  # TRL's config class
@@ -57,21 +46,21 @@ class Method:
 
 
 METHODS: dict[str, Method] = {
-    "sft": Method(SFTRequest, "sft", "trl.SFTTrainer", "trl.SFTConfig", "stable",
+    "sft": Method("sft", "trl.SFTTrainer", "trl.SFTConfig", "stable",
                   "`messages`, or `prompt` + `completion`, or `text`", vision=True),
-    "dpo": Method(DPORequest, "dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable",
+    "dpo": Method("dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable",
                   "`chosen` + `rejected` (and usually `prompt`)", vision=True),
-    "kto": Method(KTORequest, "kto", "trl.KTOTrainer", "trl.KTOConfig", "stable",
+    "kto": Method("kto", "trl.KTOTrainer", "trl.KTOConfig", "stable",
                   "`prompt` + `completion` + `label` (bool)"),
-    "reward": Method(RewardRequest, "reward", "trl.RewardTrainer", "trl.RewardConfig", "stable",
+    "reward": Method("reward", "trl.RewardTrainer", "trl.RewardConfig", "stable",
                      "`chosen` + `rejected`"),
-    "grpo": Method(GRPORequest, "grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable",
+    "grpo": Method("grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable",
                    "`prompt` (+ columns the rewards read)", vision=True),
-    "rloo": Method(RLOORequest, "rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
+    "rloo": Method("rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
                    "`prompt` (+ columns the rewards read)"),
-    "orpo": Method(ORPORequest, "orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
+    "orpo": Method("orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
                    "`chosen` + `rejected` (and usually `prompt`)"),
-    "ppo": Method(PPORequest, "ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
+    "ppo": Method("ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
                   "`prompt`", trl_min="1.10", trl_below="1.13",
                   trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
 }

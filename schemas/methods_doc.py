@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from schemas.methods import METHODS
+from schemas.request import REQUEST_MODELS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 HEADING = "## Methods"
@@ -22,7 +23,7 @@ def markdown_table() -> str:
     for name, method in METHODS.items():
         status = method.status + (f", trl{method.trl_range} only" if method.trl_range else "")
         example = f"[{name}.json](schemas/examples/{name}.json)"
-        block = method.request.model_fields[name].annotation
+        block = REQUEST_MODELS[name].model_fields[name].annotation
         fields = f"[`{name}`: {len(block.model_fields)}](docs/requests.md#{name})"  # type: ignore[union-attr]
         vision = f"yes: + `images` or `image` ([{name}-vision.json](schemas/examples/{name}-vision.json))" if method.vision else "no"
         lines.append(f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |")

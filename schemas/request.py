@@ -33,7 +33,6 @@ from schemas.method_requests import (
     SFTRequest,
     SFTSpec,
 )
-from schemas.methods import METHODS
 from schemas.request_base import (
     MAX_INLINE_ROWS,
     MODEL_ID_PATTERN,
@@ -56,8 +55,11 @@ from schemas.rewards import (
     ThinkFormatReward,
 )
 
-# The request models by method name, in the table's order.
-REQUEST_MODELS: dict[str, type[RequestBase]] = {name: method.request for name, method in METHODS.items()}
+# The request models by method name, in the table's order (tests/schemas/test_methods.py checks both).
+REQUEST_MODELS: dict[str, type[RequestBase]] = {
+    "sft": SFTRequest, "dpo": DPORequest, "kto": KTORequest, "reward": RewardRequest, "grpo": GRPORequest,
+    "rloo": RLOORequest, "orpo": ORPORequest, "ppo": PPORequest,
+}
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
 TrainingRequest = Annotated[

@@ -19,6 +19,7 @@ from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, b
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
 from schemas.images import image_column
+from schemas.methods import METHODS
 from schemas.trl_fields import (
     LoraConfigFields,
     ModelConfigFields,
@@ -82,10 +83,6 @@ class Resources(Frozen):
 
 def _mark_experimental(schema: dict[str, Any], model: type[Any]) -> None:
     """Mark an experimental method's request in the JSON Schema (`x-adapterd-experimental`), from the method table."""
-    from schemas.methods import (
-        METHODS,  # the table imports the request models: import it late
-    )
-
     method = get_args(model.model_fields["method"].annotation)[0] if "method" in model.model_fields else None
     if method in METHODS and METHODS[method].status == "experimental":
         schema["x-adapterd-experimental"] = True
@@ -132,10 +129,6 @@ class RequestBase(Frozen):
     def experimental(self) -> bool:
         """Whether the method runs on TRL's experimental layer (`trl.experimental...`), whose API may
         change between TRL releases: the method table says."""
-        from schemas.methods import (
-            METHODS,  # the table imports the request models: import it late
-        )
-
         return METHODS[getattr(self, "method")].status == "experimental"
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
@@ -144,10 +137,6 @@ class RequestBase(Frozen):
 
     def text_only_problem(self, columns: list[str]) -> str | None:
         """Why a dataset with an image column among these cannot feed a text-only method, or None."""
-        from schemas.methods import (
-            METHODS,  # the table imports the request models: import it late
-        )
-
         method = getattr(self, "method")
         images = image_column(columns)
         if images is not None and not METHODS[method].vision:

@@ -2,72 +2,24 @@
 `datasets` use to create repos, commit files, and download files and snapshots.
 
 It keeps everything it receives in memory so tests can check it, and can inject faults
-(`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves. This module
-holds the state; `tests/hub_http.py` answers the HTTP requests.
+(`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves. The state is
+`tests/hub_state.py`'s; `tests/hub_http.py` answers the HTTP requests; this module runs the server.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
-from typing import Any
+
+from tests.hub_http import HubRequestHandler
+from tests.hub_state import HubState
 
 
 @dataclass
-class Commit:
-    sha: str
-    parent: str | None
-    title: str
-    description: str
-    files: dict[str, bytes]
-    date: str
-
-
-@dataclass
-class Repo:
-    repo_type: str  # "model" or "dataset"
-    repo_id: str
-    private: bool
-    branches: dict[str, str] = field(default_factory=dict)
-    commits: dict[str, Commit] = field(default_factory=dict)
-
-    def resolve(self, revision: str) -> Commit | None:
-        sha = self.branches.get(revision, revision)
-        return self.commits.get(sha)
-
-    def history(self, revision: str) -> list[Commit]:
-        commit, out = self.resolve(revision), []
-        while commit is not None:
-            out.append(commit)
-            commit = self.commits.get(commit.parent) if commit.parent else None
-        return out
-
-
-@dataclass
-class Fault:
-    """Answer `times` matching requests with `status` (and `headers`) instead of serving them."""
-
-    method: str
-    path_pattern: str
-    status: int
-    times: int = 1
-    headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0
-    answered: int = 0  # faulted requests answered so far (a delayed one counts once its answer is sent)
-
-
-@dataclass
-class HubServer:
+class HubServer(HubState):
     host: str = "127.0.0.1"
     port: int = 0
-    repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
-    faults: list[Fault] = field(default_factory=list)
-    requests: list[tuple[str, str]] = field(default_factory=list)
-    lock: threading.RLock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
 
     @property
@@ -75,10 +27,6 @@ class HubServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> HubServer:
-        from tests.hub_http import (
-            HubRequestHandler,  # it reads this module's state types
-        )
-
         hub = self
 
         class Handler(HubRequestHandler):
@@ -94,51 +42,3 @@ class HubServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-
-    # What tests inspect and arrange.
-
-    def fail(self, method: str, path_pattern: str, status: int, times: int = 1, **kw: Any) -> Fault:
-        fault = Fault(method, path_pattern, status, times, **kw)
-        with self.lock:
-            self.faults.append(fault)
-        return fault
-
-    def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
-        with self.lock:
-            return self.repos[(repo_type, repo_id)]
-
-    def commits(self, repo_id: str, repo_type: str = "model", revision: str = "main") -> list[Commit]:
-        """A repo's commits on a branch, newest first, excluding the initial empty commit."""
-        with self.lock:
-            key = (repo_type, repo_id)
-            if key not in self.repos:
-                return []
-            return [c for c in self.repos[key].history(revision) if c.parent is not None]
-
-    def create_repo(self, repo_id: str, repo_type: str = "model", private: bool = False) -> Repo:
-        with self.lock:
-            key = (repo_type, repo_id)
-            if key not in self.repos:
-                repo = Repo(repo_type, repo_id, private)
-                initial = new_commit(repo, None, "initial commit", "", {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
-                repo.branches["main"] = initial.sha
-                self.repos[key] = repo
-            return self.repos[key]
-
-    def take_fault(self, method: str, path: str) -> Fault | None:
-        with self.lock:
-            for fault in self.faults:
-                if fault.times > 0 and fault.method == method and re.search(fault.path_pattern, path):
-                    fault.times -= 1
-                    return fault
-        return None
-
-
-def new_commit(repo: Repo, parent: Commit | None, title: str, description: str, files: dict[str, bytes]) -> Commit:
-    date = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    seed = f"{repo.repo_id}|{parent.sha if parent else ''}|{title}|{date}|{len(repo.commits)}".encode()
-    for path in sorted(files):
-        seed += path.encode() + hashlib.sha256(files[path]).digest()
-    commit = Commit(hashlib.sha1(seed).hexdigest(), parent.sha if parent else None, title, description, files, date)
-    repo.commits[commit.sha] = commit
-    return commit

@@ -81,3 +81,94 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
     code = f"import sys, {names}; print(sorted(m for m in {sorted(TRAINING_STACK)!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+# Everything that is the project's own Python: the packages and their tests and benchmarks (the
+# second test environment, tests/trl_1_12, holds no module of its own).
+PROJECT = ("daemon", "schemas", "handlers", "tests", "benchmarks")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules a module imports, at any depth of its tree: `from a.b import c` is an
+    import of module a.b.c where that is a module, else of a.b (relative imports resolved)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+    def owner(dotted: str) -> str | None:  # the module a dotted name lives in
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {owner(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else owner(base) for alias in node.names}
+    return found - {None, name}  # type: ignore[return-value]  # None taken out
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(graph[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_closed_by_a_late_import() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_anywhere_in_the_project() -> None:
+    """A cycle closed by an import inside a function is still a cycle: each module of it can only
+    be understood, and imported first, with the others."""
+    paths = [path for package in PROJECT for path in modules(package) if "trl_1_12" not in path.parts]
+    known = {module_name(path) for path in paths}
+    graph = {module_name(path): project_imports(path, known) for path in paths}
+    assert len(graph) > 100 and "daemon.settings" in graph["daemon.cli"]  # the walk sees the project
+    assert import_cycles(graph) == []
