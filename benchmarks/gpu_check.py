@@ -244,7 +244,8 @@ async def sft_rows(env: Any, request: dict[str, Any], steps: int, repeats: int, 
     note = f"{model}, {steps} steps, {repeats} alternating run(s) each; samples/s x {tokens:.0f} tokens a row"
     return [
         Row(BENCH, "SFT LoRA: plain TRL tokens/s", round(plain_tput, 1), "tokens/s", note=note),
-        Row(BENCH, "SFT LoRA: daemon tokens/s", round(daemon_tput, 1), "tokens/s", note=f"wall {median(d['wall'] for d in daemon):.1f} s submission to succeeded (plain: {median(w for w, _ in plain):.1f} s process)"),
+        Row(BENCH, "SFT LoRA: daemon tokens/s", round(daemon_tput, 1), "tokens/s",
+            note=f"wall {median(d['wall'] for d in daemon):.1f} s submission to succeeded (plain: {median(w for w, _ in plain):.1f} s process)"),
         Row(BENCH, "SFT LoRA: tokens/s ratio daemon/plain", round(daemon_tput / plain_tput, 3), "", ">= 0.98"),
     ]
 

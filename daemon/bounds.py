@@ -46,7 +46,7 @@ GENERATION_BOUNDS: dict[str, str] = {
 def bound_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     """Each field of the request above the operator's bound for it."""
     errors: list[FieldError] = []
-    method = getattr(request, "method")
+    method = request.method
     for block_name in ("training", method):
         block = getattr(request, block_name, None)
         if block is None:

@@ -62,7 +62,7 @@ class Publisher:
 
     def event(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
         """An event, with its request's trace context (daemon/trace.py) when the request had one."""
-        event_type = getattr(event, "type")
+        event_type = event.type
         return Outgoing(
             self.settings.events_topic,
             event.request_id.encode() if event.request_id else None,
@@ -130,7 +130,7 @@ class Publisher:
         """Publish one event (with its request's trace headers) and wait until the broker has it.
         While the brokers are away the job goes on, and its later events wait behind this one."""
         await self.deliver(self.event(event, trace))
-        log.info("event.published", type=getattr(event, "type"), request_id=event.request_id)
+        log.info("event.published", type=event.type, request_id=event.request_id)
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:
         """Queue messages partition by partition (by key, as Kafka's default partitioner does)."""

@@ -61,7 +61,10 @@ _CODE = Refusal("policy", "remote code runs only where the operator's policy all
 _INIT = Refusal("policy", "loading keyword arguments could set a revision, token, device map or remote code round the policy", "model.* (dtype, attn_implementation, quantization)")
 _VLLM_SERVER = Refusal("host", "a vLLM server is an address; server mode goes to the server the operator configured", "vllm_mode: server on a host with ADAPTERD_VLLM_SERVER_BASE_URL")
 _TEMPLATE_PATH = Refusal("host", "a chat template is read from a host path or a repo", "model.chat_template (the Jinja template inline)")
-_TRACKIO = Refusal("host", "a Trackio Space or bucket on the Hub is created under the host's credentials, outside `allowed_output_namespaces`", "training.report_to with trackio, where the host allows it")
+_TRACKIO = Refusal(
+    "host", "a Trackio Space or bucket on the Hub is created under the host's credentials, outside `allowed_output_namespaces`",
+    "training.report_to with trackio, where the host allows it (it logs to the host's trackio_dir)",
+)
 
 # Block → field → why a request may not set it. "*" applies to every TRL config block (the method blocks).
 REFUSED: dict[str, dict[str, Refusal]] = {

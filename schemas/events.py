@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 import socket
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -38,6 +38,8 @@ def _event_id() -> str:
 
 
 class EventBase(Frozen):
+    if TYPE_CHECKING:  # each event's model declares it as its Literal name
+        type: str
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: str = Field(default_factory=_event_id, description="Unique per event; consumers de-duplicate on it.")
     request_id: str | None = Field(description="The request's id; null only for a rejected message whose id could not be read.")

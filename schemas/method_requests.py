@@ -83,7 +83,7 @@ class ReferencedRequest(RequestBase):
     def _reference_fits(self) -> ReferencedRequest:
         """TRL computes reference log-probs ahead (`precompute_ref_log_probs`) only over a map-style
         dataset, never a stream."""
-        block = getattr(self, "method")
+        block = self.method
         if getattr(self, block).precompute_ref_log_probs and self.dataset.streaming:
             raise ValueError(
                 f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; "

@@ -4,12 +4,13 @@ told apart by `method`.
 The parts are in schemas/request_base.py (what every method shares), schemas/method_requests.py
 (each method's own block), schemas/rewards.py (what scores online methods); this module is where
 producers and consumers import them from. Which methods exist is the method table's to say
-(schemas/methods.py): `REQUEST_MODELS` and `TrainingRequest` are read from it.
+(schemas/methods.py); `AnyRequest` lists their models, in the table's order, and
+tests/schemas/test_methods.py checks the two agree.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, get_args
 
 from pydantic import Field
 
@@ -55,20 +56,17 @@ from schemas.rewards import (
     ThinkFormatReward,
 )
 
-# The request models by method name, in the table's order (tests/schemas/test_methods.py checks both).
-REQUEST_MODELS: dict[str, type[RequestBase]] = {
-    "sft": SFTRequest, "dpo": DPORequest, "kto": KTORequest, "reward": RewardRequest, "grpo": GRPORequest,
-    "rloo": RLOORequest, "orpo": ORPORequest, "ppo": PPORequest,
-}
+# Every method's request model, in the method table's order.
+AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | ORPORequest | PPORequest
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
-TrainingRequest = Annotated[
-    Union[tuple(REQUEST_MODELS.values())],  # type: ignore[valid-type]  # built from the table, not spelled out
-    Field(discriminator="method"),
-]
+TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
+
+# The request models by method name.
+REQUEST_MODELS: dict[str, type[RequestBase]] = {get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)}
 
 __all__ = [
-    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
+    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
     "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
     "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",
     "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",

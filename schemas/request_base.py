@@ -10,7 +10,7 @@ passes on only what was set.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -92,6 +92,8 @@ class RequestBase(Frozen):
     """The fields every method shares."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", json_schema_extra=_mark_experimental)
+    if TYPE_CHECKING:  # each method's model declares it as its Literal name (schemas/method_requests.py)
+        method: str
 
     schema_version: Literal[1] = SCHEMA_VERSION
     request_id: str = Field(pattern=REQUEST_ID_PATTERN, description="Idempotency key; also the Kafka key.")
@@ -129,7 +131,7 @@ class RequestBase(Frozen):
     def experimental(self) -> bool:
         """Whether the method runs on TRL's experimental layer (`trl.experimental...`), whose API may
         change between TRL releases: the method table says."""
-        return METHODS[getattr(self, "method")].status == "experimental"
+        return METHODS[self.method].status == "experimental"
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         """The column sets the method accepts, any one of which the dataset must have (after `columns`)."""
@@ -137,7 +139,7 @@ class RequestBase(Frozen):
 
     def text_only_problem(self, columns: list[str]) -> str | None:
         """Why a dataset with an image column among these cannot feed a text-only method, or None."""
-        method = getattr(self, "method")
+        method = self.method
         images = image_column(columns)
         if images is not None and not METHODS[method].vision:
             vision = ", ".join(name for name, row in METHODS.items() if row.vision)
@@ -153,7 +155,7 @@ class RequestBase(Frozen):
         if any(form <= set(columns) for form in formats):
             return None
         options = " or ".join(" and ".join(f"'{c}'" for c in sorted(form)) for form in formats)
-        return f"dataset.columns: method {getattr(self, 'method')} needs {options}; found {sorted(columns)}"
+        return f"dataset.columns: method {self.method} needs {options}; found {sorted(columns)}"
 
     def set_fields(self, block: str) -> dict[str, Any]:
         """The fields of one block that the request set, to pass on to TRL as keyword arguments."""

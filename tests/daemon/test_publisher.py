@@ -104,5 +104,5 @@ async def test_topics_with_the_same_partitions_share_the_choice() -> None:
 
     assert publisher.partitioner.keys == [f"bad-{offset}".encode() for offset in range(10)]  # type: ignore[attr-defined]
     default = DefaultPartitioner()
-    for (topic, partition), keys in producer.sent.items():
+    for (_topic, partition), keys in producer.sent.items():
         assert all(default(key, list(range(6)), list(range(6))) == partition for key in keys)
