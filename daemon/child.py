@@ -128,7 +128,7 @@ class Child:
                 if log_file is None or opened != self.log_path:
                     if log_file is not None:
                         log_file.close()
-                    log_file, opened = open(self.log_path, "ab", buffering=0), self.log_path  # noqa: SIM115  # closed below
+                    log_file, opened = open(self.log_path, "ab", buffering=0), self.log_path  # closed below
                 log_file.write(line)
                 text = line.decode(errors="replace").rstrip()
                 if text:

@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 from pydantic import ValidationError
 
+from daemon.records import Record
 from daemon.settings import Settings
-from daemon.topic_reader import Record, TopicReader
+from daemon.topic_reader import TopicReader
 from schemas.control import Cancel
 
 log = structlog.get_logger()

@@ -12,7 +12,7 @@ import json
 import socketserver
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
@@ -55,7 +55,7 @@ class HttpEndpoint:
 
     @property
     def address(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = cast(tuple[str, int], self.server.server_address[:2])  # an AF_INET server's
         return f"{host}:{port}"
 
     def start(self) -> HttpEndpoint:
@@ -70,7 +70,7 @@ class HttpEndpoint:
     def app(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return self.metrics_app(environ, start_response)  # type: ignore[no-any-return]
+            return self.metrics_app(environ, start_response)
         if path == "/healthz":
             healthy, detail = self.health()
             return _json(start_response, "200 OK" if healthy else "503 Service Unavailable", detail)

@@ -18,7 +18,8 @@ from daemon.capabilities import unsupported_reason
 from daemon.images import inline_image_errors
 from daemon.partitions import Partitions
 from daemon.policy import policy_errors
-from daemon.publisher import Outgoing, Publisher, Record
+from daemon.publisher import Outgoing, Publisher
+from daemon.records import Record
 from daemon.scheduler import Scheduler
 from daemon.secret_rules import SCANNER
 from daemon.settings import Settings
@@ -62,7 +63,7 @@ class Intake:
                 outgoing += self.rejection_messages(record, rejection)
                 last_rejected = record.offset
                 continue
-            assert not isinstance(decoded, Rejection)
+            assert decoded is not None and not isinstance(decoded, Rejection)  # else rejection is set
             await self._flush(tp, outgoing, last_rejected)
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)

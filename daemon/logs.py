@@ -46,7 +46,7 @@ def configure_logging(log_format: Literal["auto", "json", "console"] = "auto", l
         structlog.processors.JSONRenderer() if use_json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)
     )
-    stamp = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    stamp: list[structlog.types.Processor] = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamp],
         processors=[

@@ -93,7 +93,7 @@ class Partitions:
             await self._settling[tp]
 
 
-class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
+class RebalanceListener(ConsumerRebalanceListener):
     """Tells the scheduler which partitions this member holds after each rebalance.
 
     aiokafka has no cooperative rebalancing: every rebalance revokes all partitions, and new

@@ -98,7 +98,7 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     """vLLM's server mode goes only to the operator's server (vllm_server_base_url): a request asks for
     it only where the operator configured one. Naming a server is refused by the schema itself
     (`vllm_server_*` are in the refusal table, schemas/contract_rules.py)."""
-    block = request.method  # type: ignore[attr-defined]  # a method's TRL fields are in the block named after it
+    block = request.method  # a method's TRL fields are in the block named after it
     fields = getattr(request, block, None)
     errors = []
     if getattr(fields, "use_vllm", None) and getattr(fields, "vllm_mode", None) == "server" and settings.vllm_server_base_url is None:

@@ -16,11 +16,12 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.structs import ConsumerRecord, RecordMetadata
+from aiokafka.structs import RecordMetadata
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from daemon.kafka_options import kafka_options
+from daemon.records import Record
 from daemon.retry_state import RetrySigner
 from daemon.settings import Settings
 from daemon.trace import trace_context
@@ -30,7 +31,6 @@ from schemas.events import EventBase, Failed
 log = structlog.get_logger()
 
 Headers = list[tuple[str, bytes]]
-Record = ConsumerRecord[bytes, bytes]
 FIELD_ERRORS = TypeAdapter(list[FieldError])
 @dataclass(frozen=True)
 class Outgoing:

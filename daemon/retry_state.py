@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from aiokafka.structs import ConsumerRecord
+
+from daemon.records import Record
 
 log = structlog.get_logger()
 
@@ -58,7 +59,7 @@ class RetrySigner:
         return [(ATTEMPT_HEADER, attempt_text), (DUE_HEADER, due_text),
                 (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text).encode())]
 
-    def read(self, record: ConsumerRecord[bytes, bytes]) -> RetryState:
+    def read(self, record: Record) -> RetryState:
         """The record's retry state, when the daemon signed it; a first try otherwise."""
         headers = {name: value for name, value in record.headers or () if name in RETRY_HEADERS}
         if not headers:

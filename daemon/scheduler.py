@@ -25,7 +25,8 @@ from aiokafka import TopicPartition
 from daemon import metrics
 from daemon.job import JobRunner
 from daemon.partitions import Partitions
-from daemon.publisher import Publisher, Record
+from daemon.publisher import Publisher
+from daemon.records import Record
 from daemon.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings
 from daemon.slots import Slots

@@ -27,7 +27,8 @@ def detect_secrets_rules() -> tuple[dict[str, tuple[str, str]], list[str]]:
     and the patterns left out (plugin and why)."""
     rules: dict[str, tuple[str, str]] = {}
     left_out: list[str] = []
-    for secret_type, plugin in sorted(get_mapping_from_secret_type_to_class().items()):
+    plugins: dict[str, type] = get_mapping_from_secret_type_to_class()
+    for secret_type, plugin in sorted(plugins.items()):
         if not issubclass(plugin, RegexBasedDetector):
             continue  # entropy and keyword plugins: not a shape to match
         for index, compiled in enumerate(plugin().denylist):

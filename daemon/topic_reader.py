@@ -12,13 +12,11 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import ConsumerRecord
 
 from daemon.kafka_options import kafka_options
+from daemon.records import Record
 from daemon.settings import Settings
 from daemon.topics import partition_numbers
-
-Record = ConsumerRecord[bytes, bytes]
 
 
 class TopicReader:

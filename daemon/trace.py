@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from aiokafka.structs import ConsumerRecord
+from daemon.records import Record
 
 Headers = list[tuple[str, bytes]]
 
@@ -20,7 +20,7 @@ _TRACEPARENT = re.compile(rb"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9
 _TRACESTATE = re.compile(rb"[\x20-\x7e]{1,512}")
 
 
-def trace_context(record: ConsumerRecord[bytes, bytes]) -> Headers:
+def trace_context(record: Record) -> Headers:
     """The record's trace headers that are well-formed, in W3C's order; [] when it has none."""
     headers = dict(record.headers or ())
     parent = headers.get("traceparent")

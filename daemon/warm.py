@@ -9,6 +9,7 @@ after it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,11 @@ def became_ready(ready_task: asyncio.Task[bool]) -> bool:
     return not ready_task.cancelled() and ready_task.result()
 
 
+def log_readiness(ready: str, died: str, pid: int, ready_task: asyncio.Task[bool]) -> None:
+    """A readiness task's done callback: log `ready` or `died` for the process."""
+    log.info(ready if became_ready(ready_task) else died, pid=pid)
+
+
 class WarmChildren:
     """Where a one-GPU job's child comes from, its imports done ahead of the job.
 
@@ -95,9 +101,7 @@ class WarmChildren:
                     await self.server.close()
                 self.server = await ForkServer.start(self.env, self.log_path)
                 self.server.server.ready_task.add_done_callback(
-                    lambda task, pid=self.server.server.process.pid: log.info(
-                        "forkserver.ready" if became_ready(task) else "forkserver.died", pid=pid
-                    )
+                    functools.partial(log_readiness, "forkserver.ready", "forkserver.died", self.server.server.process.pid)
                 )
             return
         self._ready = [(devices, child) for devices, child in self._ready if child.process.returncode is None]
@@ -110,9 +114,7 @@ class WarmChildren:
             self._ready.append((devices, child))
             log.info("child.warming", pid=child.process.pid, visible_devices=devices)
             child.ready_task.add_done_callback(
-                lambda task, pid=child.process.pid: log.info(
-                    "child.warm_ready" if became_ready(task) else "child.warm_died", pid=pid
-                )
+                functools.partial(log_readiness, "child.warm_ready", "child.warm_died", child.process.pid)
             )
 
     async def take(self, visible_devices: str | None) -> Child:

@@ -38,7 +38,7 @@ def check_template_render(template: str, *, max_bytes: int, max_s: float) -> Non
             render_jinja_template([SAMPLE], chat_template=template, add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
         except MemoryError:
             code = _OUT_OF_MEMORY
-        except BaseException:  # noqa: BLE001 - an ordinary template error is the real render's to report
+        except BaseException:  # an ordinary template error is the real render's to report
             code = 0
         os._exit(code)
     # The fork's exit is the event to wait for: its pidfd becomes readable then, or the time is up.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import datasets
 from huggingface_hub import constants
@@ -60,6 +61,9 @@ from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
 from schemas.provenance import ResolvedSource, TrackedRun
 from schemas.request import LoraSpec, ModelSpec, RequestBase
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "EXIT_STOPPED", "Base", "Data", "JobCallback", "Reference", "StatusReporter", "load_base", "load_causal_lm", "load_data",
@@ -161,7 +165,7 @@ def load_reference(request: RequestBase, job: JobSpec, base: Base) -> Reference 
     as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
     path, revision = resolve_model(as_base, "ref_model", max_bytes=job.max_model_bytes)
     model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, "ref_model")
-    embeddings, tokens = model.get_input_embeddings().num_embeddings, len(base.tokenizer)
+    embeddings, tokens = cast("torch.nn.Embedding", model.get_input_embeddings()).num_embeddings, len(base.tokenizer)
     if embeddings < tokens:
         raise JobFailed(
             "model_unavailable", "load_model",
@@ -192,7 +196,7 @@ def result(
     comes from the method table."""
     reporter.enter("done")
     return TrainResult(
-        trainer=METHODS[request.method].trained_by,  # type: ignore[attr-defined]
+        trainer=METHODS[request.method].trained_by,
         metrics=metrics,
         base_model_revision=base.revision,
         ref_model_revision=reference.revision if reference is not None else None,

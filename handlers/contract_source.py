@@ -127,6 +127,7 @@ def read_fields(cls: type, block: str, exclude: set[str]) -> dict[str, dict[str,
 def read_contract(blocks: typing.Iterable[str] = BLOCK_SOURCES) -> dict[str, Any]:
     """Every block this install can read, as {block: {source, package, version, fields, training_defaults}}."""
     training = dataclass_of(BLOCK_SOURCES["training"])
+    assert training is not None, "transformers.TrainingArguments is always there: transformers is a dependency"
     training_fields = {f.name: default_of(f) for f in dataclasses.fields(training)}
     contract = {}
     for block in blocks:

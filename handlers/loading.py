@@ -208,7 +208,7 @@ def _interleave(parts: list[AnyDataset], shares: list[float], seed: int) -> AnyD
     if all(isinstance(part, Dataset) for part in parts):
         features = parts[0].features
         parts = [parts[0], *(part.cast(features) if part.features != features else part for part in parts[1:])]
-    return interleave_datasets(parts, probabilities=shares, seed=seed, stopping_strategy="all_exhausted")  # type: ignore[type-var]
+    return interleave_datasets(parts, probabilities=shares, seed=seed, stopping_strategy="all_exhausted")
 
 
 def column_names(rows: AnyDataset) -> list[str]:

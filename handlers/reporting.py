@@ -63,7 +63,7 @@ class StatusReporter:
         now = time.monotonic()
         self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)
         self.stage, self._stage_started = stage, now
-        self.send(StageEntered(stage=stage))  # type: ignore[arg-type]
+        self.send(StageEntered(stage=stage))
 
     def error(self, failure: JobFailed) -> None:
         self.send(ChildError.of(failure))

@@ -22,7 +22,7 @@ from schemas.request import (
     ThinkFormatReward,
 )
 
-RewardFn = Callable[..., list[float]]
+RewardFn = Callable[..., list[float | None]]  # TRL's type: None is a reward a function does not give
 
 
 def completion_text(completion: Any) -> str:
@@ -33,7 +33,7 @@ def completion_text(completion: Any) -> str:
 
 
 def exact_match(spec: ExactMatchReward) -> RewardFn:
-    def exact_match(completions: list[Any], **columns: Any) -> list[float]:
+    def exact_match(completions: list[Any], **columns: Any) -> list[float | None]:
         references = columns[spec.column]
         return [float(completion_text(c).strip() == str(r).strip()) for c, r in zip(completions, references, strict=True)]
 
@@ -43,21 +43,21 @@ def exact_match(spec: ExactMatchReward) -> RewardFn:
 def regex_match(spec: RegexReward) -> RewardFn:
     pattern = compile_pattern(spec.pattern)  # RE2, as intake checked it: linear time, no catastrophic backtracking
 
-    def regex_match(completions: list[Any], **columns: Any) -> list[float]:
+    def regex_match(completions: list[Any], **columns: Any) -> list[float | None]:
         return [float(pattern.search(completion_text(c)) is not None) for c in completions]
 
     return regex_match
 
 
 def length_penalty(spec: LengthPenaltyReward) -> RewardFn:
-    def length_penalty(completions: list[Any], **columns: Any) -> list[float]:
+    def length_penalty(completions: list[Any], **columns: Any) -> list[float | None]:
         return [-abs(len(completion_text(c)) - spec.target_chars) / spec.target_chars for c in completions]
 
     return length_penalty
 
 
 def think_format(spec: ThinkFormatReward) -> RewardFn:
-    def think_format(completions: list[Any], **columns: Any) -> list[float]:
+    def think_format(completions: list[Any], **columns: Any) -> list[float | None]:
         # TRL's function reads conversational completions; plain ones are wrapped the same way.
         as_messages = [c if isinstance(c, list) else [{"role": "assistant", "content": str(c)}] for c in completions]
         return [float(r) for r in think_format_reward(as_messages)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import fsspec
 from datasets import Dataset, IterableDataset, load_dataset
@@ -28,14 +28,14 @@ BUILDERS = {"json": "json", "jsonl": "json", "parquet": "parquet", "csv": "csv",
 EXTENSIONS = {".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 GLOB = re.compile(r"[*?\[]")
 
-AnyDataset = Dataset | IterableDataset
+AnyDataset: TypeAlias = Dataset | IterableDataset
 
 
 def load_source(source: SourceSpec, split: str, role: str, job: JobSpec, *, streaming: bool, field: str) -> tuple[AnyDataset, ResolvedSource]:
     """One split of one source, and what it resolved to. `field` names the source in errors."""
     if source.rows is not None:
         rows = Dataset.from_list(list(source.rows))
-        return (rows.to_iterable_dataset() if streaming else rows), ResolvedSource(role=role, kind="inline", location="inline rows")  # type: ignore[arg-type]
+        return (rows.to_iterable_dataset() if streaming else rows), ResolvedSource(role=role, kind="inline", location="inline rows")
     if source.id is not None:
         return _hub(source, split, role, streaming, field, job.max_dataset_bytes)
     locations = source.files.get(split) if source.files is not None else source.url
@@ -55,7 +55,7 @@ def load_source(source: SourceSpec, split: str, role: str, job: JobSpec, *, stre
     options = dict(job.storage_options.get(scheme, {})) if scheme else None
     dataset = load_dataset(builder, data_files={split: [f.path for f in files]}, split=split, streaming=streaming, storage_options=options)
     kind = "object_storage" if remote else "local"
-    return dataset, ResolvedSource(role=role, kind=kind, location=", ".join(items), split=split, files=files)  # type: ignore[arg-type]
+    return dataset, ResolvedSource(role=role, kind=kind, location=", ".join(items), split=split, files=files)
 
 
 def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str, max_bytes: int | None) -> tuple[AnyDataset, ResolvedSource]:
@@ -71,7 +71,7 @@ def _hub(source: SourceSpec, split: str, role: str, streaming: bool, field: str,
         check_download_size(f"{field}.id", source.id, [s.size for s in info.siblings or []], max_bytes, "max_dataset_bytes")
     dataset = load_dataset(source.id, source.config, split=split, revision=info.sha, data_files=source.data_files, streaming=streaming)
     files = [SourceFile(path=s.rfilename, size=s.size) for s in info.siblings or [] if not s.rfilename.startswith(".")]
-    return dataset, ResolvedSource(role=role, kind="hub", location=source.id, revision=info.sha, split=split, files=files)  # type: ignore[arg-type]
+    return dataset, ResolvedSource(role=role, kind="hub", location=source.id, revision=info.sha, split=split, files=files)
 
 
 def _expand(location: str, fmt: str | None, job: JobSpec, field: str) -> list[SourceFile]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from transformers import (
     CLIPImageProcessor,
@@ -66,12 +67,12 @@ def chat_template(image: str) -> str:
     )
 
 
-def text_config(tokenizer: object, **extra: object) -> dict[str, object]:
+def text_config(tokenizer: Any, **extra: Any) -> dict[str, Any]:
     """The two-layer language model every family gets, sized to the tokenizer."""
     return dict(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,  # type: ignore[arg-type]
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra,  # type: ignore[attr-defined]
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra,
     )
 
 
@@ -88,7 +89,7 @@ def llava() -> tuple[ProcessorMixin, Callable[[ProcessorMixin], PreTrainedModel]
     )
 
     def model(processor: ProcessorMixin) -> PreTrainedModel:
-        tok = processor.tokenizer  # type: ignore[attr-defined]
+        tok = processor.tokenizer
         vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                   image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=32)
         return LlavaForConditionalGeneration(LlavaConfig(
@@ -109,12 +110,12 @@ def qwen2_vl() -> tuple[ProcessorMixin, Callable[[ProcessorMixin], PreTrainedMod
         video_token="<|video_pad|>", vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
     )
     pixels = IMAGE_SIZE * IMAGE_SIZE
-    sizes = dict(size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
+    sizes: dict[str, Any] = dict(size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH_SIZE, merge_size=2, temporal_patch_size=2)
     processor = Qwen2VLProcessor(image_processor=Qwen2VLImageProcessor(**sizes), video_processor=Qwen2VLVideoProcessor(**sizes),
                                  tokenizer=tokenizer, chat_template=template)
 
     def model(processor: ProcessorMixin) -> PreTrainedModel:
-        tok = processor.tokenizer  # type: ignore[attr-defined]
+        tok = processor.tokenizer
         ids = tok.convert_tokens_to_ids
         # mrope splits each head's rotary half (head size 8 / 2 = 4) over time, height and width.
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
@@ -138,7 +139,7 @@ def idefics3() -> tuple[ProcessorMixin, Callable[[ProcessorMixin], PreTrainedMod
     processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4, chat_template=template)
 
     def model(processor: ProcessorMixin) -> PreTrainedModel:
-        tok = processor.tokenizer  # type: ignore[attr-defined]
+        tok = processor.tokenizer
         return Idefics3ForConditionalGeneration(Idefics3Config(
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                image_size=IMAGE_SIZE, patch_size=PATCH_SIZE),
@@ -158,8 +159,8 @@ def save_tiny_vlm(out_dir: Path, family: str = "llava", seed: int = 0) -> Path:
     processor, build_model = FAMILIES[family]()
     torch.manual_seed(seed)
     model = build_model(processor)
-    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id  # type: ignore[attr-defined]
-    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id  # type: ignore[attr-defined]
+    model.generation_config.eos_token_id = processor.tokenizer.eos_token_id
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
@@ -167,4 +168,4 @@ def save_tiny_vlm(out_dir: Path, family: str = "llava", seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    print(save_tiny_vlm(Path(sys.argv[1]), *sys.argv[2:3]))
+    print(save_tiny_vlm(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "llava"))

@@ -90,10 +90,12 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
     if not trainer.accelerator.is_main_process:
         return  # in a multi-GPU job, rank 0 writes the artifact
     artifact.mkdir(parents=True, exist_ok=True)
-    model = model if model is not None else trainer.model
-    if request.output.push == "merged" and isinstance(model, PeftModel):
-        model = model.merge_and_unload()
-    model.save_pretrained(artifact)
+    # A PreTrainedModel or a PeftModel around one: each saves itself (the Trainer types it as a Module).
+    trained: Any = model if model is not None else trainer.model
+    if request.output.push == "merged" and isinstance(trained, PeftModel):
+        trained = trained.merge_and_unload()
+    trained.save_pretrained(artifact)
+    assert trainer.processing_class is not None, "every handler gives its trainer a tokenizer or processor"
     trainer.processing_class.save_pretrained(artifact)
 
 

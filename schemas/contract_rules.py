@@ -16,8 +16,9 @@ A refusal is one of three kinds:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 RefusalKind = Literal["daemon", "host", "policy"]
 
@@ -206,7 +207,7 @@ SETTABLE_UNDER_POLICY: dict[str, dict[str, str]] = {
 
 def refusal(block: str, field: str) -> Refusal | None:
     """Why a request may not set `field` in `block`, or None when it may."""
-    return rule(REFUSED, block, field)  # type: ignore[arg-type, return-value]
+    return rule(REFUSED, block, field)
 
 
 def refused_names(block: str) -> set[str]:
@@ -214,7 +215,10 @@ def refused_names(block: str) -> set[str]:
     return set(REFUSED.get(block, {})) | (set() if block in SHARED_BLOCKS else set(REFUSED["*"]))
 
 
-def rule(table: dict[str, dict[str, object]], block: str, field: str) -> object | None:
+Entry = TypeVar("Entry")
+
+
+def rule(table: Mapping[str, Mapping[str, Entry]], block: str, field: str) -> Entry | None:
     """A field's entry in one of the tables above: its block's, else the method blocks' shared "*"."""
     found = table.get(block, {}).get(field)
     if found is None and block not in SHARED_BLOCKS:

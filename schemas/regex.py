@@ -42,6 +42,6 @@ def pattern_problem(pattern: str) -> str | None:
         return "a counted repetition ({n}) of 1000 or more"
     try:
         compile_pattern(pattern)
-    except Exception as exc:  # noqa: BLE001 - whatever the engine raises, the pattern is refused
+    except Exception as exc:  # whatever the engine raises, the pattern is refused
         return f"pattern does not compile ({ENGINE}): {str(exc)[:200]}"
     return None

@@ -48,7 +48,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     server_state: HubState
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+    def log_message(self, format: str, *args: Any) -> None:  # the stdlib's name
         pass
 
     # Plumbing.
@@ -94,7 +94,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         except KeyError as exc:
             self._error(404, "EntryNotFound", f"not found: {exc}")
 
-    do_GET = do_POST = do_HEAD = do_PUT = _dispatch  # noqa: N815 - the stdlib's names
+    do_GET = do_POST = do_HEAD = do_PUT = _dispatch  # the stdlib's names
 
     def _route(self, path: str, query: dict[str, str]) -> None:
         hub = self.server_state

@@ -107,7 +107,7 @@ def test_a_renamed_field_is_accepted_under_its_old_name_and_marked_deprecated(mo
     """What a TRL rename does: the old name stays in the contract, deprecated, and reaches TRL under the new one."""
     monkeypatch.setitem(rules.RENAMED, "sft", {"max_seq_length": "max_length"})
     namespace: dict[str, Any] = {}
-    exec(compile(render_module(CHECKED_IN), "trl_fields_renamed", "exec"), namespace)  # noqa: S102 - our own generated text
+    exec(compile(render_module(CHECKED_IN), "trl_fields_renamed", "exec"), namespace)  # our own generated text
     block = namespace["SFTConfigFields"]
     block.model_rebuild(_types_namespace=namespace)
     assert block.model_json_schema()["properties"]["max_seq_length"]["deprecated"] is True
