@@ -10,6 +10,8 @@ rejections before it are settled, so offsets are committed in order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import structlog
 from aiokafka import TopicPartition
 
@@ -47,7 +49,7 @@ class Intake:
         self.scheduler = scheduler
         self.slots = slots
 
-    async def take(self, tp: TopicPartition, records: list[Record]) -> None:
+    async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""
         outgoing: list[Outgoing] = []
         last_rejected: int | None = None

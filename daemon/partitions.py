@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Collection
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from aiokafka.structs import RecordMetadata
 from tenacity import (
@@ -22,6 +22,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from daemon.clients import Consumer
+
 log = structlog.get_logger()
 
 
@@ -30,7 +32,7 @@ def _commit_retryable(exc: BaseException) -> bool:
 
 
 class Partitions:
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+    def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
         self._settling: dict[TopicPartition, asyncio.Task[None]] = {}
 

@@ -13,14 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
-from daemon.kafka_options import kafka_options
+from daemon.clients import Producer, kafka_producer
 from daemon.records import Record
 from daemon.retry_state import RetrySigner
 from daemon.settings import Settings
@@ -41,17 +40,15 @@ class Outgoing:
 
 
 class Publisher:
-    def __init__(self, settings: Settings) -> None:
+    """Events and dead letters, through `producer` (aiokafka's, unless a test gives its own)."""
+
+    def __init__(
+        self, settings: Settings, producer: Producer | None = None,
+        partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None,
+    ) -> None:
         self.settings = settings
-        self.producer = AIOKafkaProducer(
-            **kafka_options(settings),
-            client_id=f"adapterd-{settings.host}",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=20,  # fills batches under load (intake); events are not latency-critical at 20 ms
-            max_batch_size=1 << 20,
-        )
-        self.partitioner = DefaultPartitioner()
+        self.producer = producer if producer is not None else kafka_producer(settings)
+        self.partitioner = partitioner if partitioner is not None else DefaultPartitioner()
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
 
     async def start(self) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,7 +110,7 @@ class Scheduler:
         self.waiting[tp] = WaitingRetry(record.offset, due)
         return False
 
-    def wake(self, end_offsets: dict[TopicPartition, int] | None = None) -> None:
+    def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
         now = time.time()
         for tp, waiting in list(self.waiting.items()):

@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import (
-    StickyPartitionAssignor,
-)
+from aiokafka import TopicPartition
 
 from daemon import metrics
 from daemon.capabilities import available_methods
+from daemon.clients import Consumer, Producer, kafka_consumer
 from daemon.control import ControlReader
 from daemon.http_server import HttpEndpoint
 from daemon.intake import Intake
-from daemon.kafka_options import kafka_options
 from daemon.partitions import Partitions, RebalanceListener
 from daemon.publisher import Publisher
 from daemon.scheduler import Scheduler
@@ -42,27 +38,18 @@ from daemon.warm import WarmChildren, child_environment
 
 log = structlog.get_logger()
 
-ASSIGNORS = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor, "sticky": StickyPartitionAssignor}
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
 LAG_INTERVAL_S = 5.0
 
 
 class Service:
-    def __init__(self, settings: Settings) -> None:
+    """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/clients.py)."""
+
+    def __init__(self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None) -> None:
         self.settings = settings
-        self.publisher = Publisher(settings)
-        self.consumer = AIOKafkaConsumer(
-            **kafka_options(settings),
-            group_id=settings.group_id,
-            client_id=f"adapterd-{settings.host}",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_interval_ms=settings.max_poll_interval_ms,
-            session_timeout_ms=settings.session_timeout_ms,
-            group_instance_id=settings.group_instance_id,
-            partition_assignment_strategy=(ASSIGNORS[settings.partition_assignment],),
-        )
+        self.publisher = Publisher(settings, producer)
+        self.consumer = consumer if consumer is not None else kafka_consumer(settings)
         self.slots = Slots(discover_gpus(settings.gpus), settings.job_slots)
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
                                      mode=settings.child_start)
@@ -122,7 +109,7 @@ class Service:
                 await self.intake.take(tp, records)
             self.scheduler.wake(await self._measure_lag())
 
-    async def _measure_lag(self) -> dict[TopicPartition, int] | None:
+    async def _measure_lag(self) -> Mapping[TopicPartition, int] | None:
         """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,
         so its high watermark would go stale while its job runs); the end offsets, when measured."""
         if self.last_turn - self._lag_measured < LAG_INTERVAL_S or not self.consumer.assignment():

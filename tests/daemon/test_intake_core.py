@@ -1,0 +1,99 @@
+"""Intake, partitions and the publisher on the in-memory Kafka clients (tests/fakes.py): every
+hostile record of issue 22 becomes a DLQ record and a `rejected` event under its key, in order; the
+partition is committed past the last one only once every acknowledgement has come, and not at all
+when one fails (the records are read again). No broker, no child: milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+
+from daemon.intake import Intake
+from daemon.partitions import Partitions
+from daemon.publisher import Publisher
+from daemon.scheduler import Scheduler
+from daemon.settings import Settings
+from daemon.slots import Slots
+from daemon.warm import WarmChildren
+from tests.fakes import FakeConsumer, FakeProducer, FakeRecord
+from tests.helpers import sft_request
+from tests.hostile import hostile_cases
+
+
+class Core:
+    """The intake path as the service builds it, on fakes."""
+
+    def __init__(self, settings: Settings, producer: FakeProducer) -> None:
+        self.settings, self.producer, self.consumer = settings, producer, FakeConsumer()
+        self.publisher = Publisher(settings, producer)
+        self.partitions = Partitions(self.consumer)
+        slots = Slots([], 1)
+        children = WarmChildren({}, settings.work_dir / "children.log", enabled=False)
+        self.scheduler = Scheduler(settings, self.publisher, self.partitions, slots, children, on_change=lambda: None)
+        self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, slots)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (tmp_path / "outside").mkdir()
+    (data / "link").symlink_to(tmp_path / "outside")
+    return data
+
+
+@pytest.fixture
+def settings(tmp_path: Path, root: Path) -> Settings:
+    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", allowed_local_dataset_roots=[root],
+                    allowed_dataset_urls=["s3://bucket/*"], allowed_report_to=["mlflow", "tensorboard"])
+
+
+def hostile_records(settings: Settings, root: Path, tp: TopicPartition) -> tuple[list[FakeRecord], list[str]]:
+    cases = hostile_cases(sft_request("valid"), Path("/tmp/root"))
+    records = [
+        FakeRecord(tp.topic, tp.partition, offset, f"hostile-{name}".encode(), raw.replace(b"/tmp/root", str(root).encode()), headers)
+        for offset, (name, raw, headers, _) in enumerate(cases, start=100)
+    ]
+    return records, [path for _, _, _, path in cases]
+
+
+async def test_every_hostile_record_is_dead_lettered_and_announced_then_committed(settings: Settings, root: Path) -> None:
+    core = Core(settings, FakeProducer())
+    tp = TopicPartition(settings.requests_topic, 0)
+    records, paths = hostile_records(settings, root, tp)
+
+    await core.intake.take(tp, records)
+    await core.partitions.settled(tp)
+
+    dead = core.producer.on(settings.dlq_topic)
+    events = core.producer.on(settings.events_topic)
+    assert [m.key for m in dead] == [r.key for r in records] and [m.value for m in dead] == [r.value for r in records]
+    assert [m.header("adapterd-source-offset") for m in dead] == [str(r.offset).encode() for r in records]
+    assert [json.loads(m.value)["type"] for m in events] == ["rejected"] * len(records)
+    for event, path in zip(events, paths, strict=True):  # each names the field its case is about
+        assert path in [error["path"] for error in json.loads(event.value)["errors"]], event.value[:300]
+    assert core.consumer.commits == [(tp, records[-1].offset + 1)]  # once, past the last
+    assert core.producer.batches <= 4  # rejections go out in batches, not one send each
+
+
+async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fails(settings: Settings, root: Path) -> None:
+    core = Core(settings, FakeProducer(hold_acks=True))
+    tp = TopicPartition(settings.requests_topic, 0)
+    records, _ = hostile_records(settings, root, tp)
+    first, second = records[:5], records[5:10]
+
+    await core.intake.take(tp, first)
+    await asyncio.sleep(0)  # let the settle task reach its wait on the acknowledgements
+    assert core.consumer.commits == []
+    core.producer.release()
+    await core.partitions.settled(tp)
+    assert core.consumer.commits == [(tp, first[-1].offset + 1)]
+
+    await core.intake.take(tp, second)
+    core.producer.release(ConnectionError("the broker went away"))
+    await core.partitions.settled(tp)
+    assert core.consumer.commits == [(tp, first[-1].offset + 1)]  # the second batch is read again after a restart
