@@ -91,6 +91,10 @@ class Child:
         # The only reader of the pipe until the child is ready; `run` reads it after this ends.
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
     @classmethod
     async def spawn(
         cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.runner",), pass_fds: tuple[int, ...] = (),
@@ -173,9 +177,9 @@ class Child:
             await on_start(self.process.pid)
             await self.ready_task
             for message in self._early:
-                await self._follow(message, outcome, on_message)
+                await follow(message, outcome, on_message)
             async for message in self._messages():
-                await self._follow(message, outcome, on_message)
+                await follow(message, outcome, on_message)
             outcome.returncode = await self.process.wait()
             _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
             await self._output_done()
@@ -202,21 +206,9 @@ class Child:
         try:
             async with asyncio.timeout(5):
                 async for message in self._messages():
-                    await self._follow(message, outcome, on_message)
+                    await follow(message, outcome, on_message)
         except (TimeoutError, ValueError) as exc:
             log.warning("child.unread_messages", pid=self.process.pid, error=repr(exc))
-
-    @staticmethod
-    async def _follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
-        if isinstance(message, StageEntered):
-            outcome.stage = message.stage
-        elif isinstance(message, TrainResult):
-            outcome.result = message
-        elif isinstance(message, ChildError):
-            outcome.error = message
-        elif isinstance(message, FirstStep):
-            outcome.first_step_at = message.time
-        await on_message(message)
 
     async def stop(self, grace_s: float) -> None:
         process = self.process
@@ -231,6 +223,20 @@ class Child:
         _signal_group(process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
         self.ready_task.cancel()
         self.transport.close()
+
+
+async def follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
+    """Take one message of the child's into its outcome (its stage, result, error, first step),
+    then hand it on."""
+    if isinstance(message, StageEntered):
+        outcome.stage = message.stage
+    elif isinstance(message, TrainResult):
+        outcome.result = message
+    elif isinstance(message, ChildError):
+        outcome.error = message
+    elif isinstance(message, FirstStep):
+        outcome.first_step_at = message.time
+    await on_message(message)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -23,11 +23,11 @@ from daemon.journal import Journal
 from daemon.metrics import JOBS, STAGE_SECONDS
 from daemon.model_card import model_card
 from daemon.policy import report_to
+from daemon.processes import ChildSource
 from daemon.publisher import Publisher
 from daemon.settings import Settings
 from daemon.supervisor import Supervisor
 from daemon.trace import Headers, traceparent
-from daemon.warm import WarmChildren
 from schemas.events import (
     Cancelled,
     EventBase,
@@ -57,7 +57,7 @@ class JobRunner:
     """
 
     def __init__(
-        self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
+        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
     ) -> None:
         self.request = request
@@ -102,7 +102,7 @@ class JobRunner:
     def status(self) -> dict[str, Any]:
         return {
             "request_id": self.request.request_id, "method": self.request.method, "slot": self.slot,
-            "stage": self.stage, "pid": self.supervisor.child.process.pid if self.supervisor.child else None,
+            "stage": self.stage, "pid": self.supervisor.child.pid if self.supervisor.child else None,
             **self.supervisor.progress,
         }
 

@@ -25,13 +25,13 @@ from aiokafka import TopicPartition
 from daemon import metrics
 from daemon.job import JobRunner
 from daemon.partitions import Partitions
+from daemon.processes import ChildSource
 from daemon.publisher import Publisher
 from daemon.records import Record
 from daemon.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings
 from daemon.slots import Slots
 from daemon.trace import trace_context
-from daemon.warm import WarmChildren
 from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
 
 log = structlog.get_logger()
@@ -54,7 +54,7 @@ class WaitingRetry:
 
 class Scheduler:
     def __init__(
-        self, settings: Settings, publisher: Publisher, partitions: Partitions, slots: Slots, children: WarmChildren,
+        self, settings: Settings, publisher: Publisher, partitions: Partitions, slots: Slots, children: ChildSource,
         on_change: Callable[[], None],
     ) -> None:
         self.settings = settings

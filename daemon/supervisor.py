@@ -17,10 +17,10 @@ from typing import Any
 import structlog
 
 from daemon.child import Child, ChildOutcome
+from daemon.processes import ChildSource, JobProcess
 from daemon.publisher import Publisher
 from daemon.settings import Settings
 from daemon.trace import Headers
-from daemon.warm import WarmChildren
 from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.job import (
     CheckpointSaved,
@@ -58,7 +58,7 @@ def failure_of(outcome: ChildOutcome) -> JobFailed | None:
 
 class Supervisor:
     def __init__(
-        self, request: RequestBase, settings: Settings, publisher: Publisher, children: WarmChildren,
+        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         *, slot: str, visible_devices: str | None, common: Callable[[], dict[str, Any]], timeout_s: int | None,
         trace: Headers | None = None,
     ) -> None:
@@ -74,7 +74,7 @@ class Supervisor:
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"
         self.progress: dict[str, Any] = {}
-        self.child: Child | None = None
+        self.child: JobProcess | None = None
         self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
         self.stalled = False
@@ -90,9 +90,10 @@ class Supervisor:
         if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
             job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
             env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
-            self.child = child = await Child.spawn(env, log_path, entry=("handlers.launch", str(self.request.resources.gpus)))
+            child: JobProcess = await Child.spawn(env, log_path, entry=("handlers.launch", str(self.request.resources.gpus)))
         else:
-            self.child = child = await self.children.take(self.visible_devices)
+            child = await self.children.take(self.visible_devices)
+        self.child = child
         child.stop_grace_s = self.stop_grace_s
         child.log_context = {"request_id": self.request.request_id}
         run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))

@@ -1,20 +1,30 @@
-"""In-memory stand-ins for the Kafka clients (the Protocols of daemon/clients.py), for unit tests of
-the daemon's core that need no broker: `FakeProducer` keeps what was sent per topic and partition
-and acknowledges it at once (or holds the acknowledgements until `release`); `FakeConsumer` hands
-out the records it is given, partition by partition, and keeps what was committed, paused and
-sought. The end-to-end tests use the real broker; these show the logic above it in milliseconds."""
+"""In-memory stand-ins for the Kafka clients (daemon/clients.py's Protocols) and for the training
+child (daemon/processes.py's), for unit tests of the daemon's core without a broker or torch:
+
+- `FakeProducer` keeps what was sent per topic and partition and acknowledges it at once (or holds
+  the acknowledgements until `release`);
+- `FakeConsumer` hands out the records it is given and keeps what was committed, paused and sought;
+- `FakeChildren` hands each job a `FakeChild` that follows a `Script`: the messages a real child
+  would send, then how it ends (an exit status, or hanging until it is stopped).
+
+The end-to-end tests use the real parts; these show the logic above them in milliseconds."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+import itertools
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
+from daemon.child import ChildOutcome, OnMessage, follow
 from daemon.clients import Batch, Consumer, Producer
+from daemon.processes import ChildSource, JobProcess
 from daemon.records import Record
+from schemas.job import ChildMessage, JobSpec
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,85 @@ class FakeConsumer:
         return self.committed.get(tp, 0)
 
 
-def _conforms(producer: FakeProducer, consumer: FakeConsumer, record: FakeRecord) -> tuple[Producer, Consumer, Record]:
+
+@dataclass
+class Script:
+    """What a `FakeChild` does with its job: send `messages` (as a child does over its status pipe),
+    then exit with `returncode`, or, with `hang`, wait until it is stopped (a stall, a timeout, a
+    cancel, a daemon stop). With `artifact` it first writes the job's artifact folder, as a child's
+    save stage does, for the push to upload."""
+
+    messages: list[ChildMessage] = field(default_factory=list)
+    returncode: int = 0
+    hang: bool = False
+    artifact: bool = True
+
+
+class FakeChild:
+    _pids = itertools.count(40_000)
+
+    def __init__(self, script: Script, visible_devices: str | None) -> None:
+        self.script = script
+        self.visible_devices = visible_devices
+        self.stop_grace_s = 10.0
+        self.log_context: dict[str, str] = {}
+        self._pid = next(self._pids)
+        self.spec: JobSpec | None = None
+        self.stopped_with: float | None = None  # the grace it was stopped with, if it was
+        self.hanging = asyncio.Event()  # set once it waits to be stopped
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
+        outcome = ChildOutcome(returncode=0, stage="preflight")
+        self.spec = JobSpec.model_validate_json(spec_path.read_text())
+        await on_start(self.pid)
+        if self.script.artifact:
+            self.spec.artifact.mkdir(parents=True, exist_ok=True)
+            (self.spec.artifact / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+        for message in self.script.messages:
+            await follow(message, outcome, on_message)
+        if self.script.hang:
+            self.hanging.set()
+            try:
+                await asyncio.Event().wait()  # until the task running it is cancelled
+            except asyncio.CancelledError:
+                self.stopped_with = self.stop_grace_s
+                raise
+        outcome.returncode = self.script.returncode
+        return outcome
+
+
+class FakeChildren:
+    """Hands out a `FakeChild` per job, each following the next script (the last one repeats)."""
+
+    def __init__(self, *scripts: Script) -> None:
+        self.scripts = list(scripts)
+        self.taken: list[FakeChild] = []
+        self.prepared: list[list[str | None]] = []
+        self.closed = False
+
+    def environment(self, visible_devices: str | None) -> dict[str, str]:
+        return {} if visible_devices is None else {"CUDA_VISIBLE_DEVICES": visible_devices}
+
+    async def prepare(self, wanted: list[str | None]) -> None:
+        self.prepared.append(wanted)
+
+    async def take(self, visible_devices: str | None) -> JobProcess:
+        script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
+        child = FakeChild(script, visible_devices)
+        self.taken.append(child)
+        return child
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def _conforms(
+    producer: FakeProducer, consumer: FakeConsumer, record: FakeRecord, child: FakeChild, children: FakeChildren,
+) -> tuple[Producer, Consumer, Record, JobProcess, ChildSource]:
     """Never called: mypy (`.ci/run` checks this module) fails here when a fake stops being what the
     daemon's Protocols ask for."""
-    return producer, consumer, record
+    return producer, consumer, record, child, children

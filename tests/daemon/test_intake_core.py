@@ -12,29 +12,11 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from daemon.intake import Intake
-from daemon.partitions import Partitions
-from daemon.publisher import Publisher
-from daemon.scheduler import Scheduler
 from daemon.settings import Settings
-from daemon.slots import Slots
-from daemon.warm import WarmChildren
-from tests.fakes import FakeConsumer, FakeProducer, FakeRecord
+from tests.core import Core
+from tests.fakes import FakeProducer, FakeRecord
 from tests.helpers import sft_request
 from tests.hostile import hostile_cases
-
-
-class Core:
-    """The intake path as the service builds it, on fakes."""
-
-    def __init__(self, settings: Settings, producer: FakeProducer) -> None:
-        self.settings, self.producer, self.consumer = settings, producer, FakeConsumer()
-        self.publisher = Publisher(settings, producer)
-        self.partitions = Partitions(self.consumer)
-        slots = Slots([], 1)
-        children = WarmChildren({}, settings.work_dir / "children.log", enabled=False)
-        self.scheduler = Scheduler(settings, self.publisher, self.partitions, slots, children, on_change=lambda: None)
-        self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, slots)
 
 
 @pytest.fixture

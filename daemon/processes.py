@@ -1,0 +1,34 @@
+"""What a job needs of its child process and of where children come from, as `Protocol`s:
+`daemon/child.py`'s `Child` and `daemon/warm.py`'s `WarmChildren` are the real ones; the test
+suite's `FakeChild` and `FakeChildren` (tests/fakes.py) follow a script instead of training, so
+the scheduler, a job's lifecycle and its supervision run in a unit test in milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+from daemon.child import ChildOutcome, OnMessage
+
+
+class JobProcess(Protocol):
+    """A started child waiting for its job. Cancelling the task awaiting `run` stops it, letting it
+    save a checkpoint for `stop_grace_s` first."""
+
+    stop_grace_s: float
+    log_context: dict[str, str]
+
+    @property
+    def pid(self) -> int: ...
+
+    async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome: ...
+
+
+class ChildSource(Protocol):
+    """Where a one-GPU job's child comes from (a fork server, a warm child, a cold start)."""
+
+    def environment(self, visible_devices: str | None) -> dict[str, str]: ...
+    async def prepare(self, wanted: list[str | None]) -> None: ...
+    async def take(self, visible_devices: str | None) -> JobProcess: ...
+    async def close(self) -> None: ...

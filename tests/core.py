@@ -1,0 +1,54 @@
+"""The daemon's core as `Service` wires it, on the in-memory fakes of tests/fakes.py: the publisher,
+partitions, slots, scheduler and intake, with nothing of Kafka, the child or torch underneath."""
+
+from __future__ import annotations
+
+import json
+
+from aiokafka import TopicPartition
+
+from daemon.intake import Intake
+from daemon.partitions import Partitions
+from daemon.publisher import Publisher
+from daemon.scheduler import Scheduler
+from daemon.settings import Settings
+from daemon.slots import Slots
+from schemas import RequestBase, decode_request
+from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Script, Sent
+
+
+class Core:
+    def __init__(self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None) -> None:
+        self.settings = settings
+        self.producer = producer if producer is not None else FakeProducer()
+        self.consumer = FakeConsumer()
+        self.children = children if children is not None else FakeChildren(Script())
+        self.publisher = Publisher(settings, self.producer)
+        self.partitions = Partitions(self.consumer)
+        self.slots = Slots([], settings.job_slots)
+        self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=lambda: None)
+        self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)
+        self.tp = TopicPartition(settings.requests_topic, 0)
+        self.consumer.committed[self.tp] = 0  # assigned to this member
+
+    def record(self, document: dict[str, object], offset: int = 0, headers: list[tuple[str, bytes]] | None = None) -> FakeRecord:
+        return FakeRecord(self.tp.topic, self.tp.partition, offset, str(document["request_id"]).encode(), json.dumps(document).encode(), headers or [])
+
+    @staticmethod
+    def request(record: FakeRecord) -> RequestBase:
+        decoded = decode_request(record.value)
+        assert isinstance(decoded, RequestBase), decoded
+        return decoded
+
+    def events(self, request_id: str | None = None) -> list[dict[str, object]]:
+        found = [json.loads(m.value) for m in self.producer.on(self.settings.events_topic)]
+        return [event for event in found if request_id is None or event["request_id"] == request_id]
+
+    def types(self, request_id: str | None = None) -> list[str]:
+        return [str(event["type"]) for event in self.events(request_id)]
+
+    def dead_letters(self) -> list[Sent]:
+        return self.producer.on(self.settings.dlq_topic)
+
+    def requeued(self) -> list[Sent]:
+        return self.producer.on(self.settings.requests_topic)

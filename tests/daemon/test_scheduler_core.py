@@ -1,0 +1,202 @@
+"""The scheduler, a job's lifecycle and its supervision on the in-memory fakes (tests/core.py): every
+terminal outcome, what is committed, dead-lettered or sent back for another attempt, and what
+stopping does, with a scripted child instead of a trainer and no broker. Milliseconds each; the
+end-to-end tests keep what needs the real parts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.settings import Settings
+from schemas import Cancel
+from schemas.job import ChildError, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
+from tests.core import Core
+from tests.fakes import FakeChildren, Script
+from tests.helpers import sft_request
+
+RESULT = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.5, "final_loss": 1.2}, base_model_revision="a" * 40,
+                     dataset_fingerprint="f", durations_s={"train": 0.1}, versions={"trl": "test"})
+TRAINS = [StageEntered(stage="load_dataset"), StageEntered(stage="train"), FirstStep(time=time.time(), step=1),
+          ProgressReport(step=1, total_steps=4, loss=1.3), StageEntered(stage="save")]
+SUCCEEDS = Script(messages=[*TRAINS, RESULT])
+
+
+def crash(stage: str = "train") -> Script:
+    return Script(messages=[StageEntered(stage=stage)], returncode=-9, artifact=False)  # type: ignore[arg-type]
+
+
+def fails(code: str, retryable: bool) -> Script:
+    return Script(messages=[StageEntered(stage="train"), ChildError(code=code, stage="train", message="it broke", retryable=retryable)],  # type: ignore[arg-type]
+                  returncode=1, artifact=False)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    # No Hub token: the push goes to the local sink under work_dir, as on a host without one.
+    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30,
+                    progress_interval_s=0)
+
+
+async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrides: object) -> None:
+    """Offer one request as intake would, and wait for its job to end."""
+    record = core.record(sft_request(request_id, **overrides), offset)
+    held = await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    assert held is False and core.tp in core.scheduler.jobs  # its partition is held while it runs
+    await core.scheduler.jobs[core.tp].task
+
+
+async def test_success_publishes_each_step_then_commits_and_frees_the_slot(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    await run_one(core)
+    assert core.types("r1") == ["accepted", "started", "progress", "succeeded"]
+    succeeded = core.events("r1")[-1]
+    assert succeeded["sink"] == "local" and succeeded["metrics"] == {"train_loss": 1.5, "final_loss": 1.2}
+    assert Path(str(succeeded["location"]), "adapter_config.json").is_file()  # the artifact was pushed
+    assert core.consumer.commits == [(core.tp, 8)]
+    assert core.slots.busy == 0 and core.scheduler.jobs == {} and core.tp not in core.consumer.paused
+    assert not core.dead_letters() and not core.requeued()
+
+
+async def test_a_redelivered_success_is_answered_from_the_journal_without_training(settings: Settings) -> None:
+    children = FakeChildren(SUCCEEDS)
+    core = Core(settings, children=children)
+    await run_one(core)
+    await run_one(core)  # the same request again (its commit was lost)
+    assert len(children.taken) == 1
+    assert core.types("r1") == ["accepted", "started", "progress", "succeeded", "accepted", "succeeded"]
+    assert core.events("r1")[-1]["duplicate"] is True
+    assert core.consumer.commits == [(core.tp, 8), (core.tp, 8)]
+
+
+async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_next_attempt(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
+    await run_one(core)
+    assert core.types("r1") == ["accepted", "started", "retrying"]
+    [again] = core.requeued()
+    assert again.key == b"r1" and again.value == core.record(sft_request("r1")).value  # byte for byte
+    state = core.publisher.retries.read(core.record(sft_request("r1"), headers=again.headers))
+    assert state.attempt == 2 and state.due is not None and state.due > time.time() + 20  # after retry_backoff_s
+    assert core.consumer.commits == [(core.tp, 8)] and not core.dead_letters()
+
+
+async def test_the_last_attempt_of_a_retryable_failure_ends_failed_and_in_the_dlq(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(crash()))
+    first = core.record(sft_request("r1"), 7)
+    signed = core.publisher.retries.headers(first.key, first.value or b"", 2, time.time() - 1)  # attempt 2 of 2, due
+    record = core.record(sft_request("r1"), 7, headers=signed)
+    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    await core.scheduler.jobs[core.tp].task
+    failed = core.events("r1")[-1]
+    assert (failed["type"], failed["code"], failed["attempt"], failed["retryable"]) == ("failed", "child_crashed", 2, True)
+    assert "killed by SIGKILL" in str(failed["message"])
+    [dead] = core.dead_letters()
+    assert dead.header("adapterd-reason") == b"attempts_exhausted" and dead.header("adapterd-attempts") == b"2"
+    assert core.consumer.commits == [(core.tp, 8)] and not core.requeued()
+
+
+@pytest.mark.parametrize("stage", ["preflight", "load_dataset", "load_model", "train", "save"])
+async def test_a_child_that_dies_in_any_stage_is_retried_from_that_stage(settings: Settings, stage: str) -> None:
+    core = Core(settings, children=FakeChildren(crash(stage)))
+    await run_one(core)
+    retrying = core.events("r1")[-1]
+    assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "child_crashed", stage)
+    assert len(core.requeued()) == 1 and core.consumer.commits == [(core.tp, 8)]
+
+
+async def test_a_child_silent_while_training_is_stopped_as_stalled(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+    core = Core(settings.model_copy(update={"stall_timeout_s": 0.2}), children=children)
+    await run_one(core)
+    retrying = core.events("r1")[-1]
+    assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", "train")
+    assert children.taken[0].stopped_with is not None
+
+
+async def test_a_failure_that_is_not_retryable_ends_failed_at_once(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(fails("dataset_invalid", retryable=False)))
+    await run_one(core)
+    failed = core.events("r1")[-1]
+    assert (failed["type"], failed["code"], failed["stage"], failed["retryable"]) == ("failed", "dataset_invalid", "train", False)
+    assert core.consumer.commits == [(core.tp, 8)] and not core.dead_letters() and not core.requeued()
+
+
+async def test_a_job_past_its_timeout_is_stopped_and_fails(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+    core = Core(settings, children=children)
+    await run_one(core, timeout_s=1)
+    failed = core.events("r1")[-1]
+    assert (failed["type"], failed["code"], failed["stage"]) == ("failed", "timeout", "train")
+    assert children.taken[0].stopped_with is not None  # the child was stopped, not left running
+    assert core.consumer.commits == [(core.tp, 8)]
+
+
+async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+    core = Core(settings, children=children)
+    record = core.record(sft_request("r1"), 7)
+    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    job = core.scheduler.jobs[core.tp]
+    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="operator asked"))
+    await job.task
+    assert core.types("r1") == ["accepted", "started", "cancelled"] and core.events("r1")[-1]["reason"] == "operator asked"
+    assert children.taken[0].stopped_with == 0  # a cancel kills at once: no checkpoint wanted
+    assert core.consumer.commits == [(core.tp, 8)] and core.slots.busy == 0
+
+
+async def test_a_request_cancelled_before_it_is_reached_is_skipped(settings: Settings) -> None:
+    children = FakeChildren(SUCCEEDS)
+    core = Core(settings, children=children)
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="not wanted"))
+    record = core.record(sft_request("r1"), 7)
+    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is True  # go on with the next
+    assert core.types("r1") == ["cancelled"] and children.taken == []
+    assert core.consumer.commits == [(core.tp, 8)]
+
+
+async def test_a_daemon_stop_lets_the_job_checkpoint_and_commits_nothing(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train"), StoppedAtCheckpoint(step=2, path="checkpoint-2")], hang=True))
+    core = Core(settings, children=children)
+    record = core.record(sft_request("r1"), 7)
+    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    await core.scheduler.stop_jobs()
+    assert core.types("r1") == ["accepted", "started"]  # no terminal event: the request is read again after a restart
+    assert children.taken[0].stopped_with == settings.drain_timeout_s
+    assert core.consumer.commits == []
+
+
+async def test_a_partition_that_moves_away_stops_its_job_uncommitted(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+    core = Core(settings, children=children)
+    record = core.record(sft_request("r1"), 7)
+    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    job = core.scheduler.jobs[core.tp]
+    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    await core.scheduler.on_assigned(set())  # the rebalance gave this member nothing
+    await asyncio.gather(job.task, return_exceptions=True)
+    assert core.types("r1") == ["accepted", "started"] and core.consumer.commits == []
+    assert children.taken[0].stopped_with == settings.drain_timeout_s and core.slots.busy == 0
+
+
+async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_frees(settings: Settings) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True), SUCCEEDS)
+    core = Core(settings, children=children)
+    first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
+    await core.scheduler.offer(core.tp, first, core.request(first), more_behind=True)
+    other = type(core.tp)(core.tp.topic, 1)
+    core.consumer.committed[other] = 0
+    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is False
+    assert core.consumer.sought[other] == 8 and other in core.consumer.paused  # held at the request, no job
+    assert [job.request_id for job in core.scheduler.jobs.values()] == ["r1"]
+
+
+async def _hanging(children: FakeChildren) -> None:
+    """Until the first child waits to be stopped."""
+    while not children.taken:
+        await asyncio.sleep(0)
+    await children.taken[0].hanging.wait()
