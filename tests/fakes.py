@@ -175,7 +175,7 @@ class Script:
 class FakeChild:
     _pids = itertools.count(40_000)
 
-    def __init__(self, script: Script, visible_devices: str | None) -> None:
+    def __init__(self, script: Script, visible_devices: str | None, hanging: asyncio.Event | None = None) -> None:
         self.script = script
         self.visible_devices = visible_devices
         self.stop_grace_s = 10.0
@@ -183,7 +183,7 @@ class FakeChild:
         self._pid = next(self._pids)
         self.spec: JobSpec | None = None
         self.stopped_with: float | None = None  # the grace it was stopped with, if it was
-        self.hanging = asyncio.Event()  # set once it waits to be stopped
+        self.hanging = hanging if hanging is not None else asyncio.Event()  # set once it waits to be stopped
 
     @property
     def pid(self) -> int:
@@ -215,6 +215,7 @@ class FakeChildren:
     def __init__(self, *scripts: Script) -> None:
         self.scripts = list(scripts)
         self.taken: list[FakeChild] = []
+        self.hanging = asyncio.Event()  # set once any of its children waits to be stopped
         self.prepared: list[list[str | None]] = []
         self.closed = False
 
@@ -226,7 +227,7 @@ class FakeChildren:
 
     async def take(self, visible_devices: str | None) -> JobProcess:
         script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
-        child = FakeChild(script, visible_devices)
+        child = FakeChild(script, visible_devices, self.hanging)
         self.taken.append(child)
         return child
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from daemon.scheduler import RunningJob
 from daemon.settings import Settings
 from schemas import Cancel
-from schemas.job import ChildError, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
+from schemas.job import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
 from tests.core import Core
-from tests.fakes import FakeChildren, Script
+from tests.fakes import FakeChild, FakeChildren, Script
 from tests.helpers import sft_request
 
 RESULT = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.5, "final_loss": 1.2}, base_model_revision="a" * 40,
@@ -134,17 +135,22 @@ async def test_a_job_past_its_timeout_is_stopped_and_fails(settings: Settings) -
     assert core.consumer.commits == [(core.tp, 8)]
 
 
-async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(settings: Settings) -> None:
-    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+async def hanging_job(settings: Settings, *messages: ChildMessage) -> tuple[Core, FakeChild, RunningJob]:
+    """Request r1's job, its child training (after `messages`) until it is stopped."""
+    children = FakeChildren(Script(messages=[StageEntered(stage="train"), *messages], hang=True))
     core = Core(settings, children=children)
     record = core.record(sft_request("r1"), 7)
     await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
-    job = core.scheduler.jobs[core.tp]
-    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    await asyncio.wait_for(children.hanging.wait(), 5)
+    return core, children.taken[0], core.scheduler.jobs[core.tp]
+
+
+async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(settings: Settings) -> None:
+    core, child, job = await hanging_job(settings)
     await core.scheduler.cancel(Cancel(request_id="r1", reason="operator asked"))
     await job.task
     assert core.types("r1") == ["accepted", "started", "cancelled"] and core.events("r1")[-1]["reason"] == "operator asked"
-    assert children.taken[0].stopped_with == 0  # a cancel kills at once: no checkpoint wanted
+    assert child.stopped_with == 0  # a cancel kills at once: no checkpoint wanted
     assert core.consumer.commits == [(core.tp, 8)] and core.slots.busy == 0
 
 
@@ -159,28 +165,19 @@ async def test_a_request_cancelled_before_it_is_reached_is_skipped(settings: Set
 
 
 async def test_a_daemon_stop_lets_the_job_checkpoint_and_commits_nothing(settings: Settings) -> None:
-    children = FakeChildren(Script(messages=[StageEntered(stage="train"), StoppedAtCheckpoint(step=2, path="checkpoint-2")], hang=True))
-    core = Core(settings, children=children)
-    record = core.record(sft_request("r1"), 7)
-    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
-    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    core, child, _ = await hanging_job(settings, StoppedAtCheckpoint(step=2, path="checkpoint-2"))
     await core.scheduler.stop_jobs()
     assert core.types("r1") == ["accepted", "started"]  # no terminal event: the request is read again after a restart
-    assert children.taken[0].stopped_with == settings.drain_timeout_s
+    assert child.stopped_with == settings.drain_timeout_s
     assert core.consumer.commits == []
 
 
 async def test_a_partition_that_moves_away_stops_its_job_uncommitted(settings: Settings) -> None:
-    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
-    core = Core(settings, children=children)
-    record = core.record(sft_request("r1"), 7)
-    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
-    job = core.scheduler.jobs[core.tp]
-    await asyncio.wait_for(asyncio.shield(_hanging(children)), 5)
+    core, child, job = await hanging_job(settings)
     await core.scheduler.on_assigned(set())  # the rebalance gave this member nothing
     await asyncio.gather(job.task, return_exceptions=True)
     assert core.types("r1") == ["accepted", "started"] and core.consumer.commits == []
-    assert children.taken[0].stopped_with == settings.drain_timeout_s and core.slots.busy == 0
+    assert child.stopped_with == settings.drain_timeout_s and core.slots.busy == 0
 
 
 async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_frees(settings: Settings) -> None:
@@ -194,9 +191,3 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     assert core.consumer.sought[other] == 8 and other in core.consumer.paused  # held at the request, no job
     assert [job.request_id for job in core.scheduler.jobs.values()] == ["r1"]
 
-
-async def _hanging(children: FakeChildren) -> None:
-    """Until the first child waits to be stopped."""
-    while not children.taken:
-        await asyncio.sleep(0)
-    await children.taken[0].hanging.wait()
