@@ -70,7 +70,7 @@ class Intake:
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)
             more_behind = index + 1 < len(records) or self.partitions.highwater(tp) > record.offset + 1
-            if not await self.scheduler.offer(tp, record, decoded, more_behind=more_behind):
+            if not (await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)).next_record:
                 break  # the rest of this batch is read again when the partition resumes
         await self._flush(tp, outgoing, last_rejected)
 

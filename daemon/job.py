@@ -19,7 +19,9 @@ from typing import Any
 import structlog
 
 from daemon import hub_push
+from daemon.job_events import JobEvents
 from daemon.journal import Journal
+from daemon.lifecycle import Lifecycle, State, Stop
 from daemon.metrics import JOBS, STAGE_SECONDS
 from daemon.model_card import model_card
 from daemon.policy import report_to
@@ -39,6 +41,13 @@ from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
+
+
+# What an earlier run's Hub commit, found by its request id, tells of its training: nothing the
+# daemon can vouch for (the metrics and versions were in that run's event).
+FOUND_ON_THE_HUB = TrainResult(
+    trainer="unknown: found by its Hub commit", metrics={}, base_model_revision=None, dataset_fingerprint=None, durations_s={}, versions={},
+)
 
 
 def _timeout(requested: int | None, most: int | None) -> int | None:
@@ -63,38 +72,36 @@ class JobRunner:
         self.request = request
         self.trace = trace or []  # the request's W3C trace headers (daemon/trace.py), on each of its events
         self.settings = settings
-        self.publisher = publisher
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.slot = slot
         self.attempt = attempt
         self.job_dir = (settings.jobs_dir / request.request_id).absolute()  # the child runs in it: paths in its spec stay absolute
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot, traceparent=traceparent(self.trace))
+        self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
         self.supervisor = Supervisor(
-            request, settings, publisher, children, slot=slot, visible_devices=visible_devices, common=self._common,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), trace=self.trace,
+            request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
+            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s),
         )
-        self.phase = "queued"  # then "child" (the supervisor's stage) and "push"
-        self.cancel_reason: str | None = None
+        self.lifecycle = Lifecycle()  # daemon/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
-        self.ended = False  # its terminal (or retrying) event is published: only the commit is left
 
     @property
     def stage(self) -> str:
-        return self.supervisor.stage if self.phase == "child" else self.phase
+        """Where the job is, in the stages events name: the child's own while it trains."""
+        state = self.lifecycle.state
+        return self.supervisor.stage if state is State.TRAINING else "push" if state is State.PUSHING else state.value
 
-    def _common(self) -> dict[str, Any]:
-        return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.settings.host, "attempt": self.attempt}
-
-    def stop_at_checkpoint(self, grace_s: float) -> None:
-        """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
-        self.supervisor.stop_at_checkpoint(grace_s)
+    def interrupt(self, reason: str, grace_s: float) -> None:
+        """Before the task running the job is cancelled (a daemon stop, a partition that moved): it
+        publishes nothing, and its child gets `grace_s` to save a checkpoint."""
+        if self.lifecycle.request_stop(Stop("interrupt", reason, grace_s)):
+            self.supervisor.stop_at_checkpoint(grace_s)
 
     def cancel(self, reason: str) -> bool:
         """Stop the job for a cancel request: it ends in `cancelled`. False once the push has begun: too late."""
-        if self.phase == "push":
+        if not self.lifecycle.request_stop(Stop("cancel", reason, 0.0)):
             return False
-        self.cancel_reason = reason
         if self._work is not None:
             self._work.cancel()  # stops the child's process group at once
         return True
@@ -110,18 +117,19 @@ class JobRunner:
         """The job to its published terminal (or `retrying`) event. Cancelling the task that awaits
         this (a daemon stop, a partition that moved) stops the child and publishes nothing."""
         self._work = asyncio.create_task(self._outcome(), name=f"work-{self.request.request_id}")
-        if self.cancel_reason is not None:
-            self._work.cancel()  # cancelled between its acceptance and its start
+        if self.lifecycle.stop is not None:
+            self._work.cancel()  # stopped between its acceptance and its start
         try:
             event = await self._work
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self.cancel_reason is None or (current is not None and current.cancelling() > 0):
-                raise  # not a cancel request: the request is read again
-            self.log.info("job.cancelled", reason=self.cancel_reason)
-            event = Cancelled(**self._common(), reason=self.cancel_reason)
-        await self.publisher.publish(event, self.trace)
-        self.ended = True
+            stop = self.lifecycle.stop
+            if stop is None or stop.kind == "interrupt":
+                self.lifecycle.to(State.INTERRUPTED)
+                raise  # nothing is published: the request is read again
+            self.log.info("job.cancelled", reason=stop.reason)
+            event = Cancelled(**self.events.common(), reason=stop.reason)
+        await self.events.announce(event)
+        self.lifecycle.to(State(event.type))
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
         return event
@@ -134,15 +142,15 @@ class JobRunner:
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
-            self.phase = "push"
+            self.lifecycle.to(State.PUSHING)
             push_started = time.monotonic()
             pushed = await self._push(result)
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
             if failure.retryable and self.attempt < self.settings.max_attempts:
-                return Retrying(**self._common(), code=failure.code, message=failure.message, stage=failure.stage,
+                return Retrying(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage,
                                 max_attempts=self.settings.max_attempts)
-            return Failed(**self._common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+            return Failed(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
         durations = {
             "queue": round(queued_s, 3),
             **result.durations_s,
@@ -164,7 +172,7 @@ class JobRunner:
         if trained is not None and (self.job_dir / "artifact").is_dir():
             self.log.info("job.already_trained", artifact=str(self.job_dir / "artifact"))
             return TrainResult.model_validate(trained), None
-        self.phase = "child"
+        self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         spec = JobSpec(
             request=self.request.model_dump(mode="json"),
@@ -201,18 +209,12 @@ class JobRunner:
         if recorded is not None:
             earlier = Succeeded.model_validate(recorded)
             self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in="journal")
-            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self._common(), "duplicate": True})
+            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
         found = await asyncio.to_thread(hub_push.find_commit, self.request, self.settings)
         if found is None:
             return None
         self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
-        return Succeeded(
-            **self._common(), sink=found.sink, repo_id=found.repo_id, revision=found.revision, commit_sha=found.commit_sha,
-            commit_url=found.commit_url, location=found.location, files=found.files, metrics={}, durations_s={},
-            versions={}, method=self.request.method, trainer="unknown: found by its Hub commit",
-            base_model=self.request.model.id, base_model_revision=None, ref_model=self._ref_model(), dataset_fingerprint=None,
-            duplicate=True,
-        )
+        return self._succeeded(FOUND_ON_THE_HUB, found, {}, duplicate=True)
 
     def _ref_model(self) -> str | None:
         """The reference model a dpo or kto request named; None for the other methods and when the base was the reference."""
@@ -231,9 +233,10 @@ class JobRunner:
         self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location)
         return pushed
 
-    def _succeeded(self, result: TrainResult, pushed: hub_push.PushResult, durations: dict[str, float]) -> Succeeded:
+    def _succeeded(self, result: TrainResult, pushed: hub_push.PushResult, durations: dict[str, float], *, duplicate: bool = False) -> Succeeded:
+        """`succeeded` for a push and what trained it (FOUND_ON_THE_HUB for a commit an earlier run made)."""
         return Succeeded(
-            **self._common(),
+            **self.events.common(),
             sink=pushed.sink,
             repo_id=pushed.repo_id,
             revision=pushed.revision,
@@ -254,4 +257,5 @@ class JobRunner:
             dataset_fingerprint=result.dataset_fingerprint,
             dataset_sources=result.dataset_sources,
             tracking=result.tracking,
+            duplicate=duplicate,
         )

@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -35,6 +36,21 @@ from daemon.trace import trace_context
 from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
 
 log = structlog.get_logger()
+
+
+class Offered(StrEnum):
+    """What `Scheduler.offer` did with a request, and so whether intake goes on to the partition's
+    next record (`next_record`) or leaves the rest of the batch to be read when the partition resumes."""
+
+    STARTED = "started"  # its job runs; the partition is held past it
+    NO_SLOT = "no_slot"  # not enough free slots: the partition is held at it
+    WAITING = "waiting"  # a retry not yet due with nothing behind it: the partition is held at it
+    DEFERRED = "deferred"  # a retry not yet due: sent behind the requests after it, committed
+    SKIPPED = "skipped"  # cancelled before it was reached: `cancelled` published, committed
+
+    @property
+    def next_record(self) -> bool:
+        return self in (Offered.DEFERRED, Offered.SKIPPED)
 
 
 @dataclass
@@ -73,12 +89,11 @@ class Scheduler:
         """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due)."""
         return tp in self.jobs or tp in self.waiting
 
-    async def offer(self, tp: TopicPartition, record: Record, request: RequestBase, *, more_behind: bool) -> bool:
-        """Take a valid request. True: go on with the partition's next record; False: the partition
-        is held (its job runs, no slot is free, or a retry waits for its time)."""
+    async def offer(self, tp: TopicPartition, record: Record, request: RequestBase, *, more_behind: bool) -> Offered:
+        """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
         if request.request_id in self.cancelled:
             await self._skip_cancelled(tp, record, request)
-            return True
+            return Offered.SKIPPED
         retry = self.publisher.retries.read(record)
         if retry.due is not None and retry.due > time.time():
             return await self._not_yet(tp, record, retry.due, more_behind=more_behind)
@@ -86,9 +101,9 @@ class Scheduler:
         if slots is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots
             self.pause_idle_partitions()
-            return False
+            return Offered.NO_SLOT
         self._start(tp, record, request, slots, retry.attempt)
-        return False
+        return Offered.STARTED
 
     async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase) -> None:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
@@ -99,16 +114,16 @@ class Scheduler:
         metrics.JOBS.labels("cancelled").inc()
         await self.partitions.commit(tp, record.offset + 1)
 
-    async def _not_yet(self, tp: TopicPartition, record: Record, due: float, *, more_behind: bool) -> bool:
+    async def _not_yet(self, tp: TopicPartition, record: Record, due: float, *, more_behind: bool) -> Offered:
         if more_behind:
             # Requests stand behind it: it goes behind them, byte for byte, and they go first.
             await self.publisher.deliver(self.publisher.again(record))
             await self.partitions.commit(tp, record.offset + 1)
             log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
-            return True
+            return Offered.DEFERRED
         self.partitions.hold(tp, record.offset)
         self.waiting[tp] = WaitingRetry(record.offset, due)
-        return False
+        return Offered.WAITING
 
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
@@ -137,10 +152,7 @@ class Scheduler:
     async def _run(self, tp: TopicPartition, record: Record, runner: JobRunner) -> None:
         offset = record.offset
         try:
-            await self.publisher.publish(Accepted(
-                request_id=runner.request.request_id, host=self.settings.host, metadata=runner.request.metadata,
-                method=runner.request.method, attempt=runner.attempt,
-            ), runner.trace)
+            await runner.events.publish(Accepted, method=runner.request.method)
             event = await runner.run()
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
@@ -226,7 +238,7 @@ class Scheduler:
                 self.partitions.hold(tp, job.offset + 1)
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
-                job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
+                job.runner.interrupt("partition moved", self.settings.drain_timeout_s)
                 job.task.cancel()
         self.waiting.clear()  # their partitions start again at the retry, which is read anew
         self.pause_idle_partitions()
@@ -236,9 +248,9 @@ class Scheduler:
         and its request is read again after a restart, resuming there."""
         self.stopping = True
         for job in self.jobs.values():
-            if job.runner.ended:
+            if job.runner.lifecycle.published:
                 continue  # its outcome is published; let it commit rather than have it redelivered
-            job.runner.stop_at_checkpoint(self.settings.drain_timeout_s)
+            job.runner.interrupt("daemon stopping", self.settings.drain_timeout_s)
             job.task.cancel()
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
 

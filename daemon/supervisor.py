@@ -10,17 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from daemon.child import Child, ChildOutcome
+from daemon.job_events import JobEvents
 from daemon.processes import ChildSource, JobProcess
-from daemon.publisher import Publisher
 from daemon.settings import Settings
-from daemon.trace import Headers
 from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.job import (
     CheckpointSaved,
@@ -58,18 +56,15 @@ def failure_of(outcome: ChildOutcome) -> JobFailed | None:
 
 class Supervisor:
     def __init__(
-        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
-        *, slot: str, visible_devices: str | None, common: Callable[[], dict[str, Any]], timeout_s: int | None,
-        trace: Headers | None = None,
+        self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
+        *, slot: str, visible_devices: str | None, timeout_s: int | None,
     ) -> None:
         self.request = request
         self.settings = settings
-        self.publisher = publisher
+        self.events = events  # the job's one way to publish (daemon/job_events.py)
         self.children = children
         self.slot = slot
         self.visible_devices = visible_devices
-        self.common = common  # the fields every event of this job carries
-        self.trace = trace or []  # and the headers: the request's trace context
         self.timeout_s = timeout_s
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"
@@ -77,7 +72,6 @@ class Supervisor:
         self.child: JobProcess | None = None
         self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
-        self.stalled = False
 
     def stop_at_checkpoint(self, grace_s: float) -> None:
         """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
@@ -97,27 +91,27 @@ class Supervisor:
         child.stop_grace_s = self.stop_grace_s
         child.log_context = {"request_id": self.request.request_id}
         run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
-        watchdog = asyncio.create_task(self._watch_for_stalls(run))
+        stall = asyncio.create_task(self._stall())
         try:
+            # The first of: the child ends, it stalls, the job's time is up (or the job is stopped,
+            # which cancels this task).
             async with asyncio.timeout(self.timeout_s):
-                outcome = await run
+                await asyncio.wait({run, stall}, return_when=asyncio.FIRST_COMPLETED)
         except TimeoutError:
             raise JobFailed(
                 "timeout", event_stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
             ) from None
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self.stalled and current is not None and current.cancelling() == 0:
-                raise JobFailed(
-                    "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
-                    retryable=True,
-                ) from None
-            raise
         finally:
-            watchdog.cancel()
+            stall.cancel()
             if not run.done():
                 run.cancel()  # stops the child's process group
-            await asyncio.gather(run, return_exceptions=True)
+            await asyncio.gather(run, stall, return_exceptions=True)
+        if not run.done() or run.cancelled():  # the stall ended it
+            raise JobFailed(
+                "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
+                retryable=True,
+            )
+        outcome = run.result()  # what the child's end raised, if anything, is raised here
         failure = failure_of(outcome)
         if failure is not None:
             raise failure
@@ -126,33 +120,33 @@ class Supervisor:
 
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-        await self.publisher.publish(Started(**self.common(), method=self.request.method, slot=self.slot, pid=pid), self.trace)
+        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()
         if isinstance(message, ProgressReport):
             fields = message.model_dump(exclude={"kind"})
             self.progress = {"step": message.step, "total_steps": message.total_steps, "eta_s": message.eta_s}
-            await self.publisher.publish(Progress(**self.common(), **fields), self.trace)
+            await self.events.publish(Progress, **fields)
         elif isinstance(message, CheckpointSaved):
             self.log.info("job.checkpoint", step=message.step, path=message.path)
-            await self.publisher.publish(Checkpoint(**self.common(), step=message.step, path=message.path), self.trace)
+            await self.events.publish(Checkpoint, step=message.step, path=message.path)
         elif isinstance(message, StoppedAtCheckpoint):
             self.log.info("job.stopped_at_checkpoint", step=message.step, path=message.path)
         elif isinstance(message, StageEntered):
             self.stage = message.stage
             self.log.info("job.stage", stage=message.stage)
 
-    async def _watch_for_stalls(self, run: asyncio.Task[ChildOutcome]) -> None:
-        """Stop a training job that goes `stall_timeout_s` without a step (a hung collective, a stuck
-        data loader): while it trains, the child says something every few seconds."""
+    async def _stall(self) -> None:
+        """Return once a training job has gone `stall_timeout_s` without a step (a hung collective, a
+        stuck data loader): while it trains, the child says something every few seconds. Never
+        returns without a limit."""
         limit = self.settings.stall_timeout_s
         if limit is None:
+            await asyncio.Event().wait()  # until cancelled with the job
             return
-        while not run.done():
+        while True:
             await asyncio.sleep(min(limit / 4, 5.0))
             if self.stage == "train" and time.monotonic() - self.last_heard > limit:
                 self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
-                self.stalled = True
-                run.cancel()
                 return

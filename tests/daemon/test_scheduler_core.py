@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.scheduler import RunningJob
+from daemon.lifecycle import State
+from daemon.scheduler import Offered, RunningJob
 from daemon.settings import Settings
 from schemas import Cancel
 from schemas.job import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
@@ -42,17 +43,19 @@ def settings(tmp_path: Path) -> Settings:
                     progress_interval_s=0)
 
 
-async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrides: object) -> None:
-    """Offer one request as intake would, and wait for its job to end."""
+async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrides: object) -> list[State]:
+    """Offer one request as intake would, wait for its job to end, and say the states it went through."""
     record = core.record(sft_request(request_id, **overrides), offset)
-    held = await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
-    assert held is False and core.tp in core.scheduler.jobs  # its partition is held while it runs
-    await core.scheduler.jobs[core.tp].task
+    offered = await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    assert offered is Offered.STARTED and core.tp in core.scheduler.jobs  # its partition is held while it runs
+    job = core.scheduler.jobs[core.tp]
+    await job.task
+    return job.runner.lifecycle.history
 
 
 async def test_success_publishes_each_step_then_commits_and_frees_the_slot(settings: Settings) -> None:
     core = Core(settings, children=FakeChildren(SUCCEEDS))
-    await run_one(core)
+    assert await run_one(core) == [State.QUEUED, State.TRAINING, State.PUSHING, State.SUCCEEDED]
     assert core.types("r1") == ["accepted", "started", "progress", "succeeded"]
     succeeded = core.events("r1")[-1]
     assert succeeded["sink"] == "local" and succeeded["metrics"] == {"train_loss": 1.5, "final_loss": 1.2}
@@ -66,7 +69,7 @@ async def test_a_redelivered_success_is_answered_from_the_journal_without_traini
     children = FakeChildren(SUCCEEDS)
     core = Core(settings, children=children)
     await run_one(core)
-    await run_one(core)  # the same request again (its commit was lost)
+    assert await run_one(core) == [State.QUEUED, State.SUCCEEDED]  # the same request again (its commit was lost)
     assert len(children.taken) == 1
     assert core.types("r1") == ["accepted", "started", "progress", "succeeded", "accepted", "succeeded"]
     assert core.events("r1")[-1]["duplicate"] is True
@@ -75,7 +78,7 @@ async def test_a_redelivered_success_is_answered_from_the_journal_without_traini
 
 async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_next_attempt(settings: Settings) -> None:
     core = Core(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
-    await run_one(core)
+    assert await run_one(core) == [State.QUEUED, State.TRAINING, State.RETRYING]
     assert core.types("r1") == ["accepted", "started", "retrying"]
     [again] = core.requeued()
     assert again.key == b"r1" and again.value == core.record(sft_request("r1")).value  # byte for byte
@@ -149,6 +152,7 @@ async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(setti
     core, child, job = await hanging_job(settings)
     await core.scheduler.cancel(Cancel(request_id="r1", reason="operator asked"))
     await job.task
+    assert job.runner.lifecycle.history == [State.QUEUED, State.TRAINING, State.CANCELLED]
     assert core.types("r1") == ["accepted", "started", "cancelled"] and core.events("r1")[-1]["reason"] == "operator asked"
     assert child.stopped_with == 0  # a cancel kills at once: no checkpoint wanted
     assert core.consumer.commits == [(core.tp, 8)] and core.slots.busy == 0
@@ -159,14 +163,16 @@ async def test_a_request_cancelled_before_it_is_reached_is_skipped(settings: Set
     core = Core(settings, children=children)
     await core.scheduler.cancel(Cancel(request_id="r1", reason="not wanted"))
     record = core.record(sft_request("r1"), 7)
-    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is True  # go on with the next
+    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is Offered.SKIPPED  # go on with the next
     assert core.types("r1") == ["cancelled"] and children.taken == []
     assert core.consumer.commits == [(core.tp, 8)]
 
 
 async def test_a_daemon_stop_lets_the_job_checkpoint_and_commits_nothing(settings: Settings) -> None:
-    core, child, _ = await hanging_job(settings, StoppedAtCheckpoint(step=2, path="checkpoint-2"))
+    core, child, job = await hanging_job(settings, StoppedAtCheckpoint(step=2, path="checkpoint-2"))
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="asked just before the stop"))  # the stop wins over it
     await core.scheduler.stop_jobs()
+    assert job.runner.lifecycle.history == [State.QUEUED, State.TRAINING, State.INTERRUPTED]
     assert core.types("r1") == ["accepted", "started"]  # no terminal event: the request is read again after a restart
     assert child.stopped_with == settings.drain_timeout_s
     assert core.consumer.commits == []
@@ -187,7 +193,26 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     await core.scheduler.offer(core.tp, first, core.request(first), more_behind=True)
     other = type(core.tp)(core.tp.topic, 1)
     core.consumer.committed[other] = 0
-    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is False
+    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.NO_SLOT
     assert core.consumer.sought[other] == 8 and other in core.consumer.paused  # held at the request, no job
     assert [job.request_id for job in core.scheduler.jobs.values()] == ["r1"]
 
+
+
+async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requests_after_it(settings: Settings) -> None:
+    children = FakeChildren(SUCCEEDS)
+    core = Core(settings, children=children)
+    first = core.record(sft_request("r1"), 7)
+    signed = core.publisher.retries.headers(first.key, first.value or b"", 2, time.time() + 30)  # attempt 2, due in 30 s
+    early = core.record(sft_request("r1"), 7, headers=signed)
+
+    assert await core.scheduler.offer(core.tp, early, core.request(early), more_behind=False) is Offered.WAITING
+    assert core.consumer.sought[core.tp] == 7 and core.tp in core.consumer.paused and core.tp in core.scheduler.waiting
+    assert core.slots.busy == 0 and children.taken == [] and core.consumer.commits == []
+
+    core.scheduler.wake({core.tp: 9})  # a request arrived behind it: its partition is read again
+    assert core.tp not in core.scheduler.waiting and core.tp not in core.consumer.paused
+    assert await core.scheduler.offer(core.tp, early, core.request(early), more_behind=True) is Offered.DEFERRED
+    [again] = core.requeued()
+    assert again.value == early.value and again.headers == early.headers  # byte for byte, headers and all
+    assert core.consumer.commits == [(core.tp, 8)] and children.taken == [] and core.events() == []

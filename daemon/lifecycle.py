@@ -1,0 +1,90 @@
+"""A job's lifecycle as one state machine: its states, the transitions between them, and the one
+request that stops a job early (docs/architecture.md draws it).
+
+    QUEUED ──► TRAINING ──► PUSHING ──► SUCCEEDED
+      │  │        │            │
+      │  └────────┴────────────┴──► FAILED · RETRYING        (the job's outcome, published)
+      │           │
+      └───────────┴──► CANCELLED                             (a cancel, before the push)
+    any state that is not final ──► INTERRUPTED              (nothing published: read again)
+
+QUEUED also goes straight to PUSHING (an earlier attempt's artifact is complete on disk: nothing is
+trained twice) and to SUCCEEDED (the request already succeeded: answered as a duplicate). A final
+state is entered once its event is acknowledged; then only the commit is left. A job is stopped
+early by a `Stop`: a cancel (it ends CANCELLED, its child killed at once) or an interrupt (a daemon
+stop or a partition that moved: its child saves a checkpoint within the grace, nothing is
+published, and the request is read again). An interrupt overrides a cancel; a cancel comes too
+late once the push has begun.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+
+class State(StrEnum):
+    QUEUED = "queued"
+    TRAINING = "training"
+    PUSHING = "pushing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RETRYING = "retrying"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+OUTCOMES = frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCELLED})  # published: commit it
+FINAL = OUTCOMES | {State.INTERRUPTED}
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.QUEUED: frozenset({State.TRAINING, State.PUSHING, State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
+    State.TRAINING: frozenset({State.PUSHING, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
+    State.PUSHING: frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.INTERRUPTED}),
+    **{state: frozenset() for state in FINAL},
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A move the lifecycle does not have: a bug of adapterd's, never a request's."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a job is being stopped before its outcome: `cancel` ends it in `cancelled`; `interrupt`
+    publishes nothing (the request is read again). `grace_s`: how long its child may take to save
+    a checkpoint before it is killed."""
+
+    kind: Literal["cancel", "interrupt"]
+    reason: str
+    grace_s: float
+
+
+class Lifecycle:
+    """The state of one job, moved only along TRANSITIONS."""
+
+    def __init__(self) -> None:
+        self.state = State.QUEUED
+        self.history = [State.QUEUED]
+        self.stop: Stop | None = None
+
+    def to(self, state: State) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"a job cannot go from {self.state} to {state}")
+        self.state = state
+        self.history.append(state)
+
+    def request_stop(self, stop: Stop) -> bool:
+        """Ask the job to stop; False when it is too late (a cancel once the push began, any stop once
+        the job is final). An interrupt replaces a cancel asked for before it, never the reverse."""
+        if self.state in FINAL or (stop.kind == "cancel" and self.state is State.PUSHING):
+            return False
+        if stop.kind == "interrupt" or self.stop is None:
+            self.stop = stop
+        return True
+
+    @property
+    def published(self) -> bool:
+        """Its outcome is published: only the commit is left."""
+        return self.state in OUTCOMES

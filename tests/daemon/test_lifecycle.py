@@ -1,0 +1,51 @@
+"""The job state machine itself (daemon/lifecycle.py): every state has its transitions, final states
+have none, a move it does not have is refused, and the stop rules (an interrupt overrides a cancel,
+a cancel is too late once the push began)."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
+
+
+def test_every_state_has_its_transitions_and_final_states_have_none() -> None:
+    assert set(TRANSITIONS) == set(State)
+    assert all(TRANSITIONS[state] == frozenset() for state in FINAL)
+    assert all(State.INTERRUPTED in TRANSITIONS[state] for state in set(State) - FINAL)  # any live job can be interrupted
+    assert State.CANCELLED not in TRANSITIONS[State.PUSHING] and State.SUCCEEDED not in TRANSITIONS[State.TRAINING]
+
+
+@pytest.mark.parametrize(("path", "allowed"), [
+    ([State.TRAINING, State.PUSHING, State.SUCCEEDED], True),
+    ([State.PUSHING, State.SUCCEEDED], True),  # an earlier attempt's artifact: pushed, not trained again
+    ([State.SUCCEEDED], True),  # a duplicate
+    ([State.TRAINING, State.SUCCEEDED], False),  # success is pushed first
+    ([State.TRAINING, State.PUSHING, State.CANCELLED], False),  # too late to cancel
+    ([State.SUCCEEDED, State.FAILED], False),  # one outcome per job
+])
+def test_only_the_drawn_moves_are_allowed(path: list[State], allowed: bool) -> None:
+    lifecycle = Lifecycle()
+    try:
+        for state in path:
+            lifecycle.to(state)
+    except IllegalTransition:
+        assert not allowed, path
+    else:
+        assert allowed, path
+        assert lifecycle.history == [State.QUEUED, *path] and lifecycle.published == (path[-1] in OUTCOMES)
+
+
+def test_an_interrupt_overrides_a_cancel_and_a_cancel_comes_too_late_once_pushing() -> None:
+    lifecycle = Lifecycle()
+    cancel, interrupt = Stop("cancel", "asked", 0.0), Stop("interrupt", "daemon stopping", 60.0)
+    assert lifecycle.request_stop(cancel) and lifecycle.stop == cancel
+    assert lifecycle.request_stop(interrupt) and lifecycle.stop == interrupt
+    assert lifecycle.request_stop(cancel) and lifecycle.stop == interrupt  # never the reverse
+    pushing = Lifecycle()
+    pushing.to(State.PUSHING)
+    assert not pushing.request_stop(cancel) and pushing.stop is None
+    assert pushing.request_stop(interrupt)
+    done = Lifecycle()
+    done.to(State.SUCCEEDED)
+    assert not done.request_stop(interrupt)
