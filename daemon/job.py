@@ -95,12 +95,12 @@ class JobRunner:
     def interrupt(self, reason: str, grace_s: float) -> None:
         """Before the task running the job is cancelled (a daemon stop, a partition that moved): it
         publishes nothing, and its child gets `grace_s` to save a checkpoint."""
-        if self.lifecycle.request_stop(Stop("interrupt", reason, grace_s)):
+        if self.lifecycle.request_stop(Stop("interrupt", reason)):
             self.supervisor.stop_at_checkpoint(grace_s)
 
     def cancel(self, reason: str) -> bool:
         """Stop the job for a cancel request: it ends in `cancelled`. False once the push has begun: too late."""
-        if not self.lifecycle.request_stop(Stop("cancel", reason, 0.0)):
+        if not self.lifecycle.request_stop(Stop("cancel", reason)):
             return False
         if self._work is not None:
             self._work.cancel()  # stops the child's process group at once

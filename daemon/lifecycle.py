@@ -53,12 +53,11 @@ class IllegalTransition(RuntimeError):
 @dataclass(frozen=True)
 class Stop:
     """Why a job is being stopped before its outcome: `cancel` ends it in `cancelled`; `interrupt`
-    publishes nothing (the request is read again). `grace_s`: how long its child may take to save
-    a checkpoint before it is killed."""
+    publishes nothing (the request is read again). How long the child may take to save a checkpoint
+    is its supervisor's to hold (`Supervisor.stop_at_checkpoint`)."""
 
     kind: Literal["cancel", "interrupt"]
     reason: str
-    grace_s: float
 
 
 class Lifecycle:

@@ -162,7 +162,8 @@ class Scheduler:
                 await self.publisher.deliver(self.publisher.failed_letter(record, event))
             await self.partitions.commit(tp, offset + 1)
         except asyncio.CancelledError:
-            log.warning("job.interrupted", request_id=runner.request.request_id, committed=False)
+            stop = runner.lifecycle.stop
+            log.warning("job.interrupted", request_id=runner.request.request_id, committed=False, reason=stop.reason if stop else None)
             raise
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request

@@ -38,7 +38,7 @@ def test_only_the_drawn_moves_are_allowed(path: list[State], allowed: bool) -> N
 
 def test_an_interrupt_overrides_a_cancel_and_a_cancel_comes_too_late_once_pushing() -> None:
     lifecycle = Lifecycle()
-    cancel, interrupt = Stop("cancel", "asked", 0.0), Stop("interrupt", "daemon stopping", 60.0)
+    cancel, interrupt = Stop("cancel", "asked"), Stop("interrupt", "daemon stopping")
     assert lifecycle.request_stop(cancel) and lifecycle.stop == cancel
     assert lifecycle.request_stop(interrupt) and lifecycle.stop == interrupt
     assert lifecycle.request_stop(cancel) and lifecycle.stop == interrupt  # never the reverse
