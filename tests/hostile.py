@@ -87,6 +87,7 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         # Trackers the host allows but has no server or folder for: refused, not logged somewhere local.
         variant("tracker-mlflow", "training.report_to", training={**valid.get("training", {}), "report_to": ["mlflow"]}),
         variant("tracker-tensorboard", "training.report_to", training={**valid.get("training", {}), "report_to": ["tensorboard"]}),
+        variant("tracker-trackio", "training.report_to", training={**valid.get("training", {}), "report_to": ["trackio"]}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]

@@ -29,7 +29,7 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
     (tmp_path / "outside" / "rows.jsonl").write_text(json.dumps({"text": "rows outside the root"}) + "\n")
     (root / "link").symlink_to(tmp_path / "outside")
     settings = settings.model_copy(update={
-        "allowed_local_dataset_roots": [root], "allowed_dataset_urls": ["s3://bucket/*"], "allowed_report_to": ["mlflow", "tensorboard"],
+        "allowed_local_dataset_roots": [root], "allowed_dataset_urls": ["s3://bucket/*"], "allowed_report_to": ["mlflow", "tensorboard", "trackio"],
     })
     cases = hostile_cases(sft_request("valid"), root)
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")

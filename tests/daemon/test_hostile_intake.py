@@ -45,7 +45,7 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture
 def host(tmp_path: Path, root: Path) -> Settings:
     return Settings(work_dir=tmp_path / "work", allowed_local_dataset_roots=[root], allowed_dataset_urls=["s3://bucket/*"],
-                    allowed_report_to=["mlflow", "tensorboard"])
+                    allowed_report_to=["mlflow", "tensorboard", "trackio"])
 
 
 @pytest.mark.parametrize("case", hostile_cases(sft_request("valid"), Path("/tmp/root")), ids=lambda case: case[0])

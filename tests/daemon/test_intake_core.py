@@ -31,7 +31,7 @@ def root(tmp_path: Path) -> Path:
 @pytest.fixture
 def settings(tmp_path: Path, root: Path) -> Settings:
     return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", allowed_local_dataset_roots=[root],
-                    allowed_dataset_urls=["s3://bucket/*"], allowed_report_to=["mlflow", "tensorboard"])
+                    allowed_dataset_urls=["s3://bucket/*"], allowed_report_to=["mlflow", "tensorboard", "trackio"])
 
 
 def hostile_records(settings: Settings, root: Path, tp: TopicPartition) -> tuple[list[FakeRecord], list[str]]:
