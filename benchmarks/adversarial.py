@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from daemon.admission.secret_rules import SCANNER
 from daemon.intake import Intake
-from daemon.secret_rules import SCANNER
+from daemon.jobs.slots import Slots
 from daemon.settings import Settings
-from daemon.slots import Slots
 from schemas import Rejection, decode_request
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])

@@ -170,7 +170,7 @@ def sft_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[st
 
 
 def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]:
-    from daemon.demo_requests import PROMPT_ROWS
+    from daemon.cli.demo_requests import PROMPT_ROWS
 
     example = json.loads((Path(__file__).parents[1] / "schemas" / "examples" / "grpo.json").read_text())
     return {

@@ -24,10 +24,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka_options import kafka_options
-from daemon.local_kafka import LocalKafka, free_port
+from daemon.kafka.local import LocalKafka, free_port
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from tests.helpers import HUB_TOKEN
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess

@@ -50,10 +50,10 @@ async def microseconds(mix: str, count: int) -> float:
     from aiokafka import TopicPartition
 
     from daemon.intake import Intake
-    from daemon.logs import configure_logging
-    from daemon.publisher import Publisher
+    from daemon.jobs.slots import Slots
+    from daemon.kafka.publisher import Publisher
+    from daemon.ops.logs import configure_logging
     from daemon.settings import Settings
-    from daemon.slots import Slots
 
     configure_logging("json", "error")
     # A work folder of its own: the publisher keeps this host's retry key there.

@@ -21,8 +21,8 @@ import time
 from collections import Counter
 
 from benchmarks.harness import HUB_TOKEN, Environment, publish_all
-from daemon.event_reader import EventStream
-from daemon.local_kafka import free_port
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.local import free_port
 from schemas import TERMINAL_TYPES
 from tests.helpers import CHAT_ROWS, committed_offset
 from tests.processes import DaemonProcess

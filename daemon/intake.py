@@ -15,18 +15,18 @@ from collections.abc import Sequence
 import structlog
 from aiokafka import TopicPartition
 
-from daemon import metrics
-from daemon.capabilities import unsupported_reason
-from daemon.images import inline_image_errors
-from daemon.partitions import Partitions
-from daemon.policy import policy_errors
-from daemon.publisher import Outgoing, Publisher
-from daemon.records import Record
-from daemon.scheduler import Scheduler
-from daemon.secret_rules import SCANNER
+from daemon.admission.capabilities import unsupported_reason
+from daemon.admission.images import inline_image_errors
+from daemon.admission.policy import policy_errors
+from daemon.admission.secret_rules import SCANNER
+from daemon.jobs.scheduler import Scheduler
+from daemon.jobs.slots import Slots
+from daemon.kafka.partitions import Partitions
+from daemon.kafka.publisher import Outgoing, Publisher
+from daemon.kafka.records import Record
+from daemon.kafka.trace import trace_context
+from daemon.ops import metrics
 from daemon.settings import Settings
-from daemon.slots import Slots
-from daemon.trace import trace_context
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()

@@ -22,19 +22,19 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from daemon import metrics
-from daemon.capabilities import available_methods
-from daemon.clients import Consumer, Producer, kafka_consumer
-from daemon.control import ControlReader
-from daemon.http_server import HttpEndpoint
+from daemon.admission.capabilities import available_methods
+from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
-from daemon.partitions import Partitions, RebalanceListener
-from daemon.publisher import Publisher
-from daemon.scheduler import Scheduler
+from daemon.jobs.scheduler import Scheduler
+from daemon.jobs.slots import Slots, discover_gpus
+from daemon.kafka.clients import Consumer, Producer, kafka_consumer
+from daemon.kafka.control import ControlReader
+from daemon.kafka.partitions import Partitions, RebalanceListener
+from daemon.kafka.publisher import Publisher
+from daemon.ops import metrics
+from daemon.ops.http_server import HttpEndpoint
+from daemon.ops.systemd import Notifier
 from daemon.settings import Settings
-from daemon.slots import Slots, discover_gpus
-from daemon.systemd import Notifier
-from daemon.warm import WarmChildren, child_environment
 
 log = structlog.get_logger()
 
@@ -44,7 +44,7 @@ LAG_INTERVAL_S = 5.0
 
 
 class Service:
-    """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/clients.py)."""
+    """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
 
     def __init__(self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None) -> None:
         self.settings = settings

@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")
     allow_trust_remote_code: bool = False
     max_timeout_s: int | None = Field(7 * 86_400, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none (a week).")
-    # The bounds on the work a request may ask for (daemon/bounds.py says which field each bounds).
+    # The bounds on the work a request may ask for (daemon/admission/bounds.py says which field each bounds).
     max_batch_size: int = Field(256, ge=1, description="Per-device batch sizes (train, eval, reference precompute, generation).")
     max_gradient_accumulation_steps: int = Field(1024, ge=1)
     max_processes: int = Field(8, ge=0, description="dataloader_num_workers and dataset_num_proc: processes a job may start.")

@@ -2,7 +2,7 @@
 operator allows, or inline rows; an evaluation set from its own source; a mixture of sources with
 proportions; and streaming for sets larger than the disk.
 
-Which sources a host accepts is the operator's policy (daemon/policy.py); this module only says
+Which sources a host accepts is the operator's policy (daemon/admission/policy.py); this module only says
 what is well-formed. One rule is the schema's own: a Hub id (`id`) names a dataset on the Hub and
 nothing else, so its `data_files` are paths inside that repo, never an absolute path or a URL.
 """

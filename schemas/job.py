@@ -3,7 +3,7 @@ messages the child sends back, the failure codes both use, and the one rule for 
 are worth another try.
 
 The child (`handlers.runner`) writes one message per line on its status pipe; the daemon decodes
-each with `parse_child_message`, in one place (`daemon.supervisor`). Depends on pydantic only, so
+each with `parse_child_message`, in one place (`daemon.jobs.supervisor`). Depends on pydantic only, so
 neither side imports the other.
 """
 

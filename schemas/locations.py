@@ -1,7 +1,7 @@
 """The one rule for a local path a request names: which part of it is fixed, and whether that part,
 symlinks resolved, lies inside a root the operator allows.
 
-Both sides use it: the daemon's policy at intake (daemon/policy.py), and the child for every file
+Both sides use it: the daemon's policy at intake (daemon/admission/policy.py), and the child for every file
 a glob or a folder expands to, where the file is opened (handlers/sources.py, handlers/vision.py).
 Containment is judged on whole path components (`/data` does not contain `/data-backup`), never on
 a string prefix.

@@ -59,7 +59,7 @@ class SecretScanner:
     pattern, so that a string is scanned once. On RE2 (schemas/regex.py) that is one automaton,
     about a hundred times faster than Python's re on this alternation; a producer without RE2 gets
     the same verdicts from re for the built-in rules, since every one is bounded. The daemon adds
-    a maintained rule set to these (daemon/secret_rules.py)."""
+    a maintained rule set to these (daemon/admission/secret_rules.py)."""
 
     def __init__(self, rules: dict[str, tuple[str, str]]) -> None:
         self.rules = rules

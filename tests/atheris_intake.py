@@ -23,10 +23,10 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
     from aiokafka.structs import ConsumerRecord
 
     from daemon.intake import Intake
-    from daemon.logs import configure_logging
-    from daemon.publisher import Publisher
+    from daemon.jobs.slots import Slots
+    from daemon.kafka.publisher import Publisher
+    from daemon.ops.logs import configure_logging
     from daemon.settings import Settings
-    from daemon.slots import Slots
     from schemas import Rejected, Rejection, decode_request
 
 MAX_MESSAGE_BYTES = 1_000_000

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.demo_requests import PREFERENCE_ROWS
-from daemon.local_kafka import LocalKafka, free_port
+from daemon.cli.demo_requests import PREFERENCE_ROWS
+from daemon.kafka.local import LocalKafka, free_port
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from tests.helpers import (
     CHAT_DATASET,
     CHAT_ROWS,

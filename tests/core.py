@@ -8,11 +8,11 @@ import json
 from aiokafka import TopicPartition
 
 from daemon.intake import Intake
-from daemon.partitions import Partitions
-from daemon.publisher import Publisher
-from daemon.scheduler import Scheduler
+from daemon.jobs.scheduler import Scheduler
+from daemon.jobs.slots import Slots
+from daemon.kafka.partitions import Partitions
+from daemon.kafka.publisher import Publisher
 from daemon.settings import Settings
-from daemon.slots import Slots
 from schemas import RequestBase, decode_request
 from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Script, Sent
 

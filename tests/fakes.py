@@ -1,5 +1,5 @@
-"""In-memory stand-ins for the Kafka clients (daemon/clients.py's Protocols) and for the training
-child (daemon/processes.py's), for unit tests of the daemon's core without a broker or torch:
+"""In-memory stand-ins for the Kafka clients (daemon/kafka/clients.py's Protocols) and for the training
+child (daemon/children/processes.py's), for unit tests of the daemon's core without a broker or torch:
 
 - `FakeProducer` keeps what was sent per topic and partition and acknowledges it at once (or holds
   the acknowledgements until `release`);
@@ -20,16 +20,16 @@ from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from daemon.child import ChildOutcome, OnMessage, follow
-from daemon.clients import Batch, Consumer, Producer
-from daemon.processes import ChildSource, JobProcess
-from daemon.records import Record
+from daemon.children.child import ChildOutcome, OnMessage, follow
+from daemon.children.processes import ChildSource, JobProcess
+from daemon.kafka.clients import Batch, Consumer, Producer
+from daemon.kafka.records import Record
 from schemas.job import ChildMessage, JobSpec
 
 
 @dataclass(frozen=True)
 class FakeRecord:
-    """What the daemon reads of a record (daemon/records.py's Record)."""
+    """What the daemon reads of a record (daemon/kafka/records.py's Record)."""
 
     topic: str
     partition: int

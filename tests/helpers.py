@@ -16,9 +16,9 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 
 import schemas
-from daemon.kafka_options import kafka_options
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from daemon.topic_reader import TopicReader
 from schemas import TERMINAL_TYPES, Event, parse_event
 
 HUB_TOKEN = "hf_adapterd_test_token"
@@ -254,7 +254,7 @@ def assert_full_model_trained(model_dir: Path, base_dir: Path, *, sequence_class
 async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
     """Submit a request and return its events up to its terminal one, reading from the end of the
     events topic as it was before the submission: an earlier request with the same id is not seen."""
-    from daemon.event_reader import EventStream
+    from daemon.kafka.event_reader import EventStream
 
     async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
         await submit(settings, request)

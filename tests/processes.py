@@ -86,7 +86,7 @@ class DaemonProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    # Instead of `python -m daemon.cli run` with the settings in ADAPTERD_* variables: a command
+    # Instead of `python -m daemon.cli.app run` with the settings in ADAPTERD_* variables: a command
     # line and an environment of its own (the systemd unit's, see `unit_daemon`).
     command: list[str] | None = None
     environment: dict[str, str] | None = None
@@ -96,7 +96,7 @@ class DaemonProcess:
         self.settings.work_dir.mkdir(parents=True, exist_ok=True)
         environment = settings_environment(self.settings) if self.environment is None else self.environment
         self.process = subprocess.Popen(
-            self.command or [sys.executable, "-m", "daemon.cli", "run"],
+            self.command or [sys.executable, "-m", "daemon.cli.app", "run"],
             env={**environment, **self.extra_env}, cwd=self.cwd,
             stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
         )

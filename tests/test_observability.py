@@ -21,8 +21,8 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka_options import kafka_options
-from daemon.local_kafka import free_port
+from daemon.kafka.local import free_port
+from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from tests.helpers import read_records
 from tests.processes import DaemonProcess
@@ -43,7 +43,7 @@ def exported_metrics() -> bytes:
     """The daemon's /metrics text with a sample of every metric (a labelled one shows once it has a child)."""
     from prometheus_client import generate_latest
 
-    from daemon import metrics
+    from daemon.ops import metrics
 
     metrics.JOBS.labels("succeeded")
     metrics.STAGE_SECONDS.labels("train")

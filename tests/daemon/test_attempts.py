@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
+from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Failed, Progress, Retrying, Started
 from tests.helpers import (
@@ -112,7 +112,7 @@ async def test_a_retry_waiting_for_its_backoff_holds_no_slot_and_no_partition(se
 async def test_a_network_error_downloading_the_base_model_is_retryable(settings: Settings, tmp_path: Path) -> None:
     """The one transient rule (schemas.job.is_transient) holds for the child's downloads as for the
     push: a Hub that does not answer at all is worth another try, not a failure for good."""
-    from daemon.local_kafka import free_port
+    from daemon.kafka.local import free_port
 
     settings = settings.model_copy(update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"})  # nothing listens
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
-from daemon.local_kafka import LocalKafka
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.local import LocalKafka
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from schemas import Accepted, Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
+from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Accepted, Cancelled, Failed, Progress, Started
 from tests.helpers import (
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 async def adapterd(settings: Settings, *args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon.cli", *args, env=settings_environment(settings),
+        sys.executable, "-m", "daemon.cli.app", *args, env=settings_environment(settings),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()

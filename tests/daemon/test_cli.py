@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from daemon.cli import app
+from daemon.cli.app import app
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES
 from tests.helpers import read_records, sft_request
@@ -65,7 +65,7 @@ async def test_submit_publishes_keyed_by_request_id(settings: Settings, tmp_path
     path = write(tmp_path, sft_request("cli-submit"))
     env = settings_environment(settings)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon.cli", "submit", str(path), env=env, stdout=asyncio.subprocess.PIPE
+        sys.executable, "-m", "daemon.cli.app", "submit", str(path), env=env, stdout=asyncio.subprocess.PIPE
     )
     stdout, _ = await process.communicate()
     assert process.returncode == 0
@@ -78,7 +78,7 @@ async def test_submit_publishes_keyed_by_request_id(settings: Settings, tmp_path
 def test_run_refuses_bad_settings_with_their_names(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("job_slots = -1\n")
-    result = subprocess.run([sys.executable, "-m", "daemon.cli", "run", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "run", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "job_slots" in result.stderr
 
@@ -88,7 +88,7 @@ def test_demo_runs_to_succeeded_on_a_fresh_work_dir(tmp_path: Path) -> None:
     """The README's main command, as written, on built-in defaults."""
     work_dir = tmp_path / "demo"
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "demo", "--work-dir", str(work_dir)],
+        [sys.executable, "-m", "daemon.cli.app", "demo", "--work-dir", str(work_dir)],
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from daemon.cli import app
-from daemon.convert import (
+from daemon.cli.app import app
+from daemon.convert.trl_config import (
     MIXTURE_DEFAULTS,
     MODEL_CLI_DEFAULTS,
     REWARD_DEFAULTS,
@@ -235,7 +235,7 @@ def test_usage_errors_exit_2(tmp_path: Path, name: str, text: str, args: tuple[s
 def test_the_command_line_prints_the_request_on_stdout_and_the_dropped_keys_on_stderr(tmp_path: Path) -> None:
     path = tmp_path / "sft.yaml"
     path.write_text(SFT_YAML)
-    result = subprocess.run([sys.executable, "-m", "daemon.cli", "convert", "trl-config", str(path)],
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "convert", "trl-config", str(path)],
                             check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["method"] == "sft"
@@ -249,7 +249,7 @@ def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> 
 @pytest.mark.slow  # imports TRL and torch: half a minute on 2 cores
 @pytest.mark.parametrize("method", ["sft", "dpo", "kto", "reward", "grpo", "rloo"])
 def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method: str) -> None:
-    """The contract's fields and the script arguments listed in daemon/convert.py, against the parser
+    """The contract's fields and the script arguments listed in daemon/convert/trl_config.py, against the parser
     of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
     parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
     defaults = {action.dest: action.default for action in parser._actions if action.dest != "help"}

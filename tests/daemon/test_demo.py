@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.capabilities import available_methods
+from daemon.admission.capabilities import available_methods
 from tests.helpers import assert_adapter_trained
 
 
@@ -17,7 +17,7 @@ def demo(*args: str, home: Path, timeout_s: float = 600) -> subprocess.Completed
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS"}
     environment.update(HF_HOME=str(home / "hf-home"), HF_HUB_OFFLINE="1")  # the demo needs no network
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "demo", *args], env=environment, capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, "-m", "daemon.cli.app", "demo", *args], env=environment, capture_output=True, text=True, timeout=timeout_s
     )
 
 
@@ -51,9 +51,9 @@ def test_dpo_demo_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path
 
 @pytest.mark.parametrize("name", ["sft-vision", "dpo-vision", "grpo-vision"])
 def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> None:
-    from daemon.demo import method_problem
-    from daemon.demo_requests import demo_request
-    from daemon.images import inline_image_errors
+    from daemon.admission.images import inline_image_errors
+    from daemon.cli.demo import method_problem
+    from daemon.cli.demo_requests import demo_request
     from schemas.images import ImageBounds
 
     request = demo_request(name, tmp_path / "tiny-vlm")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka_options import kafka_options
+from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Accepted, Rejected, Rejection, decode_request, parse_event
 from tests.fuzz import malformed_messages

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
 from tests.helpers import (
     assert_adapter_trained,
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 async def adapterd(*args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon.cli", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        sys.executable, "-m", "daemon.cli.app", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     output, _ = await process.communicate()
     return process.returncode or 0, output.decode()

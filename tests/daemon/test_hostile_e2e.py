@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka_options import kafka_options
+from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Failed, Rejected, Succeeded
 from tests.helpers import read_records, sft_request, terminal_events

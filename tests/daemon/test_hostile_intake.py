@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from daemon.hub_push import PushFailed, local_target
+from daemon.hub.push import PushFailed, local_target
 from daemon.intake import Intake, internal_rejection
-from daemon.retry_state import FIRST, RetrySigner
+from daemon.jobs.slots import Slots
+from daemon.kafka.retry_state import FIRST, RetrySigner
 from daemon.settings import Settings
-from daemon.slots import Slots
 from schemas import FieldError, Rejection, decode_request
 from schemas.locations import local_location_inside, within
 from schemas.regex import ENGINE
@@ -130,7 +130,7 @@ def test_the_local_sink_never_writes_outside_its_folder(host: Settings) -> None:
 
 
 def test_intake_scans_with_detect_secrets_rules_besides_its_own() -> None:
-    from daemon.secret_rules import LEFT_OUT, SCANNER
+    from daemon.admission.secret_rules import LEFT_OUT, SCANNER
     from schemas.secrets import secret_kind
 
     shapes = {  # made-up values of shapes only detect-secrets' plugins know

@@ -7,8 +7,8 @@ import json
 import socket
 import urllib.request
 
-from daemon import metrics  # noqa: F401 - registers adapterd's metrics, as the daemon does
-from daemon.http_server import HttpEndpoint
+from daemon.ops import metrics  # noqa: F401 - registers adapterd's metrics, as the daemon does
+from daemon.ops.http_server import HttpEndpoint
 
 
 def test_an_idle_connection_does_not_block_healthz() -> None:

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from daemon import hub_push
 from daemon.errors import PushFailed
-from daemon.model_card import model_card
+from daemon.hub import push as hub_push
+from daemon.hub.model_card import model_card
 from daemon.settings import Settings
 from schemas import SFTRequest
 from tests.helpers import HUB_TOKEN
@@ -120,7 +120,7 @@ def test_the_hub_client_keeps_its_timeout_after_the_library_drops_it() -> None:
 def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
     import json
 
-    from daemon.model_card import card_base_model
+    from daemon.hub.model_card import card_base_model
 
     local = tmp_path / "base"
     local.mkdir()

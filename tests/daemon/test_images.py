@@ -1,4 +1,4 @@
-"""Intake's check of inline images (daemon/images.py): each problem is a `rejected` reason naming the
+"""Intake's check of inline images (daemon/admission/images.py): each problem is a `rejected` reason naming the
 row and the field, before any job exists; a URL is refused, never fetched."""
 
 import base64
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from daemon.demo_requests import VISION_CHAT_ROWS, VISION_PROMPT_ROWS, square
-from daemon.images import inline_image_errors
+from daemon.admission.images import inline_image_errors
+from daemon.cli.demo_requests import VISION_CHAT_ROWS, VISION_PROMPT_ROWS, square
 from schemas import FieldError, RequestBase, decode_request
 from schemas.images import ImageBounds
 from tests.helpers import EXAMPLES_DIR

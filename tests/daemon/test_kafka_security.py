@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.local_kafka import LocalKafka
+from daemon.kafka.local import LocalKafka
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from schemas import Rejected
 from tests.helpers import sft_request, submit, terminal_events
 from tests.processes import DaemonProcess, NotifySocket, settings_environment
@@ -54,7 +54,7 @@ async def test_daemon_and_cli_over_sasl_scram(local_broker: LocalKafka | None, s
 
     password_file.write_text("not-the-password\n")
     refused = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "run"], env=settings_environment(secured), capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "daemon.cli.app", "run"], env=settings_environment(secured), capture_output=True, text=True, timeout=120
     )
     assert refused.returncode == 1
     assert f"adapterd: Kafka at {local_broker.sasl_bootstrap_servers}" in refused.stderr

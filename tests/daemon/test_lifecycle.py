@@ -1,4 +1,4 @@
-"""The job state machine itself (daemon/lifecycle.py): every state has its transitions, final states
+"""The job state machine itself (daemon/jobs/lifecycle.py): every state has its transitions, final states
 have none, a move it does not have is refused, and the stop rules (an interrupt overrides a cancel,
 a cancel is too late once the push began)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
+from daemon.jobs.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
 
 
 def test_every_state_has_its_transitions_and_final_states_have_none() -> None:

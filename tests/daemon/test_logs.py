@@ -8,7 +8,7 @@ SCRIPT = """
 import logging, sys
 import structlog
 from aiokafka.errors import CoordinatorNotAvailableError
-from daemon.logs import configure_logging
+from daemon.ops.logs import configure_logging
 
 configure_logging(sys.argv[1], "info")
 log = structlog.get_logger()

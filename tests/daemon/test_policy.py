@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from daemon.demo_requests import PROMPT_ROWS
-from daemon.policy import policy_errors, report_to
+from daemon.admission.policy import policy_errors, report_to
+from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
 from tests.helpers import CHAT_ROWS, sft_request
@@ -99,7 +99,7 @@ def test_gpus_above_the_maximum_per_job() -> None:
 def test_trackio_logs_to_the_operators_folder_and_nowhere_else(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Space, server or bucket in the unit's environment would send a job's metrics off the host
     under the daemon's token; the child gets only the operator's folder."""
-    from daemon.warm import child_environment
+    from daemon.children.warm import child_environment
 
     for variable in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL", "TRACKIO_REGISTRY_BUCKET_ID", "TRACKIO_WRITE_TOKEN"):
         monkeypatch.setenv(variable, "someone/else")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from daemon.publisher import Outgoing, Publisher
+from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.settings import Settings
 from schemas import FieldError, Rejected, Rejection
 from tests.fakes import FakeProducer, FakeRecord

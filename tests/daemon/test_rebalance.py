@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from schemas import Progress, Started, Succeeded
 from tests.helpers import (
     CHAT_ROWS,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.lifecycle import State
-from daemon.scheduler import Offered, RunningJob
+from daemon.jobs.lifecycle import State
+from daemon.jobs.scheduler import Offered, RunningJob
 from daemon.settings import Settings
 from schemas import Cancel
 from schemas.job import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult

@@ -13,11 +13,11 @@ from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
-from daemon.job import JobRunner
-from daemon.publisher import Outgoing, Publisher
-from daemon.scheduler import Scheduler
+from daemon.jobs.job import JobRunner
+from daemon.jobs.scheduler import Scheduler
+from daemon.jobs.slots import Slots
+from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.settings import Settings
-from daemon.slots import Slots
 from schemas import Accepted, Failed, decode_request
 from schemas.events import EventBase
 from tests.helpers import sft_request

@@ -1,6 +1,6 @@
 """GPU discovery and the slot table: lowest free ids first, each job its own GPUs."""
 
-from daemon.slots import Slots, discover_gpus
+from daemon.jobs.slots import Slots, discover_gpus
 
 
 def test_configured_gpus_win_over_the_environment() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
+from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
 from tests.helpers import (

@@ -11,9 +11,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from daemon.kafka_options import kafka_options
+from daemon.kafka.options import kafka_options
+from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
-from daemon.trace import trace_context
 from schemas import TERMINAL_TYPES, parse_event
 from tests.helpers import read_records, sft_request, terminal_events
 from tests.hub_server import HubServer

@@ -92,7 +92,7 @@ async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published
 
     # A host without a tracking server refuses the same request rather than log to a local folder.
     from daemon.intake import Intake
-    from daemon.slots import Slots
+    from daemon.jobs.slots import Slots
     from schemas import decode_request
 
     refusal = Intake(untracked_host, None, None, None, Slots([], 1)).refusal(decode_request(json.dumps(tracked).encode()))  # type: ignore[arg-type]

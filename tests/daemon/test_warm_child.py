@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.event_reader import EventStream
-from daemon.forkserver import ForkServer
+from daemon.children.forkserver import ForkServer
+from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from handlers.forkserver import THREADS_PROBE
 from schemas import Retrying, Started, Succeeded

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from daemon.capabilities import trl_version, unsupported_reason
-from daemon.demo_requests import PROMPT_ROWS
+from daemon.admission.capabilities import trl_version, unsupported_reason
+from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
 from schemas.job import JobSpec

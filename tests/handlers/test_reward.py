@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.demo_requests import PREFERENCE_ROWS
+from daemon.cli.demo_requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from tests.helpers import (

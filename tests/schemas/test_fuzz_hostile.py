@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daemon.intake import Intake
+from daemon.jobs.slots import Slots
 from daemon.settings import Settings
-from daemon.slots import Slots
 from schemas import Accepted, Rejection, decode_request
 from tests.fuzz import EXAMPLES, leaf_paths, set_leaf
 from tests.hostile import CREDENTIALS

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import structlog
 
-from daemon.records import Record
+from daemon.kafka.records import Record
 
 log = structlog.get_logger()
 

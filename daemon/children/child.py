@@ -2,7 +2,7 @@
 
 A child is a fresh interpreter running `handlers.runner`: it imports the training stack, says
 `ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Each child runs
-one job and exits, so every job gets a clean process (`daemon.warm` starts them ahead of time).
+one job and exits, so every job gets a clean process (`daemon.children.warm` starts them ahead of time).
 Its status pipe carries `schemas.job` messages, decoded here and nowhere else.
 
 Every child runs in its own process group (a cancel or timeout kills everything it started), dies

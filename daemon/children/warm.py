@@ -17,8 +17,8 @@ from typing import Literal
 
 import structlog
 
-from daemon.child import Child
-from daemon.forkserver import ForkServer
+from daemon.children.child import Child
+from daemon.children.forkserver import ForkServer
 from daemon.settings import Settings
 
 log = structlog.get_logger()

@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 import structlog
 from pydantic import ValidationError
 
-from daemon.records import Record
+from daemon.kafka.records import Record
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from daemon.topic_reader import TopicReader
 from schemas.control import Cancel
 
 log = structlog.get_logger()

@@ -13,10 +13,10 @@ from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from daemon.kafka_options import kafka_options
-from daemon.records import Record
+from daemon.kafka.options import kafka_options
+from daemon.kafka.records import Record
+from daemon.kafka.topics import partition_numbers
 from daemon.settings import Settings
-from daemon.topics import partition_numbers
 
 
 class TopicReader:

@@ -22,7 +22,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from daemon.clients import Consumer
+from daemon.kafka.clients import Consumer
 
 log = structlog.get_logger()
 

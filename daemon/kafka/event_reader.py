@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from daemon.topic_reader import TopicReader
 from schemas import TERMINAL_TYPES, Event, parse_event
 
 

@@ -23,16 +23,16 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
-from daemon import metrics
-from daemon.job import JobRunner
-from daemon.partitions import Partitions
-from daemon.processes import ChildSource
-from daemon.publisher import Publisher
-from daemon.records import Record
-from daemon.retry_state import MAX_BACKOFF_S
+from daemon.children.processes import ChildSource
+from daemon.jobs.job import JobRunner
+from daemon.jobs.slots import Slots
+from daemon.kafka.partitions import Partitions
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import MAX_BACKOFF_S
+from daemon.kafka.trace import trace_context
+from daemon.ops import metrics
 from daemon.settings import Settings
-from daemon.slots import Slots
-from daemon.trace import trace_context
 from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
 
 log = structlog.get_logger()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from daemon.records import Record
+from daemon.kafka.records import Record
 
 Headers = list[tuple[str, bytes]]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from daemon.publisher import Publisher
-from daemon.trace import Headers
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.trace import Headers
 from schemas.events import EventBase
 from schemas.request import RequestBase
 

@@ -7,7 +7,7 @@ from fnmatch import fnmatchcase
 
 import fsspec
 
-from daemon.bounds import bound_errors
+from daemon.admission.bounds import bound_errors
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec

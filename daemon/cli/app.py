@@ -15,11 +15,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from daemon.console import follow_to_end
+from daemon.cli.console import follow_to_end
 from daemon.errors import ConfigError
-from daemon.event_reader import EventStream
-from daemon.kafka_options import kafka_options
-from daemon.logs import configure_logging
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.options import kafka_options
+from daemon.ops.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
     Cancel,
@@ -44,7 +44,7 @@ def _settings(config: Path | None) -> Settings:
 def _read_request(file: Path) -> RequestBase:
     # The daemon's credential rules, loaded here only: detect-secrets takes a third of a second to
     # import, which every other command (events, cancel, status) would pay.
-    from daemon.secret_rules import SCANNER
+    from daemon.admission.secret_rules import SCANNER
 
     decoded = decode_request(file.read_bytes(), scanner=SCANNER)
     if isinstance(decoded, Rejection):
@@ -192,7 +192,7 @@ def topics(
     replication_factor: Annotated[int, typer.Option(help="Replicas of each partition (3 on a production cluster).")] = 1,
 ) -> None:
     """Create the requests, events, DLQ and control topics where they are missing."""
-    from daemon.topics import ensure_topics
+    from daemon.kafka.topics import ensure_topics
 
     settings = _settings(config)
     asyncio.run(ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
@@ -202,7 +202,7 @@ def topics(
 @app.command()
 def methods() -> None:
     """List the training methods, the TRL trainer of each, and whether this host's TRL can run it."""
-    from daemon.capabilities import trl_version, unsupported_reason
+    from daemon.admission.capabilities import trl_version, unsupported_reason
     from schemas.methods import METHODS
 
     typer.echo(f"trl {trl_version()}")
@@ -247,10 +247,10 @@ def convert_trl_config(
     output_repo: Annotated[str | None, typer.Option(help="output.repo_id, NAMESPACE/NAME; by default the file's hub_model_id.")] = None,
     request_id: Annotated[str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")] = None,
 ) -> None:
-    """Print the adapterd request a `trl` CLI config file makes (daemon/convert.py does the work)."""
+    """Print the adapterd request a `trl` CLI config file makes (daemon/convert/trl_config.py does the work)."""
     from datetime import UTC, datetime
 
-    from daemon.convert import (
+    from daemon.convert.trl_config import (
         UsageError,
         convert,
         default_request_id,
@@ -283,7 +283,7 @@ def demo(
     method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision.")] = "sft",
 ) -> None:
     """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
-    from daemon.demo import main
+    from daemon.cli.demo import main
 
     sys.exit(main(work_dir, method))
 

@@ -16,17 +16,17 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.capabilities import available_methods, unsupported_reason
-from daemon.console import follow_to_end
-from daemon.demo_requests import VISION_SUFFIX, demo_request, is_vision, known_methods
-from daemon.event_reader import EventStream
-from daemon.hub_push import local_target
-from daemon.kafka_options import kafka_options
-from daemon.local_kafka import LocalKafka
-from daemon.logs import configure_logging
+from daemon.admission.capabilities import available_methods, unsupported_reason
+from daemon.cli.console import follow_to_end
+from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, is_vision, known_methods
+from daemon.hub.push import local_target
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.local import LocalKafka
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topics import ensure_topics
+from daemon.ops.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
-from daemon.topics import ensure_topics
 from schemas import RequestBase
 
 

@@ -1,5 +1,5 @@
 """What a job needs of its child process and of where children come from, as `Protocol`s:
-`daemon/child.py`'s `Child` and `daemon/warm.py`'s `WarmChildren` are the real ones; the test
+`daemon/children/child.py`'s `Child` and `daemon/children/warm.py`'s `WarmChildren` are the real ones; the test
 suite's `FakeChild` and `FakeChildren` (tests/fakes.py) follow a script instead of training, so
 the scheduler, a job's lifecycle and its supervision run in a unit test in milliseconds."""
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
-from daemon.child import ChildOutcome, OnMessage
+from daemon.children.child import ChildOutcome, OnMessage
 
 
 class JobProcess(Protocol):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from daemon.kafka_options import kafka_options
+from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 
 

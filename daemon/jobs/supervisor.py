@@ -15,9 +15,9 @@ from typing import Any
 
 import structlog
 
-from daemon.child import Child, ChildOutcome
-from daemon.job_events import JobEvents
-from daemon.processes import ChildSource, JobProcess
+from daemon.children.child import Child, ChildOutcome
+from daemon.children.processes import ChildSource, JobProcess
+from daemon.jobs.job_events import JobEvents
 from daemon.settings import Settings
 from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.job import (
@@ -61,7 +61,7 @@ class Supervisor:
     ) -> None:
         self.request = request
         self.settings = settings
-        self.events = events  # the job's one way to publish (daemon/job_events.py)
+        self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
         self.children = children
         self.slot = slot
         self.visible_devices = visible_devices

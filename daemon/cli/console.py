@@ -3,7 +3,7 @@ readable line per other event; for `adapterd submit --wait` and the demo."""
 
 from __future__ import annotations
 
-from daemon.event_reader import EventStream
+from daemon.kafka.event_reader import EventStream
 from schemas import TERMINAL_TYPES, Event, Progress
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from daemon.child import OUTPUT_LIMIT, STATUS_LIMIT, Child, read_pipe
+from daemon.children.child import OUTPUT_LIMIT, STATUS_LIMIT, Child, read_pipe
 
 log = structlog.get_logger()
 

@@ -27,7 +27,7 @@ from tenacity import (
 )
 
 from daemon.errors import PushFailed
-from daemon.metrics import HUB_RETRIES
+from daemon.ops.metrics import HUB_RETRIES
 from daemon.settings import Settings
 from schemas.job import is_transient
 from schemas.request import RequestBase

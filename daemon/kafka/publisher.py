@@ -19,11 +19,11 @@ from aiokafka.structs import RecordMetadata
 from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
-from daemon.clients import Producer, kafka_producer
-from daemon.records import Record
-from daemon.retry_state import RetrySigner
+from daemon.kafka.clients import Producer, kafka_producer
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
-from daemon.trace import trace_context
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
 
@@ -58,7 +58,7 @@ class Publisher:
         await self.producer.stop()
 
     def event(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
-        """An event, with its request's trace context (daemon/trace.py) when the request had one."""
+        """An event, with its request's trace context (daemon/kafka/trace.py) when the request had one."""
         event_type = event.type
         return Outgoing(
             self.settings.events_topic,

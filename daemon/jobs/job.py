@@ -1,5 +1,5 @@
 """One accepted request's lifecycle, to its terminal event: an earlier success answered again, or
-training in a child (`daemon.supervisor`), then the push, then `succeeded`; or `failed`,
+training in a child (`daemon.jobs.supervisor`), then the push, then `succeeded`; or `failed`,
 `retrying` or `cancelled`.
 
 Every event of the job is published (and acknowledged) before the next step; the terminal event is
@@ -18,18 +18,18 @@ from typing import Any
 
 import structlog
 
-from daemon import hub_push
-from daemon.job_events import JobEvents
-from daemon.journal import Journal
-from daemon.lifecycle import Lifecycle, State, Stop
-from daemon.metrics import JOBS, STAGE_SECONDS
-from daemon.model_card import model_card
-from daemon.policy import report_to
-from daemon.processes import ChildSource
-from daemon.publisher import Publisher
+from daemon.admission.policy import report_to
+from daemon.children.processes import ChildSource
+from daemon.hub import push as hub_push
+from daemon.hub.model_card import model_card
+from daemon.jobs.job_events import JobEvents
+from daemon.jobs.journal import Journal
+from daemon.jobs.lifecycle import Lifecycle, State, Stop
+from daemon.jobs.supervisor import Supervisor
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.trace import Headers, traceparent
+from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
-from daemon.supervisor import Supervisor
-from daemon.trace import Headers, traceparent
 from schemas.events import (
     Cancelled,
     EventBase,
@@ -70,7 +70,7 @@ class JobRunner:
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
     ) -> None:
         self.request = request
-        self.trace = trace or []  # the request's W3C trace headers (daemon/trace.py), on each of its events
+        self.trace = trace or []  # the request's W3C trace headers (daemon/kafka/trace.py), on each of its events
         self.settings = settings
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.slot = slot
@@ -83,7 +83,7 @@ class JobRunner:
             request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
             timeout_s=_timeout(request.timeout_s, settings.max_timeout_s),
         )
-        self.lifecycle = Lifecycle()  # daemon/lifecycle.py: its states, their transitions, and why it stops early
+        self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
 
     @property

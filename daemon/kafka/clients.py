@@ -14,8 +14,8 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
-from daemon.kafka_options import kafka_options
-from daemon.records import Record
+from daemon.kafka.options import kafka_options
+from daemon.kafka.records import Record
 from daemon.settings import Settings
 
 ASSIGNORS = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor, "sticky": StickyPartitionAssignor}

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.secret_rules import SCANNER
+from daemon.admission.secret_rules import SCANNER
 from schemas import FieldError, Rejection, RequestBase, decode_request
 from schemas.common import REQUEST_ID_PATTERN
 from schemas.contract_render import load_contract
