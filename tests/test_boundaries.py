@@ -83,6 +83,41 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
     assert out.strip() == "[]"
 
 
+# daemon/'s parts, lowest first: each imports only the parts of the layers below it, so the tree
+# reads as the architecture does (docs/architecture.md) and a part can be understood, and tested,
+# with what is under it alone. Peers in one layer never import each other.
+DAEMON_LAYERS: list[set[str]] = [
+    {"errors"},
+    {"settings"},
+    {"ops"},  # logs, metrics, the health endpoint, systemd
+    {"kafka", "children", "admission", "hub"},  # Kafka I/O; the processes that train; admission rules; publishing
+    {"convert", "jobs"},  # recipes into requests; the scheduler and one job's lifecycle
+    {"intake"},  # records into requests for the scheduler, or rejections
+    {"service"},  # the flat loop
+    {"cli"},
+]
+
+
+def daemon_part(module: str) -> str | None:
+    """The part of daemon/ a module belongs to: its sub-package, or its own name at the top."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "daemon" and len(parts) > 1 else None
+
+
+def test_every_part_of_the_daemon_has_a_layer() -> None:
+    parts = {daemon_part(module_name(path)) for path in modules("daemon")} - {None}
+    assert parts == set().union(*DAEMON_LAYERS)
+
+
+@pytest.mark.parametrize("path", modules("daemon"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_daemon_part_imports_only_the_layers_below_it(path: Path) -> None:
+    layer = {part: depth for depth, layer in enumerate(DAEMON_LAYERS) for part in layer}
+    own = daemon_part(module_name(path))
+    known = {module_name(p) for p in modules("daemon")}
+    above = {daemon_part(target) for target in project_imports(path, known) if daemon_part(target) not in (None, own) and layer[daemon_part(target)] >= layer[own]}  # type: ignore[index]
+    assert not above, f"{own} (layer {layer[own]}) imports {sorted(above)}"  # type: ignore[index]
+
+
 # Everything that is the project's own Python: the packages and their tests and benchmarks (the
 # second test environment, tests/trl_1_12, holds no module of its own).
 PROJECT = ("daemon", "schemas", "handlers", "tests", "benchmarks")
