@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,6 +20,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
+from daemon.secret_files import SecretFilesSource
 from schemas.images import ImageBounds
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
@@ -214,33 +214,6 @@ class Settings(BaseSettings):
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
         sources.append(SecretFilesSource(settings_cls))  # last: it reads the *_file values the others found
         return tuple(sources)
-
-
-class SecretFilesSource(PydanticBaseSettingsSource):
-    """`hub_token` and `sasl_password` from the files `hub_token_file` and `sasl_password_file` name.
-
-    Operators hand secrets over as files (systemd's `LoadCredential=` puts them in `%d`; a container
-    mounts them wherever it mounts them), and name the file in the TOML file or the environment. This
-    source comes after those: pydantic-settings gives it what the sources before it found
-    (`current_state`), so it reads each named file, unless the secret itself was given.
-    """
-
-    SECRETS = ("hub_token", "sasl_password")
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False  # not used: __call__ reads the files as a whole
-
-    def __call__(self) -> dict[str, Any]:
-        found: dict[str, Any] = {}
-        for secret in self.SECRETS:
-            path = self.current_state.get(f"{secret}_file")
-            if not path or self.current_state.get(secret) is not None:
-                continue
-            try:
-                found[secret] = Path(path).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"invalid settings: {secret}_file: cannot read {path}: {exc.strerror}") from exc
-        return found
 
 
 # The file load_settings was given, read by settings_customise_sources while that call builds its

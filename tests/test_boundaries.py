@@ -88,6 +88,7 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
 # with what is under it alone. Peers in one layer never import each other.
 DAEMON_LAYERS: list[set[str]] = [
     {"errors"},
+    {"secret_files"},  # the settings source that reads the operator's secret files
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
     {"kafka", "children", "admission", "hub"},  # Kafka I/O; the processes that train; admission rules; publishing

@@ -16,6 +16,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from daemon.cli.console import follow_to_end
+from daemon.cli.convert_command import convert_app
 from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
@@ -220,61 +221,7 @@ def schema() -> None:
     typer.echo(json.dumps({name: json.loads(text) for name, text in generated_schemas().items()}, indent=2))
 
 
-convert_app = typer.Typer(no_args_is_help=True, help="Turn another tool's config into an adapterd request.")
 app.add_typer(convert_app, name="convert")
-
-
-CONVERT_TRL_HELP = (
-    "Print the adapterd request a `trl` CLI config file makes (the YAML of `trl sft --config FILE`), as JSON on stdout.\n\n"
-    "Each key goes where a request says it: TrainingArguments keys to `training`, the method's config keys to its block "
-    "(`sft`, `dpo`, ...), trl.ModelConfig's to `model` and `peft` (use_peft and lora_*; without use_peft, `peft: null`, "
-    "a full fine-tune, as trl does), dataset_name and its options or a `datasets:` mixture to `dataset`, hub_model_id to "
-    "`output.repo_id`, num_processes to `resources.gpus`. Where adapterd's default differs from the trl CLI's, the request "
-    "states trl's: model.dtype float32 unless the file sets dtype, peft.target_modules null (PEFT's choice for the "
-    "architecture) unless it sets lora_target_modules, no nested quantization with load_in_4bit.\n\n"
-    "Each key the request cannot carry is named on stderr, one line each, with why: refused (the reason from the refusal "
-    "table), set by the daemon, unused, unknown to trl, or already said by another field. A key whose value is TRL's "
-    "default is left out silently: the job gets that default too.\n\n"
-    "The request is checked as the daemon checks it. Exit 0 when it converted (keys left out or not), 1 when the request "
-    "is not valid (each field named, with the key it came from), 2 on a usage error."
-)
-
-
-@convert_app.command("trl-config", help=CONVERT_TRL_HELP)
-def convert_trl_config(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The YAML file a `trl` CLI run takes (`trl sft --config FILE`).")],
-    method: Annotated[str | None, typer.Option(help="The training method; by default the one the file's name starts with (sft.yaml).")] = None,
-    output_repo: Annotated[str | None, typer.Option(help="output.repo_id, NAMESPACE/NAME; by default the file's hub_model_id.")] = None,
-    request_id: Annotated[str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")] = None,
-) -> None:
-    """Print the adapterd request a `trl` CLI config file makes (daemon/convert/trl_config.py does the work)."""
-    from datetime import UTC, datetime
-
-    from daemon.convert.trl_config import (
-        UsageError,
-        convert,
-        default_request_id,
-        method_for,
-        read_trl_config,
-    )
-
-    try:
-        config = read_trl_config(file)
-        chosen = method_for(file, method)
-        conversion = convert(config, chosen, request_id or default_request_id(file, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")), output_repo)
-    except UsageError as exc:
-        typer.echo(f"adapterd: {exc}", err=True)
-        raise typer.Exit(2) from exc
-    for dropped in conversion.dropped:
-        typer.echo(dropped.line(), err=True)
-    if conversion.request is None:
-        typer.echo(f"{file}: the {chosen} request it makes is not valid:", err=True)
-        for error in conversion.errors:
-            typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
-        raise typer.Exit(1)
-    document = conversion.request.model_dump(mode="json", exclude_unset=True)
-    head = {name: document.pop(name) for name in ("schema_version", "request_id", "method")}
-    typer.echo(json.dumps(head | document, indent=2))
 
 
 @app.command()

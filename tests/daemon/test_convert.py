@@ -14,13 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.convert.trl_config import (
-    MIXTURE_DEFAULTS,
-    MODEL_CLI_DEFAULTS,
-    REWARD_DEFAULTS,
-    REWARD_METHODS,
-    SCRIPT_DEFAULTS,
-)
+from daemon.convert.trl_config import MODEL_CLI_DEFAULTS
+from daemon.convert.trl_datasets import MIXTURE_DEFAULTS, SCRIPT_DEFAULTS
+from daemon.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
 from schemas import Rejection, decode_request
 from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal

@@ -1,0 +1,43 @@
+"""The reward keys of a GRPO or RLOO `trl` CLI config: the functions adapterd ships by name, a
+reward model by id, and trl's reward_weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.convert.ledger import Dropped, Ledger
+
+REWARD_DEFAULTS: dict[str, Any] = {"reward_model_name_or_path": None, "reward_funcs": None}
+REWARD_METHODS = ("grpo", "rloo")
+# trl's reward functions that adapterd ships under its own name.
+REWARD_FUNCTIONS = {"think_format_reward": "think_format"}
+
+
+def carry_rewards(keys: Ledger) -> None:
+    """GRPO's and RLOO's reward arguments: the functions adapterd ships by name, a reward model by
+    id, and trl's reward_weights (model first, then the functions, as trl's script orders them)."""
+    weights = keys.get("reward_weights")
+    weights = list(weights) if isinstance(weights, list) else None
+    slots: list[dict[str, Any] | None] = []
+    rewards: dict[str, Any] = {}
+    if keys.get("reward_model_name_or_path"):
+        rewards["model"] = {"id": keys.config["reward_model_name_or_path"]}
+        slots.append(rewards["model"])
+    names = keys.get("reward_funcs") or []
+    for index, name in enumerate([names] if isinstance(names, str) else names):
+        if name in REWARD_FUNCTIONS:
+            rewards.setdefault("functions", []).append({"name": REWARD_FUNCTIONS[name]})
+            slots.append(rewards["functions"][-1])
+        else:
+            keys.dropped.append(Dropped(f"reward_funcs.{index}", f"{name} is not a reward adapterd ships "
+                                        "(exact_match, regex_match, length_penalty, think_format); a request never names code to import"))
+            slots.append(None)
+    if weights is not None:
+        if len(weights) != len(slots):
+            keys.error("rewards", f"reward_weights: {len(weights)} weights for {len(slots)} rewards")
+        for slot, weight in zip(slots, weights, strict=False):
+            if slot is not None:
+                slot["weight"] = weight
+    if rewards:
+        keys.request["rewards"] = rewards
+        keys.origin["rewards"] = "reward_funcs"
