@@ -38,6 +38,17 @@ from tests.helpers import (
 from tests.hub_server import HubServer
 from tests.processes import DaemonProcess
 
+# The fixtures that start a Kafka broker (and so the JVM), or hand one to a test.
+BROKER_FIXTURES = {"local_broker", "kafka", "own_broker"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a broker, through any fixture it depends on, is marked `broker`:
+    `pytest -m "not slow and not broker"` is the quick subset, which needs neither Kafka nor Java."""
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.broker)
+
 
 @pytest.fixture(scope="session")
 def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka | None]:
