@@ -30,7 +30,7 @@ SAME_AS_POLICY = math.log(2)
 
 @pytest.mark.slow
 async def test_dpo_on_a_hub_dataset_with_mapped_columns_an_eval_split_and_a_hub_ref_model(
-    daemon: DaemonProcess, published: HubServer, settings: Settings, tiny_model_dir: Path, tmp_path: Path
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     request = example_request(
         "dpo", "dpo-e2e",
@@ -41,7 +41,7 @@ async def test_dpo_on_a_hub_dataset_with_mapped_columns_an_eval_split_and_a_hub_
         training={**SMALL_TRAINING, "eval_strategy": "steps", "eval_steps": 2},
         ref_model={"id": TINY_MODEL},  # the base's own Hub repo: the reference is loaded beside the LoRA policy
     )
-    done = (await run_to_end(settings, request))[-1]
+    done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     assert (done.method, done.trainer) == ("dpo", "trl.DPOTrainer/trl.DPOConfig")
     sha = HfApi(endpoint=published.endpoint, token=HUB_TOKEN).model_info(TINY_MODEL).sha

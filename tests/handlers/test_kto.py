@@ -23,9 +23,9 @@ KTO_ROWS = [
 
 
 @pytest.mark.slow
-async def test_kto_on_unpaired_labelled_rows(daemon: DaemonProcess, published: HubServer, settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_kto_on_unpaired_labelled_rows(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
     request = example_request("kto", "kto-e2e", dataset={"rows": KTO_ROWS})
-    done = (await run_to_end(settings, request))[-1]
+    done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     assert (done.method, done.trainer) == ("kto", "trl.KTOTrainer/trl.KTOConfig")
     assert_adapter_trained(download(published.endpoint, "results/kto-e2e", done.commit_sha, tmp_path), tiny_model_dir)

@@ -34,7 +34,7 @@ NEEDS = {
 }
 
 
-async def test_each_method_rejects_what_it_cannot_train_on(daemon: DaemonProcess, settings: Settings) -> None:
+async def test_each_method_rejects_what_it_cannot_train_on(shared_daemon: DaemonProcess, shared_settings: Settings) -> None:
     requests: dict[str, dict[str, Any]] = {
         f"{method}-columns": example_request(method, f"{method}-columns", dataset={"rows": rows}) for method, rows in WRONG_COLUMNS.items()
     }
@@ -43,9 +43,9 @@ async def test_each_method_rejects_what_it_cannot_train_on(daemon: DaemonProcess
     requests["grpo-no-rewards"] = example_request("grpo", "grpo-no-rewards", rewards={"functions": []})
     requests["ppo-on-new-trl"] = example_request("ppo", "ppo-on-new-trl")
     for request in requests.values():
-        await submit(settings, request)
+        await submit(shared_settings, request)
 
-    events = await terminal_events(settings, set(requests))
+    events = await terminal_events(shared_settings, set(requests))
     rejected: dict[str, Rejected] = {}
     for request_id, evs in events.items():
         assert len(evs) == 1 and isinstance(evs[0], Rejected), (request_id, evs)
@@ -69,6 +69,6 @@ async def test_each_method_rejects_what_it_cannot_train_on(daemon: DaemonProcess
     # The installed TRL's version, whatever the lock (or .ci/canary) moved it to: PPO's range is the point.
     assert "needs trl>=1.10,<1.13" in ppo.errors[0].message and f"this host has trl {metadata.version('trl')}" in ppo.errors[0].message
 
-    dead = await read_records(settings, settings.dlq_topic, len(requests))
+    dead = await read_records(shared_settings, shared_settings.dlq_topic, len(requests))
     assert {record.key.decode() for record in dead if record.key} == set(requests)
     assert json.loads(dict(dead[0].headers)["adapterd-errors"])

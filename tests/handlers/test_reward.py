@@ -17,10 +17,10 @@ from tests.processes import DaemonProcess
 
 @pytest.mark.slow
 async def test_reward_model_adapter_loads_as_a_sequence_classifier(
-    daemon: DaemonProcess, published: HubServer, settings: Settings, tiny_model_dir: Path, tmp_path: Path
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     request = example_request("reward", "reward-e2e", dataset={"rows": PREFERENCE_ROWS}, output={"repo_id": "results/reward-e2e", "push": "adapter"})
-    done = (await run_to_end(settings, request))[-1]
+    done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     assert (done.method, done.trainer) == ("reward", "trl.RewardTrainer/trl.RewardConfig")
     adapter = download(published.endpoint, "results/reward-e2e", done.commit_sha, tmp_path)

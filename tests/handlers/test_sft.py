@@ -17,10 +17,10 @@ from tests.processes import DaemonProcess
 
 @pytest.mark.slow
 async def test_full_fine_tune_pushes_weights_that_load_without_peft(
-    daemon: DaemonProcess, published: HubServer, settings: Settings, tiny_model_dir: Path, tmp_path: Path
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     request = example_request("sft", "sft-full", dataset={"rows": CHAT_ROWS}, peft=None, sft={"max_length": 64})
-    done = (await run_to_end(settings, request))[-1]
+    done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
     card = published.commits("results/sft-full")[0].files["README.md"].decode()
@@ -29,9 +29,9 @@ async def test_full_fine_tune_pushes_weights_that_load_without_peft(
 
 
 @pytest.mark.slow
-async def test_qlora_without_cuda_fails_in_preflight_before_training(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
+async def test_qlora_without_cuda_fails_in_preflight_before_training(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings) -> None:
     request = example_request("sft", "sft-qlora", dataset={"rows": CHAT_ROWS}, model={"id": "tiny/qwen2-chat", "quantization": "4bit"})
-    events = await run_to_end(settings, request)
+    events = await run_to_end(shared_settings, request)
     failed = events[-1]
     assert isinstance(failed, Failed), failed
     assert (failed.code, failed.stage, failed.retryable) == ("cuda_required", "preflight", False)

@@ -83,19 +83,19 @@ def test_the_generated_fields_reach_trls_config(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_a_job_setting_twenty_formerly_refused_fields_trains_end_to_end(
-    daemon: DaemonProcess, published: HubServer, settings: Settings, tmp_path: Path
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path
 ) -> None:
     import torch
 
     request = wide_request("sft-wide", {"rows": CHAT_ROWS, "eval": {"rows": CHAT_ROWS[:4]}})
-    done = (await run_to_end(settings, request))[-1]
+    done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     pushed = download(published.endpoint, "results/sft-wide", done.commit_sha, tmp_path / "pushed")
     adapter = json.loads((pushed / "adapter_config.json").read_text())
     assert {key: adapter[key] for key in FORMERLY_REFUSED["peft"]} == {key: WIDE["peft"][key] for key in FORMERLY_REFUSED["peft"]}
     assert json.loads((pushed / "tokenizer_config.json").read_text()).get("chat_template", (pushed / "chat_template.jinja").read_text()) == TEMPLATE
     # What the trainer ran with, from the job's last checkpoint: the training and sft fields as sent.
-    checkpoint = max((settings.jobs_dir / "sft-wide" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    checkpoint = max((shared_settings.jobs_dir / "sft-wide" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     args = torch.load(checkpoint / "training_args.bin", weights_only=False)
     for block in ("training", "sft"):
         for name in FORMERLY_REFUSED.get(block, []):
