@@ -1,7 +1,11 @@
 """A request whose child dies every time, and one whose training hangs.
 
 A request whose child dies every time: tried `max_attempts` times, each retry sent to the end of
-its partition, then `failed` and its bytes in the DLQ; it never loops forever."""
+its partition, then `failed` and its bytes in the DLQ; it never loops forever.
+
+A retry waiting out its backoff (no slot held, the requests behind it served, its signed headers
+kept byte for byte) is the scheduler's alone: tests/daemon/test_scheduler_core.py drives it on the
+fakes in milliseconds (`test_a_retry_read_before_it_is_due_...`, `test_a_retryable_failure_...`)."""
 
 import json
 import os
@@ -12,7 +16,7 @@ import pytest
 
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Failed, Progress, Retrying, Started
+from schemas import Failed, Progress, Retrying, Started
 from tests.helpers import (
     CHAT_ROWS,
     read_records,
@@ -75,38 +79,6 @@ async def test_a_job_that_stops_stepping_is_stopped_as_stalled(settings: Setting
         daemon.stop()
     assert event.code == "stalled" and event.stage == "train" and "stall_timeout_s" in event.message
     await wait_until_gone(pid, timeout_s=10)
-
-
-async def test_a_retry_waiting_for_its_backoff_holds_no_slot_and_no_partition(settings: Settings, published: HubServer, tmp_path: Path) -> None:
-    """One slot, one partition: while a crashed request waits out a 10-minute backoff, the request
-    behind it trains on the slot; the retry keeps its attempt and its due time, and is not started."""
-    settings = settings.model_copy(update={"max_attempts": 2, "retry_backoff_s": 600, "job_slots": 1})
-    crashing = sft_request("backoff-crash", dataset={"rows": CHAT_ROWS})
-    behind = sft_request("backoff-behind", dataset={"rows": CHAT_ROWS})
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    events = []
-    try:
-        async with EventStream(settings) as stream:
-            await submit(settings, crashing)
-            async for event in stream.events():
-                events.append(event)
-                if isinstance(event, Started) and event.request_id == "backoff-crash":
-                    os.kill(event.pid, signal.SIGKILL)
-                if isinstance(event, Retrying):
-                    await submit(settings, behind)
-                if event.request_id == "backoff-behind" and event.type in TERMINAL_TYPES:
-                    break
-        requests = await read_records(settings, settings.requests_topic, 3)
-    finally:
-        daemon.stop()
-
-    assert events[-1].type == "succeeded", events[-1]
-    started = [e.request_id for e in events if isinstance(e, Started)]
-    assert started == ["backoff-crash", "backoff-behind"]  # the retry did not run before its time
-    retry = next(r for r in requests if dict(r.headers).get("adapterd-attempt") == b"2")
-    assert retry.key == b"backoff-crash" and json.loads(retry.value) == crashing
-    due = float(dict(retry.headers)["adapterd-not-before"])
-    assert due - retry.timestamp / 1000 == pytest.approx(600, abs=5)
 
 
 async def test_a_network_error_downloading_the_base_model_is_retryable(settings: Settings, tmp_path: Path) -> None:
