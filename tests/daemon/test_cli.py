@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ from typer.testing import CliRunner
 
 from daemon.cli.app import app
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES
 from tests.helpers import read_records, sft_request
 from tests.processes import settings_environment
 
@@ -81,23 +79,6 @@ def test_run_refuses_bad_settings_with_their_names(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "run", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "job_slots" in result.stderr
-
-
-@pytest.mark.slow
-def test_demo_runs_to_succeeded_on_a_fresh_work_dir(tmp_path: Path) -> None:
-    """The README's main command, as written, on built-in defaults."""
-    work_dir = tmp_path / "demo"
-    result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli.app", "demo", "--work-dir", str(work_dir)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    events = [word for line in result.stderr.splitlines() for word in line.split()[2:3] if word in TERMINAL_TYPES | {"accepted", "started"}]
-    assert events == ["accepted", "started", "succeeded"], result.stderr
-    assert re.search(r"step, loss \d+\.\d+ .* 10/10", result.stderr), result.stderr  # the progress bar
-    adapter = work_dir / "outputs" / "demo" / "tiny-sft-adapter"
-    assert (adapter / "adapter_model.safetensors").stat().st_size > 0
-    assert "library_name: peft" in (adapter / "README.md").read_text()
 
 
 def test_methods_lists_what_this_trl_can_run() -> None:

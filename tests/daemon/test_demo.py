@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from daemon.admission.capabilities import available_methods
+from schemas import TERMINAL_TYPES
 from tests.helpers import assert_adapter_trained
 
 
@@ -30,18 +31,26 @@ def test_an_unknown_method_exits_2_naming_the_available_ones(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_dpo_demo_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path: Path) -> None:
-    result = demo("--method", "dpo", "--work-dir", str(tmp_path / "demo"), home=tmp_path)
+def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path: Path) -> None:
+    """The README's main command as written (`adapterd demo`, built-in defaults, SFT) on a fresh work
+    dir and with no network: its lifecycle and progress bar, no escape codes or error lines, and the
+    three lines it prints load the adapter it trained. (Each method's training through the daemon is
+    tests/handlers' to show.)"""
+    result = demo("--work-dir", str(tmp_path / "demo"), home=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
+    events = [word for line in result.stderr.splitlines() for word in line.split()[2:3] if word in TERMINAL_TYPES | {"accepted", "started"}]
+    assert events == ["accepted", "started", "succeeded"], result.stderr
+    assert re.search(r"step, loss \d+\.\d+ .* 10/10", result.stderr), result.stderr  # the progress bar
     assert "\x1b" not in output
     assert not [line for line in output.splitlines() if "ERROR" in line or "[error" in line], output
     assert re.search(r"succeeded on .*", output) and "loss " in output, output
 
     [adapter] = re.findall(r"^the adapter is in (.+)$", result.stdout, re.MULTILINE)
     adapter_dir = Path(adapter)
-    assert adapter_dir == tmp_path / "demo" / "outputs" / "demo" / "tiny-dpo-adapter"
-    assert (adapter_dir / "adapter_config.json").is_file()
+    assert adapter_dir == tmp_path / "demo" / "outputs" / "demo" / "tiny-sft-adapter"
+    assert (adapter_dir / "adapter_model.safetensors").stat().st_size > 0
+    assert "library_name: peft" in (adapter_dir / "README.md").read_text()
     snippet = result.stdout[result.stdout.index("from peft import PeftModel"):]
     namespace: dict[str, object] = {}
     exec(snippet, namespace)  # the three lines the demo tells a newcomer to run
