@@ -18,26 +18,20 @@ from typing import Any
 
 import structlog
 
-from daemon.admission.policy import report_to
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
+from daemon.jobs.spec import job_spec
 from daemon.jobs.supervisor import Supervisor
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
-from schemas.events import (
-    Cancelled,
-    EventBase,
-    Failed,
-    Retrying,
-    Succeeded,
-)
-from schemas.job import JobFailed, JobSpec, TrainResult
+from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
+from schemas.job import JobFailed, TrainResult
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -174,26 +168,7 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        spec = JobSpec(
-            request=self.request.model_dump(mode="json"),
-            checkpoints=self.job_dir / "checkpoints",
-            artifact=self.job_dir / "artifact",
-            progress_interval_s=self.settings.progress_interval_s,
-            progress_interval_steps=self.settings.progress_interval_steps,
-            report_to=report_to(self.request, self.settings),
-            max_dataset_rows=self.settings.max_dataset_rows,
-            max_model_bytes=self.settings.max_model_bytes,
-            max_dataset_bytes=self.settings.max_dataset_bytes,
-            max_template_bytes=self.settings.max_template_bytes,
-            max_template_s=self.settings.max_template_s,
-            allowed_local_dataset_roots=self.settings.allowed_local_dataset_roots,
-            storage_options=self.settings.dataset_storage_options,
-            vllm_server_base_url=self.settings.vllm_server_base_url,
-            allowed_dataset_urls=self.settings.allowed_dataset_urls,
-            images=self.settings.image_bounds,
-            traceparent=traceparent(self.trace),
-            tensorboard_dir=self.settings.tensorboard_dir,
-        )
+        spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace))
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.record("trained", None)  # until this attempt's artifact is complete

@@ -24,12 +24,13 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.children.processes import ChildSource
+from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
 from daemon.jobs.slots import Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import MAX_BACKOFF_S
+from daemon.kafka.retry_state import backoff_s
 from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
@@ -82,7 +83,7 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting: dict[TopicPartition, WaitingRetry] = {}
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
-        self.faults: dict[tuple[TopicPartition, int], int] = {}  # unexpected failures in a row, per record
+        self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -156,7 +157,7 @@ class Scheduler:
             event = await runner.run()
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1, self._backoff_s(runner.attempt + 1)))
+                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1)))
             elif isinstance(event, Failed) and event.retryable:
                 log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
                 await self.publisher.deliver(self.publisher.failed_letter(record, event))
@@ -167,15 +168,11 @@ class Scheduler:
             raise
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request
-            # again rather than lose it, but not for ever: the same record failing max_record_faults
-            # times in a row ends as failed and goes to the DLQ.
+            # again rather than lose it, but not for ever (daemon/jobs/faults.py).
             log.exception("job.error", request_id=runner.request.request_id, offset=offset)
-            if tp in self.partitions.assigned():
-                faults = self.faults[(tp, offset)] = self.faults.get((tp, offset), 0) + 1
-                if faults < self.settings.max_record_faults or not await self._give_up(tp, record, runner, exc):
-                    self.partitions.hold(tp, offset)
+            await self.faults.failed(tp, record, runner, exc)
         else:
-            self.faults.pop((tp, offset), None)
+            self.faults.clear(tp, offset)
         finally:
             job = self.jobs.get(tp)
             if job is not None and job.offset == offset:
@@ -186,31 +183,6 @@ class Scheduler:
                 self.resume_idle_partitions()
                 await self.prepare_children()
                 self.on_change()
-
-    async def _give_up(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception) -> bool:
-        """End a record that keeps failing outside its job: `failed` (code internal), its bytes in the
-        DLQ, its offset committed. False when even that cannot be sent (it is read again)."""
-        failed = Failed(
-            request_id=runner.request.request_id, host=self.settings.host, attempt=runner.attempt, code="internal",
-            stage="intake", retryable=False,
-            message=f"handling the request failed {self.settings.max_record_faults} times in a row ({type(exc).__name__}); see the daemon's log",
-        )
-        try:
-            await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))
-            await self.publisher.publish(failed, runner.trace)  # no metadata: it may be what the broker refused
-            await self.partitions.commit(tp, record.offset + 1)
-        except Exception:
-            log.exception("job.give_up_failed", request_id=runner.request.request_id, offset=record.offset)
-            return False
-        self.faults.pop((tp, record.offset), None)
-        metrics.JOBS.labels("failed").inc()
-        log.error("job.given_up", request_id=runner.request.request_id, offset=record.offset, faults=self.settings.max_record_faults,
-                  error=type(exc).__name__)
-        return True
-
-    def _backoff_s(self, attempt: int) -> float:
-        """The wait before `attempt` (2, 3, ...): retry_backoff_s, doubled for each later try, at most an hour."""
-        return min(self.settings.retry_backoff_s * 2 ** (attempt - 2), MAX_BACKOFF_S)
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""

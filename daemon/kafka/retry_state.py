@@ -33,7 +33,12 @@ ATTEMPT_HEADER = "adapterd-attempt"
 DUE_HEADER = "adapterd-not-before"
 SIGNATURE_HEADER = "adapterd-retry-signature"
 RETRY_HEADERS = (ATTEMPT_HEADER, DUE_HEADER, SIGNATURE_HEADER)
-MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (Scheduler._backoff_s)
+MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (`backoff_s`)
+
+
+def backoff_s(base_s: float, attempt: int) -> float:
+    """The wait before `attempt` (2, 3, ...): `base_s` (retry_backoff_s), doubled for each later try, at most an hour."""
+    return min(base_s * 2 ** (attempt - 2), MAX_BACKOFF_S)
 
 
 @dataclass(frozen=True)

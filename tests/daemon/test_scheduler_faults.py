@@ -86,4 +86,4 @@ async def test_a_record_that_keeps_failing_outside_its_job_ends_failed_in_the_dl
     headers = dict(letter.headers)
     assert headers["adapterd-reason"] == b"internal" and headers["adapterd-exception"] == b"MessageSizeTooLargeError"
     assert isinstance(failed, Failed) and failed.code == "internal" and not failed.retryable
-    assert partitions.committed == [42] and scheduler.faults == {}
+    assert partitions.committed == [42] and scheduler.faults.counts == {}
