@@ -16,7 +16,7 @@ from benchmarks.harness import (
 )
 from benchmarks.overhead import job
 from schemas import Started, Succeeded
-from tests.helpers import submit, terminal_events
+from testbed.client import submit, terminal_events
 
 
 async def run(env: Environment) -> list[Row]:

@@ -256,7 +256,7 @@ async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str,
     was forked from, and the `succeeded` event."""
     from benchmarks.harness import wait_for_log
     from schemas import Started, Succeeded
-    from tests.helpers import run_to_end
+    from testbed.client import run_to_end
 
     settings = await env.settings(warm_child=True)
     daemon = env.daemon(settings)

@@ -1,7 +1,7 @@
 """What every benchmark needs: a real broker, the local Hub server, the tiny model, and daemons.
 
-Reuses the test suite's pieces (`tests/hub_server.py`, `tests/helpers.py`) so the benchmarks run
-the same real parts as the tests.
+Runs on the pieces the tests run on (`testbed/`: the local Hub, the daemon as a process, the
+topics' client), so the benchmarks run the same real parts as the tests.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from daemon.kafka.local import LocalKafka, free_port
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from tests.helpers import HUB_TOKEN
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.data import HUB_TOKEN
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 
 
 @dataclass

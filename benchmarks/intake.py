@@ -9,7 +9,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.harness import Environment, Row
 from daemon.settings import Settings
-from tests.helpers import committed_offset, read_records
+from testbed.client import committed_offset, read_records
 
 
 def bad_message(index: int) -> bytes:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.harness import Environment
 from benchmarks.intake import fill
-from tests.helpers import committed_offset, read_records
+from testbed.client import committed_offset, read_records
 
 FRAME = re.compile(r"^(?P<function>[^ ]+) \((?P<file>[^:]+):\d+\)$")
 

@@ -13,8 +13,9 @@ import time
 from benchmarks.harness import Environment, Row, cpu_seconds, wait_for_log, warm_event
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import CHAT_ROWS, run_to_end
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.data import CHAT_ROWS
+from testbed.processes import DaemonProcess
 
 
 def job(env: Environment, request_id: str, steps: int) -> dict[str, object]:

@@ -37,7 +37,7 @@ from benchmarks.harness import (
 from benchmarks.overhead import job
 from daemon.jobs.slots import discover_gpus
 from schemas import Succeeded
-from tests.helpers import terminal_events
+from testbed.client import terminal_events
 
 MODES = ("spawn", "fork")
 STAGES = ("preflight", "load_dataset", "load_model")  # the child's own stages before training

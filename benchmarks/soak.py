@@ -24,8 +24,9 @@ from benchmarks.harness import HUB_TOKEN, Environment, publish_all
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import free_port
 from schemas import TERMINAL_TYPES
-from tests.helpers import CHAT_ROWS, committed_offset
-from tests.processes import DaemonProcess
+from testbed.client import committed_offset
+from testbed.data import CHAT_ROWS
+from testbed.processes import DaemonProcess
 
 
 async def soak(

@@ -7,7 +7,7 @@ import statistics
 from benchmarks.harness import Environment, Row, wait_for_log, warm_event
 from benchmarks.overhead import job
 from schemas import Succeeded
-from tests.helpers import run_to_end
+from testbed.client import run_to_end
 
 
 async def first_steps(env: Environment, warm: bool, repeats: int) -> tuple[list[float], dict[str, float]]:

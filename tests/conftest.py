@@ -28,15 +28,9 @@ from daemon.cli.demo_requests import PREFERENCE_ROWS
 from daemon.kafka.local import LocalKafka, free_port
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from tests.helpers import (
-    CHAT_DATASET,
-    CHAT_ROWS,
-    HUB_TOKEN,
-    PREFERENCE_DATASET,
-    TINY_MODEL,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.data import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, TINY_MODEL
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 
 # The fixtures that start a Kafka broker (and so the JVM), or hand one to a test.
 BROKER_FIXTURES = {"local_broker", "kafka", "own_broker"}

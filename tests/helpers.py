@@ -1,9 +1,9 @@
-"""Helpers the tests share: publishing requests and reading events, offsets and dead letters back
-from the real broker, and a small valid request to start from."""
+"""Helpers the tests share: small valid requests to start from, rows in the formats pipelines write,
+running a handler in-process, and checks that a pushed adapter trained. Publishing requests and
+reading events back is `testbed.client`'s."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import os
@@ -11,92 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.structs import ConsumerRecord
 
 import schemas
-from daemon.kafka.options import kafka_options
-from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Event, parse_event
-
-HUB_TOKEN = "hf_adapterd_test_token"
-TINY_MODEL = "tiny/qwen2-chat"
-CHAT_DATASET = "tiny/chat-rows"
-PREFERENCE_DATASET = "tiny/preferences"
-EVENT_TIMEOUT_S = 240.0
-
-CHAT_ROWS = [
-    {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-    for q, a in [
-        ("What is the capital of France?", "The capital of France is Paris."),
-        ("What is two plus two?", "Two plus two equals four."),
-        ("Where are the requests kept?", "Kafka keeps the requests."),
-        ("Where are the adapters kept?", "The Hub keeps the adapters."),
-        ("What is three plus five?", "Three plus five equals eight."),
-        ("Is the dog lazy?", "yes, the dog is lazy."),
-    ]
-]
-
-
-async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None) -> int:
-    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
-    await producer.start()
-    try:
-        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key)
-    finally:
-        await producer.stop()
-    return int(meta.offset)
-
-
-async def submit(settings: Settings, request: dict[str, Any]) -> int:
-    return await produce(settings, json.dumps(request).encode(), request["request_id"].encode())
-
-
-async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
-    """The first `count` records of a topic (in partition order); fails if they do not arrive in time."""
-    records: list[ConsumerRecord[bytes, bytes]] = []
-    async with asyncio.timeout(timeout_s), TopicReader(settings, topic) as reader:
-        async for record in reader.records():
-            records.append(record)
-            if len(records) == count:
-                break
-    return records
-
-
-async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
-    """Every event of the given requests, up to and including each one's terminal event."""
-    events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}
-    waiting = set(request_ids)
-    async with asyncio.timeout(timeout_s), TopicReader(settings, settings.events_topic) as reader:
-        async for record in reader.records():
-            event = parse_event(record.value or b"")
-            if event.request_id in events:
-                events[event.request_id].append(event)
-                if event.type in TERMINAL_TYPES:
-                    waiting.discard(event.request_id)
-            if not waiting:
-                break
-    return events
-
-
-async def committed_offset(settings: Settings, partition: int = 0) -> int | None:
-    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=settings.group_id, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        return await consumer.committed(TopicPartition(settings.requests_topic, partition))
-    finally:
-        await consumer.stop()
-
-
-async def wait_for_commit(settings: Settings, offset: int, partition: int = 0, timeout_s: float = 30) -> None:
-    """Until the group's committed offset reaches `offset`. The daemon commits just after a terminal
-    event is acknowledged, and Kafka offers no notification of a commit, so this polls."""
-    async with asyncio.timeout(timeout_s):
-        while (await committed_offset(settings, partition) or 0) < offset:
-            await asyncio.sleep(0.2)
-    assert await committed_offset(settings, partition) == offset
+from testbed.client import submit, terminal_events
+from testbed.data import CHAT_DATASET, HUB_TOKEN, TINY_MODEL
 
 
 def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:
@@ -212,11 +132,6 @@ def other_model(tiny_model_dir: Path, out_dir: Path, **config: int) -> Path:
     return out_dir
 
 
-async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]:
-    await submit(settings, request)
-    return (await terminal_events(settings, {request["request_id"]}))[request["request_id"]]
-
-
 def download(hub_endpoint: str, repo_id: str, revision: str | None, cache_dir: Path) -> Path:
     from huggingface_hub import snapshot_download
 
@@ -249,16 +164,6 @@ def assert_full_model_trained(model_dir: Path, base_dir: Path, *, sequence_class
     shared = [name for name in trained if name.removeprefix("model.") in base]
     assert shared, "no weights in common with the base model"
     assert any(not torch.equal(trained[name], base[name.removeprefix("model.")]) for name in shared)
-
-
-async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
-    """Submit a request and return its events up to its terminal one, reading from the end of the
-    events topic as it was before the submission: an earlier request with the same id is not seen."""
-    from daemon.kafka.event_reader import EventStream
-
-    async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
-        await submit(settings, request)
-        return [event async for event in stream.events(request["request_id"])]
 
 
 def ids_on_partitions(prefix: str, partitions: int) -> list[str]:

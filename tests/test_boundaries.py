@@ -7,6 +7,8 @@ inside functions too, so an import that only runs on some path cannot slip throu
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
   contract gives the same verdicts.
+- Nothing but the tests imports `tests`: the benchmarks and the shipped packages run on `testbed/`
+  (the local Hub, the daemon as a process, the topics' client), which the tests share.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def test_the_daemon_never_imports_the_training_stack(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("handlers") + modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_handlers_and_schemas_never_import_the_daemon(path: Path) -> None:
     assert "daemon" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", [*modules("benchmarks"), *modules("testbed"), *modules("daemon"), *modules("handlers")], ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
+    assert "tests" not in imported_packages(path)
 
 
 @pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
@@ -121,7 +128,7 @@ def test_a_daemon_part_imports_only_the_layers_below_it(path: Path) -> None:
 
 # Everything that is the project's own Python: the packages and their tests and benchmarks (the
 # second test environment, tests/trl_1_12, holds no module of its own).
-PROJECT = ("daemon", "schemas", "handlers", "tests", "benchmarks")
+PROJECT = ("daemon", "schemas", "handlers", "testbed", "tests", "benchmarks")
 
 
 def module_name(path: Path) -> str:

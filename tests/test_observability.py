@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaProducer
 from daemon.kafka.local import free_port
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
-from tests.helpers import read_records
-from tests.processes import DaemonProcess
+from testbed.client import read_records
+from testbed.processes import DaemonProcess
 
 ROOT = Path(__file__).parents[1]
 RULES = ROOT / "deploy" / "prometheus" / "adapterd-rules.yml"

@@ -17,16 +17,11 @@ import pytest
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Failed, Progress, Retrying, Started
-from tests.helpers import (
-    CHAT_ROWS,
-    read_records,
-    sft_request,
-    submit,
-    submit_and_follow,
-    wait_for_commit,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess, wait_until_gone
+from testbed.client import read_records, submit, submit_and_follow, wait_for_commit
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, wait_until_gone
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,10 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import CHAT_ROWS, all_succeed, jsonl_bytes, parquet_bytes, sft_request
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import all_succeed, jsonl_bytes, parquet_bytes, sft_request
 
 CONTAINER = "ml-data"
 

@@ -12,15 +12,11 @@ from daemon.kafka.local import LocalKafka
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Accepted, Progress, Started, Succeeded
-from tests.helpers import (
-    CHAT_ROWS,
-    committed_offset,
-    sft_request,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import committed_offset, submit, terminal_events
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

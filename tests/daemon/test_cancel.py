@@ -12,20 +12,11 @@ import pytest
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Accepted, Cancelled, Failed, Progress, Started
-from tests.helpers import (
-    CHAT_ROWS,
-    sft_request,
-    submit,
-    terminal_events,
-    wait_for_commit,
-)
-from tests.hub_server import HubServer
-from tests.processes import (
-    DaemonProcess,
-    http_get,
-    metric,
-    settings_environment,
-)
+from testbed.client import submit, terminal_events, wait_for_commit
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, http_get, metric, settings_environment
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from daemon.cli.app import app
 from daemon.settings import Settings
-from tests.helpers import read_records, sft_request
-from tests.processes import settings_environment
+from testbed.client import read_records
+from testbed.processes import settings_environment
+from tests.helpers import sft_request
 
 runner = CliRunner()
 

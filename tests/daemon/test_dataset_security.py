@@ -9,16 +9,12 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Failed, Rejected, Succeeded
+from testbed.client import read_records, submit, terminal_events
+from testbed.data import CHAT_DATASET
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 from tests.conftest import S3_CREDENTIALS
-from tests.helpers import (
-    CHAT_DATASET,
-    read_records,
-    sft_request,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from tests.helpers import sft_request
 
 TOKEN = "hf_" + "Qx7" * 12  # a Hub token's shape, not a real one
 

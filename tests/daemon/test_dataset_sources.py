@@ -11,10 +11,12 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
+from testbed.client import submit, terminal_events
+from testbed.data import CHAT_DATASET, CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 from tests.conftest import S3_CREDENTIALS
-from tests.helpers import CHAT_DATASET, CHAT_ROWS, sft_request, submit, terminal_events
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from tests.helpers import sft_request
 
 BUCKET = "ml-data"
 

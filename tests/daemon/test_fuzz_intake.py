@@ -8,9 +8,10 @@ from aiokafka import AIOKafkaProducer
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Accepted, Rejected, Rejection, decode_request, parse_event
+from testbed.client import read_records, submit
+from testbed.processes import DaemonProcess
 from tests.fuzz import malformed_messages
-from tests.helpers import read_records, sft_request, submit
-from tests.processes import DaemonProcess
+from tests.helpers import sft_request
 
 
 async def test_the_daemon_rejects_every_malformed_message_and_keeps_serving(settings: Settings, tmp_path: Path) -> None:

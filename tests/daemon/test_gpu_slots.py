@@ -12,23 +12,10 @@ import pytest
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
-from tests.helpers import (
-    assert_adapter_trained,
-    download,
-    ids_on_partitions,
-    run_to_end,
-    sft_request,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import (
-    DaemonProcess,
-    NotifySocket,
-    http_get,
-    metric,
-    unit_daemon,
-    write_config,
-)
+from testbed.client import run_to_end, terminal_events
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, NotifySocket, http_get, metric, unit_daemon, write_config
+from tests.helpers import assert_adapter_trained, download, ids_on_partitions, sft_request
 
 pytestmark = pytest.mark.slow
 

@@ -14,10 +14,11 @@ from aiokafka import AIOKafkaProducer
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Failed, Rejected, Succeeded
-from tests.helpers import read_records, sft_request, terminal_events
+from testbed.client import read_records, terminal_events
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import sft_request
 from tests.hostile import forged_retry_headers, hostile_cases
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
 from daemon.settings import Settings
 from schemas import SFTRequest
-from tests.helpers import HUB_TOKEN
-from tests.hub_server import HubServer
+from testbed.data import HUB_TOKEN
+from testbed.hub_server import HubServer
 
 
 def request(request_id: str, **output: object) -> SFTRequest:

@@ -8,9 +8,10 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Failed, Started, Succeeded
-from tests.helpers import sft_request, submit_and_follow
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import submit_and_follow
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

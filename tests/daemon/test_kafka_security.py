@@ -11,8 +11,9 @@ from daemon.kafka.local import LocalKafka
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.helpers import sft_request, submit, terminal_events
-from tests.processes import DaemonProcess, NotifySocket, settings_environment
+from testbed.client import submit, terminal_events
+from testbed.processes import DaemonProcess, NotifySocket, settings_environment
+from tests.helpers import sft_request
 
 
 def scram_settings(settings: Settings, broker: LocalKafka, password_file: Path) -> Settings:

@@ -10,7 +10,8 @@ from daemon.admission.policy import policy_errors, report_to
 from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
-from tests.helpers import CHAT_ROWS, sft_request
+from testbed.data import CHAT_ROWS
+from tests.helpers import sft_request
 
 
 def request(**overrides: Any) -> RequestBase:

@@ -10,16 +10,11 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Progress, Started, Succeeded
-from tests.helpers import (
-    CHAT_ROWS,
-    ids_on_partitions,
-    sft_request,
-    submit,
-    terminal_events,
-    wait_for_commit,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess, NotifySocket
+from testbed.client import submit, terminal_events, wait_for_commit
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, NotifySocket
+from tests.helpers import ids_on_partitions, sft_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

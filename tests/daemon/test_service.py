@@ -9,19 +9,11 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Progress, Rejected, Started, Succeeded
-from tests.helpers import (
-    TINY_MODEL,
-    assert_adapter_trained,
-    download,
-    produce,
-    read_records,
-    sft_request,
-    submit,
-    terminal_events,
-    wait_for_commit,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import produce, read_records, submit, terminal_events, wait_for_commit
+from testbed.data import TINY_MODEL
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import assert_adapter_trained, download, sft_request
 
 pytestmark = pytest.mark.slow
 

@@ -9,15 +9,11 @@ import pytest
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
-from tests.helpers import (
-    CHAT_ROWS,
-    committed_offset,
-    sft_request,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess, NotifySocket, wait_until_gone
+from testbed.client import committed_offset, submit, terminal_events
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, NotifySocket, wait_until_gone
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

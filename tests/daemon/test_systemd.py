@@ -11,13 +11,9 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.helpers import sft_request, submit, terminal_events
-from tests.processes import (
-    DaemonProcess,
-    NotifySocket,
-    http_get,
-    metric,
-)
+from testbed.client import submit, terminal_events
+from testbed.processes import DaemonProcess, NotifySocket, http_get, metric
+from tests.helpers import sft_request
 
 UNIT = Path(__file__).parents[2] / "deploy" / "adapterd.service"
 

@@ -15,9 +15,10 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, parse_event
-from tests.helpers import read_records, sft_request, terminal_events
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import read_records, terminal_events
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import sft_request
 
 PARENT = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 STATE = b"rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"

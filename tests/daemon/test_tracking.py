@@ -20,9 +20,9 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 from tests.helpers import all_succeed, sft_request
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
 
 
 def mlflow_get(uri: str, path: str, **query: str) -> Any:

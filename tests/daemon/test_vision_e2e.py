@@ -20,17 +20,12 @@ from daemon.cli.demo_requests import (
     VISION_PROMPT_ROWS,
 )
 from schemas import Event, Failed, Rejected, Succeeded
+from testbed.client import submit, terminal_events
+from testbed.data import HUB_TOKEN
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 from tests.conftest import own_settings
-from tests.helpers import (
-    EXAMPLES_DIR,
-    HUB_TOKEN,
-    SMALL_LORA,
-    download,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from tests.helpers import EXAMPLES_DIR, SMALL_LORA, download
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

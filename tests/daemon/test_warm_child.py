@@ -14,14 +14,11 @@ from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from handlers.forkserver import THREADS_PROBE
 from schemas import Retrying, Started, Succeeded
-from tests.helpers import (
-    CHAT_ROWS,
-    sft_request,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess, wait_until_gone
+from testbed.client import submit, terminal_events
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, wait_until_gone
+from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 

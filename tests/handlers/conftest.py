@@ -13,9 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from daemon.settings import Settings
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
 from tests.conftest import own_settings
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
 
 
 @pytest.fixture(scope="package")

@@ -13,7 +13,8 @@ from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
 from handlers.training import final_metrics, trl_config
 from schemas import SFTRequest
 from schemas.job import JobSpec
-from tests.helpers import CHAT_ROWS, sft_request
+from testbed.data import CHAT_ROWS
+from tests.helpers import sft_request
 
 
 def job_spec(tmp_path: Path, **fields: Any) -> JobSpec:
@@ -135,7 +136,7 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     from handlers import loading
     from schemas.job import JobFailed
     from schemas.request import ModelSpec
-    from tests.helpers import TINY_MODEL
+    from testbed.data import TINY_MODEL
 
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", published.endpoint)
     monkeypatch.setattr(loading, "snapshot_download", lambda *a, **k: pytest.fail("downloaded a model above the bound"))

@@ -8,20 +8,11 @@ from huggingface_hub import HfApi
 from daemon.cli.demo_requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import (
-    HUB_TOKEN,
-    PREFERENCE_DATASET,
-    SMALL_TRAINING,
-    TINY_MODEL,
-    assert_adapter_trained,
-    download,
-    example_request,
-    other_model,
-    run_handler,
-    run_to_end,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.data import HUB_TOKEN, PREFERENCE_DATASET, TINY_MODEL
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import SMALL_TRAINING, assert_adapter_trained, download, example_request, other_model, run_handler
 
 # At the first step a LoRA policy is its base (B starts at zero), so against the base as reference the
 # sigmoid loss is exactly log 2; against another reference it is not.

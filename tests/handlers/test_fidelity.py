@@ -42,8 +42,10 @@ from daemon.cli.demo_requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
 from schemas.request import REQUEST_MODELS
-from tests.helpers import CHAT_ROWS, example_request, run_to_end
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.data import CHAT_ROWS
+from testbed.processes import DaemonProcess
+from tests.helpers import example_request
 
 # Relative, per step. The two routes run the same float32 arithmetic on the same CPU and agreed
 # bit for bit in every run so far; 1e-5 (about 100 float32 epsilons) leaves room for a host whose

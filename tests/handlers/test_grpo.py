@@ -6,16 +6,10 @@ import pytest
 from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import (
-    SMALL_TRAINING,
-    assert_adapter_trained,
-    download,
-    example_request,
-    run_handler,
-    run_to_end,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import SMALL_TRAINING, assert_adapter_trained, download, example_request, run_handler
 
 
 @pytest.mark.slow

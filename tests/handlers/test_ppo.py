@@ -14,16 +14,11 @@ from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
 from schemas.job import JobSpec
-from tests.helpers import (
-    HUB_TOKEN,
-    assert_adapter_trained,
-    download,
-    example_request,
-    submit,
-    terminal_events,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import submit, terminal_events
+from testbed.data import HUB_TOKEN
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import assert_adapter_trained, download, example_request
 
 pytestmark = [
     pytest.mark.slow,

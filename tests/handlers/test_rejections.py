@@ -6,13 +6,9 @@ from typing import Any
 
 from daemon.settings import Settings
 from schemas import Rejected
-from tests.helpers import (
-    example_request,
-    read_records,
-    submit,
-    terminal_events,
-)
-from tests.processes import DaemonProcess
+from testbed.client import read_records, submit, terminal_events
+from testbed.processes import DaemonProcess
+from tests.helpers import example_request
 
 WRONG_COLUMNS = {
     "sft": [{"question": "q", "answer": "a"}],

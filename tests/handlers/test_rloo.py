@@ -5,16 +5,10 @@ import pytest
 from daemon.cli.demo_requests import PREFERENCE_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import (
-    SMALL_TRAINING,
-    assert_adapter_trained,
-    assert_full_model_trained,
-    download,
-    example_request,
-    run_to_end,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import SMALL_TRAINING, assert_adapter_trained, assert_full_model_trained, download, example_request
 
 
 @pytest.mark.slow

@@ -4,15 +4,11 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Failed, Succeeded
-from tests.helpers import (
-    CHAT_ROWS,
-    assert_full_model_trained,
-    download,
-    example_request,
-    run_to_end,
-)
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import assert_full_model_trained, download, example_request
 
 
 @pytest.mark.slow

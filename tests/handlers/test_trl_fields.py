@@ -11,9 +11,11 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Succeeded
-from tests.helpers import CHAT_ROWS, TINY_MODEL, download, run_to_end, sft_request
-from tests.hub_server import HubServer
-from tests.processes import DaemonProcess
+from testbed.client import run_to_end
+from testbed.data import CHAT_ROWS, TINY_MODEL
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import download, sft_request
 
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -3,7 +3,7 @@
 
 It keeps everything it receives in memory so tests can check it, and can inject faults
 (`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves. The state is
-`tests/hub_state.py`'s; `tests/hub_http.py` answers the HTTP requests; this module runs the server.
+`testbed/hub_state.py`'s; `testbed/hub_http.py` answers the HTTP requests; this module runs the server.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 
-from tests.hub_http import HubRequestHandler
-from tests.hub_state import HubState
+from testbed.hub_http import HubRequestHandler
+from testbed.hub_state import HubState
 
 
 @dataclass

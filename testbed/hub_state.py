@@ -1,5 +1,5 @@
-"""The local Hub's state (`tests/hub_server.py`): repos, their commits and branches, the requests
-seen and the faults to inject. `tests/hub_http.py` reads and changes it to answer requests; tests
+"""The local Hub's state (`testbed/hub_server.py`): repos, their commits and branches, the requests
+seen and the faults to inject. `testbed/hub_http.py` reads and changes it to answer requests; tests
 read it through `HubServer`, which adds the HTTP server around it.
 """
 

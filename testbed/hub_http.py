@@ -1,4 +1,4 @@
-"""The HTTP side of the local Hub (`tests/hub_server.py`, its state in `tests/hub_state.py`): routes the calls `huggingface_hub` and
+"""The HTTP side of the local Hub (`testbed/hub_server.py`, its state in `testbed/hub_state.py`): routes the calls `huggingface_hub` and
 `datasets` make (repo creation, preupload, NDJSON commits, revision info, trees, resolve) to the
 server's in-memory repos, and answers injected faults first."""
 
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.hub_state import Commit, HubState, Repo, new_commit
+from testbed.hub_state import Commit, HubState, Repo, new_commit
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 

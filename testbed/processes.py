@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from daemon.settings import Settings
-from tests.helpers import EVENT_TIMEOUT_S
+from testbed.client import EVENT_TIMEOUT_S
 
 
 def write_config(settings: Settings, path: Path) -> Path:

@@ -1,0 +1,92 @@
+"""A producer's and a consumer's view of the daemon's topics, as the tests and the benchmarks use
+them: publish a request (any bytes, so a hostile one too), read records back, follow requests to
+their terminal events, and read the group's committed offset. Every wait has a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topic_reader import TopicReader
+from daemon.settings import Settings
+from schemas import TERMINAL_TYPES, Event, parse_event
+
+EVENT_TIMEOUT_S = 240.0  # a request's events, from its submission to its terminal one, on a busy 2-core machine
+
+
+async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None) -> int:
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key)
+    finally:
+        await producer.stop()
+    return int(meta.offset)
+
+
+async def submit(settings: Settings, request: dict[str, Any]) -> int:
+    return await produce(settings, json.dumps(request).encode(), request["request_id"].encode())
+
+
+async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
+    """The first `count` records of a topic (in partition order); fails if they do not arrive in time."""
+    records: list[ConsumerRecord[bytes, bytes]] = []
+    async with asyncio.timeout(timeout_s), TopicReader(settings, topic) as reader:
+        async for record in reader.records():
+            records.append(record)
+            if len(records) == count:
+                break
+    return records
+
+
+async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
+    """Every event of the given requests, up to and including each one's terminal event."""
+    events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}
+    waiting = set(request_ids)
+    async with asyncio.timeout(timeout_s), TopicReader(settings, settings.events_topic) as reader:
+        async for record in reader.records():
+            event = parse_event(record.value or b"")
+            if event.request_id in events:
+                events[event.request_id].append(event)
+                if event.type in TERMINAL_TYPES:
+                    waiting.discard(event.request_id)
+            if not waiting:
+                break
+    return events
+
+
+async def committed_offset(settings: Settings, partition: int = 0) -> int | None:
+    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=settings.group_id, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(settings.requests_topic, partition))
+    finally:
+        await consumer.stop()
+
+
+async def wait_for_commit(settings: Settings, offset: int, partition: int = 0, timeout_s: float = 30) -> None:
+    """Until the group's committed offset reaches `offset`. The daemon commits just after a terminal
+    event is acknowledged, and Kafka offers no notification of a commit, so this polls."""
+    async with asyncio.timeout(timeout_s):
+        while (await committed_offset(settings, partition) or 0) < offset:
+            await asyncio.sleep(0.2)
+    assert await committed_offset(settings, partition) == offset
+
+
+async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]:
+    await submit(settings, request)
+    return (await terminal_events(settings, {request["request_id"]}))[request["request_id"]]
+
+
+async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
+    """Submit a request and return its events up to its terminal one, reading from the end of the
+    events topic as it was before the submission: an earlier request with the same id is not seen."""
+    async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
+        await submit(settings, request)
+        return [event async for event in stream.events(request["request_id"])]
