@@ -45,6 +45,21 @@ async def read_records(settings: Settings, topic: str, count: int, timeout_s: fl
     return records
 
 
+async def records_of(settings: Settings, topic: str, keys: list[bytes], count: int | None = None,
+                     timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
+    """The first `count` records of a topic (one per key unless given) with one of these keys, in
+    partition order: what a test reads back of its own from a topic other tests' records share (a
+    shared daemon's DLQ and events)."""
+    found: list[ConsumerRecord[bytes, bytes]] = []
+    async with asyncio.timeout(timeout_s), TopicReader(settings, topic) as reader:
+        async for record in reader.records():
+            if record.key in keys:
+                found.append(record)
+            if len(found) == (len(keys) if count is None else count):
+                break
+    return found
+
+
 async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
     """Every event of the given requests, up to and including each one's terminal event."""
     events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}

@@ -195,6 +195,24 @@ async def own_settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
     return settings
 
 
+@pytest.fixture(scope="session")
+async def shared_settings(kafka: str, hub: HubServer, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return await own_settings(kafka, hub, tmp_path_factory.mktemp("shared-daemon"))
+
+
+@pytest.fixture(scope="session")
+def shared_daemon(shared_settings: Settings) -> Iterator[DaemonProcess]:
+    """One daemon, on default settings, for the end-to-end cases that need nothing of their own, as a
+    host runs one daemon for many jobs: its fork server imports torch and TRL once instead of once
+    per case (about 20 s each on 2 cores). Each case submits request ids of its own (the Hub, which
+    every daemon of the session shares, already asks that) and reads back only its own events,
+    dead letters and offsets. A case that needs settings, a daemon or a restart of its own takes the
+    `settings` and `daemon` fixtures."""
+    process = DaemonProcess(shared_settings, shared_settings.work_dir.parent / "daemon.log").start()
+    yield process
+    process.stop()
+
+
 @pytest.fixture
 def daemon(settings: Settings, tmp_path: Path) -> Iterator[DaemonProcess]:
     process = DaemonProcess(settings, tmp_path / "daemon.log").start()

@@ -1,4 +1,8 @@
-"""End to end: `adapterd run` against the real broker, real TRL in a child process, the local Hub."""
+"""End to end: `adapterd run` against the real broker, real TRL in a child process, the local Hub.
+
+The cases run on the session's shared daemon (tests/conftest.py `shared_daemon`), so each reads back
+only its own records: its events by request id, its dead letters by key, the committed offset
+from the offsets its own records were given."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Progress, Rejected, Started, Succeeded
-from testbed.client import produce, read_records, submit, terminal_events, wait_for_commit
+from testbed.client import produce, records_of, submit, terminal_events, wait_for_commit
 from testbed.data import TINY_MODEL
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
@@ -18,8 +22,9 @@ from tests.helpers import assert_adapter_trained, download, sft_request
 pytestmark = pytest.mark.slow
 
 
-async def test_sft_request_trains_pushes_and_commits(daemon: DaemonProcess, published: HubServer, settings: Settings, tmp_path: Path) -> None:
-    await submit(settings, sft_request("sft-e2e-1"))
+async def test_sft_request_trains_pushes_and_commits(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path) -> None:
+    settings = shared_settings
+    offset = await submit(settings, sft_request("sft-e2e-1"))
     events = (await terminal_events(settings, {"sft-e2e-1"}))["sft-e2e-1"]
 
     kinds = [event.type for event in events]
@@ -46,19 +51,20 @@ async def test_sft_request_trains_pushes_and_commits(daemon: DaemonProcess, publ
     adapter = download(published.endpoint, "results/sft-e2e-1", done.commit_sha, tmp_path / "hf")
     assert_adapter_trained(adapter, download(published.endpoint, TINY_MODEL, None, tmp_path / "hf"))
 
-    await wait_for_commit(settings, 1)
+    await wait_for_commit(settings, offset + 1)
 
 
-async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(daemon: DaemonProcess, published: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path) -> None:
     misspelled = sft_request("bad-fields")
     misspelled["training"] = {"learning_rat": 0.1, "max_steps": -1}
     outside_policy = sft_request("bad-policy", model={"id": "/etc/models/base"})
+    settings = shared_settings
     await produce(settings, b"\x00 this is not json", b"bad-json")
     await produce(settings, b"[1, 2, 3]", b"bad-array")
     await produce(settings, json.dumps({**sft_request("bad-method"), "method": "sft-turbo"}).encode(), b"bad-method")
-    await produce(settings, json.dumps(misspelled).encode(), b"bad-fields")
+    misspelled_at = await produce(settings, json.dumps(misspelled).encode(), b"bad-fields")
     await submit(settings, outside_policy)
-    await submit(settings, sft_request("good-after-bad", dataset={"rows": [{"prompt": "2+2=", "completion": "4"}] * 4}))
+    last = await submit(settings, sft_request("good-after-bad", dataset={"rows": [{"prompt": "2+2=", "completion": "4"}] * 4}))
 
     events = await terminal_events(settings, {"bad-json", "bad-array", "bad-method", "bad-fields", "bad-policy", "good-after-bad"})
     rejected = {rid: evs[-1] for rid, evs in events.items() if rid != "good-after-bad"}
@@ -71,22 +77,23 @@ async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(daemon: Daemon
     assert rejected["bad-policy"].reason == "policy" and rejected["bad-policy"].errors[0].path == "model.id"
     assert isinstance(events["good-after-bad"][-1], Succeeded)
 
-    dead = await read_records(settings, settings.dlq_topic, 5)
+    dead = await records_of(settings, settings.dlq_topic, [b"bad-json", b"bad-array", b"bad-method", b"bad-fields", b"bad-policy"])
     assert [record.key for record in dead] == [b"bad-json", b"bad-array", b"bad-method", b"bad-fields", b"bad-policy"]
     assert dead[0].value == b"\x00 this is not json"
     headers = dict(dead[3].headers)
     assert headers["adapterd-reason"] == b"invalid"
     assert headers["adapterd-source-topic"] == settings.requests_topic.encode()
-    assert headers["adapterd-source-offset"] == b"3"
+    assert headers["adapterd-source-offset"] == str(misspelled_at).encode()
     assert {e["path"] for e in json.loads(headers["adapterd-errors"])} == paths
 
-    await wait_for_commit(settings, 6)
-    assert daemon.process is not None and daemon.process.poll() is None
+    await wait_for_commit(settings, last + 1)
+    assert shared_daemon.process is not None and shared_daemon.process.poll() is None
 
 
-async def test_unloadable_model_or_dataset_fails_with_its_stage(daemon: DaemonProcess, published: HubServer, settings: Settings) -> None:
+async def test_unloadable_model_or_dataset_fails_with_its_stage(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings) -> None:
+    settings = shared_settings
     await submit(settings, sft_request("no-such-model", model={"id": "tiny/does-not-exist"}))
-    await submit(settings, sft_request("no-such-dataset", dataset={"id": "tiny/does-not-exist"}))
+    last = await submit(settings, sft_request("no-such-dataset", dataset={"id": "tiny/does-not-exist"}))
     events = await terminal_events(settings, {"no-such-model", "no-such-dataset"})
 
     model_failure = events["no-such-model"][-1]
@@ -99,4 +106,4 @@ async def test_unloadable_model_or_dataset_fails_with_its_stage(daemon: DaemonPr
     assert (dataset_failure.code, dataset_failure.stage) == ("dataset_unavailable", "load_dataset")
     assert "tiny/does-not-exist" in dataset_failure.message
 
-    await wait_for_commit(settings, 2)
+    await wait_for_commit(settings, last + 1)

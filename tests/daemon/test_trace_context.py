@@ -5,7 +5,6 @@ malformed one from a producer is dropped, never echoed."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -15,7 +14,7 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, parse_event
-from testbed.client import read_records, terminal_events
+from testbed.client import records_of, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
 from tests.helpers import sft_request
@@ -37,7 +36,8 @@ def test_only_a_well_formed_trace_context_is_carried() -> None:
 
 
 @pytest.mark.slow
-async def test_a_requests_trace_context_comes_back_on_its_events(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_a_requests_trace_context_comes_back_on_its_events(shared_daemon: DaemonProcess, shared_settings: Settings, published: HubServer) -> None:
+    settings = shared_settings
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
@@ -49,13 +49,10 @@ async def test_a_requests_trace_context_comes_back_on_its_events(settings: Setti
         await producer.send_and_wait(settings.requests_topic, json.dumps(sft_request("traced")).encode(), key=b"traced", headers=traced)
     finally:
         await producer.stop()
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        events = await terminal_events(settings, {"traced", "traced-bad", "forged"})
-        records = await read_records(settings, settings.events_topic, sum(len(e) for e in events.values()))
-        dead_letters = await read_records(settings, settings.dlq_topic, 2)
-    finally:
-        daemon.stop()
+    events = await terminal_events(settings, {"traced", "traced-bad", "forged"})
+    keys = [b"traced", b"traced-bad", b"forged"]
+    records = await records_of(settings, settings.events_topic, keys, count=sum(len(e) for e in events.values()))
+    dead_letters = await records_of(settings, settings.dlq_topic, [b"forged", b"traced-bad"])
     by_request: dict[str, list[dict[str, bytes]]] = {}
     for event_record in records:
         event = parse_event(event_record.value or b"")

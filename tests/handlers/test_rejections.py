@@ -6,7 +6,7 @@ from typing import Any
 
 from daemon.settings import Settings
 from schemas import Rejected
-from testbed.client import read_records, submit, terminal_events
+from testbed.client import records_of, submit, terminal_events
 from testbed.processes import DaemonProcess
 from tests.helpers import example_request
 
@@ -65,6 +65,6 @@ async def test_each_method_rejects_what_it_cannot_train_on(shared_daemon: Daemon
     # The installed TRL's version, whatever the lock (or .ci/canary) moved it to: PPO's range is the point.
     assert "needs trl>=1.10,<1.13" in ppo.errors[0].message and f"this host has trl {metadata.version('trl')}" in ppo.errors[0].message
 
-    dead = await read_records(shared_settings, shared_settings.dlq_topic, len(requests))
+    dead = await records_of(shared_settings, shared_settings.dlq_topic, [request_id.encode() for request_id in requests])
     assert {record.key.decode() for record in dead if record.key} == set(requests)
     assert json.loads(dict(dead[0].headers)["adapterd-errors"])
