@@ -44,12 +44,18 @@ def main() -> None:
     # benchmarks/results stay untouched.
     shutil.copytree(HERE, new_tree, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "adapterd-demo"))
     values: dict[str, dict[str, list[float]]] = {}
+    failures: list[str] = []
     try:
         for tree in (old_tree, new_tree):
             subprocess.run(["uv", "sync", "--frozen", "--quiet"], cwd=tree, check=True)
         for round_ in range(args.rounds):
             for side, tree in (("old", old_tree), ("new", new_tree)):
-                rows = run_benchmarks(tree, scratch / f"{side}-{round_}.json", args.only, args.repeats)
+                try:
+                    rows = run_benchmarks(tree, scratch / f"{side}-{round_}.json", args.only, args.repeats)
+                except subprocess.CalledProcessError as exc:
+                    # A side's run that fails is said and left out; the table shows how many each side has.
+                    failures.append(f"{side} round {round_ + 1}: exit {exc.returncode}")
+                    continue
                 for row in rows:
                     if isinstance(row["value"], int | float):
                         key = f"{row['benchmark']}: {row['measure']}"
@@ -57,6 +63,8 @@ def main() -> None:
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old_tree)], cwd=HERE, check=False)
     print(f"\n{args.rev} (old) against this tree (new), {args.rounds} alternating rounds\n")
+    if failures:
+        print(f"runs that failed, left out: {'; '.join(failures)}\n")
     print("| measure | old | new | new/old (medians) |\n|---|---|---|---|")
     for key, sides in values.items():
         if sides["old"] and sides["new"]:
