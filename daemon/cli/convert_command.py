@@ -19,6 +19,9 @@ CONVERT_TRL_HELP = (
     "`output.repo_id`, num_processes to `resources.gpus`. Where adapterd's default differs from the trl CLI's, the request "
     "states trl's: model.dtype float32 unless the file sets dtype, peft.target_modules null (PEFT's choice for the "
     "architecture) unless it sets lora_target_modules, no nested quantization with load_in_4bit.\n\n"
+    "A key TRL or transformers renamed since the recipe was written (torch_dtype, evaluation_strategy, max_seq_length, ...) "
+    "is carried under its new name and said on stderr with the release that renamed it; a removed key is named with what "
+    "replaced it (daemon/convert/trl_renames.py).\n\n"
     "Each key the request cannot carry is named on stderr, one line each, with why: refused (the reason from the refusal "
     "table), set by the daemon, unused, unknown to trl, or already said by another field. A key whose value is TRL's "
     "default is left out silently: the job gets that default too.\n\n"
@@ -48,6 +51,8 @@ def convert_trl_config(
     except UsageError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
+    for renamed in conversion.renamed:
+        typer.echo(renamed.line(), err=True)
     for dropped in conversion.dropped:
         typer.echo(dropped.line(), err=True)
     if conversion.request is None:

@@ -1,6 +1,6 @@
 """The ledger of one conversion: the file's keys, the request built from them, and where each key
-went (carried, with the request path it went to; left out, with why; or an error), so that every key
-of the input ends in exactly one of them."""
+went (carried, with the request path it went to; carried under the name TRL gives it now; left out,
+with why; or an error), so that every key of the input ends in exactly one of them."""
 
 from __future__ import annotations
 
@@ -25,11 +25,26 @@ class Dropped:
         return f"{self.key}: {self.why}"
 
 
+@dataclass(frozen=True)
+class Renamed:
+    """A key of the file that TRL or transformers renamed, carried under its new name (trl_renames.py)."""
+
+    old: str
+    new: str
+    release: str  # the release in which the old name stopped working
+    note: str = ""
+
+    def line(self) -> str:
+        return f"{self.old}: carried as {self.new} (renamed in {self.release}{'; ' + self.note if self.note else ''})"
+
+
 @dataclass
 class Conversion:
-    """The request (validated; None when it is not valid), the keys left out, and why the request is not valid."""
+    """The request (validated; None when it is not valid), the keys carried under a new name, the
+    keys left out, and why the request is not valid."""
 
     request: RequestBase | None = None
+    renamed: list[Renamed] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
 
@@ -55,6 +70,7 @@ class Ledger:
         self.config = config
         self.request = request
         self.origin: dict[str, str] = {}  # request path → the key of the file it came from
+        self.renamed: list[Renamed] = []
         self.dropped: list[Dropped] = []
         self.errors: list[FieldError] = []
         self.taken: set[str] = set()

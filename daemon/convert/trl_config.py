@@ -25,6 +25,7 @@ from typing import Any
 from daemon.admission.secret_rules import SCANNER
 from daemon.convert.ledger import Conversion, Dropped, Ledger, UsageError, same_value
 from daemon.convert.trl_datasets import carry_dataset
+from daemon.convert.trl_renames import carry_renames
 from daemon.convert.trl_rewards import REWARD_METHODS, carry_rewards
 from schemas import FieldError, Rejection, decode_request
 from schemas.common import REQUEST_ID_PATTERN
@@ -81,6 +82,7 @@ class _Converter(Ledger):
 
     def run(self) -> Conversion:
         self.drop("env", "environment variables of the trl process; a job runs in the daemon's environment on the host")
+        carry_renames(self, self.method, self.request_path)  # an older recipe's keys under the names TRL reads now
         self.model_and_peft()
         carry_dataset(self)
         if self.method in REWARD_METHODS:
@@ -191,6 +193,12 @@ class _Converter(Ledger):
         if carried:
             self.put("training.report_to", carried, "report_to")
 
+    def request_path(self, key: str) -> str:
+        """Where a key of today's file goes in the request (for an error about it)."""
+        if key in MODEL_CONFIG_PATHS:
+            return MODEL_CONFIG_PATHS[key]
+        return f"training.{key}" if key in self.training_fields else f"{self.method}.{key}"
+
     def unknown(self, key: str) -> None:
         version = f"{self.section['package']} {self.section['version']}"
         self.dropped.append(Dropped(key, f"unknown to {version}'s {self.config_class}, ModelConfig and script arguments "
@@ -201,7 +209,7 @@ class _Converter(Ledger):
     def checked(self) -> Conversion:
         """The request through the daemon's own decoder; the converter's errors first, then the
         schema's on fields those do not already name."""
-        conversion = Conversion(dropped=self.dropped, errors=list(self.errors))
+        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors))
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]
