@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_check import CHECKS, QWEN2_05B, Host, long_rows, plan, sft_request
+from benchmarks.gpu_check import CHECKS, Host, plan
+from benchmarks.gpu_jobs import QWEN2_05B, long_rows, sft_request
 
 ROOT = Path(__file__).parents[1]
 
@@ -49,7 +50,7 @@ def test_the_gpu_requests_are_valid_requests_of_a_05b_shaped_model(tmp_path: Pat
 
 
 def test_the_gpu_check_grpo_request_is_valid(tmp_path: Path) -> None:
-    from benchmarks.gpu_check import grpo_request
+    from benchmarks.gpu_jobs import grpo_request
     from schemas.request import REQUEST_MODELS
 
     parsed = REQUEST_MODELS["grpo"].model_validate(grpo_request(tmp_path, "gpu-grpo", 2))

@@ -1,0 +1,230 @@
+"""What the GPU check's rows run (benchmarks/gpu_check.py says which run where): the model of
+Qwen2.5-0.5B's shape built here and the rows it trains on, the requests, reading the GPU and a child
+from outside (nvidia-smi, /proc), and the two measurements the rows come from: the daemon against
+plain TRL, and one job through a daemon whose fork server is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = "gpu check"
+
+# The shape of Qwen2.5-0.5B (about 494M parameters with tied embeddings).
+QWEN2_05B = {
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+
+
+
+# --- what the GPU rows train on ------------------------------------------------------------------
+
+
+def build_qwen2_05b(out_dir: Path) -> Path:
+    """A Qwen2 model of Qwen2.5-0.5B's shape, random weights, saved in bf16 with the tiny model's
+    tokenizer padded to the vocabulary. Runs in a child interpreter (`--build-model`)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from handlers.tiny_model import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    # Pad the tiny tokenizer to Qwen's 151,936 ids, so every id the model can produce decodes (vLLM
+    # samples from all of them; random weights make most of its picks these padding tokens).
+    tokenizer.add_tokens([f"<|pad{i}|>" for i in range(QWEN2_05B["vocab_size"] - len(tokenizer))])
+    torch.manual_seed(0)
+    config = Qwen2Config(**QWEN2_05B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def long_rows(count: int = 64) -> list[dict[str, Any]]:
+    """Chat rows of a few hundred tokens each, so a step of the 0.5B model is GPU work, not overhead."""
+    from handlers.tiny_model import CORPUS
+
+    rows = []
+    for index in range(count):
+        text = " ".join(CORPUS[(index + k) % len(CORPUS)] for k in range(12))
+        rows.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": text[::-1]}]})
+    return rows
+
+
+def tokens_per_row(model_dir: Path, rows: list[dict[str, Any]]) -> float:
+    """Mean tokens of a row as SFT sees it (the chat template applied): samples/s times this is tokens/s."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lengths = [len(tokenizer(tokenizer.apply_chat_template(row["messages"], tokenize=False))["input_ids"]) for row in rows]
+    return sum(lengths) / len(lengths)
+
+
+def sft_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], *, quantization: str = "none") -> dict[str, Any]:
+    model: dict[str, Any] = {"id": str(model_dir), "dtype": "bfloat16"}
+    if quantization != "none":
+        model["quantization"] = quantization
+    return {
+        "schema_version": 1,
+        "request_id": request_id,
+        "method": "sft",
+        "model": model,
+        "dataset": {"rows": rows},
+        "peft": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear", "use_rslora": False, "use_dora": False},
+        "training": {"max_steps": steps, "learning_rate": 1e-4, "per_device_train_batch_size": 8, "bf16": True},
+        "output": {"repo_id": f"bench/{request_id}"},
+    }
+
+
+def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]:
+    from daemon.cli.demo_requests import PROMPT_ROWS
+
+    example = json.loads((Path(__file__).parents[1] / "schemas" / "examples" / "grpo.json").read_text())
+    return {
+        **example,
+        "request_id": request_id,
+        "model": {"id": str(model_dir), "dtype": "bfloat16"},
+        "dataset": {"rows": PROMPT_ROWS * 4},
+        "peft": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
+        "grpo": {
+            "num_generations": 4, "max_completion_length": 32, "beta": 0.0,
+            "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512,
+        },
+        "training": {"max_steps": steps, "learning_rate": 1e-5, "per_device_train_batch_size": 4, "bf16": True},
+        "output": {"repo_id": f"bench/{request_id}"},
+    }
+
+
+# --- reading the GPU and a child from outside ---------------------------------------------------
+
+
+def gpu_used_mib() -> float:
+    """Memory used on the job's GPUs (all visible ones), as nvidia-smi reports it."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], check=True, capture_output=True, text=True).stdout
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    used = [float(line) for line in out.split()]
+    if visible:
+        used = [used[int(i)] for i in visible.split(",") if i.strip().isdigit() and int(i) < len(used)]
+    return sum(used)
+
+
+def gpu_compute_pids() -> set[int]:
+    if shutil.which("nvidia-smi") is None:
+        return set()
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+    return {int(line) for line in out.split() if line.isdigit()}
+
+
+def cuda_state(pid: int) -> dict[str, Any]:
+    """What a child shows of CUDA from outside: an open /dev/nvidia* file (the driver opened: CUDA or
+    NVML initialised), libcuda mapped, a CUDA context (nvidia-smi's compute processes), torch mapped."""
+    fds = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            fds += os.readlink(fd).startswith("/dev/nvidia")
+        except OSError:
+            continue
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    return {"nvidia_fds": fds, "libcuda": "libcuda.so" in maps, "context": pid in gpu_compute_pids(), "torch": "libtorch" in maps}
+
+
+def untouched(state: dict[str, Any]) -> bool:
+    return state["nvidia_fds"] == 0 and not state["context"]
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+async def sft_rows(env: Any, request: dict[str, Any], steps: int, repeats: int, tokens: float, model: str) -> list[Any]:
+    """Daemon against plain TRL, the same request, alternating; benchmarks.overhead's runs."""
+    from statistics import median
+
+    from benchmarks import overhead
+    from benchmarks.harness import Row
+
+    plain, daemon = [], []
+    for index in range(repeats):
+        plain.append(overhead.plain_run(env, steps, {**request, "request_id": "plain"}))
+        daemon.append(await overhead.daemon_run(env, steps, index, request))
+    plain_tput = median(t for _, t in plain) * tokens
+    daemon_tput = median(d["throughput"] for d in daemon) * tokens
+    note = f"{model}, {steps} steps, {repeats} alternating run(s) each; samples/s x {tokens:.0f} tokens a row"
+    return [
+        Row(BENCH, "SFT LoRA: plain TRL tokens/s", round(plain_tput, 1), "tokens/s", note=note),
+        Row(BENCH, "SFT LoRA: daemon tokens/s", round(daemon_tput, 1), "tokens/s",
+            note=f"wall {median(d['wall'] for d in daemon):.1f} s submission to succeeded (plain: {median(w for w, _ in plain):.1f} s process)"),
+        Row(BENCH, "SFT LoRA: tokens/s ratio daemon/plain", round(daemon_tput / plain_tput, 3), "", ">= 0.98"),
+    ]
+
+
+async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str, Any]:
+    """One job through a daemon whose fork server is ready: the server's CUDA state before the job
+    and after it (it must never touch CUDA), GPU memory before / peak during / after, the pid the job
+    was forked from, and the `succeeded` event."""
+    from benchmarks.harness import wait_for_log
+    from schemas import Started, Succeeded
+    from testbed.client import run_to_end
+
+    settings = await env.settings(warm_child=True)
+    daemon = env.daemon(settings)
+    peak = 0.0
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, await asyncio.to_thread(gpu_used_mib))
+            await asyncio.sleep(0.2)
+
+    def logged(event: str) -> list[dict[str, Any]]:
+        return [line for line in daemon.log_lines() if line.get("event") == event]
+
+    try:
+        await wait_for_log(daemon, "forkserver.ready")
+        warm_pid = logged("forkserver.starting")[-1]["pid"]
+        before_state = cuda_state(warm_pid)
+        before = gpu_used_mib() if cuda else None
+        sampler = asyncio.create_task(sample()) if cuda else None
+        started = time.monotonic()
+        events = await run_to_end(settings, request)
+        wall = time.monotonic() - started
+        done.set()
+        if sampler is not None:
+            await sampler
+        next_state = cuda_state(warm_pid)  # the server again, after forking the job: still without CUDA
+        forked_from = {line["pid"]: line["server_pid"] for line in logged("child.forked")}
+        after = None
+        if cuda:
+            await asyncio.sleep(1.0)  # nvidia-smi's figure trails the child's exit by a moment
+            after = gpu_used_mib()
+    finally:
+        done.set()
+        daemon.stop()
+    final = events[-1]
+    job_pid = next((e.pid for e in events if isinstance(e, Started)), None)
+    return {
+        "ok": isinstance(final, Succeeded), "final": final, "wall": wall, "warm_pid": warm_pid, "job_pid": job_pid,
+        "forked_from": forked_from.get(job_pid),
+        "before_state": before_state, "next_state": next_state, "before": before, "peak": peak, "after": after,
+    }
+
+
+def failure_text(result: dict[str, Any]) -> str:
+    final = result["final"]
+    return f"{final.type}: {getattr(final, 'code', '')} {getattr(final, 'message', '')}"[:200]
