@@ -38,10 +38,16 @@ BROKER_FIXTURES = {"local_broker", "kafka", "own_broker"}
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses a broker, through any fixture it depends on, is marked `broker`:
-    `pytest -m "not slow and not broker"` is the quick subset, which needs neither Kafka nor Java."""
+    `pytest -m "not slow and not broker"` is the quick subset, which needs neither Kafka nor Java.
+    And the files with slow cases run first."""
     for item in items:
         if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.broker)
+    # The files with end-to-end cases first, each file's tests kept together and in their order: on
+    # two workers (`--dist loadfile`) the long files start early and the quick ones fill the end,
+    # instead of the suite waiting on a long file that happened to start last.
+    long_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in long_files)
 
 
 @pytest.fixture(scope="session")
