@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from handlers.chat_template import check_template_render
+from handlers.evaluation import evaluate
 from handlers.loading import (
     check_chat_template,
     check_columns,
@@ -56,6 +57,7 @@ from handlers.vision import (
     load_vision_model,
     prepare_images,
 )
+from schemas.evaluation import EvaluationResult
 from schemas.images import image_column
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
@@ -179,18 +181,21 @@ def train_and_save(
     trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data, base: Base,
     reference: Reference | None = None,
 ) -> TrainResult:
-    """Stages `train` and `save`: train from the last checkpoint of an earlier attempt (step 0 when
-    there is none), write the artifact, and report."""
+    """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
+    (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
+    (handlers/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
-    return result(request, reporter, data, base, final_metrics(trainer, output.metrics), reference, tracking=tracked_runs(job, trainer))
+    metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers
+    evaluation = evaluate(trainer, request, job, reporter)
+    return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation)
 
 
 def result(
     request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float], reference: Reference | None = None,
-    *, tracking: list[TrackedRun] | None = None,
+    *, tracking: list[TrackedRun] | None = None, evaluation: EvaluationResult | None = None,
 ) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
     comes from the method table."""
@@ -206,4 +211,5 @@ def result(
         versions=package_versions(),
         pipeline_tag=PIPELINE_TAG if base.vision else None,
         tracking=tracking or [],
+        evaluation=evaluation,
     )

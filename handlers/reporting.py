@@ -120,6 +120,13 @@ class JobCallback(StepClock):
             control.should_save = True
             control.should_training_stop = True
 
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # An evaluation (during training, or the request's after it) takes no optimizer step: its
+        # batches say the child is alive, for the watchdog that watches training and evaluation.
+        if time.monotonic() - self.last_beat >= HEARTBEAT_S:
+            self.last_beat = time.monotonic()
+            self.reporter.send(Heartbeat(step=state.global_step))
+
     def _stop_everywhere(self, args: Any) -> bool:
         """Whether any rank was asked to stop. Data-parallel ranks must stop at the same step, or
         the ones still training wait forever on the others' gradients: so they agree at each step."""

@@ -19,13 +19,14 @@ from schemas.common import (
     RejectReason,
     TrainingProgress,
 )
+from schemas.evaluation import EvaluationReport
 from schemas.provenance import ResolvedSource, TrackedRun
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 TERMINAL_TYPES = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 
-Stage = Literal["intake", "preflight", "load_model", "load_dataset", "train", "save", "push"]
+Stage = Literal["intake", "preflight", "load_model", "load_dataset", "train", "evaluate", "save", "push"]
 STAGES: frozenset[str] = frozenset(Stage.__args__)  # type: ignore[attr-defined]
 
 
@@ -81,10 +82,23 @@ class Succeeded(EventBase):
     type: Literal["succeeded"] = "succeeded"
     sink: Literal["hub", "local"]
     repo_id: str
-    revision: str
-    commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink.")
+    revision: str = Field(description=(
+        "Where the artifact was committed: output.revision; for an adapter that failed its gate, the pull request's ref "
+        "(refs/pr/N) or evaluation.fail_branch; for published 'none', output.revision, where nothing was committed."
+    ))
+    commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink and for published 'none'.")
     commit_url: str | None
-    location: str = Field(description="Where the artifact is: the Hub repo URL or the local directory.")
+    location: str = Field(description="Where the artifact is: the Hub repo URL, the local directory, or (published 'none') the folder on the host.")
+    published: Literal["main", "pr", "branch", "none"] = Field("main", description=(
+        "Where the artifact went: 'main' is the requested output.revision (the gate passed, or the request had no evaluation); "
+        "an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to evaluation.fail_branch ('branch'), "
+        "or nowhere ('none'). Deploy only what says 'main'."
+    ))
+    pr_url: str | None = Field(None, description="The Hub pull request that holds the adapter, for published 'pr'.")
+    evaluation: EvaluationReport | None = Field(None, description=(
+        "What the request's evaluation measured (the adapter's numbers, each baseline's beside them), each gate rule's outcome "
+        "and the verdict; null without an evaluation block."
+    ))
     files: list[str]
     metrics: dict[str, FiniteFloat] = Field(description=(
         "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and final_loss, "

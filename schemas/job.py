@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, JsonValue, TypeAdapter
 
 from schemas.common import AdapterdError, Frozen, TrainingProgress
+from schemas.evaluation import EvaluationResult
 from schemas.images import ImageBounds
 from schemas.provenance import ResolvedSource, TrackedRun
 
@@ -44,7 +45,7 @@ class JobSpec(Frozen):
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
-ChildStage = Literal["preflight", "load_dataset", "load_model", "train", "save", "done"]
+ChildStage = Literal["preflight", "load_dataset", "load_model", "train", "evaluate", "save", "done"]
 
 # Why a job failed: the `code` of a `failed` or `retrying` event. Consumers branch on these, so a
 # code never changes meaning; a new cause gets a new code.
@@ -154,6 +155,7 @@ class TrainResult(ChildMessageBase):
     versions: dict[str, str]
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
     tracking: list[TrackedRun] = Field(default_factory=list, description="The runs the job's metrics were reported to.")
+    evaluation: EvaluationResult | None = Field(None, description="What the request's `evaluation` measured, after training.")
 
 
 class ChildError(ChildMessageBase):

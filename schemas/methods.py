@@ -33,6 +33,7 @@ class Method:
     trl_min: str | None = None  # the first TRL release that ships it; None: any TRL the lock allows
     trl_below: str | None = None  # the first TRL release without it
     trl_note: str = ""  # why the range, for the refusal and the README
+    evaluates: bool = True  # its handler runs a request's `evaluation` (schemas/evaluation.py) after training
 
     @property
     def trained_by(self) -> str:
@@ -61,7 +62,7 @@ METHODS: dict[str, Method] = {
     "orpo": Method("orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
                    "`chosen` + `rejected` (and usually `prompt`)"),
     "ppo": Method("ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
-                  "`prompt`", trl_min="1.10", trl_below="1.13",
+                  "`prompt`", trl_min="1.10", trl_below="1.13", evaluates=False,
                   trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
 }
 

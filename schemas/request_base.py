@@ -18,6 +18,7 @@ from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, b
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
+from schemas.evaluation import EvaluationSpec
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.trl_fields import (
@@ -105,6 +106,10 @@ class RequestBase(Frozen):
     training: TrainingSpec = TrainingSpec()
     output: OutputSpec
     resources: Resources = Resources()
+    evaluation: EvaluationSpec | None = Field(None, description=(
+        "Evaluate the adapter on held-out rows after training, beside baselines, and publish it to output.revision only when "
+        "it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
+    ))
     timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
     # Bounded so that an event, which echoes it, stays far below the broker's message size.
     metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
@@ -125,7 +130,29 @@ class RequestBase(Frozen):
             raise ValueError("training.max_steps: a streaming dataset has no length; set max_steps")
         if self.model.quantization != "none" and self.peft is None:
             raise ValueError(f"model.quantization {self.model.quantization} (QLoRA) trains a LoRA adapter: set 'peft'")
+        if self.evaluation is not None:
+            problem = self.evaluation_problem(self.evaluation)
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def evaluation_problem(self, evaluation: EvaluationSpec) -> str | None:
+        """Why this request cannot be evaluated as its `evaluation` block asks, or None."""
+        if not METHODS[self.method].evaluates:
+            return f"evaluation: method {self.method} has no evaluation in adapterd"
+        if self.dataset.eval is None and self.dataset.eval_split is None:
+            return "evaluation.suites: the method's own measure runs on an eval set: set dataset.eval or dataset.eval_split"
+        if evaluation.on_fail == "pr" and self.output.revision != "main":
+            return (f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
+                    "use on_fail 'branch'")
+        if evaluation.fail_branch is not None and evaluation.fail_branch == self.output.revision:
+            return "evaluation.fail_branch: must differ from output.revision, where an adapter that passes goes"
+        for index, rule in enumerate(evaluation.gate):
+            if rule.of is not None and rule.of not in evaluation.baselines:
+                return f"evaluation.gate[{index}].of: '{rule.of}' is not among evaluation.baselines {evaluation.baselines}"
+        if "base" in evaluation.baselines and self.peft is None:
+            return "evaluation.baselines: 'base' is measured with the adapter disabled, and a full fine-tune (peft: null) has none"
+        return None
 
     @property
     def experimental(self) -> bool:

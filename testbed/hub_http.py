@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from testbed.hub_state import Commit, HubState, Repo, new_commit
+from testbed.hub_state import Commit, HubState, PullRequest, Repo, new_commit
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -40,7 +40,8 @@ def card_problem(content: str) -> str | None:
     return None
 
 
-API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch)/([^/]+)(?:/(.*))?)?$")
+# Matched on the path as sent: a revision with slashes (refs/pr/1, a branch a/b) comes quoted as one part.
+API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch|discussions)(?:/([^/]+)(?:/(.*))?)?)?$")
 RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
 
@@ -90,30 +91,33 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             return
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
-            self._route(path, query)
+            self._route(url.path, query)
         except KeyError as exc:
             self._error(404, "EntryNotFound", f"not found: {exc}")
 
     do_GET = do_POST = do_HEAD = do_PUT = _dispatch  # the stdlib's names
 
-    def _route(self, path: str, query: dict[str, str]) -> None:
+    def _route(self, raw_path: str, query: dict[str, str]) -> None:
         hub = self.server_state
+        path = unquote(raw_path)
         if path == "/api/repos/create" and self.command == "POST":
             return self._create_repo(json.loads(self._body() or b"{}"))
         if path == "/api/validate-yaml" and self.command == "POST":
             return self._validate_card(json.loads(self._body())["content"])
         if path == "/api/whoami-v2":
             return self._send(200, {"type": "user", "name": "adapterd-test", "orgs": [], "auth": {}})
-        if match := API.match(path):
-            kind, repo_id, action, revision, rest = match.groups()
+        if match := API.match(raw_path):
+            kind, repo_id, action, revision, rest = (unquote(part) if part is not None else None for part in match.groups())
+            assert kind is not None and repo_id is not None
             repo_type = kind[:-1]
             repo = hub.repos.get((repo_type, repo_id))
             if repo is None:
                 self._body()
                 return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
             return self._api(repo, action, revision, rest or "", query)
-        if match := RESOLVE.match(path):
-            datasets, repo_id, revision, file_path = match.groups()
+        if match := RESOLVE.match(raw_path):
+            datasets, repo_id, revision, file_path = (unquote(part) if part is not None else None for part in match.groups())
+            assert repo_id is not None and revision is not None and file_path is not None
             repo = hub.repos.get(("dataset" if datasets else "model", repo_id))
             if repo is None:
                 return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
@@ -160,7 +164,14 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in body["files"]]
                 return self._send(200, {"files": files, "commitOid": repo.branches.get(revision or "main")})
             if action == "commit":
-                return self._commit(repo, revision or "main")
+                return self._commit(repo, revision or "main", create_pr=query.get("create_pr") == "1")
+            if action == "discussions" and self.command == "GET":
+                pulls = [p for p in repo.pulls if query.get("type") in (None, "all", "pull_request")]
+                return self._send(200, {"count": len(pulls), "start": 0, "numClosedDiscussions": 0, "discussions": [
+                    {"num": p.num, "title": p.title, "status": "open", "isPullRequest": True, "createdAt": p.created_at,
+                     "author": {"name": "adapterd-test"}, "repo": {"name": repo.repo_id, "type": repo.repo_type}}
+                    for p in pulls
+                ]})
             commit = repo.resolve(revision or "main")
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
@@ -175,7 +186,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 ])
         self._error(404, "NotFound", f"{action} not served")
 
-    def _commit(self, repo: Repo, revision: str) -> None:
+    def _commit(self, repo: Repo, revision: str, *, create_pr: bool = False) -> None:
+        """An NDJSON commit onto `revision`; with `create_pr`, onto a new pull request's ref
+        (refs/pr/N, from `revision`'s head), as the Hub opens one."""
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
         header = next(line["value"] for line in lines if line["key"] == "header")
         parent = repo.resolve(revision)
@@ -196,10 +209,17 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             if problem is not None:
                 return self._error(400, "BadRequest", f"Invalid metadata in README.md.\n- {problem}")
         commit = new_commit(repo, parent, header.get("summary", ""), header.get("description", ""), files)
-        repo.branches[revision] = commit.sha
         prefix = "" if repo.repo_type == "model" else f"{repo.repo_type}s/"
+        pull_url = None
+        if create_pr:
+            pull = PullRequest(len(repo.pulls) + 1, header.get("summary", ""), commit.date)
+            repo.pulls.append(pull)
+            repo.branches[pull.ref] = commit.sha
+            pull_url = f"{self.server_state.endpoint}/{prefix}{repo.repo_id}/discussions/{pull.num}"
+        else:
+            repo.branches[revision] = commit.sha
         url = f"{self.server_state.endpoint}/{prefix}{repo.repo_id}/commit/{commit.sha}"
-        self._send(200, {"success": True, "commitOid": commit.sha, "commitUrl": url, "pullRequestUrl": None})
+        self._send(200, {"success": True, "commitOid": commit.sha, "commitUrl": url, "pullRequestUrl": pull_url})
 
     def _info(self, repo: Repo, commit: Commit) -> dict[str, Any]:
         return {

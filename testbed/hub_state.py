@@ -24,12 +24,24 @@ class Commit:
 
 
 @dataclass
+class PullRequest:
+    num: int
+    title: str  # the opening commit's summary, as the Hub titles it
+    created_at: str
+
+    @property
+    def ref(self) -> str:
+        return f"refs/pr/{self.num}"
+
+
+@dataclass
 class Repo:
     repo_type: str  # "model" or "dataset"
     repo_id: str
     private: bool
-    branches: dict[str, str] = field(default_factory=dict)
+    branches: dict[str, str] = field(default_factory=dict)  # pull requests' heads too, as refs/pr/N
     commits: dict[str, Commit] = field(default_factory=dict)
+    pulls: list[PullRequest] = field(default_factory=list)  # numbered from 1, as the Hub's discussions are
 
     def resolve(self, revision: str) -> Commit | None:
         sha = self.branches.get(revision, revision)
@@ -74,6 +86,11 @@ class HubState:
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         with self.lock:
             return self.repos[(repo_type, repo_id)]
+
+    def pulls(self, repo_id: str, repo_type: str = "model") -> list[PullRequest]:
+        with self.lock:
+            key = (repo_type, repo_id)
+            return list(self.repos[key].pulls) if key in self.repos else []
 
     def commits(self, repo_id: str, repo_type: str = "model", revision: str = "main") -> list[Commit]:
         """A repo's commits on a branch, newest first, excluding the initial empty commit."""

@@ -14,9 +14,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from huggingface_hub import ModelCardData
+from huggingface_hub import EvalResult, ModelCardData
 
 from schemas.common import HUB_ID_PATTERN
+from schemas.evaluation import EvaluationReport
 from schemas.provenance import ResolvedSource, TrackedRun
 from schemas.request import RequestBase
 
@@ -56,6 +57,7 @@ def model_card(
     request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str],
     *, dataset_sources: Sequence[ResolvedSource] = (), dataset_fingerprint: str | None = None,
     local_model_hub_ids: dict[str, str] | None = None, pipeline_tag: str | None = None, tracking: Sequence[TrackedRun] = (),
+    evaluation: EvaluationReport | None = None,
 ) -> str:
     is_adapter = request.peft is not None and request.output.push == "adapter"
     base = card_base_model(request.model.id, local_model_hub_ids)
@@ -65,6 +67,9 @@ def model_card(
         library_name="peft" if is_adapter else "transformers",
         pipeline_tag=pipeline_tag,
         tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune", *(["vision-language"] if vision else [])],
+        # The Hub's model-index: the adapter's numbers and each baseline's, on the same eval rows.
+        model_name=request.output.repo_id if evaluation is not None else None,
+        eval_results=_eval_results(request, evaluation, pipeline_tag) if evaluation is not None else None,
     )
     metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
     version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
@@ -85,7 +90,55 @@ def model_card(
         + "\n"
         + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
         + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")
+        + (_evaluation_section(evaluation) if evaluation is not None else "")
         + f"| metric | value |\n|---|---|\n{metric_lines}\n"
+    )
+
+
+def _eval_dataset(request: RequestBase) -> str:
+    source = request.dataset.eval
+    if source is not None:
+        return source.id or ("inline rows" if source.rows is not None else "held-out rows")
+    return f"{request.dataset.id or 'dataset'} ({request.dataset.eval_split})"
+
+
+def _eval_results(request: RequestBase, report: EvaluationReport, pipeline_tag: str | None) -> list[EvalResult]:
+    """Every finite number of the adapter and of each baseline, as the Hub's model-index entries
+    (a baseline's named after it, e.g. 'eval_loss (base)')."""
+    task = pipeline_tag or ("text-classification" if request.method == "reward" else "text-generation")
+    dataset = _eval_dataset(request)
+    results = []
+    for who, metrics in [("adapter", report.adapter), *report.baselines.items()]:
+        for name, value in sorted(metrics.items()):
+            if value is not None:
+                results.append(EvalResult(
+                    task_type=task, dataset_type=dataset, dataset_name=dataset, metric_type=name, metric_value=value,
+                    metric_name=name if who == "adapter" else f"{name} ({who})",
+                ))
+    return results
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6g}"
+
+
+def _evaluation_section(report: EvaluationReport) -> str:
+    """The evaluation as a reader wants it: each metric of the adapter beside the baselines', then
+    each gate rule's outcome and the verdict."""
+    who = list(report.baselines)
+    names = sorted(set(report.adapter).union(*report.baselines.values()))
+    header = "| metric | adapter |" + "".join(f" {name} |" for name in who) + "\n|---|---|" + "---|" * len(who) + "\n"
+    rows = "".join(
+        f"| {name} | {_number(report.adapter.get(name))} |" + "".join(f" {_number(report.baselines[w].get(name))} |" for w in who) + "\n"
+        for name in names
+    )
+    revisions = "".join(f"- The {name} baseline is the adapter at commit `{rev}`.\n" for name, rev in report.baseline_revisions.items() if rev)
+    missing = "".join(f"- No {name} baseline: {why}.\n" for name, why in report.missing_baselines.items())
+    best = f"- The published weights are the best evaluated checkpoint, step {report.best_checkpoint_step}.\n" if report.best_checkpoint_step else ""
+    rules = "".join(f"| {r.rule} | {_number(r.value)} | {_number(r.bound)} | {r.outcome}{f': {r.reason}' if r.reason else ''} |\n" for r in report.rules)
+    return (
+        f"## Evaluation\n\nOn {report.rows} held-out rows; gate verdict: **{report.verdict}**.\n\n{revisions}{missing}{best}\n"
+        f"{header}{rows}\n| gate rule | value | bound | outcome |\n|---|---|---|---|\n{rules}\n"
     )
 
 

@@ -17,7 +17,7 @@ from typing import Literal
 import httpx2
 import structlog
 from huggingface_hub import HfApi, set_client_factory
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, RevisionNotFoundError
 from tenacity import (
     RetryCallState,
     retry,
@@ -46,6 +46,7 @@ class PushResult:
     commit_url: str | None
     location: str
     files: list[str]
+    pr_url: str | None = None  # the Hub pull request holding the commit (a gate that failed into one)
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -104,7 +105,14 @@ def _request_id(request: httpx2.Request) -> None:
 _timeout_s: float | None = None
 
 
-def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+def commit_title(request: RequestBase) -> str:
+    """The commit's message, which is also the title of a pull request the commit opens: it names
+    the request, so an earlier attempt's pull request is found by it (`find_commit`)."""
+    return f"adapterd: {request.method} adapter for request {request.request_id}"
+
+
+def push_to_hub(artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False) -> PushResult:
+    """One commit to `branch`, or, with `create_pr`, a pull request against main holding it."""
     assert settings.hub_token is not None
     use_timeout(settings.hub_timeout_s)
     api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
@@ -119,18 +127,19 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> Pus
     )
     def commit() -> PushResult:
         api.create_repo(output.repo_id, private=output.private, exist_ok=True)
-        if output.revision != "main":
-            api.create_branch(output.repo_id, branch=output.revision, exist_ok=True)
+        if branch != "main" and not create_pr:
+            api.create_branch(output.repo_id, branch=branch, exist_ok=True)
         info = api.upload_folder(
             folder_path=artifact,
             repo_id=output.repo_id,
-            revision=output.revision,
-            commit_message=f"adapterd: {request.method} adapter for request {request.request_id}",
+            revision=None if create_pr else branch,  # a pull request is opened against main
+            commit_message=commit_title(request),
             commit_description=f"{REQUEST_ID_TRAILER}: {request.request_id}",
+            create_pr=create_pr,
         )
         return PushResult(
-            sink="hub", repo_id=output.repo_id, revision=output.revision, commit_sha=info.oid,
-            commit_url=info.commit_url, location=str(info.repo_url), files=_files(artifact),
+            sink="hub", repo_id=output.repo_id, revision=info.pr_revision or branch, commit_sha=info.oid,
+            commit_url=info.commit_url, location=str(info.repo_url), files=_files(artifact), pr_url=info.pr_url,
         )
 
     try:
@@ -144,27 +153,28 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings) -> Pus
         raise PushFailed("hub_unreachable", f"the Hub at {settings.hub_endpoint} did not answer: {exc!r}", retryable=True) from exc
 
 
-def push_to_local(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+def push_to_local(artifact: Path, request: RequestBase, settings: Settings, branch: str) -> PushResult:
     """The sink for hosts without a Hub token: `local_target`."""
-    target = local_target(request, settings)
+    target = local_target(request, settings, branch)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(artifact, staging)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return PushResult(
-        sink="local", repo_id=request.output.repo_id, revision=request.output.revision, commit_sha=None,
+        sink="local", repo_id=request.output.repo_id, revision=branch, commit_sha=None,
         commit_url=None, location=str(target), files=_files(target),
     )
 
 
-def local_target(request: RequestBase, settings: Settings) -> Path:
+def local_target(request: RequestBase, settings: Settings, branch: str | None = None) -> Path:
     """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>, or
     <name>@<branch> for another branch (beside main's folder, not inside it: a push replaces its
     folder whole). Never outside work_dir/outputs, whatever the request says: the schema holds the
     repo id and the branch to their rules, and this holds the result, symlinks resolved."""
     output = request.output
-    name = output.repo_id if output.revision == "main" else f"{output.repo_id}@{output.revision}"
+    branch = branch if branch is not None else output.revision
+    name = output.repo_id if branch == "main" else f"{output.repo_id}@{branch}"
     outputs = settings.outputs_dir.resolve()
     target = outputs / name
     # Its own folder exactly: nothing in the name that normalises away ('..', '.'), no symlink on the way.
@@ -175,34 +185,63 @@ def local_target(request: RequestBase, settings: Settings) -> Path:
 
 def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
     """The Hub commit an earlier attempt at this request made, found by the request id its
-    description records; None when there is none (or no Hub). A Hub error here is not a reason to
-    fail: the push itself will report it."""
+    description records: on output.revision, on the evaluation's fail_branch, or in a pull request
+    the commit opened (titled by `commit_title`). None when there is none (or no Hub). A Hub error
+    here is not a reason to fail: the push itself will report it."""
     if settings.hub_token is None:
         return None
     use_timeout(settings.hub_timeout_s)
     api = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value())
-    output = request.output
+    output, evaluation = request.output, request.evaluation
     trailer = f"{REQUEST_ID_TRAILER}: {request.request_id}"
-    try:
-        commits = api.list_repo_commits(output.repo_id, revision=output.revision)
+    url = f"{settings.hub_endpoint}/{output.repo_id}"
+
+    def on(revision: str, pr_url: str | None = None) -> PushResult | None:
+        try:
+            commits = api.list_repo_commits(output.repo_id, revision=revision)
+        except RevisionNotFoundError:
+            return None  # a branch nothing was pushed to yet
         found = next((commit for commit in commits if trailer in commit.message.splitlines()), None)
         if found is None:
             return None
         files = sorted(api.list_repo_files(output.repo_id, revision=found.commit_id))
+        return PushResult(
+            sink="hub", repo_id=output.repo_id, revision=revision, commit_sha=found.commit_id,
+            commit_url=f"{url}/commit/{found.commit_id}", location=url, files=files, pr_url=pr_url,
+        )
+
+    try:
+        found = on(output.revision)
+        if found is None and evaluation is not None and evaluation.fail_branch is not None:
+            found = on(evaluation.fail_branch)
+        if found is None and evaluation is not None and evaluation.on_fail == "pr":
+            title = commit_title(request)
+            for pull in api.get_repo_discussions(output.repo_id, discussion_type="pull_request"):
+                if pull.title == title and (found := on(f"refs/pr/{pull.num}", pull.url)) is not None:
+                    break
     except (HfHubHTTPError, httpx2.TransportError) as exc:
         log.info("hub.no_earlier_commit", request_id=request.request_id, repo_id=output.repo_id, error=str(exc))
         return None
-    url = f"{settings.hub_endpoint}/{output.repo_id}"
-    return PushResult(
-        sink="hub", repo_id=output.repo_id, revision=output.revision, commit_sha=found.commit_id,
-        commit_url=f"{url}/commit/{found.commit_id}", location=url, files=files,
-    )
+    return found
 
 
-def push(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+def push(artifact: Path, request: RequestBase, settings: Settings, branch: str | None = None, *, create_pr: bool = False) -> PushResult:
+    """Publish the artifact to `branch` (output.revision when None), or into a new pull request."""
+    branch = branch if branch is not None else request.output.revision
     if settings.hub_token is None:
-        return push_to_local(artifact, request, settings)
-    return push_to_hub(artifact, request, settings)
+        if create_pr:  # policy refuses on_fail 'pr' on a host without a Hub; this is the last line
+            raise PushFailed("hub_error", "evaluation.on_fail: a pull request needs the Hub, and this host has no Hub token", retryable=False)
+        return push_to_local(artifact, request, settings, branch)
+    return push_to_hub(artifact, request, settings, branch, create_pr=create_pr)
+
+
+def kept_on_host(artifact: Path, request: RequestBase, settings: Settings) -> PushResult:
+    """What `succeeded` says of an artifact published nowhere (a failed gate with on_fail 'none'):
+    nothing committed, the artifact left in the job's folder."""
+    return PushResult(
+        sink="local" if settings.hub_token is None else "hub", repo_id=request.output.repo_id, revision=request.output.revision,
+        commit_sha=None, commit_url=None, location=str(artifact), files=_files(artifact),
+    )
 
 
 def _files(folder: Path) -> list[str]:

@@ -11,7 +11,6 @@ request that already succeeded is answered with its `succeeded`, marked duplicat
 from __future__ import annotations
 
 import asyncio
-import math
 import shutil
 import time
 from typing import Any
@@ -21,27 +20,23 @@ import structlog
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
+from daemon.jobs.gate import Destination, Published, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
 from daemon.jobs.spec import job_spec
+from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
 from daemon.jobs.supervisor import Supervisor
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
+from schemas.evaluation import EvaluationReport
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.job import JobFailed, TrainResult
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
-
-
-# What an earlier run's Hub commit, found by its request id, tells of its training: nothing the
-# daemon can vouch for (the metrics and versions were in that run's event).
-FOUND_ON_THE_HUB = TrainResult(
-    trainer="unknown: found by its Hub commit", metrics={}, base_model_revision=None, dataset_fingerprint=None, durations_s={}, versions={},
-)
 
 
 def _timeout(requested: int | None, most: int | None) -> int | None:
@@ -136,9 +131,13 @@ class JobRunner:
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
-            self.lifecycle.to(State.PUSHING)
+            report, where = self._judged(result)
             push_started = time.monotonic()
-            pushed = await self._push(result)
+            if where.published == "none":
+                pushed = hub_push.kept_on_host(self.job_dir / "artifact", self.request, self.settings)
+            else:
+                self.lifecycle.to(State.PUSHING)
+                pushed = await self._push(result, report, where)
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
             if failure.retryable and self.attempt < self.settings.max_attempts:
@@ -155,7 +154,7 @@ class JobRunner:
             durations["until_first_step"] = round(first_step_at - self.received_at, 3)
         for stage, seconds in durations.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
-        succeeded = self._succeeded(result, pushed, durations)
+        succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published)
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
 
@@ -189,48 +188,32 @@ class JobRunner:
         if found is None:
             return None
         self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
-        return self._succeeded(FOUND_ON_THE_HUB, found, {}, duplicate=True)
+        published: Published = "pr" if found.pr_url else "main" if found.revision == self.request.output.revision else "branch"
+        return succeeded_event(self.events, self.request, FOUND_ON_THE_HUB, found, {}, duplicate=True, published=published)
 
-    def _ref_model(self) -> str | None:
-        """The reference model a dpo or kto request named; None for the other methods and when the base was the reference."""
-        ref_model = getattr(self.request, "ref_model", None)
-        return ref_model.id if ref_model is not None else None
+    def _judged(self, result: TrainResult) -> tuple[EvaluationReport | None, Destination]:
+        """Stage JUDGING for a request with an evaluation: its gate against the child's numbers, and
+        where that sends the artifact (the requested revision when there is no gate)."""
+        if self.request.evaluation is None:
+            return None, destination(self.request, None)
+        self.lifecycle.to(State.JUDGING)
+        if result.evaluation is None:
+            raise JobFailed("internal", "evaluate", "the child trained a request with an evaluation and reported none")
+        report = judge(self.request.evaluation, result.evaluation)
+        where = destination(self.request, report)
+        self.log.info("job.judged", verdict=report.verdict, published=where.published, branch=where.branch,
+                      failed=[rule.rule for rule in report.rules if rule.outcome == "failed"])
+        return report, where
 
-    async def _push(self, result: TrainResult) -> hub_push.PushResult:
+    async def _push(self, result: TrainResult, report: EvaluationReport | None, where: Destination) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
         card = model_card(
             self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
             dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
             local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag, tracking=result.tracking,
+            evaluation=report,
         )
         (artifact / "README.md").write_text(card)
-        pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings)
-        self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location)
+        pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr")
+        self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location, published=where.published)
         return pushed
-
-    def _succeeded(self, result: TrainResult, pushed: hub_push.PushResult, durations: dict[str, float], *, duplicate: bool = False) -> Succeeded:
-        """`succeeded` for a push and what trained it (FOUND_ON_THE_HUB for a commit an earlier run made)."""
-        return Succeeded(
-            **self.events.common(),
-            sink=pushed.sink,
-            repo_id=pushed.repo_id,
-            revision=pushed.revision,
-            commit_sha=pushed.commit_sha,
-            commit_url=pushed.commit_url,
-            location=pushed.location,
-            files=pushed.files,
-            # JSON has no NaN or infinity; a metric without a finite value is left out, not sent as null.
-            metrics={name: value for name, value in result.metrics.items() if math.isfinite(value)},
-            durations_s=durations,
-            versions=result.versions,
-            method=self.request.method,
-            trainer=result.trainer,
-            base_model=self.request.model.id,
-            base_model_revision=result.base_model_revision,
-            ref_model=self._ref_model(),
-            ref_model_revision=result.ref_model_revision,
-            dataset_fingerprint=result.dataset_fingerprint,
-            dataset_sources=result.dataset_sources,
-            tracking=result.tracking,
-            duplicate=duplicate,
-        )

@@ -1,15 +1,18 @@
 """A job's lifecycle as one state machine: its states, the transitions between them, and the one
 request that stops a job early (docs/architecture.md draws it).
 
-    QUEUED ──► TRAINING ──► PUSHING ──► SUCCEEDED
-      │  │        │            │
-      │  └────────┴────────────┴──► FAILED · RETRYING        (the job's outcome, published)
+    QUEUED ──► TRAINING ──► JUDGING ──► PUSHING ──► SUCCEEDED
+      │  │        │   └─────────┼────► PUSHING  ▲         (no evaluation: no gate)
+      │  │        │             └─────────────────┘ SUCCEEDED (failed the gate, on_fail 'none')
+      │  └────────┴──────────────────────┴──► FAILED · RETRYING  (the job's outcome, published)
       │           │
       └───────────┴──► CANCELLED                             (a cancel, before the push)
     any state that is not final ──► INTERRUPTED              (nothing published: read again)
 
-QUEUED also goes straight to PUSHING (an earlier attempt's artifact is complete on disk: nothing is
-trained twice) and to SUCCEEDED (the request already succeeded: answered as a duplicate). A final
+JUDGING is the gate (daemon/jobs/gate.py): the request's rules against the numbers the child measured
+after training; it decides where the artifact goes, and a failed gate is still SUCCEEDED (pushed to a
+pull request or a side branch, or nowhere). QUEUED also goes straight to PUSHING or JUDGING (an earlier
+attempt's artifact is complete on disk: nothing is trained twice) and to SUCCEEDED (the request already succeeded: answered as a duplicate). A final
 state is entered once its event is acknowledged; then only the commit is left. A job is stopped
 early by a `Stop`: a cancel (it ends CANCELLED, its child killed at once) or an interrupt (a daemon
 stop or a partition that moved: its child saves a checkpoint within the grace, nothing is
@@ -27,6 +30,7 @@ from typing import Literal
 class State(StrEnum):
     QUEUED = "queued"
     TRAINING = "training"
+    JUDGING = "judging"
     PUSHING = "pushing"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -39,8 +43,11 @@ OUTCOMES = frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCE
 FINAL = OUTCOMES | {State.INTERRUPTED}
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.QUEUED: frozenset({State.TRAINING, State.PUSHING, State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
-    State.TRAINING: frozenset({State.PUSHING, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
+    State.QUEUED: frozenset({
+        State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED,
+    }),
+    State.TRAINING: frozenset({State.JUDGING, State.PUSHING, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
+    State.JUDGING: frozenset({State.PUSHING, State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INTERRUPTED}),
     State.PUSHING: frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.INTERRUPTED}),
     **{state: frozenset() for state in FINAL},
 }

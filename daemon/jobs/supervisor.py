@@ -33,6 +33,9 @@ from schemas.request import RequestBase
 
 log = structlog.get_logger()
 
+# The stages in which a child reports every few seconds (training and evaluation steps), so silence means stuck.
+WATCHED_STAGES = frozenset({"train", "evaluate"})
+
 
 def event_stage(stage: str) -> Stage:
     """A child's stage as a `failed` event names it (the child's own `done` counts as `save`)."""
@@ -108,7 +111,9 @@ class Supervisor:
             await asyncio.gather(run, stall, return_exceptions=True)
         if not run.done() or run.cancelled():  # the stall ended it
             raise JobFailed(
-                "stalled", "train", f"no training step for {self.settings.stall_timeout_s} s (stall_timeout_s); the job was stopped",
+                "stalled", event_stage(self.stage),
+                f"no step of {'evaluation' if self.stage == 'evaluate' else 'training'} for {self.settings.stall_timeout_s} s (stall_timeout_s); "
+                "the job was stopped",
                 retryable=True,
             )
         outcome = run.result()  # what the child's end raised, if anything, is raised here
@@ -147,6 +152,6 @@ class Supervisor:
             return
         while True:
             await asyncio.sleep(min(limit / 4, 5.0))
-            if self.stage == "train" and time.monotonic() - self.last_heard > limit:
+            if self.stage in WATCHED_STAGES and time.monotonic() - self.last_heard > limit:
                 self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
                 return

@@ -1,0 +1,60 @@
+"""The `succeeded` event of a job, built in one place: for a push and what trained it, or for an
+earlier run's Hub commit found by its request id (`FOUND_ON_THE_HUB`)."""
+
+from __future__ import annotations
+
+import math
+
+from daemon.hub.push import PushResult
+from daemon.jobs.gate import Published
+from daemon.jobs.job_events import JobEvents
+from schemas.evaluation import EvaluationReport
+from schemas.events import Succeeded
+from schemas.job import TrainResult
+from schemas.request import RequestBase
+
+# What an earlier run's Hub commit, found by its request id, tells of its training: nothing the
+# daemon can vouch for (the metrics and versions were in that run's event).
+FOUND_ON_THE_HUB = TrainResult(
+    trainer="unknown: found by its Hub commit", metrics={}, base_model_revision=None, dataset_fingerprint=None, durations_s={}, versions={},
+)
+
+
+def _ref_model(request: RequestBase) -> str | None:
+    """The reference model a dpo or kto request named; None for the other methods and when the base was the reference."""
+    ref_model = getattr(request, "ref_model", None)
+    return ref_model.id if ref_model is not None else None
+
+
+def succeeded_event(
+    events: JobEvents, request: RequestBase, result: TrainResult, pushed: PushResult, durations: dict[str, float], *,
+    duplicate: bool = False, report: EvaluationReport | None = None, published: Published = "main",
+) -> Succeeded:
+    """`succeeded` for a push and what trained it (FOUND_ON_THE_HUB for a commit an earlier run made)."""
+    return Succeeded(
+        **events.common(),
+        sink=pushed.sink,
+        repo_id=pushed.repo_id,
+        revision=pushed.revision,
+        commit_sha=pushed.commit_sha,
+        commit_url=pushed.commit_url,
+        location=pushed.location,
+        files=pushed.files,
+        # JSON has no NaN or infinity; a metric without a finite value is left out, not sent as null.
+        metrics={name: value for name, value in result.metrics.items() if math.isfinite(value)},
+        durations_s=durations,
+        versions=result.versions,
+        method=request.method,
+        trainer=result.trainer,
+        base_model=request.model.id,
+        base_model_revision=result.base_model_revision,
+        ref_model=_ref_model(request),
+        ref_model_revision=result.ref_model_revision,
+        dataset_fingerprint=result.dataset_fingerprint,
+        dataset_sources=result.dataset_sources,
+        tracking=result.tracking,
+        duplicate=duplicate,
+        published=published,
+        pr_url=pushed.pr_url,
+        evaluation=report,
+    )

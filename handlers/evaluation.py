@@ -1,0 +1,117 @@
+"""Stage `evaluate`, in the job's own child after training: the request's `evaluation` measured on
+the eval rows, for the trained adapter and for each baseline, with the same trainer and settings.
+
+Each model is measured by the trainer's own `evaluate()` (the method's measure: loss, perplexity,
+preference accuracy and margins, a reward model's accuracy, GRPO's and RLOO's rewards on held-out
+prompts). A baseline is another LoRA adapter made active on the same model, so nothing is loaded
+twice and the trainer's own reference handling (DPO and KTO disable the active adapter for their
+reference) is the same for every model:
+
+- `base`: a fresh adapter of the same LoRA config, whose B matrices start at zero: exactly the base
+  model (PEFT's default initialisation);
+- `current`: the adapter now at `output.repo_id`@`output.revision` on the Hub, when there is one.
+
+The numbers go to the daemon, which judges them (daemon/jobs/gate.py); nothing here decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from peft import PeftModel
+from transformers import Trainer
+
+from handlers.reporting import StatusReporter
+from handlers.sources import check_download_size
+from schemas.evaluation import Baseline, EvaluationResult, Scores
+from schemas.job import JobFailed, JobSpec
+from schemas.request import RequestBase
+
+# What `evaluate()` reports of its own running, not of the model.
+_TIMINGS = frozenset({"epoch", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
+TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
+
+
+def _measure(trainer: Trainer, method: str) -> dict[str, float]:
+    metrics = {k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS}
+    if method == "sft" and "eval_loss" in metrics:
+        # Perplexity of the eval rows' completion tokens; a diverged loss is +inf, not an error.
+        metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
+    return metrics
+
+
+@contextmanager
+def _active(model: PeftModel, name: str) -> Iterator[None]:
+    """Make the adapter `name` the active one for the block, then the trained one again, and drop
+    `name` so that nothing of it is left on the model."""
+    model.set_adapter(name)
+    try:
+        yield
+    finally:
+        model.set_adapter(TRAINED)
+        model.delete_adapter(name)
+
+
+def _current_adapter(request: RequestBase, job: JobSpec) -> tuple[str, str] | str:
+    """The local folder and commit of the adapter at the request's target revision, or why there is none."""
+    output = request.output
+    try:
+        info = HfApi().model_info(output.repo_id, revision=output.revision, files_metadata=True)
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        return f"{output.repo_id}@{output.revision} does not exist yet"
+    except HfHubHTTPError as exc:
+        raise JobFailed("model_unavailable", "evaluate", f"evaluation.baselines: cannot read {output.repo_id}@{output.revision}: {exc!r}",
+                        retryable=True) from exc
+    files = {s.rfilename for s in info.siblings or []}
+    if "adapter_config.json" not in files:
+        return f"{output.repo_id}@{output.revision} holds no LoRA adapter (no adapter_config.json)"
+    check_download_size("evaluation.baselines", output.repo_id, [s.size for s in info.siblings or []], job.max_model_bytes, "max_model_bytes")
+    assert info.sha is not None
+    return snapshot_download(output.repo_id, revision=info.sha), info.sha
+
+
+def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter) -> EvaluationResult | None:
+    """The request's evaluation after training (None without one): every baseline first, then the
+    trained adapter, so the trainer's last logged evaluation is the adapter's."""
+    spec = request.evaluation
+    if spec is None:
+        return None
+    reporter.enter("evaluate")
+    model: Any = trainer.model
+    baselines: dict[Baseline, Scores] = {}
+    missing: dict[Baseline, str] = {}
+    for baseline in spec.baselines:
+        if not isinstance(model, PeftModel):
+            missing[baseline] = "a full fine-tune has no adapter to set aside"
+            continue
+        if baseline == "base":
+            model.add_adapter("base", copy.deepcopy(model.peft_config[TRAINED]))  # B = 0: the base model exactly
+            with _active(model, "base"):
+                baselines["base"] = Scores(metrics=_measure(trainer, request.method))
+            continue
+        found = _current_adapter(request, job)
+        if isinstance(found, str):
+            missing["current"] = found
+            continue
+        path, sha = found
+        model.load_adapter(path, adapter_name="current")
+        with _active(model, "current"):
+            baselines["current"] = Scores(metrics=_measure(trainer, request.method), revision=sha)
+    adapter = Scores(metrics=_measure(trainer, request.method))
+    training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    best = trainer.state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
+    rows = trainer.eval_dataset
+    return EvaluationResult(
+        adapter=adapter,
+        baselines=baselines,
+        missing_baselines=missing,
+        rows=len(rows) if hasattr(rows, "__len__") else None,  # type: ignore[arg-type]
+        nonfinite_losses=sum(1 for loss in training_losses if not math.isfinite(loss)),
+        best_checkpoint_step=int(best.rsplit("-", 1)[-1]) if best else None,
+    )

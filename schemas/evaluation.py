@@ -1,0 +1,155 @@
+"""Judging an adapter before it is published: the request's `evaluation` block (what is measured, on
+which baselines, and the gate that decides where the artifact goes), the numbers the child measures
+(`EvaluationResult`, on the status pipe), and what the `succeeded` event reports of them
+(`EvaluationReport`).
+
+The child measures; the daemon judges (daemon/jobs/gate.py), from the child's numbers alone, so the
+verdict of a job whose artifact is already on disk is the same on every attempt. A failed gate is
+not a failed job: the request ends `succeeded` with `published` saying where the artifact went.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from schemas.common import Frozen, branch_problem
+
+# A metric's name as TRL logs it (`eval_loss`, `eval_rewards/accuracies`): short, and nothing that
+# could be mistaken for a path or markup when it lands in the model card.
+METRIC_NAME = r"^[A-Za-z][A-Za-z0-9_./-]{0,127}$"
+MAX_GATE_RULES = 32
+
+Baseline = Literal["base", "current"]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class MethodSuite(Frozen):
+    """The method's own measure on the request's eval set (`dataset.eval` or `dataset.eval_split`),
+    by its TRL trainer's `evaluate()`: `eval_loss` (and for SFT `eval_perplexity`,
+    `eval_mean_token_accuracy`), preference accuracy and margins (`eval_rewards/accuracies`,
+    `eval_rewards/margins`) for DPO, KTO and ORPO, `eval_accuracy` for a reward model."""
+
+    kind: Literal["method"] = "method"
+
+
+# One kind of suite today; the block is a list of kinds so that generation scored by rewards and a
+# named task of an evaluation library can join it without changing its shape.
+Suite = Annotated[MethodSuite, Field(discriminator="kind")]
+
+
+class GateRule(Frozen):
+    """One comparison the adapter must pass: its `metric` at most (or at least) a bound. The bound is
+    the number itself, or, with `of`, that number times the baseline's value of the same metric
+    (`{"metric": "eval_loss", "at_most": 1.05, "of": "base"}`: no more than 5% above the base
+    model's loss). A rule on a baseline the job has none of (`current` on a repo without an adapter)
+    is judged `skipped`, not failed. A metric the adapter did not produce, or one that is not finite,
+    fails its rule."""
+
+    metric: str = Field(pattern=METRIC_NAME, description="The metric's name as the evaluation reports it, e.g. eval_loss.")
+    at_most: FiniteFloat | None = Field(None, description="Pass when the metric is no greater than this (times the baseline's value with `of`).")
+    at_least: FiniteFloat | None = Field(None, description="Pass when the metric is no less than this (times the baseline's value with `of`).")
+    of: Baseline | None = Field(None, description="Compare with this baseline's value of the same metric: 'base' (the base model) or 'current' (the adapter now at the target revision).")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> GateRule:
+        if (self.at_most is None) == (self.at_least is None):
+            raise ValueError("a gate rule has exactly one of 'at_most' and 'at_least'")
+        return self
+
+
+class EvaluationSpec(Frozen):
+    """Evaluate the adapter after training, in the job's own child, on held-out rows; judge it by
+    `gate`; publish it to `output.revision` when it passes, else where `on_fail` says."""
+
+    suites: list[Suite] = Field(default_factory=lambda: [MethodSuite()], min_length=1, max_length=4, description="What is measured; the method's own measure by default.")
+    baselines: list[Baseline] = Field(["base"], max_length=2, description=(
+        "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh LoRA adapter, zero at the start) and "
+        "'current' (the adapter at output.repo_id's output.revision, when there is one; its commit recorded)."
+    ))
+    gate: list[GateRule] = Field(default_factory=list, max_length=MAX_GATE_RULES, description="Every rule must pass for the adapter to be published to output.revision.")
+    require_finite_losses: bool = Field(True, description="Fail the gate when any training loss the trainer logged is NaN or infinite.")
+    on_fail: Literal["pr", "branch", "none"] = Field("pr", description=(
+        "Where an adapter that fails its gate goes: a Hub pull request against main ('pr', needs a Hub), the branch `fail_branch`, "
+        "or nowhere ('none': nothing is pushed; the artifact stays on the host)."
+    ))
+    fail_branch: str | None = Field(None, max_length=255, description="The branch for on_fail 'branch' (git's rules for a branch name); created from the default branch if missing.")
+
+    @field_validator("baselines")
+    @classmethod
+    def _distinct(cls, value: list[Baseline]) -> list[Baseline]:
+        if len(set(value)) != len(value):
+            raise ValueError("each baseline once")
+        return value
+
+    @field_validator("fail_branch")
+    @classmethod
+    def _branch(cls, value: str | None) -> str | None:
+        problem = branch_problem(value) if value is not None else None
+        if problem:
+            raise ValueError(f"not a branch name: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _where_a_failure_goes(self) -> EvaluationSpec:
+        if self.on_fail == "branch" and self.fail_branch is None:
+            raise ValueError("fail_branch: on_fail 'branch' needs the branch to push to")
+        if self.on_fail != "branch" and self.fail_branch is not None:
+            raise ValueError(f"fail_branch: only read with on_fail 'branch', not '{self.on_fail}'")
+        return self
+
+    def baseline_of_rules(self) -> set[Baseline]:
+        return {rule.of for rule in self.gate if rule.of is not None}
+
+
+class Scores(Frozen):
+    """One model's numbers on the eval rows, as its trainer's `evaluate()` returned them."""
+
+    # A diverged model's loss is NaN: it crosses the status pipe as the NaN constant, and the gate
+    # judges it (a rule on a value that is not finite fails).
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    metrics: dict[str, float]
+    revision: str | None = Field(None, description="The commit of the adapter evaluated, for the 'current' baseline.")
+
+
+class EvaluationResult(Frozen):
+    """What the child measured after training (part of its `result` message, kept in the journal)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    adapter: Scores
+    baselines: dict[Baseline, Scores] = Field(default_factory=dict, description="Each baseline the request asked for that the job had.")
+    missing_baselines: dict[Baseline, str] = Field(default_factory=dict, description="A baseline asked for that the job had none of, and why.")
+    rows: int | None = Field(description="How many eval rows each model was measured on; null for a streamed eval set.")
+    nonfinite_losses: int = Field(0, description="How many logged training losses were NaN or infinite.")
+    best_checkpoint_step: int | None = Field(None, description="With metric_for_best_model: the step of the best evaluated checkpoint, the one pushed.")
+
+
+class RuleOutcome(Frozen):
+    """One rule of the gate, judged: the adapter's value, the baseline's, the bound they made, and
+    whether it passed (`skipped`: the baseline it names is one the job has none of)."""
+
+    rule: str = Field(description="The rule as written, e.g. 'eval_loss at most 1.05 x base'.")
+    metric: str
+    value: float | None = Field(description="The adapter's value; null when it produced none or it was not finite.")
+    baseline: float | None = Field(None, description="The baseline's value, for a rule with `of`.")
+    bound: float | None = Field(description="What the value was compared with.")
+    outcome: Literal["passed", "failed", "skipped"]
+    reason: str | None = Field(None, description="Why it failed or was skipped.")
+
+
+class EvaluationReport(Frozen):
+    """The `evaluation` of a `succeeded` event: every number, each baseline's beside it, each rule's
+    outcome and the verdict. A value that is not finite is null (JSON has no NaN)."""
+
+    adapter: dict[str, float | None]
+    baselines: dict[Baseline, dict[str, float | None]] = Field(default_factory=dict)
+    baseline_revisions: dict[Baseline, str | None] = Field(default_factory=dict, description="The commit of the 'current' adapter evaluated.")
+    missing_baselines: dict[Baseline, str] = Field(default_factory=dict)
+    rows: int | None
+    nonfinite_losses: int
+    best_checkpoint_step: int | None = None
+    rules: list[RuleOutcome]
+    verdict: Literal["pass", "fail"]
