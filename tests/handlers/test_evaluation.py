@@ -1,0 +1,162 @@
+"""The request's `evaluation` (handlers/evaluation.py, daemon/jobs/gate.py): in the child, each model
+measured by its trainer on the eval rows; through the daemon, the gate's verdict deciding where the
+adapter goes on the (local) Hub: main, a pull request, judged against the adapter already there."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.cli.demo_requests import PREFERENCE_ROWS, PROMPT_ROWS
+from daemon.settings import Settings
+from schemas import Succeeded
+from schemas.job import TrainResult
+from testbed.client import run_to_end
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess
+from tests.helpers import example_request, run_handler
+
+EVAL_ROWS = CHAT_ROWS[:4]
+LOSS_GATE = {"metric": "eval_loss", "at_most": 1.0, "of": "base"}  # no worse than the base model
+
+
+def gated(request_id: str, evaluation: dict[str, Any], model: str | None = None, **overrides: Any) -> dict[str, Any]:
+    request = example_request("sft", request_id, dataset={"rows": CHAT_ROWS, "eval": {"rows": EVAL_ROWS}}, evaluation=evaluation, **overrides)
+    if model is not None:
+        request["model"] = {"id": model}
+    return request
+
+
+def test_the_adapter_and_the_base_are_measured_on_the_same_rows_and_only_the_adapter_is_saved(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    result, sent = run_handler(gated("eval-sft", {"gate": [LOSS_GATE]}, str(tiny_model_dir), training={
+        "max_steps": 8, "learning_rate": 5e-2, "per_device_train_batch_size": 2}), tmp_path)
+    assert isinstance(result, TrainResult), result
+    evaluation = result.evaluation
+    assert evaluation is not None and evaluation.rows == len(EVAL_ROWS) and evaluation.missing_baselines == {}
+    adapter, base = evaluation.adapter.metrics, evaluation.baselines["base"].metrics
+    assert {"eval_loss", "eval_perplexity", "eval_mean_token_accuracy"} <= set(adapter) and set(adapter) == set(base)
+    assert adapter["eval_perplexity"] == pytest.approx(math.exp(adapter["eval_loss"]))
+    assert adapter["eval_loss"] < base["eval_loss"]  # eight steps at 5e-2 on these rows: it learned them
+    assert evaluation.nonfinite_losses == 0 and evaluation.best_checkpoint_step is None
+    assert [m["stage"] for m in sent if m["kind"] == "stage"][-3:] == ["save", "evaluate", "done"]
+    assert "evaluate" in result.durations_s
+    # The baseline adapter was set aside: the artifact is the trained adapter alone, and B is not zero.
+    artifact = tmp_path / "artifact"
+    assert not [p for p in artifact.iterdir() if p.is_dir()]
+    weights = load_file(artifact / "adapter_model.safetensors")
+    assert all(".default." not in name and ".base." not in name for name in weights)
+    assert any(float(w.abs().sum()) > 0 for name, w in weights.items() if "lora_B" in name)
+
+
+def test_with_metric_for_best_model_the_best_evaluated_checkpoint_is_the_artifact(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    training = {
+        "max_steps": 6, "learning_rate": 5e-2, "per_device_train_batch_size": 2, "eval_strategy": "steps", "eval_steps": 2,
+        "save_steps": 2, "load_best_model_at_end": True, "metric_for_best_model": "eval_loss",
+    }
+    result, _ = run_handler(gated("eval-best", {"baselines": []}, str(tiny_model_dir), training=training), tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None
+    step = result.evaluation.best_checkpoint_step
+    assert step in (2, 4, 6)
+    best = load_file(tmp_path / "checkpoints" / f"checkpoint-{step}" / "adapter_model.safetensors")
+    pushed = load_file(tmp_path / "artifact" / "adapter_model.safetensors")
+    assert best.keys() == pushed.keys() and all(bool((best[k] == pushed[k]).all()) for k in best)
+
+
+def test_a_diverging_run_reports_its_losses_that_are_not_finite(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result, _ = run_handler(gated("eval-diverge", {"gate": [LOSS_GATE]}, str(tiny_model_dir), training={
+        "max_steps": 6, "learning_rate": 1e4, "per_device_train_batch_size": 2}), tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None
+    adapter, base = result.evaluation.adapter.metrics["eval_loss"], result.evaluation.baselines["base"].metrics["eval_loss"]
+    assert result.evaluation.nonfinite_losses > 0 or not math.isfinite(adapter) or adapter > base, (adapter, base)
+
+
+@pytest.mark.slow
+async def test_a_passing_gate_goes_to_main_and_a_diverged_run_into_a_pull_request(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings,
+) -> None:
+    training = {"max_steps": 8, "learning_rate": 5e-2, "per_device_train_batch_size": 2}
+    passed = (await run_to_end(shared_settings, gated("gate-pass", {"gate": [LOSS_GATE]}, training=training)))[-1]
+    assert isinstance(passed, Succeeded), passed
+    assert passed.published == "main" and passed.revision == "main" and passed.pr_url is None
+    assert passed.evaluation is not None and passed.evaluation.verdict == "pass"
+    assert passed.evaluation.rules[0].outcome == "passed" and passed.evaluation.baselines["base"]["eval_loss"] is not None
+    assert "evaluate" in passed.durations_s
+    [commit] = published.commits("results/gate-pass")
+    card = commit.files["README.md"].decode()
+    assert "## Evaluation" in card and "model-index" in card and "eval_loss (base)" in card and "gate verdict: **pass**" in card
+    assert published.pulls("results/gate-pass") == []
+
+    # The same request on a second repo, made to diverge (learning rate 1e4): it fails its gate,
+    # goes to a pull request, and main is untouched.
+    diverged = (await run_to_end(shared_settings, gated("gate-fail", {"gate": [LOSS_GATE]}, training={**training, "learning_rate": 1e4})))[-1]
+    assert isinstance(diverged, Succeeded), diverged
+    assert diverged.published == "pr" and diverged.revision == "refs/pr/1" and diverged.pr_url is not None
+    assert diverged.pr_url.endswith("/results/gate-fail/discussions/1")
+    assert diverged.evaluation is not None and diverged.evaluation.verdict == "fail"
+    assert published.commits("results/gate-fail") == []  # nothing on main
+    [pull] = published.pulls("results/gate-fail")
+    [commit] = published.commits("results/gate-fail", revision=pull.ref)
+    assert commit.sha == diverged.commit_sha and "gate verdict: **fail**" in commit.files["README.md"].decode()
+
+    # A second job on the repo that now has an adapter on main is judged against it too.
+    again = (await run_to_end(shared_settings, {
+        **gated("gate-pass-2", {"baselines": ["base", "current"], "gate": [{"metric": "eval_loss", "at_most": 1.5, "of": "current"}]}, training=training),
+        "output": {"repo_id": "results/gate-pass"},
+    }))[-1]
+    assert isinstance(again, Succeeded), again
+    assert again.evaluation is not None and again.evaluation.baseline_revisions.get("current") == passed.commit_sha
+    assert set(again.evaluation.baselines) == {"base", "current"}
+    assert again.evaluation.rules[0].baseline == again.evaluation.baselines["current"]["eval_loss"]
+    assert again.published == ("main" if again.evaluation.verdict == "pass" else "pr")
+
+
+HELD_OUT_PROMPTS = [
+    {"prompt": "One plus one equals", "answer": "two"},
+    {"prompt": "The capital of Italy is", "answer": "Rome"},
+    {"prompt": "Four plus four equals", "answer": "eight"},
+    {"prompt": "Kafka's partitions keep", "answer": "order"},
+]
+
+
+def test_grpo_is_scored_by_its_rewards_on_held_out_prompts_against_the_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+    request = example_request(
+        "grpo", "eval-grpo", dataset={"rows": PROMPT_ROWS, "eval": {"rows": HELD_OUT_PROMPTS}},
+        grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.0},
+        training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4},
+        evaluation={"gate": [{"metric": "eval_reward", "at_least": 1.0, "of": "base"}]},
+    )
+    request["model"] = {"id": str(tiny_model_dir)}
+    result, _ = run_handler(request, tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None and result.evaluation.rows == 4
+    adapter, base = result.evaluation.adapter.metrics, result.evaluation.baselines["base"].metrics
+    # The mean reward of the completions each model generated for the held-out prompts, and each reward function's.
+    assert {"eval_reward", "eval_rewards/exact_match/mean", "eval_rewards/length_penalty/mean"} <= set(adapter) & set(base)
+
+
+def test_dpo_reports_preference_accuracy_and_margins_and_the_base_is_its_own_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
+    request = example_request(
+        "dpo", "eval-dpo", dataset={"rows": PREFERENCE_ROWS, "eval": {"rows": PREFERENCE_ROWS[:2]}},
+        training={"max_steps": 4, "learning_rate": 5e-2, "per_device_train_batch_size": 2},
+        evaluation={"gate": [{"metric": "eval_rewards/accuracies", "at_least": 0.5}]},
+    )
+    request["model"] = {"id": str(tiny_model_dir)}
+    result, _ = run_handler(request, tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None
+    adapter, base = result.evaluation.adapter.metrics, result.evaluation.baselines["base"].metrics
+    assert {"eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"} <= set(adapter)
+    # The base baseline is the base model exactly, and DPO's reference is the base: its implicit
+    # rewards, and so its margins, are zero; the trained adapter's are not.
+    assert base["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6) and base["eval_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert adapter["eval_rewards/margins"] != pytest.approx(0.0, abs=1e-6)
