@@ -65,6 +65,10 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
     own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)."""
     # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
+    if request.evaluation is not None and request.evaluation.require_finite_losses:
+        # transformers logs the mean of earlier losses in place of a NaN one by default: the gate
+        # must see the NaN to fail on it. Logging only; the gradients are the same.
+        arguments["logging_nan_inf_filter"] = False
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
     arguments.update(derived)

@@ -150,6 +150,9 @@ class RequestBase(Frozen):
         for index, rule in enumerate(evaluation.gate):
             if rule.of is not None and rule.of not in evaluation.baselines:
                 return f"evaluation.gate[{index}].of: '{rule.of}' is not among evaluation.baselines {evaluation.baselines}"
+        if evaluation.require_finite_losses and self.training.logging_nan_inf_filter:
+            return ("training.logging_nan_inf_filter: true logs earlier losses in place of NaN ones, which "
+                    "evaluation.require_finite_losses looks for; leave it unset or set require_finite_losses false")
         if "base" in evaluation.baselines and self.peft is None:
             return "evaluation.baselines: 'base' is measured with the adapter disabled, and a full fine-tune (peft: null) has none"
         return None

@@ -114,11 +114,16 @@ def test_where_the_artifact_goes() -> None:
     ({"on_fail": "pr"}, None, {"repo_id": "results/x", "revision": "dev"}, "evaluation.on_fail", "use on_fail 'branch'"),
     ({"gate": [{"metric": "eval_loss", "at_most": 1, "of": "current"}]}, None, None, "evaluation.gate[0].of", "not among evaluation.baselines"),
     ({"on_fail": "branch", "fail_branch": "main"}, None, None, "evaluation.fail_branch", "must differ from output.revision"),
+    ({"require_finite_losses": True}, "nan-filter", None, "training.logging_nan_inf_filter", "looks for"),
 ])
 def test_an_evaluation_block_that_cannot_work_is_rejected_naming_its_field(
-    evaluation: dict[str, Any], dataset: dict[str, Any] | None, output: dict[str, Any] | None, path: str, words: str,
+    evaluation: dict[str, Any], dataset: dict[str, Any] | str | None, output: dict[str, Any] | None, path: str, words: str,
 ) -> None:
-    document = sft_request("gated", dataset=dataset or {"id": "adapterd-test/chat", "eval": EVAL_SET}, evaluation=evaluation)
+    filtered = dataset == "nan-filter"  # the request keeps transformers' NaN filter on
+    document = sft_request("gated", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET} if dataset in (None, "nan-filter") else dataset,
+                           evaluation=evaluation)
+    if filtered:
+        document["training"] = {**document["training"], "logging_nan_inf_filter": True}
     if output is not None:
         document["output"] = output
     rejection = decode_request(json.dumps(document).encode())

@@ -77,7 +77,8 @@ def test_a_diverging_run_reports_its_losses_that_are_not_finite(tiny_model_dir: 
     assert isinstance(result, TrainResult), result
     assert result.evaluation is not None
     adapter, base = result.evaluation.adapter.metrics["eval_loss"], result.evaluation.baselines["base"].metrics["eval_loss"]
-    assert result.evaluation.nonfinite_losses > 0 or not math.isfinite(adapter) or adapter > base, (adapter, base)
+    assert result.evaluation.nonfinite_losses > 0, result.evaluation  # seen: transformers' NaN filter is off for a gated job
+    assert not math.isfinite(adapter) or adapter > base, (adapter, base)
 
 
 @pytest.mark.slow
