@@ -88,6 +88,11 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("tracker-mlflow", "training.report_to", training={**valid.get("training", {}), "report_to": ["mlflow"]}),
         variant("tracker-tensorboard", "training.report_to", training={**valid.get("training", {}), "report_to": ["tensorboard"]}),
         variant("tracker-trackio", "training.report_to", training={**valid.get("training", {}), "report_to": ["trackio"]}),
+        # The evaluation block: a metric name that is a path and markup (it lands in the model card),
+        # a gate of a thousand rules, and a side branch that climbs out of the local sink.
+        variant("gate-metric", "evaluation.gate.0.metric", evaluation={"gate": [{"metric": "../../etc/passwd|<b>", "at_most": 1}]}),
+        variant("gate-rules", "evaluation.gate", evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}] * 1000}),
+        variant("gate-branch", "evaluation.fail_branch", evaluation={"on_fail": "branch", "fail_branch": "../../outside"}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]

@@ -136,3 +136,37 @@ def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(hub
     (artifact / "README.md").write_text("---\nbase_model: /abs/path/on/the/host\n---\n")
     with pytest.raises((PushFailed, ValueError), match="base_model"):  # the client checks the card before committing
         hub_push.push(artifact, request("push-bad-card"), hub_settings(hub, tmp_path, hub_push_attempts=1))
+
+
+def gated(request_id: str, **evaluation: object) -> SFTRequest:
+    return SFTRequest.model_validate({
+        "request_id": request_id, "method": "sft", "model": {"id": "tiny/base"},
+        "dataset": {"rows": [{"text": "x"}], "eval": {"rows": [{"text": "y"}]}}, "output": {"repo_id": f"pushes/{request_id}"},
+        "evaluation": evaluation,
+    })
+
+
+def test_a_pull_request_holds_the_commit_main_stays_and_a_redelivery_finds_it(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    settings, req = hub_settings(hub, tmp_path), gated("pr-1", on_fail="pr")
+    assert hub_push.find_commit(req, settings) is None
+    result = hub_push.push(artifact, req, settings, "main", create_pr=True)
+    [pull] = hub.pulls("pushes/pr-1")
+    assert (result.revision, result.pr_url) == ("refs/pr/1", f"{hub.endpoint}/pushes/pr-1/discussions/1")
+    assert pull.title == hub_push.commit_title(req)
+    assert hub.commits("pushes/pr-1") == []  # main untouched
+    [commit] = hub.commits("pushes/pr-1", revision="refs/pr/1")
+    assert commit.sha == result.commit_sha and "adapter_model.safetensors" in commit.files
+    # A redelivered request finds that commit in its pull request (one effect per request id).
+    found = hub_push.find_commit(req, settings)
+    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (result.commit_sha, "refs/pr/1", result.pr_url)
+    assert hub_push.find_commit(gated("pr-2", on_fail="pr"), settings) is None  # another request's id finds nothing there
+
+
+def test_a_side_branch_commit_is_found_again_and_the_local_sink_takes_no_pull_request(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+    settings, req = hub_settings(hub, tmp_path), gated("side-1", on_fail="branch", fail_branch="gate/failed")
+    result = hub_push.push(artifact, req, settings, "gate/failed")
+    assert result.revision == "gate/failed" and hub.commits("pushes/side-1") == []
+    found = hub_push.find_commit(req, settings)
+    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (result.commit_sha, "gate/failed", None)
+    with pytest.raises(PushFailed, match="needs the Hub"):
+        hub_push.push(artifact, gated("pr-local", on_fail="pr"), Settings(hub_token=None, work_dir=tmp_path), "main", create_pr=True)
