@@ -20,7 +20,7 @@ import copy
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -38,7 +38,8 @@ _TIMINGS = frozenset({"epoch", "eval_runtime", "eval_samples_per_second", "eval_
 TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
 
 
-def _measure(trainer: Trainer, method: str) -> dict[str, float]:
+def _measure(trainer: Trainer, method: str, reporter: StatusReporter, who: Literal["adapter", "base", "current"]) -> dict[str, float]:
+    reporter.evaluating = who  # its progress reports name the model measured
     metrics = {k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS}
     if method == "sft" and "eval_loss" in metrics:
         # Perplexity of the eval rows' completion tokens; a diverged loss is +inf, not an error.
@@ -93,7 +94,7 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         if baseline == "base":
             model.add_adapter("base", copy.deepcopy(model.peft_config[TRAINED]))  # B = 0: the base model exactly
             with _active(model, "base"):
-                baselines["base"] = Scores(metrics=_measure(trainer, request.method))
+                baselines["base"] = Scores(metrics=_measure(trainer, request.method, reporter, "base"))
             continue
         found = _current_adapter(request, job)
         if isinstance(found, str):
@@ -102,8 +103,9 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         path, sha = found
         model.load_adapter(path, adapter_name="current")
         with _active(model, "current"):
-            baselines["current"] = Scores(metrics=_measure(trainer, request.method), revision=sha)
-    adapter = Scores(metrics=_measure(trainer, request.method))
+            baselines["current"] = Scores(metrics=_measure(trainer, request.method, reporter, "current"), revision=sha)
+    adapter = Scores(metrics=_measure(trainer, request.method, reporter, "adapter"))
+    reporter.evaluating = None
     training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     best = trainer.state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
     rows = trainer.eval_dataset

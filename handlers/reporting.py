@@ -10,7 +10,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from transformers import TrainerCallback
@@ -45,6 +45,8 @@ class StatusReporter:
         self.durations_s: dict[str, float] = {}
         # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
         self.stop_requested = False
+        # The model the request's evaluation is measuring (handlers/evaluation.py), for its progress reports.
+        self.evaluating: Literal["adapter", "base", "current"] | None = None
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
@@ -103,6 +105,7 @@ class JobCallback(StepClock):
         self.last_sent_step = 0
         self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
         self.last_beat = float("-inf")
+        self.eval_batch = 0  # batches of the current evaluation pass
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.monotonic()
@@ -123,9 +126,24 @@ class JobCallback(StepClock):
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # An evaluation (during training, or the request's after it) takes no optimizer step: its
         # batches say the child is alive, for the watchdog that watches training and evaluation.
-        if time.monotonic() - self.last_beat >= HEARTBEAT_S:
-            self.last_beat = time.monotonic()
+        now = time.monotonic()
+        if now - self.last_beat >= HEARTBEAT_S:
+            self.last_beat = now
             self.reporter.send(Heartbeat(step=state.global_step))
+        if self.reporter.evaluating is None:
+            return  # an evaluation during training: its numbers are in the trainer's log
+        self.eval_batch += 1
+        batches = kwargs.get("eval_dataloader")
+        total = len(batches) if batches is not None and hasattr(batches, "__len__") else None
+        if now - self.last_sent_at >= self.job.progress_interval_s or self.eval_batch == total:
+            self.last_sent_at = now
+            self.reporter.send(ProgressReport(
+                step=state.global_step, total_steps=max(state.max_steps, 1), epoch=state.epoch, stage="evaluate",
+                evaluating=self.reporter.evaluating, eval_batch=self.eval_batch, eval_batches=total,
+            ))
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.eval_batch = 0  # the next model's pass counts its own batches
 
     def _stop_everywhere(self, args: Any) -> bool:
         """Whether any rank was asked to stop. Data-parallel ranks must stop at the same step, or

@@ -82,3 +82,9 @@ class TrainingProgress(Frozen):
     grad_norm: float | None = None
     eta_s: float | None = None
     tokens_per_s: float | None = None
+    # During the request's evaluation after training (stage `evaluate`): `step` stays the last
+    # training step, and these say which model is being measured and how far its pass has come.
+    stage: Literal["train", "evaluate"] = "train"
+    evaluating: Literal["adapter", "base", "current"] | None = None
+    eval_batch: int | None = None
+    eval_batches: int | None = None

@@ -35,7 +35,7 @@ def test_the_adapter_and_the_base_are_measured_on_the_same_rows_and_only_the_ada
     from safetensors.torch import load_file
 
     result, sent = run_handler(gated("eval-sft", {"gate": [LOSS_GATE]}, str(tiny_model_dir), training={
-        "max_steps": 8, "learning_rate": 5e-2, "per_device_train_batch_size": 2}), tmp_path)
+        "max_steps": 8, "learning_rate": 5e-2, "per_device_train_batch_size": 2, "per_device_eval_batch_size": 2}), tmp_path)
     assert isinstance(result, TrainResult), result
     evaluation = result.evaluation
     assert evaluation is not None and evaluation.rows == len(EVAL_ROWS) and evaluation.missing_baselines == {}
@@ -46,6 +46,12 @@ def test_the_adapter_and_the_base_are_measured_on_the_same_rows_and_only_the_ada
     assert evaluation.nonfinite_losses == 0 and evaluation.best_checkpoint_step is None
     assert [m["stage"] for m in sent if m["kind"] == "stage"][-3:] == ["save", "evaluate", "done"]
     assert "evaluate" in result.durations_s
+    # Progress while it evaluates: each model's pass, batch by batch, at the last training step.
+    evaluating = [m for m in sent if m["kind"] == "progress" and m["stage"] == "evaluate"]
+    assert [(m["evaluating"], m["eval_batch"], m["eval_batches"]) for m in evaluating] == [
+        ("base", 1, 2), ("base", 2, 2), ("adapter", 1, 2), ("adapter", 2, 2),  # 4 eval rows, 2 a batch
+    ]
+    assert all(m["step"] == m["total_steps"] == 8 for m in evaluating)
     # The baseline adapter was set aside: the artifact is the trained adapter alone, and B is not zero.
     artifact = tmp_path / "artifact"
     assert not [p for p in artifact.iterdir() if p.is_dir()]
