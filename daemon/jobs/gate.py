@@ -76,7 +76,7 @@ def judge(spec: EvaluationSpec, result: EvaluationResult) -> EvaluationReport:
     return EvaluationReport(
         adapter={name: _finite(value) for name, value in result.adapter.metrics.items()},
         baselines={name: {k: _finite(v) for k, v in scores.metrics.items()} for name, scores in result.baselines.items()},
-        baseline_revisions={name: scores.revision for name, scores in result.baselines.items()},
+        baseline_revisions={name: scores.revision for name, scores in result.baselines.items() if scores.revision is not None},
         missing_baselines=dict(result.missing_baselines),
         rows=result.rows,
         nonfinite_losses=result.nonfinite_losses,
