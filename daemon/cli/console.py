@@ -4,7 +4,7 @@ readable line per other event; for `adapterd submit --wait` and the demo."""
 from __future__ import annotations
 
 from daemon.kafka.event_reader import EventStream
-from schemas import TERMINAL_TYPES, Event, Progress
+from schemas import TERMINAL_TYPES, Event, Progress, Succeeded
 
 
 async def follow_to_end(stream: EventStream, request_id: str) -> int:
@@ -22,6 +22,9 @@ async def follow_to_end(stream: EventStream, request_id: str) -> int:
     with ProgressBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task(f"{request_id}: waiting", total=None)
         async for event in stream.events(request_id):
+            if isinstance(event, Progress) and event.stage == "evaluate":
+                bar.update(task, description=f"{request_id}: evaluating the {event.evaluating}", completed=event.eval_batch, total=event.eval_batches)
+                continue
             if isinstance(event, Progress):
                 loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
                 bar.update(task, description=f"{request_id}: step{loss}", completed=event.step, total=event.total_steps)
@@ -43,4 +46,11 @@ def describe(event: Event) -> str:
         "cancelled": lambda e: e.reason,
     }
     detail = details.get(event.type)
-    return f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
+    line = f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
+    if isinstance(event, Succeeded) and event.evaluation is not None:
+        line += f"\n  gate {event.evaluation.verdict}, published to {event.published}" + (f" {event.pr_url}" if event.pr_url else f" ({event.revision})")
+        for rule in event.evaluation.rules:
+            value = "n/a" if rule.value is None else f"{rule.value:.4g}"
+            numbers = f" ({value} against {rule.bound:.4g})" if rule.bound is not None else ""
+            line += f"\n  {rule.outcome}: {rule.rule}{numbers}" + (f": {rule.reason}" if rule.reason else "")
+    return line

@@ -3,7 +3,9 @@
 Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submits one request of
 the method (SFT unless named; `sft-vision`, `dpo-vision`, `grpo-vision` train a tiny
 vision-language model on rows with images) on inline rows, follows it with a progress bar (loss, ETA) and a line
-per event, and ends with where the adapter is and the three lines of Python that load it.
+per event, and ends with where the adapter is and the three lines of Python that load it. With
+`--gate`, two SFT requests judged by a gate before publishing: one passes (to main), one made to
+diverge fails (to a side branch: the local sink has no pull requests).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
-from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, is_vision, known_methods
+from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods
 from daemon.hub.push import local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import LocalKafka
@@ -66,7 +68,7 @@ async def submit(settings: Settings, request: RequestBase) -> None:
         await producer.stop()
 
 
-async def run_demo(work_dir: Path, method: str) -> bool:
+async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
     work_dir = work_dir.resolve()
     print(f"adapterd demo ({method}): working in {work_dir}")
     shutil.rmtree(work_dir / "kafka", ignore_errors=True)  # each demo starts from empty topics
@@ -95,18 +97,27 @@ async def run_demo(work_dir: Path, method: str) -> bool:
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
-        request = demo_request(method, model_dir)
+        requests = gated_demo_requests(model_dir) if gate else [demo_request(method, model_dir)]
+        outcomes = []
         try:
-            async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
-                await submit(settings, request)
-                print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
-                outcome = await follow_to_end(stream, request.request_id)
+            for request in requests:
+                async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
+                    await submit(settings, request)
+                    print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
+                    outcomes.append(await follow_to_end(stream, request.request_id))
         finally:
             service.request_stop()
             await daemon
-        if outcome != 0:
-            print(f"the request did not succeed; the job's own log is in {settings.jobs_dir / request.request_id}")
-            return False
+        for request, outcome in zip(requests, outcomes, strict=False):
+            if outcome != 0:
+                print(f"the request did not succeed; the job's own log is in {settings.jobs_dir / request.request_id}")
+                return False
+        if gate:
+            passed, failed = local_target(requests[0], settings), local_target(requests[1], settings, "gate-failed")
+            print(f"\nthe adapter that passed its gate is in {passed} (main); the diverged one failed it and is in {failed}, "
+                  "beside main, not in it (with a Hub token it would be a pull request)")
+            return True
+        request = requests[0]
         adapter_dir = local_target(request, settings)
         print(f"\nthe adapter is in {adapter_dir}\nload it with:\n")
         print(loading_snippet(request, adapter_dir, vision=is_vision(method)))
@@ -124,10 +135,10 @@ def method_problem(method: str) -> str | None:
     return None if reason is None else f"{reason}; this host can run: {available}"
 
 
-def main(work_dir: Path, method: str = "sft") -> int:
-    problem = method_problem(method)
+def main(work_dir: Path, method: str = "sft", gate: bool = False) -> int:
+    problem = method_problem(method) or ("--gate shows the sft demo judged by a gate" if gate and method != "sft" else None)
     if problem is not None:
         print(f"adapterd demo: {problem}", file=sys.stderr)
         return 2
     configure_logging("console", "warning")
-    return 0 if asyncio.run(run_demo(work_dir, method)) else 1
+    return 0 if asyncio.run(run_demo(work_dir, method, gate)) else 1

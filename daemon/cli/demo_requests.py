@@ -125,6 +125,34 @@ def demo_request(name: str, model_dir: Path) -> RequestBase:
     return decoded
 
 
+# The gate of `adapterd demo --gate`: the adapter's loss on the demo's rows no worse than the base
+# model's, and every logged loss finite. The local sink has no pull requests: a failure goes to a branch.
+DEMO_GATE = {
+    "gate": [{"metric": "eval_loss", "at_most": 1.0, "of": "base"}],
+    "on_fail": "branch", "fail_branch": "gate-failed",
+}
+
+
+def gated_demo_requests(model_dir: Path) -> list[RequestBase]:
+    """`adapterd demo --gate`: the SFT demo judged by DEMO_GATE, as trained (it passes: to main) and
+    at a learning rate of 1e4 (it diverges, fails, and goes to the branch)."""
+    requests = []
+    for name, learning_rate in (("passes", 5e-3), ("diverges", 1e4)):
+        base = demo_request("sft", model_dir).model_dump(mode="json", exclude_unset=True)
+        base.update(
+            request_id=f"{base['request_id']}-{name}",
+            dataset={"rows": CHAT_ROWS, "eval": {"rows": CHAT_ROWS}},
+            training={**base["training"], "learning_rate": learning_rate},
+            output={**base["output"], "repo_id": "demo/tiny-sft-gated-adapter"},
+            evaluation=DEMO_GATE,
+        )
+        decoded = decode_request(json.dumps(base).encode())
+        if not isinstance(decoded, RequestBase):
+            raise ValueError(f"the demo's gated request is invalid: {decoded.errors}")
+        requests.append(decoded)
+    return requests
+
+
 def known_methods() -> list[str]:
     """What the demo runs: every method, and the vision-language demo of each method that has one."""
     return [*REQUEST_MODELS, *(f"{name}{VISION_SUFFIX}" for name, row in METHODS.items() if row.vision)]

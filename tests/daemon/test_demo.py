@@ -31,6 +31,25 @@ def test_an_unknown_method_exits_2_naming_the_available_ones(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+def test_the_gate_demo_publishes_the_adapter_that_passes_and_sets_aside_the_one_that_diverged(tmp_path: Path) -> None:
+    result = demo("--gate", "--work-dir", str(tmp_path / "demo"), home=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "gate pass, published to main (main)" in result.stderr and "gate fail, published to branch (gate-failed)" in result.stderr
+    assert "failed: every logged training loss finite: " in result.stderr  # the diverged run's NaN losses, counted
+    outputs = tmp_path / "demo" / "outputs" / "demo"
+    main, side = outputs / "tiny-sft-gated-adapter", outputs / "tiny-sft-gated-adapter@gate-failed"
+    assert f"passed its gate is in {main} (main)" in result.stdout and f"is in {side}" in result.stdout
+    assert "gate verdict: **pass**" in (main / "README.md").read_text() and "gate verdict: **fail**" in (side / "README.md").read_text()
+    assert "\x1b" not in output
+
+
+def test_the_gate_demo_is_the_sft_demo(tmp_path: Path) -> None:
+    result = demo("--gate", "--method", "dpo", "--work-dir", str(tmp_path / "demo"), home=tmp_path, timeout_s=120)
+    assert result.returncode == 2 and "--gate shows the sft demo" in result.stderr
+
+
+@pytest.mark.slow
 def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path: Path) -> None:
     """The README's main command as written (`adapterd demo`, built-in defaults, SFT) on a fresh work
     dir and with no network: its lifecycle and progress bar, no escape codes or error lines, and the
