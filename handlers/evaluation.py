@@ -9,7 +9,8 @@ reference) is the same for every model:
 
 - `base`: a fresh adapter of the same LoRA config, whose B matrices start at zero: exactly the base
   model (PEFT's default initialisation);
-- `current`: the adapter now at `output.repo_id`@`output.revision` on the Hub, when there is one.
+- `current`: the adapter now at `output.repo_id`@`output.revision` on the Hub (or, on a host
+  without one, in its local sink), when there is one.
 
 The numbers go to the daemon, which judges them (daemon/jobs/gate.py); nothing here decides.
 """
@@ -59,9 +60,14 @@ def _active(model: PeftModel, name: str) -> Iterator[None]:
         model.delete_adapter(name)
 
 
-def _current_adapter(request: RequestBase, job: JobSpec) -> tuple[str, str] | str:
-    """The local folder and commit of the adapter at the request's target revision, or why there is none."""
+def _current_adapter(request: RequestBase, job: JobSpec) -> tuple[str, str | None] | str:
+    """The local folder and commit of the adapter at the request's target revision, or why there is
+    none. On a host without a Hub, the local sink's folder the daemon named (no commit), if any."""
     output = request.output
+    if not job.hub:
+        if job.local_current_adapter is None:
+            return f"the local sink holds no adapter for {output.repo_id}@{output.revision}"
+        return str(job.local_current_adapter), None
     try:
         info = HfApi().model_info(output.repo_id, revision=output.revision, files_metadata=True)
     except (RepositoryNotFoundError, RevisionNotFoundError):

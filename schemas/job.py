@@ -42,6 +42,8 @@ class JobSpec(Frozen):
     images: ImageBounds = Field(default_factory=ImageBounds, description="The operator's bounds on a vision-language job's images.")
     tensorboard_dir: Path | None = Field(None, description="The operator's TensorBoard folder: the job's event files go to <it>/<request_id>.")
     traceparent: str | None = Field(None, description="The request's W3C traceparent: the child logs it and exports it as TRACEPARENT.")
+    hub: bool = Field(True, description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.")
+    local_current_adapter: Path | None = Field(None, description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from daemon.admission.policy import report_to
+from daemon.hub.push import local_target
 from daemon.settings import Settings
 from schemas.job import JobSpec
 from schemas.request import RequestBase
@@ -32,4 +33,15 @@ def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparen
         images=settings.image_bounds,
         traceparent=traceparent,
         tensorboard_dir=settings.tensorboard_dir,
+        hub=settings.hub_token is not None,
+        local_current_adapter=_local_current_adapter(request, settings),
     )
+
+
+def _local_current_adapter(request: RequestBase, settings: Settings) -> Path | None:
+    """For the `current` baseline on a host without a Hub: the adapter the local sink holds at the
+    request's target, when there is one (the child reads no other host path for it)."""
+    if settings.hub_token is not None or request.evaluation is None or "current" not in request.evaluation.baselines:
+        return None
+    target = local_target(request, settings)
+    return target if (target / "adapter_config.json").is_file() else None

@@ -211,3 +211,18 @@ def test_a_pull_request_needs_a_hub(settings: Settings) -> None:
     assert isinstance(request, RequestBase)
     errors = policy_errors(request, settings.model_copy(update={"allowed_datasets": ["*"], "allowed_models": ["*"]}))
     assert [(e.path, "needs the Hub" in e.message) for e in errors] == [("evaluation.on_fail", True)]
+
+
+async def test_a_second_job_is_told_where_the_local_sinks_current_adapter_is(settings: Settings) -> None:
+    children = scripted(result({"eval_loss": 2.0}, base={"eval_loss": 2.0}))
+    core = Core(settings, children=children)
+    await run_gated(core, {**GATE, "on_fail": "none"})
+    first = children.taken[-1].spec
+    assert first is not None and first.hub is False and first.local_current_adapter is None  # 'current' not asked for
+    document = sft_request("gated-2", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, output={"repo_id": "results/gated"},
+                           evaluation={"baselines": ["base", "current"], "on_fail": "none"})
+    record = core.record(document, 4)
+    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is Offered.STARTED
+    await core.scheduler.jobs[core.tp].task
+    second = children.taken[-1].spec
+    assert second is not None and second.local_current_adapter == settings.outputs_dir.resolve() / "results" / "gated"

@@ -167,3 +167,22 @@ def test_dpo_reports_preference_accuracy_and_margins_and_the_base_is_its_own_ref
     # rewards, and so its margins, are zero; the trained adapter's are not.
     assert base["eval_rewards/margins"] == pytest.approx(0.0, abs=1e-6) and base["eval_loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert adapter["eval_rewards/margins"] != pytest.approx(0.0, abs=1e-6)
+
+
+def test_on_a_host_without_a_hub_the_current_adapter_is_the_local_sinks(tiny_model_dir: Path, tmp_path: Path) -> None:
+    training = {"max_steps": 4, "learning_rate": 5e-2, "per_device_train_batch_size": 2}
+    first, _ = run_handler(gated("local-1", {"baselines": []}, str(tiny_model_dir), training=training), tmp_path / "first")
+    assert isinstance(first, TrainResult), first
+    evaluation = {"baselines": ["base", "current"], "gate": [{"metric": "eval_loss", "at_most": 1.0, "of": "current"}]}
+    # No adapter at the target yet: the baseline is missing, and nothing is asked of a Hub.
+    alone, _ = run_handler(gated("local-2", evaluation, str(tiny_model_dir), training=training), tmp_path / "alone", hub=False)
+    assert isinstance(alone, TrainResult) and alone.evaluation is not None, alone
+    assert set(alone.evaluation.baselines) == {"base"} and "local sink holds no adapter" in alone.evaluation.missing_baselines["current"]
+    second, _ = run_handler(gated("local-2", evaluation, str(tiny_model_dir), training=training), tmp_path / "second",
+                            hub=False, local_current_adapter=tmp_path / "first" / "artifact")
+    assert isinstance(second, TrainResult) and second.evaluation is not None, second
+    current = second.evaluation.baselines["current"]
+    # The same weights on the same rows: the first job's own number, and not the base's.
+    assert first.evaluation is not None and current.revision is None
+    assert current.metrics["eval_loss"] == pytest.approx(first.evaluation.adapter.metrics["eval_loss"], rel=1e-4)
+    assert current.metrics["eval_loss"] != pytest.approx(second.evaluation.baselines["base"].metrics["eval_loss"], rel=1e-4)
