@@ -107,7 +107,11 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing["current"] = found
             continue
         path, sha = found
-        model.load_adapter(path, adapter_name="current")
+        try:
+            model.load_adapter(path, adapter_name="current")
+        except (RuntimeError, ValueError, KeyError, OSError) as exc:  # another base's shapes, a broken file
+            missing["current"] = f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[:500]
+            continue
         with _active(model, "current"):
             baselines["current"] = Scores(metrics=_measure(trainer, request.method, reporter, "current"), revision=sha)
     adapter = Scores(metrics=_measure(trainer, request.method, reporter, "adapter"))

@@ -132,12 +132,13 @@ class JobRunner:
                 return earlier
             result, first_step_at = await self._trained()
             report, where = self._judged(result)
+            self._write_card(result, report)  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()
             if where.published == "none":
                 pushed = hub_push.kept_on_host(self.job_dir / "artifact", self.request, self.settings)
             else:
                 self.lifecycle.to(State.PUSHING)
-                pushed = await self._push(result, report, where)
+                pushed = await self._push(where)
         except JobFailed as failure:
             self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
             if failure.retryable and self.attempt < self.settings.max_attempts:
@@ -205,15 +206,17 @@ class JobRunner:
                       failed=[rule.rule for rule in report.rules if rule.outcome == "failed"])
         return report, where
 
-    async def _push(self, result: TrainResult, report: EvaluationReport | None, where: Destination) -> hub_push.PushResult:
-        artifact = self.job_dir / "artifact"
+    def _write_card(self, result: TrainResult, report: EvaluationReport | None) -> None:
         card = model_card(
             self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
             dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
             local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag, tracking=result.tracking,
             evaluation=report,
         )
-        (artifact / "README.md").write_text(card)
+        (self.job_dir / "artifact" / "README.md").write_text(card)
+
+    async def _push(self, where: Destination) -> hub_push.PushResult:
+        artifact = self.job_dir / "artifact"
         pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr")
         self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location, published=where.published)
         return pushed

@@ -195,6 +195,7 @@ async def test_a_failing_gate_with_on_fail_none_publishes_nothing(settings: Sett
     assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.SUCCEEDED]  # no push
     assert event["published"] == "none" and event["commit_sha"] is None
     assert Path(event["location"]) == settings.jobs_dir / "gated" / "artifact"
+    assert "gate verdict: **fail**" in Path(event["location"], "README.md").read_text()  # the card says why it stayed
     assert not settings.outputs_dir.exists() or not any(settings.outputs_dir.rglob("*"))
     assert [rule["outcome"] for rule in event["evaluation"]["rules"]] == ["failed", "failed"]
 
