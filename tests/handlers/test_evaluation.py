@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS, PROMPT_ROWS
+from daemon.cli.demo_requests import LABELLED_ROWS, PREFERENCE_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from schemas.job import TrainResult
@@ -186,3 +186,27 @@ def test_on_a_host_without_a_hub_the_current_adapter_is_the_local_sinks(tiny_mod
     assert first.evaluation is not None and current.revision is None
     assert current.metrics["eval_loss"] == pytest.approx(first.evaluation.adapter.metrics["eval_loss"], rel=1e-4)
     assert current.metrics["eval_loss"] != pytest.approx(second.evaluation.baselines["base"].metrics["eval_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["kto", "reward", "orpo", "rloo"])
+def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    rows = {"kto": LABELLED_ROWS, "reward": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "rloo": PROMPT_ROWS}[method]
+    eval_rows = HELD_OUT_PROMPTS if method == "rloo" else rows[:2]
+    extra: dict[str, Any] = {"rloo": {"num_generations": 4, "max_completion_length": 8}}.get(method, {})
+    request = example_request(
+        method, f"eval-{method}", dataset={"rows": rows, "eval": {"rows": eval_rows}},
+        training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 4 if method == "rloo" else 2,
+                  "per_device_eval_batch_size": 4 if method == "rloo" else 2},
+        evaluation={"gate": [{"metric": "eval_loss" if method != "rloo" else "eval_reward", "at_most": 1e9}]},
+        **({method: {**example_request(method, "x").get(method, {}), **extra}} if extra else {}),
+    )
+    request["model"] = {"id": str(tiny_model_dir)}
+    if "rewards" in request:
+        request["rewards"].pop("model", None)  # the example's reward model is a Hub repo; its functions suffice
+    result, _ = run_handler(request, tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None
+    adapter, base = result.evaluation.adapter.metrics, result.evaluation.baselines["base"].metrics
+    assert adapter and set(adapter) == set(base), (adapter, base)
+    assert ("eval_reward" if method == "rloo" else "eval_loss") in adapter
+    assert not [p for p in (tmp_path / "artifact").iterdir() if p.is_dir()]  # the baseline adapter is not saved
