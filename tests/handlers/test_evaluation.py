@@ -135,20 +135,27 @@ HELD_OUT_PROMPTS = [
 ]
 
 
-def test_grpo_is_scored_by_its_rewards_on_held_out_prompts_against_the_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.slow
+async def test_grpo_is_scored_by_its_rewards_on_held_out_prompts_against_the_base(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings,
+) -> None:
     request = example_request(
         "grpo", "eval-grpo", dataset={"rows": PROMPT_ROWS, "eval": {"rows": HELD_OUT_PROMPTS}},
         grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.0},
         training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 4, "per_device_eval_batch_size": 4},
-        evaluation={"gate": [{"metric": "eval_reward", "at_least": 1.0, "of": "base"}]},
+        evaluation={"gate": [{"metric": "eval_reward", "at_least": 1.0, "of": "base"}], "on_fail": "none"},
     )
-    request["model"] = {"id": str(tiny_model_dir)}
-    result, _ = run_handler(request, tmp_path)
-    assert isinstance(result, TrainResult), result
-    assert result.evaluation is not None and result.evaluation.rows == 4
-    adapter, base = result.evaluation.adapter.metrics, result.evaluation.baselines["base"].metrics
+    request["rewards"].pop("model", None)  # the example's reward model is a Hub repo; its functions suffice
+    done = (await run_to_end(shared_settings, request))[-1]
+    assert isinstance(done, Succeeded), done
+    assert done.evaluation is not None and done.evaluation.rows == len(HELD_OUT_PROMPTS)
+    adapter, base = done.evaluation.adapter, done.evaluation.baselines["base"]
     # The mean reward of the completions each model generated for the held-out prompts, and each reward function's.
     assert {"eval_reward", "eval_rewards/exact_match/mean", "eval_rewards/length_penalty/mean"} <= set(adapter) & set(base)
+    [rule] = [r for r in done.evaluation.rules if r.metric == "eval_reward"]
+    assert (rule.value, rule.baseline) == (adapter["eval_reward"], base["eval_reward"])
+    assert done.published == ("main" if done.evaluation.verdict == "pass" else "none")
+    assert len(published.commits("results/eval-grpo")) == (1 if done.published == "main" else 0)
 
 
 def test_dpo_reports_preference_accuracy_and_margins_and_the_base_is_its_own_reference(tiny_model_dir: Path, tmp_path: Path) -> None:
