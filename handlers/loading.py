@@ -136,6 +136,17 @@ def check_columns(request: RequestBase, dataset: AnyDataset) -> None:
         raise JobFailed("dataset_invalid", "preflight", problem)
 
 
+def _carved(rows: AnyDataset, fraction: float, seed: int) -> tuple[AnyDataset, AnyDataset]:
+    """`fraction` of the rows as the eval set and the rest to train on, chosen by `seed`: the same
+    split on every attempt (TRL's own split is unseeded). The schema keeps a stream from getting here."""
+    assert not isinstance(rows, IterableDataset)
+    try:
+        parts = rows.train_test_split(test_size=fraction, seed=seed)
+    except ValueError as exc:  # too few rows for the fraction to leave a row on each side
+        raise JobFailed("dataset_invalid", "load_dataset", f"dataset.test_split_size: {fraction} of {len(rows)} rows: {exc}") from exc
+    return parts["train"], parts["test"]
+
+
 def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tuple[AnyDataset, AnyDataset | None, list[ResolvedSource]]:
     """The training rows (one source, or a mixture interleaved by proportion) and the eval rows (a
     split of the same source, or a source of its own), columns renamed, at most `max_samples` rows,
@@ -171,6 +182,8 @@ def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tup
             "dataset_unavailable", "load_dataset", f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
             retryable=isinstance(exc, HfHubHTTPError | TransportError) and is_transient(_http_status(exc)),
         ) from exc
+    if spec.test_split_size is not None:
+        train, evaluation = _carved(train, spec.test_split_size, seed)
     if spec.max_samples is not None:
         train = _at_most(train, spec.max_samples)
     if isinstance(train, IterableDataset):

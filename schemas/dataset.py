@@ -114,6 +114,10 @@ class DatasetSpec(SourceSpec):
     max_samples: int | None = Field(None, ge=1, description="Use at most this many rows of the training split.")
     eval_split: str | None = Field(None, description="A split of the same dataset to evaluate on.")
     eval: SourceSpec | None = Field(None, description="An evaluation set from a source of its own.")
+    test_split_size: float | None = Field(None, gt=0, lt=1, description=(
+        "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this fraction of them, "
+        "chosen by training.seed (42 when unset), the same rows on every attempt; TRL's DatasetMixtureConfig name."
+    ))
     mixture: list[MixtureComponent] | None = Field(None, min_length=2, max_length=16, description="Several sources, interleaved by proportion.")
     streaming: bool = Field(False, description="Read rows as training goes, for sets larger than the disk; needs training.max_steps.")
 
@@ -126,8 +130,10 @@ class DatasetSpec(SourceSpec):
                 "give exactly one of 'id' (a Hub dataset), 'url' or 'files' (object storage or a local root), "
                 "'rows' (inline rows) or 'mixture'"
             )
-        if self.eval is not None and self.eval_split is not None:
-            raise ValueError("give either 'eval_split' or 'eval', not both")
+        if sum(x is not None for x in (self.eval, self.eval_split, self.test_split_size)) > 1:
+            raise ValueError("give one of 'eval_split', 'eval' and 'test_split_size'")
+        if self.test_split_size is not None and self.streaming:
+            raise ValueError("test_split_size: a stream has no length to carve a fraction of; give an eval set as 'eval' or 'eval_split'")
         if self.mixture is not None and self.columns:
             raise ValueError("a mixture's columns are renamed per source ('mixture.N.columns')")
 

@@ -26,7 +26,8 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 class MethodSuite(Frozen):
-    """The method's own measure on the request's eval set (`dataset.eval` or `dataset.eval_split`),
+    """The method's own measure on the request's eval set (`dataset.eval`, `dataset.eval_split` or
+    `dataset.test_split_size`),
     by its TRL trainer's `evaluate()`: `eval_loss` (and for SFT `eval_perplexity`,
     `eval_mean_token_accuracy`), preference accuracy and margins (`eval_rewards/accuracies`,
     `eval_rewards/margins`) for DPO, KTO and ORPO, `eval_accuracy` for a reward model."""

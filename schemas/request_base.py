@@ -140,8 +140,8 @@ class RequestBase(Frozen):
         """Why this request cannot be evaluated as its `evaluation` block asks, or None."""
         if not METHODS[self.method].evaluates:
             return f"evaluation: method {self.method} has no evaluation in adapterd"
-        if self.dataset.eval is None and self.dataset.eval_split is None:
-            return "evaluation.suites: the method's own measure runs on an eval set: set dataset.eval or dataset.eval_split"
+        if self.dataset.eval is None and self.dataset.eval_split is None and self.dataset.test_split_size is None:
+            return "evaluation.suites: the method's own measure runs on an eval set: set dataset.eval, dataset.eval_split or dataset.test_split_size"
         if evaluation.on_fail == "pr" and self.output.revision != "main":
             return (f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
                     "use on_fail 'branch'")

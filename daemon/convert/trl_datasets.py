@@ -49,11 +49,10 @@ def carry_dataset(keys: Ledger) -> None:
         keys.put("dataset.eval_split", keys.get("dataset_test_split", SCRIPT_DEFAULTS["dataset_test_split"]), "dataset_test_split")
     elif not mixture:
         keys.drop("dataset_test_split", "unused: eval_strategy is 'no', so trl evaluates nothing", SCRIPT_DEFAULTS["dataset_test_split"])
-    if evaluates and "eval_split" not in keys.request.get("dataset", {}):
-        keys.drop("eval_strategy", "no eval set was carried (adapterd does not split a set: give dataset.eval or dataset.eval_split)", "no")
+    if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
+        keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
 
 def carry_mixture(keys: Ledger, entries: list[Any]) -> None:
-    keys.drop("test_split_size", "adapterd does not split a set into train and test; give an eval set as dataset.eval or dataset.eval_split", None)
     sources = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or "path" not in entry:
@@ -82,6 +81,7 @@ def carry_mixture(keys: Ledger, entries: list[Any]) -> None:
     if len(sources) == 1:
         sources[0].pop("proportion", None)
         keys.put("dataset", sources[0], "datasets")
+        _carry_test_split(keys)
         return
     with_share = [source for source in sources if "proportion" in source]
     if len(with_share) != len(sources):
@@ -89,6 +89,16 @@ def carry_mixture(keys: Ledger, entries: list[Any]) -> None:
                                       "and adapterd's mixture draws from each source by its proportion")
         return
     keys.put("dataset", {"mixture": sources}, "datasets")
+    _carry_test_split(keys)
+
+
+def _carry_test_split(keys: Ledger) -> None:
+    """A mixture's `test_split_size`: an eval set carved from its rows, as trl's get_dataset does."""
+    if keys.get("streaming", False):
+        keys.drop("test_split_size", "a stream has no length to carve a fraction of; give an eval set as dataset.eval or dataset.eval_split", None)
+    elif keys.get("test_split_size") is not None:
+        # trl's own split is unseeded; adapterd's is seeded by training.seed, so every attempt evaluates the same rows.
+        keys.put("dataset.test_split_size", keys.get("test_split_size"), "test_split_size")
 
 
 def dataset_source(name: Any, data_files: Any = None) -> dict[str, Any] | str:

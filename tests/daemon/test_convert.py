@@ -337,3 +337,24 @@ def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method:
         if method in row.methods:
             assert row.renamed.new in defaults and row.renamed.old not in defaults, row
     assert not {removed.key for removed in REMOVED if method in removed.methods} & set(defaults)
+
+
+def test_a_mixtures_test_split_size_carves_the_eval_set_it_evaluates_on(tmp_path: Path) -> None:
+    text = """\
+model_name_or_path: Qwen/Qwen2-0.5B
+datasets:
+  - path: trl-lib/Capybara
+    split: train
+    fraction: 1
+  - path: trl-lib/tldr
+    fraction: 1
+test_split_size: 0.1
+eval_strategy: steps
+eval_steps: 50
+hub_model_id: org/mix
+"""
+    code, request, stderr = convert(tmp_path, "sft.yaml", text)
+    assert code == 0, stderr
+    assert request is not None and request["dataset"]["test_split_size"] == 0.1 and len(request["dataset"]["mixture"]) == 2
+    assert request["training"]["eval_strategy"] == "steps"  # there is an eval set: trl's evaluation is carried
+    assert not [line for line in stderr if line.startswith(("test_split_size", "eval_strategy"))], stderr

@@ -110,7 +110,7 @@ def test_where_the_artifact_goes() -> None:
     ({"on_fail": "none", "fail_branch": "x"}, None, None, "evaluation", "only read with on_fail 'branch'"),
     ({"baselines": ["base", "base"]}, None, None, "evaluation.baselines", "each baseline once"),
     ({"suites": [{"kind": "lm_eval"}]}, None, None, "evaluation.suites.0", "kind"),
-    ({}, {"id": "adapterd-test/chat"}, None, "evaluation.suites", "set dataset.eval or dataset.eval_split"),
+    ({}, {"id": "adapterd-test/chat"}, None, "evaluation.suites", "set dataset.eval, dataset.eval_split or dataset.test_split_size"),
     ({"on_fail": "pr"}, None, {"repo_id": "results/x", "revision": "dev"}, "evaluation.on_fail", "use on_fail 'branch'"),
     ({"gate": [{"metric": "eval_loss", "at_most": 1, "of": "current"}]}, None, None, "evaluation.gate[0].of", "not among evaluation.baselines"),
     ({"on_fail": "branch", "fail_branch": "main"}, None, None, "evaluation.fail_branch", "must differ from output.revision"),

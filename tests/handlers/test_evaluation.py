@@ -4,6 +4,7 @@ adapter goes on the (local) Hub: main, a pull request, judged against the adapte
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,24 @@ def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str,
     assert adapter and set(adapter) == set(base), (adapter, base)
     assert ("eval_reward" if method == "rloo" else "eval_loss") in adapter
     assert not [p for p in (tmp_path / "artifact").iterdir() if p.is_dir()]  # the baseline adapter is not saved
+
+
+def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(tmp_path: Path) -> None:
+    from handlers.loading import load_dataset_sources
+    from schemas.job import JobFailed, JobSpec
+    from schemas.request import SFTRequest
+
+    def split(fraction: float, seed: int) -> tuple[list[str], list[str]]:
+        request = SFTRequest.model_validate(example_request("sft", "carve", dataset={"rows": CHAT_ROWS, "test_split_size": fraction}))
+        job = JobSpec(request=request.model_dump(mode="json"), checkpoints=tmp_path / "c", artifact=tmp_path / "a", progress_interval_s=0)
+        train, evaluation, _ = load_dataset_sources(request.dataset, job, seed=seed)
+        assert evaluation is not None
+        return [json.dumps(r["messages"]) for r in train], [json.dumps(r["messages"]) for r in evaluation]
+
+    train, held_out = split(0.25, 42)
+    assert len(held_out) == 2 and len(train) == len(CHAT_ROWS) - 2
+    assert sorted(train + held_out) == sorted(json.dumps(r["messages"]) for r in CHAT_ROWS)  # a partition of the rows
+    assert split(0.25, 42) == (train, held_out)  # the next attempt evaluates the same rows
+    assert split(0.25, 7) != (train, held_out)  # chosen by the seed
+    with pytest.raises(JobFailed, match=rf"dataset.test_split_size: 0.9 of {len(CHAT_ROWS)} rows: .*train set will be empty"):
+        split(0.9, 42)  # nothing left to train on
