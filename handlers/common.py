@@ -189,7 +189,7 @@ def train_and_save(
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
     metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers
-    evaluation = evaluate(trainer, request, job, reporter)
+    evaluation = evaluate(trainer, request, job, reporter, data.eval)
     return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation)
 
 

@@ -28,9 +28,10 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from peft import PeftModel
 from transformers import Trainer
 
+from handlers.evaluation_rewards import score
 from handlers.reporting import StatusReporter
-from handlers.sources import check_download_size
-from schemas.evaluation import Baseline, EvaluationResult, Scores
+from handlers.sources import AnyDataset, check_download_size
+from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores
 from schemas.job import JobFailed, JobSpec
 from schemas.request import RequestBase
 
@@ -39,12 +40,23 @@ _TIMINGS = frozenset({"epoch", "eval_runtime", "eval_samples_per_second", "eval_
 TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
 
 
-def _measure(trainer: Trainer, method: str, reporter: StatusReporter, who: Literal["adapter", "base", "current"]) -> dict[str, float]:
+def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | None, reporter: StatusReporter,
+             who: Literal["adapter", "base", "current"]) -> dict[str, float]:
+    """The active model's numbers, suite by suite."""
+    assert request.evaluation is not None
     reporter.evaluating = who  # its progress reports name the model measured
-    metrics = {k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS}
-    if method == "sft" and "eval_loss" in metrics:
-        # Perplexity of the eval rows' completion tokens; a diverged loss is +inf, not an error.
-        metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
+    metrics: dict[str, float] = {}
+    for index, suite in enumerate(request.evaluation.suites):
+        if isinstance(suite, RewardsSuite):
+            assert eval_rows is not None  # the request's schema requires an eval set
+            assert trainer.processing_class is not None
+            tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's own tokenizer
+            metrics.update(score(trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}"))
+            continue
+        metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS})
+        if request.method == "sft" and "eval_loss" in metrics:
+            # Perplexity of the eval rows' completion tokens; a diverged loss is +inf, not an error.
+            metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
     return metrics
 
 
@@ -83,9 +95,10 @@ def _current_adapter(request: RequestBase, job: JobSpec) -> tuple[str, str | Non
     return snapshot_download(output.repo_id, revision=info.sha), info.sha
 
 
-def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter) -> EvaluationResult | None:
+def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, eval_rows: AnyDataset | None) -> EvaluationResult | None:
     """The request's evaluation after training (None without one): every baseline first, then the
-    trained adapter, so the trainer's last logged evaluation is the adapter's."""
+    trained adapter, so the trainer's last logged evaluation is the adapter's. `eval_rows`: the eval
+    set as loaded (the rewards suite reads its prompts and columns; the trainer has its own copy, tokenized)."""
     spec = request.evaluation
     if spec is None:
         return None
@@ -100,7 +113,7 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         if baseline == "base":
             model.add_adapter("base", copy.deepcopy(model.peft_config[TRAINED]))  # B = 0: the base model exactly
             with _active(model, "base"):
-                baselines["base"] = Scores(metrics=_measure(trainer, request.method, reporter, "base"))
+                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base"))
             continue
         found = _current_adapter(request, job)
         if isinstance(found, str):
@@ -113,12 +126,12 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing["current"] = f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[:500]
             continue
         with _active(model, "current"):
-            baselines["current"] = Scores(metrics=_measure(trainer, request.method, reporter, "current"), revision=sha)
-    adapter = Scores(metrics=_measure(trainer, request.method, reporter, "adapter"))
+            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current"), revision=sha)
+    adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter"))
     reporter.evaluating = None
     training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     best = trainer.state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
-    rows = trainer.eval_dataset
+    rows = trainer.eval_dataset if trainer.eval_dataset is not None else eval_rows
     return EvaluationResult(
         adapter=adapter,
         baselines=baselines,

@@ -12,6 +12,8 @@ SCHEMA_VERSION: Literal[1] = 1
 # A Hub repo id: "name" or "namespace/name" (HUB_ID inside other patterns, HUB_ID_PATTERN alone).
 HUB_ID = r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?"
 HUB_ID_PATTERN = rf"^{HUB_ID}$"
+# A model: a Hub repo id, or an absolute local path that the operator allows.
+MODEL_ID_PATTERN = rf"^(/\S+|{HUB_ID})$"
 
 # An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe;
 # it may not start with a dot ("." and ".." would name the work folder or the jobs folder itself).

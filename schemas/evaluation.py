@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.common import Frozen, branch_problem
+from schemas.rewards import RewardFunction
 
 # A metric's name as TRL logs it (`eval_loss`, `eval_rewards/accuracies`): short, and nothing that
 # could be mistaken for a path or markup when it lands in the model card.
@@ -35,9 +36,34 @@ class MethodSuite(Frozen):
     kind: Literal["method"] = "method"
 
 
-# One kind of suite today; the block is a list of kinds so that generation scored by rewards and a
-# named task of an evaluation library can join it without changing its shape.
-Suite = Annotated[MethodSuite, Field(discriminator="kind")]
+class RewardsSuite(Frozen):
+    """Generation scored by reward functions: each model answers every eval row's prompt (its
+    `prompt`, or its `messages` up to the last assistant turn) once, greedily, and the shipped
+    reward functions score the answers (the same functions GRPO's `rewards` names; a function's
+    columns come from the eval rows). Reports `reward_mean` (the weighted sum, averaged),
+    `reward_pass_rate` (the share of answers scoring at least `pass_threshold`) and
+    `rewards/<function>/mean`; usable with every method, SFT included."""
+
+    kind: Literal["rewards"]
+    functions: list[RewardFunction] = Field(min_length=1, max_length=16)
+    max_new_tokens: int = Field(32, ge=1, description="The most tokens of each answer; bounded by the operator's max_new_tokens.")
+    pass_threshold: FiniteFloat = Field(1.0, description="An answer passes when its weighted reward is at least this.")
+
+    @field_validator("functions")
+    @classmethod
+    def _distinct(cls, value: list[RewardFunction]) -> list[RewardFunction]:
+        if len({f.name for f in value}) != len(value):
+            raise ValueError("each reward function once: its mean is reported by its name")
+        return value
+
+
+# Kinds of suite, told apart by `kind`; a named task of an evaluation library can join them
+# without changing the block's shape.
+Suite = Annotated[MethodSuite | RewardsSuite, Field(discriminator="kind")]
+
+
+def _method_only() -> list[Suite]:
+    return [MethodSuite()]
 
 
 class GateRule(Frozen):
@@ -64,7 +90,7 @@ class EvaluationSpec(Frozen):
     """Evaluate the adapter after training, in the job's own child, on held-out rows; judge it by
     `gate`; publish it to `output.revision` when it passes, else where `on_fail` says."""
 
-    suites: list[Suite] = Field(default_factory=lambda: [MethodSuite()], min_length=1, max_length=4, description="What is measured; the method's own measure by default.")
+    suites: list[Suite] = Field(default_factory=_method_only, min_length=1, max_length=4, description="What is measured; the method's own measure by default.")
     baselines: list[Baseline] = Field(["base"], max_length=2, description=(
         "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh LoRA adapter, zero at the start) and "
         "'current' (the adapter at output.repo_id's output.revision, when there is one; its commit recorded)."

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from schemas.common import HUB_ID, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, branch_problem
+from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, branch_problem
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
@@ -27,8 +27,6 @@ from schemas.trl_fields import (
     TrainingArgumentsFields,
 )
 
-# A Hub repo id ("name" or "namespace/name"), or an absolute local path that the operator allows.
-MODEL_ID_PATTERN = rf"^(/\S+|{HUB_ID})$"
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
@@ -141,7 +139,7 @@ class RequestBase(Frozen):
         if not METHODS[self.method].evaluates:
             return f"evaluation: method {self.method} has no evaluation in adapterd"
         if self.dataset.eval is None and self.dataset.eval_split is None and self.dataset.test_split_size is None:
-            return "evaluation.suites: the method's own measure runs on an eval set: set dataset.eval, dataset.eval_split or dataset.test_split_size"
+            return "evaluation.suites: an evaluation runs on an eval set: set dataset.eval, dataset.eval_split or dataset.test_split_size"
         if evaluation.on_fail == "pr" and self.output.revision != "main":
             return (f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
                     "use on_fail 'branch'")

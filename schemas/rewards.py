@@ -8,9 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from schemas.common import Frozen
+from schemas.common import MODEL_ID_PATTERN, Frozen
 from schemas.regex import pattern_problem
-from schemas.request_base import MODEL_ID_PATTERN
 
 
 class ExactMatchReward(Frozen):

@@ -94,6 +94,8 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("gate-rules", "evaluation.gate", evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}] * 1000}),
         variant("gate-branch", "evaluation.fail_branch", evaluation={"on_fail": "branch", "fail_branch": "../../outside"}),
         variant("eval-carve", "dataset.test_split_size", dataset={**valid["dataset"], "test_split_size": 1e6}),
+        variant("eval-tokens", "evaluation.suites.0.max_new_tokens", dataset={**valid["dataset"], "test_split_size": 0.5},
+                evaluation={"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}], "max_new_tokens": 10**9}]}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]
