@@ -28,7 +28,7 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from peft import PeftModel
 from transformers import Trainer
 
-from handlers.evaluation_rewards import score
+from handlers.evaluation_rewards import RewardModel, score
 from handlers.reporting import StatusReporter
 from handlers.sources import AnyDataset, check_download_size
 from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores
@@ -41,7 +41,7 @@ TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
 
 
 def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | None, reporter: StatusReporter,
-             who: Literal["adapter", "base", "current"]) -> dict[str, float]:
+             who: Literal["adapter", "base", "current"], reward_models: dict[int, RewardModel]) -> dict[str, float]:
     """The active model's numbers, suite by suite."""
     assert request.evaluation is not None
     reporter.evaluating = who  # its progress reports name the model measured
@@ -51,7 +51,7 @@ def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | Non
             assert eval_rows is not None  # the request's schema requires an eval set
             assert trainer.processing_class is not None
             tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's own tokenizer
-            metrics.update(score(trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}"))
+            metrics.update(score(trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}", reward_models.get(index)))
             continue
         metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS})
         if request.method == "sft" and "eval_loss" in metrics:
@@ -103,6 +103,10 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
     if spec is None:
         return None
     reporter.enter("evaluate")
+    reward_models = {  # loaded once, for every model measured
+        index: RewardModel(suite.model, f"evaluation.suites.{index}", job.max_model_bytes)
+        for index, suite in enumerate(spec.suites) if isinstance(suite, RewardsSuite) and suite.model is not None
+    }
     model: Any = trainer.model
     baselines: dict[Baseline, Scores] = {}
     missing: dict[Baseline, str] = {}
@@ -113,7 +117,7 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         if baseline == "base":
             model.add_adapter("base", copy.deepcopy(model.peft_config[TRAINED]))  # B = 0: the base model exactly
             with _active(model, "base"):
-                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base"))
+                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models))
             continue
         found = _current_adapter(request, job)
         if isinstance(found, str):
@@ -126,8 +130,8 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing["current"] = f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[:500]
             continue
         with _active(model, "current"):
-            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current"), revision=sha)
-    adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter"))
+            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current", reward_models), revision=sha)
+    adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter", reward_models))
     reporter.evaluating = None
     training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     best = trainer.state.best_model_checkpoint if trainer.args.load_best_model_at_end else None

@@ -11,12 +11,14 @@ import math
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
+from handlers.loading import resolve_model
 from handlers.rewards import REWARD_FUNCTIONS, columns_needed
 from handlers.sources import AnyDataset
 from schemas.evaluation import RewardsSuite
 from schemas.job import JobFailed
+from schemas.rewards import RewardModelSpec
 
 
 def _prompt(row: dict[str, Any], index: int, field: str) -> str | list[dict[str, Any]]:
@@ -41,7 +43,34 @@ def _answer(model: Any, tokenizer: PreTrainedTokenizerBase, prompt: str | list[d
     return str(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 
 
-def score(model: Any, tokenizer: PreTrainedTokenizerBase, rows: AnyDataset, suite: RewardsSuite, field: str) -> dict[str, float]:
+class RewardModel:
+    """The suite's reward model, loaded once per job: the score of a prompt and its answer."""
+
+    def __init__(self, spec: RewardModelSpec, field: str, max_bytes: int | None) -> None:
+        path, _ = resolve_model(spec, f"{field}.model", max_bytes=max_bytes)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+            self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+        except (OSError, ValueError) as exc:
+            raise JobFailed("model_unavailable", "evaluate", f"{field}.model.id: {spec.id} is not loadable as a reward model: {exc}") from exc
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.eval()
+
+    def __call__(self, prompt: str | list[dict[str, Any]], answer: str) -> float:
+        if isinstance(prompt, list) and self.tokenizer.chat_template is not None:
+            text = str(self.tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False))
+        else:
+            text = (prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in prompt)) + answer
+        inputs = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=2048)
+        with torch.no_grad():
+            return float(self.model(**inputs).logits[0, 0])
+
+
+def score(
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: AnyDataset, suite: RewardsSuite, field: str, reward_model: RewardModel | None = None,
+) -> dict[str, float]:
     """`reward_mean`, `reward_pass_rate` and each function's `rewards/<name>/mean` of the model's
     answers to the eval rows' prompts."""
     listed = [dict(row) for row in rows]
@@ -63,6 +92,11 @@ def score(model: Any, tokenizer: PreTrainedTokenizerBase, rows: AnyDataset, suit
         rewards = [float(r) if r is not None else 0.0 for r in REWARD_FUNCTIONS[spec.name](spec)(completions, **columns)]
         metrics[f"rewards/{spec.name}/mean"] = sum(rewards) / len(rewards) if rewards else math.nan
         totals = [t + spec.weight * r for t, r in zip(totals, rewards, strict=True)]
+    if suite.model is not None:
+        assert reward_model is not None, "the caller loads the suite's reward model"
+        scores = [reward_model(p, a) for p, a in zip(prompts, answers, strict=True)]
+        metrics["rewards/model/mean"] = sum(scores) / len(scores) if scores else math.nan
+        totals = [t + suite.model.weight * r for t, r in zip(totals, scores, strict=True)]
     metrics["reward_mean"] = sum(totals) / len(totals) if totals else math.nan
     metrics["reward_pass_rate"] = sum(t >= suite.pass_threshold for t in totals) / len(totals) if totals else math.nan
     metrics["reward_answers"] = float(len(totals))

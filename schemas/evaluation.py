@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.common import Frozen, branch_problem
-from schemas.rewards import RewardFunction
+from schemas.rewards import RewardFunction, RewardModelSpec
 
 # A metric's name as TRL logs it (`eval_loss`, `eval_rewards/accuracies`): short, and nothing that
 # could be mistaken for a path or markup when it lands in the model card.
@@ -40,12 +40,16 @@ class RewardsSuite(Frozen):
     """Generation scored by reward functions: each model answers every eval row's prompt (its
     `prompt`, or its `messages` up to the last assistant turn) once, greedily, and the shipped
     reward functions score the answers (the same functions GRPO's `rewards` names; a function's
-    columns come from the eval rows). Reports `reward_mean` (the weighted sum, averaged),
+    columns come from the eval rows), and/or a reward model. Reports `reward_mean` (the weighted sum, averaged),
     `reward_pass_rate` (the share of answers scoring at least `pass_threshold`) and
     `rewards/<function>/mean`; usable with every method, SFT included."""
 
     kind: Literal["rewards"]
-    functions: list[RewardFunction] = Field(min_length=1, max_length=16)
+    functions: list[RewardFunction] = Field(default_factory=list, max_length=16)
+    model: RewardModelSpec | None = Field(None, description=(
+        "A sequence-classification reward model (e.g. a reward request's output), under the host's model policy as the base is; "
+        "its score of prompt and answer is `rewards/model/mean`, weighted into reward_mean."
+    ))
     max_new_tokens: int = Field(32, ge=1, description="The most tokens of each answer; bounded by the operator's max_new_tokens.")
     pass_threshold: FiniteFloat = Field(1.0, description="An answer passes when its weighted reward is at least this.")
 
@@ -55,6 +59,12 @@ class RewardsSuite(Frozen):
         if len({f.name for f in value}) != len(value):
             raise ValueError("each reward function once: its mean is reported by its name")
         return value
+
+    @model_validator(mode="after")
+    def _scored(self) -> RewardsSuite:
+        if not self.functions and self.model is None:
+            raise ValueError("give at least one reward function or a reward model")
+        return self
 
 
 # Kinds of suite, told apart by `kind`; a named task of an evaluation library can join them

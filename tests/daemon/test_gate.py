@@ -227,3 +227,14 @@ async def test_a_second_job_is_told_where_the_local_sinks_current_adapter_is(set
     await core.scheduler.jobs[core.tp].task
     second = children.taken[-1].spec
     assert second is not None and second.local_current_adapter == settings.outputs_dir.resolve() / "results" / "gated"
+
+
+def test_an_evaluations_reward_model_is_under_the_hosts_model_policy(settings: Settings) -> None:
+    suite = {"kind": "rewards", "model": {"id": "someone/else-reward"}}
+    document = sft_request("gated", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, evaluation={"suites": [suite], "on_fail": "none"})
+    request = decode_request(json.dumps(document).encode())
+    assert isinstance(request, RequestBase)
+    host = settings.model_copy(update={"allowed_datasets": ["*"], "allowed_models": ["tiny/*"]})
+    errors = policy_errors(request, host)
+    assert [e.path for e in errors if e.path.startswith("evaluation")] == ["evaluation.suites.0.model.id"]
+    assert "someone/else-reward is not allowed on this host" in errors[-1].message

@@ -243,7 +243,8 @@ def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(
 
 def test_an_sft_adapter_and_its_base_are_scored_by_reward_functions_on_their_answers(tiny_model_dir: Path, tmp_path: Path) -> None:
     rewards = {"kind": "rewards", "max_new_tokens": 8, "pass_threshold": 0.5,
-               "functions": [{"name": "regex_match", "pattern": "[a-z]"}, {"name": "length_penalty", "target_chars": 20, "weight": 0.5}]}
+               "functions": [{"name": "regex_match", "pattern": "[a-z]"}, {"name": "length_penalty", "target_chars": 20, "weight": 0.5}],
+               "model": {"id": str(tiny_model_dir), "weight": 0.1}}  # the tiny model as a reward model: its score head is new
     request = gated("eval-rewards", {"suites": [{"kind": "method"}, rewards], "gate": [{"metric": "reward_mean", "at_least": 1.0, "of": "base"}]},
                     str(tiny_model_dir), training={"max_steps": 4, "learning_rate": 5e-2, "per_device_train_batch_size": 2})
     result, _ = run_handler(request, tmp_path)
@@ -251,11 +252,13 @@ def test_an_sft_adapter_and_its_base_are_scored_by_reward_functions_on_their_ans
     assert result.evaluation is not None
     for scores in (result.evaluation.adapter, result.evaluation.baselines["base"]):
         metrics = scores.metrics
-        assert {"eval_loss", "reward_mean", "reward_pass_rate", "rewards/regex_match/mean", "rewards/length_penalty/mean"} <= set(metrics)
+        assert {"eval_loss", "reward_mean", "reward_pass_rate", "rewards/regex_match/mean", "rewards/length_penalty/mean",
+                "rewards/model/mean"} <= set(metrics)
         assert metrics["reward_answers"] == len(EVAL_ROWS) and 0.0 <= metrics["reward_pass_rate"] <= 1.0
         assert 0.0 <= metrics["rewards/regex_match/mean"] <= 1.0
         # The weighted sum, averaged: each function's mean times its weight.
-        assert metrics["reward_mean"] == pytest.approx(metrics["rewards/regex_match/mean"] + 0.5 * metrics["rewards/length_penalty/mean"])
+        assert metrics["reward_mean"] == pytest.approx(
+            metrics["rewards/regex_match/mean"] + 0.5 * metrics["rewards/length_penalty/mean"] + 0.1 * metrics["rewards/model/mean"])
 
 
 def test_a_reward_function_whose_column_the_eval_rows_lack_fails_naming_the_suite(tiny_model_dir: Path, tmp_path: Path) -> None:
