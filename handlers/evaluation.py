@@ -38,6 +38,9 @@ from schemas.request import RequestBase
 # What `evaluate()` reports of its own running, not of the model.
 _TIMINGS = frozenset({"epoch", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"})
 TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
+# LoRA initialisations that rewrite the base layer's weights (PEFT subtracts what the adapter starts
+# with): after them the model holds a residual, not the base, so there is no base to measure.
+BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")  # PEFT 0.21's, read in its lora/layer.py
 
 
 def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | None, reporter: StatusReporter,
@@ -115,7 +118,13 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing[baseline] = "a full fine-tune has no adapter to set aside"
             continue
         if baseline == "base":
-            model.add_adapter("base", copy.deepcopy(model.peft_config[TRAINED]))  # B = 0: the base model exactly
+            trained_init = model.peft_config[TRAINED].init_lora_weights
+            if isinstance(trained_init, str) and trained_init.startswith(BASE_CHANGING_INITS):
+                missing["base"] = f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the base is not on the model any more"
+                continue
+            fresh = copy.deepcopy(model.peft_config[TRAINED])
+            fresh.init_lora_weights = True  # PEFT's default: B = 0, the base weights untouched
+            model.add_adapter("base", fresh)
             with _active(model, "base"):
                 baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models))
             continue

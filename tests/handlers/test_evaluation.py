@@ -269,3 +269,12 @@ def test_a_reward_function_whose_column_the_eval_rows_lack_fails_naming_the_suit
     assert not isinstance(failure, TrainResult)
     assert (failure.code, failure.stage) == ("dataset_invalid", "evaluate")
     assert failure.message.startswith("evaluation.suites.0: exact_match reads column(s) ['answer']"), failure.message
+
+
+def test_an_adapter_made_by_pissa_has_no_base_to_compare_with(tiny_model_dir: Path, tmp_path: Path) -> None:
+    request = gated("eval-pissa", {"gate": [LOSS_GATE]}, str(tiny_model_dir), training={"max_steps": 1, "per_device_train_batch_size": 2},
+                    peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "init_lora_weights": "pissa"})
+    result, _ = run_handler(request, tmp_path)
+    assert isinstance(result, TrainResult), result
+    assert result.evaluation is not None and result.evaluation.baselines == {}
+    assert "'pissa' changed the base weights" in result.evaluation.missing_baselines["base"]
