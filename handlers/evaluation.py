@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-from peft import PeftModel
+from peft import LoraConfig, PeftModel
 from transformers import Trainer
 
 from handlers.evaluation_rewards import RewardModel, score
@@ -118,11 +118,13 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing[baseline] = "a full fine-tune has no adapter to set aside"
             continue
         if baseline == "base":
-            trained_init = model.peft_config[TRAINED].init_lora_weights
+            trained_config = model.peft_config[TRAINED]
+            assert isinstance(trained_config, LoraConfig)  # handlers train LoRA adapters only
+            trained_init = trained_config.init_lora_weights
             if isinstance(trained_init, str) and trained_init.startswith(BASE_CHANGING_INITS):
                 missing["base"] = f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the base is not on the model any more"
                 continue
-            fresh = copy.deepcopy(model.peft_config[TRAINED])
+            fresh = copy.deepcopy(trained_config)
             fresh.init_lora_weights = True  # PEFT's default: B = 0, the base weights untouched
             model.add_adapter("base", fresh)
             with _active(model, "base"):
