@@ -23,6 +23,8 @@ METRIC_NAME = r"^[A-Za-z][A-Za-z0-9_./-]{0,127}$"
 MAX_GATE_RULES = 32
 
 Baseline = Literal["base", "current"]
+# Where a judged artifact went, as the `succeeded` event says it (`Succeeded.published`).
+Published = Literal["main", "pr", "branch", "none"]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -82,7 +84,9 @@ class GateRule(Frozen):
     (`{"metric": "eval_loss", "at_most": 1.05, "of": "base"}`: no more than 5% above the base
     model's loss). A rule on a baseline the job has none of (`current` on a repo without an adapter)
     is judged `skipped`, not failed. A metric the adapter did not produce, or one that is not finite,
-    fails its rule."""
+    fails its rule, and so does a relative rule whose baseline value is zero or negative (a factor of
+    a negative number would turn the rule around): bound a metric that can be negative, such as a
+    mean reward, with an absolute number."""
 
     metric: str = Field(pattern=METRIC_NAME, description="The metric's name as the evaluation reports it, e.g. eval_loss.")
     at_most: FiniteFloat | None = Field(None, description="Pass when the metric is no greater than this (times the baseline's value with `of`).")
@@ -135,9 +139,6 @@ class EvaluationSpec(Frozen):
         if self.on_fail != "branch" and self.fail_branch is not None:
             raise ValueError(f"fail_branch: only read with on_fail 'branch', not '{self.on_fail}'")
         return self
-
-    def baseline_of_rules(self) -> set[Baseline]:
-        return {rule.of for rule in self.gate if rule.of is not None}
 
 
 class Scores(Frozen):

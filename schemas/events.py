@@ -19,7 +19,7 @@ from schemas.common import (
     RejectReason,
     TrainingProgress,
 )
-from schemas.evaluation import EvaluationReport
+from schemas.evaluation import EvaluationReport, Published
 from schemas.provenance import ResolvedSource, TrackedRun
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
@@ -89,7 +89,7 @@ class Succeeded(EventBase):
     commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink and for published 'none'.")
     commit_url: str | None
     location: str = Field(description="Where the artifact is: the Hub repo URL, the local directory, or (published 'none') the folder on the host.")
-    published: Literal["main", "pr", "branch", "none"] = Field("main", description=(
+    published: Published = Field("main", description=(
         "Where the artifact went: 'main' is the requested output.revision (the gate passed, or the request had no evaluation); "
         "an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to evaluation.fail_branch ('branch'), "
         "or nowhere ('none'). Deploy only what says 'main'."

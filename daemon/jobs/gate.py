@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
-from schemas.evaluation import EvaluationReport, EvaluationResult, EvaluationSpec, GateRule, RuleOutcome
+from schemas.evaluation import EvaluationReport, EvaluationResult, EvaluationSpec, GateRule, Published, RuleOutcome
 from schemas.request import RequestBase
-
-Published = Literal["main", "pr", "branch", "none"]  # the `published` of a succeeded event
 
 
 @dataclass(frozen=True)
@@ -52,6 +49,11 @@ def judge_rule(rule: GateRule, result: EvaluationResult) -> RuleOutcome:
         if baseline is None:
             return RuleOutcome(rule=text, metric=rule.metric, value=value, bound=None, outcome="failed",
                                reason=f"the {rule.of} baseline has no finite {rule.metric}")
+        if baseline <= 0:
+            # A factor of a negative number turns the rule around (at_least 1.05 x -2 is -2.1, a looser
+            # bound, not a 5% gain), and of zero says nothing; judge it failed rather than guess.
+            return RuleOutcome(rule=text, metric=rule.metric, value=value, baseline=baseline, bound=None, outcome="failed",
+                               reason=f"the {rule.of} baseline's {rule.metric} is {baseline:g}: a relative bound needs a positive baseline; use an absolute bound")
         limit *= baseline
     if raw is None:
         return RuleOutcome(rule=text, metric=rule.metric, value=None, baseline=baseline, bound=limit, outcome="failed",

@@ -20,7 +20,7 @@ import structlog
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
-from daemon.jobs.gate import Destination, Published, destination, judge
+from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
@@ -31,7 +31,7 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
-from schemas.evaluation import EvaluationReport
+from schemas.evaluation import EvaluationReport, Published
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.job import JobFailed, TrainResult
 from schemas.request import RequestBase

@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 from daemon.hub.push import PushResult
-from daemon.jobs.gate import Published
 from daemon.jobs.job_events import JobEvents
-from schemas.evaluation import EvaluationReport
+from schemas.evaluation import EvaluationReport, Published
 from schemas.events import Succeeded
 from schemas.job import TrainResult
 from schemas.request import RequestBase

@@ -85,6 +85,16 @@ def test_a_rule_on_a_baseline_the_job_has_none_of_is_skipped_not_failed() -> Non
     assert against.rules[0].outcome == "failed" and against.baseline_revisions == {"current": "c" * 40}
 
 
+def test_a_relative_rule_on_a_baseline_of_zero_or_below_fails_rather_than_turn_around() -> None:
+    # 1.05 x a mean reward of -2 is -2.1: a looser bound than the base, not a 5% gain over it.
+    rule = {"metric": "eval_reward", "at_least": 1.05, "of": "base"}
+    for base in (-2.0, 0.0):
+        report = judge(spec(rule), result({"eval_reward": -2.05}, base={"eval_reward": base}))
+        assert report.verdict == "fail" and report.rules[0].outcome == "failed" and report.rules[0].bound is None
+        assert "needs a positive baseline" in str(report.rules[0].reason) and report.rules[0].baseline == base
+    assert judge(spec({"metric": "eval_reward", "at_least": -2.0}), result({"eval_reward": -1.9})).verdict == "pass"
+
+
 def test_where_the_artifact_goes() -> None:
     passing, failing = judge(spec(), result({"eval_loss": 1.0})), judge(spec(), result({"eval_loss": 1.0}, nonfinite_losses=1))
     gated = decided(on_fail="pr")
