@@ -69,6 +69,9 @@ async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Setting
 async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from_the_last_checkpoint(
     settings: Settings, published: HubServer, tmp_path: Path
 ) -> None:
+    # A SIGKILLed member leaves the group only when its session times out: the restart's join waits
+    # that long (45 s by default), so the test's session is short.
+    settings = settings.model_copy(update={"session_timeout_ms": 10_000})
     request_id = "kill-resume-1"
     request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
                           training={"max_steps": 100, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
