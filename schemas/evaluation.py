@@ -112,7 +112,7 @@ class EvaluationSpec(Frozen):
     gate: list[GateRule] = Field(default_factory=list, max_length=MAX_GATE_RULES, description="Every rule must pass for the adapter to be published to output.revision.")
     require_finite_losses: bool = Field(True, description="Fail the gate when any training loss the trainer logged is NaN or infinite.")
     on_fail: Literal["pr", "branch", "none"] = Field("pr", description=(
-        "Where an adapter that fails its gate goes: a Hub pull request against main ('pr', needs a Hub), the branch `fail_branch`, "
+        "Where an adapter that fails its gate goes: a pull request against main ('pr': on the Hub, or on a host's local sink the folder <name>#<request_id> beside main's), the branch `fail_branch`, "
         "or nowhere ('none': nothing is pushed; the artifact stays on the host)."
     ))
     fail_branch: str | None = Field(None, max_length=255, description="The branch for on_fail 'branch' (git's rules for a branch name); created from the default branch if missing.")

@@ -84,7 +84,7 @@ class Succeeded(EventBase):
     repo_id: str
     revision: str = Field(description=(
         "Where the artifact was committed: output.revision; for an adapter that failed its gate, the pull request's ref "
-        "(refs/pr/N) or evaluation.fail_branch; for published 'none', output.revision, where nothing was committed."
+        "(refs/pr/N; on the local sink pr/<request_id>) or evaluation.fail_branch; for published 'none', output.revision, where nothing was committed."
     ))
     commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink and for published 'none'.")
     commit_url: str | None
@@ -94,7 +94,7 @@ class Succeeded(EventBase):
         "an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to evaluation.fail_branch ('branch'), "
         "or nowhere ('none'). Deploy only what says 'main'."
     ))
-    pr_url: str | None = Field(None, description="The Hub pull request that holds the adapter, for published 'pr'.")
+    pr_url: str | None = Field(None, description="The pull request that holds the adapter, for published 'pr': the Hub's URL, or the local sink's folder as a file:// URL.")
     evaluation: EvaluationReport | None = Field(None, description=(
         "What the request's evaluation measured (the adapter's numbers, each baseline's beside them), each gate rule's outcome "
         "and the verdict; null without an evaluation block."

@@ -48,11 +48,6 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         elif integration in TRACKER_HOSTS and getattr(settings, TRACKER_HOSTS[integration][0]) is None:
             setting, what = TRACKER_HOSTS[integration]
             errors.append(FieldError(path="training.report_to", message=f"{integration}: this host has no {what} configured ({setting})"))
-    if request.evaluation is not None and request.evaluation.on_fail == "pr" and settings.hub_token is None:
-        errors.append(FieldError(
-            path="evaluation.on_fail",
-            message="pr: a pull request needs the Hub, and this host publishes to its local sink (no hub_token); use 'branch' or 'none'",
-        ))
     return errors
 
 

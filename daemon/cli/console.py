@@ -48,7 +48,9 @@ def describe(event: Event) -> str:
     detail = details.get(event.type)
     line = f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
     if isinstance(event, Succeeded) and event.evaluation is not None:
-        line += f"\n  gate {event.evaluation.verdict}, published to {event.published}" + (f" {event.pr_url}" if event.pr_url else f" ({event.revision})")
+        # A Hub pull request by its URL; the local sink's (a folder, printed at the end) by its revision.
+        hub_pr = event.pr_url if event.sink == "hub" else None
+        line += f"\n  gate {event.evaluation.verdict}, published to {event.published}" + (f" {hub_pr}" if hub_pr else f" ({event.revision})")
         for rule in event.evaluation.rules:
             value = "n/a" if rule.value is None else f"{rule.value:.4g}"
             numbers = f" ({value} against {rule.bound:.4g})" if rule.bound is not None else ""

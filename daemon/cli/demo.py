@@ -5,7 +5,7 @@ the method (SFT unless named; `sft-vision`, `dpo-vision`, `grpo-vision` train a 
 vision-language model on rows with images) on inline rows, follows it with a progress bar (loss, ETA) and a line
 per event, and ends with where the adapter is and the three lines of Python that load it. With
 `--gate`, two SFT requests judged by a gate before publishing: one passes (to main), one made to
-diverge fails (to a side branch: the local sink has no pull requests).
+diverge fails (into a pull request: on the local sink, a folder of its own beside main's).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
 from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods
-from daemon.hub.push import local_target
+from daemon.hub.push import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import LocalKafka
 from daemon.kafka.options import kafka_options
@@ -113,9 +113,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
                 print(f"the request did not succeed; the job's own log is in {settings.jobs_dir / request.request_id}")
                 return False
         if gate:
-            passed, failed = local_target(requests[0], settings), local_target(requests[1], settings, "gate-failed")
-            print(f"\nthe adapter that passed its gate is in {passed} (main); the diverged one failed it and is in {failed}, "
-                  "beside main, not in it (with a Hub token it would be a pull request)")
+            passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
+            print(f"\nthe adapter that passed its gate is in {passed} (main); the diverged one failed it and is in the pull "
+                  f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)")
             return True
         request = requests[0]
         adapter_dir = local_target(request, settings)

@@ -126,16 +126,14 @@ def demo_request(name: str, model_dir: Path) -> RequestBase:
 
 
 # The gate of `adapterd demo --gate`: the adapter's loss on the demo's rows no worse than the base
-# model's, and every logged loss finite. The local sink has no pull requests: a failure goes to a branch.
-DEMO_GATE = {
-    "gate": [{"metric": "eval_loss", "at_most": 1.0, "of": "base"}],
-    "on_fail": "branch", "fail_branch": "gate-failed",
-}
+# model's, and every logged loss finite; a failure goes to a pull request (on the demo's local sink, a
+# folder of its own beside main's).
+DEMO_GATE = {"gate": [{"metric": "eval_loss", "at_most": 1.0, "of": "base"}], "on_fail": "pr"}
 
 
 def gated_demo_requests(model_dir: Path) -> list[RequestBase]:
     """`adapterd demo --gate`: the SFT demo judged by DEMO_GATE, as trained (it passes: to main) and
-    at a learning rate of 1e4 (it diverges, fails, and goes to the branch)."""
+    at a learning rate of 1e4 (it diverges, fails, and goes to a pull request)."""
     requests = []
     for name, learning_rate in (("passes", 5e-3), ("diverges", 1e4)):
         base = demo_request("sft", model_dir).model_dump(mode="json", exclude_unset=True)

@@ -46,7 +46,7 @@ class PushResult:
     commit_url: str | None
     location: str
     files: list[str]
-    pr_url: str | None = None  # the Hub pull request holding the commit (a gate that failed into one)
+    pr_url: str | None = None  # the pull request holding it (a gate that failed into one): the Hub's, or the local sink's folder
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -153,28 +153,41 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings, branch
         raise PushFailed("hub_unreachable", f"the Hub at {settings.hub_endpoint} did not answer: {exc!r}", retryable=True) from exc
 
 
-def push_to_local(artifact: Path, request: RequestBase, settings: Settings, branch: str) -> PushResult:
-    """The sink for hosts without a Hub token: `local_target`."""
-    target = local_target(request, settings, branch)
+def push_to_local(artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False) -> PushResult:
+    """The sink for hosts without a Hub token: `local_target`, or with `create_pr` the request's
+    pull request, `local_pull_request`."""
+    target = local_pull_request(request, settings) if create_pr else local_target(request, settings, branch)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     shutil.copytree(artifact, staging)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return PushResult(
-        sink="local", repo_id=request.output.repo_id, revision=branch, commit_sha=None,
-        commit_url=None, location=str(target), files=_files(target),
+        sink="local", repo_id=request.output.repo_id, revision=f"pr/{request.request_id}" if create_pr else branch,
+        commit_sha=None, commit_url=None, location=str(target), files=_files(target),
+        pr_url=target.as_uri() if create_pr else None,
     )
 
 
 def local_target(request: RequestBase, settings: Settings, branch: str | None = None) -> Path:
     """Where the local sink puts a request's artifact: work_dir/outputs/<namespace>/<name>, or
     <name>@<branch> for another branch (beside main's folder, not inside it: a push replaces its
-    folder whole). Never outside work_dir/outputs, whatever the request says: the schema holds the
-    repo id and the branch to their rules, and this holds the result, symlinks resolved."""
+    folder whole)."""
     output = request.output
     branch = branch if branch is not None else output.revision
-    name = output.repo_id if branch == "main" else f"{output.repo_id}@{branch}"
+    return _inside_outputs(output.repo_id if branch == "main" else f"{output.repo_id}@{branch}", settings)
+
+
+def local_pull_request(request: RequestBase, settings: Settings) -> Path:
+    """The local sink's pull request: the artifact proposed beside main's folder, never in it, as
+    <name>#<request id>. One per request (a retry replaces it, as a Hub pull request is found again by
+    its title); '#' is in no repo id and the name has no '@', so no branch's folder can be it."""
+    return _inside_outputs(f"{request.output.repo_id}#{request.request_id}", settings)
+
+
+def _inside_outputs(name: str, settings: Settings) -> Path:
+    """work_dir/outputs/<name>, never outside it whatever the request says: the schema holds the repo
+    id, the branch and the request id to their rules, and this holds the result, symlinks resolved."""
     outputs = settings.outputs_dir.resolve()
     target = outputs / name
     # Its own folder exactly: nothing in the name that normalises away ('..', '.'), no symlink on the way.
@@ -229,9 +242,7 @@ def push(artifact: Path, request: RequestBase, settings: Settings, branch: str |
     """Publish the artifact to `branch` (output.revision when None), or into a new pull request."""
     branch = branch if branch is not None else request.output.revision
     if settings.hub_token is None:
-        if create_pr:  # policy refuses on_fail 'pr' on a host without a Hub; this is the last line
-            raise PushFailed("hub_error", "evaluation.on_fail: a pull request needs the Hub, and this host has no Hub token", retryable=False)
-        return push_to_local(artifact, request, settings, branch)
+        return push_to_local(artifact, request, settings, branch, create_pr=create_pr)
     return push_to_hub(artifact, request, settings, branch, create_pr=create_pr)
 
 

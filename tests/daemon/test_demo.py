@@ -31,16 +31,18 @@ def test_an_unknown_method_exits_2_naming_the_available_ones(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_the_gate_demo_publishes_the_adapter_that_passes_and_sets_aside_the_one_that_diverged(tmp_path: Path) -> None:
+def test_the_gate_demo_publishes_the_adapter_that_passes_and_the_diverged_one_into_a_pull_request(tmp_path: Path) -> None:
     result = demo("--gate", "--work-dir", str(tmp_path / "demo"), home=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    assert "gate pass, published to main (main)" in result.stderr and "gate fail, published to branch (gate-failed)" in result.stderr
-    assert "failed: every logged training loss finite: " in result.stderr  # the diverged run's NaN losses, counted
     outputs = tmp_path / "demo" / "outputs" / "demo"
-    main, side = outputs / "tiny-sft-gated-adapter", outputs / "tiny-sft-gated-adapter@gate-failed"
-    assert f"passed its gate is in {main} (main)" in result.stdout and f"is in {side}" in result.stdout
-    assert "gate verdict: **pass**" in (main / "README.md").read_text() and "gate verdict: **fail**" in (side / "README.md").read_text()
+    main = outputs / "tiny-sft-gated-adapter"
+    [pull] = outputs.glob("tiny-sft-gated-adapter#demo-sft-*-diverges")  # <repo name>#<request id>
+    assert "gate pass, published to main (main)" in result.stderr and f"gate fail, published to pr (pr/{pull.name.split('#')[1]})" in result.stderr
+    assert "failed: every logged training loss finite: " in result.stderr  # the diverged run's NaN losses, counted
+    assert f"passed its gate is in {main} (main)" in result.stdout and f"is in the pull request {pull}," in result.stdout
+    assert "gate verdict: **pass**" in (main / "README.md").read_text() and "gate verdict: **fail**" in (pull / "README.md").read_text()
+    assert sorted(p.name for p in outputs.iterdir()) == [main.name, pull.name]  # nothing else was published
     assert "\x1b" not in output
 
 

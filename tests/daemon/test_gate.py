@@ -216,12 +216,16 @@ async def test_a_child_that_reports_no_evaluation_for_a_gated_request_fails_the_
     assert history[-1] is State.FAILED and event["type"] == "failed" and event["stage"] == "evaluate" and event["code"] == "internal"
 
 
-def test_a_pull_request_needs_a_hub(settings: Settings) -> None:
-    document = sft_request("gated", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, evaluation={"on_fail": "pr"})
-    request = decode_request(json.dumps(document).encode())
-    assert isinstance(request, RequestBase)
-    errors = policy_errors(request, settings.model_copy(update={"allowed_datasets": ["*"], "allowed_models": ["*"]}))
-    assert [(e.path, "needs the Hub" in e.message) for e in errors] == [("evaluation.on_fail", True)]
+async def test_on_the_local_sink_a_failing_gate_opens_its_pull_request_beside_main(settings: Settings) -> None:
+    core = Core(settings, children=scripted(result({"eval_loss": 9.0}, base={"eval_loss": 2.0})))
+    history, event = await run_gated(core, {**GATE, "on_fail": "pr"})
+    assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED]
+    outputs = settings.outputs_dir / "results"
+    proposal = outputs / "gated#gated"  # <name>#<request id>: no branch's folder can be named so
+    assert (event["published"], event["revision"], event["pr_url"]) == ("pr", "pr/gated", proposal.as_uri())
+    assert Path(event["location"]) == proposal and "gate verdict: **fail**" in (proposal / "README.md").read_text()
+    assert not (outputs / "gated").exists()  # main untouched
+    assert core.consumer.commits == [(core.tp, 4)] and not core.dead_letters() and not core.requeued()
 
 
 async def test_a_second_job_is_told_where_the_local_sinks_current_adapter_is(settings: Settings) -> None:

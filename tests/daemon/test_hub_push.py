@@ -162,11 +162,22 @@ def test_a_pull_request_holds_the_commit_main_stays_and_a_redelivery_finds_it(hu
     assert hub_push.find_commit(gated("pr-2", on_fail="pr"), settings) is None  # another request's id finds nothing there
 
 
-def test_a_side_branch_commit_is_found_again_and_the_local_sink_takes_no_pull_request(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+def test_a_side_branch_commit_is_found_again(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
     settings, req = hub_settings(hub, tmp_path), gated("side-1", on_fail="branch", fail_branch="gate/failed")
     result = hub_push.push(artifact, req, settings, "gate/failed")
     assert result.revision == "gate/failed" and hub.commits("pushes/side-1") == []
     found = hub_push.find_commit(req, settings)
     assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (result.commit_sha, "gate/failed", None)
-    with pytest.raises(PushFailed, match="needs the Hub"):
-        hub_push.push(artifact, gated("pr-local", on_fail="pr"), Settings(hub_token=None, work_dir=tmp_path), "main", create_pr=True)
+
+
+def test_the_local_sinks_pull_request_is_a_folder_of_the_requests_own_beside_main(artifact: Path, tmp_path: Path) -> None:
+    settings = Settings(hub_token=None, work_dir=tmp_path / "work")
+    outputs = tmp_path / "work" / "outputs" / "pushes"
+    first = hub_push.push(artifact, gated("pr-local", on_fail="pr"), settings, "main", create_pr=True)
+    assert (first.revision, Path(first.location), first.pr_url) == ("pr/pr-local", outputs / "pr-local#pr-local", (outputs / "pr-local#pr-local").as_uri())
+    assert "adapter_model.safetensors" in first.files and not (outputs / "pr-local").exists()  # main untouched
+    # A redelivery replaces its own pull request's folder; another request opens one of its own.
+    assert hub_push.push(artifact, gated("pr-local", on_fail="pr"), settings, "main", create_pr=True) == first
+    other = hub_push.push(artifact, gated("pr-local", on_fail="pr").model_copy(update={"request_id": "pr-other"}), settings, "main", create_pr=True)
+    assert Path(other.location) == outputs / "pr-local#pr-other"
+    assert sorted(p.name for p in outputs.iterdir()) == ["pr-local#pr-local", "pr-local#pr-other"]
