@@ -37,6 +37,7 @@ BLOCK_SOURCES: dict[str, str] = {
     "grpo": "trl.GRPOConfig",
     "rloo": "trl.RLOOConfig",
     "orpo": "trl.experimental.orpo.ORPOConfig",
+    "cpo": "trl.experimental.cpo.CPOConfig",
     "ppo": "trl.experimental.ppo.PPOConfig",
 }
 
@@ -177,6 +178,7 @@ BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "dpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}},
     "kto": {"beta": {"gt": 0}, "desirable_weight": {"gt": 0}, "undesirable_weight": {"gt": 0}},
     "orpo": {"beta": {"gt": 0}},
+    "cpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}, "cpo_alpha": {"ge": 0}, "simpo_gamma": {"ge": 0}},
     "grpo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
     "rloo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
     "ppo": {"kl_coef": {"ge": 0}, "cliprange": {"gt": 0}, "vf_coef": {"ge": 0}, "num_ppo_epochs": {"ge": 1},

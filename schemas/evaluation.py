@@ -33,7 +33,7 @@ class MethodSuite(Frozen):
     `dataset.test_split_size`),
     by its TRL trainer's `evaluate()`: `eval_loss` (and for SFT `eval_perplexity`,
     `eval_mean_token_accuracy`), preference accuracy and margins (`eval_rewards/accuracies`,
-    `eval_rewards/margins`) for DPO, KTO and ORPO, `eval_accuracy` for a reward model."""
+    `eval_rewards/margins`) for DPO, KTO, ORPO and CPO, `eval_accuracy` for a reward model."""
 
     kind: Literal["method"] = "method"
 

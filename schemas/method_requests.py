@@ -14,6 +14,7 @@ from schemas.common import Frozen
 from schemas.request_base import MODEL_ID_PATTERN, RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
 from schemas.trl_fields import (
+    CPOConfigFields,
     DPOConfigFields,
     GRPOConfigFields,
     KTOConfigFields,
@@ -43,6 +44,10 @@ class RewardSpec(RewardConfigFields):
 
 class ORPOSpec(ORPOConfigFields):
     """`trl.experimental.orpo.ORPOConfig` fields specific to ORPO."""
+
+
+class CPOSpec(CPOConfigFields):
+    """`trl.experimental.cpo.CPOConfig` fields specific to CPO."""
 
 
 class GRPOSpec(GRPOConfigFields):
@@ -159,6 +164,16 @@ class ORPORequest(RequestBase):
 
     method: Literal["orpo"]
     orpo: ORPOSpec = ORPOSpec()  # shared when left out, as in RequestBase
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return (frozenset({"chosen", "rejected"}),)
+
+
+class CPORequest(RequestBase):
+    """Experimental: CPO with `trl.experimental.cpo.CPOTrainer`. Rows: `prompt`, `chosen`, `rejected`."""
+
+    method: Literal["cpo"]
+    cpo: CPOSpec = CPOSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)

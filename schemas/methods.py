@@ -61,6 +61,8 @@ METHODS: dict[str, Method] = {
                    "`prompt` (+ columns the rewards read)"),
     "orpo": Method("orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
                    "`chosen` + `rejected` (and usually `prompt`)"),
+    "cpo": Method("cpo", "trl.experimental.cpo.CPOTrainer", "trl.experimental.cpo.CPOConfig", "experimental",
+                  "`chosen` + `rejected` (and usually `prompt`)"),
     "ppo": Method("ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
                   "`prompt`", trl_min="1.10", trl_below="1.13", evaluates=False,
                   trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),

@@ -15,6 +15,8 @@ from typing import Annotated, get_args
 from pydantic import Field
 
 from schemas.method_requests import (
+    CPORequest,
+    CPOSpec,
     DPORequest,
     DPOSpec,
     GRPORequest,
@@ -57,7 +59,7 @@ from schemas.rewards import (
 )
 
 # Every method's request model, in the method table's order.
-AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | ORPORequest | PPORequest
+AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | ORPORequest | CPORequest | PPORequest
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
 TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
@@ -66,7 +68,7 @@ TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
 REQUEST_MODELS: dict[str, type[RequestBase]] = {get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)}
 
 __all__ = [
-    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
+    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
     "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
     "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",
     "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from schemas.trl_block import TRLBlock
 
-GENERATED_FROM = {"dpo": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
+GENERATED_FROM = {"cpo": "trl 1.16.0", "dpo": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
 
 
 class TrainingArgumentsFields(TRLBlock):
@@ -391,6 +391,24 @@ class ORPOConfigFields(TRLBlock):
     padding_value: int | None = Field(None, description='Padding value to use. If `None`, the padding value of the tokenizer is used.')
     generate_during_eval: bool = Field(None, description='If `True`, generates and logs completions from the model to W&B during evaluation.')
     is_encoder_decoder: bool | None = Field(None, description='When using the `model_init` argument (callable) to instantiate the model instead of the `model` argument, you need to specify if the model returned by the callable is an encoder-decoder model.')
+    dataset_num_proc: int | None = Field(None, description='Number of processes to use for processing the dataset.')
+
+
+class CPOConfigFields(TRLBlock):
+    """`trl.experimental.cpo.CPOConfig` fields a request may set in `cpo` (trl 1.16.0)."""
+
+    block: ClassVar[str] = 'cpo'
+    max_length: int | None = Field(None, description='Maximum length of the sequences (prompt + completion) in the batch.', ge=1)
+    max_completion_length: int | None = Field(None, description='Maximum length of the completion. This argument is required if you want to use the default data collator and your model is an encoder-decoder.', ge=1)
+    beta: float = Field(None, description='Parameter controlling the deviation from the reference model. Higher β means less deviation from the reference model.', gt=0)
+    label_smoothing: float = Field(None, description='Label smoothing factor.', ge=0, le=0.5)
+    loss_type: Literal['sigmoid', 'hinge', 'ipo', 'simpo', 'alphapo'] = Field(None, description='Type of loss to use.')
+    disable_dropout: bool = Field(None, description='Whether to disable dropout in the model.')
+    cpo_alpha: float = Field(None, description='Weight of the BC regularizer in CPO training.', ge=0)
+    simpo_gamma: float = Field(None, description="Target reward margin for the SimPO loss, used only when the `loss_type='simpo'`.", ge=0)
+    alpha: float = Field(None, description='Alpha parameter that controls reward function shape across all loss types. When alpha=0 (default), uses standard log probability rewards. When `alpha != 0`, applies AlphaPO transformation: `r = (1 - p^(-alpha)) / alpha` from the AlphaPO paper. This parameter works with all loss types.')
+    generate_during_eval: bool = Field(None, description='If `True`, generates and logs completions from the model to W&B during evaluation.')
+    is_encoder_decoder: bool | None = Field(None, description='Whether the model is an encoder-decoder model.')
     dataset_num_proc: int | None = Field(None, description='Number of processes to use for processing the dataset.')
 
 

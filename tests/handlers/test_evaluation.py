@@ -196,9 +196,9 @@ def test_on_a_host_without_a_hub_the_current_adapter_is_the_local_sinks(tiny_mod
     assert current.metrics["eval_loss"] != pytest.approx(second.evaluation.baselines["base"].metrics["eval_loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("method", ["kto", "reward", "orpo", "rloo"])
+@pytest.mark.parametrize("method", ["kto", "reward", "orpo", "cpo", "rloo"])
 def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    rows = {"kto": LABELLED_ROWS, "reward": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "rloo": PROMPT_ROWS}[method]
+    rows = {"kto": LABELLED_ROWS, "reward": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "rloo": PROMPT_ROWS}[method]
     eval_rows = HELD_OUT_PROMPTS if method == "rloo" else rows[:2]
     extra: dict[str, Any] = {"rloo": {"num_generations": 4, "max_completion_length": 8}}.get(method, {})
     request = example_request(
@@ -217,6 +217,8 @@ def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str,
     adapter, base = result.evaluation.adapter.metrics, result.evaluation.baselines["base"].metrics
     assert adapter and set(adapter) == set(base), (adapter, base)
     assert ("eval_reward" if method == "rloo" else "eval_loss") in adapter
+    if method in ("orpo", "cpo"):  # the preference measures, as for dpo
+        assert {"eval_rewards/accuracies", "eval_rewards/margins"} <= set(adapter), adapter
     assert not [p for p in (tmp_path / "artifact").iterdir() if p.is_dir()]  # the baseline adapter is not saved
 
 

@@ -18,6 +18,7 @@ WRONG_COLUMNS = {
     "grpo": [{"question": "q", "answer": "a"}],
     "rloo": [{"completion": "c"}],
     "orpo": [{"prompt": "p", "rejected": "r"}],
+    "cpo": [{"prompt": "p", "chosen": "c"}],
 }
 NEEDS = {
     "sft": "'messages' or 'completion' and 'prompt' or 'text'",
@@ -27,6 +28,7 @@ NEEDS = {
     "grpo": "'prompt'",
     "rloo": "'prompt'",
     "orpo": "'chosen' and 'rejected'",
+    "cpo": "'chosen' and 'rejected'",
 }
 
 
