@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EXIT_STOPPED", "Base", "Data", "JobCallback", "Reference", "StatusReporter", "load_base", "load_causal_lm", "load_data",
-    "load_policy", "load_reference", "load_sequence_classifier", "lora_config", "policy_lora", "resolve_model", "result",
+    "load_beside_base", "load_policy", "load_reference", "load_sequence_classifier", "lora_config", "policy_lora", "resolve_model", "result",
     "train_and_save", "trl_config",
 ]
 
@@ -153,33 +153,38 @@ def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> Lo
 
 @dataclass(frozen=True)
 class Reference:
-    model: PreTrainedModel  # the frozen reference the trainer compares the policy with
+    model: PreTrainedModel  # a frozen model beside the policy: the reference it is compared with, or the teacher it learns from
     revision: str | None  # the Hub commit it resolved to; None for a local folder
 
 
 def load_reference(request: RequestBase, job: JobSpec, base: Base) -> Reference | None:
-    """Stage `load_model`, for DPO and KTO: the request's `ref_model`, loaded like the base (its dtype,
-    quantization and trust_remote_code), or None when the base is the reference (TRL's default). The
-    trainer feeds it the base tokenizer's ids, so it must have an embedding for each of them."""
+    """Stage `load_model`, for DPO and KTO: the request's `ref_model` (`load_beside_base`), or None
+    when the base is the reference (TRL's default)."""
     spec = getattr(request, "ref_model", None)
-    if spec is None:
-        return None
+    return None if spec is None else load_beside_base(request, job, base, "ref_model", "the reference model")
+
+
+def load_beside_base(request: RequestBase, job: JobSpec, base: Base, field: str, role: str) -> Reference:
+    """Stage `load_model`: the frozen model the request names in `field` (DPO's and KTO's reference,
+    distillation's teacher), loaded like the base (its dtype, quantization and trust_remote_code). The
+    trainer feeds it the base tokenizer's ids, so it must have an embedding for each of them."""
+    spec = getattr(request, field)
     as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
-    path, revision = resolve_model(as_base, "ref_model", max_bytes=job.max_model_bytes)
-    model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, "ref_model")
+    path, revision = resolve_model(as_base, field, max_bytes=job.max_model_bytes)
+    model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, field)
     embeddings, tokens = cast("torch.nn.Embedding", model.get_input_embeddings()).num_embeddings, len(base.tokenizer)
     if embeddings < tokens:
         raise JobFailed(
             "model_unavailable", "load_model",
-            f"ref_model.id: {spec.id} has {embeddings} token embeddings and the base model's tokenizer {tokens} tokens: "
-            "the reference model must share the base model's tokenizer",
+            f"{field}.id: {spec.id} has {embeddings} token embeddings and the base model's tokenizer {tokens} tokens: "
+            f"{role} must share the base model's tokenizer",
         )
     return Reference(model, revision)
 
 
 def train_and_save(
     trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data, base: Base,
-    reference: Reference | None = None,
+    reference: Reference | None = None, *, teacher: Reference | None = None,
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
@@ -190,12 +195,12 @@ def train_and_save(
     save_artifact(trainer, request, job.artifact)
     metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers
     evaluation = evaluate(trainer, request, job, reporter, data.eval)
-    return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation)
+    return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation, teacher=teacher)
 
 
 def result(
     request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float], reference: Reference | None = None,
-    *, tracking: list[TrackedRun] | None = None, evaluation: EvaluationResult | None = None,
+    *, tracking: list[TrackedRun] | None = None, evaluation: EvaluationResult | None = None, teacher: Reference | None = None,
 ) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
     comes from the method table."""
@@ -205,6 +210,7 @@ def result(
         metrics=metrics,
         base_model_revision=base.revision,
         ref_model_revision=reference.revision if reference is not None else None,
+        teacher_model_revision=teacher.revision if teacher is not None else None,
         dataset_fingerprint=fingerprint(data.train, data.sources),
         dataset_sources=data.sources,
         durations_s=reporter.durations_s,

@@ -78,9 +78,11 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCa
     return Qwen2ForCausalLM(config)
 
 
-def save_tiny_model(out_dir: Path) -> Path:
+def save_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+    """The tiny model and its tokenizer in `out_dir`; another `seed` gives other weights on the same
+    tokenizer (a distillation teacher the student differs from)."""
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer)
+    model = build_model(tokenizer, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -88,4 +90,4 @@ def save_tiny_model(out_dir: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(save_tiny_model(Path(sys.argv[1])))
+    print(save_tiny_model(Path(sys.argv[1]), *(int(seed) for seed in sys.argv[2:3])))

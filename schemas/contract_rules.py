@@ -36,6 +36,7 @@ BLOCK_SOURCES: dict[str, str] = {
     "reward": "trl.RewardConfig",
     "grpo": "trl.GRPOConfig",
     "rloo": "trl.RLOOConfig",
+    "distillation": "trl.DistillationConfig",
     "orpo": "trl.experimental.orpo.ORPOConfig",
     "cpo": "trl.experimental.cpo.CPOConfig",
     "ppo": "trl.experimental.ppo.PPOConfig",
@@ -104,6 +105,11 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "inference_mode": Refusal("daemon", "an adapter in training is not in inference mode"),
         "megatron_core": Refusal("host", "it names a module on the host to import"),
     },
+    "distillation": {
+        "teacher_model_name_or_path": Refusal("daemon", "the teacher is named in the request and checked by policy", "teacher_model.id"),
+        "teacher_model_revision": Refusal("daemon", "the teacher's revision is the request's", "teacher_model.revision"),
+        "teacher_model_init_kwargs": _INIT,
+    },
     "ppo": {
         **{name: Refusal("daemon", "PPOTrainer computes it at run time from the batch sizes and the processes")
            for name in ("batch_size", "local_batch_size", "micro_batch_size", "mini_batch_size", "num_total_batches",
@@ -158,6 +164,8 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
         "importance_sampling_level": ("token", "sequence"),
         "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
     },
+    # DistillationConfig's help puts these in double quotes, which HELP_CHOICES does not read.
+    "distillation": {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")},
 }
 HELP_CHOICES: dict[str, tuple[str, ...]] = {
     "dpo": ("loss_type", "f_divergence_type"),
@@ -181,6 +189,7 @@ BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "cpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}, "cpo_alpha": {"ge": 0}, "simpo_gamma": {"ge": 0}},
     "grpo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
     "rloo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
+    "distillation": {"beta": {"ge": 0, "le": 1}, "temperature": {"gt": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": 0}},
     "ppo": {"kl_coef": {"ge": 0}, "cliprange": {"gt": 0}, "vf_coef": {"ge": 0}, "num_ppo_epochs": {"ge": 1},
             "num_mini_batches": {"ge": 1}, "response_length": {"ge": 1}, "total_episodes": {"ge": 1}, "temperature": {"gt": 0}},
 }

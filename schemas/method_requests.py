@@ -15,6 +15,7 @@ from schemas.request_base import MODEL_ID_PATTERN, RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
 from schemas.trl_fields import (
     CPOConfigFields,
+    DistillationConfigFields,
     DPOConfigFields,
     GRPOConfigFields,
     KTOConfigFields,
@@ -46,6 +47,10 @@ class ORPOSpec(ORPOConfigFields):
     """`trl.experimental.orpo.ORPOConfig` fields specific to ORPO."""
 
 
+class DistillationSpec(DistillationConfigFields):
+    """`trl.DistillationConfig` fields specific to on-policy distillation."""
+
+
 class CPOSpec(CPOConfigFields):
     """`trl.experimental.cpo.CPOConfig` fields specific to CPO."""
 
@@ -75,6 +80,12 @@ class ReferenceModelSpec(Frozen):
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
     revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+
+
+class TeacherModelSpec(ReferenceModelSpec):
+    """Distillation's teacher, whose next-token distribution the student learns: checked by the host's
+    model policy and loaded like the base (its dtype, quantization and trust_remote_code); it must
+    share the base model's tokenizer."""
 
 
 class ReferencedRequest(RequestBase):
@@ -154,6 +165,17 @@ class RLOORequest(RequestBase):
     method: Literal["rloo"]
     rloo: RLOOSpec = RLOOSpec()  # shared when left out, as in RequestBase
     rewards: OnlineRewards
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return (frozenset({"prompt"}),)
+
+
+class DistillationRequest(RequestBase):
+    """On-policy distillation with `trl.DistillationTrainer`. Rows: `prompt`; the teacher is `teacher_model`."""
+
+    method: Literal["distillation"]
+    distillation: DistillationSpec = DistillationSpec()  # shared when left out, as in RequestBase
+    teacher_model: TeacherModelSpec
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt"}),)

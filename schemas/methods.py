@@ -59,6 +59,8 @@ METHODS: dict[str, Method] = {
                    "`prompt` (+ columns the rewards read)", vision=True),
     "rloo": Method("rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
                    "`prompt` (+ columns the rewards read)"),
+    "distillation": Method("distillation", "trl.DistillationTrainer", "trl.DistillationConfig", "stable",
+                           "`prompt` (the student answers; the teacher's next-token distribution is the target)"),
     "orpo": Method("orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
                    "`chosen` + `rejected` (and usually `prompt`)"),
     "cpo": Method("cpo", "trl.experimental.cpo.CPOTrainer", "trl.experimental.cpo.CPOConfig", "experimental",

@@ -17,6 +17,8 @@ from pydantic import Field
 from schemas.method_requests import (
     CPORequest,
     CPOSpec,
+    DistillationRequest,
+    DistillationSpec,
     DPORequest,
     DPOSpec,
     GRPORequest,
@@ -35,6 +37,7 @@ from schemas.method_requests import (
     RLOOSpec,
     SFTRequest,
     SFTSpec,
+    TeacherModelSpec,
 )
 from schemas.request_base import (
     MAX_INLINE_ROWS,
@@ -59,7 +62,7 @@ from schemas.rewards import (
 )
 
 # Every method's request model, in the method table's order.
-AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | ORPORequest | CPORequest | PPORequest
+AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | DistillationRequest | ORPORequest | CPORequest | PPORequest
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
 TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
@@ -68,10 +71,10 @@ TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
 REQUEST_MODELS: dict[str, type[RequestBase]] = {get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)}
 
 __all__ = [
-    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
+    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "DistillationRequest", "DistillationSpec", "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
     "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
     "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",
     "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",
-    "RewardFunction", "RewardModelSpec", "RewardRequest", "RewardSpec", "SFTRequest", "SFTSpec",
+    "RewardFunction", "RewardModelSpec", "RewardRequest", "RewardSpec", "SFTRequest", "SFTSpec", "TeacherModelSpec",
     "ThinkFormatReward", "TrainingRequest", "TrainingSpec",
 ]

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from schemas.trl_block import TRLBlock
 
-GENERATED_FROM = {"cpo": "trl 1.16.0", "dpo": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
+GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
 
 
 class TrainingArgumentsFields(TRLBlock):
@@ -378,6 +378,39 @@ class RLOOConfigFields(TRLBlock):
     use_transformers_continuous_batching: bool = Field(None, description="Whether to use transformers' continuous batching engine for generating completions. Requires transformers>=5.8.0.")
     transformers_continuous_batching_config: dict[str, Any] | str | None = Field(None, description='Keyword arguments for `transformers.generation.ContinuousBatchingConfig`.')
     use_transformers_paged: bool = Field(None, description='Deprecated. Use `use_transformers_continuous_batching` instead.')
+
+
+class DistillationConfigFields(TRLBlock):
+    """`trl.DistillationConfig` fields a request may set in `distillation` (trl 1.16.0)."""
+
+    block: ClassVar[str] = 'distillation'
+    disable_dropout: bool = Field(None, description='Whether to disable dropout in the student model during training.')
+    max_completion_length: int | None = Field(None, description='Maximum number of tokens to generate per completion.', ge=1)
+    ds3_gather_for_generation: bool = Field(None, description='This setting applies to DeepSpeed ZeRO-3. If enabled, the policy model weights are gathered for generation, improving generation speed. However, disabling this option allows training models that exceed the VRAM capacity of a single GPU, albeit at the cost of slower generation. Disabling this option is not compatible with vLLM generation.')
+    shuffle_dataset: bool | None = Field(None, description='Whether to shuffle the training dataset.')
+    pad_to_multiple_of: int | str | None = Field(None, description="If set, the prompts ids and completions ids will be padded to a multiple of this value. `'auto'` pads to a multiple of 128 on Neuron (AWS Trainium), which compiles once per input shape, and does not pad elsewhere.")
+    temperature: float = Field(None, description='Temperature for sampling and loss computation. Higher values produce softer distributions.', gt=0)
+    top_p: float = Field(None, description='Top-p (nucleus) sampling parameter for on-policy generation.', gt=0, le=1)
+    top_k: int = Field(None, description='Top-k sampling parameter for on-policy generation. 0 disables top-k filtering.', ge=0)
+    min_p: float | None = Field(None, description='Minimum token probability, which will be scaled by the probability of the most likely token. It must be a value between 0.0 and 1.0. Typical values are in the 0.01-0.2 range.')
+    generation_kwargs: dict[str, Any] | str | None = Field(None, description='Additional keyword arguments to pass to `GenerationConfig` (if using transformers) or `SamplingParams` (if using vLLM) when sampling completions. This can be used to further customize the generation behavior, such as setting `suppress_tokens`, `num_beams`, etc. If it contains keys that conflict with the other generation parameters (like `min_p`, `top_p`, etc.), they will override them.')
+    chat_template_kwargs: dict[str, Any] | str | None = Field(None, description='Additional keyword arguments to pass to the `apply_chat_template` function when generating completions.')
+    repetition_penalty: float = Field(None, description='Float that penalizes new tokens based on whether they appear in the prompt and the generated text so far. Values > 1.0 encourage the model to use new tokens, while values < 1.0 encourage the model to repeat tokens.')
+    cache_implementation: str | None = Field(None, description='Implementation of the cache method for faster generation when use_vllm is set to False.')
+    use_vllm: bool = Field(None, description='Whether to use vLLM for generating on-policy completions from the student model.')
+    vllm_mode: Literal['server', 'colocate'] = Field(None, description='Mode for student vLLM integration. Either "server" or "colocate".')
+    vllm_model_impl: Literal['vllm', 'transformers'] = Field(None, description='Model implementation backend for vLLM. Use "vllm" or "transformers".')
+    vllm_enable_sleep_mode: bool = Field(None, description='Enable vLLM sleep mode to offload student weights during the optimizer step.')
+    vllm_structured_outputs_regex: str | None = Field(None, description='Regex pattern for vLLM structured outputs.')
+    vllm_server_timeout: float = Field(None, description='Timeout for connecting to the student vLLM server.')
+    vllm_gpu_memory_utilization: float = Field(None, description='GPU memory utilization for the colocated student vLLM engine.')
+    vllm_max_model_length: int | None = Field(None, description='Maximum model sequence length for the colocated vLLM engine.')
+    vllm_tensor_parallel_size: int = Field(None, description='Tensor parallel size for the colocated student vLLM engine.')
+    beta: float = Field(None, description="Interpolation coefficient for the Generalized JSD loss. 0.0 = forward KL, 0.5 = JSD, 1.0 = reverse KL. Unlike GRPO's `beta` (a KL-penalty coefficient against a reference model), here it selects the divergence itself; there is no reference-model KL penalty.", ge=0, le=1)
+    max_tool_calling_iterations: int | None = Field(None, description='Maximum number of tool-calling turns when training an agent. If `None`, there is no limit and generation stops when the model generates a response turn with no tool calls or when the total response length reaches `max_model_length`.')
+    log_completions: bool = Field(None, description='Whether to log a sample of (prompt, completion) pairs every `logging_steps` steps. If `rich` is installed, it prints the sample. If `wandb` and/or `trackio` logging is enabled, it logs it to `wandb` and/or `trackio`.')
+    num_completions_to_print: int | None = Field(None, description='Number of completions to print with `rich`. If `None`, all completions are logged.')
+    log_unique_prompts: bool = Field(None, description='Whether to log unique prompts. If `True`, only unique prompts are logged. If `False`, all prompts are logged.')
 
 
 class ORPOConfigFields(TRLBlock):

@@ -110,8 +110,8 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
 
 
 def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | ReferenceModelSpec]]:
-    """The models a request names besides its base (reward models, DPO's and KTO's reference, an
-    evaluation's reward model), each under the same rules as the base."""
+    """The models a request names besides its base (reward models, DPO's and KTO's reference,
+    distillation's teacher, an evaluation's reward model), each under the same rules as the base."""
     found: list[tuple[str, RewardModelSpec | ReferenceModelSpec]] = []
     rewards = getattr(request, "rewards", None)
     if rewards is not None and rewards.model is not None:
@@ -122,6 +122,9 @@ def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | Ref
     ref_model = getattr(request, "ref_model", None)
     if ref_model is not None:
         found.append(("ref_model.id", ref_model))
+    teacher = getattr(request, "teacher_model", None)
+    if teacher is not None:
+        found.append(("teacher_model.id", teacher))
     for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
         model = getattr(suite, "model", None)
         if model is not None:

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
-from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods
+from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, teacher_dir
 from daemon.hub.push import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import LocalKafka
@@ -32,10 +32,10 @@ from daemon.settings import Settings
 from schemas import RequestBase
 
 
-def build_tiny_model(model_dir: Path, builder: str = "handlers.tiny_model") -> None:
+def build_tiny_model(model_dir: Path, builder: str = "handlers.tiny_model", *args: str) -> None:
     """In a child interpreter: building the model imports torch, which the daemon never does."""
     if not (model_dir / "config.json").exists():
-        subprocess.run([sys.executable, "-m", builder, str(model_dir)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", builder, str(model_dir), *args], check=True, capture_output=True)
 
 
 def loading_snippet(request: RequestBase, adapter_dir: Path, vision: bool = False) -> str:
@@ -94,6 +94,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
             model_dir = work_dir / "tiny-model"
             print(f"building a tiny Qwen2 model in {model_dir}...")
             await asyncio.to_thread(build_tiny_model, model_dir)
+            if method == "distillation":
+                print(f"building its teacher, the same tiny model from another seed, in {teacher_dir(model_dir)}...")
+                await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.tiny_model", "1")
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")

@@ -88,7 +88,7 @@ VISION_PROMPT_ROWS = [{"prompt": _asks("What colour is this square?"), "image": 
 
 ROWS = {
     "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "reward": PREFERENCE_ROWS,
-    "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS,
+    "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS, "distillation": PROMPT_ROWS,
     "sft-vision": VISION_CHAT_ROWS, "dpo-vision": VISION_PREFERENCE_ROWS, "grpo-vision": VISION_PROMPT_ROWS,
 }
 # Generation on the CPU: 4 completions of 16 tokens per prompt (the examples ask for 64).
@@ -96,7 +96,13 @@ SHORT_GENERATION = {
     "grpo": {"num_generations": 4, "max_completion_length": 16},
     "rloo": {"num_generations": 4, "max_completion_length": 16},
     "ppo": {"response_length": 16},
+    "distillation": {"max_completion_length": 16},
 }
+
+
+def teacher_dir(model_dir: Path) -> Path:
+    """The distillation demo's teacher: the tiny model from another seed, beside it (the demo builds it)."""
+    return model_dir.parent / "tiny-teacher"
 
 
 def demo_request(name: str, model_dir: Path) -> RequestBase:
@@ -119,6 +125,8 @@ def demo_request(name: str, model_dir: Path) -> RequestBase:
         request["rewards"].pop("model", None)  # the example's reward model is a Hub repo; its functions suffice
     if "reward_model" in request:
         request["reward_model"] = {"id": str(model_dir)}  # PPO needs one: the tiny model, its score head untrained
+    if "teacher_model" in request:
+        request["teacher_model"] = {"id": str(teacher_dir(model_dir))}
     decoded = decode_request(json.dumps(request).encode())
     if not isinstance(decoded, RequestBase):
         raise ValueError(f"the demo's {name} request is invalid: {decoded.errors}")

@@ -19,10 +19,11 @@ FOUND_ON_THE_HUB = TrainResult(
 )
 
 
-def _ref_model(request: RequestBase) -> str | None:
-    """The reference model a dpo or kto request named; None for the other methods and when the base was the reference."""
-    ref_model = getattr(request, "ref_model", None)
-    return ref_model.id if ref_model is not None else None
+def _named_model(request: RequestBase, field: str) -> str | None:
+    """The id of the model a request names in `field` (a dpo or kto `ref_model`, a distillation
+    `teacher_model`); None where the method has none or the request left it out."""
+    model = getattr(request, field, None)
+    return model.id if model is not None else None
 
 
 def succeeded_event(
@@ -47,8 +48,10 @@ def succeeded_event(
         trainer=result.trainer,
         base_model=request.model.id,
         base_model_revision=result.base_model_revision,
-        ref_model=_ref_model(request),
+        ref_model=_named_model(request, "ref_model"),
         ref_model_revision=result.ref_model_revision,
+        teacher_model=_named_model(request, "teacher_model"),
+        teacher_model_revision=result.teacher_model_revision,
         dataset_fingerprint=result.dataset_fingerprint,
         dataset_sources=result.dataset_sources,
         tracking=result.tracking,

@@ -56,6 +56,16 @@ def test_reference_model_under_the_same_rules_as_the_base(tmp_path: Path) -> Non
     assert "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["ref_model.id"]
 
 
+def test_a_distillation_teacher_under_the_same_rules_as_the_base(tmp_path: Path) -> None:
+    raw = sft_request("policy-teacher", method="distillation", dataset={"id": "tiny/prompts"}, teacher_model={"id": "other/teacher"})
+    asking = REQUEST_MODELS["distillation"].model_validate(raw)
+    errors = refused(asking, allowed_models=["tiny/*"])
+    assert list(errors) == ["teacher_model.id"] and "other/teacher is not allowed" in errors["teacher_model.id"]
+    assert refused(asking, allowed_models=["tiny/*", "other/*"]) == {}
+    local = REQUEST_MODELS["distillation"].model_validate({**raw, "teacher_model": {"id": "/srv/models/teacher"}})
+    assert "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["teacher_model.id"]
+
+
 def test_local_model_outside_the_allowed_roots(tmp_path: Path) -> None:
     errors = refused(request(model={"id": "/srv/models/x"}), allowed_local_model_roots=[tmp_path])
     assert "outside allowed_local_model_roots" in errors["model.id"]

@@ -19,6 +19,7 @@ WRONG_COLUMNS = {
     "rloo": [{"completion": "c"}],
     "orpo": [{"prompt": "p", "rejected": "r"}],
     "cpo": [{"prompt": "p", "chosen": "c"}],
+    "distillation": [{"completion": "c"}],
 }
 NEEDS = {
     "sft": "'messages' or 'completion' and 'prompt' or 'text'",
@@ -29,6 +30,7 @@ NEEDS = {
     "rloo": "'prompt'",
     "orpo": "'chosen' and 'rejected'",
     "cpo": "'chosen' and 'rejected'",
+    "distillation": "'prompt'",
 }
 
 
