@@ -39,6 +39,7 @@ BLOCK_SOURCES: dict[str, str] = {
     "distillation": "trl.DistillationConfig",
     "orpo": "trl.experimental.orpo.ORPOConfig",
     "cpo": "trl.experimental.cpo.CPOConfig",
+    "gkd": "trl.experimental.gkd.GKDConfig",
     "ppo": "trl.experimental.ppo.PPOConfig",
 }
 
@@ -68,6 +69,13 @@ _TRACKIO = Refusal(
     "host", "a Trackio Space or bucket on the Hub is created under the host's credentials, outside `allowed_output_namespaces`",
     "training.report_to with trackio, where the host allows it (it logs to the host's trackio_dir)",
 )
+
+# Distillation's and GKD's teacher is the request's `teacher_model`, under the host's model policy.
+_TEACHER = {
+    "teacher_model_name_or_path": Refusal("daemon", "the teacher is named in the request and checked by policy", "teacher_model.id"),
+    "teacher_model_revision": Refusal("daemon", "the teacher's revision is the request's", "teacher_model.revision"),
+    "teacher_model_init_kwargs": _INIT,
+}
 
 # Block → field → why a request may not set it. "*" applies to every TRL config block (the method blocks).
 REFUSED: dict[str, dict[str, Refusal]] = {
@@ -105,11 +113,8 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "inference_mode": Refusal("daemon", "an adapter in training is not in inference mode"),
         "megatron_core": Refusal("host", "it names a module on the host to import"),
     },
-    "distillation": {
-        "teacher_model_name_or_path": Refusal("daemon", "the teacher is named in the request and checked by policy", "teacher_model.id"),
-        "teacher_model_revision": Refusal("daemon", "the teacher's revision is the request's", "teacher_model.revision"),
-        "teacher_model_init_kwargs": _INIT,
-    },
+    "distillation": _TEACHER,
+    "gkd": {name: refusal for name, refusal in _TEACHER.items() if name != "teacher_model_revision"},  # GKDConfig has no revision field
     "ppo": {
         **{name: Refusal("daemon", "PPOTrainer computes it at run time from the batch sizes and the processes")
            for name in ("batch_size", "local_batch_size", "micro_batch_size", "mini_batch_size", "num_total_batches",
@@ -186,6 +191,7 @@ BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "dpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}},
     "kto": {"beta": {"gt": 0}, "desirable_weight": {"gt": 0}, "undesirable_weight": {"gt": 0}},
     "orpo": {"beta": {"gt": 0}},
+    "gkd": {"temperature": {"gt": 0}, "lmbda": {"ge": 0, "le": 1}, "beta": {"ge": 0, "le": 1}, "max_new_tokens": {"ge": 1}},
     "cpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}, "cpo_alpha": {"ge": 0}, "simpo_gamma": {"ge": 0}},
     "grpo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
     "rloo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},

@@ -117,7 +117,7 @@ class Succeeded(EventBase):
     base_model_revision: str | None = Field(description="The resolved commit of the base model, when it came from the Hub.")
     ref_model: str | None = Field(None, description="The reference model a dpo or kto request named (ref_model.id); null when the base was the reference.")
     ref_model_revision: str | None = Field(None, description="The resolved commit of ref_model, when it came from the Hub.")
-    teacher_model: str | None = Field(None, description="The teacher a distillation request named (teacher_model.id); null for other methods.")
+    teacher_model: str | None = Field(None, description="The teacher a distillation or gkd request named (teacher_model.id); null for other methods.")
     teacher_model_revision: str | None = Field(None, description="The resolved commit of teacher_model, when it came from the Hub.")
     dataset_fingerprint: str | None
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description=(

@@ -151,7 +151,7 @@ class TrainResult(ChildMessageBase):
     metrics: dict[str, float]
     base_model_revision: str | None
     ref_model_revision: str | None = Field(None, description="The resolved commit of DPO's or KTO's ref_model, when it came from the Hub.")
-    teacher_model_revision: str | None = Field(None, description="The resolved commit of distillation's teacher_model, when it came from the Hub.")
+    teacher_model_revision: str | None = Field(None, description="The resolved commit of a distillation or gkd teacher_model, when it came from the Hub.")
     dataset_fingerprint: str | None
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description="Seconds per child stage: preflight, load_dataset, load_model, train, save.")

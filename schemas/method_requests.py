@@ -17,6 +17,7 @@ from schemas.trl_fields import (
     CPOConfigFields,
     DistillationConfigFields,
     DPOConfigFields,
+    GKDConfigFields,
     GRPOConfigFields,
     KTOConfigFields,
     ORPOConfigFields,
@@ -51,6 +52,10 @@ class DistillationSpec(DistillationConfigFields):
     """`trl.DistillationConfig` fields specific to on-policy distillation."""
 
 
+class GKDSpec(GKDConfigFields):
+    """`trl.experimental.gkd.GKDConfig` fields specific to GKD (with the `trl.SFTConfig` ones it extends)."""
+
+
 class CPOSpec(CPOConfigFields):
     """`trl.experimental.cpo.CPOConfig` fields specific to CPO."""
 
@@ -83,7 +88,7 @@ class ReferenceModelSpec(Frozen):
 
 
 class TeacherModelSpec(ReferenceModelSpec):
-    """Distillation's teacher, whose next-token distribution the student learns: checked by the host's
+    """Distillation's and GKD's teacher, whose next-token distribution the student learns: checked by the host's
     model policy and loaded like the base (its dtype, quantization and trust_remote_code); it must
     share the base model's tokenizer."""
 
@@ -199,6 +204,17 @@ class CPORequest(RequestBase):
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"chosen", "rejected"}),)
+
+
+class GKDRequest(RequestBase):
+    """Experimental: GKD with `trl.experimental.gkd.GKDTrainer`. Rows: `messages`; the teacher is `teacher_model`."""
+
+    method: Literal["gkd"]
+    gkd: GKDSpec = GKDSpec()  # shared when left out, as in RequestBase
+    teacher_model: TeacherModelSpec
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return (frozenset({"messages"}),)
 
 
 class PPORequest(RequestBase):

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from schemas.trl_block import TRLBlock
 
-GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
+GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
 
 
 class TrainingArgumentsFields(TRLBlock):
@@ -443,6 +443,36 @@ class CPOConfigFields(TRLBlock):
     generate_during_eval: bool = Field(None, description='If `True`, generates and logs completions from the model to W&B during evaluation.')
     is_encoder_decoder: bool | None = Field(None, description='Whether the model is an encoder-decoder model.')
     dataset_num_proc: int | None = Field(None, description='Number of processes to use for processing the dataset.')
+
+
+class GKDConfigFields(TRLBlock):
+    """`trl.experimental.gkd.GKDConfig` fields a request may set in `gkd` (trl 1.16.0)."""
+
+    block: ClassVar[str] = 'gkd'
+    router_aux_loss_coef: float | None = Field(None, description='Coefficient of the load-balancing auxiliary loss for Mixture-of-Experts (MoE) models, added to the training loss with this weight. When not set, the value declared by the model config is used. Set to `0.0` to disable it. Fails when used with a non-MoE model.')
+    dataset_text_field: str = Field(None, description='Name of the column that contains text data in the dataset.')
+    dataset_kwargs: dict[str, Any] | str | None = Field(None, description='Dictionary of optional keyword arguments for the dataset preparation. The only supported key is `skip_prepare_dataset`. When the dataset contains images, `skip_prepare_dataset` is automatically treated as `True` regardless of the provided value, since preprocessing is done on the fly.')
+    dataset_num_proc: int | None = Field(None, description='Number of processes to use for processing the dataset.')
+    eos_token: str | None = Field(None, description='Token used to indicate the end of a turn or sequence. If `None`, it defaults to `processing_class.eos_token`.')
+    max_length: int | None = Field(None, description='Maximum length of the tokenized sequence. Sequences longer than `max_length` are truncated from the left or right depending on the `truncation_mode`. If `None`, no truncation is applied. When packing is enabled, this value sets the sequence length.', ge=1)
+    truncation_mode: Literal['keep_end', 'keep_start'] = Field(None, description="Truncation mode to use when the sequence exceeds `max_length`. The only supported value is `'keep_start'`. The `'keep_end'` value is deprecated and will be removed in v2.0.0.")
+    shuffle_dataset: bool = Field(None, description='Whether to shuffle the dataset.')
+    packing: bool = Field(None, description='Whether to group multiple sequences into fixed-length blocks to improve computational efficiency and reduce padding. Uses `max_length` to define sequence length.')
+    packing_strategy: Literal['bfd', 'bfd_split', 'wrapped'] = Field(None, description="Strategy for packing sequences. Can be `'bfd'` (best-fit decreasing, truncates overflow), `'bfd_split'` (best-fit decreasing, splits overflow sequences), or `'wrapped'` (aggressive, cuts mid-sequence).")
+    padding_free: bool = Field(None, description="Whether to perform forward passes without padding by flattening all sequences in the batch into a single continuous sequence. This reduces memory usage by eliminating padding overhead. Currently, this is only supported with the FlashAttention 2 or 3, which can efficiently handle the flattened batch structure. When packing is enabled with strategy `'bfd'`, padding-free is enabled, regardless of the value of this parameter.")
+    pad_to_multiple_of: int | str | None = Field(None, description="If set, the sequences will be padded to a multiple of this value. `'auto'` pads to a multiple of 128 on Neuron (AWS Trainium), which compiles once per input shape, and does not pad elsewhere.")
+    eval_packing: bool | None = Field(None, description='Whether to pack the eval dataset. If `None`, uses the same value as `packing`.')
+    completion_only_loss: bool | None = Field(None, description='Whether to compute loss only on the completion part of the sequence. If set to `True`, loss is computed only on the completion, which is supported only for prompt-completion datasets. If `False`, loss is computed on the entire sequence. If `None` (default), the behavior depends on the dataset: loss is computed on the completion for prompt-completion datasets, and on the full sequence for language modeling datasets.')
+    assistant_only_loss: bool = Field(None, description='Whether to compute loss only on the assistant part of the sequence. If set to `True`, loss is computed only on the assistant responses, which is supported only for conversational datasets. If `False`, loss is computed on the entire sequence.')
+    loss_type: Literal['nll', 'dft', 'chunked_nll'] = Field(None, description="Type of loss to use. Possible values are `'nll'` (standard negative log-likelihood) and `'dft'` (Dynamic Fine-Tuning, https://huggingface.co/papers/2508.05629).")
+    activation_offloading: bool = Field(None, description='Whether to offload the activations to the CPU.')
+    pad_token: str | None = Field(None, description='Deprecated. Set `tokenizer.pad_token` directly and pass it as `processing_class` to the trainer instead.')
+    temperature: float = Field(None, description='Temperature for sampling. The higher the temperature, the more random the completions.', gt=0)
+    lmbda: float = Field(None, description='Lambda parameter that controls the student data fraction (i.e., the proportion of on-policy student-generated outputs).', ge=0, le=1)
+    beta: float = Field(None, description='Interpolation coefficient between `0.0` and `1.0` of the Generalized Jensen-Shannon Divergence loss. When beta is `0.0`, the loss is the KL divergence. When beta is `1.0`, the loss is the Inverse KL Divergence.', ge=0, le=1)
+    max_new_tokens: int = Field(None, description='Maximum number of tokens to generate per completion.', ge=1)
+    disable_dropout: bool = Field(None, description='Whether to disable dropouts in `model`.')
+    seq_kd: bool = Field(None, description='Seq_kd parameter that controls whether to perform Sequence-Level KD (can be viewed as supervised FT on teacher-generated output).')
 
 
 class PPOConfigFields(TRLBlock):

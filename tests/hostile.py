@@ -96,6 +96,13 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("eval-carve", "dataset.test_split_size", dataset={**valid["dataset"], "test_split_size": 1e6}),
         variant("eval-tokens", "evaluation.suites.0.max_new_tokens", dataset={**valid["dataset"], "test_split_size": 0.5},
                 evaluation={"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}], "max_new_tokens": 10**9}]}),
+        # A teacher is a model like the base: no host path outside the allowed roots, no TRL field
+        # round the policy, and its on-policy answers bounded by the operator.
+        variant("teacher-path", "teacher_model.id", method="distillation", teacher_model={"id": "/etc"},
+                dataset={"rows": [{"prompt": "hi"}] * 2}),
+        variant("teacher-field", "distillation.teacher_model_name_or_path", method="distillation", teacher_model=valid["model"],
+                distillation={"teacher_model_name_or_path": "/etc"}, dataset={"rows": [{"prompt": "hi"}] * 2}),
+        variant("gkd-tokens", "gkd.max_new_tokens", method="gkd", teacher_model=valid["model"], gkd={"max_new_tokens": 10**9}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]

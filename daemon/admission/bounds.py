@@ -32,6 +32,7 @@ BOUNDS: dict[str, str] = {
     "num_generations_eval": "max_generations",
     "num_sample_generations": "max_generations",
     "max_completion_length": "max_new_tokens",
+    "max_new_tokens": "max_new_tokens",  # gkd's on-policy answers
     "max_length": "max_sequence_length",
 }
 # Keys inside `generation_kwargs` (passed to transformers' generate) → the setting that bounds them.

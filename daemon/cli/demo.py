@@ -94,7 +94,7 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
             model_dir = work_dir / "tiny-model"
             print(f"building a tiny Qwen2 model in {model_dir}...")
             await asyncio.to_thread(build_tiny_model, model_dir)
-            if method == "distillation":
+            if method in ("distillation", "gkd"):
                 print(f"building its teacher, the same tiny model from another seed, in {teacher_dir(model_dir)}...")
                 await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.tiny_model", "1")
 

@@ -196,12 +196,12 @@ def test_on_a_host_without_a_hub_the_current_adapter_is_the_local_sinks(tiny_mod
     assert current.metrics["eval_loss"] != pytest.approx(second.evaluation.baselines["base"].metrics["eval_loss"], rel=1e-4)
 
 
-@pytest.mark.parametrize("method", ["kto", "reward", "orpo", "cpo", "rloo", "distillation"])
+@pytest.mark.parametrize("method", ["kto", "reward", "orpo", "cpo", "rloo", "distillation", "gkd"])
 def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
-    rows = {"kto": LABELLED_ROWS, "reward": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "rloo": PROMPT_ROWS, "distillation": PROMPT_ROWS}[method]
+    rows = {"kto": LABELLED_ROWS, "reward": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "rloo": PROMPT_ROWS, "distillation": PROMPT_ROWS, "gkd": CHAT_ROWS}[method]
     eval_rows = HELD_OUT_PROMPTS if method in ("rloo", "distillation") else rows[:2]
     extra: dict[str, Any] = {"rloo": {"num_generations": 4, "max_completion_length": 8},
-                             "distillation": {"max_completion_length": 8}}.get(method, {})
+                             "distillation": {"max_completion_length": 8}, "gkd": {"max_new_tokens": 8}}.get(method, {})
     request = example_request(
         method, f"eval-{method}", dataset={"rows": rows, "eval": {"rows": eval_rows}},
         training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 4 if method == "rloo" else 2,
@@ -210,7 +210,7 @@ def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str,
         **({method: {**example_request(method, "x").get(method, {}), **extra}} if extra else {}),
     )
     request["model"] = {"id": str(tiny_model_dir)}
-    if method == "distillation":
+    if method in ("distillation", "gkd"):
         request["teacher_model"] = {"id": str(other_model(tiny_model_dir, tmp_path / "teacher"))}
     if "rewards" in request:
         request["rewards"].pop("model", None)  # the example's reward model is a Hub repo; its functions suffice

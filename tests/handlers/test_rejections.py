@@ -20,6 +20,7 @@ WRONG_COLUMNS = {
     "orpo": [{"prompt": "p", "rejected": "r"}],
     "cpo": [{"prompt": "p", "chosen": "c"}],
     "distillation": [{"completion": "c"}],
+    "gkd": [{"prompt": "p", "completion": "c"}],
 }
 NEEDS = {
     "sft": "'messages' or 'completion' and 'prompt' or 'text'",
@@ -31,6 +32,7 @@ NEEDS = {
     "orpo": "'chosen' and 'rejected'",
     "cpo": "'chosen' and 'rejected'",
     "distillation": "'prompt'",
+    "gkd": "'messages'",
 }
 
 
