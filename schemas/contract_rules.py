@@ -40,6 +40,7 @@ BLOCK_SOURCES: dict[str, str] = {
     "orpo": "trl.experimental.orpo.ORPOConfig",
     "cpo": "trl.experimental.cpo.CPOConfig",
     "gkd": "trl.experimental.gkd.GKDConfig",
+    "online_dpo": "trl.experimental.online_dpo.OnlineDPOConfig",
     "ppo": "trl.experimental.ppo.PPOConfig",
 }
 
@@ -171,6 +172,7 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     # DistillationConfig's help puts these in double quotes, which HELP_CHOICES does not read.
     "distillation": {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")},
+    "online_dpo": {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")},
 }
 HELP_CHOICES: dict[str, tuple[str, ...]] = {
     "dpo": ("loss_type", "f_divergence_type"),
@@ -191,6 +193,7 @@ BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "dpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}},
     "kto": {"beta": {"gt": 0}, "desirable_weight": {"gt": 0}, "undesirable_weight": {"gt": 0}},
     "orpo": {"beta": {"gt": 0}},
+    "online_dpo": {"temperature": {"gt": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": 0}, "max_new_tokens": {"ge": 1}},
     "gkd": {"temperature": {"gt": 0}, "lmbda": {"ge": 0, "le": 1}, "beta": {"ge": 0, "le": 1}, "max_new_tokens": {"ge": 1}},
     "cpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}, "cpo_alpha": {"ge": 0}, "simpo_gamma": {"ge": 0}},
     "grpo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},

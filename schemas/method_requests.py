@@ -20,6 +20,7 @@ from schemas.trl_fields import (
     GKDConfigFields,
     GRPOConfigFields,
     KTOConfigFields,
+    OnlineDPOConfigFields,
     ORPOConfigFields,
     PPOConfigFields,
     RewardConfigFields,
@@ -54,6 +55,10 @@ class DistillationSpec(DistillationConfigFields):
 
 class GKDSpec(GKDConfigFields):
     """`trl.experimental.gkd.GKDConfig` fields specific to GKD (with the `trl.SFTConfig` ones it extends)."""
+
+
+class OnlineDPOSpec(OnlineDPOConfigFields):
+    """`trl.experimental.online_dpo.OnlineDPOConfig` fields specific to online DPO."""
 
 
 class CPOSpec(CPOConfigFields):
@@ -215,6 +220,18 @@ class GKDRequest(RequestBase):
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"messages"}),)
+
+
+class OnlineDPORequest(RequestBase):
+    """Experimental: online DPO with `trl.experimental.online_dpo.OnlineDPOTrainer`. Rows: `prompt` (plus
+    reward columns); each pair of the policy's answers is judged by `rewards`."""
+
+    method: Literal["online_dpo"]
+    online_dpo: OnlineDPOSpec = OnlineDPOSpec()  # shared when left out, as in RequestBase
+    rewards: OnlineRewards
+
+    def accepted_formats(self) -> tuple[frozenset[str], ...]:
+        return (frozenset({"prompt"}),)
 
 
 class PPORequest(RequestBase):

@@ -67,6 +67,9 @@ METHODS: dict[str, Method] = {
                   "`chosen` + `rejected` (and usually `prompt`)"),
     "gkd": Method("gkd", "trl.experimental.gkd.GKDTrainer", "trl.experimental.gkd.GKDConfig", "experimental",
                   "`messages` (the teacher's distribution on them, and on the student's own answers: `lmbda`)"),
+    "online_dpo": Method("online_dpo", "trl.experimental.online_dpo.OnlineDPOTrainer", "trl.experimental.online_dpo.OnlineDPOConfig",
+                         "experimental", "`prompt` (+ columns the rewards read)",
+                         evaluates=False),  # OnlineDPOTrainer.evaluate() cannot run on prompt rows (it wants input_ids)
     "ppo": Method("ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
                   "`prompt`", trl_min="1.10", trl_below="1.13", evaluates=False,
                   trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),

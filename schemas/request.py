@@ -28,6 +28,8 @@ from schemas.method_requests import (
     KLEarlyStopSpec,
     KTORequest,
     KTOSpec,
+    OnlineDPORequest,
+    OnlineDPOSpec,
     ORPORequest,
     ORPOSpec,
     PPORequest,
@@ -64,7 +66,7 @@ from schemas.rewards import (
 )
 
 # Every method's request model, in the method table's order.
-AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | DistillationRequest | ORPORequest | CPORequest | GKDRequest | PPORequest
+AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | DistillationRequest | ORPORequest | CPORequest | GKDRequest | OnlineDPORequest | PPORequest
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
 TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
@@ -73,7 +75,7 @@ TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
 REQUEST_MODELS: dict[str, type[RequestBase]] = {get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)}
 
 __all__ = [
-    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "DistillationRequest", "DistillationSpec", "GKDRequest", "GKDSpec",
+    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "DistillationRequest", "DistillationSpec", "GKDRequest", "GKDSpec", "OnlineDPORequest", "OnlineDPOSpec",
     "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
     "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
     "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",

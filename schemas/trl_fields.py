@@ -15,7 +15,7 @@ from pydantic import Field
 
 from schemas.trl_block import TRLBlock
 
-GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
+GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "online_dpo": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
 
 
 class TrainingArgumentsFields(TRLBlock):
@@ -473,6 +473,34 @@ class GKDConfigFields(TRLBlock):
     max_new_tokens: int = Field(None, description='Maximum number of tokens to generate per completion.', ge=1)
     disable_dropout: bool = Field(None, description='Whether to disable dropouts in `model`.')
     seq_kd: bool = Field(None, description='Seq_kd parameter that controls whether to perform Sequence-Level KD (can be viewed as supervised FT on teacher-generated output).')
+
+
+class OnlineDPOConfigFields(TRLBlock):
+    """`trl.experimental.online_dpo.OnlineDPOConfig` fields a request may set in `online_dpo` (trl 1.16.0)."""
+
+    block: ClassVar[str] = 'online_dpo'
+    max_new_tokens: int = Field(None, description='Maximum number of tokens to generate per completion.', ge=1)
+    max_length: int = Field(None, description='Maximum total length of the sequence (prompt + completion) used to compute log probabilities. If the sequence exceeds this limit, the leftmost tokens will be truncated to preserve as much of the completion as possible. Not applied when the inputs contain images, as truncation would drop image tokens.', ge=1)
+    temperature: float = Field(None, description='Temperature for sampling. The higher the temperature, the more random the completions.', gt=0)
+    top_p: float = Field(None, description='Float that controls the cumulative probability of the top tokens to consider. Must be in (0, 1]. Set to 1.0 to consider all tokens.', gt=0, le=1)
+    top_k: int = Field(None, description='Number of highest probability vocabulary tokens to keep for top-k-filtering. If `0`, top-k-filtering is disabled and all tokens are considered.', ge=0)
+    min_p: float | None = Field(None, description='Minimum token probability, which will be scaled by the probability of the most likely token. It must be a value between 0.0 and 1.0. Typical values are in the 0.01-0.2 range.')
+    repetition_penalty: float = Field(None, description='Float that penalizes new tokens based on whether they appear in the prompt and the generated text so far. Values > 1.0 encourage the model to use new tokens, while values < 1.0 encourage the model to repeat tokens.')
+    generation_kwargs: dict[str, Any] | None = Field(None, description='Additional keyword arguments to pass to `GenerationConfig` (if using transformers) or `SamplingParams` (if using vLLM) when sampling completions. This can be used to further customize the generation behavior, such as setting `suppress_tokens`, `num_beams`, etc. If it contains keys that conflict with the other generation parameters (like `min_p`, `top_p`, etc.), they will override them.')
+    cache_implementation: str | None = Field(None, description='Implementation of the cache method for faster generation when use_vllm is set to False.')
+    missing_eos_penalty: float | None = Field(None, description='Penalty applied to the score when the model fails to generate an EOS token. This is useful to encourage to generate completions shorter than the maximum length (`max_new_tokens`). The penalty must be a positive value.')
+    beta: list[float] = Field(None, description="Parameter controlling the deviation from the reference model. Higher β means less deviation from the reference model. For the IPO loss (`loss_type='ipo'`), β is the regularization parameter denoted by τ in the [paper](https://huggingface.co/papers/2310.12036). If a list of floats is provided then the β is selected for each new epoch and the last β is used for the rest of the epochs.")
+    loss_type: Literal['sigmoid', 'ipo'] = Field(None, description='Type of loss to use.')
+    disable_dropout: bool = Field(None, description='Whether to disable dropout in the model.')
+    use_vllm: bool = Field(None, description='Whether to use vLLM for generating completions. Requires vLLM to be installed (`pip install trl[vllm]`).')
+    vllm_model_impl: Literal['vllm', 'transformers'] = Field(None, description='Model implementation to use for vLLM. Must be one of `transformers` or `vllm`. `transformers`: Use the `transformers` backend for model implementation. `vllm`: Use the `vllm` library for model implementation.')
+    vllm_structured_outputs_regex: str | None = Field(None, description='Regex for vLLM structured outputs. If `None` (default), structured outputs is disabled.')
+    vllm_gpu_memory_utilization: float | None = Field(None, description="Control the GPU memory utilization for vLLM. This setting only applies when `vllm_mode` is set to `'colocate'`. If you are using `vllm_mode='server'`, this parameter must be passed separately when launching the vLLM server via the `--vllm_gpu_memory_utilization` flag.")
+    vllm_mode: Literal['server', 'colocate'] = Field(None, description="Mode to use for vLLM integration when `use_vllm` is set to `True`. Must be one of `'server'` or `'colocate'`. `'server'`: The trainer will send generation requests to a separate vLLM server. Make sure a vLLM server is running (start with `vllm serve`). `'colocate'`: vLLM will run in the same process and share the training GPUs. This avoids the need for a separate server but may cause resource contention with training.")
+    vllm_server_timeout: float = Field(None, description='Total timeout duration in seconds to wait for the vLLM server to be up. If the server is not up after the timeout, a `ConnectionError` is raised.')
+    vllm_tensor_parallel_size: int = Field(None, description="Control the tensor parallel size for vLLM. This setting only applies when `vllm_mode` is set to `'colocate'`. If you are using `vllm_mode='server'`, this parameter must be passed separately when launching the vLLM server via the `--vllm_tensor_parallel_size` flag.")
+    vllm_enable_sleep_mode: bool = Field(None, description='Enable vLLM sleep mode to offload weights/cache during the optimizer step. Keeps GPU memory usage low, but waking the engine adds host–device transfer latency.')
+    ds3_gather_for_generation: bool = Field(None, description='This setting applies to DeepSpeed ZeRO-3. If enabled, the policy model weights are gathered for generation, improving generation speed. However, disabling this option allows training models that exceed the VRAM capacity of a single GPU, albeit at the cost of slower generation. Disabling this option is not compatible with vLLM generation.')
 
 
 class PPOConfigFields(TRLBlock):

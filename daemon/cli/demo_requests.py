@@ -87,7 +87,7 @@ VISION_PREFERENCE_ROWS = [
 VISION_PROMPT_ROWS = [{"prompt": _asks("What colour is this square?"), "image": square(rgb), "answer": name} for name, rgb in COLOURS.items()]
 
 ROWS = {
-    "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "gkd": CHAT_ROWS, "reward": PREFERENCE_ROWS,
+    "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "gkd": CHAT_ROWS, "online_dpo": PROMPT_ROWS, "reward": PREFERENCE_ROWS,
     "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS, "distillation": PROMPT_ROWS,
     "sft-vision": VISION_CHAT_ROWS, "dpo-vision": VISION_PREFERENCE_ROWS, "grpo-vision": VISION_PROMPT_ROWS,
 }
@@ -98,6 +98,7 @@ SHORT_GENERATION = {
     "ppo": {"response_length": 16},
     "distillation": {"max_completion_length": 16},
     "gkd": {"max_new_tokens": 16},
+    "online_dpo": {"max_new_tokens": 16},
 }
 
 

@@ -21,6 +21,7 @@ WRONG_COLUMNS = {
     "cpo": [{"prompt": "p", "chosen": "c"}],
     "distillation": [{"completion": "c"}],
     "gkd": [{"prompt": "p", "completion": "c"}],
+    "online_dpo": [{"question": "q", "answer": "a"}],
 }
 NEEDS = {
     "sft": "'messages' or 'completion' and 'prompt' or 'text'",
@@ -33,6 +34,7 @@ NEEDS = {
     "cpo": "'chosen' and 'rejected'",
     "distillation": "'prompt'",
     "gkd": "'messages'",
+    "online_dpo": "'prompt'",
 }
 
 

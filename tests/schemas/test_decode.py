@@ -56,7 +56,7 @@ def test_unknown_or_missing_method_names_the_known_ones(method: str | None) -> N
     assert outcome.reason == "unknown_method"
     assert outcome.request_id == "req-1"
     assert outcome.errors[0].path == "method"
-    assert "known methods: cpo, distillation, dpo, gkd, grpo, kto, orpo, ppo, reward, rloo, sft" in outcome.errors[0].message
+    assert "known methods: cpo, distillation, dpo, gkd, grpo, kto, online_dpo, orpo, ppo, reward, rloo, sft" in outcome.errors[0].message
 
 
 def test_each_offending_field_is_named() -> None:
