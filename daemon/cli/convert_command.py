@@ -53,6 +53,8 @@ def convert_trl_config(
         raise typer.Exit(2) from exc
     for renamed in conversion.renamed:
         typer.echo(renamed.line(), err=True)
+    for changed in conversion.changed:
+        typer.echo(changed.line(), err=True)
     for dropped in conversion.dropped:
         typer.echo(dropped.line(), err=True)
     if conversion.request is None:

@@ -38,15 +38,27 @@ class Renamed:
         return f"{self.old}: carried as {self.new} (renamed in {self.release}{'; ' + self.note if self.note else ''})"
 
 
+@dataclass(frozen=True)
+class Changed:
+    """A key of the file carried where its meaning is not quite the same in adapterd: said, never silent."""
+
+    key: str
+    how: str
+
+    def line(self) -> str:
+        return f"{self.key}: carried, but {self.how}"
+
+
 @dataclass
 class Conversion:
     """The request (validated; None when it is not valid), the keys carried under a new name, the
-    keys left out, and why the request is not valid."""
+    keys carried with a change of meaning, the keys left out, and why the request is not valid."""
 
     request: RequestBase | None = None
     renamed: list[Renamed] = field(default_factory=list)
     dropped: list[Dropped] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
+    changed: list[Changed] = field(default_factory=list)
 
 
 def same_value(value: Any, default: Any) -> bool:
@@ -71,6 +83,7 @@ class Ledger:
         self.request = request
         self.origin: dict[str, str] = {}  # request path → the key of the file it came from
         self.renamed: list[Renamed] = []
+        self.changed: list[Changed] = []
         self.dropped: list[Dropped] = []
         self.errors: list[FieldError] = []
         self.taken: set[str] = set()

@@ -112,6 +112,9 @@ class _Converter(Ledger):
         for name in self.model_fields:
             if self.has(name):
                 self.put(f"model.{name}", self.get(name), name)
+        if self.has("chat_template"):
+            # The alignment-handbook's and open-r1's script argument: an inline Jinja template, as model.chat_template is.
+            self.put("model.chat_template", self.get("chat_template"), "chat_template")
         if four and not self.has("use_bnb_nested_quant"):
             self.put("model.use_bnb_nested_quant", False, "use_bnb_nested_quant")  # trl's default; adapterd's is True
 
@@ -209,7 +212,7 @@ class _Converter(Ledger):
     def checked(self) -> Conversion:
         """The request through the daemon's own decoder; the converter's errors first, then the
         schema's on fields those do not already name."""
-        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors))
+        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed)
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]

@@ -1,12 +1,14 @@
 """The dataset keys of a `trl` CLI config: trl.ScriptArguments' dataset_* keys, or a
-trl.DatasetMixtureConfig `datasets:` mixture, into the request's `dataset`."""
+trl.DatasetMixtureConfig `datasets:` mixture, into the request's `dataset`; and the recipe formats
+teams start from: the alignment-handbook's `dataset_mixture` (and its older `dataset_mixer` with
+`dataset_splits`), open-r1's `dataset_prompt_column`, read as the `datasets:` mixture they mean."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from daemon.convert.ledger import Dropped, Ledger
+from daemon.convert.ledger import Changed, Dropped, Ledger
 
 # trl.ScriptArguments (every script) and trl.DatasetMixtureConfig (the `datasets:` mixture), with their defaults (trl 1.16).
 SCRIPT_DEFAULTS: dict[str, Any] = {
@@ -22,6 +24,9 @@ URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def carry_dataset(keys: Ledger) -> None:
+    if keys.has("dataset_mixture") or keys.has("dataset_mixer"):
+        carry_handbook_mixture(keys)
+        return
     mixture = keys.get("datasets") or []
     streaming_key = "streaming" if mixture else "dataset_streaming"
     if mixture:
@@ -43,6 +48,7 @@ def carry_dataset(keys: Ledger) -> None:
     if keys.get(streaming_key, False) and "dataset" in keys.request:
         keys.put("dataset.streaming", True, streaming_key)
     keys.drop("ignore_bias_buffers", "a DDP workaround of trl's dpo script; adapterd's trainers have no such switch", False)
+    carry_prompt_column(keys)
     # trl evaluates on dataset_test_split whenever eval_strategy is not "no".
     evaluates = keys.config.get("eval_strategy", "no") not in ("no", None)
     if evaluates and not mixture and "dataset" in keys.request:
@@ -52,15 +58,15 @@ def carry_dataset(keys: Ledger) -> None:
     if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
         keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
 
-def carry_mixture(keys: Ledger, entries: list[Any]) -> None:
+def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") -> None:
     sources = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or "path" not in entry:
-            keys.error(f"dataset.mixture.{index}", f"datasets.{index}: a dataset entry is a mapping with a `path`")
+            keys.error(f"dataset.mixture.{index}", f"{prefix}.{index}: a dataset entry is a mapping with a `path`")
             continue
         source = dataset_source(entry["path"], entry.get("data_files"))
         if isinstance(source, str):
-            keys.error(f"dataset.mixture.{index}", f"datasets.{index}.path: {source}")
+            keys.error(f"dataset.mixture.{index}", f"{prefix}.{index}.path: {source}")
             continue
         if entry.get("name") is not None:
             source["config"] = entry["name"]
@@ -70,35 +76,110 @@ def carry_mixture(keys: Ledger, entries: list[Any]) -> None:
             source["proportion"] = entry["fraction"]
         for key in entry:
             if key == "data_dir" and entry[key] is not None:
-                keys.dropped.append(Dropped(f"datasets.{index}.data_dir", "a request names a Hub dataset's files in data_files; give data_files inside that folder"))
+                keys.dropped.append(Dropped(f"{prefix}.{index}.data_dir", "a request names a Hub dataset's files in data_files; give data_files inside that folder"))
             elif key == "columns" and entry[key] is not None:
-                keys.dropped.append(Dropped(f"datasets.{index}.columns", "adapterd's dataset.columns renames columns, it does not select them; the method reads the columns it needs"))
+                keys.dropped.append(Dropped(f"{prefix}.{index}.columns", "adapterd's dataset.columns renames columns, it does not select them; the method reads the columns it needs"))
             elif key not in DATASET_CONFIG_KEYS:
-                keys.dropped.append(Dropped(f"datasets.{index}.{key}", "unknown to trl's DatasetConfig"))
+                keys.dropped.append(Dropped(f"{prefix}.{index}.{key}", "unknown to trl's DatasetConfig"))
         sources.append(source)
     if len(sources) != len(entries):
         return
     if len(sources) == 1:
         sources[0].pop("proportion", None)
-        keys.put("dataset", sources[0], "datasets")
+        keys.put("dataset", sources[0], prefix)
         _carry_test_split(keys)
         return
     with_share = [source for source in sources if "proportion" in source]
     if len(with_share) != len(sources):
-        keys.error("dataset.mixture", "datasets: give every entry a `fraction`; without them trl concatenates whole datasets, "
+        keys.error("dataset.mixture", f"{prefix}: give every entry a `fraction`; without them trl concatenates whole datasets, "
                                       "and adapterd's mixture draws from each source by its proportion")
         return
-    keys.put("dataset", {"mixture": sources}, "datasets")
+    keys.put("dataset", {"mixture": sources}, prefix)
+    keys.changed.append(Changed(prefix, "each entry's fraction of its dataset becomes its share of the mixture: the recipe keeps that "
+                                        "fraction of each dataset's rows and concatenates them, adapterd interleaves the sources by "
+                                        "these shares (normalised), so a source is drawn by its share, not by its size"))
     _carry_test_split(keys)
 
 
-def _carry_test_split(keys: Ledger) -> None:
-    """A mixture's `test_split_size`: an eval set carved from its rows, as trl's get_dataset does."""
+def _carry_test_split(keys: Ledger, key: str = "test_split_size") -> None:
+    """A mixture's `test_split_size` (`key`: where the file says it): an eval set carved from its
+    rows, as trl's get_dataset and the handbook's get_dataset do."""
+    value = _nested(keys, key)
     if keys.get("streaming", False):
-        keys.drop("test_split_size", "a stream has no length to carve a fraction of; give an eval set as dataset.eval or dataset.eval_split", None)
-    elif keys.get("test_split_size") is not None:
+        if value is not None:
+            keys.dropped.append(Dropped(key, "a stream has no length to carve a fraction of; give an eval set as dataset.eval or dataset.eval_split"))
+    elif value is not None:
         # trl's own split is unseeded; adapterd's is seeded by training.seed, so every attempt evaluates the same rows.
-        keys.put("dataset.test_split_size", keys.get("test_split_size"), "test_split_size")
+        keys.put("dataset.test_split_size", value, key)
+
+
+def _nested(keys: Ledger, key: str) -> Any:
+    """The value at a dotted key of the file ("dataset_mixture.test_split_size"), or None."""
+    first, _, rest = key.partition(".")
+    value = keys.get(first)
+    for part in rest.split(".") if rest else []:
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def carry_handbook_mixture(keys: Ledger) -> None:
+    """The alignment-handbook's mixtures as trl's `datasets:` entries: `dataset_mixture: {datasets:
+    [{id, config, split, columns, weight}], seed, test_split_size}`, or the older `dataset_mixer:
+    {id: weight}` with `dataset_splits` (its train split, and a test split the eval set is read from)."""
+    for key in ("dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "datasets"):
+        keys.drop(key, "ignored: the recipe's handbook mixture names the datasets", SCRIPT_DEFAULTS.get(key))
+    if keys.has("dataset_mixture"):
+        mixture = keys.get("dataset_mixture")
+        if not isinstance(mixture, dict) or not isinstance(mixture.get("datasets"), list):
+            keys.error("dataset", "dataset_mixture: the handbook's mixture is a mapping with a `datasets` list")
+            return
+        entries = [_handbook_entry(entry) for entry in mixture["datasets"]]
+        if mixture.get("seed") is not None:
+            keys.dropped.append(Dropped("dataset_mixture.seed", "adapterd draws a mixture and carves its eval set with training.seed"))
+        for extra in set(mixture) - {"datasets", "seed", "test_split_size"}:
+            keys.dropped.append(Dropped(f"dataset_mixture.{extra}", "unknown to the handbook's DatasetMixtureConfig"))
+        carry_mixture(keys, entries, prefix="dataset_mixture.datasets")
+        _carry_test_split(keys, "dataset_mixture.test_split_size")
+        return
+    mixer, splits = keys.get("dataset_mixer"), keys.get("dataset_splits", ["train", "test"])
+    if not isinstance(mixer, dict) or not isinstance(splits, list):
+        keys.error("dataset", "dataset_mixer: a mapping of dataset ids to weights, with dataset_splits a list of split names")
+        return
+    train = [split for split in splits if "train" in str(split)]
+    test = [split for split in splits if "test" in str(split)]
+    if len(train) != 1:
+        keys.error("dataset", f"dataset_splits: {splits} names {len(train)} train splits; adapterd reads one per source")
+        return
+    carry_mixture(keys, [{"path": name, "split": train[0], "fraction": weight} for name, weight in mixer.items()], prefix="dataset_mixer")
+    evaluates = keys.config.get("eval_strategy", "no") not in ("no", None)
+    if test and evaluates and len(mixer) == 1 and "dataset" in keys.request:
+        keys.put("dataset.eval_split", test[0], "dataset_splits")  # the handbook evaluates on the test split of each dataset
+    elif test and evaluates:
+        keys.dropped.append(Dropped("dataset_splits", f"{test[0]}: the test splits of several datasets are no eval set adapterd reads; "
+                                                      "give dataset.eval or dataset.test_split_size"))
+    if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
+        keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
+
+
+def _handbook_entry(entry: Any) -> Any:
+    """A handbook mixture entry ({id, config, split, columns, weight}) as trl's DatasetConfig entry."""
+    if not isinstance(entry, dict):
+        return entry
+    names = {"id": "path", "config": "name", "weight": "fraction"}
+    return {names.get(key, key): value for key, value in entry.items()}
+
+
+def carry_prompt_column(keys: Ledger) -> None:
+    """open-r1's `dataset_prompt_column`: the column its GRPO script reads prompts from, renamed onto
+    `prompt`; its `system_prompt`, which that script puts before each prompt, has no place in a request."""
+    keys.drop("system_prompt", "open-r1's GRPO script puts it before each prompt; a request has no system prompt: "
+                               "put the system message in the rows' prompts")
+    column = keys.get("dataset_prompt_column", "prompt")
+    if column != "prompt" and "dataset" in keys.request:
+        if "mixture" in keys.request["dataset"]:
+            keys.dropped.append(Dropped("dataset_prompt_column", "a mixture's columns are renamed per source; give mixture.N.columns"))
+        else:
+            keys.put("dataset.columns", {column: "prompt"}, "dataset_prompt_column")
 
 
 def dataset_source(name: Any, data_files: Any = None) -> dict[str, Any] | str:

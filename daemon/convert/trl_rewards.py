@@ -11,6 +11,16 @@ REWARD_DEFAULTS: dict[str, Any] = {"reward_model_name_or_path": None, "reward_fu
 REWARD_METHODS = ("grpo", "rloo")
 # trl's reward functions that adapterd ships under its own name.
 REWARD_FUNCTIONS = {"think_format_reward": "think_format"}
+SHIPPED = "exact_match, regex_match, length_penalty, think_format"
+# open-r1's reward functions (open_r1/rewards.py) that adapterd has something close to, and how it differs:
+# named when a recipe asks for one, never put in the request in its place (that would change the training).
+OPEN_R1_CLOSEST = {
+    "accuracy": "exact_match against the answer column (open-r1's accuracy checks the answer with math_verify; exact_match compares the text)",
+    "format": "think_format (open-r1's format also requires the answer in <answer> tags)",
+    "tag_count": "think_format (open-r1's tag_count gives partial credit per tag)",
+    "length": "length_penalty (open-r1's length scores correct answers by length among the group)",
+    "soft_overlong_punishment": "length_penalty (open-r1's punishes only past a soft limit)",
+}
 
 
 def carry_rewards(keys: Ledger) -> None:
@@ -29,8 +39,9 @@ def carry_rewards(keys: Ledger) -> None:
             rewards.setdefault("functions", []).append({"name": REWARD_FUNCTIONS[name]})
             slots.append(rewards["functions"][-1])
         else:
-            keys.dropped.append(Dropped(f"reward_funcs.{index}", f"{name} is not a reward adapterd ships "
-                                        "(exact_match, regex_match, length_penalty, think_format); a request never names code to import"))
+            closest = f"; the closest is {OPEN_R1_CLOSEST[name]}: name it in rewards.functions if it will do" if name in OPEN_R1_CLOSEST else ""
+            keys.dropped.append(Dropped(f"reward_funcs.{index}", f"{name} is not a reward adapterd ships ({SHIPPED}); "
+                                        f"a request never names code to import{closest}"))
             slots.append(None)
     if weights is not None:
         if len(weights) != len(slots):

@@ -268,7 +268,8 @@ hub_model_id: org/mix
         {"id": "trl-lib/Capybara", "split": "train", "proportion": 1.0},
         {"url": "s3://ml-data/chat/*.jsonl", "format": "json", "proportion": 3.0},
     ], "streaming": True}
-    assert [line.split(":")[0] for line in stderr] == ["datasets.1.columns", "test_split_size", "eval_strategy"]
+    assert [line.split(":")[0] for line in stderr] == ["datasets", "datasets.1.columns", "test_split_size", "eval_strategy"]
+    assert "carried, but each entry's fraction of its dataset becomes its share" in stderr[0]  # a change of meaning, said
 
 
 def test_a_mixture_without_fractions_exits_1(tmp_path: Path) -> None:

@@ -1,0 +1,85 @@
+"""`adapterd convert trl-config` on recipes as their authors published them (tests/recipes, with
+their sources in SOURCES.md): the alignment-handbook's and open-r1's. Each converts, or fails naming
+the field and what to do; no key is unknown to the converter, and nothing that changes the training
+goes unsaid."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from daemon.cli.app import app
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+runner = CliRunner()
+
+
+def convert(name: str, method: str) -> tuple[int, dict[str, Any] | None, list[str]]:
+    result = runner.invoke(app, ["convert", "trl-config", str(RECIPES / name), "--method", method, "--output-repo", "my-org/converted"])
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else None, result.stderr.splitlines()
+
+
+def test_every_recipe_is_listed_with_its_source() -> None:
+    sources = (RECIPES / "SOURCES.md").read_text()
+    assert sorted(path.name for path in RECIPES.glob("*.yaml")) == sorted(
+        line.split("|")[1].strip() for line in sources.splitlines() if line.startswith("| ") and ".yaml" in line.split("|")[1]
+    )
+
+
+@pytest.mark.parametrize(("name", "method"), [
+    ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"), ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
+    ("open-r1-distill-7b-sft.yaml", "sft"), ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"),
+    ("handbook-smollm3-sft.yaml", "sft"), ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
+])
+def test_no_key_of_a_recipe_is_unknown_and_its_dtype_and_template_carry(name: str, method: str) -> None:
+    recipe = yaml.safe_load((RECIPES / name).read_text())
+    code, request, stderr = convert(name, method)
+    assert not [line for line in stderr if "unknown to trl" in line], stderr
+    if code == 0:
+        assert request is not None
+        assert request["model"]["dtype"] == recipe.get("dtype", recipe.get("torch_dtype"))  # bfloat16 stays bfloat16
+        if "chat_template" in recipe:
+            assert request["model"]["chat_template"] == recipe["chat_template"]
+        if "warmup_ratio" in recipe:
+            assert request["training"]["warmup_steps"] == recipe["warmup_ratio"]  # a fraction, as warmup_steps under 1 reads
+
+
+def test_the_handbooks_older_mixer_and_its_splits_carry_with_the_test_split_to_evaluate_on() -> None:
+    code, request, stderr = convert("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo")
+    assert code == 0, stderr
+    assert request is not None and request["dataset"] == {"id": "HuggingFaceH4/ultrafeedback_binarized", "split": "train_prefs",
+                                                          "eval_split": "test_prefs"}
+    assert request["training"]["eval_strategy"] == "steps" and request["model"]["quantization"] == "4bit"
+
+
+def test_the_handbooks_mixture_carries_its_sources_and_says_how_its_weights_change_meaning() -> None:
+    code, request, stderr = convert("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft")
+    recipe = yaml.safe_load((RECIPES / "handbook-zephyr-7b-beta-sft-qlora.yaml").read_text())["dataset_mixture"]
+    assert any(line.startswith("dataset_mixture.datasets: carried, but each entry's fraction") for line in stderr), stderr
+    assert any(line.startswith("dataset_mixture.seed: adapterd draws a mixture") for line in stderr), stderr
+    # Its test_split_size is a count of rows (1000), which adapterd does not take: the field is named, with where it came from.
+    assert recipe["test_split_size"] == 1000 and code == 1 and request is None
+    assert any("dataset.test_split_size" in line and "(from dataset_mixture.test_split_size)" in line for line in stderr), stderr
+
+
+def test_open_r1s_prompt_column_carries_and_its_rewards_are_refused_naming_the_closest() -> None:
+    code, request, stderr = convert("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo")
+    assert code == 1 and request is None
+    said = {line.split(":")[0]: line for line in stderr}
+    assert "the closest is exact_match" in said["reward_funcs.0"] and "the closest is think_format" in said["reward_funcs.1"]
+    assert "a request has no system prompt" in said["system_prompt"]
+    assert any(line.strip().startswith("rewards: Field required") for line in stderr), stderr
+    assert "dataset_prompt_column" not in said  # carried: the recipe's `problem` column is read as the prompt
+
+
+def test_open_r1s_prompt_column_is_renamed_onto_prompt(tmp_path: Path) -> None:
+    recipe = yaml.safe_load((RECIPES / "open-r1-qwen2.5-1.5b-grpo-demo.yaml").read_text())
+    recipe["reward_funcs"], recipe["reward_weights"] = ["think_format_reward"], [1.0]  # a reward adapterd ships, in place of open-r1's
+    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(recipe))
+    result = runner.invoke(app, ["convert", "trl-config", str(tmp_path / "grpo.yaml"), "--method", "grpo", "--output-repo", "my-org/x"])
+    assert result.exit_code == 0, result.stderr
+    request = json.loads(result.stdout)
+    assert request["dataset"]["columns"] == {"problem": "prompt"} and request["rewards"] == {"functions": [{"name": "think_format", "weight": 1.0}]}
