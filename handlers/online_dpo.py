@@ -19,11 +19,10 @@ from handlers.common import (
     load_causal_lm,
     load_data,
     lora_config,
-    resolve_model,
     train_and_save,
     trl_config,
 )
-from handlers.rewards import check_reward_columns, reward_functions
+from handlers.rewards import check_reward_columns, load_rewards
 from handlers.vllm_support import check_vllm, vllm_arguments
 from schemas.job import JobSpec, TrainResult
 from schemas.request import OnlineDPORequest
@@ -34,8 +33,7 @@ def train(request: OnlineDPORequest, job: JobSpec, reporter: StatusReporter) -> 
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, job, reporter, data)
-    reward_model_path = resolve_model(request.rewards.model, "rewards.model", max_bytes=job.max_model_bytes)[0] if request.rewards.model else None
-    reward_funcs, reward_weights = reward_functions(request.rewards, reward_model_path)
+    reward_funcs, reward_weights = load_rewards(request.rewards, job)
     trainer = OnlineDPOTrainer(
         model=load_causal_lm(base.path, request.model),
         reward_funcs=reward_funcs,

@@ -11,7 +11,8 @@ from typing import Any
 
 from trl.rewards import think_format_reward
 
-from schemas.job import JobFailed
+from handlers.loading import resolve_model
+from schemas.job import JobFailed, JobSpec
 from schemas.regex import compile_pattern
 from schemas.request import (
     ExactMatchReward,
@@ -82,6 +83,13 @@ def check_reward_columns(rewards: OnlineRewards, dataset_columns: list[str]) -> 
         missing = columns_needed(spec) - set(dataset_columns)
         if missing:
             raise JobFailed("dataset_invalid", "preflight", f"rewards.functions.{index}: {spec.name} needs column(s) {sorted(missing)}; found {dataset_columns}")
+
+
+def load_rewards(rewards: OnlineRewards, job: JobSpec) -> tuple[list[RewardFn | str], list[float]]:
+    """What GRPO, RLOO and online DPO score completions with: `reward_functions`, the reward model
+    (when the request names one) downloaded first, under the job's bound on a model's size."""
+    path = resolve_model(rewards.model, "rewards.model", max_bytes=job.max_model_bytes)[0] if rewards.model else None
+    return reward_functions(rewards, path)
 
 
 def reward_functions(rewards: OnlineRewards, reward_model_path: str | None) -> tuple[list[RewardFn | str], list[float]]:
