@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
 from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, teacher_dir
-from daemon.hub.push import local_pull_request, local_target
+from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import LocalKafka
 from daemon.kafka.options import kafka_options

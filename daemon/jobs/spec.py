@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from daemon.admission.policy import report_to
-from daemon.hub.push import local_target
+from daemon.hub.local_sink import local_target
 from daemon.settings import Settings
 from schemas.job import JobSpec
 from schemas.request import RequestBase
