@@ -49,8 +49,29 @@ def _fit(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc)
+# The fields whose value picks a member of a discriminated union (an evaluation suite's `kind`, a
+# reward function's `name`); pydantic puts that value into an error's location.
+_TAGS = ("kind", "name", "type")
+
+
+def _path(loc: tuple[int | str, ...], document: object = None) -> str:
+    """An error's location as the request's own field path: a discriminated union's tag, which
+    pydantic adds (`evaluation.suites.0.task.source`, the suite's kind 'task' before its field), is
+    left out, so the path names the request's fields and nothing else."""
+    parts: list[str] = []
+    node = document
+    for index, part in enumerate(loc):
+        following = loc[index + 1] if index + 1 < len(loc) else None
+        if isinstance(node, dict) and isinstance(part, str) and part in {node.get(tag) for tag in _TAGS} and (part not in node or following in node):
+            continue  # the tag; a tag that is also a field's name ('task') is the tag when the next part is a field of this node
+        parts.append(str(part))
+        if isinstance(node, dict) and isinstance(part, str):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            node = None
+    return ".".join(parts)
 
 
 def _message(error: dict[str, object]) -> str:
@@ -66,10 +87,12 @@ _NAMED_FIELD = re.compile(r"^Value error, ([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
 _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 
-def field_errors(exc: ValidationError) -> list[FieldError]:
+def field_errors(exc: ValidationError, document: object = None) -> list[FieldError]:
+    """Each error of a validation, by the field it concerns (`document`: the request validated, to
+    tell its fields from what pydantic adds to a location)."""
     errors = []
     for error in exc.errors():
-        path, message = _path(tuple(error["loc"])), _message(dict(error))
+        path, message = _path(tuple(error["loc"]), document), _message(dict(error))
         named = _NAMED_FIELD.match(message)
         if named:  # a check on a block names its field inside the block: "dataset" + "data_files"
             path, message = (f"{path}.{named.group(1)}" if path else named.group(1)), named.group(2)
@@ -125,7 +148,7 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
     try:
         return REQUEST_MODELS[method].model_validate(document)
     except ValidationError as exc:
-        return Rejection("invalid", field_errors(exc), request_id)
+        return Rejection("invalid", field_errors(exc, document), request_id)
     except RecursionError:
         return Rejection("invalid", [FieldError(path="", message="nested too deeply to validate")], request_id)
 
