@@ -26,6 +26,11 @@ from schemas.images import ImageBounds
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
 
+# lm-eval tasks checked to run on a request's rows with nothing fetched: multiple-choice tasks scored
+# by log-likelihood, and GSM8K's generation scored by its own regex filters.
+VETTED_EVALUATION_TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "sciq", "winogrande", "gsm8k")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
 
@@ -86,6 +91,10 @@ class Settings(BaseSettings):
     dataset_storage_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, not "
         "credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
+    ))
+    allowed_evaluation_tasks: list[str] = Field(default_factory=lambda: list(VETTED_EVALUATION_TASKS), description=(
+        "Glob patterns of lm-eval task names an evaluation's 'task' suite may run (each on the request's own rows); "
+        "by default tasks whose prompts and metrics run offline on given rows; empty allows none."
     ))
     local_model_hub_ids: dict[str, str] = Field(default_factory=dict, description="The Hub id a local base model came from, by path, for model cards.")
     allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")

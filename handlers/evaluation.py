@@ -28,10 +28,12 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from peft import LoraConfig, PeftModel
 from transformers import Trainer
 
+from handlers import evaluation_task
 from handlers.evaluation_rewards import RewardModel, score
+from handlers.evaluation_task import PreparedTask
 from handlers.reporting import StatusReporter
 from handlers.sources import AnyDataset, check_download_size
-from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores
+from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores, TaskSuite
 from schemas.job import JobFailed, JobSpec
 from schemas.request import RequestBase
 
@@ -44,17 +46,20 @@ BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")  # PEFT 0.
 
 
 def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | None, reporter: StatusReporter,
-             who: Literal["adapter", "base", "current"], reward_models: dict[int, RewardModel]) -> dict[str, float]:
+             who: Literal["adapter", "base", "current"], reward_models: dict[int, RewardModel], tasks: dict[int, PreparedTask]) -> dict[str, float]:
     """The active model's numbers, suite by suite."""
     assert request.evaluation is not None
     reporter.evaluating = who  # its progress reports name the model measured
     metrics: dict[str, float] = {}
+    assert trainer.processing_class is not None
+    tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's own tokenizer
     for index, suite in enumerate(request.evaluation.suites):
         if isinstance(suite, RewardsSuite):
             assert eval_rows is not None  # the request's schema requires an eval set
-            assert trainer.processing_class is not None
-            tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's own tokenizer
             metrics.update(score(trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}", reward_models.get(index)))
+            continue
+        if isinstance(suite, TaskSuite):
+            metrics.update(evaluation_task.score(trainer.model, tokenizer, tasks[index], trainer.args.per_device_eval_batch_size))
             continue
         metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS})
         if request.method == "sft" and "eval_loss" in metrics:
@@ -110,6 +115,10 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         index: RewardModel(suite.model, f"evaluation.suites.{index}", job.max_model_bytes)
         for index, suite in enumerate(spec.suites) if isinstance(suite, RewardsSuite) and suite.model is not None
     }
+    tasks = {  # rows read and the task file written once, for every model measured
+        index: evaluation_task.prepare(suite, f"evaluation.suites.{index}", job, job.checkpoints.parent / "evaluation_tasks" / str(index))
+        for index, suite in enumerate(spec.suites) if isinstance(suite, TaskSuite)
+    }
     model: Any = trainer.model
     baselines: dict[Baseline, Scores] = {}
     missing: dict[Baseline, str] = {}
@@ -128,7 +137,7 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             fresh.init_lora_weights = True  # PEFT's default: B = 0, the base weights untouched
             model.add_adapter("base", fresh)
             with _active(model, "base"):
-                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models))
+                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models, tasks))
             continue
         found = _current_adapter(request, job)
         if isinstance(found, str):
@@ -141,8 +150,8 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             missing["current"] = f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[:500]
             continue
         with _active(model, "current"):
-            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current", reward_models), revision=sha)
-    adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter", reward_models))
+            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current", reward_models, tasks), revision=sha)
+    adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter", reward_models, tasks))
     reporter.evaluating = None
     training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     best = trainer.state.best_model_checkpoint if trainer.args.load_best_model_at_end else None
@@ -154,4 +163,6 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         rows=len(rows) if hasattr(rows, "__len__") else None,  # type: ignore[arg-type]
         nonfinite_losses=sum(1 for loss in training_losses if not math.isfinite(loss)),
         best_checkpoint_step=int(best.rsplit("-", 1)[-1]) if best else None,
+        task_sources=[prepared.source for prepared in tasks.values()],
+        libraries={evaluation_task.LIBRARY: evaluation_task.library_version()} if tasks else {},
     )

@@ -15,12 +15,18 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from schemas.common import Frozen, branch_problem
+from schemas.dataset import SourceSpec
+from schemas.provenance import ResolvedSource
 from schemas.rewards import RewardFunction, RewardModelSpec
 
 # A metric's name as TRL logs it (`eval_loss`, `eval_rewards/accuracies`): short, and nothing that
 # could be mistaken for a path or markup when it lands in the model card.
 METRIC_NAME = r"^[A-Za-z][A-Za-z0-9_./-]{0,127}$"
 MAX_GATE_RULES = 32
+# A task's name in an evaluation library's registry (lm-eval's `arc_easy`, `gsm8k`): a name, never a
+# path (lm-eval's TaskManager would read a YAML file at a path given as a task name).
+TASK_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
+MAX_FEWSHOT = 32
 
 Baseline = Literal["base", "current"]
 # Where a judged artifact went, as the `succeeded` event says it (`Succeeded.published`).
@@ -69,9 +75,29 @@ class RewardsSuite(Frozen):
         return self
 
 
-# Kinds of suite, told apart by `kind`; a named task of an evaluation library can join them
-# without changing the block's shape.
-Suite = Annotated[MethodSuite | RewardsSuite, Field(discriminator="kind")]
+class TaskSuite(Frozen):
+    """A named task of EleutherAI's lm-evaluation-harness (`lm-eval`, the host's `lm-eval` extra):
+    its prompts, answer choices, filters and metrics as the harness defines them, scored on rows from
+    `source`, which come from the same sources and host policy as training data (rows with the
+    task's own columns, e.g. ARC's `question`, `choices`, `answerKey`). The harness's own download of
+    the task's dataset is never used, and a task is one of the operator's `allowed_evaluation_tasks`.
+    Reports `task/<task>/<metric>` (`task/arc_easy/acc`; a filter other than `none` is appended:
+    `task/gsm8k/exact_match/strict-match`) and each metric's standard error as `<metric>_stderr`."""
+
+    kind: Literal["task"]
+    library: Literal["lm-eval"] = Field("lm-eval", description="The evaluation library whose task this is.")
+    task: str = Field(pattern=TASK_NAME, description="The task's name in the library's registry, e.g. arc_easy; one defined by its own YAML file.")
+    source: SourceSpec = Field(description="The task's rows, with the task's own columns; its `split` is the one scored.")
+    num_fewshot: int = Field(0, ge=0, le=MAX_FEWSHOT, description="Examples put before each question, drawn from the same rows (never the row asked).")
+    limit: int | None = Field(None, ge=1, description="Score at most this many rows (the first ones); all of them when unset.")
+    max_new_tokens: int = Field(256, ge=1, description=(
+        "For a task that generates (output_type generate_until): the most tokens of each answer; bounded by the operator's max_new_tokens."
+    ))
+
+
+# Kinds of suite, told apart by `kind`.
+Suite = Annotated[MethodSuite | RewardsSuite | TaskSuite, Field(discriminator="kind")]
+EVAL_SET_SUITES = (MethodSuite, RewardsSuite)  # the suites that read the request's eval set
 
 
 def _method_only() -> list[Suite]:
@@ -124,6 +150,14 @@ class EvaluationSpec(Frozen):
             raise ValueError("each baseline once")
         return value
 
+    @field_validator("suites")
+    @classmethod
+    def _each_task_once(cls, value: list[Suite]) -> list[Suite]:
+        tasks = [suite.task for suite in value if isinstance(suite, TaskSuite)]
+        if len(set(tasks)) != len(tasks):
+            raise ValueError("each task once: its metrics are reported by its name")
+        return value
+
     @field_validator("fail_branch")
     @classmethod
     def _branch(cls, value: str | None) -> str | None:
@@ -160,9 +194,11 @@ class EvaluationResult(Frozen):
     adapter: Scores
     baselines: dict[Baseline, Scores] = Field(default_factory=dict, description="Each baseline the request asked for that the job had.")
     missing_baselines: dict[Baseline, str] = Field(default_factory=dict, description="A baseline asked for that the job had none of, and why.")
-    rows: int | None = Field(description="How many eval rows each model was measured on; null for a streamed eval set.")
+    rows: int | None = Field(description="How many eval-set rows each model was measured on; null for a streamed eval set, or with task suites only (their rows are theirs).")
     nonfinite_losses: int = Field(0, description="How many logged training losses were NaN or infinite.")
     best_checkpoint_step: int | None = Field(None, description="With metric_for_best_model: the step of the best evaluated checkpoint, the one pushed.")
+    task_sources: list[ResolvedSource] = Field(default_factory=list, description="What each task suite's rows resolved to (provenance).")
+    libraries: dict[str, str] = Field(default_factory=dict, description="The evaluation libraries the task suites ran on, with their versions.")
 
 
 class RuleOutcome(Frozen):
@@ -189,5 +225,7 @@ class EvaluationReport(Frozen):
     rows: int | None
     nonfinite_losses: int
     best_checkpoint_step: int | None = None
+    task_sources: list[ResolvedSource] = Field(default_factory=list, description="What each task suite's rows resolved to.")
+    libraries: dict[str, str] = Field(default_factory=dict, description="The evaluation libraries the task suites ran on, with their versions, e.g. {'lm-eval': '0.4.13'}.")
     rules: list[RuleOutcome]
     verdict: Literal["pass", "fail"]

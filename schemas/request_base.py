@@ -18,7 +18,7 @@ from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION,
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
-from schemas.evaluation import EvaluationSpec
+from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.trl_fields import (
@@ -138,8 +138,10 @@ class RequestBase(Frozen):
         """Why this request cannot be evaluated as its `evaluation` block asks, or None."""
         if not METHODS[self.method].evaluates:
             return f"evaluation: method {self.method} has no evaluation in adapterd"
-        if self.dataset.eval is None and self.dataset.eval_split is None and self.dataset.test_split_size is None:
-            return "evaluation.suites: an evaluation runs on an eval set: set dataset.eval, dataset.eval_split or dataset.test_split_size"
+        reads_eval_set = [i for i, suite in enumerate(evaluation.suites) if isinstance(suite, EVAL_SET_SUITES)]
+        if reads_eval_set and self.dataset.eval is None and self.dataset.eval_split is None and self.dataset.test_split_size is None:
+            return (f"evaluation.suites.{reads_eval_set[0]}: a '{evaluation.suites[reads_eval_set[0]].kind}' suite runs on the eval set: "
+                    "set dataset.eval, dataset.eval_split or dataset.test_split_size (a 'task' suite brings its own rows)")
         if evaluation.on_fail == "pr" and self.output.revision != "main":
             return (f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
                     "use on_fail 'branch'")

@@ -67,7 +67,7 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
     root_text = str(root or "/data")
     cases: list[Case] = [
         ("huge-int", huge, [], "timeout_s"),
-        variant("regex-overflow", "rewards.functions.0.regex_match.pattern", method="grpo", rewards={"functions": [{"name": "regex_match", "pattern": "a{4294967296}"}]},
+        variant("regex-overflow", "rewards.functions.0.pattern", method="grpo", rewards={"functions": [{"name": "regex_match", "pattern": "a{4294967296}"}]},
                 dataset={"rows": [{"prompt": [{"role": "user", "content": "hi"}]}] * 2}),
         ("surrogate-metadata", surrogate, [], "metadata.team"),
         ("surrogate-revision", revision_surrogate, [], "output.revision"),
@@ -103,6 +103,14 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("teacher-field", "distillation.teacher_model_name_or_path", method="distillation", teacher_model=valid["model"],
                 distillation={"teacher_model_name_or_path": "/etc"}, dataset={"rows": [{"prompt": "hi"}] * 2}),
         variant("gkd-tokens", "gkd.max_new_tokens", method="gkd", teacher_model=valid["model"], gkd={"max_new_tokens": 10**9}),
+        # Online DPO has no evaluation: a gate it could not be judged by is refused, not ignored.
+        variant("online-dpo-gate", "evaluation", method="online_dpo", dataset={"rows": [{"prompt": "hi"}] * 2, "eval": {"rows": [{"prompt": "ho"}]}},
+                rewards={"functions": [{"name": "think_format"}]}, evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}]}),
+        # An evaluation library's task: a name in its registry, never a task file's path, and its
+        # rows from where the host's dataset policy allows, like any other rows.
+        variant("task-path", "evaluation.suites.0.task", evaluation={"suites": [{"kind": "task", "task": "../../etc/passwd.yaml", "source": {"rows": [{"q": 1}]}}]}),
+        variant("task-rows", "evaluation.suites.0.source.url", evaluation={"suites": [{"kind": "task", "task": "arc_easy", "source": {"url": "/etc/passwd"}}]}),
+        variant("task-unvetted", "evaluation.suites.0.task", evaluation={"suites": [{"kind": "task", "task": "humaneval", "source": {"rows": [{"q": 1}]}}]}),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
     cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-TRAINING_STACK = {"torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes"}
+TRAINING_STACK = {"torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "lm_eval"}
 
 
 def imported_packages(path: Path) -> set[str]:

@@ -21,6 +21,15 @@ def trl_version() -> str | None:
         return None
 
 
+@cache
+def library_version(distribution: str) -> str | None:
+    """The installed version of an optional library (an evaluation's `lm-eval`), read without importing it."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def unsupported_reason(method: str) -> str | None:
     """Why this host cannot run `method`, or None when it can."""
     return methods.unsupported_reason(method, trl_version())

@@ -8,9 +8,11 @@ from fnmatch import fnmatchcase
 import fsspec
 
 from daemon.admission.bounds import bound_errors
+from daemon.admission.capabilities import library_version
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
+from schemas.evaluation import TaskSuite
 from schemas.locations import local_location_inside, within
 from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
 
@@ -30,6 +32,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
         if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+    errors += _task_suite_errors(request, settings)
     errors += _namespace_errors("output.repo_id", request.output.repo_id, settings)
     completions_repo = getattr(getattr(request, "grpo", None), "log_completions_hub_repo", None)
     if completions_repo is not None:  # TRL pushes completions there with the host's token: the same namespaces as the result
@@ -86,6 +89,26 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
         elif not _matches(location, settings.allowed_dataset_urls):
             allowed = settings.allowed_dataset_urls or "none configured"
             errors.append(FieldError(path=f"{prefix}.{path}", message=f"{location} is not allowed on this host (allowed_dataset_urls: {allowed})"))
+    return errors
+
+
+def _task_suite_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
+    """An evaluation's `task` suite: a task the operator allows, on a host with its library, its rows
+    from a source under the same rules (and row bound) as the training data."""
+    errors = []
+    for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
+        if not isinstance(suite, TaskSuite):
+            continue
+        prefix = f"evaluation.suites.{index}"
+        if not _matches(suite.task, settings.allowed_evaluation_tasks):
+            errors.append(FieldError(path=f"{prefix}.task", message=(
+                f"{suite.task} is not allowed on this host (allowed_evaluation_tasks: {settings.allowed_evaluation_tasks or 'none'})")))
+        if library_version(suite.library) is None:
+            errors.append(FieldError(path=f"{prefix}.library", message=f"{suite.library} is not installed on this host (adapterd's '{suite.library}' extra)"))
+        errors += _source_errors(f"{prefix}.source", suite.source, settings)
+        bound = settings.max_dataset_rows
+        if bound is not None and suite.source.rows is not None and len(suite.source.rows) > bound:
+            errors.append(FieldError(path=f"{prefix}.source.rows", message=f"{len(suite.source.rows)} rows; this host allows at most {bound} (max_dataset_rows)"))
     return errors
 
 

@@ -83,6 +83,8 @@ def judge(spec: EvaluationSpec, result: EvaluationResult) -> EvaluationReport:
         rows=result.rows,
         nonfinite_losses=result.nonfinite_losses,
         best_checkpoint_step=result.best_checkpoint_step,
+        task_sources=list(result.task_sources),
+        libraries=dict(result.libraries),
         rules=outcomes,
         verdict="fail" if any(o.outcome == "failed" for o in outcomes) else "pass",
     )

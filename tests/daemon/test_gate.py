@@ -125,6 +125,14 @@ def test_where_the_artifact_goes() -> None:
     ({"gate": [{"metric": "eval_loss", "at_most": 1, "of": "current"}]}, None, None, "evaluation.gate[0].of", "not among evaluation.baselines"),
     ({"on_fail": "branch", "fail_branch": "main"}, None, None, "evaluation.fail_branch", "must differ from output.revision"),
     ({"require_finite_losses": True}, "nan-filter", None, "training.logging_nan_inf_filter", "looks for"),
+    # A task is a name in the library's registry, never a path to a task file.
+    ({"suites": [{"kind": "task", "task": "../../etc/passwd", "source": {"rows": [{"q": 1}]}}]}, None, None, "evaluation.suites.0.task", "should match pattern"),
+    ({"suites": [{"kind": "task", "task": "/tmp/evil.yaml", "source": {"rows": [{"q": 1}]}}]}, None, None, "evaluation.suites.0.task", "should match pattern"),
+    ({"suites": [{"kind": "task", "task": "arc_easy", "source": {"url": "/data/../etc/x.jsonl"}}]}, None, None, "evaluation.suites.0.source", "may not contain '..'"),
+    ({"suites": [{"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}]}}] * 2}, None, None, "evaluation.suites", "each task once"),
+    ({"suites": [{"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}]}, "num_fewshot": 1000}]}, None, None, "evaluation.suites.0.num_fewshot", "less than or equal to 32"),
+    ({"suites": [{"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}]}}, {"kind": "method"}]}, {"id": "adapterd-test/chat"}, None,
+     "evaluation.suites.1", "a 'method' suite runs on the eval set"),
 ])
 def test_an_evaluation_block_that_cannot_work_is_rejected_naming_its_field(
     evaluation: dict[str, Any], dataset: dict[str, Any] | str | None, output: dict[str, Any] | None, path: str, words: str,
@@ -252,3 +260,34 @@ def test_an_evaluations_reward_model_is_under_the_hosts_model_policy(settings: S
     errors = policy_errors(request, host)
     assert [e.path for e in errors if e.path.startswith("evaluation")] == ["evaluation.suites.0.model.id"]
     assert "someone/else-reward is not allowed on this host" in errors[-1].message
+
+
+def task_request(suite: dict[str, Any], dataset: dict[str, Any] | None = None) -> RequestBase:
+    document = sft_request("gated", dataset=dataset or {"id": "adapterd-test/chat"}, evaluation={"suites": [suite], "on_fail": "none"})
+    request = decode_request(json.dumps(document).encode())
+    assert isinstance(request, RequestBase), request  # a task suite brings its own rows: no eval set needed
+    return request
+
+
+def test_a_task_suite_runs_only_a_task_the_operator_allows_on_rows_from_an_allowed_source(settings: Settings, tmp_path: Path) -> None:
+    host = settings.model_copy(update={"allowed_datasets": ["*"], "allowed_local_dataset_roots": [tmp_path], "max_dataset_rows": 2})
+    allowed = task_request({"kind": "task", "task": "arc_challenge", "source": {"url": str(tmp_path / "arc.jsonl")}})
+    assert policy_errors(allowed, host) == []  # arc_challenge is among the tasks allowed by default
+    refused = task_request({"kind": "task", "task": "humaneval", "source": {"url": "/etc/passwd"}, "max_new_tokens": 10**6})
+    errors = {e.path: e.message for e in policy_errors(refused, host) if e.path.startswith("evaluation")}
+    assert errors == {
+        "evaluation.suites.0.task": f"humaneval is not allowed on this host (allowed_evaluation_tasks: {host.allowed_evaluation_tasks})",
+        "evaluation.suites.0.source.url": f"local path /etc/passwd is outside allowed_local_dataset_roots (['{tmp_path}'])",
+        "evaluation.suites.0.max_new_tokens": f"1e+06; this host allows at most {host.max_new_tokens:g} (max_new_tokens)",
+    }
+    too_many = task_request({"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}, {"q": 2}, {"q": 3}]}})
+    assert [(e.path, e.message) for e in policy_errors(too_many, host)] == [("evaluation.suites.0.source.rows", "3 rows; this host allows at most 2 (max_dataset_rows)")]
+    nothing = host.model_copy(update={"allowed_evaluation_tasks": []})
+    assert "allowed_evaluation_tasks: none" in policy_errors(allowed, nothing)[0].message
+
+
+def test_a_task_suite_on_a_host_without_its_library_is_rejected(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("daemon.admission.policy.library_version", lambda name: None)
+    request = task_request({"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}]}})
+    errors = policy_errors(request, settings.model_copy(update={"allowed_datasets": ["*"]}))
+    assert [(e.path, e.message) for e in errors] == [("evaluation.suites.0.library", "lm-eval is not installed on this host (adapterd's 'lm-eval' extra)")]
