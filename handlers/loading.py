@@ -136,14 +136,15 @@ def check_columns(request: RequestBase, dataset: AnyDataset) -> None:
         raise JobFailed("dataset_invalid", "preflight", problem)
 
 
-def _carved(rows: AnyDataset, fraction: float, seed: int) -> tuple[AnyDataset, AnyDataset]:
-    """`fraction` of the rows as the eval set and the rest to train on, chosen by `seed`: the same
-    split on every attempt (TRL's own split is unseeded). The schema keeps a stream from getting here."""
+def _carved(rows: AnyDataset, size: float | int, seed: int) -> tuple[AnyDataset, AnyDataset]:
+    """`size` of the rows (a fraction, or a count) as the eval set and the rest to train on, chosen
+    by `seed`: the same split on every attempt (TRL's own split is unseeded). The schema keeps a
+    stream from getting here."""
     assert not isinstance(rows, IterableDataset)
     try:
-        parts = rows.train_test_split(test_size=fraction, seed=seed)
-    except ValueError as exc:  # too few rows for the fraction to leave a row on each side
-        raise JobFailed("dataset_invalid", "load_dataset", f"dataset.test_split_size: {fraction} of {len(rows)} rows: {exc}") from exc
+        parts = rows.train_test_split(test_size=size, seed=seed)
+    except ValueError as exc:  # too few rows for the size to leave a row on each side
+        raise JobFailed("dataset_invalid", "load_dataset", f"dataset.test_split_size: {size} of {len(rows)} rows: {exc}") from exc
     return parts["train"], parts["test"]
 
 

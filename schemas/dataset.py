@@ -10,7 +10,7 @@ nothing else, so its `data_files` are paths inside that repo, never an absolute 
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -114,8 +114,11 @@ class DatasetSpec(SourceSpec):
     max_samples: int | None = Field(None, ge=1, description="Use at most this many rows of the training split.")
     eval_split: str | None = Field(None, description="A split of the same dataset to evaluate on.")
     eval: SourceSpec | None = Field(None, description="An evaluation set from a source of its own.")
-    test_split_size: float | None = Field(None, gt=0, lt=1, description=(
-        "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this fraction of them, "
+    # A count is a JSON integer (strict: 1e6 is a number of the float kind, and stays a fraction that
+    # is too large, rather than becoming a million rows); a fraction lies between 0 and 1.
+    test_split_size: Annotated[int, Field(ge=1, strict=True)] | Annotated[float, Field(gt=0, lt=1)] | None = Field(None, description=(
+        "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this fraction of them (0 < x < 1), "
+        "or this many rows (an integer, as datasets' train_test_split reads it; bounded by max_dataset_rows), "
         "chosen by training.seed (42 when unset), the same rows on every attempt; TRL's DatasetMixtureConfig name."
     ))
     mixture: list[MixtureComponent] | None = Field(None, min_length=2, max_length=16, description="Several sources, interleaved by proportion.")
@@ -133,7 +136,7 @@ class DatasetSpec(SourceSpec):
         if sum(x is not None for x in (self.eval, self.eval_split, self.test_split_size)) > 1:
             raise ValueError("give one of 'eval_split', 'eval' and 'test_split_size'")
         if self.test_split_size is not None and self.streaming:
-            raise ValueError("test_split_size: a stream has no length to carve a fraction of; give an eval set as 'eval' or 'eval_split'")
+            raise ValueError("test_split_size: a stream has no length to carve a part of; give an eval set as 'eval' or 'eval_split'")
         if self.mixture is not None and self.columns:
             raise ValueError("a mixture's columns are renamed per source ('mixture.N.columns')")
 

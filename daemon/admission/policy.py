@@ -30,6 +30,9 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     if settings.max_dataset_rows is not None:
         if dataset.rows is not None and len(dataset.rows) > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+        carved = dataset.test_split_size
+        if isinstance(carved, int) and carved > settings.max_dataset_rows:
+            errors.append(FieldError(path="dataset.test_split_size", message=f"{carved} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
         if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
     errors += _task_suite_errors(request, settings)

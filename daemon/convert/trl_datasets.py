@@ -24,12 +24,17 @@ URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def carry_dataset(keys: Ledger) -> None:
-    if keys.has("dataset_mixture") or keys.has("dataset_mixer"):
-        carry_handbook_mixture(keys)
-        return
-    mixture = keys.get("datasets") or []
+    """The recipe's rows into the request's `dataset`: first the sources (a handbook mixture, a
+    `datasets:` mixture, or `dataset_name`), then what every kind shares, once: streaming, the eval
+    set, open-r1's prompt column, and the keys no kind carries."""
+    handbook = keys.has("dataset_mixture") or keys.has("dataset_mixer")
+    mixture = [] if handbook else (keys.get("datasets") or [])
     streaming_key = "streaming" if mixture else "dataset_streaming"
-    if mixture:
+    if handbook:
+        carry_handbook_mixture(keys)
+        keys.drop("streaming", "unused: it streams a `datasets` mixture; dataset_streaming streams the handbook's", False)
+        keys.drop("test_split_size", "unused: it splits a `datasets` mixture; the handbook's is dataset_mixture.test_split_size", None)
+    elif mixture:
         for key in ("dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming"):
             keys.drop(key, "ignored by the trl CLI when `datasets` is given", SCRIPT_DEFAULTS[key])
         carry_mixture(keys, mixture if isinstance(mixture, list) else [mixture])
@@ -51,12 +56,14 @@ def carry_dataset(keys: Ledger) -> None:
     carry_prompt_column(keys)
     # trl evaluates on dataset_test_split whenever eval_strategy is not "no".
     evaluates = keys.config.get("eval_strategy", "no") not in ("no", None)
-    if evaluates and not mixture and "dataset" in keys.request:
-        keys.put("dataset.eval_split", keys.get("dataset_test_split", SCRIPT_DEFAULTS["dataset_test_split"]), "dataset_test_split")
-    elif not mixture:
-        keys.drop("dataset_test_split", "unused: eval_strategy is 'no', so trl evaluates nothing", SCRIPT_DEFAULTS["dataset_test_split"])
+    if not handbook and not mixture:
+        if evaluates and "dataset" in keys.request:
+            keys.put("dataset.eval_split", keys.get("dataset_test_split", SCRIPT_DEFAULTS["dataset_test_split"]), "dataset_test_split")
+        else:
+            keys.drop("dataset_test_split", "unused: eval_strategy is 'no', so trl evaluates nothing", SCRIPT_DEFAULTS["dataset_test_split"])
     if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
         keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
+
 
 def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") -> None:
     sources = []
@@ -107,7 +114,7 @@ def _carry_test_split(keys: Ledger, key: str = "test_split_size") -> None:
     value = _nested(keys, key)
     if keys.get("streaming", False):
         if value is not None:
-            keys.dropped.append(Dropped(key, "a stream has no length to carve a fraction of; give an eval set as dataset.eval or dataset.eval_split"))
+            keys.dropped.append(Dropped(key, "a stream has no length to carve a part of; give an eval set as dataset.eval or dataset.eval_split"))
     elif value is not None:
         # trl's own split is unseeded; adapterd's is seeded by training.seed, so every attempt evaluates the same rows.
         keys.put("dataset.test_split_size", value, key)
@@ -125,7 +132,8 @@ def _nested(keys: Ledger, key: str) -> Any:
 def carry_handbook_mixture(keys: Ledger) -> None:
     """The alignment-handbook's mixtures as trl's `datasets:` entries: `dataset_mixture: {datasets:
     [{id, config, split, columns, weight}], seed, test_split_size}`, or the older `dataset_mixer:
-    {id: weight}` with `dataset_splits` (its train split, and a test split the eval set is read from)."""
+    {id: weight}` with `dataset_splits` (its train split, and a test split the eval set is read from).
+    The sources and the eval set only: carry_dataset does the rest for every kind of dataset."""
     for key in ("dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "datasets"):
         keys.drop(key, "ignored: the recipe's handbook mixture names the datasets", SCRIPT_DEFAULTS.get(key))
     if keys.has("dataset_mixture"):
@@ -157,8 +165,6 @@ def carry_handbook_mixture(keys: Ledger) -> None:
     elif test and evaluates:
         keys.dropped.append(Dropped("dataset_splits", f"{test[0]}: the test splits of several datasets are no eval set adapterd reads; "
                                                       "give dataset.eval or dataset.test_split_size"))
-    if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
-        keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
 
 
 def _handbook_entry(entry: Any) -> Any:
@@ -177,7 +183,10 @@ def carry_prompt_column(keys: Ledger) -> None:
     column = keys.get("dataset_prompt_column", "prompt")
     if column != "prompt" and "dataset" in keys.request:
         if "mixture" in keys.request["dataset"]:
-            keys.dropped.append(Dropped("dataset_prompt_column", "a mixture's columns are renamed per source; give mixture.N.columns"))
+            # open-r1 reads the column of the mixed rows: renamed in every source, beside its own renames.
+            for index, part in enumerate(keys.request["dataset"]["mixture"]):
+                part["columns"] = {**part.get("columns", {}), column: "prompt"}
+                keys.origin[f"dataset.mixture.{index}.columns"] = "dataset_prompt_column"
         else:
             keys.put("dataset.columns", {column: "prompt"}, "dataset_prompt_column")
 

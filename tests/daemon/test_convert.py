@@ -359,3 +359,41 @@ hub_model_id: org/mix
     assert request is not None and request["dataset"]["test_split_size"] == 0.1 and len(request["dataset"]["mixture"]) == 2
     assert request["training"]["eval_strategy"] == "steps"  # there is an eval set: trl's evaluation is carried
     assert not [line for line in stderr if line.startswith(("test_split_size", "eval_strategy"))], stderr
+
+
+def test_a_handbook_mixture_gets_what_every_dataset_gets_streaming_the_prompt_column_and_the_eval_check(tmp_path: Path) -> None:
+    """The handbook's mixture picks the sources; what follows is the same as for any dataset: its
+    dataset_streaming streams, ignore_bias_buffers is said, open-r1's prompt column is renamed, and
+    an eval_strategy with no eval set carried is left with its reason."""
+    text = """model_name_or_path: Qwen/Qwen2-0.5B
+dataset_mixture:
+  datasets:
+    - id: trl-lib/Capybara
+      split: train
+      weight: 0.5
+    - id: trl-lib/tldr
+      split: train
+      weight: 0.5
+dataset_streaming: true
+ignore_bias_buffers: true
+dataset_prompt_column: problem
+eval_strategy: steps
+max_steps: 10
+hub_model_id: org/mix
+"""
+    code, request, stderr = convert(tmp_path, "sft.yaml", text)
+    assert code == 0, stderr
+    assert request is not None and request["dataset"]["streaming"] is True and len(request["dataset"]["mixture"]) == 2
+    assert all(part["columns"] == {"problem": "prompt"} for part in request["dataset"]["mixture"])
+    said = {line.split(":")[0]: line for line in stderr}
+    assert "a DDP workaround" in said["ignore_bias_buffers"]
+    assert "no eval set was carried" in said["eval_strategy"] and "eval_strategy" not in request["training"]
+
+
+def test_a_count_of_rows_carves_that_many_and_a_float_is_never_read_as_a_count() -> None:
+    from schemas.dataset import DatasetSpec
+
+    assert DatasetSpec.model_validate({"id": "a/b", "test_split_size": 1000}).test_split_size == 1000
+    for value in (1e6, 1.0, 0, -3, True):
+        with pytest.raises(ValueError):
+            DatasetSpec.model_validate({"id": "a/b", "test_split_size": value})

@@ -100,6 +100,9 @@ def test_dataset_size_above_the_maximum() -> None:
     too_many = request(dataset={"id": "tiny/chat-rows", "max_samples": 50})
     assert "max_dataset_rows" in refused(too_many, max_dataset_rows=10)["dataset.max_samples"]
     assert refused(request(dataset={"rows": CHAT_ROWS}), max_dataset_rows=6) == {}
+    carved = request(dataset={"id": "tiny/chat-rows", "test_split_size": 10**9})  # a count of rows to carve
+    assert refused(carved, max_dataset_rows=10) == {"dataset.test_split_size": "1000000000 rows; this host allows at most 10 (max_dataset_rows)"}
+    assert refused(request(dataset={"id": "tiny/chat-rows", "test_split_size": 0.5}), max_dataset_rows=10) == {}
 
 
 def test_gpus_above_the_maximum_per_job() -> None:

@@ -230,7 +230,7 @@ def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(
     from schemas.job import JobFailed, JobSpec
     from schemas.request import SFTRequest
 
-    def split(fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    def split(fraction: float | int, seed: int) -> tuple[list[str], list[str]]:
         request = SFTRequest.model_validate(example_request("sft", "carve", dataset={"rows": CHAT_ROWS, "test_split_size": fraction}))
         job = JobSpec(request=request.model_dump(mode="json"), checkpoints=tmp_path / "c", artifact=tmp_path / "a", progress_interval_s=0)
         train, evaluation, _ = load_dataset_sources(request.dataset, job, seed=seed)
@@ -244,6 +244,10 @@ def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(
     assert split(0.25, 7) != (train, held_out)  # chosen by the seed
     with pytest.raises(JobFailed, match=rf"dataset.test_split_size: 0.9 of {len(CHAT_ROWS)} rows: .*train set will be empty"):
         split(0.9, 42)  # nothing left to train on
+    counted, counted_out = split(3, 42)  # a count of rows, as the handbook's test_split_size: 1000 is
+    assert len(counted_out) == 3 and len(counted) == len(CHAT_ROWS) - 3 and split(3, 42) == (counted, counted_out)
+    with pytest.raises(JobFailed, match=rf"dataset.test_split_size: {len(CHAT_ROWS)} of {len(CHAT_ROWS)} rows"):
+        split(len(CHAT_ROWS), 42)
 
 
 def test_an_sft_adapter_and_its_base_are_scored_by_reward_functions_on_their_answers(tiny_model_dir: Path, tmp_path: Path) -> None:
