@@ -164,15 +164,16 @@ RENAMED: dict[str, dict[str, str]] = {}
 # Allowed values that a dataclass states only in its help text, reviewed by hand (the help text is
 # in trl_contract.json, so a change to it shows in the drift test). Fields whose help lists its values
 # in quotes are read from the help instead: HELP_CHOICES.
+_VLLM_CHOICES = {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")}
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "grpo": {
         "scale_rewards": ("group", "batch", "none"),
         "importance_sampling_level": ("token", "sequence"),
         "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
     },
-    # DistillationConfig's help puts these in double quotes, which HELP_CHOICES does not read.
-    "distillation": {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")},
-    "online_dpo": {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")},
+    # DistillationConfig's help puts these in double quotes and OnlineDPOConfig's in backquoted quotes, neither of which HELP_CHOICES reads.
+    "distillation": _VLLM_CHOICES,
+    "online_dpo": _VLLM_CHOICES,
 }
 HELP_CHOICES: dict[str, tuple[str, ...]] = {
     "dpo": ("loss_type", "f_divergence_type"),
