@@ -18,6 +18,8 @@ from schemas.common import HUB_ID_PATTERN, Frozen
 from schemas.locations import has_parent_segment
 
 MAX_INLINE_ROWS = 10_000
+# The handbook's SmolLM3 SFT recipe mixes 25 sources; each is one more listing and load in the child.
+MAX_MIXTURE_SOURCES = 64
 
 # A Hub dataset id: "name" or "namespace/name".
 DATASET_ID_PATTERN = HUB_ID_PATTERN
@@ -121,7 +123,7 @@ class DatasetSpec(SourceSpec):
         "or this many rows (an integer, as datasets' train_test_split reads it; bounded by max_dataset_rows), "
         "chosen by training.seed (42 when unset), the same rows on every attempt; TRL's DatasetMixtureConfig name."
     ))
-    mixture: list[MixtureComponent] | None = Field(None, min_length=2, max_length=16, description="Several sources, interleaved by proportion.")
+    mixture: list[MixtureComponent] | None = Field(None, min_length=2, max_length=MAX_MIXTURE_SOURCES, description="Several sources, interleaved by proportion.")
     streaming: bool = Field(False, description="Read rows as training goes, for sets larger than the disk; needs training.max_steps.")
 
     def given(self) -> list[str]:

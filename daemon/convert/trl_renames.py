@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from daemon.convert.ledger import Dropped, Ledger, Renamed, same_value
+from daemon.convert.ledger import Changed, Dropped, Ledger, Renamed, same_value
 from schemas.methods import METHODS
 
 ALL_METHODS = frozenset(METHODS)
@@ -53,6 +53,24 @@ RENAMES: tuple[Rename, ...] = (
     Rename(Renamed("wandb_log_unique_prompts", "log_unique_prompts", "trl 0.27.0", "deprecated in 0.26.0"), frozenset({"grpo"})),
 )
 
+@dataclass(frozen=True)
+class RenamedValue:
+    """A value of a key that TRL renamed (the key kept its name): read as today's value, said."""
+
+    key: str
+    old: str
+    new: str
+    release: str
+    why: str
+    methods: frozenset[str] = ALL_METHODS
+
+
+# Read from TRL's git tags: SFTConfig of v0.19.1 takes "ffd", of v0.20.0 "bfd" only.
+RENAMED_VALUES: tuple[RenamedValue, ...] = (
+    RenamedValue("packing_strategy", "ffd", "bfd", "trl 0.20.0", "the same packing: trl's 'ffd' was best-fit decreasing all along (trl#3696)",
+                 frozenset({"sft"})),
+)
+
 _FILTER = "filter overlong prompts out of the dataset before training"
 REMOVED: tuple[Removed, ...] = (
     Removed("overwrite_output_dir", "transformers 5.0.0", "nothing replaced it; each job writes to a fresh folder of its own"),
@@ -89,6 +107,10 @@ def carry_renames(ledger: Ledger, method: str, request_path: Callable[[str], str
             ledger.dropped.append(Dropped(old, f"already said by {new}, its name since {release}"))
         else:
             ledger.error(request_path(new), f"{old} (its name before {release}) and {new} are both set, to different values; keep one")
+    for value in RENAMED_VALUES:
+        if method in value.methods and ledger.config.get(value.key) == value.old:
+            ledger.config[value.key] = value.new
+            ledger.changed.append(Changed(value.key, f"its value {value.old!r} is {value.new!r} since {value.release}: {value.why}"))
     for removed in REMOVED:
         if method in removed.methods and ledger.has(removed.key):
             ledger.get(removed.key)

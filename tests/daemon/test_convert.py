@@ -397,3 +397,22 @@ def test_a_count_of_rows_carves_that_many_and_a_float_is_never_read_as_a_count()
     for value in (1e6, 1.0, 0, -3, True):
         with pytest.raises(ValueError):
             DatasetSpec.model_validate({"id": "a/b", "test_split_size": value})
+
+
+def test_a_value_trl_renamed_is_read_as_todays_and_said(tmp_path: Path) -> None:
+    text = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\npacking: true\npacking_strategy: ffd\nhub_model_id: org/packed\n"
+    code, request, stderr = convert(tmp_path, "sft.yaml", text)
+    assert code == 0, stderr
+    # 'bfd' is today's default, which the request leaves unsaid; 'ffd' itself would be refused by the schema.
+    assert request is not None and request["sft"] == {"packing": True}
+    assert "packing_strategy: carried, but its value 'ffd' is 'bfd' since trl 0.20.0" in "\n".join(stderr)
+
+
+def test_every_renamed_value_is_one_todays_trl_takes_and_its_old_one_is_not() -> None:
+    from daemon.convert.trl_renames import RENAMED_VALUES
+
+    contract = json.loads((Path(__file__).parents[2] / "schemas" / "trl_contract.json").read_text())  # read from the locked TRL
+    for row in RENAMED_VALUES:
+        for method in row.methods:
+            choices = contract[method]["fields"][row.key]["choices"]
+            assert row.new in choices and row.old not in choices, (row, choices)
