@@ -164,7 +164,7 @@ RENAMED: dict[str, dict[str, str]] = {}
 # Allowed values that a dataclass states only in its help text, reviewed by hand (the help text is
 # in trl_contract.json, so a change to it shows in the drift test). Fields whose help lists its values
 # in quotes are read from the help instead: HELP_CHOICES.
-_VLLM_CHOICES = {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")}
+_VLLM_CHOICES: dict[str, tuple[str, ...]] = {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")}
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "grpo": {
         "scale_rewards": ("group", "batch", "none"),
