@@ -67,6 +67,22 @@ def report() -> dict[str, Any]:
     }
 
 
+def drift(report: dict[str, Any]) -> list[str]:
+    """Where the method table and this TRL disagree, a line per method: a method the table runs on
+    this release whose trainer or config it lacks (TRL removed it: the row's range must end before),
+    or one the table refuses here whose trainer it has (the range is too narrow)."""
+    trl = report["trl"]
+    problems = []
+    for method, row in report["methods"].items():
+        said = f"trl{row['range']}" if row["range"] != "any" else "every trl release"
+        if row["supported"] and not row["present"]:
+            problems.append(f"method {method}: the table runs it on {said}, and trl {trl} lacks {row['trainer']} or {row['config']}: "
+                            f"TRL removed it by {trl}; end the row's range (trl_below) at the first release without it")
+        elif not row["supported"] and row["present"]:
+            problems.append(f"method {method}: the table runs it on {said} only, and trl {trl} has {row['trainer']}: widen the row's range")
+    return problems
+
+
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What TRL changed between two reports, a line each: trainers added, promoted from experimental
     to stable, removed; and each method of the table whose trainer one has and the other lacks."""

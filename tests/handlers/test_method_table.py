@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.trl_trainers import report
+from handlers.trl_trainers import drift, report
 from schemas.methods import METHODS
 
 
@@ -18,17 +18,28 @@ def installed() -> dict[str, object]:
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_the_tables_trl_range_agrees_with_the_installed_trl(method: str, installed: dict[str, object]) -> None:
-    row = installed["methods"][method]  # type: ignore[index]
+    assert drift({**installed, "methods": {method: installed["methods"][method]}}) == []  # type: ignore[index]
+
+
+def test_a_trainer_the_table_names_that_this_trl_lacks_fails_naming_the_releases(installed: dict[str, object]) -> None:
+    """What the test above says when TRL drops a trainer (as 1.13 dropped PPO): here, a row for a
+    trainer no TRL ships, and PPO's row as it was before 1.13 (any release), judged on this TRL."""
+    from schemas.methods import unsupported_reason
+
     trl = installed["trl"]
-    if row["supported"]:
-        assert row["present"], (
-            f"the method table says {method} runs on trl{row['range'] if row['range'] != 'any' else ' (any release)'}, and trl {trl} "
-            f"lacks {row['trainer']} or {row['config']}: TRL removed it; set the row's trl_below to {trl} or the release before it that lacks it"
-        )
-    else:
-        assert not row["present"], (
-            f"the method table says {method} needs trl{row['range']}, and trl {trl} has {row['trainer']}: widen the row's range"
-        )
+    gone = {"trainer": "trl.experimental.gone.GoneTrainer", "config": "trl.experimental.gone.GoneConfig", "range": ">=1.10,<2",
+            "present": False, "supported": True}
+    ppo = {**installed["methods"]["ppo"], "range": "any", "supported": True}  # type: ignore[index]
+    problems = drift({**installed, "methods": {"gone": gone, "ppo": ppo}})
+    assert problems[0] == (f"method gone: the table runs it on trl>=1.10,<2, and trl {trl} lacks trl.experimental.gone.GoneTrainer or "
+                           f"trl.experimental.gone.GoneConfig: TRL removed it by {trl}; end the row's range (trl_below) at the first release without it")
+    if ppo["present"]:  # the trl 1.12 lane: PPO is here, and the table's range says so
+        assert problems[1:] == [] and unsupported_reason("ppo", str(trl)) is None
+    else:  # the locked TRL: PPO's old row fails, and a ppo request is refused naming the releases that have it
+        assert problems[1].startswith(f"method ppo: the table runs it on every trl release, and trl {trl} lacks trl.experimental.ppo.PPOTrainer")
+        assert unsupported_reason("ppo", str(trl)) == f"method ppo needs trl>=1.10,<1.13 ({METHODS['ppo'].trl_note}); this host has trl {trl}"
+    narrow = {**installed["methods"]["sft"], "range": "<1.0", "supported": False}  # type: ignore[index]
+    assert drift({**installed, "methods": {"sft": narrow}}) == [f"method sft: the table runs it on trl<1.0 only, and trl {trl} has trl.SFTTrainer: widen the row's range"]
 
 
 def test_the_report_lists_every_trainer_the_table_runs_here(installed: dict[str, object]) -> None:
