@@ -44,6 +44,10 @@ MODEL_CLI_DEFAULTS: dict[str, Any] = {
 
 
 
+# Keys TRL reads only when their strategy is "steps" (TrainingArguments' own rule).
+IGNORED_UNLESS_STEPS = (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy"), ("logging_steps", "logging_strategy"))
+
+
 def _refused(block: str, field: str, key: str | None = None) -> str:
     """The refusal table's reason for a block's field, said of the file's key: "set by the daemon: ..."."""
     why = refusal(block, field)
@@ -83,6 +87,7 @@ class _Converter(Ledger):
     def run(self) -> Conversion:
         self.drop("env", "environment variables of the trl process; a job runs in the daemon's environment on the host")
         carry_renames(self, self.method, self.request_path)  # an older recipe's keys under the names TRL reads now
+        self.ignored_steps()
         self.model_and_peft()
         carry_dataset(self)
         if self.method in REWARD_METHODS:
@@ -95,6 +100,16 @@ class _Converter(Ledger):
         order = {key: index for index, key in enumerate(self.config)}
         self.dropped.sort(key=lambda dropped: order.get(dropped.key.split(".")[0], len(order)))  # in the file's order
         return self.checked()
+
+    def ignored_steps(self) -> None:
+        """A `*_steps` key that TRL reads only under its strategy 'steps': under another strategy TRL
+        ignores it, and carrying it would change the training (the daemon saves by steps, whatever the
+        recipe's save_strategy: a leftover `save_steps: 1` would save every step)."""
+        for steps, strategy in IGNORED_UNLESS_STEPS:
+            chosen = self.config.get(strategy, self.training_fields.get(strategy, {}).get("default"))
+            if self.has(steps) and chosen != "steps":
+                self.drop(steps, f"ignored by TRL under {strategy} {chosen!r}" + (
+                    "; the daemon saves every training.save_steps (transformers' 500 when unset)" if steps == "save_steps" else ""))
 
     def model_and_peft(self) -> None:
         if self.has("model_name_or_path"):

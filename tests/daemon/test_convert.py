@@ -416,3 +416,20 @@ def test_every_renamed_value_is_one_todays_trl_takes_and_its_old_one_is_not() ->
         for method in row.methods:
             choices = contract[method]["fields"][row.key]["choices"]
             assert row.new in choices and row.old not in choices, (row, choices)
+
+
+def test_a_steps_key_trl_ignores_under_its_strategy_is_left_out_with_a_word(tmp_path: Path) -> None:
+    """The issue's Qwen2.5-VL recipe: a leftover `save_steps: 1` under `save_strategy: epoch` would
+    have become a checkpoint every step."""
+    text = ("model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nsave_strategy: epoch\nsave_steps: 1\n"
+            "evaluation_strategy: 'no'\neval_steps: 5\nlogging_strategy: epoch\nlogging_steps: 3\nhub_model_id: org/x\n")
+    code, request, stderr = convert(tmp_path, "sft.yaml", text)
+    assert code == 0, stderr
+    assert request is not None and not {"save_steps", "eval_steps", "logging_steps"} & set(request["training"])
+    said = {line.split(":")[0]: line for line in stderr}
+    assert said["save_steps"].startswith("save_steps: ignored by TRL under save_strategy 'epoch'; the daemon saves every training.save_steps")
+    assert said["eval_steps"] == "eval_steps: ignored by TRL under eval_strategy 'no'"  # read under evaluation_strategy's new name
+    assert said["logging_steps"] == "logging_steps: ignored by TRL under logging_strategy 'epoch'"
+    kept = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nsave_steps: 7\nlogging_steps: 3\nhub_model_id: org/x\n"
+    code, request, stderr = convert(tmp_path, "sft.yaml", kept)  # under the default strategies, 'steps', both are read
+    assert request is not None and request["training"]["save_steps"] == 7 and request["training"]["logging_steps"] == 3, stderr
