@@ -10,9 +10,9 @@ nothing else, so its `data_files` are paths inside that repo, never an absolute 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field, JsonValue, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from schemas.common import HUB_ID_PATTERN, Frozen
 from schemas.locations import has_parent_segment
@@ -116,15 +116,22 @@ class DatasetSpec(SourceSpec):
     max_samples: int | None = Field(None, ge=1, description="Use at most this many rows of the training split.")
     eval_split: str | None = Field(None, description="A split of the same dataset to evaluate on.")
     eval: SourceSpec | None = Field(None, description="An evaluation set from a source of its own.")
-    # A count is a JSON integer (strict: 1e6 is a number of the float kind, and stays a fraction that
-    # is too large, rather than becoming a million rows); a fraction lies between 0 and 1.
-    test_split_size: Annotated[int, Field(ge=1, strict=True)] | Annotated[float, Field(gt=0, lt=1)] | None = Field(None, description=(
+    test_split_size: int | float | None = Field(None, description=(
         "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this fraction of them (0 < x < 1), "
         "or this many rows (an integer, as datasets' train_test_split reads it; bounded by max_dataset_rows), "
         "chosen by training.seed (42 when unset), the same rows on every attempt; TRL's DatasetMixtureConfig name."
     ))
     mixture: list[MixtureComponent] | None = Field(None, min_length=2, max_length=MAX_MIXTURE_SOURCES, description="Several sources, interleaved by proportion.")
     streaming: bool = Field(False, description="Read rows as training goes, for sets larger than the disk; needs training.max_steps.")
+
+    @field_validator("test_split_size", mode="before")
+    @classmethod
+    def _fraction_or_count(cls, value: object) -> object:
+        # One check, before the type's: a count is a JSON integer (1e6 is a number of the float kind,
+        # a fraction far too large, never a million rows), a fraction lies strictly between 0 and 1.
+        if value is None or (type(value) is int and value >= 1) or (type(value) is float and 0 < value < 1):
+            return value
+        raise ValueError(f"a fraction of the rows between 0 and 1, or a count of rows (an integer, at least 1); got {value!r}")
 
     def given(self) -> list[str]:
         return super().given() + (["mixture"] if self.mixture is not None else [])
