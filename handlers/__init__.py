@@ -7,11 +7,17 @@ the table, one module here, one example and one test file.
 Importing this package imports torch and TRL: the daemon never does.
 """
 
-from importlib import import_module
-from importlib.metadata import version
-from types import ModuleType
+from handlers.deferred import defer_in_fork_server
 
-from schemas.methods import METHODS, unsupported_reason
+# First, before anything below imports torch: in the fork server, modules that touch CUDA when
+# imported are imported in name only (handlers/deferred.py says why).
+defer_in_fork_server()
+
+from importlib import import_module  # noqa: E402
+from importlib.metadata import version  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+from schemas.methods import METHODS, unsupported_reason  # noqa: E402
 
 HANDLERS: dict[str, ModuleType] = {
     name: import_module(f"handlers.{method.handler}")

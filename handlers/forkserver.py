@@ -11,19 +11,24 @@ server answers `{"kind": "forked", "pid": …}`, and `{"kind": "exited", "pid": 
 closes the socket, and dies with the daemon.
 
 Why a fork: every job starts with torch, transformers and TRL already imported (seconds on a GPU
-host, more on a busy one), however many jobs run back to back. Why it stays safe: the server never
-touches CUDA (checked before each fork), so every child's CUDA state is its own, made by its job;
-and each job is still a process of its own that exits after it.
+host, more on a busy one), however many jobs run back to back; each job is still a process of its
+own that exits after it, and its CUDA state is its own, made by its job.
 
-Why the server holds OpenMP at one thread: `import torch` runs a parallel region, which starts
-libgomp's worker threads, and a fork keeps none of them while libgomp's state still counts them; a
-child's first parallel region (its first CPU matmul) can then wait on them for ever (seen here: a
-forked child stuck in libgomp under `dnnl::impl::parallel`). The daemon starts the server with
-OMP_NUM_THREADS=1 (importing this package imports torch, so it must be set before the interpreter
-starts), which leaves no workers to lose, and the environment's own value in
-ADAPTERD_CHILD_OMP_NUM_THREADS. Each child gets that value back (or none) and the intra-op thread
-count a fresh interpreter picks in that environment, probed once in a subprocess before the server
-says ready (torch's default is MKL's count of physical cores, which nothing cheaper reproduces).
+Why a fork stays safe: a fork copies only the thread that calls it, so a lock another thread held
+stays locked in the child for ever, and a CUDA context cannot cross it at all. So the server is one
+thread that never touches CUDA, and says `ready` only after checking both of itself; otherwise it
+says `refused` with the reason and exits, and the daemon starts its children without it:
+- CUDA: modules that initialise CUDA when imported (bitsandbytes) are imported in name only and run
+  in the child at first use (handlers/deferred.py); the check looks for CUDA initialised in torch and
+  for an open /dev/nvidia* file (the driver opened), and runs again before each fork.
+- Threads: the daemon starts the server with OMP_NUM_THREADS=1 and JE_ARROW_MALLOC_CONF's
+  background_thread off (`import torch` starts libgomp's workers, `import pyarrow` jemalloc's
+  background thread; both must be set before the interpreter starts, since importing this package
+  imports torch), and the environment's own values in ADAPTERD_CHILD_ENV. Each child gets those
+  values back and the intra-op thread count a fresh interpreter picks in that environment, probed
+  once in a subprocess before the server says ready (torch's default is MKL's count of physical
+  cores, which nothing cheaper reproduces). A fork from a process of several threads would also
+  make Python 3.12 warn ("This process is multi-threaded, use of fork() may lead to deadlocks").
 """
 
 from __future__ import annotations
@@ -36,10 +41,12 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import traceback
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 
-from handlers import runner
+from handlers import deferred, runner
 
 MAX_MESSAGE = 65536
 THREADS_PROBE = "import torch; print(torch.get_num_threads())"
@@ -48,11 +55,12 @@ THREADS_PROBE = "import torch; print(torch.get_num_threads())"
 def main() -> int:
     runner.die_with_parent()
 
-    # OMP_NUM_THREADS is 1 here (no libgomp workers to lose in a fork: the module docstring says why);
-    # a child, and the probe of what a fresh interpreter picks, get the environment's own value.
-    child_omp = os.environ.pop("ADAPTERD_CHILD_OMP_NUM_THREADS", None)
+    # OMP_NUM_THREADS and jemalloc's background thread are held here (the module docstring says why);
+    # a child, and the probe of what a fresh interpreter picks, get the environment's own values.
+    child_env = json.loads(os.environ.pop("ADAPTERD_CHILD_ENV", "{}"))
     probe_env = dict(os.environ)
-    set_omp(probe_env, child_omp)
+    restore(probe_env, child_env)
+    probe_env.pop(deferred.FORK_SERVER_VARIABLE, None)
     probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=probe_env)
     import torch
 
@@ -61,13 +69,19 @@ def main() -> int:
 
     threads = int(probe.communicate()[0].strip())
     reporter = StatusReporter(runner.status_fd())
-    server = socket.socket(fileno=int(os.environ["ADAPTERD_FORK_FD"]))
+    server = socket.socket(fileno=int(os.environ[deferred.FORK_SERVER_VARIABLE]))
     # Objects made by the imports are never freed here; frozen, the collector leaves their pages
     # alone in the children, so those pages stay shared instead of being copied on a collection.
     gc.collect()
     gc.freeze()
+    unfit = cuda_touched() or other_threads()
+    if unfit is not None:
+        print(f"adapterd fork server {os.getpid()}: refused: {unfit}", flush=True)
+        reporter.refused(unfit)
+        return 1
     reporter.ready()
-    print(f"adapterd fork server {os.getpid()}: ready; OpenMP held at {torch.get_num_threads()} thread here, "
+    print(f"adapterd fork server {os.getpid()}: ready; one thread, CUDA untouched, deferred to the children: "
+          f"{', '.join(deferred.pending()) or 'nothing'}; OpenMP held at {torch.get_num_threads()} thread here, "
           f"{threads} intra-op threads for each child", flush=True)
 
     selector = selectors.DefaultSelector()
@@ -78,10 +92,11 @@ def main() -> int:
                 data, fds, _, _ = socket.recv_fds(server, MAX_MESSAGE, 3)
                 if not data:
                     return 0  # the daemon closed its end: it is stopping
-                if torch.cuda.is_initialized():  # never expected: a child would inherit a CUDA context it cannot use
-                    print("adapterd fork server: CUDA was initialised in the server; exiting", flush=True)
+                unfit = cuda_touched()  # never expected after the check above: a child would inherit a CUDA state it cannot use
+                if unfit is not None:
+                    print(f"adapterd fork server: {unfit}; exiting", flush=True)
                     return 1
-                pid = fork_child(json.loads(data), fds, [server, reporter, selector], threads, child_omp)
+                pid = fork_child(json.loads(data), fds, [server, reporter, selector], threads, child_env)
                 pidfd = os.pidfd_open(pid)
                 selector.register(pidfd, selectors.EVENT_READ, pid)
                 server.send(json.dumps({"kind": "forked", "pid": pid}).encode())
@@ -92,16 +107,48 @@ def main() -> int:
                 server.send(json.dumps({"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}).encode())
 
 
-def set_omp(env: MutableMapping[str, str], value: str | None) -> None:
-    """OMP_NUM_THREADS in `env` as the environment had it before the server held it at one (None: unset)."""
-    env.pop("OMP_NUM_THREADS", None)
-    if value is not None:
-        env["OMP_NUM_THREADS"] = value
+def restore(env: MutableMapping[str, str], originals: Mapping[str, str | None]) -> None:
+    """The variables the daemon held for the server, as the environment had them (None: unset)."""
+    for name, value in originals.items():
+        env.pop(name, None)
+        if value is not None:
+            env[name] = value
 
 
-def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int, child_omp: str | None) -> int:
+def cuda_touched() -> str | None:
+    """Why this process can no longer fork a child that may use CUDA, or None: CUDA initialised in
+    torch, or the NVIDIA driver opened (cuInit, or a library's device query, opens /dev/nvidia*)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialised in the server"
+    opened = []
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            opened.append(target)
+    return f"the NVIDIA driver was opened in the server ({', '.join(sorted(set(opened)))})" if opened else None
+
+
+def other_threads() -> str | None:
+    """Which threads besides this one run here (a fork keeps only the caller), or None."""
+    python = {thread.native_id: thread.name for thread in threading.enumerate()}  # a Python thread by its own name
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        if int(task.name) != threading.get_native_id():
+            try:
+                names.append(python.get(int(task.name)) or (task / "comm").read_text().strip())
+            except OSError:
+                continue  # it ended
+    return f"{len(names)} other thread(s) run in the server: {', '.join(sorted(names))}" if names else None
+
+
+def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int, child_env: Mapping[str, str | None]) -> int:
     """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits.
-    The child gets `threads` intra-op threads and the environment's own OMP_NUM_THREADS (`child_omp`)."""
+    The child gets `threads` intra-op threads and the environment's own values of what the server held (`child_env`)."""
     stdin, output, status = fds
     sys.stdout.flush()
     sys.stderr.flush()
@@ -120,7 +167,9 @@ def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], t
         os.dup2(output, 2)
         os.close(stdin)
         os.close(output)
-        set_omp(os.environ, child_omp)  # as the operator set it, for what the job starts
+        restore(os.environ, child_env)  # as the operator set it, for what the job starts
+        os.environ.pop(deferred.FORK_SERVER_VARIABLE, None)
+        deferred.stop_deferring()  # a module still deferred (bitsandbytes) runs here at its first use
         import torch
 
         torch.set_num_threads(threads)  # new libgomp workers, started in this process

@@ -25,6 +25,7 @@ from schemas.job import (
     JobSpec,
     ProgressReport,
     Ready,
+    Refused,
     StageEntered,
     StoppedAtCheckpoint,
 )
@@ -57,6 +58,9 @@ class StatusReporter:
 
     def ready(self) -> None:
         self.send(Ready())
+
+    def refused(self, reason: str) -> None:
+        self.send(Refused(reason=reason))
 
     def close(self) -> None:
         self._stream.close()

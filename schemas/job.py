@@ -105,6 +105,13 @@ class Ready(ChildMessageBase):
     kind: Literal["ready"] = "ready"
 
 
+class Refused(ChildMessageBase):
+    """The fork server found itself unfit to fork (CUDA touched, another thread running) and exits."""
+
+    kind: Literal["refused"] = "refused"
+    reason: str
+
+
 class StageEntered(ChildMessageBase):
     kind: Literal["stage"] = "stage"
     stage: ChildStage
@@ -177,7 +184,7 @@ class ChildError(ChildMessageBase):
 
 
 ChildMessage = Annotated[
-    Ready | StageEntered | FirstStep | Heartbeat | ProgressReport | CheckpointSaved | StoppedAtCheckpoint | TrainResult | ChildError,
+    Ready | Refused | StageEntered | FirstStep | Heartbeat | ProgressReport | CheckpointSaved | StoppedAtCheckpoint | TrainResult | ChildError,
     Field(discriminator="kind"),
 ]
 CHILD_MESSAGE: TypeAdapter[ChildMessage] = TypeAdapter(ChildMessage)

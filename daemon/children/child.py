@@ -30,6 +30,7 @@ from schemas.job import (
     ChildMessage,
     FirstStep,
     Ready,
+    Refused,
     StageEntered,
     TrainResult,
     parse_child_message,
@@ -148,6 +149,11 @@ class Child:
                 yield parse_child_message(line)
             except ValidationError as exc:
                 log.warning("child.bad_message", pid=self.process.pid, line=line[:200].decode(errors="replace"), error=str(exc))
+
+    @property
+    def refusal(self) -> str | None:
+        """Why a fork server refused to serve (it exits after saying so), or None."""
+        return next((message.reason for message in self._early if isinstance(message, Refused)), None)
 
     async def _read_until_ready(self) -> bool:
         """True once the child has imported the training stack; False if it died first."""

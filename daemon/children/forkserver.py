@@ -25,6 +25,19 @@ from daemon.children.child import OUTPUT_LIMIT, STATUS_LIMIT, Child, read_pipe
 
 log = structlog.get_logger()
 
+# What the server's environment holds so that it stays one thread (handlers/forkserver.py says why):
+# no OpenMP workers from `import torch`, no jemalloc background thread from `import pyarrow`.
+SERVER_ONLY = {"OMP_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+
+
+def server_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The fork server's environment: `env` with `SERVER_ONLY` held, and the values `env` had for them
+    (None: unset) in ADAPTERD_CHILD_ENV, which the server gives back to each child it forks."""
+    held = dict(SERVER_ONLY)
+    if env.get("JE_ARROW_MALLOC_CONF"):  # the operator's own jemalloc settings, with the thread still off
+        held["JE_ARROW_MALLOC_CONF"] = f"{env['JE_ARROW_MALLOC_CONF']},background_thread:false"
+    return {**env, **held, "ADAPTERD_CHILD_ENV": json.dumps({name: env.get(name) for name in SERVER_ONLY})}
+
 
 class PipeWriter:
     """A child's stdin: the daemon writes one line (the job) and closes it. The line is small and
@@ -79,10 +92,7 @@ class ForkServer:
     async def start(cls, env: Mapping[str, str], log_path: Path) -> ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            # OpenMP held at one thread in the server, the environment's own value kept for its
-            # children: handlers/forkserver.py says why.
-            omp = {"OMP_NUM_THREADS": "1"} | ({"ADAPTERD_CHILD_OMP_NUM_THREADS": env["OMP_NUM_THREADS"]} if "OMP_NUM_THREADS" in env else {})
-            server = await Child.spawn({**env, "ADAPTERD_FORK_FD": str(theirs.fileno()), **omp}, log_path,
+            server = await Child.spawn({**server_environment(env), "ADAPTERD_FORK_FD": str(theirs.fileno())}, log_path,
                                        entry=("handlers.forkserver",), pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()

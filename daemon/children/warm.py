@@ -19,9 +19,15 @@ import structlog
 
 from daemon.children.child import Child
 from daemon.children.forkserver import ForkServer
+from daemon.ops import metrics
 from daemon.settings import Settings
 
 log = structlog.get_logger()
+
+# A fork server that dies this many times in a row after saying ready, none of its forks answered,
+# is not started again: its children start spawned ahead instead (a restart loop would import the
+# training stack again and again for nothing).
+MOST_FORKSERVER_DEATHS = 3
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
@@ -69,6 +75,11 @@ class WarmChildren:
     - `spawn`: one child interpreter started ahead per free slot and replaced after its job, so only
       a slot's first job after a pause is warm.
 
+    A fork server that refuses to serve (it found CUDA touched or another thread running in itself:
+    handlers/forkserver.py), or that dies `MOST_FORKSERVER_DEATHS` times in a row, is not started
+    again: the daemon says so once (`forkserver.refused`, `forkserver.given_up`, and the
+    adapterd_forkserver_failures_total metric) and goes on in `spawn` mode.
+
     CUDA reads CUDA_VISIBLE_DEVICES once, when a process first touches CUDA, so each child gets its
     slot's devices in its environment before its job starts.
     """
@@ -80,6 +91,19 @@ class WarmChildren:
         self.mode = mode
         self.server: ForkServer | None = None
         self._ready: list[tuple[str | None, Child]] = []  # spawn: (CUDA_VISIBLE_DEVICES, child)
+        self._deaths = 0  # fork servers in a row that died after saying ready, with no fork answered since
+        self._show_mode()
+
+    def _show_mode(self) -> None:
+        mode = self.mode if self.enabled else "cold"
+        for each in ("fork", "spawn", "cold"):
+            metrics.WARM_START.labels(each).set(1 if each == mode else 0)
+
+    def _fall_back(self, event: str, **why: object) -> None:
+        """Stop using a fork server: children are started ahead per slot from now on."""
+        log.error(event, fallback="spawn", **why)
+        self.mode = "spawn"
+        self._show_mode()
 
     def environment(self, visible_devices: str | None) -> dict[str, str]:
         env = dict(self.env)
@@ -92,17 +116,16 @@ class WarmChildren:
         `wanted` (the devices of each free slot)."""
         if not self.enabled:
             return
-        if self.mode == "fork":
-            if self.server is None or not self.server.alive:
-                if self.server is not None:
-                    # One that died before it was ready was reported by the callback below, once.
-                    if self.server.server.ready_task.done() and became_ready(self.server.server.ready_task):
-                        log.warning("forkserver.died", pid=self.server.server.process.pid, returncode=self.server.server.process.returncode)
-                    await self.server.close()
+        if self.mode == "fork" and (self.server is None or not self.server.alive):
+            if self.server is not None:
+                await self._gone(self.server)
+                self.server = None
+            if self.mode == "fork":
                 self.server = await ForkServer.start(self.env, self.log_path)
                 self.server.server.ready_task.add_done_callback(
                     functools.partial(log_readiness, "forkserver.ready", "forkserver.died", self.server.server.process.pid)
                 )
+        if self.mode == "fork":
             return
         self._ready = [(devices, child) for devices, child in self._ready if child.process.returncode is None]
         missing = list(wanted)
@@ -117,13 +140,32 @@ class WarmChildren:
                 functools.partial(log_readiness, "child.warm_ready", "child.warm_died", child.process.pid)
             )
 
+    async def _gone(self, server: ForkServer) -> None:
+        """A fork server that is no longer alive: say how it ended, and fall back when it refused or keeps dying."""
+        await server.close()
+        child = server.server
+        if child.refusal is not None:
+            metrics.FORKSERVER_FAILURES.labels("refused").inc()
+            self._fall_back("forkserver.refused", pid=child.process.pid, reason=child.refusal)
+            return
+        if not (child.ready_task.done() and became_ready(child.ready_task)):
+            return  # it died before it was ready: the readiness callback said so, once
+        # One that died after it was ready (the out-of-memory killer, say; or at a fork).
+        log.warning("forkserver.died", pid=child.process.pid, returncode=child.process.returncode)
+        metrics.FORKSERVER_FAILURES.labels("died").inc()
+        self._deaths += 1
+        if self._deaths >= MOST_FORKSERVER_DEATHS:
+            self._fall_back("forkserver.given_up", deaths=self._deaths)
+
     async def take(self, visible_devices: str | None) -> Child:
         """A child for one job on these devices: forked, or a live warm one (ready or still importing),
         else a new cold one."""
         if self.server is not None and self.server.alive:
             try:
-                return await self.server.fork({"CUDA_VISIBLE_DEVICES": visible_devices} if visible_devices is not None else {},
-                                              self.log_path)
+                child = await self.server.fork({"CUDA_VISIBLE_DEVICES": visible_devices} if visible_devices is not None else {},
+                                               self.log_path)
+                self._deaths = 0  # it answered a fork
+                return child
             except ConnectionError as exc:
                 log.warning("forkserver.fork_failed", error=str(exc))
         for entry in self._ready:

@@ -22,6 +22,10 @@ INTAKE_ERRORS = Counter(
     "adapterd_intake_internal_errors", "Records whose decoding, policy check or rejection raised unexpectedly (rejected as internal), by exception class.",
     ["exception"],
 )
+FORKSERVER_FAILURES = Counter(
+    "adapterd_forkserver_failures", "Fork servers that refused to serve (their self-check failed) or died after they were ready.", ["reason"],
+)
+WARM_START = Gauge("adapterd_warm_start_mode", "How job children start now: 1 for the mode in force (fork, spawn, cold).", ["mode"])
 REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])
 
 
