@@ -38,7 +38,7 @@ from handlers.loading import (
     model_kwargs,
     resolve_model,
 )
-from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter
+from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter, start_cuda
 from handlers.sources import AnyDataset
 from handlers.training import (
     final_metrics,
@@ -120,6 +120,7 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
     path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
+    start_cuda()
     images = image_column(column_names(data.train))
     if images is not None:
         if not is_vision_model(path, request.model):

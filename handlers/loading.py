@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from handlers.reporting import loading_weights
 from handlers.sources import AnyDataset, check_download_size, load_source
 from schemas.job import JobFailed, JobSpec, is_transient
 from schemas.provenance import ResolvedSource
@@ -102,7 +103,8 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
 
 def load_causal_lm(path: str, spec: ModelSpec, field: str = "model") -> PreTrainedModel:
     try:
-        return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec))
+        with loading_weights():
+            return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec))
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}") from exc
 
@@ -110,7 +112,8 @@ def load_causal_lm(path: str, spec: ModelSpec, field: str = "model") -> PreTrain
 def load_sequence_classifier(path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
     """A one-label sequence classifier (a reward model) on the base's weights, with a new score head."""
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec))
+        with loading_weights():
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec))
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not loadable as a sequence classifier: {exc}") from exc
     model.config.pad_token_id = tokenizer.pad_token_id

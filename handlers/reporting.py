@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,16 +36,55 @@ from schemas.job import (
 HEARTBEAT_S = 5.0
 # The child's exit status after stopping at a checkpoint because the daemon asked it to.
 EXIT_STOPPED = 75
+# The stages whose seconds are split into parts, and the part each starts in: `load_model` into
+# files (finding or downloading the model, its tokenizer), cuda_init (CUDA's own start), weights
+# (from_pretrained) and trainer (the trainer's construction: tokenization, PEFT, moving to the
+# device); `train` into first_step (set-up to the end of the first optimizer step) and steps.
+FIRST_PART = {"load_model": "files", "train": "first_step"}
+
+
+def part(name: str) -> None:
+    """Where the current stage's seconds go from now on (`durations_s["<stage>.<name>"]`), when the
+    stage is one that is split (`FIRST_PART`); said by the code that starts the part."""
+    if StatusReporter.active is not None:
+        StatusReporter.active.part(name)
+
+
+@contextmanager
+def loading_weights() -> Iterator[None]:
+    """Around a `from_pretrained`: its seconds are `load_model.weights`; what follows until training,
+    the trainer's construction, is `load_model.trainer`."""
+    part("weights")
+    try:
+        yield
+    finally:
+        part("trainer")
+
+
+def start_cuda() -> None:
+    """`load_model.cuda_init`: CUDA's own start (the driver, a context on this process's GPU), measured
+    here so that it is not counted in the weights' or the trainer's seconds. Nothing on a host without CUDA."""
+    if not torch.cuda.is_available():
+        return
+    part("cuda_init")
+    torch.empty(0, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))  # a worker of a multi-GPU job: its own GPU
+    part("files")
 
 
 class StatusReporter:
-    """Writes one JSON object per line to the pipe the parent reads (fd in ADAPTERD_STATUS_FD)."""
+    """Writes one JSON object per line to the pipe the parent reads (fd in ADAPTERD_STATUS_FD), and
+    counts the seconds of each stage and of the parts of a split one (`durations_s`)."""
+
+    active: StatusReporter | None = None  # the process's reporter (a child runs one job), for `part`
 
     def __init__(self, fd: int) -> None:
         self._stream = os.fdopen(fd, "w", buffering=1)
         self.stage = "preflight"
         self._stage_started = time.monotonic()
+        self._part: str | None = None
+        self._part_started = self._stage_started
         self.durations_s: dict[str, float] = {}
+        StatusReporter.active = self
         # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
         self.stop_requested = False
         # The model the request's evaluation is measuring (handlers/evaluation.py), for its progress reports.
@@ -51,7 +92,7 @@ class StatusReporter:
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
-        self._stage_started = time.monotonic()
+        self._stage_started = self._part_started = time.monotonic()
 
     def send(self, message: ChildMessage) -> None:
         self._stream.write(message.model_dump_json() + "\n")
@@ -67,9 +108,22 @@ class StatusReporter:
 
     def enter(self, stage: str) -> None:
         now = time.monotonic()
-        self.durations_s[self.stage] = round(self.durations_s.get(self.stage, 0.0) + now - self._stage_started, 3)
+        self._add(self.stage, now - self._stage_started)
+        self.part(None, now)  # the last part of a split stage ends with it
         self.stage, self._stage_started = stage, now
+        self._part, self._part_started = FIRST_PART.get(stage), now
         self.send(StageEntered(stage=stage))
+
+    def part(self, name: str | None, now: float | None = None) -> None:
+        """End the current part of a split stage and start `name` (nothing in a stage that is not split)."""
+        if self._part is None:
+            return
+        now = time.monotonic() if now is None else now
+        self._add(f"{self.stage}.{self._part}", now - self._part_started)
+        self._part, self._part_started = name, now
+
+    def _add(self, key: str, seconds: float) -> None:
+        self.durations_s[key] = round(self.durations_s.get(key, 0.0) + seconds, 3)
 
     def error(self, failure: JobFailed) -> None:
         self.send(ChildError.of(failure))
@@ -120,6 +174,7 @@ class JobCallback(StepClock):
         super().on_step_end(args, state, control, **kwargs)
         if state.global_step == (self.first_step or 0) + 1:
             self.reporter.send(FirstStep(time=time.time(), step=state.global_step))
+            self.reporter.part("steps")
         if time.monotonic() - self.last_beat >= HEARTBEAT_S:
             self.last_beat = time.monotonic()
             self.reporter.send(Heartbeat(step=state.global_step))  # alive: the daemon's stall watchdog listens

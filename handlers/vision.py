@@ -33,6 +33,7 @@ from transformers import (
 )
 
 from handlers.loading import column_names
+from handlers.reporting import loading_weights
 from handlers.sources import AnyDataset
 from schemas.images import (
     ImageBounds,
@@ -167,7 +168,8 @@ def load_processor(path: str, spec: ModelSpec) -> ProcessorMixin:
 
 def load_vision_model(path: str, spec: ModelSpec, field: str, kwargs: dict[str, Any]) -> PreTrainedModel:
     try:
-        return AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+        with loading_weights():
+            return AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable vision-language model: {exc}") from exc
 

@@ -108,6 +108,10 @@ class Succeeded(EventBase):
     durations_s: dict[str, float] = Field(description=(
         "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "
         "then push and total; until_first_step (arrival to the first optimizer step) when this attempt trained. "
+        "Two stages are split into parts that add up to them, keyed '<stage>.<part>': load_model.files (finding or "
+        "downloading the model, its tokenizer), load_model.cuda_init (CUDA's own start; absent without CUDA), "
+        "load_model.weights (from_pretrained), load_model.trainer (the trainer's construction: tokenization, PEFT, "
+        "moving to the device); train.first_step (set-up to the end of the first optimizer step) and train.steps. "
         "Empty for a duplicate found by its Hub commit."
     ))
     versions: dict[str, str] = Field(description="adapterd, trl, transformers, peft, torch, datasets.")

@@ -181,3 +181,55 @@ def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_p
     with pytest.raises(JobFailed) as failure:
         _expand("memory://bucket/cur*/x.jsonl", None, job, "dataset.url")
     assert failure.value.message == "dataset.url: memory:///bucket/curious/x.jsonl is not allowed on this host (allowed_dataset_urls)"
+
+
+def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from handlers import reporting
+
+    now = [100.0]
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: now[0])
+    read_fd, write_fd = os.pipe()
+    reporter = StatusReporter(write_fd)
+
+    def spend(seconds: float) -> None:
+        now[0] += seconds
+
+    reporter.enter("load_dataset")
+    spend(1)
+    reporting.part("weights")  # not a split stage: nothing to split
+    spend(2)
+    reporter.enter("load_model")
+    spend(0.5)  # finding the model, its tokenizer
+    reporting.part("cuda_init")
+    spend(4)
+    reporting.part("files")
+    with reporting.loading_weights():
+        spend(8)
+    spend(16)  # the trainer's construction
+    reporter.enter("train")
+    spend(32)
+    reporting.part("steps")
+    spend(64)
+    reporter.enter("save")
+    reporter.close()
+    messages(read_fd)
+    assert reporter.durations_s == {
+        "preflight": 0.0, "load_dataset": 3.0,
+        "load_model": 28.5, "load_model.files": 0.5, "load_model.cuda_init": 4.0, "load_model.weights": 8.0, "load_model.trainer": 16.0,
+        "train": 96.0, "train.first_step": 32.0, "train.steps": 64.0,
+    }
+
+
+@pytest.mark.slow
+def test_an_sft_job_says_where_its_seconds_went(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.helpers import run_handler
+
+    result, sent = run_handler(sft_request("stages", dataset={"rows": CHAT_ROWS}, model={"id": str(tiny_model_dir)},
+                                           training={"max_steps": 3}), tmp_path)
+    durations = result.durations_s
+    for stage, parts in {"load_model": ("files", "weights", "trainer"), "train": ("first_step", "steps")}.items():
+        assert all(durations[f"{stage}.{name}"] > 0 for name in parts), durations
+        split = sum(seconds for key, seconds in durations.items() if key.startswith(f"{stage}."))
+        assert abs(split - durations[stage]) < 0.01, durations  # every second of the stage is in one of its parts
+    assert "load_model.cuda_init" not in durations  # no CUDA here: nothing to start
+    assert [m["step"] for m in sent if m["kind"] == "first_step"] == [1]
