@@ -161,7 +161,10 @@ class TrainResult(ChildMessageBase):
     teacher_model_revision: str | None = Field(None, description="The resolved commit of a distillation or gkd teacher_model, when it came from the Hub.")
     dataset_fingerprint: str | None
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
-    durations_s: dict[str, float] = Field(description="Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model and train as '<stage>.<part>' (handlers/reporting.py).")
+    durations_s: dict[str, float] = Field(description=(
+        "Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model "
+        "and train as '<stage>.<part>' (handlers/reporting.py)."
+    ))
     versions: dict[str, str]
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
     tracking: list[TrackedRun] = Field(default_factory=list, description="The runs the job's metrics were reported to.")
