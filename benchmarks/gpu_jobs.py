@@ -35,9 +35,9 @@ QWEN2_05B = {
 # --- what the GPU rows train on ------------------------------------------------------------------
 
 
-def build_qwen2_05b(out_dir: Path) -> Path:
+def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True) -> Path:
     """A Qwen2 model of Qwen2.5-0.5B's shape, random weights, saved in bf16 with the tiny model's
-    tokenizer padded to the vocabulary. Runs in a child interpreter (`--build-model`)."""
+    tokenizer, padded to the vocabulary unless `pad_tokenizer` is false. Runs in a child interpreter (`--build-model`)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -46,7 +46,8 @@ def build_qwen2_05b(out_dir: Path) -> Path:
     tokenizer = build_tokenizer()
     # Pad the tiny tokenizer to Qwen's 151,936 ids, so every id the model can produce decodes (vLLM
     # samples from all of them; random weights make most of its picks these padding tokens).
-    tokenizer.add_tokens([f"<|pad{i}|>" for i in range(QWEN2_05B["vocab_size"] - len(tokenizer))])
+    if pad_tokenizer:
+        tokenizer.add_tokens([f"<|pad{i}|>" for i in range(QWEN2_05B["vocab_size"] - len(tokenizer))])
     torch.manual_seed(0)
     config = Qwen2Config(**QWEN2_05B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
