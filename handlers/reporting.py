@@ -67,7 +67,11 @@ def start_cuda() -> None:
     if not torch.cuda.is_available():
         return
     part("cuda_init")
-    torch.empty(0, device=torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))  # a worker of a multi-GPU job: its own GPU
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # a worker of a multi-GPU job: its own GPU
+    # An allocation and a kernel, waited for: the context exists after this (an empty tensor makes none:
+    # seen on an H200, where this part was then 0.0 s and the context's start fell into the trainer's).
+    torch.zeros(1, device=device).add_(1)
+    torch.cuda.synchronize(device)
     part("files")
 
 
