@@ -263,8 +263,10 @@ async def check(args: argparse.Namespace) -> Table:
     tokens = tokens_per_row(model, rows)
     table.say("models built; tokens a row", round(tokens, 1))
 
+    run_id = time.strftime("%H%M%S")  # a request id that succeeded in this work folder before is not trained again
+
     def sft(rid: str, **kw: Any) -> dict[str, Any]:
-        request = sft_request(model, rid, steps, rows, **kw)
+        request = sft_request(model, f"{rid}-{run_id}", steps, rows, **kw)
         if not cuda:
             request["training"]["bf16"] = False
             request["model"]["dtype"] = "float32"
@@ -297,26 +299,28 @@ async def check(args: argparse.Namespace) -> Table:
         except Exception:
             table.row(f"SFT run {index} ({side})", "FAILED", traceback.format_exc()[-1200:])
     done = [run for run in daemon_runs if run["final"]["type"] == "succeeded"]
-    if plain_runs and done:
+    if plain_runs:
         p_tput = [run["train_samples_per_second"] * tokens for run in plain_runs]
-        d_tput = [run["final"]["metrics"]["train_samples_per_second"] * tokens for run in done]
         p_step = [run["median_step_s"] for run in plain_runs]
-        d_step = [run["final"]["metrics"]["median_step_s"] for run in done]
-        ratios = [d / p for d in d_tput for p in p_tput]
         table.row("SFT LoRA tokens/s: plain TRL", round(statistics.median(p_tput), 1), f"runs {[round(t) for t in p_tput]}; {model.name}, {steps} steps")
+        table.row("plain TRL process wall (s)", [round(run["wall"], 1) for run in plain_runs], "imports, model, training: a cold start")
+    if done:
+        d_tput = [run["final"]["metrics"]["train_samples_per_second"] * tokens for run in done]
+        d_step = [run["final"]["metrics"]["median_step_s"] for run in done]
         table.row("SFT LoRA tokens/s: daemon", round(statistics.median(d_tput), 1), f"runs {[round(t) for t in d_tput]}")
-        table.row("tokens/s ratio daemon/plain", round(statistics.median(ratios), 3), f"every daemon run over every plain run: {spread(ratios)}")
-        table.row("median step plain / daemon (ms)", f"{statistics.median(p_step) * 1000:.1f} / {statistics.median(d_step) * 1000:.1f}",
-                  f"plain {[round(s * 1000, 1) for s in p_step]}, daemon {[round(s * 1000, 1) for s in d_step]}")
+        if plain_runs:
+            ratios = [d / p for d in d_tput for p in p_tput]
+            table.row("tokens/s ratio daemon/plain", round(statistics.median(ratios), 3), f"every daemon run over every plain run: {spread(ratios)}")
+            table.row("median step plain / daemon (ms)", f"{statistics.median(p_step) * 1000:.1f} / {statistics.median(d_step) * 1000:.1f}",
+                      f"plain {[round(s * 1000, 1) for s in p_step]}, daemon {[round(s * 1000, 1) for s in d_step]}")
         table.row("arrival to first step, daemon (s)", [round(run["final"]["durations_s"].get("until_first_step", -1), 1) for run in done],
                   f"children forked from the server: {sum(run['forked'] for run in done)} of {len(done)}")
-        table.row("plain TRL process wall (s)", [round(run["wall"], 1) for run in plain_runs], "imports, model, training: a cold start")
         last = done[-1]["final"]["durations_s"]
         table.row("stages of a daemon SFT job (s)", json.dumps({k: v for k, v in last.items() if k not in ("queue",)}))
         if cuda:
             table.row("GPU MiB before / peak / after (daemon SFT jobs)", [[round(r["before"]), round(r["peak"]), round(r["after"])] for r in done])
-    elif daemon_runs:
-        table.row("daemon SFT", "FAILED", brief(daemon_runs[-1]["final"]))
+    if len(done) < len(daemon_runs):
+        table.row("daemon SFT", "FAILED", brief(next(run for run in daemon_runs if run["final"]["type"] != "succeeded")["final"]))
 
     jobs: list[tuple[str, dict[str, Any]]] = []
     if cuda:
@@ -329,7 +333,7 @@ async def check(args: argparse.Namespace) -> Table:
     shipped = [name for name in METHODS if unsupported_reason(name, version("trl")) is None]
     for name in [m for m in shipped if m in args.methods.split(",")] if args.methods else shipped:
         request = json.loads(demo_request(name, tiny).model_dump_json(exclude_none=True))
-        request["request_id"] = f"method-{name}"
+        request["request_id"] = f"method-{name}-{run_id}"
         if cuda:
             request.setdefault("training", {})["bf16"] = True
             request["model"]["dtype"] = "bfloat16"
