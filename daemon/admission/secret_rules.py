@@ -3,8 +3,9 @@ Yelp's detect-secrets, a maintained rule set of some twenty issuers' token shape
 
 Every regex-based detect-secrets plugin contributes its published `denylist`, run on RE2 with the
 built-in rules as one automaton (linear time, on the event loop). detect-secrets' own scanner is
-not used: it runs its patterns one by one on Python's re, and its entropy and keyword plugins
-judge source code, not JSON values. A pattern RE2 cannot compile (look-around) or written in
+not used: it runs its patterns one by one on Python's re, and its entropy plugins and the keyword
+plugin's regexes judge source code, not JSON values (the keyword plugin's list of names is used,
+below). A pattern RE2 cannot compile (look-around) or written in
 verbose mode is left out, and `LEFT_OUT` names it (the same on every host of a release; the
 canary's tests notice when a release changes it). Why detect-secrets and not gitleaks: it is a Python package, installed with
 adapterd from PyPI, whose rules are read at run time through its public plugin API, so they move
