@@ -70,10 +70,11 @@ class CredentialKeys:
         # special token's name (`secret_pad_token` is refused), which wins over a last word.
         self._rule = compile_pattern(
             rf"^(?:.*?(?P<anywhere>{anywhere})|(?:.*_)?(?P<harmless>(?:{harmless})_token)$|(?:.*_)?[^_]*?(?P<last>{last})$)")
-        # Over a message's raw bytes: what a name must hold, in any case, for the rule to judge it a
-        # credential (the last piece of each keyword); most messages have none and skip the walk.
+        # Over a message's raw bytes, the keys that hold a keyword's letters (the last piece of each,
+        # in any case): a string followed by ':' is a key, and JSON outside strings (true, null,
+        # numbers) cannot spell one. Most messages have none; the others' few are judged by name.
         stems = [_stem(keyword) for keyword in (*self.keywords, *self.words)]
-        self._raw = compile_pattern(f"(?i:{'|'.join(dict.fromkeys(stems))})".encode()) if all(stems) else None
+        self._keys = compile_pattern(rf'"([^"\\]*(?i:{"|".join(dict.fromkeys(stems))})[^"\\]*)"\s*:'.encode()) if all(stems) else None
         self._verdicts: dict[str, bool] = {}
 
     def names_credential(self, key: str) -> bool:
@@ -88,27 +89,35 @@ class CredentialKeys:
         return verdict
 
     def may_hold(self, raw: bytes) -> bool:
-        """False only when no key of this JSON text can be credential-named: none holds a keyword's
-        letters, and no escape (`\\u0074oken`) can spell one."""
-        return self._raw is None or b"\\" in raw or self._raw.search(raw) is not None
+        """False only when no key of this JSON text is credential-named: the keys that hold a
+        keyword's letters are read from the raw text and judged, so the walk (`find`) runs only to
+        name the ones that are. A text with a backslash is always walked: an escape can spell or
+        hide a name (`hf_\\u0074oken`) or a quote."""
+        if self._keys is None or b"\\" in raw:
+            return True
+        keys = self._keys.findall(raw)
+        return bool(keys) and any(self.names_credential(key.decode("utf-8", "replace")) for key in keys)
 
-    def find(self, document: Any, hides: Callable[[str], bool], path: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    def find(self, document: Any, hides: Callable[[str], bool]) -> list[tuple[str, str]]:
         """(path, kind) of each value under a credential-named key, anywhere in a decoded JSON
         document. `hides(key)`: whether a key is itself a credential by its shape; such a key is
         written `<key>` in a path, so that the path never repeats it."""
         found: list[tuple[str, str]] = []
-        if isinstance(document, dict):
-            for key, value in document.items():
-                key = str(key)
+        self._walk(document, (), hides, found)
+        return found
+
+    def _walk(self, node: Any, path: tuple[str, ...], hides: Callable[[str], bool], found: list[tuple[str, str]]) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
                 if self.names_credential(key):
                     if _holds_value(value):
-                        found.append((".".join(part if not hides(part) else "<key>" for part in (*path, key)), KIND))
-                    continue
-                found += self.find(value, hides, (*path, key))
-        elif isinstance(document, list):
-            for index, item in enumerate(document):
-                found += self.find(item, hides, (*path, str(index)))
-        return found
+                        found.append((".".join("<key>" if hides(part) else part for part in (*path, key)), KIND))
+                elif isinstance(value, dict | list):  # only containers hold more keys
+                    self._walk(value, (*path, key), hides, found)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, dict | list):
+                    self._walk(item, (*path, str(index)), hides, found)
 
 
 def _stem(keyword: str) -> str:

@@ -104,7 +104,13 @@ def test_a_credential_name_without_a_value_and_harmless_names_are_accepted() -> 
     assert decoded.metadata["tokenizer_name"] == "tiny/qwen2-chat"
 
 
-def test_a_message_without_a_keyword_skips_the_walk() -> None:
-    # The cost: intake's bad-message mix holds no keyword's letters, so the key walk never runs on it.
+def test_the_walk_runs_only_when_a_key_is_a_credential_name() -> None:
+    # The cost: the keys holding a keyword's letters are read from the raw bytes and judged there;
+    # intake's bad-message mix, values that mention tokens and harmless names never start the walk.
     assert not any(BUILTIN.keys.may_hold(bad_message(index)) for index in range(4))
-    assert BUILTIN.keys.may_hold(json.dumps({"metadata": {"HF_TOKEN": "x"}}).encode())
+    rows = [{"text": f"a row about tokens and passwords {index}"} for index in range(100)]
+    assert not BUILTIN.keys.may_hold(json.dumps(sft_request("rows", dataset={"rows": rows})).encode())
+    assert not BUILTIN.keys.may_hold(json.dumps({"metadata": {"tokenizer_name": "x", "max_tokens": "64", "note": "token"}}).encode())
+    assert BUILTIN.keys.may_hold(json.dumps({"metadata": {"note": "x", "HF_TOKEN": "x"}}).encode())
+    assert BUILTIN.keys.may_hold(json.dumps({"metadata": {"HF_TOKEN" : "x"}}, indent=2).encode())  # whitespace before ':'
+    assert BUILTIN.keys.may_hold(b'{"metadata": {"hf_\\u0074oken": "x"}}')  # an escape is always walked
