@@ -120,7 +120,9 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", errors, _request_id_of(document, key_id))
     try:
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
-        secrets = [] if problems else (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
+        secrets = [] if problems else _by_path(
+            (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
+            + scanner.under_credential_keys(document, raw or b""))
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     if problems:
@@ -151,6 +153,14 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", field_errors(exc, document), request_id)
     except RecursionError:
         return Rejection("invalid", [FieldError(path="", message="nested too deeply to validate")], request_id)
+
+
+def _by_path(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """One finding a path, the first: a token's shape under `hf_token` says more than the key's name."""
+    first: dict[str, str] = {}
+    for path, kind in found:
+        first.setdefault(path, kind)
+    return list(first.items())
 
 
 def _request_id_of(document: object, key_id: Callable[[], str | None]) -> str | None:

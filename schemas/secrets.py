@@ -9,7 +9,9 @@ The rules are the shapes the issuers publish for their tokens (the same ones git
 detect-secrets' rules describe), each anchored on its literal prefix and with every repetition
 bounded, so a scan costs a bounded number of steps per character whatever the text: every message
 on the requests topic passes through here, on the daemon's event loop. `metadata` values are also
-judged by their entropy, since a free-form field is where an unlabelled secret goes.
+judged by their entropy, since a free-form field is where an unlabelled secret goes. And a value
+under a key whose name says it holds a credential (`hf_token`, `password`, `x-api-key`) is one,
+whatever its shape (schemas/secret_keys.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import Counter
 from typing import Any
 
 from schemas.regex import compile_pattern
+from schemas.secret_keys import CredentialKeys
 
 # kind → (what the rejection says, the pattern). Each needs the credential's own shape, so that
 # ordinary text (a prompt about "tokens", a sentence with "bearer") does not trip them.
@@ -59,10 +62,12 @@ class SecretScanner:
     pattern, so that a string is scanned once. On RE2 (schemas/regex.py) that is one automaton,
     about a hundred times faster than Python's re on this alternation; a producer without RE2 gets
     the same verdicts from re for the built-in rules, since every one is bounded. The daemon adds
-    a maintained rule set to these (daemon/admission/secret_rules.py)."""
+    a maintained rule set to these (daemon/admission/secret_rules.py). `keys`: the rule on key
+    names (the built-in keywords unless given; the daemon adds detect-secrets' list)."""
 
-    def __init__(self, rules: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, rules: dict[str, tuple[str, str]], keys: CredentialKeys | None = None) -> None:
         self.rules = rules
+        self.keys = keys or CredentialKeys()
         alternation = "|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in rules.items())
         self._any = compile_pattern(alternation)
         # Over raw bytes, one search also looks for a long base64-alphabet run, which may hide a
@@ -124,6 +129,14 @@ class SecretScanner:
             return []
         return [(f"metadata.{key}", "a random key (a high-entropy value)") for key, value in metadata.items()
                 if isinstance(value, str) and high_entropy(value) and not self.kind(value)]  # those `find` names
+
+
+    def under_credential_keys(self, document: Any, raw: bytes) -> list[tuple[str, str]]:
+        """(path, kind) of each value under a key whose name says it holds a credential, anywhere in
+        a request document (`raw`: its bytes, to skip the walk when no key can be one)."""
+        if not self.keys.may_hold(raw):
+            return []
+        return self.keys.find(document, lambda key: self.kind(key) is not None)
 
 
 def high_entropy(value: str) -> bool:

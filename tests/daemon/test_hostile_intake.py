@@ -18,8 +18,10 @@ from daemon.jobs.slots import Slots
 from daemon.kafka.retry_state import FIRST, RetrySigner
 from daemon.settings import Settings
 from schemas import FieldError, Rejection, decode_request
+from schemas.jsonschema import generated_schemas
 from schemas.locations import local_location_inside, within
 from schemas.regex import ENGINE
+from schemas.secrets import BUILTIN
 from tests.helpers import sft_request
 from tests.hostile import hostile_cases
 
@@ -148,3 +150,40 @@ def test_intake_scans_with_detect_secrets_rules_besides_its_own() -> None:
         assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request" and value not in repr(rejection)
     assert SCANNER.kind("hf_" + "x" * 34) == "a Hugging Face token (hf_...)"  # adapterd's rules first
     assert all(": " in line for line in LEFT_OUT) and len(LEFT_OUT) < len(SCANNER.rules)
+
+
+def test_intake_judges_key_names_by_detect_secrets_keyword_list_besides_its_own() -> None:
+    from daemon.admission.secret_rules import KEYWORDS_DS, SCANNER
+
+    assert {"password", "secret", "api_?key", "pwd"} <= set(KEYWORDS_DS)  # read from the plugin, not copied
+    for name in ("pwd", "DB_PASS", "db-pass", "authKey", "service_key", "clientKey", "contraseña", "CONTRASEÑA"):
+        assert not BUILTIN.keys.names_credential(name), name  # not among adapterd's own keywords
+        assert SCANNER.keys.names_credential(name), name
+        raw = json.dumps(sft_request("ds-keyword", metadata={name: "short"})).encode()
+        rejection = decode_request(raw, scanner=SCANNER)
+        assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request", (name, rejection)
+        assert [error.path for error in rejection.errors] == [f"metadata.{name}"] and "short" not in repr(rejection)
+    for name in ("tokenizer_name", "max_tokens", "num_tokens", "tokenizer", "pad_token", "author", "pass_threshold"):
+        assert not SCANNER.keys.names_credential(name), name
+
+
+def test_no_field_name_of_the_request_contract_is_a_credential_name() -> None:
+    # Every key of a request is judged, not a list of free-form fields: so no field of the contract
+    # (TRL's, transformers', PEFT's included) may trip the rule. TRL's `hub_token` is not a field.
+    from daemon.admission.secret_rules import SCANNER
+
+    schema = json.loads(generated_schemas()["request.schema.json"])
+    names: set[str] = set()
+
+    def collect(node: object) -> None:
+        if isinstance(node, dict):
+            names.update(node.get("properties", {}) if isinstance(node.get("properties"), dict) else ())
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(schema)
+    assert len(names) > 300 and {"max_new_tokens", "pad_token", "eos_token", "stop_token", "pass_threshold"} <= names
+    assert sorted(name for name in names if SCANNER.keys.names_credential(name)) == []

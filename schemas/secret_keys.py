@@ -1,0 +1,147 @@
+"""Credential-named keys: a value under a key whose name says it holds a credential (`hf_token`,
+`password`, `x-api-key`...) is a credential, whatever its shape.
+
+The shape rules (schemas/secrets.py) know what issuers' tokens look like; a short or made-up value
+(`{"hf_token": "hf_SECRET"}`) has no such shape, yet a producer who wrote it meant a credential, and
+`metadata` is echoed in every event. So every key of a request, in `metadata` and in every other
+mapping it carries (the TRL blocks' `*_kwargs` and `*_config`, `dataset.columns`, inline rows...),
+is judged by its name. Every key and not a list of free-form fields: a mapping TRL adds later is
+covered too, and a test checks that no field name of the contract trips the rule (`hub_token`,
+refused anyway, excepted).
+
+A key's name is first split into lowercase words (`hfToken`, `HF-TOKEN`, `hf.token` → `hf_token`),
+then one RE2 pattern judges it, by two kinds of keyword:
+
+- Anywhere in the name (`KEYWORDS`): detect-secrets' keyword list where the daemon scans (the daemon
+  adds it: daemon/admission/secret_rules.py), and a few of the same (`password`, `secret`,
+  `api_?key`...) for a producer without detect-secrets. detect-secrets matches them anywhere in a
+  name too; its list has no `token` and no `auth`.
+- As the name's last word, or the end of it (`WORDS`): `token`, `auth`, `authorization`,
+  `credential(s)`, `bearer`, `passphrase`, `cookie`. Last, because a machine-learning name holds
+  these words for other things: `tokenizer`, `tokenizer_name`, `max_tokens`, `num_tokens` end in
+  another word (`tokenizer`, `name`, `tokens`), `token_type_ids` has `token` first, `author` is not
+  `auth`. A glued prefix counts (`hftoken`, `HFToken`, `oauth`). The special tokens of a tokenizer
+  (`pad_token`, `eos_token`, `stop_token`..., `HARMLESS_TOKENS`) are text, not credentials.
+
+A value counts when it holds something: a non-empty string or a number, or a list or mapping with
+one inside (`{"auth": {"user": "u", "pass": "p"}}`). `{"use_auth": true}`, `{"token": null}` and
+`{"password": ""}` carry no credential. The rejection names the key's path, never the value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from schemas.regex import compile_pattern
+
+# Judged anywhere in a key's words; regex fragments over lowercase words joined by `_`, as
+# detect-secrets writes its own (`api_?key` covers `api_key`, `apiKey`, `x-api-key`, `APIKEY`).
+KEYWORDS: tuple[str, ...] = ("password", "passwd", "secret", "api_?key", "private_?key")
+# Judged as a key's last word (or the end of its last word): what adapterd adds to detect-secrets' list.
+WORDS: tuple[str, ...] = ("token", "auth", "authorization", "credentials?", "bearer", "passphrase", "cookie")
+# A tokenizer's special tokens and the TRL fields that name one (`stop_token`): not credentials.
+HARMLESS_TOKENS: tuple[str, ...] = ("bos", "eos", "pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
+                                    "image", "video", "audio", "vision", "think", "tool")
+KIND = "a credential: its key's name says it holds one"
+
+# Word boundaries: a lowercase letter or digit before a capital (`hfToken`), and any run of ASCII
+# punctuation, spaces or underscores (`HF-TOKEN`, `hf.token`, `hf__token`). Letters beyond ASCII
+# stay as they are (detect-secrets lists `contraseña`).
+_CAMEL = compile_pattern(r"([a-z0-9])([A-Z])")
+_SEPARATORS = compile_pattern(r"[\x00-\x2f\x3a-\x40\x5b-\x60\x7b-\x7f]+")
+_CACHE_BOUND = 4096  # distinct key names remembered: inline rows repeat a few names thousands of times
+
+
+def words(key: str) -> str:
+    """A key's name as lowercase words joined by `_`: `hfToken`, `HF-TOKEN` → `hf_token`."""
+    return _SEPARATORS.sub("_", _CAMEL.sub(r"\1_\2", key)).lower().strip("_")
+
+
+class CredentialKeys:
+    """The key-name rule: `keywords` anywhere in a name, `words` as its last word, as one RE2 pattern."""
+
+    def __init__(self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS) -> None:
+        self.keywords = tuple(dict.fromkeys(keywords))
+        self.words = tuple(words)
+        anywhere, last = "|".join(self.keywords), "|".join(self.words)
+        harmless = "|".join(HARMLESS_TOKENS)
+        # Alternatives are tried in order, all anchored at the start: a keyword anywhere wins over a
+        # special token's name (`secret_pad_token` is refused), which wins over a last word.
+        self._rule = compile_pattern(
+            rf"^(?:.*?(?P<anywhere>{anywhere})|(?:.*_)?(?P<harmless>(?:{harmless})_token)$|(?:.*_)?[^_]*?(?P<last>{last})$)")
+        # Over a message's raw bytes, the keys that hold a keyword's letters (the last piece of each,
+        # in any case): a string followed by ':' is a key, and JSON outside strings (true, null,
+        # numbers) cannot spell one. Most messages have none; the others' few are judged by name.
+        stems = [_stem(keyword) for keyword in (*self.keywords, *self.words)]
+        self._keys = compile_pattern(rf'"([^"\\]*(?i:{"|".join(dict.fromkeys(stems))})[^"\\]*)"\s*:'.encode()) if all(stems) else None
+        self._verdicts: dict[str, bool] = {}
+
+    def names_credential(self, key: str) -> bool:
+        """Whether `key`'s name says it holds a credential."""
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            found = self._rule.search(words(key))
+            verdict = found is not None and found.lastgroup != "harmless"
+            if len(self._verdicts) >= _CACHE_BOUND:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+    def may_hold(self, raw: bytes) -> bool:
+        """False only when no key of this JSON text is credential-named: the keys that hold a
+        keyword's letters are read from the raw text and judged, so the walk (`find`) runs only to
+        name the ones that are. A text with a backslash is always walked: an escape can spell or
+        hide a name (`hf_\\u0074oken`) or a quote."""
+        if self._keys is None or b"\\" in raw:
+            return True
+        keys = self._keys.findall(raw)
+        return bool(keys) and any(self.names_credential(key.decode("utf-8", "replace")) for key in keys)
+
+    def find(self, document: Any, hides: Callable[[str], bool]) -> list[tuple[str, str]]:
+        """(path, kind) of each value under a credential-named key, anywhere in a decoded JSON
+        document. `hides(key)`: whether a key is itself a credential by its shape; such a key is
+        written `<key>` in a path, so that the path never repeats it."""
+        found: list[tuple[str, str]] = []
+        self._walk(document, (), hides, found)
+        return found
+
+    def _walk(self, node: Any, path: tuple[str, ...], hides: Callable[[str], bool], found: list[tuple[str, str]]) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if self.names_credential(key):
+                    if _holds_value(value):
+                        found.append((".".join("<key>" if hides(part) else part for part in (*path, key)), KIND))
+                elif isinstance(value, dict | list):  # only containers hold more keys
+                    self._walk(value, (*path, key), hides, found)
+        elif isinstance(node, list):
+            for index, item in enumerate(node):
+                if isinstance(item, dict | list):
+                    self._walk(item, (*path, str(index)), hides, found)
+
+
+def _stem(keyword: str) -> str:
+    """The letters a name judged by `keyword` holds for certain: its last piece (`api_?key` → `key`),
+    an optional last letter left off (`credentials?` → `credential`), up to its first letter beyond
+    ASCII (`contraseña` → `contrase`: case-folding the raw bytes is ASCII's only). Empty when the
+    keyword has other regex syntax than these: then every message is walked."""
+    stem = keyword.split("_?")[-1]
+    stem = stem[:-2] if stem.endswith("?") else stem
+    ascii_part = stem[: next((i for i, c in enumerate(stem) if not c.isascii()), len(stem))]
+    return ascii_part if stem.isalnum() and ascii_part.isalnum() else ""
+
+
+def _holds_value(value: Any) -> bool:
+    """Whether a value carries something a credential could be: a non-empty string, a number, or
+    a list or mapping holding one. Not null, a boolean or an empty string."""
+    if isinstance(value, bool) or value is None:
+        return False
+    if isinstance(value, str):
+        return value != ""
+    if isinstance(value, int | float):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_value(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_value(item) for item in value)
+    return False
