@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -57,8 +58,12 @@ class JobRunner:
     def __init__(
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
+        on_trained: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.request = request
+        # Called once the child has exited with its result: the GPUs are free for the next job while
+        # this one is judged and pushed (the scheduler gives its slots back then).
+        self.on_trained = on_trained
         self.trace = trace or []  # the request's W3C trace headers (daemon/kafka/trace.py), on each of its events
         self.settings = settings
         self.received_at = received_at  # wall-clock time the request reached Kafka
@@ -131,6 +136,8 @@ class JobRunner:
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
+            if self.on_trained is not None:
+                await self.on_trained()
             report, where = self._judged(result)
             self._write_card(result, report)  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()

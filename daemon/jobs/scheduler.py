@@ -2,6 +2,8 @@
 
 - A valid request starts when enough slots are free; its partition is paused while its job runs.
   A request that does not fit stays in Kafka (its partition paused at it) until a slot frees.
+  A job's slots free when its child exits with its result, not when it ends: the next request
+  trains while this one is judged and pushed (its partition stays held until it is committed).
 - A job's outcome decides what happens to its record: committed after a terminal event; sent back
   to the end of its partition for another try after `retrying` (with the attempt and the time it
   is due in headers); also dead-lettered after a retryable failure on the last try.
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -143,7 +146,7 @@ class Scheduler:
         runner = JobRunner(
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
             slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt,
-            trace=trace_context(record),
+            trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset),
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
@@ -177,12 +180,29 @@ class Scheduler:
             job = self.jobs.get(tp)
             if job is not None and job.offset == offset:
                 del self.jobs[tp]
-                self.slots.give_back(job.slots)
-                metrics.SLOTS_BUSY.set(self.slots.busy)
+                self._give_back(job)
             if not self.stopping:
                 self.resume_idle_partitions()
                 await self.prepare_children()
                 self.on_change()
+
+    async def _free_slots(self, tp: TopicPartition, offset: int) -> None:
+        """A job's child has exited with its result: its slots take the next request while the job is
+        judged and pushed. Its partition stays held until its terminal event is committed."""
+        job = self.jobs.get(tp)
+        if job is None or job.offset != offset or not job.slots:
+            return
+        log.info("job.slots_freed", request_id=job.request_id, slots=job.slots)
+        self._give_back(job)
+        if not self.stopping:
+            self.resume_idle_partitions()
+            await self.prepare_children()
+            self.on_change()
+
+    def _give_back(self, job: RunningJob) -> None:
+        self.slots.give_back(job.slots)
+        job.slots = []  # given back once: when the child is done, or when the job ends without one
+        metrics.SLOTS_BUSY.set(self.slots.busy)
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""

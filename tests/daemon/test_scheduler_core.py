@@ -216,3 +216,36 @@ async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requ
     [again] = core.requeued()
     assert again.value == early.value and again.headers == early.headers  # byte for byte, headers and all
     assert core.consumer.commits == [(core.tp, 8)] and children.taken == [] and core.events() == []
+
+
+async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The child has exited with its result: the GPU is free, while the upload (minutes for a merged
+    # model) goes on. The job's partition stays held until its terminal event is committed.
+    import threading
+
+    from daemon.jobs import job as job_module
+
+    pushing, release = threading.Event(), threading.Event()
+    real_push = job_module.hub_push.push
+
+    def slow_push(*args: object, **kwargs: object) -> object:
+        pushing.set()
+        release.wait(30)
+        return real_push(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job_module.hub_push, "push", slow_push)
+    core = Core(settings, children=FakeChildren(SUCCEEDS, Script(messages=[StageEntered(stage="train")], hang=True)))
+    first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
+    other = type(core.tp)(core.tp.topic, 1)
+    core.consumer.committed[other] = 0
+    assert await core.scheduler.offer(core.tp, first, core.request(first), more_behind=False) is Offered.STARTED
+    await asyncio.to_thread(pushing.wait, 30)
+    assert core.slots.busy == 0 and core.tp in core.consumer.paused  # the slot is free; the partition is still held
+    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.STARTED
+    assert core.types("r1") == ["accepted", "started", "progress"] and core.consumer.commits == []  # r1 is still pushing
+    release.set()
+    await core.scheduler.jobs[core.tp].task
+    assert core.types("r1")[-1] == "succeeded" and core.consumer.commits == [(core.tp, 8)]
+    assert core.slots.busy == 1 and [job.request_id for job in core.scheduler.jobs.values()] == ["r2"]  # r2's slot, not given back twice
+    await core.scheduler.stop_jobs()
+    assert core.slots.busy == 0
