@@ -42,6 +42,10 @@ def child_environment(settings: Settings) -> dict[str, str]:
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # A job whose model and data are local makes no Hub call: without this, TRL reports each trainer it
+    # builds to the Hub (/api/telemetry/trl/SFTTrainer) and huggingface_hub fetches its agent registry
+    # (/api/agent-harnesses) for its user agent. The operator may set it to 0 to allow them.
+    env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     if settings.mlflow_tracking_uri is not None:  # the operator's tracker, never a request's
         env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
         env["MLFLOW_EXPERIMENT_NAME"] = settings.mlflow_experiment

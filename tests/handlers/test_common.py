@@ -233,3 +233,55 @@ def test_an_sft_job_says_where_its_seconds_went(tiny_model_dir: Path, tmp_path: 
         assert abs(split - durations[stage]) < 0.01, durations  # every second of the stage is in one of its parts
     assert "load_model.cuda_init" not in durations  # no CUDA here: nothing to start
     assert [m["step"] for m in sent if m["kind"] == "first_step"] == [1]
+
+
+# A job run as the child runs it, in an interpreter of its own whose Hub endpoint is a server that
+# records every request (huggingface_hub reads HF_ENDPOINT once, when it is imported).
+LOCAL_JOB = """
+import json, os, sys
+from pathlib import Path
+from tests.helpers import run_handler, sft_request
+from testbed.data import CHAT_ROWS
+result, _ = run_handler(sft_request("local-only", dataset={"rows": CHAT_ROWS}, model={"id": sys.argv[1]}, training={"max_steps": 2}), Path(sys.argv[2]))
+print(type(result).__name__)
+"""
+
+
+@pytest.mark.slow
+def test_a_job_whose_model_and_data_are_local_makes_no_hub_call(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # Without the child's HF_HUB_DISABLE_TELEMETRY, TRL reports the trainer to the Hub and huggingface_hub
+    # fetches its agent registry: two calls from a job that needs nothing from the Hub.
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[str] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(f"GET {self.path}")
+            self.send_error(404)
+
+        do_HEAD = do_POST = do_GET
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    from daemon.children.warm import child_environment
+    from daemon.settings import Settings
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        os_env = {name: value for name, value in os.environ.items() if name not in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")}
+        settings = Settings(hub_endpoint=f"http://127.0.0.1:{server.server_port}", hub_token=None, work_dir=tmp_path / "work")
+        with pytest.MonkeyPatch.context() as patch:  # the environment a job's child gets, from this one without the test's own Hub settings
+            patch.setattr(os, "environ", os_env)
+            env = child_environment(settings)
+        out = subprocess.run([sys.executable, "-c", LOCAL_JOB, str(tiny_model_dir), str(tmp_path / "job")], capture_output=True, text=True,
+                             env=env, cwd=Path(__file__).parents[2], timeout=240)
+    finally:
+        server.shutdown()
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "TrainResult", out.stderr[-2000:]
+    assert asked == [], asked
