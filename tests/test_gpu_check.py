@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from benchmarks.gpu_check import CHECKS, Host, plan
 from benchmarks.gpu_jobs import QWEN2_05B, long_rows, sft_request
@@ -65,3 +68,45 @@ def test_plan_mode_lists_every_row_and_trains_nothing(tmp_path: Path) -> None:
         assert check.title in out
     assert out.count("skipped (no CUDA)") == 3
     assert not list(tmp_path.iterdir())  # --plan writes no results
+
+
+def test_the_wheels_for_a_bare_gpu_machine_are_the_locks_versions() -> None:
+    from benchmarks.gpu_wheels import LACKING, locked_versions, plan
+
+    versions = locked_versions()
+    wanted = dict(requirement.split("==") for requirement in plan(versions))
+    assert set(wanted) == {*LACKING, "bitsandbytes"}
+    assert all(wanted[name] == versions[name] for name in wanted)
+    assert wanted["trl"] == versions["trl"] and "torch" not in wanted  # the machine's own torch stays
+
+
+def test_bitsandbytes_is_trimmed_to_the_cpu_library_and_one_cuda_major(tmp_path: Path) -> None:
+    import zipfile
+
+    from benchmarks.gpu_wheels import trim_bitsandbytes
+
+    names = ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda126.so",
+             "bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_cuda132.so", "bitsandbytes/libbitsandbytes_rocm70.so"]
+    with zipfile.ZipFile(tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl", "w") as wheel:
+        for name in names:
+            wheel.writestr(name, b"x")
+    kept = zipfile.ZipFile(trim_bitsandbytes(tmp_path, "13")).namelist()
+    assert kept == ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so",
+                    "bitsandbytes/libbitsandbytes_cuda132.so"]
+    assert not list(tmp_path.glob("*.whl"))  # the wheel itself is not carried as well
+
+
+@pytest.mark.slow
+def test_the_bare_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path(tmp_path: Path) -> None:
+    # What a bare GPU machine has: Python, no JVM, no broker. The daemon runs on Kafka in memory.
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_bare", "--cpu", "--methods", "sft", "--order", "P,D", "--steps", "2",
+                          "--concurrent", "", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PATH": str(tmp_path / "empty")}, timeout=280)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    table = (tmp_path / "out" / "gpu_bare.md").read_text()
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in table.splitlines() if line.startswith("| ") and " | " in line}
+    assert rows["fork server before any job"] == "ready"
+    assert float(rows["SFT LoRA tokens/s: daemon"]) > 0 and float(rows["SFT LoRA tokens/s: plain TRL"]) > 0
+    assert rows["sft (demo request, tiny model, CPU)"] == "succeeded"
+    assert rows["fork server after the jobs"] == "same server, CUDA untouched"
+    assert "load_model.weights" in rows["stages of a daemon SFT job (s)"]
