@@ -2,11 +2,13 @@
 
 Used by `adapterd demo` and by the tests, so that neither needs to download a model: two layers of
 width 32 train a few SFT steps on the CPU in about a second. Run as
-`python -m handlers.tiny_model OUT_DIR` (the daemon never imports this module: it imports torch).
+`python -m handlers.tiny_model OUT_DIR [SEED] [--nan]` (the daemon never imports this module: it
+imports torch). `--nan` builds the broken twin a gate must fail (see `save_tiny_model`).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -78,11 +80,26 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> Qwen2ForCa
     return Qwen2ForCausalLM(config)
 
 
-def save_tiny_model(out_dir: Path, seed: int = 0) -> Path:
+def poison(model: Qwen2ForCausalLM) -> None:
+    """Make the final norm's weight NaN: every hidden state it scales, so every logit and every
+    loss, is NaN, on any CPU (IEEE arithmetic carries a NaN through every sum and product). A large
+    learning rate is no substitute: whether it ends in NaN or in a flat, finite loss depends on the
+    CPU's kernels (issue 36)."""
+    import torch
+
+    with torch.no_grad():
+        model.model.norm.weight.fill_(math.nan)
+
+
+def save_tiny_model(out_dir: Path, seed: int = 0, *, nan: bool = False) -> Path:
     """The tiny model and its tokenizer in `out_dir`; another `seed` gives other weights on the same
-    tokenizer (a distillation teacher the student differs from)."""
+    tokenizer (a distillation teacher the student differs from). With `nan`, the model is poisoned
+    (`poison`): a run that trains it logs nothing but NaN losses, as a diverged run does, so a gate
+    that must fail fails by construction (`adapterd demo --gate`, the tests)."""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed)
+    if nan:
+        poison(model)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -90,4 +107,5 @@ def save_tiny_model(out_dir: Path, seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    print(save_tiny_model(Path(sys.argv[1]), *(int(seed) for seed in sys.argv[2:3])))
+    arguments = sys.argv[2:]
+    print(save_tiny_model(Path(sys.argv[1]), *(int(seed) for seed in arguments if seed != "--nan"), nan="--nan" in arguments))

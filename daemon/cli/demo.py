@@ -4,8 +4,9 @@ Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submi
 the method (SFT unless named; `sft-vision`, `dpo-vision`, `grpo-vision` train a tiny
 vision-language model on rows with images) on inline rows, follows it with a progress bar (loss, ETA) and a line
 per event, and ends with where the adapter is and the three lines of Python that load it. With
-`--gate`, two SFT requests judged by a gate before publishing: one passes (to main), one made to
-diverge fails (into a pull request: on the local sink, a folder of its own beside main's).
+`--gate`, two SFT requests judged by a gate before publishing: one passes (to main), and one on a
+copy of the tiny model poisoned with NaN, whose every loss is NaN, fails (into a pull request: on
+the local sink, a folder of its own beside main's).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
-from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, teacher_dir
+from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, nan_model_dir, teacher_dir
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.local import LocalKafka
@@ -97,6 +98,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
             if method in ("distillation", "gkd"):
                 print(f"building its teacher, the same tiny model from another seed, in {teacher_dir(model_dir)}...")
                 await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.tiny_model", "1")
+            if gate:
+                print(f"building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), in {nan_model_dir(model_dir)}...")
+                await asyncio.to_thread(build_tiny_model, nan_model_dir(model_dir), "handlers.tiny_model", "--nan")
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
@@ -117,7 +121,7 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
                 return False
         if gate:
             passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
-            print(f"\nthe adapter that passed its gate is in {passed} (main); the diverged one failed it and is in the pull "
+            print(f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
                   f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)")
             return True
         request = requests[0]

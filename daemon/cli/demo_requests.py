@@ -107,6 +107,12 @@ def teacher_dir(model_dir: Path) -> Path:
     return model_dir.parent / "tiny-teacher"
 
 
+def nan_model_dir(model_dir: Path) -> Path:
+    """The gate demo's failing run's model: the tiny model with its final norm's weight NaN
+    (`python -m handlers.tiny_model DIR --nan`), beside it (the demo builds it)."""
+    return model_dir.parent / "tiny-nan-model"
+
+
 def demo_request(name: str, model_dir: Path) -> RequestBase:
     """The demo's request for `name` (a method, or a method's vision-language demo: `sft-vision`); a
     fresh request id each run, so each run trains."""
@@ -142,15 +148,17 @@ DEMO_GATE = {"gate": [{"metric": "eval_loss", "at_most": 1.0, "of": "base"}], "o
 
 
 def gated_demo_requests(model_dir: Path) -> list[RequestBase]:
-    """`adapterd demo --gate`: the SFT demo judged by DEMO_GATE, as trained (it passes: to main) and
-    at a learning rate of 1e4 (it diverges, fails, and goes to a pull request)."""
+    """`adapterd demo --gate`: the SFT demo judged by DEMO_GATE, as trained (it passes: to main), and
+    the same request on the tiny model poisoned with NaN (`nan_model_dir`): every loss it logs is
+    NaN, so it fails both rules, by construction and on any CPU, and goes to a pull request. (A
+    learning rate of 1e4 used to stand in for the failure: on some CPUs it ends in NaN, on others in
+    a flat, finite loss that may pass; issue 36.)"""
     requests = []
-    for name, learning_rate in (("passes", 5e-3), ("diverges", 1e4)):
-        base = demo_request("sft", model_dir).model_dump(mode="json", exclude_unset=True)
+    for name, model in (("passes", model_dir), ("fails", nan_model_dir(model_dir))):
+        base = demo_request("sft", model).model_dump(mode="json", exclude_unset=True)
         base.update(
             request_id=f"{base['request_id']}-{name}",
             dataset={"rows": CHAT_ROWS, "eval": {"rows": CHAT_ROWS}},
-            training={**base["training"], "learning_rate": learning_rate},
             output={**base["output"], "repo_id": "demo/tiny-sft-gated-adapter"},
             evaluation=DEMO_GATE,
         )
