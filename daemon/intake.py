@@ -32,13 +32,13 @@ from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 log = structlog.get_logger()
 
 
-def internal_rejection(record: Record, exc: Exception) -> Rejection:
+def internal_rejection(record: Record, exc: Exception, request_id: str | None = None) -> Rejection:
     """What a record becomes when deciding about it raised: rejected (reason `internal`), the
     exception's class in the DLQ, the traceback in the log, and counted."""
     log.exception("intake.internal_error", offset=record.offset, partition=record.partition, error=type(exc).__name__)
     metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
     message = f"adapterd failed to decide about this request ({type(exc).__name__}); the record is in the DLQ and the daemon's log says why"
-    return Rejection("internal", [FieldError(path="", message=message)], None, type(exc).__name__)
+    return Rejection("internal", [FieldError(path="", message=message)], request_id, type(exc).__name__)
 
 
 class Intake:
@@ -70,7 +70,15 @@ class Intake:
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)
             more_behind = index + 1 < len(records) or self.partitions.highwater(tp) > record.offset + 1
-            if not (await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)).next_record:
+            try:
+                offered = await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)
+            except Exception as exc:  # as above: rejected, unless the offer got as far as starting its job
+                rejection = internal_rejection(record, exc, decoded.request_id)
+                if self.scheduler.let_go(tp, record.offset + 1):
+                    outgoing += self.rejection_messages(record, rejection)
+                    last_rejected = record.offset
+                break  # the partition is read again past this record
+            if not offered.next_record:
                 break  # the rest of this batch is read again when the partition resumes
         await self._flush(tp, outgoing, last_rejected)
 

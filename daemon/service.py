@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -31,6 +31,7 @@ from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
+from daemon.kafka.records import Record
 from daemon.ops import metrics
 from daemon.ops.http_server import HttpEndpoint
 from daemon.ops.systemd import Notifier
@@ -106,8 +107,22 @@ class Service:
             self.last_turn = time.monotonic()
             self.notifier.feed_watchdog()
             for tp, records in batches.items():
-                await self.intake.take(tp, records)
+                await self._take(tp, records)
             self.scheduler.wake(await self._measure_lag())
+
+    async def _take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
+        """Intake of one partition's batch, whose exceptions never leave the loop. Intake rejects a
+        record whose decision raised (`internal`); what raises past it is no record's doing (a send
+        the producer refused, a bug in the loop's bookkeeping): logged, counted, and the partition
+        is read again from the batch's first record unless a job holds it, as after a restart."""
+        try:
+            await self.intake.take(tp, records)
+        except Exception as exc:
+            log.exception("intake.batch_failed", partition=tp.partition, first_offset=records[0].offset if records else None,
+                          error=type(exc).__name__)
+            metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
+            if records and not self.scheduler.holds(tp):
+                self.partitions.read_from(tp, records[0].offset)
 
     async def _measure_lag(self) -> Mapping[TopicPartition, int] | None:
         """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,

@@ -36,7 +36,7 @@ class FakeRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)  # Kafka allows a null value
     timestamp: int = 0
 
 

@@ -188,6 +188,17 @@ class Scheduler:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""
         await self.children.prepare([self.slots.visible_devices([slot]) for slot in self.slots.free])
 
+    def let_go(self, tp: TopicPartition, next_offset: int) -> bool:
+        """After `offer` raised for the record before `next_offset` (rejected in its place): what the
+        offer left held of `tp` is let go and `tp` is read on from `next_offset`. False, and nothing
+        changed, when the offer had started that record's job (the job ends it)."""
+        if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
+            return False
+        self.waiting.pop(tp, None)
+        self.partitions.read_from(tp, next_offset)
+        self.pause_idle_partitions()
+        return True
+
     def pause_idle_partitions(self) -> None:
         if not self.slots.free:
             self.partitions.pause([tp for tp in self.partitions.assigned() if not self.holds(tp)])

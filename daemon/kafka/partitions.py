@@ -48,6 +48,11 @@ class Partitions:
         self.consumer.seek(tp, next_offset)
         self.consumer.pause(tp)
 
+    def read_from(self, tp: TopicPartition, next_offset: int) -> None:
+        """Read `tp` on from `next_offset` (undoes a `hold`)."""
+        self.consumer.seek(tp, next_offset)
+        self.consumer.resume(tp)
+
     def pause(self, partitions: Collection[TopicPartition]) -> None:
         self.consumer.pause(*partitions)
 

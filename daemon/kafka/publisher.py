@@ -93,8 +93,10 @@ class Publisher:
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def again(self, record: Record) -> Outgoing:
-        """A retry that is not yet due, to the end of its partition again, headers and all."""
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", list(record.headers or ()))
+        """A retry that is not yet due, to the end of its partition again, headers and all (but a
+        header with a null value: the daemon's own are never null, and the rest are the producer's)."""
+        headers = [(name, value) for name, value in record.headers or () if value is not None]
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
         """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
