@@ -78,7 +78,7 @@ class Settings(BaseSettings):
         "The key that signs a retry's attempt and due time (16 bytes or more; one for the whole fleet, systemd: "
         "%d/retry-key); unset: one made in work_dir/retry-key, which only this host knows."
     ))
-    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A training job without a step for this long is stopped (failed: stalled).")
+    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
 

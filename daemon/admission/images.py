@@ -24,6 +24,14 @@ from schemas.images import (
 from schemas.request import RequestBase
 
 
+def has_inline_images(request: RequestBase) -> bool:
+    """Whether the request's inline rows have an image column (what `inline_image_errors` decodes)."""
+    rows = request.dataset.rows
+    if rows is None:
+        return False
+    return image_column({request.dataset.columns.get(name, name) for row in rows for name in row}) is not None
+
+
 def inline_image_errors(request: RequestBase, bounds: ImageBounds) -> list[FieldError]:
     """Every problem with the images of the request's inline rows; empty when there are none."""
     rows = request.dataset.rows
