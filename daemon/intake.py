@@ -22,6 +22,7 @@ from daemon.admission.policy import policy_errors
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
+from daemon.kafka.copies import too_large
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.records import Record
@@ -64,6 +65,9 @@ class Intake:
             try:
                 decoded = decode_request(record.value, record.key, scanner=SCANNER)
                 rejection = decoded if isinstance(decoded, Rejection) else await self.judged(decoded)
+                oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
+                if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
+                    rejection = Rejection("policy", [oversize], decoded.request_id)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
                 decoded, rejection = None, internal_rejection(record, exc)
             if rejection is not None:

@@ -59,6 +59,7 @@ def kafka_producer(settings: Settings) -> Producer:
         enable_idempotence=True,
         linger_ms=20,  # fills batches under load (intake); events are not latency-critical at 20 ms
         max_batch_size=1 << 20,
+        max_request_size=settings.max_message_bytes,  # the daemon's copies fit it (daemon/kafka/copies.py)
     )
     return producer
 
