@@ -146,3 +146,22 @@ async def test_no_exception_leaves_the_service_loop(settings: Settings, monkeypa
     assert consumer.sought[tp] == 5  # and reads the batch again
     service.stop_requested.set()
     await loop
+
+
+async def test_each_record_case_is_rejected_naming_its_field(settings: Settings) -> None:
+    """tests/hostile.py's `record_cases` on the fakes, as the end-to-end test sends them to a daemon."""
+    from daemon.cli.demo_requests import VISION_CHAT_ROWS
+    from daemon.kafka.copies import COPY_HEADROOM_BYTES
+    from tests.hostile import record_cases
+
+    limit = 131_072
+    core = Core(settings.model_copy(update={"max_message_bytes": limit}))
+    cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, limit - COPY_HEADROOM_BYTES)
+    records = [FakeRecord(core.tp.topic, 0, offset, f"record-{name}".encode(), raw, list(headers))
+               for offset, (name, raw, headers, _) in enumerate(cases)]
+    await core.intake.take(core.tp, records)
+    await core.partitions.settled(core.tp)
+    for name, _, _, path in cases:
+        [event] = core.events(f"record-{name}")
+        assert event["type"] == "rejected" and path in [error["path"] for error in event["errors"]], (name, event)
+    assert core.consumer.committed[core.tp] == len(cases)
