@@ -27,6 +27,7 @@ from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.trace import trace_context
+from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
@@ -126,6 +127,12 @@ class Intake:
             return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
         errors = policy_errors(request, self.settings)
         return Rejection("policy", errors, request.request_id) if errors else None
+
+    async def reject_unreadable(self, record: UnreadableRecord, exc: BaseException) -> None:
+        """A record the Kafka client could not read, known by its offset (daemon/kafka/unreadable.py):
+        dead-lettered without value, announced, and committed past, in order with the partition's other settles."""
+        tp = TopicPartition(record.topic, record.partition)
+        await self._flush(tp, self.rejection_messages(record, rejection_of(record, exc)), record.offset)
 
     def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
         """The DLQ record and the `rejected` event of one rejection; never raises (an error in

@@ -32,6 +32,7 @@ from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
+from daemon.kafka.unreadable import CarefulReader
 from daemon.ops import metrics
 from daemon.ops.http_server import HttpEndpoint
 from daemon.ops.systemd import Notifier
@@ -55,6 +56,7 @@ class Service:
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
                                      mode=settings.child_start)
         self.partitions = Partitions(self.consumer)
+        self.reader = CarefulReader(self.consumer, self.partitions)
         self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=self._report_status)
         self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)
         self.control = ControlReader(settings, self.scheduler.cancel)
@@ -103,9 +105,11 @@ class Service:
 
     async def _poll_until_stopped(self) -> None:
         while not self.stop_requested.is_set():
-            batches = await self.consumer.getmany(timeout_ms=500, max_records=2000)
+            batches, unreadable = await self.reader.poll(timeout_ms=500, max_records=2000)
             self.last_turn = time.monotonic()
             self.notifier.feed_watchdog()
+            for record, exc in unreadable:
+                await self.intake.reject_unreadable(record, exc)
             for tp, records in batches.items():
                 await self._take(tp, records)
             self.scheduler.wake(await self._measure_lag())
@@ -140,6 +144,7 @@ class Service:
         return ends
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.partitions.on_assigned(assigned)
         await self.scheduler.on_assigned(assigned)
         if not self.ready.is_set():
             self.ready.set()

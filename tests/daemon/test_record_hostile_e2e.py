@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.producer import message_accumulator
+from aiokafka.producer import producer as producer_module
+from aiokafka.record import default_records
 
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.kafka.copies import COPY_HEADROOM_BYTES
@@ -31,7 +34,17 @@ HOSTILE_HEADERS = [("adapterd-attempt", None), ("adapterd-not-before", b"\xff\xf
                    ("traceparent", None), ("tracestate", b"\x80"), *((f"h{i}", None) for i in range(200))]
 
 
-async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+class NotUtf8(str):
+    """A header name that goes on the wire as bytes that are not UTF-8, as a librdkafka producer can
+    send one (aiokafka's pure-Python record builder encodes names with `.encode`)."""
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return b"\xff\xfe"
+
+
+async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
+    settings: Settings, published: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     settings = settings.model_copy(update={"max_message_bytes": LIMIT})
     cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, LIMIT - COPY_HEADROOM_BYTES)
     backtracks = sft_request("backtracks", peft={"r": 4, "lora_alpha": 8, "target_modules": "([a-z._0-9]+)+Z"})
@@ -46,6 +59,11 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(se
         await send(b"{not json", None, list(HOSTILE_HEADERS))  # a null key and null headers on a record that is not JSON
         await send(b'{"request_id": "record-binary-key"}', b"\xff\xfe", list(HOSTILE_HEADERS))
         await send(json.dumps(backtracks).encode(), b"backtracks")
+        # Last of the hostile ones: a header name aiokafka cannot decode, its batch built by the pure-Python builder.
+        with monkeypatch.context() as patched:
+            for module in (message_accumulator, producer_module):
+                patched.setattr(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy)
+            await send(json.dumps(sft_request("record-header-name")).encode(), b"record-header-name", [(NotUtf8("x"), b"v")])
         await send(json.dumps(sft_request("null-headers")).encode(), None, list(HOSTILE_HEADERS))
         await send(json.dumps(sft_request("right-behind")).encode(), b"right-behind")
     finally:
@@ -55,7 +73,7 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(se
     try:
         ids = {f"record-{name}" for name, *_ in cases} | {"record-binary-key", "backtracks", "null-headers", "right-behind"}
         events = await terminal_events(settings, ids, timeout_s=300)
-        dead_letters = await read_records(settings, settings.dlq_topic, len(cases) + 2, timeout_s=60)
+        dead_letters = await read_records(settings, settings.dlq_topic, len(cases) + 3, timeout_s=60)
         assert daemon.process is not None and daemon.process.poll() is None, "the daemon exited"
     finally:
         daemon.stop()
@@ -74,3 +92,5 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(se
     by_offset = {int(dict(record.headers)["adapterd-source-offset"]): record for record in dead_letters}
     oversize = by_offset[[name for name, *_ in cases].index("oversize")]
     assert oversize.value == b"" and dict(oversize.headers)["adapterd-value-omitted"]  # said, not lost
+    unreadable = by_offset[len(cases) + 3]  # after the cases, the two bad keys and the backtracking pattern
+    assert dict(unreadable.headers)["adapterd-exception"] == b"UnicodeDecodeError" and unreadable.value == b""

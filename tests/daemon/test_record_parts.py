@@ -122,9 +122,9 @@ async def test_an_exception_while_offering_a_request_is_an_internal_rejection(se
 class YieldingConsumer(FakeConsumer):
     """A fake consumer whose poll gives the loop's other tasks a turn, as a real one's network wait does."""
 
-    async def getmany(self, *, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
         await asyncio.sleep(0)
-        return await super().getmany(timeout_ms=timeout_ms, max_records=max_records)
+        return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
 
 
 async def test_no_exception_leaves_the_service_loop(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,3 +165,70 @@ async def test_each_record_case_is_rejected_naming_its_field(settings: Settings)
         [event] = core.events(f"record-{name}")
         assert event["type"] == "rejected" and path in [error["path"] for error in event["errors"]], (name, event)
     assert core.consumer.committed[core.tp] == len(cases)
+
+
+UNREADABLE = b"<a header name that is not UTF-8>"
+
+
+class AiokafkaLikeConsumer(YieldingConsumer):
+    """Reads a log by position, as aiokafka does, including what it does with a record it cannot
+    unpack (a header name that is not UTF-8): the call raises, the records of the same call before
+    it are lost (other partitions' positions already moved past theirs), and the next call moves
+    past the lost ones of its own partition too, unless the partition is sought first."""
+
+    def __init__(self, log: dict[TopicPartition, list[FakeRecord]]) -> None:
+        super().__init__()
+        self.log = log
+        self.position_of = {tp: 0 for tp in log}
+        self.skip_to: dict[TopicPartition, int] = {}
+        self.committed.update({tp: 0 for tp in log})
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        super().seek(tp, offset)
+        self.position_of[tp] = offset
+        self.skip_to.pop(tp, None)
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.position_of[tp]
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
+        await asyncio.sleep(0)
+        batches: dict[TopicPartition, list[FakeRecord]] = {}
+        for tp in sorted(self.log, key=lambda tp: tp.partition):
+            if (partitions and tp not in partitions) or tp in self.paused:
+                continue
+            if tp in self.skip_to:
+                self.position_of[tp] = self.skip_to.pop(tp)
+            batch = [r for r in self.log[tp] if r.offset >= self.position_of[tp]][:max_records]
+            bad = next((r for r in batch if r.value == UNREADABLE), None)
+            if bad is not None:
+                self.skip_to[tp] = bad.offset  # the dead iterator: its good records are skipped next time
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+            if batch:
+                batches[tp] = batch
+                self.position_of[tp] = batch[-1].offset + 1
+                max_records -= len(batch)
+        return batches
+
+
+async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_is_lost(settings: Settings) -> None:
+    first, second = TopicPartition(settings.requests_topic, 0), TopicPartition(settings.requests_topic, 1)
+    log = {
+        first: [FakeRecord(first.topic, 0, offset, b"k", b"{}") for offset in range(5)],
+        second: [FakeRecord(second.topic, 1, offset, b"k", b"{}") for offset in range(6)],
+    }
+    log[second][3] = FakeRecord(second.topic, 1, 3, b"k", UNREADABLE)
+    consumer = AiokafkaLikeConsumer(log)
+    service = Service(settings, consumer=consumer, producer=FakeProducer())
+    service.partitions.on_assigned({first, second})
+    loop = asyncio.create_task(service._poll_until_stopped())
+    async with asyncio.timeout(10):
+        while consumer.committed != {first: 5, second: 6}:
+            await asyncio.sleep(0)
+    service.stop_requested.set()
+    await loop
+    dead = service.publisher.producer.on(settings.dlq_topic)  # type: ignore[attr-defined]
+    offsets = sorted((int(m.header("adapterd-source-partition")), int(m.header("adapterd-source-offset"))) for m in dead)
+    assert offsets == [(0, n) for n in range(5)] + [(1, n) for n in range(6)]  # each once: none lost, none twice
+    [unread] = [m for m in dead if m.header("adapterd-exception") == b"UnicodeDecodeError"]
+    assert unread.header("adapterd-source-offset") == b"3" and unread.value == b""
