@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
 from daemon.jobs.faults import RecordFaults
@@ -157,7 +158,15 @@ class Scheduler:
             event = await runner.run()
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1)))
+                retry = self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1))
+                try:
+                    await self.publisher.deliver(retry)
+                except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
+                    log.error("job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__)
+                    message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
+                    if not await self.faults.end(tp, record, runner, exc, message):
+                        self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart
+                    return
             elif isinstance(event, Failed) and event.retryable:
                 log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
                 await self.publisher.deliver(self.publisher.failed_letter(record, event))

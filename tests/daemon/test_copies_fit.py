@@ -4,17 +4,21 @@ not carry the record's bytes says so instead of being refused by the broker. On 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiokafka.errors import MessageSizeTooLargeError
 
+from daemon.kafka.clients import Batch
 from daemon.kafka.copies import COPY_HEADROOM_BYTES, ERRORS_HEADER_BYTES, errors_header
 from daemon.settings import Settings
 from schemas import FieldError
 from tests.core import Core
-from tests.daemon.test_scheduler_core import SUCCEEDS
-from tests.fakes import FakeChildren, FakeRecord
+from tests.daemon.test_scheduler_core import SUCCEEDS, fails
+from tests.fakes import FakeChildren, FakeProducer, FakeRecord
 from tests.helpers import sft_request
 
 LIMIT = 65_536
@@ -69,3 +73,32 @@ def test_the_dlq_errors_header_is_bounded() -> None:
     errors = [FieldError(path="p" * 256, message="m" * 1000) for _ in range(51)]
     header = errors_header(errors)
     assert len(header) <= ERRORS_HEADER_BYTES and b"more errors" in header
+
+
+class RefusingRequestsTopic(FakeProducer):
+    """A broker that refuses anything sent to the requests topic outright (a retry over its limit)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__()
+        self.topic = topic
+
+    async def send_batch(self, batch: Batch, topic: str, *, partition: int) -> asyncio.Future[Any]:
+        ack = await super().send_batch(batch, topic, partition=partition)
+        if topic != self.topic:
+            return ack
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        refused.set_exception(MessageSizeTooLargeError())
+        return refused
+
+
+async def test_a_retry_the_broker_refuses_ends_the_request_and_is_never_trained_again(settings: Settings) -> None:
+    children = FakeChildren(fails("dataset_unavailable", retryable=True))
+    core = Core(settings, RefusingRequestsTopic(settings.requests_topic), children)
+    record = core.record(sft_request("r1"), 7)
+    await core.intake.take(core.tp, [record])
+    await core.scheduler.jobs[core.tp].task
+    assert core.types("r1") == ["accepted", "started", "retrying", "failed"]
+    assert core.events("r1")[-1]["code"] == "internal" and "refused its retry" in str(core.events("r1")[-1]["message"])
+    assert [m.value for m in core.dead_letters()] == [record.value]  # its bytes kept
+    assert core.consumer.commits == [(core.tp, 8)] and core.tp not in core.consumer.paused  # not read again
+    assert len(children.taken) == 1
