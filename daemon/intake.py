@@ -102,12 +102,12 @@ class Intake:
         return Rejection("invalid", images, request.request_id) if images else None
 
     async def judged(self, request: RequestBase) -> Rejection | None:
-        """`refusal`, with the inline images decoded in a worker thread rather than on the event
-        loop: a decode's cost grows with the pixels (a 4096x4096 image of a few hundred bytes takes
-        0.2 s), Pillow decodes with the interpreter's lock released, so the loop keeps turning
-        (heartbeats, the publisher's acknowledgements, the HTTP endpoint). Bounded by
-        IMAGE_CHECK_DEADLINE_S: past it the request is refused, naming its rows, and the service
-        loop turns on (the systemd watchdog is fed by its turns)."""
+        """`refusal`, with the inline images checked in a worker thread rather than on the event
+        loop. Intake reads their headers only (daemon/admission/images.py), linear in their bytes;
+        the thread keeps even that off the loop, so it keeps turning (heartbeats, the publisher's
+        acknowledgements, the HTTP endpoint). Bounded by IMAGE_CHECK_DEADLINE_S: past it the
+        request is refused, naming its rows, and the service loop turns on (the systemd watchdog
+        is fed by its turns)."""
         refused = self._host_refusal(request)
         if refused is not None or not has_inline_images(request):
             return refused
