@@ -80,3 +80,8 @@ def test_a_job_with_a_pattern_trains_lora_on_the_modules_it_matches(method: str,
     config = json.loads((tmp_path / method / "artifact" / "adapter_config.json").read_text())
     assert config["target_modules"] and all(name.endswith(("q_proj", "v_proj")) for name in config["target_modules"])
     assert config["rank_pattern"] and set(config["rank_pattern"].values()) == {2}
+
+
+def test_intake_bounds_how_many_patterns_it_compiles() -> None:
+    decoded = decode_request(json.dumps(sft_request("p", peft={"rank_pattern": {f"x{i}": 4 for i in range(65)}})).encode())
+    assert isinstance(decoded, Rejection) and [error.path for error in decoded.errors] == ["peft.rank_pattern"]
