@@ -25,12 +25,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from daemon.admission.secret_rules import SCANNER
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
-from daemon.intake import Intake
+from daemon.intake import Intake, decoded_request
 from daemon.jobs.slots import Slots
 from daemon.settings import Settings
-from schemas import Rejection, decode_request
+from schemas import Rejection
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_model_roots=[Path("/models")])
 INTAKE = Intake(HOST, None, None, None, Slots([], 1))  # type: ignore[arg-type]
@@ -74,7 +73,7 @@ def benign(size: int) -> bytes:
 
 async def decide(raw: bytes) -> object:
     """Intake's decision about one record, as `Intake.take` makes it."""
-    decoded = decode_request(raw, b"bench-1", scanner=SCANNER)
+    decoded = await decoded_request(raw, b"bench-1")
     return decoded if isinstance(decoded, Rejection) else await INTAKE.judged(decoded)
 
 
