@@ -10,10 +10,13 @@ itself is refused, its record's key) is `hostile-<name>`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 Case = tuple[str, bytes, list[tuple[str, bytes]], str]
 
@@ -160,3 +163,25 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
         ("image", _raw({**valid, "request_id": "record-image", "dataset": {"rows": vision_rows}}), [], "dataset.rows.1.images.0"),
         ("oversize", _raw(padded), [], ""),
     ]
+
+
+class NotUtf8(str):
+    """A header name that goes on the wire as bytes that are not UTF-8, as a librdkafka producer can
+    send one: aiokafka's pure-Python record builder encodes a name with `.encode` (use it inside
+    `python_record_builder()`)."""
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return b"\xff\xfe"
+
+
+@contextlib.contextmanager
+def python_record_builder() -> Iterator[None]:
+    """aiokafka's producer on its pure-Python record builder (the compiled one takes only real str names)."""
+    from aiokafka.producer import message_accumulator
+    from aiokafka.producer import producer as producer_module
+    from aiokafka.record import default_records
+
+    with contextlib.ExitStack() as stack:
+        for module in (message_accumulator, producer_module):
+            stack.enter_context(mock.patch.object(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy))
+        yield

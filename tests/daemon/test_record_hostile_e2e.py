@@ -11,9 +11,6 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.producer import message_accumulator
-from aiokafka.producer import producer as producer_module
-from aiokafka.record import default_records
 
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.kafka.copies import COPY_HEADROOM_BYTES
@@ -24,7 +21,7 @@ from testbed.client import read_records, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
 from tests.helpers import sft_request
-from tests.hostile import record_cases
+from tests.hostile import NotUtf8, python_record_builder, record_cases
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +31,8 @@ HOSTILE_HEADERS = [("adapterd-attempt", None), ("adapterd-not-before", b"\xff\xf
                    ("traceparent", None), ("tracestate", b"\x80"), *((f"h{i}", None) for i in range(200))]
 
 
-class NotUtf8(str):
-    """A header name that goes on the wire as bytes that are not UTF-8, as a librdkafka producer can
-    send one (aiokafka's pure-Python record builder encodes names with `.encode`)."""
-
-    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
-        return b"\xff\xfe"
-
-
 async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
-    settings: Settings, published: HubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings, published: HubServer, tmp_path: Path,
 ) -> None:
     settings = settings.model_copy(update={"max_message_bytes": LIMIT})
     cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, LIMIT - COPY_HEADROOM_BYTES)
@@ -60,9 +49,7 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
         await send(b'{"request_id": "record-binary-key"}', b"\xff\xfe", list(HOSTILE_HEADERS))
         await send(json.dumps(backtracks).encode(), b"backtracks")
         # Last of the hostile ones: a header name aiokafka cannot decode, its batch built by the pure-Python builder.
-        with monkeypatch.context() as patched:
-            for module in (message_accumulator, producer_module):
-                patched.setattr(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy)
+        with python_record_builder():
             await send(json.dumps(sft_request("record-header-name")).encode(), b"record-header-name", [(NotUtf8("x"), b"v")])
         await send(json.dumps(sft_request("null-headers")).encode(), None, list(HOSTILE_HEADERS))
         await send(json.dumps(sft_request("right-behind")).encode(), b"right-behind")
