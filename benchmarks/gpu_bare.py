@@ -142,8 +142,8 @@ class Daemon:
                                  log_format="json", progress_interval_s=5, stall_timeout_s=600, hub_token=None)
 
         class PolledConsumer(FakeConsumer):
-            async def getmany(self, *, timeout_ms: int, max_records: int) -> Any:
-                batches = await super().getmany(timeout_ms=timeout_ms, max_records=max_records)
+            async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Any:
+                batches = await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
                 if not batches:  # a real poll waits when nothing is there; one that returns at once never yields the loop
                     await asyncio.sleep(min(timeout_ms, 200) / 1000)
                 return batches

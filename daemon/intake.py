@@ -10,35 +10,55 @@ rejections before it are settled, so offsets are committed in order.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import structlog
 from aiokafka import TopicPartition
 
 from daemon.admission.capabilities import unsupported_reason
-from daemon.admission.images import inline_image_errors
+from daemon.admission.images import has_inline_images, inline_image_errors
 from daemon.admission.policy import policy_errors
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
+from daemon.kafka.copies import too_large
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.trace import trace_context
+from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
+# The longest a request's inline images may take to check; well inside systemd's WatchdogSec (120)
+# and the loop's STUCK_AFTER_S (30), which the service loop's turns feed.
+IMAGE_CHECK_DEADLINE_S = 20.0
+# From this size a record is decoded in a worker thread (`decoded_request`).
+OFF_LOOP_BYTES = 65_536
 
-def internal_rejection(record: Record, exc: Exception) -> Rejection:
+
+async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
+    """`decode_request` with the daemon's scanner: on the loop for a small record (most of them,
+    thousands a second on the rejection path, where a thread's hop would cost more than the work),
+    in a worker thread from OFF_LOOP_BYTES, where parsing, validating and scanning grow with the
+    content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code
+    that gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
+    if len(value or b"") < OFF_LOOP_BYTES:
+        return decode_request(value, key, scanner=SCANNER)
+    return await asyncio.to_thread(decode_request, value, key, scanner=SCANNER)
+
+
+def internal_rejection(record: Record, exc: Exception, request_id: str | None = None) -> Rejection:
     """What a record becomes when deciding about it raised: rejected (reason `internal`), the
     exception's class in the DLQ, the traceback in the log, and counted."""
     log.exception("intake.internal_error", offset=record.offset, partition=record.partition, error=type(exc).__name__)
     metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
     message = f"adapterd failed to decide about this request ({type(exc).__name__}); the record is in the DLQ and the daemon's log says why"
-    return Rejection("internal", [FieldError(path="", message=message)], None, type(exc).__name__)
+    return Rejection("internal", [FieldError(path="", message=message)], request_id, type(exc).__name__)
 
 
 class Intake:
@@ -57,8 +77,11 @@ class Intake:
             if self.scheduler.holds(tp):
                 break  # stale records of a held partition: it is read again from where it was held
             try:
-                decoded = decode_request(record.value, record.key, scanner=SCANNER)
-                rejection = decoded if isinstance(decoded, Rejection) else self.refusal(decoded)
+                decoded = await decoded_request(record.value, record.key)
+                rejection = decoded if isinstance(decoded, Rejection) else await self.judged(decoded)
+                oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
+                if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
+                    rejection = Rejection("policy", [oversize], decoded.request_id)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
                 decoded, rejection = None, internal_rejection(record, exc)
             if rejection is not None:
@@ -70,13 +93,45 @@ class Intake:
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)
             more_behind = index + 1 < len(records) or self.partitions.highwater(tp) > record.offset + 1
-            if not (await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)).next_record:
+            try:
+                offered = await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)
+            except Exception as exc:  # as above: rejected, unless the offer got as far as starting its job
+                rejection = internal_rejection(record, exc, decoded.request_id)
+                if self.scheduler.let_go(tp, record.offset + 1):
+                    outgoing += self.rejection_messages(record, rejection)
+                    last_rejected = record.offset
+                break  # the partition is read again past this record
+            if not offered.next_record:
                 break  # the rest of this batch is read again when the partition resumes
         await self._flush(tp, outgoing, last_rejected)
 
     def refusal(self, request: RequestBase) -> Rejection | None:
         """A valid request this host will not run: a method its TRL lacks, too many GPUs, one outside
         policy, or inline images that do not decode or break the operator's bounds."""
+        refused = self._host_refusal(request)
+        if refused is not None:
+            return refused
+        images = inline_image_errors(request, self.settings.image_bounds)
+        return Rejection("invalid", images, request.request_id) if images else None
+
+    async def judged(self, request: RequestBase) -> Rejection | None:
+        """`refusal`, with the inline images checked in a worker thread rather than on the event
+        loop. Intake reads their headers only (daemon/admission/images.py), linear in their bytes;
+        the thread keeps even that off the loop, so it keeps turning (heartbeats, the publisher's
+        acknowledgements, the HTTP endpoint). Bounded by IMAGE_CHECK_DEADLINE_S: past it the
+        request is refused, naming its rows, and the service loop turns on (the systemd watchdog
+        is fed by its turns)."""
+        refused = self._host_refusal(request)
+        if refused is not None or not has_inline_images(request):
+            return refused
+        try:
+            async with asyncio.timeout(IMAGE_CHECK_DEADLINE_S):
+                images = await asyncio.to_thread(inline_image_errors, request, self.settings.image_bounds)
+        except TimeoutError:
+            images = [FieldError(path="dataset.rows", message=f"its images took longer than {IMAGE_CHECK_DEADLINE_S:g} s to check; send fewer or smaller images")]
+        return Rejection("invalid", images, request.request_id) if images else None
+
+    def _host_refusal(self, request: RequestBase) -> Rejection | None:
         unsupported = unsupported_reason(request.method)
         if unsupported:
             return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
@@ -84,10 +139,13 @@ class Intake:
             host = f"this host has {len(self.slots.gpus)} GPU(s)" if self.slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
             return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
         errors = policy_errors(request, self.settings)
-        if errors:
-            return Rejection("policy", errors, request.request_id)
-        images = inline_image_errors(request, self.settings.image_bounds)
-        return Rejection("invalid", images, request.request_id) if images else None
+        return Rejection("policy", errors, request.request_id) if errors else None
+
+    async def reject_unreadable(self, record: UnreadableRecord, exc: BaseException) -> None:
+        """A record the Kafka client could not read, known by its offset (daemon/kafka/unreadable.py):
+        dead-lettered without value, announced, and committed past, in order with the partition's other settles."""
+        tp = TopicPartition(record.topic, record.partition)
+        await self._flush(tp, self.rejection_messages(record, rejection_of(record, exc)), record.offset)
 
     def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
         """The DLQ record and the `rejected` event of one rejection; never raises (an error in

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -31,6 +31,8 @@ from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
+from daemon.kafka.records import Record
+from daemon.kafka.unreadable import CarefulReader
 from daemon.ops import metrics
 from daemon.ops.http_server import HttpEndpoint
 from daemon.ops.systemd import Notifier
@@ -54,6 +56,7 @@ class Service:
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
                                      mode=settings.child_start)
         self.partitions = Partitions(self.consumer)
+        self.reader = CarefulReader(self.consumer, self.partitions)
         self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=self._report_status)
         self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)
         self.control = ControlReader(settings, self.scheduler.cancel)
@@ -102,12 +105,28 @@ class Service:
 
     async def _poll_until_stopped(self) -> None:
         while not self.stop_requested.is_set():
-            batches = await self.consumer.getmany(timeout_ms=500, max_records=2000)
+            batches, unreadable = await self.reader.poll(timeout_ms=500, max_records=2000)
             self.last_turn = time.monotonic()
             self.notifier.feed_watchdog()
+            for record, exc in unreadable:
+                await self.intake.reject_unreadable(record, exc)
             for tp, records in batches.items():
-                await self.intake.take(tp, records)
+                await self._take(tp, records)
             self.scheduler.wake(await self._measure_lag())
+
+    async def _take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
+        """Intake of one partition's batch, whose exceptions never leave the loop. Intake rejects a
+        record whose decision raised (`internal`); what raises past it is no record's doing (a send
+        the producer refused, a bug in the loop's bookkeeping): logged, counted, and the partition
+        is read again from the batch's first record unless a job holds it, as after a restart."""
+        try:
+            await self.intake.take(tp, records)
+        except Exception as exc:
+            log.exception("intake.batch_failed", partition=tp.partition, first_offset=records[0].offset if records else None,
+                          error=type(exc).__name__)
+            metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
+            if records and not self.scheduler.holds(tp):
+                self.partitions.read_from(tp, records[0].offset)
 
     async def _measure_lag(self) -> Mapping[TopicPartition, int] | None:
         """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,
@@ -125,6 +144,7 @@ class Service:
         return ends
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.partitions.on_assigned(assigned)
         await self.scheduler.on_assigned(assigned)
         if not self.ready.is_set():
             self.ready.set()

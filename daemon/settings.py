@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
     max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")
     retry_backoff_s: float = Field(30.0, ge=0, description="Wait before the second try; doubled for each later one.")
+    max_message_bytes: int = Field(
+        1_048_576, ge=65_536,
+        description="The largest record the brokers take on the requests and DLQ topics (message.max.bytes, max.message.bytes); "
+                    "a request is accepted only when its retry and DLQ copies fit under it (daemon/kafka/copies.py).",
+    )
     max_record_faults: int = Field(3, ge=1, description=(
         "A record whose handling fails unexpectedly (outside its job: an event the broker refuses, a bug) this many "
         "times in a row ends in failed (code internal) and goes to the DLQ, rather than being read again for ever."
@@ -78,7 +83,7 @@ class Settings(BaseSettings):
         "The key that signs a retry's attempt and due time (16 bytes or more; one for the whole fleet, systemd: "
         "%d/retry-key); unset: one made in work_dir/retry-key, which only this host knows."
     ))
-    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A training job without a step for this long is stopped (failed: stalled).")
+    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
 

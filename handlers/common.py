@@ -148,8 +148,8 @@ def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> Lo
     """LoRA for a causal LM; for a vision-language model, aimed at its language model (the vision tower
     stays frozen) unless the request names its own `target_modules`, which may widen it."""
     if base.vision and spec is not None and "target_modules" not in spec.model_fields_set:
-        return lora_config(spec, "CAUSAL_LM", target_modules=language_model_targets(model))
-    return lora_config(spec, "CAUSAL_LM")
+        return lora_config(spec, "CAUSAL_LM", model, target_modules=language_model_targets(model))
+    return lora_config(spec, "CAUSAL_LM", model)
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,15 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
     reference = load_reference(request, job, base)
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = KTOTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         ref_model=reference.model if reference is not None else None,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base, reference)

@@ -34,15 +34,16 @@ def train(request: OnlineDPORequest, job: JobSpec, reporter: StatusReporter) -> 
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, job, reporter, data)
     reward_funcs, reward_weights = load_rewards(request.rewards, job)
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = OnlineDPOTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         reward_funcs=reward_funcs,
         args=trl_config(OnlineDPOConfig, request, job, "online_dpo", reward_weights=reward_weights,
                         **vllm_arguments(request, job, "online_dpo")),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

@@ -92,16 +92,17 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     value_model = load_sequence_classifier(base.path, request.model, base.tokenizer)
     checkpoints = PPOCheckpoints(value_model)
     stop = StopAtKL(request.kl_early_stop.target_kl) if request.kl_early_stop else None
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = PPOTrainer(
         args=config,
         processing_class=base.tokenizer,
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         ref_model=None,
         reward_model=load_reward_model(request, job),
         train_dataset=tokenize_prompts(data.train, base.tokenizer),
         eval_dataset=tokenize_prompts(data.eval, base.tokenizer) if data.eval is not None else None,
         value_model=value_model,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
         # PPOCheckpoints first: it must write the value head before JobCallback may exit at a stop.
         callbacks=[checkpoints, JobCallback(reporter, job), *([stop] if stop else [])],
     )

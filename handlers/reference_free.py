@@ -30,13 +30,14 @@ def train_reference_free(trainer_class: Any, config_class: Any, request: Request
     config = trl_config(config_class, request, job, block)
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = trainer_class(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from schemas.job import (
 
 # While training, the child tells the daemon it is alive at least this often (at step ends).
 HEARTBEAT_S = 5.0
+# Stages without steps that the daemon's stall watchdog watches: a thread beats through them.
+PULSED_STAGES = frozenset({"load_model"})
 # The child's exit status after stopping at a checkpoint because the daemon asked it to.
 EXIT_STOPPED = 75
 # The stages whose seconds are split into parts, and the part each starts in: `load_model` into
@@ -93,13 +96,16 @@ class StatusReporter:
         self.stop_requested = False
         # The model the request's evaluation is measuring (handlers/evaluation.py), for its progress reports.
         self.evaluating: Literal["adapter", "base", "current"] | None = None
+        self._lock = threading.Lock()  # the pulse thread writes too
+        self._pulse: threading.Thread | None = None
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
         self._stage_started = self._part_started = time.monotonic()
 
     def send(self, message: ChildMessage) -> None:
-        self._stream.write(message.model_dump_json() + "\n")
+        with self._lock:
+            self._stream.write(message.model_dump_json() + "\n")
 
     def ready(self) -> None:
         self.send(Ready())
@@ -117,6 +123,23 @@ class StatusReporter:
         self.stage, self._stage_started = stage, now
         self._part, self._part_started = FIRST_PART.get(stage), now
         self.send(StageEntered(stage=stage))
+        if stage in PULSED_STAGES and self._pulse is None:
+            self._pulse = threading.Thread(target=self._beat, name="adapterd-pulse", daemon=True)
+            self._pulse.start()
+
+    def _beat(self) -> None:
+        """Beat every HEARTBEAT_S while a stage without steps runs (loading the model). A thread needs
+        the interpreter's lock to beat: downloads and weight loading release it, so they keep the
+        job alive however long they take, while a library call that holds it for minutes (a regular
+        expression backtracking) falls silent, and the daemon's stall watchdog stops the job."""
+        while self.stage in PULSED_STAGES:
+            time.sleep(HEARTBEAT_S)
+            try:
+                if self.stage in PULSED_STAGES:
+                    self.send(Heartbeat(step=0))
+            except ValueError:  # the pipe was closed: the job is over
+                break
+        self._pulse = None
 
     def part(self, name: str | None, now: float | None = None) -> None:
         """End the current part of a split stage and start `name` (nothing in a stage that is not split)."""

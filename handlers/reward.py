@@ -26,13 +26,14 @@ def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> Tra
     config = trl_config(RewardConfig, request, job, "reward")
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
+    model = load_sequence_classifier(base.path, request.model, base.tokenizer)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = RewardTrainer(
-        model=load_sequence_classifier(base.path, request.model, base.tokenizer),
+        model=model,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "SEQ_CLS"),
+        peft_config=lora_config(request.peft, "SEQ_CLS", model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

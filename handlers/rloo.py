@@ -32,14 +32,15 @@ def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> Train
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, job, reporter, data)
     reward_funcs, reward_weights = load_rewards(request.rewards, job)
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
     trainer = RLOOTrainer(
-        model=load_causal_lm(base.path, request.model),
+        model=model,
         reward_funcs=reward_funcs,
         args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights, **vllm_arguments(request, job, "rloo")),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,
-        peft_config=lora_config(request.peft, "CAUSAL_LM"),
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

@@ -16,6 +16,7 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
+from handlers.lora_patterns import resolved
 from handlers.reporting import StepClock
 from schemas.job import JobFailed, JobSpec
 from schemas.provenance import TrackedRun
@@ -49,13 +50,15 @@ def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any
     return built
 
 
-def lora_config(spec: LoraSpec | None, task_type: str, **derived: Any) -> LoraConfig | None:
-    """PEFT's LoraConfig from the request's `peft` block; `derived`: what the handler decides in place
-    of a default (a vision-language model's `target_modules`)."""
+def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, **derived: Any) -> LoraConfig | None:
+    """PEFT's LoraConfig from the request's `peft` block, for `model` (its patterns matched on the
+    model's modules by adapterd, handlers/lora_patterns.py); `derived`: what the handler decides in
+    place of a default (a vision-language model's `target_modules`)."""
     if spec is None:
         return None
+    fields = resolved({**spec.set_fields(), **derived}, [name for name, _ in model.named_modules()])
     try:
-        return LoraConfig(task_type=task_type, **with_objects(LoraConfig, {**spec.set_fields(), **derived}))
+        return LoraConfig(task_type=task_type, **with_objects(LoraConfig, fields))
     except (TypeError, ValueError) as exc:
         raise JobFailed("config_invalid", "preflight", f"peft: LoraConfig refused the arguments: {exc}") from exc
 

@@ -102,15 +102,17 @@ def field_errors(exc: ValidationError, document: object = None) -> list[FieldErr
 
 def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: SecretScanner = BUILTIN) -> RequestBase | Rejection:
     """Decode and validate one message. Never raises for bad input: it returns a `Rejection`.
+    Strict: a key given twice in an object is refused, and no value is coerced to a field's type.
     `scanner`: the credential rules (the built-in ones; the daemon passes its larger set)."""
     # The record key's id, worked out only where the document has none (a scan of it costs).
     def key_id() -> str | None:
         return _request_id_from_key(key, scanner)
 
+    repeated: list[_Repeated] = []
     try:
         # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
         text = (raw or b"").decode("utf-8")
-        document = json.loads(text, parse_constant=_no_constant)
+        document = json.loads(text, parse_constant=_no_constant, object_pairs_hook=lambda pairs: _object(pairs, repeated))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
     except RecursionError:
@@ -118,6 +120,8 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
     except ValueError:  # an integer of more digits than Python converts, or NaN / Infinity
         errors, document = _unreadable_numbers(text)
         return Rejection("invalid", errors, _request_id_of(document, key_id))
+    if repeated:  # the last copy would win silently, and the scan and the job would see only it
+        return Rejection("invalid", _repeated_keys(document), _unsecret_request_id(document, key_id, scanner))
     try:
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
         secrets = [] if problems else _by_path(
@@ -129,13 +133,10 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", problems, _request_id_of(document, key_id))
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
-        request_id = document.get("request_id") if isinstance(document, dict) else None
-        if not (isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id)):
-            request_id = key_id()
         return Rejection("secret_in_request", [
             FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
             for path, kind in secrets
-        ], request_id)
+        ], _unsecret_request_id(document, key_id, scanner))
     if not isinstance(document, dict):
         kind = type(document).__name__
         return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id())
@@ -148,7 +149,9 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id)
 
     try:
-        return REQUEST_MODELS[method].model_validate(document)
+        # Strict: nothing is coerced ("8" is not an integer, true is not one, "no" is not a boolean).
+        # On the text, so that strict still reads a JSON array as a tuple and a string as a Literal.
+        return REQUEST_MODELS[method].model_validate_json(text, strict=True)
     except ValidationError as exc:
         return Rejection("invalid", field_errors(exc, document), request_id)
     except RecursionError:
@@ -161,6 +164,49 @@ def _by_path(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     for path, kind in found:
         first.setdefault(path, kind)
     return list(first.items())
+
+
+class _Repeated(dict[str, object]):
+    """A JSON object that held a key more than once: the keys it repeated."""
+
+    keys_repeated: list[str]
+
+
+def _object(pairs: list[tuple[str, object]], repeated: list[_Repeated]) -> dict[str, object]:
+    """json.loads' object_pairs_hook: a dict as json.loads makes one, marked (and noted in
+    `repeated`) when a key came twice."""
+    made = dict(pairs)
+    if len(made) == len(pairs):
+        return made
+    marked = _Repeated(made)
+    counts: dict[str, int] = {}
+    for key, _ in pairs:
+        counts[key] = counts.get(key, 0) + 1
+    marked.keys_repeated = sorted(key for key, count in counts.items() if count > 1)
+    repeated.append(marked)
+    return marked
+
+
+def _repeated_keys(document: object, path: str = "", found: list[FieldError] | None = None) -> list[FieldError]:
+    """Each key a JSON object of the document held more than once, by its path (at most ten)."""
+    found = [] if found is None else found
+    if isinstance(document, _Repeated):
+        for name in document.keys_repeated:
+            found.append(FieldError(path=f"{path}.{name}" if path else name,
+                                    message="given more than once in one JSON object; a key may appear once (the copies would not all be read)"))
+    children: list[tuple[object, object]] = (
+        list(document.items()) if isinstance(document, dict) else list(enumerate(document)) if isinstance(document, list) else [])
+    for key, value in children:
+        if len(found) >= 10:
+            break
+        _repeated_keys(value, f"{path}.{key}" if path else str(key), found)
+    return found[:10]
+
+
+def _unsecret_request_id(document: object, key_id: Callable[[], str | None], scanner: SecretScanner) -> str | None:
+    """The request id of a document that may hold a credential: never one that looks like one."""
+    request_id = document.get("request_id") if isinstance(document, dict) else None
+    return request_id if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id) else key_id()
 
 
 def _request_id_of(document: object, key_id: Callable[[], str | None]) -> str | None:

@@ -35,6 +35,21 @@ def compile_pattern(pattern: str | bytes) -> Any:
 _LARGE_REPEAT = re.compile(r"\{\s*\d{4,}|\{\s*\d*\s*,\s*\d{4,}")
 
 
+def library_pattern_problem(pattern: str) -> str | None:
+    """Why a pattern a library runs with Python's `re` (PEFT's `target_modules`, transformers'
+    `optim_target_modules`) cannot be accepted, or None: it must be one RE2 runs (so adapterd can
+    match it itself, in linear time) and one Python's `re` compiles (what the library does)."""
+    if len(pattern) > 1000:
+        return f"a pattern of {len(pattern)} characters; at most 1000"
+    problem = pattern_problem(pattern)
+    if problem is None and engine is not re:
+        try:
+            re.compile(pattern)
+        except Exception as exc:  # re.error, OverflowError, RecursionError: refused all the same
+            return f"pattern does not compile (Python's re, which the library runs): {str(exc)[:200]}"
+    return problem
+
+
 def pattern_problem(pattern: str) -> str | None:
     """Why a request's pattern cannot be used, or None. Any failure to compile is a reason, never an
     exception: Python's `re` raises OverflowError and RecursionError as well as re.error."""

@@ -21,6 +21,7 @@ from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, Sour
 from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec
 from schemas.images import image_column
 from schemas.methods import METHODS
+from schemas.regex import library_pattern_problem
 from schemas.trl_fields import (
     LoraConfigFields,
     ModelConfigFields,
@@ -49,14 +50,53 @@ class ModelSpec(ModelConfigFields):
     )
 
 
+# The most patterns one `peft` field holds (each compiled twice at intake, about 0.2 ms).
+MAX_PATTERNS = 64
+
+
 class LoraSpec(LoraConfigFields):
     """PEFT LoRA settings, every `peft.LoraConfig` field by its own name (generated: schemas/trl_fields.py).
     `peft: null` in a request means a full fine-tune."""
+
+    @model_validator(mode="after")
+    def _patterns_run(self) -> LoraSpec:
+        """PEFT reads these as regular expressions (a string `target_modules` or `exclude_modules` with
+        `re.fullmatch`, `layers_pattern` inside one, each key of `rank_pattern` and `alpha_pattern`
+        with `re.match`): each must compile with RE2 and with Python's re, judged here at intake; at
+        most MAX_PATTERNS in a field, so that compiling them stays a bounded cost of intake."""
+        for name in ("target_modules", "exclude_modules", "layers_pattern"):
+            value = getattr(self, name)
+            patterns = [value] if isinstance(value, str) else value if name == "layers_pattern" and value else []
+            if len(patterns) > MAX_PATTERNS:
+                raise ValueError(f"{name}: {len(patterns)} patterns; at most {MAX_PATTERNS}")
+            if value == "all-linear" and name == "target_modules":
+                continue  # PEFT's keyword, not a pattern
+            for pattern in patterns:
+                problem = library_pattern_problem(pattern)
+                if problem:
+                    raise ValueError(f"{name}: {problem}")
+        for name in ("rank_pattern", "alpha_pattern"):
+            if len(getattr(self, name) or {}) > MAX_PATTERNS:
+                raise ValueError(f"{name}: {len(getattr(self, name))} keys; at most {MAX_PATTERNS}")
+            for key in getattr(self, name) or {}:
+                problem = library_pattern_problem(key)
+                if problem:
+                    raise ValueError(f"{name}: the key {key[:64]!r}: {problem}")
+        return self
 
 
 class TrainingSpec(TrainingArgumentsFields):
     """The trainer arguments common to every method, every `transformers.TrainingArguments` field a
     request may set, by its own name (generated: schemas/trl_fields.py)."""
+
+    @model_validator(mode="after")
+    def _patterns_run(self) -> TrainingSpec:
+        """transformers matches a string `optim_target_modules` with `re.fullmatch` (GaLore, APOLLO)."""
+        if isinstance(self.optim_target_modules, str):
+            problem = library_pattern_problem(self.optim_target_modules)
+            if problem:
+                raise ValueError(f"optim_target_modules: {problem}")
+        return self
 
 
 class OutputSpec(Frozen):

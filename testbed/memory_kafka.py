@@ -28,7 +28,7 @@ class FakeRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)  # Kafka allows a null value
     timestamp: int = 0
 
 
@@ -117,8 +117,9 @@ class FakeConsumer:
     def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
         self.listener = listener
 
-    async def getmany(self, *, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
-        batches = {tp: batch[:max_records] for tp, batch in self.records.items() if batch and tp not in self.paused}
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
+        batches = {tp: batch[:max_records] for tp, batch in self.records.items()
+                   if batch and tp not in self.paused and (not partitions or tp in partitions)}
         for tp, batch in batches.items():
             del self.records[tp][: len(batch)]
         return batches

@@ -10,10 +10,13 @@ itself is refused, its record's key) is `hostile-<name>`.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 Case = tuple[str, bytes, list[tuple[str, bytes]], str]
 
@@ -122,3 +125,63 @@ def forged_retry_headers() -> list[tuple[str, bytes]]:
     """Retry headers a producer should not be able to set: attempt 99 would switch retries off, a
     due time of inf would hold the partition for ever."""
     return [("adapterd-attempt", b"99"), ("adapterd-not-before", b"inf")]
+
+
+def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], oversize: int) -> list[Case]:
+    """Issue 37's inputs, each rejected naming its field: duplicate keys, coerced types, Hub ids the
+    Hub refuses, a NUL in a local path, a pattern RE2 cannot run, an undecodable inline image, and a
+    request too large for its copies (`oversize` bytes, named by its limit, path ''). Built from
+    `valid` (an SFT request) and `vision_rows` (chat rows with images); ids are `record-<name>`."""
+    def variant(name: str, path: str, base: dict[str, Any] | None = None, **changes: Any) -> Case:
+        document = copy.deepcopy(base or valid)
+        document["request_id"] = f"record-{name}"
+        for block, value in changes.items():
+            document[block] = {**document.get(block, {}), **value} if isinstance(value, dict) else value
+        return (name, _raw(document), [], path)
+
+    duplicate = _raw({**valid, "request_id": "record-duplicate-key", "metadata": {"note": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}})
+    duplicate = duplicate[:-1] + b', "metadata": {}}'
+    padded = copy.deepcopy(valid)
+    padded.update(request_id="record-oversize", dataset={"rows": [{"text": "a" * oversize}, {"text": "b"}]})
+    not_an_image = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
+    vision_rows = copy.deepcopy(vision_rows)
+    vision_rows[1]["images"] = [not_an_image] * len(vision_rows[1]["images"])
+    return [
+        ("duplicate-key", duplicate, [], "metadata"),
+        variant("string-int", "training.per_device_train_batch_size", training={"per_device_train_batch_size": "8"}),
+        variant("bool-int", "training.per_device_train_batch_size", training={"per_device_train_batch_size": True}),
+        variant("string-bool", "output.private", output={"private": "no"}),
+        variant("digits", "training.max_steps", training={"max_steps": "9" * 4300}),
+        variant("repo-git", "output.repo_id", output={"repo_id": "my-org/x.git"}),
+        variant("repo-dashes", "output.repo_id", output={"repo_id": "my-org/a--b"}),
+        variant("repo-dots", "output.repo_id", output={"repo_id": "my-org/a..b"}),
+        variant("repo-trailing", "output.repo_id", output={"repo_id": "my-org/x-"}),
+        variant("repo-long", "output.repo_id", output={"repo_id": "my-org/" + "a" * 97}),
+        variant("nul-path", "model.id", model={"id": "/x\u0000"}),
+        variant("lookbehind", "peft.target_modules", peft={"target_modules": "(?<=a)b"}),
+        variant("rank-key", "peft.rank_pattern", peft={"rank_pattern": {"(?=x)": 4}}),
+        ("image", _raw({**valid, "request_id": "record-image", "dataset": {"rows": vision_rows}}), [], "dataset.rows.1.images.0"),
+        ("oversize", _raw(padded), [], ""),
+    ]
+
+
+class NotUtf8(str):
+    """A header name that goes on the wire as bytes that are not UTF-8, as a librdkafka producer can
+    send one: aiokafka's pure-Python record builder encodes a name with `.encode` (use it inside
+    `python_record_builder()`)."""
+
+    def encode(self, *args: object, **kwargs: object) -> bytes:  # type: ignore[override]
+        return b"\xff\xfe"
+
+
+@contextlib.contextmanager
+def python_record_builder() -> Iterator[None]:
+    """aiokafka's producer on its pure-Python record builder (the compiled one takes only real str names)."""
+    from aiokafka.producer import message_accumulator
+    from aiokafka.producer import producer as producer_module
+    from aiokafka.record import default_records
+
+    with contextlib.ExitStack() as stack:
+        for module in (message_accumulator, producer_module):
+            stack.enter_context(mock.patch.object(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy))
+        yield

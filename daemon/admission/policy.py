@@ -9,6 +9,7 @@ import fsspec
 
 from daemon.admission.bounds import bound_errors
 from daemon.admission.capabilities import library_version
+from daemon.admission.hub_ids import hub_id_errors
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
@@ -18,9 +19,10 @@ from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
 
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
-    errors = _model_errors("model.id", request.model.id, settings)
-    for path, spec in _other_models(request):
-        errors += _model_errors(path, spec.id, settings)
+    models = [("model.id", request.model.id), *((path, spec.id) for path, spec in _other_models(request))]
+    errors = hub_id_errors(request, models)
+    for path, model_id in models:
+        errors += _model_errors(path, model_id, settings)
     errors += _vllm_errors(request, settings)
     if request.model.trust_remote_code and not settings.allow_trust_remote_code:
         errors.append(FieldError(path="model.trust_remote_code", message="refused: this host does not allow remote code (allow_trust_remote_code)"))
@@ -84,6 +86,9 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
     if source.id is not None and settings.allowed_datasets and not _matches(source.id, settings.allowed_datasets):
         errors.append(FieldError(path=f"{prefix}.id", message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
     for path, location in source.locations():
+        if _unpathable(location):
+            errors.append(FieldError(path=f"{prefix}.{path}", message=UNPATHABLE))
+            continue
         protocol, _ = fsspec.core.split_protocol(location)  # as the child's fsspec will read it
         if protocol is None:
             if not local_location_inside(location, settings.allowed_local_dataset_roots):
@@ -158,8 +163,18 @@ def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | Ref
     return found
 
 
+# What no path can hold: the OS refuses a NUL byte (Python raises ValueError before the call).
+UNPATHABLE = "holds a NUL character (\\u0000), which no path can hold"
+
+
+def _unpathable(location: str) -> bool:
+    return "\x00" in location
+
+
 def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldError]:
     if model_id.startswith("/"):
+        if _unpathable(model_id):
+            return [FieldError(path=path, message=UNPATHABLE)]
         if not within(model_id, settings.allowed_local_model_roots):
             roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
             return [FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")]

@@ -177,12 +177,13 @@ class _Converter(Ledger):
             if key in self.taken:
                 continue
             if key in self.training_fields:
-                self.block_field("training", key, training_defaults.get(key, self.training_fields[key]["default"]))
+                field = self.training_fields[key]
+                self.block_field("training", key, training_defaults.get(key, field["default"]), field["type"])
             elif key in self.method_fields:
-                self.block_field(self.method, key, self.method_fields[key]["default"])
+                self.block_field(self.method, key, self.method_fields[key]["default"], self.method_fields[key]["type"])
 
-    def block_field(self, block: str, key: str, default: Any) -> None:
-        value = self.get(key)
+    def block_field(self, block: str, key: str, default: Any, kind: str) -> None:
+        value = _as_trl_reads(self.get(key), kind)
         if key == "trust_remote_code":
             if value:
                 self.put("model.trust_remote_code", value, key)
@@ -250,6 +251,18 @@ class _Converter(Ledger):
                  "rewards": "reward_funcs or reward_model_name_or_path", "reward_model": "reward_model_path"}
         top = error.path.split(".")[0]
         return f"{error.message} (set {needs[top]})" if top in needs else error.message
+
+
+def _as_trl_reads(value: Any, kind: str) -> Any:
+    """A number the YAML file gives as a string (PyYAML reads `2.0e-4` as one) as the number trl's
+    CLI makes of it: its parser hands a file's values to argparse, which converts a string by the
+    field's type. A request is strict (schemas/decode.py): it says the number."""
+    if isinstance(value, str) and kind in ("int", "float"):
+        try:
+            return int(value) if kind == "int" else float(value)
+        except ValueError:
+            return value  # not a number: the decoder names the field
+    return value
 
 
 def _within(path: str, prefix: str) -> bool:

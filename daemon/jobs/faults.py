@@ -43,10 +43,15 @@ class RecordFaults:
     async def _give_up(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception) -> bool:
         """End the record: `failed` (code internal), its bytes in the DLQ, its offset committed.
         False when even that cannot be sent (it is read again)."""
+        message = f"handling the request failed {self.settings.max_record_faults} times in a row ({type(exc).__name__}); see the daemon's log"
+        return await self.end(tp, record, runner, exc, message)
+
+    async def end(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception, message: str) -> bool:
+        """End the record now, with `message`: as `_give_up`, without reading it again first (the
+        broker refused its retry copy outright: reading it again would train it again)."""
         failed = Failed(
             request_id=runner.request.request_id, host=self.settings.host, attempt=runner.attempt, code="internal",
-            stage="intake", retryable=False,
-            message=f"handling the request failed {self.settings.max_record_faults} times in a row ({type(exc).__name__}); see the daemon's log",
+            stage="intake", retryable=False, message=message,
         )
         try:
             await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))

@@ -25,6 +25,7 @@ from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
 from daemon.jobs.faults import RecordFaults
@@ -160,7 +161,15 @@ class Scheduler:
             event = await runner.run()
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                await self.publisher.deliver(self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1)))
+                retry = self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1))
+                try:
+                    await self.publisher.deliver(retry)
+                except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
+                    log.error("job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__)
+                    message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
+                    if not await self.faults.end(tp, record, runner, exc, message):
+                        self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart
+                    return
             elif isinstance(event, Failed) and event.retryable:
                 log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
                 await self.publisher.deliver(self.publisher.failed_letter(record, event))
@@ -207,6 +216,17 @@ class Scheduler:
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""
         await self.children.prepare([self.slots.visible_devices([slot]) for slot in self.slots.free])
+
+    def let_go(self, tp: TopicPartition, next_offset: int) -> bool:
+        """After `offer` raised for the record before `next_offset` (rejected in its place): what the
+        offer left held of `tp` is let go and `tp` is read on from `next_offset`. False, and nothing
+        changed, when the offer had started that record's job (the job ends it)."""
+        if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
+            return False
+        self.waiting.pop(tp, None)
+        self.partitions.read_from(tp, next_offset)
+        self.pause_idle_partitions()
+        return True
 
     def pause_idle_partitions(self) -> None:
         if not self.slots.free:

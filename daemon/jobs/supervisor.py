@@ -33,8 +33,14 @@ from schemas.request import RequestBase
 
 log = structlog.get_logger()
 
-# The stages in which a child reports every few seconds (training and evaluation steps), so silence means stuck.
-WATCHED_STAGES = frozenset({"train", "evaluate"})
+# The stages in which a child reports every few seconds, so silence means stuck: training and
+# evaluation steps, and loading the model, through which the child beats from a thread
+# (handlers/reporting.py) that a hang holding the interpreter (a library's regex backtracking on
+# module names) silences.
+WATCHED_STAGES = frozenset({"load_model", "train", "evaluate"})
+
+
+STALLED = {"load_model": "no sign of life while loading the model", "train": "no step of training", "evaluate": "no step of evaluation"}
 
 
 def event_stage(stage: str) -> Stage:
@@ -112,7 +118,7 @@ class Supervisor:
         if not run.done() or run.cancelled():  # the stall ended it
             raise JobFailed(
                 "stalled", event_stage(self.stage),
-                f"no step of {'evaluation' if self.stage == 'evaluate' else 'training'} for {self.settings.stall_timeout_s} s (stall_timeout_s); "
+                f"{STALLED[self.stage]} for {self.settings.stall_timeout_s} s (stall_timeout_s); "
                 "the job was stopped",
                 retryable=True,
             )

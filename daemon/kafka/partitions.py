@@ -9,7 +9,7 @@ them, so the intake path can settle a batch of rejections in the background.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import structlog
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -23,6 +23,7 @@ from tenacity import (
 )
 
 from daemon.kafka.clients import Consumer
+from daemon.kafka.records import Record
 
 log = structlog.get_logger()
 
@@ -35,6 +36,10 @@ class Partitions:
     def __init__(self, consumer: Consumer) -> None:
         self.consumer = consumer
         self._settling: dict[TopicPartition, asyncio.Task[None]] = {}
+        # Where the daemon should read each partition next, as far as it knows: past the last record
+        # handed to intake, or where it last sought. What `rewind` goes back to (daemon/kafka/unreadable.py).
+        self.expected: dict[TopicPartition, int] = {}
+        self._learning: asyncio.Task[None] | None = None
 
     def assigned(self) -> set[TopicPartition]:
         return set(self.consumer.assignment())
@@ -46,7 +51,40 @@ class Partitions:
     def hold(self, tp: TopicPartition, next_offset: int) -> None:
         """Read nothing more of `tp` for now; when resumed, read it from `next_offset`."""
         self.consumer.seek(tp, next_offset)
+        self.expected[tp] = next_offset
         self.consumer.pause(tp)
+
+    def read_from(self, tp: TopicPartition, next_offset: int) -> None:
+        """Read `tp` on from `next_offset` (undoes a `hold`)."""
+        self.consumer.seek(tp, next_offset)
+        self.expected[tp] = next_offset
+        self.consumer.resume(tp)
+
+    def handed(self, tp: TopicPartition, records: Sequence[Record]) -> None:
+        """Records of `tp` were read (and go to intake): the next read is past them."""
+        if records:
+            self.expected[tp] = records[-1].offset + 1
+
+    def on_assigned(self, assigned: Collection[TopicPartition]) -> None:
+        """A new assignment starts at the committed offsets: where each partition is read next,
+        learnt in the background (the rebalance listener must not wait on offsets that the group
+        coordinator fetches once it returns); a record handed or a seek made first wins."""
+        self.expected = {}
+
+        async def learn() -> None:
+            for tp in assigned:
+                try:
+                    self.expected.setdefault(tp, await self.consumer.position(tp))
+                except (KafkaError, IllegalStateError):
+                    return  # moved away again: the next assignment learns its own
+        self._learning = asyncio.create_task(learn())
+
+    def rewind(self) -> None:
+        """Every partition back to where the daemon should read next (records fetched but not handed
+        on are read again)."""
+        for tp, offset in self.expected.items():
+            if tp in self.assigned():
+                self.consumer.seek(tp, offset)
 
     def pause(self, partitions: Collection[TopicPartition]) -> None:
         self.consumer.pause(*partitions)

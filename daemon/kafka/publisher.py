@@ -16,10 +16,10 @@ import structlog
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import RecordMetadata
-from pydantic import TypeAdapter
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from daemon.kafka.clients import Producer, kafka_producer
+from daemon.kafka.copies import dlq_value, errors_header
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
@@ -30,7 +30,6 @@ from schemas.events import EventBase, Failed
 log = structlog.get_logger()
 
 Headers = list[tuple[str, bytes]]
-FIELD_ERRORS = TypeAdapter(list[FieldError])
 @dataclass(frozen=True)
 class Outgoing:
     topic: str
@@ -69,13 +68,15 @@ class Publisher:
 
     def dead_letter(self, record: Record, rejection: Rejection) -> Outgoing:
         """The raw bytes of a message that could not become a job, with why and where it came from."""
+        value, omitted = dlq_value(record, self.settings.max_message_bytes)
         headers = [
             ("adapterd-reason", rejection.reason.encode()),
             *([("adapterd-exception", rejection.exception.encode())] if rejection.exception else []),
-            ("adapterd-errors", FIELD_ERRORS.dump_json(rejection.errors)),
+            ("adapterd-errors", errors_header(rejection.errors)),
+            *omitted,
             *self._source(record),
         ]
-        return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
+        return Outgoing(self.settings.dlq_topic, record.key, value, headers)
 
     def _source(self, record: Record) -> Headers:
         """Where a dead letter came from, which host sent it there, and the trace it belongs to."""
@@ -93,19 +94,23 @@ class Publisher:
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def again(self, record: Record) -> Outgoing:
-        """A retry that is not yet due, to the end of its partition again, headers and all."""
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", list(record.headers or ()))
+        """A retry that is not yet due, to the end of its partition again, headers and all (but a
+        header with a null value: the daemon's own are never null, and the rest are the producer's)."""
+        headers = [(name, value) for name, value in record.headers or () if value is not None]
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
 
     def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
         """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
+        value, omitted = dlq_value(record, self.settings.max_message_bytes)
         headers = [
             ("adapterd-reason", reason.encode()),
             *([("adapterd-exception", exception.encode())] if exception else []),
-            ("adapterd-errors", FIELD_ERRORS.dump_json([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])),
+            ("adapterd-errors", errors_header([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])),
             ("adapterd-attempts", str(failed.attempt).encode()),
+            *omitted,
             *self._source(record),
         ]
-        return Outgoing(self.settings.dlq_topic, record.key, record.value or b"", headers)
+        return Outgoing(self.settings.dlq_topic, record.key, value, headers)
 
     async def deliver(self, message: Outgoing) -> None:
         """Send one message and wait until the broker has it, however long the brokers are away.

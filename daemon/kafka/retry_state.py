@@ -70,8 +70,9 @@ class RetrySigner:
         if not headers:
             return FIRST
         attempt_text, due_text, signature = (headers.get(name, b"") for name in RETRY_HEADERS)
-        expected = self._sign(record.key, record.value or b"", attempt_text, due_text)
-        if not hmac.compare_digest(expected.encode(), signature):
+        # A null value (Kafka allows one) is never the daemon's: it signs bytes.
+        if (attempt_text is None or due_text is None or signature is None
+                or not hmac.compare_digest(self._sign(record.key, record.value or b"", attempt_text, due_text).encode(), signature)):
             log.warning("retry.unsigned_headers", partition=record.partition, offset=record.offset,
                         headers=sorted(headers), reason="read as a first attempt, due now")
             return FIRST

@@ -3,6 +3,10 @@ topic (every daemon reads every cancel), the events topic (the CLI, the demo) an
 
 It starts either at the beginning of each partition or at its end as of `start()`, and knows when
 it has caught up with the ends it saw at `start()`, so a reader can stop there or go on following.
+
+A record the Kafka client cannot unpack (a header name that is not UTF-8; daemon/kafka/unreadable.py
+says how it breaks aiokafka) is stepped past, logged, rather than ending the reader: the control
+topic's reader would otherwise stop taking cancels for good.
 """
 
 from __future__ import annotations
@@ -11,12 +15,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
 from daemon.kafka.topics import partition_numbers
+from daemon.kafka.unreadable import unreadable
 from daemon.settings import Settings
+
+log = structlog.get_logger()
 
 
 class TopicReader:
@@ -31,6 +39,7 @@ class TopicReader:
             **({"client_id": client_id} if client_id else {}),
         )
         self.ends: dict[TopicPartition, int] = {}
+        self.next_offset: dict[TopicPartition, int] = {}  # past the last record yielded, per partition
         # Set once every record that existed at `start()` has been yielded (at once when reading from the end).
         self.caught_up = asyncio.Event()
 
@@ -43,10 +52,32 @@ class TopicReader:
         self.ends = await self.consumer.end_offsets(partitions)
         for tp in partitions:
             self.consumer.seek(tp, self.ends[tp] if self.from_end else 0)
+        self.next_offset = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
         return self
 
     async def stop(self) -> None:
         await self.consumer.stop()
+
+    async def _step_past_unreadable(self, exc: Exception) -> dict[TopicPartition, list[Record]]:
+        """Back to where each partition should be read next (the records fetched with the unreadable
+        one were lost), then a record at a time per partition until the one that raises is met."""
+        log.warning("topic.unreadable_record", topic=self.topic, error=type(exc).__name__)
+        for tp, offset in self.next_offset.items():
+            self.consumer.seek(tp, offset)
+        batches: dict[TopicPartition, list[Record]] = {}
+        for tp in self.next_offset:
+            try:
+                got = await self.consumer.getmany(tp, timeout_ms=200, max_records=1)
+            except Exception as again:
+                if not unreadable(again):
+                    raise
+                log.error("topic.unreadable_record_skipped", topic=self.topic, partition=tp.partition, offset=self.next_offset[tp],
+                          error=type(again).__name__)
+                self.next_offset[tp] += 1
+                self.consumer.seek(tp, self.next_offset[tp])
+                continue
+            batches.update(got)
+        return batches
 
     async def __aenter__(self) -> TopicReader:
         return await self.start()
@@ -62,9 +93,15 @@ class TopicReader:
                 self.caught_up.set()
             if not behind and not follow:
                 return
-            batches = await self.consumer.getmany(timeout_ms=1000)
+            try:
+                batches = await self.consumer.getmany(timeout_ms=1000)
+            except Exception as exc:
+                if not unreadable(exc):
+                    raise
+                batches = await self._step_past_unreadable(exc)
             for tp, records in batches.items():
                 for record in records:
+                    self.next_offset[tp] = record.offset + 1
                     yield record
                     if record.offset + 1 >= self.ends.get(tp, 0):
                         behind.discard(tp)

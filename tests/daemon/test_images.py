@@ -93,3 +93,78 @@ def test_a_text_only_method_refuses_an_image_column_only_some_rows_have() -> Non
     rejected = decode_request(json.dumps(body).encode())
     assert not isinstance(rejected, RequestBase)
     assert any("'images': method kto trains on text only" in e.message for e in rejected.errors), rejected
+
+
+def webp_bomb() -> str:
+    """A 4096x4096 lossless WebP of a few hundred bytes: 0.2 s to decode (issue 37)."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (4096, 4096), (10, 20, 30)).save(buffer, "WEBP", lossless=True)
+    return "data:image/webp;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def vision_record(core: Any, rows: list[dict[str, Any]], offset: int = 0) -> Any:
+    from tests.fakes import FakeRecord
+
+    body = json.loads((EXAMPLES_DIR / "sft-vision.json").read_text())
+    body.update(request_id="bombs", dataset={"rows": rows})
+    return FakeRecord(core.tp.topic, 0, offset, b"bombs", json.dumps(body).encode())
+
+
+async def test_images_are_checked_off_the_event_loop_by_their_headers(tmp_path: Any) -> None:
+    import asyncio
+    import time
+
+    from daemon.settings import Settings
+    from tests.core import Core
+
+    core = Core(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
+    bomb = webp_bomb()
+    rows = [{**VISION_CHAT_ROWS[0], "images": [bomb]} for _ in range(32)]
+    rows[-1] = {**rows[-1], "images": ["data:image/png;base64," + base64.b64encode(b"not an image").decode()]}
+    pauses: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:  # the loop's other work: how long it waits for a turn
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            pauses.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    await core.intake.take(core.tp, [vision_record(core, rows)])
+    took = time.perf_counter() - started
+    done.set()
+    await ticking
+    await core.partitions.settled(core.tp)
+    [event] = core.events("bombs")
+    assert event["type"] == "rejected" and [error["path"] for error in event["errors"]] == ["dataset.rows.31.images.0"]
+    # Decoding their pixels would take 32 x 0.2 s; their headers take milliseconds, and not on the loop.
+    assert took < 1.0 and max(pauses) < 0.1
+
+
+async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from daemon import intake
+    from daemon.settings import Settings
+    from tests.core import Core
+
+    release = threading.Event()
+
+    def stuck(*args: object) -> list[FieldError]:  # a check that does not end by itself
+        release.wait()
+        return []
+
+    monkeypatch.setattr(intake, "IMAGE_CHECK_DEADLINE_S", 0.05)
+    monkeypatch.setattr(intake, "inline_image_errors", stuck)
+    core = Core(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
+    try:
+        await core.intake.take(core.tp, [vision_record(core, VISION_CHAT_ROWS)])
+    finally:
+        release.set()
+    await core.partitions.settled(core.tp)
+    [event] = core.events("bombs")
+    assert event["type"] == "rejected" and [error["path"] for error in event["errors"]] == ["dataset.rows"]

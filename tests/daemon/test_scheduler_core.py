@@ -111,12 +111,13 @@ async def test_a_child_that_dies_in_any_stage_is_retried_from_that_stage(setting
     assert len(core.requeued()) == 1 and core.consumer.commits == [(core.tp, 8)]
 
 
-async def test_a_child_silent_while_training_is_stopped_as_stalled(settings: Settings) -> None:
-    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+@pytest.mark.parametrize("stage", ["load_model", "train"])
+async def test_a_child_silent_while_loading_or_training_is_stopped_as_stalled(settings: Settings, stage: str) -> None:
+    children = FakeChildren(Script(messages=[StageEntered(stage=stage)], hang=True))  # type: ignore[arg-type]
     core = Core(settings.model_copy(update={"stall_timeout_s": 0.2}), children=children)
     await run_one(core)
     retrying = core.events("r1")[-1]
-    assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", "train")
+    assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", stage)
     assert children.taken[0].stopped_with is not None
 
 

@@ -1,0 +1,133 @@
+"""The whole intake decision over issue 37's adversarial records, beside benign ones of the same size,
+and the event loop's longest pause while it runs.
+
+`benchmarks.adversarial` times decoding and the secret scan over hostile text; this one times what
+intake does with a record from its bytes to its decision (decode with duplicate-key detection and
+strict types, the operator's policy and Hub id rules, the pattern checks, the inline images'
+headers, in their worker thread), on the event loop as the daemon runs it, with a task beside it
+that measures how long the loop goes without a turn. Per size (up to the broker's 1 MiB):
+milliseconds per decision, median of `--repeats`, the ratio adversarial / benign, and the longest
+loop pause. Target (issue 37): no ratio above 5, no pause above 100 ms.
+In process, no broker: `uv run python -m benchmarks.record_intake`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from PIL import Image
+
+from daemon.cli.demo_requests import VISION_CHAT_ROWS
+from daemon.intake import Intake, decoded_request
+from daemon.jobs.slots import Slots
+from daemon.settings import Settings
+from schemas import Rejection
+
+HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_model_roots=[Path("/models")])
+INTAKE = Intake(HOST, None, None, None, Slots([], 1))  # type: ignore[arg-type]
+BASE = {"schema_version": 1, "request_id": "bench-1", "method": "sft", "model": {"id": "org/base"}, "output": {"repo_id": "org/adapter"}}
+
+
+def _webp_bomb() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (4096, 4096), (10, 20, 30)).save(buffer, "WEBP", lossless=True)  # 0.2 s to decode
+    return "data:image/webp;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+BOMB = _webp_bomb()
+
+
+def _raw(document: dict[str, object]) -> bytes:
+    return json.dumps(document).encode()
+
+
+
+# name → a record of about n bytes aimed at one weakness of the whole decision.
+SHAPES: dict[str, Callable[[int], bytes]] = {
+    "duplicate keys": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]}}).replace(
+        b'"rows"', b'"x": 1, ' * (n // 8) + b'"rows"', 1),
+    "4096x4096 WebP images inline": lambda n: _raw({**BASE, "dataset": {"rows": [{**VISION_CHAT_ROWS[0], "images": [BOMB]}] * (n // (len(BOMB) + 200))}}),
+    "LoRA pattern keys": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]},
+                                          "peft": {"rank_pattern": {f"(x{i}|[a-z._0-9]+)+q_proj": 4 for i in range(n // 40)}}}),
+    "strings where numbers go": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]},
+                                                 "training": {"max_steps": "9" * n}}),
+    "Hub ids the Hub refuses": lambda n: _raw({**BASE, "dataset": {"mixture": [{"id": f"a--b{i}/x.git"} for i in range(min(64, n // 30))],
+                                                                     "columns": {}}, "metadata": {"p": "a" * max(0, n - 64 * 30)}}),
+    "NUL paths": lambda n: _raw({**BASE, "model": {"id": "/models/" + "\u0000" * (n // 6)}, "dataset": {"rows": [{"text": "a"}]}}),
+}
+
+
+def benign(size: int) -> bytes:
+    """A valid request of about `size` bytes: plain text in its rows."""
+    document = {**BASE, "dataset": {"rows": [{"text": "lorem ipsum " * 20}] * max(1, size // 260)}}
+    return _raw(document)
+
+
+async def decide(raw: bytes) -> object:
+    """Intake's decision about one record, as `Intake.take` makes it."""
+    decoded = await decoded_request(raw, b"bench-1")
+    return decoded if isinstance(decoded, Rejection) else await INTAKE.judged(decoded)
+
+
+async def milliseconds(raw: bytes, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        await decide(raw)
+        times.append((time.perf_counter() - started) * 1e3)
+        await asyncio.sleep(0)  # the ticker's turn: it measures how long this decision held the loop
+    return statistics.median(times)
+
+
+async def run(sizes: list[int], repeats: int) -> None:
+    pauses: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:  # the loop's other work (heartbeats, acknowledgements): how long it waits
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            pauses.append(now - last - 0.001)
+            last = now
+
+    ticking = asyncio.create_task(ticker())
+    worst: tuple[float, str] = (0.0, "")
+    print(f"{'shape':32s} {'bytes':>9s} {'adversarial ms':>15s} {'benign ms':>10s} {'ratio':>6s} {'loop pause ms':>14s}")
+    for size in sizes:
+        for name, shape in SHAPES.items():
+            hostile = shape(size)
+            good = benign(len(hostile))
+            pauses.clear()
+            bad_ms, good_ms = [], []
+            for _ in range(3):  # alternated, so a slow phase of the host falls on both
+                bad_ms.append(await milliseconds(hostile, repeats))
+                good_ms.append(await milliseconds(good, repeats))
+            ratio = statistics.median(bad_ms) / statistics.median(good_ms)
+            pause = max(pauses, default=0.0) * 1e3
+            row = f"{name:32s} {len(hostile):9d} {statistics.median(bad_ms):15.2f} {statistics.median(good_ms):10.2f} {ratio:6.2f} {pause:14.1f}"
+            print(row, flush=True)
+            worst = max(worst, (ratio, row))
+    done.set()
+    await ticking
+    print(f"worst ratio: {worst[0]:.2f} ({worst[1].split('  ')[0].strip()})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4_096, 65_536, 262_144, 1_000_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    asyncio.run(run(args.sizes, args.repeats))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The daemon's own copies of a request fit the brokers' largest record (issue 37).
+
+A request travels again as a retry (its bytes, with the signed retry headers and its trace
+context) and as a DLQ record (its bytes, with why and where from). Both add headers to a record
+that already reached the requests topic, so a request close to the brokers' limit would make
+copies the broker refuses: the request read and trained again on every read, or its DLQ copy lost.
+
+So the limit is decided at intake: a request is accepted only when it is at most
+`max_message_bytes - COPY_HEADROOM_BYTES` (key and value), COPY_HEADROOM_BYTES bounding what the
+daemon adds (the retry and trace headers, the DLQ headers with their error list cut to
+ERRORS_HEADER_BYTES, the record's framing). A record refused for its size, or any other whose DLQ
+copy would not fit, goes to the DLQ without its value, saying so (`adapterd-value-omitted` and its
+size): the bytes stay at the source offset the DLQ record names, never silently lost.
+"""
+
+from __future__ import annotations
+
+from pydantic import TypeAdapter
+
+from daemon.kafka.records import Record
+from schemas import FieldError
+
+COPY_HEADROOM_BYTES = 8192  # retry headers ~150 B, trace context at most ~600 B, DLQ headers <= 5 KiB, framing
+ERRORS_HEADER_BYTES = 4096  # the DLQ's `adapterd-errors`; the `rejected` event carries them all
+FIELD_ERRORS = TypeAdapter(list[FieldError])
+
+
+def request_bytes(record: Record) -> int:
+    """What a copy carries of the record itself: its key and value."""
+    return len(record.key or b"") + len(record.value or b"")
+
+
+def too_large(record: Record, max_message_bytes: int) -> FieldError | None:
+    """Why the record's copies would not fit, or None: the limit named."""
+    most = max_message_bytes - COPY_HEADROOM_BYTES
+    size = request_bytes(record)
+    if size <= most:
+        return None
+    return FieldError(path="", message=(
+        f"the record is {size} bytes (key and value); a request is at most {most} bytes, so that the daemon's retry and DLQ "
+        f"copies, which add up to {COPY_HEADROOM_BYTES} bytes of headers, fit the brokers' {max_message_bytes} (max_message_bytes)"))
+
+
+def dlq_value(record: Record, max_message_bytes: int) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """The value a DLQ copy carries, and the headers that say it was left out: the record's own
+    bytes when the copy fits, else none."""
+    if request_bytes(record) <= max_message_bytes - COPY_HEADROOM_BYTES:
+        return record.value or b"", []
+    return b"", [("adapterd-value-omitted", str(len(record.value or b"")).encode())]
+
+
+def errors_header(errors: list[FieldError]) -> bytes:
+    """The DLQ's `adapterd-errors` header, cut to ERRORS_HEADER_BYTES: as many errors as fit, then
+    how many more the `rejected` event holds."""
+    dumped = FIELD_ERRORS.dump_json(errors)
+    if len(dumped) <= ERRORS_HEADER_BYTES:
+        return dumped
+    kept = list(errors)
+    while kept:
+        kept.pop()
+        more = FieldError(path="", message=f"and {len(errors) - len(kept)} more errors (the rejected event has them all)")
+        dumped = FIELD_ERRORS.dump_json([*kept, more])
+        if len(dumped) <= ERRORS_HEADER_BYTES:
+            return dumped
+    return FIELD_ERRORS.dump_json([FieldError(path="", message=f"{len(errors)} errors (the rejected event has them all)")])
