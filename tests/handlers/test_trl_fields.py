@@ -4,6 +4,7 @@ from them: they reach the trainer, and a job that sets twenty of them trains end
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def test_twenty_formerly_refused_fields_are_in_the_request() -> None:
         assert set(names) <= set(getattr(request, block).model_fields_set), block
 
 
-def test_the_generated_fields_reach_trls_config(tmp_path: Path) -> None:
+def test_the_generated_fields_reach_trls_config(tiny_model_dir: Path, tmp_path: Path) -> None:
     from trl import GRPOConfig, SFTConfig
 
     from handlers.training import lora_config, trl_config
@@ -71,8 +72,14 @@ def test_the_generated_fields_reach_trls_config(tmp_path: Path) -> None:
     assert (config.neftune_noise_alpha, config.load_best_model_at_end, config.adam_beta2) == (5.0, True, 0.99)
     assert (config.packing_strategy, config.loss_type, config.max_length) == ("wrapped", "dft", 64)
     assert config.output_dir == str(tmp_path / "checkpoints") and config.save_total_limit == 2  # the daemon's own
-    lora = lora_config(SFTRequest.model_validate(raw).peft, "CAUSAL_LM")
-    assert (lora.bias, lora.init_lora_weights, lora.rank_pattern, lora.layers_to_transform) == ("lora_only", "gaussian", {"q_proj": 8}, [1])
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lora = lora_config(SFTRequest.model_validate(raw).peft, "CAUSAL_LM", model)
+    # rank_pattern's key is matched by adapterd (handlers/lora_patterns.py): PEFT gets each module it names, escaped.
+    q_projs = {re.escape(name): 8 for name, _ in model.named_modules() if name.endswith(".q_proj")}
+    assert len(q_projs) == 2
+    assert (lora.bias, lora.init_lora_weights, lora.rank_pattern, lora.layers_to_transform) == ("lora_only", "gaussian", q_projs, [1])
 
     grpo = {"num_generations": 2, "max_completion_length": 8, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
             "generation_batch_size": 4, "epsilon_high": 0.28, "importance_sampling_level": "sequence",
@@ -94,7 +101,13 @@ async def test_a_job_setting_twenty_formerly_refused_fields_trains_end_to_end(
     assert isinstance(done, Succeeded), done
     pushed = download(published.endpoint, "results/sft-wide", done.commit_sha, tmp_path / "pushed")
     adapter = json.loads((pushed / "adapter_config.json").read_text())
-    assert {key: adapter[key] for key in FORMERLY_REFUSED["peft"]} == {key: WIDE["peft"][key] for key in FORMERLY_REFUSED["peft"]}
+    # The patterns' keys reach PEFT as the modules adapterd matched them to (handlers/lora_patterns.py), escaped.
+    patterns = {"rank_pattern", "alpha_pattern"}
+    assert {key: adapter[key] for key in FORMERLY_REFUSED["peft"] if key not in patterns} == {
+        key: WIDE["peft"][key] for key in FORMERLY_REFUSED["peft"] if key not in patterns}
+    for key in patterns & set(FORMERLY_REFUSED["peft"]):
+        [(pattern, value)] = WIDE["peft"][key].items()
+        assert adapter[key] == {re.escape(f"model.layers.{layer}.self_attn.{pattern}"): value for layer in (0, 1)}, key
     assert json.loads((pushed / "tokenizer_config.json").read_text()).get("chat_template", (pushed / "chat_template.jinja").read_text()) == TEMPLATE
     # What the trainer ran with, from the job's last checkpoint: the training and sft fields as sent.
     checkpoint = max((shared_settings.jobs_dir / "sft-wide" / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
