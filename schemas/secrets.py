@@ -70,15 +70,17 @@ class SecretScanner:
         self.keys = keys or CredentialKeys()
         alternation = "|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in rules.items())
         self._any = compile_pattern(alternation)
-        # Over raw bytes, one search also looks for a long base64-alphabet run, which may hide a
-        # credential encoded (the walk decodes it): a search through the RE2 wrapper costs
+        # Over raw bytes, one search also looks for a whole string that is a token of base64's
+        # alphabet (32 to 512 characters), which may hide a credential encoded: the only strings the
+        # walk decodes (`_encoded_kind`). A longer run inside a string (an inline image's data URI)
+        # is never decoded, so it need not make the walk run. A search through the RE2 wrapper costs
         # microseconds however short the text, so one search a message, not two.
-        self._raw = compile_pattern(f"{alternation}|{_TOKEN}{{32}}".encode())
+        self._raw = compile_pattern(f'{alternation}|"{_TOKEN}{{32,512}}={{0,2}}"'.encode())
 
     def may_hold(self, raw: bytes) -> bool:
         """False only when no string of this JSON text can look like a credential. Without a
         backslash, every decoded string is a piece of the raw text, so the rules run over the raw
-        bytes once (with a long base64-alphabet run, which may hide one encoded). JSON's escapes
+        bytes once (with each whole string of base64's alphabet, which may hide one encoded). JSON's escapes
         (`\\u`, `\\/`, `\\n`...) can spell or separate what a rule needs, so a text with one is
         always walked."""
         return b"\\" in raw or self._raw.search(raw) is not None

@@ -5,6 +5,7 @@ the daemon's own, paths stay inside their roots. No broker, no child: millisecon
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from pathlib import Path
@@ -187,3 +188,17 @@ def test_no_field_name_of_the_request_contract_is_a_credential_name() -> None:
     collect(schema)
     assert len(names) > 300 and {"max_new_tokens", "pad_token", "eos_token", "stop_token", "pass_threshold"} <= names
     assert sorted(name for name in names if SCANNER.keys.names_credential(name)) == []
+
+
+def test_the_scan_walks_a_request_only_when_a_string_of_it_may_be_a_credential() -> None:
+    from daemon.intake import SCANNER
+
+    image = "data:image/png;base64," + "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg" * 40
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]}], "images": [image]}]
+    # An inline image's base64 is never decoded by the scan (only a whole string of that alphabet
+    # is), so it does not make the scan walk every string of the request.
+    assert not SCANNER.may_hold(json.dumps(sft_request("images", dataset={"rows": rows})).encode())
+    encoded = base64.b64encode(b"hf_" + b"A" * 34).decode()  # a Hugging Face token, base64-encoded, as a whole string
+    raw = json.dumps(sft_request("encoded", dataset={"rows": rows}, metadata={"note": encoded})).encode()
+    assert SCANNER.may_hold(raw)
+    assert SCANNER.find(json.loads(raw)) == [("metadata.note", "a Hugging Face token (hf_...), base64-encoded")]
