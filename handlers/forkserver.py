@@ -79,10 +79,11 @@ def main() -> int:
         print(f"adapterd fork server {os.getpid()}: refused: {unfit}", flush=True)
         reporter.refused(unfit)
         return 1
-    reporter.ready()
+    # Said in its log before it says ready to the daemon: once ready, it may be stopped at any moment.
     print(f"adapterd fork server {os.getpid()}: ready; one thread, CUDA untouched, deferred to the children: "
           f"{', '.join(deferred.pending()) or 'nothing'}; OpenMP held at {torch.get_num_threads()} thread here, "
           f"{threads} intra-op threads for each child", flush=True)
+    reporter.ready()
 
     selector = selectors.DefaultSelector()
     selector.register(server, selectors.EVENT_READ, None)

@@ -192,7 +192,6 @@ class Child:
         except BaseException:
             await self.stop(self.stop_grace_s)
             await self._drain(outcome, on_message)
-            await self._output_done()
             raise
         finally:
             self.transport.close()
@@ -217,6 +216,8 @@ class Child:
             log.warning("child.unread_messages", pid=self.process.pid, error=repr(exc))
 
     async def stop(self, grace_s: float) -> None:
+        """SIGTERM to the child's process group, SIGKILL after `grace_s` (at once for 0); returns once
+        it has exited and its output is all in its log."""
         process = self.process
         if process.returncode is None:
             _signal_group(process.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
@@ -229,6 +230,9 @@ class Child:
         _signal_group(process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
         self.ready_task.cancel()
         self.transport.close()
+        # The process has exited, but its last lines (why it stopped) may still be in the pipe:
+        # stop returns once they are in its log, so whoever reads the log next reads them.
+        await self._output_done()
 
 
 async def follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
