@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -32,19 +32,42 @@ _REF_CHARACTERS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 def branch_problem(name: str) -> str | None:
     """Why `name` is not a branch name by git's ref rules, or None. A branch names a Hub ref and,
     on the local sink, a folder: "../x", "/abs" or "." must never get that far."""
-    if not name or len(name) > 255:
-        return "a branch name of 1 to 255 characters"
-    if _REF_CHARACTERS.search(name):
-        return "a branch name has no spaces, control characters or any of ~^:?*[\\"
-    if name.startswith(("-", "/")) or name.endswith(("/", ".")) or name == "@":
-        return "a branch name does not start with '-' or '/', end with '/' or '.', or equal '@'"
-    if ".." in name or "@{" in name or "//" in name:
-        return "a branch name has no '..', '@{' or '//'"
-    if any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
-        return "no part of a branch name starts with '.' or ends with '.lock'"
     if name.startswith("refs/"):
         return "a branch name, not a ref path (refs/...)"
+    return _ref_problem(name, "a branch name")
+
+
+def revision_problem(name: str) -> str | None:
+    """Why `name` is not a revision to read from the Hub (a branch, a tag, a commit sha, or a ref
+    such as `refs/pr/1` or `refs/convert/parquet`) by git's ref rules, or None. huggingface_hub has
+    no check of its own: it quotes a revision into the URL, and names a file of its cache after it
+    (`refs/<revision>`), so "../x" must be refused here, naming the field."""
+    return _ref_problem(name, "a revision")
+
+
+def _ref_problem(name: str, what: str) -> str | None:
+    if not name or len(name) > 255:
+        return f"{what} of 1 to 255 characters"
+    if _REF_CHARACTERS.search(name):
+        return f"{what} has no spaces, control characters or any of ~^:?*[\\"
+    if name.startswith(("-", "/")) or name.endswith(("/", ".")) or name == "@":
+        return f"{what} does not start with '-' or '/', end with '/' or '.', or equal '@'"
+    if ".." in name or "@{" in name or "//" in name:
+        return f"{what} has no '..', '@{{' or '//'"
+    if any(part.startswith(".") or part.endswith(".lock") for part in name.split("/")):
+        return f"no part of {what} starts with '.' or ends with '.lock'"
     return None
+
+
+def _hub_revision(value: str | None) -> str | None:
+    problem = None if value is None else revision_problem(value)
+    if problem:
+        raise ValueError(f"not a revision: {problem}")
+    return value
+
+
+# A revision a request reads a model or a dataset at, held to git's ref rules (`revision_problem`).
+HubRevision = Annotated[str | None, AfterValidator(_hub_revision)]
 
 
 class AdapterdError(Exception):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from schemas.common import HUB_ID_PATTERN, Frozen
+from schemas.common import HUB_ID_PATTERN, Frozen, HubRevision
 from schemas.locations import has_parent_segment
 
 MAX_INLINE_ROWS = 10_000
@@ -38,7 +38,7 @@ class SourceSpec(Frozen):
     id: str | None = Field(None, pattern=DATASET_ID_PATTERN, description="Hub dataset repo id; read from the Hub only, never from a local folder.")
     config: str | None = Field(None, description="Hub dataset configuration name.")
     split: str = Field("train", description="The split to read (a Hub split, or a key of `files`).")
-    revision: str | None = Field(None, description="Branch, tag or commit sha of the Hub dataset.")
+    revision: HubRevision = Field(None, description="Branch, tag or commit sha of the Hub dataset.")
     data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
         None, description="Files inside the Hub dataset repo (relative paths or globs); never an absolute path or a URL.",
     )

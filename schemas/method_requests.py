@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.common import Frozen
+from schemas.common import Frozen, HubRevision
 from schemas.request_base import MODEL_ID_PATTERN, RequestBase
 from schemas.rewards import OnlineRewards, RewardModelSpec
 from schemas.trl_fields import (
@@ -89,7 +89,7 @@ class ReferenceModelSpec(Frozen):
     share the base model's tokenizer."""
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
-    revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+    revision: HubRevision = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
 
 
 class TeacherModelSpec(ReferenceModelSpec):
