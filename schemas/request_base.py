@@ -10,11 +10,12 @@ passes on only what was set.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, branch_problem
+from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, HubRevision, branch_problem
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
@@ -36,7 +37,7 @@ class ModelSpec(ModelConfigFields):
     The loading options besides these are `trl.ModelConfig`'s own (generated: schemas/trl_fields.py)."""
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
-    revision: str | None = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+    revision: HubRevision = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = Field(False, description="Refused unless the operator's policy allows it.")
     quantization: Literal["none", "4bit", "8bit"] = Field("none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA.")
@@ -52,6 +53,8 @@ class ModelSpec(ModelConfigFields):
 
 # The most patterns one `peft` field holds (each compiled twice at intake, about 0.2 ms).
 MAX_PATTERNS = 64
+# What PEFT's `layers_pattern` names: the model's list of layers (`layers`, `h`, `model.layers`).
+_LAYERS_NAME = re.compile(r"[A-Za-z0-9_]{1,200}(?:\.[A-Za-z0-9_]{1,200}){0,15}")
 
 
 class LoraSpec(LoraConfigFields):
@@ -60,19 +63,26 @@ class LoraSpec(LoraConfigFields):
 
     @model_validator(mode="after")
     def _patterns_run(self) -> LoraSpec:
-        """PEFT reads these as regular expressions (a string `target_modules` or `exclude_modules` with
-        `re.fullmatch`, `layers_pattern` inside one, each key of `rank_pattern` and `alpha_pattern`
-        with `re.match`): each must compile with RE2 and with Python's re, judged here at intake; at
-        most MAX_PATTERNS in a field, so that compiling them stays a bounded cost of intake."""
-        for name in ("target_modules", "exclude_modules", "layers_pattern"):
-            value = getattr(self, name)
-            patterns = [value] if isinstance(value, str) else value if name == "layers_pattern" and value else []
-            if len(patterns) > MAX_PATTERNS:
-                raise ValueError(f"{name}: {len(patterns)} patterns; at most {MAX_PATTERNS}")
-            if value == "all-linear" and name == "target_modules":
-                continue  # PEFT's keyword, not a pattern
-            for pattern in patterns:
-                problem = library_pattern_problem(pattern)
+        r"""PEFT reads these as regular expressions (a string `target_modules` or `exclude_modules` with
+        `re.fullmatch`, each key of `rank_pattern` and `alpha_pattern` with `re.match`): each must
+        compile with RE2 and with Python's re, judged here at intake, and the child matches them itself
+        with RE2 before PEFT sees them (handlers/lora_patterns.py); at most MAX_PATTERNS in a field, so
+        that compiling them stays a bounded cost of intake. `layers_pattern` is pasted into a pattern
+        PEFT runs with Python's re (`(?:^|.*?\.){name}\.(\d+)\.`) on every module name: it must be
+        what PEFT's documentation says it is, the name of the model's list of layers (`layers`, `h`,
+        `model.layers`), so that nothing in it can make that match backtrack."""
+        layers = [self.layers_pattern] if isinstance(self.layers_pattern, str) else self.layers_pattern or []
+        if len(layers) > MAX_PATTERNS:
+            raise ValueError(f"layers_pattern: {len(layers)} names; at most {MAX_PATTERNS}")
+        for layer in layers:
+            if not _LAYERS_NAME.fullmatch(layer):
+                raise ValueError(f"layers_pattern: {layer[:64]!r} is not the name of a list of layers (letters, digits and '_', "
+                                 "parts joined by '.', at most 200 characters, e.g. 'layers' or 'model.layers'); a regular "
+                                 "expression is not accepted here")
+        for name in ("target_modules", "exclude_modules"):
+            value = getattr(self, name)  # a list is of module names, which PEFT compares as text
+            if isinstance(value, str) and not (name == "target_modules" and value == "all-linear"):  # PEFT's keyword
+                problem = library_pattern_problem(value)
                 if problem:
                     raise ValueError(f"{name}: {problem}")
         for name in ("rank_pattern", "alpha_pattern"):
@@ -91,9 +101,17 @@ class TrainingSpec(TrainingArgumentsFields):
 
     @model_validator(mode="after")
     def _patterns_run(self) -> TrainingSpec:
-        """transformers matches a string `optim_target_modules` with `re.fullmatch` (GaLore, APOLLO)."""
-        if isinstance(self.optim_target_modules, str):
-            problem = library_pattern_problem(self.optim_target_modules)
+        """transformers matches `optim_target_modules` with `re.fullmatch` (a string, and each item of a
+        list that is not a module name), for the GaLore and APOLLO optimizers only, after it has
+        found their packages installed: the lock has neither, so on a host installed from it no
+        request makes transformers run these. Held to the same rule as PEFT's patterns all the same
+        (at most MAX_PATTERNS, each one RE2 and Python's re compile) for a host that adds them."""
+        value = self.optim_target_modules
+        patterns = [value] if isinstance(value, str) else value or []
+        if len(patterns) > MAX_PATTERNS:
+            raise ValueError(f"optim_target_modules: {len(patterns)} patterns; at most {MAX_PATTERNS}")
+        for pattern in patterns:
+            problem = library_pattern_problem(pattern)
             if problem:
                 raise ValueError(f"optim_target_modules: {problem}")
         return self

@@ -53,7 +53,6 @@ def test_lists_and_all_linear_are_left_as_they_are() -> None:
     ({"exclude_modules": r"\pN"}, "peft.exclude_modules"),  # RE2 takes it; Python's re, which PEFT runs, does not
     ({"rank_pattern": {"(?=x)": 4}}, "peft.rank_pattern"),
     ({"alpha_pattern": {"(": 4}}, "peft.alpha_pattern"),
-    ({"layers_pattern": ["(?!x)layers"]}, "peft.layers_pattern"),
     ({"target_modules": "a" * 1001}, "peft.target_modules"),
 ])
 def test_intake_refuses_a_pattern_that_does_not_compile_naming_the_field(peft: dict[str, Any], path: str) -> None:
@@ -61,9 +60,24 @@ def test_intake_refuses_a_pattern_that_does_not_compile_naming_the_field(peft: d
     assert isinstance(decoded, Rejection) and [error.path for error in decoded.errors] == [path], decoded
 
 
-def test_intake_refuses_an_optim_target_modules_pattern_that_does_not_compile() -> None:
-    decoded = decode_request(json.dumps(sft_request("p", training={"optim_target_modules": "(?<=a)"})).encode())
+@pytest.mark.parametrize("value", ["(?<=a)", ["q_proj", "(?<=a)"], [f"x{i}" for i in range(65)]])
+def test_intake_refuses_an_optim_target_modules_pattern_that_does_not_compile(value: Any) -> None:
+    decoded = decode_request(json.dumps(sft_request("p", training={"optim_target_modules": value})).encode())
     assert isinstance(decoded, Rejection) and [error.path for error in decoded.errors] == ["training.optim_target_modules"]
+
+
+# PEFT runs `re.match(rf"(?:^|.*?\.){layers_pattern}\.(?P<idx>\d+)\.", name)` on every module name:
+# a pattern that compiles (RE2 and Python's re both take these) can still backtrack for seconds.
+@pytest.mark.parametrize("layers", ["([a-z._0-9]+)+Z", "(a|aa)+", ["layers", "h*"], "layers\\.", "", [f"l{i}" for i in range(65)]])
+def test_layers_pattern_is_a_name_not_a_pattern(layers: Any) -> None:
+    decoded = decode_request(json.dumps(sft_request("p", peft={"layers_pattern": layers, "layers_to_transform": [0]})).encode())
+    assert isinstance(decoded, Rejection) and [error.path for error in decoded.errors] == ["peft.layers_pattern"], decoded
+
+
+@pytest.mark.parametrize("layers", ["layers", "h", "model.layers", ["layers", "blocks_2"]])
+def test_layers_pattern_takes_the_names_peft_documents(layers: Any) -> None:
+    decoded = decode_request(json.dumps(sft_request("p", peft={"layers_pattern": layers, "layers_to_transform": [0]})).encode())
+    assert not isinstance(decoded, Rejection), decoded
 
 
 @pytest.mark.slow
