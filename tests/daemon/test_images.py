@@ -55,6 +55,24 @@ def test_a_truncated_png_is_caught_by_decoding_not_only_its_header() -> None:
     assert (error.path, error.message.split(":")[0]) == ("dataset.rows.1.images.0", "not a decodable image")
 
 
+def _data_uri(image: Image.Image, form: str, declared: str) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format=form)
+    return f"data:image/{declared};base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.mark.parametrize("form", ["PNG", "JPEG", "GIF", "WEBP", "BMP", "TIFF"])
+def test_the_six_formats_are_read_whatever_type_their_uri_declares(form: str) -> None:
+    image = Image.new("RGB", (16, 16), (200, 30, 30))
+    assert inline_image_errors(request(with_images(_data_uri(image, form, "jpeg"))), BOUNDS) == []
+
+
+@pytest.mark.parametrize("form", ["TGA", "PPM", "ICO"])  # Pillow reads each; a signature-less one costs it every plugin's try
+def test_other_formats_are_refused_by_their_first_bytes(form: str) -> None:
+    [error] = inline_image_errors(request(with_images(_data_uri(Image.new("RGB", (16, 16)), form, "png"))), BOUNDS)
+    assert error.path == "dataset.rows.1.images.0" and "start as no PNG, JPEG, GIF, WebP, BMP or TIFF file does" in error.message
+
+
 def test_the_operators_bounds() -> None:
     big = square((9, 9, 9), size=64)
     assert inline_image_errors(request(with_images(big)), ImageBounds(max_image_pixels=64 * 64 - 1)) == [
