@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,21 @@ class NotifySocket:
         self.sock.bind(str(path))
         self.sock.setblocking(False)
         self.lines: list[str] = []
+        self.arrivals: list[tuple[float, str]] = []  # (time.monotonic(), line) of every line `listen` took
+
+    async def listen(self) -> None:
+        """Take every line as it arrives, with its time, until cancelled (instead of `wait_for`)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            datagram = await loop.sock_recv(self.sock, 65536)
+            now = time.monotonic()
+            for line in datagram.decode().splitlines():
+                self.lines.append(line)
+                self.arrivals.append((now, line))
+
+    def watchdog_times(self) -> list[float]:
+        """When each WATCHDOG=1 that `listen` took arrived."""
+        return [at for at, line in self.arrivals if line == "WATCHDOG=1"]
 
     def environment(self, watchdog_usec: int | None = None) -> dict[str, str]:
         env = {"NOTIFY_SOCKET": str(self.path)}

@@ -2,11 +2,14 @@
 records with null, binary and forged headers, a null and a binary key, each hostile request of
 tests/hostile.py's `record_cases` (rejected naming its field), a pattern PEFT would backtrack on for
 hours (matched by the child with RE2: failed at once, naming the field), and valid requests right
-behind them that succeed. The daemon stays up throughout."""
+behind them that succeed. The daemon stays up throughout, and feeds systemd's watchdog as often as
+systemd would require: no gap between two WATCHDOG=1 as long as the period the daemon was given."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -19,13 +22,14 @@ from daemon.settings import Settings
 from schemas import Failed, Rejected, Succeeded
 from testbed.client import read_records, terminal_events
 from testbed.hub_server import HubServer
-from testbed.processes import DaemonProcess
+from testbed.processes import DaemonProcess, NotifySocket
 from tests.helpers import sft_request
 from tests.hostile import NotUtf8, python_record_builder, record_cases
 
 pytestmark = pytest.mark.slow
 
 LIMIT = 131_072  # the daemon's max_message_bytes here: the oversize case stays far under the broker's own
+WATCHDOG_S = 20  # systemd's WatchdogSec for this daemon: it feeds every 10 s, and a gap of 20 s would kill it
 
 HOSTILE_HEADERS = [("adapterd-attempt", None), ("adapterd-not-before", b"\xff\xfe"), ("adapterd-retry-signature", None),
                    ("traceparent", None), ("tracestate", b"\x80"), *((f"h{i}", None) for i in range(200))]
@@ -56,14 +60,25 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
     finally:
         await producer.stop()
 
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
+    notify = NotifySocket(tmp_path / "notify.sock")
+    listening = asyncio.create_task(notify.listen())
+    daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=WATCHDOG_S * 1_000_000)).start()
     try:
         ids = {f"record-{name}" for name, *_ in cases} | {"record-binary-key", "backtracks", "null-headers", "right-behind"}
         events = await terminal_events(settings, ids, timeout_s=300)
+        all_decided = time.monotonic()
         dead_letters = await read_records(settings, settings.dlq_topic, len(cases) + 3, timeout_s=60)
         assert daemon.process is not None and daemon.process.poll() is None, "the daemon exited"
     finally:
         daemon.stop()
+        listening.cancel()
+        notify.close()
+
+    # Fed from its first turn of the loop to past the last decision, never later than systemd allows.
+    fed = notify.watchdog_times()
+    assert "READY=1" in notify.lines and fed and fed[-1] >= all_decided - WATCHDOG_S, notify.lines
+    gaps = [later - earlier for earlier, later in zip(fed, fed[1:], strict=False)]
+    assert len(fed) >= 2 and max(gaps) < WATCHDOG_S, gaps
 
     for name, _, _, path in cases:
         terminal = events[f"record-{name}"][-1]
