@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
+import itertools
 import math
 import re
 from collections import Counter
@@ -57,25 +59,49 @@ _TOKEN_LIKE = re.compile(_TOKEN + r"{32,512}={0,2}")
 _MIN_ENTROPY = 4.3
 
 
+# A rule that starts with a literal of this many characters or more runs in the shared automaton.
+_ANCHOR = 3
+_LEADING = re.compile(r"(?:\\b|\(\?i:|\(\?:|\^)*")
+_LITERAL = re.compile(r"(?:[A-Za-z0-9_=:/ -]|\\[./-])+")
+
+
+def shares_automaton(pattern: str) -> bool:
+    """Whether a rule starts with a literal of `_ANCHOR` characters or more (after `\\b`, `^` and an
+    opening `(?i:` or `(?:`): such rules run together as one automaton, which stays small, since
+    each of its states waits on a literal. A rule that starts with a class and counts it
+    (`[0-9a-z]{32}-us[0-9]{1,2}`, `[MNO][a-zA-Z\\d_-]{23,25}\\.`) is begun again at every character of a
+    run of that class, and several of them together multiply their states: each runs apart. As one
+    automaton, detect-secrets' rules and adapterd's took 1.4 s a MiB of random letters (RE2's cache
+    filled again and again, and it fell back to its slower engine); apart, 30 ms
+    (`benchmarks.record_intake`)."""
+    rest = pattern[_LEADING.match(pattern).end():]  # type: ignore[union-attr]  # matches the empty string
+    literal = _LITERAL.match(rest)
+    return literal is not None and len(literal.group(0).replace("\\", "")) >= _ANCHOR
+
+
 class SecretScanner:
-    """Rules of credential shapes (kind → (what a rejection says, an RE2 pattern)), run as one
-    pattern, so that a string is scanned once. On RE2 (schemas/regex.py) that is one automaton,
-    about a hundred times faster than Python's re on this alternation; a producer without RE2 gets
-    the same verdicts from re for the built-in rules, since every one is bounded. The daemon adds
-    a maintained rule set to these (daemon/admission/secret_rules.py). `keys`: the rule on key
+    """Rules of credential shapes (kind → (what a rejection says, an RE2 pattern)). The rules that
+    start with a literal run as one automaton, each other rule as its own (`shares_automaton`), so
+    that no text multiplies their states: on RE2 (schemas/regex.py) a text is scanned in time linear
+    in its length, a few milliseconds a MiB whatever its letters. A producer without RE2 gets the
+    same verdicts from Python's re for the built-in rules, since every one is bounded. The daemon
+    adds a maintained rule set to these (daemon/admission/secret_rules.py). `keys`: the rule on key
     names (the built-in keywords unless given; the daemon adds detect-secrets' list)."""
 
     def __init__(self, rules: dict[str, tuple[str, str]], keys: CredentialKeys | None = None) -> None:
         self.rules = rules
         self.keys = keys or CredentialKeys()
-        alternation = "|".join(f"(?P<{name}>{pattern})" for name, (_, pattern) in rules.items())
-        self._any = compile_pattern(alternation)
-        # Over raw bytes, one search also looks for a whole string that is a token of base64's
-        # alphabet (32 to 512 characters), which may hide a credential encoded: the only strings the
-        # walk decodes (`_encoded_kind`). A longer run inside a string (an inline image's data URI)
-        # is never decoded, so it need not make the walk run. A search through the RE2 wrapper costs
-        # microseconds however short the text, so one search a message, not two.
-        self._raw = compile_pattern(f'{alternation}|"{_TOKEN}{{32,512}}={{0,2}}"'.encode())
+        self._order = {name: index for index, name in enumerate(rules)}  # a tie goes to the rule named first
+        shared = [name for name, (_, pattern) in rules.items() if shares_automaton(pattern)]
+        groups = [shared, *([name] for name in rules if name not in shared)] if shared else [[name] for name in rules]
+        alternations = ["|".join(f"(?P<{name}>{rules[name][1]})" for name in group) for group in groups]
+        self._automata = [compile_pattern(alternation) for alternation in alternations]
+        # Over raw bytes, the same automata and one more, for a whole string that is a token of
+        # base64's alphabet (32 to 512 characters), which may hide a credential encoded: the only
+        # strings `kinds` decodes. A longer run inside a string (an inline
+        # image's data URI) is never decoded, so it need not make the walk run.
+        self._raw = [compile_pattern(alternation.encode()) for alternation in alternations]
+        self._raw.append(compile_pattern(f'"{_TOKEN}{{32,512}}={{0,2}}"'.encode()))
 
     def may_hold(self, raw: bytes) -> bool:
         """False only when no string of this JSON text can look like a credential. Without a
@@ -83,44 +109,71 @@ class SecretScanner:
         bytes once (with each whole string of base64's alphabet, which may hide one encoded). JSON's escapes
         (`\\u`, `\\/`, `\\n`...) can spell or separate what a rule needs, so a text with one is
         always walked."""
-        return b"\\" in raw or self._raw.search(raw) is not None
+        return b"\\" in raw or any(automaton.search(raw) is not None for automaton in self._raw)
 
     def kind(self, value: str) -> str | None:
         """What kind of credential `value` looks like, or None."""
-        found = self._any.search(value)
-        if found is not None and found.lastgroup:
-            return self.rules[found.lastgroup][0]
-        return self._encoded_kind(value)
+        return self.kinds([value]).get(0)
 
-    def _encoded_kind(self, value: str) -> str | None:
-        """A credential hidden in base64: a whole token of that alphabet, decoded and scanned once."""
-        if not 32 <= len(value) <= 512 or not _TOKEN_LIKE.fullmatch(value):
-            return None
-        try:
-            decoded = base64.b64decode(value + "=" * (-len(value) % 4), validate=False).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            return None
-        found = self._any.search(decoded)
-        return f"{self.rules[found.lastgroup][0]}, base64-encoded" if found is not None and found.lastgroup else None
+    def kinds(self, texts: list[str]) -> dict[int, str]:
+        """What kind of credential each of `texts` looks like, by its index, for those that look
+        like one: the rules' kind, else a credential base64 hides in a whole token of that alphabet."""
+        found = {index: self.rules[name][0] for index, name in self._first_rules(texts).items()}
+        encoded = [index for index, text in enumerate(texts) if index not in found and 32 <= len(text) <= 512 and _TOKEN_LIKE.fullmatch(text)]
+        decoded = [_decoded(texts[index]) for index in encoded]
+        hidden = self._first_rules([text or "" for text in decoded])
+        found.update({encoded[at]: f"{self.rules[name][0]}, base64-encoded" for at, name in hidden.items()})
+        return found
+
+    def _first_rules(self, texts: list[str]) -> dict[int, str]:
+        """The rule each text matches first (the leftmost match; at one place, the rule named
+        first), by the text's index. The texts are searched as one, joined by newlines, so that the
+        cost is each automaton's pass over their length, not a call per text and automaton; a match
+        that reaches past its text (a rule that takes whitespace) is looked for again in each text
+        it touches alone."""
+        if not texts:
+            return {}
+        joined = "\n".join(texts)
+        starts = list(itertools.accumulate((len(text) + 1 for text in texts[:-1]), initial=0))
+        best: dict[int, tuple[int, int, str]] = {}  # index → (where in the text, the rule's order, the rule)
+
+        def keep(index: int, start: int, name: str | None) -> None:
+            if name is not None and (index not in best or (start, self._order[name]) < best[index][:2]):
+                best[index] = (start, self._order[name], name)
+
+        for automaton in self._automata:
+            position = 0
+            while position <= len(joined) and (found := automaton.search(joined, position)) is not None:
+                first = bisect.bisect_right(starts, found.start()) - 1
+                last = bisect.bisect_right(starts, max(found.end() - 1, found.start())) - 1
+                if first == last and found.end() <= starts[first] + len(texts[first]):
+                    keep(first, found.start() - starts[first], found.lastgroup)
+                else:
+                    for index in range(first, last + 1):
+                        alone = automaton.search(texts[index])
+                        if alone is not None:
+                            keep(index, alone.start(), alone.lastgroup)
+                position = starts[last] + len(texts[last]) + 1  # the next text: its first match is enough
+        return {index: name for index, (_, _, name) in best.items()}
 
     def find(self, document: Any, path: str = "") -> list[tuple[str, str]]:
         """(path, kind) of every credential-looking string in a decoded JSON document. A key that
-        looks like one is reported at its parent's path: naming it would repeat the secret."""
+        looks like one is reported at its parent's path, and what it holds is not looked at: naming
+        it would repeat the secret."""
+        entries: list[tuple[str, str, int | None]] = []  # (path, text, for a key: the entry past its value)
+        _strings(document, path, entries)
+        kinds = self.kinds([text for _, text, _ in entries])
         found: list[tuple[str, str]] = []
-        if isinstance(document, str):
-            kind = self.kind(document)
-            if kind:
-                found.append((path, kind))
-        elif isinstance(document, dict):
-            for key, value in document.items():
-                key_kind = self.kind(str(key))
-                if key_kind:
-                    found.append((f"{path}.<key>" if path else "<key>", key_kind))
+        index = 0
+        while index < len(entries):
+            where, _, past_value = entries[index]
+            kind = kinds.get(index)
+            if kind is not None:
+                found.append((where, kind))
+                if past_value is not None:
+                    index = past_value
                     continue
-                found += self.find(value, f"{path}.{key}" if path else str(key))
-        elif isinstance(document, list):
-            for index, item in enumerate(document):
-                found += self.find(item, f"{path}.{index}" if path else str(index))
+            index += 1
         return found
 
     def in_metadata(self, document: Any) -> list[tuple[str, str]]:
@@ -151,6 +204,29 @@ def high_entropy(value: str) -> bool:
     counts = Counter(value)
     entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
     return entropy >= _MIN_ENTROPY
+
+
+def _strings(document: Any, path: str, entries: list[tuple[str, str, int | None]]) -> None:
+    """Every string of a decoded JSON document, keys included, in order, as `find` reports them."""
+    if isinstance(document, str):
+        entries.append((path, document, None))
+    elif isinstance(document, dict):
+        for key, value in document.items():
+            at = len(entries)
+            entries.append((f"{path}.<key>" if path else "<key>", str(key), None))
+            _strings(value, f"{path}.{key}" if path else str(key), entries)
+            entries[at] = (*entries[at][:2], len(entries))
+    elif isinstance(document, list):
+        for index, item in enumerate(document):
+            _strings(item, f"{path}.{index}" if path else str(index), entries)
+
+
+def _decoded(token: str) -> str | None:
+    """A whole token of base64's alphabet, decoded, when it decodes to text."""
+    try:
+        return base64.b64decode(token + "=" * (-len(token) % 4), validate=False).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
 
 
 # The built-in rules, for producers (and the daemon's base).
