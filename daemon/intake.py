@@ -74,6 +74,12 @@ class Intake:
         outgoing: list[Outgoing] = []
         last_rejected: int | None = None
         for index, record in enumerate(records):
+            # The loop's turn between two records: a batch of records decided without one (a small
+            # record is decided on the loop, and a rejection awaits nothing until the flush) would
+            # hold heartbeats and the watchdog for the whole batch.
+            await asyncio.sleep(0)
+            if tp not in self.partitions.assigned():
+                break  # it moved to another member during the turn: the records are that member's now
             if self.scheduler.holds(tp):
                 break  # stale records of a held partition: it is read again from where it was held
             try:

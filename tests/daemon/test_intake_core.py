@@ -79,3 +79,41 @@ async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fail
     core.producer.release(ConnectionError("the broker went away"))
     await core.partitions.settled(tp)
     assert core.consumer.commits == [(tp, first[-1].offset + 1)]  # the second batch is read again after a restart
+
+
+async def test_the_loop_turns_between_records_of_a_batch(settings: Settings) -> None:
+    """A batch of small records that are all rejected awaits nothing but the flush at its end; the
+    loop's other work (aiokafka's heartbeats, the watchdog's feeding) gets a turn between records."""
+    core = Core(settings, FakeProducer())
+    tp = TopicPartition(settings.requests_topic, 0)
+    records = [FakeRecord(tp.topic, 0, offset, b"k", b"{not json") for offset in range(50)]
+    turns = [0]
+
+    async def other_work() -> None:  # what the loop does beside intake, one step a turn
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+
+    beside = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    before = turns[0]
+    await core.intake.take(tp, records)
+    beside.cancel()
+    assert turns[0] - before >= len(records)  # a turn for each record, not one for the batch
+    assert len(core.dead_letters()) == len(records)
+
+
+async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(settings: Settings) -> None:
+    core = Core(settings, FakeProducer())
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(10)]
+
+    async def rebalance() -> None:  # a rebalance that moves the partition away after three of intake's turns
+        for _ in range(3):
+            await asyncio.sleep(0)
+        del core.consumer.committed[core.tp]
+
+    moving = asyncio.create_task(rebalance())
+    await core.intake.take(core.tp, records)
+    await moving
+    decided = len(core.dead_letters())
+    assert 0 < decided < len(records)  # those taken before it moved were decided; none after
