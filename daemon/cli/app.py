@@ -1,4 +1,9 @@
-"""The `adapterd` command line: run the daemon; submit, validate, follow and cancel requests; see a host's status; run the demo."""
+"""The `adapterd` command line: run the daemon; submit, validate, follow and cancel requests; see a host's status; run the demo.
+
+Exit codes, the same for every command: 0 done; 1 the request, the job or a service failed what was
+asked (an invalid request, a job that did not succeed, a broker or daemon that does not answer);
+2 a usage or configuration error (an unknown option, a file that cannot be read, bad settings).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ import json
 import signal
 import sys
 import urllib.request
+from collections.abc import Coroutine
+from importlib.metadata import version as installed_version
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from aiokafka import AIOKafkaProducer
@@ -29,9 +36,34 @@ from schemas import (
     decode_request,
 )
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream.")
+app = typer.Typer(no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.")
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (or $ADAPTERD_CONFIG).")]
+# A request file: one that does not exist or cannot be read is a usage error (2), said without a traceback.
+RequestFile = Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A request as JSON.")]
+T = TypeVar("T")
+
+
+def _show_version(shown: bool) -> None:
+    if shown:
+        typer.echo(f"adapterd {installed_version('adapterd')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")] = False,
+) -> None:
+    """Run TRL post-training jobs from a Kafka stream."""
+
+
+def _with_kafka(settings: Settings, work: Coroutine[Any, Any, T]) -> T:
+    """Run `work`; a broker that does not answer ends the command with one line and exit 1, not a traceback."""
+    try:
+        return asyncio.run(work)
+    except KafkaError as exc:
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def _settings(config: Path | None) -> Settings:
@@ -52,7 +84,7 @@ def _read_request(file: Path) -> RequestBase:
         typer.echo(f"{file}: not a valid request ({decoded.reason}):", err=True)
         for error in decoded.errors:
             typer.echo(f"  {error.path or '(message)'}: {error.message}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(1)
     return decoded
 
 
@@ -82,15 +114,30 @@ def run(config: ConfigOption = None) -> None:
 
 
 @app.command()
-def validate(file: Path) -> None:
-    """Check a request file against the schema, without publishing it."""
+def validate(
+    file: RequestFile,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge it by this host's settings (policy, bounds, GPUs), as its daemon would.")] = None,
+) -> None:
+    """Check a request file against the schema, without publishing it; exit 1 when it is not valid."""
     request = _read_request(file)
-    typer.echo(f"{file}: valid {request.method} request {request.request_id}")
+    if config is not None:
+        from daemon.intake import Intake
+        from daemon.jobs.slots import Slots, discover_gpus
+
+        settings = _settings(config)
+        intake = Intake(settings, None, None, None, Slots(discover_gpus(settings.gpus), settings.job_slots))  # type: ignore[arg-type]  # judges only
+        refused = asyncio.run(intake.judged(request))
+        if refused is not None:
+            typer.echo(f"{file}: valid, but {config} refuses it ({refused.reason}):", err=True)
+            for error in refused.errors:
+                typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
+            raise typer.Exit(1)
+    typer.echo(f"{file}: valid {request.method} request {request.request_id}" + (f", and {config} would take it" if config else ""))
 
 
 @app.command()
 def submit(
-    file: Path,
+    file: RequestFile,
     config: ConfigOption = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")] = False,
 ) -> None:
@@ -101,8 +148,8 @@ def submit(
     async def publish() -> int:
         async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
             producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-            await producer.start()
             try:
+                await producer.start()
                 meta = await producer.send_and_wait(
                     settings.requests_topic, request.model_dump_json(exclude_unset=True).encode(), key=request.request_id.encode()
                 )
@@ -113,7 +160,7 @@ def submit(
                 return 0
             return await follow_to_end(stream, request.request_id)
 
-    raise typer.Exit(asyncio.run(publish()))
+    raise typer.Exit(_with_kafka(settings, publish()))
 
 
 @app.command()
@@ -130,7 +177,7 @@ def events(
             async for event in stream.events(request_id, until_terminal=False, follow=follow):
                 typer.echo(event.model_dump_json())
 
-    asyncio.run(read())
+    _with_kafka(settings, read())
 
 
 @app.command()
@@ -149,14 +196,14 @@ def cancel(
 
     async def publish() -> None:
         producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-        await producer.start()
         try:
+            await producer.start()
             await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
         finally:
             await producer.stop()
         typer.echo(f"cancel of {request_id} sent to {settings.control_topic}")
 
-    asyncio.run(publish())
+    _with_kafka(settings, publish())
 
 
 @app.command()
@@ -196,7 +243,7 @@ def topics(
     from daemon.kafka.topics import ensure_topics
 
     settings = _settings(config)
-    asyncio.run(ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
+    _with_kafka(settings, ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
     typer.echo(f"topics ready: {settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}")
 
 
@@ -214,11 +261,14 @@ def methods() -> None:
 
 
 @app.command()
-def schema() -> None:
-    """Print the JSON Schemas of requests and events."""
+def schema(
+    which: Annotated[Literal["request", "event", "control"] | None, typer.Argument(help="One schema; all three when left out.")] = None,
+) -> None:
+    """Print the JSON Schemas of requests, events and control messages (schemas/json/)."""
     from schemas.jsonschema import generated_schemas
 
-    typer.echo(json.dumps({name: json.loads(text) for name, text in generated_schemas().items()}, indent=2))
+    schemas = {name: json.loads(text) for name, text in generated_schemas().items()}
+    typer.echo(json.dumps(schemas if which is None else schemas[f"{which}.schema.json"], indent=2))
 
 
 app.add_typer(convert_app, name="convert")

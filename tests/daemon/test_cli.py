@@ -36,7 +36,7 @@ def test_validate_names_each_bad_field(tmp_path: Path) -> None:
     request = sft_request("cli-bad")
     request["peft"] = {"r": 0, "alpha": 3}
     result = runner.invoke(app, ["validate", str(write(tmp_path, request))])
-    assert result.exit_code == 2
+    assert result.exit_code == 1  # the request failed the check; 2 is for usage errors
     assert "peft.r:" in result.output and "peft.alpha: unknown field" in result.output
 
 
@@ -49,7 +49,7 @@ def test_validate_names_a_refused_trl_field_and_why(tmp_path: Path, block: str, 
     request = sft_request("cli-refused")
     request[block] = {field: "/etc/x"}
     result = runner.invoke(app, ["validate", str(write(tmp_path, request))])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     [line] = [line.strip() for line in result.output.splitlines() if line.strip().startswith(f"{block}.{field}:")]
     assert all(name in line for name in names), line
 
@@ -90,3 +90,47 @@ def test_methods_lists_what_this_trl_can_run() -> None:
     assert "available" in lines["sft"] and "available" in lines["distillation"]
     assert all("experimental" in lines[name] for name in ("orpo", "cpo", "gkd", "online_dpo"))
     assert "unavailable: method ppo needs trl>=1.10,<1.13" in lines["ppo"]
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"adapterd {version('adapterd')}"
+
+
+def test_a_request_file_that_is_not_there_is_a_usage_error_without_a_traceback(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "validate", str(tmp_path / "missing.json")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_validate_with_a_hosts_settings_judges_the_request_as_its_daemon_would(tmp_path: Path) -> None:
+    host = tmp_path / "host.toml"
+    host.write_text(f'allowed_local_model_roots = ["{tmp_path / "models"}"]\n')
+    outside = write(tmp_path, sft_request("cli-host", model={"id": "/etc/models/x"}))
+    result = runner.invoke(app, ["validate", str(outside), "--config", str(host)])
+    assert result.exit_code == 1 and "model.id: local path /etc/models/x is outside allowed_local_model_roots" in result.output
+    inside = write(tmp_path, sft_request("cli-host", model={"id": str(tmp_path / "models" / "x")}))
+    result = runner.invoke(app, ["validate", str(inside), "--config", str(host)])
+    assert result.exit_code == 0 and f"and {host} would take it" in result.output, result.output
+    assert runner.invoke(app, ["validate", str(inside)]).exit_code == 0  # without --config: the schema alone
+
+
+@pytest.mark.parametrize("which", ["request", "event", "control"])
+def test_schema_prints_the_one_asked_for(which: str) -> None:
+    result = runner.invoke(app, ["schema", which])
+    assert result.exit_code == 0 and json.loads(result.output)["$id"].endswith(f"/{which}.schema.json")
+
+
+@pytest.mark.parametrize("command", [["cancel", "some-request"], ["events"], ["topics"], ["submit", "REQUEST"]])
+def test_a_broker_that_does_not_answer_is_one_line_and_exit_1(command: list[str], tmp_path: Path) -> None:
+    request = write(tmp_path, sft_request("cli-nobroker"))
+    config = tmp_path / "host.toml"
+    config.write_text('bootstrap_servers = "127.0.0.1:9"\n')  # the discard port: nothing listens there
+    argv = [str(request) if part == "REQUEST" else part for part in command]
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", *argv, "--config", str(config)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "adapterd: Kafka at 127.0.0.1:9:" in result.stderr and "Traceback" not in result.stderr
+    assert "Unclosed AIOKafkaProducer" not in result.stderr
