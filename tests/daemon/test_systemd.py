@@ -42,6 +42,7 @@ def test_unit_file_asks_for_what_the_daemon_does() -> None:
     unit = unit_directives()
     assert unit["Type"] == ["notify"] and unit["NotifyAccess"] == ["main"] and unit["WatchdogSec"]
     assert unit["Restart"] == ["on-failure"] and unit["KillMode"] == ["mixed"]
+    assert unit["RestartPreventExitStatus"] == ["2"]  # what `run` exits with on bad settings: never restarted for ever
     assert int(unit["TimeoutStopSec"][0]) > 60  # the default drain_timeout_s, for checkpoints
     assert unit["LoadCredential"] == ["hub-token:/etc/adapterd/hub-token"]
     assert "ADAPTERD_HUB_TOKEN_FILE=%d/hub-token" in unit["Environment"]
