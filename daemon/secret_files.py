@@ -1,7 +1,8 @@
-"""The settings source that reads the daemon's secrets from the files the operator names."""
+"""The settings sources of the daemon's secrets: the files the operator names, and $HF_TOKEN."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,31 @@ class SecretFilesSource(PydanticBaseSettingsSource):
             except OSError as exc:
                 raise ConfigError(f"invalid settings: {secret}_file: cannot read {path}: {exc.strerror}") from exc
         return found
+
+
+class HfTokenSource(PydanticBaseSettingsSource):
+    """`hub_token` from $HF_TOKEN, huggingface_hub's own variable (what someone who ran
+    `hf auth login` or exported a token expects the tools to use), when the operator named no token
+    of adapterd's (neither `hub_token` nor `hub_token_file`): before, such a daemon gave its jobs no
+    token and put every artifact in the local sink without a word. The start-up line
+    `daemon.started` says the sink and where its token came from (`token_from`)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # not used: __call__ reads the variable
+
+    def __call__(self) -> dict[str, Any]:
+        token = os.environ.get("HF_TOKEN", "").strip()
+        if token and self.current_state.get("hub_token") is None and not self.current_state.get("hub_token_file"):
+            return {"hub_token": token}
+        return {}
+
+
+def token_from(settings: Any) -> str | None:
+    """Where the daemon's Hub token came from, for the start-up log; None without one (the local sink)."""
+    if settings.hub_token is None:
+        return None
+    if settings.hub_token_file is not None:
+        return f"hub_token_file {settings.hub_token_file}"
+    if "ADAPTERD_HUB_TOKEN" not in os.environ and os.environ.get("HF_TOKEN", "").strip() == settings.hub_token.get_secret_value():
+        return "HF_TOKEN"
+    return "hub_token"

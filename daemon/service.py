@@ -36,6 +36,7 @@ from daemon.kafka.unreadable import CarefulReader
 from daemon.ops import metrics
 from daemon.ops.http_server import HttpEndpoint
 from daemon.ops.systemd import Notifier
+from daemon.secret_files import token_from
 from daemon.settings import Settings
 
 log = structlog.get_logger()
@@ -85,9 +86,12 @@ class Service:
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
             self.consumer.subscribe([self.settings.requests_topic], listener=RebalanceListener(self._on_assigned))
             await self.consumer.start()
+            token = token_from(self.settings)
             log.info(
                 "daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id,
                 gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(),
+                sink="local" if token is None else "hub",
+                **({"outputs": str(self.settings.work_dir / "outputs")} if token is None else {"hub": self.settings.hub_endpoint, "token_from": token}),
             )
             try:
                 await self._poll_until_stopped()

@@ -20,7 +20,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
-from daemon.secret_files import SecretFilesSource
+from daemon.secret_files import HfTokenSource, SecretFilesSource
 from schemas.images import ImageBounds
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
@@ -146,7 +146,7 @@ class Settings(BaseSettings):
 
     # Hub
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
-    hub_token: SecretStr | None = Field(None, description="Without one, artifacts go to the local sink under work_dir/outputs.")
+    hub_token: SecretStr | None = Field(None, description="Without one (nor hub_token_file, nor $HF_TOKEN), artifacts go to the local sink under work_dir/outputs.")
     hub_token_file: Path | None = Field(None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=).")
     hub_push_attempts: int = Field(5, ge=1)
     hub_timeout_s: float = Field(120.0, gt=0, description="A Hub call without an answer for this long fails, and is retried.")
@@ -226,7 +226,8 @@ class Settings(BaseSettings):
         config_file = _CONFIG_FILE.get() or os.environ.get("ADAPTERD_CONFIG")
         if config_file:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
-        sources.append(SecretFilesSource(settings_cls))  # last: it reads the *_file values the others found
+        sources.append(SecretFilesSource(settings_cls))  # it reads the *_file values the others found
+        sources.append(HfTokenSource(settings_cls))  # last: $HF_TOKEN only when no source above named a token
         return tuple(sources)
 
 

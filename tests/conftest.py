@@ -16,6 +16,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # gcsfs asks each bucket's type over gRPC, which the GCS emulator does not answer (every call would
 # wait 60 s); set before gcsfs is imported, here and in the daemons and children the tests start.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+# A token in the developer's environment would make every daemon and Settings here push to the
+# Hub (daemon/secret_files.py reads $HF_TOKEN when no token is configured): the tests name theirs.
+os.environ.pop("HF_TOKEN", None)
 
 import json
 import uuid

@@ -103,3 +103,25 @@ def test_secret_files_named_in_the_toml_file_and_a_given_secret_wins(tmp_path: P
 def test_an_unreadable_secret_file_names_the_setting_and_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"sasl_password_file: cannot read .*missing: No such file or directory"):
         Settings(sasl_password_file=tmp_path / "missing")
+
+
+def test_hf_token_is_the_hub_token_when_the_operator_named_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon.secret_files import token_from
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert Settings().hub_token is None and token_from(Settings()) is None  # the local sink
+    monkeypatch.setenv("HF_TOKEN", "hf_from_login\n")
+    settings = Settings()
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_login"
+    assert token_from(settings) == "HF_TOKEN"
+    # A token of adapterd's own, in a file or in its variable, wins over it.
+    (tmp_path / "hub-token").write_text("hf_from_file\n")
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN_FILE", str(tmp_path / "hub-token"))
+    settings = Settings()
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_file"
+    assert token_from(settings) == f"hub_token_file {tmp_path / 'hub-token'}"
+    monkeypatch.delenv("ADAPTERD_HUB_TOKEN_FILE")
+    monkeypatch.setenv("ADAPTERD_HUB_TOKEN", "hf_from_adapterd")
+    settings = Settings()
+    assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_adapterd"
+    assert token_from(settings) == "hub_token"
