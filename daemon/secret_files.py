@@ -51,7 +51,9 @@ class HfTokenSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         token = os.environ.get("HF_TOKEN", "").strip()
-        if token and self.current_state.get("hub_token") is None and not self.current_state.get("hub_token_file"):
+        # A `hub_token` given at all, even as None (the demo's Settings(hub_token=None): the local sink), is the
+        # caller's word on it.
+        if token and "hub_token" not in self.current_state and not self.current_state.get("hub_token_file"):
             return {"hub_token": token}
         return {}
 

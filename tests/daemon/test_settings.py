@@ -114,6 +114,7 @@ def test_hf_token_is_the_hub_token_when_the_operator_named_none(tmp_path: Path, 
     settings = Settings()
     assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_login"
     assert token_from(settings) == "HF_TOKEN"
+    assert Settings(hub_token=None).hub_token is None  # the demo's: the local sink, whatever the environment holds
     # A token of adapterd's own, in a file or in its variable, wins over it.
     (tmp_path / "hub-token").write_text("hf_from_file\n")
     monkeypatch.setenv("ADAPTERD_HUB_TOKEN_FILE", str(tmp_path / "hub-token"))
