@@ -17,6 +17,7 @@ same decoder the daemon uses (`schemas.decode_request`) before it is handed back
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import typing
@@ -69,6 +70,11 @@ def _literals(annotation: Any) -> list[str]:
     if typing.get_origin(annotation) is typing.Literal:
         return [value for value in typing.get_args(annotation) if isinstance(value, str)]
     return [value for argument in typing.get_args(annotation) for value in _literals(argument)]
+
+
+# How close an unknown key must be to a known one to be taken for its typo (difflib's ratio):
+# learning_rat is 0.96 from learning_rate; max_sequence_len, 0.54 from max_length, is not one.
+TYPO_CUTOFF = 0.85
 
 
 class _Converter(Ledger):
@@ -219,7 +225,15 @@ class _Converter(Ledger):
         return f"training.{key}" if key in self.training_fields else f"{self.method}.{key}"
 
     def unknown(self, key: str) -> None:
+        """A key no config of this TRL has: a typo of one it has is an error naming that one (leaving
+        it out would train with the default the file meant to change); any other is left out, named."""
         version = f"{self.section['package']} {self.section['version']}"
+        known = [*self.training_fields, *self.method_fields, *self.model_fields, *MODEL_CONFIG_PATHS]
+        meant = difflib.get_close_matches(key, known, n=1, cutoff=TYPO_CUTOFF)
+        if meant:
+            self.errors.append(FieldError(path=self.request_path(meant[0]), message=(
+                f"the file's key {key!r} is unknown to {version}'s {self.config_class}; did you mean {meant[0]!r}?")))
+            return
         self.dropped.append(Dropped(key, f"unknown to {version}'s {self.config_class}, ModelConfig and script arguments "
                                          "(trl's CLI passes such keys to `accelerate launch`)"))
 

@@ -152,6 +152,18 @@ def test_a_key_unknown_to_trl_is_named(tmp_path: Path) -> None:
         assert key not in json.dumps(request)
 
 
+@pytest.mark.parametrize(("typo", "meant", "path"), [
+    ("learning_rat", "learning_rate", "training.learning_rate"),
+    ("per_device_train_batch_siz", "per_device_train_batch_size", "training.per_device_train_batch_size"),
+    ("dataset_text_fild", "dataset_text_field", "sft.dataset_text_field"),
+])
+def test_a_typo_of_a_known_key_is_an_error_naming_the_key_it_meant(tmp_path: Path, typo: str, meant: str, path: str) -> None:
+    code, request, stderr = convert(tmp_path, "sft.yaml", SFT_YAML + f"{typo}: 7\n", "--request-id", "x")
+    assert code == 1 and request is None  # not a request that trains with the default the file meant to change
+    assert any(line.strip() == f"{path}: the file's key {typo!r} is unknown to trl {CONTRACT['sft']['version']}'s SFTConfig; "
+               f"did you mean {meant!r}?" for line in stderr), stderr
+
+
 # An SFT recipe as the alignment-handbook wrote them for trl 0.x and transformers 4.x.
 OLD_SFT_YAML = """\
 model_name_or_path: Qwen/Qwen2.5-0.5B
