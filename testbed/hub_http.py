@@ -105,7 +105,12 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         if path == "/api/validate-yaml" and self.command == "POST":
             return self._validate_card(json.loads(self._body())["content"])
         if path == "/api/whoami-v2":
-            return self._send(200, {"type": "user", "name": "adapterd-test", "orgs": [], "auth": {}})
+            if not hub.tokens:
+                return self._send(200, {"type": "user", "name": "adapterd-test", "orgs": [], "auth": {}})
+            token = self.headers.get("authorization", "").removeprefix("Bearer ")
+            if token not in hub.tokens:
+                return self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
+            return self._send(200, hub.tokens[token])
         if match := API.match(raw_path):
             kind, repo_id, action, revision, rest = (unquote(part) if part is not None else None for part in match.groups())
             assert kind is not None and repo_id is not None

@@ -74,6 +74,9 @@ class HubState:
     faults: list[Fault] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # Tokens the Hub knows, each with what `whoami` says of it; while empty, every request is one
+    # user's (adapterd-test), whatever its token, as most tests need.
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # What tests inspect and arrange.
 

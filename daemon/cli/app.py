@@ -234,6 +234,18 @@ def status(
 
 
 @app.command()
+def doctor(config: ConfigOption = None) -> None:
+    """Check this host before it takes work: Kafka, the topics, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
+    from daemon.cli.doctor import examine
+
+    settings = _settings(config)
+    found = asyncio.run(examine(settings))
+    for check in found:
+        typer.echo(check.line())
+    raise typer.Exit(1 if any(check.ok is False for check in found) else 0)
+
+
+@app.command()
 def topics(
     config: ConfigOption = None,
     partitions: Annotated[int, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots.")] = 1,

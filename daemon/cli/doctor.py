@@ -1,0 +1,134 @@
+"""`adapterd doctor`: a host checked before it takes work, one line a check.
+
+What an operator otherwise learns only from a job that fails after training: a broker it cannot
+reach, a topic nobody created, a Hub token that is wrong or cannot write where requests push, no
+GPU, a work folder it cannot write or a disk nearly full. Each check says what it found; a check
+that fails says what to do. The settings themselves are checked by loading them (exit 2 on a bad
+one, as `run` does). Run it when a host is set up or changed (deploy/README.md), not from the unit's
+`ExecStartPre=`: a Hub or broker outage would then keep every host from starting, where a running
+daemon waits for the broker and retries a push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from daemon.jobs.slots import discover_gpus
+from daemon.kafka.options import kafka_options
+from daemon.settings import Settings
+
+# Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
+# model's files need several GiB.
+MIN_FREE_BYTES = 10 * 2**30
+KAFKA_TIMEOUT_S = 15.0
+# Roles in an organization that may push to it (whoami's `roleInOrg`).
+WRITE_ROLES = {"admin", "write", "contributor"}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the doctor's report; `ok` None: nothing to check here (said, not failed)."""
+
+    name: str
+    ok: bool | None
+    detail: str
+
+    def line(self) -> str:
+        mark = {True: "ok  ", False: "FAIL", None: "--  "}[self.ok]
+        return f"{mark} {self.name:<7} {self.detail}"
+
+
+async def examine(settings: Settings) -> list[Check]:
+    """Every check, in the order an operator mends them."""
+    kafka, topics = await _kafka(settings)
+    return [kafka, topics, await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
+
+
+async def _kafka(settings: Settings) -> tuple[Check, Check]:
+    names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic]
+    admin = AIOKafkaAdminClient(**kafka_options(settings), request_timeout_ms=int(KAFKA_TIMEOUT_S * 1000))
+    try:
+        async with asyncio.timeout(KAFKA_TIMEOUT_S):
+            await admin.start()
+            described = await admin.describe_topics(names)
+    except (KafkaError, TimeoutError, OSError) as exc:
+        reason = str(exc) or type(exc).__name__  # aiokafka's errors name their class themselves
+        return (Check("kafka", False, f"no broker answers at {settings.bootstrap_servers}: {reason}"),
+                Check("topics", None, "not checked: Kafka does not answer"))
+    finally:
+        await admin.close()
+    partitions = {entry["topic"]: len(entry["partitions"]) for entry in described if entry.get("partitions")}
+    missing = [name for name in names if name not in partitions]
+    kafka = Check("kafka", True, f"{settings.bootstrap_servers} answers")
+    if missing:
+        return kafka, Check("topics", False, f"missing: {', '.join(missing)}; create them (adapterd topics --partitions N)")
+    return kafka, Check("topics", True, ", ".join(f"{name} ({partitions[name]} partitions)" for name in names))
+
+
+def _hub(settings: Settings) -> Check:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if settings.hub_token is None:
+        return Check("hub", None, f"no token: artifacts go to the local sink, {settings.work_dir / 'outputs'}")
+    try:
+        who = HfApi(endpoint=settings.hub_endpoint, token=settings.hub_token.get_secret_value()).whoami()
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status in (401, 403):
+            return Check("hub", False, f"{settings.hub_endpoint} refuses the token (HTTP {status}): replace it")
+        return Check("hub", False, f"{settings.hub_endpoint} answered {status}: {str(exc).splitlines()[0]}")
+    except OSError as exc:
+        return Check("hub", False, f"{settings.hub_endpoint} does not answer: {exc}")
+    name = who.get("name", "?")
+    role = (who.get("auth") or {}).get("accessToken", {}).get("role")
+    if role == "read":
+        return Check("hub", False, f"the token of {name} is a read token: it cannot push; use one with write access")
+    roles = {org.get("name"): org.get("roleInOrg") for org in who.get("orgs") or []}
+    cannot = [namespace for namespace in settings.allowed_output_namespaces
+              if namespace != name and (namespace not in roles or (roles[namespace] is not None and roles[namespace] not in WRITE_ROLES))]
+    if cannot:
+        return Check("hub", False, f"the token is {name}'s, who cannot write to {', '.join(cannot)} (allowed_output_namespaces)")
+    namespaces = ", ".join(settings.allowed_output_namespaces) or "any namespace the token can write"
+    return Check("hub", True, f"token of {name}{f' ({role})' if role else ''}; pushes to {namespaces}")
+
+
+def _gpus(settings: Settings) -> Check:
+    gpus = discover_gpus(settings.gpus)
+    if not gpus:
+        return Check("gpus", None, f"none: jobs run on the CPU, {settings.job_slots} at a time")
+    return Check("gpus", True, f"{len(gpus)}: {', '.join(gpus)}")
+
+
+def _disk(settings: Settings) -> Check:
+    existing = next((path for path in (settings.work_dir, *settings.work_dir.parents) if path.exists()), Path("/"))
+    if existing == settings.work_dir and not os.access(existing, os.W_OK):
+        return Check("disk", False, f"{existing} is not writable by this user")
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        return Check("disk", False, f"{free / 2**30:.1f} GiB free under {existing}; a job needs {MIN_FREE_BYTES / 2**30:.0f} GiB or more")
+    return Check("disk", True, f"{free / 2**30:.0f} GiB free under {existing}")
+
+
+def _daemon(settings: Settings) -> Check:
+    if not settings.metrics_address:
+        return Check("daemon", None, "metrics_address is off: a running daemon cannot be asked")
+    url = f"http://{settings.metrics_address}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            health = json.load(response)
+    except urllib.error.HTTPError as exc:  # 503: it runs, and says it is not healthy
+        return Check("daemon", False, f"running but unhealthy at {url}: {exc.read().decode(errors='replace')[:300]}")
+    except OSError:
+        return Check("daemon", None, f"none answers at {url} (not running here)")
+    return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}")
