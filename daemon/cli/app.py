@@ -31,6 +31,7 @@ from daemon.ops.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
     Cancel,
+    Event,
     Rejection,
     RequestBase,
     decode_request,
@@ -178,6 +179,68 @@ def events(
                 typer.echo(event.model_dump_json())
 
     _with_kafka(settings, read())
+
+
+@app.command()
+def jobs(
+    config: ConfigOption = None,
+    state: Annotated[list[str] | None, typer.Option("--state", help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.")] = None,
+    method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
+    host: Annotated[str | None, typer.Option(help="Only requests whose latest event came from this host.")] = None,
+    since: Annotated[str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")] = None,
+) -> None:
+    """Every request's latest state across the fleet, from the events topic; newest last."""
+    from datetime import UTC, datetime
+
+    from daemon.cli.jobs import HEADER, STATES, age, fold
+
+    settings = _settings(config)
+    unknown = sorted(set(state or []) - set(STATES))
+    if unknown:
+        typer.echo(f"adapterd: --state: {', '.join(unknown)} is not a state; one of {', '.join(STATES)}", err=True)
+        raise typer.Exit(2)
+    try:
+        within = age(since) if since is not None else None
+    except ValueError as exc:
+        typer.echo(f"adapterd: --since: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+    async def read() -> list[Event]:
+        async with EventStream(settings) as stream:
+            return [event async for event in stream.events(until_terminal=False, follow=False)]
+
+    now = datetime.now(UTC)
+    listed = [job for job in fold(_with_kafka(settings, read())).values()
+              if (not state or job.state in state) and (method is None or job.method == method) and (host is None or job.host == host)
+              and (within is None or now - job.last <= within)]
+    typer.echo(HEADER)
+    for job in sorted(listed, key=lambda job: job.last):
+        typer.echo(job.line(now))
+
+
+@app.command()
+def get(request_id: str, config: ConfigOption = None) -> None:
+    """One request's whole history, event by event, and where it stands; exit 1 when it has no events."""
+    from daemon.cli.console import describe
+    from daemon.cli.jobs import fold
+
+    settings = _settings(config)
+
+    async def read() -> list[Event]:
+        async with EventStream(settings) as stream:
+            return [event async for event in stream.events(request_id, until_terminal=False, follow=False)]
+
+    history = _with_kafka(settings, read())
+    if not history:
+        typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}", err=True)
+        raise typer.Exit(1)
+    last_progress = max((index for index, event in enumerate(history) if event.type == "progress"), default=None)
+    for index, event in enumerate(history):
+        if event.type == "progress" and index != last_progress:
+            continue  # one line a step would bury the rest: the latest is shown
+        typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
+    job = fold(history)[request_id]
+    typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
 
 
 @app.command()

@@ -1,0 +1,105 @@
+"""`adapterd jobs` and `adapterd get`: where every request stands across the fleet, from the events topic.
+
+The events topic already holds every request's whole history, from every host, and is what
+consumers read; the latest state of a request is its last event. So both verbs read it from its
+beginning to its end as of the call and fold the events by request id, rather than the daemon
+keeping a compacted state topic beside it: that would be one more topic to create, to size and to
+keep true under the same faults, for a listing that reading the events gives already. What it
+costs: a request older than the events topic's retention is not listed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from schemas import Event
+
+# The state a request is in after each event type.
+STATE_AFTER = {
+    "accepted": "queued", "retrying": "queued", "started": "running", "progress": "running", "checkpoint": "running",
+    "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled", "rejected": "rejected",
+}
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
+_AGE = re.compile(r"(\d+)([smhd])")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+@dataclass
+class Job:
+    """One request as its events say it is now."""
+
+    request_id: str
+    state: str
+    method: str | None
+    host: str
+    attempt: int
+    since: datetime  # its first event
+    last: datetime  # its latest event
+    detail: str
+    events: int
+
+    def line(self, now: datetime) -> str:
+        return (f"{self.request_id:<28} {self.state:<10} {self.method or '-':<12} {self.host:<16} {self.attempt:>3} "
+                f"{_ago(now - self.last):>8}  {self.detail}")
+
+
+HEADER = f"{'REQUEST':<28} {'STATE':<10} {'METHOD':<12} {'HOST':<16} {'TRY':>3} {'LAST':>8}  DETAIL"
+
+
+def fold(events: Iterable[Event]) -> dict[str, Job]:
+    """Each request's latest state, from its events in the order they were published."""
+    jobs: dict[str, Job] = {}
+    for event in events:
+        if event.request_id is None:
+            continue  # a rejected message whose id could not be read: no request to list
+        job = jobs.get(event.request_id)
+        if job is None or (event.type == "accepted" and job.state in ("succeeded", "failed", "cancelled", "rejected")):
+            job = jobs[event.request_id] = Job(event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0)
+        if event.type == "succeeded" and getattr(event, "duplicate", False) and job.state == "succeeded":
+            job.events += 1
+            continue  # a redelivered request's repeat: the same outcome
+        job.state, job.host, job.attempt, job.last = STATE_AFTER[event.type], event.host, event.attempt, event.time
+        job.method = getattr(event, "method", None) or job.method
+        job.detail = detail(event)
+        job.events += 1
+    return jobs
+
+
+def detail(event: Event) -> str:
+    """What an operator wants to see of a request's latest event, on one line."""
+    kind = event.type
+    if kind == "succeeded":
+        return f"published {event.published}: {event.repo_id}@{event.revision}" + (f" ({event.sink})" if event.sink == "local" else "")  # type: ignore[union-attr]
+    if kind in ("failed", "retrying"):
+        return f"{event.code} in {event.stage}: {event.message[:120]}"  # type: ignore[union-attr]
+    if kind == "rejected":
+        first = event.errors[0]  # type: ignore[union-attr]
+        return f"{event.reason}: {first.path or '(message)'}: {first.message[:100]}"  # type: ignore[union-attr]
+    if kind == "progress":
+        return f"{event.stage} step {event.step}/{event.total_steps}"  # type: ignore[union-attr]
+    if kind == "started":
+        return f"slot {event.slot}"  # type: ignore[union-attr]
+    if kind == "checkpoint":
+        return f"checkpoint at step {event.step}"  # type: ignore[union-attr]
+    if kind == "cancelled":
+        return event.reason  # type: ignore[union-attr]
+    return ""
+
+
+def age(text: str) -> timedelta:
+    """`30m`, `2h`, `7d`, `90s`: a ValueError for anything else."""
+    match = _AGE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not an age: {text!r} (a number and s, m, h or d: 30m, 2h, 7d)")
+    return timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+
+
+def _ago(delta: timedelta) -> str:
+    seconds = max(0, int(delta.total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
