@@ -354,11 +354,12 @@ def demo(
     work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path("adapterd-demo"),
     method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision.")] = "sft",
     gate: Annotated[bool, typer.Option(help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny model poisoned with NaN, fails it.")] = False,
+    keep: Annotated[bool, typer.Option(help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel against them; Ctrl-C stops both.")] = False,
 ) -> None:
     """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
     from daemon.cli.demo import main
 
-    sys.exit(main(work_dir, method, gate))
+    sys.exit(main(work_dir, method, gate, keep))
 
 
 if __name__ == "__main__":

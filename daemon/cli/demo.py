@@ -6,13 +6,16 @@ vision-language model on rows with images) on inline rows, follows it with a pro
 per event, and ends with where the adapter is and the three lines of Python that load it. With
 `--gate`, two SFT requests judged by a gate before publishing: one passes (to main), and one on a
 copy of the tiny model poisoned with NaN, whose every loss is NaN, fails (into a pull request: on
-the local sink, a folder of its own beside main's).
+the local sink, a folder of its own beside main's). With `--keep`, the broker and the daemon keep
+running afterwards, with the commands to submit, list, follow and cancel requests against them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +72,38 @@ async def submit(settings: Settings, request: RequestBase) -> None:
         await producer.stop()
 
 
-async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
+def keep_running_config(settings: Settings) -> Path:
+    """A settings file for the commands that try the kept demo (`-c`), beside its work: its broker and topics."""
+    path = settings.work_dir / "adapterd.toml"
+    path.write_text(
+        "# The kept demo's broker and daemon (`adapterd demo --keep`): pass this file to the commands with -c.\n"
+        f"bootstrap_servers = {json.dumps(settings.bootstrap_servers)}\n"
+        f"work_dir = {json.dumps(str(settings.work_dir))}\n"
+        f"allowed_local_model_roots = {json.dumps([str(root) for root in settings.allowed_local_model_roots])}\n"
+        f"group_id = {json.dumps(settings.group_id)}\n"
+    )
+    return path
+
+
+async def keep_running(settings: Settings, request: RequestBase) -> None:
+    """Leave the broker and the daemon running, with the commands to try against them, until Ctrl-C or SIGTERM."""
+    config = keep_running_config(settings)
+    again = request.model_copy(update={"request_id": f"{request.request_id}-again"})
+    request_file = settings.work_dir / "request.json"
+    request_file.write_text(again.model_dump_json(indent=2, exclude_unset=True) + "\n")
+    print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon keep running; Ctrl-C stops both. In another terminal:\n")
+    for command in (f"submit {request_file} --wait", "jobs", f"get {again.request_id}", "events --follow", f"cancel {again.request_id}"):
+        print(f"  adapterd {command} -c {config}")
+    print(flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("stopping the daemon and the broker")
+
+
+async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool = False) -> bool:
     work_dir = work_dir.resolve()
     print(f"adapterd demo ({method}): working in {work_dir}")
     shutil.rmtree(work_dir / "kafka", ignore_errors=True)  # each demo starts from empty topics
@@ -112,6 +146,10 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
                     await submit(settings, request)
                     print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
                     outcomes.append(await follow_to_end(stream, request.request_id))
+            if keep and not any(outcomes):
+                report(requests, settings, method, gate)
+                await keep_running(settings, requests[-1])
+                return True
         finally:
             service.request_stop()
             await daemon
@@ -119,18 +157,23 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False) -> bool:
             if outcome != 0:
                 print(f"the request did not succeed; the job's own log is in {settings.jobs_dir / request.request_id}")
                 return False
-        if gate:
-            passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
-            print(f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
-                  f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)")
-            return True
-        request = requests[0]
-        adapter_dir = local_target(request, settings)
-        print(f"\nthe adapter is in {adapter_dir}\nload it with:\n")
-        print(loading_snippet(request, adapter_dir, vision=is_vision(method)))
+        report(requests, settings, method, gate)
         return True
     finally:
         await asyncio.to_thread(broker.stop)
+
+
+def report(requests: list[RequestBase], settings: Settings, method: str, gate: bool) -> None:
+    """Where the demo's adapters are, and how to load one."""
+    if gate:
+        passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
+        print(f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
+              f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)")
+        return
+    request = requests[0]
+    adapter_dir = local_target(request, settings)
+    print(f"\nthe adapter is in {adapter_dir}\nload it with:\n")
+    print(loading_snippet(request, adapter_dir, vision=is_vision(method)))
 
 
 def method_problem(method: str) -> str | None:
@@ -142,10 +185,10 @@ def method_problem(method: str) -> str | None:
     return None if reason is None else f"{reason}; this host can run: {available}"
 
 
-def main(work_dir: Path, method: str = "sft", gate: bool = False) -> int:
+def main(work_dir: Path, method: str = "sft", gate: bool = False, keep: bool = False) -> int:
     problem = method_problem(method) or ("--gate shows the sft demo judged by a gate" if gate and method != "sft" else None)
     if problem is not None:
         print(f"adapterd demo: {problem}", file=sys.stderr)
         return 2
     configure_logging("console", "warning")
-    return 0 if asyncio.run(run_demo(work_dir, method, gate)) else 1
+    return 0 if asyncio.run(run_demo(work_dir, method, gate, keep)) else 1

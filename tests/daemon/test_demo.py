@@ -91,3 +91,47 @@ def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> Non
     assert request.method == name.removesuffix("-vision") and request.dataset.rows is not None
     assert inline_image_errors(request, ImageBounds()) == []
     assert method_problem(name) is None
+
+
+@pytest.mark.slow
+def test_the_kept_demo_takes_the_commands_it_prints_until_ctrl_c(tmp_path: Path) -> None:
+    """`adapterd demo --keep`: after its request, the broker and the daemon keep running, and each
+    command it prints works against them: a second request submitted and followed to succeeded, the
+    list of jobs, one request's history; Ctrl-C stops both."""
+    import signal
+    import threading
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS"}
+    environment.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="1")
+    process = subprocess.Popen([sys.executable, "-m", "daemon.cli.app", "demo", "--keep", "--work-dir", str(tmp_path / "demo")],
+                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    watchdog = threading.Timer(600, process.kill)  # a demo that never says it is kept fails the test, not the suite
+    watchdog.start()
+    try:
+        assert process.stdout is not None
+        printed = []
+        for line in process.stdout:
+            printed.append(line.rstrip())
+            if line.startswith("  adapterd cancel "):  # the last command it prints
+                break
+        commands = [line.split()[1:] for line in printed if line.startswith("  adapterd ")]
+        assert [command[0] for command in commands] == ["submit", "jobs", "get", "events", "cancel"], printed
+
+        def adapterd(*argv: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "daemon.cli.app", *argv], env=environment, capture_output=True, text=True, timeout=300)
+
+        submitted = adapterd(*commands[0])  # submit request.json --wait -c adapterd.toml
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        again = commands[2][1]
+        listed = adapterd(*commands[1])
+        states = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()[1:]}
+        assert listed.returncode == 0 and states[again] == "succeeded" and len(states) == 2 and set(states.values()) == {"succeeded"}
+        history = adapterd(*commands[2])
+        assert history.returncode == 0 and history.stdout.splitlines()[-1].startswith(f"{again}: succeeded, method sft")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0
+        assert "stopping the daemon and the broker" in process.stdout.read()
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
