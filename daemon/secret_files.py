@@ -13,7 +13,7 @@ from daemon.errors import ConfigError
 
 
 class SecretFilesSource(PydanticBaseSettingsSource):
-    """`hub_token` and `sasl_password` from the files `hub_token_file` and `sasl_password_file` name.
+    """`hub_token`, `sasl_password` and `logs_token` from the files their `*_file` settings name.
 
     Operators hand secrets over as files (systemd's `LoadCredential=` puts them in `%d`; a container
     mounts them wherever it mounts them), and name the file in the TOML file or the environment. This
@@ -21,7 +21,7 @@ class SecretFilesSource(PydanticBaseSettingsSource):
     (`current_state`), so it reads each named file, unless the secret itself was given.
     """
 
-    SECRETS = ("hub_token", "sasl_password")
+    SECRETS = ("hub_token", "sasl_password", "logs_token")
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False  # not used: __call__ reads the files as a whole

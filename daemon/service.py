@@ -15,6 +15,8 @@ See docs/architecture.md for the path a request takes.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +40,7 @@ from daemon.ops.http_server import HttpEndpoint
 from daemon.ops.systemd import Notifier
 from daemon.secret_files import token_from
 from daemon.settings import Settings
+from schemas.common import REQUEST_ID_PATTERN
 
 log = structlog.get_logger()
 
@@ -79,7 +82,8 @@ class Service:
     async def run(self) -> None:
         metrics.SLOTS.set(self.slots.total)
         if self.settings.metrics_address:
-            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status).start()
+            token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
+            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, token).start()
         await self.publisher.start()
         await self.scheduler.prepare_children()
         try:
@@ -162,6 +166,21 @@ class Service:
             "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
             "seconds_since_poll": round(since_turn, 3),
         }
+
+    def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
+        """A job's log (its child's output) from `offset`, at most `limit` bytes, and its size; None
+        when this host has none. Read in the endpoint's thread; a request id that is not one (a
+        path) names no log."""
+        if not re.fullmatch(REQUEST_ID_PATTERN, request_id):
+            return None
+        path = self.settings.jobs_dir / request_id / "child.log"
+        try:
+            with open(path, "rb") as log_file:
+                size = os.fstat(log_file.fileno()).st_size
+                log_file.seek(min(offset, size))
+                return log_file.read(limit), size
+        except OSError:
+            return None
 
     def status(self) -> dict[str, Any]:
         """What this host is running: for `adapterd status` and operators."""

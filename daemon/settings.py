@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     stall_timeout_s: float | None = Field(1800.0, gt=0, description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
+    logs_token: SecretStr | None = Field(None, description=(
+        "A secret shared by the fleet's operators: with one, this host's endpoint serves each job's log at /jobs/ID/log to whoever "
+        "sends it (adapterd logs), and its `started` events say where; without one, it serves no log."))
+    logs_token_file: Path | None = Field(None, description="A file holding logs_token (systemd: %d/logs-token from LoadCredential=).")
+    advertised_address: str | None = Field(None, description=(
+        "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd logs; metrics_address when unset."))
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
@@ -173,7 +179,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"expected host:port[,host:port...], got {server!r}")
         return value
 
-    @field_validator("metrics_address")
+    @property
+    def logs_endpoint(self) -> str | None:
+        """Where other machines read this host's job logs (`adapterd logs`), or None when it serves none."""
+        if self.logs_token is None or self.metrics_address is None:
+            return None
+        return self.advertised_address or self.metrics_address
+
+    @field_validator("metrics_address", "advertised_address")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         if not value:

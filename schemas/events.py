@@ -66,6 +66,9 @@ class Started(EventBase):
     method: str
     slot: str = Field(description="The GPU ids given to the job ('cpu' on a host without GPUs).")
     pid: int
+    endpoint: str | None = Field(None, description=(
+        "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log (/jobs/ID/log, with the "
+        "fleet's logs_token); null when that daemon serves no logs."))
 
 
 class Progress(TrainingProgress, EventBase):

@@ -244,6 +244,28 @@ def get(request_id: str, config: ConfigOption = None) -> None:
 
 
 @app.command()
+def logs(
+    request_id: str,
+    config: ConfigOption = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing the log as it grows, until the request ends.")] = False,
+) -> None:
+    """The trainer's log of a request, from whichever host runs or ran it (its endpoint, with the fleet's logs_token)."""
+    from daemon.cli.logs import LogsError, show_log
+
+    settings = _settings(config)
+
+    def write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    try:
+        _with_kafka(settings, show_log(settings, request_id, follow, write))
+    except LogsError as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
 def cancel(
     request_id: str,
     config: ConfigOption = None,

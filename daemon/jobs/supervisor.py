@@ -131,7 +131,7 @@ class Supervisor:
 
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid)
+        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()

@@ -1,0 +1,85 @@
+"""`adapterd logs` across two daemons: each reads its own requests topic, both publish to one events
+topic, and each request's trainer log is read from the host that ran it, through that host's endpoint
+and the fleet's logs_token, byte for byte; followed live, to its end; refused without the token."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from daemon.kafka.local import free_port
+from daemon.kafka.topics import ensure_topics
+from daemon.settings import Settings
+from schemas import Started, Succeeded
+from testbed.client import submit, terminal_events
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, settings_environment
+from tests.helpers import sft_request
+
+pytestmark = pytest.mark.slow
+TOKEN = SecretStr("the-fleets-logs-token")
+
+
+def logs_command(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "daemon.cli.app", "logs", *argv]
+
+
+async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    hosts = {
+        name: settings.model_copy(update={
+            "host": f"host-{name}", "logs_token": TOKEN, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}",
+            "requests_topic": f"{settings.requests_topic}-{name}", "group_id": f"{settings.group_id}-{name}",
+        })
+        for name in ("a", "b")
+    }
+    for host in hosts.values():
+        await ensure_topics(host)
+    reader = settings.model_copy(update={"logs_token": TOKEN})  # an operator's machine: the events topic and the token
+    daemons = [DaemonProcess(host, tmp_path / f"daemon-{name}.log").start() for name, host in hosts.items()]
+    try:
+        # Followed before it exists: the command waits for its start, then copies the log as it grows, until its end.
+        following = await asyncio.create_subprocess_exec(*logs_command("on-b", "--follow"), env=settings_environment(reader),
+                                                          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await submit(hosts["a"], sft_request("on-a"))
+        await submit(hosts["b"], sft_request("on-b"))
+        events = await terminal_events(settings, {"on-a", "on-b"})
+        followed, followed_err = await asyncio.wait_for(following.communicate(), 120)
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+    for name, request_id in (("a", "on-a"), ("b", "on-b")):
+        assert isinstance(events[request_id][-1], Succeeded), events[request_id][-1]
+        [started] = [event for event in events[request_id] if isinstance(event, Started)]
+        assert started.host == f"host-{name}" and started.endpoint == hosts[name].metrics_address
+    assert following.returncode == 0, followed_err
+    on_disk = {request_id: (tmp_path / name / "jobs" / request_id / "child.log").read_bytes() for name, request_id in (("a", "on-a"), ("b", "on-b"))}
+    assert on_disk["on-b"] and followed == on_disk["on-b"]
+
+    # After the fact, with the hosts' daemons stopped: their endpoints are gone, and the command says so.
+    gone = subprocess.run(logs_command("on-a"), env=settings_environment(reader), capture_output=True, timeout=120)
+    assert gone.returncode == 1 and f"the host at {hosts['a'].metrics_address} does not answer" in gone.stderr.decode()
+
+
+async def test_a_host_serves_a_log_only_to_the_fleets_token(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    host = settings.model_copy(update={"logs_token": TOKEN, "metrics_address": f"127.0.0.1:{free_port()}"})
+    daemon = DaemonProcess(host, tmp_path / "daemon.log").start()
+    try:
+        await submit(host, sft_request("told"))
+        events = await terminal_events(host, {"told"})
+        assert isinstance(events["told"][-1], Succeeded)
+        right = subprocess.run(logs_command("told"), env=settings_environment(host), capture_output=True, timeout=120)
+        wrong_settings = host.model_copy(update={"logs_token": SecretStr("not-it")})
+        wrong = subprocess.run(logs_command("told"), env=settings_environment(wrong_settings), capture_output=True, timeout=120)
+        unset = host.model_copy(update={"logs_token": None})
+        without = subprocess.run(logs_command("told"), env=settings_environment(unset), capture_output=True, timeout=120)
+    finally:
+        daemon.stop()
+    assert right.returncode == 0 and right.stdout == (host.work_dir / "jobs" / "told" / "child.log").read_bytes()
+    assert wrong.returncode == 1 and "answered 401" in wrong.stderr.decode() and not wrong.stdout
+    assert without.returncode == 1 and "logs_token is not set" in without.stderr.decode()
