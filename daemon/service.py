@@ -17,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,6 +29,7 @@ from aiokafka import TopicPartition
 from daemon.admission.capabilities import available_methods
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
+from daemon.jobs.retention import Pruned, prune
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
@@ -47,6 +50,13 @@ log = structlog.get_logger()
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
 LAG_INTERVAL_S = 5.0
+RETENTION_INTERVAL_S = 3600.0
+
+
+def free_bytes(path: Path) -> float:
+    """Free bytes on the file system of `path` (its nearest existing parent's)."""
+    existing = next((folder for folder in (path, *path.parents) if folder.exists()), Path("/"))
+    return float(shutil.disk_usage(existing).free)
 
 
 class Service:
@@ -81,11 +91,14 @@ class Service:
 
     async def run(self) -> None:
         metrics.SLOTS.set(self.slots.total)
+        # Read at each scrape: the free space now, not as of the last pass of retention.
+        metrics.WORK_DIR_FREE.set_function(lambda: free_bytes(self.settings.work_dir))
         if self.settings.metrics_address:
             token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
             self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, token).start()
         await self.publisher.start()
         await self.scheduler.prepare_children()
+        self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
             self.consumer.subscribe([self.settings.requests_topic], listener=RebalanceListener(self._on_assigned))
@@ -104,6 +117,7 @@ class Service:
                 await self.scheduler.stop_jobs()
                 await self.consumer.stop()
         finally:
+            self._pruning.cancel()
             await self.control.stop()
             await self.children.close()
             await self.publisher.stop()
@@ -166,6 +180,29 @@ class Service:
             "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
             "seconds_since_poll": round(since_turn, 3),
         }
+
+    async def _prune_job_folders(self) -> None:
+        """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
+        while True:
+            await self.prune_once()
+            await asyncio.sleep(RETENTION_INTERVAL_S)
+
+    async def prune_once(self) -> Pruned | None:
+        """One pass of retention (daemon/jobs/retention.py) in a worker thread, this daemon's running
+        jobs left alone; None when it could not read or remove a folder (said, and tried next time)."""
+        running = {job.request_id for job in self.scheduler.jobs.values()}
+        try:
+            pruned = await asyncio.to_thread(
+                prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
+            )
+        except OSError as exc:
+            log.warning("retention.failed", error=str(exc))
+            return None
+        if pruned.folders or pruned.checkpoints:
+            log.info("retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes)
+            metrics.PRUNED.labels("folder").inc(len(pruned.folders))
+            metrics.PRUNED.labels("checkpoints").inc(len(pruned.checkpoints))
+        return pruned
 
     def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
         """A job's log (its child's output) from `offset`, at most `limit` bytes, and its size; None

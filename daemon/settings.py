@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     ))
     stall_timeout_s: float | None = Field(1800.0, gt=0, description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).")
     drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
+    job_retention_days: float = Field(14.0, gt=0, description=(
+        "A job's folder (work_dir/jobs/ID: log, checkpoints, artifact, journal) is removed once nothing in it changed for this "
+        "long; a succeeded job's checkpoints go at once. Adapters published to the local sink (work_dir/outputs) are kept."))
+    job_retention_count: int = Field(500, ge=1, description="The most job folders kept; beyond it the least recently changed go first.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
     logs_token: SecretStr | None = Field(None, description=(
         "A secret shared by the fleet's operators: with one, this host's endpoint serves each job's log at /jobs/ID/log to whoever "

@@ -27,6 +27,8 @@ FORKSERVER_FAILURES = Counter(
 )
 WARM_START = Gauge("adapterd_warm_start_mode", "How job children start now: 1 for the mode in force (fork, spawn, cold).", ["mode"])
 REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])
+WORK_DIR_FREE = Gauge("adapterd_work_dir_free_bytes", "Bytes free on the file system of work_dir (job folders, checkpoints, the Hub cache).")
+PRUNED = Counter("adapterd_job_folders_pruned", "Job folders removed by retention (`folder`), and succeeded jobs' checkpoints (`checkpoints`).", ["what"])
 
 
 @cache
