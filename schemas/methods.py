@@ -2,11 +2,11 @@
 
 Each row names the method's handler module (`handlers/<handler>.py`), the TRL trainer and config
 classes it trains with, whether it is stable or on TRL's experimental layer, the dataset columns it
-reads (in words, for the README), whether it trains vision-language models on rows with images, and
+reads (in words, for docs/methods.md), whether it trains vision-language models on rows with images, and
 the TRL releases that ship it. Everything else that lists methods follows `METHODS`: the request
 models by name (schemas/request.py, checked against the table by tests/schemas/test_methods.py),
 the handler modules the child imports (handlers/__init__.py), what this host's TRL can run
-(daemon/admission/capabilities.py, `adapterd methods`) and README's method table (`python -m schemas.methods_doc`).
+(daemon/admission/capabilities.py, `adapterd methods`) and docs/methods.md's method table (`python -m schemas.methods_doc`).
 
 The table imports no request model, so the request models can read it (whether a method is
 experimental or trains on images) without an import cycle.
@@ -28,11 +28,11 @@ class Method:
     trainer: str  # TRL's trainer class, by the path it is imported from
     config: str  # TRL's config class
     status: Literal["stable", "experimental"]
-    columns: str  # the dataset columns it reads, in words (README)
+    columns: str  # the dataset columns it reads, in words (docs/methods.md)
     vision: bool = False  # trains vision-language models on rows with images (TRL's `images` / `image` column)
     trl_min: str | None = None  # the first TRL release that ships it; None: any TRL the lock allows
     trl_below: str | None = None  # the first TRL release without it
-    trl_note: str = ""  # why the range, for the refusal and the README
+    trl_note: str = ""  # why the range, for the refusal and docs/methods.md
     evaluates: bool = True  # its handler runs a request's `evaluation` (schemas/evaluation.py) after training
 
     @property

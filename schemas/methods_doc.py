@@ -1,7 +1,7 @@
-"""README's method table, generated from the method table (`schemas.methods.METHODS`).
+"""docs/methods.md's method table, generated from the method table (`schemas.methods.METHODS`).
 
-`python -m schemas.methods_doc` rewrites the table under "## Methods" in README.md; a test fails
-when README's table differs from `markdown_table()`.
+`python -m schemas.methods_doc` rewrites the table under "## Methods" in docs/methods.md; a test
+fails when the page's table differs from `markdown_table()`. Its links are relative to docs/.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from schemas.methods import METHODS
 from schemas.request import REQUEST_MODELS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "methods.md"
 HEADING = "## Methods"
 
 
@@ -22,16 +22,16 @@ def markdown_table() -> str:
     ]
     for name, method in METHODS.items():
         status = method.status + (f", trl{method.trl_range} only" if method.trl_range else "")
-        example = f"[{name}.json](schemas/examples/{name}.json)"
+        example = f"[{name}.json](../schemas/examples/{name}.json)"
         block = REQUEST_MODELS[name].model_fields[name].annotation
-        fields = f"[`{name}`: {len(block.model_fields)}](docs/requests.md#{name})"  # type: ignore[union-attr]
-        vision = f"yes: + `images` or `image` ([{name}-vision.json](schemas/examples/{name}-vision.json))" if method.vision else "no"
+        fields = f"[`{name}`: {len(block.model_fields)}](requests.md#{name})"  # type: ignore[union-attr]
+        vision = f"yes: + `images` or `image` ([{name}-vision.json](../schemas/examples/{name}-vision.json))" if method.vision else "no"
         lines.append(f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |")
     return "\n".join(lines) + "\n"
 
 
 def table_span(text: str) -> tuple[int, int]:
-    """Where README's method table is: the first block of `|` lines after the Methods heading."""
+    """Where the page's method table is: the first block of `|` lines after the Methods heading."""
     lines = text.splitlines(keepends=True)
     heading = next(i for i, line in enumerate(lines) if line.rstrip() == HEADING)
     start = next(i for i in range(heading, len(lines)) if lines[i].startswith("|"))

@@ -4,7 +4,7 @@ TRL accepts any size (a batch of 1e9, 100,000 dataloader workers, a million gene
 prompt), and each of those exhausts the host: its memory, its processes, its GPU for months. A
 request's field named here, in `training` or in its method's block, above the operator's bound is
 rejected at intake (reason `policy`), naming the field and the setting. The defaults are safe for
-one GPU host and stated in the README; an operator raises a bound in adapterd.toml.
+one GPU host and stated in docs/guarantees.md; an operator raises a bound in adapterd.toml.
 """
 
 from __future__ import annotations

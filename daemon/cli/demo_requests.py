@@ -1,4 +1,4 @@
-"""The requests `adapterd demo --method NAME` submits: each method's README example
+"""The requests `adapterd demo --method NAME` submits: each method's example
 (`schemas/examples/<method>.json`) on the demo's tiny local model, with a small LoRA, a few steps
 and a few inline rows of the columns that method reads. Its method block and reward functions stay
 as the example writes them, but for generation lengths shortened for the CPU. `sft-vision`,

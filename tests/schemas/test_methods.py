@@ -1,4 +1,4 @@
-"""The method table is the single source: README's table, the TRL ranges and the request models
+"""The method table is the single source: docs/methods.md's table, the TRL ranges and the request models
 are read from it, and every method in it has what a method needs in the repository."""
 
 import ast
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_method_table_is_generated_from_the_table() -> None:
-    assert readme_table() == markdown_table(), "README's method table drifted: run `python -m schemas.methods_doc`"
+    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m schemas.methods_doc`"
 
 
 def test_the_request_models_are_the_tables() -> None:
