@@ -25,7 +25,9 @@ CONVERT_TRL_HELP = (
     "Each key the request cannot carry is named on stderr, one line each, with why: refused (the reason from the refusal "
     "table), set by the daemon, unused, unknown to trl, or already said by another field. A key that is a typo of one trl "
     "knows (learning_rat) is an error naming that one. A key whose value is TRL's "
-    "default is left out silently: the job gets that default too.\n\n"
+    "default is left out, said so: the job gets that default too. Every key of the file has its line on stderr, in the "
+    "file's order: carried (to which request field), carried under a new name, carried with a change of meaning, left "
+    "at TRL's default, or left out with why.\n\n"
     "The request is checked as the daemon checks it. Exit 0 when it converted (keys left out or not), 1 when the request "
     "is not valid (each field named, with the key it came from), 2 on a usage error."
 )
@@ -47,17 +49,14 @@ def convert_trl_config(
 
     try:
         config = read_trl_config(file)
+        keys = list(config)  # the file's own: a renamed key is carried under its new name in `config`
         chosen = method_for(file, method)
         conversion = convert(config, chosen, request_id or default_request_id(file, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")), output_repo)
     except UsageError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
-    for renamed in conversion.renamed:
-        typer.echo(renamed.line(), err=True)
-    for changed in conversion.changed:
-        typer.echo(changed.line(), err=True)
-    for dropped in conversion.dropped:
-        typer.echo(dropped.line(), err=True)
+    for line in conversion.lines(keys):
+        typer.echo(line, err=True)
     if conversion.request is None:
         typer.echo(f"{file}: the {chosen} request it makes is not valid:", err=True)
         for error in conversion.errors:

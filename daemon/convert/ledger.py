@@ -59,6 +59,30 @@ class Conversion:
     dropped: list[Dropped] = field(default_factory=list)
     errors: list[FieldError] = field(default_factory=list)
     changed: list[Changed] = field(default_factory=list)
+    carried: dict[str, list[str]] = field(default_factory=dict)  # key of the file → the request paths it went to
+    defaulted: dict[str, Any] = field(default_factory=dict)  # key of the file → its value, TRL's default
+
+    def lines(self, keys: list[str]) -> list[str]:
+        """The ledger: a line for each key of the file (`keys`, in its order), saying where it went:
+        carried (to which request paths), carried under a new name, carried with a change of
+        meaning, left at TRL's default, or left out with why. A key that only shapes others (use_peft
+        decides `peft`) is said to be read."""
+        said: dict[str, list[str]] = {}
+        entries: list[Renamed | Changed | Dropped] = [*self.renamed, *self.changed, *self.dropped]
+        for entry in entries:
+            key = entry.old if isinstance(entry, Renamed) else entry.key
+            said.setdefault(key.split(".")[0], []).append(entry.line())
+        lines = []
+        for key in keys:
+            if key in said:
+                lines += said[key]
+            elif key in self.carried:
+                lines.append(f"{key}: carried to {', '.join(self.carried[key])}")
+            elif key in self.defaulted:
+                lines.append(f"{key}: left at TRL's default ({self.defaulted[key]!r}), which the job gets too")
+            else:
+                lines.append(f"{key}: read: it decides how the keys beside it are carried")
+        return lines
 
 
 def same_value(value: Any, default: Any) -> bool:
@@ -87,6 +111,7 @@ class Ledger:
         self.dropped: list[Dropped] = []
         self.errors: list[FieldError] = []
         self.taken: set[str] = set()
+        self.defaulted: dict[str, Any] = {}  # keys left out because their value is TRL's default
 
     def has(self, key: str) -> bool:
         return key in self.config
@@ -108,6 +133,8 @@ class Ledger:
         self.taken.add(key)
         if key in self.config and not same_value(self.config[key], default):
             self.dropped.append(Dropped(key, why))
+        elif key in self.config:
+            self.defaulted[key] = self.config[key]
 
     def error(self, path: str, message: str) -> None:
         self.errors.append(FieldError(path=path, message=message))

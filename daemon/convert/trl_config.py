@@ -204,6 +204,8 @@ class _Converter(Ledger):
             self.drop(key, _refused(block, key), default)
         elif not same_value(value, default):
             self.put(f"{block}.{key}", value, key)
+        else:
+            self.defaulted[key] = value
 
     def report_to(self, value: Any) -> None:
         allowed = _literals(TrainingSpec.model_fields["report_to"].annotation)
@@ -242,7 +244,11 @@ class _Converter(Ledger):
     def checked(self) -> Conversion:
         """The request through the daemon's own decoder; the converter's errors first, then the
         schema's on fields those do not already name."""
-        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed)
+        carried: dict[str, list[str]] = {}
+        for path, key in self.origin.items():
+            carried.setdefault(key, []).append(path)
+        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed,
+                                carried=carried, defaulted=self.defaulted)
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]

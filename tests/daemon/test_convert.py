@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
@@ -21,6 +22,7 @@ from daemon.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
 from schemas import Rejection, decode_request
 from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
+from tests.helpers import said
 
 runner = CliRunner()
 CONTRACT = load_contract()
@@ -85,7 +87,7 @@ def convert(tmp_path: Path, name: str, text: str, *args: str) -> tuple[int, dict
     path.write_text(text)
     result = runner.invoke(app, ["convert", "trl-config", str(path), *args])
     request = json.loads(result.stdout) if result.stdout.strip() else None
-    return result.exit_code, request, result.stderr.splitlines()
+    return result.exit_code, request, said(result.stderr)
 
 
 def refused(block: str, key: str) -> str:
@@ -328,7 +330,12 @@ def test_the_command_line_prints_the_request_on_stdout_and_the_dropped_keys_on_s
                             check=False, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["method"] == "sft"
-    assert result.stderr.splitlines()[0].startswith("output_dir: set by the daemon")
+    ledger = result.stderr.splitlines()
+    # A line a key, in the file's order: each key said once, where it went.
+    assert [line.split(":")[0] for line in ledger] == list(yaml.safe_load(SFT_YAML)), ledger
+    assert "model_name_or_path: carried to model.id" in ledger
+    assert any(line.startswith("output_dir: set by the daemon") for line in ledger)
+    assert any(line.startswith("save_strategy: left at TRL's default") for line in ledger)  # not gone without a word
 
 
 def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> None:

@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from tests.helpers import said
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 runner = CliRunner()
@@ -19,7 +20,7 @@ runner = CliRunner()
 
 def convert(name: str, method: str) -> tuple[int, dict[str, Any] | None, list[str]]:
     result = runner.invoke(app, ["convert", "trl-config", str(RECIPES / name), "--method", method, "--output-repo", "my-org/converted"])
-    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else None, result.stderr.splitlines()
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else None, said(result.stderr)
 
 
 def test_every_recipe_is_listed_with_its_source() -> None:
@@ -29,11 +30,14 @@ def test_every_recipe_is_listed_with_its_source() -> None:
     )
 
 
-@pytest.mark.parametrize(("name", "method"), [
+EACH = [
     ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"), ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
     ("open-r1-distill-7b-sft.yaml", "sft"), ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"),
     ("handbook-smollm3-sft.yaml", "sft"), ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
-])
+]
+
+
+@pytest.mark.parametrize(("name", "method"), EACH)
 def test_no_key_of_a_recipe_is_unknown_and_its_dtype_and_template_carry(name: str, method: str) -> None:
     recipe = yaml.safe_load((RECIPES / name).read_text())
     code, request, stderr = convert(name, method)
@@ -83,3 +87,14 @@ def test_open_r1s_prompt_column_is_renamed_onto_prompt(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     request = json.loads(result.stdout)
     assert request["dataset"]["columns"] == {"problem": "prompt"} and request["rewards"] == {"functions": [{"name": "think_format", "weight": 1.0}]}
+
+
+@pytest.mark.parametrize(("name", "method"), EACH)
+def test_every_key_of_a_recipe_ends_in_one_line_of_the_ledger(name: str, method: str) -> None:
+    """Carried (where to), carried under a new name, carried with a change of meaning, left at TRL's
+    default, or left out with why: each key of the file is named, first on its line, in the file's order."""
+    path = RECIPES / name
+    result = runner.invoke(app, ["convert", "trl-config", str(path), "--method", method, "--output-repo", "my-org/x", "--request-id", "r"])
+    named = [line.split(":")[0].split(".")[0] for line in result.stderr.splitlines() if line and not line.startswith((" ", str(path)))]
+    keys = list(yaml.safe_load(path.read_text()))
+    assert list(dict.fromkeys(named)) == keys, result.stderr
