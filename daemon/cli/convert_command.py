@@ -28,8 +28,9 @@ CONVERT_TRL_HELP = (
     "default is left out, said so: the job gets that default too. Every key of the file has its line on stderr, in the "
     "file's order: carried (to which request field), carried under a new name, carried with a change of meaning, left "
     "at TRL's default, or left out with why.\n\n"
-    "The request is checked as the daemon checks it. Exit 0 when it converted (keys left out or not), 1 when the request "
-    "is not valid (each field named, with the key it came from), 2 on a usage error."
+    "The request is checked as the daemon checks it, and with --config as that host's daemon would judge it (its policy: "
+    "report_to, models, datasets; its bounds). Exit 0 when it converted (keys left out or not), 1 when the request "
+    "is not valid or the host refuses it (each field named, with the key it came from), 2 on a usage error."
 )
 
 
@@ -39,6 +40,7 @@ def convert_trl_config(
     method: Annotated[str | None, typer.Option(help="The training method; by default the one the file's name starts with (sft.yaml).")] = None,
     output_repo: Annotated[str | None, typer.Option(help="output.repo_id, NAMESPACE/NAME; by default the file's hub_model_id.")] = None,
     request_id: Annotated[str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")] = None,
+    host_config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge the request by this host's settings (policy, bounds), as its daemon would.")] = None,
 ) -> None:
     """Print the adapterd request a `trl` CLI config file makes (daemon/convert/trl_config.py does the work)."""
     from datetime import UTC, datetime
@@ -62,6 +64,10 @@ def convert_trl_config(
         for error in conversion.errors:
             typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
         raise typer.Exit(1)
+    if host_config is not None:
+        from daemon.cli.app import host_check
+
+        host_check(conversion.request, host_config, f"{file}'s request")
     document = conversion.request.model_dump(mode="json", exclude_unset=True)
     head = {name: document.pop(name) for name in ("schema_version", "request_id", "method")}
     typer.echo(json.dumps(head | document, indent=2))

@@ -23,6 +23,10 @@ OPEN_R1_CLOSEST = {
 }
 
 
+# open-r1's GRPOScriptArguments.reward_funcs default: what a recipe without the key trains with there.
+OPEN_R1_DEFAULT = ("accuracy", "format", "tag_count")
+
+
 def carry_rewards(keys: Ledger) -> None:
     """GRPO's and RLOO's reward arguments: the functions adapterd ships by name, a reward model by
     id, and trl's reward_weights (model first, then the functions, as trl's script orders them)."""
@@ -52,3 +56,11 @@ def carry_rewards(keys: Ledger) -> None:
     if rewards:
         keys.request["rewards"] = rewards
         keys.origin["rewards"] = "reward_funcs"
+    elif not names and not keys.config.get("reward_model_name_or_path"):
+        # open-r1's GRPO recipes leave reward_funcs out for its script's own default; trl's CLI has none.
+        message = f"the file names no reward (reward_funcs, reward_model_name_or_path): name one ({SHIPPED}, or a reward model)"
+        if keys.request.get("method") == "grpo":
+            closest = "; ".join(f"{name}: {OPEN_R1_CLOSEST[name]}" for name in OPEN_R1_DEFAULT)
+            message += (f". open-r1's script would use its default, {', '.join(OPEN_R1_DEFAULT)}, which adapterd does not ship; "
+                        f"the closest it ships: {closest}")
+        keys.error("rewards", message)

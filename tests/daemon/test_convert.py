@@ -452,3 +452,24 @@ def test_a_steps_key_trl_ignores_under_its_strategy_is_left_out_with_a_word(tmp_
     kept = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nsave_steps: 7\nlogging_steps: 3\nhub_model_id: org/x\n"
     code, request, stderr = convert(tmp_path, "sft.yaml", kept)  # under the default strategies, 'steps', both are read
     assert request is not None and request["training"]["save_steps"] == 7 and request["training"]["logging_steps"] == 3, stderr
+
+
+def test_a_grpo_recipe_without_rewards_names_open_r1s_defaults_and_the_closest_shipped(tmp_path: Path) -> None:
+    code, request, stderr = convert(tmp_path, "grpo.yaml", "model_name_or_path: m/m\ndataset_name: d/d\n", "--output-repo", "o/o")
+    assert code == 1 and request is None
+    [line] = [line.strip() for line in stderr if line.strip().startswith("rewards:")]
+    assert "open-r1's script would use its default, accuracy, format, tag_count" in line and "tag_count: think_format" in line
+    assert "Field required" not in "\n".join(stderr)
+    code, _, stderr = convert(tmp_path, "rloo.yaml", "model_name_or_path: m/m\ndataset_name: d/d\n", "--output-repo", "o/o")
+    assert code == 1 and any("names no reward" in line and "open-r1" not in line for line in stderr), stderr
+
+
+def test_with_a_hosts_settings_the_request_is_judged_as_its_daemon_would(tmp_path: Path) -> None:
+    text = SFT_YAML + "report_to: wandb\n"
+    host = tmp_path / "host.toml"
+    host.write_text("allowed_report_to = []\n")
+    code, request, _ = convert(tmp_path, "sft.yaml", text)
+    assert code == 0 and request is not None and request["training"]["report_to"] == ["wandb"]  # the converter carries it
+    code, request, stderr = convert(tmp_path, "sft.yaml", text, "--config", str(host))
+    assert code == 1 and request is None  # this host would refuse it: nothing printed to submit
+    assert any(line.strip().startswith("training.report_to: wandb is not allowed on this host") for line in stderr), stderr
