@@ -19,6 +19,7 @@ from schemas.events import (
     Started,
     Succeeded,
     parse_event,
+    read_event,
 )
 from schemas.request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
 
@@ -44,4 +45,5 @@ __all__ = [
     "TrainingRequest",
     "decode_request",
     "parse_event",
+    "read_event",
 ]

@@ -187,3 +187,10 @@ ACCOUNTED = re.compile(r"^[\w.]+: (carried to |left at TRL's default |read: it d
 def said(stderr: str) -> list[str]:
     """The lines of `adapterd convert`'s ledger that say a key changed meaning or was left out."""
     return [line for line in stderr.splitlines() if not ACCOUNTED.match(line)]
+
+
+def event_document(kind: str, **fields: Any) -> dict[str, Any]:
+    """An event of `kind` as docs/events.md's example shows it, with `fields` replaced or added."""
+    examples = re.findall(r"```json\n(.*?)\n```", (Path(__file__).parents[1] / "docs" / "events.md").read_text(), re.DOTALL)
+    by_type = {json.loads(text)["type"]: json.loads(text) for text in examples}
+    return {**by_type[kind], **fields}

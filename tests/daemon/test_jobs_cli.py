@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -19,16 +17,15 @@ from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Event, parse_event
 from testbed.processes import settings_environment
+from tests.helpers import event_document
 
 runner = CliRunner()
-DOC = Path(__file__).parents[2] / "docs" / "events.md"
-# One example of each event type, as docs/events.md shows them.
-EXAMPLES = {json.loads(text)["type"]: json.loads(text) for text in re.findall(r"```json\n(.*?)\n```", DOC.read_text(), re.DOTALL)}
 NOW = datetime.now(UTC)
 
 
 def event(kind: str, request_id: str, host: str, minutes_ago: float, **fields: Any) -> Event:
-    document = {**EXAMPLES[kind], "request_id": request_id, "host": host, "time": (NOW - timedelta(minutes=minutes_ago)).isoformat(), **fields}
+    """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`."""
+    document = event_document(kind, request_id=request_id, host=host, time=(NOW - timedelta(minutes=minutes_ago)).isoformat(), **fields)
     return parse_event(json.dumps(document).encode())
 
 
