@@ -1,6 +1,7 @@
 """The daemon under systemd: the unit file verifies, and `Type=notify` messages arrive on a real socket."""
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -38,6 +39,16 @@ def test_unit_file_verifies(tmp_path: Path) -> None:
     assert result.stderr.strip() == "", f"systemd ignored part of the unit: {result.stderr}"
 
 
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_rates_the_units_exposure_low(tmp_path: Path) -> None:
+    installed = UNIT.read_text().replace("/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd"))
+    unit = tmp_path / "adapterd.service"
+    unit.write_text(installed)
+    result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
+    [level] = re.findall(r"Overall exposure level for adapterd.service: ([0-9.]+)", result.stdout)
+    assert float(level) < 4.5, result.stdout[-3000:]  # 7.6 before the hardening above; 10 is a unit with none
+
+
 def test_unit_file_asks_for_what_the_daemon_does() -> None:
     unit = unit_directives()
     assert unit["Type"] == ["notify"] and unit["NotifyAccess"] == ["main"] and unit["WatchdogSec"]
@@ -48,6 +59,12 @@ def test_unit_file_asks_for_what_the_daemon_does() -> None:
     assert "ADAPTERD_HUB_TOKEN_FILE=%d/hub-token" in unit["Environment"]
     assert unit["NoNewPrivileges"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
     assert unit["ReadWritePaths"] == ["/var/lib/adapterd"] and unit["StateDirectory"] == ["adapterd"]
+    # The hardening the daemon can run under: no capability, namespace, realtime or kernel log; only
+    # the socket families it uses; files not world-readable. None of them closes the GPUs' devices.
+    assert unit["CapabilityBoundingSet"] == [""] and unit["RestrictNamespaces"] == ["yes"] and unit["UMask"] == ["0027"]
+    assert unit["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"] and unit["SystemCallArchitectures"] == ["native"]
+    assert unit["ProtectKernelLogs"] == ["yes"] and unit["RestrictRealtime"] == ["yes"] and unit["ProtectHostname"] == ["yes"]
+    assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"} & set(unit)
 
 
 async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(settings: Settings, tmp_path: Path) -> None:
