@@ -1,6 +1,7 @@
 """`adapterd logs` across two daemons: each reads its own requests topic, both publish to one events
 topic, and each request's trainer log is read from the host that ran it, through that host's endpoint
-and the fleet's logs_token, byte for byte; followed live, to its end; refused without the token."""
+and the fleet's logs_token, byte for byte; followed live, to its end; refused to another token, and
+to none."""
 
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
         await submit(hosts["b"], sft_request("on-b"))
         events = await terminal_events(settings, {"on-a", "on-b"})
         followed, followed_err = await asyncio.wait_for(following.communicate(), 120)
+        # After the fact, from host a: with the fleet's token, another, and none.
+        right = subprocess.run(logs_command("on-a"), env=settings_environment(reader), capture_output=True, timeout=120)
+        other = reader.model_copy(update={"logs_token": SecretStr("not-it")})
+        wrong = subprocess.run(logs_command("on-a"), env=settings_environment(other), capture_output=True, timeout=120)
+        unset = reader.model_copy(update={"logs_token": None})
+        without = subprocess.run(logs_command("on-a"), env=settings_environment(unset), capture_output=True, timeout=120)
     finally:
         for daemon in daemons:
             daemon.stop()
@@ -60,26 +67,10 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
     assert following.returncode == 0, followed_err
     on_disk = {request_id: (tmp_path / name / "jobs" / request_id / "child.log").read_bytes() for name, request_id in (("a", "on-a"), ("b", "on-b"))}
     assert on_disk["on-b"] and followed == on_disk["on-b"]
+    assert right.returncode == 0 and right.stdout == on_disk["on-a"] != on_disk["on-b"]
+    assert wrong.returncode == 1 and "answered 401" in wrong.stderr.decode() and not wrong.stdout  # a host serves its logs only to the token
+    assert without.returncode == 1 and "logs_token is not set" in without.stderr.decode()
 
     # After the fact, with the hosts' daemons stopped: their endpoints are gone, and the command says so.
     gone = subprocess.run(logs_command("on-a"), env=settings_environment(reader), capture_output=True, timeout=120)
     assert gone.returncode == 1 and f"the host at {hosts['a'].metrics_address} does not answer" in gone.stderr.decode()
-
-
-async def test_a_host_serves_a_log_only_to_the_fleets_token(settings: Settings, published: HubServer, tmp_path: Path) -> None:
-    host = settings.model_copy(update={"logs_token": TOKEN, "metrics_address": f"127.0.0.1:{free_port()}"})
-    daemon = DaemonProcess(host, tmp_path / "daemon.log").start()
-    try:
-        await submit(host, sft_request("told"))
-        events = await terminal_events(host, {"told"})
-        assert isinstance(events["told"][-1], Succeeded)
-        right = subprocess.run(logs_command("told"), env=settings_environment(host), capture_output=True, timeout=120)
-        wrong_settings = host.model_copy(update={"logs_token": SecretStr("not-it")})
-        wrong = subprocess.run(logs_command("told"), env=settings_environment(wrong_settings), capture_output=True, timeout=120)
-        unset = host.model_copy(update={"logs_token": None})
-        without = subprocess.run(logs_command("told"), env=settings_environment(unset), capture_output=True, timeout=120)
-    finally:
-        daemon.stop()
-    assert right.returncode == 0 and right.stdout == (host.work_dir / "jobs" / "told" / "child.log").read_bytes()
-    assert wrong.returncode == 1 and "answered 401" in wrong.stderr.decode() and not wrong.stdout
-    assert without.returncode == 1 and "logs_token is not set" in without.stderr.decode()
