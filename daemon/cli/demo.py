@@ -13,6 +13,7 @@ running afterwards, with the commands to submit, list, follow and cancel request
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import shutil
 import signal
@@ -180,7 +181,8 @@ def method_problem(method: str) -> str | None:
     """Why the demo cannot run `method` on this host, naming those it can; None when it can."""
     available = ", ".join(available_methods()) or "none"
     if method not in known_methods():
-        return f"unknown method {method!r}; this host can run: {available}"
+        meant = difflib.get_close_matches(method.lower(), known_methods(), n=1, cutoff=0.6)
+        return f"unknown method {method!r}" + (f" (did you mean {meant[0]!r}?)" if meant else "") + f"; this host can run: {available}"
     reason = unsupported_reason(method.removesuffix(VISION_SUFFIX))
     return None if reason is None else f"{reason}; this host can run: {available}"
 

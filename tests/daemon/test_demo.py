@@ -47,6 +47,14 @@ def test_the_gate_demo_publishes_the_adapter_that_passes_and_the_nan_one_into_a_
     assert "\x1b" not in output
 
 
+def test_a_method_in_capitals_or_mistyped_is_named_with_the_one_meant() -> None:
+    from daemon.cli.demo import method_problem
+
+    assert "unknown method 'SFT' (did you mean 'sft'?)" in (method_problem("SFT") or "")
+    assert "(did you mean 'grpo'?)" in (method_problem("gpro") or "")
+    assert "did you mean" not in (method_problem("nonsense") or "")
+
+
 def test_the_gate_demo_is_the_sft_demo(tmp_path: Path) -> None:
     result = demo("--gate", "--method", "dpo", "--work-dir", str(tmp_path / "demo"), home=tmp_path, timeout_s=120)
     assert result.returncode == 2 and "--gate shows the sft demo" in result.stderr
