@@ -227,6 +227,7 @@ class Service:
             "gpus": self.slots.gpus,
             "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
             "jobs": self.scheduler.status(),
+            "children": self.children.describe(),
         }
 
     def _report_status(self) -> None:

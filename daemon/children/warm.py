@@ -96,6 +96,7 @@ class WarmChildren:
         self.server: ForkServer | None = None
         self._ready: list[tuple[str | None, Child]] = []  # spawn: (CUDA_VISIBLE_DEVICES, child)
         self._deaths = 0  # fork servers in a row that died after saying ready, with no fork answered since
+        self.fallen_back: str | None = None  # why the fork server was given up, once it was
         self._show_mode()
 
     def _show_mode(self) -> None:
@@ -107,7 +108,18 @@ class WarmChildren:
         """Stop using a fork server: children are started ahead per slot from now on."""
         log.error(event, fallback="spawn", **why)
         self.mode = "spawn"
+        self.fallen_back = f"{event}: " + ", ".join(f"{key} {value}" for key, value in why.items())
         self._show_mode()
+
+    def describe(self) -> dict[str, object]:
+        """How children start now, for /status: the mode in force, the fork server's state, and why
+        it fell back to spawning when it did."""
+        mode = self.mode if self.enabled else "cold"
+        server = None
+        if self.server is not None:
+            ready = self.server.server.ready_task
+            server = ("ready" if ready.result() else "exited") if ready.done() and not ready.cancelled() else "starting"
+        return {"mode": mode, "fork_server": server, "fell_back": self.fallen_back}
 
     def environment(self, visible_devices: str | None) -> dict[str, str]:
         env = dict(self.env)

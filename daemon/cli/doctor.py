@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -131,4 +132,17 @@ def _daemon(settings: Settings) -> Check:
         return Check("daemon", False, f"running but unhealthy at {url}: {exc.read().decode(errors='replace')[:300]}")
     except OSError:
         return Check("daemon", None, f"none answers at {url} (not running here)")
-    return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}")
+    children = _status(settings.metrics_address).get("children") or {}
+    if children.get("fell_back"):
+        return Check("daemon", False, f"running, but without its fork server (it spawns warm children instead, slower to start): "
+                                      f"{children['fell_back']} (work_dir/children.log says why)")
+    starts = f"; children start by {children['mode']}, fork server {children.get('fork_server')}" if children else ""
+    return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}{starts}")
+
+
+def _status(address: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{address}/status", timeout=5) as response:
+            return dict(json.load(response))
+    except (OSError, ValueError):
+        return {}

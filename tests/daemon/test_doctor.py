@@ -4,6 +4,8 @@ requests push), exit 0 on a host ready for work."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 
 from daemon.cli.app import app
 from daemon.settings import Settings
+from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
 
@@ -63,3 +66,13 @@ def test_a_missing_topic(settings: Settings) -> None:
     missing = f"{settings.dlq_topic}-never-created"
     code, lines = doctor(settings, dlq_topic=missing)
     assert code == 1 and lines["topics"] == f"FAIL topics  missing: {missing}; create them (adapterd topics --partitions N)"
+
+
+async def test_a_running_daemon_and_its_fork_server(shared_settings: Settings, shared_daemon: Any) -> None:
+    await submit(shared_settings, {"request_id": "doctor-turn", "schema_version": 1})  # rejected: the daemon's loop turns
+    await terminal_events(shared_settings, {"doctor-turn"})
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "doctor"], env=settings_environment(shared_settings),
+                            capture_output=True, text=True, timeout=120)
+    [line] = [line for line in result.stdout.splitlines() if line[5:].startswith("daemon")]
+    assert line.startswith("ok   daemon  running: healthy True"), result.stdout
+    assert "children start by fork, fork server " in line, line

@@ -107,6 +107,9 @@ async def test_a_server_unfit_to_fork_refuses_and_the_daemon_goes_on_without_one
         try:
             assert warm.server is None and warm.mode == "spawn"
             assert len(warm._ready) == 1
+            described = warm.describe()  # what /status and `adapterd doctor` say of it
+            assert described["mode"] == "spawn" and described["fork_server"] is None
+            assert str(described["fell_back"]).startswith("forkserver.refused: ") and "stand-in" in str(described["fell_back"])
         finally:
             await warm.close()
     [refused] = [line for line in logs if line["event"] == "forkserver.refused"]
