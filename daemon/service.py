@@ -51,6 +51,7 @@ log = structlog.get_logger()
 STUCK_AFTER_S = 30.0
 LAG_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
+HUB_WHOAMI_S = 10.0  # how long the start waits to learn whose the Hub token is
 
 
 def free_bytes(path: Path) -> float:
@@ -100,15 +101,15 @@ class Service:
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
+            token = token_from(self.settings)  # said before the group is joined: `daemon.started` comes before READY
+            sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
+                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
             self.consumer.subscribe([self.settings.requests_topic], listener=RebalanceListener(self._on_assigned))
             await self.consumer.start()
-            token = token_from(self.settings)
             log.info(
                 "daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id,
-                gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(),
-                sink="local" if token is None else "hub",
-                **({"outputs": str(self.settings.work_dir / "outputs")} if token is None else {"hub": self.settings.hub_endpoint, "token_from": token}),
+                gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
             )
             try:
                 await self._poll_until_stopped()
@@ -180,6 +181,22 @@ class Service:
             "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
             "seconds_since_poll": round(since_turn, 3),
         }
+
+    async def _hub_user(self) -> str | None:
+        """Whose the Hub token is, for the start-up line; None, with the reason logged, when the Hub
+        refuses it or does not answer within HUB_WHOAMI_S: the daemon starts all the same (a push
+        is retried), and the operator reads why at once instead of after a job's training."""
+        from huggingface_hub import HfApi
+
+        assert self.settings.hub_token is not None
+        api = HfApi(endpoint=self.settings.hub_endpoint, token=self.settings.hub_token.get_secret_value())
+        try:
+            async with asyncio.timeout(HUB_WHOAMI_S):
+                who = await asyncio.to_thread(api.whoami)
+        except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
+            log.error("hub.token_unusable", hub=self.settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            return None
+        return str(who.get("name")) if isinstance(who, dict) else None
 
     async def _prune_job_folders(self) -> None:
         """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
