@@ -122,24 +122,10 @@ def validate(
     """Check a request file against the schema, without publishing it; exit 1 when it is not valid."""
     request = _read_request(file)
     if config is not None:
+        from daemon.cli.host_check import host_check
+
         host_check(request, config, str(file))
     typer.echo(f"{file}: valid {request.method} request {request.request_id}" + (f", and {config} would take it" if config else ""))
-
-
-def host_check(request: RequestBase, config: Path, what: str) -> None:
-    """Judge a valid request by a host's settings (policy, bounds, GPUs, inline images) as its daemon
-    would; a refusal is said field by field, and exit 1."""
-    from daemon.intake import Intake
-    from daemon.jobs.slots import Slots, discover_gpus
-
-    settings = _settings(config)
-    intake = Intake(settings, None, None, None, Slots(discover_gpus(settings.gpus), settings.job_slots))  # type: ignore[arg-type]  # judges only
-    refused = asyncio.run(intake.judged(request))
-    if refused is not None:
-        typer.echo(f"{what}: valid, but {config} refuses it ({refused.reason}):", err=True)
-        for error in refused.errors:
-            typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
-        raise typer.Exit(1)
 
 
 @app.command()

@@ -65,7 +65,7 @@ def convert_trl_config(
             typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
         raise typer.Exit(1)
     if host_config is not None:
-        from daemon.cli.app import host_check
+        from daemon.cli.host_check import host_check
 
         host_check(conversion.request, host_config, f"{file}'s request")
     document = conversion.request.model_dump(mode="json", exclude_unset=True)
