@@ -1,13 +1,6 @@
 """A job's lifecycle as one state machine: its states, the transitions between them, and the one
-request that stops a job early (docs/architecture.md draws it).
-
-    QUEUED ──► TRAINING ──► JUDGING ──► PUSHING ──► SUCCEEDED
-      │  │        │   └─────────┼────► PUSHING  ▲         (no evaluation: no gate)
-      │  │        │             └─────────────────┘ SUCCEEDED (failed the gate, on_fail 'none')
-      │  └────────┴──────────────────────┴──► FAILED · RETRYING  (the job's outcome, published)
-      │           │
-      └───────────┴──► CANCELLED                             (a cancel, before the push)
-    any state that is not final ──► INTERRUPTED              (nothing published: read again)
+request that stops a job early. docs/architecture.md draws it, generated from TRANSITIONS
+(`python -m daemon.jobs.lifecycle_doc`; a test fails on drift).
 
 JUDGING is the gate (daemon/jobs/gate.py): the request's rules against the numbers the child measured
 after training; it decides where the artifact goes, and a failed gate is still SUCCEEDED (pushed to a
@@ -94,3 +87,4 @@ class Lifecycle:
     def published(self) -> bool:
         """Its outcome is published: only the commit is left."""
         return self.state in OUTCOMES
+

@@ -49,3 +49,16 @@ def test_an_interrupt_overrides_a_cancel_and_a_cancel_comes_too_late_once_pushin
     done = Lifecycle()
     done.to(State.SUCCEEDED)
     assert not done.request_stop(interrupt)
+
+
+def test_the_drawing_in_docs_architecture_md_is_transitions() -> None:
+    """The one drawing of the lifecycle is generated from TRANSITIONS (`python -m daemon.jobs.lifecycle_doc`)."""
+    from pathlib import Path
+
+    from daemon.jobs.lifecycle_doc import DIAGRAM_END, DIAGRAM_START, diagram
+
+    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    drawn = text[text.index(DIAGRAM_START):text.index(DIAGRAM_END) + len(DIAGRAM_END)]
+    assert drawn == diagram(), "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.jobs.lifecycle_doc`"
+    edges = {tuple(line.strip().split(" --> ")) for line in drawn.splitlines() if " --> " in line and "[*]" not in line}
+    assert edges == {(state.name, target.name) for state, targets in TRANSITIONS.items() for target in targets}
