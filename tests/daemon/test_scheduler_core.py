@@ -118,7 +118,7 @@ async def test_a_child_silent_while_loading_or_training_is_stopped_as_stalled(se
     await run_one(core)
     retrying = core.events("r1")[-1]
     assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", stage)
-    assert children.taken[0].stopped_with is not None
+    assert children.taken[0].stopped_with == 0  # killed at once: a silent child would not save a checkpoint in any grace
 
 
 async def test_a_failure_that_is_not_retryable_ends_failed_at_once(settings: Settings) -> None:
@@ -135,7 +135,7 @@ async def test_a_job_past_its_timeout_is_stopped_and_fails(settings: Settings) -
     await run_one(core, timeout_s=1)
     failed = core.events("r1")[-1]
     assert (failed["type"], failed["code"], failed["stage"]) == ("failed", "timeout", "train")
-    assert children.taken[0].stopped_with is not None  # the child was stopped, not left running
+    assert children.taken[0].stopped_with == 0  # the child was stopped, not left running, and at once: its time is up
     assert core.consumer.commits == [(core.tp, 8)]
 
 
@@ -196,7 +196,16 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     core.consumer.committed[other] = 0
     assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.NO_SLOT
     assert core.consumer.sought[other] == 8 and other in core.consumer.paused  # held at the request, no job
-    assert [job.request_id for job in core.scheduler.jobs.values()] == ["r1"]
+    [running] = core.scheduler.jobs.values()
+    assert running.request_id == "r1"
+    # The slot frees: the held partition is read again from its request, which now starts.
+    await children.hanging.wait()
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="make room"))
+    await running.task
+    assert core.slots.busy == 0 and other not in core.consumer.paused
+    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.STARTED
+    assert [job.request_id for job in core.scheduler.jobs.values()] == ["r2"]
+    await core.scheduler.stop_jobs()  # nothing left hanging after the test
 
 
 
