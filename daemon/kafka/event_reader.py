@@ -39,9 +39,3 @@ class EventStream:
             if until_terminal and request_id is not None and event.type in TERMINAL_TYPES:
                 return
 
-
-async def follow_events(settings: Settings, request_id: str | None = None, *, until_terminal: bool = True) -> AsyncIterator[Event]:
-    """Events from the start of the topic, optionally of one request; stops after its terminal event."""
-    async with EventStream(settings) as stream:
-        async for event in stream.events(request_id, until_terminal=until_terminal):
-            yield event

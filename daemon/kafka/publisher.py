@@ -22,14 +22,14 @@ from daemon.kafka.clients import Producer, kafka_producer
 from daemon.kafka.copies import dlq_value, errors_header
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
-from daemon.kafka.trace import trace_context
+from daemon.kafka.trace import Headers, trace_context
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
 
 log = structlog.get_logger()
 
-Headers = list[tuple[str, bytes]]
+
 @dataclass(frozen=True)
 class Outgoing:
     topic: str
