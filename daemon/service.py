@@ -101,7 +101,7 @@ class Service:
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
-            token = token_from(self.settings)  # said before the group is joined: `daemon.started` comes before READY
+            token = token_from(self.settings)  # whose token, asked before the consumer starts: not while it joins
             sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
                     {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped

@@ -74,9 +74,6 @@ async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(sett
     try:
         ready = await notify.wait_for("READY=1", timeout_s=60)
         assert ready == "READY=1"
-        # The start-up line says where artifacts go, and whose the token is (the local Hub's one user).
-        [started] = [line for line in daemon.log_lines() if line.get("event") == "daemon.started"]
-        assert (started["sink"], started["token_from"], started["hub_user"]) == ("hub", "hub_token", "adapterd-test"), started
         assert any(line.startswith("STATUS=joined group") for line in notify.lines)
         await notify.wait_for("WATCHDOG=1", timeout_s=10)
         address = one_gpu.metrics_address
@@ -99,6 +96,10 @@ async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(sett
         daemon.process.send_signal(signal.SIGTERM)
         await notify.wait_for("STOPPING=1", timeout_s=30)
         assert daemon.stop() == 0
+        # The start-up line says where artifacts go, and whose the token is (the local Hub's one user); read
+        # once the daemon has exited, as READY may come before the line is written.
+        [started] = [line for line in daemon.log_lines() if line.get("event") == "daemon.started"]
+        assert (started["sink"], started["token_from"], started["hub_user"]) == ("hub", "hub_token", "adapterd-test"), started
     finally:
         daemon.stop()
         notify.close()
