@@ -2,8 +2,15 @@
 
     AdapterdError                  (schemas.common)
     ├── ConfigError                the daemon's own settings are wrong
+    │   └── TopicMissing           a topic it needs does not exist (a LookupError too)
+    ├── UsageError                 a command line or a file the CLI cannot use at all (exit 2)
+    ├── ForkServerGone             the fork server exited: a job's child is started another way (a ConnectionError too)
+    ├── IllegalTransition          (daemon.jobs.lifecycle) a move the job's state machine does not have: a bug
+    ├── LogsError                  (daemon.cli.logs) a request's log cannot be read from its host
     └── JobFailed                  (schemas.job) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink
+
+`tests/test_errors.py` holds every exception class of daemon/ and schemas/ to this tree.
 
 `code` values are part of the wire contract (`schemas.job.FailureCode`): they appear in `failed`
 events, and consumers branch on them, so they never change meaning.
@@ -14,11 +21,23 @@ from __future__ import annotations
 from schemas.common import AdapterdError
 from schemas.job import FailureCode, JobFailed
 
-__all__ = ["AdapterdError", "ConfigError", "JobFailed", "PushFailed"]
+__all__ = ["AdapterdError", "ConfigError", "ForkServerGone", "JobFailed", "PushFailed", "TopicMissing", "UsageError"]
 
 
 class ConfigError(AdapterdError):
     """The daemon's own settings are wrong; raised at start, before anything is consumed."""
+
+
+class TopicMissing(ConfigError, LookupError):
+    """A topic the daemon reads or writes does not exist on the cluster (`adapterd topics` creates them)."""
+
+
+class UsageError(AdapterdError):
+    """A command line or a file the CLI cannot use at all: said in one line, exit 2."""
+
+
+class ForkServerGone(AdapterdError, ConnectionError):
+    """The fork server exited before it answered: the job's child is started another way."""
 
 
 class PushFailed(JobFailed):

@@ -22,6 +22,7 @@ from pathlib import Path
 import structlog
 
 from daemon.children.child import OUTPUT_LIMIT, STATUS_LIMIT, Child, read_pipe
+from daemon.errors import ForkServerGone
 
 log = structlog.get_logger()
 
@@ -106,16 +107,16 @@ class ForkServer:
 
     async def fork(self, env: Mapping[str, str], log_path: Path) -> Child:
         """A new child for one job, forked once the server is ready; `env`: variables it sets (CUDA_VISIBLE_DEVICES).
-        Raises ConnectionError if the server is gone."""
+        Raises ForkServerGone (a ConnectionError) if the server is gone."""
         if not await self.server.ready_task:
-            raise ConnectionError("the fork server exited before it was ready")
+            raise ForkServerGone("the fork server exited before it was ready")
         stdin_r, stdin_w = os.pipe()
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         try:
             async with self._lock:
                 if not self.alive:
-                    raise ConnectionError("the fork server is not running")
+                    raise ForkServerGone("the fork server is not running")
                 self._forked = asyncio.get_running_loop().create_future()
                 socket.send_fds(self.sock, [json.dumps(dict(env)).encode()], [stdin_r, out_w, status_w])
                 pid = await self._forked
@@ -150,7 +151,7 @@ class ForkServer:
         finally:
             # The server is gone: the children it forked died with it (PR_SET_PDEATHSIG, SIGKILL).
             if self._forked is not None and not self._forked.done():
-                self._forked.set_exception(ConnectionError("the fork server exited"))
+                self._forked.set_exception(ForkServerGone("the fork server exited"))
             for pid, exited in self._exits.items():
                 if not exited.done():
                     exited.set_result(-signal.SIGKILL)

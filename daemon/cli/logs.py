@@ -19,11 +19,12 @@ from daemon.kafka.event_reader import EventStream
 from daemon.ops.http_server import LOG_CHUNK_BYTES
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Started
+from schemas.common import AdapterdError
 
 POLL_S = 1.0
 
 
-class LogsError(Exception):
+class LogsError(AdapterdError):
     """Why a request's log cannot be read: said on one line, exit 1."""
 
 

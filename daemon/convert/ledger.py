@@ -7,11 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from daemon.errors import UsageError
 from schemas import FieldError, RequestBase
 
-
-class UsageError(Exception):
-    """The command line or the file cannot be used at all (exit 2)."""
+__all__ = ["Changed", "Conversion", "Dropped", "Ledger", "Renamed", "UsageError", "same_value"]
 
 
 @dataclass(frozen=True)

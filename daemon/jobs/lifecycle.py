@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from schemas.common import AdapterdError
+
 
 class State(StrEnum):
     QUEUED = "queued"
@@ -46,7 +48,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(AdapterdError, RuntimeError):
     """A move the lifecycle does not have: a bug of adapterd's, never a request's."""
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from daemon.errors import TopicMissing
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 
@@ -26,7 +27,7 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
 
 
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
-    """The partitions of a topic; a LookupError naming it when it does not exist."""
+    """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
@@ -35,5 +36,5 @@ async def partition_numbers(settings: Settings, topic: str) -> set[int]:
         await admin.close()
     numbers = {partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]}
     if not numbers:
-        raise LookupError(f"topic {topic} does not exist on {settings.bootstrap_servers}; create it (adapterd topics)")
+        raise TopicMissing(f"topic {topic} does not exist on {settings.bootstrap_servers}; create it (adapterd topics)")
     return numbers
