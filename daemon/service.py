@@ -17,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -29,7 +27,7 @@ from aiokafka import TopicPartition
 from daemon.admission.capabilities import available_methods
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, prune
+from daemon.jobs.retention import Pruned, free_bytes, prune
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
@@ -52,12 +50,6 @@ STUCK_AFTER_S = 30.0
 LAG_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
 HUB_WHOAMI_S = 10.0  # how long the start waits to learn whose the Hub token is
-
-
-def free_bytes(path: Path) -> float:
-    """Free bytes on the file system of `path` (its nearest existing parent's)."""
-    existing = next((folder for folder in (path, *path.parents) if folder.exists()), Path("/"))
-    return float(shutil.disk_usage(existing).free)
 
 
 class Service:
@@ -95,8 +87,8 @@ class Service:
         # Read at each scrape: the free space now, not as of the last pass of retention.
         metrics.WORK_DIR_FREE.set_function(lambda: free_bytes(self.settings.work_dir))
         if self.settings.metrics_address:
-            token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
-            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, token).start()
+            logs_token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
+            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token).start()
         await self.publisher.start()
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")

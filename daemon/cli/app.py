@@ -31,7 +31,6 @@ from daemon.ops.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
     Cancel,
-    Event,
     Rejection,
     RequestBase,
     decode_request,
@@ -184,7 +183,7 @@ def jobs(
     """Every request's latest state across the fleet, from the events topic; newest last."""
     from datetime import UTC, datetime
 
-    from daemon.cli.jobs import HEADER, STATES, age, fold
+    from daemon.cli.jobs import HEADER, STATES, age, fold, history
 
     settings = _settings(config)
     unknown = sorted(set(state or []) - set(STATES))
@@ -197,12 +196,8 @@ def jobs(
         typer.echo(f"adapterd: --since: {exc}", err=True)
         raise typer.Exit(2) from exc
 
-    async def read() -> list[Event]:
-        async with EventStream(settings) as stream:
-            return [event async for event in stream.events(until_terminal=False, follow=False)]
-
     now = datetime.now(UTC)
-    listed = [job for job in fold(_with_kafka(settings, read())).values()
+    listed = [job for job in fold(_with_kafka(settings, history(settings))).values()
               if (not state or job.state in state) and (method is None or job.method == method) and (host is None or job.host == host)
               and (within is None or now - job.last <= within)]
     typer.echo(HEADER)
@@ -214,24 +209,19 @@ def jobs(
 def get(request_id: str, config: ConfigOption = None) -> None:
     """One request's whole history, event by event, and where it stands; exit 1 when it has no events."""
     from daemon.cli.console import describe
-    from daemon.cli.jobs import fold
+    from daemon.cli.jobs import fold, history
 
     settings = _settings(config)
-
-    async def read() -> list[Event]:
-        async with EventStream(settings) as stream:
-            return [event async for event in stream.events(request_id, until_terminal=False, follow=False)]
-
-    history = _with_kafka(settings, read())
-    if not history:
+    events = _with_kafka(settings, history(settings, request_id))
+    if not events:
         typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}", err=True)
         raise typer.Exit(1)
-    last_progress = max((index for index, event in enumerate(history) if event.type == "progress"), default=None)
-    for index, event in enumerate(history):
+    last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
+    for index, event in enumerate(events):
         if event.type == "progress" and index != last_progress:
             continue  # one line a step would bury the rest: the latest is shown
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
-    job = fold(history)[request_id]
+    job = fold(events)[request_id]
     typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
 
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
@@ -112,10 +111,10 @@ def _gpus(settings: Settings) -> Check:
 
 
 def _disk(settings: Settings) -> Check:
-    existing = next((path for path in (settings.work_dir, *settings.work_dir.parents) if path.exists()), Path("/"))
+    existing = existing_folder(settings.work_dir)
     if existing == settings.work_dir and not os.access(existing, os.W_OK):
         return Check("disk", False, f"{existing} is not writable by this user")
-    free = shutil.disk_usage(existing).free
+    free = free_bytes(existing)
     if free < MIN_FREE_BYTES:
         return Check("disk", False, f"{free / 2**30:.1f} GiB free under {existing}; a job needs {MIN_FREE_BYTES / 2**30:.0f} GiB or more")
     return Check("disk", True, f"{free / 2**30:.0f} GiB free under {existing}")

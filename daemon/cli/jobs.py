@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from daemon.kafka.event_reader import EventStream
+from daemon.settings import Settings
 from schemas import Event
 
 # The state a request is in after each event type.
@@ -47,6 +49,12 @@ class Job:
 
 
 HEADER = f"{'REQUEST':<28} {'STATE':<10} {'METHOD':<12} {'HOST':<16} {'TRY':>3} {'LAST':>8}  DETAIL"
+
+
+async def history(settings: Settings, request_id: str | None = None) -> list[Event]:
+    """The events topic from its beginning to its end as of now, or one request's events in it."""
+    async with EventStream(settings) as stream:
+        return [event async for event in stream.events(request_id, until_terminal=False, follow=False)]
 
 
 def fold(events: Iterable[Event]) -> dict[str, Job]:

@@ -73,3 +73,14 @@ def _remove(path: Path) -> int:
     size = sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file() and not entry.is_symlink())
     shutil.rmtree(path, ignore_errors=True)
     return size
+
+
+def existing_folder(path: Path) -> Path:
+    """`path`, or its nearest parent that exists (work_dir before its first job): where the free
+    space of the file system it will be on is measured."""
+    return next((folder for folder in (path, *path.parents) if folder.exists()), Path("/"))
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system `path` is or will be on."""
+    return shutil.disk_usage(existing_folder(path)).free
