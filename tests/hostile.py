@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,8 +130,9 @@ def forged_retry_headers() -> list[tuple[str, bytes]]:
 
 def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], oversize: int) -> list[Case]:
     """Issue 37's inputs, each rejected naming its field: duplicate keys, coerced types, Hub ids the
-    Hub refuses, a NUL in a local path, a pattern RE2 cannot run, an undecodable inline image, and a
-    request too large for its copies (`oversize` bytes, named by its limit, path ''). Built from
+    Hub refuses, a NUL in a local path, a pattern RE2 cannot run or one PEFT would backtrack on
+    (layers_pattern), revisions git refuses, an undecodable inline image and one of a format intake
+    does not read (TGA), and a request too large for its copies (`oversize` bytes, named by its limit, path ''). Built from
     `valid` (an SFT request) and `vision_rows` (chat rows with images); ids are `record-<name>`."""
     def variant(name: str, path: str, base: dict[str, Any] | None = None, **changes: Any) -> Case:
         document = copy.deepcopy(base or valid)
@@ -144,6 +146,8 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
     padded = copy.deepcopy(valid)
     padded.update(request_id="record-oversize", dataset={"rows": [{"text": "a" * oversize}, {"text": "b"}]})
     not_an_image = "data:image/png;base64," + base64.b64encode(b"not an image").decode()
+    tga_rows = copy.deepcopy(vision_rows)  # a format Pillow reads but intake takes not: no signature to read it by
+    tga_rows[1]["images"] = [_tga_data_uri()] * len(tga_rows[1]["images"])
     vision_rows = copy.deepcopy(vision_rows)
     vision_rows[1]["images"] = [not_an_image] * len(vision_rows[1]["images"])
     return [
@@ -161,8 +165,21 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
         variant("lookbehind", "peft.target_modules", peft={"target_modules": "(?<=a)b"}),
         variant("rank-key", "peft.rank_pattern", peft={"rank_pattern": {"(?=x)": 4}}),
         ("image", _raw({**valid, "request_id": "record-image", "dataset": {"rows": vision_rows}}), [], "dataset.rows.1.images.0"),
+        ("image-tga", _raw({**valid, "request_id": "record-image-tga", "dataset": {"rows": tga_rows}}), [], "dataset.rows.1.images.0"),
+        variant("revision-up", "model.revision", model={"revision": "../../refs/x"}),
+        variant("dataset-revision", "dataset.revision", dataset={"revision": "main/../x"}),
+        variant("layers-pattern", "peft.layers_pattern", peft={"layers_pattern": "([a-z._0-9]+)+Z", "layers_to_transform": [0]}),
+        variant("optim-list", "training.optim_target_modules", training={"optim_target_modules": ["q_proj", "(?<=a)"]}),
         ("oversize", _raw(padded), [], ""),
     ]
+
+
+def _tga_data_uri() -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, "TGA")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 class NotUtf8(str):
