@@ -4,6 +4,7 @@ reading events back is `testbed.client`'s."""
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -189,8 +190,13 @@ def said(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if not ACCOUNTED.match(line)]
 
 
+@functools.cache
+def _event_examples() -> dict[str, str]:
+    """docs/events.md's example of each event type, as JSON text, read once."""
+    examples = re.findall(r"```json\n(.*?)\n```", (Path(__file__).parents[1] / "docs" / "events.md").read_text(), re.DOTALL)
+    return {json.loads(text)["type"]: text for text in examples}
+
+
 def event_document(kind: str, **fields: Any) -> dict[str, Any]:
     """An event of `kind` as docs/events.md's example shows it, with `fields` replaced or added."""
-    examples = re.findall(r"```json\n(.*?)\n```", (Path(__file__).parents[1] / "docs" / "events.md").read_text(), re.DOTALL)
-    by_type = {json.loads(text)["type"]: json.loads(text) for text in examples}
-    return {**by_type[kind], **fields}
+    return {**json.loads(_event_examples()[kind]), **fields}
