@@ -4,6 +4,7 @@ each broken rule named by the request field it concerns and the setting that ref
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from typing import Any
 
 import fsspec
 
@@ -30,8 +31,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     for prefix, source in dataset.sources():
         errors += _source_errors(prefix, source, settings)
     if settings.max_dataset_rows is not None:
-        if dataset.rows is not None and len(dataset.rows) > settings.max_dataset_rows:
-            errors.append(FieldError(path="dataset.rows", message=f"{len(dataset.rows)} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+        errors += _inline_rows_errors("dataset.rows", dataset.rows, settings.max_dataset_rows)
         carved = dataset.test_split_size
         if isinstance(carved, int) and carved > settings.max_dataset_rows:
             errors.append(FieldError(path="dataset.test_split_size", message=f"{carved} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
@@ -114,10 +114,15 @@ def _task_suite_errors(request: RequestBase, settings: Settings) -> list[FieldEr
         if library_version(suite.library) is None:
             errors.append(FieldError(path=f"{prefix}.library", message=f"{suite.library} is not installed on this host (adapterd's '{suite.library}' extra)"))
         errors += _source_errors(f"{prefix}.source", suite.source, settings)
-        bound = settings.max_dataset_rows
-        if bound is not None and suite.source.rows is not None and len(suite.source.rows) > bound:
-            errors.append(FieldError(path=f"{prefix}.source.rows", message=f"{len(suite.source.rows)} rows; this host allows at most {bound} (max_dataset_rows)"))
+        errors += _inline_rows_errors(f"{prefix}.source.rows", suite.source.rows, settings.max_dataset_rows)
     return errors
+
+
+def _inline_rows_errors(path: str, rows: list[Any] | None, bound: int | None) -> list[FieldError]:
+    """Inline rows past the host's bound (max_dataset_rows), for the training data and a task suite alike."""
+    if bound is None or rows is None or len(rows) <= bound:
+        return []
+    return [FieldError(path=path, message=f"{len(rows)} rows; this host allows at most {bound} (max_dataset_rows)")]
 
 
 def report_to(request: RequestBase, settings: Settings) -> list[str]:
