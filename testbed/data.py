@@ -3,19 +3,13 @@ daemon is given, the repository ids the tiny model and datasets are published un
 
 from __future__ import annotations
 
+from daemon.cli.demo_requests import CHAT_ROWS as DEMO_CHAT_ROWS
+
 HUB_TOKEN = "hf_adapterd_test_token"
 TINY_MODEL = "tiny/qwen2-chat"
 CHAT_DATASET = "tiny/chat-rows"
 PREFERENCE_DATASET = "tiny/preferences"
 
-CHAT_ROWS = [
-    {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-    for q, a in [
-        ("What is the capital of France?", "The capital of France is Paris."),
-        ("What is two plus two?", "Two plus two equals four."),
-        ("Where are the requests kept?", "Kafka keeps the requests."),
-        ("Where are the adapters kept?", "The Hub keeps the adapters."),
-        ("What is three plus five?", "Three plus five equals eight."),
-        ("Is the dog lazy?", "yes, the dog is lazy."),
-    ]
-]
+# The demo's chat rows (daemon/cli/demo_requests.py), said once, but for two: the tests' counts and
+# splits were written for these six.
+CHAT_ROWS = [row for index, row in enumerate(DEMO_CHAT_ROWS) if index not in (2, 6)]
