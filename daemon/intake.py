@@ -73,7 +73,7 @@ class Intake:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""
         outgoing: list[Outgoing] = []
         last_rejected: int | None = None
-        for index, record in enumerate(records):
+        for record in records:
             # The loop's turn between two records: a batch of records decided without one (a small
             # record is decided on the loop, and a rejection awaits nothing until the flush) would
             # hold heartbeats and the watchdog for the whole batch.
@@ -98,9 +98,8 @@ class Intake:
             await self._flush(tp, outgoing, last_rejected)
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)
-            more_behind = index + 1 < len(records) or self.partitions.highwater(tp) > record.offset + 1
             try:
-                offered = await self.scheduler.offer(tp, record, decoded, more_behind=more_behind)
+                offered = await self.scheduler.offer(tp, record, decoded)
             except Exception as exc:  # as above: rejected, unless the offer got as far as starting its job
                 rejection = internal_rejection(record, exc, decoded.request_id)
                 if self.scheduler.let_go(tp, record.offset + 1):
@@ -163,7 +162,7 @@ class Intake:
 
     def _rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
-        messages = [self.publisher.dead_letter(record, rejection), self.publisher.event(rejected, trace_context(record))]
+        messages = [self.publisher.rejection_letter(record, rejection), self.publisher.event_message(rejected, trace_context(record))]
         metrics.rejected(rejection.reason).inc()
         log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
                     errors=rejection.errors, offset=record.offset)

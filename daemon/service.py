@@ -18,13 +18,15 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
 
 from daemon.admission.capabilities import available_methods
+from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, prune
@@ -52,20 +54,40 @@ RETENTION_INTERVAL_S = 3600.0
 HUB_WHOAMI_S = 10.0  # how long the start waits to learn whose the Hub token is
 
 
+@dataclass(frozen=True)
+class Core:
+    """The parts that decide what becomes of each record, wired one way: `Service` runs them over
+    Kafka and the children, and the unit tests (tests/core.py) run the same wiring on fakes."""
+
+    publisher: Publisher
+    partitions: Partitions
+    slots: Slots
+    scheduler: Scheduler
+    intake: Intake
+
+
+def wire(
+    settings: Settings, consumer: Consumer, producer: Producer | None, slots: Slots, children: ChildSource, on_change: Callable[[], None],
+) -> Core:
+    publisher = Publisher(settings, producer)
+    partitions = Partitions(consumer)
+    scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change)
+    return Core(publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots))
+
+
 class Service:
     """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
 
     def __init__(self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None) -> None:
         self.settings = settings
-        self.publisher = Publisher(settings, producer)
         self.consumer = consumer if consumer is not None else kafka_consumer(settings)
-        self.slots = Slots(discover_gpus(settings.gpus), settings.job_slots)
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
                                      mode=settings.child_start)
-        self.partitions = Partitions(self.consumer)
+        core = wire(settings, self.consumer, producer, Slots(discover_gpus(settings.gpus), settings.job_slots), self.children,
+                    on_change=self._report_status)
+        self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
+            core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
         self.reader = CarefulReader(self.consumer, self.partitions)
-        self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=self._report_status)
-        self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)
         self.control = ControlReader(settings, self.scheduler.cancel)
         self.notifier = Notifier()
         self.http: HttpEndpoint | None = None

@@ -106,6 +106,7 @@ class FakeConsumer:
         self.commits: list[tuple[TopicPartition, int]] = []
         self.paused: set[TopicPartition] = set()
         self.sought: dict[TopicPartition, int] = {}
+        self.ends: dict[TopicPartition, int] = {}  # past the last record fetched: the broker's end is never before it
         self.listener: ConsumerRebalanceListener | None = None
 
     async def start(self) -> None:
@@ -122,13 +123,16 @@ class FakeConsumer:
                    if batch and tp not in self.paused and (not partitions or tp in partitions)}
         for tp, batch in batches.items():
             del self.records[tp][: len(batch)]
+            self.ends[tp] = max(self.ends.get(tp, 0), batch[-1].offset + 1)
         return batches
 
     def assignment(self) -> Collection[TopicPartition]:
         return set(self.records) | set(self.committed)
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        return self.records[tp][-1].offset + 1 if self.records.get(tp) else None
+        """As a broker's high-water mark: past every record, fetched or not (None when it has none)."""
+        end = self.records[tp][-1].offset + 1 if self.records.get(tp) else self.ends.get(tp)
+        return max(end, self.ends.get(tp, 0)) if end is not None else None
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.sought[tp] = offset

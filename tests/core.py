@@ -1,5 +1,6 @@
-"""The daemon's core as `Service` wires it, on the in-memory fakes of tests/fakes.py: the publisher,
-partitions, slots, scheduler and intake, with nothing of Kafka, the child or torch underneath."""
+"""The daemon's core wired as `Service` wires it (`daemon.service.wire`, the one wiring), on the
+in-memory fakes of tests/fakes.py: the publisher, partitions, slots, scheduler and intake, with
+nothing of Kafka, the child or torch underneath."""
 
 from __future__ import annotations
 
@@ -7,11 +8,8 @@ import json
 
 from aiokafka import TopicPartition
 
-from daemon.intake import Intake
-from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
-from daemon.kafka.partitions import Partitions
-from daemon.kafka.publisher import Publisher
+from daemon.service import wire
 from daemon.settings import Settings
 from schemas import RequestBase, decode_request
 from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Script, Sent
@@ -23,11 +21,9 @@ class Core:
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
         self.children = children if children is not None else FakeChildren(Script())
-        self.publisher = Publisher(settings, self.producer)
-        self.partitions = Partitions(self.consumer)
-        self.slots = Slots([], settings.job_slots)
-        self.scheduler = Scheduler(settings, self.publisher, self.partitions, self.slots, self.children, on_change=lambda: None)
-        self.intake = Intake(settings, self.publisher, self.partitions, self.scheduler, self.slots)
+        core = wire(settings, self.consumer, self.producer, Slots([], settings.job_slots), self.children, on_change=lambda: None)
+        self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
+            core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
         self.tp = TopicPartition(settings.requests_topic, 0)
         self.consumer.committed[self.tp] = 0  # assigned to this member
 

@@ -44,19 +44,30 @@ class FakeChild:
     def __init__(self, script: Script, visible_devices: str | None, hanging: asyncio.Event | None = None) -> None:
         self.script = script
         self.visible_devices = visible_devices
-        self.stop_grace_s = 10.0
         self.log_context: dict[str, str] = {}
         self._pid = next(self._pids)
         self.spec: JobSpec | None = None
-        self.stopped_with: float | None = None  # the grace it was stopped with, if it was
+        self.stops: list[float] = []  # the grace of each `stop` it was given
+        self.cancelled_unstopped = False  # the task running it was cancelled without a `stop` first
         self.hanging = hanging if hanging is not None else asyncio.Event()  # set once it waits to be stopped
+        self._stopped = asyncio.Event()
 
     @property
     def pid(self) -> int:
         return self._pid
 
+    @property
+    def stopped_with(self) -> float | None:
+        """The grace of its one stop, None if it was not stopped (and a test fails on a second)."""
+        assert len(self.stops) <= 1, f"stopped {len(self.stops)} times: {self.stops}"
+        return self.stops[0] if self.stops else None
+
+    async def stop(self, grace_s: float) -> None:
+        self.stops.append(grace_s)
+        self._stopped.set()
+
     async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
-        outcome = ChildOutcome(returncode=0, stage="preflight")
+        outcome = ChildOutcome(returncode=0)
         self.spec = JobSpec.model_validate_json(spec_path.read_text())
         await on_start(self.pid)
         if self.script.artifact:
@@ -67,10 +78,12 @@ class FakeChild:
         if self.script.hang:
             self.hanging.set()
             try:
-                await asyncio.Event().wait()  # until the task running it is cancelled
+                await self._stopped.wait()  # until it is stopped, as a training child runs until SIGTERM
             except asyncio.CancelledError:
-                self.stopped_with = self.stop_grace_s
+                self.cancelled_unstopped = not self.stops
                 raise
+            outcome.returncode = -15 if self.stops[0] > 0 else -9  # SIGTERM, or SIGKILL at once
+            return outcome
         outcome.returncode = self.script.returncode
         return outcome
 

@@ -31,7 +31,6 @@ from schemas.job import (
     FirstStep,
     Ready,
     Refused,
-    StageEntered,
     TrainResult,
     parse_child_message,
 )
@@ -43,8 +42,10 @@ OnMessage = Callable[[ChildMessage], Awaitable[None]]
 
 @dataclass
 class ChildOutcome:
+    """How a child's run ended: its exit status, its result or its own account of its failure.
+    (Its stage is followed by its supervisor, from the same messages.)"""
+
     returncode: int
-    stage: str
     result: TrainResult | None = None
     error: ChildError | None = None
     first_step_at: float | None = None
@@ -88,7 +89,6 @@ class Child:
         self.log_context: dict[str, str] = {}
         self.output_task: asyncio.Task[None] = asyncio.create_task(self._forward_output())
         # How long a stopped child may take to save a checkpoint before it is killed; 0 kills at once.
-        self.stop_grace_s = 10.0
         # The only reader of the pipe until the child is ready; `run` reads it after this ends.
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
@@ -170,10 +170,10 @@ class Child:
         on_start: Callable[[int], Awaitable[None]],
         on_message: OnMessage,
     ) -> ChildOutcome:
-        """Hand the child its job and follow it to the end. Cancelling the awaiting task stops the
-        child's whole process group: SIGTERM first (a training child saves a checkpoint and exits),
-        SIGKILL after `stop_grace_s`."""
-        outcome = ChildOutcome(returncode=0, stage="preflight")
+        """Hand the child its job and follow it to its end, a `stop` included (SIGTERM: a training
+        child saves a checkpoint and exits). Cancelling the awaiting task kills the child's whole
+        process group at once."""
+        outcome = ChildOutcome(returncode=0)
         self.log_path = log_path
         try:
             assert self.process.stdin is not None
@@ -190,7 +190,7 @@ class Child:
             _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
             await self._output_done()
         except BaseException:
-            await self.stop(self.stop_grace_s)
+            await self.stop(0)
             await self._drain(outcome, on_message)
             raise
         finally:
@@ -236,11 +236,8 @@ class Child:
 
 
 async def follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
-    """Take one message of the child's into its outcome (its stage, result, error, first step),
-    then hand it on."""
-    if isinstance(message, StageEntered):
-        outcome.stage = message.stage
-    elif isinstance(message, TrainResult):
+    """Take one message of the child's into its outcome (its result, error, first step), then hand it on."""
+    if isinstance(message, TrainResult):
         outcome.result = message
     elif isinstance(message, ChildError):
         outcome.error = message

@@ -13,16 +13,18 @@ from daemon.children.child import ChildOutcome, OnMessage
 
 
 class JobProcess(Protocol):
-    """A started child waiting for its job. Cancelling the task awaiting `run` stops it, letting it
-    save a checkpoint for `stop_grace_s` first."""
+    """A started child waiting for its job. `stop(grace_s)` ends it (SIGTERM, SIGKILL after the
+    grace), and `run` then returns with how it ended; a task awaiting `run` cancelled without a
+    `stop` kills the child at once (the daemon itself is going down)."""
 
-    stop_grace_s: float
     log_context: dict[str, str]
 
     @property
     def pid(self) -> int: ...
 
     async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome: ...
+
+    async def stop(self, grace_s: float) -> None: ...
 
 
 class ChildSource(Protocol):

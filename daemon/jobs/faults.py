@@ -49,13 +49,11 @@ class RecordFaults:
     async def end(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception, message: str) -> bool:
         """End the record now, with `message`: as `_give_up`, without reading it again first (the
         broker refused its retry copy outright: reading it again would train it again)."""
-        failed = Failed(
-            request_id=runner.request.request_id, host=self.settings.host, attempt=runner.attempt, code="internal",
-            stage="intake", retryable=False, message=message,
-        )
+        # No metadata: it may be what the broker refused.
+        failed = runner.events.event(Failed, metadata=False, code="internal", stage="intake", retryable=False, message=message)
         try:
             await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))
-            await self.publisher.publish(failed, runner.trace)  # no metadata: it may be what the broker refused
+            await runner.events.announce(failed)
             await self.partitions.commit(tp, record.offset + 1)
         except Exception:
             log.exception("job.give_up_failed", request_id=runner.request.request_id, offset=record.offset)

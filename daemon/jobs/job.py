@@ -27,7 +27,7 @@ from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
-from daemon.jobs.supervisor import Supervisor
+from daemon.jobs.supervisor import Supervisor, event_stage
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
@@ -48,11 +48,11 @@ def _timeout(requested: int | None, most: int | None) -> int | None:
 
 
 class JobRunner:
-    """One request's job on its slots. `run()` returns the published terminal event.
+    """One request's job on its slots. `run()` returns the published terminal (or `retrying`) event,
+    or None when the job was interrupted (nothing published: the request is read again).
 
-    `cancel()` ends the job in `cancelled`. Cancelling the task that awaits `run()` (the daemon
-    stops, the partition moved) stops the child's process group and publishes nothing, so the
-    request is read again.
+    `stop(Stop)` is the one way a job ends early (a cancel, its timeout, a stall, an interrupt):
+    see `stop` and daemon/jobs/lifecycle.py.
     """
 
     def __init__(
@@ -75,10 +75,11 @@ class JobRunner:
         self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
         self.supervisor = Supervisor(
             request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s),
+            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop,
         )
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
+        self._stopping: asyncio.Task[None] | None = None
 
     @property
     def stage(self) -> str:
@@ -86,19 +87,25 @@ class JobRunner:
         state = self.lifecycle.state
         return self.supervisor.stage if state is State.TRAINING else "push" if state is State.PUSHING else state.value
 
-    def interrupt(self, reason: str, grace_s: float) -> None:
-        """Before the task running the job is cancelled (a daemon stop, a partition that moved): it
-        publishes nothing, and its child gets `grace_s` to save a checkpoint."""
-        if self.lifecycle.request_stop(Stop("interrupt", reason)):
-            self.supervisor.stop_at_checkpoint(grace_s)
-
-    def cancel(self, reason: str) -> bool:
-        """Stop the job for a cancel request: it ends in `cancelled`. False once the push has begun: too late."""
-        if not self.lifecycle.request_stop(Stop("cancel", reason)):
+    def stop(self, stop: Stop) -> bool:
+        """End the job early, the one way it is done: record why (its lifecycle's `stop`), give a
+        running child `stop.grace_s` to save a checkpoint (`JobProcess.stop`), then end the job's
+        own work. `run()` then reads the stop alone to decide what the job ends in. False when it
+        is too late (see `Lifecycle.request_stop`)."""
+        if not self.lifecycle.request_stop(stop):
             return False
-        if self._work is not None:
-            self._work.cancel()  # stops the child's process group at once
+        self.log.info("job.stopping", kind=stop.kind, reason=stop.reason, grace_s=stop.grace_s, stage=self.stage)
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._end_work(), name=f"stop-{self.request.request_id}")
         return True
+
+    async def _end_work(self) -> None:
+        """The child stopped with the grace of the stop in force when this runs (an interrupt asked
+        for just after a cancel gives it the interrupt's), then the work ended."""
+        assert self.lifecycle.stop is not None
+        await self.supervisor.stop_child(self.lifecycle.stop.grace_s)
+        if self._work is not None:
+            self._work.cancel()
 
     def status(self) -> dict[str, Any]:
         return {
@@ -107,26 +114,52 @@ class JobRunner:
             **self.supervisor.progress,
         }
 
-    async def run(self) -> EventBase:
-        """The job to its published terminal (or `retrying`) event. Cancelling the task that awaits
-        this (a daemon stop, a partition that moved) stops the child and publishes nothing."""
-        self._work = asyncio.create_task(self._outcome(), name=f"work-{self.request.request_id}")
-        if self.lifecycle.stop is not None:
-            self._work.cancel()  # stopped between its acceptance and its start
-        try:
-            event = await self._work
-        except asyncio.CancelledError:
-            stop = self.lifecycle.stop
-            if stop is None or stop.kind == "interrupt":
-                self.lifecycle.to(State.INTERRUPTED)
-                raise  # nothing is published: the request is read again
-            self.log.info("job.cancelled", reason=stop.reason)
-            event = Cancelled(**self.events.common(), reason=stop.reason)
+    async def run(self) -> EventBase | None:
+        """The job to its published terminal (or `retrying`) event; None when it was interrupted
+        (nothing is published). A stop, when there is one, decides the end: `_ended_by`."""
+        outcome: EventBase | None = None
+        if self.lifecycle.stop is None:  # else stopped between its acceptance and its start
+            self._work = asyncio.create_task(self._outcome(), name=f"work-{self.request.request_id}")
+            try:
+                outcome = await self._work
+            except asyncio.CancelledError:
+                if self.lifecycle.stop is None:
+                    raise  # not a stop of the job's: the task running it was cancelled (the daemon is going down)
+        if self._stopping is not None:
+            await self._stopping  # its child is gone before its end is published
+        stop = self.lifecycle.stop
+        # A success stands against any stop but an interrupt: it is pushed and in the journal.
+        event = outcome if stop is None or (stop.kind != "interrupt" and isinstance(outcome, Succeeded)) else self._ended_by(stop)
+        if event is None:
+            assert stop is not None
+            self.lifecycle.to(State.INTERRUPTED)
+            self.log.warning("job.interrupted", reason=stop.reason, committed=False)
+            return None
+        if isinstance(event, Failed | Retrying):
+            self.log.warning("job.failed", code=event.code, stage=event.stage, error=event.message, attempt=self.attempt, outcome=event.type)
+        elif isinstance(event, Cancelled):
+            self.log.info("job.cancelled", reason=event.reason)
         await self.events.announce(event)
         self.lifecycle.to(State(event.type))
         if event.type != "retrying":
             JOBS.labels(event.type).inc()
         return event
+
+    def _ended_by(self, stop: Stop) -> EventBase | None:
+        """What a stopped job ends in: `cancelled`; `failed` or `retrying` for its timeout (never
+        retried: it would run as long again) or a stall; nothing for an interrupt."""
+        if stop.kind == "interrupt":
+            return None
+        if stop.kind == "cancel":
+            return Cancelled(**self.events.common(), reason=stop.reason)
+        return self._failure(JobFailed(stop.kind, event_stage(self.supervisor.stage), stop.reason, retryable=stop.kind == "stalled"))
+
+    def _failure(self, failure: JobFailed) -> Failed | Retrying:
+        """A failed attempt: `retrying` while a retryable failure has attempts left, else `failed`."""
+        if failure.retryable and self.attempt < self.settings.max_attempts:
+            return Retrying(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage,
+                            max_attempts=self.settings.max_attempts)
+        return Failed(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
 
     async def _outcome(self) -> EventBase:
         started = time.monotonic()
@@ -147,11 +180,7 @@ class JobRunner:
                 self.lifecycle.to(State.PUSHING)
                 pushed = await self._push(where)
         except JobFailed as failure:
-            self.log.warning("job.failed", code=failure.code, stage=failure.stage, error=failure.message, attempt=self.attempt)
-            if failure.retryable and self.attempt < self.settings.max_attempts:
-                return Retrying(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage,
-                                max_attempts=self.settings.max_attempts)
-            return Failed(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+            return self._failure(failure)
         durations = {
             "queue": round(queued_s, 3),
             **result.durations_s,
@@ -178,7 +207,7 @@ class JobRunner:
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace))
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
-        self.journal.record("trained", None)  # until this attempt's artifact is complete
+        self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
         result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
         self.journal.record("trained", result.model_dump(mode="json"))

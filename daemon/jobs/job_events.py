@@ -1,5 +1,7 @@
 """The one place a job's events are published: `accepted` (the scheduler), `started`, `progress`
-and `checkpoint` (its supervisor), its outcome (the job). Each carries the job's common fields
+and `checkpoint` (its supervisor), its outcome (the job), and the outcomes the scheduler gives a
+request without a job (`cancelled` before it started, `failed` for a record that kept failing
+outside its job: daemon/jobs/faults.py). Each carries the job's common fields
 (request id, metadata, host, attempt) and goes out with the request's trace headers, acknowledged
 before the job takes its next step."""
 
@@ -23,13 +25,19 @@ class JobEvents:
         self.attempt = attempt
         self.trace = trace
 
-    def common(self) -> dict[str, Any]:
-        """The fields every event of the job carries."""
-        return {"request_id": self.request.request_id, "metadata": self.request.metadata, "host": self.host, "attempt": self.attempt}
+    def common(self, *, metadata: bool = True) -> dict[str, Any]:
+        """The fields every event of the job carries (`metadata=False`: all but the request's
+        metadata, for an event about a record the broker may have refused for its size)."""
+        return {"request_id": self.request.request_id, "host": self.host, "attempt": self.attempt,
+                **({"metadata": self.request.metadata} if metadata else {})}
+
+    def event(self, kind: type[E], *, metadata: bool = True, **fields: Any) -> E:
+        """One of the job's events, from its own fields and the common ones."""
+        return kind(**self.common(metadata=metadata), **fields)
 
     async def publish(self, kind: type[E], **fields: Any) -> E:
         """Build one of the job's events from its own fields and publish it."""
-        event = kind(**self.common(), **fields)
+        event = self.event(kind, **fields)
         await self.announce(event)
         return event
 

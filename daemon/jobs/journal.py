@@ -25,7 +25,15 @@ class Journal:
 
     def record(self, stage: str, value: Any) -> None:
         """Add a stage, atomically: a crash leaves the old journal or the new one, never half of one."""
-        entries = {**self.read(), stage: value}
+        self._write({**self.read(), stage: value})
+
+    def forget(self, stage: str) -> None:
+        """Take a stage out (an earlier attempt's, about to be done again), as atomically."""
+        entries = self.read()
+        if entries.pop(stage, None) is not None:
+            self._write(entries)
+
+    def _write(self, entries: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".partial")
         partial.write_text(json.dumps(entries, indent=2))

@@ -6,11 +6,13 @@ JUDGING is the gate (daemon/jobs/gate.py): the request's rules against the numbe
 after training; it decides where the artifact goes, and a failed gate is still SUCCEEDED (pushed to a
 pull request or a side branch, or nowhere). QUEUED also goes straight to PUSHING or JUDGING (an earlier
 attempt's artifact is complete on disk: nothing is trained twice) and to SUCCEEDED (the request already succeeded: answered as a duplicate). A final
-state is entered once its event is acknowledged; then only the commit is left. A job is stopped
-early by a `Stop`: a cancel (it ends CANCELLED, its child killed at once) or an interrupt (a daemon
-stop or a partition that moved: its child saves a checkpoint within the grace, nothing is
-published, and the request is read again). An interrupt overrides a cancel; a cancel comes too
-late once the push has begun.
+state is entered once its event is acknowledged; then only the commit is left.
+
+A job ends early only by a `Stop`, through `JobRunner.stop` (daemon/jobs/job.py): a cancel (it ends
+CANCELLED), a timeout or a stall (FAILED or RETRYING, named so), each with its child killed at once;
+or an interrupt (a daemon stop or a partition that moved: its child saves a checkpoint within the
+grace, nothing is published, and the request is read again). An interrupt overrides any other stop;
+no other replaces the first; none is taken once the push has begun, but an interrupt.
 """
 
 from __future__ import annotations
@@ -52,14 +54,23 @@ class IllegalTransition(AdapterdError, RuntimeError):
     """A move the lifecycle does not have: a bug of adapterd's, never a request's."""
 
 
+StopKind = Literal["cancel", "timeout", "stalled", "interrupt"]
+
+
 @dataclass(frozen=True)
 class Stop:
-    """Why a job is being stopped before its outcome: `cancel` ends it in `cancelled`; `interrupt`
-    publishes nothing (the request is read again). How long the child may take to save a checkpoint
-    is its supervisor's to hold (`Supervisor.stop_at_checkpoint`)."""
+    """Why a job is stopped before its own outcome, and how long its child may take to save a
+    checkpoint first (`grace_s`: SIGTERM, then SIGKILL; 0 kills at once). `cancel` ends it in
+    `cancelled`; `timeout` and `stalled` in `failed` or `retrying` with that code and `reason` as
+    its message; `interrupt` publishes nothing (the request is read again)."""
 
-    kind: Literal["cancel", "interrupt"]
+    kind: StopKind
     reason: str
+    grace_s: float = 0.0
+
+    @classmethod
+    def interrupt(cls, reason: str, grace_s: float) -> Stop:
+        return cls("interrupt", reason, grace_s)
 
 
 class Lifecycle:
@@ -77,9 +88,10 @@ class Lifecycle:
         self.history.append(state)
 
     def request_stop(self, stop: Stop) -> bool:
-        """Ask the job to stop; False when it is too late (a cancel once the push began, any stop once
-        the job is final). An interrupt replaces a cancel asked for before it, never the reverse."""
-        if self.state in FINAL or (stop.kind == "cancel" and self.state is State.PUSHING):
+        """Record why the job stops; False when it is too late (any stop but an interrupt once the
+        push began, any stop once the job is final). An interrupt replaces any stop asked for before
+        it; no other replaces the first."""
+        if self.state in FINAL or (stop.kind != "interrupt" and self.state is State.PUSHING):
             return False
         if stop.kind == "interrupt" or self.stop is None:
             self.stop = stop

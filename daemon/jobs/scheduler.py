@@ -30,11 +30,13 @@ from aiokafka.errors import KafkaError
 from daemon.children.processes import ChildSource
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
+from daemon.jobs.job_events import JobEvents
+from daemon.jobs.lifecycle import Stop
 from daemon.jobs.slots import Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import backoff_s
+from daemon.kafka.retry_state import RetrySigner, backoff_s
 from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
@@ -87,6 +89,8 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting: dict[TopicPartition, WaitingRetry] = {}
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
+        self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
         self.stopping = False
 
@@ -94,14 +98,14 @@ class Scheduler:
         """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due)."""
         return tp in self.jobs or tp in self.waiting
 
-    async def offer(self, tp: TopicPartition, record: Record, request: RequestBase, *, more_behind: bool) -> Offered:
+    async def offer(self, tp: TopicPartition, record: Record, request: RequestBase) -> Offered:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
+        retry = self.retries.read(record)
         if request.request_id in self.cancelled:
-            await self._skip_cancelled(tp, record, request)
+            await self._skip_cancelled(tp, record, request, retry.attempt)
             return Offered.SKIPPED
-        retry = self.publisher.retries.read(record)
         if retry.due is not None and retry.due > time.time():
-            return await self._not_yet(tp, record, retry.due, more_behind=more_behind)
+            return await self._not_yet(tp, record, retry.due)
         slots = self.slots.take(request.resources.gpus)
         if slots is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots
@@ -110,19 +114,18 @@ class Scheduler:
         self._start(tp, record, request, slots, retry.attempt)
         return Offered.STARTED
 
-    async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase) -> None:
+    async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
         reason = self.cancelled[request.request_id]
         log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
-        cancelled = Cancelled(request_id=request.request_id, host=self.settings.host, metadata=request.metadata, reason=reason)
-        await self.publisher.publish(cancelled, trace_context(record))
+        await JobEvents(self.publisher, request, self.settings.host, attempt, trace_context(record)).publish(Cancelled, reason=reason)
         metrics.JOBS.labels("cancelled").inc()
         await self.partitions.commit(tp, record.offset + 1)
 
-    async def _not_yet(self, tp: TopicPartition, record: Record, due: float, *, more_behind: bool) -> Offered:
-        if more_behind:
+    async def _not_yet(self, tp: TopicPartition, record: Record, due: float) -> Offered:
+        if self.partitions.highwater(tp) > record.offset + 1:
             # Requests stand behind it: it goes behind them, byte for byte, and they go first.
-            await self.publisher.deliver(self.publisher.again(record))
+            await self.publisher.deliver(self.publisher.deferred_copy(record))
             await self.partitions.commit(tp, record.offset + 1)
             log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
             return Offered.DEFERRED
@@ -159,9 +162,13 @@ class Scheduler:
         try:
             await runner.events.publish(Accepted, method=runner.request.method)
             event = await runner.run()
+            if event is None:
+                return  # interrupted: nothing published, nothing committed; the request is read again
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                retry = self.publisher.retry(record, runner.attempt + 1, backoff_s(self.settings.retry_backoff_s, runner.attempt + 1))
+                attempt = runner.attempt + 1
+                due = time.time() + backoff_s(self.settings.retry_backoff_s, attempt)
+                retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due))
                 try:
                     await self.publisher.deliver(retry)
                 except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
@@ -174,10 +181,6 @@ class Scheduler:
                 log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
                 await self.publisher.deliver(self.publisher.failed_letter(record, event))
             await self.partitions.commit(tp, offset + 1)
-        except asyncio.CancelledError:
-            stop = runner.lifecycle.stop
-            log.warning("job.interrupted", request_id=runner.request.request_id, committed=False, reason=stop.reason if stop else None)
-            raise
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request
             # again rather than lose it, but not for ever (daemon/jobs/faults.py).
@@ -240,7 +243,7 @@ class Scheduler:
         """From the control topic: stop the request's running job, or remember to skip it."""
         reason = self.cancelled[cancel.request_id] = cancel.reason or "cancelled"
         for job in list(self.jobs.values()):
-            if job.request_id == cancel.request_id and not job.runner.cancel(reason):
+            if job.request_id == cancel.request_id and not job.runner.stop(Stop("cancel", reason)):
                 log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
 
     async def on_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -251,8 +254,7 @@ class Scheduler:
                 self.partitions.hold(tp, job.offset + 1)
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
-                job.runner.interrupt("partition moved", self.settings.drain_timeout_s)
-                job.task.cancel()
+                job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
         self.waiting.clear()  # their partitions start again at the retry, which is read anew
         self.pause_idle_partitions()
 
@@ -261,10 +263,8 @@ class Scheduler:
         and its request is read again after a restart, resuming there."""
         self.stopping = True
         for job in self.jobs.values():
-            if job.runner.lifecycle.published:
-                continue  # its outcome is published; let it commit rather than have it redelivered
-            job.runner.interrupt("daemon stopping", self.settings.drain_timeout_s)
-            job.task.cancel()
+            # A job whose outcome is published is not stopped: it commits rather than being read again.
+            job.runner.stop(Stop.interrupt("daemon stopping", self.settings.drain_timeout_s))
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
 
     def status(self) -> list[dict[str, Any]]:

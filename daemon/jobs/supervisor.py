@@ -1,8 +1,10 @@
-"""Supervise one job's child process: hand it the job, turn what it says into events, and stop it
-when the job runs past its timeout, goes silent while training, or is cancelled.
+"""Supervise one job's child process: hand it the job, turn what it says into events, and watch its
+time and its silence.
 
 Returns the child's `TrainResult`, or raises `JobFailed` with the child's own account of its
-failure or one derived from how it died.
+failure or one derived from how it died. A job past its timeout or silent while it trains is
+stopped through the job's one way to stop (`JobRunner.stop`), handed in as `stop`; the stop
+(`Stop`) says why, and the job decides what that ends in.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,7 @@ import structlog
 from daemon.children.child import Child, ChildOutcome
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
+from daemon.jobs.lifecycle import Stop
 from daemon.settings import Settings
 from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.job import (
@@ -48,16 +52,16 @@ def event_stage(stage: str) -> Stage:
     return stage if stage in STAGES else "save"  # type: ignore[return-value]
 
 
-def failure_of(outcome: ChildOutcome) -> JobFailed | None:
-    """The child's own account of its failure, or one derived from how it died."""
+def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
+    """The child's own account of its failure, or one derived from how it died in `stage`."""
     if outcome.error is not None:
         error = outcome.error
         return JobFailed(error.code, event_stage(error.stage), error.message, retryable=error.retryable)
     if outcome.returncode != 0 or outcome.result is None:
         tail = " | ".join(line.strip() for line in outcome.log_tail[-5:] if line.strip())
         return JobFailed(
-            "child_crashed", event_stage(outcome.stage),
-            f"the training process died ({outcome.describe_exit()}) during {outcome.stage}; last output: {tail or '(none)'}",
+            "child_crashed", event_stage(stage),
+            f"the training process died ({outcome.describe_exit()}) during {stage}; last output: {tail or '(none)'}",
             retryable=True,
         )
     return None
@@ -66,7 +70,7 @@ def failure_of(outcome: ChildOutcome) -> JobFailed | None:
 class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
-        *, slot: str, visible_devices: str | None, timeout_s: int | None,
+        *, slot: str, visible_devices: str | None, timeout_s: int | None, stop: Callable[[Stop], bool],
     ) -> None:
         self.request = request
         self.settings = settings
@@ -75,18 +79,19 @@ class Supervisor:
         self.slot = slot
         self.visible_devices = visible_devices
         self.timeout_s = timeout_s
+        self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
-        self.stage = "preflight"
+        self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
         self.child: JobProcess | None = None
-        self.stop_grace_s = 0.0  # a cancel or timeout kills the child at once; a daemon stop lets it checkpoint
+        self._running: asyncio.Task[ChildOutcome] | None = None
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
 
-    def stop_at_checkpoint(self, grace_s: float) -> None:
-        """Before the task is cancelled for a daemon stop: give the child `grace_s` to save a checkpoint."""
-        self.stop_grace_s = grace_s
-        if self.child is not None:
-            self.child.stop_grace_s = grace_s
+    async def stop_child(self, grace_s: float) -> None:
+        """End the running child: SIGTERM, SIGKILL after `grace_s` (at once for 0); nothing when no
+        child runs. Its `run` then returns with how it ended."""
+        if self.child is not None and self._running is not None and not self._running.done():
+            await self.child.stop(grace_s)
 
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
@@ -97,33 +102,16 @@ class Supervisor:
         else:
             child = await self.children.take(self.visible_devices)
         self.child = child
-        child.stop_grace_s = self.stop_grace_s
         child.log_context = {"request_id": self.request.request_id}
-        run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
-        stall = asyncio.create_task(self._stall())
+        self._running = run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
+        watches = [asyncio.create_task(self._timeout()), asyncio.create_task(self._stall())]
         try:
-            # The first of: the child ends, it stalls, the job's time is up (or the job is stopped,
-            # which cancels this task).
-            async with asyncio.timeout(self.timeout_s):
-                await asyncio.wait({run, stall}, return_when=asyncio.FIRST_COMPLETED)
-        except TimeoutError:
-            raise JobFailed(
-                "timeout", event_stage(self.stage), f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped", retryable=False
-            ) from None
+            outcome = await run  # to the child's end: its own, or a stop's (JobRunner.stop)
         finally:
-            stall.cancel()
-            if not run.done():
-                run.cancel()  # stops the child's process group
-            await asyncio.gather(run, stall, return_exceptions=True)
-        if not run.done() or run.cancelled():  # the stall ended it
-            raise JobFailed(
-                "stalled", event_stage(self.stage),
-                f"{STALLED[self.stage]} for {self.settings.stall_timeout_s} s (stall_timeout_s); "
-                "the job was stopped",
-                retryable=True,
-            )
-        outcome = run.result()  # what the child's end raised, if anything, is raised here
-        failure = failure_of(outcome)
+            for watch in watches:
+                watch.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
+        failure = failure_of(outcome, self.stage)
         if failure is not None:
             raise failure
         assert outcome.result is not None
@@ -148,16 +136,22 @@ class Supervisor:
             self.stage = message.stage
             self.log.info("job.stage", stage=message.stage)
 
+    async def _timeout(self) -> None:
+        """Stop the job once it has run `timeout_s` (from its child's start)."""
+        if self.timeout_s is None:
+            return
+        await asyncio.sleep(self.timeout_s)
+        self.stop_job(Stop("timeout", f"timeout_s: the job ran longer than {self.timeout_s} s and was stopped"))
+
     async def _stall(self) -> None:
-        """Return once a training job has gone `stall_timeout_s` without a step (a hung collective, a
-        stuck data loader): while it trains, the child says something every few seconds. Never
-        returns without a limit."""
+        """Stop the job once it has gone `stall_timeout_s` without a sign of life in a watched stage
+        (a hung collective, a stuck data loader): there, the child says something every few seconds."""
         limit = self.settings.stall_timeout_s
         if limit is None:
-            await asyncio.Event().wait()  # until cancelled with the job
             return
         while True:
             await asyncio.sleep(min(limit / 4, 5.0))
             if self.stage in WATCHED_STAGES and time.monotonic() - self.last_heard > limit:
                 self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
+                self.stop_job(Stop("stalled", f"{STALLED[self.stage]} for {limit} s (stall_timeout_s); the job was stopped"))
                 return

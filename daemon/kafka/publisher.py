@@ -1,5 +1,7 @@
 """Publish lifecycle events and dead letters through one idempotent producer with acks=all.
 
+The messages are built by the nouns (`event_message`, `rejection_letter`, `failed_letter`,
+`retry_copy`, `deferred_copy`) and sent by the verbs (`deliver`, `publish`, `send_all`).
 `publish` returns once the broker has the event. `send_all` queues many messages in as few
 batches as their partitions need (the intake path rejects thousands a second) and returns the
 futures of their acknowledgements; order is kept per partition.
@@ -8,7 +10,6 @@ futures of their acknowledgements; order is kept per partition.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,7 +22,6 @@ from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 from daemon.kafka.clients import Producer, kafka_producer
 from daemon.kafka.copies import dlq_value, errors_header
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import Headers, trace_context
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
@@ -48,7 +48,6 @@ class Publisher:
         self.settings = settings
         self.producer = producer if producer is not None else kafka_producer(settings)
         self.partitioner = partitioner if partitioner is not None else DefaultPartitioner()
-        self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -56,7 +55,7 @@ class Publisher:
     async def stop(self) -> None:
         await self.producer.stop()
 
-    def event(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
+    def event_message(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
         """An event, with its request's trace context (daemon/kafka/trace.py) when the request had one."""
         event_type = event.type
         return Outgoing(
@@ -66,13 +65,23 @@ class Publisher:
             [("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1"), *(trace or [])],
         )
 
-    def dead_letter(self, record: Record, rejection: Rejection) -> Outgoing:
+    def rejection_letter(self, record: Record, rejection: Rejection) -> Outgoing:
         """The raw bytes of a message that could not become a job, with why and where it came from."""
+        return self._letter(record, rejection.reason, rejection.exception, errors_header(rejection.errors))
+
+    def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
+        """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
+        errors = errors_header([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])
+        return self._letter(record, reason, exception, errors, [("adapterd-attempts", str(failed.attempt).encode())])
+
+    def _letter(self, record: Record, reason: str, exception: str | None, errors: bytes, extra: Headers | None = None) -> Outgoing:
+        """A DLQ record: the request's bytes (or as much as fits), why, and where it came from."""
         value, omitted = dlq_value(record, self.settings.max_message_bytes)
         headers = [
-            ("adapterd-reason", rejection.reason.encode()),
-            *([("adapterd-exception", rejection.exception.encode())] if rejection.exception else []),
-            ("adapterd-errors", errors_header(rejection.errors)),
+            ("adapterd-reason", reason.encode()),
+            *([("adapterd-exception", exception.encode())] if exception else []),
+            ("adapterd-errors", errors),
+            *(extra or []),
             *omitted,
             *self._source(record),
         ]
@@ -88,29 +97,16 @@ class Publisher:
             ("adapterd-host", self.settings.host.encode()),
         ]
 
-    def retry(self, record: Record, attempt: int, backoff_s: float) -> Outgoing:
-        """The request again, byte for byte and with the same key, for its next attempt, due in `backoff_s`."""
-        headers = self.retries.headers(record.key, record.value or b"", attempt, time.time() + backoff_s) + trace_context(record)
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
+    def retry_copy(self, record: Record, retry_headers: Headers) -> Outgoing:
+        """The request again, byte for byte and with the same key, for its next attempt: its signed
+        retry state (daemon/kafka/retry_state.py) and its trace context as headers."""
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", [*retry_headers, *trace_context(record)])
 
-    def again(self, record: Record) -> Outgoing:
+    def deferred_copy(self, record: Record) -> Outgoing:
         """A retry that is not yet due, to the end of its partition again, headers and all (but a
         header with a null value: the daemon's own are never null, and the rest are the producer's)."""
         headers = [(name, value) for name, value in record.headers or () if value is not None]
         return Outgoing(self.settings.requests_topic, record.key, record.value or b"", headers)
-
-    def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
-        """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
-        value, omitted = dlq_value(record, self.settings.max_message_bytes)
-        headers = [
-            ("adapterd-reason", reason.encode()),
-            *([("adapterd-exception", exception.encode())] if exception else []),
-            ("adapterd-errors", errors_header([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])),
-            ("adapterd-attempts", str(failed.attempt).encode()),
-            *omitted,
-            *self._source(record),
-        ]
-        return Outgoing(self.settings.dlq_topic, record.key, value, headers)
 
     async def deliver(self, message: Outgoing) -> None:
         """Send one message and wait until the broker has it, however long the brokers are away.
@@ -131,7 +127,7 @@ class Publisher:
     async def publish(self, event: EventBase, trace: Headers | None = None) -> None:
         """Publish one event (with its request's trace headers) and wait until the broker has it.
         While the brokers are away the job goes on, and its later events wait behind this one."""
-        await self.deliver(self.event(event, trace))
+        await self.deliver(self.event_message(event, trace))
         log.info("event.published", type=event.type, request_id=event.request_id)
 
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:

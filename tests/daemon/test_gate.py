@@ -179,7 +179,7 @@ GATE = {"gate": [{"metric": "eval_loss", "at_most": 1.05, "of": "base"}]}
 async def run_gated(core: Core, evaluation: dict[str, Any]) -> tuple[list[State], dict[str, Any]]:
     document = sft_request("gated", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, evaluation=evaluation)
     record = core.record(document, 3)
-    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is Offered.STARTED
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
     job = core.scheduler.jobs[core.tp]
     await job.task
     return job.runner.lifecycle.history, core.events("gated")[-1]
@@ -245,7 +245,7 @@ async def test_a_second_job_is_told_where_the_local_sinks_current_adapter_is(set
     document = sft_request("gated-2", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, output={"repo_id": "results/gated"},
                            evaluation={"baselines": ["base", "current"], "on_fail": "none"})
     record = core.record(document, 4)
-    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is Offered.STARTED
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
     await core.scheduler.jobs[core.tp].task
     second = children.taken[-1].spec
     assert second is not None and second.local_current_adapter == settings.outputs_dir.resolve() / "results" / "gated"

@@ -49,7 +49,7 @@ def rejection_messages(publisher: Publisher, settings: Settings, request_id: str
     errors = [FieldError(path="", message="not UTF-8 JSON")]
     rejection = Rejection("not_json", errors, request_id)
     rejected = Rejected(request_id=request_id, host=settings.host, reason="not_json", errors=errors)
-    return [publisher.dead_letter(record, rejection), publisher.event(rejected)]
+    return [publisher.rejection_letter(record, rejection), publisher.event_message(rejected)]
 
 
 async def test_each_key_is_hashed_once_and_lands_where_the_default_partitioner_puts_it() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.jobs.lifecycle import State
+from daemon.jobs.lifecycle import State, Stop
 from daemon.jobs.scheduler import Offered, RunningJob
 from daemon.settings import Settings
 from schemas import Cancel
@@ -46,7 +46,7 @@ def settings(tmp_path: Path) -> Settings:
 async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrides: object) -> list[State]:
     """Offer one request as intake would, wait for its job to end, and say the states it went through."""
     record = core.record(sft_request(request_id, **overrides), offset)
-    offered = await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    offered = await core.scheduler.offer(core.tp, record, core.request(record))
     assert offered is Offered.STARTED and core.tp in core.scheduler.jobs  # its partition is held while it runs
     job = core.scheduler.jobs[core.tp]
     await job.task
@@ -82,7 +82,7 @@ async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_nex
     assert core.types("r1") == ["accepted", "started", "retrying"]
     [again] = core.requeued()
     assert again.key == b"r1" and again.value == core.record(sft_request("r1")).value  # byte for byte
-    state = core.publisher.retries.read(core.record(sft_request("r1"), headers=again.headers))
+    state = core.scheduler.retries.read(core.record(sft_request("r1"), headers=again.headers))
     assert state.attempt == 2 and state.due is not None and state.due > time.time() + 20  # after retry_backoff_s
     assert core.consumer.commits == [(core.tp, 8)] and not core.dead_letters()
 
@@ -90,9 +90,9 @@ async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_nex
 async def test_the_last_attempt_of_a_retryable_failure_ends_failed_and_in_the_dlq(settings: Settings) -> None:
     core = Core(settings, children=FakeChildren(crash()))
     first = core.record(sft_request("r1"), 7)
-    signed = core.publisher.retries.headers(first.key, first.value or b"", 2, time.time() - 1)  # attempt 2 of 2, due
+    signed = core.scheduler.retries.headers(first.key, first.value or b"", 2, time.time() - 1)  # attempt 2 of 2, due
     record = core.record(sft_request("r1"), 7, headers=signed)
-    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    await core.scheduler.offer(core.tp, record, core.request(record))
     await core.scheduler.jobs[core.tp].task
     failed = core.events("r1")[-1]
     assert (failed["type"], failed["code"], failed["attempt"], failed["retryable"]) == ("failed", "child_crashed", 2, True)
@@ -144,7 +144,7 @@ async def hanging_job(settings: Settings, *messages: ChildMessage) -> tuple[Core
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), *messages], hang=True))
     core = Core(settings, children=children)
     record = core.record(sft_request("r1"), 7)
-    await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False)
+    await core.scheduler.offer(core.tp, record, core.request(record))
     await asyncio.wait_for(children.hanging.wait(), 5)
     return core, children.taken[0], core.scheduler.jobs[core.tp]
 
@@ -164,7 +164,7 @@ async def test_a_request_cancelled_before_it_is_reached_is_skipped(settings: Set
     core = Core(settings, children=children)
     await core.scheduler.cancel(Cancel(request_id="r1", reason="not wanted"))
     record = core.record(sft_request("r1"), 7)
-    assert await core.scheduler.offer(core.tp, record, core.request(record), more_behind=False) is Offered.SKIPPED  # go on with the next
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.SKIPPED  # go on with the next
     assert core.types("r1") == ["cancelled"] and children.taken == []
     assert core.consumer.commits == [(core.tp, 8)]
 
@@ -191,10 +191,10 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True), SUCCEEDS)
     core = Core(settings, children=children)
     first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
-    await core.scheduler.offer(core.tp, first, core.request(first), more_behind=True)
+    await core.scheduler.offer(core.tp, first, core.request(first))
     other = type(core.tp)(core.tp.topic, 1)
     core.consumer.committed[other] = 0
-    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.NO_SLOT
+    assert await core.scheduler.offer(other, second, core.request(second)) is Offered.NO_SLOT
     assert core.consumer.sought[other] == 8 and other in core.consumer.paused  # held at the request, no job
     [running] = core.scheduler.jobs.values()
     assert running.request_id == "r1"
@@ -203,7 +203,7 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     await core.scheduler.cancel(Cancel(request_id="r1", reason="make room"))
     await running.task
     assert core.slots.busy == 0 and other not in core.consumer.paused
-    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.STARTED
+    assert await core.scheduler.offer(other, second, core.request(second)) is Offered.STARTED
     assert [job.request_id for job in core.scheduler.jobs.values()] == ["r2"]
     await core.scheduler.stop_jobs()  # nothing left hanging after the test
 
@@ -213,16 +213,17 @@ async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requ
     children = FakeChildren(SUCCEEDS)
     core = Core(settings, children=children)
     first = core.record(sft_request("r1"), 7)
-    signed = core.publisher.retries.headers(first.key, first.value or b"", 2, time.time() + 30)  # attempt 2, due in 30 s
+    signed = core.scheduler.retries.headers(first.key, first.value or b"", 2, time.time() + 30)  # attempt 2, due in 30 s
     early = core.record(sft_request("r1"), 7, headers=signed)
 
-    assert await core.scheduler.offer(core.tp, early, core.request(early), more_behind=False) is Offered.WAITING
+    assert await core.scheduler.offer(core.tp, early, core.request(early)) is Offered.WAITING
     assert core.consumer.sought[core.tp] == 7 and core.tp in core.consumer.paused and core.tp in core.scheduler.waiting
     assert core.slots.busy == 0 and children.taken == [] and core.consumer.commits == []
 
     core.scheduler.wake({core.tp: 9})  # a request arrived behind it: its partition is read again
     assert core.tp not in core.scheduler.waiting and core.tp not in core.consumer.paused
-    assert await core.scheduler.offer(core.tp, early, core.request(early), more_behind=True) is Offered.DEFERRED
+    core.consumer.ends[core.tp] = 9  # the broker's end: a request stands behind the retry
+    assert await core.scheduler.offer(core.tp, early, core.request(early)) is Offered.DEFERRED
     [again] = core.requeued()
     assert again.value == early.value and again.headers == early.headers  # byte for byte, headers and all
     assert core.consumer.commits == [(core.tp, 8)] and children.taken == [] and core.events() == []
@@ -248,10 +249,10 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: S
     first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
     other = type(core.tp)(core.tp.topic, 1)
     core.consumer.committed[other] = 0
-    assert await core.scheduler.offer(core.tp, first, core.request(first), more_behind=False) is Offered.STARTED
+    assert await core.scheduler.offer(core.tp, first, core.request(first)) is Offered.STARTED
     await asyncio.to_thread(pushing.wait, 30)
     assert core.slots.busy == 0 and core.tp in core.consumer.paused  # the slot is free; the partition is still held
-    assert await core.scheduler.offer(other, second, core.request(second), more_behind=False) is Offered.STARTED
+    assert await core.scheduler.offer(other, second, core.request(second)) is Offered.STARTED
     assert core.types("r1") == ["accepted", "started", "progress"] and core.consumer.commits == []  # r1 is still pushing
     release.set()
     await core.scheduler.jobs[core.tp].task
@@ -259,3 +260,66 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: S
     assert core.slots.busy == 1 and [job.request_id for job in core.scheduler.jobs.values()] == ["r2"]  # r2's slot, not given back twice
     await core.scheduler.stop_jobs()
     assert core.slots.busy == 0
+
+
+STOP_PATHS = {
+    # path: what stops it, the Stop it must go through, the states and events it ends with, the child's grace
+    "cancel": ("cancel", [State.CANCELLED], ["cancelled"], 0.0),
+    "timeout": ("timeout", [State.FAILED], ["failed"], 0.0),
+    "stall": ("stalled", [State.RETRYING], ["retrying"], 0.0),
+    "daemon stop": ("interrupt", [State.INTERRUPTED], [], 60.0),
+    "partition moved": ("interrupt", [State.INTERRUPTED], [], 60.0),
+}
+
+
+@pytest.mark.parametrize("path", list(STOP_PATHS))
+async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(settings: Settings, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each path that ends a job early calls `JobRunner.stop` once, with its kind, and the child gets
+    that stop's grace through `JobProcess.stop` (never a bare cancel of the task running it); what the
+    job ends in is decided by the stop alone."""
+    from daemon.jobs.job import JobRunner
+
+    kind, ending, published, grace = STOP_PATHS[path]
+    stops: list[Stop] = []
+    real_stop = JobRunner.stop
+
+    def recording_stop(runner: JobRunner, stop: Stop) -> bool:
+        stops.append(stop)
+        return real_stop(runner, stop)
+
+    monkeypatch.setattr(JobRunner, "stop", recording_stop)
+    settings = settings.model_copy(update={"drain_timeout_s": grace or 60.0, "stall_timeout_s": 0.2 if path == "stall" else None})
+    children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
+    core = Core(settings, children=children)
+    record = core.record(sft_request("r1", **({"timeout_s": 1} if path == "timeout" else {})), 7)
+    await core.scheduler.offer(core.tp, record, core.request(record))
+    job = core.scheduler.jobs[core.tp]
+    await asyncio.wait_for(children.hanging.wait(), 5)
+    if path == "cancel":
+        await core.scheduler.cancel(Cancel(request_id="r1", reason="operator asked"))
+    elif path == "daemon stop":
+        await core.scheduler.stop_jobs()
+    elif path == "partition moved":
+        await core.scheduler.on_assigned(set())
+    await job.task
+    [child] = children.taken
+    assert [stop.kind for stop in stops] == [kind]
+    assert child.stops == [grace] and not child.cancelled_unstopped
+    assert job.runner.lifecycle.history == [State.QUEUED, State.TRAINING, *ending]
+    assert core.types("r1") == ["accepted", "started", *published]
+    assert core.consumer.commits == ([(core.tp, 8)] if published else [])
+    if published and published != ["cancelled"]:
+        assert core.events("r1")[-1]["code"] == kind
+
+
+async def test_a_job_stopped_before_its_child_starts_publishes_only_what_its_stop_says(settings: Settings) -> None:
+    """Stopped between its acceptance and its start: no child is taken, and the stop decides."""
+    children = FakeChildren(SUCCEEDS)
+    core = Core(settings, children=children)
+    record = core.record(sft_request("r1"), 7)
+    await core.scheduler.offer(core.tp, record, core.request(record))
+    job = core.scheduler.jobs[core.tp]
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="at once"))  # before the job's task has run at all
+    await job.task
+    assert children.taken == [] and job.runner.lifecycle.history == [State.QUEUED, State.CANCELLED]
+    assert core.types("r1") == ["accepted", "cancelled"] and core.consumer.commits == [(core.tp, 8)]
