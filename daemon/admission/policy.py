@@ -20,7 +20,7 @@ from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
 
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
-    models = [("model.id", request.model.id), *((path, spec.id) for path, spec in _other_models(request))]
+    models = [("model.id", request.model.id), *((path, spec.id) for path, spec in other_models(request))]
     errors = hub_id_errors(request, models)
     for path, model_id in models:
         errors += _model_errors(path, model_id, settings)
@@ -145,7 +145,7 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     return errors
 
 
-def _other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | ReferenceModelSpec]]:
+def other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | ReferenceModelSpec]]:
     """The models a request names besides its base (reward models, DPO's and KTO's reference,
     distillation's teacher, an evaluation's reward model), each under the same rules as the base."""
     found: list[tuple[str, RewardModelSpec | ReferenceModelSpec]] = []

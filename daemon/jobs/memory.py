@@ -1,0 +1,289 @@
+"""A job's GPU memory, estimated before it starts: from its request and the headers of its models'
+weights (safetensors headers give every tensor's dtype and shape without the weights), corrected by
+what earlier jobs of the same model and method measured (`MemoryHistory`).
+
+The estimate is of the allocator's peak (`torch.cuda.max_memory_allocated`), in parts:
+
+- `weights`: every model the job loads (the base; a reference, teacher or reward model), at the
+  dtype it is loaded in; a 4-bit base keeps its linear layers in half a byte a weight, 8-bit in one;
+- `trainable`: LoRA's A and B for every targeted linear layer (r × (in + out) each), or every
+  parameter of a full fine-tune, each with its gradient and AdamW's two moments: PEFT keeps adapters
+  in float32 (16 bytes a parameter); a full fine-tune keeps all four at the model's dtype;
+- `activations`: the tokens of one step (batch × length; × 2 for a preference pair; × the
+  generations of an online method) × hidden × layers × 34 bytes without gradient checkpointing
+  (Korthikanti et al. 2022, 16-bit, with attention kernels that keep no s² scores), and with it
+  2 bytes a layer for the checkpoints plus one layer's 34;
+- `logits`: the step's tokens × vocabulary × 2 bytes (16-bit logits);
+- `generation` (GRPO, RLOO, online DPO): the KV cache of the sequences generated at once.
+
+It is a model of the memory, not a measurement: what a job measured (`succeeded.memory`) is kept by
+model and method, and the next estimate for them is scaled by the largest ratio seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from huggingface_hub import HfApi
+
+from daemon.admission.policy import other_models
+from daemon.settings import Settings
+from schemas.request import RequestBase
+
+log = structlog.get_logger()
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+               "F8_E4M3": 1, "F8_E5M2": 1}
+LOAD_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
+ACTIVATION_BYTES = 34  # a layer's activations kept for the backward pass, per token and hidden unit (16-bit)
+CHECKPOINT_BYTES = 2  # with gradient checkpointing: a layer's input, per token and hidden unit
+LOGIT_BYTES = 2  # 16-bit logits per token and vocabulary entry (the loss upcasts in pieces; the history corrects the rest)
+PEFT_DEFAULT_TARGETS = frozenset({"q_proj", "v_proj"})  # PEFT's default for Llama- and Qwen-like models
+_LAYER = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.")
+
+
+class WeightsUnreadable(ValueError):
+    """A model's safetensors headers could not be read (no such files, a header too large or not JSON)."""
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """What a model's safetensors headers say: each tensor's dtype and shape."""
+
+    shapes: Mapping[str, tuple[str, tuple[int, ...]]]
+
+    @classmethod
+    def from_headers(cls, headers: Iterable[Mapping[str, Any]]) -> Tensors:
+        shapes = {}
+        for header in headers:
+            for name, info in header.items():
+                if name != "__metadata__" and isinstance(info, Mapping):
+                    shapes[name] = (str(info["dtype"]), tuple(int(size) for size in info["shape"]))
+        return cls(shapes)
+
+    @property
+    def parameters(self) -> int:
+        return sum(_count(shape) for _, shape in self.shapes.values())
+
+    def stored_bytes(self) -> int:
+        return sum(_count(shape) * DTYPE_BYTES.get(dtype, 2) for dtype, shape in self.shapes.values())
+
+    def linear(self) -> list[tuple[str, int, int]]:
+        """The linear layers inside the model's blocks: (module name, out features, in features)."""
+        found = []
+        for name, (_, shape) in self.shapes.items():
+            if name.endswith(".weight") and len(shape) == 2 and _LAYER.search(name):
+                found.append((name.removesuffix(".weight").rsplit(".", 1)[-1], shape[0], shape[1]))
+        return found
+
+    @property
+    def layers(self) -> int:
+        return len({next(g for g in match.groups() if g is not None) for name in self.shapes if (match := _LAYER.search(name))}) or 1
+
+    @property
+    def embedding(self) -> tuple[int, int]:
+        """(vocabulary, hidden) of the token embedding: the largest 2-D tensor outside the blocks."""
+        outside = [shape for name, (_, shape) in self.shapes.items() if len(shape) == 2 and not _LAYER.search(name)]
+        if not outside:
+            raise WeightsUnreadable("no token embedding among the weights")
+        vocab, hidden = max(outside, key=_count)
+        return vocab, hidden
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """One safetensors file's header: 8 bytes of little-endian length, then that much JSON."""
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        if len(prefix) != 8:
+            raise WeightsUnreadable(f"{path.name}: shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > MAX_HEADER_BYTES:
+            raise WeightsUnreadable(f"{path.name}: a header of {length} bytes")
+        try:
+            return dict(json.loads(file.read(length)))
+        except ValueError as exc:
+            raise WeightsUnreadable(f"{path.name}: its header is not JSON") from exc
+
+
+def local_tensors(folder: Path) -> Tensors:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise WeightsUnreadable(f"no safetensors files in {folder}")
+    return Tensors.from_headers(read_header(path) for path in files)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's estimated allocator peak, in bytes, and its parts (see the module's docstring)."""
+
+    parts: dict[str, int]
+    gradient_checkpointing: bool
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+
+def _method_block(request: Any) -> Any:
+    return getattr(request, request.method, None)
+
+
+def step_tokens(request: Any) -> int:
+    """The tokens of one training step on one device: batch × length, for what the method feeds."""
+    block = _method_block(request)
+    batch = request.training.per_device_train_batch_size or 8  # TrainingArguments' default
+    length = getattr(block, "max_length", None) or 1024  # TRL's default for SFT, DPO, KTO, ORPO, CPO, reward
+    if request.method in {"dpo", "orpo", "cpo", "reward"}:
+        return batch * 2 * length  # each row is a chosen and a rejected sequence
+    if request.method in {"grpo", "rloo", "online_dpo"}:
+        prompt = getattr(block, "max_prompt_length", None) or 512
+        completion = getattr(block, "max_completion_length", None) or 256
+        return batch * (prompt + completion)  # the generations are the batch: batch counts completions
+    return batch * length
+
+
+def generation_bytes(request: Any, tensors: Tensors, dtype_bytes: int) -> int:
+    """The KV cache of an online method's generations: every sequence of a step at once."""
+    if request.method not in {"grpo", "rloo", "online_dpo"}:
+        return 0
+    kv_width = sum(out for name, out, _ in tensors.linear() if name in {"k_proj", "v_proj"}) // tensors.layers
+    _, hidden = tensors.embedding
+    return step_tokens(request) * tensors.layers * (kv_width or 2 * hidden) * dtype_bytes
+
+
+def trainable_parameters(request: Any, tensors: Tensors) -> int:
+    peft = request.peft
+    if peft is None:
+        return tensors.parameters
+    rank = peft.r or 8
+    targets = peft.target_modules
+    if targets is None:
+        chosen = PEFT_DEFAULT_TARGETS
+    elif isinstance(targets, str):
+        chosen = None  # "all-linear" or a pattern: every linear layer, an upper bound
+    else:
+        chosen = frozenset(targets)
+    return sum(rank * (out + inp) for name, out, inp in tensors.linear() if chosen is None or name in chosen)
+
+
+def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gradient_checkpointing: bool = True) -> Estimate:
+    """The allocator peak of `request`'s job on one device, from its base model's tensors and those
+    of the other models it loads (`others`)."""
+    stored = base.stored_bytes() // max(base.parameters, 1) or 2
+    dtype_bytes = LOAD_BYTES.get(request.model.dtype, stored)
+    linear = sum(out * inp for _, out, inp in base.linear())
+    if request.model.quantization == "4bit":
+        weights = (base.parameters - linear) * dtype_bytes + linear // 2
+    elif request.model.quantization == "8bit":
+        weights = (base.parameters - linear) * dtype_bytes + linear
+    else:
+        weights = base.parameters * dtype_bytes
+    weights += sum(other.parameters * dtype_bytes for other in others)
+    trainable = trainable_parameters(request, base)
+    trainable_bytes = trainable * (16 if request.peft is not None else 4 * dtype_bytes)
+    tokens = step_tokens(request)
+    vocab, hidden = base.embedding
+    layers = base.layers
+    if gradient_checkpointing:
+        activations = tokens * hidden * (CHECKPOINT_BYTES * layers + ACTIVATION_BYTES)
+    else:
+        activations = tokens * hidden * ACTIVATION_BYTES * layers
+    parts = {
+        "weights": weights, "trainable": trainable_bytes, "activations": activations,
+        "logits": tokens * vocab * LOGIT_BYTES, "generation": generation_bytes(request, base, dtype_bytes),
+    }
+    return Estimate(parts, gradient_checkpointing)
+
+
+@dataclass
+class MemoryHistory:
+    """Measured over estimated peaks, by model and method, kept in `path` (JSON) across restarts:
+    the next estimate for the same model and method is scaled by the largest ratio seen (never
+    below 1: an estimate is only ever raised by what was measured)."""
+
+    path: Path
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+    KEEP = 20  # the most recent ratios kept per model and method
+
+    @classmethod
+    def load(cls, path: Path) -> MemoryHistory:
+        try:
+            loaded = json.loads(path.read_text())
+            ratios = {str(key): [float(value) for value in values][-cls.KEEP:] for key, values in loaded.items()}
+        except (FileNotFoundError, ValueError, TypeError, AttributeError):
+            ratios = {}
+        return cls(path, ratios)
+
+    @staticmethod
+    def key(model_id: str, method: str) -> str:
+        return f"{model_id}|{method}"
+
+    def scale(self, model_id: str, method: str) -> float:
+        return max([1.0, *self.ratios.get(self.key(model_id, method), [])])
+
+    def learn(self, model_id: str, method: str, estimated: int, measured: int) -> None:
+        if estimated <= 0 or measured <= 0:
+            return
+        values = self.ratios.setdefault(self.key(model_id, method), [])
+        values.append(round(measured / estimated, 4))
+        del values[:-self.KEEP]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(self.ratios, indent=2))
+        partial.replace(self.path)
+
+
+class Estimator:
+    """Estimates of requests' jobs on this host: their models' headers read once per model and
+    revision (a local folder's files, or the Hub's safetensors metadata), scaled by the history.
+    Unknown (None) when a model's headers cannot be read: such a job takes a whole GPU."""
+
+    def __init__(self, settings: Settings, history: MemoryHistory) -> None:
+        self.settings = settings
+        self.history = history
+        self._tensors: dict[tuple[str, str | None], Tensors] = {}
+
+    async def need(self, request: RequestBase) -> int | None:
+        found = await self.estimate(request)
+        return None if found is None else int(found.total * self.history.scale(request.model.id, request.method))
+
+    async def estimate(self, request: RequestBase) -> Estimate | None:
+        try:
+            base = await self.tensors(request.model.id, request.model.revision)
+            others = [await self.tensors(spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)]
+            return estimate(request, base, others)
+        except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
+            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=f"{type(exc).__name__}: {exc}"[:300])
+            return None
+
+    async def tensors(self, model_id: str, revision: str | None) -> Tensors:
+        key = (model_id, revision)
+        if key not in self._tensors:
+            self._tensors[key] = await asyncio.to_thread(self._read, model_id, revision)
+        return self._tensors[key]
+
+    def _read(self, model_id: str, revision: str | None) -> Tensors:
+        if model_id.startswith("/"):  # a local model the policy allowed (daemon/admission/policy.py)
+            return local_tensors(Path(model_id))
+        token = self.settings.hub_token.get_secret_value() if self.settings.hub_token is not None else None
+        metadata = HfApi(endpoint=self.settings.hub_endpoint, token=token).get_safetensors_metadata(model_id, revision=revision)
+        return Tensors.from_headers(
+            {name: {"dtype": info.dtype, "shape": info.shape} for name, info in file.tensors.items()}
+            for file in metadata.files_metadata.values()
+        )
