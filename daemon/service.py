@@ -31,7 +31,7 @@ from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, prune
 from daemon.jobs.scheduler import Scheduler
-from daemon.jobs.slots import Slots, discover_gpus
+from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
@@ -83,7 +83,7 @@ class Service:
         self.consumer = consumer if consumer is not None else kafka_consumer(settings)
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
                                      mode=settings.child_start)
-        core = wire(settings, self.consumer, producer, Slots(discover_gpus(settings.gpus), settings.job_slots), self.children,
+        core = wire(settings, self.consumer, producer, Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)), self.children,
                     on_change=self._report_status)
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
             core.publisher, core.partitions, core.slots, core.scheduler, core.intake)

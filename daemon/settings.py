@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     work_dir: Path = Path("/var/lib/adapterd")
     gpus: list[str] | None = Field(None, description="GPU ids jobs may use; unset: $CUDA_VISIBLE_DEVICES, else nvidia-smi; [] for none.")
     job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on a host without GPUs (with GPUs: one slot per GPU).")
+    max_jobs_per_gpu: int = Field(1, ge=1, le=16, description=(
+        "One-GPU jobs placed on one GPU at once while their memory estimates fit (daemon/jobs/slots.py); "
+        "1, the default: every job has a whole GPU."
+    ))
+    gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description="With max_jobs_per_gpu > 1: the share of each GPU's memory no job's share takes.")
+    gpu_memory_bytes: int | None = Field(None, ge=1, description="With max_jobs_per_gpu > 1: each GPU's memory; unset: what nvidia-smi says.")
     warm_child: bool = Field(True, description="Start jobs warm: the training stack imported ahead of the job (child_start says how).")
     child_start: Literal["fork", "spawn"] = Field("fork", description=(
         "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack once "

@@ -44,6 +44,7 @@ class JobSpec(Frozen):
     traceparent: str | None = Field(None, description="The request's W3C traceparent: the child logs it and exports it as TRACEPARENT.")
     hub: bool = Field(True, description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.")
     local_current_adapter: Path | None = Field(None, description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.")
+    memory_fraction: float | None = Field(None, gt=0, le=1, description="The share of its GPU the child may allocate (torch.cuda.set_per_process_memory_fraction); None: the whole GPU.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -64,6 +65,7 @@ FailureCode = Literal[
     "child_crashed",  # the child died without saying why (a signal, out of memory)
     "timeout",  # the job ran past its timeout_s
     "stalled",  # no training step for stall_timeout_s
+    "out_of_memory",  # CUDA ran out of memory (on a shared GPU: it runs again on a GPU of its own)
     "hub_unauthorized",  # the Hub refused the token (401/403)
     "hub_error",  # the Hub answered the push with another error
     "hub_unreachable",  # the Hub did not answer the push

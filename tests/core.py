@@ -8,7 +8,7 @@ import json
 
 from aiokafka import TopicPartition
 
-from daemon.jobs.slots import Slots
+from daemon.jobs.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
 from schemas import RequestBase, decode_request
@@ -21,7 +21,8 @@ class Core:
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
         self.children = children if children is not None else FakeChildren(Script())
-        core = wire(settings, self.consumer, self.producer, Slots([], settings.job_slots), self.children, on_change=lambda: None)
+        slots = Slots(settings.gpus or [], settings.job_slots, packing_from(settings))  # as Service builds them, GPUs declared
+        core = wire(settings, self.consumer, self.producer, slots, self.children, on_change=lambda: None)
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
             core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
         self.tp = TopicPartition(settings.requests_topic, 0)

@@ -25,6 +25,7 @@ from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
+from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
@@ -58,9 +59,11 @@ class JobRunner:
     def __init__(
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
-        on_trained: Callable[[], Awaitable[None]] | None = None,
+        on_trained: Callable[[], Awaitable[None]] | None = None, share: Placement | None = None,
     ) -> None:
         self.request = request
+        # On a GPU shared with other jobs (daemon/jobs/slots.py): its share, which its child is held to.
+        self.share = share if share is not None and share.share_bytes is not None else None
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
@@ -155,7 +158,14 @@ class JobRunner:
         return self._failure(JobFailed(stop.kind, event_stage(self.supervisor.stage), stop.reason, retryable=stop.kind == "stalled"))
 
     def _failure(self, failure: JobFailed) -> Failed | Retrying:
-        """A failed attempt: `retrying` while a retryable failure has attempts left, else `failed`."""
+        """A failed attempt: `retrying` while a retryable failure has attempts left, else `failed`.
+        Out of memory on a shared GPU is not the job's failure: it runs again on a GPU of its own,
+        whatever attempt it is on (`alone`)."""
+        if failure.code == "out_of_memory" and self.share is not None:
+            message = (f"{failure.message} (on a GPU shared with other jobs, held to {self.share.share_bytes} bytes, "
+                       f"{self.share.fraction} of it); it runs again on a GPU of its own")
+            return Retrying(**self.events.common(), code=failure.code, message=message, stage=failure.stage,
+                            max_attempts=self.settings.max_attempts)
         if failure.retryable and self.attempt < self.settings.max_attempts:
             return Retrying(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage,
                             max_attempts=self.settings.max_attempts)
@@ -204,7 +214,8 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace))
+        spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
+                        memory_fraction=self.share.fraction if self.share is not None else None)
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew

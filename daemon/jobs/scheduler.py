@@ -32,7 +32,8 @@ from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
-from daemon.jobs.slots import Slots
+from daemon.jobs.memory import Estimator, MemoryHistory
+from daemon.jobs.slots import Placement, Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
@@ -65,7 +66,7 @@ class RunningJob:
     request_id: str
     offset: int
     runner: JobRunner
-    slots: list[str]
+    placement: Placement | None  # None once given back
     task: asyncio.Task[None]
 
 
@@ -89,6 +90,8 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting: dict[TopicPartition, WaitingRetry] = {}
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        # Each job's memory, before it is placed on a shared GPU (daemon/jobs/memory.py).
+        self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
@@ -106,12 +109,15 @@ class Scheduler:
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
             return await self._not_yet(tp, record, retry.due)
-        slots = self.slots.take(request.resources.gpus)
-        if slots is None:
-            self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots
+        need = None
+        if self.slots.packing is not None and request.resources.gpus == 1 and not retry.alone:
+            need = await self.memory.need(request)  # its share of a GPU; None: a whole one
+        placement = self.slots.take(request.resources.gpus, need)
+        if placement is None:
+            self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
             self.pause_idle_partitions()
             return Offered.NO_SLOT
-        self._start(tp, record, request, slots, retry.attempt)
+        self._start(tp, record, request, placement, retry.attempt)
         return Offered.STARTED
 
     async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
@@ -142,18 +148,18 @@ class Scheduler:
                 if self.slots.free:
                     self.partitions.resume([tp])
 
-    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, slots: list[str], attempt: int) -> None:
+    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
-            slot=self.slots.label(slots), visible_devices=self.slots.visible_devices(slots), attempt=attempt,
-            trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset),
+            slot=self.slots.label(placement.slots), visible_devices=self.slots.visible_devices(placement.slots), attempt=attempt,
+            trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset), share=placement,
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
-        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, slots, task)
+        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task)
         self.pause_idle_partitions()
         self.on_change()
 
@@ -166,9 +172,10 @@ class Scheduler:
                 return  # interrupted: nothing published, nothing committed; the request is read again
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                attempt = runner.attempt + 1
-                due = time.time() + backoff_s(self.settings.retry_backoff_s, attempt)
-                retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due))
+                alone = event.code == "out_of_memory" and runner.share is not None  # not its failure: the same attempt, now, alone
+                attempt = runner.attempt if alone else runner.attempt + 1
+                due = time.time() + (0 if alone else backoff_s(self.settings.retry_backoff_s, attempt))
+                retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due, alone=alone))
                 try:
                     await self.publisher.deliver(retry)
                 except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
@@ -202,9 +209,9 @@ class Scheduler:
         """A job's child has exited with its result: its slots take the next request while the job is
         judged and pushed. Its partition stays held until its terminal event is committed."""
         job = self.jobs.get(tp)
-        if job is None or job.offset != offset or not job.slots:
+        if job is None or job.offset != offset or job.placement is None:
             return
-        log.info("job.slots_freed", request_id=job.request_id, slots=job.slots)
+        log.info("job.slots_freed", request_id=job.request_id, slots=job.placement.slots)
         self._give_back(job)
         if not self.stopping:
             self.resume_idle_partitions()
@@ -212,8 +219,9 @@ class Scheduler:
             self.on_change()
 
     def _give_back(self, job: RunningJob) -> None:
-        self.slots.give_back(job.slots)
-        job.slots = []  # given back once: when the child is done, or when the job ends without one
+        if job.placement is not None:  # given back once: when the child is done, or when the job ends without one
+            self.slots.give_back(job.placement)
+            job.placement = None
         metrics.SLOTS_BUSY.set(self.slots.busy)
 
     async def prepare_children(self) -> None:

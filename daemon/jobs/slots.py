@@ -3,6 +3,13 @@
 A job takes as many slots as its request's `resources.gpus`, the lowest free ids first, and its
 child sees only those GPUs (CUDA_VISIBLE_DEVICES). The lowest-first rule lets the daemon start a
 warm child for exactly the slot the next single-GPU job will get.
+
+Packing (`Packing`, off unless the operator sets `max_jobs_per_gpu` above 1): a one-GPU job whose
+memory estimate is known shares a GPU with others while their shares fit in the GPU's memory less
+the headroom, at most `max_jobs_per_gpu` jobs on it; it goes to the fullest GPU it fits on (the
+lowest id among equals), so whole GPUs stay free for the jobs that need them. Its child is held to
+its share (`Placement.fraction`, torch's per-process memory fraction). A job without an estimate,
+one that needs more than a GPU, one sent back to run alone and every multi-GPU job take whole GPUs.
 """
 
 from __future__ import annotations
@@ -11,8 +18,11 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import structlog
+
+from daemon.settings import Settings
 
 log = structlog.get_logger()
 
@@ -37,11 +47,61 @@ def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.
     return [line.strip() for line in listed.splitlines() if line.strip()]
 
 
+def discover_gpu_memory(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The smallest GPU's memory in bytes, as nvidia-smi reports it; None without one."""
+    nvidia_smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if nvidia_smi is None:
+        return None
+    try:
+        listed = subprocess.run(
+            [nvidia_smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+        return min(int(float(line)) for line in listed.splitlines() if line.strip()) * 2**20  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning("gpus.memory_discovery_failed", error=str(exc))
+        return None
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How full a GPU may be packed: its memory (bytes), the share of it kept free of jobs (the CUDA
+    context, fragmentation), and the most jobs on it at once."""
+
+    memory_bytes: int
+    headroom: float
+    max_jobs: int
+
+    @property
+    def usable(self) -> int:
+        return int(self.memory_bytes * (1 - self.headroom))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs: its slots, and on a shared GPU its share of the memory (None: whole GPUs)."""
+
+    slots: list[str]
+    share_bytes: int | None = None
+    fraction: float | None = None  # share_bytes of the GPU's memory, for torch.cuda.set_per_process_memory_fraction
+
+
+def packing_from(settings: Settings) -> Packing | None:
+    """The operator's packing (max_jobs_per_gpu above 1 and a known GPU memory), else None."""
+    if settings.max_jobs_per_gpu <= 1:
+        return None
+    memory = settings.gpu_memory_bytes or discover_gpu_memory()
+    if memory is None:
+        log.warning("gpus.packing_off", reason="the GPUs' memory is unknown (gpu_memory_bytes, nvidia-smi)")
+        return None
+    return Packing(memory, settings.gpu_memory_headroom, settings.max_jobs_per_gpu)
+
+
 class Slots:
-    def __init__(self, gpus: list[str], cpu_slots: int) -> None:
+    def __init__(self, gpus: list[str], cpu_slots: int, packing: Packing | None = None) -> None:
         self.gpus = gpus
+        self.packing = packing if gpus and packing is not None and packing.max_jobs > 1 else None
         self._all = list(gpus) if gpus else [f"cpu{i}" for i in range(cpu_slots)]
-        self._free = list(self._all)
+        self._jobs: dict[str, list[int | None]] = {slot: [] for slot in self._all}  # each job's share on it; None: the whole slot
 
     @property
     def total(self) -> int:
@@ -49,26 +109,48 @@ class Slots:
 
     @property
     def busy(self) -> int:
-        return len(self._all) - len(self._free)
+        """Slots with at least one job."""
+        return sum(1 for jobs in self._jobs.values() if jobs)
 
     @property
     def free(self) -> list[str]:
-        return list(self._free)
+        """Slots that can take one more job (with packing, a shared GPU with room for another)."""
+        most = self.packing.max_jobs if self.packing is not None else 1
+        return [slot for slot in self._all if None not in self._jobs[slot] and len(self._jobs[slot]) < most]
 
     def most_per_job(self) -> int:
         """The most GPUs one job can have here; a host without GPUs runs one-GPU requests on the CPU."""
         return max(1, len(self.gpus))
 
-    def take(self, count: int) -> list[str] | None:
-        """`count` free slots, lowest first, or None when fewer are free."""
-        if count > len(self._free):
-            return None
-        taken = sorted(self._free, key=self._all.index)[:count]
-        self._free = [slot for slot in self._free if slot not in taken]
-        return taken
+    def jobs_on(self, slot: str) -> int:
+        return len(self._jobs[slot])
 
-    def give_back(self, slots: list[str]) -> None:
-        self._free = sorted({*self._free, *slots}, key=self._all.index)
+    def reserved(self, slot: str) -> int:
+        """The memory the jobs on a shared GPU hold as their shares."""
+        return sum(share or 0 for share in self._jobs[slot])
+
+    def take(self, count: int, need_bytes: int | None = None) -> Placement | None:
+        """A placement for a job of `count` slots needing `need_bytes` on one GPU (None: unknown, or
+        to run alone), or None when it does not fit now."""
+        packing = self.packing
+        if packing is not None and count == 1 and need_bytes is not None and need_bytes <= packing.usable:
+            fits = [slot for slot in self.free if packing.usable - self.reserved(slot) >= need_bytes]
+            if not fits:
+                return None
+            slot = min(fits, key=lambda s: (packing.usable - self.reserved(s), self._all.index(s)))  # the fullest it fits on
+            self._jobs[slot].append(need_bytes)
+            return Placement([slot], need_bytes, round(need_bytes / packing.memory_bytes, 4))
+        empty = [slot for slot in self._all if not self._jobs[slot]]
+        if count > len(empty):
+            return None
+        taken = empty[:count]
+        for slot in taken:
+            self._jobs[slot].append(None)
+        return Placement(taken)
+
+    def give_back(self, placement: Placement) -> None:
+        for slot in placement.slots:
+            self._jobs[slot].remove(placement.share_bytes)
 
     def visible_devices(self, slots: list[str]) -> str | None:
         """The CUDA_VISIBLE_DEVICES of a child on these slots; None on CPU slots (the environment is left alone)."""

@@ -12,7 +12,7 @@ from schemas.job import JobSpec
 from schemas.request import RequestBase
 
 
-def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparent: str | None) -> JobSpec:
+def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparent: str | None, memory_fraction: float | None = None) -> JobSpec:
     """The request with the operator's bounds and rules for its child; paths under `job_dir`."""
     return JobSpec(
         request=request.model_dump(mode="json"),
@@ -35,6 +35,7 @@ def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparen
         tensorboard_dir=settings.tensorboard_dir,
         hub=settings.hub_token is not None,
         local_current_adapter=_local_current_adapter(request, settings),
+        memory_fraction=memory_fraction,
     )
 
 

@@ -32,6 +32,7 @@ log = structlog.get_logger()
 ATTEMPT_HEADER = "adapterd-attempt"
 DUE_HEADER = "adapterd-not-before"
 SIGNATURE_HEADER = "adapterd-retry-signature"
+ALONE_HEADER = "adapterd-alone"  # "1": it ran out of memory on a shared GPU and runs again on a GPU of its own
 RETRY_HEADERS = (ATTEMPT_HEADER, DUE_HEADER, SIGNATURE_HEADER)
 MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (`backoff_s`)
 
@@ -45,6 +46,7 @@ def backoff_s(base_s: float, attempt: int) -> float:
 class RetryState:
     attempt: int  # 1 for a first try
     due: float | None  # time.time() before which it does not run; None for a first try
+    alone: bool = False  # runs on a GPU of its own (daemon/jobs/slots.py), whatever its estimate
 
 
 FIRST = RetryState(1, None)
@@ -59,20 +61,22 @@ class RetrySigner:
     def from_settings(cls, key_file: Path | None, work_dir: Path, max_attempts: int) -> RetrySigner:
         return cls(load_key(key_file, work_dir), max_attempts)
 
-    def headers(self, record_key: bytes | None, value: bytes, attempt: int, due: float) -> list[tuple[str, bytes]]:
+    def headers(self, record_key: bytes | None, value: bytes, attempt: int, due: float, *, alone: bool = False) -> list[tuple[str, bytes]]:
         attempt_text, due_text = str(attempt).encode(), f"{due:.3f}".encode()
-        return [(ATTEMPT_HEADER, attempt_text), (DUE_HEADER, due_text),
-                (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text).encode())]
+        alone_text = b"1" if alone else None
+        return [(ATTEMPT_HEADER, attempt_text), (DUE_HEADER, due_text), *([(ALONE_HEADER, b"1")] if alone else []),
+                (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text, alone_text).encode())]
 
     def read(self, record: Record) -> RetryState:
         """The record's retry state, when the daemon signed it; a first try otherwise."""
-        headers = {name: value for name, value in record.headers or () if name in RETRY_HEADERS}
+        headers = {name: value for name, value in record.headers or () if name in (*RETRY_HEADERS, ALONE_HEADER)}
         if not headers:
             return FIRST
         attempt_text, due_text, signature = (headers.get(name, b"") for name in RETRY_HEADERS)
+        alone_text = headers.get(ALONE_HEADER)
         # A null value (Kafka allows one) is never the daemon's: it signs bytes.
-        if (attempt_text is None or due_text is None or signature is None
-                or not hmac.compare_digest(self._sign(record.key, record.value or b"", attempt_text, due_text).encode(), signature)):
+        if (attempt_text is None or due_text is None or signature is None or (ALONE_HEADER in headers and alone_text is None)
+                or not hmac.compare_digest(self._sign(record.key, record.value or b"", attempt_text, due_text, alone_text).encode(), signature)):
             log.warning("retry.unsigned_headers", partition=record.partition, offset=record.offset,
                         headers=sorted(headers), reason="read as a first attempt, due now")
             return FIRST
@@ -82,11 +86,13 @@ class RetrySigner:
             return FIRST
         if not (1 <= attempt <= self.max_attempts and math.isfinite(due)):
             return FIRST
-        return RetryState(attempt, min(due, time.time() + MAX_BACKOFF_S))
+        return RetryState(attempt, min(due, time.time() + MAX_BACKOFF_S), alone=alone_text == b"1")
 
-    def _sign(self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes) -> str:
+    def _sign(self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes, alone: bytes | None = None) -> str:
+        """HMAC over the record and its retry state; `alone` only when set, so a retry signed before
+        it existed reads the same."""
         mac = hmac.new(self.key, digestmod=hashlib.sha256)
-        for part in (record_key or b"", hashlib.sha256(value).digest(), attempt, due):
+        for part in (record_key or b"", hashlib.sha256(value).digest(), attempt, due, *([alone] if alone is not None else [])):
             mac.update(len(part).to_bytes(8, "big") + part)  # length-prefixed: no two splits sign alike
         return mac.hexdigest()
 

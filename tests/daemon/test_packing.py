@@ -1,0 +1,143 @@
+"""Several jobs on one GPU (issue 39), on the in-memory fakes: the scheduler places one-GPU jobs by
+their memory estimates when the operator packs GPUs (max_jobs_per_gpu > 1), holds a request whose
+job does not fit, holds each child to its share, and sends a job that ran out of memory beside
+others back to run on a GPU of its own, without spending an attempt."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from aiokafka import TopicPartition
+
+from daemon.jobs.scheduler import Offered
+from daemon.kafka.retry_state import ALONE_HEADER
+from daemon.settings import Settings
+from schemas import Cancel, RequestBase
+from schemas.job import ChildError, StageEntered
+from tests.core import Core
+from tests.fakes import FakeChildren, Script
+from tests.helpers import sft_request
+
+GIB = 2**30
+HANGS = Script(messages=[StageEntered(stage="train")], hang=True)
+
+
+class FixedNeeds:
+    """The estimator's seam (`Scheduler.memory`): each request's need, by request id."""
+
+    def __init__(self, needs: dict[str, int | None]) -> None:
+        self.needs = needs
+        self.asked: list[str] = []
+
+    async def need(self, request: RequestBase) -> int | None:
+        self.asked.append(request.request_id)
+        return self.needs[request.request_id]
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    # One declared GPU of 80 GiB, 10% headroom (72 GiB for jobs), at most four jobs on it.
+    return Settings(gpus=["0"], max_jobs_per_gpu=4, gpu_memory_bytes=80 * GIB, gpu_memory_headroom=0.1, warm_child=False,
+                    work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30, progress_interval_s=0)
+
+
+async def turns_until(condition: Callable[[], bool]) -> None:
+    """Give the loop turns (no timed sleep) until the jobs' tasks have got as far as `condition`."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the jobs never got there")
+
+
+async def offer(core: Core, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None) -> Offered:
+    tp = TopicPartition(core.tp.topic, partition)
+    core.consumer.committed[tp] = 0
+    record = core.record(sft_request(request_id), 7)
+    record = type(record)(tp.topic, partition, 7, record.key, record.value, headers or [])
+    return await core.scheduler.offer(tp, record, core.request(record))
+
+
+async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_does_not_waits(settings: Settings) -> None:
+    children = FakeChildren(HANGS)
+    core = Core(settings, children=children)
+    core.scheduler.memory = FixedNeeds({"r1": 30 * GIB, "r2": 30 * GIB, "r3": 30 * GIB})  # type: ignore[assignment]
+    assert await offer(core, "r1", 0) is Offered.STARTED
+    assert await offer(core, "r2", 1) is Offered.STARTED  # beside r1: 60 of 72 GiB
+    assert await offer(core, "r3", 2) is Offered.NO_SLOT  # 12 GiB left: held at its record, no child
+    await turns_until(lambda: sum(child.hanging.is_set() and child.spec is not None for child in children.taken) == 2)
+    assert [child.visible_devices for child in children.taken] == ["0", "0"]
+    assert [child.spec.memory_fraction for child in children.taken if child.spec] == [0.375, 0.375]  # 30 of 80 GiB
+    assert core.slots.jobs_on("0") == 2 and core.slots.reserved("0") == 60 * GIB
+    first = next(job for job in core.scheduler.jobs.values() if job.request_id == "r1")
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="make room"))
+    await first.task
+    assert core.slots.reserved("0") == 30 * GIB
+    assert await offer(core, "r3", 2) is Offered.STARTED  # r1's share is free again
+    await core.scheduler.stop_jobs()
+
+
+async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spending_an_attempt(settings: Settings) -> None:
+    oom = Script(messages=[StageEntered(stage="train"), ChildError(code="out_of_memory", stage="train", message="CUDA out of memory", retryable=True)],
+                 returncode=1, artifact=False)
+    children = FakeChildren(HANGS, oom, HANGS)
+    core = Core(settings, children=children)
+    needs = FixedNeeds({"r1": 20 * GIB, "r2": 20 * GIB})
+    core.scheduler.memory = needs  # type: ignore[assignment]
+    assert await offer(core, "r1", 0) is Offered.STARTED
+    assert await offer(core, "r2", 1) is Offered.STARTED
+    second = next(job for job in core.scheduler.jobs.values() if job.request_id == "r2")
+    await second.task
+    retrying = core.events("r2")[-1]
+    assert (retrying["type"], retrying["code"], retrying["attempt"]) == ("retrying", "out_of_memory", 1)
+    assert "runs again on a GPU of its own" in str(retrying["message"]) and "0.25" in str(retrying["message"])
+    [again] = core.requeued()
+    state = core.scheduler.retries.read(core.record(sft_request("r2"), 9, headers=again.headers))
+    assert state.alone and state.attempt == 1 and state.due is not None  # signed: a producer cannot set it
+    assert (ALONE_HEADER, b"1") in again.headers
+    # Read again: placed on a whole GPU, never beside r1, whatever its estimate (not even asked).
+    asked = len(needs.asked)
+    assert await offer(core, "r2", 1, headers=again.headers) is Offered.NO_SLOT
+    assert len(needs.asked) == asked
+    first = next(job for job in core.scheduler.jobs.values() if job.request_id == "r1")
+    await core.scheduler.cancel(Cancel(request_id="r1", reason="make room"))
+    await first.task
+    assert await offer(core, "r2", 1, headers=again.headers) is Offered.STARTED
+    alone = next(job for job in core.scheduler.jobs.values() if job.request_id == "r2")
+    assert alone.placement is not None and alone.placement.share_bytes is None and core.slots.free == []
+    await turns_until(lambda: len(children.taken) == 3 and children.taken[-1].spec is not None)
+    assert children.taken[-1].spec.memory_fraction is None  # type: ignore[union-attr]  # the whole GPU
+    await core.scheduler.stop_jobs()
+
+
+async def test_a_forged_alone_header_is_read_as_a_first_attempt(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(HANGS))
+    needs = FixedNeeds({"r1": GIB})
+    core.scheduler.memory = needs  # type: ignore[assignment]
+    assert await offer(core, "r1", 0, headers=[(ALONE_HEADER, b"1")]) is Offered.STARTED
+    assert needs.asked == ["r1"]  # estimated and packed as any first attempt
+    await core.scheduler.stop_jobs()
+
+
+async def test_without_packing_every_job_has_a_whole_gpu_and_nothing_is_estimated(settings: Settings) -> None:
+    core = Core(settings.model_copy(update={"max_jobs_per_gpu": 1}), children=FakeChildren(HANGS))
+    needs = FixedNeeds({"r1": GIB, "r2": GIB})
+    core.scheduler.memory = needs  # type: ignore[assignment]
+    assert await offer(core, "r1", 0) is Offered.STARTED
+    assert await offer(core, "r2", 1) is Offered.NO_SLOT  # today's behaviour: one job a GPU
+    assert needs.asked == []
+    await core.scheduler.stop_jobs()
+
+
+def test_an_alone_header_added_to_a_signed_retry_breaks_its_signature(settings: Settings) -> None:
+    core = Core(settings)
+    plain = core.record(sft_request("r1"), 7)
+    signed = core.scheduler.retries.headers(plain.key, plain.value or b"", 2, 0.0)
+    assert not core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=signed)).alone
+    forged = core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=[*signed, (ALONE_HEADER, b"1")]))
+    assert forged.attempt == 1 and not forged.alone  # read as a first attempt, due now
+    alone = core.scheduler.retries.headers(plain.key, plain.value or b"", 2, 0.0, alone=True)
+    assert core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=alone)).alone
