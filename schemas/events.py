@@ -62,10 +62,26 @@ class Rejected(EventBase):
     errors: list[FieldError] = Field(min_length=1)
 
 
+class JobMemory(Frozen):
+    """A job's memory on its device: estimated before it started, measured while it ran."""
+
+    estimate_bytes: int | None = Field(description=(
+        "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md), scaled by what "
+        "earlier jobs of the same model and method measured on this host; null when its models' weight headers could not be read."))
+    share_bytes: int | None = Field(None, description="On a GPU shared with other jobs: the memory its process was held to; null on a whole GPU.")
+    device: Literal["cuda", "cpu"] | None = Field(None, description="Where it trained; null when the child measured nothing.")
+    peak_allocated_bytes: int | None = Field(None, description="torch's allocator peak on the GPU (torch.cuda.max_memory_allocated); null on the CPU.")
+    device_peak_bytes: int | None = Field(None, description=(
+        "The device's own figure: the most memory the GPU reported in use while the job ran (sampled, so a peak between two "
+        "samples can be missed), or on the CPU the child's peak resident set."))
+
+
 class Started(EventBase):
     type: Literal["started"] = "started"
     method: str
     slot: str = Field(description="The GPU ids given to the job ('cpu' on a host without GPUs).")
+    memory_share_bytes: int | None = Field(None, description=(
+        "On a GPU shared with other jobs (the host's max_jobs_per_gpu): the memory the job may allocate there; null on whole GPUs."))
     pid: int
     endpoint: str | None = Field(None, description=(
         "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log (/jobs/ID/log, with the "
@@ -135,6 +151,7 @@ class Succeeded(EventBase):
         "The experiment-tracker runs the job reported its metrics to (report_to), each with its id and, for MLflow, its URL."
     ))
     duplicate: bool = Field(False, description="True when a redelivered request had already succeeded.")
+    memory: JobMemory | None = Field(None, description="Its memory, estimated and measured; null for a duplicate.")
 
 
 class Failed(EventBase):

@@ -25,6 +25,7 @@ from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
+from daemon.jobs.memory import Estimate, Estimator
 from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
@@ -34,7 +35,7 @@ from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
 from schemas.evaluation import EvaluationReport, Published
-from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
+from schemas.events import Cancelled, EventBase, Failed, JobMemory, Retrying, Succeeded
 from schemas.job import JobFailed, TrainResult
 from schemas.request import RequestBase
 
@@ -60,10 +61,13 @@ class JobRunner:
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
         on_trained: Callable[[], Awaitable[None]] | None = None, share: Placement | None = None,
+        estimate: Estimate | None = None, memory: Estimator | None = None,
     ) -> None:
         self.request = request
         # On a GPU shared with other jobs (daemon/jobs/slots.py): its share, which its child is held to.
         self.share = share if share is not None and share.share_bytes is not None else None
+        self.estimate = estimate  # its memory, estimated before it started (daemon/jobs/memory.py); None when unknown
+        self.memory = memory  # what learns from the peak it measures
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
@@ -79,6 +83,7 @@ class JobRunner:
         self.supervisor = Supervisor(
             request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
             timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop,
+            share_bytes=self.share.share_bytes if self.share is not None else None,
         )
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
@@ -114,6 +119,8 @@ class JobRunner:
         return {
             "request_id": self.request.request_id, "method": self.request.method, "slot": self.slot,
             "stage": self.stage, "pid": self.supervisor.child.pid if self.supervisor.child else None,
+            "memory_share_bytes": self.share.share_bytes if self.share is not None else None,
+            "memory_estimate_bytes": self.estimate.needed if self.estimate is not None else None,
             **self.supervisor.progress,
         }
 
@@ -201,9 +208,15 @@ class JobRunner:
             durations["until_first_step"] = round(first_step_at - self.received_at, 3)
         for stage, seconds in durations.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
-        succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published)
+        succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
+                                    memory=self._memory(result))
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
+
+    def _memory(self, result: TrainResult) -> JobMemory:
+        """Its memory for `succeeded`: the estimate and share it started with."""
+        return JobMemory(estimate_bytes=self.estimate.needed if self.estimate is not None else None,
+                         share_bytes=self.share.share_bytes if self.share is not None else None)
 
     async def _trained(self) -> tuple[TrainResult, float | None]:
         """The child's result, and the time of its first step: an earlier attempt's when its

@@ -134,10 +134,17 @@ class Estimate:
 
     parts: dict[str, int]
     gradient_checkpointing: bool
+    scale: float = 1.0  # the largest measured/estimated ratio of earlier jobs of its model and method (`MemoryHistory`)
 
     @property
     def total(self) -> int:
+        """The model's figure, before the history's scale."""
         return sum(self.parts.values())
+
+    @property
+    def needed(self) -> int:
+        """What the job is taken to need: the model's figure scaled by what was measured."""
+        return int(self.total * self.scale)
 
 
 def _method_block(request: Any) -> Any:
@@ -259,18 +266,20 @@ class Estimator:
         self.history = history
         self._tensors: dict[tuple[str, str | None], Tensors] = {}
 
-    async def need(self, request: RequestBase) -> int | None:
-        found = await self.estimate(request)
-        return None if found is None else int(found.total * self.history.scale(request.model.id, request.method))
-
-    async def estimate(self, request: RequestBase) -> Estimate | None:
+    async def need(self, request: RequestBase) -> Estimate | None:
+        """The job's estimate, scaled by the history; None when unknown."""
         try:
             base = await self.tensors(request.model.id, request.model.revision)
             others = [await self.tensors(spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)]
-            return estimate(request, base, others)
+            found = estimate(request, base, others)
+            return Estimate(found.parts, found.gradient_checkpointing, self.history.scale(request.model.id, request.method))
         except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=f"{type(exc).__name__}: {exc}"[:300])
             return None
+
+    def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
+        """What a job measured on a GPU, for the next estimates of its model and method."""
+        self.history.learn(request.model.id, request.method, estimated.total, measured_bytes)
 
     async def tensors(self, model_id: str, revision: str | None) -> Tensors:
         key = (model_id, revision)

@@ -32,7 +32,7 @@ from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
-from daemon.jobs.memory import Estimator, MemoryHistory
+from daemon.jobs.memory import Estimate, Estimator, MemoryHistory
 from daemon.jobs.slots import Placement, Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
@@ -109,15 +109,17 @@ class Scheduler:
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
             return await self._not_yet(tp, record, retry.due)
+        # Its memory, on a GPU host (or for a local model: its headers are on this disk): its share of a
+        # GPU when GPUs are packed; never for a job sent back to run alone, nor one of several GPUs.
         need = None
-        if self.slots.packing is not None and request.resources.gpus == 1 and not retry.alone:
-            need = await self.memory.need(request)  # its share of a GPU; None: a whole one
-        placement = self.slots.take(request.resources.gpus, need)
+        if request.resources.gpus == 1 and (self.slots.gpus or request.model.id.startswith("/")):
+            need = await self.memory.need(request)
+        placement = self.slots.take(request.resources.gpus, None if need is None or retry.alone else need.needed)
         if placement is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
             self.pause_idle_partitions()
             return Offered.NO_SLOT
-        self._start(tp, record, request, placement, retry.attempt)
+        self._start(tp, record, request, placement, retry.attempt, need)
         return Offered.STARTED
 
     async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
@@ -148,7 +150,7 @@ class Scheduler:
                 if self.slots.free:
                     self.partitions.resume([tp])
 
-    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int) -> None:
+    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
@@ -157,6 +159,7 @@ class Scheduler:
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
             slot=self.slots.label(placement.slots), visible_devices=self.slots.visible_devices(placement.slots), attempt=attempt,
             trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset), share=placement,
+            estimate=need, memory=self.memory,
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task)

@@ -8,7 +8,7 @@ import math
 from daemon.hub.push import PushResult
 from daemon.jobs.job_events import JobEvents
 from schemas.evaluation import EvaluationReport, Published
-from schemas.events import Succeeded
+from schemas.events import JobMemory, Succeeded
 from schemas.job import TrainResult
 from schemas.request import RequestBase
 
@@ -28,7 +28,7 @@ def _named_model(request: RequestBase, field: str) -> str | None:
 
 def succeeded_event(
     events: JobEvents, request: RequestBase, result: TrainResult, pushed: PushResult, durations: dict[str, float], *,
-    duplicate: bool = False, report: EvaluationReport | None = None, published: Published = "main",
+    duplicate: bool = False, report: EvaluationReport | None = None, published: Published = "main", memory: JobMemory | None = None,
 ) -> Succeeded:
     """`succeeded` for a push and what trained it (FOUND_ON_THE_HUB for a commit an earlier run made)."""
     return Succeeded(
@@ -59,4 +59,5 @@ def succeeded_event(
         published=published,
         pr_url=pushed.pr_url,
         evaluation=report,
+        memory=memory,
     )

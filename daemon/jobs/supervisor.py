@@ -70,7 +70,7 @@ def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
 class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
-        *, slot: str, visible_devices: str | None, timeout_s: int | None, stop: Callable[[Stop], bool],
+        *, slot: str, visible_devices: str | None, timeout_s: int | None, stop: Callable[[Stop], bool], share_bytes: int | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
@@ -79,6 +79,7 @@ class Supervisor:
         self.slot = slot
         self.visible_devices = visible_devices
         self.timeout_s = timeout_s
+        self.share_bytes = share_bytes  # on a shared GPU, the memory its child is held to (for `started`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
@@ -119,7 +120,8 @@ class Supervisor:
 
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint)
+        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint,
+                                  memory_share_bytes=self.share_bytes)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()
