@@ -50,6 +50,10 @@ def exported_metrics() -> bytes:
     metrics.CONSUMER_LAG.labels("0")
     metrics.INTAKE_ERRORS.labels("ValueError")
     metrics.rejected("invalid")
+    metrics.GPU_JOBS.labels("0")
+    metrics.GPU_MEMORY_RESERVED.labels("0")
+    metrics.JOB_MEMORY_PEAK.labels("sft")
+    metrics.JOB_MEMORY_RATIO.labels("sft")
     return generate_latest()
 
 

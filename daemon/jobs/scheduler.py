@@ -150,8 +150,14 @@ class Scheduler:
                 if self.slots.free:
                     self.partitions.resume([tp])
 
-    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
+    def _count_slots(self) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
+        for gpu, (jobs, reserved) in self.slots.by_gpu().items():
+            metrics.GPU_JOBS.labels(gpu).set(jobs)
+            metrics.GPU_MEMORY_RESERVED.labels(gpu).set(reserved)
+
+    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
+        self._count_slots()
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
@@ -225,7 +231,7 @@ class Scheduler:
         if job.placement is not None:  # given back once: when the child is done, or when the job ends without one
             self.slots.give_back(job.placement)
             job.placement = None
-        metrics.SLOTS_BUSY.set(self.slots.busy)
+        self._count_slots()
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""

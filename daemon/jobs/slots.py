@@ -152,6 +152,10 @@ class Slots:
         for slot in placement.slots:
             self._jobs[slot].remove(placement.share_bytes)
 
+    def by_gpu(self) -> dict[str, tuple[int, int]]:
+        """Each GPU's jobs and the memory their shares hold (for metrics and `adapterd status`)."""
+        return {slot: (len(self._jobs[slot]), self.reserved(slot)) for slot in self.gpus}
+
     def visible_devices(self, slots: list[str]) -> str | None:
         """The CUDA_VISIBLE_DEVICES of a child on these slots; None on CPU slots (the environment is left alone)."""
         return ",".join(slots) if self.gpus else None

@@ -28,6 +28,16 @@ FORKSERVER_FAILURES = Counter(
 WARM_START = Gauge("adapterd_warm_start_mode", "How job children start now: 1 for the mode in force (fork, spawn, cold).", ["mode"])
 REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])
 WORK_DIR_FREE = Gauge("adapterd_work_dir_free_bytes", "Bytes free on the file system of work_dir (job folders, checkpoints, the Hub cache).")
+GPU_JOBS = Gauge("adapterd_gpu_jobs", "Jobs placed on each GPU (more than one only when GPUs are packed: max_jobs_per_gpu).", ["gpu"])
+GPU_MEMORY_RESERVED = Gauge("adapterd_gpu_memory_reserved_bytes", "The memory shares of the jobs on each packed GPU.", ["gpu"])
+JOB_MEMORY_PEAK = Histogram(
+    "adapterd_job_memory_peak_bytes", "Jobs' measured memory peak on their device (GPU allocator peak, or the child's peak RSS on a CPU host), by method.",
+    ["method"], buckets=tuple(2.0**power for power in range(28, 38)),  # 256 MiB to 128 GiB
+)
+JOB_MEMORY_RATIO = Histogram(
+    "adapterd_job_memory_estimate_ratio", "Jobs' measured GPU allocator peak over their estimate before the history's scale, by method.",
+    ["method"], buckets=(0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0),
+)
 PRUNED = Counter("adapterd_job_folders_pruned", "Job folders removed by retention (`folder`), and succeeded jobs' checkpoints (`checkpoints`).", ["what"])
 
 
