@@ -7,6 +7,7 @@
     ├── ForkServerGone             the fork server exited: a job's child is started another way (a ConnectionError too)
     ├── IllegalTransition          (daemon.jobs.lifecycle) a move the job's state machine does not have: a bug
     ├── LogsError                  (daemon.cli.logs) a request's log cannot be read from its host
+    ├── WeightsUnreadable          (daemon.jobs.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
     └── JobFailed                  (schemas.job) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink
 

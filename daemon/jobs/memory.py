@@ -36,6 +36,7 @@ from huggingface_hub import HfApi
 
 from daemon.admission.policy import other_models
 from daemon.settings import Settings
+from schemas.common import AdapterdError
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -51,7 +52,7 @@ PEFT_DEFAULT_TARGETS = frozenset({"q_proj", "v_proj"})  # PEFT's default for Lla
 _LAYER = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.")
 
 
-class WeightsUnreadable(ValueError):
+class WeightsUnreadable(AdapterdError, ValueError):
     """A model's safetensors headers could not be read (no such files, a header too large or not JSON)."""
 
 
