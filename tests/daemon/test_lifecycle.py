@@ -9,11 +9,32 @@ import pytest
 from daemon.jobs.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
 
 
-def test_every_state_has_its_transitions_and_final_states_have_none() -> None:
-    assert set(TRANSITIONS) == set(State)
-    assert all(TRANSITIONS[state] == frozenset() for state in FINAL)
+def reachable(start: State) -> set[State]:
+    seen, todo = {start}, [start]
+    while todo:
+        for target in TRANSITIONS[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_every_state_is_reached_from_queued_and_every_live_state_can_end() -> None:
+    assert set(TRANSITIONS) == set(State) and reachable(State.QUEUED) == set(State)  # no state the code cannot enter
+    assert all(reachable(state) & FINAL for state in State)  # no live state without a way out
+    assert all(not TRANSITIONS[state] for state in FINAL)
     assert all(State.INTERRUPTED in TRANSITIONS[state] for state in set(State) - FINAL)  # any live job can be interrupted
     assert State.CANCELLED not in TRANSITIONS[State.PUSHING] and State.SUCCEEDED not in TRANSITIONS[State.TRAINING]
+
+
+def test_each_published_outcome_is_the_event_type_the_job_enters_it_by() -> None:
+    """JobRunner.run enters `State(event.type)` once the event is acknowledged: each outcome is an
+    event type, and INTERRUPTED, which publishes nothing, is none."""
+    from typing import get_args
+
+    from schemas.events import Cancelled, Failed, Retrying, Succeeded
+
+    types = {get_args(kind.model_fields["type"].annotation)[0] for kind in (Succeeded, Failed, Retrying, Cancelled)}
+    assert {state.value for state in OUTCOMES} == types and State.INTERRUPTED.value not in types
 
 
 @pytest.mark.parametrize(("path", "allowed"), [
