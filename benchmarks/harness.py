@@ -63,7 +63,7 @@ class Environment:
         broker = LocalKafka(data_dir=root / "kafka").start()
         hub = HubServer().start()
         model_dir = root / "tiny-model"
-        subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(model_dir)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(model_dir)], check=True, capture_output=True)
         return cls(root, broker, hub, model_dir)
 
     def stop(self) -> None:

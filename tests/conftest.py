@@ -87,24 +87,24 @@ def hub() -> Iterator[HubServer]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from handlers.tiny_model import save_tiny_model
+    from handlers.fixtures.tiny_model import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
 def tiny_nan_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with its final norm's weight NaN (handlers/tiny_model.py `poison`): every loss
+    """The tiny model with its final norm's weight NaN (handlers/fixtures/tiny_model.py `poison`): every loss
     a run of it logs is NaN on any CPU, where a large learning rate diverges on some and not others."""
-    from handlers.tiny_model import save_tiny_model
+    from handlers.fixtures.tiny_model import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-nan-model"), nan=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny vision-language model (LLaVA) and its processor, built locally (handlers/tiny_vlm.py)."""
-    from handlers.tiny_vlm import save_tiny_vlm
+    """A tiny vision-language model (LLaVA) and its processor, built locally (handlers/fixtures/tiny_vlm.py)."""
+    from handlers.fixtures.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 

@@ -123,7 +123,7 @@ def other_model(tiny_model_dir: Path, out_dir: Path, **config: int) -> Path:
     (or, with `config`, another shape), to be a reference model."""
     from transformers import AutoTokenizer
 
-    from handlers.tiny_model import build_model
+    from handlers.fixtures.tiny_model import build_model
 
     model = build_model(AutoTokenizer.from_pretrained(tiny_model_dir), seed=1)
     if config:
