@@ -1,5 +1,5 @@
 """What changed between two readings of the request's contract (schemas/trl_contract.json, as
-`python -m handlers.generate_contract` writes it), block by block:
+`python -m handlers.contract.generate_contract` writes it), block by block:
 
     python -m schemas.contract_diff OLD.json NEW.json              # type, choices, default changes
     python -m schemas.contract_diff OLD.json NEW.json --help-text  # and help-text-only changes

@@ -46,7 +46,7 @@ class Method:
         return ",".join(bound for bound in (self.trl_min and f">={self.trl_min}", self.trl_below and f"<{self.trl_below}") if bound)
 
 
-# The ranges are what was seen, not remembered: `python -m handlers.trl_trainers` found every row's
+# The ranges are what was seen, not remembered: `python -m handlers.contract.trl_trainers` found every row's
 # trainer and config in trl 1.10.0 and 1.11.0 (scratch environments, 2026-12-03), 1.12.0 (the
 # tests/trl_1_12 lane) and 1.16.0 (the lock, and the canary's newest on that day); PPO's only up to
 # 1.12.0. "any" reads within pyproject's trl>=1.10; tests/handlers/test_method_table.py holds each

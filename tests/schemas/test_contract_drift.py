@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from handlers.contract_source import dataclass_of, read_contract
-from handlers.generate_contract import removed_fields
+from handlers.contract.contract_source import dataclass_of, read_contract
+from handlers.contract.generate_contract import removed_fields
 from schemas import contract_rules as rules
 from schemas.contract_diff import diff_block
 from schemas.contract_render import (
@@ -121,7 +121,7 @@ def test_a_field_removed_from_trl_is_named_until_renamed() -> None:
 
 
 def test_a_help_text_choice_list_is_read_from_its_sentence() -> None:
-    from handlers.contract_source import help_choices
+    from handlers.contract.contract_source import help_choices
 
     assert help_choices("Supported values are 'grpo', 'dapo', and 'cispo'. 'grpo': averages per 'sequence'.") == ["grpo", "dapo", "cispo"]
     assert help_choices("Possible values are: `reverse_kl` (default), `forward_kl`. Only 'sigmoid' supports it.") == ["reverse_kl", "forward_kl"]

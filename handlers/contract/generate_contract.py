@@ -2,8 +2,8 @@
 schemas/trl_contract.json (what was read), schemas/trl_fields.py (the pydantic models) and
 docs/requests.md (the reference), then the JSON Schemas.
 
-    uv run python -m handlers.generate_contract                 # every block this TRL has
-    uv run --project tests/trl_1_12 python -m handlers.generate_contract ppo   # PPO, from trl 1.12
+    uv run python -m handlers.contract.generate_contract                 # every block this TRL has
+    uv run --project tests/trl_1_12 python -m handlers.contract.generate_contract ppo   # PPO, from trl 1.12
 
 A block this install lacks (PPO after trl 1.12) keeps its checked-in section. A field that was in the
 checked-in contract and is gone from TRL is named: add it to RENAMED in schemas/contract_rules.py
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handlers.contract_source import read_contract
+from handlers.contract.contract_source import read_contract
 from schemas.contract_render import (
     CONTRACT_FILE,
     DOC_FILE,

@@ -1,6 +1,6 @@
 """The trainers the installed TRL ships, beside the ones adapterd's method table names.
 
-`python -m handlers.trl_trainers` prints them as JSON: TRL's version, its stable trainers (the
+`python -m handlers.contract.trl_trainers` prints them as JSON: TRL's version, its stable trainers (the
 `*Trainer` classes `trl` exports), its experimental ones (each `trl.experimental` module that
 defines a `*Trainer`, by its import path), and for each row of the method table whether this TRL
 has its trainer and config. `.ci/canary` runs it in the locked environment and in the newest one and
