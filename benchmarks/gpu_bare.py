@@ -174,7 +174,7 @@ class Daemon:
 
         for process in psutil.Process().children(recursive=True):
             try:
-                if "handlers.forkserver" in " ".join(process.cmdline()):
+                if "handlers.child.forkserver" in " ".join(process.cmdline()):
                     return process.pid
             except psutil.Error:
                 continue

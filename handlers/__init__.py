@@ -7,10 +7,10 @@ the table, one module here, one example and one test file.
 Importing this package imports torch and TRL: the daemon never does.
 """
 
-from handlers.deferred import defer_in_fork_server
+from handlers.child.deferred import defer_in_fork_server
 
 # First, before anything below imports torch: in the fork server, modules that touch CUDA when
-# imported are imported in name only (handlers/deferred.py says why).
+# imported are imported in name only (handlers/child/deferred.py says why).
 defer_in_fork_server()
 
 from importlib import import_module  # noqa: E402

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trl import DistillationConfig, DistillationTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,
@@ -22,7 +22,7 @@ from handlers.common import (
     train_and_save,
     trl_config,
 )
-from handlers.vllm_support import check_vllm, vllm_arguments
+from handlers.child.vllm_support import check_vllm, vllm_arguments
 from schemas.job import JobSpec, TrainResult
 from schemas.request import DistillationRequest
 

@@ -4,14 +4,14 @@ Rows: `chosen` and `rejected` (and usually `prompt`), conversational or plain te
 reference model is the base with the adapter switched off, so no second copy is loaded; `ref_model`
 names another one, loaded beside the policy (with LoRA too). With `dpo.precompute_ref_log_probs` TRL
 computes the reference's log-probs over the dataset once, before the first step. With an `images` (or
-`image`) column the base is a vision-language model, trained with its processor (handlers/vision.py).
+`image`) column the base is a vision-language model, trained with its processor (handlers/child/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import DPOConfig, DPOTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

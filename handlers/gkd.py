@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

@@ -2,16 +2,16 @@
 
 Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
 scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
-With `grpo.use_vllm` vLLM generates them (handlers/vllm_support.py); the preflight fails first on a
+With `grpo.use_vllm` vLLM generates them (handlers/child/vllm_support.py); the preflight fails first on a
 host without it. With an `image` (or `images`) column the base is a vision-language model, prompted
-with each row's images; the reward functions see the text (handlers/vision.py).
+with each row's images; the reward functions see the text (handlers/child/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import GRPOConfig, GRPOTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,
@@ -21,8 +21,8 @@ from handlers.common import (
     train_and_save,
     trl_config,
 )
-from handlers.rewards import check_reward_columns, load_rewards
-from handlers.vllm_support import check_vllm, vllm_arguments
+from handlers.child.rewards import check_reward_columns, load_rewards
+from handlers.child.vllm_support import check_vllm, vllm_arguments
 from schemas.job import JobSpec, TrainResult
 from schemas.request import GRPORequest
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from trl import KTOConfig, KTOTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,
@@ -22,8 +22,8 @@ from handlers.common import (
     train_and_save,
     trl_config,
 )
-from handlers.rewards import check_reward_columns, load_rewards
-from handlers.vllm_support import check_vllm, vllm_arguments
+from handlers.child.rewards import check_reward_columns, load_rewards
+from handlers.child.vllm_support import check_vllm, vllm_arguments
 from schemas.job import JobSpec, TrainResult
 from schemas.request import OnlineDPORequest
 

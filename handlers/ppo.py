@@ -24,7 +24,7 @@ from transformers import (
 )
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,
@@ -36,9 +36,9 @@ from handlers.common import (
     result,
     trl_config,
 )
-from handlers.loading import DTYPES, is_conversational
+from handlers.child.loading import DTYPES, is_conversational
+from handlers.child.training import final_metrics, last_checkpoint, save_artifact
 from handlers.ppo_checkpoints import PPOCheckpoints
-from handlers.training import final_metrics, last_checkpoint, save_artifact
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import PPORequest
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from trl import RewardConfig, RewardTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

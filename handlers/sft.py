@@ -2,14 +2,14 @@
 
 Rows: conversational `messages`, or `prompt` + `completion`, or plain text in `dataset_text_field`
 (default `text`). Conversational rows need a tokenizer with a chat template. With an `images` (or
-`image`) column the base is a vision-language model, trained with its processor (handlers/vision.py).
+`image`) column the base is a vision-language model, trained with its processor (handlers/child/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import SFTConfig, SFTTrainer
 
-from handlers.common import (
+from handlers.child.common import (
     JobCallback,
     StatusReporter,
     load_base,

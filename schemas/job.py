@@ -2,7 +2,7 @@
 messages the child sends back, the failure codes both use, and the one rule for which failures
 are worth another try.
 
-The child (`handlers.runner`) writes one message per line on its status pipe; the daemon decodes
+The child (`handlers.child.runner`) writes one message per line on its status pipe; the daemon decodes
 each with `parse_child_message`, in one place (`daemon.jobs.supervisor`). Depends on pydantic only, so
 neither side imports the other.
 """
@@ -163,7 +163,7 @@ class TrainResult(ChildMessageBase):
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description=(
         "Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model "
-        "and train as '<stage>.<part>' (handlers/reporting.py)."
+        "and train as '<stage>.<part>' (handlers/child/reporting.py)."
     ))
     versions: dict[str, str]
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")

@@ -101,7 +101,7 @@ def run_handler(request: dict[str, Any], work: Path, **job: Any) -> tuple[Any, l
     """Run a request's handler in this process, as the child would, without a daemon or Kafka: the
     handler's TrainResult, or the JobFailed it raised, and every message it sent on its status pipe."""
     from handlers import HANDLERS
-    from handlers.reporting import StatusReporter
+    from handlers.child.reporting import StatusReporter
     from schemas.job import JobFailed, JobSpec
 
     spec = JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job)

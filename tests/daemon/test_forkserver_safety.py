@@ -33,7 +33,7 @@ import json, os, sys
 from pathlib import Path
 os.environ["ADAPTERD_FORK_FD"] = "-1"  # what makes this interpreter the fork server, for handlers/__init__.py
 import handlers
-from handlers import deferred
+from handlers.child import deferred
 
 def seen():
     return {"ran": "bitsandbytes.cextension" in sys.modules,

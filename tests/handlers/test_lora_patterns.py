@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from handlers.lora_patterns import resolved
+from handlers.child.lora_patterns import resolved
 from schemas import Rejection, decode_request
 from schemas.job import JobFailed
 from tests.helpers import sft_request

@@ -28,11 +28,11 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from peft import LoraConfig, PeftModel
 from transformers import Trainer
 
-from handlers import evaluation_task
-from handlers.evaluation_rewards import RewardModel, score
-from handlers.evaluation_task import PreparedTask
-from handlers.reporting import StatusReporter
-from handlers.sources import AnyDataset, check_download_size
+from handlers.child import evaluation_task
+from handlers.child.evaluation_rewards import RewardModel, score
+from handlers.child.evaluation_task import PreparedTask
+from handlers.child.reporting import StatusReporter
+from handlers.child.sources import AnyDataset, check_download_size
 from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores, TaskSuite
 from schemas.job import JobFailed, JobSpec
 from schemas.request import RequestBase

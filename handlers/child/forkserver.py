@@ -1,10 +1,10 @@
-"""The fork server: `python -m handlers.forkserver`, the training stack imported once, a child forked per job.
+"""The fork server: `python -m handlers.child.forkserver`, the training stack imported once, a child forked per job.
 
-It imports what `handlers.runner` imports, says `ready` on its status pipe (fd in
+It imports what `handlers.child.runner` imports, says `ready` on its status pipe (fd in
 ADAPTERD_STATUS_FD), then serves the daemon on a Unix socket (fd in ADAPTERD_FORK_FD, one datagram
 a message). A request is a JSON object of environment variables for the child (its
 CUDA_VISIBLE_DEVICES) with three descriptors: the child's stdin, its stdout and stderr, its status
-pipe. The server forks; the child is then what a spawned `handlers.runner` is after its imports: a
+pipe. The server forks; the child is then what a spawned `handlers.child.runner` is after its imports: a
 session of its own, killed when its parent dies, reading its job on stdin, one job and out. The
 server answers `{"kind": "forked", "pid": …}`, and `{"kind": "exited", "pid": …, "returncode": …}`
 (negative: the signal that killed it) once it has reaped that child. It exits when the daemon
@@ -19,7 +19,7 @@ stays locked in the child for ever, and a CUDA context cannot cross it at all. S
 thread that never touches CUDA, and says `ready` only after checking both of itself; otherwise it
 says `refused` with the reason and exits, and the daemon starts its children without it:
 - CUDA: modules that initialise CUDA when imported (bitsandbytes) are imported in name only and run
-  in the child at first use (handlers/deferred.py); the check looks for CUDA initialised in torch and
+  in the child at first use (handlers/child/deferred.py); the check looks for CUDA initialised in torch and
   for an open /dev/nvidia* file (the driver opened), and runs again before each fork.
 - Threads: the daemon starts the server with OMP_NUM_THREADS=1 and JE_ARROW_MALLOC_CONF's
   background_thread off (`import torch` starts libgomp's workers, `import pyarrow` jemalloc's
@@ -46,7 +46,7 @@ import traceback
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from handlers import deferred, runner
+from handlers.child import deferred, runner
 
 MAX_MESSAGE = 65536
 THREADS_PROBE = "import torch; print(torch.get_num_threads())"
@@ -65,7 +65,7 @@ def main() -> int:
     import torch
 
     from handlers import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
-    from handlers.reporting import StatusReporter
+    from handlers.child.reporting import StatusReporter
 
     threads = int(probe.communicate()[0].strip())
     reporter = StatusReporter(runner.status_fd())

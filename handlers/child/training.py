@@ -16,8 +16,8 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
-from handlers.lora_patterns import resolved
-from handlers.reporting import StepClock
+from handlers.child.lora_patterns import resolved
+from handlers.child.reporting import StepClock
 from schemas.job import JobFailed, JobSpec
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
@@ -52,7 +52,7 @@ def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any
 
 def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, **derived: Any) -> LoraConfig | None:
     """PEFT's LoraConfig from the request's `peft` block, for `model` (its patterns matched on the
-    model's modules by adapterd, handlers/lora_patterns.py); `derived`: what the handler decides in
+    model's modules by adapterd, handlers/child/lora_patterns.py); `derived`: what the handler decides in
     place of a default (a vision-language model's `target_modules`)."""
     if spec is None:
         return None

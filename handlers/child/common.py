@@ -3,7 +3,7 @@ images too), load the base model's tokenizer (and processor), train (resuming fr
 
 A handler calls these in order and builds its own TRL trainer in between, so each method's module
 reads top to bottom: what differs between methods is only what it builds there. The helpers they
-stand on are in handlers/loading.py, handlers/training.py and handlers/reporting.py; the names a
+stand on are in handlers/child/loading.py, handlers/child/training.py and handlers/child/reporting.py; the names a
 handler needs are re-exported here.
 """
 
@@ -23,9 +23,9 @@ from transformers import (
     Trainer,
 )
 
-from handlers.chat_template import check_template_render
-from handlers.evaluation import evaluate
-from handlers.loading import (
+from handlers.child.chat_template import check_template_render
+from handlers.child.evaluation import evaluate
+from handlers.child.loading import (
     check_chat_template,
     check_columns,
     check_hardware,
@@ -38,9 +38,9 @@ from handlers.loading import (
     model_kwargs,
     resolve_model,
 )
-from handlers.reporting import EXIT_STOPPED, JobCallback, StatusReporter, start_cuda
-from handlers.sources import AnyDataset
-from handlers.training import (
+from handlers.child.reporting import EXIT_STOPPED, JobCallback, StatusReporter, start_cuda
+from handlers.child.sources import AnyDataset
+from handlers.child.training import (
     final_metrics,
     last_checkpoint,
     lora_config,
@@ -49,7 +49,7 @@ from handlers.training import (
     tracked_runs,
     trl_config,
 )
-from handlers.vision import (
+from handlers.child.vision import (
     PIPELINE_TAG,
     is_vision_model,
     language_model_targets,
@@ -189,7 +189,7 @@ def train_and_save(
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
-    (handlers/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
+    (handlers/child/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")

@@ -1,4 +1,4 @@
-"""The child process's entry point: `python -m handlers.runner`.
+"""The child process's entry point: `python -m handlers.child.runner`.
 
 Imports the training stack, says `ready` on the status pipe (fd in ADAPTERD_STATUS_FD), then reads
 one job from stdin: a JSON line `{"spec": path, "log": path}`. Its stdout and stderr go to the
@@ -51,7 +51,7 @@ def main() -> int:
     die_with_parent()
 
     from handlers import HANDLERS
-    from handlers.reporting import EXIT_STOPPED, StatusReporter
+    from handlers.child.reporting import EXIT_STOPPED, StatusReporter
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())

@@ -1,7 +1,7 @@
 """The `rewards` suite of a request's evaluation: the model answers each eval row's prompt once,
-greedily, and the shipped reward functions (handlers/rewards.py, GRPO's) score the answers.
+greedily, and the shipped reward functions (handlers/child/rewards.py, GRPO's) score the answers.
 
-Called by handlers/evaluation.py for each model it measures (the adapter active on the model, or a
+Called by handlers/child/evaluation.py for each model it measures (the adapter active on the model, or a
 baseline's), so every model answers the same prompts with the same settings.
 """
 
@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
-from handlers.loading import resolve_model
-from handlers.rewards import REWARD_FUNCTIONS, columns_needed
-from handlers.sources import AnyDataset
+from handlers.child.loading import resolve_model
+from handlers.child.rewards import REWARD_FUNCTIONS, columns_needed
+from handlers.child.sources import AnyDataset
 from schemas.evaluation import RewardsSuite
 from schemas.job import JobFailed
 from schemas.rewards import RewardModelSpec

@@ -32,9 +32,9 @@ from transformers import (
     ProcessorMixin,
 )
 
-from handlers.loading import column_names
-from handlers.reporting import loading_weights
-from handlers.sources import AnyDataset
+from handlers.child.loading import column_names
+from handlers.child.reporting import loading_weights
+from handlers.child.sources import AnyDataset
 from schemas.images import (
     ImageBounds,
     check_pixels,
