@@ -11,8 +11,9 @@ bnb`) and use it only inside functions; transformers asks whether it is installe
 attribute runs its code first. That happens in a job's child, where CUDA is the job's own, so the
 child gets the native library bitsandbytes chooses there (the CUDA one on a GPU host).
 
-`handlers/__init__.py` calls `defer_in_fork_server()` before anything imports torch: importing any
-module of this package imports the training stack, so the fork server cannot do it later.
+The fork server's `main` (handlers/child/forkserver.py) calls `defer_in_fork_server()` first,
+before anything imports torch: importing the methods (handlers/methods/) imports the training
+stack, so it cannot be done later.
 """
 
 from __future__ import annotations

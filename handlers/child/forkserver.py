@@ -23,8 +23,8 @@ says `refused` with the reason and exits, and the daemon starts its children wit
   for an open /dev/nvidia* file (the driver opened), and runs again before each fork.
 - Threads: the daemon starts the server with OMP_NUM_THREADS=1 and JE_ARROW_MALLOC_CONF's
   background_thread off (`import torch` starts libgomp's workers, `import pyarrow` jemalloc's
-  background thread; both must be set before the interpreter starts, since importing this package
-  imports torch), and the environment's own values in ADAPTERD_CHILD_ENV. Each child gets those
+  background thread; both must be set before the interpreter starts, since the server imports
+  torch), and the environment's own values in ADAPTERD_CHILD_ENV. Each child gets those
   values back and the intra-op thread count a fresh interpreter picks in that environment, probed
   once in a subprocess before the server says ready (torch's default is MKL's count of physical
   cores, which nothing cheaper reproduces). A fork from a process of several threads would also
@@ -53,6 +53,9 @@ THREADS_PROBE = "import torch; print(torch.get_num_threads())"
 
 
 def main() -> int:
+    # First, before anything imports torch: modules that touch CUDA when imported are imported in
+    # name only here (handlers/child/deferred.py says why).
+    deferred.defer_in_fork_server()
     runner.die_with_parent()
 
     # OMP_NUM_THREADS and jemalloc's background thread are held here (the module docstring says why);
@@ -64,8 +67,8 @@ def main() -> int:
     probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=probe_env)
     import torch
 
-    from handlers import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
     from handlers.child.reporting import StatusReporter
+    from handlers.methods import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
 
     threads = int(probe.communicate()[0].strip())
     reporter = StatusReporter(runner.status_fd())

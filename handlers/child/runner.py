@@ -50,8 +50,8 @@ def status_fd() -> int:
 def main() -> int:
     die_with_parent()
 
-    from handlers import HANDLERS
     from handlers.child.reporting import EXIT_STOPPED, StatusReporter
+    from handlers.methods import HANDLERS
     from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from handlers.child.common import StatusReporter
-from handlers.reference_free import train_reference_free
+from handlers.methods.reference_free import train_reference_free
 from schemas.job import JobSpec, TrainResult
 from schemas.request import ORPORequest
 

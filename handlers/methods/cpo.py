@@ -10,7 +10,7 @@ from __future__ import annotations
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 
 from handlers.child.common import StatusReporter
-from handlers.reference_free import train_reference_free
+from handlers.methods.reference_free import train_reference_free
 from schemas.job import JobSpec, TrainResult
 from schemas.request import CPORequest
 

@@ -7,7 +7,7 @@ off); the value model is the base with a one-label value head; the reward model 
 classifier by repo id, e.g. the merged output of a `reward` request.
 
 PPOTrainer has its own loop (`train()` takes no checkpoint and ignores `should_training_stop`), so
-this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/ppo_checkpoints.py.
+this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/methods/ppo_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from handlers.child.common import (
 )
 from handlers.child.loading import DTYPES, is_conversational
 from handlers.child.training import final_metrics, last_checkpoint, save_artifact
-from handlers.ppo_checkpoints import PPOCheckpoints
+from handlers.methods.ppo_checkpoints import PPOCheckpoints
 from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.request import PPORequest
 
