@@ -9,7 +9,7 @@
   schemas/ checks in; never imported at run time;
 - `handlers/fixtures/`: the tiny models the demo and the tests build instead of downloading one.
 
-The daemon never imports handlers/ and the child never imports the daemon: they speak through the
-job spec and the status pipe's messages (schemas/job.py), which hold pydantic models and nothing of
-the training stack.
+Beside them, `handlers/protocol.py`: the job spec a child reads from its parent and the messages
+it writes back, pydantic models and nothing of the training stack. The daemon imports it and
+nothing else of handlers/; the child never imports the daemon.
 """

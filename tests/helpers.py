@@ -102,7 +102,7 @@ def run_handler(request: dict[str, Any], work: Path, **job: Any) -> tuple[Any, l
     handler's TrainResult, or the JobFailed it raised, and every message it sent on its status pipe."""
     from handlers.child.reporting import StatusReporter
     from handlers.methods import HANDLERS
-    from schemas.job import JobFailed, JobSpec
+    from handlers.protocol import JobFailed, JobSpec
 
     spec = JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job)
     work.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 A child is a fresh interpreter running `handlers.child.runner`: it imports the training stack, says
 `ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Each child runs
 one job and exits, so every job gets a clean process (`daemon.children.warm` starts them ahead of time).
-Its status pipe carries `schemas.job` messages, decoded here and nowhere else.
+Its status pipe carries `handlers.protocol` messages, decoded here and nowhere else.
 
 Every child runs in its own process group (a cancel or timeout kills everything it started), dies
 with the daemon (PR_SET_PDEATHSIG), and writes JSON lines to a pipe of its own; its stdout and
@@ -25,7 +25,7 @@ from typing import BinaryIO
 import structlog
 from pydantic import ValidationError
 
-from schemas.job import (
+from handlers.protocol import (
     ChildError,
     ChildMessage,
     FirstStep,

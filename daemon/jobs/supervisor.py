@@ -19,8 +19,7 @@ from daemon.children.child import Child, ChildOutcome
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.settings import Settings
-from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
-from schemas.job import (
+from handlers.protocol import (
     CheckpointSaved,
     ChildMessage,
     JobFailed,
@@ -29,6 +28,7 @@ from schemas.job import (
     StoppedAtCheckpoint,
     TrainResult,
 )
+from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.request import RequestBase
 
 log = structlog.get_logger()

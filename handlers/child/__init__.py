@@ -3,7 +3,7 @@
 - entry points the daemon starts by module name: `runner` (one job, one process), `forkserver`
   (the training stack imported once, a child forked per job; `deferred` keeps what touches CUDA at
   import out of it) and `launch` (torchrun's agent for a multi-GPU job);
-- `reporting`: the status pipe back to the daemon (the messages of schemas/job.py);
+- `reporting`: the status pipe back to the daemon (the messages of handlers/protocol.py);
 - `common`: the sequence every handler follows, on `loading` (data, models, preflight),
   `sources` (dataset sources), `vision`, `chat_template`, `training` (TRL's config, LoRA with
   `lora_patterns`, the artifact), `rewards` and `vllm_support` (the online methods'), and

@@ -17,7 +17,7 @@ import signal
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from schemas.job import JobFailed
+from handlers.protocol import JobFailed
 
 SAMPLE = [
     {"role": "system", "content": "You are a helpful assistant."},

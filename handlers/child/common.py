@@ -57,9 +57,9 @@ from handlers.child.vision import (
     load_vision_model,
     prepare_images,
 )
+from handlers.protocol import JobFailed, JobSpec, TrainResult
 from schemas.evaluation import EvaluationResult
 from schemas.images import image_column
-from schemas.job import JobFailed, JobSpec, TrainResult
 from schemas.methods import METHODS
 from schemas.provenance import ResolvedSource, TrackedRun
 from schemas.request import LoraSpec, ModelSpec, RequestBase

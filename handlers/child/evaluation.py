@@ -33,8 +33,8 @@ from handlers.child.evaluation_rewards import RewardModel, score
 from handlers.child.evaluation_task import PreparedTask
 from handlers.child.reporting import StatusReporter
 from handlers.child.sources import AnyDataset, check_download_size
+from handlers.protocol import JobFailed, JobSpec
 from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores, TaskSuite
-from schemas.job import JobFailed, JobSpec
 from schemas.request import RequestBase
 
 # What `evaluate()` reports of its own running, not of the model.

@@ -16,8 +16,8 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreT
 from handlers.child.loading import resolve_model
 from handlers.child.rewards import REWARD_FUNCTIONS, columns_needed
 from handlers.child.sources import AnyDataset
+from handlers.protocol import JobFailed
 from schemas.evaluation import RewardsSuite
-from schemas.job import JobFailed
 from schemas.rewards import RewardModelSpec
 
 

@@ -24,8 +24,8 @@ import yaml
 from transformers import PreTrainedTokenizerBase
 
 from handlers.child.sources import load_source
+from handlers.protocol import JobFailed, JobSpec
 from schemas.evaluation import TaskSuite
-from schemas.job import JobFailed, JobSpec
 from schemas.provenance import ResolvedSource
 
 LIBRARY = "lm-eval"

@@ -26,7 +26,7 @@ from transformers import (
 
 from handlers.child.reporting import loading_weights
 from handlers.child.sources import AnyDataset, check_download_size, load_source
-from schemas.job import JobFailed, JobSpec, is_transient
+from handlers.protocol import JobFailed, JobSpec, is_transient
 from schemas.provenance import ResolvedSource
 from schemas.request import DatasetSpec, ModelSpec, RequestBase, RewardModelSpec
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from schemas.job import JobFailed
+from handlers.protocol import JobFailed
 from schemas.regex import compile_pattern
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import torch
 from transformers import TrainerCallback
 
-from schemas.job import (
+from handlers.protocol import (
     CheckpointSaved,
     ChildError,
     ChildMessage,

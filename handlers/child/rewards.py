@@ -12,7 +12,7 @@ from typing import Any
 from trl.rewards import think_format_reward
 
 from handlers.child.loading import resolve_model
-from schemas.job import JobFailed, JobSpec
+from handlers.protocol import JobFailed, JobSpec
 from schemas.regex import compile_pattern
 from schemas.request import (
     ExactMatchReward,

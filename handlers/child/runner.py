@@ -17,7 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
-from schemas.job import JobFailed, JobSpec
+from handlers.protocol import JobFailed, JobSpec
 
 PR_SET_PDEATHSIG = 1
 

@@ -18,8 +18,8 @@ import fsspec
 from datasets import Dataset, IterableDataset, load_dataset
 from huggingface_hub import HfApi
 
+from handlers.protocol import JobFailed, JobSpec
 from schemas.dataset import SourceSpec
-from schemas.job import JobFailed, JobSpec
 from schemas.locations import within
 from schemas.provenance import ResolvedSource, SourceFile
 

@@ -18,7 +18,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from handlers.child.lora_patterns import resolved
 from handlers.child.reporting import StepClock
-from schemas.job import JobFailed, JobSpec
+from handlers.protocol import JobFailed, JobSpec
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 

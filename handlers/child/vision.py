@@ -35,6 +35,7 @@ from transformers import (
 from handlers.child.loading import column_names
 from handlers.child.reporting import loading_weights
 from handlers.child.sources import AnyDataset
+from handlers.protocol import JobFailed, JobSpec
 from schemas.images import (
     ImageBounds,
     check_pixels,
@@ -44,7 +45,6 @@ from schemas.images import (
     row_images,
     row_problems,
 )
-from schemas.job import JobFailed, JobSpec
 from schemas.locations import has_parent_segment, within
 from schemas.request import ModelSpec
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from schemas.job import JobFailed, JobSpec
+from handlers.protocol import JobFailed, JobSpec
 from schemas.request import RequestBase
 
 

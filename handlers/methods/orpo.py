@@ -10,7 +10,7 @@ from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from handlers.child.common import StatusReporter
 from handlers.methods.reference_free import train_reference_free
-from schemas.job import JobSpec, TrainResult
+from handlers.protocol import JobSpec, TrainResult
 from schemas.request import ORPORequest
 
 

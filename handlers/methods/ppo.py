@@ -39,7 +39,7 @@ from handlers.child.common import (
 from handlers.child.loading import DTYPES, is_conversational
 from handlers.child.training import final_metrics, last_checkpoint, save_artifact
 from handlers.methods.ppo_checkpoints import PPOCheckpoints
-from schemas.job import JobFailed, JobSpec, TrainResult
+from handlers.protocol import JobFailed, JobSpec, TrainResult
 from schemas.request import PPORequest
 
 

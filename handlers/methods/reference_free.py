@@ -19,7 +19,7 @@ from handlers.child.common import (
     train_and_save,
     trl_config,
 )
-from schemas.job import JobSpec, TrainResult
+from handlers.protocol import JobSpec, TrainResult
 from schemas.request import RequestBase
 
 

@@ -22,7 +22,7 @@ from handlers.child.common import (
 )
 from handlers.child.rewards import check_reward_columns, load_rewards
 from handlers.child.vllm_support import check_vllm, vllm_arguments
-from schemas.job import JobSpec, TrainResult
+from handlers.protocol import JobSpec, TrainResult
 from schemas.request import RLOORequest
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from handlers.child.reporting import EXIT_STOPPED, JobCallback, StatusReporter
 from handlers.child.training import final_metrics, trl_config
+from handlers.protocol import JobSpec
 from schemas import SFTRequest
-from schemas.job import JobSpec
 from testbed.data import CHAT_ROWS
 from tests.helpers import sft_request
 
@@ -76,7 +76,7 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
 
 def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:
     from handlers.child.loading import load_dataset_sources
-    from schemas.job import JobFailed
+    from handlers.protocol import JobFailed
 
     rows = SFTRequest.model_validate(sft_request("rows-1", dataset={"rows": CHAT_ROWS})).dataset
     with pytest.raises(JobFailed) as failure:
@@ -116,7 +116,7 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
 
 def test_a_source_larger_than_the_hosts_download_bound_fails_before_it_is_read(tmp_path: Path) -> None:
     from handlers.child.loading import load_dataset_sources
-    from schemas.job import JobFailed
+    from handlers.protocol import JobFailed
 
     root = tmp_path / "data"
     root.mkdir()
@@ -134,7 +134,7 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     import huggingface_hub
 
     from handlers.child import loading
-    from schemas.job import JobFailed
+    from handlers.protocol import JobFailed
     from schemas.request import ModelSpec
     from testbed.data import TINY_MODEL
 
@@ -151,7 +151,7 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
 ])
 def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str, bound: str) -> None:
     from handlers.child.chat_template import check_template_render
-    from schemas.job import JobFailed
+    from handlers.protocol import JobFailed
 
     with pytest.raises(JobFailed) as failure:
         check_template_render(template, max_bytes=256 * 2**20, max_s=2)
@@ -171,7 +171,7 @@ def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_p
     import fsspec
 
     from handlers.child.sources import _expand
-    from schemas.job import JobFailed
+    from handlers.protocol import JobFailed
 
     memory = fsspec.filesystem("memory")
     for folder in ("curated", "curious"):

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from daemon.settings import VETTED_EVALUATION_TASKS, Settings
+from handlers.protocol import JobFailed, JobSpec, TrainResult
 from schemas import Succeeded
 from schemas.evaluation import TaskSuite
-from schemas.job import JobFailed, JobSpec, TrainResult
 from testbed.client import run_to_end
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer

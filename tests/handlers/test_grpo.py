@@ -74,8 +74,8 @@ def test_vllm_settings_reach_the_trl_config_and_server_mode_the_operators_server
 
     from handlers.child.training import trl_config
     from handlers.child.vllm_support import vllm_arguments
+    from handlers.protocol import JobSpec
     from schemas import REQUEST_MODELS
-    from schemas.job import JobSpec
 
     config_class = {"grpo": GRPOConfig, "rloo": RLOOConfig}[method]
     operator = "http://vllm.internal:8000"

@@ -62,7 +62,7 @@ def test_the_generated_fields_reach_trls_config(tiny_model_dir: Path, tmp_path: 
     from trl import GRPOConfig, SFTConfig
 
     from handlers.child.training import lora_config, trl_config
-    from schemas.job import JobSpec
+    from handlers.protocol import JobSpec
     from schemas.request import GRPORequest, SFTRequest
 
     raw = wide_request("wide", {"rows": CHAT_ROWS})

@@ -17,8 +17,8 @@ from daemon.cli.demo_requests import (
     VISION_PROMPT_ROWS,
     square,
 )
+from handlers.protocol import JobFailed, TrainResult
 from schemas.images import ImageBounds
-from schemas.job import JobFailed, TrainResult
 from tests.helpers import SMALL_LORA, example_request, run_handler
 
 TRAINING = {"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 2}

@@ -1,10 +1,12 @@
-"""The contract between the daemon and its child process: the job spec the parent writes, the
+"""What a child reads from its parent and writes back: the job spec the parent writes, the
 messages the child sends back, the failure codes both use, and the one rule for which failures
 are worth another try.
 
 The child (`handlers.child.runner`) writes one message per line on its status pipe; the daemon decodes
-each with `parse_child_message`, in one place (`daemon.jobs.supervisor`). Depends on pydantic only, so
-neither side imports the other.
+each with `parse_child_message`, in one place (`daemon.jobs.supervisor`). Private to the daemon and
+its child, so not in schemas/ (the wire contract). It imports pydantic, schemas and the standard
+library only: the daemon imports this module and nothing else of handlers/, and the child never
+imports the daemon.
 """
 
 from __future__ import annotations
