@@ -30,8 +30,8 @@ from daemon.convert.trl_renames import carry_renames
 from daemon.convert.trl_rewards import REWARD_METHODS, carry_rewards
 from schemas import FieldError, Rejection, decode_request
 from schemas.common import REQUEST_ID_PATTERN
-from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
+from schemas.generated import load_contract
 from schemas.request_base import REPO_ID_PATTERN, TrainingSpec
 
 # trl.ModelConfig's defaults (trl 1.16) for the keys a request says elsewhere (MODEL_CONFIG_PATHS);

@@ -3,7 +3,7 @@ request, the dataclass it mirrors, and for each field its type, default, allowed
 
 The result is plain JSON (schemas/trl_contract.json when written by `python -m
 handlers.contract.generate_contract`); rendering it into pydantic models and docs needs no TRL
-(schemas/contract_render.py). The drift test compares this reading with the checked-in file.
+(handlers/contract/contract_render.py). The drift test compares this reading with the checked-in file.
 """
 
 from __future__ import annotations

@@ -18,16 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from handlers.contract.contract_render import DOC_FILE, MODULE_FILE, render_doc, render_module
 from handlers.contract.contract_source import read_contract
-from schemas.contract_render import (
-    CONTRACT_FILE,
-    DOC_FILE,
-    MODULE_FILE,
-    load_contract,
-    render_doc,
-    render_module,
-)
 from schemas.contract_rules import BLOCK_SOURCES, RENAMED
+from schemas.generated import CONTRACT_FILE, load_contract
 
 
 def removed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
@@ -54,7 +48,7 @@ def main(blocks: list[str]) -> int:
     for path in write(contract):
         print(path)
     # The JSON Schemas in a fresh interpreter: this one may hold the request models of the old trl_fields.py.
-    return subprocess.run([sys.executable, "-m", "schemas.jsonschema"], check=False).returncode
+    return subprocess.run([sys.executable, "-m", "handlers.contract.jsonschema"], check=False).returncode
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from daemon.convert.trl_datasets import MIXTURE_DEFAULTS, SCRIPT_DEFAULTS
 from daemon.convert.trl_renames import REMOVED, RENAMES
 from daemon.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
 from schemas import Rejection, decode_request
-from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
+from schemas.generated import load_contract
 from tests.helpers import said
 
 runner = CliRunner()

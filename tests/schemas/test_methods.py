@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from handlers.contract.methods_doc import markdown_table, readme_table
 from schemas.methods import METHODS, release, unsupported_reason
-from schemas.methods_doc import markdown_table, readme_table
 from schemas.request import REQUEST_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_method_table_is_generated_from_the_table() -> None:
-    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m schemas.methods_doc`"
+    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m handlers.contract.methods_doc`"
 
 
 def test_the_request_models_are_the_tables() -> None:

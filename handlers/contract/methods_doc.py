@@ -1,6 +1,6 @@
 """docs/methods.md's method table, generated from the method table (`schemas.methods.METHODS`).
 
-`python -m schemas.methods_doc` rewrites the table under "## Methods" in docs/methods.md; a test
+`python -m handlers.contract.methods_doc` rewrites the table under "## Methods" in docs/methods.md; a test
 fails when the page's table differs from `markdown_table()`. Its links are relative to docs/.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from schemas.methods import METHODS
 from schemas.request import REQUEST_MODELS
 
-README = Path(__file__).resolve().parent.parent / "docs" / "methods.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 HEADING = "## Methods"
 
 

@@ -1,6 +1,6 @@
 """The JSON Schema files generated from the models, for producers and consumers in other languages.
 
-`python -m schemas.jsonschema` rewrites them; a test fails when the checked-in files drift.
+`python -m handlers.contract.jsonschema` rewrites them; a test fails when the checked-in files drift.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from pydantic import TypeAdapter
 
 from schemas.control import Cancel
 from schemas.events import Event
+from schemas.generated import SCHEMA_DIR
 from schemas.request import TrainingRequest
-
-SCHEMA_DIR = Path(__file__).with_name("json")
 
 
 def generated_schemas() -> dict[str, str]:

@@ -24,15 +24,10 @@ from schemas.contract_rules import (
     rule,
 )
 
-ROOT = Path(__file__).parents[1]
-CONTRACT_FILE = ROOT / "schemas" / "trl_contract.json"
+ROOT = Path(__file__).parents[2]
 MODULE_FILE = ROOT / "schemas" / "trl_fields.py"
 DOC_FILE = ROOT / "docs" / "requests.md"
 REGENERATE = "uv run python -m handlers.contract.generate_contract"
-
-
-def load_contract(path: Path = CONTRACT_FILE) -> dict[str, Any]:
-    return json.loads(path.read_text())
 
 
 def class_name(block: str) -> str:

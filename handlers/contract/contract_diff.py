@@ -1,9 +1,9 @@
 """What changed between two readings of the request's contract (schemas/trl_contract.json, as
 `python -m handlers.contract.generate_contract` writes it), block by block:
 
-    python -m schemas.contract_diff OLD.json NEW.json              # type, choices, default changes
-    python -m schemas.contract_diff OLD.json NEW.json --help-text  # and help-text-only changes
-    python3 schemas/contract_diff.py OLD.json NEW.json             # the same, without the project's env
+    python -m handlers.contract.contract_diff OLD.json NEW.json              # type, choices, default changes
+    python -m handlers.contract.contract_diff OLD.json NEW.json --help-text  # and help-text-only changes
+    python3 handlers/contract/contract_diff.py OLD.json NEW.json             # the same, without the project's env
 
 Each block prints its source and package version (old -> new), then one line per field: `+` added
 (with its type and default), `-` removed, `~` changed (type, nullable, choices, default, nested
@@ -146,7 +146,7 @@ def total_line(counts: Counter[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schemas.contract_diff", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m handlers.contract.contract_diff", description=__doc__.split("\n\n")[0])
     parser.add_argument("old", type=Path, help="the contract before (e.g. the checked-in schemas/trl_contract.json)")
     parser.add_argument("new", type=Path, help="the contract after (e.g. regenerated with newer TRL)")
     parser.add_argument("--help-text", action="store_true", help="also show fields whose help text alone changed")
