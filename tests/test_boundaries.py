@@ -99,10 +99,10 @@ DAEMON_LAYERS: list[set[str]] = [
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
     {"kafka", "children", "admission", "hub"},  # Kafka I/O; the processes that train; admission rules; publishing
-    {"convert", "jobs"},  # recipes into requests; the scheduler and one job's lifecycle
+    {"jobs"},  # the scheduler and one job's lifecycle
     {"intake"},  # records into requests for the scheduler, or rejections
     {"service"},  # the flat loop
-    {"cli"},
+    {"cli"},  # the commands, and what only they use: `adapterd convert`'s converter (cli/convert/)
 ]
 
 

@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from daemon.cli.console import follow_to_end
-from daemon.cli.convert_command import convert_app
+from daemon.cli.convert import convert_app
 from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options

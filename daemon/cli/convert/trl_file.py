@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from daemon.convert.ledger import UsageError
+from daemon.cli.convert.ledger import UsageError
 from schemas.methods import METHODS
 
 

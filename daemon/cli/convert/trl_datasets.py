@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from daemon.convert.ledger import Changed, Dropped, Ledger
+from daemon.cli.convert.ledger import Changed, Dropped, Ledger
 
 # trl.ScriptArguments (every script) and trl.DatasetMixtureConfig (the `datasets:` mixture), with their defaults (trl 1.16).
 SCRIPT_DEFAULTS: dict[str, Any] = {

@@ -24,10 +24,10 @@ import typing
 from typing import Any
 
 from daemon.admission.secret_rules import SCANNER
-from daemon.convert.ledger import Conversion, Dropped, Ledger, UsageError, same_value
-from daemon.convert.trl_datasets import carry_dataset
-from daemon.convert.trl_renames import carry_renames
-from daemon.convert.trl_rewards import REWARD_METHODS, carry_rewards
+from daemon.cli.convert.ledger import Conversion, Dropped, Ledger, UsageError, same_value
+from daemon.cli.convert.trl_datasets import carry_dataset
+from daemon.cli.convert.trl_renames import carry_renames
+from daemon.cli.convert.trl_rewards import REWARD_METHODS, carry_rewards
 from schemas import FieldError, Rejection, decode_request
 from schemas.common import REQUEST_ID_PATTERN
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemon.convert.ledger import Dropped, Ledger
+from daemon.cli.convert.ledger import Dropped, Ledger
 
 REWARD_DEFAULTS: dict[str, Any] = {"reward_model_name_or_path": None, "reward_funcs": None}
 REWARD_METHODS = ("grpo", "rloo")

@@ -1,4 +1,5 @@
-"""`adapterd convert`: another tool's config into an adapterd request (the work is daemon/convert/'s)."""
+"""`adapterd convert`: recipes of other tools turned into requests, every key accounted for. The
+command is here; the work is in this package's modules, which run offline, for the CLI only."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ CONVERT_TRL_HELP = (
     "architecture) unless it sets lora_target_modules, no nested quantization with load_in_4bit.\n\n"
     "A key TRL or transformers renamed since the recipe was written (torch_dtype, evaluation_strategy, max_seq_length, ...) "
     "is carried under its new name and said on stderr with the release that renamed it; a removed key is named with what "
-    "replaced it (daemon/convert/trl_renames.py).\n\n"
+    "replaced it (daemon/cli/convert/trl_renames.py).\n\n"
     "Each key the request cannot carry is named on stderr, one line each, with why: refused (the reason from the refusal "
     "table), set by the daemon, unused, unknown to trl, or already said by another field. A key that is a typo of one trl "
     "knows (learning_rat) is an error naming that one. A key whose value is TRL's "
@@ -42,12 +43,12 @@ def convert_trl_config(
     request_id: Annotated[str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")] = None,
     host_config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge the request by this host's settings (policy, bounds), as its daemon would.")] = None,
 ) -> None:
-    """Print the adapterd request a `trl` CLI config file makes (daemon/convert/trl_config.py does the work)."""
+    """Print the adapterd request a `trl` CLI config file makes (daemon/cli/convert/trl_config.py does the work)."""
     from datetime import UTC, datetime
 
-    from daemon.convert.ledger import UsageError
-    from daemon.convert.trl_config import convert
-    from daemon.convert.trl_file import default_request_id, method_for, read_trl_config
+    from daemon.cli.convert.ledger import UsageError
+    from daemon.cli.convert.trl_config import convert
+    from daemon.cli.convert.trl_file import default_request_id, method_for, read_trl_config
 
     try:
         config = read_trl_config(file)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from daemon.convert.ledger import Changed, Dropped, Ledger, Renamed, same_value
+from daemon.cli.convert.ledger import Changed, Dropped, Ledger, Renamed, same_value
 from schemas.methods import METHODS
 
 ALL_METHODS = frozenset(METHODS)
