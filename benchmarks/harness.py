@@ -24,9 +24,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka.local import LocalKafka, free_port
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from testbed.data import HUB_TOKEN
 from testbed.hub_server import HubServer

@@ -98,7 +98,7 @@ DAEMON_LAYERS: list[set[str]] = [
     {"secret_files"},  # the settings source that reads the operator's secret files
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
-    {"kafka", "children", "admission", "hub"},  # Kafka I/O; the processes that train; admission rules; publishing
+    {"kafka", "children", "admission", "hub", "local_broker"},  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
     {"jobs"},  # the scheduler and one job's lifecycle
     {"intake"},  # records into requests for the scheduler, or rejections
     {"service"},  # the flat loop

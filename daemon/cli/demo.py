@@ -28,9 +28,9 @@ from daemon.cli.console import follow_to_end
 from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, nan_model_dir, teacher_dir
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.local import LocalKafka
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka
 from daemon.ops.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
