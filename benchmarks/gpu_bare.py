@@ -174,7 +174,7 @@ class Daemon:
 
         for process in psutil.Process().children(recursive=True):
             try:
-                if "handlers.forkserver" in " ".join(process.cmdline()):
+                if "handlers.child.forkserver" in " ".join(process.cmdline()):
                     return process.pid
             except psutil.Error:
                 continue
@@ -247,8 +247,8 @@ async def check(args: argparse.Namespace) -> Table:
     root = args.root
     root.mkdir(parents=True, exist_ok=True)
     tiny = root / "tiny"
-    subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(tiny)], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(root / "tiny-teacher"), "1"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(tiny)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(root / "tiny-teacher"), "1"], check=True, capture_output=True)
     if cuda:
         model = root / "qwen05b"
         # The tokenizer is the tiny one, not padded to the model's 151,936 ids: the model computes every

@@ -41,7 +41,7 @@ def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from handlers.tiny_model import build_tokenizer
+    from handlers.fixtures.tiny_model import build_tokenizer
 
     tokenizer = build_tokenizer()
     # Pad the tiny tokenizer to Qwen's 151,936 ids, so every id the model can produce decodes (vLLM
@@ -59,7 +59,7 @@ def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True) -> Path:
 
 def long_rows(count: int = 64) -> list[dict[str, Any]]:
     """Chat rows of a few hundred tokens each, so a step of the 0.5B model is GPU work, not overhead."""
-    from handlers.tiny_model import CORPUS
+    from handlers.fixtures.tiny_model import CORPUS
 
     rows = []
     for index in range(count):

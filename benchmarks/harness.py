@@ -24,9 +24,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka.local import LocalKafka, free_port
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from testbed.data import HUB_TOKEN
 from testbed.hub_server import HubServer
@@ -63,7 +63,7 @@ class Environment:
         broker = LocalKafka(data_dir=root / "kafka").start()
         hub = HubServer().start()
         model_dir = root / "tiny-model"
-        subprocess.run([sys.executable, "-m", "handlers.tiny_model", str(model_dir)], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(model_dir)], check=True, capture_output=True)
         return cls(root, broker, hub, model_dir)
 
     def stop(self) -> None:

@@ -1,7 +1,7 @@
 """The plain alternative: the same SFT LoRA job as the daemon runs, as a script that calls TRL directly.
 
 `python -m benchmarks.plain_sft REQUEST_JSON` reads the request the daemon would get and prints TRL's
-training metrics as one JSON line. The arguments are built exactly as `handlers.sft` builds them.
+training metrics as one JSON line. The arguments are built exactly as `handlers.methods.sft` builds them.
 `--serve` runs one job per request path read on stdin, in the same process (benchmarks.overhead).
 """
 
@@ -18,14 +18,14 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from handlers.reporting import StepClock
+from handlers.child.reporting import StepClock
 
 
 def train(request: dict) -> dict[str, float]:
-    """One job, built exactly as `handlers.sft` builds it; TRL's training metrics, and the median
+    """One job, built exactly as `handlers.methods.sft` builds it; TRL's training metrics, and the median
     step time measured as the daemon's child measures it (`StepClock`, a timer and nothing else)."""
     model_dir = request["model"]["id"]
-    dtype = request["model"].get("dtype", "auto")  # as handlers.loading.model_kwargs reads it
+    dtype = request["model"].get("dtype", "auto")  # as handlers.child.loading.model_kwargs reads it
     with tempfile.TemporaryDirectory() as output_dir:
         config = SFTConfig(
             logging_steps=1, save_strategy="steps", save_total_limit=2, **request["training"],

@@ -22,7 +22,7 @@ from collections import Counter
 
 from benchmarks.harness import HUB_TOKEN, Environment, publish_all
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.local import free_port
+from daemon.local_broker import free_port
 from schemas import TERMINAL_TYPES
 from testbed.client import committed_offset
 from testbed.data import CHAT_ROWS

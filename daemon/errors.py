@@ -8,19 +8,19 @@
     ├── IllegalTransition          (daemon.jobs.lifecycle) a move the job's state machine does not have: a bug
     ├── LogsError                  (daemon.cli.logs) a request's log cannot be read from its host
     ├── WeightsUnreadable          (daemon.jobs.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
-    └── JobFailed                  (schemas.job) a job could not finish: a `failed` event
+    └── JobFailed                  (handlers.protocol) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink
 
 `tests/test_errors.py` holds every exception class of daemon/ and schemas/ to this tree.
 
-`code` values are part of the wire contract (`schemas.job.FailureCode`): they appear in `failed`
+`code` values are part of the wire contract (`handlers.protocol.FailureCode`): they appear in `failed`
 events, and consumers branch on them, so they never change meaning.
 """
 
 from __future__ import annotations
 
+from handlers.protocol import FailureCode, JobFailed
 from schemas.common import AdapterdError
-from schemas.job import FailureCode, JobFailed
 
 __all__ = ["AdapterdError", "ConfigError", "ForkServerGone", "JobFailed", "PushFailed", "TopicMissing", "UsageError"]
 

@@ -1,26 +1,15 @@
-"""The training methods adapterd runs, one self-contained module each, in the child process only.
+"""What runs outside the daemon, in four parts; importing this package imports none of them.
 
-`HANDLERS` maps each method of the method table (`schemas.methods.METHODS`) to the module it names,
-`handlers/<handler>.py`, for the methods this TRL ships: `ppo` exists only on trl 1.10 to 1.12
-(TRL removed it in 1.13.0), so elsewhere its module is not imported. A new method is one row in
-the table, one module here, one example and one test file.
-Importing this package imports torch and TRL: the daemon never does.
+- `handlers/methods/`: the training methods, one module each, and `HANDLERS`, which maps each
+  method of the method table to its module (torch and TRL: the child only);
+- `handlers/child/`: the child's runtime: the entry points the daemon starts by module name
+  (`runner`, `forkserver`, `launch`) and the steps every method stands on (loading, training,
+  reporting, evaluation);
+- `handlers/contract/`: the request contract's build tooling, which reads TRL and writes what
+  schemas/ checks in; never imported at run time;
+- `handlers/fixtures/`: the tiny models the demo and the tests build instead of downloading one.
+
+Beside them, `handlers/protocol.py`: the job spec a child reads from its parent and the messages
+it writes back, pydantic models and nothing of the training stack. The daemon imports it and
+nothing else of handlers/; the child never imports the daemon.
 """
-
-from handlers.deferred import defer_in_fork_server
-
-# First, before anything below imports torch: in the fork server, modules that touch CUDA when
-# imported are imported in name only (handlers/deferred.py says why).
-defer_in_fork_server()
-
-from importlib import import_module  # noqa: E402
-from importlib.metadata import version  # noqa: E402
-from types import ModuleType  # noqa: E402
-
-from schemas.methods import METHODS, unsupported_reason  # noqa: E402
-
-HANDLERS: dict[str, ModuleType] = {
-    name: import_module(f"handlers.{method.handler}")
-    for name, method in METHODS.items()
-    if unsupported_reason(name, version("trl")) is None
-}

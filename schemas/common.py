@@ -96,7 +96,7 @@ RejectReason = Literal[
 
 
 class TrainingProgress(Frozen):
-    """Where a training run stands: what the child reports (`schemas.job.ProgressReport`) and a
+    """Where a training run stands: what the child reports (`handlers.protocol.ProgressReport`) and a
     `progress` event carries (`schemas.events.Progress`), said once."""
 
     step: int

@@ -3,7 +3,7 @@ why, renamed fields kept under their old names, and the few facts TRL's dataclas
 (allowed values written only in help text, bounds, adapterd's LoRA defaults).
 
 Everything else about a field (its name, type, default, choices and help text) is read from the
-locked TRL, transformers and PEFT by `python -m handlers.generate_contract`, which writes
+locked TRL, transformers and PEFT by `python -m handlers.contract.generate_contract`, which writes
 schemas/trl_contract.json, schemas/trl_fields.py and docs/requests.md. A test fails when an entry
 here no longer names a real field.
 

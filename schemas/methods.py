@@ -1,12 +1,12 @@
 """The methods adapterd knows, in one table: the single source of what a method is.
 
-Each row names the method's handler module (`handlers/<handler>.py`), the TRL trainer and config
+Each row names the method's handler module (`handlers/methods/<handler>.py`), the TRL trainer and config
 classes it trains with, whether it is stable or on TRL's experimental layer, the dataset columns it
 reads (in words, for docs/methods.md), whether it trains vision-language models on rows with images, and
 the TRL releases that ship it. Everything else that lists methods follows `METHODS`: the request
 models by name (schemas/request.py, checked against the table by tests/schemas/test_methods.py),
-the handler modules the child imports (handlers/__init__.py), what this host's TRL can run
-(daemon/admission/capabilities.py, `adapterd methods`) and docs/methods.md's method table (`python -m schemas.methods_doc`).
+the handler modules the child imports (handlers/methods/__init__.py), what this host's TRL can run
+(daemon/admission/capabilities.py, `adapterd methods`) and docs/methods.md's method table (`python -m handlers.contract.methods_doc`).
 
 The table imports no request model, so the request models can read it (whether a method is
 experimental or trains on images) without an import cycle.
@@ -24,7 +24,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class Method:
-    handler: str  # the module in handlers/ that trains it
+    handler: str  # the module in handlers/methods/ that trains it
     trainer: str  # TRL's trainer class, by the path it is imported from
     config: str  # TRL's config class
     status: Literal["stable", "experimental"]
@@ -46,7 +46,7 @@ class Method:
         return ",".join(bound for bound in (self.trl_min and f">={self.trl_min}", self.trl_below and f"<{self.trl_below}") if bound)
 
 
-# The ranges are what was seen, not remembered: `python -m handlers.trl_trainers` found every row's
+# The ranges are what was seen, not remembered: `python -m handlers.contract.trl_trainers` found every row's
 # trainer and config in trl 1.10.0 and 1.11.0 (scratch environments, 2026-12-03), 1.12.0 (the
 # tests/trl_1_12 lane) and 1.16.0 (the lock, and the canary's newest on that day); PPO's only up to
 # 1.12.0. "any" reads within pyproject's trl>=1.10; tests/handlers/test_method_table.py holds each

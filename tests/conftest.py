@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from daemon.cli.demo_requests import PREFERENCE_ROWS
-from daemon.kafka.local import LocalKafka, free_port
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from testbed.data import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, TINY_MODEL
 from testbed.hub_server import HubServer
@@ -87,24 +87,24 @@ def hub() -> Iterator[HubServer]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from handlers.tiny_model import save_tiny_model
+    from handlers.fixtures.tiny_model import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
 def tiny_nan_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model with its final norm's weight NaN (handlers/tiny_model.py `poison`): every loss
+    """The tiny model with its final norm's weight NaN (handlers/fixtures/tiny_model.py `poison`): every loss
     a run of it logs is NaN on any CPU, where a large learning rate diverges on some and not others."""
-    from handlers.tiny_model import save_tiny_model
+    from handlers.fixtures.tiny_model import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-nan-model"), nan=True)
 
 
 @pytest.fixture(scope="session")
 def tiny_vlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny vision-language model (LLaVA) and its processor, built locally (handlers/tiny_vlm.py)."""
-    from handlers.tiny_vlm import save_tiny_vlm
+    """A tiny vision-language model (LLaVA) and its processor, built locally (handlers/fixtures/tiny_vlm.py)."""
+    from handlers.fixtures.tiny_vlm import save_tiny_vlm
 
     return save_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
 

@@ -19,7 +19,7 @@ from daemon.children.child import ChildOutcome, OnMessage, follow
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.kafka.clients import Consumer, Producer
 from daemon.kafka.records import Record
-from schemas.job import ChildMessage, JobSpec
+from handlers.protocol import ChildMessage, JobSpec
 from testbed.memory_kafka import FakeBatch, FakeConsumer, FakeProducer, FakeRecord, Sent
 
 __all__ = ["FakeBatch", "FakeChild", "FakeChildren", "FakeConsumer", "FakeProducer", "FakeRecord", "Script", "Sent"]

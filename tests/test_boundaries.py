@@ -3,7 +3,13 @@ inside functions too, so an import that only runs on some path cannot slip throu
 
 - `daemon/` never imports the training stack: the parent stays small and starts fast, and torch
   and TRL load only in the child.
-- `handlers/` and `schemas/` never import `daemon`: the child and the wire contract stand alone.
+- Of `handlers/` the daemon imports `handlers/protocol.py` alone (the job spec and the status
+  pipe's messages), which imports pydantic, schemas and the standard library only, and loads none
+  of the training stack.
+- `handlers/` and `schemas/` never import `daemon`, and `schemas/` never imports `handlers`: the
+  child and the wire contract stand alone.
+- A method's module (handlers/methods/) imports no other method's: what two share is said once,
+  in handlers/child/ or beside them.
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
   contract gives the same verdicts.
@@ -55,6 +61,38 @@ def test_handlers_and_schemas_never_import_the_daemon(path: Path) -> None:
     assert "daemon" not in imported_packages(path)
 
 
+@pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_schemas_never_import_handlers(path: Path) -> None:
+    assert "handlers" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", modules("daemon"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_daemon_imports_only_the_protocol_of_handlers(path: Path) -> None:
+    known = {module_name(p) for package in PROJECT for p in modules(package)}
+    assert {target for target in project_imports(path, known) if target.split(".")[0] == "handlers"} <= {"handlers.protocol"}
+
+
+def test_the_protocol_depends_on_pydantic_schemas_and_the_standard_library_only() -> None:
+    outside = {name for name in imported_packages(ROOT / "handlers" / "protocol.py") - {"pydantic", "schemas", "__future__"} if name not in sys.stdlib_module_names}
+    assert not outside
+
+
+def test_importing_the_protocol_loads_no_training_stack() -> None:
+    """What the daemon imports of handlers/, at run time: the package's own `__init__` included."""
+    code = f"import sys, handlers.protocol; print(sorted(m for m in {sorted(TRAINING_STACK)!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("path", modules("handlers/methods"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_method_imports_no_other_method(path: Path) -> None:
+    from schemas.methods import METHODS
+
+    methods = {f"handlers.methods.{method.handler}" for method in METHODS.values()}
+    known = {module_name(p) for p in modules("handlers")}
+    assert not project_imports(path, known) & (methods - {module_name(path)})
+
+
 @pytest.mark.parametrize("path", [*modules("benchmarks"), *modules("testbed"), *modules("daemon"), *modules("handlers")], ids=lambda p: str(p.relative_to(ROOT)))
 def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
     assert "tests" not in imported_packages(path)
@@ -98,11 +136,11 @@ DAEMON_LAYERS: list[set[str]] = [
     {"secret_files"},  # the settings source that reads the operator's secret files
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
-    {"kafka", "children", "admission", "hub"},  # Kafka I/O; the processes that train; admission rules; publishing
-    {"convert", "jobs"},  # recipes into requests; the scheduler and one job's lifecycle
+    {"kafka", "children", "admission", "hub", "local_broker"},  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
+    {"jobs"},  # the scheduler and one job's lifecycle
     {"intake"},  # records into requests for the scheduler, or rejections
     {"service"},  # the flat loop
-    {"cli"},
+    {"cli"},  # the commands, and what only they use: `adapterd convert`'s converter (cli/convert/)
 ]
 
 

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from aiokafka import AIOKafkaProducer
 
-from daemon.kafka.local import free_port
 from daemon.kafka.options import kafka_options
+from daemon.local_broker import free_port
 from daemon.settings import Settings
 from testbed.client import read_records
 from testbed.processes import DaemonProcess

@@ -1,9 +1,9 @@
 """One child process that runs one job, without ever importing torch here.
 
-A child is a fresh interpreter running `handlers.runner`: it imports the training stack, says
+A child is a fresh interpreter running `handlers.child.runner`: it imports the training stack, says
 `ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Each child runs
 one job and exits, so every job gets a clean process (`daemon.children.warm` starts them ahead of time).
-Its status pipe carries `schemas.job` messages, decoded here and nowhere else.
+Its status pipe carries `handlers.protocol` messages, decoded here and nowhere else.
 
 Every child runs in its own process group (a cancel or timeout kills everything it started), dies
 with the daemon (PR_SET_PDEATHSIG), and writes JSON lines to a pipe of its own; its stdout and
@@ -25,7 +25,7 @@ from typing import BinaryIO
 import structlog
 from pydantic import ValidationError
 
-from schemas.job import (
+from handlers.protocol import (
     ChildError,
     ChildMessage,
     FirstStep,
@@ -98,10 +98,10 @@ class Child:
 
     @classmethod
     async def spawn(
-        cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.runner",), pass_fds: tuple[int, ...] = (),
+        cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.child.runner",), pass_fds: tuple[int, ...] = (),
     ) -> Child:
-        """Start `python -m <entry>`: `handlers.runner` for one process, `handlers.launch N` for N GPUs,
-        `handlers.forkserver` for the fork server (`pass_fds`: its socket)."""
+        """Start `python -m <entry>`: `handlers.child.runner` for one process, `handlers.child.launch N` for N GPUs,
+        `handlers.child.forkserver` for the fork server (`pass_fds`: its socket)."""
         read_fd, write_fd = os.pipe()
         child_env = {**env, "ADAPTERD_STATUS_FD": str(write_fd), "ADAPTERD_PARENT_PID": str(os.getpid())}
         log_path.parent.mkdir(parents=True, exist_ok=True)

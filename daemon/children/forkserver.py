@@ -1,4 +1,4 @@
-"""The daemon's end of the fork server (`handlers.forkserver`): start it, ask it for a job's child,
+"""The daemon's end of the fork server (`handlers.child.forkserver`): start it, ask it for a job's child,
 learn when that child exits.
 
 The server is started like any child (`Child.spawn`), with one end of a Unix socket pair; it
@@ -26,7 +26,7 @@ from daemon.errors import ForkServerGone
 
 log = structlog.get_logger()
 
-# What the server's environment holds so that it stays one thread (handlers/forkserver.py says why):
+# What the server's environment holds so that it stays one thread (handlers/child/forkserver.py says why):
 # no OpenMP workers from `import torch`, no jemalloc background thread from `import pyarrow`.
 SERVER_ONLY = {"OMP_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 
@@ -94,7 +94,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             server = await Child.spawn({**server_environment(env), "ADAPTERD_FORK_FD": str(theirs.fileno())}, log_path,
-                                       entry=("handlers.forkserver",), pass_fds=(theirs.fileno(),))
+                                       entry=("handlers.child.forkserver",), pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         ours.setblocking(False)

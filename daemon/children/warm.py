@@ -80,7 +80,7 @@ class WarmChildren:
       a slot's first job after a pause is warm.
 
     A fork server that refuses to serve (it found CUDA touched or another thread running in itself:
-    handlers/forkserver.py), or that dies `MOST_FORKSERVER_DEATHS` times in a row, is not started
+    handlers/child/forkserver.py), or that dies `MOST_FORKSERVER_DEATHS` times in a row, is not started
     again: the daemon says so once (`forkserver.refused`, `forkserver.given_up`, and the
     adapterd_forkserver_failures_total metric) and goes on in `spawn` mode.
 

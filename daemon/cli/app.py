@@ -23,7 +23,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from daemon.cli.console import follow_to_end
-from daemon.cli.convert_command import convert_app
+from daemon.cli.convert import convert_app
 from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
@@ -344,9 +344,9 @@ def schema(
     which: Annotated[Literal["request", "event", "control"] | None, typer.Argument(help="One schema; all three when left out.")] = None,
 ) -> None:
     """Print the JSON Schemas of requests, events and control messages (schemas/json/)."""
-    from schemas.jsonschema import generated_schemas
+    from schemas.generated import json_schemas
 
-    schemas = {name: json.loads(text) for name, text in generated_schemas().items()}
+    schemas = json_schemas()
     typer.echo(json.dumps(schemas if which is None else schemas[f"{which}.schema.json"], indent=2))
 
 

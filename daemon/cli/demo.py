@@ -28,16 +28,16 @@ from daemon.cli.console import follow_to_end
 from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, nan_model_dir, teacher_dir
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.local import LocalKafka
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka
 from daemon.ops.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
 from schemas import RequestBase
 
 
-def build_tiny_model(model_dir: Path, builder: str = "handlers.tiny_model", *args: str) -> None:
+def build_tiny_model(model_dir: Path, builder: str = "handlers.fixtures.tiny_model", *args: str) -> None:
     """In a child interpreter: building the model imports torch, which the daemon never does."""
     if not (model_dir / "config.json").exists():
         subprocess.run([sys.executable, "-m", builder, str(model_dir), *args], check=True, capture_output=True)
@@ -125,17 +125,17 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
         if is_vision(method):
             model_dir = work_dir / "tiny-vlm"
             print(f"building a tiny vision-language model (LLaVA) in {model_dir}...")
-            await asyncio.to_thread(build_tiny_model, model_dir, "handlers.tiny_vlm")
+            await asyncio.to_thread(build_tiny_model, model_dir, "handlers.fixtures.tiny_vlm")
         else:
             model_dir = work_dir / "tiny-model"
             print(f"building a tiny Qwen2 model in {model_dir}...")
             await asyncio.to_thread(build_tiny_model, model_dir)
             if method in ("distillation", "gkd"):
                 print(f"building its teacher, the same tiny model from another seed, in {teacher_dir(model_dir)}...")
-                await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.tiny_model", "1")
+                await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.fixtures.tiny_model", "1")
             if gate:
                 print(f"building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), in {nan_model_dir(model_dir)}...")
-                await asyncio.to_thread(build_tiny_model, nan_model_dir(model_dir), "handlers.tiny_model", "--nan")
+                await asyncio.to_thread(build_tiny_model, nan_model_dir(model_dir), "handlers.fixtures.tiny_model", "--nan")
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")

@@ -109,7 +109,7 @@ def teacher_dir(model_dir: Path) -> Path:
 
 def nan_model_dir(model_dir: Path) -> Path:
     """The gate demo's failing run's model: the tiny model with its final norm's weight NaN
-    (`python -m handlers.tiny_model DIR --nan`), beside it (the demo builds it)."""
+    (`python -m handlers.fixtures.tiny_model DIR --nan`), beside it (the demo builds it)."""
     return model_dir.parent / "tiny-nan-model"
 
 

@@ -29,7 +29,7 @@ from daemon.errors import PushFailed
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.ops.metrics import HUB_RETRIES
 from daemon.settings import Settings
-from schemas.job import is_transient
+from handlers.protocol import is_transient
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -50,7 +50,7 @@ class PushResult:
 
 
 def _is_transient(exc: BaseException) -> bool:
-    """`schemas.job.is_transient`, the rule the child's downloads follow too."""
+    """`handlers.protocol.is_transient`, the rule the child's downloads follow too."""
     if isinstance(exc, HfHubHTTPError):
         return is_transient(exc.response.status_code if exc.response is not None else None)
     return isinstance(exc, httpx2.TransportError)

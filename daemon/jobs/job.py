@@ -34,9 +34,9 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
+from handlers.protocol import JobFailed, TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import Cancelled, EventBase, Failed, JobMemory, Retrying, Succeeded
-from schemas.job import JobFailed, TrainResult
 from schemas.request import RequestBase
 
 log = structlog.get_logger()

@@ -1,4 +1,4 @@
-"""What a job's child is told: the spec (`schemas.job.JobSpec`) built from the request and the
+"""What a job's child is told: the spec (`handlers.protocol.JobSpec`) built from the request and the
 host's settings, the only way a setting reaches the training process."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from daemon.admission.policy import report_to
 from daemon.hub.local_sink import local_target
 from daemon.settings import Settings
-from schemas.job import JobSpec
+from handlers.protocol import JobSpec
 from schemas.request import RequestBase
 
 

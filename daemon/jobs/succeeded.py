@@ -7,9 +7,9 @@ import math
 
 from daemon.hub.push import PushResult
 from daemon.jobs.job_events import JobEvents
+from handlers.protocol import TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import JobMemory, Succeeded
-from schemas.job import TrainResult
 from schemas.request import RequestBase
 
 # What an earlier run's Hub commit, found by its request id, tells of its training: nothing the

@@ -23,8 +23,7 @@ from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.settings import Settings
-from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
-from schemas.job import (
+from handlers.protocol import (
     CheckpointSaved,
     ChildMessage,
     JobFailed,
@@ -33,13 +32,14 @@ from schemas.job import (
     StoppedAtCheckpoint,
     TrainResult,
 )
+from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
 
 # The stages in which a child reports every few seconds, so silence means stuck: training and
 # evaluation steps, and loading the model, through which the child beats from a thread
-# (handlers/reporting.py) that a hang holding the interpreter (a library's regex backtracking on
+# (handlers/child/reporting.py) that a hang holding the interpreter (a library's regex backtracking on
 # module names) silences.
 WATCHED_STAGES = frozenset({"load_model", "train", "evaluate"})
 
@@ -99,7 +99,7 @@ class Supervisor:
         if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
             job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
             env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
-            child: JobProcess = await Child.spawn(env, log_path, entry=("handlers.launch", str(self.request.resources.gpus)))
+            child: JobProcess = await Child.spawn(env, log_path, entry=("handlers.child.launch", str(self.request.resources.gpus)))
         else:
             child = await self.children.take(self.visible_devices)
         self.child = child

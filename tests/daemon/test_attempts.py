@@ -77,9 +77,9 @@ async def test_a_job_that_stops_stepping_is_stopped_as_stalled(settings: Setting
 
 
 async def test_a_network_error_downloading_the_base_model_is_retryable(settings: Settings, tmp_path: Path) -> None:
-    """The one transient rule (schemas.job.is_transient) holds for the child's downloads as for the
+    """The one transient rule (handlers.protocol.is_transient) holds for the child's downloads as for the
     push: a Hub that does not answer at all is worth another try, not a failure for good."""
-    from daemon.kafka.local import free_port
+    from daemon.local_broker import free_port
 
     settings = settings.model_copy(update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"})  # nothing listens
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()

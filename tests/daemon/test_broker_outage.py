@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.local import LocalKafka
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas import Accepted, Progress, Started, Succeeded
 from testbed.client import committed_offset, submit, terminal_events

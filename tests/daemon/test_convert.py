@@ -15,13 +15,13 @@ import yaml
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.convert.trl_config import MODEL_CLI_DEFAULTS
-from daemon.convert.trl_datasets import MIXTURE_DEFAULTS, SCRIPT_DEFAULTS
-from daemon.convert.trl_renames import REMOVED, RENAMES
-from daemon.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
+from daemon.cli.convert.trl_config import MODEL_CLI_DEFAULTS
+from daemon.cli.convert.trl_datasets import MIXTURE_DEFAULTS, SCRIPT_DEFAULTS
+from daemon.cli.convert.trl_renames import REMOVED, RENAMES
+from daemon.cli.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
 from schemas import Rejection, decode_request
-from schemas.contract_render import load_contract
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
+from schemas.generated import load_contract
 from tests.helpers import said
 
 runner = CliRunner()
@@ -345,14 +345,14 @@ def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> 
 @pytest.mark.slow  # imports TRL and torch: half a minute on 2 cores
 @pytest.mark.parametrize("method", ["sft", "dpo", "kto", "reward", "grpo", "rloo"])
 def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method: str) -> None:
-    """The contract's fields and the script arguments listed in daemon/convert/trl_config.py, against the parser
+    """The contract's fields and the script arguments listed in daemon/cli/convert/trl_config.py, against the parser
     of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
     parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
     defaults = {action.dest: action.default for action in parser._actions if action.dest != "help"}
     listed = MODEL_CLI_DEFAULTS | SCRIPT_DEFAULTS | MIXTURE_DEFAULTS | (REWARD_DEFAULTS if method in REWARD_METHODS else {})
     assert set(defaults) == converter_keys(method)
     assert {key: defaults[key] for key in listed} == listed
-    # The renames and removals of daemon/convert/trl_renames.py, against the parser itself.
+    # The renames and removals of daemon/cli/convert/trl_renames.py, against the parser itself.
     for row in RENAMES:
         if method in row.methods:
             assert row.renamed.new in defaults and row.renamed.old not in defaults, row
@@ -428,7 +428,7 @@ def test_a_value_trl_renamed_is_read_as_todays_and_said(tmp_path: Path) -> None:
 
 
 def test_every_renamed_value_is_one_todays_trl_takes_and_its_old_one_is_not() -> None:
-    from daemon.convert.trl_renames import RENAMED_VALUES
+    from daemon.cli.convert.trl_renames import RENAMED_VALUES
 
     contract = json.loads((Path(__file__).parents[2] / "schemas" / "trl_contract.json").read_text())  # read from the locked TRL
     for row in RENAMED_VALUES:

@@ -31,9 +31,10 @@ ROOT = Path(__file__).parents[2]
 SERVER_THEN_CHILD = """
 import json, os, sys
 from pathlib import Path
-os.environ["ADAPTERD_FORK_FD"] = "-1"  # what makes this interpreter the fork server, for handlers/__init__.py
-import handlers
-from handlers import deferred
+os.environ["ADAPTERD_FORK_FD"] = "-1"  # what makes this interpreter the fork server, for deferred.defer_in_fork_server
+from handlers.child import deferred
+deferred.defer_in_fork_server()  # what the server's main does first
+import handlers.methods
 
 def seen():
     return {"ran": "bitsandbytes.cextension" in sys.modules,

@@ -16,9 +16,9 @@ from daemon.jobs.gate import destination, judge
 from daemon.jobs.lifecycle import State
 from daemon.jobs.scheduler import Offered
 from daemon.settings import Settings
+from handlers.protocol import StageEntered, TrainResult
 from schemas import decode_request
 from schemas.evaluation import EvaluationResult, EvaluationSpec, Scores
-from schemas.job import StageEntered, TrainResult
 from schemas.request import RequestBase
 from tests.core import Core
 from tests.fakes import FakeChildren, Script

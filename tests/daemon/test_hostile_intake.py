@@ -18,8 +18,8 @@ from daemon.intake import Intake, internal_rejection
 from daemon.jobs.slots import Slots
 from daemon.kafka.retry_state import FIRST, RetrySigner
 from daemon.settings import Settings
+from handlers.contract.jsonschema import generated_schemas
 from schemas import FieldError, Rejection, decode_request
-from schemas.jsonschema import generated_schemas
 from schemas.locations import local_location_inside, within
 from schemas.regex import ENGINE
 from schemas.secrets import BUILTIN

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.kafka.local import LocalKafka
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas import Rejected
 from testbed.client import submit, terminal_events

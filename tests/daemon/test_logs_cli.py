@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from daemon.kafka.local import free_port
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Started, Succeeded
 from testbed.client import submit, terminal_events

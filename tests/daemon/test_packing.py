@@ -16,8 +16,8 @@ from daemon.jobs.memory import Estimate
 from daemon.jobs.scheduler import Offered
 from daemon.kafka.retry_state import ALONE_HEADER
 from daemon.settings import Settings
+from handlers.protocol import ChildError, StageEntered
 from schemas import Cancel, RequestBase
-from schemas.job import ChildError, StageEntered
 from tests.core import Core
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request

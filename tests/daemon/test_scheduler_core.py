@@ -14,8 +14,8 @@ import pytest
 from daemon.jobs.lifecycle import State, Stop
 from daemon.jobs.scheduler import Offered, RunningJob
 from daemon.settings import Settings
+from handlers.protocol import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
 from schemas import Cancel
-from schemas.job import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
 from tests.core import Core
 from tests.fakes import FakeChild, FakeChildren, Script
 from tests.helpers import sft_request

@@ -12,7 +12,7 @@ import pytest
 from daemon.children.forkserver import ForkServer
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
-from handlers.forkserver import THREADS_PROBE
+from handlers.child.forkserver import THREADS_PROBE
 from schemas import Retrying, Started, Succeeded
 from testbed.client import submit, terminal_events
 from testbed.data import CHAT_ROWS

@@ -8,7 +8,7 @@ from huggingface_hub import HfApi
 
 from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
-from handlers.tiny_model import save_tiny_model
+from handlers.fixtures.tiny_model import save_tiny_model
 from schemas import Succeeded
 from testbed.client import run_to_end
 from testbed.data import HUB_TOKEN

@@ -1,4 +1,4 @@
-"""The request's `evaluation` (handlers/evaluation.py, daemon/jobs/gate.py): in the child, each model
+"""The request's `evaluation` (handlers/child/evaluation.py, daemon/jobs/gate.py): in the child, each model
 measured by its trainer on the eval rows; through the daemon, the gate's verdict deciding where the
 adapter goes on the (local) Hub: main, a pull request, judged against the adapter already there."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from daemon.cli.demo_requests import LABELLED_ROWS, PREFERENCE_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
+from handlers.protocol import TrainResult
 from schemas import Succeeded
-from schemas.job import TrainResult
 from testbed.client import run_to_end
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
@@ -236,8 +236,8 @@ def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str,
 
 
 def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(tmp_path: Path) -> None:
-    from handlers.loading import load_dataset_sources
-    from schemas.job import JobFailed, JobSpec
+    from handlers.child.loading import load_dataset_sources
+    from handlers.protocol import JobFailed, JobSpec
     from schemas.request import SFTRequest
 
     def split(fraction: float | int, seed: int) -> tuple[list[str], list[str]]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from handlers.lora_patterns import resolved
+from handlers.child.lora_patterns import resolved
+from handlers.protocol import JobFailed
 from schemas import Rejection, decode_request
-from schemas.job import JobFailed
 from tests.helpers import sft_request
 
 MODULES = ["", "model", "model.layers.0", "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",

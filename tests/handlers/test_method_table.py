@@ -1,4 +1,4 @@
-"""The method table's TRL ranges against the TRL installed here (handlers/trl_trainers.py): a method
+"""The method table's TRL ranges against the TRL installed here (handlers/contract/trl_trainers.py): a method
 the table says this TRL runs must have its trainer and config here, and one it says this TRL cannot
 run must lack them, so a TRL that drops a trainer fails here, naming the method and the release,
 instead of in a job. In the trl 1.12 lane, PPO is the method present."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.trl_trainers import drift, report
+from handlers.contract.trl_trainers import drift, report
 from schemas.methods import METHODS
 
 
@@ -50,7 +50,7 @@ def test_the_report_lists_every_trainer_the_table_runs_here(installed: dict[str,
 
 
 def test_the_changes_between_two_reports_name_what_trl_added_promoted_and_removed() -> None:
-    from handlers.trl_trainers import changes
+    from handlers.contract.trl_trainers import changes
 
     methods = {"ppo": {"trainer": "trl.experimental.ppo.PPOTrainer", "present": True}}
     old = {"trl": "1.12.0", "stable": ["trl.SFTTrainer"], "experimental": ["trl.experimental.ppo.PPOTrainer", "trl.experimental.gkd.GKDTrainer"],

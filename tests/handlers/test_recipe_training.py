@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from daemon.cli.app import app
 from daemon.cli.demo_requests import PREFERENCE_ROWS
-from schemas.job import TrainResult
+from handlers.protocol import TrainResult
 from testbed.data import CHAT_ROWS
 from tests.helpers import run_handler
 

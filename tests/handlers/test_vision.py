@@ -17,8 +17,8 @@ from daemon.cli.demo_requests import (
     VISION_PROMPT_ROWS,
     square,
 )
+from handlers.protocol import JobFailed, TrainResult
 from schemas.images import ImageBounds
-from schemas.job import JobFailed, TrainResult
 from tests.helpers import SMALL_LORA, example_request, run_handler
 
 TRAINING = {"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
@@ -53,8 +53,8 @@ VISION_PARTS = ("vision", "visual", "multi_modal_projector", "connector", "merge
 
 @pytest.fixture(scope="session")
 def tiny_vlm_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The tiny model of a family (handlers/tiny_vlm.py), built once per session when first asked for."""
-    from handlers.tiny_vlm import save_tiny_vlm
+    """The tiny model of a family (handlers/fixtures/tiny_vlm.py), built once per session when first asked for."""
+    from handlers.fixtures.tiny_vlm import save_tiny_vlm
 
     built: dict[str, Path] = {}
 

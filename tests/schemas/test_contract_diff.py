@@ -1,4 +1,4 @@
-"""schemas.contract_diff, the readable diff of two trl_contract.json readings that `.ci/canary` prints."""
+"""handlers.contract.contract_diff, the readable diff of two trl_contract.json readings that `.ci/canary` prints."""
 
 import copy
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.contract_diff import diff, main
+from handlers.contract.contract_diff import diff, main
 
 FIELD = {"type": "str", "nullable": False, "default": "a", "choices": ["a", "b"], "object": None, "help": "Pick one."}
 CONTRACT = {

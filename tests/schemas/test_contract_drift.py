@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from handlers.contract_source import dataclass_of, read_contract
-from handlers.generate_contract import removed_fields
-from schemas import contract_rules as rules
-from schemas.contract_diff import diff_block
-from schemas.contract_render import (
+from handlers.contract.contract_diff import diff_block
+from handlers.contract.contract_render import (
     DOC_FILE,
     MODULE_FILE,
     REGENERATE,
-    load_contract,
     render_doc,
     render_module,
 )
+from handlers.contract.contract_source import dataclass_of, read_contract
+from handlers.contract.generate_contract import removed_fields
+from schemas import contract_rules as rules
+from schemas.generated import load_contract
 from schemas.request import REQUEST_MODELS, ModelSpec
 
 CHECKED_IN = load_contract()
@@ -34,7 +34,7 @@ INSTALLED = [block for block, source in rules.BLOCK_SOURCES.items() if dataclass
 
 
 def differences(block: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two readings of one block, one line each (schemas/contract_diff.py's
+    """What differs between two readings of one block, one line each (handlers/contract/contract_diff.py's
     report, help text included: the generated descriptions are made of it)."""
     found = diff_block(block, old, new, help_text=True, counts=Counter())
     if old["version"] != new["version"]:
@@ -121,7 +121,7 @@ def test_a_field_removed_from_trl_is_named_until_renamed() -> None:
 
 
 def test_a_help_text_choice_list_is_read_from_its_sentence() -> None:
-    from handlers.contract_source import help_choices
+    from handlers.contract.contract_source import help_choices
 
     assert help_choices("Supported values are 'grpo', 'dapo', and 'cispo'. 'grpo': averages per 'sequence'.") == ["grpo", "dapo", "cispo"]
     assert help_choices("Possible values are: `reverse_kl` (default), `forward_kl`. Only 'sigmoid' supports it.") == ["reverse_kl", "forward_kl"]

@@ -1,12 +1,12 @@
-from schemas.jsonschema import SCHEMA_DIR, generated_schemas
+from handlers.contract.jsonschema import SCHEMA_DIR, generated_schemas
 
 
 def test_checked_in_json_schemas_match_the_models() -> None:
     generated = generated_schemas()
     on_disk = {path.name: path.read_text() for path in SCHEMA_DIR.glob("*.json")}
-    assert set(on_disk) == set(generated), "run `python -m schemas.jsonschema` to regenerate"
+    assert set(on_disk) == set(generated), "run `python -m handlers.contract.jsonschema` to regenerate"
     for name, text in generated.items():
-        assert on_disk[name] == text, f"{name} drifted from the models; run `python -m schemas.jsonschema`"
+        assert on_disk[name] == text, f"{name} drifted from the models; run `python -m handlers.contract.jsonschema`"
 
 
 def test_request_schema_forbids_unknown_fields() -> None:

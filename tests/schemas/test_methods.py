@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from handlers.contract.methods_doc import markdown_table, readme_table
 from schemas.methods import METHODS, release, unsupported_reason
-from schemas.methods_doc import markdown_table, readme_table
 from schemas.request import REQUEST_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_method_table_is_generated_from_the_table() -> None:
-    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m schemas.methods_doc`"
+    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m handlers.contract.methods_doc`"
 
 
 def test_the_request_models_are_the_tables() -> None:
@@ -73,8 +73,8 @@ def _imported_names(path: Path) -> set[str]:
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str) -> None:
     method = METHODS[name]
-    handler = ROOT / "handlers" / f"{method.handler}.py"
-    assert handler.is_file() and _defines_train(handler), f"{name}: no handlers/{method.handler}.py with a train()"
+    handler = ROOT / "handlers" / "methods" / f"{method.handler}.py"
+    assert handler.is_file() and _defines_train(handler), f"{name}: no handlers/methods/{method.handler}.py with a train()"
     # the handler trains with the TRL classes the table names (and events report)
     assert {method.trainer, method.config} <= _imported_names(handler), f"{name}: handler does not import {method.trained_by}"
     assert (ROOT / "schemas" / "examples" / f"{name}.json").is_file(), f"{name}: no schemas/examples/{name}.json"
@@ -83,5 +83,5 @@ def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str)
 
 
 def test_every_handler_module_is_in_the_table() -> None:
-    handlers = {path.stem for path in (ROOT / "handlers").glob("*.py") if _defines_train(path)}
+    handlers = {path.stem for path in (ROOT / "handlers" / "methods").glob("*.py") if _defines_train(path)}
     assert handlers == {method.handler for method in METHODS.values()}

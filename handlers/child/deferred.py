@@ -1,0 +1,127 @@
+"""Modules whose import touches CUDA: in the fork server they are imported in name only, and their
+code runs at their first use, which is in a job's child.
+
+bitsandbytes picks its native library when it is imported, and to choose it asks torch for every
+GPU's compute capability, which initialises CUDA (seen on an H200: every fork server then refused
+to fork, and every job started cold). A CUDA context cannot cross a fork, so the server must never
+make one. peft, transformers and TRL import bitsandbytes at module level (`import bitsandbytes as
+bnb`) and use it only inside functions; transformers asks whether it is installed with
+`importlib.util.find_spec`. In the server each module named in `CUDA_AT_IMPORT` is a
+`DeferredModule`: its `__spec__` is real, so `find_spec` answers without running it, and any other
+attribute runs its code first. That happens in a job's child, where CUDA is the job's own, so the
+child gets the native library bitsandbytes chooses there (the CUDA one on a GPU host).
+
+The fork server's `main` (handlers/child/forkserver.py) calls `defer_in_fork_server()` first,
+before anything imports torch: importing the methods (handlers/methods/) imports the training
+stack, so it cannot be done later.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+# Import-time CUDA users the lock installs. The fork server checks itself before it says ready, so a
+# new one shows up as a server that refuses to serve (and the daemon says so), not as a silent cold start.
+CUDA_AT_IMPORT = ("bitsandbytes",)
+# What the import system asks a new module for while it sets it up (it sets each that is missing).
+IMPORT_SYSTEM = frozenset({"__loader__", "__package__", "__spec__", "__file__", "__cached__", "__builtins__"})
+# Set by the daemon in the fork server's environment only (the socket it serves on).
+FORK_SERVER_VARIABLE = "ADAPTERD_FORK_FD"
+
+
+class DeferredModule(types.ModuleType):
+    """A module imported in name only: its code runs at the first attribute it is asked for that
+    the import system did not set (and `__path__`, so a submodule import runs the package first)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in IMPORT_SYSTEM or (name == "__path__" and self.__dict__.get("__deferred_setup__")):
+            raise AttributeError(name)  # asked while the import system sets the module up: not a use of it
+        return getattr(load(self), name)
+
+
+class DeferringLoader(importlib.abc.Loader):
+    """Makes a `DeferredModule` and runs nothing; `load` runs the real loader later."""
+
+    def __init__(self, real: importlib.abc.Loader) -> None:
+        self.real = real
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = DeferredModule(spec.name)
+        module.__dict__["__deferred_setup__"] = True  # until exec_module: the import system is setting it up
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        # The import system set __path__ for a package; without it, `import pkg.sub` asks the module
+        # for it, which runs the package's own code before its submodule's, as a normal import does.
+        module.__dict__.pop("__path__", None)
+        module.__dict__.pop("__deferred_setup__", None)
+
+
+class DeferringFinder(importlib.abc.MetaPathFinder):
+    """Finds the named modules as the path finder does, with a `DeferringLoader` in front."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec  # not installed: the import fails as it would anyway
+        spec.loader = DeferringLoader(spec.loader)
+        return spec
+
+
+_finder: DeferringFinder | None = None
+
+
+def defer_in_fork_server(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
+    """In the fork server (its socket in the environment), import `CUDA_AT_IMPORT` in name only."""
+    global _finder
+    if FORK_SERVER_VARIABLE in environ and _finder is None:
+        _finder = DeferringFinder(CUDA_AT_IMPORT)
+        sys.meta_path.insert(0, _finder)
+
+
+def stop_deferring() -> None:
+    """In a forked child: later imports are normal ones; a module still deferred runs at its first use."""
+    global _finder
+    if _finder is not None:
+        sys.meta_path.remove(_finder)
+        _finder = None
+
+
+def load(module: types.ModuleType) -> types.ModuleType:
+    """Run a deferred module's code now (once), as a normal import of it would have."""
+    name = module.__name__
+    current = sys.modules.get(name)
+    if current is not None and not isinstance(current, DeferredModule):
+        return current  # already run: through another holder of the deferred module
+    spec = module.__spec__
+    assert spec is not None and isinstance(spec.loader, DeferringLoader)
+    real_spec = importlib.util.spec_from_file_location(name, spec.origin, loader=spec.loader.real,
+                                                       submodule_search_locations=spec.submodule_search_locations)
+    assert real_spec is not None and real_spec.loader is not None
+    real = importlib.util.module_from_spec(real_spec)
+    sys.modules[name] = real
+    try:
+        real_spec.loader.exec_module(real)
+    except BaseException:
+        sys.modules[name] = module
+        raise
+    # Whoever holds the deferred module (peft's `bnb`) now reads the real one's names directly.
+    module.__dict__.update(real.__dict__)
+    return real
+
+
+def pending() -> list[str]:
+    """The modules imported in name only whose code has not run (what the server's self-check reports)."""
+    return sorted(name for name, module in list(sys.modules.items()) if isinstance(module, DeferredModule) and sys.modules.get(name) is module)

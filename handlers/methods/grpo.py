@@ -1,0 +1,47 @@
+"""Group relative policy optimisation with `trl.GRPOTrainer`.
+
+Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
+scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
+With `grpo.use_vllm` vLLM generates them (handlers/child/vllm_support.py); the preflight fails first on a
+host without it. With an `image` (or `images`) column the base is a vision-language model, prompted
+with each row's images; the reward functions see the text (handlers/child/vision.py).
+"""
+
+from __future__ import annotations
+
+from trl import GRPOConfig, GRPOTrainer
+
+from handlers.child.common import (
+    JobCallback,
+    StatusReporter,
+    load_base,
+    load_data,
+    load_policy,
+    policy_lora,
+    train_and_save,
+    trl_config,
+)
+from handlers.child.rewards import check_reward_columns, load_rewards
+from handlers.child.vllm_support import check_vllm, vllm_arguments
+from handlers.protocol import JobSpec, TrainResult
+from schemas.request import GRPORequest
+
+
+def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
+    check_vllm(request, job, "grpo")
+    data = load_data(request, job, reporter)
+    check_reward_columns(request.rewards, data.train.column_names)
+    base = load_base(request, job, reporter, data)
+    model = load_policy(base, request.model)
+    reward_funcs, reward_weights = load_rewards(request.rewards, job)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=trl_config(GRPOConfig, request, job, "grpo", reward_weights=reward_weights, **vllm_arguments(request, job, "grpo")),
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=base.processing_class,
+        peft_config=policy_lora(request.peft, base, model),
+        callbacks=[JobCallback(reporter, job)],
+    )
+    return train_and_save(trainer, request, job, reporter, data, base)

@@ -1,0 +1,39 @@
+"""Reward modelling with `trl.RewardTrainer`: a one-label sequence classification head on the base.
+
+Rows: `chosen` and `rejected` (and optionally `prompt`). The result scores text; `grpo`, `rloo` and
+`ppo` requests can name it by repo id as their reward model.
+"""
+
+from __future__ import annotations
+
+from trl import RewardConfig, RewardTrainer
+
+from handlers.child.common import (
+    JobCallback,
+    StatusReporter,
+    load_base,
+    load_data,
+    load_sequence_classifier,
+    lora_config,
+    train_and_save,
+    trl_config,
+)
+from handlers.protocol import JobSpec, TrainResult
+from schemas.request import RewardRequest
+
+
+def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
+    config = trl_config(RewardConfig, request, job, "reward")
+    data = load_data(request, job, reporter)
+    base = load_base(request, job, reporter, data)
+    model = load_sequence_classifier(base.path, request.model, base.tokenizer)  # before the trainer: the LoRA patterns are matched on its modules
+    trainer = RewardTrainer(
+        model=model,
+        args=config,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=base.tokenizer,
+        peft_config=lora_config(request.peft, "SEQ_CLS", model),
+        callbacks=[JobCallback(reporter, job)],
+    )
+    return train_and_save(trainer, request, job, reporter, data, base)

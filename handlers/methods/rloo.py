@@ -1,0 +1,46 @@
+"""REINFORCE leave-one-out with `trl.RLOOTrainer`.
+
+Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
+scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
+With `rloo.use_vllm` vLLM generates them (handlers/child/vllm_support.py); the preflight fails first on a
+host without it.
+"""
+
+from __future__ import annotations
+
+from trl import RLOOConfig, RLOOTrainer
+
+from handlers.child.common import (
+    JobCallback,
+    StatusReporter,
+    load_base,
+    load_causal_lm,
+    load_data,
+    lora_config,
+    train_and_save,
+    trl_config,
+)
+from handlers.child.rewards import check_reward_columns, load_rewards
+from handlers.child.vllm_support import check_vllm, vllm_arguments
+from handlers.protocol import JobSpec, TrainResult
+from schemas.request import RLOORequest
+
+
+def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> TrainResult:
+    check_vllm(request, job, "rloo")
+    data = load_data(request, job, reporter)
+    check_reward_columns(request.rewards, data.train.column_names)
+    base = load_base(request, job, reporter, data)
+    reward_funcs, reward_weights = load_rewards(request.rewards, job)
+    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
+    trainer = RLOOTrainer(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights, **vllm_arguments(request, job, "rloo")),
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=base.tokenizer,
+        peft_config=lora_config(request.peft, "CAUSAL_LM", model),
+        callbacks=[JobCallback(reporter, job)],
+    )
+    return train_and_save(trainer, request, job, reporter, data, base)
