@@ -120,7 +120,7 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
     path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
-    start_cuda()
+    start_cuda(reporter.memory, job.memory_fraction)
     images = image_column(column_names(data.train))
     if images is not None:
         if not is_vision_model(path, request.model):
@@ -219,4 +219,5 @@ def result(
         pipeline_tag=PIPELINE_TAG if base.vision else None,
         tracking=tracking or [],
         evaluation=evaluation,
+        memory=reporter.memory.use(),
     )
