@@ -23,6 +23,7 @@ from transformers import (
     Trainer,
 )
 
+from handlers import fast
 from handlers.chat_template import check_template_render
 from handlers.evaluation import evaluate
 from handlers.loading import (
@@ -121,6 +122,7 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     reporter.enter("load_model")
     path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
     start_cuda(reporter.memory, job.memory_fraction)
+    fast.choose_attention(request.model, job)
     images = image_column(column_names(data.train))
     if images is not None:
         if not is_vision_model(path, request.model):
@@ -220,4 +222,5 @@ def result(
         tracking=tracking or [],
         evaluation=evaluation,
         memory=reporter.memory.use(),
+        fast=dict(reporter.fast),
     )

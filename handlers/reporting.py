@@ -65,6 +65,13 @@ def loading_weights() -> Iterator[None]:
         part("trainer")
 
 
+def applied(setting: str, value: str | bool) -> None:
+    """One of the host's speed settings (`JobSpec.fast`) this job runs with (`TrainResult.fast`); said
+    by the code that applies it (handlers/fast.py)."""
+    if StatusReporter.active is not None:
+        StatusReporter.active.fast[setting] = value
+
+
 def start_cuda(memory: MemoryWatch | None = None, memory_fraction: float | None = None) -> None:
     """`load_model.cuda_init`: CUDA's own start (the driver, a context on this process's GPU), measured
     here so that it is not counted in the weights' or the trainer's seconds. Before its first
@@ -104,6 +111,7 @@ class StatusReporter:
         self._lock = threading.Lock()  # the pulse thread writes too
         self._pulse: threading.Thread | None = None
         self.memory = MemoryWatch()  # sampled at each message sent, once the job's CUDA has started
+        self.fast: dict[str, str | bool] = {}  # the host's speed settings applied (`applied`)
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
