@@ -22,6 +22,26 @@ from schemas.images import ImageBounds
 from schemas.provenance import ResolvedSource, TrackedRun
 
 
+class FastSettings(Frozen):
+    """The host's speed settings for a job (the daemon decides them). The child applies each only where
+    the request leaves the same field unset: the request's own value always wins."""
+
+    gradient_checkpointing: bool | None = Field(
+        None, description="training.gradient_checkpointing (activation_checkpointing) where the request sets neither; None: TRL's own default, which turns it on.",
+    )
+    attn_implementation: Literal[
+        "eager", "sdpa", "flash_attention_2", "flash_attention_3", "kernels-community/flash-attn2", "kernels-community/vllm-flash-attn3",
+    ] | None = Field(
+        None, description=(
+            "model.attn_implementation where the request leaves it unset; None: transformers' default (sdpa where the model has it). "
+            "A flash attention the host cannot run (no CUDA, neither its package nor `kernels` installed) falls back to sdpa."
+        ),
+    )
+    use_liger_kernel: bool | None = Field(
+        None, description="training.use_liger_kernel where the request leaves it unset, and only where liger_kernel is installed; None: TRL's default (off).",
+    )
+
+
 class JobSpec(Frozen):
     """What the parent hands a child: the validated request, where to put things, and how to report.
     Written as JSON into the job's folder; the child hands it to the method's handler as it is."""
@@ -47,6 +67,7 @@ class JobSpec(Frozen):
     hub: bool = Field(True, description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.")
     local_current_adapter: Path | None = Field(None, description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.")
     memory_fraction: float | None = Field(None, gt=0, le=1, description="The share of its GPU the child may allocate (torch.cuda.set_per_process_memory_fraction); None: the whole GPU.")
+    fast: FastSettings = Field(default_factory=FastSettings, description="The host's speed settings, each applied where the request leaves the same field unset.")
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -154,6 +175,22 @@ class StoppedAtCheckpoint(ChildMessageBase):
     path: str
 
 
+class MemoryUse(Frozen):
+    """The most memory a job took in its child, over load, train and evaluate (handlers/memory.py)."""
+
+    device: Literal["cuda", "cpu"] = Field(description="Where the job ran: its GPU, or the CPU.")
+    peak_allocated_bytes: int | None = Field(
+        description="torch's allocator peak (torch.cuda.max_memory_allocated): the tensors' bytes at their most; None on the CPU.",
+    )
+    peak_reserved_bytes: int | None = Field(
+        description="torch's caching allocator peak (torch.cuda.max_memory_reserved): what it held from the device at its most; None on the CPU.",
+    )
+    device_peak_bytes: int = Field(description=(
+        "On CUDA the device's own figure: the most memory the device reported used (every process on it) when the child sampled it, "
+        "at its heartbeats and progress, so a peak between two samples may be missed. On the CPU the process's peak resident set (ru_maxrss)."
+    ))
+
+
 class TrainResult(ChildMessageBase):
     """A finished job: the artifact is complete on disk. Also kept in the job's journal."""
 
@@ -173,6 +210,8 @@ class TrainResult(ChildMessageBase):
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
     tracking: list[TrackedRun] = Field(default_factory=list, description="The runs the job's metrics were reported to.")
     evaluation: EvaluationResult | None = Field(None, description="What the request's `evaluation` measured, after training.")
+    memory: MemoryUse | None = Field(None, description="The most memory the job took in the child (load, train and evaluate).")
+    fast: dict[str, str | bool] = Field(default_factory=dict, description="The host's speed settings the job ran with, each where the request left the field unset.")
 
 
 class ChildError(ChildMessageBase):

@@ -23,6 +23,7 @@ from transformers import (
     Trainer,
 )
 
+from handlers.child import fast
 from handlers.child.chat_template import check_template_render
 from handlers.child.evaluation import evaluate
 from handlers.child.loading import (
@@ -120,7 +121,8 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
     path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
-    start_cuda()
+    start_cuda(reporter.memory, job.memory_fraction)
+    fast.choose_attention(request.model, job)
     images = image_column(column_names(data.train))
     if images is not None:
         if not is_vision_model(path, request.model):
@@ -219,4 +221,6 @@ def result(
         pipeline_tag=PIPELINE_TAG if base.vision else None,
         tracking=tracking or [],
         evaluation=evaluation,
+        memory=reporter.memory.use(),
+        fast=dict(reporter.fast),
     )

@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from handlers.child import fast
 from handlers.child.reporting import loading_weights
 from handlers.child.sources import AnyDataset, check_download_size, load_source
 from handlers.protocol import JobFailed, JobSpec, is_transient
@@ -83,10 +84,11 @@ def check_hardware(spec: ModelSpec) -> None:
 
 def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     """`from_pretrained` arguments from the request's model block: dtype, remote code (policy-gated
-    at intake), `trl.ModelConfig`'s loading options, and bitsandbytes for QLoRA."""
+    at intake), `trl.ModelConfig`'s loading options, and bitsandbytes for QLoRA. The attention is the
+    request's, else the host's for this job (handlers/fast.py)."""
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(spec.dtype, "auto"), "trust_remote_code": spec.trust_remote_code}
-    if spec.attn_implementation is not None:
-        kwargs["attn_implementation"] = spec.attn_implementation
+    if (attention := fast.attention(spec)) is not None:
+        kwargs["attn_implementation"] = attention
     if spec.quantization == "4bit":
         compute = spec.bnb_4bit_compute_dtype or (spec.dtype if spec.dtype != "auto" else "bfloat16")
         kwargs["quantization_config"] = BitsAndBytesConfig(

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import torch
 from transformers import TrainerCallback
 
+from handlers.child.memory import MemoryWatch
 from handlers.protocol import (
     CheckpointSaved,
     ChildError,
@@ -64,13 +65,24 @@ def loading_weights() -> Iterator[None]:
         part("trainer")
 
 
-def start_cuda() -> None:
+def applied(setting: str, value: str | bool) -> None:
+    """One of the host's speed settings (`JobSpec.fast`) this job runs with (`TrainResult.fast`); said
+    by the code that applies it (handlers/fast.py)."""
+    if StatusReporter.active is not None:
+        StatusReporter.active.fast[setting] = value
+
+
+def start_cuda(memory: MemoryWatch | None = None, memory_fraction: float | None = None) -> None:
     """`load_model.cuda_init`: CUDA's own start (the driver, a context on this process's GPU), measured
-    here so that it is not counted in the weights' or the trainer's seconds. Nothing on a host without CUDA."""
+    here so that it is not counted in the weights' or the trainer's seconds. Before its first
+    allocation, the job's share of the GPU (`memory_fraction`) is set and `memory` starts counting
+    (handlers/memory.py). Nothing on a host without CUDA."""
     if not torch.cuda.is_available():
         return
     part("cuda_init")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # a worker of a multi-GPU job: its own GPU
+    if memory is not None:
+        memory.start(device, memory_fraction)
     # An allocation and a kernel, waited for: the context exists after this (an empty tensor makes none:
     # seen on an H200, where this part was then 0.0 s and the context's start fell into the trainer's).
     torch.zeros(1, device=device).add_(1)
@@ -98,6 +110,8 @@ class StatusReporter:
         self.evaluating: Literal["adapter", "base", "current"] | None = None
         self._lock = threading.Lock()  # the pulse thread writes too
         self._pulse: threading.Thread | None = None
+        self.memory = MemoryWatch()  # sampled at each message sent, once the job's CUDA has started
+        self.fast: dict[str, str | bool] = {}  # the host's speed settings applied (`applied`)
 
     def restart_clock(self) -> None:
         """Stage durations count from the job's arrival, not from the child's start."""
@@ -105,6 +119,7 @@ class StatusReporter:
 
     def send(self, message: ChildMessage) -> None:
         with self._lock:
+            self.memory.sample()  # where the child beats: heartbeats, progress, stages (MemoryWatch)
             self._stream.write(message.model_dump_json() + "\n")
 
     def ready(self) -> None:

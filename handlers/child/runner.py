@@ -50,6 +50,7 @@ def status_fd() -> int:
 def main() -> int:
     die_with_parent()
 
+    from handlers.child.memory import out_of_memory
     from handlers.child.reporting import EXIT_STOPPED, StatusReporter
     from handlers.methods import HANDLERS
     from schemas.request import REQUEST_MODELS
@@ -91,6 +92,10 @@ def main() -> int:
         reporter.error(failure)
         return 1
     except Exception as exc:
+        oom = out_of_memory(exc, reporter.stage, spec.memory_fraction)  # CUDA out of memory, in whichever stage it happened
+        if oom is not None:
+            reporter.error(oom)
+            return 1
         reporter.error(JobFailed("training_error", reporter.stage, f"{type(exc).__name__}: {exc}"))
         raise
     reporter.send(result)

@@ -16,6 +16,7 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
+from handlers.child import fast
 from handlers.child.lora_patterns import resolved
 from handlers.child.reporting import StepClock
 from handlers.protocol import JobFailed, JobSpec
@@ -65,7 +66,8 @@ def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, *
 
 def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
-    own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)."""
+    own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)
+    and the host's speed settings where the request leaves them unset (handlers/fast.py)."""
     # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
     if request.evaluation is not None and request.evaluation.require_finite_losses:
@@ -75,6 +77,7 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
     arguments.update(derived)
+    arguments.update(fast.training_arguments(job, arguments, {field.name for field in dataclasses.fields(config_class)}))  # type: ignore[arg-type]
     arguments.update(
         output_dir=str(job.checkpoints),
         report_to=list(job.report_to) or "none",
