@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     ))
     gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description="With max_jobs_per_gpu > 1: the share of each GPU's memory no job's share takes.")
     gpu_memory_bytes: int | None = Field(None, ge=1, description="With max_jobs_per_gpu > 1: each GPU's memory; unset: what nvidia-smi says.")
+    # The host's speed settings (handlers/child/fast.py), each off by default; a request's own field always wins.
+    gradient_checkpointing_when_needed: bool = Field(False, description=(
+        "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on a whole GPU "
+        "whose memory estimate without it fits the GPU trains without it."))
+    fastest_attention: bool = Field(False, description="Models load with flash attention where the host can run it, else sdpa.")
+    liger_kernel: bool = Field(False, description="Liger's kernels (training.use_liger_kernel) where liger_kernel is installed.")
     warm_child: bool = Field(True, description="Start jobs warm: the training stack imported ahead of the job (child_start says how).")
     child_start: Literal["fork", "spawn"] = Field("fork", description=(
         "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack once "

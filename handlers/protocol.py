@@ -176,7 +176,7 @@ class StoppedAtCheckpoint(ChildMessageBase):
 
 
 class MemoryUse(Frozen):
-    """The most memory a job took in its child, over load, train and evaluate (handlers/memory.py)."""
+    """The most memory a job took in its child, over load, train and evaluate (handlers/child/memory.py)."""
 
     device: Literal["cuda", "cpu"] = Field(description="Where the job ran: its GPU, or the CPU.")
     peak_allocated_bytes: int | None = Field(

@@ -32,9 +32,9 @@ from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
-from daemon.ops.metrics import JOBS, STAGE_SECONDS
+from daemon.ops.metrics import JOB_MEMORY_PEAK, JOB_MEMORY_RATIO, JOBS, STAGE_SECONDS
 from daemon.settings import Settings
-from handlers.protocol import JobFailed, TrainResult
+from handlers.protocol import FastSettings, JobFailed, TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import Cancelled, EventBase, Failed, JobMemory, Retrying, Succeeded
 from schemas.request import RequestBase
@@ -61,13 +61,14 @@ class JobRunner:
         self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
         received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
         on_trained: Callable[[], Awaitable[None]] | None = None, share: Placement | None = None,
-        estimate: Estimate | None = None, memory: Estimator | None = None,
+        estimate: Estimate | None = None, memory: Estimator | None = None, gpu_room: int | None = None,
     ) -> None:
         self.request = request
         # On a GPU shared with other jobs (daemon/jobs/slots.py): its share, which its child is held to.
         self.share = share if share is not None and share.share_bytes is not None else None
         self.estimate = estimate  # its memory, estimated before it started (daemon/jobs/memory.py); None when unknown
         self.memory = memory  # what learns from the peak it measures
+        self.gpu_room = gpu_room  # a whole GPU's memory for jobs, when known: whether it fits without checkpointing
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
@@ -213,10 +214,39 @@ class JobRunner:
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
 
+    async def _fast_settings(self) -> FastSettings:
+        """The host's speed settings for this job (the child applies each only where the request is
+        silent). Gradient checkpointing goes off only for a job on a whole GPU whose estimate without
+        it fits that GPU; on a shared GPU its share was reckoned with it, and unknown stays TRL's."""
+        checkpointing = None
+        if self.settings.gradient_checkpointing_when_needed and self.share is None and self.gpu_room is not None and self.memory is not None:
+            lean = await self.memory.need(self.request, gradient_checkpointing=False)
+            if lean is not None:
+                checkpointing = lean.needed > self.gpu_room
+                self.log.info("job.checkpointing", needed=checkpointing, estimate_without=lean.needed, gpu_room=self.gpu_room)
+        return FastSettings(
+            gradient_checkpointing=checkpointing,
+            attn_implementation="flash_attention_2" if self.settings.fastest_attention else None,
+            use_liger_kernel=True if self.settings.liger_kernel else None,
+        )
+
     def _memory(self, result: TrainResult) -> JobMemory:
-        """Its memory for `succeeded`: the estimate and share it started with."""
-        return JobMemory(estimate_bytes=self.estimate.needed if self.estimate is not None else None,
-                         share_bytes=self.share.share_bytes if self.share is not None else None)
+        """Its memory for `succeeded`: the estimate and share it started with, and what its child
+        measured; a GPU's allocator peak is kept for the next estimates of its model and method."""
+        measured = result.memory
+        if measured is not None:
+            JOB_MEMORY_PEAK.labels(self.request.method).observe(measured.peak_allocated_bytes or measured.device_peak_bytes)
+            if measured.device == "cuda" and measured.peak_allocated_bytes and self.estimate is not None and self.estimate.total > 0:
+                JOB_MEMORY_RATIO.labels(self.request.method).observe(measured.peak_allocated_bytes / self.estimate.total)
+                if self.memory is not None:
+                    self.memory.learn(self.request, self.estimate, measured.peak_allocated_bytes)
+        return JobMemory(
+            estimate_bytes=self.estimate.needed if self.estimate is not None else None,
+            share_bytes=self.share.share_bytes if self.share is not None else None,
+            device=measured.device if measured is not None else None,
+            peak_allocated_bytes=measured.peak_allocated_bytes if measured is not None else None,
+            device_peak_bytes=measured.device_peak_bytes if measured is not None else None,
+        )
 
     async def _trained(self) -> tuple[TrainResult, float | None]:
         """The child's result, and the time of its first step: an earlier attempt's when its
@@ -228,7 +258,7 @@ class JobRunner:
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
-                        memory_fraction=self.share.fraction if self.share is not None else None)
+                        memory_fraction=self.share.fraction if self.share is not None else None, fast=await self._fast_settings())
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew

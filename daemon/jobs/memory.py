@@ -267,12 +267,12 @@ class Estimator:
         self.history = history
         self._tensors: dict[tuple[str, str | None], Tensors] = {}
 
-    async def need(self, request: RequestBase) -> Estimate | None:
-        """The job's estimate, scaled by the history; None when unknown."""
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+        """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None when unknown."""
         try:
             base = await self.tensors(request.model.id, request.model.revision)
             others = [await self.tensors(spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)]
-            found = estimate(request, base, others)
+            found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing)
             return Estimate(found.parts, found.gradient_checkpointing, self.history.scale(request.model.id, request.method))
         except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=f"{type(exc).__name__}: {exc}"[:300])

@@ -165,7 +165,7 @@ class Scheduler:
             request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
             slot=self.slots.label(placement.slots), visible_devices=self.slots.visible_devices(placement.slots), attempt=attempt,
             trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset), share=placement,
-            estimate=need, memory=self.memory,
+            estimate=need, memory=self.memory, gpu_room=self.slots.gpu_room,
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task)

@@ -86,8 +86,9 @@ class Placement:
 
 
 def packing_from(settings: Settings) -> Packing | None:
-    """The operator's packing (max_jobs_per_gpu above 1 and a known GPU memory), else None."""
-    if settings.max_jobs_per_gpu <= 1:
+    """The GPUs' memory as the operator packs them (max_jobs_per_gpu; 1: a whole GPU each), when
+    it matters (packing, or checkpointing only when needed) and is known; else None."""
+    if settings.max_jobs_per_gpu <= 1 and not settings.gradient_checkpointing_when_needed:
         return None
     memory = settings.gpu_memory_bytes or discover_gpu_memory()
     if memory is None:
@@ -99,6 +100,8 @@ def packing_from(settings: Settings) -> Packing | None:
 class Slots:
     def __init__(self, gpus: list[str], cpu_slots: int, packing: Packing | None = None) -> None:
         self.gpus = gpus
+        # A whole GPU's memory for jobs (less the headroom), when known: what a job on one may use.
+        self.gpu_room = packing.usable if gpus and packing is not None else None
         self.packing = packing if gpus and packing is not None and packing.max_jobs > 1 else None
         self._all = list(gpus) if gpus else [f"cpu{i}" for i in range(cpu_slots)]
         self._jobs: dict[str, list[int | None]] = {slot: [] for slot in self._all}  # each job's share on it; None: the whole slot

@@ -8,11 +8,14 @@ from pathlib import Path
 from daemon.admission.policy import report_to
 from daemon.hub.local_sink import local_target
 from daemon.settings import Settings
-from handlers.protocol import JobSpec
+from handlers.protocol import FastSettings, JobSpec
 from schemas.request import RequestBase
 
 
-def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparent: str | None, memory_fraction: float | None = None) -> JobSpec:
+def job_spec(
+    request: RequestBase, settings: Settings, job_dir: Path, traceparent: str | None, memory_fraction: float | None = None,
+    fast: FastSettings | None = None,
+) -> JobSpec:
     """The request with the operator's bounds and rules for its child; paths under `job_dir`."""
     return JobSpec(
         request=request.model_dump(mode="json"),
@@ -36,6 +39,7 @@ def job_spec(request: RequestBase, settings: Settings, job_dir: Path, traceparen
         hub=settings.hub_token is not None,
         local_current_adapter=_local_current_adapter(request, settings),
         memory_fraction=memory_fraction,
+        fast=fast or FastSettings(),
     )
 
 

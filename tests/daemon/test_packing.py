@@ -16,7 +16,7 @@ from daemon.jobs.memory import Estimate
 from daemon.jobs.scheduler import Offered
 from daemon.kafka.retry_state import ALONE_HEADER
 from daemon.settings import Settings
-from handlers.protocol import ChildError, StageEntered
+from handlers.protocol import ChildError, FastSettings, StageEntered
 from schemas import Cancel, RequestBase
 from tests.core import Core
 from tests.fakes import FakeChildren, Script
@@ -29,14 +29,15 @@ HANGS = Script(messages=[StageEntered(stage="train")], hang=True)
 class FixedNeeds:
     """The estimator's seam (`Scheduler.memory`): each request's need, by request id."""
 
-    def __init__(self, needs: dict[str, int | None]) -> None:
+    def __init__(self, needs: dict[str, int | None], lean: dict[str, int] | None = None) -> None:
         self.needs = needs
+        self.lean = lean or {}  # without gradient checkpointing
         self.asked: list[str] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    async def need(self, request: RequestBase) -> Estimate | None:
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
         self.asked.append(request.request_id)
-        need = self.needs[request.request_id]
+        need = self.needs[request.request_id] if gradient_checkpointing else self.lean.get(request.request_id)
         return None if need is None else Estimate({"weights": need}, gradient_checkpointing=True)
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
@@ -145,3 +146,53 @@ def test_an_alone_header_added_to_a_signed_retry_breaks_its_signature(settings: 
     assert forged.attempt == 1 and not forged.alone  # read as a first attempt, due now
     alone = core.scheduler.retries.headers(plain.key, plain.value or b"", 2, 0.0, alone=True)
     assert core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=alone)).alone
+
+
+async def test_succeeded_says_the_estimate_the_share_and_the_measured_peak_and_the_history_learns_it(settings: Settings) -> None:
+    from handlers.protocol import FirstStep, MemoryUse, TrainResult
+
+    measured = MemoryUse(device="cuda", peak_allocated_bytes=12 * GIB, peak_reserved_bytes=13 * GIB, device_peak_bytes=40 * GIB)
+    result = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.0}, base_model_revision=None, dataset_fingerprint="f",
+                         durations_s={"train": 0.1}, versions={}, memory=measured)
+    children = FakeChildren(Script(messages=[StageEntered(stage="train"), FirstStep(time=0.0, step=1), result]))
+    core = Core(settings, children=children)
+    needs = FixedNeeds({"r1": 10 * GIB})
+    core.scheduler.memory = needs  # type: ignore[assignment]
+    assert await offer(core, "r1", 0) is Offered.STARTED
+    await next(iter(core.scheduler.jobs.values())).task
+    started = next(event for event in core.events("r1") if event["type"] == "started")
+    assert started["memory_share_bytes"] == 10 * GIB
+    succeeded = core.events("r1")[-1]
+    assert succeeded["type"] == "succeeded" and succeeded["memory"] == {
+        "estimate_bytes": 10 * GIB, "share_bytes": 10 * GIB, "device": "cuda", "peak_allocated_bytes": 12 * GIB, "device_peak_bytes": 40 * GIB}
+    assert needs.learned == [("r1", 10 * GIB, 12 * GIB)]  # the allocator's peak against the model's figure, for the next estimate
+
+
+@pytest.mark.parametrize(("lean_gib", "checkpointing"), [(50, False), (100, True)])
+async def test_checkpointing_only_when_needed_turns_it_off_for_a_job_that_fits_its_gpu_without_it(
+    settings: Settings, lean_gib: int, checkpointing: bool,
+) -> None:
+    host = settings.model_copy(update={"max_jobs_per_gpu": 1, "gradient_checkpointing_when_needed": True})
+    children = FakeChildren(HANGS)
+    core = Core(host, children=children)
+    core.scheduler.memory = FixedNeeds({"r1": 20 * GIB}, lean={"r1": lean_gib * GIB})  # type: ignore[assignment]
+    assert core.slots.gpu_room == 72 * GIB  # 80 GiB less the headroom
+    assert await offer(core, "r1", 0) is Offered.STARTED
+    await turns_until(lambda: bool(children.taken) and children.taken[0].spec is not None)
+    assert children.taken[0].spec.fast.gradient_checkpointing is checkpointing  # type: ignore[union-attr]
+    await core.scheduler.stop_jobs()
+
+
+async def test_the_hosts_speed_settings_reach_the_child_and_are_all_off_by_default(settings: Settings) -> None:
+    for host, expected in [
+        (settings, FastSettings()),
+        (settings.model_copy(update={"fastest_attention": True, "liger_kernel": True}),
+         FastSettings(attn_implementation="flash_attention_2", use_liger_kernel=True)),
+    ]:
+        children = FakeChildren(HANGS)
+        core = Core(host, children=children)
+        core.scheduler.memory = FixedNeeds({"r1": GIB})  # type: ignore[assignment]
+        assert await offer(core, "r1", 0) is Offered.STARTED
+        await turns_until(lambda: bool(children.taken) and children.taken[0].spec is not None)  # noqa: B023
+        assert children.taken[0].spec.fast == expected  # type: ignore[union-attr]
+        await core.scheduler.stop_jobs()
