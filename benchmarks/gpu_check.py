@@ -10,7 +10,10 @@ Qwen2.5-0.5B, random weights, bf16; nothing is downloaded):
 - the fork server every job's child is forked from: its imports done, CUDA never touched by it,
   before or after a job (no /dev/nvidia* file open, not among nvidia-smi's compute processes), and
   the start latency it buys;
-- GRPO with vLLM colocated, when `import vllm` works.
+- GRPO with vLLM colocated, when `import vllm` works;
+- issue 39's rows: the aggregate tokens/s of 1, 2, 4 and 8 LoRA jobs at once on the one GPU
+  (max_jobs_per_gpu) against one alone; one job with the host's speed settings on against TRL's
+  defaults; a LoRA job of Qwen2.5-7B's shape as a share of the GPU's measured bf16 matmul peak.
 
 Without CUDA (or with `--cpu`) it runs the same daemon-against-plain and fork-server rows on the tiny
 model for a few steps, so the check's own path is known to work, and marks the GPU rows skipped.
@@ -35,11 +38,17 @@ from typing import Any
 
 from benchmarks.gpu_jobs import (
     BENCH,
+    QWEN2_05B,
+    QWEN2_7B,
     build_qwen2_05b,
+    concurrent_jobs,
     daemon_job,
+    distinct_partition_ids,
     failure_text,
     grpo_request,
     long_rows,
+    lora_flops_per_token,
+    measured_bf16_tflops,
     sft_request,
     sft_rows,
     tokens_per_row,
@@ -72,6 +81,9 @@ CHECKS = [
     Check("memory", "GPU memory before, during and after a job", needs_cuda=True, target="<= 16 (back to baseline)"),
     Check("warm", "fork server: CUDA untouched, the job forked from it, start latency", target="yes"),
     Check("grpo_vllm", "GRPO with vLLM colocated", needs_cuda=True, needs="vllm", target="succeeds"),
+    Check("packing", "LoRA jobs at once on one GPU: aggregate tokens/s", needs_cuda=True, target=">= 3x one job alone (8 jobs)"),
+    Check("fast", "the host's speed settings against TRL's defaults", needs_cuda=True, target="faster, the same losses"),
+    Check("lora_7b", "a 7B-shaped LoRA job's share of the GPU's peak", needs_cuda=True, target=">= 40%"),
 ]
 
 
@@ -178,10 +190,75 @@ async def run_checks(host: Host, args: argparse.Namespace) -> list[Any]:
                                     f"peak GPU {result['peak']:.0f} MiB, after - before {result['after'] - result['before']:+.0f} MiB"))
                 else:
                     rows.append(Row(BENCH, "GRPO, vLLM colocated", "FAILED", "", check.target, note=failure_text(result)))
+            elif check.name == "packing":
+                rows += await packing_rows(env, model_dir, data, tokens, args.steps, check.target)
+            elif check.name == "fast":
+                rows += await fast_rows(env, model_dir, data, tokens, args.steps, check.target)
+            elif check.name == "lora_7b":
+                rows += await lora_7b_rows(env, data, args.steps, check.target)
             print(f"gpu_check: {check.name} {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     finally:
         env.stop()
     return rows
+
+
+async def packing_rows(env: Any, model_dir: Path, data: list[dict[str, Any]], tokens: float, steps: int, target: str) -> list[Any]:
+    """1, 2, 4 and 8 jobs at once on the GPU: the sum of their training tokens/s against one alone."""
+    from benchmarks.harness import Row
+
+    rows, alone = [], None
+    for count in (1, 2, 4, 8):
+        requests = [sft_request(model_dir, request_id, steps, data) for request_id in distinct_partition_ids(f"pack{count}", count)]
+        result = await concurrent_jobs(env, requests)
+        if not result["ok"]:
+            rows.append(Row(BENCH, f"{count} jobs at once", "FAILED", "", target, note=failure_text({"final": next(
+                final for final in result["finals"] if final.type != "succeeded")})))
+            break
+        aggregate = sum(final.metrics["train_samples_per_second"] for final in result["finals"]) * tokens
+        alone = alone or aggregate
+        peaks = [round((final.memory.peak_allocated_bytes or 0) / 2**30, 1) for final in result["finals"] if final.memory]
+        estimate = result["finals"][0].memory.estimate_bytes if result["finals"][0].memory else None
+        rows.append(Row(BENCH, f"{count} LoRA job(s) at once on one GPU: aggregate tokens/s", round(aggregate), "tokens/s",
+                        target if count == 8 else "", note=f"{aggregate / alone:.2f}x one alone; wall {count * steps * 8 * tokens / result['wall']:.0f} "
+                        f"tokens/s from submission to the last; peaks {peaks} GiB, estimate {round((estimate or 0) / 2**30, 1)} GiB"))
+    return rows
+
+
+async def fast_rows(env: Any, model_dir: Path, data: list[dict[str, Any]], tokens: float, steps: int, target: str) -> list[Any]:
+    """One job with the host's speed settings on, against TRL's defaults, one after the other."""
+    from benchmarks.harness import Row
+
+    plain = await concurrent_jobs(env, [sft_request(model_dir, "fast-off", steps, data)])
+    fast = await concurrent_jobs(env, [sft_request(model_dir, "fast-on", steps, data)],
+                                 gradient_checkpointing_when_needed=True, fastest_attention=True, liger_kernel=True)
+    if not (plain["ok"] and fast["ok"]):
+        return [Row(BENCH, "speed settings", "FAILED", "", target)]
+    off, on = plain["finals"][0], fast["finals"][0]
+    ratio = on.metrics["train_samples_per_second"] / off.metrics["train_samples_per_second"]
+    loss = abs(on.metrics["train_loss"] - off.metrics["train_loss"]) / abs(off.metrics["train_loss"])
+    return [Row(BENCH, "speed settings on: tokens/s over TRL's defaults", round(ratio, 3), "x", target,
+                note=f"{on.metrics['train_samples_per_second'] * tokens:.0f} vs {off.metrics['train_samples_per_second'] * tokens:.0f} tokens/s; "
+                f"train_loss differs by {loss:.2e} (relative); peaks {(on.memory.peak_allocated_bytes or 0) / 2**30 if on.memory else 0:.1f} vs "
+                f"{(off.memory.peak_allocated_bytes or 0) / 2**30 if off.memory else 0:.1f} GiB")]
+
+
+async def lora_7b_rows(env: Any, data: list[dict[str, Any]], steps: int, target: str) -> list[Any]:
+    """A LoRA job of Qwen2.5-7B's shape: its model FLOPs a second over the GPU's measured bf16 peak."""
+    from benchmarks.harness import Row
+
+    model_dir = env.root / "qwen2-7b-shaped"
+    subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--build-model", str(model_dir), "--shape", "7b"], check=True)
+    peak = measured_bf16_tflops()
+    result = await concurrent_jobs(env, [sft_request(model_dir, "lora-7b", steps, data)])
+    if not result["ok"]:
+        return [Row(BENCH, "7B-shaped LoRA job", "FAILED", "", target, note=failure_text({"final": result["finals"][0]}))]
+    final = result["finals"][0]
+    rate = final.metrics["train_samples_per_second"] * tokens_per_row(model_dir, data)
+    achieved = rate * lora_flops_per_token(QWEN2_7B, checkpointing=True) / 1e12
+    return [Row(BENCH, "7B-shaped LoRA job: share of the measured bf16 peak", f"{100 * achieved / peak:.1f}%", "", target,
+                note=f"{rate:.0f} tokens/s x 6N (checkpointing on, TRL's default) = {achieved:.0f} TFLOP/s of {peak:.0f} measured; "
+                f"peak memory {(final.memory.peak_allocated_bytes or 0) / 2**30 if final.memory else 0:.1f} GiB, "
+                f"estimate {(final.memory.estimate_bytes or 0) / 2**30 if final.memory else 0:.1f} GiB")]
 
 
 def header(host: Host, elapsed: float | None) -> str:
@@ -201,9 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs of plain and daemon")
     parser.add_argument("--results", type=Path, default=RESULTS, help="where gpu_check-<host>.md goes")
     parser.add_argument("--build-model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", choices=["0.5b", "7b"], default="0.5b", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.build_model:
-        print(build_qwen2_05b(args.build_model))
+        print(build_qwen2_05b(args.build_model, shape=QWEN2_7B if args.shape == "7b" else QWEN2_05B))
         return 0
 
     from benchmarks.harness import Row, markdown

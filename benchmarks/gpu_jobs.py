@@ -30,14 +30,30 @@ QWEN2_05B = {
     "tie_word_embeddings": True,
 }
 
+# The shape of Qwen2.5-7B (about 7.6B parameters): issue 39's "7B-shaped LoRA job".
+QWEN2_7B = {
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
 
 
 # --- what the GPU rows train on ------------------------------------------------------------------
 
 
-def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True) -> Path:
-    """A Qwen2 model of Qwen2.5-0.5B's shape, random weights, saved in bf16 with the tiny model's
-    tokenizer, padded to the vocabulary unless `pad_tokenizer` is false. Runs in a child interpreter (`--build-model`)."""
+def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True, shape: dict[str, Any] | None = None) -> Path:
+    """A Qwen2 model of Qwen2.5-0.5B's shape (or `shape`), random weights, saved in bf16 with the tiny
+    model's tokenizer, padded to the vocabulary unless `pad_tokenizer` is false. Runs in a child
+    interpreter (`--build-model`)."""
+    shape = shape or QWEN2_05B
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -47,10 +63,11 @@ def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True) -> Path:
     # Pad the tiny tokenizer to Qwen's 151,936 ids, so every id the model can produce decodes (vLLM
     # samples from all of them; random weights make most of its picks these padding tokens).
     if pad_tokenizer:
-        tokenizer.add_tokens([f"<|pad{i}|>" for i in range(QWEN2_05B["vocab_size"] - len(tokenizer))])
+        tokenizer.add_tokens([f"<|pad{i}|>" for i in range(shape["vocab_size"] - len(tokenizer))])
     torch.manual_seed(0)
-    config = Qwen2Config(**QWEN2_05B, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    config = Qwen2Config(**shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: a 7B model in float32 would take 30 GB of host memory first
+    model = Qwen2ForCausalLM(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -224,6 +241,77 @@ async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str,
         "forked_from": forked_from.get(job_pid),
         "before_state": before_state, "next_state": next_state, "before": before, "peak": peak, "after": after,
     }
+
+
+def distinct_partition_ids(prefix: str, count: int) -> list[str]:
+    """`count` request ids whose keys go to `count` different partitions of a topic of `count` (Kafka's
+    default partitioner): one job runs per partition, so jobs meant to run at once need their own."""
+    from aiokafka.partitioner import DefaultPartitioner
+
+    partitioner, partitions, chosen = DefaultPartitioner(), list(range(count)), {}
+    suffix = 0
+    while len(chosen) < count:
+        request_id = f"{prefix}-{suffix}"
+        chosen.setdefault(partitioner(request_id.encode(), partitions, partitions), request_id)
+        suffix += 1
+    return [chosen[partition] for partition in partitions]
+
+
+async def concurrent_jobs(env: Any, requests: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    """`requests` at once through one daemon whose GPU takes them all (`max_jobs_per_gpu`), each on a
+    partition of its own; their `succeeded` events and the wall time from submission to the last."""
+    from benchmarks.harness import wait_for_log
+    from schemas import Succeeded
+    from testbed.client import submit, terminal_events
+
+    settings = await env.settings(partitions=len(requests), warm_child=True, max_jobs_per_gpu=max(len(requests), 1), **overrides)
+    daemon = env.daemon(settings)
+    try:
+        await wait_for_log(daemon, "forkserver.ready")
+        started = time.monotonic()
+        for request in requests:
+            await submit(settings, request)
+        ended = await terminal_events(settings, {request["request_id"] for request in requests}, timeout_s=3600)
+        wall = time.monotonic() - started
+    finally:
+        daemon.stop()
+    finals = [events[-1] for events in ended.values()]
+    return {"ok": all(isinstance(final, Succeeded) for final in finals), "finals": finals, "wall": wall}
+
+
+_MATMUL = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn_like(a)
+for _ in range(5):
+    a @ b
+torch.cuda.synchronize()
+count, began = 0, time.perf_counter()
+while time.perf_counter() - began < float(sys.argv[1]):
+    a @ b
+    count += 1
+torch.cuda.synchronize()
+print(2 * 8192 ** 3 * count / (time.perf_counter() - began) / 1e12)
+"""
+
+
+def measured_bf16_tflops(seconds: float = 3.0) -> float:
+    """The GPU's bf16 matmul throughput as this host measures it (8192-square matmuls for `seconds`),
+    in a child interpreter: the denominator of a job's share of the peak."""
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _MATMUL, str(seconds)], check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def lora_flops_per_token(shape: dict[str, Any], checkpointing: bool) -> float:
+    """Model FLOPs of one trained token of a LoRA job: 2N forward and 2N for the backward pass's
+    activation gradients (the frozen weights get none), and 2N more when checkpointing recomputes the
+    forward; N the parameters of the linear layers and the LM head (attention's own FLOPs left out)."""
+    hidden, inter, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    kv = hidden * shape["num_key_value_heads"] // shape["num_attention_heads"]
+    linear = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + hidden * shape["vocab_size"]
+    return (6 if checkpointing else 4) * linear
 
 
 def failure_text(result: dict[str, Any]) -> str:

@@ -28,6 +28,9 @@ def test_cpu_host_runs_the_daemon_and_fork_server_rows_and_skips_the_gpu_rows() 
         "memory": "skipped (no CUDA)",
         "warm": None,
         "grpo_vllm": "skipped (no CUDA)",
+        "packing": "skipped (no CUDA)",
+        "fast": "skipped (no CUDA)",
+        "lora_7b": "skipped (no CUDA)",
     }
 
 
@@ -35,7 +38,7 @@ def test_gpu_host_skips_only_what_is_not_installed() -> None:
     assert set(skipped(Host(cuda=True, vllm=True, bitsandbytes=True)).values()) == {None}
     rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=True))
     assert rows["grpo_vllm"] == "skipped (vLLM not installed)"
-    assert [name for name, skip in rows.items() if skip is None] == ["sft", "qlora", "memory", "warm"]
+    assert [name for name, skip in rows.items() if skip is None] == ["sft", "qlora", "memory", "warm", "packing", "fast", "lora_7b"]
 
 
 def test_every_check_has_a_target_and_a_unique_name() -> None:
@@ -66,7 +69,7 @@ def test_plan_mode_lists_every_row_and_trains_nothing(tmp_path: Path) -> None:
     assert "CPU mode (GPU rows skipped)" in out
     for check in CHECKS:
         assert check.title in out
-    assert out.count("skipped (no CUDA)") == 3
+    assert out.count("skipped (no CUDA)") == 6
     assert not list(tmp_path.iterdir())  # --plan writes no results
 
 
@@ -110,3 +113,21 @@ def test_the_bare_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path(tmp_path: P
     assert rows["sft (demo request, tiny model, CPU)"] == "succeeded"
     assert rows["fork server after the jobs"] == "same server, CUDA untouched"
     assert "load_model.weights" in rows["stages of a daemon SFT job (s)"]
+
+
+def test_jobs_meant_to_run_at_once_get_a_partition_each() -> None:
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from benchmarks.gpu_jobs import distinct_partition_ids
+
+    ids = distinct_partition_ids("pack8", 8)
+    partitioner = DefaultPartitioner()
+    assert sorted(partitioner(request_id.encode(), list(range(8)), list(range(8))) for request_id in ids) == list(range(8))
+
+
+def test_a_lora_tokens_flops_are_its_linear_layers_four_or_six_times() -> None:
+    from benchmarks.gpu_jobs import QWEN2_7B, lora_flops_per_token
+
+    per_token = lora_flops_per_token(QWEN2_7B, checkpointing=True)
+    assert 6 * 7.0e9 < per_token < 6 * 7.7e9  # Qwen2.5-7B: 7.6B parameters, of which the embedding (0.5B) does no matmul
+    assert lora_flops_per_token(QWEN2_7B, checkpointing=False) == per_token * 4 // 6
