@@ -6,8 +6,10 @@ nothing downloaded) for a few steps, in a fresh interpreter: the measured figure
 set of that process less its resident set once torch, transformers and TRL are imported, the model
 not yet loaded. The estimate is computed from the same model's safetensors headers and the same
 request. On a GPU the job's own figure is torch's allocator peak (succeeded.memory); the CPU's
-allocator and the process's other memory make this a check of the model's shape (which parts grow
-with what), not of its constants: those are calibrated on a GPU by the measured history.
+allocator and the process's other memory (the loaded state dict, the dataset, the trainer) make the
+ratio of the totals no test of the estimate; what the rows of one model add to its first row (a
+larger batch, checkpointing off) is the activations' and logits' share, and is compared. The
+constants are calibrated on a GPU by the measured history.
 """
 
 from __future__ import annotations
@@ -83,12 +85,14 @@ def main() -> None:
     from schemas import RequestBase, decode_request
 
     mib = 2**20
-    print(f"{'model':>6} {'batch':>5} {'ckpt':>5} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6}  parts (MiB)")
+    print(f"{'model':>6} {'batch':>5} {'ckpt':>5} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6} "
+          f"{'est. - first':>12} {'meas. - first':>13}  parts (MiB)")
     with tempfile.TemporaryDirectory() as scratch:
         for name, shape in SHAPES.items():
             model_dir = Path(scratch, name)
             build(model_dir, shape)
             tensors = local_tensors(model_dir)
+            first: tuple[int, int] | None = None  # the model's first row: what the others add to it is the activations' and logits' share
             for batch, checkpointing in [(4, True), (4, False), (8, False)]:
                 document = request(model_dir, batch, checkpointing)
                 path = Path(scratch, f"{name}-{batch}-{checkpointing}.json")
@@ -99,9 +103,11 @@ def main() -> None:
                 out = subprocess.run([sys.executable, "-m", "benchmarks.memory_estimate", "--measure", str(path)],
                                      check=True, capture_output=True, text=True).stdout
                 measured = int(out.strip().splitlines()[-1])
+                first = first or (found.total, measured)
                 parts = ", ".join(f"{part} {value / mib:.0f}" for part, value in found.parts.items() if value)
                 print(f"{name:>6} {batch:>5} {str(checkpointing):>5} {found.total / mib:>12.0f} {measured / mib:>12.0f} "
-                      f"{measured / found.total:>6.2f}  {parts}", flush=True)
+                      f"{measured / found.total:>6.2f} {(found.total - first[0]) / mib:>12.0f} {(measured - first[1]) / mib:>13.0f}  {parts}",
+                      flush=True)
 
 
 if __name__ == "__main__":

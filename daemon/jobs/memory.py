@@ -10,10 +10,10 @@ The estimate is of the allocator's peak (`torch.cuda.max_memory_allocated`), in 
   parameter of a full fine-tune, each with its gradient and AdamW's two moments: PEFT keeps adapters
   in float32 (16 bytes a parameter); a full fine-tune keeps all four at the model's dtype;
 - `activations`: the tokens of one step (batch × length; × 2 for a preference pair; × the
-  generations of an online method) × hidden × layers × 34 bytes without gradient checkpointing
-  (Korthikanti et al. 2022, 16-bit, with attention kernels that keep no s² scores), and with it
-  2 bytes a layer for the checkpoints plus one layer's 34;
-- `logits`: the step's tokens × vocabulary × 2 bytes (16-bit logits);
+  generations of an online method) × hidden × layers × 17 values of the model's dtype without
+  gradient checkpointing (Korthikanti et al. 2022's 34 bytes at 16 bits, with attention kernels that
+  keep no s² scores), and with it one value a layer for the checkpoints plus one layer's 17;
+- `logits`: the step's tokens × vocabulary, one value each;
 - `generation` (GRPO, RLOO, online DPO): the KV cache of the sequences generated at once.
 
 It is a model of the memory, not a measurement: what a job measured (`succeeded.memory`) is kept by
@@ -45,9 +45,11 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
                "F8_E4M3": 1, "F8_E5M2": 1}
 LOAD_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
-ACTIVATION_BYTES = 34  # a layer's activations kept for the backward pass, per token and hidden unit (16-bit)
-CHECKPOINT_BYTES = 2  # with gradient checkpointing: a layer's input, per token and hidden unit
-LOGIT_BYTES = 2  # 16-bit logits per token and vocabulary entry (the loss upcasts in pieces; the history corrects the rest)
+# Per token and hidden unit (or vocabulary entry), in values of the model's dtype: Korthikanti et al.'s
+# 34 bytes of a 16-bit layer are 17 values.
+ACTIVATION_VALUES = 17  # a layer's activations kept for the backward pass
+CHECKPOINT_VALUES = 1  # with gradient checkpointing: a layer's input
+LOGIT_VALUES = 1  # the logits (the loss's float32 upcast is taken in pieces; the history corrects the rest)
 PEFT_DEFAULT_TARGETS = frozenset({"q_proj", "v_proj"})  # PEFT's default for Llama- and Qwen-like models
 _LAYER = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.")
 
@@ -209,12 +211,12 @@ def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gra
     vocab, hidden = base.embedding
     layers = base.layers
     if gradient_checkpointing:
-        activations = tokens * hidden * (CHECKPOINT_BYTES * layers + ACTIVATION_BYTES)
+        activations = tokens * hidden * (CHECKPOINT_VALUES * layers + ACTIVATION_VALUES) * dtype_bytes
     else:
-        activations = tokens * hidden * ACTIVATION_BYTES * layers
+        activations = tokens * hidden * ACTIVATION_VALUES * layers * dtype_bytes
     parts = {
         "weights": weights, "trainable": trainable_bytes, "activations": activations,
-        "logits": tokens * vocab * LOGIT_BYTES, "generation": generation_bytes(request, base, dtype_bytes),
+        "logits": tokens * vocab * LOGIT_VALUES * dtype_bytes, "generation": generation_bytes(request, base, dtype_bytes),
     }
     return Estimate(parts, gradient_checkpointing)
 
