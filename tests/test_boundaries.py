@@ -253,3 +253,10 @@ def test_no_import_cycles_anywhere_in_the_project() -> None:
     graph = {module_name(path): project_imports(path, known) for path in paths}
     assert len(graph) > 100 and "daemon.settings" in graph["daemon.cli.app"]  # the walk sees the project
     assert import_cycles(graph) == []
+
+
+def test_a_jobs_events_are_published_through_jobevents_alone() -> None:
+    """daemon/jobs/job_events.py is the one place a job's events go out (intake's rejections, which
+    are no job's, are sent in batches by `Publisher.send_all`)."""
+    publishing = {str(path.relative_to(ROOT)) for path in modules("daemon") if "publisher.publish(" in path.read_text()}
+    assert publishing == {"daemon/jobs/job_events.py"}
