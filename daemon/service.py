@@ -257,6 +257,11 @@ class Service:
             "group_id": self.settings.group_id,
             "gpus": self.slots.gpus,
             "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
+            # With packing: each GPU's jobs and the memory their shares hold (each job's own share is in `jobs`).
+            "packing": None if self.slots.packing is None else {
+                "max_jobs_per_gpu": self.slots.packing.max_jobs, "usable_bytes": self.slots.packing.usable,
+                "gpus": {gpu: {"jobs": jobs, "reserved_bytes": reserved} for gpu, (jobs, reserved) in self.slots.by_gpu().items()},
+            },
             "jobs": self.scheduler.status(),
             "children": self.children.describe(),
         }

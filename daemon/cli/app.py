@@ -295,9 +295,15 @@ def status(
         return
     slots = document["slots"]
     typer.echo(f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy")
+    packing = document.get("packing")
+    for gpu, held in (packing or {}).get("gpus", {}).items():
+        typer.echo(f"  GPU {gpu}: {held['jobs']} of {packing['max_jobs_per_gpu']} job(s), "
+                   f"{held['reserved_bytes'] / 2**30:.1f} of {packing['usable_bytes'] / 2**30:.1f} GiB held by their shares")
     for job in document["jobs"]:
         step = f", step {job['step']}/{job['total_steps']}" if job.get("step") is not None else ""
-        typer.echo(f"  {job['request_id']}  {job['method']}  slot {job['slot']}  {job['stage']}{step}")
+        share = job.get("memory_share_bytes")
+        held = f", share {share / 2**30:.1f} GiB" if share else ""
+        typer.echo(f"  {job['request_id']}  {job['method']}  slot {job['slot']}{held}  {job['stage']}{step}")
 
 
 @app.command()

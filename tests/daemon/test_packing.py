@@ -196,3 +196,43 @@ async def test_the_hosts_speed_settings_reach_the_child_and_are_all_off_by_defau
         await turns_until(lambda: bool(children.taken) and children.taken[0].spec is not None)  # noqa: B023
         assert children.taken[0].spec.fast == expected  # type: ignore[union-attr]
         await core.scheduler.stop_jobs()
+
+
+async def test_adapterd_status_says_each_gpus_jobs_and_each_jobs_share(settings: Settings, tmp_path: Path) -> None:
+    """The daemon's /status document with packing on (Service.status), as `adapterd status` prints it."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from typer.testing import CliRunner
+
+    from daemon.cli.app import app
+    from daemon.service import Service
+    from testbed.memory_kafka import FakeConsumer, FakeProducer
+
+    service = Service(settings, consumer=FakeConsumer(), producer=FakeProducer())
+    placed = service.slots.take(1, 30 * GIB)
+    assert placed is not None
+    document = service.status()
+    assert document["packing"] == {"max_jobs_per_gpu": 4, "usable_bytes": 72 * GIB, "gpus": {"0": {"jobs": 1, "reserved_bytes": 30 * GIB}}}
+    document["jobs"] = [{"request_id": "r1", "method": "sft", "slot": "0", "stage": "train", "memory_share_bytes": 30 * GIB}]
+
+    class Status(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(document).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = tmp_path / "host.toml"
+        config.write_text(f'metrics_address = "127.0.0.1:{server.server_address[1]}"\n')
+        result = await asyncio.to_thread(CliRunner().invoke, app, ["status", "-c", str(config)])
+    finally:
+        server.shutdown()
+    assert result.exit_code == 0, result.output
+    assert "GPU 0: 1 of 4 job(s), 30.0 of 72.0 GiB held by their shares" in result.output
+    assert "r1  sft  slot 0, share 30.0 GiB  train" in result.output
