@@ -26,6 +26,7 @@ import asyncio
 import json
 import re
 import struct
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,12 +263,18 @@ class MemoryHistory:
 class Estimator:
     """Estimates of requests' jobs on this host: their models' headers read once per model and
     revision (a local folder's files, or the Hub's safetensors metadata), scaled by the history.
-    Unknown (None) when a model's headers cannot be read: such a job takes a whole GPU."""
+    Unknown (None) when a model's headers cannot be read within `READ_TIMEOUT_S` (the scheduler waits
+    on it: a Hub that is away must not hold intake), and for `UNKNOWN_FOR_S` after that, for that model:
+    such a job takes a whole GPU."""
+
+    READ_TIMEOUT_S = 10.0
+    UNKNOWN_FOR_S = 300.0
 
     def __init__(self, settings: Settings, history: MemoryHistory) -> None:
         self.settings = settings
         self.history = history
         self._tensors: dict[tuple[str, str | None], Tensors] = {}
+        self._unknown: dict[tuple[str, str | None], float] = {}  # model and revision → until when it is not asked again
 
     async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
         """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None when unknown."""
@@ -287,7 +294,14 @@ class Estimator:
     async def tensors(self, model_id: str, revision: str | None) -> Tensors:
         key = (model_id, revision)
         if key not in self._tensors:
-            self._tensors[key] = await asyncio.to_thread(self._read, model_id, revision)
+            if self._unknown.get(key, 0.0) > time.monotonic():
+                raise WeightsUnreadable(f"{model_id}: its headers could not be read a moment ago")
+            try:
+                async with asyncio.timeout(self.READ_TIMEOUT_S):
+                    self._tensors[key] = await asyncio.to_thread(self._read, model_id, revision)
+            except Exception:
+                self._unknown[key] = time.monotonic() + self.UNKNOWN_FOR_S
+                raise
         return self._tensors[key]
 
     def _read(self, model_id: str, revision: str | None) -> Tensors:

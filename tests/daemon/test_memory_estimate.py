@@ -135,3 +135,25 @@ def test_the_history_scales_later_estimates_by_what_was_measured_and_survives_a_
     assert again.scale("m", "sft") == 1.5 and again.scale("m", "dpo") == 1.0
     (tmp_path / "memory.json").write_text("[not a mapping")
     assert MemoryHistory.load(tmp_path / "memory.json").ratios == {}
+
+
+async def test_a_model_whose_headers_cannot_be_read_is_unknown_and_not_asked_again_at_once(tmp_path: Path) -> None:
+    from daemon.jobs.memory import Estimator
+    from daemon.settings import Settings
+
+    estimator = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))
+    reads: list[str] = []
+
+    def unreadable(model_id: str, revision: str | None) -> Tensors:
+        reads.append(model_id)
+        raise WeightsUnreadable("no safetensors files")
+
+    estimator._read = unreadable  # type: ignore[method-assign]
+    job = request(model={"id": str(tmp_path / "missing")})
+    assert await estimator.need(job) is None and await estimator.need(job) is None
+    assert reads == [str(tmp_path / "missing")]  # the second job did not wait on it again
+    header = qwen2_0_5b_header()
+    write_safetensors(tmp_path / "model.safetensors", header)
+    fresh = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))
+    found = await fresh.need(request(model={"id": str(tmp_path)}))
+    assert found is not None and found.parts["weights"] == 2 * QWEN.parameters and found.scale == 1.0
