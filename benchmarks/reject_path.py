@@ -84,10 +84,15 @@ async def microseconds(mix: str, count: int) -> float:
 
 
 class Partitions:
-    """Stand-in: nothing to settle without a broker."""
+    """Stand-in: nothing to settle without a broker; the one partition stays this member's."""
 
     def settle_later(self, tp: object, acks: object, offset: int) -> None:
         pass
+
+    def assigned(self) -> set[object]:
+        from aiokafka import TopicPartition
+
+        return {TopicPartition("adapterd.requests", 0)}
 
 
 class Scheduler:
