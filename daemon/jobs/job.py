@@ -21,11 +21,12 @@ import structlog
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
+from daemon.jobs.estimator import Estimator
 from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
-from daemon.jobs.memory import Estimate, Estimator
+from daemon.jobs.memory import Estimate
 from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event

@@ -28,11 +28,12 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
+from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
-from daemon.jobs.memory import Estimate, Estimator, MemoryHistory
+from daemon.jobs.memory import Estimate
 from daemon.jobs.slots import Placement, Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
@@ -90,7 +91,7 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting: dict[TopicPartition, WaitingRetry] = {}
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
-        # Each job's memory, before it is placed on a shared GPU (daemon/jobs/memory.py).
+        # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)

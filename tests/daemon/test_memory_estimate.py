@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from daemon.jobs.memory import MemoryHistory, Tensors, WeightsUnreadable, estimate, local_tensors, read_header
+from daemon.jobs.estimator import MemoryHistory
+from daemon.jobs.memory import Tensors, WeightsUnreadable, estimate, local_tensors, read_header
 from schemas import RequestBase, decode_request
 from tests.helpers import sft_request
 
@@ -138,7 +139,7 @@ def test_the_history_scales_later_estimates_by_what_was_measured_and_survives_a_
 
 
 async def test_a_model_whose_headers_cannot_be_read_is_unknown_and_not_asked_again_at_once(tmp_path: Path) -> None:
-    from daemon.jobs.memory import Estimator
+    from daemon.jobs.estimator import Estimator
     from daemon.settings import Settings
 
     estimator = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))
