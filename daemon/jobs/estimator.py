@@ -14,6 +14,7 @@ import structlog
 from huggingface_hub import HfApi
 
 from daemon.admission.policy import other_models
+from daemon.jobs.journal import write_atomically
 from daemon.jobs.memory import Estimate, Tensors, WeightsUnreadable, estimate, local_tensors
 from daemon.settings import Settings
 from schemas.request import RequestBase
@@ -53,10 +54,7 @@ class MemoryHistory:
         values = self.ratios.setdefault(self.key(model_id, method), [])
         values.append(round(measured / estimated, 4))
         del values[:-self.KEEP]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".partial")
-        partial.write_text(json.dumps(self.ratios, indent=2))
-        partial.replace(self.path)
+        write_atomically(self.path, self.ratios)
 
 
 class Estimator:

@@ -163,22 +163,20 @@ class JobRunner:
         if stop.kind == "interrupt":
             return None
         if stop.kind == "cancel":
-            return Cancelled(**self.events.common(), reason=stop.reason)
+            return self.events.event(Cancelled, reason=stop.reason)
         return self._failure(JobFailed(stop.kind, event_stage(self.supervisor.stage), stop.reason, retryable=stop.kind == "stalled"))
 
     def _failure(self, failure: JobFailed) -> Failed | Retrying:
         """A failed attempt: `retrying` while a retryable failure has attempts left, else `failed`.
         Out of memory on a shared GPU is not the job's failure: it runs again on a GPU of its own,
         whatever attempt it is on (`alone`)."""
+        message = failure.message
         if failure.code == "out_of_memory" and self.share is not None:
-            message = (f"{failure.message} (on a GPU shared with other jobs, held to {self.share.share_bytes} bytes, "
-                       f"{self.share.fraction} of it); it runs again on a GPU of its own")
-            return Retrying(**self.events.common(), code=failure.code, message=message, stage=failure.stage,
-                            max_attempts=self.settings.max_attempts)
-        if failure.retryable and self.attempt < self.settings.max_attempts:
-            return Retrying(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage,
-                            max_attempts=self.settings.max_attempts)
-        return Failed(**self.events.common(), code=failure.code, message=failure.message, stage=failure.stage, retryable=failure.retryable)
+            message += (f" (on a GPU shared with other jobs, held to {self.share.share_bytes} bytes, {self.share.fraction} of it); "
+                        "it runs again on a GPU of its own")
+        elif not (failure.retryable and self.attempt < self.settings.max_attempts):
+            return self.events.event(Failed, code=failure.code, message=message, stage=failure.stage, retryable=failure.retryable)
+        return self.events.event(Retrying, code=failure.code, message=message, stage=failure.stage, max_attempts=self.settings.max_attempts)
 
     async def _outcome(self) -> EventBase:
         started = time.monotonic()

@@ -34,7 +34,13 @@ class Journal:
             self._write(entries)
 
     def _write(self, entries: dict[str, Any]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".partial")
-        partial.write_text(json.dumps(entries, indent=2))
-        os.replace(partial, self.path)
+        write_atomically(self.path, entries)
+
+
+def write_atomically(path: Path, value: Any) -> None:
+    """`value` as JSON in `path`, through a partial file and a rename: a crash leaves the old file
+    or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(value, indent=2))
+    os.replace(partial, path)

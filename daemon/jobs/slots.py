@@ -27,6 +27,22 @@ from daemon.settings import Settings
 log = structlog.get_logger()
 
 
+def _query_gpus(field: str, environ: Mapping[str, str]) -> list[str] | None:
+    """One field of every GPU as nvidia-smi lists them (`--query-gpu`), or None without nvidia-smi
+    or when it fails (logged)."""
+    nvidia_smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if nvidia_smi is None:
+        return None
+    try:
+        listed = subprocess.run(
+            [nvidia_smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("gpus.discovery_failed", field=field, error=str(exc))
+        return None
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+
+
 def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.environ) -> list[str]:
     """The GPU ids jobs may use: the configured list, else $CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
     if configured is not None:
@@ -34,31 +50,16 @@ def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
-    nvidia_smi = shutil.which("nvidia-smi")
-    if nvidia_smi is None:
-        return []
-    try:
-        listed = subprocess.run(
-            [nvidia_smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("gpus.discovery_failed", error=str(exc))
-        return []
-    return [line.strip() for line in listed.splitlines() if line.strip()]
+    return _query_gpus("index", environ) or []
 
 
 def discover_gpu_memory(environ: Mapping[str, str] = os.environ) -> int | None:
     """The smallest GPU's memory in bytes, as nvidia-smi reports it; None without one."""
-    nvidia_smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
-    if nvidia_smi is None:
-        return None
+    listed = _query_gpus("memory.total", environ)
     try:
-        listed = subprocess.run(
-            [nvidia_smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-        return min(int(float(line)) for line in listed.splitlines() if line.strip()) * 2**20  # MiB
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
-        log.warning("gpus.memory_discovery_failed", error=str(exc))
+        return min(int(float(line)) for line in listed) * 2**20 if listed else None  # MiB
+    except ValueError as exc:
+        log.warning("gpus.discovery_failed", field="memory.total", error=str(exc))
         return None
 
 
