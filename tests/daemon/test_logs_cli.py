@@ -52,7 +52,7 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
         followed, followed_err = await asyncio.wait_for(following.communicate(), 120)
         # After the fact, from host a: with the fleet's token, another, and none.
         right = subprocess.run(logs_command("on-a"), env=settings_environment(reader), capture_output=True, timeout=120)
-        other = reader.model_copy(update={"logs_token": SecretStr("not-it")})
+        other = reader.model_copy(update={"logs_token": SecretStr("not-the-fleets-token")})
         wrong = subprocess.run(logs_command("on-a"), env=settings_environment(other), capture_output=True, timeout=120)
         unset = reader.model_copy(update={"logs_token": None})
         without = subprocess.run(logs_command("on-a"), env=settings_environment(unset), capture_output=True, timeout=120)
