@@ -308,7 +308,7 @@ def status(
 
 @app.command()
 def doctor(config: ConfigOption = None) -> None:
-    """Check this host before it takes work: Kafka, the topics, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
+    """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
     from daemon.cli.doctor import examine
 
     settings = _settings(config)
