@@ -26,6 +26,7 @@ from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
 from daemon.kafka.options import kafka_options
+from daemon.ops.local_endpoint import local_url
 from daemon.settings import Settings
 
 # Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
@@ -152,15 +153,15 @@ def _disk(settings: Settings) -> Check:
 def _daemon(settings: Settings) -> Check:
     if not settings.metrics_address:
         return Check("daemon", None, "metrics_address is off: a running daemon cannot be asked")
-    url = f"http://{settings.metrics_address}/healthz"
+    url, tls = local_url(settings, "/healthz")
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=tls) as response:
             health = json.load(response)
     except urllib.error.HTTPError as exc:  # 503: it runs, and says it is not healthy
         return Check("daemon", False, f"running but unhealthy at {url}: {exc.read().decode(errors='replace')[:300]}")
     except OSError:
         return Check("daemon", None, f"none answers at {url} (not running here)")
-    children = _status(settings.metrics_address).get("children") or {}
+    children = _status(settings).get("children") or {}
     if children.get("fell_back"):
         return Check("daemon", False, f"running, but without its fork server (it spawns warm children instead, slower to start): "
                                       f"{children['fell_back']} (work_dir/children.log says why)")
@@ -168,9 +169,10 @@ def _daemon(settings: Settings) -> Check:
     return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}{starts}")
 
 
-def _status(address: str) -> dict[str, Any]:
+def _status(settings: Settings) -> dict[str, Any]:
+    url, tls = local_url(settings, "/status")
     try:
-        with urllib.request.urlopen(f"http://{address}/status", timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=tls) as response:
             return dict(json.load(response))
     except (OSError, ValueError):
         return {}

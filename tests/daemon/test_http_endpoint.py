@@ -21,6 +21,8 @@ from daemon.cli.log_endpoint import LogsError, fetch
 from daemon.ops import metrics  # noqa: F401 - registers adapterd's metrics, as the daemon does
 from daemon.ops.http_server import HttpEndpoint, server_tls
 from daemon.ops.job_logs import read_job_log
+from daemon.ops.local_endpoint import local_url
+from daemon.settings import Settings
 from tests.certificates import make_certificates
 
 TOKEN = "the-fleets-logs-token"
@@ -177,5 +179,11 @@ def test_tls_end_to_end_with_the_operators_certificate(tmp_path: Path) -> None:
         with pytest.raises(OSError):  # plain HTTP gets no answer either
             urllib.request.urlopen(f"http://{endpoint.address}/healthz", timeout=30)
         assert served == ["r1"]
+        # This host's own commands (status, doctor) reach it too: against the fleet's CA, or the endpoint's certificate alone.
+        for cafile in (fleet.ca, None):
+            settings = Settings(metrics_address=endpoint.address, http_tls_certfile=fleet.cert, http_tls_keyfile=fleet.key, http_cafile=cafile)
+            url, tls = local_url(settings, "/healthz")
+            with urllib.request.urlopen(url, timeout=30, context=tls) as healthz:
+                assert url.startswith("https://") and json.loads(healthz.read()) == {"ok": True}
     finally:
         endpoint.stop()
