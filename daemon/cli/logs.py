@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.cli.log_endpoint import LogsError, Printable, fetch
+from daemon.cli.log_endpoint import LogsError, Printable, fetch, printable
 from daemon.kafka.event_reader import EventStream
 from daemon.ops.http_server import LOG_CHUNK_BYTES
 from daemon.settings import Settings
@@ -85,7 +85,7 @@ async def _copy(where: Where, request_id: str, token: str, write: Callable[[byte
             return  # not started yet: the next look may find it
         raise LogsError(f"{request_id} has not started on any host (adapterd get {request_id})")
     if where.endpoint is None:
-        raise LogsError(f"{where.host} runs {request_id} but serves no logs: its logs_token is not set")
+        raise LogsError(f"{printable(str(where.host))} runs {request_id} but serves no logs: its logs_token is not set")
     offset = where.offsets.get(where.endpoint, 0)
     while True:
         data, size = await asyncio.to_thread(fetch, where.endpoint, where.scheme, request_id, offset, token, cafile, LOG_CHUNK_BYTES)

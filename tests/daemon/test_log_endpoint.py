@@ -147,3 +147,11 @@ async def test_adapterd_logs_prints_a_logs_escape_codes_escaped(monkeypatch: pyt
     finally:
         endpoint.stop()
     assert b"".join(printed) == b"step 1 \\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred\\x1b[0m\n"
+
+
+async def test_a_host_name_with_escape_codes_is_said_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [Started(request_id="r1", method="sft", slot="cpu", pid=1, host="evil\x1b[2J\x1b]0;t\x07")]  # a host serving no logs
+    monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))
+    with pytest.raises(LogsError) as error:
+        await logs.show_log(Settings(logs_token=SecretStr(TOKEN)), "r1", False, lambda data: None)
+    assert str(error.value) == "evil\\x1b[2J\\x1b]0;t\\x07 runs r1 but serves no logs: its logs_token is not set"
