@@ -27,6 +27,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import structlog
 
+from schemas.common import AdapterdError
+
 log = structlog.get_logger()
 
 IDLE_TIMEOUT_S = 10.0
@@ -34,7 +36,7 @@ REQUEST_DEADLINE_S = 30.0  # a 1 MiB log piece to a slow reader fits in it; a lo
 MAX_CONNECTIONS = 32
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(AdapterdError, TimeoutError):
     """The connection's whole request ran past its deadline."""
 
 
