@@ -6,7 +6,8 @@
     ├── UsageError                 a command line or a file the CLI cannot use at all (exit 2)
     ├── ForkServerGone             the fork server exited: a job's child is started another way (a ConnectionError too)
     ├── IllegalTransition          (daemon.jobs.lifecycle) a move the job's state machine does not have: a bug
-    ├── LogsError                  (daemon.cli.logs) a request's log cannot be read from its host
+    ├── LogsError                  (daemon.cli.log_endpoint) a request's log cannot be read from its host
+    ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's deadline (a TimeoutError too)
     ├── WeightsUnreadable          (daemon.jobs.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
     └── JobFailed                  (handlers.protocol) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink

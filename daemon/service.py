@@ -15,8 +15,6 @@ See docs/architecture.md for the path a request takes.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,11 +37,11 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.unreadable import CarefulReader
 from daemon.ops import metrics
-from daemon.ops.http_server import HttpEndpoint
+from daemon.ops.http_server import HttpEndpoint, server_tls
+from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
 from daemon.secret_files import token_from
 from daemon.settings import Settings
-from schemas.common import REQUEST_ID_PATTERN
 
 log = structlog.get_logger()
 
@@ -110,7 +108,9 @@ class Service:
         metrics.WORK_DIR_FREE.set_function(lambda: free_bytes(self.settings.work_dir))
         if self.settings.metrics_address:
             logs_token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
-            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token).start()
+            tls = (server_tls(self.settings.http_tls_certfile, self.settings.http_tls_keyfile)
+                   if self.settings.http_tls_certfile and self.settings.http_tls_keyfile else None)
+            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token, tls=tls).start()
         await self.publisher.start()
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
@@ -236,19 +236,8 @@ class Service:
         return pruned
 
     def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
-        """A job's log (its child's output) from `offset`, at most `limit` bytes, and its size; None
-        when this host has none. Read in the endpoint's thread; a request id that is not one (a
-        path) names no log."""
-        if not re.fullmatch(REQUEST_ID_PATTERN, request_id):
-            return None
-        path = self.settings.jobs_dir / request_id / "child.log"
-        try:
-            with open(path, "rb") as log_file:
-                size = os.fstat(log_file.fileno()).st_size
-                log_file.seek(min(offset, size))
-                return log_file.read(limit), size
-        except OSError:
-            return None
+        """A job's log (its child's output) from `offset`, read in the endpoint's thread (daemon/ops/job_logs.py)."""
+        return read_job_log(self.settings.jobs_dir, request_id, offset, limit)
 
     def status(self) -> dict[str, Any]:
         """What this host is running: for `adapterd status` and operators."""

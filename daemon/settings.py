@@ -21,9 +21,11 @@ from pydantic_settings import (
 
 from daemon.errors import ConfigError
 from daemon.secret_files import HfTokenSource, SecretFilesSource
+from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+MIN_LOGS_TOKEN_BYTES = 16
 
 
 # lm-eval tasks checked to run on a request's rows with nothing fetched: multiple-choice tasks scored
@@ -103,11 +105,17 @@ class Settings(BaseSettings):
     job_retention_count: int = Field(500, ge=1, description="The most job folders kept; beyond it the least recently changed go first.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
     logs_token: SecretStr | None = Field(None, description=(
-        "A secret shared by the fleet's operators: with one, this host's endpoint serves each job's log at /jobs/ID/log to whoever "
-        "sends it (adapterd logs), and its `started` events say where; without one, it serves no log."))
+        "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each job's log at "
+        "/jobs/ID/log to whoever sends it (adapterd logs), and its `started` events say where; without one, it serves no log."))
     logs_token_file: Path | None = Field(None, description="A file holding logs_token (systemd: %d/logs-token from LoadCredential=).")
     advertised_address: str | None = Field(None, description=(
         "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd logs; metrics_address when unset."))
+    http_tls_certfile: Path | None = Field(None, description=(
+        "A certificate (PEM, its chain after it) for the endpoint at metrics_address: with it and http_tls_keyfile the endpoint "
+        "serves HTTPS only, and `started` events say so (endpoint_scheme)."))
+    http_tls_keyfile: Path | None = Field(None, description="The private key of http_tls_certfile (systemd: %d/http-key from LoadCredential=).")
+    http_cafile: Path | None = Field(None, description=(
+        "CA bundle that signed the fleet's endpoint certificates: with it, `adapterd logs` sends the logs token over verified TLS only."))
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
@@ -186,6 +194,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
         return self
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.http_tls_certfile is None) != (self.http_tls_keyfile is None):
+            raise ValueError("http_tls_certfile and http_tls_keyfile go together: the endpoint's certificate and its key")
+        return self
+
+    @field_validator("logs_token")
+    @classmethod
+    def _long_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # Like the retry key: a short secret guarding every job's log could be guessed.
+        if value is not None and len(value.get_secret_value().encode()) < MIN_LOGS_TOKEN_BYTES:
+            raise ValueError(f"a token of at least {MIN_LOGS_TOKEN_BYTES} bytes (this one has {len(value.get_secret_value().encode())}): "
+                             "make one with `openssl rand -hex 32`")
+        return value
+
     @field_validator("bootstrap_servers")
     @classmethod
     def _servers(cls, value: str) -> str:
@@ -202,14 +225,19 @@ class Settings(BaseSettings):
             return None
         return self.advertised_address or self.metrics_address
 
+    @property
+    def logs_endpoint_scheme(self) -> Literal["http", "https"] | None:
+        """How `logs_endpoint` is reached, for `started` events."""
+        if self.logs_endpoint is None:
+            return None
+        return "https" if self.http_tls_certfile is not None else "http"
+
     @field_validator("metrics_address", "advertised_address")
     @classmethod
     def _address(cls, value: str | None) -> str | None:
         if not value:
             return None
-        host, _, port = value.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"expected host:port, got {value!r}")
+        split_host_port(value)  # the events' own rule: an address a `started` event can carry
         return value
 
     @field_validator("vllm_server_base_url")

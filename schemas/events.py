@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from schemas.addresses import HostPort
 from schemas.common import (
     SCHEMA_VERSION,
     FieldError,
@@ -83,9 +84,12 @@ class Started(EventBase):
     memory_share_bytes: int | None = Field(None, description=(
         "On a GPU shared with other jobs (the host's max_jobs_per_gpu): the memory the job may allocate there; null on whole GPUs."))
     pid: int
-    endpoint: str | None = Field(None, description=(
+    endpoint: HostPort | None = Field(None, description=(
         "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log (/jobs/ID/log, with the "
-        "fleet's logs_token); null when that daemon serves no logs."))
+        "fleet's logs_token); null when that daemon serves no logs. A host and a port only: no scheme, user, path or query."))
+    endpoint_scheme: Literal["http", "https"] | None = Field(None, description=(
+        "How the endpoint is reached: 'https' when its daemon serves it over TLS (http_tls_certfile), 'http' without; null "
+        "with no endpoint (an endpoint of an event without it is http)."))
 
 
 class Progress(TrainingProgress, EventBase):

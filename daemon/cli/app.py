@@ -27,6 +27,7 @@ from daemon.cli.convert import convert_app
 from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
+from daemon.ops.local_endpoint import local_url
 from daemon.ops.logs import configure_logging
 from daemon.settings import Settings, load_settings
 from schemas import (
@@ -283,9 +284,9 @@ def status(
     if not settings.metrics_address:
         typer.echo("adapterd: metrics_address is switched off, so the daemon's status cannot be read", err=True)
         raise typer.Exit(2)
-    url = f"http://{settings.metrics_address}/status"
+    url, tls = local_url(settings, "/status")
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=10, context=tls) as response:
             document = json.load(response)
     except OSError as exc:
         typer.echo(f"adapterd: no daemon answers at {url}: {exc}", err=True)
@@ -308,7 +309,7 @@ def status(
 
 @app.command()
 def doctor(config: ConfigOption = None) -> None:
-    """Check this host before it takes work: Kafka, the topics, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
+    """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
     from daemon.cli.doctor import examine
 
     settings = _settings(config)

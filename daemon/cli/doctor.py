@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabled
 
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
+from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
 from daemon.kafka.options import kafka_options
+from daemon.ops.local_endpoint import local_url
 from daemon.settings import Settings
 
 # Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
@@ -37,21 +39,24 @@ WRITE_ROLES = {"admin", "write", "contributor"}
 
 @dataclass(frozen=True)
 class Check:
-    """One line of the doctor's report; `ok` None: nothing to check here (said, not failed)."""
+    """One line of the doctor's report; `ok` None: nothing to check here (said, not failed); `warn`:
+    the host can work, but something around it is open that should not be (said, not failed)."""
 
     name: str
     ok: bool | None
     detail: str
+    warn: bool = False
 
     def line(self) -> str:
-        mark = {True: "ok  ", False: "FAIL", None: "--  "}[self.ok]
+        mark = "WARN" if self.warn else {True: "ok  ", False: "FAIL", None: "--  "}[self.ok]
         return f"{mark} {self.name:<7} {self.detail}"
 
 
 async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
-    return [kafka, topics, await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
+    acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
+    return [kafka, topics, acls, await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -73,6 +78,31 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
     if missing:
         return kafka, Check("topics", False, f"missing: {', '.join(missing)}; create them (adapterd topics --partitions N)")
     return kafka, Check("topics", True, ", ".join(f"{name} ({partitions[name]} partitions)" for name in names))
+
+
+async def _acls(settings: Settings) -> Check:
+    """Who may write the events topic: this host's principal (it must), and who else (a consumer
+    acts on what is written there; docs/guarantees.md)."""
+    topic, principal = settings.events_topic, principal_of(settings)
+    try:
+        async with asyncio.timeout(KAFKA_TIMEOUT_S):
+            found = writers(await topic_acls(settings, topic, int(KAFKA_TIMEOUT_S * 1000)), principal)
+    except SecurityDisabled:
+        return Check("acls", None, f"ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write {topic} "
+                                   "and speak for the fleet; enable one and let only the fleet's principals write it", warn=True)
+    except ClusterAuthorizationFailedError:
+        return Check("acls", None, f"{principal} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may write {topic} "
+                                   f"is not known here (kafka-acls --list --topic {topic})")
+    except (KafkaError, TimeoutError, OSError) as exc:
+        return Check("acls", None, f"the brokers did not say who may write {topic}: {str(exc) or type(exc).__name__}")
+    others = ", ".join(found.others) or "no other principal (and the brokers' super.users)"
+    if not found.may_write:
+        return Check("acls", False, f"{principal} may not write {topic}: its events would be refused; kafka-acls --add "
+                                    f"--allow-principal {principal} --operation Write --topic {topic}; may write it: {others}")
+    if found.anyone:
+        return Check("acls", True, f"{principal} may write {topic}, and so may anyone ({ANYONE}): every writer speaks for the fleet; "
+                                   "allow the fleet's principals only", warn=True)
+    return Check("acls", True, f"{principal} may write {topic}; besides it: {others}")
 
 
 def _hub(settings: Settings) -> Check:
@@ -123,15 +153,15 @@ def _disk(settings: Settings) -> Check:
 def _daemon(settings: Settings) -> Check:
     if not settings.metrics_address:
         return Check("daemon", None, "metrics_address is off: a running daemon cannot be asked")
-    url = f"http://{settings.metrics_address}/healthz"
+    url, tls = local_url(settings, "/healthz")
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=tls) as response:
             health = json.load(response)
     except urllib.error.HTTPError as exc:  # 503: it runs, and says it is not healthy
         return Check("daemon", False, f"running but unhealthy at {url}: {exc.read().decode(errors='replace')[:300]}")
     except OSError:
         return Check("daemon", None, f"none answers at {url} (not running here)")
-    children = _status(settings.metrics_address).get("children") or {}
+    children = _status(settings).get("children") or {}
     if children.get("fell_back"):
         return Check("daemon", False, f"running, but without its fork server (it spawns warm children instead, slower to start): "
                                       f"{children['fell_back']} (work_dir/children.log says why)")
@@ -139,9 +169,10 @@ def _daemon(settings: Settings) -> Check:
     return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}{starts}")
 
 
-def _status(address: str) -> dict[str, Any]:
+def _status(settings: Settings) -> dict[str, Any]:
+    url, tls = local_url(settings, "/status")
     try:
-        with urllib.request.urlopen(f"http://{address}/status", timeout=5) as response:
+        with urllib.request.urlopen(url, timeout=5, context=tls) as response:
             return dict(json.load(response))
     except (OSError, ValueError):
         return {}

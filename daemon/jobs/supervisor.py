@@ -121,7 +121,7 @@ class Supervisor:
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
         await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint,
-                                  memory_share_bytes=self.share_bytes)
+                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.share_bytes)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()

@@ -72,6 +72,7 @@ class LocalKafka:
     scram_user: str = "adapterd"
     scram_password: str = "adapterd-secret"
     heap: str = "512m"
+    properties: dict[str, str] = field(default_factory=dict)  # more broker settings (a test's authorizer), over the ones below
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -109,6 +110,7 @@ class LocalKafka:
             "num.partitions": "1",
             # A single test broker has no reason to wait for more members before the first rebalance.
             "group.initial.rebalance.delay.ms": "0",
+            **self.properties,
         }
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

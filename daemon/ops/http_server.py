@@ -2,9 +2,10 @@
 with the fleet's `logs_token`, each job's log at `/jobs/ID/log` (`adapterd logs`).
 
 It runs in threads of its own (wsgiref), so a scrape never waits on the Kafka loop; the loop's
-state is read through the callables it is given. Each connection gets its own thread, and one
-that sends nothing is dropped after `IDLE_TIMEOUT_S`: an idle or slow client (a port scan, a
-half-open health check) never keeps `/healthz` from answering the next.
+state is read through the callables it is given. How it takes connections (a bounded number, a
+deadline per request, TLS with the operator's certificate) is daemon/ops/http_connections.py: an
+idle or slow client (a port scan, a half-open health check, a slow loris) never keeps `/healthz`
+from answering the next for long, nor grows the daemon's threads.
 """
 
 from __future__ import annotations
@@ -12,37 +13,33 @@ from __future__ import annotations
 import hmac
 import json
 import re
-import socketserver
+import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qs
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import structlog
 from prometheus_client import make_wsgi_app
 
 from daemon.errors import ConfigError
+from daemon.ops.http_connections import MAX_CONNECTIONS, REQUEST_DEADLINE_S, BoundedServer, QuietHandler
 
 log = structlog.get_logger()
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
-IDLE_TIMEOUT_S = 10.0
-
-
-class _QuietHandler(WSGIRequestHandler):
-    timeout = IDLE_TIMEOUT_S  # socketserver sets it on the connection: a silent client is dropped
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # a scrape every few seconds is not worth a log line
-
-
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    """A thread per connection (as prometheus_client's own WSGI server does), none outliving the daemon."""
-
-    daemon_threads = True
+def server_tls(certfile: Path, keyfile: Path) -> ssl.SSLContext:
+    """The endpoint's TLS from the operator's certificate (its chain after it) and key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(certfile, keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"http_tls_certfile, http_tls_keyfile: cannot load {certfile} with {keyfile}: {exc}") from exc
+    return context
 
 
 # The most of a job's log one answer carries; `adapterd logs` asks again from where it ended.
@@ -57,7 +54,8 @@ JobLog = Callable[[str, int, int], tuple[bytes, int] | None]
 class HttpEndpoint:
     def __init__(
         self, address: str, health: Callable[[], tuple[bool, dict[str, Any]]], status: Callable[[], dict[str, Any]],
-        job_log: JobLog | None = None, logs_token: str | None = None,
+        job_log: JobLog | None = None, logs_token: str | None = None, *, tls: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS, request_deadline_s: float = REQUEST_DEADLINE_S, clock: Callable[[], float] = time.monotonic,
     ) -> None:
         host, _, port = address.rpartition(":")
         self.health = health
@@ -66,9 +64,12 @@ class HttpEndpoint:
         self.logs_token = logs_token
         self.metrics_app = make_wsgi_app()
         try:
-            self.server: WSGIServer = make_server(host, int(port), self.app, server_class=_ThreadingServer, handler_class=_QuietHandler)
+            self.server = BoundedServer((host, int(port)), QuietHandler, max_connections=max_connections,
+                                        request_deadline_s=request_deadline_s, clock=clock, tls=tls)
         except OSError as exc:
             raise ConfigError(f"metrics_address: cannot listen on {address}: {exc.strerror}") from exc
+        self.server.set_app(self.app)
+        self.scheme = "https" if tls is not None else "http"
         self.thread = threading.Thread(target=self.server.serve_forever, name="http-endpoint", daemon=True)
 
     @property
@@ -78,7 +79,7 @@ class HttpEndpoint:
 
     def start(self) -> HttpEndpoint:
         self.thread.start()
-        log.info("http.listening", address=self.address, paths=["/metrics", "/healthz", "/status", *(["/jobs/ID/log"] if self.logs_token else [])])
+        log.info("http.listening", address=self.address, scheme=self.scheme, paths=["/metrics", "/healthz", "/status", *(["/jobs/ID/log"] if self.logs_token else [])])
         return self
 
     def stop(self) -> None:

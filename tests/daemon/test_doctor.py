@@ -7,19 +7,29 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaClient
+from aiokafka.protocol.admin import CreateAclsRequest
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from daemon.cli.doctor import Check, _acls
+from daemon.kafka import acls
+from daemon.kafka.acls import Acl, Writers, writers
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
 
 runner = CliRunner()
+CLUSTER, LITERAL, PREFIXED, READ, DESCRIBE = 4, 3, 4, 3, 8  # Kafka's resource, pattern and operation codes
 WHO = {"type": "user", "name": "ops-bot", "orgs": [{"name": "my-org", "roleInOrg": "write"}, {"name": "their-org", "roleInOrg": "read"}],
        "auth": {"accessToken": {"role": "write"}}}
 
@@ -34,7 +44,7 @@ def strict_hub() -> Iterator[HubServer]:
 
 def doctor(settings: Settings, **changes: Any) -> tuple[int, dict[str, str]]:
     result = runner.invoke(app, ["doctor"], env=settings_environment(settings.model_copy(update=changes)))
-    lines = {line[5:].split()[0]: line for line in result.output.splitlines() if line[:4] in ("ok  ", "FAIL", "--  ")}
+    lines = {line[5:].split()[0]: line for line in result.output.splitlines() if line[:4] in ("ok  ", "FAIL", "--  ", "WARN")}
     return result.exit_code, lines
 
 
@@ -43,7 +53,10 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "hub", "gpus", "disk", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "hub", "gpus", "disk", "daemon"}
+    # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
+    assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write "
+                             f"{settings.events_topic} and speak for the fleet; enable one and let only the fleet's principals write it")
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:
@@ -59,7 +72,7 @@ def test_a_token_that_cannot_write_where_requests_push(settings: Settings, stric
 def test_an_unreachable_broker(settings: Settings) -> None:
     code, lines = doctor(settings, bootstrap_servers="127.0.0.1:9")  # the discard port: nothing listens
     assert code == 1 and lines["kafka"].startswith("FAIL") and "no broker answers at 127.0.0.1:9" in lines["kafka"]
-    assert lines["topics"].startswith("--")
+    assert lines["topics"].startswith("--") and lines["acls"] == "--   acls    not checked: Kafka does not answer"
 
 
 def test_a_missing_topic(settings: Settings) -> None:
@@ -76,3 +89,55 @@ async def test_a_running_daemon_and_its_fork_server(shared_settings: Settings, s
     [line] = [line for line in result.stdout.splitlines() if line[5:].startswith("daemon")]
     assert line.startswith("ok   daemon  running: healthy True"), result.stdout
     assert "children start by fork, fork server " in line, line
+
+
+def test_who_may_write_the_events_topic_by_kafkas_rule() -> None:
+    me, ops = "User:adapterd", "User:ops"
+    allow = [Acl(me, "*", acls.WRITE, acls.ALLOW, "adapterd.events"), Acl(ops, "10.0.0.9", acls.ALL, acls.ALLOW, "adapterd.")]
+    assert writers(allow, me) == Writers(me, True, (ops,))
+    assert writers([*allow, Acl(me, "*", acls.WRITE, acls.DENY, "*")], me) == Writers(me, False, (ops,))  # a DENY wins
+    assert writers([Acl(me, "*", READ, acls.ALLOW, "adapterd.events")], me).may_write is False  # Read is not Write
+    anyone = writers([Acl(acls.ANYONE, "*", acls.WRITE, acls.ALLOW, "*")], me)
+    assert anyone.may_write and anyone.anyone and anyone.others == (acls.ANYONE,)
+    assert writers([], me) == Writers(me, False, ())  # no ACL: only super users
+
+
+async def _create_acls(settings: Settings, *creations: tuple[int, str, int, str, int, int]) -> None:
+    """ACLs made as the broker's super user (resource type, name, pattern type, principal, operation, permission)."""
+    client = AIOKafkaClient(**kafka_options(settings))
+    await client.bootstrap()
+    try:
+        for resource_type, name, pattern_type, principal, operation, permission in creations:
+            response = await client.send(client.get_random_node(), CreateAclsRequest(resource_type, name, pattern_type, principal, "*", operation, permission))
+            assert all(error == 0 for error, _ in response.creation_responses), response
+    finally:
+        await client.close()
+
+
+@pytest.mark.broker
+async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
+    """A broker that enforces ACLs (KRaft's StandardAuthorizer; the plaintext listener's ANONYMOUS is
+    its super user, the SASL listener's `adapterd` an ordinary principal): the line says whether the
+    host's principal may write the events topic, and who else may."""
+    broker = LocalKafka(data_dir=tmp_path / "kafka", properties={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "super.users": "User:ANONYMOUS"}).start()
+    try:
+        admin = Settings(bootstrap_servers=broker.bootstrap_servers, work_dir=tmp_path / "work")
+        await ensure_topics(admin)
+        host = admin.model_copy(update={"bootstrap_servers": broker.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",
+                                        "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": broker.scram_user,
+                                        "sasl_password": SecretStr(broker.scram_password)})
+        topic, me = admin.events_topic, f"User:{broker.scram_user}"
+        assert await _acls(host) == Check("acls", None, f"{me} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may "
+                                                        f"write {topic} is not known here (kafka-acls --list --topic {topic})")
+        await _create_acls(admin, (CLUSTER, "kafka-cluster", LITERAL, me, DESCRIBE, acls.ALLOW))
+        refused = await _acls(host)
+        assert refused.ok is False and refused.detail.startswith(f"{me} may not write {topic}: its events would be refused"), refused
+        await _create_acls(admin, (acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW),
+                           (acls.TOPIC, "adapterd.", PREFIXED, "User:pipeline", acls.ALL, acls.ALLOW))
+        assert await _acls(host) == Check("acls", True, f"{me} may write {topic}; besides it: User:pipeline")
+        await _create_acls(admin, (acls.TOPIC, "*", LITERAL, acls.ANYONE, acls.WRITE, acls.ALLOW))
+        anyone = await _acls(host)
+        assert anyone.warn and anyone.ok and f"{me} may write {topic}, and so may anyone (User:*)" in anyone.detail
+    finally:
+        broker.stop()

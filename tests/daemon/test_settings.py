@@ -126,3 +126,24 @@ def test_hf_token_is_the_hub_token_when_the_operator_named_none(tmp_path: Path, 
     settings = Settings()
     assert settings.hub_token is not None and settings.hub_token.get_secret_value() == "hf_from_adapterd"
     assert token_from(settings) == "hub_token"
+
+
+@pytest.mark.parametrize("token", ["", "x", "fifteen-bytes!!"])
+def test_a_short_logs_token_is_refused_naming_the_setting(tmp_path: Path, token: str) -> None:
+    with pytest.raises(ConfigError, match=r"logs_token: Value error, a token of at least 16 bytes") as error:
+        load_settings(logs_token=token)
+    assert "fifteen-bytes!!" not in str(error.value)  # the refusal never echoes the secret
+    (tmp_path / "logs-token").write_text(token + "\n")
+    with pytest.raises(ConfigError, match=r"logs_token: Value error, a token of at least 16 bytes"):
+        load_settings(logs_token_file=tmp_path / "logs-token")
+    assert load_settings(logs_token="sixteen-bytes-ok").logs_token is not None
+
+
+def test_the_endpoints_certificate_needs_its_key_and_addresses_are_host_and_port(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="http_tls_certfile and http_tls_keyfile go together"):
+        load_settings(http_tls_certfile=tmp_path / "cert.pem")
+    with pytest.raises(ConfigError, match=r"advertised_address: Value error, expected host:port .*'10.0.0.5:9464/x'"):
+        load_settings(advertised_address="10.0.0.5:9464/x")
+    tls = load_settings(logs_token="sixteen-bytes-ok", http_tls_certfile=tmp_path / "c", http_tls_keyfile=tmp_path / "k")
+    assert tls.logs_endpoint_scheme == "https" and load_settings(logs_token="sixteen-bytes-ok").logs_endpoint_scheme == "http"
+    assert load_settings().logs_endpoint_scheme is None  # no token: no endpoint
