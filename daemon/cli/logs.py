@@ -57,7 +57,10 @@ async def show_log(settings: Settings, request_id: str, follow: bool, write: Cal
         raise LogsError("logs_token is not set: the fleet's hosts serve their job logs only to whoever sends it (logs_token_file)")
     token = settings.logs_token.get_secret_value()
     where = Where()
-    async with EventStream(settings) as stream:
+    stream = EventStream(settings)
+    if stream.keys is None:  # an unverified `started` could name any endpoint, and the token would go there
+        raise LogsError("no event_verify_keys: the logs token goes only to an endpoint named by an event the fleet signed")
+    async with stream:
 
         async def watch(events_follow: bool) -> None:
             async for event in stream.events(request_id, until_terminal=events_follow, follow=events_follow):
