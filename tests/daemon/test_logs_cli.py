@@ -1,6 +1,6 @@
 """`adapterd logs` across two daemons: each reads its own requests topic, both publish to one events
 topic, and each request's trainer log is read from the host that ran it, through that host's endpoint
-and the fleet's logs_token, byte for byte; followed live, to its end; refused to another token, and
+and the fleet's logs_token, byte for byte (the hosts sign their events, the reader checks them); followed live, to its end; refused to another token, and
 to none."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Started, Succeeded
+from schemas.signing import new_key_pair
 from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, settings_environment
@@ -31,16 +32,20 @@ def logs_command(*argv: str) -> list[str]:
 
 
 async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+    signing_key, public_key = new_key_pair()  # the fleet's: both hosts sign their events with it
+    (tmp_path / "event-signing-key.pem").write_bytes(signing_key)
     hosts = {
         name: settings.model_copy(update={
             "host": f"host-{name}", "logs_token": TOKEN, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}",
             "requests_topic": f"{settings.requests_topic}-{name}", "group_id": f"{settings.group_id}-{name}",
+            "event_signing_key_file": tmp_path / "event-signing-key.pem",
         })
         for name in ("a", "b")
     }
     for host in hosts.values():
         await ensure_topics(host)
-    reader = settings.model_copy(update={"logs_token": TOKEN})  # an operator's machine: the events topic and the token
+    # An operator's machine: the events topic, the token, and the fleet's public key to check the events by.
+    reader = settings.model_copy(update={"logs_token": TOKEN, "event_verify_keys": [public_key]})
     daemons = [DaemonProcess(host, tmp_path / f"daemon-{name}.log").start() for name, host in hosts.items()]
     try:
         # Followed before it exists: the command waits for its start, then copies the log as it grows, until its end.
