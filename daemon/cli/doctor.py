@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaError
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.options import kafka_options
+from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
 
 # Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
@@ -51,7 +52,7 @@ class Check:
 async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
-    return [kafka, topics, await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
+    return [kafka, topics, _events(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -73,6 +74,19 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
     if missing:
         return kafka, Check("topics", False, f"missing: {', '.join(missing)}; create them (adapterd topics --partitions N)")
     return kafka, Check("topics", True, ", ".join(f"{name} ({partitions[name]} partitions)" for name in names))
+
+
+def _events(settings: Settings) -> Check:
+    """Whether this host signs its events and checks those it reads (docs/guarantees.md): a warning,
+    not a failure, without a key; the settings already refused a key that cannot be read."""
+    signer, keys = event_signer(settings), event_keys(settings)
+    trusted = f"; trusts {len(keys)} key(s) on the events it reads" if keys is not None else ""
+    if signer is None and keys is None:
+        return Check("events", None, "warning: no event keys: this host's events go out unsigned, and it reads events unverified "
+                                     "(adapterd keys; docs/guarantees.md)")
+    if signer is None:
+        return Check("events", None, f"warning: no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}")
+    return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")
 
 
 def _hub(settings: Settings) -> Check:
