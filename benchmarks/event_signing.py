@@ -37,6 +37,21 @@ def _succeeded() -> Succeeded:
     )
 
 
+def _cases(event: Rejected | Succeeded, value: bytes, signer: EventSigner, keys: EventKeys, publishers: dict[str, Publisher],
+           stream: EventStream, unverified: EventStream) -> dict[str, Callable[[], object]]:
+    """What is timed, for one event: each a call made `--events` times."""
+    record = FakeRecord("adapterd.events", 0, 0, b"bench-1", value, [(SIGNATURE_HEADER, signer.sign(value))])
+    return {
+        "sign": lambda: signer.sign(value),
+        "verify": lambda: keys.verify(value, record.headers),
+        "publish (event_message), signed": lambda: publishers["signed"].event_message(event),
+        "publish (event_message), unsigned": lambda: publishers["unsigned"].event_message(event),
+        "read (verify + parse), verified": lambda: stream.verified(record),
+        "read (parse alone), unverified": lambda: unverified.verified(record),
+        "parse_event alone": lambda: parse_event(value),
+    }
+
+
 def per_second(work: Callable[[], object], count: int) -> float:
     started = time.perf_counter()
     for _ in range(count):
@@ -65,17 +80,8 @@ async def main() -> None:
         publishers = {"signed": Publisher(signing, FakeProducer({})), "unsigned": Publisher(plain, FakeProducer({}))}
     for event in (rejected, _succeeded()):
         value = event.model_dump_json().encode()
-        record = FakeRecord(plain.events_topic, 0, 0, b"bench-1", value, [(SIGNATURE_HEADER, signer.sign(value))])
         print(f"{event.type}: {len(value)} bytes")
-        cases: dict[str, Callable[[], object]] = {
-            "sign": lambda: signer.sign(value),
-            "verify": lambda: keys.verify(value, record.headers),
-            "publish (event_message), signed": lambda: publishers["signed"].event_message(event),
-            "publish (event_message), unsigned": lambda: publishers["unsigned"].event_message(event),
-            "read (verify + parse), verified": lambda: stream.verified(record),
-            "read (parse alone), unverified": lambda: unverified.verified(record),
-            "parse_event alone": lambda: parse_event(value),
-        }
+        cases = _cases(event, value, signer, keys, publishers, stream, unverified)
         for name, work in cases.items():
             print("  " + figure(name, [per_second(work, args.events) for _ in range(args.runs)]))
     for one in (stream, unverified):
