@@ -55,6 +55,9 @@ class EventStream:
             try:
                 self.keys.verify(record.value or b"", record.headers)
             except UnverifiedEvent as exc:
+                if not self.ignored:  # said at once too: a command following events may wait long for its end
+                    print(f"adapterd: ignoring events without a valid signature of a trusted key (first: {exc}); "
+                          "how many is said at the end", file=sys.stderr, flush=True)
                 self.ignored[exc.reason] += 1
                 return None
         return parse_event(record.value or b"")
