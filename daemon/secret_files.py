@@ -1,4 +1,5 @@
-"""The settings sources of the daemon's secrets: the files the operator names, and $HF_TOKEN."""
+"""The settings sources of the daemon's secrets: the files the operator names, and $HF_TOKEN; and the
+keys of signed events (schemas/signing.py), read from the files and values the settings name."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
 from daemon.errors import ConfigError
+from schemas.signing import EventKeys, EventSigner
 
 
 class SecretFilesSource(PydanticBaseSettingsSource):
@@ -67,3 +69,38 @@ def token_from(settings: Any) -> str | None:
     if "ADAPTERD_HUB_TOKEN" not in os.environ and os.environ.get("HF_TOKEN", "").strip() == settings.hub_token.get_secret_value():
         return "HF_TOKEN"
     return "hub_token"
+
+
+def event_signer(settings: Any) -> EventSigner | None:
+    """The signer of this host's events, from `event_signing_key_file`; None without one."""
+    path = settings.event_signing_key_file
+    if path is None:
+        return None
+    try:
+        return EventSigner.from_file(Path(path))
+    except OSError as exc:
+        raise ValueError(f"event_signing_key_file: cannot read {path}: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise ValueError(f"event_signing_key_file: {path}: {exc}") from exc
+
+
+def event_keys(settings: Any) -> EventKeys | None:
+    """The public keys whose signatures this host trusts on events: `event_verify_keys`, those in
+    `event_verify_keys_file`, and the public key of its own signing key, so a host that signs never
+    takes an unsigned event. None when there is none: events are then read unverified."""
+    try:
+        keys = EventKeys.parse(settings.event_verify_keys)
+    except ValueError as exc:
+        raise ValueError(f"event_verify_keys: {exc}") from exc
+    path = settings.event_verify_keys_file
+    if path is not None:
+        try:
+            keys.by_id.update(EventKeys.from_file(Path(path)).by_id)
+        except OSError as exc:
+            raise ValueError(f"event_verify_keys_file: cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise ValueError(f"event_verify_keys_file: {path}: {exc}") from exc
+    signer = event_signer(settings)
+    if signer is not None:
+        keys.by_id[signer.key_id] = signer.public
+    return keys if len(keys) else None

@@ -124,6 +124,7 @@ class Service:
             log.info(
                 "daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id,
                 gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
+                events_signed_by=self.publisher.signer.key_id if self.publisher.signer is not None else None,  # None: unsigned
             )
             try:
                 await self._poll_until_stopped()

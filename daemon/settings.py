@@ -20,7 +20,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
-from daemon.secret_files import HfTokenSource, SecretFilesSource
+from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
 from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
 
@@ -108,6 +108,16 @@ class Settings(BaseSettings):
         "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each job's log at "
         "/jobs/ID/log to whoever sends it (adapterd logs), and its `started` events say where; without one, it serves no log."))
     logs_token_file: Path | None = Field(None, description="A file holding logs_token (systemd: %d/logs-token from LoadCredential=).")
+    # Signed events (docs/guarantees.md): the fleet signs what it publishes; readers take only what it signed.
+    event_signing_key_file: Path | None = Field(None, description=(
+        "The fleet's Ed25519 private key (PEM, or its 32 raw bytes; systemd: %d/event-signing-key from LoadCredential=), "
+        "which signs every event this host publishes; `adapterd keys` makes one. Unset: its events go out unsigned, "
+        "and readers that verify ignore them."))
+    event_verify_keys: list[str] = Field(default_factory=list, description=(
+        "Public keys (base64 of 32 bytes, as `adapterd keys` prints) whose signatures the commands that read events "
+        "trust. With any here, in event_verify_keys_file, or a signing key (its public key counts), an unsigned or "
+        "wrongly signed event is ignored and counted; with none, events are read unverified."))
+    event_verify_keys_file: Path | None = Field(None, description="A file of such keys, one a line (# comments), e.g. the old and the new one while keys rotate.")
     advertised_address: str | None = Field(None, description=(
         "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd logs; metrics_address when unset."))
     http_tls_certfile: Path | None = Field(None, description=(
@@ -208,6 +218,13 @@ class Settings(BaseSettings):
             raise ValueError(f"a token of at least {MIN_LOGS_TOKEN_BYTES} bytes (this one has {len(value.get_secret_value().encode())}): "
                              "make one with `openssl rand -hex 32`")
         return value
+
+    @model_validator(mode="after")
+    def _event_keys(self) -> Settings:
+        """Every key readable now, each problem named by its setting, rather than at the first event."""
+        event_signer(self)
+        event_keys(self)
+        return self
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -1,6 +1,7 @@
 """The wire contract of adapterd, version 1: requests, lifecycle events, and their JSON Schemas.
 
-Depends on pydantic only, so that producers and consumers can import it.
+Depends on pydantic only, so that producers and consumers can import it; checking the events'
+signatures (schemas/signing.py) also needs `cryptography`, imported only when a key is read.
 """
 
 from schemas.common import SCHEMA_VERSION, FieldError
@@ -22,9 +23,11 @@ from schemas.events import (
     read_event,
 )
 from schemas.request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
+from schemas.signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
 
 __all__ = [
     "REQUEST_MODELS",
+    "SIGNATURE_HEADER",
     "SCHEMA_VERSION",
     "TERMINAL_TYPES",
     "Accepted",
@@ -32,6 +35,7 @@ __all__ = [
     "Cancelled",
     "Checkpoint",
     "Event",
+    "EventKeys",
     "Failed",
     "FieldError",
     "Progress",
@@ -43,6 +47,7 @@ __all__ = [
     "Started",
     "Succeeded",
     "TrainingRequest",
+    "UnverifiedEvent",
     "decode_request",
     "parse_event",
     "read_event",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -23,6 +24,7 @@ from schemas.common import (
 )
 from schemas.evaluation import EvaluationReport, Published
 from schemas.provenance import ResolvedSource, TrackedRun
+from schemas.signing import EventKeys
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -199,11 +201,19 @@ def parse_event(raw: bytes) -> Event:
 _MAX_ROUNDS = 8
 
 
-def read_event(raw: bytes | str) -> Event | None:
+def read_event(
+    raw: bytes | str, *, keys: EventKeys | None = None, headers: Iterable[tuple[str, bytes | None]] | None = None,
+) -> Event | None:
     """An event as a consumer reads it, whichever daemon of schema_version 1 wrote it (docs/events.md,
     "How the events change"): a field this version does not know, at any depth, is dropped; an event
     of a type it does not know is None, to be skipped; a broken event, or one of another
-    schema_version, raises pydantic's ValidationError."""
+    schema_version, raises pydantic's ValidationError.
+
+    With `keys` (the fleet's public keys, schemas.signing), the record's `headers` must carry a
+    signature of one of them over exactly `raw`, checked before anything is parsed: an unsigned or
+    wrongly signed event raises schemas.signing.UnverifiedEvent, to be counted and skipped."""
+    if keys is not None:
+        keys.verify(raw.encode() if isinstance(raw, str) else raw, headers)
     document = json.loads(raw)
     for _ in range(_MAX_ROUNDS):
         try:

@@ -12,7 +12,8 @@ inside functions too, so an import that only runs on some path cannot slip throu
   in handlers/child/ or beside them.
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
-  contract gives the same verdicts.
+  contract gives the same verdicts; `schemas/signing.py` alone imports `cryptography`, inside the
+  functions that read keys, sign and verify events, so only a reader that verifies loads it.
 - Nothing but the tests imports `tests`: the benchmarks and the shipped packages run on `testbed/`
   (the local Hub, the daemon as a process, the topics' client), which the tests share.
 """
@@ -101,6 +102,9 @@ def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_schemas_depend_on_pydantic_and_the_standard_library_only(path: Path) -> None:
     optional = {"re2"} if path.name == "regex.py" else set()  # the engine it prefers; `re` without it
+    # Signed events: checking the fleet's Ed25519 signature needs cryptography, in this one module,
+    # imported inside its functions only (tests/schemas/test_signing.py: importing schemas loads none).
+    optional |= {"cryptography"} if path.name == "signing.py" else set()
     outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} - optional if name not in sys.stdlib_module_names}
     assert not outside
 

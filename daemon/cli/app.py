@@ -320,6 +320,23 @@ def doctor(config: ConfigOption = None) -> None:
 
 
 @app.command()
+def keys(
+    folder: Annotated[Path, typer.Argument(help="Where event-signing-key.pem (owner-only) and event-verify-key.pub go.")],
+) -> None:
+    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers' event_verify_keys."""
+    from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair
+    from daemon.errors import UsageError
+
+    try:
+        key_id, public = make_key_pair(folder)
+    except UsageError as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"key {key_id}: private key {folder / PRIVATE_NAME} (event_signing_key_file), public key {folder / PUBLIC_NAME}")
+    typer.echo(f"event_verify_keys = [\"{public}\"]")
+
+
+@app.command()
 def topics(
     config: ConfigOption = None,
     partitions: Annotated[int, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots.")] = 1,

@@ -73,8 +73,22 @@ async def submit(settings: Settings, request: RequestBase) -> None:
         await producer.stop()
 
 
+def demo_keys(work_dir: Path) -> Path:
+    """The demo's event-signing key pair (`adapterd keys`), made once in work_dir/event-keys; the private key's path."""
+    from daemon.cli.keys import PRIVATE_NAME, make_key_pair
+
+    folder = work_dir / "event-keys"
+    if not (folder / PRIVATE_NAME).exists():
+        shutil.rmtree(folder, ignore_errors=True)  # a public key without its private key is of no use
+        make_key_pair(folder)
+    return folder / PRIVATE_NAME
+
+
 def keep_running_config(settings: Settings) -> Path:
-    """A settings file for the commands that try the kept demo (`-c`), beside its work: its broker and topics."""
+    """A settings file for the commands that try the kept demo (`-c`), beside its work: its broker and topics,
+    and the public key its events are checked by."""
+    from daemon.cli.keys import PUBLIC_NAME
+
     path = settings.work_dir / "adapterd.toml"
     path.write_text(
         "# The kept demo's broker and daemon (`adapterd demo --keep`): pass this file to the commands with -c.\n"
@@ -82,6 +96,7 @@ def keep_running_config(settings: Settings) -> Path:
         f"work_dir = {json.dumps(str(settings.work_dir))}\n"
         f"allowed_local_model_roots = {json.dumps([str(root) for root in settings.allowed_local_model_roots])}\n"
         f"group_id = {json.dumps(settings.group_id)}\n"
+        f"event_verify_keys_file = {json.dumps(str(settings.work_dir / 'event-keys' / PUBLIC_NAME))}  # its events are signed\n"
     )
     return path
 
@@ -120,6 +135,7 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
             progress_interval_s=0,
             group_id="adapterd-demo",
             metrics_address=None,  # the demo runs beside whatever already listens on this machine
+            event_signing_key_file=demo_keys(work_dir),  # its events signed, and read back verified, as a fleet's are
         )
         await ensure_topics(settings)
         if is_vision(method):

@@ -27,6 +27,7 @@ from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
 from daemon.kafka.options import kafka_options
 from daemon.ops.local_endpoint import local_url
+from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
 
 # Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
@@ -56,7 +57,8 @@ async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
-    return [kafka, topics, acls, await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings), _daemon(settings)]
+    return [kafka, topics, acls, _events(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings),
+            _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -103,6 +105,20 @@ async def _acls(settings: Settings) -> Check:
         return Check("acls", True, f"{principal} may write {topic}, and so may anyone ({ANYONE}): every writer speaks for the fleet; "
                                    "allow the fleet's principals only", warn=True)
     return Check("acls", True, f"{principal} may write {topic}; besides it: {others}")
+
+
+def _events(settings: Settings) -> Check:
+    """Whether this host signs its events and checks those it reads (docs/guarantees.md): a warning,
+    not a failure, without a key; the settings already refused a key that cannot be read."""
+    signer, keys = event_signer(settings), event_keys(settings)
+    trusted = f"; trusts {len(keys)} key(s) on the events it reads" if keys is not None else ""
+    if signer is None and keys is None:
+        return Check("events", None, "no event keys: this host's events go out unsigned, and it reads events unverified "
+                                     "(adapterd keys; docs/guarantees.md)", warn=True)
+    if signer is None:
+        return Check("events", None, f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
+                     warn=True)
+    return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")
 
 
 def _hub(settings: Settings) -> Check:

@@ -19,6 +19,7 @@ from pathlib import Path
 from daemon.cli.log_endpoint import LogsError, Printable, fetch, printable
 from daemon.kafka.event_reader import EventStream
 from daemon.ops.http_server import LOG_CHUNK_BYTES
+from daemon.secret_files import event_keys
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Started
 
@@ -51,6 +52,8 @@ async def show_log(settings: Settings, request_id: str, follow: bool, write: Cal
     def copy(wait: bool = False) -> Awaitable[None]:
         return _copy(where, request_id, token, lambda data: write(shown(data)), cafile, wait)
 
+    if event_keys(settings) is None:  # an unverified `started` could name any endpoint, and the token would go there
+        raise LogsError("no event_verify_keys: the logs token goes only to an endpoint named by an event the fleet signed")
     async with EventStream(settings) as stream:
 
         async def watch(events_follow: bool) -> None:

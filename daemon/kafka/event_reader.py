@@ -1,13 +1,24 @@
-"""Lifecycle events read back from `adapterd.events`, parsed: for the CLI, the demo and the tests."""
+"""Lifecycle events read back from `adapterd.events`, verified and parsed: for the CLI, the demo and the tests.
+
+With the fleet's public keys in the settings (`event_verify_keys`, `event_verify_keys_file`, or the
+host's own signing key), an event is taken only when a trusted key signed exactly its bytes
+(schemas/signing.py); any other is ignored, never acted on, and counted by why, and the count is
+said on stderr when the stream closes. Without a key, events are read unverified.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
+from daemon.secret_files import event_keys
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Event, parse_event
+from schemas.signing import UnverifiedEvent
 
 
 class EventStream:
@@ -18,7 +29,10 @@ class EventStream:
     """
 
     def __init__(self, settings: Settings, *, from_end: bool = False) -> None:
+        self.settings = settings
         self.reader = TopicReader(settings, settings.events_topic, from_end=from_end)
+        self.keys = event_keys(settings)
+        self.ignored: Counter[str] = Counter()  # events not taken, by why (UnverifiedEvent's reasons, `misplaced`)
 
     async def __aenter__(self) -> EventStream:
         await self.reader.start()
@@ -26,6 +40,27 @@ class EventStream:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.reader.stop()
+        if self.ignored:
+            print(f"adapterd: {self.ignored_note()}", file=sys.stderr, flush=True)
+
+    def ignored_note(self) -> str:
+        """How many events were ignored and why, in one line."""
+        why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.ignored.items()))
+        return (f"ignored {self.ignored.total()} event(s) in {self.settings.events_topic} without a valid signature "
+                f"of a trusted key ({why})")
+
+    def verified(self, record: Record) -> Event | None:
+        """The record's event, or None (counted) when the reader has keys and none of them signed it."""
+        if self.keys is not None:
+            try:
+                self.keys.verify(record.value or b"", record.headers)
+            except UnverifiedEvent as exc:
+                if not self.ignored:  # said at once too: a command following events may wait long for its end
+                    print(f"adapterd: ignoring events without a valid signature of a trusted key (first: {exc}); "
+                          "how many is said at the end", file=sys.stderr, flush=True)
+                self.ignored[exc.reason] += 1
+                return None
+        return parse_event(record.value or b"")
 
     async def events(self, request_id: str | None = None, *, until_terminal: bool = True, follow: bool = True) -> AsyncIterator[Event]:
         """The events, optionally of one request. With `until_terminal`, stop after that request's
@@ -34,8 +69,12 @@ class EventStream:
         async for record in self.reader.records(follow=follow):
             if key is not None and record.key != key:
                 continue
-            event = parse_event(record.value or b"")
+            event = self.verified(record)
+            if event is None:
+                continue
+            if request_id is not None and event.request_id != request_id:
+                self.ignored["misplaced"] += 1  # a genuine event of another request, written again under this key
+                continue
             yield event
             if until_terminal and request_id is not None and event.type in TERMINAL_TYPES:
                 return
-

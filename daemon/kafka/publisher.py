@@ -23,9 +23,11 @@ from daemon.kafka.clients import Producer, kafka_producer
 from daemon.kafka.copies import dlq_value, errors_header
 from daemon.kafka.records import Record
 from daemon.kafka.trace import Headers, trace_context
+from daemon.secret_files import event_signer
 from daemon.settings import Settings
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
+from schemas.signing import SIGNATURE_HEADER
 
 log = structlog.get_logger()
 
@@ -48,6 +50,7 @@ class Publisher:
         self.settings = settings
         self.producer = producer if producer is not None else kafka_producer(settings)
         self.partitioner = partitioner if partitioner is not None else DefaultPartitioner()
+        self.signer = event_signer(settings)
 
     async def start(self) -> None:
         await self.producer.start()
@@ -56,13 +59,16 @@ class Publisher:
         await self.producer.stop()
 
     def event_message(self, event: EventBase, trace: Headers | None = None) -> Outgoing:
-        """An event, with its request's trace context (daemon/kafka/trace.py) when the request had one."""
-        event_type = event.type
+        """An event, with its request's trace context (daemon/kafka/trace.py) when the request had one,
+        and with the host's signing key the fleet's signature over exactly the bytes sent
+        (schemas/signing.py); a repeat of the message sends the same bytes and signature."""
+        value = event.model_dump_json().encode()
+        signature: Headers = [(SIGNATURE_HEADER, self.signer.sign(value))] if self.signer is not None else []
         return Outgoing(
             self.settings.events_topic,
             event.request_id.encode() if event.request_id else None,
-            event.model_dump_json().encode(),
-            [("adapterd-event-type", event_type.encode()), ("adapterd-schema-version", b"1"), *(trace or [])],
+            value,
+            [("adapterd-event-type", event.type.encode()), ("adapterd-schema-version", b"1"), *signature, *(trace or [])],
         )
 
     def rejection_letter(self, record: Record, rejection: Rejection) -> Outgoing:

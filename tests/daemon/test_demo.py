@@ -105,7 +105,7 @@ def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> Non
 def test_the_kept_demo_takes_the_commands_it_prints_until_ctrl_c(tmp_path: Path) -> None:
     """`adapterd demo --keep`: after its request, the broker and the daemon keep running, and each
     command it prints works against them: a second request submitted and followed to succeeded, the
-    list of jobs, one request's history; Ctrl-C stops both."""
+    list of jobs, one request's history, every event signed and checked; Ctrl-C stops both."""
     import signal
     import threading
 
@@ -134,6 +134,7 @@ def test_the_kept_demo_takes_the_commands_it_prints_until_ctrl_c(tmp_path: Path)
         listed = adapterd(*commands[1])
         states = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()[1:]}
         assert listed.returncode == 0 and states[again] == "succeeded" and len(states) == 2 and set(states.values()) == {"succeeded"}
+        assert "ignored" not in listed.stderr  # the demo's daemon signs its events, and the commands check them by its public key
         history = adapterd(*commands[2])
         assert history.returncode == 0 and history.stdout.splitlines()[-1].startswith(f"{again}: succeeded, method sft")
         process.send_signal(signal.SIGINT)

@@ -24,6 +24,7 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
+from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
@@ -53,10 +54,20 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "acls", "hub", "gpus", "disk", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "events", "hub", "gpus", "disk", "daemon"}
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write "
                              f"{settings.events_topic} and speak for the fleet; enable one and let only the fleet's principals write it")
+    assert lines["events"].startswith("WARN") and "no event keys" in lines["events"]  # a warning, not a failure
+
+
+def test_a_host_that_signs_its_events(settings: Settings, tmp_path: Path) -> None:
+    pem, public = new_key_pair()
+    (tmp_path / "key.pem").write_bytes(pem)
+    code, lines = doctor(settings, event_signing_key_file=tmp_path / "key.pem", event_verify_keys=[new_key_pair()[1]])
+    assert lines["events"] == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
+    _, reader = doctor(settings, event_verify_keys=[public])  # an operator's machine, or a host not yet given the key
+    assert reader["events"].startswith("WARN") and "events go out unsigned, which readers holding keys ignore; trusts 1 key(s)" in reader["events"]
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:

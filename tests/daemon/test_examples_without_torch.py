@@ -1,5 +1,5 @@
-"""A producer and a consumer need only pydantic, aiokafka and adapterd's `schemas/`: the two examples in
-docs/examples run against a real broker with torch, transformers, TRL, PEFT, datasets, accelerate,
+"""A producer and a consumer need only pydantic, aiokafka and adapterd's `schemas/` (the consumer, which
+checks the fleet's signatures, cryptography too): the two examples in docs/examples run against a real broker with torch, transformers, TRL, PEFT, datasets, accelerate,
 huggingface_hub and the daemon's own packages made unimportable. The consumer deploys only what says
 `published: "main"`, and reads a newer daemon's fields and event types without stopping."""
 
@@ -15,6 +15,8 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
+from schemas import SIGNATURE_HEADER
+from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import read_records
 from tests.helpers import event_document, sft_request
 
@@ -47,7 +49,7 @@ async def test_the_producer_publishes_a_checked_request_keyed_by_its_id(settings
     assert record.key == b"from-a-producer" and record.value == good.read_bytes()
 
 
-async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Settings) -> None:
+async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Settings, tmp_path: Path) -> None:
     newer: dict[str, Any] = {**event_document("succeeded", request_id="newer", published="main"), "deployment_hint": "gpu"}  # a later field
     newer["evaluation"] = {**newer["evaluation"], "calibration": 0.9}  # and one deeper in
     events = [
@@ -58,14 +60,19 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
         newer,
         event_document("failed", request_id="last"),
     ]
+    pem, public = new_key_pair()  # the fleet's key: the consumer takes only what it signed (test_signed_events_e2e.py: forged ones)
+    fleet = EventSigner(read_private_key(pem))
+    (tmp_path / "keys").write_text(public + "\n")
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
         for document in events:
-            await producer.send_and_wait(settings.events_topic, json.dumps(document).encode(), key=document["request_id"].encode())
+            value = json.dumps(document).encode()
+            await producer.send_and_wait(settings.events_topic, value, key=document["request_id"].encode(),
+                                         headers=[(SIGNATURE_HEADER, fleet.sign(value))])
     finally:
         await producer.stop()
-    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", "last", settings.events_topic)
+    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
     assert consumed.returncode == 0, consumed.stderr
     lines = consumed.stdout.splitlines()
     assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [f"{events[0]['repo_id']}@main", f"{newer['repo_id']}@{newer['revision']}"]

@@ -1,8 +1,8 @@
 """`adapterd logs` across two daemons: each reads its own requests topic, both publish to one events
 topic, and each request's trainer log is read from the host that ran it, through that host's endpoint
-and the fleet's logs_token, byte for byte; followed live, to its end, from a host serving HTTPS with a
-certificate made here; refused to another token, and to none; and with the fleet's CA set, the plain
-HTTP host gets no token."""
+and the fleet's logs_token, byte for byte (the hosts sign their events, the reader checks them); followed
+live, to its end, from a host serving HTTPS with a certificate made here; refused to another token, and
+to none; and with the fleet's CA set, the plain HTTP host gets no token."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Started, Succeeded
+from schemas.signing import new_key_pair
 from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, settings_environment
@@ -34,17 +35,21 @@ def logs_command(*argv: str) -> list[str]:
 
 async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
     fleet = make_certificates(tmp_path / "tls")  # host b serves HTTPS with a certificate of the fleet's CA
+    signing_key, public_key = new_key_pair()  # the fleet's: both hosts sign their events with it
+    (tmp_path / "event-signing-key.pem").write_bytes(signing_key)
     hosts = {
         name: settings.model_copy(update={
             "host": f"host-{name}", "logs_token": TOKEN, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}",
             "requests_topic": f"{settings.requests_topic}-{name}", "group_id": f"{settings.group_id}-{name}",
             **({"http_tls_certfile": fleet.cert, "http_tls_keyfile": fleet.key} if name == "b" else {}),
+            "event_signing_key_file": tmp_path / "event-signing-key.pem",
         })
         for name in ("a", "b")
     }
     for host in hosts.values():
         await ensure_topics(host)
-    reader = settings.model_copy(update={"logs_token": TOKEN})  # an operator's machine: the events topic and the token
+    # An operator's machine: the events topic, the token, and the fleet's public key to check the events by.
+    reader = settings.model_copy(update={"logs_token": TOKEN, "event_verify_keys": [public_key]})
     tls_reader = reader.model_copy(update={"http_cafile": fleet.ca})  # ...that trusts the fleet's CA: TLS only
     daemons = [DaemonProcess(host, tmp_path / f"daemon-{name}.log").start() for name, host in hosts.items()]
     try:

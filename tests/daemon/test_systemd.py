@@ -55,8 +55,9 @@ def test_unit_file_asks_for_what_the_daemon_does() -> None:
     assert unit["Restart"] == ["on-failure"] and unit["KillMode"] == ["mixed"]
     assert unit["RestartPreventExitStatus"] == ["2"]  # what `run` exits with on bad settings: never restarted for ever
     assert int(unit["TimeoutStopSec"][0]) > 60  # the default drain_timeout_s, for checkpoints
-    assert unit["LoadCredential"] == ["hub-token:/etc/adapterd/hub-token"]
+    assert unit["LoadCredential"] == ["hub-token:/etc/adapterd/hub-token", "event-signing-key:/etc/adapterd/event-signing-key.pem"]
     assert "ADAPTERD_HUB_TOKEN_FILE=%d/hub-token" in unit["Environment"]
+    assert "ADAPTERD_EVENT_SIGNING_KEY_FILE=%d/event-signing-key" in unit["Environment"]  # every event it publishes is signed
     assert unit["NoNewPrivileges"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
     assert unit["ReadWritePaths"] == ["/var/lib/adapterd"] and unit["StateDirectory"] == ["adapterd"]
     # The hardening the daemon can run under: no capability, namespace, realtime or kernel log; only
