@@ -29,7 +29,7 @@ from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, free_bytes, prune
+from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
@@ -220,11 +220,14 @@ class Service:
 
     async def prune_once(self) -> Pruned | None:
         """One pass of retention (daemon/jobs/retention.py) in a worker thread, this daemon's running
-        jobs left alone; None when it could not read or remove a folder (said, and tried next time)."""
+        jobs left alone, those that start during the pass too (checked on the loop as each folder is
+        set aside); None when it could not read or remove a folder (said, and tried next time)."""
         running = {job.request_id for job in self.scheduler.jobs.values()}
+        take = on_loop(asyncio.get_running_loop(), lambda name: any(job.request_id == name for job in self.scheduler.jobs.values()))
         try:
             pruned = await asyncio.to_thread(
                 prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
+                take,
             )
         except OSError as exc:
             log.warning("retention.failed", error=str(exc))
