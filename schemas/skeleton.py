@@ -35,6 +35,7 @@ _IGNORABLE_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x18
                      (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0000, 0xE0FFF))
 
 
+@functools.lru_cache(maxsize=8192)
 def ignorable(char: str) -> bool:
     """Whether a character is default-ignorable: it shows nothing where it is."""
     code = ord(char)
@@ -76,8 +77,8 @@ def skeleton(name: str, split: Callable[[str], str] = lambda text: text) -> str:
     and lowercased."""
     if name.isascii():
         return split(name).lower()
-    text = split(visible(unicodedata.normalize("NFKC", visible(name))))
-    return visible("".join(shown(char) for char in text)).casefold()
+    text = split(visible(unicodedata.normalize("NFKC", visible(name))))  # NFKC may give an ignorable back (U+3164 → U+1160)
+    return "".join(shown(char) for char in text).casefold()  # prototypes hold no ignorable (`prototypes`)
 
 
 @functools.lru_cache(maxsize=4096)
