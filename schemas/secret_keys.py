@@ -84,7 +84,8 @@ def _split_camel(name: str) -> str:
 
 
 class CredentialKeys:
-    """The key-name rule: `keywords` anywhere in a name, `words` as its last word, as one RE2 pattern."""
+    """The key-name rule: `keywords` anywhere in a name, `words` as its last word (or its end),
+    `whole_words` as its whole last word, by the name's skeleton, as one RE2 pattern."""
 
     def __init__(self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS,
                  whole_words: Iterable[str] = WHOLE_WORDS) -> None:
