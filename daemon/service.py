@@ -44,6 +44,7 @@ from daemon.ops.systemd import Notifier
 from daemon.secret_files import token_from
 from daemon.settings import Settings
 from schemas.common import REQUEST_ID_PATTERN
+from schemas.skeleton import prototypes
 
 log = structlog.get_logger()
 
@@ -112,6 +113,9 @@ class Service:
             logs_token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
             self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token).start()
         await self.publisher.start()
+        # UTS #39's confusables (credential-named keys by their skeleton), read once off the loop before
+        # any request: the first key beyond ASCII does not wait for them on it.
+        await asyncio.to_thread(prototypes)
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:

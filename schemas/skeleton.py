@@ -62,7 +62,9 @@ def prototypes() -> dict[str, str]:
     for char, entries in table.items():
         if len(char) != 1 or char.isascii() or len(entries) != 1:
             continue
-        target = visible(entries[0]["c"])  # right-to-left entries come wrapped in bidi marks
+        target = entries[0]["c"]
+        if not target.isascii():
+            target = visible(target)  # right-to-left entries come wrapped in bidi marks
         if not target or target == char:
             continue
         if len(target) == 1 and len(table.get(target, ())) == 1 and (False, ord(char)) < (not target.isascii(), ord(target)):
