@@ -27,7 +27,7 @@ from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, free_bytes, prune
+from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
@@ -42,6 +42,7 @@ from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
 from daemon.secret_files import token_from
 from daemon.settings import Settings
+from schemas.skeleton import prototypes
 
 log = structlog.get_logger()
 
@@ -112,6 +113,9 @@ class Service:
                    if self.settings.http_tls_certfile and self.settings.http_tls_keyfile else None)
             self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token, tls=tls).start()
         await self.publisher.start()
+        # UTS #39's confusables (credential-named keys by their skeleton), read once off the loop before
+        # any request: the first key beyond ASCII does not wait for them on it.
+        await asyncio.to_thread(prototypes)
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
@@ -221,11 +225,14 @@ class Service:
 
     async def prune_once(self) -> Pruned | None:
         """One pass of retention (daemon/jobs/retention.py) in a worker thread, this daemon's running
-        jobs left alone; None when it could not read or remove a folder (said, and tried next time)."""
+        jobs left alone, those that start during the pass too (checked on the loop as each folder is
+        set aside); None when it could not read or remove a folder (said, and tried next time)."""
         running = {job.request_id for job in self.scheduler.jobs.values()}
+        take = on_loop(asyncio.get_running_loop(), lambda name: any(job.request_id == name for job in self.scheduler.jobs.values()))
         try:
             pruned = await asyncio.to_thread(
                 prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
+                take,
             )
         except OSError as exc:
             log.warning("retention.failed", error=str(exc))

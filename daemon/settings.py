@@ -6,6 +6,7 @@ Validated once at start; a wrong value stops the daemon with the setting's name 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from contextvars import ContextVar
 from pathlib import Path
@@ -80,6 +81,9 @@ class Settings(BaseSettings):
         "(every start warm, CUDA untouched in the server); 'spawn' starts a fresh interpreter per job, one ahead per "
         "free slot (only a slot's first job after a pause starts warm)."
     ))
+    child_env: list[str] = Field(default_factory=list, description=(
+        "Further variables of the daemon's environment every job's child gets, by name or by prefix ending in '*' (FOO_*), "
+        "beyond what daemon/children/environment.py passes on; anything listed reaches every job's code."))
     progress_interval_s: float = Field(10.0, ge=0, description="Progress events of a job at least this many seconds apart...")
     progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
     max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")
@@ -265,6 +269,16 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("child_env")
+    @classmethod
+    def _variable_names(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", entry):
+                raise ValueError(f"expected a variable's name or a prefix ending in '*', got {entry!r}")
+            if entry.upper().startswith("ADAPTERD_"):
+                raise ValueError(f"{entry!r}: the daemon's own settings (its tokens among them) never go to a job's child")
+        return value
 
     @field_validator("allowed_local_model_roots", "allowed_local_dataset_roots")
     @classmethod

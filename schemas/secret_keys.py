@@ -9,19 +9,31 @@ is judged by its name. Every key and not a list of free-form fields: a mapping T
 covered too, and a test checks that no field name of the contract trips the rule (`hub_token`,
 refused anyway, excepted).
 
-A key's name is first split into lowercase words (`hfToken`, `HF-TOKEN`, `hf.token` → `hf_token`),
-then one RE2 pattern judges it, by two kinds of keyword:
+A key's name is first taken by its skeleton (schemas/skeleton.py: zero-width characters dropped,
+NFKC, Unicode's confusables: fullwidth `ｐａｓｓｗｏｒｄ`, Cyrillic `а` in `pаssword` and `to\u200bken` are
+the names they show) and split into lowercase words (`hfToken`, `HF-TOKEN`, `hf.token` → `hf_token`),
+then one RE2 pattern judges it, by three kinds of keyword:
 
 - Anywhere in the name (`KEYWORDS`): detect-secrets' keyword list where the daemon scans (the daemon
   adds it: daemon/admission/secret_rules.py), and a few of the same (`password`, `secret`,
-  `api_?key`...) for a producer without detect-secrets. detect-secrets matches them anywhere in a
-  name too; its list has no `token` and no `auth`.
+  `api_?key`...) for a producer without detect-secrets, and `access_?key`, `connection_?string`.
+  detect-secrets matches them anywhere in a name too; its list has no `token` and no `auth`.
 - As the name's last word, or the end of it (`WORDS`): `token`, `auth`, `authorization`,
   `credential(s)`, `bearer`, `passphrase`, `cookie`. Last, because a machine-learning name holds
   these words for other things: `tokenizer`, `tokenizer_name`, `max_tokens`, `num_tokens` end in
   another word (`tokenizer`, `name`, `tokens`), `token_type_ids` has `token` first, `author` is not
-  `auth`. A glued prefix counts (`hftoken`, `HFToken`, `oauth`). The special tokens of a tokenizer
-  (`pad_token`, `eos_token`, `stop_token`..., `HARMLESS_TOKENS`) are text, not credentials.
+  `auth`. A glued prefix counts (`hftoken`, `HFToken`, `oauth`).
+- As the name's last word, whole (`WHOLE_WORDS`): `pass`, `session`, `jwt`, `dsn`. Whole, because
+  glued they end unrelated words (`bypass`, `compass`, `obsession`); last, because first they
+  start them (`pass_threshold`).
+
+A tokenizer's tokens are text, not credentials: a name ending in `token` is one when the word
+before it says which token of a text it is (`HARMLESS_TOKENS`, `MARKERS`): a begin-, end- or
+start-of marker (`bos`, `eos`, `eot`, `eom`, `boi`: `b`, `e` or `s`, then `o`, then the letter of
+what it bounds; `bot` excepted, Slack's and Telegram's bot credential), a tokenizer's other
+special tokens (`pad`, `unk`, `mask`, `stop`...), a part of a prompt (`fim_prefix`, `assistant`,
+`chat_template`, `turn`, `tool`...), a modality (`image`, `audio`...), or a count (`max_token`).
+A keyword anywhere still wins (`secret_pad_token`).
 
 A value counts when it holds something: a non-empty string or a number, or a list or mapping with
 one inside (`{"auth": {"user": "u", "pass": "p"}}`). `{"use_auth": true}`, `{"token": null}` and
@@ -34,15 +46,23 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from schemas.regex import compile_pattern
+from schemas.skeleton import skeleton
 
 # Judged anywhere in a key's words; regex fragments over lowercase words joined by `_`, as
 # detect-secrets writes its own (`api_?key` covers `api_key`, `apiKey`, `x-api-key`, `APIKEY`).
-KEYWORDS: tuple[str, ...] = ("password", "passwd", "secret", "api_?key", "private_?key")
+KEYWORDS: tuple[str, ...] = ("password", "passwd", "secret", "api_?key", "private_?key", "access_?key", "connection_?string")
 # Judged as a key's last word (or the end of its last word): what adapterd adds to detect-secrets' list.
 WORDS: tuple[str, ...] = ("token", "auth", "authorization", "credentials?", "bearer", "passphrase", "cookie")
-# A tokenizer's special tokens and the TRL fields that name one (`stop_token`): not credentials.
-HARMLESS_TOKENS: tuple[str, ...] = ("bos", "eos", "pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
-                                    "image", "video", "audio", "vision", "think", "tool")
+# Judged as a key's whole last word: glued to another word they end unrelated words (`bypass`).
+WHOLE_WORDS: tuple[str, ...] = ("pass", "session", "jwt", "dsn")
+# The word before `token` that says which token of a text it is, for a tokenizer or a TRL field
+# (`stop_token`): its special tokens, the parts of a prompt, modalities, counts. Not credentials.
+HARMLESS_TOKENS: tuple[str, ...] = ("pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
+                                    "prefix", "middle", "suffix", "template", "turn", "assistant", "think", "tool",
+                                    "image", "video", "audio", "vision", "max", "min", "num")
+# Begin-, end- and start-of markers (`bos`, `eot`, `eom`, `boi`, `sot`), as an RE2 fragment; `bot`
+# left out: a bot's token is the credential of Slack's and Telegram's bots.
+MARKERS = "bo[a-su-z]|[es]o[a-z]"
 KIND = "a credential: its key's name says it holds one"
 
 # Word boundaries: a lowercase letter or digit before a capital (`hfToken`), and any run of ASCII
@@ -54,27 +74,39 @@ _CACHE_BOUND = 4096  # distinct key names remembered: inline rows repeat a few n
 
 
 def words(key: str) -> str:
-    """A key's name as lowercase words joined by `_`: `hfToken`, `HF-TOKEN` → `hf_token`."""
-    return _SEPARATORS.sub("_", _CAMEL.sub(r"\1_\2", key)).lower().strip("_")
+    """A key's name by its skeleton, as lowercase words joined by `_`: `hfToken`, `HF-TOKEN`,
+    `ＨＦ＿ＴＯＫＥＮ`, `hf_tоken` (Cyrillic `о`) → `hf_token`."""
+    return _SEPARATORS.sub("_", skeleton(key, _split_camel).lower()).strip("_")
+
+
+def _split_camel(name: str) -> str:
+    return _CAMEL.sub(r"\1_\2", name)
 
 
 class CredentialKeys:
-    """The key-name rule: `keywords` anywhere in a name, `words` as its last word, as one RE2 pattern."""
+    """The key-name rule: `keywords` anywhere in a name, `words` as its last word (or its end),
+    `whole_words` as its whole last word, by the name's skeleton, as one RE2 pattern."""
 
-    def __init__(self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS) -> None:
-        self.keywords = tuple(dict.fromkeys(keywords))
-        self.words = tuple(words)
-        anywhere, last = "|".join(self.keywords), "|".join(self.words)
-        harmless = "|".join(HARMLESS_TOKENS)
+    def __init__(self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS,
+                 whole_words: Iterable[str] = WHOLE_WORDS) -> None:
+        # Keywords beyond ASCII (detect-secrets' `contraseña`) are judged by their skeleton too.
+        self.keywords = tuple(dict.fromkeys(_skeleton_fragment(keyword) for keyword in keywords))
+        self.words = tuple(_skeleton_fragment(word) for word in words)
+        self.whole_words = tuple(_skeleton_fragment(word) for word in whole_words)
+        anywhere, last, whole = "|".join(self.keywords), "|".join(self.words), "|".join(self.whole_words)
+        harmless = "|".join((*HARMLESS_TOKENS, MARKERS))
         # Alternatives are tried in order, all anchored at the start: a keyword anywhere wins over a
         # special token's name (`secret_pad_token` is refused), which wins over a last word.
         self._rule = compile_pattern(
-            rf"^(?:.*?(?P<anywhere>{anywhere})|(?:.*_)?(?P<harmless>(?:{harmless})_token)$|(?:.*_)?[^_]*?(?P<last>{last})$)")
+            rf"^(?:.*?(?P<anywhere>{anywhere})|(?:.*_)?(?P<harmless>(?:{harmless})_token)$"
+            rf"|(?:.*_)?(?P<whole>{whole})$|(?:.*_)?[^_]*?(?P<last>{last})$)")
         # Over a message's raw bytes, the keys that hold a keyword's letters (the last piece of each,
-        # in any case): a string followed by ':' is a key, and JSON outside strings (true, null,
-        # numbers) cannot spell one. Most messages have none; the others' few are judged by name.
-        stems = [_stem(keyword) for keyword in (*self.keywords, *self.words)]
-        self._keys = compile_pattern(rf'"([^"\\]*(?i:{"|".join(dict.fromkeys(stems))})[^"\\]*)"\s*:'.encode()) if all(stems) else None
+        # in any case) or a character beyond ASCII (a lookalike, or a zero-width one, may hide a
+        # keyword's letters): a string followed by ':' is a key, and JSON outside strings (true,
+        # null, numbers) cannot spell one. Most messages have none; the others' few are judged by name.
+        stems = [_stem(keyword) for keyword in (*self.keywords, *self.words, *self.whole_words)]
+        alternatives = "|".join((*dict.fromkeys(stems), r"[^\x00-\x7f]"))
+        self._keys = compile_pattern(rf'"([^"\\]*(?i:{alternatives})[^"\\]*)"\s*:'.encode()) if all(stems) else None
         self._verdicts: dict[str, bool] = {}
 
     def names_credential(self, key: str) -> bool:
@@ -118,6 +150,12 @@ class CredentialKeys:
             for index, item in enumerate(node):
                 if isinstance(item, dict | list):
                     self._walk(item, (*path, str(index)), hides, found)
+
+
+def _skeleton_fragment(fragment: str) -> str:
+    """A regex fragment with its characters beyond ASCII by their prototypes, as names are judged;
+    its ASCII (the regex syntax) as it is."""
+    return fragment if fragment.isascii() else "".join(char if char.isascii() else skeleton(char) for char in fragment)
 
 
 def _stem(keyword: str) -> str:

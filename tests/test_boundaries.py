@@ -13,7 +13,10 @@ inside functions too, so an import that only runs on some path cannot slip throu
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
   contract gives the same verdicts; `schemas/signing.py` alone imports `cryptography`, inside the
-  functions that read keys, sign and verify events, so only a reader that verifies loads it.
+  functions that read keys, sign and verify events, so only a reader that verifies loads it; and
+  `schemas/skeleton.py` alone imports confusable-homoglyphs (issue 46: credential-named keys judged
+  by their Unicode skeleton need UTS #39's confusables table, which that small pure-Python package
+  ships as data; a producer installs it with schemas).
 - Nothing but the tests imports `tests`: the benchmarks and the shipped packages run on `testbed/`
   (the local Hub, the daemon as a process, the topics' client), which the tests share.
 """
@@ -101,10 +104,11 @@ def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
 
 @pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_schemas_depend_on_pydantic_and_the_standard_library_only(path: Path) -> None:
-    optional = {"re2"} if path.name == "regex.py" else set()  # the engine it prefers; `re` without it
-    # Signed events: checking the fleet's Ed25519 signature needs cryptography, in this one module,
-    # imported inside its functions only (tests/schemas/test_signing.py: importing schemas loads none).
-    optional |= {"cryptography"} if path.name == "signing.py" else set()
+    # regex.py: the engine it prefers, `re` without it; skeleton.py: UTS #39's confusables table,
+    # data without code of its own to run (issue 46, credential-named keys in lookalikes); signing.py:
+    # checking the fleet's Ed25519 signature needs cryptography, imported inside its functions only
+    # (tests/schemas/test_signing.py: importing schemas loads none).
+    optional = {"regex.py": {"re2"}, "skeleton.py": {"confusable_homoglyphs"}, "signing.py": {"cryptography"}}.get(path.name, set())
     outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} - optional if name not in sys.stdlib_module_names}
     assert not outside
 
@@ -116,12 +120,14 @@ def test_schemas_give_the_same_verdicts_without_re2() -> None:
     code = (
         "import sys; sys.modules['re2'] = None\n"
         "from schemas.regex import ENGINE, pattern_problem\n"
-        "from schemas.secrets import secret_kind\n"
+        "from schemas.secrets import BUILTIN, secret_kind\n"
         "print(ENGINE, pattern_problem('[') is not None, pattern_problem('a{4294967296}') is not None,"
+        " BUILTIN.keys.names_credential('p\u0430ssword'), BUILTIN.keys.may_hold('{\"p\u0430ssword\": 1}'.encode()),"
+        " BUILTIN.keys.names_credential('eot_token'),"
         " secret_kind('xoxb-1234567890-abcdefghij'), secret_kind('a prompt about tokens'))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split(maxsplit=1)
-    assert out == ["re", "True True a Slack token or webhook None\n"]
+    assert out == ["re", "True True True True False a Slack token or webhook None\n"]
 
 
 def test_importing_every_daemon_module_loads_no_training_stack() -> None:

@@ -18,6 +18,7 @@ from typing import Literal
 import structlog
 
 from daemon.children.child import Child
+from daemon.children.environment import passed_on
 from daemon.children.forkserver import ForkServer
 from daemon.ops import metrics
 from daemon.settings import Settings
@@ -31,9 +32,10 @@ MOST_FORKSERVER_DEATHS = 3
 
 
 def child_environment(settings: Settings) -> dict[str, str]:
-    """What every child sees: the Hub endpoint and the daemon's token (never a request's), the
-    operator's experiment tracker, quiet logs."""
-    env = dict(os.environ)
+    """What every child sees: of the daemon's environment only what daemon/children/environment.py
+    allows, the Hub endpoint and the daemon's token (never a request's), the operator's experiment
+    tracker, quiet logs."""
+    env = passed_on(os.environ, settings)
     env["HF_ENDPOINT"] = settings.hub_endpoint
     env.pop("HF_TOKEN", None)
     if settings.hub_token is not None:

@@ -65,6 +65,8 @@ def main() -> int:
     reporter.restart_clock()
     rank = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, " if is_torchrun_worker() else ""
     print(f"adapterd child {os.getpid()}: {rank}job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
+    # What the job got of the daemon's environment (daemon/children/environment.py): names, never values.
+    print(f"adapterd child {os.getpid()}: environment {' '.join(sorted(os.environ))}", flush=True)
 
     def stop(signum: int, frame: object) -> None:
         # While training, stop at a fresh checkpoint (JobCallback); before that there is nothing to keep.

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from daemon.jobs.retention import prune
 
 DAY = 86400.0
@@ -80,3 +82,89 @@ async def test_the_daemons_pass_spares_its_running_jobs_and_counts_what_it_remov
     assert pruned is not None and pruned.folders == ["stale"]
     assert not (settings.jobs_dir / "stale").exists() and (settings.jobs_dir / "in-use").is_dir()
     assert metrics.PRUNED.labels("folder")._value.get() == before + 1
+
+
+def test_a_job_that_starts_on_an_old_folder_during_a_pass_keeps_it_and_its_new_log(tmp_path: Path) -> None:
+    # Issue 46: the pass reads the folders, then a job starts on an old one (a request sent again)
+    # and writes its log before the pass removes it. The seam: the pass's `take`, which a job's
+    # first line precedes here, exactly between the read and the removal.
+    from daemon.jobs import retention
+
+    jobs = tmp_path / "jobs"
+    old = job(jobs, "sent-again", 30)
+    job(jobs, "stale", 31)
+
+    def job_starts_then_take(target: Path, folder: Path, changed: float) -> Path | None:
+        if folder.name == "sent-again":
+            (folder / "child.log").write_text("attempt 2: step 1\n")
+            os.utime(folder / "child.log", (NOW - 1, NOW - 1))  # a second ago, on the test's clock: newer than the pass read
+        return retention.set_aside(target, folder, changed)
+
+    pruned = prune(jobs, running=(), max_age_s=14 * DAY, max_count=500, now=NOW, take=job_starts_then_take)
+
+    assert pruned.folders == ["stale"] and not (jobs / "stale").exists()
+    assert (old / "child.log").read_text() == "attempt 2: step 1\n" and (old / "checkpoints" / "checkpoint-4").is_dir()
+    assert sorted(path.name for path in jobs.iterdir()) == ["sent-again"]  # nothing left set aside
+
+
+async def test_a_job_the_daemon_starts_during_a_pass_keeps_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same race in the daemon, before the job has written anything: the scheduler takes the
+    # request while the pass (in its thread) reads the folders. The seam: reading the folder's age,
+    # which here waits until the loop has registered the job. The set-aside checks the scheduler's
+    # jobs on the loop, so the folder stays; a snapshot taken as the pass began would not see it.
+    import asyncio
+    import time
+
+    from daemon.jobs import retention
+    from daemon.service import Service
+    from daemon.settings import Settings
+    from testbed.memory_kafka import FakeConsumer, FakeProducer
+
+    settings = Settings(work_dir=tmp_path / "work", gpus=[], warm_child=False, metrics_address=None, job_retention_days=7)
+    service = Service(settings, consumer=FakeConsumer(), producer=FakeProducer())  # type: ignore[arg-type]
+    ago = (NOW - time.time()) / DAY
+    folder = job(settings.jobs_dir, "sent-again", 30 + ago)
+    job(settings.jobs_dir, "stale", 31 + ago)
+    loop = asyncio.get_running_loop()
+    read_age = retention.last_change
+
+    async def the_scheduler_takes_the_request() -> None:
+        service.scheduler.jobs[object()] = type("Running", (), {"request_id": "sent-again"})()  # type: ignore[index]
+
+    def last_change_while_a_job_starts(path: Path) -> float:
+        if path.name == "sent-again" and not service.scheduler.jobs:
+            asyncio.run_coroutine_threadsafe(the_scheduler_takes_the_request(), loop).result(10)
+        return read_age(path)
+
+    monkeypatch.setattr(retention, "last_change", last_change_while_a_job_starts)
+    pruned = await service.prune_once()
+
+    assert pruned is not None and pruned.folders == ["stale"]
+    assert (folder / "child.log").exists() and (folder / "checkpoints" / "checkpoint-4").is_dir()
+
+
+def test_a_checkpoints_link_is_neither_walked_nor_counted(tmp_path: Path) -> None:
+    # Issue 46: a succeeded job's `checkpoints` that is a link to a big tree elsewhere: not walked,
+    # not reported as freed, its tree untouched; the link goes with its folder, the tree stays.
+    jobs = tmp_path / "jobs"
+    big = tmp_path / "elsewhere" / "tree"
+    (big / "deep").mkdir(parents=True)
+    (big / "deep" / "weights.bin").write_bytes(b"x" * 100_000)
+    kept = job(jobs, "linked", 1, succeeded=True, checkpoint_bytes=0)
+    gone = job(jobs, "linked-old", 30, succeeded=True, checkpoint_bytes=0)
+    for folder in (kept, gone):
+        for entry in (folder / "checkpoints").rglob("*"):
+            if entry.is_file():
+                entry.unlink()
+        (folder / "checkpoints" / "checkpoint-4").rmdir()
+        (folder / "checkpoints").rmdir()
+        (folder / "checkpoints").symlink_to(big, target_is_directory=True)
+        (folder / "weights-link").symlink_to(big / "deep" / "weights.bin")  # a link to a file: not counted either
+    own = sum(path.lstat().st_size for path in gone.iterdir() if path.is_file() and not path.is_symlink())
+
+    pruned = prune(jobs, running=(), max_age_s=14 * DAY, max_count=500, now=NOW)
+
+    assert pruned.checkpoints == [] and (kept / "checkpoints").is_symlink()  # not a folder of checkpoints
+    assert pruned.folders == ["linked-old"] and not gone.exists()
+    assert pruned.freed_bytes == own < 100_000
+    assert (big / "deep" / "weights.bin").stat().st_size == 100_000

@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from benchmarks.intake import bad_message
 from schemas import Rejection, decode_request
@@ -28,6 +30,23 @@ CREDENTIAL_NAMES = [
     "Authorization", "authorization", "auth", "Auth", "x-auth", "basic_auth", "oauth", "proxyAuthorization",
     "credentials", "credential", "gcp_credentials", "passphrase", "ssh_passphrase", "bearer", "session_cookie",
     "private_key", "privateKey", "secret_pad_token",
+    # Issue 46: more credential words, whole where glued they end other words.
+    "session", "user_session", "access_key", "accessKey", "aws_access_key_id", "jwt", "user_jwt", "dsn", "sentry_dsn",
+    "connection_string", "connectionString", "AZURE_STORAGE_CONNECTION_STRING", "pass", "db_pass", "user-pass", "bot_token",
+]
+# Issue 46: lookalikes spelling a credential name, by their Unicode skeleton.
+LOOKALIKE_NAMES = [
+    "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44",  # fullwidth ｐａｓｓｗｏｒｄ
+    "p\u0430ssword",  # Cyrillic а
+    "to\u200bken",  # a zero-width space
+    "HF_\u200dTOKEN\ufeff",  # a zero-width joiner, a byte-order mark
+    "\uff28\uff26\uff3f\uff34\uff2f\uff2b\uff25\uff2e",  # fullwidth ＨＦ＿ＴＯＫＥＮ
+    "\u0455ecret",  # Cyrillic ѕ
+    "\u03c1assword",  # Greek ρ
+    "AUTH\u039fR\u0399ZATI\u039fN",  # Greek capital Ο and Ι
+    "hf\u0422oken",  # Cyrillic capital Т
+    "\U0001d429\U0001d41a\U0001d42c\U0001d42c",  # mathematical bold 𝐩𝐚𝐬𝐬
+    "api\u2010key",  # a Unicode hyphen
 ]
 HARMLESS_NAMES = [
     "tokenizer_name", "max_tokens", "num_tokens", "tokenizer", "Tokenizer", "tokenizerName", "TOKENIZER_NAME",
@@ -35,6 +54,10 @@ HARMLESS_NAMES = [
     "pad_token", "eos_token", "bos_token", "stop_token", "stop_token_id", "pad_token_id", "image_token",
     "author", "authors", "authored_by", "keyword", "key", "monkey", "primary_key_column", "pass_threshold",
     "team", "owner", "run_name", "notes",
+    # Issue 46: a tokenizer's tokens, by the word before `token`; words that only end in a credential word.
+    "eot_token", "boi_token", "eom_token", "fim_prefix_token", "fim_suffix_token", "assistant_token", "chat_template_token",
+    "max_token", "sot_token", "eoi_token", "start_of_turn_token", "bypass", "compass", "obsession", "session_count",
+    "passage", "jwt_algorithm", "tokenizer_n\u0430me", "\uff54\uff4f\uff4b\uff45\uff4e\uff49\uff5a\uff45\uff52",
 ]
 
 
@@ -43,9 +66,43 @@ def test_a_credential_name_is_named_so_in_any_spelling(name: str) -> None:
     assert BUILTIN.keys.names_credential(name), (name, words(name))
 
 
+@pytest.mark.parametrize("name", LOOKALIKE_NAMES)
+def test_a_credential_name_in_lookalikes_is_judged_by_its_skeleton(name: str) -> None:
+    assert BUILTIN.keys.names_credential(name), (name, words(name))
+    assert BUILTIN.keys.may_hold(json.dumps({"metadata": {name: "x"}}, ensure_ascii=False).encode())  # raw UTF-8, no escape
+
+
+def test_a_skeleton_keeps_what_unicode_does_not_call_confusable() -> None:
+    # Cyrillic lowercase т is confused with small capital ᴛ, not t (UTS #39); Cyrillic Н with H.
+    assert [words(name) for name in ("p\u0430ss\u200bword", "\u0422\u041e\u041a\u0415\u041d", "contrase\u00f1a")] == [
+        "password", "tokeh", "contrase\u00f1a"]
+
+
+@given(st.sampled_from(["password", "hf_token", "api_key", "secret", "connection_string", "db_pass"]), st.data())
+def test_any_spelling_in_lookalikes_of_a_credential_name_is_one(name: str, data: st.DataObject) -> None:
+    # Each letter as it is, fullwidth, or a lookalike of another script, with zero-width characters
+    # between letters: the name's skeleton is the same, and so is the verdict.
+    lookalikes = {"a": "\u0430\u0251", "e": "\u0435", "o": "\u043e\u03bf", "p": "\u0440\u03c1", "s": "\u0455", "c": "\u0441",
+                  "i": "\u0456\u03b9", "k": "\u212a", "y": "\u0443", "x": "\u0445"}
+    spelled = ""
+    for char in name:
+        choices = [char, chr(ord(char) + 0xFEE0) if char.isalpha() else "\uff3f", *lookalikes.get(char, "")]
+        spelled += data.draw(st.sampled_from(choices)) + data.draw(st.sampled_from(["", "", "\u200b", "\u200c", "\u2060"]))
+    assert words(spelled) == name, (spelled, words(spelled))
+    assert BUILTIN.keys.names_credential(spelled), spelled
+
+
 @pytest.mark.parametrize("name", HARMLESS_NAMES)
 def test_a_name_that_only_contains_a_keyword_is_harmless(name: str) -> None:
     assert not BUILTIN.keys.names_credential(name), (name, words(name))
+
+
+def test_a_lookalike_key_is_refused_naming_the_key_as_written() -> None:
+    name = "p\u0430ssword"
+    raw = json.dumps(sft_request("lookalike", metadata={"team": "t", name: VALUE}), ensure_ascii=False).encode()
+    refused = decode_request(raw)
+    assert isinstance(refused, Rejection) and refused.reason == "secret_in_request"
+    assert [error.path for error in refused.errors] == [f"metadata.{name}"] and VALUE not in repr(refused)
 
 
 def test_a_name_is_split_into_lowercase_words() -> None:
@@ -114,3 +171,11 @@ def test_the_walk_runs_only_when_a_key_is_a_credential_name() -> None:
     assert BUILTIN.keys.may_hold(json.dumps({"metadata": {"note": "x", "HF_TOKEN": "x"}}).encode())
     assert BUILTIN.keys.may_hold(json.dumps({"metadata": {"HF_TOKEN" : "x"}}, indent=2).encode())  # whitespace before ':'
     assert BUILTIN.keys.may_hold(b'{"metadata": {"hf_\\u0074oken": "x"}}')  # an escape is always walked
+
+
+def test_a_capital_only_nfkc_makes_ascii_begins_no_word() -> None:
+    # Hypothesis found it: the Kelvin sign (U+212A) in `hf_to\u212aen` is `K` after NFKC; read as a camel-case
+    # capital it cut `token` in two and the credential passed.
+    assert words("hf_to\u212aen") == "hf_token"
+    assert BUILTIN.keys.names_credential("hf_to\u212aen")
+    assert words("hfToken") == "hf_token"  # an ASCII capital still begins a word
