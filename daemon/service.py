@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
@@ -206,7 +207,7 @@ class Service:
         api = HfApi(endpoint=self.settings.hub_endpoint, token=self.settings.hub_token.get_secret_value())
         try:
             async with asyncio.timeout(HUB_WHOAMI_S):
-                who = await asyncio.to_thread(api.whoami)
+                who = await executors.run("hub", api.whoami)
         except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
             log.error("hub.token_unusable", hub=self.settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return None
@@ -223,8 +224,8 @@ class Service:
         jobs left alone; None when it could not read or remove a folder (said, and tried next time)."""
         running = {job.request_id for job in self.scheduler.jobs.values()}
         try:
-            pruned = await asyncio.to_thread(
-                prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
+            pruned = await executors.run(
+                "retention", prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
             )
         except OSError as exc:
             log.warning("retention.failed", error=str(exc))
