@@ -89,6 +89,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 pass  # the client gave up waiting and closed the connection
             fault.answered += 1
             return
+        delay = hub.delay(self.command, path)
+        if delay:
+            threading.Event().wait(delay)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
             self._route(url.path, query)
