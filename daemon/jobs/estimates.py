@@ -12,6 +12,7 @@ partitions run at once, so a batch waits about one deadline in all, not one a re
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
@@ -69,9 +70,13 @@ class Estimates:
         task = asyncio.create_task(estimator.need(request), name=f"estimate-{request.request_id}")
         started = self.pending[tp] = Pending(offset, request.request_id, task)
         log.info("memory.estimating", request_id=request.request_id, partition=tp.partition, offset=offset)
+        since = time.monotonic()
 
         def done(_: asyncio.Task[Estimate | None]) -> None:
             if self.pending.get(tp) is started:  # not forgotten meanwhile
+                known = not task.cancelled() and task.exception() is None and task.result() is not None
+                log.info("memory.estimated", request_id=request.request_id, partition=tp.partition, known=known,
+                         seconds=round(time.monotonic() - since, 3))
                 self.on_done(tp)
 
         task.add_done_callback(done)
