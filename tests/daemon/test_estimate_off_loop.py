@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from daemon.jobs.memory import Estimate, Tensors, WeightsUnreadable
 from daemon.settings import Settings
 from handlers.protocol import StageEntered
 from schemas import RequestBase, decode_request
-from testbed.data import safetensors_header_only
+from testbed.data import safetensors_header_only, sharded_safetensors
 from testbed.hub_server import HubServer
 from testbed.memory_kafka import FakeRecord
 from tests.core import Core
@@ -213,8 +214,9 @@ async def test_hub_header_reads_that_do_not_answer_end_by_their_deadline_and_giv
     hub: HubServer, settings: Settings, tmp_path: Path,
 ) -> None:
     host = settings.model_copy(update={"hub_endpoint": hub.endpoint})
-    stalled = [f"stalled/model-{index}" for index in range(executors.THREADS["headers"])]
-    for repo_id in [*stalled, "prompt/model"]:
+    prefix = f"stalled-{uuid.uuid4().hex[:8]}"
+    stalled = [f"{prefix}/model-{index}" for index in range(executors.THREADS["headers"])]
+    for repo_id in [*stalled, f"{prefix}-prompt/model"]:
         hub.put_files(repo_id, {"model.safetensors": safetensors_header_only(small_header())})
     for repo_id in stalled:
         hub.slow_down("GET", f"^/{repo_id}/resolve/", 60)  # far past any deadline here
@@ -223,8 +225,23 @@ async def test_hub_header_reads_that_do_not_answer_end_by_their_deadline_and_giv
     waits = await asyncio.gather(*(estimator.need(request(model={"id": repo_id})) for repo_id in stalled))
     assert waits == [None] * len(stalled)  # every header thread had a read that did not answer
     # A read that kept its thread would hold it for a minute: this one would wait past its deadline.
-    found = await estimator.need(request(model={"id": "prompt/model"}))
+    found = await estimator.need(request(model={"id": f"{prefix}-prompt/model"}))
     assert found is not None and found.parts["weights"] == 2 * Tensors.from_headers([small_header()]).parameters
+
+
+async def test_a_sharded_hub_model_is_read_from_its_index_and_every_shards_header(hub: HubServer, settings: Settings, tmp_path: Path) -> None:
+    prefix = f"sharded-{uuid.uuid4().hex[:8]}"
+    hub.put_files(f"{prefix}/whole", {"model.safetensors": safetensors_header_only(small_header())})
+    hub.put_files(f"{prefix}/sharded", sharded_safetensors(small_header(), 5))
+    files = sharded_safetensors(small_header(), 2)
+    files["model.safetensors.index.json"] = json.dumps({"weight_map": {"x": "../elsewhere.safetensors"}}).encode()
+    hub.put_files(f"{prefix}/escaping", files)
+    estimator = Estimator(settings.model_copy(update={"hub_endpoint": hub.endpoint}), MemoryHistory.load(tmp_path / "memory.json"))
+    whole, sharded = [await estimator.need(request(model={"id": f"{prefix}/{name}"})) for name in ("whole", "sharded")]
+    assert whole is not None and whole == sharded  # five shards' headers make the same model as one file's
+    assert len([path for method, path in hub.requests if path.startswith(f"/{prefix}/sharded/resolve/")]) == 1 + 1 + 5  # probe, index, shards
+    assert await estimator.need(request(model={"id": f"{prefix}/escaping"})) is None  # an index naming a file outside the repo
+    assert await estimator.need(request(model={"id": f"{prefix}/missing"})) is None
 
 
 @pytest.mark.parametrize(("shape", "said"), [
