@@ -20,10 +20,25 @@ PREFERENCE_DATASET = "tiny/preferences"
 CHAT_ROWS = [row for index, row in enumerate(DEMO_CHAT_ROWS) if index not in (2, 6)]
 
 
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
 def safetensors_header_only(header: dict[str, Any]) -> bytes:
     """A safetensors file of `header` alone, without the weights it describes: what reading the
-    header for the memory estimate needs (daemon/jobs/headers.py), at a few bytes a tensor."""
-    raw = json.dumps(header).encode()
+    header for the memory estimate needs (daemon/jobs/headers.py), at a few bytes a tensor. Each
+    tensor gets the `data_offsets` safetensors writes (huggingface_hub's parser asks for them);
+    a shape no tensor has (a test's negative dimension) gets none to speak of."""
+    offset, described = 0, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            described[name] = info
+            continue
+        size = DTYPE_BYTES.get(info.get("dtype"), 2)
+        for dimension in info.get("shape", []):
+            size *= dimension if isinstance(dimension, int) and 0 <= dimension < 2**64 else 0
+        described[name] = {**info, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(described).encode()
     return struct.pack("<Q", len(raw)) + raw
 
 
