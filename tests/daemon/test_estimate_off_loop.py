@@ -127,7 +127,7 @@ async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_
 
 async def test_a_requests_models_are_read_at_once_within_one_deadline_and_then_known(settings: Settings, tmp_path: Path) -> None:
     estimator = Estimator(settings, MemoryHistory.load(tmp_path / "memory.json"))
-    estimator.DEADLINE_S = 0.2  # type: ignore[misc]
+    estimator.DEADLINE_S = 0.2
     started: list[str] = []
 
     async def never_answers(model_id: str, revision: str | None, deadline: Deadline) -> Tensors:
@@ -221,7 +221,7 @@ async def test_hub_header_reads_that_do_not_answer_end_by_their_deadline_and_giv
     for repo_id in stalled:
         hub.slow_down("GET", f"^/{repo_id}/resolve/", 60)  # far past any deadline here
     estimator = Estimator(host, MemoryHistory.load(tmp_path / "memory.json"))
-    estimator.DEADLINE_S = 2.0  # type: ignore[misc]
+    estimator.DEADLINE_S = 2.0
     waits = await asyncio.gather(*(estimator.need(request(model={"id": repo_id})) for repo_id in stalled))
     assert waits == [None] * len(stalled)  # every header thread had a read that did not answer
     # A read that kept its thread would hold it for a minute: this one would wait past its deadline.
