@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,8 +93,9 @@ class Estimates:
         if pending is not None:
             pending.task.cancel()
 
-    def keep_only(self, assigned: Collection[TopicPartition]) -> None:
-        """After a rebalance: the estimates of partitions this member still has are kept (their
-        records are read again from the committed offsets, and find them); the others are dropped."""
-        for tp in [tp for tp in self.pending if tp not in assigned]:
+    def forget_all(self) -> None:
+        """After a rebalance (every partition starts again, unpaused, at its committed offset: the
+        records are read and offered again, and their estimates asked again; reads of models in
+        flight go on, `Estimator` shares them), and when the daemon stops."""
+        for tp in list(self.pending):
             self.forget(tp)

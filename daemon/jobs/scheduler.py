@@ -290,15 +290,14 @@ class Scheduler:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
         self.waiting.clear()  # their partitions start again at the retry, which is read anew
-        self.estimates.keep_only(assigned)
+        self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 
     async def stop_jobs(self) -> None:
         """Stop running jobs without committing them: each saves a checkpoint (within `drain_timeout_s`)
         and its request is read again after a restart, resuming there."""
         self.stopping = True
-        for tp in list(self.estimates.pending):
-            self.estimates.forget(tp)
+        self.estimates.forget_all()
         for job in self.jobs.values():
             # A job whose outcome is published is not stopped: it commits rather than being read again.
             job.runner.stop(Stop.interrupt("daemon stopping", self.settings.drain_timeout_s))

@@ -88,7 +88,7 @@ class HeldNeeds:
 
     async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
         self.started.append(request.request_id)
-        return await self._answer(request.request_id)
+        return await asyncio.shield(self._answer(request.request_id))  # a cancelled wait leaves the answer to come
 
     def answer(self, request_id: str, need_bytes: int) -> None:
         self._answer(request_id).set_result(Estimate({"weights": need_bytes}, gradient_checkpointing=True))
@@ -123,6 +123,27 @@ async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_
     assert job.request_id == "r1" and job.placement is not None and job.placement.share_bytes == 30 * GIB
     await core.scheduler.stop_jobs()
     assert core.scheduler.estimates.pending == {}  # the others' are dropped: their records are read again after a restart
+
+
+async def test_after_a_rebalance_a_record_waiting_for_its_estimate_is_read_and_held_again(settings: Settings) -> None:
+    core = Core(settings, children=FakeChildren(HANGS))
+    needs = HeldNeeds()
+    core.scheduler.memory = needs  # type: ignore[assignment]
+    tp, record = record_on(core, "r0", 0)
+    await core.intake.take(tp, [record])
+    await turns_until(lambda: needs.started == ["r0"])
+    # A rebalance: aiokafka gives the partition back unpaused, at its committed offset.
+    core.consumer.paused.discard(tp)
+    await core.scheduler.on_assigned({tp})
+    assert not core.scheduler.holds(tp)  # else intake would pass its records by, and lose them
+    await core.intake.take(tp, [record])  # read again from the committed offset
+    await turns_until(lambda: needs.started == ["r0", "r0"])
+    assert tp in core.consumer.paused and core.consumer.sought[tp] == 7  # held at it again
+    needs.answer("r0", GIB)
+    await turns_until(lambda: tp not in core.consumer.paused)
+    await core.intake.take(tp, [record])
+    assert [job.request_id for job in core.scheduler.jobs.values()] == ["r0"]
+    await core.scheduler.stop_jobs()
 
 
 async def test_a_requests_models_are_read_at_once_within_one_deadline_and_then_known(settings: Settings, tmp_path: Path) -> None:
