@@ -124,7 +124,8 @@ class Estimator:
             async with asyncio.timeout(self.DEADLINE_S):
                 await asyncio.gather(*(asyncio.shield(read) for read in reads))
         except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
-            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=f"{type(exc).__name__}: {exc}"[:300])
+            said = f"not read within {self.DEADLINE_S:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=said[:300])
             return None
         return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
 
