@@ -81,7 +81,8 @@ def measure(request_path: Path) -> int:
 
 
 def main() -> None:
-    from daemon.jobs.memory import estimate, local_tensors
+    from daemon.jobs.headers import local_tensors
+    from daemon.jobs.memory import estimate
     from schemas import RequestBase, decode_request
 
     mib = 2**20

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import structlog
 from aiokafka import TopicPartition
 
+from daemon import executors
 from daemon.admission.capabilities import unsupported_reason
 from daemon.admission.images import has_inline_images, inline_image_errors
 from daemon.admission.policy import policy_errors
@@ -44,12 +45,12 @@ OFF_LOOP_BYTES = 65_536
 async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
     """`decode_request` with the daemon's scanner: on the loop for a small record (most of them,
     thousands a second on the rejection path, where a thread's hop would cost more than the work),
-    in a worker thread from OFF_LOOP_BYTES, where parsing, validating and scanning grow with the
+    in a thread of the `decode` pool (daemon/executors.py) from OFF_LOOP_BYTES, where parsing, validating and scanning grow with the
     content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code
     that gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
     if len(value or b"") < OFF_LOOP_BYTES:
         return decode_request(value, key, scanner=SCANNER)
-    return await asyncio.to_thread(decode_request, value, key, scanner=SCANNER)
+    return await executors.run("decode", decode_request, value, key, scanner=SCANNER)
 
 
 def internal_rejection(record: Record, exc: Exception, request_id: str | None = None) -> Rejection:
@@ -131,7 +132,7 @@ class Intake:
             return refused
         try:
             async with asyncio.timeout(IMAGE_CHECK_DEADLINE_S):
-                images = await asyncio.to_thread(inline_image_errors, request, self.settings.image_bounds)
+                images = await executors.run("images", inline_image_errors, request, self.settings.image_bounds)
         except TimeoutError:
             images = [FieldError(path="dataset.rows", message=f"its images took longer than {IMAGE_CHECK_DEADLINE_S:g} s to check; send fewer or smaller images")]
         return Rejection("invalid", images, request.request_id) if images else None

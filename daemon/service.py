@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
@@ -115,7 +116,7 @@ class Service:
         await self.publisher.start()
         # UTS #39's confusables (credential-named keys by their skeleton), read once off the loop before
         # any request: the first key beyond ASCII does not wait for them on it.
-        await asyncio.to_thread(prototypes)
+        await executors.run("decode", prototypes)
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
@@ -211,7 +212,7 @@ class Service:
         api = HfApi(endpoint=self.settings.hub_endpoint, token=self.settings.hub_token.get_secret_value())
         try:
             async with asyncio.timeout(HUB_WHOAMI_S):
-                who = await asyncio.to_thread(api.whoami)
+                who = await executors.run("hub", api.whoami)
         except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
             log.error("hub.token_unusable", hub=self.settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             return None
@@ -230,9 +231,9 @@ class Service:
         running = {job.request_id for job in self.scheduler.jobs.values()}
         take = on_loop(asyncio.get_running_loop(), lambda name: any(job.request_id == name for job in self.scheduler.jobs.values()))
         try:
-            pruned = await asyncio.to_thread(
-                prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count, time.time(),
-                take,
+            pruned = await executors.run(
+                "retention", prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count,
+                time.time(), take,
             )
         except OSError as exc:
             log.warning("retention.failed", error=str(exc))

@@ -52,6 +52,12 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # the stdlib's name
         pass
 
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up waiting (a read past its deadline, `slow_down`) and closed the connection
+
     # Plumbing.
 
     def _send(self, status: int, body: Any = None, headers: dict[str, str] | None = None, *, raw: bytes | None = None) -> None:
@@ -89,6 +95,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 pass  # the client gave up waiting and closed the connection
             fault.answered += 1
             return
+        delay = hub.delay(self.command, path)
+        if delay:
+            threading.Event().wait(delay)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
             self._route(url.path, query)

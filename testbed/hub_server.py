@@ -2,7 +2,8 @@
 `datasets` use to create repos, commit files, and download files and snapshots.
 
 It keeps everything it receives in memory so tests can check it, and can inject faults
-(`HubServer.fail(...)`) to show how the daemon behaves when the real Hub misbehaves. The state is
+(`HubServer.fail(...)`), or answer late (`HubServer.slow_down(...)`: slow safetensors headers, say),
+to show how the daemon behaves when the real Hub misbehaves. The state is
 `testbed/hub_state.py`'s; `testbed/hub_http.py` answers the HTTP requests; this module runs the server.
 """
 

@@ -69,9 +69,21 @@ class Fault:
 
 
 @dataclass
+class Slow:
+    """Serve matching requests as usual, but each only after `delay_s`: a Hub slow to answer (reads
+    of safetensors headers, say), unlike a `Fault`, which answers in the Hub's place."""
+
+    method: str
+    path_pattern: str
+    delay_s: float
+    served: int = 0  # matching requests that have waited their delay
+
+
+@dataclass
 class HubState:
     repos: dict[tuple[str, str], Repo] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    slow: list[Slow] = field(default_factory=list)
     requests: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
     # Tokens the Hub knows, each with what `whoami` says of it; while empty, every request is one
@@ -85,6 +97,29 @@ class HubState:
         with self.lock:
             self.faults.append(fault)
         return fault
+
+    def slow_down(self, method: str, path_pattern: str, delay_s: float) -> Slow:
+        """From now on, every request matching `method` and `path_pattern` is answered `delay_s` late."""
+        slow = Slow(method, path_pattern, delay_s)
+        with self.lock:
+            self.slow.append(slow)
+        return slow
+
+    def delay(self, method: str, path: str) -> float:
+        """How long to wait before answering this request (the sum of the matching `Slow`s)."""
+        with self.lock:
+            matching = [slow for slow in self.slow if slow.method == method and re.search(slow.path_pattern, path)]
+            for slow in matching:
+                slow.served += 1
+        return sum(slow.delay_s for slow in matching)
+
+    def put_files(self, repo_id: str, files: dict[str, bytes], title: str = "files") -> Commit:
+        """Commit `files` to a model repo's main (created if need be), as an upload would."""
+        with self.lock:
+            repo = self.create_repo(repo_id)
+            commit = new_commit(repo, repo.resolve("main"), title, "", files)
+            repo.branches["main"] = commit.sha
+            return commit
 
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo:
         with self.lock:

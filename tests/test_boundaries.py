@@ -142,7 +142,7 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
 # reads as the architecture does (docs/architecture.md) and a part can be understood, and tested,
 # with what is under it alone. Peers in one layer never import each other.
 DAEMON_LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "executors"},  # the error tree; the bounded pools of worker threads
     {"secret_files"},  # the settings source that reads the operator's secret files
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from huggingface_hub import HfApi
 
+from daemon import executors
 from daemon.admission.policy import other_models
+from daemon.jobs.headers import Deadline, HubModel, local_files, read_header
 from daemon.jobs.journal import write_atomically
-from daemon.jobs.memory import Estimate, Tensors, WeightsUnreadable, estimate, local_tensors
+from daemon.jobs.memory import Estimate, Tensors, estimate
 from daemon.settings import Settings
 from schemas.request import RequestBase
 
@@ -36,7 +39,9 @@ class MemoryHistory:
     def load(cls, path: Path) -> MemoryHistory:
         try:
             loaded = json.loads(path.read_text())
-            ratios = {str(key): [float(value) for value in values][-cls.KEEP:] for key, values in loaded.items()}
+            # Only ratios a job could have measured: a file edited to say Infinity or -1 scales nothing.
+            ratios = {str(key): [ratio for ratio in map(float, values) if math.isfinite(ratio) and 0 < ratio < 1000][-cls.KEEP:]
+                      for key, values in loaded.items()}
         except (FileNotFoundError, ValueError, TypeError, AttributeError):
             ratios = {}
         return cls(path, ratios)
@@ -57,56 +62,114 @@ class MemoryHistory:
         write_atomically(self.path, self.ratios)
 
 
+Key = tuple[str, str | None]  # a model and its revision
+
+
 class Estimator:
     """Estimates of requests' jobs on this host: their models' headers read once per model and
-    revision (a local folder's files, or the Hub's safetensors metadata), scaled by the history.
-    Unknown (None) when a model's headers cannot be read within `READ_TIMEOUT_S` (the scheduler waits
-    on it: a Hub that is away must not hold intake), and for `UNKNOWN_FOR_S` after that, for that model:
-    such a job takes a whole GPU."""
+    revision (a local folder's files, or the Hub's), scaled by the history.
 
-    READ_TIMEOUT_S = 10.0
+    `known` answers at once, from what was read before: the scheduler's offer asks it on the event
+    loop. `need` reads what is missing, every model of the request at once, all within one deadline
+    (`DEADLINE_S`) in the `headers` pool's threads (daemon/jobs/headers.py: reads that end by it); the
+    scheduler runs it beside the loop (daemon/jobs/estimates.py). A model whose headers could not be
+    read in time, or say no model (a negative dimension), is unknown for `UNKNOWN_FOR_S`: a job of it
+    takes a whole GPU. `KEEP_MODELS` models' tensors are kept, the least recently used let go."""
+
+    DEADLINE_S = 10.0
     UNKNOWN_FOR_S = 300.0
+    KEEP_MODELS = 64
 
     def __init__(self, settings: Settings, history: MemoryHistory) -> None:
         self.settings = settings
         self.history = history
-        self._tensors: dict[tuple[str, str | None], Tensors] = {}
-        self._unknown: dict[tuple[str, str | None], float] = {}  # model and revision → until when it is not asked again
+        self._tensors: OrderedDict[Key, Tensors] = OrderedDict()
+        self._unknown: dict[Key, float] = {}  # model and revision → until when it is not asked again
+        self._reading: dict[Key, asyncio.Task[None]] = {}  # one read of a model at a time, whoever asks
+
+    @staticmethod
+    def models(request: RequestBase) -> list[Key]:
+        """The models a request's job loads: its base first."""
+        return [(request.model.id, request.model.revision), *((spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request))]
+
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+        """(True, the estimate) when every model of the request was read before, (True, None) when one
+        is unknown, (False, None) when one must be read first (`need`). Quick: no read, no wait."""
+        now = time.monotonic()
+        keys = self.models(request)
+        if any(key not in self._tensors and self._unknown.get(key, 0.0) <= now for key in keys):
+            return False, None
+        if any(key not in self._tensors for key in keys):
+            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error="its headers could not be read a moment ago")
+            return True, None
+        for key in keys:
+            self._tensors.move_to_end(key)
+        try:
+            base, *others = (self._tensors[key] for key in keys)
+            found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing)
+        except Exception as exc:  # WeightsUnreadable (no embedding), or a bug: the job takes a whole GPU
+            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=str(exc)[:300])
+            return True, None
+        return True, Estimate(found.parts, found.gradient_checkpointing, self.history.scale(request.model.id, request.method))
 
     async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
-        """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None when unknown."""
+        """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None
+        when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
+        ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing)
+        if ready:
+            return found
+        deadline = Deadline.after(self.DEADLINE_S)
+        reads = [self._read_once(key, deadline) for key in dict.fromkeys(self.models(request))]
         try:
-            base = await self.tensors(request.model.id, request.model.revision)
-            others = [await self.tensors(spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)]
-            found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing)
-            return Estimate(found.parts, found.gradient_checkpointing, self.history.scale(request.model.id, request.method))
+            async with asyncio.timeout(self.DEADLINE_S):
+                await asyncio.gather(*(asyncio.shield(read) for read in reads))
         except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
-            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=f"{type(exc).__name__}: {exc}"[:300])
+            said = f"not read within {self.DEADLINE_S:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=said[:300])
             return None
+        return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         """What a job measured on a GPU, for the next estimates of its model and method."""
         self.history.learn(request.model.id, request.method, estimated.total, measured_bytes)
 
-    async def tensors(self, model_id: str, revision: str | None) -> Tensors:
-        key = (model_id, revision)
-        if key not in self._tensors:
-            if self._unknown.get(key, 0.0) > time.monotonic():
-                raise WeightsUnreadable(f"{model_id}: its headers could not be read a moment ago")
-            try:
-                async with asyncio.timeout(self.READ_TIMEOUT_S):
-                    self._tensors[key] = await asyncio.to_thread(self._read, model_id, revision)
-            except Exception:
-                self._unknown[key] = time.monotonic() + self.UNKNOWN_FOR_S
-                raise
-        return self._tensors[key]
+    def _read_once(self, key: Key, deadline: Deadline) -> asyncio.Task[None]:
+        """The read of `key` in flight (started now, with `deadline`, unless one is); done at once
+        when it is known or unknown already."""
+        if key not in self._reading:
+            task = self._reading[key] = asyncio.create_task(self._keep(key, deadline), name=f"headers-{key[0]}"[:100])
+            # Its failure is said by `need` (logged once); when every asker has stopped waiting, nobody
+            # retrieves it: retrieved here, so asyncio does not report it as lost.
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return self._reading[key]
 
-    def _read(self, model_id: str, revision: str | None) -> Tensors:
+    async def _keep(self, key: Key, deadline: Deadline) -> None:
+        try:
+            if key in self._tensors or self._unknown.get(key, 0.0) > time.monotonic():
+                return
+            try:
+                async with asyncio.timeout(max(0.0, deadline.at - time.monotonic())):
+                    tensors = await self.read(*key, deadline)
+            except BaseException:
+                now = time.monotonic()
+                self._unknown = {other: until for other, until in self._unknown.items() if until > now}
+                self._unknown[key] = now + self.UNKNOWN_FOR_S
+                raise
+            self._tensors[key] = tensors
+            while len(self._tensors) > self.KEEP_MODELS:
+                self._tensors.popitem(last=False)
+        finally:
+            del self._reading[key]
+
+    async def read(self, model_id: str, revision: str | None, deadline: Deadline) -> Tensors:
+        """A model's tensors from its headers, every file read at once in the `headers` pool."""
         if model_id.startswith("/"):  # a local model the policy allowed (daemon/admission/policy.py)
-            return local_tensors(Path(model_id))
-        token = self.settings.hub_token.get_secret_value() if self.settings.hub_token is not None else None
-        metadata = HfApi(endpoint=self.settings.hub_endpoint, token=token).get_safetensors_metadata(model_id, revision=revision)
-        return Tensors.from_headers(
-            {name: {"dtype": info.dtype, "shape": info.shape} for name, info in file.tensors.items()}
-            for file in metadata.files_metadata.values()
-        )
+            files = await executors.run("headers", local_files, Path(model_id))
+            headers = await asyncio.gather(*(executors.run("headers", read_header, path, deadline) for path in files))
+        else:
+            token = self.settings.hub_token.get_secret_value() if self.settings.hub_token is not None else None
+            model = HubModel(self.settings.hub_endpoint, model_id, revision, token)
+            found = await executors.run("headers", model.single_or_shards, deadline)
+            headers = [found] if isinstance(found, dict) else list(await asyncio.gather(
+                *(executors.run("headers", model.header, shard, deadline) for shard in found)))
+        return await executors.run("headers", lambda: Tensors.from_headers(headers).warm())

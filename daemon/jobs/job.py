@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from daemon import executors
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
@@ -274,7 +275,7 @@ class JobRunner:
             earlier = Succeeded.model_validate(recorded)
             self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in="journal")
             return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
-        found = await asyncio.to_thread(hub_push.find_commit, self.request, self.settings)
+        found = await executors.run("hub", hub_push.find_commit, self.request, self.settings)
         if found is None:
             return None
         self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
@@ -306,6 +307,6 @@ class JobRunner:
 
     async def _push(self, where: Destination) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
-        pushed = await asyncio.to_thread(hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr")
+        pushed = await executors.run("hub", hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr")
         self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location, published=where.published)
         return pushed

@@ -23,12 +23,10 @@ model and method, and the next estimate for them is scaled by the largest ratio 
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 from schemas.common import AdapterdError
@@ -36,23 +34,30 @@ from schemas.common import AdapterdError
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                "F8_E4M3": 1, "F8_E5M2": 1}
 LOAD_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
 # Per token and hidden unit (or vocabulary entry), in values of the model's dtype: Korthikanti et al.'s
 # 34 bytes of a 16-bit layer are 17 values.
 ACTIVATION_VALUES = 17  # a layer's activations kept for the backward pass
 CHECKPOINT_VALUES = 1  # with gradient checkpointing: a layer's input
 LOGIT_VALUES = 1  # the logits (the loss's float32 upcast is taken in pieces; the history corrects the rest)
 PEFT_DEFAULT_TARGETS = frozenset({"q_proj", "v_proj"})  # PEFT's default for Llama- and Qwen-like models
+# A tensor (and a model) of more values than this is no model's: 2**48 values is 256 TiB at one byte
+# each, a thousand times the largest GPU's memory. Refused as unreadable, so that an estimate is never
+# negative nor too large for a float (a 4,000-digit dimension once raised OverflowError; issue 46).
+MAX_VALUES = 2**48
+MAX_RANK = 8
 _LAYER = re.compile(r"\.layers?\.(\d+)\.|\.h\.(\d+)\.")
 
 
 class WeightsUnreadable(AdapterdError, ValueError):
-    """A model's safetensors headers could not be read (no such files, a header too large or not JSON)."""
+    """A model's safetensors headers could not be read (no such files, a header too large or not JSON,
+    a read past its deadline) or say something no model is (a negative or absurd dimension)."""
 
 
 @dataclass(frozen=True)
 class Tensors:
-    """What a model's safetensors headers say: each tensor's dtype and shape."""
+    """What a model's safetensors headers say: each tensor's dtype and shape. What the estimate asks
+    of them is worked out once (cached properties), in the thread that read them
+    (daemon/jobs/estimator.py), so that an estimate from known tensors is quick on the event loop."""
 
     shapes: Mapping[str, tuple[str, tuple[int, ...]]]
 
@@ -62,15 +67,29 @@ class Tensors:
         for header in headers:
             for name, info in header.items():
                 if name != "__metadata__" and isinstance(info, Mapping):
-                    shapes[name] = (str(info["dtype"]), tuple(int(size) for size in info["shape"]))
-        return cls(shapes)
+                    shapes[name] = _tensor(name, info)
+        tensors = cls(shapes)
+        if tensors.parameters == 0:
+            raise WeightsUnreadable("no weights: the headers name no tensor with any values")
+        if tensors.parameters > MAX_VALUES:
+            raise WeightsUnreadable(f"{_size(tensors.parameters)} parameters, beyond any GPU's memory")
+        return tensors
 
-    @property
+    def warm(self) -> Tensors:
+        """Work out now what the estimate asks of them (raises WeightsUnreadable without an embedding)."""
+        _ = self.parameters, self.stored, self.linear_sums, self.layers, self.embedding
+        return self
+
+    @cached_property
     def parameters(self) -> int:
         return sum(_count(shape) for _, shape in self.shapes.values())
 
-    def stored_bytes(self) -> int:
+    @cached_property
+    def stored(self) -> int:
         return sum(_count(shape) * DTYPE_BYTES.get(dtype, 2) for dtype, shape in self.shapes.values())
+
+    def stored_bytes(self) -> int:
+        return self.stored
 
     def linear(self) -> list[tuple[str, int, int]]:
         """The linear layers inside the model's blocks: (module name, out features, in features)."""
@@ -80,18 +99,57 @@ class Tensors:
                 found.append((name.removesuffix(".weight").rsplit(".", 1)[-1], shape[0], shape[1]))
         return found
 
-    @property
+    @cached_property
+    def linear_sums(self) -> dict[str, tuple[int, int, int]]:
+        """By module name (q_proj, ...), over the blocks: (Σ out, Σ (out + in), Σ out × in)."""
+        sums: dict[str, tuple[int, int, int]] = {}
+        for name, out, inp in self.linear():
+            outs, sides, products = sums.get(name, (0, 0, 0))
+            sums[name] = (outs + out, sides + out + inp, products + out * inp)
+        return sums
+
+    @cached_property
     def layers(self) -> int:
         return len({next(g for g in match.groups() if g is not None) for name in self.shapes if (match := _LAYER.search(name))}) or 1
 
-    @property
+    @cached_property
     def embedding(self) -> tuple[int, int]:
         """(vocabulary, hidden) of the token embedding: the largest 2-D tensor outside the blocks."""
         outside = [shape for name, (_, shape) in self.shapes.items() if len(shape) == 2 and not _LAYER.search(name)]
         if not outside:
             raise WeightsUnreadable("no token embedding among the weights")
         vocab, hidden = max(outside, key=_count)
+        if vocab == 0 or hidden == 0:
+            raise WeightsUnreadable(f"a token embedding of shape ({vocab}, {hidden})")
         return vocab, hidden
+
+
+def _size(value: int) -> str:
+    """A size for a message: a number of 4,000 digits is said by its digits' count, not written out."""
+    digits = len(str(value)) if value.bit_length() < 10_000 else int(value.bit_length() * 0.30103) + 1
+    return str(value) if digits <= 24 else f"a number of {digits} digits"
+
+
+def _tensor(name: str, info: Mapping[str, Any]) -> tuple[str, tuple[int, ...]]:
+    """One tensor's dtype and shape, refused (WeightsUnreadable) unless a tensor could be so: a shape
+    of at most MAX_RANK whole numbers, none negative, none and their product not beyond MAX_VALUES."""
+    label = repr(name[:80])
+    dtype, shape = info.get("dtype"), info.get("shape")
+    if not isinstance(dtype, str):
+        raise WeightsUnreadable(f"tensor {label}: its dtype is not a string")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK:
+        raise WeightsUnreadable(f"tensor {label}: its shape is not a list of at most {MAX_RANK} dimensions")
+    for size in shape:
+        if type(size) is not int:  # bool is an int to Python, never to safetensors
+            raise WeightsUnreadable(f"tensor {label}: a dimension that is not a whole number ({str(size)[:40]})")
+        if size < 0:
+            raise WeightsUnreadable(f"tensor {label}: a negative dimension ({_size(size)})")
+        if size > MAX_VALUES:
+            raise WeightsUnreadable(f"tensor {label}: a dimension of {_size(size)}, beyond any GPU's memory")
+    dimensions = tuple(shape)
+    if _count(dimensions) > MAX_VALUES:
+        raise WeightsUnreadable(f"tensor {label}: {_size(_count(dimensions))} values, beyond any GPU's memory")
+    return dtype, dimensions
 
 
 def _count(shape: tuple[int, ...]) -> int:
@@ -99,28 +157,6 @@ def _count(shape: tuple[int, ...]) -> int:
     for size in shape:
         count *= size
     return count
-
-
-def read_header(path: Path) -> dict[str, Any]:
-    """One safetensors file's header: 8 bytes of little-endian length, then that much JSON."""
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        if len(prefix) != 8:
-            raise WeightsUnreadable(f"{path.name}: shorter than a safetensors header")
-        (length,) = struct.unpack("<Q", prefix)
-        if length > MAX_HEADER_BYTES:
-            raise WeightsUnreadable(f"{path.name}: a header of {length} bytes")
-        try:
-            return dict(json.loads(file.read(length)))
-        except ValueError as exc:
-            raise WeightsUnreadable(f"{path.name}: its header is not JSON") from exc
-
-
-def local_tensors(folder: Path) -> Tensors:
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise WeightsUnreadable(f"no safetensors files in {folder}")
-    return Tensors.from_headers(read_header(path) for path in files)
 
 
 @dataclass(frozen=True)
@@ -164,7 +200,7 @@ def generation_bytes(request: Any, tensors: Tensors, dtype_bytes: int) -> int:
     """The KV cache of an online method's generations: every sequence of a step at once."""
     if request.method not in {"grpo", "rloo", "online_dpo"}:
         return 0
-    kv_width = sum(out for name, out, _ in tensors.linear() if name in {"k_proj", "v_proj"}) // tensors.layers
+    kv_width = sum(outs for name, (outs, _, _) in tensors.linear_sums.items() if name in {"k_proj", "v_proj"}) // tensors.layers
     _, hidden = tensors.embedding
     return step_tokens(request) * tensors.layers * (kv_width or 2 * hidden) * dtype_bytes
 
@@ -181,15 +217,15 @@ def trainable_parameters(request: Any, tensors: Tensors) -> int:
         chosen = None  # "all-linear" or a pattern: every linear layer, an upper bound
     else:
         chosen = frozenset(targets)
-    return sum(rank * (out + inp) for name, out, inp in tensors.linear() if chosen is None or name in chosen)
+    return sum(rank * sides for name, (_, sides, _) in tensors.linear_sums.items() if chosen is None or name in chosen)
 
 
 def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gradient_checkpointing: bool = True) -> Estimate:
     """The allocator peak of `request`'s job on one device, from its base model's tensors and those
     of the other models it loads (`others`)."""
-    stored = base.stored_bytes() // max(base.parameters, 1) or 2
+    stored = base.stored // max(base.parameters, 1) or 2
     dtype_bytes = LOAD_BYTES.get(request.model.dtype, stored)
-    linear = sum(out * inp for _, out, inp in base.linear())
+    linear = sum(products for _, _, products in base.linear_sums.values())
     if request.model.quantization == "4bit":
         weights = (base.parameters - linear) * dtype_bytes + linear // 2
     elif request.model.quantization == "8bit":

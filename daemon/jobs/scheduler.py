@@ -11,6 +11,8 @@
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
   is due or until a new request arrives behind it (`wake`).
 - A cancel stops the running job, or skips the request when it is reached.
+- A one-GPU request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
+  partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
+from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
@@ -56,6 +59,7 @@ class Offered(StrEnum):
     WAITING = "waiting"  # a retry not yet due with nothing behind it: the partition is held at it
     DEFERRED = "deferred"  # a retry not yet due: sent behind the requests after it, committed
     SKIPPED = "skipped"  # cancelled before it was reached: `cancelled` published, committed
+    ESTIMATING = "estimating"  # its memory estimate is being worked out: the partition is held at it
 
     @property
     def next_record(self) -> bool:
@@ -93,14 +97,16 @@ class Scheduler:
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
         # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
+        self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
-        """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due)."""
-        return tp in self.jobs or tp in self.waiting
+        """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due,
+        an estimate being worked out)."""
+        return tp in self.jobs or tp in self.waiting or self.estimates.running(tp)
 
     async def offer(self, tp: TopicPartition, record: Record, request: RequestBase) -> Offered:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
@@ -114,7 +120,10 @@ class Scheduler:
         # GPU when GPUs are packed; never for a job sent back to run alone, nor one of several GPUs.
         need = None
         if request.resources.gpus == 1 and (self.slots.gpus or request.model.id.startswith("/")):
-            need = await self.memory.need(request)
+            ready, need = self.estimates.ready(self.memory, tp, record.offset, request)
+            if not ready:  # worked out beside the loop: read again when it is ready (`_estimated`)
+                self.partitions.hold(tp, record.offset)
+                return Offered.ESTIMATING
         placement = self.slots.take(request.resources.gpus, None if need is None or retry.alone else need.needed)
         if placement is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
@@ -122,6 +131,12 @@ class Scheduler:
             return Offered.NO_SLOT
         self._start(tp, record, request, placement, retry.attempt, need)
         return Offered.STARTED
+
+    def _estimated(self, tp: TopicPartition) -> None:
+        """A held record's estimate is ready: its partition is read again, now if a slot is free (else
+        when one frees, `resume_idle_partitions`)."""
+        if not self.stopping and self.slots.free and tp in self.partitions.assigned() and not self.holds(tp):
+            self.partitions.resume([tp])
 
     async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
@@ -245,6 +260,7 @@ class Scheduler:
         if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
             return False
         self.waiting.pop(tp, None)
+        self.estimates.forget(tp)
         self.partitions.read_from(tp, next_offset)
         self.pause_idle_partitions()
         return True
@@ -274,12 +290,14 @@ class Scheduler:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
         self.waiting.clear()  # their partitions start again at the retry, which is read anew
+        self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 
     async def stop_jobs(self) -> None:
         """Stop running jobs without committing them: each saves a checkpoint (within `drain_timeout_s`)
         and its request is read again after a restart, resuming there."""
         self.stopping = True
+        self.estimates.forget_all()
         for job in self.jobs.values():
             # A job whose outcome is published is not stopped: it commits rather than being read again.
             job.runner.stop(Stop.interrupt("daemon stopping", self.settings.drain_timeout_s))

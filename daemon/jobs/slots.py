@@ -137,7 +137,8 @@ class Slots:
         """A placement for a job of `count` slots needing `need_bytes` on one GPU (None: unknown, or
         to run alone), or None when it does not fit now."""
         packing = self.packing
-        if packing is not None and count == 1 and need_bytes is not None and need_bytes <= packing.usable:
+        # A need of no bytes or fewer is no estimate (daemon/jobs/memory.py refuses such headers): a whole GPU.
+        if packing is not None and count == 1 and need_bytes is not None and 0 < need_bytes <= packing.usable:
             fits = [slot for slot in self.free if packing.usable - self.reserved(slot) >= need_bytes]
             if not fits:
                 return None

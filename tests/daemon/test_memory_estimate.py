@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from daemon.jobs.estimator import MemoryHistory
-from daemon.jobs.memory import Tensors, WeightsUnreadable, estimate, local_tensors, read_header
+from daemon.jobs.headers import local_tensors, read_header
+from daemon.jobs.memory import Tensors, WeightsUnreadable, estimate
 from schemas import RequestBase, decode_request
 from tests.helpers import sft_request
 
@@ -145,14 +146,15 @@ async def test_a_model_whose_headers_cannot_be_read_is_unknown_and_not_asked_aga
     estimator = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))
     reads: list[str] = []
 
-    def unreadable(model_id: str, revision: str | None) -> Tensors:
+    async def unreadable(model_id: str, revision: str | None, deadline: object) -> Tensors:
         reads.append(model_id)
         raise WeightsUnreadable("no safetensors files")
 
-    estimator._read = unreadable  # type: ignore[method-assign]
+    estimator.read = unreadable  # type: ignore[method-assign]
     job = request(model={"id": str(tmp_path / "missing")})
     assert await estimator.need(job) is None and await estimator.need(job) is None
     assert reads == [str(tmp_path / "missing")]  # the second job did not wait on it again
+    assert estimator.known(job) == (True, None)  # and the offer knows it at once
     header = qwen2_0_5b_header()
     write_safetensors(tmp_path / "model.safetensors", header)
     fresh = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))

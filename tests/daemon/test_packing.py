@@ -35,10 +35,14 @@ class FixedNeeds:
         self.asked: list[str] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+        """As if every model had been read before: the offer has its answer at once."""
         self.asked.append(request.request_id)
         need = self.needs[request.request_id] if gradient_checkpointing else self.lean.get(request.request_id)
-        return None if need is None else Estimate({"weights": need}, gradient_checkpointing=True)
+        return True, None if need is None else Estimate({"weights": need}, gradient_checkpointing=True)
+
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+        return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         self.learned.append((request.request_id, estimated.total, measured_bytes))

@@ -1,0 +1,53 @@
+"""The daemon's worker threads: a bounded pool for each kind of blocking work, none of them the
+event loop's default executor, so one kind cannot take every thread from another.
+
+- `decode`: decoding, validating and scanning a large request (daemon/intake.py);
+- `images`: checking a request's inline images (daemon/admission/images.py through intake);
+- `headers`: reading models' safetensors headers for the memory estimate (daemon/jobs/headers.py);
+- `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
+- `retention`: passes of retention over the jobs' folders (daemon/jobs/retention.py).
+
+Seven model files that never answered once held every thread of the default executor, and a
+64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
+reads only, and each of them ends by its own deadline (daemon/jobs/headers.py). A thread still
+busy when the loop stops waiting for it (a timeout) stays taken until its work returns: that is
+why every kind's work has its own bound, and why the pools are bounded at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, ParamSpec, TypeVar
+
+Kind = Literal["decode", "images", "headers", "hub", "retention"]
+# Threads of each kind. Decoding and image checks are Python code holding the interpreter most of
+# the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
+# network: more of them at once; the header reads of one request are started together.
+THREADS: dict[Kind, int] = {"decode": 2, "images": 2, "headers": 8, "hub": 8, "retention": 1}
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+_pools: dict[Kind, ThreadPoolExecutor] = {}
+_lock = threading.Lock()
+
+
+def pool(kind: Kind) -> ThreadPoolExecutor:
+    """The pool of `kind`, started at its first use (the threads themselves start as work comes)."""
+    with _lock:
+        if kind not in _pools:
+            _pools[kind] = ThreadPoolExecutor(max_workers=THREADS[kind], thread_name_prefix=f"adapterd-{kind}")
+        return _pools[kind]
+
+
+async def run(kind: Kind, function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`function(*args, **kwargs)` in a thread of `kind`'s pool, with the caller's context (structlog's
+    bound values), as `asyncio.to_thread` does in the default executor."""
+    call = functools.partial(contextvars.copy_context().run, function, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(pool(kind), call)
+
