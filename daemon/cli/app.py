@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import urllib.request
@@ -28,7 +29,7 @@ from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.ops.logs import configure_logging
-from daemon.settings import Settings, load_settings
+from daemon.settings import Settings, find_config, load_settings
 from schemas import (
     Cancel,
     Rejection,
@@ -38,7 +39,8 @@ from schemas import (
 
 app = typer.Typer(no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.")
 
-ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (or $ADAPTERD_CONFIG).")]
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help=(
+    "TOML settings file; without it $ADAPTERD_CONFIG, then ./adapterd.toml, then /etc/adapterd/adapterd.toml."))]
 # A request file: one that does not exist or cannot be read is a usage error (2), said without a traceback.
 RequestFile = Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A request as JSON.")]
 T = TypeVar("T")
@@ -57,18 +59,27 @@ def _main(
     """Run TRL post-training jobs from a Kafka stream."""
 
 
+# Which settings file the command read (settings.find_config's account of it), for the line that
+# says a broker does not answer: the first thing to check is whether it read the file one meant.
+_read_from: dict[str, str] = {}
+
+
 def _with_kafka(settings: Settings, work: Coroutine[Any, Any, T]) -> T:
     """Run `work`; a broker that does not answer ends the command with one line and exit 1, not a traceback."""
+    # aiokafka logs each failed connection itself ("Unable connect to ..."); the command says it once, below.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return asyncio.run(work)
     except KafkaError as exc:
-        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        source = _read_from.get("source", "the built-in defaults")
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers} (settings: {source}): {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
 def _settings(config: Path | None) -> Settings:
     try:
-        return load_settings(config)
+        path, _read_from["source"] = find_config(config)
+        return load_settings(path)
     except ConfigError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -253,24 +264,16 @@ def cancel(
     config: ConfigOption = None,
     reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
 ) -> None:
-    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped."""
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent)."""
+    from daemon.cli.cancel import cancel as send_cancel
+
     settings = _settings(config)
     try:
         message = Cancel(request_id=request_id, reason=reason)
     except ValidationError as exc:
         typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
         raise typer.Exit(2) from exc
-
-    async def publish() -> None:
-        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-        try:
-            await producer.start()
-            await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
-        finally:
-            await producer.stop()
-        typer.echo(f"cancel of {request_id} sent to {settings.control_topic}")
-
-    _with_kafka(settings, publish())
+    typer.echo(_with_kafka(settings, send_cancel(settings, message)))
 
 
 @app.command()

@@ -15,11 +15,14 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -73,17 +76,54 @@ async def submit(settings: Settings, request: RequestBase) -> None:
         await producer.stop()
 
 
+def free_address() -> str:
+    """A port on the loopback that nothing listens on now, for the kept demo's endpoint (/status,
+    /healthz, job logs): beside whatever already holds the default 9464 on this machine."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def kept_settings(settings: Settings) -> dict[str, Any]:
+    """What the kept demo's settings file holds, key by key, as the commands that try it need it: its
+    broker, work folder and group, the endpoint of its daemon and the token that endpoint serves logs
+    to. One more setting is one more entry."""
+    return {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "work_dir": str(settings.work_dir),
+        "allowed_local_model_roots": [str(root) for root in settings.allowed_local_model_roots],
+        "group_id": settings.group_id,
+        "metrics_address": settings.metrics_address,
+        "logs_token": settings.logs_token.get_secret_value() if settings.logs_token else None,
+    }
+
+
 def keep_running_config(settings: Settings) -> Path:
-    """A settings file for the commands that try the kept demo (`-c`), beside its work: its broker and topics."""
+    """A settings file for the commands that try the kept demo (`-c`), beside its work; readable by
+    its owner only, since it holds the logs token."""
     path = settings.work_dir / "adapterd.toml"
-    path.write_text(
-        "# The kept demo's broker and daemon (`adapterd demo --keep`): pass this file to the commands with -c.\n"
-        f"bootstrap_servers = {json.dumps(settings.bootstrap_servers)}\n"
-        f"work_dir = {json.dumps(str(settings.work_dir))}\n"
-        f"allowed_local_model_roots = {json.dumps([str(root) for root in settings.allowed_local_model_roots])}\n"
-        f"group_id = {json.dumps(settings.group_id)}\n"
-    )
+    lines = ["# The kept demo's broker and daemon (`adapterd demo --keep`): pass this file to the commands with -c."]
+    # TOML's basic strings and arrays of them are JSON's: json.dumps writes each value.
+    lines += [f"{key} = {json.dumps(value)}" for key, value in kept_settings(settings).items() if value is not None]
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def tour(config: Path, request_file: Path, request_id: str) -> list[str]:
+    """The commands the kept demo prints, each as typed in the project's folder (`uv run` finds its
+    environment there): submit a request and follow it, list the jobs, one request's history, its
+    log, the daemon's status, the doctor's checks, the events as they come, and a cancel."""
+    commands = [f"submit {request_file} --wait", "jobs", f"get {request_id}", f"logs {request_id}", "status", "doctor",
+                "events --follow", f"cancel {request_id}"]
+    return [f"uv run adapterd {command} -c {config}" for command in commands]
+
+
+def project_folder() -> Path | None:
+    """The checkout this adapterd runs from (where `uv run` works), or None for an installed one."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else None
 
 
 async def keep_running(settings: Settings, request: RequestBase) -> None:
@@ -92,9 +132,13 @@ async def keep_running(settings: Settings, request: RequestBase) -> None:
     again = request.model_copy(update={"request_id": f"{request.request_id}-again"})
     request_file = settings.work_dir / "request.json"
     request_file.write_text(again.model_dump_json(indent=2, exclude_unset=True) + "\n")
-    print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon keep running; Ctrl-C stops both. In another terminal:\n")
-    for command in (f"submit {request_file} --wait", "jobs", f"get {again.request_id}", "events --follow", f"cancel {again.request_id}"):
-        print(f"  adapterd {command} -c {config}")
+    project = project_folder()
+    where = f"in the project's folder ({project})" if project else "where adapterd is installed"
+    print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
+          f"Ctrl-C stops both. In another terminal, {where}:\n")
+    for command in tour(config, request_file, again.request_id):
+        print(f"  {command}")
+    print(f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)")
     print(flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,7 +163,10 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
             hub_token=None,
             progress_interval_s=0,
             group_id="adapterd-demo",
-            metrics_address=None,  # the demo runs beside whatever already listens on this machine
+            # Kept, the daemon serves its endpoint (status, logs) on a free port, beside whatever holds
+            # the default one; a demo that ends serves none.
+            metrics_address=free_address() if keep else None,
+            logs_token=secrets.token_urlsafe(32) if keep else None,
         )
         await ensure_topics(settings)
         if is_vision(method):

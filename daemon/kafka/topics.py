@@ -29,8 +29,8 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
     """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
-    await admin.start()
     try:
+        await admin.start()
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()
