@@ -342,10 +342,12 @@ def methods() -> None:
     from schemas.methods import METHODS
 
     typer.echo(f"trl {trl_version()}")
-    for name, method in METHODS.items():
+    rows = [(name, method.trainer, method.status) for name, method in METHODS.items()]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]  # aligned whatever the longest name
+    for name, trainer, stage in rows:
         reason = unsupported_reason(name)
         status = "available" if reason is None else f"unavailable: {reason}"
-        typer.echo(f"  {name:<7} {method.trainer:<34} {method.status:<13}{status}")
+        typer.echo(f"  {name:<{widths[0]}}  {trainer:<{widths[1]}}  {stage:<{widths[2]}}  {status}")
 
 
 @app.command()
