@@ -180,7 +180,10 @@ def events(
             async for event in stream.events(request_id, until_terminal=False, follow=follow):
                 typer.echo(event.model_dump_json())
 
-    _with_kafka(settings, read())
+    try:
+        _with_kafka(settings, read())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a --follow ends: the reader is closed, and that is success
 
 
 @app.command()
