@@ -128,7 +128,7 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
         assert (tmp_path / "demo" / "adapterd.toml").stat().st_mode & 0o077 == 0  # it holds the logs token
 
         demo.ctrl_c()
-        demo.wait_for(r"^stopping the daemon and the broker$", timeout_s=120)
+        demo.wait_for(r"stopping the daemon and the broker$", timeout_s=120)  # after the terminal's echo of ^C
         assert demo.close() == 0, demo.text[-4000:]
     finally:
         if demo.process.poll() is None:
