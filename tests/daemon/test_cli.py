@@ -184,3 +184,25 @@ def test_methods_table_is_aligned() -> None:
         starts = {line.index(column) for line in lines if column in line}
         assert len(starts) == 1, (column, lines)
     assert len({line.index("available") if "unavailable" not in line else line.index("unavailable") for line in lines}) == 1
+
+
+@pytest.mark.parametrize(("events", "sends", "says"), [
+    ([], True, "x: never seen (no host published an event of it); the cancel is sent to adapterd.control"),
+    (["accepted"], True, "x: queued on vm; the cancel is sent to adapterd.control: the request is skipped when it is reached"),
+    (["accepted", "started", "progress"], True, "x: running on vm (attempt 1); the cancel is sent to adapterd.control: that host stops the job"),
+    (["accepted", "started", "succeeded"], False, "x: already succeeded on vm (attempt 1); nothing to cancel, nothing sent"),
+    (["accepted", "started", "failed"], False, "x: already failed on vm"),
+    (["accepted", "cancelled"], False, "x: already cancelled on vm"),
+    (["rejected"], False, "x: already rejected on vm"),
+])
+def test_cancel_says_what_it_knows_of_the_request_and_what_will_happen(events: list[str], sends: bool, says: str) -> None:
+    """What `adapterd cancel` decides from the request's events (issue 49): a request that ended is
+    left, nothing sent; a running or queued one is cancelled, said how; one never seen is sent and said so."""
+    from daemon.cli.cancel import plan
+    from daemon.cli.jobs import fold
+    from schemas import parse_event
+    from tests.helpers import event_document
+
+    folded = fold(parse_event(json.dumps(event_document(kind, request_id="x", host="vm", attempt=1)).encode()) for kind in events)
+    decided = plan("x", folded.get("x"), "adapterd.control")
+    assert decided.send is sends and decided.said.startswith(says), decided.said
