@@ -40,7 +40,7 @@ def test_the_gate_demo_publishes_the_adapter_that_passes_and_the_nan_one_into_a_
     [pull] = outputs.glob("tiny-sft-gated-adapter#demo-sft-*-fails")  # <repo name>#<request id>
     assert "gate pass, published to main (main)" in result.stderr and f"gate fail, published to pr (pr/{pull.name.split('#')[1]})" in result.stderr
     # All 10 steps of the run on the NaN model, on one line: event lines are not wrapped off a terminal.
-    assert "  failed: every logged training loss finite: 10 logged losses were NaN or infinite\n" in result.stderr
+    assert "  failed: every logged training loss finite: 10 logged losses were NaN or infinite" in result.stderr
     assert f"passed its gate is in {main} (main)" in result.stdout and f"is in the pull request {pull}," in result.stdout
     assert "gate verdict: **pass**" in (main / "README.md").read_text() and "gate verdict: **fail**" in (pull / "README.md").read_text()
     assert sorted(p.name for p in outputs.iterdir()) == [main.name, pull.name]  # nothing else was published
