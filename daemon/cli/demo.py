@@ -111,13 +111,15 @@ def keep_running_config(settings: Settings) -> Path:
     return path
 
 
-def tour(config: Path, request_file: Path, request_id: str) -> list[str]:
+def tour(config: Path, request_file: Path, request_id: str, in_project: bool = True) -> list[str]:
     """The commands the kept demo prints, each as typed in the project's folder (`uv run` finds its
-    environment there): submit a request and follow it, list the jobs, one request's history, its
-    log, the daemon's status, the doctor's checks, the events as they come, and a cancel."""
+    environment there; an installed adapterd is on the PATH): submit a request and follow it, list
+    the jobs, one request's history, its log, the daemon's status, the doctor's checks, the events
+    as they come, and a cancel."""
     commands = [f"submit {request_file} --wait", "jobs", f"get {request_id}", f"logs {request_id}", "status", "doctor",
                 "events --follow", f"cancel {request_id}"]
-    return [f"uv run adapterd {command} -c {config}" for command in commands]
+    program = "uv run adapterd" if in_project else "adapterd"
+    return [f"{program} {command} -c {config}" for command in commands]
 
 
 def project_folder() -> Path | None:
@@ -136,7 +138,7 @@ async def keep_running(settings: Settings, request: RequestBase) -> None:
     where = f"in the project's folder ({project})" if project else "where adapterd is installed"
     print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
           f"Ctrl-C stops both. In another terminal, {where}:\n")
-    for command in tour(config, request_file, again.request_id):
+    for command in tour(config, request_file, again.request_id, in_project=project is not None):
         print(f"  {command}")
     print(f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)")
     print(flush=True)

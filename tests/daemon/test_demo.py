@@ -102,3 +102,29 @@ def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> Non
 
 
 # The kept demo (`--keep`), driven as a person drives it, is tests/daemon/test_demo_tour.py's.
+
+
+def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_installed(tmp_path: Path) -> None:
+    from daemon.cli.demo import project_folder, tour
+
+    assert project_folder() == Path(__file__).resolve().parents[2]  # this checkout
+    config, request = tmp_path / "adapterd.toml", tmp_path / "request.json"
+    in_checkout, installed = tour(config, request, "r-again"), tour(config, request, "r-again", in_project=False)
+    assert [line.split()[3] for line in in_checkout] == ["submit", "jobs", "get", "logs", "status", "doctor", "events", "cancel"]
+    assert all(line.startswith("uv run adapterd ") and line.endswith(f" -c {config}") for line in in_checkout)
+    assert [line.removeprefix("uv run ") for line in in_checkout] == installed
+
+
+def test_the_kept_demos_settings_file_holds_its_endpoint_and_logs_token_for_its_owner_only(tmp_path: Path) -> None:
+    import tomllib
+
+    from daemon.cli.demo import keep_running_config
+    from daemon.settings import Settings
+
+    settings = Settings(bootstrap_servers="127.0.0.1:1234", work_dir=tmp_path, metrics_address="127.0.0.1:5678",
+                        logs_token="t" * 43, allowed_local_model_roots=[tmp_path], group_id="adapterd-demo")
+    path = keep_running_config(settings)
+    written = tomllib.loads(path.read_text())
+    assert written == {"bootstrap_servers": "127.0.0.1:1234", "work_dir": str(tmp_path), "allowed_local_model_roots": [str(tmp_path)],
+                       "group_id": "adapterd-demo", "metrics_address": "127.0.0.1:5678", "logs_token": "t" * 43}
+    assert path.stat().st_mode & 0o777 == 0o600
