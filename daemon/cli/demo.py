@@ -7,7 +7,9 @@ per event, and ends with where the adapter is and the three lines of Python that
 `--gate`, two SFT requests judged by a gate before publishing: one passes (to main), and one on a
 copy of the tiny model poisoned with NaN, whose every loss is NaN, fails (into a pull request: on
 the local sink, a folder of its own beside main's). With `--keep`, the broker and the daemon keep
-running afterwards, with the commands to submit, list, follow and cancel requests against them.
+running afterwards, the daemon serving its endpoint (status, health, job logs) on a free port, with
+a settings file beside the work (broker, endpoint, logs token) and the commands, as typed in the
+project's folder, to submit, list, inspect, read the log of, follow and cancel requests against them.
 """
 
 from __future__ import annotations
