@@ -318,6 +318,7 @@ def doctor(config: ConfigOption = None) -> None:
     from daemon.cli.doctor import examine
 
     settings = _settings(config)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the kafka check says what aiokafka would log
     found = asyncio.run(examine(settings))
     for check in found:
         typer.echo(check.line())

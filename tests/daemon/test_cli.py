@@ -206,3 +206,12 @@ def test_cancel_says_what_it_knows_of_the_request_and_what_will_happen(events: l
     folded = fold(parse_event(json.dumps(event_document(kind, request_id="x", host="vm", attempt=1)).encode()) for kind in events)
     decided = plan("x", folded.get("x"), "adapterd.control")
     assert decided.send is sends and decided.said.startswith(says), decided.said
+
+
+def test_doctor_with_no_broker_says_it_once_in_its_own_words(tmp_path: Path) -> None:
+    config = tmp_path / "host.toml"
+    config.write_text(f'bootstrap_servers = "127.0.0.1:9"\nmetrics_address = ""\nwork_dir = "{tmp_path}"\n')
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "doctor", "--config", str(config)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout.startswith("FAIL kafka   no broker answers at 127.0.0.1:9: ") and "Unable connect" not in result.stderr, result.stderr
+    assert "Unclosed" not in result.stderr and "Traceback" not in result.stderr
