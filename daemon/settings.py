@@ -325,12 +325,33 @@ class Settings(BaseSettings):
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("adapterd_config_file", default=None)
 
 
+# Where the command line looks for its settings when neither --config nor ADAPTERD_CONFIG names a
+# file: the current folder (a project's own), then the host's (deploy/README.md installs it there).
+LOCAL_CONFIG = Path("adapterd.toml")
+SYSTEM_CONFIG = Path("/etc/adapterd/adapterd.toml")
+
+
+def find_config(config_file: Path | None = None) -> tuple[Path | None, str]:
+    """The settings file to read and how it was found: `config_file` (--config), $ADAPTERD_CONFIG,
+    ./adapterd.toml, /etc/adapterd/adapterd.toml, in that order; (None, ...) when there is none, and
+    the built-in defaults apply. A file named by --config or ADAPTERD_CONFIG that is missing is a ConfigError."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError(f"config file {config_file} does not exist")
+        return config_file, f"{config_file} (--config)"
+    if path := os.environ.get("ADAPTERD_CONFIG"):
+        if not Path(path).is_file():
+            raise ConfigError(f"config file {path} (from ADAPTERD_CONFIG) does not exist")
+        return Path(path), f"{path} (from ADAPTERD_CONFIG)"
+    for candidate in (LOCAL_CONFIG, SYSTEM_CONFIG):
+        if candidate.is_file():
+            return candidate, f"{candidate.absolute()}"
+    return None, f"no settings file (no --config, ADAPTERD_CONFIG, ./{LOCAL_CONFIG} or {SYSTEM_CONFIG}): the built-in defaults"
+
+
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
-    """Settings from `config_file` (or $ADAPTERD_CONFIG) and the environment, or a ConfigError naming each bad setting."""
-    if config_file is not None and not config_file.is_file():
-        raise ConfigError(f"config file {config_file} does not exist")
-    if config_file is None and (path := os.environ.get("ADAPTERD_CONFIG")) and not Path(path).is_file():
-        raise ConfigError(f"config file {path} (from ADAPTERD_CONFIG) does not exist")
+    """Settings from the file find_config finds and the environment, or a ConfigError naming each bad setting."""
+    config_file, _ = find_config(config_file)
     token = _CONFIG_FILE.set(config_file)
     try:
         return Settings(**overrides)  # type: ignore[arg-type]

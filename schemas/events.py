@@ -114,7 +114,9 @@ class Succeeded(EventBase):
     ))
     commit_sha: str | None = Field(description="The Hub commit holding the adapter; null for the local sink and for published 'none'.")
     commit_url: str | None
-    location: str = Field(description="Where the artifact is: the Hub repo URL, the local directory, or (published 'none') the folder on the host.")
+    location: str = Field(description=(
+        "Where the artifact is: the Hub repo URL; on the local sink (sink 'local', commit_sha null) the folder holding the "
+        "adapter, the pointer to deploy from; or (published 'none') the folder on the host."))
     published: Published = Field("main", description=(
         "Where the artifact went: 'main' is the requested output.revision (the gate passed, or the request had no evaluation); "
         "an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to evaluation.fail_branch ('branch'), "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import urllib.request
@@ -29,7 +30,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.ops.local_endpoint import local_url
 from daemon.ops.logs import configure_logging
-from daemon.settings import Settings, load_settings
+from daemon.settings import Settings, find_config, load_settings
 from schemas import (
     Cancel,
     Rejection,
@@ -39,7 +40,8 @@ from schemas import (
 
 app = typer.Typer(no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.")
 
-ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (or $ADAPTERD_CONFIG).")]
+ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help=(
+    "TOML settings file; without it $ADAPTERD_CONFIG, then ./adapterd.toml, then /etc/adapterd/adapterd.toml."))]
 # A request file: one that does not exist or cannot be read is a usage error (2), said without a traceback.
 RequestFile = Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A request as JSON.")]
 T = TypeVar("T")
@@ -58,18 +60,27 @@ def _main(
     """Run TRL post-training jobs from a Kafka stream."""
 
 
+# Which settings file the command read (settings.find_config's account of it), for the line that
+# says a broker does not answer: the first thing to check is whether it read the file one meant.
+_read_from: dict[str, str] = {}
+
+
 def _with_kafka(settings: Settings, work: Coroutine[Any, Any, T]) -> T:
     """Run `work`; a broker that does not answer ends the command with one line and exit 1, not a traceback."""
+    # aiokafka logs each failed connection itself ("Unable connect to ..."); the command says it once, below.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         return asyncio.run(work)
     except KafkaError as exc:
-        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        source = _read_from.get("source", "the built-in defaults")
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers} (settings: {source}): {exc}", err=True)
         raise typer.Exit(1) from exc
 
 
 def _settings(config: Path | None) -> Settings:
     try:
-        return load_settings(config)
+        path, _read_from["source"] = find_config(config)
+        return load_settings(path)
     except ConfigError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
@@ -170,7 +181,10 @@ def events(
             async for event in stream.events(request_id, until_terminal=False, follow=follow):
                 typer.echo(event.model_dump_json())
 
-    _with_kafka(settings, read())
+    try:
+        _with_kafka(settings, read())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a --follow ends: the reader is closed, and that is success
 
 
 @app.command()
@@ -254,24 +268,16 @@ def cancel(
     config: ConfigOption = None,
     reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
 ) -> None:
-    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped."""
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent)."""
+    from daemon.cli.cancel import cancel as send_cancel
+
     settings = _settings(config)
     try:
         message = Cancel(request_id=request_id, reason=reason)
     except ValidationError as exc:
         typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
         raise typer.Exit(2) from exc
-
-    async def publish() -> None:
-        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-        try:
-            await producer.start()
-            await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
-        finally:
-            await producer.stop()
-        typer.echo(f"cancel of {request_id} sent to {settings.control_topic}")
-
-    _with_kafka(settings, publish())
+    typer.echo(_with_kafka(settings, send_cancel(settings, message)))
 
 
 @app.command()
@@ -313,6 +319,7 @@ def doctor(config: ConfigOption = None) -> None:
     from daemon.cli.doctor import examine
 
     settings = _settings(config)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the kafka check says what aiokafka would log
     found = asyncio.run(examine(settings))
     for check in found:
         typer.echo(check.line())
@@ -357,10 +364,12 @@ def methods() -> None:
     from schemas.methods import METHODS
 
     typer.echo(f"trl {trl_version()}")
-    for name, method in METHODS.items():
+    rows = [(name, method.trainer, method.status) for name, method in METHODS.items()]
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]  # aligned whatever the longest name
+    for name, trainer, stage in rows:
         reason = unsupported_reason(name)
         status = "available" if reason is None else f"unavailable: {reason}"
-        typer.echo(f"  {name:<7} {method.trainer:<34} {method.status:<13}{status}")
+        typer.echo(f"  {name:<{widths[0]}}  {trainer:<{widths[1]}}  {stage:<{widths[2]}}  {status}")
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""Following a request on a terminal: a progress bar (step, loss, ETA) while it trains and one
+"""Following a request on a terminal: a progress bar (loss, steps done of all, ETA) while it trains and one
 readable line per other event; for `adapterd submit --wait` and the demo."""
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ async def follow_to_end(stream: EventStream, request_id: str) -> int:
                 continue
             if isinstance(event, Progress):
                 loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-                bar.update(task, description=f"{request_id}: step{loss}", completed=event.step, total=event.total_steps)
+                bar.update(task, description=f"{request_id}: training{loss}", completed=event.step, total=event.total_steps)
                 continue
-            bar.console.print(describe(event))
+            # Not wrapped at the console's width: in output that is not a terminal rich assumes 80
+            # columns, and would break a path mid-word.
+            bar.console.print(describe(event), soft_wrap=True)
             if event.type in TERMINAL_TYPES:
                 return 0 if event.type == "succeeded" else 1
     return 1

@@ -45,8 +45,12 @@ class TopicReader:
 
     async def start(self) -> TopicReader:
         """Assign every partition of the topic and place the reader; a LookupError if the topic is missing."""
-        numbers = await partition_numbers(self.settings, self.topic)
-        await self.consumer.start()
+        try:
+            numbers = await partition_numbers(self.settings, self.topic)
+            await self.consumer.start()
+        except BaseException:
+            await self.consumer.stop()  # a broker that does not answer leaves no open client behind ("Unclosed AIOKafkaConsumer")
+            raise
         partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
         self.consumer.assign(partitions)
         self.ends = await self.consumer.end_offsets(partitions)

@@ -12,8 +12,8 @@ from daemon.settings import Settings
 
 async def ensure_topics(settings: Settings, partitions: int = 1, replication_factor: int = 1) -> None:
     admin = AIOKafkaAdminClient(**kafka_options(settings))
-    await admin.start()
     try:
+        await admin.start()  # inside: a broker that does not answer leaves no client open
         existing = set(await admin.list_topics())
         names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic]
         missing = [NewTopic(name, partitions, replication_factor) for name in names if name not in existing]
@@ -29,8 +29,8 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
     """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
-    await admin.start()
     try:
+        await admin.start()
         described = await admin.describe_topics([topic])
     finally:
         await admin.close()

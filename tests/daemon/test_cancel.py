@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from daemon.kafka.event_reader import EventStream
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Accepted, Cancelled, Failed, Progress, Started
 from testbed.client import submit, terminal_events, wait_for_commit
@@ -68,8 +69,12 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
     assert running["request_id"] == "cancel-running" and running["stage"] == "train" and running["pid"] == pid
     started_at = next(e.time for e in events_so_far if isinstance(e, Accepted))
 
-    assert (await adapterd(settings, "cancel", "cancel-queued", "--reason", "superseded"))[0] == 0
-    assert (await adapterd(settings, "cancel", "cancel-running", "--reason", "wrong data"))[0] == 0
+    # Each cancel says what the events know of its request and what will happen (issue 49): the queued
+    # one waits behind the running one on its partition, unread, so no host has said a word of it yet.
+    code, said = await adapterd(settings, "cancel", "cancel-queued", "--reason", "superseded")
+    assert code == 0 and said.startswith("cancel-queued: never seen (no host published an event of it); the cancel is sent"), said
+    code, said = await adapterd(settings, "cancel", "cancel-running", "--reason", "wrong data")
+    assert code == 0 and said.startswith("cancel-running: running on ") and "that host stops the job" in said, said
     events = await terminal_events(settings, {"cancel-running", "cancel-queued"}, timeout_s=60)
 
     cancelled = events["cancel-running"][-1]
@@ -93,3 +98,11 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
     assert code == 0, output
     printed = [json.loads(line)["type"] for line in output.splitlines()]
     assert printed[0] == "accepted" and printed[-1] == "cancelled"
+
+    # A cancel of a request that has ended is answered with its state, and nothing is sent: the
+    # control topic holds the two cancels above only.
+    code, said = await adapterd(settings, "cancel", "cancel-running")
+    assert code == 0 and said.startswith("cancel-running: already cancelled on ") and "nothing sent" in said, said
+    async with TopicReader(settings, settings.control_topic) as reader:
+        sent = [record.key or b"" async for record in reader.records(follow=False)]
+    assert sorted(sent) == [b"cancel-queued", b"cancel-running"]

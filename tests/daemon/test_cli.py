@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -123,7 +124,8 @@ def test_schema_prints_the_one_asked_for(which: str) -> None:
     assert result.exit_code == 0 and json.loads(result.output)["$id"].endswith(f"/{which}.schema.json")
 
 
-@pytest.mark.parametrize("command", [["cancel", "some-request"], ["events"], ["topics"], ["submit", "REQUEST"]])
+@pytest.mark.parametrize("command", [["cancel", "some-request"], ["events"], ["topics"], ["submit", "REQUEST"], ["jobs"],
+                                     ["get", "some-request"], ["submit", "REQUEST", "--wait"]])
 def test_a_broker_that_does_not_answer_is_one_line_and_exit_1(command: list[str], tmp_path: Path) -> None:
     request = write(tmp_path, sft_request("cli-nobroker"))
     config = tmp_path / "host.toml"
@@ -132,5 +134,84 @@ def test_a_broker_that_does_not_answer_is_one_line_and_exit_1(command: list[str]
     result = subprocess.run([sys.executable, "-m", "daemon.cli.app", *argv, "--config", str(config)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stderr
-    assert "adapterd: Kafka at 127.0.0.1:9:" in result.stderr and "Traceback" not in result.stderr
-    assert "Unclosed AIOKafkaProducer" not in result.stderr
+    # One line, naming the settings file it read; no client left open, no aiokafka line of its own (issue 49).
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"adapterd: Kafka at 127.0.0.1:9 (settings: {config} (--config)): KafkaConnectionError"), line
+    assert "Unclosed" not in result.stderr and "object at 0x" not in result.stderr
+
+
+def test_settings_are_found_in_adapterd_config_then_the_current_folder_then_etc(tmp_path: Path) -> None:
+    """Without --config: $ADAPTERD_CONFIG, then ./adapterd.toml, then /etc/adapterd/adapterd.toml, and
+    the line that says a broker does not answer names the one read (issue 49)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_")}
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "adapterd.toml").write_text('bootstrap_servers = "127.0.0.1:9"\n')
+    named = tmp_path / "named.toml"
+    named.write_text('bootstrap_servers = "127.0.0.1:7"\n')
+
+    def jobs(**extra: str) -> str:
+        result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "jobs"], cwd=here, env=environment | extra,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stderr
+        return result.stderr
+
+    assert f"Kafka at 127.0.0.1:9 (settings: {here / 'adapterd.toml'}):" in jobs()
+    assert f"Kafka at 127.0.0.1:7 (settings: {named} (from ADAPTERD_CONFIG)):" in jobs(ADAPTERD_CONFIG=str(named))
+
+
+def test_the_hosts_settings_file_is_read_when_no_other_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon import settings as settings_module
+
+    host = tmp_path / "etc-adapterd.toml"
+    host.write_text("job_slots = 3\n")
+    monkeypatch.delenv("ADAPTERD_CONFIG", raising=False)
+    monkeypatch.chdir(tmp_path)  # no adapterd.toml here
+    monkeypatch.setattr(settings_module, "SYSTEM_CONFIG", host)
+    assert settings_module.find_config() == (host, str(host))
+    assert settings_module.load_settings().job_slots == 3
+    (tmp_path / "adapterd.toml").write_text("job_slots = 2\n")  # the current folder's comes first
+    assert settings_module.load_settings().job_slots == 2
+    monkeypatch.setattr(settings_module, "SYSTEM_CONFIG", tmp_path / "none.toml")
+    (tmp_path / "adapterd.toml").unlink()
+    assert settings_module.find_config()[0] is None and settings_module.load_settings().job_slots == Settings().job_slots
+
+
+def test_methods_table_is_aligned() -> None:
+    """Every column starts at the same place on every row, whatever the longest method's name (issue 49)."""
+    lines = runner.invoke(app, ["methods"]).output.splitlines()[1:]
+    for column in ("trl.", "stable", "experimental"):
+        starts = {line.index(column) for line in lines if column in line}
+        assert len(starts) == 1, (column, lines)
+    assert len({line.index("available") if "unavailable" not in line else line.index("unavailable") for line in lines}) == 1
+
+
+@pytest.mark.parametrize(("events", "sends", "says"), [
+    ([], True, "x: never seen (no host published an event of it); the cancel is sent to adapterd.control"),
+    (["accepted"], True, "x: queued on vm; the cancel is sent to adapterd.control: the request is skipped when it is reached"),
+    (["accepted", "started", "progress"], True, "x: running on vm (attempt 1); the cancel is sent to adapterd.control: that host stops the job"),
+    (["accepted", "started", "succeeded"], False, "x: already succeeded on vm (attempt 1); nothing to cancel, nothing sent"),
+    (["accepted", "started", "failed"], False, "x: already failed on vm"),
+    (["accepted", "cancelled"], False, "x: already cancelled on vm"),
+    (["rejected"], False, "x: already rejected on vm"),
+])
+def test_cancel_says_what_it_knows_of_the_request_and_what_will_happen(events: list[str], sends: bool, says: str) -> None:
+    """What `adapterd cancel` decides from the request's events (issue 49): a request that ended is
+    left, nothing sent; a running or queued one is cancelled, said how; one never seen is sent and said so."""
+    from daemon.cli.cancel import plan
+    from daemon.cli.jobs import fold
+    from schemas import parse_event
+    from tests.helpers import event_document
+
+    folded = fold(parse_event(json.dumps(event_document(kind, request_id="x", host="vm", attempt=1)).encode()) for kind in events)
+    decided = plan("x", folded.get("x"), "adapterd.control")
+    assert decided.send is sends and decided.said.startswith(says), decided.said
+
+
+def test_doctor_with_no_broker_says_it_once_in_its_own_words(tmp_path: Path) -> None:
+    config = tmp_path / "host.toml"
+    config.write_text(f'bootstrap_servers = "127.0.0.1:9"\nmetrics_address = ""\nwork_dir = "{tmp_path}"\n')
+    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "doctor", "--config", str(config)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout.startswith("FAIL kafka   no broker answers at 127.0.0.1:9: ") and "Unable connect" not in result.stderr, result.stderr
+    assert "Unclosed" not in result.stderr and "Traceback" not in result.stderr

@@ -164,6 +164,10 @@ def test_a_typo_of_a_known_key_is_an_error_naming_the_key_it_meant(tmp_path: Pat
     assert code == 1 and request is None  # not a request that trains with the default the file meant to change
     assert any(line.strip() == f"{path}: the file's key {typo!r} is unknown to trl {CONTRACT['sft']['version']}'s SFTConfig; "
                f"did you mean {meant!r}?" for line in stderr), stderr
+    # Its line in the ledger says the same, not that it was read to decide other keys (issue 49).
+    [said] = [line for line in stderr if line.startswith(f"{typo}:")]
+    assert said == f"{typo}: not carried: unknown to trl {CONTRACT['sft']['version']}'s SFTConfig; did you mean {meant!r}?", stderr
+    assert not any("decides how the keys beside it" in line for line in stderr), stderr
 
 
 # An SFT recipe as the alignment-handbook wrote them for trl 0.x and transformers 4.x.

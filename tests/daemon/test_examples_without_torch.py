@@ -6,6 +6,7 @@ huggingface_hub and the daemon's own packages made unimportable. The consumer de
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,51 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
     lines = consumed.stdout.splitlines()
     assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [f"{events[0]['repo_id']}@main", f"{newer['repo_id']}@{newer['revision']}"]
     assert "not deployed: failed-gate was published to pr" in lines and "not deployed: passed was published to main (a repeat)" in lines
+
+
+async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sinks_folder(kafka: str, tmp_path: Path) -> None:
+    """docs/events.md's consumer, saved and run as the doc says (`python consume.py SERVERS`), with the
+    training stack unimportable: it reads the events already in `adapterd.events` (earliest, a new
+    group) and deploys a local-sink adapter from its folder, `location` (issue 49), and only one the fleet
+    signed: a forged `succeeded` written before it is ignored, said, and never deployed (issue 46)."""
+    from daemon.kafka.topics import ensure_topics
+
+    text = (ROOT / "docs" / "events.md").read_text()
+    [snippet] = re.findall(r"```python\n(.*?)\n```", text[text.index("## Consuming"):text.index("## How the events change")], re.DOTALL)
+    program = tmp_path / "consume.py"
+    program.write_text(snippet + "\n")
+    settings = Settings(bootstrap_servers=kafka)  # the topic the doc names, adapterd.events
+    await ensure_topics(settings)
+    folder = str(tmp_path / "outputs" / "demo" / "tiny-sft-adapter")
+    request_id = f"doc-consumer-{tmp_path.name}"
+    local = event_document("succeeded", request_id=request_id, sink="local", commit_sha=None, commit_url=None, location=folder,
+                           published="main", duplicate=False)
+    forged = {**local, "event_id": f"forged-{tmp_path.name}", "location": str(tmp_path / "not-the-fleets")}
+    pem, public = new_key_pair()  # the fleet's key; the consumer is handed its public key in a file
+    fleet = EventSigner(read_private_key(pem))
+    (tmp_path / "keys").write_text(public + "\n")
+    value = json.dumps(local).encode()
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:  # published before the consumer exists: it must start from the first event
+        await producer.send_and_wait(settings.events_topic, json.dumps(forged).encode(), key=request_id.encode())  # unsigned
+        await producer.send_and_wait(settings.events_topic, value, key=request_id.encode(), headers=[(SIGNATURE_HEADER, fleet.sign(value))])
+    finally:
+        await producer.stop()
+    process = subprocess.Popen([sys.executable, "-c", RUNNER, str(program), kafka, str(tmp_path / "keys")], cwd=tmp_path,
+                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        wanted = f"deploy {local['repo_id']} from {folder} ({request_id})"
+        printed = []
+        for line in process.stdout:  # it runs until stopped: read until the line that shows it worked
+            printed.append(line.rstrip())
+            if line.rstrip() == wanted:
+                break
+        else:
+            raise AssertionError(f"the consumer ended without deploying it: {process.stderr.read() if process.stderr else ''}")
+        # The forged one came first: ignored and said, never deployed.
+        assert "ignored an event the fleet did not sign (unsigned)" in printed and not any("not-the-fleets" in line for line in printed), printed
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -19,6 +19,7 @@ logging.getLogger("aiokafka.conn").info("a chatty info line")
 coordinator = logging.getLogger("aiokafka.consumer.group_coordinator")
 coordinator.error("Group Coordinator Request failed: %s", CoordinatorNotAvailableError())
 coordinator.error("Group Coordinator Request failed: %s", RuntimeError("a real one"))
+coordinator.warning("Marking the coordinator dead (node %s)for group %s.", 1, "adapterd-demo")
 try:
     1 / 0
 except ZeroDivisionError:
@@ -45,10 +46,11 @@ def test_structlog_and_standard_library_lines_are_json_lines() -> None:
     assert "test.hidden" not in by_event and "a chatty info line" not in by_event
     failures = [line for line in lines if line["event"].startswith("Group Coordinator Request failed")]
     assert [(line["level"], line["event"]) for line in failures] == [("error", "Group Coordinator Request failed: a real one")]
+    assert not [line for line in lines if line["event"].startswith("Marking the coordinator dead")]  # a fresh broker's, retried
 
 
 def test_console_lines_have_no_escape_codes_off_a_terminal() -> None:
     output = run("console")
     assert "\x1b" not in output
     assert "test.structlog" in output and "Unable to connect" in output and "[error" in output
-    assert "CoordinatorNotAvailable" not in output
+    assert "CoordinatorNotAvailable" not in output and "Marking the coordinator dead" not in output

@@ -135,3 +135,19 @@ def test_the_loss_types_and_schedulers_are_trls_own() -> None:
 
     scheduler = REQUEST_MODELS["sft"].model_fields["training"].annotation.model_fields["lr_scheduler_type"].annotation
     assert set(typing.get_args(scheduler)) == {s.value for s in SchedulerType}
+
+
+def test_the_requests_doc_starts_with_every_block_of_a_request_and_regenerating_keeps_it() -> None:
+    """docs/requests.md opens with the request's own blocks (model, dataset, output, evaluation,
+    rewards, ...), one row each in the hand-written part, before the generated tables; regenerating
+    keeps that part as it is (issue 49)."""
+    from handlers.contract.contract_render import GENERATED_MARKER, doc_head
+
+    text = DOC_FILE.read_text()
+    head = doc_head()
+    assert head and text.startswith(head) and text.index(GENERATED_MARKER) < text.index('<a id="training"></a>')
+    rows = {cell.strip("` ") for line in head.splitlines() if line.startswith("| `") for cell in line.split("|")[1].split(",")}
+    blocks = {name for model in REQUEST_MODELS.values() for name in model.model_fields} - set(REQUEST_MODELS)
+    assert blocks <= rows, f"blocks with no row in docs/requests.md: {sorted(blocks - rows)}"
+    assert "<method>` (`sft`" in head  # the method's own block, by its name
+    assert render_doc(CHECKED_IN).startswith(head) and render_doc(CHECKED_IN, head="").startswith("# Request fields")

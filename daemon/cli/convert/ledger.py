@@ -60,6 +60,7 @@ class Conversion:
     changed: list[Changed] = field(default_factory=list)
     carried: dict[str, list[str]] = field(default_factory=dict)  # key of the file → the request paths it went to
     defaulted: dict[str, Any] = field(default_factory=dict)  # key of the file → its value, TRL's default
+    misspelled: dict[str, str] = field(default_factory=dict)  # key of the file → why it is an error (the key it meant)
 
     def lines(self, keys: list[str]) -> list[str]:
         """The ledger: a line for each key of the file (`keys`, in its order), saying where it went:
@@ -77,6 +78,8 @@ class Conversion:
                 lines += said[key]
             elif key in self.carried:
                 lines.append(f"{key}: carried to {', '.join(self.carried[key])}")
+            elif key in self.misspelled:  # the same words as its error, not "read"
+                lines.append(f"{key}: not carried: {self.misspelled[key]}")
             elif key in self.defaulted:
                 lines.append(f"{key}: left at TRL's default ({self.defaulted[key]!r}), which the job gets too")
             else:
@@ -111,6 +114,7 @@ class Ledger:
         self.errors: list[FieldError] = []
         self.taken: set[str] = set()
         self.defaulted: dict[str, Any] = {}  # keys left out because their value is TRL's default
+        self.misspelled: dict[str, str] = {}  # keys that look like a typo of a known one: why, naming it
 
     def has(self, key: str) -> bool:
         return key in self.config

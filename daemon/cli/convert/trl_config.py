@@ -233,8 +233,8 @@ class _Converter(Ledger):
         known = [*self.training_fields, *self.method_fields, *self.model_fields, *MODEL_CONFIG_PATHS]
         meant = difflib.get_close_matches(key, known, n=1, cutoff=TYPO_CUTOFF)
         if meant:
-            self.errors.append(FieldError(path=self.request_path(meant[0]), message=(
-                f"the file's key {key!r} is unknown to {version}'s {self.config_class}; did you mean {meant[0]!r}?")))
+            why = self.misspelled[key] = f"unknown to {version}'s {self.config_class}; did you mean {meant[0]!r}?"
+            self.errors.append(FieldError(path=self.request_path(meant[0]), message=f"the file's key {key!r} is {why}"))
             return
         self.dropped.append(Dropped(key, f"unknown to {version}'s {self.config_class}, ModelConfig and script arguments "
                                          "(trl's CLI passes such keys to `accelerate launch`)"))
@@ -248,7 +248,7 @@ class _Converter(Ledger):
         for path, key in self.origin.items():
             carried.setdefault(key, []).append(path)
         conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed,
-                                carried=carried, defaulted=self.defaulted)
+                                carried=carried, defaulted=self.defaulted, misspelled=self.misspelled)
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]

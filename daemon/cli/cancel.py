@@ -1,0 +1,59 @@
+"""`adapterd cancel ID`: what the request's events say of it, and what the cancel will do.
+
+It reads the request's events (as `adapterd get` does) before sending anything: a running request's
+host stops the job; a queued one is skipped when it is reached; one that already ended is left as
+it is and nothing is sent. A request no host has published an event of may still wait unread in
+the requests topic (a partition busy with an earlier request), so the cancel is sent: daemons keep
+every cancel and skip that request when they reach it, and the answer says that the id was never
+seen, in case it was mistyped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+
+from daemon.cli.jobs import Job, fold, history
+from daemon.kafka.options import kafka_options
+from daemon.settings import Settings
+from schemas import Cancel
+
+ENDED = ("succeeded", "failed", "cancelled", "rejected")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Whether to send the cancel, and the line that says what is known and what will happen."""
+
+    send: bool
+    said: str
+
+
+def plan(request_id: str, job: Job | None, control_topic: str) -> Plan:
+    """What to do with a cancel of `request_id`, whose events fold to `job` (None: none published)."""
+    if job is None:
+        return Plan(True, f"{request_id}: never seen (no host published an event of it); the cancel is sent to {control_topic}: "
+                          "if it waits unread in the requests topic, the daemon that reaches it skips it; if the id is mistyped, "
+                          "nothing happens (adapterd jobs lists the requests seen)")
+    if job.state in ENDED:
+        return Plan(False, f"{request_id}: already {job.state} on {job.host} (attempt {job.attempt}); nothing to cancel, nothing sent")
+    if job.state == "running":
+        return Plan(True, f"{request_id}: running on {job.host} (attempt {job.attempt}); the cancel is sent to {control_topic}: "
+                          "that host stops the job and publishes `cancelled` (adapterd get shows it)")
+    return Plan(True, f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when "
+                      "it is reached, with a `cancelled` event and no training")
+
+
+async def cancel(settings: Settings, message: Cancel) -> str:
+    """Read the request's events, send the cancel when it can still do something, and say what happens."""
+    request_id = message.request_id
+    decided = plan(request_id, fold(await history(settings, request_id)).get(request_id), settings.control_topic)
+    if decided.send:
+        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
+        try:
+            await producer.start()
+            await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
+        finally:
+            await producer.stop()
+    return decided.said
