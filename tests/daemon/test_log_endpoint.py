@@ -22,8 +22,10 @@ from daemon.ops import metrics  # noqa: F401 - registers adapterd's metrics, as 
 from daemon.ops.http_server import HttpEndpoint
 from daemon.settings import Settings
 from schemas import Started, Succeeded
+from schemas.signing import new_key_pair
 
 TOKEN = "the-fleets-logs-token"
+FLEET_KEY = new_key_pair()[1]  # `adapterd logs` acts only on events it can check; the stream here stands in for the verified one
 
 
 class Recorder(http.server.ThreadingHTTPServer):
@@ -143,7 +145,7 @@ async def test_adapterd_logs_prints_a_logs_escape_codes_escaped(monkeypatch: pyt
     monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))
     printed: list[bytes] = []
     try:
-        await logs.show_log(Settings(logs_token=SecretStr(TOKEN)), "r1", False, printed.append)
+        await logs.show_log(Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, printed.append)
     finally:
         endpoint.stop()
     assert b"".join(printed) == b"step 1 \\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred\\x1b[0m\n"
@@ -153,5 +155,5 @@ async def test_a_host_name_with_escape_codes_is_said_escaped(monkeypatch: pytest
     events = [Started(request_id="r1", method="sft", slot="cpu", pid=1, host="evil\x1b[2J\x1b]0;t\x07")]  # a host serving no logs
     monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))
     with pytest.raises(LogsError) as error:
-        await logs.show_log(Settings(logs_token=SecretStr(TOKEN)), "r1", False, lambda data: None)
+        await logs.show_log(Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, lambda data: None)
     assert str(error.value) == "evil\\x1b[2J\\x1b]0;t\\x07 runs r1 but serves no logs: its logs_token is not set"
