@@ -38,28 +38,9 @@ import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-
-@dataclass(frozen=True)
-class Host:
-    cuda: bool
-    vllm: bool
-    bitsandbytes: bool
-    gpu: str = ""
-    versions: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    title: str
-    needs_cuda: bool = False
-    needs: str = ""  # a module the rows need in the children, besides torch
-    target: str = ""
-
+from benchmarks.gpu_table import Check, Host, Table
 
 CHECKS = [
     Check("warm", "fork server: ready, CUDA untouched before and after the jobs, each job forked from it", target="yes"),
@@ -74,7 +55,6 @@ CHECKS = [
     Check("grpo_vllm", "GRPO with vLLM colocated", needs_cuda=True, needs="vllm", target="succeeds"),
     Check("methods", "one job of every method this TRL ships (demo requests, tiny model)", target="each succeeds"),
 ]
-FAILED = ("FAILED", "ERROR", "NOT READY", "CHANGED", "NO", "failed")
 
 
 def probe(force_cpu: bool = False) -> Host:
@@ -110,44 +90,6 @@ def skip_reason(check: Check, host: Host, only: set[str] | None = None) -> str |
 def plan(host: Host, only: set[str] | None = None) -> list[tuple[Check, str | None]]:
     """Each check and why it is skipped on this host (None: it runs)."""
     return [(check, skip_reason(check, host, only)) for check in CHECKS]
-
-
-class Table:
-    """The check's rows, written out after each one (a run stopped at its limit keeps what it had)."""
-
-    def __init__(self, out: Path, budget_s: float, host: Host) -> None:
-        self.out, self.budget_s, self.host, self.started = out, budget_s, host, time.monotonic()
-        self.rows: list[dict[str, Any]] = []
-        out.mkdir(parents=True, exist_ok=True)
-
-    def left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.started)
-
-    def say(self, *words: object) -> None:
-        print(f"[{time.monotonic() - self.started:6.1f}s]", *words, flush=True)
-
-    def row(self, measure: str, value: object, note: str = "", target: str = "") -> None:
-        self.rows.append({"measure": measure, "value": value, "target": target, "note": note})
-        self.say("ROW", measure, "=", value, note)
-        self.write()
-
-    def header(self) -> str:
-        versions = dict(self.host.versions)
-        return (f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M')} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
-                f"{versions.get('torch')}, trl {versions.get('trl')}, transformers {versions.get('transformers')}, "
-                f"{len(os.sched_getaffinity(0))} cores")
-
-    def markdown(self) -> str:
-        lines = [self.header(), "", "| measure | value | target | note |", "|---|---|---|---|"]
-        lines += [f"| {r['measure']} | {r['value']} | {r['target']} | {str(r['note']).replace('|', '/')} |" for r in self.rows]
-        return "\n".join(lines) + "\n"
-
-    def write(self) -> None:
-        (self.out / "gpu_check.json").write_text(json.dumps({"host": self.host.__dict__, "rows": self.rows}, indent=1, default=str))
-        (self.out / "gpu_check.md").write_text(self.markdown())
-
-    def failed(self) -> bool:
-        return any(str(row["value"]) in FAILED for row in self.rows)
 
 
 def row_functions() -> dict[str, Callable[..., Awaitable[None]]]:

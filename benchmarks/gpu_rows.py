@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_check import Check, Table
 from benchmarks.gpu_daemon import Daemon, plain
 from benchmarks.gpu_jobs import cuda_state, gpu_compute_pids, sft_request, untouched
+from benchmarks.gpu_table import Check, Table
 
 GIB = 2**30
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import traceback
 
-from benchmarks.gpu_check import Check
 from benchmarks.gpu_daemon import Daemon, plain
 from benchmarks.gpu_jobs import sft_request, tokens_per_row
 from benchmarks.gpu_rows import GIB, Run, brief, gib
+from benchmarks.gpu_table import Check
 
 
 async def packing(run: Run, daemon: Daemon, check: Check) -> None:
