@@ -49,7 +49,7 @@ class Run:
         """A Qwen2 of a real model's shape, random weights, bf16, in a child interpreter (torch stays out of this one)."""
         path = self.args.root / name
         if not (path / "config.json").exists():
-            subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--build-model", str(path), *flags], check=True, capture_output=True)
+            subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--build-model", str(path), *flags], check=True)  # its errors shown
         return path
 
     def samples(self, final: dict[str, Any]) -> float:

@@ -52,7 +52,7 @@ class Table:
 
     def header(self) -> str:
         versions = dict(self.host.versions)
-        return (f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M')} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
+        return (f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
                 f"{versions.get('torch')}, trl {versions.get('trl')}, transformers {versions.get('transformers')}, "
                 f"{len(os.sched_getaffinity(0))} cores")
 
