@@ -1,25 +1,23 @@
 #!/usr/bin/env bash
-# The GPU check (issue 14): one script, one table.
-#
-# On a host with one NVIDIA GPU it measures, through a local broker and the local Hub server:
-#   - SFT LoRA tokens/s through the daemon against the same job as a plain TRL script,
-#   - a QLoRA (bitsandbytes 4-bit) job through the daemon,
-#   - GPU memory before a job, its peak, and after it (back to the baseline),
-#   - a warm child: CUDA untouched until its job, and its start latency,
-#   - GRPO with vLLM colocated, if vLLM is installed (skipped otherwise).
-# Takes about 5-8 minutes on one GPU (under 10). Without CUDA it runs in CPU mode: the same
-# daemon-against-plain and warm-child rows on the tiny model for a few steps, GPU rows marked
-# "skipped (no CUDA)" (about 2-3 minutes on 2 cores).
-#
-# Nothing reaches the internet: the model is built here from a Qwen2 config (the shape of
-# Qwen2.5-0.5B, random weights, bf16) and the tokenizer is trained locally; no downloads. The
-# adapters go to the local Hub server (HF_ENDPOINT points the children there), so HF_HUB_OFFLINE
-# is not set: it would refuse those uploads too.
-#
-# Prints the table and writes it to benchmarks/results/gpu_check-<host>.md. Exits 1 when a row
-# failed. Arguments go to `python -m benchmarks.gpu_check` (--plan: only list the rows and which
-# are skipped here; --cpu: CPU mode on a GPU host; --steps, --repeats, --grpo-steps).
-set -euo pipefail
-
+# The GPU check (benchmarks/gpu_check.py), in one command from the project's root, on the machine a GPU
+# check is lent: Python 3.12 with its own torch, no JVM, no network, no uv. The wheels it lacks are
+# built beforehand on a machine with network and carried with the tree:
+#   python3 -m benchmarks.gpu_wheels .gpu             # here (stdlib and pip only): the wheels, under 64 MiB
+#   bash benchmarks/gpu_check.sh [gpu_check options]  # there: install them, run the check
+# Installs the wheels into a folder of its own (PYTHONPATH before the machine's packages), then runs
+# `python -m benchmarks.gpu_check`, whose table lands in $OUT (or benchmarks/results). `--plan` lists
+# the rows and which this host runs; `--only packing,lora_7b` runs some of them; `--budget-s` (480)
+# starts no row past it. Where uv and the project's environment are, skip the wheels:
+# `uv run --frozen python -m benchmarks.gpu_check`.
+set -u
 cd "$(dirname "$0")/.."
-exec uv run --frozen python -m benchmarks.gpu_check "$@"
+wheels=${GPU_WHEELS:-.gpu}
+site=${GPU_SITE:-/tmp/adapterd-site}
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi: CPU mode"
+# Compiled on install (no --no-compile): every interpreter after it, the fork server's included, starts
+# from bytecode instead of compiling the training stack again.
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl || exit 1
+python3 -m zipfile -e "$wheels/bnb.zip" "$site"
+export PYTHONPATH="$site:$(pwd)"
+exec python3 -m benchmarks.gpu_check "$@"

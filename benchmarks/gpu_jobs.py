@@ -1,20 +1,15 @@
-"""What the GPU check's rows run (benchmarks/gpu_check.py says which run where): the model of
-Qwen2.5-0.5B's shape built here and the rows it trains on, the requests, reading the GPU and a child
-from outside (nvidia-smi, /proc), and the two measurements the rows come from: the daemon against
-plain TRL, and one job through a daemon whose fork server is ready."""
+"""What the GPU check's rows train and read (benchmarks/gpu_check.py says which run where): the models
+of Qwen2.5-0.5B's and Qwen2.5-7B's shape built here and the rows they train on, the requests, reading
+the GPU and a child from outside (nvidia-smi, /proc), and the GPU's measured bf16 peak."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
-
-BENCH = "gpu check"
 
 # The shape of Qwen2.5-0.5B (about 494M parameters with tied embeddings).
 QWEN2_05B = {
@@ -43,7 +38,6 @@ QWEN2_7B = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": False,
 }
-
 
 
 # --- what the GPU rows train on ------------------------------------------------------------------
@@ -166,119 +160,6 @@ def untouched(state: dict[str, Any]) -> bool:
     return state["nvidia_fds"] == 0 and not state["context"]
 
 
-# --- the checks -------------------------------------------------------------------------------
-
-
-async def sft_rows(env: Any, request: dict[str, Any], steps: int, repeats: int, tokens: float, model: str) -> list[Any]:
-    """Daemon against plain TRL, the same request, alternating; benchmarks.overhead's runs."""
-    from statistics import median
-
-    from benchmarks import overhead
-    from benchmarks.harness import Row
-
-    plain, daemon = [], []
-    for index in range(repeats):
-        plain.append(overhead.plain_run(env, steps, {**request, "request_id": "plain"}))
-        daemon.append(await overhead.daemon_run(env, steps, index, request))
-    plain_tput = median(t for _, t in plain) * tokens
-    daemon_tput = median(d["throughput"] for d in daemon) * tokens
-    note = f"{model}, {steps} steps, {repeats} alternating run(s) each; samples/s x {tokens:.0f} tokens a row"
-    return [
-        Row(BENCH, "SFT LoRA: plain TRL tokens/s", round(plain_tput, 1), "tokens/s", note=note),
-        Row(BENCH, "SFT LoRA: daemon tokens/s", round(daemon_tput, 1), "tokens/s",
-            note=f"wall {median(d['wall'] for d in daemon):.1f} s submission to succeeded (plain: {median(w for w, _ in plain):.1f} s process)"),
-        Row(BENCH, "SFT LoRA: tokens/s ratio daemon/plain", round(daemon_tput / plain_tput, 3), "", ">= 0.98"),
-    ]
-
-
-async def daemon_job(env: Any, request: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    """One job through a daemon whose fork server is ready: the server's CUDA state before the job
-    and after it (it must never touch CUDA), GPU memory before / peak during / after, the pid the job
-    was forked from, and the `succeeded` event."""
-    from benchmarks.harness import wait_for_log
-    from schemas import Started, Succeeded
-    from testbed.client import run_to_end
-
-    settings = await env.settings(warm_child=True)
-    daemon = env.daemon(settings)
-    peak = 0.0
-    done = asyncio.Event()
-
-    async def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, await asyncio.to_thread(gpu_used_mib))
-            await asyncio.sleep(0.2)
-
-    def logged(event: str) -> list[dict[str, Any]]:
-        return [line for line in daemon.log_lines() if line.get("event") == event]
-
-    try:
-        await wait_for_log(daemon, "forkserver.ready")
-        warm_pid = logged("forkserver.starting")[-1]["pid"]
-        before_state = cuda_state(warm_pid)
-        before = gpu_used_mib() if cuda else None
-        sampler = asyncio.create_task(sample()) if cuda else None
-        started = time.monotonic()
-        events = await run_to_end(settings, request)
-        wall = time.monotonic() - started
-        done.set()
-        if sampler is not None:
-            await sampler
-        next_state = cuda_state(warm_pid)  # the server again, after forking the job: still without CUDA
-        forked_from = {line["pid"]: line["server_pid"] for line in logged("child.forked")}
-        after = None
-        if cuda:
-            await asyncio.sleep(1.0)  # nvidia-smi's figure trails the child's exit by a moment
-            after = gpu_used_mib()
-    finally:
-        done.set()
-        daemon.stop()
-    final = events[-1]
-    job_pid = next((e.pid for e in events if isinstance(e, Started)), None)
-    return {
-        "ok": isinstance(final, Succeeded), "final": final, "wall": wall, "warm_pid": warm_pid, "job_pid": job_pid,
-        "forked_from": forked_from.get(job_pid),
-        "before_state": before_state, "next_state": next_state, "before": before, "peak": peak, "after": after,
-    }
-
-
-def distinct_partition_ids(prefix: str, count: int) -> list[str]:
-    """`count` request ids whose keys go to `count` different partitions of a topic of `count` (Kafka's
-    default partitioner): one job runs per partition, so jobs meant to run at once need their own."""
-    from aiokafka.partitioner import DefaultPartitioner
-
-    partitioner, partitions, chosen = DefaultPartitioner(), list(range(count)), {}
-    suffix = 0
-    while len(chosen) < count:
-        request_id = f"{prefix}-{suffix}"
-        chosen.setdefault(partitioner(request_id.encode(), partitions, partitions), request_id)
-        suffix += 1
-    return [chosen[partition] for partition in partitions]
-
-
-async def concurrent_jobs(env: Any, requests: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
-    """`requests` at once through one daemon whose GPU takes them all (`max_jobs_per_gpu`), each on a
-    partition of its own; their `succeeded` events and the wall time from submission to the last."""
-    from benchmarks.harness import wait_for_log
-    from schemas import Succeeded
-    from testbed.client import submit, terminal_events
-
-    settings = await env.settings(partitions=len(requests), warm_child=True, max_jobs_per_gpu=max(len(requests), 1), **overrides)
-    daemon = env.daemon(settings)
-    try:
-        await wait_for_log(daemon, "forkserver.ready")
-        started = time.monotonic()
-        for request in requests:
-            await submit(settings, request)
-        ended = await terminal_events(settings, {request["request_id"] for request in requests}, timeout_s=3600)
-        wall = time.monotonic() - started
-    finally:
-        daemon.stop()
-    finals = [events[-1] for events in ended.values()]
-    return {"ok": all(isinstance(final, Succeeded) for final in finals), "finals": finals, "wall": wall}
-
-
 _MATMUL = """
 import sys, time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -312,8 +193,3 @@ def lora_flops_per_token(shape: dict[str, Any], checkpointing: bool) -> float:
     kv = hidden * shape["num_key_value_heads"] // shape["num_attention_heads"]
     linear = layers * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) + hidden * shape["vocab_size"]
     return (6 if checkpointing else 4) * linear
-
-
-def failure_text(result: dict[str, Any]) -> str:
-    final = result["final"]
-    return f"{final.type}: {getattr(final, 'code', '')} {getattr(final, 'message', '')}"[:200]

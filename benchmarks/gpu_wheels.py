@@ -6,7 +6,7 @@ with the tree, 64 MiB at a time. This downloads, for `--python` and `--platform`
 `LACKING` (what that image lacks or holds at a version adapterd's lock disagrees with) at the versions
 uv.lock pins, and bitsandbytes trimmed to the native library of one CUDA major (`--cuda`; its wheel
 ships one per CUDA version, 43 MB in all) as `bnb.zip`, to unpack beside the wheels. It fails when the
-folder is over `--limit-mib`. benchmarks/gpu_bare.sh installs the folder there and runs the check.
+folder is over `--limit-mib`. benchmarks/gpu_check.sh installs the folder there and runs the check.
 `--plan` prints what it would fetch and fetches nothing.
 """
 

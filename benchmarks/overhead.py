@@ -31,17 +31,6 @@ def job(env: Environment, request_id: str, steps: int) -> dict[str, object]:
     }
 
 
-def plain_run(env: Environment, steps: int, request: dict[str, object] | None = None) -> tuple[float, float]:
-    """Wall time (process start to exit) and throughput of the plain script (`request`: another job
-    than the tiny model's, as benchmarks/gpu_check.py runs)."""
-    request_file = env.root / "plain-request.json"
-    request_file.write_text(json.dumps(request or job(env, "plain", steps)))
-    started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.plain_sft", str(request_file)], check=True, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    return wall, json.loads(out.stdout.strip().splitlines()[-1])["train_samples_per_second"]
-
-
 async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settings, request: dict[str, object]) -> dict[str, float]:
     """One job through a running daemon: wall time (submission to `succeeded`), push time, the
     trainer's own throughput and median step time, and the CPU seconds the daemon (the parent, not
@@ -57,18 +46,6 @@ async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settin
     return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
             "step_s": done.metrics["median_step_s"], "runtime": done.metrics["train_runtime"], "train_s": done.durations_s["train"], "parent_cpu": parent_cpu,
             "broker_cpu": broker_cpu}
-
-
-async def daemon_run(env: Environment, steps: int, index: int, request: dict[str, object] | None = None) -> dict[str, float]:
-    """One job through a fresh daemon, ready for a warm start as between jobs (`measured_job`)."""
-    settings = await env.settings()
-    daemon = env.daemon(settings)
-    try:
-        await wait_for_log(daemon, warm_event(settings))
-        request = {**request, "request_id": f"{request['request_id']}-{index}"} if request else job(env, f"through-daemon-{index}", steps)
-        return await measured_job(env, daemon, settings, request)
-    finally:
-        daemon.stop()
 
 
 def spread(values: list[float]) -> str:

@@ -1,6 +1,6 @@
 """Kafka in memory: stand-ins for the Kafka clients (daemon/kafka/clients.py's Protocols) that the
 daemon's real `Service` runs on without a broker: the unit tests of its core (tests/fakes.py), and
-the GPU check on a machine that has no JVM (benchmarks/gpu_bare.py).
+the GPU check on a machine that has no JVM (benchmarks/gpu_daemon.py).
 
 - `FakeProducer` keeps what was sent per topic and partition and acknowledges it at once (or holds
   the acknowledgements until `release`);

@@ -55,7 +55,7 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
     from daemon.ops.logs import configure_logging
     from daemon.settings import Settings
     from schemas import Rejected
-    from tests.core import Core
+    from tests.core import CoreOnFakes
     from tests.daemon.test_scheduler_core import SUCCEEDS
     from tests.fakes import FakeChildren, FakeRecord
     from tests.helpers import sft_request
@@ -179,8 +179,8 @@ CORPUS = {
 }
 
 
-async def _take(record: FakeRecord, work: Path) -> Core:
-    core = Core(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
+async def _take(record: FakeRecord, work: Path) -> CoreOnFakes:
+    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
                 children=FakeChildren(SUCCEEDS))
     await core.intake.take(core.tp, [record])
     await core.partitions.settled(core.tp)

@@ -15,7 +15,9 @@ from schemas import RequestBase, decode_request
 from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Script, Sent
 
 
-class Core:
+class CoreOnFakes:
+    """`daemon.service.Core` as `wire` builds it, with the fakes it runs on and helpers to feed and read them."""
+
     def __init__(self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()

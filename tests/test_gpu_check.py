@@ -1,5 +1,6 @@
-"""benchmarks/gpu_check.py's plan: which rows a host runs and which it skips, and that the script's
-`--plan` mode runs here (nothing trained, no broker started)."""
+"""benchmarks/gpu_check.py, the one GPU check: which rows a host runs and which it skips, its `--plan`
+with no JVM on the PATH (what the bare GPU machine has), and its CPU mode end to end there, the
+daemon's own packing included."""
 
 from __future__ import annotations
 
@@ -16,34 +17,42 @@ from benchmarks.gpu_jobs import QWEN2_05B, long_rows, sft_request
 ROOT = Path(__file__).parents[1]
 
 
-def skipped(host: Host) -> dict[str, str | None]:
-    return {check.name: skip for check, skip in plan(host)}
+def skipped(host: Host, only: set[str] | None = None) -> dict[str, str | None]:
+    return {check.name: skip for check, skip in plan(host, only)}
 
 
-def test_cpu_host_runs_the_daemon_and_fork_server_rows_and_skips_the_gpu_rows() -> None:
+def no_jvm(tmp_path: Path) -> dict[str, str]:
+    """The environment of a bare GPU machine, as far as the PATH goes: no java, no uv, no broker."""
+    empty = tmp_path / "empty-path"
+    empty.mkdir(exist_ok=True)
+    return {**os.environ, "PATH": str(empty)}
+
+
+def test_cpu_host_runs_the_daemon_fork_server_packing_and_method_rows_and_skips_the_gpu_rows() -> None:
     rows = skipped(Host(cuda=False, vllm=False, bitsandbytes=True))
-    assert rows == {
-        "sft": None,
-        "qlora": "skipped (no CUDA)",
-        "memory": "skipped (no CUDA)",
-        "warm": None,
-        "grpo_vllm": "skipped (no CUDA)",
-        "packing": "skipped (no CUDA)",
-        "fast": "skipped (no CUDA)",
-        "lora_7b": "skipped (no CUDA)",
-    }
+    assert [name for name, skip in rows.items() if skip is None] == ["warm", "sft", "packing", "methods"]
+    assert {skip for skip in rows.values() if skip is not None} == {"skipped (no CUDA)"}
 
 
 def test_gpu_host_skips_only_what_is_not_installed() -> None:
     assert set(skipped(Host(cuda=True, vllm=True, bitsandbytes=True)).values()) == {None}
-    rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=True))
-    assert rows["grpo_vllm"] == "skipped (vLLM not installed)"
-    assert [name for name, skip in rows.items() if skip is None] == ["sft", "qlora", "memory", "warm", "packing", "fast", "lora_7b"]
+    rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=False))
+    assert rows["grpo_vllm"] == "skipped (vLLM not installed)" and rows["qlora"] == "skipped (bitsandbytes not installed)"
+    assert [name for name, skip in rows.items() if skip is not None] == ["qlora", "grpo_vllm"]
 
 
-def test_every_check_has_a_target_and_a_unique_name() -> None:
+def test_only_runs_the_rows_asked_for() -> None:
+    rows = skipped(Host(cuda=True, vllm=True, bitsandbytes=True), {"packing", "lora_7b"})
+    assert [name for name, skip in rows.items() if skip is None] == ["packing", "lora_7b"]
+    assert rows["sft"] == "not asked (--only)"
+
+
+def test_every_check_has_a_target_and_a_unique_name_and_a_way_to_run() -> None:
+    from benchmarks.gpu_check import row_functions
+
     assert len({check.name for check in CHECKS}) == len(CHECKS)
     assert all(check.target for check in CHECKS)
+    assert {check.name for check in CHECKS} == {*row_functions(), "warm"}  # warm is read before and after the others
 
 
 def test_the_gpu_requests_are_valid_requests_of_a_05b_shaped_model(tmp_path: Path) -> None:
@@ -63,14 +72,16 @@ def test_the_gpu_check_grpo_request_is_valid(tmp_path: Path) -> None:
     assert parsed.set_fields("grpo")["vllm_mode"] == "colocate"
 
 
-def test_plan_mode_lists_every_row_and_trains_nothing(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--plan", "--cpu", "--results", str(tmp_path)],
-                         cwd=ROOT, check=True, capture_output=True, text=True, timeout=120).stdout
-    assert "CPU mode (GPU rows skipped)" in out
+def test_plan_lists_every_row_with_no_jvm_on_the_path_and_trains_nothing(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--plan", "--cpu", "--out", str(tmp_path / "out")],
+                         cwd=ROOT, env=no_jvm(tmp_path), check=True, capture_output=True, text=True, timeout=120).stdout
+    assert "no GPU (CPU mode)" in out
     for check in CHECKS:
-        assert check.title in out
-    assert out.count("skipped (no CUDA)") == 6
-    assert not list(tmp_path.iterdir())  # --plan writes no results
+        assert f"| {check.name} | {check.title} |" in out
+    assert "| packing | LoRA jobs at once on one GPU through max_jobs_per_gpu: aggregate tokens/s | runs |" in out
+    assert "| lora_7b | a 7B-shaped LoRA job's share of the GPU's measured bf16 peak | skipped (no CUDA) |" in out
+    assert out.count("skipped (no CUDA)") == 7
+    assert not (tmp_path / "out").exists()  # --plan writes no results
 
 
 def test_the_wheels_for_a_bare_gpu_machine_are_the_locks_versions() -> None:
@@ -100,29 +111,22 @@ def test_bitsandbytes_is_trimmed_to_the_cpu_library_and_one_cuda_major(tmp_path:
 
 
 @pytest.mark.slow
-def test_the_bare_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path(tmp_path: Path) -> None:
+def test_the_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path_and_packs_through_the_daemon(tmp_path: Path) -> None:
     # What a bare GPU machine has: Python, no JVM, no broker. The daemon runs on Kafka in memory.
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_bare", "--cpu", "--methods", "sft", "--order", "P,D", "--steps", "2",
-                          "--concurrent", "", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PATH": str(tmp_path / "empty")}, timeout=280)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--only", "warm,sft,packing,methods", "--methods", "sft",
+                          "--order", "P,D", "--steps", "2", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=ROOT, env=no_jvm(tmp_path), timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    table = (tmp_path / "out" / "gpu_bare.md").read_text()
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in table.splitlines() if line.startswith("| ") and " | " in line}
-    assert rows["fork server before any job"] == "ready"
-    assert float(rows["SFT LoRA tokens/s: daemon"]) > 0 and float(rows["SFT LoRA tokens/s: plain TRL"]) > 0
-    assert rows["sft (demo request, tiny model, CPU)"] == "succeeded"
-    assert rows["fork server after the jobs"] == "same server, CUDA untouched"
-    assert "load_model.weights" in rows["stages of a daemon SFT job (s)"]
-
-
-def test_jobs_meant_to_run_at_once_get_a_partition_each() -> None:
-    from aiokafka.partitioner import DefaultPartitioner
-
-    from benchmarks.gpu_jobs import distinct_partition_ids
-
-    ids = distinct_partition_ids("pack8", 8)
-    partitioner = DefaultPartitioner()
-    assert sorted(partitioner(request_id.encode(), list(range(8)), list(range(8))) for request_id in ids) == list(range(8))
+    table = (tmp_path / "out" / "gpu_check.md").read_text()
+    rows = {cells[0]: cells[1:] for cells in (line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| "))}
+    assert rows["fork server before any job"][0] == "ready"
+    assert float(rows["SFT LoRA tokens/s: daemon"][0]) > 0 and float(rows["SFT LoRA tokens/s: plain TRL"][0]) > 0
+    assert "load_model.weights" in rows["stages of a daemon SFT job (s)"][0]
+    assert rows["sft (demo request, tiny model, CPU)"][0] == "succeeded"
+    assert rows["fork server after the jobs"][0] == "same server, CUDA untouched"
+    # The daemon's own packing: the two jobs shared the one declared GPU at once.
+    assert "most jobs on one GPU at once (the daemon's slots): 1;" in rows["1 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
+    assert "most jobs on one GPU at once (the daemon's slots): 2;" in rows["2 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
 
 
 def test_a_lora_tokens_flops_are_its_linear_layers_four_or_six_times() -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.cli.jobs import Job, fold, history
+from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Cancel
@@ -30,7 +30,7 @@ class Plan:
     said: str
 
 
-def plan(request_id: str, job: Job | None, control_topic: str) -> Plan:
+def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Plan:
     """What to do with a cancel of `request_id`, whose events fold to `job` (None: none published)."""
     if job is None:
         return Plan(True, f"{request_id}: never seen (no host published an event of it); the cancel is sent to {control_topic}: "

@@ -30,7 +30,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
 @dataclass
-class Job:
+class RequestSummary:
     """One request as its events say it is now."""
 
     request_id: str
@@ -57,15 +57,15 @@ async def history(settings: Settings, request_id: str | None = None) -> list[Eve
         return [event async for event in stream.events(request_id, until_terminal=False, follow=False)]
 
 
-def fold(events: Iterable[Event]) -> dict[str, Job]:
+def fold(events: Iterable[Event]) -> dict[str, RequestSummary]:
     """Each request's latest state, from its events in the order they were published."""
-    jobs: dict[str, Job] = {}
+    jobs: dict[str, RequestSummary] = {}
     for event in events:
         if event.request_id is None:
             continue  # a rejected message whose id could not be read: no request to list
         job = jobs.get(event.request_id)
         if job is None or (event.type == "accepted" and job.state in ("succeeded", "failed", "cancelled", "rejected")):
-            job = jobs[event.request_id] = Job(event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0)
+            job = jobs[event.request_id] = RequestSummary(event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0)
         if event.type == "succeeded" and getattr(event, "duplicate", False) and job.state == "succeeded":
             job.events += 1
             continue  # a redelivered request's repeat: the same outcome

@@ -139,11 +139,11 @@ class Publisher:
     async def send_all(self, messages: list[Outgoing]) -> list[asyncio.Future[RecordMetadata]]:
         """Queue messages partition by partition (by key, as Kafka's default partitioner does)."""
         groups: dict[tuple[str, int], list[Outgoing]] = {}
-        placement = Placement(self.partitioner)
+        choices = PartitionChoices(self.partitioner)
         for message in messages:
-            if message.topic not in placement:
-                placement.add(message.topic, await self.producer.partitions_for(message.topic))
-            groups.setdefault((message.topic, placement.choose(message.topic, message.key)), []).append(message)
+            if message.topic not in choices:
+                choices.add(message.topic, await self.producer.partitions_for(message.topic))
+            groups.setdefault((message.topic, choices.choose(message.topic, message.key)), []).append(message)
         acks = []
         for (topic, partition), group in groups.items():
             batch = self.producer.create_batch()
@@ -163,7 +163,7 @@ def _brokers_away(exc: BaseException) -> bool:
     return isinstance(exc, KafkaTimeoutError) or (isinstance(exc, KafkaError) and bool(exc.retriable))
 
 
-class Placement:
+class PartitionChoices:
     """The partition of each message of one `send_all`, chosen by the default partitioner once per
     key and partition list. A rejection's DLQ record and its `rejected` event carry the same key,
     and aiokafka's murmur2 is pure Python: hashing each key once takes half of it off intake's

@@ -1,8 +1,8 @@
 """The host's speed settings (`JobSpec.fast`, the daemon's choice), in the child: each applied only
 where the request leaves the same field unset (the request's own value always wins), and only where
-this host can run it. Gradient checkpointing and Liger go into the TRL config (handlers/training.py
-`trl_config`), the attention into every model's loading (handlers/loading.py `model_kwargs`, chosen
-once per job by handlers/common.py `load_base`). What a job ran with is recorded (reporting.py
+this host can run it. Gradient checkpointing and Liger go into the TRL config (handlers/child/training.py
+`trl_config`), the attention into every model's loading (handlers/child/loading.py `model_kwargs`, chosen
+once per job by handlers/child/common.py `load_base`). What a job ran with is recorded (reporting.py
 `applied`, `TrainResult.fast`); a setting this host cannot run is logged as
 `job.fast_setting_unavailable` and left off (a flash attention falls back to sdpa).
 """

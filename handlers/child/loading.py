@@ -85,7 +85,7 @@ def check_hardware(spec: ModelSpec) -> None:
 def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     """`from_pretrained` arguments from the request's model block: dtype, remote code (policy-gated
     at intake), `trl.ModelConfig`'s loading options, and bitsandbytes for QLoRA. The attention is the
-    request's, else the host's for this job (handlers/fast.py)."""
+    request's, else the host's for this job (handlers/child/fast.py)."""
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(spec.dtype, "auto"), "trust_remote_code": spec.trust_remote_code}
     if (attention := fast.attention(spec)) is not None:
         kwargs["attn_implementation"] = attention

@@ -67,7 +67,7 @@ def loading_weights() -> Iterator[None]:
 
 def applied(setting: str, value: str | bool) -> None:
     """One of the host's speed settings (`JobSpec.fast`) this job runs with (`TrainResult.fast`); said
-    by the code that applies it (handlers/fast.py)."""
+    by the code that applies it (handlers/child/fast.py)."""
     if StatusReporter.active is not None:
         StatusReporter.active.fast[setting] = value
 
@@ -76,7 +76,7 @@ def start_cuda(memory: MemoryWatch | None = None, memory_fraction: float | None 
     """`load_model.cuda_init`: CUDA's own start (the driver, a context on this process's GPU), measured
     here so that it is not counted in the weights' or the trainer's seconds. Before its first
     allocation, the job's share of the GPU (`memory_fraction`) is set and `memory` starts counting
-    (handlers/memory.py). Nothing on a host without CUDA."""
+    (handlers/child/memory.py). Nothing on a host without CUDA."""
     if not torch.cuda.is_available():
         return
     part("cuda_init")

@@ -67,7 +67,7 @@ def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, *
 def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
     own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)
-    and the host's speed settings where the request leaves them unset (handlers/fast.py)."""
+    and the host's speed settings where the request leaves them unset (handlers/child/fast.py)."""
     # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
     if request.evaluation is not None and request.evaluation.require_finite_losses:

@@ -16,7 +16,7 @@ from daemon.kafka.clients import Batch
 from daemon.kafka.copies import COPY_HEADROOM_BYTES, ERRORS_HEADER_BYTES, errors_header
 from daemon.settings import Settings
 from schemas import FieldError
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.daemon.test_scheduler_core import SUCCEEDS, fails
 from tests.fakes import FakeChildren, FakeProducer, FakeRecord
 from tests.helpers import sft_request
@@ -40,7 +40,7 @@ def sized(request_id: str, size: int) -> bytes:
 
 
 async def test_a_request_whose_copies_would_not_fit_is_refused_naming_the_limit(settings: Settings) -> None:
-    core = Core(settings)
+    core = CoreOnFakes(settings)
     value = sized("big", LIMIT - COPY_HEADROOM_BYTES - len(b"big") + 1)
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"big", value)])
     await core.partitions.settled(core.tp)
@@ -52,7 +52,7 @@ async def test_a_request_whose_copies_would_not_fit_is_refused_naming_the_limit(
 
 
 async def test_a_request_just_under_the_bound_is_accepted(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
     value = sized("fits", LIMIT - COPY_HEADROOM_BYTES - len(b"fits"))
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"fits", value)])
     await core.scheduler.jobs[core.tp].task
@@ -60,7 +60,7 @@ async def test_a_request_just_under_the_bound_is_accepted(settings: Settings) ->
 
 
 async def test_an_invalid_record_too_large_to_copy_is_dead_lettered_without_its_value(settings: Settings) -> None:
-    core = Core(settings)
+    core = CoreOnFakes(settings)
     value = b"x" * LIMIT
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"junk", value)])
     await core.partitions.settled(core.tp)
@@ -93,7 +93,7 @@ class RefusingRequestsTopic(FakeProducer):
 
 async def test_a_retry_the_broker_refuses_ends_the_request_and_is_never_trained_again(settings: Settings) -> None:
     children = FakeChildren(fails("dataset_unavailable", retryable=True))
-    core = Core(settings, RefusingRequestsTopic(settings.requests_topic), children)
+    core = CoreOnFakes(settings, RefusingRequestsTopic(settings.requests_topic), children)
     record = core.record(sft_request("r1"), 7)
     await core.intake.take(core.tp, [record])
     await core.scheduler.jobs[core.tp].task

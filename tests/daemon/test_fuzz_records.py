@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from daemon.kafka.retry_state import RETRY_HEADERS
 from daemon.settings import Settings
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.daemon.test_scheduler_core import SUCCEEDS
 from tests.fakes import FakeChildren, FakeRecord
 from tests.helpers import sft_request
@@ -46,8 +46,8 @@ def records(draw: st.DrawFn) -> tuple[bytes | None, bytes | None, list[tuple[str
     return key, value, headers, timestamp
 
 
-async def take(record: FakeRecord, work: Path) -> Core:
-    core = Core(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
+async def take(record: FakeRecord, work: Path) -> CoreOnFakes:
+    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
                 children=FakeChildren(SUCCEEDS))
     await core.intake.take(core.tp, [record])  # raises nothing, whatever the record
     await core.partitions.settled(core.tp)

@@ -20,7 +20,7 @@ from handlers.protocol import StageEntered, TrainResult
 from schemas import decode_request
 from schemas.evaluation import EvaluationResult, EvaluationSpec, Scores
 from schemas.request import RequestBase
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -176,7 +176,7 @@ def settings(tmp_path: Path) -> Settings:
 GATE = {"gate": [{"metric": "eval_loss", "at_most": 1.05, "of": "base"}]}
 
 
-async def run_gated(core: Core, evaluation: dict[str, Any]) -> tuple[list[State], dict[str, Any]]:
+async def run_gated(core: CoreOnFakes, evaluation: dict[str, Any]) -> tuple[list[State], dict[str, Any]]:
     document = sft_request("gated", dataset={"id": "adapterd-test/chat", "eval": EVAL_SET}, evaluation=evaluation)
     record = core.record(document, 3)
     assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
@@ -186,7 +186,7 @@ async def run_gated(core: Core, evaluation: dict[str, Any]) -> tuple[list[State]
 
 
 async def test_a_passing_gate_publishes_to_the_requested_revision_with_the_evaluation(settings: Settings) -> None:
-    core = Core(settings, children=scripted(result({"eval_loss": 2.0}, base={"eval_loss": 2.0})))
+    core = CoreOnFakes(settings, children=scripted(result({"eval_loss": 2.0}, base={"eval_loss": 2.0})))
     history, event = await run_gated(core, {**GATE, "on_fail": "none"})
     assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED]
     assert event["type"] == "succeeded" and event["published"] == "main" and event["revision"] == "main"
@@ -197,7 +197,7 @@ async def test_a_passing_gate_publishes_to_the_requested_revision_with_the_evalu
 
 
 async def test_a_failing_gate_goes_to_its_side_branch_and_main_is_untouched(settings: Settings) -> None:
-    core = Core(settings, children=scripted(result({"eval_loss": 9.0}, base={"eval_loss": 2.0})))
+    core = CoreOnFakes(settings, children=scripted(result({"eval_loss": 9.0}, base={"eval_loss": 2.0})))
     history, event = await run_gated(core, {**GATE, "on_fail": "branch", "fail_branch": "gate-failed"})
     assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED]
     assert event["published"] == "branch" and event["revision"] == "gate-failed"
@@ -208,7 +208,7 @@ async def test_a_failing_gate_goes_to_its_side_branch_and_main_is_untouched(sett
 
 
 async def test_a_failing_gate_with_on_fail_none_publishes_nothing(settings: Settings) -> None:
-    core = Core(settings, children=scripted(result({"eval_loss": math.nan}, base={"eval_loss": 2.0}, nonfinite_losses=2)))
+    core = CoreOnFakes(settings, children=scripted(result({"eval_loss": math.nan}, base={"eval_loss": 2.0}, nonfinite_losses=2)))
     history, event = await run_gated(core, {**GATE, "on_fail": "none"})
     assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.SUCCEEDED]  # no push
     assert event["published"] == "none" and event["commit_sha"] is None
@@ -219,13 +219,13 @@ async def test_a_failing_gate_with_on_fail_none_publishes_nothing(settings: Sett
 
 
 async def test_a_child_that_reports_no_evaluation_for_a_gated_request_fails_the_job(settings: Settings) -> None:
-    core = Core(settings, children=scripted(None))
+    core = CoreOnFakes(settings, children=scripted(None))
     history, event = await run_gated(core, {**GATE, "on_fail": "none"})
     assert history[-1] is State.FAILED and event["type"] == "failed" and event["stage"] == "evaluate" and event["code"] == "internal"
 
 
 async def test_on_the_local_sink_a_failing_gate_opens_its_pull_request_beside_main(settings: Settings) -> None:
-    core = Core(settings, children=scripted(result({"eval_loss": 9.0}, base={"eval_loss": 2.0})))
+    core = CoreOnFakes(settings, children=scripted(result({"eval_loss": 9.0}, base={"eval_loss": 2.0})))
     history, event = await run_gated(core, {**GATE, "on_fail": "pr"})
     assert history == [State.QUEUED, State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED]
     outputs = settings.outputs_dir / "results"
@@ -238,7 +238,7 @@ async def test_on_the_local_sink_a_failing_gate_opens_its_pull_request_beside_ma
 
 async def test_a_second_job_is_told_where_the_local_sinks_current_adapter_is(settings: Settings) -> None:
     children = scripted(result({"eval_loss": 2.0}, base={"eval_loss": 2.0}))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     await run_gated(core, {**GATE, "on_fail": "none"})
     first = children.taken[-1].spec
     assert first is not None and first.hub is False and first.local_current_adapter is None  # 'current' not asked for

@@ -133,9 +133,9 @@ async def test_images_are_checked_off_the_event_loop_by_their_headers(tmp_path: 
     import time
 
     from daemon.settings import Settings
-    from tests.core import Core
+    from tests.core import CoreOnFakes
 
-    core = Core(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
+    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
     bomb = webp_bomb()
     rows = [{**VISION_CHAT_ROWS[0], "images": [bomb]} for _ in range(32)]
     rows[-1] = {**rows[-1], "images": ["data:image/png;base64," + base64.b64encode(b"not an image").decode()]}
@@ -168,7 +168,7 @@ async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tm
 
     from daemon import intake
     from daemon.settings import Settings
-    from tests.core import Core
+    from tests.core import CoreOnFakes
 
     release = threading.Event()
 
@@ -178,7 +178,7 @@ async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tm
 
     monkeypatch.setattr(intake, "IMAGE_CHECK_DEADLINE_S", 0.05)
     monkeypatch.setattr(intake, "inline_image_errors", stuck)
-    core = Core(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
+    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
     try:
         await core.intake.take(core.tp, [vision_record(core, VISION_CHAT_ROWS)])
     finally:

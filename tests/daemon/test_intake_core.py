@@ -13,7 +13,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon.settings import Settings
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.fakes import FakeProducer, FakeRecord
 from tests.helpers import sft_request
 from tests.hostile import hostile_cases
@@ -44,7 +44,7 @@ def hostile_records(settings: Settings, root: Path, tp: TopicPartition) -> tuple
 
 
 async def test_every_hostile_record_is_dead_lettered_and_announced_then_committed(settings: Settings, root: Path) -> None:
-    core = Core(settings, FakeProducer())
+    core = CoreOnFakes(settings, FakeProducer())
     tp = TopicPartition(settings.requests_topic, 0)
     records, paths = hostile_records(settings, root, tp)
 
@@ -63,7 +63,7 @@ async def test_every_hostile_record_is_dead_lettered_and_announced_then_committe
 
 
 async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fails(settings: Settings, root: Path) -> None:
-    core = Core(settings, FakeProducer(hold_acks=True))
+    core = CoreOnFakes(settings, FakeProducer(hold_acks=True))
     tp = TopicPartition(settings.requests_topic, 0)
     records, _ = hostile_records(settings, root, tp)
     first, second = records[:5], records[5:10]
@@ -84,7 +84,7 @@ async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fail
 async def test_the_loop_turns_between_records_of_a_batch(settings: Settings) -> None:
     """A batch of small records that are all rejected awaits nothing but the flush at its end; the
     loop's other work (aiokafka's heartbeats, the watchdog's feeding) gets a turn between records."""
-    core = Core(settings, FakeProducer())
+    core = CoreOnFakes(settings, FakeProducer())
     tp = TopicPartition(settings.requests_topic, 0)
     records = [FakeRecord(tp.topic, 0, offset, b"k", b"{not json") for offset in range(50)]
     turns = [0]
@@ -104,7 +104,7 @@ async def test_the_loop_turns_between_records_of_a_batch(settings: Settings) -> 
 
 
 async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(settings: Settings) -> None:
-    core = Core(settings, FakeProducer())
+    core = CoreOnFakes(settings, FakeProducer())
     records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(10)]
 
     async def rebalance() -> None:  # a rebalance that moves the partition away after three of intake's turns

@@ -18,7 +18,7 @@ from daemon.kafka.retry_state import ALONE_HEADER
 from daemon.settings import Settings
 from handlers.protocol import ChildError, FastSettings, StageEntered
 from schemas import Cancel, RequestBase
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -64,7 +64,7 @@ async def turns_until(condition: Callable[[], bool]) -> None:
     raise AssertionError("the jobs never got there")
 
 
-async def offer(core: Core, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None) -> Offered:
+async def offer(core: CoreOnFakes, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None) -> Offered:
     tp = TopicPartition(core.tp.topic, partition)
     core.consumer.committed[tp] = 0
     record = core.record(sft_request(request_id), 7)
@@ -74,7 +74,7 @@ async def offer(core: Core, request_id: str, partition: int, headers: list[tuple
 
 async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_does_not_waits(settings: Settings) -> None:
     children = FakeChildren(HANGS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     core.scheduler.memory = FixedNeeds({"r1": 30 * GIB, "r2": 30 * GIB, "r3": 30 * GIB})  # type: ignore[assignment]
     assert await offer(core, "r1", 0) is Offered.STARTED
     assert await offer(core, "r2", 1) is Offered.STARTED  # beside r1: 60 of 72 GiB
@@ -95,7 +95,7 @@ async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spendi
     oom = Script(messages=[StageEntered(stage="train"), ChildError(code="out_of_memory", stage="train", message="CUDA out of memory", retryable=True)],
                  returncode=1, artifact=False)
     children = FakeChildren(HANGS, oom, HANGS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     needs = FixedNeeds({"r1": 20 * GIB, "r2": 20 * GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
     assert await offer(core, "r1", 0) is Offered.STARTED
@@ -123,7 +123,7 @@ async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spendi
 
 
 async def test_a_forged_alone_header_is_read_as_a_first_attempt(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(HANGS))
+    core = CoreOnFakes(settings, children=FakeChildren(HANGS))
     needs = FixedNeeds({"r1": GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
     assert await offer(core, "r1", 0, headers=[(ALONE_HEADER, b"1")]) is Offered.STARTED
@@ -132,7 +132,7 @@ async def test_a_forged_alone_header_is_read_as_a_first_attempt(settings: Settin
 
 
 async def test_without_packing_every_job_has_a_whole_gpu_whatever_its_estimate(settings: Settings) -> None:
-    core = Core(settings.model_copy(update={"max_jobs_per_gpu": 1}), children=FakeChildren(HANGS))
+    core = CoreOnFakes(settings.model_copy(update={"max_jobs_per_gpu": 1}), children=FakeChildren(HANGS))
     needs = FixedNeeds({"r1": GIB, "r2": GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
     assert await offer(core, "r1", 0) is Offered.STARTED
@@ -142,7 +142,7 @@ async def test_without_packing_every_job_has_a_whole_gpu_whatever_its_estimate(s
 
 
 def test_an_alone_header_added_to_a_signed_retry_breaks_its_signature(settings: Settings) -> None:
-    core = Core(settings)
+    core = CoreOnFakes(settings)
     plain = core.record(sft_request("r1"), 7)
     signed = core.scheduler.retries.headers(plain.key, plain.value or b"", 2, 0.0)
     assert not core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=signed)).alone
@@ -159,7 +159,7 @@ async def test_succeeded_says_the_estimate_the_share_and_the_measured_peak_and_t
     result = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.0}, base_model_revision=None, dataset_fingerprint="f",
                          durations_s={"train": 0.1}, versions={}, memory=measured)
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), FirstStep(time=0.0, step=1), result]))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     needs = FixedNeeds({"r1": 10 * GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
     assert await offer(core, "r1", 0) is Offered.STARTED
@@ -178,7 +178,7 @@ async def test_checkpointing_only_when_needed_turns_it_off_for_a_job_that_fits_i
 ) -> None:
     host = settings.model_copy(update={"max_jobs_per_gpu": 1, "gradient_checkpointing_when_needed": True})
     children = FakeChildren(HANGS)
-    core = Core(host, children=children)
+    core = CoreOnFakes(host, children=children)
     core.scheduler.memory = FixedNeeds({"r1": 20 * GIB}, lean={"r1": lean_gib * GIB})  # type: ignore[assignment]
     assert core.slots.gpu_room == 72 * GIB  # 80 GiB less the headroom
     assert await offer(core, "r1", 0) is Offered.STARTED
@@ -194,7 +194,7 @@ async def test_the_hosts_speed_settings_reach_the_child_and_are_all_off_by_defau
          FastSettings(attn_implementation="flash_attention_2", use_liger_kernel=True)),
     ]:
         children = FakeChildren(HANGS)
-        core = Core(host, children=children)
+        core = CoreOnFakes(host, children=children)
         core.scheduler.memory = FixedNeeds({"r1": GIB})  # type: ignore[assignment]
         assert await offer(core, "r1", 0) is Offered.STARTED
         await turns_until(lambda: bool(children.taken) and children.taken[0].spec is not None)  # noqa: B023

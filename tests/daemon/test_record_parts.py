@@ -19,7 +19,7 @@ from daemon.kafka.retry_state import ATTEMPT_HEADER, DUE_HEADER, RETRY_HEADERS, 
 from daemon.ops import metrics
 from daemon.service import Service
 from daemon.settings import Settings
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.daemon.test_scheduler_core import SUCCEEDS
 from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord
 from tests.helpers import sft_request
@@ -46,7 +46,7 @@ HOSTILE_HEADERS: dict[str, Headers] = {
 }
 
 
-async def take_one(core: Core, record: FakeRecord) -> None:
+async def take_one(core: CoreOnFakes, record: FakeRecord) -> None:
     await core.intake.take(core.tp, [record])
     await core.partitions.settled(core.tp)
     job = core.scheduler.jobs.get(core.tp)
@@ -56,7 +56,7 @@ async def take_one(core: Core, record: FakeRecord) -> None:
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_HEADERS))
 async def test_a_valid_request_with_hostile_headers_runs_as_a_first_attempt(settings: Settings, name: str) -> None:
-    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
     record = FakeRecord(core.tp.topic, 0, 3, b"r1", json.dumps(sft_request("r1")).encode(), HOSTILE_HEADERS[name])
     await take_one(core, record)
     events = core.events("r1")
@@ -67,7 +67,7 @@ async def test_a_valid_request_with_hostile_headers_runs_as_a_first_attempt(sett
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_HEADERS))
 async def test_an_invalid_request_with_hostile_headers_is_dead_lettered_and_committed(settings: Settings, name: str) -> None:
-    core = Core(settings)
+    core = CoreOnFakes(settings)
     record = FakeRecord(core.tp.topic, 0, 3, b"r1", b'{"request_id": "r1"}', HOSTILE_HEADERS[name])
     await take_one(core, record)
     assert core.types("r1") == ["rejected"] and len(core.dead_letters()) == 1
@@ -77,7 +77,7 @@ async def test_an_invalid_request_with_hostile_headers_is_dead_lettered_and_comm
 
 @pytest.mark.parametrize("key", [None, b"\xff\xfe", b"", b"r1\x00"])
 async def test_any_key_ends_in_one_outcome(settings: Settings, key: bytes | None) -> None:
-    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
     valid = FakeRecord(core.tp.topic, 0, 3, key, json.dumps(sft_request("r1")).encode())
     invalid = FakeRecord(core.tp.topic, 0, 4, key, b"not json")
     await take_one(core, valid)
@@ -89,7 +89,7 @@ async def test_any_key_ends_in_one_outcome(settings: Settings, key: bytes | None
 
 @pytest.mark.parametrize("timestamp", [-1, 0, 2**63 - 1, -(2**63)])
 async def test_any_timestamp_ends_in_one_terminal_event(settings: Settings, timestamp: int) -> None:
-    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
     record = FakeRecord(core.tp.topic, 0, 3, b"r1", json.dumps(sft_request("r1")).encode(), timestamp=timestamp)
     await take_one(core, record)
     assert core.types("r1")[0] == "accepted" and core.types("r1")[-1] == "succeeded"
@@ -97,7 +97,7 @@ async def test_any_timestamp_ends_in_one_terminal_event(settings: Settings, time
 
 
 async def test_an_exception_while_offering_a_request_is_an_internal_rejection(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
-    core = Core(settings)
+    core = CoreOnFakes(settings)
 
     async def broken(*args: object, **kwargs: object) -> object:
         raise RuntimeError("a bug of ours")
@@ -155,7 +155,7 @@ async def test_each_record_case_is_rejected_naming_its_field(settings: Settings)
     from tests.hostile import record_cases
 
     limit = 131_072
-    core = Core(settings.model_copy(update={"max_message_bytes": limit}))
+    core = CoreOnFakes(settings.model_copy(update={"max_message_bytes": limit}))
     cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, limit - COPY_HEADROOM_BYTES)
     records = [FakeRecord(core.tp.topic, 0, offset, f"record-{name}".encode(), raw, list(headers))
                for offset, (name, raw, headers, _) in enumerate(cases)]

@@ -16,7 +16,7 @@ from daemon.jobs.scheduler import Offered, RunningJob
 from daemon.settings import Settings
 from handlers.protocol import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
 from schemas import Cancel
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.fakes import FakeChild, FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -43,7 +43,7 @@ def settings(tmp_path: Path) -> Settings:
                     progress_interval_s=0)
 
 
-async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrides: object) -> list[State]:
+async def run_one(core: CoreOnFakes, request_id: str = "r1", offset: int = 7, **overrides: object) -> list[State]:
     """Offer one request as intake would, wait for its job to end, and say the states it went through."""
     record = core.record(sft_request(request_id, **overrides), offset)
     offered = await core.scheduler.offer(core.tp, record, core.request(record))
@@ -54,7 +54,7 @@ async def run_one(core: Core, request_id: str = "r1", offset: int = 7, **overrid
 
 
 async def test_success_publishes_each_step_then_commits_and_frees_the_slot(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
     assert await run_one(core) == [State.QUEUED, State.TRAINING, State.PUSHING, State.SUCCEEDED]
     assert core.types("r1") == ["accepted", "started", "progress", "succeeded"]
     succeeded = core.events("r1")[-1]
@@ -67,7 +67,7 @@ async def test_success_publishes_each_step_then_commits_and_frees_the_slot(setti
 
 async def test_a_redelivered_success_is_answered_from_the_journal_without_training(settings: Settings) -> None:
     children = FakeChildren(SUCCEEDS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     await run_one(core)
     assert await run_one(core) == [State.QUEUED, State.SUCCEEDED]  # the same request again (its commit was lost)
     assert len(children.taken) == 1
@@ -77,7 +77,7 @@ async def test_a_redelivered_success_is_answered_from_the_journal_without_traini
 
 
 async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_next_attempt(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
+    core = CoreOnFakes(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
     assert await run_one(core) == [State.QUEUED, State.TRAINING, State.RETRYING]
     assert core.types("r1") == ["accepted", "started", "retrying"]
     [again] = core.requeued()
@@ -88,7 +88,7 @@ async def test_a_retryable_failure_goes_back_to_its_partition_signed_for_the_nex
 
 
 async def test_the_last_attempt_of_a_retryable_failure_ends_failed_and_in_the_dlq(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(crash()))
+    core = CoreOnFakes(settings, children=FakeChildren(crash()))
     first = core.record(sft_request("r1"), 7)
     signed = core.scheduler.retries.headers(first.key, first.value or b"", 2, time.time() - 1)  # attempt 2 of 2, due
     record = core.record(sft_request("r1"), 7, headers=signed)
@@ -104,7 +104,7 @@ async def test_the_last_attempt_of_a_retryable_failure_ends_failed_and_in_the_dl
 
 @pytest.mark.parametrize("stage", ["preflight", "load_dataset", "load_model", "train", "save"])
 async def test_a_child_that_dies_in_any_stage_is_retried_from_that_stage(settings: Settings, stage: str) -> None:
-    core = Core(settings, children=FakeChildren(crash(stage)))
+    core = CoreOnFakes(settings, children=FakeChildren(crash(stage)))
     await run_one(core)
     retrying = core.events("r1")[-1]
     assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "child_crashed", stage)
@@ -114,7 +114,7 @@ async def test_a_child_that_dies_in_any_stage_is_retried_from_that_stage(setting
 @pytest.mark.parametrize("stage", ["load_model", "train"])
 async def test_a_child_silent_while_loading_or_training_is_stopped_as_stalled(settings: Settings, stage: str) -> None:
     children = FakeChildren(Script(messages=[StageEntered(stage=stage)], hang=True))  # type: ignore[arg-type]
-    core = Core(settings.model_copy(update={"stall_timeout_s": 0.2}), children=children)
+    core = CoreOnFakes(settings.model_copy(update={"stall_timeout_s": 0.2}), children=children)
     await run_one(core)
     retrying = core.events("r1")[-1]
     assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", stage)
@@ -122,7 +122,7 @@ async def test_a_child_silent_while_loading_or_training_is_stopped_as_stalled(se
 
 
 async def test_a_failure_that_is_not_retryable_ends_failed_at_once(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(fails("dataset_invalid", retryable=False)))
+    core = CoreOnFakes(settings, children=FakeChildren(fails("dataset_invalid", retryable=False)))
     await run_one(core)
     failed = core.events("r1")[-1]
     assert (failed["type"], failed["code"], failed["stage"], failed["retryable"]) == ("failed", "dataset_invalid", "train", False)
@@ -131,7 +131,7 @@ async def test_a_failure_that_is_not_retryable_ends_failed_at_once(settings: Set
 
 async def test_a_job_past_its_timeout_is_stopped_and_fails(settings: Settings) -> None:
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     await run_one(core, timeout_s=1)
     failed = core.events("r1")[-1]
     assert (failed["type"], failed["code"], failed["stage"]) == ("failed", "timeout", "train")
@@ -139,10 +139,10 @@ async def test_a_job_past_its_timeout_is_stopped_and_fails(settings: Settings) -
     assert core.consumer.commits == [(core.tp, 8)]
 
 
-async def hanging_job(settings: Settings, *messages: ChildMessage) -> tuple[Core, FakeChild, RunningJob]:
+async def hanging_job(settings: Settings, *messages: ChildMessage) -> tuple[CoreOnFakes, FakeChild, RunningJob]:
     """Request r1's job, its child training (after `messages`) until it is stopped."""
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), *messages], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     record = core.record(sft_request("r1"), 7)
     await core.scheduler.offer(core.tp, record, core.request(record))
     await asyncio.wait_for(children.hanging.wait(), 5)
@@ -161,7 +161,7 @@ async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(setti
 
 async def test_a_request_cancelled_before_it_is_reached_is_skipped(settings: Settings) -> None:
     children = FakeChildren(SUCCEEDS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     await core.scheduler.cancel(Cancel(request_id="r1", reason="not wanted"))
     record = core.record(sft_request("r1"), 7)
     assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.SKIPPED  # go on with the next
@@ -189,7 +189,7 @@ async def test_a_partition_that_moves_away_stops_its_job_uncommitted(settings: S
 
 async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_frees(settings: Settings) -> None:
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True), SUCCEEDS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
     await core.scheduler.offer(core.tp, first, core.request(first))
     other = type(core.tp)(core.tp.topic, 1)
@@ -211,7 +211,7 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
 
 async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requests_after_it(settings: Settings) -> None:
     children = FakeChildren(SUCCEEDS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     first = core.record(sft_request("r1"), 7)
     signed = core.scheduler.retries.headers(first.key, first.value or b"", 2, time.time() + 30)  # attempt 2, due in 30 s
     early = core.record(sft_request("r1"), 7, headers=signed)
@@ -245,7 +245,7 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: S
         return real_push(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(job_module.hub_push, "push", slow_push)
-    core = Core(settings, children=FakeChildren(SUCCEEDS, Script(messages=[StageEntered(stage="train")], hang=True)))
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS, Script(messages=[StageEntered(stage="train")], hang=True)))
     first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
     other = type(core.tp)(core.tp.topic, 1)
     core.consumer.committed[other] = 0
@@ -290,7 +290,7 @@ async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(settings: 
     monkeypatch.setattr(JobRunner, "stop", recording_stop)
     settings = settings.model_copy(update={"drain_timeout_s": grace or 60.0, "stall_timeout_s": 0.2 if path == "stall" else None})
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     record = core.record(sft_request("r1", **({"timeout_s": 1} if path == "timeout" else {})), 7)
     await core.scheduler.offer(core.tp, record, core.request(record))
     job = core.scheduler.jobs[core.tp]
@@ -315,7 +315,7 @@ async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(settings: 
 async def test_a_job_stopped_before_its_child_starts_publishes_only_what_its_stop_says(settings: Settings) -> None:
     """Stopped between its acceptance and its start: no child is taken, and the stop decides."""
     children = FakeChildren(SUCCEEDS)
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     record = core.record(sft_request("r1"), 7)
     await core.scheduler.offer(core.tp, record, core.request(record))
     job = core.scheduler.jobs[core.tp]

@@ -1,4 +1,4 @@
-"""The host's speed settings (issue 39, `JobSpec.fast`, handlers/fast.py): each applied only where the
+"""The host's speed settings (issue 39, `JobSpec.fast`, handlers/child/fast.py): each applied only where the
 request leaves the same field unset, only where this host can run it (else left off, or sdpa for a
 flash attention, and logged), recorded in `TrainResult.fast`; and none changes what is learned: a tiny
 SFT job's per-step losses with each setting equal those with TRL's and transformers' defaults.

@@ -1,4 +1,4 @@
-"""The child's memory (issue 39, handlers/memory.py): the most a job took (`TrainResult.memory`), its share
+"""The child's memory (issue 39, handlers/child/memory.py): the most a job took (`TrainResult.memory`), its share
 of a shared GPU (`JobSpec.memory_fraction`, set before CUDA's first allocation), and CUDA out of memory
 ending the child with its own failure, `out_of_memory`, retried. The CUDA figures are checked with
 torch.cuda's functions replaced by ones that return constructed numbers: which figure goes where, without a GPU."""
