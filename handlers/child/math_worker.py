@@ -60,8 +60,9 @@ def main(parent: int) -> None:
     # math-verify logs the whole unparseable text at each timeout: a hostile answer would flood the job's log.
     for name in ("math_verify", "latex2sympy2_extended"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    import trl.rewards  # noqa: F401  (imported before `ready`: an answer's time is its checking alone)
-
+    # One answer checked before `ready`: the first check builds math-verify's parsers (a second or
+    # more), which is start-up, not an answer's time.
+    score({"reward": "accuracy", "params": {}, "completion": "\\boxed{1}", "solution": "$1$", "length": 1})
     answers.write(json.dumps({"ready": True}) + "\n")
     for line in sys.stdin:
         answers.write(json.dumps({"reward": score(json.loads(line))}) + "\n")
