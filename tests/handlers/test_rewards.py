@@ -85,10 +85,16 @@ def test_a_hostile_solution_skips_the_row_and_a_call_stops_at_its_budget() -> No
     verifier = MathVerifier(item_seconds=1.0, call_seconds=0.5)
     try:
         rewards = verifier.score("accuracy", {}, [("\\boxed{1}", NESTED, 1), ("\\boxed{1}", "$1$", 1), ("\\boxed{2}", "$2$", 1)])
-        # The first row's solution: killed as given and again as an empty answer: None, TRL's "not
-        # given". That took the call past its 0.5 s: the other two are not checked, None too.
-        assert rewards == [None, None, None] and verifier.kills == 2
+        # The first row: killed after 1 s, past the call's 0.5 s: not scored again as an empty answer but
+        # None, TRL's "not given"; the other two are not checked, None too.
+        assert rewards == [None, None, None] and verifier.kills == 1
         assert verifier.score("accuracy", {}, [("\\boxed{1}", "$1$", 1)]) == [1.0]  # the next call has its own budget
+    finally:
+        verifier.close()
+    verifier = MathVerifier(item_seconds=1.0)
+    try:
+        rewards = verifier.score("accuracy", {}, [("\\boxed{1}", NESTED, 1), ("\\boxed{1}", "$1$", 1)])
+        assert rewards == [None, 1.0] and verifier.kills == 2  # killed as given and as an empty answer: the row skipped
     finally:
         verifier.close()
 
