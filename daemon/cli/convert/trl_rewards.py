@@ -77,7 +77,7 @@ def carry_rewards(keys: Ledger) -> None:
         for slot, weight in zip(slots, weights, strict=False):
             if slot is not None:
                 slot["weight"] = weight
-                where = "model" if slot is rewards.get("model") else f"functions.{rewards['functions'].index(slot)}"
+                where = "model" if slot is rewards.get("model") else f"functions.{next(i for i, f in enumerate(rewards['functions']) if f is slot)}"
                 keys.origin[f"rewards.{where}.weight"] = "reward_weights"
     if rewards:
         keys.request["rewards"] = rewards
