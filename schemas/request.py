@@ -56,12 +56,18 @@ from schemas.request_base import (
     TrainingSpec,
 )
 from schemas.rewards import (
+    AccuracyReward,
+    CosineScaledReward,
     ExactMatchReward,
     LengthPenaltyReward,
     OnlineRewards,
+    ReasoningAccuracyReward,
     RegexReward,
+    RepetitionPenaltyReward,
     RewardFunction,
     RewardModelSpec,
+    SoftOverlongPunishmentReward,
+    TagCountReward,
     ThinkFormatReward,
 )
 
@@ -82,4 +88,6 @@ __all__ = [
     "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",
     "RewardFunction", "RewardModelSpec", "RewardRequest", "RewardSpec", "SFTRequest", "SFTSpec", "TeacherModelSpec",
     "ThinkFormatReward", "TrainingRequest", "TrainingSpec",
+    "AccuracyReward", "CosineScaledReward", "ReasoningAccuracyReward", "RepetitionPenaltyReward", "SoftOverlongPunishmentReward",
+    "TagCountReward",
 ]

@@ -389,7 +389,7 @@ app.add_typer(convert_app, name="convert")
 @app.command()
 def demo(
     work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path("adapterd-demo"),
-    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision.")] = "sft",
+    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision, grpo-math (GRPO on sums, TRL's accuracy reward).")] = "sft",
     gate: Annotated[bool, typer.Option(help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny model poisoned with NaN, fails it.")] = False,
     keep: Annotated[bool, typer.Option(help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel against them; Ctrl-C stops both.")] = False,
 ) -> None:

@@ -2,7 +2,8 @@
 
 Starts a local Kafka broker, builds a tiny model locally, runs the daemon, submits one request of
 the method (SFT unless named; `sft-vision`, `dpo-vision`, `grpo-vision` train a tiny
-vision-language model on rows with images) on inline rows, follows it with a progress bar (loss, ETA) and a line
+vision-language model on rows with images; `grpo-math` trains GRPO on sums, scored by TRL's accuracy
+reward) on inline rows, follows it with a progress bar (loss, ETA) and a line
 per event, and ends with where the adapter is and the three lines of Python that load it. With
 `--gate`, two SFT requests judged by a gate before publishing: one passes (to main), and one on a
 copy of the tiny model poisoned with NaN, whose every loss is NaN, fails (into a pull request: on
@@ -30,7 +31,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
-from daemon.cli.demo_requests import VISION_SUFFIX, demo_request, gated_demo_requests, is_vision, known_methods, nan_model_dir, teacher_dir
+from daemon.cli.demo_requests import demo_request, gated_demo_requests, is_vision, known_methods, method_of, nan_model_dir, teacher_dir
 from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
@@ -249,7 +250,7 @@ def method_problem(method: str) -> str | None:
     if method not in known_methods():
         meant = difflib.get_close_matches(method.lower(), known_methods(), n=1, cutoff=0.6)
         return f"unknown method {method!r}" + (f" (did you mean {meant[0]!r}?)" if meant else "") + f"; this host can run: {available}"
-    reason = unsupported_reason(method.removesuffix(VISION_SUFFIX))
+    reason = unsupported_reason(method_of(method))
     return None if reason is None else f"{reason}; this host can run: {available}"
 
 

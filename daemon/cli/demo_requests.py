@@ -3,7 +3,9 @@
 and a few inline rows of the columns that method reads. Its method block and reward functions stay
 as the example writes them, but for generation lengths shortened for the CPU. `sft-vision`,
 `dpo-vision` and `grpo-vision` run the vision-language examples on a tiny vision-language model,
-with rows whose images are small coloured squares, inline as base64 data."""
+with rows whose images are small coloured squares, inline as base64 data. `grpo-math` runs GRPO's
+example on a tiny set of sums made here, scored by TRL's accuracy reward (math-verify) against each
+row's solution."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from schemas.methods import METHODS
 from schemas.request import REQUEST_MODELS
 
 VISION_SUFFIX = "-vision"
+MATH_DEMO = "grpo-math"
 
 EXAMPLES_DIR = Path(schemas.__file__).parent / "examples"
 
@@ -85,11 +88,20 @@ VISION_PREFERENCE_ROWS = [
     for name, rgb in COLOURS.items()
 ]
 VISION_PROMPT_ROWS = [{"prompt": _asks("What colour is this square?"), "image": square(rgb), "answer": name} for name, rgb in COLOURS.items()]
+# `grpo-math`'s rows: sums with their solutions in LaTeX, as math datasets write them.
+MATH_ROWS = [
+    {"prompt": f"What is {a} plus {b}? Put the answer in \\boxed{{}}.", "solution": f"${a + b}$"}
+    for a, b in [(2, 3), (7, 5), (12, 30), (9, 9), (4, 16), (21, 21), (6, 1), (13, 8)]
+]
+# TRL's accuracy reward on the solution column; a little of TRL's repetition penalty, which the tiny
+# model's answers vary in (all of them wrong at first: an all-equal reward would give GRPO no advantage).
+MATH_REWARDS = {"functions": [{"name": "accuracy", "column": "solution"}, {"name": "repetition_penalty", "weight": 0.1}]}
 
 ROWS = {
     "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "gkd": CHAT_ROWS, "online_dpo": PROMPT_ROWS, "reward": PREFERENCE_ROWS,
     "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS, "distillation": PROMPT_ROWS,
     "sft-vision": VISION_CHAT_ROWS, "dpo-vision": VISION_PREFERENCE_ROWS, "grpo-vision": VISION_PROMPT_ROWS,
+    MATH_DEMO: MATH_ROWS,
 }
 # Generation on the CPU: 4 completions of 16 tokens per prompt (the examples ask for 64).
 SHORT_GENERATION = {
@@ -116,8 +128,10 @@ def nan_model_dir(model_dir: Path) -> Path:
 def demo_request(name: str, model_dir: Path) -> RequestBase:
     """The demo's request for `name` (a method, or a method's vision-language demo: `sft-vision`); a
     fresh request id each run, so each run trains."""
-    request: dict[str, Any] = json.loads((EXAMPLES_DIR / f"{name}.json").read_text())
+    request: dict[str, Any] = json.loads((EXAMPLES_DIR / f"{method_of(name) if name == MATH_DEMO else name}.json").read_text())
     method = request["method"]
+    if name == MATH_DEMO:
+        request["rewards"] = MATH_REWARDS
     request.update(
         request_id=f"demo-{name}-{time.strftime('%Y%m%d-%H%M%S')}",
         model={"id": str(model_dir)},
@@ -170,8 +184,13 @@ def gated_demo_requests(model_dir: Path) -> list[RequestBase]:
 
 
 def known_methods() -> list[str]:
-    """What the demo runs: every method, and the vision-language demo of each method that has one."""
-    return [*REQUEST_MODELS, *(f"{name}{VISION_SUFFIX}" for name, row in METHODS.items() if row.vision)]
+    """What the demo runs: every method, the vision-language demo of each method that has one, and GRPO on math."""
+    return [*REQUEST_MODELS, *(f"{name}{VISION_SUFFIX}" for name, row in METHODS.items() if row.vision), MATH_DEMO]
+
+
+def method_of(name: str) -> str:
+    """The method a demo trains: `grpo` for `grpo-vision` and `grpo-math`."""
+    return "grpo" if name == MATH_DEMO else name.removesuffix(VISION_SUFFIX)
 
 
 def is_vision(name: str) -> bool:

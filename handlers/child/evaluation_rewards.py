@@ -83,13 +83,15 @@ def score(
         model.train(was_training)
     completions: list[Any] = [[{"role": "assistant", "content": a}] if isinstance(p, list) else a for p, a in zip(prompts, answers, strict=True)]
     columns = {name: [row.get(name) for row in listed] for name in (listed[0] if listed else {})}
+    # The token ids TRL passes its length and repetition rewards, as the trainer counts them.
+    completion_ids = [list(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     totals = [0.0] * len(completions)
     metrics: dict[str, float] = {}
     for spec in suite.functions:
         missing = columns_needed(spec) - {name for name, values in columns.items() if all(v is not None for v in values)}
         if missing:
             raise JobFailed("dataset_invalid", "evaluate", f"{field}: {spec.name} reads column(s) {sorted(missing)}, which the eval rows lack")
-        rewards = [float(r) if r is not None else 0.0 for r in REWARD_FUNCTIONS[spec.name](spec)(completions, **columns)]
+        rewards = [float(r) if r is not None else 0.0 for r in REWARD_FUNCTIONS[spec.name](spec)(completions, completion_ids=completion_ids, **columns)]
         metrics[f"rewards/{spec.name}/mean"] = sum(rewards) / len(rewards) if rewards else math.nan
         totals = [t + spec.weight * r for t, r in zip(totals, rewards, strict=True)]
     if suite.model is not None:

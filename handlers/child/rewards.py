@@ -1,7 +1,11 @@
-"""The verifiable reward functions adapterd ships for `grpo` and `rloo`, chosen by name in a request.
+"""The verifiable reward functions adapterd ships for `grpo`, `rloo` and `online_dpo`, chosen by name
+in a request: every function of TRL's `trl.rewards` (schemas/rewards.py's TRL_REWARDS), adapterd's own
+and open-r1's tag_count.
 
 A request picks from this fixed set (or names a reward model by repo id); it can never name code
-to import. Each function takes TRL's reward-function arguments and returns one float per completion.
+to import. Each function takes TRL's reward-function arguments and returns one float (or None, "not
+given") per completion. The math rewards run TRL's functions in a worker process with a hard kill
+(handlers/child/math_verifier.py); the others run TRL's functions here.
 """
 
 from __future__ import annotations
@@ -9,17 +13,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from trl.rewards import think_format_reward
+from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
 
 from handlers.child.loading import resolve_model
+from handlers.child.math_verifier import verifier
 from handlers.protocol import JobFailed, JobSpec
 from schemas.regex import compile_pattern
 from schemas.request import (
+    AccuracyReward,
+    CosineScaledReward,
     ExactMatchReward,
     LengthPenaltyReward,
     OnlineRewards,
+    ReasoningAccuracyReward,
     RegexReward,
+    RepetitionPenaltyReward,
     RewardFunction,
+    SoftOverlongPunishmentReward,
+    TagCountReward,
     ThinkFormatReward,
 )
 
@@ -66,16 +77,62 @@ def think_format(spec: ThinkFormatReward) -> RewardFn:
     return think_format
 
 
+MathSpec = AccuracyReward | ReasoningAccuracyReward | CosineScaledReward
+
+
+def math_reward(spec: MathSpec) -> RewardFn:
+    """TRL's accuracy_reward, reasoning_accuracy_reward or get_cosine_scaled_reward, run by the
+    math-verify worker against the row's solution column."""
+    params = spec.model_dump(exclude={"name", "weight", "column"})
+
+    def scored(completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any) -> list[float | None]:
+        lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [0] * len(completions)
+        items = [(completion_text(c), str(s), n) for c, s, n in zip(completions, columns[spec.column], lengths, strict=True)]
+        return verifier().score(spec.name, params, items)
+
+    scored.__name__ = spec.name  # TRL logs each function's mean under its __name__
+    return scored
+
+
+def token_reward(spec: RepetitionPenaltyReward | SoftOverlongPunishmentReward) -> RewardFn:
+    """TRL's get_repetition_penalty_reward or get_soft_overlong_punishment: they read the completion's token ids."""
+    params = spec.model_dump(exclude={"name", "weight"})
+    trl_reward = get_repetition_penalty_reward(**params) if spec.name == "repetition_penalty" else get_soft_overlong_punishment(**params)
+
+    def scored(completions: list[Any], completion_ids: list[list[int]], **columns: Any) -> list[float | None]:
+        return [float(r) for r in trl_reward(completion_ids=completion_ids)]
+
+    scored.__name__ = spec.name
+    return scored
+
+
+# open-r1's tag_count_reward's tags: each found exactly once is worth a quarter.
+TAGS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+
+
+def tag_count(spec: TagCountReward) -> RewardFn:
+    def tag_count(completions: list[Any], **columns: Any) -> list[float | None]:
+        return [float(sum(0.25 for tag in TAGS if completion_text(c).count(tag) == 1)) for c in completions]
+
+    return tag_count
+
+
 REWARD_FUNCTIONS: dict[str, Callable[[Any], RewardFn]] = {
     "exact_match": exact_match,
     "regex_match": regex_match,
     "length_penalty": length_penalty,
     "think_format": think_format,
+    "accuracy": math_reward,
+    "reasoning_accuracy": math_reward,
+    "cosine_scaled": math_reward,
+    "repetition_penalty": token_reward,
+    "soft_overlong_punishment": token_reward,
+    "tag_count": tag_count,
 }
 
 
 def columns_needed(spec: RewardFunction) -> set[str]:
-    return {spec.column} if isinstance(spec, ExactMatchReward) else set()
+    return {spec.column} if isinstance(spec, ExactMatchReward | AccuracyReward | ReasoningAccuracyReward | CosineScaledReward) else set()
 
 
 def check_reward_columns(rewards: OnlineRewards, dataset_columns: list[str]) -> None:

@@ -309,9 +309,9 @@ hub_model_id: my-org/grpo
     code, request, stderr = convert(tmp_path, "grpo.yaml", text)
     assert code == 0, stderr
     assert request is not None and request["rewards"] == {
-        "functions": [{"name": "think_format", "weight": 2.0}], "model": {"id": "my-org/reward-model", "weight": 0.5},
+        "functions": [{"name": "accuracy", "weight": 1.0}, {"name": "think_format", "weight": 2.0}], "model": {"id": "my-org/reward-model", "weight": 0.5},
     }
-    assert [line.split(":")[0] for line in stderr] == ["reward_funcs.0"]
+    assert stderr == ["reward_funcs.0: accuracy_reward: carried as accuracy", "reward_funcs.1: think_format_reward: carried as think_format"]
 
 
 @pytest.mark.parametrize(("name", "text", "args", "says"), [
@@ -462,7 +462,7 @@ def test_a_grpo_recipe_without_rewards_names_open_r1s_defaults_and_the_closest_s
     code, request, stderr = convert(tmp_path, "grpo.yaml", "model_name_or_path: m/m\ndataset_name: d/d\n", "--output-repo", "o/o")
     assert code == 1 and request is None
     [line] = [line.strip() for line in stderr if line.strip().startswith("rewards:")]
-    assert "open-r1's script would use its default, accuracy, format, tag_count" in line and "tag_count: think_format" in line
+    assert "open-r1's script would use its default, accuracy, format, tag_count (reward_funcs: [accuracy, format, tag_count] converts them)" in line
     assert "Field required" not in "\n".join(stderr)
     code, _, stderr = convert(tmp_path, "rloo.yaml", "model_name_or_path: m/m\ndataset_name: d/d\n", "--output-repo", "o/o")
     assert code == 1 and any("names no reward" in line and "open-r1" not in line for line in stderr), stderr
@@ -477,3 +477,63 @@ def test_with_a_hosts_settings_the_request_is_judged_as_its_daemon_would(tmp_pat
     code, request, stderr = convert(tmp_path, "sft.yaml", text, "--config", str(host))
     assert code == 1 and request is None  # this host would refuse it: nothing printed to submit
     assert any(line.strip().startswith("training.report_to: wandb is not allowed on this host") for line in stderr), stderr
+
+
+GRPO_HEAD = "model_name_or_path: m/m\ndataset_name: d/d\nhub_model_id: o/o\n"
+
+
+def test_trls_script_rewards_carry_as_its_script_builds_them(tmp_path: Path) -> None:
+    text = GRPO_HEAD + "reward_funcs: [reasoning_accuracy_reward, get_soft_overlong_punishment, trl.rewards.think_format_reward]\n"
+    code, request, stderr = convert(tmp_path, "grpo.yaml", text)
+    assert code == 0, stderr
+    assert request is not None and request["rewards"]["functions"] == [
+        {"name": "reasoning_accuracy"}, {"name": "soft_overlong_punishment", "max_completion_len": 1280, "soft_punish_cache": 256}, {"name": "think_format"},
+    ]
+    assert "reward_funcs.1: get_soft_overlong_punishment: carried as soft_overlong_punishment (trl's script builds it with max_completion_len 1280" in stderr[1]
+
+
+def test_open_r1s_rewards_carry_with_their_parameters_and_those_without_a_counterpart_refuse(tmp_path: Path) -> None:
+    text = GRPO_HEAD + ("reward_funcs: [soft_overlong_punishment, code_format, tag_count]\nreward_weights: [0.5, 1.0, 2.0]\n"
+                        "max_completion_len: 2048\nsoft_punish_cache: 512\ncode_language: cpp\ncosine_max_len: 300\n")
+    code, request, stderr = convert(tmp_path, "grpo.yaml", text)
+    assert code == 0, stderr
+    assert request is not None and request["rewards"]["functions"] == [
+        {"name": "soft_overlong_punishment", "max_completion_len": 2048, "soft_punish_cache": 512, "weight": 0.5},
+        {"name": "regex_match", "pattern": "(?sm)\\A<think>\\n.*?\\n</think>\\n<answer>\\n.*?```cpp.*?```.*?\\n</answer>$", "weight": 1.0},
+        {"name": "tag_count", "weight": 2.0},
+    ]
+    said = {line.split(":")[0]: line for line in stderr}
+    assert "a row's `language` column" in said["reward_funcs.1"]  # what the pattern cannot do, said
+    assert said["cosine_max_len"] == "cosine_max_len: read only by an open-r1 reward the file does not name"
+    for refused, why in [("cosine", "counts tokens"), ("repetition_penalty", "word n-grams"), ("code", "never runs a completion's code"),
+                         ("length", "Kimi"), ("reasoning_steps", "step markers")]:
+        code, request, stderr = convert(tmp_path, "grpo.yaml", GRPO_HEAD + f"reward_funcs: [accuracy, {refused}]\ncosine_max_len: 300\n")
+        said = {line.split(":")[0]: line for line in stderr}
+        assert code == 1 and request is None, stderr
+        assert f"reward_funcs.1: {refused}: no" in said["reward_funcs.1"] and why in said["reward_funcs.1"]
+        assert any(line.strip().startswith(f"rewards: reward_funcs.1: {refused}: no") for line in stderr), stderr
+        if refused == "cosine":
+            assert said["cosine_max_len"] == "cosine_max_len: read by open-r1's cosine reward, which is not carried"
+
+
+def test_an_open_r1_recipe_without_reward_funcs_carries_its_scripts_default(tmp_path: Path) -> None:
+    code, request, stderr = convert(tmp_path, "grpo.yaml", GRPO_HEAD + "dataset_prompt_column: problem\n")
+    assert code == 0, stderr
+    assert request is not None and [f["name"] for f in request["rewards"]["functions"]] == ["accuracy", "regex_match", "tag_count"]
+    assert [line.split(":")[0] for line in stderr if line.startswith("reward_funcs")] == ["reward_funcs.0", "reward_funcs.1", "reward_funcs.2"]
+    assert all("open-r1's default" in line for line in stderr if line.startswith("reward_funcs")), stderr
+
+
+@pytest.mark.parametrize("text", [
+    "<think>\nwhy\n</think>\n<answer>\n42\n</answer>", "<think>\nwhy\n</think>\n<answer>\n42\n</answer>\ntrailing",
+    "x<think>\nwhy\n</think>\n<answer>\n42\n</answer>", "<think>\na\nb\n</think>\n<answer>\nc\n</answer>\n",
+    "<think>\n</think>\n<answer>\n42\n</answer>", "<think>\nwhy\n</think><answer>\n42\n</answer>", "",
+])
+def test_open_r1s_format_pattern_in_re2_matches_what_open_r1s_matches(text: str) -> None:
+    import re
+
+    from daemon.cli.convert.open_r1_rewards import FORMAT_PATTERN
+    from schemas.regex import compile_pattern
+
+    open_r1 = re.match(r"^<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", text, re.DOTALL | re.MULTILINE) is not None
+    assert (compile_pattern(FORMAT_PATTERN).search(text) is not None) == open_r1

@@ -101,6 +101,17 @@ def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> Non
     assert method_problem(name) is None
 
 
+def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: Path) -> None:
+    from daemon.cli.demo import method_problem
+    from daemon.cli.demo_requests import MATH_ROWS, demo_request
+
+    request = demo_request("grpo-math", tmp_path / "tiny-model")
+    assert request.method == "grpo" and request.dataset.rows == MATH_ROWS and len(MATH_ROWS) >= 8
+    assert [(f.name, getattr(f, "column", None)) for f in request.rewards.functions][0] == ("accuracy", "solution")
+    assert all(row["solution"] == f"${sum(int(n) for n in re.findall(r'[0-9]+', row['prompt']))}$" for row in MATH_ROWS)  # the sums are right
+    assert method_problem("grpo-math") is None
+
+
 # The kept demo (`--keep`), driven as a person drives it, is tests/daemon/test_demo_tour.py's.
 
 

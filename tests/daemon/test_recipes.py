@@ -34,6 +34,7 @@ EACH = [
     ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"), ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
     ("open-r1-distill-7b-sft.yaml", "sft"), ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"),
     ("handbook-smollm3-sft.yaml", "sft"), ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
+    ("open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml", "grpo"),
 ]
 
 
@@ -69,32 +70,23 @@ def test_the_handbooks_mixture_carries_its_sources_and_says_how_its_weights_chan
     assert request is not None and request["dataset"]["test_split_size"] == 1000 and len(request["dataset"]["mixture"]) == len(recipe["datasets"])
 
 
-def test_open_r1s_prompt_column_carries_and_its_rewards_are_refused_naming_the_closest() -> None:
-    code, request, stderr = convert("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo")
-    assert code == 1 and request is None
+@pytest.mark.parametrize("name", ["open-r1-qwen2.5-1.5b-grpo-demo.yaml", "open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml"])
+def test_open_r1s_grpo_recipes_convert_with_their_rewards_in_the_ledger(name: str) -> None:
+    from daemon.cli.convert.open_r1_rewards import FORMAT_PATTERN
+
+    recipe = yaml.safe_load((RECIPES / name).read_text())
+    code, request, stderr = convert(name, "grpo")
+    assert code == 0 and request is not None, stderr
+    assert recipe["reward_funcs"] == ["accuracy", "format", "tag_count"]
+    assert request["rewards"] == {"functions": [
+        {"name": "accuracy", "weight": recipe["reward_weights"][0]},
+        {"name": "regex_match", "pattern": FORMAT_PATTERN, "weight": recipe["reward_weights"][1]},
+        {"name": "tag_count", "weight": recipe["reward_weights"][2]},
+    ]}
     said = {line.split(":")[0]: line for line in stderr}
-    assert "the closest is exact_match" in said["reward_funcs.0"] and "the closest is think_format" in said["reward_funcs.1"]
+    assert said["reward_funcs.0"].startswith("reward_funcs.0: accuracy: carried as TRL's accuracy") and "first_match" in said["reward_funcs.0"]
+    assert said["reward_funcs.1"].startswith("reward_funcs.1: format: carried as regex_match with open-r1's format_reward pattern")
+    assert said["reward_funcs.2"].startswith("reward_funcs.2: tag_count: carried as tag_count")
     assert "a request has no system prompt" in said["system_prompt"]
-    assert any(line.strip().startswith("rewards: Field required") for line in stderr), stderr
     assert "dataset_prompt_column" not in said  # carried: the recipe's `problem` column is read as the prompt
-
-
-def test_open_r1s_prompt_column_is_renamed_onto_prompt(tmp_path: Path) -> None:
-    recipe = yaml.safe_load((RECIPES / "open-r1-qwen2.5-1.5b-grpo-demo.yaml").read_text())
-    recipe["reward_funcs"], recipe["reward_weights"] = ["think_format_reward"], [1.0]  # a reward adapterd ships, in place of open-r1's
-    (tmp_path / "grpo.yaml").write_text(yaml.safe_dump(recipe))
-    result = runner.invoke(app, ["convert", "trl-config", str(tmp_path / "grpo.yaml"), "--method", "grpo", "--output-repo", "my-org/x"])
-    assert result.exit_code == 0, result.stderr
-    request = json.loads(result.stdout)
-    assert request["dataset"]["columns"] == {"problem": "prompt"} and request["rewards"] == {"functions": [{"name": "think_format", "weight": 1.0}]}
-
-
-@pytest.mark.parametrize(("name", "method"), EACH)
-def test_every_key_of_a_recipe_ends_in_one_line_of_the_ledger(name: str, method: str) -> None:
-    """Carried (where to), carried under a new name, carried with a change of meaning, left at TRL's
-    default, or left out with why: each key of the file is named, first on its line, in the file's order."""
-    path = RECIPES / name
-    result = runner.invoke(app, ["convert", "trl-config", str(path), "--method", method, "--output-repo", "my-org/x", "--request-id", "r"])
-    named = [line.split(":")[0].split(".")[0] for line in result.stderr.splitlines() if line and not line.startswith((" ", str(path)))]
-    keys = list(yaml.safe_load(path.read_text()))
-    assert list(dict.fromkeys(named)) == keys, result.stderr
+    assert request["dataset"]["columns"] == {"problem": "prompt"}

@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import PROMPT_ROWS
+from daemon.cli.demo_requests import MATH_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from testbed.client import run_to_end
@@ -25,6 +25,30 @@ async def test_grpo_with_shipped_reward_functions(shared_daemon: DaemonProcess, 
     assert isinstance(done, Succeeded), done
     assert (done.method, done.trainer) == ("grpo", "trl.GRPOTrainer/trl.GRPOConfig")
     assert_adapter_trained(download(published.endpoint, "results/grpo-e2e", done.commit_sha, tmp_path), tiny_model_dir)
+
+
+@pytest.mark.slow
+async def test_grpo_with_every_trl_reward_by_name_on_a_math_set(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One request naming every reward function of trl.rewards (and open-r1's tag_count) on the demo's
+    sums: TRL calls each by name and logs its mean; the math ones run in the math-verify worker."""
+    functions = [
+        {"name": "accuracy"}, {"name": "reasoning_accuracy", "reasoning_delimiters": ["</think>", "is"]},
+        {"name": "cosine_scaled", "max_len": 16}, {"name": "repetition_penalty", "ngram_size": 2, "weight": 0.5},
+        {"name": "soft_overlong_punishment", "max_completion_len": 16, "soft_punish_cache": 8}, {"name": "think_format"}, {"name": "tag_count"},
+    ]
+    request = example_request(
+        "grpo", "grpo-trl-rewards", dataset={"rows": MATH_ROWS}, rewards={"functions": functions},
+        grpo={"num_generations": 4, "max_completion_length": 16, "beta": 0.0},
+        training={**SMALL_TRAINING, "per_device_train_batch_size": 4, "logging_steps": 1},
+    )
+    done = (await run_to_end(shared_settings, request))[-1]
+    assert isinstance(done, Succeeded), done
+    assert_adapter_trained(download(published.endpoint, "results/grpo-trl-rewards", done.commit_sha, tmp_path), tiny_model_dir)
+    log = (shared_settings.jobs_dir / "grpo-trl-rewards" / "child.log").read_text()
+    assert [f["name"] for f in functions if f"'rewards/{f['name']}/mean'" not in log] == [], log[-3000:]
+    # The tiny model's answers are wrong and run to 16 tokens, past soft_overlong_punishment's 8: both
+    # length rewards give their penalties (cosine_scaled: a wrong answer's, between -1 and -0.5).
+    assert "'rewards/soft_overlong_punishment/mean': '-" in log and "'rewards/cosine_scaled/mean': '-" in log
 
 
 # A request no step of which can load: a model and a dataset that do not exist. A handler that got as

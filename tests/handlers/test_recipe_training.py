@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
@@ -44,12 +43,7 @@ METHOD = {"grpo": {"use_vllm": False, "max_completion_length": 8}}  # vLLM needs
 
 
 def converted(name: str, method: str, tmp_path: Path) -> dict[str, Any]:
-    path = RECIPES / name
-    if method == "grpo":  # open-r1's own rewards are not adapterd's (refused naming the closest): a shipped one in their place
-        recipe = yaml.safe_load(path.read_text())
-        recipe["reward_funcs"], recipe["reward_weights"] = ["think_format_reward"], [1.0]
-        path = tmp_path / name
-        path.write_text(yaml.safe_dump(recipe))
+    path = RECIPES / name  # open-r1's GRPO recipes with their own rewards: accuracy, format and tag_count, as converted
     result = runner.invoke(app, ["convert", "trl-config", str(path), "--method", method, "--output-repo", "my-org/converted"])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
@@ -86,7 +80,7 @@ def plain(value: Any) -> Any:
 @pytest.mark.parametrize(("name", "method"), [
     ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"), ("handbook-smollm3-sft.yaml", "sft"), ("open-r1-distill-7b-sft.yaml", "sft"),
     ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"), ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
-    ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
+    ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"), ("open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml", "grpo"),
 ])
 def test_each_converted_recipe_trains_and_reaches_trl_with_every_carried_value(name: str, method: str, tiny_model_dir: Path, tmp_path: Path) -> None:
     import torch
@@ -94,6 +88,8 @@ def test_each_converted_recipe_trains_and_reaches_trl_with_every_carried_value(n
     request, replaced = on_this_host(converted(name, method, tmp_path), method, tiny_model_dir)
     result, _ = run_handler(request, tmp_path / "job")
     assert isinstance(result, TrainResult), result
+    if method == "grpo":  # the recipe's rewards, converted, are what TRL scored with
+        assert [f["name"] for f in request["rewards"]["functions"]] == ["accuracy", "regex_match", "tag_count"]
     args = torch.load(tmp_path / "job" / "checkpoints" / "checkpoint-2" / "training_args.bin", weights_only=False)
     carried = {**request["training"], **{f"{method}.{k}": v for k, v in request[method].items()}}
     assert len(set(carried) - replaced) >= 8, carried  # the recipe's own values, not only the host's

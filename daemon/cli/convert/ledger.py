@@ -10,7 +10,7 @@ from typing import Any
 from daemon.errors import UsageError
 from schemas import FieldError, RequestBase
 
-__all__ = ["Changed", "Conversion", "Dropped", "Ledger", "Renamed", "UsageError", "same_value"]
+__all__ = ["Changed", "Conversion", "Dropped", "Ledger", "Noted", "Renamed", "UsageError", "same_value"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,18 @@ class Changed:
         return f"{self.key}: carried, but {self.how}"
 
 
+@dataclass(frozen=True)
+class Noted:
+    """A part of a key of the file with a line of its own: what it was carried as (one of
+    `reward_funcs`' names, as the reward function adapterd ships for it), or why it was not."""
+
+    key: str
+    how: str
+
+    def line(self) -> str:
+        return f"{self.key}: {self.how}"
+
+
 @dataclass
 class Conversion:
     """The request (validated; None when it is not valid), the keys carried under a new name, the
@@ -61,14 +73,16 @@ class Conversion:
     carried: dict[str, list[str]] = field(default_factory=dict)  # key of the file → the request paths it went to
     defaulted: dict[str, Any] = field(default_factory=dict)  # key of the file → its value, TRL's default
     misspelled: dict[str, str] = field(default_factory=dict)  # key of the file → why it is an error (the key it meant)
+    noted: list[Noted] = field(default_factory=list)
 
     def lines(self, keys: list[str]) -> list[str]:
         """The ledger: a line for each key of the file (`keys`, in its order), saying where it went:
         carried (to which request paths), carried under a new name, carried with a change of
         meaning, left at TRL's default, or left out with why. A key that only shapes others (use_peft
-        decides `peft`) is said to be read."""
+        decides `peft`) is said to be read. Then what the file leaves out but a default of its script
+        puts in (open-r1's reward_funcs), noted."""
         said: dict[str, list[str]] = {}
-        entries: list[Renamed | Changed | Dropped] = [*self.renamed, *self.changed, *self.dropped]
+        entries: list[Renamed | Changed | Dropped | Noted] = [*self.renamed, *self.changed, *self.noted, *self.dropped]
         for entry in entries:
             key = entry.old if isinstance(entry, Renamed) else entry.key
             said.setdefault(key.split(".")[0], []).append(entry.line())
@@ -84,7 +98,7 @@ class Conversion:
                 lines.append(f"{key}: left at TRL's default ({self.defaulted[key]!r}), which the job gets too")
             else:
                 lines.append(f"{key}: read: it decides how the keys beside it are carried")
-        return lines
+        return lines + [entry.line() for entry in self.noted if entry.key.split(".")[0] not in keys]
 
 
 def same_value(value: Any, default: Any) -> bool:
@@ -111,6 +125,7 @@ class Ledger:
         self.renamed: list[Renamed] = []
         self.changed: list[Changed] = []
         self.dropped: list[Dropped] = []
+        self.noted: list[Noted] = []
         self.errors: list[FieldError] = []
         self.taken: set[str] = set()
         self.defaulted: dict[str, Any] = {}  # keys left out because their value is TRL's default

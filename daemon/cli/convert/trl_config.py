@@ -248,7 +248,7 @@ class _Converter(Ledger):
         for path, key in self.origin.items():
             carried.setdefault(key, []).append(path)
         conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed,
-                                carried=carried, defaulted=self.defaulted, misspelled=self.misspelled)
+                                carried=carried, defaulted=self.defaulted, misspelled=self.misspelled, noted=self.noted)
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]
