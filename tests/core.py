@@ -4,7 +4,9 @@ nothing of Kafka, the child or torch underneath."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 
 from aiokafka import TopicPartition
 
@@ -51,3 +53,12 @@ class CoreOnFakes:
 
     def requeued(self) -> list[Sent]:
         return self.producer.on(self.settings.requests_topic)
+
+
+async def turns_until(condition: Callable[[], bool]) -> None:
+    """Give the loop turns (no timed sleep) until the core's tasks have got as far as `condition`."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never got there")

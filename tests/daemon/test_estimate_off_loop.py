@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from schemas import RequestBase, decode_request
 from testbed.data import safetensors_header_only, sharded_safetensors
 from testbed.hub_server import HubServer
 from testbed.memory_kafka import FakeRecord
-from tests.core import Core
+from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -62,14 +62,6 @@ def settings(tmp_path: Path) -> Settings:
                     work_dir=tmp_path / "work", hub_token=None, progress_interval_s=0, allowed_local_model_roots=[tmp_path])
 
 
-async def turns_until(condition: Callable[[], bool]) -> None:
-    """Give the loop turns (no timed sleep) until `condition` holds."""
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("never got there")
-
 
 class HeldNeeds:
     """The estimator's seam (`Scheduler.memory`): no model read before; each request's estimate comes
@@ -94,7 +86,7 @@ class HeldNeeds:
         self._answer(request_id).set_result(Estimate({"weights": need_bytes}, gradient_checkpointing=True))
 
 
-def record_on(core: Core, request_id: str, partition: int, document: dict[str, Any] | None = None) -> tuple[TopicPartition, FakeRecord]:
+def record_on(core: CoreOnFakes, request_id: str, partition: int, document: dict[str, Any] | None = None) -> tuple[TopicPartition, FakeRecord]:
     tp = TopicPartition(core.tp.topic, partition)
     core.consumer.committed[tp] = 0
     value = json.dumps(document or sft_request(request_id)).encode()
@@ -102,7 +94,7 @@ def record_on(core: Core, request_id: str, partition: int, document: dict[str, A
 
 
 async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_record_until_its_own_is_ready(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(HANGS))
+    core = CoreOnFakes(settings, children=FakeChildren(HANGS))
     needs = HeldNeeds()
     core.scheduler.memory = needs  # type: ignore[assignment]
     taken = [record_on(core, f"r{partition}", partition) for partition in range(3)]
@@ -126,7 +118,7 @@ async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_
 
 
 async def test_after_a_rebalance_a_record_waiting_for_its_estimate_is_read_and_held_again(settings: Settings) -> None:
-    core = Core(settings, children=FakeChildren(HANGS))
+    core = CoreOnFakes(settings, children=FakeChildren(HANGS))
     needs = HeldNeeds()
     core.scheduler.memory = needs  # type: ignore[assignment]
     tp, record = record_on(core, "r0", 0)
@@ -297,7 +289,7 @@ async def test_a_model_with_an_absurd_dimension_runs_on_a_whole_gpu_never_on_a_n
     model.mkdir()
     header = small_header(**{"model.embed_tokens.weight": [dimension, 64]})
     (model / "model.safetensors").write_bytes(safetensors_header_only(header))
-    core = Core(settings, children=FakeChildren(HANGS))
+    core = CoreOnFakes(settings, children=FakeChildren(HANGS))
     offered: list[tuple[str, int]] = []
     for index in range(3):  # once three jobs of 60 GiB went onto one 80 GiB GPU on negative shares
         tp, record = record_on(core, f"r{index}", index, sft_request(f"r{index}", model={"id": str(model)}))

@@ -6,7 +6,6 @@ others back to run on a GPU of its own, without spending an attempt."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from daemon.kafka.retry_state import ALONE_HEADER
 from daemon.settings import Settings
 from handlers.protocol import ChildError, FastSettings, StageEntered
 from schemas import Cancel, RequestBase
-from tests.core import CoreOnFakes
+from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -54,14 +53,6 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(gpus=["0"], max_jobs_per_gpu=4, gpu_memory_bytes=80 * GIB, gpu_memory_headroom=0.1, warm_child=False,
                     work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30, progress_interval_s=0)
 
-
-async def turns_until(condition: Callable[[], bool]) -> None:
-    """Give the loop turns (no timed sleep) until the jobs' tasks have got as far as `condition`."""
-    for _ in range(10_000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the jobs never got there")
 
 
 async def offer(core: CoreOnFakes, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None) -> Offered:
