@@ -29,6 +29,8 @@ from daemon.errors import AdapterdError
 MANIFEST = "manifest.json"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 CHUNK = 4 * 2**20
+# Whatever a store's backend raises (s3fs, gcsfs and adlfs let their clients' own errors through) is a StoreError here:
+# a store that fails must leave the job going on, not end it.
 
 
 class StoreError(AdapterdError):
@@ -86,13 +88,14 @@ class CheckpointStore:
         listed = {name: (path.stat().st_size, sha256(path)) for name, path in files.items()}
         name = f"checkpoint-{step}"
         try:
-            self.fs.makedirs(self._path(request_id, name), exist_ok=True)
+            for parent in sorted({str(Path(relative).parent) for relative in files}):  # a shared folder needs them; object stores ignore them
+                self.fs.makedirs(self._path(request_id, name, parent).removesuffix("/."), exist_ok=True)
             for relative, path in files.items():
                 self.fs.put_file(str(path), self._path(request_id, name, relative))
             manifest = {"step": step, "host": self.host, "written_at": time.time(),
                         "files": {relative: {"size": size, "sha256": digest} for relative, (size, digest) in listed.items()}}
             self.fs.pipe_file(self._path(request_id, name, MANIFEST), json.dumps(manifest, indent=2).encode())
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise StoreError(f"upload of {name} of {request_id} to {self.url}: {exc}") from exc
         return Manifest(step, self._url(request_id, name), listed, manifest["written_at"])  # type: ignore[arg-type]
 
@@ -101,7 +104,7 @@ class CheckpointStore:
         size), newest first; a partial one (no manifest, a file missing or of another size) is left out."""
         try:
             entries = self.fs.ls(self._path(request_id), detail=False) if self.fs.exists(self._path(request_id)) else []
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise StoreError(f"listing {request_id} in {self.url}: {exc}") from exc
         steps = sorted((int(match.group(1)) for entry in entries if (match := CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1]))),
                        reverse=True)
@@ -118,7 +121,7 @@ class CheckpointStore:
             raw = self.fs.cat_file(self._path(request_id, name, MANIFEST))
         except FileNotFoundError:
             return None  # an upload cut short before its manifest
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise StoreError(f"reading {name} of {request_id} in {self.url}: {exc}") from exc
         try:
             listed = json.loads(raw)
@@ -130,7 +133,7 @@ class CheckpointStore:
                 info = self.fs.info(self._path(request_id, name, relative))
             except FileNotFoundError:
                 return None
-            except (OSError, ValueError) as exc:
+            except Exception as exc:
                 raise StoreError(f"reading {name} of {request_id} in {self.url}: {exc}") from exc
             if info.get("size") != size:
                 return None
@@ -149,12 +152,12 @@ class CheckpointStore:
                 self.fs.get_file(self._path(request_id, name, relative), str(target))
                 if target.stat().st_size != size or sha256(target) != digest:
                     raise StoreError(f"{manifest.url}/{relative} does not match its manifest (size or sha256)")
-        except (OSError, ValueError) as exc:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise StoreError(f"download of {manifest.url}: {exc}") from exc
         except StoreError:
             shutil.rmtree(partial, ignore_errors=True)
             raise
+        except Exception as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise StoreError(f"download of {manifest.url}: {exc}") from exc
         target = checkpoints / name
         shutil.rmtree(target, ignore_errors=True)
         os.replace(partial, target)
@@ -166,7 +169,7 @@ class CheckpointStore:
         try:
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise StoreError(f"removing {path} from {self.url}: {exc}") from exc
 
     def requests(self) -> list[str]:
@@ -175,5 +178,5 @@ class CheckpointStore:
             if not self.fs.exists(self.root):
                 return []
             return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:
             raise StoreError(f"listing {self.url}: {exc}") from exc
