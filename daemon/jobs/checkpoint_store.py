@@ -76,7 +76,8 @@ class CheckpointStore:
             raise StoreError(f"checkpoint_store {url!r}: {exc}") from exc
         self.root = self.root.rstrip("/")
 
-    def _path(self, *parts: str) -> str:
+    def path(self, *parts: str) -> str:
+        """A path in the store (without its scheme), as the store's file system names it."""
         return "/".join([self.root, *parts])
 
     def _url(self, *parts: str) -> str:
@@ -89,12 +90,12 @@ class CheckpointStore:
         name = f"checkpoint-{step}"
         try:
             for parent in sorted({str(Path(relative).parent) for relative in files}):  # a shared folder needs them; object stores ignore them
-                self.fs.makedirs(self._path(request_id, name, parent).removesuffix("/."), exist_ok=True)
+                self.fs.makedirs(self.path(request_id, name, parent).removesuffix("/."), exist_ok=True)
             for relative, path in files.items():
-                self.fs.put_file(str(path), self._path(request_id, name, relative))
+                self.fs.put_file(str(path), self.path(request_id, name, relative))
             manifest = {"step": step, "host": self.host, "written_at": time.time(),
                         "files": {relative: {"size": size, "sha256": digest} for relative, (size, digest) in listed.items()}}
-            self.fs.pipe_file(self._path(request_id, name, MANIFEST), json.dumps(manifest, indent=2).encode())
+            self.fs.pipe_file(self.path(request_id, name, MANIFEST), json.dumps(manifest, indent=2).encode())
         except Exception as exc:
             raise StoreError(f"upload of {name} of {request_id} to {self.url}: {exc}") from exc
         return Manifest(step, self._url(request_id, name), listed, manifest["written_at"])  # type: ignore[arg-type]
@@ -103,7 +104,7 @@ class CheckpointStore:
         """The request's checkpoints that are whole by their listing (manifest there, every file at its
         size), newest first; a partial one (no manifest, a file missing or of another size) is left out."""
         try:
-            entries = self.fs.ls(self._path(request_id), detail=False) if self.fs.exists(self._path(request_id)) else []
+            entries = self.fs.ls(self.path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
         except Exception as exc:
             raise StoreError(f"listing {request_id} in {self.url}: {exc}") from exc
         steps = sorted((int(match.group(1)) for entry in entries if (match := CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1]))),
@@ -118,7 +119,7 @@ class CheckpointStore:
     def _manifest(self, request_id: str, step: int) -> Manifest | None:
         name = f"checkpoint-{step}"
         try:
-            raw = self.fs.cat_file(self._path(request_id, name, MANIFEST))
+            raw = self.fs.cat_file(self.path(request_id, name, MANIFEST))
         except FileNotFoundError:
             return None  # an upload cut short before its manifest
         except Exception as exc:
@@ -130,7 +131,7 @@ class CheckpointStore:
             return None  # a manifest that is not one
         for relative, (size, _) in files.items():
             try:
-                info = self.fs.info(self._path(request_id, name, relative))
+                info = self.fs.info(self.path(request_id, name, relative))
             except FileNotFoundError:
                 return None
             except Exception as exc:
@@ -149,7 +150,7 @@ class CheckpointStore:
             for relative, (size, digest) in manifest.files.items():
                 target = partial / relative
                 target.parent.mkdir(parents=True, exist_ok=True)
-                self.fs.get_file(self._path(request_id, name, relative), str(target))
+                self.fs.get_file(self.path(request_id, name, relative), str(target))
                 if target.stat().st_size != size or sha256(target) != digest:
                     raise StoreError(f"{manifest.url}/{relative} does not match its manifest (size or sha256)")
         except StoreError:
@@ -165,7 +166,7 @@ class CheckpointStore:
 
     def remove(self, request_id: str, step: int | None = None) -> None:
         """A request's checkpoints in the store (all of them, or the one of `step`)."""
-        path = self._path(request_id) if step is None else self._path(request_id, f"checkpoint-{step}")
+        path = self.path(request_id) if step is None else self.path(request_id, f"checkpoint-{step}")
         try:
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)

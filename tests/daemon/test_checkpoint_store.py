@@ -6,6 +6,7 @@ a store that is down leaves the job's checkpoints local (and says so), and a suc
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +14,10 @@ from typing import Any, cast
 
 import pytest
 
-from daemon.jobs.checkpoint_store import CheckpointStore, StoreError, local_checkpoints
+from daemon.jobs.checkpoint_store import MANIFEST, CheckpointStore, StoreError, local_checkpoints
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
+from daemon.jobs.store_retention import RECENT_S, prune_store
 from daemon.jobs.uploads import CheckpointUploads, fetch
 from daemon.kafka.publisher import Publisher
 from daemon.settings import Settings
@@ -205,3 +207,32 @@ def test_a_store_url_is_checked_where_it_is_set(tmp_path: Path) -> None:
     for bad in ("ftp://host/x", "s3://", "relative/folder"):
         with pytest.raises(ValueError, match="checkpoint_store"):
             Settings(checkpoint_store=bad)
+
+
+def test_retention_in_the_store_removes_succeeded_aged_and_counted_never_a_running_one(s3_store: CheckpointStore, tmp_path: Path) -> None:
+    store, jobs_dir = s3_store, tmp_path / "jobs"
+    for request_id in ("done", "running", "old", "partial", "young"):
+        store.upload(request_id, make_checkpoint(tmp_path / request_id, 5), 5)
+    Journal(jobs_dir / "done" / "journal.json").record("succeeded", {"type": "succeeded"})
+    Journal(jobs_dir / "running" / "journal.json").record("succeeded", {"type": "succeeded"})  # still in use here: left alone
+    store.fs.rm(f"{store.root}/partial/checkpoint-5/{MANIFEST}")  # no whole checkpoint: its files' age counts
+    now = time.time()
+
+    pruned = prune_store(store, jobs_dir, {"running"}, max_age_s=3600, max_count=10, now=now)
+    assert pruned.succeeded == ["done"] and pruned.aged == [] and pruned.counted == []
+    assert set(store.requests()) == {"running", "old", "partial", "young"}
+
+    # A day on: everything is older than max_age_s but the job running here.
+    later = prune_store(store, jobs_dir, {"running"}, max_age_s=3600, max_count=10, now=now + 86400)
+    assert sorted(later.aged) == ["old", "partial", "young"]
+    assert store.requests() == ["running"]
+
+
+def test_retention_by_count_takes_the_least_recently_written_and_never_a_recent_one(s3_store: CheckpointStore, tmp_path: Path) -> None:
+    store = s3_store
+    for request_id in ("first", "second", "third"):
+        store.upload(request_id, make_checkpoint(tmp_path / request_id, 5), 5)
+    now = time.time()
+    assert prune_store(store, tmp_path / "jobs", (), max_age_s=10 * 86400, max_count=1, now=now).counted == []  # all written just now
+    pruned = prune_store(store, tmp_path / "jobs", (), max_age_s=10 * 86400, max_count=1, now=now + RECENT_S + 60)
+    assert sorted(pruned.counted) == ["first", "second"] and store.requests() == ["third"]
