@@ -173,11 +173,16 @@ class CheckpointUploads:
             self.log.warning("checkpoint_store.deadline_passed", timeout_s=timeout_s)
 
     async def abandon(self) -> None:
-        """The job succeeded: its checkpoints serve no one now. Uploads stop, and the store's go."""
-        if self._worker is not None:
+        """The job succeeded: its checkpoints serve no one now. Uploads stop (what was not uploaded is
+        said to be local), and the store's go; a manifest a stopped upload's thread still writes is
+        removed by the store's retention (daemon/jobs/store_retention.py: the journal says succeeded)."""
+        if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
-        self._waiting = None
+            for unsent in (self._uploading, self._waiting[:2] if self._waiting else None):
+                if unsent is not None:
+                    await self._local(unsent[0], unsent[1], "the job succeeded before it was uploaded")
+        self._waiting = self._uploading = None
         shutil.rmtree(self.staging, ignore_errors=True)
         if self.store is not None:
             try:
