@@ -5,7 +5,9 @@ with fsspec, the dataset sources' `dataset_storage_options` for its scheme and t
 credentials. A request's checkpoints lie under `<store>/<request id>/checkpoint-<step>/`, each file
 as the trainer wrote it, and `manifest.json` beside them, written LAST: it lists each file's size and
 sha256. A checkpoint counts only with its manifest and files that match it, so an upload cut short
-(a host lost mid-upload) or a file changed since is skipped for the one before it.
+(a host lost mid-upload) or a file changed since is skipped for the one before it. A request that
+succeeded keeps only `<store>/<request id>/succeeded.json`, its event: a host it is delivered to again
+answers with it rather than training it again (the journal that says so is on the first host's disk).
 
 Blocking (fsspec's calls are); the daemon runs these in worker threads (daemon/jobs/uploads.py).
 """
@@ -27,6 +29,7 @@ import fsspec
 from daemon.errors import AdapterdError
 
 MANIFEST = "manifest.json"
+SUCCEEDED = "succeeded.json"  # beside a succeeded request's (removed) checkpoints: its event, for idempotency across hosts
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 CHUNK = 4 * 2**20
 # Whatever a store's backend raises (s3fs, gcsfs and adlfs let their clients' own errors through) is a StoreError here:
@@ -163,6 +166,36 @@ class CheckpointStore:
         shutil.rmtree(target, ignore_errors=True)
         os.replace(partial, target)
         return target
+
+    def mark_succeeded(self, request_id: str, event: dict[str, Any]) -> None:
+        """The request's `succeeded` event, for any host it is delivered to again (a duplicate is answered with it)."""
+        try:
+            self.fs.makedirs(self.path(request_id), exist_ok=True)  # a shared folder needs it; object stores ignore it
+            self.fs.pipe_file(self.path(request_id, SUCCEEDED), json.dumps(event).encode())
+        except Exception as exc:
+            raise StoreError(f"writing {SUCCEEDED} of {request_id} to {self.url}: {exc}") from exc
+
+    def succeeded(self, request_id: str) -> dict[str, Any] | None:
+        """The request's `succeeded` event as a host recorded it, None when none did."""
+        try:
+            return dict(json.loads(self.fs.cat_file(self.path(request_id, SUCCEEDED))))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None  # not one (cut short): the Hub commit, where there is one, still says it
+        except Exception as exc:
+            raise StoreError(f"reading {SUCCEEDED} of {request_id} in {self.url}: {exc}") from exc
+
+    def remove_checkpoints(self, request_id: str) -> int:
+        """Every checkpoint of the request (its `succeeded` stays); how many there were."""
+        try:
+            entries = self.fs.ls(self.path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
+            folders = [entry for entry in entries if CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1])]
+            for folder in folders:
+                self.fs.rm(folder, recursive=True)
+        except Exception as exc:
+            raise StoreError(f"removing the checkpoints of {request_id} from {self.url}: {exc}") from exc
+        return len(folders)
 
     def remove(self, request_id: str, step: int | None = None) -> None:
         """A request's checkpoints in the store (all of them, or the one of `step`)."""

@@ -147,7 +147,8 @@ class JobRunner:
             await self._stopping  # its child is gone before its end is published
         stop = self.lifecycle.stop
         if isinstance(outcome, Succeeded) and (stop is None or stop.kind != "interrupt"):
-            await self.uploads.abandon()  # published: its checkpoints in the store serve no one now
+            # Published: its checkpoints in the store serve no one now; its event there answers a redelivery on any host.
+            await self.uploads.abandon(None if outcome.duplicate else outcome.model_dump(mode="json"))
         else:  # its last checkpoint reaches the store (within a stop's deadline) before its end is said
             await self.uploads.finish(None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
         # A success stands against any stop but an interrupt: it is pushed and in the journal.
@@ -280,11 +281,14 @@ class JobRunner:
 
     async def _earlier_success(self) -> Succeeded | None:
         """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
-        from this host's journal, or from the Hub commit that records the request id."""
-        recorded = self.journal.read().get("succeeded")
+        from this host's journal, the checkpoint store (an attempt on another host), or the Hub
+        commit that records the request id."""
+        recorded, found_in = self.journal.read().get("succeeded"), "journal"
+        if recorded is None:
+            recorded, found_in = await self.uploads.earlier_success(), "store"
         if recorded is not None:
             earlier = Succeeded.model_validate(recorded)
-            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in="journal")
+            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
             return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
         found = await asyncio.to_thread(hub_push.find_commit, self.request, self.settings)
         if found is None:

@@ -1,5 +1,6 @@
 """Retention in the checkpoint store, by the disk's rules (daemon/jobs/retention.py): a succeeded job's
-checkpoints go, then a request's by age and by count, never those of a job this daemon runs.
+checkpoints go (its `succeeded` event stays), then a request's all by age and by count, never those
+of a job this daemon runs.
 
 A job's own host removes its checkpoints from the store when it succeeds (daemon/jobs/uploads.py,
 `abandon`); this pass catches what that missed (the store was down then, or the host was lost after
@@ -59,10 +60,8 @@ def prune_store(store: CheckpointStore, jobs_dir: Path, running: Collection[str]
     for request_id in store.requests():
         if request_id in running:
             continue
-        if succeeded(jobs_dir / request_id):
-            store.remove(request_id)
-            pruned.succeeded.append(request_id)
-            continue
+        if succeeded(jobs_dir / request_id) and store.remove_checkpoints(request_id):
+            pruned.succeeded.append(request_id)  # its succeeded.json stays, to its age or its count
         when = last_written(store, request_id)
         if when is None:
             continue  # age unknown: kept

@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
@@ -156,6 +156,16 @@ class CheckpointUploads:
         self.log.warning("checkpoint_store.local_only", step=step, error=error)
         await self.events.publish(Checkpoint, step=step, path=path, location="local", store_error=error)
 
+    async def earlier_success(self) -> dict[str, Any] | None:
+        """The request's `succeeded` as another host left it in the store; None without one (or a store that is down: said)."""
+        if self.store is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.store.succeeded, self.request_id)
+        except StoreError as exc:
+            self.log.warning("checkpoint_store.unreachable", error=str(exc))
+            return None
+
     async def finish(self, timeout_s: float | None) -> None:
         """Wait for the uploads under way, at most `timeout_s` (a stop's deadline): past it, the
         checkpoint waiting or uploading is said to be local only."""
@@ -172,10 +182,11 @@ class CheckpointUploads:
             self._waiting = self._uploading = None
             self.log.warning("checkpoint_store.deadline_passed", timeout_s=timeout_s)
 
-    async def abandon(self) -> None:
+    async def abandon(self, succeeded: dict[str, Any] | None = None) -> None:
         """The job succeeded: its checkpoints serve no one now. Uploads stop (what was not uploaded is
-        said to be local), and the store's go; a manifest a stopped upload's thread still writes is
-        removed by the store's retention (daemon/jobs/store_retention.py: the journal says succeeded)."""
+        said to be local), the store's checkpoints go and its `succeeded` event is left there; a
+        manifest a stopped upload's thread still writes is removed by the store's retention
+        (daemon/jobs/store_retention.py: the journal says succeeded)."""
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -186,6 +197,8 @@ class CheckpointUploads:
         shutil.rmtree(self.staging, ignore_errors=True)
         if self.store is not None:
             try:
-                await asyncio.to_thread(self.store.remove, self.request_id)
+                if succeeded is not None:
+                    await asyncio.to_thread(self.store.mark_succeeded, self.request_id, succeeded)
+                await asyncio.to_thread(self.store.remove_checkpoints, self.request_id)
             except StoreError as exc:
-                self.log.warning("checkpoint_store.remove_failed", error=str(exc))
+                self.log.warning("checkpoint_store.settle_failed", error=str(exc))

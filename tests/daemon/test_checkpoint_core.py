@@ -62,7 +62,22 @@ async def test_a_success_clears_the_requests_checkpoints_from_the_store(settings
     core = Core(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
     await (await start(core)).task
     assert core.types("r1")[-1] == "succeeded"
-    assert store(settings).requests() == ["r2"]
+    assert store(settings).complete("r1") == [] and [manifest.step for manifest in store(settings).complete("r2")] == [3]  # r2's kept
+    left = store(settings).succeeded("r1")  # its event stays, for a redelivery on any host
+    assert left is not None and left["event_id"] == core.events("r1")[-1]["event_id"]
+
+
+async def test_a_request_that_succeeded_on_another_host_is_answered_from_the_store_without_training(settings: Settings, tmp_path: Path) -> None:
+    first = Core(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
+    await (await start(first)).task
+    original = first.events("r1")[-1]
+    elsewhere = settings.model_copy(update={"work_dir": tmp_path / "other-host", "host": "other-host"})  # the first host's disk is gone
+    children = FakeChildren(Script(messages=[*TRAINS, RESULT]))
+    second = Core(elsewhere, children=children)
+    await (await start(second)).task
+    assert second.types("r1") == ["accepted", "succeeded"] and children.taken == []
+    again = second.events("r1")[-1]
+    assert again["duplicate"] is True and again["location"] == original["location"] and again["host"] == "other-host"
 
 
 async def test_a_job_resumes_from_the_stores_newer_checkpoint_and_started_says_so(settings: Settings, tmp_path: Path) -> None:

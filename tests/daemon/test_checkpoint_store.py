@@ -84,8 +84,12 @@ def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(store
         if file.is_file():
             assert (resumed / file.relative_to(saved)).read_bytes() == file.read_bytes()
     assert store.requests() == ["req-1"]
+    assert store.succeeded("req-1") is None
+    store.mark_succeeded("req-1", {"type": "succeeded", "request_id": "req-1"})
+    assert store.remove_checkpoints("req-1") == 1
+    assert store.complete("req-1") == [] and store.succeeded("req-1") == {"type": "succeeded", "request_id": "req-1"}
     store.remove("req-1")
-    assert store.complete("req-1") == [] and store.requests() == []
+    assert store.succeeded("req-1") is None and store.requests() == []
 
 
 def test_a_partial_upload_is_skipped_for_the_one_before_it(s3_store: CheckpointStore, tmp_path: Path) -> None:
