@@ -8,6 +8,7 @@
     ├── IllegalTransition          (daemon.jobs.lifecycle) a move the job's state machine does not have: a bug
     ├── LogsError                  (daemon.cli.log_endpoint) a request's log cannot be read from its host
     ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's deadline (a TimeoutError too)
+    ├── StoreError                 (daemon.jobs.checkpoint_store) the checkpoint store could not be read or written
     ├── WeightsUnreadable          (daemon.jobs.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
     └── JobFailed                  (handlers.protocol) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink

@@ -31,6 +31,7 @@ from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus, packing_from
+from daemon.jobs.store_retention import prune_store_once
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
@@ -222,6 +223,7 @@ class Service:
         """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
         while True:
             await self.prune_once()
+            await prune_store_once(self.settings, {job.request_id for job in self.scheduler.jobs.values()}, time.time())
             await asyncio.sleep(RETENTION_INTERVAL_S)
 
     async def prune_once(self) -> Pruned | None:

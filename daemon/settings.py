@@ -34,6 +34,10 @@ MIN_LOGS_TOKEN_BYTES = 16
 VETTED_EVALUATION_TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "sciq", "winogrande", "gsm8k")
 
 
+# The object stores a checkpoint_store URL may name (s3fs, gcsfs, adlfs), besides a shared folder.
+CHECKPOINT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
 
@@ -107,6 +111,11 @@ class Settings(BaseSettings):
         "A job's folder (work_dir/jobs/ID: log, checkpoints, artifact, journal) is removed once nothing in it changed for this "
         "long; a succeeded job's checkpoints go at once. Adapters published to the local sink (work_dir/outputs) are kept."))
     job_retention_count: int = Field(500, ge=1, description="The most job folders kept; beyond it the least recently changed go first.")
+    checkpoint_store: str | None = Field(None, description=(
+        "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., az://container/prefix or "
+        "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials. "
+        "Unset: checkpoints stay on this host's disk (daemon/jobs/checkpoint_store.py)."))
+    checkpoint_store_keep: int = Field(2, ge=1, description="Complete checkpoints of one request kept in the store; older ones go after each upload.")
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
     logs_token: SecretStr | None = Field(None, description=(
         "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each job's log at "
@@ -260,6 +269,16 @@ class Settings(BaseSettings):
             return None
         split_host_port(value)  # the events' own rule: an address a `started` event can carry
         return value
+
+    @field_validator("checkpoint_store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None or value.startswith("/"):
+            return value
+        scheme, _, rest = value.partition("://")
+        if scheme not in CHECKPOINT_STORE_SCHEMES or not rest.strip("/"):
+            raise ValueError(f"expected {', '.join(s + '://bucket/prefix' for s in CHECKPOINT_STORE_SCHEMES)} or an absolute folder, got {value!r}")
+        return value.rstrip("/")
 
     @field_validator("vllm_server_base_url")
     @classmethod

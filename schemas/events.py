@@ -92,6 +92,11 @@ class Started(EventBase):
     endpoint_scheme: Literal["http", "https"] | None = Field(None, description=(
         "How the endpoint is reached: 'https' when its daemon serves it over TLS (http_tls_certfile), 'http' without; null "
         "with no endpoint (an endpoint of an event without it is http)."))
+    resumed_step: int | None = Field(None, description=(
+        "The step of the checkpoint the job resumes from (its first trained step is the one after); null when it starts at step 0."))
+    resumed_from: Literal["local", "store"] | None = Field(None, description=(
+        "Where that checkpoint came from: 'local', this host's disk (an earlier attempt here); 'store', the operator's "
+        "checkpoint_store, downloaded because it was newer than anything on this host (an attempt on another host); null with no resume."))
 
 
 class Progress(TrainingProgress, EventBase):
@@ -101,7 +106,12 @@ class Progress(TrainingProgress, EventBase):
 class Checkpoint(EventBase):
     type: Literal["checkpoint"] = "checkpoint"
     step: int
-    path: str
+    path: str = Field(description="The checkpoint's folder on the host that saved it.")
+    location: Literal["local", "store"] = Field("local", description=(
+        "'store': the checkpoint is whole in the host's checkpoint_store (at store_url), where any host resumes from it; "
+        "'local': it is on this host's disk only (no store is set, or the upload failed: store_error says why)."))
+    store_url: str | None = Field(None, description="The checkpoint's folder in the store, with location 'store'.")
+    store_error: str | None = Field(None, description="Why the upload to the store failed, when it did (the job goes on).")
 
 
 class Succeeded(EventBase):

@@ -32,6 +32,7 @@ from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
+from daemon.jobs.uploads import CheckpointUploads, fetch, store_of
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOB_MEMORY_PEAK, JOB_MEMORY_RATIO, JOBS, STAGE_SECONDS
@@ -83,14 +84,17 @@ class JobRunner:
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot, traceparent=traceparent(self.trace))
         self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
+        # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
+        self.uploads = CheckpointUploads(store_of(settings), request.request_id, self.job_dir, self.journal, self.events, settings.checkpoint_store_keep)
         self.supervisor = Supervisor(
             request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
             timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop,
-            share_bytes=self.share.share_bytes if self.share is not None else None,
+            share_bytes=self.share.share_bytes if self.share is not None else None, uploads=self.uploads,
         )
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
         self._stopping: asyncio.Task[None] | None = None
+        self._deadline: float | None = None  # a stop's: its child's save and the upload of that checkpoint end by then
 
     @property
     def stage(self) -> str:
@@ -106,6 +110,8 @@ class JobRunner:
         if not self.lifecycle.request_stop(stop):
             return False
         self.log.info("job.stopping", kind=stop.kind, reason=stop.reason, grace_s=stop.grace_s, stage=self.stage)
+        if self._deadline is None:
+            self._deadline = time.monotonic() + stop.grace_s
         if self._stopping is None:
             self._stopping = asyncio.create_task(self._end_work(), name=f"stop-{self.request.request_id}")
         return True
@@ -141,6 +147,11 @@ class JobRunner:
         if self._stopping is not None:
             await self._stopping  # its child is gone before its end is published
         stop = self.lifecycle.stop
+        if isinstance(outcome, Succeeded) and (stop is None or stop.kind != "interrupt"):
+            # Published: its checkpoints in the store serve no one now; its event there answers a redelivery on any host.
+            await self.uploads.abandon(None if outcome.duplicate else outcome.model_dump(mode="json"))
+        else:  # its last checkpoint reaches the store (within a stop's deadline) before its end is said
+            await self.uploads.finish(None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
         # A success stands against any stop but an interrupt: it is pushed and in the journal.
         event = outcome if stop is None or (stop.kind != "interrupt" and isinstance(outcome, Succeeded)) else self._ended_by(stop)
         if event is None:
@@ -263,17 +274,22 @@ class JobRunner:
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
+        # The newest checkpoint, from this host or from the store (an attempt on another host): the trainer resumes there.
+        self.supervisor.resumed = await asyncio.to_thread(fetch, self.uploads.store, self.request.request_id, spec.checkpoints)
         result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
         self.journal.record("trained", result.model_dump(mode="json"))
         return result, first_step_at
 
     async def _earlier_success(self) -> Succeeded | None:
         """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
-        from this host's journal, or from the Hub commit that records the request id."""
-        recorded = self.journal.read().get("succeeded")
+        from this host's journal, the checkpoint store (an attempt on another host), or the Hub
+        commit that records the request id."""
+        recorded, found_in = self.journal.read().get("succeeded"), "journal"
+        if recorded is None:
+            recorded, found_in = await self.uploads.earlier_success(), "store"
         if recorded is not None:
             earlier = Succeeded.model_validate(recorded)
-            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in="journal")
+            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
             return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
         found = await executors.run("hub", hub_push.find_commit, self.request, self.settings)
         if found is None:

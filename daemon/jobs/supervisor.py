@@ -22,6 +22,7 @@ from daemon.children.child import Child, ChildOutcome
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
+from daemon.jobs.uploads import CheckpointUploads, Where
 from daemon.settings import Settings
 from handlers.protocol import (
     CheckpointSaved,
@@ -71,6 +72,7 @@ class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
         *, slot: str, visible_devices: str | None, timeout_s: int | None, stop: Callable[[Stop], bool], share_bytes: int | None = None,
+        uploads: CheckpointUploads | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
@@ -81,6 +83,8 @@ class Supervisor:
         self.timeout_s = timeout_s
         self.share_bytes = share_bytes  # on a shared GPU, the memory its child is held to (for `started`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
+        self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
+        self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
@@ -121,7 +125,8 @@ class Supervisor:
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
         await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint,
-                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.share_bytes)
+                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.share_bytes,
+                                  resumed_step=self.resumed[0] if self.resumed else None, resumed_from=self.resumed[1] if self.resumed else None)
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()
@@ -131,7 +136,10 @@ class Supervisor:
             await self.events.publish(Progress, **fields)
         elif isinstance(message, CheckpointSaved):
             self.log.info("job.checkpoint", step=message.step, path=message.path)
-            await self.events.publish(Checkpoint, step=message.step, path=message.path)
+            if self.uploads is not None:
+                await self.uploads.saved(message.step, message.path)
+            else:
+                await self.events.publish(Checkpoint, step=message.step, path=message.path)
         elif isinstance(message, StoppedAtCheckpoint):
             self.log.info("job.stopped_at_checkpoint", step=message.step, path=message.path)
         elif isinstance(message, StageEntered):
