@@ -16,7 +16,7 @@ from daemon.jobs.checkpoint_store import CheckpointStore
 from daemon.jobs.journal import Journal
 from daemon.settings import Settings
 from handlers.protocol import CheckpointSaved, StageEntered, StoppedAtCheckpoint
-from tests.core import Core
+from tests.core import CoreOnFakes
 from tests.daemon.test_checkpoint_store import make_checkpoint
 from tests.daemon.test_scheduler_core import RESULT, TRAINS
 from tests.fakes import FakeChildren, Script
@@ -34,7 +34,7 @@ def store(settings: Settings) -> CheckpointStore:
     return CheckpointStore(settings.checkpoint_store, {})
 
 
-async def start(core: Core, request_id: str = "r1") -> Any:
+async def start(core: CoreOnFakes, request_id: str = "r1") -> Any:
     record = core.record(sft_request(request_id), 7)
     await core.scheduler.offer(core.tp, record, core.request(record))
     return core.scheduler.jobs[core.tp]
@@ -43,7 +43,7 @@ async def start(core: Core, request_id: str = "r1") -> Any:
 async def test_a_saved_checkpoint_is_uploaded_said_and_journaled(settings: Settings) -> None:
     saved = make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 2)
     children = FakeChildren(Script(messages=[*TRAINS[:3], CheckpointSaved(step=2, path=str(saved)), *TRAINS[3:4]], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     job = await start(core)
     await asyncio.wait_for(children.hanging.wait(), 5)
     await job.runner.uploads.finish(None)
@@ -59,7 +59,7 @@ async def test_a_saved_checkpoint_is_uploaded_said_and_journaled(settings: Setti
 async def test_a_success_clears_the_requests_checkpoints_from_the_store(settings: Settings, tmp_path: Path) -> None:
     store(settings).upload("r1", make_checkpoint(tmp_path / "earlier", 2), 2)
     store(settings).upload("r2", make_checkpoint(tmp_path / "earlier", 3), 3)  # another request's: kept
-    core = Core(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
+    core = CoreOnFakes(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
     await (await start(core)).task
     assert core.types("r1")[-1] == "succeeded"
     assert store(settings).complete("r1") == [] and [manifest.step for manifest in store(settings).complete("r2")] == [3]  # r2's kept
@@ -68,12 +68,12 @@ async def test_a_success_clears_the_requests_checkpoints_from_the_store(settings
 
 
 async def test_a_request_that_succeeded_on_another_host_is_answered_from_the_store_without_training(settings: Settings, tmp_path: Path) -> None:
-    first = Core(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
+    first = CoreOnFakes(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
     await (await start(first)).task
     original = first.events("r1")[-1]
     elsewhere = settings.model_copy(update={"work_dir": tmp_path / "other-host", "host": "other-host"})  # the first host's disk is gone
     children = FakeChildren(Script(messages=[*TRAINS, RESULT]))
-    second = Core(elsewhere, children=children)
+    second = CoreOnFakes(elsewhere, children=children)
     await (await start(second)).task
     assert second.types("r1") == ["accepted", "succeeded"] and children.taken == []
     again = second.events("r1")[-1]
@@ -84,7 +84,7 @@ async def test_a_job_resumes_from_the_stores_newer_checkpoint_and_started_says_s
     store(settings).upload("r1", make_checkpoint(tmp_path / "other-host", 6), 6)  # an attempt on a host since lost
     make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 4)  # this host's own, older
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     job = await start(core)
     await asyncio.wait_for(children.hanging.wait(), 5)
     started = core.events("r1")[1]
@@ -98,7 +98,7 @@ async def test_a_stop_uploads_its_checkpoint_before_the_job_ends(settings: Setti
     saved = make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 3)
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), CheckpointSaved(step=3, path=str(saved)),
                                              StoppedAtCheckpoint(step=3, path=str(saved))], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     job = await start(core)
     await asyncio.wait_for(children.hanging.wait(), 5)
     await core.scheduler.stop_jobs()
@@ -118,7 +118,7 @@ async def test_past_the_stops_deadline_the_checkpoint_is_said_to_be_local_only(s
         raise OSError("released")
 
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), CheckpointSaved(step=3, path=str(saved))], hang=True))
-    core = Core(settings, children=children)
+    core = CoreOnFakes(settings, children=children)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CheckpointStore, "upload", stuck)
         job = await start(core)
