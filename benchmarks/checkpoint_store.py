@@ -16,8 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -98,30 +96,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2, help="runs without and with the store, alternated")
     args = parser.parse_args()
-    import boto3
-
-    from daemon.local_broker import free_port
+    from benchmarks.soak import s3_server
     from handlers.fixtures.tiny_model import save_tiny_model
 
-    # moto in a process of its own: in this one it would take the trainer's GIL, as no real store does.
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
-                break
-            except Exception:  # not listening yet
-                time.sleep(0.2)
-        with tempfile.TemporaryDirectory() as folder:
-            model_dir = save_tiny_model(Path(folder) / "tiny-model")
-            store = ("s3://bench/checkpoints", {"s3": {"client_kwargs": {"endpoint_url": endpoint}}})
-            runs = [train(model_dir, args.steps, store if index % 2 else None) for index in range(2 * args.rounds)]  # alternated
-    finally:
-        server.terminate()
-        server.wait()
+    with s3_server("bench") as endpoint, tempfile.TemporaryDirectory() as folder:
+        model_dir = save_tiny_model(Path(folder) / "tiny-model")
+        store = ("s3://bench/checkpoints", {"s3": {"client_kwargs": {"endpoint_url": endpoint}}})
+        runs = [train(model_dir, args.steps, store if index % 2 else None) for index in range(2 * args.rounds)]  # alternated
     without = [run for index, run in enumerate(runs) if index % 2 == 0]
     with_store = [run for index, run in enumerate(runs) if index % 2]
     print(json.dumps({"steps": args.steps, "saves": "every step", "without_store": without, "with_store": with_store}, indent=2))

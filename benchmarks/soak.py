@@ -43,8 +43,9 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "soak", "AWS_SECRET_ACCESS_KEY": "soak", "AWS_DEF
 
 
 @contextmanager
-def s3_server() -> Iterator[str]:
-    """moto's S3 server in a process of its own, with the bucket `soak`: its endpoint."""
+def s3_server(bucket: str = "soak") -> Iterator[str]:
+    """moto's S3 server in a process of its own (in this one it would take a trainer's GIL, as no real
+    store does), with `bucket`: its endpoint."""
     import boto3
 
     os.environ.update(S3_ENV)
@@ -55,7 +56,7 @@ def s3_server() -> Iterator[str]:
     try:
         for _ in range(150):
             try:
-                boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="soak")
+                boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
                 break
             except Exception:  # not listening yet
                 time.sleep(0.2)
