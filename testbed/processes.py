@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from daemon.settings import Settings
+from schemas.signing import new_key_pair
 from testbed.client import EVENT_TIMEOUT_S
 
 
@@ -42,6 +43,13 @@ def unit_daemon(settings: Settings, directory: Path, extra_env: dict[str, str] |
     credentials.mkdir(exist_ok=True)
     assert settings.hub_token is not None
     (credentials / "hub-token").write_text(settings.hub_token.get_secret_value() + "\n")
+    # The unit loads the fleet's event-signing key as a credential too (LoadCredential=event-signing-key):
+    # one made here, unless the settings name the fleet's own.
+    signing_key = credentials / "event-signing-key"
+    if settings.event_signing_key_file is not None:
+        signing_key.write_bytes(settings.event_signing_key_file.read_bytes())
+    elif not signing_key.exists():
+        signing_key.write_bytes(new_key_pair()[0])
 
     def place(value: str) -> str:
         return (

