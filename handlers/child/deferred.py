@@ -13,7 +13,16 @@ child gets the native library bitsandbytes chooses there (the CUDA one on a GPU 
 
 The fork server's `main` (handlers/child/forkserver.py) calls `defer_in_fork_server()` first,
 before anything imports torch: importing the methods (handlers/methods/) imports the training
-stack, so it cannot be done later.
+stack, so it cannot be done later. A spawned child (`runner.main`) defers them the same way until
+its job is read, since importing bitsandbytes costs seconds even where it touches no GPU.
+
+Once the child has read its job, `settle` decides: a module the job needs (`needed_by`: bitsandbytes
+for a quantized model or one of its optimizers) stays deferred and runs at its first use; any other
+is made absent for the job (`None` in `sys.modules`, Python's own way to say a module cannot be
+imported), so `importlib.util.find_spec` answers None and every library's availability check
+(peft's `is_bnb_available`, transformers' and accelerate's) says it is not installed. Without that,
+`peft.get_peft_model` on a model nothing quantized runs bitsandbytes anyway: its LoRA dispatch asks
+`is_bnb_4bit_available()`, which reads `bnb.nn` (1.6 s with the tiny model on 2 cores, issue 52).
 """
 
 from __future__ import annotations
@@ -24,8 +33,11 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from schemas.request import RequestBase
 
 # Import-time CUDA users the lock installs. The fork server checks itself before it says ready, so a
 # new one shows up as a server that refuses to serve (and the daemon says so), not as a silent cold start.
@@ -34,6 +46,14 @@ CUDA_AT_IMPORT = ("bitsandbytes",)
 IMPORT_SYSTEM = frozenset({"__loader__", "__package__", "__spec__", "__file__", "__cached__", "__builtins__"})
 # Set by the daemon in the fork server's environment only (the socket it serves on).
 FORK_SERVER_VARIABLE = "ADAPTERD_FORK_FD"
+# transformers' optimizers that import bitsandbytes (`optim`): its bitsandbytes ones, and GaLore's
+# 8-bit ones (galore_torch builds on bitsandbytes). Drift-tested against transformers' own list.
+BITSANDBYTES_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "ademamix", "ademamix_8bit",
+    "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_32bit", "lion_8bit", "paged_lion_32bit",
+    "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+    "galore_adamw_8bit", "galore_adamw_8bit_layerwise",
+})
 
 
 class DeferredModule(types.ModuleType):
@@ -83,12 +103,18 @@ class DeferringFinder(importlib.abc.MetaPathFinder):
 _finder: DeferringFinder | None = None
 
 
-def defer_in_fork_server(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
-    """In the fork server (its socket in the environment), import `CUDA_AT_IMPORT` in name only."""
+def defer() -> None:
+    """From now on, import `CUDA_AT_IMPORT` in name only (until `stop_deferring` or `settle`)."""
     global _finder
-    if FORK_SERVER_VARIABLE in environ and _finder is None:
+    if _finder is None:
         _finder = DeferringFinder(CUDA_AT_IMPORT)
         sys.meta_path.insert(0, _finder)
+
+
+def defer_in_fork_server(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
+    """In the fork server (its socket in the environment), import `CUDA_AT_IMPORT` in name only."""
+    if FORK_SERVER_VARIABLE in environ:
+        defer()
 
 
 def stop_deferring() -> None:
@@ -97,6 +123,24 @@ def stop_deferring() -> None:
     if _finder is not None:
         sys.meta_path.remove(_finder)
         _finder = None
+
+
+def needed_by(request: RequestBase) -> frozenset[str]:
+    """The modules of `CUDA_AT_IMPORT` a job runs: bitsandbytes when it loads a model quantized (the
+    base, and a reference or teacher loaded like it) or trains with one of its optimizers."""
+    quantized = request.model.quantization != "none"
+    return frozenset({"bitsandbytes"}) if quantized or request.training.optim in BITSANDBYTES_OPTIMIZERS else frozenset()
+
+
+def settle(needed: Collection[str]) -> list[str]:
+    """In a child, once its job is known: later imports are normal ones; a module still deferred that
+    the job needs runs at its first use, any other is made absent for the job (the module docstring
+    says why). Returns the modules made absent."""
+    stop_deferring()
+    absent = [name for name in pending() if name not in needed]
+    for name in absent:
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "not importable"
+    return absent
 
 
 def load(module: types.ModuleType) -> types.ModuleType:
