@@ -6,8 +6,8 @@ daemon, which writes them to the job's log and to its own log. It runs the job a
 `result` line, 1 after an `error` line, 75 after stopping at a checkpoint on SIGTERM; anything else
 (a signal, an out-of-memory kill) means it died before it could say why.
 Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
-What initialises CUDA at import (bitsandbytes) is imported in name only until the job is read, and
-only a job that needs it runs it (handlers/child/deferred.py).
+What initialises CUDA at import (bitsandbytes) and what only some jobs use (the trackers) is imported
+in name only (handlers/methods/), and only a job that needs it runs it (handlers/child/deferred.py).
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ def status_fd() -> int:
 
 def main() -> int:
     die_with_parent()
-    deferred.defer()  # before the imports below; in a forked child they are done and this changes nothing
 
-    from handlers.child.memory import out_of_memory
-    from handlers.child.reporting import EXIT_STOPPED, StatusReporter
-    from handlers.methods import HANDLERS
-    from schemas.request import REQUEST_MODELS
+    with deferred.deferring():  # all of the training stack's imports (handlers/methods/ defers only during its own)
+        from handlers.child.memory import out_of_memory
+        from handlers.child.reporting import EXIT_STOPPED, StatusReporter
+        from handlers.methods import HANDLERS
+        from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())
     reporter.ready()

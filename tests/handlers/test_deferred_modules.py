@@ -2,7 +2,9 @@
 one (issue 52): the server imports it in name only (it initialises CUDA at import), and once the
 child has read its job, `deferred.settle` leaves it deferred for a job that needs it (a quantized
 model, a bitsandbytes optimizer) and absent for any other, so peft's LoRA dispatch, which runs it
-whenever it looks installed, does not. Deterministic: what is in the child's `sys.modules` and
+whenever it looks installed, does not. mlflow and boto3, imported in name only because only
+some jobs use them, stay deferred through a job that does not, and run at their
+first use. Deterministic: what is in the child's `sys.modules` and
 mapped in its memory, not how long it took."""
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ if pid == 0:
     result, _ = run_handler(request, work)
     seen = {"absent": absent, "result": type(result).__name__, "adapter": (work / "artifact" / "adapter_config.json").is_file(),
             "pending": deferred.pending(), "in_sys_modules": repr(sys.modules.get("bitsandbytes", "missing")),
-            "ran": sorted(name for name in sys.modules if name.startswith("bitsandbytes.")),
+            "ran": sorted(name for name in sys.modules if name.split(".")[0] in deferred.DEFERRED and "." in name),
             "native": sorted({line.split("/")[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libbitsandbytes" in line})}
+    import trl.extras.profiling  # holds `mlflow`, imported in name only in the server
+    trl.extras.profiling.mlflow.active_run  # a tracker's first use, as a job reporting to it makes: it runs now
+    import mlflow
+    seen["tracker_ran"] = "mlflow.tracking" in sys.modules and sys.modules["mlflow"] is mlflow and mlflow.active_run is trl.extras.profiling.mlflow.active_run
     os.write(write, json.dumps(seen).encode())
     os._exit(0)
 os.close(write)
@@ -64,12 +70,15 @@ def test_a_lora_job_in_a_forked_child_leaves_the_deferred_modules_unrun(tiny_mod
                          text=True, cwd=ROOT, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
-    assert seen["server"] == ["bitsandbytes"]  # imported in name only by peft, transformers and TRL, as on a GPU host
+    # Imported in name only by peft, transformers, TRL and accelerate, as on a GPU host.
+    assert seen["server"] == sorted(deferred.DEFERRED) == ["bitsandbytes", "boto3", "mlflow"]
     child = seen["child"]
     assert child["result"] == "TrainResult" and child["adapter"]  # the LoRA job trained and saved its adapter
-    # None of bitsandbytes' code ran, nor its native library loaded: it was left out for the job.
+    # None of the deferred modules' code ran, nor bitsandbytes' native library loaded: it was left out for the job.
     assert child["ran"] == [] and child["native"] == []
-    assert child["absent"] == ["bitsandbytes"] and child["in_sys_modules"] == "None" and child["pending"] == []
+    assert child["absent"] == ["bitsandbytes"] and child["in_sys_modules"] == "None"
+    assert child["pending"] == ["boto3", "mlflow"]  # they stay deferred: a job reporting to MLflow runs them
+    assert child["tracker_ran"]
 
 
 def request_of(**overrides: object) -> object:
@@ -105,7 +114,7 @@ def test_settle_keeps_a_needed_module_deferred_and_makes_any_other_absent(monkey
         module = deferred.DeferringLoader(Real()).create_module(spec)  # type: ignore[arg-type]
         monkeypatch.setitem(sys.modules, name, module)
     assert {"stand_in_needed", "stand_in_unneeded"} <= set(deferred.pending())
-    absent = deferred.settle({"stand_in_needed"})
+    absent = deferred.settle({"stand_in_needed"}, withheld={"stand_in_needed", "stand_in_unneeded"})
     assert "stand_in_unneeded" in absent and "stand_in_needed" not in absent
     assert sys.modules["stand_in_unneeded"] is None and "stand_in_needed" in deferred.pending()
     with pytest.raises(ModuleNotFoundError):
@@ -113,3 +122,23 @@ def test_settle_keeps_a_needed_module_deferred_and_makes_any_other_absent(monkey
     import importlib.util
 
     assert importlib.util.find_spec("stand_in_unneeded") is None  # what every library's availability check asks
+
+
+def test_a_module_deferred_for_time_only_is_never_made_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.machinery import ModuleSpec
+
+    class Real:
+        pass
+
+    spec = ModuleSpec("mlflow_stand_in", deferred.DeferringLoader(Real()))  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "mlflow_stand_in", deferred.DeferringLoader(Real()).create_module(spec))  # type: ignore[arg-type]
+    absent = deferred.settle(set())  # a job that needs nothing
+    assert "mlflow_stand_in" not in absent and "mlflow_stand_in" in deferred.pending()  # only CUDA_AT_IMPORT's are withheld
+
+
+def test_importing_the_methods_defers_only_while_it_runs() -> None:
+    out = subprocess.run([sys.executable, "-c", "import sys\nfrom handlers.child import deferred\nfrom handlers.methods import HANDLERS\n"
+                          "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, 'bitsandbytes.nn' in sys.modules)"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "['bitsandbytes', 'boto3', 'mlflow'] True False False"
