@@ -1,6 +1,8 @@
 """`python -m benchmarks`: every benchmark, side by side in one run on this machine.
 
-Prints a table and writes it to benchmarks/results/latest.json and latest.md.
+Prints a table and writes it to benchmarks/results/latest.json (this run's rows) and latest.md
+(each benchmark's latest table: this run rewrites only the sections of the benchmarks it ran,
+benchmarks/latest.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks import footprint, intake, overhead, queue_start, start_latency
+from benchmarks import footprint, intake, latest, overhead, queue_start, start_latency
 from benchmarks.harness import Environment, Row, markdown
 
 RESULTS = Path(__file__).with_name("results")
@@ -22,28 +24,30 @@ RESULTS = Path(__file__).with_name("results")
 
 async def main(args: argparse.Namespace) -> None:
     env = Environment.start()
-    rows: list[Row] = []
+    by_section: dict[str, list[Row]] = {}
     started = time.monotonic()
     try:
         if "intake" in args.only:
-            rows += await intake.run(env, args.intake_messages)
+            by_section["intake"] = await intake.run(env, args.intake_messages)
         if "footprint" in args.only:
-            rows += await footprint.run(env)
+            by_section["footprint"] = await footprint.run(env)
         if "start" in args.only:
-            rows += await start_latency.run(env, args.repeats)
+            by_section["start"] = await start_latency.run(env, args.repeats)
         if "queue" in args.only:
-            rows += await queue_start.run(env, args.queue_jobs)
+            by_section["queue"] = await queue_start.run(env, args.queue_jobs)
         if "overhead" in args.only:
-            rows += await overhead.run(env, args.overhead_steps, args.overhead_pairs, args.overhead_target)
+            by_section["overhead"] = await overhead.run(env, args.overhead_steps, args.overhead_pairs, args.overhead_target)
     finally:
         env.stop()
     header = (f"adapterd benchmarks, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
               f"{platform.processor() or platform.machine()}, {len(__import__('os').sched_getaffinity(0))} cores, "
               f"{time.monotonic() - started:.0f} s")
-    table = markdown(rows, header)
-    print(table)
+    rows = [row for section in by_section.values() for row in section]
+    print(markdown(rows, header))
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "latest.md").write_text(table)
+    md = args.results / "latest.md"
+    previous = md.read_text() if md.exists() else ""
+    md.write_text(latest.updated(previous, {name: markdown(section, header) for name, section in by_section.items()}))
     (args.results / "latest.json").write_text(json.dumps({"header": header, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
 
 

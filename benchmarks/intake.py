@@ -1,4 +1,15 @@
-"""Intake throughput: rejected requests per second end to end, against a bare aiokafka consumer."""
+"""Intake throughput: rejected requests per second end to end, against a bare aiokafka consumer.
+
+The target is the rate no worse than the head before a change, side by side (`benchmarks.compare
+REV`), not a fixed rate: a rate is the host's. The daemon's rejection path is bound by one event
+loop's CPU, and its in-process part alone (benchmarks.reject_path: decode, validation, secret scan,
+the event and the DLQ record, batching; no broker) cost 35-38 µs a message at 67ce75e on 2 quiet
+cores (docs/development.md), a ceiling of about 27,000/s before aiokafka reads the message and
+produces two records for it: the 50,000/s once printed here was out of reach by construction (issue
+52). Nor is a share of the bare consumer a target: it reads 20,000 records in a few fetches, and its
+rate moved from 80,000 to 405,000/s between runs of one side-by-side comparison on a shared 2-core
+host, while the daemon's moved from 3,300 to 5,100/s; the ratio is printed, for what it shows.
+"""
 
 from __future__ import annotations
 
@@ -64,7 +75,7 @@ async def run(env: Environment, count: int) -> list[Row]:
     rate = (count - 1) / span_s
     return [
         Row("intake", "bare aiokafka consumer", round(bare_consumer_rate_result), "msg/s", note=f"{count} messages"),
-        Row("intake", "daemon: rejected (validate, DLQ, event, commit)", round(rate), "msg/s", ">= 50000",
-            note="log_level=error; where it is bound: benchmarks.intake_profile, benchmarks.reject_path"),
-        Row("intake", "ratio daemon/bare consumer", round(rate / bare, 3), "", ">= 0.3"),
+        Row("intake", "daemon: rejected (validate, DLQ, event, commit)", round(rate), "msg/s", "no worse than before",
+            note="log_level=error; judged side by side (benchmarks.compare REV); where it is bound: benchmarks.intake_profile, benchmarks.reject_path"),
+        Row("intake", "ratio daemon/bare consumer", round(rate / bare, 3), "", note="not a target: the bare rate is a few fetches' (module docstring)"),
     ]

@@ -11,6 +11,7 @@ look-around too: the daemon, which always has RE2, has the last word.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 try:
@@ -28,6 +29,21 @@ ENGINE = getattr(engine, "__name__", "re")
 def compile_pattern(pattern: str | bytes) -> Any:
     """Compile with the contract's engine."""
     return engine.compile(pattern, _OPTIONS)
+
+
+def compile_any(patterns: Sequence[str] | Sequence[bytes]) -> Callable[[Any], bool] | None:
+    """Whether any of `patterns` matches somewhere in a text, in one call: RE2's FilteredRE2 (the
+    literals each pattern needs, found in one pass; then only the patterns whose literals are there,
+    and those with none, each as its own automaton, so linear in the text as they are apart). None
+    on Python's `re`, which has no such thing. It answers exactly what searching each pattern would:
+    FilteredRE2 only skips a pattern that cannot match."""
+    if engine is re:  # pragma: no cover - a producer's environment without google-re2
+        return None
+    matcher = engine.Filter()
+    for pattern in patterns:
+        matcher.Add(pattern, _OPTIONS)
+    matcher.Compile()
+    return lambda text: matcher.Match(text) is not None
 
 
 # A counted repetition of 1000 or more (RE2 stops at 1000): RE2 would read "a{4294967296}" as literal text,

@@ -100,7 +100,7 @@ def bound_in(body: list[ast.stmt], name: str, module: str) -> ast.AST | str | No
         elif isinstance(node, ast.Import):
             if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
                 found = "value"
-        elif isinstance(node, ast.If | ast.Try):  # TYPE_CHECKING blocks, optional imports
+        elif isinstance(node, ast.If | ast.Try | ast.With):  # TYPE_CHECKING blocks, optional imports, `with deferring():`
             inner = [*node.body, *getattr(node, "orelse", []), *[s for h in getattr(node, "handlers", []) for s in h.body]]
             found = bound_in(inner, name, module) or found
     return found

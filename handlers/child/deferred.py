@@ -1,19 +1,33 @@
-"""Modules whose import touches CUDA: in the fork server they are imported in name only, and their
-code runs at their first use, which is in a job's child.
+"""Modules imported in name only wherever the training stack is imported before a job: their code
+runs at their first use, in a job's child, and only if the job uses them.
 
-bitsandbytes picks its native library when it is imported, and to choose it asks torch for every
-GPU's compute capability, which initialises CUDA (seen on an H200: every fork server then refused
-to fork, and every job started cold). A CUDA context cannot cross a fork, so the server must never
-make one. peft, transformers and TRL import bitsandbytes at module level (`import bitsandbytes as
-bnb`) and use it only inside functions; transformers asks whether it is installed with
-`importlib.util.find_spec`. In the server each module named in `CUDA_AT_IMPORT` is a
+Two kinds. `CUDA_AT_IMPORT`: bitsandbytes picks its native library when it is imported, and to
+choose it asks torch for every GPU's compute capability, which initialises CUDA (seen on an H200:
+every fork server then refused to fork, and every job started cold). A CUDA context cannot cross a
+fork, so the fork server must never make one. `ONLY_SOME_JOBS`: mlflow, which TRL imports whenever it
+is installed (`trl.extras.profiling`), and boto3 (accelerate's SageMaker config): seconds of imports
+(`python -X importtime`, issue 52: mlflow 4.3 s, boto3 1.6 s of a loaded 2-core host's 38) that only
+a job reporting to MLflow uses. (trackio is not one: TRL's model card, written at every checkpoint,
+imports it for real in every job.) peft,
+transformers, TRL and accelerate import each at module level and use it only inside functions;
+they ask whether it is installed with `importlib.util.find_spec`. While deferring, each is a
 `DeferredModule`: its `__spec__` is real, so `find_spec` answers without running it, and any other
 attribute runs its code first. That happens in a job's child, where CUDA is the job's own, so the
 child gets the native library bitsandbytes chooses there (the CUDA one on a GPU host).
 
 The fork server's `main` (handlers/child/forkserver.py) calls `defer_in_fork_server()` first,
 before anything imports torch: importing the methods (handlers/methods/) imports the training
-stack, so it cannot be done later.
+stack, so it cannot be done later. Elsewhere (a spawned child, a test) importing the methods defers
+them while it runs (`deferring`), since importing them costs seconds even where CUDA is not at stake.
+
+Once the child has read its job, `settle` decides for `CUDA_AT_IMPORT`: a module the job needs
+(`needed_by`: bitsandbytes for a quantized model or one of its optimizers) stays deferred and runs at
+its first use; any other is made absent for the job (`None` in `sys.modules`, Python's own way to
+say a module cannot be imported), so `importlib.util.find_spec` answers None and every library's
+availability check (peft's `is_bnb_available`, transformers' and accelerate's) says it is not
+installed. Without that, `peft.get_peft_model` on a model nothing quantized runs bitsandbytes anyway:
+its LoRA dispatch asks `is_bnb_4bit_available()`, which reads `bnb.nn` (1.6 s with the tiny model on
+2 cores, issue 52). mlflow and boto3 stay deferred: a job that uses them runs them at their first use.
 """
 
 from __future__ import annotations
@@ -24,16 +38,31 @@ import importlib.util
 import os
 import sys
 import types
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from schemas.request import RequestBase
 
 # Import-time CUDA users the lock installs. The fork server checks itself before it says ready, so a
 # new one shows up as a server that refuses to serve (and the daemon says so), not as a silent cold start.
 CUDA_AT_IMPORT = ("bitsandbytes",)
+# Imported by the training stack whenever installed, used by some jobs only (the module docstring says which and why).
+ONLY_SOME_JOBS = ("mlflow", "boto3")
+DEFERRED = CUDA_AT_IMPORT + ONLY_SOME_JOBS
 # What the import system asks a new module for while it sets it up (it sets each that is missing).
 IMPORT_SYSTEM = frozenset({"__loader__", "__package__", "__spec__", "__file__", "__cached__", "__builtins__"})
 # Set by the daemon in the fork server's environment only (the socket it serves on).
 FORK_SERVER_VARIABLE = "ADAPTERD_FORK_FD"
+# transformers' optimizers that import bitsandbytes (`optim`): its bitsandbytes ones, and GaLore's
+# 8-bit ones (galore_torch builds on bitsandbytes). Drift-tested against transformers' own list.
+BITSANDBYTES_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "ademamix", "ademamix_8bit",
+    "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_32bit", "lion_8bit", "paged_lion_32bit",
+    "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+    "galore_adamw_8bit", "galore_adamw_8bit_layerwise",
+})
 
 
 class DeferredModule(types.ModuleType):
@@ -83,12 +112,32 @@ class DeferringFinder(importlib.abc.MetaPathFinder):
 _finder: DeferringFinder | None = None
 
 
-def defer_in_fork_server(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
-    """In the fork server (its socket in the environment), import `CUDA_AT_IMPORT` in name only."""
+def defer() -> None:
+    """From now on, import `DEFERRED` in name only (until `stop_deferring` or `settle`)."""
     global _finder
-    if FORK_SERVER_VARIABLE in environ and _finder is None:
-        _finder = DeferringFinder(CUDA_AT_IMPORT)
+    if _finder is None:
+        _finder = DeferringFinder(DEFERRED)
         sys.meta_path.insert(0, _finder)
+
+
+def defer_in_fork_server(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
+    """In the fork server (its socket in the environment), import `DEFERRED` in name only."""
+    if FORK_SERVER_VARIABLE in environ:
+        defer()
+
+
+@contextmanager
+def deferring() -> Iterator[None]:
+    """`DEFERRED` imported in name only inside the block (what handlers/methods/ imports); after it,
+    imports are normal again unless deferring was on before it (the fork server's)."""
+    if _finder is not None:
+        yield
+        return
+    defer()
+    try:
+        yield
+    finally:
+        stop_deferring()
 
 
 def stop_deferring() -> None:
@@ -97,6 +146,24 @@ def stop_deferring() -> None:
     if _finder is not None:
         sys.meta_path.remove(_finder)
         _finder = None
+
+
+def needed_by(request: RequestBase) -> frozenset[str]:
+    """The modules of `CUDA_AT_IMPORT` a job runs: bitsandbytes when it loads a model quantized (the
+    base, and a reference or teacher loaded like it) or trains with one of its optimizers."""
+    quantized = request.model.quantization != "none"
+    return frozenset({"bitsandbytes"}) if quantized or request.training.optim in BITSANDBYTES_OPTIMIZERS else frozenset()
+
+
+def settle(needed: Collection[str], withheld: Collection[str] = CUDA_AT_IMPORT) -> list[str]:
+    """In a child, once its job is known: later imports are normal ones; a module of `withheld`
+    still deferred that the job does not need is made absent for the job (the module docstring says
+    why); any other runs at its first use. Returns the modules made absent."""
+    stop_deferring()
+    absent = [name for name in pending() if name in withheld and name not in needed]
+    for name in absent:
+        sys.modules[name] = None  # type: ignore[assignment]  # the import system's "not importable"
+    return absent
 
 
 def load(module: types.ModuleType) -> types.ModuleType:

@@ -6,6 +6,8 @@ daemon, which writes them to the job's log and to its own log. It runs the job a
 `result` line, 1 after an `error` line, 75 after stopping at a checkpoint on SIGTERM; anything else
 (a signal, an out-of-memory kill) means it died before it could say why.
 Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
+What initialises CUDA at import (bitsandbytes) and what only some jobs use (the trackers) is imported
+in name only (handlers/methods/), and only a job that needs it runs it (handlers/child/deferred.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import sys
 from pathlib import Path
 
+from handlers.child import deferred
 from handlers.protocol import JobFailed, JobSpec
 
 PR_SET_PDEATHSIG = 1
@@ -50,10 +53,11 @@ def status_fd() -> int:
 def main() -> int:
     die_with_parent()
 
-    from handlers.child.memory import out_of_memory
-    from handlers.child.reporting import EXIT_STOPPED, StatusReporter
-    from handlers.methods import HANDLERS
-    from schemas.request import REQUEST_MODELS
+    with deferred.deferring():  # all of the training stack's imports (handlers/methods/ defers only during its own)
+        from handlers.child.memory import out_of_memory
+        from handlers.child.reporting import EXIT_STOPPED, StatusReporter
+        from handlers.methods import HANDLERS
+        from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())
     reporter.ready()
@@ -88,6 +92,9 @@ def main() -> int:
     if spec.tensorboard_dir is not None:  # transformers' TensorBoardCallback writes where this says
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(spec.tensorboard_dir / str(spec.request["request_id"]))
     request = REQUEST_MODELS[str(spec.request["method"])].model_validate(spec.request)
+    absent = deferred.settle(deferred.needed_by(request))
+    if absent:
+        print(f"adapterd child {os.getpid()}: not needed by this job, left out: {', '.join(absent)}", flush=True)
     try:
         result = HANDLERS[request.method].train(request, spec, reporter)
     except JobFailed as failure:

@@ -6,17 +6,20 @@
 the table, one module here, one example and one test file. A method's module imports no other
 method's; what two share is said once in handlers/child/ (or here, for a sequence only they follow:
 reference_free.py for ORPO and CPO, ppo_checkpoints.py for PPO).
-Importing this package imports torch and TRL: the daemon never does.
+Importing this package imports torch and TRL: the daemon never does. What only some jobs use, and
+what initialises CUDA when imported, it imports in name only (handlers/child/deferred.py).
 """
 
 from importlib import import_module
 from importlib.metadata import version
 from types import ModuleType
 
+from handlers.child import deferred
 from schemas.methods import METHODS, unsupported_reason
 
-HANDLERS: dict[str, ModuleType] = {
-    name: import_module(f"handlers.methods.{method.handler}")
-    for name, method in METHODS.items()
-    if unsupported_reason(name, version("trl")) is None
-}
+with deferred.deferring():
+    HANDLERS: dict[str, ModuleType] = {
+        name: import_module(f"handlers.methods.{method.handler}")
+        for name, method in METHODS.items()
+        if unsupported_reason(name, version("trl")) is None
+    }

@@ -66,7 +66,7 @@ def test_bitsandbytes_is_imported_in_name_only_in_the_server_and_runs_in_the_for
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     # In the server: peft, transformers and TRL imported it, and none of its code ran (no native library chosen).
-    assert seen["server"] == {"ran": False, "native": [], "deferred": ["bitsandbytes"]}
+    assert seen["server"] == {"ran": False, "native": [], "deferred": ["bitsandbytes", "boto3", "mlflow"]}
     # In the child: its code ran at first use and loaded the native library for this host (the CPU one
     # here; on a GPU host the CUDA one, which the GPU check shows), under the module peft already held.
     assert seen["child"]["ran"] and seen["child"]["same_module"]

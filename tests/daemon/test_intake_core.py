@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
+from daemon import intake as intake_module
 from daemon.settings import Settings
 from tests.core import CoreOnFakes
 from tests.fakes import FakeProducer, FakeRecord
@@ -81,9 +82,11 @@ async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fail
     assert core.consumer.commits == [(tp, first[-1].offset + 1)]  # the second batch is read again after a restart
 
 
-async def test_the_loop_turns_between_records_of_a_batch(settings: Settings) -> None:
+async def test_the_loop_turns_between_records_of_a_batch(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch of small records that are all rejected awaits nothing but the flush at its end; the
-    loop's other work (aiokafka's heartbeats, the watchdog's feeding) gets a turn between records."""
+    loop's other work (aiokafka's heartbeats, the watchdog's feeding) gets a turn between records,
+    at least every TURN_EVERY_S (here 0: at every record, so that the count does not hang on the clock)."""
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 0.0)
     core = CoreOnFakes(settings, FakeProducer())
     tp = TopicPartition(settings.requests_topic, 0)
     records = [FakeRecord(tp.topic, 0, offset, b"k", b"{not json") for offset in range(50)]
@@ -103,7 +106,23 @@ async def test_the_loop_turns_between_records_of_a_batch(settings: Settings) -> 
     assert len(core.dead_letters()) == len(records)
 
 
-async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(settings: Settings) -> None:
+async def test_a_batch_gives_the_loop_a_turn_before_its_first_record_and_then_every_turn_every_s(settings: Settings) -> None:
+    core = CoreOnFakes(settings, FakeProducer())
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(5)]
+    turned = asyncio.Event()
+
+    async def other_work() -> None:
+        turned.set()
+
+    beside = asyncio.create_task(other_work())  # ready, not yet run: it runs at intake's first turn
+    await core.intake.take(core.tp, records)
+    assert turned.is_set() and beside.done()
+    assert 0 < intake_module.TURN_EVERY_S <= 0.05  # far inside the heartbeat (3 s) and the watchdog (30 s)
+    assert len(core.dead_letters()) == len(records)
+
+
+async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 0.0)  # a turn at every record: the move lands between two
     core = CoreOnFakes(settings, FakeProducer())
     records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(10)]
 

@@ -90,3 +90,20 @@ def test_strings_hypothesis_once_found_are_named_as_the_engine_alone_names_them(
     # RE2's \b is ASCII's: after 'é' the rules that start with \b match, as Python's re's would not.
     for scanner in (SCANNER, BUILTIN):
         assert scanner.find(document) == reference(scanner, document)
+
+
+@settings(max_examples=400, deadline=None)
+@given(TEXTS)
+def test_whether_any_rule_matches_is_answered_in_one_call_as_every_rule_apart_would(text: str) -> None:
+    # compile_any (RE2's FilteredRE2) skips a rule only when the literals it needs are absent: the
+    # scan's fast "nothing here" (issue 52) must never hide what a rule alone finds.
+    for scanner in (SCANNER, BUILTIN):
+        apart = any(compile_pattern(pattern).search(text) is not None for _, pattern in scanner.rules.values())
+        assert scanner._any is not None and scanner._any(text) == apart
+        raw = text.encode()
+        assert scanner.may_hold(raw) == (b"\\" in raw or any(automaton.search(raw) is not None for automaton in scanner._raw))
+
+
+def test_a_credential_in_a_text_that_also_holds_others_literals_is_still_found() -> None:
+    assert SCANNER._any is not None and not SCANNER._any("bad-12345") and not SCANNER.may_hold(b'{"request_id": "bad-1"}')
+    assert SCANNER.kind("token ghp_" + "a" * 36) == "a GitHub token" and SCANNER.may_hold(b'{"t": "ghp_' + b"a" * 36 + b'"}')
