@@ -87,11 +87,22 @@ class Daemon:
                                  progress_interval_s=5, stall_timeout_s=600, hub_token=None, **overrides)
 
         class PolledConsumer(FakeConsumer):
+            def __init__(self) -> None:
+                super().__init__()
+                self.log: dict[TopicPartition, list[Any]] = {}  # every record submitted, by partition: what a seek reads again
+
             async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Any:
                 batches = await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
                 if not batches:  # a real poll waits when nothing is there; one that returns at once never yields the loop
                     await asyncio.sleep(min(timeout_ms, 200) / 1000)
                 return batches
+
+            def seek(self, tp: TopicPartition, offset: int) -> None:
+                # As a broker's consumer: read on from `offset`, records already fetched included. The
+                # scheduler holds a partition at a record (an estimate worked out, a slot not free) and
+                # reads it again when it resumes.
+                super().seek(tp, offset)
+                self.records[tp] = [record for record in self.log.get(tp, []) if record.offset >= offset]
 
         self.consumer, self.producer = PolledConsumer(), FakeProducer()
         self.service = Service(self.settings, consumer=self.consumer, producer=self.producer)
@@ -130,7 +141,9 @@ class Daemon:
 
         tp = self.partitions[partition]
         rid = request["request_id"]
-        self.consumer.records[tp].append(FakeRecord(tp.topic, tp.partition, self.offsets[tp], rid.encode(), json.dumps(request).encode(), [], int(time.time() * 1000)))
+        record = FakeRecord(tp.topic, tp.partition, self.offsets[tp], rid.encode(), json.dumps(request).encode(), [], int(time.time() * 1000))
+        self.consumer.records[tp].append(record)
+        self.consumer.log.setdefault(tp, []).append(record)
         self.offsets[tp] += 1
 
     async def job(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
