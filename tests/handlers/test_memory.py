@@ -30,21 +30,18 @@ def tiny_sft(request_id: str, model: Path, **overrides: Any) -> dict[str, Any]:
     return sft_request(request_id, model={"id": str(model)}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64}, **overrides)
 
 
-def resident_bytes() -> int:
-    """The process's resident set now (not its peak)."""
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_a_cpu_job_reports_the_peak_resident_set_of_its_process(tiny_model_dir: Path, tmp_path: Path) -> None:
-    before = resident_bytes()  # before the job loads its model
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result, _ = run_handler(tiny_sft("memory-cpu", tiny_model_dir), tmp_path)
+    peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     assert isinstance(result, TrainResult), result
     memory = result.memory
     assert memory is not None and memory.device == "cpu"
     assert memory.peak_allocated_bytes is None and memory.peak_reserved_bytes is None
-    # In bytes (ru_maxrss is KiB on Linux): above the resident set before the model loaded, never below the peak before.
-    assert memory.device_peak_bytes > before and memory.device_peak_bytes >= peak_before
+    # This process's peak, in bytes (ru_maxrss is KiB on Linux: a figure left in KiB would be a thousandth of the peak before).
+    # Not compared with the resident set read from /proc/self/statm: the kernel keeps that count apart from its peak and
+    # may sync them late, so the resident set now can read a few pages above the recorded peak (CI saw 112 KiB).
+    assert peak_before <= memory.device_peak_bytes <= peak_after
     assert TrainResult.model_validate_json(result.model_dump_json()).memory == memory  # crosses the status pipe as it is
 
 
