@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
+from daemon.fleet.config import PriorityClass, TeamShare, queue_topic
 from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
 from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
@@ -47,6 +48,10 @@ class Settings(BaseSettings):
     events_topic: str = "adapterd.events"
     dlq_topic: str = "adapterd.dlq"
     control_topic: str = "adapterd.control"
+    claims_topic: str = Field("adapterd.claims", description=(
+        "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
+        "partitions as the fleet has slots); the requests topics are then the classes' queues."
+    ))
     group_id: str = "adapterd"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
@@ -141,6 +146,18 @@ class Settings(BaseSettings):
         "CA bundle that signed the fleet's endpoint certificates: with it, `adapterd logs` sends the logs token over verified TLS only."))
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
+    # The fleet's queue (daemon/fleet/config.py; deploy/README.md): none by default.
+    priority_classes: list[PriorityClass] = Field(default_factory=list, description=(
+        "The fleet's priority classes, highest first; empty: each requests partition is its own first-in-first-out queue."
+    ))
+    default_priority_class: str | None = Field(None, description="The class of a request that names none; unset: the last (lowest) class.")
+    teams: dict[str, TeamShare] = Field(default_factory=dict, description=(
+        "Each team's weight and cap of slots; a team not listed has weight 1 and no cap."
+    ))
+    preempt_min_run_s: float = Field(600.0, ge=0, description="A job runs at least this long before a higher class may preempt it.")
+    preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
+    queue_wait_event_s: float = Field(5.0, ge=0, description="A request read and still waiting after this long gets a `queued` event.")
+
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
     allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward and reference models); empty allows any.")
     allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
@@ -238,6 +255,28 @@ class Settings(BaseSettings):
         event_signer(self)
         event_keys(self)
         return self
+
+    @model_validator(mode="after")
+    def _classes(self) -> Settings:
+        names = [c.name for c in self.priority_classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"priority_classes: each name once, got {names}")
+        if self.default_priority_class is not None and self.default_priority_class not in names:
+            raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of priority_classes {names}")
+        return self
+
+    @property
+    def default_class(self) -> str | None:
+        """The class of a request that names none (None on a host with no classes)."""
+        if not self.priority_classes:
+            return None
+        return self.default_priority_class or self.priority_classes[-1].name
+
+    @property
+    def class_topics(self) -> dict[str, str]:
+        """Each class's queue topic, highest class first (empty on a host with no classes)."""
+        default = self.default_class
+        return {c.name: queue_topic(self.requests_topic, self.priority_classes, default, c.name) for c in self.priority_classes} if default else {}
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -57,6 +57,8 @@ class EventBase(Frozen):
 class Accepted(EventBase):
     type: Literal["accepted"] = "accepted"
     method: str
+    priority_class: str | None = Field(None, description="The request's priority class as the fleet resolved it; null on a host with no classes.")
+    team: str | None = Field(None, description="The request's team as the fleet resolved it ('default' when it named none); null on a host with no classes.")
 
 
 class Rejected(EventBase):
@@ -196,8 +198,33 @@ class Cancelled(EventBase):
     reason: str
 
 
+class Queued(EventBase):
+    """Not terminal: the request was read by the fleet's queue and has to wait for a slot. Published once
+    when it is first seen waiting (and again if its place moves up a lot), never for a request that starts at once."""
+
+    type: Literal["queued"] = "queued"
+    priority_class: str
+    team: str
+    place: int = Field(ge=1, description="1 for the next to start: its place in the fleet's order (class, then fair share, then arrival).")
+    eta_s: float | None = Field(None, ge=0, description=(
+        "Seconds until it is expected to start, from the running jobs' own ETAs and recent durations of the same method "
+        "and model; null when nothing is known to estimate from."
+    ))
+
+
+class Preempted(EventBase):
+    """Not terminal: a request of a higher class took its slot. The job saved a checkpoint on the stop, and the request
+    waits again without spending an attempt; it resumes from that checkpoint when it runs again."""
+
+    type: Literal["preempted"] = "preempted"
+    by: str = Field(description="The request id of the higher-class request that took its slot.")
+    priority_class: str
+    preemptions: int = Field(ge=1, description="How many times this request has been preempted, this time included.")
+    step: int | None = Field(None, description="The last optimizer step it reached; it resumes from its last checkpoint.")
+
+
 Event = Annotated[
-    Accepted | Rejected | Started | Progress | Checkpoint | Retrying | Succeeded | Failed | Cancelled,
+    Accepted | Rejected | Started | Progress | Checkpoint | Retrying | Succeeded | Failed | Cancelled | Queued | Preempted,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -30,6 +30,9 @@ from schemas.trl_fields import (
 )
 
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
+# A priority class or a team: part of a topic's name for a class, so Kafka's own topic characters, bounded.
+QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+DEFAULT_TEAM = "default"
 
 
 class ModelSpec(ModelConfigFields):
@@ -167,6 +170,13 @@ class RequestBase(Frozen):
         "it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
     ))
     timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
+    priority_class: str | None = Field(None, pattern=QUEUE_NAME_PATTERN, description=(
+        "One of the operator's priority classes (deploy/README.md): a higher class starts first and may preempt a preemptible "
+        "lower one; absent: the operator's default class. A class the fleet does not have is rejected."
+    ))
+    team: str | None = Field(None, pattern=QUEUE_NAME_PATTERN, description=(
+        "Whose request it is, for the fleet's fair share between teams (weights and caps are the operator's); absent: 'default'."
+    ))
     # Bounded so that an event, which echoes it, stays far below the broker's message size.
     metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict, max_length=64, description="Free key-value pairs (64 at most, keys up to 128 characters, values up to 1024), echoed in every event.",

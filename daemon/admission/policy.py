@@ -47,6 +47,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     if settings.max_gpus_per_job is not None and request.resources.gpus > settings.max_gpus_per_job:
         errors.append(FieldError(path="resources.gpus", message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)"))
     errors += bound_errors(request, settings)
+    errors += _class_errors(request, settings)
     for integration in request.training.report_to or []:
         if integration not in settings.allowed_report_to:
             errors.append(FieldError(
@@ -191,3 +192,14 @@ def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldErr
 
 def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatchcase(name, pattern) for pattern in patterns)
+
+
+def _class_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
+    """A class the fleet does not have: refused rather than run at a guessed priority."""
+    if request.priority_class is None:
+        return []
+    names = [c.name for c in settings.priority_classes]
+    if request.priority_class in names:
+        return []
+    known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority classes (priority_classes)"
+    return [FieldError(path="priority_class", message=f"unknown class {request.priority_class!r}; expected {known}")]

@@ -232,3 +232,25 @@ def test_a_request_cannot_set_grpo_reward_weights_beside_each_rewards_weight() -
     rejection = decode_request(json.dumps(raw).encode())
     assert isinstance(rejection, Rejection) and [e.path for e in rejection.errors] == ["grpo.reward_weights"]
     assert "rewards.functions[].weight" in rejection.errors[0].message
+
+
+CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}]
+
+
+def test_a_class_the_fleet_has_passes_and_an_unknown_one_is_refused_naming_the_field() -> None:
+    assert refused(request(priority_class="batch", team="vision"), priority_classes=CLASSES) == {}
+    assert refused(request(), priority_classes=CLASSES) == {}  # absent: the default class
+    errors = refused(request(priority_class="asap"), priority_classes=CLASSES)
+    assert errors == {"priority_class": "unknown class 'asap'; expected one of urgent, default, batch"}
+    assert "no priority classes" in refused(request(priority_class="batch"))["priority_class"]
+
+
+def test_the_default_class_is_the_operators_or_else_the_lowest() -> None:
+    assert Settings(priority_classes=CLASSES).default_class == "batch"
+    assert Settings(priority_classes=CLASSES, default_priority_class="default").class_topics == {
+        "urgent": "adapterd.requests.urgent", "default": "adapterd.requests", "batch": "adapterd.requests.batch"}
+    assert Settings().default_class is None and Settings().class_topics == {}
+    with pytest.raises(ValueError, match="default_priority_class 'normal' is not one of"):
+        Settings(priority_classes=CLASSES, default_priority_class="normal")
+    with pytest.raises(ValueError, match="each name once"):
+        Settings(priority_classes=[{"name": "a"}, {"name": "a"}])

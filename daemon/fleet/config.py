@@ -1,0 +1,44 @@
+"""The operator's words for the fleet's queue: its priority classes, in order, and each team's share.
+
+With no classes the fleet is what it always was: each requests partition a first-in-first-out queue
+read by one host. With classes, the requests topics are one queue per class (`queue_topic`), read by
+whichever hosts have room.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.request_base import DEFAULT_TEAM, QUEUE_NAME_PATTERN
+
+
+class PriorityClass(BaseModel):
+    """One class of requests. Classes are listed highest first; a request of a higher class starts
+    before any of a lower one, and may stop a `preemptible` lower one at its checkpoint to take its slot."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=QUEUE_NAME_PATTERN)
+    preemptible: bool = Field(False, description="Whether a waiting request of a higher class may stop its jobs at a checkpoint.")
+
+
+class TeamShare(BaseModel):
+    """One team's share of the fleet's slots under contention, within a class: slot-time follows `weight`;
+    a team never holds more than `max_slots` at once; a share left idle is lent to whoever waits."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    weight: float = Field(1.0, gt=0, le=1_000_000)
+    max_slots: int | None = Field(None, ge=1, le=1_000_000)
+
+
+def queue_topic(requests_topic: str, classes: list[PriorityClass], default_class: str, name: str) -> str:
+    """The topic a class's requests wait in: the requests topic itself for the default class (producers
+    that name no class write there), `<requests_topic>.<class>` for the others."""
+    if name not in {c.name for c in classes}:
+        raise KeyError(name)
+    return requests_topic if name == default_class else f"{requests_topic}.{name}"
+
+
+def team_of(team: str | None) -> str:
+    return team or DEFAULT_TEAM
