@@ -30,6 +30,8 @@ from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
+from daemon.fleet.choice import Running
+from daemon.fleet.jobs import FleetJobs
 from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
@@ -101,6 +103,7 @@ class Scheduler:
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
+        self.fleet: FleetJobs | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -191,10 +194,15 @@ class Scheduler:
     async def _run(self, tp: TopicPartition, record: Record, runner: JobRunner) -> None:
         offset = record.offset
         try:
-            await runner.events.publish(Accepted, method=runner.request.method)
+            fleet = self.fleet.accepted_fields(tp, record, runner.request) if self.fleet is not None else {}
+            await runner.events.publish(Accepted, method=runner.request.method, **fleet)
             event = await runner.run()
             if event is None:
-                return  # interrupted: nothing published, nothing committed; the request is read again
+                # Interrupted: nothing published, nothing committed; the request is read again. A preempted
+                # one is back in its class's queue, its claim committed in the same transaction.
+                if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
+                    self.partitions.committed[tp] = offset + 1
+                return
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
                 alone = event.code == "out_of_memory" and runner.share is not None  # not its failure: the same attempt, now, alone
@@ -225,6 +233,8 @@ class Scheduler:
             if job is not None and job.offset == offset:
                 del self.jobs[tp]
                 self._give_back(job)
+                if self.fleet is not None:
+                    self.fleet.forget(tp)
             if not self.stopping:
                 self.resume_idle_partitions()
                 await self.prepare_children()
@@ -302,6 +312,17 @@ class Scheduler:
             # A job whose outcome is published is not stopped: it commits rather than being read again.
             job.runner.stop(Stop.interrupt("daemon stopping", self.settings.drain_timeout_s))
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
+
+    def fleet_running(self) -> list[Running]:
+        """This host's jobs that hold slots, as the fleet's rules see them (none without priority classes)."""
+        if self.fleet is None:
+            return []
+        return self.fleet.running({tp: job.runner for tp, job in self.jobs.items() if job.placement is not None})
+
+    def preempt(self, tp: TopicPartition | None, by: str) -> bool:
+        """Stop the job of claims partition `tp` at its checkpoint so that request `by` takes its slot."""
+        job = self.jobs.get(tp) if tp is not None else None
+        return job is not None and self.fleet is not None and self.fleet.preempt(tp, job.runner, by)
 
     def status(self) -> list[dict[str, Any]]:
         return [{**job.runner.status(), "partition": tp.partition, "offset": job.offset} for tp, job in list(self.jobs.items())]
