@@ -1,6 +1,6 @@
 """What a host with room takes next, and which of its jobs a waiting request of a higher class may preempt.
 
-The rules are the fleet's order (daemon/fleet/order.py: classes first, then the teams' fair share, then
+The rules are the fleet's order (classes first, then the teams' fair share, then
 arrival); this module says them in terms of what the dispatcher holds: the first waiting record of each
 queue partition (`Head`) and this host's running jobs (`Running`).
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from aiokafka import TopicPartition
 
-from daemon.fleet.config import team_of
+from daemon.fleet_config import team_of
 from daemon.kafka.records import Record
 from daemon.settings import Settings
 from schemas import RequestBase

@@ -1,13 +1,13 @@
 """The host's side of the fleet's one queue: take requests from the classes' queues while this host has room.
 
-Each class's requests wait in a topic of their own (daemon/fleet/config.py). This host reads a class's
+Each class's requests wait in a topic of their own (daemon/fleet_config.py). This host reads a class's
 topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot (or, for a
 class that may preempt, while it runs a preemptible job of a lower class): a host that is full leaves
 the group, so the queues' partitions always belong to hosts with room, and a request never waits
 behind a busy host while another has a slot (the fleet's consumer groups are its only coordination).
 
 Each turn it looks at the first waiting record of each partition it holds, picks one for each free
-slot (`choose`: the highest class first, then the teams' fair share, daemon/fleet/order.py), and moves it
+slot (`choose`: the highest class first, then the teams' fair share, daemon/fleet/choice.py), and moves it
 in one transaction into one of this host's idle claims partitions, committing the queue's offset
 (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
@@ -28,7 +28,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from daemon.fleet.choice import Head, choose, preemption_for
-from daemon.fleet.jobs import CLASS_HEADER
+from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
 from daemon.fleet.moves import Move, Mover
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.options import kafka_options
@@ -68,10 +68,11 @@ class _Forget(ConsumerRebalanceListener):
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, scheduler: Scheduler, claims: Partitions, mover: Mover,
+    def __init__(self, settings: Settings, scheduler: Scheduler, jobs: FleetJobs, claims: Partitions, mover: Mover,
                  on_waiting: Callable[[list[Head]], None] | None = None) -> None:
         self.settings = settings
         self.scheduler = scheduler
+        self.jobs = jobs
         self.claims = claims
         self.mover = mover
         self.on_waiting = on_waiting  # the heads that wait this turn (for `queued` events)
@@ -122,7 +123,7 @@ class Dispatcher:
 
     async def turn(self) -> None:
         room = self.room()
-        running = self.scheduler.fleet_running()
+        running = self.jobs.running()
         for queue in self.queues:
             self._follow(queue, room > 0 or preemption_for(queue.name, running, self.settings, time.time()) is not None)
         heads = await self._heads()
@@ -134,14 +135,14 @@ class Dispatcher:
             ready = [h for h in heads if not h.not_yet_due(now)]
             if self.on_waiting is not None:
                 self.on_waiting(ready)
-            chosen = choose(ready, self.scheduler.fleet_running(), self.settings, room=self.room())
+            chosen = choose(ready, self.jobs.running(), self.settings, room=self.room())
             if chosen is None:
                 break
             if self.room() >= chosen.gpus:
                 await self._claim(chosen)
             else:
-                victim = preemption_for(chosen.priority_class, self.scheduler.fleet_running(), self.settings, now, head=chosen)
-                if victim is None or not self.scheduler.preempt(victim.key, by=chosen.request_id):
+                victim = preemption_for(chosen.priority_class, self.jobs.running(), self.settings, now, head=chosen)
+                if victim is None or not self.jobs.preempt(victim.key, by=chosen.request_id):
                     break
                 log.info("fleet.preempting", request_id=victim.request_id, by=chosen.request_id)
                 break  # the slot frees when the victim has saved its checkpoint; the head is taken then

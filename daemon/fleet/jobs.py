@@ -16,10 +16,11 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.fleet.choice import Running
-from daemon.fleet.config import team_of
 from daemon.fleet.moves import Move, Mover
+from daemon.fleet_config import team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
+from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER, RetrySigner
 from daemon.settings import Settings
@@ -41,8 +42,9 @@ def claimed_class(record: Record, request: RequestBase, settings: Settings) -> s
 class FleetJobs:
     """Holds what the scheduler's jobs need for the fleet: when each started, and which are being preempted."""
 
-    def __init__(self, settings: Settings, mover: Mover, retries: RetrySigner) -> None:
+    def __init__(self, settings: Settings, mover: Mover, retries: RetrySigner, scheduler: Scheduler) -> None:
         self.settings = settings
+        self.scheduler = scheduler
         self.mover = mover
         self.retries = retries
         self.started: dict[TopicPartition, tuple[float, Record]] = {}
@@ -53,10 +55,13 @@ class FleetJobs:
         self.started[tp] = (time.time(), record)
         return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team)}
 
-    def running(self, jobs: dict[TopicPartition, JobRunner]) -> list[Running]:
-        """The jobs holding slots, for `choose` and `preemption_for` (daemon/fleet/choice.py)."""
+    def running(self) -> list[Running]:
+        """This host's jobs that hold slots, for `choose` and `preemption_for` (daemon/fleet/choice.py)."""
         out = []
-        for tp, runner in jobs.items():
+        for tp, job in self.scheduler.jobs.items():
+            if job.placement is None:
+                continue  # trained: judged or pushed now, its slot free
+            runner = job.runner
             started, record = self.started.get(tp, (time.time(), None))
             if record is None or tp in self.preempting:
                 continue
@@ -71,9 +76,11 @@ class FleetJobs:
             ))
         return out
 
-    def preempt(self, tp: TopicPartition, runner: JobRunner, by: str) -> bool:
-        """Stop the job at its checkpoint for `by`; False when it is too late (its outcome is being published)."""
-        if tp in self.preempting or not runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
+    def preempt(self, tp: TopicPartition | None, by: str) -> bool:
+        """Stop the job of claims partition `tp` at its checkpoint so that request `by` takes its slot; False when
+        there is none or it is too late (its outcome is being published)."""
+        job = self.scheduler.jobs.get(tp) if tp is not None else None
+        if job is None or tp is None or tp in self.preempting or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
             return False
         self.preempting[tp] = by
         return True

@@ -3,7 +3,7 @@ offset it was read at is committed together, or neither is.
 
 This is what makes the fleet's queue safe under SIGKILL and broker restarts: a request taken from a
 class's queue into a host's claims partition (daemon/fleet/dispatcher.py), or sent back to its queue
-when it is preempted (daemon/fleet/requeue.py), is never in both places, nor in neither. The
+when it is preempted (daemon/fleet/jobs.py), is never in both places, nor in neither. The
 producer's transactional id is this host's, so a daemon restarted on the host fences the old one's
 unfinished transaction (Kafka aborts it); the claims topic is read `read_committed`, so an aborted
 copy is never run.

@@ -13,5 +13,6 @@ from daemon.settings import Settings
 
 def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partitions) -> Dispatcher:
     mover = Mover(settings)
-    scheduler.fleet = FleetJobs(settings, mover, scheduler.retries)
-    return Dispatcher(settings, scheduler, claims, mover)
+    jobs = FleetJobs(settings, mover, scheduler.retries, scheduler)
+    scheduler.fleet = jobs
+    return Dispatcher(settings, scheduler, jobs, claims, mover)

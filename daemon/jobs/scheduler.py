@@ -23,15 +23,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
-from daemon.fleet.choice import Running
-from daemon.fleet.jobs import FleetJobs
 from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
@@ -66,6 +64,18 @@ class Offered(StrEnum):
     @property
     def next_record(self) -> bool:
         return self in (Offered.DEFERRED, Offered.SKIPPED)
+
+
+class FleetHooks(Protocol):
+    """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
+
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str]:
+        """The `accepted` event's class and team; the job is counted as started."""
+
+    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
+        """After a job ended interrupted: True when it was preempted and its claim is committed."""
+
+    def forget(self, tp: TopicPartition) -> None: ...
 
 
 @dataclass
@@ -103,7 +113,7 @@ class Scheduler:
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
-        self.fleet: FleetJobs | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
+        self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -312,17 +322,6 @@ class Scheduler:
             # A job whose outcome is published is not stopped: it commits rather than being read again.
             job.runner.stop(Stop.interrupt("daemon stopping", self.settings.drain_timeout_s))
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
-
-    def fleet_running(self) -> list[Running]:
-        """This host's jobs that hold slots, as the fleet's rules see them (none without priority classes)."""
-        if self.fleet is None:
-            return []
-        return self.fleet.running({tp: job.runner for tp, job in self.jobs.items() if job.placement is not None})
-
-    def preempt(self, tp: TopicPartition | None, by: str) -> bool:
-        """Stop the job of claims partition `tp` at its checkpoint so that request `by` takes its slot."""
-        job = self.jobs.get(tp) if tp is not None else None
-        return job is not None and self.fleet is not None and self.fleet.preempt(tp, job.runner, by)
 
     def status(self) -> list[dict[str, Any]]:
         return [{**job.runner.status(), "partition": tp.partition, "offset": job.offset} for tp, job in list(self.jobs.items())]

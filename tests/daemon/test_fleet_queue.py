@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from daemon.kafka.event_reader import EventStream
-from daemon.local_broker import free_port
 from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Accepted, Preempted, Progress, Started, Succeeded
 from schemas.events import EventBase
