@@ -1,0 +1,120 @@
+"""The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
+decides as the real one does (`fleet_order`, `pick`, `etas`): each request's ETA at its arrival is
+compared with the start the simulation then gives it. benchmarks.fleet replays its measured run.
+
+The simulated fleet starts a request the moment a slot is free (no dispatch delay) and preempts
+nothing; a finished job's duration is learnt (`Trace.learn`) as a `succeeded` event would teach it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from daemon.fleet.config import PriorityClass, TeamShare
+from daemon.fleet.eta import etas
+from daemon.fleet.order import Running, Waiting, fleet_order, pick
+from daemon.fleet.usage import Durations, Usage
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of a trace: when it arrives (seconds from the trace's start) and how long it really runs."""
+
+    at: float
+    duration_s: float
+    method: str = "sft"
+    model: str = "tiny"
+    priority_class: str = "default"
+    team: str = "default"
+    gpus: int = 1
+    request_id: str = ""  # empty: "r<its index in the trace>"
+
+
+@dataclass(frozen=True)
+class Trace:
+    arrivals: tuple[Arrival, ...]
+    slots: int = 1
+    classes: tuple[PriorityClass, ...] = (PriorityClass(name="default"),)
+    teams: Mapping[str, TeamShare] = field(default_factory=dict)
+    history: tuple[tuple[str, str, float], ...] = ()  # (method, model, seconds): the durations known before the trace starts
+    learn: bool = True  # a finished job's duration is learnt, as its succeeded event teaches the real fleet
+    running_eta: bool = False  # a running job reports its true remaining time (as its progress events' ETA); else it is estimated
+
+
+@dataclass(frozen=True)
+class Outcome:
+    request_id: str
+    arrived: float
+    eta_s: float | None  # the ETA it was given at arrival
+    started: float | None  # when the simulation started it; None: never (more GPUs than the fleet has)
+
+    @property
+    def error(self) -> float | None:
+        """|ETA - actual wait| / max(actual wait, 1 s); None without an ETA or a start."""
+        if self.eta_s is None or self.started is None:
+            return None
+        waited = self.started - self.arrived
+        return abs(self.eta_s - waited) / max(waited, 1.0)
+
+
+def replay(trace: Trace) -> list[Outcome]:
+    """Each request of the trace, in arrival order, with its ETA at arrival and its simulated start."""
+    arrivals = sorted(
+        ((a if a.request_id else replace(a, request_id=f"r{i}")) for i, a in enumerate(trace.arrivals)), key=lambda a: a.at,
+    )
+    classes, teams = list(trace.classes), trace.teams
+    durations, usage = Durations(), Usage()
+    for method, model, seconds in trace.history:
+        durations.add(method, model, seconds)
+    by_id = {a.request_id: a for a in arrivals}
+    waiting: list[Waiting] = []
+    running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
+    eta_at_arrival: dict[str, float | None] = {}
+    started: dict[str, float] = {}
+
+    def free_slots() -> int:
+        return trace.slots - sum(job.gpus for _, job in running.values())
+
+    def dispatch(now: float) -> None:
+        while waiting:
+            head = pick(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, free=free_slots())
+            if head is None:
+                return
+            waiting.remove(head)
+            started[head.request_id] = now
+            running[head.request_id] = (now + by_id[head.request_id].duration_s, Running(
+                head.request_id, head.priority_class, head.team, now, head.method, head.model, gpus=head.gpus,
+            ))
+            usage.start(head.request_id, head.team, now, slots=head.gpus)
+
+    index = 0
+    while index < len(arrivals) or running:
+        next_end = min((end for end, _ in running.values()), default=math.inf)
+        if index < len(arrivals) and arrivals[index].at < next_end:
+            arrival = arrivals[index]
+            index += 1
+            now = arrival.at
+            waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus))
+            order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations)
+            jobs = [replace(job, eta_s=end - now) if trace.running_eta else job for end, job in running.values()]
+            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
+        else:
+            now = next_end
+            for request_id in [r for r, (end, _) in running.items() if end == now]:
+                _, job = running.pop(request_id)
+                usage.end(request_id, now)
+                if trace.learn:
+                    durations.add(job.method, job.model, by_id[request_id].duration_s)
+        dispatch(now)
+    return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id)) for a in arrivals]
+
+
+def eta_error(trace: Trace) -> float:
+    """The median relative error of the ETAs given at arrival (|ETA - actual wait| / max(actual wait, 1 s)),
+    over the requests that were given one; NaN when none was (nothing was known to estimate from)."""
+    errors = [error for outcome in replay(trace) if (error := outcome.error) is not None]
+    return statistics.median(errors) if errors else math.nan
+
