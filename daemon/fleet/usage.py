@@ -83,7 +83,7 @@ class Usage:
         """One slot held from `since` to `until`, decayed to `as_of`: the integral of the decay over the stretch."""
         if until <= since:
             return 0.0
-        return (self._decay(as_of - until) - self._decay(as_of - since)) / self._rate
+        return self._decay(as_of - until) * -math.expm1(-self._rate * (until - since)) / self._rate  # expm1: exact for a long half-life too
 
 
 class Durations:
