@@ -12,6 +12,7 @@ The rules (docs/architecture.md, "The fleet's order"):
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,16 +84,32 @@ def fleet_order(
     spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
     holding = dict(running)  # each team's slots, growing with the requests placed ahead
     order: list[Waiting] = []
+
+    def entry(team: str, queue: deque[Waiting]) -> tuple[float, float, str]:
+        return spent.get(team, 0.0) / share_of(team, teams).weight, queue[0].arrived, team
+
     for _, queues in sorted(groups.items()):
-        while queues:
-            below = [team for team in queues if not _at_cap(team, holding, teams)]
-            team = min(below or list(queues), key=lambda t: (spent.get(t, 0.0) / share_of(t, teams).weight, queues[t][0].arrived, t))
+        # The teams below their caps compete first; a team reaching its cap stays at it (holding only grows),
+        # so its requests wait until no team below its cap has any left, then the capped ones compete alike.
+        capped = [team for team in queues if _at_cap(team, holding, teams)]
+        contending = [entry(team, queue) for team, queue in queues.items() if team not in capped]
+        heapq.heapify(contending)
+        only_capped = False
+        while contending or capped:
+            if not contending:
+                contending, capped, only_capped = [entry(team, queues[team]) for team in capped], [], True
+                heapq.heapify(contending)
+            _, _, team = heapq.heappop(contending)
             request = queues[team].popleft()
-            if not queues[team]:
-                del queues[team]
             order.append(request)
             spent[team] = spent.get(team, 0.0) + expected_work(request, durations)
             holding[team] = holding.get(team, 0) + request.gpus
+            if not queues[team]:
+                continue
+            if not only_capped and _at_cap(team, holding, teams):
+                capped.append(team)
+            else:
+                heapq.heappush(contending, entry(team, queues[team]))
     return order
 
 

@@ -98,6 +98,7 @@ class Durations:
         self._by_model: dict[tuple[str, str], deque[float]] = {}
         self._by_method: dict[str, deque[float]] = {}
         self._all: deque[float] = deque(maxlen=window)
+        self._expected: dict[tuple[str, str], float | None] = {}  # answers since the last add: the order asks once per request
 
     def observe(self, event: Event, now: float) -> None:
         """Fold one event in: a `succeeded` one with its durations; every other is ignored. (`now` is unused:
@@ -111,13 +112,14 @@ class Durations:
         self._by_model.setdefault((method, model), deque(maxlen=self.window)).append(seconds)
         self._by_method.setdefault(method, deque(maxlen=self.window)).append(seconds)
         self._all.append(seconds)
+        self._expected.clear()
 
     def expected(self, method: str, model: str) -> float | None:
         """The median of the same method and model, else of the same method, else of all, else None."""
-        for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all):
-            if known:
-                return statistics.median(known)
-        return None
+        if (method, model) not in self._expected:
+            found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
+            self._expected[(method, model)] = statistics.median(found) if found else None
+        return self._expected[(method, model)]
 
 
 def _epoch(moment: datetime) -> float:
