@@ -130,12 +130,15 @@ def pick(
     return order[0] if order else None
 
 
-def victim(head: Waiting, running: list[Running], classes: list[PriorityClass], min_run_s: float, max_count: int, now: float) -> Running | None:
+def victim(
+    head: Waiting, running: list[Running], classes: list[PriorityClass], min_run_s: float, max_count: int, now: float, *, free: int = 0,
+) -> Running | None:
     """The running job `head` (a waiting request that fits no free slot) stops at its checkpoint, or None.
 
     Only a job of a class lower than head's, of a class the operator made preemptible and itself
     `preemptible` (both: the class allows it, and the caller knows the job can stop at a checkpoint now),
-    that has run at least `min_run_s` and been preempted fewer than `max_count` times. Among them the one
+    that has run at least `min_run_s`, been preempted fewer than `max_count` times, and frees enough GPUs
+    for head with the host's `free` ones (a head of several GPUs stops no job of one). Among them the one
     that loses the least work (`steps_since_checkpoint`; unknown counts as the most), then the lowest
     class, then the latest started (the one that has run the least, as Kueue chooses)."""
     rank = {c.name: index for index, c in enumerate(classes)}
@@ -145,7 +148,7 @@ def victim(head: Waiting, running: list[Running], classes: list[PriorityClass], 
     candidates = [
         job for job in running
         if job.preemptible and job.priority_class in allowed and rank[job.priority_class] > rank[head.priority_class]
-        and now - job.started >= min_run_s and job.preemptions < max_count
+        and now - job.started >= min_run_s and job.preemptions < max_count and job.gpus + free >= head.gpus
     ]
     if not candidates:
         return None

@@ -120,12 +120,13 @@ def test_pick_passes_over_a_capped_or_too_large_head_for_one_that_fits() -> None
     assert pick([], {}, {}, CLASSES, teams) is None
 
 
-def running(request_id: str, cls: str = "batch", started: float = 0.0, preemptions: int = 0, steps: int | None = 0, preemptible: bool = True) -> Running:
-    return Running(request_id, cls, "a", started, "sft", "tiny", preemptible=preemptible, preemptions=preemptions, steps_since_checkpoint=steps)
+def running(request_id: str, cls: str = "batch", started: float = 0.0, preemptions: int = 0, steps: int | None = 0, preemptible: bool = True,
+            gpus: int = 1) -> Running:
+    return Running(request_id, cls, "a", started, "sft", "tiny", preemptible=preemptible, preemptions=preemptions, steps_since_checkpoint=steps, gpus=gpus)
 
 
-def chosen(head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0) -> str | None:
-    found = victim(head, jobs, CLASSES, min_run_s, max_count, now)
+def chosen(head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0, free: int = 0) -> str | None:
+    found = victim(head, jobs, CLASSES, min_run_s, max_count, now, free=free)
     return None if found is None else found.request_id
 
 
@@ -157,3 +158,10 @@ def test_the_victim_loses_the_least_work_then_is_of_the_lowest_class_then_the_la
     assert chosen(URGENT, [running("unknown", steps=None), running("far", steps=400)]) == "far"  # unknown is the worst
     assert chosen(URGENT, [running("default", cls="default", steps=3), running("batch", steps=3)]) == "batch"
     assert chosen(URGENT, [running("earlier", started=100, steps=3), running("later", started=500, steps=3)]) == "later"
+
+
+def test_a_victim_frees_enough_gpus_for_the_head() -> None:
+    pair = waiting("pair", "b", "urgent", gpus=2)
+    assert chosen(pair, [running("one", steps=0)]) is None  # one GPU freed of the two it needs
+    assert chosen(pair, [running("one", steps=0)], free=1) == "one"  # with the host's free one
+    assert chosen(pair, [running("one", steps=0), running("two", steps=5, gpus=2)]) == "two"
