@@ -1,6 +1,7 @@
 """The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
 decides as the real one does (`fleet_order`, `pick`, `etas`): each request's ETA at its arrival is
-compared with the start the simulation then gives it. benchmarks.fleet replays its measured run.
+compared with the start the simulation then gives it. benchmarks.fleet replays its measured run
+(`arrivals_from_events`).
 
 The simulated fleet starts a request the moment a slot is free (no dispatch delay) and preempts
 nothing; a finished job's duration is learnt (`Trace.learn`) as a `succeeded` event would teach it.
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.fleet.config import PriorityClass, TeamShare
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, fleet_order, pick
 from daemon.fleet.usage import Durations, Usage
+from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
 
 
 @dataclass(frozen=True)
@@ -118,3 +120,39 @@ def eta_error(trace: Trace) -> float:
     errors = [error for outcome in replay(trace) if (error := outcome.error) is not None]
     return statistics.median(errors) if errors else math.nan
 
+
+
+def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
+    """A measured run's requests as a trace's arrivals, read from its events, in arrival order, times from the
+    first: each request that succeeded (a duplicate left out), arriving its `total` duration before its
+    succeeded event (or at its first `accepted` event, if earlier: a request preempted and queued again counts
+    from its first arrival, less its first wait), of the method and model it names, the class and team its
+    `accepted` event named ("default" on a host without classes) and the GPUs its `started` event named.
+    Its duration is its slot-time: each earlier attempt's stretch from `accepted` to `preempted` or
+    `retrying`, and the last one's `total` less its queue and push."""
+    accepted: dict[str, Accepted] = {}
+    first_accepted: dict[str, float] = {}
+    earlier: dict[str, float] = {}
+    gpus: dict[str, int] = {}
+    done: list[tuple[float, Arrival]] = []
+    for event in events:
+        request_id = event.request_id
+        if request_id is None:
+            continue
+        if isinstance(event, Accepted):
+            accepted[request_id] = event
+            first_accepted.setdefault(request_id, event.time.timestamp())
+        elif isinstance(event, Started):
+            gpus[request_id] = 1 if event.slot == "cpu" else len(event.slot.split(","))
+        elif isinstance(event, Preempted | Retrying) and request_id in accepted:
+            earlier[request_id] = earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
+        elif isinstance(event, Succeeded) and not event.duplicate and "total" in event.durations_s and request_id in accepted:
+            times, start = event.durations_s, accepted[request_id]
+            last = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
+            arrived = min(event.time.timestamp() - times["total"], first_accepted[request_id])
+            done.append((arrived, Arrival(
+                0.0, earlier.get(request_id, 0.0) + last, event.method, event.base_model, start.priority_class or "default",
+                start.team or "default", gpus.get(request_id, 1), request_id,
+            )))
+    first = min((at for at, _ in done), default=0.0)
+    return tuple(replace(arrival, at=at - first) for at, arrival in sorted(done, key=lambda pair: pair[0]))

@@ -10,8 +10,10 @@ import pytest
 from daemon.fleet.config import PriorityClass
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting
-from daemon.fleet.replay import Arrival, Trace, eta_error, replay
+from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.usage import Durations
+from schemas import Accepted, Failed, Preempted, Started
+from tests.daemon.test_fleet_usage import accepted, at, read, succeeded
 
 NOW = 1_800_000_000.0
 
@@ -106,3 +108,23 @@ def test_the_replay_starts_requests_in_the_fleets_order() -> None:
 
 def test_no_eta_at_all_is_nan_not_zero() -> None:
     assert math.isnan(eta_error(Trace((Arrival(at=0.0, duration_s=1.0, gpus=2),), slots=1)))
+
+
+def test_a_measured_runs_events_become_a_trace() -> None:
+    events = [
+        accepted("r1", "a", 10), read(Started(request_id="r1", method="sft", slot="0,1", pid=9, time=at(11))),
+        succeeded("r1", 110, {"queue": 5.0, "train": 85.0, "push": 10.0, "total": 105.0}),
+        # r2, from a host without classes: preempted after 30 s, queued again, accepted again, 100 s more.
+        read(Accepted(request_id="r2", method="sft", time=at(20))),
+        read(Preempted(request_id="r2", by="u", priority_class="default", preemptions=1, time=at(50))),
+        read(Accepted(request_id="r2", method="sft", time=at(200))),
+        succeeded("r2", 300, {"queue": 20.0, "train": 100.0, "push": 0.0, "total": 120.0}, method="dpo"),
+        accepted("dup", "a", 0), succeeded("dup", 1, {}, duplicate=True),
+        accepted("lost", "a", 0), read(Failed(request_id="lost", code="x", message="m", stage="train", retryable=False, time=at(1))),
+    ]
+    assert arrivals_from_events(events) == (
+        Arrival(0.0, 90.0, "sft", "tiny/m", "batch", "a", 2, "r1"),  # arrived at 110 - 105 = 5
+        Arrival(15.0, 130.0, "dpo", "tiny/m", "default", "default", 1, "r2"),  # at its first acceptance, 20
+    )
+    trace = Trace(arrivals_from_events(events), slots=2, classes=(PriorityClass(name="batch"), PriorityClass(name="default")))
+    assert [(o.request_id, o.started) for o in replay(trace)] == [("r1", 0.0), ("r2", 90.0)]  # r1 holds both slots
