@@ -70,18 +70,37 @@ def expected_work(request: Waiting, durations: Durations | None) -> float:
     return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
 
 
+def remaining_work(running: list[Running], durations: Durations | None, now: float) -> dict[str, float]:
+    """The slot-seconds each team's running jobs are still expected to take: a job's own ETA, else its expected
+    duration less the time it has run (none past it), times its GPUs. The fair share counts it as work placed
+    ahead: without it the slots that free together all go to whichever team leads, since a job just
+    started has no slot-time yet."""
+    ahead: dict[str, float] = {}
+    for job in running:
+        if job.eta_s is not None:
+            left = max(0.0, job.eta_s)
+        else:
+            expected = durations.expected(job.method, job.model) if durations is not None else None
+            left = max(0.0, (DEFAULT_WORK_S if expected is None else expected) - (now - job.started))
+        ahead[job.team] = ahead.get(job.team, 0.0) + left * job.gpus
+    return ahead
+
+
 def fleet_order(
     waiting: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Durations | None = None,
+    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, ahead: Mapping[str, float] | None = None,
 ) -> list[Waiting]:
     """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
     team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
-    (`Usage.running`). A request of a class not in `classes` (one the operator since removed) goes last."""
+    (`Usage.running`), `ahead` the slot-seconds its running jobs still have to go (`remaining_work`). A
+    request of a class not in `classes` (one the operator since removed) goes last."""
     rank = {c.name: index for index, c in enumerate(classes)}
     groups: dict[int, dict[str, deque[Waiting]]] = {}
     for request in sorted(waiting, key=lambda w: (rank.get(w.priority_class, len(classes)), w.arrived, w.request_id)):
         groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(request)
     spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
+    for team, seconds in (ahead or {}).items():
+        spent[team] = spent.get(team, 0.0) + seconds
     holding = dict(running)  # each team's slots, growing with the requests placed ahead
     order: list[Waiting] = []
 
@@ -120,13 +139,13 @@ def _at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare
 
 def pick(
     heads: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, free: int | None = None,
+    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, free: int | None = None, ahead: Mapping[str, float] | None = None,
 ) -> Waiting | None:
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
     given `free` (the host's free slots), when it needs no more GPUs than that. None: nothing it sees may start."""
     fits = [h for h in heads if (free is None or h.gpus <= free) and not _at_cap(h.team, running, teams, h.gpus)]
-    order = fleet_order(fits, usage, running, classes, teams, durations)
+    order = fleet_order(fits, usage, running, classes, teams, durations, ahead=ahead)
     return order[0] if order else None
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from daemon.fleet.config import PriorityClass, TeamShare
 from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting, fleet_order, pick
+from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
 from daemon.fleet.usage import Durations, Usage
 from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
 
@@ -80,9 +80,14 @@ def replay(trace: Trace) -> list[Outcome]:
     def free_slots() -> int:
         return trace.slots - sum(job.gpus for _, job in running.values())
 
+    def seen(now: float) -> list[Running]:
+        """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one."""
+        return [replace(job, eta_s=end - now) if trace.running_eta else job for end, job in running.values()]
+
     def dispatch(now: float) -> None:
         while waiting:
-            head = pick(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, free=free_slots())
+            ahead = remaining_work(seen(now), durations, now)
+            head = pick(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, free=free_slots(), ahead=ahead)
             if head is None:
                 return
             waiting.remove(head)
@@ -100,8 +105,8 @@ def replay(trace: Trace) -> list[Outcome]:
             index += 1
             now = arrival.at
             waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus))
-            order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations)
-            jobs = [replace(job, eta_s=end - now) if trace.running_eta else job for end, job in running.values()]
+            jobs = seen(now)
+            order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
             eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
         else:
             now = next_end

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 from daemon.fleet.config import PriorityClass, TeamShare
-from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, victim
+from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, remaining_work, victim
+from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
 
 CLASSES = [PriorityClass(name="urgent"), PriorityClass(name="default", preemptible=True), PriorityClass(name="batch", preemptible=True)]
@@ -46,6 +47,28 @@ def test_under_contention_slot_time_follows_the_weights_2_to_1() -> None:
     assert all(Counter(w.team for w in order[i:i + 3]) == {"a": 2, "b": 1} for i in range(0, 30, 3))
     # Within a team, arrival order.
     assert ids([w for w in order if w.team == "a"]) == [f"a{i}" for i in range(30)]
+
+
+def test_slots_that_free_together_still_follow_the_weights_counting_the_work_under_way() -> None:
+    # Three slots of a simulated fleet: the starts at one moment count each other's work (remaining_work),
+    # or all three would go to the team that leads at that moment (18:12 instead of 20:10).
+    arrivals = tuple(Arrival(at=0.0, duration_s=10.0, team=team, request_id=f"{team}{i}") for team in "ab" for i in range(30))
+    outcomes = replay(Trace(arrivals, slots=3, teams={"a": TeamShare(weight=2)}, history=(("sft", "tiny", 10.0),)))
+    first = sorted(outcomes, key=lambda o: (o.started or 0.0, o.request_id))[:30]
+    assert Counter(o.request_id[0] for o in first) == {"a": 20, "b": 10}
+
+
+def test_the_work_under_way_is_each_jobs_eta_else_its_expected_rest() -> None:
+    jobs = [Running("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2), Running("r2", "batch", "a", 0.0, "sft", "tiny"),
+            Running("r3", "batch", "b", 0.0, "sft", "tiny"), Running("r4", "batch", "c", 0.0, "grpo", "x")]
+    durations = Durations()
+    durations.add("sft", "tiny", 100.0)
+    assert remaining_work(jobs, durations, now=60.0) == {"a": 60.0 + 40.0, "b": 40.0, "c": 40.0}
+    assert remaining_work(jobs[1:2], durations, now=500.0) == {"a": 0.0}  # overdue: nothing more is counted
+    assert remaining_work(jobs[1:2], None, now=0.0) == {"a": DEFAULT_WORK_S}
+    # Counted as work placed ahead: a's running jobs put b's first.
+    order = fleet_order(sweep("a", 2) + sweep("b", 2), {}, {}, CLASSES, {}, durations, ahead={"a": 50.0})
+    assert ids(order) == ["b0", "a0", "b1", "a1"]
 
 
 def test_equal_weights_alternate_and_past_usage_tilts_the_order_back() -> None:
