@@ -1,5 +1,6 @@
-"""Each team's slot-time and the recent job durations, folded from the fleet's own events
-(daemon/fleet/usage.py): real schemas events, read back as a host reads them from the events topic."""
+"""Each team's slot-time, the recent job durations (daemon/fleet/usage.py) and the fleet's running jobs
+(daemon/fleet/running.py), folded from the fleet's own events: real schemas events, read back as a host
+reads them from the events topic."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 
 from daemon.fleet.config import PriorityClass
 from daemon.fleet.order import Waiting, fleet_order
+from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Usage
 from schemas import (
     Accepted,
     Cancelled,
+    Checkpoint,
     Event,
     Failed,
     Preempted,
@@ -164,3 +167,56 @@ def test_bad_parameters_are_named() -> None:
         Usage(half_life_s=0)
     with pytest.raises(ValueError, match="window"):
         Durations(window=0)
+
+
+def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
+    jobs = RunningJobs()
+    events = [
+        read(Accepted(request_id="r1", method="dpo", team="a", priority_class="batch", host="h1", time=at(0))),
+        read(Started(request_id="r1", method="dpo", slot="2,3", pid=9, host="h1", time=at(5))),
+        read(Progress(request_id="r1", step=10, total_steps=40, eta_s=300.0, time=at(60))),
+        read(Checkpoint(request_id="r1", step=8, path="/j/checkpoint-8", time=at(61))),
+        read(Progress(request_id="r1", step=12, total_steps=40, eta_s=280.0, time=at(70))),
+        accepted("r2", None, 30),
+    ]
+    for event in events:
+        jobs.observe(event, T0 + 100)
+    by_id = {job.request_id: job for job in jobs.jobs(T0 + 100)}
+    r1 = by_id["r1"]
+    assert (r1.priority_class, r1.team, r1.method, r1.host, r1.started, r1.gpus) == ("batch", "a", "dpo", "h1", T0, 2)
+    assert r1.eta_s == pytest.approx(250.0)  # 280 s said 30 s ago
+    assert r1.steps_since_checkpoint == 4 and r1.preemptions == 0
+    assert jobs.jobs(T0 + 1000)[0].eta_s == 0.0  # never below nothing
+    r2 = by_id["r2"]
+    assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.gpus) == ("default", None, None, 1)  # nothing known yet
+
+
+def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preemptions() -> None:
+    jobs = RunningJobs()
+    for event in [accepted("r1", "a", 0), read(Preempted(request_id="r1", by="u", priority_class="batch", preemptions=1, time=at(50)))]:
+        jobs.observe(event, T0 + 100)
+    assert jobs.jobs(T0 + 100) == []
+    jobs.observe(accepted("r1", "a", 200), T0 + 300)
+    jobs.observe(read(Started(request_id="r1", method="sft", slot="cpu", pid=9, resumed_step=8, time=at(201))), T0 + 300)
+    jobs.observe(read(Progress(request_id="r1", step=11, total_steps=40, time=at(250))), T0 + 300)
+    [again] = jobs.jobs(T0 + 300)
+    assert again.preemptions == 1 and again.started == T0 + 200 and again.steps_since_checkpoint == 3  # from the step it resumed at
+    jobs.observe(succeeded("r1", 400), T0 + 400)
+    assert jobs.jobs(T0 + 400) == []
+    jobs.observe(accepted("r1", "a", 500), T0 + 500)  # a request id used again after its end: a new request
+    assert jobs.jobs(T0 + 500)[0].preemptions == 0
+
+
+def test_retrying_and_every_terminal_event_end_a_running_job() -> None:
+    ends = [read(Retrying(request_id="r1", code="x", message="m", stage="train", max_attempts=3, time=at(9))),
+            read(Cancelled(request_id="r1", reason="asked", time=at(9))), succeeded("r1", 9),
+            read(Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(9)))]
+    for end in ends:
+        jobs = RunningJobs()
+        jobs.observe(accepted("r1", "a", 0), T0 + 10)
+        jobs.observe(end, T0 + 10)
+        assert jobs.jobs(T0 + 10) == [], end.type
+    # Events of a job this reader never saw accepted say nothing it can place.
+    jobs = RunningJobs()
+    jobs.observe(read(Progress(request_id="zz", step=1, total_steps=2, eta_s=5.0, time=at(1))), T0 + 10)
+    assert jobs.jobs(T0 + 10) == []
