@@ -47,6 +47,10 @@ def test_under_contention_slot_time_follows_the_weights_2_to_1() -> None:
     assert all(Counter(w.team for w in order[i:i + 3]) == {"a": 2, "b": 1} for i in range(0, 30, 3))
     # Within a team, arrival order.
     assert ids([w for w in order if w.team == "a"]) == [f"a{i}" for i in range(30)]
+    # Usage tilts it back: a team that used 40 jobs' worth lately, twice its share of b's none, waits while b
+    # catches up to half of that (20 jobs), then the 2:1 interleaving resumes.
+    tilted = fleet_order(sweep("a", 30) + sweep("b", 30), {"a": 40 * DEFAULT_WORK_S}, {}, CLASSES, {"a": TeamShare(weight=2)})
+    assert [w.team for w in tilted[:20]] == ["b"] * 20 and Counter(w.team for w in tilted[20:29]) == {"a": 6, "b": 3}
 
 
 def test_slots_that_free_together_still_follow_the_weights_counting_the_work_under_way() -> None:
