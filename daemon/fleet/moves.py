@@ -71,7 +71,7 @@ class Mover:
             async with self.producer.transaction():
                 for earlier in move.before:
                     await self.producer.send(
-                        earlier.topic, value=earlier.value or b"", key=earlier.key, partition=earlier.partition, timestamp_ms=_kept(earlier.timestamp),
+                        earlier.topic, value=earlier.value or b"", key=earlier.key, partition=earlier.partition, timestamp_ms=kept_timestamp(earlier.timestamp),
                         headers=[(name, value) for name, value in earlier.headers or () if value is not None],
                     )
                 sent = await self.producer.send(
@@ -86,7 +86,7 @@ class Mover:
         return int(metadata.offset)
 
 
-def _kept(timestamp: int) -> int | None:
+def kept_timestamp(timestamp: int) -> int | None:
     """A record's own timestamp, written again as it was; a producer's impossible one (Kafka takes any 64-bit
     number) becomes the time of the move rather than a send the client refuses, which would stop the queue."""
     return timestamp if 0 <= timestamp < 2**53 else None
