@@ -103,6 +103,9 @@ class FleetJobs:
         await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
         return True
 
+    def queue_topic(self, record: Record, request: RequestBase) -> str:
+        return self.settings.class_topics.get(claimed_class(record, request, self.settings), self.settings.requests_topic)
+
     def forget(self, tp: TopicPartition) -> None:
         self.started.pop(tp, None)
         self.preempting.pop(tp, None)
