@@ -148,8 +148,12 @@ class Dispatcher:
             # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
             first = self.view.pick(waiting, free=None)
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
-            if first is not None and victim is not None and self.jobs.preempt(victim.key, by=first.request_id):
+            if first is not None and victim is not None and self.idle_claims() and self.jobs.preempt(victim.key, by=first.request_id):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
+                # Claimed at once: it waits in this host's claims for the victim's slot (the scheduler starts it when
+                # the slot frees), so no other host, in a rebalance meanwhile, preempts a second job for it.
+                await self._claim(first.key)  # type: ignore[arg-type]
+                waiting.remove(first)
             break
         for queue in self.queues:
             metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
