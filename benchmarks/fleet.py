@@ -1,0 +1,246 @@
+"""Fleet: the fleet as one queue, measured. A sweep of `batch` requests of mixed lengths from one team,
+then `urgent` requests from another team once every slot is busy, on real daemons (processes) and the
+local broker; prints one line, `FLEET key=value ...` (benchmarks/fleet_metrics.py says what each figure is).
+
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 batch (2 to 12 steps) + 2 urgent
+    uv run python -m benchmarks.fleet --classes     # the same with the fleet's priority classes and teams
+    uv run python -m benchmarks.fleet --quick       # 4 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+
+Without `--classes` the daemons have no priority classes: each requests partition is a first-in-first-out
+queue read by one host, and a request names no class (the benchmark still counts the sweep as `batch`
+and the others as `urgent`). With it, they have the classes urgent, default and batch (batch preemptible),
+a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic.
+
+A request arrives at its record's timestamp (set by this producer); the figures come from the events
+topic, each host's slots from its settings and the local Hub's commits. Every step is a progress event and
+a checkpoint, so a preempted job can resume one step back at most. Not a unit test: it trains for real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from benchmarks.fleet_metrics import Arrival, Seen, figures, fleet_line, holding, seen, terminal_at
+from benchmarks.harness import HUB_TOKEN, Environment, warm_event
+from daemon.fleet.config import PriorityClass, TeamShare
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.options import kafka_options
+from daemon.local_broker import free_port
+from daemon.settings import Settings
+from testbed.data import CHAT_ROWS
+from testbed.processes import DaemonProcess
+
+URGENT, BATCH = "urgent", "batch"
+CLASSES = [PriorityClass(name=URGENT), PriorityClass(name="default"), PriorityClass(name=BATCH, preemptible=True)]
+SWEEP_TEAM, URGENT_TEAM = "sweep", "oncall"
+WEIGHTS = {SWEEP_TEAM: 1.0, URGENT_TEAM: 1.0}
+
+
+@dataclass(frozen=True)
+class Plan:
+    daemons: int = 2
+    slots: int = 1  # CPU job slots per daemon
+    batch: int = 8
+    urgent: int = 2
+    min_steps: int = 2  # each batch request's max_steps is drawn between these
+    max_steps: int = 12
+    urgent_steps: int = 4
+    partitions: int = 4  # of each requests topic (and the claims topic has at least one per slot)
+    classes: bool = False
+    seed: int = 1
+    busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
+    timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
+
+    @property
+    def total_slots(self) -> int:
+        return self.daemons * self.slots
+
+
+QUICK: dict[str, Any] = {"batch": 4, "urgent": 1, "max_steps": 4}
+
+
+def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
+    """The fleet's settings with `--classes` (none without: each partition FIFO)."""
+    if not plan.classes:
+        return {}
+    return {
+        "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
+        "teams": {team: TeamShare(weight=weight) for team, weight in WEIGHTS.items()},
+        "preempt_min_run_s": 1.0, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
+    }
+
+
+def request(plan: Plan, model: str, request_id: str, steps: int, priority_class: str, team: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "schema_version": 1, "request_id": request_id, "method": "sft", "team": team,
+        "model": {"id": model}, "dataset": {"rows": CHAT_ROWS[:4]},
+        "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
+        "training": {"max_steps": steps, "per_device_train_batch_size": 2, "save_steps": 1},
+        "output": {"repo_id": f"fleet/{request_id}"},
+    }
+    if plan.classes:  # a host with no classes rejects a request that names one
+        body["priority_class"] = priority_class
+    return body
+
+
+async def create_topics(settings: Settings, partitions: dict[str, int]) -> None:
+    """The class queues and the claims topic the fleet mode reads (ensure_topics makes the four classic ones)."""
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [NewTopic(name, count, 1) for name, count in partitions.items() if name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        await admin.close()
+
+
+async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]], classes: list[str], team: str) -> list[Arrival]:
+    """Publish at once, keyed by request id, each record stamped now: its arrival."""
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        stamped = [(r, int(time.time() * 1000)) for r in requests]
+        sent = [await producer.send(topic, json.dumps(r).encode(), key=r["request_id"].encode(), timestamp_ms=ms) for r, ms in stamped]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
+
+
+async def ready(daemons: list[DaemonProcess], settings: Settings, partitions: int, timeout_s: float = 300) -> None:
+    """Until every daemon's next job starts warm and the group's partitions are shared out, each to one daemon
+    (as of each daemon's latest assignment). The daemon says both only in its log, so this polls it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = [daemon.log_lines() for daemon in daemons]
+        warm = all(any(line.get("event") == warm_event(settings) for line in lines) for lines in logs)
+        latest = [next((line.get("partitions") or [] for line in reversed(lines) if line.get("event") == "partitions.assigned"), [])
+                  for lines in logs]
+        shared = sorted(p for assigned in latest for p in assigned) == list(range(partitions)) and all(latest)
+        if warm and shared:
+            return
+        for daemon in daemons:
+            assert daemon.process is not None
+            if daemon.process.poll() is not None:
+                raise RuntimeError(f"a daemon exited ({daemon.process.returncode}) before it was ready; see {daemon.log_path}")
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"the daemons were not all ready after {timeout_s}s: logs {[str(d.log_path) for d in daemons]}")
+
+
+class Collector:
+    """Every event of the run, as the figures read them, and a way to await a condition on them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.events: list[Seen] = []
+        self.changed = asyncio.Condition()
+
+    async def run(self) -> None:
+        async with EventStream(self.settings) as stream:
+            async for event in stream.events(until_terminal=False):
+                reduced = seen(event)
+                if reduced is not None:
+                    self.events.append(reduced)
+                    async with self.changed:
+                        self.changed.notify_all()
+
+    async def until(self, condition: Callable[[list[Seen]], bool], timeout_s: float) -> bool:
+        """Whether `condition` held within `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s), self.changed:
+                await self.changed.wait_for(lambda: condition(self.events))
+            return True
+        except TimeoutError:
+            return False
+
+
+async def run(plan: Plan, bootstrap_servers: str | None = None) -> dict[str, object]:
+    rng = random.Random(plan.seed)
+    env = Environment.start(bootstrap_servers)
+    daemons: list[DaemonProcess] = []
+    try:
+        suffix = f"{rng.getrandbits(32):08x}"
+        settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
+                                      max_attempts=3, retry_backoff_s=1, **fleet_overrides(plan, suffix))
+        group_partitions = plan.partitions
+        if plan.classes:
+            group_partitions = max(plan.partitions, plan.total_slots)
+            await create_topics(settings, {**dict.fromkeys(settings.class_topics.values(), plan.partitions),
+                                           settings.claims_topic: group_partitions})
+        hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
+                                             "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
+        daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
+        collector = Collector(settings)
+        collecting = asyncio.create_task(collector.run())
+        await ready(daemons, settings, group_partitions)
+
+        def topic(name: str) -> str:
+            return settings.class_topics[name] if plan.classes else settings.requests_topic
+
+        model = str(env.model_dir)
+        sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
+        sent = time.monotonic()
+        arrivals = await publish(settings, topic(BATCH), sweep, [BATCH] * len(sweep), SWEEP_TEAM)
+        if not await collector.until(lambda events: holding(events) >= plan.total_slots, plan.busy_timeout_s):
+            print(f"fleet: not every slot was busy after {plan.busy_timeout_s}s; the urgent requests go now", file=sys.stderr)
+        urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
+        arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
+        ids = {arrival.request_id for arrival in arrivals}
+        if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
+            print(f"fleet: not every request ended within {plan.timeout_s}s", file=sys.stderr)
+        collecting.cancel()
+        commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
+        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits)
+        end = max((e.at for e in collector.events if e.request_id in ids), default=time.time())
+        return {**result, "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
+                "batch": plan.batch, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        env.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--daemons", type=int, default=Plan.daemons)
+    parser.add_argument("--slots", type=int, default=Plan.slots, help="CPU job slots per daemon")
+    parser.add_argument("--batch", type=int, default=None, help="the sweep's size (batch requests)")
+    parser.add_argument("--urgent", type=int, default=None, help="urgent requests, sent once every slot is busy")
+    parser.add_argument("--min-steps", type=int, default=Plan.min_steps)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--partitions", type=int, default=Plan.partitions)
+    parser.add_argument("--classes", action=argparse.BooleanOptionalAction, default=False,
+                        help="the fleet's priority classes and teams (without: each partition first-in-first-out)")
+    parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
+    parser.add_argument("--seed", type=int, default=Plan.seed)
+    parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
+    parser.add_argument("--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own")
+    args = parser.parse_args()
+    plan = Plan(daemons=args.daemons, slots=args.slots, min_steps=args.min_steps, partitions=args.partitions, classes=args.classes,
+                seed=args.seed, timeout_s=args.timeout)
+    if args.quick:
+        plan = replace(plan, **QUICK)
+    given: dict[str, Any] = {"batch": args.batch, "urgent": args.urgent, "max_steps": args.max_steps}
+    plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
+    print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
