@@ -7,7 +7,9 @@ the teams' weights and the Hub's commits per request. Nothing here reads a clock
 each figure is unit-tested on constructed event lists (tests/test_fleet_metrics.py).
 
 A job holds a slot from its `accepted` to its request's next `succeeded`, `failed`, `cancelled`,
-`preempted` or `retrying` from the same host (an occupancy with no end holds it to the run's end);
+`preempted` or `retrying` from the same host (an occupancy with no end holds it to the run's end), a
+`succeeded` less its push (durations_s): the daemon gives the slot to the next request when the job's
+child exits, while the adapter is pushed;
 a request waits from its arrival, and again after a preemption or a retry, until its next
 `accepted`. Every slot here fits every request (the benchmark's slots are alike CPU slots), so a
 request waiting anywhere could use any free slot.
@@ -47,6 +49,7 @@ class Seen:
     eta_s: float | None = None  # queued
     stage: str = "train"  # progress: train or evaluate
     duplicate: bool = False  # succeeded: an earlier success answered again
+    push_s: float = 0.0  # succeeded: the push's seconds, after the slot was given back
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def seen(event: Event) -> Seen | None:
     if event.type == "queued":
         return replace(base, eta_s=event.eta_s)
     if event.type == "succeeded":
-        return replace(base, duplicate=event.duplicate)
+        return replace(base, duplicate=event.duplicate, push_s=event.durations_s.get("push", 0.0))
     return base
 
 
@@ -103,7 +106,8 @@ def holds(events: Sequence[Seen], end: float) -> list[Hold]:
                 found.append(Hold(event.request_id, event.host, open_.pop(key), event.at))
             open_[key] = event.at
         elif event.type in RELEASES and key in open_:
-            found.append(Hold(event.request_id, event.host, open_.pop(key), event.at))
+            start = open_.pop(key)
+            found.append(Hold(event.request_id, event.host, start, max(start, event.at - event.push_s)))
     found += [Hold(request_id, host, start, end) for (request_id, host), start in open_.items()]
     return sorted(found, key=lambda hold: hold.start)
 

@@ -3,6 +3,7 @@ answer can be worked out by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -70,6 +71,15 @@ def test_a_free_slot_with_nothing_waiting_is_not_idle_share() -> None:
     # The same jobs, work-conserving: b takes r2 as soon as r3 is done; after that nothing waits.
     events = job("r1", "a", 0, 10) + job("r3", "b", 0, 5) + job("r2", "b", 5, 15)
     assert idle_share(arrivals, events, TWO_HOSTS, end=15) == 0.0
+
+
+def test_a_slot_is_free_while_its_last_job_pushes() -> None:
+    # r1's child exits at 8 and its adapter is pushed until 10; r2, waiting behind it, is accepted at 8.5.
+    arrivals = [batch("r1"), batch("r2")]
+    events = job("r1", "a", 0, 10) + job("r2", "a", 8.5, 20)
+    pushed = [replace(e, push_s=2.0) if e.type == "succeeded" and e.request_id == "r1" else e for e in events]
+    assert idle_share(arrivals, pushed, {"a": 1}, end=20) == pytest.approx(0.5 / 20)
+    assert idle_share(arrivals, events, {"a": 1}, end=20) == 0.0  # counted to the event, the slot looks busy
 
 
 def test_a_slot_is_held_from_accepted_to_the_release_on_its_host() -> None:
