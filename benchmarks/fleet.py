@@ -198,17 +198,20 @@ async def run(plan: Plan, bootstrap_servers: str | None = None) -> dict[str, obj
         sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
         sent = time.monotonic()
         arrivals = await publish(settings, topic(BATCH), sweep, [BATCH] * len(sweep), SWEEP_TEAM)
-        if not await collector.until(lambda events: holding(events) >= plan.total_slots, plan.busy_timeout_s):
-            print(f"fleet: not every slot was busy after {plan.busy_timeout_s}s; the urgent requests go now", file=sys.stderr)
+        busy_s = min(plan.busy_timeout_s, plan.timeout_s)
+        if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
+            print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
         urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
         arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
         ids = {arrival.request_id for arrival in arrivals}
+        end = None  # all ended: the last event of theirs; else now, the run's end with some unfinished
         if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
             print(f"fleet: not every request ended within {plan.timeout_s}s", file=sys.stderr)
+            end = time.time()
         collecting.cancel()
         commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
-        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits)
-        end = max((e.at for e in collector.events if e.request_id in ids), default=time.time())
+        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end)
+        end = end or max(e.at for e in collector.events if e.request_id in ids)
         return {**result, "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
                 "batch": plan.batch, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
     finally:

@@ -204,15 +204,16 @@ def greedy_makespan(arrivals: Sequence[Arrival], durations: dict[str, float], sl
     return max(start + durations[request_id] for request_id, start in starts.items()) - first
 
 
-def makespan_ratio(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str], end: float) -> float:
+def makespan_ratio(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
+                   end: float) -> float | None:
     """The run's makespan (first arrival to `end`) over the greedy schedule's of the same measured job durations
-    (each request's slot-time, every hold of it added up) on the same number of slots."""
+    (each request's slot-time, every hold of it added up) on the same number of slots; None when nothing ran."""
     durations: dict[str, float] = defaultdict(float)
     for hold in holds(events, end):
         durations[hold.request_id] += hold.end - hold.start
     ideal = greedy_makespan(arrivals, dict(durations), sum(slots.values()), classes)
     actual = end - min(a.at for a in arrivals)
-    return actual / ideal if ideal > 0 else math.inf
+    return actual / ideal if ideal > 0 else None
 
 
 def water_fill(capacity: float, demand: dict[str, int], weights: dict[str, float]) -> dict[str, float]:
@@ -411,11 +412,13 @@ def parse_fleet_line(line: str) -> dict[str, str]:
 
 
 def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent") -> dict[str, object]:
-    """Every figure of the FLEET line, in its order."""
+            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None) -> dict[str, object]:
+    """Every figure of the FLEET line, in its order, over the run from the first arrival to `end` (unset: the
+    requests' last event, which is where the run ends when every one of them ended)."""
     mine = {arrival.request_id for arrival in arrivals}
     events = [event for event in events if event.request_id in mine]
-    end = run_end(events) if events else max(a.at for a in arrivals)
+    if end is None:
+        end = run_end(events) if events else max(a.at for a in arrivals)
     return {
         "urgent_start_p95_s": start_p95(arrivals, events, urgent_class),
         "idle_share": idle_share(arrivals, events, slots, end),

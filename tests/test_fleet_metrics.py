@@ -176,6 +176,13 @@ def test_a_request_without_a_terminal_event_is_lost() -> None:
     assert lost(arrivals[:1], events) == 0
 
 
+def test_a_run_in_which_nothing_ran_is_all_idle_and_all_lost() -> None:
+    # What a fleet whose daemons read none of the topics the requests went to shows at the run's end (60 s).
+    result = figures([batch("r1"), urgent("u1", 10)], [], TWO_HOSTS, CLASSES, {}, {}, end=60)
+    assert result["idle_share"] == 1.0 and result["lost"] == 2
+    assert result["makespan_ratio"] is None and result["urgent_start_p95_s"] is None
+
+
 def test_two_trainings_of_a_request_at_once_are_a_duplicate_training() -> None:
     # Host b started r1 while a was still training it (a's progress after b's start).
     events = job("r1", "a", 0, 10, steps=4) + [Seen("started", "r1", 3, "b"), Seen("progress", "r1", 4, "b", step=1, total_steps=4)]
