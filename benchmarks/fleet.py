@@ -29,14 +29,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
 
 from benchmarks.fleet_metrics import Arrival, Seen, figures, fleet_line, holding, seen, terminal_at
 from benchmarks.harness import HUB_TOKEN, Environment, warm_event
-from daemon.fleet.config import PriorityClass, TeamShare
+from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
+from daemon.kafka.topics import partition_numbers
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from testbed.data import CHAT_ROWS
@@ -57,7 +56,7 @@ class Plan:
     min_steps: int = 2  # each batch request's max_steps is drawn between these
     max_steps: int = 12
     urgent_steps: int = 4
-    partitions: int = 4  # of each requests topic (and the claims topic has at least one per slot)
+    partitions: int = 4  # of each requests topic (ensure_topics gives the claims topic at least 16)
     classes: bool = False
     seed: int = 1
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
@@ -93,22 +92,6 @@ def request(plan: Plan, model: str, request_id: str, steps: int, priority_class:
     if plan.classes:  # a host with no classes rejects a request that names one
         body["priority_class"] = priority_class
     return body
-
-
-async def create_topics(settings: Settings, partitions: dict[str, int]) -> None:
-    """The class queues and the claims topic the fleet mode reads (ensure_topics makes the four classic ones)."""
-    admin = AIOKafkaAdminClient(**kafka_options(settings))
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        missing = [NewTopic(name, count, 1) for name, count in partitions.items() if name not in existing]
-        if missing:
-            try:
-                await admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
-    finally:
-        await admin.close()
 
 
 async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]], classes: list[str], team: str) -> list[Arrival]:
@@ -179,11 +162,8 @@ async def run(plan: Plan, bootstrap_servers: str | None = None) -> dict[str, obj
         suffix = f"{rng.getrandbits(32):08x}"
         settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
                                       max_attempts=3, retry_backoff_s=1, **fleet_overrides(plan, suffix))
-        group_partitions = plan.partitions
-        if plan.classes:
-            group_partitions = max(plan.partitions, plan.total_slots)
-            await create_topics(settings, {**dict.fromkeys(settings.class_topics.values(), plan.partitions),
-                                           settings.claims_topic: group_partitions})
+        # The topic the daemons' group reads (ensure_topics made it, and the class queues): the claims with classes.
+        group_partitions = len(await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic))
         hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
                                              "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
         daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
