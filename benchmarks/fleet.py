@@ -21,23 +21,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from benchmarks.fleet_metrics import Arrival, Seen, figures, fleet_line, holding, seen, terminal_at
 from benchmarks.harness import HUB_TOKEN, Environment, warm_event
+from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
 from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import partition_numbers
 from daemon.local_broker import free_port
 from daemon.settings import Settings
+from schemas import Event
 from testbed.data import CHAT_ROWS
 from testbed.processes import DaemonProcess
 
@@ -133,12 +137,14 @@ class Collector:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.events: list[Seen] = []
+        self.raw: list[Event] = []  # as read, for the ETA's replay (daemon/fleet/replay.py)
         self.changed = asyncio.Condition()
 
     async def run(self) -> None:
         async with EventStream(self.settings) as stream:
             async for event in stream.events(until_terminal=False):
                 reduced = seen(event)
+                self.raw.append(event)
                 if reduced is not None:
                     self.events.append(reduced)
                     async with self.changed:
@@ -154,7 +160,26 @@ class Collector:
             return False
 
 
-async def run(plan: Plan, bootstrap_servers: str | None = None) -> dict[str, object]:
+def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
+    """The ETA's median error on this run replayed (daemon/fleet/replay.py): its measured requests, each of the
+    benchmark's class and team (so a run without classes is replayed as the fleet with them would order it),
+    through a simulated fleet of as many slots. None when no ETA was given."""
+    labels = {a.request_id: a for a in arrivals}
+    measured = tuple(replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
+                     for a in arrivals_from_events(events) if a.request_id in labels)
+    error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()}))
+    return None if math.isnan(error) else error
+
+
+def dump(path: Path, arrivals: list[Arrival], events: list[Seen]) -> None:
+    """The run's arrivals and events as the figures read them, one JSON object a line (`--events`)."""
+    with path.open("w") as out:
+        for kind, items in (("arrival", arrivals), ("event", events)):
+            for item in items:
+                out.write(json.dumps({"kind": kind, **asdict(item)}) + "\n")
+
+
+async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Path | None = None) -> dict[str, object]:
     rng = random.Random(plan.seed)
     env = Environment.start(bootstrap_servers)
     daemons: list[DaemonProcess] = []
@@ -192,7 +217,10 @@ async def run(plan: Plan, bootstrap_servers: str | None = None) -> dict[str, obj
         commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
         result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end)
         end = end or max(e.at for e in collector.events if e.request_id in ids)
-        return {**result, "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
+        if events_path is not None:
+            dump(events_path, arrivals, collector.events)
+        return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
+                "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
                 "batch": plan.batch, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
     finally:
         for daemon in daemons:
@@ -215,6 +243,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
     parser.add_argument("--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own")
+    parser.add_argument("--events", type=Path, default=None, help="write the run's arrivals and events here, one JSON object a line")
     args = parser.parse_args()
     plan = Plan(daemons=args.daemons, slots=args.slots, min_steps=args.min_steps, partitions=args.partitions, classes=args.classes,
                 seed=args.seed, timeout_s=args.timeout)
@@ -222,7 +251,7 @@ def main() -> None:
         plan = replace(plan, **QUICK)
     given: dict[str, Any] = {"batch": args.batch, "urgent": args.urgent, "max_steps": args.max_steps}
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
-    print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers))), flush=True)
+    print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers, args.events))), flush=True)
 
 
 if __name__ == "__main__":

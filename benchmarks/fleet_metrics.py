@@ -132,6 +132,15 @@ def terminal_at(events: Iterable[Seen]) -> dict[str, float]:
     return found
 
 
+def finished_at(events: Iterable[Seen]) -> dict[str, float]:
+    """When each request stopped wanting a slot: its first terminal event, a `succeeded` less its push."""
+    found: dict[str, float] = {}
+    for event in sorted(events, key=lambda e: e.at):
+        if event.type in TERMINAL:
+            found.setdefault(event.request_id, event.at - event.push_s)
+    return found
+
+
 @dataclass(frozen=True)
 class Slice:
     """A stretch of the run in which nothing changed: per host the jobs holding slots, and who waits and who runs."""
@@ -147,7 +156,7 @@ def timeline(arrivals: Sequence[Arrival], events: Sequence[Seen], end: float) ->
     """The run from its first arrival to `end`, cut wherever a request arrived, took or let go of a slot, or ended."""
     by_id = {arrival.request_id: arrival for arrival in arrivals}
     found = [hold for hold in holds(events, end) if hold.request_id in by_id]
-    done = terminal_at(events)
+    done = finished_at(events)
     start = min(arrival.at for arrival in arrivals)
     cuts = sorted({start, end} | {a.at for a in arrivals} | {h.start for h in found} | {h.end for h in found} | set(done.values()))
     cuts = [t for t in cuts if start <= t <= end]
@@ -333,7 +342,7 @@ def steps_retrained_per_preemption(events: Sequence[Seen]) -> float | None:
             reached = max((e.step or 0 for e in ordered[:n] if e.request_id == event.request_id and e.type == "progress"), default=0)
         resumed = next((e for e in ordered[n + 1:] if e.request_id == event.request_id and e.type == "started"), None)
         if resumed is not None:
-            retrained.append(max(0, reached - (resumed.resumed_step or 0)))
+            retrained.append(float(max(0, reached - (resumed.resumed_step or 0))))
     return statistics.mean(retrained) if retrained else None
 
 

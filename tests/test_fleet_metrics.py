@@ -80,6 +80,9 @@ def test_a_slot_is_free_while_its_last_job_pushes() -> None:
     pushed = [replace(e, push_s=2.0) if e.type == "succeeded" and e.request_id == "r1" else e for e in events]
     assert idle_share(arrivals, pushed, {"a": 1}, end=20) == pytest.approx(0.5 / 20)
     assert idle_share(arrivals, events, {"a": 1}, end=20) == 0.0  # counted to the event, the slot looks busy
+    # A request being pushed wants no slot: nothing waits beside the free slot then.
+    alone = [replace(e, push_s=2.0) if e.type == "succeeded" else e for e in job("r1", "a", 0, 10)]
+    assert idle_share(arrivals[:1], alone, {"a": 1}, end=10) == 0.0
 
 
 def test_a_slot_is_held_from_accepted_to_the_release_on_its_host() -> None:
