@@ -163,11 +163,15 @@ class Collector:
 def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
     """The ETA's median error on this run replayed (daemon/fleet/replay.py): its measured requests, each of the
     benchmark's class and team (so a run without classes is replayed as the fleet with them would order it),
-    through a simulated fleet of as many slots. None when no ETA was given."""
+    through a simulated fleet of as many slots that knows the run's durations ahead, as a fleet that ran such
+    jobs before does (cold, every request of a burst before the first end gets no ETA but the first few). None
+    when no ETA was given."""
     labels = {a.request_id: a for a in arrivals}
     measured = tuple(replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
                      for a in arrivals_from_events(events) if a.request_id in labels)
-    error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()}))
+    history = tuple((a.method, a.model, a.duration_s) for a in measured)
+    error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()},
+                            history=history))
     return None if math.isnan(error) else error
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, request
-from benchmarks.fleet_metrics import parse_fleet_line
+from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, replayed_eta_error, request
+from benchmarks.fleet_metrics import Arrival, parse_fleet_line
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
-from schemas import RequestBase
+from schemas import Accepted, Event, RequestBase, Started, Succeeded
 from schemas.decode import decode_request
 
 ROOT = Path(__file__).parents[1]
@@ -37,6 +38,35 @@ def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: 
         assert settings.class_topics[URGENT] != settings.class_topics[BATCH]
         assert [c.name for c in settings.priority_classes if c.preemptible] == [BATCH]
         assert settings.preempt_min_run_s < 5
+
+
+def run_of_one_slot(durations: list[float]) -> tuple[list[Event], list[Arrival]]:
+    """Requests that all arrived at 0 and ran one after the other on one slot (no classes on the host)."""
+    events: list[Event] = []
+    start = 0.0
+    for n, seconds in enumerate(durations):
+        request_id, end = f"batch-{n}", start + seconds
+
+        def at(t: float) -> datetime:
+            return datetime.fromtimestamp(1_800_000_000 + t, UTC)
+
+        events += [
+            Accepted(request_id=request_id, method="sft", time=at(start)),
+            Started(request_id=request_id, method="sft", slot="cpu", pid=1, time=at(start)),
+            Succeeded(request_id=request_id, time=at(end), sink="local", repo_id="a/b", revision="main", commit_sha=None,
+                      commit_url=None, location="/x", files=[], metrics={}, durations_s={"queue": start, "push": 0.0, "total": end},
+                      versions={}, method="sft", trainer="SFTTrainer", base_model="tiny", base_model_revision=None, dataset_fingerprint=None),
+        ]
+        start = end
+    return events, [Arrival(f"batch-{n}", 1_800_000_000, BATCH, "sweep") for n in range(len(durations))]
+
+
+def test_the_run_is_replayed_for_the_etas_error_with_its_own_durations_known() -> None:
+    # Alike jobs: with their duration known ahead, every ETA at arrival is the wait it had.
+    assert replayed_eta_error(*run_of_one_slot([10.0, 10.0, 10.0]), slots=1) == pytest.approx(0.0)
+    # Mixed lengths: the ETA is the median job's (2 s), the waits are 10 and 12 s: errors 0, 0.8 and 8/12.
+    assert replayed_eta_error(*run_of_one_slot([10.0, 2.0, 2.0]), slots=1) == pytest.approx(8 / 12)
+    assert replayed_eta_error([], [], slots=1) is None
 
 
 @pytest.mark.slow
