@@ -1,6 +1,8 @@
-"""Fleet: the fleet as one queue, measured. A sweep of `batch` requests of mixed lengths from one team,
-then `urgent` requests from another team once every slot is busy, on real daemons (processes) and the
-local broker; prints one line, `FLEET key=value ...` (benchmarks/fleet_metrics.py says what each figure is).
+"""Fleet: the fleet as one queue, measured on real daemons; prints one line, `FLEET key=value ...`.
+
+A sweep of `batch` requests of mixed lengths from one team, then `urgent` requests from another team once
+every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
+says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
 
     uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 batch (2 to 12 steps) + 2 urgent
     uv run python -m benchmarks.fleet --classes     # the same with the fleet's priority classes and teams
@@ -241,8 +243,9 @@ def main() -> None:
     parser.add_argument("--min-steps", type=int, default=Plan.min_steps)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--partitions", type=int, default=Plan.partitions)
-    parser.add_argument("--classes", action=argparse.BooleanOptionalAction, default=False,
-                        help="the fleet's priority classes and teams (without: each partition first-in-first-out)")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--classes", action="store_true", help="the fleet's priority classes and teams")
+    modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out (the default)")
     parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)

@@ -70,8 +70,9 @@ def test_the_run_is_replayed_for_the_etas_error_with_its_own_durations_known() -
 
 
 @pytest.mark.slow
-def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "--quick", "--bootstrap-servers", kafka],
+@pytest.mark.parametrize("mode", ["fifo", "classes"])
+def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str, mode: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "--quick", "--bootstrap-servers", kafka, f"--{mode}"],
                          capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("FLEET ")]
@@ -79,7 +80,7 @@ def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str)
     figures = parse_fleet_line(lines[0])
     assert set(KEYS) <= set(figures)
     assert figures["lost"] == "0" and figures["duplicate_trainings"] == "0" and figures["duplicate_commits"] == "0"
-    assert figures["mode"] == "fifo" and figures["batch"] == "4" and figures["urgent"] == "1"
+    assert figures["mode"] == mode and figures["batch"] == "4" and figures["urgent"] == "1"
     for key in ("idle_share", "makespan_ratio"):
         assert float(figures[key]) >= 0
     # The urgent request trained: its start was measured.
