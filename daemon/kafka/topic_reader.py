@@ -30,10 +30,12 @@ log = structlog.get_logger()
 class TopicReader:
     """`async with TopicReader(settings, topic) as reader: async for record in reader.records(): ...`"""
 
-    def __init__(self, settings: Settings, topic: str, *, from_end: bool = False, client_id: str | None = None) -> None:
+    def __init__(self, settings: Settings, topic: str, *, from_end: bool = False, client_id: str | None = None,
+                 since: float | None = None) -> None:
         self.settings = settings
         self.topic = topic
         self.from_end = from_end
+        self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
         self.consumer = AIOKafkaConsumer(
             **kafka_options(settings), group_id=None, enable_auto_commit=False,
             **({"client_id": client_id} if client_id else {}),
@@ -54,9 +56,12 @@ class TopicReader:
         partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
         self.consumer.assign(partitions)
         self.ends = await self.consumer.end_offsets(partitions)
-        for tp in partitions:
-            self.consumer.seek(tp, self.ends[tp] if self.from_end else 0)
         self.next_offset = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
+        if self.since is not None and not self.from_end:
+            found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
+            self.next_offset = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
+        for tp in partitions:
+            self.consumer.seek(tp, self.next_offset[tp])
         return self
 
     async def stop(self) -> None:
@@ -91,7 +96,7 @@ class TopicReader:
 
     async def records(self, *, follow: bool = True) -> AsyncIterator[Record]:
         """The records in partition order. Without `follow`, stop once caught up with the ends as of `start()`."""
-        behind = set() if self.from_end else {tp for tp, end in self.ends.items() if end > 0}
+        behind = {tp for tp, end in self.ends.items() if end > self.next_offset.get(tp, 0)}
         while True:
             if not behind and not self.caught_up.is_set():
                 self.caught_up.set()
