@@ -30,7 +30,7 @@ from benchmarks.fleet_metrics import (
     steps_retrained_per_preemption,
     water_fill,
 )
-from schemas import Preempted, Progress, Queued, Started
+from schemas import Preempted, Progress, Queued, Started, Succeeded
 
 CLASSES = ["urgent", "default", "batch"]
 TWO_HOSTS = {"a": 1, "b": 1}
@@ -220,6 +220,12 @@ def test_events_are_read_from_the_daemons_own_events() -> None:
     assert queued is not None and queued.eta_s == 12.5
     preempted = seen(Preempted(request_id="r1", host="b", time=at, by="u1", priority_class="batch", preemptions=1, step=4))
     assert preempted is not None and preempted.step == 4
+    succeeded = seen(Succeeded(
+        request_id="r1", host="b", time=at, sink="local", repo_id="a/b", revision="main", commit_sha=None, commit_url=None,
+        location="/x", files=[], metrics={}, durations_s={"push": 0.25, "total": 9.0}, versions={}, method="sft",
+        trainer="SFTTrainer", base_model="tiny", base_model_revision=None, dataset_fingerprint=None,
+    ))
+    assert succeeded is not None and succeeded.push_s == 0.25 and not succeeded.duplicate
 
 
 def test_the_fleet_line_holds_every_figure_and_parses_back() -> None:
