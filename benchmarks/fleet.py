@@ -195,6 +195,8 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
                                       max_attempts=3, retry_backoff_s=1, **fleet_overrides(plan, suffix))
         # The topic the daemons' group reads (ensure_topics made it, and the class queues): the claims with classes.
         group_partitions = len(await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic))
+        # One checkpoint store for the fleet (a shared folder here): a job preempted on one host resumes on any other.
+        settings = settings.model_copy(update={"checkpoint_store": str(settings.work_dir / "checkpoint-store")})
         hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
                                              "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
         daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
