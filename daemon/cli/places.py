@@ -137,7 +137,8 @@ def where_it_waits(placed: Placed, total: int) -> str:
     if placed.place is None:
         return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
     eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
-    return (f"{w.request_id}: waiting ({w.stage}) in {w.where}, class {w.priority_class or '-'}, team {w.team}, "
+    where = w.where if w.where.startswith("on ") else f"in {w.where}"
+    return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
             f"place {placed.place} of {total}, starts in {eta}" + (f"; {w.detail}" if w.detail else ""))
 
 

@@ -120,7 +120,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
         elif job.state == "queued":
             each.stage, each.host = job.latest, job.host
             each.arrived = min(each.arrived, job.since)
-            each.detail = each.detail or job.detail
+            each.detail = each.detail or _said(job)
             waiting[each.request_id] = each
         else:
             waiting.pop(each.request_id, None)  # running, or ended and about to be committed
@@ -129,7 +129,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
         if job.state == "queued" and request_id not in waiting:
             priority_class, team, metadata = named.get(request_id, (None, None, {}))
             waiting[request_id] = Waiting(request_id, priority_class or settings.default_class, team_of(team), job.since, job.method,
-                                          None, 1, metadata, job.latest, f"on {job.host}", job.detail, job.host)
+                                          None, 1, metadata, job.latest, f"on {job.host}", _said(job), job.host)
     return Backlog(list(waiting.values()) + undecodable, records, jobs, events)
 
 
@@ -151,6 +151,12 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
         decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
         f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
     )
+
+
+def _said(job: RequestSummary) -> str:
+    """What a waiting request's latest event adds: why it waits again (a retry, a preemption). A `queued`
+    event's place is left out: it is the place when that host said it; the listing's place is now's."""
+    return job.detail if job.latest in ("retrying", "preempted") else ""
 
 
 def _header(record: Record, name: str) -> str | None:
