@@ -27,6 +27,7 @@ from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
+from daemon.fleet.wiring import fleet_dispatcher
 from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
 from daemon.jobs.scheduler import Scheduler
@@ -89,6 +90,10 @@ class Service:
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
             core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
         self.reader = CarefulReader(self.consumer, self.partitions)
+        # With priority classes, requests wait in the classes' queues and this host takes them into
+        # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
+        self.dispatcher = fleet_dispatcher(settings, self.scheduler, self.partitions) if settings.class_topics else None
+        self.topic = settings.claims_topic if self.dispatcher is not None else settings.requests_topic
         self.control = ControlReader(settings, self.scheduler.cancel)
         self.notifier = Notifier()
         self.http: HttpEndpoint | None = None
@@ -125,16 +130,20 @@ class Service:
             sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
                     {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
-            self.consumer.subscribe([self.settings.requests_topic], listener=RebalanceListener(self._on_assigned))
+            self.consumer.subscribe([self.topic], listener=RebalanceListener(self._on_assigned))
             await self.consumer.start()
+            dispatching = await self._start_dispatcher()
             log.info(
-                "daemon.started", topic=self.settings.requests_topic, group_id=self.settings.group_id,
+                "daemon.started", topic=self.topic, group_id=self.settings.group_id, queues=self.settings.class_topics or None,
                 gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
                 events_signed_by=self.publisher.signer.key_id if self.publisher.signer is not None else None,  # None: unsigned
             )
             try:
                 await self._poll_until_stopped()
             finally:
+                if self.dispatcher is not None:  # no more claims: this host leaves the queues' groups first
+                    await asyncio.gather(dispatching, return_exceptions=True)
+                    await self.dispatcher.stop()
                 await self.partitions.settled()
                 await self.scheduler.stop_jobs()
                 await self.consumer.stop()
@@ -146,6 +155,15 @@ class Service:
             if self.http is not None:
                 self.http.stop()
             log.info("daemon.stopped")
+
+    async def _start_dispatcher(self) -> asyncio.Future[None]:
+        """The fleet's dispatcher, running beside the loop until the stop (a finished future without classes)."""
+        if self.dispatcher is None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        await self.dispatcher.start()
+        return asyncio.create_task(self.dispatcher.run(self.stop_requested), name="fleet-dispatcher")
 
     async def _poll_until_stopped(self) -> None:
         while not self.stop_requested.is_set():
@@ -267,6 +285,8 @@ class Service:
         }
 
     def _report_status(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.wake.set()  # a slot may have freed: the dispatcher looks at the queues now
         if self.ready.is_set():
             jobs, free = len(self.scheduler.jobs), len(self.slots.free)
             self.notifier.status(f"{jobs} job(s) running; {free} of {self.slots.total} slot(s) free")

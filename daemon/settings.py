@@ -21,7 +21,7 @@ from pydantic_settings import (
 )
 
 from daemon.errors import ConfigError
-from daemon.fleet.config import PriorityClass, TeamShare, queue_topic
+from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
 from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
 from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
@@ -146,7 +146,7 @@ class Settings(BaseSettings):
         "CA bundle that signed the fleet's endpoint certificates: with it, `adapterd logs` sends the logs token over verified TLS only."))
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
-    # The fleet's queue (daemon/fleet/config.py; deploy/README.md): none by default.
+    # The fleet's queue (daemon/fleet_config.py; deploy/README.md): none by default.
     priority_classes: list[PriorityClass] = Field(default_factory=list, description=(
         "The fleet's priority classes, highest first; empty: each requests partition is its own first-in-first-out queue."
     ))

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiokafka import TopicPartition
@@ -66,6 +66,18 @@ class Offered(StrEnum):
         return self in (Offered.DEFERRED, Offered.SKIPPED)
 
 
+class FleetHooks(Protocol):
+    """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
+
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str]:
+        """The `accepted` event's class and team; the job is counted as started."""
+
+    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
+        """After a job ended interrupted: True when it was preempted and its claim is committed."""
+
+    def forget(self, tp: TopicPartition) -> None: ...
+
+
 @dataclass
 class RunningJob:
     request_id: str
@@ -101,6 +113,7 @@ class Scheduler:
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
+        self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -191,10 +204,15 @@ class Scheduler:
     async def _run(self, tp: TopicPartition, record: Record, runner: JobRunner) -> None:
         offset = record.offset
         try:
-            await runner.events.publish(Accepted, method=runner.request.method)
+            fleet = self.fleet.accepted_fields(tp, record, runner.request) if self.fleet is not None else {}
+            await runner.events.publish(Accepted, method=runner.request.method, **fleet)
             event = await runner.run()
             if event is None:
-                return  # interrupted: nothing published, nothing committed; the request is read again
+                # Interrupted: nothing published, nothing committed; the request is read again. A preempted
+                # one is back in its class's queue, its claim committed in the same transaction.
+                if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
+                    self.partitions.committed[tp] = offset + 1
+                return
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
                 alone = event.code == "out_of_memory" and runner.share is not None  # not its failure: the same attempt, now, alone
@@ -225,6 +243,8 @@ class Scheduler:
             if job is not None and job.offset == offset:
                 del self.jobs[tp]
                 self._give_back(job)
+                if self.fleet is not None:
+                    self.fleet.forget(tp)
             if not self.stopping:
                 self.resume_idle_partitions()
                 await self.prepare_children()

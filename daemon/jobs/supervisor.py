@@ -88,6 +88,7 @@ class Supervisor:
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
+        self.checkpoint_step: int | None = None  # the last checkpoint the child saved (what a preemption would resume from)
         self.child: JobProcess | None = None
         self._running: asyncio.Task[ChildOutcome] | None = None
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
@@ -136,6 +137,7 @@ class Supervisor:
             await self.events.publish(Progress, **fields)
         elif isinstance(message, CheckpointSaved):
             self.log.info("job.checkpoint", step=message.step, path=message.path)
+            self.checkpoint_step = message.step
             if self.uploads is not None:
                 await self.uploads.saved(message.step, message.path)
             else:

@@ -72,6 +72,9 @@ def kafka_consumer(settings: Settings) -> Consumer:
         client_id=f"adapterd-{settings.host}",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
+        # With priority classes the requests it runs are moved into the claims topic in transactions
+        # (daemon/fleet/moves.py): an aborted move is never read. Without, the same as read_uncommitted.
+        isolation_level="read_committed",
         max_poll_interval_ms=settings.max_poll_interval_ms,
         session_timeout_ms=settings.session_timeout_ms,
         group_instance_id=settings.group_instance_id,

@@ -40,6 +40,9 @@ class Partitions:
         # handed to intake, or where it last sought. What `rewind` goes back to (daemon/kafka/unreadable.py).
         self.expected: dict[TopicPartition, int] = {}
         self._learning: asyncio.Task[None] | None = None
+        # What this member committed of each partition (the fleet's dispatcher reads it: a claims
+        # partition whose last record is committed is idle, daemon/fleet/dispatcher.py).
+        self.committed: dict[TopicPartition, int] = {}
 
     def assigned(self) -> set[TopicPartition]:
         return set(self.consumer.assignment())
@@ -104,6 +107,7 @@ class Partitions:
             ):
                 with attempt:
                     await self.consumer.commit({tp: offset})
+            self.committed[tp] = max(offset, self.committed.get(tp, 0))
         except (CommitFailedError, IllegalStateError) as exc:
             # The partition moved to another member; that member reads the request again.
             log.warning("offset.commit_failed", partition=tp.partition, offset=offset, error=str(exc))

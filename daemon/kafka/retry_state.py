@@ -34,6 +34,10 @@ DUE_HEADER = "adapterd-not-before"
 SIGNATURE_HEADER = "adapterd-retry-signature"
 ALONE_HEADER = "adapterd-alone"  # "1": it ran out of memory on a shared GPU and runs again on a GPU of its own
 RETRY_HEADERS = (ATTEMPT_HEADER, DUE_HEADER, SIGNATURE_HEADER)
+# How often the fleet has preempted the request (daemon/fleet/jobs.py), signed the same way: a producer's
+# `adapterd-preemptions: 99` would make its request one that is never preempted again.
+PREEMPTIONS_HEADER = "adapterd-preemptions"
+PREEMPTIONS_SIGNATURE_HEADER = "adapterd-preemptions-signature"
 MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (`backoff_s`)
 
 
@@ -87,6 +91,20 @@ class RetrySigner:
         if not (1 <= attempt <= self.max_attempts and math.isfinite(due)):
             return FIRST
         return RetryState(attempt, min(due, time.time() + MAX_BACKOFF_S), alone=alone_text == b"1")
+
+    def preemption_headers(self, record_key: bytes | None, value: bytes, count: int) -> list[tuple[str, bytes]]:
+        """Headers that say the request has been preempted `count` times, signed over the record."""
+        text = str(count).encode()
+        return [(PREEMPTIONS_HEADER, text), (PREEMPTIONS_SIGNATURE_HEADER, self._sign(record_key, value, b"preemptions", text).encode())]
+
+    def preemptions(self, record: Record) -> int:
+        """How often the fleet has preempted the request: 0 unless the count is signed."""
+        headers = {name: value for name, value in record.headers or () if name in (PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER)}
+        text, signature = headers.get(PREEMPTIONS_HEADER), headers.get(PREEMPTIONS_SIGNATURE_HEADER)
+        if not text or not signature or not text.isdigit() or len(text) > 6:
+            return 0
+        expected = self._sign(record.key, record.value or b"", b"preemptions", text).encode()
+        return int(text) if hmac.compare_digest(expected, signature) else 0
 
     def _sign(self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes, alone: bytes | None = None) -> str:
         """HMAC over the record and its retry state; `alone` only when set, so a retry signed before

@@ -9,14 +9,19 @@ from daemon.errors import TopicMissing
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 
+CLAIMS_PARTITIONS = 16  # the claims topic made here: enough for a small fleet's slots
+
 
 async def ensure_topics(settings: Settings, partitions: int = 1, replication_factor: int = 1) -> None:
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     try:
         await admin.start()  # inside: a broker that does not answer leaves no client open
         existing = set(await admin.list_topics())
-        names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic]
+        names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic, *settings.class_topics.values()]
         missing = [NewTopic(name, partitions, replication_factor) for name in names if name not in existing]
+        if settings.class_topics and settings.claims_topic not in existing:
+            # One job per claims partition: at least as many as the fleet has slots (deploy/README.md).
+            missing.append(NewTopic(settings.claims_topic, max(partitions, CLAIMS_PARTITIONS), replication_factor))
         if missing:
             try:
                 await admin.create_topics(missing)

@@ -1,0 +1,107 @@
+"""This host's claimed jobs as the fleet sees them, and preemption: stop one at its checkpoint and send its
+request back to its class's queue without spending an attempt.
+
+A preempted job is stopped like a daemon stop (`Stop.interrupt`: the child saves a checkpoint within
+`drain_timeout_s`, uploaded to the checkpoint store when there is one). Its claim is then moved back to
+the end of its class's queue in one transaction that commits the claim (daemon/fleet/moves.py), with its
+signed count of preemptions (daemon/kafka/retry_state.py) and its attempt headers as they were; the
+`preempted` event names the request that took the slot. Whoever runs it next resumes from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+from aiokafka import TopicPartition
+
+from daemon.fleet.choice import Running
+from daemon.fleet.moves import Move, Mover
+from daemon.fleet_config import team_of
+from daemon.jobs.job import JobRunner
+from daemon.jobs.lifecycle import Stop
+from daemon.jobs.scheduler import Scheduler
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER, RetrySigner
+from daemon.settings import Settings
+from schemas import Preempted, RequestBase
+
+log = structlog.get_logger()
+
+CLASS_HEADER = "adapterd-class"  # the class a claimed request runs as (set by the dispatcher)
+
+
+def claimed_class(record: Record, request: RequestBase, settings: Settings) -> str:
+    """The class a claimed request runs as: the dispatcher's header, else what it names, else the default."""
+    for name, value in record.headers or ():
+        if name == CLASS_HEADER and value is not None and value.decode(errors="replace") in settings.class_topics:
+            return value.decode()
+    return request.priority_class or settings.default_class or ""
+
+
+class FleetJobs:
+    """Holds what the scheduler's jobs need for the fleet: when each started, and which are being preempted."""
+
+    def __init__(self, settings: Settings, mover: Mover, retries: RetrySigner, scheduler: Scheduler) -> None:
+        self.settings = settings
+        self.scheduler = scheduler
+        self.mover = mover
+        self.retries = retries
+        self.started: dict[TopicPartition, tuple[float, Record]] = {}
+        self.preempting: dict[TopicPartition, str] = {}  # claims partition → the request id that takes its slot
+        self.preemptible = {c.name for c in settings.priority_classes if c.preemptible}
+
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str]:
+        self.started[tp] = (time.time(), record)
+        return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team)}
+
+    def running(self) -> list[Running]:
+        """This host's jobs that hold slots, for `choose` and `preemption_for` (daemon/fleet/choice.py)."""
+        out = []
+        for tp, job in self.scheduler.jobs.items():
+            if job.placement is None:
+                continue  # trained: judged or pushed now, its slot free
+            runner = job.runner
+            started, record = self.started.get(tp, (time.time(), None))
+            if record is None or tp in self.preempting:
+                continue
+            cls = claimed_class(record, runner.request, self.settings)
+            step = runner.supervisor.progress.get("step")
+            saved = runner.supervisor.checkpoint_step
+            out.append(Running(
+                request_id=runner.request.request_id, priority_class=cls, team=team_of(runner.request.team), started=started,
+                method=runner.request.method, model=runner.request.model.id, preemptible=cls in self.preemptible,
+                preemptions=self.retries.preemptions(record), eta_s=runner.supervisor.progress.get("eta_s"),
+                steps_since_checkpoint=None if step is None else step - (saved or 0), key=tp,
+            ))
+        return out
+
+    def preempt(self, tp: TopicPartition | None, by: str) -> bool:
+        """Stop the job of claims partition `tp` at its checkpoint so that request `by` takes its slot; False when
+        there is none or it is too late (its outcome is being published)."""
+        job = self.scheduler.jobs.get(tp) if tp is not None else None
+        if job is None or tp is None or tp in self.preempting or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
+            return False
+        self.preempting[tp] = by
+        return True
+
+    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
+        """After a job ended interrupted: True when it was preempted and its request is back in its queue."""
+        self.started.pop(tp, None)
+        by = self.preempting.pop(tp, None)
+        if by is None:
+            return False
+        cls = claimed_class(record, runner.request, self.settings)
+        count = self.retries.preemptions(record) + 1
+        await self.mover.move(Move(
+            record, self.settings.class_topics[cls], self.settings.group_id,
+            headers=tuple(self.retries.preemption_headers(record.key, record.value or b"", count)),
+            drop=frozenset({PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER, CLASS_HEADER}),
+        ))
+        log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
+        await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
+        return True
+
+    def forget(self, tp: TopicPartition) -> None:
+        self.started.pop(tp, None)
+        self.preempting.pop(tp, None)

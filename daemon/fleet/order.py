@@ -1,0 +1,176 @@
+"""The fleet's order, decided by pure functions: which waiting request a free slot takes, and which
+running job a higher class stops. No Kafka and no clock here: the callers (the dispatcher, `jobs`,
+the benchmark's replay) pass in what they read, and `now`.
+
+The rules (docs/architecture.md, "The fleet's order"):
+- class first, in the operator's order (highest first);
+- within a class, fair share: again and again the team with the least (decayed slot-seconds + the rest
+  of its running jobs + the expected work already placed ahead of it) / weight; a team at its `max_slots` cap is skipped while
+  a team below its cap waits (a cap is hard: `pick` never gives such a team a slot);
+- then arrival. A share left idle is lent: a team alone waiting gets every slot up to its cap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from daemon.fleet.config import PriorityClass, TeamShare
+from daemon.fleet.usage import Durations
+
+# The slot-seconds a waiting request of unknown length counts for in the fair share, when no job
+# of any method has succeeded yet: only the ratio between teams matters then, not this figure.
+DEFAULT_WORK_S = 600.0
+
+NO_SHARE = TeamShare()  # a team the operator did not list: weight 1, no cap
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request waiting anywhere in the fleet: not yet read from its class's queue, or read and not yet started."""
+
+    request_id: str
+    priority_class: str
+    team: str
+    arrived: float  # epoch seconds: its record's timestamp
+    method: str
+    model: str
+    gpus: int = 1
+    key: object = None  # the caller's handle (a TopicPartition, a record), passed through untouched
+
+
+@dataclass(frozen=True)
+class Running:
+    """A job running somewhere in the fleet."""
+
+    request_id: str
+    priority_class: str
+    team: str
+    started: float  # epoch seconds
+    method: str
+    model: str
+    eta_s: float | None = None  # the job's own ETA (its last progress event), seconds from `now`
+    preemptible: bool = False  # the job may be stopped now (its class allows it, and it is training)
+    preemptions: int = 0
+    steps_since_checkpoint: int | None = None  # work a preemption would lose; None: unknown, counted as the worst
+    host: str = ""
+    key: object = None
+    gpus: int = 1
+
+
+def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
+    return teams.get(team, NO_SHARE)
+
+
+def expected_work(request: Waiting, durations: Durations | None) -> float:
+    """The slot-seconds a waiting request is expected to take: its expected duration times its GPUs."""
+    expected = durations.expected(request.method, request.model) if durations is not None else None
+    return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
+
+
+def remaining_work(running: list[Running], durations: Durations | None, now: float) -> dict[str, float]:
+    """The slot-seconds each team's running jobs are still expected to take: a job's own ETA, else its expected
+    duration less the time it has run (none past it), times its GPUs. The fair share counts it as work placed
+    ahead: without it the slots that free together all go to whichever team leads, since a job just
+    started has no slot-time yet."""
+    ahead: dict[str, float] = {}
+    for job in running:
+        if job.eta_s is not None:
+            left = max(0.0, job.eta_s)
+        else:
+            expected = durations.expected(job.method, job.model) if durations is not None else None
+            left = max(0.0, (DEFAULT_WORK_S if expected is None else expected) - (now - job.started))
+        ahead[job.team] = ahead.get(job.team, 0.0) + left * job.gpus
+    return ahead
+
+
+def fleet_order(
+    waiting: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
+    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, ahead: Mapping[str, float] | None = None,
+) -> list[Waiting]:
+    """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
+    team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
+    (`Usage.running`), `ahead` the slot-seconds its running jobs still have to go (`remaining_work`). A
+    request of a class not in `classes` (one the operator since removed) goes last."""
+    rank = {c.name: index for index, c in enumerate(classes)}
+    groups: dict[int, dict[str, deque[Waiting]]] = {}
+    for request in sorted(waiting, key=lambda w: (rank.get(w.priority_class, len(classes)), w.arrived, w.request_id)):
+        groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(request)
+    spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
+    for team, seconds in (ahead or {}).items():
+        spent[team] = spent.get(team, 0.0) + seconds
+    holding = dict(running)  # each team's slots, growing with the requests placed ahead
+    order: list[Waiting] = []
+
+    def entry(team: str, queue: deque[Waiting]) -> tuple[float, float, str]:
+        return spent.get(team, 0.0) / share_of(team, teams).weight, queue[0].arrived, team
+
+    for _, queues in sorted(groups.items()):
+        # The teams below their caps compete first; a team reaching its cap stays at it (holding only grows),
+        # so its requests wait until no team below its cap has any left, then the capped ones compete alike.
+        capped = [team for team in queues if _at_cap(team, holding, teams)]
+        contending = [entry(team, queue) for team, queue in queues.items() if team not in capped]
+        heapq.heapify(contending)
+        only_capped = False
+        while contending or capped:
+            if not contending:
+                contending, capped, only_capped = [entry(team, queues[team]) for team in capped], [], True
+                heapq.heapify(contending)
+            _, _, team = heapq.heappop(contending)
+            request = queues[team].popleft()
+            order.append(request)
+            spent[team] = spent.get(team, 0.0) + expected_work(request, durations)
+            holding[team] = holding.get(team, 0) + request.gpus
+            if not queues[team]:
+                continue
+            if not only_capped and _at_cap(team, holding, teams):
+                capped.append(team)
+            else:
+                heapq.heappush(contending, entry(team, queues[team]))
+    return order
+
+
+def _at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
+    cap = share_of(team, teams).max_slots
+    return cap is not None and holding.get(team, 0) + need > cap
+
+
+def pick(
+    heads: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
+    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, free: int | None = None, ahead: Mapping[str, float] | None = None,
+) -> Waiting | None:
+    """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
+    the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
+    given `free` (the host's free slots), when it needs no more GPUs than that. None: nothing it sees may start."""
+    fits = [h for h in heads if (free is None or h.gpus <= free) and not _at_cap(h.team, running, teams, h.gpus)]
+    order = fleet_order(fits, usage, running, classes, teams, durations, ahead=ahead)
+    return order[0] if order else None
+
+
+def victim(
+    head: Waiting, running: list[Running], classes: list[PriorityClass], min_run_s: float, max_count: int, now: float, *, free: int = 0,
+) -> Running | None:
+    """The running job `head` (a waiting request that fits no free slot) stops at its checkpoint, or None.
+
+    Only a job of a class lower than head's, of a class the operator made preemptible and itself
+    `preemptible` (both: the class allows it, and the caller knows the job can stop at a checkpoint now),
+    that has run at least `min_run_s`, been preempted fewer than `max_count` times, and frees enough GPUs
+    for head with the host's `free` ones (a head of several GPUs stops no job of one). Among them the one
+    that loses the least work (`steps_since_checkpoint`; unknown counts as the most), then the lowest
+    class, then the latest started (the one that has run the least, as Kueue chooses)."""
+    rank = {c.name: index for index, c in enumerate(classes)}
+    allowed = {c.name for c in classes if c.preemptible}
+    if head.priority_class not in rank:
+        return None
+    candidates = [
+        job for job in running
+        if job.preemptible and job.priority_class in allowed and rank[job.priority_class] > rank[head.priority_class]
+        and now - job.started >= min_run_s and job.preemptions < max_count and job.gpus + free >= head.gpus
+    ]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda job: (
+        float("inf") if job.steps_since_checkpoint is None else job.steps_since_checkpoint, -rank[job.priority_class], -job.started, job.request_id,
+    ))

@@ -1,0 +1,163 @@
+"""The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
+decides as the real one does (`fleet_order`, `pick`, `etas`): each request's ETA at its arrival is
+compared with the start the simulation then gives it. benchmarks.fleet replays its measured run
+(`arrivals_from_events`).
+
+The simulated fleet starts a request the moment a slot is free (no dispatch delay) and preempts
+nothing; a finished job's duration is learnt (`Trace.learn`) as a `succeeded` event would teach it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from daemon.fleet.config import PriorityClass, TeamShare
+from daemon.fleet.eta import etas
+from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
+from daemon.fleet.usage import Durations, Usage
+from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of a trace: when it arrives (seconds from the trace's start) and how long it really runs."""
+
+    at: float
+    duration_s: float
+    method: str = "sft"
+    model: str = "tiny"
+    priority_class: str = "default"
+    team: str = "default"
+    gpus: int = 1
+    request_id: str = ""  # empty: "r<its index in the trace>"
+
+
+@dataclass(frozen=True)
+class Trace:
+    arrivals: tuple[Arrival, ...]
+    slots: int = 1
+    classes: tuple[PriorityClass, ...] = (PriorityClass(name="default"),)
+    teams: Mapping[str, TeamShare] = field(default_factory=dict)
+    history: tuple[tuple[str, str, float], ...] = ()  # (method, model, seconds): the durations known before the trace starts
+    learn: bool = True  # a finished job's duration is learnt, as its succeeded event teaches the real fleet
+    running_eta: bool = False  # a running job reports its true remaining time (as its progress events' ETA); else it is estimated
+
+
+@dataclass(frozen=True)
+class Outcome:
+    request_id: str
+    arrived: float
+    eta_s: float | None  # the ETA it was given at arrival
+    started: float | None  # when the simulation started it; None: never (more GPUs than the fleet has)
+
+    @property
+    def error(self) -> float | None:
+        """|ETA - actual wait| / max(actual wait, 1 s); None without an ETA or a start."""
+        if self.eta_s is None or self.started is None:
+            return None
+        waited = self.started - self.arrived
+        return abs(self.eta_s - waited) / max(waited, 1.0)
+
+
+def replay(trace: Trace) -> list[Outcome]:
+    """Each request of the trace, in arrival order, with its ETA at arrival and its simulated start."""
+    arrivals = sorted(
+        ((a if a.request_id else replace(a, request_id=f"r{i}")) for i, a in enumerate(trace.arrivals)), key=lambda a: a.at,
+    )
+    classes, teams = list(trace.classes), trace.teams
+    durations, usage = Durations(), Usage()
+    for method, model, seconds in trace.history:
+        durations.add(method, model, seconds)
+    by_id = {a.request_id: a for a in arrivals}
+    waiting: list[Waiting] = []
+    running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
+    eta_at_arrival: dict[str, float | None] = {}
+    started: dict[str, float] = {}
+
+    def free_slots() -> int:
+        return trace.slots - sum(job.gpus for _, job in running.values())
+
+    def seen(now: float) -> list[Running]:
+        """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one."""
+        return [replace(job, eta_s=end - now) if trace.running_eta else job for end, job in running.values()]
+
+    def dispatch(now: float) -> None:
+        while waiting:
+            ahead = remaining_work(seen(now), durations, now)
+            head = pick(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, free=free_slots(), ahead=ahead)
+            if head is None:
+                return
+            waiting.remove(head)
+            started[head.request_id] = now
+            running[head.request_id] = (now + by_id[head.request_id].duration_s, Running(
+                head.request_id, head.priority_class, head.team, now, head.method, head.model, gpus=head.gpus,
+            ))
+            usage.start(head.request_id, head.team, now, slots=head.gpus)
+
+    index = 0
+    while index < len(arrivals) or running:
+        next_end = min((end for end, _ in running.values()), default=math.inf)
+        if index < len(arrivals) and arrivals[index].at < next_end:
+            arrival = arrivals[index]
+            index += 1
+            now = arrival.at
+            waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus))
+            jobs = seen(now)
+            order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
+            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
+        else:
+            now = next_end
+            for request_id in [r for r, (end, _) in running.items() if end == now]:
+                _, job = running.pop(request_id)
+                usage.end(request_id, now)
+                if trace.learn:
+                    durations.add(job.method, job.model, by_id[request_id].duration_s)
+        dispatch(now)
+    return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id)) for a in arrivals]
+
+
+def eta_error(trace: Trace) -> float:
+    """The median relative error of the ETAs given at arrival (|ETA - actual wait| / max(actual wait, 1 s)),
+    over the requests that were given one; NaN when none was (nothing was known to estimate from)."""
+    errors = [error for outcome in replay(trace) if (error := outcome.error) is not None]
+    return statistics.median(errors) if errors else math.nan
+
+
+
+def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
+    """A measured run's requests as a trace's arrivals, read from its events, in arrival order, times from the
+    first: each request that succeeded (a duplicate left out), arriving its `total` duration before its
+    succeeded event (or at its first `accepted` event, if earlier: a request preempted and queued again counts
+    from its first arrival, less its first wait), of the method and model it names, the class and team its
+    `accepted` event named ("default" on a host without classes) and the GPUs its `started` event named.
+    Its duration is its slot-time: each earlier attempt's stretch from `accepted` to `preempted` or
+    `retrying`, and the last one's `total` less its queue and push."""
+    accepted: dict[str, Accepted] = {}
+    first_accepted: dict[str, float] = {}
+    earlier: dict[str, float] = {}
+    gpus: dict[str, int] = {}
+    done: list[tuple[float, Arrival]] = []
+    for event in events:
+        request_id = event.request_id
+        if request_id is None:
+            continue
+        if isinstance(event, Accepted):
+            accepted[request_id] = event
+            first_accepted.setdefault(request_id, event.time.timestamp())
+        elif isinstance(event, Started):
+            gpus[request_id] = 1 if event.slot == "cpu" else len(event.slot.split(","))
+        elif isinstance(event, Preempted | Retrying) and request_id in accepted:
+            earlier[request_id] = earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
+        elif isinstance(event, Succeeded) and not event.duplicate and "total" in event.durations_s and request_id in accepted:
+            times, start = event.durations_s, accepted[request_id]
+            last = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
+            arrived = min(event.time.timestamp() - times["total"], first_accepted[request_id])
+            done.append((arrived, Arrival(
+                0.0, earlier.get(request_id, 0.0) + last, event.method, event.base_model, start.priority_class or "default",
+                start.team or "default", gpus.get(request_id, 1), request_id,
+            )))
+    first = min((at for at, _ in done), default=0.0)
+    return tuple(replace(arrival, at=at - first) for at, arrival in sorted(done, key=lambda pair: pair[0]))

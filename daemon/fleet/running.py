@@ -1,0 +1,78 @@
+"""The jobs running anywhere in the fleet, folded from the events every host reads: what `etas` needs to
+say when each waiting request starts, and what the fair share counts as work already under way.
+Pure: no Kafka, no clock; the caller feeds each event with `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from daemon.fleet.config import team_of
+from daemon.fleet.order import Running
+from schemas import Accepted, Cancelled, Checkpoint, Event, Failed, Preempted, Progress, Retrying, Started, Succeeded
+
+TERMINAL = (Succeeded, Failed, Cancelled)
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A running job as its events describe it so far."""
+
+    job: Running
+    eta_at: float | None = None  # when its last progress event's ETA was given
+    step: int | None = None  # its last progress event's step
+    saved: int = 0  # the step its last checkpoint holds (or it resumed from)
+
+
+class RunningJobs:
+    """Each request between its `accepted` event and its terminal, `retrying` or `preempted` one: its class,
+    team, method, host, start, GPUs (from `started`), the ETA its last `progress` event gave, the steps since
+    its last checkpoint, and how often it was preempted. The events do not name the base model (the model is
+    ''; `Durations.expected` then falls back to the method's median), nor whether the job may stop now
+    (`preemptible` is False: only the host running it preempts it, from its own jobs)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, _Seen] = {}
+        self._preemptions: dict[str, int] = {}  # request id → times preempted, until its terminal event
+
+    def observe(self, event: Event, now: float) -> None:
+        request_id = event.request_id
+        if request_id is None:
+            return
+        at = min(_epoch(event.time), now)
+        seen = self._seen.get(request_id)
+        if isinstance(event, Accepted):
+            self._seen[request_id] = _Seen(Running(
+                request_id, event.priority_class or "", team_of(event.team), at, event.method, "",
+                preemptions=self._preemptions.get(request_id, 0), host=event.host,
+            ))
+        elif isinstance(event, Preempted):
+            self._preemptions[request_id] = event.preemptions
+            self._seen.pop(request_id, None)
+        elif isinstance(event, Retrying):
+            self._seen.pop(request_id, None)
+        elif isinstance(event, TERMINAL):
+            self._seen.pop(request_id, None)
+            self._preemptions.pop(request_id, None)
+        elif seen is None:
+            return
+        elif isinstance(event, Started):
+            gpus = 1 if event.slot == "cpu" else len(event.slot.split(","))
+            self._seen[request_id] = replace(seen, job=replace(seen.job, gpus=gpus, host=event.host), saved=event.resumed_step or 0)
+        elif isinstance(event, Progress):
+            self._seen[request_id] = replace(seen, job=replace(seen.job, eta_s=event.eta_s), eta_at=at if event.eta_s is not None else None, step=event.step)
+        elif isinstance(event, Checkpoint):
+            self._seen[request_id] = replace(seen, saved=event.step)
+
+    def jobs(self, now: float) -> list[Running]:
+        """The running jobs as of `now`: each ETA counted down from when it was given."""
+        return [replace(
+            seen.job,
+            eta_s=None if seen.job.eta_s is None or seen.eta_at is None else max(0.0, seen.job.eta_s - (now - seen.eta_at)),
+            steps_since_checkpoint=None if seen.step is None else max(0, seen.step - seen.saved),
+        ) for seen in self._seen.values()]
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()

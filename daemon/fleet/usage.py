@@ -1,0 +1,126 @@
+"""What the fleet's order is decided from, folded from the events every host already reads: each team's
+recent slot-time (`Usage`) and recent job durations (`Durations`). Pure: no Kafka, no clock; the caller
+feeds each event with `now`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter, deque
+from datetime import datetime
+
+from daemon.fleet.config import team_of
+from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
+
+ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted)  # the events that free a job's slots
+
+
+class Usage:
+    """Each team's recent slot-time: a job holds its slots from its `accepted` event to its terminal,
+    `retrying` or `preempted` event, as many as its `started` event names GPUs (1 until then). Time
+    decays with `half_life_s`, so last week's sweep does not hold a team back today; a running job
+    counts up to `now`.
+
+    A job interrupted by a daemon stop publishes nothing: it counts as running until its request is
+    accepted again (here or on another host), where its first stretch ends."""
+
+    def __init__(self, half_life_s: float = 3600.0) -> None:
+        if not half_life_s > 0:
+            raise ValueError(f"half_life_s must be above 0, got {half_life_s}")
+        self._rate = math.log(2) / half_life_s
+        self._done: dict[str, tuple[float, float]] = {}  # team → (decayed slot-seconds, as of this time)
+        self._open: dict[str, tuple[str, float, int]] = {}  # request id → (team, since, slots)
+
+    def observe(self, event: Event, now: float) -> None:
+        """Fold one event in; those that say nothing of slots are ignored. The event's own time is when it
+        happened, bounded by `now` (a host whose clock runs ahead adds no slot-time from the future)."""
+        at = min(_epoch(event.time), now)
+        if event.request_id is None:
+            return
+        if isinstance(event, Accepted):
+            self.end(event.request_id, at)
+            self.start(event.request_id, team_of(event.team), at)
+        elif isinstance(event, Started) and event.request_id in self._open:
+            team, _, _ = self._open[event.request_id]
+            self.end(event.request_id, at)
+            self.start(event.request_id, team, at, slots=1 if event.slot == "cpu" else len(event.slot.split(",")))
+        elif isinstance(event, ENDS):
+            self.end(event.request_id, at)
+
+    def start(self, request_id: str, team: str, at: float, slots: int = 1) -> None:
+        """A job of `team` holds `slots` from `at` (the replay calls it directly)."""
+        self._open[request_id] = (team, at, slots)
+
+    def end(self, request_id: str, at: float) -> None:
+        """The job frees its slots at `at`; nothing for a request that holds none."""
+        held = self._open.pop(request_id, None)
+        if held is None:
+            return
+        team, since, slots = held
+        value, as_of = self._done.get(team, (0.0, at))
+        later = max(as_of, at)
+        self._done[team] = (value * self._decay(later - as_of) + slots * self._stretch(since, at, later), later)
+
+    def slot_seconds(self, now: float) -> dict[str, float]:
+        """Each team's decayed slot-seconds as of `now`, its running jobs counted up to `now`."""
+        seconds = {team: value * self._decay(now - as_of) for team, (value, as_of) in self._done.items()}
+        for team, since, slots in self._open.values():
+            seconds[team] = seconds.get(team, 0.0) + slots * self._stretch(since, now, now)
+        return seconds
+
+    def running(self) -> dict[str, int]:
+        """The slots each team's running jobs hold now (for the teams' `max_slots` caps)."""
+        held: Counter[str] = Counter()
+        for team, _, slots in self._open.values():
+            held[team] += slots
+        return dict(held)
+
+    def _decay(self, seconds: float) -> float:
+        return math.exp(-self._rate * seconds)
+
+    def _stretch(self, since: float, until: float, as_of: float) -> float:
+        """One slot held from `since` to `until`, decayed to `as_of`: the integral of the decay over the stretch."""
+        if until <= since:
+            return 0.0
+        return self._decay(as_of - until) * -math.expm1(-self._rate * (until - since)) / self._rate  # expm1: exact for a long half-life too
+
+
+class Durations:
+    """Recent durations of successful jobs: the seconds each held its slot (its `total` less its queue
+    and push), the last `window` of each method and model. A duplicate answered from an earlier
+    success trained nothing and is left out; a job resumed from a checkpoint counts its last attempt only."""
+
+    def __init__(self, window: int = 50) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self.window = window
+        self._by_model: dict[tuple[str, str], deque[float]] = {}
+        self._by_method: dict[str, deque[float]] = {}
+        self._all: deque[float] = deque(maxlen=window)
+        self._expected: dict[tuple[str, str], float | None] = {}  # answers since the last add: the order asks once per request
+
+    def observe(self, event: Event, now: float) -> None:
+        """Fold one event in: a `succeeded` one with its durations; every other is ignored. (`now` is unused:
+        a duration is as good a week later; the window keeps them recent.)"""
+        if not isinstance(event, Succeeded) or event.duplicate or "total" not in event.durations_s:
+            return
+        times = event.durations_s
+        self.add(event.method, event.base_model, max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0)))
+
+    def add(self, method: str, model: str, seconds: float) -> None:
+        self._by_model.setdefault((method, model), deque(maxlen=self.window)).append(seconds)
+        self._by_method.setdefault(method, deque(maxlen=self.window)).append(seconds)
+        self._all.append(seconds)
+        self._expected.clear()
+
+    def expected(self, method: str, model: str) -> float | None:
+        """The median of the same method and model, else of the same method, else of all, else None."""
+        if (method, model) not in self._expected:
+            found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
+            self._expected[(method, model)] = statistics.median(found) if found else None
+        return self._expected[(method, model)]
+
+
+def _epoch(moment: datetime) -> float:
+    return moment.timestamp()

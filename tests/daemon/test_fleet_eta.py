@@ -1,0 +1,130 @@
+"""Each waiting request's ETA by list scheduling of the fleet's order (daemon/fleet/eta.py), and the
+ETA's error measured on a replayed trace through a simulated fleet (daemon/fleet/replay.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from daemon.fleet.config import PriorityClass
+from daemon.fleet.eta import etas
+from daemon.fleet.order import Running, Waiting
+from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
+from daemon.fleet.usage import Durations
+from schemas import Accepted, Failed, Preempted, Started
+from tests.daemon.test_fleet_usage import accepted, at, read, succeeded
+
+NOW = 1_800_000_000.0
+
+
+def waiting(request_id: str, method: str = "sft", gpus: int = 1) -> Waiting:
+    return Waiting(request_id, "batch", "a", NOW, method, "tiny", gpus=gpus)
+
+
+def running(request_id: str, started: float = NOW, eta_s: float | None = None, gpus: int = 1, method: str = "sft") -> Running:
+    return Running(request_id, "batch", "a", started, method, "tiny", eta_s=eta_s, gpus=gpus)
+
+
+def known(seconds: float = 100.0) -> Durations:
+    durations = Durations()
+    durations.add("sft", "tiny", seconds)
+    return durations
+
+
+def test_each_request_takes_the_earliest_free_slot_in_order() -> None:
+    # One job says it ends in 30 s; one has no ETA yet but has run 40 s of the 100 its kind takes.
+    jobs = [running("r1", eta_s=30.0), running("r2", started=NOW - 40)]
+    assert etas([waiting("w1"), waiting("w2"), waiting("w3"), waiting("w4")], jobs, 2, known(), NOW) == {
+        "w1": 30.0, "w2": 60.0, "w3": 130.0, "w4": 160.0,
+    }
+
+
+def test_a_free_slot_is_free_now_and_an_overdue_job_ends_now() -> None:
+    jobs = [running("r1", started=NOW - 500)]  # past the 100 s its kind takes
+    assert etas([waiting("w1"), waiting("w2"), waiting("w3")], jobs, 2, known(), NOW) == {"w1": 0.0, "w2": 0.0, "w3": 100.0}
+
+
+def test_a_jobs_own_eta_wins_over_the_history() -> None:
+    assert etas([waiting("w1")], [running("r1", started=NOW - 90, eta_s=45.0)], 1, known(), NOW) == {"w1": 45.0}
+
+
+def test_an_unknown_duration_makes_every_later_eta_unknown_rather_than_made_up() -> None:
+    nothing = Durations()
+    assert etas([waiting("w1"), waiting("w2"), waiting("w3")], [running("r1", eta_s=50.0)], 1, nothing, NOW) == {
+        "w1": 50.0, "w2": None, "w3": None,
+    }
+    # Slots free now are free now whatever else is unknown; past them, the unknown ends could come first.
+    order = [waiting("w1"), waiting("w2"), waiting("w3"), waiting("w4")]
+    assert etas(order, [running("r1", eta_s=50.0)], 3, nothing, NOW) == {"w1": 0.0, "w2": 0.0, "w3": None, "w4": None}
+    # A running job with neither an ETA nor a history: its end is unknown too.
+    assert etas([waiting("w1")], [running("r1")], 1, nothing, NOW) == {"w1": None}
+
+
+def test_a_request_of_several_gpus_starts_when_the_last_of_its_slots_is_free() -> None:
+    jobs = [running("r1", eta_s=30.0), running("r2", eta_s=60.0), running("r3", eta_s=90.0)]
+    order = [waiting("pair", gpus=2), waiting("one"), waiting("huge", gpus=4), waiting("next")]
+    # The pair takes the slots free at 30 and 60 and holds both until 160; one takes the slot free at 90;
+    # huge needs more GPUs than the fleet has: it never starts and holds nothing up.
+    assert etas(order, jobs, 3, known(), NOW) == {"pair": 60.0, "one": 90.0, "huge": None, "next": 160.0}
+
+
+def test_a_trace_of_known_equal_durations_replays_with_no_error() -> None:
+    trace = Trace(tuple(Arrival(at=0.0, duration_s=10.0, method="sft", model="tiny") for _ in range(5)),
+                  slots=1, history=(("sft", "tiny", 10.0),))
+    outcomes = replay(trace)
+    assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0), (20.0, 20.0), (30.0, 30.0), (40.0, 40.0)]
+    assert eta_error(trace) == 0.0
+
+
+def test_durations_twice_the_history_give_a_known_error() -> None:
+    # The history says 10 s, each job takes 20: the ETAs say 0, 10, 20, 30, 40 for starts at 0, 20, 40, 60, 80.
+    arrivals = tuple(Arrival(at=0.0, duration_s=20.0) for _ in range(5))
+    trace = Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0),))
+    assert [o.eta_s for o in replay(trace)] == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert eta_error(trace) == pytest.approx(0.5)  # errors 0, then 10/20, 20/40, ...: the median is 0.5
+    # With the running job's own ETA (as its progress reports), only the waiting ones' durations are wrong:
+    # ETAs 0, 20, 30, 40, 50 against 0, 20, 40, 60, 80.
+    assert eta_error(Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0),), running_eta=True)) == pytest.approx(10 / 40)
+
+
+def test_the_replay_learns_durations_as_the_fleet_does() -> None:
+    arrivals = (Arrival(at=0.0, duration_s=10.0), Arrival(at=100.0, duration_s=10.0), Arrival(at=100.0, duration_s=10.0))
+    learnt = replay(Trace(arrivals, slots=1))
+    assert [o.eta_s for o in learnt] == [0.0, 0.0, 10.0] and learnt[2].error == 0.0
+    # Without learning nothing is known of the running job's end: no ETA rather than a guess.
+    assert [o.eta_s for o in replay(Trace(arrivals, slots=1, learn=False))] == [0.0, 0.0, None]
+
+
+def test_the_replay_starts_requests_in_the_fleets_order() -> None:
+    classes = (PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True))
+    sweep = tuple(Arrival(at=float(i), duration_s=10.0, priority_class="batch", team="a", request_id=f"b{i}") for i in range(4))
+    urgent = Arrival(at=5.0, duration_s=10.0, priority_class="urgent", team="b", request_id="u")
+    outcomes = {o.request_id: o for o in replay(Trace((*sweep, urgent), slots=1, classes=classes, history=(("sft", "tiny", 10.0),)))}
+    # b0 runs 0-10; the urgent request, arrived at 5, goes ahead of b1-b3, which arrived before it.
+    assert {r: o.started for r, o in outcomes.items()} == {"b0": 0.0, "u": 10.0, "b1": 20.0, "b2": 30.0, "b3": 40.0}
+    assert outcomes["u"].eta_s == 5.0 and outcomes["b1"].eta_s == 9.0  # b1's ETA at its arrival, before u came
+
+
+def test_no_eta_at_all_is_nan_not_zero() -> None:
+    assert math.isnan(eta_error(Trace((Arrival(at=0.0, duration_s=1.0, gpus=2),), slots=1)))
+
+
+def test_a_measured_runs_events_become_a_trace() -> None:
+    events = [
+        accepted("r1", "a", 10), read(Started(request_id="r1", method="sft", slot="0,1", pid=9, time=at(11))),
+        succeeded("r1", 110, {"queue": 5.0, "train": 85.0, "push": 10.0, "total": 105.0}),
+        # r2, from a host without classes: preempted after 30 s, queued again, accepted again, 100 s more.
+        read(Accepted(request_id="r2", method="sft", time=at(20))),
+        read(Preempted(request_id="r2", by="u", priority_class="default", preemptions=1, time=at(50))),
+        read(Accepted(request_id="r2", method="sft", time=at(200))),
+        succeeded("r2", 300, {"queue": 20.0, "train": 100.0, "push": 0.0, "total": 120.0}, method="dpo"),
+        accepted("dup", "a", 0), succeeded("dup", 1, {}, duplicate=True),
+        accepted("lost", "a", 0), read(Failed(request_id="lost", code="x", message="m", stage="train", retryable=False, time=at(1))),
+    ]
+    assert arrivals_from_events(events) == (
+        Arrival(0.0, 90.0, "sft", "tiny/m", "batch", "a", 2, "r1"),  # arrived at 110 - 105 = 5
+        Arrival(15.0, 130.0, "dpo", "tiny/m", "default", "default", 1, "r2"),  # at its first acceptance, 20
+    )
+    trace = Trace(arrivals_from_events(events), slots=2, classes=(PriorityClass(name="batch"), PriorityClass(name="default")))
+    assert [(o.request_id, o.started) for o in replay(trace)] == [("r1", 0.0), ("r2", 90.0)]  # r1 holds both slots

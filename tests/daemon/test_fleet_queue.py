@@ -1,0 +1,122 @@
+"""The fleet as one queue, end to end on the real broker with real daemons (issue 47): requests wait in
+their class's topic and whichever host has room takes them (no request waits behind a busy host while
+another is free), a higher class preempts a preemptible job at its checkpoint, which resumes from it
+with no attempt spent, and a host SIGKILLed with claimed work loses nothing: another runs it once."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.topics import ensure_topics
+from daemon.local_broker import free_port
+from daemon.settings import Settings
+from schemas import Accepted, Preempted, Progress, Started, Succeeded
+from schemas.events import EventBase
+from testbed.client import produce, terminal_events
+from testbed.data import CHAT_ROWS
+from testbed.hub_server import HubServer
+from testbed.processes import DaemonProcess, wait_until_gone
+from tests.helpers import sft_request
+
+pytestmark = pytest.mark.slow
+
+CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}]
+
+
+async def fleet(settings: Settings, **more: Any) -> Settings:
+    fleet_settings = settings.model_copy(update={
+        "priority_classes": Settings(priority_classes=CLASSES).priority_classes, "default_priority_class": "default",
+        "claims_topic": f"claims-{settings.group_id}", "session_timeout_ms": 10_000, **more,
+    })
+    await ensure_topics(fleet_settings, partitions=2)
+    return fleet_settings
+
+
+def hosts(settings: Settings, tmp_path: Path, *names: str) -> list[Settings]:
+    return [settings.model_copy(update={"host": name, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}"})
+            for name in names]
+
+
+def request(request_id: str, steps: int, **more: Any) -> dict[str, Any]:
+    return sft_request(request_id, dataset={"rows": CHAT_ROWS},
+                       training={"max_steps": steps, "save_steps": 2, "learning_rate": 1e-3, "per_device_train_batch_size": 2}, **more)
+
+
+async def submit_to(settings: Settings, topic: str, body: dict[str, Any], key: bytes | None = None) -> None:
+    await produce(settings, json.dumps(body).encode(), key or body["request_id"].encode(), topic=topic)
+
+
+def of(events: list[EventBase], kind: type[EventBase]) -> list[Any]:
+    return [event for event in events if isinstance(event, kind)]
+
+
+async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_sigkilled_hosts_claim_runs_once_elsewhere(
+    settings: Settings, published: HubServer, tmp_path: Path,
+) -> None:
+    fleet_settings = await fleet(settings)
+    host_a, host_b = hosts(fleet_settings, tmp_path, "host-a", "host-b")
+    ids = ["one-queue-1", "one-queue-2"]
+    a = DaemonProcess(host_a, tmp_path / "host-a.log").start()
+    b = None
+    try:
+        async with EventStream(fleet_settings) as stream:
+            # Both into ONE queue partition: without the fleet's queue the second waits behind the first on host-a.
+            for request_id in ids:
+                await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
+                                request(request_id, 30, team="search", priority_class="batch"), key=b"same-key")
+            async for event in stream.events("one-queue-1"):
+                if isinstance(event, Progress) and event.step >= 2:
+                    break
+            b = DaemonProcess(host_b, tmp_path / "host-b.log").start()  # joins: the waiting request moves to it
+            async for event in stream.events("one-queue-2"):
+                if isinstance(event, Progress):
+                    break
+        a.process.send_signal(signal.SIGKILL)  # mid-training, its claim uncommitted
+        await wait_until_gone(a.process.pid)
+        events = await terminal_events(fleet_settings, set(ids))
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+    first, second = events["one-queue-1"], events["one-queue-2"]
+    assert [(e.host, e.priority_class, e.team) for e in of(second, Accepted)] == [("host-b", "batch", "search")]
+    assert of(second, Started)[0].time < of(first, Started)[-1].time  # it did not wait for the first to end
+    # host-a's claim, lost with it, is run by host-b once its session ends: once to the end, one commit.
+    assert [event.host for event in of(first, Accepted)] == ["host-a", "host-b"]
+    assert len(of(first, Succeeded)) == 1 and of(first, Succeeded)[0].host == "host-b"
+    assert len(of(second, Succeeded)) == 1 and len(of(second, Started)) == 1
+
+
+async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_resumes_with_no_attempt_spent(
+    settings: Settings, published: HubServer, tmp_path: Path,
+) -> None:
+    fleet_settings = await fleet(settings, preempt_min_run_s=0)
+    (host,) = hosts(fleet_settings, tmp_path, "host-a")
+    daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
+    try:
+        async with EventStream(host) as stream:
+            await submit_to(host, host.class_topics["batch"], request("batch-long", 80, priority_class="batch", team="sweep"))
+            async for event in stream.events("batch-long"):
+                if isinstance(event, Progress) and event.step >= 3:
+                    break
+        await submit_to(host, host.class_topics["urgent"], request("urgent-fix", 4, priority_class="urgent", team="oncall"))
+        events = await terminal_events(host, {"batch-long", "urgent-fix"})
+    finally:
+        daemon.stop()
+    batch, urgent = events["batch-long"], events["urgent-fix"]
+    preempted = of(batch, Preempted)
+    assert len(preempted) == 1 and preempted[0].by == "urgent-fix" and preempted[0].preemptions == 1
+    assert preempted[0].time < of(urgent, Accepted)[0].time  # the urgent request took the freed slot
+    starts = of(batch, Started)
+    assert len(starts) == 2 and starts[1].resumed_step is not None and starts[1].resumed_step >= 2  # from its checkpoint
+    assert starts[1].time > of(urgent, Started)[0].time
+    assert {event.attempt for event in batch} == {1}  # a preemption is not a failure
+    assert len(of(batch, Succeeded)) == 1 and len(of(urgent, Succeeded)) == 1
+    steps = [event.step for event in batch[batch.index(starts[1]):] if isinstance(event, Progress)]
+    assert steps[0] == starts[1].resumed_step + 1  # nothing trained again beyond the step after the checkpoint
