@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.cli.waiting import Backlog, named_in_events, read_backlog
 from daemon.errors import UsageError
-from daemon.fleet.config import team_of
+from daemon.fleet_config import team_of
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Cancel

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
-from daemon.fleet.config import team_of
+from daemon.fleet_config import team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader

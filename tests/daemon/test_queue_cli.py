@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.fleet.config import PriorityClass
+from daemon.fleet_config import PriorityClass
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings

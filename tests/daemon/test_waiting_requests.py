@@ -15,7 +15,7 @@ from daemon.cli.places import Durations, default_slots, place_and_eta, running_l
 from daemon.cli.sweep import matches, selector
 from daemon.cli.waiting import Queue, Waiting, combine
 from daemon.errors import UsageError
-from daemon.fleet.config import PriorityClass
+from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
 from schemas import Event, parse_event
 from testbed.memory_kafka import FakeRecord
