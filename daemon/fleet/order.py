@@ -17,8 +17,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from daemon.fleet.config import PriorityClass, TeamShare
 from daemon.fleet.usage import Durations
+from daemon.fleet_config import PriorityClass, TeamShare
 
 # The slot-seconds a waiting request of unknown length counts for in the fair share, when no job
 # of any method has succeeded yet: only the ratio between teams matters then, not this figure.

@@ -14,10 +14,10 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from daemon.fleet.config import PriorityClass, TeamShare
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
 from daemon.fleet.usage import Durations, Usage
+from daemon.fleet_config import PriorityClass, TeamShare
 from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
 
 

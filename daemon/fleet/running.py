@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from daemon.fleet.config import team_of
 from daemon.fleet.order import Running
+from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Checkpoint, Event, Failed, Preempted, Progress, Retrying, Started, Succeeded
 
 TERMINAL = (Succeeded, Failed, Cancelled)

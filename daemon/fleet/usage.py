@@ -10,7 +10,7 @@ import statistics
 from collections import Counter, deque
 from datetime import datetime
 
-from daemon.fleet.config import team_of
+from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
 
 ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted)  # the events that free a job's slots

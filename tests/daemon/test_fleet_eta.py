@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from daemon.fleet.config import PriorityClass
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.usage import Durations
+from daemon.fleet_config import PriorityClass
 from schemas import Accepted, Failed, Preempted, Started
 from tests.daemon.test_fleet_usage import accepted, at, read, succeeded
 

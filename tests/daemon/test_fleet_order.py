@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from daemon.fleet.config import PriorityClass, TeamShare
 from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, remaining_work, victim
 from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
+from daemon.fleet_config import PriorityClass, TeamShare
 
 CLASSES = [PriorityClass(name="urgent"), PriorityClass(name="default", preemptible=True), PriorityClass(name="batch", preemptible=True)]
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.config import PriorityClass
 from daemon.fleet.order import Waiting, fleet_order
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Usage
+from daemon.fleet_config import PriorityClass
 from schemas import (
     Accepted,
     Cancelled,
