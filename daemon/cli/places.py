@@ -1,36 +1,36 @@
 """Each waiting request's place in the fleet's order and its ETA, as `adapterd jobs --state queued`
-and `adapterd get` show them: one function, `place_and_eta`.
+and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
 
-The order: classes first (Settings.priority_classes, highest first), then arrival. The ETA: the fleet's
-slots (`--slots`) become free as the running jobs end (each job's own latest `eta_s`, less the time
-since it said it; else the typical duration of its method, less the time it has run), and the waiting
-requests take them in order, each holding its slot for the typical duration of its method and model
-(the median of the recent `succeeded` events of the same method and model, else of the method, else
-of every job). Where nothing is known to estimate from, the ETA is unknown rather than guessed: from
-the first request that would need such a slot on, every later one's is unknown too.
+The events are folded as every host folds them (daemon/fleet/usage.py `Usage` and `Durations`,
+daemon/fleet/running.py `RunningJobs`); the order is daemon/fleet/order.py `fleet_order` (class, then
+the teams' fair share, then arrival) and the ETAs daemon/fleet/eta.py `etas` (list scheduling of that
+order onto the fleet's slots; unknown rather than guessed where a start needs an end nothing says).
+The one thing the CLI supplies is the number of the fleet's slots (`--slots`, else `default_slots`).
+
+A request whose latest event is `accepted` has a slot already and starts now: it is listed (the
+events call it queued) without a place, and counts as a running job for everyone's ETA.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-import statistics
-from collections import defaultdict, deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from daemon.cli.jobs import fold
 from daemon.cli.waiting import Backlog, Waiting, read_backlog
+from daemon.fleet import order as fleet
+from daemon.fleet.eta import etas
+from daemon.fleet.running import RunningJobs
+from daemon.fleet.usage import Durations, Usage
 from daemon.settings import Settings
 from schemas import Event
 
-RECENT = 20  # the durations of a method and model kept: the latest ones say most of what the next will take
 RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts as one slot for the default --slots
+UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
 
 
 @dataclass(frozen=True)
 class Placed:
-    """A waiting request, its place (1: next to start; None for a record that is not a request) and its ETA in seconds."""
+    """A waiting request, its place (1: next to start; None: not in the order) and its ETA in seconds."""
 
     request: Waiting
     place: int | None
@@ -45,69 +45,23 @@ class Placed:
 HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {'WAITING':<11} {'METHOD':<12} WHERE"
 
 
-class Durations:
-    """How long a job holds its slot, from the `succeeded` events: seconds from start to end (total less queue)."""
-
-    def __init__(self, events: list[Event]) -> None:
-        self.by_key: dict[tuple[str, str | None], deque[float]] = defaultdict(lambda: deque(maxlen=RECENT))
-        for event in events:
-            spent = getattr(event, "durations_s", None)
-            if event.type != "succeeded" or not spent or "total" not in spent:
-                continue  # a duplicate found by its Hub commit trained nothing
-            held = max(0.0, spent["total"] - spent.get("queue", 0.0))
-            for key in ((event.method, event.base_model), (event.method, None), ("", None)):
-                self.by_key[key].append(held)
-
-    def typical(self, method: str | None, model: str | None) -> float | None:
-        for key in ((method or "", model), (method or "", None), ("", None)):
-            if self.by_key.get(key):
-                return statistics.median(self.by_key[key])
-        return None
-
-
 def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime) -> list[Placed]:
-    """The waiting requests in the fleet's order, each with its place and ETA; records that are not requests last, unplaced."""
-    rank = {c.name: index for index, c in enumerate(settings.priority_classes)}
-    lowest = len(rank)
-    ordered = sorted((w for w in waiting if w.stage != "undecodable"),
-                     key=lambda w: (rank.get(w.priority_class or "", lowest), w.arrived, w.request_id))
-    durations = Durations(events)
-    left = running_left(events, durations, now)
-    free = sorted(math.inf if t is None else t for t in left) + [0.0] * max(0, slots - len(left))
-    heapq.heapify(free)
-    placed = []
-    for place, w in enumerate(ordered, start=1):
-        starts = heapq.heappop(free)
-        held = durations.typical(w.method, w.model)
-        heapq.heappush(free, math.inf if held is None or math.isinf(starts) else starts + held)
-        placed.append(Placed(w, place, None if math.isinf(starts) else starts))
-    return placed + [Placed(w, None, None) for w in waiting if w.stage == "undecodable"]
-
-
-def running_left(events: list[Event], durations: Durations, now: datetime) -> list[float | None]:
-    """Seconds until each running job ends: its own latest ETA, else its method's typical duration less what it ran; None: unknown."""
-    latest_eta: dict[str, tuple[datetime, float]] = {}
-    started: dict[str, datetime] = {}
+    """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
+    (`accepted`: ETA 0) and the records that are not requests (no ETA), unplaced."""
+    at = now.timestamp()
+    usage, durations, running = Usage(), Durations(), RunningJobs()
     for event in events:
-        if event.request_id is None:
-            continue
-        if event.type == "progress" and event.eta_s is not None:
-            latest_eta[event.request_id] = (event.time, event.eta_s)
-        elif event.type == "started":
-            started[event.request_id] = event.time
-            latest_eta.pop(event.request_id, None)  # an earlier attempt's ETA says nothing of this one
-    left: list[float | None] = []
-    for request_id, job in fold(events).items():
-        if job.state != "running":
-            continue
-        if request_id in latest_eta:
-            said, eta = latest_eta[request_id]
-            left.append(max(0.0, eta - (now - said).total_seconds()))
-            continue
-        typical = durations.typical(job.method, None)
-        ran = (now - started.get(request_id, job.last)).total_seconds()
-        left.append(None if typical is None else max(0.0, typical - ran))
-    return left
+        for fold in (usage, durations, running):
+            fold.observe(event, at)
+    jobs = running.jobs(at)
+    candidates = [fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus, key=w)
+                  for w in waiting if w.stage not in UNPLACED]
+    order = fleet.fleet_order(candidates, usage.slot_seconds(at), usage.running(), settings.priority_classes, settings.teams, durations,
+                              ahead=fleet.remaining_work(jobs, durations, at))
+    eta = etas(order, jobs, slots, durations, at)
+    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED}
+    placed = [Placed(mine[request.request_id], place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
+    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.stage in UNPLACED]
 
 
 def default_slots(events: list[Event], now: datetime) -> int:
@@ -134,10 +88,12 @@ async def placed_backlog(settings: Settings, slots: int | None, now: datetime, e
 def where_it_waits(placed: Placed, total: int) -> str:
     """`adapterd get`'s line for a waiting request."""
     w = placed.request
-    if placed.place is None:
-        return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
-    eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
     where = w.where if w.where.startswith("on ") else f"in {w.where}"
+    if w.stage == "undecodable":
+        return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
+    if w.stage == "accepted":
+        return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
+    eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
     return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
             f"place {placed.place} of {total}, starts in {eta}" + (f"; {w.detail}" if w.detail else ""))
 

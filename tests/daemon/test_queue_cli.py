@@ -119,11 +119,13 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
     assert code == 0, lines
     assert lines[0].split() == ["REQUEST", "CLASS", "TEAM", "PLACE", "ETA", "WAITING", "METHOD", "WHERE"]
     listed = rows(lines)
-    assert list(listed) == ["u1", "b0", "b1", "b2", "held-1", "junk-1"]  # the class first, then arrival; run-1 runs
+    # The fleet's order: the class first; then the teams' fair share (search's b0 placed first, ads's held-1 is
+    # next though it came later), then arrival. run-1 runs: not listed.
+    assert list(listed) == ["u1", "b0", "held-1", "b1", "b2", "junk-1"]
     assert listed["u1"][1:4] == ["urgent", "fixes", "1"] and listed["u1"][5:8] == ["unread", "sft", f"{urgent}[0]@0"]
     assert listed["b0"][1:4] == ["batch", "search", "2"] and listed["b0"][5] == "claimed" and listed["b0"][7] == f"{fleet.claims_topic}[0]@0"
-    assert listed["b1"][3] == "3" and listed["b1"][7] == f"{batch}[0]@1" and listed["b2"][7] == f"{batch}[0]@2"
-    assert listed["held-1"][1:4] == ["batch", "ads", "5"] and listed["held-1"][5] == "queued" and "on gpu-c" in " ".join(listed["held-1"])
+    assert listed["b1"][3] == "4" and listed["b1"][7] == f"{batch}[0]@1" and listed["b2"][7] == f"{batch}[0]@2"
+    assert listed["held-1"][1:4] == ["batch", "ads", "3"] and listed["held-1"][5] == "queued" and "on gpu-c" in " ".join(listed["held-1"])
     assert listed["junk-1"][3] == "-" and "not a request (not_json" in " ".join(listed["junk-1"])
     assert all(row[4] == "-" for row in listed.values())  # one slot, held by run-1, and no job's duration known: no ETA guessed
 
@@ -139,9 +141,9 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
 
     code, lines = cli(fleet, "get", "b1", "--slots", "1")
     assert code == 0 and lines == [
-        f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 3 of 5, starts in unknown (nothing to estimate from)"]
+        f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing to estimate from)"]
     code, lines = cli(fleet, "get", "held-1")
-    assert code == 0 and lines[0].split()[2] == "queued" and lines[-1].startswith("held-1: waiting (queued) on gpu-c, class batch, team ads, place 5 of 5")
+    assert code == 0 and lines[0].split()[2] == "queued" and lines[-1].startswith("held-1: waiting (queued) on gpu-c, class batch, team ads, place 3 of 5")
     code, lines = cli(fleet, "get", "nowhere-1")
     assert code == 1 and "waits in none of the queues" in lines[-1]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.places import Durations, default_slots, place_and_eta, running_left
+from daemon.cli.places import default_slots, place_and_eta
 from daemon.cli.sweep import matches, selector
 from daemon.cli.waiting import Queue, Waiting, combine
 from daemon.errors import UsageError
@@ -80,9 +80,11 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     assert waiting["junk-1"].stage == "undecodable" and "not a request (not_json" in waiting["junk-1"].detail
     assert backlog.records["r1"].metadata == {"sweep": "s1"}  # a running request's record, for the sweep
 
+    # The fleet's order (daemon/fleet/order.py): the class first; within batch the fair share puts ads, which
+    # has had no slot-time, ahead of the teams that have, though h1 arrived after p1, b1 and k1.
     placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
-    assert [p.request.request_id for p in placed] == ["u1", "p1", "b1", "k1", "h1", "e2", "junk-1"]
-    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, None]
+    assert [p.request.request_id for p in placed][:2] == ["u1", "h1"] and placed[-1].request.request_id == "junk-1"
+    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, None] and placed[-1].eta_s is None
 
 
 def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behind_it(tmp_path: Path) -> None:
@@ -125,20 +127,22 @@ def test_with_nothing_to_estimate_from_the_eta_is_unknown_not_guessed(settings: 
     assert [p.eta_s for p in placed] == [0.0, None, None]  # the free slot; then nothing says when any slot frees
 
 
-def test_durations_prefer_the_same_method_and_model_then_the_method_then_every_job() -> None:
-    durations = Durations([
-        succeeded("a", 100, 0, model="m"), succeeded("b", 300, 0, model="big"), succeeded("c", 50, 0, model="m", method="dpo"),
-        event("succeeded", "d", 1, method="sft", base_model="m", durations_s={}, duplicate=True),  # found by its Hub commit: trained nothing
-    ])
-    assert durations.typical("sft", "m") == 100.0
-    assert durations.typical("sft", "other") == 200.0  # the median of sft's 100 and 300
-    assert durations.typical("grpo", "m") == 100.0  # every job's median: 50, 100, 300
-    assert Durations([]).typical("sft", "m") is None
+def test_an_accepted_request_has_its_slot_is_listed_without_a_place_and_holds_the_slot_for_the_others(settings: Settings) -> None:
+    read = [record(CLAIMS, 0, 3, sft_request("a1")), record(BATCH, 0, 2, sft_request("w1"))]
+    events = [succeeded("old-1", 100, 0, model=sft_request("x")["model"]["id"]), event("accepted", "a1", 1, method="sft")]
+    backlog = combine(read, events, settings)
+    placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 1, NOW)}
+    assert (placed["a1"].request.stage, placed["a1"].place, placed["a1"].eta_s) == ("accepted", None, 0.0)
+    # One slot, a1's: w1 starts when a1 has run sft's 100 s (it was accepted a minute ago).
+    assert placed["w1"].place == 1 and placed["w1"].eta_s == pytest.approx(40.0)
 
 
-def test_a_running_job_without_its_own_eta_is_its_methods_typical_duration_less_what_it_ran(settings: Settings) -> None:
-    events = [succeeded("old", 600, 0), event("accepted", "run", 5, method="sft"), event("started", "run", 4, method="sft")]
-    assert running_left(events, Durations(events), NOW) == [pytest.approx(360.0)]
+def test_the_fair_share_puts_the_team_that_has_had_less_slot_time_first(settings: Settings) -> None:
+    heavy = [event("accepted", "big-1", 50, method="sft", team="search"), event("succeeded", "big-1", 10, method="sft")]
+    queue = [Waiting("s1", "batch", "search", NOW - timedelta(minutes=9), "sft", "m", 1, {}, "unread", "q[0]@0"),
+             Waiting("a1", "batch", "ads", NOW - timedelta(minutes=5), "sft", "m", 1, {}, "unread", "q[0]@1")]
+    assert [p.request.request_id for p in place_and_eta(queue, heavy, settings, 1, NOW)] == ["a1", "s1"]
+    assert [p.request.request_id for p in place_and_eta(queue, [], settings, 1, NOW)] == ["s1", "a1"]  # no usage: arrival
 
 
 def test_the_default_slots_are_the_hosts_that_started_a_job_in_the_last_day() -> None:
