@@ -1,14 +1,16 @@
 """Every request that waits for a slot, read from Kafka itself: for `adapterd jobs --state queued`,
 `adapterd get` and the sweep of `adapterd cancel`.
 
-A waiting request is in one of two places (docs/architecture.md, "The fleet as one queue"):
+A waiting request is in one of two places (docs/architecture.md, "The fleet's order", seen from outside):
 - not yet read: a record of a queue topic at or past its queue group's committed offset. With
   priority classes, each class's topic (Settings.class_topics) in group `<group_id>.queue.<class>`;
   without, the requests topic in group `<group_id>` (there the record at the committed offset is the
   partition's running job, which its events set apart);
 - read and waiting: a record of the claims topic past group `<group_id>`'s committed offset whose
-  request has not started, and any request whose latest event says it waits (`accepted`,
-  `retrying`, `queued`, `preempted`) wherever its record is.
+  request has not been accepted, and any request whose latest event says it waits (`retrying`,
+  `queued`, `preempted`) wherever its record is.
+A request whose latest event is `accepted` has its slot and starts now; it is listed too (stage
+`accepted`: the events' table calls it queued), and daemon/cli/places.py gives it no place.
 
 The offsets come from the admin client and the records from a reader of assigned partitions, so
 nothing here joins a group: listing the queue never rebalances the daemons. The records are decoded
