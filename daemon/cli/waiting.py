@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
+from daemon.errors import TopicMissing
 from daemon.fleet_config import team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
-from daemon.kafka.topics import partition_numbers
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
 
@@ -90,14 +90,12 @@ async def read_backlog(settings: Settings, events: list[Event] | None = None) ->
     read: list[tuple[Queue, Record]] = []
     missing = []
     for queue in queues(settings):
-        try:
-            await partition_numbers(settings, queue.topic)
-        except LookupError:
-            missing.append(queue.topic)
-            continue
         # read_committed: a claim or a preempted request put back in an aborted transaction never happened.
-        async with TopicReader(settings, queue.topic, start_at=found[(queue.group, queue.topic)], read_committed=True) as reader:
-            read += [(queue, record) async for record in reader.records(follow=False)]
+        try:
+            async with TopicReader(settings, queue.topic, start_at=found[(queue.group, queue.topic)], read_committed=True) as reader:
+                read += [(queue, record) async for record in reader.records(follow=False)]
+        except TopicMissing:
+            missing.append(queue.topic)
     backlog = combine(read, await history(settings) if events is None else events, settings)
     backlog.missing = missing
     return backlog

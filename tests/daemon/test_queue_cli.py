@@ -207,3 +207,13 @@ def test_claims_written_in_transactions_are_read_to_their_end_and_an_aborted_one
     # The partition ends in an abort marker: an offset, never a record. The listing reaches it and ends.
     code, lines = cli(fleet, "jobs", "--state", "queued")
     assert code == 0 and list(rows(lines)) == ["kept-1"] and rows(lines)["kept-1"][7] == f"{fleet.claims_topic}[0]@0", lines
+
+
+def test_a_queue_topic_that_does_not_exist_is_said_and_the_others_are_listed(settings: Settings) -> None:
+    fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch")],
+                                        "claims_topic": f"claims-{settings.group_id}"})  # neither the urgent topic nor the claims topic made
+    write(fleet, fleet.requests_topic, sft_request("b1"))
+    result = runner.invoke(app, ["jobs", "--state", "queued"], env=settings_environment(fleet))
+    assert result.exit_code == 0 and list(rows(result.stdout.splitlines())) == ["b1"]
+    assert f"adapterd: topic {fleet.class_topics['urgent']} does not exist; nothing waits there" in result.stderr
+    assert f"adapterd: topic {fleet.claims_topic} does not exist; nothing waits there" in result.stderr
