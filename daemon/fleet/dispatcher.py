@@ -6,14 +6,15 @@ class that may preempt, while it runs a preemptible job of a lower class): a hos
 the group, so the queues' partitions always belong to hosts with room, and a request never waits
 behind a busy host while another has a slot (the fleet's consumer groups are its only coordination).
 
-Each turn it looks at the first waiting record of each partition it holds, picks one for each free
-slot (`choose`: the highest class first, then the teams' fair share, daemon/fleet/choice.py), and moves it
-in one transaction into one of this host's idle claims partitions, committing the queue's offset
-(daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
+Each turn it looks at the first waiting records of each partition it holds (a window of them,
+daemon/fleet/queues.py), picks one for each free slot (the highest class first, then the teams' fair
+share, then arrival: daemon/fleet/order.py, with the usage read from the events: daemon/fleet/view.py),
+and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
+offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
-A record naming another class than its topic's is moved to that class's topic; a record that does
-not decode is claimed as it is, and the daemon's intake rejects it. A retry not yet due goes to the end
-of its queue when requests stand behind it.
+A record naming another class than its topic's is moved to that class's topic when it is first in its
+partition; a record that does not decode is claimed as it is, and the daemon's intake rejects it. A
+request that may not start yet (a retry not yet due, a team at its cap) holds up none behind it.
 """
 
 from __future__ import annotations
@@ -21,21 +22,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import structlog
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from daemon.fleet.choice import Head, choose, preemption_for
+from daemon.fleet.choice import Head
 from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
 from daemon.fleet.moves import Move, Mover
+from daemon.fleet.order import Waiting
+from daemon.fleet.queues import ClassQueue
+from daemon.fleet.view import FleetView
+from daemon.jobs.job_events import JobEvents
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
+from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
-from schemas import decode_request
+from schemas import Queued, RequestBase, decode_request
 
 log = structlog.get_logger()
 
@@ -43,39 +48,14 @@ TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arriv
 HEARTBEAT_MS = 1000  # a queue group's members learn of a rebalance within about this long
 
 
-@dataclass
-class ClassQueue:
-    """One class's topic, read by this host only while it wants requests of that class."""
-
-    name: str
-    topic: str
-    group: str
-    consumer: AIOKafkaConsumer
-    subscribed: bool = False
-    heads: dict[TopicPartition, Head] = field(default_factory=dict)
-
-
-class _Forget(ConsumerRebalanceListener):
-    def __init__(self, queue: ClassQueue) -> None:
-        self.queue = queue
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        for tp in revoked:
-            self.queue.heads.pop(tp, None)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        log.info("fleet.queue_assigned", priority_class=self.queue.name, partitions=sorted(tp.partition for tp in assigned))
-
-
 class Dispatcher:
     def __init__(self, settings: Settings, scheduler: Scheduler, jobs: FleetJobs, claims: Partitions, mover: Mover,
-                 on_waiting: Callable[[list[Head]], None] | None = None) -> None:
+                 ) -> None:
         self.settings = settings
         self.scheduler = scheduler
         self.jobs = jobs
         self.claims = claims
         self.mover = mover
-        self.on_waiting = on_waiting  # the heads that wait this turn (for `queued` events)
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.queues = [
             ClassQueue(name, topic, f"{settings.group_id}.queue.{name}", AIOKafkaConsumer(
@@ -86,14 +66,21 @@ class Dispatcher:
             for name, topic in settings.class_topics.items()
         ]
         self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
+        self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
+        self.announced: set[str] = set()  # the request ids given a `queued` event by this host
+        self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
     async def start(self) -> None:
         await self.mover.start()
+        self._following = asyncio.create_task(self.view.follow(), name="fleet-usage")
         for queue in self.queues:
             await queue.consumer.start()
 
     async def stop(self) -> None:
+        if self._following is not None:
+            self._following.cancel()
+            await asyncio.gather(self._following, return_exceptions=True)
         for queue in self.queues:
             with contextlib.suppress(Exception):
                 await queue.consumer.stop()  # leaves the group: its partitions go to hosts with room
@@ -119,98 +106,96 @@ class Dispatcher:
                       key=lambda tp: tp.partition)
 
     def room(self) -> int:
-        return min(len(self.scheduler.slots.free), len(self.idle_claims()))
+        """Requests this host may claim now: its free slots less the claims on their way to them."""
+        idle = self.idle_claims()  # first: it forgets the claims that have started
+        return max(0, min(len(self.scheduler.slots.free) - len(self.pending), len(idle)))
 
     async def turn(self) -> None:
         room = self.room()
-        running = self.jobs.running()
+        preempting = bool(self.jobs.preempting)  # its queues are kept while a job saves its checkpoint for a request
         for queue in self.queues:
-            self._follow(queue, room > 0 or preemption_for(queue.name, running, self.settings, time.time()) is not None)
-        heads = await self._heads()
-        for head in [h for h in heads if h.moves_to is not None or h.not_due_behind]:
-            await self._requeue(head)
-            heads.remove(head)
+            queue.follow(room > 0 or preempting or self._may_preempt_for(queue.name))
+        for queue in self.queues:
+            await queue.fetch(self._head)
+        if not all(queue.known() for queue in self.queues):
+            return  # a queue just joined: its waiting records are fetched first
+        for queue in self.queues:
+            for window in list(queue.windows.values()):
+                if window and window[0].moves_to is not None:
+                    await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        while heads:
-            ready = [h for h in heads if not h.not_yet_due(now)]
-            if self.on_waiting is not None:
-                self.on_waiting(ready)
-            chosen = choose(ready, self.jobs.running(), self.settings, room=self.room())
-            if chosen is None:
-                break
-            if self.room() >= chosen.gpus:
-                await self._claim(chosen)
-            else:
-                victim = preemption_for(chosen.priority_class, self.jobs.running(), self.settings, now, head=chosen)
-                if victim is None or not self.jobs.preempt(victim.key, by=chosen.request_id):
-                    break
-                log.info("fleet.preempting", request_id=victim.request_id, by=chosen.request_id)
-                break  # the slot frees when the victim has saved its checkpoint; the head is taken then
-            heads.remove(chosen)
-
-    def _follow(self, queue: ClassQueue, want: bool) -> None:
-        """Join the class's group while this host wants its requests; leave it otherwise."""
-        if want and not queue.subscribed:
-            queue.consumer.subscribe([queue.topic], listener=_Forget(queue))
-            queue.subscribed = True
-            log.info("fleet.queue_joined", priority_class=queue.name)
-        elif not want and queue.subscribed:
-            queue.consumer.unsubscribe()
-            queue.subscribed = False
-            queue.heads.clear()
-            log.info("fleet.queue_left", priority_class=queue.name)
-
-    async def _heads(self) -> list[Head]:
-        """The first waiting record of each queue partition this host holds, decoded once and kept
-        (its partition paused at it) until it is taken or the partition moves."""
-        for queue in self.queues:
-            if not queue.subscribed:
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None]
+        for head in [h for h in ready if h.request is None]:  # only intake's rejection is left for it: no slot needed
+            if not self.idle_claims():
+                return
+            await self._claim(head)
+            ready.remove(head)
+        waiting = [h.waiting() for h in ready]
+        while waiting:
+            free = self.room()
+            chosen = self.view.pick(waiting, free) if free > 0 else None
+            if chosen is not None:
+                await self._claim(chosen.key)  # type: ignore[arg-type]
+                waiting.remove(chosen)
                 continue
-            batches = await queue.consumer.getmany(timeout_ms=0, max_records=500)
-            for tp, records in batches.items():
-                if not records or tp in queue.heads:
-                    continue
-                record = records[0]
-                queue.consumer.seek(tp, record.offset)  # what follows is read again once this head is taken
-                queue.consumer.pause(tp)
-                queue.heads[tp] = self._head(queue, tp, record)
-        return [head for queue in self.queues for head in queue.heads.values()]
+            # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
+            first = self.view.pick(waiting, free=None)
+            victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
+            if first is not None and victim is not None and self.jobs.preempt(victim.key, by=first.request_id):
+                log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
+            break
+        await self._announce([w.key for w in waiting])  # type: ignore[misc]
 
-    def _head(self, queue: ClassQueue, tp: TopicPartition, record: object) -> Head:
-        decoded = decode_request(record.value or b"")  # type: ignore[attr-defined]
-        request = None if not hasattr(decoded, "request_id") or not hasattr(decoded, "resources") else decoded
-        retry = self.retries.read(record)  # type: ignore[arg-type]
-        priority_class = getattr(request, "priority_class", None) or queue.name
+    def _may_preempt_for(self, priority_class: str) -> bool:
+        """Whether a request of this class could preempt one of this host's jobs now (so the host reads its queue while full)."""
+        probe = Waiting("", priority_class, "", 0.0, "", "", 1)
+        return self.view.victim(probe, self.jobs.running(), len(self.scheduler.slots.free)) is not None
+
+    async def _announce(self, waiting: list[Head]) -> None:
+        """A `queued` event for each head read and still waiting after `queue_wait_event_s`, once, with its place and ETA."""
+        now = time.time()
+        due = [h for h in waiting if h.request is not None and h.request_id not in self.announced
+               and now - h.seen_at >= self.settings.queue_wait_event_s]
+        if not due:
+            return
+        places = {w.request_id: (place, eta) for w, place, eta in self.view.places([h.waiting() for h in waiting], self.room())}
+        for head in due:
+            assert head.request is not None
+            place, eta = places.get(head.request_id, (1, None))
+            self.announced.add(head.request_id)
+            events = JobEvents(self.scheduler.publisher, head.request, self.settings.host, self.retries.read(head.record).attempt,
+                               trace_context(head.record))
+            await events.publish(Queued, priority_class=head.priority_class, team=head.team, place=place,
+                                 eta_s=None if eta is None else round(max(0.0, eta), 1))
+            log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
+
+    def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
+        decoded = decode_request(record.value or b"")
+        request = decoded if isinstance(decoded, RequestBase) else None
+        priority_class = (request.priority_class if request is not None else None) or queue.name
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
-        behind = (queue.consumer.highwater(tp) or 0) > record.offset + 1  # type: ignore[attr-defined]
-        return Head(
-            record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,  # type: ignore[arg-type]
-            due=retry.due, moves_to=moves_to, not_due_behind=retry.due is not None and retry.due > time.time() and behind,
-            preemptions=self.retries.preemptions(record),  # type: ignore[arg-type]
-        )
+        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,
+                    due=self.retries.read(record).due, moves_to=moves_to, preemptions=self.retries.preemptions(record))
 
-    def _release(self, head: Head) -> None:
-        for queue in self.queues:
-            if queue.heads.get(head.tp) is head:
-                del queue.heads[head.tp]
-                queue.consumer.seek(head.tp, head.record.offset + 1)
-                queue.consumer.resume(head.tp)
+    def _queue(self, head: Head) -> ClassQueue:
+        return next(queue for queue in self.queues if queue.name == head.queue)
 
     async def _claim(self, head: Head) -> None:
-        target = self.idle_claims()[0]
-        offset = await self.mover.move(Move(head.record, self.settings.claims_topic, head.group, partition=target.partition,
-                                            headers=((CLASS_HEADER, head.priority_class.encode()),), drop=frozenset({CLASS_HEADER})))
+        queue, target = self._queue(head), self.idle_claims()[0]
+        offset = await self.mover.move(Move(
+            head.record, self.settings.claims_topic, head.group, partition=target.partition, headers=((CLASS_HEADER, head.priority_class.encode()),),
+            drop=frozenset({CLASS_HEADER}), before=tuple(queue.before(head)),
+        ))
         self.pending[target] = offset
-        self._release(head)
+        queue.taken(head)
         self.scheduler.resume_idle_partitions()  # the claims partition is read at once
-        log.info("fleet.claimed", request_id=head.request_id, priority_class=head.priority_class, team=head.team,
-                 from_partition=head.tp.partition, claims_partition=target.partition, waited_s=round(time.time() - head.arrived, 3))
+        log.info("fleet.claimed", request_id=head.request_id, priority_class=head.priority_class, team=head.team, from_partition=head.tp.partition,
+                 claims_partition=target.partition, waited_s=round(time.time() - head.arrived, 3))
 
-    async def _requeue(self, head: Head) -> None:
-        """A request in the wrong class's topic goes to its own; a retry not yet due goes behind the requests after it."""
-        topic = head.moves_to or head.tp.topic
+    async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
+        """A request first in a class's topic that names another class goes to that class's topic."""
         await self.mover.move(Move(head.record, topic, head.group))
-        self._release(head)
-        log.info("fleet.requeued", request_id=head.request_id, to_topic=topic, reason="class" if head.moves_to else "retry_not_due")
+        queue.taken(head)
+        log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)

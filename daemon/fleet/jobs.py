@@ -15,8 +15,8 @@ import time
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.fleet.choice import Running
 from daemon.fleet.moves import Move, Mover
+from daemon.fleet.order import Running
 from daemon.fleet_config import team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
@@ -56,7 +56,7 @@ class FleetJobs:
         return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team)}
 
     def running(self) -> list[Running]:
-        """This host's jobs that hold slots, for `choose` and `preemption_for` (daemon/fleet/choice.py)."""
+        """This host's jobs that hold slots, for the fleet's choice of a job to preempt (daemon/fleet/view.py)."""
         out = []
         for tp, job in self.scheduler.jobs.items():
             if job.placement is None:
@@ -72,15 +72,16 @@ class FleetJobs:
                 request_id=runner.request.request_id, priority_class=cls, team=team_of(runner.request.team), started=started,
                 method=runner.request.method, model=runner.request.model.id, preemptible=cls in self.preemptible,
                 preemptions=self.retries.preemptions(record), eta_s=runner.supervisor.progress.get("eta_s"),
-                steps_since_checkpoint=None if step is None else step - (saved or 0), key=tp,
+                steps_since_checkpoint=None if step is None else step - (saved or 0), host=self.settings.host, key=tp,
+                gpus=runner.request.resources.gpus,
             ))
         return out
 
-    def preempt(self, tp: TopicPartition | None, by: str) -> bool:
-        """Stop the job of claims partition `tp` at its checkpoint so that request `by` takes its slot; False when
-        there is none or it is too late (its outcome is being published)."""
-        job = self.scheduler.jobs.get(tp) if tp is not None else None
-        if job is None or tp is None or tp in self.preempting or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
+    def preempt(self, tp: object, by: str) -> bool:
+        """Stop the job of claims partition `tp` (a `Running`'s key) at its checkpoint so that request `by` takes its
+        slot; False when there is none or it is too late (its outcome is being published)."""
+        job = self.scheduler.jobs.get(tp) if isinstance(tp, TopicPartition) else None
+        if job is None or not isinstance(tp, TopicPartition) or tp in self.preempting or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
             return False
         self.preempting[tp] = by
         return True

@@ -37,6 +37,9 @@ class Move:
     partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
     drop: frozenset[str] = frozenset()
+    # Records before `record` in its partition, committed past with it: written again, as they were
+    # (key, value, headers, timestamp), at the end of their own partition (daemon/fleet/queues.py).
+    before: tuple[Record, ...] = ()
 
 
 class Mover:
@@ -66,6 +69,11 @@ class Mover:
         headers = [(name, value) for name, value in record.headers or () if value is not None and name not in move.drop]
         async with self._lock:
             async with self.producer.transaction():
+                for earlier in move.before:
+                    await self.producer.send(
+                        earlier.topic, value=earlier.value or b"", key=earlier.key, partition=earlier.partition, timestamp_ms=kept_timestamp(earlier.timestamp),
+                        headers=[(name, value) for name, value in earlier.headers or () if value is not None],
+                    )
                 sent = await self.producer.send(
                     move.topic, value=record.value or b"", key=record.key, partition=move.partition, headers=[*headers, *move.headers],
                 )
@@ -76,3 +84,9 @@ class Mover:
         log.debug("fleet.moved", from_topic=record.topic, partition=record.partition, offset=record.offset, to_topic=move.topic,
                   to_partition=metadata.partition, to_offset=metadata.offset)
         return int(metadata.offset)
+
+
+def kept_timestamp(timestamp: int) -> int | None:
+    """A record's own timestamp, written again as it was; a producer's impossible one (Kafka takes any 64-bit
+    number) becomes the time of the move rather than a send the client refuses, which would stop the queue."""
+    return timestamp if 0 <= timestamp < 2**53 else None

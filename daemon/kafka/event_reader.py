@@ -28,9 +28,9 @@ class EventStream:
     is seen, and none of an earlier request that had the same id.
     """
 
-    def __init__(self, settings: Settings, *, from_end: bool = False) -> None:
+    def __init__(self, settings: Settings, *, from_end: bool = False, since: float | None = None) -> None:
         self.settings = settings
-        self.reader = TopicReader(settings, settings.events_topic, from_end=from_end)
+        self.reader = TopicReader(settings, settings.events_topic, from_end=from_end, since=since)
         self.keys = event_keys(settings)
         self.ignored: Counter[str] = Counter()  # events not taken, by why (UnverifiedEvent's reasons, `misplaced`)
 

@@ -1,8 +1,9 @@
 """Read every partition of one topic without a consumer group: the one reader behind the control
 topic (every daemon reads every cancel), the events topic (the CLI, the demo) and the tests.
 
-It starts at the beginning of each partition, at its end as of `start()`, or at given offsets (a
-group's committed offsets: `adapterd jobs --state queued`), and knows when it has caught up with the
+It starts at the beginning of each partition, at its end as of `start()`, at its first record at or
+after a time (`since`: the fleet's view of recent events), or at given offsets (a group's committed
+offsets: `adapterd jobs --state queued`), and knows when it has caught up with the
 ends it saw at `start()`, so a reader can stop there or go on following. Caught up is judged by the
 consumer's position, not by the last record's offset: a topic written in transactions (the fleet's
 claims and queue topics) ends in a commit marker, which is an offset but never a record.
@@ -34,10 +35,11 @@ class TopicReader:
     """`async with TopicReader(settings, topic) as reader: async for record in reader.records(): ...`"""
 
     def __init__(self, settings: Settings, topic: str, *, from_end: bool = False, client_id: str | None = None,
-                 start_at: Mapping[int, int] | None = None, read_committed: bool = False) -> None:
+                 since: float | None = None, start_at: Mapping[int, int] | None = None, read_committed: bool = False) -> None:
         self.settings = settings
         self.topic = topic
         self.from_end = from_end
+        self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
         # Partition → the offset to begin at (a partition left out: its first record); never before the log's start.
         self.start_at = start_at
         self.consumer = AIOKafkaConsumer(
@@ -61,11 +63,13 @@ class TopicReader:
         partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
         self.consumer.assign(partitions)
         self.ends = await self.consumer.end_offsets(partitions)
+        self.next_offset = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
+        if self.since is not None and not self.from_end:
+            found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
+            self.next_offset = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
         if self.start_at is not None:
             first = await self.consumer.beginning_offsets(partitions)
             self.next_offset = {tp: min(self.ends[tp], max(first[tp], self.start_at.get(tp.partition, 0))) for tp in partitions}
-        else:
-            self.next_offset = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
         for tp in partitions:
             self.consumer.seek(tp, self.next_offset[tp])
         return self
@@ -102,7 +106,7 @@ class TopicReader:
 
     async def records(self, *, follow: bool = True) -> AsyncIterator[Record]:
         """The records in partition order. Without `follow`, stop once caught up with the ends as of `start()`."""
-        behind = {tp for tp, end in self.ends.items() if end > self.next_offset[tp]}
+        behind = {tp for tp, end in self.ends.items() if end > self.next_offset.get(tp, 0)}
         while True:
             if not behind and not self.caught_up.is_set():
                 self.caught_up.set()

@@ -16,7 +16,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
-from schemas import Accepted, Preempted, Progress, Started, Succeeded
+from schemas import Accepted, Preempted, Progress, Queued, Started, Succeeded
 from schemas.events import EventBase
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
@@ -120,3 +120,27 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     assert len(of(batch, Succeeded)) == 1 and len(of(urgent, Succeeded)) == 1
     steps = [event.step for event in batch[batch.index(starts[1]):] if isinstance(event, Progress)]
     assert steps[0] == starts[1].resumed_step + 1  # nothing trained again beyond the step after the checkpoint
+
+
+async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_later_request_takes_the_free_slot(
+    settings: Settings, published: HubServer, tmp_path: Path,
+) -> None:
+    fleet_settings = await fleet(settings, job_slots=2, queue_wait_event_s=0, teams={"vision": {"max_slots": 1}})
+    (host,) = hosts(fleet_settings, tmp_path, "host-a")
+    daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
+    try:
+        async with EventStream(host) as stream:
+            await submit_to(host, host.requests_topic, request("vision-1", 24, team="vision"))
+            async for event in stream.events("vision-1"):
+                if isinstance(event, Progress):
+                    break
+        await submit_to(host, host.requests_topic, request("vision-2", 4, team="vision"))
+        await submit_to(host, host.requests_topic, request("search-1", 4, team="search"))
+        events = await terminal_events(host, {"vision-1", "vision-2", "search-1"})
+    finally:
+        daemon.stop()
+    queued = of(events["vision-2"], Queued)
+    assert queued and queued[0].team == "vision" and queued[0].priority_class == "default" and queued[0].place >= 1
+    assert of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time  # the free slot went to search
+    assert of(events["vision-2"], Accepted)[0].time > of(events["vision-1"], Succeeded)[0].time  # vision waited for its cap
+    assert of(events["search-1"], Queued) == []  # it never waited

@@ -1,0 +1,99 @@
+"""One class's queue topic as this host reads it: the group it joins while it wants the class's requests,
+and a window of the first `WINDOW` waiting records of each partition it holds.
+
+A window, not just the first record: a request that may not start yet (its team at its cap, a retry not
+yet due, more GPUs than are free) must not hold up the requests behind it in its partition. A partition's
+offset is one watermark, so a request taken from inside a window takes with it, in the same transaction,
+the records before it: they are written again at the end of their own partition, with their own
+timestamps (their arrival, so they keep their place in the fleet's order), headers and keys
+(daemon/fleet/moves.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from daemon.fleet.choice import Head
+from daemon.kafka.records import Record
+
+log = structlog.get_logger()
+
+WINDOW = 32  # the waiting records of one partition a host weighs at once
+
+
+@dataclass
+class ClassQueue:
+    name: str
+    topic: str
+    group: str
+    consumer: AIOKafkaConsumer
+    subscribed: bool = False
+    joined: bool = False  # assigned its partitions since it subscribed (none, perhaps)
+    windows: dict[TopicPartition, list[Head]] = field(default_factory=dict)
+
+    def follow(self, want: bool) -> None:
+        """Join the class's group while this host wants its requests; leave it otherwise (its partitions then go
+        to the hosts that have room)."""
+        if want and not self.subscribed:
+            self.consumer.subscribe([self.topic], listener=_Forget(self))
+            self.subscribed, self.joined = True, False
+            log.info("fleet.queue_joined", priority_class=self.name)
+        elif not want and self.subscribed:
+            self.consumer.unsubscribe()
+            self.subscribed = self.joined = False
+            self.windows.clear()
+            log.info("fleet.queue_left", priority_class=self.name)
+
+    def known(self) -> bool:
+        """Whether each of its partitions has been fetched once since it joined: only then does a turn see every
+        request it holds (a turn right after a rebalance would miss a higher class's)."""
+        return not self.subscribed or (self.joined and all(
+            tp in self.windows or self.consumer.highwater(tp) is not None for tp in self.consumer.assignment()))
+
+    async def fetch(self, head: Callable[[ClassQueue, TopicPartition, Record], Head]) -> None:
+        """Fill each partition's window from what the consumer has fetched; a full window pauses its partition."""
+        if not self.subscribed:
+            return
+        batches = await self.consumer.getmany(timeout_ms=0, max_records=WINDOW * 8)
+        for tp, records in batches.items():
+            window = self.windows.setdefault(tp, [])
+            for record in records:
+                if len(window) >= WINDOW:
+                    self.consumer.seek(tp, record.offset)  # read again once the window has room
+                    break
+                window.append(head(self, tp, record))
+            if len(window) >= WINDOW:
+                self.consumer.pause(tp)
+
+    def heads(self) -> list[Head]:
+        return [head for window in self.windows.values() for head in window]
+
+    def before(self, head: Head) -> list[Record]:
+        """The records ahead of `head` in its window: written again behind it when it is taken."""
+        window = self.windows.get(head.tp, [])
+        return [h.record for h in window[: window.index(head)]] if head in window else []
+
+    def taken(self, head: Head) -> None:
+        """`head` and the records before it are committed past: the window goes on after it."""
+        window = self.windows.get(head.tp)
+        if window is not None and head in window:
+            del window[: window.index(head) + 1]
+            self.consumer.resume(head.tp)
+
+
+class _Forget(ConsumerRebalanceListener):
+    def __init__(self, queue: ClassQueue) -> None:
+        self.queue = queue
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.queue.joined = False
+        for tp in revoked:
+            self.queue.windows.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.queue.joined = True
+        log.info("fleet.queue_assigned", priority_class=self.queue.name, partitions=sorted(tp.partition for tp in assigned))

@@ -1,0 +1,77 @@
+"""The fleet as this host sees it from the events topic: each team's recent slot-time, the jobs running
+on every host, and how long jobs of each method and model took; and the decisions taken with it.
+
+The events are the fleet's only shared record of who ran what (no coordination service): every host
+folds the same verified events (schemas.signing: an unsigned or forged event is not counted) into
+`Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py, running.py), read from `USAGE_LOOKBACK_S`
+before its start and followed from there. The decisions are the pure rules of daemon/fleet/order.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import structlog
+from pydantic import ValidationError
+
+from daemon.fleet.eta import etas
+from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work, victim
+from daemon.fleet.running import RunningJobs
+from daemon.fleet.usage import Durations, Usage
+from daemon.kafka.event_reader import EventStream
+from daemon.settings import Settings
+
+log = structlog.get_logger()
+
+USAGE_LOOKBACK_S = 4 * 3600.0  # the events read at start: four half-lives of the fair share's memory
+HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
+
+
+class FleetView:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.usage = Usage(HALF_LIFE_S)
+        self.durations = Durations()
+        self.running_jobs = RunningJobs()
+        self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
+
+    def observe(self, event: object, now: float) -> None:
+        for fold in (self.usage, self.durations, self.running_jobs):
+            fold.observe(event, now)  # type: ignore[arg-type]
+
+    async def follow(self) -> None:
+        """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs."""
+        async with EventStream(self.settings, since=time.time() - USAGE_LOOKBACK_S) as stream:
+            async for record in stream.reader.records():
+                try:
+                    event = stream.verified(record)
+                except (ValidationError, ValueError):
+                    continue  # not an event of this version: nothing to count
+                if event is not None:
+                    self.observe(event, time.time())
+                if stream.reader.caught_up.is_set() and not self.caught_up.is_set():
+                    self.caught_up.set()
+                    log.info("fleet.usage_read", teams=sorted(self.usage.slot_seconds(time.time())))
+
+    def pick(self, heads: Sequence[Waiting], free: int | None) -> Waiting | None:
+        """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs)."""
+        now = time.time()
+        return pick(list(heads), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
+                    self.settings.teams, self.durations, free=free, ahead=remaining_work(self.running_jobs.jobs(now), self.durations, now))
+
+    def victim(self, head: Waiting, mine: list[Running], free: int) -> Running | None:
+        """Which of this host's running jobs `head` may preempt."""
+        settings = self.settings
+        return victim(head, mine, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, time.time(), free=free)
+
+    def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
+        """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
+        sees the fleet: the fleet's slots are taken to be the jobs running on it plus this host's free ones."""
+        now = time.time()
+        running = self.running_jobs.jobs(now)
+        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
+                            self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))
+        eta = etas(order, running, max(1, len(running) + free), self.durations, now)
+        return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
