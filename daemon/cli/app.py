@@ -249,16 +249,14 @@ def get(
 
     from daemon.cli.console import describe
     from daemon.cli.jobs import fold, history
-    from daemon.cli.places import placed_backlog, where_it_waits
+    from daemon.cli.places import waiting_line
 
     settings = _settings(config)
     events = _with_kafka(settings, history(settings))
     mine = [event for event in events if event.request_id == request_id]
-    waits = None
+    waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
     if not mine or fold(mine)[request_id].state == "queued":
-        _, placed = _with_kafka(settings, placed_backlog(settings, slots, datetime.now(UTC), events))
-        waits = next((each for each in placed if each.request.request_id == request_id), None)
-        total = sum(1 for each in placed if each.place is not None)
+        waits = _with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC), events))
     if not mine and waits is None:
         typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues", err=True)
         raise typer.Exit(1)
@@ -272,7 +270,7 @@ def get(
         job = fold(events)[request_id]
         typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
     if waits is not None:
-        typer.echo(where_it_waits(waits, total))
+        typer.echo(waits)
 
 
 @app.command()

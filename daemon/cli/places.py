@@ -85,6 +85,13 @@ async def placed_backlog(settings: Settings, slots: int | None, now: datetime, e
     return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now)
 
 
+async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]) -> str | None:
+    """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
+    _, placed = await placed_backlog(settings, slots, now, events)
+    found = next((each for each in placed if each.request.request_id == request_id), None)
+    return None if found is None else where_it_waits(found, sum(1 for each in placed if each.place is not None))
+
+
 def where_it_waits(placed: Placed, total: int) -> str:
     """`adapterd get`'s line for a waiting request."""
     w = placed.request
