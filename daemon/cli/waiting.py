@@ -27,11 +27,14 @@ from daemon.errors import TopicMissing
 from daemon.fleet_config import team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
+from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
 
-PREEMPTIONS_HEADER = "adapterd-preemptions"
+# The class a dispatcher claimed a request as (daemon/fleet/jobs.py's CLASS_HEADER: that module brings the
+# scheduler with it, too much for a command to import for a name; a test holds the two equal).
+CLASS_HEADER = "adapterd-class"
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,10 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
         why = f"{decoded.reason}: {decoded.errors[0].path or '(message)'}: {decoded.errors[0].message[:100]}" if decoded.errors else decoded.reason
         return Waiting(decoded.request_id or "-", queue.priority_class, "-", arrived, None, None, 1, {}, "undecodable", where,
                        f"not a request ({why}); the daemon that reads it rejects it")
-    preempted = _header(record, PREEMPTIONS_HEADER)
+    preempted = _header(record, PREEMPTIONS_HEADER)  # as the record says: only a host with the retry key can verify it
+    claimed_as = _header(record, CLASS_HEADER) if queue.stage == "claimed" else None
     return Waiting(
-        decoded.request_id, decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
+        decoded.request_id, claimed_as or decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
         decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
         f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
     )

@@ -56,6 +56,7 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
         record(BATCH, 7, 5, sft_request("e2")),  # sent again after it ended
         record(CLAIMS, 0, 25, sft_request("r1", team="search", metadata={"sweep": "s1"})),
         record(CLAIMS, 1, 15, sft_request("k1")),
+        record(CLAIMS, 2, 14, sft_request("k2"), headers=[("adapterd-class", b"urgent")]),  # claimed from urgent's topic, naming no class
     ]
     events = [
         event("accepted", "r1", 24, method="sft", priority_class="batch", team="search"),
@@ -68,7 +69,8 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     ]
     backlog = combine(read, events, settings)
     waiting = {w.request_id: w for w in backlog.waiting}
-    assert set(waiting) == {"u1", "junk-1", "b1", "p1", "e2", "k1", "h1"}  # r1 runs; e1 ended
+    assert set(waiting) == {"u1", "junk-1", "b1", "p1", "e2", "k1", "k2", "h1"}  # r1 runs; e1 ended
+    assert waiting["k2"].priority_class == "urgent"  # the class the dispatcher claimed it as
     assert (waiting["u1"].priority_class, waiting["u1"].team, waiting["u1"].stage, waiting["u1"].where) == (
         "urgent", "fixes", "unread", "requests.urgent[0]@0")
     assert (waiting["b1"].priority_class, waiting["b1"].team) == ("batch", "search")  # no class named: its queue's
@@ -83,8 +85,8 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     # The fleet's order (daemon/fleet/order.py): the class first; within batch the fair share puts ads, which
     # has had no slot-time, ahead of the teams that have, though h1 arrived after p1, b1 and k1.
     placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
-    assert [p.request.request_id for p in placed][:2] == ["u1", "h1"] and placed[-1].request.request_id == "junk-1"
-    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, None] and placed[-1].eta_s is None
+    assert [p.request.request_id for p in placed][:3] == ["u1", "k2", "h1"] and placed[-1].request.request_id == "junk-1"
+    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, 7, None] and placed[-1].eta_s is None
 
 
 def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behind_it(tmp_path: Path) -> None:
@@ -191,3 +193,11 @@ def test_a_sweep_that_can_match_nothing_by_its_form_is_refused_naming_the_option
 def test_a_class_sweep_on_a_fleet_without_classes_says_there_are_none(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="this fleet has no priority classes"):
         selector(Settings(work_dir=tmp_path), None, "batch", [])
+
+
+def test_the_listing_reads_the_headers_the_fleet_writes() -> None:
+    from daemon.cli import waiting
+    from daemon.fleet.jobs import CLASS_HEADER
+    from daemon.kafka.retry_state import PREEMPTIONS_HEADER
+
+    assert (waiting.CLASS_HEADER, waiting.PREEMPTIONS_HEADER) == (CLASS_HEADER, PREEMPTIONS_HEADER)
