@@ -7,6 +7,10 @@ the teams' fair share, then arrival) and the ETAs daemon/fleet/eta.py `etas` (li
 order onto the fleet's slots; unknown rather than guessed where a start needs an end nothing says).
 The one thing the CLI supplies is the number of the fleet's slots (`--slots`, else `default_slots`).
 
+Without priority classes there is no fleet's order: each partition of the requests topic is a
+first-in-first-out queue read one job at a time, so a request's place is its place in its partition
+and its ETA the same list scheduling onto that partition alone (its running job, then those ahead).
+
 A request whose latest event is `accepted` has a slot already and starts now: it is listed (the
 events call it queued) without a place, and counts as a running job for everyone's ETA.
 """
@@ -35,6 +39,7 @@ class Placed:
     request: Waiting
     place: int | None
     eta_s: float | None
+    of: int = 0  # how many are placed in the queue its place is in: the fleet's, or (without classes) its partition's
 
     def line(self) -> str:
         w = self.request
@@ -45,23 +50,47 @@ class Placed:
 HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {'WAITING':<11} {'METHOD':<12} WHERE"
 
 
-def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime) -> list[Placed]:
+def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime,
+                  records: dict[str, Waiting] | None = None) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
-    (`accepted`: ETA 0) and the records that are not requests (no ETA), unplaced."""
+    (`accepted`: ETA 0) and the rest unplaced: records that are not requests and, without classes, requests
+    no record says where they wait. `records`: every request read past the committed offsets, the running
+    ones too (without classes, whose partition each running job holds)."""
     at = now.timestamp()
     usage, durations, running = Usage(), Durations(), RunningJobs()
     for event in events:
         for fold in (usage, durations, running):
             fold.observe(event, at)
     jobs = running.jobs(at)
-    candidates = [fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus, key=w)
-                  for w in waiting if w.stage not in UNPLACED]
-    order = fleet.fleet_order(candidates, usage.slot_seconds(at), usage.running(), settings.priority_classes, settings.teams, durations,
-                              ahead=fleet.remaining_work(jobs, durations, at))
-    eta = etas(order, jobs, slots, durations, at)
-    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED}
-    placed = [Placed(mine[request.request_id], place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
-    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.stage in UNPLACED]
+    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and (settings.priority_classes or w.at is not None)}
+    if settings.priority_classes:
+        order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
+                                  settings.teams, durations, ahead=fleet.remaining_work(jobs, durations, at))
+        eta = etas(order, jobs, slots, durations, at)
+        placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
+    else:
+        placed = _in_partitions(list(mine.values()), records or {}, jobs, durations, at)
+    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.request_id not in mine]
+
+
+def _in_order(w: Waiting) -> fleet.Waiting:
+    return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus)
+
+
+def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], durations: Durations, at: float) -> list[Placed]:
+    """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
+    queues: dict[tuple[str, int], list[Waiting]] = {}
+    for w in sorted(waiting, key=lambda w: w.at or ("", 0, 0)):
+        queues.setdefault((w.at or ("", 0, 0))[:2], []).append(w)
+    running = {job.request_id for job in jobs}  # from its `accepted` on: the job a partition is paused for
+    holding = {(r.at[0], r.at[1]): r.request_id for r in records.values() if r.at is not None and r.request_id in running}
+    placed = []
+    for partition, queue in queues.items():
+        order = [_in_order(w) for w in queue]
+        held = [job for job in jobs if job.request_id == holding.get(partition)]
+        eta = etas(order, held, 1, durations, at)
+        placed += [Placed(w, place, eta.get(w.request_id), len(queue)) for place, w in enumerate(queue, start=1)]
+    return sorted(placed, key=lambda p: (p.eta_s is None, p.eta_s or 0.0, p.request.arrived))
 
 
 def default_slots(events: list[Event], now: datetime) -> int:
@@ -82,17 +111,17 @@ def eta_text(eta_s: float | None) -> str:
 async def placed_backlog(settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None) -> tuple[Backlog, list[Placed]]:
     """Every waiting request (daemon/cli/waiting.py), placed in the fleet's order with its ETA."""
     backlog = await read_backlog(settings, events)
-    return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now)
+    return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records)
 
 
 async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]) -> str | None:
     """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
     _, placed = await placed_backlog(settings, slots, now, events)
     found = next((each for each in placed if each.request.request_id == request_id), None)
-    return None if found is None else where_it_waits(found, sum(1 for each in placed if each.place is not None))
+    return None if found is None else where_it_waits(found)
 
 
-def where_it_waits(placed: Placed, total: int) -> str:
+def where_it_waits(placed: Placed) -> str:
     """`adapterd get`'s line for a waiting request."""
     w = placed.request
     where = w.where if w.where.startswith("on ") else f"in {w.where}"
@@ -102,7 +131,8 @@ def where_it_waits(placed: Placed, total: int) -> str:
         return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
     eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
     return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
-            f"place {placed.place} of {total}, starts in {eta}" + (f"; {w.detail}" if w.detail else ""))
+            f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}"
+            + (f"; {w.detail}" if w.detail else ""))
 
 
 def queue_table(placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime) -> list[str]:

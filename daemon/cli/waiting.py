@@ -63,6 +63,7 @@ class Waiting:
     where: str  # topic[partition]@offset, or "on <host>" where only its events say it waits
     detail: str = ""
     host: str | None = None  # the host of its latest event, if it has one
+    at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
 
 
 @dataclass
@@ -153,7 +154,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
     return Waiting(
         decoded.request_id, claimed_as or decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
         decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
-        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
+        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "", at=(record.topic, record.partition, record.offset),
     )
 
 

@@ -217,3 +217,18 @@ def test_a_queue_topic_that_does_not_exist_is_said_and_the_others_are_listed(set
     assert result.exit_code == 0 and list(rows(result.stdout.splitlines())) == ["b1"]
     assert f"adapterd: topic {fleet.class_topics['urgent']} does not exist; nothing waits there" in result.stderr
     assert f"adapterd: topic {fleet.claims_topic} does not exist; nothing waits there" in result.stderr
+
+
+def test_without_classes_the_requests_behind_a_partitions_running_job_are_listed_with_their_place_in_it(settings: Settings) -> None:
+    # One partition, no classes: running-1 was read (its offset not committed until it ends); w1 and w2 wait behind it.
+    write(settings, settings.requests_topic, sft_request("running-1"), sft_request("w1", team="search"), sft_request("w2"), minutes_ago=3)
+    publish(settings, ("succeeded", "old-1", 60, {"method": "sft", "base_model": sft_request("x")["model"]["id"], "durations_s": {"queue": 0, "total": 100}}),
+            ("accepted", "running-1", 2, {"method": "sft"}), ("started", "running-1", 2, {"method": "sft"}),
+            ("progress", "running-1", 0, {"step": 5, "total_steps": 50, "eta_s": 600.0}))
+    code, lines = cli(settings, "jobs", "--state", "queued")
+    listed = rows(lines)
+    assert code == 0 and list(listed) == ["w1", "w2"]
+    assert listed["w1"][1:4] == ["-", "search", "1"] and listed["w2"][1:4] == ["-", "default", "2"]
+    assert listed["w1"][4] in ("10m", "9m") and listed["w1"][7] == f"{settings.requests_topic}[0]@1"  # running-1's own ETA
+    code, lines = cli(settings, "get", "w2")
+    assert code == 0 and lines[-1].startswith(f"w2: waiting (unread) in {settings.requests_topic}[0]@2, class -, team default, place 2 of 2 in its partition")

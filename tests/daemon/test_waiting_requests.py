@@ -98,6 +98,22 @@ def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behi
         ("next-1", None, "default", "requests[0]@4"), ("next-2", None, "default", "requests[0]@5")]
 
 
+def test_without_classes_each_partition_is_its_own_queue_behind_the_job_that_holds_it(tmp_path: Path) -> None:
+    plain = Settings(work_dir=tmp_path, group_id="g")
+    model = sft_request("x")["model"]["id"]
+    read = [record(Queue("g", "requests", "unread", None), offset, minutes_ago, sft_request(request_id))
+            for offset, minutes_ago, request_id in ((3, 9, "running-1"), (4, 8, "n1"), (5, 7, "n2"))]
+    read.append((Queue("g", "requests", "unread", None), FakeRecord("requests", 1, 0, b"m1", json.dumps(sft_request("m1")).encode(), [],
+                                                                     int((NOW - timedelta(minutes=1)).timestamp() * 1000))))
+    events = [succeeded("old-1", 100, 0, model=model), event("accepted", "running-1", 6, method="sft"), event("started", "running-1", 6, method="sft"),
+              event("progress", "running-1", 0, step=5, total_steps=50, eta_s=30.0)]
+    backlog = combine(read, events, plain)
+    placed = place_and_eta(backlog.waiting, events, plain, 1, NOW, backlog.records)
+    # Partition 1 is free: m1 starts now, though it arrived last; n1 and n2 wait behind running-1 on partition 0.
+    assert [(p.request.request_id, p.place, p.of, p.eta_s) for p in placed] == [
+        ("m1", 1, 1, 0.0), ("n1", 1, 2, pytest.approx(30.0)), ("n2", 2, 2, pytest.approx(130.0))]
+
+
 def waiting(request_id: str, priority_class: str, minutes_ago: float, model: str = "m", method: str = "sft") -> Waiting:
     return Waiting(request_id, priority_class, "t", NOW - timedelta(minutes=minutes_ago), method, model, 1, {}, "unread", "q[0]@0")
 
