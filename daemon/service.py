@@ -92,7 +92,7 @@ class Service:
         self.reader = CarefulReader(self.consumer, self.partitions)
         # With priority classes, requests wait in the classes' queues and this host takes them into
         # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
-        self.dispatcher = fleet_dispatcher(settings, self.scheduler, self.partitions) if settings.class_topics else None
+        self.dispatcher = fleet_dispatcher(settings, self.scheduler, self.partitions, self.intake) if settings.class_topics else None
         self.topic = settings.claims_topic if self.dispatcher is not None else settings.requests_topic
         self.control = ControlReader(settings, self.scheduler.cancel)
         self.notifier = Notifier()

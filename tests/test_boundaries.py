@@ -148,7 +148,8 @@ DAEMON_LAYERS: list[set[str]] = [
     {"ops"},  # logs, metrics, the health endpoint, systemd
     {"kafka", "children", "admission", "hub", "local_broker"},  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
     {"jobs"},  # the scheduler and one job's lifecycle
-    {"intake", "fleet"},  # records into requests for the scheduler, or rejections; the fleet's one queue, in front of the scheduler
+    {"intake"},  # records into requests for the scheduler, or rejections
+    {"fleet"},  # the fleet's one queue, in front of the scheduler (with priority classes)
     {"service"},  # the flat loop
     {"cli"},  # the commands, and what only they use: `adapterd convert`'s converter (cli/convert/)
 ]

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from daemon.fleet.order import Waiting
 from daemon.fleet_config import team_of
 from daemon.kafka.records import Record
-from schemas import RequestBase
+from schemas import FieldError, RequestBase
 
 
 @dataclass(eq=False)
@@ -25,6 +25,8 @@ class Head:
     due: float | None = None  # a retry's due time
     moves_to: str | None = None  # the topic of the class it names, when not this one
     preemptions: int = 0
+    oversize: FieldError | None = None  # too large for the copies a move makes: rejected where it is
+    named_id: str | None = None  # the request id the record names, even when it does not decode
     seen_at: float = field(default_factory=time.time)
 
     @property

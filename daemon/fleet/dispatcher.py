@@ -28,19 +28,21 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
-from daemon.fleet.moves import Move, Mover
+from daemon.fleet.moves import Copy, Move, Mover, carried, kept_timestamp
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
+from daemon.intake import Intake
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.scheduler import Scheduler
+from daemon.kafka.copies import too_large
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
-from schemas import Queued, RequestBase, decode_request
+from schemas import Queued, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
@@ -49,9 +51,9 @@ HEARTBEAT_MS = 1000  # a queue group's members learn of a rebalance within about
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, scheduler: Scheduler, jobs: FleetJobs, claims: Partitions, mover: Mover,
-                 ) -> None:
+    def __init__(self, settings: Settings, scheduler: Scheduler, jobs: FleetJobs, claims: Partitions, mover: Mover, intake: Intake) -> None:
         self.settings = settings
+        self.intake = intake  # its rejections: a record too large to move is rejected here, as intake would
         self.scheduler = scheduler
         self.jobs = jobs
         self.claims = claims
@@ -121,10 +123,12 @@ class Dispatcher:
             return  # a queue just joined: its waiting records are fetched first
         for queue in self.queues:
             for window in list(queue.windows.values()):
+                for head in [h for h in window if h.oversize is not None]:
+                    await self._reject(queue, head)
                 if window and window[0].moves_to is not None:
                     await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None]
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.oversize is None]
         for head in [h for h in ready if h.request is None]:  # only intake's rejection is left for it: no slot needed
             if not self.idle_claims():
                 return
@@ -170,24 +174,32 @@ class Dispatcher:
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
     def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
-        decoded = decode_request(record.value or b"")
+        oversize = too_large(record, self.settings.max_message_bytes)
+        decoded = decode_request(record.value or b"", record.key)
         request = decoded if isinstance(decoded, RequestBase) else None
+        named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
         priority_class = (request.priority_class if request is not None else None) or queue.name
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,
-                    due=self.retries.read(record).due, moves_to=moves_to, preemptions=self.retries.preemptions(record))
+                    due=self.retries.read(record).due, moves_to=None if oversize else moves_to, preemptions=self.retries.preemptions(record),
+                    oversize=oversize, named_id=named_id)
 
     def _queue(self, head: Head) -> ClassQueue:
         return next(queue for queue in self.queues if queue.name == head.queue)
 
+    def _before(self, queue: ClassQueue, head: Head) -> tuple[Copy, ...]:
+        """The records ahead of `head` in its window, written again at the end of their partition as they arrived."""
+        return tuple(Copy(r, r.topic, carried(r, self.retries), partition=r.partition, timestamp_ms=kept_timestamp(r.timestamp))
+                     for r in queue.before(head))
+
     async def _claim(self, head: Head) -> None:
         queue, target = self._queue(head), self.idle_claims()[0]
-        offset = await self.mover.move(Move(
-            head.record, self.settings.claims_topic, head.group, partition=target.partition, headers=((CLASS_HEADER, head.priority_class.encode()),),
-            drop=frozenset({CLASS_HEADER}), before=tuple(queue.before(head)),
-        ))
+        claim = Copy(head.record, self.settings.claims_topic, (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
+                     partition=target.partition)
+        offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim)))
+        assert offset is not None
         self.pending[target] = offset
         queue.taken(head)
         self.scheduler.resume_idle_partitions()  # the claims partition is read at once
@@ -195,7 +207,18 @@ class Dispatcher:
                  claims_partition=target.partition, waited_s=round(time.time() - head.arrived, 3))
 
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
-        """A request first in a class's topic that names another class goes to that class's topic."""
-        await self.mover.move(Move(head.record, topic, head.group))
+        """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
+        copy = Copy(head.record, topic, carried(head.record, self.retries), timestamp_ms=kept_timestamp(head.record.timestamp))
+        await self.mover.move(Move(head.record, head.group, (copy,)))
         queue.taken(head)
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
+
+    async def _reject(self, queue: ClassQueue, head: Head) -> None:
+        """A record too large for the copies a move makes: dead-lettered and announced as intake would, then
+        committed past (with the records before it written again)."""
+        assert head.oversize is not None
+        rejection = Rejection("policy", [head.oversize], head.named_id)
+        for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, rejection)):
+            await ack
+        await self.mover.move(Move(head.record, head.group, self._before(queue, head)))
+        queue.taken(head)

@@ -15,14 +15,14 @@ import time
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.fleet.moves import Move, Mover
+from daemon.fleet.moves import Copy, Move, Mover, carried, kept_timestamp
 from daemon.fleet.order import Running
 from daemon.fleet_config import team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER, RetrySigner
+from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from schemas import Preempted, RequestBase
 
@@ -94,14 +94,16 @@ class FleetJobs:
             return False
         cls = claimed_class(record, runner.request, self.settings)
         count = self.retries.preemptions(record) + 1
-        await self.mover.move(Move(
-            record, self.settings.class_topics[cls], self.settings.group_id,
-            headers=tuple(self.retries.preemption_headers(record.key, record.value or b"", count)),
-            drop=frozenset({PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER, CLASS_HEADER}),
-        ))
+        # Back to its class's queue with its arrival time: it keeps its place there.
+        back = Copy(record, self.settings.class_topics[cls], carried(record, self.retries, preemptions=count),
+                    timestamp_ms=kept_timestamp(record.timestamp))
+        await self.mover.move(Move(record, self.settings.group_id, (back,)))
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
         await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
         return True
+
+    def queue_topic(self, record: Record, request: RequestBase) -> str:
+        return self.settings.class_topics.get(claimed_class(record, request, self.settings), self.settings.requests_topic)
 
     def forget(self, tp: TopicPartition) -> None:
         self.started.pop(tp, None)

@@ -20,26 +20,34 @@ from aiokafka.structs import OffsetAndMetadata
 
 from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
+from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 
 log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
-class Move:
-    """Copy `record` (its key, value and headers, less any null header and any named in `drop`) to
-    `topic` (partition `partition`, or by its key), plus `headers`, and commit `group`'s offset of the
-    record's own partition past it."""
+class Copy:
+    """A record to write: its key and value as they were, with `headers` (the caller's: never a producer's
+    own headers, whose size it chose), to `topic` (partition `partition`, else by its key)."""
 
     record: Record
     topic: str
-    group: str
-    partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
-    drop: frozenset[str] = frozenset()
-    # Records before `record` in its partition, committed past with it: written again, as they were
-    # (key, value, headers, timestamp), at the end of their own partition (daemon/fleet/queues.py).
-    before: tuple[Record, ...] = ()
+    partition: int | None = None
+    timestamp_ms: int | None = None  # None: the time of the move
+
+
+@dataclass(frozen=True)
+class Move:
+    """Write `copies` and commit `group`'s offset of `record`'s partition past `record`, together. A request
+    taken from a queue is one copy, plus the records before it in its window (written again at the end of
+    their own partition, with their own timestamps: daemon/fleet/queues.py); one rejected there is none."""
+
+    record: Record
+    group: str
+    copies: tuple[Copy, ...] = ()
 
 
 class Mover:
@@ -62,26 +70,21 @@ class Mover:
     async def stop(self) -> None:
         await self.producer.stop()
 
-    async def move(self, move: Move) -> int:
-        """Do `move`; the offset of the copy. Raises (the transaction aborted, nothing moved) when the
-        broker refuses it: the record stays where it was and is read again."""
+    async def move(self, move: Move) -> int | None:
+        """Do `move`; the offset of its last copy (None without one). Raises (the transaction aborted, nothing
+        moved) when the broker refuses it: the record stays where it was and is read again."""
         record = move.record
-        headers = [(name, value) for name, value in record.headers or () if value is not None and name not in move.drop]
         async with self._lock:
             async with self.producer.transaction():
-                for earlier in move.before:
-                    await self.producer.send(
-                        earlier.topic, value=earlier.value or b"", key=earlier.key, partition=earlier.partition, timestamp_ms=kept_timestamp(earlier.timestamp),
-                        headers=[(name, value) for name, value in earlier.headers or () if value is not None],
-                    )
-                sent = await self.producer.send(
-                    move.topic, value=record.value or b"", key=record.key, partition=move.partition, headers=[*headers, *move.headers],
-                )
+                sent = [await self.producer.send(copy.topic, value=copy.record.value or b"", key=copy.record.key, partition=copy.partition,
+                                                 timestamp_ms=copy.timestamp_ms, headers=list(copy.headers)) for copy in move.copies]
                 await self.producer.send_offsets_to_transaction(
                     {TopicPartition(record.topic, record.partition): OffsetAndMetadata(record.offset + 1, "")}, move.group,
                 )
-            metadata = await sent
-        log.debug("fleet.moved", from_topic=record.topic, partition=record.partition, offset=record.offset, to_topic=move.topic,
+            if not sent:
+                return None
+            metadata = await sent[-1]
+        log.debug("fleet.moved", from_topic=record.topic, partition=record.partition, offset=record.offset, to_topic=metadata.topic,
                   to_partition=metadata.partition, to_offset=metadata.offset)
         return int(metadata.offset)
 
@@ -90,3 +93,16 @@ def kept_timestamp(timestamp: int) -> int | None:
     """A record's own timestamp, written again as it was; a producer's impossible one (Kafka takes any 64-bit
     number) becomes the time of the move rather than a send the client refuses, which would stop the queue."""
     return timestamp if 0 <= timestamp < 2**53 else None
+
+
+def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = None) -> tuple[tuple[str, bytes], ...]:
+    """The headers a moved request keeps: its retry state and count of preemptions, signed again (a producer's
+    unsigned ones are dropped, as `RetrySigner.read` would ignore them), and its trace context; nothing else of
+    a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
+    value = record.value or b""
+    state = retries.read(record)
+    kept = list(retries.headers(record.key, value, state.attempt, state.due, alone=state.alone)) if state.due is not None else []
+    count = retries.preemptions(record) if preemptions is None else preemptions
+    if count:
+        kept += retries.preemption_headers(record.key, value, count)
+    return (*kept, *trace_context(record))

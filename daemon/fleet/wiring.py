@@ -6,13 +6,14 @@ from __future__ import annotations
 from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Mover
+from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.partitions import Partitions
 from daemon.settings import Settings
 
 
-def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partitions) -> Dispatcher:
+def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partitions, intake: Intake) -> Dispatcher:
     mover = Mover(settings)
     jobs = FleetJobs(settings, mover, scheduler.retries, scheduler)
     scheduler.fleet = jobs
-    return Dispatcher(settings, scheduler, jobs, claims, mover)
+    return Dispatcher(settings, scheduler, jobs, claims, mover, intake)

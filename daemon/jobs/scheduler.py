@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -76,6 +77,9 @@ class FleetHooks(Protocol):
         """After a job ended interrupted: True when it was preempted and its claim is committed."""
 
     def forget(self, tp: TopicPartition) -> None: ...
+
+    def queue_topic(self, record: Record, request: RequestBase) -> str:
+        """The topic of the class the claimed request runs as: where its retry waits."""
 
 
 @dataclass
@@ -219,6 +223,8 @@ class Scheduler:
                 attempt = runner.attempt if alone else runner.attempt + 1
                 due = time.time() + (0 if alone else backoff_s(self.settings.retry_backoff_s, attempt))
                 retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due, alone=alone))
+                if self.fleet is not None:  # back to its class's queue, where any host with room takes it when it is due
+                    retry = dataclasses.replace(retry, topic=self.fleet.queue_topic(record, runner.request))
                 try:
                     await self.publisher.deliver(retry)
                 except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again

@@ -16,7 +16,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
-from schemas import Accepted, Preempted, Progress, Queued, Started, Succeeded
+from schemas import Accepted, Preempted, Progress, Queued, Rejected, Started, Succeeded
 from schemas.events import EventBase
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
@@ -127,6 +127,10 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
 ) -> None:
     fleet_settings = await fleet(settings, job_slots=2, queue_wait_event_s=0, teams={"vision": {"max_slots": 1}})
     (host,) = hosts(fleet_settings, tmp_path, "host-a")
+    # A hostile producer's first: a record that is no request, and one too large for the copy a move makes.
+    await produce(host, b"\xff not json", b"garbage-1")
+    huge = {**request("huge-1", 4), "padding": "x" * (host.max_message_bytes - 4000)}
+    await produce(host, json.dumps(huge).encode(), b"huge-1")
     daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
     try:
         async with EventStream(host) as stream:
@@ -136,9 +140,12 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
                     break
         await submit_to(host, host.requests_topic, request("vision-2", 4, team="vision"))
         await submit_to(host, host.requests_topic, request("search-1", 4, team="search"))
-        events = await terminal_events(host, {"vision-1", "vision-2", "search-1"})
+        events = await terminal_events(host, {"vision-1", "vision-2", "search-1", "huge-1", "garbage-1"})
     finally:
         daemon.stop()
+    (garbage,) = of(events["garbage-1"], Rejected)
+    (huge_rejected,) = of(events["huge-1"], Rejected)
+    assert garbage.reason == "not_json" and "max_message_bytes" in huge_rejected.errors[0].message  # and the queue went on
     queued = of(events["vision-2"], Queued)
     assert queued and queued[0].team == "vision" and queued[0].priority_class == "default" and queued[0].place >= 1
     assert of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time  # the free slot went to search
