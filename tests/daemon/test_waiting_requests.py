@@ -57,6 +57,7 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
         record(CLAIMS, 0, 25, sft_request("r1", team="search", metadata={"sweep": "s1"})),
         record(CLAIMS, 1, 15, sft_request("k1")),
         record(CLAIMS, 2, 14, sft_request("k2"), headers=[("adapterd-class", b"urgent")]),  # claimed from urgent's topic, naming no class
+        record(CLAIMS, 3, 3, sft_request("k3")),  # held by a dispatcher (its `queued` event), then claimed
     ]
     events = [
         event("accepted", "r1", 24, method="sft", priority_class="batch", team="search"),
@@ -66,10 +67,12 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
         event("accepted", "e1", 45, method="sft"), event("succeeded", "e1", 40, method="sft"),
         event("accepted", "e2", 45, method="sft"), event("failed", "e2", 40, code="dataset_invalid", stage="preflight"),
         event("queued", "h1", 8, host="gpu-b", priority_class="batch", team="ads", place=3, eta_s=60.0),
+        event("queued", "k3", 4, host="gpu-b", priority_class="batch", team="default", place=9, eta_s=None),
     ]
     backlog = combine(read, events, settings)
     waiting = {w.request_id: w for w in backlog.waiting}
-    assert set(waiting) == {"u1", "junk-1", "b1", "p1", "e2", "k1", "k2", "h1"}  # r1 runs; e1 ended
+    assert set(waiting) == {"u1", "junk-1", "b1", "p1", "e2", "k1", "k2", "k3", "h1"}  # r1 runs; e1 ended
+    assert (waiting["k3"].stage, waiting["k3"].where) == ("claimed", "claims[0]@3")
     assert waiting["k2"].priority_class == "urgent"  # the class the dispatcher claimed it as
     assert (waiting["u1"].priority_class, waiting["u1"].team, waiting["u1"].stage, waiting["u1"].where) == (
         "urgent", "fixes", "unread", "requests.urgent[0]@0")
@@ -86,7 +89,7 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     # has had no slot-time, ahead of the teams that have, though h1 arrived after p1, b1 and k1.
     placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
     assert [p.request.request_id for p in placed][:3] == ["u1", "k2", "h1"] and placed[-1].request.request_id == "junk-1"
-    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, 7, None] and placed[-1].eta_s is None
+    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, 7, 8, None] and placed[-1].eta_s is None
 
 
 def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behind_it(tmp_path: Path) -> None:
