@@ -53,24 +53,30 @@ def markdown(rows: list[Row], header: str) -> str:
 @dataclass
 class Environment:
     root: Path
-    broker: LocalKafka
+    broker: LocalKafka | None  # None on a broker of someone else's (`bootstrap_servers`)
     hub: HubServer
     model_dir: Path
+    bootstrap_servers: str
 
     @classmethod
-    def start(cls) -> Environment:
+    def start(cls, bootstrap_servers: str | None = None) -> Environment:
+        """A broker of its own, or with `bootstrap_servers` a running one (a test's), the Hub and the tiny model."""
         root = Path(tempfile.mkdtemp(prefix="adapterd-bench-"))
-        broker = LocalKafka(data_dir=root / "kafka").start()
+        broker = None
+        if bootstrap_servers is None:
+            broker = LocalKafka(data_dir=root / "kafka").start()
+            bootstrap_servers = broker.bootstrap_servers
         hub = HubServer().start()
         model_dir = root / "tiny-model"
         subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(model_dir)], check=True, capture_output=True)
-        return cls(root, broker, hub, model_dir)
+        return cls(root, broker, hub, model_dir, bootstrap_servers)
 
     def stop(self) -> None:
         """Stop the broker and the Hub and remove the run's folder (its logs and Kafka's data, some
         hundreds of MB), unless ADAPTERD_BENCH_KEEP is set: then say where it is."""
         self.hub.stop()
-        self.broker.stop()
+        if self.broker is not None:
+            self.broker.stop()
         if os.environ.get("ADAPTERD_BENCH_KEEP"):
             print(f"kept: {self.root}", file=sys.stderr)
         else:
@@ -78,14 +84,14 @@ class Environment:
 
     def broker_cpu_seconds(self) -> float:
         """CPU seconds the broker's processes (its process group) have used."""
-        assert self.broker.process is not None
+        assert self.broker is not None and self.broker.process is not None
         return sum(cpu_seconds(pid) for pid in group_members(self.broker.process.pid))
 
     async def settings(self, partitions: int = 1, **overrides: Any) -> Settings:
         """Settings with topics of their own (`partitions` each), on this environment's broker and Hub."""
         suffix = uuid.uuid4().hex[:8]
         fields: dict[str, Any] = {
-            "bootstrap_servers": self.broker.bootstrap_servers,
+            "bootstrap_servers": self.bootstrap_servers,
             "requests_topic": f"requests-{suffix}",
             "events_topic": f"events-{suffix}",
             "dlq_topic": f"dlq-{suffix}",

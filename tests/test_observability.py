@@ -54,6 +54,7 @@ def exported_metrics() -> bytes:
     metrics.GPU_MEMORY_RESERVED.labels("0")
     metrics.JOB_MEMORY_PEAK.labels("sft")
     metrics.JOB_MEMORY_RATIO.labels("sft")
+    metrics.QUEUE_WAITING.labels("batch")
     return generate_latest()
 
 

@@ -41,6 +41,7 @@ from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
+from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import Queued, Rejection, RequestBase, decode_request
 
@@ -135,6 +136,8 @@ class Dispatcher:
             await self._claim(head)
             ready.remove(head)
         waiting = [h.waiting() for h in ready]
+        for queue in self.queues:
+            metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for h in ready if h.queue == queue.name))
         while waiting:
             free = self.room()
             chosen = self.view.pick(waiting, free) if free > 0 else None
@@ -145,9 +148,15 @@ class Dispatcher:
             # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
             first = self.view.pick(waiting, free=None)
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
-            if first is not None and victim is not None and self.jobs.preempt(victim.key, by=first.request_id):
+            if first is not None and victim is not None and self.idle_claims() and self.jobs.preempt(victim.key, by=first.request_id):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
+                # Claimed at once: it waits in this host's claims for the victim's slot (the scheduler starts it when
+                # the slot frees), so no other host, in a rebalance meanwhile, preempts a second job for it.
+                await self._claim(first.key)  # type: ignore[arg-type]
+                waiting.remove(first)
             break
+        for queue in self.queues:
+            metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
 
     def _may_preempt_for(self, priority_class: str) -> bool:

@@ -23,6 +23,7 @@ from daemon.jobs.lifecycle import Stop
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
+from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import Preempted, RequestBase
 
@@ -98,6 +99,7 @@ class FleetJobs:
         back = Copy(record, self.settings.class_topics[cls], carried(record, self.retries, preemptions=count),
                     timestamp_ms=kept_timestamp(record.timestamp))
         await self.mover.move(Move(record, self.settings.group_id, (back,)))
+        metrics.PREEMPTIONS.inc()
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
         await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
         return True

@@ -27,6 +27,7 @@ log = structlog.get_logger()
 
 USAGE_LOOKBACK_S = 4 * 3600.0  # the events read at start: four half-lives of the fair share's memory
 HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
+FOLLOW_AGAIN_S = 5.0
 
 
 class FleetView:
@@ -42,7 +43,17 @@ class FleetView:
             fold.observe(event, now)  # type: ignore[arg-type]
 
     async def follow(self) -> None:
-        """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs."""
+        """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
+        from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
+        while True:
+            self.usage, self.durations, self.running_jobs = Usage(HALF_LIFE_S), Durations(), RunningJobs()
+            try:
+                await self._follow()
+            except Exception as exc:  # the brokers away: decisions go on with what was folded, until read again
+                log.warning("fleet.usage_unread", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(FOLLOW_AGAIN_S)
+
+    async def _follow(self) -> None:
         async with EventStream(self.settings, since=time.time() - USAGE_LOOKBACK_S) as stream:
             async for record in stream.reader.records():
                 try:

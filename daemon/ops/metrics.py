@@ -26,6 +26,11 @@ FORKSERVER_FAILURES = Counter(
     "adapterd_forkserver_failures", "Fork servers that refused to serve (their self-check failed) or died after they were ready.", ["reason"],
 )
 WARM_START = Gauge("adapterd_warm_start_mode", "How job children start now: 1 for the mode in force (fork, spawn, cold).", ["mode"])
+QUEUE_WAITING = Gauge("adapterd_queue_waiting", (
+    "With priority classes: requests this host holds read from its classes' queues that could start (due, decoded) "
+    "and have not, by class; a host with room reads the queues, so a free slot beside a count above 0 is a request it may not take."
+), ["priority_class"])
+PREEMPTIONS = Counter("adapterd_preemptions", "Jobs of this host stopped at a checkpoint for a request of a higher class.")
 REJECTED = Counter("adapterd_requests_rejected", "Requests rejected at intake, by reason.", ["reason"])
 WORK_DIR_FREE = Gauge("adapterd_work_dir_free_bytes", "Bytes free on the file system of work_dir (job folders, checkpoints, the Hub cache).")
 GPU_JOBS = Gauge("adapterd_gpu_jobs", "Jobs placed on each GPU (more than one only when GPUs are packed: max_jobs_per_gpu).", ["gpu"])

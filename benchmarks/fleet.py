@@ -1,0 +1,265 @@
+"""Fleet: the fleet as one queue, measured on real daemons; prints one line, `FLEET key=value ...`.
+
+A sweep of `batch` requests of mixed lengths from one team, then `urgent` requests from another team once
+every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
+says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
+
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 batch (2 to 12 steps) + 2 urgent
+    uv run python -m benchmarks.fleet --classes     # the same with the fleet's priority classes and teams
+    uv run python -m benchmarks.fleet --quick       # 4 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+
+Without `--classes` the daemons have no priority classes: each requests partition is a first-in-first-out
+queue read by one host, and a request names no class (the benchmark still counts the sweep as `batch`
+and the others as `urgent`). With it, they have the classes urgent, default and batch (batch preemptible),
+a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic.
+
+A request arrives at its record's timestamp (set by this producer); the figures come from the events
+topic, each host's slots from its settings and the local Hub's commits. Every step is a progress event and
+a checkpoint, so a preempted job can resume one step back at most. Not a unit test: it trains for real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from benchmarks.fleet_metrics import Arrival, Seen, figures, fleet_line, holding, seen, terminal_at
+from benchmarks.harness import HUB_TOKEN, Environment, warm_event
+from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
+from daemon.fleet_config import PriorityClass, TeamShare
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topics import partition_numbers
+from daemon.local_broker import free_port
+from daemon.settings import Settings
+from schemas import Event
+from testbed.data import CHAT_ROWS
+from testbed.processes import DaemonProcess
+
+URGENT, BATCH = "urgent", "batch"
+CLASSES = [PriorityClass(name=URGENT), PriorityClass(name="default"), PriorityClass(name=BATCH, preemptible=True)]
+SWEEP_TEAM, URGENT_TEAM = "sweep", "oncall"
+WEIGHTS = {SWEEP_TEAM: 1.0, URGENT_TEAM: 1.0}
+
+
+@dataclass(frozen=True)
+class Plan:
+    daemons: int = 2
+    slots: int = 1  # CPU job slots per daemon
+    batch: int = 8
+    urgent: int = 2
+    min_steps: int = 2  # each batch request's max_steps is drawn between these
+    max_steps: int = 12
+    urgent_steps: int = 4
+    partitions: int = 4  # of each requests topic (ensure_topics gives the claims topic at least 16)
+    classes: bool = False
+    seed: int = 1
+    busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
+    timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
+
+    @property
+    def total_slots(self) -> int:
+        return self.daemons * self.slots
+
+
+QUICK: dict[str, Any] = {"batch": 4, "urgent": 1, "max_steps": 4}
+
+
+def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
+    """The fleet's settings with `--classes` (none without: each partition FIFO)."""
+    if not plan.classes:
+        return {}
+    return {
+        "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
+        "teams": {team: TeamShare(weight=weight) for team, weight in WEIGHTS.items()},
+        "preempt_min_run_s": 1.0, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
+    }
+
+
+def request(plan: Plan, model: str, request_id: str, steps: int, priority_class: str, team: str) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "schema_version": 1, "request_id": request_id, "method": "sft", "team": team,
+        "model": {"id": model}, "dataset": {"rows": CHAT_ROWS[:4]},
+        "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
+        "training": {"max_steps": steps, "per_device_train_batch_size": 2, "save_steps": 1},
+        "output": {"repo_id": f"fleet/{request_id}"},
+    }
+    if plan.classes:  # a host with no classes rejects a request that names one
+        body["priority_class"] = priority_class
+    return body
+
+
+async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]], classes: list[str], team: str) -> list[Arrival]:
+    """Publish at once, keyed by request id, each record stamped now: its arrival."""
+    producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+    await producer.start()
+    try:
+        stamped = [(r, int(time.time() * 1000)) for r in requests]
+        sent = [await producer.send(topic, json.dumps(r).encode(), key=r["request_id"].encode(), timestamp_ms=ms) for r, ms in stamped]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
+
+
+async def ready(daemons: list[DaemonProcess], settings: Settings, partitions: int, timeout_s: float = 300) -> None:
+    """Until every daemon's next job starts warm and the group's partitions are shared out, each to one daemon
+    (as of each daemon's latest assignment). The daemon says both only in its log, so this polls it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logs = [daemon.log_lines() for daemon in daemons]
+        warm = all(any(line.get("event") == warm_event(settings) for line in lines) for lines in logs)
+        latest = [next((line.get("partitions") or [] for line in reversed(lines) if line.get("event") == "partitions.assigned"), [])
+                  for lines in logs]
+        shared = sorted(p for assigned in latest for p in assigned) == list(range(partitions)) and all(latest)
+        if warm and shared:
+            return
+        for daemon in daemons:
+            assert daemon.process is not None
+            if daemon.process.poll() is not None:
+                raise RuntimeError(f"a daemon exited ({daemon.process.returncode}) before it was ready; see {daemon.log_path}")
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"the daemons were not all ready after {timeout_s}s: logs {[str(d.log_path) for d in daemons]}")
+
+
+class Collector:
+    """Every event of the run, as the figures read them, and a way to await a condition on them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.events: list[Seen] = []
+        self.raw: list[Event] = []  # as read, for the ETA's replay (daemon/fleet/replay.py)
+        self.changed = asyncio.Condition()
+
+    async def run(self) -> None:
+        async with EventStream(self.settings) as stream:
+            async for event in stream.events(until_terminal=False):
+                reduced = seen(event)
+                self.raw.append(event)
+                if reduced is not None:
+                    self.events.append(reduced)
+                    async with self.changed:
+                        self.changed.notify_all()
+
+    async def until(self, condition: Callable[[list[Seen]], bool], timeout_s: float) -> bool:
+        """Whether `condition` held within `timeout_s`."""
+        try:
+            async with asyncio.timeout(timeout_s), self.changed:
+                await self.changed.wait_for(lambda: condition(self.events))
+            return True
+        except TimeoutError:
+            return False
+
+
+def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
+    """The ETA's median error on this run replayed (daemon/fleet/replay.py): its measured requests, each of the
+    benchmark's class and team (so a run without classes is replayed as the fleet with them would order it),
+    through a simulated fleet of as many slots that knows the run's durations ahead, as a fleet that ran such
+    jobs before does (cold, every request of a burst before the first end gets no ETA but the first few). None
+    when no ETA was given."""
+    labels = {a.request_id: a for a in arrivals}
+    measured = tuple(replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
+                     for a in arrivals_from_events(events) if a.request_id in labels)
+    history = tuple((a.method, a.model, a.duration_s) for a in measured)
+    error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()},
+                            history=history))
+    return None if math.isnan(error) else error
+
+
+def dump(path: Path, arrivals: list[Arrival], events: list[Seen]) -> None:
+    """The run's arrivals and events as the figures read them, one JSON object a line (`--events`)."""
+    with path.open("w") as out:
+        for kind, items in (("arrival", arrivals), ("event", events)):
+            for item in items:
+                out.write(json.dumps({"kind": kind, **asdict(item)}) + "\n")
+
+
+async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Path | None = None) -> dict[str, object]:
+    rng = random.Random(plan.seed)
+    env = Environment.start(bootstrap_servers)
+    daemons: list[DaemonProcess] = []
+    try:
+        suffix = f"{rng.getrandbits(32):08x}"
+        settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
+                                      max_attempts=3, retry_backoff_s=1, **fleet_overrides(plan, suffix))
+        # The topic the daemons' group reads (ensure_topics made it, and the class queues): the claims with classes.
+        group_partitions = len(await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic))
+        hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
+                                             "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
+        daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
+        collector = Collector(settings)
+        collecting = asyncio.create_task(collector.run())
+        await ready(daemons, settings, group_partitions)
+
+        def topic(name: str) -> str:
+            return settings.class_topics[name] if plan.classes else settings.requests_topic
+
+        model = str(env.model_dir)
+        sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
+        sent = time.monotonic()
+        arrivals = await publish(settings, topic(BATCH), sweep, [BATCH] * len(sweep), SWEEP_TEAM)
+        busy_s = min(plan.busy_timeout_s, plan.timeout_s)
+        if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
+            print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
+        urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
+        arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
+        ids = {arrival.request_id for arrival in arrivals}
+        end = None  # all ended: the last event of theirs; else now, the run's end with some unfinished
+        if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
+            print(f"fleet: not every request ended within {plan.timeout_s}s", file=sys.stderr)
+            end = time.time()
+        collecting.cancel()
+        commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
+        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end)
+        end = end or max(e.at for e in collector.events if e.request_id in ids)
+        if events_path is not None:
+            dump(events_path, arrivals, collector.events)
+        return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
+                "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
+                "batch": plan.batch, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+        env.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--daemons", type=int, default=Plan.daemons)
+    parser.add_argument("--slots", type=int, default=Plan.slots, help="CPU job slots per daemon")
+    parser.add_argument("--batch", type=int, default=None, help="the sweep's size (batch requests)")
+    parser.add_argument("--urgent", type=int, default=None, help="urgent requests, sent once every slot is busy")
+    parser.add_argument("--min-steps", type=int, default=Plan.min_steps)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--partitions", type=int, default=Plan.partitions)
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--classes", action="store_true", help="the fleet's priority classes and teams")
+    modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out (the default)")
+    parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
+    parser.add_argument("--seed", type=int, default=Plan.seed)
+    parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
+    parser.add_argument("--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own")
+    parser.add_argument("--events", type=Path, default=None, help="write the run's arrivals and events here, one JSON object a line")
+    args = parser.parse_args()
+    plan = Plan(daemons=args.daemons, slots=args.slots, min_steps=args.min_steps, partitions=args.partitions, classes=args.classes,
+                seed=args.seed, timeout_s=args.timeout)
+    if args.quick:
+        plan = replace(plan, **QUICK)
+    given: dict[str, Any] = {"batch": args.batch, "urgent": args.urgent, "max_steps": args.max_steps}
+    plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
+    print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers, args.events))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
