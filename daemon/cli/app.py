@@ -69,8 +69,17 @@ def _with_kafka(settings: Settings, work: Coroutine[Any, Any, T]) -> T:
     """Run `work`; a broker that does not answer ends the command with one line and exit 1, not a traceback."""
     # aiokafka logs each failed connection itself ("Unable connect to ..."); the command says it once, below.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    done: list[T] = []
+
+    async def kept_aside() -> None:
+        # The result is kept out of the task: Python 3.11's asyncio.run formats the main task, result and
+        # all, when it puts back the SIGINT handler (enum's lookup of a partial); `adapterd jobs --state
+        # queued`'s result holds 12,000 events in a sweep-sized test, and printing them cost 0.5 s of CPU.
+        done.append(await work)
+
     try:
-        return asyncio.run(work)
+        asyncio.run(kept_aside())
+        return done[0]
     except KafkaError as exc:
         source = _read_from.get("source", "the built-in defaults")
         typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers} (settings: {source}): {exc}", err=True)
@@ -194,8 +203,13 @@ def jobs(
     method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
     host: Annotated[str | None, typer.Option(help="Only requests whose latest event came from this host.")] = None,
     since: Annotated[str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")] = None,
+    slots: Annotated[int | None, typer.Option(min=1, help=(
+        "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
+        "last 24 hours, counted one slot each (a guess: hosts with more slots make the ETAs too long). Without classes each "
+        "partition is its own queue, and its ETAs follow its running job."))] = None,
 ) -> None:
-    """Every request's latest state across the fleet, from the events topic; newest last."""
+    """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
+    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits."""
     from datetime import UTC, datetime
 
     from daemon.cli.jobs import HEADER, STATES, age, fold, history
@@ -212,32 +226,61 @@ def jobs(
         raise typer.Exit(2) from exc
 
     now = datetime.now(UTC)
-    listed = [job for job in fold(_with_kafka(settings, history(settings))).values()
-              if (not state or job.state in state) and (method is None or job.method == method) and (host is None or job.host == host)
+    events = _with_kafka(settings, history(settings))
+    others = [each for each in state or [] if each != "queued"]
+    listed = [job for job in fold(events).values()
+              if (not state or job.state in others) and (method is None or job.method == method) and (host is None or job.host == host)
               and (within is None or now - job.last <= within)]
-    typer.echo(HEADER)
-    for job in sorted(listed, key=lambda job: job.last):
-        typer.echo(job.line(now))
+    if not state or others:
+        typer.echo(HEADER)
+        for job in sorted(listed, key=lambda job: job.last):
+            typer.echo(job.line(now))
+    if state and "queued" in state:
+        from daemon.cli.places import placed_backlog, queue_table
+
+        if others:
+            typer.echo()  # the waiting requests are a table of their own, with their own columns
+        backlog, placed = _with_kafka(settings, placed_backlog(settings, slots, now, events))
+        for topic in backlog.missing:
+            typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
+        for line in queue_table(placed, method, host, within, now):
+            typer.echo(line)
 
 
 @app.command()
-def get(request_id: str, config: ConfigOption = None) -> None:
-    """One request's whole history, event by event, and where it stands; exit 1 when it has no events."""
+def get(
+    request_id: str,
+    config: ConfigOption = None,
+    slots: Annotated[int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")] = None,
+) -> None:
+    """One request's whole history, event by event, and where it stands; a waiting one's place, ETA and where it waits;
+    exit 1 when it has no events and waits nowhere."""
+    from datetime import UTC, datetime
+
     from daemon.cli.console import describe
     from daemon.cli.jobs import fold, history
+    from daemon.cli.places import waiting_line
 
     settings = _settings(config)
-    events = _with_kafka(settings, history(settings, request_id))
-    if not events:
-        typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}", err=True)
+    events = _with_kafka(settings, history(settings))
+    mine = [event for event in events if event.request_id == request_id]
+    waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
+    if not mine or fold(mine)[request_id].state == "queued":
+        waits = _with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC), events))
+    if not mine and waits is None:
+        typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues", err=True)
         raise typer.Exit(1)
+    events = mine
     last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
     for index, event in enumerate(events):
         if event.type == "progress" and index != last_progress:
             continue  # one line a step would bury the rest: the latest is shown
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
-    job = fold(events)[request_id]
-    typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
+    if events:
+        job = fold(events)[request_id]
+        typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
+    if waits is not None:
+        typer.echo(waits)
 
 
 @app.command()
@@ -264,20 +307,39 @@ def logs(
 
 @app.command()
 def cancel(
-    request_id: str,
+    request_id: Annotated[str | None, typer.Argument(help="The request to cancel; or leave it out and sweep by --team, --class, --selector.")] = None,
     config: ConfigOption = None,
     reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
+    team: Annotated[str | None, typer.Option(help="Sweep: every waiting or running request of this team.")] = None,
+    priority_class: Annotated[str | None, typer.Option("--class", help="Sweep: ... of this priority class.")] = None,
+    selector: Annotated[list[str] | None, typer.Option(help="Sweep: ... whose metadata has key=value; repeatable, all must match.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be cancelled, and send nothing.")] = False,
 ) -> None:
-    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent)."""
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent).
+    Or a sweep: every waiting and running request that matches --team, --class and each --selector, counted and listed."""
     from daemon.cli.cancel import cancel as send_cancel
+    from daemon.cli.sweep import selector as sweep_selector
+    from daemon.cli.sweep import sweep
+    from daemon.errors import UsageError
 
     settings = _settings(config)
+    if request_id is None or team or priority_class or selector:
+        try:
+            if request_id is not None:
+                raise UsageError("cancel: a request id or a sweep (--team, --class, --selector), not both")
+            chosen = sweep_selector(settings, team, priority_class, selector or [])
+        except UsageError as exc:
+            typer.echo(f"adapterd: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        for line in _with_kafka(settings, sweep(settings, chosen, reason, dry_run)):
+            typer.echo(line)
+        return
     try:
         message = Cancel(request_id=request_id, reason=reason)
     except ValidationError as exc:
         typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
         raise typer.Exit(2) from exc
-    typer.echo(_with_kafka(settings, send_cancel(settings, message)))
+    typer.echo(_with_kafka(settings, send_cancel(settings, message, dry_run=dry_run)))
 
 
 @app.command()

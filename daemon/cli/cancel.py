@@ -45,10 +45,12 @@ def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Pla
                       "it is reached, with a `cancelled` event and no training")
 
 
-async def cancel(settings: Settings, message: Cancel) -> str:
-    """Read the request's events, send the cancel when it can still do something, and say what happens."""
+async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:
+    """Read the request's events, send the cancel when it can still do something (not on a dry run), and say what happens."""
     request_id = message.request_id
     decided = plan(request_id, fold(await history(settings, request_id)).get(request_id), settings.control_topic)
+    if decided.send and dry_run:
+        return f"{decided.said} (dry run: nothing sent)"
     if decided.send:
         producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
         try:

@@ -23,6 +23,8 @@ from schemas import Event
 STATE_AFTER = {
     "accepted": "queued", "retrying": "queued", "started": "running", "progress": "running", "checkpoint": "running",
     "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled", "rejected": "rejected",
+    # With priority classes: read and waiting for a slot; stopped for a higher class, and waiting again.
+    "queued": "queued", "preempted": "queued",
 }
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
 _AGE = re.compile(r"(\d+)([smhd])")
@@ -42,6 +44,7 @@ class RequestSummary:
     last: datetime  # its latest event
     detail: str
     events: int
+    latest: str = ""  # the type of its latest event
 
     def line(self, now: datetime) -> str:
         return (f"{self.request_id:<28} {self.state:<10} {self.method or '-':<12} {self.host:<16} {self.attempt:>3} "
@@ -71,7 +74,7 @@ def fold(events: Iterable[Event]) -> dict[str, RequestSummary]:
             continue  # a redelivered request's repeat: the same outcome
         job.state, job.host, job.attempt, job.last = STATE_AFTER[event.type], event.host, event.attempt, event.time
         job.method = getattr(event, "method", None) or job.method
-        job.detail = detail(event)
+        job.detail, job.latest = detail(event), event.type
         job.events += 1
     return jobs
 
@@ -94,6 +97,11 @@ def detail(event: Event) -> str:
         return f"checkpoint at step {event.step}"  # type: ignore[union-attr]
     if kind == "cancelled":
         return event.reason  # type: ignore[union-attr]
+    if kind == "queued":
+        eta = f", ETA {event.eta_s:.0f} s" if event.eta_s is not None else ""  # type: ignore[union-attr]
+        return f"{event.priority_class}/{event.team}: place {event.place}{eta}"  # type: ignore[union-attr]
+    if kind == "preempted":
+        return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]
     return ""
 
 

@@ -1,8 +1,12 @@
 """Read every partition of one topic without a consumer group: the one reader behind the control
 topic (every daemon reads every cancel), the events topic (the CLI, the demo) and the tests.
 
-It starts either at the beginning of each partition or at its end as of `start()`, and knows when
-it has caught up with the ends it saw at `start()`, so a reader can stop there or go on following.
+It starts at the beginning of each partition, at its end as of `start()`, at its first record at or
+after a time (`since`: the fleet's view of recent events), or at given offsets (a group's committed
+offsets: `adapterd jobs --state queued`), and knows when it has caught up with the
+ends it saw at `start()`, so a reader can stop there or go on following. Caught up is judged by the
+consumer's position, not by the last record's offset: a topic written in transactions (the fleet's
+claims and queue topics) ends in a commit marker, which is an offset but never a record.
 
 A record the Kafka client cannot unpack (a header name that is not UTF-8; daemon/kafka/unreadable.py
 says how it breaks aiokafka) is stepped past, logged, rather than ending the reader: the control
@@ -12,7 +16,7 @@ topic's reader would otherwise stop taking cancels for good.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 
 import structlog
@@ -31,13 +35,16 @@ class TopicReader:
     """`async with TopicReader(settings, topic) as reader: async for record in reader.records(): ...`"""
 
     def __init__(self, settings: Settings, topic: str, *, from_end: bool = False, client_id: str | None = None,
-                 since: float | None = None) -> None:
+                 since: float | None = None, start_at: Mapping[int, int] | None = None, read_committed: bool = False) -> None:
         self.settings = settings
         self.topic = topic
         self.from_end = from_end
         self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
+        # Partition → the offset to begin at (a partition left out: its first record); never before the log's start.
+        self.start_at = start_at
         self.consumer = AIOKafkaConsumer(
             **kafka_options(settings), group_id=None, enable_auto_commit=False,
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
             **({"client_id": client_id} if client_id else {}),
         )
         self.ends: dict[TopicPartition, int] = {}
@@ -60,6 +67,9 @@ class TopicReader:
         if self.since is not None and not self.from_end:
             found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
             self.next_offset = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
+        if self.start_at is not None:
+            first = await self.consumer.beginning_offsets(partitions)
+            self.next_offset = {tp: min(self.ends[tp], max(first[tp], self.start_at.get(tp.partition, 0))) for tp in partitions}
         for tp in partitions:
             self.consumer.seek(tp, self.next_offset[tp])
         return self
@@ -114,3 +124,6 @@ class TopicReader:
                     yield record
                     if record.offset + 1 >= self.ends.get(tp, 0):
                         behind.discard(tp)
+            for tp in list(behind):
+                if await self.consumer.position(tp) >= self.ends[tp]:
+                    behind.discard(tp)  # past a marker or an aborted batch: no record to yield, yet caught up

@@ -1,0 +1,142 @@
+"""Each waiting request's place in the fleet's order and its ETA, as `adapterd jobs --state queued`
+and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
+
+The events are folded as every host folds them (daemon/fleet/usage.py `Usage` and `Durations`,
+daemon/fleet/running.py `RunningJobs`); the order is daemon/fleet/order.py `fleet_order` (class, then
+the teams' fair share, then arrival) and the ETAs daemon/fleet/eta.py `etas` (list scheduling of that
+order onto the fleet's slots; unknown rather than guessed where a start needs an end nothing says).
+The one thing the CLI supplies is the number of the fleet's slots (`--slots`, else `default_slots`).
+
+Without priority classes there is no fleet's order: each partition of the requests topic is a
+first-in-first-out queue read one job at a time, so a request's place is its place in its partition
+and its ETA the same list scheduling onto that partition alone (its running job, then those ahead).
+
+A request whose latest event is `accepted` has a slot already and starts now: it is listed (the
+events call it queued) without a place, and counts as a running job for everyone's ETA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from daemon.cli.waiting import Backlog, Waiting, read_backlog
+from daemon.fleet import order as fleet
+from daemon.fleet.eta import etas
+from daemon.fleet.running import RunningJobs
+from daemon.fleet.usage import Durations, Usage
+from daemon.settings import Settings
+from schemas import Event
+
+RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts as one slot for the default --slots
+UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A waiting request, its place (1: next to start; None: not in the order) and its ETA in seconds."""
+
+    request: Waiting
+    place: int | None
+    eta_s: float | None
+    of: int = 0  # how many are placed in the queue its place is in: the fleet's, or (without classes) its partition's
+
+    def line(self) -> str:
+        w = self.request
+        return (f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} {self.place or '-':>5} {eta_text(self.eta_s):>7}  "
+                f"{w.stage:<11} {w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else ""))
+
+
+HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {'WAITING':<11} {'METHOD':<12} WHERE"
+
+
+def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime,
+                  records: dict[str, Waiting] | None = None) -> list[Placed]:
+    """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
+    (`accepted`: ETA 0) and the rest unplaced: records that are not requests and, without classes, requests
+    no record says where they wait. `records`: every request read past the committed offsets, the running
+    ones too (without classes, whose partition each running job holds)."""
+    at = now.timestamp()
+    usage, durations, running = Usage(), Durations(), RunningJobs()
+    for event in events:
+        for fold in (usage, durations, running):
+            fold.observe(event, at)
+    jobs = running.jobs(at)
+    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and (settings.priority_classes or w.at is not None)}
+    if settings.priority_classes:
+        order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
+                                  settings.teams, durations, ahead=fleet.remaining_work(jobs, durations, at))
+        eta = etas(order, jobs, slots, durations, at)
+        placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
+    else:
+        placed = _in_partitions(list(mine.values()), records or {}, jobs, durations, at)
+    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.request_id not in mine]
+
+
+def _in_order(w: Waiting) -> fleet.Waiting:
+    return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus)
+
+
+def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], durations: Durations, at: float) -> list[Placed]:
+    """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
+    queues: dict[tuple[str, int], list[Waiting]] = {}
+    for w in sorted(waiting, key=lambda w: w.at or ("", 0, 0)):
+        queues.setdefault((w.at or ("", 0, 0))[:2], []).append(w)
+    running = {job.request_id for job in jobs}  # from its `accepted` on: the job a partition is paused for
+    holding = {(r.at[0], r.at[1]): r.request_id for r in records.values() if r.at is not None and r.request_id in running}
+    placed = []
+    for partition, queue in queues.items():
+        order = [_in_order(w) for w in queue]
+        held = [job for job in jobs if job.request_id == holding.get(partition)]
+        eta = etas(order, held, 1, durations, at)
+        placed += [Placed(w, place, eta.get(w.request_id), len(queue)) for place, w in enumerate(queue, start=1)]
+    return sorted(placed, key=lambda p: (p.eta_s is None, p.eta_s or 0.0, p.request.arrived))
+
+
+def default_slots(events: list[Event], now: datetime) -> int:
+    """The fleet's slots when --slots is not given: the hosts that started a job in the last 24 hours, one slot each (at least 1)."""
+    return max(1, len({event.host for event in events if event.type == "started" and now - event.time <= RECENT_HOSTS}))
+
+
+def eta_text(eta_s: float | None) -> str:
+    if eta_s is None:
+        return "-"
+    if eta_s < 90:
+        return f"{eta_s:.0f}s"
+    if eta_s < 5400:
+        return f"{eta_s / 60:.0f}m"
+    return f"{eta_s / 3600:.1f}h"
+
+
+async def placed_backlog(settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None) -> tuple[Backlog, list[Placed]]:
+    """Every waiting request (daemon/cli/waiting.py), placed in the fleet's order with its ETA."""
+    backlog = await read_backlog(settings, events)
+    return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records)
+
+
+async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]) -> str | None:
+    """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
+    _, placed = await placed_backlog(settings, slots, now, events)
+    found = next((each for each in placed if each.request.request_id == request_id), None)
+    return None if found is None else where_it_waits(found)
+
+
+def where_it_waits(placed: Placed) -> str:
+    """`adapterd get`'s line for a waiting request."""
+    w = placed.request
+    where = w.where if w.where.startswith("on ") else f"in {w.where}"
+    if w.stage == "undecodable":
+        return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
+    if w.stage == "accepted":
+        return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
+    eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
+    return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
+            f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}"
+            + (f"; {w.detail}" if w.detail else ""))
+
+
+def queue_table(placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime) -> list[str]:
+    """`adapterd jobs --state queued`: the waiting requests in the fleet's order, with `jobs`' filters (host: its latest event's)."""
+    return [HEADER] + [each.line() for each in placed
+                       if (method is None or each.request.method == method) and (host is None or each.request.host == host)
+                       and (within is None or now - each.request.arrived <= within)]

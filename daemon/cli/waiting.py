@@ -1,0 +1,185 @@
+"""Every request that waits for a slot, read from Kafka itself: for `adapterd jobs --state queued`,
+`adapterd get` and the sweep of `adapterd cancel`.
+
+A waiting request is in one of two places (docs/architecture.md, "The fleet's order", seen from outside):
+- not yet read: a record of a queue topic at or past its queue group's committed offset. With
+  priority classes, each class's topic (Settings.class_topics) in group `<group_id>.queue.<class>`;
+  without, the requests topic in group `<group_id>` (there the record at the committed offset is the
+  partition's running job, which its events set apart);
+- read and waiting: a record of the claims topic past group `<group_id>`'s committed offset whose
+  request has not been accepted, and any request whose latest event says it waits (`retrying`,
+  `queued`, `preempted`) wherever its record is.
+A request whose latest event is `accepted` has its slot and starts now; it is listed too (stage
+`accepted`: the events' table calls it queued), and daemon/cli/places.py gives it no place.
+
+The offsets come from the admin client and the records from a reader of assigned partitions, so
+nothing here joins a group: listing the queue never rebalances the daemons. The records are decoded
+as a daemon decodes them (schemas.decode_request); one that is not a request is listed as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from daemon.cli.jobs import RequestSummary, fold, history
+from daemon.errors import TopicMissing
+from daemon.fleet_config import team_of
+from daemon.kafka.group_offsets import committed_offsets
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import PREEMPTIONS_HEADER
+from daemon.kafka.topic_reader import TopicReader
+from daemon.settings import Settings
+from schemas import Event, Rejection, decode_request
+
+# The class a dispatcher claimed a request as (daemon/fleet/jobs.py's CLASS_HEADER: that module brings the
+# scheduler with it, too much for a command to import for a name; a test holds the two equal).
+CLASS_HEADER = "adapterd-class"
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One topic that holds waiting requests, the group that reads it, and what its records are."""
+
+    group: str
+    topic: str
+    stage: str  # "unread" (a queue topic) or "claimed" (the claims topic: moved to a host with room)
+    priority_class: str | None  # the class whose queue it is; None for the claims topic and without classes
+
+
+@dataclass
+class Waiting:
+    """One waiting request: what it is, and where and how it waits."""
+
+    request_id: str
+    priority_class: str | None
+    team: str
+    arrived: datetime
+    method: str | None
+    model: str | None
+    gpus: int
+    metadata: dict[str, str]
+    stage: str  # unread, claimed, accepted, retrying, queued, preempted, or undecodable (never ordered)
+    where: str  # topic[partition]@offset, or "on <host>" where only its events say it waits
+    detail: str = ""
+    host: str | None = None  # the host of its latest event, if it has one
+    at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
+
+
+@dataclass
+class Backlog:
+    """The waiting requests, and what was read to find them."""
+
+    waiting: list[Waiting]
+    # Every request decoded from a record past a committed offset, the running ones too (their record
+    # is not committed until they end): the sweep matches running requests by their record.
+    records: dict[str, Waiting]
+    jobs: dict[str, RequestSummary]
+    events: list[Event]
+    missing: list[str] = field(default_factory=list)  # queue topics that do not exist: nothing waits there
+
+
+def queues(settings: Settings) -> list[Queue]:
+    """The topics a waiting request can be in, highest class first, the claims topic last."""
+    if not settings.priority_classes:
+        return [Queue(settings.group_id, settings.requests_topic, "unread", None)]
+    return [Queue(f"{settings.group_id}.queue.{name}", topic, "unread", name) for name, topic in settings.class_topics.items()] + [
+        Queue(settings.group_id, settings.claims_topic, "claimed", None)]
+
+
+async def read_backlog(settings: Settings, events: list[Event] | None = None) -> Backlog:
+    """Read the queues past their groups' committed offsets and the events topic (unless its `events`
+    are given, read already), and find who waits."""
+    found = await committed_offsets(settings, [(queue.group, queue.topic) for queue in queues(settings)])
+    read: list[tuple[Queue, Record]] = []
+    missing = []
+    for queue in queues(settings):
+        # read_committed: a claim or a preempted request put back in an aborted transaction never happened.
+        try:
+            async with TopicReader(settings, queue.topic, start_at=found[(queue.group, queue.topic)], read_committed=True) as reader:
+                read += [(queue, record) async for record in reader.records(follow=False)]
+        except TopicMissing:
+            missing.append(queue.topic)
+    backlog = combine(read, await history(settings) if events is None else events, settings)
+    backlog.missing = missing
+    return backlog
+
+
+def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Settings) -> Backlog:
+    """The waiting requests, from the records past the committed offsets (in the order read) and the events."""
+    jobs = fold(events)
+    records: dict[str, Waiting] = {}
+    waiting: dict[str, Waiting] = {}
+    undecodable: list[Waiting] = []
+    for queue, record in read:
+        each = from_record(queue, record, settings)
+        if each.stage == "undecodable":
+            undecodable.append(each)
+            continue
+        records[each.request_id] = each  # a later copy (a retry, a request put back) is where it waits now
+        job = jobs.get(each.request_id)
+        arrived_after_end = job is not None and job.state in ("succeeded", "failed", "cancelled", "rejected") and each.arrived > job.last
+        if job is None or arrived_after_end:
+            waiting[each.request_id] = each  # no host has said a word of it (since it last ended: sent again)
+        elif job.state == "queued":
+            # In the claims topic it is claimed, whatever it went through before (queued, preempted) until it is accepted.
+            each.stage = job.latest if queue.stage != "claimed" or job.latest == "accepted" else "claimed"
+            each.host = job.host
+            each.arrived = min(each.arrived, job.since)
+            each.detail = each.detail or _said(job)
+            waiting[each.request_id] = each
+        else:
+            waiting.pop(each.request_id, None)  # running, or ended and about to be committed
+    named = named_in_events(events)
+    for request_id, job in jobs.items():
+        if job.state == "queued" and request_id not in waiting:
+            priority_class, team, metadata = named.get(request_id, (None, None, {}))
+            waiting[request_id] = Waiting(request_id, priority_class or settings.default_class, team_of(team), job.since, job.method,
+                                          None, 1, metadata, job.latest, f"on {job.host}", _said(job), job.host)
+    return Backlog(list(waiting.values()) + undecodable, records, jobs, events)
+
+
+def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
+    """What a record of a queue says of its request; an undecodable one is listed with why, never raised."""
+    where = f"{record.topic}[{record.partition}]@{record.offset}"
+    arrived = datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC)
+    try:
+        decoded = decode_request(record.value, record.key)
+    except Exception as exc:  # decode_request is total; this guards the listing against a bug in it all the same
+        decoded = Rejection("internal", [], None, type(exc).__name__)
+    if isinstance(decoded, Rejection):
+        why = f"{decoded.reason}: {decoded.errors[0].path or '(message)'}: {decoded.errors[0].message[:100]}" if decoded.errors else decoded.reason
+        return Waiting(decoded.request_id or "-", queue.priority_class, "-", arrived, None, None, 1, {}, "undecodable", where,
+                       f"not a request ({why}); the daemon that reads it rejects it")
+    preempted = _header(record, PREEMPTIONS_HEADER)  # as the record says: only a host with the retry key can verify it
+    claimed_as = _header(record, CLASS_HEADER) if queue.stage == "claimed" else None
+    return Waiting(
+        decoded.request_id, claimed_as or decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
+        decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
+        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "", at=(record.topic, record.partition, record.offset),
+    )
+
+
+def _said(job: RequestSummary) -> str:
+    """What a waiting request's latest event adds: why it waits again (a retry, a preemption). A `queued`
+    event's place is left out: it is the place when that host said it; the listing's place is now's."""
+    return job.detail if job.latest in ("retrying", "preempted") else ""
+
+
+def _header(record: Record, name: str) -> str | None:
+    for key, value in record.headers:
+        if key == name and value is not None:
+            return value.decode("utf-8", "replace")
+    return None
+
+
+def named_in_events(events: list[Event]) -> dict[str, tuple[str | None, str | None, dict[str, str]]]:
+    """Each request's class, team and metadata as its latest event that names them says (accepted,
+    queued, preempted): for a request that waits where only its events say so."""
+    named: dict[str, tuple[str | None, str | None, dict[str, str]]] = {}
+    for event in events:
+        if event.request_id is not None and event.type in ("accepted", "queued", "preempted"):
+            previous = named.get(event.request_id, (None, None, {}))
+            named[event.request_id] = (getattr(event, "priority_class", None) or previous[0], getattr(event, "team", None) or previous[1],
+                                       event.metadata)
+    return named

@@ -1,0 +1,234 @@
+"""`adapterd jobs --state queued`, `adapterd get` and the sweep of `adapterd cancel` against a real
+broker: requests written to the class topics and the claims topic as producers and dispatchers write
+them, the queue groups' offsets committed as a dispatcher commits them, events published as daemons
+publish them; the CLI finds each waiting request, its place and where it waits, without joining a group."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from typer.testing import CliRunner
+
+from daemon.cli.app import app
+from daemon.fleet_config import PriorityClass
+from daemon.kafka.options import kafka_options
+from daemon.kafka.topic_reader import TopicReader
+from daemon.settings import Settings
+from schemas import parse_event
+from testbed.processes import settings_environment
+from tests.helpers import event_document, sft_request
+
+runner = CliRunner()
+NOW = datetime.now(UTC)
+
+
+@pytest.fixture
+def fleet(settings: Settings) -> Iterator[Settings]:
+    """The test's settings with two classes (batch, the lowest, is the default: its queue is the
+    requests topic), a claims topic of its own, and those topics created."""
+    fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)],
+                                        "claims_topic": f"claims-{settings.group_id}"})
+    asyncio.run(create_topics(fleet, [fleet.class_topics["urgent"], fleet.claims_topic]))
+    yield fleet
+
+
+async def create_topics(settings: Settings, names: list[str]) -> None:
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1) for name in names])
+    finally:
+        await admin.close()
+
+
+def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minutes_ago: float = 0, headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Requests (or raw bytes) to a topic, keyed by their id, stamped `minutes_ago`."""
+    async def send() -> None:
+        producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
+        await producer.start()
+        try:
+            for item in items:
+                value, key = (item, b"junk-1") if isinstance(item, bytes) else (json.dumps(item).encode(), item["request_id"].encode())
+                stamp = int((NOW - timedelta(minutes=minutes_ago)).timestamp() * 1000)
+                await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=headers)
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
+
+
+def publish(settings: Settings, *events: tuple[str, str, float, dict[str, Any]]) -> None:
+    """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples."""
+    write(settings, settings.events_topic, *[json.loads(parse_event(json.dumps(event_document(
+        kind, request_id=request_id, host=fields.pop("host", "gpu-a"), time=(NOW - timedelta(minutes=ago)).isoformat(), **fields)).encode()
+    ).model_dump_json()) for kind, request_id, ago, fields in events])
+
+
+def commit(settings: Settings, group: str, topic: str, offset: int) -> None:
+    """What a dispatcher (or the daemon) commits: the group has read the partition up to `offset`."""
+    async def send() -> None:
+        consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=group, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, 0)])
+            await consumer.commit({TopicPartition(topic, 0): offset})
+        finally:
+            await consumer.stop()
+
+    asyncio.run(send())
+
+
+def cli(settings: Settings, *args: str) -> tuple[int, list[str]]:
+    result = runner.invoke(app, list(args), env=settings_environment(settings))
+    return result.exit_code, result.output.splitlines()
+
+
+def rows(lines: list[str]) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in lines[1:] if line.strip()}
+
+
+def control_records(settings: Settings) -> list[tuple[bytes, dict[str, Any]]]:
+    async def read() -> list[tuple[bytes, dict[str, Any]]]:
+        async with TopicReader(settings, settings.control_topic) as reader:
+            return [(record.key or b"", json.loads(record.value or b"")) async for record in reader.records(follow=False)]
+
+    return asyncio.run(read())
+
+
+def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_order_and_get_answers_for_it(fleet: Settings) -> None:
+    batch, urgent = fleet.class_topics["batch"], fleet.class_topics["urgent"]
+    assert batch == fleet.requests_topic  # the default class's queue
+    # b0 was read by a dispatcher and moved to the claims topic with its arrival time (its queue offset
+    # committed past it); b1 and b2 still wait unread behind it. u1 arrives last, in the higher class.
+    write(fleet, batch, *[sft_request(f"b{n}", team="search") for n in range(3)], minutes_ago=30)
+    commit(fleet, f"{fleet.group_id}.queue.batch", batch, 1)
+    write(fleet, fleet.claims_topic, sft_request("b0", team="search"), minutes_ago=30)
+    write(fleet, fleet.claims_topic, sft_request("run-1", team="ads"), minutes_ago=20)
+    write(fleet, urgent, sft_request("u1", priority_class="urgent", team="fixes"), b"{not a request", minutes_ago=1)
+    publish(fleet, ("accepted", "run-1", 19, {"method": "sft", "host": "gpu-b"}), ("started", "run-1", 19, {"method": "sft", "host": "gpu-b"}),
+            ("queued", "held-1", 25, {"host": "gpu-c", "priority_class": "batch", "team": "ads", "place": 2, "eta_s": 60.0}))
+
+    code, lines = cli(fleet, "jobs", "--state", "queued", "--slots", "1")
+    assert code == 0, lines
+    assert lines[0].split() == ["REQUEST", "CLASS", "TEAM", "PLACE", "ETA", "WAITING", "METHOD", "WHERE"]
+    listed = rows(lines)
+    # The fleet's order: the class first; then the teams' fair share (search's b0 placed first, ads's held-1 is
+    # next though it came later), then arrival. run-1 runs: not listed.
+    assert list(listed) == ["u1", "b0", "held-1", "b1", "b2", "junk-1"]
+    assert listed["u1"][1:4] == ["urgent", "fixes", "1"] and listed["u1"][5:8] == ["unread", "sft", f"{urgent}[0]@0"]
+    assert listed["b0"][1:4] == ["batch", "search", "2"] and listed["b0"][5] == "claimed" and listed["b0"][7] == f"{fleet.claims_topic}[0]@0"
+    assert listed["b1"][3] == "4" and listed["b1"][7] == f"{batch}[0]@1" and listed["b2"][7] == f"{batch}[0]@2"
+    assert listed["held-1"][1:4] == ["batch", "ads", "3"] and listed["held-1"][5] == "queued" and "on gpu-c" in " ".join(listed["held-1"])
+    assert listed["junk-1"][3] == "-" and "not a request (not_json" in " ".join(listed["junk-1"])
+    assert all(row[4] == "-" for row in listed.values())  # one slot, held by run-1, and no job's duration known: no ETA guessed
+
+    # Without --slots: one host (gpu-b) started a job lately, so one slot; the same places.
+    assert list(rows(cli(fleet, "jobs", "--state", "queued")[1])) == list(listed)
+    # Filters: the same as for the events' table.
+    assert list(rows(cli(fleet, "jobs", "--state", "queued", "--host", "gpu-c")[1])) == ["held-1"]
+    assert list(rows(cli(fleet, "jobs", "--state", "queued", "--since", "10m")[1])) == ["u1", "junk-1"]
+    # With another state: its table, then the waiting requests'.
+    code, lines = cli(fleet, "jobs", "--state", "running", "--state", "queued")
+    assert code == 0 and lines[0].split()[:2] == ["REQUEST", "STATE"] and lines[1].split()[:2] == ["run-1", "running"]
+    assert lines[2] == "" and lines[3].split()[:2] == ["REQUEST", "CLASS"] and len(lines) == 4 + len(listed)
+
+    code, lines = cli(fleet, "get", "b1", "--slots", "1")
+    assert code == 0 and lines == [
+        f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing to estimate from)"]
+    code, lines = cli(fleet, "get", "held-1")
+    assert code == 0 and lines[0].split()[2] == "queued" and lines[-1].startswith("held-1: waiting (queued) on gpu-c, class batch, team ads, place 3 of 5")
+    code, lines = cli(fleet, "get", "nowhere-1")
+    assert code == 1 and "waits in none of the queues" in lines[-1]
+
+
+def test_an_eta_comes_from_the_running_jobs_and_recent_durations(fleet: Settings) -> None:
+    write(fleet, fleet.requests_topic, sft_request("w1"), sft_request("w2"), minutes_ago=5)
+    publish(fleet, ("succeeded", "old-1", 60, {"method": "sft", "base_model": sft_request("x")["model"]["id"], "durations_s": {"queue": 0, "total": 600}}),
+            ("accepted", "run-1", 3, {"method": "sft"}), ("started", "run-1", 3, {"method": "sft"}))
+    listed = rows(cli(fleet, "jobs", "--state", "queued", "--slots", "2")[1])
+    # Two slots: one free now; the other is run-1's, free when sft's typical 600 s less its 3 minutes have passed.
+    assert listed["w1"][3:5] == ["1", "0s"]
+    assert listed["w2"][3] == "2" and listed["w2"][4] in ("7m", "6m")  # 420 s less the seconds this test has taken
+
+
+def test_a_sweep_cancels_by_team_class_and_selector_counts_and_a_dry_run_sends_nothing(fleet: Settings) -> None:
+    batch, urgent = fleet.class_topics["batch"], fleet.class_topics["urgent"]
+    write(fleet, batch, *[sft_request(f"s{n}", team="search", metadata={"sweep": "s1"}) for n in range(3)],
+          sft_request("other", team="search", metadata={"sweep": "s2"}), minutes_ago=10)
+    write(fleet, urgent, sft_request("u1", priority_class="urgent", team="ads", metadata={"sweep": "s1"}), minutes_ago=5)
+    write(fleet, fleet.claims_topic, sft_request("r1", team="search", metadata={"sweep": "s1"}), minutes_ago=9)  # running: claimed, started
+    publish(fleet, ("accepted", "r1", 8, {"method": "sft", "priority_class": "batch", "team": "search"}), ("started", "r1", 8, {"method": "sft"}))
+
+    code, lines = cli(fleet, "cancel", "--team", "search", "--dry-run")
+    assert code == 0 and lines[0] == "matched 5 request(s) with team search: 4 waiting, 1 running"
+    assert [line.split()[:2] for line in lines[1:-1]] == [["s0", "waiting"], ["s1", "waiting"], ["s2", "waiting"], ["other", "waiting"], ["r1", "running"]]
+    assert lines[-1].startswith("dry run: nothing sent")
+    code, lines = cli(fleet, "cancel", "u1", "--dry-run")
+    assert code == 0 and lines[-1].endswith("(dry run: nothing sent)")
+    assert control_records(fleet) == []
+
+    code, lines = cli(fleet, "cancel", "--class", "batch", "--selector", "sweep=s1", "--reason", "sweep s1 withdrawn")
+    assert code == 0 and lines[0] == "matched 4 request(s) with class batch, metadata sweep=s1: 3 waiting, 1 running"
+    assert lines[-1].startswith(f"sent 4 cancel(s) to {fleet.control_topic}")
+    sent = control_records(fleet)
+    assert sorted(key for key, _ in sent) == [b"r1", b"s0", b"s1", b"s2"]
+    assert all(message == {"schema_version": 1, "type": "cancel", "request_id": key.decode(), "reason": "sweep s1 withdrawn"} for key, message in sent)
+
+    code, lines = cli(fleet, "cancel", "--team", "nobody")
+    assert code == 0 and lines == ["matched 0 request(s) with team nobody: 0 waiting, 0 running", "nothing to cancel, nothing sent"]
+    code, lines = cli(fleet, "cancel", "--class", "nope")
+    assert code == 2 and "--class: unknown class 'nope'; one of urgent, batch" in lines[-1]
+    code, lines = cli(fleet, "cancel", "s0", "--team", "search")
+    assert code == 2 and "a request id or a sweep" in lines[-1]
+    assert len(control_records(fleet)) == 4  # nothing more was sent
+
+
+def test_claims_written_in_transactions_are_read_to_their_end_and_an_aborted_one_never_happened(fleet: Settings) -> None:
+    async def claim() -> None:
+        producer = AIOKafkaProducer(**kafka_options(fleet), acks="all", transactional_id=f"dispatcher-{fleet.group_id}")
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(fleet.claims_topic, json.dumps(sft_request("kept-1")).encode(), key=b"kept-1")
+            await producer.begin_transaction()
+            await producer.send_and_wait(fleet.claims_topic, json.dumps(sft_request("aborted-1")).encode(), key=b"aborted-1")
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+
+    asyncio.run(claim())
+    # The partition ends in an abort marker: an offset, never a record. The listing reaches it and ends.
+    code, lines = cli(fleet, "jobs", "--state", "queued")
+    assert code == 0 and list(rows(lines)) == ["kept-1"] and rows(lines)["kept-1"][7] == f"{fleet.claims_topic}[0]@0", lines
+
+
+def test_a_queue_topic_that_does_not_exist_is_said_and_the_others_are_listed(settings: Settings) -> None:
+    fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch")],
+                                        "claims_topic": f"claims-{settings.group_id}"})  # neither the urgent topic nor the claims topic made
+    write(fleet, fleet.requests_topic, sft_request("b1"))
+    result = runner.invoke(app, ["jobs", "--state", "queued"], env=settings_environment(fleet))
+    assert result.exit_code == 0 and list(rows(result.stdout.splitlines())) == ["b1"]
+    assert f"adapterd: topic {fleet.class_topics['urgent']} does not exist; nothing waits there" in result.stderr
+    assert f"adapterd: topic {fleet.claims_topic} does not exist; nothing waits there" in result.stderr
+
+
+def test_without_classes_the_requests_behind_a_partitions_running_job_are_listed_with_their_place_in_it(settings: Settings) -> None:
+    # One partition, no classes: running-1 was read (its offset not committed until it ends); w1 and w2 wait behind it.
+    write(settings, settings.requests_topic, sft_request("running-1"), sft_request("w1", team="search"), sft_request("w2"), minutes_ago=3)
+    publish(settings, ("succeeded", "old-1", 60, {"method": "sft", "base_model": sft_request("x")["model"]["id"], "durations_s": {"queue": 0, "total": 100}}),
+            ("accepted", "running-1", 2, {"method": "sft"}), ("started", "running-1", 2, {"method": "sft"}),
+            ("progress", "running-1", 0, {"step": 5, "total_steps": 50, "eta_s": 600.0}))
+    code, lines = cli(settings, "jobs", "--state", "queued")
+    listed = rows(lines)
+    assert code == 0 and list(listed) == ["w1", "w2"]
+    assert listed["w1"][1:4] == ["-", "search", "1"] and listed["w2"][1:4] == ["-", "default", "2"]
+    assert listed["w1"][4] in ("10m", "9m") and listed["w1"][7] == f"{settings.requests_topic}[0]@1"  # running-1's own ETA
+    code, lines = cli(settings, "get", "w2")
+    assert code == 0 and lines[-1].startswith(f"w2: waiting (unread) in {settings.requests_topic}[0]@2, class -, team default, place 2 of 2 in its partition")

@@ -1,0 +1,222 @@
+"""Who waits, in what order, and when it starts, decided without a broker: the records past the
+queues' committed offsets and the events, as daemon/cli/waiting.py, places.py and sweep.py fold
+them (the real broker end to end: test_queue_cli.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.cli.places import default_slots, place_and_eta
+from daemon.cli.sweep import matches, selector
+from daemon.cli.waiting import Queue, Waiting, combine
+from daemon.errors import UsageError
+from daemon.fleet_config import PriorityClass
+from daemon.settings import Settings
+from schemas import Event, parse_event
+from testbed.memory_kafka import FakeRecord
+from tests.helpers import event_document, sft_request
+
+NOW = datetime(2026, 12, 5, 18, 0, tzinfo=UTC)
+CLASSES = [PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)]
+URGENT = Queue("g.queue.urgent", "requests.urgent", "unread", "urgent")
+BATCH = Queue("g.queue.batch", "requests", "unread", "batch")
+CLAIMS = Queue("g", "claims", "claimed", None)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(work_dir=tmp_path, priority_classes=CLASSES, claims_topic="claims", group_id="g")
+
+
+def event(kind: str, request_id: str, minutes_ago: float, host: str = "gpu-a", **fields: Any) -> Event:
+    document = event_document(kind, request_id=request_id, host=host, time=(NOW - timedelta(minutes=minutes_ago)).isoformat(), **fields)
+    return parse_event(json.dumps(document).encode())
+
+
+def record(queue: Queue, offset: int, minutes_ago: float, request: dict[str, Any] | None = None, raw: bytes | None = None,
+           headers: list[tuple[str, bytes | None]] | None = None) -> tuple[Queue, FakeRecord]:
+    value = raw if raw is not None else json.dumps(request).encode()
+    key = request["request_id"].encode() if request else b"junk-1"
+    stamp = int((NOW - timedelta(minutes=minutes_ago)).timestamp() * 1000)
+    return queue, FakeRecord(queue.topic, 0, offset, key, value, headers or [], stamp)
+
+
+def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_ended(settings: Settings) -> None:
+    read = [
+        record(URGENT, 0, 1, sft_request("u1", priority_class="urgent", team="fixes")),
+        record(URGENT, 1, 1, raw=b"{not json"),
+        record(BATCH, 4, 30, sft_request("b1", team="search", metadata={"sweep": "s1"})),
+        record(BATCH, 5, 20, sft_request("p1", team="search"), headers=[("adapterd-preemptions", b"1")]),
+        record(BATCH, 6, 50, sft_request("e1")),  # ended after this record was written: about to be committed
+        record(BATCH, 7, 5, sft_request("e2")),  # sent again after it ended
+        record(CLAIMS, 0, 25, sft_request("r1", team="search", metadata={"sweep": "s1"})),
+        record(CLAIMS, 1, 15, sft_request("k1")),
+        record(CLAIMS, 2, 14, sft_request("k2"), headers=[("adapterd-class", b"urgent")]),  # claimed from urgent's topic, naming no class
+        record(CLAIMS, 3, 3, sft_request("k3")),  # held by a dispatcher (its `queued` event), then claimed
+    ]
+    events = [
+        event("accepted", "r1", 24, method="sft", priority_class="batch", team="search"),
+        event("started", "r1", 24, method="sft"),
+        event("accepted", "p1", 40, method="sft"), event("started", "p1", 39, method="sft"),
+        event("preempted", "p1", 10, by="u0", priority_class="batch", preemptions=1, step=12),
+        event("accepted", "e1", 45, method="sft"), event("succeeded", "e1", 40, method="sft"),
+        event("accepted", "e2", 45, method="sft"), event("failed", "e2", 40, code="dataset_invalid", stage="preflight"),
+        event("queued", "h1", 8, host="gpu-b", priority_class="batch", team="ads", place=3, eta_s=60.0),
+        event("queued", "k3", 4, host="gpu-b", priority_class="batch", team="default", place=9, eta_s=None),
+    ]
+    backlog = combine(read, events, settings)
+    waiting = {w.request_id: w for w in backlog.waiting}
+    assert set(waiting) == {"u1", "junk-1", "b1", "p1", "e2", "k1", "k2", "k3", "h1"}  # r1 runs; e1 ended
+    assert (waiting["k3"].stage, waiting["k3"].where) == ("claimed", "claims[0]@3")
+    assert waiting["k2"].priority_class == "urgent"  # the class the dispatcher claimed it as
+    assert (waiting["u1"].priority_class, waiting["u1"].team, waiting["u1"].stage, waiting["u1"].where) == (
+        "urgent", "fixes", "unread", "requests.urgent[0]@0")
+    assert (waiting["b1"].priority_class, waiting["b1"].team) == ("batch", "search")  # no class named: its queue's
+    assert waiting["k1"].stage == "claimed" and waiting["k1"].where == "claims[0]@1" and waiting["k1"].priority_class == "batch"
+    assert waiting["p1"].stage == "preempted" and waiting["p1"].where == "requests[0]@5" and "preempted 1x" in waiting["p1"].detail
+    assert waiting["p1"].arrived == NOW - timedelta(minutes=40)  # its first event, not the record put back
+    assert waiting["e2"].stage == "unread"
+    assert (waiting["h1"].stage, waiting["h1"].where, waiting["h1"].priority_class, waiting["h1"].team) == ("queued", "on gpu-b", "batch", "ads")
+    assert waiting["junk-1"].stage == "undecodable" and "not a request (not_json" in waiting["junk-1"].detail
+    assert backlog.records["r1"].metadata == {"sweep": "s1"}  # a running request's record, for the sweep
+
+    # The fleet's order (daemon/fleet/order.py): the class first; within batch the fair share puts ads, which
+    # has had no slot-time, ahead of the teams that have, though h1 arrived after p1, b1 and k1.
+    placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
+    assert [p.request.request_id for p in placed][:3] == ["u1", "k2", "h1"] and placed[-1].request.request_id == "junk-1"
+    assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, 7, 8, None] and placed[-1].eta_s is None
+
+
+def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behind_it(tmp_path: Path) -> None:
+    plain = Settings(work_dir=tmp_path, group_id="g")
+    queue = Queue("g", "requests", "unread", None)
+    read = [record(queue, 3, 9, sft_request("running-1")), record(queue, 4, 8, sft_request("next-1")), record(queue, 5, 7, sft_request("next-2"))]
+    backlog = combine(read, [event("accepted", "running-1", 6, method="sft"), event("started", "running-1", 6, method="sft")], plain)
+    assert [(w.request_id, w.priority_class, w.team, w.where) for w in backlog.waiting] == [
+        ("next-1", None, "default", "requests[0]@4"), ("next-2", None, "default", "requests[0]@5")]
+
+
+def test_without_classes_each_partition_is_its_own_queue_behind_the_job_that_holds_it(tmp_path: Path) -> None:
+    plain = Settings(work_dir=tmp_path, group_id="g")
+    model = sft_request("x")["model"]["id"]
+    read = [record(Queue("g", "requests", "unread", None), offset, minutes_ago, sft_request(request_id))
+            for offset, minutes_ago, request_id in ((3, 9, "running-1"), (4, 8, "n1"), (5, 7, "n2"))]
+    read.append((Queue("g", "requests", "unread", None), FakeRecord("requests", 1, 0, b"m1", json.dumps(sft_request("m1")).encode(), [],
+                                                                     int((NOW - timedelta(minutes=1)).timestamp() * 1000))))
+    events = [succeeded("old-1", 100, 0, model=model), event("accepted", "running-1", 6, method="sft"), event("started", "running-1", 6, method="sft"),
+              event("progress", "running-1", 0, step=5, total_steps=50, eta_s=30.0)]
+    backlog = combine(read, events, plain)
+    placed = place_and_eta(backlog.waiting, events, plain, 1, NOW, backlog.records)
+    # Partition 1 is free: m1 starts now, though it arrived last; n1 and n2 wait behind running-1 on partition 0.
+    assert [(p.request.request_id, p.place, p.of, p.eta_s) for p in placed] == [
+        ("m1", 1, 1, 0.0), ("n1", 1, 2, pytest.approx(30.0)), ("n2", 2, 2, pytest.approx(130.0))]
+
+
+def waiting(request_id: str, priority_class: str, minutes_ago: float, model: str = "m", method: str = "sft") -> Waiting:
+    return Waiting(request_id, priority_class, "t", NOW - timedelta(minutes=minutes_ago), method, model, 1, {}, "unread", "q[0]@0")
+
+
+def succeeded(request_id: str, total: float, queue: float, model: str = "m", method: str = "sft", **fields: Any) -> Event:
+    return event("succeeded", request_id, 60, method=method, base_model=model, durations_s={"queue": queue, "total": total}, **fields)
+
+
+def test_place_is_class_then_arrival_and_the_eta_follows_the_slots_and_the_durations(settings: Settings) -> None:
+    events = [
+        succeeded("old-1", 100, 10), succeeded("old-2", 120, 10),  # sft on m holds a slot 90 and 110 s: median 100
+        event("accepted", "run-1", 2, method="sft"), event("started", "run-1", 2, method="sft"),
+        event("progress", "run-1", 10 / 60, step=5, total_steps=50, eta_s=30.0),  # said 10 s ago: 20 s left
+    ]
+    queue = [waiting("b-late", "batch", 5), waiting("b-early", "batch", 9), waiting("u", "urgent", 1)]
+    placed = place_and_eta(queue, events, settings, 2, NOW)
+    assert [(p.request.request_id, p.place, p.eta_s) for p in placed] == [
+        ("u", 1, 0.0),  # the free slot, at once
+        ("b-early", 2, pytest.approx(20.0)),  # run-1's slot when it ends
+        ("b-late", 3, 100.0),  # u's slot after u's typical 100 s
+    ]
+    # One slot only, yet two jobs: the running ones are slots too.
+    assert [p.eta_s for p in place_and_eta(queue, events, settings, 1, NOW)] == [pytest.approx(20.0), pytest.approx(120.0), pytest.approx(220.0)]
+
+
+def test_with_nothing_to_estimate_from_the_eta_is_unknown_not_guessed(settings: Settings) -> None:
+    events = [event("accepted", "run-1", 2, method="sft"), event("started", "run-1", 2, method="sft")]  # no ETA, no history
+    placed = place_and_eta([waiting("a", "batch", 3), waiting("b", "batch", 2), waiting("c", "batch", 1)], events, settings, 2, NOW)
+    assert [p.eta_s for p in placed] == [0.0, None, None]  # the free slot; then nothing says when any slot frees
+
+
+def test_an_accepted_request_has_its_slot_is_listed_without_a_place_and_holds_the_slot_for_the_others(settings: Settings) -> None:
+    read = [record(CLAIMS, 0, 3, sft_request("a1")), record(BATCH, 0, 2, sft_request("w1"))]
+    events = [succeeded("old-1", 100, 0, model=sft_request("x")["model"]["id"]), event("accepted", "a1", 1, method="sft")]
+    backlog = combine(read, events, settings)
+    placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 1, NOW)}
+    assert (placed["a1"].request.stage, placed["a1"].place, placed["a1"].eta_s) == ("accepted", None, 0.0)
+    # One slot, a1's: w1 starts when a1 has run sft's 100 s (it was accepted a minute ago).
+    assert placed["w1"].place == 1 and placed["w1"].eta_s == pytest.approx(40.0)
+
+
+def test_the_fair_share_puts_the_team_that_has_had_less_slot_time_first(settings: Settings) -> None:
+    heavy = [event("accepted", "big-1", 50, method="sft", team="search"), event("succeeded", "big-1", 10, method="sft")]
+    queue = [Waiting("s1", "batch", "search", NOW - timedelta(minutes=9), "sft", "m", 1, {}, "unread", "q[0]@0"),
+             Waiting("a1", "batch", "ads", NOW - timedelta(minutes=5), "sft", "m", 1, {}, "unread", "q[0]@1")]
+    assert [p.request.request_id for p in place_and_eta(queue, heavy, settings, 1, NOW)] == ["a1", "s1"]
+    assert [p.request.request_id for p in place_and_eta(queue, [], settings, 1, NOW)] == ["s1", "a1"]  # no usage: arrival
+
+
+def test_the_default_slots_are_the_hosts_that_started_a_job_in_the_last_day() -> None:
+    events = [event("started", "a", 10, host="gpu-a", method="sft"), event("started", "b", 10, host="gpu-b", method="sft"),
+              event("started", "c", 5, host="gpu-a", method="sft"), event("started", "d", 60 * 25, host="gpu-c", method="sft")]
+    assert default_slots(events, NOW) == 2
+    assert default_slots([], NOW) == 1
+
+
+def test_a_sweep_matches_waiting_and_running_requests_by_team_class_and_every_metadata_pair(settings: Settings) -> None:
+    read = [
+        record(BATCH, 0, 30, sft_request("s1", team="search", metadata={"sweep": "s1", "size": "7b"})),
+        record(BATCH, 1, 29, sft_request("s2", team="search", metadata={"sweep": "s2"})),
+        record(URGENT, 0, 5, sft_request("u1", priority_class="urgent", team="search", metadata={"sweep": "s1"})),
+        record(CLAIMS, 0, 28, sft_request("r1", team="search", metadata={"sweep": "s1"})),
+    ]
+    events = [event("accepted", "r1", 27, method="sft", priority_class="batch", team="search"), event("started", "r1", 27, method="sft"),
+              # running where no record is left to read (another host's claim, committed): its events say who it is
+              event("accepted", "r2", 27, method="sft", priority_class="batch", team="ads", metadata={"sweep": "s1"}),
+              event("started", "r2", 27, method="sft", metadata={"sweep": "s1"})]
+    backlog = combine(read, events, settings)
+
+    def matched(team: str | None = None, priority_class: str | None = None, *pairs: str) -> list[tuple[str, str]]:
+        return [(m.request_id, m.state) for m in matches(backlog, selector(settings, team, priority_class, list(pairs)), settings)]
+
+    assert matched("search") == [("s1", "waiting"), ("s2", "waiting"), ("u1", "waiting"), ("r1", "running")]
+    assert matched(None, "batch", "sweep=s1") == [("s1", "waiting"), ("r1", "running"), ("r2", "running")]
+    assert matched(None, None, "sweep=s1", "size=7b") == [("s1", "waiting")]  # every pair must match
+    assert matched("ads", "urgent") == []
+
+
+@pytest.mark.parametrize(("team", "priority_class", "pairs", "named"), [
+    ("Search Team", None, [], "--team"),
+    (None, "nope", [], "--class: unknown class 'nope'; one of urgent, batch"),
+    (None, None, ["sweep"], "--selector: 'sweep' is not key=value"),
+    (None, None, ["=x"], "--selector"),
+    (None, None, ["a=1", "a=2"], "--selector: a given twice"),
+    (None, None, [], "give a request id, or --team, --class or --selector"),
+])
+def test_a_sweep_that_can_match_nothing_by_its_form_is_refused_naming_the_option(
+        settings: Settings, team: str | None, priority_class: str | None, pairs: list[str], named: str) -> None:
+    with pytest.raises(UsageError, match=named):
+        selector(settings, team, priority_class, pairs)
+
+
+def test_a_class_sweep_on_a_fleet_without_classes_says_there_are_none(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="this fleet has no priority classes"):
+        selector(Settings(work_dir=tmp_path), None, "batch", [])
+
+
+def test_the_listing_reads_the_headers_the_fleet_writes() -> None:
+    from daemon.cli import waiting
+    from daemon.fleet.jobs import CLASS_HEADER
+    from daemon.kafka.retry_state import PREEMPTIONS_HEADER
+
+    assert (waiting.CLASS_HEADER, waiting.PREEMPTIONS_HEADER) == (CLASS_HEADER, PREEMPTIONS_HEADER)
