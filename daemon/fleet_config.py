@@ -40,5 +40,10 @@ def queue_topic(requests_topic: str, classes: list[PriorityClass], default_class
     return requests_topic if name == default_class else f"{requests_topic}.{name}"
 
 
+def queue_group(group_id: str, name: str) -> str:
+    """The consumer group of a class's queue: its members are the hosts with room for its requests."""
+    return f"{group_id}.queue.{name}"
+
+
 def team_of(team: str | None) -> str:
     return team or DEFAULT_TEAM

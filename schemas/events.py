@@ -59,6 +59,10 @@ class Accepted(EventBase):
     method: str
     priority_class: str | None = Field(None, description="The request's priority class as the fleet resolved it; null on a host with no classes.")
     team: str | None = Field(None, description="The request's team as the fleet resolved it ('default' when it named none); null on a host with no classes.")
+    host_slots: int | None = Field(None, ge=1, description=(
+        "How many jobs the accepting host runs at once: the fleet's slots, summed over its hosts, for the waiting requests' ETAs; "
+        "null on a host with no classes."
+    ))
 
 
 class Rejected(EventBase):

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
-from daemon.fleet_config import team_of
+from daemon.fleet_config import queue_group, team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import PREEMPTIONS_HEADER
@@ -83,7 +83,7 @@ def queues(settings: Settings) -> list[Queue]:
     """The topics a waiting request can be in, highest class first, the claims topic last."""
     if not settings.priority_classes:
         return [Queue(settings.group_id, settings.requests_topic, "unread", None)]
-    return [Queue(f"{settings.group_id}.queue.{name}", topic, "unread", name) for name, topic in settings.class_topics.items()] + [
+    return [Queue(queue_group(settings.group_id, name), topic, "unread", name) for name, topic in settings.class_topics.items()] + [
         Queue(settings.group_id, settings.claims_topic, "claimed", None)]
 
 

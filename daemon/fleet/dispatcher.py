@@ -26,12 +26,14 @@ import time
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from daemon.fleet.announcer import Announcer
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
 from daemon.fleet.moves import Copy, Move, Mover, carried, kept_timestamp
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
+from daemon.fleet_config import queue_group
 from daemon.intake import Intake
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.scheduler import Scheduler
@@ -61,8 +63,8 @@ class Dispatcher:
         self.mover = mover
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.queues = [
-            ClassQueue(name, topic, f"{settings.group_id}.queue.{name}", AIOKafkaConsumer(
-                **kafka_options(settings), group_id=f"{settings.group_id}.queue.{name}", client_id=f"adapterd-{settings.host}-queue",
+            ClassQueue(name, topic, queue_group(settings.group_id, name), AIOKafkaConsumer(
+                **kafka_options(settings), group_id=queue_group(settings.group_id, name), client_id=f"adapterd-{settings.host}-queue",
                 enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
                 heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=settings.session_timeout_ms,
             ))
@@ -70,7 +72,6 @@ class Dispatcher:
         ]
         self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
-        self.announced: set[str] = set()  # the request ids given a `queued` event by this host
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
@@ -90,6 +91,15 @@ class Dispatcher:
         await self.mover.stop()
 
     async def run(self, stopping: asyncio.Event) -> None:
+        announcer = Announcer(self.settings, self.view, self.scheduler.publisher, self.claims, self.retries)
+        announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
+        try:
+            await self._turns(stopping)
+        finally:
+            announcing.cancel()
+            await asyncio.gather(announcing, return_exceptions=True)
+
+    async def _turns(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
             try:
                 await self.turn()
@@ -167,7 +177,7 @@ class Dispatcher:
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and still waiting after `queue_wait_event_s`, once, with its place and ETA."""
         now = time.time()
-        due = [h for h in waiting if h.request is not None and h.request_id not in self.announced
+        due = [h for h in waiting if h.request is not None and h.request_id not in self.view.announced
                and now - h.seen_at >= self.settings.queue_wait_event_s]
         if not due:
             return
@@ -175,7 +185,7 @@ class Dispatcher:
         for head in due:
             assert head.request is not None
             place, eta = places.get(head.request_id, (1, None))
-            self.announced.add(head.request_id)
+            self.view.announced.add(head.request_id)
             events = JobEvents(self.scheduler.publisher, head.request, self.settings.host, self.retries.read(head.record).attempt,
                                trace_context(head.record))
             await events.publish(Queued, priority_class=head.priority_class, team=head.team, place=place,
@@ -206,7 +216,7 @@ class Dispatcher:
     async def _claim(self, head: Head) -> None:
         queue, target = self._queue(head), self.idle_claims()[0]
         claim = Copy(head.record, self.settings.claims_topic, (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
-                     partition=target.partition)
+                     partition=target.partition, timestamp_ms=kept_timestamp(head.record.timestamp))
         offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim)))
         assert offset is not None
         self.pending[target] = offset

@@ -52,9 +52,10 @@ class FleetJobs:
         self.preempting: dict[TopicPartition, str] = {}  # claims partition → the request id that takes its slot
         self.preemptible = {c.name for c in settings.priority_classes if c.preemptible}
 
-    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str]:
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
         self.started[tp] = (time.time(), record)
-        return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team)}
+        return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team),
+                "host_slots": self.scheduler.slots.total}
 
     def running(self) -> list[Running]:
         """This host's jobs that hold slots, for the fleet's choice of a job to preempt (daemon/fleet/view.py)."""

@@ -22,6 +22,7 @@ from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
+from schemas import Accepted, Event, Queued
 
 log = structlog.get_logger()
 
@@ -37,10 +38,21 @@ class FleetView:
         self.durations = Durations()
         self.running_jobs = RunningJobs()
         self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
+        self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
+        self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two)
 
-    def observe(self, event: object, now: float) -> None:
+    def observe(self, event: Event, now: float) -> None:
         for fold in (self.usage, self.durations, self.running_jobs):
-            fold.observe(event, now)  # type: ignore[arg-type]
+            fold.observe(event, now)
+        if isinstance(event, Accepted) and event.host_slots is not None:
+            self.host_slots[event.host] = event.host_slots
+        elif isinstance(event, Queued) and event.request_id is not None:
+            self.announced.add(event.request_id)
+
+    def fleet_slots(self, free_here: int) -> int:
+        """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
+        plus this host's free ones."""
+        return sum(self.host_slots.values()) or max(1, len(self.running_jobs.jobs(time.time())) + free_here)
 
     async def follow(self) -> None:
         """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
@@ -79,10 +91,10 @@ class FleetView:
 
     def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
-        sees the fleet: the fleet's slots are taken to be the jobs running on it plus this host's free ones."""
+        sees the fleet (`fleet_slots`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
                             self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))
-        eta = etas(order, running, max(1, len(running) + free), self.durations, now)
+        eta = etas(order, running, self.fleet_slots(free), self.durations, now)
         return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]

@@ -70,7 +70,7 @@ class Offered(StrEnum):
 class FleetHooks(Protocol):
     """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
 
-    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str]:
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
         """The `accepted` event's class and team; the job is counted as started."""
 
     async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:

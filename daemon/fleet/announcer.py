@@ -1,0 +1,103 @@
+"""`queued` events for the requests no host has read yet: each gets one soon after it arrives, with its
+place in the fleet's order and an ETA, so a producer learns at once how long it will wait.
+
+A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
+behind a busy fleet are read for this from the outside, without joining a group: each class's topic
+from its queue group's committed offset (daemon/kafka/group_offsets.py), every `ANNOUNCE_S`. One host
+does it, the one the claims group gave partition 0 (Kafka's own assignment chooses it: no election of
+ours); after a rebalance another may, and the events say which requests have had their `queued`
+event already (`FleetView.announced`), so none gets two but across such a handover.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import structlog
+from aiokafka import TopicPartition
+
+from daemon.errors import TopicMissing
+from daemon.fleet.order import Waiting
+from daemon.fleet.view import FleetView
+from daemon.fleet_config import queue_group, team_of
+from daemon.jobs.job_events import JobEvents
+from daemon.kafka.group_offsets import committed_offsets
+from daemon.kafka.partitions import Partitions
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.topic_reader import TopicReader
+from daemon.kafka.trace import trace_context
+from daemon.settings import Settings
+from schemas import Queued, RequestBase, decode_request
+
+log = structlog.get_logger()
+
+ANNOUNCE_S = 2.0  # how soon after its arrival a request read by no host is told its place
+MAX_READ = 2000  # the records of one class's topic read for it, at most: beyond, no place is said
+
+
+class Announcer:
+    def __init__(self, settings: Settings, view: FleetView, publisher: Publisher, claims: Partitions, retries: RetrySigner) -> None:
+        self.settings = settings
+        self.view = view
+        self.publisher = publisher
+        self.claims = claims
+        self.retries = retries
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), ANNOUNCE_S)
+            if stopping.is_set() or TopicPartition(self.settings.claims_topic, 0) not in self.claims.assigned():
+                continue
+            try:
+                await self.announce()
+            except Exception as exc:  # the brokers away: tried again at the next round
+                log.warning("fleet.announce_failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def announce(self) -> int:
+        """One round: a `queued` event for each unread request that has none; how many were published."""
+        unread = await self.unread()
+        if not unread:
+            return 0
+        placed = self.view.places([waiting for waiting, _ in unread], 0)
+        records = {waiting.request_id: (request, record) for waiting, (request, record) in unread}
+        published = 0
+        for waiting, place, eta in placed:
+            if waiting.request_id in self.view.announced:
+                continue
+            request, record = records[waiting.request_id]
+            self.view.announced.add(waiting.request_id)
+            events = JobEvents(self.publisher, request, self.settings.host, self.retries.read(record).attempt, trace_context(record))
+            await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
+                                 eta_s=None if eta is None else round(max(0.0, eta), 1))
+            published += 1
+        return published
+
+    async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+        """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes them."""
+        topics = self.settings.class_topics
+        found = await committed_offsets(self.settings, [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()])
+        running = {job.request_id for job in self.view.running_jobs.jobs(time.time())}
+        unread: list[tuple[Waiting, tuple[RequestBase, Record]]] = []
+        for name, topic in topics.items():
+            try:
+                async with TopicReader(self.settings, topic, start_at=found[(queue_group(self.settings.group_id, name), topic)],
+                                       read_committed=True) as reader:
+                    count = 0
+                    async for record in reader.records(follow=False):
+                        count += 1
+                        if count > MAX_READ:
+                            break
+                        request = decode_request(record.value or b"", record.key)
+                        if not isinstance(request, RequestBase) or request.request_id in running:
+                            continue
+                        waiting = Waiting(request.request_id, request.priority_class or name, team_of(request.team), record.timestamp / 1000,
+                                          request.method, request.model.id, request.resources.gpus)
+                        unread.append((waiting, (request, record)))
+            except TopicMissing:
+                continue
+        return unread
