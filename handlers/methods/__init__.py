@@ -4,17 +4,17 @@
 `handlers/methods/<handler>.py`, for the methods this TRL ships: `ppo` exists only on trl 1.10 to
 1.12 (TRL removed it in 1.13.0), so elsewhere its module is not imported. A new method is one row in
 the table, one module here, one example and one test file. A method's module imports no other
-method's; what two share is said once in handlers/child/ (or here, for a sequence only they follow:
+method's; what two share is said once in handlers/toolkit/ (or here, for a sequence only they follow:
 reference_free.py for ORPO and CPO, ppo_checkpoints.py for PPO).
 Importing this package imports torch and TRL: the daemon never does. What only some jobs use, and
-what initialises CUDA when imported, it imports in name only (handlers/child/deferred.py).
+what initialises CUDA when imported, it imports in name only (handlers/toolkit/deferred.py).
 """
 
 from importlib import import_module
 from importlib.metadata import version
 from types import ModuleType
 
-from handlers.child import deferred
+from handlers.toolkit import deferred
 from schemas.methods import METHODS, unsupported_reason
 
 with deferred.deferring():
