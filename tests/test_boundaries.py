@@ -95,7 +95,7 @@ def test_importing_the_protocol_loads_no_training_stack() -> None:
 def test_a_method_imports_no_other_method(path: Path) -> None:
     from schemas.methods import METHODS
 
-    methods = {f"handlers.methods.{method.handler}" for method in METHODS.values()}
+    methods = {method.module for method in METHODS.values()}
     known = {module_name(p) for p in modules("handlers")}
     assert not project_imports(path, known) & (methods - {module_name(path)})
 

@@ -111,7 +111,7 @@ def run_in_process(job: JobSpec, stop_at_step: int | None = None) -> tuple[Any, 
 def test_ppo_stops_at_a_checkpoint_when_asked_and_the_next_attempt_resumes_there(
     tiny_model_dir: Path, reward_head_dir: Path, tmp_path: Path
 ) -> None:
-    from handlers.methods.ppo_checkpoints import VALUE_MODEL_FILE
+    from handlers.methods.experimental.ppo_checkpoints import VALUE_MODEL_FILE
     from handlers.protocol import JobSpec
     from handlers.toolkit.reporting import EXIT_STOPPED
 

@@ -1,7 +1,7 @@
 """The preference methods that train without a reference model (ORPO, CPO), said once: TRL's
 trainer built from the policy, the LoRA config and the job's callback, then trained and saved.
 
-Each method keeps its own module (handlers/methods/orpo.py, handlers/methods/cpo.py) naming its TRL classes and
+Each method keeps its own module (handlers/methods/experimental/orpo.py, handlers/methods/experimental/cpo.py) naming its TRL classes and
 calling `train_reference_free` explicitly; what they share is only this sequence.
 """
 
