@@ -18,14 +18,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from daemon.admission.judge import refusal
 from daemon.admission.secret_rules import SCANNER
-from daemon.intake import Intake
 from daemon.jobs.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection, decode_request
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])
-INTAKE = Intake(HOST, None, None, None, Slots([], 1))  # type: ignore[arg-type]
+SLOTS = Slots([], 1)
 
 # name → text of about n characters aimed at one weakness.
 SHAPES: dict[str, Callable[[int], str]] = {
@@ -50,7 +50,7 @@ def message(text: str, rows: int = 1) -> bytes:
 
 def decide(raw: bytes) -> object:
     decoded = decode_request(raw, b"bench-1", scanner=SCANNER)  # as intake decodes: with detect-secrets' rules too
-    return decoded if isinstance(decoded, Rejection) else INTAKE.refusal(decoded)
+    return decoded if isinstance(decoded, Rejection) else refusal(decoded, HOST, SLOTS)
 
 
 def milliseconds(raw: bytes, repeats: int) -> float:

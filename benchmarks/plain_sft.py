@@ -18,14 +18,14 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from handlers.child.reporting import StepClock
+from handlers.toolkit.reporting import StepClock
 
 
 def train(request: dict) -> dict[str, float]:
     """One job, built exactly as `handlers.methods.sft` builds it; TRL's training metrics, and the median
     step time measured as the daemon's child measures it (`StepClock`, a timer and nothing else)."""
     model_dir = request["model"]["id"]
-    dtype = request["model"].get("dtype", "auto")  # as handlers.child.loading.model_kwargs reads it
+    dtype = request["model"].get("dtype", "auto")  # as handlers.toolkit.loading.model_kwargs reads it
     with tempfile.TemporaryDirectory() as output_dir:
         config = SFTConfig(
             logging_steps=1, save_strategy="steps", save_total_limit=2, **request["training"],

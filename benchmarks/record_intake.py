@@ -30,13 +30,13 @@ from pathlib import Path
 from PIL import Image
 
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
-from daemon.intake import Intake, decoded_request
+from daemon.intake import decoded_request, judged
 from daemon.jobs.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_model_roots=[Path("/models")])
-INTAKE = Intake(HOST, None, None, None, Slots([], 1))  # type: ignore[arg-type]
+SLOTS = Slots([], 1)
 BASE = {"schema_version": 1, "request_id": "bench-1", "method": "sft", "model": {"id": "org/base"}, "output": {"repo_id": "org/adapter"}}
 
 
@@ -110,7 +110,7 @@ def benign(size: int) -> bytes:
 async def decide(raw: bytes) -> object:
     """Intake's decision about one record, as `Intake.take` makes it."""
     decoded = await decoded_request(raw, b"bench-1")
-    return decoded if isinstance(decoded, Rejection) else await INTAKE.judged(decoded)
+    return decoded if isinstance(decoded, Rejection) else await judged(decoded, HOST, SLOTS)
 
 
 async def milliseconds(raw: bytes, repeats: int) -> float:

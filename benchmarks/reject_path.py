@@ -29,7 +29,7 @@ PARTITIONS = 6  # of the events topic and the DLQ, as the stand-in reports them
 
 
 def refused_message(index: int) -> bytes:
-    """A valid request this host refuses (more GPUs than it has): the path through `Intake.refusal`."""
+    """A valid request this host refuses (more GPUs than it has): the path through `daemon.admission.judge.refusal`, in intake's thread."""
     return json.dumps({"schema_version": 1, "request_id": f"big-{index}", "method": "sft", "model": {"id": "x/y"},
                        "dataset": {"rows": [{"text": "t"}]}, "output": {"repo_id": "a/b"}, "resources": {"gpus": 64}}).encode()
 

@@ -2,7 +2,8 @@
 event loop's default executor, so one kind cannot take every thread from another.
 
 - `decode`: decoding, validating and scanning a large request (daemon/intake.py);
-- `images`: checking a request's inline images (daemon/admission/images.py through intake);
+- `admission`: judging a valid request with inline images (daemon/admission/judge.py through
+  intake), whose headers it reads;
 - `headers`: reading models' safetensors headers for the memory estimate (daemon/jobs/headers.py);
 - `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
 - `retention`: passes of retention over the jobs' folders (daemon/jobs/retention.py).
@@ -24,11 +25,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "images", "headers", "hub", "retention"]
-# Threads of each kind. Decoding and image checks are Python code holding the interpreter most of
+Kind = Literal["decode", "admission", "headers", "hub", "retention"]
+# Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
-THREADS: dict[Kind, int] = {"decode": 2, "images": 2, "headers": 8, "hub": 8, "retention": 1}
+THREADS: dict[Kind, int] = {"decode": 2, "admission": 2, "headers": 8, "hub": 8, "retention": 1}
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -17,9 +17,8 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon import executors
-from daemon.admission.capabilities import unsupported_reason
-from daemon.admission.images import has_inline_images, inline_image_errors
-from daemon.admission.policy import policy_errors
+from daemon.admission.images import has_inline_images
+from daemon.admission.judge import refusal
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
@@ -35,9 +34,10 @@ from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
-# The longest a request's inline images may take to check; well inside systemd's WatchdogSec (120)
-# and the loop's STUCK_AFTER_S (30), which the service loop's turns feed.
-IMAGE_CHECK_DEADLINE_S = 20.0
+# The longest judging a request with inline images (`judge.refusal`, their headers read in a thread)
+# may take; well inside systemd's WatchdogSec (120) and the loop's STUCK_AFTER_S (30), which the
+# service loop's turns feed.
+JUDGE_DEADLINE_S = 20.0
 # From this size a record is decoded in a worker thread (`decoded_request`).
 OFF_LOOP_BYTES = 65_536
 # How long intake decides records without giving the loop a turn: far inside aiokafka's heartbeat
@@ -55,6 +55,25 @@ async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase
     if len(value or b"") < OFF_LOOP_BYTES:
         return decode_request(value, key, scanner=SCANNER)
     return await executors.run("decode", decode_request, value, key, scanner=SCANNER)
+
+
+async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Rejection | None:
+    """`judge.refusal` where intake runs it: in a thread of the `admission` pool (daemon/executors.py)
+    when the request has inline images, whose headers it reads in time linear in their bytes, so the
+    loop keeps turning beside it (heartbeats, the publisher's acknowledgements, the HTTP endpoint).
+    Bounded by JUDGE_DEADLINE_S: past it the request is refused, naming its rows, and the service loop
+    turns on (the systemd watchdog is fed by its turns). Without images the judgement takes
+    microseconds and is made on the loop, as a small record is decoded there: the thread's hop cost
+    more than the work (benchmarks/reject_path.py, a refused request: 274 against 114 us on a loaded
+    2-core host, issue 51)."""
+    if not has_inline_images(request):
+        return refusal(request, settings, slots)
+    try:
+        async with asyncio.timeout(JUDGE_DEADLINE_S):
+            return await executors.run("admission", refusal, request, settings, slots)
+    except TimeoutError:
+        message = f"its images took longer than {JUDGE_DEADLINE_S:g} s to check; send fewer or smaller images"
+        return Rejection("invalid", [FieldError(path="dataset.rows", message=message)], request.request_id)
 
 
 def internal_rejection(record: Record, exc: Exception, request_id: str | None = None) -> Rejection:
@@ -93,7 +112,7 @@ class Intake:
                 break  # stale records of a held partition: it is read again from where it was held
             try:
                 decoded = await decoded_request(record.value, record.key)
-                rejection = decoded if isinstance(decoded, Rejection) else await self.judged(decoded)
+                rejection = decoded if isinstance(decoded, Rejection) else await judged(decoded, self.settings, self.slots)
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
                     rejection = Rejection("policy", [oversize], decoded.request_id)
@@ -118,42 +137,6 @@ class Intake:
             if not offered.next_record:
                 break  # the rest of this batch is read again when the partition resumes
         await self._flush(tp, outgoing, last_rejected)
-
-    def refusal(self, request: RequestBase) -> Rejection | None:
-        """A valid request this host will not run: a method its TRL lacks, too many GPUs, one outside
-        policy, or inline images that do not decode or break the operator's bounds."""
-        refused = self._host_refusal(request)
-        if refused is not None:
-            return refused
-        images = inline_image_errors(request, self.settings.image_bounds)
-        return Rejection("invalid", images, request.request_id) if images else None
-
-    async def judged(self, request: RequestBase) -> Rejection | None:
-        """`refusal`, with the inline images checked in a worker thread rather than on the event
-        loop. Intake reads their headers only (daemon/admission/images.py), linear in their bytes;
-        the thread keeps even that off the loop, so it keeps turning (heartbeats, the publisher's
-        acknowledgements, the HTTP endpoint). Bounded by IMAGE_CHECK_DEADLINE_S: past it the
-        request is refused, naming its rows, and the service loop turns on (the systemd watchdog
-        is fed by its turns)."""
-        refused = self._host_refusal(request)
-        if refused is not None or not has_inline_images(request):
-            return refused
-        try:
-            async with asyncio.timeout(IMAGE_CHECK_DEADLINE_S):
-                images = await executors.run("images", inline_image_errors, request, self.settings.image_bounds)
-        except TimeoutError:
-            images = [FieldError(path="dataset.rows", message=f"its images took longer than {IMAGE_CHECK_DEADLINE_S:g} s to check; send fewer or smaller images")]
-        return Rejection("invalid", images, request.request_id) if images else None
-
-    def _host_refusal(self, request: RequestBase) -> Rejection | None:
-        unsupported = unsupported_reason(request.method)
-        if unsupported:
-            return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
-        if request.resources.gpus > self.slots.most_per_job():
-            host = f"this host has {len(self.slots.gpus)} GPU(s)" if self.slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
-            return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
-        errors = policy_errors(request, self.settings)
-        return Rejection("policy", errors, request.request_id) if errors else None
 
     async def reject_unreadable(self, record: UnreadableRecord, exc: BaseException) -> None:
         """A record the Kafka client could not read, known by its offset (daemon/kafka/unreadable.py):

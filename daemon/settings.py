@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     ))
     gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description="With max_jobs_per_gpu > 1: the share of each GPU's memory no job's share takes.")
     gpu_memory_bytes: int | None = Field(None, ge=1, description="With max_jobs_per_gpu > 1: each GPU's memory; unset: what nvidia-smi says.")
-    # The host's speed settings (handlers/child/fast.py), each off by default; a request's own field always wins.
+    # The host's speed settings (handlers/toolkit/fast.py), each off by default; a request's own field always wins.
     gradient_checkpointing_when_needed: bool = Field(False, description=(
         "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on a whole GPU "
         "whose memory estimate without it fits the GPU trains without it."))

@@ -176,7 +176,7 @@ class StoppedAtCheckpoint(ChildMessageBase):
 
 
 class MemoryUse(Frozen):
-    """The most memory a job took in its child, over load, train and evaluate (handlers/child/memory.py)."""
+    """The most memory a job took in its child, over load, train and evaluate (handlers/toolkit/memory.py)."""
 
     device: Literal["cuda", "cpu"] = Field(description="Where the job ran: its GPU, or the CPU.")
     peak_allocated_bytes: int | None = Field(
@@ -204,7 +204,7 @@ class TrainResult(ChildMessageBase):
     dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
     durations_s: dict[str, float] = Field(description=(
         "Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model "
-        "and train as '<stage>.<part>' (handlers/child/reporting.py)."
+        "and train as '<stage>.<part>' (handlers/toolkit/reporting.py)."
     ))
     versions: dict[str, str]
     pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")

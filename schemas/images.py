@@ -4,7 +4,7 @@ inline image takes (base64 data in a `data:image/...;base64,` URI: a request nev
 fetch a URL), and the operator's bounds on them.
 
 Decoding is not done here (this package needs pydantic only): intake decodes inline rows
-(daemon/admission/images.py), the child decodes a dataset's rows (handlers/child/vision.py); both read a row
+(daemon/admission/images.py), the child decodes a dataset's rows (handlers/toolkit/vision.py); both read a row
 through `row_images` and `row_problems`, so both say the same thing of the same row.
 """
 

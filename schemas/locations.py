@@ -2,7 +2,7 @@
 symlinks resolved, lies inside a root the operator allows.
 
 Both sides use it: the daemon's policy at intake (daemon/admission/policy.py), and the child for every file
-a glob or a folder expands to, where the file is opened (handlers/child/sources.py, handlers/child/vision.py).
+a glob or a folder expands to, where the file is opened (handlers/toolkit/sources.py, handlers/toolkit/vision.py).
 Containment is judged on whole path components (`/data` does not contain `/data-backup`), never on
 a string prefix.
 """

@@ -1,6 +1,7 @@
 """The methods adapterd knows, in one table: the single source of what a method is.
 
-Each row names the method's handler module (`handlers/methods/<handler>.py`), the TRL trainer and config
+Each row names the method's handler module (`handlers/methods/<handler>.py`; an experimental method's
+in `handlers/methods/experimental/`), the TRL trainer and config
 classes it trains with, whether it is stable or on TRL's experimental layer, the dataset columns it
 reads (in words, for docs/methods.md), whether it trains vision-language models on rows with images, and
 the TRL releases that ship it. Everything else that lists methods follows `METHODS`: the request
@@ -24,7 +25,7 @@ from typing import Literal
 
 @dataclass(frozen=True)
 class Method:
-    handler: str  # the module in handlers/methods/ that trains it
+    handler: str  # the module under handlers/methods/ that trains it, dotted: "sft", "experimental.orpo"
     trainer: str  # TRL's trainer class, by the path it is imported from
     config: str  # TRL's config class
     status: Literal["stable", "experimental"]
@@ -34,6 +35,11 @@ class Method:
     trl_below: str | None = None  # the first TRL release without it
     trl_note: str = ""  # why the range, for the refusal and docs/methods.md
     evaluates: bool = True  # its handler runs a request's `evaluation` (schemas/evaluation.py) after training
+
+    @property
+    def module(self) -> str:
+        """The handler's module by its full name, e.g. "handlers.methods.experimental.orpo"."""
+        return f"handlers.methods.{self.handler}"
 
     @property
     def trained_by(self) -> str:
@@ -66,16 +72,16 @@ METHODS: dict[str, Method] = {
                    "`prompt` (+ columns the rewards read)"),
     "distillation": Method("distillation", "trl.DistillationTrainer", "trl.DistillationConfig", "stable",
                            "`prompt` (the student answers; the teacher's next-token distribution is the target)"),
-    "orpo": Method("orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
+    "orpo": Method("experimental.orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
                    "`chosen` + `rejected` (and usually `prompt`)"),
-    "cpo": Method("cpo", "trl.experimental.cpo.CPOTrainer", "trl.experimental.cpo.CPOConfig", "experimental",
+    "cpo": Method("experimental.cpo", "trl.experimental.cpo.CPOTrainer", "trl.experimental.cpo.CPOConfig", "experimental",
                   "`chosen` + `rejected` (and usually `prompt`)"),
-    "gkd": Method("gkd", "trl.experimental.gkd.GKDTrainer", "trl.experimental.gkd.GKDConfig", "experimental",
+    "gkd": Method("experimental.gkd", "trl.experimental.gkd.GKDTrainer", "trl.experimental.gkd.GKDConfig", "experimental",
                   "`messages` (the teacher's distribution on them, and on the student's own answers: `lmbda`)"),
-    "online_dpo": Method("online_dpo", "trl.experimental.online_dpo.OnlineDPOTrainer", "trl.experimental.online_dpo.OnlineDPOConfig",
+    "online_dpo": Method("experimental.online_dpo", "trl.experimental.online_dpo.OnlineDPOTrainer", "trl.experimental.online_dpo.OnlineDPOConfig",
                          "experimental", "`prompt` (+ columns the rewards read)",
                          evaluates=False),  # OnlineDPOTrainer.evaluate() cannot run on prompt rows (it wants input_ids)
-    "ppo": Method("ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
+    "ppo": Method("experimental.ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
                   "`prompt`", trl_min="1.10", trl_below="1.13", evaluates=False,
                   trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
 }

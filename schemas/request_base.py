@@ -69,7 +69,7 @@ class LoraSpec(LoraConfigFields):
         r"""PEFT reads these as regular expressions (a string `target_modules` or `exclude_modules` with
         `re.fullmatch`, each key of `rank_pattern` and `alpha_pattern` with `re.match`): each must
         compile with RE2 and with Python's re, judged here at intake, and the child matches them itself
-        with RE2 before PEFT sees them (handlers/child/lora_patterns.py); at most MAX_PATTERNS in a field, so
+        with RE2 before PEFT sees them (handlers/toolkit/lora_patterns.py); at most MAX_PATTERNS in a field, so
         that compiling them stays a bounded cost of intake. `layers_pattern` is pasted into a pattern
         PEFT runs with Python's re (`(?:^|.*?\.){name}\.(\d+)\.`) on every module name: it must be
         what PEFT's documentation says it is, the name of the model's list of layers (`layers`, `h`,

@@ -22,6 +22,7 @@ import atheris
 with atheris.instrument_imports(include=["schemas", "daemon"]):
     from aiokafka.structs import ConsumerRecord
 
+    from daemon.admission.judge import refusal
     from daemon.intake import Intake
     from daemon.jobs.slots import Slots
     from daemon.kafka.publisher import Publisher
@@ -38,13 +39,13 @@ async def _publisher(settings: Settings) -> Publisher:
 
 configure_logging("json", "error")  # a warning per rejection would be most of the time
 SETTINGS = Settings(work_dir=Path("/tmp/adapterd-atheris"), gpus=[], allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])
-INTAKE = Intake(SETTINGS, asyncio.run(_publisher(SETTINGS)), None, None, Slots([], 1))  # type: ignore[arg-type]
+INTAKE = Intake(SETTINGS, asyncio.run(_publisher(SETTINGS)), None, None, Slots([], 1))  # type: ignore[arg-type]  # for its rejection messages
 
 
 def test_one_input(data: bytes) -> None:
     record = ConsumerRecord("requests", 0, 0, 0, 0, b"fuzz-key", data, None, 8, len(data), [])
     decoded = decode_request(data, record.key)
-    rejection = decoded if isinstance(decoded, Rejection) else INTAKE.refusal(decoded)
+    rejection = decoded if isinstance(decoded, Rejection) else refusal(decoded, SETTINGS, Slots([], 1))
     if rejection is None:
         return
     letter, event = INTAKE.rejection_messages(record, rejection)

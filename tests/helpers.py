@@ -100,9 +100,9 @@ def example_request(method: str, request_id: str, **overrides: Any) -> dict[str,
 def run_handler(request: dict[str, Any], work: Path, **job: Any) -> tuple[Any, list[dict[str, Any]]]:
     """Run a request's handler in this process, as the child would, without a daemon or Kafka: the
     handler's TrainResult, or the JobFailed it raised, and every message it sent on its status pipe."""
-    from handlers.child.reporting import StatusReporter
     from handlers.methods import HANDLERS
     from handlers.protocol import JobFailed, JobSpec
+    from handlers.toolkit.reporting import StatusReporter
 
     spec = JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job)
     work.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,10 @@ inside functions too, so an import that only runs on some path cannot slip throu
 - `handlers/` and `schemas/` never import `daemon`, and `schemas/` never imports `handlers`: the
   child and the wire contract stand alone.
 - A method's module (handlers/methods/) imports no other method's: what two share is said once,
-  in handlers/child/ or beside them.
+  in handlers/toolkit/ or beside them.
+- handlers/ in layers by where the code runs: the entry points the daemon starts (handlers/child/)
+  above the methods (handlers/methods/), above the toolkit they stand on (handlers/toolkit/). Nothing
+  imports an entry point but another entry point, and the toolkit imports no method.
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
   contract gives the same verdicts; `schemas/signing.py` alone imports `cryptography`, inside the
@@ -92,9 +95,50 @@ def test_importing_the_protocol_loads_no_training_stack() -> None:
 def test_a_method_imports_no_other_method(path: Path) -> None:
     from schemas.methods import METHODS
 
-    methods = {f"handlers.methods.{method.handler}" for method in METHODS.values()}
+    methods = {method.module for method in METHODS.values()}
     known = {module_name(p) for p in modules("handlers")}
     assert not project_imports(path, known) & (methods - {module_name(path)})
+
+
+# handlers/'s parts that run in a job's child (or start it), lowest first: a part imports only the
+# parts below it (and handlers.protocol, beside them all). handlers/contract/ and handlers/fixtures/
+# are tooling, held by the tests that say they are never imported at run time.
+HANDLER_LAYERS = ["toolkit", "methods", "child"]
+
+
+def handlers_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "handlers" and len(parts) > 1 and parts[1] in HANDLER_LAYERS else None
+
+
+@pytest.mark.parametrize("path", [path for part in HANDLER_LAYERS for path in modules(f"handlers/{part}")], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_handlers_part_imports_only_the_parts_below_it(path: Path) -> None:
+    own = handlers_part(module_name(path))
+    assert own is not None
+    known = {module_name(p) for p in modules("handlers")}
+    above = {part for target in project_imports(path, known) if (part := handlers_part(target)) is not None and HANDLER_LAYERS.index(part) > HANDLER_LAYERS.index(own)}
+    assert not above, f"handlers/{own} imports handlers/{sorted(above)}"
+
+
+@pytest.mark.parametrize("path", [*modules("daemon"), *modules("benchmarks"), *modules("testbed"),
+                                  *(p for part in ("toolkit", "methods", "contract", "fixtures") for p in modules(f"handlers/{part}"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_but_an_entry_point_imports_an_entry_point(path: Path) -> None:
+    """handlers/child/ is started by module name (`python -m handlers.child.runner`), never imported
+    but by its own modules (the fork server runs the runner's `main` in each child it forks) and the
+    tests that run an entry point's `main` in process."""
+    known = {module_name(p) for package in PROJECT for p in modules(package)}
+    assert not {target for target in project_imports(path, known) if target.startswith("handlers.child.")}
+
+
+def test_the_entry_points_the_daemon_starts_exist() -> None:
+    """The daemon names them as strings (`python -m <entry>`), which no import check sees."""
+    import re
+
+    named = {match for path in modules("daemon") + modules("handlers") for match in re.findall(r"[\"(](handlers\.child\.\w+)[\"]", path.read_text())}
+    assert {"handlers.child.runner", "handlers.child.forkserver", "handlers.child.launch", "handlers.child.math_worker"} <= named
+    for name in named:
+        assert (ROOT / f"{name.replace('.', '/')}.py").is_file(), name
 
 
 @pytest.mark.parametrize("path", [*modules("benchmarks"), *modules("testbed"), *modules("daemon"), *modules("handlers")], ids=lambda p: str(p.relative_to(ROOT)))

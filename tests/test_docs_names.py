@@ -30,7 +30,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "depl
 # A path at the repository's root: a known folder, then names; not the tail of a longer path or URL.
 PATH = re.compile(r"(?<![\w/.~$-])(?:" + "|".join(FOLDERS) + r")/[\w.<>*/-]*")
 DOTTED = re.compile(r"(?<![\w./-])(?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+")
-CLASS_DOTTED = re.compile(r"(?<![\w./-])[A-Z]\w*(?:\.[A-Za-z_]\w*)+")  # `Intake.judged`: a class of the code's, by its name
+CLASS_DOTTED = re.compile(r"(?<![\w./-])[A-Z]\w*(?:\.[A-Za-z_]\w*)+")  # `Intake.take`: a class of the code's, by its name
 SPAN = re.compile(r"`([^`\n]+)`")
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "msg"}
 
@@ -189,7 +189,7 @@ def classes() -> dict[str, list[str]]:
 
 
 def resolve_class_attribute(dotted: str) -> str | None:
-    """`Intake.judged`: checked where one module defines that class; a class of another library's,
+    """`Intake.take`: checked where one module defines that class; a class of another library's,
     or a name two modules define, is not checked here."""
     name, attribute = dotted.split(".")[:2]
     modules = classes().get(name, [])
@@ -226,6 +226,6 @@ def test_the_checker_finds_a_stale_path_and_name_and_passes_real_ones() -> None:
     assert resolve("tests.core.CoreOnFakes.intake") is None  # bound in __init__ as self.intake
     assert resolve("schemas.read_event") is None  # bound by an import in schemas/__init__.py
     assert resolve("daemon.intake.Intake.nothing_here") == "daemon.intake.Intake.nothing_here"
-    assert resolve_class_attribute("Intake.judged") is None and resolve_class_attribute("Intake.refuse") == "Intake.refuse"
+    assert resolve_class_attribute("Intake.take") is None and resolve_class_attribute("Intake.refuse") == "Intake.refuse"
     assert resolve("handlers.common") == "handlers.common" and resolve("daemon.nowhere.thing") == "daemon.nowhere.thing"
     assert [m.group() for m in PATH.finditer("see /etc/daemon/x and daemon/service.py, or https://x.org/tests/y")] == ["daemon/service.py"]

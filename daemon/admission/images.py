@@ -8,7 +8,7 @@ Intake reads each image's header, never its pixels (issue 37): the dimensions, a
 `verify` (for a PNG, every chunk and its checksum: a truncated or corrupted file is caught), all in
 time linear in the bytes. Decoding is linear in the pixels instead: a 4096x4096 lossless WebP of
 a few hundred bytes takes 0.2 s, so a 1 MB request of them would hold intake for minutes. The
-child decodes every image before training (handlers/child/vision.py) and fails the job naming the row
+child decodes every image before training (handlers/toolkit/vision.py) and fails the job naming the row
 if one does not decode, in the job's own time.
 
 The format is read from the file's first bytes (FORMATS), and Pillow opens the file as that format

@@ -3,13 +3,12 @@ bounds, its GPUs, inline images): for `adapterd validate -c` and `adapterd conve
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import typer
 
+from daemon.admission.judge import refusal
 from daemon.errors import ConfigError
-from daemon.intake import Intake
 from daemon.jobs.slots import Slots, discover_gpus
 from daemon.settings import load_settings
 from schemas import RequestBase
@@ -22,8 +21,7 @@ def host_check(request: RequestBase, config: Path, what: str) -> None:
     except ConfigError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
-    intake = Intake(settings, None, None, None, Slots(discover_gpus(settings.gpus), settings.job_slots))  # type: ignore[arg-type]  # judges only
-    refused = asyncio.run(intake.judged(request))
+    refused = refusal(request, settings, Slots(discover_gpus(settings.gpus), settings.job_slots))
     if refused is not None:
         typer.echo(f"{what}: valid, but {config} refuses it ({refused.reason}):", err=True)
         for error in refused.errors:

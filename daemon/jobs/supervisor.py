@@ -40,7 +40,7 @@ log = structlog.get_logger()
 
 # The stages in which a child reports every few seconds, so silence means stuck: training and
 # evaluation steps, and loading the model, through which the child beats from a thread
-# (handlers/child/reporting.py) that a hang holding the interpreter (a library's regex backtracking on
+# (handlers/toolkit/reporting.py) that a hang holding the interpreter (a library's regex backtracking on
 # module names) silences.
 WATCHED_STAGES = frozenset({"load_model", "train", "evaluate"})
 

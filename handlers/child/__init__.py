@@ -1,14 +1,12 @@
-"""The child's runtime: the process a job runs in, and the steps every method's handler stands on.
+"""The processes the daemon starts, by module name (`python -m handlers.child.<entry>`), and what
+only runs as one: each module here is a process's `main`, above the methods and the toolkit.
 
-- entry points the daemon starts by module name: `runner` (one job, one process), `forkserver`
-  (the training stack imported once, a child forked per job; `deferred` keeps what touches CUDA at
-  import out of it) and `launch` (torchrun's agent for a multi-GPU job);
-- `reporting`: the status pipe back to the daemon (the messages of handlers/protocol.py);
-- `common`: the sequence every handler follows, on `loading` (data, models, preflight),
-  `sources` (dataset sources), `vision`, `chat_template`, `training` (TRL's config, LoRA with
-  `lora_patterns`, the artifact), `rewards` and `vllm_support` (the online methods'), and
-  `evaluation*` (what a request measures after training).
+- `runner`: one job in one process (a spawned child, or one forked by the fork server);
+- `forkserver`: the training stack imported once, a child forked per job;
+- `launch`: torchrun's agent for a multi-GPU job, starting a `runner` per GPU;
+- `math_worker`: TRL's math rewards in a process of their own, started by a job's child
+  (handlers/toolkit/math_verifier.py), so an answer that never ends can be killed.
 
-This package's `__init__` imports nothing; its modules import torch and TRL (the entry points only
-when they run).
+Nothing below imports these (tests/test_boundaries.py holds it). This package's `__init__` imports
+nothing; the entry points import the training stack only when they run.
 """

@@ -19,7 +19,7 @@ stays locked in the child for ever, and a CUDA context cannot cross it at all. S
 thread that never touches CUDA, and says `ready` only after checking both of itself; otherwise it
 says `refused` with the reason and exits, and the daemon starts its children without it:
 - CUDA: modules that initialise CUDA when imported (bitsandbytes) are imported in name only and run
-  in the child at first use (handlers/child/deferred.py); the check looks for CUDA initialised in torch and
+  in the child at first use (handlers/toolkit/deferred.py); the check looks for CUDA initialised in torch and
   for an open /dev/nvidia* file (the driver opened), and runs again before each fork.
 - Threads: the daemon starts the server with OMP_NUM_THREADS=1 and JE_ARROW_MALLOC_CONF's
   background_thread off (`import torch` starts libgomp's workers, `import pyarrow` jemalloc's
@@ -46,7 +46,8 @@ import traceback
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from handlers.child import deferred, runner
+from handlers.child import runner
+from handlers.toolkit import deferred
 
 MAX_MESSAGE = 65536
 THREADS_PROBE = "import torch; print(torch.get_num_threads())"
@@ -54,7 +55,7 @@ THREADS_PROBE = "import torch; print(torch.get_num_threads())"
 
 def main() -> int:
     # First, before anything imports torch: modules that touch CUDA when imported are imported in
-    # name only here (handlers/child/deferred.py says why).
+    # name only here (handlers/toolkit/deferred.py says why).
     deferred.defer_in_fork_server()
     runner.die_with_parent()
 
@@ -67,8 +68,8 @@ def main() -> int:
     probe = subprocess.Popen([sys.executable, "-c", THREADS_PROBE], stdout=subprocess.PIPE, text=True, env=probe_env)
     import torch
 
-    from handlers.child.reporting import StatusReporter
     from handlers.methods import HANDLERS  # noqa: F401  # what runner.main imports: the reason this process exists
+    from handlers.toolkit.reporting import StatusReporter
 
     threads = int(probe.communicate()[0].strip())
     reporter = StatusReporter(runner.status_fd())

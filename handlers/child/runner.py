@@ -7,7 +7,7 @@ daemon, which writes them to the job's log and to its own log. It runs the job a
 (a signal, an out-of-memory kill) means it died before it could say why.
 Importing before the job arrives is what makes a warm child warm; CUDA is not touched until the job.
 What initialises CUDA at import (bitsandbytes) and what only some jobs use (the trackers) is imported
-in name only (handlers/methods/), and only a job that needs it runs it (handlers/child/deferred.py).
+in name only (handlers/methods/), and only a job that needs it runs it (handlers/toolkit/deferred.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import signal
 import sys
 from pathlib import Path
 
-from handlers.child import deferred
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit import deferred
 
 PR_SET_PDEATHSIG = 1
 
@@ -54,9 +54,9 @@ def main() -> int:
     die_with_parent()
 
     with deferred.deferring():  # all of the training stack's imports (handlers/methods/ defers only during its own)
-        from handlers.child.memory import out_of_memory
-        from handlers.child.reporting import EXIT_STOPPED, StatusReporter
         from handlers.methods import HANDLERS
+        from handlers.toolkit.memory import out_of_memory
+        from handlers.toolkit.reporting import EXIT_STOPPED, StatusReporter
         from schemas.request import REQUEST_MODELS
 
     reporter = StatusReporter(status_fd())

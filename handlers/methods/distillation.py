@@ -11,19 +11,11 @@ from __future__ import annotations
 
 from trl import DistillationConfig, DistillationTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_beside_base,
-    load_data,
-    load_policy,
-    policy_lora,
-    train_and_save,
-    trl_config,
-)
-from handlers.child.vllm_support import check_vllm, vllm_arguments
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_beside_base, load_data, load_policy, policy_lora, train_and_save
+from handlers.toolkit.training import trl_config
+from handlers.toolkit.vllm_support import check_vllm, vllm_arguments
 from schemas.request import DistillationRequest
 
 

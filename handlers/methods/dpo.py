@@ -4,25 +4,17 @@ Rows: `chosen` and `rejected` (and usually `prompt`), conversational or plain te
 reference model is the base with the adapter switched off, so no second copy is loaded; `ref_model`
 names another one, loaded beside the policy (with LoRA too). With `dpo.precompute_ref_log_probs` TRL
 computes the reference's log-probs over the dataset once, before the first step. With an `images` (or
-`image`) column the base is a vision-language model, trained with its processor (handlers/child/vision.py).
+`image`) column the base is a vision-language model, trained with its processor (handlers/toolkit/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import DPOConfig, DPOTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_data,
-    load_policy,
-    load_reference,
-    policy_lora,
-    train_and_save,
-    trl_config,
-)
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, load_policy, load_reference, policy_lora, train_and_save
+from handlers.toolkit.training import trl_config
 from schemas.request import DPORequest
 
 

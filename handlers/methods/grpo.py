@@ -2,28 +2,21 @@
 
 Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
 scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
-With `grpo.use_vllm` vLLM generates them (handlers/child/vllm_support.py); the preflight fails first on a
+With `grpo.use_vllm` vLLM generates them (handlers/toolkit/vllm_support.py); the preflight fails first on a
 host without it. With an `image` (or `images`) column the base is a vision-language model, prompted
-with each row's images; the reward functions see the text (handlers/child/vision.py).
+with each row's images; the reward functions see the text (handlers/toolkit/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import GRPOConfig, GRPOTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_data,
-    load_policy,
-    policy_lora,
-    train_and_save,
-    trl_config,
-)
-from handlers.child.rewards import check_reward_columns, load_rewards
-from handlers.child.vllm_support import check_vllm, vllm_arguments
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.rewards import check_reward_columns, load_rewards
+from handlers.toolkit.sequence import load_base, load_data, load_policy, policy_lora, train_and_save
+from handlers.toolkit.training import trl_config
+from handlers.toolkit.vllm_support import check_vllm, vllm_arguments
 from schemas.request import GRPORequest
 
 

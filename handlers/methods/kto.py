@@ -9,18 +9,11 @@ from __future__ import annotations
 
 from trl import KTOConfig, KTOTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_causal_lm,
-    load_data,
-    load_reference,
-    lora_config,
-    train_and_save,
-    trl_config,
-)
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.loading import load_causal_lm
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, load_reference, train_and_save
+from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import KTORequest
 
 

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 from trl import RewardConfig, RewardTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_data,
-    load_sequence_classifier,
-    lora_config,
-    train_and_save,
-    trl_config,
-)
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.loading import load_sequence_classifier
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, train_and_save
+from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RewardRequest
 
 

@@ -2,7 +2,7 @@
 
 Rows: `prompt` (plus whatever columns the reward functions read, such as `answer`). Completions are
 scored by the reward functions adapterd ships, chosen by name, and/or a reward model by repo id.
-With `rloo.use_vllm` vLLM generates them (handlers/child/vllm_support.py); the preflight fails first on a
+With `rloo.use_vllm` vLLM generates them (handlers/toolkit/vllm_support.py); the preflight fails first on a
 host without it.
 """
 
@@ -10,19 +10,13 @@ from __future__ import annotations
 
 from trl import RLOOConfig, RLOOTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_causal_lm,
-    load_data,
-    lora_config,
-    train_and_save,
-    trl_config,
-)
-from handlers.child.rewards import check_reward_columns, load_rewards
-from handlers.child.vllm_support import check_vllm, vllm_arguments
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.loading import load_causal_lm
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.rewards import check_reward_columns, load_rewards
+from handlers.toolkit.sequence import load_base, load_data, train_and_save
+from handlers.toolkit.training import lora_config, trl_config
+from handlers.toolkit.vllm_support import check_vllm, vllm_arguments
 from schemas.request import RLOORequest
 
 

@@ -2,24 +2,17 @@
 
 Rows: conversational `messages`, or `prompt` + `completion`, or plain text in `dataset_text_field`
 (default `text`). Conversational rows need a tokenizer with a chat template. With an `images` (or
-`image`) column the base is a vision-language model, trained with its processor (handlers/child/vision.py).
+`image`) column the base is a vision-language model, trained with its processor (handlers/toolkit/vision.py).
 """
 
 from __future__ import annotations
 
 from trl import SFTConfig, SFTTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_data,
-    load_policy,
-    policy_lora,
-    train_and_save,
-    trl_config,
-)
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, load_policy, policy_lora, train_and_save
+from handlers.toolkit.training import trl_config
 from schemas.request import SFTRequest
 
 

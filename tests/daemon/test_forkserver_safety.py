@@ -32,7 +32,7 @@ SERVER_THEN_CHILD = """
 import json, os, sys
 from pathlib import Path
 os.environ["ADAPTERD_FORK_FD"] = "-1"  # what makes this interpreter the fork server, for deferred.defer_in_fork_server
-from handlers.child import deferred
+from handlers.toolkit import deferred
 deferred.defer_in_fork_server()  # what the server's main does first
 import handlers.methods
 

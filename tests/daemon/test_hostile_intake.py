@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from aiokafka.structs import ConsumerRecord
 
+from daemon.admission.judge import refusal
 from daemon.hub.push import PushFailed, local_target
-from daemon.intake import Intake, internal_rejection
+from daemon.intake import internal_rejection
 from daemon.jobs.slots import Slots
 from daemon.kafka.retry_state import FIRST, RetrySigner
 from daemon.settings import Settings
@@ -31,7 +32,7 @@ def decide(raw: bytes, settings: Settings) -> Rejection | None:
     decoded = decode_request(raw)
     if isinstance(decoded, Rejection):
         return decoded
-    return Intake(settings, None, None, None, Slots([], 1)).refusal(decoded)  # type: ignore[arg-type]
+    return refusal(decoded, settings, Slots([], 1))
 
 
 @pytest.fixture

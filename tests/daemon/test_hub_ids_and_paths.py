@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from daemon.intake import Intake
+from daemon.admission.judge import refusal as judged
+from daemon.jobs.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection, RequestBase, decode_request
-from tests.core import CoreOnFakes
 from tests.helpers import sft_request
 
 HUB_IDS = ["my-org/x.git", "my-org/a--b", "my-org/a..b", "my-org/x.", "my-org/x-", "my-org/" + "a" * 97]
@@ -28,8 +28,7 @@ def settings(tmp_path: Path) -> Settings:
 def refusal(settings: Settings, **overrides: Any) -> Rejection | None:
     decoded = decode_request(json.dumps(sft_request("r1", **overrides)).encode())
     assert isinstance(decoded, RequestBase), decoded
-    intake: Intake = CoreOnFakes(settings).intake
-    return intake.refusal(decoded)
+    return judged(decoded, settings, Slots([], 1))
 
 
 @pytest.mark.parametrize("repo_id", HUB_IDS)

@@ -167,6 +167,7 @@ async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tm
     import threading
 
     from daemon import intake
+    from daemon.admission import judge
     from daemon.settings import Settings
     from tests.core import CoreOnFakes
 
@@ -176,8 +177,8 @@ async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tm
         release.wait()
         return []
 
-    monkeypatch.setattr(intake, "IMAGE_CHECK_DEADLINE_S", 0.05)
-    monkeypatch.setattr(intake, "inline_image_errors", stuck)
+    monkeypatch.setattr(intake, "JUDGE_DEADLINE_S", 0.05)
+    monkeypatch.setattr(judge, "inline_image_errors", stuck)
     core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work"))
     try:
         await core.intake.take(core.tp, [vision_record(core, VISION_CHAT_ROWS)])

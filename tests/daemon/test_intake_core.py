@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
 
 from daemon import intake as intake_module
+from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.settings import Settings
+from schemas import FieldError, Rejection, RequestBase
 from tests.core import CoreOnFakes
 from tests.fakes import FakeProducer, FakeRecord
 from tests.helpers import sft_request
@@ -136,3 +139,27 @@ async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_me
     await moving
     decided = len(core.dead_letters())
     assert 0 < decided < len(records)  # those taken before it moved were decided; none after
+
+
+async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool_and_others_on_the_loop(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`judge.refusal` is the whole decision, and intake takes its verdict: off the loop where it reads
+    inline images, on it otherwise (microseconds: a thread's hop would cost more)."""
+    seen: dict[str, tuple[str, bool]] = {}
+
+    def refusal(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
+        seen[request.request_id] = (threading.current_thread().name, host is settings and slots is core.slots)
+        return Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
+
+    monkeypatch.setattr(intake_module, "refusal", refusal)
+    core = CoreOnFakes(settings, FakeProducer())
+    plain, pictured = sft_request("plain"), sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS})
+    await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, offset, request["request_id"].encode(), json.dumps(request).encode())
+                                     for offset, request in enumerate([plain, pictured])])
+    await core.partitions.settled(core.tp)
+    assert seen == {"plain": (threading.main_thread().name, True), "pictured": (seen["pictured"][0], True)}
+    assert seen["pictured"][0].startswith("adapterd-admission")
+    for request_id in ("plain", "pictured"):
+        [event] = core.events(request_id)
+        assert event["type"] == "rejected" and event["reason"] == "policy" and [e["path"] for e in event["errors"]] == ["model.id"]

@@ -91,9 +91,9 @@ async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(published
     assert "run `trackio-tracked` of project `team-a`" in card
 
     # A host without a tracking server refuses the same request rather than log to a local folder.
-    from daemon.intake import Intake
+    from daemon.admission.judge import refusal
     from daemon.jobs.slots import Slots
     from schemas import decode_request
 
-    refusal = Intake(untracked_host, None, None, None, Slots([], 1)).refusal(decode_request(json.dumps(tracked).encode()))  # type: ignore[arg-type]
-    assert refusal is not None and [e.path for e in refusal.errors] == ["training.report_to"] and "mlflow_tracking_uri" in refusal.errors[0].message
+    refused = refusal(decode_request(json.dumps(tracked).encode()), untracked_host, Slots([], 1))  # type: ignore[arg-type]  # a valid request
+    assert refused is not None and [e.path for e in refused.errors] == ["training.report_to"] and "mlflow_tracking_uri" in refused.errors[0].message

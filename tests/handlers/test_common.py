@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from handlers.child.reporting import EXIT_STOPPED, JobCallback, StatusReporter
-from handlers.child.training import final_metrics, trl_config
 from handlers.protocol import JobSpec
+from handlers.toolkit.reporting import EXIT_STOPPED, JobCallback, StatusReporter
+from handlers.toolkit.training import final_metrics, trl_config
 from schemas import SFTRequest
 from testbed.data import CHAT_ROWS
 from tests.helpers import sft_request
@@ -75,8 +75,8 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
 
 
 def test_a_dataset_above_the_hosts_row_limit_fails_in_the_child(tmp_path: Path) -> None:
-    from handlers.child.loading import load_dataset_sources
     from handlers.protocol import JobFailed
+    from handlers.toolkit.loading import load_dataset_sources
 
     rows = SFTRequest.model_validate(sft_request("rows-1", dataset={"rows": CHAT_ROWS})).dataset
     with pytest.raises(JobFailed) as failure:
@@ -105,7 +105,7 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
     callback.on_train_begin(args, state, control)
     # Steps end at these clock readings; the first step's 30 s of set-up is not a step's pace.
     for step, now in enumerate([30.0, 31.0, 31.5, 33.5, 34.0], start=1):
-        monkeypatch.setattr("handlers.child.reporting.time.perf_counter", lambda now=now: now)
+        monkeypatch.setattr("handlers.toolkit.reporting.time.perf_counter", lambda now=now: now)
         state.global_step = step
         callback.on_step_end(args, state, control)
     trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]), state=SimpleNamespace(log_history=[]),
@@ -115,8 +115,8 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
 
 
 def test_a_source_larger_than_the_hosts_download_bound_fails_before_it_is_read(tmp_path: Path) -> None:
-    from handlers.child.loading import load_dataset_sources
     from handlers.protocol import JobFailed
+    from handlers.toolkit.loading import load_dataset_sources
 
     root = tmp_path / "data"
     root.mkdir()
@@ -133,8 +133,8 @@ def test_a_source_larger_than_the_hosts_download_bound_fails_before_it_is_read(t
 def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
 
-    from handlers.child import loading
     from handlers.protocol import JobFailed
+    from handlers.toolkit import loading
     from schemas.request import ModelSpec
     from testbed.data import TINY_MODEL
 
@@ -150,8 +150,8 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "took more than 2 s"),
 ])
 def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str, bound: str) -> None:
-    from handlers.child.chat_template import check_template_render
     from handlers.protocol import JobFailed
+    from handlers.toolkit.chat_template import check_template_render
 
     with pytest.raises(JobFailed) as failure:
         check_template_render(template, max_bytes=256 * 2**20, max_s=2)
@@ -160,7 +160,7 @@ def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str
 
 
 def test_an_ordinary_chat_template_passes_the_preflight_render() -> None:
-    from handlers.child.chat_template import check_template_render
+    from handlers.toolkit.chat_template import check_template_render
 
     check_template_render("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)
 
@@ -170,8 +170,8 @@ def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_p
     it expands to, and `curious/` is not `curated/` (fsspec's memory filesystem stands in for a bucket)."""
     import fsspec
 
-    from handlers.child.sources import _expand
     from handlers.protocol import JobFailed
+    from handlers.toolkit.sources import _expand
 
     memory = fsspec.filesystem("memory")
     for folder in ("curated", "curious"):
@@ -184,7 +184,7 @@ def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_p
 
 
 def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from handlers.child import reporting
+    from handlers.toolkit import reporting
 
     now = [100.0]
     monkeypatch.setattr(reporting.time, "monotonic", lambda: now[0])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from transformers.trainer_optimizer import _BITSANDBYTES_OPTIMIZERS
 
-from handlers.child import deferred
+from handlers.toolkit import deferred
 from schemas.request import REQUEST_MODELS
 from schemas.trl_fields import TrainingArgumentsFields
 from testbed.data import CHAT_ROWS
@@ -31,7 +31,7 @@ SERVER_THEN_JOB = """
 import json, os, sys
 from pathlib import Path
 os.environ["ADAPTERD_FORK_FD"] = "-1"  # what makes this interpreter the fork server, for deferred.defer_in_fork_server
-from handlers.child import deferred
+from handlers.toolkit import deferred
 deferred.defer_in_fork_server()  # what the server's main does first
 from handlers.methods import HANDLERS  # what it imports
 import schemas
@@ -137,7 +137,7 @@ def test_a_module_deferred_for_time_only_is_never_made_absent(monkeypatch: pytes
 
 
 def test_importing_the_methods_defers_only_while_it_runs() -> None:
-    out = subprocess.run([sys.executable, "-c", "import sys\nfrom handlers.child import deferred\nfrom handlers.methods import HANDLERS\n"
+    out = subprocess.run([sys.executable, "-c", "import sys\nfrom handlers.toolkit import deferred\nfrom handlers.methods import HANDLERS\n"
                           "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, 'bitsandbytes.nn' in sys.modules)"],
                          capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The request's `evaluation` (handlers/child/evaluation.py, daemon/jobs/gate.py): in the child, each model
+"""The request's `evaluation` (handlers/toolkit/evaluation.py, daemon/jobs/gate.py): in the child, each model
 measured by its trainer on the eval rows; through the daemon, the gate's verdict deciding where the
 adapter goes on the (local) Hub: main, a pull request, judged against the adapter already there."""
 
@@ -236,8 +236,8 @@ def test_every_other_method_measures_its_adapter_and_the_base_alike(method: str,
 
 
 def test_an_eval_set_carved_from_the_training_rows_is_the_same_on_every_attempt(tmp_path: Path) -> None:
-    from handlers.child.loading import load_dataset_sources
     from handlers.protocol import JobFailed, JobSpec
+    from handlers.toolkit.loading import load_dataset_sources
     from schemas.request import SFTRequest
 
     def split(fraction: float | int, seed: int) -> tuple[list[str], list[str]]:

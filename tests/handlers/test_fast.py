@@ -1,4 +1,4 @@
-"""The host's speed settings (issue 39, `JobSpec.fast`, handlers/child/fast.py): each applied only where the
+"""The host's speed settings (issue 39, `JobSpec.fast`, handlers/toolkit/fast.py): each applied only where the
 request leaves the same field unset, only where this host can run it (else left off, or sdpa for a
 flash attention, and logged), recorded in `TrainResult.fast`; and none changes what is learned: a tiny
 SFT job's per-step losses with each setting equal those with TRL's and transformers' defaults.
@@ -23,11 +23,11 @@ import pytest
 import torch
 from trl import SFTConfig
 
-from handlers.child import fast, loading
-from handlers.child.loading import model_kwargs
-from handlers.child.reporting import StatusReporter
-from handlers.child.training import trl_config
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit import fast, loading
+from handlers.toolkit.loading import model_kwargs
+from handlers.toolkit.reporting import StatusReporter
+from handlers.toolkit.training import trl_config
 from schemas import SFTRequest
 from schemas.request import ModelSpec
 from testbed.data import CHAT_ROWS

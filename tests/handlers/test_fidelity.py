@@ -53,11 +53,11 @@ from tests.helpers import example_request
 # (0.1 -> TRL's 1.0) moved the SFT job's step-4 loss by only 1.1e-4 relative (Adam all but undoes
 # the scale of a clip), while a learning rate 10% off, a dropped `lr_scheduler_type`, `seed` or
 # LoRA `target_modules` moved a step by 4e-4 to 3e-2 relative (checked by hand, mutating
-# handlers/child/training.py `trl_config` / `lora_config` in the daemon's child).
+# handlers/toolkit/training.py `trl_config` / `lora_config` in the daemon's child).
 RELATIVE_TOLERANCE = 1e-5
 CLI_TIMEOUT_S = 240
 
-# adapterd's own arguments for every job (handlers/child/training.py `trl_config`): the first three
+# adapterd's own arguments for every job (handlers/toolkit/training.py `trl_config`): the first three
 # unless the request sets them, the rest always.
 ADAPTERD_DEFAULTS: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2}
 ADAPTERD_FIXED: dict[str, Any] = {"report_to": "none", "use_cpu": True, "disable_tqdm": True}

@@ -66,7 +66,7 @@ def test_use_vllm_fails_in_preflight_before_the_dataset_or_a_model_loads(
 ) -> None:
     import torch
 
-    from handlers.child import vllm_support
+    from handlers.toolkit import vllm_support
 
     monkeypatch.setattr(vllm_support, "find_spec", lambda name: None if missing == "vllm" else object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: missing != "cuda")
@@ -83,7 +83,7 @@ def test_server_mode_without_the_operators_server_fails_in_preflight(monkeypatch
     """Intake refuses it (daemon.admission.policy); a job spec that reaches a child without the server fails all the same."""
     import torch
 
-    from handlers.child import vllm_support
+    from handlers.toolkit import vllm_support
 
     monkeypatch.setattr(vllm_support, "find_spec", lambda name: object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -96,9 +96,9 @@ def test_server_mode_without_the_operators_server_fails_in_preflight(monkeypatch
 def test_vllm_settings_reach_the_trl_config_and_server_mode_the_operators_server(method: str, tmp_path: Path) -> None:
     from trl import GRPOConfig, RLOOConfig
 
-    from handlers.child.training import trl_config
-    from handlers.child.vllm_support import vllm_arguments
     from handlers.protocol import JobSpec
+    from handlers.toolkit.training import trl_config
+    from handlers.toolkit.vllm_support import vllm_arguments
     from schemas import REQUEST_MODELS
 
     config_class = {"grpo": GRPOConfig, "rloo": RLOOConfig}[method]

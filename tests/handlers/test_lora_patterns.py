@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from handlers.child.lora_patterns import resolved
 from handlers.protocol import JobFailed
+from handlers.toolkit.lora_patterns import resolved
 from schemas import Rejection, decode_request
 from tests.helpers import sft_request
 

@@ -1,4 +1,4 @@
-"""The child's memory (issue 39, handlers/child/memory.py): the most a job took (`TrainResult.memory`), its share
+"""The child's memory (issue 39, handlers/toolkit/memory.py): the most a job took (`TrainResult.memory`), its share
 of a shared GPU (`JobSpec.memory_fraction`, set before CUDA's first allocation), and CUDA out of memory
 ending the child with its own failure, `out_of_memory`, retried. The CUDA figures are checked with
 torch.cuda's functions replaced by ones that return constructed numbers: which figure goes where, without a GPU."""
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from handlers.child import reporting
-from handlers.child.memory import MemoryWatch, out_of_memory
-from handlers.child.reporting import StatusReporter, start_cuda
 from handlers.protocol import Heartbeat, JobSpec, MemoryUse, TrainResult
+from handlers.toolkit import reporting
+from handlers.toolkit.memory import MemoryWatch, out_of_memory
+from handlers.toolkit.reporting import StatusReporter, start_cuda
 from testbed.data import CHAT_ROWS
 from tests.helpers import run_handler, sft_request
 
@@ -171,7 +171,7 @@ def test_cuda_out_of_memory_ends_the_child_with_its_own_retried_failure_in_its_s
     if where == "training_step":
         monkeypatch.setattr(SFTTrainer, "training_step", raises)
     else:
-        monkeypatch.setattr("handlers.child.common.load_causal_lm", raises)
+        monkeypatch.setattr("handlers.toolkit.sequence.load_causal_lm", raises)
     code, sent = run_child(tmp_path, monkeypatch, tiny_sft("memory-oom", tiny_model_dir), memory_fraction=fraction)
     assert code == 1
     assert sent[-1]["kind"] == "error" and not any(m["kind"] == "result" for m in sent)

@@ -85,9 +85,9 @@ def run_in_process(job: JobSpec, stop_at_step: int | None = None) -> tuple[Any, 
     """Run the ppo handler in this process, as the child would; a stop is asked for (as SIGTERM asks
     it) right when progress for `stop_at_step` is reported. The handler's result or SystemExit, and
     every message it sent the parent."""
-    from handlers.child.reporting import StatusReporter
     from handlers.methods import ppo
     from handlers.protocol import ProgressReport
+    from handlers.toolkit.reporting import StatusReporter
     from schemas.request import PPORequest
 
     class StopAt(StatusReporter):
@@ -111,9 +111,9 @@ def run_in_process(job: JobSpec, stop_at_step: int | None = None) -> tuple[Any, 
 def test_ppo_stops_at_a_checkpoint_when_asked_and_the_next_attempt_resumes_there(
     tiny_model_dir: Path, reward_head_dir: Path, tmp_path: Path
 ) -> None:
-    from handlers.child.reporting import EXIT_STOPPED
-    from handlers.methods.ppo_checkpoints import VALUE_MODEL_FILE
+    from handlers.methods.experimental.ppo_checkpoints import VALUE_MODEL_FILE
     from handlers.protocol import JobSpec
+    from handlers.toolkit.reporting import EXIT_STOPPED
 
     request = example_request("ppo", "ppo-stop", model={"id": str(tiny_model_dir)}, dataset={"rows": PROMPT_ROWS},
                               ppo=SMALL_PPO, training=SMALL_TRAINING, reward_model={"id": str(reward_head_dir)}, kl_early_stop=None)

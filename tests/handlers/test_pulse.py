@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from handlers.child import reporting
-from handlers.child.reporting import StatusReporter
+from handlers.toolkit import reporting
+from handlers.toolkit.reporting import StatusReporter
 
 
 def test_the_child_beats_while_it_loads_the_model_and_stops_after(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,8 +17,8 @@ from trl.rewards import (
     think_format_reward,
 )
 
-from handlers.child.math_verifier import MathVerifier
-from handlers.child.rewards import reward_functions
+from handlers.toolkit.math_verifier import MathVerifier
+from handlers.toolkit.rewards import reward_functions
 from schemas.request import OnlineRewards
 
 ANSWERS = [

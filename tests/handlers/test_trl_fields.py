@@ -61,8 +61,8 @@ def test_twenty_formerly_refused_fields_are_in_the_request() -> None:
 def test_the_generated_fields_reach_trls_config(tiny_model_dir: Path, tmp_path: Path) -> None:
     from trl import GRPOConfig, SFTConfig
 
-    from handlers.child.training import lora_config, trl_config
     from handlers.protocol import JobSpec
+    from handlers.toolkit.training import lora_config, trl_config
     from schemas.request import GRPORequest, SFTRequest
 
     raw = wide_request("wide", {"rows": CHAT_ROWS})
@@ -76,7 +76,7 @@ def test_the_generated_fields_reach_trls_config(tiny_model_dir: Path, tmp_path: 
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     lora = lora_config(SFTRequest.model_validate(raw).peft, "CAUSAL_LM", model)
-    # rank_pattern's key is matched by adapterd (handlers/child/lora_patterns.py): PEFT gets each module it names, escaped.
+    # rank_pattern's key is matched by adapterd (handlers/toolkit/lora_patterns.py): PEFT gets each module it names, escaped.
     q_projs = {re.escape(name): 8 for name, _ in model.named_modules() if name.endswith(".q_proj")}
     assert len(q_projs) == 2
     assert (lora.bias, lora.init_lora_weights, lora.rank_pattern, lora.layers_to_transform) == ("lora_only", "gaussian", q_projs, [1])
@@ -101,7 +101,7 @@ async def test_a_job_setting_twenty_formerly_refused_fields_trains_end_to_end(
     assert isinstance(done, Succeeded), done
     pushed = download(published.endpoint, "results/sft-wide", done.commit_sha, tmp_path / "pushed")
     adapter = json.loads((pushed / "adapter_config.json").read_text())
-    # The patterns' keys reach PEFT as the modules adapterd matched them to (handlers/child/lora_patterns.py), escaped.
+    # The patterns' keys reach PEFT as the modules adapterd matched them to (handlers/toolkit/lora_patterns.py), escaped.
     patterns = {"rank_pattern", "alpha_pattern"}
     assert {key: adapter[key] for key in FORMERLY_REFUSED["peft"] if key not in patterns} == {
         key: WIDE["peft"][key] for key in FORMERLY_REFUSED["peft"] if key not in patterns}

@@ -19,7 +19,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.intake import Intake
+from daemon.admission.judge import refusal
 from daemon.jobs.slots import Slots
 from daemon.settings import Settings
 from schemas import Accepted, Rejection, decode_request
@@ -56,7 +56,7 @@ def hostile_messages(draw: st.DrawFn) -> bytes:
 
 def check(raw: bytes) -> None:
     decoded = decode_request(raw, b"fuzz-key")
-    rejection = decoded if isinstance(decoded, Rejection) else Intake(HOST, None, None, None, Slots([], 1)).refusal(decoded)  # type: ignore[arg-type]
+    rejection = decoded if isinstance(decoded, Rejection) else refusal(decoded, HOST, Slots([], 1))
     if rejection is not None:
         assert rejection.errors and all(error.message for error in rejection.errors)
         errors = json.dumps([error.model_dump() for error in rejection.bounded().errors]).encode("utf-8")

@@ -73,8 +73,8 @@ def _imported_names(path: Path) -> set[str]:
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str) -> None:
     method = METHODS[name]
-    handler = ROOT / "handlers" / "methods" / f"{method.handler}.py"
-    assert handler.is_file() and _defines_train(handler), f"{name}: no handlers/methods/{method.handler}.py with a train()"
+    handler = ROOT / f"{method.module.replace('.', '/')}.py"
+    assert handler.is_file() and _defines_train(handler), f"{name}: no {handler.relative_to(ROOT)} with a train()"
     # the handler trains with the TRL classes the table names (and events report)
     assert {method.trainer, method.config} <= _imported_names(handler), f"{name}: handler does not import {method.trained_by}"
     assert (ROOT / "schemas" / "examples" / f"{name}.json").is_file(), f"{name}: no schemas/examples/{name}.json"
@@ -83,5 +83,14 @@ def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str)
 
 
 def test_every_handler_module_is_in_the_table() -> None:
-    handlers = {path.stem for path in (ROOT / "handlers" / "methods").glob("*.py") if _defines_train(path)}
+    methods = ROOT / "handlers" / "methods"
+    handlers = {".".join(path.relative_to(methods).with_suffix("").parts) for path in methods.rglob("*.py") if _defines_train(path)}
     assert handlers == {method.handler for method in METHODS.values()}
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_an_experimental_method_and_only_one_is_in_the_experimental_folder(name: str) -> None:
+    """As TRL keeps its own apart (`trl.experimental`): where a handler is says what the table says of it."""
+    method = METHODS[name]
+    assert (method.handler.split(".")[0] == "experimental") == (method.status == "experimental"), name
+    assert (method.status == "experimental") == method.trainer.startswith("trl.experimental."), name

@@ -5,7 +5,7 @@ and open-r1's tag_count.
 A request picks from this fixed set (or names a reward model by repo id); it can never name code
 to import. Each function takes TRL's reward-function arguments and returns one float (or None, "not
 given") per completion. The math rewards run TRL's functions in a worker process with a hard kill
-(handlers/child/math_verifier.py); the others run TRL's functions here.
+(handlers/toolkit/math_verifier.py); the others run TRL's functions here.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishment, think_format_reward
 
-from handlers.child.loading import resolve_model
-from handlers.child.math_verifier import verifier
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit.loading import resolve_model
+from handlers.toolkit.math_verifier import verifier
 from schemas.regex import compile_pattern
 from schemas.request import (
     AccuracyReward,

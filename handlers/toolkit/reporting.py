@@ -18,7 +18,6 @@ from typing import Any, Literal
 import torch
 from transformers import TrainerCallback
 
-from handlers.child.memory import MemoryWatch
 from handlers.protocol import (
     CheckpointSaved,
     ChildError,
@@ -33,6 +32,7 @@ from handlers.protocol import (
     StageEntered,
     StoppedAtCheckpoint,
 )
+from handlers.toolkit.memory import MemoryWatch
 
 # While training, the child tells the daemon it is alive at least this often (at step ends).
 HEARTBEAT_S = 5.0
@@ -67,7 +67,7 @@ def loading_weights() -> Iterator[None]:
 
 def applied(setting: str, value: str | bool) -> None:
     """One of the host's speed settings (`JobSpec.fast`) this job runs with (`TrainResult.fast`); said
-    by the code that applies it (handlers/child/fast.py)."""
+    by the code that applies it (handlers/toolkit/fast.py)."""
     if StatusReporter.active is not None:
         StatusReporter.active.fast[setting] = value
 
@@ -76,7 +76,7 @@ def start_cuda(memory: MemoryWatch | None = None, memory_fraction: float | None 
     """`load_model.cuda_init`: CUDA's own start (the driver, a context on this process's GPU), measured
     here so that it is not counted in the weights' or the trainer's seconds. Before its first
     allocation, the job's share of the GPU (`memory_fraction`) is set and `memory` starts counting
-    (handlers/child/memory.py). Nothing on a host without CUDA."""
+    (handlers/toolkit/memory.py). Nothing on a host without CUDA."""
     if not torch.cuda.is_available():
         return
     part("cuda_init")
@@ -106,7 +106,7 @@ class StatusReporter:
         StatusReporter.active = self
         # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
         self.stop_requested = False
-        # The model the request's evaluation is measuring (handlers/child/evaluation.py), for its progress reports.
+        # The model the request's evaluation is measuring (handlers/toolkit/evaluation.py), for its progress reports.
         self.evaluating: Literal["adapter", "base", "current"] | None = None
         self._lock = threading.Lock()  # the pulse thread writes too
         self._pulse: threading.Thread | None = None

@@ -32,10 +32,10 @@ from transformers import (
     ProcessorMixin,
 )
 
-from handlers.child.loading import column_names
-from handlers.child.reporting import loading_weights
-from handlers.child.sources import AnyDataset
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit.loading import column_names
+from handlers.toolkit.reporting import loading_weights
+from handlers.toolkit.sources import AnyDataset
 from schemas.images import (
     ImageBounds,
     check_pixels,

@@ -31,7 +31,7 @@ def peak_rss_bytes() -> int:
 
 
 class MemoryWatch:
-    """The most memory a job takes, from CUDA's start (handlers/child/reporting.py `start_cuda`) to its result.
+    """The most memory a job takes, from CUDA's start (handlers/toolkit/reporting.py `start_cuda`) to its result.
 
     On CUDA: torch's allocator peaks (`max_memory_allocated`, `max_memory_reserved`, counted from
     `reset_peak_memory_stats` at the start) and the device's own figure (`device_memory_used`), which

@@ -2,7 +2,7 @@
 scored on the request's own rows.
 
 The harness defines the task (prompts, answer choices, filters, metrics); adapterd gives it the rows.
-They are read like any dataset source (handlers/child/sources.py: the host's policy, its size bounds) and
+They are read like any dataset source (handlers/toolkit/sources.py: the host's policy, its size bounds) and
 written as JSON Lines into the job's folder, beside a task file that includes the harness's own
 YAML and replaces only where its data comes from. So the harness never downloads the task's
 dataset, and a task is found by its name in the installed harness, never by a path.
@@ -23,8 +23,8 @@ from typing import Any
 import yaml
 from transformers import PreTrainedTokenizerBase
 
-from handlers.child.sources import load_source
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit.sources import load_source
 from schemas.evaluation import TaskSuite
 from schemas.provenance import ResolvedSource
 

@@ -7,7 +7,7 @@ off); the value model is the base with a one-label value head; the reward model 
 classifier by repo id, e.g. the merged output of a `reward` request.
 
 PPOTrainer has its own loop (`train()` takes no checkpoint and ignores `should_training_stop`), so
-this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/methods/ppo_checkpoints.py.
+this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/methods/experimental/ppo_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -24,22 +24,12 @@ from transformers import (
 )
 from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_causal_lm,
-    load_data,
-    load_sequence_classifier,
-    lora_config,
-    resolve_model,
-    result,
-    trl_config,
-)
-from handlers.child.loading import DTYPES, is_conversational
-from handlers.child.training import final_metrics, last_checkpoint, save_artifact
-from handlers.methods.ppo_checkpoints import PPOCheckpoints
+from handlers.methods.experimental.ppo_checkpoints import PPOCheckpoints
 from handlers.protocol import JobFailed, JobSpec, TrainResult
+from handlers.toolkit.loading import DTYPES, is_conversational, load_causal_lm, load_sequence_classifier, resolve_model
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, result
+from handlers.toolkit.training import final_metrics, last_checkpoint, lora_config, save_artifact, trl_config
 from schemas.request import PPORequest
 
 

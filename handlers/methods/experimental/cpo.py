@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from trl.experimental.cpo import CPOConfig, CPOTrainer
 
-from handlers.child.common import StatusReporter
-from handlers.methods.reference_free import train_reference_free
+from handlers.methods.experimental.reference_free import train_reference_free
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.reporting import StatusReporter
 from schemas.request import CPORequest
 
 

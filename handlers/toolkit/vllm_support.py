@@ -5,7 +5,7 @@ operator's server.
 vLLM is not part of adapterd's lock (each vLLM release pins one torch, none the lock's): the operator
 installs it on the hosts that use it (deploy/README.md). Both of TRL's modes need it in the child, and
 CUDA: `colocate` runs the engine on the job's GPUs, `server` syncs weights into the server over NCCL.
-(Not named `vllm.py`: run with handlers/child/ on sys.path, such a module would pass for vLLM itself.)
+(Not named `vllm.py`: run with handlers/toolkit/ on sys.path, such a module would pass for vLLM itself.)
 """
 
 from __future__ import annotations

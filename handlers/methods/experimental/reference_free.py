@@ -1,7 +1,7 @@
 """The preference methods that train without a reference model (ORPO, CPO), said once: TRL's
 trainer built from the policy, the LoRA config and the job's callback, then trained and saved.
 
-Each method keeps its own module (handlers/methods/orpo.py, handlers/methods/cpo.py) naming its TRL classes and
+Each method keeps its own module (handlers/methods/experimental/orpo.py, handlers/methods/experimental/cpo.py) naming its TRL classes and
 calling `train_reference_free` explicitly; what they share is only this sequence.
 """
 
@@ -9,17 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from handlers.child.common import (
-    JobCallback,
-    StatusReporter,
-    load_base,
-    load_causal_lm,
-    load_data,
-    lora_config,
-    train_and_save,
-    trl_config,
-)
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.loading import load_causal_lm
+from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.sequence import load_base, load_data, train_and_save
+from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RequestBase
 
 

@@ -1,7 +1,7 @@
 """The `rewards` suite of a request's evaluation: the model answers each eval row's prompt once,
-greedily, and the shipped reward functions (handlers/child/rewards.py, GRPO's) score the answers.
+greedily, and the shipped reward functions (handlers/toolkit/rewards.py, GRPO's) score the answers.
 
-Called by handlers/child/evaluation.py for each model it measures (the adapter active on the model, or a
+Called by handlers/toolkit/evaluation.py for each model it measures (the adapter active on the model, or a
 baseline's), so every model answers the same prompts with the same settings.
 """
 
@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
-from handlers.child.loading import resolve_model
-from handlers.child.rewards import REWARD_FUNCTIONS, columns_needed
-from handlers.child.sources import AnyDataset
 from handlers.protocol import JobFailed
+from handlers.toolkit.loading import resolve_model
+from handlers.toolkit.rewards import REWARD_FUNCTIONS, columns_needed
+from handlers.toolkit.sources import AnyDataset
 from schemas.evaluation import RewardsSuite
 from schemas.rewards import RewardModelSpec
 

@@ -1,8 +1,8 @@
 """The host's speed settings (`JobSpec.fast`, the daemon's choice), in the child: each applied only
 where the request leaves the same field unset (the request's own value always wins), and only where
-this host can run it. Gradient checkpointing and Liger go into the TRL config (handlers/child/training.py
-`trl_config`), the attention into every model's loading (handlers/child/loading.py `model_kwargs`, chosen
-once per job by handlers/child/common.py `load_base`). What a job ran with is recorded (reporting.py
+this host can run it. Gradient checkpointing and Liger go into the TRL config (handlers/toolkit/training.py
+`trl_config`), the attention into every model's loading (handlers/toolkit/loading.py `model_kwargs`, chosen
+once per job by handlers/toolkit/sequence.py `load_base`). What a job ran with is recorded (reporting.py
 `applied`, `TrainResult.fast`); a setting this host cannot run is logged as
 `job.fast_setting_unavailable` and left off (a flash attention falls back to sdpa).
 """
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from handlers.child.reporting import applied
 from handlers.protocol import JobSpec
+from handlers.toolkit.reporting import applied
 from schemas.request import ModelSpec
 
 # The child's log line for a host setting it cannot apply (its stdout: the job's log and the daemon's).

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from handlers.child.fast import log
+from handlers.toolkit.fast import log
 
 # What one answer may take (a correct answer takes milliseconds; math-verify's own bounds are 10 + 5 s).
 ITEM_SECONDS = 3.0

@@ -24,10 +24,10 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from handlers.child import fast
-from handlers.child.reporting import loading_weights
-from handlers.child.sources import AnyDataset, check_download_size, load_source
 from handlers.protocol import JobFailed, JobSpec, is_transient
+from handlers.toolkit import fast
+from handlers.toolkit.reporting import loading_weights
+from handlers.toolkit.sources import AnyDataset, check_download_size, load_source
 from schemas.provenance import ResolvedSource
 from schemas.request import DatasetSpec, ModelSpec, RequestBase, RewardModelSpec
 
@@ -85,7 +85,7 @@ def check_hardware(spec: ModelSpec) -> None:
 def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     """`from_pretrained` arguments from the request's model block: dtype, remote code (policy-gated
     at intake), `trl.ModelConfig`'s loading options, and bitsandbytes for QLoRA. The attention is the
-    request's, else the host's for this job (handlers/child/fast.py)."""
+    request's, else the host's for this job (handlers/toolkit/fast.py)."""
     kwargs: dict[str, Any] = {"dtype": DTYPES.get(spec.dtype, "auto"), "trust_remote_code": spec.trust_remote_code}
     if (attention := fast.attention(spec)) is not None:
         kwargs["attn_implementation"] = attention

@@ -28,12 +28,12 @@ from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, Revi
 from peft import LoraConfig, PeftModel
 from transformers import Trainer
 
-from handlers.child import evaluation_task
-from handlers.child.evaluation_rewards import RewardModel, score
-from handlers.child.evaluation_task import PreparedTask
-from handlers.child.reporting import StatusReporter
-from handlers.child.sources import AnyDataset, check_download_size
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit import evaluation_task
+from handlers.toolkit.evaluation_rewards import RewardModel, score
+from handlers.toolkit.evaluation_task import PreparedTask
+from handlers.toolkit.reporting import StatusReporter
+from handlers.toolkit.sources import AnyDataset, check_download_size
 from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores, TaskSuite
 from schemas.request import RequestBase
 

@@ -1,10 +1,12 @@
 """The sequence every handler follows, said once: load and check the data (a vision-language job's
-images too), load the base model's tokenizer (and processor), train (resuming from an earlier attempt's checkpoint), save the artifact, report.
+images too), load the base model's tokenizer (and processor), train (resuming from an earlier
+attempt's checkpoint), save the artifact, report.
 
 A handler calls these in order and builds its own TRL trainer in between, so each method's module
-reads top to bottom: what differs between methods is only what it builds there. The helpers they
-stand on are in handlers/child/loading.py, handlers/child/training.py and handlers/child/reporting.py; the names a
-handler needs are re-exported here.
+reads top to bottom: what differs between methods is only what it builds there. The helpers the
+steps stand on are in handlers/toolkit/loading.py, handlers/toolkit/training.py and
+handlers/toolkit/reporting.py; a handler imports what it uses of them from there, as it imports
+the steps from here (this module re-exports nothing).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from transformers import (
     Trainer,
 )
 
-from handlers.child import fast
-from handlers.child.chat_template import check_template_render
-from handlers.child.evaluation import evaluate
-from handlers.child.loading import (
+from handlers.protocol import JobFailed, JobSpec, TrainResult
+from handlers.toolkit import fast
+from handlers.toolkit.chat_template import check_template_render
+from handlers.toolkit.evaluation import evaluate
+from handlers.toolkit.loading import (
     check_chat_template,
     check_columns,
     check_hardware,
@@ -34,23 +37,21 @@ from handlers.child.loading import (
     fingerprint,
     load_causal_lm,
     load_dataset_sources,
-    load_sequence_classifier,
     load_tokenizer,
     model_kwargs,
     resolve_model,
 )
-from handlers.child.reporting import EXIT_STOPPED, JobCallback, StatusReporter, start_cuda
-from handlers.child.sources import AnyDataset
-from handlers.child.training import (
+from handlers.toolkit.reporting import StatusReporter, start_cuda
+from handlers.toolkit.sources import AnyDataset
+from handlers.toolkit.training import (
     final_metrics,
     last_checkpoint,
     lora_config,
     package_versions,
     save_artifact,
     tracked_runs,
-    trl_config,
 )
-from handlers.child.vision import (
+from handlers.toolkit.vision import (
     PIPELINE_TAG,
     is_vision_model,
     language_model_targets,
@@ -58,7 +59,6 @@ from handlers.child.vision import (
     load_vision_model,
     prepare_images,
 )
-from handlers.protocol import JobFailed, JobSpec, TrainResult
 from schemas.evaluation import EvaluationResult
 from schemas.images import image_column
 from schemas.methods import METHODS
@@ -67,13 +67,6 @@ from schemas.request import LoraSpec, ModelSpec, RequestBase
 
 if TYPE_CHECKING:
     import torch
-
-__all__ = [
-    "EXIT_STOPPED", "Base", "Data", "JobCallback", "Reference", "StatusReporter", "load_base", "load_causal_lm", "load_data",
-    "load_beside_base", "load_policy", "load_reference", "load_sequence_classifier", "lora_config", "policy_lora", "resolve_model", "result",
-    "train_and_save", "trl_config",
-]
-
 
 @dataclass(frozen=True)
 class Data:
@@ -191,7 +184,7 @@ def train_and_save(
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
-    (handlers/child/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
+    (handlers/toolkit/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
     output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
     reporter.enter("save")

@@ -16,10 +16,10 @@ from peft import LoraConfig, PeftModel
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_utils import get_last_checkpoint
 
-from handlers.child import fast
-from handlers.child.lora_patterns import resolved
-from handlers.child.reporting import StepClock
 from handlers.protocol import JobFailed, JobSpec
+from handlers.toolkit import fast
+from handlers.toolkit.lora_patterns import resolved
+from handlers.toolkit.reporting import StepClock
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -53,7 +53,7 @@ def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any
 
 def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, **derived: Any) -> LoraConfig | None:
     """PEFT's LoraConfig from the request's `peft` block, for `model` (its patterns matched on the
-    model's modules by adapterd, handlers/child/lora_patterns.py); `derived`: what the handler decides in
+    model's modules by adapterd, handlers/toolkit/lora_patterns.py); `derived`: what the handler decides in
     place of a default (a vision-language model's `target_modules`)."""
     if spec is None:
         return None
@@ -67,7 +67,7 @@ def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, *
 def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
     own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)
-    and the host's speed settings where the request leaves them unset (handlers/child/fast.py)."""
+    and the host's speed settings where the request leaves them unset (handlers/toolkit/fast.py)."""
     # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
     arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
     if request.evaluation is not None and request.evaluation.require_finite_losses:

@@ -1,0 +1,42 @@
+"""The one admission decision: whether this host takes a valid request, and if not, the rejection
+that names each field it refuses. A pure function of the request, the host's settings and its GPUs:
+nothing awaited, published or kept. Intake awaits it in a worker thread for a request with inline
+images, whose headers it reads (daemon/intake.py: they must not hold the event loop), and calls it
+on the loop for any other (microseconds); `adapterd validate -c`, the tests and the benchmarks call
+it directly, so each judges a request exactly as the daemon does.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from daemon.admission.capabilities import unsupported_reason
+from daemon.admission.images import inline_image_errors
+from daemon.admission.policy import policy_errors
+from daemon.settings import Settings
+from schemas import FieldError, Rejection, RequestBase
+
+
+class Gpus(Protocol):
+    """What admission reads of the host's slots (daemon/jobs/slots.py `Slots`, a layer above this one)."""
+
+    gpus: list[str]
+
+    def most_per_job(self) -> int: ...
+
+
+def refusal(request: RequestBase, settings: Settings, slots: Gpus) -> Rejection | None:
+    """Why this host will not run a valid request, or None when it takes it. The first that applies:
+    a method its TRL lacks, more GPUs than it has, anything outside the operator's policy (each broken
+    rule named), inline images that do not decode or break the operator's bounds (each named by its row)."""
+    unsupported = unsupported_reason(request.method)
+    if unsupported:
+        return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
+    if request.resources.gpus > slots.most_per_job():
+        host = f"this host has {len(slots.gpus)} GPU(s)" if slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
+        return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
+    errors = policy_errors(request, settings)
+    if errors:
+        return Rejection("policy", errors, request.request_id)
+    images = inline_image_errors(request, settings.image_bounds)
+    return Rejection("invalid", images, request.request_id) if images else None
