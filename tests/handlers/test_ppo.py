@@ -85,7 +85,7 @@ def run_in_process(job: JobSpec, stop_at_step: int | None = None) -> tuple[Any, 
     """Run the ppo handler in this process, as the child would; a stop is asked for (as SIGTERM asks
     it) right when progress for `stop_at_step` is reported. The handler's result or SystemExit, and
     every message it sent the parent."""
-    from handlers.methods import ppo
+    from handlers.methods.experimental import ppo
     from handlers.protocol import ProgressReport
     from handlers.toolkit.reporting import StatusReporter
     from schemas.request import PPORequest
