@@ -16,7 +16,7 @@ import pytest
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from schemas import Cancelled, Progress, Started
+from schemas import Cancelled, Progress, Queued, Started
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
@@ -61,6 +61,17 @@ async def test_the_requests_behind_a_busy_host_are_listed_in_order_and_a_sweep_c
         for request_id, cls, team in (("wait-1", "batch", "search"), ("wait-2", "batch", "search"), ("urgent-1", "urgent", "oncall")):
             await produce(fleet, json.dumps(request(request_id, priority_class=cls, team=team)).encode(), request_id.encode(),
                           topic=fleet.class_topics[cls])
+
+        # Read by no host (its one slot is busy), each is told its place soon after it arrives (daemon/fleet/announcer.py).
+        queued: dict[str | None, Queued] = {}
+        async with asyncio.timeout(60), EventStream(fleet) as stream:
+            async for event in stream.events(until_terminal=False):
+                if isinstance(event, Queued):
+                    queued[event.request_id] = event
+                if len(queued) == 3:
+                    break
+        assert {rid: (e.place, e.priority_class, e.team) for rid, e in queued.items()} == {
+            "urgent-1": (1, "urgent", "oncall"), "wait-1": (2, "batch", "search"), "wait-2": (3, "batch", "search")}
 
         code, lines = await adapterd(fleet, "jobs", "--state", "queued")
         assert code == 0, lines
