@@ -35,13 +35,18 @@ SPAN = re.compile(r"`([^`\n]+)`")
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "msg"}
 
 
+def project_modules(package: str) -> list[Path]:
+    """The package's own modules: not those of an environment inside it (tests/trl_1_12/.venv, once synced)."""
+    return sorted(path for path in (ROOT / package).rglob("*.py") if ".venv" not in path.relative_to(ROOT).parts)
+
+
 def sources() -> Iterator[tuple[str, int, str]]:
     """(file, line, text) of each page's lines and of every docstring of the code, line by line."""
     for page in PAGES:
         for number, line in enumerate(page.read_text().splitlines(), 1):
             yield str(page.relative_to(ROOT)), number, line
     for package in PACKAGES:
-        for module in sorted((ROOT / package).rglob("*.py")):
+        for module in project_modules(package):
             tree = ast.parse(module.read_text())
             for node in ast.walk(tree):
                 if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
@@ -167,7 +172,7 @@ def log_events() -> frozenset[str]:
     """The code's structlog event names (`daemon.started`): dotted, but not names of the code."""
     events = set()
     for package in PACKAGES:
-        for module in (ROOT / package).rglob("*.py"):
+        for module in project_modules(package):
             for node in ast.walk(ast.parse(module.read_text())):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LOG_METHODS
                         and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
@@ -180,7 +185,7 @@ def classes() -> dict[str, list[str]]:
     """Each class name the packages define at a module's top level, and the modules that do."""
     found: dict[str, list[str]] = {}
     for package in PACKAGES:
-        for module in sorted((ROOT / package).rglob("*.py")):
+        for module in project_modules(package):
             dotted = ".".join(module.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             for node in ast.parse(module.read_text()).body:
                 if isinstance(node, ast.ClassDef):
