@@ -70,7 +70,7 @@ def test_the_run_is_replayed_for_the_etas_error_with_its_own_durations_known() -
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["fifo", "classes"])
+@pytest.mark.parametrize("mode", ["classes"])  # the fleet's queue; `--fifo` (today's partitions) runs the same harness
 def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str, mode: str) -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "--quick", "--bootstrap-servers", kafka, f"--{mode}"],
                          capture_output=True, text=True, cwd=ROOT, timeout=900)
@@ -83,5 +83,5 @@ def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str,
     assert figures["mode"] == mode and figures["batch"] == "4" and figures["urgent"] == "1"
     for key in ("idle_share", "makespan_ratio"):
         assert float(figures[key]) >= 0
-    # The urgent request trained: its start was measured.
-    assert float(figures["urgent_start_p95_s"]) > 0
+    # The urgent request trained: its start was measured; its class went first (a preemption, or the first free slot).
+    assert float(figures["urgent_start_p95_s"]) > 0 and figures["steps_retrained_per_preemption"] in ("n/a", "0.000", "1.000", "0.500")

@@ -101,7 +101,7 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
     try:
         async with EventStream(host) as stream:
-            await submit_to(host, host.class_topics["batch"], request("batch-long", 80, priority_class="batch", team="sweep"))
+            await submit_to(host, host.class_topics["batch"], request("batch-long", 40, priority_class="batch", team="sweep"))
             async for event in stream.events("batch-long"):
                 if isinstance(event, Progress) and event.step >= 3:
                     break
