@@ -84,4 +84,6 @@ def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str,
     for key in ("idle_share", "makespan_ratio"):
         assert float(figures[key]) >= 0
     # The urgent request trained: its start was measured; its class went first (a preemption, or the first free slot).
-    assert float(figures["urgent_start_p95_s"]) > 0 and figures["steps_retrained_per_preemption"] in ("n/a", "0.000", "1.000", "0.500")
+    assert float(figures["urgent_start_p95_s"]) > 0
+    retrained = figures["steps_retrained_per_preemption"]
+    assert retrained == "n/a" or float(retrained) <= 1  # a preempted job resumes from the checkpoint its stop saved
