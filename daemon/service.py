@@ -130,7 +130,8 @@ class Service:
             sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
                     {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
-            self.consumer.subscribe([self.topic], listener=RebalanceListener(self._on_assigned))
+            self.consumer.subscribe([self.topic], listener=RebalanceListener(
+                self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None))
             await self.consumer.start()
             dispatching = await self._start_dispatcher()
             log.info(

@@ -27,6 +27,7 @@ class Head:
     preemptions: int = 0
     oversize: FieldError | None = None  # too large for the copies a move makes: rejected where it is
     named_id: str | None = None  # the request id the record names, even when it does not decode
+    generation: int = 0  # its queue's rebalances when it was read (ClassQueue.generation)
     seen_at: float = field(default_factory=time.time)
 
     @property

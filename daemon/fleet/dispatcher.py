@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -29,7 +30,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from daemon.fleet.announcer import Announcer
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
-from daemon.fleet.moves import Copy, Move, Mover, carried, kept_timestamp
+from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
@@ -50,7 +51,11 @@ from schemas import Queued, Rejection, RequestBase, decode_request
 log = structlog.get_logger()
 
 TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arrive
-HEARTBEAT_MS = 1000  # a queue group's members learn of a rebalance within about this long
+# A queue group rebalances whenever a host fills or frees a slot: its members learn of it at their next
+# heartbeat, and a fetch of a queue partition answers at once when it has records, else after FETCH_WAIT_MS.
+# Both short, so that a slot that frees takes its next request within a fraction of a second.
+HEARTBEAT_MS = 250
+FETCH_WAIT_MS = 100
 
 
 class Dispatcher:
@@ -63,10 +68,10 @@ class Dispatcher:
         self.mover = mover
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.queues = [
-            ClassQueue(name, topic, queue_group(settings.group_id, name), AIOKafkaConsumer(
+            ClassQueue(name, topic, queue_group(settings.group_id, name), settled=mover.settled, consumer=AIOKafkaConsumer(
                 **kafka_options(settings), group_id=queue_group(settings.group_id, name), client_id=f"adapterd-{settings.host}-queue",
                 enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
-                heartbeat_interval_ms=HEARTBEAT_MS, session_timeout_ms=settings.session_timeout_ms,
+                heartbeat_interval_ms=HEARTBEAT_MS, fetch_max_wait_ms=FETCH_WAIT_MS, session_timeout_ms=settings.session_timeout_ms,
             ))
             for name, topic in settings.class_topics.items()
         ]
@@ -103,6 +108,8 @@ class Dispatcher:
         while not stopping.is_set():
             try:
                 await self.turn()
+            except Stale as exc:  # a rebalance since the records were read: they are read again
+                log.info("fleet.turn_stale", reason=str(exc))
             except Exception as exc:  # a broker away, a refused transaction: nothing moved, tried next turn
                 log.warning("fleet.turn_failed", error=f"{type(exc).__name__}: {exc}")
             self.wake.clear()
@@ -201,9 +208,13 @@ class Dispatcher:
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
-        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,
+        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
                     due=self.retries.read(record).due, moves_to=None if oversize else moves_to, preemptions=self.retries.preemptions(record),
                     oversize=oversize, named_id=named_id)
+
+    @staticmethod
+    def _ours(queue: ClassQueue, head: Head) -> Callable[[], bool]:
+        return lambda: queue.subscribed and head.generation == queue.generation
 
     def _queue(self, head: Head) -> ClassQueue:
         return next(queue for queue in self.queues if queue.name == head.queue)
@@ -217,7 +228,7 @@ class Dispatcher:
         queue, target = self._queue(head), self.idle_claims()[0]
         claim = Copy(head.record, self.settings.claims_topic, (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
                      partition=target.partition, timestamp_ms=kept_timestamp(head.record.timestamp))
-        offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim)))
+        offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim), self._ours(queue, head)))
         assert offset is not None
         self.pending[target] = offset
         queue.taken(head)
@@ -228,7 +239,7 @@ class Dispatcher:
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
         """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
         copy = Copy(head.record, topic, carried(head.record, self.retries), timestamp_ms=kept_timestamp(head.record.timestamp))
-        await self.mover.move(Move(head.record, head.group, (copy,)))
+        await self.mover.move(Move(head.record, head.group, (copy,), self._ours(queue, head)))
         queue.taken(head)
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
@@ -239,5 +250,5 @@ class Dispatcher:
         rejection = Rejection("policy", [head.oversize], head.named_id)
         for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, rejection)):
             await ack
-        await self.mover.move(Move(head.record, head.group, self._before(queue, head)))
+        await self.mover.move(Move(head.record, head.group, self._before(queue, head), self._ours(queue, head)))
         queue.taken(head)

@@ -15,7 +15,7 @@ import time
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.fleet.moves import Copy, Move, Mover, carried, kept_timestamp
+from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
 from daemon.fleet.order import Running
 from daemon.fleet_config import team_of
 from daemon.jobs.job import JobRunner
@@ -99,7 +99,11 @@ class FleetJobs:
         # Back to its class's queue with its arrival time: it keeps its place there.
         back = Copy(record, self.settings.class_topics[cls], carried(record, self.retries, preemptions=count),
                     timestamp_ms=kept_timestamp(record.timestamp))
-        await self.mover.move(Move(record, self.settings.group_id, (back,)))
+        try:
+            await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.scheduler.partitions.assigned()))
+        except Stale:  # its claims partition moved meanwhile: whoever holds it now runs it, from its checkpoint
+            log.warning("job.preempted_not_requeued", request_id=runner.request.request_id, by=by)
+            return False
         metrics.PREEMPTIONS.inc()
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
         await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))

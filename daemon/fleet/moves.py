@@ -12,6 +12,7 @@ copy is never run.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -48,6 +49,14 @@ class Move:
     record: Record
     group: str
     copies: tuple[Copy, ...] = ()
+    # Whether the record's partition is still this member's, as when it was read: checked once the move holds
+    # the lock. aiokafka's transactional offset commit carries no group generation (Kafka's own fencing of a
+    # member that lost its partition, KIP-447), so this host fences itself: see `Mover.settled`.
+    still_ours: Callable[[], bool] = lambda: True
+
+
+class Stale(Exception):
+    """A move not made: the record's partition went to another member since it was read (it reads it again)."""
 
 
 class Mover:
@@ -62,10 +71,19 @@ class Mover:
             acks="all",
             max_request_size=settings.max_message_bytes,
         )
-        self._lock = asyncio.Lock()
+        # One move at a time; a rebalance of a group whose offsets a move commits waits for the move in flight
+        # (`settled`), and a move whose read is older than the rebalance is not made (`Move.still_ours`).
+        self.lock = asyncio.Lock()
 
     async def start(self) -> None:
         await self.producer.start()
+
+    async def settled(self) -> None:
+        """Wait for a move in flight. A rebalance listener awaits it before its member gives its partitions up
+        (aiokafka awaits the listener before the member rejoins), so a move made with the old assignment has
+        committed before another member can read the partition, and none is made after (`Move.still_ours`)."""
+        async with self.lock:
+            pass
 
     async def stop(self) -> None:
         await self.producer.stop()
@@ -74,7 +92,9 @@ class Mover:
         """Do `move`; the offset of its last copy (None without one). Raises (the transaction aborted, nothing
         moved) when the broker refuses it: the record stays where it was and is read again."""
         record = move.record
-        async with self._lock:
+        async with self.lock:
+            if not move.still_ours():
+                raise Stale(f"{record.topic}[{record.partition}] moved to another member since its record was read")
             async with self.producer.transaction():
                 sent = [await self.producer.send(copy.topic, value=copy.record.value or b"", key=copy.record.key, partition=copy.partition,
                                                  timestamp_ms=copy.timestamp_ms, headers=list(copy.headers)) for copy in move.copies]

@@ -11,7 +11,7 @@ timestamps (their arrival, so they keep their place in the fleet's order), heade
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -25,26 +25,34 @@ log = structlog.get_logger()
 WINDOW = 32  # the waiting records of one partition a host weighs at once
 
 
+async def _nothing() -> None:
+    return None
+
+
 @dataclass
 class ClassQueue:
     name: str
     topic: str
     group: str
     consumer: AIOKafkaConsumer
+    # Awaited when the group takes this host's partitions back: the move in flight ends first (Mover.settled).
+    settled: Callable[[], Awaitable[None]] = _nothing
     subscribed: bool = False
     joined: bool = False  # assigned its partitions since it subscribed (none, perhaps)
+    generation: int = 0  # counts the rebalances: a record read in an earlier one is not moved (Move.still_ours)
     windows: dict[TopicPartition, list[Head]] = field(default_factory=dict)
 
     def follow(self, want: bool) -> None:
         """Join the class's group while this host wants its requests; leave it otherwise (its partitions then go
         to the hosts that have room)."""
         if want and not self.subscribed:
-            self.consumer.subscribe([self.topic], listener=_Forget(self))
+            self.consumer.subscribe([self.topic], listener=QueueListener(self))
             self.subscribed, self.joined = True, False
             log.info("fleet.queue_joined", priority_class=self.name)
         elif not want and self.subscribed:
             self.consumer.unsubscribe()
             self.subscribed = self.joined = False
+            self.generation += 1
             self.windows.clear()
             log.info("fleet.queue_left", priority_class=self.name)
 
@@ -85,14 +93,16 @@ class ClassQueue:
             self.consumer.resume(head.tp)
 
 
-class _Forget(ConsumerRebalanceListener):
+class QueueListener(ConsumerRebalanceListener):
     def __init__(self, queue: ClassQueue) -> None:
         self.queue = queue
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         self.queue.joined = False
+        self.queue.generation += 1  # first: a move that has not yet begun is not made
         for tp in revoked:
             self.queue.windows.pop(tp, None)
+        await self.queue.settled()  # a move that has begun commits before this member rejoins
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.queue.joined = True

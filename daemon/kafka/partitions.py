@@ -144,11 +144,15 @@ class RebalanceListener(ConsumerRebalanceListener):
     assignments start unpaused at the committed offset, so the scheduler re-pauses what it runs.
     """
 
-    def __init__(self, on_assigned: Callable[[set[TopicPartition]], Awaitable[None]]) -> None:
+    def __init__(self, on_assigned: Callable[[set[TopicPartition]], Awaitable[None]],
+                 on_revoked: Callable[[], Awaitable[None]] | None = None) -> None:
         self.on_assigned = on_assigned
+        self.on_revoked = on_revoked  # awaited before the member rejoins (the fleet's move in flight ends first)
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         log.info("partitions.revoked", partitions=sorted(tp.partition for tp in revoked))
+        if self.on_revoked is not None:
+            await self.on_revoked()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("partitions.assigned", partitions=sorted(tp.partition for tp in assigned))

@@ -10,12 +10,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
 
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import CLASS_HEADER, claimed_class
-from daemon.fleet.moves import kept_timestamp
-from daemon.fleet.queues import WINDOW, ClassQueue
+from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
+from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
@@ -124,3 +125,24 @@ def test_the_count_of_preemptions_is_read_only_when_a_host_signed_it(tmp_path: P
     assert signer.preemptions(record(signed, body=b"another request")) == 0  # moved onto other bytes
     assert signer.preemptions(record([(name, None) for name, _ in signed])) == 0  # null header values
     assert RetrySigner(b"another fleet's key, long enough", 3).preemptions(record(signed)) == 0
+
+
+async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revocation_waits_for_the_one_in_flight() -> None:
+    # aiokafka's transactional offset commit carries no group generation: the host fences itself.
+    mover = Mover(Settings())
+    record = FakeRecord(TP.topic, 0, 5, b"r5", b"{}")
+    with pytest.raises(Stale):
+        await mover.move(Move(record, "adapterd.queue.batch", (), lambda: False))  # never reaches the (unstarted) producer
+
+    queue, _ = queue_over(3)
+    order: list[str] = []
+
+    async def settled() -> None:
+        order.append(f"settled at generation {queue.generation}")
+
+    queue.settled = settled
+    await queue.fetch(head)
+    read = queue.heads()[0]
+    await QueueListener(queue).on_partitions_revoked({TP})
+    assert order == ["settled at generation 1"] and queue.windows == {}  # the generation moved first, then the wait
+    assert read.generation == 0 != queue.generation  # a move of it now: Dispatcher._ours says no
