@@ -203,8 +203,8 @@ class Cancelled(EventBase):
 
 
 class Queued(EventBase):
-    """Not terminal: the request was read by the fleet's queue and has to wait for a slot. Published once
-    when it is first seen waiting (and again if its place moves up a lot), never for a request that starts at once."""
+    """Not terminal, on a fleet with priority classes: the request waits for a slot. Published once soon after it
+    arrives (or is read and has to wait), and once more when the first said no ETA and one can now be said."""
 
     type: Literal["queued"] = "queued"
     priority_class: str

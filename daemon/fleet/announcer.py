@@ -1,5 +1,6 @@
 """`queued` events for the requests no host has read yet: each gets one soon after it arrives, with its
-place in the fleet's order and an ETA, so a producer learns at once how long it will wait.
+place in the fleet's order and an ETA, so a producer learns at once how long it will wait (and, when no
+ETA could be said then, one more once it can: the fleet's first jobs of a method have no history).
 
 A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
 behind a busy fleet are read for this from the outside, without joining a group: each class's topic
@@ -67,10 +68,12 @@ class Announcer:
         records = {waiting.request_id: (request, record) for waiting, (request, record) in unread}
         published = 0
         for waiting, place, eta in placed:
-            if waiting.request_id in self.view.announced:
-                continue
+            if waiting.request_id in self.view.announced and (eta is None or waiting.request_id in self.view.estimated):
+                continue  # told already, and nothing new to say
             request, record = records[waiting.request_id]
             self.view.announced.add(waiting.request_id)
+            if eta is not None:
+                self.view.estimated.add(waiting.request_id)
             events = JobEvents(self.publisher, request, self.settings.host, self.retries.read(record).attempt, trace_context(record))
             await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
                                  eta_s=None if eta is None else round(max(0.0, eta), 1))
@@ -96,7 +99,7 @@ class Announcer:
                         if not isinstance(request, RequestBase) or request.request_id in running:
                             continue
                         waiting = Waiting(request.request_id, request.priority_class or name, team_of(request.team), record.timestamp / 1000,
-                                          request.method, request.model.id, request.resources.gpus)
+                                          request.method, request.model.id, request.resources.gpus, steps=request.training.max_steps)
                         unread.append((waiting, (request, record)))
             except TopicMissing:
                 continue

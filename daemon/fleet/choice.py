@@ -50,4 +50,5 @@ class Head:
         return Waiting(
             self.request_id, self.priority_class, self.team, self.arrived, request.method if request is not None else "",
             request.model.id if request is not None else "", request.resources.gpus if request is not None else 1, key=self,
+            steps=request.training.max_steps if request is not None else None,
         )

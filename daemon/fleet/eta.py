@@ -43,7 +43,7 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Du
             continue
         start = max(heapq.heappop(known) for _ in range(request.gpus))
         result[request.request_id] = start - now
-        expected = durations.expected(request.method, request.model)
+        expected = durations.expected(request.method, request.model, request.steps)
         if expected is None:
             unknown += request.gpus
         else:

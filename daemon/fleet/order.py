@@ -39,6 +39,7 @@ class Waiting:
     model: str
     gpus: int = 1
     key: object = None  # the caller's handle (a TopicPartition, a record), passed through untouched
+    steps: int | None = None  # its max_steps, when it names them: its expected duration scales with them
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
 
 def expected_work(request: Waiting, durations: Durations | None) -> float:
     """The slot-seconds a waiting request is expected to take: its expected duration times its GPUs."""
-    expected = durations.expected(request.method, request.model) if durations is not None else None
+    expected = durations.expected(request.method, request.model, request.steps) if durations is not None else None
     return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
 
 

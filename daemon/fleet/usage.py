@@ -99,6 +99,11 @@ class Durations:
         self._by_method: dict[str, deque[float]] = {}
         self._all: deque[float] = deque(maxlen=window)
         self._expected: dict[tuple[str, str], float | None] = {}  # answers since the last add: the order asks once per request
+        # With the steps it trained (its `metrics`: train_runtime x train_steps_per_second): the seconds it held its slot
+        # outside training, and a step's seconds, so a request of another length is expected at its own.
+        self._steps_by_model: dict[tuple[str, str], deque[tuple[float, float]]] = {}
+        self._steps_by_method: dict[str, deque[tuple[float, float]]] = {}
+        self._steps_all: deque[tuple[float, float]] = deque(maxlen=window)
 
     def observe(self, event: Event, now: float) -> None:
         """Fold one event in: a `succeeded` one with its durations; every other is ignored. (`now` is unused:
@@ -106,16 +111,34 @@ class Durations:
         if not isinstance(event, Succeeded) or event.duplicate or "total" not in event.durations_s:
             return
         times = event.durations_s
-        self.add(event.method, event.base_model, max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0)))
+        held = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
+        runtime, rate = event.metrics.get("train_runtime"), event.metrics.get("train_steps_per_second")
+        steps = runtime * rate if runtime and rate and runtime > 0 and rate > 0 else None
+        self.add(event.method, event.base_model, held, steps=steps, training_s=runtime)
 
-    def add(self, method: str, model: str, seconds: float) -> None:
+    def add_steps(self, method: str, model: str, outside_s: float, step_s: float) -> None:
+        sample = (max(0.0, outside_s), max(0.0, step_s))
+        self._steps_by_model.setdefault((method, model), deque(maxlen=self.window)).append(sample)
+        self._steps_by_method.setdefault(method, deque(maxlen=self.window)).append(sample)
+        self._steps_all.append(sample)
+
+    def add(self, method: str, model: str, seconds: float, *, steps: float | None = None, training_s: float | None = None) -> None:
+        if steps and training_s is not None and steps >= 1:
+            self.add_steps(method, model, seconds - training_s, training_s / steps)
         self._by_model.setdefault((method, model), deque(maxlen=self.window)).append(seconds)
         self._by_method.setdefault(method, deque(maxlen=self.window)).append(seconds)
         self._all.append(seconds)
         self._expected.clear()
 
-    def expected(self, method: str, model: str) -> float | None:
-        """The median of the same method and model, else of the same method, else of all, else None."""
+    def expected(self, method: str, model: str, steps: int | None = None) -> float | None:
+        """The median of the same method and model, else of the same method, else of all, else None. Given the
+        request's `steps` (its max_steps) and jobs whose steps are known: their median time outside training
+        plus their median step's time, times `steps`."""
+        if steps:
+            samples = next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
+                            if known), None)
+            if samples:
+                return statistics.median(o for o, _ in samples) + statistics.median(t for _, t in samples) * steps
         if (method, model) not in self._expected:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None

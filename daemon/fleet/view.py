@@ -39,7 +39,8 @@ class FleetView:
         self.running_jobs = RunningJobs()
         self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
-        self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two)
+        self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two...)
+        self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
 
     def observe(self, event: Event, now: float) -> None:
         for fold in (self.usage, self.durations, self.running_jobs):
@@ -48,6 +49,8 @@ class FleetView:
             self.host_slots[event.host] = event.host_slots
         elif isinstance(event, Queued) and event.request_id is not None:
             self.announced.add(event.request_id)
+            if event.eta_s is not None:
+                self.estimated.add(event.request_id)
 
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
@@ -96,5 +99,29 @@ class FleetView:
         running = self.running_jobs.jobs(now)
         order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
                             self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))
-        eta = etas(order, running, self.fleet_slots(free), self.durations, now)
+        running, preempting = self._preempted(order, running, now)
+        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, self.fleet_slots(free), self.durations, now),
+                                        **dict.fromkeys(preempting, 0.0)}
         return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
+
+    def _preempted(self, order: list[Waiting], running: list[Running], now: float) -> tuple[list[Running], set[str]]:
+        """The running jobs as they will be once the waiting requests that preempt have: each such request, first
+        in the order, in the slot of a job of a lower, preemptible class that may be preempted now (the lowest
+        class first), from now for its expected time; the job it stops waits again (not counted: it resumes
+        after the requests that ETAs are given for here, as far as they go)."""
+        settings = self.settings
+        rank = {c.name: index for index, c in enumerate(settings.priority_classes)}
+        preemptible = {c.name for c in settings.priority_classes if c.preemptible}
+        victims = sorted((job for job in running if job.priority_class in preemptible and now - job.started >= settings.preempt_min_run_s
+                          and job.preemptions < settings.preempt_max_count), key=lambda job: -rank.get(job.priority_class, -1))
+        after, preempting = list(running), set()
+        for request in order:
+            victim = next((job for job in victims if rank.get(job.priority_class, -1) > rank.get(request.priority_class, len(rank))), None)
+            if victim is None:
+                continue
+            victims.remove(victim)
+            after.remove(victim)
+            preempting.add(request.request_id)
+            after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
+                                 eta_s=self.durations.expected(request.method, request.model, request.steps), gpus=request.gpus))
+        return after, preempting

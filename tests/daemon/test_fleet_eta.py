@@ -4,6 +4,8 @@ ETA's error measured on a replayed trace through a simulated fleet (daemon/fleet
 from __future__ import annotations
 
 import math
+import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -11,7 +13,9 @@ from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.usage import Durations
+from daemon.fleet.view import FleetView
 from daemon.fleet_config import PriorityClass
+from daemon.settings import Settings
 from schemas import Accepted, Failed, Preempted, Started
 from tests.daemon.test_fleet_usage import accepted, at, read, succeeded
 
@@ -128,3 +132,32 @@ def test_a_measured_runs_events_become_a_trace() -> None:
     )
     trace = Trace(arrivals_from_events(events), slots=2, classes=(PriorityClass(name="batch"), PriorityClass(name="default")))
     assert [(o.request_id, o.started) for o in replay(trace)] == [("r1", 0.0), ("r2", 90.0)]  # r1 holds both slots
+
+
+def test_a_requests_expected_time_scales_with_its_steps_when_the_history_says_them() -> None:
+    durations = Durations()
+    durations.add("sft", "m", 30.0, steps=10, training_s=20.0)  # 10 s outside training, 2 s a step
+    durations.add("sft", "m", 50.0, steps=20, training_s=40.0)
+    assert durations.expected("sft", "m", steps=100) == pytest.approx(10 + 2 * 100)
+    assert durations.expected("sft", "m") == pytest.approx(40.0)  # its length unknown: the median of the jobs
+
+
+def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_stopped_jobs_slot() -> None:
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    now = time.time()
+    batch_1 = read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1,
+                            time=datetime.fromtimestamp(now - 60, UTC)))
+
+    def view_of(settings: Settings) -> FleetView:
+        view = FleetView(settings)
+        view.observe(batch_1, now)
+        view.durations.add("sft", "m", 300.0)
+        return view
+
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m")
+    placed = {w.request_id: (place, eta) for w, place, eta in view_of(settings).places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+    assert placed["urgent-1"] == (1, 0.0)  # batch-1 is stopped at its checkpoint for it
+    assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(300.0, abs=1)  # after urgent-1's 300 s on the one slot
+    strict = view_of(settings.model_copy(update={"preempt_min_run_s": 3600.0}))
+    (_, _, eta), = strict.places([urgent], 0)
+    assert eta == pytest.approx(240.0, abs=1)  # batch-1 may not be preempted yet: urgent-1 waits for its 300 s to end
