@@ -132,9 +132,10 @@ class Dispatcher:
 
     async def turn(self) -> None:
         room = self.room()
-        preempting = bool(self.jobs.preempting)  # its queues are kept while a job saves its checkpoint for a request
+        # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
+        # at once, so that the rebalance gives the requests behind it to a host that can.
         for queue in self.queues:
-            queue.follow(room > 0 or preempting or self._may_preempt_for(queue.name))
+            queue.follow(room > 0 or self._may_preempt_for(queue.name))
         for queue in self.queues:
             await queue.fetch(self._head)
         if not all(queue.known() for queue in self.queues):
