@@ -10,6 +10,7 @@
     ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's deadline (a TimeoutError too)
     ├── StoreError                 (daemon.jobs.checkpoint_store) the checkpoint store could not be read or written
     ├── WeightsUnreadable          (daemon.jobs.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
+    ├── Stale                      (daemon.fleet.moves) a move of a record read before a rebalance: not made, read again
     └── JobFailed                  (handlers.protocol) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink
 

@@ -36,7 +36,7 @@ LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "ms
 
 
 def project_modules(package: str) -> list[Path]:
-    """The package's own modules: not those of an environment inside it (tests/trl_1_12/.venv, once synced)."""
+    """The package's own modules: not those of a virtual environment synced inside it (the trl 1.12 lane's)."""
     return sorted(path for path in (ROOT / package).rglob("*.py") if ".venv" not in path.relative_to(ROOT).parts)
 
 

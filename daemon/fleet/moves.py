@@ -24,6 +24,7 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
+from schemas.common import AdapterdError
 
 log = structlog.get_logger()
 
@@ -55,7 +56,7 @@ class Move:
     still_ours: Callable[[], bool] = lambda: True
 
 
-class Stale(Exception):
+class Stale(AdapterdError):
     """A move not made: the record's partition went to another member since it was read (it reads it again)."""
 
 

@@ -16,7 +16,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
-from schemas import Accepted, Preempted, Progress, Queued, Rejected, Started, Succeeded
+from schemas import Accepted, Cancel, Cancelled, Preempted, Progress, Queued, Rejected, Started, Succeeded
 from schemas.events import EventBase
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
@@ -56,20 +56,21 @@ def of(events: list[EventBase], kind: type[EventBase]) -> list[Any]:
     return [event for event in events if isinstance(event, kind)]
 
 
-async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_sigkilled_hosts_claim_runs_once_elsewhere(
+async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_sigkilled_hosts_claim_goes_to_the_other(
     settings: Settings, published: HubServer, tmp_path: Path,
 ) -> None:
     fleet_settings = await fleet(settings)
     host_a, host_b = hosts(fleet_settings, tmp_path, "host-a", "host-b")
-    ids = ["one-queue-1", "one-queue-2"]
     a = DaemonProcess(host_a, tmp_path / "host-a.log").start()
     b = None
     try:
         async with EventStream(fleet_settings) as stream:
             # Both into ONE queue partition: without the fleet's queue the second waits behind the first on host-a.
-            for request_id in ids:
-                await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
-                                request(request_id, 30, team="search", priority_class="batch"), key=b"same-key")
+            # The first trains far longer than the test runs: it is still training when host-a is killed.
+            await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
+                            request("one-queue-1", 100_000, team="search", priority_class="batch"), key=b"same-key")
+            await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
+                            request("one-queue-2", 8, team="search", priority_class="batch"), key=b"same-key")
             async for event in stream.events("one-queue-1"):
                 if isinstance(event, Progress) and event.step >= 2:
                     break
@@ -79,18 +80,25 @@ async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_si
                     break
         a.process.send_signal(signal.SIGKILL)  # mid-training, its claim uncommitted
         await wait_until_gone(a.process.pid)
-        events = await terminal_events(fleet_settings, set(ids))
+        async with EventStream(fleet_settings) as stream:
+            async for event in stream.events("one-queue-1"):
+                if isinstance(event, Started) and event.host == "host-b":
+                    break  # host-a's claim, lost with it, runs on host-b once host-a's session has ended
+        await produce(fleet_settings, Cancel(request_id="one-queue-1", reason="done with it").model_dump_json().encode(), b"one-queue-1",
+                      topic=fleet_settings.control_topic)
+        events = await terminal_events(fleet_settings, {"one-queue-1", "one-queue-2"})
     finally:
         a.stop()
         if b is not None:
             b.stop()
     first, second = events["one-queue-1"], events["one-queue-2"]
     assert [(e.host, e.priority_class, e.team) for e in of(second, Accepted)] == [("host-b", "batch", "search")]
-    assert of(second, Started)[0].time < of(first, Started)[-1].time  # it did not wait for the first to end
-    # host-a's claim, lost with it, is run by host-b once its session ends: once to the end, one commit.
-    assert [event.host for event in of(first, Accepted)] == ["host-a", "host-b"]
-    assert len(of(first, Succeeded)) == 1 and of(first, Succeeded)[0].host == "host-b"
     assert len(of(second, Succeeded)) == 1 and len(of(second, Started)) == 1
+    # The second started while the first trained on host-a, the request ahead of it in the same partition.
+    last_step_on_a = max(event.time for event in of(first, Progress) if event.host == "host-a")
+    assert of(first, Started)[0].host == "host-a" and of(second, Started)[0].time < last_step_on_a
+    assert [event.host for event in of(first, Accepted)] == ["host-a", "host-b"]  # never on both at once: one claim
+    assert [event.host for event in of(first, Started)] == ["host-a", "host-b"] and isinstance(first[-1], Cancelled)
 
 
 async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_resumes_with_no_attempt_spent(

@@ -26,6 +26,15 @@ from testbed.processes import settings_environment
 from tests.helpers import event_document, sft_request
 
 runner = CliRunner()
+NOW = datetime.now(UTC)  # each test's own start (`now`): its records' and events' times count back from it
+
+
+@pytest.fixture(autouse=True)
+def now() -> None:
+    """The clock the stamps count back from, read as each test starts: the CLI counts from its own clock, and under
+    xdist a module imported at collection runs minutes later (its ETAs came out short)."""
+    global NOW
+    NOW = datetime.now(UTC)
 
 
 @pytest.fixture
@@ -55,7 +64,7 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
         try:
             for item in items:
                 value, key = (item, b"junk-1") if isinstance(item, bytes) else (json.dumps(item).encode(), item["request_id"].encode())
-                stamp = int((datetime.now(UTC) - timedelta(minutes=minutes_ago)).timestamp() * 1000)  # now: the CLI counts from its own clock
+                stamp = int((NOW - timedelta(minutes=minutes_ago)).timestamp() * 1000)
                 await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=headers)
         finally:
             await producer.stop()
@@ -66,7 +75,7 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
 def publish(settings: Settings, *events: tuple[str, str, float, dict[str, Any]]) -> None:
     """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples."""
     write(settings, settings.events_topic, *[json.loads(parse_event(json.dumps(event_document(
-        kind, request_id=request_id, host=fields.pop("host", "gpu-a"), time=(datetime.now(UTC) - timedelta(minutes=ago)).isoformat(), **fields)).encode()
+        kind, request_id=request_id, host=fields.pop("host", "gpu-a"), time=(NOW - timedelta(minutes=ago)).isoformat(), **fields)).encode()
     ).model_dump_json()) for kind, request_id, ago, fields in events])
 
 
