@@ -40,6 +40,11 @@ def queue_topic(requests_topic: str, classes: list[PriorityClass], default_class
     return requests_topic if name == default_class else f"{requests_topic}.{name}"
 
 
+# The header a host's dispatcher sets on a request it claims: the class it runs as (daemon/fleet/jobs.py reads it
+# for the job, daemon/cli/waiting.py for the listing).
+CLASS_HEADER = "adapterd-class"
+
+
 def queue_group(group_id: str, name: str) -> str:
     """The consumer group of a class's queue: its members are the hosts with room for its requests."""
     return f"{group_id}.queue.{name}"

@@ -24,17 +24,13 @@ from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
-from daemon.fleet_config import queue_group, team_of
+from daemon.fleet_config import CLASS_HEADER, queue_group, team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
-
-# The class a dispatcher claimed a request as (daemon/fleet/jobs.py's CLASS_HEADER: that module brings the
-# scheduler with it, too much for a command to import for a name; a test holds the two equal).
-CLASS_HEADER = "adapterd-class"
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer
 from daemon.fleet.choice import Head
-from daemon.fleet.jobs import CLASS_HEADER, FleetJobs
+from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import queue_group
+from daemon.fleet_config import CLASS_HEADER, queue_group
 from daemon.intake import Intake
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.scheduler import Scheduler
@@ -154,8 +154,6 @@ class Dispatcher:
             await self._claim(head)
             ready.remove(head)
         waiting = [h.waiting() for h in ready]
-        for queue in self.queues:
-            metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for h in ready if h.queue == queue.name))
         while waiting:
             free = self.room()
             chosen = self.view.pick(waiting, free) if free > 0 else None

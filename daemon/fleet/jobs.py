@@ -17,7 +17,7 @@ from aiokafka import TopicPartition
 
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
 from daemon.fleet.order import Running
-from daemon.fleet_config import team_of
+from daemon.fleet_config import CLASS_HEADER, team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.scheduler import Scheduler
@@ -29,7 +29,6 @@ from schemas import Preempted, RequestBase
 
 log = structlog.get_logger()
 
-CLASS_HEADER = "adapterd-class"  # the class a claimed request runs as (set by the dispatcher)
 
 
 def claimed_class(record: Record, request: RequestBase, settings: Settings) -> str:

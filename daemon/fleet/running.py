@@ -6,7 +6,6 @@ Pure: no Kafka, no clock; the caller feeds each event with `now`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime
 
 from daemon.fleet.order import Running
 from daemon.fleet_config import team_of
@@ -40,7 +39,7 @@ class RunningJobs:
         request_id = event.request_id
         if request_id is None:
             return
-        at = min(_epoch(event.time), now)
+        at = min(event.time.timestamp(), now)
         seen = self._seen.get(request_id)
         if isinstance(event, Accepted):
             self._seen[request_id] = _Seen(Running(
@@ -72,7 +71,3 @@ class RunningJobs:
             eta_s=None if seen.job.eta_s is None or seen.eta_at is None else max(0.0, seen.job.eta_s - (now - seen.eta_at)),
             steps_since_checkpoint=None if seen.step is None else max(0, seen.step - seen.saved),
         ) for seen in self._seen.values()]
-
-
-def _epoch(moment: datetime) -> float:
-    return moment.timestamp()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, deque
-from datetime import datetime
 
 from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
@@ -35,7 +34,7 @@ class Usage:
     def observe(self, event: Event, now: float) -> None:
         """Fold one event in; those that say nothing of slots are ignored. The event's own time is when it
         happened, bounded by `now` (a host whose clock runs ahead adds no slot-time from the future)."""
-        at = min(_epoch(event.time), now)
+        at = min(event.time.timestamp(), now)
         if event.request_id is None:
             return
         if isinstance(event, Accepted):
@@ -143,7 +142,3 @@ class Durations:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None
         return self._expected[(method, model)]
-
-
-def _epoch(moment: datetime) -> float:
-    return moment.timestamp()

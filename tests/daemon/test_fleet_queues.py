@@ -14,9 +14,10 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon.fleet.choice import Head
-from daemon.fleet.jobs import CLASS_HEADER, claimed_class
+from daemon.fleet.jobs import claimed_class
 from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
 from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
+from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings

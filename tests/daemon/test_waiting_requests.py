@@ -212,11 +212,3 @@ def test_a_sweep_that_can_match_nothing_by_its_form_is_refused_naming_the_option
 def test_a_class_sweep_on_a_fleet_without_classes_says_there_are_none(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="this fleet has no priority classes"):
         selector(Settings(work_dir=tmp_path), None, "batch", [])
-
-
-def test_the_listing_reads_the_headers_the_fleet_writes() -> None:
-    from daemon.cli import waiting
-    from daemon.fleet.jobs import CLASS_HEADER
-    from daemon.kafka.retry_state import PREEMPTIONS_HEADER
-
-    assert (waiting.CLASS_HEADER, waiting.PREEMPTIONS_HEADER) == (CLASS_HEADER, PREEMPTIONS_HEADER)
