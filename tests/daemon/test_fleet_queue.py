@@ -141,7 +141,8 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
 async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_later_request_takes_the_free_slot(
     settings: Settings, published: HubServer, tmp_path: Path,
 ) -> None:
-    fleet_settings = await fleet(settings, job_slots=2, queue_wait_event_s=0, teams={"vision": {"max_slots": 1}})
+    teams = Settings(teams={"vision": {"max_slots": 1}}).teams
+    fleet_settings = await fleet(settings, job_slots=2, queue_wait_event_s=0, teams=teams)
     (host,) = hosts(fleet_settings, tmp_path, "host-a")
     # A hostile producer's first: a record that is no request, and one too large for the copy a move makes.
     await produce(host, b"\xff not json", b"garbage-1")
@@ -166,4 +167,6 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
     assert queued and queued[0].team == "vision" and queued[0].priority_class == "default" and queued[0].place >= 1
     assert of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time  # the free slot went to search
     assert of(events["vision-2"], Accepted)[0].time > of(events["vision-1"], Succeeded)[0].time  # vision waited for its cap
-    assert of(events["search-1"], Queued) == []  # it never waited
+    # search-1 may be announced too: with queue_wait_event_s=0 the announcer names whatever it reads unclaimed, and it can read
+    # search-1 in the moment between its move to the class topic and its claim (CI did, once). The two lines above say it did
+    # not wait for the cap.
