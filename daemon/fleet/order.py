@@ -56,6 +56,7 @@ class Running:
     preemptible: bool = False  # the job may be stopped now (its class allows it, and it is training)
     preemptions: int = 0
     steps_since_checkpoint: int | None = None  # work a preemption would lose; None: unknown, counted as the worst
+    steps_left: int | None = None  # its last progress event's total_steps less its step; None before one
     host: str = ""
     key: object = None
     gpus: int = 1

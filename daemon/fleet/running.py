@@ -60,7 +60,8 @@ class RunningJobs:
             gpus = 1 if event.slot == "cpu" else len(event.slot.split(","))
             self._seen[request_id] = replace(seen, job=replace(seen.job, gpus=gpus, host=event.host), saved=event.resumed_step or 0)
         elif isinstance(event, Progress):
-            self._seen[request_id] = replace(seen, job=replace(seen.job, eta_s=event.eta_s), eta_at=at if event.eta_s is not None else None, step=event.step)
+            job = replace(seen.job, eta_s=event.eta_s, steps_left=max(0, event.total_steps - event.step))
+            self._seen[request_id] = replace(seen, job=job, eta_at=at if event.eta_s is not None else None, step=event.step)
         elif isinstance(event, Checkpoint):
             self._seen[request_id] = replace(seen, saved=event.step)
 

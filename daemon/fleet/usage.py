@@ -129,13 +129,21 @@ class Durations:
         self._all.append(seconds)
         self._expected.clear()
 
+    def _step_samples(self, method: str, model: str) -> deque[tuple[float, float]] | None:
+        return next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
+                     if known), None)
+
+    def step_s(self, method: str, model: str) -> float | None:
+        """The median seconds of one training step of the same method and model, else method, else all; None unknown."""
+        samples = self._step_samples(method, model)
+        return statistics.median(t for _, t in samples) if samples else None
+
     def expected(self, method: str, model: str, steps: int | None = None) -> float | None:
         """The median of the same method and model, else of the same method, else of all, else None. Given the
         request's `steps` (its max_steps) and jobs whose steps are known: their median time outside training
         plus their median step's time, times `steps`."""
         if steps:
-            samples = next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
-                            if known), None)
+            samples = self._step_samples(method, model)
             if samples:
                 return statistics.median(o for o, _ in samples) + statistics.median(t for _, t in samples) * steps
         if (method, model) not in self._expected:

@@ -199,8 +199,8 @@ class JobCallback(StepClock):
         super().__init__()
         self.reporter = reporter
         self.job = job
-        self.started = time.monotonic()
         self.first_step: int | None = None  # global step this run started from (non-zero after a resume)
+        self.first_step_done: float | None = None  # when this run's first optimizer step ended
         self.last_sent_at = float("-inf")
         self.last_sent_step = 0
         self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
@@ -208,13 +208,13 @@ class JobCallback(StepClock):
         self.eval_batch = 0  # batches of the current evaluation pass
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.started = time.monotonic()
         self.first_step = state.global_step
         self.last_sent_step = state.global_step
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_end(args, state, control, **kwargs)
         if state.global_step == (self.first_step or 0) + 1:
+            self.first_step_done = time.monotonic()
             self.reporter.send(FirstStep(time=time.time(), step=state.global_step))
             self.reporter.part("steps")
         if time.monotonic() - self.last_beat >= HEARTBEAT_S:
@@ -264,6 +264,18 @@ class JobCallback(StepClock):
             self.reporter.send(StoppedAtCheckpoint(step=state.global_step, path=str(path)))
             raise SystemExit(EXIT_STOPPED)
 
+    def _eta(self, step: int, total: int, now: float) -> float | None:
+        """The seconds left at the pace of this run's steps since its first: the first carries one-time set-up (the
+        data loader's start, a checkpoint's load, kernels' first runs) that would make an early ETA several times too
+        long, and the fleet's queue builds every waiting request's ETA on the running jobs' own. None until a
+        step after the first has ended; 0 at the last step."""
+        if step >= total:
+            return 0.0
+        since_first = step - (self.first_step or 0) - 1
+        if since_first < 1 or self.first_step_done is None:
+            return None
+        return (now - self.first_step_done) / since_first * (total - step)
+
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
             return  # the end-of-training summary or an evaluation, not a training step
@@ -282,8 +294,7 @@ class JobCallback(StepClock):
             return
         self.last_sent_at, self.last_sent_step = now, state.global_step
         total = max(state.max_steps, 1)
-        done_this_run = state.global_step - (self.first_step or 0)
-        eta = (now - self.started) / done_this_run * (total - state.global_step) if done_this_run > 0 else None
+        eta = self._eta(state.global_step, total, now)
         self.reporter.send(ProgressReport(
             step=state.global_step, total_steps=total, epoch=state.epoch,
             loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),

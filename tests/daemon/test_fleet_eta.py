@@ -53,6 +53,18 @@ def test_a_jobs_own_eta_wins_over_the_history() -> None:
     assert etas([waiting("w1")], [running("r1", started=NOW - 90, eta_s=45.0)], 1, known(), NOW) == {"w1": 45.0}
 
 
+def test_a_job_with_steps_left_and_no_eta_yet_ends_at_the_pace_of_finished_steps() -> None:
+    """Before a job's second step it has no ETA of its own (its first carries the set-up); its steps left at the
+    step's pace of the jobs that finished say more than their whole durations: one of 8 steps took 4 s, 0.5 s each."""
+    durations = Durations()
+    durations.add("sft", "tiny", 6.0, steps=8, training_s=4.0)  # 2 s outside training, 0.5 s a step
+    assert durations.step_s("sft", "tiny") == 0.5
+    long_job = Running("r1", "batch", "a", NOW - 3, "sft", "tiny", steps_left=30)
+    assert etas([waiting("w1")], [long_job], 1, durations, NOW) == {"w1": 15.0}
+    # Without its steps left it falls back to the whole duration less the time run: 6 - 3.
+    assert etas([waiting("w1")], [Running("r1", "batch", "a", NOW - 3, "sft", "tiny")], 1, durations, NOW) == {"w1": 3.0}
+
+
 def test_an_unknown_duration_makes_every_later_eta_unknown_rather_than_made_up() -> None:
     nothing = Durations()
     assert etas([waiting("w1"), waiting("w2"), waiting("w3")], [running("r1", eta_s=50.0)], 1, nothing, NOW) == {

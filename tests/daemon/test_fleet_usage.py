@@ -185,10 +185,10 @@ def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
     r1 = by_id["r1"]
     assert (r1.priority_class, r1.team, r1.method, r1.host, r1.started, r1.gpus) == ("batch", "a", "dpo", "h1", T0, 2)
     assert r1.eta_s == pytest.approx(250.0)  # 280 s said 30 s ago
-    assert r1.steps_since_checkpoint == 4 and r1.preemptions == 0
+    assert r1.steps_since_checkpoint == 4 and r1.preemptions == 0 and r1.steps_left == 28
     assert jobs.jobs(T0 + 1000)[0].eta_s == 0.0  # never below nothing
     r2 = by_id["r2"]
-    assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.gpus) == ("default", None, None, 1)  # nothing known yet
+    assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.steps_left, r2.gpus) == ("default", None, None, None, 1)  # nothing known yet
 
 
 def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preemptions() -> None:

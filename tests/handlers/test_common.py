@@ -285,3 +285,26 @@ def test_a_job_whose_model_and_data_are_local_makes_no_hub_call(tiny_model_dir: 
         server.shutdown()
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "TrainResult", out.stderr[-2000:]
     assert asked == [], asked
+
+
+def test_the_eta_runs_at_the_pace_of_the_steps_after_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first step carries the run's set-up: an ETA paced by it would be several times too long (a resumed job
+    with 25 steps left said 40 s for 15). None until a second step has ended; then the later steps' pace; 0 at the end."""
+    from handlers.toolkit import reporting
+
+    now = [1000.0]
+    monkeypatch.setattr(reporting.time, "monotonic", lambda: now[0])
+    read_fd, write_fd = os.pipe()
+    reporter = StatusReporter(write_fd)
+    callback = JobCallback(reporter, job_spec(tmp_path, progress_interval_s=0, progress_interval_steps=1))
+    args, control = SimpleNamespace(world_size=1, output_dir=str(tmp_path)), SimpleNamespace()
+    state = SimpleNamespace(global_step=2, max_steps=10, epoch=0.0)  # resumed at step 2
+    callback.on_train_begin(args, state, control)
+    for step, seconds in [(3, 8.0), (4, 0.5), (5, 0.5), (10, 2.5)]:
+        now[0] += seconds
+        state.global_step = step
+        callback.on_step_end(args, state, control)
+        callback.on_log(args, state, control, logs={"loss": 1.0})
+    reporter._stream.close()
+    etas = [(m["step"], m["eta_s"]) for m in messages(read_fd) if m["kind"] == "progress"]
+    assert etas == [(3, None), (4, 0.5 * 6), (5, 0.5 * 5), (10, 0)]
