@@ -1,15 +1,16 @@
 """Fleet: the fleet as one queue, measured on real daemons; prints one line, `FLEET key=value ...`.
 
-A sweep of `batch` requests of mixed lengths from one team, then `urgent` requests from another team once
+A sweep of `batch` requests of mixed lengths from one team and a smaller one from a second team of twice
+its weight (the fair share between teams of one class), then `urgent` requests from a third team once
 every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
 says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
 
-    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 batch (2 to 12 steps) + 2 urgent
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (2 to 12 steps) + 2 urgent
     uv run python -m benchmarks.fleet --classes     # the same with the fleet's priority classes and teams
-    uv run python -m benchmarks.fleet --quick       # 4 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+    uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
 
 Without `--classes` the daemons have no priority classes: each requests partition is a first-in-first-out
-queue read by one host, and a request names no class (the benchmark still counts the sweep as `batch`
+queue read by one host, and a request names no class (the benchmark still counts the sweeps as `batch`
 and the others as `urgent`). With it, they have the classes urgent, default and batch (batch preemptible),
 a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic.
 
@@ -49,8 +50,8 @@ from testbed.processes import DaemonProcess
 
 URGENT, BATCH = "urgent", "batch"
 CLASSES = [PriorityClass(name=URGENT), PriorityClass(name="default"), PriorityClass(name=BATCH, preemptible=True)]
-SWEEP_TEAM, URGENT_TEAM = "sweep", "oncall"
-WEIGHTS = {SWEEP_TEAM: 1.0, URGENT_TEAM: 1.0}
+SWEEP_TEAM, EVALS_TEAM, URGENT_TEAM = "sweep", "evals", "oncall"
+WEIGHTS = {SWEEP_TEAM: 1.0, EVALS_TEAM: 2.0, URGENT_TEAM: 1.0}
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Plan:
     daemons: int = 2
     slots: int = 1  # CPU job slots per daemon
     batch: int = 8
+    evals: int = 4  # the second batch team's requests, published with the sweep
     urgent: int = 2
     min_steps: int = 2  # each batch request's max_steps is drawn between these
     max_steps: int = 12
@@ -73,7 +75,7 @@ class Plan:
         return self.daemons * self.slots
 
 
-QUICK: dict[str, Any] = {"batch": 4, "urgent": 1, "max_steps": 4}
+QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "max_steps": 4}
 
 
 def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
@@ -210,7 +212,9 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         model = str(env.model_dir)
         sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
         sent = time.monotonic()
+        evals = [request(plan, model, f"evals-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, EVALS_TEAM) for n in range(plan.evals)]
         arrivals = await publish(settings, topic(BATCH), sweep, [BATCH] * len(sweep), SWEEP_TEAM)
+        arrivals += await publish(settings, topic(BATCH), evals, [BATCH] * len(evals), EVALS_TEAM)
         busy_s = min(plan.busy_timeout_s, plan.timeout_s)
         if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
             print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
@@ -229,7 +233,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             dump(events_path, arrivals, collector.events)
         return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
                 "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
-                "batch": plan.batch, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
+                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
     finally:
         for daemon in daemons:
             daemon.stop()
@@ -241,6 +245,7 @@ def main() -> None:
     parser.add_argument("--daemons", type=int, default=Plan.daemons)
     parser.add_argument("--slots", type=int, default=Plan.slots, help="CPU job slots per daemon")
     parser.add_argument("--batch", type=int, default=None, help="the sweep's size (batch requests)")
+    parser.add_argument("--evals", type=int, default=None, help="the second batch team's requests (twice the sweep's weight)")
     parser.add_argument("--urgent", type=int, default=None, help="urgent requests, sent once every slot is busy")
     parser.add_argument("--min-steps", type=int, default=Plan.min_steps)
     parser.add_argument("--max-steps", type=int, default=None)
@@ -258,7 +263,7 @@ def main() -> None:
                 seed=args.seed, timeout_s=args.timeout)
     if args.quick:
         plan = replace(plan, **QUICK)
-    given: dict[str, Any] = {"batch": args.batch, "urgent": args.urgent, "max_steps": args.max_steps}
+    given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "max_steps": args.max_steps}
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
     print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers, args.events))), flush=True)
 

@@ -261,10 +261,44 @@ def ideal_slots(waiting: Sequence[Arrival], running_: Sequence[Arrival], slots: 
     return dict(given)
 
 
-def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-                     weights: dict[str, float], end: float) -> float | None:
+def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weights: dict[str, float], end: float) -> float | None:
+    """Fair share between teams, as the issue puts it (within a class, each team's share of slot-time follows its
+    weight, a share left idle lent): over each class's contended window (one of its requests waits and two teams
+    or more of it want slots), the largest gap between a team's share of the slot-time the class held and its
+    weight's share of it (`water_fill` of the class's slots among the teams that want them). The largest over the
+    classes; None when no class had such a window. How the slots are split between classes is
+    `order_share_error`'s."""
+    worst: float | None = None
+    for name in sorted({a.priority_class for a in arrivals}):
+        actual: dict[str, float] = defaultdict(float)
+        ideal: dict[str, float] = defaultdict(float)
+        for piece in timeline(arrivals, events, end):
+            waiting = [a for a in piece.waiting if a.priority_class == name]
+            running_ = [a for a in piece.running if a.priority_class == name]
+            wanted: dict[str, int] = defaultdict(int)
+            for arrival in [*waiting, *running_]:
+                wanted[arrival.team] += 1
+            if not waiting or len(wanted) < 2 or not running_:
+                continue
+            span = piece.end - piece.start
+            for arrival in running_:
+                actual[arrival.team] += span
+            for team, count in water_fill(float(len(running_)), dict(wanted), weights).items():
+                ideal[team] += count * span
+        used, fair = sum(actual.values()), sum(ideal.values())
+        if used > 0 and fair > 0:
+            gap = max(abs(actual[team] / used - ideal[team] / fair) for team in set(actual) | set(ideal))
+            worst = gap if worst is None else max(worst, gap)
+    return worst
+
+
+def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
+                      weights: dict[str, float], end: float) -> float | None:
     """The largest gap between a team's share of the slot-time used and its share in the fleet's order (`ideal_slots`),
-    over the contended window: while a request waits and two teams or more want slots. None when there was no such time."""
+    over the contended window: while a request waits and two teams or more want slots, whatever their classes. In the
+    order's ideal a higher class has its slots the moment it arrives, so this counts the time a preemption takes
+    (the stop at a step, the checkpoint, the slot's handoff) against the teams it served: with short urgent jobs
+    it is mostly that. None when there was no such time."""
     actual: dict[str, float] = defaultdict(float)
     ideal: dict[str, float] = defaultdict(float)
     for piece in timeline(arrivals, events, end):
@@ -432,7 +466,8 @@ def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str
         "urgent_start_p95_s": start_p95(arrivals, events, urgent_class),
         "idle_share": idle_share(arrivals, events, slots, end),
         "makespan_ratio": makespan_ratio(arrivals, events, slots, classes, end),
-        "fair_share_error": fair_share_error(arrivals, events, slots, classes, weights, end),
+        "fair_share_error": fair_share_error(arrivals, events, weights, end),
+        "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end),
         "eta_median_error": eta_median_error(events),
         "preemptions": preemptions(events),
         "steps_retrained_per_preemption": steps_retrained_per_preemption(events),

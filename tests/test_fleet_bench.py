@@ -19,7 +19,7 @@ from schemas import Accepted, Event, RequestBase, Started, Succeeded
 from schemas.decode import decode_request
 
 ROOT = Path(__file__).parents[1]
-KEYS = ["urgent_start_p95_s", "idle_share", "makespan_ratio", "fair_share_error", "eta_median_error", "preemptions",
+KEYS = ["urgent_start_p95_s", "idle_share", "makespan_ratio", "fair_share_error", "order_share_error", "eta_median_error", "preemptions",
         "steps_retrained_per_preemption", "lost", "duplicate_trainings", "duplicate_commits", "eta_replay_error"]
 
 

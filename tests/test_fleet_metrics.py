@@ -23,6 +23,7 @@ from benchmarks.fleet_metrics import (
     idle_share,
     lost,
     makespan_ratio,
+    order_share_error,
     parse_fleet_line,
     preemptions,
     seen,
@@ -121,29 +122,42 @@ def test_fair_share_follows_the_weights_under_contention() -> None:
     arrivals = [batch("x1", team="x"), batch("x2", team="x"), batch("y1", team="y"), batch("y2", team="y")]
     events = job("x1", "a", 0, 10) + job("x2", "b", 0, 10) + job("y1", "a", 10, 20) + job("y2", "b", 10, 20)
     # Contended while someone waits: 0 to 10, where x had all of the slot-time and a fair share is half.
-    assert fair_share_error(arrivals, events, TWO_HOSTS, CLASSES, {}, end=20) == pytest.approx(0.5)
+    assert fair_share_error(arrivals, events, {}, end=20) == pytest.approx(0.5)
     interleaved = job("x1", "a", 0, 10) + job("y1", "b", 0, 10) + job("x2", "a", 10, 20) + job("y2", "b", 10, 20)
-    assert fair_share_error(arrivals, interleaved, TWO_HOSTS, CLASSES, {}, end=20) == pytest.approx(0.0)
+    assert fair_share_error(arrivals, interleaved, {}, end=20) == pytest.approx(0.0)
     # With x weighted 3 to 1, x's share is 3/4 of the contended window; one slot each is then a gap of 1/4.
-    assert fair_share_error(arrivals, interleaved, TWO_HOSTS, CLASSES, {"x": 3.0, "y": 1.0}, end=20) == pytest.approx(0.25)
+    assert fair_share_error(arrivals, interleaved, {"x": 3.0, "y": 1.0}, end=20) == pytest.approx(0.25)
 
 
 def test_a_share_left_idle_is_lent_and_a_higher_class_comes_first() -> None:
     # y wants one slot only: x may use the other (lent), and that is no error.
     arrivals = [batch("x1", team="x"), batch("x2", team="x"), batch("x3", team="x"), batch("y1", team="y")]
     events = job("x1", "a", 0, 10) + job("y1", "b", 0, 10) + job("x2", "a", 10, 20) + job("x3", "b", 10, 20)
-    assert fair_share_error(arrivals, events, TWO_HOSTS, CLASSES, {"x": 1.0, "y": 3.0}, end=20) == pytest.approx(0.0)
+    assert fair_share_error(arrivals, events, {"x": 1.0, "y": 3.0}, end=20) == pytest.approx(0.0)
+    assert order_share_error(arrivals, events, TWO_HOSTS, CLASSES, {"x": 1.0, "y": 3.0}, end=20) == pytest.approx(0.0)
     assert water_fill(2, {"x": 3, "y": 1}, {"x": 1.0, "y": 3.0}) == {"x": 1.0, "y": 1.0}
     # An urgent request waiting from 2 to 10 behind two batch jobs: in the fleet's order it had a slot from 2 on.
     arrivals = [batch("b1"), batch("b2"), urgent("u1", 2)]
     events = job("b1", "a", 0, 10) + job("b2", "b", 0, 10) + job("u1", "a", 10, 12)
-    # Contended 2 to 10: the sweep had all 16 slot-seconds, its due was 8 of them (oncall's the other 8).
-    assert fair_share_error(arrivals, events, TWO_HOSTS, CLASSES, {}, end=12) == pytest.approx(0.5)
+    # Contended 2 to 10: the sweep had all 16 slot-seconds, its due was 8 of them (oncall's the other 8)...
+    assert order_share_error(arrivals, events, TWO_HOSTS, CLASSES, {}, end=12) == pytest.approx(0.5)
+    # ...but that is the classes' order: within each class only one team wanted slots, so no fair share was at stake.
+    assert fair_share_error(arrivals, events, {}, end=12) is None
+
+
+def test_fair_share_is_judged_within_each_class_on_the_slots_the_class_held() -> None:
+    # x and y of batch share the one slot batch keeps while u1 (urgent) holds the other from 0 to 20; y had it
+    # all the while x waited too: a gap of 1/2 in batch. Urgent's own slot is no part of batch's fair share.
+    arrivals = [urgent("u1", 0), batch("x1", team="x"), batch("y1", team="y"), batch("y2", team="y")]
+    events = job("u1", "a", 0, 20) + job("y1", "b", 0, 10) + job("y2", "b", 10, 20) + job("x1", "b", 20, 30)
+    assert fair_share_error(arrivals, events, {}, end=30) == pytest.approx(0.5)
+    fair = job("u1", "a", 0, 20) + job("y1", "b", 0, 10) + job("x1", "b", 10, 20) + job("y2", "b", 20, 30)
+    assert fair_share_error(arrivals, fair, {}, end=30) == pytest.approx(0.0)
 
 
 def test_no_contention_between_teams_gives_no_fair_share_error() -> None:
     arrivals, events = backlog_beside_an_idle_host()  # one team only
-    assert fair_share_error(arrivals, events, TWO_HOSTS, CLASSES, {}, end=20) is None
+    assert fair_share_error(arrivals, events, {}, end=20) is None
 
 
 def test_the_eta_error_is_the_median_relative_error_of_the_first_queued_eta() -> None:
@@ -236,7 +250,7 @@ def test_the_fleet_line_holds_every_figure_and_parses_back() -> None:
     parsed = parse_fleet_line(line)
     assert parsed == {
         "urgent_start_p95_s": "n/a", "idle_share": "0.125", "makespan_ratio": "1.333", "fair_share_error": "n/a",
-        "eta_median_error": "n/a", "preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
+        "order_share_error": "n/a", "eta_median_error": "n/a", "preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
         "duplicate_trainings": "0", "duplicate_commits": "0",
     }
     with pytest.raises(ValueError, match="not a FLEET line"):
