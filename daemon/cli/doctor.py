@@ -63,6 +63,10 @@ async def examine(settings: Settings) -> list[Check]:
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
     names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic]
+    # With priority classes the fleet also reads each class's queue and runs from the claims topic (the default
+    # class's queue is the requests topic itself): a host missing one would never start that class's requests.
+    queues = [topic for topic in settings.class_topics.values() if topic not in names]
+    names += [*queues, settings.claims_topic] if settings.class_topics else []
     admin = AIOKafkaAdminClient(**kafka_options(settings), request_timeout_ms=int(KAFKA_TIMEOUT_S * 1000))
     try:
         async with asyncio.timeout(KAFKA_TIMEOUT_S):

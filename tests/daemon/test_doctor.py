@@ -4,6 +4,7 @@ requests push), exit 0 on a host ready for work."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,6 +91,17 @@ def test_a_missing_topic(settings: Settings) -> None:
     missing = f"{settings.dlq_topic}-never-created"
     code, lines = doctor(settings, dlq_topic=missing)
     assert code == 1 and lines["topics"] == f"FAIL topics  missing: {missing}; create them (adapterd topics --partitions N)"
+
+
+def test_a_fleet_with_classes_needs_their_queues_and_the_claims_topic(settings: Settings) -> None:
+    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}]).priority_classes,
+                                          "default_priority_class": "default", "claims_topic": f"claims-{settings.group_id}"})
+    urgent = classed.class_topics["urgent"]
+    code, lines = doctor(classed)
+    assert code == 1 and lines["topics"] == f"FAIL topics  missing: {urgent}, {classed.claims_topic}; create them (adapterd topics --partitions N)"
+    asyncio.run(ensure_topics(classed))  # doctor runs its own event loop: this test has none
+    code, lines = doctor(classed)
+    assert lines["topics"].startswith("ok") and f"{urgent} (1 partitions)" in lines["topics"] and classed.claims_topic in lines["topics"]
 
 
 async def test_a_running_daemon_and_its_fork_server(shared_settings: Settings, shared_daemon: Any) -> None:
