@@ -168,7 +168,9 @@ def test_the_eta_error_is_the_median_relative_error_of_the_first_queued_eta() ->
         Seen("queued", "r4", 0, "a", eta_s=None), Seen("started", "r4", 10, "a"),  # no ETA given: not judged
     ]
     assert eta_median_error(events) == pytest.approx(0.5)
-    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=3), Seen("started", "r1", 0.1, "a")]) == pytest.approx(2.0)  # 1 s floor
+    # A wait under the 1 s floor: the error is the seconds off over 1 s (an ETA of 0 for a start 0.1 s later is right to 0.1 s).
+    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=3), Seen("started", "r1", 0.1, "a")]) == pytest.approx(2.9)
+    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=0), Seen("started", "r1", 0.1, "a")]) == pytest.approx(0.1)
     assert eta_median_error(job("r1", "a", 0, 1)) is None
 
 
