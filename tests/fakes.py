@@ -96,6 +96,7 @@ class FakeChildren:
         self.taken: list[FakeChild] = []
         self.hanging = asyncio.Event()  # set once any of its children waits to be stopped
         self.prepared: list[list[str | None]] = []
+        self.launched: list[tuple[str | None, int]] = []  # (visible devices, GPUs) of each data-parallel launch
         self.closed = False
 
     def environment(self, visible_devices: str | None) -> dict[str, str]:
@@ -109,6 +110,11 @@ class FakeChildren:
         child = FakeChild(script, visible_devices, self.hanging)
         self.taken.append(child)
         return child
+
+    async def launch(self, visible_devices: str | None, gpus: int, spec_path: Path, log_path: Path) -> JobProcess:
+        """A data-parallel job's launcher: a child like any other, its GPUs noted (`launched`)."""
+        self.launched.append((visible_devices, gpus))
+        return await self.take(visible_devices)
 
     async def close(self) -> None:
         self.closed = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -192,6 +193,14 @@ class WarmChildren:
                 self._ready.remove(entry)
                 return child
         return await Child.spawn(self.environment(visible_devices), self.log_path)
+
+    async def launch(self, visible_devices: str | None, gpus: int, spec_path: Path, log_path: Path) -> Child:
+        """A data-parallel job's child: torchrun's agent, which starts one worker per GPU (handlers/child/launch.py).
+        Started for this job, never forked: the workers set up their devices and process group themselves. The
+        job (its spec and log) goes in the environment, as torchrun passes it on to every worker."""
+        job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
+        return await Child.spawn({**self.environment(visible_devices), "ADAPTERD_JOB": job}, log_path,
+                                 entry=("handlers.child.launch", str(gpus)))
 
     async def close(self) -> None:
         """Stop the fork server and every child waiting for a job."""

@@ -10,7 +10,6 @@ stopped through the job's one way to stop (`JobRunner.stop`), handed in as `stop
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from daemon.children.child import Child, ChildOutcome
+from daemon.children.child import ChildOutcome
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
@@ -102,9 +101,7 @@ class Supervisor:
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
         if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
-            job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
-            env = {**self.children.environment(self.visible_devices), "ADAPTERD_JOB": job}
-            child: JobProcess = await Child.spawn(env, log_path, entry=("handlers.child.launch", str(self.request.resources.gpus)))
+            child = await self.children.launch(self.visible_devices, self.request.resources.gpus, spec_path, log_path)
         else:
             child = await self.children.take(self.visible_devices)
         self.child = child

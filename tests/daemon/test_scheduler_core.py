@@ -65,6 +65,16 @@ async def test_success_publishes_each_step_then_commits_and_frees_the_slot(setti
     assert not core.dead_letters() and not core.requeued()
 
 
+async def test_a_two_gpu_job_is_launched_data_parallel_through_the_child_source(settings: Settings) -> None:
+    """A job of several GPUs goes through the same seam as a one-GPU job (`ChildSource.launch`, not a spawn of its
+    own), so its whole lifecycle runs on the fakes: both GPUs given to its one launch, the slot freed after."""
+    children = FakeChildren(SUCCEEDS)
+    core = CoreOnFakes(settings.model_copy(update={"gpus": ["0", "1"]}), children=children)
+    assert await run_one(core, resources={"gpus": 2}) == [State.QUEUED, State.TRAINING, State.PUSHING, State.SUCCEEDED]
+    assert children.launched == [("0,1", 2)] and [child.visible_devices for child in children.taken] == ["0,1"]
+    assert core.slots.busy == 0 and core.consumer.commits == [(core.tp, 8)]
+
+
 async def test_a_redelivered_success_is_answered_from_the_journal_without_training(settings: Settings) -> None:
     children = FakeChildren(SUCCEEDS)
     core = CoreOnFakes(settings, children=children)
