@@ -21,7 +21,6 @@ import json
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
-from daemon.local_broker import LocalKafka
+from daemon.local_broker import LocalKafka, free_port
 from daemon.ops.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
@@ -87,14 +86,6 @@ def demo_keys(work_dir: Path) -> Path:
         shutil.rmtree(folder, ignore_errors=True)  # a public key without its private key is of no use
         make_key_pair(folder)
     return folder / PRIVATE_NAME
-
-
-def free_address() -> str:
-    """A port on the loopback that nothing listens on now, for the kept demo's endpoint (/status,
-    /healthz, job logs): beside whatever already holds the default 9464 on this machine."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
 def kept_settings(settings: Settings) -> dict[str, Any]:
@@ -182,9 +173,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
             hub_token=None,
             progress_interval_s=0,
             group_id="adapterd-demo",
-            # Kept, the daemon serves its endpoint (status, logs) on a free port, beside whatever holds
-            # the default one; a demo that ends serves none.
-            metrics_address=free_address() if keep else None,
+            # Kept, the daemon serves its endpoint (status, logs) on a free port of the loopback, beside
+            # whatever holds the default 9464 on this machine; a demo that ends serves none.
+            metrics_address=f"127.0.0.1:{free_port()}" if keep else None,
             logs_token=secrets.token_urlsafe(32) if keep else None,
             event_signing_key_file=demo_keys(work_dir),  # its events signed, and read back verified, as a fleet's are
         )
