@@ -1,4 +1,5 @@
-"""The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables.
+"""The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables (how it reaches
+Kafka: daemon/kafka_settings.py, a mixin of `Settings`).
 
 Validated once at start; a wrong value stops the daemon with the setting's name and what was wrong.
 """
@@ -22,6 +23,7 @@ from pydantic_settings import (
 
 from daemon.errors import ConfigError
 from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
+from daemon.kafka_settings import KafkaSettings
 from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
 from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
@@ -39,34 +41,9 @@ VETTED_EVALUATION_TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "o
 CHECKPOINT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs")
 
 
-class Settings(BaseSettings):
+class Settings(BaseSettings, KafkaSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
-
-    # Kafka
-    bootstrap_servers: str = "127.0.0.1:9092"
-    requests_topic: str = "adapterd.requests"
-    events_topic: str = "adapterd.events"
-    dlq_topic: str = "adapterd.dlq"
-    control_topic: str = "adapterd.control"
-    claims_topic: str = Field("adapterd.claims", description=(
-        "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
-        "partitions as the fleet has slots); the requests topics are then the classes' queues."
-    ))
-    group_id: str = "adapterd"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = Field(None, description="Prefer sasl_password_file (systemd: LoadCredential=).")
-    sasl_password_file: Path | None = Field(None, description="A file holding the SASL password (systemd: %d/kafka-password).")
-    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL).")
-    ssl_certfile: Path | None = Field(None, description="Client certificate, for brokers that require one (mutual TLS).")
-    ssl_keyfile: Path | None = None
-    max_poll_interval_ms: int = Field(300_000, ge=1_000)
-    session_timeout_ms: int = Field(45_000, ge=1_000)
-
-    control_lookback_s: float = Field(86_400, ge=0, description="At start, cancels this recent are read from the control topic.")
-    group_instance_id: str | None = Field(None, description="Static group membership: a restart within session_timeout_ms causes no rebalance.")
-    partition_assignment: Literal["range", "roundrobin", "sticky"] = "sticky"
+    # Kafka: daemon/kafka_settings.py, whose fields come first, as they always have
 
     # Work
     work_dir: Path = Path("/var/lib/adapterd")
@@ -227,14 +204,6 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
-    def _sasl_complete(self) -> Settings:
-        if self.security_protocol.startswith("SASL_"):
-            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None]
-            if missing:
-                raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
-        return self
-
-    @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.http_tls_certfile is None) != (self.http_tls_keyfile is None):
             raise ValueError("http_tls_certfile and http_tls_keyfile go together: the endpoint's certificate and its key")
@@ -277,15 +246,6 @@ class Settings(BaseSettings):
         """Each class's queue topic, highest class first (empty on a host with no classes)."""
         default = self.default_class
         return {c.name: queue_topic(self.requests_topic, self.priority_classes, default, c.name) for c in self.priority_classes} if default else {}
-
-    @field_validator("bootstrap_servers")
-    @classmethod
-    def _servers(cls, value: str) -> str:
-        for server in value.split(","):
-            host, _, port = server.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"expected host:port[,host:port...], got {server!r}")
-        return value
 
     @property
     def logs_endpoint(self) -> str | None:
