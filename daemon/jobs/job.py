@@ -31,7 +31,7 @@ from daemon.jobs.lifecycle import Lifecycle, State, Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
-from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
+from daemon.jobs.succeeded import earlier_success, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
 from daemon.jobs.uploads import CheckpointUploads, fetch, store_of
 from daemon.kafka.publisher import Publisher
@@ -39,7 +39,7 @@ from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
 from handlers.protocol import JobFailed, TrainResult
-from schemas.evaluation import EvaluationReport, Published
+from schemas.evaluation import EvaluationReport
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.request import RequestBase
 
@@ -195,7 +195,7 @@ class JobRunner:
         started = time.monotonic()
         queued_s = max(0.0, time.time() - self.received_at)
         try:
-            earlier = await self._earlier_success()
+            earlier = await earlier_success(self.request, self.settings, self.journal, self.uploads, self.events, self.log)
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
@@ -247,24 +247,6 @@ class JobRunner:
         result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
         self.journal.record("trained", result.model_dump(mode="json"))
         return result, first_step_at
-
-    async def _earlier_success(self) -> Succeeded | None:
-        """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
-        from this host's journal, the checkpoint store (an attempt on another host), or the Hub
-        commit that records the request id."""
-        recorded, found_in = self.journal.read().get("succeeded"), "journal"
-        if recorded is None:
-            recorded, found_in = await self.uploads.earlier_success(), "store"
-        if recorded is not None:
-            earlier = Succeeded.model_validate(recorded)
-            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
-            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
-        found = await executors.run("hub", hub_push.find_commit, self.request, self.settings)
-        if found is None:
-            return None
-        self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
-        published: Published = "pr" if found.pr_url else "main" if found.revision == self.request.output.revision else "branch"
-        return succeeded_event(self.events, self.request, FOUND_ON_THE_HUB, found, {}, duplicate=True, published=published)
 
     def _judged(self, result: TrainResult) -> tuple[EvaluationReport | None, Destination]:
         """Stage JUDGING for a request with an evaluation: its gate against the child's numbers, and
