@@ -1,4 +1,5 @@
-"""The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables.
+"""The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables (how it reaches
+Kafka: daemon/kafka_settings.py; how it runs jobs: daemon/work_settings.py; mixins of `Settings`).
 
 Validated once at start; a wrong value stops the daemon with the setting's name and what was wrong.
 """
@@ -6,7 +7,6 @@ Validated once at start; a wrong value stops the daemon with the setting's name 
 from __future__ import annotations
 
 import os
-import re
 import socket
 from contextvars import ContextVar
 from pathlib import Path
@@ -22,7 +22,9 @@ from pydantic_settings import (
 
 from daemon.errors import ConfigError
 from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
+from daemon.kafka_settings import KafkaSettings
 from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
+from daemon.work_settings import WorkSettings
 from schemas.addresses import split_host_port
 from schemas.images import ImageBounds
 
@@ -35,92 +37,11 @@ MIN_LOGS_TOKEN_BYTES = 16
 VETTED_EVALUATION_TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "sciq", "winogrande", "gsm8k")
 
 
-# The object stores a checkpoint_store URL may name (s3fs, gcsfs, adlfs), besides a shared folder.
-CHECKPOINT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs")
-
-
-class Settings(BaseSettings):
+class Settings(BaseSettings, WorkSettings, KafkaSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
+    # Kafka (daemon/kafka_settings.py), then Work (daemon/work_settings.py): the mixins' fields come first, as they always have
 
-    # Kafka
-    bootstrap_servers: str = "127.0.0.1:9092"
-    requests_topic: str = "adapterd.requests"
-    events_topic: str = "adapterd.events"
-    dlq_topic: str = "adapterd.dlq"
-    control_topic: str = "adapterd.control"
-    claims_topic: str = Field("adapterd.claims", description=(
-        "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
-        "partitions as the fleet has slots); the requests topics are then the classes' queues."
-    ))
-    group_id: str = "adapterd"
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = Field(None, description="Prefer sasl_password_file (systemd: LoadCredential=).")
-    sasl_password_file: Path | None = Field(None, description="A file holding the SASL password (systemd: %d/kafka-password).")
-    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL).")
-    ssl_certfile: Path | None = Field(None, description="Client certificate, for brokers that require one (mutual TLS).")
-    ssl_keyfile: Path | None = None
-    max_poll_interval_ms: int = Field(300_000, ge=1_000)
-    session_timeout_ms: int = Field(45_000, ge=1_000)
-
-    control_lookback_s: float = Field(86_400, ge=0, description="At start, cancels this recent are read from the control topic.")
-    group_instance_id: str | None = Field(None, description="Static group membership: a restart within session_timeout_ms causes no rebalance.")
-    partition_assignment: Literal["range", "roundrobin", "sticky"] = "sticky"
-
-    # Work
-    work_dir: Path = Path("/var/lib/adapterd")
-    gpus: list[str] | None = Field(None, description="GPU ids jobs may use; unset: $CUDA_VISIBLE_DEVICES, else nvidia-smi; [] for none.")
-    job_slots: int = Field(1, ge=1, le=64, description="Jobs run at once on a host without GPUs (with GPUs: one slot per GPU).")
-    max_jobs_per_gpu: int = Field(1, ge=1, le=16, description=(
-        "One-GPU jobs placed on one GPU at once while their memory estimates fit (daemon/jobs/slots.py); "
-        "1, the default: every job has a whole GPU."
-    ))
-    gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description="With max_jobs_per_gpu > 1: the share of each GPU's memory no job's share takes.")
-    gpu_memory_bytes: int | None = Field(None, ge=1, description="With max_jobs_per_gpu > 1: each GPU's memory; unset: what nvidia-smi says.")
-    # The host's speed settings (handlers/toolkit/fast.py), each off by default; a request's own field always wins.
-    gradient_checkpointing_when_needed: bool = Field(False, description=(
-        "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on a whole GPU "
-        "whose memory estimate without it fits the GPU trains without it."))
-    fastest_attention: bool = Field(False, description="Models load with flash attention where the host can run it, else sdpa.")
-    liger_kernel: bool = Field(False, description="Liger's kernels (training.use_liger_kernel) where liger_kernel is installed.")
-    warm_child: bool = Field(True, description="Start jobs warm: the training stack imported ahead of the job (child_start says how).")
-    child_start: Literal["fork", "spawn"] = Field("fork", description=(
-        "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack once "
-        "(every start warm, CUDA untouched in the server); 'spawn' starts a fresh interpreter per job, one ahead per "
-        "free slot (only a slot's first job after a pause starts warm)."
-    ))
-    child_env: list[str] = Field(default_factory=list, description=(
-        "Further variables of the daemon's environment every job's child gets, by name or by prefix ending in '*' (FOO_*), "
-        "beyond what daemon/children/environment.py passes on; anything listed reaches every job's code."))
-    progress_interval_s: float = Field(10.0, ge=0, description="Progress events of a job at least this many seconds apart...")
-    progress_interval_steps: int = Field(1, ge=1, description="...and at least this many optimizer steps apart; the last step is always sent.")
-    max_attempts: int = Field(3, ge=1, description="Tries of a request whose failure is retryable (a crash, a Hub outage) before it ends in failed.")
-    retry_backoff_s: float = Field(30.0, ge=0, description="Wait before the second try; doubled for each later one.")
-    max_message_bytes: int = Field(
-        1_048_576, ge=65_536,
-        description="The largest record the brokers take on the requests and DLQ topics (message.max.bytes, max.message.bytes); "
-                    "a request is accepted only when its retry and DLQ copies fit under it (daemon/kafka/copies.py).",
-    )
-    max_record_faults: int = Field(3, ge=1, description=(
-        "A record whose handling fails unexpectedly (outside its job: an event the broker refuses, a bug) this many "
-        "times in a row ends in failed (code internal) and goes to the DLQ, rather than being read again for ever."
-    ))
-    retry_key_file: Path | None = Field(None, description=(
-        "The key that signs a retry's attempt and due time (16 bytes or more; one for the whole fleet, systemd: "
-        "%d/retry-key); unset: one made in work_dir/retry-key, which only this host knows."
-    ))
-    stall_timeout_s: float | None = Field(1800.0, gt=0, description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).")
-    drain_timeout_s: float = Field(60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed.")
-    job_retention_days: float = Field(14.0, gt=0, description=(
-        "A job's folder (work_dir/jobs/ID: log, checkpoints, artifact, journal) is removed once nothing in it changed for this "
-        "long; a succeeded job's checkpoints go at once. Adapters published to the local sink (work_dir/outputs) are kept."))
-    job_retention_count: int = Field(500, ge=1, description="The most job folders kept; beyond it the least recently changed go first.")
-    checkpoint_store: str | None = Field(None, description=(
-        "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., az://container/prefix or "
-        "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials. "
-        "Unset: checkpoints stay on this host's disk (daemon/jobs/checkpoint_store.py)."))
-    checkpoint_store_keep: int = Field(2, ge=1, description="Complete checkpoints of one request kept in the store; older ones go after each upload.")
+    # The endpoint
     metrics_address: str | None = Field("127.0.0.1:9464", description="host:port of /metrics, /healthz and /status; empty to switch off.")
     logs_token: SecretStr | None = Field(None, description=(
         "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each job's log at "
@@ -227,14 +148,6 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @model_validator(mode="after")
-    def _sasl_complete(self) -> Settings:
-        if self.security_protocol.startswith("SASL_"):
-            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None]
-            if missing:
-                raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
-        return self
-
-    @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.http_tls_certfile is None) != (self.http_tls_keyfile is None):
             raise ValueError("http_tls_certfile and http_tls_keyfile go together: the endpoint's certificate and its key")
@@ -278,15 +191,6 @@ class Settings(BaseSettings):
         default = self.default_class
         return {c.name: queue_topic(self.requests_topic, self.priority_classes, default, c.name) for c in self.priority_classes} if default else {}
 
-    @field_validator("bootstrap_servers")
-    @classmethod
-    def _servers(cls, value: str) -> str:
-        for server in value.split(","):
-            host, _, port = server.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"expected host:port[,host:port...], got {server!r}")
-        return value
-
     @property
     def logs_endpoint(self) -> str | None:
         """Where other machines read this host's job logs (`adapterd logs`), or None when it serves none."""
@@ -309,16 +213,6 @@ class Settings(BaseSettings):
         split_host_port(value)  # the events' own rule: an address a `started` event can carry
         return value
 
-    @field_validator("checkpoint_store")
-    @classmethod
-    def _store_url(cls, value: str | None) -> str | None:
-        if value is None or value.startswith("/"):
-            return value
-        scheme, _, rest = value.partition("://")
-        if scheme not in CHECKPOINT_STORE_SCHEMES or not rest.strip("/"):
-            raise ValueError(f"expected {', '.join(s + '://bucket/prefix' for s in CHECKPOINT_STORE_SCHEMES)} or an absolute folder, got {value!r}")
-        return value.rstrip("/")
-
     @field_validator("vllm_server_base_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -327,16 +221,6 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
         return value.rstrip("/")
-
-    @field_validator("child_env")
-    @classmethod
-    def _variable_names(cls, value: list[str]) -> list[str]:
-        for entry in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", entry):
-                raise ValueError(f"expected a variable's name or a prefix ending in '*', got {entry!r}")
-            if entry.upper().startswith("ADAPTERD_"):
-                raise ValueError(f"{entry!r}: the daemon's own settings (its tokens among them) never go to a job's child")
-        return value
 
     @field_validator("allowed_local_model_roots", "allowed_local_dataset_roots")
     @classmethod
@@ -350,14 +234,6 @@ class Settings(BaseSettings):
     def image_bounds(self) -> ImageBounds:
         return ImageBounds(max_images_per_row=self.max_images_per_row, max_image_bytes=self.max_image_bytes,
                            max_image_pixels=self.max_image_pixels)
-
-    @property
-    def outputs_dir(self) -> Path:
-        return self.work_dir / "outputs"
-
-    @property
-    def jobs_dir(self) -> Path:
-        return self.work_dir / "jobs"
 
     @classmethod
     def settings_customise_sources(

@@ -10,34 +10,32 @@ copy of the tiny model poisoned with NaN, whose every loss is NaN, fails (into a
 the local sink, a folder of its own beside main's). With `--keep`, the broker and the daemon keep
 running afterwards, the daemon serving its endpoint (status, health, job logs) on a free port, with
 a settings file beside the work (broker, endpoint, logs token) and the commands, as typed in the
-project's folder, to submit, list, inspect, read the log of, follow and cancel requests against them.
+project's folder, to submit, list, inspect, read the log of, follow and cancel requests against them
+(daemon/cli/demo_keep.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import difflib
-import json
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
+from daemon.cli.demo_keep import keep_running
 from daemon.cli.demo_requests import demo_request, gated_demo_requests, is_vision, known_methods, method_of, nan_model_dir, teacher_dir
-from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair
+from daemon.cli.keys import PRIVATE_NAME, make_key_pair
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
-from daemon.local_broker import LocalKafka
+from daemon.local_broker import LocalKafka, free_port
 from daemon.ops.logs import configure_logging
 from daemon.service import Service
 from daemon.settings import Settings
@@ -89,84 +87,6 @@ def demo_keys(work_dir: Path) -> Path:
     return folder / PRIVATE_NAME
 
 
-def free_address() -> str:
-    """A port on the loopback that nothing listens on now, for the kept demo's endpoint (/status,
-    /healthz, job logs): beside whatever already holds the default 9464 on this machine."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{probe.getsockname()[1]}"
-
-
-def kept_settings(settings: Settings) -> dict[str, Any]:
-    """What the kept demo's settings file holds, key by key, as the commands that try it need it: its
-    broker, work folder and group, the endpoint of its daemon and the token that endpoint serves logs
-    to. One more setting is one more entry."""
-    return {
-        "bootstrap_servers": settings.bootstrap_servers,
-        "work_dir": str(settings.work_dir),
-        "allowed_local_model_roots": [str(root) for root in settings.allowed_local_model_roots],
-        "group_id": settings.group_id,
-        "metrics_address": settings.metrics_address,
-        "logs_token": settings.logs_token.get_secret_value() if settings.logs_token else None,
-        # Its events are signed (doctor says so of this host), and the commands check them by the public
-        # key beside the private one.
-        "event_signing_key_file": str(settings.event_signing_key_file) if settings.event_signing_key_file else None,
-        "event_verify_keys_file": str(settings.event_signing_key_file.parent / PUBLIC_NAME) if settings.event_signing_key_file else None,
-    }
-
-
-def keep_running_config(settings: Settings) -> Path:
-    """A settings file for the commands that try the kept demo (`-c`), beside its work; readable by
-    its owner only, since it holds the logs token."""
-    path = settings.work_dir / "adapterd.toml"
-    lines = ["# The kept demo's broker and daemon (`adapterd demo --keep`): pass this file to the commands with -c."]
-    # TOML's basic strings and arrays of them are JSON's: json.dumps writes each value.
-    lines += [f"{key} = {json.dumps(value)}" for key, value in kept_settings(settings).items() if value is not None]
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def tour(config: Path, request_file: Path, request_id: str, in_project: bool = True) -> list[str]:
-    """The commands the kept demo prints, each as typed in the project's folder (`uv run` finds its
-    environment there; an installed adapterd is on the PATH): submit a request and follow it, list
-    the jobs, one request's history, its log, the daemon's status, the doctor's checks, the events
-    as they come, and a cancel."""
-    commands = [f"submit {request_file} --wait", "jobs", f"get {request_id}", f"logs {request_id}", "status", "doctor",
-                "events --follow", f"cancel {request_id}"]
-    program = "uv run adapterd" if in_project else "adapterd"
-    return [f"{program} {command} -c {config}" for command in commands]
-
-
-def project_folder() -> Path | None:
-    """The checkout this adapterd runs from (where `uv run` works), or None for an installed one."""
-    root = Path(__file__).resolve().parents[2]
-    return root if (root / "pyproject.toml").is_file() else None
-
-
-async def keep_running(settings: Settings, request: RequestBase) -> None:
-    """Leave the broker and the daemon running, with the commands to try against them, until Ctrl-C or SIGTERM."""
-    config = keep_running_config(settings)
-    again = request.model_copy(update={"request_id": f"{request.request_id}-again"})
-    request_file = settings.work_dir / "request.json"
-    request_file.write_text(again.model_dump_json(indent=2, exclude_unset=True) + "\n")
-    project = project_folder()
-    where = f"in the project's folder ({project})" if project else "where adapterd is installed"
-    print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
-          f"Ctrl-C stops both. In another terminal, {where}:\n")
-    for command in tour(config, request_file, again.request_id, in_project=project is not None):
-        print(f"  {command}")
-    print(f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)")
-    print(flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    print("stopping the daemon and the broker")
-
-
 async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool = False) -> bool:
     work_dir = work_dir.resolve()
     print(f"adapterd demo ({method}): working in {work_dir}")
@@ -182,9 +102,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
             hub_token=None,
             progress_interval_s=0,
             group_id="adapterd-demo",
-            # Kept, the daemon serves its endpoint (status, logs) on a free port, beside whatever holds
-            # the default one; a demo that ends serves none.
-            metrics_address=free_address() if keep else None,
+            # Kept, the daemon serves its endpoint (status, logs) on a free port of the loopback, beside
+            # whatever holds the default 9464 on this machine; a demo that ends serves none.
+            metrics_address=f"127.0.0.1:{free_port()}" if keep else None,
             logs_token=secrets.token_urlsafe(32) if keep else None,
             event_signing_key_file=demo_keys(work_dir),  # its events signed, and read back verified, as a fleet's are
         )

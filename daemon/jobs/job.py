@@ -25,21 +25,22 @@ from daemon.hub.model_card import model_card
 from daemon.jobs.estimator import Estimator
 from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
+from daemon.jobs.job_memory import fast_settings, reported_memory
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.slots import Placement
 from daemon.jobs.spec import job_spec
-from daemon.jobs.succeeded import FOUND_ON_THE_HUB, succeeded_event
+from daemon.jobs.succeeded import earlier_success, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
 from daemon.jobs.uploads import CheckpointUploads, fetch, store_of
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
-from daemon.ops.metrics import JOB_MEMORY_PEAK, JOB_MEMORY_RATIO, JOBS, STAGE_SECONDS
+from daemon.ops.metrics import JOBS, STAGE_SECONDS
 from daemon.settings import Settings
-from handlers.protocol import FastSettings, JobFailed, TrainResult
-from schemas.evaluation import EvaluationReport, Published
-from schemas.events import Cancelled, EventBase, Failed, JobMemory, Retrying, Succeeded
+from handlers.protocol import JobFailed, TrainResult
+from schemas.evaluation import EvaluationReport
+from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -194,7 +195,7 @@ class JobRunner:
         started = time.monotonic()
         queued_s = max(0.0, time.time() - self.received_at)
         try:
-            earlier = await self._earlier_success()
+            earlier = await earlier_success(self.request, self.settings, self.journal, self.uploads, self.events, self.log)
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
@@ -221,43 +222,9 @@ class JobRunner:
         for stage, seconds in durations.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
         succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
-                                    memory=self._memory(result))
+                                    memory=reported_memory(self.request, self.estimate, self.share, result.memory, self.memory))
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
-
-    async def _fast_settings(self) -> FastSettings:
-        """The host's speed settings for this job (the child applies each only where the request is
-        silent). Gradient checkpointing goes off only for a job on a whole GPU whose estimate without
-        it fits that GPU; on a shared GPU its share was reckoned with it, and unknown stays TRL's."""
-        checkpointing = None
-        if self.settings.gradient_checkpointing_when_needed and self.share is None and self.gpu_room is not None and self.memory is not None:
-            lean = await self.memory.need(self.request, gradient_checkpointing=False)
-            if lean is not None:
-                checkpointing = lean.needed > self.gpu_room
-                self.log.info("job.checkpointing", needed=checkpointing, estimate_without=lean.needed, gpu_room=self.gpu_room)
-        return FastSettings(
-            gradient_checkpointing=checkpointing,
-            attn_implementation="flash_attention_2" if self.settings.fastest_attention else None,
-            use_liger_kernel=True if self.settings.liger_kernel else None,
-        )
-
-    def _memory(self, result: TrainResult) -> JobMemory:
-        """Its memory for `succeeded`: the estimate and share it started with, and what its child
-        measured; a GPU's allocator peak is kept for the next estimates of its model and method."""
-        measured = result.memory
-        if measured is not None:
-            JOB_MEMORY_PEAK.labels(self.request.method).observe(measured.peak_allocated_bytes or measured.device_peak_bytes)
-            if measured.device == "cuda" and measured.peak_allocated_bytes and self.estimate is not None and self.estimate.total > 0:
-                JOB_MEMORY_RATIO.labels(self.request.method).observe(measured.peak_allocated_bytes / self.estimate.total)
-                if self.memory is not None:
-                    self.memory.learn(self.request, self.estimate, measured.peak_allocated_bytes)
-        return JobMemory(
-            estimate_bytes=self.estimate.needed if self.estimate is not None else None,
-            share_bytes=self.share.share_bytes if self.share is not None else None,
-            device=measured.device if measured is not None else None,
-            peak_allocated_bytes=measured.peak_allocated_bytes if measured is not None else None,
-            device_peak_bytes=measured.device_peak_bytes if measured is not None else None,
-        )
 
     async def _trained(self) -> tuple[TrainResult, float | None]:
         """The child's result, and the time of its first step: an earlier attempt's when its
@@ -268,8 +235,9 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
+        fast = await fast_settings(self.request, self.settings, self.share, self.gpu_room, self.memory, self.log)
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
-                        memory_fraction=self.share.fraction if self.share is not None else None, fast=await self._fast_settings())
+                        memory_fraction=self.share.fraction if self.share is not None else None, fast=fast)
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
@@ -279,24 +247,6 @@ class JobRunner:
         result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
         self.journal.record("trained", result.model_dump(mode="json"))
         return result, first_step_at
-
-    async def _earlier_success(self) -> Succeeded | None:
-        """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
-        from this host's journal, the checkpoint store (an attempt on another host), or the Hub
-        commit that records the request id."""
-        recorded, found_in = self.journal.read().get("succeeded"), "journal"
-        if recorded is None:
-            recorded, found_in = await self.uploads.earlier_success(), "store"
-        if recorded is not None:
-            earlier = Succeeded.model_validate(recorded)
-            self.log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
-            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **self.events.common(), "duplicate": True})
-        found = await executors.run("hub", hub_push.find_commit, self.request, self.settings)
-        if found is None:
-            return None
-        self.log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
-        published: Published = "pr" if found.pr_url else "main" if found.revision == self.request.output.revision else "branch"
-        return succeeded_event(self.events, self.request, FOUND_ON_THE_HUB, found, {}, duplicate=True, published=published)
 
     def _judged(self, result: TrainResult) -> tuple[EvaluationReport | None, Destination]:
         """Stage JUDGING for a request with an evaluation: its gate against the child's numbers, and

@@ -1,12 +1,20 @@
 """The `succeeded` event of a job, built in one place: for a push and what trained it, or for an
-earlier run's Hub commit found by its request id (`FOUND_ON_THE_HUB`)."""
+earlier run's Hub commit found by its request id (`FOUND_ON_THE_HUB`); and an earlier attempt's
+found again (`earlier_success`), so a request that already succeeded is answered, marked duplicate."""
 
 from __future__ import annotations
 
 import math
 
+from structlog.typing import FilteringBoundLogger
+
+from daemon import executors
+from daemon.hub import push as hub_push
 from daemon.hub.push import PushResult
 from daemon.jobs.job_events import JobEvents
+from daemon.jobs.journal import Journal
+from daemon.jobs.uploads import CheckpointUploads
+from daemon.settings import Settings
 from handlers.protocol import TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import JobMemory, Succeeded
@@ -61,3 +69,24 @@ def succeeded_event(
         evaluation=report,
         memory=memory,
     )
+
+
+async def earlier_success(
+    request: RequestBase, settings: Settings, journal: Journal, uploads: CheckpointUploads, events: JobEvents, log: FilteringBoundLogger,
+) -> Succeeded | None:
+    """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
+    from this host's journal, the checkpoint store (an attempt on another host), or the Hub
+    commit that records the request id."""
+    recorded, found_in = journal.read().get("succeeded"), "journal"
+    if recorded is None:
+        recorded, found_in = await uploads.earlier_success(), "store"
+    if recorded is not None:
+        earlier = Succeeded.model_validate(recorded)
+        log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
+        return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **events.common(), "duplicate": True})
+    found = await executors.run("hub", hub_push.find_commit, request, settings)
+    if found is None:
+        return None
+    log.info("job.duplicate", commit_sha=found.commit_sha, found_in="hub")
+    published: Published = "pr" if found.pr_url else "main" if found.revision == request.output.revision else "branch"
+    return succeeded_event(events, request, FOUND_ON_THE_HUB, found, {}, duplicate=True, published=published)

@@ -15,8 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.cli.convert.trl_config import MODEL_CLI_DEFAULTS
 from daemon.cli.convert.trl_datasets import MIXTURE_DEFAULTS, SCRIPT_DEFAULTS
+from daemon.cli.convert.trl_model import MODEL_CLI_DEFAULTS
 from daemon.cli.convert.trl_renames import REMOVED, RENAMES
 from daemon.cli.convert.trl_rewards import REWARD_DEFAULTS, REWARD_METHODS
 from schemas import Rejection, decode_request
@@ -349,7 +349,7 @@ def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> 
 @pytest.mark.slow  # imports TRL and torch: half a minute on 2 cores
 @pytest.mark.parametrize("method", ["sft", "dpo", "kto", "reward", "grpo", "rloo"])
 def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method: str) -> None:
-    """The contract's fields and the script arguments listed in daemon/cli/convert/trl_config.py, against the parser
+    """The contract's fields and the arguments listed in daemon/cli/convert/trl_model.py and beside it, against the parser
     of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
     parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
     defaults = {action.dest: action.default for action in parser._actions if action.dest != "help"}

@@ -116,7 +116,7 @@ def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: P
 
 
 def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_installed(tmp_path: Path) -> None:
-    from daemon.cli.demo import project_folder, tour
+    from daemon.cli.demo_keep import project_folder, tour
 
     assert project_folder() == Path(__file__).resolve().parents[2]  # this checkout
     config, request = tmp_path / "adapterd.toml", tmp_path / "request.json"
@@ -129,7 +129,7 @@ def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_install
 def test_the_kept_demos_settings_file_holds_its_endpoint_and_logs_token_for_its_owner_only(tmp_path: Path) -> None:
     import tomllib
 
-    from daemon.cli.demo import keep_running_config
+    from daemon.cli.demo_keep import keep_running_config
     from daemon.settings import Settings
 
     settings = Settings(bootstrap_servers="127.0.0.1:1234", work_dir=tmp_path, metrics_address="127.0.0.1:5678",

@@ -9,8 +9,9 @@ from typing import Any
 
 from daemon.errors import UsageError
 from schemas import FieldError, RequestBase
+from schemas.contract_rules import refusal
 
-__all__ = ["Changed", "Conversion", "Dropped", "Ledger", "Noted", "Renamed", "UsageError", "same_value"]
+__all__ = ["Changed", "Conversion", "Dropped", "Ledger", "Noted", "Renamed", "UsageError", "refused", "same_value"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,13 @@ def same_value(value: Any, default: Any) -> bool:
     if isinstance(value, bool) != isinstance(default, bool):
         return False
     return bool(value == default)
+
+
+def refused(block: str, field: str, key: str | None = None) -> str:
+    """The refusal table's reason for a block's field, said of the file's key: "set by the daemon: ..."."""
+    why = refusal(block, field)
+    assert why is not None, f"{block}.{field} is not in the refusal table"
+    return why.message(key or field).split(": ", 1)[1]
 
 
 class Ledger:

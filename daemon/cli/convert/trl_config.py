@@ -6,7 +6,7 @@ A `trl` CLI file is one flat mapping of the keys of four dataclasses: the method
 `trl.ModelConfig` (the base model and LoRA), and the script's `trl.ScriptArguments` and
 `trl.DatasetMixtureConfig` (the dataset); GRPO and RLOO add their reward arguments. Each key goes to
 where a request says it: `training`, the method block, `model`, `peft` (`use_peft`; without it
-`peft: null`, a full fine-tune, as the `trl` CLI does), `dataset`, `output` (`hub_model_id`),
+`peft: null`, a full fine-tune, as the `trl` CLI does: trl_model.py), `dataset`, `output` (`hub_model_id`),
 `resources` (`num_processes`). Which fields exist, their defaults and the refusals come from the
 contract read from the locked TRL (schemas/trl_contract.json, schemas/contract_rules.py); the script
 and dataset-mixture arguments, which the contract does not hold, are listed here as trl 1.16 defines
@@ -24,8 +24,9 @@ import typing
 from typing import Any
 
 from daemon.admission.secret_rules import SCANNER
-from daemon.cli.convert.ledger import Conversion, Dropped, Ledger, UsageError, same_value
+from daemon.cli.convert.ledger import Conversion, Dropped, Ledger, UsageError, refused, same_value
 from daemon.cli.convert.trl_datasets import carry_dataset
+from daemon.cli.convert.trl_model import carry_model_and_peft
 from daemon.cli.convert.trl_renames import carry_renames
 from daemon.cli.convert.trl_rewards import REWARD_METHODS, carry_rewards
 from schemas import FieldError, Rejection, decode_request
@@ -34,26 +35,8 @@ from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
 from schemas.generated import load_contract
 from schemas.request_base import REPO_ID_PATTERN, TrainingSpec
 
-# trl.ModelConfig's defaults (trl 1.16) for the keys a request says elsewhere (MODEL_CONFIG_PATHS);
-# the contract's `model` section holds the rest of ModelConfig.
-MODEL_CLI_DEFAULTS: dict[str, Any] = {
-    "model_name_or_path": None, "model_revision": "main", "dtype": "float32", "load_in_4bit": False, "load_in_8bit": False,
-    "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
-    "lora_target_parameters": None, "lora_modules_to_save": None, "lora_task_type": "CAUSAL_LM", "use_rslora": False,
-    "use_dora": False,
-}
-
-
-
 # Keys TRL reads only when their strategy is "steps" (TrainingArguments' own rule).
 IGNORED_UNLESS_STEPS = (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy"), ("logging_steps", "logging_strategy"))
-
-
-def _refused(block: str, field: str, key: str | None = None) -> str:
-    """The refusal table's reason for a block's field, said of the file's key: "set by the daemon: ..."."""
-    why = refusal(block, field)
-    assert why is not None, f"{block}.{field} is not in the refusal table"
-    return why.message(key or field).split(": ", 1)[1]
 
 
 def convert(config: dict[str, Any], method: str, request_id: str, output_repo: str | None = None) -> Conversion:
@@ -94,7 +77,7 @@ class _Converter(Ledger):
         self.drop("env", "environment variables of the trl process; a job runs in the daemon's environment on the host")
         carry_renames(self, self.method, self.request_path)  # an older recipe's keys under the names TRL reads now
         self.ignored_steps()
-        self.model_and_peft()
+        carry_model_and_peft(self, self.method, self.model_fields)
         carry_dataset(self)
         if self.method in REWARD_METHODS:
             carry_rewards(self)
@@ -117,45 +100,6 @@ class _Converter(Ledger):
                 self.drop(steps, f"ignored by TRL under {strategy} {chosen!r}" + (
                     "; the daemon saves every training.save_steps (transformers' 500 when unset)" if steps == "save_steps" else ""))
 
-    def model_and_peft(self) -> None:
-        if self.has("model_name_or_path"):
-            self.put("model.id", self.get("model_name_or_path"), "model_name_or_path")
-        if self.has("model_revision"):
-            self.put("model.revision", self.get("model_revision"), "model_revision")
-        # trl's CLI loads the base in float32 unless the file says otherwise; adapterd's default is "auto".
-        dtype = self.get("dtype", MODEL_CLI_DEFAULTS["dtype"])
-        self.put("model.dtype", "auto" if dtype is None else dtype, "dtype")
-        four, eight = bool(self.get("load_in_4bit", False)), bool(self.get("load_in_8bit", False))
-        if four and eight:
-            self.error("model.quantization", "load_in_4bit and load_in_8bit are both set; trl refuses that too")
-        elif four or eight:
-            self.put("model.quantization", "4bit" if four else "8bit", "load_in_4bit" if four else "load_in_8bit")
-        for name in self.model_fields:
-            if self.has(name):
-                self.put(f"model.{name}", self.get(name), name)
-        if self.has("chat_template"):
-            # The alignment-handbook's and open-r1's script argument: an inline Jinja template, as model.chat_template is.
-            self.put("model.chat_template", self.get("chat_template"), "chat_template")
-        if four and not self.has("use_bnb_nested_quant"):
-            self.put("model.use_bnb_nested_quant", False, "use_bnb_nested_quant")  # trl's default; adapterd's is True
-
-        lora_keys = [key for key, path in MODEL_CONFIG_PATHS.items() if path.startswith("peft.")]
-        if not self.get("use_peft", False):
-            self.request["peft"] = None
-            for key in lora_keys:
-                self.drop(key, "unused: use_peft is not set, so trl trains the whole model (peft: null)", MODEL_CLI_DEFAULTS[key])
-            return
-        self.request["peft"] = {}
-        # Without lora_target_modules trl leaves the choice to PEFT (per architecture); adapterd's default is all-linear.
-        targets = self.get("lora_target_modules")
-        self.put("peft.target_modules", "all-linear" if targets == ["all-linear"] else targets, "lora_target_modules")
-        task_type = "SEQ_CLS" if self.method == "reward" else "CAUSAL_LM"
-        if self.get("lora_task_type", task_type) != task_type:
-            self.drop("lora_task_type", _refused("peft", "task_type", "lora_task_type"))
-        for key in lora_keys:
-            if key not in ("lora_target_modules", "lora_task_type") and self.has(key):
-                self.put(MODEL_CONFIG_PATHS[key], self.get(key), key)
-
     def output(self) -> None:
         hub_model_id = self.get("hub_model_id")
         if self.output_repo is not None:
@@ -174,7 +118,7 @@ class _Converter(Ledger):
             self.put("output.revision", self.config["hub_revision"], "hub_revision")
         if self.has("num_processes"):
             self.put("resources.gpus", self.get("num_processes"), "num_processes")
-        self.drop("accelerate_config", _refused("training", "local_rank", "accelerate_config"))  # the daemon launches the processes
+        self.drop("accelerate_config", refused("training", "local_rank", "accelerate_config"))  # the daemon launches the processes
 
     def blocks(self) -> None:
         """TrainingArguments keys to `training`, the method's own config keys to its block."""
@@ -201,7 +145,7 @@ class _Converter(Ledger):
             self.report_to(value)
             return
         if refusal(block, key) is not None:
-            self.drop(key, _refused(block, key), default)
+            self.drop(key, refused(block, key), default)
         elif not same_value(value, default):
             self.put(f"{block}.{key}", value, key)
         else:

@@ -1,0 +1,136 @@
+"""The commands that read the fleet from its topics and its hosts: `events`, `jobs`, `get` and `logs`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from daemon.cli.options import ConfigOption, read_settings, with_kafka
+from daemon.kafka.event_reader import EventStream
+
+
+def events(
+    config: ConfigOption = None,
+    request_id: Annotated[str | None, typer.Option("--request-id", help="Only this request's events.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events until interrupted.")] = False,
+) -> None:
+    """Print lifecycle events as JSON lines: those already published, then new ones with --follow."""
+    settings = read_settings(config)
+
+    async def read() -> None:
+        async with EventStream(settings) as stream:
+            async for event in stream.events(request_id, until_terminal=False, follow=follow):
+                typer.echo(event.model_dump_json())
+
+    try:
+        with_kafka(settings, read())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a --follow ends: the reader is closed, and that is success
+
+
+def jobs(
+    config: ConfigOption = None,
+    state: Annotated[list[str] | None, typer.Option("--state", help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.")] = None,
+    method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
+    host: Annotated[str | None, typer.Option(help="Only requests whose latest event came from this host.")] = None,
+    since: Annotated[str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")] = None,
+    slots: Annotated[int | None, typer.Option(min=1, help=(
+        "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
+        "last 24 hours, counted one slot each (a guess: hosts with more slots make the ETAs too long). Without classes each "
+        "partition is its own queue, and its ETAs follow its running job."))] = None,
+) -> None:
+    """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
+    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits."""
+    from datetime import UTC, datetime
+
+    from daemon.cli.jobs import HEADER, STATES, age, fold, history
+
+    settings = read_settings(config)
+    unknown = sorted(set(state or []) - set(STATES))
+    if unknown:
+        typer.echo(f"adapterd: --state: {', '.join(unknown)} is not a state; one of {', '.join(STATES)}", err=True)
+        raise typer.Exit(2)
+    try:
+        within = age(since) if since is not None else None
+    except ValueError as exc:
+        typer.echo(f"adapterd: --since: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+    now = datetime.now(UTC)
+    events = with_kafka(settings, history(settings))
+    others = [each for each in state or [] if each != "queued"]
+    listed = [job for job in fold(events).values()
+              if (not state or job.state in others) and (method is None or job.method == method) and (host is None or job.host == host)
+              and (within is None or now - job.last <= within)]
+    if not state or others:
+        typer.echo(HEADER)
+        for job in sorted(listed, key=lambda job: job.last):
+            typer.echo(job.line(now))
+    if state and "queued" in state:
+        from daemon.cli.places import placed_backlog, queue_table
+
+        if others:
+            typer.echo()  # the waiting requests are a table of their own, with their own columns
+        backlog, placed = with_kafka(settings, placed_backlog(settings, slots, now, events))
+        for topic in backlog.missing:
+            typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
+        for line in queue_table(placed, method, host, within, now):
+            typer.echo(line)
+
+
+def get(
+    request_id: str,
+    config: ConfigOption = None,
+    slots: Annotated[int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")] = None,
+) -> None:
+    """One request's whole history, event by event, and where it stands; a waiting one's place, ETA and where it waits;
+    exit 1 when it has no events and waits nowhere."""
+    from datetime import UTC, datetime
+
+    from daemon.cli.console import describe
+    from daemon.cli.jobs import fold, history
+    from daemon.cli.places import waiting_line
+
+    settings = read_settings(config)
+    events = with_kafka(settings, history(settings))
+    mine = [event for event in events if event.request_id == request_id]
+    waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
+    if not mine or fold(mine)[request_id].state == "queued":
+        waits = with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC), events))
+    if not mine and waits is None:
+        typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues", err=True)
+        raise typer.Exit(1)
+    events = mine
+    last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
+    for index, event in enumerate(events):
+        if event.type == "progress" and index != last_progress:
+            continue  # one line a step would bury the rest: the latest is shown
+        typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
+    if events:
+        job = fold(events)[request_id]
+        typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
+    if waits is not None:
+        typer.echo(waits)
+
+
+def logs(
+    request_id: str,
+    config: ConfigOption = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing the log as it grows, until the request ends.")] = False,
+) -> None:
+    """The trainer's log of a request, from whichever host runs or ran it (its endpoint, with the fleet's logs_token)."""
+    from daemon.cli.logs import LogsError, show_log
+
+    settings = read_settings(config)
+
+    def write(data: bytes) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+    try:
+        with_kafka(settings, show_log(settings, request_id, follow, write))
+    except LogsError as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(1) from exc

@@ -1,0 +1,116 @@
+"""The commands that run and look after this host's daemon: `run`, `status`, `doctor`, `topics` and `keys`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import urllib.request
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka.errors import KafkaError
+
+from daemon.cli.options import ConfigOption, read_settings, with_kafka
+from daemon.errors import ConfigError
+from daemon.ops.local_endpoint import local_url
+from daemon.ops.logs import configure_logging
+
+
+def run(config: ConfigOption = None) -> None:
+    """Run the daemon until SIGTERM or SIGINT."""
+    from daemon.service import Service
+
+    settings = read_settings(config)
+    configure_logging(settings.log_format, settings.log_level)
+
+    async def main() -> None:
+        service = Service(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, service.request_stop)
+        await service.run()
+
+    try:
+        asyncio.run(main())
+    except (ConfigError, LookupError) as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except KafkaError as exc:
+        typer.echo(f"adapterd: Kafka at {settings.bootstrap_servers}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def status(
+    config: ConfigOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the daemon's /status document as it is.")] = False,
+) -> None:
+    """What the daemon on this host is running (read from its metrics_address)."""
+    settings = read_settings(config)
+    if not settings.metrics_address:
+        typer.echo("adapterd: metrics_address is switched off, so the daemon's status cannot be read", err=True)
+        raise typer.Exit(2)
+    url, tls = local_url(settings, "/status")
+    try:
+        with urllib.request.urlopen(url, timeout=10, context=tls) as response:
+            document = json.load(response)
+    except OSError as exc:
+        typer.echo(f"adapterd: no daemon answers at {url}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    slots = document["slots"]
+    typer.echo(f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy")
+    packing = document.get("packing")
+    for gpu, held in (packing or {}).get("gpus", {}).items():
+        typer.echo(f"  GPU {gpu}: {held['jobs']} of {packing['max_jobs_per_gpu']} job(s), "
+                   f"{held['reserved_bytes'] / 2**30:.1f} of {packing['usable_bytes'] / 2**30:.1f} GiB held by their shares")
+    for job in document["jobs"]:
+        step = f", step {job['step']}/{job['total_steps']}" if job.get("step") is not None else ""
+        share = job.get("memory_share_bytes")
+        held = f", share {share / 2**30:.1f} GiB" if share else ""
+        typer.echo(f"  {job['request_id']}  {job['method']}  slot {job['slot']}{held}  {job['stage']}{step}")
+
+
+def doctor(config: ConfigOption = None) -> None:
+    """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
+    from daemon.cli.doctor import examine
+
+    settings = read_settings(config)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the kafka check says what aiokafka would log
+    found = asyncio.run(examine(settings))
+    for check in found:
+        typer.echo(check.line())
+    raise typer.Exit(1 if any(check.ok is False for check in found) else 0)
+
+
+def keys(
+    folder: Annotated[Path, typer.Argument(help="Where event-signing-key.pem (owner-only) and event-verify-key.pub go.")],
+) -> None:
+    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers' event_verify_keys."""
+    from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair
+    from daemon.errors import UsageError
+
+    try:
+        key_id, public = make_key_pair(folder)
+    except UsageError as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"key {key_id}: private key {folder / PRIVATE_NAME} (event_signing_key_file), public key {folder / PUBLIC_NAME}")
+    typer.echo(f"event_verify_keys = [\"{public}\"]")
+
+
+def topics(
+    config: ConfigOption = None,
+    partitions: Annotated[int, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots.")] = 1,
+    replication_factor: Annotated[int, typer.Option(help="Replicas of each partition (3 on a production cluster).")] = 1,
+) -> None:
+    """Create the requests, events, DLQ and control topics where they are missing."""
+    from daemon.kafka.topics import ensure_topics
+
+    settings = read_settings(config)
+    with_kafka(settings, ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
+    typer.echo(f"topics ready: {settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}")

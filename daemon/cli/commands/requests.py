@@ -1,0 +1,92 @@
+"""The commands that send requests in: `validate`, `submit` and `cancel` (one request, or a sweep)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
+
+from daemon.cli.console import follow_to_end
+from daemon.cli.options import ConfigOption, RequestFile, read_request, read_settings, with_kafka
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.options import kafka_options
+from schemas import Cancel
+
+
+def validate(
+    file: RequestFile,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge it by this host's settings (policy, bounds, GPUs), as its daemon would.")] = None,
+) -> None:
+    """Check a request file against the schema, without publishing it; exit 1 when it is not valid."""
+    request = read_request(file)
+    if config is not None:
+        from daemon.cli.host_check import host_check
+
+        host_check(request, config, str(file))
+    typer.echo(f"{file}: valid {request.method} request {request.request_id}" + (f", and {config} would take it" if config else ""))
+
+
+def submit(
+    file: RequestFile,
+    config: ConfigOption = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")] = False,
+) -> None:
+    """Validate a request file and publish it to the requests topic, keyed by its request id."""
+    request = read_request(file)
+    settings = read_settings(config)
+
+    async def publish() -> int:
+        async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
+            producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
+            try:
+                await producer.start()
+                meta = await producer.send_and_wait(
+                    settings.requests_topic, request.model_dump_json(exclude_unset=True).encode(), key=request.request_id.encode()
+                )
+            finally:
+                await producer.stop()
+            typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
+            if not wait:
+                return 0
+            return await follow_to_end(stream, request.request_id)
+
+    raise typer.Exit(with_kafka(settings, publish()))
+
+
+def cancel(
+    request_id: Annotated[str | None, typer.Argument(help="The request to cancel; or leave it out and sweep by --team, --class, --selector.")] = None,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
+    team: Annotated[str | None, typer.Option(help="Sweep: every waiting or running request of this team.")] = None,
+    priority_class: Annotated[str | None, typer.Option("--class", help="Sweep: ... of this priority class.")] = None,
+    selector: Annotated[list[str] | None, typer.Option(help="Sweep: ... whose metadata has key=value; repeatable, all must match.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be cancelled, and send nothing.")] = False,
+) -> None:
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent).
+    Or a sweep: every waiting and running request that matches --team, --class and each --selector, counted and listed."""
+    from daemon.cli.cancel import cancel as send_cancel
+    from daemon.cli.sweep import selector as sweep_selector
+    from daemon.cli.sweep import sweep
+    from daemon.errors import UsageError
+
+    settings = read_settings(config)
+    if request_id is None or team or priority_class or selector:
+        try:
+            if request_id is not None:
+                raise UsageError("cancel: a request id or a sweep (--team, --class, --selector), not both")
+            chosen = sweep_selector(settings, team, priority_class, selector or [])
+        except UsageError as exc:
+            typer.echo(f"adapterd: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        for line in with_kafka(settings, sweep(settings, chosen, reason, dry_run)):
+            typer.echo(line)
+        return
+    try:
+        message = Cancel(request_id=request_id, reason=reason)
+    except ValidationError as exc:
+        typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(with_kafka(settings, send_cancel(settings, message, dry_run=dry_run)))
