@@ -22,14 +22,12 @@ from daemon import executors
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
 from daemon.hub.model_card import model_card
-from daemon.jobs.estimator import Estimator
 from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.job_memory import fast_settings, reported_memory
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
-from daemon.jobs.memory import Estimate
-from daemon.jobs.slots import Placement
+from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.spec import job_spec
 from daemon.jobs.succeeded import earlier_success, succeeded_event
 from daemon.jobs.supervisor import Supervisor, event_stage
@@ -62,35 +60,30 @@ class JobRunner:
     """
 
     def __init__(
-        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource,
-        received_at: float, slot: str, visible_devices: str | None, attempt: int = 1, trace: Headers | None = None,
-        on_trained: Callable[[], Awaitable[None]] | None = None, share: Placement | None = None,
-        estimate: Estimate | None = None, memory: Estimator | None = None, gpu_room: int | None = None,
+        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource, place: JobPlace,
+        *, received_at: float, attempt: int = 1, trace: Headers | None = None,
+        on_trained: Callable[[], Awaitable[None]] | None = None, memory: MemoryPlan | None = None,
     ) -> None:
         self.request = request
-        # On a GPU shared with other jobs (daemon/jobs/slots.py): its share, which its child is held to.
-        self.share = share if share is not None and share.share_bytes is not None else None
-        self.estimate = estimate  # its memory, estimated before it started (daemon/jobs/memory.py); None when unknown
-        self.memory = memory  # what learns from the peak it measures
-        self.gpu_room = gpu_room  # a whole GPU's memory for jobs, when known: whether it fits without checkpointing
+        self.place = place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
+        self.share = place.share
+        self.memory = memory or MemoryPlan()  # its estimate, a whole GPU's room and the estimator its peak teaches
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
         self.trace = trace or []  # the request's W3C trace headers (daemon/kafka/trace.py), on each of its events
         self.settings = settings
         self.received_at = received_at  # wall-clock time the request reached Kafka
-        self.slot = slot
         self.attempt = attempt
         self.job_dir = (settings.jobs_dir / request.request_id).absolute()  # the child runs in it: paths in its spec stay absolute
         self.journal = Journal(self.job_dir / "journal.json")
-        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot, traceparent=traceparent(self.trace))
+        self.log = log.bind(request_id=request.request_id, method=request.method, slot=place.slot, traceparent=traceparent(self.trace))
         self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
         # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
         self.uploads = CheckpointUploads(store_of(settings), request.request_id, self.job_dir, self.journal, self.events, settings.checkpoint_store_keep)
         self.supervisor = Supervisor(
-            request, settings, self.events, children, slot=slot, visible_devices=visible_devices,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop,
-            share_bytes=self.share.share_bytes if self.share is not None else None, uploads=self.uploads,
+            request, settings, self.events, children, place=place,
+            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop, uploads=self.uploads,
         )
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
@@ -127,10 +120,10 @@ class JobRunner:
 
     def status(self) -> dict[str, Any]:
         return {
-            "request_id": self.request.request_id, "method": self.request.method, "slot": self.slot,
+            "request_id": self.request.request_id, "method": self.request.method, "slot": self.place.slot,
             "stage": self.stage, "pid": self.supervisor.child.pid if self.supervisor.child else None,
-            "memory_share_bytes": self.share.share_bytes if self.share is not None else None,
-            "memory_estimate_bytes": self.estimate.needed if self.estimate is not None else None,
+            "memory_share_bytes": self.place.share_bytes,
+            "memory_estimate_bytes": self.memory.estimate.needed if self.memory.estimate is not None else None,
             **self.supervisor.progress,
         }
 
@@ -222,7 +215,8 @@ class JobRunner:
         for stage, seconds in durations.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
         succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
-                                    memory=reported_memory(self.request, self.estimate, self.share, result.memory, self.memory))
+                                    memory=reported_memory(self.request, self.memory.estimate, self.share, result.memory,
+                                                                  self.memory.estimator))
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
 
@@ -235,7 +229,7 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        fast = await fast_settings(self.request, self.settings, self.share, self.gpu_room, self.memory, self.log)
+        fast = await fast_settings(self.request, self.settings, self.share, self.memory.gpu_room, self.memory.estimator, self.log)
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
                         memory_fraction=self.share.fraction if self.share is not None else None, fast=fast)
         spec_path = self.job_dir / "spec.json"

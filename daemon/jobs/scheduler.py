@@ -38,6 +38,7 @@ from daemon.jobs.job import JobRunner
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
+from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.slots import Placement, Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
@@ -195,10 +196,10 @@ class Scheduler:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
-            request, self.settings, self.publisher, self.children, received_at=record.timestamp / 1000,
-            slot=self.slots.label(placement.slots), visible_devices=self.slots.visible_devices(placement.slots), attempt=attempt,
-            trace=trace_context(record), on_trained=functools.partial(self._free_slots, tp, record.offset), share=placement,
-            estimate=need, memory=self.memory, gpu_room=self.slots.gpu_room,
+            request, self.settings, self.publisher, self.children, JobPlace.on(self.slots, placement),
+            received_at=record.timestamp / 1000, attempt=attempt, trace=trace_context(record),
+            on_trained=functools.partial(self._free_slots, tp, record.offset),
+            memory=MemoryPlan(need, self.slots.gpu_room, self.memory),
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task)

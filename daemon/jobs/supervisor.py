@@ -21,6 +21,7 @@ from daemon.children.child import ChildOutcome
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
+from daemon.jobs.plan import JobPlace
 from daemon.jobs.uploads import CheckpointUploads, Where
 from daemon.settings import Settings
 from handlers.protocol import (
@@ -70,21 +71,18 @@ def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
 class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
-        *, slot: str, visible_devices: str | None, timeout_s: int | None, stop: Callable[[Stop], bool], share_bytes: int | None = None,
-        uploads: CheckpointUploads | None = None,
+        *, place: JobPlace, timeout_s: int | None, stop: Callable[[Stop], bool], uploads: CheckpointUploads | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
         self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
         self.children = children
-        self.slot = slot
-        self.visible_devices = visible_devices
+        self.place = place  # its slot, its devices, and on a shared GPU the memory its child is held to (for `started`)
         self.timeout_s = timeout_s
-        self.share_bytes = share_bytes  # on a shared GPU, the memory its child is held to (for `started`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
         self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from
-        self.log = log.bind(request_id=request.request_id, method=request.method, slot=slot)
+        self.log = log.bind(request_id=request.request_id, method=request.method, slot=place.slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
         self.checkpoint_step: int | None = None  # the last checkpoint the child saved (what a preemption would resume from)
@@ -101,9 +99,9 @@ class Supervisor:
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
         if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
-            child = await self.children.launch(self.visible_devices, self.request.resources.gpus, spec_path, log_path)
+            child = await self.children.launch(self.place.visible_devices, self.request.resources.gpus, spec_path, log_path)
         else:
-            child = await self.children.take(self.visible_devices)
+            child = await self.children.take(self.place.visible_devices)
         self.child = child
         child.log_context = {"request_id": self.request.request_id}
         self._running = run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
@@ -121,9 +119,9 @@ class Supervisor:
         return outcome.result, outcome.first_step_at
 
     async def _on_start(self, pid: int) -> None:
-        self.log.info("job.started", pid=pid, visible_devices=self.visible_devices, timeout_s=self.timeout_s)
-        await self.events.publish(Started, method=self.request.method, slot=self.slot, pid=pid, endpoint=self.settings.logs_endpoint,
-                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.share_bytes,
+        self.log.info("job.started", pid=pid, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s)
+        await self.events.publish(Started, method=self.request.method, slot=self.place.slot, pid=pid, endpoint=self.settings.logs_endpoint,
+                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.place.share_bytes,
                                   resumed_step=self.resumed[0] if self.resumed else None, resumed_from=self.resumed[1] if self.resumed else None)
 
     async def _on_message(self, message: ChildMessage) -> None:

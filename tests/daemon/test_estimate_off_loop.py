@@ -301,7 +301,7 @@ async def test_a_model_with_an_absurd_dimension_runs_on_a_whole_gpu_never_on_a_n
         offered.append((f"r{index}", len(core.scheduler.jobs)))
     assert offered == [("r0", 1), ("r1", 1), ("r2", 1)]  # the first on the whole GPU, the others held behind it
     [job] = core.scheduler.jobs.values()
-    assert job.placement is not None and job.placement.share_bytes is None and job.runner.estimate is None
+    assert job.placement is not None and job.placement.share_bytes is None and job.runner.memory.estimate is None
     assert "rejected" not in core.types()  # never `internal`
     assert core.slots.take(1, -60 * GIB) is None  # and a negative need is never a share: it would be a whole GPU, taken
     await core.scheduler.stop_jobs()

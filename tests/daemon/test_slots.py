@@ -1,5 +1,6 @@
 """GPU discovery and the slot table: lowest free ids first, each job its own GPUs."""
 
+from daemon.jobs.plan import JobPlace
 from daemon.jobs.slots import Packing, Placement, Slots, discover_gpus
 
 GIB = 2**30
@@ -67,3 +68,14 @@ def test_packing_keeps_at_most_max_jobs_a_gpu_and_whole_gpu_jobs_alone() -> None
     assert alone == Placement(["1"]) and slots.free == [] and slots.take(1, GIB) is None
     too_big = Slots(["0"], cpu_slots=1, packing=Packing(80 * GIB, headroom=0.1, max_jobs=4)).take(1, 75 * GIB)
     assert too_big == Placement(["0"])  # more than a GPU's usable memory: the whole GPU, no fraction to hold it to
+
+
+def test_a_jobs_place_is_its_label_its_devices_and_only_a_real_share() -> None:
+    gpus = Slots(["7", "9"], 1)
+    pair = gpus.take(2)
+    assert pair is not None and JobPlace.on(gpus, pair) == JobPlace("7,9", "7,9", None)
+    shared = Placement(["7"], 30 * GIB, 0.375)  # a share of a packed GPU: its child is held to it
+    assert JobPlace.on(gpus, shared).share == shared and JobPlace.on(gpus, shared).share_bytes == 30 * GIB
+    cpu = Slots([], 2)
+    taken = cpu.take(1)
+    assert taken is not None and JobPlace.on(cpu, taken) == JobPlace("cpu") and JobPlace("cpu").share_bytes is None
