@@ -68,7 +68,9 @@ async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings,
         assert [e.step for e in events[good] if isinstance(e, Checkpoint)] == [4, 8, 12]
         progress = [e for e in events[good] if isinstance(e, Progress)]
         assert progress[-1].step == progress[-1].total_steps == 12
-        assert all(p.eta_s is not None and p.learning_rate is not None for p in progress)
+        assert all(p.learning_rate is not None for p in progress)
+        # An ETA from the second step on: the first carries the run's set-up (handlers/toolkit/reporting.py `_eta`).
+        assert [p.eta_s is None for p in progress] == [p.step < 2 for p in progress]
         assert any(p.tokens_per_s and p.tokens_per_s > 0 for p in progress)
 
         assert two_gpus.metrics_address is not None
