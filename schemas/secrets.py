@@ -121,6 +121,11 @@ class SecretScanner:
 
     def kind(self, value: str) -> str | None:
         """What kind of credential `value` looks like, or None."""
+        if self._any is not None and not self._any(value) and not (32 <= len(value) <= 512 and _TOKEN_LIKE.fullmatch(value)):
+            # What `kinds` answers for a text no rule matches and base64 cannot hide one in, without
+            # its lists and joins: every message's key is judged here when its value has no request
+            # id (1.2 against 2.9 us; issue 52).
+            return None
         return self.kinds([value]).get(0)
 
     def kinds(self, texts: list[str]) -> dict[int, str]:
