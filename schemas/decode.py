@@ -123,9 +123,10 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", _repeated_keys(document), _unsecret_request_id(document, key_id, scanner))
     try:
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
+        shapes, keys = scanner.screen(raw or b"") if not problems else (False, False)
         secrets = [] if problems else _by_path(
-            (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
-            + scanner.under_credential_keys(document, raw or b""))
+            (scanner.find(document) if shapes else []) + scanner.in_metadata(document)
+            + scanner.under_credential_keys(document, raw or b"", screened=keys))
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     if problems:
