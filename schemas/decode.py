@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas.common import MAX_INT, REQUEST_ID_PATTERN, FieldError, RejectReason
+from schemas.common import MAX_INT, REQUEST_ID_PATTERN, AdapterdError, FieldError, RejectReason
 from schemas.regex import compile_pattern
 from schemas.request import REQUEST_MODELS, RequestBase
 from schemas.secrets import BUILTIN, SecretScanner
@@ -166,8 +166,8 @@ def _by_path(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return list(first.items())
 
 
-class _RepeatedKey(Exception):
-    """Raised by `_unique_object` at the first JSON object that gives a key twice."""
+class _RepeatedKey(AdapterdError):
+    """Raised by `_unique_object` at the first JSON object that gives a key twice; `_loads` catches it."""
 
 
 def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
