@@ -40,6 +40,7 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.unreadable import CarefulReader
 from daemon.ops import metrics
+from daemon.ops.heap import freeze_startup_heap
 from daemon.ops.http_server import HttpEndpoint, server_tls
 from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
@@ -134,10 +135,12 @@ class Service:
                 self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None))
             await self.consumer.start()
             dispatching = await self._start_dispatcher()
+            frozen = freeze_startup_heap()  # full collections walk only what is made from here on
             log.info(
                 "daemon.started", topic=self.topic, group_id=self.settings.group_id, queues=self.settings.class_topics or None,
                 gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
                 events_signed_by=self.publisher.signer.key_id if self.publisher.signer is not None else None,  # None: unsigned
+                heap_frozen=frozen,
             )
             try:
                 await self._poll_until_stopped()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from schemas.common import MAX_INT, REQUEST_ID_PATTERN, FieldError, RejectReason
+from schemas.common import MAX_INT, REQUEST_ID_PATTERN, AdapterdError, FieldError, RejectReason
 from schemas.regex import compile_pattern
 from schemas.request import REQUEST_MODELS, RequestBase
 from schemas.secrets import BUILTIN, SecretScanner
@@ -108,11 +108,10 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
     def key_id() -> str | None:
         return _request_id_from_key(key, scanner)
 
-    repeated: list[_Repeated] = []
     try:
         # Strict UTF-8 first: json.loads of bytes would also take UTF-16 and UTF-8-encoded surrogates.
         text = (raw or b"").decode("utf-8")
-        document = json.loads(text, parse_constant=_no_constant, object_pairs_hook=lambda pairs: _object(pairs, repeated))
+        document, repeated = _loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return Rejection("not_json", [FieldError(path="", message=f"not UTF-8 JSON: {exc}")], key_id())
     except RecursionError:
@@ -124,9 +123,10 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
         return Rejection("invalid", _repeated_keys(document), _unsecret_request_id(document, key_id, scanner))
     try:
         problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
+        shapes, keys = scanner.screen(raw or b"") if not problems else (False, False)
         secrets = [] if problems else _by_path(
-            (scanner.find(document) if scanner.may_hold(raw or b"") else []) + scanner.in_metadata(document)
-            + scanner.under_credential_keys(document, raw or b""))
+            (scanner.find(document) if shapes else []) + scanner.in_metadata(document)
+            + scanner.under_credential_keys(document, raw or b"", screened=keys))
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     if problems:
@@ -166,6 +166,32 @@ def _by_path(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return list(first.items())
 
 
+class _RepeatedKey(AdapterdError):
+    """Raised by `_unique_object` at the first JSON object that gives a key twice; `_loads` catches it."""
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """The decoder's object_pairs_hook: a dict as json.loads makes one, unless a key came twice."""
+    made = dict(pairs)
+    if len(made) != len(pairs):
+        raise _RepeatedKey
+    return made
+
+
+def _loads(text: str) -> tuple[object, bool]:
+    """The document, and whether an object of it gives a key twice. Most messages repeat none and
+    are parsed once, by `_DECODER`; one that does is parsed again with each such object marked,
+    for `_repeated_keys` to name them all by their paths."""
+    if text.startswith("\ufeff"):  # as json.loads refuses it
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    try:
+        return _DECODER.decode(text), False
+    except _RepeatedKey:
+        repeated: list[_Repeated] = []
+        document = json.loads(text, parse_constant=_no_constant, object_pairs_hook=lambda pairs: _object(pairs, repeated))
+        return document, bool(repeated)
+
+
 class _Repeated(dict[str, object]):
     """A JSON object that held a key more than once: the keys it repeated."""
 
@@ -173,8 +199,8 @@ class _Repeated(dict[str, object]):
 
 
 def _object(pairs: list[tuple[str, object]], repeated: list[_Repeated]) -> dict[str, object]:
-    """json.loads' object_pairs_hook: a dict as json.loads makes one, marked (and noted in
-    `repeated`) when a key came twice."""
+    """The object_pairs_hook of a message known to repeat a key: a dict as json.loads makes one,
+    marked (and noted in `repeated`) when a key came twice."""
     made = dict(pairs)
     if len(made) == len(pairs):
         return made
@@ -223,6 +249,13 @@ _SUSPECT_LEAF = compile_pattern(rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")  # 
 
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
+
+
+# Built once, as json.loads builds its default decoder once: json.loads with any argument builds a
+# decoder and its scanner on every call (1.8 us a message, more than the hook it passes). Threads of
+# the decode pool share it as json.loads' callers share the default one: its scanner keeps nothing
+# between documents but a memo of key strings, which it clears after each.
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, object_pairs_hook=_unique_object)
 
 
 def leaf_problems(document: object, path: str = "", found: list[FieldError] | None = None) -> list[FieldError]:

@@ -46,6 +46,19 @@ def compile_any(patterns: Sequence[str] | Sequence[bytes]) -> Callable[[Any], bo
     return lambda text: matcher.Match(text) is not None
 
 
+def compile_matching(patterns: Sequence[str] | Sequence[bytes]) -> Callable[[Any], list[int]] | None:
+    """Which of `patterns` match somewhere in a text, by their index in ascending order, in one call:
+    RE2's FilteredRE2 as `compile_any` uses it, every pattern whose literals are there run to the end.
+    None on Python's `re`."""
+    if engine is re:  # pragma: no cover - a producer's environment without google-re2
+        return None
+    matcher = engine.Filter()
+    for pattern in patterns:
+        matcher.Add(pattern, _OPTIONS)
+    matcher.Compile()
+    return lambda text: matcher.Match(text) or []
+
+
 # A counted repetition of 1000 or more (RE2 stops at 1000): RE2 would read "a{4294967296}" as literal text,
 # and Python's re raises OverflowError; either way it is not what the producer meant.
 _LARGE_REPEAT = re.compile(r"\{\s*\d{4,}|\{\s*\d*\s*,\s*\d{4,}")

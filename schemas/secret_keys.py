@@ -106,7 +106,8 @@ class CredentialKeys:
         # null, numbers) cannot spell one. Most messages have none; the others' few are judged by name.
         stems = [_stem(keyword) for keyword in (*self.keywords, *self.words, *self.whole_words)]
         alternatives = "|".join((*dict.fromkeys(stems), r"[^\x00-\x7f]"))
-        self._keys = compile_pattern(rf'"([^"\\]*(?i:{alternatives})[^"\\]*)"\s*:'.encode()) if all(stems) else None
+        self.screen_pattern = rf'"([^"\\]*(?i:{alternatives})[^"\\]*)"\s*:'.encode() if all(stems) else None
+        self._keys = compile_pattern(self.screen_pattern) if self.screen_pattern is not None else None
         self._verdicts: dict[str, bool] = {}
 
     def names_credential(self, key: str) -> bool:
@@ -127,6 +128,12 @@ class CredentialKeys:
         hide a name (`hf_\\u0074oken`) or a quote."""
         if self._keys is None or b"\\" in raw:
             return True
+        return self.named_in(raw)
+
+    def named_in(self, raw: bytes) -> bool:
+        """Whether a key read from a JSON text without escapes (`may_hold`) is credential-named: the
+        keys that hold a keyword's letters (`screen_pattern`), each judged by its name."""
+        assert self._keys is not None  # only where `may_hold` reads the text
         keys = self._keys.findall(raw)
         return bool(keys) and any(self.names_credential(key.decode("utf-8", "replace")) for key in keys)
 

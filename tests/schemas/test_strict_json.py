@@ -34,6 +34,25 @@ def test_a_nested_key_given_twice_is_named_by_its_path() -> None:
     assert [error.path for error in rejected(raw).errors] == ["output.private"]
 
 
+def test_every_repeated_key_is_named_not_only_the_first() -> None:
+    # The decoder stops at the first repeat; the message is then read again to name them all.
+    raw = json.dumps(sft_request("dup")).encode()
+    raw = raw.replace(b'"output": {', b'"output": {"private": true, "private": false, ', 1)
+    raw = raw.replace(b'"peft": {', b'"peft": {"r": 8, "r": 4, ', 1)
+    assert sorted(error.path for error in rejected(raw).errors) == ["output.private", "peft.r"]
+
+
+def test_a_repeat_before_a_syntax_error_is_still_not_json() -> None:
+    raw = b'{"request_id": "dup", "method": "sft", "method": "dpo", "model": '
+    rejection = rejected(raw)
+    assert rejection.reason == "not_json" and "Expecting value" in rejection.errors[0].message
+
+
+def test_a_byte_order_mark_is_not_json_as_json_loads_says() -> None:
+    rejection = rejected("\ufeff".encode() + json.dumps(sft_request("bom")).encode())
+    assert rejection.reason == "not_json" and "BOM" in rejection.errors[0].message
+
+
 def test_the_same_key_in_two_objects_is_not_a_repeat() -> None:
     assert isinstance(decode_request(json.dumps(sft_request("ok", metadata={"id": "a"})).encode()), RequestBase)
 
