@@ -37,26 +37,27 @@ def compile_any(patterns: Sequence[str] | Sequence[bytes]) -> Callable[[Any], bo
     and those with none, each as its own automaton, so linear in the text as they are apart). None
     on Python's `re`, which has no such thing. It answers exactly what searching each pattern would:
     FilteredRE2 only skips a pattern that cannot match."""
-    if engine is re:  # pragma: no cover - a producer's environment without google-re2
-        return None
-    matcher = engine.Filter()
-    for pattern in patterns:
-        matcher.Add(pattern, _OPTIONS)
-    matcher.Compile()
-    return lambda text: matcher.Match(text) is not None
+    matcher = _filter(patterns)
+    return None if matcher is None else lambda text: matcher.Match(text) is not None
 
 
 def compile_matching(patterns: Sequence[str] | Sequence[bytes]) -> Callable[[Any], list[int]] | None:
     """Which of `patterns` match somewhere in a text, by their index in ascending order, in one call:
     RE2's FilteredRE2 as `compile_any` uses it, every pattern whose literals are there run to the end.
     None on Python's `re`."""
+    matcher = _filter(patterns)
+    return None if matcher is None else lambda text: matcher.Match(text) or []
+
+
+def _filter(patterns: Sequence[str] | Sequence[bytes]) -> Any:
+    """RE2's FilteredRE2 of `patterns`, compiled; None on Python's `re`."""
     if engine is re:  # pragma: no cover - a producer's environment without google-re2
         return None
     matcher = engine.Filter()
     for pattern in patterns:
         matcher.Add(pattern, _OPTIONS)
     matcher.Compile()
-    return lambda text: matcher.Match(text) or []
+    return matcher
 
 
 # A counted repetition of 1000 or more (RE2 stops at 1000): RE2 would read "a{4294967296}" as literal text,
