@@ -173,7 +173,7 @@ def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int)
     labels = {a.request_id: a for a in arrivals}
     measured = tuple(replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
                      for a in arrivals_from_events(events) if a.request_id in labels)
-    history = tuple((a.method, a.model, a.duration_s) for a in measured)
+    history = tuple((a.method, a.model, a.duration_s, a.steps) for a in measured)
     error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()},
                             history=history))
     return None if math.isnan(error) else error

@@ -33,6 +33,7 @@ class Arrival:
     team: str = "default"
     gpus: int = 1
     request_id: str = ""  # empty: "r<its index in the trace>"
+    steps: int | None = None  # its max_steps, when known: its expected duration scales with them
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class Trace:
     slots: int = 1
     classes: tuple[PriorityClass, ...] = (PriorityClass(name="default"),)
     teams: Mapping[str, TeamShare] = field(default_factory=dict)
-    history: tuple[tuple[str, str, float], ...] = ()  # (method, model, seconds): the durations known before the trace starts
+    # (method, model, seconds, steps or None): the durations known before the trace starts
+    history: tuple[tuple[str, str, float, int | None], ...] = ()
     learn: bool = True  # a finished job's duration is learnt, as its succeeded event teaches the real fleet
     running_eta: bool = False  # a running job reports its true remaining time (as its progress events' ETA); else it is estimated
 
@@ -69,8 +71,8 @@ def replay(trace: Trace) -> list[Outcome]:
     )
     classes, teams = list(trace.classes), trace.teams
     durations, usage = Durations(), Usage()
-    for method, model, seconds in trace.history:
-        durations.add(method, model, seconds)
+    for method, model, seconds, steps in trace.history:
+        _learn(durations, method, model, seconds, steps)
     by_id = {a.request_id: a for a in arrivals}
     waiting: list[Waiting] = []
     running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
@@ -81,8 +83,16 @@ def replay(trace: Trace) -> list[Outcome]:
         return trace.slots - sum(job.gpus for _, job in running.values())
 
     def seen(now: float) -> list[Running]:
-        """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one."""
-        return [replace(job, eta_s=end - now) if trace.running_eta else job for end, job in running.values()]
+        """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one but
+        with the steps they have left (as their progress events say), when their steps are known."""
+        return [replace(job, eta_s=end - now) if trace.running_eta else replace(job, steps_left=left(job.request_id, end, now))
+                for end, job in running.values()]
+
+    def left(request_id: str, end: float, now: float) -> int | None:
+        arrival = by_id[request_id]
+        if arrival.steps is None or arrival.duration_s <= 0:
+            return None
+        return math.ceil(arrival.steps * max(0.0, end - now) / arrival.duration_s)
 
     def dispatch(now: float) -> None:
         while waiting:
@@ -104,7 +114,8 @@ def replay(trace: Trace) -> list[Outcome]:
             arrival = arrivals[index]
             index += 1
             now = arrival.at
-            waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus))
+            waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus,
+                                   steps=arrival.steps))
             jobs = seen(now)
             order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
             eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
@@ -114,9 +125,15 @@ def replay(trace: Trace) -> list[Outcome]:
                 _, job = running.pop(request_id)
                 usage.end(request_id, now)
                 if trace.learn:
-                    durations.add(job.method, job.model, by_id[request_id].duration_s)
+                    _learn(durations, job.method, job.model, by_id[request_id].duration_s, by_id[request_id].steps)
         dispatch(now)
     return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id)) for a in arrivals]
+
+
+def _learn(durations: Durations, method: str, model: str, seconds: float, steps: int | None) -> None:
+    """A finished job's duration, and with its steps its pace (the whole slot-time counted as steps: the trace
+    does not say how much of it was outside training)."""
+    durations.add(method, model, seconds, steps=steps, training_s=seconds if steps else None)
 
 
 def eta_error(trace: Trace) -> float:
@@ -132,7 +149,8 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
     first: each request that succeeded (a duplicate left out), arriving its `total` duration before its
     succeeded event (or at its first `accepted` event, if earlier: a request preempted and queued again counts
     from its first arrival, less its first wait), of the method and model it names, the class and team its
-    `accepted` event named ("default" on a host without classes) and the GPUs its `started` event named.
+    `accepted` event named ("default" on a host without classes), the GPUs its `started` event named and the steps
+    it trained (its metrics' train_runtime x train_steps_per_second).
     Its duration is its slot-time: each earlier attempt's stretch from `accepted` to `preempted` or
     `retrying`, and the last one's `total` less its queue and push."""
     accepted: dict[str, Accepted] = {}
@@ -153,11 +171,13 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
             earlier[request_id] = earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
         elif isinstance(event, Succeeded) and not event.duplicate and "total" in event.durations_s and request_id in accepted:
             times, start = event.durations_s, accepted[request_id]
+            runtime, rate = event.metrics.get("train_runtime"), event.metrics.get("train_steps_per_second")
+            steps = round(runtime * rate) if runtime and rate and runtime > 0 and rate > 0 else None
             last = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
             arrived = min(event.time.timestamp() - times["total"], first_accepted[request_id])
             done.append((arrived, Arrival(
                 0.0, earlier.get(request_id, 0.0) + last, event.method, event.base_model, start.priority_class or "default",
-                start.team or "default", gpus.get(request_id, 1), request_id,
+                start.team or "default", gpus.get(request_id, 1), request_id, steps,
             )))
     first = min((at for at, _ in done), default=0.0)
     return tuple(replace(arrival, at=at - first) for at, arrival in sorted(done, key=lambda pair: pair[0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -87,7 +88,7 @@ def test_a_request_of_several_gpus_starts_when_the_last_of_its_slots_is_free() -
 
 def test_a_trace_of_known_equal_durations_replays_with_no_error() -> None:
     trace = Trace(tuple(Arrival(at=0.0, duration_s=10.0, method="sft", model="tiny") for _ in range(5)),
-                  slots=1, history=(("sft", "tiny", 10.0),))
+                  slots=1, history=(("sft", "tiny", 10.0, None),))
     outcomes = replay(trace)
     assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0), (20.0, 20.0), (30.0, 30.0), (40.0, 40.0)]
     assert eta_error(trace) == 0.0
@@ -96,12 +97,12 @@ def test_a_trace_of_known_equal_durations_replays_with_no_error() -> None:
 def test_durations_twice_the_history_give_a_known_error() -> None:
     # The history says 10 s, each job takes 20: the ETAs say 0, 10, 20, 30, 40 for starts at 0, 20, 40, 60, 80.
     arrivals = tuple(Arrival(at=0.0, duration_s=20.0) for _ in range(5))
-    trace = Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0),))
+    trace = Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0, None),))
     assert [o.eta_s for o in replay(trace)] == [0.0, 10.0, 20.0, 30.0, 40.0]
     assert eta_error(trace) == pytest.approx(0.5)  # errors 0, then 10/20, 20/40, ...: the median is 0.5
     # With the running job's own ETA (as its progress reports), only the waiting ones' durations are wrong:
     # ETAs 0, 20, 30, 40, 50 against 0, 20, 40, 60, 80.
-    assert eta_error(Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0),), running_eta=True)) == pytest.approx(10 / 40)
+    assert eta_error(Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0, None),), running_eta=True)) == pytest.approx(10 / 40)
 
 
 def test_the_replay_learns_durations_as_the_fleet_does() -> None:
@@ -116,10 +117,20 @@ def test_the_replay_starts_requests_in_the_fleets_order() -> None:
     classes = (PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True))
     sweep = tuple(Arrival(at=float(i), duration_s=10.0, priority_class="batch", team="a", request_id=f"b{i}") for i in range(4))
     urgent = Arrival(at=5.0, duration_s=10.0, priority_class="urgent", team="b", request_id="u")
-    outcomes = {o.request_id: o for o in replay(Trace((*sweep, urgent), slots=1, classes=classes, history=(("sft", "tiny", 10.0),)))}
+    outcomes = {o.request_id: o for o in replay(Trace((*sweep, urgent), slots=1, classes=classes, history=(("sft", "tiny", 10.0, None),)))}
     # b0 runs 0-10; the urgent request, arrived at 5, goes ahead of b1-b3, which arrived before it.
     assert {r: o.started for r, o in outcomes.items()} == {"b0": 0.0, "u": 10.0, "b1": 20.0, "b2": 30.0, "b3": 40.0}
     assert outcomes["u"].eta_s == 5.0 and outcomes["b1"].eta_s == 9.0  # b1's ETA at its arrival, before u came
+
+
+def test_the_replay_paces_requests_of_other_lengths_by_their_steps() -> None:
+    # The history: a job of 10 steps took 10 s. The queue: one of 40 steps (40 s), then one of 5 (5 s).
+    # Without their steps each is expected at 10 s: the third's ETA says 20 for a start at 45.
+    arrivals = (Arrival(at=0.0, duration_s=40.0, steps=40), Arrival(at=0.0, duration_s=5.0, steps=5), Arrival(at=0.0, duration_s=1.0, steps=1))
+    paced = replay(Trace(arrivals, slots=1, history=(("sft", "tiny", 10.0, 10),), learn=False))
+    assert [(o.eta_s, o.started) for o in paced] == [(0.0, 0.0), (40.0, 40.0), (45.0, 45.0)]
+    blind = replay(Trace(tuple(replace(a, steps=None) for a in arrivals), slots=1, history=(("sft", "tiny", 10.0, None),), learn=False))
+    assert [o.eta_s for o in blind] == [0.0, 10.0, 20.0]
 
 
 def test_no_eta_at_all_is_nan_not_zero() -> None:

@@ -57,7 +57,7 @@ def test_slots_that_free_together_still_follow_the_weights_counting_the_work_und
     # Three slots of a simulated fleet: the starts at one moment count each other's work (remaining_work),
     # or all three would go to the team that leads at that moment (18:12 instead of 20:10).
     arrivals = tuple(Arrival(at=0.0, duration_s=10.0, team=team, request_id=f"{team}{i}") for team in "ab" for i in range(30))
-    outcomes = replay(Trace(arrivals, slots=3, teams={"a": TeamShare(weight=2)}, history=(("sft", "tiny", 10.0),)))
+    outcomes = replay(Trace(arrivals, slots=3, teams={"a": TeamShare(weight=2)}, history=(("sft", "tiny", 10.0, None),)))
     first = sorted(outcomes, key=lambda o: (o.started or 0.0, o.request_id))[:30]
     assert Counter(o.request_id[0] for o in first) == {"a": 20, "b": 10}
 
