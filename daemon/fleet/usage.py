@@ -113,7 +113,12 @@ class Durations:
         held = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
         runtime, rate = event.metrics.get("train_runtime"), event.metrics.get("train_steps_per_second")
         steps = runtime * rate if runtime and rate and runtime > 0 and rate > 0 else None
-        self.add(event.method, event.base_model, held, steps=steps, training_s=runtime)
+        # A step's pace is the steady one (`median_step_s`, the first step's set-up left out) where the job said it:
+        # a short job's runtime over its steps counts its set-up in every step, and a long one is then expected at
+        # twice its length. The set-up goes with the time outside training.
+        pace = event.metrics.get("median_step_s")
+        training = pace * steps if steps and pace and pace > 0 else runtime
+        self.add(event.method, event.base_model, held, steps=steps, training_s=training)
 
     def add_steps(self, method: str, model: str, outside_s: float, step_s: float) -> None:
         sample = (max(0.0, outside_s), max(0.0, step_s))

@@ -48,10 +48,10 @@ def accepted(request_id: str, team: str | None, seconds: float) -> Event:
 
 
 def succeeded(request_id: str, seconds: float, durations_s: dict[str, float] | None = None, method: str = "sft",
-              model: str = "tiny/m", **fields: Any) -> Event:
+              model: str = "tiny/m", metrics: dict[str, float] | None = None, **fields: Any) -> Event:
     return read(Succeeded(
         request_id=request_id, time=at(seconds), sink="local", repo_id="a/b", revision="main", commit_sha=None, commit_url=None,
-        location="/x", files=[], metrics={}, durations_s=durations_s or {}, versions={}, method=method, trainer="SFTTrainer",
+        location="/x", files=[], metrics=metrics or {}, durations_s=durations_s or {}, versions={}, method=method, trainer="SFTTrainer",
         base_model=model, base_model_revision=None, dataset_fingerprint=None, **fields,
     ))
 
@@ -141,6 +141,19 @@ def test_durations_are_the_slot_time_of_successes_and_leave_duplicates_out() -> 
     durations.observe(succeeded("r2", 0, {}, duplicate=True), T0)  # answered from an earlier success: trained nothing
     durations.observe(read(Failed(request_id="r3", code="x", message="m", stage="train", retryable=False)), T0)
     assert durations.expected("sft", "tiny/m") == pytest.approx(90.0)
+
+
+def test_a_requests_length_is_expected_at_the_steady_pace_of_finished_steps() -> None:
+    # 10 steps in 10 s of training, the first of them 5.5 s of set-up: the steady pace is 0.5 s a step. The job held
+    # its slot 20 s: 15 s of it outside the steady steps. One of 40 steps is expected at 15 + 40 x 0.5 = 35 s.
+    metrics = {"train_runtime": 10.0, "train_steps_per_second": 1.0, "median_step_s": 0.5}
+    durations = Durations()
+    durations.observe(succeeded("r1", 0, {"total": 20.0}, metrics=metrics), T0)
+    assert durations.expected("sft", "tiny/m", 40) == pytest.approx(35.0) and durations.step_s("sft", "tiny/m") == 0.5
+    # Without the pace, the runtime over the steps: 1 s a step with the set-up in each, 10 + 40 x 1 = 50 s.
+    blind = Durations()
+    blind.observe(succeeded("r1", 0, {"total": 20.0}, metrics={"train_runtime": 10.0, "train_steps_per_second": 1.0}), T0)
+    assert blind.expected("sft", "tiny/m", 40) == pytest.approx(50.0)
 
 
 def test_expected_is_the_median_of_the_same_method_and_model_else_the_method_else_all() -> None:
