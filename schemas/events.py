@@ -63,6 +63,14 @@ class Accepted(EventBase):
         "How many jobs the accepting host runs at once: the fleet's slots, summed over its hosts, for the waiting requests' ETAs; "
         "null on a host with no classes."
     ))
+    model: str | None = Field(None, max_length=1024, description=(
+        "The base model the request names (model.id), so every host expects the job's length from jobs of the same model; "
+        "null on a host with no classes."
+    ))
+    max_steps: int | None = Field(None, ge=1, description=(
+        "The request's training.max_steps, so every host paces the job's length before its first progress; null when it names "
+        "none, and on a host with no classes."
+    ))
 
 
 class Rejected(EventBase):

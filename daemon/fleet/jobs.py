@@ -53,8 +53,11 @@ class FleetJobs:
 
     def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
         self.started[tp] = (time.time(), record)
-        return {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team),
-                "host_slots": self.scheduler.slots.total}
+        fields: dict[str, str | int] = {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team),
+                                        "host_slots": self.scheduler.slots.total, "model": request.model.id}
+        if request.training.max_steps is not None:
+            fields["max_steps"] = request.training.max_steps
+        return fields
 
     def running(self) -> list[Running]:
         """This host's jobs that hold slots, for the fleet's choice of a job to preempt (daemon/fleet/view.py)."""

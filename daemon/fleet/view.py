@@ -96,8 +96,6 @@ class FleetView:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
         sees the fleet (`fleet_slots`)."""
         now = time.time()
-        for request in waiting:
-            self.running_jobs.known(request.request_id, request.model, request.steps)
         running = self.running_jobs.jobs(now)
         order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
                             self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))

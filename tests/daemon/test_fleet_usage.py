@@ -204,17 +204,18 @@ def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
     assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.steps_left, r2.gpus) == ("default", None, None, None, 1)  # nothing known yet
 
 
-def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_request_said_while_it_waited() -> None:
+def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_accepted_event_named() -> None:
     jobs = RunningJobs()
-    jobs.known("r1", "org/base", 40)  # seen waiting, before it ran
-    jobs.observe(accepted("r1", "a", 0), T0 + 10)
+    jobs.observe(read(Accepted(request_id="r1", method="sft", team="a", priority_class="batch", model="org/base", max_steps=40,
+                               time=at(0))), T0 + 10)
     [job] = jobs.jobs(T0 + 10)
     assert (job.model, job.steps_left) == ("org/base", 40)  # not the method's median job: its own 40 steps
+    jobs.observe(read(Started(request_id="r1", method="sft", slot="cpu", pid=9, resumed_step=8, time=at(1))), T0 + 10)
+    assert jobs.jobs(T0 + 10)[0].steps_left == 32  # resumed at step 8
     jobs.observe(read(Progress(request_id="r1", step=10, total_steps=40, time=at(5))), T0 + 10)
     assert jobs.jobs(T0 + 10)[0].steps_left == 30  # its progress says more
-    jobs.observe(succeeded("r1", 9), T0 + 10)
-    jobs.observe(accepted("r1", "a", 20), T0 + 30)  # the id used again: what it said before is forgotten
-    assert (jobs.jobs(T0 + 30)[0].model, jobs.jobs(T0 + 30)[0].steps_left) == ("", None)
+    jobs.observe(accepted("r2", "a", 20), T0 + 30)  # a host with no classes names neither
+    assert (jobs.jobs(T0 + 30)[-1].model, jobs.jobs(T0 + 30)[-1].steps_left) == ("", None)
 
 
 def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preemptions() -> None:
