@@ -20,9 +20,9 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.errors import TopicMissing
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import queue_group, team_of
+from daemon.fleet_config import queue_group
 from daemon.jobs.job_events import JobEvents
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.partitions import Partitions
@@ -98,9 +98,7 @@ class Announcer:
                         request = decode_request(record.value or b"", record.key)
                         if not isinstance(request, RequestBase) or request.request_id in running:
                             continue
-                        waiting = Waiting(request.request_id, request.priority_class or name, team_of(request.team), record.timestamp / 1000,
-                                          request.method, request.model.id, request.resources.gpus, steps=request.training.max_steps)
-                        unread.append((waiting, (request, record)))
+                        unread.append((waiting_for(request, request.priority_class or name, record.timestamp / 1000), (request, record)))
             except TopicMissing:
                 continue
         return unread

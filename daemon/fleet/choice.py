@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet_config import team_of
 from daemon.kafka.records import Record
 from schemas import FieldError, RequestBase
@@ -46,9 +46,6 @@ class Head:
         return self.due is not None and self.due > now
 
     def waiting(self) -> Waiting:
-        request = self.request
-        return Waiting(
-            self.request_id, self.priority_class, self.team, self.arrived, request.method if request is not None else "",
-            request.model.id if request is not None else "", request.resources.gpus if request is not None else 1, key=self,
-            steps=request.training.max_steps if request is not None else None,
-        )
+        if self.request is not None:
+            return waiting_for(self.request, self.priority_class, self.arrived, key=self)
+        return Waiting(self.request_id, self.priority_class, self.team, self.arrived, "", "", 1, key=self)

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from daemon.fleet.usage import Durations
-from daemon.fleet_config import PriorityClass, TeamShare
+from daemon.fleet_config import PriorityClass, TeamShare, team_of
+from schemas import RequestBase
 
 # The slot-seconds a waiting request of unknown length counts for in the fair share, when no job
 # of any method has succeeded yet: only the ratio between teams matters then, not this figure.
@@ -60,6 +61,12 @@ class Running:
     host: str = ""
     key: object = None
     gpus: int = 1
+
+
+def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: object = None) -> Waiting:
+    """A decoded request as the fleet's order weighs it: its class, team, arrival, method, model, GPUs and steps."""
+    return Waiting(request.request_id, priority_class, team_of(request.team), arrived, request.method, request.model.id,
+                   request.resources.gpus, key=key, steps=request.training.max_steps)
 
 
 def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
