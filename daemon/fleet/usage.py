@@ -103,6 +103,7 @@ class Durations:
         self._steps_by_model: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._steps_by_method: dict[str, deque[tuple[float, float]]] = {}
         self._steps_all: deque[tuple[float, float]] = deque(maxlen=window)
+        self._paces: dict[tuple[str, str], tuple[float, float] | None] = {}  # the medians of those, since the last add
 
     def observe(self, event: Event, now: float) -> None:
         """Fold one event in: a `succeeded` one with its durations; every other is ignored. (`now` is unused:
@@ -125,6 +126,7 @@ class Durations:
         self._steps_by_model.setdefault((method, model), deque(maxlen=self.window)).append(sample)
         self._steps_by_method.setdefault(method, deque(maxlen=self.window)).append(sample)
         self._steps_all.append(sample)
+        self._paces.clear()
 
     def add(self, method: str, model: str, seconds: float, *, steps: float | None = None, training_s: float | None = None) -> None:
         if steps and training_s is not None and steps >= 1:
@@ -134,23 +136,27 @@ class Durations:
         self._all.append(seconds)
         self._expected.clear()
 
-    def _step_samples(self, method: str, model: str) -> deque[tuple[float, float]] | None:
-        return next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
-                     if known), None)
+    def _pace(self, method: str, model: str) -> tuple[float, float] | None:
+        """The median seconds outside training and of one step, of the same method and model, else method, else all;
+        worked out once per method and model between adds (the order asks for every waiting request, every turn)."""
+        if (method, model) not in self._paces:
+            samples = next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
+                            if known), None)
+            self._paces[(method, model)] = (statistics.median(o for o, _ in samples), statistics.median(t for _, t in samples)) if samples else None
+        return self._paces[(method, model)]
 
     def step_s(self, method: str, model: str) -> float | None:
         """The median seconds of one training step of the same method and model, else method, else all; None unknown."""
-        samples = self._step_samples(method, model)
-        return statistics.median(t for _, t in samples) if samples else None
+        pace = self._pace(method, model)
+        return pace[1] if pace is not None else None
 
     def expected(self, method: str, model: str, steps: int | None = None) -> float | None:
         """The median of the same method and model, else of the same method, else of all, else None. Given the
         request's `steps` (its max_steps) and jobs whose steps are known: their median time outside training
         plus their median step's time, times `steps`."""
-        if steps:
-            samples = self._step_samples(method, model)
-            if samples:
-                return statistics.median(o for o, _ in samples) + statistics.median(t for _, t in samples) * steps
+        pace = self._pace(method, model) if steps else None
+        if steps and pace is not None:
+            return pace[0] + pace[1] * steps
         if (method, model) not in self._expected:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None
