@@ -107,10 +107,10 @@ class SecretScanner:
         # hold no credential, and on the rejection path a call an automaton (16 of them, each a
         # search through the RE2 wrapper's Python code) cost 3 times what 67ce75e's whole scan did (issue 52).
         self._any = compile_any([pattern for _, pattern in rules.values()])
-        self._any_raw = compile_any([pattern.encode() for _, pattern in rules.values()] + [base64_string])
+        screens = [pattern.encode() for _, pattern in rules.values()] + [base64_string]
+        self._any_raw = compile_any(screens)
         # `may_hold` and the key-name screen (`CredentialKeys.may_hold`) in one call (`screen`): every
         # message of the requests topic passes both, and each call through RE2's wrapper costs (issue 52).
-        screens = [pattern.encode() for _, pattern in rules.values()] + [base64_string]
         self._keys_index = len(screens)
         self._screen = compile_matching([*screens, self.keys.screen_pattern]) if self.keys.screen_pattern is not None else None
 
