@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
-from daemon.fleet.usage import Durations, Usage
+from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.fleet_config import PriorityClass, TeamShare
 from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
 
@@ -171,8 +171,8 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
             earlier[request_id] = earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
         elif isinstance(event, Succeeded) and not event.duplicate and "total" in event.durations_s and request_id in accepted:
             times, start = event.durations_s, accepted[request_id]
-            runtime, rate = event.metrics.get("train_runtime"), event.metrics.get("train_steps_per_second")
-            steps = round(runtime * rate) if runtime and rate and runtime > 0 and rate > 0 else None
+            trained = trained_steps(event.metrics)
+            steps = round(trained) if trained is not None else None
             last = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
             arrived = min(event.time.timestamp() - times["total"], first_accepted[request_id])
             done.append((arrived, Arrival(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, deque
+from collections.abc import Mapping
 
 from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
@@ -112,8 +113,7 @@ class Durations:
             return
         times = event.durations_s
         held = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
-        runtime, rate = event.metrics.get("train_runtime"), event.metrics.get("train_steps_per_second")
-        steps = runtime * rate if runtime and rate and runtime > 0 and rate > 0 else None
+        runtime, steps = event.metrics.get("train_runtime"), trained_steps(event.metrics)
         # A step's pace is the steady one (`median_step_s`, the first step's set-up left out) where the job said it:
         # a short job's runtime over its steps counts its set-up in every step, and a long one is then expected at
         # twice its length. The set-up goes with the time outside training.
@@ -161,3 +161,9 @@ class Durations:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None
         return self._expected[(method, model)]
+
+
+def trained_steps(metrics: Mapping[str, float]) -> float | None:
+    """The steps a job trained, from its `succeeded` metrics (train_runtime x train_steps_per_second); None unsaid."""
+    runtime, rate = metrics.get("train_runtime"), metrics.get("train_steps_per_second")
+    return runtime * rate if runtime and rate and runtime > 0 and rate > 0 else None

@@ -66,7 +66,6 @@ class JobRunner:
     ) -> None:
         self.request = request
         self.place = place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
-        self.share = place.share
         self.memory = memory or MemoryPlan()  # its estimate, a whole GPU's room and the estimator its peak teaches
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
@@ -177,8 +176,8 @@ class JobRunner:
         Out of memory on a shared GPU is not the job's failure: it runs again on a GPU of its own,
         whatever attempt it is on (`alone`)."""
         message = failure.message
-        if failure.code == "out_of_memory" and self.share is not None:
-            message += (f" (on a GPU shared with other jobs, held to {self.share.share_bytes} bytes, {self.share.fraction} of it); "
+        if failure.code == "out_of_memory" and self.place.share is not None:
+            message += (f" (on a GPU shared with other jobs, held to {self.place.share.share_bytes} bytes, {self.place.share.fraction} of it); "
                         "it runs again on a GPU of its own")
         elif not (failure.retryable and self.attempt < self.settings.max_attempts):
             return self.events.event(Failed, code=failure.code, message=message, stage=failure.stage, retryable=failure.retryable)
@@ -215,7 +214,7 @@ class JobRunner:
         for stage, seconds in durations.items():
             STAGE_SECONDS.labels(stage).observe(seconds)
         succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
-                                    memory=reported_memory(self.request, self.memory.estimate, self.share, result.memory,
+                                    memory=reported_memory(self.request, self.memory.estimate, self.place.share, result.memory,
                                                                   self.memory.estimator))
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
@@ -229,9 +228,9 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        fast = await fast_settings(self.request, self.settings, self.share, self.memory.gpu_room, self.memory.estimator, self.log)
+        fast = await fast_settings(self.request, self.settings, self.place.share, self.memory.gpu_room, self.memory.estimator, self.log)
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
-                        memory_fraction=self.share.fraction if self.share is not None else None, fast=fast)
+                        memory_fraction=self.place.share.fraction if self.place.share is not None else None, fast=fast)
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew

@@ -220,7 +220,7 @@ class Scheduler:
                 return
             if isinstance(event, Retrying):
                 # Back to the end of its partition, so the requests behind it are not held up.
-                alone = event.code == "out_of_memory" and runner.share is not None  # not its failure: the same attempt, now, alone
+                alone = event.code == "out_of_memory" and runner.place.share is not None  # not its failure: the same attempt, now, alone
                 attempt = runner.attempt if alone else runner.attempt + 1
                 due = time.time() + (0 if alone else backoff_s(self.settings.retry_backoff_s, attempt))
                 retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due, alone=alone))
