@@ -285,9 +285,8 @@ def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weight
                 actual[arrival.team] += span
             for team, count in water_fill(float(len(running_)), dict(wanted), weights).items():
                 ideal[team] += count * span
-        used, fair = sum(actual.values()), sum(ideal.values())
-        if used > 0 and fair > 0:
-            gap = max(abs(actual[team] / used - ideal[team] / fair) for team in set(actual) | set(ideal))
+        gap = largest_gap(actual, ideal)
+        if gap is not None:
             worst = gap if worst is None else max(worst, gap)
     return worst
 
@@ -310,10 +309,15 @@ def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots
             actual[arrival.team] += span
         for team, count in ideal_slots(piece.waiting, piece.running, sum(slots.values()), classes, weights).items():
             ideal[team] += count * span
+    return largest_gap(actual, ideal)
+
+
+def largest_gap(actual: dict[str, float], ideal: dict[str, float]) -> float | None:
+    """The largest gap between a team's share of `actual` slot-time and its share of the `ideal`; None when either is none."""
     used, fair = sum(actual.values()), sum(ideal.values())
     if used <= 0 or fair <= 0:
         return None
-    return max(abs(actual[team] / used - ideal[team] / fair) for team in set(actual) | set(ideal))
+    return max(abs(actual.get(team, 0.0) / used - ideal.get(team, 0.0) / fair) for team in set(actual) | set(ideal))
 
 
 def first_step_at(events: Sequence[Seen]) -> dict[str, float]:
