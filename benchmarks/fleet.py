@@ -5,14 +5,17 @@ its weight (the fair share between teams of one class), then `urgent` requests f
 every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
 says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
 
-    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (2 to 12 steps) + 2 urgent
-    uv run python -m benchmarks.fleet --classes     # the same with the fleet's priority classes and teams
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (30 to 120 steps) + 2 urgent (4 steps)
+    uv run python -m benchmarks.fleet --fifo        # the same on today's partitions: no classes
     uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
 
-Without `--classes` the daemons have no priority classes: each requests partition is a first-in-first-out
-queue read by one host, and a request names no class (the benchmark still counts the sweeps as `batch`
-and the others as `urgent`). With it, they have the classes urgent, default and batch (batch preemptible),
-a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic.
+With `--classes` (the default) the daemons have the classes urgent, default and batch (batch preemptible),
+a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic. With
+`--fifo` they have no priority classes: each requests partition is a first-in-first-out queue read by one
+host, and a request names no class (the benchmark still counts the sweeps as `batch` and the others as `urgent`).
+
+Each daemon stands for a host: its jobs get the machine's cores over the fleet's slots as their OpenMP
+threads (`--threads`), so that one job's steps do not slow another's as they would on hosts sharing cores.
 
 A request arrives at its record's timestamp (set by this producer); the figures come from the events
 topic, each host's slots from its settings and the local Hub's commits. Every step is a progress event and
@@ -25,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import time
@@ -61,21 +65,27 @@ class Plan:
     batch: int = 8
     evals: int = 4  # the second batch team's requests, published with the sweep
     urgent: int = 2
-    min_steps: int = 2  # each batch request's max_steps is drawn between these
-    max_steps: int = 12
+    min_steps: int = 30  # each batch request's max_steps is drawn between these (a step ~0.17 s on one core here)
+    max_steps: int = 120
     urgent_steps: int = 4
     partitions: int = 4  # of each requests topic (ensure_topics gives the claims topic at least 16)
-    classes: bool = False
+    classes: bool = True
     seed: int = 1
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
     timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
+    threads: int | None = None  # each job's OpenMP threads; None: this machine's cores over the fleet's slots
 
     @property
     def total_slots(self) -> int:
         return self.daemons * self.slots
 
 
-QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "max_steps": 4}
+QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
+
+
+def job_threads(plan: Plan, cores: int) -> int:
+    """Each job's OpenMP threads: `--threads`, else this machine's `cores` over the fleet's slots (at least 1)."""
+    return plan.threads or max(1, cores // plan.total_slots)
 
 
 def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
@@ -201,7 +211,11 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         settings = settings.model_copy(update={"checkpoint_store": str(settings.work_dir / "checkpoint-store")})
         hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
                                              "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
-        daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log")).start() for n, s in enumerate(hosts)]
+        # Each daemon stands for a host of its own: its jobs get their share of this machine's cores, as a host's get
+        # its own, not all of them each (two jobs of 2 OpenMP threads on 2 cores ran their steps 6x slower beside
+        # each other than alone, so a job's pace said nothing of the next one's; a fleet's hosts share no cores).
+        threads = {"OMP_NUM_THREADS": str(job_threads(plan, os.cpu_count() or 1))}
+        daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log"), extra_env=threads).start() for n, s in enumerate(hosts)]
         collector = Collector(settings)
         collecting = asyncio.create_task(collector.run())
         await ready(daemons, settings, group_partitions)
@@ -247,23 +261,25 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="the sweep's size (batch requests)")
     parser.add_argument("--evals", type=int, default=None, help="the second batch team's requests (twice the sweep's weight)")
     parser.add_argument("--urgent", type=int, default=None, help="urgent requests, sent once every slot is busy")
-    parser.add_argument("--min-steps", type=int, default=Plan.min_steps)
+    parser.add_argument("--min-steps", type=int, default=None)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--partitions", type=int, default=Plan.partitions)
     modes = parser.add_mutually_exclusive_group()
-    modes.add_argument("--classes", action="store_true", help="the fleet's priority classes and teams")
-    modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out (the default)")
+    modes.add_argument("--classes", action="store_true", default=True, help="the fleet's priority classes and teams (the default)")
+    modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out")
     parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
+    parser.add_argument("--threads", type=int, default=None, help="each job's OpenMP threads (default: this machine's cores over the fleet's slots)")
     parser.add_argument("--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own")
     parser.add_argument("--events", type=Path, default=None, help="write the run's arrivals and events here, one JSON object a line")
     args = parser.parse_args()
-    plan = Plan(daemons=args.daemons, slots=args.slots, min_steps=args.min_steps, partitions=args.partitions, classes=args.classes,
-                seed=args.seed, timeout_s=args.timeout)
+    plan = Plan(daemons=args.daemons, slots=args.slots, partitions=args.partitions, classes=args.classes, seed=args.seed,
+                timeout_s=args.timeout, threads=args.threads)
     if args.quick:
         plan = replace(plan, **QUICK)
-    given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "max_steps": args.max_steps}
+    given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "min_steps": args.min_steps,
+                             "max_steps": args.max_steps}
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
     print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers, args.events))), flush=True)
 

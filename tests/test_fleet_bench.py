@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, replayed_eta_error, request
+from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, job_threads, replayed_eta_error, request
 from benchmarks.fleet_metrics import Arrival, parse_fleet_line
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
@@ -38,6 +38,15 @@ def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: 
         assert settings.class_topics[URGENT] != settings.class_topics[BATCH]
         assert [c.name for c in settings.priority_classes if c.preemptible] == [BATCH]
         assert settings.preempt_min_run_s < 5
+
+
+def test_each_daemon_stands_for_a_host_with_its_share_of_the_cores() -> None:
+    # Two daemons' jobs of every core each ran their steps 6x slower beside each other than alone (OpenMP threads
+    # oversubscribed), which no host of a real fleet sees: each job gets the cores over the fleet's slots.
+    assert job_threads(Plan(daemons=2, slots=1), cores=2) == 1
+    assert job_threads(Plan(daemons=2, slots=2), cores=16) == 4
+    assert job_threads(Plan(daemons=4, slots=1), cores=2) == 1  # never none
+    assert job_threads(Plan(threads=3), cores=2) == 3  # --threads wins
 
 
 def run_of_one_slot(durations: list[float]) -> tuple[list[Event], list[Arrival]]:
