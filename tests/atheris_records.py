@@ -56,7 +56,7 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
     from daemon.settings import Settings
     from schemas import Rejected
     from tests.core import CoreOnFakes
-    from tests.daemon.test_scheduler_core import SUCCEEDS
+    from tests.daemon.core.test_scheduler_core import SUCCEEDS
     from tests.fakes import FakeChildren, FakeRecord
     from tests.helpers import sft_request
 
