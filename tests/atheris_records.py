@@ -2,7 +2,7 @@
 fuzzer's bytes are read as a Kafka record (key, value, headers, timestamp) and driven through
 `Intake.take` on the in-memory fakes (tests/core.py), a fresh core per input, on one event loop.
 
-Properties, for every record (those of tests/daemon/test_fuzz_records.py, its Hypothesis twin):
+Properties, for every record (those of tests/daemon/intake/test_fuzz_records.py, its Hypothesis twin):
 nothing raises out of intake; exactly one outcome (a `rejected` event with its DLQ record, or
 `accepted` and one terminal event) and the record is committed; a rejection names its errors (a
 valid `rejected` event with at least one error, each with a message, and the DLQ's
@@ -31,7 +31,7 @@ past the end read as 0 (or as empty), so every input is a record:
 
     uv run python -m tests.atheris_records -max_total_time=300 /tmp/reccorpus tests/corpus/records
 
-is the long run; tests/daemon/test_fuzz_atheris_records.py runs it for a bounded number of inputs
+is the long run; tests/daemon/intake/test_fuzz_atheris_records.py runs it for a bounded number of inputs
 in CI and replays tests/corpus/records/ (`python -m tests.atheris_records --write-corpus` rewrites
 the seeds there, `CORPUS`; its `found-*` files are crashes the fuzzer found:
 `found-null-attempt-internal`, 02 00 ff 02 00 ff ff, is the valid seed request with a null
@@ -56,7 +56,7 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
     from daemon.settings import Settings
     from schemas import Rejected
     from tests.core import CoreOnFakes
-    from tests.daemon.test_scheduler_core import SUCCEEDS
+    from tests.daemon.core.test_scheduler_core import SUCCEEDS
     from tests.fakes import FakeChildren, FakeRecord
     from tests.helpers import sft_request
 

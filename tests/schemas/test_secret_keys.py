@@ -1,7 +1,7 @@
 """The key-name rule of the secret scan (issue 42): a value under a key whose name says it holds a
 credential is refused naming the key, whatever the value's shape; names that only contain a
 keyword (`tokenizer_name`, `max_tokens`) are not. In process, with the built-in keywords (a
-producer's view); tests/daemon/test_hostile_intake.py checks the daemon's, detect-secrets' added."""
+producer's view); tests/daemon/intake/test_hostile_intake.py checks the daemon's, detect-secrets' added."""
 
 from __future__ import annotations
 

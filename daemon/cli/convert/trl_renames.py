@@ -4,7 +4,7 @@ is read under today's name and said on a line of its own; a removed key is left 
 replaced it, or why nothing did. A file that sets the old and the new name to different values is
 an error naming both.
 
-`tests/daemon/test_convert.py` holds the table to the locked TRL: every new name is a key its parser
+`tests/daemon/cli/test_convert.py` holds the table to the locked TRL: every new name is a key its parser
 takes for the methods of its row, and no old name is.
 """
 

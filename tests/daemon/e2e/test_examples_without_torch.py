@@ -21,7 +21,7 @@ from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import read_records
 from tests.helpers import event_document, sft_request
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 TRAINING_STACK = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "huggingface_hub", "daemon", "handlers")
 # Runs an example with the training stack (and adapterd's daemon and handlers) unimportable: an import of any raises ImportError.
 RUNNER = f"""

@@ -1,7 +1,7 @@
 """The fleet's order and its preemption choice, as pure functions (daemon/fleet/order.py): class first,
 fair share between teams by weight (usage tilting it back, idle share lent, caps hard), then arrival;
 the victim of a preemption within the operator's bounds, losing the least work.
-(An unknown class is refused at intake: tests/daemon/test_policy.py.)"""
+(An unknown class is refused at intake: tests/daemon/intake/test_policy.py.)"""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from testbed.client import submit, terminal_events
 from testbed.processes import DaemonProcess, NotifySocket, http_get, metric
 from tests.helpers import sft_request
 
-UNIT = Path(__file__).parents[2] / "deploy" / "adapterd.service"
+UNIT = Path(__file__).parents[3] / "deploy" / "adapterd.service"
 
 
 def unit_directives() -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from daemon.ops import metrics
 from daemon.service import Service
 from daemon.settings import Settings
 from tests.core import CoreOnFakes
-from tests.daemon.test_scheduler_core import SUCCEEDS
+from tests.daemon.core.test_scheduler_core import SUCCEEDS
 from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord
 from tests.helpers import sft_request
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from daemon.kafka.retry_state import RETRY_HEADERS
 from daemon.settings import Settings
 from tests.core import CoreOnFakes
-from tests.daemon.test_scheduler_core import SUCCEEDS
+from tests.daemon.core.test_scheduler_core import SUCCEEDS
 from tests.fakes import FakeChildren, FakeRecord
 from tests.helpers import sft_request
 from tests.schemas.test_fuzz_hostile import hostile_messages

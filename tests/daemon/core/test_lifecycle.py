@@ -78,7 +78,7 @@ def test_the_drawing_in_docs_architecture_md_is_transitions() -> None:
 
     from daemon.jobs.lifecycle_doc import DIAGRAM_END, DIAGRAM_START, diagram
 
-    text = (Path(__file__).parents[2] / "docs" / "architecture.md").read_text()
+    text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
     drawn = text[text.index(DIAGRAM_START):text.index(DIAGRAM_END) + len(DIAGRAM_END)]
     assert drawn == diagram(), "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.jobs.lifecycle_doc`"
     edges = {tuple(line.strip().split(" --> ")) for line in drawn.splitlines() if " --> " in line and "[*]" not in line}

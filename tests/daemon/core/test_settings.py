@@ -75,7 +75,7 @@ def test_unreadable_token_file_is_named(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_example_config_explains_every_setting_and_loads(tmp_path: Path) -> None:
-    example = Path(__file__).parents[2] / "deploy" / "adapterd.example.toml"
+    example = Path(__file__).parents[3] / "deploy" / "adapterd.example.toml"
     text = example.read_text()
     keys = {line.lstrip("# ").split("=")[0].strip() for line in text.splitlines() if "=" in line and not line.startswith("# ---")}
     assert set(Settings.model_fields) - {"hub_token", "sasl_password", "logs_token"} <= keys  # secrets come from files

@@ -434,7 +434,7 @@ def test_a_value_trl_renamed_is_read_as_todays_and_said(tmp_path: Path) -> None:
 def test_every_renamed_value_is_one_todays_trl_takes_and_its_old_one_is_not() -> None:
     from daemon.cli.convert.trl_renames import RENAMED_VALUES
 
-    contract = json.loads((Path(__file__).parents[2] / "schemas" / "trl_contract.json").read_text())  # read from the locked TRL
+    contract = json.loads((Path(__file__).parents[3] / "schemas" / "trl_contract.json").read_text())  # read from the locked TRL
     for row in RENAMED_VALUES:
         for method in row.methods:
             choices = contract[method]["fields"][row.key]["choices"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 CORPUS = ROOT / "tests" / "corpus" / "records"
 RUNS = 3_000
 

@@ -112,13 +112,13 @@ def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: P
     assert method_problem("grpo-math") is None
 
 
-# The kept demo (`--keep`), driven as a person drives it, is tests/daemon/test_demo_tour.py's.
+# The kept demo (`--keep`), driven as a person drives it, is tests/daemon/cli/test_demo_tour.py's.
 
 
 def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_installed(tmp_path: Path) -> None:
     from daemon.cli.demo_keep import project_folder, tour
 
-    assert project_folder() == Path(__file__).resolve().parents[2]  # this checkout
+    assert project_folder() == Path(__file__).resolve().parents[3]  # this checkout
     config, request = tmp_path / "adapterd.toml", tmp_path / "request.json"
     in_checkout, installed = tour(config, request, "r-again"), tour(config, request, "r-again", in_project=False)
     assert [line.split()[3] for line in in_checkout] == ["submit", "jobs", "get", "logs", "status", "doctor", "events", "cancel"]

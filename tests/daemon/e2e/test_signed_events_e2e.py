@@ -27,7 +27,7 @@ from daemon.settings import Settings
 from schemas import SIGNATURE_HEADER, Started, Succeeded
 from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.processes import settings_environment
-from tests.daemon.test_examples_without_torch import example
+from tests.daemon.e2e.test_examples_without_torch import example
 from tests.helpers import event_document
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ A request whose child dies every time: tried `max_attempts` times, each retry se
 its partition, then `failed` and its bytes in the DLQ; it never loops forever.
 
 A retry waiting out its backoff (no slot held, the requests behind it served, its signed headers
-kept byte for byte) is the scheduler's alone: tests/daemon/test_scheduler_core.py drives it on the
+kept byte for byte) is the scheduler's alone: tests/daemon/core/test_scheduler_core.py drives it on the
 fakes in milliseconds (`test_a_retry_read_before_it_is_due_...`, `test_a_retryable_failure_...`)."""
 
 import json

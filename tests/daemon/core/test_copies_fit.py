@@ -17,7 +17,7 @@ from daemon.kafka.copies import COPY_HEADROOM_BYTES, ERRORS_HEADER_BYTES, errors
 from daemon.settings import Settings
 from schemas import FieldError
 from tests.core import CoreOnFakes
-from tests.daemon.test_scheduler_core import SUCCEEDS, fails
+from tests.daemon.core.test_scheduler_core import SUCCEEDS, fails
 from tests.fakes import FakeChildren, FakeProducer, FakeRecord
 from tests.helpers import sft_request
 

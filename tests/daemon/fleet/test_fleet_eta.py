@@ -18,7 +18,7 @@ from daemon.fleet.view import FleetView
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Preempted, Started
-from tests.daemon.test_fleet_usage import accepted, at, read, succeeded
+from tests.daemon.fleet.test_fleet_usage import accepted, at, read, succeeded
 
 NOW = 1_800_000_000.0
 

@@ -25,7 +25,7 @@ from daemon.ops import metrics
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 # What the server does, then a fork: the child is where bitsandbytes may run.
 SERVER_THEN_CHILD = """

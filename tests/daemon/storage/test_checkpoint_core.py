@@ -17,8 +17,8 @@ from daemon.jobs.journal import Journal
 from daemon.settings import Settings
 from handlers.protocol import CheckpointSaved, StageEntered, StoppedAtCheckpoint
 from tests.core import CoreOnFakes
-from tests.daemon.test_checkpoint_store import make_checkpoint
-from tests.daemon.test_scheduler_core import RESULT, TRAINS
+from tests.daemon.core.test_scheduler_core import RESULT, TRAINS
+from tests.daemon.storage.test_checkpoint_store import make_checkpoint
 from tests.fakes import FakeChildren, Script
 from tests.helpers import sft_request
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-PROJECT = Path(__file__).resolve().parents[2]
+PROJECT = Path(__file__).resolve().parents[3]
 ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
 pytestmark = pytest.mark.slow

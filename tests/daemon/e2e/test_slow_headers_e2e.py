@@ -21,7 +21,7 @@ from testbed.client import submit
 from testbed.data import sharded_safetensors
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, http_get
-from tests.daemon.test_estimate_off_loop import small_header
+from tests.daemon.core.test_estimate_off_loop import small_header
 from tests.helpers import ids_on_partitions, sft_request
 
 pytestmark = pytest.mark.slow

@@ -98,7 +98,7 @@ async def test_spawned_children_are_started_ahead_and_never_reused(published: Hu
 async def test_the_fork_server_has_no_openmp_workers_and_its_children_get_a_fresh_thread_count(tmp_path: Path) -> None:
     # A fork keeps none of libgomp's worker threads; a child of a server that had some can hang at its
     # first CPU matmul. So the server must be one thread (it refuses to serve otherwise:
-    # tests/daemon/test_forkserver_safety.py), and each child gets the count a fresh process picks.
+    # tests/daemon/children/test_forkserver_safety.py), and each child gets the count a fresh process picks.
     log_path = tmp_path / "children.log"
     server = await ForkServer.start(dict(os.environ), log_path)
     try:

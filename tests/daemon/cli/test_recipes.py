@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from daemon.cli.app import app
 from tests.helpers import said
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 runner = CliRunner()
 
 
