@@ -28,7 +28,7 @@ from daemon.fleet.usage import Durations, Usage
 from daemon.settings import Settings
 from schemas import Event
 
-RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts as one slot for the default --slots
+RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts for the default --slots
 UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
 
 
@@ -74,7 +74,7 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
 
 
 def _in_order(w: Waiting) -> fleet.Waiting:
-    return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus)
+    return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus, steps=w.steps)
 
 
 def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], durations: Durations, at: float) -> list[Placed]:
@@ -94,8 +94,14 @@ def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: li
 
 
 def default_slots(events: list[Event], now: datetime) -> int:
-    """The fleet's slots when --slots is not given: the hosts that started a job in the last 24 hours, one slot each (at least 1)."""
-    return max(1, len({event.host for event in events if event.type == "started" and now - event.time <= RECENT_HOSTS}))
+    """The fleet's slots when --slots is not given: the hosts that started or accepted a job in the last 24 hours,
+    each with as many slots as its latest `accepted` said (`host_slots`: a fleet host says it), else one (at least 1)."""
+    slots: dict[str, int] = {}
+    for event in events:
+        if event.type in ("started", "accepted") and now - event.time <= RECENT_HOSTS:
+            said = getattr(event, "host_slots", None)
+            slots[event.host] = said if said is not None else slots.get(event.host, 1)
+    return max(1, sum(slots.values()))
 
 
 def eta_text(eta_s: float | None) -> str:

@@ -60,6 +60,7 @@ class Waiting:
     detail: str = ""
     host: str | None = None  # the host of its latest event, if it has one
     at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
+    steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
 
 
 @dataclass
@@ -153,6 +154,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
         decoded.request_id, claimed_as or decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
         decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
         f"preempted {preempted}x, resumes from its checkpoint" if preempted else "", at=(record.topic, record.partition, record.offset),
+        steps=decoded.training.max_steps,
     )
 
 

@@ -112,13 +112,17 @@ def test_without_classes_each_partition_is_its_own_queue_behind_the_job_that_hol
               event("progress", "running-1", 0, step=5, total_steps=50, eta_s=30.0)]
     backlog = combine(read, events, plain)
     placed = place_and_eta(backlog.waiting, events, plain, 1, NOW, backlog.records)
-    # Partition 1 is free: m1 starts now, though it arrived last; n1 and n2 wait behind running-1 on partition 0.
+    # Partition 1 is free: m1 starts now, though it arrived last; n1 and n2 wait behind running-1 on partition 0,
+    # n2 behind n1's 4 steps too, at old-1's pace: its 100 s less its steps' steady time, plus 4 such steps.
+    metrics = events[0].metrics
+    step_s, steps = metrics["median_step_s"], metrics["train_runtime"] * metrics["train_steps_per_second"]
+    n1_s = 100 - step_s * steps + step_s * sft_request("n1")["training"]["max_steps"]
     assert [(p.request.request_id, p.place, p.of, p.eta_s) for p in placed] == [
-        ("m1", 1, 1, 0.0), ("n1", 1, 2, pytest.approx(30.0)), ("n2", 2, 2, pytest.approx(130.0))]
+        ("m1", 1, 1, 0.0), ("n1", 1, 2, pytest.approx(30.0)), ("n2", 2, 2, pytest.approx(30.0 + n1_s))]
 
 
-def waiting(request_id: str, priority_class: str, minutes_ago: float, model: str = "m", method: str = "sft") -> Waiting:
-    return Waiting(request_id, priority_class, "t", NOW - timedelta(minutes=minutes_ago), method, model, 1, {}, "unread", "q[0]@0")
+def waiting(request_id: str, priority_class: str, minutes_ago: float, model: str = "m", method: str = "sft", steps: int | None = None) -> Waiting:
+    return Waiting(request_id, priority_class, "t", NOW - timedelta(minutes=minutes_ago), method, model, 1, {}, "unread", "q[0]@0", steps=steps)
 
 
 def succeeded(request_id: str, total: float, queue: float, model: str = "m", method: str = "sft", **fields: Any) -> Event:
@@ -171,6 +175,23 @@ def test_the_default_slots_are_the_hosts_that_started_a_job_in_the_last_day() ->
               event("started", "c", 5, host="gpu-a", method="sft"), event("started", "d", 60 * 25, host="gpu-c", method="sft")]
     assert default_slots(events, NOW) == 2
     assert default_slots([], NOW) == 1
+
+
+def test_the_default_slots_count_each_host_as_many_as_its_latest_accepted_event_says() -> None:
+    events = [event("accepted", "a", 30, host="gpu-a", method="sft", host_slots=8), event("started", "a", 30, host="gpu-a", method="sft"),
+              event("accepted", "b", 10, host="gpu-a", method="sft", host_slots=4),  # its latest: it was set to 4 since
+              event("started", "c", 10, host="gpu-b", method="sft")]  # a host with no classes says none: one
+    assert default_slots(events, NOW) == 5
+
+
+def test_a_waiting_requests_eta_follows_its_own_max_steps(settings: Settings) -> None:
+    # One slot, free; a finished sft job of 10 steps at 2 s a step and 10 s outside training: a request of 100 steps
+    # waits behind one of 100 (210 s), not behind the median job's 30 s.
+    done = [succeeded("old-1", 30, 0, metrics={"train_runtime": 20.0, "train_steps_per_second": 0.5, "median_step_s": 2.0})]
+    queue = [waiting("w1", "batch", 9, steps=100), waiting("w2", "batch", 5, steps=100)]
+    placed = {p.request.request_id: p for p in place_and_eta(queue, done, settings, 1, NOW)}
+    assert placed["w1"].eta_s == pytest.approx(0.0)
+    assert placed["w2"].eta_s == pytest.approx(210.0)
 
 
 def test_a_sweep_matches_waiting_and_running_requests_by_team_class_and_every_metadata_pair(settings: Settings) -> None:
