@@ -38,8 +38,8 @@ def jobs(
     since: Annotated[str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")] = None,
     slots: Annotated[int | None, typer.Option(min=1, help=(
         "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
-        "last 24 hours, counted one slot each (a guess: hosts with more slots make the ETAs too long). Without classes each "
-        "partition is its own queue, and its ETAs follow its running job."))] = None,
+        "last 24 hours, each counted with the slots its latest `accepted` event said (one where it said none). Without classes "
+        "each partition is its own queue, and its ETAs follow its running job."))] = None,
 ) -> None:
     """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
     waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits."""
