@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import heapq
 
-from daemon.fleet.order import Running, Waiting
+from daemon.fleet.order import Running, Waiting, time_left
 from daemon.fleet.usage import Durations
 
 
 def etas(order: list[Waiting], running: list[Running], slots: int, durations: Durations, now: float) -> dict[str, float | None]:
     """Each waiting request's ETA in seconds from `now`, by request id; None where nothing honest can be said.
 
-    Each of the fleet's `slots` is free when its running job ends: the job's own ETA (`eta_s`, from its
-    progress), else its steps left (from its progress) at the step's pace of finished jobs of its method
-    and model, else its expected duration less the time it has run (at least now), else unknown; a slot
-    with no job is free now. In order, each request takes its earliest free slots
+    Each of the fleet's `slots` is free when its running job ends (daemon/fleet/order.py `time_left`: its own
+    ETA, else its steps left at finished jobs' pace, else its expected duration less the time it has run),
+    else unknown; a slot with no job is free now. In order, each request takes its earliest free slots
     (as many as its GPUs) and starts when the last of them is free; they are then free again after its
     own expected duration. A start that needs a slot whose end is unknown, and every start after it, is
     None rather than a made-up figure (a request that finds a slot free now still starts now). A request
@@ -24,11 +23,11 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Du
     known: list[float] = []  # the free times of the slots whose end is known (a heap)
     unknown = 0  # slots whose end is not known
     for job in running:
-        end = _end(job, durations, now)
-        if end is None:
+        left = time_left(job, durations, now)
+        if left is None:
             unknown += job.gpus
         else:
-            known.extend([end] * job.gpus)
+            known.extend([now + left] * job.gpus)
     known.extend([now] * max(0, slots - len(known) - unknown))
     total = len(known) + unknown
     heapq.heapify(known)
@@ -51,16 +50,3 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Du
             for _ in range(request.gpus):
                 heapq.heappush(known, start + expected)
     return result
-
-
-def _end(job: Running, durations: Durations, now: float) -> float | None:
-    """When a running job is expected to free its slots, or None when nothing says."""
-    if job.eta_s is not None:
-        return now + max(0.0, job.eta_s)
-    step_s = durations.step_s(job.method, job.model) if job.steps_left is not None else None
-    if job.steps_left is not None and step_s is not None:  # its steps left at the pace of the jobs that finished
-        return now + step_s * job.steps_left
-    expected = durations.expected(job.method, job.model)
-    if expected is None:
-        return None
-    return now + max(0.0, expected - (now - job.started))

@@ -79,18 +79,28 @@ def expected_work(request: Waiting, durations: Durations | None) -> float:
     return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
 
 
+def time_left(job: Running, durations: Durations | None, now: float) -> float | None:
+    """The seconds a running job is expected to hold its slots from `now`, or None when nothing says: its own ETA
+    (`eta_s`, from its progress), else its steps left (from its progress, or its `accepted` event's max_steps) at the
+    step's pace of finished jobs of its method and model, else its expected duration less the time it has run."""
+    if job.eta_s is not None:
+        return max(0.0, job.eta_s)
+    step_s = durations.step_s(job.method, job.model) if durations is not None and job.steps_left is not None else None
+    if job.steps_left is not None and step_s is not None:
+        return step_s * job.steps_left
+    expected = durations.expected(job.method, job.model) if durations is not None else None
+    return None if expected is None else max(0.0, expected - (now - job.started))
+
+
 def remaining_work(running: list[Running], durations: Durations | None, now: float) -> dict[str, float]:
-    """The slot-seconds each team's running jobs are still expected to take: a job's own ETA, else its expected
-    duration less the time it has run (none past it), times its GPUs. The fair share counts it as work placed
-    ahead: without it the slots that free together all go to whichever team leads, since a job just
-    started has no slot-time yet."""
+    """The slot-seconds each team's running jobs are still expected to take (`time_left`; unknown: DEFAULT_WORK_S
+    less the time it has run), times its GPUs. The fair share counts it as work placed ahead: without it the
+    slots that free together all go to whichever team leads, since a job just started has no slot-time yet."""
     ahead: dict[str, float] = {}
     for job in running:
-        if job.eta_s is not None:
-            left = max(0.0, job.eta_s)
-        else:
-            expected = durations.expected(job.method, job.model) if durations is not None else None
-            left = max(0.0, (DEFAULT_WORK_S if expected is None else expected) - (now - job.started))
+        left = time_left(job, durations, now)
+        if left is None:
+            left = max(0.0, DEFAULT_WORK_S - (now - job.started))
         ahead[job.team] = ahead.get(job.team, 0.0) + left * job.gpus
     return ahead
 

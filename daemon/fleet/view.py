@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import structlog
 from pydantic import ValidationError
@@ -99,28 +100,31 @@ class FleetView:
         running = self.running_jobs.jobs(now)
         order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
                             self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))
-        running, preempting = self._preempted(order, running, now)
-        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, self.fleet_slots(free), self.durations, now),
+        slots = self.fleet_slots(free)
+        running, preempting = self._preempted(order, running, slots, now)
+        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, self.durations, now),
                                         **dict.fromkeys(preempting, 0.0)}
         return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
 
-    def _preempted(self, order: list[Waiting], running: list[Running], now: float) -> tuple[list[Running], set[str]]:
-        """The running jobs as they will be once the waiting requests that preempt have: each such request, first
-        in the order, in the slot of a job of a lower, preemptible class that may be preempted now (the lowest
-        class first), from now for its expected time; the job it stops waits again (not counted: it resumes
-        after the requests that ETAs are given for here, as far as they go)."""
+    def _preempted(self, order: list[Waiting], running: list[Running], slots: int, now: float) -> tuple[list[Running], set[str]]:
+        """The running jobs as they will be once the waiting requests that preempt have: in the order, each request
+        that finds no free slot of the fleet's `slots` and has a victim (`order.victim`, as the host running the job
+        chooses it, every job of a preemptible class taken to be at a step it can stop at) takes that job's slots
+        from now for its expected time; the job it stops waits again (not counted: it resumes after the requests
+        that ETAs are given for here, as far as they go)."""
         settings = self.settings
-        rank = {c.name: index for index, c in enumerate(settings.priority_classes)}
-        preemptible = {c.name for c in settings.priority_classes if c.preemptible}
-        victims = sorted((job for job in running if job.priority_class in preemptible and now - job.started >= settings.preempt_min_run_s
-                          and job.preemptions < settings.preempt_max_count), key=lambda job: -rank.get(job.priority_class, -1))
+        free = slots - sum(job.gpus for job in running)
+        candidates = [replace(job, preemptible=True) for job in running]
         after, preempting = list(running), set()
         for request in order:
-            victim = next((job for job in victims if rank.get(job.priority_class, -1) > rank.get(request.priority_class, len(rank))), None)
-            if victim is None:
+            if request.gpus <= free:  # it takes a free slot: `etas` starts it there
+                free -= request.gpus
                 continue
-            victims.remove(victim)
-            after.remove(victim)
+            stopped = victim(request, candidates, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now)
+            if stopped is None:
+                continue
+            candidates.remove(stopped)
+            after = [job for job in after if job.request_id != stopped.request_id]
             preempting.add(request.request_id)
             after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
                                  eta_s=self.durations.expected(request.method, request.model, request.steps), gpus=request.gpus))

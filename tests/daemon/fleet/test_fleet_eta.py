@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting
+from daemon.fleet.order import Running, Waiting, remaining_work
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.usage import Durations
 from daemon.fleet.view import FleetView
@@ -184,3 +184,28 @@ def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_sto
     strict = view_of(settings.model_copy(update={"preempt_min_run_s": 3600.0}))
     (_, _, eta), = strict.places([urgent], 0)
     assert eta == pytest.approx(240.0, abs=1)  # batch-1 may not be preempted yet: urgent-1 waits for its 300 s to end
+
+
+def test_a_waiting_request_of_a_higher_class_takes_a_free_slot_before_it_preempts() -> None:
+    # Two slots, one free; batch-1 runs for 300 s more. urgent-1 starts on the free slot: batch-1 is not stopped
+    # for it, so batch-2 waits for the first of the two jobs to end (urgent-1's 100 s), not for nothing.
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    now = time.time()
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=2, model="m",
+                               max_steps=300, time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)  # a step a second, nothing outside training
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    placed = {w.request_id: (place, eta) for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+    assert placed["urgent-1"] == (1, pytest.approx(0.0, abs=1))
+    assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(100.0, abs=1)
+
+
+def test_a_running_jobs_work_left_is_its_steps_left_at_the_finished_jobs_pace() -> None:
+    # Accepted a minute ago for 300 steps, no progress yet; finished jobs took 1 s a step: 300 s to go (its
+    # method's median job, 100 s, would say 40 s), for the fair share as for the ETAs.
+    durations = Durations()
+    durations.add("sft", "tiny", 100.0, steps=100, training_s=100.0)
+    job = replace(running("r1", started=NOW - 60), steps_left=300)
+    assert remaining_work([job], durations, NOW) == {"a": pytest.approx(300.0)}
+    assert etas([waiting("w1")], [job], 1, durations, NOW)["w1"] == pytest.approx(300.0)
