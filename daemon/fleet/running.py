@@ -28,9 +28,8 @@ class RunningJobs:
     """Each request between its `accepted` event and its terminal, `retrying` or `preempted` one: its class,
     team, method, host, start, GPUs (from `started`), the ETA its last `progress` event gave, the steps since
     its last checkpoint, and how often it was preempted; its model and steps left from a fleet host's `accepted`
-    (else the model is '' and `Durations.expected` falls back to the method's median). They do not say whether the
-    job may stop now
-    (`preemptible` is False: only the host running it preempts it, from its own jobs)."""
+    (else the model is '' and `Durations.expected` falls back to the method's median). They do not say whether
+    the job may stop now (`preemptible` is False: only the host running it preempts it, from its own jobs)."""
 
     def __init__(self) -> None:
         self._seen: dict[str, _Seen] = {}
