@@ -58,6 +58,7 @@ class Running:
     preemptions: int = 0
     steps_since_checkpoint: int | None = None  # work a preemption would lose; None: unknown, counted as the worst
     steps_left: int | None = None  # its last progress event's total_steps less its step; None before one
+    step_s: float | None = None  # its pace now: its last progress event's ETA over its steps left; None before one says
     host: str = ""
     key: object = None
     gpus: int = 1

@@ -64,7 +64,9 @@ class RunningJobs:
             left = seen.job.steps_left if seen.job.steps_left is None or seen.step is not None else max(0, seen.job.steps_left - resumed)
             self._seen[request_id] = replace(seen, job=replace(seen.job, gpus=gpus, host=event.host, steps_left=left), saved=resumed)
         elif isinstance(event, Progress):
-            job = replace(seen.job, eta_s=event.eta_s, steps_left=max(0, event.total_steps - event.step))
+            left = max(0, event.total_steps - event.step)
+            pace = event.eta_s / left if event.eta_s is not None and left > 0 else seen.job.step_s
+            job = replace(seen.job, eta_s=event.eta_s, steps_left=left, step_s=pace)
             self._seen[request_id] = replace(seen, job=job, eta_at=at if event.eta_s is not None else None, step=event.step)
         elif isinstance(event, Checkpoint):
             self._seen[request_id] = replace(seen, saved=event.step)

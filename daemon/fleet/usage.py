@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
@@ -136,12 +136,19 @@ class Durations:
         self._all.append(seconds)
         self._expected.clear()
 
+    def _samples(self, method: str, model: str) -> deque[tuple[float, float]] | None:
+        """The (outside training, step) samples of the same method and model, else method, else all; None: none."""
+        return next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
+                     if known), None)
+
+    def _step_samples(self, method: str, model: str) -> list[float]:
+        return [t for _, t in self._samples(method, model) or ()]
+
     def _pace(self, method: str, model: str) -> tuple[float, float] | None:
-        """The median seconds outside training and of one step, of the same method and model, else method, else all;
-        worked out once per method and model between adds (the order asks for every waiting request, every turn)."""
+        """The median seconds outside training and of one step (`_samples`); worked out once per method and model
+        between adds (the order asks for every waiting request, every turn)."""
         if (method, model) not in self._paces:
-            samples = next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
-                            if known), None)
+            samples = self._samples(method, model)
             self._paces[(method, model)] = (statistics.median(o for o, _ in samples), statistics.median(t for _, t in samples)) if samples else None
         return self._paces[(method, model)]
 
@@ -150,11 +157,15 @@ class Durations:
         pace = self._pace(method, model)
         return pace[1] if pace is not None else None
 
-    def expected(self, method: str, model: str, steps: int | None = None) -> float | None:
+    def expected(self, method: str, model: str, steps: int | None = None, running: Sequence[float] = ()) -> float | None:
         """The median of the same method and model, else of the same method, else of all, else None. Given the
         request's `steps` (its max_steps) and jobs whose steps are known: their median time outside training
-        plus their median step's time, times `steps`."""
+        plus their median step's time, times `steps`; the step's median taken with `running`, the paces the
+        running jobs of the same method and model have now (they say what the hosts do today: with few jobs
+        finished, a few short ones' steps said nothing of a sweep's)."""
         pace = self._pace(method, model) if steps else None
+        if steps and pace is not None and running:
+            return pace[0] + statistics.median([*self._step_samples(method, model), *running]) * steps
         if steps and pace is not None:
             return pace[0] + pace[1] * steps
         if (method, model) not in self._expected:

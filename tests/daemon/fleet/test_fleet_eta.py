@@ -13,11 +13,12 @@ import pytest
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, remaining_work
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
+from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
-from schemas import Accepted, Failed, Preempted, Started
+from schemas import Accepted, Failed, Preempted, Progress, Started
 from tests.daemon.fleet.test_fleet_usage import accepted, at, read, succeeded
 
 NOW = 1_800_000_000.0
@@ -209,3 +210,26 @@ def test_a_running_jobs_work_left_is_its_steps_left_at_the_finished_jobs_pace() 
     job = replace(running("r1", started=NOW - 60), steps_left=300)
     assert remaining_work([job], durations, NOW) == {"a": pytest.approx(300.0)}
     assert etas([waiting("w1")], [job], 1, durations, NOW)["w1"] == pytest.approx(300.0)
+
+
+def test_a_waiting_requests_step_pace_is_taken_with_the_running_jobs_of_its_method_and_model() -> None:
+    # One 4-step job finished at 1 s a step (10 s outside training); the two jobs running on the fleet's two slots,
+    # of the same method and model, step at 3 s now. w0 and w1 take their slots at 30 and 60 s; w2 waits for w0's
+    # end, its 100 steps at the median of the three paces, 3 s (the one short job alone said 1 s: 140 s).
+    durations = Durations()
+    durations.add("sft", "tiny", 14.0, steps=4, training_s=4.0)
+    jobs = [replace(running("r1", eta_s=30.0), steps_left=10, step_s=3.0), replace(running("r2", eta_s=60.0), steps_left=20, step_s=3.0)]
+    order = [Waiting(name, "batch", "a", NOW, "sft", "tiny", steps=100) for name in ("w0", "w1", "w2")]
+    eta = etas(order, jobs, 2, durations, NOW)
+    assert (eta["w0"], eta["w1"]) == (pytest.approx(30.0), pytest.approx(60.0))
+    assert eta["w2"] == pytest.approx(30.0 + 10.0 + 3.0 * 100)
+    assert etas(order, [replace(job, step_s=None) for job in jobs], 2, durations, NOW)["w2"] == pytest.approx(30.0 + 10.0 + 1.0 * 100)
+
+
+def test_a_running_jobs_pace_is_its_last_progress_eta_over_its_steps_left() -> None:
+    jobs = RunningJobs()
+    jobs.observe(read(Accepted(request_id="r1", method="sft", team="a", priority_class="batch", model="tiny", max_steps=50, time=at(0))), at(100).timestamp())
+    jobs.observe(read(Progress(request_id="r1", step=10, total_steps=50, eta_s=None, time=at(5))), at(100).timestamp())
+    assert jobs.jobs(at(5).timestamp())[0].step_s is None  # the first step's progress has no ETA: no pace yet
+    jobs.observe(read(Progress(request_id="r1", step=20, total_steps=50, eta_s=60.0, time=at(10))), at(100).timestamp())
+    assert jobs.jobs(at(10).timestamp())[0].step_s == pytest.approx(2.0)
