@@ -6,7 +6,7 @@
   trains while this one is judged and pushed (its partition stays held until it is committed).
 - A job's outcome decides what happens to its record: committed after a terminal event; sent back
   to the end of its partition for another try after `retrying` (with the attempt and the time it
-  is due in headers); also dead-lettered after a retryable failure on the last try.
+  is due in headers); also dead-lettered after a retryable failure on the last try (daemon/jobs/settle.py).
 - A retry read before it is due holds no slot and blocks no request behind it: it is sent to the
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
   is due or until a new request arrives behind it (`wake`).
@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +27,6 @@ from typing import Any, Protocol
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
 from daemon.jobs.estimates import Estimates
@@ -39,15 +37,16 @@ from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.plan import JobPlace, MemoryPlan
+from daemon.jobs.settle import Settler
 from daemon.jobs.slots import Placement, Slots
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import RetrySigner, backoff_s
+from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
-from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
+from schemas import Accepted, Cancel, Cancelled, RequestBase
 
 log = structlog.get_logger()
 
@@ -118,6 +117,7 @@ class Scheduler:
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
+        self.settler = Settler(settings.retry_backoff_s, publisher, partitions, self.retries, self.faults)  # its record after a job's end
         self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
         self.stopping = False
 
@@ -218,26 +218,9 @@ class Scheduler:
                 if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
                     self.partitions.committed[tp] = offset + 1
                 return
-            if isinstance(event, Retrying):
-                # Back to the end of its partition, so the requests behind it are not held up.
-                alone = event.code == "out_of_memory" and runner.place.share is not None  # not its failure: the same attempt, now, alone
-                attempt = runner.attempt if alone else runner.attempt + 1
-                due = time.time() + (0 if alone else backoff_s(self.settings.retry_backoff_s, attempt))
-                retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due, alone=alone))
-                if self.fleet is not None:  # back to its class's queue, where any host with room takes it when it is due
-                    retry = dataclasses.replace(retry, topic=self.fleet.queue_topic(record, runner.request))
-                try:
-                    await self.publisher.deliver(retry)
-                except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
-                    log.error("job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__)
-                    message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
-                    if not await self.faults.end(tp, record, runner, exc, message):
-                        self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart
-                    return
-            elif isinstance(event, Failed) and event.retryable:
-                log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
-                await self.publisher.deliver(self.publisher.failed_letter(record, event))
-            await self.partitions.commit(tp, offset + 1)
+            queue_topic = functools.partial(self.fleet.queue_topic, record, runner.request) if self.fleet is not None else None
+            if not await self.settler.settle(tp, record, runner, event, queue_topic):
+                return  # its retry refused: ended (or held) by the faults' path
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request
             # again rather than lose it, but not for ever (daemon/jobs/faults.py).
