@@ -9,7 +9,7 @@
   is due in headers); also dead-lettered after a retryable failure on the last try (daemon/jobs/settle.py).
 - A retry read before it is due holds no slot and blocks no request behind it: it is sent to the
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
-  is due or until a new request arrives behind it (`wake`).
+  is due or until a new request arrives behind it (`wake`; daemon/jobs/waiting_retries.py).
 - A cancel stops the running job, or skips the request when it is reached.
 - A one-GPU request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
   partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready.
@@ -39,6 +39,7 @@ from daemon.jobs.memory import Estimate
 from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.settle import Settler
 from daemon.jobs.slots import Placement, Slots
+from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
@@ -91,12 +92,6 @@ class RunningJob:
     task: asyncio.Task[None]
 
 
-@dataclass(frozen=True)
-class WaitingRetry:
-    offset: int
-    due: float  # time.time() at which the retry may run
-
-
 class Scheduler:
     def __init__(
         self, settings: Settings, publisher: Publisher, partitions: Partitions, slots: Slots, children: ChildSource,
@@ -109,7 +104,7 @@ class Scheduler:
         self.children = children
         self.on_change = on_change  # jobs or slots changed: the daemon updates its systemd status
         self.jobs: dict[TopicPartition, RunningJob] = {}
-        self.waiting: dict[TopicPartition, WaitingRetry] = {}
+        self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
         self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
         # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
@@ -133,7 +128,7 @@ class Scheduler:
             await self._skip_cancelled(tp, record, request, retry.attempt)
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
-            return await self._not_yet(tp, record, retry.due)
+            return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its share of a
         # GPU when GPUs are packed; never for a job sent back to run alone, nor one of several GPUs.
         need = None
@@ -164,25 +159,11 @@ class Scheduler:
         metrics.JOBS.labels("cancelled").inc()
         await self.partitions.commit(tp, record.offset + 1)
 
-    async def _not_yet(self, tp: TopicPartition, record: Record, due: float) -> Offered:
-        if self.partitions.highwater(tp) > record.offset + 1:
-            # Requests stand behind it: it goes behind them, byte for byte, and they go first.
-            await self.publisher.deliver(self.publisher.deferred_copy(record))
-            await self.partitions.commit(tp, record.offset + 1)
-            log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
-            return Offered.DEFERRED
-        self.partitions.hold(tp, record.offset)
-        self.waiting[tp] = WaitingRetry(record.offset, due)
-        return Offered.WAITING
-
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
-        now = time.time()
-        for tp, waiting in list(self.waiting.items()):
-            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1):
-                del self.waiting[tp]
-                if self.slots.free:
-                    self.partitions.resume([tp])
+        for tp in self.waiting.due(time.time(), end_offsets):
+            if self.slots.free:
+                self.partitions.resume([tp])
 
     def _count_slots(self) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
@@ -269,7 +250,7 @@ class Scheduler:
         changed, when the offer had started that record's job (the job ends it)."""
         if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
             return False
-        self.waiting.pop(tp, None)
+        self.waiting.forget(tp)
         self.estimates.forget(tp)
         self.partitions.read_from(tp, next_offset)
         self.pause_idle_partitions()
@@ -299,7 +280,7 @@ class Scheduler:
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
-        self.waiting.clear()  # their partitions start again at the retry, which is read anew
+        self.waiting.forget_all()
         self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 
