@@ -29,11 +29,11 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.children.processes import ChildSource
+from daemon.jobs.cancels import Cancels
 from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
-from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.plan import JobPlace, MemoryPlan
@@ -47,7 +47,7 @@ from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
-from schemas import Accepted, Cancel, Cancelled, RequestBase
+from schemas import Accepted, Cancel, RequestBase
 
 log = structlog.get_logger()
 
@@ -105,7 +105,7 @@ class Scheduler:
         self.on_change = on_change  # jobs or slots changed: the daemon updates its systemd status
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
-        self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        self.cancelled = Cancels(settings.host, publisher, partitions)  # request id → reason, from the control topic
         # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
@@ -125,7 +125,7 @@ class Scheduler:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
         retry = self.retries.read(record)
         if request.request_id in self.cancelled:
-            await self._skip_cancelled(tp, record, request, retry.attempt)
+            await self.cancelled.skip(tp, record, request, retry.attempt)
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
@@ -150,14 +150,6 @@ class Scheduler:
         when one frees, `resume_idle_partitions`)."""
         if not self.stopping and self.slots.free and tp in self.partitions.assigned() and not self.holds(tp):
             self.partitions.resume([tp])
-
-    async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
-        """A request cancelled before it started: its terminal event, then its offset; no training."""
-        reason = self.cancelled[request.request_id]
-        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
-        await JobEvents(self.publisher, request, self.settings.host, attempt, trace_context(record)).publish(Cancelled, reason=reason)
-        metrics.JOBS.labels("cancelled").inc()
-        await self.partitions.commit(tp, record.offset + 1)
 
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
@@ -266,7 +258,7 @@ class Scheduler:
 
     async def cancel(self, cancel: Cancel) -> None:
         """From the control topic: stop the request's running job, or remember to skip it."""
-        reason = self.cancelled[cancel.request_id] = cancel.reason or "cancelled"
+        reason = self.cancelled.remember(cancel)
         for job in list(self.jobs.values()):
             if job.request_id == cancel.request_id and not job.runner.stop(Stop("cancel", reason)):
                 log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
