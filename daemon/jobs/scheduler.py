@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
@@ -33,6 +33,7 @@ from daemon.jobs.cancels import Cancels
 from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
+from daemon.jobs.fleet_hooks import FleetHooks
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
@@ -68,21 +69,6 @@ class Offered(StrEnum):
         return self in (Offered.DEFERRED, Offered.SKIPPED)
 
 
-class FleetHooks(Protocol):
-    """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
-
-    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
-        """The `accepted` event's class and team; the job is counted as started."""
-
-    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
-        """After a job ended interrupted: True when it was preempted and its claim is committed."""
-
-    def forget(self, tp: TopicPartition) -> None: ...
-
-    def queue_topic(self, record: Record, request: RequestBase) -> str:
-        """The topic of the class the claimed request runs as: where its retry waits."""
-
-
 @dataclass
 class RunningJob:
     request_id: str
@@ -105,7 +91,7 @@ class Scheduler:
         self.on_change = on_change  # jobs or slots changed: the daemon updates its systemd status
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
-        self.cancelled = Cancels(settings.host, publisher, partitions)  # request id → reason, from the control topic
+        self.cancelled = Cancels(settings.host, publisher, partitions)  # the control topic's (daemon/jobs/cancels.py)
         # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
@@ -208,10 +194,7 @@ class Scheduler:
                 self._give_back(job)
                 if self.fleet is not None:
                     self.fleet.forget(tp)
-            if not self.stopping:
-                self.resume_idle_partitions()
-                await self.prepare_children()
-                self.on_change()
+            await self._slots_changed()
 
     async def _free_slots(self, tp: TopicPartition, offset: int) -> None:
         """A job's child has exited with its result: its slots take the next request while the job is
@@ -221,6 +204,10 @@ class Scheduler:
             return
         log.info("job.slots_freed", request_id=job.request_id, slots=job.placement.slots)
         self._give_back(job)
+        await self._slots_changed()
+
+    async def _slots_changed(self) -> None:
+        """Slots freed (unless the daemon is stopping): idle partitions read again, a warm child for each free slot."""
         if not self.stopping:
             self.resume_idle_partitions()
             await self.prepare_children()
