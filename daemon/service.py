@@ -28,6 +28,7 @@ from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.wiring import fleet_dispatcher
+from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
 from daemon.jobs.scheduler import Scheduler
@@ -54,7 +55,6 @@ log = structlog.get_logger()
 STUCK_AFTER_S = 30.0
 LAG_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
-HUB_WHOAMI_S = 10.0  # how long the start waits to learn whose the Hub token is
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Service:
         try:
             token = token_from(self.settings)  # whose token, asked before the consumer starts: not while it joins
             sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
-                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
+                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await hub_user(self.settings)})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
             self.consumer.subscribe([self.topic], listener=RebalanceListener(
                 self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None))
@@ -224,22 +224,6 @@ class Service:
             "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
             "seconds_since_poll": round(since_turn, 3),
         }
-
-    async def _hub_user(self) -> str | None:
-        """Whose the Hub token is, for the start-up line; None, with the reason logged, when the Hub
-        refuses it or does not answer within HUB_WHOAMI_S: the daemon starts all the same (a push
-        is retried), and the operator reads why at once instead of after a job's training."""
-        from huggingface_hub import HfApi
-
-        assert self.settings.hub_token is not None
-        api = HfApi(endpoint=self.settings.hub_endpoint, token=self.settings.hub_token.get_secret_value())
-        try:
-            async with asyncio.timeout(HUB_WHOAMI_S):
-                who = await executors.run("hub", api.whoami)
-        except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
-            log.error("hub.token_unusable", hub=self.settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            return None
-        return str(who.get("name")) if isinstance(who, dict) else None
 
     async def _prune_job_folders(self) -> None:
         """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
