@@ -30,7 +30,7 @@ from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.wiring import fleet_dispatcher
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
+from daemon.jobs.retention import Pruned, free_bytes, prune_folders_once
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.jobs.store_retention import prune_store_once
@@ -229,28 +229,15 @@ class Service:
         """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
         while True:
             await self.prune_once()
-            await prune_store_once(self.settings, {job.request_id for job in self.scheduler.jobs.values()}, time.time())
+            await prune_store_once(self.settings, self._running(), time.time())
             await asyncio.sleep(RETENTION_INTERVAL_S)
 
     async def prune_once(self) -> Pruned | None:
-        """One pass of retention (daemon/jobs/retention.py) in a worker thread, this daemon's running
-        jobs left alone, those that start during the pass too (checked on the loop as each folder is
-        set aside); None when it could not read or remove a folder (said, and tried next time)."""
-        running = {job.request_id for job in self.scheduler.jobs.values()}
-        take = on_loop(asyncio.get_running_loop(), lambda name: any(job.request_id == name for job in self.scheduler.jobs.values()))
-        try:
-            pruned = await executors.run(
-                "retention", prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count,
-                time.time(), take,
-            )
-        except OSError as exc:
-            log.warning("retention.failed", error=str(exc))
-            return None
-        if pruned.folders or pruned.checkpoints:
-            log.info("retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes)
-            metrics.PRUNED.labels("folder").inc(len(pruned.folders))
-            metrics.PRUNED.labels("checkpoints").inc(len(pruned.checkpoints))
-        return pruned
+        """One pass of retention over the job folders (daemon/jobs/retention.py), this daemon's running jobs left alone."""
+        return await prune_folders_once(self.settings, self._running, time.time())
+
+    def _running(self) -> set[str]:
+        return {job.request_id for job in self.scheduler.jobs.values()}
 
     def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
         """A job's log (its child's output) from `offset`, read in the endpoint's thread (daemon/ops/job_logs.py)."""
