@@ -2,7 +2,8 @@
 
 The loop is flat: poll the requests topic (paused partitions fetch nothing, but the poll keeps the
 member in its group through jobs of many hours), hand each partition's records to `Intake`, wake
-retries that are due, measure the consumer lag. Jobs run beside the loop (`Scheduler`).
+retries that are due, measure the consumer lag (daemon/kafka/lag.py). Jobs run beside the loop
+(`Scheduler`).
 
 Graceful stop (SIGTERM, SIGINT → `request_stop`): the loop ends at its next turn; rejections in
 flight are settled (acknowledged, committed); running jobs save a checkpoint within
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.jobs.store_retention import prune_store_once
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
+from daemon.kafka.lag import ConsumerLag
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
@@ -53,7 +55,6 @@ log = structlog.get_logger()
 
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
-LAG_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
 
 
@@ -101,7 +102,7 @@ class Service:
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
         self.last_turn = time.monotonic()
-        self._lag_measured = 0.0
+        self.lag = ConsumerLag(self.consumer)  # daemon/kafka/lag.py
 
     def request_stop(self) -> None:
         running = len(self.scheduler.jobs)
@@ -178,7 +179,7 @@ class Service:
                 await self.intake.reject_unreadable(record, exc)
             for tp, records in batches.items():
                 await self._take(tp, records)
-            self.scheduler.wake(await self._measure_lag())
+            self.scheduler.wake(await self.lag.measure(self.last_turn, self._running_offset))
 
     async def _take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Intake of one partition's batch, whose exceptions never leave the loop. Intake rejects a
@@ -194,20 +195,9 @@ class Service:
             if records and not self.scheduler.holds(tp):
                 self.partitions.read_from(tp, records[0].offset)
 
-    async def _measure_lag(self) -> Mapping[TopicPartition, int] | None:
-        """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,
-        so its high watermark would go stale while its job runs); the end offsets, when measured."""
-        if self.last_turn - self._lag_measured < LAG_INTERVAL_S or not self.consumer.assignment():
-            return None
-        self._lag_measured = self.last_turn
-        assigned = list(self.consumer.assignment())
-        ends = await self.consumer.end_offsets(assigned)
-        for tp in assigned:
-            job = self.scheduler.jobs.get(tp)
-            # A running job's request still counts: its offset is not committed until it ends.
-            next_offset = job.offset if job is not None else await self.consumer.position(tp)
-            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, ends[tp] - next_offset))
-        return ends
+    def _running_offset(self, tp: TopicPartition) -> int | None:
+        job = self.scheduler.jobs.get(tp)
+        return job.offset if job is not None else None
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.partitions.on_assigned(assigned)
