@@ -5,6 +5,8 @@ it is (`Cancels.skip`): its `cancelled` event, then its offset committed, no tra
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import structlog
 from aiokafka import TopicPartition
 
@@ -19,14 +21,14 @@ from schemas import Cancel, Cancelled, RequestBase
 log = structlog.get_logger()
 
 
+@dataclass
 class Cancels:
     """Every cancel read since the daemon started: request id → reason."""
 
-    def __init__(self, host: str, publisher: Publisher, partitions: Partitions) -> None:
-        self.host = host
-        self.publisher = publisher
-        self.partitions = partitions
-        self.reasons: dict[str, str] = {}
+    host: str  # this host's name, in the events it publishes
+    publisher: Publisher
+    partitions: Partitions
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.reasons
