@@ -196,6 +196,7 @@ class Service:
                 self.partitions.read_from(tp, records[0].offset)
 
     def _running_offset(self, tp: TopicPartition) -> int | None:
+        """The offset of the request `tp`'s running job runs: it counts in the lag until the job commits it."""
         job = self.scheduler.jobs.get(tp)
         return job.offset if job is not None else None
 

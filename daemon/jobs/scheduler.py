@@ -259,7 +259,7 @@ class Scheduler:
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
-        self.waiting.forget_all()
+        self.waiting.forget_all()  # their partitions start again at the retry, which is read anew
         self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 
