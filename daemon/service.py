@@ -2,7 +2,8 @@
 
 The loop is flat: poll the requests topic (paused partitions fetch nothing, but the poll keeps the
 member in its group through jobs of many hours), hand each partition's records to `Intake`, wake
-retries that are due, measure the consumer lag. Jobs run beside the loop (`Scheduler`).
+retries that are due, measure the consumer lag (daemon/kafka/lag.py). Jobs run beside the loop
+(`Scheduler`).
 
 Graceful stop (SIGTERM, SIGINT → `request_stop`): the loop ends at its next turn; rejections in
 flight are settled (acknowledged, committed); running jobs save a checkpoint within
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,15 @@ from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.wiring import fleet_dispatcher
+from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, free_bytes, on_loop, prune
+from daemon.jobs.retention import Pruned, free_bytes, prune_folders_once
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots, discover_gpus, packing_from
 from daemon.jobs.store_retention import prune_store_once
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
+from daemon.kafka.lag import ConsumerLag
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
@@ -52,9 +55,7 @@ log = structlog.get_logger()
 
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
-LAG_INTERVAL_S = 5.0
 RETENTION_INTERVAL_S = 3600.0
-HUB_WHOAMI_S = 10.0  # how long the start waits to learn whose the Hub token is
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class Service:
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
         self.last_turn = time.monotonic()
-        self._lag_measured = 0.0
+        self.lag = ConsumerLag(self.consumer)  # daemon/kafka/lag.py
 
     def request_stop(self) -> None:
         running = len(self.scheduler.jobs)
@@ -129,7 +130,7 @@ class Service:
         try:
             token = token_from(self.settings)  # whose token, asked before the consumer starts: not while it joins
             sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
-                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await self._hub_user()})
+                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await hub_user(self.settings)})
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
             self.consumer.subscribe([self.topic], listener=RebalanceListener(
                 self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None))
@@ -178,7 +179,7 @@ class Service:
                 await self.intake.reject_unreadable(record, exc)
             for tp, records in batches.items():
                 await self._take(tp, records)
-            self.scheduler.wake(await self._measure_lag())
+            self.scheduler.wake(await self.lag.measure(self.last_turn, self._running_offset))
 
     async def _take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Intake of one partition's batch, whose exceptions never leave the loop. Intake rejects a
@@ -194,20 +195,10 @@ class Service:
             if records and not self.scheduler.holds(tp):
                 self.partitions.read_from(tp, records[0].offset)
 
-    async def _measure_lag(self) -> Mapping[TopicPartition, int] | None:
-        """Consumer lag per partition, from the brokers' end offsets (a paused partition fetches nothing,
-        so its high watermark would go stale while its job runs); the end offsets, when measured."""
-        if self.last_turn - self._lag_measured < LAG_INTERVAL_S or not self.consumer.assignment():
-            return None
-        self._lag_measured = self.last_turn
-        assigned = list(self.consumer.assignment())
-        ends = await self.consumer.end_offsets(assigned)
-        for tp in assigned:
-            job = self.scheduler.jobs.get(tp)
-            # A running job's request still counts: its offset is not committed until it ends.
-            next_offset = job.offset if job is not None else await self.consumer.position(tp)
-            metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, ends[tp] - next_offset))
-        return ends
+    def _running_offset(self, tp: TopicPartition) -> int | None:
+        """The offset of the request `tp`'s running job runs: it counts in the lag until the job commits it."""
+        job = self.scheduler.jobs.get(tp)
+        return job.offset if job is not None else None
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self.partitions.on_assigned(assigned)
@@ -225,48 +216,19 @@ class Service:
             "seconds_since_poll": round(since_turn, 3),
         }
 
-    async def _hub_user(self) -> str | None:
-        """Whose the Hub token is, for the start-up line; None, with the reason logged, when the Hub
-        refuses it or does not answer within HUB_WHOAMI_S: the daemon starts all the same (a push
-        is retried), and the operator reads why at once instead of after a job's training."""
-        from huggingface_hub import HfApi
-
-        assert self.settings.hub_token is not None
-        api = HfApi(endpoint=self.settings.hub_endpoint, token=self.settings.hub_token.get_secret_value())
-        try:
-            async with asyncio.timeout(HUB_WHOAMI_S):
-                who = await executors.run("hub", api.whoami)
-        except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
-            log.error("hub.token_unusable", hub=self.settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-            return None
-        return str(who.get("name")) if isinstance(who, dict) else None
-
     async def _prune_job_folders(self) -> None:
         """Retention: a pass at start, then every RETENTION_INTERVAL_S."""
         while True:
             await self.prune_once()
-            await prune_store_once(self.settings, {job.request_id for job in self.scheduler.jobs.values()}, time.time())
+            await prune_store_once(self.settings, self._running(), time.time())
             await asyncio.sleep(RETENTION_INTERVAL_S)
 
     async def prune_once(self) -> Pruned | None:
-        """One pass of retention (daemon/jobs/retention.py) in a worker thread, this daemon's running
-        jobs left alone, those that start during the pass too (checked on the loop as each folder is
-        set aside); None when it could not read or remove a folder (said, and tried next time)."""
-        running = {job.request_id for job in self.scheduler.jobs.values()}
-        take = on_loop(asyncio.get_running_loop(), lambda name: any(job.request_id == name for job in self.scheduler.jobs.values()))
-        try:
-            pruned = await executors.run(
-                "retention", prune, self.settings.jobs_dir, running, self.settings.job_retention_days * 86400, self.settings.job_retention_count,
-                time.time(), take,
-            )
-        except OSError as exc:
-            log.warning("retention.failed", error=str(exc))
-            return None
-        if pruned.folders or pruned.checkpoints:
-            log.info("retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes)
-            metrics.PRUNED.labels("folder").inc(len(pruned.folders))
-            metrics.PRUNED.labels("checkpoints").inc(len(pruned.checkpoints))
-        return pruned
+        """One pass of retention over the job folders (daemon/jobs/retention.py), this daemon's running jobs left alone."""
+        return await prune_folders_once(self.settings, self._running, time.time())
+
+    def _running(self) -> set[str]:
+        return {job.request_id for job in self.scheduler.jobs.values()}
 
     def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
         """A job's log (its child's output) from `offset`, read in the endpoint's thread (daemon/ops/job_logs.py)."""

@@ -14,7 +14,8 @@ first, then takes each one it removes out of the jobs' way with one rename (`set
 rename is refused when the folder changed since it was read, and, in the daemon, it runs on the
 event loop, where jobs start, after checking that no job of this daemon uses the folder
 (`on_loop`). A job that starts during a pass so keeps its folder and its new log, or finds no
-folder and starts afresh; never a folder deleted under it.
+folder and starts afresh; never a folder deleted under it. The daemon's pass, at its start and then
+hourly, is `prune_folders_once`.
 
 Nothing is followed through a symbolic link: a folder's entries are read with lstat, a link (a
 `checkpoints` link to a big tree) is neither walked nor counted as freed, and removing a folder
@@ -36,6 +37,14 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import structlog
+
+from daemon import executors
+from daemon.ops import metrics
+from daemon.settings import Settings
+
+log = structlog.get_logger()
 
 TRASH_PREFIX = ".removing-"  # a request id never starts with "." (schemas/common.py)
 TAKE_TIMEOUT_S = 30.0  # how long a pass waits for the loop to set a folder aside before it leaves it
@@ -79,6 +88,25 @@ def prune(jobs_dir: Path, running: Collection[str], max_age_s: float, max_count:
             if aside is not None:
                 pruned.freed_bytes += _delete(aside)
                 pruned.checkpoints.append(folder.name)
+    return pruned
+
+
+async def prune_folders_once(settings: Settings, running: Callable[[], Collection[str]], now: float) -> Pruned | None:
+    """The daemon's pass: `prune` in the `retention` worker thread, the jobs `running` names left alone,
+    those that start during the pass too (checked on the loop as each folder is set aside, `on_loop`);
+    None when it could not read or remove a folder (said, and tried next time)."""
+    take = on_loop(asyncio.get_running_loop(), lambda name: name in running())
+    try:
+        pruned = await executors.run(
+            "retention", prune, settings.jobs_dir, running(), settings.job_retention_days * 86400, settings.job_retention_count, now, take,
+        )
+    except OSError as exc:
+        log.warning("retention.failed", error=str(exc))
+        return None
+    if pruned.folders or pruned.checkpoints:
+        log.info("retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes)
+        metrics.PRUNED.labels("folder").inc(len(pruned.folders))
+        metrics.PRUNED.labels("checkpoints").inc(len(pruned.checkpoints))
     return pruned
 
 

@@ -6,10 +6,10 @@
   trains while this one is judged and pushed (its partition stays held until it is committed).
 - A job's outcome decides what happens to its record: committed after a terminal event; sent back
   to the end of its partition for another try after `retrying` (with the attempt and the time it
-  is due in headers); also dead-lettered after a retryable failure on the last try.
+  is due in headers); also dead-lettered after a retryable failure on the last try (daemon/jobs/settle.py).
 - A retry read before it is due holds no slot and blocks no request behind it: it is sent to the
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
-  is due or until a new request arrives behind it (`wake`).
+  is due or until a new request arrives behind it (`wake`; daemon/jobs/waiting_retries.py).
 - A cancel stops the running job, or skips the request when it is reached.
 - A one-GPU request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
   partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready.
@@ -18,36 +18,37 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 
 from daemon.children.processes import ChildSource
+from daemon.jobs.cancels import Cancels
 from daemon.jobs.estimates import Estimates
 from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
+from daemon.jobs.fleet_hooks import FleetHooks
 from daemon.jobs.job import JobRunner
-from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.plan import JobPlace, MemoryPlan
+from daemon.jobs.settle import Settler
 from daemon.jobs.slots import Placement, Slots
+from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
-from daemon.kafka.retry_state import RetrySigner, backoff_s
+from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
-from schemas import Accepted, Cancel, Cancelled, Failed, RequestBase, Retrying
+from schemas import Accepted, Cancel, RequestBase
 
 log = structlog.get_logger()
 
@@ -68,21 +69,6 @@ class Offered(StrEnum):
         return self in (Offered.DEFERRED, Offered.SKIPPED)
 
 
-class FleetHooks(Protocol):
-    """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
-
-    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
-        """The `accepted` event's class and team; the job is counted as started."""
-
-    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
-        """After a job ended interrupted: True when it was preempted and its claim is committed."""
-
-    def forget(self, tp: TopicPartition) -> None: ...
-
-    def queue_topic(self, record: Record, request: RequestBase) -> str:
-        """The topic of the class the claimed request runs as: where its retry waits."""
-
-
 @dataclass
 class RunningJob:
     request_id: str
@@ -90,12 +76,6 @@ class RunningJob:
     runner: JobRunner
     placement: Placement | None  # None once given back
     task: asyncio.Task[None]
-
-
-@dataclass(frozen=True)
-class WaitingRetry:
-    offset: int
-    due: float  # time.time() at which the retry may run
 
 
 class Scheduler:
@@ -110,14 +90,15 @@ class Scheduler:
         self.children = children
         self.on_change = on_change  # jobs or slots changed: the daemon updates its systemd status
         self.jobs: dict[TopicPartition, RunningJob] = {}
-        self.waiting: dict[TopicPartition, WaitingRetry] = {}
-        self.cancelled: dict[str, str] = {}  # request id → reason, from the control topic
+        self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
+        self.cancelled = Cancels(settings.host, publisher, partitions)  # the control topic's (daemon/jobs/cancels.py)
         # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
+        self.settler = Settler(settings.retry_backoff_s, publisher, partitions, self.retries, self.faults)  # its record after a job's end
         self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
         self.stopping = False
 
@@ -130,10 +111,10 @@ class Scheduler:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
         retry = self.retries.read(record)
         if request.request_id in self.cancelled:
-            await self._skip_cancelled(tp, record, request, retry.attempt)
+            await self.cancelled.skip(tp, record, request, retry.attempt)
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
-            return await self._not_yet(tp, record, retry.due)
+            return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its share of a
         # GPU when GPUs are packed; never for a job sent back to run alone, nor one of several GPUs.
         need = None
@@ -156,33 +137,11 @@ class Scheduler:
         if not self.stopping and self.slots.free and tp in self.partitions.assigned() and not self.holds(tp):
             self.partitions.resume([tp])
 
-    async def _skip_cancelled(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
-        """A request cancelled before it started: its terminal event, then its offset; no training."""
-        reason = self.cancelled[request.request_id]
-        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
-        await JobEvents(self.publisher, request, self.settings.host, attempt, trace_context(record)).publish(Cancelled, reason=reason)
-        metrics.JOBS.labels("cancelled").inc()
-        await self.partitions.commit(tp, record.offset + 1)
-
-    async def _not_yet(self, tp: TopicPartition, record: Record, due: float) -> Offered:
-        if self.partitions.highwater(tp) > record.offset + 1:
-            # Requests stand behind it: it goes behind them, byte for byte, and they go first.
-            await self.publisher.deliver(self.publisher.deferred_copy(record))
-            await self.partitions.commit(tp, record.offset + 1)
-            log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
-            return Offered.DEFERRED
-        self.partitions.hold(tp, record.offset)
-        self.waiting[tp] = WaitingRetry(record.offset, due)
-        return Offered.WAITING
-
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
-        now = time.time()
-        for tp, waiting in list(self.waiting.items()):
-            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1):
-                del self.waiting[tp]
-                if self.slots.free:
-                    self.partitions.resume([tp])
+        for tp in self.waiting.due(time.time(), end_offsets):
+            if self.slots.free:
+                self.partitions.resume([tp])
 
     def _count_slots(self) -> None:
         metrics.SLOTS_BUSY.set(self.slots.busy)
@@ -218,26 +177,9 @@ class Scheduler:
                 if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
                     self.partitions.committed[tp] = offset + 1
                 return
-            if isinstance(event, Retrying):
-                # Back to the end of its partition, so the requests behind it are not held up.
-                alone = event.code == "out_of_memory" and runner.place.share is not None  # not its failure: the same attempt, now, alone
-                attempt = runner.attempt if alone else runner.attempt + 1
-                due = time.time() + (0 if alone else backoff_s(self.settings.retry_backoff_s, attempt))
-                retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", attempt, due, alone=alone))
-                if self.fleet is not None:  # back to its class's queue, where any host with room takes it when it is due
-                    retry = dataclasses.replace(retry, topic=self.fleet.queue_topic(record, runner.request))
-                try:
-                    await self.publisher.deliver(retry)
-                except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
-                    log.error("job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__)
-                    message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
-                    if not await self.faults.end(tp, record, runner, exc, message):
-                        self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart
-                    return
-            elif isinstance(event, Failed) and event.retryable:
-                log.warning("job.attempts_exhausted", request_id=runner.request.request_id, attempts=runner.attempt)
-                await self.publisher.deliver(self.publisher.failed_letter(record, event))
-            await self.partitions.commit(tp, offset + 1)
+            queue_topic = functools.partial(self.fleet.queue_topic, record, runner.request) if self.fleet is not None else None
+            if not await self.settler.settle(tp, record, runner, event, queue_topic):
+                return  # its retry refused: ended (or held) by the faults' path
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request
             # again rather than lose it, but not for ever (daemon/jobs/faults.py).
@@ -252,10 +194,7 @@ class Scheduler:
                 self._give_back(job)
                 if self.fleet is not None:
                     self.fleet.forget(tp)
-            if not self.stopping:
-                self.resume_idle_partitions()
-                await self.prepare_children()
-                self.on_change()
+            await self._slots_changed()
 
     async def _free_slots(self, tp: TopicPartition, offset: int) -> None:
         """A job's child has exited with its result: its slots take the next request while the job is
@@ -265,6 +204,10 @@ class Scheduler:
             return
         log.info("job.slots_freed", request_id=job.request_id, slots=job.placement.slots)
         self._give_back(job)
+        await self._slots_changed()
+
+    async def _slots_changed(self) -> None:
+        """Slots freed (unless the daemon is stopping): idle partitions read again, a warm child for each free slot."""
         if not self.stopping:
             self.resume_idle_partitions()
             await self.prepare_children()
@@ -286,7 +229,7 @@ class Scheduler:
         changed, when the offer had started that record's job (the job ends it)."""
         if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
             return False
-        self.waiting.pop(tp, None)
+        self.waiting.forget(tp)
         self.estimates.forget(tp)
         self.partitions.read_from(tp, next_offset)
         self.pause_idle_partitions()
@@ -302,7 +245,7 @@ class Scheduler:
 
     async def cancel(self, cancel: Cancel) -> None:
         """From the control topic: stop the request's running job, or remember to skip it."""
-        reason = self.cancelled[cancel.request_id] = cancel.reason or "cancelled"
+        reason = self.cancelled.remember(cancel)
         for job in list(self.jobs.values()):
             if job.request_id == cancel.request_id and not job.runner.stop(Stop("cancel", reason)):
                 log.warning("cancel.too_late", request_id=cancel.request_id, stage=job.runner.stage)
@@ -316,7 +259,7 @@ class Scheduler:
             else:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
-        self.waiting.clear()  # their partitions start again at the retry, which is read anew
+        self.waiting.forget_all()  # their partitions start again at the retry, which is read anew
         self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 
