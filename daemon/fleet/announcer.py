@@ -40,6 +40,16 @@ ANNOUNCE_S = 2.0  # how soon after its arrival a request read by no host is told
 MAX_READ = 2000  # the records of one class's topic read for it, at most: beyond, no place is said
 
 
+async def publish_queued(publisher: Publisher, host: str, retries: RetrySigner, read: tuple[RequestBase, Record], waiting: Waiting,
+                         place: int, eta: float | None) -> None:
+    """A waiting request's `queued` event, with its place and ETA (this round's: tenths of a second, none below 0), as
+    its attempt and trace headers say (the dispatcher's for a request it read, the announcer's for one no host has)."""
+    request, record = read
+    events = JobEvents(publisher, request, host, retries.read(record).attempt, trace_context(record))
+    await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
+                         eta_s=None if eta is None else round(max(0.0, eta), 1))
+
+
 class Announcer:
     def __init__(self, settings: Settings, view: FleetView, publisher: Publisher, claims: Partitions, retries: RetrySigner) -> None:
         self.settings = settings
@@ -74,9 +84,7 @@ class Announcer:
             self.view.announced.add(waiting.request_id)
             if eta is not None:
                 self.view.estimated.add(waiting.request_id)
-            events = JobEvents(self.publisher, request, self.settings.host, self.retries.read(record).attempt, trace_context(record))
-            await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
-                                 eta_s=None if eta is None else round(max(0.0, eta), 1))
+            await publish_queued(self.publisher, self.settings.host, self.retries, (request, record), waiting, place, eta)
             published += 1
         return published
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from daemon.fleet.announcer import Announcer
+from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
@@ -36,17 +36,15 @@ from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import CLASS_HEADER, queue_group
 from daemon.intake import Intake
-from daemon.jobs.job_events import JobEvents
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.copies import too_large
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
-from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from daemon.settings import Settings
-from schemas import Queued, Rejection, RequestBase, decode_request
+from schemas import Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
@@ -192,10 +190,7 @@ class Dispatcher:
             assert head.request is not None
             place, eta = places.get(head.request_id, (1, None))
             self.view.announced.add(head.request_id)
-            events = JobEvents(self.scheduler.publisher, head.request, self.settings.host, self.retries.read(head.record).attempt,
-                               trace_context(head.record))
-            await events.publish(Queued, priority_class=head.priority_class, team=head.team, place=place,
-                                 eta_s=None if eta is None else round(max(0.0, eta), 1))
+            await publish_queued(self.scheduler.publisher, self.settings.host, self.retries, (head.request, head.record), head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
     def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
