@@ -18,7 +18,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import SFTConfig, SFTTrainer
 
-from handlers.toolkit.reporting import StepClock
+from handlers.toolkit.callbacks import StepClock
 
 
 def train(request: dict) -> dict[str, float]:

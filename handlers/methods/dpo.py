@@ -12,7 +12,8 @@ from __future__ import annotations
 from trl import DPOConfig, DPOTrainer
 
 from handlers.protocol import JobSpec, TrainResult
-from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.callbacks import JobCallback
+from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, load_policy, load_reference, policy_lora, train_and_save
 from handlers.toolkit.training import trl_config
 from schemas.request import DPORequest

@@ -9,8 +9,9 @@ from __future__ import annotations
 from trl import RewardConfig, RewardTrainer
 
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.loading import load_sequence_classifier
-from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, train_and_save
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RewardRequest

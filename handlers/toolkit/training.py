@@ -18,8 +18,8 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
+from handlers.toolkit.callbacks import StepClock
 from handlers.toolkit.lora_patterns import resolved
-from handlers.toolkit.reporting import StepClock
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from handlers.protocol import JobSpec
-from handlers.toolkit.reporting import EXIT_STOPPED, JobCallback, StatusReporter
+from handlers.toolkit.callbacks import JobCallback
+from handlers.toolkit.reporting import EXIT_STOPPED, StatusReporter
 from handlers.toolkit.training import final_metrics, trl_config
 from schemas import SFTRequest
 from testbed.data import CHAT_ROWS

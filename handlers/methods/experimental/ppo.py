@@ -26,8 +26,9 @@ from trl.experimental.ppo import PPOConfig, PPOTrainer
 
 from handlers.methods.experimental.ppo_checkpoints import PPOCheckpoints
 from handlers.protocol import JobFailed, JobSpec, TrainResult
+from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.loading import DTYPES, is_conversational, load_causal_lm, load_sequence_classifier, resolve_model
-from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, result
 from handlers.toolkit.training import final_metrics, last_checkpoint, lora_config, save_artifact, trl_config
 from schemas.request import PPORequest

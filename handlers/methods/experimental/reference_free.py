@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from handlers.protocol import JobSpec, TrainResult
+from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.loading import load_causal_lm
-from handlers.toolkit.reporting import JobCallback, StatusReporter
+from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, train_and_save
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RequestBase
