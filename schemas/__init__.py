@@ -7,6 +7,7 @@ signatures (schemas/signing.py) also needs `cryptography`, imported only when a 
 from schemas.common import SCHEMA_VERSION, FieldError
 from schemas.control import Cancel
 from schemas.decode import Rejection, decode_request
+from schemas.event_reading import parse_event, read_event
 from schemas.events import (
     TERMINAL_TYPES,
     Accepted,
@@ -21,8 +22,6 @@ from schemas.events import (
     Retrying,
     Started,
     Succeeded,
-    parse_event,
-    read_event,
 )
 from schemas.request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
 from schemas.signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
