@@ -70,23 +70,33 @@ class Announcer:
                 log.warning("fleet.announce_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def announce(self) -> int:
-        """One round: a `queued` event for each unread request that has none; how many were published."""
+        """One round: a `queued` event for each unread request that has none (or one with no ETA, when one can now be
+        said); how many were published."""
+        view = self.view
         unread = await self.unread()
-        if not unread:
-            return 0
-        placed = self.view.places([waiting for waiting, _ in unread], 0)
-        records = {waiting.request_id: (request, record) for waiting, (request, record) in unread}
+        if not any(w.request_id not in view.announced or w.request_id not in view.estimated for w, _ in unread):
+            return 0  # every one told, with an ETA
+        # A host may have claimed one while the queues were read (its claim commits the queue's offset past the record,
+        # in the claim's own transaction): told `queued` now, its consumers would see it wait after its `started`.
+        taken = await self.claimed([record for _, (_, record) in unread])
+        unread = [(w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken]
+        records = {waiting.request_id: read for waiting, read in unread}
         published = 0
-        for waiting, place, eta in placed:
-            if waiting.request_id in self.view.announced and (eta is None or waiting.request_id in self.view.estimated):
+        for waiting, place, eta in view.places([waiting for waiting, _ in unread], 0):
+            if waiting.request_id in view.announced and (eta is None or waiting.request_id in view.estimated):
                 continue  # told already, and nothing new to say
-            request, record = records[waiting.request_id]
-            self.view.announced.add(waiting.request_id)
+            view.announced.add(waiting.request_id)
             if eta is not None:
-                self.view.estimated.add(waiting.request_id)
-            await publish_queued(self.publisher, self.settings.host, self.retries, (request, record), waiting, place, eta)
+                view.estimated.add(waiting.request_id)
+            await publish_queued(self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta)
             published += 1
         return published
+
+    async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
+        """Of these records of the classes' topics, those their queue group has committed past since they were read."""
+        groups = {topic: queue_group(self.settings.group_id, name) for name, topic in self.settings.class_topics.items()}
+        found = await committed_offsets(self.settings, {(groups[record.topic], record.topic) for record in records})
+        return {(r.topic, r.partition, r.offset) for r in records if found[(groups[r.topic], r.topic)].get(r.partition, 0) > r.offset}
 
     async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
         """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes them."""

@@ -1,0 +1,66 @@
+"""The announcer's `queued` events for requests no host has read (daemon/fleet/announcer.py), on the real broker:
+a request a host claims while the queues are being read is not told it waits (its consumers would see it wait
+after its `started`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from daemon.fleet.announcer import Announcer
+from daemon.fleet.order import Waiting
+from daemon.fleet.view import FleetView
+from daemon.fleet_config import queue_group
+from daemon.kafka.options import kafka_options
+from daemon.kafka.partitions import Partitions
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.records import Record
+from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.topics import ensure_topics
+from daemon.settings import Settings
+from schemas import Queued, RequestBase, parse_event
+from testbed.client import produce
+from testbed.memory_kafka import FakeConsumer, FakeProducer
+from tests.helpers import sft_request
+
+CLASSES = [{"name": "urgent"}, {"name": "batch", "preemptible": True}]
+
+
+async def commit(settings: Settings, group: str, tp: TopicPartition, offset: int) -> None:
+    """What a host's claim does to the queue it took the record from: its group's offset committed past it."""
+    consumer = AIOKafkaConsumer(**kafka_options(settings), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        await consumer.commit({tp: offset})
+    finally:
+        await consumer.stop()
+
+
+async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits(settings: Settings, tmp_path: Path) -> None:
+    fleet = settings.model_copy(update={"priority_classes": Settings(priority_classes=CLASSES).priority_classes,
+                                        "default_priority_class": "batch", "claims_topic": f"claims-{settings.group_id}"})
+    await ensure_topics(fleet, partitions=1)
+    topic = fleet.class_topics["batch"]
+    offsets = {name: await produce(fleet, json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode(), topic=topic)
+               for name in ("claimed-meanwhile", "still-waiting")}
+    producer = FakeProducer()
+
+    class ClaimedWhileRead(Announcer):
+        async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+            found = await super().unread()
+            assert sorted(waiting.request_id for waiting, _ in found) == ["claimed-meanwhile", "still-waiting"]
+            await commit(fleet, queue_group(fleet.group_id, "batch"), TopicPartition(topic, 0), offsets["claimed-meanwhile"] + 1)
+            return found
+
+    retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
+    announcer = ClaimedWhileRead(fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
+    assert await announcer.announce() == 1
+    queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
+    # Placed without the claimed one: first, to start now on the fleet's one free slot.
+    assert [(type(event), event.request_id, event.place, event.eta_s) for event in queued] == [(Queued, "still-waiting", 1, 0.0)]
+    # Read again with nothing claimed since: the one told already is not told twice.
+    plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
+    assert await plain.announce() == 0
