@@ -99,6 +99,7 @@ class Intake:
         last_rejected: int | None = None
         loop = asyncio.get_running_loop()
         turn_at = loop.time()
+        turned = True  # whether other work may have run since the partition was last looked at
         for record in records:
             # The loop's turn between records, at least every TURN_EVERY_S: a batch of records decided
             # without one (a small record is decided on the loop, and a rejection awaits nothing until
@@ -106,23 +107,39 @@ class Intake:
             if loop.time() >= turn_at:
                 await asyncio.sleep(0)
                 turn_at = loop.time() + TURN_EVERY_S
-            if tp not in self.partitions.assigned():
-                break  # it moved to another member during a turn: the records are that member's now
-            if self.scheduler.holds(tp):
-                break  # stale records of a held partition: it is read again from where it was held
+                turned = True
+            # Only a turn (a rebalance's callback, a job ending) or this batch's own awaits move the
+            # partition or make the scheduler hold it: looked at after each, not at every record
+            # decided on the loop (the consumer's assignment is a set built a call).
+            if turned:
+                if tp not in self.partitions.assigned():
+                    break  # it moved to another member during a turn: the records are that member's now
+                if self.scheduler.holds(tp):
+                    break  # stale records of a held partition: it is read again from where it was held
+                turned = False
+            rejection: Rejection | None
             try:
-                decoded = await decoded_request(record.value, record.key)
-                rejection = decoded if isinstance(decoded, Rejection) else await judged(decoded, self.settings, self.slots)
+                if len(record.value or b"") < OFF_LOOP_BYTES:  # `decoded_request` as it runs a small record, without its coroutine
+                    decoded = decode_request(record.value, record.key, scanner=SCANNER)
+                else:
+                    decoded, turned = await decoded_request(record.value, record.key), True
+                if isinstance(decoded, Rejection):
+                    rejection = decoded
+                elif has_inline_images(decoded):
+                    rejection, turned = await judged(decoded, self.settings, self.slots), True
+                else:  # `judged` as it runs a request without images
+                    rejection = refusal(decoded, self.settings, self.slots)
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
                     rejection = Rejection("policy", [oversize], decoded.request_id)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
-                decoded, rejection = None, internal_rejection(record, exc)
+                decoded, rejection, turned = None, internal_rejection(record, exc), True
             if rejection is not None:
                 outgoing += self.rejection_messages(record, rejection)
                 last_rejected = record.offset
                 continue
             assert decoded is not None and not isinstance(decoded, Rejection)  # else rejection is set
+            turned = True  # the flush, the settling and the offer await
             await self._flush(tp, outgoing, last_rejected)
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)

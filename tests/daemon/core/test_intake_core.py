@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 from aiokafka import TopicPartition
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from daemon import intake as intake_module
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
@@ -163,3 +168,82 @@ async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool
     for request_id in ("plain", "pictured"):
         [event] = core.events(request_id)
         assert event["type"] == "rejected" and event["reason"] == "policy" and [e["path"] for e in event["errors"]] == ["model.id"]
+
+
+async def test_a_partition_that_moves_away_while_a_large_record_is_decoded_off_the_loop_is_left_there(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Intake looks at the partition's assignment after each of its awaits, not at every record it
+    decides on the loop: a move during a large record's decode in a thread stops the batch after it."""
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)  # no turn but the batch's first
+    core = CoreOnFakes(settings, FakeProducer())
+    decoded_off_loop = intake_module.decoded_request
+
+    async def decoded_while_moving(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
+        del core.consumer.committed[core.tp]  # the rebalance lands while the record is decoded
+        return await decoded_off_loop(value, key)
+
+    monkeypatch.setattr(intake_module, "decoded_request", decoded_while_moving)
+    large = b"{not json " + b"x" * intake_module.OFF_LOOP_BYTES
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([b"{not json", large, b"{not json", b"{not json"])]
+    await core.intake.take(core.tp, records)
+    assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0", b"1"]  # none after the move
+
+
+async def test_a_partition_that_moves_away_while_images_are_judged_off_the_loop_is_left_there(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)
+    core = CoreOnFakes(settings, FakeProducer())
+    judged_off_loop = intake_module.judged
+
+    async def judged_while_moving(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
+        del core.consumer.committed[core.tp]
+        return await judged_off_loop(request, host, slots)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(intake_module, "judged", judged_while_moving)
+    pictured = json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode()
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([pictured, b"{not json"])]
+    await core.intake.take(core.tp, records)
+    assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0"]
+    [event] = core.events("pictured")
+    assert event["reason"] == "resources"
+
+
+# Records of every way intake decides one: on the loop (small, without images) or off it (a large
+# record decoded in a thread, a request whose images are judged in one).
+_RECORD_KINDS: dict[str, bytes] = {
+    "not_json": b"{not json",
+    "unknown_field": json.dumps(sft_request("unknown", training={"learning_rat": 1})).encode(),
+    "too_many_gpus": json.dumps(sft_request("gpus", resources={"gpus": 64})).encode(),
+    "policy": json.dumps(sft_request("policy", dataset={"path": "/etc/passwd"})).encode(),
+    "credential": json.dumps(sft_request("secret", metadata={"note": "hf_" + "a1B2" * 9})).encode(),
+    "large": json.dumps(sft_request("large", metadata={"note": "x" * 70_000}, training={"learning_rat": 1})).encode(),
+    "images_refused": json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode(),
+    "bad_image": json.dumps(sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": ["data:image/png;base64,aGVsbG8gd29ybGQh"]}]})).encode(),
+}
+
+
+@hypothesis_settings(max_examples=30, deadline=None)
+@given(kinds=st.lists(st.sampled_from(sorted(_RECORD_KINDS)), min_size=1, max_size=12))
+def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_judged_give_each_record(kinds: list[str]) -> None:
+    """take's inline path for small records is `decoded_request` and `judged` without their
+    coroutines: every record of any mix gets the rejection they give it alone."""
+    with tempfile.TemporaryDirectory() as work:
+        host = Settings(gpus=[], warm_child=False, work_dir=Path(work), allowed_local_dataset_roots=[Path(work)])
+        asyncio.run(_inline_against_alone(host, kinds))
+
+
+async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
+    core = CoreOnFakes(host, FakeProducer())
+    records = [FakeRecord(core.tp.topic, 0, offset, f"k-{offset}".encode(), _RECORD_KINDS[kind]) for offset, kind in enumerate(kinds)]
+    await core.intake.take(core.tp, records)
+    await core.partitions.settled(core.tp)
+    expected = []
+    for record in records:
+        decoded = await intake_module.decoded_request(record.value, record.key)
+        rejection = decoded if isinstance(decoded, Rejection) else await intake_module.judged(decoded, host, core.slots)
+        assert rejection is not None
+        expected.append((rejection.reason, [(error.path, error.message) for error in rejection.bounded().errors]))
+    got = [(event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])]) for event in core.events()]
+    assert got == expected
