@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 
 from daemon import executors
 from daemon.admission.images import has_inline_images
-from daemon.admission.judge import refusal
+from daemon.admission.judge import image_refusal, refusal_before_images
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
@@ -34,7 +34,7 @@ from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
-# The longest judging a request with inline images (`judge.refusal`, their headers read in a thread)
+# The longest judging a request's inline images may take (`judge.image_refusal`, their headers read in a thread)
 # may take; well inside systemd's WatchdogSec (120) and the loop's STUCK_AFTER_S (30), which the
 # service loop's turns feed.
 JUDGE_DEADLINE_S = 20.0
@@ -58,19 +58,25 @@ async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase
 
 
 async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Rejection | None:
-    """`judge.refusal` where intake runs it: in a thread of the `admission` pool (daemon/executors.py)
-    when the request has inline images, whose headers it reads in time linear in their bytes, so the
-    loop keeps turning beside it (heartbeats, the publisher's acknowledgements, the HTTP endpoint).
-    Bounded by JUDGE_DEADLINE_S: past it the request is refused, naming its rows, and the service loop
-    turns on (the systemd watchdog is fed by its turns). Without images the judgement takes
-    microseconds and is made on the loop, as a small record is decoded there: the thread's hop cost
-    more than the work (benchmarks/reject_path.py, a refused request: 274 against 114 us on a loaded
-    2-core host, issue 51)."""
-    if not has_inline_images(request):
-        return refusal(request, settings, slots)
+    """`judge.refusal` as intake makes it: its checks that read no image on the loop (microseconds:
+    a thread's hop cost more than the work, benchmarks/reject_path.py, a refused request: 274 against
+    114 us on a loaded 2-core host, issue 51), then, for a request they let through that has inline
+    images, `judged_images`. A refused request's images are never read."""
+    rejection = refusal_before_images(request, settings, slots)
+    if rejection is not None or not has_inline_images(request):
+        return rejection
+    return await judged_images(request, settings)
+
+
+async def judged_images(request: RequestBase, settings: Settings) -> Rejection | None:
+    """`judge.image_refusal` in a thread of the `admission` pool (daemon/executors.py): it reads the
+    images' headers in time linear in their bytes, so the loop keeps turning beside it (heartbeats,
+    the publisher's acknowledgements, the HTTP endpoint). Bounded by JUDGE_DEADLINE_S: past it the
+    request is refused, naming its rows, and the service loop turns on (the systemd watchdog is fed
+    by its turns)."""
     try:
         async with asyncio.timeout(JUDGE_DEADLINE_S):
-            return await executors.run("admission", refusal, request, settings, slots)
+            return await executors.run("admission", image_refusal, request, settings)
     except TimeoutError:
         message = f"its images took longer than {JUDGE_DEADLINE_S:g} s to check; send fewer or smaller images"
         return Rejection("invalid", [FieldError(path="dataset.rows", message=message)], request.request_id)
@@ -125,10 +131,10 @@ class Intake:
                     decoded, turned = await decoded_request(record.value, record.key), True
                 if isinstance(decoded, Rejection):
                     rejection = decoded
-                elif has_inline_images(decoded):
-                    rejection, turned = await judged(decoded, self.settings, self.slots), True
-                else:  # `judged` as it runs a request without images
-                    rejection = refusal(decoded, self.settings, self.slots)
+                else:  # `judged`, its coroutine awaited only for images to read
+                    rejection = refusal_before_images(decoded, self.settings, self.slots)
+                    if rejection is None and has_inline_images(decoded):
+                        rejection, turned = await judged_images(decoded, self.settings), True
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
                     rejection = Rejection("policy", [oversize], decoded.request_id)

@@ -19,6 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from daemon import intake as intake_module
+from daemon.admission.judge import refusal
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.settings import Settings
 from schemas import FieldError, Rejection, RequestBase
@@ -149,22 +150,33 @@ async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_me
 async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool_and_others_on_the_loop(
     settings: Settings, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`judge.refusal` is the whole decision, and intake takes its verdict: off the loop where it reads
-    inline images, on it otherwise (microseconds: a thread's hop would cost more)."""
-    seen: dict[str, tuple[str, bool]] = {}
+    """`judge.refusal` is the whole decision, and intake takes its verdict: its checks that read no
+    image on the loop (microseconds: a thread's hop would cost more), the images' off it, and only for
+    a request those checks let through."""
+    seen: dict[str, list[tuple[str, str]]] = {}
 
-    def refusal(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
-        seen[request.request_id] = (threading.current_thread().name, host is settings and slots is core.slots)
+    def before_images(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
+        assert host is settings and slots is core.slots
+        seen.setdefault(request.request_id, []).append(("before_images", threading.current_thread().name))
+        return None if request.request_id == "pictured" else Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
+
+    def images(request: RequestBase, host: Settings) -> Rejection | None:
+        assert host is settings
+        seen.setdefault(request.request_id, []).append(("images", threading.current_thread().name))
         return Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
 
-    monkeypatch.setattr(intake_module, "refusal", refusal)
+    monkeypatch.setattr(intake_module, "refusal_before_images", before_images)
+    monkeypatch.setattr(intake_module, "image_refusal", images)
     core = CoreOnFakes(settings, FakeProducer())
     plain, pictured = sft_request("plain"), sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS})
+    refused = sft_request("refused", dataset={"rows": VISION_CHAT_ROWS})  # refused before its images are read
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, offset, request["request_id"].encode(), json.dumps(request).encode())
-                                     for offset, request in enumerate([plain, pictured])])
+                                     for offset, request in enumerate([plain, pictured, refused])])
     await core.partitions.settled(core.tp)
-    assert seen == {"plain": (threading.main_thread().name, True), "pictured": (seen["pictured"][0], True)}
-    assert seen["pictured"][0].startswith("adapterd-admission")
+    main = threading.main_thread().name
+    assert seen["plain"] == [("before_images", main)] and seen["refused"] == [("before_images", main)]
+    assert seen["pictured"][0] == ("before_images", main) and seen["pictured"][1][0] == "images"
+    assert seen["pictured"][1][1].startswith("adapterd-admission")
     for request_id in ("plain", "pictured"):
         [event] = core.events(request_id)
         assert event["type"] == "rejected" and event["reason"] == "policy" and [e["path"] for e in event["errors"]] == ["model.id"]
@@ -195,20 +207,22 @@ async def test_a_partition_that_moves_away_while_images_are_judged_off_the_loop_
 ) -> None:
     monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)
     core = CoreOnFakes(settings, FakeProducer())
-    judged_off_loop = intake_module.judged
+    judged_off_loop = intake_module.judged_images
 
-    async def judged_while_moving(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
+    async def judged_while_moving(request: RequestBase, host: Settings) -> Rejection | None:
         del core.consumer.committed[core.tp]
-        return await judged_off_loop(request, host, slots)  # type: ignore[arg-type]
+        return await judged_off_loop(request, host)
 
-    monkeypatch.setattr(intake_module, "judged", judged_while_moving)
-    pictured = json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode()
+    monkeypatch.setattr(intake_module, "judged_images", judged_while_moving)
+    pictured = json.dumps(sft_request("pictured", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode()
     records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([pictured, b"{not json"])]
     await core.intake.take(core.tp, records)
     assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0"]
     [event] = core.events("pictured")
-    assert event["reason"] == "resources"
+    assert event["reason"] == "invalid" and event["errors"][0]["path"] == "dataset.rows.0.images.0"  # type: ignore[index]
 
+
+NOT_AN_IMAGE = "data:image/png;base64,aGVsbG8gd29ybGQh"  # "hello world!"
 
 # Records of every way intake decides one: on the loop (small, without images) or off it (a large
 # record decoded in a thread, a request whose images are judged in one).
@@ -220,15 +234,17 @@ _RECORD_KINDS: dict[str, bytes] = {
     "credential": json.dumps(sft_request("secret", metadata={"note": "hf_" + "a1B2" * 9})).encode(),
     "large": json.dumps(sft_request("large", metadata={"note": "x" * 70_000}, training={"learning_rat": 1})).encode(),
     "images_refused": json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode(),
-    "bad_image": json.dumps(sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": ["data:image/png;base64,aGVsbG8gd29ybGQh"]}]})).encode(),
+    "images_policy": json.dumps(sft_request("pictured-policy", model={"id": "x/y", "trust_remote_code": True}, dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
+    "bad_image": json.dumps(sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
 }
 
 
 @hypothesis_settings(max_examples=30, deadline=None)
 @given(kinds=st.lists(st.sampled_from(sorted(_RECORD_KINDS)), min_size=1, max_size=12))
-def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_judged_give_each_record(kinds: list[str]) -> None:
-    """take's inline path for small records is `decoded_request` and `judged` without their
-    coroutines: every record of any mix gets the rejection they give it alone."""
+def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_give_each_record(kinds: list[str]) -> None:
+    """take's inline path for small records is `decoded_request` without its coroutine, and its
+    admission is `judge.refusal` in two parts (the images' read only for a request the rest lets
+    through): every record of any mix gets the rejection they give it alone."""
     with tempfile.TemporaryDirectory() as work:
         host = Settings(gpus=[], warm_child=False, work_dir=Path(work), allowed_local_dataset_roots=[Path(work)])
         asyncio.run(_inline_against_alone(host, kinds))
@@ -242,7 +258,7 @@ async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
     expected = []
     for record in records:
         decoded = await intake_module.decoded_request(record.value, record.key)
-        rejection = decoded if isinstance(decoded, Rejection) else await intake_module.judged(decoded, host, core.slots)
+        rejection = decoded if isinstance(decoded, Rejection) else refusal(decoded, host, core.slots)  # the whole decision, in one call
         assert rejection is not None
         expected.append((rejection.reason, [(error.path, error.message) for error in rejection.bounded().errors]))
     got = [(event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])]) for event in core.events()]
