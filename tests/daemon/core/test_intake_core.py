@@ -17,6 +17,7 @@ from aiokafka import TopicPartition
 from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from daemon import intake as intake_module
 from daemon.admission.judge import refusal
@@ -263,3 +264,17 @@ async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
         expected.append((rejection.reason, [(error.path, error.message) for error in rejection.bounded().errors]))
     got = [(event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])]) for event in core.events()]
     assert got == expected
+
+
+async def test_a_rejection_is_logged_and_its_letter_and_event_carry_the_records_trace_context(settings: Settings) -> None:
+    """The logger is bound once a batch and the trace context read once a rejection, for the DLQ
+    record and the event alike: each rejection still logs, and each copy carries the trace."""
+    core = CoreOnFakes(settings, FakeProducer())
+    parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    records = [FakeRecord(core.tp.topic, 0, offset, f"traced-{offset}".encode(), b"{not json", [("traceparent", parent)]) for offset in range(3)]
+    with capture_logs() as logs:
+        await core.intake.take(core.tp, records)
+    assert [(entry["event"], entry["offset"], entry["reason"]) for entry in logs if entry["event"] == "request.rejected"] == [
+        ("request.rejected", offset, "not_json") for offset in range(3)]
+    assert [m.header("traceparent") for m in core.dead_letters()] == [parent] * 3
+    assert [m.header("traceparent") for m in core.producer.on(settings.events_topic)] == [parent] * 3
