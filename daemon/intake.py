@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
 
 from daemon import executors
 from daemon.admission.images import has_inline_images
-from daemon.admission.judge import refusal
+from daemon.admission.judge import image_refusal, refusal_before_images
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
@@ -34,7 +35,7 @@ from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
-# The longest judging a request with inline images (`judge.refusal`, their headers read in a thread)
+# The longest judging a request's inline images may take (`judge.image_refusal`, their headers read in a thread)
 # may take; well inside systemd's WatchdogSec (120) and the loop's STUCK_AFTER_S (30), which the
 # service loop's turns feed.
 JUDGE_DEADLINE_S = 20.0
@@ -58,19 +59,25 @@ async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase
 
 
 async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Rejection | None:
-    """`judge.refusal` where intake runs it: in a thread of the `admission` pool (daemon/executors.py)
-    when the request has inline images, whose headers it reads in time linear in their bytes, so the
-    loop keeps turning beside it (heartbeats, the publisher's acknowledgements, the HTTP endpoint).
-    Bounded by JUDGE_DEADLINE_S: past it the request is refused, naming its rows, and the service loop
-    turns on (the systemd watchdog is fed by its turns). Without images the judgement takes
-    microseconds and is made on the loop, as a small record is decoded there: the thread's hop cost
-    more than the work (benchmarks/reject_path.py, a refused request: 274 against 114 us on a loaded
-    2-core host, issue 51)."""
-    if not has_inline_images(request):
-        return refusal(request, settings, slots)
+    """`judge.refusal` as intake makes it: its checks that read no image on the loop (microseconds:
+    a thread's hop cost more than the work, benchmarks/reject_path.py, a refused request: 274 against
+    114 us on a loaded 2-core host, issue 51), then, for a request they let through that has inline
+    images, `judged_images`. A refused request's images are never read."""
+    rejection = refusal_before_images(request, settings, slots)
+    if rejection is not None or not has_inline_images(request):
+        return rejection
+    return await judged_images(request, settings)
+
+
+async def judged_images(request: RequestBase, settings: Settings) -> Rejection | None:
+    """`judge.image_refusal` in a thread of the `admission` pool (daemon/executors.py): it reads the
+    images' headers in time linear in their bytes, so the loop keeps turning beside it (heartbeats,
+    the publisher's acknowledgements, the HTTP endpoint). Bounded by JUDGE_DEADLINE_S: past it the
+    request is refused, naming its rows, and the service loop turns on (the systemd watchdog is fed
+    by its turns)."""
     try:
         async with asyncio.timeout(JUDGE_DEADLINE_S):
-            return await executors.run("admission", refusal, request, settings, slots)
+            return await executors.run("admission", image_refusal, request, settings)
     except TimeoutError:
         message = f"its images took longer than {JUDGE_DEADLINE_S:g} s to check; send fewer or smaller images"
         return Rejection("invalid", [FieldError(path="dataset.rows", message=message)], request.request_id)
@@ -99,6 +106,8 @@ class Intake:
         last_rejected: int | None = None
         loop = asyncio.get_running_loop()
         turn_at = loop.time()
+        turned = True  # whether other work may have run since the partition was last looked at
+        logger = log.bind()  # what each of the proxy's calls would bind: once a batch
         for record in records:
             # The loop's turn between records, at least every TURN_EVERY_S: a batch of records decided
             # without one (a small record is decided on the loop, and a rejection awaits nothing until
@@ -106,23 +115,39 @@ class Intake:
             if loop.time() >= turn_at:
                 await asyncio.sleep(0)
                 turn_at = loop.time() + TURN_EVERY_S
-            if tp not in self.partitions.assigned():
-                break  # it moved to another member during a turn: the records are that member's now
-            if self.scheduler.holds(tp):
-                break  # stale records of a held partition: it is read again from where it was held
+                turned = True
+            # Only a turn (a rebalance's callback, a job ending) or this batch's own awaits move the
+            # partition or make the scheduler hold it: looked at after each, not at every record
+            # decided on the loop (the consumer's assignment is a set built a call).
+            if turned:
+                if tp not in self.partitions.assigned():
+                    break  # it moved to another member during a turn: the records are that member's now
+                if self.scheduler.holds(tp):
+                    break  # stale records of a held partition: it is read again from where it was held
+                turned = False
+            rejection: Rejection | None
             try:
-                decoded = await decoded_request(record.value, record.key)
-                rejection = decoded if isinstance(decoded, Rejection) else await judged(decoded, self.settings, self.slots)
+                if len(record.value or b"") < OFF_LOOP_BYTES:  # `decoded_request` as it runs a small record, without its coroutine
+                    decoded = decode_request(record.value, record.key, scanner=SCANNER)
+                else:
+                    decoded, turned = await decoded_request(record.value, record.key), True
+                if isinstance(decoded, Rejection):
+                    rejection = decoded
+                else:  # `judged`, its coroutine awaited only for images to read
+                    rejection = refusal_before_images(decoded, self.settings, self.slots)
+                    if rejection is None and has_inline_images(decoded):
+                        rejection, turned = await judged_images(decoded, self.settings), True
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
                     rejection = Rejection("policy", [oversize], decoded.request_id)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
-                decoded, rejection = None, internal_rejection(record, exc)
+                decoded, rejection, turned = None, internal_rejection(record, exc), True
             if rejection is not None:
-                outgoing += self.rejection_messages(record, rejection)
+                outgoing += self.rejection_messages(record, rejection, logger)
                 last_rejected = record.offset
                 continue
             assert decoded is not None and not isinstance(decoded, Rejection)  # else rejection is set
+            turned = True  # the flush, the settling and the offer await
             await self._flush(tp, outgoing, last_rejected)
             outgoing, last_rejected = [], None
             await self.partitions.settled(tp)
@@ -144,20 +169,22 @@ class Intake:
         tp = TopicPartition(record.topic, record.partition)
         await self._flush(tp, self.rejection_messages(record, rejection_of(record, exc)), record.offset)
 
-    def rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
+    def rejection_messages(self, record: Record, rejection: Rejection, logger: Any = None) -> list[Outgoing]:
         """The DLQ record and the `rejected` event of one rejection; never raises (an error in
-        building them is rejected as `internal` in their place)."""
+        building them is rejected as `internal` in their place). `logger`: `log` bound once for a
+        batch (`take`): each of structlog's lazy proxy's calls binds it again (0.7 us a rejection)."""
         try:
-            return self._rejection_messages(record, rejection.bounded())
+            return self._rejection_messages(record, rejection.bounded(), logger if logger is not None else log)
         except Exception as exc:
-            return self._rejection_messages(record, internal_rejection(record, exc))
+            return self._rejection_messages(record, internal_rejection(record, exc), logger if logger is not None else log)
 
-    def _rejection_messages(self, record: Record, rejection: Rejection) -> list[Outgoing]:
+    def _rejection_messages(self, record: Record, rejection: Rejection, logger: Any) -> list[Outgoing]:
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
-        messages = [self.publisher.rejection_letter(record, rejection), self.publisher.event_message(rejected, trace_context(record))]
+        trace = trace_context(record)  # the letter's and the event's, read once
+        messages = [self.publisher.rejection_letter(record, rejection, trace), self.publisher.event_message(rejected, trace)]
         metrics.rejected(rejection.reason).inc()
-        log.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
-                    errors=rejection.errors, offset=record.offset)
+        logger.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
+                       errors=rejection.errors, offset=record.offset)
         return messages
 
     async def _flush(self, tp: TopicPartition, messages: list[Outgoing], last_offset: int | None) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from schemas.common import MAX_INT, REQUEST_ID_PATTERN, AdapterdError, FieldError, RejectReason
-from schemas.regex import compile_pattern
 from schemas.request import REQUEST_MODELS, RequestBase
 from schemas.secrets import BUILTIN, SecretScanner
 
@@ -122,8 +121,8 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
     if repeated:  # the last copy would win silently, and the scan and the job would see only it
         return Rejection("invalid", _repeated_keys(document), _unsecret_request_id(document, key_id, scanner))
     try:
-        problems = leaf_problems(document) if _SUSPECT_LEAF.search(raw or b"") else []
-        shapes, keys = scanner.screen(raw or b"") if not problems else (False, False)
+        shapes, keys, suspect = scanner.screen_with(raw or b"", SUSPECT_LEAF)  # one pass of RE2 for the three
+        problems = leaf_problems(document) if suspect else []
         secrets = [] if problems else _by_path(
             (scanner.find(document) if shapes else []) + scanner.in_metadata(document)
             + scanner.under_credential_keys(document, raw or b"", screened=keys))
@@ -243,8 +242,9 @@ def _request_id_of(document: object, key_id: Callable[[], str | None]) -> str | 
 # What a leaf the walk below refuses needs to show in the text: a run of 19 digits (a 64-bit bound
 # needs that many), an exponent of three digits (1e400 reads as inf), or an escaped surrogate
 # (\ud800; the text itself is strict UTF-8, so a lone surrogate can only come from an escape).
-# Most messages have none of these and skip the walk.
-_SUSPECT_LEAF = compile_pattern(rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]")  # on the raw bytes; RE2 when installed
+# Most messages have none of these and skip the walk. Searched on the raw bytes, in the secret
+# scan's pass over them (`SecretScanner.screen_with`).
+SUSPECT_LEAF = rb"\d{19}|[eE][+-]?\d{3}|\\u[dD][89a-fA-F]"
 
 
 def _no_constant(name: str) -> float:

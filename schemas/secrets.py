@@ -23,6 +23,7 @@ import itertools
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from schemas.regex import compile_any, compile_matching, compile_pattern
@@ -112,7 +113,9 @@ class SecretScanner:
         # `may_hold` and the key-name screen (`CredentialKeys.may_hold`) in one call (`screen`): every
         # message of the requests topic passes both, and each call through RE2's wrapper costs (issue 52).
         self._keys_index = len(screens)
-        self._screen = compile_matching([*screens, self.keys.screen_pattern]) if self.keys.screen_pattern is not None else None
+        self._screens = [*screens, *([self.keys.screen_pattern] if self.keys.screen_pattern is not None else [])]
+        self._screen = compile_matching(self._screens) if self.keys.screen_pattern is not None else None
+        self._screens_with: dict[bytes, tuple[Any, Callable[[bytes], list[int]] | None]] = {}  # `screen_with`'s, by pattern
 
     def may_hold(self, raw: bytes) -> bool:
         """False only when no string of this JSON text can look like a credential. Without a
@@ -132,6 +135,23 @@ class SecretScanner:
         found = self._screen(raw)  # ascending: the key screen, last, is found[-1] when it matched
         keys = bool(found) and found[-1] == self._keys_index
         return bool(found) and found[0] < self._keys_index, keys and self.keys.named_in(raw)
+
+    def screen_with(self, raw: bytes, pattern: bytes) -> tuple[bool, bool, bool]:
+        """`screen`'s two answers and whether `pattern` (over bytes) matches somewhere in the text, in
+        the same pass of RE2 (decode_request's check for leaves no request may hold rides on it: a
+        call of its own through RE2's wrapper cost a microsecond a message, issue 52). The matcher
+        of each pattern is built at its first use and kept."""
+        built = self._screens_with.get(pattern)
+        if built is None:
+            together = compile_matching([*self._screens, pattern]) if self._screen is not None else None
+            built = self._screens_with[pattern] = (compile_pattern(pattern), together)
+        alone, together = built
+        if together is None or b"\\" in raw:  # as `screen` reads such a text: each answer apart
+            return (*self.screen(raw), alone.search(raw) is not None)
+        found = together(raw)  # ascending: `pattern` is last, the key screen before it
+        extra = bool(found) and found[-1] == self._keys_index + 1
+        keys = self._keys_index in found[-2:]
+        return bool(found) and found[0] < self._keys_index, keys and self.keys.named_in(raw), extra
 
     def kind(self, value: str) -> str | None:
         """What kind of credential `value` looks like, or None."""

@@ -1,9 +1,10 @@
 """The one admission decision: whether this host takes a valid request, and if not, the rejection
 that names each field it refuses. A pure function of the request, the host's settings and its GPUs:
-nothing awaited, published or kept. Intake awaits it in a worker thread for a request with inline
-images, whose headers it reads (daemon/intake.py: they must not hold the event loop), and calls it
-on the loop for any other (microseconds); `adapterd validate -c`, the tests and the benchmarks call
-it directly, so each judges a request exactly as the daemon does.
+nothing awaited, published or kept. Intake makes its checks that read no image on the loop
+(`refusal_before_images`, microseconds) and awaits the images' (`image_refusal`, their headers read)
+in a worker thread, for a request they let through that has inline images (daemon/intake.py: they
+must not hold the event loop); `adapterd validate -c`, the tests and the benchmarks call `refusal`
+directly, so each judges a request exactly as the daemon does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def refusal(request: RequestBase, settings: Settings, slots: Gpus) -> Rejection 
     """Why this host will not run a valid request, or None when it takes it. The first that applies:
     a method its TRL lacks, more GPUs than it has, anything outside the operator's policy (each broken
     rule named), inline images that do not decode or break the operator's bounds (each named by its row)."""
+    return refusal_before_images(request, settings, slots) or image_refusal(request, settings)
+
+
+def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus) -> Rejection | None:
+    """`refusal`'s checks that read no image, in its order: microseconds whatever the request holds,
+    so intake makes them on the loop and reads the images only of a request they let through."""
     unsupported = unsupported_reason(request.method)
     if unsupported:
         return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
@@ -36,7 +43,10 @@ def refusal(request: RequestBase, settings: Settings, slots: Gpus) -> Rejection 
         host = f"this host has {len(slots.gpus)} GPU(s)" if slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
         return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
     errors = policy_errors(request, settings)
-    if errors:
-        return Rejection("policy", errors, request.request_id)
+    return Rejection("policy", errors, request.request_id) if errors else None
+
+
+def image_refusal(request: RequestBase, settings: Settings) -> Rejection | None:
+    """`refusal`'s last check: the inline images' headers read, in time linear in their bytes."""
     images = inline_image_errors(request, settings.image_bounds)
     return Rejection("invalid", images, request.request_id) if images else None

@@ -71,16 +71,18 @@ class Publisher:
             [("adapterd-event-type", event.type.encode()), ("adapterd-schema-version", b"1"), *signature, *(trace or [])],
         )
 
-    def rejection_letter(self, record: Record, rejection: Rejection) -> Outgoing:
-        """The raw bytes of a message that could not become a job, with why and where it came from."""
-        return self._letter(record, rejection.reason, rejection.exception, errors_header(rejection.errors))
+    def rejection_letter(self, record: Record, rejection: Rejection, trace: Headers | None = None) -> Outgoing:
+        """The raw bytes of a message that could not become a job, with why and where it came from
+        (`trace`: the record's trace context, when the caller has read it for the event too)."""
+        return self._letter(record, rejection.reason, rejection.exception, errors_header(rejection.errors), trace=trace)
 
     def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
         """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
         errors = errors_header([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])
         return self._letter(record, reason, exception, errors, [("adapterd-attempts", str(failed.attempt).encode())])
 
-    def _letter(self, record: Record, reason: str, exception: str | None, errors: bytes, extra: Headers | None = None) -> Outgoing:
+    def _letter(self, record: Record, reason: str, exception: str | None, errors: bytes, extra: Headers | None = None,
+                trace: Headers | None = None) -> Outgoing:
         """A DLQ record: the request's bytes (or as much as fits), why, and where it came from."""
         value, omitted = dlq_value(record, self.settings.max_message_bytes)
         headers = [
@@ -89,14 +91,14 @@ class Publisher:
             ("adapterd-errors", errors),
             *(extra or []),
             *omitted,
-            *self._source(record),
+            *self._source(record, trace),
         ]
         return Outgoing(self.settings.dlq_topic, record.key, value, headers)
 
-    def _source(self, record: Record) -> Headers:
+    def _source(self, record: Record, trace: Headers | None = None) -> Headers:
         """Where a dead letter came from, which host sent it there, and the trace it belongs to."""
         return [
-            *trace_context(record),
+            *(trace_context(record) if trace is None else trace),
             ("adapterd-source-topic", record.topic.encode()),
             ("adapterd-source-partition", str(record.partition).encode()),
             ("adapterd-source-offset", str(record.offset).encode()),

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.admission.secret_rules import SCANNER
+from schemas.decode import SUSPECT_LEAF
 from schemas.regex import compile_pattern
 from schemas.secrets import BUILTIN, SecretScanner, shares_automaton
 
@@ -135,3 +136,22 @@ def test_the_screen_answers_what_the_rules_and_the_key_names_say_apart(document:
         assert scanner.screen(raw) == (scanner.may_hold(raw), scanner.keys.may_hold(raw))
     assert SCANNER.screen(b'{"metadata": {"HF_TOKEN": "x"}}') == (False, True)
     assert SCANNER.screen(b'{"t": "ghp_' + b"a" * 36 + b'"}') == (True, False)
+
+
+NUMBERS = st.integers(min_value=-(10**21), max_value=10**21) | st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from(
+    [10**19, -(10**18) * 9, 1e300, 2.5e-308, "\ud800", "e123", "E+999"])
+LEAVES = st.recursive(TEXTS | NUMBERS, lambda inner: st.dictionaries(KEYS | TEXTS, inner, max_size=4) | st.lists(inner, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=400, deadline=None)
+@given(KEYED | LEAVES, st.booleans())
+def test_the_screen_with_decodes_suspect_leaf_answers_what_each_search_says_apart(document: Any, ascii_only: bool) -> None:
+    # decode_request's check for leaves no request may hold rides on the screen's pass (issue 52):
+    # the three answers are those of `screen` and of the pattern searched alone.
+    raw = json.dumps(document, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")  # a lone surrogate as a producer's bytes
+    alone = compile_pattern(SUSPECT_LEAF)
+    for scanner in (SCANNER, BUILTIN):
+        assert scanner.screen_with(raw, SUSPECT_LEAF) == (*scanner.screen(raw), alone.search(raw) is not None)
+    assert SCANNER.screen_with(b'{"n": 12345678901234567890}', SUSPECT_LEAF) == (False, False, True)
+    assert SCANNER.screen_with(b'{"api_key": 1e400, "t": "ghp_' + b"a" * 36 + b'"}', SUSPECT_LEAF) == (True, True, True)
+    assert SCANNER.screen_with(b'{"n": 1234567890}', SUSPECT_LEAF) == (False, False, False)

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 from aiokafka import TopicPartition
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from daemon import intake as intake_module
+from daemon.admission.judge import refusal
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.settings import Settings
 from schemas import FieldError, Rejection, RequestBase
@@ -144,22 +151,130 @@ async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_me
 async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool_and_others_on_the_loop(
     settings: Settings, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`judge.refusal` is the whole decision, and intake takes its verdict: off the loop where it reads
-    inline images, on it otherwise (microseconds: a thread's hop would cost more)."""
-    seen: dict[str, tuple[str, bool]] = {}
+    """`judge.refusal` is the whole decision, and intake takes its verdict: its checks that read no
+    image on the loop (microseconds: a thread's hop would cost more), the images' off it, and only for
+    a request those checks let through."""
+    seen: dict[str, list[tuple[str, str]]] = {}
 
-    def refusal(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
-        seen[request.request_id] = (threading.current_thread().name, host is settings and slots is core.slots)
+    def before_images(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
+        assert host is settings and slots is core.slots
+        seen.setdefault(request.request_id, []).append(("before_images", threading.current_thread().name))
+        return None if request.request_id == "pictured" else Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
+
+    def images(request: RequestBase, host: Settings) -> Rejection | None:
+        assert host is settings
+        seen.setdefault(request.request_id, []).append(("images", threading.current_thread().name))
         return Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
 
-    monkeypatch.setattr(intake_module, "refusal", refusal)
+    monkeypatch.setattr(intake_module, "refusal_before_images", before_images)
+    monkeypatch.setattr(intake_module, "image_refusal", images)
     core = CoreOnFakes(settings, FakeProducer())
     plain, pictured = sft_request("plain"), sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS})
+    refused = sft_request("refused", dataset={"rows": VISION_CHAT_ROWS})  # refused before its images are read
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, offset, request["request_id"].encode(), json.dumps(request).encode())
-                                     for offset, request in enumerate([plain, pictured])])
+                                     for offset, request in enumerate([plain, pictured, refused])])
     await core.partitions.settled(core.tp)
-    assert seen == {"plain": (threading.main_thread().name, True), "pictured": (seen["pictured"][0], True)}
-    assert seen["pictured"][0].startswith("adapterd-admission")
+    main = threading.main_thread().name
+    assert seen["plain"] == [("before_images", main)] and seen["refused"] == [("before_images", main)]
+    assert seen["pictured"][0] == ("before_images", main) and seen["pictured"][1][0] == "images"
+    assert seen["pictured"][1][1].startswith("adapterd-admission")
     for request_id in ("plain", "pictured"):
         [event] = core.events(request_id)
         assert event["type"] == "rejected" and event["reason"] == "policy" and [e["path"] for e in event["errors"]] == ["model.id"]
+
+
+async def test_a_partition_that_moves_away_while_a_large_record_is_decoded_off_the_loop_is_left_there(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Intake looks at the partition's assignment after each of its awaits, not at every record it
+    decides on the loop: a move during a large record's decode in a thread stops the batch after it."""
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)  # no turn but the batch's first
+    core = CoreOnFakes(settings, FakeProducer())
+    decoded_off_loop = intake_module.decoded_request
+
+    async def decoded_while_moving(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
+        del core.consumer.committed[core.tp]  # the rebalance lands while the record is decoded
+        return await decoded_off_loop(value, key)
+
+    monkeypatch.setattr(intake_module, "decoded_request", decoded_while_moving)
+    large = b"{not json " + b"x" * intake_module.OFF_LOOP_BYTES
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([b"{not json", large, b"{not json", b"{not json"])]
+    await core.intake.take(core.tp, records)
+    assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0", b"1"]  # none after the move
+
+
+async def test_a_partition_that_moves_away_while_images_are_judged_off_the_loop_is_left_there(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)
+    core = CoreOnFakes(settings, FakeProducer())
+    judged_off_loop = intake_module.judged_images
+
+    async def judged_while_moving(request: RequestBase, host: Settings) -> Rejection | None:
+        del core.consumer.committed[core.tp]
+        return await judged_off_loop(request, host)
+
+    monkeypatch.setattr(intake_module, "judged_images", judged_while_moving)
+    pictured = json.dumps(sft_request("pictured", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode()
+    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([pictured, b"{not json"])]
+    await core.intake.take(core.tp, records)
+    assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0"]
+    [event] = core.events("pictured")
+    assert event["reason"] == "invalid" and event["errors"][0]["path"] == "dataset.rows.0.images.0"  # type: ignore[index]
+
+
+NOT_AN_IMAGE = "data:image/png;base64,aGVsbG8gd29ybGQh"  # "hello world!"
+
+# Records of every way intake decides one: on the loop (small, without images) or off it (a large
+# record decoded in a thread, a request whose images are judged in one).
+_RECORD_KINDS: dict[str, bytes] = {
+    "not_json": b"{not json",
+    "unknown_field": json.dumps(sft_request("unknown", training={"learning_rat": 1})).encode(),
+    "too_many_gpus": json.dumps(sft_request("gpus", resources={"gpus": 64})).encode(),
+    "policy": json.dumps(sft_request("policy", dataset={"path": "/etc/passwd"})).encode(),
+    "credential": json.dumps(sft_request("secret", metadata={"note": "hf_" + "a1B2" * 9})).encode(),
+    "large": json.dumps(sft_request("large", metadata={"note": "x" * 70_000}, training={"learning_rat": 1})).encode(),
+    "images_refused": json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode(),
+    "images_policy": json.dumps(sft_request("pictured-policy", model={"id": "x/y", "trust_remote_code": True}, dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
+    "bad_image": json.dumps(sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
+}
+
+
+@hypothesis_settings(max_examples=30, deadline=None)
+@given(kinds=st.lists(st.sampled_from(sorted(_RECORD_KINDS)), min_size=1, max_size=12))
+def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_give_each_record(kinds: list[str]) -> None:
+    """take's inline path for small records is `decoded_request` without its coroutine, and its
+    admission is `judge.refusal` in two parts (the images' read only for a request the rest lets
+    through): every record of any mix gets the rejection they give it alone."""
+    with tempfile.TemporaryDirectory() as work:
+        host = Settings(gpus=[], warm_child=False, work_dir=Path(work), allowed_local_dataset_roots=[Path(work)])
+        asyncio.run(_inline_against_alone(host, kinds))
+
+
+async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
+    core = CoreOnFakes(host, FakeProducer())
+    records = [FakeRecord(core.tp.topic, 0, offset, f"k-{offset}".encode(), _RECORD_KINDS[kind]) for offset, kind in enumerate(kinds)]
+    await core.intake.take(core.tp, records)
+    await core.partitions.settled(core.tp)
+    expected = []
+    for record in records:
+        decoded = await intake_module.decoded_request(record.value, record.key)
+        rejection = decoded if isinstance(decoded, Rejection) else refusal(decoded, host, core.slots)  # the whole decision, in one call
+        assert rejection is not None
+        expected.append((rejection.reason, [(error.path, error.message) for error in rejection.bounded().errors]))
+    got = [(event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])]) for event in core.events()]
+    assert got == expected
+
+
+async def test_a_rejection_is_logged_and_its_letter_and_event_carry_the_records_trace_context(settings: Settings) -> None:
+    """The logger is bound once a batch and the trace context read once a rejection, for the DLQ
+    record and the event alike: each rejection still logs, and each copy carries the trace."""
+    core = CoreOnFakes(settings, FakeProducer())
+    parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
+    records = [FakeRecord(core.tp.topic, 0, offset, f"traced-{offset}".encode(), b"{not json", [("traceparent", parent)]) for offset in range(3)]
+    with capture_logs() as logs:
+        await core.intake.take(core.tp, records)
+    assert [(entry["event"], entry["offset"], entry["reason"]) for entry in logs if entry["event"] == "request.rejected"] == [
+        ("request.rejected", offset, "not_json") for offset in range(3)]
+    assert [m.header("traceparent") for m in core.dead_letters()] == [parent] * 3
+    assert [m.header("traceparent") for m in core.producer.on(settings.events_topic)] == [parent] * 3
