@@ -98,6 +98,9 @@ def _image_problem(value: object, bounds: ImageBounds) -> str | None:
                 image.verify()  # the file's structure, not its pixels (see the module's docstring)
     except ValueError as exc:
         return str(exc)
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        # Pillow's message names the BytesIO object's address: meaningless to a producer, and different at every judging.
+        return f"not a decodable image: Pillow cannot read it as the {kind} file its first bytes say it is"
+    except (OSError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         return f"not a decodable image: {exc}"
     return None

@@ -187,3 +187,13 @@ async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tm
     await core.partitions.settled(core.tp)
     [event] = core.events("bombs")
     assert event["type"] == "rejected" and [error["path"] for error in event["errors"]] == ["dataset.rows"]
+
+
+def test_an_image_pillow_cannot_identify_is_said_the_same_way_at_every_judging() -> None:
+    # A PNG's signature and nothing a PNG has after it: Pillow names its BytesIO object's address in its own
+    # message, which means nothing to a producer and differs from one judging to the next.
+    fake = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"not the chunks of a PNG").decode()
+    first, again = (inline_image_errors(request(with_images(fake)), BOUNDS) for _ in range(2))
+    assert first == again
+    [error] = first
+    assert error.message == "not a decodable image: Pillow cannot read it as the PNG file its first bytes say it is"
