@@ -5,7 +5,7 @@ its weight (the fair share between teams of one class), then `urgent` requests f
 every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
 says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
 
-    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (30 to 120 steps) + 2 urgent (4 steps)
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (60 to 240 steps) + 2 urgent (4 steps)
     uv run python -m benchmarks.fleet --fifo        # the same on today's partitions: no classes
     uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
 
@@ -65,8 +65,10 @@ class Plan:
     batch: int = 8
     evals: int = 4  # the second batch team's requests, published with the sweep
     urgent: int = 2
-    min_steps: int = 30  # each batch request's max_steps is drawn between these (a step ~0.17 s on one core here)
-    max_steps: int = 120
+    # Each batch request's max_steps is drawn between these: at about 0.1 s a step on one core here, jobs of 6 to 25 s,
+    # the lengths of the jobs measured before each job had its own core (10 to 40 steps of about 0.55 s).
+    min_steps: int = 60
+    max_steps: int = 240
     urgent_steps: int = 4
     partitions: int = 4  # of each requests topic (ensure_topics gives the claims topic at least 16)
     classes: bool = True
