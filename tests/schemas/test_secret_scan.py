@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.admission.secret_rules import SCANNER
-from schemas.decode import SUSPECT_LEAF
+from schemas.json_text import SUSPECT_LEAF
 from schemas.regex import compile_pattern
 from schemas.secrets import BUILTIN, SecretScanner, shares_automaton
 
