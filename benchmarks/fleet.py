@@ -32,18 +32,18 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from benchmarks.fleet_metrics import Arrival, Seen, figures, fleet_line, holding, seen, terminal_at
-from benchmarks.harness import HUB_TOKEN, Environment, warm_event
+from benchmarks.fleet_metrics import figures, fleet_line
+from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
+from benchmarks.fleet_watch import Collector, ready
+from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
 from daemon.fleet_config import PriorityClass, TeamShare
-from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import partition_numbers
 from daemon.local_broker import free_port
@@ -125,55 +125,6 @@ async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]]
     finally:
         await producer.stop()
     return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
-
-
-async def ready(daemons: list[DaemonProcess], settings: Settings, partitions: int, timeout_s: float = 300) -> None:
-    """Until every daemon's next job starts warm and the group's partitions are shared out, each to one daemon
-    (as of each daemon's latest assignment). The daemon says both only in its log, so this polls it."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        logs = [daemon.log_lines() for daemon in daemons]
-        warm = all(any(line.get("event") == warm_event(settings) for line in lines) for lines in logs)
-        latest = [next((line.get("partitions") or [] for line in reversed(lines) if line.get("event") == "partitions.assigned"), [])
-                  for lines in logs]
-        shared = sorted(p for assigned in latest for p in assigned) == list(range(partitions)) and all(latest)
-        if warm and shared:
-            return
-        for daemon in daemons:
-            assert daemon.process is not None
-            if daemon.process.poll() is not None:
-                raise RuntimeError(f"a daemon exited ({daemon.process.returncode}) before it was ready; see {daemon.log_path}")
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"the daemons were not all ready after {timeout_s}s: logs {[str(d.log_path) for d in daemons]}")
-
-
-class Collector:
-    """Every event of the run, as the figures read them, and a way to await a condition on them."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.events: list[Seen] = []
-        self.raw: list[Event] = []  # as read, for the ETA's replay (daemon/fleet/replay.py)
-        self.changed = asyncio.Condition()
-
-    async def run(self) -> None:
-        async with EventStream(self.settings) as stream:
-            async for event in stream.events(until_terminal=False):
-                reduced = seen(event)
-                self.raw.append(event)
-                if reduced is not None:
-                    self.events.append(reduced)
-                    async with self.changed:
-                        self.changed.notify_all()
-
-    async def until(self, condition: Callable[[list[Seen]], bool], timeout_s: float) -> bool:
-        """Whether `condition` held within `timeout_s`."""
-        try:
-            async with asyncio.timeout(timeout_s), self.changed:
-                await self.changed.wait_for(lambda: condition(self.events))
-            return True
-        except TimeoutError:
-            return False
 
 
 def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, job_threads, replayed_eta_error, request
-from benchmarks.fleet_metrics import Arrival, parse_fleet_line
+from benchmarks.fleet_metrics import parse_fleet_line
+from benchmarks.fleet_timeline import Arrival
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
 from schemas import Accepted, Event, RequestBase, Started, Succeeded

@@ -9,28 +9,23 @@ from datetime import UTC, datetime
 import pytest
 
 from benchmarks.fleet_metrics import (
-    Arrival,
-    Seen,
     duplicate_commits,
     duplicate_trainings,
     eta_median_error,
-    fair_share_error,
     figures,
     fleet_line,
     greedy_makespan,
     greedy_schedule,
-    holding,
     idle_share,
     lost,
     makespan_ratio,
-    order_share_error,
     parse_fleet_line,
     preemptions,
-    seen,
     start_p95,
     steps_retrained_per_preemption,
-    water_fill,
 )
+from benchmarks.fleet_shares import fair_share_error, order_share_error, water_fill
+from benchmarks.fleet_timeline import Arrival, Seen, holding, seen
 from schemas import Preempted, Progress, Queued, Started, Succeeded
 
 CLASSES = ["urgent", "default", "batch"]
