@@ -1,7 +1,7 @@
 """Credential-named keys: a value under a key whose name says it holds a credential (`hf_token`,
 `password`, `x-api-key`...) is a credential, whatever its shape.
 
-The shape rules (schemas/secrets.py) know what issuers' tokens look like; a short or made-up value
+The shape rules (schemas/secret_patterns.py) know what issuers' tokens look like; a short or made-up value
 (`{"hf_token": "hf_SECRET"}`) has no such shape, yet a producer who wrote it meant a credential, and
 `metadata` is echoed in every event. So every key of a request, in `metadata` and in every other
 mapping it carries (the TRL blocks' `*_kwargs` and `*_config`, `dataset.columns`, inline rows...),

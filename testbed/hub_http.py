@@ -1,6 +1,7 @@
 """The HTTP side of the local Hub (`testbed/hub_server.py`, its state in `testbed/hub_state.py`): routes the calls `huggingface_hub` and
 `datasets` make (repo creation, preupload, NDJSON commits, revision info, trees, resolve) to the
-server's in-memory repos, and answers injected faults first."""
+server's in-memory repos, and answers injected faults first. The bodies of revision info and trees are
+`testbed/hub_reads.py`'s; a model card is judged by `testbed/hub_cards.py`."""
 
 from __future__ import annotations
 
@@ -14,31 +15,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from testbed.hub_state import Commit, HubState, PullRequest, Repo, new_commit
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-
-
-def card_problem(content: str) -> str | None:
-    """Like the Hub: a README.md's front matter must be a YAML mapping, and its `base_model` (a
-    string or a list) must name Hub models, never a path on some host."""
-    import yaml
-
-    if not content.startswith("---\n") or "\n---" not in content[4:]:
-        return None
-    try:
-        metadata = yaml.safe_load(content[4:].split("\n---", 1)[0])
-    except yaml.YAMLError as exc:
-        return f"invalid YAML: {exc}"
-    if not isinstance(metadata, dict):
-        return "metadata is not a mapping"
-    base = metadata.get("base_model")
-    bases = base if isinstance(base, list) else [] if base is None else [base]
-    for name in bases:
-        if not isinstance(name, str) or not HUB_ID.fullmatch(name):
-            return f'"base_model" with value "{name}" is not valid. Use a model id from the Hub, e.g. google/gemma-2b'
-    return None
-
+from testbed.hub_cards import card_problem
+from testbed.hub_reads import repo_info, tree_entries
+from testbed.hub_state import HubState, PullRequest, Repo, new_commit
 
 # Matched on the path as sent: a revision with slashes (refs/pr/1, a branch a/b) comes quoted as one part.
 API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch|discussions)(?:/([^/]+)(?:/(.*))?)?)?$")
@@ -190,9 +169,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             if action in (None, "revision"):
-                return self._send(200, self._info(repo, commit))
+                return self._send(200, repo_info(repo, commit))
             if action == "tree":
-                return self._send(200, self._tree(commit, rest.strip("/"), query.get("recursive") in ("1", "true", "True")))
+                return self._send(200, tree_entries(commit, rest.strip("/"), query.get("recursive") in ("1", "true", "True")))
             if action == "commits":
                 return self._send(200, [
                     {"id": c.sha, "title": c.title, "message": f"{c.title}\n\n{c.description}".strip(), "authors": [], "date": c.date}
@@ -234,32 +213,6 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             repo.branches[revision] = commit.sha
         url = f"{self.server_state.endpoint}/{prefix}{repo.repo_id}/commit/{commit.sha}"
         self._send(200, {"success": True, "commitOid": commit.sha, "commitUrl": url, "pullRequestUrl": pull_url})
-
-    def _info(self, repo: Repo, commit: Commit) -> dict[str, Any]:
-        return {
-            "id": repo.repo_id,
-            "_id": repo.repo_id,
-            "sha": commit.sha,
-            "private": repo.private,
-            "lastModified": commit.date,
-            "tags": [],
-            "siblings": [{"rfilename": p, "size": len(content)} for p, content in sorted(commit.files.items())],
-        }
-
-    def _tree(self, commit: Commit, folder: str, recursive: bool) -> list[dict[str, Any]]:
-        prefix = f"{folder}/" if folder else ""
-        entries: dict[str, dict[str, Any]] = {}
-        for path, content in sorted(commit.files.items()):
-            if not path.startswith(prefix):
-                continue
-            parts = path[len(prefix):].split("/")
-            for depth in range(1, len(parts)):
-                directory = prefix + "/".join(parts[:depth])
-                if recursive or depth == 1:
-                    entries.setdefault(directory, {"type": "directory", "oid": hashlib.sha1(directory.encode()).hexdigest(), "size": 0, "path": directory})
-            if recursive or len(parts) == 1:
-                entries[path] = {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
-        return list(entries.values())
 
     def _resolve(self, repo: Repo, revision: str, file_path: str) -> None:
         with self.server_state.lock:

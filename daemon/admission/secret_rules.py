@@ -1,4 +1,4 @@
-"""The credential rules intake scans every request with: adapterd's own (schemas/secrets.py) and
+"""The credential rules intake scans every request with: adapterd's own (schemas/secret_patterns.py) and
 Yelp's detect-secrets, a maintained rule set of some twenty issuers' token shapes.
 
 Every regex-based detect-secrets plugin contributes its published `denylist`, run on RE2 with the

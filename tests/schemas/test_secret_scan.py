@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from daemon.admission.secret_rules import SCANNER
 from schemas.json_text import SUSPECT_LEAF
 from schemas.regex import compile_pattern
-from schemas.secrets import BUILTIN, SecretScanner, shares_automaton
+from schemas.secret_patterns import shares_automaton
+from schemas.secrets import BUILTIN, SecretScanner
 
 RULES = SCANNER.rules
 
