@@ -45,7 +45,6 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
-from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import Accepted, Cancel, RequestBase
 
@@ -117,14 +116,8 @@ class Scheduler:
             if self.slots.free:
                 self.partitions.resume([tp])
 
-    def _count_slots(self) -> None:
-        metrics.SLOTS_BUSY.set(self.slots.busy)
-        for gpu, (jobs, reserved) in self.slots.by_gpu().items():
-            metrics.GPU_JOBS.labels(gpu).set(jobs)
-            metrics.GPU_MEMORY_RESERVED.labels(gpu).set(reserved)
-
     def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
-        self._count_slots()
+        self.slots.count()
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
@@ -191,7 +184,7 @@ class Scheduler:
         if job.placement is not None:  # given back once: when the child is done, or when the job ends without one
             self.slots.give_back(job.placement)
             job.placement = None
-        self._count_slots()
+        self.slots.count()
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""
