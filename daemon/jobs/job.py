@@ -44,13 +44,6 @@ from schemas.request import RequestBase
 log = structlog.get_logger()
 
 
-def _timeout(requested: int | None, most: int | None) -> int | None:
-    """The job's wall-clock limit: what the request asked for, capped by the operator's maximum."""
-    if requested is None:
-        return most
-    return requested if most is None else min(requested, most)
-
-
 class JobRunner:
     """One request's job on its slots. `run()` returns the published terminal (or `retrying`) event,
     or None when the job was interrupted (nothing published: the request is read again).
@@ -80,10 +73,7 @@ class JobRunner:
         self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
         # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
         self.uploads = CheckpointUploads(store_of(settings), request.request_id, self.job_dir, self.journal, self.events, settings.checkpoint_store_keep)
-        self.supervisor = Supervisor(
-            request, settings, self.events, children, place=place,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop, uploads=self.uploads,
-        )
+        self.supervisor = Supervisor(request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads)
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
         self._stopping: asyncio.Task[None] | None = None
