@@ -30,7 +30,6 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.topic_reader import TopicReader
-from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 from schemas import Queued, RequestBase, decode_request
 
@@ -45,7 +44,7 @@ async def publish_queued(publisher: Publisher, host: str, retries: RetrySigner, 
     """A waiting request's `queued` event, with its place and ETA (this round's: tenths of a second, none below 0), as
     its attempt and trace headers say (the dispatcher's for a request it read, the announcer's for one no host has)."""
     request, record = read
-    events = JobEvents(publisher, request, host, retries.read(record).attempt, trace_context(record))
+    events = JobEvents.for_record(publisher, request, host, retries.read(record).attempt, record)
     await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
                          eta_s=None if eta is None else round(max(0.0, eta), 1))
 

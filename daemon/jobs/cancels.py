@@ -14,7 +14,6 @@ from daemon.jobs.job_events import JobEvents
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
-from daemon.kafka.trace import trace_context
 from daemon.ops import metrics
 from schemas import Cancel, Cancelled, RequestBase
 
@@ -42,6 +41,6 @@ class Cancels:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
         reason = self.reasons[request.request_id]
         log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
-        await JobEvents(self.publisher, request, self.host, attempt, trace_context(record)).publish(Cancelled, reason=reason)
+        await JobEvents.for_record(self.publisher, request, self.host, attempt, record).publish(Cancelled, reason=reason)
         metrics.JOBS.labels("cancelled").inc()
         await self.partitions.commit(tp, record.offset + 1)

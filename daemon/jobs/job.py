@@ -21,10 +21,10 @@ import structlog
 from daemon import executors
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
-from daemon.hub.model_card import model_card
 from daemon.jobs.gate import Destination, destination, judge
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.job_memory import fast_settings, reported_memory
+from daemon.jobs.job_report import stage_durations, write_card
 from daemon.jobs.journal import Journal
 from daemon.jobs.lifecycle import Lifecycle, State, Stop
 from daemon.jobs.plan import JobPlace, MemoryPlan
@@ -34,7 +34,7 @@ from daemon.jobs.supervisor import Supervisor, event_stage
 from daemon.jobs.uploads import CheckpointUploads, fetch, store_of
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
-from daemon.ops.metrics import JOBS, STAGE_SECONDS
+from daemon.ops.metrics import JOBS
 from daemon.settings import Settings
 from handlers.protocol import JobFailed, TrainResult
 from schemas.evaluation import EvaluationReport
@@ -42,13 +42,6 @@ from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
-
-
-def _timeout(requested: int | None, most: int | None) -> int | None:
-    """The job's wall-clock limit: what the request asked for, capped by the operator's maximum."""
-    if requested is None:
-        return most
-    return requested if most is None else min(requested, most)
 
 
 class JobRunner:
@@ -80,10 +73,7 @@ class JobRunner:
         self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
         # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
         self.uploads = CheckpointUploads(store_of(settings), request.request_id, self.job_dir, self.journal, self.events, settings.checkpoint_store_keep)
-        self.supervisor = Supervisor(
-            request, settings, self.events, children, place=place,
-            timeout_s=_timeout(request.timeout_s, settings.max_timeout_s), stop=self.stop, uploads=self.uploads,
-        )
+        self.supervisor = Supervisor(request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads)
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -194,7 +184,7 @@ class JobRunner:
             if self.on_trained is not None:
                 await self.on_trained()
             report, where = self._judged(result)
-            self._write_card(result, report)  # also on an artifact kept on the host: it says why
+            write_card(self.job_dir / "artifact", self.request, result, report, self.settings)  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()
             if where.published == "none":
                 pushed = hub_push.kept_on_host(self.job_dir / "artifact", self.request, self.settings)
@@ -203,16 +193,8 @@ class JobRunner:
                 pushed = await self._push(where)
         except JobFailed as failure:
             return self._failure(failure)
-        durations = {
-            "queue": round(queued_s, 3),
-            **result.durations_s,
-            "push": round(time.monotonic() - push_started, 3),
-            "total": round(time.monotonic() - started + queued_s, 3),
-        }
-        if first_step_at is not None:
-            durations["until_first_step"] = round(first_step_at - self.received_at, 3)
-        for stage, seconds in durations.items():
-            STAGE_SECONDS.labels(stage).observe(seconds)
+        durations = stage_durations(result, received_at=self.received_at, queued_s=queued_s, started=started, push_started=push_started,
+                                    first_step_at=first_step_at)
         succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
                                     memory=reported_memory(self.request, self.memory.estimate, self.place.share, result.memory,
                                                                   self.memory.estimator))
@@ -254,15 +236,6 @@ class JobRunner:
         self.log.info("job.judged", verdict=report.verdict, published=where.published, branch=where.branch,
                       failed=[rule.rule for rule in report.rules if rule.outcome == "failed"])
         return report, where
-
-    def _write_card(self, result: TrainResult, report: EvaluationReport | None) -> None:
-        card = model_card(
-            self.request, result.trainer, result.base_model_revision, result.metrics, result.versions,
-            dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
-            local_model_hub_ids=self.settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag, tracking=result.tracking,
-            evaluation=report,
-        )
-        (self.job_dir / "artifact" / "README.md").write_text(card)
 
     async def _push(self, where: Destination) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"

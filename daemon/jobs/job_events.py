@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from daemon.kafka.publisher import Publisher
-from daemon.kafka.trace import Headers
+from daemon.kafka.records import Record
+from daemon.kafka.trace import Headers, trace_context
 from schemas.events import EventBase
 from schemas.request import RequestBase
 
@@ -24,6 +25,11 @@ class JobEvents:
         self.host = host
         self.attempt = attempt
         self.trace = trace
+
+    @classmethod
+    def for_record(cls, publisher: Publisher, request: RequestBase, host: str, attempt: int, record: Record) -> JobEvents:
+        """The events of a request read from `record`, with its trace headers (those of a request without a running job)."""
+        return cls(publisher, request, host, attempt, trace_context(record))
 
     def common(self, *, metadata: bool = True) -> dict[str, Any]:
         """The fields every event of the job carries (`metadata=False`: all but the request's

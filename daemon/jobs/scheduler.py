@@ -21,8 +21,6 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -37,6 +35,7 @@ from daemon.jobs.fleet_hooks import FleetHooks
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
+from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.settle import Settler
 from daemon.jobs.slots import Placement, Slots
@@ -46,36 +45,10 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
-from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import Accepted, Cancel, RequestBase
 
 log = structlog.get_logger()
-
-
-class Offered(StrEnum):
-    """What `Scheduler.offer` did with a request, and so whether intake goes on to the partition's
-    next record (`next_record`) or leaves the rest of the batch to be read when the partition resumes."""
-
-    STARTED = "started"  # its job runs; the partition is held past it
-    NO_SLOT = "no_slot"  # not enough free slots: the partition is held at it
-    WAITING = "waiting"  # a retry not yet due with nothing behind it: the partition is held at it
-    DEFERRED = "deferred"  # a retry not yet due: sent behind the requests after it, committed
-    SKIPPED = "skipped"  # cancelled before it was reached: `cancelled` published, committed
-    ESTIMATING = "estimating"  # its memory estimate is being worked out: the partition is held at it
-
-    @property
-    def next_record(self) -> bool:
-        return self in (Offered.DEFERRED, Offered.SKIPPED)
-
-
-@dataclass
-class RunningJob:
-    request_id: str
-    offset: int
-    runner: JobRunner
-    placement: Placement | None  # None once given back
-    task: asyncio.Task[None]
 
 
 class Scheduler:
@@ -143,14 +116,8 @@ class Scheduler:
             if self.slots.free:
                 self.partitions.resume([tp])
 
-    def _count_slots(self) -> None:
-        metrics.SLOTS_BUSY.set(self.slots.busy)
-        for gpu, (jobs, reserved) in self.slots.by_gpu().items():
-            metrics.GPU_JOBS.labels(gpu).set(jobs)
-            metrics.GPU_MEMORY_RESERVED.labels(gpu).set(reserved)
-
     def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
-        self._count_slots()
+        self.slots.count()
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
@@ -217,7 +184,7 @@ class Scheduler:
         if job.placement is not None:  # given back once: when the child is done, or when the job ends without one
             self.slots.give_back(job.placement)
             job.placement = None
-        self._count_slots()
+        self.slots.count()
 
     async def prepare_children(self) -> None:
         """A warm child for each free slot, its devices set, so the next one-GPU job starts at once."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from daemon.ops import metrics
 from daemon.settings import Settings
 
 log = structlog.get_logger()
@@ -160,6 +161,13 @@ class Slots:
     def by_gpu(self) -> dict[str, tuple[int, int]]:
         """Each GPU's jobs and the memory their shares hold (for metrics and `adapterd status`)."""
         return {slot: (len(self._jobs[slot]), self.reserved(slot)) for slot in self.gpus}
+
+    def count(self) -> None:
+        """The slots' gauges set to now: slots in use, and each GPU's jobs and the memory their shares hold."""
+        metrics.SLOTS_BUSY.set(self.busy)
+        for gpu, (jobs, reserved) in self.by_gpu().items():
+            metrics.GPU_JOBS.labels(gpu).set(jobs)
+            metrics.GPU_MEMORY_RESERVED.labels(gpu).set(reserved)
 
     def visible_devices(self, slots: list[str]) -> str | None:
         """The CUDA_VISIBLE_DEVICES of a child on these slots; None on CPU slots (the environment is left alone)."""

@@ -68,17 +68,24 @@ def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
     return None
 
 
+def _time_limit(requested: int | None, most: int | None) -> int | None:
+    """The job's wall-clock limit: what the request asked for, capped by the operator's maximum."""
+    if requested is None:
+        return most
+    return requested if most is None else min(requested, most)
+
+
 class Supervisor:
     def __init__(
         self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
-        *, place: JobPlace, timeout_s: int | None, stop: Callable[[Stop], bool], uploads: CheckpointUploads | None = None,
+        *, place: JobPlace, stop: Callable[[Stop], bool], uploads: CheckpointUploads | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
         self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
         self.children = children
         self.place = place  # its slot, its devices, and on a shared GPU the memory its child is held to (for `started`)
-        self.timeout_s = timeout_s
+        self.timeout_s = _time_limit(request.timeout_s, settings.max_timeout_s)  # counted from its child's start (`_timeout`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
         self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from

@@ -14,7 +14,7 @@ import pytest
 from daemon.admission.policy import policy_errors
 from daemon.jobs.gate import destination, judge
 from daemon.jobs.lifecycle import State
-from daemon.jobs.scheduler import Offered
+from daemon.jobs.offered import Offered
 from daemon.settings import Settings
 from handlers.protocol import StageEntered, TrainResult
 from schemas import decode_request

@@ -12,7 +12,7 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon.jobs.memory import Estimate
-from daemon.jobs.scheduler import Offered
+from daemon.jobs.offered import Offered
 from daemon.kafka.retry_state import ALONE_HEADER
 from daemon.settings import Settings
 from handlers.protocol import ChildError, FastSettings, StageEntered

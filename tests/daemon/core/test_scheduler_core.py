@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.jobs.lifecycle import State, Stop
-from daemon.jobs.scheduler import Offered, RunningJob
+from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
 from handlers.protocol import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
 from schemas import Cancel
