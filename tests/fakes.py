@@ -41,8 +41,10 @@ class Script:
 class FakeChild:
     _pids = itertools.count(40_000)
 
-    def __init__(self, script: Script, visible_devices: str | None, hanging: asyncio.Event | None = None) -> None:
+    def __init__(self, script: Script, visible_devices: str | None, hanging: asyncio.Event | None = None,
+                 by_request: dict[str, list[Script]] | None = None) -> None:
         self.script = script
+        self.by_request = by_request or {}
         self.visible_devices = visible_devices
         self.log_context: dict[str, str] = {}
         self._pid = next(self._pids)
@@ -69,6 +71,9 @@ class FakeChild:
     async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
         outcome = ChildOutcome(returncode=0)
         self.spec = JobSpec.model_validate_json(spec_path.read_text())
+        turns = self.by_request.get(str(self.spec.request["request_id"]))
+        if turns:  # this request's next script (its last repeats), whichever child it took
+            self.script = turns.pop(0) if len(turns) > 1 else turns[0]
         await on_start(self.pid)
         if self.script.artifact:
             self.spec.artifact.mkdir(parents=True, exist_ok=True)
@@ -89,10 +94,14 @@ class FakeChild:
 
 
 class FakeChildren:
-    """Hands out a `FakeChild` per job, each following the next script (the last one repeats)."""
+    """Hands out a `FakeChild` per job, each following the next script (the last one repeats), or the
+    scripts `by_request` names for its job's request, in turn. Jobs started together take their children in
+    an order nobody fixes (each awaits a thread first), so a test that gives two of them different
+    scripts names them by request."""
 
-    def __init__(self, *scripts: Script) -> None:
+    def __init__(self, *scripts: Script, by_request: dict[str, list[Script]] | None = None) -> None:
         self.scripts = list(scripts)
+        self.by_request = by_request or {}
         self.taken: list[FakeChild] = []
         self.hanging = asyncio.Event()  # set once any of its children waits to be stopped
         self.prepared: list[list[str | None]] = []
@@ -107,7 +116,7 @@ class FakeChildren:
 
     async def take(self, visible_devices: str | None) -> JobProcess:
         script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
-        child = FakeChild(script, visible_devices, self.hanging)
+        child = FakeChild(script, visible_devices, self.hanging, self.by_request)
         self.taken.append(child)
         return child
 

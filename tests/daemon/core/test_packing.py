@@ -85,7 +85,7 @@ async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_d
 async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spending_an_attempt(settings: Settings) -> None:
     oom = Script(messages=[StageEntered(stage="train"), ChildError(code="out_of_memory", stage="train", message="CUDA out of memory", retryable=True)],
                  returncode=1, artifact=False)
-    children = FakeChildren(HANGS, oom, HANGS)
+    children = FakeChildren(HANGS, by_request={"r2": [oom, HANGS]})  # by name: r1 and r2 take their children in either order
     core = CoreOnFakes(settings, children=children)
     needs = FixedNeeds({"r1": 20 * GIB, "r2": 20 * GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
