@@ -24,7 +24,7 @@ from daemon.cli.waiting import Backlog, Waiting, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import etas
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations, Usage
+from daemon.fleet.usage import Durations, Pace, Usage
 from daemon.settings import Settings
 from schemas import Event
 
@@ -62,14 +62,15 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
         for fold in (usage, durations, running):
             fold.observe(event, at)
     jobs = running.jobs(at)
+    pace = fleet.paced(durations, jobs)  # as the hosts read it (daemon/fleet/view.py)
     mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and (settings.priority_classes or w.at is not None)}
     if settings.priority_classes:
         order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
-                                  settings.teams, durations, ahead=fleet.remaining_work(jobs, durations, at))
-        eta = etas(order, jobs, slots, durations, at)
+                                  settings.teams, pace, ahead=fleet.remaining_work(jobs, pace, at))
+        eta = etas(order, jobs, slots, pace, at)
         placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
     else:
-        placed = _in_partitions(list(mine.values()), records or {}, jobs, durations, at)
+        placed = _in_partitions(list(mine.values()), records or {}, jobs, pace, at)
     return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.request_id not in mine]
 
 
@@ -77,7 +78,7 @@ def _in_order(w: Waiting) -> fleet.Waiting:
     return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus, steps=w.steps)
 
 
-def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], durations: Durations, at: float) -> list[Placed]:
+def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], pace: Pace, at: float) -> list[Placed]:
     """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
     queues: dict[tuple[str, int], list[Waiting]] = {}
     for w in sorted(waiting, key=lambda w: w.at or ("", 0, 0)):
@@ -88,7 +89,7 @@ def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: li
     for partition, queue in queues.items():
         order = [_in_order(w) for w in queue]
         held = [job for job in jobs if job.request_id == holding.get(partition)]
-        eta = etas(order, held, 1, durations, at)
+        eta = etas(order, held, 1, pace, at)
         placed += [Placed(w, place, eta.get(w.request_id), len(queue)) for place, w in enumerate(queue, start=1)]
     return sorted(placed, key=lambda p: (p.eta_s is None, p.eta_s or 0.0, p.request.arrived))
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from daemon.fleet.usage import Durations
+from daemon.fleet.usage import Durations, Pace, Paced
 from daemon.fleet_config import PriorityClass, TeamShare, team_of
 from schemas import RequestBase
 
@@ -74,16 +74,26 @@ def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
     return teams.get(team, NO_SHARE)
 
 
-def expected_work(request: Waiting, durations: Durations | None) -> float:
+def paced(durations: Durations, running: Iterable[Running]) -> Paced:
+    """`durations` read with the running jobs' paces now (`Running.step_s`): what every reading of the order takes."""
+    paces: dict[tuple[str, str], list[float]] = {}
+    for job in running:
+        if job.step_s is not None:
+            paces.setdefault((job.method, job.model), []).append(job.step_s)
+    return Paced(durations, paces)
+
+
+def expected_work(request: Waiting, durations: Pace | None) -> float:
     """The slot-seconds a waiting request is expected to take: its expected duration times its GPUs."""
     expected = durations.expected(request.method, request.model, request.steps) if durations is not None else None
     return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
 
 
-def time_left(job: Running, durations: Durations | None, now: float) -> float | None:
+def time_left(job: Running, durations: Pace | None, now: float) -> float | None:
     """The seconds a running job is expected to hold its slots from `now`, or None when nothing says: its own ETA
     (`eta_s`, from its progress), else its steps left (from its progress, or its `accepted` event's max_steps) at the
-    step's pace of finished jobs of its method and model, else its expected duration less the time it has run."""
+    step's pace of its method and model (`durations`: finished jobs', taken with the running jobs' where `paced`),
+    else its expected duration less the time it has run."""
     if job.eta_s is not None:
         return max(0.0, job.eta_s)
     step_s = durations.step_s(job.method, job.model) if durations is not None and job.steps_left is not None else None
@@ -93,7 +103,7 @@ def time_left(job: Running, durations: Durations | None, now: float) -> float | 
     return None if expected is None else max(0.0, expected - (now - job.started))
 
 
-def remaining_work(running: list[Running], durations: Durations | None, now: float) -> dict[str, float]:
+def remaining_work(running: list[Running], durations: Pace | None, now: float) -> dict[str, float]:
     """The slot-seconds each team's running jobs are still expected to take (`time_left`; unknown: DEFAULT_WORK_S
     less the time it has run), times its GPUs. The fair share counts it as work placed ahead: without it the
     slots that free together all go to whichever team leads, since a job just started has no slot-time yet."""
@@ -108,7 +118,7 @@ def remaining_work(running: list[Running], durations: Durations | None, now: flo
 
 def fleet_order(
     waiting: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, ahead: Mapping[str, float] | None = None,
+    teams: Mapping[str, TeamShare], durations: Pace | None = None, *, ahead: Mapping[str, float] | None = None,
 ) -> list[Waiting]:
     """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
     team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
@@ -159,7 +169,7 @@ def _at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare
 
 def pick(
     heads: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Durations | None = None, *, free: int | None = None, ahead: Mapping[str, float] | None = None,
+    teams: Mapping[str, TeamShare], durations: Pace | None = None, *, free: int | None = None, ahead: Mapping[str, float] | None = None,
 ) -> Waiting | None:
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,

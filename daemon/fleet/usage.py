@@ -9,6 +9,7 @@ import math
 import statistics
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from daemon.fleet_config import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
@@ -152,8 +153,11 @@ class Durations:
             self._paces[(method, model)] = (statistics.median(o for o, _ in samples), statistics.median(t for _, t in samples)) if samples else None
         return self._paces[(method, model)]
 
-    def step_s(self, method: str, model: str) -> float | None:
-        """The median seconds of one training step of the same method and model, else method, else all; None unknown."""
+    def step_s(self, method: str, model: str, running: Sequence[float] = ()) -> float | None:
+        """The median seconds of one training step of the same method and model, else method, else all; None unknown.
+        With `running` (the paces the running jobs of the same method and model have now) taken into the median."""
+        if running:
+            return statistics.median([*self._step_samples(method, model), *running])
         pace = self._pace(method, model)
         return pace[1] if pace is not None else None
 
@@ -172,6 +176,32 @@ class Durations:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None
         return self._expected[(method, model)]
+
+
+class Pace(Protocol):
+    """What the fleet's order reads of the durations: a step's pace, and a job's expected seconds (`Durations`, or
+    `Paced`: the same taken with the running jobs' paces)."""
+
+    def step_s(self, method: str, model: str) -> float | None: ...
+
+    def expected(self, method: str, model: str, steps: int | None = None) -> float | None: ...
+
+
+class Paced:
+    """`Durations` read with the paces the running jobs have now (`running`: each one's seconds a step from its last
+    progress, by method and model), so that the ETAs, the fair share's work, the preemption's model and a running
+    job's time left read a step's pace one way: with few jobs finished, a few short ones' steps said nothing of a
+    sweep's, and the running jobs say what the hosts do today."""
+
+    def __init__(self, durations: Durations, running: Mapping[tuple[str, str], Sequence[float]]) -> None:
+        self.durations = durations
+        self.running = running
+
+    def step_s(self, method: str, model: str) -> float | None:
+        return self.durations.step_s(method, model, self.running.get((method, model), ()))
+
+    def expected(self, method: str, model: str, steps: int | None = None) -> float | None:
+        return self.durations.expected(method, model, steps, running=self.running.get((method, model), ()))
 
 
 def trained_steps(metrics: Mapping[str, float]) -> float | None:

@@ -18,9 +18,9 @@ import structlog
 from pydantic import ValidationError
 
 from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work, victim
+from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations, Usage
+from daemon.fleet.usage import Durations, Pace, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Accepted, Event, Queued
@@ -85,8 +85,10 @@ class FleetView:
     def pick(self, heads: Sequence[Waiting], free: int | None) -> Waiting | None:
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs)."""
         now = time.time()
+        running = self.running_jobs.jobs(now)
+        pace = paced(self.durations, running)
         return pick(list(heads), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
-                    self.settings.teams, self.durations, free=free, ahead=remaining_work(self.running_jobs.jobs(now), self.durations, now))
+                    self.settings.teams, pace, free=free, ahead=remaining_work(running, pace, now))
 
     def victim(self, head: Waiting, mine: list[Running], free: int) -> Running | None:
         """Which of this host's running jobs `head` may preempt."""
@@ -98,19 +100,20 @@ class FleetView:
         sees the fleet (`fleet_slots`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
+        pace = paced(self.durations, running)  # one reading of a step's pace for the order, the preemptions and the ETAs
         order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
-                            self.settings.teams, self.durations, ahead=remaining_work(running, self.durations, now))
+                            self.settings.teams, pace, ahead=remaining_work(running, pace, now))
         slots = self.fleet_slots(free)
-        running, preempting = self._preempted(order, running, slots, now)
-        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, self.durations, now),
+        running, preempting = self._preempted(order, running, slots, now, pace)
+        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, pace, now),
                                         **dict.fromkeys(preempting, 0.0)}
         return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
 
-    def _preempted(self, order: list[Waiting], running: list[Running], slots: int, now: float) -> tuple[list[Running], set[str]]:
+    def _preempted(self, order: list[Waiting], running: list[Running], slots: int, now: float, pace: Pace) -> tuple[list[Running], set[str]]:
         """The running jobs as they will be once the waiting requests that preempt have: in the order, each request
         that finds no free slot of the fleet's `slots` and has a victim (`order.victim`, as the host running the job
         chooses it, every job of a preemptible class taken to be at a step it can stop at) takes that job's slots
-        from now for its expected time; the job it stops waits again (not counted: it resumes after the requests
+        from now for its expected time (at `pace`); the job it stops waits again (not counted: it resumes after the requests
         that ETAs are given for here, as far as they go)."""
         settings = self.settings
         free = slots - sum(job.gpus for job in running)
@@ -127,5 +130,5 @@ class FleetView:
             after = [job for job in after if job.request_id != stopped.request_id]
             preempting.add(request.request_id)
             after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
-                                 eta_s=self.durations.expected(request.method, request.model, request.steps), gpus=request.gpus))
+                                 eta_s=pace.expected(request.method, request.model, request.steps), gpus=request.gpus))
         return after, preempting

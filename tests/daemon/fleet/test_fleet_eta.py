@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting, remaining_work
+from daemon.fleet.order import Running, Waiting, expected_work, paced, remaining_work, time_left
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations
@@ -220,7 +220,7 @@ def test_a_waiting_requests_step_pace_is_taken_with_the_running_jobs_of_its_meth
     durations.add("sft", "tiny", 14.0, steps=4, training_s=4.0)
     jobs = [replace(running("r1", eta_s=30.0), steps_left=10, step_s=3.0), replace(running("r2", eta_s=60.0), steps_left=20, step_s=3.0)]
     order = [Waiting(name, "batch", "a", NOW, "sft", "tiny", steps=100) for name in ("w0", "w1", "w2")]
-    eta = etas(order, jobs, 2, durations, NOW)
+    eta = etas(order, jobs, 2, paced(durations, jobs), NOW)  # as the fleet reads it (FleetView.places, the queue CLI)
     assert (eta["w0"], eta["w1"]) == (pytest.approx(30.0), pytest.approx(60.0))
     assert eta["w2"] == pytest.approx(30.0 + 10.0 + 3.0 * 100)
     assert etas(order, [replace(job, step_s=None) for job in jobs], 2, durations, NOW)["w2"] == pytest.approx(30.0 + 10.0 + 1.0 * 100)
@@ -233,3 +233,35 @@ def test_a_running_jobs_pace_is_its_last_progress_eta_over_its_steps_left() -> N
     assert jobs.jobs(at(5).timestamp())[0].step_s is None  # the first step's progress has no ETA: no pace yet
     jobs.observe(read(Progress(request_id="r1", step=20, total_steps=50, eta_s=60.0, time=at(10))), at(100).timestamp())
     assert jobs.jobs(at(10).timestamp())[0].step_s == pytest.approx(2.0)
+
+
+def test_the_fair_share_and_a_running_jobs_time_left_read_a_steps_pace_as_the_etas_do() -> None:
+    # One job finished at 1 s a step (10 s outside training); r2 runs at 3 s a step now. r1, accepted for 300 steps,
+    # has no progress yet: its time left is 300 steps at the median of 1 and 3 s, and a waiting request of 100 steps
+    # counts for 10 + 2 x 100 s in the fair share. Read from finished jobs alone they were 300 s and 110 s.
+    durations = Durations()
+    durations.add("sft", "tiny", 14.0, steps=4, training_s=4.0)
+    r1, r2 = replace(running("r1"), steps_left=300), replace(running("r2", eta_s=30.0), steps_left=10, step_s=3.0)
+    pace = paced(durations, [r1, r2])
+    assert time_left(r1, pace, NOW) == pytest.approx(600.0) and time_left(r1, durations, NOW) == pytest.approx(300.0)
+    assert remaining_work([r1, r2], pace, NOW) == {"a": pytest.approx(600.0 + 30.0)}
+    request = Waiting("w1", "batch", "a", NOW, "sft", "tiny", steps=100)
+    assert expected_work(request, pace) == pytest.approx(210.0) and expected_work(request, durations) == pytest.approx(110.0)
+    other = Waiting("w2", "batch", "a", NOW, "dpo", "tiny", steps=100)  # another method: r2's pace says nothing of it
+    assert expected_work(other, pace) == expected_work(other, durations)
+
+
+def test_a_request_that_preempts_holds_the_stopped_jobs_slot_for_its_steps_at_the_running_jobs_pace_too() -> None:
+    # batch-1 runs at 3 s a step (its last progress: 300 steps left, 900 s); finished jobs took 1 s a step. urgent-1
+    # preempts it for 100 steps at the median of the two paces, 2 s: batch-2 starts after its 200 s (not 100 s).
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    now = time.time()
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1, model="m",
+                               max_steps=310, time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Progress(request_id="batch-1", step=10, total_steps=310, eta_s=900.0, time=datetime.fromtimestamp(now - 1, UTC))), now)
+    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    placed = {w.request_id: (place, eta) for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+    assert placed["urgent-1"] == (1, 0.0)
+    assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(200.0, abs=1)
