@@ -48,6 +48,11 @@ class Terminal:
         def controlling_terminal() -> None:
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # A shell gives its foreground job Ctrl-C's and Ctrl-\'s signals at their defaults; a test run started
+            # in the background (`... &` in a script) ignores them, and an ignored SIGINT is inherited through
+            # exec: Python then never installs its handler, and Ctrl-C would do nothing.
+            for sig in (signal.SIGINT, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)
 
         self.process = subprocess.Popen(["bash", "-c", command], cwd=PROJECT, env=environment, stdin=slave, stdout=slave,
                                         stderr=slave, preexec_fn=controlling_terminal)
@@ -82,11 +87,22 @@ class Terminal:
     def ctrl_c(self) -> None:
         os.write(self.master, b"\x03")
 
-    def close(self) -> int:
-        code = self.process.wait(timeout=180)
+    def close(self, timeout_s: float = 180) -> int:
+        """Its exit status once it ends; a failure, with what it printed, if it does not end in `timeout_s` (then
+        its process group is killed, so nothing it started outlives the test)."""
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"still running {timeout_s:.0f} s later; it printed:\n{self.text[-4000:]}")
         self.reader.join(timeout=10)
         os.close(self.master)
         return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="the demo's commands are `uv run ...`: uv is not on this PATH")
@@ -108,9 +124,12 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
             verb = command.split()[3]
             if verb == "events":  # --follow: until Ctrl-C, once it has printed the events already there
                 follow = Terminal(command, environment)
-                follow.wait_for(rf'"request_id":"{again}".*"type":"succeeded"', timeout_s=120)
-                follow.ctrl_c()
-                assert follow.close() == 0, follow.text
+                try:
+                    follow.wait_for(rf'"request_id":"{again}".*"type":"succeeded"', timeout_s=120)
+                finally:  # on a failure too: nothing the test started outlives it
+                    follow.ctrl_c()
+                    code = follow.close()
+                assert code == 0, follow.text
                 assert "Traceback" not in follow.text and "Unclosed" not in follow.text, follow.text
                 continue
             result = subprocess.run(["bash", "-c", command], cwd=PROJECT, env=environment, capture_output=True, text=True, timeout=600)
@@ -134,5 +153,9 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
         demo.wait_for(r"stopping the daemon and the broker$", timeout_s=120)  # after the terminal's echo of ^C
         assert demo.close() == 0, demo.text[-4000:]
     finally:
-        if demo.process.poll() is None:
-            os.killpg(demo.process.pid, signal.SIGKILL)
+        if demo.process.poll() is None:  # a failure above: Ctrl-C stops its broker and daemon too, SIGKILL would leave them
+            demo.ctrl_c()
+            try:
+                demo.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                demo.kill()
