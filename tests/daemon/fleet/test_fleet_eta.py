@@ -187,17 +187,24 @@ def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_sto
     assert eta == pytest.approx(240.0, abs=1)  # batch-1 may not be preempted yet: urgent-1 waits for its 300 s to end
 
 
+def urgent_over_batch(now: float, host_slots: int, max_steps: int, *progress: Progress) -> dict[str, tuple[int, float | None]]:
+    """The places and ETAs of urgent-1 (100 steps) and batch-2, waiting while batch-1 (accepted a minute ago for
+    `max_steps`, then its `progress`) runs on a fleet of `host_slots`; finished jobs took a step a second."""
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=host_slots, model="m",
+                               max_steps=max_steps, time=datetime.fromtimestamp(now - 60, UTC))), now)
+    for event in progress:
+        view.observe(read(event), now)
+    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)  # a step a second, nothing outside training
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    return {w.request_id: (place, eta) for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+
+
 def test_a_waiting_request_of_a_higher_class_takes_a_free_slot_before_it_preempts() -> None:
     # Two slots, one free; batch-1 runs for 300 s more. urgent-1 starts on the free slot: batch-1 is not stopped
     # for it, so batch-2 waits for the first of the two jobs to end (urgent-1's 100 s), not for nothing.
-    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
-    now = time.time()
-    view = FleetView(settings)
-    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=2, model="m",
-                               max_steps=300, time=datetime.fromtimestamp(now - 60, UTC))), now)
-    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)  # a step a second, nothing outside training
-    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
-    placed = {w.request_id: (place, eta) for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+    placed = urgent_over_batch(time.time(), host_slots=2, max_steps=300)
     assert placed["urgent-1"] == (1, pytest.approx(0.0, abs=1))
     assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(100.0, abs=1)
 
@@ -254,14 +261,8 @@ def test_the_fair_share_and_a_running_jobs_time_left_read_a_steps_pace_as_the_et
 def test_a_request_that_preempts_holds_the_stopped_jobs_slot_for_its_steps_at_the_running_jobs_pace_too() -> None:
     # batch-1 runs at 3 s a step (its last progress: 300 steps left, 900 s); finished jobs took 1 s a step. urgent-1
     # preempts it for 100 steps at the median of the two paces, 2 s: batch-2 starts after its 200 s (not 100 s).
-    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
     now = time.time()
-    view = FleetView(settings)
-    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1, model="m",
-                               max_steps=310, time=datetime.fromtimestamp(now - 60, UTC))), now)
-    view.observe(read(Progress(request_id="batch-1", step=10, total_steps=310, eta_s=900.0, time=datetime.fromtimestamp(now - 1, UTC))), now)
-    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)
-    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
-    placed = {w.request_id: (place, eta) for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)}
+    placed = urgent_over_batch(now, 1, 310, Progress(request_id="batch-1", step=10, total_steps=310, eta_s=900.0,
+                                                     time=datetime.fromtimestamp(now - 1, UTC)))
     assert placed["urgent-1"] == (1, 0.0)
     assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(200.0, abs=1)
