@@ -18,9 +18,10 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pa
     else unknown; a slot with no job is free now. In order, each request takes its earliest free slots
     (as many as its GPUs) and starts when the last of them is free; they are then free again after its
     own expected duration (`durations.expected` at its steps). The fleet passes `order.paced` durations: a
-    step's pace taken with the running jobs' of its method and model, for both. A start that needs a slot whose end is unknown, and every start after it, is
-    None rather than a made-up figure (a request that finds a slot free now still starts now). A request
-    needing more GPUs than the fleet has never starts: None, and it holds nothing up."""
+    step's pace taken with the running jobs' of its method and model, for both. A start that needs a slot
+    whose end is unknown, and every start after it, is None rather than a made-up figure (a request that
+    finds a slot free now still starts now). A request needing more GPUs than the fleet has never starts:
+    None, and it holds nothing up."""
     expected_s: dict[tuple[str, str, int | None], float | None] = {}
     known: list[float] = []  # the free times of the slots whose end is known (a heap)
     unknown = 0  # slots whose end is not known
