@@ -53,9 +53,14 @@ async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase
     in a thread of the `decode` pool (daemon/executors.py) from OFF_LOOP_BYTES, where parsing, validating and scanning grow with the
     content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code
     that gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
-    if len(value or b"") < OFF_LOOP_BYTES:
-        return decode_request(value, key, scanner=SCANNER)
-    return await executors.run("decode", decode_request, value, key, scanner=SCANNER)
+    decoded = decoded_on_loop(value, key)
+    return decoded if decoded is not None else await executors.run("decode", decode_request, value, key, scanner=SCANNER)
+
+
+def decoded_on_loop(value: bytes | None, key: bytes | None) -> RequestBase | Rejection | None:
+    """`decoded_request`'s part on the loop, without a coroutine (`Intake.take` calls it for each record):
+    a small record decoded; None for one of OFF_LOOP_BYTES or more, left to the thread."""
+    return decode_request(value, key, scanner=SCANNER) if len(value or b"") < OFF_LOOP_BYTES else None
 
 
 async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Rejection | None:
@@ -63,10 +68,15 @@ async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Reje
     a thread's hop cost more than the work, benchmarks/reject_path.py, a refused request: 274 against
     114 us on a loaded 2-core host, issue 51), then, for a request they let through that has inline
     images, `judged_images`. A refused request's images are never read."""
+    rejection, images = judged_on_loop(request, settings, slots)
+    return await judged_images(request, settings) if images else rejection
+
+
+def judged_on_loop(request: RequestBase, settings: Settings, slots: Slots) -> tuple[Rejection | None, bool]:
+    """`judged`'s part on the loop, without a coroutine (`Intake.take` calls it for each request): the
+    refusal of its checks that read no image, and whether its images are left to read (`judged_images`)."""
     rejection = refusal_before_images(request, settings, slots)
-    if rejection is not None or not has_inline_images(request):
-        return rejection
-    return await judged_images(request, settings)
+    return rejection, rejection is None and has_inline_images(request)
 
 
 async def judged_images(request: RequestBase, settings: Settings) -> Rejection | None:
@@ -127,15 +137,15 @@ class Intake:
                 turned = False
             rejection: Rejection | None
             try:
-                if len(record.value or b"") < OFF_LOOP_BYTES:  # `decoded_request` as it runs a small record, without its coroutine
-                    decoded = decode_request(record.value, record.key, scanner=SCANNER)
-                else:
+                # `decoded_request` and `judged`, their coroutines awaited only for work off the loop.
+                decoded = decoded_on_loop(record.value, record.key)
+                if decoded is None:
                     decoded, turned = await decoded_request(record.value, record.key), True
                 if isinstance(decoded, Rejection):
                     rejection = decoded
-                else:  # `judged`, its coroutine awaited only for images to read
-                    rejection = refusal_before_images(decoded, self.settings, self.slots)
-                    if rejection is None and has_inline_images(decoded):
+                else:
+                    rejection, images = judged_on_loop(decoded, self.settings, self.slots)
+                    if images:
                         rejection, turned = await judged_images(decoded, self.settings), True
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
@@ -169,14 +179,14 @@ class Intake:
         tp = TopicPartition(record.topic, record.partition)
         await self._flush(tp, self.rejection_messages(record, rejection_of(record, exc)), record.offset)
 
-    def rejection_messages(self, record: Record, rejection: Rejection, logger: Any = None) -> list[Outgoing]:
+    def rejection_messages(self, record: Record, rejection: Rejection, logger: Any = log) -> list[Outgoing]:
         """The DLQ record and the `rejected` event of one rejection; never raises (an error in
         building them is rejected as `internal` in their place). `logger`: `log` bound once for a
         batch (`take`): each of structlog's lazy proxy's calls binds it again (0.7 us a rejection)."""
         try:
-            return self._rejection_messages(record, rejection.bounded(), logger if logger is not None else log)
+            return self._rejection_messages(record, rejection.bounded(), logger)
         except Exception as exc:
-            return self._rejection_messages(record, internal_rejection(record, exc), logger if logger is not None else log)
+            return self._rejection_messages(record, internal_rejection(record, exc), logger)
 
     def _rejection_messages(self, record: Record, rejection: Rejection, logger: Any) -> list[Outgoing]:
         rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
