@@ -168,10 +168,9 @@ class Durations:
         running jobs of the same method and model have now (they say what the hosts do today: with few jobs
         finished, a few short ones' steps said nothing of a sweep's)."""
         pace = self._pace(method, model) if steps else None
-        if steps and pace is not None and running:
-            return pace[0] + statistics.median([*self._step_samples(method, model), *running]) * steps
         if steps and pace is not None:
-            return pace[0] + pace[1] * steps
+            step = self.step_s(method, model, running)  # never None here: the samples `pace` came from are there
+            return pace[0] + (pace[1] if step is None else step) * steps
         if (method, model) not in self._expected:
             found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
             self._expected[(method, model)] = statistics.median(found) if found else None
