@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from daemon.admission.grants import Grants
 from daemon.endpoint_settings import EndpointSettings
 from daemon.errors import ConfigError
 from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
@@ -49,7 +50,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     ))
     default_priority_class: str | None = Field(None, description="The class of a request that names none; unset: the last (lowest) class.")
     teams: dict[str, TeamShare] = Field(default_factory=dict, description=(
-        "Each team's weight and cap of slots; a team not listed has weight 1 and no cap."
+        "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
+        "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
     ))
     preempt_min_run_s: float = Field(600.0, ge=0, description="A job runs at least this long before a higher class may preempt it.")
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
@@ -138,6 +140,12 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
             raise ValueError(f"priority_classes: each name once, got {names}")
         if self.default_priority_class is not None and self.default_priority_class not in names:
             raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of priority_classes {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _grants(self) -> Settings:
+        """Every team's producer keys readable and its classes known now, each problem named by its setting."""
+        Grants.from_settings(self.teams, self.priority_classes)
         return self
 
     @property

@@ -199,6 +199,9 @@ class Dispatcher:
         request = decoded if isinstance(decoded, RequestBase) else None
         named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
         priority_class = (request.priority_class if request is not None else None) or queue.name
+        # A team or class not granted to who wrote it (daemon/admission/grants.py) is never ordered as it: rejected here, as an oversize record is.
+        refused = self.intake.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
+        oversize = oversize or (refused.errors[0] if refused is not None else None)
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
@@ -238,7 +241,7 @@ class Dispatcher:
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
     async def _reject(self, queue: ClassQueue, head: Head) -> None:
-        """A record too large for the copies a move makes: dead-lettered and announced as intake would, then
+        """A record too large for the copies a move makes, or not its team's (`_head`): dead-lettered and announced as intake would, then
         committed past (with the records before it written again)."""
         assert head.oversize is not None
         rejection = Rejection("policy", [head.oversize], head.named_id)

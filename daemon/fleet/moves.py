@@ -25,6 +25,7 @@ from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 from schemas.common import AdapterdError
+from schemas.signing import PRODUCER_SIGNATURE_HEADER
 
 log = structlog.get_logger()
 
@@ -118,12 +119,26 @@ def kept_timestamp(timestamp: int) -> int | None:
 
 def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = None) -> tuple[tuple[str, bytes], ...]:
     """The headers a moved request keeps: its retry state and count of preemptions, signed again (a producer's
-    unsigned ones are dropped, as `RetrySigner.read` would ignore them), and its trace context; nothing else of
-    a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
+    unsigned ones are dropped, as `RetrySigner.read` would ignore them), its producer's signature, and its trace
+    context; nothing else of a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
     value = record.value or b""
     state = retries.read(record)
     kept = list(retries.headers(record.key, value, state.attempt, state.due, alone=state.alone)) if state.due is not None else []
     count = retries.preemptions(record) if preemptions is None else preemptions
     if count:
         kept += retries.preemption_headers(record.key, value, count)
-    return (*kept, *trace_context(record))
+    return (*kept, *producer_signature(record), *trace_context(record))
+
+
+# A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header is not one, and is not carried.
+MAX_SIGNATURE_BYTES = 256
+
+
+def producer_signature(record: Record) -> tuple[tuple[str, bytes], ...]:
+    """The producer's signature header (daemon/admission/grants.py), carried so that the claim or the copy is judged by
+    who wrote it as the original was: kept only when there is exactly one, of a signature's size (else none, which
+    a host with bound teams refuses, as it would the original)."""
+    found = [value for name, value in record.headers or () if name == PRODUCER_SIGNATURE_HEADER]
+    if len(found) == 1 and found[0] is not None and len(found[0]) <= MAX_SIGNATURE_BYTES:
+        return ((PRODUCER_SIGNATURE_HEADER, found[0]),)
+    return ()
