@@ -12,7 +12,7 @@ rejections before it are settled, so offsets are committed in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
@@ -23,7 +23,6 @@ from daemon.admission.grants import Grants
 from daemon.admission.images import has_inline_images
 from daemon.admission.judge import image_refusal, refusal_before_images
 from daemon.admission.secret_rules import SCANNER
-from daemon.fleet.jobs import claimed_class
 from daemon.jobs.scheduler import Scheduler
 from daemon.jobs.slots import Slots
 from daemon.kafka.copies import too_large
@@ -112,11 +111,14 @@ class Intake:
         self.partitions = partitions
         self.scheduler = scheduler
         self.slots = slots
-        self.grants = Grants.from_settings(settings.teams, settings.priority_classes)  # the dispatcher's heads are judged by it too
+        self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
+        # The class a request runs as: the one it names, else the default; with the fleet's queue, its claim's, as the
+        # dispatcher wrote it (daemon/fleet/wiring.py sets daemon/fleet/jobs.py's `claimed_class`, a layer above this one).
+        self.runs_as: Callable[[Record, RequestBase], str | None] = lambda _, request: request.priority_class or settings.default_class
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
-        """`Grants.refusal` of a decoded record, in the class it runs as (a claim's, as the dispatcher set it)."""
-        return self.grants.refusal(request, record.value, record.headers, claimed_class(record, request, self.settings))
+        """`Grants.refusal` of a decoded record, in the class it runs as."""
+        return self.grants.refusal(request, record.value, record.headers, self.runs_as(record, request))
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""

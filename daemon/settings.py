@@ -21,12 +21,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from daemon.admission.grants import Grants
 from daemon.endpoint_settings import EndpointSettings
 from daemon.errors import ConfigError
 from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
 from daemon.kafka_settings import KafkaSettings
-from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
+from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
 from daemon.work_settings import WorkSettings
 from schemas.images import ImageBounds
 
@@ -143,9 +142,15 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         return self
 
     @model_validator(mode="after")
-    def _grants(self) -> Settings:
-        """Every team's producer keys readable and its classes known now, each problem named by its setting."""
-        Grants.from_settings(self.teams, self.priority_classes)
+    def _teams(self) -> Settings:
+        """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each problem named by its setting."""
+        names = [c.name for c in self.priority_classes]
+        for name, team in self.teams.items():
+            team_keys(name, team)
+            unknown = [c for c in team.classes or () if c not in names]
+            if unknown:
+                known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority_classes"
+                raise ValueError(f"teams.{name}.classes: unknown class {unknown[0]!r}; expected {known}")
         return self
 
     @property

@@ -18,30 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from daemon.fleet_config import PriorityClass, TeamShare, team_of
+from daemon.fleet_config import TeamShare, team_of
+from daemon.secret_files import team_keys
 from schemas import FieldError, Rejection, RequestBase
 from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventKeys, UnverifiedEvent
 
 Headers = Iterable[tuple[str, bytes | None]] | None
-
-
-def team_keys(name: str, team: TeamShare) -> EventKeys:
-    """A team's producer keys, from `producer_keys` and `producer_keys_file`; a ValueError names the setting."""
-    try:
-        keys = EventKeys.parse(team.producer_keys)
-    except ValueError as exc:
-        raise ValueError(f"teams.{name}.producer_keys: {exc}") from exc
-    path = team.producer_keys_file
-    if path is not None:
-        try:
-            keys.by_id.update(EventKeys.from_file(Path(path)).by_id)
-        except OSError as exc:
-            raise ValueError(f"teams.{name}.producer_keys_file: cannot read {path}: {exc.strerror}") from exc
-        except ValueError as exc:
-            raise ValueError(f"teams.{name}.producer_keys_file: {path}: {exc}") from exc
-    return keys
 
 
 @dataclass(frozen=True)
@@ -52,17 +35,9 @@ class Grants:
     classes: Mapping[str, frozenset[str] | None]  # team → the classes it may use (None: every class)
 
     @classmethod
-    def from_settings(cls, teams: Mapping[str, TeamShare], priority_classes: list[PriorityClass]) -> Grants:
-        """The grants of `teams`; a ValueError names the setting that is wrong (a key, a file, a class)."""
-        names = [c.name for c in priority_classes]
-        classes: dict[str, frozenset[str] | None] = {}
-        for name, team in teams.items():
-            if team.classes is not None:
-                unknown = [c for c in team.classes if c not in names]
-                if unknown:
-                    known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority_classes"
-                    raise ValueError(f"teams.{name}.classes: unknown class {unknown[0]!r}; expected {known}")
-            classes[name] = None if team.classes is None else frozenset(team.classes)
+    def from_settings(cls, teams: Mapping[str, TeamShare]) -> Grants:
+        """The grants of `teams` (settings already validated: each class known); a ValueError names a key that is wrong."""
+        classes = {name: None if team.classes is None else frozenset(team.classes) for name, team in teams.items()}
         return cls({name: team_keys(name, team) for name, team in teams.items()}, classes)
 
     @property

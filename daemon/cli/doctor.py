@@ -129,7 +129,7 @@ def _events(settings: Settings) -> Check:
 def _teams(settings: Settings) -> Check:
     """Whether a request's team and class are bound to its producer's key (daemon/admission/grants.py): a warning in
     open mode, where they are claims any producer may make."""
-    grants = Grants.from_settings(settings.teams, settings.priority_classes)
+    grants = Grants.from_settings(settings.teams)
     return Check("teams", True if grants.bound else None, grants.describe(), warn=not grants.bound)
 
 

@@ -30,7 +30,7 @@ def test_keys_for_a_team_writes_its_pair_and_prints_the_teams_setting(tmp_path: 
     assert private.stat().st_mode & 0o777 == 0o600 and public.read_text().startswith("# adapterd team alpha producer key")
     setting = tomllib.loads(result.output.split("\n", 1)[1])  # the lines after the first: TOML the operator pastes
     settings = Settings(teams=setting["teams"])
-    assert len(Grants.from_settings(settings.teams, []).keys["alpha"]) == 1
+    assert len(Grants.from_settings(settings.teams).keys["alpha"]) == 1
     again = runner.invoke(app, ["keys", str(tmp_path), "--team", "alpha"])
     assert again.exit_code == 2 and "never overwritten" in again.output
 

@@ -49,7 +49,7 @@ def bound_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 def grants(teams_setting: dict[str, Any] | None = None) -> Grants:
     settings = Settings(priority_classes=CLASSES, teams=teams() if teams_setting is None else teams_setting)
-    return Grants.from_settings(settings.teams, settings.priority_classes)
+    return Grants.from_settings(settings.teams)
 
 
 def document(request_id: str, **fields: Any) -> dict[str, Any]:
@@ -191,6 +191,7 @@ async def test_intake_rejects_and_dead_letters_another_teams_request_and_takes_t
 async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_path: Path) -> None:
     settings = bound_settings(tmp_path)
     core = CoreOnFakes(settings)
+    dispatcher = fleet_dispatcher(settings, core.scheduler, core.partitions, core.intake)  # as Service wires a fleet's host
     tp = TopicPartition(settings.claims_topic, 0)
     core.consumer.committed[tp] = 0
     _, value, headers = written(document("k-1", team="alpha"), ALPHA)
@@ -199,6 +200,7 @@ async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_pat
     await core.partitions.settled(tp)
     [event] = core.events("k-1")
     assert event["type"] == "rejected" and event["errors"][0]["path"] == "priority_class"
+    await dispatcher.mover.producer.stop()
 
 
 async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_ordering_it(tmp_path: Path) -> None:
