@@ -19,13 +19,13 @@ import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from daemon.kafka.copies import producer_signature
 from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
 from daemon.settings import Settings
 from schemas.common import AdapterdError
-from schemas.signing import PRODUCER_SIGNATURE_HEADER
 
 log = structlog.get_logger()
 
@@ -129,16 +129,3 @@ def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = N
         kept += retries.preemption_headers(record.key, value, count)
     return (*kept, *producer_signature(record), *trace_context(record))
 
-
-# A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header is not one, and is not carried.
-MAX_SIGNATURE_BYTES = 256
-
-
-def producer_signature(record: Record) -> tuple[tuple[str, bytes], ...]:
-    """The producer's signature header (daemon/admission/grants.py), carried so that the claim or the copy is judged by
-    who wrote it as the original was: kept only when there is exactly one, of a signature's size (else none, which
-    a host with bound teams refuses, as it would the original)."""
-    found = [value for name, value in record.headers or () if name == PRODUCER_SIGNATURE_HEADER]
-    if len(found) == 1 and found[0] is not None and len(found[0]) <= MAX_SIGNATURE_BYTES:
-        return ((PRODUCER_SIGNATURE_HEADER, found[0]),)
-    return ()

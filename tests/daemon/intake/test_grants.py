@@ -13,15 +13,17 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon.admission.grants import Grants
-from daemon.fleet.moves import MAX_SIGNATURE_BYTES, carried
+from daemon.fleet.moves import carried
 from daemon.fleet.wiring import fleet_dispatcher
 from daemon.fleet_config import CLASS_HEADER
+from daemon.kafka.copies import MAX_SIGNATURE_BYTES
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
 from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventSigner, new_key_pair, producer_headers, public_key_text, read_private_key
 from tests.core import CoreOnFakes
-from tests.fakes import FakeRecord
+from tests.daemon.core.test_scheduler_core import fails
+from tests.fakes import FakeChildren, FakeRecord
 from tests.helpers import sft_request
 
 CLASSES = [{"name": "urgent"}, {"name": "batch", "preemptible": True}]
@@ -222,3 +224,17 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
     assert not_granted.oversize is not None and not_granted.oversize.path == "priority_class"
     assert moved.oversize is None and moved.moves_to == settings.class_topics["batch"]
     await dispatcher.mover.producer.stop()
+
+
+async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:
+    """A retryable failure writes the request back to its partition: that copy is still its team's, so a bound host takes it."""
+    settings = bound_settings(tmp_path, priority_classes=[], teams={"beta": {"producer_keys": [public_key_text(BETA.public)]}},
+                              max_attempts=2, retry_backoff_s=0)
+    core = CoreOnFakes(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
+    _, value, headers = written(document("retried-1", team="beta"), BETA)
+    await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"retried-1", value, headers)])
+    await core.scheduler.jobs[core.tp].task
+    [again] = core.requeued()
+    assert again.header(PRODUCER_SIGNATURE_HEADER) == headers[0][1]
+    copy = FakeRecord(core.tp.topic, 0, 1, again.key, again.value, list(again.headers))
+    assert core.intake.grant_refusal(copy, core.request(copy)) is None  # not rejected as unsigned on its next attempt
