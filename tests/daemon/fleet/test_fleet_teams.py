@@ -61,7 +61,7 @@ async def test_a_team_cannot_write_as_another_nor_use_a_class_it_is_not_granted_
     finally:
         daemon.stop()
     rejected = {rid: of(events[rid], Rejected) for rid in ("forged-1", "greedy-1", "renamed-1")}
-    assert all(len(found) == 1 and not of(events[rid], Accepted) for rid, found in rejected.items()), events
+    assert all(len(found) == 1 and not of(events[rid], Accepted) for rid, found in rejected.items()), {rid: [e.type for e in events[rid]] for rid in rejected}
     [forged], [greedy], [renamed] = rejected.values()
     assert forged.errors[0].path == "team" and "not signed by a key of team 'beta'" in forged.errors[0].message
     assert "a key of team 'alpha'" in forged.errors[0].message
