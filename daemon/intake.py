@@ -117,7 +117,9 @@ class Intake:
         self.runs_as: Callable[[Record, RequestBase], str | None] = lambda _, request: request.priority_class or settings.default_class
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
-        """`Grants.refusal` of a decoded record, in the class it runs as."""
+        """`Grants.refusal` of a decoded record, in the class it runs as; nothing asked in open mode (every valid record passes here)."""
+        if not self.grants.bound:
+            return None
         return self.grants.refusal(request, record.value, record.headers, self.runs_as(record, request))
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:

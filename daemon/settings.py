@@ -145,8 +145,12 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     def _teams(self) -> Settings:
         """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each problem named by its setting."""
         names = [c.name for c in self.priority_classes]
+        owners: dict[str, str] = {}
         for name, team in self.teams.items():
-            team_keys(name, team)
+            for key in team_keys(name, team).by_id:
+                # A key listed for two teams would speak for both: the binding would be none.
+                if owners.setdefault(key, name) != name:
+                    raise ValueError(f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; give each team a key of its own")
             unknown = [c for c in team.classes or () if c not in names]
             if unknown:
                 known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority_classes"

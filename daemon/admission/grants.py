@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from daemon.fleet_config import TeamShare, team_of
 from daemon.secret_files import team_keys
@@ -40,9 +41,9 @@ class Grants:
         classes = {name: None if team.classes is None else frozenset(team.classes) for name, team in teams.items()}
         return cls({name: team_keys(name, team) for name, team in teams.items()}, classes)
 
-    @property
+    @cached_property
     def bound(self) -> bool:
-        """Whether teams are bound to keys: any team has one."""
+        """Whether teams are bound to keys: any team has one (asked of every record intake reads: once)."""
         return any(len(keys) for keys in self.keys.values())
 
     def describe(self) -> str:

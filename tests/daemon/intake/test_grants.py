@@ -155,6 +155,9 @@ def test_settings_name_a_bad_key_a_missing_file_and_an_unknown_class(tmp_path: P
         Settings(teams={"alpha": {"producer_keys_file": tmp_path / "missing.pub"}})
     with pytest.raises(ValueError, match=r"teams\.alpha\.classes: unknown class 'gold'; expected one of urgent, batch"):
         Settings(priority_classes=CLASSES, teams={"alpha": {"classes": ["gold"]}})
+    shared = [public_key_text(ALPHA.public)]
+    with pytest.raises(ValueError, match=rf"teams\.beta\.producer_keys: key {ALPHA.key_id} is team alpha's too"):
+        Settings(teams={"alpha": {"producer_keys": shared}, "beta": {"producer_keys": shared}})
 
 
 def test_keys_are_read_from_a_teams_keys_file_as_well(tmp_path: Path) -> None:
