@@ -128,4 +128,3 @@ def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = N
     if count:
         kept += retries.preemption_headers(record.key, value, count)
     return (*kept, *producer_signature(record), *trace_context(record))
-
