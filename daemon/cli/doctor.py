@@ -22,6 +22,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabled
 
+from daemon.admission.grants import Grants
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
@@ -57,7 +58,7 @@ async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
-    return [kafka, topics, acls, _events(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings),
+    return [kafka, topics, acls, _events(settings), _teams(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings),
             _daemon(settings)]
 
 
@@ -123,6 +124,13 @@ def _events(settings: Settings) -> Check:
         return Check("events", None, f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
                      warn=True)
     return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")
+
+
+def _teams(settings: Settings) -> Check:
+    """Whether a request's team and class are bound to its producer's key (daemon/admission/grants.py): a warning in
+    open mode, where they are claims any producer may make."""
+    grants = Grants.from_settings(settings.teams)
+    return Check("teams", True if grants.bound else None, grants.describe(), warn=not grants.bound)
 
 
 def _hub(settings: Settings) -> Check:

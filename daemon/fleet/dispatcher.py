@@ -200,12 +200,15 @@ class Dispatcher:
         request = decoded if isinstance(decoded, RequestBase) else None
         named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
         priority_class = (request.priority_class if request is not None else None) or queue.name
+        # A team or class not granted to who wrote it (daemon/admission/grants.py) is never ordered as it: rejected here, as an oversize record is.
+        refused = self.intake.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
+        rejection = Rejection("policy", [oversize], named_id) if oversize else refused
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
-                    due=self.retries.read(record).due, moves_to=None if oversize else moves_to, preemptions=self.retries.preemptions(record),
-                    rejection=Rejection("policy", [oversize], named_id) if oversize else None, named_id=named_id)
+                    due=self.retries.read(record).due, moves_to=None if rejection else moves_to, preemptions=self.retries.preemptions(record),
+                    rejection=rejection, named_id=named_id)
 
     @staticmethod
     def _unreadable_head(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
@@ -245,8 +248,9 @@ class Dispatcher:
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
     async def _reject(self, queue: ClassQueue, head: Head) -> None:
-        """A record too large for the copies a move makes, or one the client cannot read: dead-lettered and
-        announced as intake would, then committed past (with the records before it written again)."""
+        """A record too large for the copies a move makes, one the client cannot read, or one not its team's
+        (`_head`): dead-lettered and announced as intake would, then committed past (with the records before it
+        written again)."""
         assert head.rejection is not None
         for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, head.rejection)):
             await ack
