@@ -25,8 +25,9 @@ class Head:
     due: float | None = None  # a retry's due time
     moves_to: str | None = None  # the topic of the class it names, when not this one
     preemptions: int = 0
-    # Rejected where it is: too large for the copies a move makes, or a record the client cannot read
-    # (daemon/kafka/unreadable.py), which no move could copy.
+    # Rejected where it is: too large for the copies a move makes, a record the client cannot read
+    # (daemon/kafka/unreadable.py), which no move could copy, or a team or class not granted to its writer
+    # (daemon/admission/grants.py), never ordered as it.
     rejection: Rejection | None = None
     named_id: str | None = None  # the request id the record names, even when it does not decode
     generation: int = 0  # its queue's rebalances when it was read (ClassQueue.generation)
