@@ -13,8 +13,10 @@ and moves it in one transaction into one of this host's idle claims partitions, 
 offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is moved to that class's topic when it is first in its
-partition; a record that does not decode is claimed as it is, and the daemon's intake rejects it. A
-request that may not start yet (a retry not yet due, a team at its cap) holds up none behind it.
+partition; a record that does not decode, or too large for a move's copies, is dead-lettered where it is
+and committed past (no claim, no slot, no rejoin: issue 61). A request that may not start yet (a retry
+not yet due, a team at its cap) holds up none behind it. Every copy is signed by the fleet
+(daemon/fleet/seal.py), and a request's arrival is the fleet's, not its producer's (daemon/fleet/arrival.py).
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer, publish_queued
+from daemon.fleet.arrival import Arrivals
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import FleetJobs
-from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
+from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import CLASS_HEADER, queue_group
-from daemon.intake import Intake
+from daemon.intake import Intake, internal_rejection
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.copies import too_large
 from daemon.kafka.options import kafka_options
@@ -75,10 +78,14 @@ class Dispatcher:
         ]
         self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
+        self.arrivals = Arrivals(mover.seal)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
     async def start(self) -> None:
+        seal = self.mover.seal
+        if seal.signer is None:  # the daemon's start-up refuses classes without keys; this says what a host does if it ran
+            log.warning("fleet.queue_unsigned", claims_verified=seal.verifies, claiming=seal.writes_trusted)
         await self.mover.start()
         self._following = asyncio.create_task(self.view.follow(), name="fleet-usage")
         for queue in self.queues:
@@ -129,6 +136,10 @@ class Dispatcher:
         return max(0, min(len(self.scheduler.slots.free) - len(self.pending), len(idle)))
 
     async def turn(self) -> None:
+        if not self.mover.seal.writes_trusted:  # it would claim what every host refuses: it reads no queue
+            for queue in self.queues:
+                queue.follow(False)
+            return
         room = self.room()
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
@@ -140,17 +151,12 @@ class Dispatcher:
             return  # a queue just joined: its waiting records are fetched first
         for queue in self.queues:
             for window in list(queue.windows.values()):
-                for head in [h for h in window if h.oversize is not None]:
-                    await self._reject(queue, head)
+                if any(h.rejection is not None for h in window):
+                    await self._reject(queue, window)
                 if window and window[0].moves_to is not None:
                     await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.oversize is None]
-        for head in [h for h in ready if h.request is None]:  # only intake's rejection is left for it: no slot needed
-            if not self.idle_claims():
-                return
-            await self._claim(head)
-            ready.remove(head)
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.rejection is None]
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
@@ -195,16 +201,19 @@ class Dispatcher:
 
     def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
         oversize = too_large(record, self.settings.max_message_bytes)
-        decoded = decode_request(record.value or b"", record.key)
+        try:
+            decoded = decode_request(record.value or b"", record.key)
+        except Exception as exc:  # a bug of ours met by this record: dead-lettered, as intake would
+            decoded = internal_rejection(record, exc)
         request = decoded if isinstance(decoded, RequestBase) else None
-        named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
+        rejection = Rejection("policy", [oversize], decoded.request_id) if oversize else decoded if isinstance(decoded, Rejection) else None
         priority_class = (request.priority_class if request is not None else None) or queue.name
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
-                    due=self.retries.read(record).due, moves_to=None if oversize else moves_to, preemptions=self.retries.preemptions(record),
-                    oversize=oversize, named_id=named_id)
+                    due=self.retries.read(record).due, moves_to=None if rejection else moves_to, preemptions=self.retries.preemptions(record),
+                    rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
 
     @staticmethod
     def _ours(queue: ClassQueue, head: Head) -> Callable[[], bool]:
@@ -215,13 +224,17 @@ class Dispatcher:
 
     def _before(self, queue: ClassQueue, head: Head) -> tuple[Copy, ...]:
         """The records ahead of `head` in its window, written again at the end of their partition as they arrived."""
-        return tuple(Copy(r, r.topic, carried(r, self.retries), partition=r.partition, timestamp_ms=kept_timestamp(r.timestamp))
-                     for r in queue.before(head))
+        return tuple(self._again(queue, h) for h in queue.ahead(head))
+
+    def _again(self, queue: ClassQueue, head: Head) -> Copy:
+        """`head` written again at the end of its own partition, keeping its signed arrival (hence its place)."""
+        return Copy(head.record, head.record.topic, queue.name, head.team, head.arrival_ms, carried(head.record, self.retries),
+                    partition=head.record.partition)
 
     async def _claim(self, head: Head) -> None:
         queue, target = self._queue(head), self.idle_claims()[0]
-        claim = Copy(head.record, self.settings.claims_topic, (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
-                     partition=target.partition, timestamp_ms=kept_timestamp(head.record.timestamp))
+        claim = Copy(head.record, self.settings.claims_topic, head.priority_class, head.team, head.arrival_ms,
+                     (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())), partition=target.partition)
         offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim), self._ours(queue, head)))
         assert offset is not None
         self.pending[target] = offset
@@ -232,17 +245,22 @@ class Dispatcher:
 
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
         """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
-        copy = Copy(head.record, topic, carried(head.record, self.retries), timestamp_ms=kept_timestamp(head.record.timestamp))
+        copy = Copy(head.record, topic, head.priority_class, head.team, head.arrival_ms, carried(head.record, self.retries))
         await self.mover.move(Move(head.record, head.group, (copy,), self._ours(queue, head)))
         queue.taken(head)
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
-    async def _reject(self, queue: ClassQueue, head: Head) -> None:
-        """A record too large for the copies a move makes: dead-lettered and announced as intake would, then
-        committed past (with the records before it written again)."""
-        assert head.oversize is not None
-        rejection = Rejection("policy", [head.oversize], head.named_id)
-        for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, rejection)):
+    async def _reject(self, queue: ClassQueue, window: list[Head]) -> None:
+        """The records of a window that do not decode, or are too large for a move's copies: dead-lettered and
+        announced as intake would, then committed past in ONE move (the valid records before the last of them
+        written again, keeping their arrival). No claim, no slot, no rejoin: a flood of them costs one
+        transaction a window."""
+        rejected = [h for h in window if h.rejection is not None]
+        last = rejected[-1]
+        messages = [message for h in rejected if h.rejection is not None for message in self.intake.rejection_messages(h.record, h.rejection)]
+        for ack in await self.scheduler.publisher.send_all(messages):
             await ack
-        await self.mover.move(Move(head.record, head.group, self._before(queue, head), self._ours(queue, head)))
-        queue.taken(head)
+        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h.rejection is None)
+        await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
+        queue.taken(last)
+        log.info("fleet.rejected_in_queue", priority_class=queue.name, partition=last.tp.partition, rejected=len(rejected), written_again=len(kept))
