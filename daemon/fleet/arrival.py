@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from daemon.fleet.seal import QueueSeal, Unsealed
 from daemon.kafka.records import Record
@@ -23,8 +24,9 @@ REMEMBERED = 65_536  # records whose first read this host remembers, across its 
 class Arrivals:
     """Each queue record's arrival in milliseconds since the epoch (`of`)."""
 
-    def __init__(self, seal: QueueSeal) -> None:
+    def __init__(self, seal: QueueSeal, clock: Callable[[], float] = time.time) -> None:
         self.seal = seal
+        self.clock = clock
         self.first_read: OrderedDict[tuple[str, int, int], int] = OrderedDict()
 
     def of(self, priority_class: str, record: Record) -> int:
@@ -39,7 +41,7 @@ class Arrivals:
         where = (record.topic, record.partition, record.offset)
         first = self.first_read.get(where)
         if first is None:
-            first = self.first_read[where] = int(time.time() * 1000)
+            first = self.first_read[where] = int(self.clock() * 1000)
             if len(self.first_read) > REMEMBERED:
                 self.first_read.popitem(last=False)
         return first
