@@ -13,10 +13,9 @@ and moves it in one transaction into one of this host's idle claims partitions, 
 offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is moved to that class's topic when it is first in its
-partition; a record that does not decode, or too large for a move's copies, is dead-lettered where it is
-and committed past (no claim, no slot, no rejoin: issue 61). A request that may not start yet (a retry
-not yet due, a team at its cap) holds up none behind it. Every copy is signed by the fleet
-(daemon/fleet/seal.py), and a request's arrival is the fleet's, not its producer's (daemon/fleet/arrival.py).
+partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
+claim, no rejoin). A request that may not start yet (a retry not yet due, a team at its cap) holds up
+none behind it. Copies are signed by the fleet (daemon/fleet/seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
 
 from __future__ import annotations
@@ -83,9 +82,6 @@ class Dispatcher:
         self.wake = asyncio.Event()
 
     async def start(self) -> None:
-        seal = self.mover.seal
-        if seal.signer is None:  # the daemon's start-up refuses classes without keys; this says what a host does if it ran
-            log.warning("fleet.queue_unsigned", claims_verified=seal.verifies, claiming=seal.writes_trusted)
         await self.mover.start()
         self._following = asyncio.create_task(self.view.follow(), name="fleet-usage")
         for queue in self.queues:
@@ -222,12 +218,8 @@ class Dispatcher:
     def _queue(self, head: Head) -> ClassQueue:
         return next(queue for queue in self.queues if queue.name == head.queue)
 
-    def _before(self, queue: ClassQueue, head: Head) -> tuple[Copy, ...]:
-        """The records ahead of `head` in its window, written again at the end of their partition as they arrived."""
-        return tuple(self._again(queue, h) for h in queue.ahead(head))
-
     def _again(self, queue: ClassQueue, head: Head) -> Copy:
-        """`head` written again at the end of its own partition, keeping its signed arrival (hence its place)."""
+        """`head`, ahead of one taken from its window, written again at the end of its own partition with its arrival."""
         return Copy(head.record, head.record.topic, queue.name, head.team, head.arrival_ms, carried(head.record, self.retries),
                     partition=head.record.partition)
 
@@ -235,7 +227,8 @@ class Dispatcher:
         queue, target = self._queue(head), self.idle_claims()[0]
         claim = Copy(head.record, self.settings.claims_topic, head.priority_class, head.team, head.arrival_ms,
                      (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())), partition=target.partition)
-        offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim), self._ours(queue, head)))
+        before = tuple(self._again(queue, h) for h in queue.ahead(head))
+        offset = await self.mover.move(Move(head.record, head.group, (*before, claim), self._ours(queue, head)))
         assert offset is not None
         self.pending[target] = offset
         queue.taken(head)
@@ -251,10 +244,8 @@ class Dispatcher:
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
     async def _reject(self, queue: ClassQueue, window: list[Head]) -> None:
-        """The records of a window that do not decode, or are too large for a move's copies: dead-lettered and
-        announced as intake would, then committed past in ONE move (the valid records before the last of them
-        written again, keeping their arrival). No claim, no slot, no rejoin: a flood of them costs one
-        transaction a window."""
+        """A window's records that do not decode or are too large to move: dead-lettered and announced as intake would,
+        then committed past in ONE move (the valid ones before the last written again): a flood costs a move a window."""
         rejected = [h for h in window if h.rejection is not None]
         last = rejected[-1]
         messages = [message for h in rejected if h.rejection is not None for message in self.intake.rejection_messages(h.record, h.rejection)]

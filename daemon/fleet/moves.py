@@ -82,6 +82,8 @@ class Mover:
         self.lock = asyncio.Lock()
 
     async def start(self) -> None:
+        if self.seal.signer is None:  # the daemon's start-up refuses classes without keys; what a host does if it ran
+            log.warning("fleet.queue_unsigned", claims_verified=self.seal.verifies, claiming=self.seal.writes_trusted)
         await self.producer.start()
 
     async def settled(self) -> None:
