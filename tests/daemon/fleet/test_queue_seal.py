@@ -136,13 +136,16 @@ async def test_intake_dead_letters_a_claim_the_fleet_did_not_sign_and_runs_one_i
     genuine = json.dumps(sft_request("genuine-1")).encode()
     records = [
         FakeRecord(CLAIMS, 3, 0, b"forged-1", forged, [(CLASS_HEADER, b"urgent")]),  # a plain producer's, its class its own word
-        FakeRecord(CLAIMS, 3, 1, b"genuine-1", genuine, [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 3, b"genuine-1", genuine, "urgent", "default", 1)]),
+        # A large one (its signature checked in a thread), and not even a request: refused as a claim first.
+        FakeRecord(CLAIMS, 3, 1, b"forged-big", b"x" * 100_000, [(CLASS_HEADER, b"urgent")]),
+        FakeRecord(CLAIMS, 3, 2, b"genuine-1", genuine, [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 3, b"genuine-1", genuine, "urgent", "default", 1)]),
     ]
     await core.intake.take(tp, records)
     await turns_until(lambda: "accepted" in core.types("genuine-1"))
-    [letter] = core.dead_letters()
-    assert letter.key == b"forged-1" and letter.header("adapterd-reason") == b"unverified_claim"
-    assert b"unsigned" in (letter.header("adapterd-errors") or b"")
+    letters = core.dead_letters()
+    assert [letter.key for letter in letters] == [b"forged-1", b"forged-big"]
+    assert {letter.header("adapterd-reason") for letter in letters} == {b"unverified_claim"}
+    assert all(b"unsigned" in (letter.header("adapterd-errors") or b"") for letter in letters)
     [rejected] = core.events("forged-1")
     assert rejected["type"] == "rejected" and rejected["reason"] == "unverified_claim" and "unsigned" in rejected["errors"][0]["message"]
     assert core.types("genuine-1")[0] == "accepted" and "accepted" not in core.types("forged-1")
