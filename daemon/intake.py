@@ -28,6 +28,7 @@ from daemon.jobs.slots import Slots
 from daemon.kafka.copies import too_large
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
+from daemon.kafka.queue_seal import QueueSeal, claim_refusal
 from daemon.kafka.records import Record
 from daemon.kafka.trace import trace_context
 from daemon.kafka.unreadable import UnreadableRecord, rejection_of
@@ -111,6 +112,8 @@ class Intake:
         self.partitions = partitions
         self.scheduler = scheduler
         self.slots = slots
+        # With priority classes the daemon runs the claims topic: only a claim the fleet signed runs (issue 61).
+        self.seal = QueueSeal.from_settings(settings) if settings.class_topics else None
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
         # The class a request runs as: the one it names, else the default; with the fleet's queue, its claim's, as the
         # dispatcher wrote it (daemon/fleet/wiring.py sets daemon/fleet/jobs.py's `claimed_class`, a layer above this one).
@@ -149,11 +152,21 @@ class Intake:
                 turned = False
             rejection: Rejection | None
             try:
+                # A claim the fleet did not write is refused whatever it holds: its signature checked first, on the loop
+                # for a small record (~0.1 ms), in a thread from OFF_LOOP_BYTES (it hashes every byte).
+                unclaimed = None
+                if self.seal is not None and record.topic == self.settings.claims_topic:
+                    if len(record.value or b"") < OFF_LOOP_BYTES:
+                        unclaimed = claim_refusal(self.seal, record)
+                    else:
+                        unclaimed, turned = await executors.run("decode", claim_refusal, self.seal, record), True
                 # `decoded_request` and `judged`, their coroutines awaited only for work off the loop.
                 decoded = decoded_on_loop(record.value, record.key)
                 if decoded is None:
                     decoded, turned = await decoded_request(record.value, record.key), True
-                if isinstance(decoded, Rejection):
+                if unclaimed is not None:
+                    rejection = Rejection("unverified_claim", [FieldError(path="", message=unclaimed)], decoded.request_id)
+                elif isinstance(decoded, Rejection):
                     rejection = decoded
                 # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
                 elif (rejection := self.grant_refusal(record, decoded)) is None:

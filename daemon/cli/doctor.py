@@ -25,7 +25,8 @@ from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, Securit
 from daemon.admission.grants import Grants
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
-from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
+from daemon.kafka.acl_recipe import recipe, verdict
+from daemon.kafka.acls import principal_of, topics_acls, writers
 from daemon.kafka.options import kafka_options
 from daemon.ops.local_endpoint import local_url
 from daemon.secret_files import event_keys, event_signer
@@ -88,28 +89,29 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
 
 
 async def _acls(settings: Settings) -> Check:
-    """Who may write the events topic: this host's principal (it must), and who else (a consumer
-    acts on what is written there; docs/guarantees.md)."""
-    topic, principal = settings.events_topic, principal_of(settings)
+    """Who may write each of the fleet's topics, against docs/guarantees.md's recipe (daemon/kafka/acl_recipe.py):
+    this host's principal must write what the fleet writes, and no one else may write the claims topic (a claim
+    is run), the events topic (a consumer acts on an event) or the DLQ."""
+    rules, principal = recipe(settings), principal_of(settings)
+    topics = ", ".join(rule.topic for rule in rules)
     try:
         async with asyncio.timeout(KAFKA_TIMEOUT_S):
-            found = writers(await topic_acls(settings, topic, int(KAFKA_TIMEOUT_S * 1000)), principal)
+            found = await topics_acls(settings, [rule.topic for rule in rules], int(KAFKA_TIMEOUT_S * 1000))
     except SecurityDisabled:
-        return Check("acls", None, f"ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write {topic} "
-                                   "and speak for the fleet; enable one and let only the fleet's principals write it", warn=True)
+        return Check("acls", None, f"ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
+                                   f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the "
+                                   "fleet's principals write its topics (docs/guarantees.md)", warn=True)
     except ClusterAuthorizationFailedError:
-        return Check("acls", None, f"{principal} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may write {topic} "
-                                   f"is not known here (kafka-acls --list --topic {topic})")
+        return Check("acls", None, f"{principal} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may write {topics} "
+                                   f"is not known here (kafka-acls --list --topic TOPIC)")
     except (KafkaError, TimeoutError, OSError) as exc:
-        return Check("acls", None, f"the brokers did not say who may write {topic}: {str(exc) or type(exc).__name__}")
-    others = ", ".join(found.others) or "no other principal (and the brokers' super.users)"
-    if not found.may_write:
-        return Check("acls", False, f"{principal} may not write {topic}: its events would be refused; kafka-acls --add "
-                                    f"--allow-principal {principal} --operation Write --topic {topic}; may write it: {others}")
-    if found.anyone:
-        return Check("acls", True, f"{principal} may write {topic}, and so may anyone ({ANYONE}): every writer speaks for the fleet; "
-                                   "allow the fleet's principals only", warn=True)
-    return Check("acls", True, f"{principal} may write {topic}; besides it: {others}")
+        return Check("acls", None, f"the brokers did not say who may write {topics}: {str(exc) or type(exc).__name__}")
+    verdicts = [verdict(rule, writers(found[rule.topic], principal)) for rule in rules]
+    said = "; ".join(v.text for v in verdicts)
+    if not all(v.ok for v in verdicts):
+        return Check("acls", False, f"{principal} may not write what the fleet writes; who may write each topic: {said}")
+    return Check("acls", True, f"{principal} may write what the fleet writes; who else may write each topic: {said}",
+                 warn=any(v.warn for v in verdicts))
 
 
 def _events(settings: Settings) -> Check:

@@ -20,18 +20,18 @@ class Head:
     tp: TopicPartition
     queue: str  # the class whose topic it was read from
     group: str  # that topic's consumer group
-    request: RequestBase | None  # None: it does not decode (claimed as it is; intake rejects it)
+    request: RequestBase | None  # None: it does not decode (rejected where it is: `rejection`)
     priority_class: str
     due: float | None = None  # a retry's due time
     moves_to: str | None = None  # the topic of the class it names, when not this one
     preemptions: int = 0
-    # Rejected where it is: too large for the copies a move makes, a record the client cannot read
-    # (daemon/kafka/unreadable.py), which no move could copy, or a team or class not granted to its writer
+    # Rejected where it is, costing no claim: it does not decode, is too large for the copies a move makes, the
+    # client cannot read it (daemon/kafka/unreadable.py), or its team or class is not granted to its writer
     # (daemon/admission/grants.py), never ordered as it.
     rejection: Rejection | None = None
-    named_id: str | None = None  # the request id the record names, even when it does not decode
     generation: int = 0  # its queue's rebalances when it was read (ClassQueue.generation)
     seen_at: float = field(default_factory=time.time)
+    arrived_ms: int | None = None  # when it arrived (daemon/fleet/arrival.py); None: when this host read it
 
     @property
     def request_id(self) -> str:
@@ -42,8 +42,12 @@ class Head:
         return team_of(self.request.team if self.request is not None else None)
 
     @property
+    def arrival_ms(self) -> int:
+        return self.arrived_ms if self.arrived_ms is not None else int(self.seen_at * 1000)
+
+    @property
     def arrived(self) -> float:
-        return self.record.timestamp / 1000
+        return self.arrival_ms / 1000
 
     def not_yet_due(self, now: float) -> bool:
         return self.due is not None and self.due > now

@@ -13,8 +13,9 @@ and moves it in one transaction into one of this host's idle claims partitions, 
 offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is moved to that class's topic when it is first in its
-partition; a record that does not decode is claimed as it is, and the daemon's intake rejects it. A
-request that may not start yet (a retry not yet due, a team at its cap) holds up none behind it.
+partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
+claim, no rejoin). A request that may not start yet (a retry not yet due, a team at its cap) holds up
+none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer, publish_queued
+from daemon.fleet.arrival import Arrivals
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import FleetJobs
-from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
+from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import CLASS_HEADER, queue_group
-from daemon.intake import Intake
+from daemon.intake import Intake, internal_rejection
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.copies import too_large
 from daemon.kafka.options import kafka_options
@@ -76,6 +78,7 @@ class Dispatcher:
         ]
         self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
+        self.arrivals = Arrivals(mover.seal)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
@@ -130,6 +133,10 @@ class Dispatcher:
         return max(0, min(len(self.scheduler.slots.free) - len(self.pending), len(idle)))
 
     async def turn(self) -> None:
+        if not self.mover.seal.writes_trusted:  # it would claim what every host refuses: it reads no queue
+            for queue in self.queues:
+                queue.follow(False)
+            return
         room = self.room()
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
@@ -141,17 +148,12 @@ class Dispatcher:
             return  # a queue just joined: its waiting records are fetched first
         for queue in self.queues:
             for window in list(queue.windows.values()):
-                for head in [h for h in window if h.rejection is not None]:
-                    await self._reject(queue, head)
+                if any(h.rejection is not None for h in window):
+                    await self._reject(queue, window)
                 if window and window[0].moves_to is not None:
                     await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
         ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.rejection is None]
-        for head in [h for h in ready if h.request is None]:  # only intake's rejection is left for it: no slot needed
-            if not self.idle_claims():
-                return
-            await self._claim(head)
-            ready.remove(head)
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
@@ -196,19 +198,21 @@ class Dispatcher:
 
     def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
         oversize = too_large(record, self.settings.max_message_bytes)
-        decoded = decode_request(record.value or b"", record.key)
+        try:
+            decoded = decode_request(record.value or b"", record.key)
+        except Exception as exc:  # a bug of ours met by this record: dead-lettered, as intake would
+            decoded = internal_rejection(record, exc)
         request = decoded if isinstance(decoded, RequestBase) else None
-        named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
         priority_class = (request.priority_class if request is not None else None) or queue.name
         # A team or class not granted to who wrote it (daemon/admission/grants.py) is never ordered as it: rejected here, as an oversize record is.
         refused = self.intake.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
-        rejection = Rejection("policy", [oversize], named_id) if oversize else refused
+        rejection = Rejection("policy", [oversize], decoded.request_id) if oversize else decoded if isinstance(decoded, Rejection) else refused
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
                     due=self.retries.read(record).due, moves_to=None if rejection else moves_to, preemptions=self.retries.preemptions(record),
-                    rejection=rejection, named_id=named_id)
+                    rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
 
     @staticmethod
     def _unreadable_head(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
@@ -223,16 +227,17 @@ class Dispatcher:
     def _queue(self, head: Head) -> ClassQueue:
         return next(queue for queue in self.queues if queue.name == head.queue)
 
-    def _before(self, queue: ClassQueue, head: Head) -> tuple[Copy, ...]:
-        """The records ahead of `head` in its window, written again at the end of their partition as they arrived."""
-        return tuple(Copy(r, r.topic, carried(r, self.retries), partition=r.partition, timestamp_ms=kept_timestamp(r.timestamp))
-                     for r in queue.before(head))
+    def _again(self, queue: ClassQueue, head: Head) -> Copy:
+        """`head`, ahead of one taken from its window, written again at the end of its own partition with its arrival."""
+        return Copy(head.record, head.record.topic, queue.name, head.team, head.arrival_ms, carried(head.record, self.retries),
+                    partition=head.record.partition)
 
     async def _claim(self, head: Head) -> None:
         queue, target = self._queue(head), self.idle_claims()[0]
-        claim = Copy(head.record, self.settings.claims_topic, (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
-                     partition=target.partition, timestamp_ms=kept_timestamp(head.record.timestamp))
-        offset = await self.mover.move(Move(head.record, head.group, (*self._before(queue, head), claim), self._ours(queue, head)))
+        claim = Copy(head.record, self.settings.claims_topic, head.priority_class, head.team, head.arrival_ms,
+                     (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())), partition=target.partition)
+        before = tuple(self._again(queue, h) for h in queue.ahead(head))
+        offset = await self.mover.move(Move(head.record, head.group, (*before, claim), self._ours(queue, head)))
         assert offset is not None
         self.pending[target] = offset
         queue.taken(head)
@@ -242,17 +247,20 @@ class Dispatcher:
 
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
         """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
-        copy = Copy(head.record, topic, carried(head.record, self.retries), timestamp_ms=kept_timestamp(head.record.timestamp))
+        copy = Copy(head.record, topic, head.priority_class, head.team, head.arrival_ms, carried(head.record, self.retries))
         await self.mover.move(Move(head.record, head.group, (copy,), self._ours(queue, head)))
         queue.taken(head)
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
-    async def _reject(self, queue: ClassQueue, head: Head) -> None:
-        """A record too large for the copies a move makes, one the client cannot read, or one not its team's
-        (`_head`): dead-lettered and announced as intake would, then committed past (with the records before it
-        written again)."""
-        assert head.rejection is not None
-        for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, head.rejection)):
+    async def _reject(self, queue: ClassQueue, window: list[Head]) -> None:
+        """A window's records that do not decode or are too large to move: dead-lettered and announced as intake would,
+        then committed past in ONE move (the valid ones before the last written again): a flood costs a move a window."""
+        rejected = [h for h in window if h.rejection is not None]
+        last = rejected[-1]
+        messages = [message for h in rejected if h.rejection is not None for message in self.intake.rejection_messages(h.record, h.rejection)]
+        for ack in await self.scheduler.publisher.send_all(messages):
             await ack
-        await self.mover.move(Move(head.record, head.group, self._before(queue, head), self._ours(queue, head)))
-        queue.taken(head)
+        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h.rejection is None)
+        await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
+        queue.taken(last)
+        log.info("fleet.rejected_in_queue", priority_class=queue.name, partition=last.tp.partition, rejected=len(rejected), written_again=len(kept))

@@ -10,17 +10,20 @@ signed count of preemptions (daemon/kafka/retry_state.py) and its attempt header
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.fleet.moves import Copy, Move, Mover, Stale, carried, kept_timestamp
+from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Running
 from daemon.fleet_config import CLASS_HEADER, team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.scheduler import Scheduler
+from daemon.kafka.publisher import Outgoing
+from daemon.kafka.queue_seal import Unsealed
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.ops import metrics
@@ -99,8 +102,8 @@ class FleetJobs:
         cls = claimed_class(record, runner.request, self.settings)
         count = self.retries.preemptions(record) + 1
         # Back to its class's queue with its arrival time: it keeps its place there.
-        back = Copy(record, self.settings.class_topics[cls], carried(record, self.retries, preemptions=count),
-                    timestamp_ms=kept_timestamp(record.timestamp))
+        back = Copy(record, self.settings.class_topics[cls], cls, team_of(runner.request.team), self.arrival_ms(record),
+                    carried(record, self.retries, preemptions=count))
         try:
             await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.scheduler.partitions.assigned()))
         except Stale:  # its claims partition moved meanwhile: whoever holds it now runs it, from its checkpoint
@@ -111,8 +114,20 @@ class FleetJobs:
         await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
         return True
 
-    def queue_topic(self, record: Record, request: RequestBase) -> str:
-        return self.settings.class_topics.get(claimed_class(record, request, self.settings), self.settings.requests_topic)
+    def arrival_ms(self, record: Record) -> int:
+        """When a claimed request arrived: what the fleet signed on its claim (intake ran none it did not sign),
+        else, on a fleet that checks no signature, the claim's timestamp, which the dispatcher set to it."""
+        try:
+            return self.mover.seal.read(record.topic, record.partition, record.key, record.value, record.headers).arrival_ms
+        except Unsealed:
+            return record.timestamp
+
+    def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
+        """A claimed request's retry, to its class's queue, signed by the fleet: it arrives there now (at the end)."""
+        cls = claimed_class(record, request, self.settings)
+        topic = self.settings.class_topics.get(cls, self.settings.requests_topic)
+        seal = self.mover.seal.headers(topic, None, retry.key, retry.value, cls, team_of(request.team), int(time.time() * 1000))
+        return dataclasses.replace(retry, topic=topic, headers=[*retry.headers, *seal])
 
     def forget(self, tp: TopicPartition) -> None:
         self.started.pop(tp, None)

@@ -21,6 +21,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from daemon.kafka.copies import producer_signature
 from daemon.kafka.options import kafka_options
+from daemon.kafka.queue_seal import QueueSeal
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
@@ -33,13 +34,16 @@ log = structlog.get_logger()
 @dataclass(frozen=True)
 class Copy:
     """A record to write: its key and value as they were, with `headers` (the caller's: never a producer's
-    own headers, whose size it chose), to `topic` (partition `partition`, else by its key)."""
+    own headers, whose size it chose), to `topic` (partition `partition`, else by its key), signed by the
+    fleet with its class, team and arrival (daemon/kafka/queue_seal.py): only a host's copy is run or keeps its place."""
 
     record: Record
     topic: str
+    priority_class: str  # the class of `topic`, or, in the claims topic, the class the request runs as
+    team: str
+    arrival_ms: int  # when the request arrived (daemon/fleet/arrival.py); also the record's timestamp
     headers: tuple[tuple[str, bytes], ...] = ()
     partition: int | None = None
-    timestamp_ms: int | None = None  # None: the time of the move
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,14 @@ class Mover:
             acks="all",
             max_request_size=settings.max_message_bytes,
         )
+        self.seal = QueueSeal.from_settings(settings)  # signs every copy a move writes
         # One move at a time; a rebalance of a group whose offsets a move commits waits for the move in flight
         # (`settled`), and a move whose read is older than the rebalance is not made (`Move.still_ours`).
         self.lock = asyncio.Lock()
 
     async def start(self) -> None:
+        if self.seal.signer is None:  # the daemon's start-up refuses classes without keys; what a host does if it ran
+            log.warning("fleet.queue_unsigned", claims_verified=self.seal.verifies, claiming=self.seal.writes_trusted)
         await self.producer.start()
 
     async def settled(self) -> None:
@@ -99,7 +106,7 @@ class Mover:
                 raise Stale(f"{record.topic}[{record.partition}] moved to another member since its record was read")
             async with self.producer.transaction():
                 sent = [await self.producer.send(copy.topic, value=copy.record.value or b"", key=copy.record.key, partition=copy.partition,
-                                                 timestamp_ms=copy.timestamp_ms, headers=list(copy.headers)) for copy in move.copies]
+                                                 timestamp_ms=kept_timestamp(copy.arrival_ms), headers=self._signed(copy)) for copy in move.copies]
                 await self.producer.send_offsets_to_transaction(
                     {TopicPartition(record.topic, record.partition): OffsetAndMetadata(record.offset + 1, "")}, move.group,
                 )
@@ -109,6 +116,11 @@ class Mover:
         log.debug("fleet.moved", from_topic=record.topic, partition=record.partition, offset=record.offset, to_topic=metadata.topic,
                   to_partition=metadata.partition, to_offset=metadata.offset)
         return int(metadata.offset)
+
+
+    def _signed(self, copy: Copy) -> list[tuple[str, bytes]]:
+        return [*copy.headers, *self.seal.headers(copy.topic, copy.partition, copy.record.key, copy.record.value or b"",
+                                                  copy.priority_class, copy.team, copy.arrival_ms)]
 
 
 def kept_timestamp(timestamp: int) -> int | None:

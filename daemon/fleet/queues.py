@@ -99,8 +99,12 @@ class ClassQueue:
 
     def before(self, head: Head) -> list[Record]:
         """The records ahead of `head` in its window: written again behind it when it is taken."""
+        return [h.record for h in self.ahead(head)]
+
+    def ahead(self, head: Head) -> list[Head]:
+        """The heads ahead of `head` in its window."""
         window = self.windows.get(head.tp, [])
-        return [h.record for h in window[: window.index(head)]] if head in window else []
+        return window[: window.index(head)] if head in window else []
 
     def taken(self, head: Head) -> None:
         """`head` and the records before it are committed past: the window goes on after it."""

@@ -10,6 +10,7 @@ from typing import Protocol
 from aiokafka import TopicPartition
 
 from daemon.jobs.job import JobRunner
+from daemon.kafka.publisher import Outgoing
 from daemon.kafka.records import Record
 from schemas import RequestBase
 
@@ -25,5 +26,5 @@ class FleetHooks(Protocol):
 
     def forget(self, tp: TopicPartition) -> None: ...
 
-    def queue_topic(self, record: Record, request: RequestBase) -> str:
-        """The topic of the class the claimed request runs as: where its retry waits."""
+    def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
+        """A claimed request's retry, sent to the queue of the class it runs as (where it waits), signed by the fleet."""

@@ -144,8 +144,8 @@ class Scheduler:
                 if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
                     self.partitions.committed[tp] = offset + 1
                 return
-            queue_topic = functools.partial(self.fleet.queue_topic, record, runner.request) if self.fleet is not None else None
-            if not await self.settler.settle(tp, record, runner, event, queue_topic):
+            requeue = functools.partial(self.fleet.requeued, record, runner.request) if self.fleet is not None else None
+            if not await self.settler.settle(tp, record, runner, event, requeue):
                 return  # its retry refused: ended (or held) by the faults' path
         except Exception as exc:
             # A fault outside the job itself (the broker refused an event, a bug): read the request

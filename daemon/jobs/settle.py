@@ -8,7 +8,6 @@ A retry the broker refuses outright is not tried again: the job ends there (daem
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from aiokafka.errors import KafkaError
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.job import JobRunner
 from daemon.kafka.partitions import Partitions
-from daemon.kafka.publisher import Publisher
+from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner, backoff_s
 from schemas import Failed, Retrying
@@ -56,9 +55,9 @@ class Settler:
         self.faults = faults
 
     async def settle(self, tp: TopicPartition, record: Record, runner: JobRunner, event: EventBase,
-                     queue_topic: Callable[[], str] | None) -> bool:
+                     requeue: Callable[[Outgoing], Outgoing] | None) -> bool:
         """After `event` (terminal or `retrying`): its record's retry or dead letter, then its commit.
-        `queue_topic`, with priority classes: the topic of the class the request runs as, where its retry waits.
+        `requeue`, with priority classes: the retry sent to the queue of the class the request runs as, where it waits.
         False when the broker refused its retry: the record is ended by `RecordFaults.end` (or held, to be read again)."""
         offset = record.offset
         if isinstance(event, Retrying):
@@ -66,8 +65,8 @@ class Settler:
             again = next_try(event.code, runner.attempt, runner.place.share is not None, self.base_backoff_s, time.time())
             retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", again.attempt, again.due,
                                                                             alone=again.alone))
-            if queue_topic is not None:  # back to its class's queue, where any host with room takes it when it is due
-                retry = dataclasses.replace(retry, topic=queue_topic())
+            if requeue is not None:  # back to its class's queue, where any host with room takes it when it is due
+                retry = requeue(retry)
             try:
                 await self.publisher.deliver(retry)
             except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again

@@ -1,7 +1,9 @@
-"""Who may write a topic, as the brokers' ACLs say: for `adapterd doctor`'s check of the events topic.
+"""Who may write a topic, as the brokers' ACLs say: for `adapterd doctor`'s check of the fleet's topics
+against docs/guarantees.md's recipe (daemon/kafka/acl_recipe.py).
 
-Whoever can write `adapterd.events` speaks for the fleet to every consumer, so a host should know
-whether its own principal may write it (its events would be refused otherwise) and who else may.
+Whoever can write `adapterd.events` speaks for the fleet to every consumer, and whoever can write the
+claims topic puts work where a host runs it, so a host should know whether its own principal may write
+what it writes (its records would be refused otherwise) and who else may.
 The brokers answer DescribeAcls (aiokafka 0.14's admin client has no call for it: the request is
 sent with aiokafka's own client and protocol classes) with the ACLs whose patterns match the topic:
 its literal name, `*`, and prefixes of it. A broker without an authorizer answers that security is
@@ -70,19 +72,27 @@ def _certificate_subject(path: Path) -> str:
 async def topic_acls(settings: Settings, topic: str, timeout_ms: int) -> list[Acl]:
     """The ACLs that match `topic`; aiokafka's SecurityDisabled without an authorizer,
     ClusterAuthorizationFailedError when this principal may not describe them."""
+    return (await topics_acls(settings, [topic], timeout_ms))[topic]
+
+
+async def topics_acls(settings: Settings, topics: list[str], timeout_ms: int) -> dict[str, list[Acl]]:
+    """The ACLs that match each of `topics`, asked over one connection; raises as `topic_acls`."""
     client = AIOKafkaClient(**kafka_options(settings), request_timeout_ms=timeout_ms)
+    found: dict[str, list[Acl]] = {}
     try:
         await client.bootstrap()
-        response = await client.send(client.get_random_node(), DescribeAclsRequest(
-            resource_type=TOPIC, resource_name=topic, resource_pattern_type_filter=MATCH,
-            principal=None, host=None, operation=ANY, permission_type=ANY))  # None: any principal, any host
+        for topic in topics:
+            response = await client.send(client.get_random_node(), DescribeAclsRequest(
+                resource_type=TOPIC, resource_name=topic, resource_pattern_type_filter=MATCH,
+                principal=None, host=None, operation=ANY, permission_type=ANY))  # None: any principal, any host
+            if response.error_code:
+                raise for_code(response.error_code)(response.error_message)
+            found[topic] = [Acl(principal, host, operation, permission, name)
+                            for _type, name, _pattern_type, acls in response.resources
+                            for principal, host, operation, permission in acls]
     finally:
         await client.close()
-    if response.error_code:
-        raise for_code(response.error_code)(response.error_message)
-    return [Acl(principal, host, operation, permission, name)
-            for _type, name, _pattern_type, acls in response.resources
-            for principal, host, operation, permission in acls]
+    return found
 
 
 def writers(acls: list[Acl], principal: str) -> Writers:

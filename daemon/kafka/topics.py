@@ -1,4 +1,9 @@
-"""Create adapterd's topics if they are missing (for the demo, the tests, and `adapterd topics`)."""
+"""Create adapterd's topics if they are missing (for the demo, the tests, and `adapterd topics`).
+
+The priority classes' topics are made with `message.timestamp.type=LogAppendTime`: the broker stamps each
+record with the time it had it, so a request's place in the fleet's order is its arrival, never its
+producer's own clock (daemon/fleet/arrival.py). A topic that exists is left as it is.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 
 CLAIMS_PARTITIONS = 16  # the claims topic made here: enough for a small fleet's slots
+ARRIVAL_STAMPED = {"message.timestamp.type": "LogAppendTime"}  # a class topic's: the broker says when a request came
 
 
 async def ensure_topics(settings: Settings, partitions: int = 1, replication_factor: int = 1) -> None:
@@ -18,7 +24,9 @@ async def ensure_topics(settings: Settings, partitions: int = 1, replication_fac
         await admin.start()  # inside: a broker that does not answer leaves no client open
         existing = set(await admin.list_topics())
         names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic, *settings.class_topics.values()]
-        missing = [NewTopic(name, partitions, replication_factor) for name in names if name not in existing]
+        queues = set(settings.class_topics.values())
+        missing = [NewTopic(name, partitions, replication_factor, topic_configs=ARRIVAL_STAMPED if name in queues else None)
+                   for name in dict.fromkeys(names) if name not in existing]
         if settings.class_topics and settings.claims_topic not in existing:
             # One job per claims partition: at least as many as the fleet has slots (deploy/README.md).
             missing.append(NewTopic(settings.claims_topic, max(partitions, CLAIMS_PARTITIONS), replication_factor))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from daemon.cli.app import app
 from daemon.cli.doctor import Check, _acls
 from daemon.kafka import acls
+from daemon.kafka.acl_recipe import Rule, recipe, verdict
 from daemon.kafka.acls import Acl, Writers, writers
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
@@ -57,8 +58,10 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
     assert set(lines) == {"kafka", "topics", "acls", "events", "teams", "hub", "gpus", "disk", "daemon"}
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
-    assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write "
-                             f"{settings.events_topic} and speak for the fleet; enable one and let only the fleet's principals write it")
+    topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
+    assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
+                             f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
+                             "principals write its topics (docs/guarantees.md)")
     assert lines["events"].startswith("WARN") and "no event keys" in lines["events"]  # a warning, not a failure
 
 
@@ -125,6 +128,32 @@ def test_who_may_write_the_events_topic_by_kafkas_rule() -> None:
     assert writers([], me) == Writers(me, False, ())  # no ACL: only super users
 
 
+def test_every_topic_of_the_fleet_is_judged_against_who_the_recipe_lets_write_it() -> None:
+    classed = Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch"}], default_priority_class="default")
+    rules = {rule.topic: rule for rule in recipe(classed)}
+    assert list(rules) == ["adapterd.requests", "adapterd.requests.urgent", "adapterd.requests.batch", "adapterd.claims", "adapterd.events",
+                           "adapterd.dlq", "adapterd.control"]
+    assert [topic for topic, rule in rules.items() if rule.fleet_writes and not rule.others] == ["adapterd.claims", "adapterd.events", "adapterd.dlq"]
+    assert "adapterd.claims" not in [rule.topic for rule in recipe(Settings())]  # no classes, no claims topic
+    me = "User:adapterd"
+    claims = rules["adapterd.claims"]
+    assert verdict(claims, Writers(me, True, ())) == verdict(claims, Writers(me, True, ())) and not verdict(claims, Writers(me, True, ())).warn
+    opened = verdict(claims, Writers(me, True, ("User:pipeline",)))
+    assert opened.ok and opened.warn and opened.text == "adapterd.claims: also User:pipeline; the recipe: the fleet alone"
+    assert not verdict(rules["adapterd.requests"], Writers(me, True, ("User:pipeline",))).warn  # producers submit there
+    assert verdict(Rule("adapterd.requests.urgent", True, "producers"), Writers(me, True, (acls.ANYONE,))).warn
+    assert not verdict(claims, Writers(me, False, ())).ok  # the fleet may not write what it writes: its claims would be refused
+
+
+async def _acls_applied(host: Settings, applied: Callable[[Check], bool], within_s: float = 30.0) -> Check:
+    """The acls line once the brokers apply the ACLs just made: KRaft's authorizer takes them from its metadata log
+    a moment after CreateAcls answers, and says nothing when it has (no event to await: asked again until then)."""
+    async with asyncio.timeout(within_s):
+        while not applied(check := await _acls(host)):
+            await asyncio.sleep(0.2)
+    return check
+
+
 async def _create_acls(settings: Settings, *creations: tuple[int, str, int, str, int, int]) -> None:
     """ACLs made as the broker's super user (resource type, name, pattern type, principal, operation, permission)."""
     client = AIOKafkaClient(**kafka_options(settings))
@@ -146,21 +175,35 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "super.users": "User:ANONYMOUS"}).start()
     try:
         admin = Settings(bootstrap_servers=broker.bootstrap_servers, work_dir=tmp_path / "work")
+        admin = admin.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}]).priority_classes,
+                                          "default_priority_class": "default"})
         await ensure_topics(admin)
         host = admin.model_copy(update={"bootstrap_servers": broker.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",
                                         "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": broker.scram_user,
                                         "sasl_password": SecretStr(broker.scram_password)})
-        topic, me = admin.events_topic, f"User:{broker.scram_user}"
+        me = f"User:{broker.scram_user}"
+        topics = [rule.topic for rule in recipe(host)]
+        assert topics == ["adapterd.requests", "adapterd.requests.urgent", "adapterd.claims", "adapterd.events", "adapterd.dlq", "adapterd.control"]
         assert await _acls(host) == Check("acls", None, f"{me} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may "
-                                                        f"write {topic} is not known here (kafka-acls --list --topic {topic})")
+                                                        f"write {', '.join(topics)} is not known here (kafka-acls --list --topic TOPIC)")
         await _create_acls(admin, (CLUSTER, "kafka-cluster", LITERAL, me, DESCRIBE, acls.ALLOW))
-        refused = await _acls(host)
-        assert refused.ok is False and refused.detail.startswith(f"{me} may not write {topic}: its events would be refused"), refused
-        await _create_acls(admin, (acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW),
-                           (acls.TOPIC, "adapterd.", PREFIXED, "User:pipeline", acls.ALL, acls.ALLOW))
-        assert await _acls(host) == Check("acls", True, f"{me} may write {topic}; besides it: User:pipeline")
+        refused = await _acls_applied(host, lambda check: check.ok is not None)
+        assert refused.ok is False and refused.detail.startswith(f"{me} may not write what the fleet writes"), refused
+        assert f"adapterd.claims: {me} may not (kafka-acls --add --allow-principal {me}" in refused.detail, refused
+        # The recipe: the fleet writes its topics; producers the requests topic (and here, directly, the urgent class's).
+        await _create_acls(admin, *[(acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW) for topic in topics[:-1]],
+                           (acls.TOPIC, "adapterd.requests", PREFIXED, "User:pipeline", acls.WRITE, acls.ALLOW),
+                           (acls.TOPIC, "adapterd.control", LITERAL, "User:ops", acls.WRITE, acls.ALLOW))
+        assert await _acls_applied(host, lambda check: "User:ops" in check.detail) == Check("acls", True, (
+            f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also User:pipeline; "
+            "adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; adapterd.events: the fleet alone; "
+            "adapterd.dlq: the fleet alone; adapterd.control: User:ops"))
+        # A producer let write the claims topic: said, by name, against the recipe.
+        await _create_acls(admin, (acls.TOPIC, "adapterd.claims", LITERAL, "User:pipeline", acls.WRITE, acls.ALLOW))
+        open_claims = await _acls_applied(host, lambda check: check.warn)
+        assert open_claims.ok and open_claims.warn and "adapterd.claims: also User:pipeline; the recipe: the fleet alone" in open_claims.detail
         await _create_acls(admin, (acls.TOPIC, "*", LITERAL, acls.ANYONE, acls.WRITE, acls.ALLOW))
-        anyone = await _acls(host)
-        assert anyone.warn and anyone.ok and f"{me} may write {topic}, and so may anyone (User:*)" in anyone.detail
+        anyone = await _acls_applied(host, lambda check: "anyone" in check.detail)
+        assert anyone.warn and anyone.ok and "adapterd.events: anyone (User:*); the recipe: the fleet alone" in anyone.detail
     finally:
         broker.stop()

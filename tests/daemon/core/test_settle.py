@@ -5,6 +5,7 @@ and test_packing.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -58,7 +59,7 @@ async def test_a_retrying_job_goes_back_signed_for_its_next_attempt_then_is_comm
     settler, runner, record = settler_and_runner(core, 4)
     event = runner.events.event(Retrying, code="hub_unavailable", message="503", stage="push", max_attempts=3)
     before = time.time()
-    assert await settler.settle(core.tp, record, runner, event, None if queue is None else lambda: "requests.urgent")
+    assert await settler.settle(core.tp, record, runner, event, None if queue is None else lambda retry: dataclasses.replace(retry, topic=queue))
 
     [again] = core.producer.on(queue or core.settings.requests_topic)
     assert again.value == record.value

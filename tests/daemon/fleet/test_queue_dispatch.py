@@ -1,0 +1,124 @@
+"""The dispatcher's decisions on the in-memory fakes (issue 61): a flood of undecodable records in a class's
+queue is dead-lettered where it is, a window at a time, costing no claim and no rejoin, and the valid
+request behind it is claimed, signed by the fleet; a backdated record does not go first. Milliseconds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.jobs import FleetJobs
+from daemon.fleet.moves import Move, Mover
+from daemon.settings import Settings
+from schemas.signing import new_key_pair
+from tests.core import CoreOnFakes
+from tests.daemon.fleet.test_fleet_queues import CLASSES, TP, WindowConsumer
+from tests.fakes import FakeRecord
+from tests.helpers import sft_request
+
+CLAIMS = TopicPartition("adapterd.claims", 0)
+
+
+class QueueConsumer(WindowConsumer):
+    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and its group's joins and leaves."""
+
+    def __init__(self, records: list[FakeRecord]) -> None:
+        super().__init__(records)
+        self.joins = self.leaves = 0
+
+    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
+        self.joins += 1
+
+    def unsubscribe(self) -> None:
+        self.leaves += 1
+
+
+class RecordingMover(Mover):
+    """The moves, kept instead of sent: each one's copies signed as the real producer's would be."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.moves: list[Move] = []
+
+    async def move(self, move: Move) -> int | None:
+        self.moves.append(move)
+        return len(self.moves) if move.copies else None
+
+    def claims(self) -> list[tuple[str | None, list[tuple[str, bytes]]]]:
+        return [(copy.record.key.decode() if copy.record.key else None, self._signed(copy))
+                for move in self.moves for copy in move.copies if copy.topic == CLAIMS.topic]
+
+
+@pytest.fixture
+def fleet_settings(tmp_path: Path) -> Settings:
+    key = tmp_path / "event-signing-key.pem"
+    key.write_bytes(new_key_pair()[0])
+    settings = Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", priority_classes=CLASSES, default_priority_class="default",
+                        claims_topic=CLAIMS.topic, event_signing_key_file=key)
+    assert settings.class_topics["batch"] == TP.topic
+    return settings
+
+
+def dispatcher_over(settings: Settings, records: list[FakeRecord]) -> tuple[Dispatcher, RecordingMover, CoreOnFakes, QueueConsumer]:
+    core = CoreOnFakes(settings)
+    core.consumer.committed[CLAIMS] = 0  # this host's one claims partition
+    mover = RecordingMover(settings)
+    dispatcher = Dispatcher(settings, core.scheduler, FleetJobs(settings, mover, core.scheduler.retries, core.scheduler), core.partitions,
+                            mover, core.intake)
+    batch = QueueConsumer(records)
+    # Each queue built again over its fake consumer, so that its partitions and its reader poll the fake too.
+    dispatcher.queues = [replace(queue, consumer=batch if queue.topic == TP.topic else QueueConsumer([]), subscribed=True, joined=True)  # type: ignore[arg-type]
+                         for queue in dispatcher.queues]
+    return dispatcher, mover, core, batch
+
+
+async def turns(dispatcher: Dispatcher, until: Callable[[], bool], most: int = 50) -> int:
+    for number in range(1, most + 1):
+        await dispatcher.turn()
+        if until():
+            return number
+    raise AssertionError("never got there")
+
+
+def valid(offset: int, request_id: str, timestamp: int = 1_765_000_000_000) -> FakeRecord:
+    body = json.dumps(sft_request(request_id, priority_class="batch")).encode()
+    return FakeRecord(TP.topic, 0, offset, request_id.encode(), body, timestamp=timestamp)
+
+
+async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_time_and_the_valid_one_behind_it_is_claimed(
+    fleet_settings: Settings,
+) -> None:
+    flood = [FakeRecord(TP.topic, 0, offset, b"flood", b"not a request %d" % offset) for offset in range(200)]
+    dispatcher, mover, core, batch = dispatcher_over(fleet_settings, [*flood, valid(200, "after-flood")])
+    taken = await turns(dispatcher, lambda: bool(mover.claims()))
+    assert [key for key, _ in mover.claims()] == ["after-flood"]  # not one claim for the 200
+    [(_, headers)] = mover.claims()
+    sealed = mover.seal.read(CLAIMS.topic, CLAIMS.partition, b"after-flood", valid(200, "after-flood").value, headers)
+    assert sealed.priority_class == "batch" and sealed.partition == CLAIMS.partition
+    letters = core.dead_letters()
+    assert len(letters) == 200 and {letter.header("adapterd-reason") for letter in letters} == {b"not_json"}
+    assert [event["reason"] for event in core.events() if event["type"] == "rejected"] == ["not_json"] * 200
+    # One transaction a window commits past its rejected records, writing nothing; then the claim.
+    assert [len(move.copies) for move in mover.moves] == [0] * 7 + [1] and taken <= 8
+    assert batch.joins == 0 and batch.leaves <= 1  # no rejoin for them: the host left once, full with the valid one
+
+
+async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(fleet_settings: Settings) -> None:
+    dispatcher, mover, _, batch = dispatcher_over(fleet_settings, [valid(0, "on-time")])
+    reads = iter([1_765_000_000.0, 1_765_000_001.0])
+    dispatcher.arrivals.clock = lambda: next(reads)  # this host's first read of each (a topic made by hand: CreateTime)
+    for queue in dispatcher.queues:
+        queue.joined = False  # a turn right after joining only reads
+    await dispatcher.turn()
+    assert not mover.moves and [h.request_id for h in dispatcher.queues[2].heads()] == ["on-time"]
+    batch.records.append(valid(1, "backdated", timestamp=0))  # its producer's clock says 1970
+    for queue in dispatcher.queues:
+        queue.joined = True
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    assert [key for key, _ in mover.claims()] == ["on-time"]
