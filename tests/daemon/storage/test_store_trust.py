@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,7 +75,7 @@ def plant(store: CheckpointStore, request_id: str, step: int, files: dict[str, b
 
     for name, data in files.items():
         put(store, store.path(request_id, f"checkpoint-{step}", name), data)
-    document = manifest or {"step": step, "host": "intruder", "written_at": 1.0,
+    document = manifest or {"step": step, "host": "intruder", "written_at": time.time(),  # fresh: retention leaves it
                             "files": {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}}
     raw = seal(signing, "manifest", request_id, step, document) if signing else json.dumps(document).encode()
     put(store, store.path(request_id, f"checkpoint-{step}", MANIFEST), raw)
