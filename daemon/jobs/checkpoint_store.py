@@ -12,7 +12,9 @@ answers with it rather than training it again (the journal that says so is on th
 The store is a trust boundary (daemon/jobs/store_documents.py): the manifest and succeeded.json are
 signed by the fleet and verified before use; a manifest's names are paths inside its checkpoint's
 folder, checked before any download; no link is followed in a shared folder, nor written through on
-this host; and what a manifest lists is bounded (`checkpoint_store_max_bytes`, the disk's free space).
+this host (daemon/jobs/store_download.py); and what a manifest lists is bounded
+(`checkpoint_store_max_bytes`, the disk's free space). Removing a request's checkpoints never
+follows a link either: what a link names, elsewhere, is never emptied.
 
 Blocking (fsspec's calls are); the daemon runs these in worker threads (daemon/jobs/uploads.py).
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from daemon.errors import AdapterdError
-from daemon.jobs.checkpoint_files import CHECKPOINT, bounded_copy, checkpoint_files, remove_folder, sha256, write_new
+from daemon.jobs.checkpoint_files import CHECKPOINT, checkpoint_files, sha256
 from daemon.jobs.store_documents import MAX_DOCUMENT_BYTES, Kind, StoreSigning, Untrusted, listed_files, safe_name, seal, skipped, unseal
 from schemas.common import REQUEST_ID_PATTERN
 
@@ -40,7 +41,6 @@ SUCCEEDED = "succeeded.json"  # beside a succeeded request's (removed) checkpoin
 REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 DEFAULT_MAX_BYTES = 200 * 10**9  # checkpoint_store_max_bytes' default: a full fine-tune's optimizer state of a 7B model fits
 LOOKED_AT = 64  # a request's newest checkpoints read for a whole one: a store cannot make a host read a million manifests
-FREE_MARGIN = 2**30  # left free on the job's disk by a download
 # Whatever a store's backend raises (s3fs, gcsfs and adlfs let their clients' own errors through) is a StoreError here:
 # a store that fails must leave the job going on, not end it.
 
@@ -84,7 +84,7 @@ class CheckpointStore:
     def _url(self, *parts: str) -> str:
         return "/".join([self.url, *parts])
 
-    def _no_link(self, *parts: str) -> str:
+    def checked_path(self, *parts: str) -> str:
         """The path of `parts`, or Untrusted("link") when a shared folder's path to it passes a link
         (the request's folder, the checkpoint's, or any of the file's): what a link names is
         outside what the fleet wrote. The store's own root may lie under links the operator made."""
@@ -95,7 +95,7 @@ class CheckpointStore:
 
     def _read_document(self, kind: Kind, request_id: str, step: int | None, *parts: str) -> dict[str, Any]:
         """A signed document of the store, verified for `kind` of `request_id` at `step`; bounded in size."""
-        raw = self.fs.cat_file(self._no_link(request_id, *parts), start=0, end=MAX_DOCUMENT_BYTES + 1)
+        raw = self.fs.cat_file(self.checked_path(request_id, *parts), start=0, end=MAX_DOCUMENT_BYTES + 1)
         return unseal(self.signing.keys, kind, request_id, step, raw)
 
     def upload(self, request_id: str, folder: Path, step: int) -> Manifest:
@@ -125,7 +125,7 @@ class CheckpointStore:
         this request and step, every file at its size), newest first; a partial one (no manifest, a
         file missing or of another size) is left out, and one not to be trusted is said and left out."""
         try:
-            entries = self.fs.ls(self._no_link(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
+            entries = self.fs.ls(self.checked_path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
         except Untrusted as exc:
             skipped(exc, "manifest", request_id, None, self._url(request_id))
             return []
@@ -157,7 +157,7 @@ class CheckpointStore:
         files = listed_files(document, self.max_bytes)
         for relative, (size, _) in files.items():
             try:
-                info = self.fs.info(self._no_link(request_id, name, relative))
+                info = self.fs.info(self.checked_path(request_id, name, relative))
             except FileNotFoundError:
                 return None
             except Untrusted:
@@ -172,38 +172,10 @@ class CheckpointStore:
         return Manifest(step, self._url(request_id, name), files, float(written_at) if isinstance(written_at, int | float) else 0.0)
 
     def download(self, request_id: str, manifest: Manifest, checkpoints: Path) -> Path:
-        """The checkpoint into `checkpoints/checkpoint-<step>`, each file checked against its sha256 as
-        it is read (never more than its listed size); a StoreError when one does not match, is not to
-        be trusted or does not fit the disk (nothing is left behind then)."""
-        name = f"checkpoint-{manifest.step}"
-        partial = checkpoints / f"{name}.partial"
-        remove_folder(partial)
-        needed = sum(size for size, _ in manifest.files.values())
-        try:
-            partial.mkdir(parents=True)
-            if shutil.disk_usage(partial).free < needed + FREE_MARGIN:
-                raise StoreError(f"{manifest.url}: {needed} bytes do not fit {checkpoints}'s disk with {FREE_MARGIN} left free")
-            for relative, (size, digest) in manifest.files.items():
-                target = partial.joinpath(*safe_name(relative).split("/"))  # checked again: a Manifest can be made by hand
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with self.fs.open(self._no_link(request_id, name, relative), "rb") as source:
-                    copied = bounded_copy(source, write_new(target), size)
-                if copied != (size, digest):
-                    raise StoreError(f"{manifest.url}/{relative} does not match its manifest (size or sha256)")
-        except Untrusted as exc:
-            remove_folder(partial)
-            skipped(exc, "manifest", request_id, manifest.step, manifest.url)
-            raise StoreError(f"download of {manifest.url}: {exc}") from exc
-        except StoreError:
-            remove_folder(partial)
-            raise
-        except Exception as exc:
-            remove_folder(partial)
-            raise StoreError(f"download of {manifest.url}: {exc}") from exc
-        target = checkpoints / name
-        remove_folder(target)
-        os.replace(partial, target)
-        return target
+        """The checkpoint into `checkpoints/checkpoint-<step>` (daemon/jobs/store_download.py)."""
+        from daemon.jobs.store_download import download  # it builds on this module's names
+
+        return download(self, request_id, manifest, checkpoints)
 
     def mark_succeeded(self, request_id: str, event: dict[str, Any]) -> None:
         """The request's `succeeded` event, signed, for any host it is delivered to again (a duplicate is answered with it)."""
@@ -230,12 +202,16 @@ class CheckpointStore:
             raise StoreError(f"reading {SUCCEEDED} of {request_id} in {self.url}: {exc}") from exc
 
     def remove_checkpoints(self, request_id: str) -> int:
-        """Every checkpoint of the request (its `succeeded` stays); how many there were."""
+        """Every checkpoint of the request (its `succeeded` stays); how many there were. A request's
+        folder that is a link is removed as a link: what it names, elsewhere, is never emptied."""
         try:
+            if self._is_link(self.path(request_id)):
+                self._rm(self.path(request_id))
+                return 0
             entries = self.fs.ls(self.path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
             folders = [entry for entry in entries if CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1])]
             for folder in folders:
-                self.fs.rm(folder, recursive=True)
+                self._rm(folder)
         except Exception as exc:
             raise StoreError(f"removing the checkpoints of {request_id} from {self.url}: {exc}") from exc
         return len(folders)
@@ -244,10 +220,20 @@ class CheckpointStore:
         """A request's checkpoints in the store (all of them, or the one of `step`)."""
         path = self.path(request_id) if step is None else self.path(request_id, f"checkpoint-{step}")
         try:
-            if self.fs.exists(path):
-                self.fs.rm(path, recursive=True)
+            if self._is_link(path) or self.fs.exists(path):
+                self._rm(path)
         except Exception as exc:
             raise StoreError(f"removing {path} from {self.url}: {exc}") from exc
+
+    def _is_link(self, path: str) -> bool:
+        return self._links and os.path.islink(path)
+
+    def _rm(self, path: str) -> None:
+        """`path` and what is under it; a link in a shared folder is removed itself, never followed."""
+        if self._is_link(path):
+            os.unlink(path)
+        else:
+            self.fs.rm(path, recursive=True)  # a shared folder's: shutil.rmtree, which removes links inside, never follows them
 
     def requests(self) -> list[str]:
         """The request ids with anything in the store."""
@@ -256,6 +242,5 @@ class CheckpointStore:
                 return []
             names = (entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False))
             return sorted(name for name in names if REQUEST_ID.fullmatch(name))  # no other name is a request's, nor '.' or '..'
-
         except Exception as exc:
             raise StoreError(f"listing {self.url}: {exc}") from exc

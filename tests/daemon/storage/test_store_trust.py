@@ -204,9 +204,15 @@ def test_a_link_in_a_shared_folder_store_is_never_followed(fleet: StoreSigning, 
     before = untrusted("link")
     assert [manifest.step for manifest in store.complete("req")] == [5]
     assert untrusted("link") == before + 2
-    # A request's whole folder as a link: nothing of it is read.
+    # A request's whole folder as a link: nothing of it is read, and removing it removes the link alone.
     os.symlink(root, tmp_path / "shared" / "linked")
     assert store.complete("linked") == [] and untrusted("link") == before + 3
+    assert store.remove_checkpoints("linked") == 0 and not (tmp_path / "shared" / "linked").exists()
+    os.symlink(root, tmp_path / "shared" / "linked")
+    store.remove("linked")
+    (root / "checkpoint-7").symlink_to(tmp_path / "outside")  # a checkpoint folder that is a link: removed as a link
+    assert store.remove_checkpoints("req") == 4
+    assert not (tmp_path / "shared" / "linked").exists() and (tmp_path / "outside" / "optimizer.pt").exists() and secret.exists()
 
 
 def test_a_download_never_writes_through_a_link_on_the_host(store: CheckpointStore, tmp_path: Path) -> None:
