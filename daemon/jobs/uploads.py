@@ -38,11 +38,19 @@ log = structlog.get_logger()
 Where = Literal["local", "store"]
 
 
+# The store's keys by the settings that name them: read once per process (a rotated key comes with a restart).
+_SIGNING: dict[tuple[object, ...], StoreSigning | None] = {}
+
+
 def store_signing(settings: Settings) -> StoreSigning | None:
     """The fleet's key that signs what this host writes to the store, and the keys it trusts there
-    (those it trusts on events); None without a signing key."""
-    signer, keys = event_signer(settings), event_keys(settings)
-    return None if signer is None or keys is None else StoreSigning(signer, keys)
+    (those it trusts on events); None without a signing key. Read once per process and key files:
+    each job opens the store on the event loop, which reads no file for it."""
+    names = (settings.event_signing_key_file, tuple(settings.event_verify_keys), settings.event_verify_keys_file)
+    if names not in _SIGNING:
+        signer, keys = event_signer(settings), event_keys(settings)
+        _SIGNING[names] = None if signer is None or keys is None else StoreSigning(signer, keys)
+    return _SIGNING[names]
 
 
 def store_of(settings: Settings) -> CheckpointStore | None:
