@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from daemon.jobs.checkpoint_store import StoreError
+from daemon.jobs.store_download import download
 from daemon.jobs.uploads import store_of, store_signing
 from daemon.settings import Settings
 
@@ -44,7 +45,7 @@ def store_check(settings: Settings) -> Found:
             read_back = store.complete(probe)
             if [manifest.step for manifest in read_back] != [1]:
                 return False, f"{store.url}: the manifest this host wrote does not verify when read back (the log says why)", False
-            store.download(probe, read_back[0], Path(folder) / "downloaded")
+            download(store, probe, read_back[0], Path(folder) / "downloaded")
     except StoreError as exc:
         return False, f"{store.url}: the probe checkpoint could not be read back whole: {exc}", False
     finally:

@@ -171,12 +171,6 @@ class CheckpointStore:
         written_at = document.get("written_at")
         return Manifest(step, self._url(request_id, name), files, float(written_at) if isinstance(written_at, int | float) else 0.0)
 
-    def download(self, request_id: str, manifest: Manifest, checkpoints: Path) -> Path:
-        """The checkpoint into `checkpoints/checkpoint-<step>` (daemon/jobs/store_download.py)."""
-        from daemon.jobs.store_download import download  # it builds on this module's names
-
-        return download(self, request_id, manifest, checkpoints)
-
     def mark_succeeded(self, request_id: str, event: dict[str, Any]) -> None:
         """The request's `succeeded` event, signed, for any host it is delivered to again (a duplicate is answered with it)."""
         try:

@@ -29,6 +29,7 @@ from daemon.jobs.checkpoint_store import CheckpointStore, StoreError
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.store_documents import StoreSigning
+from daemon.jobs.store_download import download
 from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
 from schemas.events import Checkpoint
@@ -83,7 +84,7 @@ def fetch(store: CheckpointStore | None, request_id: str, checkpoints: Path) -> 
                 if newest_local is not None and manifest.step <= newest_local:
                     break
                 try:
-                    store.download(request_id, manifest, checkpoints)
+                    download(store, request_id, manifest, checkpoints)
                 except StoreError as exc:
                     log.warning("checkpoint_store.skipped", request_id=request_id, step=manifest.step, error=str(exc))
                     continue

@@ -19,6 +19,7 @@ from daemon.jobs.checkpoint_store import MANIFEST, CheckpointStore, StoreError
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
 from daemon.jobs.store_documents import StoreSigning
+from daemon.jobs.store_download import download
 from daemon.jobs.store_retention import RECENT_S, prune_store
 from daemon.jobs.uploads import CheckpointUploads, fetch, store_signing
 from daemon.kafka.publisher import Publisher
@@ -89,7 +90,7 @@ def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(store
     assert manifest.step == 10 and set(manifest.files) == {"adapter_model.safetensors", "nested/optimizer.pt", "trainer_state.json"}
     assert manifest.url.endswith("/req-1/checkpoint-10")
 
-    resumed = store.download("req-1", manifest, tmp_path / "host-b" / "checkpoints")
+    resumed = download(store, "req-1", manifest, tmp_path / "host-b" / "checkpoints")
     for file in saved.rglob("*"):
         if file.is_file():
             assert (resumed / file.relative_to(saved)).read_bytes() == file.read_bytes()
@@ -126,7 +127,7 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_one_before_it(s3_store: Checkpo
     store.fs.pipe_file(f"{store.root}/req-3/checkpoint-10/adapter_model.safetensors", b"x" * 1000)
     [newest, _] = store.complete("req-3")
     with pytest.raises(StoreError, match="does not match its manifest"):
-        store.download("req-3", newest, tmp_path / "probe")
+        download(store, "req-3", newest, tmp_path / "probe")
     assert not (tmp_path / "probe" / "checkpoint-10").exists() and not (tmp_path / "probe" / "checkpoint-10.partial").exists()
 
     checkpoints = tmp_path / "host-b"

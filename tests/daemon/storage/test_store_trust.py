@@ -22,6 +22,7 @@ from daemon.jobs import store_documents
 from daemon.jobs.checkpoint_files import bounded_copy, local_checkpoints, write_new
 from daemon.jobs.checkpoint_store import MANIFEST, SUCCEEDED, CheckpointStore, Manifest, StoreError
 from daemon.jobs.store_documents import StoreSigning, seal
+from daemon.jobs.store_download import download
 from daemon.jobs.uploads import fetch, store_signing
 from daemon.settings import Settings
 from tests.conftest import S3_CREDENTIALS
@@ -110,7 +111,7 @@ def test_a_manifest_naming_a_path_outside_its_checkpoint_is_skipped_even_signed(
 def test_a_download_checks_names_before_it_writes_anything(store: CheckpointStore, tmp_path: Path) -> None:
     forged = Manifest(3, store.url + "/req/checkpoint-3", {"../../planted.pth": (3, "0" * 64)}, 0.0)
     with pytest.raises(StoreError, match="unsafe_name"):
-        store.download("req", forged, tmp_path / "checkpoints")
+        download(store, "req", forged, tmp_path / "checkpoints")
     nothing_planted(tmp_path)
     assert local_checkpoints(tmp_path / "checkpoints") == {}
 
@@ -223,7 +224,7 @@ def test_a_download_never_writes_through_a_link_on_the_host(store: CheckpointSto
     checkpoints.mkdir(parents=True)
     (checkpoints / "checkpoint-5.partial").symlink_to(outside)  # left where the download writes
     [manifest] = store.complete("req")
-    resumed = store.download("req", manifest, checkpoints)
+    resumed = download(store, "req", manifest, checkpoints)
     assert list(outside.iterdir()) == [] and not resumed.is_symlink()
     assert (resumed / "nested" / "optimizer.pt").read_bytes() == b"o" * 500
 
