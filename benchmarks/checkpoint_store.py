@@ -13,6 +13,7 @@ that arithmetic for a 7B adapter.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -26,12 +27,23 @@ from typing import Any
 os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
 
 
+@functools.cache
+def fleet_signing() -> Any:
+    """A key of the uploader's own, made once: the manifest is signed as the daemon signs it (any key costs the same)."""
+    from daemon.jobs.store_documents import StoreSigning
+    from schemas.signing import EventKeys, EventSigner, new_key_pair, read_private_key
+
+    signer = EventSigner(read_private_key(new_key_pair()[0]))
+    return StoreSigning(signer, EventKeys([signer.public]))
+
+
 def upload(url: str, options: dict[str, Any], folder: str, step: int) -> tuple[float, int]:
-    """In the uploader process: one checkpoint's files and manifest; its seconds and bytes."""
+    """In the uploader process: one checkpoint's files and its signed manifest; its seconds and bytes."""
     from daemon.jobs.checkpoint_store import CheckpointStore
 
+    signing = fleet_signing()
     started = time.perf_counter()
-    manifest = CheckpointStore(url, options).upload("bench", Path(folder), step)
+    manifest = CheckpointStore(url, options, signing=signing).upload("bench", Path(folder), step)
     return time.perf_counter() - started, sum(size for size, _ in manifest.files.values())
 
 

@@ -161,7 +161,8 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         # The topic the daemons' group reads (ensure_topics made it, and the class queues): the claims with classes.
         group_partitions = len(await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic))
         # One checkpoint store for the fleet (a shared folder here): a job preempted on one host resumes on any other.
-        settings = settings.model_copy(update={"checkpoint_store": str(settings.work_dir / "checkpoint-store")})
+        settings = settings.model_copy(update={"checkpoint_store": str(settings.work_dir / "checkpoint-store"),
+                                               "event_signing_key_file": env.fleet_key()})  # the key signs what hosts write to the store
         hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
                                              "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
         # Each daemon stands for a host of its own: its jobs get their share of this machine's cores, as a host's get

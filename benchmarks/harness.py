@@ -28,6 +28,7 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
+from schemas.signing import new_key_pair
 from testbed.data import HUB_TOKEN
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
@@ -109,6 +110,13 @@ class Environment:
         settings = Settings(**fields)
         await ensure_topics(settings, partitions=partitions)
         return settings
+
+    def fleet_key(self) -> Path:
+        """The fleet's event-signing key, made once: settings with a checkpoint store need it (it signs what hosts write there)."""
+        path = self.root / "fleet-signing-key.pem"
+        if not path.exists():
+            path.write_bytes(new_key_pair()[0])
+        return path
 
     def daemon(self, settings: Settings) -> DaemonProcess:
         return DaemonProcess(settings, settings.work_dir.with_suffix(".log")).start()

@@ -73,7 +73,8 @@ async def soak(
     rng = random.Random(seed)
     env = Environment.start()
     try:
-        store = ({"checkpoint_store": "s3://soak/checkpoints", "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": store_endpoint}}}}
+        store = ({"checkpoint_store": "s3://soak/checkpoints", "event_signing_key_file": env.fleet_key(),
+                  "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": store_endpoint}}}}
                  if store_endpoint else {})
         settings = await env.settings(partitions=partitions, job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN,
                                       max_attempts=3, retry_backoff_s=1, **store)

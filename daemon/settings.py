@@ -133,6 +133,15 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         return self
 
     @model_validator(mode="after")
+    def _signed_store(self) -> Settings:
+        """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/jobs/store_documents.py): without the key
+        a host could neither sign what it writes there nor tell the fleet's checkpoints from anyone's."""
+        if self.checkpoint_store is not None and self.event_signing_key_file is None:
+            raise ValueError("checkpoint_store needs event_signing_key_file: the fleet's key signs each checkpoint's manifest and "
+                             "succeeded.json, and a host trusts nothing in the store it did not sign (`adapterd keys` makes one)")
+        return self
+
+    @model_validator(mode="after")
     def _classes(self) -> Settings:
         names = [c.name for c in self.priority_classes]
         if len(set(names)) != len(names):

@@ -69,9 +69,13 @@ class WorkSettings(BaseModel):
     job_retention_count: int = Field(500, ge=1, description="The most job folders kept; beyond it the least recently changed go first.")
     checkpoint_store: str | None = Field(None, description=(
         "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., az://container/prefix or "
-        "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials. "
+        "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials; "
+        "needs event_signing_key_file, whose key signs what the fleet writes there. "
         "Unset: checkpoints stay on this host's disk (daemon/jobs/checkpoint_store.py)."))
     checkpoint_store_keep: int = Field(2, ge=1, description="Complete checkpoints of one request kept in the store; older ones go after each upload.")
+    checkpoint_store_max_bytes: int = Field(200 * 10**9, ge=1, description=(
+        "The most bytes one checkpoint in the store may list (all its files): a larger one is not downloaded, nor one that "
+        "would leave less than 1 GiB free on work_dir's disk. A checkpoint store needs event_signing_key_file (docs/guarantees.md)."))
 
     @field_validator("checkpoint_store")
     @classmethod

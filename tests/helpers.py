@@ -59,6 +59,18 @@ async def all_succeed(settings: Settings, requests: dict[str, dict[str, Any]], d
     return done
 
 
+def fleet_key(folder: Path) -> Path:
+    """A fleet's event-signing key (PEM) in `folder`, made once: what settings with a checkpoint store
+    need (it signs what the fleet writes there, docs/guarantees.md)."""
+    from schemas.signing import new_key_pair
+
+    path = folder / "fleet-signing-key.pem"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(new_key_pair()[0])
+    return path
+
+
 def sft_request(request_id: str, **overrides: Any) -> dict[str, Any]:
     """A small SFT request on the published tiny model and chat dataset; 4 steps."""
     request: dict[str, Any] = {

@@ -55,6 +55,7 @@ def exported_metrics() -> bytes:
     metrics.JOB_MEMORY_PEAK.labels("sft")
     metrics.JOB_MEMORY_RATIO.labels("sft")
     metrics.QUEUE_WAITING.labels("batch")
+    metrics.STORE_UNTRUSTED.labels("unsigned")
     return generate_latest()
 
 

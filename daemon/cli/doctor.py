@@ -2,7 +2,8 @@
 
 What an operator otherwise learns only from a job that fails after training: a broker it cannot
 reach, a topic nobody created, a Hub token that is wrong or cannot write where requests push, no
-GPU, a work folder it cannot write or a disk nearly full. Each check says what it found; a check
+GPU, a work folder it cannot write or a disk nearly full, a checkpoint store it cannot reach, write or
+verify what it wrote there. Each check says what it found; a check
 that fails says what to do. The settings themselves are checked by loading them (exit 2 on a bad
 one, as `run` does). Run it when a host is set up or changed (deploy/README.md), not from the unit's
 `ExecStartPre=`: a Hub or broker outage would then keep every host from starting, where a running
@@ -23,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabled
 
 from daemon.admission.grants import Grants
+from daemon.cli.store_check import store_check
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acl_recipe import recipe, verdict
@@ -59,8 +61,9 @@ async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
+    store = Check("store", *await asyncio.to_thread(store_check, settings))
     return [kafka, topics, acls, _events(settings), _teams(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings),
-            _daemon(settings)]
+            store, _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:

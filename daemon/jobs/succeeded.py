@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from pydantic import ValidationError
 from structlog.typing import FilteringBoundLogger
 
 from daemon import executors
@@ -75,15 +76,19 @@ async def earlier_success(
     request: RequestBase, settings: Settings, journal: Journal, uploads: CheckpointUploads, events: JobEvents, log: FilteringBoundLogger,
 ) -> Succeeded | None:
     """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
-    from this host's journal, the checkpoint store (an attempt on another host), or the Hub
-    commit that records the request id."""
+    from this host's journal, the checkpoint store (an attempt on another host; only what the fleet
+    signed there for this request), or the Hub commit that records the request id."""
     recorded, found_in = journal.read().get("succeeded"), "journal"
     if recorded is None:
         recorded, found_in = await uploads.earlier_success(), "store"
     if recorded is not None:
-        earlier = Succeeded.model_validate(recorded)
-        log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
-        return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **events.common(), "duplicate": True})
+        try:
+            earlier = Succeeded.model_validate(recorded)
+        except ValidationError as exc:  # signed, yet no event of this schema (another version's): never a reason to fail the request
+            log.warning("job.earlier_success_unreadable", found_in=found_in, error=str(exc)[:500])
+        else:
+            log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
+            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **events.common(), "duplicate": True})
     found = await executors.run("hub", hub_push.find_commit, request, settings)
     if found is None:
         return None

@@ -24,9 +24,13 @@ from typing import Any, Literal
 
 import structlog
 
-from daemon.jobs.checkpoint_store import CheckpointStore, StoreError, local_checkpoints
+from daemon.jobs.checkpoint_files import local_checkpoints
+from daemon.jobs.checkpoint_store import CheckpointStore, StoreError
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
+from daemon.jobs.store_documents import StoreSigning
+from daemon.jobs.store_download import download
+from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
 from schemas.events import Checkpoint
 
@@ -35,12 +39,33 @@ log = structlog.get_logger()
 Where = Literal["local", "store"]
 
 
+# The store's keys by the settings that name them: read once per process (a rotated key comes with a restart).
+_SIGNING: dict[tuple[object, ...], StoreSigning | None] = {}
+
+
+def store_signing(settings: Settings) -> StoreSigning | None:
+    """The fleet's key that signs what this host writes to the store, and the keys it trusts there
+    (those it trusts on events); None without a signing key. Read once per process and key files:
+    each job opens the store on the event loop, which reads no file for it."""
+    names = (settings.event_signing_key_file, tuple(settings.event_verify_keys), settings.event_verify_keys_file)
+    if names not in _SIGNING:
+        signer, keys = event_signer(settings), event_keys(settings)
+        _SIGNING[names] = None if signer is None or keys is None else StoreSigning(signer, keys)
+    return _SIGNING[names]
+
+
 def store_of(settings: Settings) -> CheckpointStore | None:
-    """The host's checkpoint store, None without one (or one fsspec cannot open: said, and jobs go on locally)."""
+    """The host's checkpoint store, None without one (or one fsspec cannot open, or, past the
+    settings' own check, no key to sign and verify it by: said, and jobs go on locally)."""
     if settings.checkpoint_store is None:
         return None
+    signing = store_signing(settings)
+    if signing is None:  # settings refuse this at start; a copy of them made in code is not validated again
+        log.warning("checkpoint_store.unsigned", error="checkpoint_store without event_signing_key_file: the store is not used")
+        return None
     try:
-        return CheckpointStore(settings.checkpoint_store, settings.dataset_storage_options, host=settings.host)
+        return CheckpointStore(settings.checkpoint_store, settings.dataset_storage_options, host=settings.host,
+                               signing=signing, max_bytes=settings.checkpoint_store_max_bytes)
     except StoreError as exc:
         log.warning("checkpoint_store.unusable", error=str(exc))
         return None
@@ -59,7 +84,7 @@ def fetch(store: CheckpointStore | None, request_id: str, checkpoints: Path) -> 
                 if newest_local is not None and manifest.step <= newest_local:
                     break
                 try:
-                    store.download(request_id, manifest, checkpoints)
+                    download(store, request_id, manifest, checkpoints)
                 except StoreError as exc:
                     log.warning("checkpoint_store.skipped", request_id=request_id, step=manifest.step, error=str(exc))
                     continue
@@ -71,7 +96,8 @@ def fetch(store: CheckpointStore | None, request_id: str, checkpoints: Path) -> 
 
 
 def snapshot(folder: Path, into: Path) -> Path:
-    """`folder`'s files hard-linked under `into` (copied where links cannot be made): the upload reads these."""
+    """`folder`'s files hard-linked under `into` (copied where links cannot be made): the upload reads
+    these. A symbolic link stays one (the upload leaves it out), never followed to what it names."""
     shutil.rmtree(into, ignore_errors=True)
     into.parent.mkdir(parents=True, exist_ok=True)
 
@@ -81,7 +107,7 @@ def snapshot(folder: Path, into: Path) -> Path:
         except OSError:
             shutil.copy2(source, target)
 
-    shutil.copytree(folder, into, copy_function=link)
+    shutil.copytree(folder, into, symlinks=True, copy_function=link)
     return into
 
 

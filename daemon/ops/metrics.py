@@ -57,3 +57,7 @@ def rejected(reason: str) -> Counter:
     reasons are a closed set, so the cache stays small; REJECTED is never cleared, so the
     counter looked up stays the one exported."""
     return REJECTED.labels(reason)
+STORE_UNTRUSTED = Counter("adapterd_checkpoint_store_untrusted", (
+    "Documents and files read from the checkpoint store that were skipped, not used (docs/guarantees.md, 'Whom to trust'), by reason: "
+    "unsigned, unknown_key, bad_signature, malformed, misplaced (signed for another request, step or kind), unsafe_name, link, too_large."
+), ["reason"])

@@ -5,6 +5,7 @@ requests push), exit 0 on a host ready for work."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import submit, terminal_events
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
+from tests.helpers import fleet_key
 
 runner = CliRunner()
 CLUSTER, LITERAL, PREFIXED, READ, DESCRIBE = 4, 3, 4, 3, 8  # Kafka's resource, pattern and operation codes
@@ -56,7 +58,8 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "acls", "events", "teams", "hub", "gpus", "disk", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "events", "teams", "hub", "gpus", "disk", "store", "daemon"}
+    assert lines["store"].startswith("--") and "no" in lines["store"]  # none configured: nothing to check
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
     assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
@@ -72,6 +75,29 @@ def test_a_host_that_signs_its_events(settings: Settings, tmp_path: Path) -> Non
     assert lines["events"] == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
     _, reader = doctor(settings, event_verify_keys=[public])  # an operator's machine, or a host not yet given the key
     assert reader["events"].startswith("WARN") and "events go out unsigned, which readers holding keys ignore; trusts 1 key(s)" in reader["events"]
+
+
+def test_the_checkpoint_store_reachable_writable_and_what_this_host_wrote_verifies(settings: Settings, tmp_path: Path) -> None:
+    key = fleet_key(tmp_path)
+    store = tmp_path / "store"
+    store.mkdir(mode=0o755)
+    code, lines = doctor(settings, checkpoint_store=str(store), event_signing_key_file=key)
+    signer = EventSigner(read_private_key(key.read_bytes()))
+    assert lines["store"] == (f"ok   store   {store} reachable and writable; a manifest signed with key {signer.key_id} read back and verified")
+    assert list(store.iterdir()) == []  # the probe is gone
+    store.chmod(0o777)
+    _, lines = doctor(settings, checkpoint_store=str(store), event_signing_key_file=key)
+    assert lines["store"].startswith("WARN") and "writable by others" in lines["store"]
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    code, lines = doctor(settings, checkpoint_store=str(read_only), event_signing_key_file=key)
+    if os.geteuid() != 0:  # root writes anywhere
+        assert code == 1 and lines["store"].startswith("FAIL") and "not writable by this host" in lines["store"]
+
+
+def test_a_store_without_the_fleets_key_stops_the_doctor_as_it_stops_the_daemon(settings: Settings, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["doctor"], env=settings_environment(settings.model_copy(update={"checkpoint_store": str(tmp_path)})))
+    assert result.exit_code == 2 and "checkpoint_store needs event_signing_key_file" in result.output
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:

@@ -14,24 +14,27 @@ import pytest
 
 from daemon.jobs.checkpoint_store import CheckpointStore
 from daemon.jobs.journal import Journal
+from daemon.jobs.uploads import store_of
 from daemon.settings import Settings
 from handlers.protocol import CheckpointSaved, StageEntered, StoppedAtCheckpoint
 from tests.core import CoreOnFakes
 from tests.daemon.core.test_scheduler_core import RESULT, TRAINS
 from tests.daemon.storage.test_checkpoint_store import make_checkpoint
 from tests.fakes import FakeChildren, Script
-from tests.helpers import sft_request
+from tests.helpers import fleet_key, sft_request
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=2, progress_interval_s=0,
-                    checkpoint_store=str(tmp_path / "store"), drain_timeout_s=5.0)
+                    checkpoint_store=str(tmp_path / "store"), event_signing_key_file=fleet_key(tmp_path), drain_timeout_s=5.0)
 
 
 def store(settings: Settings) -> CheckpointStore:
-    assert settings.checkpoint_store is not None
-    return CheckpointStore(settings.checkpoint_store, {})
+    """The store as the daemon opens it: the fleet's key signs and verifies what is in it."""
+    opened = store_of(settings)
+    assert opened is not None
+    return opened
 
 
 async def start(core: CoreOnFakes, request_id: str = "r1") -> Any:

@@ -14,17 +14,20 @@ from typing import Any, cast
 
 import pytest
 
-from daemon.jobs.checkpoint_store import MANIFEST, CheckpointStore, StoreError, local_checkpoints
+from daemon.jobs.checkpoint_files import local_checkpoints
+from daemon.jobs.checkpoint_store import MANIFEST, CheckpointStore, StoreError
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.journal import Journal
+from daemon.jobs.store_documents import StoreSigning
+from daemon.jobs.store_download import download
 from daemon.jobs.store_retention import RECENT_S, prune_store
-from daemon.jobs.uploads import CheckpointUploads, fetch
+from daemon.jobs.uploads import CheckpointUploads, fetch, store_signing
 from daemon.kafka.publisher import Publisher
 from daemon.settings import Settings
 from schemas.events import Checkpoint, EventBase
 from schemas.request import SFTRequest
 from tests.conftest import S3_CREDENTIALS, free_port
-from tests.helpers import sft_request
+from tests.helpers import fleet_key, sft_request
 
 BUCKET = "checkpoints"
 
@@ -40,7 +43,15 @@ def make_checkpoint(folder: Path, step: int, size: int = 1000) -> Path:
 
 
 @pytest.fixture
-def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CheckpointStore]:
+def signing(tmp_path: Path) -> StoreSigning:
+    """The fleet's key, as a host with a store has it (its event_signing_key_file)."""
+    made = store_signing(Settings(event_signing_key_file=fleet_key(tmp_path / "keys")))
+    assert made is not None
+    return made
+
+
+@pytest.fixture
+def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning) -> Iterator[CheckpointStore]:
     import boto3
 
     for name, value in S3_CREDENTIALS.items():
@@ -49,17 +60,17 @@ def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Chec
     if BUCKET not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=BUCKET)
     options = {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}}
-    yield CheckpointStore(f"s3://{BUCKET}/run-{uuid.uuid4().hex[:8]}", options, host="host-a")
+    yield CheckpointStore(f"s3://{BUCKET}/run-{uuid.uuid4().hex[:8]}", options, host="host-a", signing=signing)
 
 
 @pytest.fixture(params=["s3", "gcs", "azure", "folder"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CheckpointStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning) -> CheckpointStore:
     prefix = f"run-{uuid.uuid4().hex[:8]}"
     if request.param == "s3":
         return cast(CheckpointStore, request.getfixturevalue("s3_store"))
     if request.param == "gcs":
         endpoint = request.getfixturevalue("gcs_endpoint")
-        return CheckpointStore(f"gs://ml-data/{prefix}", {"gs": {"endpoint_url": endpoint, "token": "anon"}}, host="host-a")
+        return CheckpointStore(f"gs://ml-data/{prefix}", {"gs": {"endpoint_url": endpoint, "token": "anon"}}, host="host-a", signing=signing)
     if request.param == "azure":
         from azure.storage.blob import BlobServiceClient
 
@@ -68,8 +79,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
         if "checkpoints" not in [container.name for container in service.list_containers()]:
             service.create_container("checkpoints")
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
-        return CheckpointStore(f"az://checkpoints/{prefix}", {}, host="host-a")
-    return CheckpointStore(str(tmp_path / "shared" / prefix), {}, host="host-a")
+        return CheckpointStore(f"az://checkpoints/{prefix}", {}, host="host-a", signing=signing)
+    return CheckpointStore(str(tmp_path / "shared" / prefix), {}, host="host-a", signing=signing)
 
 
 def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(store: CheckpointStore, tmp_path: Path) -> None:
@@ -79,13 +90,13 @@ def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(store
     assert manifest.step == 10 and set(manifest.files) == {"adapter_model.safetensors", "nested/optimizer.pt", "trainer_state.json"}
     assert manifest.url.endswith("/req-1/checkpoint-10")
 
-    resumed = store.download("req-1", manifest, tmp_path / "host-b" / "checkpoints")
+    resumed = download(store, "req-1", manifest, tmp_path / "host-b" / "checkpoints")
     for file in saved.rglob("*"):
         if file.is_file():
             assert (resumed / file.relative_to(saved)).read_bytes() == file.read_bytes()
     assert store.requests() == ["req-1"]
     assert store.succeeded("req-1") is None
-    store.mark_succeeded("req-1", {"type": "succeeded", "request_id": "req-1"})
+    store.mark_succeeded("req-1", {"type": "succeeded", "request_id": "req-1"})  # signed, for this request
     assert store.remove_checkpoints("req-1") == 1
     assert store.complete("req-1") == [] and store.succeeded("req-1") == {"type": "succeeded", "request_id": "req-1"}
     store.remove("req-1")
@@ -116,7 +127,7 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_one_before_it(s3_store: Checkpo
     store.fs.pipe_file(f"{store.root}/req-3/checkpoint-10/adapter_model.safetensors", b"x" * 1000)
     [newest, _] = store.complete("req-3")
     with pytest.raises(StoreError, match="does not match its manifest"):
-        store.download("req-3", newest, tmp_path / "probe")
+        download(store, "req-3", newest, tmp_path / "probe")
     assert not (tmp_path / "probe" / "checkpoint-10").exists() and not (tmp_path / "probe" / "checkpoint-10.partial").exists()
 
     checkpoints = tmp_path / "host-b"
@@ -180,11 +191,14 @@ async def test_a_checkpoint_saved_while_one_uploads_waits_and_an_older_waiting_o
     assert said[2].location == "local" and "passed over for checkpoint 3" in (said[2].store_error or "")
 
 
-async def test_a_store_that_is_down_leaves_the_checkpoint_local_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_store_that_is_down_leaves_the_checkpoint_local_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning,
+) -> None:
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     down = CheckpointStore(f"s3://{BUCKET}/down", {"s3": {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
-                                                          "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}})
+                                                          "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}},
+                           signing=signing)
     job_dir = tmp_path / "jobs" / "req-7"
     uploads, recorded = uploads_for(down, job_dir, "req-7")
     saved = make_checkpoint(job_dir / "checkpoints", 4)
@@ -206,11 +220,12 @@ async def test_without_a_store_the_event_says_local(tmp_path: Path) -> None:
 
 
 def test_a_store_url_is_checked_where_it_is_set(tmp_path: Path) -> None:
-    assert Settings(checkpoint_store="s3://bucket/prefix/").checkpoint_store == "s3://bucket/prefix"
-    assert Settings(checkpoint_store=str(tmp_path)).checkpoint_store == str(tmp_path)
+    key = fleet_key(tmp_path)
+    assert Settings(checkpoint_store="s3://bucket/prefix/", event_signing_key_file=key).checkpoint_store == "s3://bucket/prefix"
+    assert Settings(checkpoint_store=str(tmp_path), event_signing_key_file=key).checkpoint_store == str(tmp_path)
     for bad in ("ftp://host/x", "s3://", "relative/folder"):
         with pytest.raises(ValueError, match="checkpoint_store"):
-            Settings(checkpoint_store=bad)
+            Settings(checkpoint_store=bad, event_signing_key_file=key)
 
 
 def test_retention_in_the_store_removes_succeeded_aged_and_counted_never_a_running_one(s3_store: CheckpointStore, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.jobs.checkpoint_store import CheckpointStore
+from daemon.jobs.uploads import store_of as opened_store
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Checkpoint, Progress, Started, Succeeded
@@ -21,7 +22,7 @@ from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, wait_until_gone
 from tests.conftest import S3_CREDENTIALS
-from tests.helpers import sft_request
+from tests.helpers import fleet_key, sft_request
 
 pytestmark = pytest.mark.slow
 
@@ -38,6 +39,7 @@ def with_store(settings: Settings, s3_endpoint: str, tmp_path: Path) -> tuple[Se
         client.create_bucket(Bucket=BUCKET)
     shared = settings.model_copy(update={
         "checkpoint_store": f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}",
+        "event_signing_key_file": fleet_key(tmp_path),  # the fleet's key: it signs what the hosts write to the store
         "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}},
         "session_timeout_ms": 10_000,  # a SIGKILLed member leaves the group when its session times out
     })
@@ -46,8 +48,9 @@ def with_store(settings: Settings, s3_endpoint: str, tmp_path: Path) -> tuple[Se
 
 
 def store_of(settings: Settings) -> CheckpointStore:
-    assert settings.checkpoint_store is not None
-    return CheckpointStore(settings.checkpoint_store, settings.dataset_storage_options)
+    store = opened_store(settings)
+    assert store is not None
+    return store
 
 
 async def run_on_b(host_b: Settings, tmp_path: Path, request_id: str) -> list[EventBase]:
