@@ -20,8 +20,11 @@ from daemon.cli.app import app
 from daemon.fleet_config import PriorityClass
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
+from daemon.secret_files import event_signer
 from daemon.settings import Settings
 from schemas import parse_event
+from schemas.signing import SIGNATURE_HEADER
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.processes import settings_environment
 from tests.helpers import event_document, sft_request
 
@@ -42,7 +45,7 @@ def fleet(settings: Settings) -> Iterator[Settings]:
     """The test's settings with two classes (batch, the lowest, is the default: its queue is the
     requests topic), a claims topic of its own, and those topics created."""
     fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)],
-                                        "claims_topic": f"claims-{settings.group_id}"})
+                                        "claims_topic": f"claims-{settings.group_id}", **shared_fleet_keys()})
     asyncio.run(create_topics(fleet, [fleet.class_topics["urgent"], fleet.claims_topic]))
     yield fleet
 
@@ -62,10 +65,12 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
         producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
         await producer.start()
         try:
+            signer = event_signer(settings) if topic == settings.events_topic else None  # as the fleet's hosts sign theirs
             for item in items:
                 value, key = (item, b"junk-1") if isinstance(item, bytes) else (json.dumps(item).encode(), item["request_id"].encode())
                 stamp = int((NOW - timedelta(minutes=minutes_ago)).timestamp() * 1000)
-                await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=headers)
+                signed = [(SIGNATURE_HEADER, signer.sign(value))] if signer is not None else []
+                await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=[*(headers or []), *signed] or None)
         finally:
             await producer.stop()
 
@@ -219,7 +224,7 @@ def test_claims_written_in_transactions_are_read_to_their_end_and_an_aborted_one
 
 def test_a_queue_topic_that_does_not_exist_is_said_and_the_others_are_listed(settings: Settings) -> None:
     fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch")],
-                                        "claims_topic": f"claims-{settings.group_id}"})  # neither the urgent topic nor the claims topic made
+                                        "claims_topic": f"claims-{settings.group_id}", **shared_fleet_keys()})  # neither the urgent topic nor the claims topic made
     write(fleet, fleet.requests_topic, sft_request("b1"))
     result = runner.invoke(app, ["jobs", "--state", "queued"], env=settings_environment(fleet))
     assert result.exit_code == 0 and list(rows(result.stdout.splitlines())) == ["b1"]

@@ -1,9 +1,13 @@
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from daemon.cli.app import app
 from daemon.errors import ConfigError
 from daemon.settings import Settings, load_settings
+from schemas.signing import new_key_pair
+from testbed.fleet_keys import fleet_keys
 
 
 @pytest.fixture(autouse=True)
@@ -147,3 +151,23 @@ def test_the_endpoints_certificate_needs_its_key_and_addresses_are_host_and_port
     tls = load_settings(logs_token="sixteen-bytes-ok", http_tls_certfile=tmp_path / "c", http_tls_keyfile=tmp_path / "k")
     assert tls.logs_endpoint_scheme == "https" and load_settings(logs_token="sixteen-bytes-ok").logs_endpoint_scheme == "http"
     assert load_settings().logs_endpoint_scheme is None  # no token: no endpoint
+
+
+def test_priority_classes_without_event_keys_or_a_fleet_retry_key_are_refused_naming_the_settings(tmp_path: Path) -> None:
+    """With classes every host decides from the events topic and takes other hosts' signed retry counts (issue 61):
+    `adapterd run` refuses to start, exit 2, naming the settings; either key alone is not enough."""
+    keys = fleet_keys(tmp_path / "keys")
+    config = tmp_path / "adapterd.toml"
+    config.write_text(f'work_dir = "{tmp_path / "work"}"\npriority_classes = [{{name = "urgent"}}, {{name = "batch"}}]\n')
+    result = CliRunner().invoke(app, ["run", "--config", str(config)])
+    assert result.exit_code == 2
+    for name in ("priority_classes", "event_signing_key_file", "event_verify_keys", "retry_key_file"):
+        assert name in result.output
+    with pytest.raises(ConfigError, match=r"priority_classes need event_signing_key_file or event_verify_keys\(_file\)") as error:
+        load_settings(config, retry_key_file=keys["retry_key_file"])
+    assert "retry_key_file" not in str(error.value)
+    with pytest.raises(ConfigError, match=r"priority_classes need retry_key_file"):
+        load_settings(config, event_signing_key_file=keys["event_signing_key_file"])
+    assert load_settings(config, **keys).priority_classes  # the fleet's keys: it starts
+    assert load_settings(config, event_verify_keys=[new_key_pair()[1]], retry_key_file=keys["retry_key_file"]).priority_classes
+    assert load_settings(work_dir=tmp_path).priority_classes == []  # without classes nothing is required
