@@ -22,11 +22,13 @@ from daemon.cli.doctor import Check, _acls
 from daemon.kafka import acls
 from daemon.kafka.acls import Acl, Writers, writers
 from daemon.kafka.options import kafka_options
+from daemon.kafka.retry_state import retry_key_id
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import submit, terminal_events
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
 
@@ -55,7 +57,7 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "acls", "events", "hub", "gpus", "disk", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "events", "retry", "hub", "gpus", "disk", "daemon"}
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write "
                              f"{settings.events_topic} and speak for the fleet; enable one and let only the fleet's principals write it")
@@ -69,6 +71,25 @@ def test_a_host_that_signs_its_events(settings: Settings, tmp_path: Path) -> Non
     assert lines["events"] == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
     _, reader = doctor(settings, event_verify_keys=[public])  # an operator's machine, or a host not yet given the key
     assert reader["events"].startswith("WARN") and "events go out unsigned, which readers holding keys ignore; trusts 1 key(s)" in reader["events"]
+
+
+def test_the_fleets_retry_key_is_read_and_its_id_said_for_comparing_hosts(settings: Settings, tmp_path: Path) -> None:
+    (tmp_path / "retry-key").write_text("the fleet retry key, 32 bytes ok\n")
+    (tmp_path / "short").write_text("short\n")
+    _, own = doctor(settings)
+    assert own["retry"].startswith("--   retry   no retry_key_file: retries are signed with this host's own key")
+    code, fleet = doctor(settings, retry_key_file=tmp_path / "retry-key")
+    assert fleet["retry"] == (f"ok   retry   retry key {retry_key_id(b'the fleet retry key, 32 bytes ok')} from "
+                              f"{tmp_path / 'retry-key'} (the same id on every host of the fleet)")
+    other = tmp_path / "other-host"
+    other.mkdir()
+    (other / "retry-key").write_text("another host's key, not the fleet's\n")
+    _, elsewhere = doctor(settings, retry_key_file=other / "retry-key")
+    assert elsewhere["retry"].split()[4] != fleet["retry"].split()[4]  # two keys: two ids, told apart by an operator
+    code, short = doctor(settings, retry_key_file=tmp_path / "short")
+    assert code == 1 and short["retry"].startswith("FAIL retry   retry_key_file") and "at least 16 bytes" in short["retry"]
+    code, missing = doctor(settings, retry_key_file=tmp_path / "missing")
+    assert code == 1 and missing["retry"] == f"FAIL retry   retry_key_file {tmp_path / 'missing'}: No such file or directory"
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:
@@ -94,7 +115,8 @@ def test_a_missing_topic(settings: Settings) -> None:
 
 
 def test_a_fleet_with_classes_needs_their_queues_and_the_claims_topic(settings: Settings) -> None:
-    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}]).priority_classes,
+    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()).priority_classes,
+                                          **shared_fleet_keys(),
                                           "default_priority_class": "default", "claims_topic": f"claims-{settings.group_id}"})
     urgent = classed.class_topics["urgent"]
     code, lines = doctor(classed)
