@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -78,10 +79,17 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
 
 
 def publish(settings: Settings, *events: tuple[str, str, float, dict[str, Any]]) -> None:
-    """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples."""
-    write(settings, settings.events_topic, *[json.loads(parse_event(json.dumps(event_document(
+    """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples, each with an
+    event_id of its own (the examples share theirs, and a reader takes an id once)."""
+    write(settings, settings.events_topic, *[event(kind, request_id, ago, **fields) for kind, request_id, ago, fields in events])
+
+
+def event(kind: str, request_id: str, ago: float, **fields: Any) -> dict[str, Any]:
+    """One event as `publish` sends it."""
+    fields = {"event_id": secrets.token_hex(16), **fields}
+    return json.loads(parse_event(json.dumps(event_document(
         kind, request_id=request_id, host=fields.pop("host", "gpu-a"), time=(NOW - timedelta(minutes=ago)).isoformat(), **fields)).encode()
-    ).model_dump_json()) for kind, request_id, ago, fields in events])
+    ).model_dump_json())
 
 
 def commit(settings: Settings, group: str, topic: str, offset: int) -> None:
@@ -159,6 +167,36 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
     assert code == 0 and lines[0].split()[2] == "queued" and lines[-1].startswith("held-1: waiting (queued) on gpu-c, class batch, team ads, place 3 of 5")
     code, lines = cli(fleet, "get", "nowhere-1")
     assert code == 1 and "waits in none of the queues" in lines[-1]
+
+
+def test_a_genuine_accepted_written_three_times_counts_once_in_the_fleets_order(fleet: Settings) -> None:
+    """Issue 61: the same signed `accepted` of vision's finished job, written again twice (it verifies each time),
+    made vision look as if it still ran that job since its start: its slot-time above search's, its next request
+    placed after search's, and the finished job listed as holding a slot."""
+    batch = fleet.class_topics["batch"]
+    write(fleet, batch, sft_request("s-next", team="search"), minutes_ago=6)
+    write(fleet, batch, sft_request("v-next", team="vision"), minutes_ago=5)
+    # search ran 2,000 s until 57 minutes ago; vision 1,000 s until 63 minutes ago: vision has used less.
+    publish(fleet, ("accepted", "s-old", 90, {"method": "sft", "priority_class": "batch", "team": "search"}), ("cancelled", "s-old", 57, {}),
+            ("accepted", "v-old", 80, {"method": "sft", "priority_class": "batch", "team": "vision"}), ("cancelled", "v-old", 63, {}))
+    once = rows(cli(fleet, "jobs", "--state", "queued", "--slots", "2")[1])
+    assert list(once) == ["v-next", "s-next"]
+    [accepted] = [record for record in events_written(fleet) if record["request_id"] == "v-old" and record["type"] == "accepted"]
+    write(fleet, fleet.events_topic, accepted, accepted)  # the same bytes, the same signature: genuine, written three times in all
+    result = runner.invoke(app, ["jobs", "--state", "queued", "--slots", "2"], env=settings_environment(fleet))
+    assert result.exit_code == 0, result.output
+    assert rows(result.stdout.splitlines()) == once  # vision first still, v-old not back as holding a slot, the same ETAs
+    assert f"skipped 2 event(s) in {fleet.events_topic} read already or older than what is folded (2 repeated)" in result.stderr
+    code, lines = cli(fleet, "jobs")  # the events' table: v-old ended, as its last event that counts says
+    assert code == 0 and [line.split()[:2] for line in lines if line.startswith("v-old")] == [["v-old", "cancelled"]]
+
+
+def events_written(settings: Settings) -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]]:
+        async with TopicReader(settings, settings.events_topic) as reader:
+            return [json.loads(record.value or b"") async for record in reader.records(follow=False)]
+
+    return asyncio.run(read())
 
 
 def test_an_eta_comes_from_the_running_jobs_and_recent_durations(fleet: Settings) -> None:
