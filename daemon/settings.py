@@ -142,22 +142,14 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     @model_validator(mode="after")
     def _classes_trust(self) -> Settings:
-        """With priority classes every host decides from the events topic (daemon/fleet/view.py: the teams' usage and
-        caps, the hosts' slots, the ETAs) and takes records other hosts signed a retry or preemption count on: without
-        event keys one unsigned event written by anyone steers it, and without one fleet retry key another host's count
-        reads as 0. Refused rather than warned: nothing else stops a forged event. A single host too: it reads the
-        topic like any other (one `adapterd keys` pair, and a retry key file, are all it needs)."""
-        if not self.priority_classes:
-            return self
-        missing = []
-        if self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
-            missing.append("event_signing_key_file or event_verify_keys(_file) (the fleet's decisions are folded from "
-                           "events: only signed ones may count; `adapterd keys DIR` makes a pair)")
-        if self.retry_key_file is None:
-            missing.append("retry_key_file (one for the fleet: a request moves between hosts with its signed retry and "
-                           "preemption counts)")
-        if missing:
-            raise ValueError(f"priority_classes need {' and '.join(missing)}")
+        """With priority classes every host, and the CLI's places and ETAs, decide from the events topic
+        (daemon/fleet/view.py: the teams' usage and caps, the hosts' slots, the running jobs): without a key to verify
+        events by, one unsigned event written by anyone steers them. Refused rather than warned: nothing else stops a
+        forged event. A single host too: it reads the topic like any other, and one `adapterd keys` pair is all it
+        needs. (The fleet's retry key is required where the daemon starts: daemon/fleet/wiring.py; a CLI never holds it.)"""
+        if self.priority_classes and self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
+            raise ValueError("priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
+                             "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)")
         return self
 
     @property

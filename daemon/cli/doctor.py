@@ -128,9 +128,12 @@ def _events(settings: Settings) -> Check:
 
 def _retry(settings: Settings) -> Check:
     """The key that signs a retry's and a preemption's counts (daemon/kafka/retry_state.py): one for the fleet, read
-    now, and its id said so that the hosts' can be compared (the same id on every host: the same key). The settings
-    already refused priority classes without one."""
+    now, and its id said so that the hosts' can be compared (the same id on every host: the same key). A daemon with
+    priority classes does not start without one (daemon/fleet/wiring.py)."""
     path = settings.retry_key_file
+    if path is None and settings.priority_classes:
+        return Check("retry", False, "no retry_key_file: with priority_classes the daemon does not start without one key for the fleet "
+                                     "(deploy/README.md)")
     if path is None:
         return Check("retry", None, f"no retry_key_file: retries are signed with this host's own key ({settings.work_dir / 'retry-key'}); "
                                     "another host reads their counts as a first try")

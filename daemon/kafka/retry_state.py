@@ -9,9 +9,9 @@ would switch retries off, `adapterd-not-before: inf` would hold its partition fo
 due time further ahead than the longest backoff is brought back to it.
 
 The key is `retry_key_file` (one key for the fleet: a retry may be read by any host of the group),
-else one made on first start in `work_dir/retry-key` (this host's retries only). With priority classes the
-settings require `retry_key_file` (a request and its counts move between hosts); `adapterd doctor` says
-its id (`retry_key_id`) to compare across the hosts.
+else one made on first start in `work_dir/retry-key` (this host's retries only). With priority classes a
+daemon does not start without `retry_key_file` (daemon/fleet/wiring.py: a request and its counts move
+between hosts); `adapterd doctor` says its id (`retry_key_id`) to compare across the hosts.
 """
 
 from __future__ import annotations

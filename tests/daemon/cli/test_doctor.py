@@ -90,6 +90,9 @@ def test_the_fleets_retry_key_is_read_and_its_id_said_for_comparing_hosts(settin
     assert code == 1 and short["retry"].startswith("FAIL retry   retry_key_file") and "at least 16 bytes" in short["retry"]
     code, missing = doctor(settings, retry_key_file=tmp_path / "missing")
     assert code == 1 and missing["retry"] == f"FAIL retry   retry_key_file {tmp_path / 'missing'}: No such file or directory"
+    classes = Settings(priority_classes=[{"name": "urgent"}], **shared_fleet_keys()).priority_classes
+    code, classed = doctor(settings, priority_classes=classes, event_verify_keys=[new_key_pair()[1]])  # a fleet's host without the key
+    assert code == 1 and classed["retry"].startswith("FAIL retry   no retry_key_file: with priority_classes the daemon does not start")
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:
