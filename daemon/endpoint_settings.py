@@ -37,6 +37,9 @@ class EndpointSettings(BaseModel):
         "trust. With any here, in event_verify_keys_file, or a signing key (its public key counts), an unsigned or "
         "wrongly signed event is ignored and counted; with none, events are read unverified."))
     event_verify_keys_file: Path | None = Field(None, description="A file of such keys, one a line (# comments), e.g. the old and the new one while keys rotate.")
+    producer_key_file: Path | None = Field(None, description=(
+        "A team's Ed25519 private key (`adapterd keys --team`), with which `adapterd submit` signs each request it sends "
+        "(adapterd-producer-signature), as a fleet with bound teams requires; the daemon does not read it."))
     advertised_address: str | None = Field(None, description=(
         "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd logs; metrics_address when unset."))
     http_tls_certfile: Path | None = Field(None, description=(

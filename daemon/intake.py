@@ -1,7 +1,8 @@
 """Intake: every record of the requests topic becomes a valid request for the scheduler, or a
 rejection — a `rejected` event naming each bad field, and the record's bytes in the DLQ.
 
-A record is rejected when it does not decode or validate (`schemas.decode_request`), names a
+A record is rejected when it does not decode or validate (`schemas.decode_request`), is not
+written by a key of the team it names or names a class that team may not use (daemon/admission/grants.py), names a
 method this host's TRL cannot run, asks for more GPUs than the host has, or breaks the operator's
 policy. Rejections are pipelined: their DLQ records and events go out in batches and are settled
 (acknowledged, then committed) in the background, in order; a valid request waits until the
@@ -11,13 +12,14 @@ rejections before it are settled, so offsets are committed in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
 
 from daemon import executors
+from daemon.admission.grants import Grants
 from daemon.admission.images import has_inline_images
 from daemon.admission.judge import image_refusal, refusal_before_images
 from daemon.admission.secret_rules import SCANNER
@@ -109,6 +111,16 @@ class Intake:
         self.partitions = partitions
         self.scheduler = scheduler
         self.slots = slots
+        self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
+        # The class a request runs as: the one it names, else the default; with the fleet's queue, its claim's, as the
+        # dispatcher wrote it (daemon/fleet/wiring.py sets daemon/fleet/jobs.py's `claimed_class`, a layer above this one).
+        self.runs_as: Callable[[Record, RequestBase], str | None] = lambda _, request: request.priority_class or settings.default_class
+
+    def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
+        """`Grants.refusal` of a decoded record, in the class it runs as; nothing asked in open mode (every valid record passes here)."""
+        if not self.grants.bound:
+            return None
+        return self.grants.refusal(request, record.value, record.headers, self.runs_as(record, request))
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""
@@ -143,7 +155,8 @@ class Intake:
                     decoded, turned = await decoded_request(record.value, record.key), True
                 if isinstance(decoded, Rejection):
                     rejection = decoded
-                else:
+                # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
+                elif (rejection := self.grant_refusal(record, decoded)) is None:
                     rejection, images = judged_on_loop(decoded, self.settings, self.slots)
                     if images:
                         rejection, turned = await judged_images(decoded, self.settings), True

@@ -104,3 +104,21 @@ def event_keys(settings: Any) -> EventKeys | None:
     if signer is not None:
         keys.by_id[signer.key_id] = signer.public
     return keys if len(keys) else None
+
+
+def team_keys(name: str, team: Any) -> EventKeys:
+    """A team's producer keys (daemon/admission/grants.py), from `teams.<name>.producer_keys` and `producer_keys_file`;
+    a ValueError names the setting."""
+    try:
+        keys = EventKeys.parse(team.producer_keys)
+    except ValueError as exc:
+        raise ValueError(f"teams.{name}.producer_keys: {exc}") from exc
+    path = team.producer_keys_file
+    if path is not None:
+        try:
+            keys.by_id.update(EventKeys.from_file(Path(path)).by_id)
+        except OSError as exc:
+            raise ValueError(f"teams.{name}.producer_keys_file: cannot read {path}: {exc.strerror}") from exc
+        except ValueError as exc:
+            raise ValueError(f"teams.{name}.producer_keys_file: {path}: {exc}") from exc
+    return keys

@@ -142,7 +142,7 @@ class Service:
                 "daemon.started", topic=self.topic, group_id=self.settings.group_id, queues=self.settings.class_topics or None,
                 gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
                 events_signed_by=self.publisher.signer.key_id if self.publisher.signer is not None else None,  # None: unsigned
-                heap_frozen=frozen,
+                heap_frozen=frozen, teams=self.intake.grants.describe(),
             )
             try:
                 await self._poll_until_stopped()

@@ -25,7 +25,7 @@ from daemon.endpoint_settings import EndpointSettings
 from daemon.errors import ConfigError
 from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
 from daemon.kafka_settings import KafkaSettings
-from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer
+from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
 from daemon.work_settings import WorkSettings
 from schemas.images import ImageBounds
 
@@ -49,7 +49,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     ))
     default_priority_class: str | None = Field(None, description="The class of a request that names none; unset: the last (lowest) class.")
     teams: dict[str, TeamShare] = Field(default_factory=dict, description=(
-        "Each team's weight and cap of slots; a team not listed has weight 1 and no cap."
+        "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
+        "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
     ))
     preempt_min_run_s: float = Field(600.0, ge=0, description="A job runs at least this long before a higher class may preempt it.")
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
@@ -150,6 +151,22 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         if self.priority_classes and self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
             raise ValueError("priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
                              "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)")
+        return self
+
+    @model_validator(mode="after")
+    def _teams(self) -> Settings:
+        """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each problem named by its setting."""
+        names = [c.name for c in self.priority_classes]
+        owners: dict[str, str] = {}
+        for name, team in self.teams.items():
+            for key in team_keys(name, team).by_id:
+                # A key listed for two teams would speak for both: the binding would be none.
+                if owners.setdefault(key, name) != name:
+                    raise ValueError(f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; give each team a key of its own")
+            unknown = [c for c in team.classes or () if c not in names]
+            if unknown:
+                known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority_classes"
+                raise ValueError(f"teams.{name}.classes: unknown class {unknown[0]!r}; expected {known}")
         return self
 
     @property

@@ -31,9 +31,12 @@ A tokenizer's tokens are text, not credentials: a name ending in `token` is one 
 before it says which token of a text it is (`HARMLESS_TOKENS`, `MARKERS`): a begin-, end- or
 start-of marker (`bos`, `eos`, `eot`, `eom`, `boi`: `b`, `e` or `s`, then `o`, then the letter of
 what it bounds; `bot` excepted, Slack's and Telegram's bot credential), a tokenizer's other
-special tokens (`pad`, `unk`, `mask`, `stop`...), a part of a prompt (`fim_prefix`, `assistant`,
-`chat_template`, `turn`, `tool`...), a modality (`image`, `audio`...), or a count (`max_token`).
-A keyword anywhere still wins (`secret_pad_token`).
+special tokens (`pad`, `unk`, `mask`, `stop`, `blank`, `word_delimiter`...), a part of a prompt (`fim_prefix`,
+`assistant`, `chat_template`, `turn`, `tool`...), a modality (`image`, `audio`...), or a count (`max_token`);
+or when a part of a text comes earlier in the name (`tool_call_token`, `image_break_token`: `TOKENIZER_PARTS`)
+and the word before `token` is not whose credential it is (`image_api_token`, `tool_auth_token` are refused:
+`CREDENTIAL_OWNERS`). A keyword anywhere still wins (`secret_pad_token`), and `token`, `hf_token`,
+`api_token`, `access_token` stay credentials.
 
 A value counts when it holds something: a non-empty string or a number, or a list or mapping with
 one inside (`{"auth": {"user": "u", "pass": "p"}}`). `{"use_auth": true}`, `{"token": null}` and
@@ -59,7 +62,15 @@ WHOLE_WORDS: tuple[str, ...] = ("pass", "session", "jwt", "dsn")
 # (`stop_token`): its special tokens, the parts of a prompt, modalities, counts. Not credentials.
 HARMLESS_TOKENS: tuple[str, ...] = ("pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
                                     "prefix", "middle", "suffix", "template", "turn", "assistant", "think", "tool",
-                                    "image", "video", "audio", "vision", "max", "min", "num")
+                                    "image", "img", "video", "audio", "vision", "tile", "max", "min", "num",
+                                    "delimiter", "utterance", "blank", "fill")
+# A name whose words before `<word>_token` hold one of these is a token of a text's part (`tool_call_token`,
+# `image_break_token`, `audio_delay_token`, `img_line_break_token`: transformers' processors' names)...
+TOKENIZER_PARTS: tuple[str, ...] = ("tool", "image", "img", "video", "audio", "vision", "tile", "patch", "chat")
+# ...unless `<word>` says whose credential it is (`image_api_token`, `tool_auth_token`, `vision_hf_token`).
+CREDENTIAL_OWNERS = frozenset(("api", "access", "auth", "oauth", "bearer", "refresh", "session", "hf", "hub", "bot", "id",
+                               "csrf", "xsrf", "service", "client", "user", "app", "personal", "login", "github", "gitlab",
+                               "gh", "slack", "secret", "private", "upload", "download", "storage", "sas", "write", "read"))
 # Begin-, end- and start-of markers (`bos`, `eot`, `eom`, `boi`, `sot`), as an RE2 fragment; `bot`
 # left out: a bot's token is the credential of Slack's and Telegram's bots.
 MARKERS = "bo[a-su-z]|[es]o[a-z]"
@@ -114,8 +125,9 @@ class CredentialKeys:
         """Whether `key`'s name says it holds a credential."""
         verdict = self._verdicts.get(key)
         if verdict is None:
-            found = self._rule.search(words(key))
-            verdict = found is not None and found.lastgroup != "harmless"
+            name = words(key)
+            found = self._rule.search(name)
+            verdict = found is not None and found.lastgroup != "harmless" and not (found.lastgroup == "last" and _a_texts_token(name))
             if len(self._verdicts) >= _CACHE_BOUND:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
@@ -157,6 +169,13 @@ class CredentialKeys:
             for index, item in enumerate(node):
                 if isinstance(item, dict | list):
                     self._walk(item, (*path, str(index)), hides, found)
+
+
+def _a_texts_token(name: str) -> bool:
+    """Whether a name judged by its last word `token` names a token of a text's part rather than a credential:
+    `<...>_<part>_<...>_<word>_token`, a part of TOKENIZER_PARTS before the word, the word no credential's owner."""
+    parts = name.split("_")
+    return len(parts) >= 3 and parts[-1] == "token" and parts[-2] not in CREDENTIAL_OWNERS and any(p in TOKENIZER_PARTS for p in parts[:-2])
 
 
 def _skeleton_fragment(fragment: str) -> str:

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 SIGNATURE_HEADER = "adapterd-signature"
+# A request's signature by its producer's team key (deploy/README.md, "Priority classes and teams"): the same
+# format over the record's value, in a header of its own so that it never reads as the fleet's own signature.
+PRODUCER_SIGNATURE_HEADER = "adapterd-producer-signature"
 _SCHEME = "ed25519"
 _RAW_KEY_BYTES = 32
 
@@ -167,16 +170,16 @@ class EventKeys:
     def __len__(self) -> int:
         return len(self.by_id)
 
-    def verify(self, value: bytes, headers: Iterable[tuple[str, bytes | None]] | None) -> str:
-        """The id of the trusted key that signed exactly `value`, as the record's headers say;
-        an UnverifiedEvent says why not."""
+    def verify(self, value: bytes, headers: Iterable[tuple[str, bytes | None]] | None, header: str = SIGNATURE_HEADER) -> str:
+        """The id of the trusted key that signed exactly `value`, as the record's `header` says (the fleet's
+        signature by default; PRODUCER_SIGNATURE_HEADER for a request's producer); an UnverifiedEvent says why not."""
         from cryptography.exceptions import InvalidSignature
 
-        found = [header for name, header in headers or () if name == SIGNATURE_HEADER]
+        found = [text for name, text in headers or () if name == header]
         if not found:
-            raise UnverifiedEvent("unsigned", f"no {SIGNATURE_HEADER} header")
+            raise UnverifiedEvent("unsigned", f"no {header} header")
         if len(found) > 1 or found[0] is None:
-            raise UnverifiedEvent("malformed", f"{len(found)} {SIGNATURE_HEADER} headers, or one without a value")
+            raise UnverifiedEvent("malformed", f"{len(found)} {header} headers, or one without a value")
         scheme, _, rest = found[0].partition(b":")
         identifier, _, encoded = rest.partition(b":")
         signature = _base64_of(64, encoded.decode("ascii", errors="replace"))
@@ -190,6 +193,12 @@ class EventKeys:
         except InvalidSignature:
             raise UnverifiedEvent("bad_signature", f"the signature of key {identifier.decode()} does not match the event's bytes") from None
         return identifier.decode()
+
+
+def producer_headers(signer: EventSigner, value: bytes) -> list[tuple[str, bytes]]:
+    """The headers a producer sends a request with, its `value` exactly the bytes of the record: its team
+    key's signature, which vouches for the `team` and `priority_class` that value names."""
+    return [(PRODUCER_SIGNATURE_HEADER, signer.sign(value))]
 
 
 def new_key_pair() -> tuple[bytes, str]:

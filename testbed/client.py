@@ -20,11 +20,12 @@ from schemas import TERMINAL_TYPES, Event, parse_event
 EVENT_TIMEOUT_S = 240.0  # a request's events, from its submission to its terminal one, on a busy 2-core machine
 
 
-async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None) -> int:
+async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None,
+                  headers: list[tuple[str, bytes]] | None = None) -> int:
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
-        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key)
+        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key, headers=headers)
     finally:
         await producer.stop()
     return int(meta.offset)

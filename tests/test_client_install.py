@@ -1,7 +1,8 @@
 """The client install (issue 49): `client/` builds a wheel, `adapterd-client`, holding this repository's
-`schemas` package and asking for pydantic, aiokafka, cryptography and confusable-homoglyphs only. Installed into a fresh
-environment with the network off, it brings a `schemas` that decodes requests and events, and no
-torch, TRL, transformers, PEFT or datasets, nor the daemon.
+`schemas` package and asking for pydantic, aiokafka (with its snappy, lz4 and zstd extras: issue 61), cryptography and
+confusable-homoglyphs only. Installed into a fresh environment with the network off, it brings a `schemas` that decodes
+requests and events, an aiokafka that reads every codec Kafka has, and no torch, TRL, transformers, PEFT or datasets, nor
+the daemon.
 
 The wheel is built in the test (`uv build --offline --wheel client`). Its dependencies come from a
 folder of wheels the test packs from this environment's own installed copies (their RECORD files say
@@ -34,14 +35,19 @@ pytestmark = pytest.mark.skipif(shutil.which("uv") is None, reason="builds and i
 def closure(requirements: list[str]) -> dict[str, metadata.Distribution]:
     """The installed distributions these requirements need, with theirs, markers evaluated here."""
     found: dict[str, metadata.Distribution] = {}
-    pending = [Requirement(text) for text in requirements]
+    extras: dict[str, set[str]] = {}  # the extras of each asked for so far ("" its plain requirements)
+    pending = [(Requirement(text), {""}) for text in requirements]  # with the extras of who asks for it
     while pending:
-        requirement = pending.pop()
-        name = canonicalize_name(requirement.name)
-        if name in found or (requirement.marker is not None and not requirement.marker.evaluate({"extra": ""})):
+        requirement, asked_with = pending.pop()
+        if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": extra}) for extra in asked_with):
             continue
+        name = canonicalize_name(requirement.name)
+        wanted = {"", *requirement.extras}
+        if wanted <= extras.get(name, set()):
+            continue
+        extras[name] = extras.get(name, set()) | wanted
         found[name] = metadata.distribution(name)
-        pending += [Requirement(text) for text in found[name].requires or []]
+        pending += [(Requirement(text), wanted) for text in found[name].requires or []]
     return found
 
 
@@ -112,7 +118,9 @@ document = json.loads(pathlib.Path({str(ROOT / "schemas" / "examples" / "sft.jso
 document["metadata"] = {{"p\u0430ssword": "hunter2"}}
 refused = decode_request(json.dumps(document).encode())
 assert not isinstance(refused, RequestBase), refused
+import aiokafka.codec
 print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
+                  "codecs": [aiokafka.codec.has_gzip(), aiokafka.codec.has_snappy(), aiokafka.codec.has_lz4(), aiokafka.codec.has_zstd()],
                   "absent": [name for name in {TRAINING_STACK!r} if importlib.util.find_spec(name) is None]}}))
 """
     ran = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
@@ -120,3 +128,4 @@ print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
     said = json.loads(ran.stdout)
     assert said["schemas"].startswith(str(environment)) and said["request"] == "example-sft-1"
     assert said["absent"] == list(TRAINING_STACK)
+    assert said["codecs"] == [True, True, True, True]  # every codec Kafka has: gzip, snappy, lz4, zstd

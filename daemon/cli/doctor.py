@@ -22,6 +22,7 @@ from typing import Any
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabled
 
+from daemon.admission.grants import Grants
 from daemon.jobs.retention import existing_folder, free_bytes
 from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acls import ANYONE, principal_of, topic_acls, writers
@@ -58,8 +59,8 @@ async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
-    return [kafka, topics, acls, _events(settings), _retry(settings), await asyncio.to_thread(_hub, settings), _gpus(settings),
-            _disk(settings), _daemon(settings)]
+    return [kafka, topics, acls, _events(settings), _retry(settings), _teams(settings), await asyncio.to_thread(_hub, settings),
+            _gpus(settings), _disk(settings), _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -142,6 +143,13 @@ def _retry(settings: Settings) -> Check:
     except (OSError, ValueError) as exc:
         return Check("retry", False, f"retry_key_file {path}: {getattr(exc, 'strerror', None) or exc}")
     return Check("retry", True, f"retry key {retry_key_id(key)} from {path} (the same id on every host of the fleet)")
+
+
+def _teams(settings: Settings) -> Check:
+    """Whether a request's team and class are bound to its producer's key (daemon/admission/grants.py): a warning in
+    open mode, where they are claims any producer may make."""
+    grants = Grants.from_settings(settings.teams)
+    return Check("teams", True if grants.bound else None, grants.describe(), warn=not grants.bound)
 
 
 def _hub(settings: Settings) -> Check:

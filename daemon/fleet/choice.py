@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet_config import team_of
 from daemon.kafka.records import Record
-from schemas import FieldError, RequestBase
+from schemas import Rejection, RequestBase
 
 
 @dataclass(eq=False)
@@ -25,7 +25,10 @@ class Head:
     due: float | None = None  # a retry's due time
     moves_to: str | None = None  # the topic of the class it names, when not this one
     preemptions: int = 0
-    oversize: FieldError | None = None  # too large for the copies a move makes: rejected where it is
+    # Rejected where it is: too large for the copies a move makes, a record the client cannot read
+    # (daemon/kafka/unreadable.py), which no move could copy, or a team or class not granted to its writer
+    # (daemon/admission/grants.py), never ordered as it.
+    rejection: Rejection | None = None
     named_id: str | None = None  # the request id the record names, even when it does not decode
     generation: int = 0  # its queue's rebalances when it was read (ClassQueue.generation)
     seen_at: float = field(default_factory=time.time)

@@ -42,6 +42,7 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.ops import metrics
 from daemon.settings import Settings
 from schemas import Rejection, RequestBase, decode_request
@@ -135,17 +136,17 @@ class Dispatcher:
         for queue in self.queues:
             queue.follow(room > 0 or self._may_preempt_for(queue.name))
         for queue in self.queues:
-            await queue.fetch(self._head)
+            await queue.fetch(self._head, self._unreadable_head)
         if not all(queue.known() for queue in self.queues):
             return  # a queue just joined: its waiting records are fetched first
         for queue in self.queues:
             for window in list(queue.windows.values()):
-                for head in [h for h in window if h.oversize is not None]:
+                for head in [h for h in window if h.rejection is not None]:
                     await self._reject(queue, head)
                 if window and window[0].moves_to is not None:
                     await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.oversize is None]
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.rejection is None]
         for head in [h for h in ready if h.request is None]:  # only intake's rejection is left for it: no slot needed
             if not self.idle_claims():
                 return
@@ -199,12 +200,21 @@ class Dispatcher:
         request = decoded if isinstance(decoded, RequestBase) else None
         named_id = decoded.request_id  # the id a rejection names, when the record has a readable one
         priority_class = (request.priority_class if request is not None else None) or queue.name
+        # A team or class not granted to who wrote it (daemon/admission/grants.py) is never ordered as it: rejected here, as an oversize record is.
+        refused = self.intake.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
+        rejection = Rejection("policy", [oversize], named_id) if oversize else refused
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
-                    due=self.retries.read(record).due, moves_to=None if oversize else moves_to, preemptions=self.retries.preemptions(record),
-                    oversize=oversize, named_id=named_id)
+                    due=self.retries.read(record).due, moves_to=None if rejection else moves_to, preemptions=self.retries.preemptions(record),
+                    rejection=rejection, named_id=named_id)
+
+    @staticmethod
+    def _unreadable_head(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
+        """A record the client could not read, known by its offset: rejected where it is, as intake rejects one."""
+        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class=queue.name,
+                    generation=queue.generation, rejection=rejection_of(record, exc))
 
     @staticmethod
     def _ours(queue: ClassQueue, head: Head) -> Callable[[], bool]:
@@ -238,11 +248,11 @@ class Dispatcher:
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
 
     async def _reject(self, queue: ClassQueue, head: Head) -> None:
-        """A record too large for the copies a move makes: dead-lettered and announced as intake would, then
-        committed past (with the records before it written again)."""
-        assert head.oversize is not None
-        rejection = Rejection("policy", [head.oversize], head.named_id)
-        for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, rejection)):
+        """A record too large for the copies a move makes, one the client cannot read, or one not its team's
+        (`_head`): dead-lettered and announced as intake would, then committed past (with the records before it
+        written again)."""
+        assert head.rejection is not None
+        for ack in await self.scheduler.publisher.send_all(self.intake.rejection_messages(head.record, head.rejection)):
             await ack
         await self.mover.move(Move(head.record, head.group, self._before(queue, head), self._ours(queue, head)))
         queue.taken(head)

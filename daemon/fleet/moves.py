@@ -19,6 +19,7 @@ import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from daemon.kafka.copies import producer_signature
 from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
@@ -118,12 +119,12 @@ def kept_timestamp(timestamp: int) -> int | None:
 
 def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = None) -> tuple[tuple[str, bytes], ...]:
     """The headers a moved request keeps: its retry state and count of preemptions, signed again (a producer's
-    unsigned ones are dropped, as `RetrySigner.read` would ignore them), and its trace context; nothing else of
-    a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
+    unsigned ones are dropped, as `RetrySigner.read` would ignore them), its producer's signature, and its trace
+    context; nothing else of a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
     value = record.value or b""
     state = retries.read(record)
     kept = list(retries.headers(record.key, value, state.attempt, state.due, alone=state.alone)) if state.due is not None else []
     count = retries.preemptions(record) if preemptions is None else preemptions
     if count:
         kept += retries.preemption_headers(record.key, value, count)
-    return (*kept, *trace_context(record))
+    return (*kept, *producer_signature(record), *trace_context(record))

@@ -7,6 +7,10 @@ offset is one watermark, so a request taken from inside a window takes with it, 
 the records before it: they are written again at the end of their own partition, with their own
 timestamps (their arrival, so they keep their place in the fleet's order), headers and keys
 (daemon/fleet/moves.py).
+
+A record the Kafka client cannot read (a batch in a codec it cannot decompress, a header name not UTF-8)
+is met by the same `CarefulReader` as the daemon's requests (daemon/kafka/unreadable.py): it takes its
+place in the window by its offset, to be rejected there (dead-lettered, announced, committed past).
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from daemon.fleet.choice import Head
+from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
+from daemon.kafka.unreadable import CarefulReader, UnreadableRecord
 
 log = structlog.get_logger()
 
@@ -41,6 +47,13 @@ class ClassQueue:
     joined: bool = False  # assigned its partitions since it subscribed (none, perhaps)
     generation: int = 0  # counts the rebalances: a record read in an earlier one is not moved (Move.still_ours)
     windows: dict[TopicPartition, list[Head]] = field(default_factory=dict)
+    # Where each partition is read next, and the polling that steps past what the client cannot read.
+    partitions: Partitions = field(init=False)
+    reader: CarefulReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.partitions = Partitions(self.consumer)
+        self.reader = CarefulReader(self.consumer, self.partitions)
 
     def follow(self, want: bool) -> None:
         """Join the class's group while this host wants its requests; leave it otherwise (its partitions then go
@@ -62,16 +75,20 @@ class ClassQueue:
         return not self.subscribed or (self.joined and all(
             tp in self.windows or self.consumer.highwater(tp) is not None for tp in self.consumer.assignment()))
 
-    async def fetch(self, head: Callable[[ClassQueue, TopicPartition, Record], Head]) -> None:
+    async def fetch(self, head: Callable[[ClassQueue, TopicPartition, Record], Head],
+                    unreadable: Callable[[ClassQueue, TopicPartition, UnreadableRecord, BaseException], Head]) -> None:
         """Fill each partition's window from what the consumer has fetched; a full window pauses its partition."""
         if not self.subscribed:
             return
-        batches = await self.consumer.getmany(timeout_ms=0, max_records=WINDOW * 8)
+        batches, met = await self.reader.poll(timeout_ms=0, max_records=WINDOW * 8)
+        for unread, exc in met:  # one a partition at most, the next record of its partition: read one at a time
+            tp = TopicPartition(unread.topic, unread.partition)
+            self.windows.setdefault(tp, []).append(unreadable(self, tp, unread, exc))
         for tp, records in batches.items():
             window = self.windows.setdefault(tp, [])
             for record in records:
                 if len(window) >= WINDOW:
-                    self.consumer.seek(tp, record.offset)  # read again once the window has room
+                    self.partitions.hold(tp, record.offset)  # read again once the window has room
                     break
                 window.append(head(self, tp, record))
             if len(window) >= WINDOW:
@@ -106,4 +123,5 @@ class QueueListener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.queue.joined = True
+        self.queue.partitions.on_assigned(assigned)
         log.info("fleet.queue_assigned", priority_class=self.queue.name, partitions=sorted(tp.partition for tp in assigned))

@@ -1,7 +1,7 @@
 """The daemon's own copies of a request fit the brokers' largest record (issue 37).
 
-A request travels again as a retry (its bytes, with the signed retry headers and its trace
-context) and as a DLQ record (its bytes, with why and where from). Both add headers to a record
+A request travels again as a retry (its bytes, with the signed retry headers, its producer's
+signature and its trace context) and as a DLQ record (its bytes, with why and where from). Both add headers to a record
 that already reached the requests topic, so a request close to the brokers' limit would make
 copies the broker refuses: the request read and trained again on every read, or its DLQ copy lost.
 
@@ -19,8 +19,9 @@ from pydantic import TypeAdapter
 
 from daemon.kafka.records import Record
 from schemas import FieldError
+from schemas.signing import PRODUCER_SIGNATURE_HEADER
 
-COPY_HEADROOM_BYTES = 8192  # retry headers ~150 B, trace context at most ~600 B, DLQ headers <= 5 KiB, framing
+COPY_HEADROOM_BYTES = 8192  # retry headers ~150 B, trace context at most ~600 B, a producer's signature at most 256 B, DLQ headers <= 5 KiB, framing
 ERRORS_HEADER_BYTES = 4096  # the DLQ's `adapterd-errors`; the `rejected` event carries them all
 FIELD_ERRORS = TypeAdapter(list[FieldError])
 
@@ -63,3 +64,17 @@ def errors_header(errors: list[FieldError]) -> bytes:
         if len(dumped) <= ERRORS_HEADER_BYTES:
             return dumped
     return FIELD_ERRORS.dump_json([FieldError(path="", message=f"{len(errors)} errors (the rejected event has them all)")])
+
+
+# A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header is not one, and is not carried.
+MAX_SIGNATURE_BYTES = 256
+
+
+def producer_signature(record: Record) -> tuple[tuple[str, bytes], ...]:
+    """The producer's signature header (daemon/admission/grants.py), carried by every copy of the request (a retry, a
+    claim, a move, a requeue) so that the copy is judged by who wrote it as the original was: kept only when there is
+    exactly one, of a signature's size (else none, which a host with bound teams refuses, as it would the original)."""
+    found = [value for name, value in record.headers or () if name == PRODUCER_SIGNATURE_HEADER]
+    if len(found) == 1 and found[0] is not None and len(found[0]) <= MAX_SIGNATURE_BYTES:
+        return ((PRODUCER_SIGNATURE_HEADER, found[0]),)
+    return ()

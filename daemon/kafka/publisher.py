@@ -20,7 +20,7 @@ from aiokafka.structs import RecordMetadata
 from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from daemon.kafka.clients import Producer, kafka_producer
-from daemon.kafka.copies import dlq_value, errors_header
+from daemon.kafka.copies import dlq_value, errors_header, producer_signature
 from daemon.kafka.records import Record
 from daemon.kafka.trace import Headers, trace_context
 from daemon.secret_files import event_signer
@@ -107,8 +107,9 @@ class Publisher:
 
     def retry_copy(self, record: Record, retry_headers: Headers) -> Outgoing:
         """The request again, byte for byte and with the same key, for its next attempt: its signed
-        retry state (daemon/kafka/retry_state.py) and its trace context as headers."""
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"", [*retry_headers, *trace_context(record)])
+        retry state (daemon/kafka/retry_state.py), its producer's signature and its trace context as headers."""
+        return Outgoing(self.settings.requests_topic, record.key, record.value or b"",
+                        [*retry_headers, *producer_signature(record), *trace_context(record)])
 
     def deferred_copy(self, record: Record) -> Outgoing:
         """A retry that is not yet due, to the end of its partition again, headers and all (but a

@@ -8,9 +8,11 @@ ends it saw at `start()`, so a reader can stop there or go on following. Caught 
 consumer's position, not by the last record's offset: a topic written in transactions (the fleet's
 claims and queue topics) ends in a commit marker, which is an offset but never a record.
 
-A record the Kafka client cannot unpack (a header name that is not UTF-8; daemon/kafka/unreadable.py
-says how it breaks aiokafka) is stepped past, logged, rather than ending the reader: the control
-topic's reader would otherwise stop taking cancels for good.
+A record the Kafka client cannot unpack (a header name that is not UTF-8, a batch in a codec it cannot
+decompress; daemon/kafka/unreadable.py says how it breaks aiokafka) is stepped past by the same
+`CarefulReader` as the daemon's, logged and counted, rather than ending the reader: the control
+topic's reader would otherwise stop taking cancels for good. Nothing is dead-lettered: every daemon
+and every CLI command reads these topics, so each would send a copy.
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 
-import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.kafka.options import kafka_options
+from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
 from daemon.kafka.topics import partition_numbers
-from daemon.kafka.unreadable import unreadable
+from daemon.kafka.unreadable import CarefulReader
 from daemon.settings import Settings
 
-log = structlog.get_logger()
+MAX_RECORDS = 10_000  # the most records of one poll
 
 
 class TopicReader:
@@ -48,7 +50,10 @@ class TopicReader:
             **({"client_id": client_id} if client_id else {}),
         )
         self.ends: dict[TopicPartition, int] = {}
-        self.next_offset: dict[TopicPartition, int] = {}  # past the last record yielded, per partition
+        self.partitions = Partitions(self.consumer)
+        self.careful = CarefulReader(self.consumer, self.partitions)
+        # Past the last record yielded, per partition: where a step past an unreadable record rewinds to.
+        self.next_offset: dict[TopicPartition, int] = self.partitions.expected
         # Set once every record that existed at `start()` has been yielded (at once when reading from the end).
         self.caught_up = asyncio.Event()
 
@@ -63,40 +68,19 @@ class TopicReader:
         partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
         self.consumer.assign(partitions)
         self.ends = await self.consumer.end_offsets(partitions)
-        self.next_offset = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
+        start = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
         if self.since is not None and not self.from_end:
             found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
-            self.next_offset = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
+            start = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
         if self.start_at is not None:
             first = await self.consumer.beginning_offsets(partitions)
-            self.next_offset = {tp: min(self.ends[tp], max(first[tp], self.start_at.get(tp.partition, 0))) for tp in partitions}
+            start = {tp: min(self.ends[tp], max(first[tp], self.start_at.get(tp.partition, 0))) for tp in partitions}
         for tp in partitions:
-            self.consumer.seek(tp, self.next_offset[tp])
+            self.partitions.read_from(tp, start[tp])
         return self
 
     async def stop(self) -> None:
         await self.consumer.stop()
-
-    async def _step_past_unreadable(self, exc: Exception) -> dict[TopicPartition, list[Record]]:
-        """Back to where each partition should be read next (the records fetched with the unreadable
-        one were lost), then a record at a time per partition until the one that raises is met."""
-        log.warning("topic.unreadable_record", topic=self.topic, error=type(exc).__name__)
-        for tp, offset in self.next_offset.items():
-            self.consumer.seek(tp, offset)
-        batches: dict[TopicPartition, list[Record]] = {}
-        for tp in self.next_offset:
-            try:
-                got = await self.consumer.getmany(tp, timeout_ms=200, max_records=1)
-            except Exception as again:
-                if not unreadable(again):
-                    raise
-                log.error("topic.unreadable_record_skipped", topic=self.topic, partition=tp.partition, offset=self.next_offset[tp],
-                          error=type(again).__name__)
-                self.next_offset[tp] += 1
-                self.consumer.seek(tp, self.next_offset[tp])
-                continue
-            batches.update(got)
-        return batches
 
     async def __aenter__(self) -> TopicReader:
         return await self.start()
@@ -112,12 +96,8 @@ class TopicReader:
                 self.caught_up.set()
             if not behind and not follow:
                 return
-            try:
-                batches = await self.consumer.getmany(timeout_ms=1000)
-            except Exception as exc:
-                if not unreadable(exc):
-                    raise
-                batches = await self._step_past_unreadable(exc)
+            # A record none can read is stepped past inside the poll, logged and counted there (and dropped here).
+            batches, _ = await self.careful.poll(timeout_ms=1000, max_records=MAX_RECORDS)
             for tp, records in batches.items():
                 for record in records:
                     self.next_offset[tp] = record.offset + 1

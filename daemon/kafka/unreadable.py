@@ -1,17 +1,22 @@
-"""Records the Kafka client cannot read, stepped past rather than crashing the daemon (issue 37).
+"""Records the Kafka client cannot read, stepped past rather than crashing the daemon (issues 37, 61).
 
-aiokafka decodes a record header's name as UTF-8 while it unpacks a fetched batch; a producer on
-another client (librdkafka takes any bytes for a name) can send one that is not, and `getmany`
-then raises UnicodeDecodeError on every call. Worse, the records of the same fetch before it are
-lost with the exception, and aiokafka moves its position past them on the next call. So on an
-error that is not Kafka's own, the daemon:
+aiokafka unpacks a fetched batch as it hands out its records, and some batches it cannot unpack: a
+record header's name that is not UTF-8 (librdkafka takes any bytes for a name), a batch compressed
+with a codec it has no library for or does not know (one Kafka adds later: `UnsupportedCodecError`),
+or a batch whose checksum or framing is wrong (`CorruptRecordException`). `getmany` then raises on
+every call. Worse, the records of the same fetch before it are lost with the exception, and aiokafka
+moves its position past them on the next call. So on such an error (`unreadable`) every reader of a
+topic, the daemon's and the CLI's alike, polls through `CarefulReader`, which:
 
 1. seeks every partition back to where it knows it should read next (`Partitions.expected`: past
-   the last record handed to intake, or where it last sought), so nothing is skipped;
+   the last record handed on, or where it last sought), so nothing is skipped;
 2. reads one record at a time per partition until the one that raises is met: its offset is then
    known exactly (the partition's expected position), since nothing else was read;
-3. rejects it by its offset: a DLQ record without value (the client could not read it) naming the
-   source offset where its bytes still are, a `rejected` event, and a commit past it.
+3. steps past it by its offset and hands it to its reader, logged and counted: the daemon's intake
+   rejects it (a DLQ record without value naming the source offset where its bytes still are, a
+   `rejected` event, a commit past it; the fleet's queues do the same), the readers of the events and
+   control topics go on without it. A compressed batch none can read is met record by record, each
+   stepped past at its own offset.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
 from daemon.kafka.clients import Consumer
 from daemon.kafka.partitions import Partitions
@@ -47,13 +52,28 @@ class UnreadableRecord:
     timestamp: int = -1
 
 
+# Kafka's own errors that are a batch's doing, not the brokers' or the group's: aiokafka raises them only
+# while it unpacks a fetched batch (its fetcher logs a broker's error code for a partition, it does not
+# raise it). aiokafka offers no hook on a batch it cannot decode, so its public exception classes are
+# what this relies on.
+BATCH_ERRORS: tuple[type[KafkaError], ...] = (UnsupportedCodecError, CorruptRecordException)
+
+# What a producer can do about each, said in the rejection.
+HINTS: dict[type[BaseException], str] = {
+    UnicodeDecodeError: "a header name must be UTF-8",
+    UnsupportedCodecError: "its batch is compressed with a codec this host cannot decompress: gzip, snappy, lz4 and zstd are read",
+    CorruptRecordException: "its batch is corrupt",
+}
+
+
 def unreadable(exc: BaseException) -> bool:
     """Whether an error of `getmany` is a record the client cannot read (not the brokers' or the group's)."""
-    return isinstance(exc, Exception) and not isinstance(exc, KafkaError)
+    return isinstance(exc, BATCH_ERRORS) or (isinstance(exc, Exception) and not isinstance(exc, KafkaError))
 
 
 def rejection_of(record: UnreadableRecord, exc: BaseException) -> Rejection:
-    message = (f"the Kafka client could not read this record ({type(exc).__name__}: {str(exc)[:200]}; a header name must be UTF-8); "
+    hint = next((text for kind, text in HINTS.items() if isinstance(exc, kind)), None)
+    message = (f"the Kafka client could not read this record ({type(exc).__name__}: {str(exc)[:200]}{'; ' + hint if hint else ''}); "
                f"its bytes are at offset {record.offset} of {record.topic}/{record.partition}")
     return Rejection("invalid", [FieldError(path="", message=message)], None, type(exc).__name__)
 
@@ -75,7 +95,8 @@ class CarefulReader:
         except Exception as exc:
             if not unreadable(exc):
                 raise
-            log.warning("poll.unreadable_record", error=type(exc).__name__, detail=str(exc)[:200], reason="reading one record at a time to find it")
+            log.warning("poll.unreadable_record", topics=sorted({tp.topic for tp in self.partitions.assigned()}), error=type(exc).__name__,
+                        detail=str(exc)[:200], reason="reading one record at a time to find it")
             self.partitions.rewind()
             self.careful_turns = CAREFUL_TURNS
             return {}, []
@@ -96,8 +117,9 @@ class CarefulReader:
                 # Nothing of tp was read since the seek to it, so the record that raised is where tp stands.
                 offset = self.partitions.expected.get(tp) or await self.consumer.position(tp)
                 record = UnreadableRecord(tp.topic, tp.partition, offset)
-                log.error("poll.unreadable_record_found", partition=tp.partition, offset=offset, error=type(exc).__name__)
-                metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
+                log.error("poll.unreadable_record_found", topic=tp.topic, partition=tp.partition, offset=offset, error=type(exc).__name__,
+                          detail=str(exc)[:200])
+                metrics.UNREADABLE_RECORDS.labels(tp.topic, type(exc).__name__).inc()
                 self.partitions.read_from(tp, offset + 1)
                 met.append((record, exc))
                 self.careful_turns = 0  # found: ordinary polling again (another one would be met the same way)

@@ -22,6 +22,10 @@ INTAKE_ERRORS = Counter(
     "adapterd_intake_internal_errors", "Records whose decoding, policy check or rejection raised unexpectedly (rejected as internal), by exception class.",
     ["exception"],
 )
+UNREADABLE_RECORDS = Counter(
+    "adapterd_unreadable_records", "Records the Kafka client could not read (a codec it lacks, a corrupt batch, a header name not UTF-8), "
+    "stepped past by their offset (daemon/kafka/unreadable.py), by topic and exception class.", ["topic", "exception"],
+)
 FORKSERVER_FAILURES = Counter(
     "adapterd_forkserver_failures", "Fork servers that refused to serve (their self-check failed) or died after they were ready.", ["reason"],
 )

@@ -179,3 +179,29 @@ def test_a_capital_only_nfkc_makes_ascii_begins_no_word() -> None:
     assert words("hf_to\u212aen") == "hf_token"
     assert BUILTIN.keys.names_credential("hf_to\u212aen")
     assert words("hfToken") == "hf_token"  # an ASCII capital still begins a word
+
+
+# Issue 61: transformers' tokenizers' and processors' token names, a part of a text earlier in the name than the
+# word before `token`; and credentials that begin like one, the word before `token` saying whose credential it is.
+TOKENIZER_NAMES = [
+    "tool_call_token", "bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
+    "image_token", "boi_token", "eoi_token", "video_token", "audio_token", "image_break_token", "img_line_break_token",
+    "image_placeholder_token", "image_newline_token", "audio_delay_token", "audio_ms_per_token", "tile_global_token",
+    "end_of_img_token", "word_delimiter_token", "phone_delimiter_token", "end_of_utterance_token", "blank_token",
+    "fill_token", "vision_start_token", "toolCallToken", "TOOL_CALL_TOKEN",
+]
+STILL_CREDENTIALS = [
+    "token", "hf_token", "api_token", "access_token", "auth_token", "refresh_token", "id_token", "image_api_token",
+    "tool_auth_token", "vision_hf_token", "audio_access_token", "image_secret_token", "tool_calltoken", "image_hftoken",
+    "tool_call_password", "chat_github_token",
+]
+
+
+@pytest.mark.parametrize("name", TOKENIZER_NAMES)
+def test_a_tokenizers_token_names_are_not_credentials(name: str) -> None:
+    assert not BUILTIN.keys.names_credential(name), (name, words(name))
+
+
+@pytest.mark.parametrize("name", STILL_CREDENTIALS)
+def test_a_credential_that_begins_like_a_tokenizers_token_is_still_one(name: str) -> None:
+    assert BUILTIN.keys.names_credential(name), (name, words(name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import urllib.request
 from pathlib import Path
@@ -89,16 +90,27 @@ def doctor(config: ConfigOption = None) -> None:
 
 def keys(
     folder: Annotated[Path, typer.Argument(help="Where event-signing-key.pem (owner-only) and event-verify-key.pub go.")],
+    team: Annotated[str | None, typer.Option("--team", help="Make TEAM's producer key pair instead: TEAM-producer-key.pem and .pub.")] = None,
 ) -> None:
-    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers' event_verify_keys."""
-    from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair
+    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers'
+    event_verify_keys; with --team, a team's: the private key for its producers' producer_key_file, the public key for teams.TEAM.producer_keys."""
+    from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair, team_names
     from daemon.errors import UsageError
+    from schemas.request_base import QUEUE_NAME_PATTERN
 
+    if team is not None and not re.fullmatch(QUEUE_NAME_PATTERN, team):
+        typer.echo(f"adapterd: --team: {team!r} is not a team name ({QUEUE_NAME_PATTERN})", err=True)
+        raise typer.Exit(2)
     try:
-        key_id, public = make_key_pair(folder)
+        key_id, public = make_key_pair(folder, team)
     except UsageError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if team is not None:
+        private_name, public_name = team_names(team)
+        typer.echo(f"key {key_id}: private key {folder / private_name} (its producers' producer_key_file), public key {folder / public_name}")
+        typer.echo(f"[teams.{team}]\nproducer_keys = [\"{public}\"]")
+        return
     typer.echo(f"key {key_id}: private key {folder / PRIVATE_NAME} (event_signing_key_file), public key {folder / PUBLIC_NAME}")
     typer.echo(f"event_verify_keys = [\"{public}\"]")
 

@@ -33,19 +33,20 @@ def submit(
     file: RequestFile,
     config: ConfigOption = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")] = False,
+    key: Annotated[Path | None, typer.Option("--key", help="The team's private key to sign the request with; default: producer_key_file.")] = None,
 ) -> None:
-    """Validate a request file and publish it to the requests topic, keyed by its request id."""
+    """Validate a request file and publish it to the requests topic, keyed by its request id, signed with the team's key when there is one."""
     request = read_request(file)
     settings = read_settings(config)
+    value = request.model_dump_json(exclude_unset=True).encode()
+    headers = producer_signed(value, key, settings.producer_key_file)
 
     async def publish() -> int:
         async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
             producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
             try:
                 await producer.start()
-                meta = await producer.send_and_wait(
-                    settings.requests_topic, request.model_dump_json(exclude_unset=True).encode(), key=request.request_id.encode()
-                )
+                meta = await producer.send_and_wait(settings.requests_topic, value, key=request.request_id.encode(), headers=headers)
             finally:
                 await producer.stop()
             typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
@@ -54,6 +55,22 @@ def submit(
             return await follow_to_end(stream, request.request_id)
 
     raise typer.Exit(with_kafka(settings, publish()))
+
+
+def producer_signed(value: bytes, key: Path | None, setting: Path | None) -> list[tuple[str, bytes]]:
+    """The producer's signature header over exactly `value`, with `--key` or else `producer_key_file`; none without
+    either. A key that cannot be read ends the command (exit 2), naming the flag or setting."""
+    from schemas.signing import EventSigner, producer_headers
+
+    path, name = (key, "--key") if key is not None else (setting, "producer_key_file")
+    if path is None:
+        return []
+    try:
+        signer = EventSigner.from_file(path)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"adapterd: {name}: {path}: {getattr(exc, 'strerror', None) or exc}", err=True)
+        raise typer.Exit(2) from exc
+    return producer_headers(signer, value)
 
 
 def cancel(

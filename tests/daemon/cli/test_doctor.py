@@ -57,7 +57,7 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "acls", "events", "retry", "hub", "gpus", "disk", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "daemon"}
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write "
                              f"{settings.events_topic} and speak for the fleet; enable one and let only the fleet's principals write it")

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import SIGNATURE_HEADER
-from schemas.signing import EventSigner, new_key_pair, read_private_key
+from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventKeys, EventSigner, new_key_pair, read_private_key
 from testbed.client import read_records
 from tests.helpers import event_document, sft_request
 
@@ -49,6 +49,17 @@ async def test_the_producer_publishes_a_checked_request_keyed_by_its_id(settings
     assert published.returncode == 0, published.stderr
     [record] = await read_records(settings, settings.requests_topic, 1)  # the bad one was never sent
     assert record.key == b"from-a-producer" and record.value == good.read_bytes()
+
+
+async def test_the_producer_signs_with_its_teams_key_over_exactly_the_bytes_it_sends(settings: Settings, tmp_path: Path) -> None:
+    private, public = new_key_pair()
+    (tmp_path / "search-producer-key.pem").write_bytes(private)
+    good = tmp_path / "request.json"
+    good.write_text(json.dumps(sft_request("signed-by-search", team="search")))
+    published = example("producer.py", settings.bootstrap_servers, str(good), settings.requests_topic, "--key", str(tmp_path / "search-producer-key.pem"))
+    assert published.returncode == 0, published.stderr
+    [record] = await read_records(settings, settings.requests_topic, 1)
+    EventKeys.parse([public]).verify(record.value, record.headers, PRODUCER_SIGNATURE_HEADER)  # raises unless search's key signed these bytes
 
 
 async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Settings, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """The dispatcher's parts that need no broker (issue 47): a queue partition's window (a request that may not
 start holds up none behind it; what is taken from inside the window takes the records before it along,
-to be written again), a claimed request's class, and the signed count of preemptions."""
+to be written again; a record the client cannot read takes its place in it, to be rejected: issue 61),
+a claimed request's class, and the signed count of preemptions."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import UnsupportedCodecError
 
 from daemon.fleet.choice import Head
+from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.jobs import claimed_class
 from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
 from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
 from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.unreadable import UnreadableRecord
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS
 from testbed.fleet_keys import shared_fleet_keys
@@ -76,23 +80,27 @@ def head(queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
     return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class="batch")
 
 
+def unreadable(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
+    raise AssertionError(f"no record of these tests is unreadable ({exc!r} at {record.offset})")
+
+
 async def test_a_window_holds_the_first_records_of_a_partition_and_pauses_it_when_full() -> None:
     queue, consumer = queue_over(WINDOW + 10)
-    await queue.fetch(head)
+    await queue.fetch(head, unreadable)
     assert [h.record.offset for h in queue.heads()] == list(range(WINDOW))
     assert consumer.paused and consumer.position == WINDOW  # what did not fit is read again once there is room
-    await queue.fetch(head)
+    await queue.fetch(head, unreadable)
     assert len(queue.heads()) == WINDOW  # paused: nothing more
 
 
 async def test_a_request_taken_from_inside_the_window_takes_the_ones_before_it_along_and_the_rest_stay() -> None:
     queue, consumer = queue_over(WINDOW + 10)
-    await queue.fetch(head)
+    await queue.fetch(head, unreadable)
     third = queue.heads()[2]
     assert [r.offset for r in queue.before(third)] == [0, 1]  # written again at the end, in the move's transaction
     queue.taken(third)
     assert [h.record.offset for h in queue.heads()][:2] == [3, 4] and not consumer.paused
-    await queue.fetch(head)
+    await queue.fetch(head, unreadable)
     assert [h.record.offset for h in queue.heads()] == list(range(3, WINDOW + 3))  # refilled from where it left off
     first = queue.heads()[0]
     assert queue.before(first) == []
@@ -143,8 +151,39 @@ async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revo
         order.append(f"settled at generation {queue.generation}")
 
     queue.settled = settled
-    await queue.fetch(head)
+    await queue.fetch(head, unreadable)
     read = queue.heads()[0]
     await QueueListener(queue).on_partitions_revoked({TP})
     assert order == ["settled at generation 1"] and queue.windows == {}  # the generation moved first, then the wait
     assert read.generation == 0 != queue.generation  # a move of it now: Dispatcher._ours says no
+
+
+class CodecConsumer(WindowConsumer):
+    """As aiokafka meets a batch compressed with a codec it cannot decompress: the poll that reaches it raises
+    (the records fetched with it are lost), on every call until the partition is sought past it."""
+
+    def __init__(self, records: list[FakeRecord], compressed: set[int]) -> None:
+        super().__init__(records)
+        self.compressed = compressed
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+        batch = [r for r in self.records if r.offset >= self.position][:max_records]
+        if not self.paused and any(r.offset in self.compressed for r in batch):
+            raise UnsupportedCodecError("Unknown compression codec 0x05")
+        return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+
+
+async def test_a_batch_no_codec_reads_takes_its_place_in_the_window_by_offset_to_be_rejected_and_the_rest_is_read() -> None:
+    records = [FakeRecord(TP.topic, 0, offset, f"r{offset}".encode(), b"{}", timestamp=1000 * offset) for offset in range(8)]
+    consumer = CodecConsumer(records, compressed={3, 4})  # one batch of two records
+    queue = ClassQueue("batch", TP.topic, "adapterd.queue.batch", consumer)
+    queue.subscribed = queue.joined = True
+    for _ in range(20):  # a turn each: the poll that raises, then one record at a time until the batch is met
+        await queue.fetch(head, Dispatcher._unreadable_head)
+    assert [h.record.offset for h in queue.heads()] == list(range(8))  # none lost, none twice
+    rejected = [h for h in queue.heads() if h.rejection is not None]
+    assert [h.record.offset for h in rejected] == [3, 4]
+    for h in rejected:
+        assert isinstance(h.record, UnreadableRecord) and h.rejection is not None
+        assert h.rejection.exception == "UnsupportedCodecError" and h.rejection.request_id is None
+        assert f"offset {h.record.offset} of {TP.topic}/0" in h.rejection.errors[0].message

@@ -108,7 +108,7 @@ async def test_a_genuine_event_older_than_the_window_is_not_folded(settings: Set
 
 def test_the_memory_of_ids_holds_the_windows_ids_only() -> None:
     ids, now = EventIds(window_s=100.0), time.time()
-    events = [Cancelled(request_id=f"r-{n}", reason="x", time=datetime.fromtimestamp(now - 150 + n * 10, UTC)) for n in range(15)]
+    events = [Cancelled(request_id=f"r-{n}", reason="x", time=datetime.fromtimestamp(now - 145 + n * 10, UTC)) for n in range(15)]
     refused = [ids.refused(event, now) for event in events]
     assert refused == ["stale"] * 5 + [None] * 10 and len(ids) == 10
     assert ids.refused(events[7], now) == "repeated"

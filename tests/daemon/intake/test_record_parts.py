@@ -2,7 +2,8 @@
 daemon's own names forged, thousands of them), a null or non-UTF-8 key, any timestamp. Each record
 ends in a rejection (DLQ, event, commit) or a job with one terminal event; nothing raises out of
 intake, and an exception while deciding about a record is an `internal` rejection, never an exit.
-On the in-memory fakes (tests/core.py): milliseconds each."""
+A record the client cannot read (a header name not UTF-8; a batch in a codec it cannot decompress or a
+corrupt one, issue 61) is rejected by its offset. On the in-memory fakes (tests/core.py): milliseconds each."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
+from aiokafka.errors import CorruptRecordException, KafkaConnectionError, UnsupportedCodecError
 
 from daemon.intake import Intake
 from daemon.kafka.retry_state import ATTEMPT_HEADER, DUE_HEADER, RETRY_HEADERS, SIGNATURE_HEADER
+from daemon.kafka.unreadable import unreadable
 from daemon.ops import metrics
 from daemon.service import Service
 from daemon.settings import Settings
@@ -172,13 +175,15 @@ UNREADABLE = b"<a header name that is not UTF-8>"
 
 class AiokafkaLikeConsumer(YieldingConsumer):
     """Reads a log by position, as aiokafka does, including what it does with a record it cannot
-    unpack (a header name that is not UTF-8): the call raises, the records of the same call before
-    it are lost (other partitions' positions already moved past theirs), and the next call moves
-    past the lost ones of its own partition too, unless the partition is sought first."""
+    unpack (a header name that is not UTF-8, a batch it cannot decompress): the call raises `error`,
+    the records of the same call before it are lost (other partitions' positions already moved past
+    theirs), and the next call moves past the lost ones of its own partition too, unless the
+    partition is sought first."""
 
-    def __init__(self, log: dict[TopicPartition, list[FakeRecord]]) -> None:
+    def __init__(self, log: dict[TopicPartition, list[FakeRecord]], error: Exception | None = None) -> None:
         super().__init__()
         self.log = log
+        self.error = error if error is not None else UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
         self.position_of = {tp: 0 for tp in log}
         self.skip_to: dict[TopicPartition, int] = {}
         self.committed.update({tp: 0 for tp in log})
@@ -203,7 +208,7 @@ class AiokafkaLikeConsumer(YieldingConsumer):
             bad = next((r for r in batch if r.value == UNREADABLE), None)
             if bad is not None:
                 self.skip_to[tp] = bad.offset  # the dead iterator: its good records are skipped next time
-                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+                raise self.error
             if batch:
                 batches[tp] = batch
                 self.position_of[tp] = batch[-1].offset + 1
@@ -211,14 +216,37 @@ class AiokafkaLikeConsumer(YieldingConsumer):
         return batches
 
 
-async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_is_lost(settings: Settings) -> None:
+def test_kafkas_errors_of_a_batch_are_a_records_doing_and_its_others_are_not() -> None:
+    """The step-past decision: what aiokafka raises while it unpacks a batch is stepped past; an error of
+    the brokers or the group is not (the poll raises it, as before)."""
+    assert unreadable(UnsupportedCodecError("Libraries for lz4 compression codec not found"))
+    assert unreadable(UnsupportedCodecError("Unknown compression codec 0x05"))
+    assert unreadable(CorruptRecordException("Invalid CRC"))
+    assert unreadable(UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"))
+    assert not unreadable(KafkaConnectionError())
+    assert not unreadable(asyncio.CancelledError())
+
+
+UNREADABLE_CASES = {
+    # A header name aiokafka cannot decode: one record.
+    "header-name": (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), [3]),
+    # A batch of two records in a codec this host has no library for, or one Kafka adds later: each record of it.
+    "codec": (UnsupportedCodecError("Libraries for lz4 compression codec not found"), [3, 4]),
+    "corrupt": (CorruptRecordException("Invalid CRC - requests-1"), [3]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE_CASES))
+async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_is_lost(settings: Settings, case: str) -> None:
+    error, unread_offsets = UNREADABLE_CASES[case]
     first, second = TopicPartition(settings.requests_topic, 0), TopicPartition(settings.requests_topic, 1)
     log = {
         first: [FakeRecord(first.topic, 0, offset, b"k", b"{}") for offset in range(5)],
         second: [FakeRecord(second.topic, 1, offset, b"k", b"{}") for offset in range(6)],
     }
-    log[second][3] = FakeRecord(second.topic, 1, 3, b"k", UNREADABLE)
-    consumer = AiokafkaLikeConsumer(log)
+    for offset in unread_offsets:
+        log[second][offset] = FakeRecord(second.topic, 1, offset, b"k", UNREADABLE)
+    consumer = AiokafkaLikeConsumer(log, error)
     service = Service(settings, consumer=consumer, producer=FakeProducer())
     service.partitions.on_assigned({first, second})
     loop = asyncio.create_task(service._poll_until_stopped())
@@ -230,5 +258,5 @@ async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_
     dead = service.publisher.producer.on(settings.dlq_topic)  # type: ignore[attr-defined]
     offsets = sorted((int(m.header("adapterd-source-partition")), int(m.header("adapterd-source-offset"))) for m in dead)
     assert offsets == [(0, n) for n in range(5)] + [(1, n) for n in range(6)]  # each once: none lost, none twice
-    [unread] = [m for m in dead if m.header("adapterd-exception") == b"UnicodeDecodeError"]
-    assert unread.header("adapterd-source-offset") == b"3" and unread.value == b""
+    unread = [m for m in dead if m.header("adapterd-exception") == type(error).__name__.encode()]
+    assert [int(m.header("adapterd-source-offset")) for m in unread] == unread_offsets and all(m.value == b"" for m in unread)
