@@ -143,11 +143,9 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     @model_validator(mode="after")
     def _classes_trust(self) -> Settings:
-        """With priority classes every host, and the CLI's places and ETAs, decide from the events topic
-        (daemon/fleet/view.py: the teams' usage and caps, the hosts' slots, the running jobs): without a key to verify
-        events by, one unsigned event written by anyone steers them. Refused rather than warned: nothing else stops a
-        forged event. A single host too: it reads the topic like any other, and one `adapterd keys` pair is all it
-        needs. (The fleet's retry key is required where the daemon starts: daemon/fleet/wiring.py; a CLI never holds it.)"""
+        """With classes every host and the CLI's places decide from the events (daemon/fleet/view.py): without a key to verify
+        them, one unsigned event steers them. Refused, not warned; a single host too (one `adapterd keys` pair is all it needs).
+        The retry key is required where the daemon starts (daemon/fleet/wiring.py): a CLI never holds it."""
         if self.priority_classes and self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
             raise ValueError("priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
                              "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)")
