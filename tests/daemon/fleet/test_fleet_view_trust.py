@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from daemon.fleet.order import Waiting
 from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView
@@ -55,7 +56,9 @@ async def test_a_forged_unsigned_event_changes_nothing_when_the_fleet_has_keys(s
         Accepted(request_id="f-1", method="sft", host="ghost", host_slots=1000, priority_class="batch", team="vision", time=at(60)),
         Started(request_id="f-1", method="sft", pid=1, slot="0,1,2,3", host="ghost", time=at(60)),
     ]
-    view = fold(settings, [record(settings, event, None) for event in forged])
+    with capture_logs() as logs:
+        view = fold(settings, [record(settings, event, None) for event in forged])
+    assert [(entry["event"], entry["reason"]) for entry in logs] == [("fleet.event_skipped", "unsigned")]  # the first of each reason
     assert view.host_slots == {} and view.usage.running() == {} and view.usage.slot_seconds(time.time()) == {}
     assert view.running_jobs.jobs(time.time()) == [] and view.skipped == {"unsigned": 2}
     assert view.pick([VISION], free=1) == VISION  # vision is not at its cap: its request is picked
