@@ -50,6 +50,7 @@ from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Event
 from testbed.data import CHAT_ROWS
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.processes import DaemonProcess
 
 URGENT, BATCH = "urgent", "batch"
@@ -91,11 +92,12 @@ def job_threads(plan: Plan, cores: int) -> int:
 
 
 def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
-    """The fleet's settings with `--classes` (none without: each partition FIFO)."""
+    """The fleet's settings with `--classes` (none without: each partition FIFO), with the keys classes need (one
+    signing key and one retry key for the fleet)."""
     if not plan.classes:
         return {}
     return {
-        "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
+        **shared_fleet_keys(), "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
         "teams": {team: TeamShare(weight=weight) for team, weight in WEIGHTS.items()},
         "preempt_min_run_s": 1.0, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
     }

@@ -28,7 +28,7 @@ from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
-from daemon.fleet.wiring import fleet_dispatcher
+from daemon.fleet.wiring import fleet_dispatcher, require_fleet_retry_key
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
 from daemon.jobs.retention import Pruned, free_bytes, prune_folders_once
@@ -83,6 +83,7 @@ class Service:
     """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
 
     def __init__(self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None) -> None:
+        require_fleet_retry_key(settings)  # before anything is made: a ConfigError, exit 2
         self.settings = settings
         self.consumer = consumer if consumer is not None else kafka_consumer(settings)
         self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,

@@ -151,6 +151,16 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         return self
 
     @model_validator(mode="after")
+    def _classes_trust(self) -> Settings:
+        """With classes every host and the CLI's places decide from the events (daemon/fleet/view.py): without a key to verify
+        them, one unsigned event steers them. Refused, not warned; a single host too (one `adapterd keys` pair is all it needs).
+        The retry key is required where the daemon starts (daemon/fleet/wiring.py): a CLI never holds it."""
+        if self.priority_classes and self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
+            raise ValueError("priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
+                             "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)")
+        return self
+
+    @model_validator(mode="after")
     def _teams(self) -> Settings:
         """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each problem named by its setting."""
         names = [c.name for c in self.priority_classes]

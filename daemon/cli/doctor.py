@@ -30,6 +30,7 @@ from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acl_recipe import recipe, verdict
 from daemon.kafka.acls import principal_of, topics_acls, writers
 from daemon.kafka.options import kafka_options
+from daemon.kafka.retry_state import load_key, retry_key_id
 from daemon.ops.local_endpoint import local_url
 from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
@@ -62,8 +63,8 @@ async def examine(settings: Settings) -> list[Check]:
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
     store = Check("store", *await asyncio.to_thread(store_check, settings))
-    return [kafka, topics, acls, _events(settings), _teams(settings), await asyncio.to_thread(_hub, settings), _gpus(settings), _disk(settings),
-            store, _daemon(settings)]
+    return [kafka, topics, acls, _events(settings), _retry(settings), _teams(settings), await asyncio.to_thread(_hub, settings),
+            _gpus(settings), _disk(settings), store, _daemon(settings)]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -129,6 +130,24 @@ def _events(settings: Settings) -> Check:
         return Check("events", None, f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
                      warn=True)
     return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")
+
+
+def _retry(settings: Settings) -> Check:
+    """The key that signs a retry's and a preemption's counts (daemon/kafka/retry_state.py): one for the fleet, read
+    now, and its id said so that the hosts' can be compared (the same id on every host: the same key). A daemon with
+    priority classes does not start without one (daemon/fleet/wiring.py)."""
+    path = settings.retry_key_file
+    if path is None and settings.priority_classes:
+        return Check("retry", False, "no retry_key_file: with priority_classes the daemon does not start without one key for the fleet "
+                                     "(deploy/README.md)")
+    if path is None:
+        return Check("retry", None, f"no retry_key_file: retries are signed with this host's own key ({settings.work_dir / 'retry-key'}); "
+                                    "another host reads their counts as a first try")
+    try:
+        key = load_key(path, settings.work_dir)
+    except (OSError, ValueError) as exc:
+        return Check("retry", False, f"retry_key_file {path}: {getattr(exc, 'strerror', None) or exc}")
+    return Check("retry", True, f"retry key {retry_key_id(key)} from {path} (the same id on every host of the fleet)")
 
 
 def _teams(settings: Settings) -> Check:

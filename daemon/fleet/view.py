@@ -2,15 +2,18 @@
 on every host, and how long jobs of each method and model took; and the decisions taken with it.
 
 The events are the fleet's only shared record of who ran what (no coordination service): every host
-folds the same verified events (schemas.signing: an unsigned or forged event is not counted) into
-`Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py, running.py), read from `USAGE_LOOKBACK_S`
-before its start and followed from there. The decisions are the pure rules of daemon/fleet/order.py.
+folds the same verified events (schemas.signing: an unsigned or forged event is not counted; settings
+refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
+written again is not counted again), into `Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py,
+running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
+that window is not folded. The decisions are the pure rules of daemon/fleet/order.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -22,6 +25,7 @@ from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remai
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Pace, Usage
 from daemon.kafka.event_reader import EventStream
+from daemon.kafka.records import Record
 from daemon.settings import Settings
 from schemas import Accepted, Event, Queued
 
@@ -42,6 +46,7 @@ class FleetView:
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
         self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two...)
         self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
+        self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
 
     def observe(self, event: Event, now: float) -> None:
         for fold in (self.usage, self.durations, self.running_jobs):
@@ -63,6 +68,7 @@ class FleetView:
         from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
         while True:
             self.usage, self.durations, self.running_jobs = Usage(HALF_LIFE_S), Durations(), RunningJobs()
+            self.host_slots, self.skipped = {}, Counter()
             try:
                 await self._follow()
             except Exception as exc:  # the brokers away: decisions go on with what was folded, until read again
@@ -70,17 +76,30 @@ class FleetView:
                 await asyncio.sleep(FOLLOW_AGAIN_S)
 
     async def _follow(self) -> None:
-        async with EventStream(self.settings, since=time.time() - USAGE_LOOKBACK_S) as stream:
+        async with EventStream(self.settings, since=time.time() - USAGE_LOOKBACK_S, window_s=USAGE_LOOKBACK_S, quiet=True) as stream:
             async for record in stream.reader.records():
-                try:
-                    event = stream.verified(record)
-                except (ValidationError, ValueError):
-                    continue  # not an event of this version: nothing to count
-                if event is not None:
-                    self.observe(event, time.time())
+                self.take(stream, record)
                 if stream.reader.caught_up.is_set() and not self.caught_up.is_set():
                     self.caught_up.set()
-                    log.info("fleet.usage_read", teams=sorted(self.usage.slot_seconds(time.time())))
+                    log.info("fleet.usage_read", teams=sorted(self.usage.slot_seconds(time.time())), skipped=dict(self.skipped))
+
+    def take(self, stream: EventStream, record: Record) -> None:
+        """Fold one record of the events topic: its event when verified and not taken before, else counted."""
+        try:
+            event = stream.verified(record)
+        except (ValidationError, ValueError):
+            return  # not an event of this version: nothing to count
+        if event is not None:
+            self.observe(event, time.time())
+        else:
+            self._skipped(stream.ignored + stream.repeated, record.offset, record.partition)
+
+    def _skipped(self, counts: Counter[str], offset: int, partition: int) -> None:
+        """Count an event not folded (unverified, repeated, stale); the first of each reason is logged at once, the
+        counts with `fleet.usage_read` (a flood of forged events is one line per reason, not one per event)."""
+        for reason in counts.keys() - self.skipped.keys():
+            log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
+        self.skipped = Counter(counts)
 
     def pick(self, heads: Sequence[Waiting], free: int | None) -> Waiting | None:
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs)."""

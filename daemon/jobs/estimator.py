@@ -29,7 +29,9 @@ log = structlog.get_logger()
 class MemoryHistory:
     """Measured over estimated peaks, by model and method, kept in `path` (JSON) across restarts:
     the next estimate for the same model and method is scaled by the largest ratio seen (never
-    below 1: an estimate is only ever raised by what was measured)."""
+    below 1: an estimate is only ever raised by what was measured). The largest, so one sample moves
+    it: only jobs that ran with the settings their estimate assumed are taught to it
+    (daemon/jobs/job_memory.py `ran_as_estimated`)."""
 
     path: Path
     ratios: dict[str, list[float]] = field(default_factory=dict)

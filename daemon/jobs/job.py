@@ -36,7 +36,7 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS
 from daemon.settings import Settings
-from handlers.protocol import JobFailed, TrainResult
+from handlers.protocol import FastSettings, JobFailed, TrainResult
 from schemas.evaluation import EvaluationReport
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.request import RequestBase
@@ -60,6 +60,7 @@ class JobRunner:
         self.request = request
         self.place = place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
         self.memory = memory or MemoryPlan()  # its estimate, a whole GPU's room and the estimator its peak teaches
+        self.fast: FastSettings | None = None  # the speed settings its child trained with, this attempt (none: read back from the journal)
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
@@ -197,7 +198,7 @@ class JobRunner:
                                     first_step_at=first_step_at)
         succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
                                     memory=reported_memory(self.request, self.memory.estimate, self.place.share, result.memory,
-                                                                  self.memory.estimator))
+                                                                  self.memory.estimator, self.fast))
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
 
@@ -210,7 +211,7 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        fast = await fast_settings(self.request, self.settings, self.place.share, self.memory.gpu_room, self.memory.estimator, self.log)
+        fast = self.fast = await fast_settings(self.request, self.settings, self.place.share, self.memory.gpu_room, self.memory.estimator, self.log)
         spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
                         memory_fraction=self.place.share.fraction if self.place.share is not None else None, fast=fast)
         spec_path = self.job_dir / "spec.json"

@@ -1,6 +1,8 @@
 """A job's memory, beside its lifecycle: the speed settings the host gives its child (gradient
 checkpointing off only where the job's estimate without it fits a whole GPU), and the memory its
-`succeeded` event reports, from whose GPU peak the estimator learns."""
+`succeeded` event reports, from whose GPU peak the estimator learns: only where the job ran with the
+activation checkpointing its estimate assumed (`ran_as_estimated`), so one request's own settings
+teach the history nothing."""
 
 from __future__ import annotations
 
@@ -36,16 +38,36 @@ async def fast_settings(
     )
 
 
+def ran_as_estimated(request: RequestBase, estimate: Estimate, fast: FastSettings | None) -> bool:
+    """Whether the job ran with the activation checkpointing its estimate assumed: the request's own setting,
+    else the host's (`fast`), else TRL's default (on). Only then is its measured/estimated ratio a correction of the
+    model of memory, for every job of its model and method: the history scales later estimates by the largest ratio,
+    and one request with `activation_checkpointing: false` (twice its estimate) kept 2 of 4 honest jobs off a GPU
+    they fit. Checkpointing kwargs (every_n_layers, offload) change memory the estimate does not model: not learnt;
+    nor a job whose host settings are unknown (a result read back from an earlier attempt's journal)."""
+    training = request.training
+    if any(getattr(training, name, None) is not None for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")):
+        return False
+    said = next((value for name in ("activation_checkpointing", "gradient_checkpointing") if (value := getattr(training, name, None)) is not None), None)
+    if said is None:
+        if fast is None:
+            return False
+        said = True if fast.gradient_checkpointing is None else fast.gradient_checkpointing
+    return bool(said) == estimate.gradient_checkpointing
+
+
 def reported_memory(
     request: RequestBase, estimate: Estimate | None, share: Placement | None, measured: MemoryUse | None, memory: Estimator | None,
+    fast: FastSettings | None = None,
 ) -> JobMemory:
     """Its memory for `succeeded`: the estimate and share it started with, and what its child
-    measured; a GPU's allocator peak is kept for the next estimates of its model and method."""
+    measured; a GPU's allocator peak is kept for the next estimates of its model and method when it ran
+    as estimated (`ran_as_estimated`, with `fast`, the host's speed settings it ran with)."""
     if measured is not None:
         JOB_MEMORY_PEAK.labels(request.method).observe(measured.peak_allocated_bytes or measured.device_peak_bytes)
         if measured.device == "cuda" and measured.peak_allocated_bytes and estimate is not None and estimate.total > 0:
             JOB_MEMORY_RATIO.labels(request.method).observe(measured.peak_allocated_bytes / estimate.total)
-            if memory is not None:
+            if memory is not None and ran_as_estimated(request, estimate, fast):
                 memory.learn(request, estimate, measured.peak_allocated_bytes)
     return JobMemory(
         estimate_bytes=estimate.needed if estimate is not None else None,

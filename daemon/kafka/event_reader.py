@@ -4,15 +4,20 @@ With the fleet's public keys in the settings (`event_verify_keys`, `event_verify
 host's own signing key), an event is taken only when a trusted key signed exactly its bytes
 (schemas/signing.py); any other is ignored, never acted on, and counted by why, and the count is
 said on stderr when the stream closes. Without a key, events are read unverified.
+
+Each event is taken once, by its `event_id` (daemon/kafka/event_ids.py): a genuine event written again
+verifies again, so the repeats are skipped and counted apart (`repeated`), said on stderr the same way.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from types import TracebackType
 
+from daemon.kafka.event_ids import EventIds
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
 from daemon.secret_files import event_keys
@@ -28,11 +33,17 @@ class EventStream:
     is seen, and none of an earlier request that had the same id.
     """
 
-    def __init__(self, settings: Settings, *, from_end: bool = False, since: float | None = None) -> None:
+    def __init__(self, settings: Settings, *, from_end: bool = False, since: float | None = None, window_s: float | None = None,
+                 quiet: bool = False) -> None:
+        """`window_s`: the reader folds only the events of that past (`EventIds`); `quiet`: nothing said on stderr
+        (the daemon logs the counts itself)."""
         self.settings = settings
         self.reader = TopicReader(settings, settings.events_topic, from_end=from_end, since=since)
         self.keys = event_keys(settings)
+        self.quiet = quiet
         self.ignored: Counter[str] = Counter()  # events not taken, by why (UnverifiedEvent's reasons, `misplaced`)
+        self.ids = EventIds(window_s)
+        self.repeated: Counter[str] = Counter()  # genuine events not taken again: `repeated` (an id taken), `stale` (before the window)
 
     async def __aenter__(self) -> EventStream:
         await self.reader.start()
@@ -40,8 +51,12 @@ class EventStream:
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.reader.stop()
+        if self.quiet:
+            return
         if self.ignored:
             print(f"adapterd: {self.ignored_note()}", file=sys.stderr, flush=True)
+        if self.repeated:
+            print(f"adapterd: {self.repeated_note()}", file=sys.stderr, flush=True)
 
     def ignored_note(self) -> str:
         """How many events were ignored and why, in one line."""
@@ -49,13 +64,30 @@ class EventStream:
         return (f"ignored {self.ignored.total()} event(s) in {self.settings.events_topic} without a valid signature "
                 f"of a trusted key ({why})")
 
-    def verified(self, record: Record) -> Event | None:
-        """The record's event, or None (counted) when the reader has keys and none of them signed it."""
+    def repeated_note(self) -> str:
+        """How many events were skipped as taken already (or older than the window), in one line."""
+        why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.repeated.items()))
+        return (f"skipped {self.repeated.total()} event(s) in {self.settings.events_topic} read already or older than what is "
+                f"folded ({why})")
+
+    def verified(self, record: Record, now: float | None = None) -> Event | None:
+        """The record's event, or None (counted) when the reader has keys and none of them signed it, or when an event
+        of its `event_id` was taken already (`now`: the time the window, if any, ends; else the clock's)."""
+        event = self._signed(record)
+        if event is None:
+            return None
+        refused = self.ids.refused(event, time.time() if now is None else now)
+        if refused is not None:
+            self.repeated[refused] += 1
+            return None
+        return event
+
+    def _signed(self, record: Record) -> Event | None:
         if self.keys is not None:
             try:
                 self.keys.verify(record.value or b"", record.headers)
             except UnverifiedEvent as exc:
-                if not self.ignored:  # said at once too: a command following events may wait long for its end
+                if not self.ignored and not self.quiet:  # said at once too: a command following events may wait long for its end
                     print(f"adapterd: ignoring events without a valid signature of a trusted key (first: {exc}); "
                           "how many is said at the end", file=sys.stderr, flush=True)
                 self.ignored[exc.reason] += 1

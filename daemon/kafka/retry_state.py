@@ -9,7 +9,9 @@ would switch retries off, `adapterd-not-before: inf` would hold its partition fo
 due time further ahead than the longest backoff is brought back to it.
 
 The key is `retry_key_file` (one key for the fleet: a retry may be read by any host of the group),
-else one made on first start in `work_dir/retry-key` (this host's retries only).
+else one made on first start in `work_dir/retry-key` (this host's retries only). With priority classes a
+daemon does not start without `retry_key_file` (daemon/fleet/wiring.py: a request and its counts move
+between hosts); `adapterd doctor` says its id (`retry_key_id`) to compare across the hosts.
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ class RetrySigner:
         for part in (record_key or b"", hashlib.sha256(value).digest(), attempt, due, *([alone] if alone is not None else [])):
             mac.update(len(part).to_bytes(8, "big") + part)  # length-prefixed: no two splits sign alike
         return mac.hexdigest()
+
+
+def retry_key_id(key: bytes) -> str:
+    """A short id of a retry key that says nothing of the key: equal on two hosts when their keys are."""
+    return hashlib.sha256(b"adapterd retry key id\0" + key).hexdigest()[:16]
 
 
 def load_key(key_file: Path | None, work_dir: Path) -> bytes:

@@ -9,20 +9,43 @@ side branch or nowhere, and a redelivered request's repeat says `duplicate: true
 fleet signed are acted on: each is checked against the fleet's public keys (the file names one a
 line, `adapterd keys` prints them; two while keys rotate) before it is read, and one that is
 unsigned or wrongly signed (written to the topic by someone else) is ignored and counted
-(docs/guarantees.md). Events are read with `schemas.read_event`, so a newer daemon's fields and event
-types do not stop it (docs/events.md, "How the events change"). The offset is committed after each
-event is handled. With REQUEST_ID, it stops after that request's terminal event (the tests use it).
+(docs/guarantees.md). A genuine event written again verbatim verifies again: it is the same event (the
+same `event_id`) and is dropped as a repeat, by a memory of the last `SEEN_IDS` ids handled (bounded:
+a repeat written after that many other events, or after this process restarts, is handled again; deploy
+idempotently by `commit_sha` for those). Events are read with `schemas.read_event`, so a newer daemon's
+fields and event types do not stop it (docs/events.md, "How the events change"). The offset is committed
+after each event is handled. With REQUEST_ID, it stops after that request's terminal event (the tests use it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer
 
 from schemas import TERMINAL_TYPES, EventKeys, Succeeded, UnverifiedEvent, read_event
+
+SEEN_IDS = 100_000  # the event ids remembered to drop repeats by: a few MB
+
+
+class SeenIds:
+    """The last `size` event ids handled, the oldest forgotten first."""
+
+    def __init__(self, size: int = SEEN_IDS) -> None:
+        self.size = size
+        self.ids: OrderedDict[str, None] = OrderedDict()
+
+    def first(self, event_id: str) -> bool:
+        """True the first time `event_id` is offered (remembering it), False for a repeat."""
+        if event_id in self.ids:
+            return False
+        self.ids[event_id] = None
+        if len(self.ids) > self.size:
+            self.ids.popitem(last=False)
+        return True
 
 
 def deploy(event: Succeeded) -> None:
@@ -34,7 +57,7 @@ async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: 
     keys = EventKeys.from_file(Path(keys_file))
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap_servers, group_id=group_id,
                                 enable_auto_commit=False, auto_offset_reset="earliest")
-    ignored = 0
+    ignored, repeated, seen = 0, 0, SeenIds()
     await consumer.start()
     try:
         async for record in consumer:
@@ -47,6 +70,11 @@ async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: 
                 continue
             if event is None:
                 continue  # a type this version does not know: not one to act on
+            if not seen.first(event.event_id):
+                repeated += 1  # genuine, but handled already: written again (a producer's retry, a replay)
+                print(f"dropped a repeat of event {event.event_id} at {record.partition}@{record.offset}", flush=True)
+                await consumer.commit()
+                continue
             if isinstance(event, Succeeded) and event.published == "main" and not event.duplicate:
                 deploy(event)
             elif isinstance(event, Succeeded):
@@ -56,7 +84,7 @@ async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: 
                 return
     finally:
         await consumer.stop()
-        print(f"ignored {ignored} event(s) without the fleet's signature", flush=True)
+        print(f"ignored {ignored} event(s) without the fleet's signature; dropped {repeated} repeat(s)", flush=True)
 
 
 if __name__ == "__main__":

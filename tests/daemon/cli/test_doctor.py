@@ -24,11 +24,13 @@ from daemon.kafka import acls
 from daemon.kafka.acl_recipe import Rule, recipe, verdict
 from daemon.kafka.acls import Acl, Writers, writers
 from daemon.kafka.options import kafka_options
+from daemon.kafka.retry_state import retry_key_id
 from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas.signing import EventSigner, new_key_pair, read_private_key
 from testbed.client import submit, terminal_events
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.hub_server import HubServer
 from testbed.processes import settings_environment
 from tests.helpers import fleet_key
@@ -58,7 +60,7 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     assert code == 0, lines
     assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    assert set(lines) == {"kafka", "topics", "acls", "events", "teams", "hub", "gpus", "disk", "store", "daemon"}
+    assert set(lines) == {"kafka", "topics", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"}
     assert lines["store"].startswith("--") and "no" in lines["store"]  # none configured: nothing to check
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
@@ -100,6 +102,28 @@ def test_a_store_without_the_fleets_key_stops_the_doctor_as_it_stops_the_daemon(
     assert result.exit_code == 2 and "checkpoint_store needs event_signing_key_file" in result.output
 
 
+def test_the_fleets_retry_key_is_read_and_its_id_said_for_comparing_hosts(settings: Settings, tmp_path: Path) -> None:
+    (tmp_path / "retry-key").write_text("the fleet retry key, 32 bytes ok\n")
+    (tmp_path / "short").write_text("short\n")
+    _, own = doctor(settings)
+    assert own["retry"].startswith("--   retry   no retry_key_file: retries are signed with this host's own key")
+    code, fleet = doctor(settings, retry_key_file=tmp_path / "retry-key")
+    assert fleet["retry"] == (f"ok   retry   retry key {retry_key_id(b'the fleet retry key, 32 bytes ok')} from "
+                              f"{tmp_path / 'retry-key'} (the same id on every host of the fleet)")
+    other = tmp_path / "other-host"
+    other.mkdir()
+    (other / "retry-key").write_text("another host's key, not the fleet's\n")
+    _, elsewhere = doctor(settings, retry_key_file=other / "retry-key")
+    assert elsewhere["retry"].split()[4] != fleet["retry"].split()[4]  # two keys: two ids, told apart by an operator
+    code, short = doctor(settings, retry_key_file=tmp_path / "short")
+    assert code == 1 and short["retry"].startswith("FAIL retry   retry_key_file") and "at least 16 bytes" in short["retry"]
+    code, missing = doctor(settings, retry_key_file=tmp_path / "missing")
+    assert code == 1 and missing["retry"] == f"FAIL retry   retry_key_file {tmp_path / 'missing'}: No such file or directory"
+    classes = Settings(priority_classes=[{"name": "urgent"}], **shared_fleet_keys()).priority_classes
+    code, classed = doctor(settings, priority_classes=classes, event_verify_keys=[new_key_pair()[1]])  # a fleet's host without the key
+    assert code == 1 and classed["retry"].startswith("FAIL retry   no retry_key_file: with priority_classes the daemon does not start")
+
+
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:
     code, lines = doctor(settings, hub_endpoint=strict_hub.endpoint, hub_token=SecretStr("hf_wrong"))
     assert code == 1 and lines["hub"].startswith("FAIL") and "refuses the token (HTTP 401)" in lines["hub"]
@@ -123,7 +147,8 @@ def test_a_missing_topic(settings: Settings) -> None:
 
 
 def test_a_fleet_with_classes_needs_their_queues_and_the_claims_topic(settings: Settings) -> None:
-    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}]).priority_classes,
+    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()).priority_classes,
+                                          **shared_fleet_keys(),
                                           "default_priority_class": "default", "claims_topic": f"claims-{settings.group_id}"})
     urgent = classed.class_topics["urgent"]
     code, lines = doctor(classed)
@@ -155,7 +180,7 @@ def test_who_may_write_the_events_topic_by_kafkas_rule() -> None:
 
 
 def test_every_topic_of_the_fleet_is_judged_against_who_the_recipe_lets_write_it() -> None:
-    classed = Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch"}], default_priority_class="default")
+    classed = Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch"}], default_priority_class="default", **shared_fleet_keys())
     rules = {rule.topic: rule for rule in recipe(classed)}
     assert list(rules) == ["adapterd.requests", "adapterd.requests.urgent", "adapterd.requests.batch", "adapterd.claims", "adapterd.events",
                            "adapterd.dlq", "adapterd.control"]
@@ -201,7 +226,7 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "super.users": "User:ANONYMOUS"}).start()
     try:
         admin = Settings(bootstrap_servers=broker.bootstrap_servers, work_dir=tmp_path / "work")
-        admin = admin.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}]).priority_classes,
+        admin = admin.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()).priority_classes,
                                           "default_priority_class": "default"})
         await ensure_topics(admin)
         host = admin.model_copy(update={"bootstrap_servers": broker.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",

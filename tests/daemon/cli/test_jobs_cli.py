@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,8 +25,10 @@ NOW = datetime.now(UTC)
 
 
 def event(kind: str, request_id: str, host: str, minutes_ago: float, **fields: Any) -> Event:
-    """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`."""
-    document = event_document(kind, request_id=request_id, host=host, time=(NOW - timedelta(minutes=minutes_ago)).isoformat(), **fields)
+    """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`, with an event_id of its own (the
+    examples share theirs, and a reader takes an id once)."""
+    document = event_document(kind, request_id=request_id, host=host, time=(NOW - timedelta(minutes=minutes_ago)).isoformat(),
+                              event_id=secrets.token_hex(16), **fields)
     return parse_event(json.dumps(document).encode())
 
 

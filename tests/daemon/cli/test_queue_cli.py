@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,8 +21,11 @@ from daemon.cli.app import app
 from daemon.fleet_config import PriorityClass
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
+from daemon.secret_files import event_signer
 from daemon.settings import Settings
 from schemas import parse_event
+from schemas.signing import SIGNATURE_HEADER
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.processes import settings_environment
 from tests.helpers import event_document, sft_request
 
@@ -42,7 +46,7 @@ def fleet(settings: Settings) -> Iterator[Settings]:
     """The test's settings with two classes (batch, the lowest, is the default: its queue is the
     requests topic), a claims topic of its own, and those topics created."""
     fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)],
-                                        "claims_topic": f"claims-{settings.group_id}"})
+                                        "claims_topic": f"claims-{settings.group_id}", **shared_fleet_keys()})
     asyncio.run(create_topics(fleet, [fleet.class_topics["urgent"], fleet.claims_topic]))
     yield fleet
 
@@ -62,10 +66,12 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
         producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
         await producer.start()
         try:
+            signer = event_signer(settings) if topic == settings.events_topic else None  # as the fleet's hosts sign theirs
             for item in items:
                 value, key = (item, b"junk-1") if isinstance(item, bytes) else (json.dumps(item).encode(), item["request_id"].encode())
                 stamp = int((NOW - timedelta(minutes=minutes_ago)).timestamp() * 1000)
-                await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=headers)
+                signed = [(SIGNATURE_HEADER, signer.sign(value))] if signer is not None else []
+                await producer.send_and_wait(topic, value, key=key, timestamp_ms=stamp, headers=[*(headers or []), *signed] or None)
         finally:
             await producer.stop()
 
@@ -73,10 +79,17 @@ def write(settings: Settings, topic: str, *items: dict[str, Any] | bytes, minute
 
 
 def publish(settings: Settings, *events: tuple[str, str, float, dict[str, Any]]) -> None:
-    """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples."""
-    write(settings, settings.events_topic, *[json.loads(parse_event(json.dumps(event_document(
+    """(kind, request id, minutes ago, fields) as daemons publish them: docs/events.md's examples, each with an
+    event_id of its own (the examples share theirs, and a reader takes an id once)."""
+    write(settings, settings.events_topic, *[event(kind, request_id, ago, **fields) for kind, request_id, ago, fields in events])
+
+
+def event(kind: str, request_id: str, ago: float, **fields: Any) -> dict[str, Any]:
+    """One event as `publish` sends it."""
+    fields = {"event_id": secrets.token_hex(16), **fields}
+    return json.loads(parse_event(json.dumps(event_document(
         kind, request_id=request_id, host=fields.pop("host", "gpu-a"), time=(NOW - timedelta(minutes=ago)).isoformat(), **fields)).encode()
-    ).model_dump_json()) for kind, request_id, ago, fields in events])
+    ).model_dump_json())
 
 
 def commit(settings: Settings, group: str, topic: str, offset: int) -> None:
@@ -156,6 +169,36 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
     assert code == 1 and "waits in none of the queues" in lines[-1]
 
 
+def test_a_genuine_accepted_written_three_times_counts_once_in_the_fleets_order(fleet: Settings) -> None:
+    """Issue 61: the same signed `accepted` of vision's finished job, written again twice (it verifies each time),
+    made vision look as if it still ran that job since its start: its slot-time above search's, its next request
+    placed after search's, and the finished job listed as holding a slot."""
+    batch = fleet.class_topics["batch"]
+    write(fleet, batch, sft_request("s-next", team="search"), minutes_ago=6)
+    write(fleet, batch, sft_request("v-next", team="vision"), minutes_ago=5)
+    # search ran 2,000 s until 57 minutes ago; vision 1,000 s until 63 minutes ago: vision has used less.
+    publish(fleet, ("accepted", "s-old", 90, {"method": "sft", "priority_class": "batch", "team": "search"}), ("cancelled", "s-old", 57, {}),
+            ("accepted", "v-old", 80, {"method": "sft", "priority_class": "batch", "team": "vision"}), ("cancelled", "v-old", 63, {}))
+    once = rows(cli(fleet, "jobs", "--state", "queued", "--slots", "2")[1])
+    assert list(once) == ["v-next", "s-next"]
+    [accepted] = [record for record in events_written(fleet) if record["request_id"] == "v-old" and record["type"] == "accepted"]
+    write(fleet, fleet.events_topic, accepted, accepted)  # the same bytes, the same signature: genuine, written three times in all
+    result = runner.invoke(app, ["jobs", "--state", "queued", "--slots", "2"], env=settings_environment(fleet))
+    assert result.exit_code == 0, result.output
+    assert rows(result.stdout.splitlines()) == once  # vision first still, v-old not back as holding a slot, the same ETAs
+    assert f"skipped 2 event(s) in {fleet.events_topic} read already or older than what is folded (2 repeated)" in result.stderr
+    code, lines = cli(fleet, "jobs")  # the events' table: v-old ended, as its last event that counts says
+    assert code == 0 and [line.split()[:2] for line in lines if line.startswith("v-old")] == [["v-old", "cancelled"]]
+
+
+def events_written(settings: Settings) -> list[dict[str, Any]]:
+    async def read() -> list[dict[str, Any]]:
+        async with TopicReader(settings, settings.events_topic) as reader:
+            return [json.loads(record.value or b"") async for record in reader.records(follow=False)]
+
+    return asyncio.run(read())
+
+
 def test_an_eta_comes_from_the_running_jobs_and_recent_durations(fleet: Settings) -> None:
     write(fleet, fleet.requests_topic, sft_request("w1"), sft_request("w2"), minutes_ago=5)
     publish(fleet, ("succeeded", "old-1", 60, {"method": "sft", "base_model": sft_request("x")["model"]["id"], "durations_s": {"queue": 0, "total": 600}}),
@@ -219,7 +262,7 @@ def test_claims_written_in_transactions_are_read_to_their_end_and_an_aborted_one
 
 def test_a_queue_topic_that_does_not_exist_is_said_and_the_others_are_listed(settings: Settings) -> None:
     fleet = settings.model_copy(update={"priority_classes": [PriorityClass(name="urgent"), PriorityClass(name="batch")],
-                                        "claims_topic": f"claims-{settings.group_id}"})  # neither the urgent topic nor the claims topic made
+                                        "claims_topic": f"claims-{settings.group_id}", **shared_fleet_keys()})  # neither the urgent topic nor the claims topic made
     write(fleet, fleet.requests_topic, sft_request("b1"))
     result = runner.invoke(app, ["jobs", "--state", "queued"], env=settings_environment(fleet))
     assert result.exit_code == 0 and list(rows(result.stdout.splitlines())) == ["b1"]

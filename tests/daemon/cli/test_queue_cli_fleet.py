@@ -19,6 +19,7 @@ from daemon.settings import Settings
 from schemas import Cancelled, Progress, Queued, Started
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, settings_environment
 from tests.helpers import sft_request
@@ -46,7 +47,7 @@ async def test_the_requests_behind_a_busy_host_are_listed_in_order_and_a_sweep_c
     settings: Settings, published: HubServer, tmp_path: Path,
 ) -> None:
     fleet = settings.model_copy(update={
-        "priority_classes": Settings(priority_classes=CLASSES).priority_classes, "default_priority_class": "default",
+        **shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes, "default_priority_class": "default",
         "claims_topic": f"claims-{settings.group_id}", "max_poll_interval_ms": 5_000, "session_timeout_ms": 6_000,
     })
     await ensure_topics(fleet, partitions=2)

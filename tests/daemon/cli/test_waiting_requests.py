@@ -18,6 +18,7 @@ from daemon.errors import UsageError
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
 from schemas import Event, parse_event
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeRecord
 from tests.helpers import event_document, sft_request
 
@@ -30,7 +31,7 @@ CLAIMS = Queue("g", "claims", "claimed", None)
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(work_dir=tmp_path, priority_classes=CLASSES, claims_topic="claims", group_id="g")
+    return Settings(work_dir=tmp_path, priority_classes=CLASSES, claims_topic="claims", group_id="g", **shared_fleet_keys())
 
 
 def event(kind: str, request_id: str, minutes_ago: float, host: str = "gpu-a", **fields: Any) -> Event:

@@ -14,7 +14,7 @@ from daemon.jobs.job_memory import fast_settings, reported_memory
 from daemon.jobs.memory import Estimate
 from daemon.jobs.slots import Placement
 from daemon.settings import Settings
-from handlers.protocol import MemoryUse
+from handlers.protocol import FastSettings, MemoryUse
 from schemas import REQUEST_MODELS, RequestBase
 from tests.helpers import sft_request
 
@@ -37,8 +37,9 @@ class Needs:
         self.learned.append((request.request_id, estimated.total, measured_bytes))
 
 
-def request(request_id: str = "r1") -> RequestBase:
-    return REQUEST_MODELS["sft"].model_validate(sft_request(request_id))
+def request(request_id: str = "r1", **training: object) -> RequestBase:
+    body = sft_request(request_id)
+    return REQUEST_MODELS["sft"].model_validate({**body, "training": {**body["training"], **training}})
 
 
 def host(tmp_path: Path, **overrides: object) -> Settings:
@@ -79,7 +80,7 @@ def test_a_gpu_peak_is_reported_beside_the_estimate_and_share_and_taught_to_the_
     share = Placement(["0"], share_bytes=12 * GIB, fraction=0.15)
     measured = MemoryUse(device="cuda", peak_allocated_bytes=9 * GIB, peak_reserved_bytes=10 * GIB, device_peak_bytes=11 * GIB)
     ratios = REGISTRY.get_sample_value("adapterd_job_memory_estimate_ratio_count", {"method": "sft"}) or 0.0
-    memory = reported_memory(request("r7"), estimate, share, measured, needs)  # type: ignore[arg-type]
+    memory = reported_memory(request("r7"), estimate, share, measured, needs, FastSettings())  # type: ignore[arg-type]
     assert memory.model_dump() == {"estimate_bytes": 10 * GIB, "share_bytes": 12 * GIB, "device": "cuda",
                                    "peak_allocated_bytes": 9 * GIB, "device_peak_bytes": 11 * GIB}
     assert needs.learned == [("r7", 8 * GIB, 9 * GIB)]  # the model's figure before the scale, against the allocator's peak
@@ -96,3 +97,23 @@ def test_a_cpu_peak_or_no_measure_teaches_the_estimator_nothing() -> None:
     assert unmeasured.model_dump() == {"estimate_bytes": None, "share_bytes": None, "device": None, "peak_allocated_bytes": None,
                                        "device_peak_bytes": None}
     assert needs.learned == []
+
+
+@pytest.mark.parametrize(("training", "fast", "learnt"), [
+    ({}, FastSettings(), True),  # TRL's default turns checkpointing on, as the estimate assumed
+    ({"activation_checkpointing": True}, FastSettings(), True),
+    ({"activation_checkpointing": False}, FastSettings(), False),  # the hostile sample: its own setting, not the model's error
+    ({"gradient_checkpointing": False}, FastSettings(), False),  # the deprecated alias
+    ({"activation_checkpointing_kwargs": {"every_n_layers": 4}}, FastSettings(), False),  # memory the estimate does not model
+    ({}, FastSettings(gradient_checkpointing=False), False),  # the host turned it off: the estimate assumed it on
+    ({}, None, False),  # a result read back from an earlier attempt: how it ran is not known
+])
+def test_only_a_job_that_ran_with_the_checkpointing_its_estimate_assumed_teaches_the_history(
+    training: dict[str, object], fast: FastSettings | None, learnt: bool,
+) -> None:
+    needs = Needs(None)
+    estimate = Estimate({"weights": 17 * GIB}, gradient_checkpointing=True)
+    measured = MemoryUse(device="cuda", peak_allocated_bytes=34 * GIB, peak_reserved_bytes=35 * GIB, device_peak_bytes=36 * GIB)
+    reported = reported_memory(request("r1", **training), estimate, None, measured, needs, fast)  # type: ignore[arg-type]
+    assert reported.peak_allocated_bytes == 34 * GIB  # reported all the same
+    assert needs.learned == ([("r1", 17 * GIB, 34 * GIB)] if learnt else [])

@@ -1,9 +1,13 @@
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from daemon.cli.app import app
 from daemon.errors import ConfigError
 from daemon.settings import Settings, load_settings
+from schemas.signing import new_key_pair
+from testbed.fleet_keys import fleet_keys
 
 
 @pytest.fixture(autouse=True)
@@ -147,3 +151,25 @@ def test_the_endpoints_certificate_needs_its_key_and_addresses_are_host_and_port
     tls = load_settings(logs_token="sixteen-bytes-ok", http_tls_certfile=tmp_path / "c", http_tls_keyfile=tmp_path / "k")
     assert tls.logs_endpoint_scheme == "https" and load_settings(logs_token="sixteen-bytes-ok").logs_endpoint_scheme == "http"
     assert load_settings().logs_endpoint_scheme is None  # no token: no endpoint
+
+
+def test_priority_classes_without_event_keys_or_a_fleet_retry_key_are_refused_naming_the_settings(tmp_path: Path) -> None:
+    """With classes every host, and the CLI's places, decide from the events topic, and hosts take each other's signed
+    retry counts (issue 61): settings with classes and no key to verify events by are refused (any command, exit 2),
+    and `adapterd run` refuses to start without the fleet's retry key (exit 2), each naming the settings."""
+    keys = fleet_keys(tmp_path / "keys")
+    config = tmp_path / "adapterd.toml"
+    config.write_text(f'work_dir = "{tmp_path / "work"}"\npriority_classes = [{{name = "urgent"}}, {{name = "batch"}}]\n')
+    with pytest.raises(ConfigError, match=r"priority_classes need event_signing_key_file or event_verify_keys\(_file\)"):
+        load_settings(config, retry_key_file=keys["retry_key_file"])
+    for command in (["run"], ["jobs"]):
+        result = CliRunner().invoke(app, [*command, "--config", str(config)])
+        assert result.exit_code == 2
+        assert all(name in result.output for name in ("priority_classes", "event_signing_key_file", "event_verify_keys"))
+    # Event keys alone: the CLI's settings (an operator's, with the public key), but no daemon.
+    config.write_text(config.read_text() + f'event_verify_keys = ["{new_key_pair()[1]}"]\n')
+    assert load_settings(config).priority_classes and load_settings(config, **keys).priority_classes
+    result = CliRunner().invoke(app, ["run", "--config", str(config)])
+    assert result.exit_code == 2 and "priority_classes need retry_key_file" in result.output
+    assert not (tmp_path / "work").exists()  # refused before anything was made
+    assert load_settings(work_dir=tmp_path).priority_classes == []  # without classes nothing is required

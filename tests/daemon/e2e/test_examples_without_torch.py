@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -72,9 +73,21 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
         newer,
         event_document("failed", request_id="last"),
     ]
+    for n, document in enumerate(events):  # each its own id, as a daemon's (docs/events.md's examples share theirs)
+        document["event_id"] = f"{n:032x}"
+    await publish_signed(settings, tmp_path / "keys", events)
+    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
+    assert consumed.returncode == 0, consumed.stderr
+    lines = consumed.stdout.splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [f"{events[0]['repo_id']}@main", f"{newer['repo_id']}@{newer['revision']}"]
+    assert "not deployed: failed-gate was published to pr" in lines and "not deployed: passed was published to main (a repeat)" in lines
+
+
+async def publish_signed(settings: Settings, keys_file: Path, events: list[dict[str, Any]]) -> None:
+    """The events, each signed by a new fleet key whose public key is written to `keys_file`."""
     pem, public = new_key_pair()  # the fleet's key: the consumer takes only what it signed (test_signed_events_e2e.py: forged ones)
     fleet = EventSigner(read_private_key(pem))
-    (tmp_path / "keys").write_text(public + "\n")
+    keys_file.write_text(public + "\n")
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
@@ -84,11 +97,27 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
                                          headers=[(SIGNATURE_HEADER, fleet.sign(value))])
     finally:
         await producer.stop()
+
+
+async def test_the_consumer_deploys_a_genuine_event_written_three_times_once(settings: Settings, tmp_path: Path) -> None:
+    """Issue 61: the same signed bytes verify each time they are written; the consumer drops the repeats by
+    `event_id`, as docs/events.md and docs/guarantees.md say it does, and deploys the adapter once."""
+    succeeded = event_document("succeeded", request_id="thrice", published="main", revision="main", duplicate=False)
+    await publish_signed(settings, tmp_path / "keys", [succeeded, succeeded, succeeded, event_document("failed", request_id="last")])
     consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
     assert consumed.returncode == 0, consumed.stderr
     lines = consumed.stdout.splitlines()
-    assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [f"{events[0]['repo_id']}@main", f"{newer['repo_id']}@{newer['revision']}"]
-    assert "not deployed: failed-gate was published to pr" in lines and "not deployed: passed was published to main (a repeat)" in lines
+    assert [line for line in lines if line.startswith("deploy ")] == [
+        f"deploy {succeeded['repo_id']}@main ({succeeded['commit_sha']}) for thrice"]
+    assert sum(line.startswith(f"dropped a repeat of event {succeeded['event_id']}") for line in lines) == 2
+    assert lines[-1] == "ignored 0 event(s) without the fleet's signature; dropped 2 repeat(s)"
+
+
+def test_the_consumers_memory_of_ids_is_bounded() -> None:
+    consumer = runpy.run_path(str(ROOT / "docs" / "examples" / "consumer.py"))  # not __main__: nothing runs
+    seen = consumer["SeenIds"](size=2)
+    assert [seen.first(event_id) for event_id in ("a", "b", "a", "c", "a", "b")] == [True, True, False, True, True, True]
+    assert len(seen.ids) == 2 and consumer["SEEN_IDS"] == 100_000
 
 
 async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sinks_folder(kafka: str, tmp_path: Path) -> None:

@@ -133,7 +133,7 @@ async def test_the_consumer_example_deploys_only_what_the_fleet_signed(settings:
     (tmp_path / "keys").write_text(f"# the fleet's event key\n{public}\n")
     real = Succeeded.model_validate(event_document("succeeded", request_id="made-by-the-fleet", published="main")).model_dump_json().encode()
     forged = Succeeded.model_validate(event_document("succeeded", request_id="forged", published="main", repo_id="attacker/backdoor")).model_dump_json().encode()
-    last = Succeeded.model_validate(event_document("succeeded", request_id="last", published="pr")).model_dump_json().encode()
+    last = Succeeded.model_validate(event_document("succeeded", request_id="last", published="pr", event_id="1" * 32)).model_dump_json().encode()
     await produce(settings, [
         ("forged", forged, []),
         ("made-by-the-fleet", real, [(SIGNATURE_HEADER, fleet.sign(real))]),

@@ -22,6 +22,7 @@ from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Queued, RequestBase, parse_event
 from testbed.client import produce
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeConsumer, FakeProducer
 from tests.helpers import sft_request
 
@@ -40,7 +41,7 @@ async def commit(settings: Settings, group: str, tp: TopicPartition, offset: int
 
 
 async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits(settings: Settings, tmp_path: Path) -> None:
-    fleet = settings.model_copy(update={"priority_classes": Settings(priority_classes=CLASSES).priority_classes,
+    fleet = settings.model_copy(update={**shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes,
                                         "default_priority_class": "batch", "claims_topic": f"claims-{settings.group_id}"})
     await ensure_topics(fleet, partitions=1)
     topic = fleet.class_topics["batch"]

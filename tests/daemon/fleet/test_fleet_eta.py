@@ -19,6 +19,7 @@ from daemon.fleet.view import FleetView
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Preempted, Progress, Started
+from testbed.fleet_keys import shared_fleet_keys
 from tests.daemon.fleet.test_fleet_usage import accepted, at, read, succeeded
 
 NOW = 1_800_000_000.0
@@ -167,7 +168,8 @@ def test_a_requests_expected_time_scales_with_its_steps_when_the_history_says_th
 
 
 def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_stopped_jobs_slot() -> None:
-    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0,
+                        **shared_fleet_keys())
     now = time.time()
     batch_1 = read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1,
                             time=datetime.fromtimestamp(now - 60, UTC)))
@@ -190,7 +192,8 @@ def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_sto
 def urgent_over_batch(now: float, host_slots: int, max_steps: int, *progress: Progress) -> dict[str, tuple[int, float | None]]:
     """The places and ETAs of urgent-1 (100 steps) and batch-2, waiting while batch-1 (accepted a minute ago for
     `max_steps`, then its `progress`) runs on a fleet of `host_slots`; finished jobs took a step a second."""
-    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0)
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=0,
+                        **shared_fleet_keys())
     view = FleetView(settings)
     view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=host_slots, model="m",
                                max_steps=max_steps, time=datetime.fromtimestamp(now - 60, UTC))), now)

@@ -20,6 +20,7 @@ from schemas import Accepted, Cancel, Cancelled, Preempted, Progress, Queued, Re
 from schemas.events import EventBase
 from testbed.client import produce, terminal_events
 from testbed.data import CHAT_ROWS
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, wait_until_gone
 from tests.helpers import sft_request
@@ -31,7 +32,7 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 async def fleet(settings: Settings, **more: Any) -> Settings:
     fleet_settings = settings.model_copy(update={
-        "priority_classes": Settings(priority_classes=CLASSES).priority_classes, "default_priority_class": "default",
+        **shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes, "default_priority_class": "default",
         "claims_topic": f"claims-{settings.group_id}", "session_timeout_ms": 10_000, **more,
     })
     await ensure_topics(fleet_settings, partitions=2)

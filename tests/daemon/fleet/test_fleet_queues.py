@@ -26,6 +26,7 @@ from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.unreadable import UnreadableRecord
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeRecord
 from tests.helpers import sft_request
 
@@ -111,7 +112,7 @@ def test_an_impossible_timestamp_is_not_written_again_as_it_was() -> None:
 
 
 def test_a_claims_class_comes_from_the_dispatchers_header_and_only_a_class_the_fleet_has() -> None:
-    settings = Settings(priority_classes=CLASSES, default_priority_class="default")
+    settings = Settings(priority_classes=CLASSES, default_priority_class="default", **shared_fleet_keys())
     request = REQUEST_MODELS["sft"].model_validate(sft_request("c1"))
     with_header = FakeRecord("claims", 0, 0, b"c1", b"{}", headers=[(CLASS_HEADER, b"urgent")])
     assert claimed_class(with_header, request, settings) == "urgent"

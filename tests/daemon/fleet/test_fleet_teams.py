@@ -17,6 +17,7 @@ from daemon.settings import Settings
 from schemas import Accepted, Progress, Rejected, Succeeded
 from schemas.signing import EventSigner, producer_headers
 from testbed.client import produce, terminal_events
+from testbed.fleet_keys import shared_fleet_keys
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
 from tests.daemon.cli.test_queue_cli_fleet import adapterd
@@ -38,7 +39,7 @@ async def test_a_team_cannot_write_as_another_nor_use_a_class_it_is_not_granted_
     for team in ("alpha", "beta"):
         code, said = await adapterd(settings, "keys", str(keys), "--team", team)
         assert code == 0 and f"[teams.{team}]" in said, said
-    teams = Settings(priority_classes=CLASSES, teams={
+    teams = Settings(priority_classes=CLASSES, **shared_fleet_keys(), teams={
         "alpha": {"producer_keys_file": keys / "alpha-producer-key.pub", "classes": ["default", "batch"], "max_slots": 1},
         "beta": {"producer_keys_file": keys / "beta-producer-key.pub"},
     }).teams

@@ -21,6 +21,7 @@ from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
 from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventSigner, new_key_pair, producer_headers, public_key_text, read_private_key
+from testbed.fleet_keys import shared_fleet_keys
 from tests.core import CoreOnFakes
 from tests.daemon.core.test_scheduler_core import fails
 from tests.fakes import FakeChildren, FakeRecord
@@ -45,12 +46,12 @@ def teams(**extra: Any) -> dict[str, Any]:
 
 def bound_settings(tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {"gpus": [], "warm_child": False, "work_dir": tmp_path / "work", "hub_token": None,
-                              "priority_classes": CLASSES, "teams": teams(), **overrides}
+                              "priority_classes": CLASSES, "teams": teams(), **shared_fleet_keys(), **overrides}
     return Settings(**values)
 
 
 def grants(teams_setting: dict[str, Any] | None = None) -> Grants:
-    settings = Settings(priority_classes=CLASSES, teams=teams() if teams_setting is None else teams_setting)
+    settings = Settings(priority_classes=CLASSES, teams=teams() if teams_setting is None else teams_setting, **shared_fleet_keys())
     return Grants.from_settings(settings.teams)
 
 
@@ -154,7 +155,7 @@ def test_settings_name_a_bad_key_a_missing_file_and_an_unknown_class(tmp_path: P
     with pytest.raises(ValueError, match=r"teams\.alpha\.producer_keys_file: cannot read"):
         Settings(teams={"alpha": {"producer_keys_file": tmp_path / "missing.pub"}})
     with pytest.raises(ValueError, match=r"teams\.alpha\.classes: unknown class 'gold'; expected one of urgent, batch"):
-        Settings(priority_classes=CLASSES, teams={"alpha": {"classes": ["gold"]}})
+        Settings(priority_classes=CLASSES, teams={"alpha": {"classes": ["gold"]}}, **shared_fleet_keys())
     shared = [public_key_text(ALPHA.public)]
     with pytest.raises(ValueError, match=rf"teams\.beta\.producer_keys: key {ALPHA.key_id} is team alpha's too"):
         Settings(teams={"alpha": {"producer_keys": shared}, "beta": {"producer_keys": shared}})
@@ -200,7 +201,9 @@ async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_pat
     tp = TopicPartition(settings.claims_topic, 0)
     core.consumer.committed[tp] = 0
     _, value, headers = written(document("k-1", team="alpha"), ALPHA)
-    claim = FakeRecord(tp.topic, 0, 0, b"k-1", value, [*headers, (CLASS_HEADER, b"urgent")])
+    assert core.intake.seal is not None  # a claim the fleet wrote, as the dispatcher signs it (daemon/kafka/queue_seal.py)
+    sealed = core.intake.seal.headers(tp.topic, 0, b"k-1", value, "urgent", "alpha", 1_000)
+    claim = FakeRecord(tp.topic, 0, 0, b"k-1", value, [*headers, (CLASS_HEADER, b"urgent"), *sealed])
     await core.intake.take(tp, [claim])
     await core.partitions.settled(tp)
     [event] = core.events("k-1")

@@ -11,6 +11,7 @@ from daemon.cli.demo_requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
 from testbed.data import CHAT_ROWS
+from testbed.fleet_keys import shared_fleet_keys
 from tests.helpers import sft_request
 
 
@@ -238,19 +239,19 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 
 def test_a_class_the_fleet_has_passes_and_an_unknown_one_is_refused_naming_the_field() -> None:
-    assert refused(request(priority_class="batch", team="vision"), priority_classes=CLASSES) == {}
-    assert refused(request(), priority_classes=CLASSES) == {}  # absent: the default class
-    errors = refused(request(priority_class="asap"), priority_classes=CLASSES)
+    assert refused(request(priority_class="batch", team="vision"), priority_classes=CLASSES, **shared_fleet_keys()) == {}
+    assert refused(request(), priority_classes=CLASSES, **shared_fleet_keys()) == {}  # absent: the default class
+    errors = refused(request(priority_class="asap"), priority_classes=CLASSES, **shared_fleet_keys())
     assert errors == {"priority_class": "unknown class 'asap'; expected one of urgent, default, batch"}
     assert "no priority classes" in refused(request(priority_class="batch"))["priority_class"]
 
 
 def test_the_default_class_is_the_operators_or_else_the_lowest() -> None:
-    assert Settings(priority_classes=CLASSES).default_class == "batch"
-    assert Settings(priority_classes=CLASSES, default_priority_class="default").class_topics == {
+    assert Settings(priority_classes=CLASSES, **shared_fleet_keys()).default_class == "batch"
+    assert Settings(priority_classes=CLASSES, default_priority_class="default", **shared_fleet_keys()).class_topics == {
         "urgent": "adapterd.requests.urgent", "default": "adapterd.requests", "batch": "adapterd.requests.batch"}
     assert Settings().default_class is None and Settings().class_topics == {}
     with pytest.raises(ValueError, match="default_priority_class 'normal' is not one of"):
-        Settings(priority_classes=CLASSES, default_priority_class="normal")
+        Settings(priority_classes=CLASSES, default_priority_class="normal", **shared_fleet_keys())
     with pytest.raises(ValueError, match="each name once"):
-        Settings(priority_classes=[{"name": "a"}, {"name": "a"}])
+        Settings(priority_classes=[{"name": "a"}, {"name": "a"}], **shared_fleet_keys())
