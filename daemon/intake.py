@@ -12,7 +12,7 @@ rejections before it are settled, so offsets are committed in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -115,15 +115,12 @@ class Intake:
         # With priority classes the daemon runs the claims topic: only a claim the fleet signed runs (issue 61).
         self.seal = QueueSeal.from_settings(settings) if settings.class_topics else None
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
-        # The class a request runs as: the one it names, else the default; with the fleet's queue, its claim's, as the
-        # dispatcher wrote it (daemon/fleet/wiring.py sets daemon/fleet/jobs.py's `claimed_class`, a layer above this one).
-        self.runs_as: Callable[[Record, RequestBase], str | None] = lambda _, request: request.priority_class or settings.default_class
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
         """`Grants.refusal` of a decoded record, in the class it runs as; nothing asked in open mode (every valid record passes here)."""
         if not self.grants.bound:
             return None
-        return self.grants.refusal(request, record.value, record.headers, self.runs_as(record, request))
+        return self.grants.refusal(request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class))
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""

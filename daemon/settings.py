@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from pydantic_settings import (
 
 from daemon.endpoint_settings import EndpointSettings
 from daemon.errors import ConfigError
-from daemon.fleet_config import PriorityClass, TeamShare, queue_topic
+from daemon.fleet_config import CLASS_HEADER, PriorityClass, TeamShare, queue_topic
 from daemon.kafka_settings import KafkaSettings
 from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
 from daemon.work_settings import WorkSettings
@@ -182,6 +183,14 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         if not self.priority_classes:
             return None
         return self.default_priority_class or self.priority_classes[-1].name
+
+    def runs_as(self, headers: Iterable[tuple[str, bytes | None]] | None, named: str | None) -> str | None:
+        """The class a request runs as: a claim's, as the dispatcher wrote it (`adapterd-class`, signed with the claim:
+        daemon/kafka/queue_seal.py), else the one it names, else the default (None on a host with no classes)."""
+        for name, value in headers or ():
+            if name == CLASS_HEADER and value is not None and value.decode(errors="replace") in self.class_topics:
+                return value.decode()
+        return named or self.default_class
 
     @property
     def class_topics(self) -> dict[str, str]:

@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Running
-from daemon.fleet_config import CLASS_HEADER, team_of
+from daemon.fleet_config import team_of
 from daemon.jobs.job import JobRunner
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.scheduler import Scheduler
@@ -35,11 +35,8 @@ log = structlog.get_logger()
 
 
 def claimed_class(record: Record, request: RequestBase, settings: Settings) -> str:
-    """The class a claimed request runs as: the dispatcher's header, else what it names, else the default."""
-    for name, value in record.headers or ():
-        if name == CLASS_HEADER and value is not None and value.decode(errors="replace") in settings.class_topics:
-            return value.decode()
-    return request.priority_class or settings.default_class or ""
+    """The class a claimed request runs as (`Settings.runs_as`)."""
+    return settings.runs_as(record.headers, request.priority_class) or ""
 
 
 class FleetJobs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from daemon.errors import ConfigError
 from daemon.fleet.dispatcher import Dispatcher
-from daemon.fleet.jobs import FleetJobs, claimed_class
+from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Mover
 from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
@@ -29,5 +29,4 @@ def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partition
     mover = Mover(settings)
     jobs = FleetJobs(settings, mover, scheduler.retries, scheduler)
     scheduler.fleet = jobs
-    intake.runs_as = lambda record, request: claimed_class(record, request, settings)  # what it is granted: the class it runs as
     return Dispatcher(settings, scheduler, jobs, claims, mover, intake)
