@@ -32,6 +32,7 @@ from typing import Any, Literal
 import structlog
 
 from daemon.ops.metrics import STORE_UNTRUSTED
+from schemas.common import AdapterdError
 from schemas.signing import SIGNATURE_HEADER, EventKeys, EventSigner, UnverifiedEvent
 
 log = structlog.get_logger()
@@ -46,7 +47,7 @@ MAX_NAME_CHARS = 1024
 MAX_NAME_DEPTH = 16
 
 
-class Untrusted(Exception):
+class Untrusted(AdapterdError):
     """A document or file of the store that is not the fleet's, or not safe to use: skipped, never acted on."""
 
     def __init__(self, reason: Reason, detail: str) -> None:
