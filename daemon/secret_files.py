@@ -84,22 +84,27 @@ def event_signer(settings: Any) -> EventSigner | None:
         raise ValueError(f"event_signing_key_file: {path}: {exc}") from exc
 
 
-def event_keys(settings: Any) -> EventKeys | None:
-    """The public keys whose signatures this host trusts on events: `event_verify_keys`, those in
-    `event_verify_keys_file`, and the public key of its own signing key, so a host that signs never
-    takes an unsigned event. None when there is none: events are then read unverified."""
+def _public_keys(texts: list[str], path: Any, setting: str) -> EventKeys:
+    """Keys given inline (the setting `setting`) and in the file of `<setting>_file`; a ValueError names which."""
     try:
-        keys = EventKeys.parse(settings.event_verify_keys)
+        keys = EventKeys.parse(texts)
     except ValueError as exc:
-        raise ValueError(f"event_verify_keys: {exc}") from exc
-    path = settings.event_verify_keys_file
+        raise ValueError(f"{setting}: {exc}") from exc
     if path is not None:
         try:
             keys.by_id.update(EventKeys.from_file(Path(path)).by_id)
         except OSError as exc:
-            raise ValueError(f"event_verify_keys_file: cannot read {path}: {exc.strerror}") from exc
+            raise ValueError(f"{setting}_file: cannot read {path}: {exc.strerror}") from exc
         except ValueError as exc:
-            raise ValueError(f"event_verify_keys_file: {path}: {exc}") from exc
+            raise ValueError(f"{setting}_file: {path}: {exc}") from exc
+    return keys
+
+
+def event_keys(settings: Any) -> EventKeys | None:
+    """The public keys whose signatures this host trusts on events: `event_verify_keys`, those in
+    `event_verify_keys_file`, and the public key of its own signing key, so a host that signs never
+    takes an unsigned event. None when there is none: events are then read unverified."""
+    keys = _public_keys(settings.event_verify_keys, settings.event_verify_keys_file, "event_verify_keys")
     signer = event_signer(settings)
     if signer is not None:
         keys.by_id[signer.key_id] = signer.public
@@ -109,16 +114,4 @@ def event_keys(settings: Any) -> EventKeys | None:
 def team_keys(name: str, team: Any) -> EventKeys:
     """A team's producer keys (daemon/admission/grants.py), from `teams.<name>.producer_keys` and `producer_keys_file`;
     a ValueError names the setting."""
-    try:
-        keys = EventKeys.parse(team.producer_keys)
-    except ValueError as exc:
-        raise ValueError(f"teams.{name}.producer_keys: {exc}") from exc
-    path = team.producer_keys_file
-    if path is not None:
-        try:
-            keys.by_id.update(EventKeys.from_file(Path(path)).by_id)
-        except OSError as exc:
-            raise ValueError(f"teams.{name}.producer_keys_file: cannot read {path}: {exc.strerror}") from exc
-        except ValueError as exc:
-            raise ValueError(f"teams.{name}.producer_keys_file: {path}: {exc}") from exc
-    return keys
+    return _public_keys(team.producer_keys, team.producer_keys_file, f"teams.{name}.producer_keys")
