@@ -1,7 +1,7 @@
 """Writes `jars.txt`, the broker's jars as Maven resolves `pom.xml`: each jar's Maven Central URL and sha256.
 
 Run it after changing the pom (it needs Maven, once, on the machine of whoever changes it; nothing else
-does): `uv run python -m daemon.local_broker.generate_jars`. tests/daemon/test_local_broker.py fails
+does): `uv run python -m daemon.local_broker.generate_jars`. tests/test_bare_machine.py fails
 when the list was not made from the pom as it is.
 """
 
