@@ -120,11 +120,11 @@ async def _partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str,
 
 
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
-    """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist."""
+    """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist (never made by asking)."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     try:
         await admin.start()
-        described = await admin.describe_topics([topic])
+        described = await admin.describe_topics([topic]) if topic in set(await admin.list_topics()) else []
     finally:
         await admin.close()
     numbers = {partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]}
