@@ -17,10 +17,14 @@ from daemon.settings import Settings
 def report(made: TopicsMade) -> tuple[list[str], bool]:
     """The lines to print and whether the command failed: a topic refused, or one with fewer partitions than asked and not grown."""
     lines = [f"adapterd: topic {name} was not created: {reason}" for name, reason in made.refused.items()]
-    lines += [f"adapterd: topic {name} has {have} partition(s), fewer than the {want} asked; not changed "
-              f"(--grow adds them; {GROWTH})" for name, (have, want) in made.short.items()]
+    lines += [f"adapterd: topic {name} has {have} partition(s), fewer than the {want} asked; not changed"
+              for name, (have, want) in made.short.items()]
+    if made.short:
+        lines.append(f"adapterd: --grow adds them; {GROWTH}")
     lines += [f"created {name} ({count} partitions)" for name, count in made.created.items()]
-    lines += [f"grew {name} from {had} to {now} partitions: {GROWTH}" for name, (had, now) in made.grown.items()]
+    lines += [f"grew {name} from {had} to {now} partitions" for name, (had, now) in made.grown.items()]
+    if made.grown:
+        lines.append(f"grown: {GROWTH}")
     lines += [f"exists {name} ({count} partitions)" for name, count in made.existing.items()]
     failed = bool(made.refused or made.short)
     if not failed:

@@ -38,6 +38,16 @@ def topics(settings: Settings, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+async def grown(settings: Settings, count: int) -> dict[str, int]:
+    """The topics' partitions once each has at least `count`: the controller grew them; each broker's metadata says so a moment later."""
+    async with asyncio.timeout(10):
+        while True:
+            found = await partitions(settings)
+            if all(have >= count for have in found.values()):
+                return found
+            await asyncio.sleep(0.05)
+
+
 async def partitions(settings: Settings) -> dict[str, int]:
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
@@ -100,7 +110,7 @@ def test_topics_with_fewer_partitions_than_asked_are_said_not_ready_and_grown_wi
     code, output = topics(fleet, "--partitions", "4", "--grow")
     assert code == 0, output
     assert "per-key order" in output, output  # the consequence of growing, said
-    found = asyncio.run(partitions(fleet))
+    found = asyncio.run(grown(fleet, 4))
     assert all(count >= 4 for count in found.values()), found
     assert found[fleet.requests_topic] == found[f"{fleet.requests_topic}.urgent"] == 4, found
 
