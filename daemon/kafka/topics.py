@@ -13,6 +13,8 @@ producer's own clock (daemon/fleet/arrival.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
@@ -24,6 +26,7 @@ from daemon.settings import Settings
 
 CLAIMS_PARTITIONS = 16  # the claims topic made here: enough for a small fleet's slots
 ARRIVAL_STAMPED = {"message.timestamp.type": "LogAppendTime"}  # a class topic's: the broker says when a request came
+LISTED_WITHIN_S = 10.0  # how long `make_topics` waits for the brokers to list what it made
 GROWTH = ("a key may map to another partition after growth: per-key order holds only for records written after it")
 
 
@@ -84,6 +87,7 @@ async def make_topics(settings: Settings, partitions: int = 1, replication_facto
                     made.grown[name] = (have[name], count)
                 except KafkaError as exc:  # create_partitions raises the broker's per-topic error itself
                     made.refused[name] = str(exc) or type(exc).__name__
+        await _listed(admin, {**made.created, **{name: now for name, (_, now) in made.grown.items()}})
     finally:
         await admin.close()
     return made
@@ -105,6 +109,20 @@ def _errors(topic_errors: list[tuple[object, ...]]) -> dict[str, tuple[type[Kafk
         error = for_code(code)
         found[name] = None if code == 0 else (error, f"{error.__name__}: {message or error.description}")
     return found
+
+
+async def _listed(admin: AIOKafkaAdminClient, expected: dict[str, int]) -> None:
+    """Wait, at most LISTED_WITHIN_S, until the brokers' metadata lists what the controller made: it answers first, and a
+    `doctor` or a daemon started at once would otherwise find a topic "created" missing. Kafka has no notice of it to await."""
+    if not expected:
+        return
+    with contextlib.suppress(TimeoutError):  # said as made all the same: the controller made it
+        async with asyncio.timeout(LISTED_WITHIN_S):
+            while True:
+                have = await _partitions(admin, list(expected))
+                if all(have.get(name, 0) >= want for name, want in expected.items()):
+                    return
+                await asyncio.sleep(0.1)
 
 
 async def _partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

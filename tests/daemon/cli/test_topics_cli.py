@@ -123,3 +123,13 @@ def test_doctor_fails_on_queue_topics_with_fewer_partitions_than_the_fleet_has_s
     line = next(line for line in result.output.splitlines() if line[5:].startswith("topics"))
     assert line.startswith("FAIL"), result.output
     assert fleet.requests_topic in line and "4" in line, line
+
+
+def test_doctor_warns_without_topic_partitions_when_the_queue_has_fewer_partitions_than_this_hosts_slots(settings: Settings, tmp_path: Path) -> None:
+    fleet = fleet_settings(settings, tmp_path, job_slots=2, gpus=[])
+    asyncio.run(existing_one_partition(fleet))
+    topics(fleet, "--partitions", "1")  # the claims topic
+    result = runner.invoke(app, ["doctor"], env=settings_environment(fleet))
+    line = next(line for line in result.output.splitlines() if line[5:].startswith("topics"))
+    assert line.startswith("WARN") and "2 slot(s)" in line and fleet.requests_topic in line, result.output
+    assert fleet.claims_topic not in line.split(":", 1)[1].split(";")[0] or "(16)" not in line, line  # 16 partitions: enough
