@@ -23,6 +23,10 @@ class KafkaSettings(BaseModel):
         "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
         "partitions as the fleet has slots); the requests topics are then the classes' queues."
     ))
+    topic_partitions: int | None = Field(None, ge=1, le=100_000, description=(
+        "The partitions each topic should have: `adapterd topics` makes them (its --partitions default) and `adapterd doctor` "
+        "fails a topic with fewer. The requests, class and claims topics need at least as many as the fleet has slots; unset: not checked."
+    ))
     group_id: str = "adapterd"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

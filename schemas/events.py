@@ -230,7 +230,15 @@ class Preempted(EventBase):
     by: str = Field(description="The request id of the higher-class request that took its slot.")
     priority_class: str
     preemptions: int = Field(ge=1, description="How many times this request has been preempted, this time included.")
-    step: int | None = Field(None, description="The last optimizer step it reached; it resumes from its last checkpoint.")
+    stopped_at_step: int | None = Field(None, description=(
+        "The optimizer step the job stopped at: the step of the checkpoint it saved on the stop, else (it ended before saving one) "
+        "the last step it reported; null when it reported none."
+    ))
+    resume_from_step: int | None = Field(None, description=(
+        "The step of the last checkpoint the job saved, which it resumes from when it runs again: the work kept. "
+        "Null: it saved none and starts over."
+    ))
+    step: int | None = Field(None, description="The same as stopped_at_step; kept for the readers of earlier events, which it had.")
 
 
 Event = Annotated[

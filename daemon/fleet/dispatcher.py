@@ -57,6 +57,11 @@ TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arriv
 # Both short, so that a slot that frees takes its next request within a fraction of a second.
 HEARTBEAT_MS = 250
 FETCH_WAIT_MS = 100
+# A queue consumer subscribed to a class topic that does not exist yet (made after this host started) learns of it
+# only at its next metadata refresh: aiokafka's default of 5 minutes left requests waiting that long on an idle fleet.
+# Every 2 s it is noticed within seconds, and partitions added by `adapterd topics --grow` too; the cost is one
+# metadata request (the class's one topic) per class per host every 2 s, small beside the fetches every 100 ms.
+QUEUE_METADATA_MAX_AGE_MS = 2_000
 
 
 class Dispatcher:
@@ -73,6 +78,7 @@ class Dispatcher:
                 **kafka_options(settings), group_id=queue_group(settings.group_id, name), client_id=f"adapterd-{settings.host}-queue",
                 enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
                 heartbeat_interval_ms=HEARTBEAT_MS, fetch_max_wait_ms=FETCH_WAIT_MS, session_timeout_ms=settings.session_timeout_ms,
+                metadata_max_age_ms=QUEUE_METADATA_MAX_AGE_MS,
             ))
             for name, topic in settings.class_topics.items()
         ]

@@ -108,7 +108,10 @@ class FleetJobs:
             return False
         metrics.PREEMPTIONS.inc()
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
-        await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, step=runner.supervisor.progress.get("step"))
+        # Where it stopped and the checkpoint it resumes from, not its last progress report, which may trail both.
+        stopped, kept = runner.supervisor.stop_steps()
+        await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, stopped_at_step=stopped,
+                                    resume_from_step=kept, step=stopped)
         return True
 
     def arrival_ms(self, record: Record) -> int:

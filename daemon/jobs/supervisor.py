@@ -93,6 +93,7 @@ class Supervisor:
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
         self.checkpoint_step: int | None = None  # the last checkpoint the child saved (what a preemption would resume from)
+        self.stopped_step: int | None = None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
         self.child: JobProcess | None = None
         self._running: asyncio.Task[ChildOutcome] | None = None
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
@@ -125,6 +126,15 @@ class Supervisor:
         assert outcome.result is not None
         return outcome.result, outcome.first_step_at
 
+    def stop_steps(self) -> tuple[int | None, int | None]:
+        """Where a stopped job stopped, and the step of the checkpoint it resumes from (the work it kept). The first is the
+        checkpoint the child saved on the stop, else its last progress report, which is sent at most every
+        progress_interval_s and so may trail the step it reached by many; the second its last checkpoint of this run,
+        else the one this run resumed from (None: none, it starts over)."""
+        stopped = self.stopped_step if self.stopped_step is not None else self.progress.get("step")
+        kept = self.checkpoint_step if self.checkpoint_step is not None else (self.resumed[0] if self.resumed else None)
+        return stopped, kept
+
     async def _on_start(self, pid: int) -> None:
         self.log.info("job.started", pid=pid, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s)
         await self.events.publish(Started, method=self.request.method, slot=self.place.slot, pid=pid, endpoint=self.settings.logs_endpoint,
@@ -146,6 +156,7 @@ class Supervisor:
                 await self.events.publish(Checkpoint, step=message.step, path=message.path)
         elif isinstance(message, StoppedAtCheckpoint):
             self.log.info("job.stopped_at_checkpoint", step=message.step, path=message.path)
+            self.stopped_step = message.step
         elif isinstance(message, StageEntered):
             self.stage = message.stage
             self.log.info("job.stage", stage=message.stage)

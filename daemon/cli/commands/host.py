@@ -117,12 +117,21 @@ def keys(
 
 def topics(
     config: ConfigOption = None,
-    partitions: Annotated[int, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots.")] = 1,
+    partitions: Annotated[int | None, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots. Default: topic_partitions, else 1.")] = None,
     replication_factor: Annotated[int, typer.Option(help="Replicas of each partition (3 on a production cluster).")] = 1,
+    grow: Annotated[bool, typer.Option("--grow", help=(
+        "Add partitions to a topic that has fewer than asked. A key may then map to another partition: per-key order holds only "
+        "for records written after growth."))] = False,
 ) -> None:
-    """Create the requests, events, DLQ and control topics where they are missing."""
-    from daemon.kafka.topics import ensure_topics
+    """Create every topic the settings name (requests, events, DLQ, control; with classes their queues and the claims topic)
+    where missing; say a topic with fewer partitions than asked, and grow it with --grow; exit 1 on a refused or short topic."""
+    from daemon.cli.topics_report import report
+    from daemon.kafka.topics import make_topics
 
     settings = read_settings(config)
-    with_kafka(settings, ensure_topics(settings, partitions=partitions, replication_factor=replication_factor))
-    typer.echo(f"topics ready: {settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}")
+    count = partitions if partitions is not None else settings.topic_partitions or 1
+    made = with_kafka(settings, make_topics(settings, partitions=count, replication_factor=replication_factor, grow=grow))
+    lines, failed = report(made)
+    for line in lines:
+        typer.echo(line, err=line.startswith("adapterd:"))
+    raise typer.Exit(1 if failed else 0)

@@ -14,7 +14,16 @@ import pytest
 from daemon.jobs.lifecycle import State, Stop
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
-from handlers.protocol import ChildError, ChildMessage, FirstStep, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
+from handlers.protocol import (
+    CheckpointSaved,
+    ChildError,
+    ChildMessage,
+    FirstStep,
+    ProgressReport,
+    StageEntered,
+    StoppedAtCheckpoint,
+    TrainResult,
+)
 from schemas import Cancel
 from tests.core import CoreOnFakes
 from tests.fakes import FakeChild, FakeChildren, Script
@@ -187,6 +196,21 @@ async def test_a_daemon_stop_lets_the_job_checkpoint_and_commits_nothing(setting
     assert core.types("r1") == ["accepted", "started"]  # no terminal event: the request is read again after a restart
     assert child.stopped_with == settings.drain_timeout_s
     assert core.consumer.commits == []
+
+
+async def test_a_stopped_job_says_the_step_it_stopped_and_checkpointed_at_not_its_last_progress_report(settings: Settings) -> None:
+    # Issue 57: progress reports are throttled (progress_interval_s), so the last one trails the stop (335 vs 390):
+    # the `preempted` event reads these, and a consumer counting work kept must see 390.
+    core, child, job = await hanging_job(settings, ProgressReport(step=335, total_steps=1000), CheckpointSaved(step=300, path="checkpoint-300"),
+                                         CheckpointSaved(step=390, path="checkpoint-390"), StoppedAtCheckpoint(step=390, path="checkpoint-390"))
+    await core.scheduler.stop_jobs()
+    assert job.runner.supervisor.stop_steps() == (390, 390)
+
+
+async def test_a_job_stopped_before_it_saved_on_the_stop_keeps_its_last_checkpoint(settings: Settings) -> None:
+    core, child, job = await hanging_job(settings, CheckpointSaved(step=300, path="checkpoint-300"), ProgressReport(step=335, total_steps=1000))
+    await core.scheduler.stop_jobs()
+    assert job.runner.supervisor.stop_steps() == (335, 300)  # it stopped at its last report; it resumes from 300
 
 
 async def test_a_partition_that_moves_away_stops_its_job_uncommitted(settings: Settings) -> None:

@@ -132,6 +132,9 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     assert preempted[0].time < of(urgent, Accepted)[0].time  # the urgent request took the freed slot
     starts = of(batch, Started)
     assert len(starts) == 2 and starts[1].resumed_step is not None and starts[1].resumed_step >= 2  # from its checkpoint
+    # Issue 57: it says the checkpoint it resumes from (the work kept) and the step it stopped at, which is that checkpoint's.
+    assert preempted[0].resume_from_step == starts[1].resumed_step == preempted[0].stopped_at_step == preempted[0].step
+    assert preempted[0].stopped_at_step >= max(event.step for event in batch[: batch.index(preempted[0])] if isinstance(event, Progress))
     assert starts[1].time > of(urgent, Started)[0].time
     assert {event.attempt for event in batch} == {1}  # a preemption is not a failure
     assert len(of(urgent, Succeeded)) == 1 and isinstance(batch[-1], Cancelled)
