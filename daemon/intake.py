@@ -12,8 +12,8 @@ rejections before it are settled, so offsets are committed in order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import structlog
 from aiokafka import TopicPartition
@@ -44,6 +44,7 @@ log = structlog.get_logger()
 JUDGE_DEADLINE_S = 20.0
 # From this size a record is decoded in a worker thread (`decoded_request`).
 OFF_LOOP_BYTES = 65_536
+T = TypeVar("T")
 # How long intake decides records without giving the loop a turn: far inside aiokafka's heartbeat
 # (3 s) and the watchdog's STUCK_AFTER_S. A turn for every record cost the rejection path a third of
 # its rate end to end (benchmarks.intake: 3,400 against 5,100/s, 9,600 against 10,400/s, alternating; issue 52).
@@ -117,10 +118,16 @@ class Intake:
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
-        """`Grants.refusal` of a decoded record, in the class it runs as; nothing asked in open mode (every valid record passes here)."""
-        if not self.grants.bound:
-            return None
+        """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode: every valid record passes)."""
         return self.grants.refusal(request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class))
+
+    @staticmethod
+    async def signature_check(record: Record, check: Callable[..., T], *args: Any) -> tuple[T, bool]:
+        """`check(*args)` of a check that verifies a signature over the record's value, which hashes every byte: on the
+        loop for a small record (~0.1 ms), in a thread of the `decode` pool from OFF_LOOP_BYTES; and whether it awaited."""
+        if len(record.value or b"") < OFF_LOOP_BYTES:
+            return check(*args), False
+        return await executors.run("decode", check, *args), True
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""
@@ -149,14 +156,11 @@ class Intake:
                 turned = False
             rejection: Rejection | None
             try:
-                # A claim the fleet did not write is refused whatever it holds: its signature checked first, on the loop
-                # for a small record (~0.1 ms), in a thread from OFF_LOOP_BYTES (it hashes every byte).
-                unclaimed = None
+                # A claim the fleet did not write is refused whatever it holds: its signature checked first.
+                unclaimed, waited = None, False
                 if self.seal is not None and record.topic == self.settings.claims_topic:
-                    if len(record.value or b"") < OFF_LOOP_BYTES:
-                        unclaimed = claim_refusal(self.seal, record)
-                    else:
-                        unclaimed, turned = await executors.run("decode", claim_refusal, self.seal, record), True
+                    unclaimed, waited = await self.signature_check(record, claim_refusal, self.seal, record)
+                turned = turned or waited
                 # `decoded_request` and `judged`, their coroutines awaited only for work off the loop.
                 decoded = decoded_on_loop(record.value, record.key)
                 if decoded is None:
@@ -165,11 +169,14 @@ class Intake:
                     rejection = Rejection("unverified_claim", [FieldError(path="", message=unclaimed)], decoded.request_id)
                 elif isinstance(decoded, Rejection):
                     rejection = decoded
-                # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
-                elif (rejection := self.grant_refusal(record, decoded)) is None:
-                    rejection, images = judged_on_loop(decoded, self.settings, self.slots)
-                    if images:
-                        rejection, turned = await judged_images(decoded, self.settings), True
+                else:
+                    # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
+                    rejection, waited = await self.signature_check(record, self.grant_refusal, record, decoded) if self.grants.bound else (None, False)
+                    turned = turned or waited
+                    if rejection is None:
+                        rejection, images = judged_on_loop(decoded, self.settings, self.slots)
+                        if images:
+                            rejection, turned = await judged_images(decoded, self.settings), True
                 oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
                 if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
                     rejection = Rejection("policy", [oversize], decoded.request_id)

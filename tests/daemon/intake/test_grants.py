@@ -244,3 +244,28 @@ async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path
     assert again.header(PRODUCER_SIGNATURE_HEADER) == headers[0][1]
     copy = FakeRecord(core.tp.topic, 0, 1, again.key, again.value, list(again.headers))
     assert core.intake.grant_refusal(copy, core.request(copy)) is None  # not rejected as unsigned on its next attempt
+
+
+@pytest.mark.parametrize("padding", [0, 70_000])
+async def test_a_large_requests_producer_signature_is_checked_off_the_loop(tmp_path: Path, padding: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verifying hashes every byte of the value: from OFF_LOOP_BYTES it runs in a thread, as decoding does; a small one on the loop."""
+    import threading
+
+    from daemon.intake import OFF_LOOP_BYTES
+
+    core = CoreOnFakes(bound_settings(tmp_path))
+    threads: list[str] = []
+    checked = Grants.refusal
+
+    def refusal(self: Grants, *args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return checked(self, *args)
+
+    monkeypatch.setattr(Grants, "refusal", refusal)
+    value = json.dumps(document("big-1", team="beta")).encode() + b" " * padding  # JSON's own whitespace: the same request, larger
+    headers = list(producer_headers(BETA, value))
+    assert (len(value) >= OFF_LOOP_BYTES) == bool(padding)
+    await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"big-1", value, headers)])
+    on_loop = threading.current_thread().name
+    assert len(threads) == 1 and (threads[0] != on_loop) == bool(padding)
+    assert "big-1" not in {e["request_id"] for e in core.events() if e["type"] == "rejected"}
