@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
@@ -31,6 +32,9 @@ from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
+
+if TYPE_CHECKING:
+    from daemon.cli.cancels_sent import SentCancel
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Waiting:
     host: str | None = None  # the host of its latest event, if it has one
     at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
+    cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
 
 
 @dataclass
