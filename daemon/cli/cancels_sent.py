@@ -15,31 +15,20 @@ changes nothing; one that is not a cancel is passed over, as a daemon logs it an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from daemon.cli.waiting import Waiting
+from daemon.cli.waiting import SentCancel, Waiting
 from daemon.errors import TopicMissing
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Cancel
 
 
-@dataclass(frozen=True)
-class SentCancel:
-    """A cancel read from the control topic: when it was written, and why (its latest, where several were sent)."""
-
-    sent: datetime
-    reason: str
-
-    def said(self) -> str:
-        return f"sent {self.sent:%Y-%m-%d %H:%M:%S}Z" + (f": {self.reason}" if self.reason else "")
-
-
 async def sent_cancels(settings: Settings, now: datetime) -> dict[str, SentCancel]:
-    """Each request id with a cancel in the control topic's last `control_lookback_s`; none when the topic is missing."""
+    """Each request id with a cancel in the control topic's last `control_lookback_s` (its latest, where several were
+    sent); none when the topic is missing."""
     found: dict[str, SentCancel] = {}
     try:
         async with TopicReader(settings, settings.control_topic, since=now.timestamp() - settings.control_lookback_s) as reader:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
@@ -33,9 +32,6 @@ from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
 
-if TYPE_CHECKING:
-    from daemon.cli.cancels_sent import SentCancel
-
 
 @dataclass(frozen=True)
 class Queue:
@@ -45,6 +41,17 @@ class Queue:
     topic: str
     stage: str  # "unread" (a queue topic) or "claimed" (the claims topic: moved to a host with room)
     priority_class: str | None  # the class whose queue it is; None for the claims topic and without classes
+
+
+@dataclass(frozen=True)
+class SentCancel:
+    """A cancel read from the control topic (daemon/cli/cancels_sent.py): when it was written, and why."""
+
+    sent: datetime
+    reason: str
+
+    def said(self) -> str:
+        return f"sent {self.sent:%Y-%m-%d %H:%M:%S}Z" + (f": {self.reason}" if self.reason else "")
 
 
 @dataclass

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.cancels_sent import SentCancel, mark_cancelled
+from daemon.cli.cancels_sent import mark_cancelled
 from daemon.cli.places import default_slots, place_and_eta, queue_table, where_it_waits
 from daemon.cli.sweep import matches, selector
-from daemon.cli.waiting import Queue, Waiting, combine
+from daemon.cli.waiting import Queue, SentCancel, Waiting, combine
 from daemon.errors import UsageError
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
