@@ -62,8 +62,8 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
                   records: dict[str, Waiting] | None = None) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
     (`accepted`: ETA 0) and the rest unplaced: records that are not requests, requests with a cancel pending
-    and, without classes, requests no record says where they wait. `records`: every request read past the committed offsets, the running
-    ones too (without classes, whose partition each running job holds)."""
+    and, without classes, requests no record says where they wait. `records`: every request read past the
+    committed offsets, the running ones too (without classes, whose partition each running job holds)."""
     at = now.timestamp()
     usage, durations, running = Usage(), Durations(), RunningJobs()
     for event in events:
