@@ -8,6 +8,13 @@ says what each figure is; `eta_replay_error` is the ETA's error on the run repla
     uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (60 to 240 steps) + 2 urgent (4 steps)
     uv run python -m benchmarks.fleet --fifo        # the same on today's partitions: no classes
     uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+    uv run python -m benchmarks.fleet --contention  # the queue's hard cases (below)
+
+`--contention` is the scenario of the queue's defects (issue 57): the `evals` team capped at one slot
+(`max_slots`), a `preempt_min_run_s` of 5 s (longer than the jobs' first seconds), the first urgent request
+sent by `adapterd submit` (to the requests topic, as a pipeline sends it) the moment every slot is busy, so
+every job is younger than the minimum run, and a second one sent the same way once the first has started,
+so it arrives while the first runs. Urgent requests train 20 steps there.
 
 With `--classes` (the default) the daemons have the classes urgent, default and batch (batch preemptible),
 a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic. With
@@ -30,13 +37,14 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.fleet_metrics import figures, fleet_line
 from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
@@ -51,7 +59,7 @@ from daemon.settings import Settings
 from schemas import Event
 from testbed.data import CHAT_ROWS
 from testbed.fleet_keys import shared_fleet_keys
-from testbed.processes import DaemonProcess
+from testbed.processes import DaemonProcess, settings_environment
 
 URGENT, BATCH = "urgent", "batch"
 CLASSES = [PriorityClass(name=URGENT), PriorityClass(name="default"), PriorityClass(name=BATCH, preemptible=True)]
@@ -75,6 +83,9 @@ class Plan:
     classes: bool = True
     seed: int = 1
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
+    min_run_s: float = 1.0  # preempt_min_run_s
+    evals_cap: int | None = None  # the evals team's max_slots
+    submit: bool = False  # urgent requests by `adapterd submit`, each once the one before it started; else all at once to their topic
     timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
     threads: int | None = None  # each job's OpenMP threads; None: this machine's cores over the fleet's slots
 
@@ -84,6 +95,7 @@ class Plan:
 
 
 QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
+CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 20, "min_run_s": 5.0, "evals_cap": 1, "submit": True}
 
 
 def job_threads(plan: Plan, cores: int) -> int:
@@ -98,8 +110,8 @@ def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
         return {}
     return {
         **shared_fleet_keys(), "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
-        "teams": {team: TeamShare(weight=weight) for team, weight in WEIGHTS.items()},
-        "preempt_min_run_s": 1.0, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
+        "teams": {team: TeamShare(weight=weight, max_slots=plan.evals_cap if team == EVALS_TEAM else None) for team, weight in WEIGHTS.items()},
+        "preempt_min_run_s": plan.min_run_s, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
     }
 
 
@@ -127,6 +139,33 @@ async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]]
     finally:
         await producer.stop()
     return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
+
+
+async def submitted(settings: Settings, body: dict[str, Any], team: str) -> Arrival:
+    """`adapterd submit` of `body`, as a pipeline sends it (to the requests topic, with the daemons' settings); it
+    arrived when its record says (read back at the offset submit printed)."""
+    path = settings.work_dir / f"{body['request_id']}.json"
+    path.write_text(json.dumps(body))
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "daemon.cli.app", "submit", str(path), env=settings_environment(settings),
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    said = (await process.communicate())[0].decode()
+    found = re.search(r"submitted \S+ to (\S+)\[(\d+)\]@(\d+)", said)
+    if process.returncode != 0 or found is None:
+        raise RuntimeError(f"adapterd submit failed ({process.returncode}): {said}")
+    tp = TopicPartition(found[1], int(found[2]))
+    consumer = AIOKafkaConsumer(**kafka_options(settings), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, int(found[3]))
+        record = await consumer.getone(tp)
+    finally:
+        await consumer.stop()
+    return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
+
+
+def started(events: list[Seen], request_id: str) -> bool:
+    return any(event.type == "started" and event.request_id == request_id for event in events)
 
 
 def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
@@ -189,7 +228,13 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
             print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
         urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
-        arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
+        if plan.submit:
+            for n, body in enumerate(urgent):
+                if n and not await collector.until(lambda events, before=urgent[n - 1]["request_id"]: started(events, before), busy_s):
+                    print(f"fleet: {urgent[n - 1]['request_id']} had not started after {busy_s}s; the next goes now", file=sys.stderr)
+                arrivals.append(await submitted(settings, body, URGENT_TEAM))
+        else:
+            arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
         ids = {arrival.request_id for arrival in arrivals}
         end = None  # all ended: the last event of theirs; else now, the run's end with some unfinished
         if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
@@ -203,7 +248,8 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             dump(events_path, arrivals, collector.events)
         return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
                 "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
-                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
+                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals),
+                "preempt_min_run_s": plan.min_run_s, "evals_cap": plan.evals_cap, "urgent_by": "submit" if plan.submit else "producer"}
     finally:
         for daemon in daemons:
             daemon.stop()
@@ -224,6 +270,7 @@ def main() -> None:
     modes.add_argument("--classes", action="store_true", default=True, help="the fleet's priority classes and teams (the default)")
     modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out")
     parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
+    parser.add_argument("--contention", action="store_true", help=f"the queue's hard cases (a team cap, a long minimum run, urgent by submit): {CONTENTION}")
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
     parser.add_argument("--threads", type=int, default=None, help="each job's OpenMP threads (default: this machine's cores over the fleet's slots)")
@@ -234,6 +281,8 @@ def main() -> None:
                 timeout_s=args.timeout, threads=args.threads)
     if args.quick:
         plan = replace(plan, **QUICK)
+    if args.contention:
+        plan = replace(plan, **CONTENTION)
     given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "min_steps": args.min_steps,
                              "max_steps": args.max_steps}
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})

@@ -15,16 +15,10 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
 from benchmarks.fleet_shares import fair_share_error, order_share_error
 from benchmarks.fleet_timeline import Arrival, Seen, first_step_at, holds, run_end, terminal_at, timeline
-
-# The ETA's error is relative to the wait, or to this when the wait was shorter: a near-zero wait would
-# turn any ETA into an enormous ratio.
-MIN_WAIT_S = 1.0
+from benchmarks.fleet_waits import MIN_WAIT_S, eta_error_current_median, unneeded_preemptions
 
 
 def idle_share(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], end: float) -> float:
@@ -221,7 +215,9 @@ def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str
         "fair_share_error": fair_share_error(arrivals, events, weights, end),
         "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end),
         "eta_median_error": eta_median_error(events),
+        "eta_error_current_median": eta_error_current_median(arrivals, events),
         "preemptions": preemptions(events),
+        "unneeded_preemptions": unneeded_preemptions(arrivals, events, classes),
         "steps_retrained_per_preemption": steps_retrained_per_preemption(events),
         "lost": lost(arrivals, events),
         "duplicate_trainings": duplicate_trainings(events),

@@ -26,6 +26,7 @@ from benchmarks.fleet_metrics import (
 )
 from benchmarks.fleet_shares import fair_share_error, order_share_error, water_fill
 from benchmarks.fleet_timeline import Arrival, Seen, holding, seen
+from benchmarks.fleet_waits import eta_error_current_median, told_errors, unneeded_preemptions
 from schemas import Preempted, Progress, Queued, Started, Succeeded
 
 CLASSES = ["urgent", "default", "batch"]
@@ -183,6 +184,38 @@ def test_preemptions_and_the_steps_trained_again_after_each() -> None:
     assert steps_retrained_per_preemption(job("b1", "a", 0, 5)) is None
 
 
+def test_a_preemption_is_unneeded_when_a_slot_went_to_a_lower_class_while_its_request_waited() -> None:
+    # u1 arrives at 10; at 12 host b's slot frees and goes to batch b3; at 15 u1 preempts b1 on host a.
+    arrivals = [batch("b1"), batch("b2"), batch("b3"), urgent("u1", 10)]
+    events = [*job("b1", "a", 0, 15)[:-1], Seen("preempted", "b1", 15, "a", by="u1"), *job("b2", "b", 0, 12),
+              *job("b3", "b", 12, 30), *job("u1", "a", 16, 20)]
+    assert unneeded_preemptions(arrivals, events, CLASSES) == 1
+    # Had b3 been given the slot before u1 arrived, or u1 taken b's free slot, the preemption was the only way, or none happened.
+    before = [replace(e, at=e.at - 3) if e.request_id == "b3" and e.type == "accepted" else e for e in events]
+    assert unneeded_preemptions(arrivals, before, CLASSES) == 0
+    # A slot going to a request of u1's own class or higher is no inversion; a preemption whose taker is unknown is not judged.
+    assert unneeded_preemptions([*arrivals[:2], urgent("b3", 0), arrivals[3]], events, CLASSES) == 0
+    assert unneeded_preemptions(arrivals, [replace(e, by=None) for e in events], CLASSES) == 0
+    assert figures(arrivals, events, TWO_HOSTS, CLASSES, {}, {})["unneeded_preemptions"] == 1
+
+
+def test_the_current_eta_error_weighs_each_told_eta_by_how_long_it_was_the_last_told() -> None:
+    # r1 waits 0 to 40: told 10 s at 2 (error |10 - 38| / 38), then 30 s at 10 (exact) for 30 of the 38 s it was told anything.
+    arrivals = [batch("r1")]
+    events = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 10, "a", eta_s=30), Seen("started", "r1", 40, "a")]
+    assert told_errors(arrivals, events) == [(pytest.approx(28 / 38), 8), (0.0, 30)]
+    assert eta_error_current_median(arrivals, events) == 0.0  # the exact one held most of the time
+    # Revised too late: the stale one held 30 of the 38 s, and it is the median.
+    late = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 32, "a", eta_s=8), Seen("started", "r1", 40, "a")]
+    assert eta_error_current_median(arrivals, late) == pytest.approx(28 / 38)
+    # A request preempted waits again: its ETAs after the preemption are judged against its next start, not its first.
+    again = [*events, Seen("preempted", "r1", 50, "a"), Seen("queued", "r1", 51, "a", eta_s=4), Seen("started", "r1", 60, "a")]
+    assert told_errors(arrivals, again)[-1] == (pytest.approx(5 / 9), 9)
+    # Told no ETA, or never started (cancelled while waiting): nothing to judge.
+    assert eta_error_current_median(arrivals, [Seen("queued", "r1", 2, "a"), Seen("started", "r1", 40, "a")]) is None
+    assert eta_error_current_median(arrivals, events[:2]) is None
+
+
 def test_a_request_without_a_terminal_event_is_lost() -> None:
     arrivals = [batch("r1"), batch("r2"), batch("r3")]
     events = job("r1", "a", 0, 5) + job("r2", "b", 0, 5)[:-1]  # r2 ran and never ended; r3 never ran
@@ -247,7 +280,8 @@ def test_the_fleet_line_holds_every_figure_and_parses_back() -> None:
     parsed = parse_fleet_line(line)
     assert parsed == {
         "urgent_start_p95_s": "n/a", "idle_share": "0.125", "makespan_ratio": "1.333", "fair_share_error": "n/a",
-        "order_share_error": "n/a", "eta_median_error": "n/a", "preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
+        "order_share_error": "n/a", "eta_median_error": "n/a", "eta_error_current_median": "n/a", "preemptions": "0",
+        "unneeded_preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
         "duplicate_trainings": "0", "duplicate_commits": "0",
     }
     with pytest.raises(ValueError, match="not a FLEET line"):
