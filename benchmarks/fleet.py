@@ -10,11 +10,11 @@ says what each figure is; `eta_replay_error` is the ETA's error on the run repla
     uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
     uv run python -m benchmarks.fleet --contention  # the queue's hard cases (below)
 
-`--contention` is the scenario of the queue's defects (issue 57): the `evals` team capped at one slot
-(`max_slots`), a `preempt_min_run_s` of 5 s (longer than the jobs' first seconds), the first urgent request
-sent by `adapterd submit` (to the requests topic, as a pipeline sends it) the moment every slot is busy, so
-every job is younger than the minimum run, and a second one sent the same way once the first has started,
-so it arrives while the first runs. Urgent requests train 20 steps there.
+`--contention` is the scenario of the queue's defects (issue 57): the `evals` and urgent teams capped at one
+slot each (`max_slots`), a `preempt_min_run_s` of 5 s (longer than the jobs' first seconds), the first urgent
+request sent by `adapterd submit` (to the requests topic, as a pipeline sends it) the moment every slot is
+busy, so every job is younger than the minimum run, and a second one sent the same way once the first has
+started, so it arrives while the first runs and waits for it (its team's cap). Urgent requests train 60 steps there.
 
 With `--classes` (the default) the daemons have the classes urgent, default and batch (batch preemptible),
 a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic. With
@@ -84,7 +84,7 @@ class Plan:
     seed: int = 1
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
     min_run_s: float = 1.0  # preempt_min_run_s
-    evals_cap: int | None = None  # the evals team's max_slots
+    caps: tuple[tuple[str, int], ...] = ()  # teams' max_slots
     submit: bool = False  # urgent requests by `adapterd submit`, each once the one before it started; else all at once to their topic
     timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
     threads: int | None = None  # each job's OpenMP threads; None: this machine's cores over the fleet's slots
@@ -95,7 +95,7 @@ class Plan:
 
 
 QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
-CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 20, "min_run_s": 5.0, "evals_cap": 1, "submit": True}
+CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 60, "min_run_s": 5.0, "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)), "submit": True}
 
 
 def job_threads(plan: Plan, cores: int) -> int:
@@ -110,7 +110,7 @@ def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
         return {}
     return {
         **shared_fleet_keys(), "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
-        "teams": {team: TeamShare(weight=weight, max_slots=plan.evals_cap if team == EVALS_TEAM else None) for team, weight in WEIGHTS.items()},
+        "teams": {team: TeamShare(weight=weight, max_slots=dict(plan.caps).get(team)) for team, weight in WEIGHTS.items()},
         "preempt_min_run_s": plan.min_run_s, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
     }
 
@@ -141,27 +141,45 @@ async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]]
     return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
 
 
-async def submitted(settings: Settings, body: dict[str, Any], team: str) -> Arrival:
-    """`adapterd submit` of `body`, as a pipeline sends it (to the requests topic, with the daemons' settings); it
-    arrived when its record says (read back at the offset submit printed)."""
-    path = settings.work_dir / f"{body['request_id']}.json"
-    path.write_text(json.dumps(body))
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "daemon.cli.app", "submit", str(path), env=settings_environment(settings),
-                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    said = (await process.communicate())[0].decode()
-    found = re.search(r"submitted \S+ to (\S+)\[(\d+)\]@(\d+)", said)
-    if process.returncode != 0 or found is None:
-        raise RuntimeError(f"adapterd submit failed ({process.returncode}): {said}")
-    tp = TopicPartition(found[1], int(found[2]))
-    consumer = AIOKafkaConsumer(**kafka_options(settings), enable_auto_commit=False)
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        consumer.seek(tp, int(found[3]))
-        record = await consumer.getone(tp)
-    finally:
-        await consumer.stop()
-    return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
+class Submit:
+    """`adapterd submit` of one request as a pipeline runs it (to the requests topic, with the daemons' settings),
+    started ahead and reading its request from a named pipe, so that the request lands the moment it is written
+    (`send`), not a Python start-up later: the scenario needs it to land while every job is young."""
+
+    def __init__(self, settings: Settings, request_id: str) -> None:
+        self.settings = settings
+        self.pipe = settings.work_dir / f"{request_id}.json"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Submit:
+        os.mkfifo(self.pipe)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "daemon.cli.app", "submit", str(self.pipe), env=settings_environment(self.settings),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        return self
+
+    async def send(self, body: dict[str, Any], team: str) -> Arrival:
+        """Write the request; it arrived when its record says (read back at the offset submit printed)."""
+        assert self.process is not None
+        await asyncio.to_thread(self.pipe.write_text, json.dumps(body))  # opening blocks until submit reads it
+        said = (await self.process.communicate())[0].decode()
+        found = re.search(r"submitted \S+ to (\S+)\[(\d+)\]@(\d+)", said)
+        if self.process.returncode != 0 or found is None:
+            raise RuntimeError(f"adapterd submit failed ({self.process.returncode}): {said}")
+        tp = TopicPartition(found[1], int(found[2]))
+        consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, int(found[3]))
+            record = await consumer.getone(tp)
+        finally:
+            await consumer.stop()
+        return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
 
 
 def started(events: list[Seen], request_id: str) -> bool:
@@ -195,6 +213,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
     rng = random.Random(plan.seed)
     env = Environment.start(bootstrap_servers)
     daemons: list[DaemonProcess] = []
+    submits: list[Submit] = []
     try:
         suffix = f"{rng.getrandbits(32):08x}"
         settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
@@ -219,6 +238,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             return settings.class_topics[name] if plan.classes else settings.requests_topic
 
         model = str(env.model_dir)
+        submits = [await Submit(settings, f"urgent-{n}").start() for n in range(plan.urgent if plan.submit else 0)]
         sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
         sent = time.monotonic()
         evals = [request(plan, model, f"evals-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, EVALS_TEAM) for n in range(plan.evals)]
@@ -232,7 +252,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             for n, body in enumerate(urgent):
                 if n and not await collector.until(lambda events, before=urgent[n - 1]["request_id"]: started(events, before), busy_s):
                     print(f"fleet: {urgent[n - 1]['request_id']} had not started after {busy_s}s; the next goes now", file=sys.stderr)
-                arrivals.append(await submitted(settings, body, URGENT_TEAM))
+                arrivals.append(await submits[n].send(body, URGENT_TEAM))
         else:
             arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
         ids = {arrival.request_id for arrival in arrivals}
@@ -242,15 +262,18 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             end = time.time()
         collecting.cancel()
         commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
-        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end)
+        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end,
+                         caps=dict(plan.caps))
         end = end or max(e.at for e in collector.events if e.request_id in ids)
         if events_path is not None:
             dump(events_path, arrivals, collector.events)
         return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
                 "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
                 "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals),
-                "preempt_min_run_s": plan.min_run_s, "evals_cap": plan.evals_cap, "urgent_by": "submit" if plan.submit else "producer"}
+                "preempt_min_run_s": plan.min_run_s, "caps": ",".join(f"{t}:{n}" for t, n in plan.caps) or None, "urgent_by": "submit" if plan.submit else "producer"}
     finally:
+        for submit in submits:
+            submit.stop()
         for daemon in daemons:
             daemon.stop()
         env.stop()

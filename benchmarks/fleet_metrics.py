@@ -201,9 +201,11 @@ def parse_fleet_line(line: str) -> dict[str, str]:
 
 
 def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None) -> dict[str, object]:
+            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None,
+            caps: dict[str, int] | None = None) -> dict[str, object]:
     """Every figure of the FLEET line, in its order, over the run from the first arrival to `end` (unset: the
-    requests' last event, which is where the run ends when every one of them ended)."""
+    requests' last event, which is where the run ends when every one of them ended). `caps`: the teams' `max_slots`,
+    which the share figures count (a team wants no more slots than its cap)."""
     mine = {arrival.request_id for arrival in arrivals}
     events = [event for event in events if event.request_id in mine]
     if end is None:
@@ -212,8 +214,8 @@ def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str
         "urgent_start_p95_s": start_p95(arrivals, events, urgent_class),
         "idle_share": idle_share(arrivals, events, slots, end),
         "makespan_ratio": makespan_ratio(arrivals, events, slots, classes, end),
-        "fair_share_error": fair_share_error(arrivals, events, weights, end),
-        "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end),
+        "fair_share_error": fair_share_error(arrivals, events, weights, end, caps),
+        "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end, caps),
         "eta_median_error": eta_median_error(events),
         "eta_error_current_median": eta_error_current_median(arrivals, events),
         "preemptions": preemptions(events),

@@ -46,7 +46,7 @@ def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: 
 def test_the_contention_scenario_caps_a_team_and_runs_jobs_longer_than_their_first_seconds_before_preemption(tmp_path: Path) -> None:
     plan = replace(Plan(), **CONTENTION)
     settings = Settings(work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x"))
-    assert settings.teams["evals"].max_slots == 1 and settings.teams["sweep"].max_slots is None
+    assert settings.teams["evals"].max_slots == 1 and settings.teams["oncall"].max_slots == 1 and settings.teams["sweep"].max_slots is None
     assert settings.preempt_min_run_s == 5.0 and plan.submit and plan.urgent == 2
     # The default scenario keeps its short minimum run and no cap: its table's figures stay comparable.
     assert fleet_overrides(Plan(), "x")["preempt_min_run_s"] == 1.0 and fleet_overrides(Plan(), "x")["teams"]["evals"].max_slots is None

@@ -151,6 +151,15 @@ def test_fair_share_is_judged_within_each_class_on_the_slots_the_class_held() ->
     assert fair_share_error(arrivals, fair, {}, end=30) == pytest.approx(0.0)
 
 
+def test_a_team_at_its_cap_wants_no_more_slots_and_its_share_is_lent() -> None:
+    # evals (weight 2) capped at one slot of two, sweep (weight 1): one slot each is the fair split, not 2:1.
+    arrivals = [batch("s1"), batch("s2"), batch("e1", team="evals"), batch("e2", team="evals")]
+    events = job("e1", "a", 0, 10) + job("s1", "b", 0, 10) + job("e2", "a", 10, 20) + job("s2", "b", 10, 20)
+    weights = {"sweep": 1.0, "evals": 2.0}
+    assert fair_share_error(arrivals, events, weights, end=20, caps={"evals": 1}) == pytest.approx(0.0)
+    assert fair_share_error(arrivals, events, weights, end=20) == pytest.approx(2 / 3 - 1 / 2)
+
+
 def test_no_contention_between_teams_gives_no_fair_share_error() -> None:
     arrivals, events = backlog_beside_an_idle_host()  # one team only
     assert fair_share_error(arrivals, events, {}, end=20) is None
