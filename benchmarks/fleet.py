@@ -41,6 +41,7 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -250,8 +251,9 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
         if plan.submit:
             for n, body in enumerate(urgent):
-                if n and not await collector.until(lambda events, before=urgent[n - 1]["request_id"]: started(events, before), busy_s):
-                    print(f"fleet: {urgent[n - 1]['request_id']} had not started after {busy_s}s; the next goes now", file=sys.stderr)
+                before = str(urgent[n - 1]["request_id"])
+                if n and not await collector.until(partial(started, request_id=before), busy_s):
+                    print(f"fleet: {before} had not started after {busy_s}s; the next goes now", file=sys.stderr)
                 arrivals.append(await submits[n].send(body, URGENT_TEAM))
         else:
             arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
