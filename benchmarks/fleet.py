@@ -162,7 +162,9 @@ class Submit:
     async def send(self, body: dict[str, Any], team: str) -> Arrival:
         """Write the request; it arrived when its record says (read back at the offset submit printed)."""
         assert self.process is not None
+        asked = time.time()
         await asyncio.to_thread(self.pipe.write_text, json.dumps(body))  # opening blocks until submit reads it
+        read = time.time()
         said = (await self.process.communicate())[0].decode()
         found = re.search(r"submitted \S+ to (\S+)\[(\d+)\]@(\d+)", said)
         if self.process.returncode != 0 or found is None:
@@ -176,6 +178,9 @@ class Submit:
             record = await consumer.getone(tp)
         finally:
             await consumer.stop()
+        # Said, since the scenario depends on it: how long submit took to read the request and to publish it.
+        print(f"fleet: {body['request_id']} read by submit {read - asked:.2f}s after it was written, landed {record.timestamp / 1000 - read:.2f}s after",
+              file=sys.stderr)
         return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from benchmarks.fleet_shares import fair_share_error, order_share_error
-from benchmarks.fleet_timeline import Arrival, Seen, first_step_at, holds, run_end, terminal_at, timeline
+from benchmarks.fleet_timeline import RELEASES, Arrival, Seen, first_step_at, holds, run_end, terminal_at, timeline
 from benchmarks.fleet_waits import MIN_WAIT_S, eta_error_current_median, unneeded_preemptions
 
 
@@ -157,6 +157,8 @@ def trainings(events: Sequence[Seen]) -> list[Training]:
             training.last = event.at
             if event.type == "progress" and event.stage == "train" and event.step is not None and event.step == event.total_steps:
                 training.reached_end = True
+            if event.type in RELEASES:  # it stopped there: the host's later events of it (its next `accepted`) are another's
+                found.append(opened.pop(key))
     return found + list(opened.values())
 
 

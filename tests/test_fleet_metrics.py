@@ -259,6 +259,16 @@ def test_a_resume_after_a_preemption_is_not_a_duplicate_training() -> None:
     assert duplicate_trainings(job("r1", "a", 0, 10) + job("r2", "a", 10, 20)) == 0
 
 
+def test_a_preempted_job_accepted_again_by_its_first_host_after_running_elsewhere_is_not_a_duplicate_training() -> None:
+    # Seen in a run: b1 preempted on a at 5, resumed on b at 6, preempted there at 9 and accepted by a again at 10;
+    # a's `accepted` at 10 is not a's first training still going on beside b's.
+    events = [*job("b1", "a", 0, 5, steps=4)[:3], Seen("preempted", "b1", 5, "a"), *job("b1", "b", 6, 9, steps=4)[:3],
+              Seen("preempted", "b1", 9, "b"), *job("b1", "a", 10, 20)]
+    assert duplicate_trainings(events) == 0
+    # Without the preemption on a (its child still training there), b's start at 6 would be a second training at once.
+    assert duplicate_trainings([e for e in events if not (e.type == "preempted" and e.host == "a")]) == 1
+
+
 def test_more_than_one_commit_of_a_request_is_a_duplicate_commit() -> None:
     assert duplicate_commits({"r1": 1, "r2": 2, "r3": 0, "r4": 3}) == 2
 
