@@ -118,7 +118,7 @@ def replay(trace: Trace) -> list[Outcome]:
                                    steps=arrival.steps))
             jobs = seen(now)
             order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
-            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
+            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now, teams)[arrival.request_id]
         else:
             now = next_end
             for request_id in [r for r, (end, _) in running.items() if end == now]:

@@ -124,7 +124,7 @@ class FleetView:
                             self.settings.teams, pace, ahead=remaining_work(running, pace, now))
         slots = self.fleet_slots(free)
         running, preempting = self._preempted(order, running, slots, now, pace)
-        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, pace, now),
+        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, pace, now, self.settings.teams),
                                         **dict.fromkeys(preempting, 0.0)}
         return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
 

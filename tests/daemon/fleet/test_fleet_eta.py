@@ -16,7 +16,7 @@ from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error,
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import PriorityClass
+from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Preempted, Progress, Started
 from testbed.fleet_keys import shared_fleet_keys
@@ -269,3 +269,38 @@ def test_a_request_that_preempts_holds_the_stopped_jobs_slot_for_its_steps_at_th
                                                      time=datetime.fromtimestamp(now - 1, UTC)))
     assert placed["urgent-1"] == (1, 0.0)
     assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(200.0, abs=1)
+
+
+def test_a_request_of_a_team_at_its_cap_starts_when_one_of_its_teams_jobs_ends() -> None:
+    """Issue 57: a request held by its team's `max_slots` was told ETA 0 (it started 13 s later). Team a may hold one
+    slot and runs r1 for 13 s more; of the fleet's 3 slots two are free. a-1 waits for r1, a-2 for a-1's 100 s too;
+    b-1, behind them in the order, takes a free slot now, and so does b-2: the dispatcher gives a free slot to
+    whoever may take it."""
+    caps = {"a": TeamShare(max_slots=1)}
+    order = [waiting("a-1"), waiting("a-2"), replace(waiting("b-1"), team="b"), replace(waiting("b-2"), team="b")]
+    assert etas(order, [running("r1", eta_s=13.0)], 3, known(), NOW, caps) == {"a-1": 13.0, "a-2": 113.0, "b-1": 0.0, "b-2": 0.0}
+    assert etas(order, [running("r1", eta_s=13.0)], 3, known(), NOW) == {"a-1": 0.0, "a-2": 0.0, "b-1": 13.0, "b-2": 100.0}  # no cap
+    # Two slots of cap: a-1 starts now beside r1, a-2 when the first of them ends.
+    assert etas(order[:2], [running("r1", eta_s=13.0)], 3, known(), NOW, {"a": TeamShare(max_slots=2)}) == {"a-1": 0.0, "a-2": 13.0}
+    # The team's job of unknown end: when the request starts is unknown, and so is every start after it.
+    assert etas(order, [running("r1")], 3, Durations(), NOW, caps) == {"a-1": None, "a-2": None, "b-1": None, "b-2": None}
+    # More GPUs than the team's cap: never, and it holds nothing up.
+    assert etas([waiting("a-big", gpus=2), replace(waiting("b-1"), team="b")], [], 3, known(), NOW, caps) == {"a-big": None, "b-1": 0.0}
+
+
+def test_the_fleet_view_places_a_request_held_by_its_teams_cap_after_its_teams_job() -> None:
+    settings = Settings(priority_classes=[PriorityClass(name="batch")], teams={"a": TeamShare(max_slots=1)}, **shared_fleet_keys())
+    now = time.time()
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="r1", method="sft", team="a", priority_class="batch", host_slots=2, model="tiny",
+                               time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Progress(request_id="r1", step=10, total_steps=50, eta_s=13.0, time=datetime.fromtimestamp(now, UTC))), now)
+    [(_, place, eta)] = view.places([Waiting("held", "batch", "a", now, "sft", "tiny")], 1)
+    assert place == 1 and eta == pytest.approx(13.0, abs=1)
+
+
+def test_the_replay_holds_a_team_to_its_cap_and_its_etas_say_so() -> None:
+    caps = {"a": TeamShare(max_slots=1)}
+    arrivals = (Arrival(at=0.0, duration_s=10.0, team="a"), Arrival(at=0.0, duration_s=10.0, team="a"))
+    outcomes = replay(Trace(arrivals, slots=2, teams=caps, history=(("sft", "tiny", 10.0, None),)))
+    assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0)]
