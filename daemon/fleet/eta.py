@@ -1,16 +1,76 @@
-"""When each waiting request is expected to start: list scheduling of the fleet's order onto its slots.
-Pure: the caller passes the order (`fleet_order`), the running jobs, the fleet's slots, the teams' caps and `now`.
+"""When each waiting request is expected to start: list scheduling of the fleet's order onto its slots, after the
+preemptions the order will make. Pure: the caller passes the order (`fleet_order`), the running jobs, the fleet's
+slots, the teams' caps, the preemption's bounds and `now`.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running, Waiting, share_of, time_left
+from daemon.fleet.order import Running, Waiting, at_cap, share_of, time_left, victim
 from daemon.fleet.usage import Pace
-from daemon.fleet_config import TeamShare
+from daemon.fleet_config import PriorityClass, TeamShare
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What a preemption waits for: the operator's `preempt_min_run_s` and `preempt_max_count`, and the switch's
+    seconds (daemon/fleet/usage.py `Switches`: from the victim's `preempted` event to the new job's `started`)."""
+
+    classes: list[PriorityClass]
+    min_run_s: float
+    max_count: int
+    switch_s: float = 0.0
+
+
+def preempting(order: list[Waiting], running: list[Running], slots: int, bounds: Bounds, durations: Pace, now: float,
+               teams: Mapping[str, TeamShare] | None = None) -> tuple[list[Running], dict[str, float]]:
+    """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
+
+    In order, each request that finds no free slot of the fleet's `slots`, its team below its cap (`order.pick`
+    neither starts nor preempts for a team at its cap), and has a victim (`order.victim`, as the host running the
+    job chooses it, every job of a preemptible class taken to be at a step it can stop at) at the first moment one
+    is allowed: now, or when a job reaches `min_run_s` of run (a job preempted `max_count` times never is). It
+    starts then plus the switch's seconds, in the victim's slots, and holds them for its expected time (at
+    `durations`); the job it stops waits again (not counted: it resumes after the requests that ETAs are given for
+    here, as far as they go). A request that a job's own end frees a slot for by then takes that slot instead
+    (`etas` starts it there)."""
+    free = slots - sum(job.gpus for job in running)
+    holding: Counter[str] = Counter()
+    for job in running:
+        holding[job.team] += job.gpus
+    candidates = [replace(job, preemptible=True) for job in running]
+    after, starts = list(running), {}
+    for request in order:
+        if at_cap(request.team, holding, teams or {}, request.gpus):
+            continue
+        if request.gpus <= free:  # it takes a free slot: `etas` starts it there
+            free -= request.gpus
+            holding[request.team] += request.gpus
+            continue
+        allowed = sorted({now, *(job.started + bounds.min_run_s for job in candidates if job.started + bounds.min_run_s > now)})
+        found = next(((at, stopped) for at in allowed if (stopped := victim(request, candidates, bounds.classes, bounds.min_run_s,
+                                                                             bounds.max_count, at)) is not None), None)
+        if found is None:
+            continue
+        at, stopped = found
+        ends = [now + left for job in after if (left := time_left(job, durations, now)) is not None]
+        if at > now and min(ends, default=math.inf) <= at:
+            continue  # a slot frees before the victim may be stopped
+        candidates.remove(stopped)
+        after = [job for job in after if job.request_id != stopped.request_id]
+        holding[stopped.team] -= stopped.gpus
+        holding[request.team] += request.gpus
+        start = at + bounds.switch_s - now
+        starts[request.request_id] = start
+        expected = durations.expected(request.method, request.model, request.steps)
+        after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
+                             eta_s=None if expected is None else start + expected, gpus=request.gpus))
+    return after, starts
 
 
 def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pace, now: float,

@@ -14,7 +14,7 @@ from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, expected_work, paced, remaining_work, time_left
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations
+from daemon.fleet.usage import Durations, Switches
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.settings import Settings
@@ -304,3 +304,43 @@ def test_the_replay_holds_a_team_to_its_cap_and_its_etas_say_so() -> None:
     arrivals = (Arrival(at=0.0, duration_s=10.0, team="a"), Arrival(at=0.0, duration_s=10.0, team="a"))
     outcomes = replay(Trace(arrivals, slots=2, teams=caps, history=(("sft", "tiny", 10.0, None),)))
     assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0)]
+
+
+def preempting_view(now: float, min_run_s: float) -> FleetView:
+    """batch-1 (300 steps at a step a second) accepted a minute ago on a fleet of one slot; one earlier preemption
+    switched in 10 s (its victim's `preempted` event to the new job's `started`)."""
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=min_run_s,
+                        **shared_fleet_keys())
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1, model="m",
+                               max_steps=300, time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Preempted(request_id="old-batch", by="old-urgent", priority_class="batch", preemptions=1,
+                                time=datetime.fromtimestamp(now - 3000, UTC))), now)
+    view.observe(read(Started(request_id="old-urgent", method="sft", slot="0", pid=9, time=datetime.fromtimestamp(now - 2990, UTC))), now)
+    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)
+    return view
+
+
+def test_a_request_that_will_preempt_starts_when_the_victim_has_run_its_minimum_and_the_switch_is_done() -> None:
+    """Issue 57: the ETA of a request that preempts counts the operator's minimum run and the switch, as the order does.
+    batch-1 has run 60 s of the 120 it must before a higher class may stop it: urgent-1 starts at 60 s, plus the 10 s
+    the last switch took (before: 0 s, as if preempting were instant and unbounded)."""
+    now = time.time()
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    [(_, place, eta)] = preempting_view(now, 120.0).places([urgent], 0)
+    assert place == 1 and eta == pytest.approx(70.0, abs=1)
+    [(_, _, eta)] = preempting_view(now, 0.0).places([urgent], 0)
+    assert eta == pytest.approx(10.0, abs=1)  # may be stopped now: the switch alone
+    # A minimum run past the job's end (its 300 steps to go, no progress yet): it is not stopped, urgent-1 takes its slot when it ends.
+    [(_, _, eta)] = preempting_view(now, 600.0).places([urgent], 0)
+    assert eta == pytest.approx(300.0, abs=1)
+
+
+def test_a_preemptions_switch_is_measured_from_the_victims_stop_to_the_new_jobs_start() -> None:
+    switches = Switches()
+    assert switches.seconds() == 0.0  # none measured: nothing added
+    for victim_id, by, stopped, started in (("v1", "u1", 100, 104), ("v2", "u2", 200, 212), ("v3", "u3", 300, 306)):
+        switches.observe(read(Preempted(request_id=victim_id, by=by, priority_class="batch", preemptions=1, time=at(stopped))), 0.0)
+        switches.observe(read(Started(request_id=by, method="sft", slot="0", pid=1, time=at(started))), 0.0)
+    switches.observe(read(Started(request_id="other", method="sft", slot="0", pid=1, time=at(400))), 0.0)  # no preemption: not a switch
+    assert switches.seconds() == pytest.approx(6.0)
