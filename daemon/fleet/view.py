@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from daemon.fleet.eta import Bounds, etas, preempting
 from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
+from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Switches, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
@@ -44,8 +45,7 @@ class FleetView:
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
         self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
-        self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two...)
-        self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
+        self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
 
     def observe(self, event: Event, now: float) -> None:
@@ -54,9 +54,9 @@ class FleetView:
         if isinstance(event, Accepted) and event.host_slots is not None:
             self.host_slots[event.host] = event.host_slots
         elif isinstance(event, Queued) and event.request_id is not None:
-            self.announced.add(event.request_id)
-            if event.eta_s is not None:
-                self.estimated.add(event.request_id)
+            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp())
+        if isinstance(event, Accepted) and event.request_id is not None:
+            self.telling.started(event.request_id)
 
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
