@@ -197,10 +197,10 @@ class Dispatcher:
         if not heads or not telling.maybe(heads, now):
             return
         placed = [each for each in self.view.places([h.waiting() for h in waiting], self.room()) if each[0].request_id in heads]
-        for waiting_one, place, eta in telling.due(placed, now):
+        for waiting_one, place, eta in telling.due(placed, now, self.settings.host):
             head = heads[waiting_one.request_id]
             assert head.request is not None
-            telling.heard(head.request_id, place, eta, now)
+            telling.heard(head.request_id, place, eta, now, self.settings.host)
             await publish_queued(self.scheduler.publisher, self.settings.host, self.retries, (head.request, head.record), head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 

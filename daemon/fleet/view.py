@@ -54,7 +54,7 @@ class FleetView:
         if isinstance(event, Accepted) and event.host_slots is not None:
             self.host_slots[event.host] = event.host_slots
         elif isinstance(event, Queued) and event.request_id is not None:
-            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp())
+            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
         if isinstance(event, Accepted) and event.request_id is not None:
             self.telling.started(event.request_id)
 

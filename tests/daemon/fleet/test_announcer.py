@@ -122,15 +122,16 @@ class Backlog(Announcer):
 
 async def test_a_waiting_request_is_told_again_when_a_higher_class_goes_ahead(tmp_path: Path) -> None:
     """Issue 57: a `queued` event's place and ETA were never revised (told 14-33 s, waited 44-96 s). batch-1 was told,
-    by another host 12 s ago, that it starts in 42 s, when run-1 ends on the fleet's one slot; it is still right. Then
-    urgent-1 arrives: it goes first, for its 100 s, and batch-1 is told again: place 2, ETA 130 s."""
+    by this host's announcer 12 s ago (its event read back), that it starts in 42 s, when run-1 ends on the fleet's one
+    slot; it is still right. Then urgent-1 arrives: it goes first, for its 100 s, and batch-1 is told again: place 2,
+    ETA 130 s."""
     fleet = Settings(priority_classes=CLASSES, default_priority_class="batch", work_dir=tmp_path, **shared_fleet_keys())
     now = time.time()
     view = FleetView(fleet)
     view.observe(read(Accepted(request_id="run-1", method="sft", team="a", priority_class="batch", host_slots=1, model=MODEL, host="gpu-b",
                                time=datetime.fromtimestamp(now - 60, UTC))), now)
     view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=30.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
-    view.observe(read(Queued(request_id="batch-1", priority_class="batch", team="default", place=1, eta_s=42.0, host="gpu-b",
+    view.observe(read(Queued(request_id="batch-1", priority_class="batch", team="default", place=1, eta_s=42.0, host=fleet.host,
                              time=datetime.fromtimestamp(now - 12, UTC))), now)
     view.durations.add("sft", MODEL, 100.0)  # no steps said: every job of the kind is expected at 100 s
     producer = FakeProducer()

@@ -153,8 +153,8 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
 
 async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_counts_the_cap(fleet_settings: Settings) -> None:
     """Issue 57: a head held by its team's `max_slots` was told ETA 0 s, and never told again. Team t may hold one slot
-    and runs run-1 on gpu-b for 13 s more; gpu-b's other slot is free. Another host told held-1, 11 s ago, that it
-    starts in 2 s: this host, holding it, tells it again, its ETA now the 13 s to run-1's end."""
+    and runs run-1 on gpu-b for 13 s more; gpu-b's other slot is free. Another host told held-1, 40 s ago, that it
+    would start in 30 s: this host, holding it, tells it again, its ETA now the 13 s to run-1's end."""
     capped = fleet_settings.model_copy(update={"teams": Settings(teams={"t": {"max_slots": 1}}).teams, "queue_wait_event_s": 0.0})
     dispatcher, mover, core, _ = dispatcher_over(capped, [valid(0, "held-1", team="t")])
     now = time.time()
@@ -162,8 +162,8 @@ async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_count
     view.observe(read(Accepted(request_id="run-1", method="sft", team="t", priority_class="batch", host_slots=2, host="gpu-b",
                                time=datetime.fromtimestamp(now - 60, UTC))), now)
     view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=13.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
-    view.observe(read(Queued(request_id="held-1", priority_class="batch", team="t", place=1, eta_s=2.0, host="gpu-c",
-                             time=datetime.fromtimestamp(now - 11, UTC))), now)
+    view.observe(read(Queued(request_id="held-1", priority_class="batch", team="t", place=1, eta_s=30.0, host="gpu-c",
+                             time=datetime.fromtimestamp(now - 40, UTC))), now)
     await turns(dispatcher, lambda: bool(core.events("held-1")))
     assert not mover.claims()  # its team is at its cap: it waits
     [queued] = core.events("held-1")
