@@ -12,7 +12,7 @@ import pytest
 
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, expected_work, paced, remaining_work, time_left
-from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
+from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, eta_error_current, replay
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Switches
 from daemon.fleet.view import FleetView
@@ -344,3 +344,20 @@ def test_a_preemptions_switch_is_measured_from_the_victims_stop_to_the_new_jobs_
         switches.observe(read(Started(request_id=by, method="sft", slot="0", pid=1, time=at(started))), 0.0)
     switches.observe(read(Started(request_id="other", method="sft", slot="0", pid=1, time=at(400))), 0.0)  # no preemption: not a switch
     assert switches.seconds() == pytest.approx(6.0)
+
+
+def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> None:
+    """Issue 57: the ETAs stay current. One slot, jobs of a known 10 s: b0 starts at 0, b1 and b2 are told 10 and 20 s.
+    At 5 s an urgent request goes ahead of them: told again (15 and 25 s), they are right from then on. Judged as
+    benchmarks.fleet judges a run (each told ETA for as long as it was the latest), the error is 0 for the most of
+    the time; told once only, b1 and b2 were wrong by 10 s for all of their waits."""
+    classes = (PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True))
+    batch = tuple(Arrival(at=0.0, duration_s=10.0, priority_class="batch", request_id=f"b{i}") for i in range(3))
+    trace = Trace((*batch, Arrival(at=5.0, duration_s=10.0, priority_class="urgent", request_id="u")), slots=1, classes=classes,
+                  history=(("sft", "tiny", 10.0, None),))
+    outcomes = {o.request_id: o for o in replay(trace)}
+    assert {r: (o.started, o.told) for r, o in outcomes.items()} == {
+        "b0": (0.0, ()), "u": (10.0, ((5.0, 5.0),)), "b1": (20.0, ((0.0, 10.0), (5.0, 15.0))), "b2": (30.0, ((0.0, 20.0), (5.0, 25.0))),
+    }
+    assert eta_error(trace) == pytest.approx((1 / 3 + 0.0) / 2)  # at arrival: 0, 0, 1/3 (b2), 1/2 (b1)
+    assert eta_error_current(trace) == 0.0
