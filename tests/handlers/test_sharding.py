@@ -104,3 +104,26 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS + adapter
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
     assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
+
+
+def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_retry_at_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two checks of handlers/toolkit/sharding.py no two-rank run reaches: a child whose process count is not the
+    request's GPUs fails in preflight naming resources.shard, and a sharded model's earlier checkpoint (no optimizer
+    state) is not resumed, while any other model's is."""
+    from types import SimpleNamespace
+
+    from handlers.protocol import JobFailed
+    from handlers.toolkit.sharding import distributed_config, resume_point
+    from schemas import REQUEST_MODELS
+
+    request = REQUEST_MODELS["sft"].model_validate(sft_request("shard-checks", resources={"gpus": 2, "shard": "fsdp"}))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(JobFailed) as failed:
+        distributed_config(request)
+    assert (failed.value.code, failed.value.stage) == ("config_invalid", "preflight")
+    assert failed.value.message.startswith("resources.shard: 'fsdp' shards over the job's 2 processes, and this child runs 1")
+    assert distributed_config(REQUEST_MODELS["sft"].model_validate(sft_request("unsharded", resources={"gpus": 2}))) is None
+
+    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace(is_distributed_loading_by_transformers=True)) is None
+    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace()) == "checkpoints/checkpoint-4"
+    assert resume_point(None, SimpleNamespace()) is None
