@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +27,11 @@ LOSS_RTOL = 1e-4
 TINY_PARAMS = 28_960  # the tiny model's parameters (handlers/fixtures/tiny_model.py)
 
 
-def run_two_ranks(request: dict[str, Any], work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run `request` as a job of two GPUs on this CPU: its `result` message and every message on the status pipe."""
-    work.mkdir(parents=True)
+def launch_two_ranks(request: dict[str, Any], work: Path, stop_at_step: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """Run `request` as a job of two GPUs on this CPU, as the daemon launches one (daemon/children/warm.py `launch`):
+    the launcher's exit status and every message on the status pipe; SIGTERM (the daemon's stop) once the job
+    reports `stop_at_step`. The job's folder may hold an earlier attempt's checkpoints."""
+    work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
     spec.write_text(JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0).model_dump_json())
     read, write = os.pipe()
@@ -36,14 +39,24 @@ def run_two_ranks(request: dict[str, Any], work: Path) -> tuple[dict[str, Any], 
         **os.environ, "CUDA_VISIBLE_DEVICES": "", "ADAPTERD_STATUS_FD": str(write), "ADAPTERD_PARENT_PID": str(os.getpid()),
         "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}),
     }
-    with open(work / "child.log", "wb") as log:
+    with open(work / "child.log", "ab") as log:
         process = subprocess.Popen([sys.executable, "-m", "handlers.child.launch", "2"], env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT)
     os.close(write)
+    messages = []
     with os.fdopen(read) as pipe:
-        lines = pipe.read()
-    (work / "status.jsonl").write_text(lines)  # kept beside the child's log, for a failure's reader
-    messages = [json.loads(line) for line in lines.splitlines()]
-    assert process.wait(timeout=600) == 0, (work / "child.log").read_text()[-4000:]
+        for line in pipe:
+            messages.append(json.loads(line))
+            if stop_at_step is not None and messages[-1]["kind"] == "progress" and messages[-1]["step"] == stop_at_step:
+                process.send_signal(signal.SIGTERM)
+    with open(work / "status.jsonl", "a") as kept:  # beside the child's log, for a failure's reader
+        kept.writelines(json.dumps(message) + "\n" for message in messages)
+    return process.wait(timeout=600), messages
+
+
+def run_two_ranks(request: dict[str, Any], work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `request` as a job of two GPUs on this CPU: its `result` message and every message on the status pipe."""
+    returncode, messages = launch_two_ranks(request, work)
+    assert returncode == 0, (work / "child.log").read_text()[-4000:]
     results = [m for m in messages if m["kind"] == "result"]
     assert len(results) == 1, messages  # rank 0 reports; rank 1 is silent
     return results[0], messages
@@ -127,3 +140,22 @@ def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_r
     assert resume_point("checkpoints/checkpoint-4", SimpleNamespace(is_distributed_loading_by_transformers=True)) is None
     assert resume_point("checkpoints/checkpoint-4", SimpleNamespace()) == "checkpoints/checkpoint-4"
     assert resume_point(None, SimpleNamespace()) is None
+
+
+@pytest.mark.slow
+def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_step_0(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does;
+    the checkpoint holds the model alone (no optimizer state, handlers/toolkit/sharding.py), so the next attempt
+    trains from step 0 and says why, rather than resume a run it would not continue."""
+    request = two_gpu_sft("stop-fsdp", tiny_model_dir, "fsdp", peft=None, training={"max_steps": 60, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    returncode, stopped = launch_two_ranks(request, tmp_path, stop_at_step=2)
+    stops = [m for m in stopped if m["kind"] == "stopped"]
+    assert len(stops) == 1 and 2 <= stops[0]["step"] < 60, stopped
+    checkpoint = Path(stops[0]["path"])
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "optimizer.pt").exists()
+    assert returncode != 0 and not any(m["kind"] == "result" for m in stopped)
+
+    done, again = run_two_ranks(request, tmp_path)
+    assert [m["step"] for m in again if m["kind"] == "progress"][:2] == [1, 2]  # from step 0, not the checkpoint's step
+    assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2
+    assert f"sharded: {checkpoint} has no optimizer state to resume; training starts at step 0" in (tmp_path / "child.log").read_text()
