@@ -14,7 +14,9 @@ its gradient averaged over them. What differs on a GPU host is only the device a
 Resuming: the Trainer keeps no optimizer state for a model sharded at load time, so a sharded job's
 checkpoints hold the model only (`save_only_model`, set in handlers/toolkit/training.py), and a later attempt
 starts from step 0 (`resume_point`): a run resumed without its optimizer's state would not be the run it
-continues. Sharded checkpoints that resume (torch distributed checkpoint) are not built yet.
+continues, and the Trainer cannot load that checkpoint into the sharded model anyway (seen: it fails copying
+the checkpoint's plain tensors into the model's DTensors). Sharded checkpoints that resume (torch
+distributed checkpoint) are not built yet.
 """
 
 from __future__ import annotations
