@@ -61,7 +61,9 @@ class Refusal:
 
 
 _HUB = Refusal("daemon", "the daemon pushes the result to `output.repo_id` once training succeeds", "output.*")
-_LAUNCH = Refusal("daemon", "the daemon launches the job's processes (torchrun over `resources.gpus`); FSDP and DeepSpeed are not offered", "resources.gpus")
+# Sharding is asked for in the request's resources (`resources.shard`), which the child applies itself
+# (handlers/toolkit/sharding.py): the trainer's own FSDP arguments shard only on GPUs, and silently not on CPU.
+_LAUNCH = Refusal("daemon", "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards them as `resources.shard` asks", "resources.gpus and resources.shard")
 _CODE = Refusal("policy", "remote code runs only where the operator's policy allows it", "model.trust_remote_code")
 _INIT = Refusal("policy", "loading keyword arguments could set a revision, token, device map or remote code round the policy", "model.* (dtype, attn_implementation, quantization)")
 _VLLM_SERVER = Refusal("host", "a vLLM server is an address; server mode goes to the server the operator configured", "vllm_mode: server on a host with ADAPTERD_VLLM_SERVER_BASE_URL")
@@ -90,9 +92,9 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "disable_tqdm": Refusal("daemon", "progress goes out as `progress` events, not to a terminal"),
         "local_rank": _LAUNCH,
         "parallelism_config": _LAUNCH,
-        "deepspeed": Refusal("host", "a DeepSpeed config is a host file, and the daemon launches the processes", "resources.gpus"),
+        "deepspeed": Refusal("host", "a DeepSpeed config is a host file, and the daemon launches the processes; DeepSpeed is not offered", "resources.shard: fsdp"),
         "fsdp": _LAUNCH,
-        "fsdp_config": Refusal("host", "an FSDP config is a host file, and the daemon launches the processes", "resources.gpus"),
+        "fsdp_config": Refusal("host", "an FSDP config is a host file, and the daemon launches the processes", "resources.shard: fsdp"),
         "push_to_hub": _HUB,
         "hub_model_id": _HUB,
         "hub_strategy": _HUB,

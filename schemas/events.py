@@ -152,8 +152,10 @@ class Succeeded(EventBase):
     files: list[str]
     metrics: dict[str, FiniteFloat] = Field(description=(
         "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and final_loss, "
-        "eval_loss when it evaluated, world_size, and median_step_s: the median seconds between optimizer steps, "
-        "the first step's set-up left out (when this attempt ran two steps or more)."
+        "eval_loss when it evaluated, world_size, median_step_s: the median seconds between optimizer steps, "
+        "the first step's set-up left out (when this attempt ran two steps or more), and what each of the job's processes "
+        "held of the model's parameters, rank<r>_param_count, rank<r>_param_bytes and rank<r>_trainable_param_count "
+        "(a whole copy each, or its shard under resources.shard 'fsdp')."
     ))
     durations_s: dict[str, float] = Field(description=(
         "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "

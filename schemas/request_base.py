@@ -137,8 +137,24 @@ class OutputSpec(Frozen):
         return value
 
 
+# The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
+SHARDED_METHODS = frozenset({"sft"})
+
+
 class Resources(Frozen):
-    gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host.")
+    gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, unless `shard` says otherwise.")
+    shard: Literal["none", "fsdp"] = Field("none", description=(
+        "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards the "
+        "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them. "
+        "'fsdp' needs gpus 2 or more; the methods and options it is offered with are in docs/methods.md."
+    ))
+
+    @model_validator(mode="after")
+    def _shards_across_gpus(self) -> Resources:
+        if self.shard != "none" and self.gpus < 2:
+            # A check on the block names its field inside it (schemas/decode.py): the path is resources.shard.
+            raise ValueError(f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is {self.gpus}: set gpus to 2 or more")
+        return self
 
 
 def _mark_experimental(schema: dict[str, Any], model: type[Any]) -> None:
@@ -200,7 +216,25 @@ class RequestBase(Frozen):
             problem = self.evaluation_problem(self.evaluation)
             if problem:
                 raise ValueError(problem)
+        if self.resources.shard != "none":
+            problem = self.sharding_problem()
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def sharding_problem(self) -> str | None:
+        """Why this request cannot train sharded as `resources.shard` asks, or None: what shards so far is
+        what the sharded tests check (docs/methods.md), and the rest is refused rather than run unsharded."""
+        shard = f"resources.shard: '{self.resources.shard}'"
+        if self.method not in SHARDED_METHODS:
+            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))} so far, not for method {self.method} (docs/methods.md)"
+        if self.model.quantization != "none":
+            return f"{shard} does not shard a quantized base yet (model.quantization {self.model.quantization}); use quantization 'none'"
+        if self.output.push == "merged":
+            return f"{shard} pushes the adapter or the full model; merging an adapter into a sharded base is not offered yet (output.push 'merged')"
+        if self.evaluation is not None:
+            return f"{shard} does not evaluate yet: leave out the evaluation block"
+        return None
 
     def evaluation_problem(self, evaluation: EvaluationSpec) -> str | None:
         """Why this request cannot be evaluated as its `evaluation` block asks, or None."""

@@ -195,7 +195,8 @@ class WarmChildren:
         return await Child.spawn(self.environment(visible_devices), self.log_path)
 
     async def launch(self, visible_devices: str | None, gpus: int, spec_path: Path, log_path: Path) -> Child:
-        """A data-parallel job's child: torchrun's agent, which starts one worker per GPU (handlers/child/launch.py).
+        """A multi-GPU job's child (data-parallel, or sharded as `resources.shard` asks): torchrun's agent, which starts
+        one worker per GPU (handlers/child/launch.py).
         Started for this job, never forked: the workers set up their devices and process group themselves. The
         job (its spec and log) goes in the environment, as torchrun passes it on to every worker."""
         job = json.dumps({"spec": str(spec_path), "log": str(log_path)})

@@ -106,7 +106,7 @@ class Supervisor:
 
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
-        if self.request.resources.gpus > 1:  # data-parallel: torchrun's agent and one worker per GPU, started for this job
+        if self.request.resources.gpus > 1:  # torchrun's agent and one worker per GPU, started for this job (data-parallel or sharded: the child's choice)
             child = await self.children.launch(self.place.visible_devices, self.request.resources.gpus, spec_path, log_path)
         else:
             child = await self.children.take(self.place.visible_devices)

@@ -20,6 +20,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
     BitsAndBytesConfig,
+    DistributedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -103,10 +104,12 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     return kwargs
 
 
-def load_causal_lm(path: str, spec: ModelSpec, field: str = "model") -> PreTrainedModel:
+def load_causal_lm(path: str, spec: ModelSpec, field: str = "model", distributed: DistributedConfig | None = None) -> PreTrainedModel:
+    """`distributed`: how the model is sharded across the job's processes as it loads (handlers/toolkit/sharding.py)."""
+    sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
-            return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec))
+            return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec), **sharded)
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}") from exc
 

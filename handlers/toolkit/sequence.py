@@ -42,6 +42,7 @@ from handlers.toolkit.loading import (
     resolve_model,
 )
 from handlers.toolkit.reporting import StatusReporter, start_cuda
+from handlers.toolkit.sharding import distributed_config, resume_point
 from handlers.toolkit.sources import AnyDataset
 from handlers.toolkit.training import (
     final_metrics,
@@ -131,12 +132,16 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     return Base(path, revision, tokenizer)
 
 
-def load_policy(base: Base, spec: ModelSpec, field: str = "model") -> PreTrainedModel:
+def load_policy(base: Base, spec: ModelSpec, field: str = "model", request: RequestBase | None = None) -> PreTrainedModel:
     """The model to train from the base's folder: a vision-language model as transformers loads one
-    (`AutoModelForImageTextToText`), else a causal LM."""
+    (`AutoModelForImageTextToText`), else a causal LM; given the `request`, sharded across the job's
+    processes as its `resources.shard` asks (handlers/toolkit/sharding.py)."""
+    distributed = distributed_config(request) if request is not None else None
     if base.vision:
+        if distributed is not None:
+            raise JobFailed("config_invalid", "preflight", f"resources.shard: a vision-language model ({spec.id}) does not shard yet; use shard 'none'")
         return load_vision_model(base.path, spec, field, model_kwargs(spec))
-    return load_causal_lm(base.path, spec, field)
+    return load_causal_lm(base.path, spec, field, distributed)
 
 
 def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> LoraConfig | None:
@@ -186,7 +191,7 @@ def train_and_save(
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
     (handlers/toolkit/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
-    output = trainer.train(resume_from_checkpoint=last_checkpoint(job))
+    output = trainer.train(resume_from_checkpoint=resume_point(last_checkpoint(job), trainer.model))
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
     metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers

@@ -20,6 +20,7 @@ from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
 from handlers.toolkit.callbacks import StepClock
 from handlers.toolkit.lora_patterns import resolved
+from handlers.toolkit.sharding import is_sharded, rank_holdings
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -84,6 +85,10 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
+    if request.resources.shard != "none":
+        # The Trainer checkpoints no optimizer state for a model sharded as it loads, and says so unless
+        # told to save the model alone (handlers/toolkit/sharding.py: such a checkpoint is not resumed).
+        arguments["save_only_model"] = True
     try:
         return config_class(**with_objects(config_class, arguments))
     except (TypeError, ValueError) as exc:
@@ -97,14 +102,19 @@ def last_checkpoint(job: JobSpec) -> str | None:
 def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> None:
     """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
     `model` is the trained model when it is not `trainer.model` (PPO trains a policy+value wrapper)."""
-    if not trainer.accelerator.is_main_process:
-        return  # in a multi-GPU job, rank 0 writes the artifact
-    artifact.mkdir(parents=True, exist_ok=True)
     # A PreTrainedModel or a PeftModel around one: each saves itself (the Trainer types it as a Module).
     trained: Any = model if model is not None else trainer.model
-    if request.output.push == "merged" and isinstance(trained, PeftModel):
+    main = trainer.accelerator.is_main_process
+    if not main and not is_sharded(trained):
+        return  # in a data-parallel job, rank 0 writes the artifact
+    if main:
+        artifact.mkdir(parents=True, exist_ok=True)
+    if request.output.push == "merged" and isinstance(trained, PeftModel):  # never sharded: the request's schema refuses it
         trained = trained.merge_and_unload()
-    trained.save_pretrained(artifact)
+    # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
+    trained.save_pretrained(artifact, is_main_process=main)
+    if not main:
+        return
     assert trainer.processing_class is not None, "every handler gives its trainer a tokenizer or processor"
     trainer.processing_class.save_pretrained(artifact)
 
@@ -121,6 +131,8 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     if evaluations:  # the last evaluation's loss, so a separate eval set shows in `succeeded`
         metrics["eval_loss"] = float(evaluations[-1]["eval_loss"])
     metrics["world_size"] = float(trainer.args.world_size)
+    assert trainer.model is not None, "every handler gives its trainer a model"
+    metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
     if clocks and (median := clocks[0].median_step_s()) is not None:
         metrics["median_step_s"] = median  # the steady pace, the first step's set-up left out

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from handlers.protocol import JobSpec
 from handlers.toolkit.callbacks import JobCallback
@@ -110,8 +111,11 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
         state.global_step = step
         callback.on_step_end(args, state, control)
     trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]), state=SimpleNamespace(log_history=[]),
-                              args=SimpleNamespace(world_size=1))
-    assert final_metrics(trainer, {"train_runtime": 34.0})["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
+                              args=SimpleNamespace(world_size=1), model=torch.nn.Linear(2, 3))
+    metrics = final_metrics(trainer, {"train_runtime": 34.0})
+    assert metrics["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
+    # What the one process held of the model (handlers/toolkit/sharding.py): all of it, 6 weights and 3 biases in float32.
+    assert (metrics["rank0_param_count"], metrics["rank0_param_bytes"], metrics["rank0_trainable_param_count"]) == (9.0, 36.0, 9.0)
     os.close(read_fd)
 
 

@@ -99,3 +99,26 @@ def test_a_token_hidden_behind_json_escapes_is_still_found() -> None:
     assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request"
     assert [error.path for error in rejection.errors] == ["metadata.note"]
     assert token not in repr(rejection)
+
+
+def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() -> None:
+    """`resources.shard: fsdp` (handlers/toolkit/sharding.py) across 2 GPUs or more, for what shards so far;
+    the trainer's own FSDP and DeepSpeed arguments stay refused, pointing at it."""
+    sharded = {**valid(), "resources": {"gpus": 2, "shard": "fsdp"}}
+    request = decode_request(json.dumps(sharded).encode())
+    assert isinstance(request, SFTRequest) and request.resources.shard == "fsdp"
+    assert isinstance(decode_request(json.dumps({**sharded, "peft": None}).encode()), SFTRequest)
+    assert decode_request(json.dumps(valid()).encode()).resources.shard == "none"  # type: ignore[union-attr]
+
+    def refused(document: dict[str, Any]) -> dict[str, str]:
+        return {error.path: error.message for error in rejection(document).errors}
+
+    assert refused({**valid(), "resources": {"gpus": 1, "shard": "fsdp"}}) == {
+        "resources.shard": "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
+    }
+    assert "not for method dpo" in refused({**sharded, "method": "dpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
+    assert "quantized" in refused({**sharded, "model": {"id": "org/base", "quantization": "4bit"}})["resources.shard"]
+    assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
+    for field in ("fsdp", "fsdp_config", "deepspeed"):
+        message = refused({**sharded, "training": {field: "x"}})[f"training.{field}"]
+        assert "resources.shard" in message, message

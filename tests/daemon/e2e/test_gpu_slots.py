@@ -13,9 +13,10 @@ from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
 from testbed.client import run_to_end, terminal_events
+from testbed.data import TINY_MODEL
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, NotifySocket, http_get, metric, unit_daemon, write_config
-from tests.helpers import assert_adapter_trained, download, ids_on_partitions, sft_request
+from tests.helpers import assert_adapter_trained, assert_full_model_trained, download, ids_on_partitions, sft_request
 
 pytestmark = pytest.mark.slow
 
@@ -113,3 +114,25 @@ async def test_a_two_gpu_request_runs_data_parallel_on_both(
     for rank in (0, 1):
         assert f"rank {rank} of 2, job" in child_log and "CUDA_VISIBLE_DEVICES=7,9" in child_log
     assert_adapter_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)
+
+
+async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its_shards(
+    settings: Settings, published: HubServer, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """`resources.shard: fsdp` through the daemon (two GPU ids on a host without GPUs: two CPU ranks, gloo): each rank
+    held half the model (handlers/toolkit/sharding.py), and the Hub got one full model, gathered from the shards."""
+    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False})
+    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
+    try:
+        request = sft_request("sharded-job", peft=None, model={"id": TINY_MODEL, "dtype": "float32"}, sft={"max_length": 64},
+                              resources={"gpus": 2, "shard": "fsdp"})
+        events = await run_to_end(two_gpus, request)
+    finally:
+        daemon.stop()
+    done = events[-1]
+    assert isinstance(done, Succeeded), done
+    assert next(e for e in events if isinstance(e, Started)).slot == "7,9"
+    assert done.metrics["world_size"] == 2.0
+    assert done.metrics["rank0_param_count"] == done.metrics["rank1_param_count"] == 28_960 / 2  # the tiny model's half
+    assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
+    assert_full_model_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)

@@ -1,0 +1,87 @@
+"""Sharded training across a job's processes (`resources.shard: fsdp`): FSDP2 full-shard, applied as the
+model loads, and what each rank holds of the model.
+
+The seam: the child loads the base through transformers' own distributed loading,
+`from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N))`, which applies torch's FSDP2
+(`fully_shard`, per the model's `fsdp_plan`: each decoder layer, then the whole) across the job's N ranks.
+Not the trainer's `fsdp`/`fsdp_config` arguments: those go through accelerate, which sets its FSDP mode only
+for accelerator devices (accelerate/state.py), so on CPU ranks they train data-parallel and say nothing. A
+model sharded at load time is sharded the same way on CPU ranks (gloo) as on GPUs (NCCL), and the Trainer
+knows one when it sees it: it does not wrap it in DDP, every rank takes part when it is saved (its full
+weights gathered, rank 0 writing), and a LoRA adapter attached after the sharding stays whole on each rank,
+its gradient averaged over them. What differs on a GPU host is only the device and the collectives' backend.
+
+Resuming: the Trainer keeps no optimizer state for a model sharded at load time, so a sharded job's
+checkpoints hold the model only (`save_only_model`, set in handlers/toolkit/training.py), and a later attempt
+starts from step 0 (`resume_point`): a run resumed without its optimizer's state would not be the run it
+continues, and the Trainer cannot load that checkpoint into the sharded model anyway (seen: it fails copying
+the checkpoint's plain tensors into the model's DTensors). Sharded checkpoints that resume (torch
+distributed checkpoint) are not built yet.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import DistributedConfig
+
+from handlers.protocol import JobFailed
+from schemas.request import RequestBase
+
+
+def distributed_config(request: RequestBase) -> DistributedConfig | None:
+    """How the policy is loaded for the request's `resources.shard`: None for a whole copy per process (a
+    one-GPU job, or data-parallel), else FSDP2 over all of the job's processes."""
+    if request.resources.shard == "none":
+        return None
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != request.resources.gpus:  # the daemon starts a job of N GPUs as N torchrun workers (handlers/child/launch.py)
+        raise JobFailed(
+            "config_invalid", "preflight",
+            f"resources.shard: '{request.resources.shard}' shards over the job's {request.resources.gpus} processes, and this child runs {world}",
+        )
+    return DistributedConfig(fsdp_size=world)
+
+
+def is_sharded(model: object) -> bool:
+    """Whether the model was sharded as it loaded (a PEFT model asks the model it wraps)."""
+    return bool(getattr(model, "is_distributed_loading_by_transformers", False))
+
+
+def resume_point(checkpoint: str | None, model: object) -> str | None:
+    """Where training starts: the earlier attempt's checkpoint, except for a sharded model, whose checkpoints
+    have no optimizer state (this module's docstring), which starts again from step 0."""
+    if checkpoint is not None and is_sharded(model):
+        print(f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0", flush=True)
+        return None
+    return checkpoint
+
+
+def held(model: torch.nn.Module) -> tuple[int, int, int]:
+    """What this process holds of the model's parameters: (count, bytes, trainable count). Of a sharded
+    parameter (a DTensor), this rank's shard; of any other, the whole tensor."""
+    count = size = trainable = 0
+    for parameter in model.parameters():
+        local = parameter.to_local() if isinstance(parameter, DTensor) else parameter
+        count += local.numel()
+        size += local.numel() * local.element_size()
+        trainable += local.numel() if parameter.requires_grad else 0
+    return count, size, trainable
+
+
+def rank_holdings(model: torch.nn.Module) -> dict[str, float]:
+    """Each rank's parameters, for the `succeeded` event's metrics: `rank<r>_param_count`, `rank<r>_param_bytes`
+    and `rank<r>_trainable_param_count`. A collective in a job of several processes: every rank calls it."""
+    mine = held(model)
+    ranks = [mine]
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        ranks = [mine] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, mine)
+    metrics: dict[str, float] = {}
+    for rank, (count, size, trainable) in enumerate(ranks):
+        metrics[f"rank{rank}_param_count"] = float(count)
+        metrics[f"rank{rank}_param_bytes"] = float(size)
+        metrics[f"rank{rank}_trainable_param_count"] = float(trainable)
+    return metrics

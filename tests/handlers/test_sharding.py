@@ -1,0 +1,161 @@
+"""Sharded training (`resources.shard: fsdp`, handlers/toolkit/sharding.py) on two CPU ranks standing in for
+two GPUs: the child launched as the daemon launches a job of two GPUs (`python -m handlers.child.launch 2`,
+torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
+base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
+the same job run data-parallel with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from handlers.protocol import JobSpec
+from testbed.data import CHAT_ROWS
+from tests.helpers import sft_request
+
+# Sharded and data-parallel losses differ only by the order of floating-point sums (a reduce-scatter
+# against an all-reduce; on these CPUs they came out equal): far below this, and far above it when the
+# ranks train on other batches or one rank's gradient is lost.
+LOSS_RTOL = 1e-4
+TINY_PARAMS = 28_960  # the tiny model's parameters (handlers/fixtures/tiny_model.py)
+
+
+def launch_two_ranks(request: dict[str, Any], work: Path, stop_at_step: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """Run `request` as a job of two GPUs on this CPU, as the daemon launches one (daemon/children/warm.py `launch`):
+    the launcher's exit status and every message on the status pipe; SIGTERM (the daemon's stop) once the job
+    reports `stop_at_step`. The job's folder may hold an earlier attempt's checkpoints."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = work / "spec.json"
+    spec.write_text(JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0).model_dump_json())
+    read, write = os.pipe()
+    env = {
+        **os.environ, "CUDA_VISIBLE_DEVICES": "", "ADAPTERD_STATUS_FD": str(write), "ADAPTERD_PARENT_PID": str(os.getpid()),
+        "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}),
+    }
+    with open(work / "child.log", "ab") as log:
+        process = subprocess.Popen([sys.executable, "-m", "handlers.child.launch", "2"], env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT)
+    os.close(write)
+    messages = []
+    with os.fdopen(read) as pipe:
+        for line in pipe:
+            messages.append(json.loads(line))
+            if stop_at_step is not None and messages[-1]["kind"] == "progress" and messages[-1]["step"] == stop_at_step:
+                process.send_signal(signal.SIGTERM)
+    with open(work / "status.jsonl", "a") as kept:  # beside the child's log, for a failure's reader
+        kept.writelines(json.dumps(message) + "\n" for message in messages)
+    return process.wait(timeout=600), messages
+
+
+def run_two_ranks(request: dict[str, Any], work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `request` as a job of two GPUs on this CPU: its `result` message and every message on the status pipe."""
+    returncode, messages = launch_two_ranks(request, work)
+    assert returncode == 0, (work / "child.log").read_text()[-4000:]
+    results = [m for m in messages if m["kind"] == "result"]
+    assert len(results) == 1, messages  # rank 0 reports; rank 1 is silent
+    return results[0], messages
+
+
+def step_losses(messages: list[dict[str, Any]]) -> list[float]:
+    return [m["loss"] for m in messages if m["kind"] == "progress" and m.get("loss") is not None]
+
+
+def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> dict[str, Any]:
+    # Per-device batch 2 on two ranks: a global batch of 4 either way, 4 steps over 6 rows.
+    return sft_request(request_id, model={"id": str(model), "dtype": "float32"}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64},
+                       resources={"gpus": 2, "shard": shard}, **overrides)
+
+
+def assert_same_losses(sharded: list[float], data_parallel: list[float]) -> None:
+    assert len(sharded) == len(data_parallel) == 4
+    assert sharded == pytest.approx(data_parallel, rel=LOSS_RTOL)
+    assert sharded[-1] < sharded[0]  # it trained
+
+
+@pytest.mark.slow
+def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    sharded, sharded_messages = run_two_ranks(two_gpu_sft("full-fsdp", tiny_model_dir, "fsdp", peft=None), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu_sft("full-dp", tiny_model_dir, "none", peft=None), tmp_path / "dp")
+    for rank in (0, 1):
+        # Each rank holds half of every parameter (FSDP2 shards each on its first dimension); data-parallel, all of them.
+        assert sharded["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS / 2
+        assert sharded["metrics"][f"rank{rank}_param_bytes"] == TINY_PARAMS / 2 * 4  # float32
+        assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == TINY_PARAMS / 2
+        assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS
+    assert sharded["metrics"]["world_size"] == whole["metrics"]["world_size"] == 2.0
+    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+    # What is pushed is the full model, gathered from the two shards: the data-parallel job's weights. The gather
+    # writes the output layer tied to the embeddings as a copy of them, which loading ties again.
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    gathered, replica = load_file(tmp_path / "fsdp/artifact/model.safetensors"), load_file(tmp_path / "dp/artifact/model.safetensors")
+    assert set(gathered) - set(replica) <= {"lm_head.weight"}
+    assert all(torch.allclose(gathered[name], replica[name], rtol=0, atol=1e-6) for name in replica)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp/artifact")
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert torch.allclose(loaded.model.embed_tokens.weight.detach(), replica["model.embed_tokens.weight"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp"), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none"), tmp_path / "dp")
+    adapter = whole["metrics"]["rank0_trainable_param_count"]
+    assert 0 < adapter < TINY_PARAMS / 4
+    for rank in (0, 1):
+        # The frozen base is sharded, half on each rank; the adapter, attached after the sharding, is whole on each.
+        assert sharded["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS / 2 + adapter
+        assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == adapter
+        assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS + adapter
+    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
+
+
+def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_retry_at_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two checks of handlers/toolkit/sharding.py no two-rank run reaches: a child whose process count is not the
+    request's GPUs fails in preflight naming resources.shard, and a sharded model's earlier checkpoint (no optimizer
+    state) is not resumed, while any other model's is."""
+    from types import SimpleNamespace
+
+    from handlers.protocol import JobFailed
+    from handlers.toolkit.sharding import distributed_config, resume_point
+    from schemas import REQUEST_MODELS
+
+    request = REQUEST_MODELS["sft"].model_validate(sft_request("shard-checks", resources={"gpus": 2, "shard": "fsdp"}))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(JobFailed) as failed:
+        distributed_config(request)
+    assert (failed.value.code, failed.value.stage) == ("config_invalid", "preflight")
+    assert failed.value.message.startswith("resources.shard: 'fsdp' shards over the job's 2 processes, and this child runs 1")
+    assert distributed_config(REQUEST_MODELS["sft"].model_validate(sft_request("unsharded", resources={"gpus": 2}))) is None
+
+    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace(is_distributed_loading_by_transformers=True)) is None
+    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace()) == "checkpoints/checkpoint-4"
+    assert resume_point(None, SimpleNamespace()) is None
+
+
+@pytest.mark.slow
+def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_step_0(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does;
+    the checkpoint holds the model alone (no optimizer state, handlers/toolkit/sharding.py), so the next attempt
+    trains from step 0 and says why, rather than resume a run it would not continue."""
+    request = two_gpu_sft("stop-fsdp", tiny_model_dir, "fsdp", peft=None, training={"max_steps": 60, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    returncode, stopped = launch_two_ranks(request, tmp_path, stop_at_step=2)
+    stops = [m for m in stopped if m["kind"] == "stopped"]
+    assert len(stops) == 1 and 2 <= stops[0]["step"] < 60, stopped
+    checkpoint = Path(stops[0]["path"])
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "optimizer.pt").exists()
+    assert returncode != 0 and not any(m["kind"] == "result" for m in stopped)
+
+    done, again = run_two_ranks(request, tmp_path)
+    assert [m["step"] for m in again if m["kind"] == "progress"][:2] == [1, 2]  # from step 0, not the checkpoint's step
+    assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2
+    assert f"sharded: {checkpoint} has no optimizer state to resume; training starts at step 0" in (tmp_path / "child.log").read_text()
