@@ -82,8 +82,9 @@ class Dispatcher:
             ))
             for name, topic in settings.class_topics.items()
         ]
-        self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
+        self.pending: dict[TopicPartition, tuple[int, Waiting]] = {}  # claims partition → the claim written there, not yet run: its offset, itself
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
+        scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
         self.arrivals = Arrivals(mover.seal)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
@@ -126,7 +127,7 @@ class Dispatcher:
 
     def idle_claims(self) -> list[TopicPartition]:
         """This host's claims partitions with nothing to run: no job, no hold, no claim on its way."""
-        for tp, offset in list(self.pending.items()):
+        for tp, (offset, _) in list(self.pending.items()):
             job = self.scheduler.jobs.get(tp)
             if (job is not None and job.offset >= offset) or self.claims.committed.get(tp, 0) > offset or tp not in self.claims.assigned():
                 del self.pending[tp]
@@ -163,13 +164,13 @@ class Dispatcher:
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
-            chosen = self.view.pick(waiting, free) if free > 0 else None
+            chosen = self.view.pick(waiting, free, self._mine()) if free > 0 else None
             if chosen is not None:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)
                 continue
             # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
-            first = self.view.pick(waiting, free=None)
+            first = self.view.pick(waiting, None, self._mine())
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
             if first is not None and victim is not None and self.idle_claims() and self.jobs.preempt(victim.key, by=first.request_id):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
@@ -186,6 +187,11 @@ class Dispatcher:
         """Whether a request of this class could preempt one of this host's jobs now (so the host reads its queue while full)."""
         probe = Waiting("", priority_class, "", 0.0, "", "", 1)
         return self.view.victim(probe, self.jobs.running(), len(self.scheduler.slots.free)) is not None
+
+    def _mine(self) -> dict[str, tuple[str, int]]:
+        """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its
+        slots are freed (`FleetJobs.held`), and of each claim on its way to a job."""
+        return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
 
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and still waiting after `queue_wait_event_s`, once, with its place and ETA."""
@@ -245,7 +251,7 @@ class Dispatcher:
         before = tuple(self._again(queue, h) for h in queue.ahead(head))
         offset = await self.mover.move(Move(head.record, head.group, (*before, claim), self._ours(queue, head)))
         assert offset is not None
-        self.pending[target] = offset
+        self.pending[target] = (offset, head.waiting())
         queue.taken(head)
         self.scheduler.resume_idle_partitions()  # the claims partition is read at once
         log.info("fleet.claimed", request_id=head.request_id, priority_class=head.priority_class, team=head.team, from_partition=head.tp.partition,

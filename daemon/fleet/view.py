@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -23,11 +23,12 @@ from pydantic import ValidationError
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations, Pace, Usage
+from daemon.fleet.usage import ENDS, Durations, Pace, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
 from daemon.settings import Settings
 from schemas import Accepted, Event, Queued
+from schemas.events import EventBase
 
 log = structlog.get_logger()
 
@@ -47,8 +48,12 @@ class FleetView:
         self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two...)
         self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
+        # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
+        # from when its end is sent, whatever the events read so far say (`held`).
+        self.ended_here: dict[str, str] = {}
 
     def observe(self, event: Event, now: float) -> None:
+        self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
         for fold in (self.usage, self.durations, self.running_jobs):
             fold.observe(event, now)
         if isinstance(event, Accepted) and event.host_slots is not None:
@@ -57,6 +62,16 @@ class FleetView:
             self.announced.add(event.request_id)
             if event.eta_s is not None:
                 self.estimated.add(event.request_id)
+
+    def sending(self, event: EventBase) -> None:
+        """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
+        if isinstance(event, ENDS) and event.request_id is not None:
+            self.ended_here[event.event_id] = event.request_id
+
+    def held(self, mine: Mapping[str, tuple[str, int]]) -> dict[str, int]:
+        """The slots each team holds now: the events' count, with this host's own requests as it knows them (`mine`,
+        by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
+        return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
 
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
@@ -101,12 +116,13 @@ class FleetView:
             log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
         self.skipped = Counter(counts)
 
-    def pick(self, heads: Sequence[Waiting], free: int | None) -> Waiting | None:
-        """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs)."""
+    def pick(self, heads: Sequence[Waiting], free: int | None, mine: Mapping[str, tuple[str, int]] | None = None) -> Waiting | None:
+        """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
+        caps read with this host's own claims and jobs as it knows them (`held`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        return pick(list(heads), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
+        return pick(list(heads), self.usage.slot_seconds(now), self.held(mine or {}), self.settings.priority_classes,
                     self.settings.teams, pace, free=free, ahead=remaining_work(running, pace, now))
 
     def victim(self, head: Waiting, mine: list[Running], free: int) -> Running | None:

@@ -1,0 +1,158 @@
+"""Precedence that never inverts (issue 57): no free slot goes to a lower class while a higher class's request that
+fits it waits where the host can read it. On the in-memory fakes: a team's cap counts this host's own claims and
+freed slots at once, not when their events are read back. Milliseconds."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.jobs import FleetJobs
+from daemon.fleet_config import CLASS_HEADER, TeamShare
+from daemon.jobs.offered import RunningJob
+from daemon.kafka.records import Record
+from daemon.settings import Settings
+from schemas import Accepted, Cancelled
+from schemas.signing import new_key_pair
+from tests.core import CoreOnFakes
+from tests.daemon.fleet.test_queue_dispatch import CLAIMS, RecordingMover, turns
+from tests.fakes import FakeRecord
+from tests.helpers import sft_request
+
+CLAIMS_1 = TopicPartition(CLAIMS.topic, 1)
+HOST = "this-host"
+
+
+class TopicConsumer:
+    """The calls a class's queue makes of its consumer, over one partition of its topic; a join is assigned that
+    partition at the next poll, as aiokafka's rebalance happens in one."""
+
+    def __init__(self, tp: TopicPartition, records: list[FakeRecord]) -> None:
+        self.tp, self.records = tp, records
+        self.next = 0
+        self.paused = False
+        self.joins = self.leaves = 0
+        self.joining: ConsumerRebalanceListener | None = None
+
+    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
+        self.joins += 1
+        self.joining = listener
+
+    def unsubscribe(self) -> None:
+        self.leaves += 1
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+        if self.joining is not None:
+            await self.joining.on_partitions_assigned({self.tp})
+            self.joining = None
+        batch = [] if self.paused else [r for r in self.records if r.offset >= self.next][:max_records]
+        if batch:
+            self.next = batch[-1].offset + 1
+        return {self.tp: batch} if batch else {}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.next
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.next = offset
+
+    def pause(self, tp: TopicPartition) -> None:
+        self.paused = True
+
+    def resume(self, tp: TopicPartition) -> None:
+        self.paused = False
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    def highwater(self, tp: TopicPartition) -> int:
+        return len(self.records)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    key = tmp_path / "event-signing-key.pem"
+    key.write_bytes(new_key_pair()[0])
+    return Settings(event_signing_key_file=key, gpus=[], warm_child=False, work_dir=tmp_path / "work", host=HOST, claims_topic=CLAIMS.topic, default_priority_class="default",
+                    priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}],
+                    teams={"t": TeamShare(max_slots=1)})
+
+
+def request(settings: Settings, request_id: str, priority_class: str, team: str, offset: int, topic_of: str | None = None) -> FakeRecord:
+    """A request of `team` and `priority_class`, in the topic of class `topic_of` (its own class's by default)."""
+    body = json.dumps(sft_request(request_id, priority_class=priority_class, team=team)).encode()
+    topic = settings.class_topics[topic_of or priority_class]
+    return FakeRecord(topic, 0, offset, request_id.encode(), body, timestamp=1_765_000_000_000 + offset)
+
+
+def host(settings: Settings, records: list[FakeRecord], *, joined: bool = True) -> tuple[Dispatcher, RecordingMover, CoreOnFakes]:
+    """This host's dispatcher over a consumer per class topic holding `records`, with two claims partitions."""
+    core = CoreOnFakes(settings)
+    core.consumer.committed[CLAIMS] = core.consumer.committed[CLAIMS_1] = 0
+    mover = RecordingMover(settings)
+    dispatcher = Dispatcher(settings, core.scheduler, FleetJobs(settings, mover, core.scheduler.retries, core.scheduler), core.partitions,
+                            mover, core.intake)
+    dispatcher.queues = [replace(queue, consumer=TopicConsumer(TopicPartition(queue.topic, 0), [r for r in records if r.topic == queue.topic]),  # type: ignore[arg-type]
+                                 subscribed=joined, joined=joined)
+                         for queue in dispatcher.queues]
+    return dispatcher, mover, core
+
+
+def job_here(dispatcher: Dispatcher, core: CoreOnFakes, request_id: str, priority_class: str, team: str, *, slots_freed: bool = False,
+             ran_s: float = 1.0) -> None:
+    """A job of this host on claims partition 0, begun `ran_s` ago: its slot held, or given back (its child exited, its
+    outcome not yet published); the view has read its `accepted`."""
+    body = sft_request(request_id, priority_class=priority_class, team=team)
+    claim = FakeRecord(CLAIMS.topic, 0, 0, request_id.encode(), json.dumps(body).encode(), [(CLASS_HEADER, priority_class.encode())])
+    runner: Any = SimpleNamespace(request=core.request(claim), supervisor=SimpleNamespace(progress={}, checkpoint_step=None),
+                                  stop=lambda stop: True)
+    placement = None if slots_freed else core.slots.take(1, None)
+    core.scheduler.jobs[CLAIMS] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
+    dispatcher.jobs.started[CLAIMS] = (time.time() - ran_s, claim)
+    dispatcher.view.observe(Accepted(request_id=request_id, host=HOST, method="sft", priority_class=priority_class, team=team,
+                                     host_slots=core.slots.total), time.time())
+
+
+def claimed(mover: RecordingMover) -> list[str | None]:
+    return [key for key, _ in mover.claims()]
+
+
+async def test_a_slot_freed_by_a_capped_teams_own_job_goes_to_that_teams_urgent_request_not_a_batch_one(settings: Settings) -> None:
+    # Route (a): the slot frees when the child exits, before the job's `succeeded` is published and read back.
+    records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-t", "urgent", "t", 0)]
+    dispatcher, mover, core = host(settings, records)
+    job_here(dispatcher, core, "t-running", "urgent", "t", slots_freed=True)
+    assert dispatcher.view.usage.running() == {"t": 1}  # what the events say: t at its cap
+    await turns(dispatcher, lambda: bool(mover.moves))
+    assert claimed(mover) == ["urgent-t"]
+
+
+async def test_a_job_whose_end_this_host_published_holds_no_slot_before_the_end_is_read_back(settings: Settings) -> None:
+    records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-t", "urgent", "t", 0)]
+    dispatcher, mover, core = host(settings, records)
+    job_here(dispatcher, core, "t-running", "urgent", "t", slots_freed=True)
+    ended = Cancelled(request_id="t-running", host=HOST, reason="by its owner")
+    await core.publisher.publish(ended)  # its end is sent, then the scheduler forgets the job...
+    del core.scheduler.jobs[CLAIMS]
+    await turns(dispatcher, lambda: bool(mover.moves))  # ...before the view reads the end back
+    assert claimed(mover) == ["urgent-t"]
+    dispatcher.view.observe(ended, time.time())  # read back: the events say it now, and the host forgets its own note
+    assert dispatcher.view.ended_here == {} and dispatcher.view.usage.running() == {}
+
+
+async def test_two_slots_free_in_one_turn_give_a_capped_team_no_more_than_its_cap(settings: Settings) -> None:
+    settings = settings.model_copy(update={"job_slots": 2})
+    records = [request(settings, "urgent-t-1", "urgent", "t", 0), request(settings, "urgent-t-2", "urgent", "t", 1),
+               request(settings, "batch-other", "batch", "other", 0)]
+    dispatcher, mover, _ = host(settings, records)
+    await turns(dispatcher, lambda: len(mover.claims()) == 2)
+    assert claimed(mover) == ["urgent-t-1", "batch-other"]  # the first claim counts at once against t's cap of 1
