@@ -1,19 +1,21 @@
 """The host's side of the fleet's one queue: take requests from the classes' queues while this host has room.
 
 Each class's requests wait in a topic of their own (daemon/fleet_config.py). This host reads a class's
-topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot (or, for a
-class that may preempt, while it runs a preemptible job of a lower class): a host that is full leaves
-the group, so the queues' partitions always belong to hosts with room, and a request never waits
-behind a busy host while another has a slot (the fleet's consumer groups are its only coordination).
+topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot, or while it
+runs a job a request of the class may preempt: now, or once the job has run `preempt_min_run_s` while
+no other host has a free slot (`_reads_while_full`). A host that is full otherwise leaves the group, so
+the queues' partitions belong to hosts with room, and a request never waits behind a busy host while
+another has a slot (the fleet's consumer groups are its only coordination).
 
 Each turn it looks at the first waiting records of each partition it holds (a window of them,
 daemon/fleet/queues.py), picks one for each free slot (the highest class first, then the teams' fair
 share, then arrival: daemon/fleet/order.py, with the usage read from the events: daemon/fleet/view.py),
 and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
-offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
+offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and jobs as it knows them, not
+only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
-A record naming another class than its topic's is moved to that class's topic when it is first in its
-partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
+A record naming another class than its topic's is weighed as its own class where it is (claimed there if
+it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
 claim, no rejoin). A request that may not start yet (a retry not yet due, a team at its cap) holds up
 none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
@@ -148,7 +150,7 @@ class Dispatcher:
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
         for queue in self.queues:
-            queue.follow(room > 0 or self._may_preempt_for(queue.name))
+            queue.follow(room > 0 or self._reads_while_full(queue))
         for queue in self.queues:
             await queue.fetch(self._head, self._unreadable_head)
         if not all(queue.known() for queue in self.queues):
@@ -157,10 +159,10 @@ class Dispatcher:
             for window in list(queue.windows.values()):
                 if any(h.rejection is not None for h in window):
                     await self._reject(queue, window)
-                if window and window[0].moves_to is not None:
-                    await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.rejection is None]
+        # A request read in another class's topic is weighed as its own class where it is: moved first, it would leave
+        # this turn's heads, and its free slot would go to a lower class (it is moved below if it stays).
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.rejection is None]
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
@@ -180,13 +182,27 @@ class Dispatcher:
                 waiting.remove(first)
             break
         for queue in self.queues:
+            for window in list(queue.windows.values()):
+                if window and window[0].moves_to is not None:
+                    await self._move(queue, window[0], window[0].moves_to)
+        waiting = [w for w in waiting if isinstance(w.key, Head) and w.key.moves_to is None]
+        for queue in self.queues:
             metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
 
-    def _may_preempt_for(self, priority_class: str) -> bool:
-        """Whether a request of this class could preempt one of this host's jobs now (so the host reads its queue while full)."""
-        probe = Waiting("", priority_class, "", 0.0, "", "", 1)
-        return self.view.victim(probe, self.jobs.running(), len(self.scheduler.slots.free)) is not None
+    def _reads_while_full(self, queue: ClassQueue) -> bool:
+        """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;
+        and while one may once the job has run `preempt_min_run_s`, unless the events say another host has a free slot.
+        The minimum bounds preemption, not reading: on a full fleet a higher class's arrival is read at once, and its
+        preemption waits only for the minimum. But a full member holds its share of the queue's partitions, where a
+        request waits for its preemption: while another host has room, the partitions are left to the hosts with room.
+        The default class's topic is where producers naming any class write (`adapterd submit`): read as the highest's."""
+        mine, free = self.jobs.running(), len(self.scheduler.slots.free)
+        if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
+            return True
+        arriving = [c.name for c in self.settings.priority_classes] if queue.topic == self.settings.requests_topic else [queue.name]
+        return (any(self.view.victim(Waiting("", name, "", 0.0, "", "", 1), mine, free, ever=True) is not None for name in arriving)
+                and not self.view.free_elsewhere(self.settings.host))
 
     def _mine(self) -> dict[str, tuple[str, int]]:
         """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its

@@ -73,6 +73,16 @@ class FleetView:
         by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
         return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
 
+    def free_elsewhere(self, host: str) -> bool:
+        """Whether another host has a free slot, as the events say: its slots (its last `accepted`) above the GPUs
+        of the jobs it runs. Not exact (a host gone away still counts its slots for `USAGE_LOOKBACK_S`, a slot
+        freed before its job's outcome is published counts as held); it decides only whether a full host gives
+        up reading a class's queue to the hosts with room (daemon/fleet/dispatcher.py)."""
+        used: Counter[str] = Counter()
+        for job in self.running_jobs.jobs(time.time()):
+            used[job.host] += job.gpus
+        return any(slots > used[name] for name, slots in self.host_slots.items() if name != host)
+
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
         plus this host's free ones."""
@@ -125,10 +135,11 @@ class FleetView:
         return pick(list(heads), self.usage.slot_seconds(now), self.held(mine or {}), self.settings.priority_classes,
                     self.settings.teams, pace, free=free, ahead=remaining_work(running, pace, now))
 
-    def victim(self, head: Waiting, mine: list[Running], free: int) -> Running | None:
-        """Which of this host's running jobs `head` may preempt."""
+    def victim(self, head: Waiting, mine: list[Running], free: int, *, ever: bool = False) -> Running | None:
+        """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""
         settings = self.settings
-        return victim(head, mine, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, time.time(), free=free)
+        min_run_s = 0.0 if ever else settings.preempt_min_run_s
+        return victim(head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free)
 
     def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host

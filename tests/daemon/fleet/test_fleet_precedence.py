@@ -1,6 +1,8 @@
 """Precedence that never inverts (issue 57): no free slot goes to a lower class while a higher class's request that
 fits it waits where the host can read it. On the in-memory fakes: a team's cap counts this host's own claims and
-freed slots at once, not when their events are read back. Milliseconds."""
+freed slots at once, not when their events are read back; a full host whose jobs are all younger than
+`preempt_min_run_s` still reads the higher classes' arrivals (it preempts only once the minimum has passed); a
+request read in another class's topic is weighed as its own class, not moved out of the turn. Milliseconds."""
 
 from __future__ import annotations
 
@@ -156,3 +158,58 @@ async def test_two_slots_free_in_one_turn_give_a_capped_team_no_more_than_its_ca
     dispatcher, mover, _ = host(settings, records)
     await turns(dispatcher, lambda: len(mover.claims()) == 2)
     assert claimed(mover) == ["urgent-t-1", "batch-other"]  # the first claim counts at once against t's cap of 1
+
+
+async def test_a_full_host_whose_jobs_are_all_too_young_to_preempt_reads_a_higher_class_and_preempts_once_they_are_not(
+    settings: Settings,
+) -> None:
+    # Route (b): every job younger than preempt_min_run_s; the host had left the higher classes' queues.
+    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)], joined=False)
+    job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
+    assert dispatcher.room() == 0 and settings.preempt_min_run_s > 5
+    for _ in range(3):
+        await dispatcher.turn()
+    urgent, default, batch = dispatcher.queues
+    assert urgent.subscribed and default.subscribed and not batch.subscribed  # default's topic, where `submit` writes any class
+    assert [h.request_id for h in urgent.heads()] == ["urgent-u"]  # read at once...
+    assert not mover.moves and CLAIMS not in dispatcher.jobs.preempting  # ...preempting nothing before the minimum
+    dispatcher.jobs.started[CLAIMS] = (time.time() - settings.preempt_min_run_s - 1, dispatcher.jobs.started[CLAIMS][1])
+    await dispatcher.turn()
+    assert dispatcher.jobs.preempting == {CLAIMS: "urgent-u"} and claimed(mover) == ["urgent-u"]
+
+
+async def test_a_full_host_reads_the_default_classs_topic_for_the_higher_classes_written_there(settings: Settings) -> None:
+    # `adapterd submit` writes every request to `requests_topic`, the default class's, whence it is moved to its class's:
+    # with the default class the lowest, a full host still reads it for the urgent requests that arrive there.
+    settings = settings.model_copy(update={"priority_classes": Settings(
+        priority_classes=[{"name": "urgent"}, {"name": "default", "preemptible": True}], event_signing_key_file=settings.event_signing_key_file,
+    ).priority_classes})
+    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0, topic_of="default")], joined=False)
+    job_here(dispatcher, core, "default-young", "default", "other", ran_s=5.0)
+    for _ in range(3):
+        await dispatcher.turn()
+    assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
+    assert [(copy.topic, copy.priority_class) for move in mover.moves for copy in move.copies] == [(settings.class_topics["urgent"], "urgent")]
+
+
+async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it_may_preempt(settings: Settings) -> None:
+    # The cost of reading while full: a full member holds its share of the partitions, where a request would wait
+    # for the minimum run while another host has a free slot. While the events say one has, it does not read.
+    dispatcher, _, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)])
+    job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
+    dispatcher.view.observe(Accepted(request_id="elsewhere", host="other-host", method="sft", priority_class="batch", team="other",
+                                     host_slots=2), time.time())
+    await dispatcher.turn()
+    assert not any(queue.subscribed for queue in dispatcher.queues)
+    dispatcher.jobs.started[CLAIMS] = (time.time() - settings.preempt_min_run_s - 1, dispatcher.jobs.started[CLAIMS][1])
+    await dispatcher.turn()  # it may preempt now: it reads the class it may preempt for, as before
+    assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
+
+
+async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_before_a_batch_one(settings: Settings) -> None:
+    # Route (b), second half: moved to its class's topic first, it left the turn, and the slot went to a batch request.
+    records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-via-submit", "urgent", "u", 0, topic_of="default")]
+    dispatcher, mover, _ = host(settings, records)
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    assert claimed(mover) == ["urgent-via-submit"]
+    assert [copy.topic for move in mover.moves for copy in move.copies] == [CLAIMS.topic]  # claimed where it was, not moved
