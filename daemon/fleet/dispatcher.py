@@ -3,7 +3,7 @@
 Each class's requests wait in a topic of their own (daemon/fleet_config.py). This host reads a class's
 topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot, or while it
 runs a job a request of the class may preempt: now, or once the job has run `preempt_min_run_s` while
-no other host has a free slot (`_reads_while_full`). A host that is full otherwise leaves the group, so
+no other host could start it sooner (`_reads_while_full`). A host that is full otherwise leaves the group, so
 the queues' partitions belong to hosts with room, and a request never waits behind a busy host while
 another has a slot (the fleet's consumer groups are its only coordination).
 
@@ -192,17 +192,19 @@ class Dispatcher:
 
     def _reads_while_full(self, queue: ClassQueue) -> bool:
         """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;
-        and while one may once the job has run `preempt_min_run_s`, unless the events say another host has a free slot.
-        The minimum bounds preemption, not reading: on a full fleet a higher class's arrival is read at once, and its
-        preemption waits only for the minimum. But a full member holds its share of the queue's partitions, where a
-        request waits for its preemption: while another host has room, the partitions are left to the hosts with room.
-        The default class's topic is where producers naming any class write (`adapterd submit`): read as the highest's."""
+        and while one may once the job has run `preempt_min_run_s`, unless the events say another host could start it
+        now (a free slot, a job old enough to stop). The minimum bounds preemption, not reading: on a full fleet a higher
+        class's arrival is read at once, and its preemption waits only for the minimum. But a full member holds its share
+        of the queue's partitions, where a request waits for that minimum: while another host can start it sooner, the
+        partitions are left to the hosts that can. The default class's topic is where producers naming any class write
+        (`adapterd submit`): read as the highest's."""
         mine, free = self.jobs.running(), len(self.scheduler.slots.free)
         if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
             return True
         arriving = [c.name for c in self.settings.priority_classes] if queue.topic == self.settings.requests_topic else [queue.name]
-        return (any(self.view.victim(Waiting("", name, "", 0.0, "", "", 1), mine, free, ever=True) is not None for name in arriving)
-                and not self.view.free_elsewhere(self.settings.host))
+        probes = [Waiting("", name, "", 0.0, "", "", 1) for name in arriving]
+        return any(self.view.victim(probe, mine, free, ever=True) is not None and not self.view.startable_elsewhere(self.settings.host, probe)
+                   for probe in probes)
 
     def _mine(self) -> dict[str, tuple[str, int]]:
         """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its

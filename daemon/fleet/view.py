@@ -73,15 +73,22 @@ class FleetView:
         by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
         return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
 
-    def free_elsewhere(self, host: str) -> bool:
-        """Whether another host has a free slot, as the events say: its slots (its last `accepted`) above the GPUs
-        of the jobs it runs. Not exact (a host gone away still counts its slots for `USAGE_LOOKBACK_S`, a slot
-        freed before its job's outcome is published counts as held); it decides only whether a full host gives
-        up reading a class's queue to the hosts with room (daemon/fleet/dispatcher.py)."""
+    def startable_elsewhere(self, host: str, head: Waiting) -> bool:
+        """Whether another host than `host` could start `head` now, as the events say: it has a free slot (its slots,
+        from its last `accepted`, above the GPUs of the jobs it runs), or runs a job `head` may preempt now (`victim`,
+        every job of a preemptible class taken to be at a step it can stop, as `_preempted` takes them). Not exact (a
+        host gone away still counts its slots for `USAGE_LOOKBACK_S`, a slot freed before its job's outcome is
+        published counts as held); it decides only whether a full host leaves a class's queue to the hosts that can
+        start its requests now (daemon/fleet/dispatcher.py `_reads_while_full`)."""
+        now, settings = time.time(), self.settings
+        others = [job for job in self.running_jobs.jobs(now) if job.host != host]
         used: Counter[str] = Counter()
-        for job in self.running_jobs.jobs(time.time()):
+        for job in others:
             used[job.host] += job.gpus
-        return any(slots > used[name] for name, slots in self.host_slots.items() if name != host)
+        if any(slots > used[name] for name, slots in self.host_slots.items() if name != host):
+            return True
+        stoppable = [replace(job, preemptible=True) for job in others]
+        return victim(head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now) is not None
 
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it

@@ -10,6 +10,7 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -204,6 +205,16 @@ async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it
     dispatcher.jobs.started[CLAIMS] = (time.time() - settings.preempt_min_run_s - 1, dispatcher.jobs.started[CLAIMS][1])
     await dispatcher.turn()  # it may preempt now: it reads the class it may preempt for, as before
     assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
+
+
+async def test_a_full_host_whose_jobs_are_too_young_leaves_a_higher_class_to_a_host_whose_job_may_be_stopped_now(settings: Settings) -> None:
+    dispatcher, _, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)])
+    job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
+    long_ago = datetime.now(UTC) - timedelta(seconds=settings.preempt_min_run_s + 60)
+    dispatcher.view.observe(Accepted(request_id="batch-old", host="other-host", method="sft", priority_class="batch", team="other",
+                                     host_slots=1, time=long_ago), time.time())
+    await dispatcher.turn()
+    assert not any(queue.subscribed for queue in dispatcher.queues)  # the other host reads it, and stops its job for it at once
 
 
 async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_before_a_batch_one(settings: Settings) -> None:
