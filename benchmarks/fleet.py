@@ -8,6 +8,13 @@ says what each figure is; `eta_replay_error` is the ETA's error on the run repla
     uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (60 to 240 steps) + 2 urgent (4 steps)
     uv run python -m benchmarks.fleet --fifo        # the same on today's partitions: no classes
     uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+    uv run python -m benchmarks.fleet --contention  # the queue's hard cases (below)
+
+`--contention` is the scenario of the queue's defects (issue 57): the `evals` and urgent teams capped at one
+slot each (`max_slots`), a `preempt_min_run_s` of 5 s (longer than the jobs' first seconds), the first urgent
+request sent by `adapterd submit` (to the requests topic, as a pipeline sends it) the moment every slot is
+busy, so every job is younger than the minimum run, and a second one sent the same way once the first has
+started, so it arrives while the first runs and waits for it (its team's cap). Urgent requests train 60 steps there.
 
 With `--classes` (the default) the daemons have the classes urgent, default and batch (batch preemptible),
 a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic. With
@@ -30,13 +37,15 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.fleet_metrics import figures, fleet_line
 from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
@@ -51,7 +60,7 @@ from daemon.settings import Settings
 from schemas import Event
 from testbed.data import CHAT_ROWS
 from testbed.fleet_keys import shared_fleet_keys
-from testbed.processes import DaemonProcess
+from testbed.processes import DaemonProcess, settings_environment
 
 URGENT, BATCH = "urgent", "batch"
 CLASSES = [PriorityClass(name=URGENT), PriorityClass(name="default"), PriorityClass(name=BATCH, preemptible=True)]
@@ -75,6 +84,9 @@ class Plan:
     classes: bool = True
     seed: int = 1
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
+    min_run_s: float = 1.0  # preempt_min_run_s
+    caps: tuple[tuple[str, int], ...] = ()  # teams' max_slots
+    submit: bool = False  # urgent requests by `adapterd submit`, each once the one before it started; else all at once to their topic
     timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
     threads: int | None = None  # each job's OpenMP threads; None: this machine's cores over the fleet's slots
 
@@ -84,6 +96,7 @@ class Plan:
 
 
 QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
+CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 60, "min_run_s": 5.0, "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)), "submit": True}
 
 
 def job_threads(plan: Plan, cores: int) -> int:
@@ -98,8 +111,8 @@ def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
         return {}
     return {
         **shared_fleet_keys(), "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
-        "teams": {team: TeamShare(weight=weight) for team, weight in WEIGHTS.items()},
-        "preempt_min_run_s": 1.0, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
+        "teams": {team: TeamShare(weight=weight, max_slots=dict(plan.caps).get(team)) for team, weight in WEIGHTS.items()},
+        "preempt_min_run_s": plan.min_run_s, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
     }
 
 
@@ -129,6 +142,56 @@ async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]]
     return [Arrival(r["request_id"], ms / 1000, name, team) for (r, ms), name in zip(stamped, classes, strict=True)]
 
 
+class Submit:
+    """`adapterd submit` of one request as a pipeline runs it (to the requests topic, with the daemons' settings),
+    started ahead and reading its request from a named pipe, so that the request lands the moment it is written
+    (`send`), not a Python start-up later: the scenario needs it to land while every job is young."""
+
+    def __init__(self, settings: Settings, request_id: str) -> None:
+        self.settings = settings
+        self.pipe = settings.work_dir / f"{request_id}.json"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Submit:
+        os.mkfifo(self.pipe)
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "daemon.cli.app", "submit", str(self.pipe), env=settings_environment(self.settings),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        return self
+
+    async def send(self, body: dict[str, Any], team: str) -> Arrival:
+        """Write the request; it arrived when its record says (read back at the offset submit printed)."""
+        assert self.process is not None
+        asked = time.time()
+        await asyncio.to_thread(self.pipe.write_text, json.dumps(body))  # opening blocks until submit reads it
+        read = time.time()
+        said = (await self.process.communicate())[0].decode()
+        found = re.search(r"submitted \S+ to (\S+)\[(\d+)\]@(\d+)", said)
+        if self.process.returncode != 0 or found is None:
+            raise RuntimeError(f"adapterd submit failed ({self.process.returncode}): {said}")
+        tp = TopicPartition(found[1], int(found[2]))
+        consumer = AIOKafkaConsumer(**kafka_options(self.settings), enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, int(found[3]))
+            record = await consumer.getone(tp)
+        finally:
+            await consumer.stop()
+        # Said, since the scenario depends on it: how long submit took to read the request and to publish it.
+        print(f"fleet: {body['request_id']} read by submit {read - asked:.2f}s after it was written, landed {record.timestamp / 1000 - read:.2f}s after",
+              file=sys.stderr)
+        return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+
+
+def started(events: list[Seen], request_id: str) -> bool:
+    return any(event.type == "started" and event.request_id == request_id for event in events)
+
+
 def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
     """The ETA's median error on this run replayed (daemon/fleet/replay.py): its measured requests, each of the
     benchmark's class and team (so a run without classes is replayed as the fleet with them would order it),
@@ -156,6 +219,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
     rng = random.Random(plan.seed)
     env = Environment.start(bootstrap_servers)
     daemons: list[DaemonProcess] = []
+    submits: list[Submit] = []
     try:
         suffix = f"{rng.getrandbits(32):08x}"
         settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
@@ -180,6 +244,7 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             return settings.class_topics[name] if plan.classes else settings.requests_topic
 
         model = str(env.model_dir)
+        submits = [await Submit(settings, f"urgent-{n}").start() for n in range(plan.urgent if plan.submit else 0)]
         sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
         sent = time.monotonic()
         evals = [request(plan, model, f"evals-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, EVALS_TEAM) for n in range(plan.evals)]
@@ -189,7 +254,14 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
         if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
             print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
         urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
-        arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
+        if plan.submit:
+            for n, body in enumerate(urgent):
+                before = str(urgent[n - 1]["request_id"])
+                if n and not await collector.until(partial(started, request_id=before), busy_s):
+                    print(f"fleet: {before} had not started after {busy_s}s; the next goes now", file=sys.stderr)
+                arrivals.append(await submits[n].send(body, URGENT_TEAM))
+        else:
+            arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
         ids = {arrival.request_id for arrival in arrivals}
         end = None  # all ended: the last event of theirs; else now, the run's end with some unfinished
         if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
@@ -197,14 +269,18 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             end = time.time()
         collecting.cancel()
         commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
-        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end)
+        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end,
+                         caps=dict(plan.caps))
         end = end or max(e.at for e in collector.events if e.request_id in ids)
         if events_path is not None:
             dump(events_path, arrivals, collector.events)
         return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
                 "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
-                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals)}
+                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals),
+                "preempt_min_run_s": plan.min_run_s, "caps": ",".join(f"{t}:{n}" for t, n in plan.caps) or None, "urgent_by": "submit" if plan.submit else "producer"}
     finally:
+        for submit in submits:
+            submit.stop()
         for daemon in daemons:
             daemon.stop()
         env.stop()
@@ -224,6 +300,7 @@ def main() -> None:
     modes.add_argument("--classes", action="store_true", default=True, help="the fleet's priority classes and teams (the default)")
     modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out")
     parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
+    parser.add_argument("--contention", action="store_true", help=f"the queue's hard cases (a team cap, a long minimum run, urgent by submit): {CONTENTION}")
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
     parser.add_argument("--threads", type=int, default=None, help="each job's OpenMP threads (default: this machine's cores over the fleet's slots)")
@@ -234,6 +311,8 @@ def main() -> None:
                 timeout_s=args.timeout, threads=args.threads)
     if args.quick:
         plan = replace(plan, **QUICK)
+    if args.contention:
+        plan = replace(plan, **CONTENTION)
     given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "min_steps": args.min_steps,
                              "max_steps": args.max_steps}
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})

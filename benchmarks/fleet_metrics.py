@@ -15,16 +15,10 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
 from benchmarks.fleet_shares import fair_share_error, order_share_error
-from benchmarks.fleet_timeline import Arrival, Seen, first_step_at, holds, run_end, terminal_at, timeline
-
-# The ETA's error is relative to the wait, or to this when the wait was shorter: a near-zero wait would
-# turn any ETA into an enormous ratio.
-MIN_WAIT_S = 1.0
+from benchmarks.fleet_timeline import RELEASES, Arrival, Seen, first_step_at, holds, run_end, terminal_at, timeline
+from benchmarks.fleet_waits import MIN_WAIT_S, eta_error_current_median, unneeded_preemptions
 
 
 def idle_share(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], end: float) -> float:
@@ -163,6 +157,8 @@ def trainings(events: Sequence[Seen]) -> list[Training]:
             training.last = event.at
             if event.type == "progress" and event.stage == "train" and event.step is not None and event.step == event.total_steps:
                 training.reached_end = True
+            if event.type in RELEASES:  # it stopped there: the host's later events of it (its next `accepted`) are another's
+                found.append(opened.pop(key))
     return found + list(opened.values())
 
 
@@ -207,9 +203,11 @@ def parse_fleet_line(line: str) -> dict[str, str]:
 
 
 def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None) -> dict[str, object]:
+            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None,
+            caps: dict[str, int] | None = None) -> dict[str, object]:
     """Every figure of the FLEET line, in its order, over the run from the first arrival to `end` (unset: the
-    requests' last event, which is where the run ends when every one of them ended)."""
+    requests' last event, which is where the run ends when every one of them ended). `caps`: the teams' `max_slots`,
+    which the share figures count (a team wants no more slots than its cap)."""
     mine = {arrival.request_id for arrival in arrivals}
     events = [event for event in events if event.request_id in mine]
     if end is None:
@@ -218,10 +216,12 @@ def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str
         "urgent_start_p95_s": start_p95(arrivals, events, urgent_class),
         "idle_share": idle_share(arrivals, events, slots, end),
         "makespan_ratio": makespan_ratio(arrivals, events, slots, classes, end),
-        "fair_share_error": fair_share_error(arrivals, events, weights, end),
-        "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end),
+        "fair_share_error": fair_share_error(arrivals, events, weights, end, caps),
+        "order_share_error": order_share_error(arrivals, events, slots, classes, weights, end, caps),
         "eta_median_error": eta_median_error(events),
+        "eta_error_current_median": eta_error_current_median(arrivals, events),
         "preemptions": preemptions(events),
+        "unneeded_preemptions": unneeded_preemptions(arrivals, events, classes),
         "steps_retrained_per_preemption": steps_retrained_per_preemption(events),
         "lost": lost(arrivals, events),
         "duplicate_trainings": duplicate_trainings(events),

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
 from benchmarks.fleet_timeline import Arrival, Seen, timeline
 
 
@@ -34,13 +31,22 @@ def water_fill(capacity: float, demand: dict[str, int], weights: dict[str, float
     return given
 
 
+def wants(arrivals: Sequence[Arrival], caps: dict[str, int]) -> dict[str, int]:
+    """The slots each team of `arrivals` may use: one a request, at most its cap (`max_slots`)."""
+    wanted: dict[str, int] = defaultdict(int)
+    for arrival in arrivals:
+        wanted[arrival.team] += 1
+    return {team: min(count, caps.get(team, count)) for team, count in wanted.items()}
+
+
 def ideal_slots(waiting: Sequence[Arrival], running_: Sequence[Arrival], slots: int, classes: Sequence[str],
-                weights: dict[str, float]) -> dict[str, float]:
+                weights: dict[str, float], caps: dict[str, int] | None = None) -> dict[str, float]:
     """Each team's slots in the fleet's order at one moment: classes served highest first, and within a class the
-    slots left split by weight among the teams that want them (running or waiting), a share unused lent to the rest."""
-    wanted: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for arrival in [*waiting, *running_]:
-        wanted[arrival.priority_class][arrival.team] += 1
+    slots left split by weight among the teams that want them (running or waiting, none past its cap), a share
+    unused lent to the rest."""
+    wanted: dict[str, dict[str, int]] = defaultdict(dict)
+    for name in {a.priority_class for a in [*waiting, *running_]}:
+        wanted[name] = wants([a for a in [*waiting, *running_] if a.priority_class == name], caps or {})
     order = [*classes, *sorted(set(wanted) - set(classes))]
     given: dict[str, float] = defaultdict(float)
     left = float(slots)
@@ -51,11 +57,13 @@ def ideal_slots(waiting: Sequence[Arrival], running_: Sequence[Arrival], slots: 
     return dict(given)
 
 
-def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weights: dict[str, float], end: float) -> float | None:
+def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weights: dict[str, float], end: float,
+                     caps: dict[str, int] | None = None) -> float | None:
     """Fair share between teams, as the issue puts it (within a class, each team's share of slot-time follows its
     weight, a share left idle lent): over each class's contended window (one of its requests waits and two teams
     or more of it want slots), the largest gap between a team's share of the slot-time the class held and its
-    weight's share of it (`water_fill` of the class's slots among the teams that want them). The largest over the
+    weight's share of it (`water_fill` of the class's slots among the teams that want them, none past its cap in
+    `caps`: a capped team's share left is lent to the others, as the fleet's order lends it). The largest over the
     classes; None when no class had such a window. How the slots are split between classes is
     `order_share_error`'s."""
     worst: float | None = None
@@ -65,9 +73,7 @@ def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weight
         for piece in timeline(arrivals, events, end):
             waiting = [a for a in piece.waiting if a.priority_class == name]
             running_ = [a for a in piece.running if a.priority_class == name]
-            wanted: dict[str, int] = defaultdict(int)
-            for arrival in [*waiting, *running_]:
-                wanted[arrival.team] += 1
+            wanted = wants([*waiting, *running_], caps or {})
             if not waiting or len(wanted) < 2 or not running_:
                 continue
             span = piece.end - piece.start
@@ -82,7 +88,7 @@ def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weight
 
 
 def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-                      weights: dict[str, float], end: float) -> float | None:
+                      weights: dict[str, float], end: float, caps: dict[str, int] | None = None) -> float | None:
     """The largest gap between a team's share of the slot-time used and its share in the fleet's order (`ideal_slots`),
     over the contended window: while a request waits and two teams or more want slots, whatever their classes. In the
     order's ideal a higher class has its slots the moment it arrives, so this counts the time a preemption takes
@@ -97,7 +103,7 @@ def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots
         span = piece.end - piece.start
         for arrival in piece.running:
             actual[arrival.team] += span
-        for team, count in ideal_slots(piece.waiting, piece.running, sum(slots.values()), classes, weights).items():
+        for team, count in ideal_slots(piece.waiting, piece.running, sum(slots.values()), classes, weights, caps).items():
             ideal[team] += count * span
     return largest_gap(actual, ideal)
 

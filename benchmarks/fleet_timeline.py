@@ -41,6 +41,7 @@ class Seen:
     stage: str = "train"  # progress: train or evaluate
     duplicate: bool = False  # succeeded: an earlier success answered again
     push_s: float = 0.0  # succeeded: the push's seconds, after the slot was given back
+    by: str | None = None  # preempted: the request that took the slot
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ def seen(event: Event) -> Seen | None:
     base = Seen(event.type, event.request_id, event.time.timestamp(), event.host)
     if event.type == "progress":
         return replace(base, step=event.step, total_steps=event.total_steps, stage=event.stage)
-    if event.type in ("checkpoint", "preempted"):
+    if event.type == "preempted":
+        return replace(base, step=event.step, by=event.by)
+    if event.type == "checkpoint":
         return replace(base, step=event.step)
     if event.type == "started":
         return replace(base, resumed_step=event.resumed_step)

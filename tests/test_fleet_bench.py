@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from benchmarks.fleet import BATCH, URGENT, Plan, fleet_overrides, job_threads, replayed_eta_error, request
+from benchmarks.fleet import BATCH, CONTENTION, URGENT, Plan, fleet_overrides, job_threads, replayed_eta_error, request
 from benchmarks.fleet_metrics import parse_fleet_line
 from benchmarks.fleet_timeline import Arrival
 from daemon.admission.policy import policy_errors
@@ -20,7 +21,8 @@ from schemas import Accepted, Event, RequestBase, Started, Succeeded
 from schemas.decode import decode_request
 
 ROOT = Path(__file__).parents[1]
-KEYS = ["urgent_start_p95_s", "idle_share", "makespan_ratio", "fair_share_error", "order_share_error", "eta_median_error", "preemptions",
+KEYS = ["urgent_start_p95_s", "idle_share", "makespan_ratio", "fair_share_error", "order_share_error", "eta_median_error",
+        "eta_error_current_median", "unneeded_preemptions", "preemptions",
         "steps_retrained_per_preemption", "lost", "duplicate_trainings", "duplicate_commits", "eta_replay_error"]
 
 
@@ -39,6 +41,15 @@ def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: 
         assert settings.class_topics[URGENT] != settings.class_topics[BATCH]
         assert [c.name for c in settings.priority_classes if c.preemptible] == [BATCH]
         assert settings.preempt_min_run_s < 5
+
+
+def test_the_contention_scenario_caps_a_team_and_runs_jobs_longer_than_their_first_seconds_before_preemption(tmp_path: Path) -> None:
+    plan = replace(Plan(), **CONTENTION)
+    settings = Settings(work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x"))
+    assert settings.teams["evals"].max_slots == 1 and settings.teams["oncall"].max_slots == 1 and settings.teams["sweep"].max_slots is None
+    assert settings.preempt_min_run_s == 5.0 and plan.submit and plan.urgent == 2
+    # The default scenario keeps its short minimum run and no cap: its table's figures stay comparable.
+    assert fleet_overrides(Plan(), "x")["preempt_min_run_s"] == 1.0 and fleet_overrides(Plan(), "x")["teams"]["evals"].max_slots is None
 
 
 def test_each_daemon_stands_for_a_host_with_its_share_of_the_cores() -> None:

@@ -26,6 +26,7 @@ from benchmarks.fleet_metrics import (
 )
 from benchmarks.fleet_shares import fair_share_error, order_share_error, water_fill
 from benchmarks.fleet_timeline import Arrival, Seen, holding, seen
+from benchmarks.fleet_waits import eta_error_current_median, told_errors, unneeded_preemptions
 from schemas import Preempted, Progress, Queued, Started, Succeeded
 
 CLASSES = ["urgent", "default", "batch"]
@@ -150,6 +151,15 @@ def test_fair_share_is_judged_within_each_class_on_the_slots_the_class_held() ->
     assert fair_share_error(arrivals, fair, {}, end=30) == pytest.approx(0.0)
 
 
+def test_a_team_at_its_cap_wants_no_more_slots_and_its_share_is_lent() -> None:
+    # evals (weight 2) capped at one slot of two, sweep (weight 1): one slot each is the fair split, not 2:1.
+    arrivals = [batch("s1"), batch("s2"), batch("e1", team="evals"), batch("e2", team="evals")]
+    events = job("e1", "a", 0, 10) + job("s1", "b", 0, 10) + job("e2", "a", 10, 20) + job("s2", "b", 10, 20)
+    weights = {"sweep": 1.0, "evals": 2.0}
+    assert fair_share_error(arrivals, events, weights, end=20, caps={"evals": 1}) == pytest.approx(0.0)
+    assert fair_share_error(arrivals, events, weights, end=20) == pytest.approx(2 / 3 - 1 / 2)
+
+
 def test_no_contention_between_teams_gives_no_fair_share_error() -> None:
     arrivals, events = backlog_beside_an_idle_host()  # one team only
     assert fair_share_error(arrivals, events, {}, end=20) is None
@@ -181,6 +191,38 @@ def test_preemptions_and_the_steps_trained_again_after_each() -> None:
     events.insert(0, Seen("progress", "b2", 5.5, "b", step=3, total_steps=9))
     assert steps_retrained_per_preemption(events) == pytest.approx((1 + 3) / 2)
     assert steps_retrained_per_preemption(job("b1", "a", 0, 5)) is None
+
+
+def test_a_preemption_is_unneeded_when_a_slot_went_to_a_lower_class_while_its_request_waited() -> None:
+    # u1 arrives at 10; at 12 host b's slot frees and goes to batch b3; at 15 u1 preempts b1 on host a.
+    arrivals = [batch("b1"), batch("b2"), batch("b3"), urgent("u1", 10)]
+    events = [*job("b1", "a", 0, 15)[:-1], Seen("preempted", "b1", 15, "a", by="u1"), *job("b2", "b", 0, 12),
+              *job("b3", "b", 12, 30), *job("u1", "a", 16, 20)]
+    assert unneeded_preemptions(arrivals, events, CLASSES) == 1
+    # Had b3 been given the slot before u1 arrived, or u1 taken b's free slot, the preemption was the only way, or none happened.
+    before = [replace(e, at=e.at - 3) if e.request_id == "b3" and e.type == "accepted" else e for e in events]
+    assert unneeded_preemptions(arrivals, before, CLASSES) == 0
+    # A slot going to a request of u1's own class or higher is no inversion; a preemption whose taker is unknown is not judged.
+    assert unneeded_preemptions([*arrivals[:2], urgent("b3", 0), arrivals[3]], events, CLASSES) == 0
+    assert unneeded_preemptions(arrivals, [replace(e, by=None) for e in events], CLASSES) == 0
+    assert figures(arrivals, events, TWO_HOSTS, CLASSES, {}, {})["unneeded_preemptions"] == 1
+
+
+def test_the_current_eta_error_weighs_each_told_eta_by_how_long_it_was_the_last_told() -> None:
+    # r1 waits 0 to 40: told 10 s at 2 (error |10 - 38| / 38), then 30 s at 10 (exact) for 30 of the 38 s it was told anything.
+    arrivals = [batch("r1")]
+    events = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 10, "a", eta_s=30), Seen("started", "r1", 40, "a")]
+    assert told_errors(arrivals, events) == [(pytest.approx(28 / 38), 8), (0.0, 30)]
+    assert eta_error_current_median(arrivals, events) == 0.0  # the exact one held most of the time
+    # Revised too late: the stale one held 30 of the 38 s, and it is the median.
+    late = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 32, "a", eta_s=8), Seen("started", "r1", 40, "a")]
+    assert eta_error_current_median(arrivals, late) == pytest.approx(28 / 38)
+    # A request preempted waits again: its ETAs after the preemption are judged against its next start, not its first.
+    again = [*events, Seen("preempted", "r1", 50, "a"), Seen("queued", "r1", 51, "a", eta_s=4), Seen("started", "r1", 60, "a")]
+    assert told_errors(arrivals, again)[-1] == (pytest.approx(5 / 9), 9)
+    # Told no ETA, or never started (cancelled while waiting): nothing to judge.
+    assert eta_error_current_median(arrivals, [Seen("queued", "r1", 2, "a"), Seen("started", "r1", 40, "a")]) is None
+    assert eta_error_current_median(arrivals, events[:2]) is None
 
 
 def test_a_request_without_a_terminal_event_is_lost() -> None:
@@ -217,6 +259,16 @@ def test_a_resume_after_a_preemption_is_not_a_duplicate_training() -> None:
     assert duplicate_trainings(job("r1", "a", 0, 10) + job("r2", "a", 10, 20)) == 0
 
 
+def test_a_preempted_job_accepted_again_by_its_first_host_after_running_elsewhere_is_not_a_duplicate_training() -> None:
+    # Seen in a run: b1 preempted on a at 5, resumed on b at 6, preempted there at 9 and accepted by a again at 10;
+    # a's `accepted` at 10 is not a's first training still going on beside b's.
+    events = [*job("b1", "a", 0, 5, steps=4)[:3], Seen("preempted", "b1", 5, "a"), *job("b1", "b", 6, 9, steps=4)[:3],
+              Seen("preempted", "b1", 9, "b"), *job("b1", "a", 10, 20)]
+    assert duplicate_trainings(events) == 0
+    # Without the preemption on a (its child still training there), b's start at 6 would be a second training at once.
+    assert duplicate_trainings([e for e in events if not (e.type == "preempted" and e.host == "a")]) == 1
+
+
 def test_more_than_one_commit_of_a_request_is_a_duplicate_commit() -> None:
     assert duplicate_commits({"r1": 1, "r2": 2, "r3": 0, "r4": 3}) == 2
 
@@ -247,7 +299,8 @@ def test_the_fleet_line_holds_every_figure_and_parses_back() -> None:
     parsed = parse_fleet_line(line)
     assert parsed == {
         "urgent_start_p95_s": "n/a", "idle_share": "0.125", "makespan_ratio": "1.333", "fair_share_error": "n/a",
-        "order_share_error": "n/a", "eta_median_error": "n/a", "preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
+        "order_share_error": "n/a", "eta_median_error": "n/a", "eta_error_current_median": "n/a", "preemptions": "0",
+        "unneeded_preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
         "duplicate_trainings": "0", "duplicate_commits": "0",
     }
     with pytest.raises(ValueError, match="not a FLEET line"):

@@ -42,7 +42,8 @@ def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Pla
         return Plan(True, f"{request_id}: running on {job.host} (attempt {job.attempt}); the cancel is sent to {control_topic}: "
                           "that host stops the job and publishes `cancelled` (adapterd get shows it)")
     return Plan(True, f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when "
-                      "it is reached, with a `cancelled` event and no training")
+                      "it is reached, with a `cancelled` event and no training; until then `adapterd jobs --state queued` leaves it out "
+                      "and `adapterd get` says its cancel is pending")
 
 
 async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:

@@ -12,7 +12,13 @@ first-in-first-out queue read one job at a time, so a request's place is its pla
 and its ETA the same list scheduling onto that partition alone (its running job, then those ahead).
 
 A request whose latest event is `accepted` has a slot already and starts now: it is listed (the
-events call it queued) without a place, and counts as a running job for everyone's ETA.
+events call it queued) without a place, and counts as a running job for everyone's ETA. A request with
+a cancel sent and not yet honoured (daemon/cli/cancels_sent.py) is placed nowhere and counted in no
+one's place: the host that reaches it skips it; the queue's table leaves it out and says how many.
+
+Each place and ETA is worked out when the command runs, from the queues and the events; a `queued`
+event's place and ETA were the publishing host's when it published it, so `get` shows only the fresh
+one, and says when it was worked out.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
 from daemon.cli.waiting import Backlog, Waiting, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import etas
@@ -30,6 +37,7 @@ from schemas import Event
 
 RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts for the default --slots
 UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
+PENDING_NAMED = 5  # the requests with a cancel pending named under the queue's table; the rest counted
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,9 @@ HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {
 def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime,
                   records: dict[str, Waiting] | None = None) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
-    (`accepted`: ETA 0) and the rest unplaced: records that are not requests and, without classes, requests
-    no record says where they wait. `records`: every request read past the committed offsets, the running
-    ones too (without classes, whose partition each running job holds)."""
+    (`accepted`: ETA 0) and the rest unplaced: records that are not requests, requests with a cancel pending
+    and, without classes, requests no record says where they wait. `records`: every request read past the
+    committed offsets, the running ones too (without classes, whose partition each running job holds)."""
     at = now.timestamp()
     usage, durations, running = Usage(), Durations(), RunningJobs()
     for event in events:
@@ -63,7 +71,7 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
             fold.observe(event, at)
     jobs = running.jobs(at)
     pace = fleet.paced(durations, jobs)  # as the hosts read it (daemon/fleet/view.py)
-    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and (settings.priority_classes or w.at is not None)}
+    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and w.cancel is None and (settings.priority_classes or w.at is not None)}
     if settings.priority_classes:
         order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
                                   settings.teams, pace, ahead=fleet.remaining_work(jobs, pace, at))
@@ -71,7 +79,7 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
         placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
     else:
         placed = _in_partitions(list(mine.values()), records or {}, jobs, pace, at)
-    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" else None) for w in waiting if w.request_id not in mine]
+    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" and w.cancel is None else None) for w in waiting if w.request_id not in mine]
 
 
 def _in_order(w: Waiting) -> fleet.Waiting:
@@ -116,8 +124,10 @@ def eta_text(eta_s: float | None) -> str:
 
 
 async def placed_backlog(settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None) -> tuple[Backlog, list[Placed]]:
-    """Every waiting request (daemon/cli/waiting.py), placed in the fleet's order with its ETA."""
+    """Every waiting request (daemon/cli/waiting.py), those with a cancel pending marked, the others placed in the
+    fleet's order with their ETAs."""
     backlog = await read_backlog(settings, events)
+    mark_cancelled(backlog.waiting, await sent_cancels(settings, now))
     return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records)
 
 
@@ -125,25 +135,40 @@ async def waiting_line(settings: Settings, request_id: str, slots: int | None, n
     """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
     _, placed = await placed_backlog(settings, slots, now, events)
     found = next((each for each in placed if each.request.request_id == request_id), None)
-    return None if found is None else where_it_waits(found)
+    return None if found is None else where_it_waits(found, now)
 
 
-def where_it_waits(placed: Placed) -> str:
-    """`adapterd get`'s line for a waiting request."""
+def where_it_waits(placed: Placed, now: datetime) -> str:
+    """`adapterd get`'s line for a waiting request: one place and one ETA, worked out `now`."""
     w = placed.request
     where = w.where if w.where.startswith("on ") else f"in {w.where}"
     if w.stage == "undecodable":
         return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
+    if w.cancel is not None:
+        return (f"{w.request_id}: cancel pending ({w.cancel.said()}), its `cancelled` event not yet published: it waits ({w.stage}) {where} "
+                "until a host reaches it and skips it, placed nowhere and counted in no one's place")
     if w.stage == "accepted":
         return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
     eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
     return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
-            f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}"
-            + (f"; {w.detail}" if w.detail else ""))
+            f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}; "
+            f"worked out at {now:%H:%M:%S}Z from the queues and the events" + (f"; {w.detail}" if w.detail else ""))
 
 
-def queue_table(placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime) -> list[str]:
-    """`adapterd jobs --state queued`: the waiting requests in the fleet's order, with `jobs`' filters (host: its latest event's)."""
-    return [HEADER] + [each.line() for each in placed
-                       if (method is None or each.request.method == method) and (host is None or each.request.host == host)
-                       and (within is None or now - each.request.arrived <= within)]
+def queue_table(placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime) -> tuple[list[str], str | None]:
+    """`adapterd jobs --state queued`: the waiting requests in the fleet's order, with `jobs`' filters (host: its latest
+    event's); and, apart, what to say of those the filters take that have a cancel pending (None: none has)."""
+    taken = [each for each in placed if (method is None or each.request.method == method) and (host is None or each.request.host == host)
+             and (within is None or now - each.request.arrived <= within)]
+    pending = [each.request for each in taken if each.request.cancel is not None]
+    return [HEADER] + [each.line() for each in taken if each.request.cancel is None], pending_said(pending)
+
+
+def pending_said(pending: list[Waiting]) -> str | None:
+    """One line for the waiting requests with a cancel pending: how many, and the first few."""
+    if not pending:
+        return None
+    named = ", ".join(f"{w.request_id} ({w.cancel.said() if w.cancel else ''})" for w in pending[:PENDING_NAMED])
+    more = f" and {len(pending) - PENDING_NAMED} more" if len(pending) > PENDING_NAMED else ""
+    return (f"{len(pending)} waiting request(s) with a cancel pending, not listed and counted in no one's place until their `cancelled` "
+            f"events (adapterd get ID): {named}{more}")

@@ -115,4 +115,5 @@ async def sweep(settings: Settings, chosen: Selector, reason: str, dry_run: bool
     finally:
         await producer.stop()
     return [*lines, f"sent {len(found)} cancel(s) to {settings.control_topic}: each running job stops and publishes `cancelled`; "
-                    "each waiting request is skipped when a daemon reaches it, with `cancelled` and no training"]
+                    "each waiting request is skipped when a daemon reaches it, with `cancelled` and no training "
+                    "(until then `adapterd jobs --state queued` leaves it out, its cancel pending)"]

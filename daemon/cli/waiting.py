@@ -43,6 +43,17 @@ class Queue:
     priority_class: str | None  # the class whose queue it is; None for the claims topic and without classes
 
 
+@dataclass(frozen=True)
+class SentCancel:
+    """A cancel read from the control topic (daemon/cli/cancels_sent.py): when it was written, and why."""
+
+    sent: datetime
+    reason: str
+
+    def said(self) -> str:
+        return f"sent {self.sent:%Y-%m-%d %H:%M:%S}Z" + (f": {self.reason}" if self.reason else "")
+
+
 @dataclass
 class Waiting:
     """One waiting request: what it is, and where and how it waits."""
@@ -61,6 +72,7 @@ class Waiting:
     host: str | None = None  # the host of its latest event, if it has one
     at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
+    cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Container
 
 import structlog
 from aiokafka import TopicPartition
@@ -50,8 +51,12 @@ async def publish_queued(publisher: Publisher, host: str, retries: RetrySigner, 
 
 
 class Announcer:
-    def __init__(self, settings: Settings, view: FleetView, publisher: Publisher, claims: Partitions, retries: RetrySigner) -> None:
+    def __init__(self, settings: Settings, view: FleetView, publisher: Publisher, claims: Partitions, retries: RetrySigner,
+                 cancelled: Container[str] = frozenset()) -> None:
         self.settings = settings
+        # The requests whose cancel this host has read (Scheduler.cancelled): skipped when reached, so neither told
+        # they wait nor counted in the places of the others.
+        self.cancelled = cancelled
         self.view = view
         self.publisher = publisher
         self.claims = claims
@@ -72,7 +77,7 @@ class Announcer:
         """One round: a `queued` event for each unread request that has none (or one with no ETA, when one can now be
         said); how many were published."""
         view = self.view
-        unread = await self.unread()
+        unread = [(w, read) for w, read in await self.unread() if w.request_id not in self.cancelled]
         if not any(w.request_id not in view.announced or w.request_id not in view.estimated for w, _ in unread):
             return 0  # every one told, with an ETA
         # A host may have claimed one while the queues were read (its claim commits the queue's offset past the record,

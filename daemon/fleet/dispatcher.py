@@ -16,7 +16,7 @@ only as their events are read back (`_mine`). The daemon runs the claims topic a
 one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is weighed as its own class where it is (claimed there if
 it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
-claim, no rejoin). A request that may not start yet (a retry not yet due, a team at its cap) holds up
+claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds up
 none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
 
@@ -107,7 +107,7 @@ class Dispatcher:
         await self.mover.stop()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        announcer = Announcer(self.settings, self.view, self.scheduler.publisher, self.claims, self.retries)
+        announcer = Announcer(self.settings, self.view, self.scheduler.publisher, self.claims, self.retries, self.scheduler.cancelled)
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
         try:
             await self._turns(stopping)
@@ -159,6 +159,8 @@ class Dispatcher:
             for window in list(queue.windows.values()):
                 if any(h.rejection is not None for h in window):
                     await self._reject(queue, window)
+                if any(self._cancelled(h) for h in window):
+                    await self._withdraw(queue, window)
         now = time.time()
         # A request read in another class's topic is weighed as its own class where it is: moved first, it would leave
         # this turn's heads, and its free slot would go to a lower class (it is moved below if it stays).
@@ -294,3 +296,21 @@ class Dispatcher:
         await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
         queue.taken(last)
         log.info("fleet.rejected_in_queue", priority_class=queue.name, partition=last.tp.partition, rejected=len(rejected), written_again=len(kept))
+
+    def _cancelled(self, head: Head) -> bool:
+        return head.request is not None and head.request_id in self.scheduler.cancelled
+
+    async def _withdraw(self, queue: ClassQueue, window: list[Head]) -> None:
+        """A window's requests whose cancel this host has read: each ends here with its `cancelled` event, then ONE move
+        commits past the last (the others before it written again), as `_reject` does. Claimed first and skipped by the
+        scheduler, each would wait for a free slot and an idle claims partition of its own: a swept queue took a claim a
+        request, and its `cancelled` events came tens of seconds late. A retry not yet due ends too: the cancel outranks it."""
+        cancelled = [h for h in window if self._cancelled(h)]
+        for head in cancelled:
+            assert head.request is not None
+            await self.scheduler.cancelled.ended(head.request, head.record, self.retries.read(head.record).attempt)
+        last = cancelled[-1]
+        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h not in cancelled)
+        await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
+        queue.taken(last)
+        log.info("fleet.cancelled_in_queue", priority_class=queue.name, partition=last.tp.partition, cancelled=len(cancelled), written_again=len(kept))

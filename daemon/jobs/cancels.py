@@ -1,6 +1,8 @@
 """Cancels from the control topic (daemon/kafka/control.py), remembered by request id: the scheduler
 stops a running job (`Scheduler.cancel`), and a request cancelled before it is reached is skipped when
-it is (`Cancels.skip`): its `cancelled` event, then its offset committed, no training.
+it is (`Cancels.skip`): its `cancelled` event, then its offset committed, no training. With priority
+classes the dispatcher ends one it holds in a queue's window the same way, at its next turn
+(daemon/fleet/dispatcher.py `_withdraw`, with `Cancels.ended`), rather than claiming it first.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Cancels:
     partitions: Partitions
     reasons: dict[str, str] = field(default_factory=dict)
 
-    def __contains__(self, request_id: str) -> bool:
+    def __contains__(self, request_id: object) -> bool:
         return request_id in self.reasons
 
     def remember(self, cancel: Cancel) -> str:
@@ -39,8 +41,13 @@ class Cancels:
 
     async def skip(self, tp: TopicPartition, record: Record, request: RequestBase, attempt: int) -> None:
         """A request cancelled before it started: its terminal event, then its offset; no training."""
+        await self.ended(request, record, attempt)
+        await self.partitions.commit(tp, record.offset + 1)
+
+    async def ended(self, request: RequestBase, record: Record, attempt: int) -> None:
+        """A cancelled request that never started: its `cancelled` event, with its cancel's reason. The caller commits
+        past its record after this (an event published twice is better than a request ended with none)."""
         reason = self.reasons[request.request_id]
-        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, offset=record.offset)
+        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, topic=record.topic, offset=record.offset)
         await JobEvents.for_record(self.publisher, request, self.host, attempt, record).publish(Cancelled, reason=reason)
         metrics.JOBS.labels("cancelled").inc()
-        await self.partitions.commit(tp, record.offset + 1)

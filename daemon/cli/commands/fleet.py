@@ -42,7 +42,8 @@ def jobs(
         "each partition is its own queue, and its ETAs follow its running job."))] = None,
 ) -> None:
     """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
-    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits."""
+    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits;
+    those with a cancel pending are left out, counted in no one's place, and named on stderr."""
     from datetime import UTC, datetime
 
     from daemon.cli.jobs import HEADER, STATES, age, fold, history
@@ -76,8 +77,11 @@ def jobs(
         backlog, placed = with_kafka(settings, placed_backlog(settings, slots, now, events))
         for topic in backlog.missing:
             typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
-        for line in queue_table(placed, method, host, within, now):
+        table, pending = queue_table(placed, method, host, within, now)
+        for line in table:
             typer.echo(line)
+        if pending is not None:
+            typer.echo(f"adapterd: {pending}", err=True)  # on stderr, as the missing topics: the table alone on stdout
 
 
 def get(
@@ -85,8 +89,8 @@ def get(
     config: ConfigOption = None,
     slots: Annotated[int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")] = None,
 ) -> None:
-    """One request's whole history, event by event, and where it stands; a waiting one's place, ETA and where it waits;
-    exit 1 when it has no events and waits nowhere."""
+    """One request's whole history, event by event, and where it stands; a waiting one's place and ETA, worked out now,
+    and where it waits, or that its cancel is pending; exit 1 when it has no events and waits nowhere."""
     from datetime import UTC, datetime
 
     from daemon.cli.console import describe
@@ -110,7 +114,9 @@ def get(
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
     if events:
         job = fold(events)[request_id]
-        typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {job.detail}" if job.detail else ""))
+        # A `queued` event's place and ETA were its host's when it published it: with the fresh ones below, they are left out.
+        detail = "" if waits is not None and job.latest == "queued" else job.detail
+        typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {detail}" if detail else ""))
     if waits is not None:
         typer.echo(waits)
 

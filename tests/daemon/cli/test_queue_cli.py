@@ -161,12 +161,42 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
     assert lines[2] == "" and lines[3].split()[:2] == ["REQUEST", "CLASS"] and len(lines) == 4 + len(listed)
 
     code, lines = cli(fleet, "get", "b1", "--slots", "1")
-    assert code == 0 and lines == [
-        f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing to estimate from)"]
+    assert code == 0 and len(lines) == 1 and lines[0].startswith(
+        f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing to estimate from); worked out at ")
     code, lines = cli(fleet, "get", "held-1")
     assert code == 0 and lines[0].split()[2] == "queued" and lines[-1].startswith("held-1: waiting (queued) on gpu-c, class batch, team ads, place 3 of 5")
     code, lines = cli(fleet, "get", "nowhere-1")
     assert code == 1 and "waits in none of the queues" in lines[-1]
+
+
+def test_a_request_cancelled_while_it_waits_leaves_the_queue_at_once_and_get_says_its_cancel_is_pending(fleet: Settings) -> None:
+    """Issue 57: cancelled while queued, a request was listed waiting, with a place and an ETA, and counted in the
+    others' places, until a host reached it and published `cancelled`; nothing said a cancel was pending."""
+    batch = fleet.class_topics["batch"]
+    write(fleet, batch, *[sft_request(f"w{n}", team="search") for n in range(1, 4)], minutes_ago=10)
+    code, lines = cli(fleet, "cancel", "w1", "--reason", "not needed")  # as an operator sends it: the control topic, keyed by its id
+    assert code == 0, lines
+    result = runner.invoke(app, ["jobs", "--state", "queued", "--slots", "1"], env=settings_environment(fleet))
+    assert result.exit_code == 0, result.output
+    listed = rows(result.stdout.splitlines())
+    assert [(request_id, row[3]) for request_id, row in listed.items()] == [("w2", "1"), ("w3", "2")]  # w1 is not ahead of them
+    assert "1 waiting request(s) with a cancel pending" in result.stderr and "w1 (sent " in result.stderr and "not needed" in result.stderr
+    code, lines = cli(fleet, "get", "w1")
+    assert code == 0 and lines[-1].startswith("w1: cancel pending (sent ") and "not needed), its `cancelled` event not yet published" in lines[-1]
+    code, lines = cli(fleet, "get", "w3", "--slots", "1")
+    assert code == 0 and ", place 2 of 2, " in lines[-1]
+
+
+def test_get_says_one_place_and_one_eta_for_a_waiting_request_and_when_they_were_worked_out(fleet: Settings) -> None:
+    """Issue 57: `get` printed its last `queued` event's place and ETA and a fresh estimate, two different ones, not saying which held."""
+    batch = fleet.class_topics["batch"]
+    write(fleet, batch, sft_request("w1", team="search"), minutes_ago=10)
+    publish(fleet, ("queued", "w1", 9, {"host": "gpu-c", "priority_class": "batch", "team": "search", "place": 7, "eta_s": 600.0}))
+    code, lines = cli(fleet, "get", "w1", "--slots", "1")
+    assert code == 0, lines
+    assert [line for line in lines if "place" in line] == [lines[-1]]  # the queued event's place 7 and 600 s are not shown as if current
+    assert lines[-1].startswith(f"w1: waiting (queued) in {batch}[0]@0, class batch, team search, place 1 of 1, starts in about 0s; worked out at ")
+    assert lines[-1].endswith("Z from the queues and the events")
 
 
 def test_a_genuine_accepted_written_three_times_counts_once_in_the_fleets_order(fleet: Settings) -> None:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.places import default_slots, place_and_eta
+from daemon.cli.cancels_sent import mark_cancelled
+from daemon.cli.places import default_slots, place_and_eta, queue_table, where_it_waits
 from daemon.cli.sweep import matches, selector
-from daemon.cli.waiting import Queue, Waiting, combine
+from daemon.cli.waiting import Queue, SentCancel, Waiting, combine
 from daemon.errors import UsageError
 from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
@@ -91,6 +92,44 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
     assert [p.request.request_id for p in placed][:3] == ["u1", "k2", "h1"] and placed[-1].request.request_id == "junk-1"
     assert [p.place for p in placed] == [1, 2, 3, 4, 5, 6, 7, 8, None] and placed[-1].eta_s is None
+
+
+def test_a_request_with_a_cancel_pending_leaves_the_queue_at_once_and_counts_in_no_ones_place(settings: Settings) -> None:
+    """Issue 57: a waiting request cancelled was listed waiting, placed and counted ahead of the others until its
+    `cancelled` event, which comes only when a host reaches it."""
+    read = [record(BATCH, 0, 9, sft_request("b1")), record(BATCH, 1, 8, sft_request("b2")), record(BATCH, 2, 7, sft_request("b3")),
+            record(URGENT, 0, 1, raw=b"{not json")]
+    events = [event("accepted", "gone-1", 30, method="sft"), event("cancelled", "gone-1", 20, reason="done with it"),
+              event("queued", "h1", 6, host="gpu-b", priority_class="batch", team="ads", place=4, eta_s=None)]
+    sent = NOW - timedelta(seconds=5)
+    backlog = combine(read, events, settings)
+    mark_cancelled(backlog.waiting, {"b2": SentCancel(sent, "sweep withdrawn"), "h1": SentCancel(sent, "cancelled"),
+                                     "gone-1": SentCancel(sent, "again"), "junk-1": SentCancel(sent, "cancelled")})
+    placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 1, NOW)}
+    assert set(placed) == {"b1", "b2", "b3", "h1", "junk-1"}  # gone-1 ended: its cancel changes nothing
+    assert [(p.request.request_id, p.place, p.of) for p in placed.values() if p.place is not None] == [("b1", 1, 2), ("b3", 2, 2)]
+    assert (placed["b2"].place, placed["b2"].eta_s, placed["h1"].place) == (None, None, None)
+    assert placed["junk-1"].request.cancel is None  # not a request: no cancel to honour, listed as it was
+
+    table, pending = queue_table(list(placed.values()), None, None, None, NOW)
+    assert [line.split()[0] for line in table[1:]] == ["b1", "b3", "junk-1"]
+    assert pending is not None and pending.startswith("2 waiting request(s) with a cancel pending") and "b2 (sent " in pending and "h1 (sent " in pending
+    assert queue_table(list(placed.values()), None, "gpu-b", None, NOW)[1] is not None  # the filters take h1 (its host's)
+    assert queue_table(list(placed.values()), "dpo", None, None, NOW)[1] is None  # ...and none of them here
+    assert where_it_waits(placed["b2"], NOW) == (
+        f"b2: cancel pending (sent {sent:%Y-%m-%d %H:%M:%S}Z: sweep withdrawn), its `cancelled` event not yet published: it waits (unread) "
+        "in requests[0]@1 until a host reaches it and skips it, placed nowhere and counted in no one's place")
+
+
+def test_a_waiting_requests_line_says_one_place_and_one_eta_and_when_they_were_worked_out(settings: Settings) -> None:
+    """Issue 57: `get` printed the place and ETA of the request's last `queued` event beside a fresh one, not saying which held."""
+    events = [event("queued", "h1", 6, host="gpu-b", priority_class="batch", team="ads", place=4, eta_s=600.0)]
+    backlog = combine([record(BATCH, 0, 9, sft_request("b1", team="search"))], events, settings)
+    placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 2, NOW)}
+    line = where_it_waits(placed["h1"], NOW)
+    assert line == ("h1: waiting (queued) on gpu-b, class batch, team ads, place 2 of 2, starts in about 0s; "
+                    "worked out at 18:00:00Z from the queues and the events")
+    assert line.count("place") == 1 and "600" not in line  # the event's place 4 and its 600 s are not repeated as if current
 
 
 def test_without_classes_the_requests_topic_holds_the_running_job_and_those_behind_it(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The announcer's `queued` events for requests no host has read (daemon/fleet/announcer.py), on the real broker:
 a request a host claims while the queues are being read is not told it waits (its consumers would see it wait
-after its `started`)."""
+after its `started`); one whose cancel the host has read is neither told nor counted (on the fakes)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import queue_group
 from daemon.kafka.options import kafka_options
@@ -20,10 +20,10 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from schemas import Queued, RequestBase, parse_event
+from schemas import Queued, RequestBase, decode_request, parse_event
 from testbed.client import produce
 from testbed.fleet_keys import shared_fleet_keys
-from testbed.memory_kafka import FakeConsumer, FakeProducer
+from testbed.memory_kafka import FakeConsumer, FakeProducer, FakeRecord
 from tests.helpers import sft_request
 
 CLASSES = [{"name": "urgent"}, {"name": "batch", "preemptible": True}]
@@ -65,3 +65,29 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
     # Read again with nothing claimed since: the one told already is not told twice.
     plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
     assert await plain.announce() == 0
+
+
+async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_nor_counted_in_the_others_places(tmp_path: Path) -> None:
+    """Issue 57: a request cancelled while unread was told its place, and counted in the others', until a host with
+    room reached it. On the in-memory fakes: the queues as read are given, and none claimed meanwhile."""
+    fleet = Settings(work_dir=tmp_path, priority_classes=CLASSES, default_priority_class="batch", claims_topic="claims", **shared_fleet_keys())
+    topic = fleet.class_topics["batch"]
+    read = []
+    for offset, name in enumerate(("cancelled-1", "still-waiting")):
+        request = decode_request(json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode())
+        assert isinstance(request, RequestBase)
+        read.append((waiting_for(request, "batch", 1_765_000_000.0 + offset), (request, FakeRecord(topic, 0, offset, name.encode(), b"{}"))))
+
+    class AsRead(Announcer):
+        async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+            return read
+
+        async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
+            return set()
+
+    producer = FakeProducer()
+    retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
+    announcer = AsRead(fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries, cancelled={"cancelled-1"})
+    assert await announcer.announce() == 1
+    queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
+    assert [(event.request_id, event.place) for event in queued] == [("still-waiting", 1)]  # first: cancelled-1 is not ahead of it

@@ -16,6 +16,7 @@ from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Move, Mover
 from daemon.settings import Settings
+from schemas import Cancel
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes
 from tests.daemon.fleet.test_fleet_queues import CLASSES, TP, WindowConsumer
@@ -122,3 +123,26 @@ async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(
         queue.joined = True
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert [key for key, _ in mover.claims()] == ["on-time"]
+
+
+async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and_is_not_counted_in_the_others_places(
+    fleet_settings: Settings,
+) -> None:
+    """Issue 57: a cancelled request was claimed like any other (a free slot, a claims partition of its own) and
+    skipped only when the scheduler read its claim; meanwhile the others' `queued` events counted it ahead of them."""
+    settings = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})  # the one still waiting is told its place at once
+    dispatcher, mover, core, _ = dispatcher_over(settings, [valid(0, "ahead-1"), valid(1, "cancelled-1"), valid(2, "behind-1"),
+                                                            valid(3, "behind-2")])
+    reads = iter(range(1_765_000_000, 1_765_000_100))
+    dispatcher.arrivals.clock = lambda: float(next(reads))  # arrival in offset order
+    await core.scheduler.cancel(Cancel(request_id="cancelled-1", reason="sweep withdrawn"))
+    assert await turns(dispatcher, lambda: bool(core.events("cancelled-1"))) == 1
+    assert [(event["type"], event["reason"]) for event in core.events("cancelled-1")] == [("cancelled", "sweep withdrawn")]
+    # The first move commits past it, writing ahead-1 (before it in the window) again; no claim of it, ever.
+    first = mover.moves[0]
+    assert first.record.key == b"cancelled-1" and [copy.record.key for copy in first.copies] == [b"ahead-1"]
+    assert first.copies[0].topic == TP.topic and first.copies[0].partition == TP.partition
+    assert [key for key, _ in mover.claims()] == ["behind-1"]  # the host's one slot: the first left in the order
+    # behind-2 waits, told place 1: cancelled-1 is not counted ahead of it (ahead-1's copy is not read back: the fake
+    # mover only keeps its moves).
+    assert [(event["request_id"], event["place"]) for event in core.events() if event["type"] == "queued"] == [("behind-2", 1)]
