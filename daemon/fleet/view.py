@@ -6,7 +6,9 @@ folds the same verified events (schemas.signing: an unsigned or forged event is 
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
 written again is not counted again), into `Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py,
 running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
-that window is not folded. The decisions are the pure rules of daemon/fleet/order.py.
+that window is not folded. The decisions are the pure rules of daemon/fleet/order.py, with what this host
+knows of its own requests before their events are read back (`held`: its claims, its freed slots, the ends
+it sent), so that a slot it frees is never given by a stale count of its own.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ class FleetView:
         self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
         # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
-        # from when its end is sent, whatever the events read so far say (`held`).
+        # from when its end is sent, whatever the events read so far say (`held`). Kept beside the folds, not folded in:
+        # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
+        # be refused as repeated when read, and the `accepted` read after it would hold a slot for ever.
         self.ended_here: dict[str, str] = {}
 
     def observe(self, event: Event, now: float) -> None:
