@@ -77,8 +77,26 @@ class TopicConsumer:
     def assignment(self) -> set[TopicPartition]:
         return {self.tp}
 
-    def highwater(self, tp: TopicPartition) -> int:
+    def highwater(self, tp: TopicPartition) -> int | None:
         return len(self.records)
+
+
+class AnsweredMidPoll(TopicConsumer):
+    """A partition whose first fetch's answer comes in while the poll is under way: its high watermark is known at
+    once, its records only at the next poll."""
+
+    def __init__(self, tp: TopicPartition, records: list[FakeRecord]) -> None:
+        super().__init__(tp, records)
+        self.answered = False
+
+    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+        if not self.answered:
+            self.answered = True
+            return {}
+        return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return len(self.records) if self.answered else None
 
 
 @pytest.fixture
@@ -224,3 +242,16 @@ async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_b
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert claimed(mover) == ["urgent-via-submit"]
     assert [copy.topic for move in mover.moves for copy in move.copies] == [CLAIMS.topic]  # claimed where it was, not moved
+
+
+async def test_a_queue_whose_first_answer_came_in_while_the_turn_polled_is_read_before_its_slot_goes_to_a_lower_class(
+    settings: Settings,
+) -> None:
+    # After a join: the urgent queue's first fetch is answered during the poll (its records not yet in its window). Counted
+    # as known by its high watermark alone, the turn gave the free slot to the batch request it had read.
+    records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-u", "urgent", "u", 0)]
+    dispatcher, mover, _ = host(settings, records)
+    urgent = dispatcher.queues[0]
+    dispatcher.queues[0] = replace(urgent, consumer=AnsweredMidPoll(TopicPartition(urgent.topic, 0), [records[1]]))  # type: ignore[arg-type]
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    assert claimed(mover) == ["urgent-u"]
