@@ -209,8 +209,10 @@ class Cancelled(EventBase):
 
 
 class Queued(EventBase):
-    """Not terminal, on a fleet with priority classes: the request waits for a slot. Published once soon after it
-    arrives (or is read and has to wait), and once more when the first said no ETA and one can now be said."""
+    """Not terminal, on a fleet with priority classes: the request waits for a slot. Published soon after it arrives
+    (or is read and has to wait), and again while it waits whenever its place or ETA moves materially: an ETA can be
+    said where none could, its expected start moved by more than 5 s and a fifth of its wait, or its place moved back
+    by more than a fifth. The latest one is current."""
 
     type: Literal["queued"] = "queued"
     priority_class: str

@@ -75,7 +75,7 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
     if settings.priority_classes:
         order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
                                   settings.teams, pace, ahead=fleet.remaining_work(jobs, pace, at))
-        eta = etas(order, jobs, slots, pace, at)
+        eta = etas(order, jobs, slots, pace, at, settings.teams)
         placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
     else:
         placed = _in_partitions(list(mine.values()), records or {}, jobs, pace, at)

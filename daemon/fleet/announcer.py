@@ -1,13 +1,14 @@
 """`queued` events for the requests no host has read yet: each gets one soon after it arrives, with its
-place in the fleet's order and an ETA, so a producer learns at once how long it will wait (and, when no
-ETA could be said then, one more once it can: the fleet's first jobs of a method have no history).
+place in the fleet's order and an ETA, so a producer learns at once how long it will wait, and another whenever
+they move materially (daemon/fleet/telling.py: once an ETA can be said where none could, or when heavier teams or
+a higher class go ahead).
 
 A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
 behind a busy fleet are read for this from the outside, without joining a group: each class's topic
 from its queue group's committed offset (daemon/kafka/group_offsets.py), every `ANNOUNCE_S`. One host
 does it, the one the claims group gave partition 0 (Kafka's own assignment chooses it: no election of
-ours); after a rebalance another may, and the events say which requests have had their `queued`
-event already (`FleetView.announced`), so none gets two but across such a handover.
+ours); after a rebalance another may, and the events say what each request was last told
+(`FleetView.telling`), so the new one goes on from there.
 """
 
 from __future__ import annotations
@@ -74,24 +75,21 @@ class Announcer:
                 log.warning("fleet.announce_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def announce(self) -> int:
-        """One round: a `queued` event for each unread request that has none (or one with no ETA, when one can now be
-        said); how many were published."""
+        """One round: a `queued` event for each unread request that has none, or whose place or ETA moved since its
+        last (daemon/fleet/telling.py); how many were published."""
         view = self.view
         unread = [(w, read) for w, read in await self.unread() if w.request_id not in self.cancelled]
-        if not any(w.request_id not in view.announced or w.request_id not in view.estimated for w, _ in unread):
-            return 0  # every one told, with an ETA
+        now = time.time()
+        if not view.telling.maybe([w.request_id for w, _ in unread], now) or not view.telling.due(view.places([w for w, _ in unread], 0), now, self.settings.host, dry=True):
+            return 0  # every one told, and nothing moved since
         # A host may have claimed one while the queues were read (its claim commits the queue's offset past the record,
         # in the claim's own transaction): told `queued` now, its consumers would see it wait after its `started`.
         taken = await self.claimed([record for _, (_, record) in unread])
         unread = [(w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken]
         records = {waiting.request_id: read for waiting, read in unread}
         published = 0
-        for waiting, place, eta in view.places([waiting for waiting, _ in unread], 0):
-            if waiting.request_id in view.announced and (eta is None or waiting.request_id in view.estimated):
-                continue  # told already, and nothing new to say
-            view.announced.add(waiting.request_id)
-            if eta is not None:
-                view.estimated.add(waiting.request_id)
+        for waiting, place, eta in view.telling.due(view.places([waiting for waiting, _ in unread], 0), now, self.settings.host):
+            view.telling.heard(waiting.request_id, place, eta, now, self.settings.host)
             await publish_queued(self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta)
             published += 1
         return published

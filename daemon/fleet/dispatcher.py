@@ -214,17 +214,17 @@ class Dispatcher:
         return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
 
     async def _announce(self, waiting: list[Head]) -> None:
-        """A `queued` event for each head read and still waiting after `queue_wait_event_s`, once, with its place and ETA."""
-        now = time.time()
-        due = [h for h in waiting if h.request is not None and h.request_id not in self.view.announced
-               and now - h.seen_at >= self.settings.queue_wait_event_s]
-        if not due:
+        """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it moves (daemon/fleet/telling.py)."""
+        now, telling = time.time(), self.view.telling
+        heads = {h.request_id: h for h in waiting if h.request is not None
+                 and (h.request_id in telling.told or now - h.seen_at >= self.settings.queue_wait_event_s)}
+        if not heads or not telling.maybe(heads, now):
             return
-        places = {w.request_id: (place, eta) for w, place, eta in self.view.places([h.waiting() for h in waiting], self.room())}
-        for head in due:
+        placed = [each for each in self.view.places([h.waiting() for h in waiting], self.room()) if each[0].request_id in heads]
+        for waiting_one, place, eta in telling.due(placed, now, self.settings.host):
+            head = heads[waiting_one.request_id]
             assert head.request is not None
-            place, eta = places.get(head.request_id, (1, None))
-            self.view.announced.add(head.request_id)
+            telling.heard(head.request_id, place, eta, now, self.settings.host)
             await publish_queued(self.scheduler.publisher, self.settings.host, self.retries, (head.request, head.record), head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 

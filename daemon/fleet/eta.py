@@ -1,50 +1,141 @@
-"""When each waiting request is expected to start: list scheduling of the fleet's order onto its slots.
-Pure: the caller passes the order (`fleet_order`), the running jobs, the fleet's slots and `now`.
+"""When each waiting request is expected to start: list scheduling of the fleet's order onto its slots, after the
+preemptions the order will make. Pure: the caller passes the order (`fleet_order`), the running jobs, the fleet's
+slots, the teams' caps, the preemption's bounds and `now`.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running, Waiting, time_left
+from daemon.fleet.order import Running, Waiting, at_cap, share_of, time_left, victim
 from daemon.fleet.usage import Pace
+from daemon.fleet_config import PriorityClass, TeamShare
 
 
-def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pace, now: float) -> dict[str, float | None]:
+@dataclass(frozen=True)
+class Bounds:
+    """What a preemption waits for: the operator's `preempt_min_run_s` and `preempt_max_count`, and the switch's
+    seconds (daemon/fleet/usage.py `Switches`: from the victim's `preempted` event to the new job's `started`)."""
+
+    classes: list[PriorityClass]
+    min_run_s: float
+    max_count: int
+    switch_s: float = 0.0
+
+
+def preempting(order: list[Waiting], running: list[Running], slots: int, bounds: Bounds, durations: Pace, now: float,
+               teams: Mapping[str, TeamShare] | None = None) -> tuple[list[Running], dict[str, float]]:
+    """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
+
+    In order, each request that finds no free slot of the fleet's `slots`, its team below its cap (`order.pick`
+    neither starts nor preempts for a team at its cap), and has a victim (`order.victim`, as the host running the
+    job chooses it, every job of a preemptible class taken to be at a step it can stop at) at the first moment one
+    is allowed: now, or when a job reaches `min_run_s` of run (a job preempted `max_count` times never is). It
+    starts then plus the switch's seconds, in the victim's slots, and holds them for its expected time (at
+    `durations`); the job it stops waits again (not counted: it resumes after the requests that ETAs are given for
+    here, as far as they go). A request that a job's own end frees a slot for by then takes that slot instead
+    (`etas` starts it there)."""
+    free = slots - sum(job.gpus for job in running)
+    holding: Counter[str] = Counter()
+    for job in running:
+        holding[job.team] += job.gpus
+    candidates = [replace(job, preemptible=True) for job in running]
+    after, starts = list(running), {}
+    for request in order:
+        if at_cap(request.team, holding, teams or {}, request.gpus):
+            continue
+        if request.gpus <= free:  # it takes a free slot: `etas` starts it there
+            free -= request.gpus
+            holding[request.team] += request.gpus
+            continue
+        allowed = sorted({now, *(job.started + bounds.min_run_s for job in candidates if job.started + bounds.min_run_s > now)})
+        found = next(((at, stopped) for at in allowed if (stopped := victim(request, candidates, bounds.classes, bounds.min_run_s,
+                                                                             bounds.max_count, at)) is not None), None)
+        if found is None:
+            continue
+        at, stopped = found
+        ends = [now + left for job in after if (left := time_left(job, durations, now)) is not None]
+        if at > now and min(ends, default=math.inf) <= at:
+            continue  # a slot frees before the victim may be stopped
+        candidates.remove(stopped)
+        after = [job for job in after if job.request_id != stopped.request_id]
+        holding[stopped.team] -= stopped.gpus
+        holding[request.team] += request.gpus
+        start = at + bounds.switch_s - now
+        starts[request.request_id] = start
+        expected = durations.expected(request.method, request.model, request.steps)
+        after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
+                             eta_s=None if expected is None else start + expected, gpus=request.gpus))
+    return after, starts
+
+
+def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pace, now: float,
+         teams: Mapping[str, TeamShare] | None = None) -> dict[str, float | None]:
     """Each waiting request's ETA in seconds from `now`, by request id; None where nothing honest can be said.
 
     Each of the fleet's `slots` is free when its running job ends (daemon/fleet/order.py `time_left`: its own
     ETA, else its steps left at a step's pace, else its expected duration less the time it has run),
-    else unknown; a slot with no job is free now. In order, each request takes its earliest free slots
-    (as many as its GPUs) and starts when the last of them is free; they are then free again after its
-    own expected duration (`durations.expected` at its steps). The fleet passes `order.paced` durations: a
-    step's pace taken with the running jobs' of its method and model, for both. A start that needs a slot
-    whose end is unknown, and every start after it, is None rather than a made-up figure (a request that
-    finds a slot free now still starts now). A request needing more GPUs than the fleet has never starts:
-    None, and it holds nothing up."""
+    else unknown; a slot with no job is free now. In order, each request takes free slots (as many as its
+    GPUs) and starts when the last of them is free; they are then free again after its own expected duration
+    (`durations.expected` at its steps). The fleet passes `order.paced` durations: a step's pace taken with the
+    running jobs' of its method and model, for both.
+
+    A team's `max_slots` cap (`teams`) is hard, as `order.pick` keeps it: a request of a team that holds its cap
+    (its running jobs, and the requests of the order placed before it, each until its end) starts no sooner than
+    enough of them end. It then takes the free slots that are free last by its start (best fit), so a slot that
+    frees while it still waits for its team goes to the requests behind it, as the dispatcher gives it to them.
+
+    A start that needs a slot, or a team's job, whose end is unknown, and every start after it, is None
+    rather than a made-up figure (a request that finds a slot free now, its team below its cap, still starts
+    now). A request needing more GPUs than the fleet has, or than its team's cap, never starts: None, and it
+    holds nothing up."""
     expected_s: dict[tuple[str, str, int | None], float | None] = {}
-    known: list[float] = []  # the free times of the slots whose end is known (a heap)
+    known: list[float] = []  # the free times of the slots whose end is known, sorted
     unknown = 0  # slots whose end is not known
+    held: dict[str, list[float]] = {}  # each capped team's slots held, by their ends (inf: unknown), sorted
+
+    def cap(team: str) -> int | None:
+        return share_of(team, teams or {}).max_slots
+
+    def hold(team: str, end: float, gpus: int) -> None:
+        if cap(team) is not None:
+            for _ in range(gpus):
+                bisect.insort(held.setdefault(team, []), end)
+
     for job in running:
         left = time_left(job, durations, now)
         if left is None:
             unknown += job.gpus
         else:
             known.extend([now + left] * job.gpus)
+        hold(job.team, math.inf if left is None else now + left, job.gpus)
     known.extend([now] * max(0, slots - len(known) - unknown))
     total = len(known) + unknown
-    heapq.heapify(known)
+    known.sort()
     result: dict[str, float | None] = {}
     lost = False  # a start needed a slot of unknown end: no later start is known either
     for request in order:
-        if lost or request.gpus > total:
+        limit = cap(request.team)
+        if lost or request.gpus > total or (limit is not None and request.gpus > limit):
             result[request.request_id] = None
             continue
-        if len(known) < request.gpus or (unknown and heapq.nsmallest(request.gpus, known)[-1] > now):
+        ready = now  # when its team holds few enough slots for it
+        if limit is not None:
+            ends = held.get(request.team, [])
+            # Held at t: the ends after t. The k-th end leaves at most len - k held, and the request needs limit - gpus.
+            k = len(ends) - (limit - request.gpus)
+            ready = max(now, ends[k - 1]) if k > 0 else now
+        if ready == math.inf or len(known) < request.gpus or (unknown and known[request.gpus - 1] > ready):
             lost = True
             result[request.request_id] = None
             continue
-        start = max(heapq.heappop(known) for _ in range(request.gpus))
+        start = max(ready, known[request.gpus - 1])
+        taken = bisect.bisect_right(known, start)
+        del known[taken - request.gpus:taken]
         result[request.request_id] = start - now
         kind = (request.method, request.model)
         if (*kind, request.steps) not in expected_s:
@@ -54,5 +145,6 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pa
             unknown += request.gpus
         else:
             for _ in range(request.gpus):
-                heapq.heappush(known, start + expected)
+                bisect.insort(known, start + expected)
+        hold(request.team, math.inf if expected is None else start + expected, request.gpus)
     return result

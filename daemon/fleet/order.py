@@ -140,7 +140,7 @@ def fleet_order(
     for _, queues in sorted(groups.items()):
         # The teams below their caps compete first; a team reaching its cap stays at it (holding only grows),
         # so its requests wait until no team below its cap has any left, then the capped ones compete alike.
-        capped = [team for team in queues if _at_cap(team, holding, teams)]
+        capped = [team for team in queues if at_cap(team, holding, teams)]
         contending = [entry(team, queue) for team, queue in queues.items() if team not in capped]
         heapq.heapify(contending)
         only_capped = False
@@ -155,14 +155,14 @@ def fleet_order(
             holding[team] = holding.get(team, 0) + request.gpus
             if not queues[team]:
                 continue
-            if not only_capped and _at_cap(team, holding, teams):
+            if not only_capped and at_cap(team, holding, teams):
                 capped.append(team)
             else:
                 heapq.heappush(contending, entry(team, queues[team]))
     return order
 
 
-def _at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
+def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
     cap = share_of(team, teams).max_slots
     return cap is not None and holding.get(team, 0) + need > cap
 
@@ -174,7 +174,7 @@ def pick(
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
     given `free` (the host's free slots), when it needs no more GPUs than that. None: nothing it sees may start."""
-    fits = [h for h in heads if (free is None or h.gpus <= free) and not _at_cap(h.team, running, teams, h.gpus)]
+    fits = [h for h in heads if (free is None or h.gpus <= free) and not at_cap(h.team, running, teams, h.gpus)]
     order = fleet_order(fits, usage, running, classes, teams, durations, ahead=ahead)
     return order[0] if order else None
 

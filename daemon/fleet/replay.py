@@ -1,7 +1,9 @@
 """The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
-decides as the real one does (`fleet_order`, `pick`, `etas`): each request's ETA at its arrival is
-compared with the start the simulation then gives it. benchmarks.fleet replays its measured run
-(`arrivals_from_events`).
+decides as the real one does (`fleet_order`, `pick`, `etas`, the teams' caps): each request's ETA at its
+arrival is compared with the start the simulation then gives it (`eta_error`), and so is each ETA it is
+told while it waits, by the rule the hosts tell them by (daemon/fleet/telling.py, looked at every
+`TELL_EVERY_S` as the announcer does), each for as long as it was the latest (`eta_error_current`).
+benchmarks.fleet replays its measured run (`arrivals_from_events`).
 
 The simulated fleet starts a request the moment a slot is free (no dispatch delay) and preempts
 nothing; a finished job's duration is learnt (`Trace.learn`) as a `succeeded` event would teach it.
@@ -16,9 +18,12 @@ from dataclasses import dataclass, field, replace
 
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
+from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.fleet_config import PriorityClass, TeamShare
 from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
+
+TELL_EVERY_S = 2.0  # how often the simulated fleet looks for what to tell again (daemon/fleet/announcer.py ANNOUNCE_S)
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Outcome:
     arrived: float
     eta_s: float | None  # the ETA it was given at arrival
     started: float | None  # when the simulation started it; None: never (more GPUs than the fleet has)
+    told: tuple[tuple[float, float | None], ...] = ()  # (when, ETA) of each `queued` event the rule sent it while it waited
 
     @property
     def error(self) -> float | None:
@@ -78,6 +84,8 @@ def replay(trace: Trace) -> list[Outcome]:
     running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
     eta_at_arrival: dict[str, float | None] = {}
     started: dict[str, float] = {}
+    telling = Telling()
+    told: dict[str, list[tuple[float, float | None]]] = {a.request_id: [] for a in arrivals}
 
     def free_slots() -> int:
         return trace.slots - sum(job.gpus for _, job in running.values())
@@ -107,10 +115,21 @@ def replay(trace: Trace) -> list[Outcome]:
             ))
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
-    index = 0
+    def tell(now: float) -> None:
+        """The `queued` events the hosts' rule sends now, to the requests still waiting."""
+        jobs = seen(now)
+        order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
+        eta = etas(order, jobs, trace.slots, durations, now, teams)
+        for request, place, said in telling.due([(w, place, eta[w.request_id]) for place, w in enumerate(order, start=1)], now, "replay"):
+            telling.heard(request.request_id, place, said, now, "replay")
+            told[request.request_id].append((now, said))
+
+    index, look = 0, math.inf
     while index < len(arrivals) or running:
         next_end = min((end for end, _ in running.values()), default=math.inf)
-        if index < len(arrivals) and arrivals[index].at < next_end:
+        if look < min(next_end, arrivals[index].at if index < len(arrivals) else math.inf):
+            now = look
+        elif index < len(arrivals) and arrivals[index].at < next_end:
             arrival = arrivals[index]
             index += 1
             now = arrival.at
@@ -118,7 +137,7 @@ def replay(trace: Trace) -> list[Outcome]:
                                    steps=arrival.steps))
             jobs = seen(now)
             order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
-            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now)[arrival.request_id]
+            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now, teams)[arrival.request_id]
         else:
             now = next_end
             for request_id in [r for r, (end, _) in running.items() if end == now]:
@@ -127,7 +146,10 @@ def replay(trace: Trace) -> list[Outcome]:
                 if trace.learn:
                     _learn(durations, job.method, job.model, by_id[request_id].duration_s, by_id[request_id].steps)
         dispatch(now)
-    return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id)) for a in arrivals]
+        if waiting:
+            tell(now)
+        look = now + TELL_EVERY_S if waiting else math.inf
+    return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id), tuple(told[a.request_id])) for a in arrivals]
 
 
 def _learn(durations: Durations, method: str, model: str, seconds: float, steps: int | None) -> None:
@@ -142,6 +164,28 @@ def eta_error(trace: Trace) -> float:
     errors = [error for outcome in replay(trace) if (error := outcome.error) is not None]
     return statistics.median(errors) if errors else math.nan
 
+
+
+def eta_error_current(trace: Trace) -> float:
+    """The time-weighted median relative error of the ETA each waiting request was last told (`Outcome.told`): each
+    one's |ETA - the wait from its telling to the start| / max(that wait, 1 s), weighted by the seconds until the next
+    telling or the start (as benchmarks/fleet_waits.py `eta_error_current_median` reads a run's events); NaN when
+    no request was told an ETA."""
+    weighted = []
+    for outcome in replay(trace):
+        if outcome.started is None:
+            continue
+        for n, (at, eta) in enumerate(outcome.told):
+            until = outcome.told[n + 1][0] if n + 1 < len(outcome.told) else outcome.started
+            if eta is not None and until > at:
+                wait = outcome.started - at
+                weighted.append((abs(eta - wait) / max(wait, 1.0), until - at))
+    total, reached = sum(weight for _, weight in weighted), 0.0
+    for error, weight in sorted(weighted):
+        reached += weight
+        if reached >= total / 2:
+            return error
+    return math.nan
 
 
 def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:

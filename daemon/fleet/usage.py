@@ -214,3 +214,26 @@ def trained_steps(metrics: Mapping[str, float]) -> float | None:
     """The steps a job trained, from its `succeeded` metrics (train_runtime x train_steps_per_second); None unsaid."""
     runtime, rate = metrics.get("train_runtime"), metrics.get("train_steps_per_second")
     return runtime * rate if runtime and rate and runtime > 0 and rate > 0 else None
+
+
+class Switches:
+    """How long a preemption's switch takes, measured from the events: for each `preempted` event, the seconds from
+    it to the `started` event of the request that took the slot (`by`); the median of the last `window`, else 0.
+
+    The `preempted` event is published once the stopped job has saved its checkpoint and ended, so this is the part
+    after the drain: the claim read, its `accepted`, the child started. The drain before it (the victim's checkpoint,
+    bounded by `drain_timeout_s`) is not timed by any event and is not counted: a stop at a step that saves nothing
+    takes a second or two, and a bound of a minute would make every preempting request's ETA a minute late."""
+
+    def __init__(self, window: int = 20) -> None:
+        self._stopped: dict[str, float] = {}  # the preempting request's id → when its victim's `preempted` event said it stopped
+        self._seconds: deque[float] = deque(maxlen=window)
+
+    def observe(self, event: Event, now: float) -> None:
+        if isinstance(event, Preempted):
+            self._stopped[event.by] = event.time.timestamp()
+        elif isinstance(event, Started) and event.request_id in self._stopped:
+            self._seconds.append(max(0.0, event.time.timestamp() - self._stopped.pop(event.request_id)))
+
+    def seconds(self) -> float:
+        return statistics.median(self._seconds) if self._seconds else 0.0

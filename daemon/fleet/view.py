@@ -22,10 +22,11 @@ from dataclasses import replace
 import structlog
 from pydantic import ValidationError
 
-from daemon.fleet.eta import etas
+from daemon.fleet.eta import Bounds, etas, preempting
 from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import ENDS, Durations, Pace, Usage
+from daemon.fleet.telling import Telling
+from daemon.fleet.usage import ENDS, Durations, Switches, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
 from daemon.settings import Settings
@@ -45,10 +46,10 @@ class FleetView:
         self.usage = Usage(HALF_LIFE_S)
         self.durations = Durations()
         self.running_jobs = RunningJobs()
+        self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
         self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
-        self.announced: set[str] = set()  # requests with a `queued` event, by any host (none is given two...)
-        self.estimated: set[str] = set()  # ...but one more once an ETA can be said, when the first had none
+        self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
         # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
         # from when its end is sent, whatever the events read so far say (`held`). Kept beside the folds, not folded in:
@@ -58,14 +59,14 @@ class FleetView:
 
     def observe(self, event: Event, now: float) -> None:
         self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
-        for fold in (self.usage, self.durations, self.running_jobs):
+        for fold in (self.usage, self.durations, self.running_jobs, self.switches):
             fold.observe(event, now)
         if isinstance(event, Accepted) and event.host_slots is not None:
             self.host_slots[event.host] = event.host_slots
         elif isinstance(event, Queued) and event.request_id is not None:
-            self.announced.add(event.request_id)
-            if event.eta_s is not None:
-                self.estimated.add(event.request_id)
+            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
+        if isinstance(event, Accepted) and event.request_id is not None:
+            self.telling.started(event.request_id)
 
     def sending(self, event: EventBase) -> None:
         """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
@@ -103,7 +104,7 @@ class FleetView:
         """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
         from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
         while True:
-            self.usage, self.durations, self.running_jobs = Usage(HALF_LIFE_S), Durations(), RunningJobs()
+            self.usage, self.durations, self.running_jobs, self.switches = Usage(HALF_LIFE_S), Durations(), RunningJobs(), Switches()
             self.host_slots, self.skipped = {}, Counter()
             try:
                 await self._follow()
@@ -154,38 +155,16 @@ class FleetView:
 
     def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
-        sees the fleet (`fleet_slots`)."""
+        sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py `preempting`,
+        within the operator's bounds and after the measured switch), then list scheduling of the rest (`etas`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)  # one reading of a step's pace for the order, the preemptions and the ETAs
-        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
-                            self.settings.teams, pace, ahead=remaining_work(running, pace, now))
-        slots = self.fleet_slots(free)
-        running, preempting = self._preempted(order, running, slots, now, pace)
-        eta: dict[str, float | None] = {**etas([w for w in order if w.request_id not in preempting], running, slots, pace, now),
-                                        **dict.fromkeys(preempting, 0.0)}
-        return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
-
-    def _preempted(self, order: list[Waiting], running: list[Running], slots: int, now: float, pace: Pace) -> tuple[list[Running], set[str]]:
-        """The running jobs as they will be once the waiting requests that preempt have: in the order, each request
-        that finds no free slot of the fleet's `slots` and has a victim (`order.victim`, as the host running the job
-        chooses it, every job of a preemptible class taken to be at a step it can stop at) takes that job's slots
-        from now for its expected time (at `pace`); the job it stops waits again (not counted: it resumes after the requests
-        that ETAs are given for here, as far as they go)."""
         settings = self.settings
-        free = slots - sum(job.gpus for job in running)
-        candidates = [replace(job, preemptible=True) for job in running]
-        after, preempting = list(running), set()
-        for request in order:
-            if request.gpus <= free:  # it takes a free slot: `etas` starts it there
-                free -= request.gpus
-                continue
-            stopped = victim(request, candidates, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now)
-            if stopped is None:
-                continue
-            candidates.remove(stopped)
-            after = [job for job in after if job.request_id != stopped.request_id]
-            preempting.add(request.request_id)
-            after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
-                                 eta_s=pace.expected(request.method, request.model, request.steps), gpus=request.gpus))
-        return after, preempting
+        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), settings.priority_classes,
+                            settings.teams, pace, ahead=remaining_work(running, pace, now))
+        slots = self.fleet_slots(free)
+        bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, self.switches.seconds())
+        running, starts = preempting(order, running, slots, bounds, pace, now, settings.teams)
+        eta = {**etas([w for w in order if w.request_id not in starts], running, slots, pace, now, settings.teams), **starts}
+        return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]

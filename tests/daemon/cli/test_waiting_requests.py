@@ -273,3 +273,17 @@ def test_a_sweep_that_can_match_nothing_by_its_form_is_refused_naming_the_option
 def test_a_class_sweep_on_a_fleet_without_classes_says_there_are_none(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="this fleet has no priority classes"):
         selector(Settings(work_dir=tmp_path), None, "batch", [])
+
+
+def test_a_request_held_by_its_teams_cap_is_told_when_its_teams_job_ends_not_now(settings: Settings) -> None:
+    """Issue 57: a request held by its team's `max_slots` was told "place 1, ETA 0 s" by `get` and `jobs` (it started
+    13 s later). Team t may hold one slot; its run-1 ends in 13 s; the fleet's second slot is free."""
+    capped = settings.model_copy(update={"teams": Settings(teams={"t": {"max_slots": 1}}, **shared_fleet_keys()).teams})
+    events = [
+        succeeded("old-1", 100, 0),
+        event("accepted", "run-1", 2, method="sft", team="t", priority_class="batch"), event("started", "run-1", 2, method="sft"),
+        event("progress", "run-1", 0, step=5, total_steps=50, eta_s=13.0),
+    ]
+    placed = place_and_eta([waiting("held", "batch", 1)], events, capped, 2, NOW)
+    assert [(p.request.request_id, p.place, p.eta_s) for p in placed] == [("held", 1, pytest.approx(13.0))]
+    assert [p.eta_s for p in place_and_eta([waiting("held", "batch", 1)], events, settings, 2, NOW)] == [0.0]  # no cap: the free slot

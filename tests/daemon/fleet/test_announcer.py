@@ -5,8 +5,11 @@ after its `started`); one whose cancel the host has read is neither told nor cou
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer
@@ -20,10 +23,11 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from schemas import Queued, RequestBase, decode_request, parse_event
+from schemas import Accepted, Progress, Queued, RequestBase, decode_request, parse_event
 from testbed.client import produce
 from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeConsumer, FakeProducer, FakeRecord
+from tests.daemon.fleet.test_fleet_usage import read
 from tests.helpers import sft_request
 
 CLASSES = [{"name": "urgent"}, {"name": "batch", "preemptible": True}]
@@ -91,3 +95,51 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
     assert await announcer.announce() == 1
     queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
     assert [(event.request_id, event.place) for event in queued] == [("still-waiting", 1)]  # first: cancelled-1 is not ahead of it
+
+
+MODEL = sft_request("x")["model"]["id"]
+
+
+def unread_request(fleet: Settings, request_id: str, priority_class: str, offset: int, arrived: float) -> tuple[Waiting, tuple[RequestBase, Record]]:
+    value = json.dumps(sft_request(request_id, priority_class=priority_class)).encode()
+    request = decode_request(value, request_id.encode())
+    assert isinstance(request, RequestBase)
+    record = FakeRecord(fleet.class_topics[priority_class], 0, offset, request_id.encode(), value, [], int(arrived * 1000))
+    return waiting_for(request, priority_class, arrived), (request, record)
+
+
+class Backlog(Announcer):
+    """The announcer over a backlog kept in memory: its unread requests are `backlog`, none claimed meanwhile."""
+
+    backlog: list[tuple[Waiting, tuple[RequestBase, Record]]]
+
+    async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+        return list(self.backlog)
+
+    async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
+        return set()
+
+
+async def test_a_waiting_request_is_told_again_when_a_higher_class_goes_ahead(tmp_path: Path) -> None:
+    """Issue 57: a `queued` event's place and ETA were never revised (told 14-33 s, waited 44-96 s). batch-1 was told,
+    by this host's announcer 12 s ago (its event read back), that it starts in 42 s, when run-1 ends on the fleet's one
+    slot; it is still right. Then urgent-1 arrives: it goes first, for its 100 s, and batch-1 is told again: place 2,
+    ETA 130 s."""
+    fleet = Settings(priority_classes=CLASSES, default_priority_class="batch", work_dir=tmp_path, **shared_fleet_keys())
+    now = time.time()
+    view = FleetView(fleet)
+    view.observe(read(Accepted(request_id="run-1", method="sft", team="a", priority_class="batch", host_slots=1, model=MODEL, host="gpu-b",
+                               time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=30.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
+    view.observe(read(Queued(request_id="batch-1", priority_class="batch", team="default", place=1, eta_s=42.0, host=fleet.host,
+                             time=datetime.fromtimestamp(now - 12, UTC))), now)
+    view.durations.add("sft", MODEL, 100.0)  # no steps said: every job of the kind is expected at 100 s
+    producer = FakeProducer()
+    announcer = Backlog(fleet, view, Publisher(fleet, producer), Partitions(FakeConsumer()), RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts))
+    announcer.backlog = [unread_request(fleet, "batch-1", "batch", 0, now - 20)]
+    assert await announcer.announce() == 0  # its ETA counted down as it should: nothing new
+    announcer.backlog.append(unread_request(fleet, "urgent-1", "urgent", 0, now - 1))
+    assert await announcer.announce() == 2
+    queued = {event.request_id: (event.place, event.eta_s) for event in map(parse_event, (sent.value for sent in producer.sent))}
+    assert queued == {"urgent-1": (1, pytest.approx(30.0, abs=1)), "batch-1": (2, pytest.approx(130.0, abs=1))}
+    assert await announcer.announce() == 0  # told; and within RETELL_EVERY_S of it besides

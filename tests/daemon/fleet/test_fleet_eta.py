@@ -12,11 +12,11 @@ import pytest
 
 from daemon.fleet.eta import etas
 from daemon.fleet.order import Running, Waiting, expected_work, paced, remaining_work, time_left
-from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, replay
+from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, eta_error_current, replay
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations
+from daemon.fleet.usage import Durations, Switches
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import PriorityClass
+from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.settings import Settings
 from schemas import Accepted, Failed, Preempted, Progress, Started
 from testbed.fleet_keys import shared_fleet_keys
@@ -269,3 +269,95 @@ def test_a_request_that_preempts_holds_the_stopped_jobs_slot_for_its_steps_at_th
                                                      time=datetime.fromtimestamp(now - 1, UTC)))
     assert placed["urgent-1"] == (1, 0.0)
     assert placed["batch-2"][0] == 2 and placed["batch-2"][1] == pytest.approx(200.0, abs=1)
+
+
+def test_a_request_of_a_team_at_its_cap_starts_when_one_of_its_teams_jobs_ends() -> None:
+    """Issue 57: a request held by its team's `max_slots` was told ETA 0 (it started 13 s later). Team a may hold one
+    slot and runs r1 for 13 s more; of the fleet's 3 slots two are free. a-1 waits for r1, a-2 for a-1's 100 s too;
+    b-1, behind them in the order, takes a free slot now, and so does b-2: the dispatcher gives a free slot to
+    whoever may take it."""
+    caps = {"a": TeamShare(max_slots=1)}
+    order = [waiting("a-1"), waiting("a-2"), replace(waiting("b-1"), team="b"), replace(waiting("b-2"), team="b")]
+    assert etas(order, [running("r1", eta_s=13.0)], 3, known(), NOW, caps) == {"a-1": 13.0, "a-2": 113.0, "b-1": 0.0, "b-2": 0.0}
+    assert etas(order, [running("r1", eta_s=13.0)], 3, known(), NOW) == {"a-1": 0.0, "a-2": 0.0, "b-1": 13.0, "b-2": 100.0}  # no cap
+    # Two slots of cap: a-1 starts now beside r1, a-2 when the first of them ends.
+    assert etas(order[:2], [running("r1", eta_s=13.0)], 3, known(), NOW, {"a": TeamShare(max_slots=2)}) == {"a-1": 0.0, "a-2": 13.0}
+    # The team's job of unknown end: when the request starts is unknown, and so is every start after it.
+    assert etas(order, [running("r1")], 3, Durations(), NOW, caps) == {"a-1": None, "a-2": None, "b-1": None, "b-2": None}
+    # More GPUs than the team's cap: never, and it holds nothing up.
+    assert etas([waiting("a-big", gpus=2), replace(waiting("b-1"), team="b")], [], 3, known(), NOW, caps) == {"a-big": None, "b-1": 0.0}
+
+
+def test_the_fleet_view_places_a_request_held_by_its_teams_cap_after_its_teams_job() -> None:
+    settings = Settings(priority_classes=[PriorityClass(name="batch")], teams={"a": TeamShare(max_slots=1)}, **shared_fleet_keys())
+    now = time.time()
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="r1", method="sft", team="a", priority_class="batch", host_slots=2, model="tiny",
+                               time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Progress(request_id="r1", step=10, total_steps=50, eta_s=13.0, time=datetime.fromtimestamp(now, UTC))), now)
+    [(_, place, eta)] = view.places([Waiting("held", "batch", "a", now, "sft", "tiny")], 1)
+    assert place == 1 and eta == pytest.approx(13.0, abs=1)
+
+
+def test_the_replay_holds_a_team_to_its_cap_and_its_etas_say_so() -> None:
+    caps = {"a": TeamShare(max_slots=1)}
+    arrivals = (Arrival(at=0.0, duration_s=10.0, team="a"), Arrival(at=0.0, duration_s=10.0, team="a"))
+    outcomes = replay(Trace(arrivals, slots=2, teams=caps, history=(("sft", "tiny", 10.0, None),)))
+    assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0)]
+
+
+def preempting_view(now: float, min_run_s: float) -> FleetView:
+    """batch-1 (300 steps at a step a second) accepted a minute ago on a fleet of one slot; one earlier preemption
+    switched in 10 s (its victim's `preempted` event to the new job's `started`)."""
+    settings = Settings(priority_classes=[PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True)], preempt_min_run_s=min_run_s,
+                        **shared_fleet_keys())
+    view = FleetView(settings)
+    view.observe(read(Accepted(request_id="batch-1", method="sft", team="sweep", priority_class="batch", host_slots=1, model="m",
+                               max_steps=300, time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Preempted(request_id="old-batch", by="old-urgent", priority_class="batch", preemptions=1,
+                                time=datetime.fromtimestamp(now - 3000, UTC))), now)
+    view.observe(read(Started(request_id="old-urgent", method="sft", slot="0", pid=9, time=datetime.fromtimestamp(now - 2990, UTC))), now)
+    view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)
+    return view
+
+
+def test_a_request_that_will_preempt_starts_when_the_victim_has_run_its_minimum_and_the_switch_is_done() -> None:
+    """Issue 57: the ETA of a request that preempts counts the operator's minimum run and the switch, as the order does.
+    batch-1 has run 60 s of the 120 it must before a higher class may stop it: urgent-1 starts at 60 s, plus the 10 s
+    the last switch took (before: 0 s, as if preempting were instant and unbounded)."""
+    now = time.time()
+    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    [(_, place, eta)] = preempting_view(now, 120.0).places([urgent], 0)
+    assert place == 1 and eta == pytest.approx(70.0, abs=1)
+    [(_, _, eta)] = preempting_view(now, 0.0).places([urgent], 0)
+    assert eta == pytest.approx(10.0, abs=1)  # may be stopped now: the switch alone
+    # A minimum run past the job's end (its 300 steps to go, no progress yet): it is not stopped, urgent-1 takes its slot when it ends.
+    [(_, _, eta)] = preempting_view(now, 600.0).places([urgent], 0)
+    assert eta == pytest.approx(300.0, abs=1)
+
+
+def test_a_preemptions_switch_is_measured_from_the_victims_stop_to_the_new_jobs_start() -> None:
+    switches = Switches()
+    assert switches.seconds() == 0.0  # none measured: nothing added
+    for victim_id, by, stopped, started in (("v1", "u1", 100, 104), ("v2", "u2", 200, 212), ("v3", "u3", 300, 306)):
+        switches.observe(read(Preempted(request_id=victim_id, by=by, priority_class="batch", preemptions=1, time=at(stopped))), 0.0)
+        switches.observe(read(Started(request_id=by, method="sft", slot="0", pid=1, time=at(started))), 0.0)
+    switches.observe(read(Started(request_id="other", method="sft", slot="0", pid=1, time=at(400))), 0.0)  # no preemption: not a switch
+    assert switches.seconds() == pytest.approx(6.0)
+
+
+def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> None:
+    """Issue 57: the ETAs stay current. One slot, jobs of a known 10 s: b0 starts at 0, b1 and b2 are told 10 and 20 s.
+    At 5 s an urgent request goes ahead of them: told again (15 and 25 s), they are right from then on. Judged as
+    benchmarks.fleet judges a run (each told ETA for as long as it was the latest), the error is 0 for the most of
+    the time; told once only, b1 and b2 were wrong by 10 s for all of their waits."""
+    classes = (PriorityClass(name="urgent"), PriorityClass(name="batch", preemptible=True))
+    batch = tuple(Arrival(at=0.0, duration_s=10.0, priority_class="batch", request_id=f"b{i}") for i in range(3))
+    trace = Trace((*batch, Arrival(at=5.0, duration_s=10.0, priority_class="urgent", request_id="u")), slots=1, classes=classes,
+                  history=(("sft", "tiny", 10.0, None),))
+    outcomes = {o.request_id: o for o in replay(trace)}
+    assert {r: (o.started, o.told) for r, o in outcomes.items()} == {
+        "b0": (0.0, ()), "u": (10.0, ((5.0, 5.0),)), "b1": (20.0, ((0.0, 10.0), (5.0, 15.0))), "b2": (30.0, ((0.0, 20.0), (5.0, 25.0))),
+    }
+    assert eta_error(trace) == pytest.approx((1 / 3 + 0.0) / 2)  # at arrival: 0, 0, 1/3 (b2), 1/2 (b1)
+    assert eta_error_current(trace) == 0.0

@@ -5,8 +5,10 @@ request behind it is claimed, signed by the fleet; a backdated record does not g
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,11 @@ from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Move, Mover
 from daemon.settings import Settings
-from schemas import Cancel
+from schemas import Accepted, Cancel, Progress, Queued
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes
 from tests.daemon.fleet.test_fleet_queues import CLASSES, TP, WindowConsumer
+from tests.daemon.fleet.test_fleet_usage import read
 from tests.fakes import FakeRecord
 from tests.helpers import sft_request
 
@@ -87,8 +90,8 @@ async def turns(dispatcher: Dispatcher, until: Callable[[], bool], most: int = 5
     raise AssertionError("never got there")
 
 
-def valid(offset: int, request_id: str, timestamp: int = 1_765_000_000_000) -> FakeRecord:
-    body = json.dumps(sft_request(request_id, priority_class="batch")).encode()
+def valid(offset: int, request_id: str, timestamp: int = 1_765_000_000_000, team: str | None = None) -> FakeRecord:
+    body = json.dumps(sft_request(request_id, priority_class="batch", **({"team": team} if team else {}))).encode()
     return FakeRecord(TP.topic, 0, offset, request_id.encode(), body, timestamp=timestamp)
 
 
@@ -146,3 +149,24 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
     # behind-2 waits, told place 1: cancelled-1 is not counted ahead of it (ahead-1's copy is not read back: the fake
     # mover only keeps its moves).
     assert [(event["request_id"], event["place"]) for event in core.events() if event["type"] == "queued"] == [("behind-2", 1)]
+
+
+async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_counts_the_cap(fleet_settings: Settings) -> None:
+    """Issue 57: a head held by its team's `max_slots` was told ETA 0 s, and never told again. Team t may hold one slot
+    and runs run-1 on gpu-b for 13 s more; gpu-b's other slot is free. Another host told held-1, 40 s ago, that it
+    would start in 30 s: this host, holding it, tells it again, its ETA now the 13 s to run-1's end."""
+    capped = fleet_settings.model_copy(update={"teams": Settings(teams={"t": {"max_slots": 1}}).teams, "queue_wait_event_s": 0.0})
+    dispatcher, mover, core, _ = dispatcher_over(capped, [valid(0, "held-1", team="t")])
+    now = time.time()
+    view = dispatcher.view
+    view.observe(read(Accepted(request_id="run-1", method="sft", team="t", priority_class="batch", host_slots=2, host="gpu-b",
+                               time=datetime.fromtimestamp(now - 60, UTC))), now)
+    view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=13.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
+    view.observe(read(Queued(request_id="held-1", priority_class="batch", team="t", place=1, eta_s=30.0, host="gpu-c",
+                             time=datetime.fromtimestamp(now - 40, UTC))), now)
+    await turns(dispatcher, lambda: bool(core.events("held-1")))
+    assert not mover.claims()  # its team is at its cap: it waits
+    [queued] = core.events("held-1")
+    assert (queued["type"], queued["place"], queued["eta_s"]) == ("queued", 1, pytest.approx(13.0, abs=1))
+    await dispatcher.turn()
+    assert len(core.events("held-1")) == 1  # told: not again within RETELL_EVERY_S, nor while nothing moves
