@@ -53,7 +53,12 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
         "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
     ))
-    preempt_min_run_s: float = Field(600.0, ge=0, description="A job runs at least this long before a higher class may preempt it.")
+    # What the minimum costs: on a full fleet of young preemptible jobs, an urgent request is read at once but waits this
+    # long at most before a job is stopped for it (then the stop's checkpoint, within drain_timeout_s). 600 s made that ten
+    # minutes; 120 s still lets a job load its model and reach training, so a stop saves a checkpoint it resumes from.
+    preempt_min_run_s: float = Field(120.0, ge=0, description=(
+        "A job runs at least this long before a higher class may preempt it: the longest a higher class's request waits on a "
+        "full fleet for a job to be stopped for it (it is read at once), before the stop's checkpoint (within drain_timeout_s)."))
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
     queue_wait_event_s: float = Field(5.0, ge=0, description="A request read and still waiting after this long gets a `queued` event.")
 

@@ -1,19 +1,21 @@
 """The host's side of the fleet's one queue: take requests from the classes' queues while this host has room.
 
 Each class's requests wait in a topic of their own (daemon/fleet_config.py). This host reads a class's
-topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot (or, for a
-class that may preempt, while it runs a preemptible job of a lower class): a host that is full leaves
-the group, so the queues' partitions always belong to hosts with room, and a request never waits
-behind a busy host while another has a slot (the fleet's consumer groups are its only coordination).
+topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot, or while it
+runs a job a request of the class may preempt: now, or once the job has run `preempt_min_run_s` while
+no other host could start it sooner (`_reads_while_full`). A host that is full otherwise leaves the group, so
+the queues' partitions belong to hosts with room, and a request never waits behind a busy host while
+another has a slot (the fleet's consumer groups are its only coordination).
 
 Each turn it looks at the first waiting records of each partition it holds (a window of them,
 daemon/fleet/queues.py), picks one for each free slot (the highest class first, then the teams' fair
 share, then arrival: daemon/fleet/order.py, with the usage read from the events: daemon/fleet/view.py),
 and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
-offset (daemon/fleet/moves.py). The daemon runs the claims topic as it runs the requests topic without classes:
+offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and jobs as it knows them, not
+only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without classes:
 one job per partition, committed after its terminal event, read again by another host if this one dies.
-A record naming another class than its topic's is moved to that class's topic when it is first in its
-partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
+A record naming another class than its topic's is weighed as its own class where it is (claimed there if
+it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds up
 none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
@@ -82,8 +84,9 @@ class Dispatcher:
             ))
             for name, topic in settings.class_topics.items()
         ]
-        self.pending: dict[TopicPartition, int] = {}  # claims partition → offset of the claim written there, not yet run
+        self.pending: dict[TopicPartition, tuple[int, Waiting]] = {}  # claims partition → the claim written there, not yet run: its offset, itself
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
+        scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
         self.arrivals = Arrivals(mover.seal)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
@@ -126,7 +129,7 @@ class Dispatcher:
 
     def idle_claims(self) -> list[TopicPartition]:
         """This host's claims partitions with nothing to run: no job, no hold, no claim on its way."""
-        for tp, offset in list(self.pending.items()):
+        for tp, (offset, _) in list(self.pending.items()):
             job = self.scheduler.jobs.get(tp)
             if (job is not None and job.offset >= offset) or self.claims.committed.get(tp, 0) > offset or tp not in self.claims.assigned():
                 del self.pending[tp]
@@ -147,7 +150,7 @@ class Dispatcher:
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
         for queue in self.queues:
-            queue.follow(room > 0 or self._may_preempt_for(queue.name))
+            queue.follow(room > 0 or self._reads_while_full(queue))
         for queue in self.queues:
             await queue.fetch(self._head, self._unreadable_head)
         if not all(queue.known() for queue in self.queues):
@@ -158,20 +161,20 @@ class Dispatcher:
                     await self._reject(queue, window)
                 if any(self._cancelled(h) for h in window):
                     await self._withdraw(queue, window)
-                if window and window[0].moves_to is not None:
-                    await self._move(queue, window[0], window[0].moves_to)
         now = time.time()
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.moves_to is None and h.rejection is None]
+        # A request read in another class's topic is weighed as its own class where it is: moved first, it would leave
+        # this turn's heads, and its free slot would go to a lower class (it is moved below if it stays).
+        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.rejection is None]
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
-            chosen = self.view.pick(waiting, free) if free > 0 else None
+            chosen = self.view.pick(waiting, free, self._mine()) if free > 0 else None
             if chosen is not None:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)
                 continue
             # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
-            first = self.view.pick(waiting, free=None)
+            first = self.view.pick(waiting, None, self._mine())
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
             if first is not None and victim is not None and self.idle_claims() and self.jobs.preempt(victim.key, by=first.request_id):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
@@ -181,13 +184,34 @@ class Dispatcher:
                 waiting.remove(first)
             break
         for queue in self.queues:
+            for window in list(queue.windows.values()):
+                if window and window[0].moves_to is not None:
+                    await self._move(queue, window[0], window[0].moves_to)
+        waiting = [w for w in waiting if isinstance(w.key, Head) and w.key.moves_to is None]
+        for queue in self.queues:
             metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
 
-    def _may_preempt_for(self, priority_class: str) -> bool:
-        """Whether a request of this class could preempt one of this host's jobs now (so the host reads its queue while full)."""
-        probe = Waiting("", priority_class, "", 0.0, "", "", 1)
-        return self.view.victim(probe, self.jobs.running(), len(self.scheduler.slots.free)) is not None
+    def _reads_while_full(self, queue: ClassQueue) -> bool:
+        """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;
+        and while one may once the job has run `preempt_min_run_s`, unless the events say another host could start it
+        now (a free slot, a job old enough to stop). The minimum bounds preemption, not reading: on a full fleet a higher
+        class's arrival is read at once, and its preemption waits only for the minimum. But a full member holds its share
+        of the queue's partitions, where a request waits for that minimum: while another host can start it sooner, the
+        partitions are left to the hosts that can. The default class's topic is where producers naming any class write
+        (`adapterd submit`): read as the highest's."""
+        mine, free = self.jobs.running(), len(self.scheduler.slots.free)
+        if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
+            return True
+        arriving = [c.name for c in self.settings.priority_classes] if queue.topic == self.settings.requests_topic else [queue.name]
+        probes = [Waiting("", name, "", 0.0, "", "", 1) for name in arriving]
+        return any(self.view.victim(probe, mine, free, ever=True) is not None and not self.view.startable_elsewhere(self.settings.host, probe)
+                   for probe in probes)
+
+    def _mine(self) -> dict[str, tuple[str, int]]:
+        """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its
+        slots are freed (`FleetJobs.held`), and of each claim on its way to a job."""
+        return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
 
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it moves (daemon/fleet/telling.py)."""
@@ -247,7 +271,7 @@ class Dispatcher:
         before = tuple(self._again(queue, h) for h in queue.ahead(head))
         offset = await self.mover.move(Move(head.record, head.group, (*before, claim), self._ours(queue, head)))
         assert offset is not None
-        self.pending[target] = offset
+        self.pending[target] = (offset, head.waiting())
         queue.taken(head)
         self.scheduler.resume_idle_partitions()  # the claims partition is read at once
         log.info("fleet.claimed", request_id=head.request_id, priority_class=head.priority_class, team=head.team, from_partition=head.tp.partition,

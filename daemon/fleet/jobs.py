@@ -81,6 +81,12 @@ class FleetJobs:
             ))
         return out
 
+    def held(self) -> dict[str, tuple[str, int]]:
+        """Each of this host's jobs by request id: its team and the slots it holds now, none from when its child exited
+        (its slots free then, before its outcome is judged, pushed and published: daemon/jobs/scheduler.py)."""
+        return {job.request_id: (team_of(job.runner.request.team), 0 if job.placement is None else len(job.placement.slots))
+                for job in self.scheduler.jobs.values()}
+
     def preempt(self, tp: object, by: str) -> bool:
         """Stop the job of claims partition `tp` (a `Running`'s key) at its checkpoint so that request `by` takes its
         slot; False when there is none or it is too late (its outcome is being published)."""

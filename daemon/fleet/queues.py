@@ -47,6 +47,9 @@ class ClassQueue:
     joined: bool = False  # assigned its partitions since it subscribed (none, perhaps)
     generation: int = 0  # counts the rebalances: a record read in an earlier one is not moved (Move.still_ours)
     windows: dict[TopicPartition, list[Head]] = field(default_factory=dict)
+    # The partitions polled since they joined after their first fetch's answer was in: what a poll returns of them
+    # is all they held then (`known`).
+    polled: set[TopicPartition] = field(default_factory=set)
     # Where each partition is read next, and the polling that steps past what the client cannot read.
     partitions: Partitions = field(init=False)
     reader: CarefulReader = field(init=False)
@@ -67,20 +70,24 @@ class ClassQueue:
             self.subscribed = self.joined = False
             self.generation += 1
             self.windows.clear()
+            self.polled.clear()
             log.info("fleet.queue_left", priority_class=self.name)
 
     def known(self) -> bool:
         """Whether each of its partitions has been fetched once since it joined: only then does a turn see every
-        request it holds (a turn right after a rebalance would miss a higher class's)."""
-        return not self.subscribed or (self.joined and all(
-            tp in self.windows or self.consumer.highwater(tp) is not None for tp in self.consumer.assignment()))
+        request it holds (a turn right after a rebalance would miss a higher class's). A partition counts once a poll
+        began after its first fetch's answer (its high watermark known): an answer taken in while the turn polled the
+        other queues has records no window holds yet, and the turn would give their slot to a lower class."""
+        return not self.subscribed or (self.joined and all(tp in self.windows or tp in self.polled for tp in self.consumer.assignment()))
 
     async def fetch(self, head: Callable[[ClassQueue, TopicPartition, Record], Head],
                     unreadable: Callable[[ClassQueue, TopicPartition, UnreadableRecord, BaseException], Head]) -> None:
         """Fill each partition's window from what the consumer has fetched; a full window pauses its partition."""
         if not self.subscribed:
             return
+        answered = {tp for tp in self.consumer.assignment() if self.consumer.highwater(tp) is not None}
         batches, met = await self.reader.poll(timeout_ms=0, max_records=WINDOW * 8)
+        self.polled |= answered
         for unread, exc in met:  # one a partition at most, the next record of its partition: read one at a time
             tp = TopicPartition(unread.topic, unread.partition)
             self.windows.setdefault(tp, []).append(unreadable(self, tp, unread, exc))
@@ -123,6 +130,7 @@ class QueueListener(ConsumerRebalanceListener):
         self.queue.generation += 1  # first: a move that has not yet begun is not made
         for tp in revoked:
             self.queue.windows.pop(tp, None)
+            self.queue.polled.discard(tp)
         await self.queue.settled()  # a move that has begun commits before this member rejoins
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:

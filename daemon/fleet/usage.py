@@ -70,11 +70,18 @@ class Usage:
             seconds[team] = seconds.get(team, 0.0) + slots * self._stretch(since, now, now)
         return seconds
 
-    def running(self) -> dict[str, int]:
-        """The slots each team's running jobs hold now (for the teams' `max_slots` caps)."""
+    def running(self, mine: Mapping[str, tuple[str, int]] | None = None) -> dict[str, int]:
+        """The slots each team's running jobs hold now (for the teams' `max_slots` caps). `mine`: what this host knows
+        of its own requests by request id, (team, slots held now), which replaces what the events said of them: a host
+        knows at once what it claimed, started, and freed (a job's slots free before its outcome is published, and its
+        outcome is read back later still), and a cap read only from the events would give a freed slot to a lower class."""
         held: Counter[str] = Counter()
-        for team, _, slots in self._open.values():
-            held[team] += slots
+        for request_id, (team, _, slots) in self._open.items():
+            if mine is None or request_id not in mine:
+                held[team] += slots
+        for team, slots in (mine or {}).values():
+            if slots:
+                held[team] += slots
         return dict(held)
 
     def _decay(self, seconds: float) -> float:

@@ -6,7 +6,9 @@ folds the same verified events (schemas.signing: an unsigned or forged event is 
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
 written again is not counted again), into `Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py,
 running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
-that window is not folded. The decisions are the pure rules of daemon/fleet/order.py.
+that window is not folded. The decisions are the pure rules of daemon/fleet/order.py, with what this host
+knows of its own requests before their events are read back (`held`: its claims, its freed slots, the ends
+it sent), so that a slot it frees is never given by a stale count of its own.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 from pydantic import ValidationError
@@ -23,11 +26,12 @@ from daemon.fleet.eta import Bounds, etas, preempting
 from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.telling import Telling
-from daemon.fleet.usage import Durations, Switches, Usage
+from daemon.fleet.usage import ENDS, Durations, Switches, Usage
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
 from daemon.settings import Settings
 from schemas import Accepted, Event, Queued
+from schemas.events import EventBase
 
 log = structlog.get_logger()
 
@@ -47,8 +51,14 @@ class FleetView:
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
+        # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
+        # from when its end is sent, whatever the events read so far say (`held`). Kept beside the folds, not folded in:
+        # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
+        # be refused as repeated when read, and the `accepted` read after it would hold a slot for ever.
+        self.ended_here: dict[str, str] = {}
 
     def observe(self, event: Event, now: float) -> None:
+        self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
         for fold in (self.usage, self.durations, self.running_jobs, self.switches):
             fold.observe(event, now)
         if isinstance(event, Accepted) and event.host_slots is not None:
@@ -57,6 +67,33 @@ class FleetView:
             self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
         if isinstance(event, Accepted) and event.request_id is not None:
             self.telling.started(event.request_id)
+
+    def sending(self, event: EventBase) -> None:
+        """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
+        if isinstance(event, ENDS) and event.request_id is not None:
+            self.ended_here[event.event_id] = event.request_id
+
+    def held(self, mine: Mapping[str, tuple[str, int]]) -> dict[str, int]:
+        """The slots each team holds now: the events' count, with this host's own requests as it knows them (`mine`,
+        by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
+        return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
+
+    def startable_elsewhere(self, host: str, head: Waiting) -> bool:
+        """Whether another host than `host` could start `head` now, as the events say: it has a free slot (its slots,
+        from its last `accepted`, above the GPUs of the jobs it runs), or runs a job `head` may preempt now (`victim`,
+        every job of a preemptible class taken to be at a step it can stop, as `_preempted` takes them). Not exact (a
+        host gone away still counts its slots for `USAGE_LOOKBACK_S`, a slot freed before its job's outcome is
+        published counts as held); it decides only whether a full host leaves a class's queue to the hosts that can
+        start its requests now (daemon/fleet/dispatcher.py `_reads_while_full`)."""
+        now, settings = time.time(), self.settings
+        others = [job for job in self.running_jobs.jobs(now) if job.host != host]
+        used: Counter[str] = Counter()
+        for job in others:
+            used[job.host] += job.gpus
+        if any(slots > used[name] for name, slots in self.host_slots.items() if name != host):
+            return True
+        stoppable = [replace(job, preemptible=True) for job in others]
+        return victim(head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now) is not None
 
     def fleet_slots(self, free_here: int) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
@@ -101,18 +138,20 @@ class FleetView:
             log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
         self.skipped = Counter(counts)
 
-    def pick(self, heads: Sequence[Waiting], free: int | None) -> Waiting | None:
-        """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs)."""
+    def pick(self, heads: Sequence[Waiting], free: int | None, mine: Mapping[str, tuple[str, int]] | None = None) -> Waiting | None:
+        """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
+        caps read with this host's own claims and jobs as it knows them (`held`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        return pick(list(heads), self.usage.slot_seconds(now), self.usage.running(), self.settings.priority_classes,
+        return pick(list(heads), self.usage.slot_seconds(now), self.held(mine or {}), self.settings.priority_classes,
                     self.settings.teams, pace, free=free, ahead=remaining_work(running, pace, now))
 
-    def victim(self, head: Waiting, mine: list[Running], free: int) -> Running | None:
-        """Which of this host's running jobs `head` may preempt."""
+    def victim(self, head: Waiting, mine: list[Running], free: int, *, ever: bool = False) -> Running | None:
+        """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""
         settings = self.settings
-        return victim(head, mine, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, time.time(), free=free)
+        min_run_s = 0.0 if ever else settings.preempt_min_run_s
+        return victim(head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free)
 
     def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host

@@ -51,6 +51,9 @@ class Publisher:
         self.producer = producer if producer is not None else kafka_producer(settings)
         self.partitioner = partitioner if partitioner is not None else DefaultPartitioner()
         self.signer = event_signer(settings)
+        # Called with each event `publish` is about to send: the fleet's view counts this host's own ends at once,
+        # before it reads them back (daemon/fleet/view.py, `FleetView.sending`).
+        self.watchers: list[Callable[[EventBase], None]] = []
 
     async def start(self) -> None:
         await self.producer.start()
@@ -136,6 +139,8 @@ class Publisher:
     async def publish(self, event: EventBase, trace: Headers | None = None) -> None:
         """Publish one event (with its request's trace headers) and wait until the broker has it.
         While the brokers are away the job goes on, and its later events wait behind this one."""
+        for watcher in self.watchers:
+            watcher(event)
         await self.deliver(self.event_message(event, trace))
         log.info("event.published", type=event.type, request_id=event.request_id)
 
