@@ -35,7 +35,7 @@ from daemon.fleet.arrival import Arrivals
 from daemon.fleet.choice import Head
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import Running, Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import CLASS_HEADER, queue_group
@@ -213,6 +213,13 @@ class Dispatcher:
         slots are freed (`FleetJobs.held`), and of each claim on its way to a job."""
         return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
 
+    def _here(self) -> list[Running]:
+        """This host's jobs and its claims on their way to one (as started now), as it knows them: the ETAs' slots here."""
+        now, host = time.time(), self.settings.host
+        claims = [Running(w.request_id, w.priority_class, w.team, now, w.method, w.model, host=host, gpus=w.gpus, steps_left=w.steps)
+                  for _, w in self.pending.values()]
+        return [*self.jobs.running(), *claims]
+
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it moves (daemon/fleet/telling.py)."""
         now, telling = time.time(), self.view.telling
@@ -220,7 +227,8 @@ class Dispatcher:
                  and (h.request_id in telling.told or now - h.seen_at >= self.settings.queue_wait_event_s)}
         if not heads or not telling.maybe(heads, now):
             return
-        placed = [each for each in self.view.places([h.waiting() for h in waiting], self.room()) if each[0].request_id in heads]
+        everyone = self.view.places([h.waiting() for h in waiting], self.room(), self._here(), self._mine())
+        placed = [each for each in everyone if each[0].request_id in heads]
         for waiting_one, place, eta in telling.due(placed, now, self.settings.host):
             head = heads[waiting_one.request_id]
             assert head.request is not None

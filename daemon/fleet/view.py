@@ -153,15 +153,22 @@ class FleetView:
         min_run_s = 0.0 if ever else settings.preempt_min_run_s
         return victim(head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free)
 
-    def places(self, waiting: Sequence[Waiting], free: int) -> list[tuple[Waiting, int, float | None]]:
+    def places(self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None,
+               mine: Mapping[str, tuple[str, int]] | None = None) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
         sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py `preempting`,
-        within the operator's bounds and after the measured switch), then list scheduling of the rest (`etas`)."""
+        within the operator's bounds and after the measured switch), then list scheduling of the rest (`etas`).
+        `here`: this host's jobs and claims as it knows them now, in place of what the events say of this host (a
+        slot it just gave is not free for the ETA of the request behind: told 0 s, it waited a whole job); `mine`:
+        the same for the caps (`held`)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
+        if here is not None:
+            gone = {*self.ended_here.values(), *(job.request_id for job in here)}
+            running = [job for job in running if job.host != self.settings.host and job.request_id not in gone] + list(here)
         pace = paced(self.durations, running)  # one reading of a step's pace for the order, the preemptions and the ETAs
         settings = self.settings
-        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.usage.running(), settings.priority_classes,
+        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.held(mine or {}), settings.priority_classes,
                             settings.teams, pace, ahead=remaining_work(running, pace, now))
         slots = self.fleet_slots(free)
         bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, self.switches.seconds())

@@ -22,7 +22,7 @@ from schemas import Accepted, Cancel, Progress, Queued
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes
 from tests.daemon.fleet.test_fleet_queues import CLASSES, TP, WindowConsumer
-from tests.daemon.fleet.test_fleet_usage import read
+from tests.daemon.fleet.test_fleet_usage import T0, read, succeeded
 from tests.fakes import FakeRecord
 from tests.helpers import sft_request
 
@@ -170,3 +170,18 @@ async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_count
     assert (queued["type"], queued["place"], queued["eta_s"]) == ("queued", 1, pytest.approx(13.0, abs=1))
     await dispatcher.turn()
     assert len(core.events("held-1")) == 1  # told: not again within RETELL_EVERY_S, nor while nothing moves
+
+
+async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_waits_for_that_job_not_0_s(fleet_settings: Settings) -> None:
+    """Issue 57: a head was told ETA 0 s in the turn this host gave its one slot to the request ahead of it (the claim's
+    `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job. Jobs of its kind take 20 s."""
+    told = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})
+    dispatcher, mover, core, _ = dispatcher_over(told, [valid(0, "first-1"), valid(1, "next-1")])
+    now = time.time()
+    dispatcher.view.observe(succeeded("done-1", now - 100 - T0, durations_s={"total": 20.0}), now)
+    assert dispatcher.room() == 1
+    await turns(dispatcher, lambda: bool(core.events("next-1")))
+    assert [key for key, _ in mover.claims()] == ["first-1"]
+    [queued] = core.events("next-1")
+    assert (queued["type"], queued["place"]) == ("queued", 1)
+    assert queued["eta_s"] == pytest.approx(20.0, abs=2)  # first-1's expected 20 s, from now
