@@ -1,17 +1,30 @@
-"""The first waiting record of a queue partition this host holds (`Head`), as the fleet's rules see it:
-a `Waiting` request of daemon/fleet/order.py, whose key is the head itself."""
+"""The first waiting records of a queue partition this host holds (`Head`), as the fleet's rules see them:
+a `Waiting` request of daemon/fleet/order.py, whose key is the head itself; and how a record read from a
+class's queue becomes one (`HeadReader`): decoded as intake decodes, judged by the same grants and size rule,
+with its retry state and the fleet's arrival."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiokafka import TopicPartition
 
+from daemon.admission.grants import Grants
+from daemon.fleet.arrival import Arrivals
 from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet_config import team_of
+from daemon.intake import internal_rejection
+from daemon.kafka.copies import too_large
 from daemon.kafka.records import Record
-from schemas import Rejection, RequestBase
+from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.unreadable import UnreadableRecord, rejection_of
+from daemon.settings import Settings
+from schemas import Rejection, RequestBase, decode_request
+
+if TYPE_CHECKING:
+    from daemon.fleet.queues import ClassQueue
 
 
 @dataclass(eq=False)
@@ -56,3 +69,38 @@ class Head:
         if self.request is not None:
             return waiting_for(self.request, self.priority_class, self.arrived, key=self)
         return Waiting(self.request_id, self.priority_class, self.team, self.arrived, "", "", 1, key=self)
+
+
+@dataclass(frozen=True)
+class HeadReader:
+    """A record of a class's queue as a `Head`: decoded as intake decodes it; rejected where it is when it does not
+    decode, is too large for the copies a move makes, or names a team or class not granted to its writer (never ordered
+    as it); to be moved when it names another class that has a topic."""
+
+    settings: Settings
+    grants: Grants
+    retries: RetrySigner
+    arrivals: Arrivals
+
+    def read(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
+        oversize = too_large(record, self.settings.max_message_bytes)
+        try:
+            decoded = decode_request(record.value or b"", record.key)
+        except Exception as exc:  # a bug of ours met by this record: dead-lettered, as intake would
+            decoded = internal_rejection(record, exc)
+        request = decoded if isinstance(decoded, RequestBase) else None
+        priority_class = (request.priority_class if request is not None else None) or queue.name
+        refused = self.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
+        rejection = Rejection("policy", [oversize], decoded.request_id) if oversize else decoded if isinstance(decoded, Rejection) else refused
+        moves_to = None
+        if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
+            moves_to = self.settings.class_topics[priority_class]
+        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,
+                    generation=queue.generation, due=self.retries.read(record).due, moves_to=None if rejection else moves_to,
+                    preemptions=self.retries.preemptions(record), rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
+
+    @staticmethod
+    def unreadable(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
+        """A record the client could not read, known by its offset: rejected where it is, as intake rejects one."""
+        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class=queue.name,
+                    generation=queue.generation, rejection=rejection_of(record, exc))

@@ -32,24 +32,20 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.arrival import Arrivals
-from daemon.fleet.choice import Head
+from daemon.fleet.choice import Head, HeadReader
 from daemon.fleet.jobs import FleetJobs
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Running, Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.fleet_config import CLASS_HEADER, queue_group
-from daemon.intake import Intake, internal_rejection
+from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
-from daemon.kafka.copies import too_large
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
-from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
-from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.ops import metrics
 from daemon.settings import Settings
-from schemas import Rejection, RequestBase, decode_request
 
 log = structlog.get_logger()
 
@@ -87,7 +83,7 @@ class Dispatcher:
         self.pending: dict[TopicPartition, tuple[int, Waiting]] = {}  # claims partition → the claim written there, not yet run: its offset, itself
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
         scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
-        self.arrivals = Arrivals(mover.seal)
+        self.heads = HeadReader(settings, intake.grants, self.retries, Arrivals(mover.seal))  # a record as the turn weighs it
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
@@ -152,7 +148,7 @@ class Dispatcher:
         for queue in self.queues:
             queue.follow(room > 0 or self._reads_while_full(queue))
         for queue in self.queues:
-            await queue.fetch(self._head, self._unreadable_head)
+            await queue.fetch(self.heads.read, self.heads.unreadable)
         if not all(queue.known() for queue in self.queues):
             return  # a queue just joined: its waiting records are fetched first
         for queue in self.queues:
@@ -236,30 +232,6 @@ class Dispatcher:
             await publish_queued(self.scheduler.publisher, self.settings.host, self.retries, (head.request, head.record), head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
-    def _head(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
-        oversize = too_large(record, self.settings.max_message_bytes)
-        try:
-            decoded = decode_request(record.value or b"", record.key)
-        except Exception as exc:  # a bug of ours met by this record: dead-lettered, as intake would
-            decoded = internal_rejection(record, exc)
-        request = decoded if isinstance(decoded, RequestBase) else None
-        priority_class = (request.priority_class if request is not None else None) or queue.name
-        # A team or class not granted to who wrote it (daemon/admission/grants.py) is never ordered as it: rejected here, as an oversize record is.
-        refused = self.intake.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
-        rejection = Rejection("policy", [oversize], decoded.request_id) if oversize else decoded if isinstance(decoded, Rejection) else refused
-        moves_to = None
-        if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
-            moves_to = self.settings.class_topics[priority_class]
-        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class, generation=queue.generation,
-                    due=self.retries.read(record).due, moves_to=None if rejection else moves_to, preemptions=self.retries.preemptions(record),
-                    rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
-
-    @staticmethod
-    def _unreadable_head(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
-        """A record the client could not read, known by its offset: rejected where it is, as intake rejects one."""
-        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class=queue.name,
-                    generation=queue.generation, rejection=rejection_of(record, exc))
-
     @staticmethod
     def _ours(queue: ClassQueue, head: Head) -> Callable[[], bool]:
         return lambda: queue.subscribed and head.generation == queue.generation
@@ -294,31 +266,32 @@ class Dispatcher:
 
     async def _reject(self, queue: ClassQueue, window: list[Head]) -> None:
         """A window's records that do not decode or are too large to move: dead-lettered and announced as intake would,
-        then committed past in ONE move (the valid ones before the last written again): a flood costs a move a window."""
+        then committed past (`_end_in_window`): a flood costs a move a window."""
         rejected = [h for h in window if h.rejection is not None]
-        last = rejected[-1]
         messages = [message for h in rejected if h.rejection is not None for message in self.intake.rejection_messages(h.record, h.rejection)]
         for ack in await self.scheduler.publisher.send_all(messages):
             await ack
-        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h.rejection is None)
-        await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
-        queue.taken(last)
-        log.info("fleet.rejected_in_queue", priority_class=queue.name, partition=last.tp.partition, rejected=len(rejected), written_again=len(kept))
+        await self._end_in_window(queue, rejected, "fleet.rejected_in_queue")
 
     def _cancelled(self, head: Head) -> bool:
         return head.request is not None and head.request_id in self.scheduler.cancelled
 
     async def _withdraw(self, queue: ClassQueue, window: list[Head]) -> None:
-        """A window's requests whose cancel this host has read: each ends here with its `cancelled` event, then ONE move
-        commits past the last (the others before it written again), as `_reject` does. Claimed first and skipped by the
-        scheduler, each would wait for a free slot and an idle claims partition of its own: a swept queue took a claim a
-        request, and its `cancelled` events came tens of seconds late. A retry not yet due ends too: the cancel outranks it."""
+        """A window's requests whose cancel this host has read: each ends here with its `cancelled` event, then is committed
+        past (`_end_in_window`). Claimed first and skipped by the scheduler, each would wait for a free slot and an idle
+        claims partition of its own: a swept queue took a claim a request, and its `cancelled` events came tens of seconds
+        late. A retry not yet due ends too: the cancel outranks it."""
         cancelled = [h for h in window if self._cancelled(h)]
         for head in cancelled:
             assert head.request is not None
             await self.scheduler.cancelled.ended(head.request, head.record, self.retries.read(head.record).attempt)
-        last = cancelled[-1]
-        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h not in cancelled)
+        await self._end_in_window(queue, cancelled, "fleet.cancelled_in_queue")
+
+    async def _end_in_window(self, queue: ClassQueue, ended: list[Head], event: str) -> None:
+        """Commit past the last of `ended` (records of one window, their outcome published) in ONE move, the window's
+        other records before it written again at the end of their partition."""
+        last = ended[-1]
+        kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h not in ended)
         await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
         queue.taken(last)
-        log.info("fleet.cancelled_in_queue", priority_class=queue.name, partition=last.tp.partition, cancelled=len(cancelled), written_again=len(kept))
+        log.info(event, priority_class=queue.name, partition=last.tp.partition, ended=len(ended), written_again=len(kept))

@@ -15,8 +15,7 @@ import pytest
 from aiokafka import TopicPartition
 from aiokafka.errors import UnsupportedCodecError
 
-from daemon.fleet.choice import Head
-from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.choice import Head, HeadReader
 from daemon.fleet.jobs import claimed_class
 from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
 from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
@@ -179,7 +178,7 @@ async def test_a_batch_no_codec_reads_takes_its_place_in_the_window_by_offset_to
     queue = ClassQueue("batch", TP.topic, "adapterd.queue.batch", consumer)
     queue.subscribed = queue.joined = True
     for _ in range(20):  # a turn each: the poll that raises, then one record at a time until the batch is met
-        await queue.fetch(head, Dispatcher._unreadable_head)
+        await queue.fetch(head, HeadReader.unreadable)
     assert [h.record.offset for h in queue.heads()] == list(range(8))  # none lost, none twice
     rejected = [h for h in queue.heads() if h.rejection is not None]
     assert [h.record.offset for h in rejected] == [3, 4]

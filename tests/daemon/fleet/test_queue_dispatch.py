@@ -116,7 +116,7 @@ async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_tim
 async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(fleet_settings: Settings) -> None:
     dispatcher, mover, _, batch = dispatcher_over(fleet_settings, [valid(0, "on-time")])
     reads = iter([1_765_000_000.0, 1_765_000_001.0])
-    dispatcher.arrivals.clock = lambda: next(reads)  # this host's first read of each (a topic made by hand: CreateTime)
+    dispatcher.heads.arrivals.clock = lambda: next(reads)  # this host's first read of each (a topic made by hand: CreateTime)
     for queue in dispatcher.queues:
         queue.joined = False  # a turn right after joining only reads
     await dispatcher.turn()
@@ -137,7 +137,7 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
     dispatcher, mover, core, _ = dispatcher_over(settings, [valid(0, "ahead-1"), valid(1, "cancelled-1"), valid(2, "behind-1"),
                                                             valid(3, "behind-2")])
     reads = iter(range(1_765_000_000, 1_765_000_100))
-    dispatcher.arrivals.clock = lambda: float(next(reads))  # arrival in offset order
+    dispatcher.heads.arrivals.clock = lambda: float(next(reads))  # arrival in offset order
     await core.scheduler.cancel(Cancel(request_id="cancelled-1", reason="sweep withdrawn"))
     assert await turns(dispatcher, lambda: bool(core.events("cancelled-1"))) == 1
     assert [(event["type"], event["reason"]) for event in core.events("cancelled-1")] == [("cancelled", "sweep withdrawn")]

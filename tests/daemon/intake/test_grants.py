@@ -220,7 +220,7 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
 
     def head(request_id: str, by: EventSigner, **fields: Any) -> Any:
         _, value, headers = written(document(request_id, **fields), by)
-        return dispatcher._head(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
+        return dispatcher.heads.read(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
 
     assert head("q-1", BETA, team="beta").rejection is None  # beta may use urgent
     renamed = head("q-2", ALPHA, team="vision-b")
