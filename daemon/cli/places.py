@@ -1,10 +1,11 @@
 """Each waiting request's place in the fleet's order and its ETA, as `adapterd jobs --state queued`
 and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
 
-The events are folded as every host folds them (daemon/fleet/usage.py `Usage` and `Durations`,
-daemon/fleet/running.py `RunningJobs`); the order is daemon/fleet/order.py `fleet_order` (class, then
-the teams' fair share, then arrival) and the ETAs daemon/fleet/eta.py `etas` (list scheduling of that
-order onto the fleet's slots; unknown rather than guessed where a start needs an end nothing says).
+The events are folded as every host folds them (daemon/fleet/usage.py `Usage`, `Durations` and `Switches`,
+daemon/fleet/running.py `RunningJobs`); the places and ETAs are daemon/fleet/eta.py `places`, as a host
+tells them in its `queued` events (the order they are expected to start in: class, then the teams' fair
+share, then arrival, each team held to its cap; the preemptions within the operator's bounds; list
+scheduling onto the fleet's slots, unknown rather than guessed where a start needs an end nothing says).
 The one thing the CLI supplies is the number of the fleet's slots (`--slots`, else `default_slots`).
 
 Without priority classes there is no fleet's order: each partition of the requests topic is a
@@ -29,9 +30,9 @@ from datetime import datetime, timedelta
 from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
 from daemon.cli.waiting import Backlog, Waiting, read_backlog
 from daemon.fleet import order as fleet
-from daemon.fleet.eta import etas
+from daemon.fleet.eta import Bounds, etas, places
 from daemon.fleet.running import RunningJobs
-from daemon.fleet.usage import Durations, Pace, Usage
+from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
 from schemas import Event
 
@@ -65,18 +66,17 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
     and, without classes, requests no record says where they wait. `records`: every request read past the
     committed offsets, the running ones too (without classes, whose partition each running job holds)."""
     at = now.timestamp()
-    usage, durations, running = Usage(), Durations(), RunningJobs()
+    usage, durations, running, switches = Usage(), Durations(), RunningJobs(), Switches()
     for event in events:
-        for fold in (usage, durations, running):
+        for fold in (usage, durations, running, switches):
             fold.observe(event, at)
     jobs = running.jobs(at)
     pace = fleet.paced(durations, jobs)  # as the hosts read it (daemon/fleet/view.py)
     mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and w.cancel is None and (settings.priority_classes or w.at is not None)}
     if settings.priority_classes:
-        order = fleet.fleet_order([_in_order(w) for w in mine.values()], usage.slot_seconds(at), usage.running(), settings.priority_classes,
-                                  settings.teams, pace, ahead=fleet.remaining_work(jobs, pace, at))
-        eta = etas(order, jobs, slots, pace, at, settings.teams)
-        placed = [Placed(mine[request.request_id], place, eta.get(request.request_id), len(order)) for place, request in enumerate(order, start=1)]
+        bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, switches.seconds())
+        found = places([_in_order(w) for w in mine.values()], usage.slot_seconds(at), jobs, slots, bounds, pace, at, settings.teams)
+        placed = [Placed(mine[request.request_id], place, eta, len(found)) for request, place, eta in found]
     else:
         placed = _in_partitions(list(mine.values()), records or {}, jobs, pace, at)
     return placed + [Placed(w, None, 0.0 if w.stage == "accepted" and w.cancel is None else None) for w in waiting if w.request_id not in mine]

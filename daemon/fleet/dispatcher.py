@@ -223,7 +223,7 @@ class Dispatcher:
                  and (h.request_id in telling.told or now - h.seen_at >= self.settings.queue_wait_event_s)}
         if not heads or not telling.maybe(heads, now):
             return
-        everyone = self.view.places([h.waiting() for h in waiting], self.room(), self._here(), self._mine())
+        everyone = self.view.places([h.waiting() for h in waiting], self.room(), self._here())
         placed = [each for each in everyone if each[0].request_id in heads]
         for waiting_one, place, eta in telling.due(placed, now, self.settings.host):
             head = heads[waiting_one.request_id]

@@ -1,6 +1,6 @@
-"""When each waiting request is expected to start: list scheduling of the fleet's order onto its slots, after the
-preemptions the order will make. Pure: the caller passes the order (`fleet_order`), the running jobs, the fleet's
-slots, the teams' caps, the preemption's bounds and `now`.
+"""When each waiting request is expected to start, and its place: list scheduling of the order they are expected to
+start in onto the fleet's slots, after the preemptions the order will make (`places`). Pure: the caller passes the
+waiting requests, the teams' usage, the running jobs, the fleet's slots, the teams' caps, the preemption's bounds and `now`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running, Waiting, at_cap, share_of, time_left, victim
+from daemon.fleet.order import Running, Waiting, at_cap, remaining_work, share_of, start_order, time_left, victim
 from daemon.fleet.usage import Pace
 from daemon.fleet_config import PriorityClass, TeamShare
 
@@ -71,6 +71,26 @@ def preempting(order: list[Waiting], running: list[Running], slots: int, bounds:
         after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
                              eta_s=None if expected is None else start + expected, gpus=request.gpus))
     return after, starts
+
+
+def places(waiting: list[Waiting], usage: Mapping[str, float], running: list[Running], slots: int, bounds: Bounds, pace: Pace,
+           now: float, teams: Mapping[str, TeamShare]) -> list[tuple[Waiting, int, float | None]]:
+    """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
+    order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
+    running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
+    the fleet's `slots` (`etas`, each team held to its cap), placed by their starts (`ranked`). One function for what
+    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say (daemon/cli/places.py)."""
+    order = start_order(waiting, usage, bounds.classes, teams, pace, ahead=remaining_work(running, pace, now))
+    after, starts = preempting(order, running, slots, bounds, pace, now, teams)
+    eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams), **starts}
+    return ranked(order, eta)
+
+
+def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[Waiting, int, float | None]]:
+    """Each request of `order` (`order.start_order`) with its place and its ETA: places in the order of the expected
+    starts (a request held by its team's cap starts after some of those behind it), those with none after, in `order`."""
+    index = sorted(range(len(order)), key=lambda i: (eta.get(order[i].request_id) is None, eta.get(order[i].request_id) or 0.0, i))
+    return [(order[i], place, eta.get(order[i].request_id)) for place, i in enumerate(index, start=1)]
 
 
 def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pace, now: float,

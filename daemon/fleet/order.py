@@ -162,6 +162,21 @@ def fleet_order(
     return order
 
 
+def start_order(
+    waiting: list[Waiting], usage: Mapping[str, float], classes: list[PriorityClass], teams: Mapping[str, TeamShare],
+    durations: Pace | None = None, *, ahead: Mapping[str, float] | None = None,
+) -> list[Waiting]:
+    """The waiting requests in the order they are expected to start, for their places and ETAs (daemon/fleet/eta.py):
+    the fleet's order with no team deferred for its cap. `fleet_order` puts a team that reaches its `max_slots`
+    behind every other team of its class, which is what the next free slot does (`pick`); but once one of its jobs
+    ends the team competes again by its weight, so its later requests start long before the end of the class (told
+    by the deferred order, a capped team's requests were told 85 to 117 s and started after 34 to 77 s). `etas` holds
+    each to its cap instead: it starts when enough of its team's jobs end, the slots freeing meanwhile going to those
+    behind it."""
+    uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in teams.items()}
+    return fleet_order(waiting, usage, {}, classes, uncapped, durations, ahead=ahead)
+
+
 def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
     cap = share_of(team, teams).max_slots
     return cap is not None and holding.get(team, 0) + need > cap

@@ -1,5 +1,5 @@
 """The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
-decides as the real one does (`fleet_order`, `pick`, `etas`, the teams' caps): each request's ETA at its
+decides as the real one does (`pick`, `start_order`, `etas`, the teams' caps): each request's ETA at its
 arrival is compared with the start the simulation then gives it (`eta_error`), and so is each ETA it is
 told while it waits, by the rule the hosts tell them by (daemon/fleet/telling.py, looked at every
 `TELL_EVERY_S` as the announcer does), each for as long as it was the latest (`eta_error_current`).
@@ -16,8 +16,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting, fleet_order, pick, remaining_work
+from daemon.fleet.eta import etas, ranked
+from daemon.fleet.order import Running, Waiting, pick, remaining_work, start_order
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.fleet_config import PriorityClass, TeamShare
@@ -118,9 +118,9 @@ def replay(trace: Trace) -> list[Outcome]:
     def tell(now: float) -> None:
         """The `queued` events the hosts' rule sends now, to the requests still waiting."""
         jobs = seen(now)
-        order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
+        order = start_order(waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
         eta = etas(order, jobs, trace.slots, durations, now, teams)
-        for request, place, said in telling.due([(w, place, eta[w.request_id]) for place, w in enumerate(order, start=1)], now, "replay"):
+        for request, place, said in telling.due(ranked(order, eta), now, "replay"):
             telling.heard(request.request_id, place, said, now, "replay")
             told[request.request_id].append((now, said))
 
@@ -136,7 +136,7 @@ def replay(trace: Trace) -> list[Outcome]:
             waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus,
                                    steps=arrival.steps))
             jobs = seen(now)
-            order = fleet_order(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
+            order = start_order(waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
             eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now, teams)[arrival.request_id]
         else:
             now = next_end

@@ -22,8 +22,8 @@ from dataclasses import replace
 import structlog
 from pydantic import ValidationError
 
-from daemon.fleet.eta import Bounds, etas, preempting
-from daemon.fleet.order import Running, Waiting, fleet_order, paced, pick, remaining_work, victim
+from daemon.fleet.eta import Bounds, places
+from daemon.fleet.order import Running, Waiting, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
@@ -95,10 +95,11 @@ class FleetView:
         stoppable = [replace(job, preemptible=True) for job in others]
         return victim(head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now) is not None
 
-    def fleet_slots(self, free_here: int) -> int:
-        """The fleet's slots, as the hosts' `accepted` events said them, or failing that the jobs running on it
-        plus this host's free ones."""
-        return sum(self.host_slots.values()) or max(1, len(self.running_jobs.jobs(time.time())) + free_here)
+    def fleet_slots(self, free_here: int, running: Sequence[Running] | None = None) -> int:
+        """The fleet's slots, as the hosts' `accepted` events said them, or failing that the slots of the jobs running
+        on it (`running`, else the events') plus this host's free ones."""
+        jobs = self.running_jobs.jobs(time.time()) if running is None else running
+        return sum(self.host_slots.values()) or max(1, sum(job.gpus for job in jobs) + free_here)
 
     async def follow(self) -> None:
         """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
@@ -153,14 +154,13 @@ class FleetView:
         min_run_s = 0.0 if ever else settings.preempt_min_run_s
         return victim(head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free)
 
-    def places(self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None,
-               mine: Mapping[str, tuple[str, int]] | None = None) -> list[tuple[Waiting, int, float | None]]:
-        """Each waiting request with its place in the fleet's order and its ETA (seconds), as far as this host
-        sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py `preempting`,
-        within the operator's bounds and after the measured switch), then list scheduling of the rest (`etas`).
-        `here`: this host's jobs and claims as it knows them now, in place of what the events say of this host (a
-        slot it just gave is not free for the ETA of the request behind: told 0 s, it waited a whole job); `mine`:
-        the same for the caps (`held`)."""
+    def places(self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None) -> list[tuple[Waiting, int, float | None]]:
+        """Each waiting request with its place in the order they are expected to start and its ETA (seconds), as far as
+        this host sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py
+        `preempting`, within the operator's bounds and after the measured switch), then list scheduling of the rest
+        (`etas`, each team held to its cap), placed by their starts (`ranked`). `here`: this host's jobs and claims as
+        it knows them now, in place of what the events say of this host (a slot it just gave is not free for the ETA of
+        the request behind: told 0 s, it waited a whole job)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         if here is not None:
@@ -168,10 +168,5 @@ class FleetView:
             running = [job for job in running if job.host != self.settings.host and job.request_id not in gone] + list(here)
         pace = paced(self.durations, running)  # one reading of a step's pace for the order, the preemptions and the ETAs
         settings = self.settings
-        order = fleet_order(list(waiting), self.usage.slot_seconds(now), self.held(mine or {}), settings.priority_classes,
-                            settings.teams, pace, ahead=remaining_work(running, pace, now))
-        slots = self.fleet_slots(free)
         bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, self.switches.seconds())
-        running, starts = preempting(order, running, slots, bounds, pace, now, settings.teams)
-        eta = {**etas([w for w in order if w.request_id not in starts], running, slots, pace, now, settings.teams), **starts}
-        return [(request, place, eta.get(request.request_id)) for place, request in enumerate(order, start=1)]
+        return places(list(waiting), self.usage.slot_seconds(now), running, self.fleet_slots(free, running), bounds, pace, now, settings.teams)

@@ -306,6 +306,33 @@ def test_the_replay_holds_a_team_to_its_cap_and_its_etas_say_so() -> None:
     assert [(o.eta_s, o.started) for o in outcomes] == [(0.0, 0.0), (10.0, 10.0)]
 
 
+def test_a_capped_heavier_teams_later_requests_are_told_when_their_teams_jobs_end_not_after_every_other_team() -> None:
+    """Issue 57, seen in benchmarks.fleet --contention (evals told 85 to 117 s, started after 34 to 77 s): evals (weight
+    2, capped at one slot) and sweep (weight 1) on two slots, jobs of 10 s. Each time an evals job ends, evals competes
+    again by its weight and starts its next: at 0, 10, 20. The ETAs taken in the fleet's order, which defers a capped
+    team behind every other team of its class, told e2 at 6 s that it would start at 40 s, and s3 and s5 10 s early;
+    every ETA told, at arrival and after, is now its start."""
+    teams = {"evals": TeamShare(weight=2.0, max_slots=1), "sweep": TeamShare(weight=1.0)}
+    arrivals = tuple(Arrival(at=0.0, duration_s=10.0, team="evals", request_id=f"e{n}") for n in range(3)) + tuple(
+        Arrival(at=0.0, duration_s=10.0, team="sweep", request_id=f"s{n}") for n in range(6))
+    outcomes = {o.request_id: o for o in replay(Trace(arrivals, slots=2, teams=teams, history=(("sft", "tiny", 10.0, None),)))}
+    assert [outcomes[f"e{n}"].started for n in range(3)] == [0.0, 10.0, 20.0]
+    assert {o.request_id: o.eta_s for o in outcomes.values()} == {o.request_id: o.started for o in outcomes.values()}
+    assert {(o.request_id, at + eta) for o in outcomes.values() for at, eta in o.told} == {(o.request_id, o.started) for o in outcomes.values() if o.told}
+
+
+def test_places_follow_the_expected_starts() -> None:
+    """A request held by its team's cap is placed after those that start before it, though the fair share put it first."""
+    now = time.time()
+    teams = {"evals": TeamShare(weight=2.0, max_slots=1)}
+    view = FleetView(Settings(priority_classes=[PriorityClass(name="batch")], teams=teams, **shared_fleet_keys()))
+    view.durations.add("sft", "tiny", 10.0)
+    jobs = [Running("e0", "batch", "evals", now, "sft", "tiny", eta_s=30.0)]
+    waiting = [Waiting("e1", "batch", "evals", now - 5, "sft", "tiny"), Waiting("s1", "batch", "sweep", now, "sft", "tiny")]
+    found = [(w.request_id, place, eta) for w, place, eta in view.places(waiting, 1, here=jobs)]
+    assert found == [("s1", 1, 0.0), ("e1", 2, pytest.approx(30.0, abs=1))]
+
+
 def preempting_view(now: float, min_run_s: float) -> FleetView:
     """batch-1 (300 steps at a step a second) accepted a minute ago on a fleet of one slot; one earlier preemption
     switched in 10 s (its victim's `preempted` event to the new job's `started`)."""
