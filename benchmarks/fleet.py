@@ -14,7 +14,8 @@ says what each figure is; `eta_replay_error` is the ETA's error on the run repla
 slot each (`max_slots`), a `preempt_min_run_s` of 5 s (longer than the jobs' first seconds), the first urgent
 request sent by `adapterd submit` (to the requests topic, as a pipeline sends it) the moment every slot is
 busy, so every job is younger than the minimum run, and a second one sent the same way once the first has
-started, so it arrives while the first runs and waits for it (its team's cap). Urgent requests train 60 steps there.
+started, so it arrives while the first runs and waits for it (its team's cap). Urgent requests train 30 steps there
+(about 5 s): the second one's start counts the first one's run.
 
 With `--classes` (the default) the daemons have the classes urgent, default and batch (batch preemptible),
 a weight per team, a short preempt_min_run_s, and each request goes to its class's queue topic. With
@@ -96,7 +97,7 @@ class Plan:
 
 
 QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
-CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 60, "min_run_s": 5.0, "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)), "submit": True}
+CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 30, "min_run_s": 5.0, "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)), "submit": True}
 
 
 def job_threads(plan: Plan, cores: int) -> int:
