@@ -69,6 +69,15 @@ class Accepted(EventBase):
         "The request's training.max_steps, so every host paces the job's length before its first progress; null when it names "
         "none, and on a host with no classes."
     ))
+    plan: Literal["data-parallel", "sharded"] | None = Field(None, description=(
+        "How the job's GPUs hold its model: 'data-parallel', a whole copy on each (one GPU: one copy), or 'sharded' across "
+        "them (resources.shard 'fsdp', asked, or chosen for 'auto' because a whole copy does not fit one of the host's GPUs "
+        "and a shard does: docs/methods.md); null from a daemon before the plan was said."
+    ))
+    estimate_bytes_per_gpu: int | None = Field(None, ge=0, description=(
+        "The job's memory estimate on each of its GPUs under that plan (as succeeded.memory.estimate_bytes); null when its "
+        "models' weight headers could not be read, and for a job on a host that does not estimate it (a CPU host's Hub model)."
+    ))
 
 
 class Rejected(EventBase):
