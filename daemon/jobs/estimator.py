@@ -115,10 +115,10 @@ class Estimator:
             return True, None
         return True, replace(found, scale=self.history.scale(request.model.id, request.method))
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
-        """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None
-        when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
-        ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing)
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+        """The job's estimate (with TRL's default, gradient checkpointing; on one of `shards` GPUs), scaled by the
+        history; None when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
+        ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)
         if ready:
             return found
         deadline = Deadline.after(self.DEADLINE_S)
@@ -130,7 +130,7 @@ class Estimator:
             said = f"not read within {self.DEADLINE_S:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=said[:300])
             return None
-        return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
+        return self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         """What a job measured on a GPU, for the next estimates of its model and method."""
