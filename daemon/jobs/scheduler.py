@@ -93,9 +93,11 @@ class Scheduler:
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
         # each GPU or sharded, or rejected when it fits neither way: daemon/jobs/shard_plan.py, raising Unfit, which
         # intake rejects), and its share of a GPU when GPUs are packed (never for a job sent back to run alone, nor
-        # one of several GPUs: `Slots.take`).
+        # one of several GPUs: `Slots.take`). A job of several GPUs is estimated only where the GPUs' memory is known:
+        # elsewhere there is nothing to plan it by, and it starts without waiting for its models' headers.
         whole = None
-        if self.slots.gpus or request.model.id.startswith("/"):
+        plannable = request.resources.gpus == 1 or self.slots.gpu_room is not None
+        if plannable and (self.slots.gpus or request.model.id.startswith("/")):
             ready, whole = self.estimates.ready(self.memory, tp, record.offset, request)
             if not ready:  # worked out beside the loop: read again when it is ready (`_estimated`)
                 self.partitions.hold(tp, record.offset)
