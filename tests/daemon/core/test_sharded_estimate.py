@@ -104,3 +104,11 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     attached = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
     assert trainable_parameters(lora, tensors) == attached == 4_096  # whole on each rank: rank<r>_trainable_param_count
     assert sharded.parts["trainable"] == 16 * attached
+
+
+def test_what_fits_where_is_what_the_estimator_says() -> None:
+    """docs/what-fits.md is what `python -m benchmarks.what_fits` prints from the estimate (regenerate it so after a change)."""
+    from benchmarks.what_fits import render
+
+    assert (Path(__file__).parents[3] / "docs" / "what-fits.md").read_text() == render(), "run `python -m benchmarks.what_fits > docs/what-fits.md`"
+    assert "| Llama-3.1-8B | 8.0B | full fine-tune | 81.7 GB does not fit | 13.9 GB fits |" in render()  # test_a_full_fine_tune_of_an_8b_model...
