@@ -90,8 +90,9 @@ class JobMemory(Frozen):
     """A job's memory on its device: estimated before it started, measured while it ran."""
 
     estimate_bytes: int | None = Field(description=(
-        "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md), scaled by what "
-        "earlier jobs of the same model and method measured on this host; null when its models' weight headers could not be read."))
+        "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md) on each of its "
+        "GPUs under its plan (sharded: its shard, plus the layers gathered to compute), scaled by what earlier one-GPU jobs of the "
+        "same model and method measured on this host; null when its models' weight headers could not be read."))
     share_bytes: int | None = Field(None, description="On a GPU shared with other jobs: the memory its process was held to; null on a whole GPU.")
     device: Literal["cuda", "cpu"] | None = Field(None, description="Where it trained; null when the child measured nothing.")
     peak_allocated_bytes: int | None = Field(None, description="torch's allocator peak on the GPU (torch.cuda.max_memory_allocated); null on the CPU.")
