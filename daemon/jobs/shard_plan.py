@@ -25,8 +25,9 @@ from schemas.common import AdapterdError
 
 log = structlog.get_logger()
 
-# resources.shard as resolved → the plan `accepted` names.
-PLANS = {"none": "data-parallel", "fsdp": "sharded"}
+# resources.shard → the plan `accepted` names. 'auto' is resolved before a job starts (`planned`); a runner given a
+# request as read (tests build them so) runs it as the child loads 'auto': a whole copy.
+PLANS = {"none": "data-parallel", "fsdp": "sharded", "auto": "data-parallel"}
 
 
 class Sharding(Protocol):
