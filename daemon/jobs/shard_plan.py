@@ -52,10 +52,6 @@ class Planned:
     request: RequestBase
     estimate: Estimate | None
 
-    @property
-    def plan(self) -> str:
-        return PLANS[self.request.resources.shard]
-
 
 def shards(request: RequestBase) -> int:
     """The GPUs a job's base is sharded across: its `resources.gpus` when sharded, else 1 (a whole copy each)."""
@@ -63,6 +59,7 @@ def shards(request: RequestBase) -> int:
 
 
 def resolved(request: RequestBase, shard: str) -> RequestBase:
+    """The request with `resources.shard` set to the plan's (the record's bytes are untouched: a retry is planned again)."""
     if request.resources.shard == shard:
         return request
     return request.model_copy(update={"resources": request.resources.model_copy(update={"shard": shard})})
