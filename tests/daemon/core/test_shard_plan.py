@@ -103,3 +103,17 @@ async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across its 8 "
         "GPUs it would need 13.9 GB a GPU: set shard 'fsdp' or 'auto'")}
     assert not core.children.taken
+
+
+async def test_a_sharded_jobs_succeeded_reports_one_gpus_estimate_and_its_peak_teaches_the_history_nothing(core: CoreOnFakes) -> None:
+    from handlers.protocol import MemoryUse, TrainResult
+
+    measured = MemoryUse(device="cuda", peak_allocated_bytes=20 * GIB, peak_reserved_bytes=21 * GIB, device_peak_bytes=22 * GIB)
+    result = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.0}, base_model_revision=None, dataset_fingerprint="f",
+                         durations_s={"train": 0.1}, versions={}, memory=measured)
+    core.children.scripts = [Script(messages=[StageEntered(stage="train"), result])]
+    await take(core, core.record(full_fine_tune("big", LLAMA, resources={"gpus": 8})))
+    await turns_until(lambda: "succeeded" in core.types("big"))
+    assert core.events("big")[-1]["memory"]["estimate_bytes"] == 13_922_825_216  # as accepted said: one GPU's, sharded
+    # One rank's peak against a sharded figure is no correction of a whole copy's estimate of the model.
+    assert core.scheduler.memory.history.ratios == {}
