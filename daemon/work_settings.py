@@ -27,8 +27,11 @@ class WorkSettings(BaseModel):
         "One-GPU jobs placed on one GPU at once while their memory estimates fit (daemon/jobs/slots.py); "
         "1, the default: every job has a whole GPU."
     ))
-    gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description="With max_jobs_per_gpu > 1: the share of each GPU's memory no job's share takes.")
-    gpu_memory_bytes: int | None = Field(None, ge=1, description="With max_jobs_per_gpu > 1: each GPU's memory; unset: what nvidia-smi says.")
+    gpu_memory_headroom: float = Field(0.1, ge=0, lt=1, description=(
+        "The share of each GPU's memory no job takes: not packed (max_jobs_per_gpu > 1), nor planned on (a job's memory plan: "
+        "a whole copy, sharded, or rejected; daemon/jobs/shard_plan.py)."))
+    gpu_memory_bytes: int | None = Field(None, ge=1, description=(
+        "Each GPU's memory, for packing and for each job's memory plan; unset: what nvidia-smi says (no plan without either)."))
     # The host's speed settings (handlers/toolkit/fast.py), each off by default; a request's own field always wins.
     gradient_checkpointing_when_needed: bool = Field(False, description=(
         "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on a whole GPU "

@@ -69,6 +69,15 @@ class Accepted(EventBase):
         "The request's training.max_steps, so every host paces the job's length before its first progress; null when it names "
         "none, and on a host with no classes."
     ))
+    plan: Literal["data-parallel", "sharded"] | None = Field(None, description=(
+        "How the job's GPUs hold its model: 'data-parallel', a whole copy on each (one GPU: one copy), or 'sharded' across "
+        "them (resources.shard 'fsdp', asked, or chosen for 'auto' because a whole copy does not fit one of the host's GPUs "
+        "and a shard does: docs/methods.md); null from a daemon before the plan was said."
+    ))
+    estimate_bytes_per_gpu: int | None = Field(None, ge=0, description=(
+        "The job's memory estimate on each of its GPUs under that plan (as succeeded.memory.estimate_bytes); null when its "
+        "models' weight headers could not be read, and for a job on a host that does not estimate it (a CPU host's Hub model)."
+    ))
 
 
 class Rejected(EventBase):
@@ -81,8 +90,9 @@ class JobMemory(Frozen):
     """A job's memory on its device: estimated before it started, measured while it ran."""
 
     estimate_bytes: int | None = Field(description=(
-        "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md), scaled by what "
-        "earlier jobs of the same model and method measured on this host; null when its models' weight headers could not be read."))
+        "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md) on each of its "
+        "GPUs under its plan (sharded: its shard, plus the layers gathered to compute), scaled by what earlier one-GPU jobs of the "
+        "same model and method measured on this host; null when its models' weight headers could not be read."))
     share_bytes: int | None = Field(None, description="On a GPU shared with other jobs: the memory its process was held to; null on a whole GPU.")
     device: Literal["cuda", "cpu"] | None = Field(None, description="Where it trained; null when the child measured nothing.")
     peak_allocated_bytes: int | None = Field(None, description="torch's allocator peak on the GPU (torch.cuda.max_memory_allocated); null on the CPU.")

@@ -143,15 +143,17 @@ SHARDED_METHODS = frozenset({"sft"})
 
 class Resources(Frozen):
     gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, unless `shard` says otherwise.")
-    shard: Literal["none", "fsdp"] = Field("none", description=(
+    shard: Literal["auto", "none", "fsdp"] = Field("auto", description=(
         "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards the "
-        "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them. "
+        "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them; "
+        "'auto' (the default) is 'none' unless the job's memory estimate says a whole copy does not fit one of the host's "
+        "GPUs and a shard across its gpus does, where sharding is offered for it: the `accepted` event names the plan. "
         "'fsdp' needs gpus 2 or more; the methods and options it is offered with are in docs/methods.md."
     ))
 
     @model_validator(mode="after")
     def _shards_across_gpus(self) -> Resources:
-        if self.shard != "none" and self.gpus < 2:
+        if self.shard == "fsdp" and self.gpus < 2:
             # A check on the block names its field inside it (schemas/decode.py): the path is resources.shard.
             raise ValueError(f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is {self.gpus}: set gpus to 2 or more")
         return self
@@ -216,16 +218,16 @@ class RequestBase(Frozen):
             problem = self.evaluation_problem(self.evaluation)
             if problem:
                 raise ValueError(problem)
-        if self.resources.shard != "none":
+        if self.resources.shard == "fsdp":  # 'auto' shards only where this allows it (daemon/jobs/shard_plan.py)
             problem = self.sharding_problem()
             if problem:
                 raise ValueError(problem)
         return self
 
     def sharding_problem(self) -> str | None:
-        """Why this request cannot train sharded as `resources.shard` asks, or None: what shards so far is
-        what the sharded tests check (docs/methods.md), and the rest is refused rather than run unsharded."""
-        shard = f"resources.shard: '{self.resources.shard}'"
+        """Why this request cannot train sharded (`resources.shard: fsdp`, asked or chosen for 'auto'), or None: what
+        shards so far is what the sharded tests check (docs/methods.md), and the rest is refused rather than run unsharded."""
+        shard = "resources.shard: 'fsdp'"
         if self.method not in SHARDED_METHODS:
             return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))} so far, not for method {self.method} (docs/methods.md)"
         if self.model.quantization != "none":

@@ -9,7 +9,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import structlog
@@ -94,9 +94,10 @@ class Estimator:
         """The models a request's job loads: its base first."""
         return [(request.model.id, request.model.revision), *((spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request))]
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
         """(True, the estimate) when every model of the request was read before, (True, None) when one
-        is unknown, (False, None) when one must be read first (`need`). Quick: no read, no wait."""
+        is unknown, (False, None) when one must be read first (`need`). Quick: no read, no wait. With
+        `shards` above 1: one GPU's figure with the base sharded across that many (daemon/jobs/memory.py)."""
         now = time.monotonic()
         keys = self.models(request)
         if any(key not in self._tensors and self._unknown.get(key, 0.0) <= now for key in keys):
@@ -108,16 +109,16 @@ class Estimator:
             self._tensors.move_to_end(key)
         try:
             base, *others = (self._tensors[key] for key in keys)
-            found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing)
+            found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing, shards=shards)
         except Exception as exc:  # WeightsUnreadable (no embedding), or a bug: the job takes a whole GPU
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=str(exc)[:300])
             return True, None
-        return True, Estimate(found.parts, found.gradient_checkpointing, self.history.scale(request.model.id, request.method))
+        return True, replace(found, scale=self.history.scale(request.model.id, request.method))
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
-        """The job's estimate (with TRL's default, gradient checkpointing), scaled by the history; None
-        when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
-        ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing)
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+        """The job's estimate (with TRL's default, gradient checkpointing; on one of `shards` GPUs), scaled by the
+        history; None when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
+        ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)
         if ready:
             return found
         deadline = Deadline.after(self.DEADLINE_S)
@@ -129,7 +130,7 @@ class Estimator:
             said = f"not read within {self.DEADLINE_S:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=said[:300])
             return None
-        return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
+        return self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         """What a job measured on a GPU, for the next estimates of its model and method."""

@@ -10,6 +10,7 @@ from structlog.typing import FilteringBoundLogger
 
 from daemon.jobs.estimator import Estimator
 from daemon.jobs.memory import Estimate
+from daemon.jobs.shard_plan import shards
 from daemon.jobs.slots import Placement
 from daemon.ops.metrics import JOB_MEMORY_PEAK, JOB_MEMORY_RATIO
 from daemon.settings import Settings
@@ -24,10 +25,11 @@ async def fast_settings(
 ) -> FastSettings:
     """The host's speed settings for this job (the child applies each only where the request is
     silent). Gradient checkpointing goes off only for a job on a whole GPU whose estimate without
-    it fits that GPU; on a shared GPU its share was reckoned with it, and unknown stays TRL's."""
+    it fits that GPU (one GPU's figure under its plan, sharded or whole); on a shared GPU its share was reckoned
+    with it, and unknown stays TRL's."""
     checkpointing = None
     if settings.gradient_checkpointing_when_needed and share is None and gpu_room is not None and memory is not None:
-        lean = await memory.need(request, gradient_checkpointing=False)
+        lean = await memory.need(request, gradient_checkpointing=False, shards=shards(request))  # one GPU's figure under its plan
         if lean is not None:
             checkpointing = lean.needed > gpu_room
             log.info("job.checkpointing", needed=checkpointing, estimate_without=lean.needed, gpu_room=gpu_room)
@@ -67,7 +69,9 @@ def reported_memory(
         JOB_MEMORY_PEAK.labels(request.method).observe(measured.peak_allocated_bytes or measured.device_peak_bytes)
         if measured.device == "cuda" and measured.peak_allocated_bytes and estimate is not None and estimate.total > 0:
             JOB_MEMORY_RATIO.labels(request.method).observe(measured.peak_allocated_bytes / estimate.total)
-            if memory is not None and ran_as_estimated(request, estimate, fast):
+            # Only a one-GPU job's peak teaches the history: a job of several reports one rank's, and a sharded one's
+            # error is not a whole copy's (its ratio would scale every whole-copy estimate of the model).
+            if memory is not None and request.resources.gpus == 1 and ran_as_estimated(request, estimate, fast):
                 memory.learn(request, estimate, measured.peak_allocated_bytes)
     return JobMemory(
         estimate_bytes=estimate.needed if estimate is not None else None,

@@ -16,6 +16,17 @@ The estimate is of the allocator's peak (`torch.cuda.max_memory_allocated`), in 
 - `logits`: the step's tokens × vocabulary, one value each;
 - `generation` (GRPO, RLOO, online DPO): the KV cache of the sequences generated at once.
 
+Sharded across N GPUs (`shards`, FSDP2 full-shard as handlers/toolkit/sharding.py applies it), the
+figure is one GPU's: the base's `weights` divided by N, and a full fine-tune's `trainable` state
+(gradients, AdamW's moments) divided by N; a LoRA adapter and its optimizer state stay whole on every
+rank (PEFT attaches them after the sharding: what the sharded tests measured), and so do the other
+models (a reference model is not sharded). `activations`, `logits` and `generation` are per device
+batch, unchanged. Sharding adds `gathered`: the full parameters FSDP2 all-gathers for compute, the
+largest block's (one block at a time; its prefetched neighbour is left to the history) and every
+parameter outside the blocks (the embedding, final norm and head: transformers' `fsdp_plan` keeps the
+head gathered from forward through backward, and the root's own parameters likewise), counted whole
+although this rank's shard of them is already in `weights` (an upper bound by 1/N of them).
+
 It is a model of the memory, not a measurement: what a job measured (`succeeded.memory`) is kept by
 model and method, and the next estimate for them is scaled by the largest ratio seen
 (daemon/jobs/estimator.py, which also reads the headers for a request's models).
@@ -77,7 +88,7 @@ class Tensors:
 
     def warm(self) -> Tensors:
         """Work out now what the estimate asks of them (raises WeightsUnreadable without an embedding)."""
-        _ = self.parameters, self.stored, self.linear_sums, self.layers, self.embedding
+        _ = self.parameters, self.stored, self.linear_sums, self.layers, self.embedding, self.by_layer
         return self
 
     @cached_property
@@ -111,6 +122,20 @@ class Tensors:
     @cached_property
     def layers(self) -> int:
         return len({next(g for g in match.groups() if g is not None) for name in self.shapes if (match := _LAYER.search(name))}) or 1
+
+    @cached_property
+    def by_layer(self) -> tuple[int, int]:
+        """(the largest block's parameters, the parameters outside the blocks): what FSDP2 gathers at once."""
+        blocks: dict[str, int] = {}
+        outside = 0
+        for name, (_, shape) in self.shapes.items():
+            match = _LAYER.search(name)
+            if match is None:
+                outside += _count(shape)
+            else:
+                block = next(g for g in match.groups() if g is not None)
+                blocks[block] = blocks.get(block, 0) + _count(shape)
+        return max(blocks.values(), default=0), outside
 
     @cached_property
     def embedding(self) -> tuple[int, int]:
@@ -166,6 +191,7 @@ class Estimate:
     parts: dict[str, int]
     gradient_checkpointing: bool
     scale: float = 1.0  # the largest measured/estimated ratio of earlier jobs of its model and method (`MemoryHistory`)
+    shards: int = 1  # the GPUs the base is sharded across (1: a whole copy on the GPU); the figure is one GPU's
 
     @property
     def total(self) -> int:
@@ -220,9 +246,12 @@ def trainable_parameters(request: Any, tensors: Tensors) -> int:
     return sum(rank * sides for name, (_, sides, _) in tensors.linear_sums.items() if chosen is None or name in chosen)
 
 
-def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gradient_checkpointing: bool = True) -> Estimate:
+def estimate(
+    request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gradient_checkpointing: bool = True, shards: int = 1,
+) -> Estimate:
     """The allocator peak of `request`'s job on one device, from its base model's tensors and those
-    of the other models it loads (`others`)."""
+    of the other models it loads (`others`); with `shards` above 1, on one of the GPUs its base is
+    sharded across (the module's docstring)."""
     stored = base.stored // max(base.parameters, 1) or 2
     dtype_bytes = LOAD_BYTES.get(request.model.dtype, stored)
     linear = sum(products for _, _, products in base.linear_sums.values())
@@ -232,9 +261,16 @@ def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gra
         weights = (base.parameters - linear) * dtype_bytes + linear
     else:
         weights = base.parameters * dtype_bytes
-    weights += sum(other.parameters * dtype_bytes for other in others)
     trainable = trainable_parameters(request, base)
     trainable_bytes = trainable * (16 if request.peft is not None else 4 * dtype_bytes)
+    gathered = None
+    if shards > 1:
+        weights = -(-weights // shards)  # each rank's shard, rounded up
+        if request.peft is None:  # a full fine-tune's gradients and optimizer state are sharded with the weights
+            trainable_bytes = -(-trainable_bytes // shards)
+        largest_block, outside = base.by_layer
+        gathered = (largest_block + outside) * dtype_bytes
+    weights += sum(other.parameters * dtype_bytes for other in others)
     tokens = step_tokens(request)
     vocab, hidden = base.embedding
     layers = base.layers
@@ -246,4 +282,6 @@ def estimate(request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gra
         "weights": weights, "trainable": trainable_bytes, "activations": activations,
         "logits": tokens * vocab * LOGIT_VALUES * dtype_bytes, "generation": generation_bytes(request, base, dtype_bytes),
     }
-    return Estimate(parts, gradient_checkpointing)
+    if gathered is not None:
+        parts["gathered"] = gathered
+    return Estimate(parts, gradient_checkpointing, shards=max(shards, 1))

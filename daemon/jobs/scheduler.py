@@ -11,8 +11,9 @@
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
   is due or until a new request arrives behind it (`wake`; daemon/jobs/waiting_retries.py).
 - A cancel stops the running job, or skips the request when it is reached.
-- A one-GPU request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
-  partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready.
+- A request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
+  partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready. The
+  estimate plans the job: a whole copy on each GPU, or sharded, or rejected (daemon/jobs/shard_plan.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from daemon.jobs.memory import Estimate
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.settle import Settler
+from daemon.jobs.shard_plan import PLANS, planned
 from daemon.jobs.slots import Placement, Slots
 from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
@@ -88,14 +90,20 @@ class Scheduler:
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
-        # Its memory, on a GPU host (or for a local model: its headers are on this disk): its share of a
-        # GPU when GPUs are packed; never for a job sent back to run alone, nor one of several GPUs.
-        need = None
-        if request.resources.gpus == 1 and (self.slots.gpus or request.model.id.startswith("/")):
-            ready, need = self.estimates.ready(self.memory, tp, record.offset, request)
+        # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
+        # each GPU or sharded, or rejected when it fits neither way: daemon/jobs/shard_plan.py, raising Unfit, which
+        # intake rejects), and its share of a GPU when GPUs are packed (never for a job sent back to run alone, nor
+        # one of several GPUs: `Slots.take`). A job of several GPUs is estimated only where the GPUs' memory is known:
+        # elsewhere there is nothing to plan it by, and it starts without waiting for its models' headers.
+        whole = None
+        plannable = request.resources.gpus == 1 or self.slots.gpu_room is not None
+        if plannable and (self.slots.gpus or request.model.id.startswith("/")):
+            ready, whole = self.estimates.ready(self.memory, tp, record.offset, request)
             if not ready:  # worked out beside the loop: read again when it is ready (`_estimated`)
                 self.partitions.hold(tp, record.offset)
                 return Offered.ESTIMATING
+        plan = planned(request, whole, self.memory, self.slots.gpu_room, self.slots.most_per_job())
+        request, need = plan.request, plan.estimate
         placement = self.slots.take(request.resources.gpus, None if need is None or retry.alone else need.needed)
         if placement is None:
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
@@ -136,7 +144,9 @@ class Scheduler:
         offset = record.offset
         try:
             fleet = self.fleet.accepted_fields(tp, record, runner.request) if self.fleet is not None else {}
-            await runner.events.publish(Accepted, method=runner.request.method, **fleet)
+            estimate = runner.memory.estimate
+            await runner.events.publish(Accepted, method=runner.request.method, plan=PLANS[runner.request.resources.shard],
+                                        estimate_bytes_per_gpu=estimate.needed if estimate is not None else None, **fleet)
             event = await runner.run()
             if event is None:
                 # Interrupted: nothing published, nothing committed; the request is read again. A preempted

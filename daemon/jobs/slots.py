@@ -89,12 +89,12 @@ class Placement:
 
 def packing_from(settings: Settings) -> Packing | None:
     """The GPUs' memory as the operator packs them (max_jobs_per_gpu; 1: a whole GPU each), when
-    it matters (packing, or checkpointing only when needed) and is known; else None."""
-    if settings.max_jobs_per_gpu <= 1 and not settings.gradient_checkpointing_when_needed:
-        return None
+    known; else None. Known, it also plans every job's memory (daemon/jobs/shard_plan.py: a whole copy
+    or sharded, or rejected when it fits neither way) whether or not GPUs are packed."""
     memory = settings.gpu_memory_bytes or discover_gpu_memory()
     if memory is None:
-        log.warning("gpus.packing_off", reason="the GPUs' memory is unknown (gpu_memory_bytes, nvidia-smi)")
+        if settings.max_jobs_per_gpu > 1 or settings.gradient_checkpointing_when_needed:  # asked for, and off: said
+            log.warning("gpus.packing_off", reason="the GPUs' memory is unknown (gpu_memory_bytes, nvidia-smi)")
         return None
     return Packing(memory, settings.gpu_memory_headroom, settings.max_jobs_per_gpu)
 
@@ -102,7 +102,7 @@ def packing_from(settings: Settings) -> Packing | None:
 class Slots:
     def __init__(self, gpus: list[str], cpu_slots: int, packing: Packing | None = None) -> None:
         self.gpus = gpus
-        # A whole GPU's memory for jobs (less the headroom), when known: what a job on one may use.
+        # A whole GPU's memory for jobs (less the headroom), when known: what a job on one may use (its memory plan).
         self.gpu_room = packing.usable if gpus and packing is not None else None
         self.packing = packing if gpus and packing is not None and packing.max_jobs > 1 else None
         self._all = list(gpus) if gpus else [f"cpu{i}" for i in range(cpu_slots)]

@@ -33,8 +33,10 @@ from schemas.request import RequestBase
 
 def distributed_config(request: RequestBase) -> DistributedConfig | None:
     """How the policy is loaded for the request's `resources.shard`: None for a whole copy per process (a
-    one-GPU job, or data-parallel), else FSDP2 over all of the job's processes."""
-    if request.resources.shard == "none":
+    one-GPU job, or data-parallel), else FSDP2 over all of the job's processes. The daemon resolves 'auto' to
+    'none' or 'fsdp' before the job starts (daemon/jobs/shard_plan.py); a child given 'auto' (run without the
+    daemon's plan) loads a whole copy, as 'none'."""
+    if request.resources.shard != "fsdp":
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world != request.resources.gpus:  # the daemon starts a job of N GPUs as N torchrun workers (handlers/child/launch.py)

@@ -85,7 +85,7 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True,
     )
-    if request.resources.shard != "none":
+    if request.resources.shard == "fsdp":
         # The Trainer checkpoints no optimizer state for a model sharded as it loads, and says so unless
         # told to save the model alone (handlers/toolkit/sharding.py: such a checkpoint is not resumed).
         arguments["save_only_model"] = True

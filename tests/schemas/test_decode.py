@@ -108,7 +108,10 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     request = decode_request(json.dumps(sharded).encode())
     assert isinstance(request, SFTRequest) and request.resources.shard == "fsdp"
     assert isinstance(decode_request(json.dumps({**sharded, "peft": None}).encode()), SFTRequest)
-    assert decode_request(json.dumps(valid()).encode()).resources.shard == "none"  # type: ignore[union-attr]
+    # Left out, it is 'auto': the daemon's plan decides (daemon/jobs/shard_plan.py), on one GPU and for any method.
+    assert decode_request(json.dumps(valid()).encode()).resources.shard == "auto"  # type: ignore[union-attr]
+    assert decode_request(json.dumps({**valid(), "method": "dpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]},
+                                      "resources": {"gpus": 2}}).encode()).resources.shard == "auto"  # type: ignore[union-attr]
 
     def refused(document: dict[str, Any]) -> dict[str, str]:
         return {error.path: error.message for error in rejection(document).errors}

@@ -74,11 +74,11 @@ class HeldNeeds:
     def _answer(self, request_id: str) -> asyncio.Future[Estimate | None]:
         return self.answers.setdefault(request_id, asyncio.get_running_loop().create_future())
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
         answer = self.answers.get(request.request_id)
         return (True, answer.result()) if answer is not None and answer.done() else (False, None)
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
         self.started.append(request.request_id)
         return await asyncio.shield(self._answer(request.request_id))  # a cancelled wait leaves the answer to come
 

@@ -29,7 +29,7 @@ class Needs:
         self.asked: list[bool] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
         self.asked.append(gradient_checkpointing)
         return None if self.lean is None else Estimate({"weights": self.lean}, gradient_checkpointing=gradient_checkpointing)
 

@@ -36,13 +36,13 @@ class FixedNeeds:
         self.asked: list[str] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
         """As if every model had been read before: the offer has its answer at once."""
         self.asked.append(request.request_id)
         need = self.needs[request.request_id] if gradient_checkpointing else self.lean.get(request.request_id)
         return True, None if need is None else Estimate({"weights": need}, gradient_checkpointing=True)
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> Estimate | None:
+    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
         return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
@@ -172,7 +172,7 @@ class ScaledNeeds(FixedNeeds):
         super().__init__(needs)
         self.history = history
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True) -> tuple[bool, Estimate | None]:
+    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
         ready, found = super().known(request, gradient_checkpointing=gradient_checkpointing)
         return ready, None if found is None else Estimate(found.parts, True, self.history.scale(request.model.id, request.method))
 
