@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiokafka import TopicPartition
 
@@ -23,8 +23,13 @@ from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.settings import Settings
 from schemas import Rejection, RequestBase, decode_request
 
-if TYPE_CHECKING:
-    from daemon.fleet.queues import ClassQueue
+
+class Queue(Protocol):
+    """What a head keeps of the class's queue it was read from (daemon/fleet/queues.py `ClassQueue`)."""
+
+    name: str
+    group: str
+    generation: int
 
 
 @dataclass(eq=False)
@@ -82,7 +87,7 @@ class HeadReader:
     retries: RetrySigner
     arrivals: Arrivals
 
-    def read(self, queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
+    def read(self, queue: Queue, tp: TopicPartition, record: Record) -> Head:
         oversize = too_large(record, self.settings.max_message_bytes)
         try:
             decoded = decode_request(record.value or b"", record.key)
@@ -100,7 +105,7 @@ class HeadReader:
                     preemptions=self.retries.preemptions(record), rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
 
     @staticmethod
-    def unreadable(queue: ClassQueue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
+    def unreadable(queue: Queue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
         """A record the client could not read, known by its offset: rejected where it is, as intake rejects one."""
         return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class=queue.name,
                     generation=queue.generation, rejection=rejection_of(record, exc))
