@@ -80,15 +80,20 @@ class Announcer:
         view = self.view
         unread = [(w, read) for w, read in await self.unread() if w.request_id not in self.cancelled]
         now = time.time()
-        if not view.telling.maybe([w.request_id for w, _ in unread], now) or not view.telling.due(view.places([w for w, _ in unread], 0), now, self.settings.host, dry=True):
+        if not view.telling.maybe([w.request_id for w, _ in unread], now):
+            return 0  # every one told too recently to be told again
+        placed = view.places([w for w, _ in unread], 0)
+        if not view.telling.due(placed, now, self.settings.host, dry=True):
             return 0  # every one told, and nothing moved since
         # A host may have claimed one while the queues were read (its claim commits the queue's offset past the record,
         # in the claim's own transaction): told `queued` now, its consumers would see it wait after its `started`.
         taken = await self.claimed([record for _, (_, record) in unread])
-        unread = [(w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken]
+        if taken:  # the others' places are worked out again without them
+            unread = [(w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken]
+            placed = view.places([w for w, _ in unread], 0)
         records = {waiting.request_id: read for waiting, read in unread}
         published = 0
-        for waiting, place, eta in view.telling.due(view.places([waiting for waiting, _ in unread], 0), now, self.settings.host):
+        for waiting, place, eta in view.telling.due(placed, now, self.settings.host):
             view.telling.heard(waiting.request_id, place, eta, now, self.settings.host)
             await publish_queued(self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta)
             published += 1

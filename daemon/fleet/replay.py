@@ -115,12 +115,15 @@ def replay(trace: Trace) -> list[Outcome]:
             ))
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
-    def tell(now: float) -> None:
-        """The `queued` events the hosts' rule sends now, to the requests still waiting."""
+    def estimated(now: float) -> tuple[list[Waiting], dict[str, float | None]]:
+        """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them out."""
         jobs = seen(now)
         order = start_order(waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
-        eta = etas(order, jobs, trace.slots, durations, now, teams)
-        for request, place, said in telling.due(ranked(order, eta), now, "replay"):
+        return order, etas(order, jobs, trace.slots, durations, now, teams)
+
+    def tell(now: float) -> None:
+        """The `queued` events the hosts' rule sends now, to the requests still waiting."""
+        for request, place, said in telling.due(ranked(*estimated(now)), now, "replay"):
             telling.heard(request.request_id, place, said, now, "replay")
             told[request.request_id].append((now, said))
 
@@ -135,9 +138,7 @@ def replay(trace: Trace) -> list[Outcome]:
             now = arrival.at
             waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus,
                                    steps=arrival.steps))
-            jobs = seen(now)
-            order = start_order(waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
-            eta_at_arrival[arrival.request_id] = etas(order, jobs, trace.slots, durations, now, teams)[arrival.request_id]
+            eta_at_arrival[arrival.request_id] = estimated(now)[1][arrival.request_id]
         else:
             now = next_end
             for request_id in [r for r, (end, _) in running.items() if end == now]:
