@@ -76,9 +76,11 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
 
     # Fed from its first turn of the loop to past the last decision, never later than systemd allows.
     fed = notify.watchdog_times()
-    assert "READY=1" in notify.lines and fed and fed[-1] >= all_decided - WATCHDOG_S, notify.lines
-    gaps = [later - earlier for earlier, later in zip(fed, fed[1:], strict=False)]
-    assert len(fed) >= 2 and max(gaps) < WATCHDOG_S, gaps
+    # The last gap runs to the last decision: on a fast machine all may be decided before a second feed is due.
+    assert "READY=1" in notify.lines and fed and fed[0] <= all_decided, notify.lines
+    marks = sorted([*fed, all_decided])
+    gaps = [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
+    assert max(gaps) < WATCHDOG_S, gaps
 
     for name, _, _, path in cases:
         terminal = events[f"record-{name}"][-1]
