@@ -18,15 +18,17 @@ from schemas import Cancel
 
 def validate(
     file: RequestFile,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge it by this host's settings (policy, bounds, GPUs), as its daemon would.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge it by this host's settings (policy, bounds, GPUs, memory plan), as its daemon would.")] = None,
 ) -> None:
     """Check a request file against the schema, without publishing it; exit 1 when it is not valid."""
     request = read_request(file)
+    said = ""
     if config is not None:
         from daemon.cli.host_check import host_check
 
-        host_check(request, config, str(file))
-    typer.echo(f"{file}: valid {request.method} request {request.request_id}" + (f", and {config} would take it" if config else ""))
+        plan = host_check(request, config, str(file))
+        said = f", and {config} would take it" + (f": {plan}" if plan else "")
+    typer.echo(f"{file}: valid {request.method} request {request.request_id}{said}")
 
 
 def submit(

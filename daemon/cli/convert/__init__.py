@@ -68,7 +68,9 @@ def convert_trl_config(
     if host_config is not None:
         from daemon.cli.host_check import host_check
 
-        host_check(conversion.request, host_config, f"{file}'s request")
+        plan = host_check(conversion.request, host_config, f"{file}'s request")
+        if plan:
+            typer.echo(f"{host_config} would run it {plan}", err=True)
     document = conversion.request.model_dump(mode="json", exclude_unset=True)
     head = {name: document.pop(name) for name in ("schema_version", "request_id", "method")}
     typer.echo(json.dumps(head | document, indent=2))

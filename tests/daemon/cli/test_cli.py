@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -215,3 +216,33 @@ def test_doctor_with_no_broker_says_it_once_in_its_own_words(tmp_path: Path) -> 
     assert result.returncode == 1
     assert result.stdout.startswith("FAIL kafka   no broker answers at 127.0.0.1:9: ") and "Unable connect" not in result.stderr, result.stderr
     assert "Unclosed" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_validate_with_a_hosts_settings_says_its_memory_plan_sharded_whole_or_rejected(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`validate -c` plans the job as the host's daemon would (daemon/jobs/shard_plan.py), its model's headers read
+    from the allowed local folder: the host's GPU memory is set between the tiny model's figures for a whole copy and
+    a shard across two GPUs, below both, and above both."""
+    from daemon.jobs.estimator import Estimator, MemoryHistory
+    from schemas import RequestBase, decode_request
+
+    body = sft_request("cli-plan", model={"id": str(tiny_model_dir), "dtype": "float32"}, peft=None, resources={"gpus": 2})
+    estimator = Estimator(Settings(hub_token=None), MemoryHistory(tmp_path / "none.json"))
+    request = decode_request(json.dumps(body).encode())
+    assert isinstance(request, RequestBase), request
+    whole = asyncio.run(estimator.need(request))
+    sharded = estimator.known(request, shards=2)[1]
+    assert whole is not None and sharded is not None and sharded.needed < whole.needed
+    path = write(tmp_path, body)
+
+    def validate(room: int) -> Any:
+        host = tmp_path / f"host-{room}.toml"
+        host.write_text(f'allowed_local_model_roots = ["{tiny_model_dir.parent}"]\ngpus = ["0", "1"]\n'
+                        f"gpu_memory_bytes = {room}\ngpu_memory_headroom = 0.0\nwork_dir = \"{tmp_path / 'work'}\"\n")
+        return runner.invoke(app, ["validate", str(path), "--config", str(host)])
+
+    between = validate((whole.needed + sharded.needed) // 2)
+    assert between.exit_code == 0 and "would take it: sharded across its 2 GPUs" in between.output, between.output
+    above = validate(whole.needed + 1)
+    assert above.exit_code == 0 and "would take it: a whole copy on each of its GPUs" in above.output, above.output
+    below = validate(sharded.needed - 1)
+    assert below.exit_code == 1 and "resources.gpus: its memory estimate is" in below.output, below.output
