@@ -107,7 +107,12 @@ class Started(EventBase):
     slot: str = Field(description="The GPU ids given to the job ('cpu' on a host without GPUs).")
     memory_share_bytes: int | None = Field(None, description=(
         "On a GPU shared with other jobs (the host's max_jobs_per_gpu): the memory the job may allocate there; null on whole GPUs."))
-    pid: int
+    pid: int | None = Field(description=(
+        "The child's process id on the daemon's host (a job of several GPUs: torchrun's agent); null for a child that "
+        "runs elsewhere (a remote engine), whose `child` says where."))
+    child: str | None = Field(None, description=(
+        "Where the job's child runs, as the daemon names it in its logs: 'pid 4242' for a process on its host. Null from "
+        "daemons older than this field."))
     endpoint: HostPort | None = Field(None, description=(
         "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log (/jobs/ID/log, with the "
         "fleet's logs_token); null when that daemon serves no logs. A host and a port only: no scheme, user, path or query."))

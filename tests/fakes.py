@@ -13,9 +13,8 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from daemon.children.child import ChildOutcome, OnMessage, follow
+from daemon.children.child import ChildHandle, ChildJob, ChildOutcome, OnMessage, follow
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.kafka.clients import Consumer, Producer
 from daemon.kafka.records import Record
@@ -47,7 +46,7 @@ class FakeChild:
         self.by_request = by_request or {}
         self.visible_devices = visible_devices
         self.log_context: dict[str, str] = {}
-        self._pid = next(self._pids)
+        self.where = ChildHandle.local(next(self._pids))  # a child elsewhere is named otherwise (tests/daemon/core/test_child_seam.py)
         self.spec: JobSpec | None = None
         self.stops: list[float] = []  # the grace of each `stop` it was given
         self.cancelled_unstopped = False  # the task running it was cancelled without a `stop` first
@@ -55,8 +54,8 @@ class FakeChild:
         self._stopped = asyncio.Event()
 
     @property
-    def pid(self) -> int:
-        return self._pid
+    def handle(self) -> ChildHandle:
+        return self.where
 
     @property
     def stopped_with(self) -> float | None:
@@ -68,13 +67,13 @@ class FakeChild:
         self.stops.append(grace_s)
         self._stopped.set()
 
-    async def run(self, spec_path: Path, log_path: Path, on_start: Callable[[int], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
+    async def run(self, job: ChildJob, on_start: Callable[[ChildHandle], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
         outcome = ChildOutcome(returncode=0)
-        self.spec = JobSpec.model_validate_json(spec_path.read_text())
+        self.spec = JobSpec.model_validate_json(job.spec_path.read_text())
         turns = self.by_request.get(str(self.spec.request["request_id"]))
         if turns:  # this request's next script (its last repeats), whichever child it took
             self.script = turns.pop(0) if len(turns) > 1 else turns[0]
-        await on_start(self.pid)
+        await on_start(self.handle)
         if self.script.artifact:
             self.spec.artifact.mkdir(parents=True, exist_ok=True)
             (self.spec.artifact / "adapter_config.json").write_text('{"peft_type": "LORA"}')
@@ -108,22 +107,17 @@ class FakeChildren:
         self.launched: list[tuple[str | None, int]] = []  # (visible devices, GPUs) of each data-parallel launch
         self.closed = False
 
-    def environment(self, visible_devices: str | None) -> dict[str, str]:
-        return {} if visible_devices is None else {"CUDA_VISIBLE_DEVICES": visible_devices}
-
     async def prepare(self, wanted: list[str | None]) -> None:
         self.prepared.append(wanted)
 
-    async def take(self, visible_devices: str | None) -> JobProcess:
+    async def start(self, job: ChildJob) -> JobProcess:
+        """The job's child, following the next script; a job of several GPUs (its launcher) noted in `launched`."""
+        if job.gpus > 1:
+            self.launched.append((job.visible_devices, job.gpus))
         script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
-        child = FakeChild(script, visible_devices, self.hanging, self.by_request)
+        child = FakeChild(script, job.visible_devices, self.hanging, self.by_request)
         self.taken.append(child)
         return child
-
-    async def launch(self, visible_devices: str | None, gpus: int, spec_path: Path, log_path: Path) -> JobProcess:
-        """A data-parallel job's launcher: a child like any other, its GPUs noted (`launched`)."""
-        self.launched.append((visible_devices, gpus))
-        return await self.take(visible_devices)
 
     async def close(self) -> None:
         self.closed = True

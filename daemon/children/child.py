@@ -40,6 +40,30 @@ log = structlog.get_logger()
 OnMessage = Callable[[ChildMessage], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class ChildJob:
+    """One job as its child is given it: the spec the daemon wrote (the request, its data, where to save) and
+    the log the child's output goes to; the devices it runs on and its processes, one per GPU."""
+
+    spec_path: Path
+    log_path: Path
+    visible_devices: str | None
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
+class ChildHandle:
+    """A started child as events and logs name it: `where` says where it runs ('pid 4242' for a process here; a
+    child elsewhere, its engine's name for it), `pid` only for a process on this host (the `started` event's)."""
+
+    where: str
+    pid: int | None = None
+
+    @classmethod
+    def local(cls, pid: int) -> ChildHandle:
+        return cls(f"pid {pid}", pid)
+
+
 @dataclass
 class ChildOutcome:
     """How a child's run ended: its exit status, its result or its own account of its failure.
@@ -93,8 +117,8 @@ class Child:
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def handle(self) -> ChildHandle:
+        return ChildHandle.local(self.process.pid)
 
     @classmethod
     async def spawn(
@@ -165,22 +189,21 @@ class Child:
 
     async def run(
         self,
-        spec_path: Path,
-        log_path: Path,
-        on_start: Callable[[int], Awaitable[None]],
+        job: ChildJob,
+        on_start: Callable[[ChildHandle], Awaitable[None]],
         on_message: OnMessage,
     ) -> ChildOutcome:
         """Hand the child its job and follow it to its end, a `stop` included (SIGTERM: a training
         child saves a checkpoint and exits). Cancelling the awaiting task kills the child's whole
-        process group at once."""
+        process group at once. (A launcher was given its job as it started, and reads nothing here.)"""
         outcome = ChildOutcome(returncode=0)
-        self.log_path = log_path
+        log_path = self.log_path = job.log_path
         try:
             assert self.process.stdin is not None
-            self.process.stdin.write(json.dumps({"spec": str(spec_path), "log": str(log_path)}).encode() + b"\n")
+            self.process.stdin.write(json.dumps({"spec": str(job.spec_path), "log": str(log_path)}).encode() + b"\n")
             await self.process.stdin.drain()
             self.process.stdin.close()
-            await on_start(self.process.pid)
+            await on_start(self.handle)
             await self.ready_task
             for message in self._early:
                 await follow(message, outcome, on_message)

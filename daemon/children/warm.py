@@ -18,7 +18,7 @@ from typing import Literal
 
 import structlog
 
-from daemon.children.child import Child
+from daemon.children.child import Child, ChildJob
 from daemon.children.environment import passed_on
 from daemon.children.forkserver import ForkServer
 from daemon.ops import metrics
@@ -74,7 +74,8 @@ def log_readiness(ready: str, died: str, pid: int, ready_task: asyncio.Task[bool
 
 
 class WarmChildren:
-    """Where a one-GPU job's child comes from, its imports done ahead of the job.
+    """Where a job's child comes from (`start`): for a job of several GPUs, torchrun's launcher started for it
+    alone; for a one-GPU job, a child whose imports were done ahead of the job:
 
     - `fork` (the default): one fork server for the host, started ahead; every job's child is forked
       from it, so every start is warm, back-to-back jobs on a slot included. A fresh server is
@@ -176,7 +177,13 @@ class WarmChildren:
         if self._deaths >= MOST_FORKSERVER_DEATHS:
             self._fall_back("forkserver.given_up", deaths=self._deaths)
 
-    async def take(self, visible_devices: str | None) -> Child:
+    async def start(self, job: ChildJob) -> Child:
+        """The job's child: torchrun's launcher for a job of several GPUs (`_launch`), else one process (`_take`)."""
+        if job.gpus > 1:
+            return await self._launch(job)
+        return await self._take(job.visible_devices)
+
+    async def _take(self, visible_devices: str | None) -> Child:
         """A child for one job on these devices: forked, or a live warm one (ready or still importing),
         else a new cold one."""
         if self.server is not None and self.server.alive:
@@ -194,14 +201,14 @@ class WarmChildren:
                 return child
         return await Child.spawn(self.environment(visible_devices), self.log_path)
 
-    async def launch(self, visible_devices: str | None, gpus: int, spec_path: Path, log_path: Path) -> Child:
+    async def _launch(self, job: ChildJob) -> Child:
         """A multi-GPU job's child (data-parallel, or sharded as `resources.shard` asks): torchrun's agent, which starts
         one worker per GPU (handlers/child/launch.py).
         Started for this job, never forked: the workers set up their devices and process group themselves. The
         job (its spec and log) goes in the environment, as torchrun passes it on to every worker."""
-        job = json.dumps({"spec": str(spec_path), "log": str(log_path)})
-        return await Child.spawn({**self.environment(visible_devices), "ADAPTERD_JOB": job}, log_path,
-                                 entry=("handlers.child.launch", str(gpus)))
+        given = json.dumps({"spec": str(job.spec_path), "log": str(job.log_path)})
+        return await Child.spawn({**self.environment(job.visible_devices), "ADAPTERD_JOB": given}, job.log_path,
+                                 entry=("handlers.child.launch", str(job.gpus)))
 
     async def close(self) -> None:
         """Stop the fork server and every child waiting for a job."""

@@ -41,7 +41,7 @@ def describe(event: Event) -> str:
     details = {
         "accepted": lambda e: f"method {e.method}",
         "rejected": lambda e: f"{e.reason}: " + "; ".join(f"{x.path or '(message)'}: {x.message}" for x in e.errors),
-        "started": lambda e: f"slot {e.slot}, pid {e.pid}",
+        "started": lambda e: f"slot {e.slot}, {e.child or f'pid {e.pid}'}",
         "checkpoint": lambda e: f"step {e.step}: {e.path}",
         "succeeded": lambda e: e.location + (f" (commit {e.commit_sha})" if e.commit_sha else "") + (" [duplicate]" if e.duplicate else ""),
         "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",

@@ -111,7 +111,7 @@ class JobRunner:
     def status(self) -> dict[str, Any]:
         return {
             "request_id": self.request.request_id, "method": self.request.method, "slot": self.place.slot,
-            "stage": self.stage, "pid": self.supervisor.child.pid if self.supervisor.child else None,
+            "stage": self.stage, "pid": self.supervisor.child.handle.pid if self.supervisor.child else None,
             "memory_share_bytes": self.place.share_bytes,
             "memory_estimate_bytes": self.memory.estimate.needed if self.memory.estimate is not None else None,
             **self.supervisor.progress,

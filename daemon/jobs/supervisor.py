@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from daemon.children.child import ChildOutcome
-from daemon.children.processes import ChildSource, JobProcess
+from daemon.children.processes import ChildHandle, ChildJob, ChildSource, JobProcess
 from daemon.jobs.job_events import JobEvents
 from daemon.jobs.lifecycle import Stop
 from daemon.jobs.plan import JobPlace
@@ -106,13 +106,11 @@ class Supervisor:
 
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
-        if self.request.resources.gpus > 1:  # torchrun's agent and one worker per GPU, started for this job (data-parallel or sharded: the child's choice)
-            child = await self.children.launch(self.place.visible_devices, self.request.resources.gpus, spec_path, log_path)
-        else:
-            child = await self.children.take(self.place.visible_devices)
+        job = ChildJob(spec_path, log_path, self.place.visible_devices, self.request.resources.gpus)
+        child = await self.children.start(job)  # which kind of child (forked, warm, cold, a launcher) is the source's choice
         self.child = child
         child.log_context = {"request_id": self.request.request_id}
-        self._running = run = asyncio.create_task(child.run(spec_path, log_path, self._on_start, self._on_message))
+        self._running = run = asyncio.create_task(child.run(job, self._on_start, self._on_message))
         watches = [asyncio.create_task(self._timeout()), asyncio.create_task(self._stall())]
         try:
             outcome = await run  # to the child's end: its own, or a stop's (JobRunner.stop)
@@ -135,9 +133,9 @@ class Supervisor:
         kept = self.checkpoint_step if self.checkpoint_step is not None else (self.resumed[0] if self.resumed else None)
         return stopped, kept
 
-    async def _on_start(self, pid: int) -> None:
-        self.log.info("job.started", pid=pid, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s)
-        await self.events.publish(Started, method=self.request.method, slot=self.place.slot, pid=pid, endpoint=self.settings.logs_endpoint,
+    async def _on_start(self, handle: ChildHandle) -> None:
+        self.log.info("job.started", child=handle.where, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s)
+        await self.events.publish(Started, method=self.request.method, slot=self.place.slot, pid=handle.pid, child=handle.where, endpoint=self.settings.logs_endpoint,
                                   endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.place.share_bytes,
                                   resumed_step=self.resumed[0] if self.resumed else None, resumed_from=self.resumed[1] if self.resumed else None)
 

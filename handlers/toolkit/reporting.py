@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Literal, TextIO
 
 import torch
 
@@ -82,13 +82,15 @@ def start_cuda(memory: MemoryWatch | None = None, memory_fraction: float | None 
 
 
 class StatusReporter:
-    """Writes one JSON object per line to the pipe the parent reads (fd in ADAPTERD_STATUS_FD), and
-    counts the seconds of each stage and of the parts of a split one (`durations_s`)."""
+    """Writes one JSON object per line to the daemon (its stream of the child's messages), and counts the seconds
+    of each stage and of the parts of a split one (`durations_s`). The sink: a file descriptor, the pipe a child on
+    the daemon's host was given (ADAPTERD_STATUS_FD), or any text stream, line-buffered (a child run elsewhere
+    reports through its engine's channel)."""
 
     active: StatusReporter | None = None  # the process's reporter (a child runs one job), for `part`
 
-    def __init__(self, fd: int) -> None:
-        self._stream = os.fdopen(fd, "w", buffering=1)
+    def __init__(self, sink: int | TextIO) -> None:
+        self._stream = os.fdopen(sink, "w", buffering=1) if isinstance(sink, int) else sink
         self.stage = "preflight"
         self._stage_started = time.monotonic()
         self._part: str | None = None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.children.processes import ChildHandle, ChildJob, JobProcess
 from daemon.jobs.lifecycle import State, Stop
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
@@ -25,7 +26,7 @@ from handlers.protocol import (
     TrainResult,
 )
 from schemas import Cancel
-from tests.core import CoreOnFakes
+from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChild, FakeChildren, Script
 from tests.helpers import sft_request
 
@@ -75,7 +76,7 @@ async def test_success_publishes_each_step_then_commits_and_frees_the_slot(setti
 
 
 async def test_a_two_gpu_job_is_launched_data_parallel_through_the_child_source(settings: Settings) -> None:
-    """A job of several GPUs goes through the same seam as a one-GPU job (`ChildSource.launch`, not a spawn of its
+    """A job of several GPUs goes through the same seam as a one-GPU job (`ChildSource.start`, not a spawn of its
     own), so its whole lifecycle runs on the fakes: both GPUs given to its one launch, the slot freed after."""
     children = FakeChildren(SUCCEEDS)
     core = CoreOnFakes(settings.model_copy(update={"gpus": ["0", "1"]}), children=children)
@@ -357,3 +358,31 @@ async def test_a_job_stopped_before_its_child_starts_publishes_only_what_its_sto
     await job.task
     assert children.taken == [] and job.runner.lifecycle.history == [State.QUEUED, State.CANCELLED]
     assert core.types("r1") == ["accepted", "cancelled"] and core.consumer.commits == [(core.tp, 8)]
+
+
+class Elsewhere(FakeChildren):
+    """A source whose children run on another machine (a remote engine's jobs): no pid on this host, a name of its own."""
+
+    async def start(self, job: ChildJob) -> JobProcess:
+        child = await super().start(job)
+        assert isinstance(child, FakeChild)
+        child.where = ChildHandle(f"engine job-{len(self.taken)} for {job.gpus} GPU(s)")
+        return child
+
+
+async def test_a_child_that_runs_elsewhere_fits_the_seam_and_started_names_where_it_runs(settings: Settings) -> None:
+    """The child seam (daemon/children/processes.py) takes a child with no process on this host: the source is handed
+    the whole job (spec, log, devices, GPUs) and chooses the child; `started` says where it runs, its pid null, and the
+    job's lifecycle, events and status run as for a local child."""
+    children = Elsewhere(SUCCEEDS)
+    core = CoreOnFakes(settings.model_copy(update={"gpus": ["0", "1"]}), children=children)
+    record = core.record(sft_request("far", resources={"gpus": 2}), 7)
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
+    job = core.scheduler.jobs[core.tp]
+    await turns_until(lambda: job.runner.supervisor.child is not None)
+    assert job.runner.status()["pid"] is None
+    await job.task
+    started = core.events("far")[1]
+    assert started["type"] == "started" and started["pid"] is None and started["child"] == "engine job-1 for 2 GPU(s)", started
+    assert core.types("far") == ["accepted", "started", "progress", "succeeded"] and core.slots.busy == 0
+    assert children.taken[0].spec is not None and children.taken[0].spec.request["request_id"] == "far"
