@@ -122,4 +122,4 @@ def test_a_higher_class_or_a_request_of_no_more_gpus_than_are_free_is_not_held_b
     assert view.pick([big, urgent], 1, {}, here=here, slots=SLOTS) == urgent
     assert view.pick([big, request("s", now - 1)], 2, {}, here=[], slots=SLOTS) == big
     # More GPUs than the host has: never fits here, so it drains nothing (another host, or a rejection, is for it).
-    assert drain(request("huge", now - 100, gpus=4), 1, SLOTS, here, view.durations, now, BOUND_S) is None  # type: ignore[arg-type]
+    assert drain(request("huge", now - 100, gpus=4), 1, SLOTS, here, view.durations, now, BOUND_S) is None
