@@ -12,6 +12,7 @@ import pytest
 
 from daemon.fleet import view as view_module
 from daemon.fleet.drain import drain
+from daemon.fleet.eta import Bounds, places
 from daemon.fleet.order import Running, Waiting
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
@@ -123,3 +124,16 @@ def test_a_higher_class_or_a_request_of_no_more_gpus_than_are_free_is_not_held_b
     assert view.pick([big, request("s", now - 1)], 2, {}, here=[], slots=SLOTS) == big
     # More GPUs than the host has: never fits here, so it drains nothing (another host, or a rejection, is for it).
     assert drain(request("huge", now - 100, gpus=4), 1, SLOTS, here, view.durations, now, BOUND_S) is None
+
+
+def test_the_etas_count_the_drain_the_request_of_several_gpus_at_its_slots_end_and_those_behind_it_after(tmp_path: Path, clock: Clock) -> None:
+    """The `queued` ETAs (`places`, list scheduling in the fleet's order) tell what the drain does: the two-slot request
+    starts when the host's two jobs have ended (100 s), not when the first ends (30 s), and the one-slot request
+    behind it, though a slot frees for it at 30 s, after it. (This was the model before the reservation too; it is
+    the reservation that makes it what happens.)"""
+    now = clock.now
+    durations = FixedDurations({"tiny": 60.0})
+    running = [job("s0", now + 100, now), job("s1", now + 30, now)]
+    big, behind = request("big", now - 40, gpus=2), request("s3", now - 1)
+    placed = places([big, behind], {}, running, SLOTS, Bounds([], 120.0, 2), durations, now, {})
+    assert [(w.request_id, place, eta) for w, place, eta in placed] == [("big", 1, 100.0), ("s3", 2, 160.0)]
