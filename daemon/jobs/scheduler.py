@@ -16,7 +16,8 @@
   estimate plans the job: a whole copy on each GPU, or sharded, or rejected (daemon/jobs/shard_plan.py).
 - A request of several GPUs held for want of free slots for `reserve_after_s` has the host reserved for it: no
   other job starts unless it is expected to end before the reservation is due (daemon/jobs/reservation.py). With
-  priority classes the fleet's dispatcher claims only what fits this host's free slots, and reserves nothing here.
+  priority classes the dispatcher claims only what fits the free slots, and drains the host itself
+  (daemon/fleet/drain.py): nothing is reserved here.
 """
 
 from __future__ import annotations
