@@ -61,6 +61,13 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         "full fleet for a job to be stopped for it (it is read at once), before the stop's checkpoint (within drain_timeout_s)."))
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
     queue_wait_event_s: float = Field(5.0, ge=0, description="A request read and still waiting after this long gets a `queued` event.")
+    # A request of several GPUs would otherwise wait for ever behind one-GPU requests that take each slot as it frees
+    # (daemon/jobs/reservation.py). A minute lets the slots that free meanwhile go to waiting one-GPU jobs (no GPU left
+    # idle for a short wait) and then bounds it: after it the host drains, and the request starts when its running
+    # jobs end, a job of known end before then backfilling the slots that would idle.
+    reserve_after_s: float = Field(60.0, ge=0, description=(
+        "A request of several GPUs that has waited this long for enough free slots at once has the host reserved for it: "
+        "no job starts there unless it is expected to end before the reservation is due (backfill); 0: at once."))
 
     allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
     allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward and reference models); empty allows any.")

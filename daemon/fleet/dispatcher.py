@@ -164,7 +164,7 @@ class Dispatcher:
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
-            chosen = self.view.pick(waiting, free, self._mine()) if free > 0 else None
+            chosen = self.view.pick(waiting, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total) if free > 0 else None
             if chosen is not None:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)

@@ -22,6 +22,7 @@ from dataclasses import replace
 import structlog
 from pydantic import ValidationError
 
+from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
 from daemon.fleet.order import Running, Waiting, paced, pick, remaining_work, victim
 from daemon.fleet.running import RunningJobs
@@ -56,6 +57,7 @@ class FleetView:
         # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
         # be refused as repeated when read, and the `accepted` read after it would hold a slot for ever.
         self.ended_here: dict[str, str] = {}
+        self.drained_for: str | None = None  # the request this host last drained for (daemon/fleet/drain.py), for its log line
 
     def observe(self, event: Event, now: float) -> None:
         self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
@@ -139,14 +141,27 @@ class FleetView:
             log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
         self.skipped = Counter(counts)
 
-    def pick(self, heads: Sequence[Waiting], free: int | None, mine: Mapping[str, tuple[str, int]] | None = None) -> Waiting | None:
+    def pick(self, heads: Sequence[Waiting], free: int | None, mine: Mapping[str, tuple[str, int]] | None = None, *,
+             here: Sequence[Running] | None = None, slots: int | None = None) -> Waiting | None:
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
-        caps read with this host's own claims and jobs as it knows them (`held`)."""
+        caps read with this host's own claims and jobs as it knows them (`held`). Given `here` (those jobs and claims)
+        and `slots` (all of this host's), a host drained for a request of several GPUs first in the order takes only
+        what backfills its drain (daemon/fleet/drain.py)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        return pick(list(heads), self.usage.slot_seconds(now), self.held(mine or {}), self.settings.priority_classes,
-                    self.settings.teams, pace, free=free, ahead=remaining_work(running, pace, now))
+        usage, held, settings, ahead = self.usage.slot_seconds(now), self.held(mine or {}), self.settings, remaining_work(running, pace, now)
+        candidates = list(heads)
+        if free is not None and here is not None and slots is not None:
+            first = pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, ahead=ahead)
+            reserved = drain(first, free, slots, here, pace, now, settings.reserve_after_s)
+            if reserved is not None:
+                candidates = [head for head in candidates if backfills(head, reserved, pace, now)]
+                if reserved.head.request_id != self.drained_for:  # said once a reservation, not every turn
+                    log.info("fleet.drained", request_id=reserved.head.request_id, gpus=reserved.head.gpus, free_slots=free,
+                             due_s=None if reserved.due == float("inf") else round(reserved.due - now, 1))
+            self.drained_for = None if reserved is None else reserved.head.request_id
+        return pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, free=free, ahead=ahead)
 
     def victim(self, head: Waiting, mine: list[Running], free: int, *, ever: bool = False) -> Running | None:
         """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""

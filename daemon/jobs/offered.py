@@ -29,10 +29,12 @@ class Offered(StrEnum):
 
 @dataclass
 class RunningJob:
-    """A partition's running job: its request's offset, its runner and task, and its slots (None once given back)."""
+    """A partition's running job: its request's offset, its runner and task, its slots (None once given back), and
+    when it started (epoch seconds: its expected end counts from then, daemon/jobs/reservation.py)."""
 
     request_id: str
     offset: int
     runner: JobRunner
     placement: Placement | None  # None once given back
     task: asyncio.Task[None]
+    started: float = 0.0

@@ -14,12 +14,17 @@
 - A request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
   partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready. The
   estimate plans the job: a whole copy on each GPU, or sharded, or rejected (daemon/jobs/shard_plan.py).
+- A request of several GPUs held for want of free slots for `reserve_after_s` has the host reserved for it: no
+  other job starts unless it is expected to end before the reservation is due (daemon/jobs/reservation.py). With
+  priority classes the dispatcher claims only what fits the free slots, and drains the host itself
+  (daemon/fleet/drain.py): nothing is reserved here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -38,9 +43,11 @@ from daemon.jobs.lifecycle import Stop
 from daemon.jobs.memory import Estimate
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.plan import JobPlace, MemoryPlan
+from daemon.jobs.reservation import Reservations, backfills
 from daemon.jobs.settle import Settler
 from daemon.jobs.shard_plan import PLANS, planned
 from daemon.jobs.slots import Placement, Slots
+from daemon.jobs.supervisor import time_limit
 from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
@@ -75,6 +82,9 @@ class Scheduler:
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
         self.settler = Settler(settings.retry_backoff_s, publisher, partitions, self.retries, self.faults)  # its record after a job's end
         self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
+        # The requests of several GPUs waiting at their partitions' heads, and the one the host is reserved for.
+        self.reservations = Reservations(settings.reserve_after_s)
+        self.clock: Callable[[], float] = time.time  # the reservation's clock (the tests' to set)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -85,10 +95,13 @@ class Scheduler:
     async def offer(self, tp: TopicPartition, record: Record, request: RequestBase) -> Offered:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
         retry = self.retries.read(record)
+        self.reservations.offered(tp, record.offset)
         if request.request_id in self.cancelled:
+            self.reservations.gone(tp)
             await self.cancelled.skip(tp, record, request, retry.attempt)
             return Offered.SKIPPED
         if retry.due is not None and retry.due > time.time():
+            self.reservations.gone(tp)
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
         # each GPU or sharded, or rejected when it fits neither way: daemon/jobs/shard_plan.py, raising Unfit, which
@@ -105,12 +118,48 @@ class Scheduler:
         plan = planned(request, whole, self.memory, self.slots.gpu_room, self.slots.most_per_job())
         request, need = plan.request, plan.estimate
         placement = self.slots.take(request.resources.gpus, None if need is None or retry.alone else need.needed)
+        if placement is not None and not self._may_start(tp, request, placement):
+            self.slots.give_back(placement)  # the host is reserved for a request of several GPUs
+            placement = None
         if placement is None:
+            if self.fleet is None and 1 < request.resources.gpus <= self.slots.total:
+                self.reservations.waiting(tp, record.offset, request.request_id, request.resources.gpus, self.clock())
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
             self.pause_idle_partitions()
             return Offered.NO_SLOT
+        self.reservations.gone(tp)
         self._start(tp, record, request, placement, retry.attempt, need)
         return Offered.STARTED
+
+    def _may_start(self, tp: TopicPartition, request: RequestBase, placement: Placement) -> bool:
+        """Whether a job may take `placement` now: always, unless the host is reserved for another partition's request
+        of several GPUs (daemon/jobs/reservation.py); then only when it puts the reservation off no later (backfill)."""
+        now = self.clock()
+        held = self.reservations.reserved(now)
+        if held is None or held.key == tp:
+            return True
+        free_at = dict.fromkeys(self.slots.names, now)
+        for job in self.jobs.values():
+            if job.placement is not None:
+                for slot in job.placement.slots:
+                    free_at[slot] = max(free_at[slot], self._expected_end(job, now))
+        limit = time_limit(request.timeout_s, self.settings.max_timeout_s)
+        end = None if limit is None else now + limit
+        if backfills(free_at, placement.slots, end, held.gpus):
+            log.info("job.backfilled", request_id=request.request_id, reserved_for=held.request_id, ends_by=end)
+            return True
+        log.info("job.held_for_reservation", request_id=request.request_id, reserved_for=held.request_id, gpus=held.gpus)
+        return False
+
+    def _expected_end(self, job: RunningJob, now: float) -> float:
+        """When a running job is expected to free its slots: its last progress ETA, else its start plus its time limit
+        (the supervisor stops it then), else unknown (inf)."""
+        supervisor = job.runner.supervisor
+        eta_s, at = supervisor.progress.get("eta_s"), supervisor.progress_at
+        if eta_s is not None and at is not None:
+            return max(now, at + float(eta_s))
+        limit = supervisor.timeout_s
+        return math.inf if limit is None else max(now, job.started + limit)
 
     def _estimated(self, tp: TopicPartition) -> None:
         """A held record's estimate is ready: its partition is read again, now if a slot is free (else
@@ -136,7 +185,7 @@ class Scheduler:
             memory=MemoryPlan(need, self.slots.gpu_room, self.memory),
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
-        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task)
+        self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task, started=self.clock())
         self.pause_idle_partitions()
         self.on_change()
 
@@ -206,6 +255,7 @@ class Scheduler:
         changed, when the offer had started that record's job (the job ends it)."""
         if tp in self.jobs:  # held before the offer, it would not have been made: this record's job
             return False
+        self.reservations.gone(tp)
         self.waiting.forget(tp)
         self.estimates.forget(tp)
         self.partitions.read_from(tp, next_offset)
@@ -237,6 +287,7 @@ class Scheduler:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
         self.waiting.forget_all()  # their partitions start again at the retry, which is read anew
+        self.reservations.keep(assigned)  # a head still here is read again at the same offset, and keeps its wait
         self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()
 

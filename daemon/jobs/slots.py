@@ -113,6 +113,11 @@ class Slots:
         return len(self._all)
 
     @property
+    def names(self) -> list[str]:
+        """Every slot's name: the GPU ids, or cpu0, cpu1... on a host without GPUs."""
+        return list(self._all)
+
+    @property
     def busy(self) -> int:
         """Slots with at least one job."""
         return sum(1 for jobs in self._jobs.values() if jobs)

@@ -68,7 +68,7 @@ def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
     return None
 
 
-def _time_limit(requested: int | None, most: int | None) -> int | None:
+def time_limit(requested: int | None, most: int | None) -> int | None:
     """The job's wall-clock limit: what the request asked for, capped by the operator's maximum."""
     if requested is None:
         return most
@@ -85,13 +85,14 @@ class Supervisor:
         self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
         self.children = children
         self.place = place  # its slot, its devices, and on a shared GPU the memory its child is held to (for `started`)
-        self.timeout_s = _time_limit(request.timeout_s, settings.max_timeout_s)  # counted from its child's start (`_timeout`)
+        self.timeout_s = time_limit(request.timeout_s, settings.max_timeout_s)  # counted from its child's start (`_timeout`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
         self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=place.slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
+        self.progress_at: float | None = None  # when the last progress report came (its eta_s counts from then)
         self.checkpoint_step: int | None = None  # the last checkpoint the child saved (what a preemption would resume from)
         self.stopped_step: int | None = None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
         self.child: JobProcess | None = None
@@ -144,6 +145,7 @@ class Supervisor:
         if isinstance(message, ProgressReport):
             fields = message.model_dump(exclude={"kind"})
             self.progress = {"step": message.step, "total_steps": message.total_steps, "eta_s": message.eta_s}
+            self.progress_at = time.time()
             await self.events.publish(Progress, **fields)
         elif isinstance(message, CheckpointSaved):
             self.log.info("job.checkpoint", step=message.step, path=message.path)

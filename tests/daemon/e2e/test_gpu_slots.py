@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from daemon.kafka.topic_reader import TopicReader
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
-from testbed.client import run_to_end, terminal_events
+from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded, parse_event
+from testbed.client import run_to_end, submit, terminal_events
 from testbed.data import TINY_MODEL
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, NotifySocket, http_get, metric, unit_daemon, write_config
@@ -136,3 +137,48 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     assert done.metrics["rank0_param_count"] == done.metrics["rank1_param_count"] == 28_960 / 2  # the tiny model's half
     assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
     assert_full_model_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)
+
+
+async def started(settings: Settings, request_ids: set[str], count: int, timeout_s: float = 240) -> None:
+    """Until `count` of `request_ids` have a `started` event."""
+    seen: set[str] = set()
+    async with asyncio.timeout(timeout_s), TopicReader(settings, settings.events_topic) as reader:
+        async for record in reader.records():
+            event = parse_event(record.value or b"")
+            if isinstance(event, Started) and event.request_id in request_ids:
+                seen.add(event.request_id)
+                if len(seen) >= count:
+                    return
+
+
+async def test_a_two_gpu_request_behind_a_stream_of_one_gpu_requests_starts_before_the_stream_is_exhausted(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
+    """Issue 62, item 6: one-GPU requests on three partitions, two running and the next ready for each slot that frees,
+    then a two-GPU request on a fourth partition, then three more one-GPU requests. With `reserve_after_s` 0 the host is
+    reserved for the two-GPU request once it is held (daemon/jobs/reservation.py): the stream's requests (no
+    `timeout_s` of their own, so none backfills) wait, and it starts as soon as the jobs running then end. Without the
+    reservation (`reserve_after_s` 1e9) it started after all six: each slot that freed was taken by the stream."""
+    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "requests_topic": settings.requests_topic + "-4p", "reserve_after_s": 0.0})
+    await ensure_topics(two_gpus, partitions=4)
+    ids = [ids_on_partitions(f"stream{n}", 4) for n in range(2)]
+    first, second, big = ids[0][:3], ids[1][:3], ids[0][3]
+    stream = [*first, *second]
+    quick = {"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
+    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
+    try:
+        for request_id in first:
+            await submit(two_gpus, sft_request(request_id, training=quick))
+        await started(two_gpus, set(first), 2)  # both slots busy: the two-GPU request is held when it is read
+        await submit(two_gpus, sft_request(big, training=quick, resources={"gpus": 2}))
+        for request_id in second:
+            await submit(two_gpus, sft_request(request_id, training=quick))
+        events = await terminal_events(two_gpus, {*stream, big}, timeout_s=600)
+    finally:
+        daemon.stop()
+    assert all(isinstance(events[request_id][-1], Succeeded) for request_id in [*stream, big]), {k: v[-1] for k, v in events.items()}
+    began = {request_id: next(e.time for e in events[request_id] if isinstance(e, Started)) for request_id in [*stream, big]}
+    assert next(e for e in events[big] if isinstance(e, Started)).slot == "7,9"
+    after = [request_id for request_id in stream if began[request_id] > began[big]]
+    # The two running when it was submitted, and at most one that took the first freed slot before it was read, went first.
+    assert len(after) >= 3, sorted(began.items(), key=lambda item: item[1])
