@@ -2,7 +2,8 @@
 two GPUs: the child launched as the daemon launches a job of two GPUs (`python -m handlers.child.launch 2`,
 torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
-the same job run data-parallel with the same global batch."""
+the same job run data-parallel with the same global batch; stopped, it resumes from its checkpoint at the step
+after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped."""
 
 from __future__ import annotations
 
