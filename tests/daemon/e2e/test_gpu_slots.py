@@ -4,20 +4,18 @@ token as a credential file."""
 
 import asyncio
 import json
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 
-from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded
-from testbed.client import committed_offset, run_to_end, submit, terminal_events
+from testbed.client import run_to_end, terminal_events
 from testbed.data import TINY_MODEL
 from testbed.hub_server import HubServer
-from testbed.processes import DaemonProcess, NotifySocket, http_get, metric, unit_daemon, wait_until_gone, write_config
+from testbed.processes import DaemonProcess, NotifySocket, http_get, metric, unit_daemon, write_config
 from tests.helpers import assert_adapter_trained, assert_full_model_trained, download, ids_on_partitions, sft_request
 
 pytestmark = pytest.mark.slow
@@ -138,56 +136,3 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     assert done.metrics["rank0_param_count"] == done.metrics["rank1_param_count"] == 28_960 / 2  # the tiny model's half
     assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
     assert_full_model_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)
-
-
-async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_at_the_step_after_its_checkpoint(
-    settings: Settings, published: HubServer, tmp_path: Path
-) -> None:
-    """A sharded full fine-tune (two CPU ranks) whose daemon is SIGKILLed mid-job: after a restart it resumes from its
-    last checkpoint (handlers/toolkit/sharded_checkpoints.py: the optimizer's state in torch distributed checkpoint
-    files, each rank its shard) at the step after it, its losses over the steps the first attempt had trained past
-    that checkpoint are the first attempt's, and the Hub gets one commit."""
-    # A SIGKILLed member leaves the group only when its session times out: the restart's join waits that long.
-    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False, "session_timeout_ms": 10_000})
-    request_id = "sharded-kill-1"
-    request = sft_request(request_id, peft=None, model={"id": TINY_MODEL, "dtype": "float32"}, sft={"max_length": 64},
-                          resources={"gpus": 2, "shard": "fsdp"},
-                          training={"max_steps": 40, "save_steps": 5, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
-    first: dict[int, float] = {}
-    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
-    try:
-        async with EventStream(two_gpus) as stream:
-            await submit(two_gpus, request)
-            saved = 0
-            async for event in stream.events(request_id):
-                if isinstance(event, Started):
-                    child_pid = event.pid
-                if isinstance(event, Checkpoint):
-                    saved = event.step
-                if isinstance(event, Progress) and event.loss is not None:
-                    first[event.step] = event.loss
-                    if saved and event.step >= saved + 2:  # trained past its checkpoint: steps the next attempt trains again
-                        break
-        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
-    finally:
-        daemon.stop()
-    await wait_until_gone(child_pid)
-    assert await committed_offset(two_gpus) is None
-
-    checkpoints = sorted(int(p.name.split("-")[1]) for p in (two_gpus.jobs_dir / request_id / "checkpoints").glob("checkpoint-*"))
-    assert checkpoints and checkpoints[-1] % 5 == 0
-    assert len(list((two_gpus.jobs_dir / request_id / "checkpoints" / f"checkpoint-{checkpoints[-1]}" / "sharded").iterdir())) == 2
-    restarted = DaemonProcess(two_gpus, tmp_path / "daemon-2.log").start()
-    try:
-        events = (await terminal_events(two_gpus, {request_id}))[request_id]
-    finally:
-        restarted.stop()
-    assert isinstance(events[-1], Succeeded), events[-1]
-    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
-    resumed = {e.step: e.loss for e in second_run if isinstance(e, Progress) and e.loss is not None}
-    assert min(resumed) == checkpoints[-1] + 1 and max(resumed) == 40  # resumed, not from step 0
-    again = sorted(step for step in first if step in resumed)
-    assert again, (first, checkpoints)
-    assert [resumed[step] for step in again] == pytest.approx([first[step] for step in again], rel=1e-4)
-    assert events[-1].metrics["rank0_param_count"] == 28_960 / 2
-    assert len(published.commits(f"results/{request_id}")) == 1
