@@ -26,7 +26,7 @@ from transformers import (
 )
 
 from handlers.protocol import JobFailed, JobSpec, TrainResult
-from handlers.toolkit import fast
+from handlers.toolkit import fast, sharded_checkpoints
 from handlers.toolkit.chat_template import check_template_render
 from handlers.toolkit.evaluation import evaluate
 from handlers.toolkit.loading import (
@@ -42,7 +42,7 @@ from handlers.toolkit.loading import (
     resolve_model,
 )
 from handlers.toolkit.reporting import StatusReporter, start_cuda
-from handlers.toolkit.sharding import distributed_config, resume_point
+from handlers.toolkit.sharding import distributed_config, is_sharded
 from handlers.toolkit.sources import AnyDataset
 from handlers.toolkit.training import (
     final_metrics,
@@ -191,7 +191,10 @@ def train_and_save(
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
     (handlers/toolkit/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
-    output = trainer.train(resume_from_checkpoint=resume_point(last_checkpoint(job), trainer.model))
+    checkpoint = last_checkpoint(job)
+    if is_sharded(trainer.model):  # its checkpoints completed with the state the Trainer leaves out, and resumed with it
+        checkpoint = sharded_checkpoints.attach(trainer, checkpoint)
+    output = trainer.train(resume_from_checkpoint=checkpoint)
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact)
     metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers

@@ -11,12 +11,10 @@ knows one when it sees it: it does not wrap it in DDP, every rank takes part whe
 weights gathered, rank 0 writing), and a LoRA adapter attached after the sharding stays whole on each rank,
 its gradient averaged over them. What differs on a GPU host is only the device and the collectives' backend.
 
-Resuming: the Trainer keeps no optimizer state for a model sharded at load time, so a sharded job's
-checkpoints hold the model only (`save_only_model`, set in handlers/toolkit/training.py), and a later attempt
-starts from step 0 (`resume_point`): a run resumed without its optimizer's state would not be the run it
-continues, and the Trainer cannot load that checkpoint into the sharded model anyway (seen: it fails copying
-the checkpoint's plain tensors into the model's DTensors). Sharded checkpoints that resume (torch
-distributed checkpoint) are not built yet.
+Checkpoints: the Trainer saves a model sharded at load time alone (`save_only_model`, set in
+handlers/toolkit/training.py: it keeps no optimizer state for one), its full weights gathered from the shards;
+handlers/toolkit/sharded_checkpoints.py adds the optimizer's state (torch distributed checkpoint), the scheduler's
+and the random generators', and resumes a later attempt from them at the step after the checkpoint.
 """
 
 from __future__ import annotations
@@ -50,15 +48,6 @@ def distributed_config(request: RequestBase) -> DistributedConfig | None:
 def is_sharded(model: object) -> bool:
     """Whether the model was sharded as it loaded (a PEFT model asks the model it wraps)."""
     return bool(getattr(model, "is_distributed_loading_by_transformers", False))
-
-
-def resume_point(checkpoint: str | None, model: object) -> str | None:
-    """Where training starts: the earlier attempt's checkpoint, except for a sharded model, whose checkpoints
-    have no optimizer state (this module's docstring), which starts again from step 0."""
-    if checkpoint is not None and is_sharded(model):
-        print(f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0", flush=True)
-        return None
-    return checkpoint
 
 
 def held(model: torch.nn.Module) -> tuple[int, int, int]:

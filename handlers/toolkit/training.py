@@ -86,8 +86,8 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
         disable_tqdm=True,
     )
     if request.resources.shard == "fsdp":
-        # The Trainer checkpoints no optimizer state for a model sharded as it loads, and says so unless
-        # told to save the model alone (handlers/toolkit/sharding.py: such a checkpoint is not resumed).
+        # The Trainer checkpoints no optimizer state for a model sharded as it loads, and refuses to start unless
+        # told to save the model alone: handlers/toolkit/sharded_checkpoints.py saves the rest of the state.
         arguments["save_only_model"] = True
     try:
         return config_class(**with_objects(config_class, arguments))

@@ -2,7 +2,8 @@
 two GPUs: the child launched as the daemon launches a job of two GPUs (`python -m handlers.child.launch 2`,
 torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
-the same job run data-parallel with the same global batch."""
+the same job run data-parallel with the same global batch; stopped, it resumes from its checkpoint at the step
+after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped."""
 
 from __future__ import annotations
 
@@ -119,14 +120,11 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
     assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
 
 
-def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_retry_at_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The two checks of handlers/toolkit/sharding.py no two-rank run reaches: a child whose process count is not the
-    request's GPUs fails in preflight naming resources.shard, and a sharded model's earlier checkpoint (no optimizer
-    state) is not resumed, while any other model's is."""
-    from types import SimpleNamespace
-
+def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of handlers/toolkit/sharding.py no two-rank run reaches: a child whose process count is not the
+    request's GPUs fails in preflight naming resources.shard."""
     from handlers.protocol import JobFailed
-    from handlers.toolkit.sharding import distributed_config, resume_point
+    from handlers.toolkit.sharding import distributed_config
     from schemas import REQUEST_MODELS
 
     request = REQUEST_MODELS["sft"].model_validate(sft_request("shard-checks", resources={"gpus": 2, "shard": "fsdp"}))
@@ -137,25 +135,54 @@ def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_r
     assert failed.value.message.startswith("resources.shard: 'fsdp' shards over the job's 2 processes, and this child runs 1")
     assert distributed_config(REQUEST_MODELS["sft"].model_validate(sft_request("unsharded", resources={"gpus": 2}))) is None
 
-    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace(is_distributed_loading_by_transformers=True)) is None
-    assert resume_point("checkpoints/checkpoint-4", SimpleNamespace()) == "checkpoints/checkpoint-4"
-    assert resume_point(None, SimpleNamespace()) is None
+
+def losses_by_step(messages: list[dict[str, Any]]) -> dict[int, float]:
+    return {m["step"]: m["loss"] for m in messages if m["kind"] == "progress" and m.get("loss") is not None}
 
 
 @pytest.mark.slow
-def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_step_0(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does;
-    the checkpoint holds the model alone (no optimizer state, handlers/toolkit/sharding.py), so the next attempt
-    trains from step 0 and says why, rather than resume a run it would not continue."""
-    request = two_gpu_sft("stop-fsdp", tiny_model_dir, "fsdp", peft=None, training={"max_steps": 60, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
-    returncode, stopped = launch_two_ranks(request, tmp_path, stop_at_step=2)
+def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(
+    tiny_model_dir: Path, tmp_path: Path,
+) -> None:
+    """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does; the
+    checkpoint holds the whole training state (handlers/toolkit/sharded_checkpoints.py: the gathered weights, each
+    rank's shard of the optimizer's state in torch distributed checkpoint files, the scheduler's and the random
+    generators' states). Taken through the checkpoint store to another host's job folder as the daemon takes it
+    (uploaded with its signed manifest, downloaded with names and sizes checked), the next attempt goes on at the step
+    after it, and from there its per-step losses are those of the same job never stopped. A large learning rate, so
+    that a lost optimizer or scheduler state shows (without the optimizer's, the losses part after the first step)."""
+    from daemon.jobs.checkpoint_store import CheckpointStore
+    from daemon.jobs.store_download import download
+    from daemon.jobs.uploads import store_signing
+    from daemon.settings import Settings
+    from tests.helpers import fleet_key
+
+    request = two_gpu_sft("stop-fsdp", tiny_model_dir, "fsdp", peft=None, training={"max_steps": 20, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    returncode, stopped = launch_two_ranks(request, tmp_path / "host-a", stop_at_step=2)
     stops = [m for m in stopped if m["kind"] == "stopped"]
-    assert len(stops) == 1 and 2 <= stops[0]["step"] < 60, stopped
-    checkpoint = Path(stops[0]["path"])
-    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "optimizer.pt").exists()
+    assert len(stops) == 1 and 2 <= stops[0]["step"] < 18, stopped
+    step, checkpoint = stops[0]["step"], Path(stops[0]["path"])
     assert returncode != 0 and not any(m["kind"] == "result" for m in stopped)
 
-    done, again = run_two_ranks(request, tmp_path)
-    assert [m["step"] for m in again if m["kind"] == "progress"][:2] == [1, 2]  # from step 0, not the checkpoint's step
-    assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2
-    assert f"sharded: {checkpoint} has no optimizer state to resume; training starts at step 0" in (tmp_path / "child.log").read_text()
+    signing = store_signing(Settings(event_signing_key_file=fleet_key(tmp_path / "keys")))
+    assert signing is not None
+    store = CheckpointStore(str(tmp_path / "store"), {}, host="host-a", signing=signing)
+    store.upload("stop-fsdp", checkpoint, step)
+    [manifest] = store.complete("stop-fsdp")
+    assert {"model.safetensors", "trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(manifest.files)
+    # Each rank's shard of the optimizer's state, in safetensors (no pickle), and nothing else in its folder.
+    assert {name for name in manifest.files if name.startswith("sharded/")} == {
+        "sharded/shard-00001-model-00001-of-00001.safetensors", "sharded/shard-00002-model-00001-of-00001.safetensors",
+    }
+    download(store, "stop-fsdp", manifest, tmp_path / "host-b" / "checkpoints")
+
+    done, again = run_two_ranks(request, tmp_path / "host-b")
+    resumed = losses_by_step(again)
+    assert min(resumed) == step + 1 and max(resumed) == 20  # from the step after the checkpoint, not from step 0
+    assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2  # still sharded
+    assert f"sharded: resumed the optimizer and scheduler of {tmp_path / 'host-b'}/checkpoints/checkpoint-{step} at step {step}" in (
+        tmp_path / "host-b" / "child.log").read_text()
+    _, whole = run_two_ranks(request, tmp_path / "whole")
+    never_stopped = losses_by_step(whole)
+    assert [resumed[s] for s in sorted(resumed)] == pytest.approx([never_stopped[s] for s in sorted(resumed)], rel=LOSS_RTOL)
+    assert never_stopped[20] < never_stopped[1]  # it trained

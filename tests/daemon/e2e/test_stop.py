@@ -1,5 +1,6 @@
 """SIGTERM mid-training: the job saves a checkpoint and stops uncommitted, systemd is told to wait;
-after a restart the request resumes from that checkpoint and makes one Hub commit."""
+after a restart the request resumes from that checkpoint and makes one Hub commit. SIGKILL too, a sharded
+job's (two GPU ids on a host without GPUs: two CPU ranks) as well."""
 
 import signal
 from pathlib import Path
@@ -10,7 +11,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
 from testbed.client import committed_offset, submit, terminal_events
-from testbed.data import CHAT_ROWS
+from testbed.data import CHAT_ROWS, TINY_MODEL
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, NotifySocket, wait_until_gone
 from tests.helpers import sft_request
@@ -101,4 +102,57 @@ async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from
     second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
     resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
     assert resumed_steps[0] == checkpoints[-1] + 1 and resumed_steps[-1] == 100
+    assert len(published.commits(f"results/{request_id}")) == 1
+
+
+async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_at_the_step_after_its_checkpoint(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
+    """A sharded full fine-tune (two CPU ranks) whose daemon is SIGKILLed mid-job: after a restart it resumes from its
+    last checkpoint (handlers/toolkit/sharded_checkpoints.py: the optimizer's state in torch distributed checkpoint
+    files, each rank its shard) at the step after it, its losses over the steps the first attempt had trained past
+    that checkpoint are the first attempt's, and the Hub gets one commit."""
+    # A SIGKILLed member leaves the group only when its session times out: the restart's join waits that long.
+    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False, "session_timeout_ms": 10_000})
+    request_id = "sharded-kill-1"
+    request = sft_request(request_id, peft=None, model={"id": TINY_MODEL, "dtype": "float32"}, sft={"max_length": 64},
+                          resources={"gpus": 2, "shard": "fsdp"},
+                          training={"max_steps": 40, "save_steps": 5, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    first: dict[int, float] = {}
+    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
+    try:
+        async with EventStream(two_gpus) as stream:
+            await submit(two_gpus, request)
+            saved = 0
+            async for event in stream.events(request_id):
+                if isinstance(event, Started):
+                    child_pid = event.pid
+                if isinstance(event, Checkpoint):
+                    saved = event.step
+                if isinstance(event, Progress) and event.loss is not None:
+                    first[event.step] = event.loss
+                    if saved and event.step >= saved + 2:  # trained past its checkpoint: steps the next attempt trains again
+                        break
+        assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        daemon.stop()
+    await wait_until_gone(child_pid)
+    assert await committed_offset(two_gpus) is None
+
+    checkpoints = sorted(int(p.name.split("-")[1]) for p in (two_gpus.jobs_dir / request_id / "checkpoints").glob("checkpoint-*"))
+    assert checkpoints and checkpoints[-1] % 5 == 0
+    assert len(list((two_gpus.jobs_dir / request_id / "checkpoints" / f"checkpoint-{checkpoints[-1]}" / "sharded").iterdir())) == 2
+    restarted = DaemonProcess(two_gpus, tmp_path / "daemon-2.log").start()
+    try:
+        events = (await terminal_events(two_gpus, {request_id}))[request_id]
+    finally:
+        restarted.stop()
+    assert isinstance(events[-1], Succeeded), events[-1]
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    resumed = {e.step: e.loss for e in second_run if isinstance(e, Progress) and e.loss is not None}
+    assert min(resumed) == checkpoints[-1] + 1 and max(resumed) == 40  # resumed, not from step 0
+    again = sorted(step for step in first if step in resumed)
+    assert again, (first, checkpoints)
+    assert [resumed[step] for step in again] == pytest.approx([first[step] for step in again], rel=1e-4)
+    assert events[-1].metrics["rank0_param_count"] == 28_960 / 2
     assert len(published.commits(f"results/{request_id}")) == 1
