@@ -2,7 +2,8 @@
 two GPUs: the child launched as the daemon launches a job of two GPUs (`python -m handlers.child.launch 2`,
 torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
-the same job run data-parallel with the same global batch."""
+the same job run data-parallel with the same global batch. Its progress and result say each rank's tokens/s
+and peak memory (the largest as the job's), and its one log marks each rank's lines."""
 
 from __future__ import annotations
 
@@ -72,6 +73,27 @@ def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> d
                        resources={"gpus": 2, "shard": shard}, **overrides)
 
 
+def assert_rank_figures(result: dict[str, Any], messages: list[dict[str, Any]], log: str) -> None:
+    """Each rank's figures (handlers/toolkit/ranks.py) in a two-rank job's progress and result, and its lines in the log."""
+    progress = [m for m in messages if m["kind"] == "progress"]
+    for report in progress:
+        assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
+        assert report["peak_bytes"] == max(rank["peak_bytes"] for rank in report["ranks"]) > 0
+    # Each rank counts its own batches' tokens; TRL's tokens/s is the whole job's, so the two add up to it (same clock).
+    later = [report for report in progress if report["tokens_per_s"] is not None]
+    assert later and all(rank["tokens_per_s"] > 0 for report in later for rank in report["ranks"])
+    for report in later:
+        assert sum(rank["tokens_per_s"] for rank in report["ranks"]) == pytest.approx(report["tokens_per_s"], rel=1e-6)
+    metrics, memory = result["metrics"], result["memory"]
+    peaks = [metrics[f"rank{rank}_peak_bytes"] for rank in (0, 1)]
+    assert memory["device"] == "cpu" and memory["device_peak_bytes"] == max(peaks) >= progress[-1]["peak_bytes"]
+    assert metrics["rank0_tokens_per_s"] > 0 and metrics["rank1_tokens_per_s"] > 0
+    # One log, each worker's lines marked by torchrun with its rank (handlers/child/launch.py).
+    for rank in (0, 1):
+        assert f"[rank{rank}] adapterd child " in log and f"rank {rank} of 2, job " in log
+    assert not any(line.startswith("adapterd child ") for line in log.splitlines())  # no worker's line unmarked
+
+
 def assert_same_losses(sharded: list[float], data_parallel: list[float]) -> None:
     assert len(sharded) == len(data_parallel) == 4
     assert sharded == pytest.approx(data_parallel, rel=LOSS_RTOL)
@@ -90,6 +112,8 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS
     assert sharded["metrics"]["world_size"] == whole["metrics"]["world_size"] == 2.0
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+    assert_rank_figures(sharded, sharded_messages, (tmp_path / "fsdp/child.log").read_text())
+    assert_rank_figures(whole, whole_messages, (tmp_path / "dp/child.log").read_text())
     # What is pushed is the full model, gathered from the two shards: the data-parallel job's weights. The gather
     # writes the output layer tied to the embeddings as a copy of them, which loading ties again.
     import torch
