@@ -183,3 +183,42 @@ def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_
     assert [m["step"] for m in again if m["kind"] == "progress"][:2] == [1, 2]  # from step 0, not the checkpoint's step
     assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2
     assert f"sharded: {checkpoint} has no optimizer state to resume; training starts at step 0" in (tmp_path / "child.log").read_text()
+
+
+# The estimate's tolerance on one process: its per-GPU figure against the allocator peak the job measured. On this CPU
+# a full fine-tune of the vocabulary-heavy model below measured 0.96 of its estimate (the estimate models the
+# allocator's peak, torch.cuda.max_memory_allocated on a GPU; on the CPU, torch's profiler counts the same bytes).
+ESTIMATE_RTOL = 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "the sharded estimate undercounts what FSDP2 holds beside the gathered parameters: measured on this CPU a rank's "
+    "peak is about 1.5x the sharded figure while one process is within 4% of its own (the embedding's unsharded "
+    "gradient before its reduce-scatter, and gloo's copies of the all-gather and reduce-scatter buffers, are not in "
+    "daemon/jobs/memory.py); strict, so that a fixed estimate says so"))
+def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(tmp_path: Path) -> None:
+    """The per-GPU estimate of a sharded plan (daemon/jobs/memory.py `estimate(shards=2)`) against the most each of two
+    CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
+    job meets against its own. A model whose embedding and logits dominate (the tiny model's figures are TRL's
+    chunked-loss buffer, a fixed 64 KiB a token), rows of one length so that every rank's batches are alike."""
+    from benchmarks.memory_estimate import build
+    from daemon.jobs.headers import local_tensors
+    from daemon.jobs.memory import estimate
+    from schemas import RequestBase, decode_request
+    from testbed.child_runs import run_child
+
+    model = tmp_path / "model"
+    build(model, {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
+    ratios = {}
+    for processes, shard in ((1, "none"), (2, "fsdp")):
+        request = sft_request(f"peak-{shard}", model={"id": str(model), "dtype": "float32"}, dataset={"rows": [CHAT_ROWS[0]] * 8}, peft=None,
+                              sft={"max_length": 64}, training={"max_steps": 2, "per_device_train_batch_size": 2},
+                              resources={"gpus": processes, "shard": shard})
+        run = run_child(request, tmp_path / shard, processes, allocator=True)
+        assert run.result()["metrics"]["world_size"] == processes and sorted(run.allocator_peaks) == list(range(processes))
+        decoded = decode_request(json.dumps(request).encode())
+        assert isinstance(decoded, RequestBase)
+        ratios[shard] = max(run.allocator_peaks.values()) / estimate(decoded, local_tensors(model), shards=processes).total
+    assert ratios["none"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # the one-process tolerance holds...
+    assert ratios["fsdp"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # ...and the sharded figure meets it
