@@ -48,9 +48,10 @@ def command(processes: int, allocator: bool, work: Path) -> list[str]:
 
 
 def run_child(request: dict[str, Any], work: Path, processes: int = 1, *, allocator: bool = False, devices: str = "",
-              timeout_s: float = 900) -> ChildRun:
+              threads: int | None = None, timeout_s: float = 900) -> ChildRun:
     """Run `request` in a fresh child in `work` (its spec, checkpoints, artifact and log there): `processes` 1, or a
-    job of that many GPUs (`devices`, CUDA_VISIBLE_DEVICES: empty for CPU processes, gloo)."""
+    job of that many GPUs (`devices`, CUDA_VISIBLE_DEVICES: empty for CPU processes, gloo). `threads`: each process's
+    OpenMP threads (OMP_NUM_THREADS; torchrun gives its workers 1 where it is unset)."""
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
     spec.write_text(JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0).model_dump_json())
@@ -60,6 +61,7 @@ def run_child(request: dict[str, Any], work: Path, processes: int = 1, *, alloca
     env = {
         **os.environ, "CUDA_VISIBLE_DEVICES": devices, "ADAPTERD_STATUS_FD": str(write), "ADAPTERD_PARENT_PID": str(os.getpid()),
         "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}), "ADAPTERD_PEAK_DIR": str(peaks),
+        **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {}),
     }
     with open(work / "child.log", "ab") as log:
         process = subprocess.Popen(command(processes, allocator, work), env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT)
