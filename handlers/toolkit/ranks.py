@@ -52,11 +52,16 @@ def largest(use: MemoryUse) -> tuple[MemoryUse, dict[str, float]]:
 class TokenCount:
     """The tokens of this rank's own training batches, counted as they enter the model (a forward pre-hook on the
     trainer's model): the non-padding tokens where the batch has an attention mask, else every input id. TRL's
-    `num_tokens` is the whole job's (gathered over the ranks), so it cannot say what one rank trained on."""
+    `num_tokens` is the whole job's (gathered over the ranks), so it cannot say what one rank trained on. A mask's
+    count stays on its device until read (`tokens`, at a log), so a GPU's step is not made to wait for it."""
 
     def __init__(self) -> None:
-        self.tokens = 0
+        self._counted: torch.Tensor | int = 0
         self._handle: Any = None
+
+    @property
+    def tokens(self) -> int:
+        return int(self._counted.item()) if isinstance(self._counted, torch.Tensor) else self._counted
 
     def attach(self, model: torch.nn.Module) -> None:
         if self._handle is None:
@@ -67,6 +72,6 @@ class TokenCount:
             return  # an evaluation's batches are not training's
         mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # (batch, sequence) of 1s and 0s; a 4-D mask is not a count
-            self.tokens += int(mask.sum().item())
+            self._counted = self._counted + mask.detach().sum()
         elif isinstance(ids, torch.Tensor):
-            self.tokens += ids.numel()
+            self._counted = self._counted + ids.numel()
