@@ -18,6 +18,9 @@ bf16, built here; nothing is downloaded). Its rows (`--plan` lists them and whic
 - plain_at_once, checkpointing: plain TRL jobs at once with no daemon, and one with gradient
   checkpointing off against TRL's default (on): the figures packing and the speed settings stand on;
 - grpo_vllm: GRPO with vLLM colocated, where vLLM is installed;
+- sharded: a full fine-tune of Qwen2.5-7B's shape, whose whole copy fits no 80 GB GPU, across every GPU of the
+  host, sharded by the daemon's own plan: tokens/s and each GPU's peak; where the host has two GPUs or more
+  ("skipped: one GPU" otherwise);
 - methods: one job of every method this TRL ships, on the tiny model.
 
 Without CUDA (or with `--cpu`) the same rows run on the tiny model for a few steps, the GPU rows
@@ -53,6 +56,8 @@ CHECKS = [
     Check("plain_at_once", "plain TRL SFT jobs at once on one GPU, no daemon: aggregate tokens/s", needs_cuda=True, target="measured"),
     Check("checkpointing", "plain SFT, gradient checkpointing off against TRL's default (on)", needs_cuda=True, target="measured"),
     Check("grpo_vllm", "GRPO with vLLM colocated", needs_cuda=True, needs="vllm", target="succeeds"),
+    Check("sharded", "a model whose whole copy fits no one GPU, trained sharded across the host's GPUs: tokens/s, per-GPU peak",
+          needs_cuda=True, min_gpus=2, target="plan sharded; succeeds"),
     Check("methods", "one job of every method this TRL ships (demo requests, tiny model)", target="each succeeds"),
 ]
 
@@ -64,14 +69,14 @@ def probe(force_cpu: bool = False) -> Host:
         "import json, torch, importlib.metadata as m; from importlib.util import find_spec as f; c = torch.cuda.is_available(); v = {}\n"
         "for p in ['torch','transformers','trl','peft','datasets','accelerate','bitsandbytes','vllm','pydantic','aiokafka']:\n"
         "  try: v[p] = m.version(p)\n  except Exception: v[p] = 'missing'\n"
-        "print(json.dumps({'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else '', 'vllm': f('vllm') is not None,"
+        "print(json.dumps({'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else '', 'gpus': torch.cuda.device_count() if c else 0, 'vllm': f('vllm') is not None,"
         " 'bitsandbytes': f('bitsandbytes') is not None, 'versions': sorted(v.items())}))"
     )
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     found = json.loads(out.strip().splitlines()[-1])
     found["versions"] = tuple(tuple(pair) for pair in found["versions"])
     if force_cpu:
-        found.update(cuda=False, gpu="")
+        found.update(cuda=False, gpu="", gpus=0)
     return Host(**found)
 
 
@@ -80,6 +85,8 @@ def skip_reason(check: Check, host: Host, only: set[str] | None = None) -> str |
         return "not asked (--only)"
     if check.needs_cuda and not host.cuda:
         return "skipped (no CUDA)"
+    if check.min_gpus > 1 and host.gpus < check.min_gpus:
+        return "skipped: one GPU"
     if check.needs == "vllm" and not host.vllm:
         return "skipped (vLLM not installed)"
     if check.needs == "bitsandbytes" and not host.bitsandbytes:
@@ -98,7 +105,7 @@ def row_functions() -> dict[str, Callable[..., Awaitable[None]]]:
 
     return {"sft": gpu_rows.sft, "memory": gpu_rows.memory, "qlora": gpu_rows.qlora, "packing": gpu_speed.packing, "fast": gpu_speed.fast,
             "lora_7b": gpu_speed.lora_7b, "plain_at_once": gpu_speed.plain_at_once, "checkpointing": gpu_speed.checkpointing,
-            "grpo_vllm": gpu_rows.grpo_vllm, "methods": gpu_rows.methods}
+            "grpo_vllm": gpu_rows.grpo_vllm, "sharded": gpu_rows.sharded, "methods": gpu_rows.methods}
 
 
 async def run_checks(table: Table, args: argparse.Namespace, checks: list[Check]) -> None:

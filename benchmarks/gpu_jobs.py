@@ -104,6 +104,17 @@ def sft_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[st
     }
 
 
+def sharded_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], gpus: int) -> dict[str, Any]:
+    """A full fine-tune across `gpus` GPUs, `resources.shard` left to the daemon ('auto'): of Qwen2.5-7B's shape its
+    whole copy (bf16 weights, gradients and AdamW's state, about 10 bytes a parameter) is over an 80 GB GPU's room,
+    so the daemon shards it (daemon/jobs/shard_plan.py), as it would any job that fits only so."""
+    request = sft_request(model_dir, request_id, steps, rows)
+    request["peft"] = None
+    request["training"]["per_device_train_batch_size"] = 2
+    request["resources"] = {"gpus": gpus}
+    return request
+
+
 def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]:
     from daemon.cli.demo_requests import PROMPT_ROWS
 

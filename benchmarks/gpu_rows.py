@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_daemon import Daemon, plain
-from benchmarks.gpu_jobs import cuda_state, gpu_compute_pids, sft_request, untouched
+from benchmarks.gpu_jobs import cuda_state, gpu_compute_pids, sft_request, sharded_request, tokens_per_row, untouched
 from benchmarks.gpu_table import Check, Table
 
 GIB = 2**30
@@ -172,3 +172,28 @@ async def methods(run: Run, daemon: Daemon, check: Check) -> None:
             run.table.row(title, "not run (budget)")
             continue
         await one_job(run, daemon, title, request, check.target)
+
+
+async def sharded(run: Run, daemon: Daemon, check: Check) -> None:
+    """A model whose whole copy does not fit one of the host's GPUs (a full fine-tune of Qwen2.5-7B's shape), across all
+    of them, `resources.shard` left to the daemon: the plan it chose (`accepted.plan`, sharded only where a whole copy's
+    estimate is over a GPU's room), tokens/s, and each GPU's allocator peak (`rank<r>_peak_bytes`) against the estimate."""
+    gpus = run.table.host.gpus
+    title = f"7B-shaped full fine-tune across {gpus} GPUs, sharded by the daemon's plan"
+    if run.table.left() < 300:
+        run.table.row(title, "not run (budget)", target=check.target)
+        return
+    model = run.build("qwen7b", "--shape", "7b")
+    request = sharded_request(model, f"sharded-{run.run_id}", run.steps, run.rows, gpus)
+    final = (await daemon.job(request, timeout_s=min(600, run.table.left())))["final"]
+    accepted = next((e for e in daemon.events(request["request_id"]) if e["type"] == "accepted"), {})
+    if final["type"] != "succeeded":
+        run.table.row(title, "FAILED", f"plan {accepted.get('plan')}; {brief(final)}", check.target)
+        return
+    metrics = final["metrics"]
+    peaks = [round(metrics.get(f"rank{rank}_peak_bytes", 0) / GIB, 2) for rank in range(gpus)]
+    held = [round(metrics.get(f"rank{rank}_param_bytes", 0) / GIB, 2) for rank in range(gpus)]
+    rate = run.samples(final) * tokens_per_row(model, run.rows)
+    value = f"{rate:.0f} tokens/s" if accepted.get("plan") == "sharded" else f"not sharded: plan {accepted.get('plan')} ({rate:.0f} tokens/s)"
+    run.table.row(title, value, f"per-GPU peak {peaks} GiB (allocator), estimate {round((accepted.get('estimate_bytes_per_gpu') or 0) / GIB, 2)} GiB a GPU; "
+                  f"parameters held {held} GiB a GPU; median step {metrics.get('median_step_s')} s", check.target)

@@ -19,6 +19,7 @@ class Host:
     vllm: bool
     bitsandbytes: bool
     gpu: str = ""
+    gpus: int = 0  # CUDA devices this host has
     versions: tuple[tuple[str, str], ...] = ()
 
 
@@ -28,6 +29,7 @@ class Check:
     title: str
     needs_cuda: bool = False
     needs: str = ""  # a module the rows need in the children, besides torch
+    min_gpus: int = 1  # GPUs the row needs on the host
     target: str = ""
 
 

@@ -96,6 +96,14 @@ RejectReason = Literal[
 ]
 
 
+class RankProgress(Frozen):
+    """One process of a job of several (a rank: one GPU's worker, data-parallel or sharded) at a progress report."""
+
+    rank: int
+    tokens_per_s: float | None = None  # the tokens of its own batches since the previous report; null on the first
+    peak_bytes: int = 0  # its most memory so far: torch's allocator peak on its GPU, or on the CPU its peak resident set
+
+
 class TrainingProgress(Frozen):
     """Where a training run stands: what the child reports (`handlers.protocol.ProgressReport`) and a
     `progress` event carries (`schemas.events.Progress`), said once."""
@@ -114,3 +122,6 @@ class TrainingProgress(Frozen):
     evaluating: Literal["adapter", "base", "current"] | None = None
     eval_batch: int | None = None
     eval_batches: int | None = None
+    # A job of several processes: each rank's figures (its tokens/s and peak memory), and the largest peak of them.
+    ranks: list[RankProgress] | None = None
+    peak_bytes: int | None = None

@@ -170,7 +170,8 @@ class Succeeded(EventBase):
         "eval_loss when it evaluated, world_size, median_step_s: the median seconds between optimizer steps, "
         "the first step's set-up left out (when this attempt ran two steps or more), and what each of the job's processes "
         "held of the model's parameters, rank<r>_param_count, rank<r>_param_bytes and rank<r>_trainable_param_count "
-        "(a whole copy each, or its shard under resources.shard 'fsdp')."
+        "(a whole copy each, or its shard under resources.shard 'fsdp'); in a job of several processes each one's peak memory, "
+        "rank<r>_peak_bytes, and tokens/s, rank<r>_tokens_per_s."
     ))
     durations_s: dict[str, float] = Field(description=(
         "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "

@@ -30,15 +30,40 @@ def no_jvm(tmp_path: Path) -> dict[str, str]:
 
 def test_cpu_host_runs_the_daemon_fork_server_packing_and_method_rows_and_skips_the_gpu_rows() -> None:
     rows = skipped(Host(cuda=False, vllm=False, bitsandbytes=True))
+    assert rows["sharded"] == "skipped (no CUDA)"
     assert [name for name, skip in rows.items() if skip is None] == ["warm", "sft", "packing", "methods"]
     assert {skip for skip in rows.values() if skip is not None} == {"skipped (no CUDA)"}
 
 
 def test_gpu_host_skips_only_what_is_not_installed() -> None:
-    assert set(skipped(Host(cuda=True, vllm=True, bitsandbytes=True)).values()) == {None}
-    rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=False))
+    assert set(skipped(Host(cuda=True, vllm=True, bitsandbytes=True, gpus=2)).values()) == {None}
+    rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=False, gpus=2))
     assert rows["grpo_vllm"] == "skipped (vLLM not installed)" and rows["qlora"] == "skipped (bitsandbytes not installed)"
     assert [name for name, skip in rows.items() if skip is not None] == ["qlora", "grpo_vllm"]
+
+
+def test_a_host_of_one_gpu_skips_the_sharded_row_alone_saying_so() -> None:
+    rows = skipped(Host(cuda=True, vllm=True, bitsandbytes=True, gpus=1))
+    assert {name: skip for name, skip in rows.items() if skip is not None} == {"sharded": "skipped: one GPU"}
+
+
+def test_the_sharded_rows_model_fits_no_80_gb_gpu_whole_and_two_sharded(tmp_path: Path) -> None:
+    """The sharded row's job (benchmarks/gpu_jobs.py `sharded_request`, a full fine-tune of Qwen2.5-7B's shape): the
+    estimate of its whole copy is over an 80 GB GPU's room, so the daemon's plan shards it (daemon/jobs/shard_plan.py),
+    and its figure a GPU across two fits."""
+    from benchmarks.gpu_jobs import QWEN2_7B, sharded_request
+    from benchmarks.what_fits import ROOM, Shape
+    from daemon.jobs.memory import estimate
+    from schemas.request import REQUEST_MODELS
+
+    config = {key: int(value) for key, value in QWEN2_7B.items()}
+    shape = Shape("qwen7b", hidden=config["hidden_size"], layers=config["num_hidden_layers"], mlp=config["intermediate_size"],
+                  kv=config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"], vocab=config["vocab_size"],
+                  tied=bool(config["tie_word_embeddings"]))
+    request = REQUEST_MODELS["sft"].model_validate(sharded_request(tmp_path, "gpu-sharded", 5, long_rows(4), gpus=2))
+    assert (request.peft, request.resources.gpus, request.resources.shard) == (None, 2, "auto")
+    whole, sharded = estimate(request, shape.tensors()), estimate(request, shape.tensors(), shards=2)
+    assert whole.needed > ROOM > sharded.needed, (whole.needed / 2**30, sharded.needed / 2**30, ROOM / 2**30)
 
 
 def test_only_runs_the_rows_asked_for() -> None:
@@ -80,7 +105,7 @@ def test_plan_lists_every_row_with_no_jvm_on_the_path_and_trains_nothing(tmp_pat
         assert f"| {check.name} | {check.title} |" in out
     assert "| packing | LoRA jobs at once on one GPU through max_jobs_per_gpu: aggregate tokens/s | runs |" in out
     assert "| lora_7b | a 7B-shaped LoRA job's share of the GPU's measured bf16 peak | skipped (no CUDA) |" in out
-    assert out.count("skipped (no CUDA)") == 7
+    assert out.count("skipped (no CUDA)") == 8
     assert not (tmp_path / "out").exists()  # --plan writes no results
 
 

@@ -1,7 +1,8 @@
 """The trainer callbacks of a job's child: `StepClock`, each optimizer step's duration (for the median step
 time a `succeeded` event reports, and the benchmarks' plain TRL), and `JobCallback`, what the daemon sees
 of a trainer through the status pipe (handlers/toolkit/reporting.py): the first step, progress with an
-ETA, heartbeats, checkpoints, and a stop at a checkpoint when the daemon asks for one.
+ETA (in a job of several processes, each rank's tokens/s and peak memory), heartbeats, checkpoints, and
+a stop at a checkpoint when the daemon asks for one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from transformers import TrainerCallback
 
 from handlers.protocol import CheckpointSaved, FirstStep, Heartbeat, JobSpec, ProgressReport, StoppedAtCheckpoint
+from handlers.toolkit.ranks import TokenCount, gather, peak_bytes, world_size
 from handlers.toolkit.reporting import EXIT_STOPPED, HEARTBEAT_S, StatusReporter
+from schemas.common import RankProgress
 
 
 class StepClock(TrainerCallback):
@@ -53,10 +56,20 @@ class JobCallback(StepClock):
         self.last_tokens: tuple[float, float] | None = None  # (time, tokens seen) at the previous log
         self.last_beat = float("-inf")
         self.eval_batch = 0  # batches of the current evaluation pass
+        self.tokens = TokenCount()  # this rank's own tokens, in a job of several processes
+        self.rank_tokens: list[tuple[float, float]] | None = None  # each rank's tokens, and when, at the previous log
+        self.train_s: tuple[float, float] | None = None  # when this run's training began and ended
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.first_step = state.global_step
         self.last_sent_step = state.global_step
+        self.train_s = (time.monotonic(), time.monotonic())
+        if world_size() > 1 and kwargs.get("model") is not None:
+            self.tokens.attach(kwargs["model"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.train_s is not None:
+            self.train_s = (self.train_s[0], time.monotonic())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_end(args, state, control, **kwargs)
@@ -127,6 +140,7 @@ class JobCallback(StepClock):
         if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
             return  # the end-of-training summary or an evaluation, not a training step
         now = time.monotonic()
+        ranks = self._ranks(args, now)  # a collective: every rank, at every training log, whether or not a report is due
         tokens_per_s = None
         if "num_tokens" in logs:  # TRL's trainers log the tokens seen so far
             if self.last_tokens is not None and now > self.last_tokens[0]:
@@ -146,5 +160,28 @@ class JobCallback(StepClock):
             step=state.global_step, total_steps=total, epoch=state.epoch,
             loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
             tokens_per_s=tokens_per_s, eta_s=eta,
+            ranks=ranks, peak_bytes=max(rank.peak_bytes for rank in ranks) if ranks else None,
         ))
+
+    def _ranks(self, args: Any, now: float) -> list[RankProgress] | None:
+        """Each rank's tokens/s since the previous log and its peak memory so far, gathered from every rank; None in a
+        job of one process, whose tokens/s is the report's own."""
+        if world_size() == 1:
+            return None
+        figures = gather([float(self.tokens.tokens), float(peak_bytes(self.reporter.memory.use()))], args.device)
+        before = self.rank_tokens
+        self.rank_tokens = [(now, tokens) for tokens, _ in figures]
+        return [
+            RankProgress(rank=rank, peak_bytes=int(peak),
+                         tokens_per_s=(tokens - before[rank][1]) / (now - before[rank][0]) if before and now > before[rank][0] else None)
+            for rank, (tokens, peak) in enumerate(figures)
+        ]
+
+    def rank_metrics(self, args: Any) -> dict[str, float]:
+        """For `succeeded`: each rank's tokens over this run's training seconds, `rank<r>_tokens_per_s` (a collective;
+        nothing in a job of one process, whose tokens/s the trainer's summary says)."""
+        if world_size() == 1 or self.train_s is None:
+            return {}
+        seconds = max(self.train_s[1] - self.train_s[0], 1e-9)
+        return {f"rank{rank}_tokens_per_s": tokens / seconds for rank, (tokens,) in enumerate(gather([float(self.tokens.tokens)], args.device))}
 

@@ -41,6 +41,7 @@ from handlers.toolkit.loading import (
     model_kwargs,
     resolve_model,
 )
+from handlers.toolkit.ranks import largest
 from handlers.toolkit.reporting import StatusReporter, start_cuda
 from handlers.toolkit.sharding import distributed_config, is_sharded
 from handlers.toolkit.sources import AnyDataset
@@ -207,11 +208,13 @@ def result(
     *, tracking: list[TrackedRun] | None = None, evaluation: EvaluationResult | None = None, teacher: Reference | None = None,
 ) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
-    comes from the method table."""
+    comes from the method table. In a job of several processes its memory is the rank's that took the most, and
+    the metrics say each rank's peak (`rank<r>_peak_bytes`): every rank gathers them here."""
     reporter.enter("done")
+    memory, rank_peaks = largest(reporter.memory.use())
     return TrainResult(
         trainer=METHODS[request.method].trained_by,
-        metrics=metrics,
+        metrics={**metrics, **rank_peaks},
         base_model_revision=base.revision,
         ref_model_revision=reference.revision if reference is not None else None,
         teacher_model_revision=teacher.revision if teacher is not None else None,
@@ -222,6 +225,6 @@ def result(
         pipeline_tag=PIPELINE_TAG if base.vision else None,
         tracking=tracking or [],
         evaluation=evaluation,
-        memory=reporter.memory.use(),
+        memory=memory,
         fast=dict(reporter.fast),
     )

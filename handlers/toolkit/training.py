@@ -18,7 +18,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
-from handlers.toolkit.callbacks import StepClock
+from handlers.toolkit.callbacks import JobCallback, StepClock
 from handlers.toolkit.lora_patterns import resolved
 from handlers.toolkit.sharding import is_sharded, rank_holdings
 from schemas.provenance import TrackedRun
@@ -122,7 +122,8 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
 def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "loss") -> dict[str, float]:
     """What a `succeeded` event reports of training: the trainer's summary (`train_runtime`, ...),
     the first and last logged loss (`loss_key`: PPO logs its policy loss under its own name), the
-    number of processes, and the median seconds between optimizer steps (`StepClock`)."""
+    number of processes, what each holds of the model and, in a job of several, each one's tokens/s (`JobCallback`),
+    and the median seconds between optimizer steps (`StepClock`)."""
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, int | float)}
     losses = [entry[loss_key] for entry in trainer.state.log_history if loss_key in entry]
     if losses:
@@ -134,6 +135,8 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     assert trainer.model is not None, "every handler gives its trainer a model"
     metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
+    for callback in [c for c in clocks if isinstance(c, JobCallback)][:1]:
+        metrics.update(callback.rank_metrics(trainer.args))  # each rank's tokens/s, in a job of several processes
     if clocks and (median := clocks[0].median_step_s()) is not None:
         metrics["median_step_s"] = median  # the steady pace, the first step's set-up left out
     return metrics

@@ -3,7 +3,8 @@ two GPUs: the child launched as the daemon launches a job of two GPUs (`python -
 torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
 the same job run data-parallel with the same global batch; stopped, it resumes from its checkpoint at the step
-after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped."""
+after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped. Its progress and result
+say each rank's tokens/s and peak memory (the largest as the job's), and its one log marks each rank's lines."""
 
 from __future__ import annotations
 
@@ -73,6 +74,27 @@ def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> d
                        resources={"gpus": 2, "shard": shard}, **overrides)
 
 
+def assert_rank_figures(result: dict[str, Any], messages: list[dict[str, Any]], log: str) -> None:
+    """Each rank's figures (handlers/toolkit/ranks.py) in a two-rank job's progress and result, and its lines in the log."""
+    progress = [m for m in messages if m["kind"] == "progress"]
+    for report in progress:
+        assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
+        assert report["peak_bytes"] == max(rank["peak_bytes"] for rank in report["ranks"]) > 0
+    # Each rank counts its own batches' tokens; TRL's tokens/s is the whole job's, so the two add up to it (same clock).
+    later = [report for report in progress if report["tokens_per_s"] is not None]
+    assert later and all(rank["tokens_per_s"] > 0 for report in later for rank in report["ranks"])
+    for report in later:
+        assert sum(rank["tokens_per_s"] for rank in report["ranks"]) == pytest.approx(report["tokens_per_s"], rel=1e-6)
+    metrics, memory = result["metrics"], result["memory"]
+    peaks = [metrics[f"rank{rank}_peak_bytes"] for rank in (0, 1)]
+    assert memory["device"] == "cpu" and memory["device_peak_bytes"] == max(peaks) >= progress[-1]["peak_bytes"]
+    assert metrics["rank0_tokens_per_s"] > 0 and metrics["rank1_tokens_per_s"] > 0
+    # One log, each worker's lines marked by torchrun with its rank (handlers/child/launch.py).
+    for rank in (0, 1):
+        assert f"[rank{rank}] adapterd child " in log and f"rank {rank} of 2, job " in log
+    assert not any(line.startswith("adapterd child ") for line in log.splitlines())  # no worker's line unmarked
+
+
 def assert_same_losses(sharded: list[float], data_parallel: list[float]) -> None:
     assert len(sharded) == len(data_parallel) == 4
     assert sharded == pytest.approx(data_parallel, rel=LOSS_RTOL)
@@ -91,6 +113,8 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS
     assert sharded["metrics"]["world_size"] == whole["metrics"]["world_size"] == 2.0
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+    assert_rank_figures(sharded, sharded_messages, (tmp_path / "fsdp/child.log").read_text())
+    assert_rank_figures(whole, whole_messages, (tmp_path / "dp/child.log").read_text())
     # What is pushed is the full model, gathered from the two shards: the data-parallel job's weights. The gather
     # writes the output layer tied to the embeddings as a copy of them, which loading ties again.
     import torch
@@ -186,3 +210,42 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     never_stopped = losses_by_step(whole)
     assert [resumed[s] for s in sorted(resumed)] == pytest.approx([never_stopped[s] for s in sorted(resumed)], rel=LOSS_RTOL)
     assert never_stopped[20] < never_stopped[1]  # it trained
+
+
+# The estimate's tolerance on one process: its per-GPU figure against the allocator peak the job measured. On this CPU
+# a full fine-tune of the vocabulary-heavy model below measured 0.96 of its estimate (the estimate models the
+# allocator's peak, torch.cuda.max_memory_allocated on a GPU; on the CPU, torch's profiler counts the same bytes).
+ESTIMATE_RTOL = 0.15
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "the sharded estimate undercounts what FSDP2 holds beside the gathered parameters: measured on this CPU a rank's "
+    "peak is about 1.5x the sharded figure while one process is within 4% of its own (the embedding's unsharded "
+    "gradient before its reduce-scatter, and gloo's copies of the all-gather and reduce-scatter buffers, are not in "
+    "daemon/jobs/memory.py); strict, so that a fixed estimate says so"))
+def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(tmp_path: Path) -> None:
+    """The per-GPU estimate of a sharded plan (daemon/jobs/memory.py `estimate(shards=2)`) against the most each of two
+    CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
+    job meets against its own. A model whose embedding and logits dominate (the tiny model's figures are TRL's
+    chunked-loss buffer, a fixed 64 KiB a token), rows of one length so that every rank's batches are alike."""
+    from benchmarks.memory_estimate import build
+    from daemon.jobs.headers import local_tensors
+    from daemon.jobs.memory import estimate
+    from schemas import RequestBase, decode_request
+    from testbed.child_runs import run_child
+
+    model = tmp_path / "model"
+    build(model, {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
+    ratios = {}
+    for processes, shard in ((1, "none"), (2, "fsdp")):
+        request = sft_request(f"peak-{shard}", model={"id": str(model), "dtype": "float32"}, dataset={"rows": [CHAT_ROWS[0]] * 8}, peft=None,
+                              sft={"max_length": 64}, training={"max_steps": 2, "per_device_train_batch_size": 2},
+                              resources={"gpus": processes, "shard": shard})
+        run = run_child(request, tmp_path / shard, processes, allocator=True)
+        assert run.result()["metrics"]["world_size"] == processes and sorted(run.allocator_peaks) == list(range(processes))
+        decoded = decode_request(json.dumps(request).encode())
+        assert isinstance(decoded, RequestBase)
+        ratios[shard] = max(run.allocator_peaks.values()) / estimate(decoded, local_tensors(model), shards=processes).total
+    assert ratios["none"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # the one-process tolerance holds...
+    assert ratios["fsdp"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # ...and the sharded figure meets it

@@ -136,6 +136,11 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     assert done.metrics["world_size"] == 2.0
     assert done.metrics["rank0_param_count"] == done.metrics["rank1_param_count"] == 28_960 / 2  # the tiny model's half
     assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
+    # Each rank's figures reach the events through the daemon: progress names both ranks, succeeded the largest peak.
+    progress = [e for e in events if isinstance(e, Progress)]
+    assert progress and all([rank.rank for rank in e.ranks or []] == [0, 1] for e in progress)
+    assert done.memory is not None and done.memory.device_peak_bytes == max(done.metrics["rank0_peak_bytes"], done.metrics["rank1_peak_bytes"])
+    assert "[rank1] adapterd child " in (two_gpus.jobs_dir / "sharded-job" / "child.log").read_text()
     assert_full_model_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)
 
 
