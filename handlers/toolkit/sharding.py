@@ -73,9 +73,10 @@ def held(model: torch.nn.Module) -> tuple[int, int, int]:
     return count, size, trainable
 
 
-def rank_holdings(model: torch.nn.Module) -> dict[str, float]:
+def rank_holdings(model: torch.nn.Module, of: str = "") -> dict[str, float]:
     """Each rank's parameters, for the `succeeded` event's metrics: `rank<r>_param_count`, `rank<r>_param_bytes`
-    and `rank<r>_trainable_param_count`. A collective in a job of several processes: every rank calls it."""
+    and `rank<r>_trainable_param_count` (`rank<r>_<of>param_count`... for another model than the policy, `of`
+    "ref_" for a reference). A collective in a job of several processes: every rank calls it."""
     mine = held(model)
     ranks = [mine]
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -83,7 +84,7 @@ def rank_holdings(model: torch.nn.Module) -> dict[str, float]:
         torch.distributed.all_gather_object(ranks, mine)
     metrics: dict[str, float] = {}
     for rank, (count, size, trainable) in enumerate(ranks):
-        metrics[f"rank{rank}_param_count"] = float(count)
-        metrics[f"rank{rank}_param_bytes"] = float(size)
-        metrics[f"rank{rank}_trainable_param_count"] = float(trainable)
+        metrics[f"rank{rank}_{of}param_count"] = float(count)
+        metrics[f"rank{rank}_{of}param_bytes"] = float(size)
+        metrics[f"rank{rank}_{of}trainable_param_count"] = float(trainable)
     return metrics

@@ -133,6 +133,9 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     metrics["world_size"] = float(trainer.args.world_size)
     assert trainer.model is not None, "every handler gives its trainer a model"
     metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
+    reference = getattr(trainer, "ref_model", None)  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
+    if isinstance(reference, torch.nn.Module):
+        metrics.update(rank_holdings(reference, "ref_"))
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
     if clocks and (median := clocks[0].median_step_s()) is not None:
         metrics["median_step_s"] = median  # the steady pace, the first step's set-up left out

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from daemon.cli.demo_requests import PREFERENCE_ROWS
 from handlers.protocol import JobSpec
 from testbed.data import CHAT_ROWS
-from tests.helpers import sft_request
+from tests.helpers import SMALL_LORA, example_request, sft_request
 
 # Sharded and data-parallel losses differ only by the order of floating-point sums (a reduce-scatter
 # against an all-reduce; on these CPUs they came out equal): far below this, and far above it when the
@@ -159,3 +160,38 @@ def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_
     assert [m["step"] for m in again if m["kind"] == "progress"][:2] == [1, 2]  # from step 0, not the checkpoint's step
     assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2
     assert f"sharded: {checkpoint} has no optimizer state to resume; training starts at step 0" in (tmp_path / "child.log").read_text()
+
+
+def two_gpu(method: str, request_id: str, model: Path, shard: str, rows: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4, 4 steps."""
+    return example_request(method, request_id, model={"id": str(model), "dtype": "float32"}, dataset={"rows": rows},
+                           training={"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
+                           resources={"gpus": 2, "shard": shard}, **overrides)
+
+
+def assert_holds_half(sharded: dict[str, Any], whole: dict[str, Any], base: int, full: bool) -> None:
+    """Each rank of the sharded job holds half of the base (FSDP2 shards each parameter on its first dimension) and,
+    with LoRA, the whole adapter (attached after the sharding); each of the data-parallel job's, all of it."""
+    adapter = 0 if full else whole["metrics"]["rank0_trainable_param_count"]
+    assert full or 0 < adapter < base / 4
+    for rank in (0, 1):
+        assert sharded["metrics"][f"rank{rank}_param_count"] == base / 2 + adapter
+        assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == (base / 2 if full else adapter)
+        assert whole["metrics"][f"rank{rank}_param_count"] == base + adapter
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("peft", [SMALL_LORA, None], ids=["lora", "full"])
+def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_parallel(
+    tiny_model_dir: Path, tmp_path: Path, peft: dict[str, Any] | None,
+) -> None:
+    """The reference: with LoRA, the sharded policy with its adapter switched off (nothing more is loaded); for a
+    full fine-tune, TRL's own copy of the base, loaded whole on each rank (not sharded: it is never trained, and
+    FSDP2 would gather it layer by layer for every forward). Either way the losses are the data-parallel job's."""
+    rows, dpo = PREFERENCE_ROWS, {"beta": 0.1, "max_length": 64}
+    sharded, sharded_messages = run_two_ranks(two_gpu("dpo", "dpo-fsdp", tiny_model_dir, "fsdp", rows, peft=peft, dpo=dpo), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu("dpo", "dpo-dp", tiny_model_dir, "none", rows, peft=peft, dpo=dpo), tmp_path / "dp")
+    assert_holds_half(sharded, whole, TINY_PARAMS, full=peft is None)
+    for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
+        assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
+    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))

@@ -119,7 +119,7 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     assert refused({**valid(), "resources": {"gpus": 1, "shard": "fsdp"}}) == {
         "resources.shard": "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
     }
-    assert "not for method dpo" in refused({**sharded, "method": "dpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
+    assert "not for method orpo" in refused({**sharded, "method": "orpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
     assert "quantized" in refused({**sharded, "model": {"id": "org/base", "quantization": "4bit"}})["resources.shard"]
     assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
     for field in ("fsdp", "fsdp_config", "deepspeed"):

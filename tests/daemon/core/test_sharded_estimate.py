@@ -81,6 +81,20 @@ def test_lora_on_an_8b_model_shards_the_base_and_keeps_the_adapter_and_its_optim
     assert beside.parts["weights"] == 2 * PARAMS // 4 + 2 * PARAMS
 
 
+def test_a_full_dpo_counts_trls_copy_of_the_base_whole_on_every_rank_and_lora_none() -> None:
+    """A full fine-tune's reference is a second copy of the base TRL loads whole (test_sharding's DPO test measures each
+    rank holding it: rank<r>_ref_param_count); with LoRA the reference is the policy, adapter off; precomputed
+    reference log-probs need no copy either."""
+    def dpo(**overrides: Any) -> RequestBase:
+        return request(method="dpo", model={"id": "meta-llama/Llama-3.1-8B"}, dataset={"id": "tiny/preferences"}, **overrides)
+
+    full = estimate(dpo(peft=None), LLAMA_8B, shards=8)
+    assert full.parts["weights"] == 2 * PARAMS // 8 + 2 * PARAMS
+    assert estimate(dpo(peft=None), LLAMA_8B).parts["weights"] == 2 * 2 * PARAMS  # unsharded too: policy and reference
+    assert estimate(dpo(peft=None, dpo={"precompute_ref_log_probs": True}), LLAMA_8B, shards=8).parts["weights"] == 2 * PARAMS // 8
+    assert estimate(dpo(), LLAMA_8B, shards=8).parts["weights"] == 2 * PARAMS // 8
+
+
 def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_model_dir: Path) -> None:
     """Per rank, the estimate's weights are the bytes the sharded tests measure each rank holding (rank<r>_param_bytes,
     tests/handlers/test_sharding.py), exactly as the one-GPU figure is torch's count (test_memory_estimate.py);
