@@ -138,7 +138,7 @@ class OutputSpec(Frozen):
 
 
 # The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
-SHARDED_METHODS = frozenset({"sft", "dpo"})
+SHARDED_METHODS = frozenset({"sft", "dpo", "reward"})
 
 
 class Resources(Frozen):
@@ -230,6 +230,12 @@ class RequestBase(Frozen):
         shard = "resources.shard: 'fsdp'"
         if self.method not in SHARDED_METHODS:
             return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))} so far, not for method {self.method} (docs/methods.md)"
+        if self.method == "reward" and self.peft is not None:
+            return (f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
+                    "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null")
+        copies = [name for name in ("modules_to_save", "trainable_token_indices") if self.peft is not None and getattr(self.peft, name) is not None]
+        if copies:
+            return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"
         if self.model.quantization != "none":
             return f"{shard} does not shard a quantized base yet (model.quantization {self.model.quantization}); use quantization 'none'"
         if self.output.push == "merged":

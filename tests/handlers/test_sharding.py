@@ -195,3 +195,34 @@ def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_paralle
     for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
         assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+
+
+@pytest.mark.slow
+def test_a_sharded_full_reward_model_holds_half_the_classifier_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A full fine-tune of a reward model: the sequence classifier (the base and its new one-output score head) sharded
+    as it loads. FSDP2 shards each parameter on its first dimension, and the score head's (1 × hidden) is one row:
+    rank 0 holds it, rank 1 none of it. (With LoRA, PEFT trains a copy of the score head beside the sharded one,
+    which FSDP2 never gathers: refused, schemas/request_base.py `sharding_problem`.)"""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    # The base is a reward model already (a score head saved with it): a new head is initialised at random as it
+    # loads, differently whole and sharded, and the two jobs would start from different models.
+    base = tmp_path / "classifier"
+    shutil.copytree(tiny_model_dir, base)
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(base)
+    rows, reward, output = PREFERENCE_ROWS, {"max_length": 64}, {"repo_id": "results/reward", "push": "adapter"}
+    sharded, sharded_messages = run_two_ranks(two_gpu("reward", "reward-fsdp", base, "fsdp", rows, peft=None, reward=reward, output=output),
+                                              tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu("reward", "reward-dp", base, "none", rows, peft=None, reward=reward, output=output),
+                                          tmp_path / "dp")
+    score = 32  # the tiny model's hidden size: the score head's one row
+    classifier = whole["metrics"]["rank0_param_count"]
+    assert classifier == TINY_PARAMS + score == whole["metrics"]["rank1_param_count"]
+    assert sharded["metrics"]["rank0_param_count"] == TINY_PARAMS / 2 + score
+    assert sharded["metrics"]["rank1_param_count"] == TINY_PARAMS / 2
+    assert sharded["metrics"]["rank1_trainable_param_count"] == TINY_PARAMS / 2
+    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))

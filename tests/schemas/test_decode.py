@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from schemas import Rejection, SFTRequest, decode_request
+from schemas import Rejection, RequestBase, SFTRequest, decode_request
 
 
 def valid() -> dict[str, Any]:
@@ -121,6 +121,10 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     }
     assert "not for method orpo" in refused({**sharded, "method": "orpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
     assert "quantized" in refused({**sharded, "model": {"id": "org/base", "quantization": "4bit"}})["resources.shard"]
+    preferences = {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}
+    assert "full fine-tune only" in refused({**sharded, "method": "reward", "dataset": preferences})["resources.shard"]
+    assert isinstance(decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()), RequestBase)
+    assert "peft.modules_to_save" in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
     assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
     for field in ("fsdp", "fsdp_config", "deepspeed"):
         message = refused({**sharded, "training": {field: "x"}})[f"training.{field}"]
