@@ -138,7 +138,7 @@ class OutputSpec(Frozen):
 
 
 # The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
-SHARDED_METHODS = frozenset({"sft", "dpo", "reward"})
+SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto"})
 
 
 class Resources(Frozen):

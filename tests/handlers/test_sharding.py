@@ -226,3 +226,15 @@ def test_a_sharded_full_reward_model_holds_half_the_classifier_per_rank_and_trai
     assert sharded["metrics"]["rank1_param_count"] == TINY_PARAMS / 2
     assert sharded["metrics"]["rank1_trainable_param_count"] == TINY_PARAMS / 2
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_kto_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The reference is the sharded policy with its adapter switched off, as for DPO; KTO's KL estimate, gathered
+    across the ranks, is the same either way."""
+    rows = [{"prompt": row["prompt"], "completion": row[column], "label": column == "chosen"} for row in PREFERENCE_ROWS for column in ("chosen", "rejected")]
+    kto = {"beta": 0.1, "max_length": 64}
+    sharded, sharded_messages = run_two_ranks(two_gpu("kto", "kto-fsdp", tiny_model_dir, "fsdp", rows, peft=SMALL_LORA, kto=kto), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu("kto", "kto-dp", tiny_model_dir, "none", rows, peft=SMALL_LORA, kto=kto), tmp_path / "dp")
+    assert_holds_half(sharded, whole, TINY_PARAMS, full=False)
+    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
