@@ -133,6 +133,9 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     metrics["world_size"] = float(trainer.args.world_size)
     assert trainer.model is not None, "every handler gives its trainer a model"
     metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
+    # The modules that recompute their activations in the backward pass (transformers marks each checkpointed layer):
+    # 0 without activation checkpointing; what shows it is in force on a sharded model as on a whole one.
+    metrics["checkpointed_modules"] = float(sum(bool(getattr(module, "gradient_checkpointing", False)) for module in trainer.model.modules()))
     reference = getattr(trainer, "ref_model", None)  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
     if isinstance(reference, torch.nn.Module):
         metrics.update(rank_holdings(reference, "ref_"))

@@ -79,10 +79,23 @@ def assert_same_losses(sharded: list[float], data_parallel: list[float]) -> None
     assert sharded[-1] < sharded[0]  # it trained
 
 
+def with_checkpointing(on: bool) -> dict[str, Any]:
+    """The helper's training block with gradient checkpointing on or off, as a request says it."""
+    return {"training": {"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2, "gradient_checkpointing": on}}
+
+
+def assert_checkpointed(sharded: dict[str, Any], whole: dict[str, Any]) -> None:
+    """The sharded job (`gradient_checkpointing: true`) recomputes its layers' activations in the backward pass and the
+    data-parallel one (false) keeps them: the same losses either way (`assert_same_losses`) is checkpointing on a
+    sharded model computing what a whole model computes without it."""
+    assert sharded["metrics"]["checkpointed_modules"] > 0 and whole["metrics"]["checkpointed_modules"] == 0
+
+
 @pytest.mark.slow
 def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    sharded, sharded_messages = run_two_ranks(two_gpu_sft("full-fsdp", tiny_model_dir, "fsdp", peft=None), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu_sft("full-dp", tiny_model_dir, "none", peft=None), tmp_path / "dp")
+    sharded, sharded_messages = run_two_ranks(two_gpu_sft("full-fsdp", tiny_model_dir, "fsdp", peft=None, **with_checkpointing(True)), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu_sft("full-dp", tiny_model_dir, "none", peft=None, **with_checkpointing(False)), tmp_path / "dp")
+    assert_checkpointed(sharded, whole)
     for rank in (0, 1):
         # Each rank holds half of every parameter (FSDP2 shards each on its first dimension); data-parallel, all of them.
         assert sharded["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS / 2
@@ -107,8 +120,9 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
 
 @pytest.mark.slow
 def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp"), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none"), tmp_path / "dp")
+    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp", **with_checkpointing(True)), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none", **with_checkpointing(False)), tmp_path / "dp")
+    assert_checkpointed(sharded, whole)
     adapter = whole["metrics"]["rank0_trainable_param_count"]
     assert 0 < adapter < TINY_PARAMS / 4
     for rank in (0, 1):
