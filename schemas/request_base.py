@@ -138,7 +138,7 @@ class OutputSpec(Frozen):
 
 
 # The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
-SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto"})
+SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto", "grpo"})
 
 
 class Resources(Frozen):
@@ -233,6 +233,9 @@ class RequestBase(Frozen):
         if self.method == "reward" and self.peft is not None:
             return (f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
                     "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null")
+        if getattr(getattr(self, self.method, None), "use_vllm", None):
+            return (f"{shard} generates with the sharded policy's own generate: vLLM is not offered sharded (it would need "
+                    "the full weights gathered into its engine on every rank at each step); set use_vllm false")
         copies = [name for name in ("modules_to_save", "trainable_token_indices") if self.peft is not None and getattr(self.peft, name) is not None]
         if copies:
             return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"

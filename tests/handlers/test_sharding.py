@@ -252,3 +252,21 @@ def test_a_sharded_lora_kto_holds_half_the_base_per_rank_and_trains_as_data_para
     whole, whole_messages = run_two_ranks(two_gpu("kto", "kto-dp", tiny_model_dir, "none", rows, peft=SMALL_LORA, kto=kto), tmp_path / "dp")
     assert_holds_half(sharded, whole, TINY_PARAMS, full=False)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_grpo_generates_from_the_sharded_policy_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """GRPO's completions come from the sharded policy's `generate` (transformers keeps the ranks in step, `synced_gpus`,
+    for a model FSDP manages: a rank whose completions end early runs forward passes until every rank's have). Sampling
+    draws the same numbers on each rank either way, so the completions, rewards and losses are the data-parallel job's."""
+    from daemon.cli.demo_requests import PROMPT_ROWS
+
+    grpo = {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}
+    sharded, sharded_messages = run_two_ranks(two_gpu("grpo", "grpo-fsdp", tiny_model_dir, "fsdp", PROMPT_ROWS, grpo=grpo), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu("grpo", "grpo-dp", tiny_model_dir, "none", PROMPT_ROWS, grpo=grpo), tmp_path / "dp")
+    assert_holds_half(sharded, whole, TINY_PARAMS, full=False)
+    # GRPO's loss without a KL term is about 0 on-policy (its gradient is not): the losses are compared near 0, and
+    # the steps' gradient norms, which other completions or rewards would change, to the same tolerance.
+    assert step_losses(sharded_messages) == pytest.approx(step_losses(whole_messages), rel=LOSS_RTOL, abs=1e-6)
+    norms = [[m["grad_norm"] for m in messages if m["kind"] == "progress"] for messages in (sharded_messages, whole_messages)]
+    assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=LOSS_RTOL) and max(norms[0]) > 0.01

@@ -124,6 +124,9 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     preferences = {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}
     assert "full fine-tune only" in refused({**sharded, "method": "reward", "dataset": preferences})["resources.shard"]
     assert isinstance(decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()), RequestBase)
+    grpo = {**sharded, "method": "grpo", "dataset": {"rows": [{"prompt": "a"}]}, "rewards": {"functions": [{"name": "think_format"}]}}
+    assert isinstance(decode_request(json.dumps(grpo).encode()), RequestBase)
+    assert "vLLM is not offered sharded" in refused({**grpo, "grpo": {"use_vllm": True}})["resources.shard"]
     assert "peft.modules_to_save" in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
     assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
     for field in ("fsdp", "fsdp_config", "deepspeed"):
