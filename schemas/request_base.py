@@ -240,7 +240,12 @@ class RequestBase(Frozen):
         if copies:
             return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"
         if self.model.quantization != "none":
-            return f"{shard} does not shard a quantized base yet (model.quantization {self.model.quantization}); use quantization 'none'"
+            # Tried on two CPU ranks (bitsandbytes 0.50.2, 4-bit with a float storage dtype as in the FSDP+QLoRA recipe): the
+            # base loads sharded, and its first forward fails (bitsandbytes repacks a 4-bit weight for its CPU kernel into a
+            # shape other than the shard FSDP2 registered). A route the CPU tests cannot run is not offered (docs/methods.md).
+            return (f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
+                    "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
+                    "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')")
         if self.output.push == "merged":
             return f"{shard} pushes the adapter or the full model; merging an adapter into a sharded base is not offered yet (output.push 'merged')"
         if self.evaluation is not None:
