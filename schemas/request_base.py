@@ -137,7 +137,7 @@ class OutputSpec(Frozen):
         return value
 
 
-# The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
+# The methods whose requests may ask for `resources.shard: fsdp`, each checked by a two-rank test (docs/methods.md says why only these).
 SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto", "grpo"})
 
 
@@ -226,10 +226,11 @@ class RequestBase(Frozen):
 
     def sharding_problem(self) -> str | None:
         """Why this request cannot train sharded (`resources.shard: fsdp`, asked or chosen for 'auto'), or None: what
-        shards so far is what the sharded tests check (docs/methods.md), and the rest is refused rather than run unsharded."""
+        shards is what the sharded tests check (docs/methods.md's table of method × adapter kind), and the rest is refused,
+        naming why, rather than run unsharded."""
         shard = "resources.shard: 'fsdp'"
         if self.method not in SHARDED_METHODS:
-            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))} so far, not for method {self.method} (docs/methods.md)"
+            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its trainer is not wired or tested sharded (docs/methods.md)"
         if self.method == "reward" and self.peft is not None:
             return (f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
                     "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null")

@@ -99,7 +99,7 @@ async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across this "
         "host's 8 GPUs it would need 13.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')")}
     assert messages["orpo"]["path"] == "resources.gpus" and "it cannot shard: resources.shard: 'fsdp' is offered for " in messages["orpo"]["message"]
-    assert "not for method orpo (docs/methods.md)" in messages["orpo"]["message"]
+    assert "not for method orpo: its trainer is not wired or tested sharded (docs/methods.md)" in messages["orpo"]["message"]
     assert messages["none"] == {"path": "resources.shard", "message": (
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across its 8 "
         "GPUs it would need 13.9 GB a GPU: set shard 'fsdp' or 'auto'")}
