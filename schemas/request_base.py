@@ -247,8 +247,6 @@ class RequestBase(Frozen):
             return (f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
                     "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
                     "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')")
-        if self.output.push == "merged":
-            return f"{shard} pushes the adapter or the full model; merging an adapter into a sharded base is not offered yet (output.push 'merged')"
         if self.evaluation is not None:
             return f"{shard} does not evaluate yet: leave out the evaluation block"
         return None

@@ -11,6 +11,8 @@ knows one when it sees it: it does not wrap it in DDP, every rank takes part whe
 weights gathered, rank 0 writing), and a LoRA adapter attached after the sharding stays whole on each rank,
 its gradient averaged over them. What differs on a GPU host is only the device and the collectives' backend.
 
+Merging (`output.push: merged`): `save_merged`, on the host, as its docstring says.
+
 Resuming: the Trainer keeps no optimizer state for a model sharded at load time, so a sharded job's
 checkpoints hold the model only (`save_only_model`, set in handlers/toolkit/training.py), and a later attempt
 starts from step 0 (`resume_point`): a run resumed without its optimizer's state would not be the run it
@@ -22,13 +24,17 @@ distributed checkpoint) are not built yet.
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import torch
+from peft import PeftModel
 from torch.distributed.tensor import DTensor
 from transformers import DistributedConfig
 
 from handlers.protocol import JobFailed
-from schemas.request import RequestBase
+from handlers.toolkit.loading import load_causal_lm
+from schemas.request import ModelSpec, RequestBase
 
 
 def distributed_config(request: RequestBase) -> DistributedConfig | None:
@@ -59,6 +65,23 @@ def resume_point(checkpoint: str | None, model: object) -> str | None:
         print(f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0", flush=True)
         return None
     return checkpoint
+
+
+def save_merged(model: PeftModel, spec: ModelSpec, artifact: Path, main: bool) -> None:
+    """`output.push: merged` of a LoRA adapter trained on a sharded base: the adapter (whole on every rank) is written
+    beside the artifact, and rank 0 loads the base whole on the host, in the dtype it trained in, merges the adapter
+    into it with PEFT (`merge_and_unload`) and writes the merged model, as a whole-copy job's merge does. Merging in
+    place would add each plain LoRA delta to a DTensor shard; the host's memory holds the whole base, a GPU's need not.
+    Every rank calls it (the adapter's save is a collective of the sharded model's state); the others wait at a barrier."""
+    adapter = artifact.parent / f"{artifact.name}.adapter"
+    model.save_pretrained(str(adapter), is_main_process=main)
+    if main:
+        whole = load_causal_lm(str(model.get_base_model().name_or_path), spec)
+        merged = PeftModel.from_pretrained(whole, str(adapter)).merge_and_unload()
+        merged.save_pretrained(artifact)
+        shutil.rmtree(adapter)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
 
 
 def held(model: torch.nn.Module) -> tuple[int, int, int]:

@@ -20,7 +20,7 @@ from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
 from handlers.toolkit.callbacks import StepClock
 from handlers.toolkit.lora_patterns import resolved
-from handlers.toolkit.sharding import is_sharded, rank_holdings
+from handlers.toolkit.sharding import is_sharded, rank_holdings, save_merged
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -109,10 +109,13 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
         return  # in a data-parallel job, rank 0 writes the artifact
     if main:
         artifact.mkdir(parents=True, exist_ok=True)
-    if request.output.push == "merged" and isinstance(trained, PeftModel):  # never sharded: the request's schema refuses it
-        trained = trained.merge_and_unload()
-    # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
-    trained.save_pretrained(artifact, is_main_process=main)
+    if request.output.push == "merged" and isinstance(trained, PeftModel) and is_sharded(trained):
+        save_merged(trained, request.model, artifact, main)  # the adapter merged into a whole base on the host (sharding.py)
+    else:
+        if request.output.push == "merged" and isinstance(trained, PeftModel):
+            trained = trained.merge_and_unload()
+        # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
+        trained.save_pretrained(artifact, is_main_process=main)
     if not main:
         return
     assert trainer.processing_class is not None, "every handler gives its trainer a tokenizer or processor"

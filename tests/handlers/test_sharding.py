@@ -120,8 +120,9 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
 
 @pytest.mark.slow
 def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp", **with_checkpointing(True)), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none", **with_checkpointing(False)), tmp_path / "dp")
+    merged = {"output": {"repo_id": "results/lora", "push": "merged"}}
+    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp", **with_checkpointing(True), **merged), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none", **with_checkpointing(False), **merged), tmp_path / "dp")
     assert_checkpointed(sharded, whole)
     adapter = whole["metrics"]["rank0_trainable_param_count"]
     assert 0 < adapter < TINY_PARAMS / 4
@@ -131,7 +132,19 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
         assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == adapter
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS + adapter
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-    assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
+    # output.push merged: the adapter merged into the base on the host (handlers/toolkit/sharding.py `save_merged`) is the
+    # data-parallel job's merge, weight for weight, with nothing of the adapter left beside it.
+    import torch
+    from safetensors.torch import load_file
+
+    files = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
+    assert "model.safetensors" in files and not files & {"adapter_model.safetensors", "adapter_config.json"}
+    assert not (tmp_path / "fsdp/artifact.adapter").exists()
+    gathered, replica = load_file(tmp_path / "fsdp/artifact/model.safetensors"), load_file(tmp_path / "dp/artifact/model.safetensors")
+    assert set(gathered) == set(replica)
+    assert all(torch.allclose(gathered[name], replica[name], rtol=0, atol=1e-6) for name in replica)
+    base = load_file(tiny_model_dir / "model.safetensors")
+    assert not torch.allclose(gathered["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])  # merged in
 
 
 def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus_and_starts_a_retry_at_step_0(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,6 +219,8 @@ def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_paralle
     sharded, sharded_messages = run_two_ranks(two_gpu("dpo", "dpo-fsdp", tiny_model_dir, "fsdp", rows, peft=peft, dpo=dpo), tmp_path / "fsdp")
     whole, whole_messages = run_two_ranks(two_gpu("dpo", "dpo-dp", tiny_model_dir, "none", rows, peft=peft, dpo=dpo), tmp_path / "dp")
     assert_holds_half(sharded, whole, TINY_PARAMS, full=peft is None)
+    pushed = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
+    assert ("model.safetensors" if peft is None else "adapter_model.safetensors") in pushed
     for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
         assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))

@@ -128,7 +128,7 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     assert isinstance(decode_request(json.dumps(grpo).encode()), RequestBase)
     assert "vLLM is not offered sharded" in refused({**grpo, "grpo": {"use_vllm": True}})["resources.shard"]
     assert "peft.modules_to_save" in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
-    assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
+    assert isinstance(decode_request(json.dumps({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}}).encode()), SFTRequest)
     for field in ("fsdp", "fsdp_config", "deepspeed"):
         message = refused({**sharded, "training": {field: "x"}})[f"training.{field}"]
         assert "resources.shard" in message, message
