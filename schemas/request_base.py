@@ -19,7 +19,7 @@ from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION,
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
-from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec
+from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec, MethodSuite
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.regex import library_pattern_problem
@@ -247,8 +247,10 @@ class RequestBase(Frozen):
             return (f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
                     "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
                     "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')")
-        if self.evaluation is not None:
-            return f"{shard} does not evaluate yet: leave out the evaluation block"
+        others = [suite.kind for suite in self.evaluation.suites if not isinstance(suite, MethodSuite)] if self.evaluation is not None else []
+        if others:
+            return (f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a '{others[0]}' "
+                    "suite generates and scores on each rank apart, not checked sharded; leave it out")
         return None
 
     def evaluation_problem(self, evaluation: EvaluationSpec) -> str | None:

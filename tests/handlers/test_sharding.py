@@ -190,8 +190,10 @@ def test_a_sharded_job_stopped_saves_its_model_and_its_next_attempt_trains_from_
 
 
 def two_gpu(method: str, request_id: str, model: Path, shard: str, rows: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
-    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4, 4 steps."""
-    return example_request(method, request_id, model={"id": str(model), "dtype": "float32"}, dataset={"rows": rows},
+    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4, 4 steps;
+    with an `evaluation`, the rows are its eval set too."""
+    dataset = {"rows": rows, **({"eval": {"rows": rows}} if "evaluation" in overrides else {})}
+    return example_request(method, request_id, model={"id": str(model), "dtype": "float32"}, dataset=dataset,
                            training={"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
                            resources={"gpus": 2, "shard": shard}, **overrides)
 
@@ -216,14 +218,22 @@ def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_paralle
     full fine-tune, TRL's own copy of the base, loaded whole on each rank (not sharded: it is never trained, and
     FSDP2 would gather it layer by layer for every forward). Either way the losses are the data-parallel job's."""
     rows, dpo = PREFERENCE_ROWS, {"beta": 0.1, "max_length": 64}
-    sharded, sharded_messages = run_two_ranks(two_gpu("dpo", "dpo-fsdp", tiny_model_dir, "fsdp", rows, peft=peft, dpo=dpo), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu("dpo", "dpo-dp", tiny_model_dir, "none", rows, peft=peft, dpo=dpo), tmp_path / "dp")
+    # The evaluation (the method's own measure, and with LoRA the base as a baseline: a fresh adapter) runs sharded too.
+    evaluation = {"evaluation": {"baselines": ["base"] if peft is not None else [], "on_fail": "none"}}
+    sharded, sharded_messages = run_two_ranks(two_gpu("dpo", "dpo-fsdp", tiny_model_dir, "fsdp", rows, peft=peft, dpo=dpo, **evaluation), tmp_path / "fsdp")
+    whole, whole_messages = run_two_ranks(two_gpu("dpo", "dpo-dp", tiny_model_dir, "none", rows, peft=peft, dpo=dpo, **evaluation), tmp_path / "dp")
     assert_holds_half(sharded, whole, TINY_PARAMS, full=peft is None)
     pushed = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
     assert ("model.safetensors" if peft is None else "adapter_model.safetensors") in pushed
     for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
         assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
+    measured, expected = sharded["evaluation"], whole["evaluation"]
+    assert set(measured["baselines"]) == set(expected["baselines"]) == ({"base"} if peft is not None else set())
+    for who in ("adapter", *expected["baselines"]):
+        got = measured[who]["metrics"] if who == "adapter" else measured["baselines"][who]["metrics"]
+        want = expected[who]["metrics"] if who == "adapter" else expected["baselines"][who]["metrics"]
+        assert "eval_loss" in want and got == pytest.approx(want, rel=LOSS_RTOL, abs=1e-6)
 
 
 @pytest.mark.slow

@@ -124,6 +124,10 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     preferences = {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}
     assert "full fine-tune only" in refused({**sharded, "method": "reward", "dataset": preferences})["resources.shard"]
     assert isinstance(decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()), RequestBase)
+    evaluated = {**sharded, "dataset": {"id": "org/chat", "test_split_size": 0.1}}
+    assert isinstance(decode_request(json.dumps({**evaluated, "evaluation": {"baselines": ["base"]}}).encode()), SFTRequest)
+    rewards = {"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}]}]}
+    assert "a 'rewards' suite" in refused({**evaluated, "evaluation": rewards})["resources.shard"]
     grpo = {**sharded, "method": "grpo", "dataset": {"rows": [{"prompt": "a"}]}, "rewards": {"functions": [{"name": "think_format"}]}}
     assert isinstance(decode_request(json.dumps(grpo).encode()), RequestBase)
     assert "vLLM is not offered sharded" in refused({**grpo, "grpo": {"use_vllm": True}})["resources.shard"]
