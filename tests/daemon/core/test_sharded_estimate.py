@@ -109,6 +109,10 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     assert full.parts["weights"] == TINY_PARAMS // 2 * 4 == 57_920  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
     assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
     assert full.parts["gathered"] == (9_344 + 10_272) * 4
+    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
+    # and rank<r>_ref_param_count TINY_PARAMS, float32).
+    dpo = request(method="dpo", model={"id": str(tiny_model_dir), "dtype": "float32"}, dataset={"id": "tiny/preferences"}, peft=None)
+    assert estimate(dpo, tensors, shards=2).parts["weights"] == TINY_PARAMS // 2 * 4 + TINY_PARAMS * 4
     lora = request(model={"id": str(tiny_model_dir), "dtype": "float32"})  # the helper's LoRA: r 4, all-linear
     sharded = estimate(lora, tensors, shards=2)
     assert sharded.parts["weights"] == 57_920
