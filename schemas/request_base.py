@@ -19,7 +19,7 @@ from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION,
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
-from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec
+from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec, MethodSuite
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.regex import library_pattern_problem
@@ -137,8 +137,8 @@ class OutputSpec(Frozen):
         return value
 
 
-# The methods whose requests may ask for `resources.shard: fsdp` (docs/methods.md says why only these, so far).
-SHARDED_METHODS = frozenset({"sft"})
+# The methods whose requests may ask for `resources.shard: fsdp`, each checked by a two-rank test (docs/methods.md says why only these).
+SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto", "grpo"})
 
 
 class Resources(Frozen):
@@ -226,16 +226,31 @@ class RequestBase(Frozen):
 
     def sharding_problem(self) -> str | None:
         """Why this request cannot train sharded (`resources.shard: fsdp`, asked or chosen for 'auto'), or None: what
-        shards so far is what the sharded tests check (docs/methods.md), and the rest is refused rather than run unsharded."""
+        shards is what the sharded tests check (docs/methods.md's table of method × adapter kind), and the rest is refused,
+        naming why, rather than run unsharded."""
         shard = "resources.shard: 'fsdp'"
         if self.method not in SHARDED_METHODS:
-            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))} so far, not for method {self.method} (docs/methods.md)"
+            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its trainer is not wired or tested sharded (docs/methods.md)"
+        if self.method == "reward" and self.peft is not None:
+            return (f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
+                    "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null")
+        if getattr(getattr(self, self.method, None), "use_vllm", None):
+            return (f"{shard} generates with the sharded policy's own generate: vLLM is not offered sharded (it would need "
+                    "the full weights gathered into its engine on every rank at each step); set use_vllm false")
+        copies = [name for name in ("modules_to_save", "trainable_token_indices") if self.peft is not None and getattr(self.peft, name) is not None]
+        if copies:
+            return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"
         if self.model.quantization != "none":
-            return f"{shard} does not shard a quantized base yet (model.quantization {self.model.quantization}); use quantization 'none'"
-        if self.output.push == "merged":
-            return f"{shard} pushes the adapter or the full model; merging an adapter into a sharded base is not offered yet (output.push 'merged')"
-        if self.evaluation is not None:
-            return f"{shard} does not evaluate yet: leave out the evaluation block"
+            # Tried on two CPU ranks (bitsandbytes 0.50.2, 4-bit with a float storage dtype as in the FSDP+QLoRA recipe): the
+            # base loads sharded, and its first forward fails (bitsandbytes repacks a 4-bit weight for its CPU kernel into a
+            # shape other than the shard FSDP2 registered). A route the CPU tests cannot run is not offered (docs/methods.md).
+            return (f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
+                    "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
+                    "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')")
+        others = [suite.kind for suite in self.evaluation.suites if not isinstance(suite, MethodSuite)] if self.evaluation is not None else []
+        if others:
+            return (f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a '{others[0]}' "
+                    "suite generates and scores on each rank apart, not checked sharded; leave it out")
         return None
 
     def evaluation_problem(self, evaluation: EvaluationSpec) -> str | None:

@@ -4,7 +4,8 @@ what earlier jobs of the same model and method measured (`MemoryHistory`).
 
 The estimate is of the allocator's peak (`torch.cuda.max_memory_allocated`), in parts:
 
-- `weights`: every model the job loads (the base; a reference, teacher or reward model), at the
+- `weights`: every model the job loads (the base; a reference, teacher or reward model; the copy of
+  the base TRL loads as a full fine-tune's reference, `copies_base_as_reference`), at the
   dtype it is loaded in; a 4-bit base keeps its linear layers in half a byte a weight, 8-bit in one;
 - `trainable`: LoRA's A and B for every targeted linear layer (r × (in + out) each), or every
   parameter of a full fine-tune, each with its gradient and AdamW's two moments: PEFT keeps adapters
@@ -20,9 +21,10 @@ Sharded across N GPUs (`shards`, FSDP2 full-shard as handlers/toolkit/sharding.p
 figure is one GPU's: the base's `weights` divided by N, and a full fine-tune's `trainable` state
 (gradients, AdamW's moments) divided by N; a LoRA adapter and its optimizer state stay whole on every
 rank (PEFT attaches them after the sharding: what the sharded tests measured), and so do the other
-models (a reference model is not sharded). `activations`, `logits` and `generation` are per device
-batch, unchanged. Sharding adds `gathered`: the full parameters FSDP2 all-gathers for compute, the
-largest block's (one block at a time; its prefetched neighbour is left to the history) and every
+models: a reference model, the request's or the copy of the base TRL loads for a full fine-tune's KL term
+(`copies_base_as_reference`), is whole on every rank (never trained, it is not sharded), as is a reward
+model. `activations`, `logits` and `generation` are per device batch, unchanged. Sharding adds
+`gathered`: the full parameters FSDP2 all-gathers for compute, the largest block's (one block at a time; its prefetched neighbour is left to the history) and every
 parameter outside the blocks (the embedding, final norm and head: transformers' `fsdp_plan` keeps the
 head gathered from forward through backward, and the root's own parameters likewise), counted whole
 although this rank's shard of them is already in `weights` (an upper bound by 1/N of them).
@@ -231,6 +233,22 @@ def generation_bytes(request: Any, tensors: Tensors, dtype_bytes: int) -> int:
     return step_tokens(request) * tensors.layers * (kv_width or 2 * hidden) * dtype_bytes
 
 
+def copies_base_as_reference(request: Any) -> bool:
+    """Whether TRL loads a second copy of the base as the frozen reference: a full fine-tune (no adapter to switch
+    off) of DPO or KTO without a `ref_model` and without `precompute_ref_log_probs` (which computes the reference's
+    log-probs with the policy before it trains), or of GRPO or RLOO with a KL term (`beta` above 0). TRL loads it
+from the base's folder as a whole model (`create_model_from_path`), on every rank of a sharded job too."""
+    if request.peft is not None or getattr(request, "ref_model", None) is not None:
+        return False
+    block = _method_block(request)
+    if request.method in {"dpo", "kto"}:
+        return not getattr(block, "precompute_ref_log_probs", None)
+    if request.method in {"grpo", "rloo"}:
+        beta = getattr(block, "beta", None)
+        return bool(beta) if beta is not None else request.method == "rloo"  # TRL's defaults: GRPO's beta 0, RLOO's 0.05
+    return False
+
+
 def trainable_parameters(request: Any, tensors: Tensors) -> int:
     peft = request.peft
     if peft is None:
@@ -271,6 +289,8 @@ def estimate(
         largest_block, outside = base.by_layer
         gathered = (largest_block + outside) * dtype_bytes
     weights += sum(other.parameters * dtype_bytes for other in others)
+    if copies_base_as_reference(request):  # whole on every rank, sharded or not (handlers/methods/dpo.py)
+        weights += base.parameters * dtype_bytes
     tokens = step_tokens(request)
     vocab, hidden = base.embedding
     layers = base.layers

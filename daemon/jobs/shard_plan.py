@@ -5,8 +5,8 @@ rejection of a job that fits this host's GPUs neither way (issue 62).
 The rule, with a whole GPU's memory for jobs known (`gpu_room`: `gpu_memory_bytes` or nvidia-smi, less
 `gpu_memory_headroom`) and the job's estimate known:
 - `resources.shard: auto` (the default): a whole copy when its estimate fits one GPU; else sharded across its
-  `resources.gpus` when sharding is offered for the request (`RequestBase.sharding_problem`: SFT, no quantization
-  so far) and one GPU's figure sharded fits; else rejected, with the numbers.
+  `resources.gpus` when sharding is offered for the request (`RequestBase.sharding_problem`: SFT, DPO, KTO, reward
+  and GRPO, no quantization) and one GPU's figure sharded fits; else rejected, with the numbers.
 - `none` and `fsdp`: as asked, rejected with the numbers when the figure does not fit.
 The request the job runs has its `shard` resolved ('none' or 'fsdp'): the child never sees 'auto'. With the
 GPUs' memory or the estimate unknown, the request runs as it asked ('auto' as 'none'), as before this plan.

@@ -26,7 +26,7 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, job, reporter, data)
-    model = load_policy(base, request.model)
+    model = load_policy(base, request.model, request=request)  # sharded across the job's processes where resources.shard asks
     reward_funcs, reward_weights = load_rewards(request.rewards, job)
     trainer = GRPOTrainer(
         model=model,

@@ -14,6 +14,7 @@ from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.loading import load_causal_lm
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, load_reference, train_and_save
+from handlers.toolkit.sharding import distributed_config
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import KTORequest
 
@@ -23,7 +24,8 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
     reference = load_reference(request, job, base)
-    model = load_causal_lm(base.path, request.model)  # before the trainer: the LoRA patterns are matched on its modules
+    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's processes where resources.shard asks.
+    model = load_causal_lm(base.path, request.model, distributed=distributed_config(request))
     trainer = KTOTrainer(
         model=model,
         ref_model=reference.model if reference is not None else None,

@@ -13,6 +13,7 @@ from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.loading import load_sequence_classifier
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, train_and_save
+from handlers.toolkit.sharding import distributed_config
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RewardRequest
 
@@ -21,7 +22,8 @@ def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> Tra
     config = trl_config(RewardConfig, request, job, "reward")
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
-    model = load_sequence_classifier(base.path, request.model, base.tokenizer)  # before the trainer: the LoRA patterns are matched on its modules
+    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's processes where resources.shard asks.
+    model = load_sequence_classifier(base.path, request.model, base.tokenizer, distributed_config(request))
     trainer = RewardTrainer(
         model=model,
         args=config,

@@ -114,11 +114,15 @@ def load_causal_lm(path: str, spec: ModelSpec, field: str = "model", distributed
         raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}") from exc
 
 
-def load_sequence_classifier(path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
-    """A one-label sequence classifier (a reward model) on the base's weights, with a new score head."""
+def load_sequence_classifier(
+    path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, distributed: DistributedConfig | None = None,
+) -> PreTrainedModel:
+    """A one-label sequence classifier (a reward model) on the base's weights, with a new score head; `distributed`
+    as for `load_causal_lm`."""
+    sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec))
+            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec), **sharded)
     except (OSError, ValueError) as exc:
         raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not loadable as a sequence classifier: {exc}") from exc
     model.config.pad_token_id = tokenizer.pad_token_id

@@ -197,8 +197,10 @@ def train_and_save(
         checkpoint = sharded_checkpoints.attach(trainer, checkpoint)
     output = trainer.train(resume_from_checkpoint=checkpoint)
     reporter.enter("save")
+    # Before the save, of the model as trained (a merge, output.push merged, unloads the adapter from a whole copy),
+    # and before the evaluation logs its baselines' numbers.
+    metrics = final_metrics(trainer, output.metrics)
     save_artifact(trainer, request, job.artifact)
-    metrics = final_metrics(trainer, output.metrics)  # before the evaluation logs its baselines' numbers
     evaluation = evaluate(trainer, request, job, reporter, data.eval)
     return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation, teacher=teacher)
 

@@ -11,6 +11,8 @@ knows one when it sees it: it does not wrap it in DDP, every rank takes part whe
 weights gathered, rank 0 writing), and a LoRA adapter attached after the sharding stays whole on each rank,
 its gradient averaged over them. What differs on a GPU host is only the device and the collectives' backend.
 
+Merging (`output.push: merged`): `save_merged`, on the host, as its docstring says.
+
 Checkpoints: the Trainer saves a model sharded at load time alone (`save_only_model`, set in
 handlers/toolkit/training.py: it keeps no optimizer state for one), its full weights gathered from the shards;
 handlers/toolkit/sharded_checkpoints.py adds the optimizer's state (torch distributed checkpoint), the scheduler's
@@ -20,13 +22,17 @@ and the random generators', and resumes a later attempt from them at the step af
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import torch
+from peft import PeftModel
 from torch.distributed.tensor import DTensor
 from transformers import DistributedConfig
 
 from handlers.protocol import JobFailed
-from schemas.request import RequestBase
+from handlers.toolkit.loading import load_causal_lm
+from schemas.request import ModelSpec, RequestBase
 
 
 def distributed_config(request: RequestBase) -> DistributedConfig | None:
@@ -50,6 +56,23 @@ def is_sharded(model: object) -> bool:
     return bool(getattr(model, "is_distributed_loading_by_transformers", False))
 
 
+def save_merged(model: PeftModel, spec: ModelSpec, artifact: Path, main: bool) -> None:
+    """`output.push: merged` of a LoRA adapter trained on a sharded base: the adapter (whole on every rank) is written
+    beside the artifact, and rank 0 loads the base whole on the host, in the dtype it trained in, merges the adapter
+    into it with PEFT (`merge_and_unload`) and writes the merged model, as a whole-copy job's merge does. Merging in
+    place would add each plain LoRA delta to a DTensor shard; the host's memory holds the whole base, a GPU's need not.
+    Every rank calls it (the adapter's save is a collective of the sharded model's state); the others wait at a barrier."""
+    adapter = artifact.parent / f"{artifact.name}.adapter"
+    model.save_pretrained(str(adapter), is_main_process=main)
+    if main:
+        whole = load_causal_lm(str(model.get_base_model().name_or_path), spec)
+        merged = PeftModel.from_pretrained(whole, str(adapter)).merge_and_unload()
+        merged.save_pretrained(artifact)
+        shutil.rmtree(adapter)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
 def held(model: torch.nn.Module) -> tuple[int, int, int]:
     """What this process holds of the model's parameters: (count, bytes, trainable count). Of a sharded
     parameter (a DTensor), this rank's shard; of any other, the whole tensor."""
@@ -62,9 +85,10 @@ def held(model: torch.nn.Module) -> tuple[int, int, int]:
     return count, size, trainable
 
 
-def rank_holdings(model: torch.nn.Module) -> dict[str, float]:
+def rank_holdings(model: torch.nn.Module, of: str = "") -> dict[str, float]:
     """Each rank's parameters, for the `succeeded` event's metrics: `rank<r>_param_count`, `rank<r>_param_bytes`
-    and `rank<r>_trainable_param_count`. A collective in a job of several processes: every rank calls it."""
+    and `rank<r>_trainable_param_count` (`rank<r>_<of>param_count`... for another model than the policy, `of`
+    "ref_" for a reference). A collective in a job of several processes: every rank calls it."""
     mine = held(model)
     ranks = [mine]
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
@@ -72,7 +96,7 @@ def rank_holdings(model: torch.nn.Module) -> dict[str, float]:
         torch.distributed.all_gather_object(ranks, mine)
     metrics: dict[str, float] = {}
     for rank, (count, size, trainable) in enumerate(ranks):
-        metrics[f"rank{rank}_param_count"] = float(count)
-        metrics[f"rank{rank}_param_bytes"] = float(size)
-        metrics[f"rank{rank}_trainable_param_count"] = float(trainable)
+        metrics[f"rank{rank}_{of}param_count"] = float(count)
+        metrics[f"rank{rank}_{of}param_bytes"] = float(size)
+        metrics[f"rank{rank}_{of}trainable_param_count"] = float(trainable)
     return metrics

@@ -20,7 +20,7 @@ from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
 from handlers.toolkit.callbacks import JobCallback, StepClock
 from handlers.toolkit.lora_patterns import resolved
-from handlers.toolkit.sharding import is_sharded, rank_holdings
+from handlers.toolkit.sharding import is_sharded, rank_holdings, save_merged
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -109,10 +109,13 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
         return  # in a data-parallel job, rank 0 writes the artifact
     if main:
         artifact.mkdir(parents=True, exist_ok=True)
-    if request.output.push == "merged" and isinstance(trained, PeftModel):  # never sharded: the request's schema refuses it
-        trained = trained.merge_and_unload()
-    # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
-    trained.save_pretrained(artifact, is_main_process=main)
+    if request.output.push == "merged" and isinstance(trained, PeftModel) and is_sharded(trained):
+        save_merged(trained, request.model, artifact, main)  # the adapter merged into a whole base on the host (sharding.py)
+    else:
+        if request.output.push == "merged" and isinstance(trained, PeftModel):
+            trained = trained.merge_and_unload()
+        # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
+        trained.save_pretrained(artifact, is_main_process=main)
     if not main:
         return
     assert trainer.processing_class is not None, "every handler gives its trainer a tokenizer or processor"
@@ -134,6 +137,12 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     metrics["world_size"] = float(trainer.args.world_size)
     assert trainer.model is not None, "every handler gives its trainer a model"
     metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
+    # The modules that recompute their activations in the backward pass (transformers marks each checkpointed layer):
+    # 0 without activation checkpointing; what shows it is in force on a sharded model as on a whole one.
+    metrics["checkpointed_modules"] = float(sum(bool(getattr(module, "gradient_checkpointing", False)) for module in trainer.model.modules()))
+    reference = getattr(trainer, "ref_model", None)  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
+    if isinstance(reference, torch.nn.Module):
+        metrics.update(rank_holdings(reference, "ref_"))
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
     for callback in [c for c in clocks if isinstance(c, JobCallback)][:1]:
         metrics.update(callback.rank_metrics(trainer.args))  # each rank's tokens/s, in a job of several processes

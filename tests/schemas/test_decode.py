@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from schemas import Rejection, SFTRequest, decode_request
+from schemas import Rejection, RequestBase, SFTRequest, decode_request
 
 
 def valid() -> dict[str, Any]:
@@ -119,9 +119,20 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     assert refused({**valid(), "resources": {"gpus": 1, "shard": "fsdp"}}) == {
         "resources.shard": "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
     }
-    assert "not for method dpo" in refused({**sharded, "method": "dpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
+    assert "not for method orpo" in refused({**sharded, "method": "orpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
     assert "quantized" in refused({**sharded, "model": {"id": "org/base", "quantization": "4bit"}})["resources.shard"]
-    assert "merged" in refused({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}})["resources.shard"]
+    preferences = {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}
+    assert "full fine-tune only" in refused({**sharded, "method": "reward", "dataset": preferences})["resources.shard"]
+    assert isinstance(decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()), RequestBase)
+    evaluated = {**sharded, "dataset": {"id": "org/chat", "test_split_size": 0.1}}
+    assert isinstance(decode_request(json.dumps({**evaluated, "evaluation": {"baselines": ["base"]}}).encode()), SFTRequest)
+    rewards = {"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}]}]}
+    assert "a 'rewards' suite" in refused({**evaluated, "evaluation": rewards})["resources.shard"]
+    grpo = {**sharded, "method": "grpo", "dataset": {"rows": [{"prompt": "a"}]}, "rewards": {"functions": [{"name": "think_format"}]}}
+    assert isinstance(decode_request(json.dumps(grpo).encode()), RequestBase)
+    assert "vLLM is not offered sharded" in refused({**grpo, "grpo": {"use_vllm": True}})["resources.shard"]
+    assert "peft.modules_to_save" in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
+    assert isinstance(decode_request(json.dumps({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}}).encode()), SFTRequest)
     for field in ("fsdp", "fsdp_config", "deepspeed"):
         message = refused({**sharded, "training": {field: "x"}})[f"training.{field}"]
         assert "resources.shard" in message, message

@@ -91,14 +91,15 @@ async def test_a_job_that_fits_no_gpu_even_sharded_is_rejected_naming_resources_
 
 async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(core: CoreOnFakes) -> None:
     await take(core, core.record(full_fine_tune("one", LLAMA)))  # one GPU: nothing to shard across
-    dpo = sft_request("dpo", method="dpo", model={"id": LLAMA}, peft=None, dpo={"max_length": 1024}, resources={"gpus": 8})
-    await take(core, core.record(dpo, offset=1))
+    orpo = sft_request("orpo", method="orpo", model={"id": LLAMA}, peft=None, orpo={"max_length": 1024}, resources={"gpus": 8})
+    await take(core, core.record(orpo, offset=1))
     await take(core, core.record(full_fine_tune("none", LLAMA, resources={"gpus": 8, "shard": "none"}), offset=2))
-    messages = {request_id: core.events(request_id)[0]["errors"][0] for request_id in ("one", "dpo", "none")}
+    messages = {request_id: core.events(request_id)[0]["errors"][0] for request_id in ("one", "orpo", "none")}
     assert messages["one"] == {"path": "resources.gpus", "message": (
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across this "
         "host's 8 GPUs it would need 13.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')")}
-    assert messages["dpo"]["path"] == "resources.gpus" and "it cannot shard: resources.shard: 'fsdp' is offered for sft so far, not for method dpo" in messages["dpo"]["message"]
+    assert messages["orpo"]["path"] == "resources.gpus" and "it cannot shard: resources.shard: 'fsdp' is offered for " in messages["orpo"]["message"]
+    assert "not for method orpo: its trainer is not wired or tested sharded (docs/methods.md)" in messages["orpo"]["message"]
     assert messages["none"] == {"path": "resources.shard", "message": (
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across its 8 "
         "GPUs it would need 13.9 GB a GPU: set shard 'fsdp' or 'auto'")}

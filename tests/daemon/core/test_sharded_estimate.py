@@ -81,6 +81,20 @@ def test_lora_on_an_8b_model_shards_the_base_and_keeps_the_adapter_and_its_optim
     assert beside.parts["weights"] == 2 * PARAMS // 4 + 2 * PARAMS
 
 
+def test_a_full_dpo_counts_trls_copy_of_the_base_whole_on_every_rank_and_lora_none() -> None:
+    """A full fine-tune's reference is a second copy of the base TRL loads whole (test_sharding's DPO test measures each
+    rank holding it: rank<r>_ref_param_count); with LoRA the reference is the policy, adapter off; precomputed
+    reference log-probs need no copy either."""
+    def dpo(**overrides: Any) -> RequestBase:
+        return request(method="dpo", model={"id": "meta-llama/Llama-3.1-8B"}, dataset={"id": "tiny/preferences"}, **overrides)
+
+    full = estimate(dpo(peft=None), LLAMA_8B, shards=8)
+    assert full.parts["weights"] == 2 * PARAMS // 8 + 2 * PARAMS
+    assert estimate(dpo(peft=None), LLAMA_8B).parts["weights"] == 2 * 2 * PARAMS  # unsharded too: policy and reference
+    assert estimate(dpo(peft=None, dpo={"precompute_ref_log_probs": True}), LLAMA_8B, shards=8).parts["weights"] == 2 * PARAMS // 8
+    assert estimate(dpo(), LLAMA_8B, shards=8).parts["weights"] == 2 * PARAMS // 8
+
+
 def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_model_dir: Path) -> None:
     """Per rank, the estimate's weights are the bytes the sharded tests measure each rank holding (rank<r>_param_bytes,
     tests/handlers/test_sharding.py), exactly as the one-GPU figure is torch's count (test_memory_estimate.py);
@@ -95,6 +109,10 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     assert full.parts["weights"] == TINY_PARAMS // 2 * 4 == 57_920  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
     assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
     assert full.parts["gathered"] == (9_344 + 10_272) * 4
+    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
+    # and rank<r>_ref_param_count TINY_PARAMS, float32).
+    dpo = request(method="dpo", model={"id": str(tiny_model_dir), "dtype": "float32"}, dataset={"id": "tiny/preferences"}, peft=None)
+    assert estimate(dpo, tensors, shards=2).parts["weights"] == TINY_PARAMS // 2 * 4 + TINY_PARAMS * 4
     lora = request(model={"id": str(tiny_model_dir), "dtype": "float32"})  # the helper's LoRA: r 4, all-linear
     sharded = estimate(lora, tensors, shards=2)
     assert sharded.parts["weights"] == 57_920
