@@ -56,6 +56,7 @@ def main() -> int:
     with deferred.deferring():  # all of the training stack's imports (handlers/methods/ defers only during its own)
         from handlers.methods import HANDLERS
         from handlers.toolkit.memory import out_of_memory
+        from handlers.toolkit.ranks import leave
         from handlers.toolkit.reporting import EXIT_STOPPED, StatusReporter
         from schemas.request import REQUEST_MODELS
 
@@ -108,6 +109,7 @@ def main() -> int:
         reporter.error(JobFailed("training_error", reporter.stage, f"{type(exc).__name__}: {exc}"))
         raise
     reporter.send(result)
+    leave()  # a job of several processes: its group ended on every rank before the workers exit
     return 0
 
 

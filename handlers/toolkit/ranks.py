@@ -33,6 +33,15 @@ def gather(values: list[float], device: torch.device | str = "cpu") -> list[list
     return [rank.tolist() for rank in ranks]
 
 
+def leave() -> None:
+    """End this process's part in the job's process group, once every rank is here: a worker that exits with its
+    group alive may abort at exit as gloo's threads are torn down (seen: `terminate called without an active
+    exception`, SIGABRT after a job had succeeded), and the launcher then reports the job failed."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def peak_bytes(use: MemoryUse) -> int:
     """One figure of a rank's memory: torch's allocator peak on its GPU, or on the CPU its peak resident set."""
     return use.peak_allocated_bytes if use.peak_allocated_bytes is not None else use.device_peak_bytes

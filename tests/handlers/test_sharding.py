@@ -141,6 +141,31 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp/artifact")
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     assert torch.allclose(loaded.model.embed_tokens.weight.detach(), replica["model.embed_tokens.weight"], rtol=0, atol=1e-6)
+    # Loaded as users load it, the pushed model gives the logits of the model the data-parallel child trained (whose
+    # artifact is its trained model as it was, never sharded), and not the base's.
+    assert_same_logits(logits_of(tmp_path / "fsdp/artifact"), logits_of(tmp_path / "dp/artifact"), logits_of(tiny_model_dir))
+
+
+def logits_of(model: Path, adapter: Path | None = None) -> Any:
+    """The logits of a model as a user loads it (transformers, with PEFT for an adapter) on a fixed batch of tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    loaded: Any = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        loaded = PeftModel.from_pretrained(loaded, adapter)
+    tokens = torch.arange(2 * 12).reshape(2, 12) % loaded.config.vocab_size
+    with torch.no_grad():
+        return loaded.eval()(input_ids=tokens).logits
+
+
+def assert_same_logits(pushed: Any, trained: Any, base: Any) -> None:
+    import torch
+
+    assert torch.allclose(pushed, trained, rtol=0, atol=1e-5), (pushed - trained).abs().max()
+    assert not torch.allclose(pushed, base, rtol=0, atol=1e-3)  # it is the trained model: training moved the logits
 
 
 @pytest.mark.slow
@@ -315,6 +340,9 @@ def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_paralle
     assert_holds_half(sharded, whole, TINY_PARAMS, full=peft is None)
     pushed = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
     assert ("model.safetensors" if peft is None else "adapter_model.safetensors") in pushed
+    if peft is not None:  # the adapter, loaded with PEFT on the base, gives the data-parallel child's trained logits
+        fsdp, dp = (logits_of(tiny_model_dir, tmp_path / job / "artifact") for job in ("fsdp", "dp"))
+        assert_same_logits(fsdp, dp, logits_of(tiny_model_dir))
     for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
         assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
