@@ -23,6 +23,7 @@ class ChildRun:
     returncode: int
     messages: list[dict[str, Any]]  # every line of the status pipe, in order
     allocator_peaks: dict[int, int]  # rank → the most its CPU allocator held (with `allocator`), else empty
+    allocator_collectives: dict[int, int]  # rank → of that peak, the collectives' backend's own copies (gloo's: not a GPU's)
     log: Path  # the child's log (its stdout and stderr; each worker's lines marked with its rank)
 
     def result(self) -> dict[str, Any]:
@@ -70,4 +71,5 @@ def run_child(request: dict[str, Any], work: Path, processes: int = 1, *, alloca
         messages = [json.loads(line) for line in pipe]
     returncode = process.wait(timeout=timeout_s)
     found = [json.loads(path.read_text()) for path in sorted(peaks.glob("rank[0-9]*.json")) if not path.name.endswith(".trace.json")]
-    return ChildRun(returncode, messages, {each["rank"]: each["peak_bytes"] for each in found}, work / "child.log")
+    return ChildRun(returncode, messages, {each["rank"]: each["peak_bytes"] for each in found},
+                    {each["rank"]: each["collective_bytes"] for each in found}, work / "child.log")

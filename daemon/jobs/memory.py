@@ -23,11 +23,19 @@ figure is one GPU's: the base's `weights` divided by N, and a full fine-tune's `
 rank (PEFT attaches them after the sharding: what the sharded tests measured), and so do the other
 models: a reference model, the request's or the copy of the base TRL loads for a full fine-tune's KL term
 (`copies_base_as_reference`), is whole on every rank (never trained, it is not sharded), as is a reward
-model. `activations`, `logits` and `generation` are per device batch, unchanged. Sharding adds
-`gathered`: the full parameters FSDP2 all-gathers for compute, the largest block's (one block at a time; its prefetched neighbour is left to the history) and every
-parameter outside the blocks (the embedding, final norm and head: transformers' `fsdp_plan` keeps the
-head gathered from forward through backward, and the root's own parameters likewise), counted whole
-although this rank's shard of them is already in `weights` (an upper bound by 1/N of them).
+model. `activations`, `logits` and `generation` are per device
+batch, unchanged. Sharding adds, as measured on two ranks' allocator timelines (the peak is in the
+loss's backward, tests/handlers/test_sharding.py):
+
+- `gathered`: the full parameters FSDP2 all-gathers for compute: two of the largest block's (the block
+  computing and the next, which FSDP2 prefetches in the backward pass) and every parameter outside the
+  blocks, counted whole although this rank's shard of them is already in `weights` (an upper bound by 1/N).
+  transformers' `fsdp_plan` keeps the embedding and final norm gathered from forward through backward
+  in one unit, and FSDP2 keeps its root unit (the head) gathered likewise; a head tied to the embedding
+  (no head among the headers) is gathered by both units, so it is counted twice;
+- `unsharded_gradients` (a full fine-tune): the gradients of a gathered unit are whole until its
+  reduce-scatter, and the root's (the embedding's and the head's) from the head's backward to the end of
+  the backward pass: the largest block's and every parameter outside the blocks, at the model's dtype.
 
 It is a model of the memory, not a measurement: what a job measured (`succeeded.memory`) is kept by
 model and method, and the next estimate for them is scaled by the largest ratio seen
@@ -90,7 +98,7 @@ class Tensors:
 
     def warm(self) -> Tensors:
         """Work out now what the estimate asks of them (raises WeightsUnreadable without an embedding)."""
-        _ = self.parameters, self.stored, self.linear_sums, self.layers, self.embedding, self.by_layer
+        _ = self.parameters, self.stored, self.linear_sums, self.layers, self.embedding, self.by_layer, self.tied_head
         return self
 
     @cached_property
@@ -127,7 +135,7 @@ class Tensors:
 
     @cached_property
     def by_layer(self) -> tuple[int, int]:
-        """(the largest block's parameters, the parameters outside the blocks): what FSDP2 gathers at once."""
+        """(the largest block's parameters, the parameters outside the blocks): what FSDP2 gathers."""
         blocks: dict[str, int] = {}
         outside = 0
         for name, (_, shape) in self.shapes.items():
@@ -138,6 +146,12 @@ class Tensors:
                 block = next(g for g in match.groups() if g is not None)
                 blocks[block] = blocks.get(block, 0) + _count(shape)
         return max(blocks.values(), default=0), outside
+
+    @cached_property
+    def tied_head(self) -> bool:
+        """Whether the output head is the token embedding: no second tensor of the embedding's shape outside the blocks."""
+        vocab, hidden = self.embedding
+        return sum(1 for name, (_, shape) in self.shapes.items() if shape == (vocab, hidden) and not _LAYER.search(name)) < 2
 
     @cached_property
     def embedding(self) -> tuple[int, int]:
@@ -281,13 +295,17 @@ def estimate(
         weights = base.parameters * dtype_bytes
     trainable = trainable_parameters(request, base)
     trainable_bytes = trainable * (16 if request.peft is not None else 4 * dtype_bytes)
-    gathered = None
+    sharding: dict[str, int] = {}
     if shards > 1:
         weights = -(-weights // shards)  # each rank's shard, rounded up
-        if request.peft is None:  # a full fine-tune's gradients and optimizer state are sharded with the weights
-            trainable_bytes = -(-trainable_bytes // shards)
         largest_block, outside = base.by_layer
-        gathered = (largest_block + outside) * dtype_bytes
+        vocab, hidden = base.embedding
+        # A tied head is one tensor in the headers and two gathered copies: the embedding's unit's and the root's.
+        sharding["gathered"] = (2 * largest_block + outside + (vocab * hidden if base.tied_head else 0)) * dtype_bytes
+        if request.peft is None:  # a full fine-tune's gradients and optimizer state are sharded with the weights...
+            trainable_bytes = -(-trainable_bytes // shards)
+            # ...once reduce-scattered: until then a gathered unit's gradients are whole.
+            sharding["unsharded_gradients"] = (largest_block + outside) * dtype_bytes
     weights += sum(other.parameters * dtype_bytes for other in others)
     if copies_base_as_reference(request):  # whole on every rank, sharded or not (handlers/methods/dpo.py)
         weights += base.parameters * dtype_bytes
@@ -302,6 +320,5 @@ def estimate(
         "weights": weights, "trainable": trainable_bytes, "activations": activations,
         "logits": tokens * vocab * LOGIT_VALUES * dtype_bytes, "generation": generation_bytes(request, base, dtype_bytes),
     }
-    if gathered is not None:
-        parts["gathered"] = gathered
+    parts.update(sharding)
     return Estimate(parts, gradient_checkpointing, shards=max(shards, 1))

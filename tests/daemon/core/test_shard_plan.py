@@ -61,8 +61,8 @@ async def test_a_full_fine_tune_of_an_8b_model_that_fits_only_sharded_is_sharded
     await take(core, core.record(full_fine_tune("big", LLAMA, resources={"gpus": 8})))  # shard left out: 'auto'
     await turns_until(lambda: bool(core.children.taken) and core.children.taken[0].spec is not None)
     accepted = next(event for event in core.events("big") if event["type"] == "accepted")
-    # 81.7 GB for a whole copy (test_sharded_estimate), more than a GPU's 77.3 GB; 13.9 GB a GPU sharded across eight.
-    assert accepted["plan"] == "sharded" and accepted["estimate_bytes_per_gpu"] == 13_922_825_216
+    # 81.7 GB for a whole copy (test_sharded_estimate), more than a GPU's 77.3 GB; 16.9 GB a GPU sharded across eight.
+    assert accepted["plan"] == "sharded" and accepted["estimate_bytes_per_gpu"] == 16_896_627_712
     spec = core.children.taken[0].spec
     assert spec is not None and spec.request["resources"] == {"gpus": 8, "shard": "fsdp"}  # the child shards it
     assert core.children.launched == [("0,1,2,3,4,5,6,7", 8)]
@@ -83,7 +83,7 @@ async def test_a_job_that_fits_no_gpu_even_sharded_is_rejected_naming_resources_
     rejected = core.events("huge")
     assert [event["type"] for event in rejected] == ["rejected"] and rejected[0]["reason"] == "resources"
     assert rejected[0]["errors"] == [{"path": "resources.gpus", "message": (
-        "its memory estimate is 709.3 GB a GPU for a whole copy, 362.5 GB a GPU sharded across its 2 GPUs, and this host's GPUs "
+        "its memory estimate is 709.3 GB a GPU for a whole copy, 370.1 GB a GPU sharded across its 2 GPUs, and this host's GPUs "
         "hold 77.3 GB each for jobs")}]  # not even across all eight: no hint to ask for more
     assert len(core.dead_letters()) == 1 and not core.children.taken[1:]
     await turns_until(lambda: "accepted" in core.types("next"))
@@ -97,12 +97,12 @@ async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(
     messages = {request_id: core.events(request_id)[0]["errors"][0] for request_id in ("one", "orpo", "none")}
     assert messages["one"] == {"path": "resources.gpus", "message": (
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across this "
-        "host's 8 GPUs it would need 13.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')")}
+        "host's 8 GPUs it would need 16.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')")}
     assert messages["orpo"]["path"] == "resources.gpus" and "it cannot shard: resources.shard: 'fsdp' is offered for " in messages["orpo"]["message"]
     assert "not for method orpo: its trainer is not wired or tested sharded (docs/methods.md)" in messages["orpo"]["message"]
     assert messages["none"] == {"path": "resources.shard", "message": (
         "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across its 8 "
-        "GPUs it would need 13.9 GB a GPU: set shard 'fsdp' or 'auto'")}
+        "GPUs it would need 16.9 GB a GPU: set shard 'fsdp' or 'auto'")}
     assert not core.children.taken
 
 
@@ -115,6 +115,6 @@ async def test_a_sharded_jobs_succeeded_reports_one_gpus_estimate_and_its_peak_t
     core.children.scripts = [Script(messages=[StageEntered(stage="train"), result])]
     await take(core, core.record(full_fine_tune("big", LLAMA, resources={"gpus": 8})))
     await turns_until(lambda: "succeeded" in core.types("big"))
-    assert core.events("big")[-1]["memory"]["estimate_bytes"] == 13_922_825_216  # as accepted said: one GPU's, sharded
+    assert core.events("big")[-1]["memory"]["estimate_bytes"] == 16_896_627_712  # as accepted said: one GPU's, sharded
     # One rank's peak against a sharded figure is no correction of a whole copy's estimate of the model.
     assert core.scheduler.memory.history.ratios == {}
