@@ -25,7 +25,7 @@ models: a reference model, the request's or the copy of the base TRL loads for a
 (`copies_base_as_reference`), is whole on every rank (never trained, it is not sharded), as is a reward
 model. `activations`, `logits` and `generation` are per device
 batch, unchanged. Sharding adds, as measured on two ranks' allocator timelines (the peak is in the
-loss's backward, tests/handlers/test_sharding.py):
+loss's backward, tests/handlers/test_sharded_memory.py):
 
 - `gathered`: the full parameters FSDP2 all-gathers for compute: two of the largest block's (the block
   computing and the next, which FSDP2 prefetches in the backward pass) and every parameter outside the

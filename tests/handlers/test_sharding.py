@@ -4,7 +4,8 @@ torchrun's agent and two workers, gloo), on the tiny model. A sharded job's rank
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
 the same job run data-parallel with the same global batch; stopped, it resumes from its checkpoint at the step
 after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped. Its progress and result
-say each rank's tokens/s and peak memory (the largest as the job's), and its one log marks each rank's lines."""
+say each rank's tokens/s and peak memory (the largest as the job's), and its one log marks each rank's lines.
+The other methods sharded: test_sharding_methods.py; the estimate against the ranks' peaks: test_sharded_memory.py."""
 
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS
 from handlers.protocol import JobSpec
 from testbed.data import CHAT_ROWS
-from tests.helpers import SMALL_LORA, example_request, sft_request
+from tests.helpers import sft_request
 
 # Sharded and data-parallel losses differ only by the order of floating-point sums (a reduce-scatter
 # against an all-reduce; on these CPUs they came out equal): far below this, and far above it when the
@@ -263,186 +263,3 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     never_stopped = losses_by_step(whole)
     assert [resumed[s] for s in sorted(resumed)] == pytest.approx([never_stopped[s] for s in sorted(resumed)], rel=LOSS_RTOL)
     assert never_stopped[20] < never_stopped[1]  # it trained
-
-
-# The estimate's tolerance on one process: its per-GPU figure against the allocator peak the job measured. On this CPU
-# a full fine-tune of the vocabulary-heavy model below measured 1.14 of its estimate, counting its parameters (the
-# estimate models the allocator's peak, torch.cuda.max_memory_allocated on a GPU; on the CPU, torch's profiler counts
-# the same bytes but the parameters', below).
-ESTIMATE_RTOL = 0.15
-
-
-def test_the_collectives_own_bytes_at_the_peak_are_what_a_c10d_or_gloo_operation_allocated_and_still_holds() -> None:
-    """testbed/allocator_peak.py's `collective_bytes`, on a trace of the profiler's shape: of what is live at the peak,
-    the allocations made inside a `c10d::` or `gloo:` operation on the same thread; a gloo copy whose free was never
-    recorded stays counted when its address comes back (as the allocator's total keeps it)."""
-    from testbed.allocator_peak import allocator_peak, collective_bytes
-
-    def memory(ts: float, tid: int, addr: int, size: int, total: int) -> dict[str, Any]:
-        return {"name": "[memory]", "ph": "i", "ts": ts, "tid": tid, "args": {"Device Type": 0, "Addr": addr, "Bytes": size, "Total Allocated": total}}
-
-    trace = {"traceEvents": [
-        {"name": "c10d::_reduce_scatter_base_", "ph": "X", "ts": 10, "dur": 10, "tid": 1},
-        {"name": "gloo:all_gather", "ph": "X", "ts": 13, "dur": 3, "tid": 2},
-        {"name": "FSDP::all_gather", "ph": "X", "ts": 29, "dur": 3, "tid": 1},
-        memory(12, 1, 0xA, 100, 100),  # the reduce-scatter's clone
-        memory(14, 2, 0xC, 7, 107),  # gloo's copy on its thread, freed unrecorded
-        memory(22, 1, 0xD, 3, 110),  # the main thread's, outside any collective
-        memory(25, 1, 0xC, 7, 117),  # the address back, FSDP2's
-        memory(30, 1, 0xB, 50, 167),  # the peak
-        memory(40, 1, 0xC, -7, 160), memory(41, 1, 0xA, -100, 60),
-    ]}
-    assert allocator_peak(trace) == 167
-    assert collective_bytes(trace) == 107
-
-
-@pytest.mark.slow
-def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(tmp_path: Path) -> None:
-    """The per-GPU estimate of a sharded plan (daemon/jobs/memory.py `estimate(shards=2)`) against the most each of two
-    CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
-    job meets against its own. A model whose embedding and logits dominate (the tiny model's figures are TRL's
-    chunked-loss buffer, a fixed 64 KiB a token), rows of one length so that every rank's batches are alike.
-
-    What a GPU would hold, counted explicitly, in both runs: on the CPU the parameters are not in the profiler's count
-    (loaded from safetensors, their storage is the file's mapping, outside the allocator's total: it holds a few KiB
-    when the first step starts), where a GPU copies them into its allocator, so each rank's parameter bytes
-    (`rank<r>_param_bytes`) are added; and gloo's own copies held at the peak (testbed/allocator_peak.py's
-    `collective_bytes`: now and then its clone of the root's gradient for a reduce-scatter, 32.8 MB, or a layer's
-    2.4 MB, still referenced by its work), which NCCL, working in FSDP2's buffers, does not make, are taken off.
-    Measured at the peak (in the loss's backward, step 2): AdamW's moments, the loss's buffers, the head's whole
-    gradient, and two gathered copies of the tied embedding (the embedding's unit's and the root's); so counted, a
-    rank 245.0-247.4 MB, 1.12-1.13 of its estimate (218.0 MB), one process 235.7 MB, 1.14 of its own (206.4 MB).
-    Without the gradients before their reduce-scatter, the tied head's second copy and the prefetched block, 1.67."""
-    from benchmarks.memory_estimate import build
-    from daemon.jobs.headers import local_tensors
-    from daemon.jobs.memory import estimate
-    from schemas import RequestBase, decode_request
-    from testbed.child_runs import run_child
-
-    model = tmp_path / "model"
-    build(model, {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
-    ratios = {}
-    for processes, shard in ((1, "none"), (2, "fsdp")):
-        request = sft_request(f"peak-{shard}", model={"id": str(model), "dtype": "float32"}, dataset={"rows": [CHAT_ROWS[0]] * 8}, peft=None,
-                              sft={"max_length": 64}, training={"max_steps": 2, "per_device_train_batch_size": 2},
-                              resources={"gpus": processes, "shard": shard})
-        run = run_child(request, tmp_path / shard, processes, allocator=True)
-        assert run.result()["metrics"]["world_size"] == processes and sorted(run.allocator_peaks) == list(range(processes))
-        decoded = decode_request(json.dumps(request).encode())
-        assert isinstance(decoded, RequestBase)
-        metrics = run.result()["metrics"]
-        measured = max(peak - run.allocator_collectives[rank] + metrics[f"rank{rank}_param_bytes"] for rank, peak in run.allocator_peaks.items())
-        ratios[shard] = measured / estimate(decoded, local_tensors(model), shards=processes).total
-    assert ratios["none"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # the one-process tolerance holds...
-    assert ratios["fsdp"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # ...and the sharded figure meets it
-
-
-def two_gpu(method: str, request_id: str, model: Path, shard: str, rows: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
-    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4, 4 steps;
-    with an `evaluation`, the rows are its eval set too."""
-    dataset = {"rows": rows, **({"eval": {"rows": rows}} if "evaluation" in overrides else {})}
-    return example_request(method, request_id, model={"id": str(model), "dtype": "float32"}, dataset=dataset,
-                           training={"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
-                           resources={"gpus": 2, "shard": shard}, **overrides)
-
-
-def assert_holds_half(sharded: dict[str, Any], whole: dict[str, Any], base: int, full: bool) -> None:
-    """Each rank of the sharded job holds half of the base (FSDP2 shards each parameter on its first dimension) and,
-    with LoRA, the whole adapter (attached after the sharding); each of the data-parallel job's, all of it."""
-    adapter = 0 if full else whole["metrics"]["rank0_trainable_param_count"]
-    assert full or 0 < adapter < base / 4
-    for rank in (0, 1):
-        assert sharded["metrics"][f"rank{rank}_param_count"] == base / 2 + adapter
-        assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == (base / 2 if full else adapter)
-        assert whole["metrics"][f"rank{rank}_param_count"] == base + adapter
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("peft", [SMALL_LORA, None], ids=["lora", "full"])
-def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_parallel(
-    tiny_model_dir: Path, tmp_path: Path, peft: dict[str, Any] | None,
-) -> None:
-    """The reference: with LoRA, the sharded policy with its adapter switched off (nothing more is loaded); for a
-    full fine-tune, TRL's own copy of the base, loaded whole on each rank (not sharded: it is never trained, and
-    FSDP2 would gather it layer by layer for every forward). Either way the losses are the data-parallel job's."""
-    rows, dpo = PREFERENCE_ROWS, {"beta": 0.1, "max_length": 64}
-    # The evaluation (the method's own measure, and with LoRA the base as a baseline: a fresh adapter) runs sharded too.
-    evaluation = {"evaluation": {"baselines": ["base"] if peft is not None else [], "on_fail": "none"}}
-    sharded, sharded_messages = run_two_ranks(two_gpu("dpo", "dpo-fsdp", tiny_model_dir, "fsdp", rows, peft=peft, dpo=dpo, **evaluation), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu("dpo", "dpo-dp", tiny_model_dir, "none", rows, peft=peft, dpo=dpo, **evaluation), tmp_path / "dp")
-    assert_holds_half(sharded, whole, TINY_PARAMS, full=peft is None)
-    pushed = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
-    assert ("model.safetensors" if peft is None else "adapter_model.safetensors") in pushed
-    if peft is not None:  # the adapter, loaded with PEFT on the base, gives the data-parallel child's trained logits
-        fsdp, dp = (logits_of(tiny_model_dir, tmp_path / job / "artifact") for job in ("fsdp", "dp"))
-        assert_same_logits(fsdp, dp, logits_of(tiny_model_dir))
-    for rank in (0, 1):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
-        assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
-    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-    measured, expected = sharded["evaluation"], whole["evaluation"]
-    assert set(measured["baselines"]) == set(expected["baselines"]) == ({"base"} if peft is not None else set())
-    for who in ("adapter", *expected["baselines"]):
-        got = measured[who]["metrics"] if who == "adapter" else measured["baselines"][who]["metrics"]
-        want = expected[who]["metrics"] if who == "adapter" else expected["baselines"][who]["metrics"]
-        assert "eval_loss" in want and got == pytest.approx(want, rel=LOSS_RTOL, abs=1e-6)
-
-
-@pytest.mark.slow
-def test_a_sharded_full_reward_model_holds_half_the_classifier_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """A full fine-tune of a reward model: the sequence classifier (the base and its new one-output score head) sharded
-    as it loads. FSDP2 shards each parameter on its first dimension, and the score head's (1 × hidden) is one row:
-    rank 0 holds it, rank 1 none of it. (With LoRA, PEFT trains a copy of the score head beside the sharded one,
-    which FSDP2 never gathers: refused, schemas/request_base.py `sharding_problem`.)"""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    # The base is a reward model already (a score head saved with it): a new head is initialised at random as it
-    # loads, differently whole and sharded, and the two jobs would start from different models.
-    base = tmp_path / "classifier"
-    shutil.copytree(tiny_model_dir, base)
-    torch.manual_seed(0)
-    AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(base)
-    rows, reward, output = PREFERENCE_ROWS, {"max_length": 64}, {"repo_id": "results/reward", "push": "adapter"}
-    sharded, sharded_messages = run_two_ranks(two_gpu("reward", "reward-fsdp", base, "fsdp", rows, peft=None, reward=reward, output=output),
-                                              tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu("reward", "reward-dp", base, "none", rows, peft=None, reward=reward, output=output),
-                                          tmp_path / "dp")
-    score = 32  # the tiny model's hidden size: the score head's one row
-    classifier = whole["metrics"]["rank0_param_count"]
-    assert classifier == TINY_PARAMS + score == whole["metrics"]["rank1_param_count"]
-    assert sharded["metrics"]["rank0_param_count"] == TINY_PARAMS / 2 + score
-    assert sharded["metrics"]["rank1_param_count"] == TINY_PARAMS / 2
-    assert sharded["metrics"]["rank1_trainable_param_count"] == TINY_PARAMS / 2
-    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-
-
-@pytest.mark.slow
-def test_a_sharded_lora_kto_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """The reference is the sharded policy with its adapter switched off, as for DPO; KTO's KL estimate, gathered
-    across the ranks, is the same either way."""
-    rows = [{"prompt": row["prompt"], "completion": row[column], "label": column == "chosen"} for row in PREFERENCE_ROWS for column in ("chosen", "rejected")]
-    kto = {"beta": 0.1, "max_length": 64}
-    sharded, sharded_messages = run_two_ranks(two_gpu("kto", "kto-fsdp", tiny_model_dir, "fsdp", rows, peft=SMALL_LORA, kto=kto), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu("kto", "kto-dp", tiny_model_dir, "none", rows, peft=SMALL_LORA, kto=kto), tmp_path / "dp")
-    assert_holds_half(sharded, whole, TINY_PARAMS, full=False)
-    assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-
-
-@pytest.mark.slow
-def test_a_sharded_lora_grpo_generates_from_the_sharded_policy_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """GRPO's completions come from the sharded policy's `generate` (transformers keeps the ranks in step, `synced_gpus`,
-    for a model FSDP manages: a rank whose completions end early runs forward passes until every rank's have). Sampling
-    draws the same numbers on each rank either way, so the completions, rewards and losses are the data-parallel job's."""
-    from daemon.cli.demo_requests import PROMPT_ROWS
-
-    grpo = {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}
-    sharded, sharded_messages = run_two_ranks(two_gpu("grpo", "grpo-fsdp", tiny_model_dir, "fsdp", PROMPT_ROWS, grpo=grpo), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu("grpo", "grpo-dp", tiny_model_dir, "none", PROMPT_ROWS, grpo=grpo), tmp_path / "dp")
-    assert_holds_half(sharded, whole, TINY_PARAMS, full=False)
-    # GRPO's loss without a KL term is about 0 on-policy (its gradient is not): the losses are compared near 0, and
-    # the steps' gradient norms, which other completions or rewards would change, to the same tolerance.
-    assert step_losses(sharded_messages) == pytest.approx(step_losses(whole_messages), rel=LOSS_RTOL, abs=1e-6)
-    norms = [[m["grad_norm"] for m in messages if m["kind"] == "progress"] for messages in (sharded_messages, whole_messages)]
-    assert len(norms[0]) == 4 and norms[0] == pytest.approx(norms[1], rel=LOSS_RTOL) and max(norms[0]) > 0.01

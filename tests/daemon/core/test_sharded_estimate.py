@@ -111,7 +111,7 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     assert full.parts["weights"] == TINY_PARAMS // 2 * 4 == 57_920  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
     assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
     assert tensors.tied_head and not LLAMA_8B.tied_head  # the tiny model's head is its embedding; Llama's is its own
-    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in test_sharding.py).
+    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in tests/handlers/test_sharded_memory.py).
     assert full.parts["gathered"] == (2 * 9_344 + 10_272 + 320 * 32) * 4
     assert full.parts["unsharded_gradients"] == (9_344 + 10_272) * 4
     # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
