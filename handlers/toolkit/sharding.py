@@ -64,12 +64,15 @@ def save_merged(model: PeftModel, spec: ModelSpec, artifact: Path, main: bool) -
     Every rank calls it (the adapter's save is a collective of the sharded model's state); the others wait at a barrier."""
     adapter = artifact.parent / f"{artifact.name}.adapter"
     model.save_pretrained(str(adapter), is_main_process=main)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed:  # every rank past its save (PEFT makes the folder on each) before rank 0 merges and removes it
+        torch.distributed.barrier()
     if main:
         whole = load_causal_lm(str(model.get_base_model().name_or_path), spec)
         merged = PeftModel.from_pretrained(whole, str(adapter)).merge_and_unload()
         merged.save_pretrained(artifact)
         shutil.rmtree(adapter)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    if distributed:
         torch.distributed.barrier()
 
 
