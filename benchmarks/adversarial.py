@@ -24,7 +24,11 @@ from daemon.jobs.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection, decode_request
 
-HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])
+HOST = Settings(
+    work_dir=Path("/nonexistent/adapterd-bench"),
+    allowed_local_dataset_roots=[Path("/data")],
+    allowed_dataset_urls=["s3://bucket/*"],
+)
 SLOTS = Slots([], 1)
 
 # name → text of about n characters aimed at one weakness.
@@ -42,8 +46,12 @@ SHAPES: dict[str, Callable[[int], str]] = {
 
 def message(text: str, rows: int = 1) -> bytes:
     document = {
-        "schema_version": 1, "request_id": "bench-1", "method": "sft", "model": {"id": "org/base"},
-        "dataset": {"rows": [{"text": text}] * rows}, "output": {"repo_id": "org/adapter"},
+        "schema_version": 1,
+        "request_id": "bench-1",
+        "method": "sft",
+        "model": {"id": "org/base"},
+        "dataset": {"rows": [{"text": text}] * rows},
+        "output": {"repo_id": "org/adapter"},
     }
     return json.dumps(document).encode("utf-8", errors="surrogatepass")
 

@@ -83,23 +83,40 @@ def train(model_dir: Path, steps: int, store: tuple[str, dict[str, Any]] | None)
                 uploads.append(pool.submit(upload, store[0], store[1], str(copy), state.global_step))
 
     with tempfile.TemporaryDirectory() as output_dir:
-        config = SFTConfig(**{**request.training.model_dump(exclude_none=True), "max_steps": steps}, save_strategy="steps", save_steps=1,
-                           output_dir=output_dir, report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
+        config = SFTConfig(
+            **{**request.training.model_dump(exclude_none=True), "max_steps": steps},
+            save_strategy="steps",
+            save_steps=1,
+            output_dir=output_dir,
+            report_to="none",
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,
+        )
         rows = [row if isinstance(row, dict) else row.model_dump() for row in request.dataset.rows or []]
         trainer = SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(str(model_dir)), args=config, train_dataset=Dataset.from_list(rows),
+            model=AutoModelForCausalLM.from_pretrained(str(model_dir)),
+            args=config,
+            train_dataset=Dataset.from_list(rows),
             processing_class=AutoTokenizer.from_pretrained(str(model_dir)),
-            peft_config=LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0), callbacks=[Clock()],
+            peft_config=LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, lora_dropout=0.0),
+            callbacks=[Clock()],
         )
         trainer.train()
         done = [future.result() for future in uploads]
         if pool is not None:
             pool.shutdown()
-    result: dict[str, Any] = {"median_step_s": round(statistics.median(step_s), 4), "median_save_s": round(statistics.median(save_s), 4)}
+    result: dict[str, Any] = {
+        "median_step_s": round(statistics.median(step_s), 4),
+        "median_save_s": round(statistics.median(save_s), 4),
+    }
     if done:
         upload_s = statistics.median(seconds for seconds, _ in done)
-        result.update(uploads=len(done), median_upload_s=round(upload_s, 4), checkpoint_bytes=done[-1][1],
-                      save_and_upload_s=round(statistics.median(save_s) + upload_s, 4))
+        result.update(
+            uploads=len(done),
+            median_upload_s=round(upload_s, 4),
+            checkpoint_bytes=done[-1][1],
+            save_and_upload_s=round(statistics.median(save_s) + upload_s, 4),
+        )
     return result
 
 
@@ -114,10 +131,16 @@ def main() -> None:
     with s3_server("bench") as endpoint, tempfile.TemporaryDirectory() as folder:
         model_dir = save_tiny_model(Path(folder) / "tiny-model")
         store = ("s3://bench/checkpoints", {"s3": {"client_kwargs": {"endpoint_url": endpoint}}})
-        runs = [train(model_dir, args.steps, store if index % 2 else None) for index in range(2 * args.rounds)]  # alternated
+        runs = [
+            train(model_dir, args.steps, store if index % 2 else None) for index in range(2 * args.rounds)
+        ]  # alternated
     without = [run for index, run in enumerate(runs) if index % 2 == 0]
     with_store = [run for index, run in enumerate(runs) if index % 2]
-    print(json.dumps({"steps": args.steps, "saves": "every step", "without_store": without, "with_store": with_store}, indent=2))
+    print(
+        json.dumps(
+            {"steps": args.steps, "saves": "every step", "without_store": without, "with_store": with_store}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

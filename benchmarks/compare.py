@@ -23,8 +23,11 @@ HERE = Path(__file__).resolve().parents[1]
 
 def run_benchmarks(tree: Path, results: Path, only: list[str], repeats: int) -> list[dict[str, object]]:
     # The old side may not know --results: read what it writes into its own tree.
-    subprocess.run(["uv", "run", "--frozen", "python", "-m", "benchmarks", "--only", *only, "--repeats", str(repeats)],
-                   cwd=tree, check=True)
+    subprocess.run(
+        ["uv", "run", "--frozen", "python", "-m", "benchmarks", "--only", *only, "--repeats", str(repeats)],
+        cwd=tree,
+        check=True,
+    )
     shutil.copy(tree / "benchmarks" / "results" / "latest.json", results)
     return list(json.loads(results.read_text())["rows"])
 

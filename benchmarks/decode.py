@@ -16,10 +16,16 @@ import time
 from benchmarks.intake import bad_message
 from schemas import decode_request
 
-VALID = json.dumps({
-    "schema_version": 1, "request_id": "ok-1", "method": "sft", "model": {"id": "x/y"},
-    "dataset": {"rows": [{"text": "t"}]}, "output": {"repo_id": "a/b"},
-}).encode()
+VALID = json.dumps(
+    {
+        "schema_version": 1,
+        "request_id": "ok-1",
+        "method": "sft",
+        "model": {"id": "x/y"},
+        "dataset": {"rows": [{"text": "t"}]},
+        "output": {"repo_id": "a/b"},
+    }
+).encode()
 
 
 def microseconds(messages: list[bytes]) -> float:
@@ -34,9 +40,14 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    for name, messages in (("bad mix", [bad_message(i) for i in range(args.messages)]), ("valid sft", [VALID] * args.messages)):
+    for name, messages in (
+        ("bad mix", [bad_message(i) for i in range(args.messages)]),
+        ("valid sft", [VALID] * args.messages),
+    ):
         runs = [microseconds(messages) for _ in range(args.runs)]
-        print(f"{name:10s} {statistics.median(runs):6.2f} us/message [{min(runs):.2f}, {max(runs):.2f}] over {args.runs} runs")
+        print(
+            f"{name:10s} {statistics.median(runs):6.2f} us/message [{min(runs):.2f}, {max(runs):.2f}] over {args.runs} runs"
+        )
 
 
 if __name__ == "__main__":

@@ -27,18 +27,34 @@ from testbed.memory_kafka import FakeProducer, FakeRecord
 def _succeeded() -> Succeeded:
     """A `succeeded` of the size the fleet publishes: metrics, durations, versions, sources."""
     return Succeeded(
-        request_id="bench-1", sink="hub", repo_id="team/adapter", revision="main", commit_sha="0" * 40,
-        commit_url="https://huggingface.co/team/adapter/commit/" + "0" * 40, location="https://huggingface.co/team/adapter",
+        request_id="bench-1",
+        sink="hub",
+        repo_id="team/adapter",
+        revision="main",
+        commit_sha="0" * 40,
+        commit_url="https://huggingface.co/team/adapter/commit/" + "0" * 40,
+        location="https://huggingface.co/team/adapter",
         files=["adapter_config.json", "adapter_model.safetensors", "README.md"],
-        metrics={f"metric_{i}": i / 7 for i in range(20)}, durations_s={f"stage_{i}": i * 1.5 for i in range(16)},
+        metrics={f"metric_{i}": i / 7 for i in range(20)},
+        durations_s={f"stage_{i}": i * 1.5 for i in range(16)},
         versions={name: "1.0.0" for name in ("adapterd", "trl", "transformers", "peft", "torch", "datasets")},
-        method="sft", trainer="SFTTrainer/SFTConfig", base_model="Qwen/Qwen2.5-0.5B", base_model_revision="1" * 40,
+        method="sft",
+        trainer="SFTTrainer/SFTConfig",
+        base_model="Qwen/Qwen2.5-0.5B",
+        base_model_revision="1" * 40,
         dataset_fingerprint="f" * 16,
     )
 
 
-def _cases(event: Rejected | Succeeded, value: bytes, signer: EventSigner, keys: EventKeys, publishers: dict[str, Publisher],
-           stream: EventStream, unverified: EventStream) -> dict[str, Callable[[], object]]:
+def _cases(
+    event: Rejected | Succeeded,
+    value: bytes,
+    signer: EventSigner,
+    keys: EventKeys,
+    publishers: dict[str, Publisher],
+    stream: EventStream,
+    unverified: EventStream,
+) -> dict[str, Callable[[], object]]:
     """What is timed, for one event: each a call made `--events` times."""
     record = FakeRecord("adapterd.events", 0, 0, b"bench-1", value, [(SIGNATURE_HEADER, signer.sign(value))])
     return {
@@ -72,7 +88,9 @@ async def main() -> None:
     args = parser.parse_args()
     pem, public = new_key_pair()
     signer, keys = EventSigner(read_private_key(pem)), EventKeys.parse([public])
-    rejected = Rejected(request_id="bench-1", reason="invalid", errors=[FieldError(path="training.max_steps", message="not an integer")])
+    rejected = Rejected(
+        request_id="bench-1", reason="invalid", errors=[FieldError(path="training.max_steps", message="not an integer")]
+    )
     with TemporaryDirectory() as folder:
         (Path(folder) / "key.pem").write_bytes(pem)
         signing = Settings(gpus=[], warm_child=False, event_signing_key_file=Path(folder) / "key.pem")

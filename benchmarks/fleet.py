@@ -97,7 +97,13 @@ class Plan:
 
 
 QUICK: dict[str, Any] = {"batch": 4, "evals": 0, "urgent": 1, "min_steps": 2, "max_steps": 4}
-CONTENTION: dict[str, Any] = {"urgent": 2, "urgent_steps": 30, "min_run_s": 5.0, "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)), "submit": True}
+CONTENTION: dict[str, Any] = {
+    "urgent": 2,
+    "urgent_steps": 30,
+    "min_run_s": 5.0,
+    "caps": ((EVALS_TEAM, 1), (URGENT_TEAM, 1)),
+    "submit": True,
+}
 
 
 def job_threads(plan: Plan, cores: int) -> int:
@@ -111,16 +117,27 @@ def fleet_overrides(plan: Plan, suffix: str) -> dict[str, Any]:
     if not plan.classes:
         return {}
     return {
-        **shared_fleet_keys(), "priority_classes": CLASSES, "default_priority_class": "default", "claims_topic": f"claims-{suffix}",
-        "teams": {team: TeamShare(weight=weight, max_slots=dict(plan.caps).get(team)) for team, weight in WEIGHTS.items()},
-        "preempt_min_run_s": plan.min_run_s, "preempt_max_count": 2, "queue_wait_event_s": 1.0,
+        **shared_fleet_keys(),
+        "priority_classes": CLASSES,
+        "default_priority_class": "default",
+        "claims_topic": f"claims-{suffix}",
+        "teams": {
+            team: TeamShare(weight=weight, max_slots=dict(plan.caps).get(team)) for team, weight in WEIGHTS.items()
+        },
+        "preempt_min_run_s": plan.min_run_s,
+        "preempt_max_count": 2,
+        "queue_wait_event_s": 1.0,
     }
 
 
 def request(plan: Plan, model: str, request_id: str, steps: int, priority_class: str, team: str) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "schema_version": 1, "request_id": request_id, "method": "sft", "team": team,
-        "model": {"id": model}, "dataset": {"rows": CHAT_ROWS[:4]},
+        "schema_version": 1,
+        "request_id": request_id,
+        "method": "sft",
+        "team": team,
+        "model": {"id": model},
+        "dataset": {"rows": CHAT_ROWS[:4]},
         "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
         "training": {"max_steps": steps, "per_device_train_batch_size": 2, "save_steps": 1},
         "output": {"repo_id": f"fleet/{request_id}"},
@@ -130,13 +147,18 @@ def request(plan: Plan, model: str, request_id: str, steps: int, priority_class:
     return body
 
 
-async def publish(settings: Settings, topic: str, requests: list[dict[str, Any]], classes: list[str], team: str) -> list[Arrival]:
+async def publish(
+    settings: Settings, topic: str, requests: list[dict[str, Any]], classes: list[str], team: str
+) -> list[Arrival]:
     """Publish at once, keyed by request id, each record stamped now: its arrival."""
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
         stamped = [(r, int(time.time() * 1000)) for r in requests]
-        sent = [await producer.send(topic, json.dumps(r).encode(), key=r["request_id"].encode(), timestamp_ms=ms) for r, ms in stamped]
+        sent = [
+            await producer.send(topic, json.dumps(r).encode(), key=r["request_id"].encode(), timestamp_ms=ms)
+            for r, ms in stamped
+        ]
         await asyncio.gather(*sent)
     finally:
         await producer.stop()
@@ -158,8 +180,15 @@ class Submit:
         """Start submit and return once it reads the pipe (its start-up done: a Python start took 13 to 47 s here under load)."""
         os.mkfifo(self.pipe)
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "daemon.cli.app", "submit", str(self.pipe), env=settings_environment(self.settings),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "daemon.cli.app",
+            "submit",
+            str(self.pipe),
+            env=settings_environment(self.settings),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         self.writer = await asyncio.to_thread(self.pipe.open, "w")  # opening a pipe to write waits for its reader
         return self
 
@@ -183,7 +212,10 @@ class Submit:
         finally:
             await consumer.stop()
         # Said, since the scenario depends on it: how long submit took to read the request and to publish it.
-        print(f"fleet: {body['request_id']} landed {record.timestamp / 1000 - written:.2f}s after it was written to submit", file=sys.stderr)
+        print(
+            f"fleet: {body['request_id']} landed {record.timestamp / 1000 - written:.2f}s after it was written to submit",
+            file=sys.stderr,
+        )
         return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)
 
     def stop(self) -> None:
@@ -204,11 +236,21 @@ def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int)
     jobs before does (cold, every request of a burst before the first end gets no ETA but the first few). None
     when no ETA was given."""
     labels = {a.request_id: a for a in arrivals}
-    measured = tuple(replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
-                     for a in arrivals_from_events(events) if a.request_id in labels)
+    measured = tuple(
+        replace(a, priority_class=labels[a.request_id].priority_class, team=labels[a.request_id].team)
+        for a in arrivals_from_events(events)
+        if a.request_id in labels
+    )
     history = tuple((a.method, a.model, a.duration_s, a.steps) for a in measured)
-    error = eta_error(Trace(measured, slots=slots, classes=tuple(CLASSES), teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()},
-                            history=history))
+    error = eta_error(
+        Trace(
+            measured,
+            slots=slots,
+            classes=tuple(CLASSES),
+            teams={t: TeamShare(weight=w) for t, w in WEIGHTS.items()},
+            history=history,
+        )
+    )
     return None if math.isnan(error) else error
 
 
@@ -227,20 +269,44 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
     submits: list[Submit] = []
     try:
         suffix = f"{rng.getrandbits(32):08x}"
-        settings = await env.settings(partitions=plan.partitions, job_slots=plan.slots, progress_interval_s=0, hub_token=HUB_TOKEN,
-                                      max_attempts=3, retry_backoff_s=1, **fleet_overrides(plan, suffix))
+        settings = await env.settings(
+            partitions=plan.partitions,
+            job_slots=plan.slots,
+            progress_interval_s=0,
+            hub_token=HUB_TOKEN,
+            max_attempts=3,
+            retry_backoff_s=1,
+            **fleet_overrides(plan, suffix),
+        )
         # The topic the daemons' group reads (ensure_topics made it, and the class queues): the claims with classes.
-        group_partitions = len(await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic))
+        group_partitions = len(
+            await partition_numbers(settings, settings.claims_topic if plan.classes else settings.requests_topic)
+        )
         # One checkpoint store for the fleet (a shared folder here): a job preempted on one host resumes on any other.
-        settings = settings.model_copy(update={"checkpoint_store": str(settings.work_dir / "checkpoint-store"),
-                                               "event_signing_key_file": env.fleet_key()})  # the key signs what hosts write to the store
-        hosts = [settings.model_copy(update={"host": f"fleet-{n}", "work_dir": settings.work_dir / f"host-{n}",
-                                             "metrics_address": f"127.0.0.1:{free_port()}"}) for n in range(plan.daemons)]
+        settings = settings.model_copy(
+            update={
+                "checkpoint_store": str(settings.work_dir / "checkpoint-store"),
+                "event_signing_key_file": env.fleet_key(),
+            }
+        )  # the key signs what hosts write to the store
+        hosts = [
+            settings.model_copy(
+                update={
+                    "host": f"fleet-{n}",
+                    "work_dir": settings.work_dir / f"host-{n}",
+                    "metrics_address": f"127.0.0.1:{free_port()}",
+                }
+            )
+            for n in range(plan.daemons)
+        ]
         # Each daemon stands for a host of its own: its jobs get their share of this machine's cores, as a host's get
         # its own, not all of them each (two jobs of 2 OpenMP threads on 2 cores ran their steps 6x slower beside
         # each other than alone, so a job's pace said nothing of the next one's; a fleet's hosts share no cores).
         threads = {"OMP_NUM_THREADS": str(job_threads(plan, os.cpu_count() or 1))}
-        daemons = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log"), extra_env=threads).start() for n, s in enumerate(hosts)]
+        daemons = [
+            DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log"), extra_env=threads).start()
+            for n, s in enumerate(hosts)
+        ]
         collector = Collector(settings)
         collecting = asyncio.create_task(collector.run())
         await ready(daemons, settings, group_partitions)
@@ -250,15 +316,23 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
 
         model = str(env.model_dir)
         submits = [await Submit(settings, f"urgent-{n}").start() for n in range(plan.urgent if plan.submit else 0)]
-        sweep = [request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM) for n in range(plan.batch)]
+        sweep = [
+            request(plan, model, f"batch-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, SWEEP_TEAM)
+            for n in range(plan.batch)
+        ]
         sent = time.monotonic()
-        evals = [request(plan, model, f"evals-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, EVALS_TEAM) for n in range(plan.evals)]
+        evals = [
+            request(plan, model, f"evals-{n}", rng.randint(plan.min_steps, plan.max_steps), BATCH, EVALS_TEAM)
+            for n in range(plan.evals)
+        ]
         arrivals = await publish(settings, topic(BATCH), sweep, [BATCH] * len(sweep), SWEEP_TEAM)
         arrivals += await publish(settings, topic(BATCH), evals, [BATCH] * len(evals), EVALS_TEAM)
         busy_s = min(plan.busy_timeout_s, plan.timeout_s)
         if not await collector.until(lambda events: holding(events) >= plan.total_slots, busy_s):
             print(f"fleet: not every slot was busy after {busy_s}s; the urgent requests go now", file=sys.stderr)
-        urgent = [request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)]
+        urgent = [
+            request(plan, model, f"urgent-{n}", plan.urgent_steps, URGENT, URGENT_TEAM) for n in range(plan.urgent)
+        ]
         if plan.submit:
             for n, body in enumerate(urgent):
                 before = str(urgent[n - 1]["request_id"])
@@ -269,20 +343,40 @@ async def run(plan: Plan, bootstrap_servers: str | None = None, events_path: Pat
             arrivals += await publish(settings, topic(URGENT), urgent, [URGENT] * len(urgent), URGENT_TEAM)
         ids = {arrival.request_id for arrival in arrivals}
         end = None  # all ended: the last event of theirs; else now, the run's end with some unfinished
-        if not await collector.until(lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)):
+        if not await collector.until(
+            lambda events: ids <= set(terminal_at(events)), plan.timeout_s - (time.monotonic() - sent)
+        ):
             print(f"fleet: not every request ended within {plan.timeout_s}s", file=sys.stderr)
             end = time.time()
         collecting.cancel()
         commits = {request_id: len(env.hub.commits(f"fleet/{request_id}")) for request_id in ids}
-        result = figures(arrivals, collector.events, {h.host: h.job_slots for h in hosts}, [c.name for c in CLASSES], WEIGHTS, commits, end=end,
-                         caps=dict(plan.caps))
+        result = figures(
+            arrivals,
+            collector.events,
+            {h.host: h.job_slots for h in hosts},
+            [c.name for c in CLASSES],
+            WEIGHTS,
+            commits,
+            end=end,
+            caps=dict(plan.caps),
+        )
         end = end or max(e.at for e in collector.events if e.request_id in ids)
         if events_path is not None:
             dump(events_path, arrivals, collector.events)
-        return {**result, "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
-                "mode": "classes" if plan.classes else "fifo", "daemons": plan.daemons, "slots_each": plan.slots,
-                "batch": plan.batch, "evals": plan.evals, "urgent": plan.urgent, "makespan_s": end - min(a.at for a in arrivals),
-                "preempt_min_run_s": plan.min_run_s, "caps": ",".join(f"{t}:{n}" for t, n in plan.caps) or None, "urgent_by": "submit" if plan.submit else "producer"}
+        return {
+            **result,
+            "eta_replay_error": replayed_eta_error(collector.raw, arrivals, plan.total_slots),
+            "mode": "classes" if plan.classes else "fifo",
+            "daemons": plan.daemons,
+            "slots_each": plan.slots,
+            "batch": plan.batch,
+            "evals": plan.evals,
+            "urgent": plan.urgent,
+            "makespan_s": end - min(a.at for a in arrivals),
+            "preempt_min_run_s": plan.min_run_s,
+            "caps": ",".join(f"{t}:{n}" for t, n in plan.caps) or None,
+            "urgent_by": "submit" if plan.submit else "producer",
+        }
     finally:
         for submit in submits:
             submit.stop()
@@ -296,30 +390,61 @@ def main() -> None:
     parser.add_argument("--daemons", type=int, default=Plan.daemons)
     parser.add_argument("--slots", type=int, default=Plan.slots, help="CPU job slots per daemon")
     parser.add_argument("--batch", type=int, default=None, help="the sweep's size (batch requests)")
-    parser.add_argument("--evals", type=int, default=None, help="the second batch team's requests (twice the sweep's weight)")
+    parser.add_argument(
+        "--evals", type=int, default=None, help="the second batch team's requests (twice the sweep's weight)"
+    )
     parser.add_argument("--urgent", type=int, default=None, help="urgent requests, sent once every slot is busy")
     parser.add_argument("--min-steps", type=int, default=None)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--partitions", type=int, default=Plan.partitions)
     modes = parser.add_mutually_exclusive_group()
-    modes.add_argument("--classes", action="store_true", default=True, help="the fleet's priority classes and teams (the default)")
-    modes.add_argument("--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out")
+    modes.add_argument(
+        "--classes", action="store_true", default=True, help="the fleet's priority classes and teams (the default)"
+    )
+    modes.add_argument(
+        "--fifo", dest="classes", action="store_false", help="no classes: each partition first-in-first-out"
+    )
     parser.add_argument("--quick", action="store_true", help=f"a small run: {QUICK}")
-    parser.add_argument("--contention", action="store_true", help=f"the queue's hard cases (a team cap, a long minimum run, urgent by submit): {CONTENTION}")
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help=f"the queue's hard cases (a team cap, a long minimum run, urgent by submit): {CONTENTION}",
+    )
     parser.add_argument("--seed", type=int, default=Plan.seed)
     parser.add_argument("--timeout", type=float, default=Plan.timeout_s)
-    parser.add_argument("--threads", type=int, default=None, help="each job's OpenMP threads (default: this machine's cores over the fleet's slots)")
-    parser.add_argument("--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own")
-    parser.add_argument("--events", type=Path, default=None, help="write the run's arrivals and events here, one JSON object a line")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="each job's OpenMP threads (default: this machine's cores over the fleet's slots)",
+    )
+    parser.add_argument(
+        "--bootstrap-servers", default=None, help="a running broker's (a test's) instead of one of the run's own"
+    )
+    parser.add_argument(
+        "--events", type=Path, default=None, help="write the run's arrivals and events here, one JSON object a line"
+    )
     args = parser.parse_args()
-    plan = Plan(daemons=args.daemons, slots=args.slots, partitions=args.partitions, classes=args.classes, seed=args.seed,
-                timeout_s=args.timeout, threads=args.threads)
+    plan = Plan(
+        daemons=args.daemons,
+        slots=args.slots,
+        partitions=args.partitions,
+        classes=args.classes,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        threads=args.threads,
+    )
     if args.quick:
         plan = replace(plan, **QUICK)
     if args.contention:
         plan = replace(plan, **CONTENTION)
-    given: dict[str, Any] = {"batch": args.batch, "evals": args.evals, "urgent": args.urgent, "min_steps": args.min_steps,
-                             "max_steps": args.max_steps}
+    given: dict[str, Any] = {
+        "batch": args.batch,
+        "evals": args.evals,
+        "urgent": args.urgent,
+        "min_steps": args.min_steps,
+        "max_steps": args.max_steps,
+    }
     plan = replace(plan, **{name: value for name, value in given.items() if value is not None})
     print(fleet_line(asyncio.run(run(plan, args.bootstrap_servers, args.events))), flush=True)
 

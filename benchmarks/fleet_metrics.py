@@ -32,7 +32,9 @@ def idle_share(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[
     return idle / total if total > 0 else 0.0
 
 
-def greedy_schedule(arrivals: Sequence[Arrival], durations: dict[str, float], slots: int, classes: Sequence[str]) -> dict[str, float]:
+def greedy_schedule(
+    arrivals: Sequence[Arrival], durations: dict[str, float], slots: int, classes: Sequence[str]
+) -> dict[str, float]:
     """When each request starts in a greedy work-conserving list schedule: whenever a slot is free it takes the
     waiting request of the highest class, earliest arrival first, and runs it for its duration."""
     rank = {name: n for n, name in enumerate(classes)}
@@ -52,7 +54,9 @@ def greedy_schedule(arrivals: Sequence[Arrival], durations: dict[str, float], sl
     return starts
 
 
-def greedy_makespan(arrivals: Sequence[Arrival], durations: dict[str, float], slots: int, classes: Sequence[str]) -> float:
+def greedy_makespan(
+    arrivals: Sequence[Arrival], durations: dict[str, float], slots: int, classes: Sequence[str]
+) -> float:
     """The greedy schedule's makespan: its first arrival to its last finish."""
     starts = greedy_schedule(arrivals, durations, slots, classes)
     if not starts:
@@ -61,8 +65,9 @@ def greedy_makespan(arrivals: Sequence[Arrival], durations: dict[str, float], sl
     return max(start + durations[request_id] for request_id, start in starts.items()) - first
 
 
-def makespan_ratio(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-                   end: float) -> float | None:
+def makespan_ratio(
+    arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str], end: float
+) -> float | None:
     """The run's makespan (first arrival to `end`) over the greedy schedule's of the same measured job durations
     (each request's slot-time, every hold of it added up) on the same number of slots; None when nothing ran."""
     durations: dict[str, float] = defaultdict(float)
@@ -82,7 +87,9 @@ def percentile(values: Sequence[float], share: float) -> float:
 def start_p95(arrivals: Sequence[Arrival], events: Sequence[Seen], priority_class: str) -> float | None:
     """The 95th percentile of arrival to first step over the class's requests that trained; None when none did."""
     reached = first_step_at(events)
-    waits = [reached[a.request_id] - a.at for a in arrivals if a.priority_class == priority_class and a.request_id in reached]
+    waits = [
+        reached[a.request_id] - a.at for a in arrivals if a.priority_class == priority_class and a.request_id in reached
+    ]
     return percentile(waits, 0.95) if waits else None
 
 
@@ -96,7 +103,7 @@ def eta_median_error(events: Sequence[Seen]) -> float | None:
     for n, event in enumerate(ordered):
         if event.type != "queued" or event.eta_s is None or event.request_id in judged:
             continue
-        start = next((e.at for e in ordered[n + 1:] if e.request_id == event.request_id and e.type == "started"), None)
+        start = next((e.at for e in ordered[n + 1 :] if e.request_id == event.request_id and e.type == "started"), None)
         if start is None:
             continue
         judged.add(event.request_id)
@@ -119,8 +126,11 @@ def steps_retrained_per_preemption(events: Sequence[Seen]) -> float | None:
             continue
         reached = event.step
         if reached is None:
-            reached = max((e.step or 0 for e in ordered[:n] if e.request_id == event.request_id and e.type == "progress"), default=0)
-        resumed = next((e for e in ordered[n + 1:] if e.request_id == event.request_id and e.type == "started"), None)
+            reached = max(
+                (e.step or 0 for e in ordered[:n] if e.request_id == event.request_id and e.type == "progress"),
+                default=0,
+            )
+        resumed = next((e for e in ordered[n + 1 :] if e.request_id == event.request_id and e.type == "started"), None)
         if resumed is not None:
             retrained.append(float(max(0, reached - (resumed.resumed_step or 0))))
     return statistics.mean(retrained) if retrained else None
@@ -155,9 +165,16 @@ def trainings(events: Sequence[Seen]) -> list[Training]:
         elif key in opened:
             training = opened[key]
             training.last = event.at
-            if event.type == "progress" and event.stage == "train" and event.step is not None and event.step == event.total_steps:
+            if (
+                event.type == "progress"
+                and event.stage == "train"
+                and event.step is not None
+                and event.step == event.total_steps
+            ):
                 training.reached_end = True
-            if event.type in RELEASES:  # it stopped there: the host's later events of it (its next `accepted`) are another's
+            if (
+                event.type in RELEASES
+            ):  # it stopped there: the host's later events of it (its next `accepted`) are another's
                 found.append(opened.pop(key))
     return found + list(opened.values())
 
@@ -171,7 +188,7 @@ def duplicate_trainings(events: Sequence[Seen]) -> int:
     twice = 0
     for runs in by_request.values():
         runs.sort(key=lambda t: t.start)
-        overlap = any(later.start < earlier.last for n, earlier in enumerate(runs) for later in runs[n + 1:])
+        overlap = any(later.start < earlier.last for n, earlier in enumerate(runs) for later in runs[n + 1 :])
         if overlap or sum(run.reached_end for run in runs) > 1:
             twice += 1
     return twice
@@ -184,6 +201,7 @@ def duplicate_commits(commits: dict[str, int]) -> int:
 
 def fleet_line(figures: dict[str, object]) -> str:
     """`FLEET key=value ...`: floats to three decimals, None as n/a."""
+
     def shown(value: object) -> str:
         if value is None:
             return "n/a"
@@ -202,9 +220,17 @@ def parse_fleet_line(line: str) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in rest.split())
 
 
-def figures(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-            weights: dict[str, float], commits: dict[str, int], urgent_class: str = "urgent", end: float | None = None,
-            caps: dict[str, int] | None = None) -> dict[str, object]:
+def figures(
+    arrivals: Sequence[Arrival],
+    events: Sequence[Seen],
+    slots: dict[str, int],
+    classes: Sequence[str],
+    weights: dict[str, float],
+    commits: dict[str, int],
+    urgent_class: str = "urgent",
+    end: float | None = None,
+    caps: dict[str, int] | None = None,
+) -> dict[str, object]:
     """Every figure of the FLEET line, in its order, over the run from the first arrival to `end` (unset: the
     requests' last event, which is where the run ends when every one of them ended). `caps`: the teams' `max_slots`,
     which the share figures count (a team wants no more slots than its cap)."""

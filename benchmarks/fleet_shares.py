@@ -39,8 +39,14 @@ def wants(arrivals: Sequence[Arrival], caps: dict[str, int]) -> dict[str, int]:
     return {team: min(count, caps.get(team, count)) for team, count in wanted.items()}
 
 
-def ideal_slots(waiting: Sequence[Arrival], running_: Sequence[Arrival], slots: int, classes: Sequence[str],
-                weights: dict[str, float], caps: dict[str, int] | None = None) -> dict[str, float]:
+def ideal_slots(
+    waiting: Sequence[Arrival],
+    running_: Sequence[Arrival],
+    slots: int,
+    classes: Sequence[str],
+    weights: dict[str, float],
+    caps: dict[str, int] | None = None,
+) -> dict[str, float]:
     """Each team's slots in the fleet's order at one moment: classes served highest first, and within a class the
     slots left split by weight among the teams that want them (running or waiting, none past its cap), a share
     unused lent to the rest."""
@@ -57,8 +63,13 @@ def ideal_slots(waiting: Sequence[Arrival], running_: Sequence[Arrival], slots: 
     return dict(given)
 
 
-def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weights: dict[str, float], end: float,
-                     caps: dict[str, int] | None = None) -> float | None:
+def fair_share_error(
+    arrivals: Sequence[Arrival],
+    events: Sequence[Seen],
+    weights: dict[str, float],
+    end: float,
+    caps: dict[str, int] | None = None,
+) -> float | None:
     """Fair share between teams, as the issue puts it (within a class, each team's share of slot-time follows its
     weight, a share left idle lent): over each class's contended window (one of its requests waits and two teams
     or more of it want slots), the largest gap between a team's share of the slot-time the class held and its
@@ -87,8 +98,15 @@ def fair_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], weight
     return worst
 
 
-def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], classes: Sequence[str],
-                      weights: dict[str, float], end: float, caps: dict[str, int] | None = None) -> float | None:
+def order_share_error(
+    arrivals: Sequence[Arrival],
+    events: Sequence[Seen],
+    slots: dict[str, int],
+    classes: Sequence[str],
+    weights: dict[str, float],
+    end: float,
+    caps: dict[str, int] | None = None,
+) -> float | None:
     """The largest gap between a team's share of the slot-time used and its share in the fleet's order (`ideal_slots`),
     over the contended window: while a request waits and two teams or more want slots, whatever their classes. In the
     order's ideal a higher class has its slots the moment it arrives, so this counts the time a preemption takes
@@ -103,7 +121,9 @@ def order_share_error(arrivals: Sequence[Arrival], events: Sequence[Seen], slots
         span = piece.end - piece.start
         for arrival in piece.running:
             actual[arrival.team] += span
-        for team, count in ideal_slots(piece.waiting, piece.running, sum(slots.values()), classes, weights, caps).items():
+        for team, count in ideal_slots(
+            piece.waiting, piece.running, sum(slots.values()), classes, weights, caps
+        ).items():
             ideal[team] += count * span
     return largest_gap(actual, ideal)
 

@@ -152,7 +152,9 @@ def timeline(arrivals: Sequence[Arrival], events: Sequence[Seen], end: float) ->
     found = [hold for hold in holds(events, end) if hold.request_id in by_id]
     done = finished_at(events)
     start = min(arrival.at for arrival in arrivals)
-    cuts = sorted({start, end} | {a.at for a in arrivals} | {h.start for h in found} | {h.end for h in found} | set(done.values()))
+    cuts = sorted(
+        {start, end} | {a.at for a in arrivals} | {h.start for h in found} | {h.end for h in found} | set(done.values())
+    )
     cuts = [t for t in cuts if start <= t <= end]
     slices = []
     for left, right in zip(cuts, cuts[1:], strict=False):
@@ -162,7 +164,11 @@ def timeline(arrivals: Sequence[Arrival], events: Sequence[Seen], end: float) ->
         busy: dict[str, int] = defaultdict(int)
         for hold in now:
             busy[hold.host] += 1
-        waiting = [a for a in arrivals if a.at <= middle and a.request_id not in held and done.get(a.request_id, math.inf) > middle]
+        waiting = [
+            a
+            for a in arrivals
+            if a.at <= middle and a.request_id not in held and done.get(a.request_id, math.inf) > middle
+        ]
         slices.append(Slice(left, right, dict(busy), waiting, [by_id[request_id] for request_id in sorted(held)]))
     return slices
 

@@ -35,7 +35,10 @@ def unneeded_preemptions(arrivals: Sequence[Arrival], events: Sequence[Seen], cl
         if taker is None:
             continue
         lower = rank.get(taker.priority_class, len(rank))
-        if any(taker.at <= other.at <= event.at and rank.get(by_id[other.request_id].priority_class, len(rank)) > lower for other in accepted):
+        if any(
+            taker.at <= other.at <= event.at and rank.get(by_id[other.request_id].priority_class, len(rank)) > lower
+            for other in accepted
+        ):
             unneeded += 1
     return unneeded
 

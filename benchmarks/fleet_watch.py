@@ -24,15 +24,26 @@ async def ready(daemons: list[DaemonProcess], settings: Settings, partitions: in
     while time.monotonic() < deadline:
         logs = [daemon.log_lines() for daemon in daemons]
         warm = all(any(line.get("event") == warm_event(settings) for line in lines) for lines in logs)
-        latest = [next((line.get("partitions") or [] for line in reversed(lines) if line.get("event") == "partitions.assigned"), [])
-                  for lines in logs]
+        latest = [
+            next(
+                (
+                    line.get("partitions") or []
+                    for line in reversed(lines)
+                    if line.get("event") == "partitions.assigned"
+                ),
+                [],
+            )
+            for lines in logs
+        ]
         shared = sorted(p for assigned in latest for p in assigned) == list(range(partitions)) and all(latest)
         if warm and shared:
             return
         for daemon in daemons:
             assert daemon.process is not None
             if daemon.process.poll() is not None:
-                raise RuntimeError(f"a daemon exited ({daemon.process.returncode}) before it was ready; see {daemon.log_path}")
+                raise RuntimeError(
+                    f"a daemon exited ({daemon.process.returncode}) before it was ready; see {daemon.log_path}"
+                )
         await asyncio.sleep(0.2)
     raise TimeoutError(f"the daemons were not all ready after {timeout_s}s: logs {[str(d.log_path) for d in daemons]}")
 

@@ -40,9 +40,40 @@ async def run(env: Environment) -> list[Row]:
     finally:
         daemon.stop()
     return [
-        Row("footprint", "idle daemon resident memory", round(idle_rss, 1), "MiB", note="parent only" + (", torch MAPPED" if idle_torch else ", no torch mapped")),
-        Row("footprint", "daemon parent CPU while a job trains", round(100 * parent_cpu, 2), "% of a core", note="5 s sample"),
-        Row("footprint", "daemon resident memory after a job", round(after_rss, 1), "MiB", note=f"{after_rss - idle_rss:+.1f} MiB"),
-        Row("footprint", "processes left in the job's process group", len(leftovers), "", "0", note="child exited; host memory returned with it"),
-        Row("footprint", "GPU memory after a job", "n/a", "", note="no GPU on this machine; the child holds all CUDA state and exits"),
+        Row(
+            "footprint",
+            "idle daemon resident memory",
+            round(idle_rss, 1),
+            "MiB",
+            note="parent only" + (", torch MAPPED" if idle_torch else ", no torch mapped"),
+        ),
+        Row(
+            "footprint",
+            "daemon parent CPU while a job trains",
+            round(100 * parent_cpu, 2),
+            "% of a core",
+            note="5 s sample",
+        ),
+        Row(
+            "footprint",
+            "daemon resident memory after a job",
+            round(after_rss, 1),
+            "MiB",
+            note=f"{after_rss - idle_rss:+.1f} MiB",
+        ),
+        Row(
+            "footprint",
+            "processes left in the job's process group",
+            len(leftovers),
+            "",
+            "0",
+            note="child exited; host memory returned with it",
+        ),
+        Row(
+            "footprint",
+            "GPU memory after a job",
+            "n/a",
+            "",
+            note="no GPU on this machine; the child holds all CUDA state and exits",
+        ),
     ]

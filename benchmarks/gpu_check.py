@@ -46,18 +46,49 @@ from pathlib import Path
 from benchmarks.gpu_table import Check, Host, Table
 
 CHECKS = [
-    Check("warm", "fork server: ready, CUDA untouched before and after the jobs, each job forked from it", target="yes"),
+    Check(
+        "warm", "fork server: ready, CUDA untouched before and after the jobs, each job forked from it", target="yes"
+    ),
     Check("sft", "SFT LoRA tokens/s: daemon against plain TRL (ABBA), first step, stages", target=">= 0.98"),
-    Check("memory", "GPU memory before, peak during and after each daemon job", needs_cuda=True, target="after - before <= 16 MiB"),
+    Check(
+        "memory",
+        "GPU memory before, peak during and after each daemon job",
+        needs_cuda=True,
+        target="after - before <= 16 MiB",
+    ),
     Check("qlora", "QLoRA 4-bit job through the daemon", needs_cuda=True, needs="bitsandbytes", target="succeeds"),
-    Check("packing", "LoRA jobs at once on one GPU through max_jobs_per_gpu: aggregate tokens/s", target=">= 3x one job alone (8 jobs)"),
-    Check("fast", "the host's speed settings against TRL's defaults, through the daemon", needs_cuda=True, target="faster, the same losses"),
+    Check(
+        "packing",
+        "LoRA jobs at once on one GPU through max_jobs_per_gpu: aggregate tokens/s",
+        target=">= 3x one job alone (8 jobs)",
+    ),
+    Check(
+        "fast",
+        "the host's speed settings against TRL's defaults, through the daemon",
+        needs_cuda=True,
+        target="faster, the same losses",
+    ),
     Check("lora_7b", "a 7B-shaped LoRA job's share of the GPU's measured bf16 peak", needs_cuda=True, target=">= 40%"),
-    Check("plain_at_once", "plain TRL SFT jobs at once on one GPU, no daemon: aggregate tokens/s", needs_cuda=True, target="measured"),
-    Check("checkpointing", "plain SFT, gradient checkpointing off against TRL's default (on)", needs_cuda=True, target="measured"),
+    Check(
+        "plain_at_once",
+        "plain TRL SFT jobs at once on one GPU, no daemon: aggregate tokens/s",
+        needs_cuda=True,
+        target="measured",
+    ),
+    Check(
+        "checkpointing",
+        "plain SFT, gradient checkpointing off against TRL's default (on)",
+        needs_cuda=True,
+        target="measured",
+    ),
     Check("grpo_vllm", "GRPO with vLLM colocated", needs_cuda=True, needs="vllm", target="succeeds"),
-    Check("sharded", "a model whose whole copy fits no one GPU, trained sharded across the host's GPUs: tokens/s, per-GPU peak",
-          needs_cuda=True, min_gpus=2, target="plan sharded; succeeds"),
+    Check(
+        "sharded",
+        "a model whose whole copy fits no one GPU, trained sharded across the host's GPUs: tokens/s, per-GPU peak",
+        needs_cuda=True,
+        min_gpus=2,
+        target="plan sharded; succeeds",
+    ),
     Check("methods", "one job of every method this TRL ships (demo requests, tiny model)", target="each succeeds"),
 ]
 
@@ -103,9 +134,19 @@ def row_functions() -> dict[str, Callable[..., Awaitable[None]]]:
     """Each check's function but warm's (read before and after the others): (run, daemon, check)."""
     from benchmarks import gpu_rows, gpu_speed
 
-    return {"sft": gpu_rows.sft, "memory": gpu_rows.memory, "qlora": gpu_rows.qlora, "packing": gpu_speed.packing, "fast": gpu_speed.fast,
-            "lora_7b": gpu_speed.lora_7b, "plain_at_once": gpu_speed.plain_at_once, "checkpointing": gpu_speed.checkpointing,
-            "grpo_vllm": gpu_rows.grpo_vllm, "sharded": gpu_rows.sharded, "methods": gpu_rows.methods}
+    return {
+        "sft": gpu_rows.sft,
+        "memory": gpu_rows.memory,
+        "qlora": gpu_rows.qlora,
+        "packing": gpu_speed.packing,
+        "fast": gpu_speed.fast,
+        "lora_7b": gpu_speed.lora_7b,
+        "plain_at_once": gpu_speed.plain_at_once,
+        "checkpointing": gpu_speed.checkpointing,
+        "grpo_vllm": gpu_rows.grpo_vllm,
+        "sharded": gpu_rows.sharded,
+        "methods": gpu_rows.methods,
+    }
 
 
 async def run_checks(table: Table, args: argparse.Namespace, checks: list[Check]) -> None:
@@ -117,8 +158,14 @@ async def run_checks(table: Table, args: argparse.Namespace, checks: list[Check]
 
     rows, root, cuda = row_functions(), args.root, table.host.cuda
     root.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(root / "tiny")], check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(root / "tiny-teacher"), "1"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "handlers.fixtures.tiny_model", str(root / "tiny")], check=True, capture_output=True
+    )
+    subprocess.run(
+        [sys.executable, "-m", "handlers.fixtures.tiny_model", str(root / "tiny-teacher"), "1"],
+        check=True,
+        capture_output=True,
+    )
     if cuda:
         # The tokenizer is the tiny one, not padded to the model's 151,936 ids: the model computes every
         # logit all the same, and tokenizing stays fast (a padded one made load_model's figure meaningless).
@@ -153,12 +200,24 @@ async def run_checks(table: Table, args: argparse.Namespace, checks: list[Check]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--plan", action="store_true", help="print every row and whether this host runs it; run nothing")
+    parser.add_argument(
+        "--plan", action="store_true", help="print every row and whether this host runs it; run nothing"
+    )
     parser.add_argument("--cpu", action="store_true", help="CPU mode on a GPU host")
-    parser.add_argument("--only", default="", help="comma-separated rows to run (default: every one): " + ",".join(c.name for c in CHECKS))
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of each SFT job on the GPU (CPU mode: at most 6)")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated rows to run (default: every one): " + ",".join(c.name for c in CHECKS),
+    )
+    parser.add_argument(
+        "--steps", type=int, default=30, help="optimizer steps of each SFT job on the GPU (CPU mode: at most 6)"
+    )
     parser.add_argument("--order", default="P,D,D,P", help="plain (P) and daemon (D) SFT runs, in order")
-    parser.add_argument("--packing", default="1,2,4,8", help="how many jobs at once through max_jobs_per_gpu, each a row (CPU mode: at most 2)")
+    parser.add_argument(
+        "--packing",
+        default="1,2,4,8",
+        help="how many jobs at once through max_jobs_per_gpu, each a row (CPU mode: at most 2)",
+    )
     parser.add_argument("--concurrent", default="2,4", help="how many plain jobs at once on one GPU, each a row")
     parser.add_argument("--methods", default="", help="comma-separated methods to run one job of (default: every one)")
     parser.add_argument("--grpo-steps", type=int, default=5)
@@ -172,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.build_model:
         from benchmarks.gpu_jobs import QWEN2_05B, QWEN2_7B, build_qwen2_05b
 
-        print(build_qwen2_05b(args.build_model, pad_tokenizer=args.pad_tokenizer, shape=QWEN2_7B if args.shape == "7b" else QWEN2_05B))
+        print(
+            build_qwen2_05b(
+                args.build_model, pad_tokenizer=args.pad_tokenizer, shape=QWEN2_7B if args.shape == "7b" else QWEN2_05B
+            )
+        )
         return 0
     only = {name for name in args.only.split(",") if name} or None
     unknown = (only or set()) - {check.name for check in CHECKS}

@@ -52,8 +52,15 @@ def plain(root: Path, request: dict[str, Any], copies: int = 1) -> list[dict[str
     path = root / f"plain-{request['request_id']}.json"
     path.write_text(json.dumps(request))
     started = time.monotonic()
-    runs = [subprocess.Popen([sys.executable, "-m", "benchmarks.plain_sft", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(copies)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.plain_sft", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(copies)
+    ]
     results = []
     for run in runs:
         out, err = run.communicate()
@@ -76,24 +83,38 @@ class NoControl:
 class Daemon:
     """adapterd's `Service` on Kafka in memory, its settings the host's defaults but for `overrides`."""
 
-    def __init__(self, work_dir: Path, model_roots: list[Path], cuda: bool, partitions: int = 1, **overrides: Any) -> None:
+    def __init__(
+        self, work_dir: Path, model_roots: list[Path], cuda: bool, partitions: int = 1, **overrides: Any
+    ) -> None:
         from aiokafka import TopicPartition
 
         from daemon.service import Service
         from daemon.settings import Settings
         from testbed.memory_kafka import FakeConsumer, FakeProducer
 
-        self.settings = Settings(work_dir=work_dir, allowed_local_model_roots=model_roots, metrics_address=None, log_format="json",
-                                 progress_interval_s=5, stall_timeout_s=600, hub_token=None, **overrides)
+        self.settings = Settings(
+            work_dir=work_dir,
+            allowed_local_model_roots=model_roots,
+            metrics_address=None,
+            log_format="json",
+            progress_interval_s=5,
+            stall_timeout_s=600,
+            hub_token=None,
+            **overrides,
+        )
 
         class PolledConsumer(FakeConsumer):
             def __init__(self) -> None:
                 super().__init__()
-                self.log: dict[TopicPartition, list[Any]] = {}  # every record submitted, by partition: what a seek reads again
+                self.log: dict[
+                    TopicPartition, list[Any]
+                ] = {}  # every record submitted, by partition: what a seek reads again
 
             async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Any:
                 batches = await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
-                if not batches:  # a real poll waits when nothing is there; one that returns at once never yields the loop
+                if (
+                    not batches
+                ):  # a real poll waits when nothing is there; one that returns at once never yields the loop
                     await asyncio.sleep(min(timeout_ms, 200) / 1000)
                 return batches
 
@@ -141,7 +162,15 @@ class Daemon:
 
         tp = self.partitions[partition]
         rid = request["request_id"]
-        record = FakeRecord(tp.topic, tp.partition, self.offsets[tp], rid.encode(), json.dumps(request).encode(), [], int(time.time() * 1000))
+        record = FakeRecord(
+            tp.topic,
+            tp.partition,
+            self.offsets[tp],
+            rid.encode(),
+            json.dumps(request).encode(),
+            [],
+            int(time.time() * 1000),
+        )
         self.consumer.records[tp].append(record)
         self.consumer.log.setdefault(tp, []).append(record)
         self.offsets[tp] += 1
@@ -165,7 +194,9 @@ class Daemon:
         native: dict[str, set[str]] = {rid: set() for rid in ids}
         most_on_a_gpu = 0
         with PeakMemory(self.cuda) as memory:
-            while time.monotonic() - started < timeout_s and not all(any(e["type"] in TERMINAL for e in self.events(rid)) for rid in ids):
+            while time.monotonic() - started < timeout_s and not all(
+                any(e["type"] in TERMINAL for e in self.events(rid)) for rid in ids
+            ):
                 if self.task.done():
                     raise RuntimeError(f"the service ended: {self.task.exception()!r}")
                 most_on_a_gpu = max([most_on_a_gpu, *(jobs for jobs, _ in self.service.slots.by_gpu().values())])
@@ -187,8 +218,17 @@ class Daemon:
         jobs = []
         for rid in ids:
             events = self.events(rid)
-            jobs.append({"final": events[-1] if events else {"type": "timeout"}, "wall": wall, "before": before, "peak": memory.peak,
-                         "after": after, "forked": parents.get(rid) is not None and parents.get(rid) == server, "native": sorted(native[rid])})
+            jobs.append(
+                {
+                    "final": events[-1] if events else {"type": "timeout"},
+                    "wall": wall,
+                    "before": before,
+                    "peak": memory.peak,
+                    "after": after,
+                    "forked": parents.get(rid) is not None and parents.get(rid) == server,
+                    "native": sorted(native[rid]),
+                }
+            )
         return {"jobs": jobs, "wall": wall, "most_on_a_gpu": most_on_a_gpu, "peak": memory.peak}
 
     async def stop(self) -> None:

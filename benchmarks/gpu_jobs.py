@@ -60,7 +60,9 @@ def build_qwen2_05b(out_dir: Path, pad_tokenizer: bool = True, shape: dict[str, 
         tokenizer.add_tokens([f"<|pad{i}|>" for i in range(shape["vocab_size"] - len(tokenizer))])
     torch.manual_seed(0)
     config = Qwen2Config(**shape, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.set_default_dtype(torch.bfloat16)  # built in bf16: a 7B model in float32 would take 30 GB of host memory first
+    torch.set_default_dtype(
+        torch.bfloat16
+    )  # built in bf16: a 7B model in float32 would take 30 GB of host memory first
     model = Qwen2ForCausalLM(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -84,11 +86,15 @@ def tokens_per_row(model_dir: Path, rows: list[dict[str, Any]]) -> float:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lengths = [len(tokenizer(tokenizer.apply_chat_template(row["messages"], tokenize=False))["input_ids"]) for row in rows]
+    lengths = [
+        len(tokenizer(tokenizer.apply_chat_template(row["messages"], tokenize=False))["input_ids"]) for row in rows
+    ]
     return sum(lengths) / len(lengths)
 
 
-def sft_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], *, quantization: str = "none") -> dict[str, Any]:
+def sft_request(
+    model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], *, quantization: str = "none"
+) -> dict[str, Any]:
     model: dict[str, Any] = {"id": str(model_dir), "dtype": "bfloat16"}
     if quantization != "none":
         model["quantization"] = quantization
@@ -98,13 +104,22 @@ def sft_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[st
         "method": "sft",
         "model": model,
         "dataset": {"rows": rows},
-        "peft": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear", "use_rslora": False, "use_dora": False},
+        "peft": {
+            "r": 16,
+            "lora_alpha": 32,
+            "lora_dropout": 0.0,
+            "target_modules": "all-linear",
+            "use_rslora": False,
+            "use_dora": False,
+        },
         "training": {"max_steps": steps, "learning_rate": 1e-4, "per_device_train_batch_size": 8, "bf16": True},
         "output": {"repo_id": f"bench/{request_id}"},
     }
 
 
-def sharded_request(model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], gpus: int) -> dict[str, Any]:
+def sharded_request(
+    model_dir: Path, request_id: str, steps: int, rows: list[dict[str, Any]], gpus: int
+) -> dict[str, Any]:
     """A full fine-tune across `gpus` GPUs, `resources.shard` left to the daemon ('auto'): of Qwen2.5-7B's shape its
     whole copy (bf16 weights, gradients and AdamW's state, about 10 bytes a parameter) is over an 80 GB GPU's room,
     so the daemon shards it (daemon/jobs/shard_plan.py), as it would any job that fits only so."""
@@ -126,8 +141,13 @@ def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]
         "dataset": {"rows": PROMPT_ROWS * 4},
         "peft": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0},
         "grpo": {
-            "num_generations": 4, "max_completion_length": 32, "beta": 0.0,
-            "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3, "vllm_max_model_length": 512,
+            "num_generations": 4,
+            "max_completion_length": 32,
+            "beta": 0.0,
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.3,
+            "vllm_max_model_length": 512,
         },
         "training": {"max_steps": steps, "learning_rate": 1e-5, "per_device_train_batch_size": 4, "bf16": True},
         "output": {"repo_id": f"bench/{request_id}"},
@@ -139,7 +159,12 @@ def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]
 
 def gpu_used_mib() -> float:
     """Memory used on the job's GPUs (all visible ones), as nvidia-smi reports it."""
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     used = [float(line) for line in out.split()]
     if visible:
@@ -150,7 +175,9 @@ def gpu_used_mib() -> float:
 def gpu_compute_pids() -> set[int]:
     if shutil.which("nvidia-smi") is None:
         return set()
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    ).stdout
     return {int(line) for line in out.split() if line.isdigit()}
 
 
@@ -164,7 +191,12 @@ def cuda_state(pid: int) -> dict[str, Any]:
         except OSError:
             continue
     maps = Path(f"/proc/{pid}/maps").read_text()
-    return {"nvidia_fds": fds, "libcuda": "libcuda.so" in maps, "context": pid in gpu_compute_pids(), "torch": "libtorch" in maps}
+    return {
+        "nvidia_fds": fds,
+        "libcuda": "libcuda.so" in maps,
+        "context": pid in gpu_compute_pids(),
+        "torch": "libtorch" in maps,
+    }
 
 
 def untouched(state: dict[str, Any]) -> bool:
@@ -192,7 +224,9 @@ def measured_bf16_tflops(seconds: float = 3.0) -> float:
     in a child interpreter: the denominator of a job's share of the peak."""
     import sys
 
-    out = subprocess.run([sys.executable, "-c", _MATMUL, str(seconds)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _MATMUL, str(seconds)], check=True, capture_output=True, text=True
+    ).stdout
     return float(out.strip().splitlines()[-1])
 
 

@@ -33,7 +33,9 @@ class Run:
     rows: list[dict[str, Any]]
     tokens: float
     steps: int
-    run_id: str = field(default_factory=lambda: time.strftime("%H%M%S"))  # a request id that succeeded in a work folder is not trained again
+    run_id: str = field(
+        default_factory=lambda: time.strftime("%H%M%S")
+    )  # a request id that succeeded in a work folder is not trained again
     daemon_sft: list[dict[str, Any]] = field(default_factory=list)
     server: int | None = None
 
@@ -49,7 +51,9 @@ class Run:
         """A Qwen2 of a real model's shape, random weights, bf16, in a child interpreter (torch stays out of this one)."""
         path = self.args.root / name
         if not (path / "config.json").exists():
-            subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--build-model", str(path), *flags], check=True)  # its errors shown
+            subprocess.run(
+                [sys.executable, "-m", "benchmarks.gpu_check", "--build-model", str(path), *flags], check=True
+            )  # its errors shown
         return path
 
     def samples(self, final: dict[str, Any]) -> float:
@@ -73,16 +77,31 @@ def gib(memory: dict[str, Any] | None, key: str) -> float:
 async def warm_before(run: Run, daemon: Daemon, check: Check) -> None:
     run.server = daemon.forkserver_pid()
     state = cuda_state(run.server) if run.server else {}
-    ready = next((line for line in daemon.children_log().splitlines() if "fork server" in line and ("ready" in line or "refused" in line)), "no line")
-    run.table.row("fork server before any job", "ready" if run.server and untouched(state) else "NOT READY",
-                  f"pid {run.server}; {json.dumps(state)}; {ready.split(': ', 1)[-1][:200]}", check.target)
+    ready = next(
+        (
+            line
+            for line in daemon.children_log().splitlines()
+            if "fork server" in line and ("ready" in line or "refused" in line)
+        ),
+        "no line",
+    )
+    run.table.row(
+        "fork server before any job",
+        "ready" if run.server and untouched(state) else "NOT READY",
+        f"pid {run.server}; {json.dumps(state)}; {ready.split(': ', 1)[-1][:200]}",
+        check.target,
+    )
 
 
 async def warm_after(run: Run, daemon: Daemon, check: Check) -> None:
     after = daemon.forkserver_pid()
     state = cuda_state(after) if after else {}
-    run.table.row("fork server after the jobs", "same server, CUDA untouched" if after == run.server and state and untouched(state) else "CHANGED",
-                  f"pid {run.server} -> {after}; {json.dumps(state)}; compute pids {sorted(gpu_compute_pids())}", check.target)
+    run.table.row(
+        "fork server after the jobs",
+        "same server, CUDA untouched" if after == run.server and state and untouched(state) else "CHANGED",
+        f"pid {run.server} -> {after}; {json.dumps(state)}; compute pids {sorted(gpu_compute_pids())}",
+        check.target,
+    )
 
 
 async def sft(run: Run, daemon: Daemon, check: Check) -> None:
@@ -103,31 +122,70 @@ async def sft(run: Run, daemon: Daemon, check: Check) -> None:
     p_tput = [r["train_samples_per_second"] * run.tokens for r in plain_runs]
     d_tput = [run.samples(r["final"]) * run.tokens for r in done]
     if p_tput:
-        table.row("SFT LoRA tokens/s: plain TRL", round(statistics.median(p_tput), 1), f"runs {[round(t) for t in p_tput]}; {run.model.name}, {run.steps} steps")
-        table.row("plain TRL process wall (s)", [round(r["wall"], 1) for r in plain_runs], "imports, model, training: a cold start")
+        table.row(
+            "SFT LoRA tokens/s: plain TRL",
+            round(statistics.median(p_tput), 1),
+            f"runs {[round(t) for t in p_tput]}; {run.model.name}, {run.steps} steps",
+        )
+        table.row(
+            "plain TRL process wall (s)",
+            [round(r["wall"], 1) for r in plain_runs],
+            "imports, model, training: a cold start",
+        )
     if d_tput:
-        table.row("SFT LoRA tokens/s: daemon", round(statistics.median(d_tput), 1), f"runs {[round(t) for t in d_tput]}")
-        table.row("arrival to first step, daemon (s)", [round(r["final"]["durations_s"].get("until_first_step", -1), 1) for r in done],
-                  f"children forked from the server: {sum(r['forked'] for r in done)} of {len(done)}")
-        table.row("stages of a daemon SFT job (s)", json.dumps({k: v for k, v in done[-1]["final"]["durations_s"].items() if k != "queue"}))
+        table.row(
+            "SFT LoRA tokens/s: daemon", round(statistics.median(d_tput), 1), f"runs {[round(t) for t in d_tput]}"
+        )
+        table.row(
+            "arrival to first step, daemon (s)",
+            [round(r["final"]["durations_s"].get("until_first_step", -1), 1) for r in done],
+            f"children forked from the server: {sum(r['forked'] for r in done)} of {len(done)}",
+        )
+        table.row(
+            "stages of a daemon SFT job (s)",
+            json.dumps({k: v for k, v in done[-1]["final"]["durations_s"].items() if k != "queue"}),
+        )
     if p_tput and d_tput:
         ratios = [d / p for d in d_tput for p in p_tput]
-        table.row("tokens/s ratio daemon/plain", round(statistics.median(ratios), 3), f"every daemon run over every plain run: {spread(ratios)}", check.target)
-        p_step, d_step = [r["median_step_s"] for r in plain_runs], [r["final"]["metrics"]["median_step_s"] for r in done]
-        table.row("median step plain / daemon (ms)", f"{statistics.median(p_step) * 1000:.1f} / {statistics.median(d_step) * 1000:.1f}",
-                  f"plain {[round(s * 1000, 1) for s in p_step]}, daemon {[round(s * 1000, 1) for s in d_step]}")
+        table.row(
+            "tokens/s ratio daemon/plain",
+            round(statistics.median(ratios), 3),
+            f"every daemon run over every plain run: {spread(ratios)}",
+            check.target,
+        )
+        p_step, d_step = (
+            [r["median_step_s"] for r in plain_runs],
+            [r["final"]["metrics"]["median_step_s"] for r in done],
+        )
+        table.row(
+            "median step plain / daemon (ms)",
+            f"{statistics.median(p_step) * 1000:.1f} / {statistics.median(d_step) * 1000:.1f}",
+            f"plain {[round(s * 1000, 1) for s in p_step]}, daemon {[round(s * 1000, 1) for s in d_step]}",
+        )
     if len(done) < len(run.daemon_sft):
-        table.row("daemon SFT", "FAILED", brief(next(r for r in run.daemon_sft if r["final"]["type"] != "succeeded")["final"]))
+        table.row(
+            "daemon SFT", "FAILED", brief(next(r for r in run.daemon_sft if r["final"]["type"] != "succeeded")["final"])
+        )
 
 
 async def memory(run: Run, daemon: Daemon, check: Check) -> None:
     jobs = run.daemon_sft or [await daemon.job(run.sft("memory"), timeout_s=min(400, run.table.left()))]
-    run.table.row("GPU MiB before / peak / after (daemon SFT jobs)", [[round(r["before"]), round(r["peak"]), round(r["after"])] for r in jobs],
-                  "nvidia-smi; the daemon idle with its fork server ready before each")
-    run.table.row("GPU memory after a job, minus before (MiB)", round(max(r["after"] - r["before"] for r in jobs)), "the most of the jobs above", check.target)
+    run.table.row(
+        "GPU MiB before / peak / after (daemon SFT jobs)",
+        [[round(r["before"]), round(r["peak"]), round(r["after"])] for r in jobs],
+        "nvidia-smi; the daemon idle with its fork server ready before each",
+    )
+    run.table.row(
+        "GPU memory after a job, minus before (MiB)",
+        round(max(r["after"] - r["before"] for r in jobs)),
+        "the most of the jobs above",
+        check.target,
+    )
 
 
-async def one_job(run: Run, daemon: Daemon, title: str, request: dict[str, Any], target: str, timeout_s: float = 240) -> dict[str, Any] | None:
+async def one_job(
+    run: Run, daemon: Daemon, title: str, request: dict[str, Any], target: str, timeout_s: float = 240
+) -> dict[str, Any] | None:
     try:
         result = await daemon.job(request, timeout_s=min(timeout_s, run.table.left() - 15))
     except Exception:
@@ -143,14 +201,27 @@ async def one_job(run: Run, daemon: Daemon, title: str, request: dict[str, Any],
 
 
 async def qlora(run: Run, daemon: Daemon, check: Check) -> None:
-    await one_job(run, daemon, "QLoRA 4-bit SFT (0.5B-shaped) through the daemon", run.sft("qlora", quantization="4bit"), check.target)
+    await one_job(
+        run,
+        daemon,
+        "QLoRA 4-bit SFT (0.5B-shaped) through the daemon",
+        run.sft("qlora", quantization="4bit"),
+        check.target,
+    )
 
 
 async def grpo_vllm(run: Run, daemon: Daemon, check: Check) -> None:
     from benchmarks.gpu_jobs import grpo_request
 
     model = run.build("qwen05b-padded", "--pad-tokenizer")  # vLLM samples every id: each must decode
-    await one_job(run, daemon, "GRPO, vLLM colocated (0.5B-shaped)", grpo_request(model, f"grpo-vllm-{run.run_id}", run.args.grpo_steps), check.target, 400)
+    await one_job(
+        run,
+        daemon,
+        "GRPO, vLLM colocated (0.5B-shaped)",
+        grpo_request(model, f"grpo-vllm-{run.run_id}", run.args.grpo_steps),
+        check.target,
+        400,
+    )
 
 
 async def methods(run: Run, daemon: Daemon, check: Check) -> None:
@@ -194,6 +265,15 @@ async def sharded(run: Run, daemon: Daemon, check: Check) -> None:
     peaks = [round(metrics.get(f"rank{rank}_peak_bytes", 0) / GIB, 2) for rank in range(gpus)]
     held = [round(metrics.get(f"rank{rank}_param_bytes", 0) / GIB, 2) for rank in range(gpus)]
     rate = run.samples(final) * tokens_per_row(model, run.rows)
-    value = f"{rate:.0f} tokens/s" if accepted.get("plan") == "sharded" else f"not sharded: plan {accepted.get('plan')} ({rate:.0f} tokens/s)"
-    run.table.row(title, value, f"per-GPU peak {peaks} GiB (allocator), estimate {round((accepted.get('estimate_bytes_per_gpu') or 0) / GIB, 2)} GiB a GPU; "
-                  f"parameters held {held} GiB a GPU; median step {metrics.get('median_step_s')} s", check.target)
+    value = (
+        f"{rate:.0f} tokens/s"
+        if accepted.get("plan") == "sharded"
+        else f"not sharded: plan {accepted.get('plan')} ({rate:.0f} tokens/s)"
+    )
+    run.table.row(
+        title,
+        value,
+        f"per-GPU peak {peaks} GiB (allocator), estimate {round((accepted.get('estimate_bytes_per_gpu') or 0) / GIB, 2)} GiB a GPU; "
+        f"parameters held {held} GiB a GPU; median step {metrics.get('median_step_s')} s",
+        check.target,
+    )

@@ -54,17 +54,23 @@ class Table:
 
     def header(self) -> str:
         versions = dict(self.host.versions)
-        return (f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
-                f"{versions.get('torch')}, trl {versions.get('trl')}, transformers {versions.get('transformers')}, "
-                f"{len(os.sched_getaffinity(0))} cores")
+        return (
+            f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
+            f"{versions.get('torch')}, trl {versions.get('trl')}, transformers {versions.get('transformers')}, "
+            f"{len(os.sched_getaffinity(0))} cores"
+        )
 
     def markdown(self) -> str:
         lines = [self.header(), "", "| measure | value | target | note |", "|---|---|---|---|"]
-        lines += [f"| {r['measure']} | {r['value']} | {r['target']} | {str(r['note']).replace('|', '/')} |" for r in self.rows]
+        lines += [
+            f"| {r['measure']} | {r['value']} | {r['target']} | {str(r['note']).replace('|', '/')} |" for r in self.rows
+        ]
         return "\n".join(lines) + "\n"
 
     def write(self) -> None:
-        (self.out / "gpu_check.json").write_text(json.dumps({"host": self.host.__dict__, "rows": self.rows}, indent=1, default=str))
+        (self.out / "gpu_check.json").write_text(
+            json.dumps({"host": self.host.__dict__, "rows": self.rows}, indent=1, default=str)
+        )
         (self.out / "gpu_check.md").write_text(self.markdown())
 
     def failed(self) -> bool:

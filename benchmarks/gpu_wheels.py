@@ -26,12 +26,47 @@ ROOT = Path(__file__).parents[1]
 # What the daemon and its children import that the GPU image (torch 2.11, transformers 5.17, ...) lacks
 # or has at another version than the lock's: seen missing there on 2026-12-04 (../shared/TESTING.md).
 LACKING = (
-    "trl", "transformers", "huggingface-hub", "hf-xet", "datasets", "dill", "multiprocess", "pydantic", "pydantic-core",
-    "pydantic-settings", "python-dotenv", "typing-inspection", "annotated-types", "structlog", "aiokafka", "async-timeout",
-    "google-re2", "detect-secrets", "tenacity", "peft", "httpx2", "httpcore2", "truststore", "click", "idna", "anyio", "regex",
-    "fsspec", "typing-extensions", "h11", "psutil", "prometheus-client",
+    "trl",
+    "transformers",
+    "huggingface-hub",
+    "hf-xet",
+    "datasets",
+    "dill",
+    "multiprocess",
+    "pydantic",
+    "pydantic-core",
+    "pydantic-settings",
+    "python-dotenv",
+    "typing-inspection",
+    "annotated-types",
+    "structlog",
+    "aiokafka",
+    "async-timeout",
+    "google-re2",
+    "detect-secrets",
+    "tenacity",
+    "peft",
+    "httpx2",
+    "httpcore2",
+    "truststore",
+    "click",
+    "idna",
+    "anyio",
+    "regex",
+    "fsspec",
+    "typing-extensions",
+    "h11",
+    "psutil",
+    "prometheus-client",
 )
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 
 
 def locked_versions(lock: Path = ROOT / "uv.lock") -> dict[str, str]:
@@ -54,14 +89,32 @@ def pip() -> list[str]:
         return [sys.executable, "-m", "pip"]
     if shutil.which("uvx") is not None:
         return ["uvx", "pip"]
-    raise SystemExit("no pip: run this with an interpreter that has pip (python3 -m benchmarks.gpu_wheels), or install uv")
+    raise SystemExit(
+        "no pip: run this with an interpreter that has pip (python3 -m benchmarks.gpu_wheels), or install uv"
+    )
 
 
 def download(requirements: list[str], out: Path, python: str, platforms: tuple[str, ...]) -> None:
     platform_args = [arg for platform in platforms for arg in ("--platform", platform)]
     for requirement in requirements:  # one at a time: pip stops at the first it cannot find, naming it
-        subprocess.run([*pip(), "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", python,
-                        "--implementation", "cp", *platform_args, "-d", str(out), requirement], check=True)
+        subprocess.run(
+            [
+                *pip(),
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                python,
+                "--implementation",
+                "cp",
+                *platform_args,
+                "-d",
+                str(out),
+                requirement,
+            ],
+            check=True,
+        )
 
 
 def trim_bitsandbytes(out: Path, cuda_major: str) -> Path:
@@ -71,7 +124,9 @@ def trim_bitsandbytes(out: Path, cuda_major: str) -> Path:
     with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as target:
         for item in source.infolist():
             name = Path(item.filename).name
-            if name.startswith("libbitsandbytes_") and not name.startswith(("libbitsandbytes_cpu", f"libbitsandbytes_cuda{cuda_major}")):
+            if name.startswith("libbitsandbytes_") and not name.startswith(
+                ("libbitsandbytes_cpu", f"libbitsandbytes_cuda{cuda_major}")
+            ):
                 continue
             target.writestr(item, source.read(item))
     wheel.unlink()
@@ -87,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, nargs="?", default=ROOT / ".gpu")
     parser.add_argument("--python", default="3.12")
     parser.add_argument("--platform", action="append", help="a wheel platform tag (repeat); default: manylinux x86-64")
-    parser.add_argument("--cuda", default="13", help="the CUDA major of the machine's torch: bitsandbytes keeps only that library")
+    parser.add_argument(
+        "--cuda", default="13", help="the CUDA major of the machine's torch: bitsandbytes keeps only that library"
+    )
     parser.add_argument("--limit-mib", type=float, default=64.0, help="what the device tool carries at once")
     parser.add_argument("--plan", action="store_true", help="print the requirements and fetch nothing")
     args = parser.parse_args(argv)
@@ -103,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.out)
         shutil.copytree(staging, args.out)
     size = size_mib(args.out)
-    print(f"{len(list(args.out.glob('*.whl')))} wheels and bnb.zip in {args.out}: {size:.1f} MiB (limit {args.limit_mib:.0f})")
+    print(
+        f"{len(list(args.out.glob('*.whl')))} wheels and bnb.zip in {args.out}: {size:.1f} MiB (limit {args.limit_mib:.0f})"
+    )
     return 0 if size <= args.limit_mib else 1
 
 

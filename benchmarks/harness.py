@@ -69,7 +69,9 @@ class Environment:
             bootstrap_servers = broker.bootstrap_servers
         hub = HubServer().start()
         model_dir = root / "tiny-model"
-        subprocess.run([sys.executable, "-m", "handlers.fixtures.tiny_model", str(model_dir)], check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "handlers.fixtures.tiny_model", str(model_dir)], check=True, capture_output=True
+        )
         return cls(root, broker, hub, model_dir, bootstrap_servers)
 
     def stop(self) -> None:
@@ -127,7 +129,10 @@ async def publish_all(settings: Settings, requests: list[dict[str, object]]) -> 
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
-        sent = [await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode()) for r in requests]
+        sent = [
+            await producer.send(settings.requests_topic, json.dumps(r).encode(), key=str(r["request_id"]).encode())
+            for r in requests
+        ]
         landed = await asyncio.gather(*sent)
     finally:
         await producer.stop()

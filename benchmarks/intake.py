@@ -26,15 +26,28 @@ from testbed.client import read_records, wait_for_commit
 def bad_message(index: int) -> bytes:
     if index % 2:
         return b"{not json " + str(index).encode()
-    return json.dumps({"schema_version": 1, "request_id": f"bad-{index}", "method": "sft", "model": {"id": "x/y"},
-                       "dataset": {"rows": [{"text": "t"}]}, "output": {"repo_id": "a/b"}, "training": {"learning_rat": 1}}).encode()
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "request_id": f"bad-{index}",
+            "method": "sft",
+            "model": {"id": "x/y"},
+            "dataset": {"rows": [{"text": "t"}]},
+            "output": {"repo_id": "a/b"},
+            "training": {"learning_rat": 1},
+        }
+    ).encode()
 
 
 async def fill(settings: Settings, count: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all", linger_ms=20, max_batch_size=1 << 20)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.bootstrap_servers, acks="all", linger_ms=20, max_batch_size=1 << 20
+    )
     await producer.start()
     try:
-        acks = [await producer.send(settings.requests_topic, bad_message(i), key=f"bad-{i}".encode()) for i in range(count)]
+        acks = [
+            await producer.send(settings.requests_topic, bad_message(i), key=f"bad-{i}".encode()) for i in range(count)
+        ]
         for ack in acks:
             await ack
     finally:
@@ -42,8 +55,13 @@ async def fill(settings: Settings, count: int) -> None:
 
 
 async def bare_consumer_rate(settings: Settings, count: int) -> float:
-    consumer = AIOKafkaConsumer(settings.requests_topic, bootstrap_servers=settings.bootstrap_servers, group_id=None,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        settings.requests_topic,
+        bootstrap_servers=settings.bootstrap_servers,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
     seen, first = 0, 0.0
     try:
@@ -75,7 +93,19 @@ async def run(env: Environment, count: int) -> list[Row]:
     rate = (count - 1) / span_s
     return [
         Row("intake", "bare aiokafka consumer", round(bare_consumer_rate_result), "msg/s", note=f"{count} messages"),
-        Row("intake", "daemon: rejected (validate, DLQ, event, commit)", round(rate), "msg/s", "no worse than before",
-            note="log_level=error; judged side by side (benchmarks.compare REV); where it is bound: benchmarks.intake_profile, benchmarks.reject_path"),
-        Row("intake", "ratio daemon/bare consumer", round(rate / bare, 3), "", note="not a target: the bare rate is a few fetches' (module docstring)"),
+        Row(
+            "intake",
+            "daemon: rejected (validate, DLQ, event, commit)",
+            round(rate),
+            "msg/s",
+            "no worse than before",
+            note="log_level=error; judged side by side (benchmarks.compare REV); where it is bound: benchmarks.intake_profile, benchmarks.reject_path",
+        ),
+        Row(
+            "intake",
+            "ratio daemon/bare consumer",
+            round(rate / bare, 3),
+            "",
+            note="not a target: the bare rate is a few fetches' (module docstring)",
+        ),
     ]

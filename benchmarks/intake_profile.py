@@ -31,7 +31,7 @@ FRAME = re.compile(r"^(?P<function>[^ ]+) \((?P<file>[^:]+):\d+\)$")
 def module_of(file: str) -> str:
     """A frame's file as a module name: what follows site-packages, else its folder and name."""
     parts = Path(file).with_suffix("").parts
-    parts = parts[parts.index("site-packages") + 1:] if "site-packages" in parts else parts[-2:]
+    parts = parts[parts.index("site-packages") + 1 :] if "site-packages" in parts else parts[-2:]
     return ".".join(parts)
 
 
@@ -62,8 +62,23 @@ async def profile(messages: int, top: int, output: Path) -> None:
         await fill(settings, messages)
         daemon = env.daemon(settings)
         assert daemon.process is not None
-        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(daemon.process.pid), "--format", "raw", "--rate", "250",
-                                "--output", str(output), "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("py-spy")),
+                "record",
+                "--pid",
+                str(daemon.process.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "--output",
+                str(output),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         try:
             events = await read_records(settings, settings.events_topic, messages, timeout_s=900)
             assert await committed_offset(settings) == messages
@@ -75,7 +90,9 @@ async def profile(messages: int, top: int, output: Path) -> None:
         env.stop()
     rate = (messages - 1) / ((events[-1].timestamp - events[0].timestamp) / 1000)
     shares, total = inclusive_shares(output.read_text())
-    print(f"{messages} rejected at {rate:,.0f}/s under sampling; {total} busy samples (py-spy, 250 Hz, --nonblocking)\n")
+    print(
+        f"{messages} rejected at {rate:,.0f}/s under sampling; {total} busy samples (py-spy, 250 Hz, --nonblocking)\n"
+    )
     print("| function (module:function) | inclusive share of busy samples |")
     print("|---|---|")
     for name, count in shares.most_common(top):
@@ -86,7 +103,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=60_000)
     parser.add_argument("--top", type=int, default=30)
-    parser.add_argument("--output", type=Path, default=Path("/tmp/adapterd-intake-profile.txt"), help="py-spy's raw stacks")
+    parser.add_argument(
+        "--output", type=Path, default=Path("/tmp/adapterd-intake-profile.txt"), help="py-spy's raw stacks"
+    )
     args = parser.parse_args()
     if sys.platform != "linux":
         raise SystemExit("py-spy attaches to a running process on Linux here")

@@ -19,8 +19,13 @@ _HEADING = re.compile(r"^## (\S+)\n", re.MULTILINE)
 def sections(text: str) -> dict[str, str]:
     """The sections of a latest.md, by name (a file without sections, from before them, has none)."""
     found = list(_HEADING.finditer(text))
-    return {match.group(1): text[match.end():found[index + 1].start() if index + 1 < len(found) else len(text)].strip("\n") + "\n"
-            for index, match in enumerate(found)}
+    return {
+        match.group(1): text[match.end() : found[index + 1].start() if index + 1 < len(found) else len(text)].strip(
+            "\n"
+        )
+        + "\n"
+        for index, match in enumerate(found)
+    }
 
 
 def updated(text: str, new: dict[str, str]) -> str:

@@ -51,8 +51,13 @@ print(json.dumps([time.perf_counter() - start, found[0][0]]))
 
 def trl(answer: str, solution: str, threaded: bool, cap: float) -> str:
     try:
-        done = subprocess.run([sys.executable, "-c", TRL_RUN], input=json.dumps([answer, solution, threaded]), capture_output=True,
-                              text=True, timeout=cap + 30)  # +30: the process's imports and warm-up
+        done = subprocess.run(
+            [sys.executable, "-c", TRL_RUN],
+            input=json.dumps([answer, solution, threaded]),
+            capture_output=True,
+            text=True,
+            timeout=cap + 30,
+        )  # +30: the process's imports and warm-up
     except subprocess.TimeoutExpired:
         return f"over {cap:.0f} s (killed)"
     if done.returncode != 0:
@@ -63,12 +68,16 @@ def trl(answer: str, solution: str, threaded: bool, cap: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cap", type=float, default=60.0, help="seconds a TRL run in a thread may take before it counts as hung")
+    parser.add_argument(
+        "--cap", type=float, default=60.0, help="seconds a TRL run in a thread may take before it counts as hung"
+    )
     parser.add_argument("--only", nargs="*", default=None)
     args = parser.parse_args()
     verifier = MathVerifier()
     verifier.score("accuracy", {}, [("\\boxed{1}", "$1$", 1)])  # the worker started, as in a job after its first call
-    print(f"adapterd: {ITEM_SECONDS:.0f} s an answer, hard kill | TRL main thread: alarms 10 s + 5 s | TRL in a thread: no bound (capped {args.cap:.0f} s)")
+    print(
+        f"adapterd: {ITEM_SECONDS:.0f} s an answer, hard kill | TRL main thread: alarms 10 s + 5 s | TRL in a thread: no bound (capped {args.cap:.0f} s)"
+    )
     print(f"{'case':<20} {'where':<9} {'chars':>7} | {'adapterd':<22} | {'TRL, main thread':<22} | TRL, in a thread")
     for name, text in CASES.items():
         if args.only and name not in args.only:
@@ -77,9 +86,14 @@ def main() -> None:
             kills = verifier.kills
             start = time.perf_counter()
             [reward] = verifier.score("accuracy", {}, [(answer, solution, 1)])
-            ours = f"{time.perf_counter() - start:6.2f} s -> {reward}" + (f" ({verifier.kills - kills} kill)" if verifier.kills > kills else "")
-            print(f"{name:<20} {where:<9} {len(text):>7} | {ours:<22} | {trl(answer, solution, False, args.cap):<22} | "
-                  f"{trl(answer, solution, True, args.cap)}", flush=True)
+            ours = f"{time.perf_counter() - start:6.2f} s -> {reward}" + (
+                f" ({verifier.kills - kills} kill)" if verifier.kills > kills else ""
+            )
+            print(
+                f"{name:<20} {where:<9} {len(text):>7} | {ours:<22} | {trl(answer, solution, False, args.cap):<22} | "
+                f"{trl(answer, solution, True, args.cap)}",
+                flush=True,
+            )
     verifier.close()
 
 

@@ -23,8 +23,20 @@ from pathlib import Path
 from typing import Any
 
 SHAPES = {
-    "30M": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2},
-    "110M": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4},
+    "30M": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+    },
+    "110M": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+    },
 }
 VOCAB = 32000
 LENGTH = 256
@@ -39,8 +51,14 @@ def build(out_dir: Path, shape: dict[str, int]) -> None:
     tokenizer = build_tokenizer()
     tokenizer.add_tokens([f"<|pad{i}|>" for i in range(VOCAB - len(tokenizer))])
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id, **shape)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **shape,
+    )
     Qwen2ForCausalLM(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
 
@@ -49,12 +67,24 @@ def request(model_dir: Path, batch: int, checkpointing: bool) -> dict[str, Any]:
     from handlers.fixtures.tiny_model import CORPUS
 
     text = " ".join(CORPUS * 40)
-    rows = [{"messages": [{"role": "user", "content": text[index:]}, {"role": "assistant", "content": text}]} for index in range(batch * 3)]
+    rows = [
+        {"messages": [{"role": "user", "content": text[index:]}, {"role": "assistant", "content": text}]}
+        for index in range(batch * 3)
+    ]
     return {
-        "schema_version": 1, "request_id": "estimate", "method": "sft", "model": {"id": str(model_dir), "dtype": "float32"},
-        "dataset": {"rows": rows}, "sft": {"max_length": LENGTH},
+        "schema_version": 1,
+        "request_id": "estimate",
+        "method": "sft",
+        "model": {"id": str(model_dir), "dtype": "float32"},
+        "dataset": {"rows": rows},
+        "sft": {"max_length": LENGTH},
         "peft": {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
-        "training": {"max_steps": 2, "per_device_train_batch_size": batch, "gradient_checkpointing": checkpointing, "learning_rate": 1e-4},
+        "training": {
+            "max_steps": 2,
+            "per_device_train_batch_size": batch,
+            "gradient_checkpointing": checkpointing,
+            "learning_rate": 1e-4,
+        },
         "output": {"repo_id": "bench/estimate"},
     }
 
@@ -71,12 +101,23 @@ def measure(request_path: Path) -> int:
     torch.set_num_threads(2)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with tempfile.TemporaryDirectory() as output:
-        config = SFTConfig(output_dir=output, report_to="none", use_cpu=True, disable_tqdm=True, save_strategy="no", max_length=LENGTH,
-                           **job["training"])
+        config = SFTConfig(
+            output_dir=output,
+            report_to="none",
+            use_cpu=True,
+            disable_tqdm=True,
+            save_strategy="no",
+            max_length=LENGTH,
+            **job["training"],
+        )
         model_dir = job["model"]["id"]
-        SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), args=config,
-                   train_dataset=Dataset.from_list(job["dataset"]["rows"]), processing_class=AutoTokenizer.from_pretrained(model_dir),
-                   peft_config=LoraConfig(task_type="CAUSAL_LM", **{k: v for k, v in job["peft"].items()})).train()
+        SFTTrainer(
+            model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+            args=config,
+            train_dataset=Dataset.from_list(job["dataset"]["rows"]),
+            processing_class=AutoTokenizer.from_pretrained(model_dir),
+            peft_config=LoraConfig(task_type="CAUSAL_LM", **{k: v for k, v in job["peft"].items()}),
+        ).train()
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
 
 
@@ -86,14 +127,18 @@ def main() -> None:
     from schemas import RequestBase, decode_request
 
     mib = 2**20
-    print(f"{'model':>6} {'batch':>5} {'ckpt':>5} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6} "
-          f"{'est. - first':>12} {'meas. - first':>13}  parts (MiB)")
+    print(
+        f"{'model':>6} {'batch':>5} {'ckpt':>5} {'estimate MiB':>12} {'measured MiB':>12} {'ratio':>6} "
+        f"{'est. - first':>12} {'meas. - first':>13}  parts (MiB)"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         for name, shape in SHAPES.items():
             model_dir = Path(scratch, name)
             build(model_dir, shape)
             tensors = local_tensors(model_dir)
-            first: tuple[int, int] | None = None  # the model's first row: what the others add to it is the activations' and logits' share
+            first: tuple[int, int] | None = (
+                None  # the model's first row: what the others add to it is the activations' and logits' share
+            )
             for batch, checkpointing in [(4, True), (4, False), (8, False)]:
                 document = request(model_dir, batch, checkpointing)
                 path = Path(scratch, f"{name}-{batch}-{checkpointing}.json")
@@ -101,14 +146,20 @@ def main() -> None:
                 decoded = decode_request(path.read_bytes())
                 assert isinstance(decoded, RequestBase), decoded
                 found = estimate(decoded, tensors, gradient_checkpointing=checkpointing)
-                out = subprocess.run([sys.executable, "-m", "benchmarks.memory_estimate", "--measure", str(path)],
-                                     check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.memory_estimate", "--measure", str(path)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 measured = int(out.strip().splitlines()[-1])
                 first = first or (found.total, measured)
                 parts = ", ".join(f"{part} {value / mib:.0f}" for part, value in found.parts.items() if value)
-                print(f"{name:>6} {batch:>5} {str(checkpointing):>5} {found.total / mib:>12.0f} {measured / mib:>12.0f} "
-                      f"{measured / found.total:>6.2f} {(found.total - first[0]) / mib:>12.0f} {(measured - first[1]) / mib:>13.0f}  {parts}",
-                      flush=True)
+                print(
+                    f"{name:>6} {batch:>5} {str(checkpointing):>5} {found.total / mib:>12.0f} {measured / mib:>12.0f} "
+                    f"{measured / found.total:>6.2f} {(found.total - first[0]) / mib:>12.0f} {(measured - first[1]) / mib:>13.0f}  {parts}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

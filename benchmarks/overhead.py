@@ -25,13 +25,22 @@ def job(env: Environment, request_id: str, steps: int) -> dict[str, object]:
         "method": "sft",
         "model": {"id": str(env.model_dir)},
         "dataset": {"rows": CHAT_ROWS * 8},
-        "peft": {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "use_rslora": False, "use_dora": False},
+        "peft": {
+            "r": 8,
+            "lora_alpha": 16,
+            "lora_dropout": 0.0,
+            "target_modules": "all-linear",
+            "use_rslora": False,
+            "use_dora": False,
+        },
         "training": {"max_steps": steps, "learning_rate": 1e-3, "per_device_train_batch_size": 4},
         "output": {"repo_id": f"bench/{request_id}"},
     }
 
 
-async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settings, request: dict[str, object]) -> dict[str, float]:
+async def measured_job(
+    env: Environment, daemon: DaemonProcess, settings: Settings, request: dict[str, object]
+) -> dict[str, float]:
     """One job through a running daemon: wall time (submission to `succeeded`), push time, the
     trainer's own throughput and median step time, and the CPU seconds the daemon (the parent, not
     its child) and the broker spent while the job ran."""
@@ -43,9 +52,16 @@ async def measured_job(env: Environment, daemon: DaemonProcess, settings: Settin
     parent_cpu, broker_cpu = cpu_seconds(daemon.process.pid) - parent_cpu, env.broker_cpu_seconds() - broker_cpu
     done = events[-1]
     assert isinstance(done, Succeeded), done
-    return {"wall": wall, "push": done.durations_s["push"], "throughput": done.metrics["train_samples_per_second"],
-            "step_s": done.metrics["median_step_s"], "runtime": done.metrics["train_runtime"], "train_s": done.durations_s["train"], "parent_cpu": parent_cpu,
-            "broker_cpu": broker_cpu}
+    return {
+        "wall": wall,
+        "push": done.durations_s["push"],
+        "throughput": done.metrics["train_samples_per_second"],
+        "step_s": done.metrics["median_step_s"],
+        "runtime": done.metrics["train_runtime"],
+        "train_s": done.durations_s["train"],
+        "parent_cpu": parent_cpu,
+        "broker_cpu": broker_cpu,
+    }
 
 
 def spread(values: list[float]) -> str:
@@ -67,8 +83,13 @@ class PlainServer:
 
     def __init__(self, env: Environment) -> None:
         self.env = env
-        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.plain_sft", "--serve"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.plain_sft", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
 
     def run(self, request: dict[str, object]) -> dict[str, float]:
         """Wall time of the job (no imports), the trainer's own throughput and median step time, and
@@ -82,8 +103,13 @@ class PlainServer:
         for line in self.process.stdout:  # TRL prints each log line too; the result is the marked one
             if line.startswith("RESULT "):
                 metrics = json.loads(line.removeprefix("RESULT "))
-                return {"wall": time.monotonic() - started, "throughput": metrics["train_samples_per_second"],
-                        "step_s": metrics["median_step_s"], "runtime": metrics["train_runtime"], "broker_cpu": self.env.broker_cpu_seconds() - broker_cpu}
+                return {
+                    "wall": time.monotonic() - started,
+                    "throughput": metrics["train_samples_per_second"],
+                    "step_s": metrics["median_step_s"],
+                    "runtime": metrics["train_runtime"],
+                    "broker_cpu": self.env.broker_cpu_seconds() - broker_cpu,
+                }
         raise RuntimeError("the plain script exited before its result")
 
     def stop(self) -> None:
@@ -114,8 +140,9 @@ def enough_pairs(ratios: list[float], target: float, min_pairs: int, check_every
     return done >= min_pairs and done % check_every == 0 and half_width(ratios) < target
 
 
-async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.018, min_pairs: int = 40,
-              check_every: int = 20) -> list[Row]:
+async def run(
+    env: Environment, steps: int, max_pairs: int, target: float = 0.018, min_pairs: int = 40, check_every: int = 20
+) -> list[Row]:
     """Pairs of the same job, run by the plain script and through the daemon, the order swapped
     every other pair (ABBA) so slow drift of the shared machine falls on both sides alike, until the
     pace ratio's 95% interval is narrower than `target` either side (`enough_pairs`) or `max_pairs`
@@ -157,7 +184,10 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
     wall_ratios = [(d["wall"] - d["push"]) / t["wall"] for d, t in zip(daemon_side, plain, strict=True)]
     # What TRL's loop spent beyond the steady steps: its set-up and the first step (where a fresh
     # child's lazy start-up lands; the plain script's process has run jobs before), and the end.
-    beyond = {side: [1000 * (r["runtime"] - (steps - 1) * r["step_s"]) for r in runs_of] for side, runs_of in (("plain", plain), ("daemon", daemon_side))}
+    beyond = {
+        side: [1000 * (r["runtime"] - (steps - 1) * r["step_s"]) for r in runs_of]
+        for side, runs_of in (("plain", plain), ("daemon", daemon_side))
+    }
     parent = [d["parent_cpu"] / d["train_s"] for d in daemon_side]
     broker = [d["broker_cpu"] / d["train_s"] for d in daemon_side]
     broker_plain = [t["broker_cpu"] / t["wall"] for t in plain]
@@ -166,32 +196,106 @@ async def run(env: Environment, steps: int, max_pairs: int, target: float = 0.01
 
     def ratio_row(measure: str, values: list[float], how: str, ci: tuple[float, float, float] | None = None) -> Row:
         median, low, high = ci or median_ci(values)
-        return Row("overhead", f"{measure}: median [95% interval]", f"{median:.3f} [{low:.3f}, {high:.3f}]", "", ">= 0.98",
-                   note=f"{how}; {runs}; interval half-width ±{relative_half_width(median, low, high):.1%} (bootstrap over pairs), "
-                   f"pairs' range [{min(values):.3f}, {max(values):.3f}]")
+        return Row(
+            "overhead",
+            f"{measure}: median [95% interval]",
+            f"{median:.3f} [{low:.3f}, {high:.3f}]",
+            "",
+            ">= 0.98",
+            note=f"{how}; {runs}; interval half-width ±{relative_half_width(median, low, high):.1%} (bootstrap over pairs), "
+            f"pairs' range [{min(values):.3f}, {max(values):.3f}]",
+        )
 
     pace_ci = median_ci(step_ratios)
     width = relative_half_width(*pace_ci)
     return [
-        Row("overhead", "pace ratio's 95% interval, half-width", f"{width:.1%}", "", "< 2%",
-            note=f"{pairs} pairs: " + (f"under ±{target:.1%} at a check (every {check_every} pairs from {min_pairs})" if width < target
-                                      else f"the cap of {max_pairs} pairs came first")),
-        ratio_row("pace ratio daemon/plain, median step time", step_ratios,
-                  "plain step time / daemon step time, the first step left out", pace_ci),
+        Row(
+            "overhead",
+            "pace ratio's 95% interval, half-width",
+            f"{width:.1%}",
+            "",
+            "< 2%",
+            note=f"{pairs} pairs: "
+            + (
+                f"under ±{target:.1%} at a check (every {check_every} pairs from {min_pairs})"
+                if width < target
+                else f"the cap of {max_pairs} pairs came first"
+            ),
+        ),
+        ratio_row(
+            "pace ratio daemon/plain, median step time",
+            step_ratios,
+            "plain step time / daemon step time, the first step left out",
+            pace_ci,
+        ),
         ratio_row("throughput ratio daemon/plain, samples/s", ratios, "TRL's train_samples_per_second, its whole loop"),
-        Row("overhead", "plain TRL median step time: median [min, max]", spread([1000 * t["step_s"] for t in plain]), "ms"),
-        Row("overhead", "daemon median step time: median [min, max]", spread([1000 * d["step_s"] for d in daemon_side]), "ms"),
-        Row("overhead", "plain TRL loop beyond its steady steps: median [min, max]", spread(beyond["plain"]), "ms",
-            note="train_runtime - (steps - 1) x median step: set-up, the first step, the end"),
-        Row("overhead", "daemon loop beyond its steady steps: median [min, max]", spread(beyond["daemon"]), "ms",
-            note="the same, in the job's forked child"),
-        Row("overhead", "plain TRL throughput: median [min, max]", spread([t["throughput"] for t in plain]), "samples/s",
-            note="the trainer's own timing"),
-        Row("overhead", "daemon throughput: median [min, max]", spread([d["throughput"] for d in daemon_side]), "samples/s",
-            note="the trainer's own timing"),
-        Row("overhead", "wall-time ratio daemon/plain, push excluded: median [min, max]", spread(wall_ratios), "", "<= 1.05",
-            note="daemon: submission to succeeded, child forked; plain: the job in a running script (no imports either side)"),
-        Row("overhead", "daemon process CPU while training", spread(parent), "cores", note="CPU seconds of the parent / training seconds"),
-        Row("overhead", "broker CPU while the daemon's job trains", spread(broker), "cores", note="the local Kafka broker's JVM"),
-        Row("overhead", "broker CPU while the plain script trains", spread(broker_plain), "cores", note="its baseline: no daemon talking to it"),
+        Row(
+            "overhead",
+            "plain TRL median step time: median [min, max]",
+            spread([1000 * t["step_s"] for t in plain]),
+            "ms",
+        ),
+        Row(
+            "overhead",
+            "daemon median step time: median [min, max]",
+            spread([1000 * d["step_s"] for d in daemon_side]),
+            "ms",
+        ),
+        Row(
+            "overhead",
+            "plain TRL loop beyond its steady steps: median [min, max]",
+            spread(beyond["plain"]),
+            "ms",
+            note="train_runtime - (steps - 1) x median step: set-up, the first step, the end",
+        ),
+        Row(
+            "overhead",
+            "daemon loop beyond its steady steps: median [min, max]",
+            spread(beyond["daemon"]),
+            "ms",
+            note="the same, in the job's forked child",
+        ),
+        Row(
+            "overhead",
+            "plain TRL throughput: median [min, max]",
+            spread([t["throughput"] for t in plain]),
+            "samples/s",
+            note="the trainer's own timing",
+        ),
+        Row(
+            "overhead",
+            "daemon throughput: median [min, max]",
+            spread([d["throughput"] for d in daemon_side]),
+            "samples/s",
+            note="the trainer's own timing",
+        ),
+        Row(
+            "overhead",
+            "wall-time ratio daemon/plain, push excluded: median [min, max]",
+            spread(wall_ratios),
+            "",
+            "<= 1.05",
+            note="daemon: submission to succeeded, child forked; plain: the job in a running script (no imports either side)",
+        ),
+        Row(
+            "overhead",
+            "daemon process CPU while training",
+            spread(parent),
+            "cores",
+            note="CPU seconds of the parent / training seconds",
+        ),
+        Row(
+            "overhead",
+            "broker CPU while the daemon's job trains",
+            spread(broker),
+            "cores",
+            note="the local Kafka broker's JVM",
+        ),
+        Row(
+            "overhead",
+            "broker CPU while the plain script trains",
+            spread(broker_plain),
+            "cores",
+            note="its baseline: no daemon talking to it",
+        ),
     ]

@@ -28,11 +28,19 @@ def train(request: dict) -> dict[str, float]:
     dtype = request["model"].get("dtype", "auto")  # as handlers.toolkit.loading.model_kwargs reads it
     with tempfile.TemporaryDirectory() as output_dir:
         config = SFTConfig(
-            logging_steps=1, save_strategy="steps", save_total_limit=2, **request["training"],
-            output_dir=output_dir, report_to="none", use_cpu=not torch.cuda.is_available(), disable_tqdm=True,
+            logging_steps=1,
+            save_strategy="steps",
+            save_total_limit=2,
+            **request["training"],
+            output_dir=output_dir,
+            report_to="none",
+            use_cpu=not torch.cuda.is_available(),
+            disable_tqdm=True,
         )
         trainer = SFTTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)),
+            model=AutoModelForCausalLM.from_pretrained(
+                model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+            ),
             args=config,
             train_dataset=Dataset.from_list(request["dataset"]["rows"]),
             processing_class=AutoTokenizer.from_pretrained(model_dir),

@@ -65,7 +65,9 @@ async def queue(env: Environment, mode: str, jobs: int, steps: int) -> Queue:
     daemon = env.daemon(settings)
     try:
         await wait_for_log(daemon, warm_event(settings))  # ready for the first job, as a daemon that has waited is
-        warm_pid = [line["pid"] for line in daemon.log_lines() if line.get("event") in ("forkserver.starting", "child.warming")][0]
+        warm_pid = [
+            line["pid"] for line in daemon.log_lines() if line.get("event") in ("forkserver.starting", "child.warming")
+        ][0]
         memory = rss_mib(warm_pid)
         requests = [job(env, f"queue-{mode}-{index:02d}", steps=steps) for index in range(jobs)]
         started = time.monotonic()
@@ -81,7 +83,9 @@ async def queue(env: Environment, mode: str, jobs: int, steps: int) -> Queue:
     own_start = [e.durations_s["until_first_step"] - e.durations_s["queue"] for e in done if isinstance(e, Succeeded)]
     parts = {stage: [e.durations_s.get(stage, 0.0) for e in done if isinstance(e, Succeeded)] for stage in STAGES}
     parts["rest"] = [start - sum(parts[stage][i] for stage in STAGES) for i, start in enumerate(own_start)]
-    return Queue(first_step, own_start, wall, memory, {stage: statistics.median(values) for stage, values in parts.items()})
+    return Queue(
+        first_step, own_start, wall, memory, {stage: statistics.median(values) for stage, values in parts.items()}
+    )
 
 
 def summary(values: list[float]) -> str:
@@ -94,23 +98,61 @@ async def run(env: Environment, jobs: int, steps: int = 3) -> list[Row]:
     for mode, side in sides.items():
         label = LABEL[mode]
         rows += [
-            Row("queue start", f"{label}: job's own start (slot taken → first step) p50", round(statistics.median(side.own_start), 3), "s"),
-            Row("queue start", f"{label}: job's own start p95", round(percentile(side.own_start, 95), 3), "s",
-                "< 1 s" if mode == "fork" else "", note=f"{jobs} jobs of {steps} steps, one slot"),
-            Row("queue start", f"{label}: job's own start max", round(max(side.own_start), 3), "s",
-                note="per job: " + ", ".join(f"{v:.2f}" for v in side.own_start)),
-            Row("queue start", f"{label}: arrival → first step (waiting included)", summary(side.first_step), "s",
-                note="job k waits for the k-1 jobs before it"),
+            Row(
+                "queue start",
+                f"{label}: job's own start (slot taken → first step) p50",
+                round(statistics.median(side.own_start), 3),
+                "s",
+            ),
+            Row(
+                "queue start",
+                f"{label}: job's own start p95",
+                round(percentile(side.own_start, 95), 3),
+                "s",
+                "< 1 s" if mode == "fork" else "",
+                note=f"{jobs} jobs of {steps} steps, one slot",
+            ),
+            Row(
+                "queue start",
+                f"{label}: job's own start max",
+                round(max(side.own_start), 3),
+                "s",
+                note="per job: " + ", ".join(f"{v:.2f}" for v in side.own_start),
+            ),
+            Row(
+                "queue start",
+                f"{label}: arrival → first step (waiting included)",
+                summary(side.first_step),
+                "s",
+                note="job k waits for the k-1 jobs before it",
+            ),
             Row("queue start", f"{label}: first arrival → last succeeded", round(side.wall, 1), "s"),
-            Row("queue start", f"{label}: resident memory of the warm process", round(side.memory), "MiB",
-                note="the fork server" if mode == "fork" else "a warm child waiting (one per free slot)"),
-            Row("queue start", f"{label}: a job's own start in parts (medians)", "", "s",
+            Row(
+                "queue start",
+                f"{label}: resident memory of the warm process",
+                round(side.memory),
+                "MiB",
+                note="the fork server" if mode == "fork" else "a warm child waiting (one per free slot)",
+            ),
+            Row(
+                "queue start",
+                f"{label}: a job's own start in parts (medians)",
+                "",
+                "s",
                 note=", ".join(f"{stage} {seconds:.3f}" for stage, seconds in side.stages.items())
-                + "; rest: the child's start (fork or imports), the hand-over, trainer set-up and the first step"),
+                + "; rest: the child's start (fork or imports), the hand-over, trainer set-up and the first step",
+            ),
         ]
     fork, spawn = sides["fork"], sides["spawn"]
-    rows.append(Row("queue start", "p95 own start, spawn/fork", round(percentile(spawn.own_start, 95) / percentile(fork.own_start, 95), 1), "x",
-                    note="the same queue, the two sides one after the other in this run"))
+    rows.append(
+        Row(
+            "queue start",
+            "p95 own start, spawn/fork",
+            round(percentile(spawn.own_start, 95) / percentile(fork.own_start, 95), 1),
+            "x",
+            note="the same queue, the two sides one after the other in this run",
+        )
+    )
     return rows
 
 

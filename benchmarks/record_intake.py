@@ -37,7 +37,13 @@ from schemas import Rejection
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_model_roots=[Path("/models")])
 SLOTS = Slots([], 1)
-BASE = {"schema_version": 1, "request_id": "bench-1", "method": "sft", "model": {"id": "org/base"}, "output": {"repo_id": "org/adapter"}}
+BASE = {
+    "schema_version": 1,
+    "request_id": "bench-1",
+    "method": "sft",
+    "model": {"id": "org/base"},
+    "output": {"repo_id": "org/adapter"},
+}
 
 
 def _webp_bomb() -> str:
@@ -63,41 +69,62 @@ def _raw(document: dict[str, object]) -> bytes:
 
 
 _RANDOM = random.Random(0)
-LETTERS = "".join(_RANDOM.choice(string.ascii_letters + string.digits) for _ in range(2_000_000))  # as random as a key or an image's base64
+LETTERS = "".join(
+    _RANDOM.choice(string.ascii_letters + string.digits) for _ in range(2_000_000)
+)  # as random as a key or an image's base64
 # A letter that begins a rule counting its class (detect-secrets' Discord token, `[MNO][a-zA-Z\d_-]{23,25}\.`), and
 # 'a.' the URL rule's scheme, each every few random letters: every one begins the rule again.
 SPRINKLED = {
-    lead: "".join(lead + LETTERS[i:i + _RANDOM.randint(0, 20)] for i in range(0, 60_000, 20)) for lead in ("M", "a.")
+    lead: "".join(lead + LETTERS[i : i + _RANDOM.randint(0, 20)] for i in range(0, 60_000, 20)) for lead in ("M", "a.")
 }
 
 
 def _rows_of(text: str, n: int) -> bytes:
     """Text rows of about `n` bytes cut from `text`, each with a newline escape (so the scan walks every string)."""
-    return _raw({**BASE, "dataset": {"rows": [{"text": text[i:i + 1000] + "\n"} for i in range(0, max(1000, n - 300), 1000)]}})
-
+    return _raw(
+        {**BASE, "dataset": {"rows": [{"text": text[i : i + 1000] + "\n"} for i in range(0, max(1000, n - 300), 1000)]}}
+    )
 
 
 # name → a record of about n bytes aimed at one weakness of the whole decision.
 SHAPES: dict[str, Callable[[int], bytes]] = {
     "duplicate keys": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]}}).replace(
-        b'"rows"', b'"x": 1, ' * (n // 8) + b'"rows"', 1),
-    "4096x4096 WebP images inline": lambda n: _raw({**BASE, "dataset": {"rows": [{**VISION_CHAT_ROWS[0], "images": [BOMB]}] * (n // (len(BOMB) + 200))}}),
-    "LoRA pattern keys": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]},
-                                          "peft": {"rank_pattern": {f"(x{i}|[a-z._0-9]+)+q_proj": 4 for i in range(n // 40)}}}),
-    "strings where numbers go": lambda n: _raw({**BASE, "dataset": {"rows": [{"text": "a"}]},
-                                                 "training": {"max_steps": "9" * n}}),
-    "Hub ids the Hub refuses": lambda n: _raw({**BASE, "dataset": {"mixture": [{"id": f"a--b{i}/x.git"} for i in range(min(64, n // 30))],
-                                                                     "columns": {}}, "metadata": {"p": "a" * max(0, n - 64 * 30)}}),
+        b'"rows"', b'"x": 1, ' * (n // 8) + b'"rows"', 1
+    ),
+    "4096x4096 WebP images inline": lambda n: _raw(
+        {**BASE, "dataset": {"rows": [{**VISION_CHAT_ROWS[0], "images": [BOMB]}] * (n // (len(BOMB) + 200))}}
+    ),
+    "LoRA pattern keys": lambda n: _raw(
+        {
+            **BASE,
+            "dataset": {"rows": [{"text": "a"}]},
+            "peft": {"rank_pattern": {f"(x{i}|[a-z._0-9]+)+q_proj": 4 for i in range(n // 40)}},
+        }
+    ),
+    "strings where numbers go": lambda n: _raw(
+        {**BASE, "dataset": {"rows": [{"text": "a"}]}, "training": {"max_steps": "9" * n}}
+    ),
+    "Hub ids the Hub refuses": lambda n: _raw(
+        {
+            **BASE,
+            "dataset": {"mixture": [{"id": f"a--b{i}/x.git"} for i in range(min(64, n // 30))], "columns": {}},
+            "metadata": {"p": "a" * max(0, n - 64 * 30)},
+        }
+    ),
     "random letters in rows": lambda n: _rows_of(LETTERS, n),
     "a rule's first letter sprinkled": lambda n: _rows_of(SPRINKLED["M"] * (n // len(SPRINKLED["M"]) + 1), n),
     "a URL's scheme sprinkled": lambda n: _rows_of(SPRINKLED["a."] * (n // len(SPRINKLED["a."]) + 1), n),
-    "NUL paths": lambda n: _raw({**BASE, "model": {"id": "/models/" + "\u0000" * (n // 6)}, "dataset": {"rows": [{"text": "a"}]}}),
+    "NUL paths": lambda n: _raw(
+        {**BASE, "model": {"id": "/models/" + "\u0000" * (n // 6)}, "dataset": {"rows": [{"text": "a"}]}}
+    ),
 }
 
 # Not adversarial: what a benign request with inline images costs beside text rows, to read the
 # images row against (its ratio is the cost of images as such).
 REFERENCES: dict[str, Callable[[int], bytes]] = {
-    "ordinary 64x64 PNG images inline": lambda n: _raw({**BASE, "dataset": {"rows": [{**VISION_CHAT_ROWS[0], "images": [PHOTO]}] * max(1, n // (len(PHOTO) + 200))}}),
+    "ordinary 64x64 PNG images inline": lambda n: _raw(
+        {**BASE, "dataset": {"rows": [{**VISION_CHAT_ROWS[0], "images": [PHOTO]}] * max(1, n // (len(PHOTO) + 200))}}
+    ),
 }
 
 
@@ -137,7 +164,9 @@ async def run(sizes: list[int], repeats: int) -> None:
 
     ticking = asyncio.create_task(ticker())
     worst: tuple[float, str] = (0.0, "")
-    print(f"{'shape':34s} {'bytes':>9s} {'adversarial ms':>15s} {'benign ms':>10s} {'ratio':>6s} {'spread':>12s} {'loop pause ms':>14s}")
+    print(
+        f"{'shape':34s} {'bytes':>9s} {'adversarial ms':>15s} {'benign ms':>10s} {'ratio':>6s} {'spread':>12s} {'loop pause ms':>14s}"
+    )
     for size in sizes:
         for name, shape in {**SHAPES, **REFERENCES}.items():
             hostile = shape(size)
@@ -151,8 +180,10 @@ async def run(sizes: list[int], repeats: int) -> None:
             ratio = statistics.median(ratios)
             pause = max(pauses, default=0.0) * 1e3
             label = name if name in SHAPES else f"({name})"
-            row = (f"{label:34s} {len(hostile):9d} {statistics.median(bad_ms):15.2f} {statistics.median(good_ms):10.2f} {ratio:6.2f} "
-                   f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12s} {pause:14.1f}")
+            row = (
+                f"{label:34s} {len(hostile):9d} {statistics.median(bad_ms):15.2f} {statistics.median(good_ms):10.2f} {ratio:6.2f} "
+                f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12s} {pause:14.1f}"
+            )
             print(row, flush=True)
             if name in SHAPES:
                 worst = max(worst, (ratio, row))

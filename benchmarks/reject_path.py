@@ -32,8 +32,17 @@ PARTITIONS = 6  # of the events topic and the DLQ, as the stand-in reports them
 
 def refused_message(index: int) -> bytes:
     """A valid request this host refuses (more GPUs than it has): the path through `daemon.admission.judge.refusal`, in intake's thread."""
-    return json.dumps({"schema_version": 1, "request_id": f"big-{index}", "method": "sft", "model": {"id": "x/y"},
-                       "dataset": {"rows": [{"text": "t"}]}, "output": {"repo_id": "a/b"}, "resources": {"gpus": 64}}).encode()
+    return json.dumps(
+        {
+            "schema_version": 1,
+            "request_id": f"big-{index}",
+            "method": "sft",
+            "model": {"id": "x/y"},
+            "dataset": {"rows": [{"text": "t"}]},
+            "output": {"repo_id": "a/b"},
+            "resources": {"gpus": 64},
+        }
+    ).encode()
 
 
 def records(mix: str, count: int) -> list:
@@ -43,8 +52,12 @@ def records(mix: str, count: int) -> list:
 
     # Keyed by request id, as producers key requests: a DLQ record and its event share the key.
     make, prefix = (bad_message, "bad") if mix == "bad mix" else (refused_message, "big")
-    return [ConsumerRecord("adapterd.requests", 0, offset, 0, 0, f"{prefix}-{offset}".encode(), make(offset), None, 0, 0, [])
-            for offset in range(count)]
+    return [
+        ConsumerRecord(
+            "adapterd.requests", 0, offset, 0, 0, f"{prefix}-{offset}".encode(), make(offset), None, 0, 0, []
+        )
+        for offset in range(count)
+    ]
 
 
 async def microseconds(mix: str, count: int) -> float:
@@ -80,7 +93,7 @@ async def microseconds(mix: str, count: int) -> float:
     await intake.take(tp, warm)
     started = time.perf_counter()
     for start in range(0, count, batch):
-        await intake.take(tp, timed[start:start + batch])
+        await intake.take(tp, timed[start : start + batch])
     elapsed = time.perf_counter() - started
     await publisher.stop()
     return elapsed / count * 1e6
@@ -130,10 +143,16 @@ def compare(checkouts: list[str], rounds: int, count: int) -> None:
     """Rounds in fresh interpreters, one checkout first on the path each; the order turns each round."""
     runs: dict[str, dict[str, list[float]]] = {c: {mix: [] for mix in MIXES} for c in checkouts}
     for index in range(rounds):
-        for checkout in checkouts[index % len(checkouts):] + checkouts[:index % len(checkouts)]:
+        for checkout in checkouts[index % len(checkouts) :] + checkouts[: index % len(checkouts)]:
             env = {**os.environ, "PYTHONPATH": checkout}
-            out = subprocess.run([sys.executable, __file__, "--one-round", "--messages", str(count)],
-                                 env=env, cwd=checkout, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--one-round", "--messages", str(count)],
+                env=env,
+                cwd=checkout,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             for mix, value in json.loads(out).items():
                 runs[checkout][mix].append(value)
     print(f"us per rejected message, median [min, max] of {rounds} rounds x {count} messages")

@@ -34,10 +34,21 @@ KIB, MIB = 2**10, 2**20
 def request(model: Path, name: str, processes: int, shard: str, steps: int, run: int) -> dict[str, Any]:
     """A full fine-tune of the tiny model, float32, `GLOBAL_BATCH` rows a step however many processes share it."""
     return {
-        "schema_version": 1, "request_id": f"sharded-{name.replace(' ', '-')}-{run}", "method": "sft",
-        "model": {"id": str(model), "dtype": "float32"}, "dataset": {"rows": CHAT_ROWS}, "sft": {"max_length": 64}, "peft": None,
-        "training": {"max_steps": steps, "per_device_train_batch_size": GLOBAL_BATCH // processes, "learning_rate": 1e-3, "seed": 1},
-        "resources": {"gpus": processes, "shard": shard}, "output": {"repo_id": "bench/sharded"},
+        "schema_version": 1,
+        "request_id": f"sharded-{name.replace(' ', '-')}-{run}",
+        "method": "sft",
+        "model": {"id": str(model), "dtype": "float32"},
+        "dataset": {"rows": CHAT_ROWS},
+        "sft": {"max_length": 64},
+        "peft": None,
+        "training": {
+            "max_steps": steps,
+            "per_device_train_batch_size": GLOBAL_BATCH // processes,
+            "learning_rate": 1e-3,
+            "seed": 1,
+        },
+        "resources": {"gpus": processes, "shard": shard},
+        "output": {"repo_id": "bench/sharded"},
     }
 
 
@@ -62,24 +73,43 @@ class Row:
 
 def figures(result: dict[str, Any], processes: int) -> tuple[float, list[float], list[float]]:
     metrics = result["metrics"]
-    peaks = [metrics[f"rank{r}_peak_bytes"] for r in range(processes)] if processes > 1 else [float(result["memory"]["device_peak_bytes"])]
-    if processes == 1 and result["memory"]["peak_allocated_bytes"] is not None:  # on a GPU, the allocator's as the ranks report
+    peaks = (
+        [metrics[f"rank{r}_peak_bytes"] for r in range(processes)]
+        if processes > 1
+        else [float(result["memory"]["device_peak_bytes"])]
+    )
+    if (
+        processes == 1 and result["memory"]["peak_allocated_bytes"] is not None
+    ):  # on a GPU, the allocator's as the ranks report
         peaks = [float(result["memory"]["peak_allocated_bytes"])]
     return metrics["median_step_s"], peaks, [metrics[f"rank{r}_param_bytes"] for r in range(processes)]
 
 
-def measure(root: Path, model: Path, device: str, name: str, processes: int, shard: str, args: argparse.Namespace) -> Row:
+def measure(
+    root: Path, model: Path, device: str, name: str, processes: int, shard: str, args: argparse.Namespace
+) -> Row:
     devices = "" if device == "cpu" else ",".join(str(index) for index in range(processes))
     row = Row(device, name, processes, [], [], [], [])
     for repeat in range(args.repeats):
-        run = run_child(request(model, name, processes, shard, args.steps, repeat), root / f"{device}-{shard}-{processes}-{repeat}", processes, devices=devices,
-                        threads=1 if device == "cpu" else None)
+        run = run_child(
+            request(model, name, processes, shard, args.steps, repeat),
+            root / f"{device}-{shard}-{processes}-{repeat}",
+            processes,
+            devices=devices,
+            threads=1 if device == "cpu" else None,
+        )
         step, peaks, held = figures(run.result(), processes)
         row.step_s.append(step)
         row.peaks.append(peaks)
         row.param_bytes, row.losses = held, row.losses or run.losses()
     if device == "cpu" and args.allocator:
-        profiled: ChildRun = run_child(request(model, name, processes, shard, args.steps, 99), root / f"alloc-{shard}-{processes}", processes, allocator=True, threads=1)
+        profiled: ChildRun = run_child(
+            request(model, name, processes, shard, args.steps, 99),
+            root / f"alloc-{shard}-{processes}",
+            processes,
+            allocator=True,
+            threads=1,
+        )
         profiled.result()
         row.allocator = profiled.allocator_peaks
     return row
@@ -108,8 +138,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs of each job, for the spread of its step time")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps a job")
-    parser.add_argument("--no-allocator", dest="allocator", action="store_false", help="leave out the profiled run of each CPU row")
-    parser.add_argument("--quick", action="store_true", help="one repeat of 3 steps, no profiled runs: the test's settings")
+    parser.add_argument(
+        "--no-allocator", dest="allocator", action="store_false", help="leave out the profiled run of each CPU row"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="one repeat of 3 steps, no profiled runs: the test's settings"
+    )
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.steps, args.allocator = 1, 3, False
@@ -119,31 +153,52 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         model = save_tiny_model(root / "tiny-model")
-        print(f"tiny model, full fine-tune, float32, global batch {GLOBAL_BATCH} ({GLOBAL_BATCH // 2} a rank on two), {args.steps} steps, "
-              f"{args.repeats} repeat(s); peak memory a rank: the job's rank<r>_peak_bytes (CPU: peak resident set)", flush=True)
-        print("| device | job | step s, median (min-max) | peak MiB a rank | parameter bytes a rank | CPU allocator peak KiB a rank |")
+        print(
+            f"tiny model, full fine-tune, float32, global batch {GLOBAL_BATCH} ({GLOBAL_BATCH // 2} a rank on two), {args.steps} steps, "
+            f"{args.repeats} repeat(s); peak memory a rank: the job's rank<r>_peak_bytes (CPU: peak resident set)",
+            flush=True,
+        )
+        print(
+            "| device | job | step s, median (min-max) | peak MiB a rank | parameter bytes a rank | CPU allocator peak KiB a rank |"
+        )
         print("|---|---|---|---|---|---|")
         rows: dict[tuple[str, str], Row] = {}
         for device in ("cpu", "cuda"):
             for name, processes, shard in JOBS:
                 if device == "cuda" and found < processes:
-                    print(f"| cuda | {name} | skipped: {'no GPU on this host' if found == 0 else 'one GPU'} | | | |", flush=True)
+                    print(
+                        f"| cuda | {name} | skipped: {'no GPU on this host' if found == 0 else 'one GPU'} | | | |",
+                        flush=True,
+                    )
                     continue
                 rows[device, name] = measure(root, model, device, name, processes, shard, args)
                 print_row(rows[device, name])
     one, dp, sharded = (rows["cpu", name] for name, _, _ in JOBS)
     line = {
-        "ranks": 2, "dp_param_bytes_per_rank": int(max(dp.param_bytes)), "sharded_param_bytes_per_rank": int(max(sharded.param_bytes)),
-        "one_step_s": round(one.step(), 5), "dp_step_s": round(dp.step(), 5), "sharded_step_s": round(sharded.step(), 5),
-        "dp_peak_bytes_per_rank": round(dp.peak()), "sharded_peak_bytes_per_rank": round(sharded.peak()),
-        "loss_max_rel_diff": f"{loss_max_rel_diff(sharded.losses, dp.losses):.3g}", "repeats": args.repeats, "gpus": found,
+        "ranks": 2,
+        "dp_param_bytes_per_rank": int(max(dp.param_bytes)),
+        "sharded_param_bytes_per_rank": int(max(sharded.param_bytes)),
+        "one_step_s": round(one.step(), 5),
+        "dp_step_s": round(dp.step(), 5),
+        "sharded_step_s": round(sharded.step(), 5),
+        "dp_peak_bytes_per_rank": round(dp.peak()),
+        "sharded_peak_bytes_per_rank": round(sharded.peak()),
+        "loss_max_rel_diff": f"{loss_max_rel_diff(sharded.losses, dp.losses):.3g}",
+        "repeats": args.repeats,
+        "gpus": found,
     }
     if dp.allocator and sharded.allocator:
-        line |= {"dp_allocator_peak_bytes_per_rank": max(dp.allocator.values()), "sharded_allocator_peak_bytes_per_rank": max(sharded.allocator.values())}
+        line |= {
+            "dp_allocator_peak_bytes_per_rank": max(dp.allocator.values()),
+            "sharded_allocator_peak_bytes_per_rank": max(sharded.allocator.values()),
+        }
     if ("cuda", JOBS[2][0]) in rows:
         gpu_dp, gpu_sharded = rows["cuda", JOBS[1][0]], rows["cuda", JOBS[2][0]]
-        line |= {"gpu_dp_step_s": round(gpu_dp.step(), 5), "gpu_sharded_step_s": round(gpu_sharded.step(), 5),
-                 "gpu_sharded_peak_bytes_per_rank": round(gpu_sharded.peak())}
+        line |= {
+            "gpu_dp_step_s": round(gpu_dp.step(), 5),
+            "gpu_sharded_step_s": round(gpu_sharded.step(), 5),
+            "gpu_sharded_peak_bytes_per_rank": round(gpu_sharded.peak()),
+        }
     print("SHARDED " + " ".join(f"{key}={value}" for key, value in line.items()), flush=True)
 
 

@@ -50,8 +50,11 @@ def s3_server(bucket: str = "soak") -> Iterator[str]:
 
     os.environ.update(S3_ENV)
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         for _ in range(150):
@@ -67,32 +70,73 @@ def s3_server(bucket: str = "soak") -> Iterator[str]:
 
 
 async def soak(
-    requests: int, daemons: int, kill_every_s: float, slots: int, partitions: int, seed: int, timeout_s: float, static: bool,
-    store_endpoint: str | None = None, lose_after_s: float | None = None,
+    requests: int,
+    daemons: int,
+    kill_every_s: float,
+    slots: int,
+    partitions: int,
+    seed: int,
+    timeout_s: float,
+    static: bool,
+    store_endpoint: str | None = None,
+    lose_after_s: float | None = None,
 ) -> dict[str, object]:
     rng = random.Random(seed)
     env = Environment.start()
     try:
-        store = ({"checkpoint_store": "s3://soak/checkpoints", "event_signing_key_file": env.fleet_key(),
-                  "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": store_endpoint}}}}
-                 if store_endpoint else {})
-        settings = await env.settings(partitions=partitions, job_slots=slots, progress_interval_s=3600, hub_token=HUB_TOKEN,
-                                      max_attempts=3, retry_backoff_s=1, **store)
+        store = (
+            {
+                "checkpoint_store": "s3://soak/checkpoints",
+                "event_signing_key_file": env.fleet_key(),
+                "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": store_endpoint}}},
+            }
+            if store_endpoint
+            else {}
+        )
+        settings = await env.settings(
+            partitions=partitions,
+            job_slots=slots,
+            progress_interval_s=3600,
+            hub_token=HUB_TOKEN,
+            max_attempts=3,
+            retry_backoff_s=1,
+            **store,
+        )
         ids = [f"soak-{n}" for n in range(requests)]
-        landed = await publish_all(settings, [{
-            "schema_version": 1, "request_id": request_id, "method": "sft",
-            "model": {"id": str(env.model_dir)}, "dataset": {"rows": CHAT_ROWS[:4]},
-            "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
-            "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
-            "output": {"repo_id": f"soak/{request_id}"},
-        } for request_id in ids])
+        landed = await publish_all(
+            settings,
+            [
+                {
+                    "schema_version": 1,
+                    "request_id": request_id,
+                    "method": "sft",
+                    "model": {"id": str(env.model_dir)},
+                    "dataset": {"rows": CHAT_ROWS[:4]},
+                    "peft": {"r": 2, "lora_alpha": 4, "lora_dropout": 0.0},
+                    "training": {"max_steps": 2, "per_device_train_batch_size": 2, "save_steps": 1},
+                    "output": {"repo_id": f"soak/{request_id}"},
+                }
+                for request_id in ids
+            ],
+        )
         # Static membership (deploy/README.md: `group_instance_id` per host): a daemon restarted within
         # session_timeout_ms gets its partitions back, so its jobs resume from its own checkpoints.
-        hosts = [settings.model_copy(update={"host": f"soak-{n}", "work_dir": settings.work_dir / f"host-{n}",
-                                             "metrics_address": f"127.0.0.1:{free_port()}",
-                                             "group_instance_id": f"soak-{n}" if static else None}) for n in range(daemons)]
+        hosts = [
+            settings.model_copy(
+                update={
+                    "host": f"soak-{n}",
+                    "work_dir": settings.work_dir / f"host-{n}",
+                    "metrics_address": f"127.0.0.1:{free_port()}",
+                    "group_instance_id": f"soak-{n}" if static else None,
+                }
+            )
+            for n in range(daemons)
+        ]
         extra_env = S3_ENV if store_endpoint else {}
-        running = [DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log"), extra_env=extra_env).start() for n, s in enumerate(hosts)]
+        running = [
+            DaemonProcess(s, s.work_dir.with_suffix(f".{n}.log"), extra_env=extra_env).start()
+            for n, s in enumerate(hosts)
+        ]
         kills = 0
         lost_host = False
         outcomes: dict[str, str] = {}
@@ -135,15 +179,26 @@ async def soak(
         # its last step twice (its last checkpoint saved twice); a step checkpointed twice is a step
         # trained again (after a kill, on a host without that checkpoint) where the host that trained
         # it again could have resumed from it: its own disk, or the store once it was uploaded there.
-        checkpoints = Counter((line.get("request_id"), line.get("step")) for line in lines if line.get("event") == "job.checkpoint")
+        checkpoints = Counter(
+            (line.get("request_id"), line.get("step")) for line in lines if line.get("event") == "job.checkpoint"
+        )
         saved_on: dict[tuple[object, object], list[int]] = defaultdict(list)
         for n, line in by_host:
             if line.get("event") == "job.checkpoint":
                 saved_on[(line.get("request_id"), line.get("step"))].append(n)
-        stored = {(line.get("request_id"), line.get("step")) for line in lines if line.get("event") == "checkpoint_store.uploaded"}
+        stored = {
+            (line.get("request_id"), line.get("step"))
+            for line in lines
+            if line.get("event") == "checkpoint_store.uploaded"
+        }
         last_step = {request_id: step for (request_id, step) in sorted(checkpoints, key=lambda key: key[1])}
-        retrained_steps = {request_id for key, hosts_of in saved_on.items() if len(hosts_of) > 1
-                           for request_id in [key[0]] if key in stored or len(set(hosts_of)) < len(hosts_of)}
+        retrained_steps = {
+            request_id
+            for key, hosts_of in saved_on.items()
+            if len(hosts_of) > 1
+            for request_id in [key[0]]
+            if key in stored or len(set(hosts_of)) < len(hosts_of)
+        }
         retrained = {request_id for request_id, step in last_step.items() if checkpoints[(request_id, step)] > 1}
         starts = Counter(line.get("request_id") for line in lines if line.get("event") == "job.started")
         commits = {request_id: len(env.hub.commits(f"soak/{request_id}")) for request_id in ids}
@@ -166,7 +221,9 @@ async def soak(
             "duplicate Hub commits": sum(1 for count in commits.values() if count > 1),
             "duplicate trainings (trained to the last step twice)": len(retrained),
             "requests with a checkpointed step trained again": len(retrained_steps),
-            "requests started more than once (resumed or answered again)": sum(1 for count in starts.values() if count > 1),
+            "requests started more than once (resumed or answered again)": sum(
+                1 for count in starts.values() if count > 1
+            ),
         }
     finally:
         env.stop()
@@ -180,16 +237,38 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the requests topic")
     parser.add_argument("--kill-every", type=float, default=45.0, help="mean seconds between kills (0: none)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-static-membership", dest="static", action="store_false",
-                        help="daemons without group_instance_id: a killed one's partitions move after session_timeout_ms")
+    parser.add_argument(
+        "--no-static-membership",
+        dest="static",
+        action="store_false",
+        help="daemons without group_instance_id: a killed one's partitions move after session_timeout_ms",
+    )
     parser.add_argument("--timeout", type=float, default=4 * 3600)
-    parser.add_argument("--checkpoint-store", action="store_true", help="one checkpoint store for the daemons, on a local S3 server")
-    parser.add_argument("--lose-host-after", type=float, default=None,
-                        help="SIGKILL the first daemon this many seconds in and never restart it; --kill-every 0: no other kills")
+    parser.add_argument(
+        "--checkpoint-store", action="store_true", help="one checkpoint store for the daemons, on a local S3 server"
+    )
+    parser.add_argument(
+        "--lose-host-after",
+        type=float,
+        default=None,
+        help="SIGKILL the first daemon this many seconds in and never restart it; --kill-every 0: no other kills",
+    )
     args = parser.parse_args()
     with s3_server() if args.checkpoint_store else nullcontext() as endpoint:
-        figures = asyncio.run(soak(args.requests, args.daemons, args.kill_every, args.slots, args.partitions, args.seed, args.timeout,
-                                   args.static, endpoint, args.lose_host_after))
+        figures = asyncio.run(
+            soak(
+                args.requests,
+                args.daemons,
+                args.kill_every,
+                args.slots,
+                args.partitions,
+                args.seed,
+                args.timeout,
+                args.static,
+                endpoint,
+                args.lose_host_after,
+            )
+        )
     for name, value in figures.items():
         print(f"{name:>36}: {value}")
 

@@ -30,11 +30,32 @@ async def first_steps(env: Environment, warm: bool, repeats: int) -> tuple[list[
 async def run(env: Environment, repeats: int) -> list[Row]:
     cold, _ = await first_steps(env, warm=False, repeats=repeats)
     warm, stages = await first_steps(env, warm=True, repeats=repeats)
-    breakdown = ", ".join(f"{k} {v:.2f}" for k, v in stages.items() if k in ("queue", "preflight", "load_dataset", "load_model"))
+    breakdown = ", ".join(
+        f"{k} {v:.2f}" for k, v in stages.items() if k in ("queue", "preflight", "load_dataset", "load_model")
+    )
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
     return [
-        Row("start latency", "cold: arrival to first step (median)", round(cold_s, 3), "s", note=f"{repeats} requests: {[round(s, 2) for s in cold]}"),
-        Row("start latency", "warm: arrival to first step (median)", round(warm_s, 3), "s", "< 1 s", note=f"{repeats} requests: {[round(s, 2) for s in warm]}"),
+        Row(
+            "start latency",
+            "cold: arrival to first step (median)",
+            round(cold_s, 3),
+            "s",
+            note=f"{repeats} requests: {[round(s, 2) for s in cold]}",
+        ),
+        Row(
+            "start latency",
+            "warm: arrival to first step (median)",
+            round(warm_s, 3),
+            "s",
+            "< 1 s",
+            note=f"{repeats} requests: {[round(s, 2) for s in warm]}",
+        ),
         Row("start latency", "speed-up cold/warm", round(cold_s / warm_s, 2), "x", ">= 5"),
-        Row("start latency", "warm: stages before training (last run)", "", "s", note=breakdown + "; the rest is trainer set-up and the first step"),
+        Row(
+            "start latency",
+            "warm: stages before training (last run)",
+            "",
+            "s",
+            note=breakdown + "; the rest is trainer set-up and the first step",
+        ),
     ]

@@ -35,15 +35,24 @@ class Shape:
     tied: bool  # the head shares the embedding's weights (stored once)
 
     def tensors(self) -> Tensors:
-        shapes = {"model.embed_tokens.weight": ("BF16", (self.vocab, self.hidden)), "model.norm.weight": ("BF16", (self.hidden,))}
+        shapes = {
+            "model.embed_tokens.weight": ("BF16", (self.vocab, self.hidden)),
+            "model.norm.weight": ("BF16", (self.hidden,)),
+        }
         if not self.tied:
             shapes["lm_head.weight"] = ("BF16", (self.vocab, self.hidden))
         for layer in range(self.layers):
-            for name, shape in {"self_attn.q_proj": (self.hidden, self.hidden), "self_attn.k_proj": (self.kv, self.hidden),
-                                "self_attn.v_proj": (self.kv, self.hidden), "self_attn.o_proj": (self.hidden, self.hidden),
-                                "mlp.gate_proj": (self.mlp, self.hidden), "mlp.up_proj": (self.mlp, self.hidden),
-                                "mlp.down_proj": (self.hidden, self.mlp), "input_layernorm": (self.hidden,),
-                                "post_attention_layernorm": (self.hidden,)}.items():
+            for name, shape in {
+                "self_attn.q_proj": (self.hidden, self.hidden),
+                "self_attn.k_proj": (self.kv, self.hidden),
+                "self_attn.v_proj": (self.kv, self.hidden),
+                "self_attn.o_proj": (self.hidden, self.hidden),
+                "mlp.gate_proj": (self.mlp, self.hidden),
+                "mlp.up_proj": (self.mlp, self.hidden),
+                "mlp.down_proj": (self.hidden, self.mlp),
+                "input_layernorm": (self.hidden,),
+                "post_attention_layernorm": (self.hidden,),
+            }.items():
                 shapes[f"model.layers.{layer}.{name}.weight"] = ("BF16", shape)
         return Tensors(shapes)
 
@@ -62,9 +71,15 @@ KINDS = [("LoRA", LORA, "none"), ("QLoRA (4-bit)", LORA, "4bit"), ("full fine-tu
 
 def request(model: str, peft: dict[str, object] | None, quantization: str) -> RequestBase:
     document = {
-        "schema_version": 1, "request_id": "what-fits", "method": "sft", "model": {"id": f"example/{model}", "quantization": quantization},
-        "dataset": {"id": "example/chat"}, "peft": peft, "sft": {"max_length": LENGTH},
-        "training": {"per_device_train_batch_size": 1}, "output": {"repo_id": "example/out"},
+        "schema_version": 1,
+        "request_id": "what-fits",
+        "method": "sft",
+        "model": {"id": f"example/{model}", "quantization": quantization},
+        "dataset": {"id": "example/chat"},
+        "peft": peft,
+        "sft": {"max_length": LENGTH},
+        "training": {"per_device_train_batch_size": 1},
+        "output": {"repo_id": "example/out"},
     }
     decoded = decode_request(json.dumps(document).encode())
     assert isinstance(decoded, RequestBase), decoded
@@ -101,7 +116,9 @@ def render() -> str:
             whole = estimate(job, tensors).needed
             sharded = estimate(job, tensors, shards=SHARDS).needed
             offered = job.sharding_problem() is None
-            lines.append(f"| {shape.name} | {tensors.parameters / 1e9:.1f}B | {label} | {cell(whole)} | {cell(sharded, offered)} |")
+            lines.append(
+                f"| {shape.name} | {tensors.parameters / 1e9:.1f}B | {label} | {cell(whole)} | {cell(sharded, offered)} |"
+            )
     lines += [
         "",
         "QLoRA is not offered sharded (`resources.shard: fsdp` refuses a quantized base: FSDP2's shards of bitsandbytes'",

@@ -51,4 +51,3 @@ async def run(kind: Kind, function: Callable[P, T], *args: P.args, **kwargs: P.k
     bound values), as `asyncio.to_thread` does in the default executor."""
     call = functools.partial(contextvars.copy_context().run, function, *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(pool(kind), call)
-

@@ -21,7 +21,9 @@ class PriorityClass(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(pattern=QUEUE_NAME_PATTERN)
-    preemptible: bool = Field(False, description="Whether a waiting request of a higher class may stop its jobs at a checkpoint.")
+    preemptible: bool = Field(
+        False, description="Whether a waiting request of a higher class may stop its jobs at a checkpoint."
+    )
 
 
 class TeamShare(BaseModel):
@@ -34,14 +36,24 @@ class TeamShare(BaseModel):
     max_slots: int | None = Field(None, ge=1, le=1_000_000)
     # Who may write as the team (daemon/admission/grants.py): once any team lists keys, every request must be signed
     # by a key of the team it names, and may use only that team's classes.
-    producer_keys: list[str] = Field(default_factory=list, max_length=64, description=(
-        "Ed25519 public keys (base64 of 32 bytes, or PEM) whose adapterd-producer-signature makes a request this team's; "
-        "once any team has keys, requests must be signed by a key of the team they name."
-    ))
-    producer_keys_file: Path | None = Field(None, description="A file of such keys, one a line (# comments), e.g. the old and the new one while they rotate.")
-    classes: list[str] | None = Field(None, description=(
-        "The priority classes this team's requests may use; unset: every class. Enforced once any team has producer keys."
-    ))
+    producer_keys: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "Ed25519 public keys (base64 of 32 bytes, or PEM) whose adapterd-producer-signature makes a request this team's; "
+            "once any team has keys, requests must be signed by a key of the team they name."
+        ),
+    )
+    producer_keys_file: Path | None = Field(
+        None,
+        description="A file of such keys, one a line (# comments), e.g. the old and the new one while they rotate.",
+    )
+    classes: list[str] | None = Field(
+        None,
+        description=(
+            "The priority classes this team's requests may use; unset: every class. Enforced once any team has producer keys."
+        ),
+    )
 
 
 def queue_topic(requests_topic: str, classes: list[PriorityClass], default_class: str, name: str) -> str:

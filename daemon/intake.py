@@ -60,7 +60,9 @@ async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase
     content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code
     that gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
     decoded = decoded_on_loop(value, key)
-    return decoded if decoded is not None else await executors.run("decode", decode_request, value, key, scanner=SCANNER)
+    return (
+        decoded if decoded is not None else await executors.run("decode", decode_request, value, key, scanner=SCANNER)
+    )
 
 
 def decoded_on_loop(value: bytes | None, key: bytes | None) -> RequestBase | Rejection | None:
@@ -109,7 +111,9 @@ def internal_rejection(record: Record, exc: Exception, request_id: str | None = 
 
 
 class Intake:
-    def __init__(self, settings: Settings, publisher: Publisher, partitions: Partitions, scheduler: Scheduler, slots: Slots) -> None:
+    def __init__(
+        self, settings: Settings, publisher: Publisher, partitions: Partitions, scheduler: Scheduler, slots: Slots
+    ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.partitions = partitions
@@ -121,7 +125,9 @@ class Intake:
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
         """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode: every valid record passes)."""
-        return self.grants.refusal(request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class))
+        return self.grants.refusal(
+            request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class)
+        )
 
     @staticmethod
     async def signature_check(record: Record, check: Callable[..., T], *args: Any) -> tuple[T, bool]:
@@ -168,12 +174,18 @@ class Intake:
                 if decoded is None:
                     decoded, turned = await decoded_request(record.value, record.key), True
                 if unclaimed is not None:
-                    rejection = Rejection("unverified_claim", [FieldError(path="", message=unclaimed)], decoded.request_id)
+                    rejection = Rejection(
+                        "unverified_claim", [FieldError(path="", message=unclaimed)], decoded.request_id
+                    )
                 elif isinstance(decoded, Rejection):
                     rejection = decoded
                 else:
                     # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
-                    rejection, waited = await self.signature_check(record, self.grant_refusal, record, decoded) if self.grants.bound else (None, False)
+                    rejection, waited = (
+                        await self.signature_check(record, self.grant_refusal, record, decoded)
+                        if self.grants.bound
+                        else (None, False)
+                    )
                     turned = turned or waited
                     if rejection is None:
                         rejection, images = judged_on_loop(decoded, self.settings, self.slots)
@@ -197,7 +209,9 @@ class Intake:
                 offered = await self.scheduler.offer(tp, record, decoded)
             except Exception as exc:  # as above: rejected, unless the offer got as far as starting its job
                 # A job that fits none of this host's GPUs (daemon/jobs/shard_plan.py) is rejected with its numbers.
-                rejection = exc.rejection if isinstance(exc, Unfit) else internal_rejection(record, exc, decoded.request_id)
+                rejection = (
+                    exc.rejection if isinstance(exc, Unfit) else internal_rejection(record, exc, decoded.request_id)
+                )
                 if self.scheduler.let_go(tp, record.offset + 1):
                     outgoing += self.rejection_messages(record, rejection)
                     last_rejected = record.offset
@@ -222,12 +236,22 @@ class Intake:
             return self._rejection_messages(record, internal_rejection(record, exc), logger)
 
     def _rejection_messages(self, record: Record, rejection: Rejection, logger: Any) -> list[Outgoing]:
-        rejected = Rejected(request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors)
+        rejected = Rejected(
+            request_id=rejection.request_id, host=self.settings.host, reason=rejection.reason, errors=rejection.errors
+        )
         trace = trace_context(record)  # the letter's and the event's, read once
-        messages = [self.publisher.rejection_letter(record, rejection, trace), self.publisher.event_message(rejected, trace)]
+        messages = [
+            self.publisher.rejection_letter(record, rejection, trace),
+            self.publisher.event_message(rejected, trace),
+        ]
         metrics.rejected(rejection.reason).inc()
-        logger.warning("request.rejected", request_id=rejection.request_id, reason=rejection.reason,
-                       errors=rejection.errors, offset=record.offset)
+        logger.warning(
+            "request.rejected",
+            request_id=rejection.request_id,
+            reason=rejection.reason,
+            errors=rejection.errors,
+            offset=record.offset,
+        )
         return messages
 
     async def _flush(self, tp: TopicPartition, messages: list[Outgoing], last_offset: int | None) -> None:

@@ -19,34 +19,54 @@ class KafkaSettings(BaseModel):
     events_topic: str = "adapterd.events"
     dlq_topic: str = "adapterd.dlq"
     control_topic: str = "adapterd.control"
-    claims_topic: str = Field("adapterd.claims", description=(
-        "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
-        "partitions as the fleet has slots); the requests topics are then the classes' queues."
-    ))
-    topic_partitions: int | None = Field(None, ge=1, le=100_000, description=(
-        "The partitions each topic should have: `adapterd topics` makes them (its --partitions default) and `adapterd doctor` "
-        "fails a topic with fewer. The requests, class and claims topics need at least as many as the fleet has slots; unset: not checked."
-    ))
+    claims_topic: str = Field(
+        "adapterd.claims",
+        description=(
+            "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
+            "partitions as the fleet has slots); the requests topics are then the classes' queues."
+        ),
+    )
+    topic_partitions: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description=(
+            "The partitions each topic should have: `adapterd topics` makes them (its --partitions default) and `adapterd doctor` "
+            "fails a topic with fewer. The requests, class and claims topics need at least as many as the fleet has slots; unset: not checked."
+        ),
+    )
     group_id: str = "adapterd"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = Field(None, description="Prefer sasl_password_file (systemd: LoadCredential=).")
-    sasl_password_file: Path | None = Field(None, description="A file holding the SASL password (systemd: %d/kafka-password).")
-    ssl_cafile: Path | None = Field(None, description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL).")
-    ssl_certfile: Path | None = Field(None, description="Client certificate, for brokers that require one (mutual TLS).")
+    sasl_password_file: Path | None = Field(
+        None, description="A file holding the SASL password (systemd: %d/kafka-password)."
+    )
+    ssl_cafile: Path | None = Field(
+        None, description="CA bundle that signed the brokers' certificates (SSL, SASL_SSL)."
+    )
+    ssl_certfile: Path | None = Field(
+        None, description="Client certificate, for brokers that require one (mutual TLS)."
+    )
     ssl_keyfile: Path | None = None
     max_poll_interval_ms: int = Field(300_000, ge=1_000)
     session_timeout_ms: int = Field(45_000, ge=1_000)
 
-    control_lookback_s: float = Field(86_400, ge=0, description="At start, cancels this recent are read from the control topic.")
-    group_instance_id: str | None = Field(None, description="Static group membership: a restart within session_timeout_ms causes no rebalance.")
+    control_lookback_s: float = Field(
+        86_400, ge=0, description="At start, cancels this recent are read from the control topic."
+    )
+    group_instance_id: str | None = Field(
+        None, description="Static group membership: a restart within session_timeout_ms causes no rebalance."
+    )
     partition_assignment: Literal["range", "roundrobin", "sticky"] = "sticky"
 
     @model_validator(mode="after")
     def _sasl_complete(self) -> Self:
         if self.security_protocol.startswith("SASL_"):
-            missing = [name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None]
+            missing = [
+                name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None
+            ]
             if missing:
                 raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
         return self

@@ -66,7 +66,10 @@ def token_from(settings: Any) -> str | None:
         return None
     if settings.hub_token_file is not None:
         return f"hub_token_file {settings.hub_token_file}"
-    if "ADAPTERD_HUB_TOKEN" not in os.environ and os.environ.get("HF_TOKEN", "").strip() == settings.hub_token.get_secret_value():
+    if (
+        "ADAPTERD_HUB_TOKEN" not in os.environ
+        and os.environ.get("HF_TOKEN", "").strip() == settings.hub_token.get_secret_value()
+    ):
         return "HF_TOKEN"
     return "hub_token"
 

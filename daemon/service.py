@@ -71,7 +71,12 @@ class Core:
 
 
 def wire(
-    settings: Settings, consumer: Consumer, producer: Producer | None, slots: Slots, children: ChildSource, on_change: Callable[[], None],
+    settings: Settings,
+    consumer: Consumer,
+    producer: Producer | None,
+    slots: Slots,
+    children: ChildSource,
+    on_change: Callable[[], None],
 ) -> Core:
     publisher = Publisher(settings, producer)
     partitions = Partitions(consumer)
@@ -82,20 +87,39 @@ def wire(
 class Service:
     """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
 
-    def __init__(self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None
+    ) -> None:
         require_fleet_retry_key(settings)  # before anything is made: a ConfigError, exit 2
         self.settings = settings
         self.consumer = consumer if consumer is not None else kafka_consumer(settings)
-        self.children = WarmChildren(child_environment(settings), settings.work_dir / "children.log", enabled=settings.warm_child,
-                                     mode=settings.child_start)
-        core = wire(settings, self.consumer, producer, Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)), self.children,
-                    on_change=self._report_status)
+        self.children = WarmChildren(
+            child_environment(settings),
+            settings.work_dir / "children.log",
+            enabled=settings.warm_child,
+            mode=settings.child_start,
+        )
+        core = wire(
+            settings,
+            self.consumer,
+            producer,
+            Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)),
+            self.children,
+            on_change=self._report_status,
+        )
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
-            core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
+            core.publisher,
+            core.partitions,
+            core.slots,
+            core.scheduler,
+            core.intake,
+        )
         self.reader = CarefulReader(self.consumer, self.partitions)
         # With priority classes, requests wait in the classes' queues and this host takes them into
         # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
-        self.dispatcher = fleet_dispatcher(settings, self.scheduler, self.partitions, self.intake) if settings.class_topics else None
+        self.dispatcher = (
+            fleet_dispatcher(settings, self.scheduler, self.partitions, self.intake) if settings.class_topics else None
+        )
         self.topic = settings.claims_topic if self.dispatcher is not None else settings.requests_topic
         self.control = ControlReader(settings, self.scheduler.cancel)
         self.notifier = Notifier()
@@ -119,9 +143,14 @@ class Service:
         metrics.WORK_DIR_FREE.set_function(lambda: free_bytes(self.settings.work_dir))
         if self.settings.metrics_address:
             logs_token = self.settings.logs_token.get_secret_value() if self.settings.logs_token is not None else None
-            tls = (server_tls(self.settings.http_tls_certfile, self.settings.http_tls_keyfile)
-                   if self.settings.http_tls_certfile and self.settings.http_tls_keyfile else None)
-            self.http = HttpEndpoint(self.settings.metrics_address, self.health, self.status, self.job_log, logs_token, tls=tls).start()
+            tls = (
+                server_tls(self.settings.http_tls_certfile, self.settings.http_tls_keyfile)
+                if self.settings.http_tls_certfile and self.settings.http_tls_keyfile
+                else None
+            )
+            self.http = HttpEndpoint(
+                self.settings.metrics_address, self.health, self.status, self.job_log, logs_token, tls=tls
+            ).start()
         await self.publisher.start()
         # UTS #39's confusables (credential-named keys by their skeleton), read once off the loop before
         # any request: the first key beyond ASCII does not wait for them on it.
@@ -130,19 +159,40 @@ class Service:
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         try:
             token = token_from(self.settings)  # whose token, asked before the consumer starts: not while it joins
-            sink = ({"sink": "local", "outputs": str(self.settings.work_dir / "outputs")} if token is None else
-                    {"sink": "hub", "hub": self.settings.hub_endpoint, "token_from": token, "hub_user": await hub_user(self.settings)})
+            sink = (
+                {"sink": "local", "outputs": str(self.settings.work_dir / "outputs")}
+                if token is None
+                else {
+                    "sink": "hub",
+                    "hub": self.settings.hub_endpoint,
+                    "token_from": token,
+                    "hub_user": await hub_user(self.settings),
+                }
+            )
             await self.control.start()  # cancels first: a request cancelled while no daemon ran is skipped
-            self.consumer.subscribe([self.topic], listener=RebalanceListener(
-                self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None))
+            self.consumer.subscribe(
+                [self.topic],
+                listener=RebalanceListener(
+                    self._on_assigned, self.dispatcher.mover.settled if self.dispatcher is not None else None
+                ),
+            )
             await self.consumer.start()
             dispatching = await self._start_dispatcher()
             frozen = freeze_startup_heap()  # full collections walk only what is made from here on
             log.info(
-                "daemon.started", topic=self.topic, group_id=self.settings.group_id, queues=self.settings.class_topics or None,
-                gpus=self.slots.gpus, slots=self.slots.total, methods=available_methods(), **sink,
-                events_signed_by=self.publisher.signer.key_id if self.publisher.signer is not None else None,  # None: unsigned
-                heap_frozen=frozen, teams=self.intake.grants.describe(),
+                "daemon.started",
+                topic=self.topic,
+                group_id=self.settings.group_id,
+                queues=self.settings.class_topics or None,
+                gpus=self.slots.gpus,
+                slots=self.slots.total,
+                methods=available_methods(),
+                **sink,
+                events_signed_by=self.publisher.signer.key_id
+                if self.publisher.signer is not None
+                else None,  # None: unsigned
+                heap_frozen=frozen,
+                teams=self.intake.grants.describe(),
             )
             try:
                 await self._poll_until_stopped()
@@ -190,8 +240,12 @@ class Service:
         try:
             await self.intake.take(tp, records)
         except Exception as exc:
-            log.exception("intake.batch_failed", partition=tp.partition, first_offset=records[0].offset if records else None,
-                          error=type(exc).__name__)
+            log.exception(
+                "intake.batch_failed",
+                partition=tp.partition,
+                first_offset=records[0].offset if records else None,
+                error=type(exc).__name__,
+            )
             metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
             if records and not self.scheduler.holds(tp):
                 self.partitions.read_from(tp, records[0].offset)
@@ -213,7 +267,9 @@ class Service:
         since_turn = time.monotonic() - self.last_turn
         healthy = self.ready.is_set() and since_turn < STUCK_AFTER_S and not self.stop_requested.is_set()
         return healthy, {
-            "healthy": healthy, "joined_group": self.ready.is_set(), "stopping": self.stop_requested.is_set(),
+            "healthy": healthy,
+            "joined_group": self.ready.is_set(),
+            "stopping": self.stop_requested.is_set(),
             "seconds_since_poll": round(since_turn, 3),
         }
 
@@ -243,9 +299,15 @@ class Service:
             "gpus": self.slots.gpus,
             "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
             # With packing: each GPU's jobs and the memory their shares hold (each job's own share is in `jobs`).
-            "packing": None if self.slots.packing is None else {
-                "max_jobs_per_gpu": self.slots.packing.max_jobs, "usable_bytes": self.slots.packing.usable,
-                "gpus": {gpu: {"jobs": jobs, "reserved_bytes": reserved} for gpu, (jobs, reserved) in self.slots.by_gpu().items()},
+            "packing": None
+            if self.slots.packing is None
+            else {
+                "max_jobs_per_gpu": self.slots.packing.max_jobs,
+                "usable_bytes": self.slots.packing.usable,
+                "gpus": {
+                    gpu: {"jobs": jobs, "reserved_bytes": reserved}
+                    for gpu, (jobs, reserved) in self.slots.by_gpu().items()
+                },
             },
             "jobs": self.scheduler.status(),
             "children": self.children.describe(),

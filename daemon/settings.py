@@ -35,7 +35,17 @@ DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
 # lm-eval tasks checked to run on a request's rows with nothing fetched: multiple-choice tasks scored
 # by log-likelihood, and GSM8K's generation scored by its own regex filters.
-VETTED_EVALUATION_TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "sciq", "winogrande", "gsm8k")
+VETTED_EVALUATION_TASKS = (
+    "arc_easy",
+    "arc_challenge",
+    "boolq",
+    "hellaswag",
+    "openbookqa",
+    "piqa",
+    "sciq",
+    "winogrande",
+    "gsm8k",
+)
 
 
 class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
@@ -45,92 +55,191 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     # The fleet's queue (daemon/fleet_config.py; deploy/README.md): none by default.
-    priority_classes: list[PriorityClass] = Field(default_factory=list, description=(
-        "The fleet's priority classes, highest first; empty: each requests partition is its own first-in-first-out queue."
-    ))
-    default_priority_class: str | None = Field(None, description="The class of a request that names none; unset: the last (lowest) class.")
-    teams: dict[str, TeamShare] = Field(default_factory=dict, description=(
-        "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
-        "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
-    ))
+    priority_classes: list[PriorityClass] = Field(
+        default_factory=list,
+        description=(
+            "The fleet's priority classes, highest first; empty: each requests partition is its own first-in-first-out queue."
+        ),
+    )
+    default_priority_class: str | None = Field(
+        None, description="The class of a request that names none; unset: the last (lowest) class."
+    )
+    teams: dict[str, TeamShare] = Field(
+        default_factory=dict,
+        description=(
+            "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
+            "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
+        ),
+    )
     # What the minimum costs: on a full fleet of young preemptible jobs, an urgent request is read at once but waits this
     # long at most before a job is stopped for it (then the stop's checkpoint, within drain_timeout_s). 600 s made that ten
     # minutes; 120 s still lets a job load its model and reach training, so a stop saves a checkpoint it resumes from.
-    preempt_min_run_s: float = Field(120.0, ge=0, description=(
-        "A job runs at least this long before a higher class may preempt it: the longest a higher class's request waits on a "
-        "full fleet for a job to be stopped for it (it is read at once), before the stop's checkpoint (within drain_timeout_s)."))
+    preempt_min_run_s: float = Field(
+        120.0,
+        ge=0,
+        description=(
+            "A job runs at least this long before a higher class may preempt it: the longest a higher class's request waits on a "
+            "full fleet for a job to be stopped for it (it is read at once), before the stop's checkpoint (within drain_timeout_s)."
+        ),
+    )
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
-    queue_wait_event_s: float = Field(5.0, ge=0, description="A request read and still waiting after this long gets a `queued` event.")
+    queue_wait_event_s: float = Field(
+        5.0, ge=0, description="A request read and still waiting after this long gets a `queued` event."
+    )
     # A request of several GPUs would otherwise wait for ever behind one-GPU requests that take each slot as it frees
     # (daemon/jobs/reservation.py). A minute lets the slots that free meanwhile go to waiting one-GPU jobs (no GPU left
     # idle for a short wait) and then bounds it: after it the host drains, and the request starts when its running
     # jobs end, a job of known end before then backfilling the slots that would idle.
-    reserve_after_s: float = Field(60.0, ge=0, description=(
-        "A request of several GPUs that has waited this long for enough free slots at once has the host reserved for it: "
-        "no job starts there unless it is expected to end before the reservation is due (backfill); 0: at once."))
+    reserve_after_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "A request of several GPUs that has waited this long for enough free slots at once has the host reserved for it: "
+            "no job starts there unless it is expected to end before the reservation is due (backfill); 0: at once."
+        ),
+    )
 
-    allowed_local_model_roots: list[Path] = Field(default_factory=list, description="Folders a request's model.id may name.")
-    allowed_models: list[str] = Field(default_factory=list, description="Glob patterns of Hub base models (and reward and reference models); empty allows any.")
-    allowed_datasets: list[str] = Field(default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any.")
-    allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.")
-    allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="Folders datasets may be read from; empty allows none.")
-    dataset_storage_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
-        "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, not "
-        "credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
-    ))
-    allowed_evaluation_tasks: list[str] = Field(default_factory=lambda: list(VETTED_EVALUATION_TASKS), description=(
-        "Glob patterns of lm-eval task names an evaluation's 'task' suite may run (each on the request's own rows); "
-        "by default tasks whose prompts and metrics run offline on given rows; empty allows none."
-    ))
-    local_model_hub_ids: dict[str, str] = Field(default_factory=dict, description="The Hub id a local base model came from, by path, for model cards.")
-    allowed_output_namespaces: list[str] = Field(default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any.")
+    allowed_local_model_roots: list[Path] = Field(
+        default_factory=list, description="Folders a request's model.id may name."
+    )
+    allowed_models: list[str] = Field(
+        default_factory=list,
+        description="Glob patterns of Hub base models (and reward and reference models); empty allows any.",
+    )
+    allowed_datasets: list[str] = Field(
+        default_factory=list, description="Glob patterns of Hub dataset ids; empty allows any."
+    )
+    allowed_dataset_urls: list[str] = Field(
+        default_factory=list,
+        description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.",
+    )
+    allowed_local_dataset_roots: list[Path] = Field(
+        default_factory=list, description="Folders datasets may be read from; empty allows none."
+    )
+    dataset_storage_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, not "
+            "credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
+        ),
+    )
+    allowed_evaluation_tasks: list[str] = Field(
+        default_factory=lambda: list(VETTED_EVALUATION_TASKS),
+        description=(
+            "Glob patterns of lm-eval task names an evaluation's 'task' suite may run (each on the request's own rows); "
+            "by default tasks whose prompts and metrics run offline on given rows; empty allows none."
+        ),
+    )
+    local_model_hub_ids: dict[str, str] = Field(
+        default_factory=dict, description="The Hub id a local base model came from, by path, for model cards."
+    )
+    allowed_output_namespaces: list[str] = Field(
+        default_factory=list, description="Hub namespaces adapters may be pushed to; empty allows any."
+    )
     allow_trust_remote_code: bool = False
-    max_timeout_s: int | None = Field(7 * 86_400, ge=1, description="The longest timeout_s a request may ask for; also the timeout of those that ask none (a week).")
+    max_timeout_s: int | None = Field(
+        7 * 86_400,
+        ge=1,
+        description="The longest timeout_s a request may ask for; also the timeout of those that ask none (a week).",
+    )
     # The bounds on the work a request may ask for (daemon/admission/bounds.py says which field each bounds).
-    max_batch_size: int = Field(256, ge=1, description="Per-device batch sizes (train, eval, reference precompute, generation).")
+    max_batch_size: int = Field(
+        256, ge=1, description="Per-device batch sizes (train, eval, reference precompute, generation)."
+    )
     max_gradient_accumulation_steps: int = Field(1024, ge=1)
-    max_processes: int = Field(8, ge=0, description="dataloader_num_workers and dataset_num_proc: processes a job may start.")
+    max_processes: int = Field(
+        8, ge=0, description="dataloader_num_workers and dataset_num_proc: processes a job may start."
+    )
     max_steps: int = Field(1_000_000, ge=1, description="The most optimizer steps a request may ask for (max_steps).")
     max_epochs: float = Field(100, gt=0, description="num_train_epochs (and PPO's and GRPO's epochs and iterations).")
-    max_generations: int = Field(64, ge=1, description="Completions per prompt (num_generations, num_return_sequences, num_beams).")
-    max_new_tokens: int = Field(32_768, ge=1, description="Tokens a completion may have (max_completion_length, generation_kwargs.max_new_tokens).")
+    max_generations: int = Field(
+        64, ge=1, description="Completions per prompt (num_generations, num_return_sequences, num_beams)."
+    )
+    max_new_tokens: int = Field(
+        32_768,
+        ge=1,
+        description="Tokens a completion may have (max_completion_length, generation_kwargs.max_new_tokens).",
+    )
     max_sequence_length: int = Field(131_072, ge=1, description="max_length of a tokenized example.")
-    max_dataset_rows: int | None = Field(None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split).")
+    max_dataset_rows: int | None = Field(
+        None, ge=1, description="The most training rows a job may use (inline rows, max_samples, or the loaded split)."
+    )
     max_gpus_per_job: int | None = Field(None, ge=1)
-    max_model_bytes: int = Field(200_000_000_000, ge=1, description="A Hub model whose files add up to more fails before its download (download_too_large).")
-    max_template_bytes: int = Field(256 * 2**20, ge=2**20, description="Memory a request's chat template may take to render once in preflight.")
-    max_template_s: float = Field(10.0, gt=0, description="Seconds a request's chat template may take to render once in preflight.")
-    max_dataset_bytes: int = Field(100_000_000_000, ge=1, description="A dataset source whose files add up to more fails before it is read (a stream is not downloaded whole).")
+    max_model_bytes: int = Field(
+        200_000_000_000,
+        ge=1,
+        description="A Hub model whose files add up to more fails before its download (download_too_large).",
+    )
+    max_template_bytes: int = Field(
+        256 * 2**20, ge=2**20, description="Memory a request's chat template may take to render once in preflight."
+    )
+    max_template_s: float = Field(
+        10.0, gt=0, description="Seconds a request's chat template may take to render once in preflight."
+    )
+    max_dataset_bytes: int = Field(
+        100_000_000_000,
+        ge=1,
+        description="A dataset source whose files add up to more fails before it is read (a stream is not downloaded whole).",
+    )
     # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).
-    max_images_per_row: int = Field(ImageBounds().max_images_per_row, ge=1, description="The most images one row may hold.")
-    max_image_bytes: int = Field(ImageBounds().max_image_bytes, ge=1, description="The largest encoded image, in bytes.")
-    max_image_pixels: int = Field(ImageBounds().max_image_pixels, ge=1, description="The most pixels (width × height) of a decoded image.")
-    allowed_report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations a request may switch on.")
+    max_images_per_row: int = Field(
+        ImageBounds().max_images_per_row, ge=1, description="The most images one row may hold."
+    )
+    max_image_bytes: int = Field(
+        ImageBounds().max_image_bytes, ge=1, description="The largest encoded image, in bytes."
+    )
+    max_image_pixels: int = Field(
+        ImageBounds().max_image_pixels, ge=1, description="The most pixels (width × height) of a decoded image."
+    )
+    allowed_report_to: list[str] = Field(
+        default_factory=list, description="TRL report_to integrations a request may switch on."
+    )
     report_to: list[str] = Field(default_factory=list, description="TRL report_to integrations on for every job.")
-    mlflow_tracking_uri: str | None = Field(None, description=(
-        "The MLflow tracking server jobs with report_to 'mlflow' log to (the child's MLFLOW_TRACKING_URI); unset: such requests "
-        "are rejected. Its credentials come from the unit's environment (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
-    ))
-    mlflow_experiment: str = Field("adapterd", description="The MLflow experiment the runs go to (one run per job, named by its request id).")
-    tensorboard_dir: Path | None = Field(None, description=(
-        "Where jobs with report_to 'tensorboard' write their event files, a folder per request id (serve it with "
-        "`tensorboard --logdir`); unset: such requests are rejected."
-    ))
-    trackio_dir: Path | None = Field(None, description=(
-        "Where jobs with report_to 'trackio' log (the child's TRACKIO_DIR: a SQLite file per training.project; serve it with "
-        "`trackio show`). Only this folder: a Space, a server or a bucket on the Hub is never used. Unset: such requests are rejected."
-    ))
-    vllm_server_base_url: str | None = Field(None, description=(
-        "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
-        "such requests are rejected. A request never names a server itself."
-    ))
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description=(
+            "The MLflow tracking server jobs with report_to 'mlflow' log to (the child's MLFLOW_TRACKING_URI); unset: such requests "
+            "are rejected. Its credentials come from the unit's environment (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
+        ),
+    )
+    mlflow_experiment: str = Field(
+        "adapterd", description="The MLflow experiment the runs go to (one run per job, named by its request id)."
+    )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description=(
+            "Where jobs with report_to 'tensorboard' write their event files, a folder per request id (serve it with "
+            "`tensorboard --logdir`); unset: such requests are rejected."
+        ),
+    )
+    trackio_dir: Path | None = Field(
+        None,
+        description=(
+            "Where jobs with report_to 'trackio' log (the child's TRACKIO_DIR: a SQLite file per training.project; serve it with "
+            "`trackio show`). Only this folder: a Space, a server or a bucket on the Hub is never used. Unset: such requests are rejected."
+        ),
+    )
+    vllm_server_base_url: str | None = Field(
+        None,
+        description=(
+            "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
+            "such requests are rejected. A request never names a server itself."
+        ),
+    )
 
     # Hub
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
-    hub_token: SecretStr | None = Field(None, description="Without one (nor hub_token_file, nor $HF_TOKEN), artifacts go to the local sink under work_dir/outputs.")
-    hub_token_file: Path | None = Field(None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=).")
+    hub_token: SecretStr | None = Field(
+        None,
+        description="Without one (nor hub_token_file, nor $HF_TOKEN), artifacts go to the local sink under work_dir/outputs.",
+    )
+    hub_token_file: Path | None = Field(
+        None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=)."
+    )
     hub_push_attempts: int = Field(5, ge=1)
-    hub_timeout_s: float = Field(120.0, gt=0, description="A Hub call without an answer for this long fails, and is retried.")
+    hub_timeout_s: float = Field(
+        120.0, gt=0, description="A Hub call without an answer for this long fails, and is retried."
+    )
 
     # Logs
     host: str = Field(default_factory=socket.gethostname)
@@ -150,8 +259,10 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/jobs/store_documents.py): without the key
         a host could neither sign what it writes there nor tell the fleet's checkpoints from anyone's."""
         if self.checkpoint_store is not None and self.event_signing_key_file is None:
-            raise ValueError("checkpoint_store needs event_signing_key_file: the fleet's key signs each checkpoint's manifest and "
-                             "succeeded.json, and a host trusts nothing in the store it did not sign (`adapterd keys` makes one)")
+            raise ValueError(
+                "checkpoint_store needs event_signing_key_file: the fleet's key signs each checkpoint's manifest and "
+                "succeeded.json, and a host trusts nothing in the store it did not sign (`adapterd keys` makes one)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -160,7 +271,9 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"priority_classes: each name once, got {names}")
         if self.default_priority_class is not None and self.default_priority_class not in names:
-            raise ValueError(f"default_priority_class {self.default_priority_class!r} is not one of priority_classes {names}")
+            raise ValueError(
+                f"default_priority_class {self.default_priority_class!r} is not one of priority_classes {names}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -168,9 +281,16 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         """With classes every host and the CLI's places decide from the events (daemon/fleet/view.py): without a key to verify
         them, one unsigned event steers them. Refused, not warned; a single host too (one `adapterd keys` pair is all it needs).
         The retry key is required where the daemon starts (daemon/fleet/wiring.py): a CLI never holds it."""
-        if self.priority_classes and self.event_signing_key_file is None and not self.event_verify_keys and self.event_verify_keys_file is None:
-            raise ValueError("priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
-                             "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)")
+        if (
+            self.priority_classes
+            and self.event_signing_key_file is None
+            and not self.event_verify_keys
+            and self.event_verify_keys_file is None
+        ):
+            raise ValueError(
+                "priority_classes need event_signing_key_file or event_verify_keys(_file): the fleet's decisions are "
+                "folded from events, and only signed ones may count (`adapterd keys DIR` makes a pair)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -182,7 +302,9 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
             for key in team_keys(name, team).by_id:
                 # A key listed for two teams would speak for both: the binding would be none.
                 if owners.setdefault(key, name) != name:
-                    raise ValueError(f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; give each team a key of its own")
+                    raise ValueError(
+                        f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; give each team a key of its own"
+                    )
             unknown = [c for c in team.classes or () if c not in names]
             if unknown:
                 known = f"one of {', '.join(names)}" if names else "none: this fleet has no priority_classes"
@@ -208,7 +330,14 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     def class_topics(self) -> dict[str, str]:
         """Each class's queue topic, highest class first (empty on a host with no classes)."""
         default = self.default_class
-        return {c.name: queue_topic(self.requests_topic, self.priority_classes, default, c.name) for c in self.priority_classes} if default else {}
+        return (
+            {
+                c.name: queue_topic(self.requests_topic, self.priority_classes, default, c.name)
+                for c in self.priority_classes
+            }
+            if default
+            else {}
+        )
 
     @field_validator("vllm_server_base_url")
     @classmethod
@@ -229,8 +358,11 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     @property
     def image_bounds(self) -> ImageBounds:
-        return ImageBounds(max_images_per_row=self.max_images_per_row, max_image_bytes=self.max_image_bytes,
-                           max_image_pixels=self.max_image_pixels)
+        return ImageBounds(
+            max_images_per_row=self.max_images_per_row,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
+        )
 
     @classmethod
     def settings_customise_sources(
@@ -277,7 +409,10 @@ def find_config(config_file: Path | None = None) -> tuple[Path | None, str]:
     for candidate in (LOCAL_CONFIG, SYSTEM_CONFIG):
         if candidate.is_file():
             return candidate, f"{candidate.absolute()}"
-    return None, f"no settings file (no --config, ADAPTERD_CONFIG, ./{LOCAL_CONFIG} or {SYSTEM_CONFIG}): the built-in defaults"
+    return (
+        None,
+        f"no settings file (no --config, ADAPTERD_CONFIG, ./{LOCAL_CONFIG} or {SYSTEM_CONFIG}): the built-in defaults",
+    )
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:

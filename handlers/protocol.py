@@ -27,18 +27,29 @@ class FastSettings(Frozen):
     the request leaves the same field unset: the request's own value always wins."""
 
     gradient_checkpointing: bool | None = Field(
-        None, description="training.gradient_checkpointing (activation_checkpointing) where the request sets neither; None: TRL's own default, which turns it on.",
+        None,
+        description="training.gradient_checkpointing (activation_checkpointing) where the request sets neither; None: TRL's own default, which turns it on.",
     )
-    attn_implementation: Literal[
-        "eager", "sdpa", "flash_attention_2", "flash_attention_3", "kernels-community/flash-attn2", "kernels-community/vllm-flash-attn3",
-    ] | None = Field(
-        None, description=(
+    attn_implementation: (
+        Literal[
+            "eager",
+            "sdpa",
+            "flash_attention_2",
+            "flash_attention_3",
+            "kernels-community/flash-attn2",
+            "kernels-community/vllm-flash-attn3",
+        ]
+        | None
+    ) = Field(
+        None,
+        description=(
             "model.attn_implementation where the request leaves it unset; None: transformers' default (sdpa where the model has it). "
             "A flash attention the host cannot run (no CUDA, neither its package nor `kernels` installed) falls back to sdpa."
         ),
     )
     use_liger_kernel: bool | None = Field(
-        None, description="training.use_liger_kernel where the request leaves it unset, and only where liger_kernel is installed; None: TRL's default (off).",
+        None,
+        description="training.use_liger_kernel where the request leaves it unset, and only where liger_kernel is installed; None: TRL's default (off).",
     )
 
 
@@ -47,27 +58,69 @@ class JobSpec(Frozen):
     Written as JSON into the job's folder; the child hands it to the method's handler as it is."""
 
     request: dict[str, JsonValue]
-    checkpoints: Path = Field(description="Checkpoints of this request, kept across attempts: a redelivery resumes here.")
+    checkpoints: Path = Field(
+        description="Checkpoints of this request, kept across attempts: a redelivery resumes here."
+    )
     artifact: Path = Field(description="What gets pushed: the adapter or model, the tokenizer and the model card.")
     progress_interval_s: float = Field(ge=0)
     progress_interval_steps: int = Field(1, ge=1)
-    max_dataset_rows: int | None = Field(None, description="The operator's limit on training rows, for datasets whose size intake cannot see.")
-    max_model_bytes: int | None = Field(None, description="The most bytes of a Hub model (base, reference, reward) the child downloads, by the Hub's listed sizes.")
-    max_template_bytes: int = Field(256 * 2**20, description="The memory a request's chat template may take to render once, in preflight.")
-    max_template_s: float = Field(10.0, description="The time a request's chat template may take to render once, in preflight.")
-    max_dataset_bytes: int | None = Field(None, description="The most bytes of a dataset source the child downloads (Hub, object storage, local files), by their listed sizes.")
+    max_dataset_rows: int | None = Field(
+        None, description="The operator's limit on training rows, for datasets whose size intake cannot see."
+    )
+    max_model_bytes: int | None = Field(
+        None,
+        description="The most bytes of a Hub model (base, reference, reward) the child downloads, by the Hub's listed sizes.",
+    )
+    max_template_bytes: int = Field(
+        256 * 2**20, description="The memory a request's chat template may take to render once, in preflight."
+    )
+    max_template_s: float = Field(
+        10.0, description="The time a request's chat template may take to render once, in preflight."
+    )
+    max_dataset_bytes: int | None = Field(
+        None,
+        description="The most bytes of a dataset source the child downloads (Hub, object storage, local files), by their listed sizes.",
+    )
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
-    allowed_local_dataset_roots: list[Path] = Field(default_factory=list, description="The child checks every local file it expands to against these.")
-    storage_options: dict[str, dict[str, JsonValue]] = Field(default_factory=dict, description="The operator's fsspec options per URL scheme.")
-    vllm_server_base_url: str | None = Field(None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'.")
-    allowed_dataset_urls: list[str] = Field(default_factory=list, description="Glob patterns of object-storage URLs a dataset's image paths may name.")
-    images: ImageBounds = Field(default_factory=ImageBounds, description="The operator's bounds on a vision-language job's images.")
-    tensorboard_dir: Path | None = Field(None, description="The operator's TensorBoard folder: the job's event files go to <it>/<request_id>.")
-    traceparent: str | None = Field(None, description="The request's W3C traceparent: the child logs it and exports it as TRACEPARENT.")
-    hub: bool = Field(True, description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.")
-    local_current_adapter: Path | None = Field(None, description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.")
-    memory_fraction: float | None = Field(None, gt=0, le=1, description="The share of its GPU the child may allocate (torch.cuda.set_per_process_memory_fraction); None: the whole GPU.")
-    fast: FastSettings = Field(default_factory=FastSettings, description="The host's speed settings, each applied where the request leaves the same field unset.")
+    allowed_local_dataset_roots: list[Path] = Field(
+        default_factory=list, description="The child checks every local file it expands to against these."
+    )
+    storage_options: dict[str, dict[str, JsonValue]] = Field(
+        default_factory=dict, description="The operator's fsspec options per URL scheme."
+    )
+    vllm_server_base_url: str | None = Field(
+        None, description="The operator's vLLM server, for GRPO and RLOO requests with vllm_mode 'server'."
+    )
+    allowed_dataset_urls: list[str] = Field(
+        default_factory=list, description="Glob patterns of object-storage URLs a dataset's image paths may name."
+    )
+    images: ImageBounds = Field(
+        default_factory=ImageBounds, description="The operator's bounds on a vision-language job's images."
+    )
+    tensorboard_dir: Path | None = Field(
+        None, description="The operator's TensorBoard folder: the job's event files go to <it>/<request_id>."
+    )
+    traceparent: str | None = Field(
+        None, description="The request's W3C traceparent: the child logs it and exports it as TRACEPARENT."
+    )
+    hub: bool = Field(
+        True,
+        description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.",
+    )
+    local_current_adapter: Path | None = Field(
+        None,
+        description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.",
+    )
+    memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="The share of its GPU the child may allocate (torch.cuda.set_per_process_memory_fraction); None: the whole GPU.",
+    )
+    fast: FastSettings = Field(
+        default_factory=FastSettings,
+        description="The host's speed settings, each applied where the request leaves the same field unset.",
+    )
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -185,10 +238,12 @@ class MemoryUse(Frozen):
     peak_reserved_bytes: int | None = Field(
         description="torch's caching allocator peak (torch.cuda.max_memory_reserved): what it held from the device at its most; None on the CPU.",
     )
-    device_peak_bytes: int = Field(description=(
-        "On CUDA the device's own figure: the most memory the device reported used (every process on it) when the child sampled it, "
-        "at its heartbeats and progress, so a peak between two samples may be missed. On the CPU the process's peak resident set (ru_maxrss)."
-    ))
+    device_peak_bytes: int = Field(
+        description=(
+            "On CUDA the device's own figure: the most memory the device reported used (every process on it) when the child sampled it, "
+            "at its heartbeats and progress, so a peak between two samples may be missed. On the CPU the process's peak resident set (ru_maxrss)."
+        )
+    )
 
 
 class TrainResult(ChildMessageBase):
@@ -198,20 +253,37 @@ class TrainResult(ChildMessageBase):
     trainer: str
     metrics: dict[str, float]
     base_model_revision: str | None
-    ref_model_revision: str | None = Field(None, description="The resolved commit of DPO's or KTO's ref_model, when it came from the Hub.")
-    teacher_model_revision: str | None = Field(None, description="The resolved commit of a distillation or gkd teacher_model, when it came from the Hub.")
+    ref_model_revision: str | None = Field(
+        None, description="The resolved commit of DPO's or KTO's ref_model, when it came from the Hub."
+    )
+    teacher_model_revision: str | None = Field(
+        None, description="The resolved commit of a distillation or gkd teacher_model, when it came from the Hub."
+    )
     dataset_fingerprint: str | None
-    dataset_sources: list[ResolvedSource] = Field(default_factory=list, description="What the rows were resolved to (provenance).")
-    durations_s: dict[str, float] = Field(description=(
-        "Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model "
-        "and train as '<stage>.<part>' (handlers/toolkit/reporting.py)."
-    ))
+    dataset_sources: list[ResolvedSource] = Field(
+        default_factory=list, description="What the rows were resolved to (provenance)."
+    )
+    durations_s: dict[str, float] = Field(
+        description=(
+            "Seconds per child stage (preflight, load_dataset, load_model, train, save), and the parts of load_model "
+            "and train as '<stage>.<part>' (handlers/toolkit/reporting.py)."
+        )
+    )
     versions: dict[str, str]
-    pipeline_tag: str | None = Field(None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'.")
+    pipeline_tag: str | None = Field(
+        None, description="The Hub task of a model that is not a plain text generator: 'image-text-to-text'."
+    )
     tracking: list[TrackedRun] = Field(default_factory=list, description="The runs the job's metrics were reported to.")
-    evaluation: EvaluationResult | None = Field(None, description="What the request's `evaluation` measured, after training.")
-    memory: MemoryUse | None = Field(None, description="The most memory the job took in the child (load, train and evaluate).")
-    fast: dict[str, str | bool] = Field(default_factory=dict, description="The host's speed settings the job ran with, each where the request left the field unset.")
+    evaluation: EvaluationResult | None = Field(
+        None, description="What the request's `evaluation` measured, after training."
+    )
+    memory: MemoryUse | None = Field(
+        None, description="The most memory the job took in the child (load, train and evaluate)."
+    )
+    fast: dict[str, str | bool] = Field(
+        default_factory=dict,
+        description="The host's speed settings the job ran with, each where the request left the field unset.",
+    )
 
 
 class ChildError(ChildMessageBase):
@@ -230,7 +302,16 @@ class ChildError(ChildMessageBase):
 
 
 ChildMessage = Annotated[
-    Ready | Refused | StageEntered | FirstStep | Heartbeat | ProgressReport | CheckpointSaved | StoppedAtCheckpoint | TrainResult | ChildError,
+    Ready
+    | Refused
+    | StageEntered
+    | FirstStep
+    | Heartbeat
+    | ProgressReport
+    | CheckpointSaved
+    | StoppedAtCheckpoint
+    | TrainResult
+    | ChildError,
     Field(discriminator="kind"),
 ]
 CHILD_MESSAGE: TypeAdapter[ChildMessage] = TypeAdapter(ChildMessage)

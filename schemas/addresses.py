@@ -15,8 +15,10 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 # A DNS label (underscores too: container and host names carry them), dot-separated; or [IPv6].
-_HOST_PORT = re.compile(r"((?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
-                        r"|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})")
+_HOST_PORT = re.compile(
+    r"((?:[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*"
+    r"|\[[0-9A-Fa-f:.]+\]):([0-9]{1,5})"
+)
 HOST_PORT_PATTERN = rf"^{_HOST_PORT.pattern}$"
 MAX_HOST_CHARS = 253
 
@@ -26,7 +28,9 @@ def split_host_port(address: str) -> tuple[str, int]:
     what is wrong with anything else."""
     match = _HOST_PORT.fullmatch(address) if len(address) <= MAX_HOST_CHARS + 6 else None
     if match is None:
-        raise ValueError(f"expected host:port (a host name or IP address and a port, no scheme, user, path or query), got {address!r}")
+        raise ValueError(
+            f"expected host:port (a host name or IP address and a port, no scheme, user, path or query), got {address!r}"
+        )
     host, port = match.group(1), int(match.group(2))
     if not 1 <= port <= 65535:
         raise ValueError(f"port {port} of {address!r} is not between 1 and 65535")

@@ -83,13 +83,21 @@ class Frozen(BaseModel):
 class FieldError(Frozen):
     """One reason a request was refused, named by the path of the offending field."""
 
-    path: str = Field(description="Dotted path of the offending field, e.g. 'training.learning_rate'; '' for the whole message.")
+    path: str = Field(
+        description="Dotted path of the offending field, e.g. 'training.learning_rate'; '' for the whole message."
+    )
     message: str = Field(description="What was wrong with it.")
 
 
 # Why a message did not become a job; the `reason` of a `rejected` event and of a DLQ record.
 RejectReason = Literal[
-    "not_json", "not_an_object", "unknown_method", "unsupported_method", "invalid", "policy", "resources",
+    "not_json",
+    "not_an_object",
+    "unknown_method",
+    "unsupported_method",
+    "invalid",
+    "policy",
+    "resources",
     "secret_in_request",  # a value that looks like a credential; the event names its path, never the value
     "internal",  # deciding about the record raised unexpectedly: a bug of adapterd's, dead-lettered rather than re-read
     "unverified_claim",  # a record of the claims topic without the fleet's valid signature (daemon/kafka/queue_seal.py): never run
@@ -101,7 +109,9 @@ class RankProgress(Frozen):
 
     rank: int
     tokens_per_s: float | None = None  # the tokens of its own batches since the previous report; null on the first
-    peak_bytes: int = 0  # its most memory so far: torch's allocator peak on its GPU, or on the CPU its peak resident set
+    peak_bytes: int = (
+        0  # its most memory so far: torch's allocator peak on its GPU, or on the CPU its peak resident set
+    )
 
 
 class TrainingProgress(Frozen):

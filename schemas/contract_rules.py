@@ -55,7 +55,11 @@ class Refusal:
         """What a request that sets the field is told: "output_dir: set by the daemon: ...", or, given
         the dataclass it comes from (BLOCK_SOURCES), "output_dir: transformers.TrainingArguments.output_dir
         is refused (set by the daemon): ..."."""
-        kinds = {"daemon": "set by the daemon", "host": "a path or address on the host", "policy": "would get round the host's policy"}
+        kinds = {
+            "daemon": "set by the daemon",
+            "host": "a path or address on the host",
+            "policy": "would get round the host's policy",
+        }
         why = f"{source}.{field} is refused ({kinds[self.kind]})" if source else kinds[self.kind]
         return f"{field}: {why}: {self.reason}" + (f"; use {self.instead}" if self.instead else "")
 
@@ -63,19 +67,36 @@ class Refusal:
 _HUB = Refusal("daemon", "the daemon pushes the result to `output.repo_id` once training succeeds", "output.*")
 # Sharding is asked for in the request's resources (`resources.shard`), which the child applies itself
 # (handlers/toolkit/sharding.py): the trainer's own FSDP arguments shard only on GPUs, and silently not on CPU.
-_LAUNCH = Refusal("daemon", "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards them as `resources.shard` asks", "resources.gpus and resources.shard")
+_LAUNCH = Refusal(
+    "daemon",
+    "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards them as `resources.shard` asks",
+    "resources.gpus and resources.shard",
+)
 _CODE = Refusal("policy", "remote code runs only where the operator's policy allows it", "model.trust_remote_code")
-_INIT = Refusal("policy", "loading keyword arguments could set a revision, token, device map or remote code round the policy", "model.* (dtype, attn_implementation, quantization)")
-_VLLM_SERVER = Refusal("host", "a vLLM server is an address; server mode goes to the server the operator configured", "vllm_mode: server on a host with ADAPTERD_VLLM_SERVER_BASE_URL")
-_TEMPLATE_PATH = Refusal("host", "a chat template is read from a host path or a repo", "model.chat_template (the Jinja template inline)")
+_INIT = Refusal(
+    "policy",
+    "loading keyword arguments could set a revision, token, device map or remote code round the policy",
+    "model.* (dtype, attn_implementation, quantization)",
+)
+_VLLM_SERVER = Refusal(
+    "host",
+    "a vLLM server is an address; server mode goes to the server the operator configured",
+    "vllm_mode: server on a host with ADAPTERD_VLLM_SERVER_BASE_URL",
+)
+_TEMPLATE_PATH = Refusal(
+    "host", "a chat template is read from a host path or a repo", "model.chat_template (the Jinja template inline)"
+)
 _TRACKIO = Refusal(
-    "host", "a Trackio Space or bucket on the Hub is created under the host's credentials, outside `allowed_output_namespaces`",
+    "host",
+    "a Trackio Space or bucket on the Hub is created under the host's credentials, outside `allowed_output_namespaces`",
     "training.report_to with trackio, where the host allows it (it logs to the host's trackio_dir)",
 )
 
 # Distillation's and GKD's teacher is the request's `teacher_model`, under the host's model policy.
 _TEACHER = {
-    "teacher_model_name_or_path": Refusal("daemon", "the teacher is named in the request and checked by policy", "teacher_model.id"),
+    "teacher_model_name_or_path": Refusal(
+        "daemon", "the teacher is named in the request and checked by policy", "teacher_model.id"
+    ),
     "teacher_model_revision": Refusal("daemon", "the teacher's revision is the request's", "teacher_model.revision"),
     "teacher_model_init_kwargs": _INIT,
 }
@@ -85,16 +106,28 @@ REFUSED: dict[str, dict[str, Refusal]] = {
     "training": {
         "output_dir": Refusal("daemon", "checkpoints go to the job's folder, where a retry resumes from them"),
         "resume_from_checkpoint": Refusal("daemon", "a retry resumes from the job's own last checkpoint"),
-        "save_strategy": Refusal("daemon", "the daemon saves every `save_steps` so a retry or a stop resumes", "training.save_steps"),
+        "save_strategy": Refusal(
+            "daemon", "the daemon saves every `save_steps` so a retry or a stop resumes", "training.save_steps"
+        ),
         "save_total_limit": Refusal("daemon", "the daemon keeps the last two checkpoints of a job"),
-        "save_only_model": Refusal("daemon", "a checkpoint without optimizer state cannot be resumed after a crash or a stop"),
-        "use_cpu": Refusal("daemon", "the daemon trains on the GPU the job was given, on the CPU only on a host without one"),
+        "save_only_model": Refusal(
+            "daemon", "a checkpoint without optimizer state cannot be resumed after a crash or a stop"
+        ),
+        "use_cpu": Refusal(
+            "daemon", "the daemon trains on the GPU the job was given, on the CPU only on a host without one"
+        ),
         "disable_tqdm": Refusal("daemon", "progress goes out as `progress` events, not to a terminal"),
         "local_rank": _LAUNCH,
         "parallelism_config": _LAUNCH,
-        "deepspeed": Refusal("host", "a DeepSpeed config is a host file, and the daemon launches the processes; DeepSpeed is not offered", "resources.shard: fsdp"),
+        "deepspeed": Refusal(
+            "host",
+            "a DeepSpeed config is a host file, and the daemon launches the processes; DeepSpeed is not offered",
+            "resources.shard: fsdp",
+        ),
         "fsdp": _LAUNCH,
-        "fsdp_config": Refusal("host", "an FSDP config is a host file, and the daemon launches the processes", "resources.shard: fsdp"),
+        "fsdp_config": Refusal(
+            "host", "an FSDP config is a host file, and the daemon launches the processes", "resources.shard: fsdp"
+        ),
         "push_to_hub": _HUB,
         "hub_model_id": _HUB,
         "hub_strategy": _HUB,
@@ -117,11 +150,23 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "megatron_core": Refusal("host", "it names a module on the host to import"),
     },
     "distillation": _TEACHER,
-    "gkd": {name: refusal for name, refusal in _TEACHER.items() if name != "teacher_model_revision"},  # GKDConfig has no revision field
+    "gkd": {
+        name: refusal for name, refusal in _TEACHER.items() if name != "teacher_model_revision"
+    },  # GKDConfig has no revision field
     "ppo": {
-        **{name: Refusal("daemon", "PPOTrainer computes it at run time from the batch sizes and the processes")
-           for name in ("batch_size", "local_batch_size", "micro_batch_size", "mini_batch_size", "num_total_batches",
-                        "world_size", "local_mini_batch_size", "local_rollout_forward_batch_size")},
+        **{
+            name: Refusal("daemon", "PPOTrainer computes it at run time from the batch sizes and the processes")
+            for name in (
+                "batch_size",
+                "local_batch_size",
+                "micro_batch_size",
+                "mini_batch_size",
+                "num_total_batches",
+                "world_size",
+                "local_mini_batch_size",
+                "local_rollout_forward_batch_size",
+            )
+        },
         "model_adapter_name": Refusal("daemon", "adapterd builds the policy and reference from one LoRA adapter"),
         "ref_adapter_name": Refusal("daemon", "adapterd builds the policy and reference from one LoRA adapter"),
     },
@@ -134,7 +179,9 @@ REFUSED: dict[str, dict[str, Refusal]] = {
         "vllm_server_host": _VLLM_SERVER,
         "vllm_server_port": _VLLM_SERVER,
         "vllm_group_port": _VLLM_SERVER,
-        "reward_model_path": Refusal("daemon", "the reward model is named in the request and checked by policy", "reward_model"),
+        "reward_model_path": Refusal(
+            "daemon", "the reward model is named in the request and checked by policy", "reward_model"
+        ),
         "sft_model_path": Refusal("daemon", "the policy model is the request's base model", "model.id"),
     },
 }
@@ -166,7 +213,10 @@ RENAMED: dict[str, dict[str, str]] = {}
 # Allowed values that a dataclass states only in its help text, reviewed by hand (the help text is
 # in trl_contract.json, so a change to it shows in the drift test). Fields whose help lists its values
 # in quotes are read from the help instead: HELP_CHOICES.
-_VLLM_CHOICES: dict[str, tuple[str, ...]] = {"vllm_mode": ("server", "colocate"), "vllm_model_impl": ("vllm", "transformers")}
+_VLLM_CHOICES: dict[str, tuple[str, ...]] = {
+    "vllm_mode": ("server", "colocate"),
+    "vllm_model_impl": ("vllm", "transformers"),
+}
 CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "grpo": {
         "scale_rewards": ("group", "batch", "none"),
@@ -186,24 +236,65 @@ HELP_CHOICES: dict[str, tuple[str, ...]] = {
 # Bounds TRL checks late or not at all, so a request fails at intake rather than in the child.
 BOUNDS: dict[str, dict[str, dict[str, float]]] = {
     "training": {
-        "learning_rate": {"gt": 0}, "num_train_epochs": {"gt": 0}, "max_steps": {"ge": 1},
-        "per_device_train_batch_size": {"ge": 1}, "per_device_eval_batch_size": {"ge": 1},
-        "gradient_accumulation_steps": {"ge": 1}, "warmup_steps": {"ge": 0}, "weight_decay": {"ge": 0},
-        "max_grad_norm": {"gt": 0}, "logging_steps": {"gt": 0}, "save_steps": {"gt": 0}, "eval_steps": {"gt": 0},
+        "learning_rate": {"gt": 0},
+        "num_train_epochs": {"gt": 0},
+        "max_steps": {"ge": 1},
+        "per_device_train_batch_size": {"ge": 1},
+        "per_device_eval_batch_size": {"ge": 1},
+        "gradient_accumulation_steps": {"ge": 1},
+        "warmup_steps": {"ge": 0},
+        "weight_decay": {"ge": 0},
+        "max_grad_norm": {"gt": 0},
+        "logging_steps": {"gt": 0},
+        "save_steps": {"gt": 0},
+        "eval_steps": {"gt": 0},
     },
     "peft": {"r": {"ge": 1, "le": 1024}, "lora_alpha": {"ge": 1}, "lora_dropout": {"ge": 0, "lt": 1}},
-    "*": {"max_length": {"ge": 1}, "max_completion_length": {"ge": 1}, "num_generations": {"ge": 2}, "num_iterations": {"ge": 1}},
+    "*": {
+        "max_length": {"ge": 1},
+        "max_completion_length": {"ge": 1},
+        "num_generations": {"ge": 2},
+        "num_iterations": {"ge": 1},
+    },
     "dpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}},
     "kto": {"beta": {"gt": 0}, "desirable_weight": {"gt": 0}, "undesirable_weight": {"gt": 0}},
     "orpo": {"beta": {"gt": 0}},
-    "online_dpo": {"temperature": {"gt": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": 0}, "max_new_tokens": {"ge": 1}},
-    "gkd": {"temperature": {"gt": 0}, "lmbda": {"ge": 0, "le": 1}, "beta": {"ge": 0, "le": 1}, "max_new_tokens": {"ge": 1}},
-    "cpo": {"beta": {"gt": 0}, "label_smoothing": {"ge": 0, "le": 0.5}, "cpo_alpha": {"ge": 0}, "simpo_gamma": {"ge": 0}},
+    "online_dpo": {
+        "temperature": {"gt": 0},
+        "top_p": {"gt": 0, "le": 1},
+        "top_k": {"ge": 0},
+        "max_new_tokens": {"ge": 1},
+    },
+    "gkd": {
+        "temperature": {"gt": 0},
+        "lmbda": {"ge": 0, "le": 1},
+        "beta": {"ge": 0, "le": 1},
+        "max_new_tokens": {"ge": 1},
+    },
+    "cpo": {
+        "beta": {"gt": 0},
+        "label_smoothing": {"ge": 0, "le": 0.5},
+        "cpo_alpha": {"ge": 0},
+        "simpo_gamma": {"ge": 0},
+    },
     "grpo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
     "rloo": {"beta": {"ge": 0}, "temperature": {"gt": 0}, "epsilon": {"gt": 0}},
-    "distillation": {"beta": {"ge": 0, "le": 1}, "temperature": {"gt": 0}, "top_p": {"gt": 0, "le": 1}, "top_k": {"ge": 0}},
-    "ppo": {"kl_coef": {"ge": 0}, "cliprange": {"gt": 0}, "vf_coef": {"ge": 0}, "num_ppo_epochs": {"ge": 1},
-            "num_mini_batches": {"ge": 1}, "response_length": {"ge": 1}, "total_episodes": {"ge": 1}, "temperature": {"gt": 0}},
+    "distillation": {
+        "beta": {"ge": 0, "le": 1},
+        "temperature": {"gt": 0},
+        "top_p": {"gt": 0, "le": 1},
+        "top_k": {"ge": 0},
+    },
+    "ppo": {
+        "kl_coef": {"ge": 0},
+        "cliprange": {"gt": 0},
+        "vf_coef": {"ge": 0},
+        "num_ppo_epochs": {"ge": 1},
+        "num_mini_batches": {"ge": 1},
+        "response_length": {"ge": 1},
+        "total_episodes": {"ge": 1},
+        "temperature": {"gt": 0},
+    },
 }
 
 # Where adapterd's default is not the dataclass's: LoRA follows the `trl` CLI's defaults

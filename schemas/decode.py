@@ -31,9 +31,13 @@ class Rejection:
         """The same rejection fit to travel: at most 50 errors, each path and message cut to a bound
         and any character UTF-8 cannot carry escaped, so that its event and DLQ headers always
         serialise and stay far below the broker's message size, whatever the request held."""
-        if len(self.errors) <= 50 and all(_fits(error.path, 256) and _fits(error.message, 1000) for error in self.errors):
+        if len(self.errors) <= 50 and all(
+            _fits(error.path, 256) and _fits(error.message, 1000) for error in self.errors
+        ):
             return self  # the common case: nothing to cut
-        errors = [FieldError(path=_fit(error.path, 256), message=_fit(error.message, 1000)) for error in self.errors[:50]]
+        errors = [
+            FieldError(path=_fit(error.path, 256), message=_fit(error.message, 1000)) for error in self.errors[:50]
+        ]
         if len(self.errors) > 50:
             errors.append(FieldError(path="", message=f"and {len(self.errors) - 50} more errors"))
         return Rejection(self.reason, errors, self.request_id, self.exception)
@@ -61,7 +65,12 @@ def _path(loc: tuple[int | str, ...], document: object = None) -> str:
     node = document
     for index, part in enumerate(loc):
         following = loc[index + 1] if index + 1 < len(loc) else None
-        if isinstance(node, dict) and isinstance(part, str) and part in {node.get(tag) for tag in _TAGS} and (part not in node or following in node):
+        if (
+            isinstance(node, dict)
+            and isinstance(part, str)
+            and part in {node.get(tag) for tag in _TAGS}
+            and (part not in node or following in node)
+        ):
             continue  # the tag; a tag that is also a field's name ('task') is the tag when the next part is a field of this node
         parts.append(str(part))
         if isinstance(node, dict) and isinstance(part, str):
@@ -99,10 +108,13 @@ def field_errors(exc: ValidationError, document: object = None) -> list[FieldErr
     return errors
 
 
-def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: SecretScanner = BUILTIN) -> RequestBase | Rejection:
+def decode_request(
+    raw: bytes | None, key: bytes | None = None, *, scanner: SecretScanner = BUILTIN
+) -> RequestBase | Rejection:
     """Decode and validate one message. Never raises for bad input: it returns a `Rejection`.
     Strict: a key given twice in an object is refused, and no value is coerced to a field's type.
     `scanner`: the credential rules (the built-in ones; the daemon passes its larger set)."""
+
     # The record key's id, worked out only where the document has none (a scan of it costs).
     def key_id() -> str | None:
         return _request_id_from_key(key, scanner)
@@ -123,29 +135,46 @@ def decode_request(raw: bytes | None, key: bytes | None = None, *, scanner: Secr
     try:
         shapes, keys, suspect = scanner.screen_with(raw or b"", SUSPECT_LEAF)  # one pass of RE2 for the three
         problems = leaf_problems(document) if suspect else []
-        secrets = [] if problems else _by_path(
-            (scanner.find(document) if shapes else []) + scanner.in_metadata(document)
-            + scanner.under_credential_keys(document, raw or b"", screened=keys))
+        secrets = (
+            []
+            if problems
+            else _by_path(
+                (scanner.find(document) if shapes else [])
+                + scanner.in_metadata(document)
+                + scanner.under_credential_keys(document, raw or b"", screened=keys)
+            )
+        )
     except RecursionError:  # json.loads nests deeper than a walk in Python can follow
         return Rejection("not_json", [FieldError(path="", message="JSON nested too deeply to be a request")], key_id())
     if problems:
         return Rejection("invalid", problems, _request_id_of(document, key_id))
     if secrets:
         # The paths and kinds only: the values stay out of the event, the DLQ headers and the logs.
-        return Rejection("secret_in_request", [
-            FieldError(path=path, message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)")
-            for path, kind in secrets
-        ], _unsecret_request_id(document, key_id, scanner))
+        return Rejection(
+            "secret_in_request",
+            [
+                FieldError(
+                    path=path,
+                    message=f"looks like {kind}; credentials never go in a request (the daemon uses the host's own)",
+                )
+                for path, kind in secrets
+            ],
+            _unsecret_request_id(document, key_id, scanner),
+        )
     if not isinstance(document, dict):
         kind = type(document).__name__
-        return Rejection("not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id())
+        return Rejection(
+            "not_an_object", [FieldError(path="", message=f"a request is a JSON object, got {kind}")], key_id()
+        )
 
     request_id = _request_id_of(document, key_id)
     method = document.get("method")
     if not isinstance(method, str) or method not in REQUEST_MODELS:
         known = ", ".join(sorted(REQUEST_MODELS))
         message = "missing" if method is None else f"unknown method {str(method)[:64]!r}"
-        return Rejection("unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id)
+        return Rejection(
+            "unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id
+        )
 
     try:
         # Strict: nothing is coerced ("8" is not an integer, true is not one, "no" is not a boolean).
@@ -168,7 +197,11 @@ def _by_path(found: list[tuple[str, str]]) -> list[tuple[str, str]]:
 def _unsecret_request_id(document: object, key_id: Callable[[], str | None], scanner: SecretScanner) -> str | None:
     """The request id of a document that may hold a credential: never one that looks like one."""
     request_id = document.get("request_id") if isinstance(document, dict) else None
-    return request_id if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id) else key_id()
+    return (
+        request_id
+        if isinstance(request_id, str) and _REQUEST_ID.fullmatch(request_id) and not scanner.kind(request_id)
+        else key_id()
+    )
 
 
 def _request_id_of(document: object, key_id: Callable[[], str | None]) -> str | None:

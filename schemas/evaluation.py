@@ -54,11 +54,16 @@ class RewardsSuite(Frozen):
 
     kind: Literal["rewards"]
     functions: list[RewardFunction] = Field(default_factory=list, max_length=16)
-    model: RewardModelSpec | None = Field(None, description=(
-        "A sequence-classification reward model (e.g. a reward request's output), under the host's model policy as the base is; "
-        "its score of prompt and answer is `rewards/model/mean`, weighted into reward_mean."
-    ))
-    max_new_tokens: int = Field(32, ge=1, description="The most tokens of each answer; bounded by the operator's max_new_tokens.")
+    model: RewardModelSpec | None = Field(
+        None,
+        description=(
+            "A sequence-classification reward model (e.g. a reward request's output), under the host's model policy as the base is; "
+            "its score of prompt and answer is `rewards/model/mean`, weighted into reward_mean."
+        ),
+    )
+    max_new_tokens: int = Field(
+        32, ge=1, description="The most tokens of each answer; bounded by the operator's max_new_tokens."
+    )
     pass_threshold: FiniteFloat = Field(1.0, description="An answer passes when its weighted reward is at least this.")
 
     @field_validator("functions")
@@ -86,13 +91,29 @@ class TaskSuite(Frozen):
 
     kind: Literal["task"]
     library: Literal["lm-eval"] = Field("lm-eval", description="The evaluation library whose task this is.")
-    task: str = Field(pattern=TASK_NAME, description="The task's name in the library's registry, e.g. arc_easy; one defined by its own YAML file.")
-    source: SourceSpec = Field(description="The task's rows, with the task's own columns; its `split` is the one scored.")
-    num_fewshot: int = Field(0, ge=0, le=MAX_FEWSHOT, description="Examples put before each question, drawn from the same rows (never the row asked).")
-    limit: int | None = Field(None, ge=1, description="Score at most this many rows (the first ones); all of them when unset.")
-    max_new_tokens: int = Field(256, ge=1, description=(
-        "For a task that generates (output_type generate_until): the most tokens of each answer; bounded by the operator's max_new_tokens."
-    ))
+    task: str = Field(
+        pattern=TASK_NAME,
+        description="The task's name in the library's registry, e.g. arc_easy; one defined by its own YAML file.",
+    )
+    source: SourceSpec = Field(
+        description="The task's rows, with the task's own columns; its `split` is the one scored."
+    )
+    num_fewshot: int = Field(
+        0,
+        ge=0,
+        le=MAX_FEWSHOT,
+        description="Examples put before each question, drawn from the same rows (never the row asked).",
+    )
+    limit: int | None = Field(
+        None, ge=1, description="Score at most this many rows (the first ones); all of them when unset."
+    )
+    max_new_tokens: int = Field(
+        256,
+        ge=1,
+        description=(
+            "For a task that generates (output_type generate_until): the most tokens of each answer; bounded by the operator's max_new_tokens."
+        ),
+    )
 
 
 # Kinds of suite, told apart by `kind`.
@@ -114,10 +135,19 @@ class GateRule(Frozen):
     a negative number would turn the rule around): bound a metric that can be negative, such as a
     mean reward, with an absolute number."""
 
-    metric: str = Field(pattern=METRIC_NAME, description="The metric's name as the evaluation reports it, e.g. eval_loss.")
-    at_most: FiniteFloat | None = Field(None, description="Pass when the metric is no greater than this (times the baseline's value with `of`).")
-    at_least: FiniteFloat | None = Field(None, description="Pass when the metric is no less than this (times the baseline's value with `of`).")
-    of: Baseline | None = Field(None, description="Compare with this baseline's value of the same metric: 'base' (the base model) or 'current' (the adapter now at the target revision).")
+    metric: str = Field(
+        pattern=METRIC_NAME, description="The metric's name as the evaluation reports it, e.g. eval_loss."
+    )
+    at_most: FiniteFloat | None = Field(
+        None, description="Pass when the metric is no greater than this (times the baseline's value with `of`)."
+    )
+    at_least: FiniteFloat | None = Field(
+        None, description="Pass when the metric is no less than this (times the baseline's value with `of`)."
+    )
+    of: Baseline | None = Field(
+        None,
+        description="Compare with this baseline's value of the same metric: 'base' (the base model) or 'current' (the adapter now at the target revision).",
+    )
 
     @model_validator(mode="after")
     def _one_bound(self) -> GateRule:
@@ -130,18 +160,41 @@ class EvaluationSpec(Frozen):
     """Evaluate the adapter after training, in the job's own child, on held-out rows; judge it by
     `gate`; publish it to `output.revision` when it passes, else where `on_fail` says."""
 
-    suites: list[Suite] = Field(default_factory=_method_only, min_length=1, max_length=4, description="What is measured; the method's own measure by default.")
-    baselines: list[Baseline] = Field(["base"], max_length=2, description=(
-        "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh LoRA adapter, zero at the start) and "
-        "'current' (the adapter at output.repo_id's output.revision, when there is one; its commit recorded)."
-    ))
-    gate: list[GateRule] = Field(default_factory=list, max_length=MAX_GATE_RULES, description="Every rule must pass for the adapter to be published to output.revision.")
-    require_finite_losses: bool = Field(True, description="Fail the gate when any training loss the trainer logged is NaN or infinite.")
-    on_fail: Literal["pr", "branch", "none"] = Field("pr", description=(
-        "Where an adapter that fails its gate goes: a pull request against main ('pr': on the Hub, or on a host's local sink the folder <name>#<request_id> beside main's), the branch `fail_branch`, "
-        "or nowhere ('none': nothing is pushed; the artifact stays on the host)."
-    ))
-    fail_branch: str | None = Field(None, max_length=255, description="The branch for on_fail 'branch' (git's rules for a branch name); created from the default branch if missing.")
+    suites: list[Suite] = Field(
+        default_factory=_method_only,
+        min_length=1,
+        max_length=4,
+        description="What is measured; the method's own measure by default.",
+    )
+    baselines: list[Baseline] = Field(
+        ["base"],
+        max_length=2,
+        description=(
+            "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh LoRA adapter, zero at the start) and "
+            "'current' (the adapter at output.repo_id's output.revision, when there is one; its commit recorded)."
+        ),
+    )
+    gate: list[GateRule] = Field(
+        default_factory=list,
+        max_length=MAX_GATE_RULES,
+        description="Every rule must pass for the adapter to be published to output.revision.",
+    )
+    require_finite_losses: bool = Field(
+        True, description="Fail the gate when any training loss the trainer logged is NaN or infinite."
+    )
+    on_fail: Literal["pr", "branch", "none"] = Field(
+        "pr",
+        description=(
+            "Where an adapter that fails its gate goes: a pull request against main ('pr': on the Hub, "
+            "or on a host's local sink the folder <name>#<request_id> beside main's), the branch `fail_branch`, "
+            "or nowhere ('none': nothing is pushed; the artifact stays on the host)."
+        ),
+    )
+    fail_branch: str | None = Field(
+        None,
+        max_length=255,
+        description="The branch for on_fail 'branch' (git's rules for a branch name); created from the default branch if missing.",
+    )
 
     @field_validator("baselines")
     @classmethod
@@ -192,13 +245,25 @@ class EvaluationResult(Frozen):
     model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     adapter: Scores
-    baselines: dict[Baseline, Scores] = Field(default_factory=dict, description="Each baseline the request asked for that the job had.")
-    missing_baselines: dict[Baseline, str] = Field(default_factory=dict, description="A baseline asked for that the job had none of, and why.")
-    rows: int | None = Field(description="How many eval-set rows each model was measured on; null for a streamed eval set, or with task suites only (their rows are theirs).")
+    baselines: dict[Baseline, Scores] = Field(
+        default_factory=dict, description="Each baseline the request asked for that the job had."
+    )
+    missing_baselines: dict[Baseline, str] = Field(
+        default_factory=dict, description="A baseline asked for that the job had none of, and why."
+    )
+    rows: int | None = Field(
+        description="How many eval-set rows each model was measured on; null for a streamed eval set, or with task suites only (their rows are theirs)."
+    )
     nonfinite_losses: int = Field(0, description="How many logged training losses were NaN or infinite.")
-    best_checkpoint_step: int | None = Field(None, description="With metric_for_best_model: the step of the best evaluated checkpoint, the one pushed.")
-    task_sources: list[ResolvedSource] = Field(default_factory=list, description="What each task suite's rows resolved to (provenance).")
-    libraries: dict[str, str] = Field(default_factory=dict, description="The evaluation libraries the task suites ran on, with their versions.")
+    best_checkpoint_step: int | None = Field(
+        None, description="With metric_for_best_model: the step of the best evaluated checkpoint, the one pushed."
+    )
+    task_sources: list[ResolvedSource] = Field(
+        default_factory=list, description="What each task suite's rows resolved to (provenance)."
+    )
+    libraries: dict[str, str] = Field(
+        default_factory=dict, description="The evaluation libraries the task suites ran on, with their versions."
+    )
 
 
 class RuleOutcome(Frozen):
@@ -220,12 +285,19 @@ class EvaluationReport(Frozen):
 
     adapter: dict[str, float | None]
     baselines: dict[Baseline, dict[str, float | None]] = Field(default_factory=dict)
-    baseline_revisions: dict[Baseline, str | None] = Field(default_factory=dict, description="The commit of the 'current' adapter evaluated.")
+    baseline_revisions: dict[Baseline, str | None] = Field(
+        default_factory=dict, description="The commit of the 'current' adapter evaluated."
+    )
     missing_baselines: dict[Baseline, str] = Field(default_factory=dict)
     rows: int | None
     nonfinite_losses: int
     best_checkpoint_step: int | None = None
-    task_sources: list[ResolvedSource] = Field(default_factory=list, description="What each task suite's rows resolved to.")
-    libraries: dict[str, str] = Field(default_factory=dict, description="The evaluation libraries the task suites ran on, with their versions, e.g. {'lm-eval': '0.4.13'}.")
+    task_sources: list[ResolvedSource] = Field(
+        default_factory=list, description="What each task suite's rows resolved to."
+    )
+    libraries: dict[str, str] = Field(
+        default_factory=dict,
+        description="The evaluation libraries the task suites ran on, with their versions, e.g. {'lm-eval': '0.4.13'}.",
+    )
     rules: list[RuleOutcome]
     verdict: Literal["pass", "fail"]

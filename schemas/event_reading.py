@@ -26,7 +26,10 @@ _MAX_ROUNDS = 8
 
 
 def read_event(
-    raw: bytes | str, *, keys: EventKeys | None = None, headers: Iterable[tuple[str, bytes | None]] | None = None,
+    raw: bytes | str,
+    *,
+    keys: EventKeys | None = None,
+    headers: Iterable[tuple[str, bytes | None]] | None = None,
 ) -> Event | None:
     """An event as a consumer reads it, whichever daemon of schema_version 1 wrote it (docs/events.md,
     "How the events change"): a field this version does not know, at any depth, is dropped; an event

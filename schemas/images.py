@@ -28,7 +28,9 @@ class ImageBounds(Frozen):
     """The operator's limits on the images of one job: set in daemon settings, carried to the child."""
 
     max_images_per_row: int = Field(8, ge=1, description="The most images one row may hold.")
-    max_image_bytes: int = Field(8 * 2**20, ge=1, description="The largest encoded image (bytes), inline or in a dataset.")
+    max_image_bytes: int = Field(
+        8 * 2**20, ge=1, description="The largest encoded image (bytes), inline or in a dataset."
+    )
     max_image_pixels: int = Field(4096 * 4096, ge=1, description="The most pixels (width × height) of a decoded image.")
 
 
@@ -70,10 +72,20 @@ def row_problems(row: Mapping[str, Any], column: str, bounds: ImageBounds) -> li
         return [(column, f"a list of images, one per image entry of the messages; got {type(value).__name__}")]
     images = row_images(row, column)
     if len(images) > bounds.max_images_per_row:
-        return [(column, f"{len(images)} images; this host allows at most {bounds.max_images_per_row} per row (max_images_per_row)")]
+        return [
+            (
+                column,
+                f"{len(images)} images; this host allows at most {bounds.max_images_per_row} per row (max_images_per_row)",
+            )
+        ]
     entries = image_entries(row)
     if entries != len(images):
-        return [(column, f"{len(images)} image(s), but the row's messages have {entries} image entries ({{\"type\": \"image\"}}); they must match")]
+        return [
+            (
+                column,
+                f'{len(images)} image(s), but the row\'s messages have {entries} image entries ({{"type": "image"}}); they must match',
+            )
+        ]
     return []
 
 
@@ -82,10 +94,14 @@ def data_uri_bytes(value: str, bounds: ImageBounds) -> bytes:
     match = DATA_URI.match(value)
     if match is None:
         shown = value[:40] + ("..." if len(value) > 40 else "")
-        raise ValueError(f"an inline image is base64 data in a data:image/...;base64, URI (a URL is never fetched); got {shown!r}")
-    encoded = value[match.end():]
+        raise ValueError(
+            f"an inline image is base64 data in a data:image/...;base64, URI (a URL is never fetched); got {shown!r}"
+        )
+    encoded = value[match.end() :]
     if len(encoded) * 3 // 4 > bounds.max_image_bytes + 3:  # before decoding: the bound holds for what is read too
-        raise ValueError(f"about {len(encoded) * 3 // 4} bytes; this host allows at most {bounds.max_image_bytes} per image (max_image_bytes)")
+        raise ValueError(
+            f"about {len(encoded) * 3 // 4} bytes; this host allows at most {bounds.max_image_bytes} per image (max_image_bytes)"
+        )
     try:
         data = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError) as exc:
@@ -95,10 +111,14 @@ def data_uri_bytes(value: str, bounds: ImageBounds) -> bytes:
 
 def check_size(data: bytes, bounds: ImageBounds) -> bytes:
     if len(data) > bounds.max_image_bytes:
-        raise ValueError(f"{len(data)} bytes; this host allows at most {bounds.max_image_bytes} per image (max_image_bytes)")
+        raise ValueError(
+            f"{len(data)} bytes; this host allows at most {bounds.max_image_bytes} per image (max_image_bytes)"
+        )
     return data
 
 
 def check_pixels(width: int, height: int, bounds: ImageBounds) -> None:
     if width * height > bounds.max_image_pixels:
-        raise ValueError(f"{width}x{height} pixels; this host allows at most {bounds.max_image_pixels} per image (max_image_pixels)")
+        raise ValueError(
+            f"{width}x{height} pixels; this host allows at most {bounds.max_image_pixels} per image (max_image_pixels)"
+        )

@@ -34,7 +34,9 @@ def loads(text: str) -> tuple[object, bool]:
         return _DECODER.decode(text), False
     except _RepeatedKey:
         repeated: list[_Repeated] = []
-        document = json.loads(text, parse_constant=_no_constant, object_pairs_hook=lambda pairs: _object(pairs, repeated))
+        document = json.loads(
+            text, parse_constant=_no_constant, object_pairs_hook=lambda pairs: _object(pairs, repeated)
+        )
         return document, bool(repeated)
 
 
@@ -64,10 +66,19 @@ def repeated_keys(document: object, path: str = "", found: list[FieldError] | No
     found = [] if found is None else found
     if isinstance(document, _Repeated):
         for name in document.keys_repeated:
-            found.append(FieldError(path=f"{path}.{name}" if path else name,
-                                    message="given more than once in one JSON object; a key may appear once (the copies would not all be read)"))
+            found.append(
+                FieldError(
+                    path=f"{path}.{name}" if path else name,
+                    message="given more than once in one JSON object; a key may appear once (the copies would not all be read)",
+                )
+            )
     children: list[tuple[object, object]] = (
-        list(document.items()) if isinstance(document, dict) else list(enumerate(document)) if isinstance(document, list) else [])
+        list(document.items())
+        if isinstance(document, dict)
+        else list(enumerate(document))
+        if isinstance(document, list)
+        else []
+    )
     for key, value in children:
         if len(found) >= 10:
             break
@@ -107,14 +118,23 @@ def leaf_problems(document: object, path: str = "", found: list[FieldError] | No
         pass
     elif isinstance(document, int):
         if not -MAX_INT - 1 <= document <= MAX_INT:
-            found.append(FieldError(path=path, message=f"an integer of {len(str(abs(document)))} digits; at most 64 bits ({MAX_INT})"))
+            found.append(
+                FieldError(
+                    path=path, message=f"an integer of {len(str(abs(document)))} digits; at most 64 bits ({MAX_INT})"
+                )
+            )
     elif isinstance(document, float):
         if not math.isfinite(document):
             found.append(FieldError(path=path, message="a number too large to be finite"))
     elif isinstance(document, dict):
         for key, value in document.items():
             if not encodable(key):
-                found.append(FieldError(path=f"{path}.<key>" if path else "<key>", message="a key that is not valid Unicode (a lone surrogate)"))
+                found.append(
+                    FieldError(
+                        path=f"{path}.<key>" if path else "<key>",
+                        message="a key that is not valid Unicode (a lone surrogate)",
+                    )
+                )
                 continue
             leaf_problems(value, f"{path}.{key}" if path else key, found)
     elif isinstance(document, list):
@@ -148,7 +168,12 @@ def unreadable_numbers(text: str) -> tuple[list[FieldError], object]:
     def walk(node: object, path: str) -> None:
         if isinstance(node, _Digits) and (not node.lstrip("-").isdigit() or len(node.lstrip("-")) > 19):
             shown = node if not node.lstrip("-").isdigit() else f"an integer of {len(node.lstrip('-'))} digits"
-            found.append(FieldError(path=path, message=f"{shown}: not a number a request may hold (integers fit in 64 bits, numbers are finite)"))
+            found.append(
+                FieldError(
+                    path=path,
+                    message=f"{shown}: not a number a request may hold (integers fit in 64 bits, numbers are finite)",
+                )
+            )
         elif isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{path}.{key}" if path else key)

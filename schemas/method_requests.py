@@ -89,7 +89,9 @@ class ReferenceModelSpec(Frozen):
     share the base model's tokenizer."""
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
-    revision: HubRevision = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+    revision: HubRevision = Field(
+        None, description="Branch, tag or commit sha on the Hub; the default branch when absent."
+    )
 
 
 class TeacherModelSpec(ReferenceModelSpec):
@@ -101,9 +103,12 @@ class TeacherModelSpec(ReferenceModelSpec):
 class ReferencedRequest(RequestBase):
     """What DPO and KTO share: a frozen reference model, the base itself unless `ref_model` names one."""
 
-    ref_model: ReferenceModelSpec | None = Field(None, description=(
-        "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
-    ))
+    ref_model: ReferenceModelSpec | None = Field(
+        None,
+        description=(
+            "The reference model; absent: the base itself (with LoRA, the base with the adapter switched off)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _reference_fits(self) -> ReferencedRequest:
@@ -125,7 +130,11 @@ class SFTRequest(RequestBase):
     sft: SFTSpec = SFTSpec()  # shared when left out, as in RequestBase
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
-        return (frozenset({"messages"}), frozenset({"prompt", "completion"}), frozenset({self.sft.dataset_text_field or "text"}))
+        return (
+            frozenset({"messages"}),
+            frozenset({"prompt", "completion"}),
+            frozenset({self.sft.dataset_text_field or "text"}),
+        )
 
 
 class DPORequest(ReferencedRequest):
@@ -245,4 +254,3 @@ class PPORequest(RequestBase):
 
     def accepted_formats(self) -> tuple[frozenset[str], ...]:
         return (frozenset({"prompt"}),)
-

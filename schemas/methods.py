@@ -49,7 +49,9 @@ class Method:
     @property
     def trl_range(self) -> str:
         """The TRL releases it needs as a specifier ("" for any), e.g. ">=1.10,<1.13"."""
-        return ",".join(bound for bound in (self.trl_min and f">={self.trl_min}", self.trl_below and f"<{self.trl_below}") if bound)
+        return ",".join(
+            bound for bound in (self.trl_min and f">={self.trl_min}", self.trl_below and f"<{self.trl_below}") if bound
+        )
 
 
 # The ranges are what was seen, not remembered: `python -m handlers.contract.trl_trainers` found every row's
@@ -58,32 +60,70 @@ class Method:
 # 1.12.0. "any" reads within pyproject's trl>=1.10; tests/handlers/test_method_table.py holds each
 # lane to it.
 METHODS: dict[str, Method] = {
-    "sft": Method("sft", "trl.SFTTrainer", "trl.SFTConfig", "stable",
-                  "`messages`, or `prompt` + `completion`, or `text`", vision=True),
-    "dpo": Method("dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable",
-                  "`chosen` + `rejected` (and usually `prompt`)", vision=True),
-    "kto": Method("kto", "trl.KTOTrainer", "trl.KTOConfig", "stable",
-                  "`prompt` + `completion` + `label` (bool)"),
-    "reward": Method("reward", "trl.RewardTrainer", "trl.RewardConfig", "stable",
-                     "`chosen` + `rejected`"),
-    "grpo": Method("grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable",
-                   "`prompt` (+ columns the rewards read)", vision=True),
-    "rloo": Method("rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable",
-                   "`prompt` (+ columns the rewards read)"),
-    "distillation": Method("distillation", "trl.DistillationTrainer", "trl.DistillationConfig", "stable",
-                           "`prompt` (the student answers; the teacher's next-token distribution is the target)"),
-    "orpo": Method("experimental.orpo", "trl.experimental.orpo.ORPOTrainer", "trl.experimental.orpo.ORPOConfig", "experimental",
-                   "`chosen` + `rejected` (and usually `prompt`)"),
-    "cpo": Method("experimental.cpo", "trl.experimental.cpo.CPOTrainer", "trl.experimental.cpo.CPOConfig", "experimental",
-                  "`chosen` + `rejected` (and usually `prompt`)"),
-    "gkd": Method("experimental.gkd", "trl.experimental.gkd.GKDTrainer", "trl.experimental.gkd.GKDConfig", "experimental",
-                  "`messages` (the teacher's distribution on them, and on the student's own answers: `lmbda`)"),
-    "online_dpo": Method("experimental.online_dpo", "trl.experimental.online_dpo.OnlineDPOTrainer", "trl.experimental.online_dpo.OnlineDPOConfig",
-                         "experimental", "`prompt` (+ columns the rewards read)",
-                         evaluates=False),  # OnlineDPOTrainer.evaluate() cannot run on prompt rows (it wants input_ids)
-    "ppo": Method("experimental.ppo", "trl.experimental.ppo.PPOTrainer", "trl.experimental.ppo.PPOConfig", "experimental",
-                  "`prompt`", trl_min="1.10", trl_below="1.13", evaluates=False,
-                  trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)"),
+    "sft": Method(
+        "sft",
+        "trl.SFTTrainer",
+        "trl.SFTConfig",
+        "stable",
+        "`messages`, or `prompt` + `completion`, or `text`",
+        vision=True,
+    ),
+    "dpo": Method(
+        "dpo", "trl.DPOTrainer", "trl.DPOConfig", "stable", "`chosen` + `rejected` (and usually `prompt`)", vision=True
+    ),
+    "kto": Method("kto", "trl.KTOTrainer", "trl.KTOConfig", "stable", "`prompt` + `completion` + `label` (bool)"),
+    "reward": Method("reward", "trl.RewardTrainer", "trl.RewardConfig", "stable", "`chosen` + `rejected`"),
+    "grpo": Method(
+        "grpo", "trl.GRPOTrainer", "trl.GRPOConfig", "stable", "`prompt` (+ columns the rewards read)", vision=True
+    ),
+    "rloo": Method("rloo", "trl.RLOOTrainer", "trl.RLOOConfig", "stable", "`prompt` (+ columns the rewards read)"),
+    "distillation": Method(
+        "distillation",
+        "trl.DistillationTrainer",
+        "trl.DistillationConfig",
+        "stable",
+        "`prompt` (the student answers; the teacher's next-token distribution is the target)",
+    ),
+    "orpo": Method(
+        "experimental.orpo",
+        "trl.experimental.orpo.ORPOTrainer",
+        "trl.experimental.orpo.ORPOConfig",
+        "experimental",
+        "`chosen` + `rejected` (and usually `prompt`)",
+    ),
+    "cpo": Method(
+        "experimental.cpo",
+        "trl.experimental.cpo.CPOTrainer",
+        "trl.experimental.cpo.CPOConfig",
+        "experimental",
+        "`chosen` + `rejected` (and usually `prompt`)",
+    ),
+    "gkd": Method(
+        "experimental.gkd",
+        "trl.experimental.gkd.GKDTrainer",
+        "trl.experimental.gkd.GKDConfig",
+        "experimental",
+        "`messages` (the teacher's distribution on them, and on the student's own answers: `lmbda`)",
+    ),
+    "online_dpo": Method(
+        "experimental.online_dpo",
+        "trl.experimental.online_dpo.OnlineDPOTrainer",
+        "trl.experimental.online_dpo.OnlineDPOConfig",
+        "experimental",
+        "`prompt` (+ columns the rewards read)",
+        evaluates=False,
+    ),  # OnlineDPOTrainer.evaluate() cannot run on prompt rows (it wants input_ids)
+    "ppo": Method(
+        "experimental.ppo",
+        "trl.experimental.ppo.PPOTrainer",
+        "trl.experimental.ppo.PPOConfig",
+        "experimental",
+        "`prompt`",
+        trl_min="1.10",
+        trl_below="1.13",
+        evaluates=False,
+        trl_note="trl.experimental.ppo lived in trl 1.10 to 1.12.0; TRL removed PPO in 1.13.0 (huggingface/trl#7020)",
+    ),
 }
 
 

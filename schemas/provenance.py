@@ -34,4 +34,6 @@ class TrackedRun(Frozen):
     tracker: str = Field(description="TRL's report_to name of the tracker, e.g. 'mlflow'.")
     run_id: str
     url: str | None = Field(None, description="The run's page, when the tracker has one (MLflow's UI).")
-    project: str | None = Field(None, description="The tracker's project the run is in, where it has them (Trackio's, training.project).")
+    project: str | None = Field(
+        None, description="The tracker's project the run is in, where it has them (Trackio's, training.project)."
+    )

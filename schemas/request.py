@@ -72,22 +72,81 @@ from schemas.rewards import (
 )
 
 # Every method's request model, in the method table's order.
-AnyRequest = SFTRequest | DPORequest | KTORequest | RewardRequest | GRPORequest | RLOORequest | DistillationRequest | ORPORequest | CPORequest | GKDRequest | OnlineDPORequest | PPORequest
+AnyRequest = (
+    SFTRequest
+    | DPORequest
+    | KTORequest
+    | RewardRequest
+    | GRPORequest
+    | RLOORequest
+    | DistillationRequest
+    | ORPORequest
+    | CPORequest
+    | GKDRequest
+    | OnlineDPORequest
+    | PPORequest
+)
 
 # Any request, told apart by `method`: what intake validates against and the JSON Schema describes.
 TrainingRequest = Annotated[AnyRequest, Field(discriminator="method")]
 
 # The request models by method name.
-REQUEST_MODELS: dict[str, type[RequestBase]] = {get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)}
+REQUEST_MODELS: dict[str, type[RequestBase]] = {
+    get_args(model.model_fields["method"].annotation)[0]: model for model in get_args(AnyRequest)
+}
 
 __all__ = [
-    "MAX_INLINE_ROWS", "MODEL_ID_PATTERN", "AnyRequest", "CPORequest", "CPOSpec", "DistillationRequest", "DistillationSpec", "GKDRequest", "GKDSpec", "OnlineDPORequest", "OnlineDPOSpec",
-    "REPO_ID_PATTERN", "REQUEST_MODELS", "DPORequest", "DPOSpec",
-    "DatasetSpec", "ExactMatchReward", "GRPORequest", "GRPOSpec", "KLEarlyStopSpec", "KTORequest", "KTOSpec",
-    "LengthPenaltyReward", "LoraSpec", "ModelSpec", "ORPORequest", "ORPOSpec", "OnlineRewards", "OutputSpec",
-    "PPORequest", "PPOSpec", "ReferenceModelSpec", "RLOORequest", "RLOOSpec", "RegexReward", "RequestBase", "Resources",
-    "RewardFunction", "RewardModelSpec", "RewardRequest", "RewardSpec", "SFTRequest", "SFTSpec", "TeacherModelSpec",
-    "ThinkFormatReward", "TrainingRequest", "TrainingSpec",
-    "AccuracyReward", "CosineScaledReward", "ReasoningAccuracyReward", "RepetitionPenaltyReward", "SoftOverlongPunishmentReward",
+    "MAX_INLINE_ROWS",
+    "MODEL_ID_PATTERN",
+    "AnyRequest",
+    "CPORequest",
+    "CPOSpec",
+    "DistillationRequest",
+    "DistillationSpec",
+    "GKDRequest",
+    "GKDSpec",
+    "OnlineDPORequest",
+    "OnlineDPOSpec",
+    "REPO_ID_PATTERN",
+    "REQUEST_MODELS",
+    "DPORequest",
+    "DPOSpec",
+    "DatasetSpec",
+    "ExactMatchReward",
+    "GRPORequest",
+    "GRPOSpec",
+    "KLEarlyStopSpec",
+    "KTORequest",
+    "KTOSpec",
+    "LengthPenaltyReward",
+    "LoraSpec",
+    "ModelSpec",
+    "ORPORequest",
+    "ORPOSpec",
+    "OnlineRewards",
+    "OutputSpec",
+    "PPORequest",
+    "PPOSpec",
+    "ReferenceModelSpec",
+    "RLOORequest",
+    "RLOOSpec",
+    "RegexReward",
+    "RequestBase",
+    "Resources",
+    "RewardFunction",
+    "RewardModelSpec",
+    "RewardRequest",
+    "RewardSpec",
+    "SFTRequest",
+    "SFTSpec",
+    "TeacherModelSpec",
+    "ThinkFormatReward",
+    "TrainingRequest",
+    "TrainingSpec",
+    "AccuracyReward",
+    "CosineScaledReward",
+    "ReasoningAccuracyReward",
+    "RepetitionPenaltyReward",
+    "SoftOverlongPunishmentReward",
     "TagCountReward",
 ]

@@ -40,17 +40,23 @@ class ModelSpec(ModelConfigFields):
     The loading options besides these are `trl.ModelConfig`'s own (generated: schemas/trl_fields.py)."""
 
     id: str = Field(pattern=MODEL_ID_PATTERN, description="Hub repo id, or an absolute local path the operator allows.")
-    revision: HubRevision = Field(None, description="Branch, tag or commit sha on the Hub; the default branch when absent.")
+    revision: HubRevision = Field(
+        None, description="Branch, tag or commit sha on the Hub; the default branch when absent."
+    )
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     trust_remote_code: bool = Field(False, description="Refused unless the operator's policy allows it.")
-    quantization: Literal["none", "4bit", "8bit"] = Field("none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA.")
+    quantization: Literal["none", "4bit", "8bit"] = Field(
+        "none", description="4bit/8bit load the base through bitsandbytes (QLoRA); needs CUDA."
+    )
     bnb_4bit_compute_dtype: Literal["float32", "float16", "bfloat16"] | None = Field(
-        None, description="The compute dtype of a 4bit base (bitsandbytes); the model's dtype when unset.",
+        None,
+        description="The compute dtype of a 4bit base (bitsandbytes); the model's dtype when unset.",
     )
     chat_template: str | None = Field(
-        None, max_length=65536,
+        None,
+        max_length=65536,
         description="A Jinja chat template, inline, that replaces the tokenizer's own for this job and is pushed with the result "
-                    "(TRL's chat_template_path, without reading a host path).",
+        "(TRL's chat_template_path, without reading a host path).",
     )
 
 
@@ -79,9 +85,11 @@ class LoraSpec(LoraConfigFields):
             raise ValueError(f"layers_pattern: {len(layers)} names; at most {MAX_PATTERNS}")
         for layer in layers:
             if not _LAYERS_NAME.fullmatch(layer):
-                raise ValueError(f"layers_pattern: {layer[:64]!r} is not the name of a list of layers (letters, digits and '_', "
-                                 "parts joined by '.', at most 200 characters, e.g. 'layers' or 'model.layers'); a regular "
-                                 "expression is not accepted here")
+                raise ValueError(
+                    f"layers_pattern: {layer[:64]!r} is not the name of a list of layers (letters, digits and '_', "
+                    "parts joined by '.', at most 200 characters, e.g. 'layers' or 'model.layers'); a regular "
+                    "expression is not accepted here"
+                )
         for name in ("target_modules", "exclude_modules"):
             value = getattr(self, name)  # a list is of module names, which PEFT compares as text
             if isinstance(value, str) and not (name == "target_modules" and value == "all-linear"):  # PEFT's keyword
@@ -125,8 +133,14 @@ class OutputSpec(Frozen):
 
     repo_id: str = Field(pattern=REPO_ID_PATTERN, description="Hub model repo 'namespace/name'; created if missing.")
     private: bool = Field(True, description="Visibility of a repo adapterd creates; an existing repo keeps its own.")
-    revision: str = Field("main", max_length=255, description="Branch to commit to (git's rules for a branch name); created from the default branch if missing.")
-    push: Literal["adapter", "merged"] = Field("adapter", description="'merged' merges the adapter into the base before pushing.")
+    revision: str = Field(
+        "main",
+        max_length=255,
+        description="Branch to commit to (git's rules for a branch name); created from the default branch if missing.",
+    )
+    push: Literal["adapter", "merged"] = Field(
+        "adapter", description="'merged' merges the adapter into the base before pushing."
+    )
 
     @field_validator("revision")
     @classmethod
@@ -142,20 +156,30 @@ SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto", "grpo"})
 
 
 class Resources(Frozen):
-    gpus: int = Field(1, ge=1, le=64, description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, unless `shard` says otherwise.")
-    shard: Literal["auto", "none", "fsdp"] = Field("auto", description=(
-        "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards the "
-        "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them; "
-        "'auto' (the default) is 'none' unless the job's memory estimate says a whole copy does not fit one of the host's "
-        "GPUs and a shard across its gpus does, where sharding is offered for it: the `accepted` event names the plan. "
-        "'fsdp' needs gpus 2 or more; the methods and options it is offered with are in docs/methods.md."
-    ))
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, unless `shard` says otherwise.",
+    )
+    shard: Literal["auto", "none", "fsdp"] = Field(
+        "auto",
+        description=(
+            "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards the "
+            "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them; "
+            "'auto' (the default) is 'none' unless the job's memory estimate says a whole copy does not fit one of the host's "
+            "GPUs and a shard across its gpus does, where sharding is offered for it: the `accepted` event names the plan. "
+            "'fsdp' needs gpus 2 or more; the methods and options it is offered with are in docs/methods.md."
+        ),
+    )
 
     @model_validator(mode="after")
     def _shards_across_gpus(self) -> Resources:
         if self.shard == "fsdp" and self.gpus < 2:
             # A check on the block names its field inside it (schemas/decode.py): the path is resources.shard.
-            raise ValueError(f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is {self.gpus}: set gpus to 2 or more")
+            raise ValueError(
+                f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is {self.gpus}: set gpus to 2 or more"
+            )
         return self
 
 
@@ -183,28 +207,45 @@ class RequestBase(Frozen):
     training: TrainingSpec = TrainingSpec()
     output: OutputSpec
     resources: Resources = Resources()
-    evaluation: EvaluationSpec | None = Field(None, description=(
-        "Evaluate the adapter on held-out rows after training, beside baselines, and publish it to output.revision only when "
-        "it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
-    ))
-    timeout_s: int | None = Field(None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum.")
-    priority_class: str | None = Field(None, pattern=QUEUE_NAME_PATTERN, description=(
-        "One of the operator's priority classes (deploy/README.md): a higher class starts first and may preempt a preemptible "
-        "lower one; absent: the operator's default class. A class the fleet does not have is rejected."
-    ))
-    team: str | None = Field(None, pattern=QUEUE_NAME_PATTERN, description=(
-        "Whose request it is, for the fleet's fair share between teams (weights and caps are the operator's); absent: 'default'."
-    ))
+    evaluation: EvaluationSpec | None = Field(
+        None,
+        description=(
+            "Evaluate the adapter on held-out rows after training, beside baselines, and publish it to output.revision only when "
+            "it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
+        ),
+    )
+    timeout_s: int | None = Field(
+        None, ge=1, description="Wall-clock limit of the job; capped by the operator's maximum."
+    )
+    priority_class: str | None = Field(
+        None,
+        pattern=QUEUE_NAME_PATTERN,
+        description=(
+            "One of the operator's priority classes (deploy/README.md): a higher class starts first and may preempt a preemptible "
+            "lower one; absent: the operator's default class. A class the fleet does not have is rejected."
+        ),
+    )
+    team: str | None = Field(
+        None,
+        pattern=QUEUE_NAME_PATTERN,
+        description=(
+            "Whose request it is, for the fleet's fair share between teams (weights and caps are the operator's); absent: 'default'."
+        ),
+    )
     # Bounded so that an event, which echoes it, stays far below the broker's message size.
     metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
-        default_factory=dict, max_length=64, description="Free key-value pairs (64 at most, keys up to 128 characters, values up to 1024), echoed in every event.",
+        default_factory=dict,
+        max_length=64,
+        description="Free key-value pairs (64 at most, keys up to 128 characters, values up to 1024), echoed in every event.",
     )
 
     @model_validator(mode="after")
     def _inline_rows_fit_the_method(self) -> RequestBase:
         if self.dataset.rows is not None:
             common = set.intersection(*(set(row) for row in self.dataset.rows))
-            every = set.union(*(set(row) for row in self.dataset.rows))  # an image column only some rows have counts too
+            every = set.union(
+                *(set(row) for row in self.dataset.rows)
+            )  # an image column only some rows have counts too
             problem = self.dataset_problem([self.dataset.columns.get(c, c) for c in common])
             if not problem and every != common:  # dataset_problem has looked for images among the common columns
                 problem = self.text_only_problem([self.dataset.columns.get(c, c) for c in every])
@@ -232,25 +273,41 @@ class RequestBase(Frozen):
         if self.method not in SHARDED_METHODS:
             return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its trainer is not wired or tested sharded (docs/methods.md)"
         if self.method == "reward" and self.peft is not None:
-            return (f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
-                    "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null")
+            return (
+                f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
+                "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null"
+            )
         if getattr(getattr(self, self.method, None), "use_vllm", None):
-            return (f"{shard} generates with the sharded policy's own generate: vLLM is not offered sharded (it would need "
-                    "the full weights gathered into its engine on every rank at each step); set use_vllm false")
-        copies = [name for name in ("modules_to_save", "trainable_token_indices") if self.peft is not None and getattr(self.peft, name) is not None]
+            return (
+                f"{shard} generates with the sharded policy's own generate: vLLM is not offered sharded (it would need "
+                "the full weights gathered into its engine on every rank at each step); set use_vllm false"
+            )
+        copies = [
+            name
+            for name in ("modules_to_save", "trainable_token_indices")
+            if self.peft is not None and getattr(self.peft, name) is not None
+        ]
         if copies:
             return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"
         if self.model.quantization != "none":
             # Tried on two CPU ranks (bitsandbytes 0.50.2, 4-bit with a float storage dtype as in the FSDP+QLoRA recipe): the
             # base loads sharded, and its first forward fails (bitsandbytes repacks a 4-bit weight for its CPU kernel into a
             # shape other than the shard FSDP2 registered). A route the CPU tests cannot run is not offered (docs/methods.md).
-            return (f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
-                    "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
-                    "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')")
-        others = [suite.kind for suite in self.evaluation.suites if not isinstance(suite, MethodSuite)] if self.evaluation is not None else []
+            return (
+                f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
+                "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
+                "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')"
+            )
+        others = (
+            [suite.kind for suite in self.evaluation.suites if not isinstance(suite, MethodSuite)]
+            if self.evaluation is not None
+            else []
+        )
         if others:
-            return (f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a '{others[0]}' "
-                    "suite generates and scores on each rank apart, not checked sharded; leave it out")
+            return (
+                f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a '{others[0]}' "
+                "suite generates and scores on each rank apart, not checked sharded; leave it out"
+            )
         return None
 
     def evaluation_problem(self, evaluation: EvaluationSpec) -> str | None:
@@ -258,20 +315,33 @@ class RequestBase(Frozen):
         if not METHODS[self.method].evaluates:
             return f"evaluation: method {self.method} has no evaluation in adapterd"
         reads_eval_set = [i for i, suite in enumerate(evaluation.suites) if isinstance(suite, EVAL_SET_SUITES)]
-        if reads_eval_set and self.dataset.eval is None and self.dataset.eval_split is None and self.dataset.test_split_size is None:
-            return (f"evaluation.suites.{reads_eval_set[0]}: a '{evaluation.suites[reads_eval_set[0]].kind}' suite runs on the eval set: "
-                    "set dataset.eval, dataset.eval_split or dataset.test_split_size (a 'task' suite brings its own rows)")
+        if (
+            reads_eval_set
+            and self.dataset.eval is None
+            and self.dataset.eval_split is None
+            and self.dataset.test_split_size is None
+        ):
+            return (
+                f"evaluation.suites.{reads_eval_set[0]}: a '{evaluation.suites[reads_eval_set[0]].kind}' suite runs on the eval set: "
+                "set dataset.eval, dataset.eval_split or dataset.test_split_size (a 'task' suite brings its own rows)"
+            )
         if evaluation.on_fail == "pr" and self.output.revision != "main":
-            return (f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
-                    "use on_fail 'branch'")
+            return (
+                f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
+                "use on_fail 'branch'"
+            )
         if evaluation.fail_branch is not None and evaluation.fail_branch == self.output.revision:
             return "evaluation.fail_branch: must differ from output.revision, where an adapter that passes goes"
         for index, rule in enumerate(evaluation.gate):
             if rule.of is not None and rule.of not in evaluation.baselines:
-                return f"evaluation.gate[{index}].of: '{rule.of}' is not among evaluation.baselines {evaluation.baselines}"
+                return (
+                    f"evaluation.gate[{index}].of: '{rule.of}' is not among evaluation.baselines {evaluation.baselines}"
+                )
         if evaluation.require_finite_losses and self.training.logging_nan_inf_filter:
-            return ("training.logging_nan_inf_filter: true logs earlier losses in place of NaN ones, which "
-                    "evaluation.require_finite_losses looks for; leave it unset or set require_finite_losses false")
+            return (
+                "training.logging_nan_inf_filter: true logs earlier losses in place of NaN ones, which "
+                "evaluation.require_finite_losses looks for; leave it unset or set require_finite_losses false"
+            )
         if "base" in evaluation.baselines and self.peft is None:
             return "evaluation.baselines: 'base' is measured with the adapter disabled, and a full fine-tune (peft: null) has none"
         return None
@@ -309,4 +379,3 @@ class RequestBase(Frozen):
     def set_fields(self, block: str) -> dict[str, Any]:
         """The fields of one block that the request set, to pass on to TRL as keyword arguments."""
         return getattr(self, block).set_fields()
-

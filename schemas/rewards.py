@@ -30,7 +30,11 @@ class RegexReward(Frozen):
 
     name: Literal["regex_match"]
     weight: float = 1.0
-    pattern: str = Field(min_length=1, max_length=1000, description="An RE2 pattern (no look-around or back-references); searched for in each completion.")
+    pattern: str = Field(
+        min_length=1,
+        max_length=1000,
+        description="An RE2 pattern (no look-around or back-references); searched for in each completion.",
+    )
 
     @model_validator(mode="after")
     def _compiles(self) -> RegexReward:
@@ -84,7 +88,8 @@ class ReasoningAccuracyReward(Frozen):
     weight: float = 1.0
     column: Column = Field("solution", description=SOLUTION)
     reasoning_delimiters: list[Delimiter] | None = Field(
-        None, min_length=1, max_length=8, description="Where the reasoning ends; TRL's default, None, is `</think>`.")
+        None, min_length=1, max_length=8, description="Where the reasoning ends; TRL's default, None, is `</think>`."
+    )
 
 
 class CosineScaledReward(Frozen):
@@ -94,7 +99,9 @@ class CosineScaledReward(Frozen):
     name: Literal["cosine_scaled"]
     weight: float = 1.0
     column: Column = Field("solution", description=SOLUTION)
-    max_len: int = Field(ge=1, le=MAX_TOKENS, description="The length (tokens) at which the schedule reaches its long end.")
+    max_len: int = Field(
+        ge=1, le=MAX_TOKENS, description="The length (tokens) at which the schedule reaches its long end."
+    )
     min_value_wrong: Value = -1.0
     max_value_wrong: Value = -0.5
     min_value_correct: Value = 0.5
@@ -103,8 +110,10 @@ class CosineScaledReward(Frozen):
     @model_validator(mode="after")
     def _ordered(self) -> CosineScaledReward:
         if not self.min_value_wrong <= self.max_value_wrong <= self.min_value_correct <= self.max_value_correct:
-            raise ValueError("min_value_wrong <= max_value_wrong <= min_value_correct <= max_value_correct: "
-                             "a wrong answer never outscores a correct one")
+            raise ValueError(
+                "min_value_wrong <= max_value_wrong <= min_value_correct <= max_value_correct: "
+                "a wrong answer never outscores a correct one"
+            )
         return self
 
 
@@ -129,7 +138,9 @@ class SoftOverlongPunishmentReward(Frozen):
     @model_validator(mode="after")
     def _within(self) -> SoftOverlongPunishmentReward:
         if self.soft_punish_cache > self.max_completion_len:
-            raise ValueError(f"soft_punish_cache: {self.soft_punish_cache} is more than max_completion_len {self.max_completion_len}")
+            raise ValueError(
+                f"soft_punish_cache: {self.soft_punish_cache} is more than max_completion_len {self.max_completion_len}"
+            )
         return self
 
 
@@ -157,8 +168,16 @@ TRL_REWARDS: dict[str, type[Frozen]] = {
 ADAPTERD_FIELDS = frozenset({"name", "weight", "column"})
 
 RewardFunction = Annotated[
-    ExactMatchReward | RegexReward | LengthPenaltyReward | ThinkFormatReward | AccuracyReward | ReasoningAccuracyReward
-    | CosineScaledReward | RepetitionPenaltyReward | SoftOverlongPunishmentReward | TagCountReward,
+    ExactMatchReward
+    | RegexReward
+    | LengthPenaltyReward
+    | ThinkFormatReward
+    | AccuracyReward
+    | ReasoningAccuracyReward
+    | CosineScaledReward
+    | RepetitionPenaltyReward
+    | SoftOverlongPunishmentReward
+    | TagCountReward,
     Field(discriminator="name"),
 ]
 
@@ -183,4 +202,3 @@ class OnlineRewards(Frozen):
         if not self.functions and self.model is None:
             raise ValueError("give at least one reward function or a reward model")
         return self
-

@@ -53,24 +53,92 @@ from schemas.skeleton import skeleton
 
 # Judged anywhere in a key's words; regex fragments over lowercase words joined by `_`, as
 # detect-secrets writes its own (`api_?key` covers `api_key`, `apiKey`, `x-api-key`, `APIKEY`).
-KEYWORDS: tuple[str, ...] = ("password", "passwd", "secret", "api_?key", "private_?key", "access_?key", "connection_?string")
+KEYWORDS: tuple[str, ...] = (
+    "password",
+    "passwd",
+    "secret",
+    "api_?key",
+    "private_?key",
+    "access_?key",
+    "connection_?string",
+)
 # Judged as a key's last word (or the end of its last word): what adapterd adds to detect-secrets' list.
 WORDS: tuple[str, ...] = ("token", "auth", "authorization", "credentials?", "bearer", "passphrase", "cookie")
 # Judged as a key's whole last word: glued to another word they end unrelated words (`bypass`).
 WHOLE_WORDS: tuple[str, ...] = ("pass", "session", "jwt", "dsn")
 # The word before `token` that says which token of a text it is, for a tokenizer or a TRL field
 # (`stop_token`): its special tokens, the parts of a prompt, modalities, counts. Not credentials.
-HARMLESS_TOKENS: tuple[str, ...] = ("pad", "unk", "sep", "cls", "mask", "stop", "start", "end", "special",
-                                    "prefix", "middle", "suffix", "template", "turn", "assistant", "think", "tool",
-                                    "image", "img", "video", "audio", "vision", "tile", "max", "min", "num",
-                                    "delimiter", "utterance", "blank", "fill")
+HARMLESS_TOKENS: tuple[str, ...] = (
+    "pad",
+    "unk",
+    "sep",
+    "cls",
+    "mask",
+    "stop",
+    "start",
+    "end",
+    "special",
+    "prefix",
+    "middle",
+    "suffix",
+    "template",
+    "turn",
+    "assistant",
+    "think",
+    "tool",
+    "image",
+    "img",
+    "video",
+    "audio",
+    "vision",
+    "tile",
+    "max",
+    "min",
+    "num",
+    "delimiter",
+    "utterance",
+    "blank",
+    "fill",
+)
 # A name whose words before `<word>_token` hold one of these is a token of a text's part (`tool_call_token`,
 # `image_break_token`, `audio_delay_token`, `img_line_break_token`: transformers' processors' names)...
 TOKENIZER_PARTS: tuple[str, ...] = ("tool", "image", "img", "video", "audio", "vision", "tile", "patch", "chat")
 # ...unless `<word>` says whose credential it is (`image_api_token`, `tool_auth_token`, `vision_hf_token`).
-CREDENTIAL_OWNERS = frozenset(("api", "access", "auth", "oauth", "bearer", "refresh", "session", "hf", "hub", "bot", "id",
-                               "csrf", "xsrf", "service", "client", "user", "app", "personal", "login", "github", "gitlab",
-                               "gh", "slack", "secret", "private", "upload", "download", "storage", "sas", "write", "read"))
+CREDENTIAL_OWNERS = frozenset(
+    (
+        "api",
+        "access",
+        "auth",
+        "oauth",
+        "bearer",
+        "refresh",
+        "session",
+        "hf",
+        "hub",
+        "bot",
+        "id",
+        "csrf",
+        "xsrf",
+        "service",
+        "client",
+        "user",
+        "app",
+        "personal",
+        "login",
+        "github",
+        "gitlab",
+        "gh",
+        "slack",
+        "secret",
+        "private",
+        "upload",
+        "download",
+        "storage",
+        "sas",
+        "write",
+        "read",
+    )
+)
 # Begin-, end- and start-of markers (`bos`, `eot`, `eom`, `boi`, `sot`), as an RE2 fragment; `bot`
 # left out: a bot's token is the credential of Slack's and Telegram's bots.
 MARKERS = "bo[a-su-z]|[es]o[a-z]"
@@ -98,8 +166,9 @@ class CredentialKeys:
     """The key-name rule: `keywords` anywhere in a name, `words` as its last word (or its end),
     `whole_words` as its whole last word, by the name's skeleton, as one RE2 pattern."""
 
-    def __init__(self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS,
-                 whole_words: Iterable[str] = WHOLE_WORDS) -> None:
+    def __init__(
+        self, keywords: Iterable[str] = KEYWORDS, words: Iterable[str] = WORDS, whole_words: Iterable[str] = WHOLE_WORDS
+    ) -> None:
         # Keywords beyond ASCII (detect-secrets' `contraseña`) are judged by their skeleton too.
         self.keywords = tuple(dict.fromkeys(_skeleton_fragment(keyword) for keyword in keywords))
         self.words = tuple(_skeleton_fragment(word) for word in words)
@@ -110,7 +179,8 @@ class CredentialKeys:
         # special token's name (`secret_pad_token` is refused), which wins over a last word.
         self._rule = compile_pattern(
             rf"^(?:.*?(?P<anywhere>{anywhere})|(?:.*_)?(?P<harmless>(?:{harmless})_token)$"
-            rf"|(?:.*_)?(?P<whole>{whole})$|(?:.*_)?[^_]*?(?P<last>{last})$)")
+            rf"|(?:.*_)?(?P<whole>{whole})$|(?:.*_)?[^_]*?(?P<last>{last})$)"
+        )
         # Over a message's raw bytes, the keys that hold a keyword's letters (the last piece of each,
         # in any case) or a character beyond ASCII (a lookalike, or a zero-width one, may hide a
         # keyword's letters): a string followed by ':' is a key, and JSON outside strings (true,
@@ -127,7 +197,11 @@ class CredentialKeys:
         if verdict is None:
             name = words(key)
             found = self._rule.search(name)
-            verdict = found is not None and found.lastgroup != "harmless" and not (found.lastgroup == "last" and _a_texts_token(name))
+            verdict = (
+                found is not None
+                and found.lastgroup != "harmless"
+                and not (found.lastgroup == "last" and _a_texts_token(name))
+            )
             if len(self._verdicts) >= _CACHE_BOUND:
                 self._verdicts.clear()
             self._verdicts[key] = verdict
@@ -157,7 +231,9 @@ class CredentialKeys:
         self._walk(document, (), hides, found)
         return found
 
-    def _walk(self, node: Any, path: tuple[str, ...], hides: Callable[[str], bool], found: list[tuple[str, str]]) -> None:
+    def _walk(
+        self, node: Any, path: tuple[str, ...], hides: Callable[[str], bool], found: list[tuple[str, str]]
+    ) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
                 if self.names_credential(key):
@@ -175,7 +251,12 @@ def _a_texts_token(name: str) -> bool:
     """Whether a name judged by its last word `token` names a token of a text's part rather than a credential:
     `<...>_<part>_<...>_<word>_token`, a part of TOKENIZER_PARTS before the word, the word no credential's owner."""
     parts = name.split("_")
-    return len(parts) >= 3 and parts[-1] == "token" and parts[-2] not in CREDENTIAL_OWNERS and any(p in TOKENIZER_PARTS for p in parts[:-2])
+    return (
+        len(parts) >= 3
+        and parts[-1] == "token"
+        and parts[-2] not in CREDENTIAL_OWNERS
+        and any(p in TOKENIZER_PARTS for p in parts[:-2])
+    )
 
 
 def _skeleton_fragment(fragment: str) -> str:

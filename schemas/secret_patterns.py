@@ -24,15 +24,24 @@ PATTERNS: dict[str, tuple[str, str]] = {
     "gitlab": ("a GitLab token (glpat-...)", r"\bgl(?:pat|ptt|dt|rt)-[A-Za-z0-9_-]{20,64}"),
     "openai": ("an OpenAI key (sk-...)", r"\bsk-(?:(?:proj|svcacct|admin)-[A-Za-z0-9_-]{20,}|[A-Za-z0-9]{32,})"),
     "anthropic": ("an Anthropic key (sk-ant-...)", r"\bsk-ant-[A-Za-z0-9_-]{20,}"),
-    "slack": ("a Slack token or webhook", r"\bxox[abposre]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,}"),
+    "slack": (
+        "a Slack token or webhook",
+        r"\bxox[abposre]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,}",
+    ),
     "google": ("a Google API key (AIza...)", r"\bAIza[0-9A-Za-z_-]{35}"),
     "stripe": ("a Stripe key", r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"),
     "jwt": ("a JSON Web Token", r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"),
-    "azure": ("an Azure storage key or SAS signature", r"(?i:AccountKey=)[A-Za-z0-9+/]{20,}={0,2}|[?&]sig=[A-Za-z0-9%+/]{20,}"),
+    "azure": (
+        "an Azure storage key or SAS signature",
+        r"(?i:AccountKey=)[A-Za-z0-9+/]{20,}={0,2}|[?&]sig=[A-Za-z0-9%+/]{20,}",
+    ),
     # Bounded on both sides of '://': unbounded, a long scheme-like run ("a-a-a-...") is retried at every
     # character (quadratic on Python's re; issue 22 measured 14 s for 40 KB).
     "url": ("a URL with a password in it", r"(?i:\b[a-z][a-z0-9+.-]{0,31}://[^/\s:@]{1,256}:[^/\s@]{1,256}@)"),
-    "query": ("a URL with a credential in its query", r"(?i:[?&](?:access_token|token|api_key|apikey|password|secret|client_secret)=)[^&#\s\"']{8,}"),
+    "query": (
+        "a URL with a credential in its query",
+        r"(?i:[?&](?:access_token|token|api_key|apikey|password|secret|client_secret)=)[^&#\s\"']{8,}",
+    ),
 }
 
 
@@ -51,6 +60,6 @@ def shares_automaton(pattern: str) -> bool:
     automaton, detect-secrets' rules and adapterd's took 1.4 s a MiB of random letters (RE2's cache
     filled again and again, and it fell back to its slower engine); apart, 30 ms
     (`benchmarks.record_intake`)."""
-    rest = pattern[_LEADING.match(pattern).end():]  # type: ignore[union-attr]  # matches the empty string
+    rest = pattern[_LEADING.match(pattern).end() :]  # type: ignore[union-attr]  # matches the empty string
     literal = _LITERAL.match(rest)
     return literal is not None and len(literal.group(0).replace("\\", "")) >= _ANCHOR

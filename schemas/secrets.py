@@ -72,7 +72,9 @@ class SecretScanner:
         self._keys_index = len(screens)
         self._screens = [*screens, *([self.keys.screen_pattern] if self.keys.screen_pattern is not None else [])]
         self._screen = compile_matching(self._screens) if self.keys.screen_pattern is not None else None
-        self._screens_with: dict[bytes, tuple[Any, Callable[[bytes], list[int]] | None]] = {}  # `screen_with`'s, by pattern
+        self._screens_with: dict[
+            bytes, tuple[Any, Callable[[bytes], list[int]] | None]
+        ] = {}  # `screen_with`'s, by pattern
 
     def may_hold(self, raw: bytes) -> bool:
         """False only when no string of this JSON text can look like a credential. Without a
@@ -82,7 +84,11 @@ class SecretScanner:
         always walked."""
         if b"\\" in raw:
             return True
-        return self._any_raw(raw) if self._any_raw is not None else any(automaton.search(raw) is not None for automaton in self._raw)
+        return (
+            self._any_raw(raw)
+            if self._any_raw is not None
+            else any(automaton.search(raw) is not None for automaton in self._raw)
+        )
 
     def screen(self, raw: bytes) -> tuple[bool, bool]:
         """(`may_hold(raw)`, whether a key of the text may be credential-named: `CredentialKeys.may_hold`),
@@ -112,7 +118,11 @@ class SecretScanner:
 
     def kind(self, value: str) -> str | None:
         """What kind of credential `value` looks like, or None."""
-        if self._any is not None and not self._any(value) and not (32 <= len(value) <= 512 and _TOKEN_LIKE.fullmatch(value)):
+        if (
+            self._any is not None
+            and not self._any(value)
+            and not (32 <= len(value) <= 512 and _TOKEN_LIKE.fullmatch(value))
+        ):
             # What `kinds` answers for a text no rule matches and base64 cannot hide one in, without
             # its lists and joins: every message's key is judged here when its value has no request
             # id (1.2 against 2.9 us; issue 52).
@@ -123,7 +133,11 @@ class SecretScanner:
         """What kind of credential each of `texts` looks like, by its index, for those that look
         like one: the rules' kind, else a credential base64 hides in a whole token of that alphabet."""
         found = {index: self.rules[name][0] for index, name in self._first_rules(texts).items()}
-        encoded = [index for index, text in enumerate(texts) if index not in found and 32 <= len(text) <= 512 and _TOKEN_LIKE.fullmatch(text)]
+        encoded = [
+            index
+            for index, text in enumerate(texts)
+            if index not in found and 32 <= len(text) <= 512 and _TOKEN_LIKE.fullmatch(text)
+        ]
         decoded = [_decoded(texts[index]) for index in encoded]
         hidden = self._first_rules([text or "" for text in decoded])
         found.update({encoded[at]: f"{self.rules[name][0]}, base64-encoded" for at, name in hidden.items()})
@@ -188,11 +202,15 @@ class SecretScanner:
         metadata = document.get("metadata") if isinstance(document, dict) else None
         if not isinstance(metadata, dict):
             return []
-        return [(f"metadata.{key}", "a random key (a high-entropy value)") for key, value in metadata.items()
-                if isinstance(value, str) and high_entropy(value) and not self.kind(value)]  # those `find` names
+        return [
+            (f"metadata.{key}", "a random key (a high-entropy value)")
+            for key, value in metadata.items()
+            if isinstance(value, str) and high_entropy(value) and not self.kind(value)
+        ]  # those `find` names
 
-
-    def under_credential_keys(self, document: Any, raw: bytes, *, screened: bool | None = None) -> list[tuple[str, str]]:
+    def under_credential_keys(
+        self, document: Any, raw: bytes, *, screened: bool | None = None
+    ) -> list[tuple[str, str]]:
         """(path, kind) of each value under a key whose name says it holds a credential, anywhere in
         a request document (`raw`: its bytes, to skip the walk when no key can be one; `screened`:
         what `screen` said of them, when it was asked)."""

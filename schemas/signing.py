@@ -170,7 +170,9 @@ class EventKeys:
     def __len__(self) -> int:
         return len(self.by_id)
 
-    def verify(self, value: bytes, headers: Iterable[tuple[str, bytes | None]] | None, header: str = SIGNATURE_HEADER) -> str:
+    def verify(
+        self, value: bytes, headers: Iterable[tuple[str, bytes | None]] | None, header: str = SIGNATURE_HEADER
+    ) -> str:
         """The id of the trusted key that signed exactly `value`, as the record's `header` says (the fleet's
         signature by default; PRODUCER_SIGNATURE_HEADER for a request's producer); an UnverifiedEvent says why not."""
         from cryptography.exceptions import InvalidSignature
@@ -191,7 +193,9 @@ class EventKeys:
         try:
             key.verify(signature, value)
         except InvalidSignature:
-            raise UnverifiedEvent("bad_signature", f"the signature of key {identifier.decode()} does not match the event's bytes") from None
+            raise UnverifiedEvent(
+                "bad_signature", f"the signature of key {identifier.decode()} does not match the event's bytes"
+            ) from None
         return identifier.decode()
 
 

@@ -32,8 +32,16 @@ from collections.abc import Callable
 # (category Cf, which holds U+200B-U+200F, U+202A-U+202E, U+2060-U+2064, U+FEFF, U+00AD...):
 # the combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian variation
 # selectors, variation selectors and the tag block's unassigned rest.
-_IGNORABLE_RANGES = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x3164, 0x3164),
-                     (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0000, 0xE0FFF))
+_IGNORABLE_RANGES = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xE0000, 0xE0FFF),
+)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -68,7 +76,11 @@ def prototypes() -> dict[str, str]:
             target = visible(target)  # right-to-left entries come wrapped in bidi marks
         if not target or target == char:
             continue
-        if len(target) == 1 and len(table.get(target, ())) == 1 and (False, ord(char)) < (not target.isascii(), ord(target)):
+        if (
+            len(target) == 1
+            and len(table.get(target, ())) == 1
+            and (False, ord(char)) < (not target.isascii(), ord(target))
+        ):
             continue  # a pair: `char` itself stands for both
         found[char] = target
     return found

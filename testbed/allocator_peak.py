@@ -34,13 +34,25 @@ CPU_DEVICE_TYPE = 0  # the "Device Type" of a CPU allocation in the profiler's t
 def allocator_peak(trace: dict[str, Any]) -> int:
     """The most the CPU allocator held (its "Total Allocated" at each allocation and free) in a chrome trace of a
     profile taken with `profile_memory`; 0 when it recorded none. It counts what was allocated while profiling."""
-    return max((int(event["args"]["Total Allocated"]) for event in trace.get("traceEvents", [])
-                if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == CPU_DEVICE_TYPE), default=0)
+    return max(
+        (
+            int(event["args"]["Total Allocated"])
+            for event in trace.get("traceEvents", [])
+            if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == CPU_DEVICE_TYPE
+        ),
+        default=0,
+    )
 
 
 def _memory_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    return sorted((event for event in trace.get("traceEvents", [])
-                   if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == CPU_DEVICE_TYPE), key=lambda e: e["ts"])
+    return sorted(
+        (
+            event
+            for event in trace.get("traceEvents", [])
+            if event.get("name") == "[memory]" and event.get("args", {}).get("Device Type") == CPU_DEVICE_TYPE
+        ),
+        key=lambda e: e["ts"],
+    )
 
 
 def collective_bytes(trace: dict[str, Any]) -> int:
@@ -94,11 +106,15 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     with tempfile.TemporaryDirectory() as scratch:
         # ADAPTERD_PEAK_TRACE kept, for a reader asking where the peak is (chrome://tracing or Perfetto open it).
-        trace = folder / f"rank{rank}.trace.json" if os.environ.get("ADAPTERD_PEAK_TRACE") else Path(scratch, "trace.json")
+        trace = (
+            folder / f"rank{rank}.trace.json" if os.environ.get("ADAPTERD_PEAK_TRACE") else Path(scratch, "trace.json")
+        )
         profiler.export_chrome_trace(str(trace))
         recorded = json.loads(trace.read_text())
         peak, collectives = allocator_peak(recorded), collective_bytes(recorded)
-    (folder / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "peak_bytes": peak, "collective_bytes": collectives, "exit": code}))
+    (folder / f"rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "peak_bytes": peak, "collective_bytes": collectives, "exit": code})
+    )
     raise SystemExit(code)
 
 

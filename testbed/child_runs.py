@@ -23,7 +23,9 @@ class ChildRun:
     returncode: int
     messages: list[dict[str, Any]]  # every line of the status pipe, in order
     allocator_peaks: dict[int, int]  # rank → the most its CPU allocator held (with `allocator`), else empty
-    allocator_collectives: dict[int, int]  # rank → of that peak, the collectives' backend's own copies (gloo's: not a GPU's)
+    allocator_collectives: dict[
+        int, int
+    ]  # rank → of that peak, the collectives' backend's own copies (gloo's: not a GPU's)
     log: Path  # the child's log (its stdout and stderr; each worker's lines marked with its rank)
 
     def result(self) -> dict[str, Any]:
@@ -44,32 +46,69 @@ def command(processes: int, allocator: bool, work: Path) -> list[str]:
     if not allocator:
         return [sys.executable, "-m", "handlers.child.launch", str(processes)]
     # The daemon's launch (handlers/child/launch.py) with the profiled entry in place of the runner.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "--tee=3",
-            f"--log-dir={work / 'ranks'}", "--log-line-prefix-template=[rank${rank}] ", "-m", entry]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={processes}",
+        "--tee=3",
+        f"--log-dir={work / 'ranks'}",
+        "--log-line-prefix-template=[rank${rank}] ",
+        "-m",
+        entry,
+    ]
 
 
-def run_child(request: dict[str, Any], work: Path, processes: int = 1, *, allocator: bool = False, devices: str = "",
-              threads: int | None = None, timeout_s: float = 900) -> ChildRun:
+def run_child(
+    request: dict[str, Any],
+    work: Path,
+    processes: int = 1,
+    *,
+    allocator: bool = False,
+    devices: str = "",
+    threads: int | None = None,
+    timeout_s: float = 900,
+) -> ChildRun:
     """Run `request` in a fresh child in `work` (its spec, checkpoints, artifact and log there): `processes` 1, or a
     job of that many GPUs (`devices`, CUDA_VISIBLE_DEVICES: empty for CPU processes, gloo). `threads`: each process's
     OpenMP threads (OMP_NUM_THREADS; torchrun gives its workers 1 where it is unset)."""
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
-    spec.write_text(JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0).model_dump_json())
+    spec.write_text(
+        JobSpec(
+            request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0
+        ).model_dump_json()
+    )
     peaks = work / "allocator"
     peaks.mkdir(exist_ok=True)
     read, write = os.pipe()
     env = {
-        **os.environ, "CUDA_VISIBLE_DEVICES": devices, "ADAPTERD_STATUS_FD": str(write), "ADAPTERD_PARENT_PID": str(os.getpid()),
-        "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}), "ADAPTERD_PEAK_DIR": str(peaks),
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": devices,
+        "ADAPTERD_STATUS_FD": str(write),
+        "ADAPTERD_PARENT_PID": str(os.getpid()),
+        "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}),
+        "ADAPTERD_PEAK_DIR": str(peaks),
         **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {}),
     }
     with open(work / "child.log", "ab") as log:
-        process = subprocess.Popen(command(processes, allocator, work), env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command(processes, allocator, work), env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT
+        )
     os.close(write)
     with os.fdopen(read) as pipe:
         messages = [json.loads(line) for line in pipe]
     returncode = process.wait(timeout=timeout_s)
-    found = [json.loads(path.read_text()) for path in sorted(peaks.glob("rank[0-9]*.json")) if not path.name.endswith(".trace.json")]
-    return ChildRun(returncode, messages, {each["rank"]: each["peak_bytes"] for each in found},
-                    {each["rank"]: each["collective_bytes"] for each in found}, work / "child.log")
+    found = [
+        json.loads(path.read_text())
+        for path in sorted(peaks.glob("rank[0-9]*.json"))
+        if not path.name.endswith(".trace.json")
+    ]
+    return ChildRun(
+        returncode,
+        messages,
+        {each["rank"]: each["peak_bytes"] for each in found},
+        {each["rank"]: each["collective_bytes"] for each in found},
+        work / "child.log",
+    )

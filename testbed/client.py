@@ -20,14 +20,28 @@ from schemas import TERMINAL_TYPES, Event, parse_event
 EVENT_TIMEOUT_S = 240.0  # a request's events, from its submission to its terminal one, on a busy 2-core machine
 
 
-async def produce(settings: Settings, value: bytes, key: bytes | None = None, topic: str | None = None, *, partition: int | None = None,
-                  headers: list[tuple[str, bytes]] | None = None, timestamp_ms: int | None = None) -> int:
+async def produce(
+    settings: Settings,
+    value: bytes,
+    key: bytes | None = None,
+    topic: str | None = None,
+    *,
+    partition: int | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
+    timestamp_ms: int | None = None,
+) -> int:
     """A plain producer's record: `partition`, `headers` and `timestamp_ms` (its own clock, any time) as it chooses."""
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
-        meta = await producer.send_and_wait(topic or settings.requests_topic, value, key=key, partition=partition, headers=headers,
-                                            timestamp_ms=timestamp_ms)
+        meta = await producer.send_and_wait(
+            topic or settings.requests_topic,
+            value,
+            key=key,
+            partition=partition,
+            headers=headers,
+            timestamp_ms=timestamp_ms,
+        )
     finally:
         await producer.stop()
     return int(meta.offset)
@@ -37,7 +51,9 @@ async def submit(settings: Settings, request: dict[str, Any]) -> int:
     return await produce(settings, json.dumps(request).encode(), request["request_id"].encode())
 
 
-async def read_records(settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
+async def read_records(
+    settings: Settings, topic: str, count: int, timeout_s: float = EVENT_TIMEOUT_S
+) -> list[ConsumerRecord[bytes, bytes]]:
     """The first `count` records of a topic (in partition order); fails if they do not arrive in time."""
     records: list[ConsumerRecord[bytes, bytes]] = []
     async with asyncio.timeout(timeout_s), TopicReader(settings, topic) as reader:
@@ -48,8 +64,9 @@ async def read_records(settings: Settings, topic: str, count: int, timeout_s: fl
     return records
 
 
-async def records_of(settings: Settings, topic: str, keys: list[bytes], count: int | None = None,
-                     timeout_s: float = EVENT_TIMEOUT_S) -> list[ConsumerRecord[bytes, bytes]]:
+async def records_of(
+    settings: Settings, topic: str, keys: list[bytes], count: int | None = None, timeout_s: float = EVENT_TIMEOUT_S
+) -> list[ConsumerRecord[bytes, bytes]]:
     """The first `count` records of a topic (one per key unless given) with one of these keys, in
     partition order: what a test reads back of its own from a topic other tests' records share (a
     shared daemon's DLQ and events)."""
@@ -63,7 +80,9 @@ async def records_of(settings: Settings, topic: str, keys: list[bytes], count: i
     return found
 
 
-async def terminal_events(settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S) -> dict[str | None, list[Event]]:
+async def terminal_events(
+    settings: Settings, request_ids: set[str | None], timeout_s: float = EVENT_TIMEOUT_S
+) -> dict[str | None, list[Event]]:
     """Every event of the given requests, up to and including each one's terminal event."""
     events: dict[str | None, list[Event]] = {rid: [] for rid in request_ids}
     waiting = set(request_ids)
@@ -102,7 +121,9 @@ async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]
     return (await terminal_events(settings, {request["request_id"]}))[request["request_id"]]
 
 
-async def submit_and_follow(settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
+async def submit_and_follow(
+    settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S
+) -> list[Event]:
     """Submit a request and return its events up to its terminal one, reading from the end of the
     events topic as it was before the submission: an earlier request with the same id is not seen."""
     async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:

@@ -53,5 +53,7 @@ def sharded_safetensors(header: dict[str, Any], shards: int) -> dict[str, bytes]
         part = {name: header[name] for name in names[index::shards]}
         weight_map.update(dict.fromkeys(part, shard))
         files[shard] = safetensors_header_only({"__metadata__": {"format": "pt"}, **part})
-    files["model.safetensors.index.json"] = json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}).encode()
+    files["model.safetensors.index.json"] = json.dumps(
+        {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    ).encode()
     return files

@@ -20,7 +20,9 @@ from testbed.hub_reads import repo_info, tree_entries
 from testbed.hub_state import HubState, PullRequest, Repo, new_commit
 
 # Matched on the path as sent: a revision with slashes (refs/pr/1, a branch a/b) comes quoted as one part.
-API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch|discussions)(?:/([^/]+)(?:/(.*))?)?)?$")
+API = re.compile(
+    r"^/api/(models|datasets)/([^/]+/[^/]+?)(?:/(preupload|commit|revision|tree|commits|branch|discussions)(?:/([^/]+)(?:/(.*))?)?)?$"
+)
 RESOLVE = re.compile(r"^/(datasets/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
 
 
@@ -39,7 +41,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
 
     # Plumbing.
 
-    def _send(self, status: int, body: Any = None, headers: dict[str, str] | None = None, *, raw: bytes | None = None) -> None:
+    def _send(
+        self, status: int, body: Any = None, headers: dict[str, str] | None = None, *, raw: bytes | None = None
+    ) -> None:
         payload = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
         self.send_response(status)
         if raw is None and body is not None:
@@ -100,7 +104,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 return self._error(401, "Unauthorized", "Invalid credentials in Authorization header")
             return self._send(200, hub.tokens[token])
         if match := API.match(raw_path):
-            kind, repo_id, action, revision, rest = (unquote(part) if part is not None else None for part in match.groups())
+            kind, repo_id, action, revision, rest = (
+                unquote(part) if part is not None else None for part in match.groups()
+            )
             assert kind is not None and repo_id is not None
             repo_type = kind[:-1]
             repo = hub.repos.get((repo_type, repo_id))
@@ -109,7 +115,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 return self._error(404, "RepoNotFound", f"Repository {repo_id} not found")
             return self._api(repo, action, revision, rest or "", query)
         if match := RESOLVE.match(raw_path):
-            datasets, repo_id, revision, file_path = (unquote(part) if part is not None else None for part in match.groups())
+            datasets, repo_id, revision, file_path = (
+                unquote(part) if part is not None else None for part in match.groups()
+            )
             assert repo_id is not None and revision is not None and file_path is not None
             repo = hub.repos.get(("dataset" if datasets else "model", repo_id))
             if repo is None:
@@ -154,29 +162,58 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 return self._send(200, {})
             if action == "preupload":
                 body = json.loads(self._body())
-                files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in body["files"]]
+                files = [
+                    {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                    for f in body["files"]
+                ]
                 return self._send(200, {"files": files, "commitOid": repo.branches.get(revision or "main")})
             if action == "commit":
                 return self._commit(repo, revision or "main", create_pr=query.get("create_pr") == "1")
             if action == "discussions" and self.command == "GET":
                 pulls = [p for p in repo.pulls if query.get("type") in (None, "all", "pull_request")]
-                return self._send(200, {"count": len(pulls), "start": 0, "numClosedDiscussions": 0, "discussions": [
-                    {"num": p.num, "title": p.title, "status": "open", "isPullRequest": True, "createdAt": p.created_at,
-                     "author": {"name": "adapterd-test"}, "repo": {"name": repo.repo_id, "type": repo.repo_type}}
-                    for p in pulls
-                ]})
+                return self._send(
+                    200,
+                    {
+                        "count": len(pulls),
+                        "start": 0,
+                        "numClosedDiscussions": 0,
+                        "discussions": [
+                            {
+                                "num": p.num,
+                                "title": p.title,
+                                "status": "open",
+                                "isPullRequest": True,
+                                "createdAt": p.created_at,
+                                "author": {"name": "adapterd-test"},
+                                "repo": {"name": repo.repo_id, "type": repo.repo_type},
+                            }
+                            for p in pulls
+                        ],
+                    },
+                )
             commit = repo.resolve(revision or "main")
             if commit is None:
                 return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
             if action in (None, "revision"):
                 return self._send(200, repo_info(repo, commit))
             if action == "tree":
-                return self._send(200, tree_entries(commit, rest.strip("/"), query.get("recursive") in ("1", "true", "True")))
+                return self._send(
+                    200, tree_entries(commit, rest.strip("/"), query.get("recursive") in ("1", "true", "True"))
+                )
             if action == "commits":
-                return self._send(200, [
-                    {"id": c.sha, "title": c.title, "message": f"{c.title}\n\n{c.description}".strip(), "authors": [], "date": c.date}
-                    for c in repo.history(commit.sha)
-                ])
+                return self._send(
+                    200,
+                    [
+                        {
+                            "id": c.sha,
+                            "title": c.title,
+                            "message": f"{c.title}\n\n{c.description}".strip(),
+                            "authors": [],
+                            "date": c.date,
+                        }
+                        for c in repo.history(commit.sha)
+                    ],
+                )
         self._error(404, "NotFound", f"{action} not served")
 
     def _commit(self, repo: Repo, revision: str, *, create_pr: bool = False) -> None:
@@ -191,7 +228,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         for line in lines:
             if line["key"] == "file":
                 value = line["value"]
-                files[value["path"]] = base64.b64decode(value["content"]) if value.get("encoding") == "base64" else value["content"].encode()
+                files[value["path"]] = (
+                    base64.b64decode(value["content"])
+                    if value.get("encoding") == "base64"
+                    else value["content"].encode()
+                )
             elif line["key"] == "deletedFile":
                 files.pop(line["value"]["path"], None)
             elif line["key"] == "lfsFile":

@@ -30,11 +30,24 @@ def tree_entries(commit: Commit, folder: str, recursive: bool) -> list[dict[str,
     for path, content in sorted(commit.files.items()):
         if not path.startswith(prefix):
             continue
-        parts = path[len(prefix):].split("/")
+        parts = path[len(prefix) :].split("/")
         for depth in range(1, len(parts)):
             directory = prefix + "/".join(parts[:depth])
             if recursive or depth == 1:
-                entries.setdefault(directory, {"type": "directory", "oid": hashlib.sha1(directory.encode()).hexdigest(), "size": 0, "path": directory})
+                entries.setdefault(
+                    directory,
+                    {
+                        "type": "directory",
+                        "oid": hashlib.sha1(directory.encode()).hexdigest(),
+                        "size": 0,
+                        "path": directory,
+                    },
+                )
         if recursive or len(parts) == 1:
-            entries[path] = {"type": "file", "oid": hashlib.sha1(content).hexdigest(), "size": len(content), "path": path}
+            entries[path] = {
+                "type": "file",
+                "oid": hashlib.sha1(content).hexdigest(),
+                "size": len(content),
+                "path": path,
+            }
     return list(entries.values())

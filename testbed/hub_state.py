@@ -143,7 +143,13 @@ class HubState:
             key = (repo_type, repo_id)
             if key not in self.repos:
                 repo = Repo(repo_type, repo_id, private)
-                initial = new_commit(repo, None, "initial commit", "", {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"})
+                initial = new_commit(
+                    repo,
+                    None,
+                    "initial commit",
+                    "",
+                    {".gitattributes": b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n"},
+                )
                 repo.branches["main"] = initial.sha
                 self.repos[key] = repo
             return self.repos[key]

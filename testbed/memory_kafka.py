@@ -49,7 +49,9 @@ class FakeBatch:
         self.limit = limit
         self.messages: list[tuple[bytes | None, bytes, list[tuple[str, bytes]]]] = []
 
-    def append(self, *, key: bytes | None, value: bytes, timestamp: int | None, headers: list[tuple[str, bytes]]) -> object | None:
+    def append(
+        self, *, key: bytes | None, value: bytes, timestamp: int | None, headers: list[tuple[str, bytes]]
+    ) -> object | None:
         if len(self.messages) >= self.limit:
             return None  # full: the publisher sends it and starts another
         self.messages.append((key, value, headers))
@@ -57,7 +59,9 @@ class FakeBatch:
 
 
 class FakeProducer:
-    def __init__(self, partitions: Mapping[str, int] | None = None, *, batch_limit: int = 1000, hold_acks: bool = False) -> None:
+    def __init__(
+        self, partitions: Mapping[str, int] | None = None, *, batch_limit: int = 1000, hold_acks: bool = False
+    ) -> None:
         self.partitions = dict(partitions or {})
         self.batch_limit = batch_limit
         self.hold_acks = hold_acks
@@ -118,9 +122,14 @@ class FakeConsumer:
     def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
         self.listener = listener
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
-        batches = {tp: batch[:max_records] for tp, batch in self.records.items()
-                   if batch and tp not in self.paused and (not partitions or tp in partitions)}
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, list[FakeRecord]]:
+        batches = {
+            tp: batch[:max_records]
+            for tp, batch in self.records.items()
+            if batch and tp not in self.paused and (not partitions or tp in partitions)
+        }
         for tp, batch in batches.items():
             del self.records[tp][: len(batch)]
             self.ends[tp] = max(self.ends.get(tp, 0), batch[-1].offset + 1)

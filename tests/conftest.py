@@ -130,7 +130,9 @@ def published(hub: HubServer, tiny_model_dir: Path, tmp_path_factory: pytest.Tem
     (preferences / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in renamed))
     (preferences / "data" / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in renamed[:2]))
     api.create_repo(PREFERENCE_DATASET, repo_type="dataset", exist_ok=True)
-    api.upload_folder(folder_path=preferences, repo_id=PREFERENCE_DATASET, repo_type="dataset", commit_message="preferences")
+    api.upload_folder(
+        folder_path=preferences, repo_id=PREFERENCE_DATASET, repo_type="dataset", commit_message="preferences"
+    )
     return hub
 
 

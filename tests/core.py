@@ -20,20 +20,38 @@ from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Sc
 class CoreOnFakes:
     """`daemon.service.Core` as `wire` builds it, with the fakes it runs on and helpers to feed and read them."""
 
-    def __init__(self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None) -> None:
+    def __init__(
+        self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None
+    ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
         self.children = children if children is not None else FakeChildren(Script())
-        slots = Slots(settings.gpus or [], settings.job_slots, packing_from(settings))  # as Service builds them, GPUs declared
+        slots = Slots(
+            settings.gpus or [], settings.job_slots, packing_from(settings)
+        )  # as Service builds them, GPUs declared
         core = wire(settings, self.consumer, self.producer, slots, self.children, on_change=lambda: None)
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
-            core.publisher, core.partitions, core.slots, core.scheduler, core.intake)
+            core.publisher,
+            core.partitions,
+            core.slots,
+            core.scheduler,
+            core.intake,
+        )
         self.tp = TopicPartition(settings.requests_topic, 0)
         self.consumer.committed[self.tp] = 0  # assigned to this member
 
-    def record(self, document: dict[str, object], offset: int = 0, headers: list[tuple[str, bytes]] | None = None) -> FakeRecord:
-        return FakeRecord(self.tp.topic, self.tp.partition, offset, str(document["request_id"]).encode(), json.dumps(document).encode(), headers or [])
+    def record(
+        self, document: dict[str, object], offset: int = 0, headers: list[tuple[str, bytes]] | None = None
+    ) -> FakeRecord:
+        return FakeRecord(
+            self.tp.topic,
+            self.tp.partition,
+            offset,
+            str(document["request_id"]).encode(),
+            json.dumps(document).encode(),
+            headers or [],
+        )
 
     @staticmethod
     def request(record: FakeRecord) -> RequestBase:

@@ -40,13 +40,20 @@ class Script:
 class FakeChild:
     _pids = itertools.count(40_000)
 
-    def __init__(self, script: Script, visible_devices: str | None, hanging: asyncio.Event | None = None,
-                 by_request: dict[str, list[Script]] | None = None) -> None:
+    def __init__(
+        self,
+        script: Script,
+        visible_devices: str | None,
+        hanging: asyncio.Event | None = None,
+        by_request: dict[str, list[Script]] | None = None,
+    ) -> None:
         self.script = script
         self.by_request = by_request or {}
         self.visible_devices = visible_devices
         self.log_context: dict[str, str] = {}
-        self.where = ChildHandle.local(next(self._pids))  # a child elsewhere is named otherwise (tests/daemon/core/test_child_seam.py)
+        self.where = ChildHandle.local(
+            next(self._pids)
+        )  # a child elsewhere is named otherwise (tests/daemon/core/test_child_seam.py)
         self.spec: JobSpec | None = None
         self.stops: list[float] = []  # the grace of each `stop` it was given
         self.cancelled_unstopped = False  # the task running it was cancelled without a `stop` first
@@ -67,7 +74,9 @@ class FakeChild:
         self.stops.append(grace_s)
         self._stopped.set()
 
-    async def run(self, job: ChildJob, on_start: Callable[[ChildHandle], Awaitable[None]], on_message: OnMessage) -> ChildOutcome:
+    async def run(
+        self, job: ChildJob, on_start: Callable[[ChildHandle], Awaitable[None]], on_message: OnMessage
+    ) -> ChildOutcome:
         outcome = ChildOutcome(returncode=0)
         self.spec = JobSpec.model_validate_json(job.spec_path.read_text())
         turns = self.by_request.get(str(self.spec.request["request_id"]))
@@ -124,7 +133,11 @@ class FakeChildren:
 
 
 def _conforms(
-    producer: FakeProducer, consumer: FakeConsumer, record: FakeRecord, child: FakeChild, children: FakeChildren,
+    producer: FakeProducer,
+    consumer: FakeConsumer,
+    record: FakeRecord,
+    child: FakeChild,
+    children: FakeChildren,
 ) -> tuple[Producer, Consumer, Record, JobProcess, ChildSource]:
     """Never called: mypy (`.ci/run` checks this module) fails here when a fake stops being what the
     daemon's Protocols ask for."""

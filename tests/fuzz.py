@@ -15,11 +15,29 @@ from typing import Any
 
 import schemas
 
-EXAMPLES = [json.loads(path.read_text()) for path in sorted((Path(schemas.__file__).parent / "examples").glob("*.json"))]
+EXAMPLES = [
+    json.loads(path.read_text()) for path in sorted((Path(schemas.__file__).parent / "examples").glob("*.json"))
+]
 
 ODD_VALUES: list[Any] = [
-    None, True, -1, 0, 10**40, -1e308, 1.5, "", "x" * 5000, "\u0000", "\ud800", "../../etc/passwd", [], [None], {}, {"a": {"b": {}}},
-    float("nan"), float("inf"),
+    None,
+    True,
+    -1,
+    0,
+    10**40,
+    -1e308,
+    1.5,
+    "",
+    "x" * 5000,
+    "\u0000",
+    "\ud800",
+    "../../etc/passwd",
+    [],
+    [None],
+    {},
+    {"a": {"b": {}}},
+    float("nan"),
+    float("inf"),
 ]
 
 

@@ -45,7 +45,9 @@ def wait_until_up(answers: Any, process: Any, what: str, log_path: Path, timeout
         time.sleep(0.2)
 
 
-async def all_succeed(settings: Settings, requests: dict[str, dict[str, Any]], daemon: Any, timeout_s: float = 800) -> dict[str, Any]:
+async def all_succeed(
+    settings: Settings, requests: dict[str, dict[str, Any]], daemon: Any, timeout_s: float = 800
+) -> dict[str, Any]:
     """Submit the requests to the started daemon, stop it once each has its terminal event, and
     return each request's `succeeded` (failing, with the events, unless every one succeeded)."""
     try:
@@ -116,13 +118,17 @@ def run_handler(request: dict[str, Any], work: Path, **job: Any) -> tuple[Any, l
     from handlers.protocol import JobFailed, JobSpec
     from handlers.toolkit.reporting import StatusReporter
 
-    spec = JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job)
+    spec = JobSpec(
+        request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0, **job
+    )
     work.mkdir(parents=True, exist_ok=True)
     status = work / "status.jsonl"
     reporter = StatusReporter(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC))
     outcome: Any
     try:
-        outcome = HANDLERS[request["method"]].train(schemas.REQUEST_MODELS[request["method"]].model_validate(request), spec, reporter)
+        outcome = HANDLERS[request["method"]].train(
+            schemas.REQUEST_MODELS[request["method"]].model_validate(request), spec, reporter
+        )
     except JobFailed as failure:
         outcome = failure
     finally:
@@ -149,7 +155,9 @@ def other_model(tiny_model_dir: Path, out_dir: Path, **config: int) -> Path:
 def download(hub_endpoint: str, repo_id: str, revision: str | None, cache_dir: Path) -> Path:
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(repo_id, revision=revision, endpoint=hub_endpoint, token=HUB_TOKEN, cache_dir=cache_dir))
+    return Path(
+        snapshot_download(repo_id, revision=revision, endpoint=hub_endpoint, token=HUB_TOKEN, cache_dir=cache_dir)
+    )
 
 
 def assert_adapter_trained(adapter_dir: Path, base_dir: Path, *, sequence_classifier: bool = False) -> None:
@@ -205,7 +213,9 @@ def said(stderr: str) -> list[str]:
 @functools.cache
 def _event_examples() -> dict[str, str]:
     """docs/events.md's example of each event type, as JSON text, read once."""
-    examples = re.findall(r"```json\n(.*?)\n```", (Path(__file__).parents[1] / "docs" / "events.md").read_text(), re.DOTALL)
+    examples = re.findall(
+        r"```json\n(.*?)\n```", (Path(__file__).parents[1] / "docs" / "events.md").read_text(), re.DOTALL
+    )
     return {json.loads(text)["type"]: text for text in examples}
 
 

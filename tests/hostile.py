@@ -50,6 +50,7 @@ def _raw(document: dict[str, Any]) -> bytes:
 def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]:
     """Every hostile input, built from `valid` (an SFT request). `root`: an allowed local dataset
     root holding a symlink `link` out of it, for the path escapes."""
+
     def variant(name: str, path: str, **changes: Any) -> Case:
         document = copy.deepcopy(valid)
         document["request_id"] = f"hostile-{name}"
@@ -64,15 +65,28 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
     base = copy.deepcopy(valid)
     base["request_id"] = "hostile-huge-int"
     huge = _raw(base).replace(b'"request_id"', b'"timeout_s": ' + b"9" * 5000 + b', "request_id"', 1)
-    surrogate = _raw({**valid, "request_id": "hostile-surrogate-metadata", "metadata": {"team": "@@"}}).replace(b"@@", b"\\ud800")
-    revision_surrogate = _raw({**valid, "request_id": "hostile-surrogate-revision", "output": {**valid["output"], "revision": "@@"}}).replace(b"@@", b"\\udfff")
-    files_surrogate = _raw({**valid, "request_id": "hostile-surrogate-files", "dataset": {"files": {"train": "/data/@@.jsonl"}}}).replace(b"@@", b"\\ud800")
-    s3_surrogate = _raw({**valid, "request_id": "hostile-surrogate-s3", "dataset": {"url": "s3://bucket/@@.parquet"}}).replace(b"@@", b"\\ud800")
+    surrogate = _raw({**valid, "request_id": "hostile-surrogate-metadata", "metadata": {"team": "@@"}}).replace(
+        b"@@", b"\\ud800"
+    )
+    revision_surrogate = _raw(
+        {**valid, "request_id": "hostile-surrogate-revision", "output": {**valid["output"], "revision": "@@"}}
+    ).replace(b"@@", b"\\udfff")
+    files_surrogate = _raw(
+        {**valid, "request_id": "hostile-surrogate-files", "dataset": {"files": {"train": "/data/@@.jsonl"}}}
+    ).replace(b"@@", b"\\ud800")
+    s3_surrogate = _raw(
+        {**valid, "request_id": "hostile-surrogate-s3", "dataset": {"url": "s3://bucket/@@.parquet"}}
+    ).replace(b"@@", b"\\ud800")
     root_text = str(root or "/data")
     cases: list[Case] = [
         ("huge-int", huge, [], "timeout_s"),
-        variant("regex-overflow", "rewards.functions.0.pattern", method="grpo", rewards={"functions": [{"name": "regex_match", "pattern": "a{4294967296}"}]},
-                dataset={"rows": [{"prompt": [{"role": "user", "content": "hi"}]}] * 2}),
+        variant(
+            "regex-overflow",
+            "rewards.functions.0.pattern",
+            method="grpo",
+            rewards={"functions": [{"name": "regex_match", "pattern": "a{4294967296}"}]},
+            dataset={"rows": [{"prompt": [{"role": "user", "content": "hi"}]}] * 2},
+        ),
         ("surrogate-metadata", surrogate, [], "metadata.team"),
         ("surrogate-revision", revision_surrogate, [], "output.revision"),
         ("surrogate-files", files_surrogate, [], "dataset.files.train"),
@@ -83,42 +97,110 @@ def hostile_cases(valid: dict[str, Any], root: Path | None = None) -> list[Case]
         variant("chained-url", "dataset.url", dataset={"url": f"{root_text}/link::file://"}),
         variant("glob-sibling", "dataset.url", dataset={"url": f"{root_text}*/x.jsonl"}),
         variant("long-note", "metadata.note", metadata={"note": "a-" * 20000 + "x:/"}),
-        variant("workers", "training.dataloader_num_workers", training={**valid.get("training", {}), "dataloader_num_workers": 100000}),
+        variant(
+            "workers",
+            "training.dataloader_num_workers",
+            training={**valid.get("training", {}), "dataloader_num_workers": 100000},
+        ),
         variant("num-proc", "sft.dataset_num_proc", sft={"dataset_num_proc": 100000}),
-        variant("batch", "training.per_device_train_batch_size", training={**valid.get("training", {}), "per_device_train_batch_size": 10**9}),
+        variant(
+            "batch",
+            "training.per_device_train_batch_size",
+            training={**valid.get("training", {}), "per_device_train_batch_size": 10**9},
+        ),
         variant("steps", "training.max_steps", training={**valid.get("training", {}), "max_steps": 10**18}),
         variant("timeout", "timeout_s", timeout_s=10**12),
         # Trackers the host allows but has no server or folder for: refused, not logged somewhere local.
-        variant("tracker-mlflow", "training.report_to", training={**valid.get("training", {}), "report_to": ["mlflow"]}),
-        variant("tracker-tensorboard", "training.report_to", training={**valid.get("training", {}), "report_to": ["tensorboard"]}),
-        variant("tracker-trackio", "training.report_to", training={**valid.get("training", {}), "report_to": ["trackio"]}),
+        variant(
+            "tracker-mlflow", "training.report_to", training={**valid.get("training", {}), "report_to": ["mlflow"]}
+        ),
+        variant(
+            "tracker-tensorboard",
+            "training.report_to",
+            training={**valid.get("training", {}), "report_to": ["tensorboard"]},
+        ),
+        variant(
+            "tracker-trackio", "training.report_to", training={**valid.get("training", {}), "report_to": ["trackio"]}
+        ),
         # The evaluation block: a metric name that is a path and markup (it lands in the model card),
         # a gate of a thousand rules, and a side branch that climbs out of the local sink.
-        variant("gate-metric", "evaluation.gate.0.metric", evaluation={"gate": [{"metric": "../../etc/passwd|<b>", "at_most": 1}]}),
+        variant(
+            "gate-metric",
+            "evaluation.gate.0.metric",
+            evaluation={"gate": [{"metric": "../../etc/passwd|<b>", "at_most": 1}]},
+        ),
         variant("gate-rules", "evaluation.gate", evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}] * 1000}),
-        variant("gate-branch", "evaluation.fail_branch", evaluation={"on_fail": "branch", "fail_branch": "../../outside"}),
+        variant(
+            "gate-branch", "evaluation.fail_branch", evaluation={"on_fail": "branch", "fail_branch": "../../outside"}
+        ),
         variant("eval-carve", "dataset.test_split_size", dataset={**valid["dataset"], "test_split_size": 1e6}),
-        variant("eval-tokens", "evaluation.suites.0.max_new_tokens", dataset={**valid["dataset"], "test_split_size": 0.5},
-                evaluation={"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}], "max_new_tokens": 10**9}]}),
+        variant(
+            "eval-tokens",
+            "evaluation.suites.0.max_new_tokens",
+            dataset={**valid["dataset"], "test_split_size": 0.5},
+            evaluation={
+                "suites": [{"kind": "rewards", "functions": [{"name": "think_format"}], "max_new_tokens": 10**9}]
+            },
+        ),
         # A teacher is a model like the base: no host path outside the allowed roots, no TRL field
         # round the policy, and its on-policy answers bounded by the operator.
-        variant("teacher-path", "teacher_model.id", method="distillation", teacher_model={"id": "/etc"},
-                dataset={"rows": [{"prompt": "hi"}] * 2}),
-        variant("teacher-field", "distillation.teacher_model_name_or_path", method="distillation", teacher_model=valid["model"],
-                distillation={"teacher_model_name_or_path": "/etc"}, dataset={"rows": [{"prompt": "hi"}] * 2}),
-        variant("gkd-tokens", "gkd.max_new_tokens", method="gkd", teacher_model=valid["model"], gkd={"max_new_tokens": 10**9}),
+        variant(
+            "teacher-path",
+            "teacher_model.id",
+            method="distillation",
+            teacher_model={"id": "/etc"},
+            dataset={"rows": [{"prompt": "hi"}] * 2},
+        ),
+        variant(
+            "teacher-field",
+            "distillation.teacher_model_name_or_path",
+            method="distillation",
+            teacher_model=valid["model"],
+            distillation={"teacher_model_name_or_path": "/etc"},
+            dataset={"rows": [{"prompt": "hi"}] * 2},
+        ),
+        variant(
+            "gkd-tokens",
+            "gkd.max_new_tokens",
+            method="gkd",
+            teacher_model=valid["model"],
+            gkd={"max_new_tokens": 10**9},
+        ),
         # Online DPO has no evaluation: a gate it could not be judged by is refused, not ignored.
-        variant("online-dpo-gate", "evaluation", method="online_dpo", dataset={"rows": [{"prompt": "hi"}] * 2, "eval": {"rows": [{"prompt": "ho"}]}},
-                rewards={"functions": [{"name": "think_format"}]}, evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}]}),
+        variant(
+            "online-dpo-gate",
+            "evaluation",
+            method="online_dpo",
+            dataset={"rows": [{"prompt": "hi"}] * 2, "eval": {"rows": [{"prompt": "ho"}]}},
+            rewards={"functions": [{"name": "think_format"}]},
+            evaluation={"gate": [{"metric": "eval_loss", "at_most": 1}]},
+        ),
         # An evaluation library's task: a name in its registry, never a task file's path, and its
         # rows from where the host's dataset policy allows, like any other rows.
-        variant("task-path", "evaluation.suites.0.task", evaluation={"suites": [{"kind": "task", "task": "../../etc/passwd.yaml", "source": {"rows": [{"q": 1}]}}]}),
-        variant("task-rows", "evaluation.suites.0.source.url", evaluation={"suites": [{"kind": "task", "task": "arc_easy", "source": {"url": "/etc/passwd"}}]}),
-        variant("task-unvetted", "evaluation.suites.0.task", evaluation={"suites": [{"kind": "task", "task": "humaneval", "source": {"rows": [{"q": 1}]}}]}),
+        variant(
+            "task-path",
+            "evaluation.suites.0.task",
+            evaluation={"suites": [{"kind": "task", "task": "../../etc/passwd.yaml", "source": {"rows": [{"q": 1}]}}]},
+        ),
+        variant(
+            "task-rows",
+            "evaluation.suites.0.source.url",
+            evaluation={"suites": [{"kind": "task", "task": "arc_easy", "source": {"url": "/etc/passwd"}}]},
+        ),
+        variant(
+            "task-unvetted",
+            "evaluation.suites.0.task",
+            evaluation={"suites": [{"kind": "task", "task": "humaneval", "source": {"rows": [{"q": 1}]}}]},
+        ),
     ]
     # The record's key names these (the id itself is refused): the producer's key is the request id.
-    cases += [(f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id") for name, rid in (("dot", "."), ("dotdot", ".."))]
-    cases += [variant(f"secret-{kind}", "metadata.note", metadata={"note": value}) for kind, value in CREDENTIALS.items()]
+    cases += [
+        (f"request-id-{name}", _raw({**valid, "request_id": rid}), [], "request_id")
+        for name, rid in (("dot", "."), ("dotdot", ".."))
+    ]
+    cases += [
+        variant(f"secret-{kind}", "metadata.note", metadata={"note": value}) for kind, value in CREDENTIALS.items()
+    ]
     return cases
 
 
@@ -134,6 +216,7 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
     (layers_pattern), revisions git refuses, an undecodable inline image and one of a format intake
     does not read (TGA), and a request too large for its copies (`oversize` bytes, named by its limit, path ''). Built from
     `valid` (an SFT request) and `vision_rows` (chat rows with images); ids are `record-<name>`."""
+
     def variant(name: str, path: str, base: dict[str, Any] | None = None, **changes: Any) -> Case:
         document = copy.deepcopy(base or valid)
         document["request_id"] = f"record-{name}"
@@ -141,7 +224,9 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
             document[block] = {**document.get(block, {}), **value} if isinstance(value, dict) else value
         return (name, _raw(document), [], path)
 
-    duplicate = _raw({**valid, "request_id": "record-duplicate-key", "metadata": {"note": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}})
+    duplicate = _raw(
+        {**valid, "request_id": "record-duplicate-key", "metadata": {"note": "hf_abcdefghijklmnopqrstuvwxyz0123456789"}}
+    )
     duplicate = duplicate[:-1] + b', "metadata": {}}'
     padded = copy.deepcopy(valid)
     padded.update(request_id="record-oversize", dataset={"rows": [{"text": "a" * oversize}, {"text": "b"}]})
@@ -164,11 +249,25 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
         variant("nul-path", "model.id", model={"id": "/x\u0000"}),
         variant("lookbehind", "peft.target_modules", peft={"target_modules": "(?<=a)b"}),
         variant("rank-key", "peft.rank_pattern", peft={"rank_pattern": {"(?=x)": 4}}),
-        ("image", _raw({**valid, "request_id": "record-image", "dataset": {"rows": vision_rows}}), [], "dataset.rows.1.images.0"),
-        ("image-tga", _raw({**valid, "request_id": "record-image-tga", "dataset": {"rows": tga_rows}}), [], "dataset.rows.1.images.0"),
+        (
+            "image",
+            _raw({**valid, "request_id": "record-image", "dataset": {"rows": vision_rows}}),
+            [],
+            "dataset.rows.1.images.0",
+        ),
+        (
+            "image-tga",
+            _raw({**valid, "request_id": "record-image-tga", "dataset": {"rows": tga_rows}}),
+            [],
+            "dataset.rows.1.images.0",
+        ),
         variant("revision-up", "model.revision", model={"revision": "../../refs/x"}),
         variant("dataset-revision", "dataset.revision", dataset={"revision": "main/../x"}),
-        variant("layers-pattern", "peft.layers_pattern", peft={"layers_pattern": "([a-z._0-9]+)+Z", "layers_to_transform": [0]}),
+        variant(
+            "layers-pattern",
+            "peft.layers_pattern",
+            peft={"layers_pattern": "([a-z._0-9]+)+Z", "layers_to_transform": [0]},
+        ),
         variant("optim-list", "training.optim_target_modules", training={"optim_target_modules": ["q_proj", "(?<=a)"]}),
         ("oversize", _raw(padded), [], ""),
     ]
@@ -200,5 +299,7 @@ def python_record_builder() -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         for module in (message_accumulator, producer_module):
-            stack.enter_context(mock.patch.object(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy))
+            stack.enter_context(
+                mock.patch.object(module, "DefaultRecordBatchBuilder", default_records._DefaultRecordBatchBuilderPy)
+            )
         yield

@@ -35,7 +35,9 @@ def ensure_mlflow() -> Path:
         assert uv, "uv makes the MLflow server's environment: pip install uv (as the README says)"
         # This interpreter: one uv need not download (a machine may have no Python 3.11).
         subprocess.run([uv, "venv", "-q", str(venv()), "--python", sys.executable], check=True)
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(venv() / "bin" / "python"), f"mlflow=={VERSION}"], check=True)
+        subprocess.run(
+            [uv, "pip", "install", "-q", "--python", str(venv() / "bin" / "python"), f"mlflow=={VERSION}"], check=True
+        )
     return command
 
 
@@ -52,12 +54,31 @@ class MlflowServer:
     def start(self, timeout_s: float = 120) -> MlflowServer:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [str(ensure_mlflow()), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-             "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}", "--artifacts-destination", str(self.folder / "artifacts")],
-            env={"PATH": f"{venv() / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-            stdout=(self.folder / "server.log").open("ab"), stderr=subprocess.STDOUT,
+            [
+                str(ensure_mlflow()),
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{self.folder / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(self.folder / "artifacts"),
+            ],
+            env={
+                "PATH": f"{venv() / 'bin'}:/usr/bin:/bin",
+                "HOME": str(Path.home()),
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            },
+            stdout=(self.folder / "server.log").open("ab"),
+            stderr=subprocess.STDOUT,
         )
-        wait_until_up(self._healthy, self.process, "the MLflow server", self.folder / "server.log", timeout_s)  # /health answering
+        wait_until_up(
+            self._healthy, self.process, "the MLflow server", self.folder / "server.log", timeout_s
+        )  # /health answering
         return self
 
     def _healthy(self) -> bool:

@@ -45,11 +45,17 @@ def bare_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_the_jar_list_is_made_from_the_pom() -> None:
     header = JARS.read_text().splitlines()[0]
-    assert hashlib.sha256(POM.read_bytes()).hexdigest() in header, "pom.xml changed: uv run python -m daemon.local_broker.generate_jars"
+    assert hashlib.sha256(POM.read_bytes()).hexdigest() in header, (
+        "pom.xml changed: uv run python -m daemon.local_broker.generate_jars"
+    )
     kafka = re.search(r"<kafka.version>([^<]+)</kafka.version>", POM.read_text())
     assert kafka
     names = {jar.name for jar in jar_list()}
-    assert {f"kafka_2.13-{kafka.group(1)}.jar", f"kafka-clients-{kafka.group(1)}.jar", "slf4j-simple-1.7.36.jar"} <= names
+    assert {
+        f"kafka_2.13-{kafka.group(1)}.jar",
+        f"kafka-clients-{kafka.group(1)}.jar",
+        "slf4j-simple-1.7.36.jar",
+    } <= names
     assert all(jar.url.startswith(MAVEN_CENTRAL) and re.fullmatch(r"[0-9a-f]{64}", jar.sha256) for jar in jar_list())
 
 
@@ -60,7 +66,9 @@ def test_the_jar_list_is_what_maven_resolves(tmp_path: Path) -> None:
         if os.environ.get("ADAPTERD_TESTS_REQUIRE_TOOLS"):
             pytest.fail("mvn is not on PATH and ADAPTERD_TESTS_REQUIRE_TOOLS is set")
         pytest.skip("mvn is not on PATH: the jar list's drift from the pom is checked where Maven is (.ci/run)")
-    assert JARS.read_text() == render(resolve(tmp_path)), "regenerate: uv run python -m daemon.local_broker.generate_jars"
+    assert JARS.read_text() == render(resolve(tmp_path)), (
+        "regenerate: uv run python -m daemon.local_broker.generate_jars"
+    )
 
 
 @pytest.fixture
@@ -86,7 +94,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         server.server_close()
 
 
-def test_ensure_jars_fetches_and_verifies_without_maven(served: tuple[str, Path], tmp_path: Path, bare_path: Path) -> None:
+def test_ensure_jars_fetches_and_verifies_without_maven(
+    served: tuple[str, Path], tmp_path: Path, bare_path: Path
+) -> None:
     base, root = served
     content = b"PK\x03\x04 not really a jar"
     (root / "fake-1.0.jar").write_bytes(content)
@@ -128,7 +138,12 @@ def test_doctor_says_what_the_local_broker_runs_on(tmp_path: Path, monkeypatch: 
     record(19092, java, tmp_path / "jars", os.getpid())
     try:
         [check] = _local_broker(Settings(bootstrap_servers="127.0.0.1:19092"))
-        assert check.ok and str(java.path) in check.detail and java.version in check.detail and str(tmp_path / "jars") in check.detail
+        assert (
+            check.ok
+            and str(java.path) in check.detail
+            and java.version in check.detail
+            and str(tmp_path / "jars") in check.detail
+        )
         assert _local_broker(Settings(bootstrap_servers="kafka.internal:19092")) == []
     finally:
         forget(19092)
@@ -143,7 +158,9 @@ def test_azurite_runs_on_the_dev_groups_node_without_node_on_path(bare_path: Pat
     assert subprocess.run([found, "--version"], capture_output=True, text=True, check=True).stdout.startswith("v")
 
 
-def test_promtool_tests_skip_with_a_reason_without_it_and_fail_under_ci(bare_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_promtool_tests_skip_with_a_reason_without_it_and_fail_under_ci(
+    bare_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.test_observability import REQUIRE_TOOLS, tool
 
     monkeypatch.delenv(REQUIRE_TOOLS, raising=False)

@@ -76,11 +76,17 @@ def test_schemas_never_import_handlers(path: Path) -> None:
 @pytest.mark.parametrize("path", modules("daemon"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_daemon_imports_only_the_protocol_of_handlers(path: Path) -> None:
     known = {module_name(p) for package in PROJECT for p in modules(package)}
-    assert {target for target in project_imports(path, known) if target.split(".")[0] == "handlers"} <= {"handlers.protocol"}
+    assert {target for target in project_imports(path, known) if target.split(".")[0] == "handlers"} <= {
+        "handlers.protocol"
+    }
 
 
 def test_the_protocol_depends_on_pydantic_schemas_and_the_standard_library_only() -> None:
-    outside = {name for name in imported_packages(ROOT / "handlers" / "protocol.py") - {"pydantic", "schemas", "__future__"} if name not in sys.stdlib_module_names}
+    outside = {
+        name
+        for name in imported_packages(ROOT / "handlers" / "protocol.py") - {"pydantic", "schemas", "__future__"}
+        if name not in sys.stdlib_module_names
+    }
     assert not outside
 
 
@@ -111,18 +117,33 @@ def handlers_part(module: str) -> str | None:
     return parts[1] if parts[0] == "handlers" and len(parts) > 1 and parts[1] in HANDLER_LAYERS else None
 
 
-@pytest.mark.parametrize("path", [path for part in HANDLER_LAYERS for path in modules(f"handlers/{part}")], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    [path for part in HANDLER_LAYERS for path in modules(f"handlers/{part}")],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_a_handlers_part_imports_only_the_parts_below_it(path: Path) -> None:
     own = handlers_part(module_name(path))
     assert own is not None
     known = {module_name(p) for p in modules("handlers")}
-    above = {part for target in project_imports(path, known) if (part := handlers_part(target)) is not None and HANDLER_LAYERS.index(part) > HANDLER_LAYERS.index(own)}
+    above = {
+        part
+        for target in project_imports(path, known)
+        if (part := handlers_part(target)) is not None and HANDLER_LAYERS.index(part) > HANDLER_LAYERS.index(own)
+    }
     assert not above, f"handlers/{own} imports handlers/{sorted(above)}"
 
 
-@pytest.mark.parametrize("path", [*modules("daemon"), *modules("benchmarks"), *modules("testbed"),
-                                  *(p for part in ("toolkit", "methods", "contract", "fixtures") for p in modules(f"handlers/{part}"))],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    [
+        *modules("daemon"),
+        *modules("benchmarks"),
+        *modules("testbed"),
+        *(p for part in ("toolkit", "methods", "contract", "fixtures") for p in modules(f"handlers/{part}")),
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_nothing_but_an_entry_point_imports_an_entry_point(path: Path) -> None:
     """handlers/child/ is started by module name (`python -m handlers.child.runner`), never imported
     but by its own modules (the fork server runs the runner's `main` in each child it forks) and the
@@ -135,13 +156,26 @@ def test_the_entry_points_the_daemon_starts_exist() -> None:
     """The daemon names them as strings (`python -m <entry>`), which no import check sees."""
     import re
 
-    named = {match for path in modules("daemon") + modules("handlers") for match in re.findall(r"[\"(](handlers\.child\.\w+)[\"]", path.read_text())}
-    assert {"handlers.child.runner", "handlers.child.forkserver", "handlers.child.launch", "handlers.child.math_worker"} <= named
+    named = {
+        match
+        for path in modules("daemon") + modules("handlers")
+        for match in re.findall(r"[\"(](handlers\.child\.\w+)[\"]", path.read_text())
+    }
+    assert {
+        "handlers.child.runner",
+        "handlers.child.forkserver",
+        "handlers.child.launch",
+        "handlers.child.math_worker",
+    } <= named
     for name in named:
         assert (ROOT / f"{name.replace('.', '/')}.py").is_file(), name
 
 
-@pytest.mark.parametrize("path", [*modules("benchmarks"), *modules("testbed"), *modules("daemon"), *modules("handlers")], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    [*modules("benchmarks"), *modules("testbed"), *modules("daemon"), *modules("handlers")],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
     assert "tests" not in imported_packages(path)
 
@@ -152,8 +186,14 @@ def test_schemas_depend_on_pydantic_and_the_standard_library_only(path: Path) ->
     # data without code of its own to run (issue 46, credential-named keys in lookalikes); signing.py:
     # checking the fleet's Ed25519 signature needs cryptography, imported inside its functions only
     # (tests/schemas/test_signing.py: importing schemas loads none).
-    optional = {"regex.py": {"re2"}, "skeleton.py": {"confusable_homoglyphs"}, "signing.py": {"cryptography"}}.get(path.name, set())
-    outside = {name for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} - optional if name not in sys.stdlib_module_names}
+    optional = {"regex.py": {"re2"}, "skeleton.py": {"confusable_homoglyphs"}, "signing.py": {"cryptography"}}.get(
+        path.name, set()
+    )
+    outside = {
+        name
+        for name in imported_packages(path) - {"pydantic", "schemas", "__future__"} - optional
+        if name not in sys.stdlib_module_names
+    }
     assert not outside
 
 
@@ -170,7 +210,9 @@ def test_schemas_give_the_same_verdicts_without_re2() -> None:
         " BUILTIN.keys.names_credential('eot_token'),"
         " secret_kind('xoxb-1234567890-abcdefghij'), secret_kind('a prompt about tokens'))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split(maxsplit=1)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split(maxsplit=1)
     assert out == ["re", "True True True True False a Slack token or webhook None\n"]
 
 
@@ -191,7 +233,13 @@ DAEMON_LAYERS: list[set[str]] = [
     {"secret_files", "fleet_config", "kafka_settings", "work_settings", "endpoint_settings"},
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
-    {"kafka", "children", "admission", "hub", "local_broker"},  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
+    {
+        "kafka",
+        "children",
+        "admission",
+        "hub",
+        "local_broker",
+    },  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
     {"jobs"},  # the scheduler and one job's lifecycle
     {"intake"},  # records into requests for the scheduler, or rejections
     {"fleet"},  # the fleet's one queue, in front of the scheduler (with priority classes)
@@ -216,7 +264,11 @@ def test_a_daemon_part_imports_only_the_layers_below_it(path: Path) -> None:
     layer = {part: depth for depth, layer in enumerate(DAEMON_LAYERS) for part in layer}
     own = daemon_part(module_name(path))
     known = {module_name(p) for p in modules("daemon")}
-    above = {daemon_part(target) for target in project_imports(path, known) if daemon_part(target) not in (None, own) and layer[daemon_part(target)] >= layer[own]}  # type: ignore[index]
+    above = {
+        daemon_part(target)
+        for target in project_imports(path, known)
+        if daemon_part(target) not in (None, own) and layer[daemon_part(target)] >= layer[own]
+    }  # type: ignore[index]
     assert not above, f"{own} (layer {layer[own]}) imports {sorted(above)}"  # type: ignore[index]
 
 
@@ -250,7 +302,9 @@ def project_imports(path: Path, known: set[str]) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else owner(base) for alias in node.names}
+            found |= {
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else owner(base) for alias in node.names
+            }
     return found - {None, name}  # type: ignore[return-value]  # None taken out
 
 

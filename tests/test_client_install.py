@@ -39,7 +39,9 @@ def closure(requirements: list[str]) -> dict[str, metadata.Distribution]:
     pending = [(Requirement(text), {""}) for text in requirements]  # with the extras of who asks for it
     while pending:
         requirement, asked_with = pending.pop()
-        if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": extra}) for extra in asked_with):
+        if requirement.marker is not None and not any(
+            requirement.marker.evaluate({"extra": extra}) for extra in asked_with
+        ):
             continue
         name = canonicalize_name(requirement.name)
         wanted = {"", *requirement.extras}
@@ -54,7 +56,11 @@ def closure(requirements: list[str]) -> dict[str, metadata.Distribution]:
 def pack(distribution: metadata.Distribution, folder: Path) -> Path:
     """An installed distribution as a wheel again: the files its RECORD lists (scripts and bytecode
     left out), under its own WHEEL tag, with a RECORD of their hashes."""
-    tags = [line.split(": ", 1)[1] for line in (distribution.read_text("WHEEL") or "").splitlines() if line.startswith("Tag: ")]
+    tags = [
+        line.split(": ", 1)[1]
+        for line in (distribution.read_text("WHEEL") or "").splitlines()
+        if line.startswith("Tag: ")
+    ]
     # A universal wheel lists py2 first (confusable-homoglyphs): the one this Python installs names py3 or cp3.
     tag = next((tag for tag in tags if tag.startswith(("py3", "cp3"))), tags[0])
     name = canonicalize_name(distribution.metadata["Name"]).replace("-", "_")
@@ -81,17 +87,34 @@ def pack(distribution: metadata.Distribution, folder: Path) -> Path:
 
 
 def test_the_client_wheel_installs_offline_with_schemas_and_none_of_the_training_stack(tmp_path: Path) -> None:
-    built = subprocess.run(["uv", "build", "--offline", "--wheel", str(ROOT / "client"), "-o", str(tmp_path / "dist")],
-                           capture_output=True, text=True, timeout=300)
+    built = subprocess.run(
+        ["uv", "build", "--offline", "--wheel", str(ROOT / "client"), "-o", str(tmp_path / "dist")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr
     [wheel] = (tmp_path / "dist").glob("adapterd_client-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-        requires = [line.split(": ", 1)[1] for line in archive.read(next(n for n in names if n.endswith("METADATA"))).decode().splitlines()
-                    if line.startswith("Requires-Dist: ")]
-    assert {canonicalize_name(Requirement(text).name) for text in requires} == {"pydantic", "aiokafka", "cryptography", "confusable-homoglyphs"}
-    assert {name.split("/")[0] for name in names} == {"schemas", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
-    assert {path.name for path in (ROOT / "schemas").glob("*.py")} <= {name.split("/")[1] for name in names if name.count("/") == 1}
+        requires = [
+            line.split(": ", 1)[1]
+            for line in archive.read(next(n for n in names if n.endswith("METADATA"))).decode().splitlines()
+            if line.startswith("Requires-Dist: ")
+        ]
+    assert {canonicalize_name(Requirement(text).name) for text in requires} == {
+        "pydantic",
+        "aiokafka",
+        "cryptography",
+        "confusable-homoglyphs",
+    }
+    assert {name.split("/")[0] for name in names} == {
+        "schemas",
+        wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
+    }
+    assert {path.name for path in (ROOT / "schemas").glob("*.py")} <= {
+        name.split("/")[1] for name in names if name.count("/") == 1
+    }
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -99,14 +122,36 @@ def test_the_client_wheel_installs_offline_with_schemas_and_none_of_the_training
     for distribution in needed.values():
         pack(distribution, wheels)
     environment = tmp_path / "fresh"
-    made = subprocess.run(["uv", "venv", "--offline", "--python", sys.executable, str(environment)], capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        ["uv", "venv", "--offline", "--python", sys.executable, str(environment)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stderr
     python = environment / "bin" / "python"
-    installed = subprocess.run(["uv", "pip", "install", "--offline", "--no-index", "--find-links", str(wheels), "--python", str(python), str(wheel)],
-                               capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [
+            "uv",
+            "pip",
+            "install",
+            "--offline",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "--python",
+            str(python),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr
 
-    listed = subprocess.run(["uv", "pip", "list", "--python", str(python), "--format", "json"], capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        ["uv", "pip", "list", "--python", str(python), "--format", "json"], capture_output=True, text=True, timeout=60
+    )
     assert {canonicalize_name(row["name"]) for row in json.loads(listed.stdout)} == {"adapterd-client", *needed}
     probe = f"""
 import importlib.util, json, pathlib, schemas
@@ -123,7 +168,14 @@ print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
                   "codecs": [aiokafka.codec.has_gzip(), aiokafka.codec.has_snappy(), aiokafka.codec.has_lz4(), aiokafka.codec.has_zstd()],
                   "absent": [name for name in {TRAINING_STACK!r} if importlib.util.find_spec(name) is None]}}))
 """
-    ran = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+    ran = subprocess.run(
+        [str(python), "-c", probe],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stderr
     said = json.loads(ran.stdout)
     assert said["schemas"].startswith(str(environment)) and said["request"] == "example-sft-1"

@@ -30,7 +30,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "depl
 # A path at the repository's root: a known folder, then names; not the tail of a longer path or URL.
 PATH = re.compile(r"(?<![\w/.~$-])(?:" + "|".join(FOLDERS) + r")/[\w.<>*/-]*")
 DOTTED = re.compile(r"(?<![\w./-])(?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+")
-CLASS_DOTTED = re.compile(r"(?<![\w./-])[A-Z]\w*(?:\.[A-Za-z_]\w*)+")  # `Intake.take`: a class of the code's, by its name
+CLASS_DOTTED = re.compile(
+    r"(?<![\w./-])[A-Z]\w*(?:\.[A-Za-z_]\w*)+"
+)  # `Intake.take`: a class of the code's, by its name
 SPAN = re.compile(r"`([^`\n]+)`")
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "msg"}
 
@@ -51,7 +53,11 @@ def sources() -> Iterator[tuple[str, int, str]]:
             for node in ast.walk(tree):
                 if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
                     first = node.body[0]
-                    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                    if (
+                        isinstance(first, ast.Expr)
+                        and isinstance(first.value, ast.Constant)
+                        and isinstance(first.value.value, str)
+                    ):
                         for offset, line in enumerate(first.value.value.splitlines()):
                             yield str(module.relative_to(ROOT)), first.value.lineno + offset, line
 
@@ -82,7 +88,9 @@ def absolute(module: str, level: int, name: str | None) -> str:
     """The module a `from ... import` in `module` reads from, its relative dots resolved."""
     if level == 0:
         return name or ""
-    package = module.split(".") if ROOT.joinpath(*module.split("."), "__init__.py").is_file() else module.split(".")[:-1]
+    package = (
+        module.split(".") if ROOT.joinpath(*module.split("."), "__init__.py").is_file() else module.split(".")[:-1]
+    )
     return ".".join([*package[: len(package) - level + 1], *([name] if name else [])])
 
 
@@ -105,8 +113,14 @@ def bound_in(body: list[ast.stmt], name: str, module: str) -> ast.AST | str | No
         elif isinstance(node, ast.Import):
             if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
                 found = "value"
-        elif isinstance(node, ast.If | ast.Try | ast.With):  # TYPE_CHECKING blocks, optional imports, `with deferring():`
-            inner = [*node.body, *getattr(node, "orelse", []), *[s for h in getattr(node, "handlers", []) for s in h.body]]
+        elif isinstance(
+            node, ast.If | ast.Try | ast.With
+        ):  # TYPE_CHECKING blocks, optional imports, `with deferring():`
+            inner = [
+                *node.body,
+                *getattr(node, "orelse", []),
+                *[s for h in getattr(node, "handlers", []) for s in h.body],
+            ]
             found = bound_in(inner, name, module) or found
     return found
 
@@ -174,8 +188,14 @@ def log_events() -> frozenset[str]:
     for package in PACKAGES:
         for module in project_modules(package):
             for node in ast.walk(ast.parse(module.read_text())):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in LOG_METHODS
-                        and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in LOG_METHODS
+                    and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
+                ):
                     events.add(node.args[0].value)
     return frozenset(events)
 
@@ -225,12 +245,20 @@ def test_every_path_and_dotted_name_the_docs_give_exists() -> None:
 
 
 def test_the_checker_finds_a_stale_path_and_name_and_passes_real_ones() -> None:
-    assert path_exists("daemon/jobs/slots.py") and path_exists("tests/daemon/") and path_exists("benchmarks/results/<name>.md")
+    assert (
+        path_exists("daemon/jobs/slots.py")
+        and path_exists("tests/daemon/")
+        and path_exists("benchmarks/results/<name>.md")
+    )
     assert not path_exists("handlers/common.py") and not path_exists("daemon/jobs/nowhere.py")
     assert resolve("daemon.service.wire") is None and resolve("daemon.jobs.slots.Slots.take") is None
     assert resolve("tests.core.CoreOnFakes.intake") is None  # bound in __init__ as self.intake
     assert resolve("schemas.read_event") is None  # bound by an import in schemas/__init__.py
     assert resolve("daemon.intake.Intake.nothing_here") == "daemon.intake.Intake.nothing_here"
-    assert resolve_class_attribute("Intake.take") is None and resolve_class_attribute("Intake.refuse") == "Intake.refuse"
+    assert (
+        resolve_class_attribute("Intake.take") is None and resolve_class_attribute("Intake.refuse") == "Intake.refuse"
+    )
     assert resolve("handlers.common") == "handlers.common" and resolve("daemon.nowhere.thing") == "daemon.nowhere.thing"
-    assert [m.group() for m in PATH.finditer("see /etc/daemon/x and daemon/service.py, or https://x.org/tests/y")] == ["daemon/service.py"]
+    assert [m.group() for m in PATH.finditer("see /etc/daemon/x and daemon/service.py, or https://x.org/tests/y")] == [
+        "daemon/service.py"
+    ]

@@ -20,8 +20,11 @@ def defined_exceptions() -> list[type[BaseException]]:
             if module_info.name.endswith("__main__"):
                 continue
             module = importlib.import_module(module_info.name)
-            found += [value for value in vars(module).values()
-                      if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__]
+            found += [
+                value
+                for value in vars(module).values()
+                if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == module.__name__
+            ]
     return found
 
 

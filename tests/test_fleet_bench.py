@@ -21,15 +21,30 @@ from schemas import Accepted, Event, RequestBase, Started, Succeeded
 from schemas.decode import decode_request
 
 ROOT = Path(__file__).parents[1]
-KEYS = ["urgent_start_p95_s", "idle_share", "makespan_ratio", "fair_share_error", "order_share_error", "eta_median_error",
-        "eta_error_current_median", "unneeded_preemptions", "preemptions",
-        "steps_retrained_per_preemption", "lost", "duplicate_trainings", "duplicate_commits", "eta_replay_error"]
+KEYS = [
+    "urgent_start_p95_s",
+    "idle_share",
+    "makespan_ratio",
+    "fair_share_error",
+    "order_share_error",
+    "eta_median_error",
+    "eta_error_current_median",
+    "unneeded_preemptions",
+    "preemptions",
+    "steps_retrained_per_preemption",
+    "lost",
+    "duplicate_trainings",
+    "duplicate_commits",
+    "eta_replay_error",
+]
 
 
 @pytest.mark.parametrize("classes", [False, True], ids=["fifo", "classes"])
 def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: Path, classes: bool) -> None:
     plan = Plan(classes=classes)
-    settings = Settings(work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x"))
+    settings = Settings(
+        work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x")
+    )
     for name in (BATCH, URGENT):
         body = request(plan, str(tmp_path / "model"), f"{name}-0", 3, name, "team")
         decoded = decode_request(json.dumps(body).encode(), body["request_id"].encode())
@@ -43,13 +58,24 @@ def test_the_benchmarks_requests_are_admitted_by_its_daemons_settings(tmp_path: 
         assert settings.preempt_min_run_s < 5
 
 
-def test_the_contention_scenario_caps_a_team_and_runs_jobs_longer_than_their_first_seconds_before_preemption(tmp_path: Path) -> None:
+def test_the_contention_scenario_caps_a_team_and_runs_jobs_longer_than_their_first_seconds_before_preemption(
+    tmp_path: Path,
+) -> None:
     plan = replace(Plan(), **CONTENTION)
-    settings = Settings(work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x"))
-    assert settings.teams["evals"].max_slots == 1 and settings.teams["oncall"].max_slots == 1 and settings.teams["sweep"].max_slots is None
+    settings = Settings(
+        work_dir=tmp_path, allowed_local_model_roots=[tmp_path], metrics_address=None, **fleet_overrides(plan, "x")
+    )
+    assert (
+        settings.teams["evals"].max_slots == 1
+        and settings.teams["oncall"].max_slots == 1
+        and settings.teams["sweep"].max_slots is None
+    )
     assert settings.preempt_min_run_s == 5.0 and plan.submit and plan.urgent == 2
     # The default scenario keeps its short minimum run and no cap: its table's figures stay comparable.
-    assert fleet_overrides(Plan(), "x")["preempt_min_run_s"] == 1.0 and fleet_overrides(Plan(), "x")["teams"]["evals"].max_slots is None
+    assert (
+        fleet_overrides(Plan(), "x")["preempt_min_run_s"] == 1.0
+        and fleet_overrides(Plan(), "x")["teams"]["evals"].max_slots is None
+    )
 
 
 def test_each_daemon_stands_for_a_host_with_its_share_of_the_cores() -> None:
@@ -74,9 +100,25 @@ def run_of_one_slot(durations: list[float]) -> tuple[list[Event], list[Arrival]]
         events += [
             Accepted(request_id=request_id, method="sft", time=at(start)),
             Started(request_id=request_id, method="sft", slot="cpu", pid=1, time=at(start)),
-            Succeeded(request_id=request_id, time=at(end), sink="local", repo_id="a/b", revision="main", commit_sha=None,
-                      commit_url=None, location="/x", files=[], metrics={}, durations_s={"queue": start, "push": 0.0, "total": end},
-                      versions={}, method="sft", trainer="SFTTrainer", base_model="tiny", base_model_revision=None, dataset_fingerprint=None),
+            Succeeded(
+                request_id=request_id,
+                time=at(end),
+                sink="local",
+                repo_id="a/b",
+                revision="main",
+                commit_sha=None,
+                commit_url=None,
+                location="/x",
+                files=[],
+                metrics={},
+                durations_s={"queue": start, "push": 0.0, "total": end},
+                versions={},
+                method="sft",
+                trainer="SFTTrainer",
+                base_model="tiny",
+                base_model_revision=None,
+                dataset_fingerprint=None,
+            ),
         ]
         start = end
     return events, [Arrival(f"batch-{n}", 1_800_000_000, BATCH, "sweep") for n in range(len(durations))]
@@ -93,8 +135,13 @@ def test_the_run_is_replayed_for_the_etas_error_with_its_own_durations_known() -
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["classes"])  # the fleet's queue; `--fifo` (today's partitions) runs the same harness
 def test_the_fleet_benchmark_runs_end_to_end_and_prints_every_figure(kafka: str, mode: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.fleet", "--quick", "--bootstrap-servers", kafka, f"--{mode}"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.fleet", "--quick", "--bootstrap-servers", kafka, f"--{mode}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("FLEET ")]
     assert len(lines) == 1, out.stdout

@@ -44,8 +44,10 @@ def urgent(request_id: str, at: float, team: str = "oncall") -> Arrival:
 def job(request_id: str, host: str, start: float, end: float, steps: int = 2, outcome: str = "succeeded") -> list[Seen]:
     """A job's events on `host`: accepted and started at `start`, a progress per step, its outcome at `end`."""
     events = [Seen("accepted", request_id, start, host), Seen("started", request_id, start, host)]
-    events += [Seen("progress", request_id, start + (end - start) * step / (steps + 1), host, step=step, total_steps=steps)
-               for step in range(1, steps + 1)]
+    events += [
+        Seen("progress", request_id, start + (end - start) * step / (steps + 1), host, step=step, total_steps=steps)
+        for step in range(1, steps + 1)
+    ]
     return [*events, Seen(outcome, request_id, end, host)]
 
 
@@ -167,23 +169,35 @@ def test_no_contention_between_teams_gives_no_fair_share_error() -> None:
 
 def test_the_eta_error_is_the_median_relative_error_of_the_first_queued_eta() -> None:
     events = [
-        Seen("queued", "r1", 0, "a", eta_s=10), Seen("started", "r1", 10, "a"),  # exact
-        Seen("queued", "r2", 0, "a", eta_s=10), Seen("started", "r2", 20, "a"),  # half the wait: 0.5
-        Seen("queued", "r3", 0, "a", eta_s=30), Seen("queued", "r3", 5, "a", eta_s=1), Seen("started", "r3", 10, "a"),  # first: 2.0
-        Seen("queued", "r4", 0, "a", eta_s=None), Seen("started", "r4", 10, "a"),  # no ETA given: not judged
+        Seen("queued", "r1", 0, "a", eta_s=10),
+        Seen("started", "r1", 10, "a"),  # exact
+        Seen("queued", "r2", 0, "a", eta_s=10),
+        Seen("started", "r2", 20, "a"),  # half the wait: 0.5
+        Seen("queued", "r3", 0, "a", eta_s=30),
+        Seen("queued", "r3", 5, "a", eta_s=1),
+        Seen("started", "r3", 10, "a"),  # first: 2.0
+        Seen("queued", "r4", 0, "a", eta_s=None),
+        Seen("started", "r4", 10, "a"),  # no ETA given: not judged
     ]
     assert eta_median_error(events) == pytest.approx(0.5)
     # A wait under the 1 s floor: the error is the seconds off over 1 s (an ETA of 0 for a start 0.1 s later is right to 0.1 s).
-    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=3), Seen("started", "r1", 0.1, "a")]) == pytest.approx(2.9)
-    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=0), Seen("started", "r1", 0.1, "a")]) == pytest.approx(0.1)
+    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=3), Seen("started", "r1", 0.1, "a")]) == pytest.approx(
+        2.9
+    )
+    assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=0), Seen("started", "r1", 0.1, "a")]) == pytest.approx(
+        0.1
+    )
     assert eta_median_error(job("r1", "a", 0, 1)) is None
 
 
 def test_preemptions_and_the_steps_trained_again_after_each() -> None:
     events = [
-        *job("b1", "a", 0, 5, steps=5)[:-1], Seen("preempted", "b1", 5, "a", step=5),
-        Seen("accepted", "b1", 9, "b"), Seen("started", "b1", 9, "b", resumed_step=4),  # one step again
-        Seen("preempted", "b2", 6, "b", step=None), Seen("started", "b2", 12, "a"),  # from scratch after 0 steps
+        *job("b1", "a", 0, 5, steps=5)[:-1],
+        Seen("preempted", "b1", 5, "a", step=5),
+        Seen("accepted", "b1", 9, "b"),
+        Seen("started", "b1", 9, "b", resumed_step=4),  # one step again
+        Seen("preempted", "b2", 6, "b", step=None),
+        Seen("started", "b2", 12, "a"),  # from scratch after 0 steps
     ]
     assert preemptions(events) == 2
     assert steps_retrained_per_preemption(events) == pytest.approx(0.5)
@@ -196,8 +210,13 @@ def test_preemptions_and_the_steps_trained_again_after_each() -> None:
 def test_a_preemption_is_unneeded_when_a_slot_went_to_a_lower_class_while_its_request_waited() -> None:
     # u1 arrives at 10; at 12 host b's slot frees and goes to batch b3; at 15 u1 preempts b1 on host a.
     arrivals = [batch("b1"), batch("b2"), batch("b3"), urgent("u1", 10)]
-    events = [*job("b1", "a", 0, 15)[:-1], Seen("preempted", "b1", 15, "a", by="u1"), *job("b2", "b", 0, 12),
-              *job("b3", "b", 12, 30), *job("u1", "a", 16, 20)]
+    events = [
+        *job("b1", "a", 0, 15)[:-1],
+        Seen("preempted", "b1", 15, "a", by="u1"),
+        *job("b2", "b", 0, 12),
+        *job("b3", "b", 12, 30),
+        *job("u1", "a", 16, 20),
+    ]
     assert unneeded_preemptions(arrivals, events, CLASSES) == 1
     # Had b3 been given the slot before u1 arrived, or u1 taken b's free slot, the preemption was the only way, or none happened.
     before = [replace(e, at=e.at - 3) if e.request_id == "b3" and e.type == "accepted" else e for e in events]
@@ -211,14 +230,27 @@ def test_a_preemption_is_unneeded_when_a_slot_went_to_a_lower_class_while_its_re
 def test_the_current_eta_error_weighs_each_told_eta_by_how_long_it_was_the_last_told() -> None:
     # r1 waits 0 to 40: told 10 s at 2 (error |10 - 38| / 38), then 30 s at 10 (exact) for 30 of the 38 s it was told anything.
     arrivals = [batch("r1")]
-    events = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 10, "a", eta_s=30), Seen("started", "r1", 40, "a")]
+    events = [
+        Seen("queued", "r1", 2, "a", eta_s=10),
+        Seen("queued", "r1", 10, "a", eta_s=30),
+        Seen("started", "r1", 40, "a"),
+    ]
     assert told_errors(arrivals, events) == [(pytest.approx(28 / 38), 8), (0.0, 30)]
     assert eta_error_current_median(arrivals, events) == 0.0  # the exact one held most of the time
     # Revised too late: the stale one held 30 of the 38 s, and it is the median.
-    late = [Seen("queued", "r1", 2, "a", eta_s=10), Seen("queued", "r1", 32, "a", eta_s=8), Seen("started", "r1", 40, "a")]
+    late = [
+        Seen("queued", "r1", 2, "a", eta_s=10),
+        Seen("queued", "r1", 32, "a", eta_s=8),
+        Seen("started", "r1", 40, "a"),
+    ]
     assert eta_error_current_median(arrivals, late) == pytest.approx(28 / 38)
     # A request preempted waits again: its ETAs after the preemption are judged against its next start, not its first.
-    again = [*events, Seen("preempted", "r1", 50, "a"), Seen("queued", "r1", 51, "a", eta_s=4), Seen("started", "r1", 60, "a")]
+    again = [
+        *events,
+        Seen("preempted", "r1", 50, "a"),
+        Seen("queued", "r1", 51, "a", eta_s=4),
+        Seen("started", "r1", 60, "a"),
+    ]
     assert told_errors(arrivals, again)[-1] == (pytest.approx(5 / 9), 9)
     # Told no ETA, or never started (cancelled while waiting): nothing to judge.
     assert eta_error_current_median(arrivals, [Seen("queued", "r1", 2, "a"), Seen("started", "r1", 40, "a")]) is None
@@ -242,7 +274,10 @@ def test_a_run_in_which_nothing_ran_is_all_idle_and_all_lost() -> None:
 
 def test_two_trainings_of_a_request_at_once_are_a_duplicate_training() -> None:
     # Host b started r1 while a was still training it (a's progress after b's start).
-    events = job("r1", "a", 0, 10, steps=4) + [Seen("started", "r1", 3, "b"), Seen("progress", "r1", 4, "b", step=1, total_steps=4)]
+    events = job("r1", "a", 0, 10, steps=4) + [
+        Seen("started", "r1", 3, "b"),
+        Seen("progress", "r1", 4, "b", step=1, total_steps=4),
+    ]
     assert duplicate_trainings(events) == 1
 
 
@@ -253,8 +288,12 @@ def test_a_request_trained_to_its_last_step_twice_is_a_duplicate_training() -> N
 
 def test_a_resume_after_a_preemption_is_not_a_duplicate_training() -> None:
     events = [*job("r1", "a", 0, 10, steps=4)[:3], Seen("preempted", "r1", 4, "a", step=1)]
-    events += [Seen("accepted", "r1", 6, "b"), Seen("started", "r1", 6, "b", resumed_step=1),
-               Seen("progress", "r1", 7, "b", step=4, total_steps=4), Seen("succeeded", "r1", 8, "b")]
+    events += [
+        Seen("accepted", "r1", 6, "b"),
+        Seen("started", "r1", 6, "b", resumed_step=1),
+        Seen("progress", "r1", 7, "b", step=4, total_steps=4),
+        Seen("succeeded", "r1", 8, "b"),
+    ]
     assert duplicate_trainings(events) == 0
     assert duplicate_trainings(job("r1", "a", 0, 10) + job("r2", "a", 10, 20)) == 0
 
@@ -262,8 +301,13 @@ def test_a_resume_after_a_preemption_is_not_a_duplicate_training() -> None:
 def test_a_preempted_job_accepted_again_by_its_first_host_after_running_elsewhere_is_not_a_duplicate_training() -> None:
     # Seen in a run: b1 preempted on a at 5, resumed on b at 6, preempted there at 9 and accepted by a again at 10;
     # a's `accepted` at 10 is not a's first training still going on beside b's.
-    events = [*job("b1", "a", 0, 5, steps=4)[:3], Seen("preempted", "b1", 5, "a"), *job("b1", "b", 6, 9, steps=4)[:3],
-              Seen("preempted", "b1", 9, "b"), *job("b1", "a", 10, 20)]
+    events = [
+        *job("b1", "a", 0, 5, steps=4)[:3],
+        Seen("preempted", "b1", 5, "a"),
+        *job("b1", "b", 6, 9, steps=4)[:3],
+        Seen("preempted", "b1", 9, "b"),
+        *job("b1", "a", 10, 20),
+    ]
     assert duplicate_trainings(events) == 0
     # Without the preemption on a (its child still training there), b's start at 6 would be a second training at once.
     assert duplicate_trainings([e for e in events if not (e.type == "preempted" and e.host == "a")]) == 1
@@ -281,13 +325,32 @@ def test_events_are_read_from_the_daemons_own_events() -> None:
     assert started is not None and started.resumed_step == 2
     queued = seen(Queued(request_id="r1", host="b", time=at, priority_class="batch", team="t", place=3, eta_s=12.5))
     assert queued is not None and queued.eta_s == 12.5
-    preempted = seen(Preempted(request_id="r1", host="b", time=at, by="u1", priority_class="batch", preemptions=1, step=4))
+    preempted = seen(
+        Preempted(request_id="r1", host="b", time=at, by="u1", priority_class="batch", preemptions=1, step=4)
+    )
     assert preempted is not None and preempted.step == 4
-    succeeded = seen(Succeeded(
-        request_id="r1", host="b", time=at, sink="local", repo_id="a/b", revision="main", commit_sha=None, commit_url=None,
-        location="/x", files=[], metrics={}, durations_s={"push": 0.25, "total": 9.0}, versions={}, method="sft",
-        trainer="SFTTrainer", base_model="tiny", base_model_revision=None, dataset_fingerprint=None,
-    ))
+    succeeded = seen(
+        Succeeded(
+            request_id="r1",
+            host="b",
+            time=at,
+            sink="local",
+            repo_id="a/b",
+            revision="main",
+            commit_sha=None,
+            commit_url=None,
+            location="/x",
+            files=[],
+            metrics={},
+            durations_s={"push": 0.25, "total": 9.0},
+            versions={},
+            method="sft",
+            trainer="SFTTrainer",
+            base_model="tiny",
+            base_model_revision=None,
+            dataset_fingerprint=None,
+        )
+    )
     assert succeeded is not None and succeeded.push_s == 0.25 and not succeeded.duplicate
 
 
@@ -298,10 +361,19 @@ def test_the_fleet_line_holds_every_figure_and_parses_back() -> None:
     assert line.startswith("FLEET urgent_start_p95_s=n/a idle_share=0.125 ")
     parsed = parse_fleet_line(line)
     assert parsed == {
-        "urgent_start_p95_s": "n/a", "idle_share": "0.125", "makespan_ratio": "1.333", "fair_share_error": "n/a",
-        "order_share_error": "n/a", "eta_median_error": "n/a", "eta_error_current_median": "n/a", "preemptions": "0",
-        "unneeded_preemptions": "0", "steps_retrained_per_preemption": "n/a", "lost": "0",
-        "duplicate_trainings": "0", "duplicate_commits": "0",
+        "urgent_start_p95_s": "n/a",
+        "idle_share": "0.125",
+        "makespan_ratio": "1.333",
+        "fair_share_error": "n/a",
+        "order_share_error": "n/a",
+        "eta_median_error": "n/a",
+        "eta_error_current_median": "n/a",
+        "preemptions": "0",
+        "unneeded_preemptions": "0",
+        "steps_retrained_per_preemption": "n/a",
+        "lost": "0",
+        "duplicate_trainings": "0",
+        "duplicate_commits": "0",
     }
     with pytest.raises(ValueError, match="not a FLEET line"):
         parse_fleet_line("SOAK lost=0")

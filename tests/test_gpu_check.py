@@ -38,7 +38,9 @@ def test_cpu_host_runs_the_daemon_fork_server_packing_and_method_rows_and_skips_
 def test_gpu_host_skips_only_what_is_not_installed() -> None:
     assert set(skipped(Host(cuda=True, vllm=True, bitsandbytes=True, gpus=2)).values()) == {None}
     rows = skipped(Host(cuda=True, vllm=False, bitsandbytes=False, gpus=2))
-    assert rows["grpo_vllm"] == "skipped (vLLM not installed)" and rows["qlora"] == "skipped (bitsandbytes not installed)"
+    assert (
+        rows["grpo_vllm"] == "skipped (vLLM not installed)" and rows["qlora"] == "skipped (bitsandbytes not installed)"
+    )
     assert [name for name, skip in rows.items() if skip is not None] == ["qlora", "grpo_vllm"]
 
 
@@ -57,9 +59,15 @@ def test_the_sharded_rows_model_fits_no_80_gb_gpu_whole_and_two_sharded(tmp_path
     from schemas.request import REQUEST_MODELS
 
     config = {key: int(value) for key, value in QWEN2_7B.items()}
-    shape = Shape("qwen7b", hidden=config["hidden_size"], layers=config["num_hidden_layers"], mlp=config["intermediate_size"],
-                  kv=config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"], vocab=config["vocab_size"],
-                  tied=bool(config["tie_word_embeddings"]))
+    shape = Shape(
+        "qwen7b",
+        hidden=config["hidden_size"],
+        layers=config["num_hidden_layers"],
+        mlp=config["intermediate_size"],
+        kv=config["num_key_value_heads"] * config["hidden_size"] // config["num_attention_heads"],
+        vocab=config["vocab_size"],
+        tied=bool(config["tie_word_embeddings"]),
+    )
     request = REQUEST_MODELS["sft"].model_validate(sharded_request(tmp_path, "gpu-sharded", 5, long_rows(4), gpus=2))
     assert (request.peft, request.resources.gpus, request.resources.shard) == (None, 2, "auto")
     whole, sharded = estimate(request, shape.tensors()), estimate(request, shape.tensors(), shards=2)
@@ -83,7 +91,12 @@ def test_every_check_has_a_target_and_a_unique_name_and_a_way_to_run() -> None:
 def test_the_gpu_requests_are_valid_requests_of_a_05b_shaped_model(tmp_path: Path) -> None:
     from schemas.request import REQUEST_MODELS
 
-    assert (QWEN2_05B["hidden_size"], QWEN2_05B["num_hidden_layers"], QWEN2_05B["num_attention_heads"], QWEN2_05B["num_key_value_heads"]) == (896, 24, 14, 2)
+    assert (
+        QWEN2_05B["hidden_size"],
+        QWEN2_05B["num_hidden_layers"],
+        QWEN2_05B["num_attention_heads"],
+        QWEN2_05B["num_key_value_heads"],
+    ) == (896, 24, 14, 2)
     request = sft_request(tmp_path, "gpu-qlora", 5, long_rows(4), quantization="4bit")
     parsed = REQUEST_MODELS["sft"].model_validate(request)
     assert (parsed.model.quantization, parsed.model.dtype) == ("4bit", "bfloat16")
@@ -98,8 +111,15 @@ def test_the_gpu_check_grpo_request_is_valid(tmp_path: Path) -> None:
 
 
 def test_plan_lists_every_row_with_no_jvm_on_the_path_and_trains_nothing(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--plan", "--cpu", "--out", str(tmp_path / "out")],
-                         cwd=ROOT, env=no_jvm(tmp_path), check=True, capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--plan", "--cpu", "--out", str(tmp_path / "out")],
+        cwd=ROOT,
+        env=no_jvm(tmp_path),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert "no GPU (CPU mode)" in out
     for check in CHECKS:
         assert f"| {check.name} | {check.title} |" in out
@@ -124,14 +144,24 @@ def test_bitsandbytes_is_trimmed_to_the_cpu_library_and_one_cuda_major(tmp_path:
 
     from benchmarks.gpu_wheels import trim_bitsandbytes
 
-    names = ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda126.so",
-             "bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_cuda132.so", "bitsandbytes/libbitsandbytes_rocm70.so"]
+    names = [
+        "bitsandbytes/__init__.py",
+        "bitsandbytes/libbitsandbytes_cpu.so",
+        "bitsandbytes/libbitsandbytes_cuda126.so",
+        "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes/libbitsandbytes_cuda132.so",
+        "bitsandbytes/libbitsandbytes_rocm70.so",
+    ]
     with zipfile.ZipFile(tmp_path / "bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl", "w") as wheel:
         for name in names:
             wheel.writestr(name, b"x")
     kept = zipfile.ZipFile(trim_bitsandbytes(tmp_path, "13")).namelist()
-    assert kept == ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda130.so",
-                    "bitsandbytes/libbitsandbytes_cuda132.so"]
+    assert kept == [
+        "bitsandbytes/__init__.py",
+        "bitsandbytes/libbitsandbytes_cpu.so",
+        "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes/libbitsandbytes_cuda132.so",
+    ]
     assert not list(tmp_path.glob("*.whl"))  # the wheel itself is not carried as well
 
 
@@ -140,22 +170,51 @@ def test_the_gpu_check_runs_in_cpu_mode_with_no_jvm_on_the_path_and_packs_throug
     # What a bare GPU machine has: Python, no JVM, no broker. The daemon runs on Kafka in memory. The
     # warm and packing rows only (the daemon's fork server and its own packing): the others' code paths
     # are the same runner's, and each row trains for real, which on 2 cores costs a minute or more.
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--cpu", "--only", "warm,packing",
-                          "--steps", "2", "--root", str(tmp_path / "root"), "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=ROOT, env=no_jvm(tmp_path), timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_check",
+            "--cpu",
+            "--only",
+            "warm,packing",
+            "--steps",
+            "2",
+            "--root",
+            str(tmp_path / "root"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=no_jvm(tmp_path),
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     table = (tmp_path / "out" / "gpu_check.md").read_text()
-    rows = {cells[0]: cells[1:] for cells in (line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| "))}
+    rows = {
+        cells[0]: cells[1:]
+        for cells in (line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| "))
+    }
     assert rows["fork server before any job"][0] == "ready"
     assert rows["fork server after the jobs"][0] == "same server, CUDA untouched"
     # The daemon's own packing: the two jobs shared the one declared GPU at once.
-    assert "most jobs on one GPU at once (the daemon's slots): 1;" in rows["1 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
-    assert "most jobs on one GPU at once (the daemon's slots): 2;" in rows["2 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
+    assert (
+        "most jobs on one GPU at once (the daemon's slots): 1;"
+        in rows["1 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
+    )
+    assert (
+        "most jobs on one GPU at once (the daemon's slots): 2;"
+        in rows["2 LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s"][2]
+    )
 
 
 def test_a_lora_tokens_flops_are_its_linear_layers_four_or_six_times() -> None:
     from benchmarks.gpu_jobs import QWEN2_7B, lora_flops_per_token
 
     per_token = lora_flops_per_token(QWEN2_7B, checkpointing=True)
-    assert 6 * 7.0e9 < per_token < 6 * 7.7e9  # Qwen2.5-7B: 7.6B parameters, of which the embedding (0.5B) does no matmul
+    assert (
+        6 * 7.0e9 < per_token < 6 * 7.7e9
+    )  # Qwen2.5-7B: 7.6B parameters, of which the embedding (0.5B) does no matmul
     assert lora_flops_per_token(QWEN2_7B, checkpointing=False) == per_token * 4 // 6

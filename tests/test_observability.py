@@ -89,15 +89,28 @@ def test_the_daemons_metrics_follow_prometheus_conventions() -> None:
 
 def test_the_dashboard_and_the_rules_name_only_metrics_the_daemon_exports() -> None:
     exported = set(re.findall(rb"^(adapterd_\w+)", exported_metrics(), re.MULTILINE))
-    named = {name.encode() for expr in dashboard_expressions() + rule_expressions() for name in re.findall(r"adapterd_\w+", expr)}
+    named = {
+        name.encode()
+        for expr in dashboard_expressions() + rule_expressions()
+        for name in re.findall(r"adapterd_\w+", expr)
+    }
     assert named and named <= exported, named - exported
-    assert {b"adapterd_consumer_lag", b"adapterd_jobs_total", b"adapterd_requests_rejected_total", b"adapterd_slots_busy"} <= named
+    assert {
+        b"adapterd_consumer_lag",
+        b"adapterd_jobs_total",
+        b"adapterd_requests_rejected_total",
+        b"adapterd_slots_busy",
+    } <= named
 
 
 def dead_letter_threshold() -> int:
     """How many rejections within AdapterdDeadLetters' window make its rate cross the threshold."""
-    (expr,) = [rule["expr"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
-               if rule.get("alert") == "AdapterdDeadLetters"]
+    (expr,) = [
+        rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "AdapterdDeadLetters"
+    ]
     match = re.fullmatch(r"sum by \(instance\) \(rate\(adapterd_requests_rejected_total\[(\d+)m\]\)\) > ([\d.]+)", expr)
     assert match, f"AdapterdDeadLetters' expression changed shape: {expr}"
     window_m, per_s = match.groups()
@@ -145,7 +158,9 @@ async def wait_for_alert(address: str, name: str, timeout_s: float = 60) -> list
 
 
 @pytest.mark.slow
-async def test_a_real_prometheus_scraping_a_real_daemon_fires_the_dead_letter_alert(settings: Settings, tmp_path: Path) -> None:
+async def test_a_real_prometheus_scraping_a_real_daemon_fires_the_dead_letter_alert(
+    settings: Settings, tmp_path: Path
+) -> None:
     """The shipped rules with their `for:` waits taken out (minutes a test does not have); a burst of
     bad requests makes the DLQ rate cross its threshold and AdapterdDeadLetters fire."""
     rules = yaml.safe_load(RULES.read_text())
@@ -154,15 +169,23 @@ async def test_a_real_prometheus_scraping_a_real_daemon_fires_the_dead_letter_al
         for rule in group["rules"]:
             rule.pop("for", None)
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"}, "rule_files": [str(tmp_path / "rules.yml")],
-              "scrape_configs": [{"job_name": "adapterd", "static_configs": [{"targets": [settings.metrics_address]}]}]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(tmp_path / "rules.yml")],
+        "scrape_configs": [{"job_name": "adapterd", "static_configs": [{"targets": [settings.metrics_address]}]}],
+    }
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     address = f"127.0.0.1:{free_port()}"
     daemon = DaemonProcess(settings.model_copy(update={"warm_child": False}), tmp_path / "daemon.log").start()
     prometheus = subprocess.Popen(
-        [tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address={address}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("wb"),
+        [
+            tool("prometheus"),
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address={address}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("wb"),
     )
     try:
         # One rejection first, scraped, so the burst after it is an increase of a series Prometheus

@@ -20,14 +20,16 @@ DEPLOY = (ROOT / "deploy" / "README.md").read_text()
 def section(heading: str) -> str:
     """The text under a heading, to the next heading of any level."""
     start = DEPLOY.index(heading)
-    following = re.search(r"^#{2,3} ", DEPLOY[start + len(heading):], re.MULTILINE)
-    return DEPLOY[start:start + len(heading) + (following.start() if following else len(DEPLOY))]
+    following = re.search(r"^#{2,3} ", DEPLOY[start + len(heading) :], re.MULTILINE)
+    return DEPLOY[start : start + len(heading) + (following.start() if following else len(DEPLOY))]
 
 
 def test_the_partitions_rule_counts_gpus_times_jobs_per_gpu_with_a_worked_example() -> None:
     text = " ".join(section("### How many partitions").split())
     assert "`max_jobs_per_gpu`" in text and "(hosts) x (the largest host's GPUs) x (`max_jobs_per_gpu`)" in text
-    hosts, gpus, per_gpu = (int(n) for n in re.search(r"For (\d+) hosts of (\d+) GPUs packing (\d+) jobs a GPU", text).groups())  # type: ignore[union-attr]
+    hosts, gpus, per_gpu = (
+        int(n) for n in re.search(r"For (\d+) hosts of (\d+) GPUs packing (\d+) jobs a GPU", text).groups()
+    )  # type: ignore[union-attr]
     assert f"at least {hosts} x {gpus} x {per_gpu} = {hosts * gpus * per_gpu}; without packing, {hosts * gpus}." in text
     assert "AdapterdSlotIdleWhileRequestsWait" in text
 
@@ -45,9 +47,13 @@ def test_the_lag_gauge_and_the_idle_slot_alert_say_what_to_do_and_name_real_thin
     alerts = {rule["alert"] for group in rules["groups"] for rule in group["rules"]}
     assert {"AdapterdPartitionLagGrowing", "AdapterdSlotIdleWhileRequestsWait"} <= alerts
     assert metrics.CONSUMER_LAG._name == "adapterd_consumer_lag"  # the gauge the doc explains
-    lag = text[text.index("- `adapterd_consumer_lag{partition}` is"):text.index("- AdapterdSlotIdleWhileRequestsWait (")]
-    idle = text[text.index("- AdapterdSlotIdleWhileRequestsWait ("):text.index("Each job's output")]
-    assert "add GPUs or hosts" in lag and "turn on packing" in lag and "[How many partitions](#how-many-partitions)" in lag
+    lag = text[
+        text.index("- `adapterd_consumer_lag{partition}` is") : text.index("- AdapterdSlotIdleWhileRequestsWait (")
+    ]
+    idle = text[text.index("- AdapterdSlotIdleWhileRequestsWait (") : text.index("Each job's output")]
+    assert (
+        "add GPUs or hosts" in lag and "turn on packing" in lag and "[How many partitions](#how-many-partitions)" in lag
+    )
     for cause in ("add partitions", "`resources.gpus`", "free share", "backoff", "`/healthz` 503"):
         assert cause in idle, cause
     for command in re.findall(r"`adapterd (\w+)[^`]*`", lag + idle):  # each command it names is one the CLI has

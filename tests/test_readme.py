@@ -21,7 +21,9 @@ def slug(heading: str) -> str:
 def anchors(page: Path) -> set[str]:
     """Its headings' anchors, and the explicit ones (`<a id="sft"></a>`, as docs/requests.md sets them)."""
     text = page.read_text()
-    return {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")} | set(re.findall(r'<a id="([^"]+)">', text))
+    return {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")} | set(
+        re.findall(r'<a id="([^"]+)">', text)
+    )
 
 
 def test_the_readme_is_short() -> None:

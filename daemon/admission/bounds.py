@@ -59,7 +59,12 @@ def bound_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             for key, setting in GENERATION_BOUNDS.items():
                 errors += _over(f"{block_name}.generation_kwargs.{key}", generation.get(key), setting, settings)
     for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
-        errors += _over(f"evaluation.suites.{index}.max_new_tokens", getattr(suite, "max_new_tokens", None), "max_new_tokens", settings)
+        errors += _over(
+            f"evaluation.suites.{index}.max_new_tokens",
+            getattr(suite, "max_new_tokens", None),
+            "max_new_tokens",
+            settings,
+        )
     return errors
 
 

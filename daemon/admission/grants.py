@@ -49,17 +49,25 @@ class Grants:
     def describe(self) -> str:
         """What the binding is, for the start-up log and `adapterd doctor`."""
         if not self.bound:
-            return ("open: a request's team and priority_class are claims, not checked: any producer may name any team and class "
-                    "(bind them: teams.<name>.producer_keys, deploy/README.md)")
-        teams = ", ".join(f"{team} ({len(keys)} key(s), classes {'all' if self.classes.get(team) is None else ', '.join(sorted(self.classes[team] or ())) or 'none'})"
-                          for team, keys in sorted(self.keys.items()))
-        return f"bound: each request must be signed ({PRODUCER_SIGNATURE_HEADER}) by a key of the team it names: {teams}"
+            return (
+                "open: a request's team and priority_class are claims, not checked: any producer may name any team and class "
+                "(bind them: teams.<name>.producer_keys, deploy/README.md)"
+            )
+        teams = ", ".join(
+            f"{team} ({len(keys)} key(s), classes {'all' if self.classes.get(team) is None else ', '.join(sorted(self.classes[team] or ())) or 'none'})"
+            for team, keys in sorted(self.keys.items())
+        )
+        return (
+            f"bound: each request must be signed ({PRODUCER_SIGNATURE_HEADER}) by a key of the team it names: {teams}"
+        )
 
     def owner(self, key_id: str) -> str | None:
         """The team a key belongs to (for the rejection's message), None when it is none's."""
         return next((team for team, keys in self.keys.items() if key_id in keys.by_id), None)
 
-    def refusal(self, request: RequestBase, value: bytes | None, headers: Headers, priority_class: str | None) -> Rejection | None:
+    def refusal(
+        self, request: RequestBase, value: bytes | None, headers: Headers, priority_class: str | None
+    ) -> Rejection | None:
         """Why `request` (decoded from `value`, with the record's `headers`) may not run as its team, in
         `priority_class` (the class it runs as: what it names, or its topic's, or the default); None when it may,
         and always None in open mode."""
@@ -77,7 +85,9 @@ class Grants:
         granted = self.classes.get(team)
         if priority_class and granted is not None and priority_class not in granted:
             allowed = ", ".join(sorted(granted)) or "none"
-            return _refused(request, "priority_class", f"team {team!r} may not use class {priority_class!r}; its classes: {allowed}")
+            return _refused(
+                request, "priority_class", f"team {team!r} may not use class {priority_class!r}; its classes: {allowed}"
+            )
         return None
 
     def _why(self, exc: UnverifiedEvent, headers: Headers) -> str:
@@ -90,7 +100,9 @@ class Grants:
             owner = self.owner(key)
             return f"signed by key {key}, " + (f"a key of team {owner!r}" if owner else "which is no team's key")
         if exc.reason == "bad_signature":
-            return "the signature does not match the record's bytes (signed before they were changed, or with another key)"
+            return (
+                "the signature does not match the record's bytes (signed before they were changed, or with another key)"
+            )
         return f"a malformed {PRODUCER_SIGNATURE_HEADER}: {exc}"
 
 

@@ -71,8 +71,13 @@ def inline_image_errors(request: RequestBase, bounds: ImageBounds) -> list[Field
 
 # Pillow's name for each format an inline image may have, by the signature its file starts with.
 FORMATS: dict[bytes, str] = {
-    b"\x89PNG\r\n\x1a\n": "PNG", b"\xff\xd8\xff": "JPEG", b"GIF87a": "GIF", b"GIF89a": "GIF",
-    b"BM": "BMP", b"II*\x00": "TIFF", b"MM\x00*": "TIFF",
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
 }
 
 

@@ -40,8 +40,16 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
     if unsupported:
         return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
     if request.resources.gpus > slots.most_per_job():
-        host = f"this host has {len(slots.gpus)} GPU(s)" if slots.gpus else "this host has no GPU (it runs one-GPU requests on the CPU)"
-        return Rejection("resources", [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")], request.request_id)
+        host = (
+            f"this host has {len(slots.gpus)} GPU(s)"
+            if slots.gpus
+            else "this host has no GPU (it runs one-GPU requests on the CPU)"
+        )
+        return Rejection(
+            "resources",
+            [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")],
+            request.request_id,
+        )
     errors = policy_errors(request, settings)
     return Rejection("policy", errors, request.request_id) if errors else None
 

@@ -26,7 +26,12 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         errors += _model_errors(path, model_id, settings)
     errors += _vllm_errors(request, settings)
     if request.model.trust_remote_code and not settings.allow_trust_remote_code:
-        errors.append(FieldError(path="model.trust_remote_code", message="refused: this host does not allow remote code (allow_trust_remote_code)"))
+        errors.append(
+            FieldError(
+                path="model.trust_remote_code",
+                message="refused: this host does not allow remote code (allow_trust_remote_code)",
+            )
+        )
     dataset = request.dataset
     for prefix, source in dataset.sources():
         errors += _source_errors(prefix, source, settings)
@@ -34,29 +39,61 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         errors += _inline_rows_errors("dataset.rows", dataset.rows, settings.max_dataset_rows)
         carved = dataset.test_split_size
         if isinstance(carved, int) and carved > settings.max_dataset_rows:
-            errors.append(FieldError(path="dataset.test_split_size", message=f"{carved} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+            errors.append(
+                FieldError(
+                    path="dataset.test_split_size",
+                    message=f"{carved} rows; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)",
+                )
+            )
         if dataset.max_samples is not None and dataset.max_samples > settings.max_dataset_rows:
-            errors.append(FieldError(path="dataset.max_samples", message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)"))
+            errors.append(
+                FieldError(
+                    path="dataset.max_samples",
+                    message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)",
+                )
+            )
     errors += _task_suite_errors(request, settings)
     errors += _namespace_errors("output.repo_id", request.output.repo_id, settings)
     completions_repo = getattr(getattr(request, "grpo", None), "log_completions_hub_repo", None)
-    if completions_repo is not None:  # TRL pushes completions there with the host's token: the same namespaces as the result
+    if (
+        completions_repo is not None
+    ):  # TRL pushes completions there with the host's token: the same namespaces as the result
         errors += _namespace_errors("grpo.log_completions_hub_repo", completions_repo, settings, bare_name_ok=False)
-    if request.timeout_s is not None and settings.max_timeout_s is not None and request.timeout_s > settings.max_timeout_s:
-        errors.append(FieldError(path="timeout_s", message=f"{request.timeout_s} s; this host allows at most {settings.max_timeout_s} s (max_timeout_s)"))
+    if (
+        request.timeout_s is not None
+        and settings.max_timeout_s is not None
+        and request.timeout_s > settings.max_timeout_s
+    ):
+        errors.append(
+            FieldError(
+                path="timeout_s",
+                message=f"{request.timeout_s} s; this host allows at most {settings.max_timeout_s} s (max_timeout_s)",
+            )
+        )
     if settings.max_gpus_per_job is not None and request.resources.gpus > settings.max_gpus_per_job:
-        errors.append(FieldError(path="resources.gpus", message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)"))
+        errors.append(
+            FieldError(
+                path="resources.gpus",
+                message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)",
+            )
+        )
     errors += bound_errors(request, settings)
     errors += _class_errors(request, settings)
     for integration in request.training.report_to or []:
         if integration not in settings.allowed_report_to:
-            errors.append(FieldError(
-                path="training.report_to",
-                message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
-            ))
+            errors.append(
+                FieldError(
+                    path="training.report_to",
+                    message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
+                )
+            )
         elif integration in TRACKER_HOSTS and getattr(settings, TRACKER_HOSTS[integration][0]) is None:
             setting, what = TRACKER_HOSTS[integration]
-            errors.append(FieldError(path="training.report_to", message=f"{integration}: this host has no {what} configured ({setting})"))
+            errors.append(
+                FieldError(
+                    path="training.report_to", message=f"{integration}: this host has no {what} configured ({setting})"
+                )
+            )
     return errors
 
 
@@ -75,7 +112,12 @@ def _namespace_errors(path: str, repo_id: str, settings: Settings, *, bare_name_
     allowed = settings.allowed_output_namespaces
     if allowed and namespace not in allowed:
         shown = namespace or "the token's own (a name without a namespace)"
-        return [FieldError(path=path, message=f"namespace {shown} is not allowed on this host (allowed_output_namespaces: {allowed})")]
+        return [
+            FieldError(
+                path=path,
+                message=f"namespace {shown} is not allowed on this host (allowed_output_namespaces: {allowed})",
+            )
+        ]
     return []
 
 
@@ -85,7 +127,12 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
     the operator opens them."""
     errors = []
     if source.id is not None and settings.allowed_datasets and not _matches(source.id, settings.allowed_datasets):
-        errors.append(FieldError(path=f"{prefix}.id", message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})"))
+        errors.append(
+            FieldError(
+                path=f"{prefix}.id",
+                message=f"{source.id} is not allowed on this host (allowed_datasets: {settings.allowed_datasets})",
+            )
+        )
     for path, location in source.locations():
         if _unpathable(location):
             errors.append(FieldError(path=f"{prefix}.{path}", message=UNPATHABLE))
@@ -94,10 +141,20 @@ def _source_errors(prefix: str, source: SourceSpec, settings: Settings) -> list[
         if protocol is None:
             if not local_location_inside(location, settings.allowed_local_dataset_roots):
                 roots = [str(root) for root in settings.allowed_local_dataset_roots] or "none configured"
-                errors.append(FieldError(path=f"{prefix}.{path}", message=f"local path {location} is outside allowed_local_dataset_roots ({roots})"))
+                errors.append(
+                    FieldError(
+                        path=f"{prefix}.{path}",
+                        message=f"local path {location} is outside allowed_local_dataset_roots ({roots})",
+                    )
+                )
         elif not _matches(location, settings.allowed_dataset_urls):
             allowed = settings.allowed_dataset_urls or "none configured"
-            errors.append(FieldError(path=f"{prefix}.{path}", message=f"{location} is not allowed on this host (allowed_dataset_urls: {allowed})"))
+            errors.append(
+                FieldError(
+                    path=f"{prefix}.{path}",
+                    message=f"{location} is not allowed on this host (allowed_dataset_urls: {allowed})",
+                )
+            )
     return errors
 
 
@@ -110,10 +167,21 @@ def _task_suite_errors(request: RequestBase, settings: Settings) -> list[FieldEr
             continue
         prefix = f"evaluation.suites.{index}"
         if not _matches(suite.task, settings.allowed_evaluation_tasks):
-            errors.append(FieldError(path=f"{prefix}.task", message=(
-                f"{suite.task} is not allowed on this host (allowed_evaluation_tasks: {settings.allowed_evaluation_tasks or 'none'})")))
+            errors.append(
+                FieldError(
+                    path=f"{prefix}.task",
+                    message=(
+                        f"{suite.task} is not allowed on this host (allowed_evaluation_tasks: {settings.allowed_evaluation_tasks or 'none'})"
+                    ),
+                )
+            )
         if library_version(suite.library) is None:
-            errors.append(FieldError(path=f"{prefix}.library", message=f"{suite.library} is not installed on this host (adapterd's '{suite.library}' extra)"))
+            errors.append(
+                FieldError(
+                    path=f"{prefix}.library",
+                    message=f"{suite.library} is not installed on this host (adapterd's '{suite.library}' extra)",
+                )
+            )
         errors += _source_errors(f"{prefix}.source", suite.source, settings)
         errors += _inline_rows_errors(f"{prefix}.source.rows", suite.source.rows, settings.max_dataset_rows)
     return errors
@@ -138,11 +206,17 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     block = request.method  # a method's TRL fields are in the block named after it
     fields = getattr(request, block, None)
     errors = []
-    if getattr(fields, "use_vllm", None) and getattr(fields, "vllm_mode", None) == "server" and settings.vllm_server_base_url is None:
-        errors.append(FieldError(
-            path=f"{block}.vllm_mode",
-            message="server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'",
-        ))
+    if (
+        getattr(fields, "use_vllm", None)
+        and getattr(fields, "vllm_mode", None) == "server"
+        and settings.vllm_server_base_url is None
+    ):
+        errors.append(
+            FieldError(
+                path=f"{block}.vllm_mode",
+                message="server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'",
+            )
+        )
     return errors
 
 
@@ -183,10 +257,16 @@ def _model_errors(path: str, model_id: str, settings: Settings) -> list[FieldErr
             return [FieldError(path=path, message=UNPATHABLE)]
         if not within(model_id, settings.allowed_local_model_roots):
             roots = [str(root) for root in settings.allowed_local_model_roots] or "none configured"
-            return [FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")]
+            return [
+                FieldError(path=path, message=f"local path {model_id} is outside allowed_local_model_roots ({roots})")
+            ]
         return []
     if settings.allowed_models and not _matches(model_id, settings.allowed_models):
-        return [FieldError(path=path, message=f"{model_id} is not allowed on this host (allowed_models: {settings.allowed_models})")]
+        return [
+            FieldError(
+                path=path, message=f"{model_id} is not allowed on this host (allowed_models: {settings.allowed_models})"
+            )
+        ]
     return []
 
 

@@ -88,7 +88,9 @@ OUTPUT_LIMIT = 2**20  # the longest stdout line read whole; longer ones are read
 async def read_pipe(fd: int, limit: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
     """A stream over the read end of a pipe (it is closed with the transport)."""
     reader = asyncio.StreamReader(limit=limit)
-    transport, _ = await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb"))
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb")
+    )
     return reader, transport
 
 
@@ -102,7 +104,13 @@ def read_tail(path: Path, lines: int = 20) -> list[str]:
 class Child:
     """One started child interpreter, waiting for its job."""
 
-    def __init__(self, process: asyncio.subprocess.Process, reader: asyncio.StreamReader, transport: asyncio.BaseTransport, log_path: Path) -> None:
+    def __init__(
+        self,
+        process: asyncio.subprocess.Process,
+        reader: asyncio.StreamReader,
+        transport: asyncio.BaseTransport,
+        log_path: Path,
+    ) -> None:
         self.process = process
         self.reader = reader
         self.transport = transport
@@ -122,7 +130,11 @@ class Child:
 
     @classmethod
     async def spawn(
-        cls, env: Mapping[str, str], log_path: Path, entry: tuple[str, ...] = ("handlers.child.runner",), pass_fds: tuple[int, ...] = (),
+        cls,
+        env: Mapping[str, str],
+        log_path: Path,
+        entry: tuple[str, ...] = ("handlers.child.runner",),
+        pass_fds: tuple[int, ...] = (),
     ) -> Child:
         """Start `python -m <entry>`: `handlers.child.runner` for one process, `handlers.child.launch N` for N GPUs,
         `handlers.child.forkserver` for the fork server (`pass_fds`: its socket)."""
@@ -131,9 +143,16 @@ class Child:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", *entry,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                pass_fds=(write_fd, *pass_fds), env={**child_env, "PYTHONUNBUFFERED": "1"}, start_new_session=True, limit=OUTPUT_LIMIT,
+                sys.executable,
+                "-m",
+                *entry,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                pass_fds=(write_fd, *pass_fds),
+                env={**child_env, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+                limit=OUTPUT_LIMIT,
             )
         finally:
             os.close(write_fd)
@@ -172,7 +191,9 @@ class Child:
             try:
                 yield parse_child_message(line)
             except ValidationError as exc:
-                log.warning("child.bad_message", pid=self.process.pid, line=line[:200].decode(errors="replace"), error=str(exc))
+                log.warning(
+                    "child.bad_message", pid=self.process.pid, line=line[:200].decode(errors="replace"), error=str(exc)
+                )
 
     @property
     def refusal(self) -> str | None:

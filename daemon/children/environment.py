@@ -26,30 +26,99 @@ from collections.abc import Iterable, Mapping
 
 from daemon.settings import Settings
 
-NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "VIRTUAL_ENV",
-    "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "no_proxy", "all_proxy",
-    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_ASSETS_CACHE",
-    "TOKENIZERS_PARALLELISM",
-})
+NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "all_proxy",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "HUGGINGFACE_HUB_CACHE",
+        "HUGGINGFACE_ASSETS_CACHE",
+        "TOKENIZERS_PARALLELISM",
+    }
+)
 PREFIXES = (
-    "LC_", "PYTHON", "HF_", "CUDA_", "NVIDIA_", "NCCL_", "CUBLAS_", "CUDNN_", "TORCH", "PYTORCH_", "TRITON_", "TRANSFORMERS_",
-    "ACCELERATE_", "BNB_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "MALLOC_", "JE_", "ARROW_", "GCSFS_",
+    "LC_",
+    "PYTHON",
+    "HF_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "CUBLAS_",
+    "CUDNN_",
+    "TORCH",
+    "PYTORCH_",
+    "TRITON_",
+    "TRANSFORMERS_",
+    "ACCELERATE_",
+    "BNB_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOMP_",
+    "MALLOC_",
+    "JE_",
+    "ARROW_",
+    "GCSFS_",
 )
 # An object store's credentials and settings, by the URL schemes that read it.
 STORES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("s3", "s3a"): ("AWS_", "FSSPEC_S3_"),
-    ("gs", "gcs"): ("GOOGLE_", "GCLOUD_", "CLOUDSDK_", "GCE_METADATA_", "STORAGE_EMULATOR_HOST", "FSSPEC_GS_", "FSSPEC_GCS_"),
-    ("az", "abfs", "abfss", "adl"): ("AZURE_", "IDENTITY_ENDPOINT", "IDENTITY_HEADER", "MSI_ENDPOINT", "MSI_SECRET",
-                                     "FSSPEC_AZ_", "FSSPEC_ABFS_", "FSSPEC_ABFSS_", "FSSPEC_ADL_"),
+    ("gs", "gcs"): (
+        "GOOGLE_",
+        "GCLOUD_",
+        "CLOUDSDK_",
+        "GCE_METADATA_",
+        "STORAGE_EMULATOR_HOST",
+        "FSSPEC_GS_",
+        "FSSPEC_GCS_",
+    ),
+    ("az", "abfs", "abfss", "adl"): (
+        "AZURE_",
+        "IDENTITY_ENDPOINT",
+        "IDENTITY_HEADER",
+        "MSI_ENDPOINT",
+        "MSI_SECRET",
+        "FSSPEC_AZ_",
+        "FSSPEC_ABFS_",
+        "FSSPEC_ABFSS_",
+        "FSSPEC_ADL_",
+    ),
 }
 
 
 def allowed(settings: Settings) -> tuple[frozenset[str], tuple[str, ...]]:
     """The names and the prefixes a job's child may get of the daemon's environment."""
     schemes = {pattern.partition("://")[0].lower() for pattern in settings.allowed_dataset_urls if "://" in pattern}
-    prefixes = [*PREFIXES, *(prefix for store, store_prefixes in STORES.items() if schemes & set(store) for prefix in store_prefixes)]
+    prefixes = [
+        *PREFIXES,
+        *(prefix for store, store_prefixes in STORES.items() if schemes & set(store) for prefix in store_prefixes),
+    ]
     if settings.mlflow_tracking_uri is not None:
         prefixes.append("MLFLOW_")
     names = set(NAMES)

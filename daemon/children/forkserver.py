@@ -50,7 +50,7 @@ class PipeWriter:
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            view = view[os.write(self.fd, view):]
+            view = view[os.write(self.fd, view) :]
 
     async def drain(self) -> None:
         return None
@@ -93,8 +93,12 @@ class ForkServer:
     async def start(cls, env: Mapping[str, str], log_path: Path) -> ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            server = await Child.spawn({**server_environment(env), "ADAPTERD_FORK_FD": str(theirs.fileno())}, log_path,
-                                       entry=("handlers.child.forkserver",), pass_fds=(theirs.fileno(),))
+            server = await Child.spawn(
+                {**server_environment(env), "ADAPTERD_FORK_FD": str(theirs.fileno())},
+                log_path,
+                entry=("handlers.child.forkserver",),
+                pass_fds=(theirs.fileno(),),
+            )
         finally:
             theirs.close()
         ours.setblocking(False)

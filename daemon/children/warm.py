@@ -92,7 +92,9 @@ class WarmChildren:
     slot's devices in its environment before its job starts.
     """
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: Literal["fork", "spawn"] = "fork") -> None:
+    def __init__(
+        self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: Literal["fork", "spawn"] = "fork"
+    ) -> None:
         self.env = env
         self.log_path = log_path
         self.enabled = enabled
@@ -143,7 +145,9 @@ class WarmChildren:
             if self.mode == "fork":
                 self.server = await ForkServer.start(self.env, self.log_path)
                 self.server.server.ready_task.add_done_callback(
-                    functools.partial(log_readiness, "forkserver.ready", "forkserver.died", self.server.server.process.pid)
+                    functools.partial(
+                        log_readiness, "forkserver.ready", "forkserver.died", self.server.server.process.pid
+                    )
                 )
         if self.mode == "fork":
             return
@@ -188,8 +192,9 @@ class WarmChildren:
         else a new cold one."""
         if self.server is not None and self.server.alive:
             try:
-                child = await self.server.fork({"CUDA_VISIBLE_DEVICES": visible_devices} if visible_devices is not None else {},
-                                               self.log_path)
+                child = await self.server.fork(
+                    {"CUDA_VISIBLE_DEVICES": visible_devices} if visible_devices is not None else {}, self.log_path
+                )
                 self._deaths = 0  # it answered a fork
                 return child
             except ConnectionError as exc:
@@ -207,8 +212,11 @@ class WarmChildren:
         Started for this job, never forked: the workers set up their devices and process group themselves. The
         job (its spec and log) goes in the environment, as torchrun passes it on to every worker."""
         given = json.dumps({"spec": str(job.spec_path), "log": str(job.log_path)})
-        return await Child.spawn({**self.environment(job.visible_devices), "ADAPTERD_JOB": given}, job.log_path,
-                                 entry=("handlers.child.launch", str(job.gpus)))
+        return await Child.spawn(
+            {**self.environment(job.visible_devices), "ADAPTERD_JOB": given},
+            job.log_path,
+            entry=("handlers.child.launch", str(job.gpus)),
+        )
 
     async def close(self) -> None:
         """Stop the fork server and every child waiting for a job."""

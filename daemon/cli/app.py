@@ -16,7 +16,10 @@ import typer
 from daemon.cli.commands import fleet, host, reference, requests
 from daemon.cli.convert import convert_app
 
-app = typer.Typer(no_args_is_help=True, help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.",
+)
 
 
 def _show_version(shown: bool) -> None:
@@ -27,15 +30,29 @@ def _show_version(shown: bool) -> None:
 
 @app.callback()
 def _main(
-    version: Annotated[bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Run TRL post-training jobs from a Kafka stream."""
 
 
 # In the order `adapterd --help` lists them: the daemon, a request's way in and out, the host, the reference.
 for command in (
-    host.run, requests.validate, requests.submit, fleet.events, fleet.jobs, fleet.get, fleet.logs, requests.cancel,
-    host.status, host.doctor, host.keys, host.topics, reference.methods, reference.schema,
+    host.run,
+    requests.validate,
+    requests.submit,
+    fleet.events,
+    fleet.jobs,
+    fleet.get,
+    fleet.logs,
+    requests.cancel,
+    host.status,
+    host.doctor,
+    host.keys,
+    host.topics,
+    reference.methods,
+    reference.schema,
 ):
     app.command()(command)
 app.add_typer(convert_app, name="convert")

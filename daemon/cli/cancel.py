@@ -33,17 +33,29 @@ class Plan:
 def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Plan:
     """What to do with a cancel of `request_id`, whose events fold to `job` (None: none published)."""
     if job is None:
-        return Plan(True, f"{request_id}: never seen (no host published an event of it); the cancel is sent to {control_topic}: "
-                          "if it waits unread in the requests topic, the daemon that reaches it skips it; if the id is mistyped, "
-                          "nothing happens (adapterd jobs lists the requests seen)")
+        return Plan(
+            True,
+            f"{request_id}: never seen (no host published an event of it); the cancel is sent to {control_topic}: "
+            "if it waits unread in the requests topic, the daemon that reaches it skips it; if the id is mistyped, "
+            "nothing happens (adapterd jobs lists the requests seen)",
+        )
     if job.state in ENDED:
-        return Plan(False, f"{request_id}: already {job.state} on {job.host} (attempt {job.attempt}); nothing to cancel, nothing sent")
+        return Plan(
+            False,
+            f"{request_id}: already {job.state} on {job.host} (attempt {job.attempt}); nothing to cancel, nothing sent",
+        )
     if job.state == "running":
-        return Plan(True, f"{request_id}: running on {job.host} (attempt {job.attempt}); the cancel is sent to {control_topic}: "
-                          "that host stops the job and publishes `cancelled` (adapterd get shows it)")
-    return Plan(True, f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when "
-                      "it is reached, with a `cancelled` event and no training; until then `adapterd jobs --state queued` leaves it out "
-                      "and `adapterd get` says its cancel is pending")
+        return Plan(
+            True,
+            f"{request_id}: running on {job.host} (attempt {job.attempt}); the cancel is sent to {control_topic}: "
+            "that host stops the job and publishes `cancelled` (adapterd get shows it)",
+        )
+    return Plan(
+        True,
+        f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when "
+        "it is reached, with a `cancelled` event and no training; until then `adapterd jobs --state queued` leaves it out "
+        "and `adapterd get` says its cancel is pending",
+    )
 
 
 async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:
@@ -56,7 +68,9 @@ async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) 
         producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
         try:
             await producer.start()
-            await producer.send_and_wait(settings.control_topic, message.model_dump_json().encode(), key=request_id.encode())
+            await producer.send_and_wait(
+                settings.control_topic, message.model_dump_json().encode(), key=request_id.encode()
+            )
         finally:
             await producer.stop()
     return decided.said

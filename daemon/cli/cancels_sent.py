@@ -31,13 +31,17 @@ async def sent_cancels(settings: Settings, now: datetime) -> dict[str, SentCance
     sent); none when the topic is missing."""
     found: dict[str, SentCancel] = {}
     try:
-        async with TopicReader(settings, settings.control_topic, since=now.timestamp() - settings.control_lookback_s) as reader:
+        async with TopicReader(
+            settings, settings.control_topic, since=now.timestamp() - settings.control_lookback_s
+        ) as reader:
             async for record in reader.records(follow=False):
                 try:
                     cancel = Cancel.model_validate_json(record.value or b"")
                 except ValidationError:
                     continue
-                found[cancel.request_id] = SentCancel(datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC), cancel.reason or "cancelled")
+                found[cancel.request_id] = SentCancel(
+                    datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC), cancel.reason or "cancelled"
+                )
     except TopicMissing:
         return {}
     return found

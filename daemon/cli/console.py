@@ -19,15 +19,24 @@ async def follow_to_end(stream: EventStream, request_id: str) -> int:
     from rich.progress import Progress as ProgressBar
 
     console = Console(stderr=True)
-    with ProgressBar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+    with ProgressBar(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console
+    ) as bar:
         task = bar.add_task(f"{request_id}: waiting", total=None)
         async for event in stream.events(request_id):
             if isinstance(event, Progress) and event.stage == "evaluate":
-                bar.update(task, description=f"{request_id}: evaluating the {event.evaluating}", completed=event.eval_batch, total=event.eval_batches)
+                bar.update(
+                    task,
+                    description=f"{request_id}: evaluating the {event.evaluating}",
+                    completed=event.eval_batch,
+                    total=event.eval_batches,
+                )
                 continue
             if isinstance(event, Progress):
                 loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-                bar.update(task, description=f"{request_id}: training{loss}", completed=event.step, total=event.total_steps)
+                bar.update(
+                    task, description=f"{request_id}: training{loss}", completed=event.step, total=event.total_steps
+                )
                 continue
             # Not wrapped at the console's width: in output that is not a terminal rich assumes 80
             # columns, and would break a path mid-word.
@@ -43,16 +52,22 @@ def describe(event: Event) -> str:
         "rejected": lambda e: f"{e.reason}: " + "; ".join(f"{x.path or '(message)'}: {x.message}" for x in e.errors),
         "started": lambda e: f"slot {e.slot}, {e.child or f'pid {e.pid}'}",
         "checkpoint": lambda e: f"step {e.step}: {e.path}",
-        "succeeded": lambda e: e.location + (f" (commit {e.commit_sha})" if e.commit_sha else "") + (" [duplicate]" if e.duplicate else ""),
+        "succeeded": lambda e: (
+            e.location + (f" (commit {e.commit_sha})" if e.commit_sha else "") + (" [duplicate]" if e.duplicate else "")
+        ),
         "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",
         "cancelled": lambda e: e.reason,
     }
     detail = details.get(event.type)
-    line = f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (f": {detail(event)}" if detail else "")
+    line = f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (
+        f": {detail(event)}" if detail else ""
+    )
     if isinstance(event, Succeeded) and event.evaluation is not None:
         # A Hub pull request by its URL; the local sink's (a folder, printed at the end) by its revision.
         hub_pr = event.pr_url if event.sink == "hub" else None
-        line += f"\n  gate {event.evaluation.verdict}, published to {event.published}" + (f" {hub_pr}" if hub_pr else f" ({event.revision})")
+        line += f"\n  gate {event.evaluation.verdict}, published to {event.published}" + (
+            f" {hub_pr}" if hub_pr else f" ({event.revision})"
+        )
         for rule in event.evaluation.rules:
             value = "n/a" if rule.value is None else f"{rule.value:.4g}"
             numbers = f" ({value} against {rule.bound:.4g})" if rule.bound is not None else ""

@@ -29,7 +29,15 @@ from aiokafka import AIOKafkaProducer
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
 from daemon.cli.demo_keep import keep_running
-from daemon.cli.demo_requests import demo_request, gated_demo_requests, is_vision, known_methods, method_of, nan_model_dir, teacher_dir
+from daemon.cli.demo_requests import (
+    demo_request,
+    gated_demo_requests,
+    is_vision,
+    known_methods,
+    method_of,
+    nan_model_dir,
+    teacher_dir,
+)
 from daemon.cli.keys import PRIVATE_NAME, make_key_pair
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.kafka.event_reader import EventStream
@@ -73,7 +81,9 @@ async def submit(settings: Settings, request: RequestBase) -> None:
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
     await producer.start()
     try:
-        await producer.send_and_wait(settings.requests_topic, request.model_dump_json().encode(), key=request.request_id.encode())
+        await producer.send_and_wait(
+            settings.requests_topic, request.model_dump_json().encode(), key=request.request_id.encode()
+        )
     finally:
         await producer.stop()
 
@@ -121,8 +131,12 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
                 print(f"building its teacher, the same tiny model from another seed, in {teacher_dir(model_dir)}...")
                 await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.fixtures.tiny_model", "1")
             if gate:
-                print(f"building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), in {nan_model_dir(model_dir)}...")
-                await asyncio.to_thread(build_tiny_model, nan_model_dir(model_dir), "handlers.fixtures.tiny_model", "--nan")
+                print(
+                    f"building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), in {nan_model_dir(model_dir)}..."
+                )
+                await asyncio.to_thread(
+                    build_tiny_model, nan_model_dir(model_dir), "handlers.fixtures.tiny_model", "--nan"
+                )
 
         service = Service(settings)
         daemon = asyncio.create_task(service.run(), name="daemon")
@@ -132,7 +146,9 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
             for request in requests:
                 async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
                     await submit(settings, request)
-                    print(f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):")
+                    print(
+                        f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):"
+                    )
                     outcomes.append(await follow_to_end(stream, request.request_id))
             if keep and not any(outcomes):
                 report(requests, settings, method, gate)
@@ -155,8 +171,10 @@ def report(requests: list[RequestBase], settings: Settings, method: str, gate: b
     """Where the demo's adapters are, and how to load one."""
     if gate:
         passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
-        print(f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
-              f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)")
+        print(
+            f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
+            f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)"
+        )
         return
     request = requests[0]
     adapter_dir = local_target(request, settings)
@@ -169,13 +187,19 @@ def method_problem(method: str) -> str | None:
     available = ", ".join(available_methods()) or "none"
     if method not in known_methods():
         meant = difflib.get_close_matches(method.lower(), known_methods(), n=1, cutoff=0.6)
-        return f"unknown method {method!r}" + (f" (did you mean {meant[0]!r}?)" if meant else "") + f"; this host can run: {available}"
+        return (
+            f"unknown method {method!r}"
+            + (f" (did you mean {meant[0]!r}?)" if meant else "")
+            + f"; this host can run: {available}"
+        )
     reason = unsupported_reason(method_of(method))
     return None if reason is None else f"{reason}; this host can run: {available}"
 
 
 def main(work_dir: Path, method: str = "sft", gate: bool = False, keep: bool = False) -> int:
-    problem = method_problem(method) or ("--gate shows the sft demo judged by a gate" if gate and method != "sft" else None)
+    problem = method_problem(method) or (
+        "--gate shows the sft demo judged by a gate" if gate and method != "sft" else None
+    )
     if problem is not None:
         print(f"adapterd demo: {problem}", file=sys.stderr)
         return 2

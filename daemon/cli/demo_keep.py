@@ -29,7 +29,9 @@ def kept_settings(settings: Settings) -> dict[str, Any]:
         # Its events are signed (doctor says so of this host), and the commands check them by the public
         # key beside the private one.
         "event_signing_key_file": str(settings.event_signing_key_file) if settings.event_signing_key_file else None,
-        "event_verify_keys_file": str(settings.event_signing_key_file.parent / PUBLIC_NAME) if settings.event_signing_key_file else None,
+        "event_verify_keys_file": str(settings.event_signing_key_file.parent / PUBLIC_NAME)
+        if settings.event_signing_key_file
+        else None,
     }
 
 
@@ -51,8 +53,16 @@ def tour(config: Path, request_file: Path, request_id: str, in_project: bool = T
     environment there; an installed adapterd is on the PATH): submit a request and follow it, list
     the jobs, one request's history, its log, the daemon's status, the doctor's checks, the events
     as they come, and a cancel."""
-    commands = [f"submit {request_file} --wait", "jobs", f"get {request_id}", f"logs {request_id}", "status", "doctor",
-                "events --follow", f"cancel {request_id}"]
+    commands = [
+        f"submit {request_file} --wait",
+        "jobs",
+        f"get {request_id}",
+        f"logs {request_id}",
+        "status",
+        "doctor",
+        "events --follow",
+        f"cancel {request_id}",
+    ]
     program = "uv run adapterd" if in_project else "adapterd"
     return [f"{program} {command} -c {config}" for command in commands]
 
@@ -71,11 +81,15 @@ async def keep_running(settings: Settings, request: RequestBase) -> None:
     request_file.write_text(again.model_dump_json(indent=2, exclude_unset=True) + "\n")
     project = project_folder()
     where = f"in the project's folder ({project})" if project else "where adapterd is installed"
-    print(f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
-          f"Ctrl-C stops both. In another terminal, {where}:\n")
+    print(
+        f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
+        f"Ctrl-C stops both. In another terminal, {where}:\n"
+    )
     for command in tour(config, request_file, again.request_id, in_project=project is not None):
         print(f"  {command}")
-    print(f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)")
+    print(
+        f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)"
+    )
     print(flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

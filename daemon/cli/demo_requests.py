@@ -49,7 +49,8 @@ PREFERENCE_ROWS = [
 ]
 LABELLED_ROWS = [
     {"prompt": row["prompt"], "completion": row[column], "label": column == "chosen"}
-    for row in PREFERENCE_ROWS for column in ("chosen", "rejected")
+    for row in PREFERENCE_ROWS
+    for column in ("chosen", "rejected")
 ]
 PROMPT_ROWS = [
     {"prompt": "Two plus two equals", "answer": "four"},
@@ -83,11 +84,18 @@ VISION_CHAT_ROWS = [
     for name, rgb in COLOURS.items()
 ]
 VISION_PREFERENCE_ROWS = [
-    {"prompt": _asks("What colour is this square?"), "chosen": _says(f"It is {name}."), "rejected": _says("yes no yes"),
-     "images": [square(rgb)]}
+    {
+        "prompt": _asks("What colour is this square?"),
+        "chosen": _says(f"It is {name}."),
+        "rejected": _says("yes no yes"),
+        "images": [square(rgb)],
+    }
     for name, rgb in COLOURS.items()
 ]
-VISION_PROMPT_ROWS = [{"prompt": _asks("What colour is this square?"), "image": square(rgb), "answer": name} for name, rgb in COLOURS.items()]
+VISION_PROMPT_ROWS = [
+    {"prompt": _asks("What colour is this square?"), "image": square(rgb), "answer": name}
+    for name, rgb in COLOURS.items()
+]
 # `grpo-math`'s rows: sums with their solutions in LaTeX, as math datasets write them.
 MATH_ROWS = [
     {"prompt": f"What is {a} plus {b}? Put the answer in \\boxed{{}}.", "solution": f"${a + b}$"}
@@ -95,12 +103,26 @@ MATH_ROWS = [
 ]
 # TRL's accuracy reward on the solution column; a little of TRL's repetition penalty, which the tiny
 # model's answers vary in (all of them wrong at first: an all-equal reward would give GRPO no advantage).
-MATH_REWARDS = {"functions": [{"name": "accuracy", "column": "solution"}, {"name": "repetition_penalty", "weight": 0.1}]}
+MATH_REWARDS = {
+    "functions": [{"name": "accuracy", "column": "solution"}, {"name": "repetition_penalty", "weight": 0.1}]
+}
 
 ROWS = {
-    "sft": CHAT_ROWS, "dpo": PREFERENCE_ROWS, "orpo": PREFERENCE_ROWS, "cpo": PREFERENCE_ROWS, "gkd": CHAT_ROWS, "online_dpo": PROMPT_ROWS, "reward": PREFERENCE_ROWS,
-    "kto": LABELLED_ROWS, "grpo": PROMPT_ROWS, "rloo": PROMPT_ROWS, "ppo": PROMPT_ROWS, "distillation": PROMPT_ROWS,
-    "sft-vision": VISION_CHAT_ROWS, "dpo-vision": VISION_PREFERENCE_ROWS, "grpo-vision": VISION_PROMPT_ROWS,
+    "sft": CHAT_ROWS,
+    "dpo": PREFERENCE_ROWS,
+    "orpo": PREFERENCE_ROWS,
+    "cpo": PREFERENCE_ROWS,
+    "gkd": CHAT_ROWS,
+    "online_dpo": PROMPT_ROWS,
+    "reward": PREFERENCE_ROWS,
+    "kto": LABELLED_ROWS,
+    "grpo": PROMPT_ROWS,
+    "rloo": PROMPT_ROWS,
+    "ppo": PROMPT_ROWS,
+    "distillation": PROMPT_ROWS,
+    "sft-vision": VISION_CHAT_ROWS,
+    "dpo-vision": VISION_PREFERENCE_ROWS,
+    "grpo-vision": VISION_PROMPT_ROWS,
     MATH_DEMO: MATH_ROWS,
 }
 # Generation on the CPU: 4 completions of 16 tokens per prompt (the examples ask for 64).
@@ -128,7 +150,9 @@ def nan_model_dir(model_dir: Path) -> Path:
 def demo_request(name: str, model_dir: Path) -> RequestBase:
     """The demo's request for `name` (a method, or a method's vision-language demo: `sft-vision`); a
     fresh request id each run, so each run trains."""
-    request: dict[str, Any] = json.loads((EXAMPLES_DIR / f"{method_of(name) if name == MATH_DEMO else name}.json").read_text())
+    request: dict[str, Any] = json.loads(
+        (EXAMPLES_DIR / f"{method_of(name) if name == MATH_DEMO else name}.json").read_text()
+    )
     method = request["method"]
     if name == MATH_DEMO:
         request["rewards"] = MATH_REWARDS

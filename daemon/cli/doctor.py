@@ -66,8 +66,20 @@ async def examine(settings: Settings) -> list[Check]:
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
     store = Check("store", *await asyncio.to_thread(store_check, settings))
     broker = _local_broker(settings)
-    return [kafka, *broker, topics, acls, _events(settings), _retry(settings), _teams(settings), await asyncio.to_thread(_hub, settings),
-            _gpus(settings), _disk(settings), store, _daemon(settings)]
+    return [
+        kafka,
+        *broker,
+        topics,
+        acls,
+        _events(settings),
+        _retry(settings),
+        _teams(settings),
+        await asyncio.to_thread(_hub, settings),
+        _gpus(settings),
+        _disk(settings),
+        store,
+        _daemon(settings),
+    ]
 
 
 async def _kafka(settings: Settings) -> tuple[Check, Check]:
@@ -83,11 +95,17 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
             # Only listed topics are described: a metadata request naming a missing topic lets a broker with
             # auto.create.topics.enable make it, with its default partitions, and the check would then pass.
             existing = set(await admin.list_topics())
-            described = await admin.describe_topics([name for name in names if name in existing]) if existing & set(names) else []
+            described = (
+                await admin.describe_topics([name for name in names if name in existing])
+                if existing & set(names)
+                else []
+            )
     except (KafkaError, TimeoutError, OSError) as exc:
         reason = str(exc) or type(exc).__name__  # aiokafka's errors name their class themselves
-        return (Check("kafka", False, f"no broker answers at {settings.bootstrap_servers}: {reason}"),
-                Check("topics", None, "not checked: Kafka does not answer"))
+        return (
+            Check("kafka", False, f"no broker answers at {settings.bootstrap_servers}: {reason}"),
+            Check("topics", None, "not checked: Kafka does not answer"),
+        )
     finally:
         await admin.close()
     partitions = {entry["topic"]: len(entry["partitions"]) for entry in described if entry.get("partitions")}
@@ -102,8 +120,14 @@ def _local_broker(settings: Settings) -> list[Check]:
     found = local_broker_at(settings.bootstrap_servers)
     if found is None:
         return []
-    return [Check("broker", True, f"the local broker (pid {found['pid']}) runs on Java {found['java_version']} ({found['java_origin']}: "
-                                  f"{found['java']}), its jars in {found['jars']}")]
+    return [
+        Check(
+            "broker",
+            True,
+            f"the local broker (pid {found['pid']}) runs on Java {found['java_version']} ({found['java_origin']}: "
+            f"{found['java']}), its jars in {found['jars']}",
+        )
+    ]
 
 
 async def _acls(settings: Settings) -> Check:
@@ -116,20 +140,35 @@ async def _acls(settings: Settings) -> Check:
         async with asyncio.timeout(KAFKA_TIMEOUT_S):
             found = await topics_acls(settings, [rule.topic for rule in rules], int(KAFKA_TIMEOUT_S * 1000))
     except SecurityDisabled:
-        return Check("acls", None, f"ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
-                                   f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the "
-                                   "fleet's principals write its topics (docs/guarantees.md)", warn=True)
+        return Check(
+            "acls",
+            None,
+            f"ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
+            f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the "
+            "fleet's principals write its topics (docs/guarantees.md)",
+            warn=True,
+        )
     except ClusterAuthorizationFailedError:
-        return Check("acls", None, f"{principal} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may write {topics} "
-                                   f"is not known here (kafka-acls --list --topic TOPIC)")
+        return Check(
+            "acls",
+            None,
+            f"{principal} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may write {topics} "
+            f"is not known here (kafka-acls --list --topic TOPIC)",
+        )
     except (KafkaError, TimeoutError, OSError) as exc:
         return Check("acls", None, f"the brokers did not say who may write {topics}: {str(exc) or type(exc).__name__}")
     verdicts = [verdict(rule, writers(found[rule.topic], principal)) for rule in rules]
     said = "; ".join(v.text for v in verdicts)
     if not all(v.ok for v in verdicts):
-        return Check("acls", False, f"{principal} may not write what the fleet writes; who may write each topic: {said}")
-    return Check("acls", True, f"{principal} may write what the fleet writes; who else may write each topic: {said}",
-                 warn=any(v.warn for v in verdicts))
+        return Check(
+            "acls", False, f"{principal} may not write what the fleet writes; who may write each topic: {said}"
+        )
+    return Check(
+        "acls",
+        True,
+        f"{principal} may write what the fleet writes; who else may write each topic: {said}",
+        warn=any(v.warn for v in verdicts),
+    )
 
 
 def _events(settings: Settings) -> Check:
@@ -138,11 +177,20 @@ def _events(settings: Settings) -> Check:
     signer, keys = event_signer(settings), event_keys(settings)
     trusted = f"; trusts {len(keys)} key(s) on the events it reads" if keys is not None else ""
     if signer is None and keys is None:
-        return Check("events", None, "no event keys: this host's events go out unsigned, and it reads events unverified "
-                                     "(adapterd keys; docs/guarantees.md)", warn=True)
+        return Check(
+            "events",
+            None,
+            "no event keys: this host's events go out unsigned, and it reads events unverified "
+            "(adapterd keys; docs/guarantees.md)",
+            warn=True,
+        )
     if signer is None:
-        return Check("events", None, f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
-                     warn=True)
+        return Check(
+            "events",
+            None,
+            f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
+            warn=True,
+        )
     return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")
 
 
@@ -152,11 +200,19 @@ def _retry(settings: Settings) -> Check:
     priority classes does not start without one (daemon/fleet/wiring.py)."""
     path = settings.retry_key_file
     if path is None and settings.priority_classes:
-        return Check("retry", False, "no retry_key_file: with priority_classes the daemon does not start without one key for the fleet "
-                                     "(deploy/README.md)")
+        return Check(
+            "retry",
+            False,
+            "no retry_key_file: with priority_classes the daemon does not start without one key for the fleet "
+            "(deploy/README.md)",
+        )
     if path is None:
-        return Check("retry", None, f"no retry_key_file: retries are signed with this host's own key ({settings.work_dir / 'retry-key'}); "
-                                    "another host reads their counts as a first try")
+        return Check(
+            "retry",
+            None,
+            f"no retry_key_file: retries are signed with this host's own key ({settings.work_dir / 'retry-key'}); "
+            "another host reads their counts as a first try",
+        )
     try:
         key = load_key(path, settings.work_dir)
     except (OSError, ValueError) as exc:
@@ -191,10 +247,16 @@ def _hub(settings: Settings) -> Check:
     if role == "read":
         return Check("hub", False, f"the token of {name} is a read token: it cannot push; use one with write access")
     roles = {org.get("name"): org.get("roleInOrg") for org in who.get("orgs") or []}
-    cannot = [namespace for namespace in settings.allowed_output_namespaces
-              if namespace != name and (namespace not in roles or (roles[namespace] is not None and roles[namespace] not in WRITE_ROLES))]
+    cannot = [
+        namespace
+        for namespace in settings.allowed_output_namespaces
+        if namespace != name
+        and (namespace not in roles or (roles[namespace] is not None and roles[namespace] not in WRITE_ROLES))
+    ]
     if cannot:
-        return Check("hub", False, f"the token is {name}'s, who cannot write to {', '.join(cannot)} (allowed_output_namespaces)")
+        return Check(
+            "hub", False, f"the token is {name}'s, who cannot write to {', '.join(cannot)} (allowed_output_namespaces)"
+        )
     namespaces = ", ".join(settings.allowed_output_namespaces) or "any namespace the token can write"
     return Check("hub", True, f"token of {name}{f' ({role})' if role else ''}; pushes to {namespaces}")
 
@@ -212,7 +274,11 @@ def _disk(settings: Settings) -> Check:
         return Check("disk", False, f"{existing} is not writable by this user")
     free = free_bytes(existing)
     if free < MIN_FREE_BYTES:
-        return Check("disk", False, f"{free / 2**30:.1f} GiB free under {existing}; a job needs {MIN_FREE_BYTES / 2**30:.0f} GiB or more")
+        return Check(
+            "disk",
+            False,
+            f"{free / 2**30:.1f} GiB free under {existing}; a job needs {MIN_FREE_BYTES / 2**30:.0f} GiB or more",
+        )
     return Check("disk", True, f"{free / 2**30:.0f} GiB free under {existing}")
 
 
@@ -229,8 +295,12 @@ def _daemon(settings: Settings) -> Check:
         return Check("daemon", None, f"none answers at {url} (not running here)")
     children = _status(settings).get("children") or {}
     if children.get("fell_back"):
-        return Check("daemon", False, f"running, but without its fork server (it spawns warm children instead, slower to start): "
-                                      f"{children['fell_back']} (work_dir/children.log says why)")
+        return Check(
+            "daemon",
+            False,
+            f"running, but without its fork server (it spawns warm children instead, slower to start): "
+            f"{children['fell_back']} (work_dir/children.log says why)",
+        )
     starts = f"; children start by {children['mode']}, fork server {children.get('fork_server')}" if children else ""
     return Check("daemon", True, f"running: {', '.join(f'{key} {value}' for key, value in health.items())}{starts}")
 

@@ -48,7 +48,13 @@ def plan_said(request: RequestBase, settings: Settings, slots: Slots) -> str:
     if plan.estimate is None:
         return ""
     gpus = plan.request.resources.gpus
-    how = f"sharded across its {gpus} GPUs" if plan.request.resources.shard == "fsdp" else "a whole copy on each of its GPUs" if gpus > 1 else "on one GPU"
+    how = (
+        f"sharded across its {gpus} GPUs"
+        if plan.request.resources.shard == "fsdp"
+        else "a whole copy on each of its GPUs"
+        if gpus > 1
+        else "on one GPU"
+    )
     return f"{how}, {plan.estimate.needed / 1e9:.1f} GB a GPU of the {slots.gpu_room / 1e9:.1f} GB each holds for jobs"
 
 

@@ -21,10 +21,18 @@ from schemas import Event
 
 # The state a request is in after each event type.
 STATE_AFTER = {
-    "accepted": "queued", "retrying": "queued", "started": "running", "progress": "running", "checkpoint": "running",
-    "succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled", "rejected": "rejected",
+    "accepted": "queued",
+    "retrying": "queued",
+    "started": "running",
+    "progress": "running",
+    "checkpoint": "running",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "rejected": "rejected",
     # With priority classes: read and waiting for a slot; stopped for a higher class, and waiting again.
-    "queued": "queued", "preempted": "queued",
+    "queued": "queued",
+    "preempted": "queued",
 }
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
 _AGE = re.compile(r"(\d+)([smhd])")
@@ -47,8 +55,10 @@ class RequestSummary:
     latest: str = ""  # the type of its latest event
 
     def line(self, now: datetime) -> str:
-        return (f"{self.request_id:<28} {self.state:<10} {self.method or '-':<12} {self.host:<16} {self.attempt:>3} "
-                f"{_ago(now - self.last):>8}  {self.detail}")
+        return (
+            f"{self.request_id:<28} {self.state:<10} {self.method or '-':<12} {self.host:<16} {self.attempt:>3} "
+            f"{_ago(now - self.last):>8}  {self.detail}"
+        )
 
 
 HEADER = f"{'REQUEST':<28} {'STATE':<10} {'METHOD':<12} {'HOST':<16} {'TRY':>3} {'LAST':>8}  DETAIL"
@@ -68,7 +78,9 @@ def fold(events: Iterable[Event]) -> dict[str, RequestSummary]:
             continue  # a rejected message whose id could not be read: no request to list
         job = jobs.get(event.request_id)
         if job is None or (event.type == "accepted" and job.state in ("succeeded", "failed", "cancelled", "rejected")):
-            job = jobs[event.request_id] = RequestSummary(event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0)
+            job = jobs[event.request_id] = RequestSummary(
+                event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0
+            )
         if event.type == "succeeded" and getattr(event, "duplicate", False) and job.state == "succeeded":
             job.events += 1
             continue  # a redelivered request's repeat: the same outcome
@@ -83,7 +95,8 @@ def detail(event: Event) -> str:
     """What an operator wants to see of a request's latest event, on one line."""
     kind = event.type
     if kind == "succeeded":
-        return f"published {event.published}: {event.repo_id}@{event.revision}" + (f" ({event.sink})" if event.sink == "local" else "")  # type: ignore[union-attr]
+        where = f" ({event.sink})" if event.sink == "local" else ""  # type: ignore[union-attr]
+        return f"published {event.published}: {event.repo_id}@{event.revision}{where}"  # type: ignore[union-attr]
     if kind in ("failed", "retrying"):
         return f"{event.code} in {event.stage}: {event.message[:120]}"  # type: ignore[union-attr]
     if kind == "rejected":

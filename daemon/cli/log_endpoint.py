@@ -60,30 +60,52 @@ def client_tls(cafile: Path | None) -> ssl.SSLContext:
         raise LogsError(f"http_cafile: cannot load {cafile}: {exc}") from exc
 
 
-def fetch(endpoint: str, scheme: str | None, request_id: str, offset: int, token: str, cafile: Path | None = None,
-          limit: int = 2**20) -> tuple[bytes, int]:
+def fetch(
+    endpoint: str,
+    scheme: str | None,
+    request_id: str,
+    offset: int,
+    token: str,
+    cafile: Path | None = None,
+    limit: int = 2**20,
+) -> tuple[bytes, int]:
     """Up to `limit` bytes of a job's log from `offset`, and the log's size; a LogsError says why not."""
     try:
         host, port = split_host_port(endpoint)
     except ValueError as exc:
         raise LogsError(f"the started event's endpoint is refused, the token not sent: {printable(str(exc))}") from exc
     if cafile is not None and scheme != "https":
-        raise LogsError(f"the host at {endpoint} serves its log without TLS, and http_cafile is set: the token goes over TLS only")
-    connection = (http.client.HTTPSConnection(host, port, timeout=TIMEOUT_S, context=client_tls(cafile)) if scheme == "https"
-                  else http.client.HTTPConnection(host, port, timeout=TIMEOUT_S))
+        raise LogsError(
+            f"the host at {endpoint} serves its log without TLS, and http_cafile is set: the token goes over TLS only"
+        )
+    connection = (
+        http.client.HTTPSConnection(host, port, timeout=TIMEOUT_S, context=client_tls(cafile))
+        if scheme == "https"
+        else http.client.HTTPConnection(host, port, timeout=TIMEOUT_S)
+    )
     try:
-        connection.request("GET", f"/jobs/{quote(request_id, safe='')}/log?offset={int(offset)}", headers={"Authorization": f"Bearer {token}"})
+        connection.request(
+            "GET",
+            f"/jobs/{quote(request_id, safe='')}/log?offset={int(offset)}",
+            headers={"Authorization": f"Bearer {token}"},
+        )
         response = connection.getresponse()
         body = response.read(limit + 1)
         if response.status != 200:
             said = printable(body[:300].decode(errors="replace"))
-            where = f"; it points to {printable(response.getheader('Location', ''))[:200]}, not followed" if 300 <= response.status < 400 else ""
+            where = (
+                f"; it points to {printable(response.getheader('Location', ''))[:200]}, not followed"
+                if 300 <= response.status < 400
+                else ""
+            )
             raise LogsError(f"{endpoint} answered {response.status}{where}: {said}")
         if len(body) > limit:
             raise LogsError(f"{endpoint} answered more than the {limit} bytes a piece of a log has")
         return body, int(response.getheader("X-Log-Size", "0"))
     except ssl.SSLCertVerificationError as exc:  # in the handshake, before the request: the token stayed here
-        raise LogsError(f"the host at {endpoint} is not proven by its certificate ({exc.verify_message}): the token was not sent") from exc
+        raise LogsError(
+            f"the host at {endpoint} is not proven by its certificate ({exc.verify_message}): the token was not sent"
+        ) from exc
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise LogsError(f"the host at {endpoint} does not answer: {printable(str(exc))}") from exc
     finally:

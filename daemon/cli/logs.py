@@ -43,7 +43,9 @@ class Where:
 async def show_log(settings: Settings, request_id: str, follow: bool, write: Callable[[bytes], None]) -> None:
     """Write the request's log with `write`, from its latest attempt's host; with `follow`, until it ends."""
     if settings.logs_token is None:
-        raise LogsError("logs_token is not set: the fleet's hosts serve their job logs only to whoever sends it (logs_token_file)")
+        raise LogsError(
+            "logs_token is not set: the fleet's hosts serve their job logs only to whoever sends it (logs_token_file)"
+        )
     token = settings.logs_token.get_secret_value()
     where = Where()
     shown = Printable()  # the log may hold escape codes: the terminal gets them escaped
@@ -53,7 +55,9 @@ async def show_log(settings: Settings, request_id: str, follow: bool, write: Cal
         return _copy(where, request_id, token, lambda data: write(shown(data)), cafile, wait)
 
     if event_keys(settings) is None:  # an unverified `started` could name any endpoint, and the token would go there
-        raise LogsError("no event_verify_keys: the logs token goes only to an endpoint named by an event the fleet signed")
+        raise LogsError(
+            "no event_verify_keys: the logs token goes only to an endpoint named by an event the fleet signed"
+        )
     async with EventStream(settings) as stream:
 
         async def watch(events_follow: bool) -> None:
@@ -81,7 +85,9 @@ async def show_log(settings: Settings, request_id: str, follow: bool, write: Cal
             watching.cancel()
 
 
-async def _copy(where: Where, request_id: str, token: str, write: Callable[[bytes], None], cafile: Path | None, wait: bool = False) -> None:
+async def _copy(
+    where: Where, request_id: str, token: str, write: Callable[[bytes], None], cafile: Path | None, wait: bool = False
+) -> None:
     """Copy what is new in the log at the latest start's host; an attempt on another host starts at 0."""
     if not where.started:
         if wait:
@@ -91,7 +97,9 @@ async def _copy(where: Where, request_id: str, token: str, write: Callable[[byte
         raise LogsError(f"{printable(str(where.host))} runs {request_id} but serves no logs: its logs_token is not set")
     offset = where.offsets.get(where.endpoint, 0)
     while True:
-        data, size = await asyncio.to_thread(fetch, where.endpoint, where.scheme, request_id, offset, token, cafile, LOG_CHUNK_BYTES)
+        data, size = await asyncio.to_thread(
+            fetch, where.endpoint, where.scheme, request_id, offset, token, cafile, LOG_CHUNK_BYTES
+        )
         write(data)
         offset += len(data)
         where.offsets[where.endpoint] = offset

@@ -17,8 +17,16 @@ from daemon.errors import ConfigError
 from daemon.settings import Settings, find_config, load_settings
 from schemas import Rejection, RequestBase, decode_request
 
-ConfigOption = Annotated[Path | None, typer.Option("--config", "-c", help=(
-    "TOML settings file; without it $ADAPTERD_CONFIG, then ./adapterd.toml, then /etc/adapterd/adapterd.toml."))]
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help=(
+            "TOML settings file; without it $ADAPTERD_CONFIG, then ./adapterd.toml, then /etc/adapterd/adapterd.toml."
+        ),
+    ),
+]
 # A request file: one that does not exist or cannot be read is a usage error (2), said without a traceback.
 RequestFile = Annotated[Path, typer.Argument(exists=True, dir_okay=False, readable=True, help="A request as JSON.")]
 T = TypeVar("T")

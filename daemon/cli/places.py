@@ -52,15 +52,23 @@ class Placed:
 
     def line(self) -> str:
         w = self.request
-        return (f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} {self.place or '-':>5} {eta_text(self.eta_s):>7}  "
-                f"{w.stage:<11} {w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else ""))
+        return (
+            f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} {self.place or '-':>5} {eta_text(self.eta_s):>7}  "
+            f"{w.stage:<11} {w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else "")
+        )
 
 
 HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {'WAITING':<11} {'METHOD':<12} WHERE"
 
 
-def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Settings, slots: int, now: datetime,
-                  records: dict[str, Waiting] | None = None) -> list[Placed]:
+def place_and_eta(
+    waiting: list[Waiting],
+    events: list[Event],
+    settings: Settings,
+    slots: int,
+    now: datetime,
+    records: dict[str, Waiting] | None = None,
+) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
     (`accepted`: ETA 0) and the rest unplaced: records that are not requests, requests with a cancel pending
     and, without classes, requests no record says where they wait. `records`: every request read past the
@@ -72,27 +80,52 @@ def place_and_eta(waiting: list[Waiting], events: list[Event], settings: Setting
             fold.observe(event, at)
     jobs = running.jobs(at)
     pace = fleet.paced(durations, jobs)  # as the hosts read it (daemon/fleet/view.py)
-    mine = {w.request_id: w for w in waiting if w.stage not in UNPLACED and w.cancel is None and (settings.priority_classes or w.at is not None)}
+    mine = {
+        w.request_id: w
+        for w in waiting
+        if w.stage not in UNPLACED and w.cancel is None and (settings.priority_classes or w.at is not None)
+    }
     if settings.priority_classes:
-        bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, switches.seconds())
-        found = places([_in_order(w) for w in mine.values()], usage.slot_seconds(at), jobs, slots, bounds, pace, at, settings.teams)
+        bounds = Bounds(
+            settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, switches.seconds()
+        )
+        found = places(
+            [_in_order(w) for w in mine.values()], usage.slot_seconds(at), jobs, slots, bounds, pace, at, settings.teams
+        )
         placed = [Placed(mine[request.request_id], place, eta, len(found)) for request, place, eta in found]
     else:
         placed = _in_partitions(list(mine.values()), records or {}, jobs, pace, at)
-    return placed + [Placed(w, None, 0.0 if w.stage == "accepted" and w.cancel is None else None) for w in waiting if w.request_id not in mine]
+    return placed + [
+        Placed(w, None, 0.0 if w.stage == "accepted" and w.cancel is None else None)
+        for w in waiting
+        if w.request_id not in mine
+    ]
 
 
 def _in_order(w: Waiting) -> fleet.Waiting:
-    return fleet.Waiting(w.request_id, w.priority_class or "", w.team, w.arrived.timestamp(), w.method or "", w.model or "", w.gpus, steps=w.steps)
+    return fleet.Waiting(
+        w.request_id,
+        w.priority_class or "",
+        w.team,
+        w.arrived.timestamp(),
+        w.method or "",
+        w.model or "",
+        w.gpus,
+        steps=w.steps,
+    )
 
 
-def _in_partitions(waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], pace: Pace, at: float) -> list[Placed]:
+def _in_partitions(
+    waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], pace: Pace, at: float
+) -> list[Placed]:
     """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
     queues: dict[tuple[str, int], list[Waiting]] = {}
     for w in sorted(waiting, key=lambda w: w.at or ("", 0, 0)):
         queues.setdefault((w.at or ("", 0, 0))[:2], []).append(w)
     running = {job.request_id for job in jobs}  # from its `accepted` on: the job a partition is paused for
-    holding = {(r.at[0], r.at[1]): r.request_id for r in records.values() if r.at is not None and r.request_id in running}
+    holding = {
+        (r.at[0], r.at[1]): r.request_id for r in records.values() if r.at is not None and r.request_id in running
+    }
     placed = []
     for partition, queue in queues.items():
         order = [_in_order(w) for w in queue]
@@ -123,15 +156,21 @@ def eta_text(eta_s: float | None) -> str:
     return f"{eta_s / 3600:.1f}h"
 
 
-async def placed_backlog(settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None) -> tuple[Backlog, list[Placed]]:
+async def placed_backlog(
+    settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None
+) -> tuple[Backlog, list[Placed]]:
     """Every waiting request (daemon/cli/waiting.py), those with a cancel pending marked, the others placed in the
     fleet's order with their ETAs."""
     backlog = await read_backlog(settings, events)
     mark_cancelled(backlog.waiting, await sent_cancels(settings, now))
-    return backlog, place_and_eta(backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records)
+    return backlog, place_and_eta(
+        backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records
+    )
 
 
-async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]) -> str | None:
+async def waiting_line(
+    settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]
+) -> str | None:
     """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
     _, placed = await placed_backlog(settings, slots, now, events)
     found = next((each for each in placed if each.request.request_id == request_id), None)
@@ -145,21 +184,32 @@ def where_it_waits(placed: Placed, now: datetime) -> str:
     if w.stage == "undecodable":
         return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
     if w.cancel is not None:
-        return (f"{w.request_id}: cancel pending ({w.cancel.said()}), its `cancelled` event not yet published: it waits ({w.stage}) {where} "
-                "until a host reaches it and skips it, placed nowhere and counted in no one's place")
+        return (
+            f"{w.request_id}: cancel pending ({w.cancel.said()}), its `cancelled` event not yet published: it waits ({w.stage}) {where} "
+            "until a host reaches it and skips it, placed nowhere and counted in no one's place"
+        )
     if w.stage == "accepted":
         return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
     eta = "unknown (nothing to estimate from)" if placed.eta_s is None else f"about {eta_text(placed.eta_s)}"
-    return (f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
-            f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}; "
-            f"worked out at {now:%H:%M:%S}Z from the queues and the events" + (f"; {w.detail}" if w.detail else ""))
+    return (
+        f"{w.request_id}: waiting ({w.stage}) {where}, class {w.priority_class or '-'}, team {w.team}, "
+        f"place {placed.place} of {placed.of}{'' if w.priority_class else ' in its partition'}, starts in {eta}; "
+        f"worked out at {now:%H:%M:%S}Z from the queues and the events" + (f"; {w.detail}" if w.detail else "")
+    )
 
 
-def queue_table(placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime) -> tuple[list[str], str | None]:
+def queue_table(
+    placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime
+) -> tuple[list[str], str | None]:
     """`adapterd jobs --state queued`: the waiting requests in the fleet's order, with `jobs`' filters (host: its latest
     event's); and, apart, what to say of those the filters take that have a cancel pending (None: none has)."""
-    taken = [each for each in placed if (method is None or each.request.method == method) and (host is None or each.request.host == host)
-             and (within is None or now - each.request.arrived <= within)]
+    taken = [
+        each
+        for each in placed
+        if (method is None or each.request.method == method)
+        and (host is None or each.request.host == host)
+        and (within is None or now - each.request.arrived <= within)
+    ]
     pending = [each.request for each in taken if each.request.cancel is not None]
     return [HEADER] + [each.line() for each in taken if each.request.cancel is None], pending_said(pending)
 
@@ -170,5 +220,7 @@ def pending_said(pending: list[Waiting]) -> str | None:
         return None
     named = ", ".join(f"{w.request_id} ({w.cancel.said() if w.cancel else ''})" for w in pending[:PENDING_NAMED])
     more = f" and {len(pending) - PENDING_NAMED} more" if len(pending) > PENDING_NAMED else ""
-    return (f"{len(pending)} waiting request(s) with a cancel pending, not listed and counted in no one's place until their `cancelled` "
-            f"events (adapterd get ID): {named}{more}")
+    return (
+        f"{len(pending)} waiting request(s) with a cancel pending, not listed and counted in no one's place until their `cancelled` "
+        f"events (adapterd get ID): {named}{more}"
+    )

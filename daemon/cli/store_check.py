@@ -27,7 +27,11 @@ def store_check(settings: Settings) -> Found:
     signing = store_signing(settings)
     store = store_of(settings)
     if signing is None or store is None:
-        return False, f"{settings.checkpoint_store} cannot be used: no event_signing_key_file, or fsspec cannot open it (the log says which)", False
+        return (
+            False,
+            f"{settings.checkpoint_store} cannot be used: no event_signing_key_file, or fsspec cannot open it (the log says which)",
+            False,
+        )
     probe = f"adapterd-doctor-{uuid.uuid4().hex[:12]}"
     try:
         store.requests()
@@ -44,7 +48,11 @@ def store_check(settings: Settings) -> Found:
                 return False, f"{store.url} is not writable by this host: {exc}", False
             read_back = store.complete(probe)
             if [manifest.step for manifest in read_back] != [1]:
-                return False, f"{store.url}: the manifest this host wrote does not verify when read back (the log says why)", False
+                return (
+                    False,
+                    f"{store.url}: the manifest this host wrote does not verify when read back (the log says why)",
+                    False,
+                )
             download(store, probe, read_back[0], Path(folder) / "downloaded")
     except StoreError as exc:
         return False, f"{store.url}: the probe checkpoint could not be read back whole: {exc}", False
@@ -53,10 +61,18 @@ def store_check(settings: Settings) -> Found:
             store.remove(probe)
         except StoreError:
             pass  # said by the checks above, or left for the store's retention
-    found = f"{store.url} reachable and writable; a manifest signed with key {signing.signer.key_id} read back and verified"
+    found = (
+        f"{store.url} reachable and writable; a manifest signed with key {signing.signer.key_id} read back and verified"
+    )
     if settings.checkpoint_store.startswith("/"):
         mode = os.stat(settings.checkpoint_store).st_mode
         if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return True, (f"{found}; but its folder is writable by {'others' if mode & stat.S_IWOTH else 'its group'} "
-                          f"(mode {stat.filemode(mode)}): only the fleet's user should write it (chmod 0755 or 0700)"), True
+            return (
+                True,
+                (
+                    f"{found}; but its folder is writable by {'others' if mode & stat.S_IWOTH else 'its group'} "
+                    f"(mode {stat.filemode(mode)}): only the fleet's user should write it (chmod 0755 or 0700)"
+                ),
+                True,
+            )
     return True, found, False

@@ -36,11 +36,16 @@ class Selector:
     metadata: dict[str, str]
 
     def takes(self, priority_class: str | None, team: str, metadata: dict[str, str]) -> bool:
-        return ((self.team is None or team == self.team) and (self.priority_class is None or priority_class == self.priority_class)
-                and all(metadata.get(key) == value for key, value in self.metadata.items()))
+        return (
+            (self.team is None or team == self.team)
+            and (self.priority_class is None or priority_class == self.priority_class)
+            and all(metadata.get(key) == value for key, value in self.metadata.items())
+        )
 
     def said(self) -> str:
-        parts = ([f"team {self.team}"] if self.team else []) + ([f"class {self.priority_class}"] if self.priority_class else [])
+        parts = ([f"team {self.team}"] if self.team else []) + (
+            [f"class {self.priority_class}"] if self.priority_class else []
+        )
         return ", ".join(parts + [f"metadata {key}={value}" for key, value in self.metadata.items()])
 
 
@@ -79,8 +84,11 @@ def selector(settings: Settings, team: str | None, priority_class: str | None, p
 
 def matches(backlog: Backlog, chosen: Selector, settings: Settings) -> list[Match]:
     """The waiting requests in the order listed, then the running ones, that the selector takes."""
-    found = [Match(w.request_id, "waiting", w.priority_class, w.team, w.where) for w in backlog.waiting
-             if w.stage != "undecodable" and chosen.takes(w.priority_class, w.team, w.metadata)]
+    found = [
+        Match(w.request_id, "waiting", w.priority_class, w.team, w.where)
+        for w in backlog.waiting
+        if w.stage != "undecodable" and chosen.takes(w.priority_class, w.team, w.metadata)
+    ]
     named = named_in_events(backlog.events)
     for request_id, job in backlog.jobs.items():
         if job.state != "running":
@@ -90,7 +98,11 @@ def matches(backlog: Backlog, chosen: Selector, settings: Settings) -> list[Matc
             priority_class, team, metadata = record.priority_class, record.team, record.metadata
         else:
             from_events = named.get(request_id, (None, None, {}))
-            priority_class, team, metadata = from_events[0] or settings.default_class, team_of(from_events[1]), from_events[2]
+            priority_class, team, metadata = (
+                from_events[0] or settings.default_class,
+                team_of(from_events[1]),
+                from_events[2],
+            )
         if chosen.takes(priority_class, team, metadata):
             found.append(Match(request_id, "running", priority_class, team, f"on {job.host}"))
     return found
@@ -105,15 +117,27 @@ async def sweep(settings: Settings, chosen: Selector, reason: str, dry_run: bool
     if not found:
         return [*lines, "nothing to cancel, nothing sent"]
     if dry_run:
-        return [*lines, f"dry run: nothing sent (without --dry-run, {len(found)} cancel(s) go to {settings.control_topic})"]
+        return [
+            *lines,
+            f"dry run: nothing sent (without --dry-run, {len(found)} cancel(s) go to {settings.control_topic})",
+        ]
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
     try:
         await producer.start()
-        sent = [await producer.send(settings.control_topic, Cancel(request_id=match.request_id, reason=reason).model_dump_json().encode(),
-                                    key=match.request_id.encode()) for match in found]
+        sent = [
+            await producer.send(
+                settings.control_topic,
+                Cancel(request_id=match.request_id, reason=reason).model_dump_json().encode(),
+                key=match.request_id.encode(),
+            )
+            for match in found
+        ]
         await asyncio.gather(*sent)  # every cancel acknowledged before the command says it sent them
     finally:
         await producer.stop()
-    return [*lines, f"sent {len(found)} cancel(s) to {settings.control_topic}: each running job stops and publishes `cancelled`; "
-                    "each waiting request is skipped when a daemon reaches it, with `cancelled` and no training "
-                    "(until then `adapterd jobs --state queued` leaves it out, its cancel pending)"]
+    return [
+        *lines,
+        f"sent {len(found)} cancel(s) to {settings.control_topic}: each running job stops and publishes `cancelled`; "
+        "each waiting request is skipped when a daemon reaches it, with `cancelled` and no training "
+        "(until then `adapterd jobs --state queued` leaves it out, its cancel pending)",
+    ]

@@ -17,8 +17,10 @@ from daemon.settings import Settings
 def report(made: TopicsMade) -> tuple[list[str], bool]:
     """The lines to print and whether the command failed: a topic refused, or one with fewer partitions than asked and not grown."""
     lines = [f"adapterd: topic {name} was not created: {reason}" for name, reason in made.refused.items()]
-    lines += [f"adapterd: topic {name} has {have} partition(s), fewer than the {want} asked; not changed"
-              for name, (have, want) in made.short.items()]
+    lines += [
+        f"adapterd: topic {name} has {have} partition(s), fewer than the {want} asked; not changed"
+        for name, (have, want) in made.short.items()
+    ]
     if made.short:
         lines.append(f"adapterd: --grow adds them; {GROWTH}")
     lines += [f"created {name} ({count} partitions)" for name, count in made.created.items()]
@@ -32,7 +34,9 @@ def report(made: TopicsMade) -> tuple[list[str], bool]:
     return lines, failed
 
 
-def topics_verdict(settings: Settings, names: list[str], partitions: dict[str, int], slots: int) -> tuple[bool, str, bool]:
+def topics_verdict(
+    settings: Settings, names: list[str], partitions: dict[str, int], slots: int
+) -> tuple[bool, str, bool]:
     """The doctor's topics check: (ok, detail, warn) for `names` described as `partitions` (a missing one absent)."""
     missing = [name for name in names if name not in partitions]
     if missing:
@@ -41,14 +45,30 @@ def topics_verdict(settings: Settings, names: list[str], partitions: dict[str, i
     if settings.topic_partitions is not None:
         short = [name for name in names if partitions[name] < settings.topic_partitions]
         if short:
-            return False, (f"fewer partitions than topic_partitions ({settings.topic_partitions}): "
-                           + ", ".join(f"{name} ({partitions[name]})" for name in short)
-                           + f"; adapterd topics --grow adds them ({GROWTH})"), False
+            return (
+                False,
+                (
+                    f"fewer partitions than topic_partitions ({settings.topic_partitions}): "
+                    + ", ".join(f"{name} ({partitions[name]})" for name in short)
+                    + f"; adapterd topics --grow adds them ({GROWTH})"
+                ),
+                False,
+            )
         return True, f"{found}; at least topic_partitions ({settings.topic_partitions}) each", False
-    queues = [settings.requests_topic, *settings.class_topics.values(), *([settings.claims_topic] if settings.class_topics else [])]
+    queues = [
+        settings.requests_topic,
+        *settings.class_topics.values(),
+        *([settings.claims_topic] if settings.class_topics else []),
+    ]
     short = [name for name in dict.fromkeys(queues) if partitions[name] < slots]
     if short:
-        return True, (f"fewer partitions than this host's {slots} slot(s), so fewer than the fleet's: "
-                      + ", ".join(f"{name} ({partitions[name]})" for name in short)
-                      + "; set topic_partitions to the fleet's slots and run adapterd topics --grow"), True
+        return (
+            True,
+            (
+                f"fewer partitions than this host's {slots} slot(s), so fewer than the fleet's: "
+                + ", ".join(f"{name} ({partitions[name]})" for name in short)
+                + "; set topic_partitions to the fleet's slots and run adapterd topics --grow"
+            ),
+            True,
+        )
     return True, f"{found}; partitions not compared with the fleet's slots (set topic_partitions)", False

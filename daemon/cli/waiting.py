@@ -70,7 +70,9 @@ class Waiting:
     where: str  # topic[partition]@offset, or "on <host>" where only its events say it waits
     detail: str = ""
     host: str | None = None  # the host of its latest event, if it has one
-    at: tuple[str, int, int] | None = None  # its record's topic, partition and offset; None where only its events say it waits
+    at: tuple[str, int, int] | None = (
+        None  # its record's topic, partition and offset; None where only its events say it waits
+    )
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
     cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
 
@@ -92,8 +94,10 @@ def queues(settings: Settings) -> list[Queue]:
     """The topics a waiting request can be in, highest class first, the claims topic last."""
     if not settings.priority_classes:
         return [Queue(settings.group_id, settings.requests_topic, "unread", None)]
-    return [Queue(queue_group(settings.group_id, name), topic, "unread", name) for name, topic in settings.class_topics.items()] + [
-        Queue(settings.group_id, settings.claims_topic, "claimed", None)]
+    return [
+        Queue(queue_group(settings.group_id, name), topic, "unread", name)
+        for name, topic in settings.class_topics.items()
+    ] + [Queue(settings.group_id, settings.claims_topic, "claimed", None)]
 
 
 async def read_backlog(settings: Settings, events: list[Event] | None = None) -> Backlog:
@@ -105,7 +109,9 @@ async def read_backlog(settings: Settings, events: list[Event] | None = None) ->
     for queue in queues(settings):
         # read_committed: a claim or a preempted request put back in an aborted transaction never happened.
         try:
-            async with TopicReader(settings, queue.topic, start_at=found[(queue.group, queue.topic)], read_committed=True) as reader:
+            async with TopicReader(
+                settings, queue.topic, start_at=found[(queue.group, queue.topic)], read_committed=True
+            ) as reader:
                 read += [(queue, record) async for record in reader.records(follow=False)]
         except TopicMissing:
             missing.append(queue.topic)
@@ -127,7 +133,11 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
             continue
         records[each.request_id] = each  # a later copy (a retry, a request put back) is where it waits now
         job = jobs.get(each.request_id)
-        arrived_after_end = job is not None and job.state in ("succeeded", "failed", "cancelled", "rejected") and each.arrived > job.last
+        arrived_after_end = (
+            job is not None
+            and job.state in ("succeeded", "failed", "cancelled", "rejected")
+            and each.arrived > job.last
+        )
         if job is None or arrived_after_end:
             waiting[each.request_id] = each  # no host has said a word of it (since it last ended: sent again)
         elif job.state == "queued":
@@ -143,8 +153,20 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
     for request_id, job in jobs.items():
         if job.state == "queued" and request_id not in waiting:
             priority_class, team, metadata = named.get(request_id, (None, None, {}))
-            waiting[request_id] = Waiting(request_id, priority_class or settings.default_class, team_of(team), job.since, job.method,
-                                          None, 1, metadata, job.latest, f"on {job.host}", _said(job), job.host)
+            waiting[request_id] = Waiting(
+                request_id,
+                priority_class or settings.default_class,
+                team_of(team),
+                job.since,
+                job.method,
+                None,
+                1,
+                metadata,
+                job.latest,
+                f"on {job.host}",
+                _said(job),
+                job.host,
+            )
     return Backlog(list(waiting.values()) + undecodable, records, jobs, events)
 
 
@@ -157,15 +179,39 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
     except Exception as exc:  # decode_request is total; this guards the listing against a bug in it all the same
         decoded = Rejection("internal", [], None, type(exc).__name__)
     if isinstance(decoded, Rejection):
-        why = f"{decoded.reason}: {decoded.errors[0].path or '(message)'}: {decoded.errors[0].message[:100]}" if decoded.errors else decoded.reason
-        return Waiting(decoded.request_id or "-", queue.priority_class, "-", arrived, None, None, 1, {}, "undecodable", where,
-                       f"not a request ({why}); the daemon that reads it rejects it")
+        why = (
+            f"{decoded.reason}: {decoded.errors[0].path or '(message)'}: {decoded.errors[0].message[:100]}"
+            if decoded.errors
+            else decoded.reason
+        )
+        return Waiting(
+            decoded.request_id or "-",
+            queue.priority_class,
+            "-",
+            arrived,
+            None,
+            None,
+            1,
+            {},
+            "undecodable",
+            where,
+            f"not a request ({why}); the daemon that reads it rejects it",
+        )
     preempted = _header(record, PREEMPTIONS_HEADER)  # as the record says: only a host with the retry key can verify it
     claimed_as = _header(record, CLASS_HEADER) if queue.stage == "claimed" else None
     return Waiting(
-        decoded.request_id, claimed_as or decoded.priority_class or queue.priority_class or settings.default_class, team_of(decoded.team), arrived,
-        decoded.method, decoded.model.id, decoded.resources.gpus, dict(decoded.metadata), queue.stage, where,
-        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "", at=(record.topic, record.partition, record.offset),
+        decoded.request_id,
+        claimed_as or decoded.priority_class or queue.priority_class or settings.default_class,
+        team_of(decoded.team),
+        arrived,
+        decoded.method,
+        decoded.model.id,
+        decoded.resources.gpus,
+        dict(decoded.metadata),
+        queue.stage,
+        where,
+        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
+        at=(record.topic, record.partition, record.offset),
         steps=decoded.training.max_steps,
     )
 
@@ -190,6 +236,9 @@ def named_in_events(events: list[Event]) -> dict[str, tuple[str | None, str | No
     for event in events:
         if event.request_id is not None and event.type in ("accepted", "queued", "preempted"):
             previous = named.get(event.request_id, (None, None, {}))
-            named[event.request_id] = (getattr(event, "priority_class", None) or previous[0], getattr(event, "team", None) or previous[1],
-                                       event.metadata)
+            named[event.request_id] = (
+                getattr(event, "priority_class", None) or previous[0],
+                getattr(event, "team", None) or previous[1],
+                event.metadata,
+            )
     return named

@@ -41,19 +41,38 @@ ANNOUNCE_S = 2.0  # how soon after its arrival a request read by no host is told
 MAX_READ = 2000  # the records of one class's topic read for it, at most: beyond, no place is said
 
 
-async def publish_queued(publisher: Publisher, host: str, retries: RetrySigner, read: tuple[RequestBase, Record], waiting: Waiting,
-                         place: int, eta: float | None) -> None:
+async def publish_queued(
+    publisher: Publisher,
+    host: str,
+    retries: RetrySigner,
+    read: tuple[RequestBase, Record],
+    waiting: Waiting,
+    place: int,
+    eta: float | None,
+) -> None:
     """A waiting request's `queued` event, with its place and ETA (this round's: tenths of a second, none below 0), as
     its attempt and trace headers say (the dispatcher's for a request it read, the announcer's for one no host has)."""
     request, record = read
     events = JobEvents.for_record(publisher, request, host, retries.read(record).attempt, record)
-    await events.publish(Queued, priority_class=waiting.priority_class, team=waiting.team, place=place,
-                         eta_s=None if eta is None else round(max(0.0, eta), 1))
+    await events.publish(
+        Queued,
+        priority_class=waiting.priority_class,
+        team=waiting.team,
+        place=place,
+        eta_s=None if eta is None else round(max(0.0, eta), 1),
+    )
 
 
 class Announcer:
-    def __init__(self, settings: Settings, view: FleetView, publisher: Publisher, claims: Partitions, retries: RetrySigner,
-                 cancelled: Container[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        view: FleetView,
+        publisher: Publisher,
+        claims: Partitions,
+        retries: RetrySigner,
+        cancelled: Container[str] = frozenset(),
+    ) -> None:
         self.settings = settings
         # The requests whose cancel this host has read (Scheduler.cancelled): skipped when reached, so neither told
         # they wait nor counted in the places of the others.
@@ -89,32 +108,48 @@ class Announcer:
         # in the claim's own transaction): told `queued` now, its consumers would see it wait after its `started`.
         taken = await self.claimed([record for _, (_, record) in unread])
         if taken:  # the others' places are worked out again without them
-            unread = [(w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken]
+            unread = [
+                (w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken
+            ]
             placed = view.places([w for w, _ in unread], 0)
         records = {waiting.request_id: read for waiting, read in unread}
         published = 0
         for waiting, place, eta in view.telling.due(placed, now, self.settings.host):
             view.telling.heard(waiting.request_id, place, eta, now, self.settings.host)
-            await publish_queued(self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta)
+            await publish_queued(
+                self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta
+            )
             published += 1
         return published
 
     async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
         """Of these records of the classes' topics, those their queue group has committed past since they were read."""
-        groups = {topic: queue_group(self.settings.group_id, name) for name, topic in self.settings.class_topics.items()}
+        groups = {
+            topic: queue_group(self.settings.group_id, name) for name, topic in self.settings.class_topics.items()
+        }
         found = await committed_offsets(self.settings, {(groups[record.topic], record.topic) for record in records})
-        return {(r.topic, r.partition, r.offset) for r in records if found[(groups[r.topic], r.topic)].get(r.partition, 0) > r.offset}
+        return {
+            (r.topic, r.partition, r.offset)
+            for r in records
+            if found[(groups[r.topic], r.topic)].get(r.partition, 0) > r.offset
+        }
 
     async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
         """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes them."""
         topics = self.settings.class_topics
-        found = await committed_offsets(self.settings, [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()])
+        found = await committed_offsets(
+            self.settings, [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()]
+        )
         running = {job.request_id for job in self.view.running_jobs.jobs(time.time())}
         unread: list[tuple[Waiting, tuple[RequestBase, Record]]] = []
         for name, topic in topics.items():
             try:
-                async with TopicReader(self.settings, topic, start_at=found[(queue_group(self.settings.group_id, name), topic)],
-                                       read_committed=True) as reader:
+                async with TopicReader(
+                    self.settings,
+                    topic,
+                    start_at=found[(queue_group(self.settings.group_id, name), topic)],
+                    read_committed=True,
+                ) as reader:
                     count = 0
                     async for record in reader.records(follow=False):
                         count += 1
@@ -123,7 +158,12 @@ class Announcer:
                         request = decode_request(record.value or b"", record.key)
                         if not isinstance(request, RequestBase) or request.request_id in running:
                             continue
-                        unread.append((waiting_for(request, request.priority_class or name, record.timestamp / 1000), (request, record)))
+                        unread.append(
+                            (
+                                waiting_for(request, request.priority_class or name, record.timestamp / 1000),
+                                (request, record),
+                            )
+                        )
             except TopicMissing:
                 continue
         return unread

@@ -53,7 +53,11 @@ class Head:
 
     @property
     def request_id(self) -> str:
-        return self.request.request_id if self.request is not None else f"{self.tp.topic}/{self.tp.partition}@{self.record.offset}"
+        return (
+            self.request.request_id
+            if self.request is not None
+            else f"{self.tp.topic}/{self.tp.partition}@{self.record.offset}"
+        )
 
     @property
     def team(self) -> str:
@@ -95,17 +99,44 @@ class HeadReader:
             decoded = internal_rejection(record, exc)
         request = decoded if isinstance(decoded, RequestBase) else None
         priority_class = (request.priority_class if request is not None else None) or queue.name
-        refused = self.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
-        rejection = Rejection("policy", [oversize], decoded.request_id) if oversize else decoded if isinstance(decoded, Rejection) else refused
+        refused = (
+            self.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
+        )
+        rejection = (
+            Rejection("policy", [oversize], decoded.request_id)
+            if oversize
+            else decoded
+            if isinstance(decoded, Rejection)
+            else refused
+        )
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]
-        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=request, priority_class=priority_class,
-                    generation=queue.generation, due=self.retries.read(record).due, moves_to=None if rejection else moves_to,
-                    preemptions=self.retries.preemptions(record), rejection=rejection, arrived_ms=self.arrivals.of(queue.name, record))
+        return Head(
+            record=record,
+            tp=tp,
+            queue=queue.name,
+            group=queue.group,
+            request=request,
+            priority_class=priority_class,
+            generation=queue.generation,
+            due=self.retries.read(record).due,
+            moves_to=None if rejection else moves_to,
+            preemptions=self.retries.preemptions(record),
+            rejection=rejection,
+            arrived_ms=self.arrivals.of(queue.name, record),
+        )
 
     @staticmethod
     def unreadable(queue: Queue, tp: TopicPartition, record: UnreadableRecord, exc: BaseException) -> Head:
         """A record the client could not read, known by its offset: rejected where it is, as intake rejects one."""
-        return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class=queue.name,
-                    generation=queue.generation, rejection=rejection_of(record, exc))
+        return Head(
+            record=record,
+            tp=tp,
+            queue=queue.name,
+            group=queue.group,
+            request=None,
+            priority_class=queue.name,
+            generation=queue.generation,
+            rejection=rejection_of(record, exc),
+        )

@@ -63,7 +63,15 @@ QUEUE_METADATA_MAX_AGE_MS = 2_000
 
 
 class Dispatcher:
-    def __init__(self, settings: Settings, scheduler: Scheduler, jobs: FleetJobs, claims: Partitions, mover: Mover, intake: Intake) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        scheduler: Scheduler,
+        jobs: FleetJobs,
+        claims: Partitions,
+        mover: Mover,
+        intake: Intake,
+    ) -> None:
         self.settings = settings
         self.intake = intake  # its rejections: a record too large to move is rejected here, as intake would
         self.scheduler = scheduler
@@ -72,18 +80,34 @@ class Dispatcher:
         self.mover = mover
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.queues = [
-            ClassQueue(name, topic, queue_group(settings.group_id, name), settled=mover.settled, consumer=AIOKafkaConsumer(
-                **kafka_options(settings), group_id=queue_group(settings.group_id, name), client_id=f"adapterd-{settings.host}-queue",
-                enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed",
-                heartbeat_interval_ms=HEARTBEAT_MS, fetch_max_wait_ms=FETCH_WAIT_MS, session_timeout_ms=settings.session_timeout_ms,
-                metadata_max_age_ms=QUEUE_METADATA_MAX_AGE_MS,
-            ))
+            ClassQueue(
+                name,
+                topic,
+                queue_group(settings.group_id, name),
+                settled=mover.settled,
+                consumer=AIOKafkaConsumer(
+                    **kafka_options(settings),
+                    group_id=queue_group(settings.group_id, name),
+                    client_id=f"adapterd-{settings.host}-queue",
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    isolation_level="read_committed",
+                    heartbeat_interval_ms=HEARTBEAT_MS,
+                    fetch_max_wait_ms=FETCH_WAIT_MS,
+                    session_timeout_ms=settings.session_timeout_ms,
+                    metadata_max_age_ms=QUEUE_METADATA_MAX_AGE_MS,
+                ),
+            )
             for name, topic in settings.class_topics.items()
         ]
-        self.pending: dict[TopicPartition, tuple[int, Waiting]] = {}  # claims partition → the claim written there, not yet run: its offset, itself
+        self.pending: dict[
+            TopicPartition, tuple[int, Waiting]
+        ] = {}  # claims partition → the claim written there, not yet run: its offset, itself
         self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
         scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
-        self.heads = HeadReader(settings, intake.grants, self.retries, Arrivals(mover.seal))  # a record as the turn weighs it
+        self.heads = HeadReader(
+            settings, intake.grants, self.retries, Arrivals(mover.seal)
+        )  # a record as the turn weighs it
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
 
@@ -103,7 +127,9 @@ class Dispatcher:
         await self.mover.stop()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        announcer = Announcer(self.settings, self.view, self.scheduler.publisher, self.claims, self.retries, self.scheduler.cancelled)
+        announcer = Announcer(
+            self.settings, self.view, self.scheduler.publisher, self.claims, self.retries, self.scheduler.cancelled
+        )
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
         try:
             await self._turns(stopping)
@@ -127,10 +153,16 @@ class Dispatcher:
         """This host's claims partitions with nothing to run: no job, no hold, no claim on its way."""
         for tp, (offset, _) in list(self.pending.items()):
             job = self.scheduler.jobs.get(tp)
-            if (job is not None and job.offset >= offset) or self.claims.committed.get(tp, 0) > offset or tp not in self.claims.assigned():
+            if (
+                (job is not None and job.offset >= offset)
+                or self.claims.committed.get(tp, 0) > offset
+                or tp not in self.claims.assigned()
+            ):
                 del self.pending[tp]
-        return sorted((tp for tp in self.claims.assigned() if tp not in self.pending and not self.scheduler.holds(tp)),
-                      key=lambda tp: tp.partition)
+        return sorted(
+            (tp for tp in self.claims.assigned() if tp not in self.pending and not self.scheduler.holds(tp)),
+            key=lambda tp: tp.partition,
+        )
 
     def room(self) -> int:
         """Requests this host may claim now: its free slots less the claims on their way to them."""
@@ -164,7 +196,11 @@ class Dispatcher:
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()
-            chosen = self.view.pick(waiting, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total) if free > 0 else None
+            chosen = (
+                self.view.pick(waiting, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
+                if free > 0
+                else None
+            )
             if chosen is not None:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)
@@ -172,7 +208,12 @@ class Dispatcher:
             # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
             first = self.view.pick(waiting, None, self._mine())
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
-            if first is not None and victim is not None and self.idle_claims() and self.jobs.preempt(victim.key, by=first.request_id):
+            if (
+                first is not None
+                and victim is not None
+                and self.idle_claims()
+                and self.jobs.preempt(victim.key, by=first.request_id)
+            ):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
                 # Claimed at once: it waits in this host's claims for the victim's slot (the scheduler starts it when
                 # the slot frees), so no other host, in a rebalance meanwhile, preempts a second job for it.
@@ -199,10 +240,17 @@ class Dispatcher:
         mine, free = self.jobs.running(), len(self.scheduler.slots.free)
         if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
             return True
-        arriving = [c.name for c in self.settings.priority_classes] if queue.topic == self.settings.requests_topic else [queue.name]
+        arriving = (
+            [c.name for c in self.settings.priority_classes]
+            if queue.topic == self.settings.requests_topic
+            else [queue.name]
+        )
         probes = [Waiting("", name, "", 0.0, "", "", 1) for name in arriving]
-        return any(self.view.victim(probe, mine, free, ever=True) is not None and not self.view.startable_elsewhere(self.settings.host, probe)
-                   for probe in probes)
+        return any(
+            self.view.victim(probe, mine, free, ever=True) is not None
+            and not self.view.startable_elsewhere(self.settings.host, probe)
+            for probe in probes
+        )
 
     def _mine(self) -> dict[str, tuple[str, int]]:
         """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its
@@ -212,15 +260,31 @@ class Dispatcher:
     def _here(self) -> list[Running]:
         """This host's jobs and its claims on their way to one (as started now), as it knows them: the ETAs' slots here."""
         now, host = time.time(), self.settings.host
-        claims = [Running(w.request_id, w.priority_class, w.team, now, w.method, w.model, host=host, gpus=w.gpus, steps_left=w.steps)
-                  for _, w in self.pending.values()]
+        claims = [
+            Running(
+                w.request_id,
+                w.priority_class,
+                w.team,
+                now,
+                w.method,
+                w.model,
+                host=host,
+                gpus=w.gpus,
+                steps_left=w.steps,
+            )
+            for _, w in self.pending.values()
+        ]
         return [*self.jobs.running(), *claims]
 
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it moves (daemon/fleet/telling.py)."""
         now, telling = time.time(), self.view.telling
-        heads = {h.request_id: h for h in waiting if h.request is not None
-                 and (h.request_id in telling.told or now - h.seen_at >= self.settings.queue_wait_event_s)}
+        heads = {
+            h.request_id: h
+            for h in waiting
+            if h.request is not None
+            and (h.request_id in telling.told or now - h.seen_at >= self.settings.queue_wait_event_s)
+        }
         if not heads or not telling.maybe(heads, now):
             return
         everyone = self.view.places([h.waiting() for h in waiting], self.room(), self._here())
@@ -229,7 +293,15 @@ class Dispatcher:
             head = heads[waiting_one.request_id]
             assert head.request is not None
             telling.heard(head.request_id, place, eta, now, self.settings.host)
-            await publish_queued(self.scheduler.publisher, self.settings.host, self.retries, (head.request, head.record), head.waiting(), place, eta)
+            await publish_queued(
+                self.scheduler.publisher,
+                self.settings.host,
+                self.retries,
+                (head.request, head.record),
+                head.waiting(),
+                place,
+                eta,
+            )
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
     @staticmethod
@@ -241,25 +313,48 @@ class Dispatcher:
 
     def _again(self, queue: ClassQueue, head: Head) -> Copy:
         """`head`, ahead of one taken from its window, written again at the end of its own partition with its arrival."""
-        return Copy(head.record, head.record.topic, queue.name, head.team, head.arrival_ms, carried(head.record, self.retries),
-                    partition=head.record.partition)
+        return Copy(
+            head.record,
+            head.record.topic,
+            queue.name,
+            head.team,
+            head.arrival_ms,
+            carried(head.record, self.retries),
+            partition=head.record.partition,
+        )
 
     async def _claim(self, head: Head) -> None:
         queue, target = self._queue(head), self.idle_claims()[0]
-        claim = Copy(head.record, self.settings.claims_topic, head.priority_class, head.team, head.arrival_ms,
-                     (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())), partition=target.partition)
+        claim = Copy(
+            head.record,
+            self.settings.claims_topic,
+            head.priority_class,
+            head.team,
+            head.arrival_ms,
+            (*carried(head.record, self.retries), (CLASS_HEADER, head.priority_class.encode())),
+            partition=target.partition,
+        )
         before = tuple(self._again(queue, h) for h in queue.ahead(head))
         offset = await self.mover.move(Move(head.record, head.group, (*before, claim), self._ours(queue, head)))
         assert offset is not None
         self.pending[target] = (offset, head.waiting())
         queue.taken(head)
         self.scheduler.resume_idle_partitions()  # the claims partition is read at once
-        log.info("fleet.claimed", request_id=head.request_id, priority_class=head.priority_class, team=head.team, from_partition=head.tp.partition,
-                 claims_partition=target.partition, waited_s=round(time.time() - head.arrived, 3))
+        log.info(
+            "fleet.claimed",
+            request_id=head.request_id,
+            priority_class=head.priority_class,
+            team=head.team,
+            from_partition=head.tp.partition,
+            claims_partition=target.partition,
+            waited_s=round(time.time() - head.arrived, 3),
+        )
 
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
         """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
-        copy = Copy(head.record, topic, head.priority_class, head.team, head.arrival_ms, carried(head.record, self.retries))
+        copy = Copy(
+            head.record, topic, head.priority_class, head.team, head.arrival_ms, carried(head.record, self.retries)
+        )
         await self.mover.move(Move(head.record, head.group, (copy,), self._ours(queue, head)))
         queue.taken(head)
         log.info("fleet.moved_to_class", request_id=head.request_id, to_topic=topic)
@@ -268,7 +363,12 @@ class Dispatcher:
         """A window's records that do not decode or are too large to move: dead-lettered and announced as intake would,
         then committed past (`_end_in_window`): a flood costs a move a window."""
         rejected = [h for h in window if h.rejection is not None]
-        messages = [message for h in rejected if h.rejection is not None for message in self.intake.rejection_messages(h.record, h.rejection)]
+        messages = [
+            message
+            for h in rejected
+            if h.rejection is not None
+            for message in self.intake.rejection_messages(h.record, h.rejection)
+        ]
         for ack in await self.scheduler.publisher.send_all(messages):
             await ack
         await self._end_in_window(queue, rejected, "fleet.rejected_in_queue")
@@ -294,4 +394,6 @@ class Dispatcher:
         kept = tuple(self._again(queue, h) for h in queue.ahead(last) if h not in ended)
         await self.mover.move(Move(last.record, last.group, kept, self._ours(queue, last)))
         queue.taken(last)
-        log.info(event, priority_class=queue.name, partition=last.tp.partition, ended=len(ended), written_again=len(kept))
+        log.info(
+            event, priority_class=queue.name, partition=last.tp.partition, ended=len(ended), written_again=len(kept)
+        )

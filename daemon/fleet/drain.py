@@ -33,7 +33,9 @@ class Drain:
     free_at: dict[str, float]  # each of the host's slots: when it is expected free (now: free now)
 
 
-def drain(first: Waiting | None, free: int, slots: int, here: Sequence[Running], durations: Pace, now: float, after_s: float) -> Drain | None:
+def drain(
+    first: Waiting | None, free: int, slots: int, here: Sequence[Running], durations: Pace, now: float, after_s: float
+) -> Drain | None:
     """Whether this host drains for `first`, the first of the fleet's order among the heads it holds: the module's rule.
     `free`: its slots free now for a new request; `slots`: all of them; `here`: its jobs and claims holding the rest."""
     if first is None or first.gpus < 2 or first.gpus <= free or first.gpus > slots or now - first.arrived < after_s:
@@ -56,4 +58,6 @@ def backfills(request: Waiting, held: Drain, durations: Pace, now: float) -> boo
     free = sorted(slot for slot, at in held.free_at.items() if at <= now)
     if len(free) < request.gpus:
         return False
-    return reservation.backfills(held.free_at, free[:request.gpus], None if expected is None else now + expected, held.head.gpus)
+    return reservation.backfills(
+        held.free_at, free[: request.gpus], None if expected is None else now + expected, held.head.gpus
+    )

@@ -27,8 +27,15 @@ class Bounds:
     switch_s: float = 0.0
 
 
-def preempting(order: list[Waiting], running: list[Running], slots: int, bounds: Bounds, durations: Pace, now: float,
-               teams: Mapping[str, TeamShare] | None = None) -> tuple[list[Running], dict[str, float]]:
+def preempting(
+    order: list[Waiting],
+    running: list[Running],
+    slots: int,
+    bounds: Bounds,
+    durations: Pace,
+    now: float,
+    teams: Mapping[str, TeamShare] | None = None,
+) -> tuple[list[Running], dict[str, float]]:
     """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
 
     In order, each request that finds no free slot of the fleet's `slots`, its team below its cap (`order.pick`
@@ -52,9 +59,18 @@ def preempting(order: list[Waiting], running: list[Running], slots: int, bounds:
             free -= request.gpus
             holding[request.team] += request.gpus
             continue
-        allowed = sorted({now, *(job.started + bounds.min_run_s for job in candidates if job.started + bounds.min_run_s > now)})
-        found = next(((at, stopped) for at in allowed if (stopped := victim(request, candidates, bounds.classes, bounds.min_run_s,
-                                                                             bounds.max_count, at)) is not None), None)
+        allowed = sorted(
+            {now, *(job.started + bounds.min_run_s for job in candidates if job.started + bounds.min_run_s > now)}
+        )
+        found = next(
+            (
+                (at, stopped)
+                for at in allowed
+                if (stopped := victim(request, candidates, bounds.classes, bounds.min_run_s, bounds.max_count, at))
+                is not None
+            ),
+            None,
+        )
         if found is None:
             continue
         at, stopped = found
@@ -68,13 +84,31 @@ def preempting(order: list[Waiting], running: list[Running], slots: int, bounds:
         start = at + bounds.switch_s - now
         starts[request.request_id] = start
         expected = durations.expected(request.method, request.model, request.steps)
-        after.append(Running(request.request_id, request.priority_class, request.team, now, request.method, request.model,
-                             eta_s=None if expected is None else start + expected, gpus=request.gpus))
+        after.append(
+            Running(
+                request.request_id,
+                request.priority_class,
+                request.team,
+                now,
+                request.method,
+                request.model,
+                eta_s=None if expected is None else start + expected,
+                gpus=request.gpus,
+            )
+        )
     return after, starts
 
 
-def places(waiting: list[Waiting], usage: Mapping[str, float], running: list[Running], slots: int, bounds: Bounds, pace: Pace,
-           now: float, teams: Mapping[str, TeamShare]) -> list[tuple[Waiting, int, float | None]]:
+def places(
+    waiting: list[Waiting],
+    usage: Mapping[str, float],
+    running: list[Running],
+    slots: int,
+    bounds: Bounds,
+    pace: Pace,
+    now: float,
+    teams: Mapping[str, TeamShare],
+) -> list[tuple[Waiting, int, float | None]]:
     """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
@@ -89,12 +123,20 @@ def places(waiting: list[Waiting], usage: Mapping[str, float], running: list[Run
 def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[Waiting, int, float | None]]:
     """Each request of `order` (`order.start_order`) with its place and its ETA: places in the order of the expected
     starts (a request held by its team's cap starts after some of those behind it), those with none after, in `order`."""
-    index = sorted(range(len(order)), key=lambda i: (eta.get(order[i].request_id) is None, eta.get(order[i].request_id) or 0.0, i))
+    index = sorted(
+        range(len(order)), key=lambda i: (eta.get(order[i].request_id) is None, eta.get(order[i].request_id) or 0.0, i)
+    )
     return [(order[i], place, eta.get(order[i].request_id)) for place, i in enumerate(index, start=1)]
 
 
-def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pace, now: float,
-         teams: Mapping[str, TeamShare] | None = None) -> dict[str, float | None]:
+def etas(
+    order: list[Waiting],
+    running: list[Running],
+    slots: int,
+    durations: Pace,
+    now: float,
+    teams: Mapping[str, TeamShare] | None = None,
+) -> dict[str, float | None]:
     """Each waiting request's ETA in seconds from `now`, by request id; None where nothing honest can be said.
 
     Each of the fleet's `slots` is free when its running job ends (daemon/fleet/order.py `time_left`: its own
@@ -155,7 +197,7 @@ def etas(order: list[Waiting], running: list[Running], slots: int, durations: Pa
             continue
         start = max(ready, known[request.gpus - 1])
         taken = bisect.bisect_right(known, start)
-        del known[taken - request.gpus:taken]
+        del known[taken - request.gpus : taken]
         result[request.request_id] = start - now
         kind = (request.method, request.model)
         if (*kind, request.steps) not in expected_s:

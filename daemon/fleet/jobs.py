@@ -33,7 +33,6 @@ from schemas import Preempted, RequestBase
 log = structlog.get_logger()
 
 
-
 def claimed_class(record: Record, request: RequestBase, settings: Settings) -> str:
     """The class a claimed request runs as (`Settings.runs_as`)."""
     return settings.runs_as(record.headers, request.priority_class) or ""
@@ -53,8 +52,12 @@ class FleetJobs:
 
     def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
         self.started[tp] = (time.time(), record)
-        fields: dict[str, str | int] = {"priority_class": claimed_class(record, request, self.settings), "team": team_of(request.team),
-                                        "host_slots": self.scheduler.slots.total, "model": request.model.id}
+        fields: dict[str, str | int] = {
+            "priority_class": claimed_class(record, request, self.settings),
+            "team": team_of(request.team),
+            "host_slots": self.scheduler.slots.total,
+            "model": request.model.id,
+        }
         if request.training.max_steps is not None:
             fields["max_steps"] = request.training.max_steps
         return fields
@@ -72,26 +75,43 @@ class FleetJobs:
             cls = claimed_class(record, runner.request, self.settings)
             step = runner.supervisor.progress.get("step")
             saved = runner.supervisor.checkpoint_step
-            out.append(Running(
-                request_id=runner.request.request_id, priority_class=cls, team=team_of(runner.request.team), started=started,
-                method=runner.request.method, model=runner.request.model.id, preemptible=cls in self.preemptible,
-                preemptions=self.retries.preemptions(record), eta_s=runner.supervisor.progress.get("eta_s"),
-                steps_since_checkpoint=None if step is None else step - (saved or 0), host=self.settings.host, key=tp,
-                gpus=runner.request.resources.gpus,
-            ))
+            out.append(
+                Running(
+                    request_id=runner.request.request_id,
+                    priority_class=cls,
+                    team=team_of(runner.request.team),
+                    started=started,
+                    method=runner.request.method,
+                    model=runner.request.model.id,
+                    preemptible=cls in self.preemptible,
+                    preemptions=self.retries.preemptions(record),
+                    eta_s=runner.supervisor.progress.get("eta_s"),
+                    steps_since_checkpoint=None if step is None else step - (saved or 0),
+                    host=self.settings.host,
+                    key=tp,
+                    gpus=runner.request.resources.gpus,
+                )
+            )
         return out
 
     def held(self) -> dict[str, tuple[str, int]]:
         """Each of this host's jobs by request id: its team and the slots it holds now, none from when its child exited
         (its slots free then, before its outcome is judged, pushed and published: daemon/jobs/scheduler.py)."""
-        return {job.request_id: (team_of(job.runner.request.team), 0 if job.placement is None else len(job.placement.slots))
-                for job in self.scheduler.jobs.values()}
+        return {
+            job.request_id: (team_of(job.runner.request.team), 0 if job.placement is None else len(job.placement.slots))
+            for job in self.scheduler.jobs.values()
+        }
 
     def preempt(self, tp: object, by: str) -> bool:
         """Stop the job of claims partition `tp` (a `Running`'s key) at its checkpoint so that request `by` takes its
         slot; False when there is none or it is too late (its outcome is being published)."""
         job = self.scheduler.jobs.get(tp) if isinstance(tp, TopicPartition) else None
-        if job is None or not isinstance(tp, TopicPartition) or tp in self.preempting or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s)):
+        if (
+            job is None
+            or not isinstance(tp, TopicPartition)
+            or tp in self.preempting
+            or not job.runner.stop(Stop.interrupt(f"preempted by {by}", self.settings.drain_timeout_s))
+        ):
             return False
         self.preempting[tp] = by
         return True
@@ -105,10 +125,18 @@ class FleetJobs:
         cls = claimed_class(record, runner.request, self.settings)
         count = self.retries.preemptions(record) + 1
         # Back to its class's queue with its arrival time: it keeps its place there.
-        back = Copy(record, self.settings.class_topics[cls], cls, team_of(runner.request.team), self.arrival_ms(record),
-                    carried(record, self.retries, preemptions=count))
+        back = Copy(
+            record,
+            self.settings.class_topics[cls],
+            cls,
+            team_of(runner.request.team),
+            self.arrival_ms(record),
+            carried(record, self.retries, preemptions=count),
+        )
         try:
-            await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.scheduler.partitions.assigned()))
+            await self.mover.move(
+                Move(record, self.settings.group_id, (back,), lambda: tp in self.scheduler.partitions.assigned())
+            )
         except Stale:  # its claims partition moved meanwhile: whoever holds it now runs it, from its checkpoint
             log.warning("job.preempted_not_requeued", request_id=runner.request.request_id, by=by)
             return False
@@ -116,15 +144,24 @@ class FleetJobs:
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
         # Where it stopped and the checkpoint it resumes from, not its last progress report, which may trail both.
         stopped, kept = runner.supervisor.stop_steps()
-        await runner.events.publish(Preempted, by=by, priority_class=cls, preemptions=count, stopped_at_step=stopped,
-                                    resume_from_step=kept, step=stopped)
+        await runner.events.publish(
+            Preempted,
+            by=by,
+            priority_class=cls,
+            preemptions=count,
+            stopped_at_step=stopped,
+            resume_from_step=kept,
+            step=stopped,
+        )
         return True
 
     def arrival_ms(self, record: Record) -> int:
         """When a claimed request arrived: what the fleet signed on its claim (intake ran none it did not sign),
         else, on a fleet that checks no signature, the claim's timestamp, which the dispatcher set to it."""
         try:
-            return self.mover.seal.read(record.topic, record.partition, record.key, record.value, record.headers).arrival_ms
+            return self.mover.seal.read(
+                record.topic, record.partition, record.key, record.value, record.headers
+            ).arrival_ms
         except Unsealed:
             return record.timestamp
 
@@ -132,7 +169,9 @@ class FleetJobs:
         """A claimed request's retry, to its class's queue, signed by the fleet: it arrives there now (at the end)."""
         cls = claimed_class(record, request, self.settings)
         topic = self.settings.class_topics.get(cls, self.settings.requests_topic)
-        seal = self.mover.seal.headers(topic, None, retry.key, retry.value, cls, team_of(request.team), int(time.time() * 1000))
+        seal = self.mover.seal.headers(
+            topic, None, retry.key, retry.value, cls, team_of(request.team), int(time.time() * 1000)
+        )
         return dataclasses.replace(retry, topic=topic, headers=[*retry.headers, *seal])
 
     def forget(self, tp: TopicPartition) -> None:

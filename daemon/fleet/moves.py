@@ -105,22 +105,48 @@ class Mover:
             if not move.still_ours():
                 raise Stale(f"{record.topic}[{record.partition}] moved to another member since its record was read")
             async with self.producer.transaction():
-                sent = [await self.producer.send(copy.topic, value=copy.record.value or b"", key=copy.record.key, partition=copy.partition,
-                                                 timestamp_ms=kept_timestamp(copy.arrival_ms), headers=self._signed(copy)) for copy in move.copies]
+                sent = [
+                    await self.producer.send(
+                        copy.topic,
+                        value=copy.record.value or b"",
+                        key=copy.record.key,
+                        partition=copy.partition,
+                        timestamp_ms=kept_timestamp(copy.arrival_ms),
+                        headers=self._signed(copy),
+                    )
+                    for copy in move.copies
+                ]
                 await self.producer.send_offsets_to_transaction(
-                    {TopicPartition(record.topic, record.partition): OffsetAndMetadata(record.offset + 1, "")}, move.group,
+                    {TopicPartition(record.topic, record.partition): OffsetAndMetadata(record.offset + 1, "")},
+                    move.group,
                 )
             if not sent:
                 return None
             metadata = await sent[-1]
-        log.debug("fleet.moved", from_topic=record.topic, partition=record.partition, offset=record.offset, to_topic=metadata.topic,
-                  to_partition=metadata.partition, to_offset=metadata.offset)
+        log.debug(
+            "fleet.moved",
+            from_topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            to_topic=metadata.topic,
+            to_partition=metadata.partition,
+            to_offset=metadata.offset,
+        )
         return int(metadata.offset)
 
-
     def _signed(self, copy: Copy) -> list[tuple[str, bytes]]:
-        return [*copy.headers, *self.seal.headers(copy.topic, copy.partition, copy.record.key, copy.record.value or b"",
-                                                  copy.priority_class, copy.team, copy.arrival_ms)]
+        return [
+            *copy.headers,
+            *self.seal.headers(
+                copy.topic,
+                copy.partition,
+                copy.record.key,
+                copy.record.value or b"",
+                copy.priority_class,
+                copy.team,
+                copy.arrival_ms,
+            ),
+        ]
 
 
 def kept_timestamp(timestamp: int) -> int | None:
@@ -135,7 +161,11 @@ def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = N
     context; nothing else of a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
     value = record.value or b""
     state = retries.read(record)
-    kept = list(retries.headers(record.key, value, state.attempt, state.due, alone=state.alone)) if state.due is not None else []
+    kept = (
+        list(retries.headers(record.key, value, state.attempt, state.due, alone=state.alone))
+        if state.due is not None
+        else []
+    )
     count = retries.preemptions(record) if preemptions is None else preemptions
     if count:
         kept += retries.preemption_headers(record.key, value, count)

@@ -66,8 +66,17 @@ class Running:
 
 def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: object = None) -> Waiting:
     """A decoded request as the fleet's order weighs it: its class, team, arrival, method, model, GPUs and steps."""
-    return Waiting(request.request_id, priority_class, team_of(request.team), arrived, request.method, request.model.id,
-                   request.resources.gpus, key=key, steps=request.training.max_steps)
+    return Waiting(
+        request.request_id,
+        priority_class,
+        team_of(request.team),
+        arrived,
+        request.method,
+        request.model.id,
+        request.resources.gpus,
+        key=key,
+        steps=request.training.max_steps,
+    )
 
 
 def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
@@ -117,8 +126,14 @@ def remaining_work(running: list[Running], durations: Pace | None, now: float) -
 
 
 def fleet_order(
-    waiting: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Pace | None = None, *, ahead: Mapping[str, float] | None = None,
+    waiting: list[Waiting],
+    usage: Mapping[str, float],
+    running: Mapping[str, int],
+    classes: list[PriorityClass],
+    teams: Mapping[str, TeamShare],
+    durations: Pace | None = None,
+    *,
+    ahead: Mapping[str, float] | None = None,
 ) -> list[Waiting]:
     """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
     team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
@@ -127,7 +142,9 @@ def fleet_order(
     rank = {c.name: index for index, c in enumerate(classes)}
     groups: dict[int, dict[str, deque[Waiting]]] = {}
     for request in sorted(waiting, key=lambda w: (rank.get(w.priority_class, len(classes)), w.arrived, w.request_id)):
-        groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(request)
+        groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(
+            request
+        )
     spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
     for team, seconds in (ahead or {}).items():
         spent[team] = spent.get(team, 0.0) + seconds
@@ -163,8 +180,13 @@ def fleet_order(
 
 
 def start_order(
-    waiting: list[Waiting], usage: Mapping[str, float], classes: list[PriorityClass], teams: Mapping[str, TeamShare],
-    durations: Pace | None = None, *, ahead: Mapping[str, float] | None = None,
+    waiting: list[Waiting],
+    usage: Mapping[str, float],
+    classes: list[PriorityClass],
+    teams: Mapping[str, TeamShare],
+    durations: Pace | None = None,
+    *,
+    ahead: Mapping[str, float] | None = None,
 ) -> list[Waiting]:
     """The waiting requests in the order they are expected to start, for their places and ETAs (daemon/fleet/eta.py):
     the fleet's order with no team deferred for its cap. `fleet_order` puts a team that reaches its `max_slots`
@@ -183,8 +205,15 @@ def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare]
 
 
 def pick(
-    heads: list[Waiting], usage: Mapping[str, float], running: Mapping[str, int], classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare], durations: Pace | None = None, *, free: int | None = None, ahead: Mapping[str, float] | None = None,
+    heads: list[Waiting],
+    usage: Mapping[str, float],
+    running: Mapping[str, int],
+    classes: list[PriorityClass],
+    teams: Mapping[str, TeamShare],
+    durations: Pace | None = None,
+    *,
+    free: int | None = None,
+    ahead: Mapping[str, float] | None = None,
 ) -> Waiting | None:
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
@@ -195,7 +224,14 @@ def pick(
 
 
 def victim(
-    head: Waiting, running: list[Running], classes: list[PriorityClass], min_run_s: float, max_count: int, now: float, *, free: int = 0,
+    head: Waiting,
+    running: list[Running],
+    classes: list[PriorityClass],
+    min_run_s: float,
+    max_count: int,
+    now: float,
+    *,
+    free: int = 0,
 ) -> Running | None:
     """The running job `head` (a waiting request that fits no free slot) stops at its checkpoint, or None.
 
@@ -210,12 +246,23 @@ def victim(
     if head.priority_class not in rank:
         return None
     candidates = [
-        job for job in running
-        if job.preemptible and job.priority_class in allowed and rank[job.priority_class] > rank[head.priority_class]
-        and now - job.started >= min_run_s and job.preemptions < max_count and job.gpus + free >= head.gpus
+        job
+        for job in running
+        if job.preemptible
+        and job.priority_class in allowed
+        and rank[job.priority_class] > rank[head.priority_class]
+        and now - job.started >= min_run_s
+        and job.preemptions < max_count
+        and job.gpus + free >= head.gpus
     ]
     if not candidates:
         return None
-    return min(candidates, key=lambda job: (
-        float("inf") if job.steps_since_checkpoint is None else job.steps_since_checkpoint, -rank[job.priority_class], -job.started, job.request_id,
-    ))
+    return min(
+        candidates,
+        key=lambda job: (
+            float("inf") if job.steps_since_checkpoint is None else job.steps_since_checkpoint,
+            -rank[job.priority_class],
+            -job.started,
+            job.request_id,
+        ),
+    )

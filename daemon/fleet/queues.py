@@ -78,10 +78,15 @@ class ClassQueue:
         request it holds (a turn right after a rebalance would miss a higher class's). A partition counts once a poll
         began after its first fetch's answer (its high watermark known): an answer taken in while the turn polled the
         other queues has records no window holds yet, and the turn would give their slot to a lower class."""
-        return not self.subscribed or (self.joined and all(tp in self.windows or tp in self.polled for tp in self.consumer.assignment()))
+        return not self.subscribed or (
+            self.joined and all(tp in self.windows or tp in self.polled for tp in self.consumer.assignment())
+        )
 
-    async def fetch(self, head: Callable[[ClassQueue, TopicPartition, Record], Head],
-                    unreadable: Callable[[ClassQueue, TopicPartition, UnreadableRecord, BaseException], Head]) -> None:
+    async def fetch(
+        self,
+        head: Callable[[ClassQueue, TopicPartition, Record], Head],
+        unreadable: Callable[[ClassQueue, TopicPartition, UnreadableRecord, BaseException], Head],
+    ) -> None:
         """Fill each partition's window from what the consumer has fetched; a full window pauses its partition."""
         if not self.subscribed:
             return
@@ -136,4 +141,6 @@ class QueueListener(ConsumerRebalanceListener):
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         self.queue.joined = True
         self.queue.partitions.on_assigned(assigned)
-        log.info("fleet.queue_assigned", priority_class=self.queue.name, partitions=sorted(tp.partition for tp in assigned))
+        log.info(
+            "fleet.queue_assigned", priority_class=self.queue.name, partitions=sorted(tp.partition for tp in assigned)
+        )

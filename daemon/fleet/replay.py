@@ -50,7 +50,9 @@ class Trace:
     # (method, model, seconds, steps or None): the durations known before the trace starts
     history: tuple[tuple[str, str, float, int | None], ...] = ()
     learn: bool = True  # a finished job's duration is learnt, as its succeeded event teaches the real fleet
-    running_eta: bool = False  # a running job reports its true remaining time (as its progress events' ETA); else it is estimated
+    running_eta: bool = (
+        False  # a running job reports its true remaining time (as its progress events' ETA); else it is estimated
+    )
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class Outcome:
     arrived: float
     eta_s: float | None  # the ETA it was given at arrival
     started: float | None  # when the simulation started it; None: never (more GPUs than the fleet has)
-    told: tuple[tuple[float, float | None], ...] = ()  # (when, ETA) of each `queued` event the rule sent it while it waited
+    told: tuple[
+        tuple[float, float | None], ...
+    ] = ()  # (when, ETA) of each `queued` event the rule sent it while it waited
 
     @property
     def error(self) -> float | None:
@@ -73,7 +77,8 @@ class Outcome:
 def replay(trace: Trace) -> list[Outcome]:
     """Each request of the trace, in arrival order, with its ETA at arrival and its simulated start."""
     arrivals = sorted(
-        ((a if a.request_id else replace(a, request_id=f"r{i}")) for i, a in enumerate(trace.arrivals)), key=lambda a: a.at,
+        ((a if a.request_id else replace(a, request_id=f"r{i}")) for i, a in enumerate(trace.arrivals)),
+        key=lambda a: a.at,
     )
     classes, teams = list(trace.classes), trace.teams
     durations, usage = Durations(), Usage()
@@ -93,8 +98,12 @@ def replay(trace: Trace) -> list[Outcome]:
     def seen(now: float) -> list[Running]:
         """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one but
         with the steps they have left (as their progress events say), when their steps are known."""
-        return [replace(job, eta_s=end - now) if trace.running_eta else replace(job, steps_left=left(job.request_id, end, now))
-                for end, job in running.values()]
+        return [
+            replace(job, eta_s=end - now)
+            if trace.running_eta
+            else replace(job, steps_left=left(job.request_id, end, now))
+            for end, job in running.values()
+        ]
 
     def left(request_id: str, end: float, now: float) -> int | None:
         arrival = by_id[request_id]
@@ -105,20 +114,40 @@ def replay(trace: Trace) -> list[Outcome]:
     def dispatch(now: float) -> None:
         while waiting:
             ahead = remaining_work(seen(now), durations, now)
-            head = pick(waiting, usage.slot_seconds(now), usage.running(), classes, teams, durations, free=free_slots(), ahead=ahead)
+            head = pick(
+                waiting,
+                usage.slot_seconds(now),
+                usage.running(),
+                classes,
+                teams,
+                durations,
+                free=free_slots(),
+                ahead=ahead,
+            )
             if head is None:
                 return
             waiting.remove(head)
             started[head.request_id] = now
-            running[head.request_id] = (now + by_id[head.request_id].duration_s, Running(
-                head.request_id, head.priority_class, head.team, now, head.method, head.model, gpus=head.gpus,
-            ))
+            running[head.request_id] = (
+                now + by_id[head.request_id].duration_s,
+                Running(
+                    head.request_id,
+                    head.priority_class,
+                    head.team,
+                    now,
+                    head.method,
+                    head.model,
+                    gpus=head.gpus,
+                ),
+            )
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
     def estimated(now: float) -> tuple[list[Waiting], dict[str, float | None]]:
         """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them out."""
         jobs = seen(now)
-        order = start_order(waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now))
+        order = start_order(
+            waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now)
+        )
         return order, etas(order, jobs, trace.slots, durations, now, teams)
 
     def tell(now: float) -> None:
@@ -136,8 +165,18 @@ def replay(trace: Trace) -> list[Outcome]:
             arrival = arrivals[index]
             index += 1
             now = arrival.at
-            waiting.append(Waiting(arrival.request_id, arrival.priority_class, arrival.team, now, arrival.method, arrival.model, arrival.gpus,
-                                   steps=arrival.steps))
+            waiting.append(
+                Waiting(
+                    arrival.request_id,
+                    arrival.priority_class,
+                    arrival.team,
+                    now,
+                    arrival.method,
+                    arrival.model,
+                    arrival.gpus,
+                    steps=arrival.steps,
+                )
+            )
             eta_at_arrival[arrival.request_id] = estimated(now)[1][arrival.request_id]
         else:
             now = next_end
@@ -150,7 +189,10 @@ def replay(trace: Trace) -> list[Outcome]:
         if waiting:
             tell(now)
         look = now + TELL_EVERY_S if waiting else math.inf
-    return [Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id), tuple(told[a.request_id])) for a in arrivals]
+    return [
+        Outcome(a.request_id, a.at, eta_at_arrival[a.request_id], started.get(a.request_id), tuple(told[a.request_id]))
+        for a in arrivals
+    ]
 
 
 def _learn(durations: Durations, method: str, model: str, seconds: float, steps: int | None) -> None:
@@ -164,7 +206,6 @@ def eta_error(trace: Trace) -> float:
     over the requests that were given one; NaN when none was (nothing was known to estimate from)."""
     errors = [error for outcome in replay(trace) if (error := outcome.error) is not None]
     return statistics.median(errors) if errors else math.nan
-
 
 
 def eta_error_current(trace: Trace) -> float:
@@ -213,16 +254,35 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
         elif isinstance(event, Started):
             gpus[request_id] = 1 if event.slot == "cpu" else len(event.slot.split(","))
         elif isinstance(event, Preempted | Retrying) and request_id in accepted:
-            earlier[request_id] = earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
-        elif isinstance(event, Succeeded) and not event.duplicate and "total" in event.durations_s and request_id in accepted:
+            earlier[request_id] = (
+                earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
+            )
+        elif (
+            isinstance(event, Succeeded)
+            and not event.duplicate
+            and "total" in event.durations_s
+            and request_id in accepted
+        ):
             times, start = event.durations_s, accepted[request_id]
             trained = trained_steps(event.metrics)
             steps = round(trained) if trained is not None else None
             last = max(0.0, times["total"] - times.get("queue", 0.0) - times.get("push", 0.0))
             arrived = min(event.time.timestamp() - times["total"], first_accepted[request_id])
-            done.append((arrived, Arrival(
-                0.0, earlier.get(request_id, 0.0) + last, event.method, event.base_model, start.priority_class or "default",
-                start.team or "default", gpus.get(request_id, 1), request_id, steps,
-            )))
+            done.append(
+                (
+                    arrived,
+                    Arrival(
+                        0.0,
+                        earlier.get(request_id, 0.0) + last,
+                        event.method,
+                        event.base_model,
+                        start.priority_class or "default",
+                        start.team or "default",
+                        gpus.get(request_id, 1),
+                        request_id,
+                        steps,
+                    ),
+                )
+            )
     first = min((at for at, _ in done), default=0.0)
     return tuple(replace(arrival, at=at - first) for at, arrival in sorted(done, key=lambda pair: pair[0]))

@@ -44,10 +44,19 @@ class RunningJobs:
         if isinstance(event, Accepted):
             # Its model and max_steps (a fleet host's `accepted` names them): before its first progress it is expected
             # at its own length, not the method's median job's.
-            self._seen[request_id] = _Seen(Running(
-                request_id, event.priority_class or "", team_of(event.team), at, event.method, event.model or "",
-                preemptions=self._preemptions.get(request_id, 0), host=event.host, steps_left=event.max_steps,
-            ))
+            self._seen[request_id] = _Seen(
+                Running(
+                    request_id,
+                    event.priority_class or "",
+                    team_of(event.team),
+                    at,
+                    event.method,
+                    event.model or "",
+                    preemptions=self._preemptions.get(request_id, 0),
+                    host=event.host,
+                    steps_left=event.max_steps,
+                )
+            )
         elif isinstance(event, Preempted):
             self._preemptions[request_id] = event.preemptions
             self._seen.pop(request_id, None)
@@ -61,20 +70,33 @@ class RunningJobs:
         elif isinstance(event, Started):
             gpus = 1 if event.slot == "cpu" else len(event.slot.split(","))
             resumed = event.resumed_step or 0
-            left = seen.job.steps_left if seen.job.steps_left is None or seen.step is not None else max(0, seen.job.steps_left - resumed)
-            self._seen[request_id] = replace(seen, job=replace(seen.job, gpus=gpus, host=event.host, steps_left=left), saved=resumed)
+            left = (
+                seen.job.steps_left
+                if seen.job.steps_left is None or seen.step is not None
+                else max(0, seen.job.steps_left - resumed)
+            )
+            self._seen[request_id] = replace(
+                seen, job=replace(seen.job, gpus=gpus, host=event.host, steps_left=left), saved=resumed
+            )
         elif isinstance(event, Progress):
             left = max(0, event.total_steps - event.step)
             pace = event.eta_s / left if event.eta_s is not None and left > 0 else seen.job.step_s
             job = replace(seen.job, eta_s=event.eta_s, steps_left=left, step_s=pace)
-            self._seen[request_id] = replace(seen, job=job, eta_at=at if event.eta_s is not None else None, step=event.step)
+            self._seen[request_id] = replace(
+                seen, job=job, eta_at=at if event.eta_s is not None else None, step=event.step
+            )
         elif isinstance(event, Checkpoint):
             self._seen[request_id] = replace(seen, saved=event.step)
 
     def jobs(self, now: float) -> list[Running]:
         """The running jobs as of `now`: each ETA counted down from when it was given."""
-        return [replace(
-            seen.job,
-            eta_s=None if seen.job.eta_s is None or seen.eta_at is None else max(0.0, seen.job.eta_s - (now - seen.eta_at)),
-            steps_since_checkpoint=None if seen.step is None else max(0, seen.step - seen.saved),
-        ) for seen in self._seen.values()]
+        return [
+            replace(
+                seen.job,
+                eta_s=None
+                if seen.job.eta_s is None or seen.eta_at is None
+                else max(0.0, seen.job.eta_s - (now - seen.eta_at)),
+                steps_since_checkpoint=None if seen.step is None else max(0, seen.step - seen.saved),
+            )
+            for seen in self._seen.values()
+        ]

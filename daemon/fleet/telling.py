@@ -97,13 +97,21 @@ class Telling:
         moves = []
         for each in placed:
             told = self.told.get(each[0].request_id)
-            if (told is None or now - told.at < RETELL_EVERY_S or (told.host != host and now - told.at < RETELL_HANDOVER_S)
-                    or (size := move(told, each[1], each[2], now)) is None):
+            if (
+                told is None
+                or now - told.at < RETELL_EVERY_S
+                or (told.host != host and now - told.at < RETELL_HANDOVER_S)
+                or (size := move(told, each[1], each[2], now)) is None
+            ):
                 continue
             moves.append((size, each))
-        tokens = RETELL_BURST if self._filled is None else min(RETELL_BURST, self._tokens + (now - self._filled) * RETELLS_PER_S)
+        tokens = (
+            RETELL_BURST
+            if self._filled is None
+            else min(RETELL_BURST, self._tokens + (now - self._filled) * RETELLS_PER_S)
+        )
         moves.sort(key=lambda pair: -pair[0])
-        taken = [each for _, each in moves[:int(tokens)]]
+        taken = [each for _, each in moves[: int(tokens)]]
         if not dry:
             self._tokens, self._filled = tokens - len(taken), now
         return first + taken

@@ -91,7 +91,9 @@ class Usage:
         """One slot held from `since` to `until`, decayed to `as_of`: the integral of the decay over the stretch."""
         if until <= since:
             return 0.0
-        return self._decay(as_of - until) * -math.expm1(-self._rate * (until - since)) / self._rate  # expm1: exact for a long half-life too
+        return (
+            self._decay(as_of - until) * -math.expm1(-self._rate * (until - since)) / self._rate
+        )  # expm1: exact for a long half-life too
 
 
 class Durations:
@@ -106,7 +108,9 @@ class Durations:
         self._by_model: dict[tuple[str, str], deque[float]] = {}
         self._by_method: dict[str, deque[float]] = {}
         self._all: deque[float] = deque(maxlen=window)
-        self._expected: dict[tuple[str, str], float | None] = {}  # answers since the last add: the order asks once per request
+        self._expected: dict[
+            tuple[str, str], float | None
+        ] = {}  # answers since the last add: the order asks once per request
         # With the steps it trained (its `metrics`: train_runtime x train_steps_per_second): the seconds it held its slot
         # outside training, and a step's seconds, so a request of another length is expected at its own.
         self._steps_by_model: dict[tuple[str, str], deque[tuple[float, float]]] = {}
@@ -136,7 +140,9 @@ class Durations:
         self._steps_all.append(sample)
         self._paces.clear()
 
-    def add(self, method: str, model: str, seconds: float, *, steps: float | None = None, training_s: float | None = None) -> None:
+    def add(
+        self, method: str, model: str, seconds: float, *, steps: float | None = None, training_s: float | None = None
+    ) -> None:
         if steps and training_s is not None and steps >= 1:
             self.add_steps(method, model, seconds - training_s, training_s / steps)
         self._by_model.setdefault((method, model), deque(maxlen=self.window)).append(seconds)
@@ -146,8 +152,18 @@ class Durations:
 
     def _samples(self, method: str, model: str) -> deque[tuple[float, float]] | None:
         """The (outside training, step) samples of the same method and model, else method, else all; None: none."""
-        return next((known for known in (self._steps_by_model.get((method, model)), self._steps_by_method.get(method), self._steps_all)
-                     if known), None)
+        return next(
+            (
+                known
+                for known in (
+                    self._steps_by_model.get((method, model)),
+                    self._steps_by_method.get(method),
+                    self._steps_all,
+                )
+                if known
+            ),
+            None,
+        )
 
     def _step_samples(self, method: str, model: str) -> list[float]:
         return [t for _, t in self._samples(method, model) or ()]
@@ -157,7 +173,11 @@ class Durations:
         between adds (the order asks for every waiting request, every turn)."""
         if (method, model) not in self._paces:
             samples = self._samples(method, model)
-            self._paces[(method, model)] = (statistics.median(o for o, _ in samples), statistics.median(t for _, t in samples)) if samples else None
+            self._paces[(method, model)] = (
+                (statistics.median(o for o, _ in samples), statistics.median(t for _, t in samples))
+                if samples
+                else None
+            )
         return self._paces[(method, model)]
 
     def step_s(self, method: str, model: str, running: Sequence[float] = ()) -> float | None:
@@ -168,7 +188,9 @@ class Durations:
         pace = self._pace(method, model)
         return pace[1] if pace is not None else None
 
-    def expected(self, method: str, model: str, steps: int | None = None, running: Sequence[float] = ()) -> float | None:
+    def expected(
+        self, method: str, model: str, steps: int | None = None, running: Sequence[float] = ()
+    ) -> float | None:
         """The median of the same method and model, else of the same method, else of all, else None. Given the
         request's `steps` (its max_steps) and jobs whose steps are known: their median time outside training
         plus their median step's time, times `steps`; the step's median taken with `running`, the paces the
@@ -179,7 +201,14 @@ class Durations:
             step = self.step_s(method, model, running)  # never None here: the samples `pace` came from are there
             return pace[0] + (pace[1] if step is None else step) * steps
         if (method, model) not in self._expected:
-            found = next((known for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all) if known), None)
+            found = next(
+                (
+                    known
+                    for known in (self._by_model.get((method, model)), self._by_method.get(method), self._all)
+                    if known
+                ),
+                None,
+            )
             self._expected[(method, model)] = statistics.median(found) if found else None
         return self._expected[(method, model)]
 
@@ -226,7 +255,9 @@ class Switches:
     takes a second or two, and a bound of a minute would make every preempting request's ETA a minute late."""
 
     def __init__(self, window: int = 20) -> None:
-        self._stopped: dict[str, float] = {}  # the preempting request's id → when its victim's `preempted` event said it stopped
+        self._stopped: dict[
+            str, float
+        ] = {}  # the preempting request's id → when its victim's `preempted` event said it stopped
         self._seconds: deque[float] = deque(maxlen=window)
 
     def observe(self, event: Event, now: float) -> None:

@@ -57,7 +57,9 @@ class FleetView:
         # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
         # be refused as repeated when read, and the `accepted` read after it would hold a slot for ever.
         self.ended_here: dict[str, str] = {}
-        self.drained_for: str | None = None  # the request this host last drained for (daemon/fleet/drain.py), for its log line
+        self.drained_for: str | None = (
+            None  # the request this host last drained for (daemon/fleet/drain.py), for its log line
+        )
 
     def observe(self, event: Event, now: float) -> None:
         self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
@@ -95,7 +97,12 @@ class FleetView:
         if any(slots > used[name] for name, slots in self.host_slots.items() if name != host):
             return True
         stoppable = [replace(job, preemptible=True) for job in others]
-        return victim(head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now) is not None
+        return (
+            victim(
+                head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now
+            )
+            is not None
+        )
 
     def fleet_slots(self, free_here: int, running: Sequence[Running] | None = None) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the slots of the jobs running
@@ -107,7 +114,12 @@ class FleetView:
         """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
         from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
         while True:
-            self.usage, self.durations, self.running_jobs, self.switches = Usage(HALF_LIFE_S), Durations(), RunningJobs(), Switches()
+            self.usage, self.durations, self.running_jobs, self.switches = (
+                Usage(HALF_LIFE_S),
+                Durations(),
+                RunningJobs(),
+                Switches(),
+            )
             self.host_slots, self.skipped = {}, Counter()
             try:
                 await self._follow()
@@ -116,12 +128,18 @@ class FleetView:
                 await asyncio.sleep(FOLLOW_AGAIN_S)
 
     async def _follow(self) -> None:
-        async with EventStream(self.settings, since=time.time() - USAGE_LOOKBACK_S, window_s=USAGE_LOOKBACK_S, quiet=True) as stream:
+        async with EventStream(
+            self.settings, since=time.time() - USAGE_LOOKBACK_S, window_s=USAGE_LOOKBACK_S, quiet=True
+        ) as stream:
             async for record in stream.reader.records():
                 self.take(stream, record)
                 if stream.reader.caught_up.is_set() and not self.caught_up.is_set():
                     self.caught_up.set()
-                    log.info("fleet.usage_read", teams=sorted(self.usage.slot_seconds(time.time())), skipped=dict(self.skipped))
+                    log.info(
+                        "fleet.usage_read",
+                        teams=sorted(self.usage.slot_seconds(time.time())),
+                        skipped=dict(self.skipped),
+                    )
 
     def take(self, stream: EventStream, record: Record) -> None:
         """Fold one record of the events topic: its event when verified and not taken before, else counted."""
@@ -141,8 +159,15 @@ class FleetView:
             log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
         self.skipped = Counter(counts)
 
-    def pick(self, heads: Sequence[Waiting], free: int | None, mine: Mapping[str, tuple[str, int]] | None = None, *,
-             here: Sequence[Running] | None = None, slots: int | None = None) -> Waiting | None:
+    def pick(
+        self,
+        heads: Sequence[Waiting],
+        free: int | None,
+        mine: Mapping[str, tuple[str, int]] | None = None,
+        *,
+        here: Sequence[Running] | None = None,
+        slots: int | None = None,
+    ) -> Waiting | None:
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
         caps read with this host's own claims and jobs as it knows them (`held`). Given `here` (those jobs and claims)
         and `slots` (all of this host's), a host drained for a request of several GPUs first in the order takes only
@@ -150,7 +175,12 @@ class FleetView:
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        usage, held, settings, ahead = self.usage.slot_seconds(now), self.held(mine or {}), self.settings, remaining_work(running, pace, now)
+        usage, held, settings, ahead = (
+            self.usage.slot_seconds(now),
+            self.held(mine or {}),
+            self.settings,
+            remaining_work(running, pace, now),
+        )
         candidates = list(heads)
         if free is not None and here is not None and slots is not None:
             first = pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, ahead=ahead)
@@ -158,8 +188,13 @@ class FleetView:
             if reserved is not None:
                 candidates = [head for head in candidates if backfills(head, reserved, pace, now)]
                 if reserved.head.request_id != self.drained_for:  # said once a reservation, not every turn
-                    log.info("fleet.drained", request_id=reserved.head.request_id, gpus=reserved.head.gpus, free_slots=free,
-                             due_s=None if reserved.due == float("inf") else round(reserved.due - now, 1))
+                    log.info(
+                        "fleet.drained",
+                        request_id=reserved.head.request_id,
+                        gpus=reserved.head.gpus,
+                        free_slots=free,
+                        due_s=None if reserved.due == float("inf") else round(reserved.due - now, 1),
+                    )
             self.drained_for = None if reserved is None else reserved.head.request_id
         return pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, free=free, ahead=ahead)
 
@@ -167,9 +202,13 @@ class FleetView:
         """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""
         settings = self.settings
         min_run_s = 0.0 if ever else settings.preempt_min_run_s
-        return victim(head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free)
+        return victim(
+            head, mine, settings.priority_classes, min_run_s, settings.preempt_max_count, time.time(), free=free
+        )
 
-    def places(self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None) -> list[tuple[Waiting, int, float | None]]:
+    def places(
+        self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None
+    ) -> list[tuple[Waiting, int, float | None]]:
         """Each waiting request with its place in the order they are expected to start and its ETA (seconds), as far as
         this host sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py
         `preempting`, within the operator's bounds and after the measured switch), then list scheduling of the rest
@@ -180,8 +219,23 @@ class FleetView:
         running = self.running_jobs.jobs(now)
         if here is not None:
             gone = {*self.ended_here.values(), *(job.request_id for job in here)}
-            running = [job for job in running if job.host != self.settings.host and job.request_id not in gone] + list(here)
-        pace = paced(self.durations, running)  # one reading of a step's pace for the order, the preemptions and the ETAs
+            running = [job for job in running if job.host != self.settings.host and job.request_id not in gone] + list(
+                here
+            )
+        pace = paced(
+            self.durations, running
+        )  # one reading of a step's pace for the order, the preemptions and the ETAs
         settings = self.settings
-        bounds = Bounds(settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, self.switches.seconds())
-        return places(list(waiting), self.usage.slot_seconds(now), running, self.fleet_slots(free, running), bounds, pace, now, settings.teams)
+        bounds = Bounds(
+            settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, self.switches.seconds()
+        )
+        return places(
+            list(waiting),
+            self.usage.slot_seconds(now),
+            running,
+            self.fleet_slots(free, running),
+            bounds,
+            pace,
+            now,
+            settings.teams,
+        )

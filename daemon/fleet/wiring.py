@@ -20,9 +20,11 @@ def require_fleet_retry_key(settings: Settings) -> None:
     daemon starts, not in the settings: a CLI with the fleet's settings must not need the fleet's secret.
     A ConfigError (`adapterd run` exits 2) naming the setting."""
     if settings.priority_classes and settings.retry_key_file is None:
-        raise ConfigError("invalid settings: priority_classes need retry_key_file, one key for the fleet (16 bytes or more; "
-                          "deploy/README.md): another host reads a retry's attempt and a preemption count signed with this "
-                          "host's own key as unsigned")
+        raise ConfigError(
+            "invalid settings: priority_classes need retry_key_file, one key for the fleet (16 bytes or more; "
+            "deploy/README.md): another host reads a retry's attempt and a preemption count signed with this "
+            "host's own key as unsigned"
+        )
 
 
 def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partitions, intake: Intake) -> Dispatcher:

@@ -34,6 +34,12 @@ def _inside_outputs(name: str, settings: Settings) -> Path:
     outputs = settings.outputs_dir.resolve()
     target = outputs / name
     # Its own folder exactly: nothing in the name that normalises away ('..', '.'), no symlink on the way.
-    if os.path.normpath(target) != str(target) or target.resolve() != target or len(target.relative_to(outputs).parts) < 2:
-        raise PushFailed("hub_error", f"output: {name} names no folder of its own inside the local sink {outputs}", retryable=False)
+    if (
+        os.path.normpath(target) != str(target)
+        or target.resolve() != target
+        or len(target.relative_to(outputs).parts) < 2
+    ):
+        raise PushFailed(
+            "hub_error", f"output: {name} names no folder of its own inside the local sink {outputs}", retryable=False
+        )
     return target

@@ -44,7 +44,9 @@ def _source_lines(sources: Sequence[ResolvedSource]) -> str:
         where = f"`{source.location}`" + (f" at `{source.revision}`" if source.revision else "")
         share = f", {source.proportion:.0%} of the mixture" if source.proportion is not None else ""
         files = "; ".join(
-            f"`{f.path}`" + (f" ({f.size} bytes)" if f.size is not None else "") + (f" ETag {f.etag}" if f.etag else "")
+            f"`{f.path}`"
+            + (f" ({f.size} bytes)" if f.size is not None else "")
+            + (f" ETag {f.etag}" if f.etag else "")
             + (f" version {f.version_id}" if f.version_id else "")
             for f in source.files[:20]
         )
@@ -54,9 +56,17 @@ def _source_lines(sources: Sequence[ResolvedSource]) -> str:
 
 
 def model_card(
-    request: RequestBase, trainer: str, base_model_revision: str | None, metrics: dict[str, float], versions: dict[str, str],
-    *, dataset_sources: Sequence[ResolvedSource] = (), dataset_fingerprint: str | None = None,
-    local_model_hub_ids: dict[str, str] | None = None, pipeline_tag: str | None = None, tracking: Sequence[TrackedRun] = (),
+    request: RequestBase,
+    trainer: str,
+    base_model_revision: str | None,
+    metrics: dict[str, float],
+    versions: dict[str, str],
+    *,
+    dataset_sources: Sequence[ResolvedSource] = (),
+    dataset_fingerprint: str | None = None,
+    local_model_hub_ids: dict[str, str] | None = None,
+    pipeline_tag: str | None = None,
+    tracking: Sequence[TrackedRun] = (),
     evaluation: EvaluationReport | None = None,
 ) -> str:
     is_adapter = request.peft is not None and request.output.push == "adapter"
@@ -66,7 +76,13 @@ def model_card(
         base_model=base,
         library_name="peft" if is_adapter else "transformers",
         pipeline_tag=pipeline_tag,
-        tags=["trl", request.method, "adapterd", "lora" if request.peft is not None else "full-fine-tune", *(["vision-language"] if vision else [])],
+        tags=[
+            "trl",
+            request.method,
+            "adapterd",
+            "lora" if request.peft is not None else "full-fine-tune",
+            *(["vision-language"] if vision else []),
+        ],
         # The Hub's model-index: the adapter's numbers and each baseline's, on the same eval rows.
         model_name=request.output.repo_id if evaluation is not None else None,
         eval_results=_eval_results(request, evaluation, pipeline_tag) if evaluation is not None else None,
@@ -86,7 +102,10 @@ def model_card(
         f"- Dataset: `{dataset}`\n"
         + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
         + f"- Versions: {version_line}\n"
-        + "".join(f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' of project `{run.project}`' if run.project else ''}{f' ({run.url})' if run.url else ''}\n" for run in tracking)
+        + "".join(
+            f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' of project `{run.project}`' if run.project else ''}{f' ({run.url})' if run.url else ''}\n"
+            for run in tracking
+        )
         + "\n"
         + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
         + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")
@@ -111,10 +130,16 @@ def _eval_results(request: RequestBase, report: EvaluationReport, pipeline_tag: 
     for who, metrics in [("adapter", report.adapter), *report.baselines.items()]:
         for name, value in sorted(metrics.items()):
             if value is not None:
-                results.append(EvalResult(
-                    task_type=task, dataset_type=dataset, dataset_name=dataset, metric_type=name, metric_value=value,
-                    metric_name=name if who == "adapter" else f"{name} ({who})",
-                ))
+                results.append(
+                    EvalResult(
+                        task_type=task,
+                        dataset_type=dataset,
+                        dataset_name=dataset,
+                        metric_type=name,
+                        metric_value=value,
+                        metric_name=name if who == "adapter" else f"{name} ({who})",
+                    )
+                )
     return results
 
 
@@ -129,13 +154,26 @@ def _evaluation_section(report: EvaluationReport) -> str:
     names = sorted(set(report.adapter).union(*report.baselines.values()))
     header = "| metric | adapter |" + "".join(f" {name} |" for name in who) + "\n|---|---|" + "---|" * len(who) + "\n"
     rows = "".join(
-        f"| {name} | {_number(report.adapter.get(name))} |" + "".join(f" {_number(report.baselines[w].get(name))} |" for w in who) + "\n"
+        f"| {name} | {_number(report.adapter.get(name))} |"
+        + "".join(f" {_number(report.baselines[w].get(name))} |" for w in who)
+        + "\n"
         for name in names
     )
-    revisions = "".join(f"- The {name} baseline is the adapter at commit `{rev}`.\n" for name, rev in report.baseline_revisions.items() if rev)
+    revisions = "".join(
+        f"- The {name} baseline is the adapter at commit `{rev}`.\n"
+        for name, rev in report.baseline_revisions.items()
+        if rev
+    )
     missing = "".join(f"- No {name} baseline: {why}.\n" for name, why in report.missing_baselines.items())
-    best = f"- The published weights are the best evaluated checkpoint, step {report.best_checkpoint_step}.\n" if report.best_checkpoint_step else ""
-    rules = "".join(f"| {r.rule} | {_number(r.value)} | {_number(r.bound)} | {r.outcome}{f': {r.reason}' if r.reason else ''} |\n" for r in report.rules)
+    best = (
+        f"- The published weights are the best evaluated checkpoint, step {report.best_checkpoint_step}.\n"
+        if report.best_checkpoint_step
+        else ""
+    )
+    rules = "".join(
+        f"| {r.rule} | {_number(r.value)} | {_number(r.bound)} | {r.outcome}{f': {r.reason}' if r.reason else ''} |\n"
+        for r in report.rules
+    )
     return (
         f"## Evaluation\n\nOn {report.rows} held-out rows; gate verdict: **{report.verdict}**.\n\n{revisions}{missing}{best}\n"
         f"{header}{rows}\n| gate rule | value | bound | outcome |\n|---|---|---|---|\n{rules}\n"
@@ -155,8 +193,10 @@ def _vision_usage(base: str | None, repo_id: str, is_adapter: bool) -> str:
         load = f"model = AutoModelForImageTextToText.from_pretrained({repo_id!r})\n"
         imports = "from transformers import AutoModelForImageTextToText, AutoProcessor\n"
     return (
-        "## How to use\n\n```python\n" + imports
-        + f"processor = AutoProcessor.from_pretrained({repo_id!r})\n" + load
+        "## How to use\n\n```python\n"
+        + imports
+        + f"processor = AutoProcessor.from_pretrained({repo_id!r})\n"
+        + load
         + 'messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]\n'
         + "prompt = processor.apply_chat_template(messages, add_generation_prompt=True)\n"
         + 'inputs = processor(images=[image], text=prompt, return_tensors="pt")\n'

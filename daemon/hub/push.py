@@ -46,7 +46,9 @@ class PushResult:
     commit_url: str | None
     location: str
     files: list[str]
-    pr_url: str | None = None  # the pull request holding it (a gate that failed into one): the Hub's, or the local sink's folder
+    pr_url: str | None = (
+        None  # the pull request holding it (a gate that failed into one): the Hub's, or the local sink's folder
+    )
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -68,8 +70,12 @@ def _wait(state: RetryCallState) -> float:
 
 def _count_retry(request_id: str, state: RetryCallState) -> None:
     HUB_RETRIES.inc()
-    log.warning("hub.retry", request_id=request_id, attempt=state.attempt_number,
-                error=repr(state.outcome.exception()) if state.outcome else None)
+    log.warning(
+        "hub.retry",
+        request_id=request_id,
+        attempt=state.attempt_number,
+        error=repr(state.outcome.exception()) if state.outcome else None,
+    )
 
 
 def use_timeout(timeout_s: float) -> None:
@@ -111,7 +117,9 @@ def commit_title(request: RequestBase) -> str:
     return f"adapterd: {request.method} adapter for request {request.request_id}"
 
 
-def push_to_hub(artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False) -> PushResult:
+def push_to_hub(
+    artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False
+) -> PushResult:
     """One commit to `branch`, or, with `create_pr`, a pull request against main holding it."""
     assert settings.hub_token is not None
     use_timeout(settings.hub_timeout_s)
@@ -138,8 +146,14 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings, branch
             create_pr=create_pr,
         )
         return PushResult(
-            sink="hub", repo_id=output.repo_id, revision=info.pr_revision or branch, commit_sha=info.oid,
-            commit_url=info.commit_url, location=str(info.repo_url), files=_files(artifact), pr_url=info.pr_url,
+            sink="hub",
+            repo_id=output.repo_id,
+            revision=info.pr_revision or branch,
+            commit_sha=info.oid,
+            commit_url=info.commit_url,
+            location=str(info.repo_url),
+            files=_files(artifact),
+            pr_url=info.pr_url,
         )
 
     try:
@@ -147,13 +161,23 @@ def push_to_hub(artifact: Path, request: RequestBase, settings: Settings, branch
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status in (401, 403):
-            raise PushFailed("hub_unauthorized", f"output.repo_id: the Hub refused {output.repo_id} ({status}): {exc}", retryable=False) from exc
-        raise PushFailed("hub_error", f"output.repo_id: pushing to {output.repo_id} failed: {exc}", retryable=_is_transient(exc)) from exc
+            raise PushFailed(
+                "hub_unauthorized",
+                f"output.repo_id: the Hub refused {output.repo_id} ({status}): {exc}",
+                retryable=False,
+            ) from exc
+        raise PushFailed(
+            "hub_error", f"output.repo_id: pushing to {output.repo_id} failed: {exc}", retryable=_is_transient(exc)
+        ) from exc
     except httpx2.TransportError as exc:
-        raise PushFailed("hub_unreachable", f"the Hub at {settings.hub_endpoint} did not answer: {exc!r}", retryable=True) from exc
+        raise PushFailed(
+            "hub_unreachable", f"the Hub at {settings.hub_endpoint} did not answer: {exc!r}", retryable=True
+        ) from exc
 
 
-def push_to_local(artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False) -> PushResult:
+def push_to_local(
+    artifact: Path, request: RequestBase, settings: Settings, branch: str, *, create_pr: bool = False
+) -> PushResult:
     """The sink for hosts without a Hub token: `local_target`, or with `create_pr` the request's
     pull request, `local_pull_request`."""
     target = local_pull_request(request, settings) if create_pr else local_target(request, settings, branch)
@@ -163,8 +187,13 @@ def push_to_local(artifact: Path, request: RequestBase, settings: Settings, bran
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return PushResult(
-        sink="local", repo_id=request.output.repo_id, revision=f"pr/{request.request_id}" if create_pr else branch,
-        commit_sha=None, commit_url=None, location=str(target), files=_files(target),
+        sink="local",
+        repo_id=request.output.repo_id,
+        revision=f"pr/{request.request_id}" if create_pr else branch,
+        commit_sha=None,
+        commit_url=None,
+        location=str(target),
+        files=_files(target),
         pr_url=target.as_uri() if create_pr else None,
     )
 
@@ -192,8 +221,14 @@ def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
             return None
         files = sorted(api.list_repo_files(output.repo_id, revision=found.commit_id))
         return PushResult(
-            sink="hub", repo_id=output.repo_id, revision=revision, commit_sha=found.commit_id,
-            commit_url=f"{url}/commit/{found.commit_id}", location=url, files=files, pr_url=pr_url,
+            sink="hub",
+            repo_id=output.repo_id,
+            revision=revision,
+            commit_sha=found.commit_id,
+            commit_url=f"{url}/commit/{found.commit_id}",
+            location=url,
+            files=files,
+            pr_url=pr_url,
         )
 
     try:
@@ -211,7 +246,9 @@ def find_commit(request: RequestBase, settings: Settings) -> PushResult | None:
     return found
 
 
-def push(artifact: Path, request: RequestBase, settings: Settings, branch: str | None = None, *, create_pr: bool = False) -> PushResult:
+def push(
+    artifact: Path, request: RequestBase, settings: Settings, branch: str | None = None, *, create_pr: bool = False
+) -> PushResult:
     """Publish the artifact to `branch` (output.revision when None), or into a new pull request."""
     branch = branch if branch is not None else request.output.revision
     if settings.hub_token is None:
@@ -223,8 +260,13 @@ def kept_on_host(artifact: Path, request: RequestBase, settings: Settings) -> Pu
     """What `succeeded` says of an artifact published nowhere (a failed gate with on_fail 'none'):
     nothing committed, the artifact left in the job's folder."""
     return PushResult(
-        sink="local" if settings.hub_token is None else "hub", repo_id=request.output.repo_id, revision=request.output.revision,
-        commit_sha=None, commit_url=None, location=str(artifact), files=_files(artifact),
+        sink="local" if settings.hub_token is None else "hub",
+        repo_id=request.output.repo_id,
+        revision=request.output.revision,
+        commit_sha=None,
+        commit_url=None,
+        location=str(artifact),
+        files=_files(artifact),
     )
 
 

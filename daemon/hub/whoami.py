@@ -28,6 +28,10 @@ async def hub_user(settings: Settings) -> str | None:
         async with asyncio.timeout(HUB_WHOAMI_S):
             who = await executors.run("hub", api.whoami)
     except Exception as exc:  # a refused token (401), an unreachable Hub, a timeout: said, never fatal
-        log.error("hub.token_unusable", hub=settings.hub_endpoint, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        log.error(
+            "hub.token_unusable",
+            hub=settings.hub_endpoint,
+            error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        )
         return None
     return str(who.get("name")) if isinstance(who, dict) else None

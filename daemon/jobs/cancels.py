@@ -48,6 +48,14 @@ class Cancels:
         """A cancelled request that never started: its `cancelled` event, with its cancel's reason. The caller commits
         past its record after this (an event published twice is better than a request ended with none)."""
         reason = self.reasons[request.request_id]
-        log.info("request.skipped_cancelled", request_id=request.request_id, reason=reason, topic=record.topic, offset=record.offset)
-        await JobEvents.for_record(self.publisher, request, self.host, attempt, record).publish(Cancelled, reason=reason)
+        log.info(
+            "request.skipped_cancelled",
+            request_id=request.request_id,
+            reason=reason,
+            topic=record.topic,
+            offset=record.offset,
+        )
+        await JobEvents.for_record(self.publisher, request, self.host, attempt, record).publish(
+            Cancelled, reason=reason
+        )
         metrics.JOBS.labels("cancelled").inc()

@@ -19,7 +19,11 @@ def local_checkpoints(folder: Path) -> dict[int, Path]:
     """The trainer's checkpoint folders under `folder`, by step (as transformers' get_last_checkpoint finds them)."""
     if not folder.is_dir():
         return {}
-    found = {int(match.group(1)): path for path in folder.iterdir() if (match := CHECKPOINT.match(path.name)) and path.is_dir()}
+    found = {
+        int(match.group(1)): path
+        for path in folder.iterdir()
+        if (match := CHECKPOINT.match(path.name)) and path.is_dir()
+    }
     return dict(sorted(found.items()))
 
 

@@ -33,14 +33,30 @@ from fsspec.implementations.local import LocalFileSystem
 
 from daemon.errors import AdapterdError
 from daemon.jobs.checkpoint_files import CHECKPOINT, checkpoint_files, sha256
-from daemon.jobs.store_documents import MAX_DOCUMENT_BYTES, Kind, StoreSigning, Untrusted, listed_files, safe_name, seal, skipped, unseal
+from daemon.jobs.store_documents import (
+    MAX_DOCUMENT_BYTES,
+    Kind,
+    StoreSigning,
+    Untrusted,
+    listed_files,
+    safe_name,
+    seal,
+    skipped,
+    unseal,
+)
 from schemas.common import REQUEST_ID_PATTERN
 
 MANIFEST = "manifest.json"
-SUCCEEDED = "succeeded.json"  # beside a succeeded request's (removed) checkpoints: its event, for idempotency across hosts
+SUCCEEDED = (
+    "succeeded.json"  # beside a succeeded request's (removed) checkpoints: its event, for idempotency across hosts
+)
 REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
-DEFAULT_MAX_BYTES = 200 * 10**9  # checkpoint_store_max_bytes' default: a full fine-tune's optimizer state of a 7B model fits
-LOOKED_AT = 64  # a request's newest checkpoints read for a whole one: a store cannot make a host read a million manifests
+DEFAULT_MAX_BYTES = (
+    200 * 10**9
+)  # checkpoint_store_max_bytes' default: a full fine-tune's optimizer state of a 7B model fits
+LOOKED_AT = (
+    64  # a request's newest checkpoints read for a whole one: a store cannot make a host read a million manifests
+)
 # Whatever a store's backend raises (s3fs, gcsfs and adlfs let their clients' own errors through) is a StoreError here:
 # a store that fails must leave the job going on, not end it.
 
@@ -62,8 +78,15 @@ class Manifest:
 class CheckpointStore:
     """One store URL; every method raises StoreError for what the store did (down, refused, missing)."""
 
-    def __init__(self, url: str, storage_options: dict[str, dict[str, Any]], host: str = "", *,
-                 signing: StoreSigning, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, dict[str, Any]],
+        host: str = "",
+        *,
+        signing: StoreSigning,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         scheme = url.split("://", 1)[0] if "://" in url else "file"
         self.url = url.rstrip("/")
         self.host = host
@@ -89,7 +112,9 @@ class CheckpointStore:
         (the request's folder, the checkpoint's, or any of the file's): what a link names is
         outside what the fleet wrote. The store's own root may lie under links the operator made."""
         path = self.path(*parts)
-        if self._links and os.path.realpath(path) != os.path.join(os.path.realpath(self.root), *"/".join(parts).split("/")):
+        if self._links and os.path.realpath(path) != os.path.join(
+            os.path.realpath(self.root), *"/".join(parts).split("/")
+        ):
             raise Untrusted("link", f"{'/'.join(parts)[:120]!r} is or passes a link")
         return path
 
@@ -109,13 +134,21 @@ class CheckpointStore:
             raise StoreError(f"upload of {name} of {request_id}: {exc}") from exc
         listed = {relative: (path.stat().st_size, sha256(path)) for relative, path in files.items()}
         try:
-            for parent in sorted({str(Path(relative).parent) for relative in files}):  # a shared folder needs them; object stores ignore them
+            for parent in sorted(
+                {str(Path(relative).parent) for relative in files}
+            ):  # a shared folder needs them; object stores ignore them
                 self.fs.makedirs(self.path(request_id, name, parent).removesuffix("/."), exist_ok=True)
             for relative, path in files.items():
                 self.fs.put_file(str(path), self.path(request_id, name, relative))
-            manifest = {"step": step, "host": self.host, "written_at": time.time(),
-                        "files": {relative: {"size": size, "sha256": digest} for relative, (size, digest) in listed.items()}}
-            self.fs.pipe_file(self.path(request_id, name, MANIFEST), seal(self.signing, "manifest", request_id, step, manifest))
+            manifest = {
+                "step": step,
+                "host": self.host,
+                "written_at": time.time(),
+                "files": {relative: {"size": size, "sha256": digest} for relative, (size, digest) in listed.items()},
+            }
+            self.fs.pipe_file(
+                self.path(request_id, name, MANIFEST), seal(self.signing, "manifest", request_id, step, manifest)
+            )
         except Exception as exc:
             raise StoreError(f"upload of {name} of {request_id} to {self.url}: {exc}") from exc
         return Manifest(step, self._url(request_id, name), listed, manifest["written_at"])  # type: ignore[arg-type]
@@ -125,14 +158,22 @@ class CheckpointStore:
         this request and step, every file at its size), newest first; a partial one (no manifest, a
         file missing or of another size) is left out, and one not to be trusted is said and left out."""
         try:
-            entries = self.fs.ls(self.checked_path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
+            entries = (
+                self.fs.ls(self.checked_path(request_id), detail=False) if self.fs.exists(self.path(request_id)) else []
+            )
         except Untrusted as exc:
             skipped(exc, "manifest", request_id, None, self._url(request_id))
             return []
         except Exception as exc:
             raise StoreError(f"listing {request_id} in {self.url}: {exc}") from exc
-        steps = sorted((int(match.group(1)) for entry in entries if (match := CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1]))),
-                       reverse=True)
+        steps = sorted(
+            (
+                int(match.group(1))
+                for entry in entries
+                if (match := CHECKPOINT.match(entry.rstrip("/").rsplit("/", 1)[-1]))
+            ),
+            reverse=True,
+        )
         found = []
         for step in steps[:LOOKED_AT]:
             try:
@@ -169,13 +210,17 @@ class CheckpointStore:
             if info.get("size") != size or info.get("type", "file") != "file":
                 return None
         written_at = document.get("written_at")
-        return Manifest(step, self._url(request_id, name), files, float(written_at) if isinstance(written_at, int | float) else 0.0)
+        return Manifest(
+            step, self._url(request_id, name), files, float(written_at) if isinstance(written_at, int | float) else 0.0
+        )
 
     def mark_succeeded(self, request_id: str, event: dict[str, Any]) -> None:
         """The request's `succeeded` event, signed, for any host it is delivered to again (a duplicate is answered with it)."""
         try:
             self.fs.makedirs(self.path(request_id), exist_ok=True)  # a shared folder needs it; object stores ignore it
-            self.fs.pipe_file(self.path(request_id, SUCCEEDED), seal(self.signing, "succeeded", request_id, None, event))
+            self.fs.pipe_file(
+                self.path(request_id, SUCCEEDED), seal(self.signing, "succeeded", request_id, None, event)
+            )
         except Exception as exc:
             raise StoreError(f"writing {SUCCEEDED} of {request_id} to {self.url}: {exc}") from exc
 
@@ -227,7 +272,9 @@ class CheckpointStore:
         if self._is_link(path):
             os.unlink(path)
         else:
-            self.fs.rm(path, recursive=True)  # a shared folder's: shutil.rmtree, which removes links inside, never follows them
+            self.fs.rm(
+                path, recursive=True
+            )  # a shared folder's: shutil.rmtree, which removes links inside, never follows them
 
     def requests(self) -> list[str]:
         """The request ids with anything in the store."""
@@ -235,6 +282,8 @@ class CheckpointStore:
             if not self.fs.exists(self.root):
                 return []
             names = (entry.rstrip("/").rsplit("/", 1)[-1] for entry in self.fs.ls(self.root, detail=False))
-            return sorted(name for name in names if REQUEST_ID.fullmatch(name))  # no other name is a request's, nor '.' or '..'
+            return sorted(
+                name for name in names if REQUEST_ID.fullmatch(name)
+            )  # no other name is a request's, nor '.' or '..'
         except Exception as exc:
             raise StoreError(f"listing {self.url}: {exc}") from exc

@@ -29,9 +29,13 @@ log = structlog.get_logger()
 class Estimating(Protocol):
     """What `Estimates` asks of the estimator (daemon/jobs/estimator.py; a fake in tests)."""
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]: ...
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]: ...
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None: ...
+    async def need(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> Estimate | None: ...
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,9 @@ class Estimates:
         self.on_done = on_done  # a partition's estimate is ready: its record can be offered again
         self.pending: dict[TopicPartition, Pending] = {}
 
-    def ready(self, estimator: Estimating, tp: TopicPartition, offset: int, request: RequestBase) -> tuple[bool, Estimate | None]:
+    def ready(
+        self, estimator: Estimating, tp: TopicPartition, offset: int, request: RequestBase
+    ) -> tuple[bool, Estimate | None]:
         """(True, its estimate, None when unknown) when the record's estimate is ready; (False, None)
         while it is worked out, started now if it was not."""
         pending = self.pending.get(tp)
@@ -60,7 +66,11 @@ class Estimates:
             del self.pending[tp]
             failed = pending.task.exception() if not pending.task.cancelled() else asyncio.CancelledError()
             if failed is not None:  # `need` says unknown rather than raise: a bug, and the job takes a whole GPU
-                log.error("memory.estimate_failed", request_id=request.request_id, error=f"{type(failed).__name__}: {failed}"[:300])
+                log.error(
+                    "memory.estimate_failed",
+                    request_id=request.request_id,
+                    error=f"{type(failed).__name__}: {failed}"[:300],
+                )
                 return True, None
             return True, pending.task.result()
         self.forget(tp)
@@ -75,8 +85,13 @@ class Estimates:
         def done(_: asyncio.Task[Estimate | None]) -> None:
             if self.pending.get(tp) is started:  # not forgotten meanwhile
                 known = not task.cancelled() and task.exception() is None and task.result() is not None
-                log.info("memory.estimated", request_id=request.request_id, partition=tp.partition, known=known,
-                         seconds=round(time.monotonic() - since, 3))
+                log.info(
+                    "memory.estimated",
+                    request_id=request.request_id,
+                    partition=tp.partition,
+                    known=known,
+                    seconds=round(time.monotonic() - since, 3),
+                )
                 self.on_done(tp)
 
         task.add_done_callback(done)

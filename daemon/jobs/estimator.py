@@ -42,8 +42,12 @@ class MemoryHistory:
         try:
             loaded = json.loads(path.read_text())
             # Only ratios a job could have measured: a file edited to say Infinity or -1 scales nothing.
-            ratios = {str(key): [ratio for ratio in map(float, values) if math.isfinite(ratio) and 0 < ratio < 1000][-cls.KEEP:]
-                      for key, values in loaded.items()}
+            ratios = {
+                str(key): [ratio for ratio in map(float, values) if math.isfinite(ratio) and 0 < ratio < 1000][
+                    -cls.KEEP :
+                ]
+                for key, values in loaded.items()
+            }
         except (FileNotFoundError, ValueError, TypeError, AttributeError):
             ratios = {}
         return cls(path, ratios)
@@ -60,7 +64,7 @@ class MemoryHistory:
             return
         values = self.ratios.setdefault(self.key(model_id, method), [])
         values.append(round(measured / estimated, 4))
-        del values[:-self.KEEP]
+        del values[: -self.KEEP]
         write_atomically(self.path, self.ratios)
 
 
@@ -92,9 +96,14 @@ class Estimator:
     @staticmethod
     def models(request: RequestBase) -> list[Key]:
         """The models a request's job loads: its base first."""
-        return [(request.model.id, request.model.revision), *((spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request))]
+        return [
+            (request.model.id, request.model.revision),
+            *((spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)),
+        ]
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]:
         """(True, the estimate) when every model of the request was read before, (True, None) when one
         is unknown, (False, None) when one must be read first (`need`). Quick: no read, no wait. With
         `shards` above 1: one GPU's figure with the base sharded across that many (daemon/jobs/memory.py)."""
@@ -103,7 +112,12 @@ class Estimator:
         if any(key not in self._tensors and self._unknown.get(key, 0.0) <= now for key in keys):
             return False, None
         if any(key not in self._tensors for key in keys):
-            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error="its headers could not be read a moment ago")
+            log.info(
+                "memory.estimate_unknown",
+                request_id=request.request_id,
+                model=request.model.id,
+                error="its headers could not be read a moment ago",
+            )
             return True, None
         for key in keys:
             self._tensors.move_to_end(key)
@@ -111,11 +125,15 @@ class Estimator:
             base, *others = (self._tensors[key] for key in keys)
             found = estimate(request, base, others, gradient_checkpointing=gradient_checkpointing, shards=shards)
         except Exception as exc:  # WeightsUnreadable (no embedding), or a bug: the job takes a whole GPU
-            log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=str(exc)[:300])
+            log.info(
+                "memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=str(exc)[:300]
+            )
             return True, None
         return True, replace(found, scale=self.history.scale(request.model.id, request.method))
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+    async def need(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> Estimate | None:
         """The job's estimate (with TRL's default, gradient checkpointing; on one of `shards` GPUs), scaled by the
         history; None when unknown. Its models' headers are read first where they are not known, within DEADLINE_S."""
         ready, found = self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)
@@ -127,7 +145,11 @@ class Estimator:
             async with asyncio.timeout(self.DEADLINE_S):
                 await asyncio.gather(*(asyncio.shield(read) for read in reads))
         except Exception as exc:  # any reason the headers cannot be read: the job runs on a whole GPU
-            said = f"not read within {self.DEADLINE_S:g} s" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
+            said = (
+                f"not read within {self.DEADLINE_S:g} s"
+                if isinstance(exc, TimeoutError)
+                else f"{type(exc).__name__}: {exc}"
+            )
             log.info("memory.estimate_unknown", request_id=request.request_id, model=request.model.id, error=said[:300])
             return None
         return self.known(request, gradient_checkpointing=gradient_checkpointing, shards=shards)[1]
@@ -173,6 +195,11 @@ class Estimator:
             token = self.settings.hub_token.get_secret_value() if self.settings.hub_token is not None else None
             model = HubModel(self.settings.hub_endpoint, model_id, revision, token)
             found = await executors.run("headers", model.single_or_shards, deadline)
-            headers = [found] if isinstance(found, dict) else list(await asyncio.gather(
-                *(executors.run("headers", model.header, shard, deadline) for shard in found)))
+            headers = (
+                [found]
+                if isinstance(found, dict)
+                else list(
+                    await asyncio.gather(*(executors.run("headers", model.header, shard, deadline) for shard in found))
+                )
+            )
         return await executors.run("headers", lambda: Tensors.from_headers(headers).warm())

@@ -50,9 +50,13 @@ class RecordFaults:
         """End the record now, with `message`: as `_give_up`, without reading it again first (the
         broker refused its retry copy outright: reading it again would train it again)."""
         # No metadata: it may be what the broker refused.
-        failed = runner.events.event(Failed, metadata=False, code="internal", stage="intake", retryable=False, message=message)
+        failed = runner.events.event(
+            Failed, metadata=False, code="internal", stage="intake", retryable=False, message=message
+        )
         try:
-            await self.publisher.deliver(self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__))
+            await self.publisher.deliver(
+                self.publisher.failed_letter(record, failed, reason="internal", exception=type(exc).__name__)
+            )
             await runner.events.announce(failed)
             await self.partitions.commit(tp, record.offset + 1)
         except Exception:
@@ -60,6 +64,11 @@ class RecordFaults:
             return False
         self.clear(tp, record.offset)
         metrics.JOBS.labels("failed").inc()
-        log.error("job.given_up", request_id=runner.request.request_id, offset=record.offset, faults=self.settings.max_record_faults,
-                  error=type(exc).__name__)
+        log.error(
+            "job.given_up",
+            request_id=runner.request.request_id,
+            offset=record.offset,
+            faults=self.settings.max_record_faults,
+            error=type(exc).__name__,
+        )
         return True

@@ -44,25 +44,69 @@ def judge_rule(rule: GateRule, result: EvaluationResult) -> RuleOutcome:
         scores = result.baselines.get(rule.of)
         if scores is None:
             why = result.missing_baselines.get(rule.of, "not evaluated")
-            return RuleOutcome(rule=text, metric=rule.metric, value=value, bound=None, outcome="skipped", reason=f"no {rule.of} baseline: {why}")
+            return RuleOutcome(
+                rule=text,
+                metric=rule.metric,
+                value=value,
+                bound=None,
+                outcome="skipped",
+                reason=f"no {rule.of} baseline: {why}",
+            )
         baseline = _finite(scores.metrics.get(rule.metric))
         if baseline is None:
-            return RuleOutcome(rule=text, metric=rule.metric, value=value, bound=None, outcome="failed",
-                               reason=f"the {rule.of} baseline has no finite {rule.metric}")
+            return RuleOutcome(
+                rule=text,
+                metric=rule.metric,
+                value=value,
+                bound=None,
+                outcome="failed",
+                reason=f"the {rule.of} baseline has no finite {rule.metric}",
+            )
         if baseline <= 0:
             # A factor of a negative number turns the rule around (at_least 1.05 x -2 is -2.1, a looser
             # bound, not a 5% gain), and of zero says nothing; judge it failed rather than guess.
-            return RuleOutcome(rule=text, metric=rule.metric, value=value, baseline=baseline, bound=None, outcome="failed",
-                               reason=f"the {rule.of} baseline's {rule.metric} is {baseline:g}: a relative bound needs a positive baseline; use an absolute bound")
+            return RuleOutcome(
+                rule=text,
+                metric=rule.metric,
+                value=value,
+                baseline=baseline,
+                bound=None,
+                outcome="failed",
+                reason=f"the {rule.of} baseline's {rule.metric} is {baseline:g}: a relative bound needs a positive baseline; use an absolute bound",
+            )
         limit *= baseline
     if raw is None:
-        return RuleOutcome(rule=text, metric=rule.metric, value=None, baseline=baseline, bound=limit, outcome="failed",
-                           reason=f"the evaluation reported no {rule.metric} (it reported {', '.join(sorted(result.adapter.metrics)) or 'nothing'})")
+        return RuleOutcome(
+            rule=text,
+            metric=rule.metric,
+            value=None,
+            baseline=baseline,
+            bound=limit,
+            outcome="failed",
+            reason=f"the evaluation reported no {rule.metric} (it reported {', '.join(sorted(result.adapter.metrics)) or 'nothing'})",
+        )
     if value is None:
-        return RuleOutcome(rule=text, metric=rule.metric, value=None, baseline=baseline, bound=limit, outcome="failed", reason=f"{rule.metric} is {raw}")
+        return RuleOutcome(
+            rule=text,
+            metric=rule.metric,
+            value=None,
+            baseline=baseline,
+            bound=limit,
+            outcome="failed",
+            reason=f"{rule.metric} is {raw}",
+        )
     passed = value <= limit if rule.at_most is not None else value >= limit
-    return RuleOutcome(rule=text, metric=rule.metric, value=value, baseline=baseline, bound=limit, outcome="passed" if passed else "failed",
-                       reason=None if passed else f"{rule.metric} {value:g} is {'above' if rule.at_most is not None else 'below'} {limit:g}")
+    return RuleOutcome(
+        rule=text,
+        metric=rule.metric,
+        value=value,
+        baseline=baseline,
+        bound=limit,
+        outcome="passed" if passed else "failed",
+        reason=None
+        if passed
+        else f"{rule.metric} {value:g} is {'above' if rule.at_most is not None else 'below'} {limit:g}",
+    )
 
 
 def judge(spec: EvaluationSpec, result: EvaluationResult) -> EvaluationReport:
@@ -71,14 +115,24 @@ def judge(spec: EvaluationSpec, result: EvaluationResult) -> EvaluationReport:
     outcomes = [judge_rule(rule, result) for rule in spec.gate]
     if spec.require_finite_losses:
         bad = result.nonfinite_losses
-        outcomes.append(RuleOutcome(
-            rule="every logged training loss finite", metric="loss", value=None, bound=None,
-            outcome="failed" if bad else "passed", reason=f"{bad} logged losses were NaN or infinite" if bad else None,
-        ))
+        outcomes.append(
+            RuleOutcome(
+                rule="every logged training loss finite",
+                metric="loss",
+                value=None,
+                bound=None,
+                outcome="failed" if bad else "passed",
+                reason=f"{bad} logged losses were NaN or infinite" if bad else None,
+            )
+        )
     return EvaluationReport(
         adapter={name: _finite(value) for name, value in result.adapter.metrics.items()},
-        baselines={name: {k: _finite(v) for k, v in scores.metrics.items()} for name, scores in result.baselines.items()},
-        baseline_revisions={name: scores.revision for name, scores in result.baselines.items() if scores.revision is not None},
+        baselines={
+            name: {k: _finite(v) for k, v in scores.metrics.items()} for name, scores in result.baselines.items()
+        },
+        baseline_revisions={
+            name: scores.revision for name, scores in result.baselines.items() if scores.revision is not None
+        },
         missing_baselines=dict(result.missing_baselines),
         rows=result.rows,
         nonfinite_losses=result.nonfinite_losses,

@@ -74,7 +74,7 @@ def header_from(chunks: Iterable[bytes], name: str, deadline: Deadline) -> dict[
     if length is None or len(data) < 8 + length:
         raise WeightsUnreadable(f"{name}: shorter than a safetensors header")
     try:
-        header = json.loads(bytes(data[8:8 + length]))
+        header = json.loads(bytes(data[8 : 8 + length]))
     except ValueError as exc:  # not JSON, not UTF-8, or a number past Python's 4,300 digits
         raise WeightsUnreadable(f"{name}: its header is not JSON") from exc
     if not isinstance(header, dict):
@@ -121,17 +121,23 @@ class HubModel:
 
     def header(self, filename: str, deadline: Deadline) -> dict[str, Any]:
         """One file's header (WeightsUnreadable when the file is not there)."""
-        found = self._read(filename, deadline, MAX_HEADER_BYTES + 8, lambda chunks: header_from(chunks, filename, deadline))
+        found = self._read(
+            filename, deadline, MAX_HEADER_BYTES + 8, lambda chunks: header_from(chunks, filename, deadline)
+        )
         if found is None:
             raise WeightsUnreadable(f"{self.model_id}: no {filename}")
         return found
 
     def single_or_shards(self, deadline: Deadline) -> dict[str, Any] | list[str]:
         """The header of the model's one file, or the names of its shards from its index."""
-        single = self._read(SINGLE, deadline, MAX_HEADER_BYTES + 8, lambda chunks: header_from(chunks, SINGLE, deadline))
+        single = self._read(
+            SINGLE, deadline, MAX_HEADER_BYTES + 8, lambda chunks: header_from(chunks, SINGLE, deadline)
+        )
         if single is not None:
             return single
-        index = self._read(INDEX, deadline, MAX_INDEX_BYTES, lambda chunks: _bounded(chunks, INDEX, deadline, MAX_INDEX_BYTES))
+        index = self._read(
+            INDEX, deadline, MAX_INDEX_BYTES, lambda chunks: _bounded(chunks, INDEX, deadline, MAX_INDEX_BYTES)
+        )
         if index is None:
             raise WeightsUnreadable(f"{self.model_id}: neither {SINGLE} nor {INDEX}")
         try:
@@ -140,14 +146,18 @@ class HubModel:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise WeightsUnreadable(f"{self.model_id}: its {INDEX} has no weight_map") from exc
         if not shards or len(shards) > MAX_SHARDS or any(not _plain(shard) for shard in shards):
-            raise WeightsUnreadable(f"{self.model_id}: its {INDEX} names {len(shards)} shard(s), not safetensors files of the repo")
+            raise WeightsUnreadable(
+                f"{self.model_id}: its {INDEX} names {len(shards)} shard(s), not safetensors files of the repo"
+            )
         return shards
 
     def _read(self, filename: str, deadline: Deadline, limit: int, take: Callable[[Iterable[bytes]], T]) -> T | None:
         """`take` of the file's first `limit` bytes as they stream in; None when the Hub has no such file."""
         url = hf_hub_url(self.model_id, filename, revision=self.revision, endpoint=self.endpoint)
         headers = {**build_hf_headers(token=self.token), "range": f"bytes=0-{limit - 1}"}
-        with get_session().stream("GET", url, headers=headers, timeout=deadline.left(filename), follow_redirects=True) as response:
+        with get_session().stream(
+            "GET", url, headers=headers, timeout=deadline.left(filename), follow_redirects=True
+        ) as response:
             if response.status_code == 404:
                 return None
             if response.status_code >= 400:

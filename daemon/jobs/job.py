@@ -53,14 +53,27 @@ class JobRunner:
     """
 
     def __init__(
-        self, request: RequestBase, settings: Settings, publisher: Publisher, children: ChildSource, place: JobPlace,
-        *, received_at: float, attempt: int = 1, trace: Headers | None = None,
-        on_trained: Callable[[], Awaitable[None]] | None = None, memory: MemoryPlan | None = None,
+        self,
+        request: RequestBase,
+        settings: Settings,
+        publisher: Publisher,
+        children: ChildSource,
+        place: JobPlace,
+        *,
+        received_at: float,
+        attempt: int = 1,
+        trace: Headers | None = None,
+        on_trained: Callable[[], Awaitable[None]] | None = None,
+        memory: MemoryPlan | None = None,
     ) -> None:
         self.request = request
-        self.place = place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
+        self.place = (
+            place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
+        )
         self.memory = memory or MemoryPlan()  # its estimate, a whole GPU's room and the estimator its peak teaches
-        self.fast: FastSettings | None = None  # the speed settings its child trained with, this attempt (none: read back from the journal)
+        self.fast: FastSettings | None = (
+            None  # the speed settings its child trained with, this attempt (none: read back from the journal)
+        )
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
@@ -68,13 +81,28 @@ class JobRunner:
         self.settings = settings
         self.received_at = received_at  # wall-clock time the request reached Kafka
         self.attempt = attempt
-        self.job_dir = (settings.jobs_dir / request.request_id).absolute()  # the child runs in it: paths in its spec stay absolute
+        self.job_dir = (
+            settings.jobs_dir / request.request_id
+        ).absolute()  # the child runs in it: paths in its spec stay absolute
         self.journal = Journal(self.job_dir / "journal.json")
-        self.log = log.bind(request_id=request.request_id, method=request.method, slot=place.slot, traceparent=traceparent(self.trace))
-        self.events = JobEvents(publisher, request, settings.host, attempt, self.trace)  # every event of the job goes through it
+        self.log = log.bind(
+            request_id=request.request_id, method=request.method, slot=place.slot, traceparent=traceparent(self.trace)
+        )
+        self.events = JobEvents(
+            publisher, request, settings.host, attempt, self.trace
+        )  # every event of the job goes through it
         # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
-        self.uploads = CheckpointUploads(store_of(settings), request.request_id, self.job_dir, self.journal, self.events, settings.checkpoint_store_keep)
-        self.supervisor = Supervisor(request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads)
+        self.uploads = CheckpointUploads(
+            store_of(settings),
+            request.request_id,
+            self.job_dir,
+            self.journal,
+            self.events,
+            settings.checkpoint_store_keep,
+        )
+        self.supervisor = Supervisor(
+            request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads
+        )
         self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -110,8 +138,11 @@ class JobRunner:
 
     def status(self) -> dict[str, Any]:
         return {
-            "request_id": self.request.request_id, "method": self.request.method, "slot": self.place.slot,
-            "stage": self.stage, "pid": self.supervisor.child.handle.pid if self.supervisor.child else None,
+            "request_id": self.request.request_id,
+            "method": self.request.method,
+            "slot": self.place.slot,
+            "stage": self.stage,
+            "pid": self.supervisor.child.handle.pid if self.supervisor.child else None,
             "memory_share_bytes": self.place.share_bytes,
             "memory_estimate_bytes": self.memory.estimate.needed if self.memory.estimate is not None else None,
             **self.supervisor.progress,
@@ -137,14 +168,25 @@ class JobRunner:
         else:  # its last checkpoint reaches the store (within a stop's deadline) before its end is said
             await self.uploads.finish(None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
         # A success stands against any stop but an interrupt: it is pushed and in the journal.
-        event = outcome if stop is None or (stop.kind != "interrupt" and isinstance(outcome, Succeeded)) else self._ended_by(stop)
+        event = (
+            outcome
+            if stop is None or (stop.kind != "interrupt" and isinstance(outcome, Succeeded))
+            else self._ended_by(stop)
+        )
         if event is None:
             assert stop is not None
             self.lifecycle.to(State.INTERRUPTED)
             self.log.warning("job.interrupted", reason=stop.reason, committed=False)
             return None
         if isinstance(event, Failed | Retrying):
-            self.log.warning("job.failed", code=event.code, stage=event.stage, error=event.message, attempt=self.attempt, outcome=event.type)
+            self.log.warning(
+                "job.failed",
+                code=event.code,
+                stage=event.stage,
+                error=event.message,
+                attempt=self.attempt,
+                outcome=event.type,
+            )
         elif isinstance(event, Cancelled):
             self.log.info("job.cancelled", reason=event.reason)
         await self.events.announce(event)
@@ -160,7 +202,9 @@ class JobRunner:
             return None
         if stop.kind == "cancel":
             return self.events.event(Cancelled, reason=stop.reason)
-        return self._failure(JobFailed(stop.kind, event_stage(self.supervisor.stage), stop.reason, retryable=stop.kind == "stalled"))
+        return self._failure(
+            JobFailed(stop.kind, event_stage(self.supervisor.stage), stop.reason, retryable=stop.kind == "stalled")
+        )
 
     def _failure(self, failure: JobFailed) -> Failed | Retrying:
         """A failed attempt: `retrying` while a retryable failure has attempts left, else `failed`.
@@ -168,24 +212,34 @@ class JobRunner:
         whatever attempt it is on (`alone`)."""
         message = failure.message
         if failure.code == "out_of_memory" and self.place.share is not None:
-            message += (f" (on a GPU shared with other jobs, held to {self.place.share.share_bytes} bytes, {self.place.share.fraction} of it); "
-                        "it runs again on a GPU of its own")
+            message += (
+                f" (on a GPU shared with other jobs, held to {self.place.share.share_bytes} bytes, {self.place.share.fraction} of it); "
+                "it runs again on a GPU of its own"
+            )
         elif not (failure.retryable and self.attempt < self.settings.max_attempts):
-            return self.events.event(Failed, code=failure.code, message=message, stage=failure.stage, retryable=failure.retryable)
-        return self.events.event(Retrying, code=failure.code, message=message, stage=failure.stage, max_attempts=self.settings.max_attempts)
+            return self.events.event(
+                Failed, code=failure.code, message=message, stage=failure.stage, retryable=failure.retryable
+            )
+        return self.events.event(
+            Retrying, code=failure.code, message=message, stage=failure.stage, max_attempts=self.settings.max_attempts
+        )
 
     async def _outcome(self) -> EventBase:
         started = time.monotonic()
         queued_s = max(0.0, time.time() - self.received_at)
         try:
-            earlier = await earlier_success(self.request, self.settings, self.journal, self.uploads, self.events, self.log)
+            earlier = await earlier_success(
+                self.request, self.settings, self.journal, self.uploads, self.events, self.log
+            )
             if earlier is not None:
                 return earlier
             result, first_step_at = await self._trained()
             if self.on_trained is not None:
                 await self.on_trained()
             report, where = self._judged(result)
-            write_card(self.job_dir / "artifact", self.request, result, report, self.settings)  # also on an artifact kept on the host: it says why
+            write_card(
+                self.job_dir / "artifact", self.request, result, report, self.settings
+            )  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()
             if where.published == "none":
                 pushed = hub_push.kept_on_host(self.job_dir / "artifact", self.request, self.settings)
@@ -194,11 +248,26 @@ class JobRunner:
                 pushed = await self._push(where)
         except JobFailed as failure:
             return self._failure(failure)
-        durations = stage_durations(result, received_at=self.received_at, queued_s=queued_s, started=started, push_started=push_started,
-                                    first_step_at=first_step_at)
-        succeeded = succeeded_event(self.events, self.request, result, pushed, durations, report=report, published=where.published,
-                                    memory=reported_memory(self.request, self.memory.estimate, self.place.share, result.memory,
-                                                                  self.memory.estimator, self.fast))
+        durations = stage_durations(
+            result,
+            received_at=self.received_at,
+            queued_s=queued_s,
+            started=started,
+            push_started=push_started,
+            first_step_at=first_step_at,
+        )
+        succeeded = succeeded_event(
+            self.events,
+            self.request,
+            result,
+            pushed,
+            durations,
+            report=report,
+            published=where.published,
+            memory=reported_memory(
+                self.request, self.memory.estimate, self.place.share, result.memory, self.memory.estimator, self.fast
+            ),
+        )
         self.journal.record("succeeded", succeeded.model_dump(mode="json"))
         return succeeded
 
@@ -211,15 +280,25 @@ class JobRunner:
             return TrainResult.model_validate(trained), None
         self.lifecycle.to(State.TRAINING)
         self.job_dir.mkdir(parents=True, exist_ok=True)
-        fast = self.fast = await fast_settings(self.request, self.settings, self.place.share, self.memory.gpu_room, self.memory.estimator, self.log)
-        spec = job_spec(self.request, self.settings, self.job_dir, traceparent(self.trace),
-                        memory_fraction=self.place.share.fraction if self.place.share is not None else None, fast=fast)
+        fast = self.fast = await fast_settings(
+            self.request, self.settings, self.place.share, self.memory.gpu_room, self.memory.estimator, self.log
+        )
+        spec = job_spec(
+            self.request,
+            self.settings,
+            self.job_dir,
+            traceparent(self.trace),
+            memory_fraction=self.place.share.fraction if self.place.share is not None else None,
+            fast=fast,
+        )
         spec_path = self.job_dir / "spec.json"
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
         # The newest checkpoint, from this host or from the store (an attempt on another host): the trainer resumes there.
-        self.supervisor.resumed = await asyncio.to_thread(fetch, self.uploads.store, self.request.request_id, spec.checkpoints)
+        self.supervisor.resumed = await asyncio.to_thread(
+            fetch, self.uploads.store, self.request.request_id, spec.checkpoints
+        )
         result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
         self.journal.record("trained", result.model_dump(mode="json"))
         return result, first_step_at
@@ -234,12 +313,25 @@ class JobRunner:
             raise JobFailed("internal", "evaluate", "the child trained a request with an evaluation and reported none")
         report = judge(self.request.evaluation, result.evaluation)
         where = destination(self.request, report)
-        self.log.info("job.judged", verdict=report.verdict, published=where.published, branch=where.branch,
-                      failed=[rule.rule for rule in report.rules if rule.outcome == "failed"])
+        self.log.info(
+            "job.judged",
+            verdict=report.verdict,
+            published=where.published,
+            branch=where.branch,
+            failed=[rule.rule for rule in report.rules if rule.outcome == "failed"],
+        )
         return report, where
 
     async def _push(self, where: Destination) -> hub_push.PushResult:
         artifact = self.job_dir / "artifact"
-        pushed = await executors.run("hub", hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr")
-        self.log.info("job.pushed", sink=pushed.sink, commit_sha=pushed.commit_sha, location=pushed.location, published=where.published)
+        pushed = await executors.run(
+            "hub", hub_push.push, artifact, self.request, self.settings, where.branch, create_pr=where.published == "pr"
+        )
+        self.log.info(
+            "job.pushed",
+            sink=pushed.sink,
+            commit_sha=pushed.commit_sha,
+            location=pushed.location,
+            published=where.published,
+        )
         return pushed

@@ -27,15 +27,21 @@ class JobEvents:
         self.trace = trace
 
     @classmethod
-    def for_record(cls, publisher: Publisher, request: RequestBase, host: str, attempt: int, record: Record) -> JobEvents:
+    def for_record(
+        cls, publisher: Publisher, request: RequestBase, host: str, attempt: int, record: Record
+    ) -> JobEvents:
         """The events of a request read from `record`, with its trace headers (those of a request without a running job)."""
         return cls(publisher, request, host, attempt, trace_context(record))
 
     def common(self, *, metadata: bool = True) -> dict[str, Any]:
         """The fields every event of the job carries (`metadata=False`: all but the request's
         metadata, for an event about a record the broker may have refused for its size)."""
-        return {"request_id": self.request.request_id, "host": self.host, "attempt": self.attempt,
-                **({"metadata": self.request.metadata} if metadata else {})}
+        return {
+            "request_id": self.request.request_id,
+            "host": self.host,
+            "attempt": self.attempt,
+            **({"metadata": self.request.metadata} if metadata else {}),
+        }
 
     def event(self, kind: type[E], *, metadata: bool = True, **fields: Any) -> E:
         """One of the job's events, from its own fields and the common ones."""

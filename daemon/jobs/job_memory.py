@@ -20,7 +20,11 @@ from schemas.request import RequestBase
 
 
 async def fast_settings(
-    request: RequestBase, settings: Settings, share: Placement | None, gpu_room: int | None, memory: Estimator | None,
+    request: RequestBase,
+    settings: Settings,
+    share: Placement | None,
+    gpu_room: int | None,
+    memory: Estimator | None,
     log: FilteringBoundLogger,
 ) -> FastSettings:
     """The host's speed settings for this job (the child applies each only where the request is
@@ -29,7 +33,9 @@ async def fast_settings(
     with it, and unknown stays TRL's."""
     checkpointing = None
     if settings.gradient_checkpointing_when_needed and share is None and gpu_room is not None and memory is not None:
-        lean = await memory.need(request, gradient_checkpointing=False, shards=shards(request))  # one GPU's figure under its plan
+        lean = await memory.need(
+            request, gradient_checkpointing=False, shards=shards(request)
+        )  # one GPU's figure under its plan
         if lean is not None:
             checkpointing = lean.needed > gpu_room
             log.info("job.checkpointing", needed=checkpointing, estimate_without=lean.needed, gpu_room=gpu_room)
@@ -48,9 +54,19 @@ def ran_as_estimated(request: RequestBase, estimate: Estimate, fast: FastSetting
     they fit. Checkpointing kwargs (every_n_layers, offload) change memory the estimate does not model: not learnt;
     nor a job whose host settings are unknown (a result read back from an earlier attempt's journal)."""
     training = request.training
-    if any(getattr(training, name, None) is not None for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")):
+    if any(
+        getattr(training, name, None) is not None
+        for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+    ):
         return False
-    said = next((value for name in ("activation_checkpointing", "gradient_checkpointing") if (value := getattr(training, name, None)) is not None), None)
+    said = next(
+        (
+            value
+            for name in ("activation_checkpointing", "gradient_checkpointing")
+            if (value := getattr(training, name, None)) is not None
+        ),
+        None,
+    )
     if said is None:
         if fast is None:
             return False
@@ -59,7 +75,11 @@ def ran_as_estimated(request: RequestBase, estimate: Estimate, fast: FastSetting
 
 
 def reported_memory(
-    request: RequestBase, estimate: Estimate | None, share: Placement | None, measured: MemoryUse | None, memory: Estimator | None,
+    request: RequestBase,
+    estimate: Estimate | None,
+    share: Placement | None,
+    measured: MemoryUse | None,
+    memory: Estimator | None,
     fast: FastSettings | None = None,
 ) -> JobMemory:
     """Its memory for `succeeded`: the estimate and share it started with, and what its child

@@ -16,8 +16,15 @@ from schemas.evaluation import EvaluationReport
 from schemas.request import RequestBase
 
 
-def stage_durations(result: TrainResult, *, received_at: float, queued_s: float, started: float, push_started: float,
-                    first_step_at: float | None) -> dict[str, float]:
+def stage_durations(
+    result: TrainResult,
+    *,
+    received_at: float,
+    queued_s: float,
+    started: float,
+    push_started: float,
+    first_step_at: float | None,
+) -> dict[str, float]:
     """Its stages' seconds, now that it is pushed: queued (from `received_at`, wall-clock), the child's
     own, the push (from `push_started`), the total (from `started`, monotonic, plus the queue) and,
     when this attempt trained, the wait from its arrival to its first step."""
@@ -34,12 +41,21 @@ def stage_durations(result: TrainResult, *, received_at: float, queued_s: float,
     return durations
 
 
-def write_card(artifact: Path, request: RequestBase, result: TrainResult, report: EvaluationReport | None, settings: Settings) -> None:
+def write_card(
+    artifact: Path, request: RequestBase, result: TrainResult, report: EvaluationReport | None, settings: Settings
+) -> None:
     """The artifact's README.md: its model card, from the request, the child's result and the gate's report."""
     card = model_card(
-        request, result.trainer, result.base_model_revision, result.metrics, result.versions,
-        dataset_sources=result.dataset_sources, dataset_fingerprint=result.dataset_fingerprint,
-        local_model_hub_ids=settings.local_model_hub_ids, pipeline_tag=result.pipeline_tag, tracking=result.tracking,
+        request,
+        result.trainer,
+        result.base_model_revision,
+        result.metrics,
+        result.versions,
+        dataset_sources=result.dataset_sources,
+        dataset_fingerprint=result.dataset_fingerprint,
+        local_model_hub_ids=settings.local_model_hub_ids,
+        pipeline_tag=result.pipeline_tag,
+        tracking=result.tracking,
         evaluation=report,
     )
     (artifact / "README.md").write_text(card)

@@ -40,10 +40,21 @@ OUTCOMES = frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCE
 FINAL = OUTCOMES | {State.INTERRUPTED}
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.QUEUED: frozenset({
-        State.TRAINING, State.JUDGING, State.PUSHING, State.SUCCEEDED, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED,
-    }),
-    State.TRAINING: frozenset({State.JUDGING, State.PUSHING, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}),
+    State.QUEUED: frozenset(
+        {
+            State.TRAINING,
+            State.JUDGING,
+            State.PUSHING,
+            State.SUCCEEDED,
+            State.FAILED,
+            State.RETRYING,
+            State.CANCELLED,
+            State.INTERRUPTED,
+        }
+    ),
+    State.TRAINING: frozenset(
+        {State.JUDGING, State.PUSHING, State.FAILED, State.RETRYING, State.CANCELLED, State.INTERRUPTED}
+    ),
     State.JUDGING: frozenset({State.PUSHING, State.SUCCEEDED, State.FAILED, State.CANCELLED, State.INTERRUPTED}),
     State.PUSHING: frozenset({State.SUCCEEDED, State.FAILED, State.RETRYING, State.INTERRUPTED}),
     **{state: frozenset() for state in FINAL},
@@ -101,4 +112,3 @@ class Lifecycle:
     def published(self) -> bool:
         """Its outcome is published: only the commit is left."""
         return self.state in OUTCOMES
-

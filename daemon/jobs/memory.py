@@ -52,8 +52,20 @@ from typing import Any
 
 from schemas.common import AdapterdError
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 LOAD_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Per token and hidden unit (or vocabulary entry), in values of the model's dtype: Korthikanti et al.'s
 # 34 bytes of a 16-bit layer are 17 values.
@@ -131,7 +143,16 @@ class Tensors:
 
     @cached_property
     def layers(self) -> int:
-        return len({next(g for g in match.groups() if g is not None) for name in self.shapes if (match := _LAYER.search(name))}) or 1
+        return (
+            len(
+                {
+                    next(g for g in match.groups() if g is not None)
+                    for name in self.shapes
+                    if (match := _LAYER.search(name))
+                }
+            )
+            or 1
+        )
 
     @cached_property
     def by_layer(self) -> tuple[int, int]:
@@ -151,7 +172,10 @@ class Tensors:
     def tied_head(self) -> bool:
         """Whether the output head is the token embedding: no second tensor of the embedding's shape outside the blocks."""
         vocab, hidden = self.embedding
-        return sum(1 for name, (_, shape) in self.shapes.items() if shape == (vocab, hidden) and not _LAYER.search(name)) < 2
+        return (
+            sum(1 for name, (_, shape) in self.shapes.items() if shape == (vocab, hidden) and not _LAYER.search(name))
+            < 2
+        )
 
     @cached_property
     def embedding(self) -> tuple[int, int]:
@@ -242,16 +266,19 @@ def generation_bytes(request: Any, tensors: Tensors, dtype_bytes: int) -> int:
     """The KV cache of an online method's generations: every sequence of a step at once."""
     if request.method not in {"grpo", "rloo", "online_dpo"}:
         return 0
-    kv_width = sum(outs for name, (outs, _, _) in tensors.linear_sums.items() if name in {"k_proj", "v_proj"}) // tensors.layers
+    kv_width = (
+        sum(outs for name, (outs, _, _) in tensors.linear_sums.items() if name in {"k_proj", "v_proj"})
+        // tensors.layers
+    )
     _, hidden = tensors.embedding
     return step_tokens(request) * tensors.layers * (kv_width or 2 * hidden) * dtype_bytes
 
 
 def copies_base_as_reference(request: Any) -> bool:
     """Whether TRL loads a second copy of the base as the frozen reference: a full fine-tune (no adapter to switch
-    off) of DPO or KTO without a `ref_model` and without `precompute_ref_log_probs` (which computes the reference's
-    log-probs with the policy before it trains), or of GRPO or RLOO with a KL term (`beta` above 0). TRL loads it
-from the base's folder as a whole model (`create_model_from_path`), on every rank of a sharded job too."""
+        off) of DPO or KTO without a `ref_model` and without `precompute_ref_log_probs` (which computes the reference's
+        log-probs with the policy before it trains), or of GRPO or RLOO with a KL term (`beta` above 0). TRL loads it
+    from the base's folder as a whole model (`create_model_from_path`), on every rank of a sharded job too."""
     if request.peft is not None or getattr(request, "ref_model", None) is not None:
         return False
     block = _method_block(request)
@@ -259,7 +286,9 @@ from the base's folder as a whole model (`create_model_from_path`), on every ran
         return not getattr(block, "precompute_ref_log_probs", None)
     if request.method in {"grpo", "rloo"}:
         beta = getattr(block, "beta", None)
-        return bool(beta) if beta is not None else request.method == "rloo"  # TRL's defaults: GRPO's beta 0, RLOO's 0.05
+        return (
+            bool(beta) if beta is not None else request.method == "rloo"
+        )  # TRL's defaults: GRPO's beta 0, RLOO's 0.05
     return False
 
 
@@ -279,7 +308,12 @@ def trainable_parameters(request: Any, tensors: Tensors) -> int:
 
 
 def estimate(
-    request: Any, base: Tensors, others: Iterable[Tensors] = (), *, gradient_checkpointing: bool = True, shards: int = 1,
+    request: Any,
+    base: Tensors,
+    others: Iterable[Tensors] = (),
+    *,
+    gradient_checkpointing: bool = True,
+    shards: int = 1,
 ) -> Estimate:
     """The allocator peak of `request`'s job on one device, from its base model's tensors and those
     of the other models it loads (`others`); with `shards` above 1, on one of the GPUs its base is
@@ -317,8 +351,11 @@ def estimate(
     else:
         activations = tokens * hidden * ACTIVATION_VALUES * layers * dtype_bytes
     parts = {
-        "weights": weights, "trainable": trainable_bytes, "activations": activations,
-        "logits": tokens * vocab * LOGIT_VALUES * dtype_bytes, "generation": generation_bytes(request, base, dtype_bytes),
+        "weights": weights,
+        "trainable": trainable_bytes,
+        "activations": activations,
+        "logits": tokens * vocab * LOGIT_VALUES * dtype_bytes,
+        "generation": generation_bytes(request, base, dtype_bytes),
     }
     parts.update(sharding)
     return Estimate(parts, gradient_checkpointing, shards=max(shards, 1))

@@ -22,8 +22,11 @@ class JobPlace:
 
     @classmethod
     def on(cls, slots: Slots, placement: Placement) -> JobPlace:
-        return cls(slots.label(placement.slots), slots.visible_devices(placement.slots),
-                   placement if placement.share_bytes is not None else None)
+        return cls(
+            slots.label(placement.slots),
+            slots.visible_devices(placement.slots),
+            placement if placement.share_bytes is not None else None,
+        )
 
     @property
     def share_bytes(self) -> int | None:

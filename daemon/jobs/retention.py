@@ -63,8 +63,9 @@ class Pruned:
     freed_bytes: int = 0
 
 
-def prune(jobs_dir: Path, running: Collection[str], max_age_s: float, max_count: int, now: float,
-          take: Take | None = None) -> Pruned:
+def prune(
+    jobs_dir: Path, running: Collection[str], max_age_s: float, max_count: int, now: float, take: Take | None = None
+) -> Pruned:
     """One pass over `jobs_dir`; `running`: the request ids whose folders are in use (left alone);
     `take`: sets each folder or checkpoints folder aside before it is deleted (`set_aside`, or
     `on_loop`'s in the daemon)."""
@@ -98,13 +99,22 @@ async def prune_folders_once(settings: Settings, running: Callable[[], Collectio
     take = on_loop(asyncio.get_running_loop(), lambda name: name in running())
     try:
         pruned = await executors.run(
-            "retention", prune, settings.jobs_dir, running(), settings.job_retention_days * 86400, settings.job_retention_count, now, take,
+            "retention",
+            prune,
+            settings.jobs_dir,
+            running(),
+            settings.job_retention_days * 86400,
+            settings.job_retention_count,
+            now,
+            take,
         )
     except OSError as exc:
         log.warning("retention.failed", error=str(exc))
         return None
     if pruned.folders or pruned.checkpoints:
-        log.info("retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes)
+        log.info(
+            "retention.pruned", folders=pruned.folders, checkpoints=pruned.checkpoints, freed_bytes=pruned.freed_bytes
+        )
         metrics.PRUNED.labels("folder").inc(len(pruned.folders))
         metrics.PRUNED.labels("checkpoints").inc(len(pruned.checkpoints))
     return pruned
@@ -135,7 +145,9 @@ def on_loop(loop: asyncio.AbstractEventLoop, in_use: Callable[[str], bool]) -> T
 
     def take(target: Path, folder: Path, changed: float) -> Path | None:
         try:
-            return asyncio.run_coroutine_threadsafe(check_and_set_aside(target, folder, changed), loop).result(TAKE_TIMEOUT_S)
+            return asyncio.run_coroutine_threadsafe(check_and_set_aside(target, folder, changed), loop).result(
+                TAKE_TIMEOUT_S
+            )
         except (TimeoutError, RuntimeError, asyncio.CancelledError):  # RuntimeError: the loop is closed
             return None
 
@@ -166,7 +178,9 @@ def _entries(jobs_dir: Path, prefix: str = "") -> list[Path]:
     without one the job folders (the trash left out)."""
     found = []
     for entry in os.scandir(jobs_dir):
-        if entry.is_dir(follow_symlinks=False) and (entry.name.startswith(prefix) if prefix else not entry.name.startswith(TRASH_PREFIX)):
+        if entry.is_dir(follow_symlinks=False) and (
+            entry.name.startswith(prefix) if prefix else not entry.name.startswith(TRASH_PREFIX)
+        ):
             found.append(Path(entry.path))
     return found
 

@@ -62,7 +62,12 @@ log = structlog.get_logger()
 
 class Scheduler:
     def __init__(
-        self, settings: Settings, publisher: Publisher, partitions: Partitions, slots: Slots, children: ChildSource,
+        self,
+        settings: Settings,
+        publisher: Publisher,
+        partitions: Partitions,
+        slots: Slots,
+        children: ChildSource,
         on_change: Callable[[], None],
     ) -> None:
         self.settings = settings
@@ -80,8 +85,12 @@ class Scheduler:
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
         self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
         self.faults = RecordFaults(settings, publisher, partitions)  # records failing outside their job
-        self.settler = Settler(settings.retry_backoff_s, publisher, partitions, self.retries, self.faults)  # its record after a job's end
-        self.fleet: FleetHooks | None = None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
+        self.settler = Settler(
+            settings.retry_backoff_s, publisher, partitions, self.retries, self.faults
+        )  # its record after a job's end
+        self.fleet: FleetHooks | None = (
+            None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
+        )
         # The requests of several GPUs waiting at their partitions' heads, and the one the host is reserved for.
         self.reservations = Reservations(settings.reserve_after_s)
         self.clock: Callable[[], float] = time.time  # the reservation's clock (the tests' to set)
@@ -148,7 +157,9 @@ class Scheduler:
         if backfills(free_at, placement.slots, end, held.gpus):
             log.info("job.backfilled", request_id=request.request_id, reserved_for=held.request_id, ends_by=end)
             return True
-        log.info("job.held_for_reservation", request_id=request.request_id, reserved_for=held.request_id, gpus=held.gpus)
+        log.info(
+            "job.held_for_reservation", request_id=request.request_id, reserved_for=held.request_id, gpus=held.gpus
+        )
         return False
 
     def _expected_end(self, job: RunningJob, now: float) -> float:
@@ -173,14 +184,28 @@ class Scheduler:
             if self.slots.free:
                 self.partitions.resume([tp])
 
-    def _start(self, tp: TopicPartition, record: Record, request: RequestBase, placement: Placement, attempt: int, need: Estimate | None) -> None:
+    def _start(
+        self,
+        tp: TopicPartition,
+        record: Record,
+        request: RequestBase,
+        placement: Placement,
+        attempt: int,
+        need: Estimate | None,
+    ) -> None:
         self.slots.count()
         if request.experimental:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
-            request, self.settings, self.publisher, self.children, JobPlace.on(self.slots, placement),
-            received_at=record.timestamp / 1000, attempt=attempt, trace=trace_context(record),
+            request,
+            self.settings,
+            self.publisher,
+            self.children,
+            JobPlace.on(self.slots, placement),
+            received_at=record.timestamp / 1000,
+            attempt=attempt,
+            trace=trace_context(record),
             on_trained=functools.partial(self._free_slots, tp, record.offset),
             memory=MemoryPlan(need, self.slots.gpu_room, self.memory),
         )
@@ -194,8 +219,13 @@ class Scheduler:
         try:
             fleet = self.fleet.accepted_fields(tp, record, runner.request) if self.fleet is not None else {}
             estimate = runner.memory.estimate
-            await runner.events.publish(Accepted, method=runner.request.method, plan=PLANS[runner.request.resources.shard],
-                                        estimate_bytes_per_gpu=estimate.needed if estimate is not None else None, **fleet)
+            await runner.events.publish(
+                Accepted,
+                method=runner.request.method,
+                plan=PLANS[runner.request.resources.shard],
+                estimate_bytes_per_gpu=estimate.needed if estimate is not None else None,
+                **fleet,
+            )
             event = await runner.run()
             if event is None:
                 # Interrupted: nothing published, nothing committed; the request is read again. A preempted
@@ -302,4 +332,7 @@ class Scheduler:
         await asyncio.gather(*(job.task for job in self.jobs.values()), return_exceptions=True)
 
     def status(self) -> list[dict[str, Any]]:
-        return [{**job.runner.status(), "partition": tp.partition, "offset": job.offset} for tp, job in list(self.jobs.items())]
+        return [
+            {**job.runner.status(), "partition": tp.partition, "offset": job.offset}
+            for tp, job in list(self.jobs.items())
+        ]

@@ -46,31 +46,49 @@ def next_try(code: str, attempt: int, shared: bool, base_backoff_s: float, now: 
 class Settler:
     """Ends a job's record after its published event (`settle`); the faults of that path are the caller's."""
 
-    def __init__(self, base_backoff_s: float, publisher: Publisher, partitions: Partitions, retries: RetrySigner,
-                 faults: RecordFaults) -> None:
+    def __init__(
+        self,
+        base_backoff_s: float,
+        publisher: Publisher,
+        partitions: Partitions,
+        retries: RetrySigner,
+        faults: RecordFaults,
+    ) -> None:
         self.base_backoff_s = base_backoff_s
         self.publisher = publisher
         self.partitions = partitions
         self.retries = retries
         self.faults = faults
 
-    async def settle(self, tp: TopicPartition, record: Record, runner: JobRunner, event: EventBase,
-                     requeue: Callable[[Outgoing], Outgoing] | None) -> bool:
+    async def settle(
+        self,
+        tp: TopicPartition,
+        record: Record,
+        runner: JobRunner,
+        event: EventBase,
+        requeue: Callable[[Outgoing], Outgoing] | None,
+    ) -> bool:
         """After `event` (terminal or `retrying`): its record's retry or dead letter, then its commit.
         `requeue`, with priority classes: the retry sent to the queue of the class the request runs as, where it waits.
         False when the broker refused its retry: the record is ended by `RecordFaults.end` (or held, to be read again)."""
         offset = record.offset
         if isinstance(event, Retrying):
             # Back to the end of its partition, so the requests behind it are not held up.
-            again = next_try(event.code, runner.attempt, runner.place.share is not None, self.base_backoff_s, time.time())
-            retry = self.publisher.retry_copy(record, self.retries.headers(record.key, record.value or b"", again.attempt, again.due,
-                                                                            alone=again.alone))
+            again = next_try(
+                event.code, runner.attempt, runner.place.share is not None, self.base_backoff_s, time.time()
+            )
+            retry = self.publisher.retry_copy(
+                record,
+                self.retries.headers(record.key, record.value or b"", again.attempt, again.due, alone=again.alone),
+            )
             if requeue is not None:  # back to its class's queue, where any host with room takes it when it is due
                 retry = requeue(retry)
             try:
                 await self.publisher.deliver(retry)
             except KafkaError as exc:  # refused outright (deliver waits out what passes): ended, never trained again
-                log.error("job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__)
+                log.error(
+                    "job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__
+                )
                 message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
                 if not await self.faults.end(tp, record, runner, exc, message):
                     self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart

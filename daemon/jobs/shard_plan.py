@@ -34,7 +34,9 @@ class Sharding(Protocol):
     """What the plan asks of the estimator (daemon/jobs/estimator.py): one GPU's figure with the base sharded,
     from models read before (the whole copy's estimate read them)."""
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]: ...
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]: ...
 
 
 class Unfit(AdapterdError):
@@ -69,7 +71,9 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.1f} GB"
 
 
-def planned(request: RequestBase, whole: Estimate | None, estimator: Sharding, gpu_room: int | None, host_gpus: int) -> Planned:
+def planned(
+    request: RequestBase, whole: Estimate | None, estimator: Sharding, gpu_room: int | None, host_gpus: int
+) -> Planned:
     """The job's plan (the module's rule) from its whole-copy estimate `whole`; raises Unfit when it fits neither way.
     `host_gpus`: the most GPUs a job can have here, for the rejection's hint."""
     asked, gpus = request.resources.shard, request.resources.gpus
@@ -79,12 +83,20 @@ def planned(request: RequestBase, whole: Estimate | None, estimator: Sharding, g
         return Planned(resolved(request, "none"), whole)
     if asked != "fsdp" and whole.needed <= gpu_room:
         return Planned(resolved(request, "none"), whole)
-    problem = request.sharding_problem()  # None where the child shards it (a request asking 'fsdp' has none: refused at decoding)
+    problem = (
+        request.sharding_problem()
+    )  # None where the child shards it (a request asking 'fsdp' has none: refused at decoding)
     sharded = _sharded(request, estimator, gpus) if gpus > 1 and asked != "none" and problem is None else None
     if sharded is not None and sharded.needed <= gpu_room:
         if asked == "auto":
-            log.info("job.sharded", request_id=request.request_id, gpus=gpus, whole_bytes=whole.needed, per_gpu_bytes=sharded.needed,
-                     gpu_room=gpu_room)
+            log.info(
+                "job.sharded",
+                request_id=request.request_id,
+                gpus=gpus,
+                whole_bytes=whole.needed,
+                per_gpu_bytes=sharded.needed,
+                gpu_room=gpu_room,
+            )
         return Planned(resolved(request, "fsdp"), sharded)
     raise Unfit(_rejection(request, whole, sharded, estimator, gpu_room, host_gpus, problem))
 
@@ -94,7 +106,13 @@ def _sharded(request: RequestBase, estimator: Sharding, count: int) -> Estimate 
 
 
 def _rejection(
-    request: RequestBase, whole: Estimate, sharded: Estimate | None, estimator: Sharding, gpu_room: int, host_gpus: int, problem: str | None,
+    request: RequestBase,
+    whole: Estimate,
+    sharded: Estimate | None,
+    estimator: Sharding,
+    gpu_room: int,
+    host_gpus: int,
+    problem: str | None,
 ) -> Rejection:
     """`rejected` naming resources.gpus (resources.shard for a 'none' that sharding would fit) with the numbers:
     what the job needs on each GPU, whole and sharded, against what this host's GPUs hold for jobs; and what
@@ -112,11 +130,20 @@ def _rejection(
         across = _sharded(request, estimator, gpus) if asked == "none" and gpus > 1 else None
         if across is not None and across.needed <= gpu_room:
             path = "resources.shard"
-            message += f"; sharded across its {gpus} GPUs it would need {_gb(across.needed)} a GPU: set shard 'fsdp' or 'auto'"
+            message += (
+                f"; sharded across its {gpus} GPUs it would need {_gb(across.needed)} a GPU: set shard 'fsdp' or 'auto'"
+            )
         elif host_gpus > gpus:
             widest = _sharded(request, estimator, host_gpus)
             if widest is not None and widest.needed <= gpu_room:
                 message += f"; sharded across this host's {host_gpus} GPUs it would need {_gb(widest.needed)} a GPU: ask for gpus {host_gpus} (shard 'auto' or 'fsdp')"
-    log.info("job.does_not_fit", request_id=request.request_id, shard=asked, gpus=gpus, whole_bytes=whole.needed,
-             sharded_bytes=sharded.needed if sharded is not None else None, gpu_room=gpu_room)
+    log.info(
+        "job.does_not_fit",
+        request_id=request.request_id,
+        shard=asked,
+        gpus=gpus,
+        whole_bytes=whole.needed,
+        sharded_bytes=sharded.needed if sharded is not None else None,
+        gpu_room=gpu_room,
+    )
     return Rejection("resources", [FieldError(path=path, message=message)], request.request_id)

@@ -36,7 +36,11 @@ def _query_gpus(field: str, environ: Mapping[str, str]) -> list[str] | None:
         return None
     try:
         listed = subprocess.run(
-            [nvidia_smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30, check=True
+            [nvidia_smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("gpus.discovery_failed", field=field, error=str(exc))
@@ -106,7 +110,9 @@ class Slots:
         self.gpu_room = packing.usable if gpus and packing is not None else None
         self.packing = packing if gpus and packing is not None and packing.max_jobs > 1 else None
         self._all = list(gpus) if gpus else [f"cpu{i}" for i in range(cpu_slots)]
-        self._jobs: dict[str, list[int | None]] = {slot: [] for slot in self._all}  # each job's share on it; None: the whole slot
+        self._jobs: dict[str, list[int | None]] = {
+            slot: [] for slot in self._all
+        }  # each job's share on it; None: the whole slot
 
     @property
     def total(self) -> int:
@@ -148,7 +154,9 @@ class Slots:
             fits = [slot for slot in self.free if packing.usable - self.reserved(slot) >= need_bytes]
             if not fits:
                 return None
-            slot = min(fits, key=lambda s: (packing.usable - self.reserved(s), self._all.index(s)))  # the fullest it fits on
+            slot = min(
+                fits, key=lambda s: (packing.usable - self.reserved(s), self._all.index(s))
+            )  # the fullest it fits on
             self._jobs[slot].append(need_bytes)
             return Placement([slot], need_bytes, round(need_bytes / packing.memory_bytes, 4))
         empty = [slot for slot in self._all if not self._jobs[slot]]

@@ -13,7 +13,11 @@ from schemas.request import RequestBase
 
 
 def job_spec(
-    request: RequestBase, settings: Settings, job_dir: Path, traceparent: str | None, memory_fraction: float | None = None,
+    request: RequestBase,
+    settings: Settings,
+    job_dir: Path,
+    traceparent: str | None,
+    memory_fraction: float | None = None,
     fast: FastSettings | None = None,
 ) -> JobSpec:
     """The request with the operator's bounds and rules for its child; paths under `job_dir`."""

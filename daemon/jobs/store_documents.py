@@ -38,10 +38,14 @@ from schemas.signing import SIGNATURE_HEADER, EventKeys, EventSigner, Unverified
 log = structlog.get_logger()
 
 Kind = Literal["manifest", "succeeded"]
-Reason = Literal["unsigned", "unknown_key", "bad_signature", "malformed", "misplaced", "unsafe_name", "link", "too_large"]
+Reason = Literal[
+    "unsigned", "unknown_key", "bad_signature", "malformed", "misplaced", "unsafe_name", "link", "too_large"
+]
 
 FORMAT = 1
-MAX_DOCUMENT_BYTES = 4 * 2**20  # a manifest of MAX_FILES files is about 1.5 MB; a succeeded event under 1 MB (max_message_bytes)
+MAX_DOCUMENT_BYTES = (
+    4 * 2**20
+)  # a manifest of MAX_FILES files is about 1.5 MB; a succeeded event under 1 MB (max_message_bytes)
 MAX_FILES = 10_000  # a sharded full fine-tune's checkpoint has a few hundred; the trainer writes nothing near this
 MAX_NAME_CHARS = 1024
 MAX_NAME_DEPTH = 16
@@ -72,8 +76,17 @@ def seal(signing: StoreSigning, kind: Kind, request_id: str, step: int | None, d
     """The envelope of `document`, signed for `kind` of `request_id` at `step`: the object's bytes."""
     text = json.dumps(document, indent=2)
     signature = signing.signer.sign(binding(kind, request_id, step) + text.encode())
-    return json.dumps({"adapterd_store": FORMAT, "kind": kind, "request_id": request_id, "step": step,
-                       "document": text, "signature": signature.decode()}, indent=2).encode()
+    return json.dumps(
+        {
+            "adapterd_store": FORMAT,
+            "kind": kind,
+            "request_id": request_id,
+            "step": step,
+            "document": text,
+            "signature": signature.decode(),
+        },
+        indent=2,
+    ).encode()
 
 
 def unseal(keys: EventKeys, kind: Kind, request_id: str, step: int | None, raw: bytes) -> dict[str, Any]:
@@ -91,8 +104,11 @@ def unseal(keys: EventKeys, kind: Kind, request_id: str, step: int | None, raw: 
     if envelope.get("adapterd_store") != FORMAT or not isinstance(text, str) or not isinstance(signature, str):
         raise Untrusted("malformed", "an envelope without its format, document text or signature")
     if (envelope.get("kind"), envelope.get("request_id"), envelope.get("step")) != (kind, request_id, step):
-        raise Untrusted("misplaced", f"signed for {envelope.get('kind')} of {envelope.get('request_id')!r} at step {envelope.get('step')}, "
-                                     f"read as {kind} of {request_id!r} at step {step}")
+        raise Untrusted(
+            "misplaced",
+            f"signed for {envelope.get('kind')} of {envelope.get('request_id')!r} at step {envelope.get('step')}, "
+            f"read as {kind} of {request_id!r} at step {step}",
+        )
     try:
         keys.verify(binding(kind, request_id, step) + text.encode(), [(SIGNATURE_HEADER, signature.encode())])
     except UnverifiedEvent as exc:
@@ -100,7 +116,9 @@ def unseal(keys: EventKeys, kind: Kind, request_id: str, step: int | None, raw: 
     try:
         document = json.loads(text)
     except ValueError:
-        raise Untrusted("malformed", "its document is not JSON") from None  # signed so by a fleet's host: a bug, still not used
+        raise Untrusted(
+            "malformed", "its document is not JSON"
+        ) from None  # signed so by a fleet's host: a bug, still not used
     if not isinstance(document, dict):
         raise Untrusted("malformed", "its document is not an object")
     return document
@@ -112,7 +130,11 @@ def safe_name(name: object) -> str:
     if not isinstance(name, str) or not name or len(name) > MAX_NAME_CHARS:
         raise Untrusted("unsafe_name", f"not a file name: {str(name)[:80]!r}")
     segments = name.split("/")
-    if name.startswith("/") or len(segments) > MAX_NAME_DEPTH or any(segment in ("", ".", "..") for segment in segments):
+    if (
+        name.startswith("/")
+        or len(segments) > MAX_NAME_DEPTH
+        or any(segment in ("", ".", "..") for segment in segments)
+    ):
         raise Untrusted("unsafe_name", f"not a relative path inside the checkpoint: {name[:80]!r}")
     if "\\" in name or any(ord(char) < 32 or ord(char) == 127 for char in name):
         raise Untrusted("unsafe_name", f"a backslash or control character in {name[:80]!r}")
@@ -129,8 +151,17 @@ def listed_files(document: dict[str, Any], max_bytes: int) -> dict[str, tuple[in
         raise Untrusted("too_large", f"{len(files)} files, over {MAX_FILES}")
     listed: dict[str, tuple[int, str]] = {}
     for name, entry in files.items():
-        size, digest = entry.get("size") if isinstance(entry, dict) else None, entry.get("sha256") if isinstance(entry, dict) else None
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) or len(digest) != 64:
+        size, digest = (
+            entry.get("size") if isinstance(entry, dict) else None,
+            entry.get("sha256") if isinstance(entry, dict) else None,
+        )
+        if (
+            not isinstance(size, int)
+            or isinstance(size, bool)
+            or size < 0
+            or not isinstance(digest, str)
+            or len(digest) != 64
+        ):
             raise Untrusted("malformed", f"{str(name)[:80]!r}: no size and sha256")
         listed[safe_name(name)] = (size, digest)
     folders = {"/".join(name.split("/")[:depth]) for name in listed for depth in range(1, name.count("/") + 1)}
@@ -145,4 +176,12 @@ def listed_files(document: dict[str, Any], max_bytes: int) -> dict[str, tuple[in
 def skipped(error: Untrusted, kind: Kind, request_id: str, step: int | None, url: str) -> None:
     """Say and count a document or file of the store that was not used."""
     STORE_UNTRUSTED.labels(error.reason).inc()
-    log.warning("checkpoint_store.untrusted", kind=kind, request_id=request_id, step=step, reason=error.reason, url=url, error=str(error))
+    log.warning(
+        "checkpoint_store.untrusted",
+        kind=kind,
+        request_id=request_id,
+        step=step,
+        reason=error.reason,
+        url=url,
+        error=str(error),
+    )

@@ -27,7 +27,9 @@ def download(store: CheckpointStore, request_id: str, manifest: Manifest, checkp
     try:
         partial.mkdir(parents=True)
         if shutil.disk_usage(partial).free < needed + FREE_MARGIN:
-            raise StoreError(f"{manifest.url}: {needed} bytes do not fit {checkpoints}'s disk with {FREE_MARGIN} left free")
+            raise StoreError(
+                f"{manifest.url}: {needed} bytes do not fit {checkpoints}'s disk with {FREE_MARGIN} left free"
+            )
         for relative, (size, digest) in manifest.files.items():
             target = partial.joinpath(*safe_name(relative).split("/"))  # checked again: a Manifest can be made by hand
             target.parent.mkdir(parents=True, exist_ok=True)

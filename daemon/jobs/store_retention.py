@@ -48,12 +48,16 @@ def last_written(store: CheckpointStore, request_id: str) -> float | None:
     if complete:
         return max(manifest.written_at for manifest in complete)
     try:
-        return max((store.fs.modified(path).timestamp() for path in store.fs.find(store.path(request_id))), default=None)
+        return max(
+            (store.fs.modified(path).timestamp() for path in store.fs.find(store.path(request_id))), default=None
+        )
     except (NotImplementedError, OSError, ValueError):
         return None
 
 
-def prune_store(store: CheckpointStore, jobs_dir: Path, running: Collection[str], max_age_s: float, max_count: int, now: float) -> StorePruned:
+def prune_store(
+    store: CheckpointStore, jobs_dir: Path, running: Collection[str], max_age_s: float, max_count: int, now: float
+) -> StorePruned:
     """One pass over the store; `running`: this daemon's jobs (left alone)."""
     pruned = StorePruned()
     written: dict[str, float] = {}
@@ -84,8 +88,15 @@ async def prune_store_once(settings: Settings, running: Collection[str], now: fl
     if store is None:
         return None
     try:
-        pruned = await asyncio.to_thread(prune_store, store, settings.jobs_dir, running, settings.job_retention_days * 86400,
-                                         settings.job_retention_count, now)
+        pruned = await asyncio.to_thread(
+            prune_store,
+            store,
+            settings.jobs_dir,
+            running,
+            settings.job_retention_days * 86400,
+            settings.job_retention_count,
+            now,
+        )
     except StoreError as exc:
         log.warning("store_retention.failed", error=str(exc))
         return None

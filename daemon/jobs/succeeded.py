@@ -24,7 +24,12 @@ from schemas.request import RequestBase
 # What an earlier run's Hub commit, found by its request id, tells of its training: nothing the
 # daemon can vouch for (the metrics and versions were in that run's event).
 FOUND_ON_THE_HUB = TrainResult(
-    trainer="unknown: found by its Hub commit", metrics={}, base_model_revision=None, dataset_fingerprint=None, durations_s={}, versions={},
+    trainer="unknown: found by its Hub commit",
+    metrics={},
+    base_model_revision=None,
+    dataset_fingerprint=None,
+    durations_s={},
+    versions={},
 )
 
 
@@ -36,8 +41,16 @@ def _named_model(request: RequestBase, field: str) -> str | None:
 
 
 def succeeded_event(
-    events: JobEvents, request: RequestBase, result: TrainResult, pushed: PushResult, durations: dict[str, float], *,
-    duplicate: bool = False, report: EvaluationReport | None = None, published: Published = "main", memory: JobMemory | None = None,
+    events: JobEvents,
+    request: RequestBase,
+    result: TrainResult,
+    pushed: PushResult,
+    durations: dict[str, float],
+    *,
+    duplicate: bool = False,
+    report: EvaluationReport | None = None,
+    published: Published = "main",
+    memory: JobMemory | None = None,
 ) -> Succeeded:
     """`succeeded` for a push and what trained it (FOUND_ON_THE_HUB for a commit an earlier run made)."""
     return Succeeded(
@@ -73,7 +86,12 @@ def succeeded_event(
 
 
 async def earlier_success(
-    request: RequestBase, settings: Settings, journal: Journal, uploads: CheckpointUploads, events: JobEvents, log: FilteringBoundLogger,
+    request: RequestBase,
+    settings: Settings,
+    journal: Journal,
+    uploads: CheckpointUploads,
+    events: JobEvents,
+    log: FilteringBoundLogger,
 ) -> Succeeded | None:
     """This request's `succeeded` again, marked duplicate, when an earlier attempt got that far:
     from this host's journal, the checkpoint store (an attempt on another host; only what the fleet
@@ -84,11 +102,15 @@ async def earlier_success(
     if recorded is not None:
         try:
             earlier = Succeeded.model_validate(recorded)
-        except ValidationError as exc:  # signed, yet no event of this schema (another version's): never a reason to fail the request
+        except (
+            ValidationError
+        ) as exc:  # signed, yet no event of this schema (another version's): never a reason to fail the request
             log.warning("job.earlier_success_unreadable", found_in=found_in, error=str(exc)[:500])
         else:
             log.info("job.duplicate", commit_sha=earlier.commit_sha, found_in=found_in)
-            return Succeeded(**{**earlier.model_dump(exclude={"event_id", "time"}), **events.common(), "duplicate": True})
+            return Succeeded(
+                **{**earlier.model_dump(exclude={"event_id", "time"}), **events.common(), "duplicate": True}
+            )
     found = await executors.run("hub", hub_push.find_commit, request, settings)
     if found is None:
         return None

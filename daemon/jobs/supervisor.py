@@ -45,7 +45,11 @@ log = structlog.get_logger()
 WATCHED_STAGES = frozenset({"load_model", "train", "evaluate"})
 
 
-STALLED = {"load_model": "no sign of life while loading the model", "train": "no step of training", "evaluate": "no step of evaluation"}
+STALLED = {
+    "load_model": "no sign of life while loading the model",
+    "train": "no step of training",
+    "evaluate": "no step of evaluation",
+}
 
 
 def event_stage(stage: str) -> Stage:
@@ -61,7 +65,8 @@ def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
     if outcome.returncode != 0 or outcome.result is None:
         tail = " | ".join(line.strip() for line in outcome.log_tail[-5:] if line.strip())
         return JobFailed(
-            "child_crashed", event_stage(stage),
+            "child_crashed",
+            event_stage(stage),
             f"the training process died ({outcome.describe_exit()}) during {stage}; last output: {tail or '(none)'}",
             retryable=True,
         )
@@ -77,15 +82,24 @@ def time_limit(requested: int | None, most: int | None) -> int | None:
 
 class Supervisor:
     def __init__(
-        self, request: RequestBase, settings: Settings, events: JobEvents, children: ChildSource,
-        *, place: JobPlace, stop: Callable[[Stop], bool], uploads: CheckpointUploads | None = None,
+        self,
+        request: RequestBase,
+        settings: Settings,
+        events: JobEvents,
+        children: ChildSource,
+        *,
+        place: JobPlace,
+        stop: Callable[[Stop], bool],
+        uploads: CheckpointUploads | None = None,
     ) -> None:
         self.request = request
         self.settings = settings
         self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
         self.children = children
         self.place = place  # its slot, its devices, and on a shared GPU the memory its child is held to (for `started`)
-        self.timeout_s = time_limit(request.timeout_s, settings.max_timeout_s)  # counted from its child's start (`_timeout`)
+        self.timeout_s = time_limit(
+            request.timeout_s, settings.max_timeout_s
+        )  # counted from its child's start (`_timeout`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
         self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
         self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from
@@ -93,8 +107,12 @@ class Supervisor:
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept
         self.progress: dict[str, Any] = {}
         self.progress_at: float | None = None  # when the last progress report came (its eta_s counts from then)
-        self.checkpoint_step: int | None = None  # the last checkpoint the child saved (what a preemption would resume from)
-        self.stopped_step: int | None = None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
+        self.checkpoint_step: int | None = (
+            None  # the last checkpoint the child saved (what a preemption would resume from)
+        )
+        self.stopped_step: int | None = (
+            None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
+        )
         self.child: JobProcess | None = None
         self._running: asyncio.Task[ChildOutcome] | None = None
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
@@ -108,7 +126,9 @@ class Supervisor:
     async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step."""
         job = ChildJob(spec_path, log_path, self.place.visible_devices, self.request.resources.gpus)
-        child = await self.children.start(job)  # which kind of child (forked, warm, cold, a launcher) is the source's choice
+        child = await self.children.start(
+            job
+        )  # which kind of child (forked, warm, cold, a launcher) is the source's choice
         self.child = child
         child.log_context = {"request_id": self.request.request_id}
         self._running = run = asyncio.create_task(child.run(job, self._on_start, self._on_message))
@@ -135,10 +155,21 @@ class Supervisor:
         return stopped, kept
 
     async def _on_start(self, handle: ChildHandle) -> None:
-        self.log.info("job.started", child=handle.where, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s)
-        await self.events.publish(Started, method=self.request.method, slot=self.place.slot, pid=handle.pid, child=handle.where, endpoint=self.settings.logs_endpoint,
-                                  endpoint_scheme=self.settings.logs_endpoint_scheme, memory_share_bytes=self.place.share_bytes,
-                                  resumed_step=self.resumed[0] if self.resumed else None, resumed_from=self.resumed[1] if self.resumed else None)
+        self.log.info(
+            "job.started", child=handle.where, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s
+        )
+        await self.events.publish(
+            Started,
+            method=self.request.method,
+            slot=self.place.slot,
+            pid=handle.pid,
+            child=handle.where,
+            endpoint=self.settings.logs_endpoint,
+            endpoint_scheme=self.settings.logs_endpoint_scheme,
+            memory_share_bytes=self.place.share_bytes,
+            resumed_step=self.resumed[0] if self.resumed else None,
+            resumed_from=self.resumed[1] if self.resumed else None,
+        )
 
     async def _on_message(self, message: ChildMessage) -> None:
         self.last_heard = time.monotonic()
@@ -178,5 +209,7 @@ class Supervisor:
             await asyncio.sleep(min(limit / 4, 5.0))
             if self.stage in WATCHED_STAGES and time.monotonic() - self.last_heard > limit:
                 self.log.warning("job.stalled", silent_s=round(time.monotonic() - self.last_heard, 1))
-                self.stop_job(Stop("stalled", f"{STALLED[self.stage]} for {limit} s (stall_timeout_s); the job was stopped"))
+                self.stop_job(
+                    Stop("stalled", f"{STALLED[self.stage]} for {limit} s (stall_timeout_s); the job was stopped")
+                )
                 return

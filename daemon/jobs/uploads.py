@@ -61,11 +61,18 @@ def store_of(settings: Settings) -> CheckpointStore | None:
         return None
     signing = store_signing(settings)
     if signing is None:  # settings refuse this at start; a copy of them made in code is not validated again
-        log.warning("checkpoint_store.unsigned", error="checkpoint_store without event_signing_key_file: the store is not used")
+        log.warning(
+            "checkpoint_store.unsigned", error="checkpoint_store without event_signing_key_file: the store is not used"
+        )
         return None
     try:
-        return CheckpointStore(settings.checkpoint_store, settings.dataset_storage_options, host=settings.host,
-                               signing=signing, max_bytes=settings.checkpoint_store_max_bytes)
+        return CheckpointStore(
+            settings.checkpoint_store,
+            settings.dataset_storage_options,
+            host=settings.host,
+            signing=signing,
+            max_bytes=settings.checkpoint_store_max_bytes,
+        )
     except StoreError as exc:
         log.warning("checkpoint_store.unusable", error=str(exc))
         return None
@@ -114,7 +121,15 @@ def snapshot(folder: Path, into: Path) -> Path:
 class CheckpointUploads:
     """One job's uploads: `saved` for each checkpoint, `finish` (within a deadline) or `abandon` at its end."""
 
-    def __init__(self, store: CheckpointStore | None, request_id: str, job_dir: Path, journal: Journal, events: JobEvents, keep: int) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore | None,
+        request_id: str,
+        job_dir: Path,
+        journal: Journal,
+        events: JobEvents,
+        keep: int,
+    ) -> None:
         self.store = store
         self.request_id = request_id
         self.staging = job_dir / "uploading"
@@ -139,7 +154,9 @@ class CheckpointUploads:
         if self._waiting is not None:
             passed, passed_path, passed_copy = self._waiting
             shutil.rmtree(passed_copy, ignore_errors=True)
-            await self._local(passed, passed_path, f"passed over for checkpoint {step}, saved while an earlier one uploaded")
+            await self._local(
+                passed, passed_path, f"passed over for checkpoint {step}, saved while an earlier one uploaded"
+            )
         self._waiting = (step, path, copy)
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._upload_all(), name=f"upload-{self.request_id}")
@@ -164,7 +181,9 @@ class CheckpointUploads:
         seconds = round(time.monotonic() - started, 3)
         size = sum(size for size, _ in manifest.files.values())
         self.log.info("checkpoint_store.uploaded", step=step, url=manifest.url, bytes=size, seconds=seconds)
-        self.journal.record("stored_checkpoint", {"step": step, "url": manifest.url, "bytes": size, "upload_s": seconds})
+        self.journal.record(
+            "stored_checkpoint", {"step": step, "url": manifest.url, "bytes": size, "upload_s": seconds}
+        )
         await self.events.publish(Checkpoint, step=step, path=path, location="store", store_url=manifest.url)
         await asyncio.to_thread(self._prune_older, step)
 
@@ -172,7 +191,7 @@ class CheckpointUploads:
         """Keep the newest `keep` whole checkpoints of the request in the store; older ones go."""
         assert self.store is not None
         try:
-            for manifest in self.store.complete(self.request_id)[self.keep:]:
+            for manifest in self.store.complete(self.request_id)[self.keep :]:
                 if manifest.step < newest:
                     self.store.remove(self.request_id, manifest.step)
         except StoreError as exc:

@@ -44,7 +44,12 @@ class WaitingRetries:
             # Requests stand behind it: it goes behind them, byte for byte, and they go first.
             await self.publisher.deliver(self.publisher.deferred_copy(record))
             await self.partitions.commit(tp, record.offset + 1)
-            log.info("retry.deferred", key=(record.key or b"").decode(errors="replace"), partition=tp.partition, due_in_s=round(due - time.time(), 1))
+            log.info(
+                "retry.deferred",
+                key=(record.key or b"").decode(errors="replace"),
+                partition=tp.partition,
+                due_in_s=round(due - time.time(), 1),
+            )
             return True
         self.partitions.hold(tp, record.offset)
         self.waiting[tp] = WaitingRetry(record.offset, due)
@@ -53,8 +58,11 @@ class WaitingRetries:
     def due(self, now: float, end_offsets: Mapping[TopicPartition, int] | None) -> list[TopicPartition]:
         """The partitions whose retry is due at `now`, or has requests behind it by `end_offsets` (when
         measured): no longer waiting, to be read again."""
-        ready = [tp for tp, waiting in self.waiting.items()
-                 if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1)]
+        ready = [
+            tp
+            for tp, waiting in self.waiting.items()
+            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1)
+        ]
         for tp in ready:
             del self.waiting[tp]
         return ready

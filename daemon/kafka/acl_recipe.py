@@ -41,22 +41,40 @@ class Verdict:
 def recipe(settings: Settings) -> list[Rule]:
     """The fleet's topics, each with who the recipe lets write it."""
     rules = [Rule(settings.requests_topic, True, "producers")]
-    rules += [Rule(topic, True, "producers, where they submit to this class directly")
-              for topic in settings.class_topics.values() if topic != settings.requests_topic]
+    rules += [
+        Rule(topic, True, "producers, where they submit to this class directly")
+        for topic in settings.class_topics.values()
+        if topic != settings.requests_topic
+    ]
     rules += [Rule(settings.claims_topic, True, "")] if settings.class_topics else []
-    rules += [Rule(settings.events_topic, True, ""), Rule(settings.dlq_topic, True, ""), Rule(settings.control_topic, False, "operators, producers")]
+    rules += [
+        Rule(settings.events_topic, True, ""),
+        Rule(settings.dlq_topic, True, ""),
+        Rule(settings.control_topic, False, "operators, producers"),
+    ]
     return rules
 
 
 def verdict(rule: Rule, found: Writers) -> Verdict:
     others = ", ".join(found.others)
     if rule.fleet_writes and not found.may_write:
-        return Verdict(False, False, f"{rule.topic}: {found.principal} may not (kafka-acls --add --allow-principal {found.principal} "
-                                     f"--operation Write --topic {rule.topic}); may write it: {others or 'no one listed'}")
+        return Verdict(
+            False,
+            False,
+            f"{rule.topic}: {found.principal} may not (kafka-acls --add --allow-principal {found.principal} "
+            f"--operation Write --topic {rule.topic}); may write it: {others or 'no one listed'}",
+        )
     if found.anyone:
-        return Verdict(True, True, f"{rule.topic}: anyone ({ANYONE}); the recipe: the fleet" + (f" and {rule.others}" if rule.others else " alone"))
+        return Verdict(
+            True,
+            True,
+            f"{rule.topic}: anyone ({ANYONE}); the recipe: the fleet"
+            + (f" and {rule.others}" if rule.others else " alone"),
+        )
     if not rule.others and found.others:
         return Verdict(True, True, f"{rule.topic}: also {others}; the recipe: the fleet alone")
     if not found.others:
-        return Verdict(True, False, f"{rule.topic}: the fleet alone" if rule.fleet_writes else f"{rule.topic}: no one listed")
+        return Verdict(
+            True, False, f"{rule.topic}: the fleet alone" if rule.fleet_writes else f"{rule.topic}: no one listed"
+        )
     return Verdict(True, False, f"{rule.topic}: {'also ' if rule.fleet_writes else ''}{others}")

@@ -82,14 +82,25 @@ async def topics_acls(settings: Settings, topics: list[str], timeout_ms: int) ->
     try:
         await client.bootstrap()
         for topic in topics:
-            response = await client.send(client.get_random_node(), DescribeAclsRequest(
-                resource_type=TOPIC, resource_name=topic, resource_pattern_type_filter=MATCH,
-                principal=None, host=None, operation=ANY, permission_type=ANY))  # None: any principal, any host
+            response = await client.send(
+                client.get_random_node(),
+                DescribeAclsRequest(
+                    resource_type=TOPIC,
+                    resource_name=topic,
+                    resource_pattern_type_filter=MATCH,
+                    principal=None,
+                    host=None,
+                    operation=ANY,
+                    permission_type=ANY,
+                ),
+            )  # None: any principal, any host
             if response.error_code:
                 raise for_code(response.error_code)(response.error_message)
-            found[topic] = [Acl(principal, host, operation, permission, name)
-                            for _type, name, _pattern_type, acls in response.resources
-                            for principal, host, operation, permission in acls]
+            found[topic] = [
+                Acl(principal, host, operation, permission, name)
+                for _type, name, _pattern_type, acls in response.resources
+                for principal, host, operation, permission in acls
+            ]
     finally:
         await client.close()
     return found

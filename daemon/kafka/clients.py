@@ -18,11 +18,17 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
 from daemon.settings import Settings
 
-ASSIGNORS = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor, "sticky": StickyPartitionAssignor}
+ASSIGNORS = {
+    "range": RangePartitionAssignor,
+    "roundrobin": RoundRobinPartitionAssignor,
+    "sticky": StickyPartitionAssignor,
+}
 
 
 class Batch(Protocol):
-    def append(self, *, key: bytes | None, value: bytes, timestamp: int | None, headers: list[tuple[str, bytes]]) -> object | None:
+    def append(
+        self, *, key: bytes | None, value: bytes, timestamp: int | None, headers: list[tuple[str, bytes]]
+    ) -> object | None:
         """Add a message; None when the batch is full (the caller sends it and starts another)."""
 
 
@@ -39,7 +45,9 @@ class Consumer(Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None: ...
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]: ...
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[Record]]: ...
     def assignment(self) -> Collection[TopicPartition]: ...
     def highwater(self, tp: TopicPartition) -> int | None: ...
     def seek(self, tp: TopicPartition, offset: int) -> None: ...

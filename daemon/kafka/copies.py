@@ -37,9 +37,13 @@ def too_large(record: Record, max_message_bytes: int) -> FieldError | None:
     size = request_bytes(record)
     if size <= most:
         return None
-    return FieldError(path="", message=(
-        f"the record is {size} bytes (key and value); a request is at most {most} bytes, so that the daemon's retry and DLQ "
-        f"copies, which add up to {COPY_HEADROOM_BYTES} bytes of headers, fit the brokers' {max_message_bytes} (max_message_bytes)"))
+    return FieldError(
+        path="",
+        message=(
+            f"the record is {size} bytes (key and value); a request is at most {most} bytes, so that the daemon's retry and DLQ "
+            f"copies, which add up to {COPY_HEADROOM_BYTES} bytes of headers, fit the brokers' {max_message_bytes} (max_message_bytes)"
+        ),
+    )
 
 
 def dlq_value(record: Record, max_message_bytes: int) -> tuple[bytes, list[tuple[str, bytes]]]:
@@ -59,11 +63,15 @@ def errors_header(errors: list[FieldError]) -> bytes:
     kept = list(errors)
     while kept:
         kept.pop()
-        more = FieldError(path="", message=f"and {len(errors) - len(kept)} more errors (the rejected event has them all)")
+        more = FieldError(
+            path="", message=f"and {len(errors) - len(kept)} more errors (the rejected event has them all)"
+        )
         dumped = FIELD_ERRORS.dump_json([*kept, more])
         if len(dumped) <= ERRORS_HEADER_BYTES:
             return dumped
-    return FIELD_ERRORS.dump_json([FieldError(path="", message=f"{len(errors)} errors (the rejected event has them all)")])
+    return FIELD_ERRORS.dump_json(
+        [FieldError(path="", message=f"{len(errors)} errors (the rejected event has them all)")]
+    )
 
 
 # A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header is not one, and is not carried.

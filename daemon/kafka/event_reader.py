@@ -33,8 +33,15 @@ class EventStream:
     is seen, and none of an earlier request that had the same id.
     """
 
-    def __init__(self, settings: Settings, *, from_end: bool = False, since: float | None = None, window_s: float | None = None,
-                 quiet: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        from_end: bool = False,
+        since: float | None = None,
+        window_s: float | None = None,
+        quiet: bool = False,
+    ) -> None:
         """`window_s`: the reader folds only the events of that past (`EventIds`); `quiet`: nothing said on stderr
         (the daemon logs the counts itself)."""
         self.settings = settings
@@ -43,13 +50,17 @@ class EventStream:
         self.quiet = quiet
         self.ignored: Counter[str] = Counter()  # events not taken, by why (UnverifiedEvent's reasons, `misplaced`)
         self.ids = EventIds(window_s)
-        self.repeated: Counter[str] = Counter()  # genuine events not taken again: `repeated` (an id taken), `stale` (before the window)
+        self.repeated: Counter[str] = (
+            Counter()
+        )  # genuine events not taken again: `repeated` (an id taken), `stale` (before the window)
 
     async def __aenter__(self) -> EventStream:
         await self.reader.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.reader.stop()
         if self.quiet:
             return
@@ -61,14 +72,18 @@ class EventStream:
     def ignored_note(self) -> str:
         """How many events were ignored and why, in one line."""
         why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.ignored.items()))
-        return (f"ignored {self.ignored.total()} event(s) in {self.settings.events_topic} without a valid signature "
-                f"of a trusted key ({why})")
+        return (
+            f"ignored {self.ignored.total()} event(s) in {self.settings.events_topic} without a valid signature "
+            f"of a trusted key ({why})"
+        )
 
     def repeated_note(self) -> str:
         """How many events were skipped as taken already (or older than the window), in one line."""
         why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.repeated.items()))
-        return (f"skipped {self.repeated.total()} event(s) in {self.settings.events_topic} read already or older than what is "
-                f"folded ({why})")
+        return (
+            f"skipped {self.repeated.total()} event(s) in {self.settings.events_topic} read already or older than what is "
+            f"folded ({why})"
+        )
 
     def verified(self, record: Record, now: float | None = None) -> Event | None:
         """The record's event, or None (counted) when the reader has keys and none of them signed it, or when an event
@@ -87,14 +102,22 @@ class EventStream:
             try:
                 self.keys.verify(record.value or b"", record.headers)
             except UnverifiedEvent as exc:
-                if not self.ignored and not self.quiet:  # said at once too: a command following events may wait long for its end
-                    print(f"adapterd: ignoring events without a valid signature of a trusted key (first: {exc}); "
-                          "how many is said at the end", file=sys.stderr, flush=True)
+                if (
+                    not self.ignored and not self.quiet
+                ):  # said at once too: a command following events may wait long for its end
+                    print(
+                        f"adapterd: ignoring events without a valid signature of a trusted key (first: {exc}); "
+                        "how many is said at the end",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self.ignored[exc.reason] += 1
                 return None
         return parse_event(record.value or b"")
 
-    async def events(self, request_id: str | None = None, *, until_terminal: bool = True, follow: bool = True) -> AsyncIterator[Event]:
+    async def events(
+        self, request_id: str | None = None, *, until_terminal: bool = True, follow: bool = True
+    ) -> AsyncIterator[Event]:
         """The events, optionally of one request. With `until_terminal`, stop after that request's
         terminal event; without `follow`, stop once caught up with the end as of entering."""
         key = request_id.encode() if request_id is not None else None

@@ -19,7 +19,9 @@ from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 
 
-async def committed_offsets(settings: Settings, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[int, int]]:
+async def committed_offsets(
+    settings: Settings, wanted: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], dict[int, int]]:
     """For each (group, topic): partition → the group's committed offset, the next record it will read.
     A partition the group never committed is left out (its members start at the first record)."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
@@ -28,7 +30,9 @@ async def committed_offsets(settings: Settings, wanted: Iterable[tuple[str, str]
         await admin.start()
         for group, topic in wanted:
             offsets = await _offsets(admin, group)
-            found[(group, topic)] = {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0}
+            found[(group, topic)] = {
+                tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0
+            }
     finally:
         await admin.close()
     return found

@@ -21,7 +21,9 @@ class ConsumerLag:
         self.consumer = consumer
         self.measured = 0.0  # time.monotonic() of the last measure
 
-    async def measure(self, now: float, running: Callable[[TopicPartition], int | None]) -> Mapping[TopicPartition, int] | None:
+    async def measure(
+        self, now: float, running: Callable[[TopicPartition], int | None]
+    ) -> Mapping[TopicPartition, int] | None:
         """Each assigned partition's lag, counted from `running(tp)` (the offset of its running job's
         request, which counts until the job ends and commits it) or else the consumer's position; the
         end offsets, when measured (None within LAG_INTERVAL_S of the last measure, or with nothing assigned)."""

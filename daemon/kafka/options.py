@@ -11,7 +11,10 @@ from daemon.settings import Settings
 
 def kafka_options(settings: Settings) -> dict[str, Any]:
     """Keyword arguments for AIOKafkaConsumer, AIOKafkaProducer and AIOKafkaAdminClient."""
-    options: dict[str, Any] = {"bootstrap_servers": settings.bootstrap_servers, "security_protocol": settings.security_protocol}
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.bootstrap_servers,
+        "security_protocol": settings.security_protocol,
+    }
     if settings.security_protocol in ("SSL", "SASL_SSL"):
         options["ssl_context"] = create_ssl_context(
             cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None,

@@ -80,6 +80,7 @@ class Partitions:
                     self.expected.setdefault(tp, await self.consumer.position(tp))
                 except (KafkaError, IllegalStateError):
                     return  # moved away again: the next assignment learns its own
+
         self._learning = asyncio.create_task(learn())
 
     def rewind(self) -> None:
@@ -103,7 +104,9 @@ class Partitions:
                 wait=wait_exponential(multiplier=0.5, max=10),
                 stop=stop_after_delay(300),
                 reraise=True,
-                before_sleep=lambda state: log.warning("offset.commit_retry", partition=tp.partition, offset=offset, attempt=state.attempt_number),
+                before_sleep=lambda state: log.warning(
+                    "offset.commit_retry", partition=tp.partition, offset=offset, attempt=state.attempt_number
+                ),
             ):
                 with attempt:
                     await self.consumer.commit({tp: offset})
@@ -144,8 +147,11 @@ class RebalanceListener(ConsumerRebalanceListener):
     assignments start unpaused at the committed offset, so the scheduler re-pauses what it runs.
     """
 
-    def __init__(self, on_assigned: Callable[[set[TopicPartition]], Awaitable[None]],
-                 on_revoked: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self,
+        on_assigned: Callable[[set[TopicPartition]], Awaitable[None]],
+        on_revoked: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked  # awaited before the member rejoins (the fleet's move in flight ends first)
 

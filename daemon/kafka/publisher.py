@@ -44,7 +44,9 @@ class Publisher:
     """Events and dead letters, through `producer` (aiokafka's, unless a test gives its own)."""
 
     def __init__(
-        self, settings: Settings, producer: Producer | None = None,
+        self,
+        settings: Settings,
+        producer: Producer | None = None,
         partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None,
     ) -> None:
         self.settings = settings
@@ -71,7 +73,12 @@ class Publisher:
             self.settings.events_topic,
             event.request_id.encode() if event.request_id else None,
             value,
-            [("adapterd-event-type", event.type.encode()), ("adapterd-schema-version", b"1"), *signature, *(trace or [])],
+            [
+                ("adapterd-event-type", event.type.encode()),
+                ("adapterd-schema-version", b"1"),
+                *signature,
+                *(trace or []),
+            ],
         )
 
     def rejection_letter(self, record: Record, rejection: Rejection, trace: Headers | None = None) -> Outgoing:
@@ -79,13 +86,22 @@ class Publisher:
         (`trace`: the record's trace context, when the caller has read it for the event too)."""
         return self._letter(record, rejection.reason, rejection.exception, errors_header(rejection.errors), trace=trace)
 
-    def failed_letter(self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None) -> Outgoing:
+    def failed_letter(
+        self, record: Record, failed: Failed, *, reason: str = "attempts_exhausted", exception: str | None = None
+    ) -> Outgoing:
         """The bytes of a request whose every attempt failed (or that kept failing outside its job), for the DLQ."""
         errors = errors_header([FieldError(path="", message=f"{failed.code} in {failed.stage}: {failed.message}")])
         return self._letter(record, reason, exception, errors, [("adapterd-attempts", str(failed.attempt).encode())])
 
-    def _letter(self, record: Record, reason: str, exception: str | None, errors: bytes, extra: Headers | None = None,
-                trace: Headers | None = None) -> Outgoing:
+    def _letter(
+        self,
+        record: Record,
+        reason: str,
+        exception: str | None,
+        errors: bytes,
+        extra: Headers | None = None,
+        trace: Headers | None = None,
+    ) -> Outgoing:
         """A DLQ record: the request's bytes (or as much as fits), why, and where it came from."""
         value, omitted = dlq_value(record, self.settings.max_message_bytes)
         headers = [
@@ -111,8 +127,12 @@ class Publisher:
     def retry_copy(self, record: Record, retry_headers: Headers) -> Outgoing:
         """The request again, byte for byte and with the same key, for its next attempt: its signed
         retry state (daemon/kafka/retry_state.py), its producer's signature and its trace context as headers."""
-        return Outgoing(self.settings.requests_topic, record.key, record.value or b"",
-                        [*retry_headers, *producer_signature(record), *trace_context(record)])
+        return Outgoing(
+            self.settings.requests_topic,
+            record.key,
+            record.value or b"",
+            [*retry_headers, *producer_signature(record), *trace_context(record)],
+        )
 
     def deferred_copy(self, record: Record) -> Outgoing:
         """A retry that is not yet due, to the end of its partition again, headers and all (but a
@@ -128,8 +148,11 @@ class Publisher:
             retry=retry_if_exception(_brokers_away),
             wait=wait_exponential(multiplier=0.5, max=10),
             before_sleep=lambda state: log.warning(
-                "message.send_retry", topic=message.topic, key=(message.key or b"").decode(errors="replace"),
-                attempt=state.attempt_number, error=repr(state.outcome.exception()) if state.outcome else None,
+                "message.send_retry",
+                topic=message.topic,
+                key=(message.key or b"").decode(errors="replace"),
+                attempt=state.attempt_number,
+                error=repr(state.outcome.exception()) if state.outcome else None,
             ),
         ):
             with attempt:

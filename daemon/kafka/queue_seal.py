@@ -55,9 +55,13 @@ def signed_bytes(topic: str, partition: int | None, key: bytes | None, value: by
     """The one encoding of what the signature covers: each field length-prefixed, a null key told from an empty one."""
     assert sealed.partition == partition
     parts = [
-        topic.encode(), b"" if partition is None else str(partition).encode(),
-        b"-" if key is None else b"+" + key, value,
-        sealed.priority_class.encode(), sealed.team.encode(), str(sealed.arrival_ms).encode(),
+        topic.encode(),
+        b"" if partition is None else str(partition).encode(),
+        b"-" if key is None else b"+" + key,
+        value,
+        sealed.priority_class.encode(),
+        sealed.team.encode(),
+        str(sealed.arrival_ms).encode(),
     ]
     return _DOMAIN + b"".join(_field(part) for part in parts)
 
@@ -96,19 +100,39 @@ class QueueSeal:
         that checks signatures but cannot sign would claim what every host, itself included, refuses."""
         return self.signer is not None or self.keys is None
 
-    def headers(self, topic: str, partition: int | None, key: bytes | None, value: bytes, priority_class: str, team: str,
-                arrival_ms: int) -> tuple[tuple[str, bytes], ...]:
+    def headers(
+        self,
+        topic: str,
+        partition: int | None,
+        key: bytes | None,
+        value: bytes,
+        priority_class: str,
+        team: str,
+        arrival_ms: int,
+    ) -> tuple[tuple[str, bytes], ...]:
         """The signature header of a record the host writes to `topic`; none without a signing key."""
         if self.signer is None:
             return ()
         sealed = Sealed(arrival_ms, priority_class, team, partition)
         signature = self.signer.sign(signed_bytes(topic, partition, key, value, sealed))
-        fields = [_VERSION, str(arrival_ms).encode(), b"" if partition is None else str(partition).encode(),
-                  priority_class.encode(), team.encode(), signature]
+        fields = [
+            _VERSION,
+            str(arrival_ms).encode(),
+            b"" if partition is None else str(partition).encode(),
+            priority_class.encode(),
+            team.encode(),
+            signature,
+        ]
         return ((SEAL_HEADER, b";".join(fields)),)
 
-    def read(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-             headers: Iterable[tuple[str, bytes | None]] | None) -> Sealed:
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Iterable[tuple[str, bytes | None]] | None,
+    ) -> Sealed:
         """What the fleet signed of a record read from `topic`'s `partition`; Unsealed says why not."""
         if self.keys is None:
             raise Unsealed("this host has no key to check the fleet's signature by")
@@ -121,7 +145,9 @@ class QueueSeal:
         if sealed.partition is not None and sealed.partition != partition:
             raise Unsealed(f"signed for partition {sealed.partition} of {topic}, read from partition {partition}")
         try:
-            self.keys.verify(signed_bytes(topic, sealed.partition, key, value or b"", sealed), [(SIGNATURE_HEADER, signature)])
+            self.keys.verify(
+                signed_bytes(topic, sealed.partition, key, value or b"", sealed), [(SIGNATURE_HEADER, signature)]
+            )
         except UnverifiedEvent as exc:
             raise Unsealed(f"{exc} (over the record's topic, key, value, class, team and arrival)") from None
         return sealed

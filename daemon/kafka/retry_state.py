@@ -67,11 +67,17 @@ class RetrySigner:
     def from_settings(cls, key_file: Path | None, work_dir: Path, max_attempts: int) -> RetrySigner:
         return cls(load_key(key_file, work_dir), max_attempts)
 
-    def headers(self, record_key: bytes | None, value: bytes, attempt: int, due: float, *, alone: bool = False) -> list[tuple[str, bytes]]:
+    def headers(
+        self, record_key: bytes | None, value: bytes, attempt: int, due: float, *, alone: bool = False
+    ) -> list[tuple[str, bytes]]:
         attempt_text, due_text = str(attempt).encode(), f"{due:.3f}".encode()
         alone_text = b"1" if alone else None
-        return [(ATTEMPT_HEADER, attempt_text), (DUE_HEADER, due_text), *([(ALONE_HEADER, b"1")] if alone else []),
-                (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text, alone_text).encode())]
+        return [
+            (ATTEMPT_HEADER, attempt_text),
+            (DUE_HEADER, due_text),
+            *([(ALONE_HEADER, b"1")] if alone else []),
+            (SIGNATURE_HEADER, self._sign(record_key, value, attempt_text, due_text, alone_text).encode()),
+        ]
 
     def read(self, record: Record) -> RetryState:
         """The record's retry state, when the daemon signed it; a first try otherwise."""
@@ -81,10 +87,22 @@ class RetrySigner:
         attempt_text, due_text, signature = (headers.get(name, b"") for name in RETRY_HEADERS)
         alone_text = headers.get(ALONE_HEADER)
         # A null value (Kafka allows one) is never the daemon's: it signs bytes.
-        if (attempt_text is None or due_text is None or signature is None or (ALONE_HEADER in headers and alone_text is None)
-                or not hmac.compare_digest(self._sign(record.key, record.value or b"", attempt_text, due_text, alone_text).encode(), signature)):
-            log.warning("retry.unsigned_headers", partition=record.partition, offset=record.offset,
-                        headers=sorted(headers), reason="read as a first attempt, due now")
+        if (
+            attempt_text is None
+            or due_text is None
+            or signature is None
+            or (ALONE_HEADER in headers and alone_text is None)
+            or not hmac.compare_digest(
+                self._sign(record.key, record.value or b"", attempt_text, due_text, alone_text).encode(), signature
+            )
+        ):
+            log.warning(
+                "retry.unsigned_headers",
+                partition=record.partition,
+                offset=record.offset,
+                headers=sorted(headers),
+                reason="read as a first attempt, due now",
+            )
             return FIRST
         try:
             attempt, due = int(attempt_text), float(due_text)
@@ -97,22 +115,37 @@ class RetrySigner:
     def preemption_headers(self, record_key: bytes | None, value: bytes, count: int) -> list[tuple[str, bytes]]:
         """Headers that say the request has been preempted `count` times, signed over the record."""
         text = str(count).encode()
-        return [(PREEMPTIONS_HEADER, text), (PREEMPTIONS_SIGNATURE_HEADER, self._sign(record_key, value, b"preemptions", text).encode())]
+        return [
+            (PREEMPTIONS_HEADER, text),
+            (PREEMPTIONS_SIGNATURE_HEADER, self._sign(record_key, value, b"preemptions", text).encode()),
+        ]
 
     def preemptions(self, record: Record) -> int:
         """How often the fleet has preempted the request: 0 unless the count is signed."""
-        headers = {name: value for name, value in record.headers or () if name in (PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER)}
+        headers = {
+            name: value
+            for name, value in record.headers or ()
+            if name in (PREEMPTIONS_HEADER, PREEMPTIONS_SIGNATURE_HEADER)
+        }
         text, signature = headers.get(PREEMPTIONS_HEADER), headers.get(PREEMPTIONS_SIGNATURE_HEADER)
         if not text or not signature or not text.isdigit() or len(text) > 6:
             return 0
         expected = self._sign(record.key, record.value or b"", b"preemptions", text).encode()
         return int(text) if hmac.compare_digest(expected, signature) else 0
 
-    def _sign(self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes, alone: bytes | None = None) -> str:
+    def _sign(
+        self, record_key: bytes | None, value: bytes, attempt: bytes, due: bytes, alone: bytes | None = None
+    ) -> str:
         """HMAC over the record and its retry state; `alone` only when set, so a retry signed before
         it existed reads the same."""
         mac = hmac.new(self.key, digestmod=hashlib.sha256)
-        for part in (record_key or b"", hashlib.sha256(value).digest(), attempt, due, *([alone] if alone is not None else [])):
+        for part in (
+            record_key or b"",
+            hashlib.sha256(value).digest(),
+            attempt,
+            due,
+            *([alone] if alone is not None else []),
+        ):
             mac.update(len(part).to_bytes(8, "big") + part)  # length-prefixed: no two splits sign alike
         return mac.hexdigest()
 

@@ -36,8 +36,17 @@ MAX_RECORDS = 10_000  # the most records of one poll
 class TopicReader:
     """`async with TopicReader(settings, topic) as reader: async for record in reader.records(): ...`"""
 
-    def __init__(self, settings: Settings, topic: str, *, from_end: bool = False, client_id: str | None = None,
-                 since: float | None = None, start_at: Mapping[int, int] | None = None, read_committed: bool = False) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        topic: str,
+        *,
+        from_end: bool = False,
+        client_id: str | None = None,
+        since: float | None = None,
+        start_at: Mapping[int, int] | None = None,
+        read_committed: bool = False,
+    ) -> None:
         self.settings = settings
         self.topic = topic
         self.from_end = from_end
@@ -45,7 +54,9 @@ class TopicReader:
         # Partition → the offset to begin at (a partition left out: its first record); never before the log's start.
         self.start_at = start_at
         self.consumer = AIOKafkaConsumer(
-            **kafka_options(settings), group_id=None, enable_auto_commit=False,
+            **kafka_options(settings),
+            group_id=None,
+            enable_auto_commit=False,
             isolation_level="read_committed" if read_committed else "read_uncommitted",
             **({"client_id": client_id} if client_id else {}),
         )
@@ -63,7 +74,9 @@ class TopicReader:
             numbers = await partition_numbers(self.settings, self.topic)
             await self.consumer.start()
         except BaseException:
-            await self.consumer.stop()  # a broker that does not answer leaves no open client behind ("Unclosed AIOKafkaConsumer")
+            await (
+                self.consumer.stop()
+            )  # a broker that does not answer leaves no open client behind ("Unclosed AIOKafkaConsumer")
             raise
         partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
         self.consumer.assign(partitions)
@@ -85,7 +98,9 @@ class TopicReader:
     async def __aenter__(self) -> TopicReader:
         return await self.start()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.stop()
 
     async def records(self, *, follow: bool = True) -> AsyncIterator[Record]:

@@ -27,7 +27,7 @@ from daemon.settings import Settings
 CLAIMS_PARTITIONS = 16  # the claims topic made here: enough for a small fleet's slots
 ARRIVAL_STAMPED = {"message.timestamp.type": "LogAppendTime"}  # a class topic's: the broker says when a request came
 LISTED_WITHIN_S = 10.0  # how long `make_topics` waits for the brokers to list what it made
-GROWTH = ("a key may map to another partition after growth: per-key order holds only for records written after it")
+GROWTH = "a key may map to another partition after growth: per-key order holds only for records written after it"
 
 
 class TopicsRefused(ConfigError):
@@ -40,14 +40,22 @@ class TopicsMade:
 
     created: dict[str, int] = field(default_factory=dict)  # name: partitions
     existing: dict[str, int] = field(default_factory=dict)  # name: partitions, at least those asked
-    short: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (partitions it has, partitions asked), not grown
+    short: dict[str, tuple[int, int]] = field(
+        default_factory=dict
+    )  # name: (partitions it has, partitions asked), not grown
     grown: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (partitions it had, partitions now)
     refused: dict[str, str] = field(default_factory=dict)  # name: the broker's reason
 
 
 def wanted(settings: Settings, partitions: int) -> dict[str, int]:
     """Each topic the settings name, once (the default class's queue is the requests topic itself), with its partitions."""
-    names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic, *settings.class_topics.values()]
+    names = [
+        settings.requests_topic,
+        settings.events_topic,
+        settings.dlq_topic,
+        settings.control_topic,
+        *settings.class_topics.values(),
+    ]
     topics = dict.fromkeys(names, partitions)
     if settings.class_topics:
         # One job per claims partition: at least as many as the fleet has slots (deploy/README.md).
@@ -55,7 +63,9 @@ def wanted(settings: Settings, partitions: int) -> dict[str, int]:
     return topics
 
 
-async def make_topics(settings: Settings, partitions: int = 1, replication_factor: int = 1, grow: bool = False) -> TopicsMade:
+async def make_topics(
+    settings: Settings, partitions: int = 1, replication_factor: int = 1, grow: bool = False
+) -> TopicsMade:
     """Create the missing topics, read the broker's answer for each, and say (or with `grow`, grow) those with too few partitions."""
     asked = wanted(settings, partitions)
     queues = set(settings.class_topics.values())
@@ -64,8 +74,11 @@ async def make_topics(settings: Settings, partitions: int = 1, replication_facto
     try:
         await admin.start()  # inside: a broker that does not answer leaves no client open
         have = await _partitions(admin, list(asked))
-        missing = [NewTopic(name, count, replication_factor, topic_configs=ARRIVAL_STAMPED if name in queues else None)
-                   for name, count in asked.items() if name not in have]
+        missing = [
+            NewTopic(name, count, replication_factor, topic_configs=ARRIVAL_STAMPED if name in queues else None)
+            for name, count in asked.items()
+            if name not in have
+        ]
         if missing:
             response = await admin.create_topics(missing)
             for name, reason in _errors(response.topic_errors).items():
@@ -73,7 +86,11 @@ async def make_topics(settings: Settings, partitions: int = 1, replication_facto
                     continue  # made, or another process made it meanwhile: its partitions are read below
                 made.refused[name] = reason[1]
             have |= await _partitions(admin, [topic.name for topic in missing if topic.name not in made.refused])
-            made.created = {topic.name: have.get(topic.name, topic.num_partitions) for topic in missing if topic.name not in made.refused}
+            made.created = {
+                topic.name: have.get(topic.name, topic.num_partitions)
+                for topic in missing
+                if topic.name not in made.refused
+            }
         for name, count in asked.items():
             if name in made.refused or name in made.created:
                 continue
@@ -145,7 +162,9 @@ async def partition_numbers(settings: Settings, topic: str) -> set[int]:
         described = await admin.describe_topics([topic]) if topic in set(await admin.list_topics()) else []
     finally:
         await admin.close()
-    numbers = {partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]}
+    numbers = {
+        partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]
+    }
     if not numbers:
         raise TopicMissing(f"topic {topic} does not exist on {settings.bootstrap_servers}; create it (adapterd topics)")
     return numbers

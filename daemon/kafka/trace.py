@@ -27,7 +27,9 @@ def trace_context(record: Record) -> Headers:
     if parent is None or not _TRACEPARENT.fullmatch(parent):
         return []
     state = headers.get("tracestate")
-    return [("traceparent", parent)] + ([("tracestate", state)] if state is not None and _TRACESTATE.fullmatch(state) else [])
+    return [("traceparent", parent)] + (
+        [("tracestate", state)] if state is not None and _TRACESTATE.fullmatch(state) else []
+    )
 
 
 def traceparent(trace: Headers) -> str | None:

@@ -73,8 +73,10 @@ def unreadable(exc: BaseException) -> bool:
 
 def rejection_of(record: UnreadableRecord, exc: BaseException) -> Rejection:
     hint = next((text for kind, text in HINTS.items() if isinstance(exc, kind)), None)
-    message = (f"the Kafka client could not read this record ({type(exc).__name__}: {str(exc)[:200]}{'; ' + hint if hint else ''}); "
-               f"its bytes are at offset {record.offset} of {record.topic}/{record.partition}")
+    message = (
+        f"the Kafka client could not read this record ({type(exc).__name__}: {str(exc)[:200]}{'; ' + hint if hint else ''}); "
+        f"its bytes are at offset {record.offset} of {record.topic}/{record.partition}"
+    )
     return Rejection("invalid", [FieldError(path="", message=message)], None, type(exc).__name__)
 
 
@@ -86,7 +88,9 @@ class CarefulReader:
         self.partitions = partitions
         self.careful_turns = 0
 
-    async def poll(self, timeout_ms: int, max_records: int) -> tuple[Mapping[TopicPartition, Sequence[Record]], list[tuple[UnreadableRecord, BaseException]]]:
+    async def poll(
+        self, timeout_ms: int, max_records: int
+    ) -> tuple[Mapping[TopicPartition, Sequence[Record]], list[tuple[UnreadableRecord, BaseException]]]:
         """The next records per partition, and the unreadable records met (to be rejected)."""
         if self.careful_turns:
             return await self._one_each(timeout_ms)
@@ -95,8 +99,13 @@ class CarefulReader:
         except Exception as exc:
             if not unreadable(exc):
                 raise
-            log.warning("poll.unreadable_record", topics=sorted({tp.topic for tp in self.partitions.assigned()}), error=type(exc).__name__,
-                        detail=str(exc)[:200], reason="reading one record at a time to find it")
+            log.warning(
+                "poll.unreadable_record",
+                topics=sorted({tp.topic for tp in self.partitions.assigned()}),
+                error=type(exc).__name__,
+                detail=str(exc)[:200],
+                reason="reading one record at a time to find it",
+            )
             self.partitions.rewind()
             self.careful_turns = CAREFUL_TURNS
             return {}, []
@@ -104,7 +113,9 @@ class CarefulReader:
             self.partitions.handed(tp, records)
         return batches, []
 
-    async def _one_each(self, timeout_ms: int) -> tuple[dict[TopicPartition, Sequence[Record]], list[tuple[UnreadableRecord, BaseException]]]:
+    async def _one_each(
+        self, timeout_ms: int
+    ) -> tuple[dict[TopicPartition, Sequence[Record]], list[tuple[UnreadableRecord, BaseException]]]:
         self.careful_turns -= 1
         batches: dict[TopicPartition, Sequence[Record]] = {}
         met: list[tuple[UnreadableRecord, BaseException]] = []
@@ -117,8 +128,14 @@ class CarefulReader:
                 # Nothing of tp was read since the seek to it, so the record that raised is where tp stands.
                 offset = self.partitions.expected.get(tp) or await self.consumer.position(tp)
                 record = UnreadableRecord(tp.topic, tp.partition, offset)
-                log.error("poll.unreadable_record_found", topic=tp.topic, partition=tp.partition, offset=offset, error=type(exc).__name__,
-                          detail=str(exc)[:200])
+                log.error(
+                    "poll.unreadable_record_found",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=offset,
+                    error=type(exc).__name__,
+                    detail=str(exc)[:200],
+                )
                 metrics.UNREADABLE_RECORDS.labels(tp.topic, type(exc).__name__).inc()
                 self.partitions.read_from(tp, offset + 1)
                 met.append((record, exc))

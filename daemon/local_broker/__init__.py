@@ -43,7 +43,9 @@ class LocalKafka:
     scram_user: str = "adapterd"
     scram_password: str = "adapterd-secret"
     heap: str = "512m"
-    properties: dict[str, str] = field(default_factory=dict)  # more broker settings (a test's authorizer), over the ones below
+    properties: dict[str, str] = field(
+        default_factory=dict
+    )  # more broker settings (a test's authorizer), over the ones below
     process: subprocess.Popen[bytes] | None = None
     java: Java = field(default_factory=find_java)
 
@@ -65,14 +67,13 @@ class LocalKafka:
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port},"
-                         f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+            f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "sasl.enabled.mechanisms": "SCRAM-SHA-256",
-            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
             "log.dirs": str(self.data_dir / "logs"),
             "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "4",
@@ -89,8 +90,14 @@ class LocalKafka:
         return path
 
     def _java(self, jar_dir: Path, *args: str) -> list[str]:
-        return [str(self.java.path), f"-Xmx{self.heap}", "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
-                "-cp", str(jar_dir / "*"), *args]
+        return [
+            str(self.java.path),
+            f"-Xmx{self.heap}",
+            "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+            "-cp",
+            str(jar_dir / "*"),
+            *args,
+        ]
 
     def start(self, timeout_s: float = 90.0) -> LocalKafka:
         jar_dir = ensure_jars()
@@ -100,18 +107,33 @@ class LocalKafka:
             cluster_id = uuid.uuid4().bytes.hex()[:22]
             formatted = subprocess.run(
                 self._java(
-                    jar_dir, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties),
-                    "--add-scram", f"SCRAM-SHA-256=[name={self.scram_user},password={self.scram_password}]",
+                    jar_dir,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(properties),
+                    "--add-scram",
+                    f"SCRAM-SHA-256=[name={self.scram_user},password={self.scram_password}]",
                 ),
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                check=False,
             )
-            if formatted.returncode != 0:  # say why: its output is the only account of it (seen once in CI, unexplained)
+            if (
+                formatted.returncode != 0
+            ):  # say why: its output is the only account of it (seen once in CI, unexplained)
                 tail = formatted.stdout.decode(errors="replace")[-2000:]
-                raise RuntimeError(f"Kafka's storage format exited with {formatted.returncode} for {self.data_dir}: {tail}")
+                raise RuntimeError(
+                    f"Kafka's storage format exited with {formatted.returncode} for {self.data_dir}: {tail}"
+                )
         log = self.log_path.open("wb")  # a fresh log: readiness is read from it
         self.process = subprocess.Popen(
             self._java(jar_dir, "kafka.Kafka", str(properties)),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while READY_LINE not in self.log_path.read_text(errors="replace"):

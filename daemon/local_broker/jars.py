@@ -67,7 +67,9 @@ def _fetch(jar: Jar, folder: Path) -> None:
         raise RuntimeError(f"could not fetch the Kafka broker's jar {jar.url}: {exc}") from exc
     if digest.hexdigest() != jar.sha256:
         target.unlink()
-        raise RuntimeError(f"the Kafka broker's jar {jar.url} is not the one listed: sha256 {digest.hexdigest()}, expected {jar.sha256}")
+        raise RuntimeError(
+            f"the Kafka broker's jar {jar.url} is not the one listed: sha256 {digest.hexdigest()}, expected {jar.sha256}"
+        )
 
 
 def ensure_jars(jar_dir: Path | None = None, jars: list[Jar] | None = None) -> Path:

@@ -22,8 +22,17 @@ def _path(port: int) -> Path:
 def record(port: int, java: Java, jar_dir: Path, pid: int) -> None:
     path = _path(port)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": pid, "java": str(java.path), "java_version": java.version, "java_origin": java.origin,
-                                "jars": str(jar_dir)}))
+    path.write_text(
+        json.dumps(
+            {
+                "pid": pid,
+                "java": str(java.path),
+                "java_version": java.version,
+                "java_origin": java.origin,
+                "jars": str(jar_dir),
+            }
+        )
+    )
 
 
 def forget(port: int) -> None:

@@ -107,9 +107,16 @@ class BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler], *, max_connections: int = MAX_CONNECTIONS,
-                 request_deadline_s: float = REQUEST_DEADLINE_S, clock: Callable[[], float] = time.monotonic,
-                 tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[WSGIRequestHandler],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+        clock: Callable[[], float] = time.monotonic,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         super().__init__(address, handler)
         self.slots = threading.BoundedSemaphore(max_connections)
         self.request_deadline_s = request_deadline_s
@@ -140,4 +147,6 @@ class BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
         if isinstance(error, OSError):  # TimeoutError, ssl.SSLError, ConnectionResetError...
             log.debug("http.connection_dropped", client=str(client_address[0]), error=type(error).__name__)
         else:
-            log.warning("http.connection_failed", client=str(client_address[0]), error=f"{type(error).__name__}: {error}")
+            log.warning(
+                "http.connection_failed", client=str(client_address[0]), error=f"{type(error).__name__}: {error}"
+            )

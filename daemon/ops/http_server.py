@@ -53,9 +53,17 @@ JobLog = Callable[[str, int, int], tuple[bytes, int] | None]
 
 class HttpEndpoint:
     def __init__(
-        self, address: str, health: Callable[[], tuple[bool, dict[str, Any]]], status: Callable[[], dict[str, Any]],
-        job_log: JobLog | None = None, logs_token: str | None = None, *, tls: ssl.SSLContext | None = None,
-        max_connections: int = MAX_CONNECTIONS, request_deadline_s: float = REQUEST_DEADLINE_S, clock: Callable[[], float] = time.monotonic,
+        self,
+        address: str,
+        health: Callable[[], tuple[bool, dict[str, Any]]],
+        status: Callable[[], dict[str, Any]],
+        job_log: JobLog | None = None,
+        logs_token: str | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        request_deadline_s: float = REQUEST_DEADLINE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         host, _, port = address.rpartition(":")
         self.health = health
@@ -64,8 +72,14 @@ class HttpEndpoint:
         self.logs_token = logs_token
         self.metrics_app = make_wsgi_app()
         try:
-            self.server = BoundedServer((host, int(port)), QuietHandler, max_connections=max_connections,
-                                        request_deadline_s=request_deadline_s, clock=clock, tls=tls)
+            self.server = BoundedServer(
+                (host, int(port)),
+                QuietHandler,
+                max_connections=max_connections,
+                request_deadline_s=request_deadline_s,
+                clock=clock,
+                tls=tls,
+            )
         except OSError as exc:
             raise ConfigError(f"metrics_address: cannot listen on {address}: {exc.strerror}") from exc
         self.server.set_app(self.app)
@@ -79,7 +93,12 @@ class HttpEndpoint:
 
     def start(self) -> HttpEndpoint:
         self.thread.start()
-        log.info("http.listening", address=self.address, scheme=self.scheme, paths=["/metrics", "/healthz", "/status", *(["/jobs/ID/log"] if self.logs_token else [])])
+        log.info(
+            "http.listening",
+            address=self.address,
+            scheme=self.scheme,
+            paths=["/metrics", "/healthz", "/status", *(["/jobs/ID/log"] if self.logs_token else [])],
+        )
         return self
 
     def stop(self) -> None:
@@ -97,7 +116,9 @@ class HttpEndpoint:
             return _json(start_response, "200 OK", self.status())
         if (match := _JOB_LOG.fullmatch(path)) is not None:
             return self._log(match.group(1), environ, start_response)
-        return _json(start_response, "404 Not Found", {"error": f"no such path {path}; try /metrics, /healthz or /status"})
+        return _json(
+            start_response, "404 Not Found", {"error": f"no such path {path}; try /metrics, /healthz or /status"}
+        )
 
     def _log(self, request_id: str, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """A job's log from `?offset=N`, to whoever sends the fleet's logs_token: a log can hold what
@@ -106,7 +127,11 @@ class HttpEndpoint:
             return _json(start_response, "404 Not Found", {"error": "this host serves no logs: logs_token is not set"})
         sent = environ.get("HTTP_AUTHORIZATION", "")
         if not hmac.compare_digest(sent.encode(), f"Bearer {self.logs_token}".encode()):
-            return _json(start_response, "401 Unauthorized", {"error": "send the fleet's logs_token: Authorization: Bearer <token>"})
+            return _json(
+                start_response,
+                "401 Unauthorized",
+                {"error": "send the fleet's logs_token: Authorization: Bearer <token>"},
+            )
         query = parse_qs(environ.get("QUERY_STRING", ""))
         try:
             offset = int(query.get("offset", ["0"])[0])
@@ -118,7 +143,14 @@ class HttpEndpoint:
         if found is None:
             return _json(start_response, "404 Not Found", {"error": f"no log of {request_id} on this host"})
         data, size = found
-        start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data))), ("X-Log-Size", str(size))])
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("Content-Length", str(len(data))),
+                ("X-Log-Size", str(size)),
+            ],
+        )
         return [data]
 
 

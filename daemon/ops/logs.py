@@ -43,7 +43,9 @@ class CoordinatorElection(logging.Filter):
         ):
             record.levelno, record.levelname = logging.INFO, "INFO"
             return self.threshold <= logging.INFO
-        if record.name == "aiokafka.consumer.group_coordinator" and str(record.msg).startswith("Marking the coordinator dead"):
+        if record.name == "aiokafka.consumer.group_coordinator" and str(record.msg).startswith(
+            "Marking the coordinator dead"
+        ):
             record.levelno, record.levelname = logging.INFO, "INFO"
             return self.threshold <= logging.INFO
         return True
@@ -52,10 +54,16 @@ class CoordinatorElection(logging.Filter):
 def configure_logging(log_format: Literal["auto", "json", "console"] = "auto", level: str = "info") -> None:
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if use_json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback)
+        structlog.processors.JSONRenderer()
+        if use_json
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
     )
-    stamp: list[structlog.types.Processor] = [structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso", utc=True)]
+    stamp: list[structlog.types.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *stamp],
         processors=[

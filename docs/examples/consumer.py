@@ -50,13 +50,23 @@ class SeenIds:
 
 def deploy(event: Succeeded) -> None:
     """Where your deployment goes: here, a line saying what would be deployed."""
-    print(f"deploy {event.repo_id}@{event.revision} ({event.commit_sha or event.location}) for {event.request_id}", flush=True)
+    print(
+        f"deploy {event.repo_id}@{event.revision} ({event.commit_sha or event.location}) for {event.request_id}",
+        flush=True,
+    )
 
 
-async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: str | None = None, topic: str = "adapterd.events") -> None:
+async def consume(
+    bootstrap_servers: str, group_id: str, keys_file: str, until: str | None = None, topic: str = "adapterd.events"
+) -> None:
     keys = EventKeys.from_file(Path(keys_file))
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap_servers, group_id=group_id,
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap_servers,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     ignored, repeated, seen = 0, 0, SeenIds()
     await consumer.start()
     try:
@@ -65,7 +75,10 @@ async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: 
                 event = read_event(record.value or b"{}", keys=keys, headers=record.headers)
             except UnverifiedEvent as exc:
                 ignored += 1  # not the fleet's: never acted on
-                print(f"ignored an event without the fleet's signature ({exc.reason}) at {record.partition}@{record.offset}", flush=True)
+                print(
+                    f"ignored an event without the fleet's signature ({exc.reason}) at {record.partition}@{record.offset}",
+                    flush=True,
+                )
                 await consumer.commit()
                 continue
             if event is None:
@@ -78,7 +91,11 @@ async def consume(bootstrap_servers: str, group_id: str, keys_file: str, until: 
             if isinstance(event, Succeeded) and event.published == "main" and not event.duplicate:
                 deploy(event)
             elif isinstance(event, Succeeded):
-                print(f"not deployed: {event.request_id} was published to {event.published}" + (" (a repeat)" if event.duplicate else ""), flush=True)
+                print(
+                    f"not deployed: {event.request_id} was published to {event.published}"
+                    + (" (a repeat)" if event.duplicate else ""),
+                    flush=True,
+                )
             await consumer.commit()
             if until is not None and event.request_id == until and event.type in TERMINAL_TYPES:
                 return

@@ -48,5 +48,5 @@ if __name__ == "__main__":
     signing_key = None
     if "--key" in arguments:
         at = arguments.index("--key")
-        signing_key, arguments = Path(arguments[at + 1]), arguments[:at] + arguments[at + 2:]
+        signing_key, arguments = Path(arguments[at + 1]), arguments[:at] + arguments[at + 2 :]
     sys.exit(asyncio.run(publish(arguments[0], Path(arguments[1]), *arguments[2:3], key=signing_key)))

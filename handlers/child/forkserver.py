@@ -84,9 +84,12 @@ def main() -> int:
         reporter.refused(unfit)
         return 1
     # Said in its log before it says ready to the daemon: once ready, it may be stopped at any moment.
-    print(f"adapterd fork server {os.getpid()}: ready; one thread, CUDA untouched, deferred to the children: "
-          f"{', '.join(deferred.pending()) or 'nothing'}; OpenMP held at {torch.get_num_threads()} thread here, "
-          f"{threads} intra-op threads for each child", flush=True)
+    print(
+        f"adapterd fork server {os.getpid()}: ready; one thread, CUDA untouched, deferred to the children: "
+        f"{', '.join(deferred.pending()) or 'nothing'}; OpenMP held at {torch.get_num_threads()} thread here, "
+        f"{threads} intra-op threads for each child",
+        flush=True,
+    )
     reporter.ready()
 
     selector = selectors.DefaultSelector()
@@ -97,7 +100,9 @@ def main() -> int:
                 data, fds, _, _ = socket.recv_fds(server, MAX_MESSAGE, 3)
                 if not data:
                     return 0  # the daemon closed its end: it is stopping
-                unfit = cuda_touched()  # never expected after the check above: a child would inherit a CUDA state it cannot use
+                unfit = (
+                    cuda_touched()
+                )  # never expected after the check above: a child would inherit a CUDA state it cannot use
                 if unfit is not None:
                     print(f"adapterd fork server: {unfit}; exiting", flush=True)
                     return 1
@@ -109,7 +114,11 @@ def main() -> int:
                 selector.unregister(key.fd)
                 os.close(key.fd)
                 _, status = os.waitpid(key.data, 0)
-                server.send(json.dumps({"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}).encode())
+                server.send(
+                    json.dumps(
+                        {"kind": "exited", "pid": key.data, "returncode": os.waitstatus_to_exitcode(status)}
+                    ).encode()
+                )
 
 
 def restore(env: MutableMapping[str, str], originals: Mapping[str, str | None]) -> None:
@@ -151,7 +160,9 @@ def other_threads() -> str | None:
     return f"{len(names)} other thread(s) run in the server: {', '.join(sorted(names))}" if names else None
 
 
-def fork_child(env: dict[str, str], fds: list[int], server_side: list[object], threads: int, child_env: Mapping[str, str | None]) -> int:
+def fork_child(
+    env: dict[str, str], fds: list[int], server_side: list[object], threads: int, child_env: Mapping[str, str | None]
+) -> int:
     """Fork one job child; in the parent, its pid. The child never returns: it runs its job and exits.
     The child gets `threads` intra-op threads and the environment's own values of what the server held (`child_env`)."""
     stdin, output, status = fds

@@ -29,10 +29,21 @@ def main() -> None:
     from torch.distributed.run import main as torchrun
 
     workers = int(sys.argv[1])
-    ranks = Path(json.loads(os.environ["ADAPTERD_JOB"])["spec"]).parent / "ranks"  # the job's folder (daemon/children/warm.py `launch`)
+    ranks = (
+        Path(json.loads(os.environ["ADAPTERD_JOB"])["spec"]).parent / "ranks"
+    )  # the job's folder (daemon/children/warm.py `launch`)
     os.environ["PYTHONUNBUFFERED"] = "1"  # a worker's lines reach the log as it writes them, not when its buffer fills
-    torchrun(["--standalone", f"--nproc-per-node={workers}", "--tee=3", f"--log-dir={ranks}",
-              f"--log-line-prefix-template={RANK_PREFIX}", "-m", "handlers.child.runner"])
+    torchrun(
+        [
+            "--standalone",
+            f"--nproc-per-node={workers}",
+            "--tee=3",
+            f"--log-dir={ranks}",
+            f"--log-line-prefix-template={RANK_PREFIX}",
+            "-m",
+            "handlers.child.runner",
+        ]
+    )
 
 
 if __name__ == "__main__":

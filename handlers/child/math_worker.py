@@ -43,7 +43,9 @@ def score(task: dict[str, Any]) -> float | None:
     if name == "accuracy":
         rewards = accuracy_reward(completions, solution)
     elif name == "reasoning_accuracy":
-        rewards = reasoning_accuracy_reward(completions, solution, reasoning_delimiters=params.get("reasoning_delimiters"))
+        rewards = reasoning_accuracy_reward(
+            completions, solution, reasoning_delimiters=params.get("reasoning_delimiters")
+        )
     elif name == "cosine_scaled":  # the schedule reads only the number of completion tokens
         rewards = get_cosine_scaled_reward(**params)(completions, solution, completion_ids=[[0] * task["length"]])
     else:

@@ -69,7 +69,10 @@ def main() -> int:
     job = json.loads(line)
     reporter.restart_clock()
     rank = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, " if is_torchrun_worker() else ""
-    print(f"adapterd child {os.getpid()}: {rank}job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}", flush=True)
+    print(
+        f"adapterd child {os.getpid()}: {rank}job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}",
+        flush=True,
+    )
     # What the job got of the daemon's environment (daemon/children/environment.py): names, never values.
     print(f"adapterd child {os.getpid()}: environment {' '.join(sorted(os.environ))}", flush=True)
 
@@ -102,7 +105,9 @@ def main() -> int:
         reporter.error(failure)
         return 1
     except Exception as exc:
-        oom = out_of_memory(exc, reporter.stage, spec.memory_fraction)  # CUDA out of memory, in whichever stage it happened
+        oom = out_of_memory(
+            exc, reporter.stage, spec.memory_fraction
+        )  # CUDA out of memory, in whichever stage it happened
         if oom is not None:
             reporter.error(oom)
             return 1

@@ -66,7 +66,9 @@ def field_changes(old: dict[str, Any], new: dict[str, Any], *, help_text: bool) 
     return changes
 
 
-def diff_block(block: str, old: dict[str, Any], new: dict[str, Any], *, help_text: bool, counts: Counter[str]) -> list[str]:
+def diff_block(
+    block: str, old: dict[str, Any], new: dict[str, Any], *, help_text: bool, counts: Counter[str]
+) -> list[str]:
     """The lines for one block present in both readings (empty when nothing shown changed)."""
     lines = []
     old_fields, new_fields = old.get("fields", {}), new.get("fields", {})
@@ -127,26 +129,41 @@ def diff(old: dict[str, Any], new: dict[str, Any], *, help_text: bool = False) -
                 # A block read from another release than the rest of its package's (PPO after trl 1.12):
                 # generate_contract keeps the section when the install lacks the class.
                 package = new[block].get("package")
-                usual = Counter(b.get("version") for b in new.values() if b.get("package") == package).most_common(1)[0][0]
+                usual = Counter(b.get("version") for b in new.values() if b.get("package") == package).most_common(1)[
+                    0
+                ][0]
                 if new[block].get("version") != usual:
-                    lines.append(f"{block} ({new[block].get('source')}): no changes; kept as read from {package}"
-                                 f" {new[block].get('version')} (the other {package} blocks are from {usual})")
+                    lines.append(
+                        f"{block} ({new[block].get('source')}): no changes; kept as read from {package}"
+                        f" {new[block].get('version')} (the other {package} blocks are from {usual})"
+                    )
     return lines, counts
 
 
 def total_line(counts: Counter[str]) -> str:
-    shown = sum(counts[k] for k in ("added", "removed", "changed", "training_defaults", "blocks_added", "blocks_removed"))
-    parts = [f"{counts[k]} {label}" for k, label in (
-        ("added", "added"), ("removed", "removed"), ("changed", "changed"),
-        ("training_defaults", "training defaults changed"),
-        ("blocks_added", "blocks added"), ("blocks_removed", "blocks removed"),
-    ) if counts[k]]
+    shown = sum(
+        counts[k] for k in ("added", "removed", "changed", "training_defaults", "blocks_added", "blocks_removed")
+    )
+    parts = [
+        f"{counts[k]} {label}"
+        for k, label in (
+            ("added", "added"),
+            ("removed", "removed"),
+            ("changed", "changed"),
+            ("training_defaults", "training defaults changed"),
+            ("blocks_added", "blocks added"),
+            ("blocks_removed", "blocks removed"),
+        )
+        if counts[k]
+    ]
     help_only = f"; {counts['help_only']} help-text-only" if counts["help_only"] else ""
     return f"contract: {shown} changes{' (' + ', '.join(parts) + ')' if parts else ''}{help_only}"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m handlers.contract.contract_diff", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m handlers.contract.contract_diff", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("old", type=Path, help="the contract before (e.g. the checked-in schemas/trl_contract.json)")
     parser.add_argument("new", type=Path, help="the contract after (e.g. regenerated with newer TRL)")
     parser.add_argument("--help-text", action="store_true", help="also show fields whose help text alone changed")

@@ -37,11 +37,11 @@ GENERATED_MARKER = "<!-- Below: GENERATED from the TRL contract; edit the part a
 def doc_head(doc: Path = DOC_FILE) -> str:
     """The hand-written part of docs/requests.md, up to and including GENERATED_MARKER ("" when it has none)."""
     text = doc.read_text() if doc.is_file() else ""
-    return text[:text.index(GENERATED_MARKER) + len(GENERATED_MARKER)] + "\n\n" if GENERATED_MARKER in text else ""
+    return text[: text.index(GENERATED_MARKER) + len(GENERATED_MARKER)] + "\n\n" if GENERATED_MARKER in text else ""
 
 
 def class_name(block: str) -> str:
-    """"trl.SFTConfig" → "SFTConfigFields"."""
+    """ "trl.SFTConfig" → "SFTConfigFields"."""
     return BLOCK_SOURCES[block].rpartition(".")[2] + "Fields"
 
 
@@ -57,7 +57,12 @@ def field_line(block: str, name: str, spec: dict[str, Any], *, deprecated: str |
     default = DEFAULTS.get(block, {}).get(name)
     bounds = rule(BOUNDS, block, name) or {}
     description = spec["help"]
-    if deprecated is None and (block in SHARED_BLOCKS) and spec["default"] is not None and name not in DEFAULTS.get(block, {}):
+    if (
+        deprecated is None
+        and (block in SHARED_BLOCKS)
+        and spec["default"] is not None
+        and name not in DEFAULTS.get(block, {})
+    ):
         description += f" (default in {BLOCK_SOURCES[block].rpartition('.')[2]}: {spec['default']!r})"
     if note := SETTABLE_UNDER_POLICY.get(block, {}).get(name):
         description += f" adapterd: {note}."
@@ -95,14 +100,26 @@ def render_module(contract: dict[str, Any]) -> str:
         if block not in contract:
             continue
         section = contract[block]
-        lines += ["", "", f"class {class_name(block)}(TRLBlock):",
-                  f'    """`{section["source"]}` fields a request may set in `{block}` ({section["package"]} {section["version"]})."""',
-                  "", f"    block: ClassVar[str] = {block!r}"]
+        lines += [
+            "",
+            "",
+            f"class {class_name(block)}(TRLBlock):",
+            f'    """`{section["source"]}` fields a request may set in `{block}` ({section["package"]} {section["version"]})."""',
+            "",
+            f"    block: ClassVar[str] = {block!r}",
+        ]
         for name, spec in section["fields"].items():
             if refusal(block, name) is None:
                 lines.append(field_line(block, name, spec))
         for old, new in RENAMED.get(block, {}).items():
-            lines.append(field_line(block, old, section["fields"][new], deprecated=f"renamed to {new}; the old name is accepted until schema version 2"))
+            lines.append(
+                field_line(
+                    block,
+                    old,
+                    section["fields"][new],
+                    deprecated=f"renamed to {new}; the old name is accepted until schema version 2",
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +132,9 @@ def _table(block: str, fields: dict[str, Any]) -> list[str]:
     for name, spec in fields.items():
         refused = refusal(block, name)
         kind = f"**refused** ({refused.message(name).split(': ', 1)[1]})" if refused else _cell(spec["help"])
-        rows.append(f"| `{name}` | {_cell(field_type(block, name, spec))} | `{_cell(DEFAULTS.get(block, {}).get(name, spec['default']))}` | {kind} |")
+        rows.append(
+            f"| `{name}` | {_cell(field_type(block, name, spec))} | `{_cell(DEFAULTS.get(block, {}).get(name, spec['default']))}` | {kind} |"
+        )
     return rows
 
 
@@ -134,13 +153,22 @@ def render_doc(contract: dict[str, Any], head: str | None = None) -> str:
         "a request may not set, with the reason and the safe form where there is one",
         "(schemas/contract_rules.py). Unknown names are rejected with their path.",
     ]
-    titles = {"training": "every method's `training` block", "peft": "`peft` (LoRA; `null` for a full fine-tune)",
-              "model": "`model`: loading options (besides `id`, `revision`, `dtype`, `trust_remote_code`, `quantization`, `chat_template`)"}
+    titles = {
+        "training": "every method's `training` block",
+        "peft": "`peft` (LoRA; `null` for a full fine-tune)",
+        "model": "`model`: loading options (besides `id`, `revision`, `dtype`, `trust_remote_code`, `quantization`, `chat_template`)",
+    }
     for block in BLOCK_SOURCES:
         if block not in contract:
             continue
         section = contract[block]
-        lines += ["", f'<a id="{block}"></a>', "", f"## {titles.get(block, f'`{block}`')}: `{section['source']}` ({section['package']} {section['version']})", ""]
+        lines += [
+            "",
+            f'<a id="{block}"></a>',
+            "",
+            f"## {titles.get(block, f'`{block}`')}: `{section['source']}` ({section['package']} {section['version']})",
+            "",
+        ]
         if section.get("training_defaults"):
             changed = ", ".join(f"`{k}` {v!r}" for k, v in section["training_defaults"].items())
             lines += [f"Training defaults this method changes: {changed}.", ""]

@@ -54,8 +54,15 @@ def type_text(hint: Any) -> tuple[str, bool, list[Any] | None, str | None]:
         parts = [type_text(m) for m in members]
         literals = [p for p in parts if p[2] is not None and p[0] != "str"]
         objects = [p[3] for p in parts if p[3]]
-        text = " | ".join(sorted({p[0] for p in parts}))  # sorted: typing caches a Union in whichever order it first met it
-        return text, nullable or any(p[1] for p in parts), (literals[0][2] if len(parts) == 1 and literals else None), (objects[0] if objects else None)
+        text = " | ".join(
+            sorted({p[0] for p in parts})
+        )  # sorted: typing caches a Union in whichever order it first met it
+        return (
+            text,
+            nullable or any(p[1] for p in parts),
+            (literals[0][2] if len(parts) == 1 and literals else None),
+            (objects[0] if objects else None),
+        )
     if origin is typing.Literal:
         values = list(args)
         return " | ".join(sorted({type(v).__name__ for v in values})), False, values, None
@@ -118,8 +125,12 @@ def read_fields(cls: type, block: str, exclude: set[str]) -> dict[str, dict[str,
         if field.name in CHOICES.get(block, {}):
             choices = list(CHOICES[block][field.name])
         fields[field.name] = {
-            "type": text, "nullable": nullable or field.default is None, "default": default_of(field),
-            "choices": choices, "object": nested, "help": help_text,
+            "type": text,
+            "nullable": nullable or field.default is None,
+            "default": default_of(field),
+            "choices": choices,
+            "object": nested,
+            "help": help_text,
         }
     return fields
 
@@ -142,11 +153,16 @@ def read_contract(blocks: typing.Iterable[str] = BLOCK_SOURCES) -> dict[str, Any
             exclude = set(MODEL_CONFIG_PATHS)
         else:
             exclude = set(training_fields)
-        section: dict[str, Any] = {"source": source, "package": package, "version": version(package),
-                                   "fields": read_fields(cls, block, exclude)}
+        section: dict[str, Any] = {
+            "source": source,
+            "package": package,
+            "version": version(package),
+            "fields": read_fields(cls, block, exclude),
+        }
         if block not in SHARED_BLOCKS:  # where the method's config changes a training default
             section["training_defaults"] = {
-                f.name: default_of(f) for f in dataclasses.fields(cls)
+                f.name: default_of(f)
+                for f in dataclasses.fields(cls)
                 if f.name in training_fields and default_of(f) != training_fields[f.name]
             }
         contract[block] = section

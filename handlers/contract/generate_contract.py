@@ -27,8 +27,11 @@ from schemas.generated import CONTRACT_FILE, load_contract
 def removed_fields(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Fields the checked-in contract had that TRL no longer has, and that RENAMED does not carry."""
     return [
-        f"{block}.{name}" for block in new if block in old
-        for name in old[block]["fields"] if name not in new[block]["fields"] and name not in RENAMED.get(block, {})
+        f"{block}.{name}"
+        for block in new
+        if block in old
+        for name in old[block]["fields"]
+        if name not in new[block]["fields"] and name not in RENAMED.get(block, {})
     ]
 
 

@@ -25,8 +25,14 @@ def markdown_table() -> str:
         example = f"[{name}.json](../schemas/examples/{name}.json)"
         block = REQUEST_MODELS[name].model_fields[name].annotation
         fields = f"[`{name}`: {len(block.model_fields)}](requests.md#{name})"  # type: ignore[union-attr]
-        vision = f"yes: + `images` or `image` ([{name}-vision.json](../schemas/examples/{name}-vision.json))" if method.vision else "no"
-        lines.append(f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |")
+        vision = (
+            f"yes: + `images` or `image` ([{name}-vision.json](../schemas/examples/{name}-vision.json))"
+            if method.vision
+            else "no"
+        )
+        lines.append(
+            f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |"
+        )
     return "\n".join(lines) + "\n"
 
 

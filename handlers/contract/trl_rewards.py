@@ -15,12 +15,18 @@ from schemas.rewards import ADAPTERD_FIELDS, TRL_REWARDS
 
 # What TRL passes a reward function when it scores (GRPOTrainer._calculate_rewards), and the keyword
 # arguments it takes for that: not parameters a request sets.
-SCORING_ARGUMENTS = frozenset({"completions", "prompts", "completion_ids", "solution", "log_extra", "log_metric", "trainer_state", "kwargs"})
+SCORING_ARGUMENTS = frozenset(
+    {"completions", "prompts", "completion_ids", "solution", "log_extra", "log_metric", "trainer_state", "kwargs"}
+)
 
 
 def trl_functions(module: Any) -> dict[str, Any]:
     """The reward functions `module` (trl.rewards) exports: its `__all__`, less its submodules."""
-    return {name: getattr(module, name) for name in module.__all__ if not isinstance(getattr(module, name), types.ModuleType)}
+    return {
+        name: getattr(module, name)
+        for name in module.__all__
+        if not isinstance(getattr(module, name), types.ModuleType)
+    }
 
 
 def parameters(function: Any) -> dict[str, Any]:
@@ -37,10 +43,14 @@ def parameters(function: Any) -> dict[str, Any]:
 def reward_drift(module: Any) -> list[str]:
     """What differs between `module`'s reward functions and TRL_REWARDS, one line each."""
     functions = trl_functions(module)
-    found = [f"trl.rewards.{name}: a reward TRL ships that a request cannot name: add it to TRL_REWARDS in schemas/rewards.py"
-             for name in sorted(set(functions) - set(TRL_REWARDS))]
-    found += [f"trl.rewards.{name}: gone from TRL: remove {TRL_REWARDS[name].__name__} from schemas/rewards.py"
-              for name in sorted(set(TRL_REWARDS) - set(functions))]
+    found = [
+        f"trl.rewards.{name}: a reward TRL ships that a request cannot name: add it to TRL_REWARDS in schemas/rewards.py"
+        for name in sorted(set(functions) - set(TRL_REWARDS))
+    ]
+    found += [
+        f"trl.rewards.{name}: gone from TRL: remove {TRL_REWARDS[name].__name__} from schemas/rewards.py"
+        for name in sorted(set(TRL_REWARDS) - set(functions))
+    ]
     for name in sorted(set(functions) & set(TRL_REWARDS)):
         model = TRL_REWARDS[name]
         ours = {field: info.default for field, info in model.model_fields.items() if field not in ADAPTERD_FIELDS}

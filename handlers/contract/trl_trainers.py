@@ -45,8 +45,13 @@ def experimental_trainers() -> list[str]:
             loaded = importlib.import_module(f"trl.experimental.{module.name}")
         except Exception:  # an optional dependency of that trainer is not installed here
             continue
-        found += [f"trl.experimental.{module.name}.{name}" for name in dir(loaded) if name.endswith("Trainer") and not name.startswith("_")
-                  and getattr(getattr(loaded, name), "__module__", "").startswith(f"trl.experimental.{module.name}")]
+        found += [
+            f"trl.experimental.{module.name}.{name}"
+            for name in dir(loaded)
+            if name.endswith("Trainer")
+            and not name.startswith("_")
+            and getattr(getattr(loaded, name), "__module__", "").startswith(f"trl.experimental.{module.name}")
+        ]
     return sorted(found)
 
 
@@ -58,7 +63,9 @@ def report() -> dict[str, Any]:
         "experimental": experimental_trainers(),
         "methods": {
             name: {
-                "trainer": row.trainer, "config": row.config, "range": row.trl_range or "any",
+                "trainer": row.trainer,
+                "config": row.config,
+                "range": row.trl_range or "any",
                 "present": resolves(row.trainer) and resolves(row.config),
                 "supported": unsupported_reason(name, trl_version) is None,
             }
@@ -76,16 +83,21 @@ def drift(report: dict[str, Any]) -> list[str]:
     for method, row in report["methods"].items():
         said = f"trl{row['range']}" if row["range"] != "any" else "every trl release"
         if row["supported"] and not row["present"]:
-            problems.append(f"method {method}: the table runs it on {said}, and trl {trl} lacks {row['trainer']} or {row['config']}: "
-                            f"TRL removed it by {trl}; end the row's range (trl_below) at the first release without it")
+            problems.append(
+                f"method {method}: the table runs it on {said}, and trl {trl} lacks {row['trainer']} or {row['config']}: "
+                f"TRL removed it by {trl}; end the row's range (trl_below) at the first release without it"
+            )
         elif not row["supported"] and row["present"]:
-            problems.append(f"method {method}: the table runs it on {said} only, and trl {trl} has {row['trainer']}: widen the row's range")
+            problems.append(
+                f"method {method}: the table runs it on {said} only, and trl {trl} has {row['trainer']}: widen the row's range"
+            )
     return problems
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What TRL changed between two reports, a line each: trainers added, promoted from experimental
     to stable, removed; and each method of the table whose trainer one has and the other lacks."""
+
     def short(path: str) -> str:
         return path.rsplit(".", 1)[-1]
 
@@ -100,7 +112,9 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for name, row in new["methods"].items():
         before = old["methods"].get(name, {}).get("present")
         if before is not None and before != row["present"]:
-            lines.append(f"method {name}: trl {new['trl']} {'has' if row['present'] else 'lacks'} {row['trainer']} (trl {old['trl']} {'had' if before else 'lacked'} it)")
+            lines.append(
+                f"method {name}: trl {new['trl']} {'has' if row['present'] else 'lacks'} {row['trainer']} (trl {old['trl']} {'had' if before else 'lacked'} it)"
+            )
     return lines
 
 

@@ -29,7 +29,9 @@ def train(request: DistillationRequest, job: JobSpec, reporter: StatusReporter) 
     trainer = DistillationTrainer(
         model=model,
         teacher_model=teacher.model,
-        args=trl_config(DistillationConfig, request, job, "distillation", **vllm_arguments(request, job, "distillation")),
+        args=trl_config(
+            DistillationConfig, request, job, "distillation", **vllm_arguments(request, job, "distillation")
+        ),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.processing_class,

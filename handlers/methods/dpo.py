@@ -23,7 +23,9 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(DPOConfig, request, job, "dpo")
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
-    model = load_policy(base, request.model, request=request)  # sharded across the job's processes where resources.shard asks
+    model = load_policy(
+        base, request.model, request=request
+    )  # sharded across the job's processes where resources.shard asks
     reference = load_reference(request, job, base)
     trainer = DPOTrainer(
         model=model,

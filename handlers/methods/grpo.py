@@ -26,12 +26,16 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
     data = load_data(request, job, reporter)
     check_reward_columns(request.rewards, data.train.column_names)
     base = load_base(request, job, reporter, data)
-    model = load_policy(base, request.model, request=request)  # sharded across the job's processes where resources.shard asks
+    model = load_policy(
+        base, request.model, request=request
+    )  # sharded across the job's processes where resources.shard asks
     reward_funcs, reward_weights = load_rewards(request.rewards, job)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=trl_config(GRPOConfig, request, job, "grpo", reward_weights=reward_weights, **vllm_arguments(request, job, "grpo")),
+        args=trl_config(
+            GRPOConfig, request, job, "grpo", reward_weights=reward_weights, **vllm_arguments(request, job, "grpo")
+        ),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.processing_class,

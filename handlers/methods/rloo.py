@@ -31,7 +31,9 @@ def train(request: RLOORequest, job: JobSpec, reporter: StatusReporter) -> Train
     trainer = RLOOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=trl_config(RLOOConfig, request, job, "rloo", reward_weights=reward_weights, **vllm_arguments(request, job, "rloo")),
+        args=trl_config(
+            RLOOConfig, request, job, "rloo", reward_weights=reward_weights, **vllm_arguments(request, job, "rloo")
+        ),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,

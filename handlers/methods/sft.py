@@ -21,7 +21,9 @@ def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     config = trl_config(SFTConfig, request, job, "sft")
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
-    model = load_policy(base, request.model, request=request)  # sharded across the job's processes where resources.shard asks
+    model = load_policy(
+        base, request.model, request=request
+    )  # sharded across the job's processes where resources.shard asks
     trainer = SFTTrainer(
         model=model,
         args=config,

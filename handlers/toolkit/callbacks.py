@@ -98,10 +98,17 @@ class JobCallback(StepClock):
         total = len(batches) if batches is not None and hasattr(batches, "__len__") else None
         if now - self.last_sent_at >= self.job.progress_interval_s or self.eval_batch == total:
             self.last_sent_at = now
-            self.reporter.send(ProgressReport(
-                step=state.global_step, total_steps=max(state.max_steps, 1), epoch=state.epoch, stage="evaluate",
-                evaluating=self.reporter.evaluating, eval_batch=self.eval_batch, eval_batches=total,
-            ))
+            self.reporter.send(
+                ProgressReport(
+                    step=state.global_step,
+                    total_steps=max(state.max_steps, 1),
+                    epoch=state.epoch,
+                    stage="evaluate",
+                    evaluating=self.reporter.evaluating,
+                    eval_batch=self.eval_batch,
+                    eval_batches=total,
+                )
+            )
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.eval_batch = 0  # the next model's pass counts its own batches
@@ -140,7 +147,9 @@ class JobCallback(StepClock):
         if not logs or "train_runtime" in logs or any(key.startswith("eval_") for key in logs):
             return  # the end-of-training summary or an evaluation, not a training step
         now = time.monotonic()
-        ranks = self._ranks(args, now)  # a collective: every rank, at every training log, whether or not a report is due
+        ranks = self._ranks(
+            args, now
+        )  # a collective: every rank, at every training log, whether or not a report is due
         tokens_per_s = None
         if "num_tokens" in logs:  # TRL's trainers log the tokens seen so far
             if self.last_tokens is not None and now > self.last_tokens[0]:
@@ -156,12 +165,20 @@ class JobCallback(StepClock):
         self.last_sent_at, self.last_sent_step = now, state.global_step
         total = max(state.max_steps, 1)
         eta = self._eta(state.global_step, total, now)
-        self.reporter.send(ProgressReport(
-            step=state.global_step, total_steps=total, epoch=state.epoch,
-            loss=logs.get("loss"), learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-            tokens_per_s=tokens_per_s, eta_s=eta,
-            ranks=ranks, peak_bytes=max(rank.peak_bytes for rank in ranks) if ranks else None,
-        ))
+        self.reporter.send(
+            ProgressReport(
+                step=state.global_step,
+                total_steps=total,
+                epoch=state.epoch,
+                loss=logs.get("loss"),
+                learning_rate=logs.get("learning_rate"),
+                grad_norm=logs.get("grad_norm"),
+                tokens_per_s=tokens_per_s,
+                eta_s=eta,
+                ranks=ranks,
+                peak_bytes=max(rank.peak_bytes for rank in ranks) if ranks else None,
+            )
+        )
 
     def _ranks(self, args: Any, now: float) -> list[RankProgress] | None:
         """Each rank's tokens/s since the previous log and its peak memory so far, gathered from every rank; None in a
@@ -172,8 +189,13 @@ class JobCallback(StepClock):
         before = self.rank_tokens
         self.rank_tokens = [(now, tokens) for tokens, _ in figures]
         return [
-            RankProgress(rank=rank, peak_bytes=int(peak),
-                         tokens_per_s=(tokens - before[rank][1]) / (now - before[rank][0]) if before and now > before[rank][0] else None)
+            RankProgress(
+                rank=rank,
+                peak_bytes=int(peak),
+                tokens_per_s=(tokens - before[rank][1]) / (now - before[rank][0])
+                if before and now > before[rank][0]
+                else None,
+            )
             for rank, (tokens, peak) in enumerate(figures)
         ]
 
@@ -183,5 +205,7 @@ class JobCallback(StepClock):
         if world_size() == 1 or self.train_s is None:
             return {}
         seconds = max(self.train_s[1] - self.train_s[0], 1e-9)
-        return {f"rank{rank}_tokens_per_s": tokens / seconds for rank, (tokens,) in enumerate(gather([float(self.tokens.tokens)], args.device))}
-
+        return {
+            f"rank{rank}_tokens_per_s": tokens / seconds
+            for rank, (tokens,) in enumerate(gather([float(self.tokens.tokens)], args.device))
+        }

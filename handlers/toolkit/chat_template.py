@@ -35,7 +35,9 @@ def check_template_render(template: str, *, max_bytes: int, max_s: float) -> Non
         code = 0
         try:
             resource.setrlimit(resource.RLIMIT_AS, (_address_space() + max_bytes, resource.RLIM_INFINITY))
-            render_jinja_template([SAMPLE], chat_template=template, add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
+            render_jinja_template(
+                [SAMPLE], chat_template=template, add_generation_prompt=True, bos_token="<s>", eos_token="</s>"
+            )
         except MemoryError:
             code = _OUT_OF_MEMORY
         except BaseException:  # an ordinary template error is the real render's to report
@@ -50,11 +52,18 @@ def check_template_render(template: str, *, max_bytes: int, max_s: float) -> Non
     if not exited:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        raise JobFailed("config_invalid", "preflight", f"model.chat_template: rendering a three-message conversation took more than {max_s:g} s")
+        raise JobFailed(
+            "config_invalid",
+            "preflight",
+            f"model.chat_template: rendering a three-message conversation took more than {max_s:g} s",
+        )
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) == _OUT_OF_MEMORY or os.WIFSIGNALED(status):
-        raise JobFailed("config_invalid", "preflight",
-                        f"model.chat_template: rendering a three-message conversation needs more than {max_bytes:,} bytes of memory")
+        raise JobFailed(
+            "config_invalid",
+            "preflight",
+            f"model.chat_template: rendering a three-message conversation needs more than {max_bytes:,} bytes of memory",
+        )
 
 
 def _address_space() -> int:

@@ -57,12 +57,27 @@ IMPORT_SYSTEM = frozenset({"__loader__", "__package__", "__spec__", "__file__", 
 FORK_SERVER_VARIABLE = "ADAPTERD_FORK_FD"
 # transformers' optimizers that import bitsandbytes (`optim`): its bitsandbytes ones, and GaLore's
 # 8-bit ones (galore_torch builds on bitsandbytes). Drift-tested against transformers' own list.
-BITSANDBYTES_OPTIMIZERS = frozenset({
-    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "ademamix", "ademamix_8bit",
-    "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_32bit", "lion_8bit", "paged_lion_32bit",
-    "paged_lion_8bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
-    "galore_adamw_8bit", "galore_adamw_8bit_layerwise",
-})
+BITSANDBYTES_OPTIMIZERS = frozenset(
+    {
+        "adamw_bnb_8bit",
+        "adamw_8bit",
+        "paged_adamw_32bit",
+        "paged_adamw_8bit",
+        "ademamix",
+        "ademamix_8bit",
+        "paged_ademamix_32bit",
+        "paged_ademamix_8bit",
+        "lion_32bit",
+        "lion_8bit",
+        "paged_lion_32bit",
+        "paged_lion_8bit",
+        "rmsprop_bnb",
+        "rmsprop_bnb_8bit",
+        "rmsprop_bnb_32bit",
+        "galore_adamw_8bit",
+        "galore_adamw_8bit_layerwise",
+    }
+)
 
 
 class DeferredModule(types.ModuleType):
@@ -99,7 +114,9 @@ class DeferringFinder(importlib.abc.MetaPathFinder):
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in self.names:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -152,7 +169,9 @@ def needed_by(request: RequestBase) -> frozenset[str]:
     """The modules of `CUDA_AT_IMPORT` a job runs: bitsandbytes when it loads a model quantized (the
     base, and a reference or teacher loaded like it) or trains with one of its optimizers."""
     quantized = request.model.quantization != "none"
-    return frozenset({"bitsandbytes"}) if quantized or request.training.optim in BITSANDBYTES_OPTIMIZERS else frozenset()
+    return (
+        frozenset({"bitsandbytes"}) if quantized or request.training.optim in BITSANDBYTES_OPTIMIZERS else frozenset()
+    )
 
 
 def settle(needed: Collection[str], withheld: Collection[str] = CUDA_AT_IMPORT) -> list[str]:
@@ -174,8 +193,9 @@ def load(module: types.ModuleType) -> types.ModuleType:
         return current  # already run: through another holder of the deferred module
     spec = module.__spec__
     assert spec is not None and isinstance(spec.loader, DeferringLoader)
-    real_spec = importlib.util.spec_from_file_location(name, spec.origin, loader=spec.loader.real,
-                                                       submodule_search_locations=spec.submodule_search_locations)
+    real_spec = importlib.util.spec_from_file_location(
+        name, spec.origin, loader=spec.loader.real, submodule_search_locations=spec.submodule_search_locations
+    )
     assert real_spec is not None and real_spec.loader is not None
     real = importlib.util.module_from_spec(real_spec)
     sys.modules[name] = real
@@ -191,4 +211,8 @@ def load(module: types.ModuleType) -> types.ModuleType:
 
 def pending() -> list[str]:
     """The modules imported in name only whose code has not run (what the server's self-check reports)."""
-    return sorted(name for name, module in list(sys.modules.items()) if isinstance(module, DeferredModule) and sys.modules.get(name) is module)
+    return sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if isinstance(module, DeferredModule) and sys.modules.get(name) is module
+    )

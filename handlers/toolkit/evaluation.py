@@ -45,23 +45,40 @@ TRAINED = "default"  # the name PEFT gives the adapter a trainer trains
 BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")  # PEFT 0.21's, read in its lora/layer.py
 
 
-def _measure(trainer: Trainer, request: RequestBase, eval_rows: AnyDataset | None, reporter: StatusReporter,
-             who: Literal["adapter", "base", "current"], reward_models: dict[int, RewardModel], tasks: dict[int, PreparedTask]) -> dict[str, float]:
+def _measure(
+    trainer: Trainer,
+    request: RequestBase,
+    eval_rows: AnyDataset | None,
+    reporter: StatusReporter,
+    who: Literal["adapter", "base", "current"],
+    reward_models: dict[int, RewardModel],
+    tasks: dict[int, PreparedTask],
+) -> dict[str, float]:
     """The active model's numbers, suite by suite."""
     assert request.evaluation is not None
     reporter.evaluating = who  # its progress reports name the model measured
     metrics: dict[str, float] = {}
     assert trainer.processing_class is not None
-    tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor's own tokenizer
+    tokenizer: Any = getattr(
+        trainer.processing_class, "tokenizer", trainer.processing_class
+    )  # a processor's own tokenizer
     for index, suite in enumerate(request.evaluation.suites):
         if isinstance(suite, RewardsSuite):
             assert eval_rows is not None  # the request's schema requires an eval set
-            metrics.update(score(trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}", reward_models.get(index)))
+            metrics.update(
+                score(
+                    trainer.model, tokenizer, eval_rows, suite, f"evaluation.suites.{index}", reward_models.get(index)
+                )
+            )
             continue
         if isinstance(suite, TaskSuite):
-            metrics.update(evaluation_task.score(trainer.model, tokenizer, tasks[index], trainer.args.per_device_eval_batch_size))
+            metrics.update(
+                evaluation_task.score(trainer.model, tokenizer, tasks[index], trainer.args.per_device_eval_batch_size)
+            )
             continue
-        metrics.update({k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS})
+        metrics.update(
+            {k: float(v) for k, v in trainer.evaluate().items() if isinstance(v, int | float) and k not in _TIMINGS}
+        )
         if request.method == "sft" and "eval_loss" in metrics:
             # Perplexity of the eval rows' completion tokens; a diverged loss is +inf, not an error.
             metrics["eval_perplexity"] = math.exp(metrics["eval_loss"]) if metrics["eval_loss"] < 700 else math.inf
@@ -93,17 +110,29 @@ def _current_adapter(request: RequestBase, job: JobSpec) -> tuple[str, str | Non
     except (RepositoryNotFoundError, RevisionNotFoundError):
         return f"{output.repo_id}@{output.revision} does not exist yet"
     except HfHubHTTPError as exc:
-        raise JobFailed("model_unavailable", "evaluate", f"evaluation.baselines: cannot read {output.repo_id}@{output.revision}: {exc!r}",
-                        retryable=True) from exc
+        raise JobFailed(
+            "model_unavailable",
+            "evaluate",
+            f"evaluation.baselines: cannot read {output.repo_id}@{output.revision}: {exc!r}",
+            retryable=True,
+        ) from exc
     files = {s.rfilename for s in info.siblings or []}
     if "adapter_config.json" not in files:
         return f"{output.repo_id}@{output.revision} holds no LoRA adapter (no adapter_config.json)"
-    check_download_size("evaluation.baselines", output.repo_id, [s.size for s in info.siblings or []], job.max_model_bytes, "max_model_bytes")
+    check_download_size(
+        "evaluation.baselines",
+        output.repo_id,
+        [s.size for s in info.siblings or []],
+        job.max_model_bytes,
+        "max_model_bytes",
+    )
     assert info.sha is not None
     return snapshot_download(output.repo_id, revision=info.sha), info.sha
 
 
-def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, eval_rows: AnyDataset | None) -> EvaluationResult | None:
+def evaluate(
+    trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, eval_rows: AnyDataset | None
+) -> EvaluationResult | None:
     """The request's evaluation after training (None without one): every baseline first, then the
     trained adapter, so the trainer's last logged evaluation is the adapter's. `eval_rows`: the eval
     set as loaded (the rewards suite reads its prompts and columns; the trainer has its own copy, tokenized)."""
@@ -113,11 +142,15 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
     reporter.enter("evaluate")
     reward_models = {  # loaded once, for every model measured
         index: RewardModel(suite.model, f"evaluation.suites.{index}", job.max_model_bytes)
-        for index, suite in enumerate(spec.suites) if isinstance(suite, RewardsSuite) and suite.model is not None
+        for index, suite in enumerate(spec.suites)
+        if isinstance(suite, RewardsSuite) and suite.model is not None
     }
     tasks = {  # rows read and the task file written once, for every model measured
-        index: evaluation_task.prepare(suite, f"evaluation.suites.{index}", job, job.checkpoints.parent / "evaluation_tasks" / str(index))
-        for index, suite in enumerate(spec.suites) if isinstance(suite, TaskSuite)
+        index: evaluation_task.prepare(
+            suite, f"evaluation.suites.{index}", job, job.checkpoints.parent / "evaluation_tasks" / str(index)
+        )
+        for index, suite in enumerate(spec.suites)
+        if isinstance(suite, TaskSuite)
     }
     model: Any = trainer.model
     baselines: dict[Baseline, Scores] = {}
@@ -131,13 +164,17 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
             assert isinstance(trained_config, LoraConfig)  # handlers train LoRA adapters only
             trained_init = trained_config.init_lora_weights
             if isinstance(trained_init, str) and trained_init.startswith(BASE_CHANGING_INITS):
-                missing["base"] = f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the base is not on the model any more"
+                missing["base"] = (
+                    f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the base is not on the model any more"
+                )
                 continue
             fresh = copy.deepcopy(trained_config)
             fresh.init_lora_weights = True  # PEFT's default: B = 0, the base weights untouched
             model.add_adapter("base", fresh)
             with _active(model, "base"):
-                baselines["base"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models, tasks))
+                baselines["base"] = Scores(
+                    metrics=_measure(trainer, request, eval_rows, reporter, "base", reward_models, tasks)
+                )
             continue
         found = _current_adapter(request, job)
         if isinstance(found, str):
@@ -147,10 +184,16 @@ def evaluate(trainer: Trainer, request: RequestBase, job: JobSpec, reporter: Sta
         try:
             model.load_adapter(path, adapter_name="current")
         except (RuntimeError, ValueError, KeyError, OSError) as exc:  # another base's shapes, a broken file
-            missing["current"] = f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[:500]
+            missing["current"] = (
+                f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[
+                    :500
+                ]
+            )
             continue
         with _active(model, "current"):
-            baselines["current"] = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "current", reward_models, tasks), revision=sha)
+            baselines["current"] = Scores(
+                metrics=_measure(trainer, request, eval_rows, reporter, "current", reward_models, tasks), revision=sha
+            )
     adapter = Scores(metrics=_measure(trainer, request, eval_rows, reporter, "adapter", reward_models, tasks))
     reporter.evaluating = None
     training_losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]

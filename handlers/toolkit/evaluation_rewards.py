@@ -32,15 +32,21 @@ def _prompt(row: dict[str, Any], index: int, field: str) -> str | list[dict[str,
     raise JobFailed("dataset_invalid", "evaluate", f"{field}: eval row {index} has no `prompt` or `messages` to answer")
 
 
-def _answer(model: Any, tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, Any]], max_new_tokens: int) -> str:
+def _answer(
+    model: Any, tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, Any]], max_new_tokens: int
+) -> str:
     if isinstance(prompt, list):
-        encoded: Any = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        encoded: Any = tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
     else:
         encoded = tokenizer(prompt, return_tensors="pt")
     inputs = {k: v.to(model.device) for k, v in encoded.items()}
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return str(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+        output = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+    return str(tokenizer.decode(output[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True))
 
 
 class RewardModel:
@@ -52,7 +58,9 @@ class RewardModel:
             self.tokenizer = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
         except (OSError, ValueError) as exc:
-            raise JobFailed("model_unavailable", "evaluate", f"{field}.model.id: {spec.id} is not loadable as a reward model: {exc}") from exc
+            raise JobFailed(
+                "model_unavailable", "evaluate", f"{field}.model.id: {spec.id} is not loadable as a reward model: {exc}"
+            ) from exc
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -60,7 +68,9 @@ class RewardModel:
 
     def __call__(self, prompt: str | list[dict[str, Any]], answer: str) -> float:
         if isinstance(prompt, list) and self.tokenizer.chat_template is not None:
-            text = str(self.tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False))
+            text = str(
+                self.tokenizer.apply_chat_template([*prompt, {"role": "assistant", "content": answer}], tokenize=False)
+            )
         else:
             text = (prompt if isinstance(prompt, str) else " ".join(str(m.get("content", "")) for m in prompt)) + answer
         inputs = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=2048)
@@ -69,7 +79,12 @@ class RewardModel:
 
 
 def score(
-    model: Any, tokenizer: PreTrainedTokenizerBase, rows: AnyDataset, suite: RewardsSuite, field: str, reward_model: RewardModel | None = None,
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: AnyDataset,
+    suite: RewardsSuite,
+    field: str,
+    reward_model: RewardModel | None = None,
 ) -> dict[str, float]:
     """`reward_mean`, `reward_pass_rate` and each function's `rewards/<name>/mean` of the model's
     answers to the eval rows' prompts."""
@@ -81,17 +96,29 @@ def score(
         answers = [_answer(model, tokenizer, prompt, suite.max_new_tokens) for prompt in prompts]
     finally:
         model.train(was_training)
-    completions: list[Any] = [[{"role": "assistant", "content": a}] if isinstance(p, list) else a for p, a in zip(prompts, answers, strict=True)]
+    completions: list[Any] = [
+        [{"role": "assistant", "content": a}] if isinstance(p, list) else a
+        for p, a in zip(prompts, answers, strict=True)
+    ]
     columns = {name: [row.get(name) for row in listed] for name in (listed[0] if listed else {})}
     # The token ids TRL passes its length and repetition rewards, as the trainer counts them.
     completion_ids = [list(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
     totals = [0.0] * len(completions)
     metrics: dict[str, float] = {}
     for spec in suite.functions:
-        missing = columns_needed(spec) - {name for name, values in columns.items() if all(v is not None for v in values)}
+        missing = columns_needed(spec) - {
+            name for name, values in columns.items() if all(v is not None for v in values)
+        }
         if missing:
-            raise JobFailed("dataset_invalid", "evaluate", f"{field}: {spec.name} reads column(s) {sorted(missing)}, which the eval rows lack")
-        rewards = [float(r) if r is not None else 0.0 for r in REWARD_FUNCTIONS[spec.name](spec)(completions, completion_ids=completion_ids, **columns)]
+            raise JobFailed(
+                "dataset_invalid",
+                "evaluate",
+                f"{field}: {spec.name} reads column(s) {sorted(missing)}, which the eval rows lack",
+            )
+        rewards = [
+            float(r) if r is not None else 0.0
+            for r in REWARD_FUNCTIONS[spec.name](spec)(completions, completion_ids=completion_ids, **columns)
+        ]
         metrics[f"rewards/{spec.name}/mean"] = sum(rewards) / len(rewards) if rewards else math.nan
         totals = [t + spec.weight * r for t, r in zip(totals, rewards, strict=True)]
     if suite.model is not None:

@@ -58,12 +58,18 @@ def _task_yaml(name: str, field: str) -> Path:
 
     root = Path(tasks.__file__).parent
     says = re.compile(rf"^task:\s*['\"]?{re.escape(name)}['\"]?\s*$", re.MULTILINE)
-    for folder in sorted({path.parent for path in root.rglob("*.yaml") if says.search(path.read_text(errors="replace"))}):
+    for folder in sorted(
+        {path.parent for path in root.rglob("*.yaml") if says.search(path.read_text(errors="replace"))}
+    ):
         manager = TaskManager(include_defaults=False, include_path=str(folder))
         entry = manager.task_index.get(name)
         if entry is not None and name in manager.all_subtasks and entry.yaml_path is not None:
             return Path(entry.yaml_path)
-    raise JobFailed("config_invalid", "evaluate", f"{field}.task: lm-eval {library_version()} has no task {name!r} defined by its own YAML file")
+    raise JobFailed(
+        "config_invalid",
+        "evaluate",
+        f"{field}.task: lm-eval {library_version()} has no task {name!r} defined by its own YAML file",
+    )
 
 
 def prepare(suite: TaskSuite, field: str, job: JobSpec, folder: Path) -> PreparedTask:
@@ -71,7 +77,9 @@ def prepare(suite: TaskSuite, field: str, job: JobSpec, folder: Path) -> Prepare
     from lm_eval.tasks import TaskManager
 
     included = _task_yaml(suite.task, field)
-    rows, resolved = load_source(suite.source, suite.source.split, "eval", job, streaming=False, field=f"{field}.source")
+    rows, resolved = load_source(
+        suite.source, suite.source.split, "eval", job, streaming=False, field=f"{field}.source"
+    )
     if suite.source.columns:
         rows = rows.rename_columns(dict(suite.source.columns))
     if len(rows) == 0:
@@ -118,13 +126,33 @@ def score(model: Any, tokenizer: PreTrainedTokenizerBase, prepared: PreparedTask
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
     try:
         output = simple_evaluate(
-            model=lm, tasks=[suite.task], task_manager=prepared.manager, num_fewshot=suite.num_fewshot, limit=suite.limit,
-            gen_kwargs={"max_gen_toks": suite.max_new_tokens}, log_samples=False, bootstrap_iters=1000,
-            random_seed=SEED, numpy_random_seed=SEED, torch_random_seed=SEED, fewshot_random_seed=SEED,
+            model=lm,
+            tasks=[suite.task],
+            task_manager=prepared.manager,
+            num_fewshot=suite.num_fewshot,
+            limit=suite.limit,
+            gen_kwargs={"max_gen_toks": suite.max_new_tokens},
+            log_samples=False,
+            bootstrap_iters=1000,
+            random_seed=SEED,
+            numpy_random_seed=SEED,
+            torch_random_seed=SEED,
+            fewshot_random_seed=SEED,
             confirm_run_unsafe_code=False,  # a task that would execute the model's output stays refused
         )
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, TemplateError) as exc:  # the rows do not fit the task
-        raise JobFailed("dataset_invalid", "evaluate", f"{prepared.field}.source: lm-eval's {suite.task} cannot score these rows: {exc!r}"[:1000]) from exc
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        AttributeError,
+        TemplateError,
+    ) as exc:  # the rows do not fit the task
+        raise JobFailed(
+            "dataset_invalid",
+            "evaluate",
+            f"{prepared.field}.source: lm-eval's {suite.task} cannot score these rows: {exc!r}"[:1000],
+        ) from exc
     assert output is not None  # one process: rank 0 gets the results
     found = output["results"].get(suite.task, {})
     metrics: dict[str, float] = {}
@@ -136,5 +164,7 @@ def score(model: Any, tokenizer: PreTrainedTokenizerBase, prepared: PreparedTask
             continue  # "N/A": a standard error lm-eval could not compute
         metrics[name] = float(value) if math.isfinite(value) else math.nan
     if not metrics:
-        raise JobFailed("dataset_invalid", "evaluate", f"{prepared.field}: lm-eval's {suite.task} reported no metric for these rows")
+        raise JobFailed(
+            "dataset_invalid", "evaluate", f"{prepared.field}: lm-eval's {suite.task} reported no metric for these rows"
+        )
     return metrics

@@ -28,7 +28,9 @@ FLASH_PACKAGES = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash
 # The TRL config's fields for gradient checkpointing: transformers' name since 5.x and its older alias.
 CHECKPOINTING_FIELDS = ("activation_checkpointing", "gradient_checkpointing")
 
-_attention: str | None = None  # the host's attention for this job's models, where the request names none (`choose_attention`)
+_attention: str | None = (
+    None  # the host's attention for this job's models, where the request names none (`choose_attention`)
+)
 
 
 def log(event: str, **fields: object) -> None:
@@ -71,7 +73,13 @@ def training_arguments(job: JobSpec, requested: dict[str, Any], fields: set[str]
         applied("gradient_checkpointing", host.gradient_checkpointing)
     if host.use_liger_kernel is not None and "use_liger_kernel" not in requested:
         if host.use_liger_kernel and not liger_installed():
-            log(UNAVAILABLE, setting="use_liger_kernel", wanted=True, using=False, reason="liger_kernel is not installed")
+            log(
+                UNAVAILABLE,
+                setting="use_liger_kernel",
+                wanted=True,
+                using=False,
+                reason="liger_kernel is not installed",
+            )
         else:
             arguments["use_liger_kernel"] = host.use_liger_kernel
             applied("use_liger_kernel", host.use_liger_kernel)

@@ -41,7 +41,9 @@ def _http_status(exc: BaseException) -> int | None:
     return getattr(response, "status_code", None)
 
 
-def resolve_model(spec: ModelSpec | RewardModelSpec, field: str = "model", *, max_bytes: int | None = None) -> tuple[str, str | None]:
+def resolve_model(
+    spec: ModelSpec | RewardModelSpec, field: str = "model", *, max_bytes: int | None = None
+) -> tuple[str, str | None]:
     """The local folder of a model (the base, or the one the request's `field` names) and, for a Hub
     model, the commit it resolved to. A Hub model larger than `max_bytes` (the operator's
     max_model_bytes, its files' sizes as the Hub lists them) fails before anything is downloaded."""
@@ -56,7 +58,8 @@ def resolve_model(spec: ModelSpec | RewardModelSpec, field: str = "model", *, ma
         return snapshot_download(spec.id, revision=sha), sha
     except (HfHubHTTPError, TransportError) as exc:
         raise JobFailed(
-            "model_unavailable", "load_model",
+            "model_unavailable",
+            "load_model",
             f"{field}.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc!r}",
             retryable=is_transient(_http_status(exc)),
         ) from exc
@@ -66,7 +69,9 @@ def load_tokenizer(path: str, spec: ModelSpec) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no loadable tokenizer: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"model.id: {spec.id} has no loadable tokenizer: {exc}"
+        ) from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if spec.chat_template is not None:  # the request's own template; saved with the artifact, so it is pushed too
@@ -78,7 +83,8 @@ def check_hardware(spec: ModelSpec) -> None:
     """QLoRA loads the base through bitsandbytes, which needs CUDA: fail before anything is loaded."""
     if spec.quantization != "none" and not torch.cuda.is_available():
         raise JobFailed(
-            "cuda_required", "preflight",
+            "cuda_required",
+            "preflight",
             f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host has none; use quantization 'none'",
         )
 
@@ -104,27 +110,38 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
     return kwargs
 
 
-def load_causal_lm(path: str, spec: ModelSpec, field: str = "model", distributed: DistributedConfig | None = None) -> PreTrainedModel:
+def load_causal_lm(
+    path: str, spec: ModelSpec, field: str = "model", distributed: DistributedConfig | None = None
+) -> PreTrainedModel:
     """`distributed`: how the model is sharded across the job's processes as it loads (handlers/toolkit/sharding.py)."""
     sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
             return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec), **sharded)
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable causal LM: {exc}"
+        ) from exc
 
 
 def load_sequence_classifier(
-    path: str, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, distributed: DistributedConfig | None = None,
+    path: str,
+    spec: ModelSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    distributed: DistributedConfig | None = None,
 ) -> PreTrainedModel:
     """A one-label sequence classifier (a reward model) on the base's weights, with a new score head; `distributed`
     as for `load_causal_lm`."""
     sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
-            model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, **model_kwargs(spec), **sharded)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=1, **model_kwargs(spec), **sharded
+            )
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} is not loadable as a sequence classifier: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"model.id: {spec.id} is not loadable as a sequence classifier: {exc}"
+        ) from exc
     model.config.pad_token_id = tokenizer.pad_token_id
     return model
 
@@ -139,7 +156,11 @@ def is_conversational(dataset: AnyDataset) -> bool:
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase, dataset: AnyDataset, spec: ModelSpec) -> None:
     if is_conversational(dataset) and tokenizer.chat_template is None:
-        raise JobFailed("dataset_invalid", "preflight", f"model.id: {spec.id} has no chat template, and the dataset's rows are conversational")
+        raise JobFailed(
+            "dataset_invalid",
+            "preflight",
+            f"model.id: {spec.id} has no chat template, and the dataset's rows are conversational",
+        )
 
 
 def check_columns(request: RequestBase, dataset: AnyDataset) -> None:
@@ -156,11 +177,15 @@ def _carved(rows: AnyDataset, size: float | int, seed: int) -> tuple[AnyDataset,
     try:
         parts = rows.train_test_split(test_size=size, seed=seed)
     except ValueError as exc:  # too few rows for the size to leave a row on each side
-        raise JobFailed("dataset_invalid", "load_dataset", f"dataset.test_split_size: {size} of {len(rows)} rows: {exc}") from exc
+        raise JobFailed(
+            "dataset_invalid", "load_dataset", f"dataset.test_split_size: {size} of {len(rows)} rows: {exc}"
+        ) from exc
     return parts["train"], parts["test"]
 
 
-def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tuple[AnyDataset, AnyDataset | None, list[ResolvedSource]]:
+def load_dataset_sources(
+    spec: DatasetSpec, job: JobSpec, seed: int = 42
+) -> tuple[AnyDataset, AnyDataset | None, list[ResolvedSource]]:
     """The training rows (one source, or a mixture interleaved by proportion) and the eval rows (a
     split of the same source, or a source of its own), columns renamed, at most `max_samples` rows,
     within the operator's `max_dataset_rows`; and what each source resolved to."""
@@ -170,7 +195,9 @@ def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tup
             total = sum(part.proportion for part in spec.mixture)
             parts = []
             for index, part in enumerate(spec.mixture):
-                rows, resolved = load_source(part, part.split, "train", job, streaming=spec.streaming, field=f"dataset.mixture.{index}")
+                rows, resolved = load_source(
+                    part, part.split, "train", job, streaming=spec.streaming, field=f"dataset.mixture.{index}"
+                )
                 parts.append(_renamed(rows, part.columns, f"dataset.mixture.{index}"))
                 sources.append(resolved.model_copy(update={"proportion": part.proportion / total}))
             train = _interleave(parts, [part.proportion / total for part in spec.mixture], seed)
@@ -190,9 +217,13 @@ def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tup
     except JobFailed:
         raise
     except Exception as exc:  # datasets and fsspec raise many unrelated types for "cannot load"
-        source = "inline rows" if spec.rows is not None else f"{spec.id or spec.url or 'its sources'} (split {spec.split})"
+        source = (
+            "inline rows" if spec.rows is not None else f"{spec.id or spec.url or 'its sources'} (split {spec.split})"
+        )
         raise JobFailed(
-            "dataset_unavailable", "load_dataset", f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
+            "dataset_unavailable",
+            "load_dataset",
+            f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
             retryable=isinstance(exc, HfHubHTTPError | TransportError) and is_transient(_http_status(exc)),
         ) from exc
     if spec.test_split_size is not None:
@@ -204,7 +235,8 @@ def load_dataset_sources(spec: DatasetSpec, job: JobSpec, seed: int = 42) -> tup
         return (train.take(job.max_dataset_rows) if job.max_dataset_rows is not None else train), evaluation, sources
     if job.max_dataset_rows is not None and len(train) > job.max_dataset_rows:
         raise JobFailed(
-            "dataset_too_large", "load_dataset",
+            "dataset_too_large",
+            "load_dataset",
             f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} (max_dataset_rows); set dataset.max_samples",
         )
     return train, evaluation, sources
@@ -216,7 +248,9 @@ def _renamed(rows: AnyDataset, columns: dict[str, str], field: str) -> AnyDatase
     present = column_names(rows)
     missing = sorted(set(columns) - set(present))
     if missing:
-        raise JobFailed("dataset_invalid", "preflight", f"{field}.columns: {missing} not in the dataset's columns {present}")
+        raise JobFailed(
+            "dataset_invalid", "preflight", f"{field}.columns: {missing} not in the dataset's columns {present}"
+        )
     return rows.rename_columns(columns)
 
 

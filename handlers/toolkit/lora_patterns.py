@@ -25,7 +25,11 @@ def resolved(fields: dict[str, Any], module_names: list[str]) -> dict[str, Any]:
             compiled = compile_pattern(pattern)
             matched = [module for module in module_names if compiled.fullmatch(module)]
             if name == "target_modules" and not matched:
-                raise JobFailed("config_invalid", "load_model", f"peft.target_modules: {pattern[:200]!r} matches no module of the model")
+                raise JobFailed(
+                    "config_invalid",
+                    "load_model",
+                    f"peft.target_modules: {pattern[:200]!r} matches no module of the model",
+                )
             fields[name] = matched
     for name in ("rank_pattern", "alpha_pattern"):
         patterns = fields.get(name)

@@ -57,11 +57,23 @@ class MathVerifier:
                 if time.monotonic() >= deadline:
                     results.append(None)
                     continue
-                task = {"reward": reward, "params": params, "completion": completion, "solution": solution, "length": length}
+                task = {
+                    "reward": reward,
+                    "params": params,
+                    "completion": completion,
+                    "solution": solution,
+                    "length": length,
+                }
                 try:
                     results.append(self._ask(task))
                 except _Failed:
-                    log("math_verify_killed", reward=reward, seconds=self.item_seconds, chars=len(completion), solution_chars=len(solution))
+                    log(
+                        "math_verify_killed",
+                        reward=reward,
+                        seconds=self.item_seconds,
+                        chars=len(completion),
+                        solution_chars=len(solution),
+                    )
                     try:
                         if time.monotonic() >= deadline:
                             raise _Failed
@@ -113,7 +125,11 @@ class MathVerifier:
 
 
 def _spawn() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "handlers.child.math_worker", str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "handlers.child.math_worker", str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
 
 
 def _line(process: subprocess.Popen[bytes], seconds: float) -> dict[str, Any]:

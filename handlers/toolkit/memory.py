@@ -66,7 +66,9 @@ class MemoryWatch:
 
     def use(self) -> MemoryUse:
         if self.device is None:
-            return MemoryUse(device="cpu", peak_allocated_bytes=None, peak_reserved_bytes=None, device_peak_bytes=peak_rss_bytes())
+            return MemoryUse(
+                device="cpu", peak_allocated_bytes=None, peak_reserved_bytes=None, device_peak_bytes=peak_rss_bytes()
+            )
         self.sample()
         return MemoryUse(
             device="cuda",
@@ -90,5 +92,14 @@ def out_of_memory(exc: BaseException, stage: str, fraction: float | None) -> Job
     the GPU freer), its message naming the job's share of the GPU when it had one; None for any other error."""
     if not is_out_of_memory(exc):
         return None
-    share = f" within this job's share of its GPU (memory_fraction {fraction:g}, {fraction:.0%})" if fraction is not None else ""
-    return JobFailed("out_of_memory", stage, f"CUDA out of memory in stage {stage}{share}: {type(exc).__name__}: {exc}", retryable=True)
+    share = (
+        f" within this job's share of its GPU (memory_fraction {fraction:g}, {fraction:.0%})"
+        if fraction is not None
+        else ""
+    )
+    return JobFailed(
+        "out_of_memory",
+        stage,
+        f"CUDA out of memory in stage {stage}{share}: {type(exc).__name__}: {exc}",
+        retryable=True,
+    )

@@ -55,7 +55,9 @@ def largest(use: MemoryUse) -> tuple[MemoryUse, dict[str, float]]:
     ranks: list[Any] = [None] * world_size()
     torch.distributed.all_gather_object(ranks, use.model_dump())
     uses = [MemoryUse.model_validate(rank) for rank in ranks]
-    return max(uses, key=peak_bytes), {f"rank{rank}_peak_bytes": float(peak_bytes(each)) for rank, each in enumerate(uses)}
+    return max(uses, key=peak_bytes), {
+        f"rank{rank}_peak_bytes": float(peak_bytes(each)) for rank, each in enumerate(uses)
+    }
 
 
 class TokenCount:
@@ -80,7 +82,9 @@ class TokenCount:
         if not module.training:
             return  # an evaluation's batches are not training's
         mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
-        if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # (batch, sequence) of 1s and 0s; a 4-D mask is not a count
+        if (
+            isinstance(mask, torch.Tensor) and mask.dim() == 2
+        ):  # (batch, sequence) of 1s and 0s; a 4-D mask is not a count
             self._counted = self._counted + mask.detach().sum()
         elif isinstance(ids, torch.Tensor):
             self._counted = self._counted + ids.numel()

@@ -47,7 +47,9 @@ def completion_text(completion: Any) -> str:
 def exact_match(spec: ExactMatchReward) -> RewardFn:
     def exact_match(completions: list[Any], **columns: Any) -> list[float | None]:
         references = columns[spec.column]
-        return [float(completion_text(c).strip() == str(r).strip()) for c, r in zip(completions, references, strict=True)]
+        return [
+            float(completion_text(c).strip() == str(r).strip()) for c, r in zip(completions, references, strict=True)
+        ]
 
     return exact_match
 
@@ -85,9 +87,13 @@ def math_reward(spec: MathSpec) -> RewardFn:
     math-verify worker against the row's solution column."""
     params = spec.model_dump(exclude={"name", "weight", "column"})
 
-    def scored(completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any) -> list[float | None]:
+    def scored(
+        completions: list[Any], completion_ids: list[list[int]] | None = None, **columns: Any
+    ) -> list[float | None]:
         lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [0] * len(completions)
-        items = [(completion_text(c), str(s), n) for c, s, n in zip(completions, columns[spec.column], lengths, strict=True)]
+        items = [
+            (completion_text(c), str(s), n) for c, s, n in zip(completions, columns[spec.column], lengths, strict=True)
+        ]
         return verifier().score(spec.name, params, items)
 
     scored.__name__ = spec.name  # TRL logs each function's mean under its __name__
@@ -97,7 +103,11 @@ def math_reward(spec: MathSpec) -> RewardFn:
 def token_reward(spec: RepetitionPenaltyReward | SoftOverlongPunishmentReward) -> RewardFn:
     """TRL's get_repetition_penalty_reward or get_soft_overlong_punishment: they read the completion's token ids."""
     params = spec.model_dump(exclude={"name", "weight"})
-    trl_reward = get_repetition_penalty_reward(**params) if spec.name == "repetition_penalty" else get_soft_overlong_punishment(**params)
+    trl_reward = (
+        get_repetition_penalty_reward(**params)
+        if spec.name == "repetition_penalty"
+        else get_soft_overlong_punishment(**params)
+    )
 
     def scored(completions: list[Any], completion_ids: list[list[int]], **columns: Any) -> list[float | None]:
         return [float(r) for r in trl_reward(completion_ids=completion_ids)]
@@ -132,14 +142,22 @@ REWARD_FUNCTIONS: dict[str, Callable[[Any], RewardFn]] = {
 
 
 def columns_needed(spec: RewardFunction) -> set[str]:
-    return {spec.column} if isinstance(spec, ExactMatchReward | AccuracyReward | ReasoningAccuracyReward | CosineScaledReward) else set()
+    return (
+        {spec.column}
+        if isinstance(spec, ExactMatchReward | AccuracyReward | ReasoningAccuracyReward | CosineScaledReward)
+        else set()
+    )
 
 
 def check_reward_columns(rewards: OnlineRewards, dataset_columns: list[str]) -> None:
     for index, spec in enumerate(rewards.functions):
         missing = columns_needed(spec) - set(dataset_columns)
         if missing:
-            raise JobFailed("dataset_invalid", "preflight", f"rewards.functions.{index}: {spec.name} needs column(s) {sorted(missing)}; found {dataset_columns}")
+            raise JobFailed(
+                "dataset_invalid",
+                "preflight",
+                f"rewards.functions.{index}: {spec.name} needs column(s) {sorted(missing)}; found {dataset_columns}",
+            )
 
 
 def load_rewards(rewards: OnlineRewards, job: JobSpec) -> tuple[list[RewardFn | str], list[float]]:

@@ -70,6 +70,7 @@ from schemas.request import LoraSpec, ModelSpec, RequestBase
 if TYPE_CHECKING:
     import torch
 
+
 @dataclass(frozen=True)
 class Data:
     train: AnyDataset  # an IterableDataset when the request streams
@@ -104,7 +105,11 @@ def load_data(request: RequestBase, job: JobSpec, reporter: StatusReporter) -> D
     train, evaluation, sources = load_dataset_sources(request.dataset, job, seed=request.training.seed or 42)
     check_columns(request, train)
     # A Hub dataset's images may be files datasets itself downloaded into its cache.
-    trusted = [Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)] if any(s.kind == "hub" for s in sources) else []
+    trusted = (
+        [Path(datasets.config.HF_DATASETS_CACHE), Path(constants.HF_HUB_CACHE)]
+        if any(s.kind == "hub" for s in sources)
+        else []
+    )
     train = prepare_images(train, job, trusted)
     evaluation = prepare_images(evaluation, job, trusted) if evaluation is not None else None
     return Data(train, evaluation, sources)
@@ -122,7 +127,8 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     if images is not None:
         if not is_vision_model(path, request.model):
             raise JobFailed(
-                "dataset_invalid", "preflight",
+                "dataset_invalid",
+                "preflight",
                 f"model.id: {request.model.id} is not a vision-language model (its config has no vision_config), "
                 f"and the dataset's rows have images ('{images}')",
             )
@@ -133,14 +139,20 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     return Base(path, revision, tokenizer)
 
 
-def load_policy(base: Base, spec: ModelSpec, field: str = "model", request: RequestBase | None = None) -> PreTrainedModel:
+def load_policy(
+    base: Base, spec: ModelSpec, field: str = "model", request: RequestBase | None = None
+) -> PreTrainedModel:
     """The model to train from the base's folder: a vision-language model as transformers loads one
     (`AutoModelForImageTextToText`), else a causal LM; given the `request`, sharded across the job's
     processes as its `resources.shard` asks (handlers/toolkit/sharding.py)."""
     distributed = distributed_config(request) if request is not None else None
     if base.vision:
         if distributed is not None:
-            raise JobFailed("config_invalid", "preflight", f"resources.shard: a vision-language model ({spec.id}) does not shard yet; use shard 'none'")
+            raise JobFailed(
+                "config_invalid",
+                "preflight",
+                f"resources.shard: a vision-language model ({spec.id}) does not shard yet; use shard 'none'",
+            )
         return load_vision_model(base.path, spec, field, model_kwargs(spec))
     return load_causal_lm(base.path, spec, field, distributed)
 
@@ -177,7 +189,8 @@ def load_beside_base(request: RequestBase, job: JobSpec, base: Base, field: str,
     embeddings, tokens = cast("torch.nn.Embedding", model.get_input_embeddings()).num_embeddings, len(base.tokenizer)
     if embeddings < tokens:
         raise JobFailed(
-            "model_unavailable", "load_model",
+            "model_unavailable",
+            "load_model",
             f"{field}.id: {spec.id} has {embeddings} token embeddings and the base model's tokenizer {tokens} tokens: "
             f"{role} must share the base model's tokenizer",
         )
@@ -185,15 +198,24 @@ def load_beside_base(request: RequestBase, job: JobSpec, base: Base, field: str,
 
 
 def train_and_save(
-    trainer: Trainer, request: RequestBase, job: JobSpec, reporter: StatusReporter, data: Data, base: Base,
-    reference: Reference | None = None, *, teacher: Reference | None = None,
+    trainer: Trainer,
+    request: RequestBase,
+    job: JobSpec,
+    reporter: StatusReporter,
+    data: Data,
+    base: Base,
+    reference: Reference | None = None,
+    *,
+    teacher: Reference | None = None,
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
     (handlers/toolkit/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
     checkpoint = last_checkpoint(job)
-    if is_sharded(trainer.model):  # its checkpoints completed with the state the Trainer leaves out, and resumed with it
+    if is_sharded(
+        trainer.model
+    ):  # its checkpoints completed with the state the Trainer leaves out, and resumed with it
         checkpoint = sharded_checkpoints.attach(trainer, checkpoint)
     output = trainer.train(resume_from_checkpoint=checkpoint)
     reporter.enter("save")
@@ -202,12 +224,30 @@ def train_and_save(
     metrics = final_metrics(trainer, output.metrics)
     save_artifact(trainer, request, job.artifact)
     evaluation = evaluate(trainer, request, job, reporter, data.eval)
-    return result(request, reporter, data, base, metrics, reference, tracking=tracked_runs(job, trainer), evaluation=evaluation, teacher=teacher)
+    return result(
+        request,
+        reporter,
+        data,
+        base,
+        metrics,
+        reference,
+        tracking=tracked_runs(job, trainer),
+        evaluation=evaluation,
+        teacher=teacher,
+    )
 
 
 def result(
-    request: RequestBase, reporter: StatusReporter, data: Data, base: Base, metrics: dict[str, float], reference: Reference | None = None,
-    *, tracking: list[TrackedRun] | None = None, evaluation: EvaluationResult | None = None, teacher: Reference | None = None,
+    request: RequestBase,
+    reporter: StatusReporter,
+    data: Data,
+    base: Base,
+    metrics: dict[str, float],
+    reference: Reference | None = None,
+    *,
+    tracking: list[TrackedRun] | None = None,
+    evaluation: EvaluationResult | None = None,
+    teacher: Reference | None = None,
 ) -> TrainResult:
     """Stage `done`: what the child hands the daemon for the `succeeded` event; the trainer it names
     comes from the method table. In a job of several processes its memory is the rank's that took the most, and

@@ -43,7 +43,11 @@ SCHEDULER = "scheduler.pt"  # the Trainer's name for it
 
 def resumable(checkpoint: str | None) -> bool:
     """Whether `checkpoint` holds a sharded job's whole training state (an earlier version's held the model alone)."""
-    return checkpoint is not None and (Path(checkpoint) / SHARDED_STATE).is_dir() and (Path(checkpoint) / SCHEDULER).is_file()
+    return (
+        checkpoint is not None
+        and (Path(checkpoint) / SHARDED_STATE).is_dir()
+        and (Path(checkpoint) / SCHEDULER).is_file()
+    )
 
 
 def attach(trainer: Trainer, checkpoint: str | None) -> str | None:
@@ -52,7 +56,10 @@ def attach(trainer: Trainer, checkpoint: str | None) -> str | None:
     holds the model alone, which a run cannot go on from (said in the job's log)."""
     start = checkpoint if resumable(checkpoint) else None
     if checkpoint is not None and start is None:
-        print(f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0", flush=True)
+        print(
+            f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0",
+            flush=True,
+        )
     trainer.model.register_load_state_dict_pre_hook(take_full_weights)  # type: ignore[union-attr]
     # Before JobCallback: its save handler reports the checkpoint to the daemon, and ends the job at a stop.
     job = trainer.pop_callback(JobCallback)
@@ -69,7 +76,9 @@ def take_full_weights(module: torch.nn.Module, state_dict: dict[str, Any], prefi
     for name, value in state_dict.items():
         parameter = parameters.get(name)
         if isinstance(parameter, DTensor) and not isinstance(value, DTensor):
-            state_dict[name] = distribute_tensor(value.to(parameter.dtype), parameter.device_mesh, parameter.placements, src_data_rank=None)
+            state_dict[name] = distribute_tensor(
+                value.to(parameter.dtype), parameter.device_mesh, parameter.placements, src_data_rank=None
+            )
 
 
 def _optimizer(kwargs: dict[str, Any]) -> torch.optim.Optimizer:
@@ -81,12 +90,19 @@ def _tensors(state: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
     """The tensors of an optimizer's state (`get_optimizer_state_dict`), by parameter name: independent of how the
     optimizer grouped the parameters, which may differ on another number of ranks. The groups' settings (learning
     rate, betas, ...) come from the request, each run's optimizer built with them, and the scheduler sets the rate."""
-    return {name: {key: value for key, value in entry.items() if isinstance(value, torch.Tensor)} for name, entry in state["state"].items()}
+    return {
+        name: {key: value for key, value in entry.items() if isinstance(value, torch.Tensor)}
+        for name, entry in state["state"].items()
+    }
 
 
 def rng_states() -> dict[str, Any]:
     """This process's random generators, as the Trainer saves and restores them (`rng_state_<rank>.pth`)."""
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.random.get_rng_state_all()
     return states
@@ -103,15 +119,25 @@ class ShardedCheckpoints(TrainerCallback):
         if self.resume_from is None:
             return
         model, optimizer, scheduler = kwargs["model"], _optimizer(kwargs), kwargs["lr_scheduler"]
-        current: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))  # the optimizer's state made (zeros), each rank's shard to be filled
+        current: dict[str, Any] = dict(
+            get_optimizer_state_dict(model, optimizer)
+        )  # the optimizer's state made (zeros), each rank's shard to be filled
         saved = _tensors(current)
-        dcp.load({"optimizer": saved}, storage_reader=HuggingFaceStorageReader(str(Path(self.resume_from) / SHARDED_STATE)))
-        loaded: Any = {"state": {name: {**entry, **saved[name]} for name, entry in current["state"].items()}, "param_groups": current["param_groups"]}
+        dcp.load(
+            {"optimizer": saved}, storage_reader=HuggingFaceStorageReader(str(Path(self.resume_from) / SHARDED_STATE))
+        )
+        loaded: Any = {
+            "state": {name: {**entry, **saved[name]} for name, entry in current["state"].items()},
+            "param_groups": current["param_groups"],
+        }
         set_optimizer_state_dict(model, optimizer, loaded)
         scheduler.load_state_dict(torch.load(Path(self.resume_from) / SCHEDULER, weights_only=True))
         for group, rate in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
             group["lr"] = rate  # what the scheduler last set: the Trainer restores it with the optimizer's own state
-        print(f"adapterd child {os.getpid()}: sharded: resumed the optimizer and scheduler of {self.resume_from} at step {state.global_step}", flush=True)
+        print(
+            f"adapterd child {os.getpid()}: sharded: resumed the optimizer and scheduler of {self.resume_from} at step {state.global_step}",
+            flush=True,
+        )
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -120,4 +146,7 @@ class ShardedCheckpoints(TrainerCallback):
             torch.save(kwargs["lr_scheduler"].state_dict(), folder / SCHEDULER)
         # A collective: every rank writes its shard, and none goes on before all have (the checkpoint is whole then).
         optimizer = _tensors(get_optimizer_state_dict(kwargs["model"], _optimizer(kwargs)))
-        dcp.save({"optimizer": optimizer}, storage_writer=HuggingFaceStorageWriter(str(folder / SHARDED_STATE), save_distributed=True))
+        dcp.save(
+            {"optimizer": optimizer},
+            storage_writer=HuggingFaceStorageWriter(str(folder / SHARDED_STATE), save_distributed=True),
+        )

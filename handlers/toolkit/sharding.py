@@ -43,9 +43,12 @@ def distributed_config(request: RequestBase) -> DistributedConfig | None:
     if request.resources.shard != "fsdp":
         return None
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != request.resources.gpus:  # the daemon starts a job of N GPUs as N torchrun workers (handlers/child/launch.py)
+    if (
+        world != request.resources.gpus
+    ):  # the daemon starts a job of N GPUs as N torchrun workers (handlers/child/launch.py)
         raise JobFailed(
-            "config_invalid", "preflight",
+            "config_invalid",
+            "preflight",
             f"resources.shard: '{request.resources.shard}' shards over the job's {request.resources.gpus} processes, and this child runs {world}",
         )
     return DistributedConfig(fsdp_size=world)
@@ -94,7 +97,11 @@ def rank_holdings(model: torch.nn.Module, of: str = "") -> dict[str, float]:
     "ref_" for a reference). A collective in a job of several processes: every rank calls it."""
     mine = held(model)
     ranks = [mine]
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+    if (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    ):
         ranks = [mine] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(ranks, mine)
     metrics: dict[str, float] = {}

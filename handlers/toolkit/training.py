@@ -46,7 +46,11 @@ def with_objects(config_class: type, arguments: dict[str, Any]) -> dict[str, Any
     for name, value in arguments.items():
         if not isinstance(value, dict) or name not in hints:
             continue
-        classes = [c for c in (typing.get_args(hints[name]) or (hints[name],)) if isinstance(c, type) and dataclasses.is_dataclass(c)]
+        classes = [
+            c
+            for c in (typing.get_args(hints[name]) or (hints[name],))
+            if isinstance(c, type) and dataclasses.is_dataclass(c)
+        ]
         if classes:
             built[name] = classes[0](**value)
     return built
@@ -65,12 +69,19 @@ def lora_config(spec: LoraSpec | None, task_type: str, model: PreTrainedModel, *
         raise JobFailed("config_invalid", "preflight", f"peft: LoraConfig refused the arguments: {exc}") from exc
 
 
-def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any) -> ConfigT:
+def trl_config(
+    config_class: type[ConfigT], request: RequestBase, job: JobSpec, method_block: str, **derived: Any
+) -> ConfigT:
     """The method's TRL config: the request's `training` block and method block, plus the daemon's
     own choices (where checkpoints go, the reporting integrations policy allows, CPU when there is no GPU)
     and the host's speed settings where the request leaves them unset (handlers/toolkit/fast.py)."""
     # A tracker's run is named after the request (TrainingArguments.run_name), unless it names one.
-    arguments: dict[str, Any] = {"logging_steps": 1, "save_strategy": "steps", "save_total_limit": 2, "run_name": request.request_id}
+    arguments: dict[str, Any] = {
+        "logging_steps": 1,
+        "save_strategy": "steps",
+        "save_total_limit": 2,
+        "run_name": request.request_id,
+    }
     if request.evaluation is not None and request.evaluation.require_finite_losses:
         # transformers logs the mean of earlier losses in place of a NaN one by default: the gate
         # must see the NaN to fail on it. Logging only; the gradients are the same.
@@ -78,7 +89,8 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
     arguments.update(request.set_fields("training"))
     arguments.update(request.set_fields(method_block))
     arguments.update(derived)
-    arguments.update(fast.training_arguments(job, arguments, {field.name for field in dataclasses.fields(config_class)}))  # type: ignore[arg-type]
+    config_fields = {field.name for field in dataclasses.fields(config_class)}  # type: ignore[arg-type]
+    arguments.update(fast.training_arguments(job, arguments, config_fields))
     arguments.update(
         output_dir=str(job.checkpoints),
         report_to=list(job.report_to) or "none",
@@ -92,12 +104,15 @@ def trl_config(config_class: type[ConfigT], request: RequestBase, job: JobSpec, 
     try:
         return config_class(**with_objects(config_class, arguments))
     except (TypeError, ValueError) as exc:
-        raise JobFailed("config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}") from exc
+        raise JobFailed(
+            "config_invalid", "preflight", f"training: {config_class.__name__} refused the arguments: {exc}"
+        ) from exc
 
 
 def last_checkpoint(job: JobSpec) -> str | None:
     """The newest checkpoint of an earlier attempt at this request: training resumes there, not at step 0."""
     return get_last_checkpoint(str(job.checkpoints)) if job.checkpoints.is_dir() else None
+
 
 def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model: PreTrainedModel | None = None) -> None:
     """Write what gets pushed: the adapter (or merged / full weights) and the tokenizer files.
@@ -110,7 +125,9 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
     if main:
         artifact.mkdir(parents=True, exist_ok=True)
     if request.output.push == "merged" and isinstance(trained, PeftModel) and is_sharded(trained):
-        save_merged(trained, request.model, artifact, main)  # the adapter merged into a whole base on the host (sharding.py)
+        save_merged(
+            trained, request.model, artifact, main
+        )  # the adapter merged into a whole base on the host (sharding.py)
     else:
         if request.output.push == "merged" and isinstance(trained, PeftModel):
             trained = trained.merge_and_unload()
@@ -139,8 +156,12 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     metrics.update(rank_holdings(trainer.model))  # what each process holds of the model: a whole copy, or its shard
     # The modules that recompute their activations in the backward pass (transformers marks each checkpointed layer):
     # 0 without activation checkpointing; what shows it is in force on a sharded model as on a whole one.
-    metrics["checkpointed_modules"] = float(sum(bool(getattr(module, "gradient_checkpointing", False)) for module in trainer.model.modules()))
-    reference = getattr(trainer, "ref_model", None)  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
+    metrics["checkpointed_modules"] = float(
+        sum(bool(getattr(module, "gradient_checkpointing", False)) for module in trainer.model.modules())
+    )
+    reference = getattr(
+        trainer, "ref_model", None
+    )  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
     if isinstance(reference, torch.nn.Module):
         metrics.update(rank_holdings(reference, "ref_"))
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]
@@ -168,6 +189,10 @@ def tracked_runs(job: JobSpec, trainer: Trainer) -> list[TrackedRun]:
         run = mlflow.last_active_run()
         if run is not None:
             uri = mlflow.get_tracking_uri().rstrip("/")
-            url = f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" if uri.startswith(("http://", "https://")) else None
+            url = (
+                f"{uri}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+                if uri.startswith(("http://", "https://"))
+                else None
+            )
             runs.append(TrackedRun(tracker="mlflow", run_id=run.info.run_id, url=url))
     return runs

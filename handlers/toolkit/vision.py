@@ -56,7 +56,9 @@ def prepare_images(rows: AnyDataset, job: JobSpec, trusted_roots: list[Path]) ->
     so the trainer gets decoded images. A map-style dataset is checked whole here, before training;
     a stream is checked row by row as it is read. `trusted_roots`: where datasets itself put files
     (its cache, for a Hub dataset), besides the operator's roots."""
-    column = image_column(column_names(rows))  # a stream whose format does not say is read for its first row, as load_base reads it
+    column = image_column(
+        column_names(rows)
+    )  # a stream whose format does not say is read for its first row, as load_base reads it
     if column is None:
         return rows
     if rows.features is not None and column in rows.features:
@@ -85,7 +87,9 @@ def prepare_images(rows: AnyDataset, job: JobSpec, trusted_roots: list[Path]) ->
         return {column: encoded[0] if column == "image" else encoded}
 
     if stored:
-        return rows.map(check, with_indices=True, features=Features({**rows.features, column: typed}), desc="checking images")
+        return rows.map(
+            check, with_indices=True, features=Features({**rows.features, column: typed}), desc="checking images"
+        )
     return rows.map(check, with_indices=True)
 
 
@@ -99,7 +103,9 @@ def _image_bytes(value: Any, job: JobSpec, roots: list[Path]) -> bytes:
         return bytes(value["bytes"])
     location = value.get("path") if isinstance(value, dict) else value
     if not isinstance(location, str):
-        raise ValueError(f"an image is its bytes, base64 data (data:image/...;base64,) or a path; got {type(value).__name__}")
+        raise ValueError(
+            f"an image is its bytes, base64 data (data:image/...;base64,) or a path; got {type(value).__name__}"
+        )
     if location.startswith("data:"):
         return data_uri_bytes(location, job.images)
     return _read_location(location, job, roots)
@@ -111,14 +117,22 @@ def _read_location(location: str, job: JobSpec, roots: list[Path]) -> bytes:
     protocol, _ = fsspec.core.split_protocol(location)  # the scheme as fsspec reads it, which is what it opens
     if protocol is None and location.startswith("/"):
         if not within(location, roots):
-            raise ValueError(f"{location} is outside allowed_local_dataset_roots; an image is read only from where a dataset may be")
+            raise ValueError(
+                f"{location} is outside allowed_local_dataset_roots; an image is read only from where a dataset may be"
+            )
         opened = fsspec.open(str(Path(location).resolve()), "rb")
     elif protocol is not None and protocol != "file" and "://" in location:
-        if not any(fnmatchcase(location, pattern) for pattern in job.allowed_dataset_urls) or has_parent_segment(location):
-            raise ValueError(f"{location} is not allowed on this host (allowed_dataset_urls); an image URL is read only where a dataset may be")
+        if not any(fnmatchcase(location, pattern) for pattern in job.allowed_dataset_urls) or has_parent_segment(
+            location
+        ):
+            raise ValueError(
+                f"{location} is not allowed on this host (allowed_dataset_urls); an image URL is read only where a dataset may be"
+            )
         opened = fsspec.open(location, "rb", **job.storage_options.get(protocol, {}))
     else:
-        raise ValueError(f"{location!r} is a relative path; give the image's bytes, base64 data or an absolute path or URL")
+        raise ValueError(
+            f"{location!r} is a relative path; give the image's bytes, base64 data or an absolute path or URL"
+        )
     with opened as handle:
         data = handle.read(job.images.max_image_bytes + 1)
     return data
@@ -144,7 +158,9 @@ def is_vision_model(path: str, spec: ModelSpec) -> bool:
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no loadable config: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"model.id: {spec.id} has no loadable config: {exc}"
+        ) from exc
     return getattr(config, "vision_config", None) is not None
 
 
@@ -154,13 +170,23 @@ def load_processor(path: str, spec: ModelSpec) -> ProcessorMixin:
     try:
         processor = AutoProcessor.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, TypeError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no loadable processor: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"model.id: {spec.id} has no loadable processor: {exc}"
+        ) from exc
     if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
-        raise JobFailed("model_unavailable", "load_model", f"model.id: {spec.id} has no image processor (AutoProcessor gave {type(processor).__name__})")
+        raise JobFailed(
+            "model_unavailable",
+            "load_model",
+            f"model.id: {spec.id} has no image processor (AutoProcessor gave {type(processor).__name__})",
+        )
     if spec.chat_template is not None:  # the request's own template; saved with the artifact, so it is pushed too
         processor.chat_template = spec.chat_template
     if processor.chat_template is None:
-        raise JobFailed("dataset_invalid", "preflight", f"model.id: {spec.id}'s processor has no chat template; set model.chat_template")
+        raise JobFailed(
+            "dataset_invalid",
+            "preflight",
+            f"model.id: {spec.id}'s processor has no chat template; set model.chat_template",
+        )
     if processor.tokenizer.pad_token is None:
         processor.tokenizer.pad_token = processor.tokenizer.eos_token
     return processor
@@ -171,7 +197,9 @@ def load_vision_model(path: str, spec: ModelSpec, field: str, kwargs: dict[str, 
         with loading_weights():
             return AutoModelForImageTextToText.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
-        raise JobFailed("model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable vision-language model: {exc}") from exc
+        raise JobFailed(
+            "model_unavailable", "load_model", f"{field}.id: {spec.id} is not a loadable vision-language model: {exc}"
+        ) from exc
 
 
 def language_model_targets(model: PreTrainedModel) -> str:
@@ -180,5 +208,7 @@ def language_model_targets(model: PreTrainedModel) -> str:
     the whole module name)."""
     language_model = model.get_decoder()
     prefix = next(name for name, module in model.named_modules() if module is language_model)
-    leaves = sorted({name.rsplit(".", 1)[-1] for name, module in language_model.named_modules() if isinstance(module, nn.Linear)})
+    leaves = sorted(
+        {name.rsplit(".", 1)[-1] for name, module in language_model.named_modules() if isinstance(module, nn.Linear)}
+    )
     return rf"{re.escape(prefix)}\..*\.({'|'.join(map(re.escape, leaves))})"

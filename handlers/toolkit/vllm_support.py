@@ -30,7 +30,9 @@ def check_vllm(request: RequestBase, job: JobSpec, block: str) -> None:
         missing.append("vLLM is not installed on this host: the operator installs it (deploy/README.md, 'vLLM')")
     if not torch.cuda.is_available():
         missing.append("no CUDA device: vLLM generates on a GPU")
-    if fields.get("vllm_mode") == "server" and job.vllm_server_base_url is None:  # intake refuses this; a spec written elsewhere may not
+    if (
+        fields.get("vllm_mode") == "server" and job.vllm_server_base_url is None
+    ):  # intake refuses this; a spec written elsewhere may not
         missing.append("no vLLM server configured on this host (vllm_server_base_url)")
     if missing:
         raise JobFailed("vllm_unavailable", "preflight", f"{block}.use_vllm: " + "; ".join(missing))

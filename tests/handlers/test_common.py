@@ -39,7 +39,12 @@ def run_logs(tmp_path: Path, steps: int, **fields: Any) -> list[dict[str, Any]]:
     for step in range(1, steps + 1):
         state.global_step = step
         callback.on_step_end(args, state, control)
-        callback.on_log(args, state, control, logs={"loss": 1.0 / step, "learning_rate": 0.1, "grad_norm": 0.5, "num_tokens": 100.0 * step})
+        callback.on_log(
+            args,
+            state,
+            control,
+            logs={"loss": 1.0 / step, "learning_rate": 0.1, "grad_norm": 0.5, "num_tokens": 100.0 * step},
+        )
     reporter._stream.close()
     return messages(read_fd)
 
@@ -62,7 +67,10 @@ def test_a_stop_request_saves_a_checkpoint_then_exits(tmp_path: Path) -> None:
     read_fd, write_fd = os.pipe()
     reporter = StatusReporter(write_fd)
     callback = JobCallback(reporter, job_spec(tmp_path, progress_interval_s=0))
-    args, state = SimpleNamespace(world_size=1, output_dir=str(tmp_path)), SimpleNamespace(global_step=7, max_steps=10, epoch=1.0)
+    args, state = (
+        SimpleNamespace(world_size=1, output_dir=str(tmp_path)),
+        SimpleNamespace(global_step=7, max_steps=10, epoch=1.0),
+    )
     control = SimpleNamespace(should_save=False, should_training_stop=False)
     reporter.stop_requested = True  # what the runner's SIGTERM handler does while training
     callback.on_step_end(args, state, control)
@@ -94,7 +102,9 @@ def test_trl_config_reports_only_to_what_the_job_allows(tmp_path: Path) -> None:
     request = SFTRequest.model_validate(sft_request("config-1"))
     quiet = trl_config(SFTConfig, request, job_spec(tmp_path, progress_interval_s=0), "sft")
     assert quiet.report_to in ("none", [], ["none"])
-    reporting = trl_config(SFTConfig, request, job_spec(tmp_path, progress_interval_s=0, report_to=["tensorboard"]), "sft")
+    reporting = trl_config(
+        SFTConfig, request, job_spec(tmp_path, progress_interval_s=0, report_to=["tensorboard"]), "sft"
+    )
     assert reporting.report_to == ["tensorboard"]
     assert reporting.output_dir == str(tmp_path / "checkpoints") and reporting.max_steps == 4
 
@@ -110,12 +120,20 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
         monkeypatch.setattr("handlers.toolkit.reporting.time.perf_counter", lambda now=now: now)
         state.global_step = step
         callback.on_step_end(args, state, control)
-    trainer = SimpleNamespace(callback_handler=SimpleNamespace(callbacks=[callback]), state=SimpleNamespace(log_history=[]),
-                              args=SimpleNamespace(world_size=1), model=torch.nn.Linear(2, 3))
+    trainer = SimpleNamespace(
+        callback_handler=SimpleNamespace(callbacks=[callback]),
+        state=SimpleNamespace(log_history=[]),
+        args=SimpleNamespace(world_size=1),
+        model=torch.nn.Linear(2, 3),
+    )
     metrics = final_metrics(trainer, {"train_runtime": 34.0})
     assert metrics["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
     # What the one process held of the model (handlers/toolkit/sharding.py): all of it, 6 weights and 3 biases in float32.
-    assert (metrics["rank0_param_count"], metrics["rank0_param_bytes"], metrics["rank0_trainable_param_count"]) == (9.0, 36.0, 9.0)
+    assert (metrics["rank0_param_count"], metrics["rank0_param_bytes"], metrics["rank0_trainable_param_count"]) == (
+        9.0,
+        36.0,
+        9.0,
+    )
     os.close(read_fd)
 
 
@@ -129,13 +147,24 @@ def test_a_source_larger_than_the_hosts_download_bound_fails_before_it_is_read(t
     size = (root / "train.jsonl").stat().st_size
     spec = SFTRequest.model_validate(sft_request("bytes-1", dataset={"url": str(root / "train.jsonl")})).dataset
     with pytest.raises(JobFailed) as failure:
-        load_dataset_sources(spec, job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size - 1, allowed_local_dataset_roots=[root]))
-    assert failure.value.code == "download_too_large" and f"{size:,} bytes" in failure.value.message and "max_dataset_bytes" in failure.value.message
-    train, _, _ = load_dataset_sources(spec, job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size, allowed_local_dataset_roots=[root]))
+        load_dataset_sources(
+            spec,
+            job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size - 1, allowed_local_dataset_roots=[root]),
+        )
+    assert (
+        failure.value.code == "download_too_large"
+        and f"{size:,} bytes" in failure.value.message
+        and "max_dataset_bytes" in failure.value.message
+    )
+    train, _, _ = load_dataset_sources(
+        spec, job_spec(tmp_path, progress_interval_s=0, max_dataset_bytes=size, allowed_local_dataset_roots=[root])
+    )
     assert len(train) == len(CHAT_ROWS)
 
 
-def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(
+    published: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import huggingface_hub
 
     from handlers.protocol import JobFailed
@@ -147,13 +176,18 @@ def test_a_hub_model_larger_than_the_hosts_bound_is_never_downloaded(published: 
     monkeypatch.setattr(loading, "snapshot_download", lambda *a, **k: pytest.fail("downloaded a model above the bound"))
     with pytest.raises(JobFailed) as failure:
         loading.resolve_model(ModelSpec(id=TINY_MODEL), max_bytes=1000)
-    assert failure.value.code == "download_too_large" and failure.value.message.startswith(f"model.id: {TINY_MODEL} is ")
+    assert failure.value.code == "download_too_large" and failure.value.message.startswith(
+        f"model.id: {TINY_MODEL} is "
+    )
 
 
-@pytest.mark.parametrize(("template", "bound"), [
-    ("{{ 'a' * 400000000 }}", "bytes of memory"),  # 21 characters, 400 MB when rendered
-    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "took more than 2 s"),
-])
+@pytest.mark.parametrize(
+    ("template", "bound"),
+    [
+        ("{{ 'a' * 400000000 }}", "bytes of memory"),  # 21 characters, 400 MB when rendered
+        ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "took more than 2 s"),
+    ],
+)
 def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str, bound: str) -> None:
     from handlers.protocol import JobFailed
     from handlers.toolkit.chat_template import check_template_render
@@ -167,7 +201,11 @@ def test_a_chat_template_that_exhausts_the_host_fails_in_preflight(template: str
 def test_an_ordinary_chat_template_passes_the_preflight_render() -> None:
     from handlers.toolkit.chat_template import check_template_render
 
-    check_template_render("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}", max_bytes=256 * 2**20, max_s=10)
+    check_template_render(
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}",
+        max_bytes=256 * 2**20,
+        max_s=10,
+    )
 
 
 def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_path: Path) -> None:
@@ -182,13 +220,20 @@ def test_each_object_a_glob_expands_to_is_checked_against_the_allowed_urls(tmp_p
     for folder in ("curated", "curious"):
         memory.pipe(f"/bucket/{folder}/x.jsonl", b'{"text": "rows"}\n')
     job = job_spec(tmp_path, progress_interval_s=0, allowed_dataset_urls=["memory:///bucket/curated/*"])
-    assert [f.path for f in _expand("memory://bucket/curated/*.jsonl", None, job, "dataset.url")] == ["memory:///bucket/curated/x.jsonl"]
+    assert [f.path for f in _expand("memory://bucket/curated/*.jsonl", None, job, "dataset.url")] == [
+        "memory:///bucket/curated/x.jsonl"
+    ]
     with pytest.raises(JobFailed) as failure:
         _expand("memory://bucket/cur*/x.jsonl", None, job, "dataset.url")
-    assert failure.value.message == "dataset.url: memory:///bucket/curious/x.jsonl is not allowed on this host (allowed_dataset_urls)"
+    assert (
+        failure.value.message
+        == "dataset.url: memory:///bucket/curious/x.jsonl is not allowed on this host (allowed_dataset_urls)"
+    )
 
 
-def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from handlers.toolkit import reporting
 
     now = [100.0]
@@ -219,9 +264,16 @@ def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_s
     reporter.close()
     messages(read_fd)
     assert reporter.durations_s == {
-        "preflight": 0.0, "load_dataset": 3.0,
-        "load_model": 28.5, "load_model.files": 0.5, "load_model.cuda_init": 4.0, "load_model.weights": 8.0, "load_model.trainer": 16.0,
-        "train": 96.0, "train.first_step": 32.0, "train.steps": 64.0,
+        "preflight": 0.0,
+        "load_dataset": 3.0,
+        "load_model": 28.5,
+        "load_model.files": 0.5,
+        "load_model.cuda_init": 4.0,
+        "load_model.weights": 8.0,
+        "load_model.trainer": 16.0,
+        "train": 96.0,
+        "train.first_step": 32.0,
+        "train.steps": 64.0,
     }
 
 
@@ -229,8 +281,12 @@ def test_the_split_stages_parts_add_up_to_their_stage_and_other_stages_are_not_s
 def test_an_sft_job_says_where_its_seconds_went(tiny_model_dir: Path, tmp_path: Path) -> None:
     from tests.helpers import run_handler
 
-    result, sent = run_handler(sft_request("stages", dataset={"rows": CHAT_ROWS}, model={"id": str(tiny_model_dir)},
-                                           training={"max_steps": 3}), tmp_path)
+    result, sent = run_handler(
+        sft_request(
+            "stages", dataset={"rows": CHAT_ROWS}, model={"id": str(tiny_model_dir)}, training={"max_steps": 3}
+        ),
+        tmp_path,
+    )
     durations = result.durations_s
     for stage, parts in {"load_model": ("files", "weights", "trainer"), "train": ("first_step", "steps")}.items():
         assert all(durations[f"{stage}.{name}"] > 0 for name in parts), durations
@@ -279,13 +335,27 @@ def test_a_job_whose_model_and_data_are_local_makes_no_hub_call(tiny_model_dir: 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        os_env = {name: value for name, value in os.environ.items() if name not in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")}
-        settings = Settings(hub_endpoint=f"http://127.0.0.1:{server.server_port}", hub_token=None, work_dir=tmp_path / "work")
-        with pytest.MonkeyPatch.context() as patch:  # the environment a job's child gets, from this one without the test's own Hub settings
+        os_env = {
+            name: value
+            for name, value in os.environ.items()
+            if name not in ("HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY")
+        }
+        settings = Settings(
+            hub_endpoint=f"http://127.0.0.1:{server.server_port}", hub_token=None, work_dir=tmp_path / "work"
+        )
+        with (
+            pytest.MonkeyPatch.context() as patch
+        ):  # the environment a job's child gets, from this one without the test's own Hub settings
             patch.setattr(os, "environ", os_env)
             env = child_environment(settings)
-        out = subprocess.run([sys.executable, "-c", LOCAL_JOB, str(tiny_model_dir), str(tmp_path / "job")], capture_output=True, text=True,
-                             env=env, cwd=Path(__file__).parents[2], timeout=240)
+        out = subprocess.run(
+            [sys.executable, "-c", LOCAL_JOB, str(tiny_model_dir), str(tmp_path / "job")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=Path(__file__).parents[2],
+            timeout=240,
+        )
     finally:
         server.shutdown()
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "TrainResult", out.stderr[-2000:]

@@ -64,10 +64,18 @@ print(json.dumps({"server": server, "child": child}))
 
 @pytest.mark.slow
 def test_a_lora_job_in_a_forked_child_leaves_the_deferred_modules_unrun(tiny_model_dir: Path, tmp_path: Path) -> None:
-    request = sft_request("deferred-lora", model={"id": str(tiny_model_dir)}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64})
+    request = sft_request(
+        "deferred-lora", model={"id": str(tiny_model_dir)}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64}
+    )
     assert request["peft"] is not None  # a LoRA job: peft.get_peft_model builds its model
-    out = subprocess.run([sys.executable, "-c", SERVER_THEN_JOB, json.dumps(request), str(tmp_path / "job")], capture_output=True,
-                         text=True, cwd=ROOT, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", SERVER_THEN_JOB, json.dumps(request), str(tmp_path / "job")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     # Imported in name only by peft, transformers, TRL and accelerate, as on a GPU host.
@@ -90,7 +98,9 @@ def test_only_a_quantized_model_or_a_bitsandbytes_optimizer_needs_bitsandbytes()
     assert deferred.needed_by(request_of()) == frozenset()  # type: ignore[arg-type]
     assert deferred.needed_by(request_of(training={"optim": "adamw_torch"})) == frozenset()  # type: ignore[arg-type]
     for quantization in ("4bit", "8bit"):
-        assert deferred.needed_by(request_of(model={"id": "tiny/qwen2-chat", "quantization": quantization})) == {"bitsandbytes"}  # type: ignore[arg-type]
+        assert deferred.needed_by(request_of(model={"id": "tiny/qwen2-chat", "quantization": quantization})) == {
+            "bitsandbytes"
+        }  # type: ignore[arg-type]
     for optim in ("adamw_bnb_8bit", "paged_adamw_8bit", "lion_32bit", "galore_adamw_8bit"):
         assert deferred.needed_by(request_of(training={"optim": optim})) == {"bitsandbytes"}  # type: ignore[arg-type]
 
@@ -133,12 +143,24 @@ def test_a_module_deferred_for_time_only_is_never_made_absent(monkeypatch: pytes
     spec = ModuleSpec("mlflow_stand_in", deferred.DeferringLoader(Real()))  # type: ignore[arg-type]
     monkeypatch.setitem(sys.modules, "mlflow_stand_in", deferred.DeferringLoader(Real()).create_module(spec))  # type: ignore[arg-type]
     absent = deferred.settle(set())  # a job that needs nothing
-    assert "mlflow_stand_in" not in absent and "mlflow_stand_in" in deferred.pending()  # only CUDA_AT_IMPORT's are withheld
+    assert (
+        "mlflow_stand_in" not in absent and "mlflow_stand_in" in deferred.pending()
+    )  # only CUDA_AT_IMPORT's are withheld
 
 
 def test_importing_the_methods_defers_only_while_it_runs() -> None:
-    out = subprocess.run([sys.executable, "-c", "import sys\nfrom handlers.toolkit import deferred\nfrom handlers.methods import HANDLERS\n"
-                          "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, 'bitsandbytes.nn' in sys.modules)"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom handlers.toolkit import deferred\nfrom handlers.methods import HANDLERS\n"
+            "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, 'bitsandbytes.nn' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "['bitsandbytes', 'boto3', 'mlflow'] True False False"

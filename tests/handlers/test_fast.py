@@ -68,7 +68,13 @@ def reporter() -> Iterator[StatusReporter]:
 
 
 def job_spec(tmp_path: Path, **fast_settings: Any) -> JobSpec:
-    return JobSpec(request={}, checkpoints=tmp_path / "checkpoints", artifact=tmp_path / "artifact", progress_interval_s=0, fast=fast_settings)
+    return JobSpec(
+        request={},
+        checkpoints=tmp_path / "checkpoints",
+        artifact=tmp_path / "artifact",
+        progress_interval_s=0,
+        fast=fast_settings,
+    )
 
 
 def sft_config(tmp_path: Path, training: dict[str, Any] | None = None, **fast_settings: Any) -> SFTConfig:
@@ -76,7 +82,9 @@ def sft_config(tmp_path: Path, training: dict[str, Any] | None = None, **fast_se
     return trl_config(SFTConfig, request, job_spec(tmp_path, **fast_settings), "sft")
 
 
-def test_the_hosts_gradient_checkpointing_applies_where_the_request_leaves_it_unset(tmp_path: Path, reporter: StatusReporter) -> None:
+def test_the_hosts_gradient_checkpointing_applies_where_the_request_leaves_it_unset(
+    tmp_path: Path, reporter: StatusReporter
+) -> None:
     assert sft_config(tmp_path).activation_checkpointing is True  # TRL's own default
     assert reporter.fast == {}
     off = sft_config(tmp_path, gradient_checkpointing=False)
@@ -91,19 +99,25 @@ def test_the_requests_own_gradient_checkpointing_wins(field: str, tmp_path: Path
     assert reporter.fast == {}
 
 
-def test_liger_not_installed_is_left_off_and_said(tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_liger_not_installed_is_left_off_and_said(
+    tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Runs wherever liger_kernel is installed or not: the check is made to answer 'not installed'."""
     monkeypatch.setattr(fast, "liger_installed", lambda: False)
     assert sft_config(tmp_path, use_liger_kernel=True).use_liger_kernel is False
     assert "use_liger_kernel" not in reporter.fast
     said = capsys.readouterr().out
-    assert "job.fast_setting_unavailable setting=use_liger_kernel wanted=True using=False reason=liger_kernel is not installed" in said
+    assert (
+        "job.fast_setting_unavailable setting=use_liger_kernel wanted=True using=False reason=liger_kernel is not installed"
+        in said
+    )
     assert sft_config(tmp_path, use_liger_kernel=False).use_liger_kernel is False  # off needs nothing installed
     assert reporter.fast == {"use_liger_kernel": False}
 
 
-def test_liger_installed_is_applied_unless_the_request_says(tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_liger_installed_is_applied_unless_the_request_says(
+    tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(fast, "liger_installed", lambda: True)
     assert sft_config(tmp_path, use_liger_kernel=True).use_liger_kernel is True
     assert reporter.fast == {"use_liger_kernel": True}
@@ -112,12 +126,15 @@ def test_liger_installed_is_applied_unless_the_request_says(tmp_path: Path, repo
     assert reporter.fast == {}
 
 
-def test_the_hosts_attention_loads_every_model_unless_the_request_names_one(tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch,
-                                                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_hosts_attention_loads_every_model_unless_the_request_names_one(
+    tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ModelSpec(id="tiny/qwen2-chat")
     fast.choose_attention(base, job_spec(tmp_path, attn_implementation="eager"))
     assert model_kwargs(base)["attn_implementation"] == "eager"
-    assert model_kwargs(base.model_copy(update={"id": "tiny/reference"}))["attn_implementation"] == "eager"  # a reference, loaded like the base
+    assert (
+        model_kwargs(base.model_copy(update={"id": "tiny/reference"}))["attn_implementation"] == "eager"
+    )  # a reference, loaded like the base
     assert reporter.fast == {"attn_implementation": "eager"}
     reporter.fast.clear()
     own = ModelSpec(id="tiny/qwen2-chat", attn_implementation="sdpa")
@@ -128,14 +145,17 @@ def test_the_hosts_attention_loads_every_model_unless_the_request_names_one(tmp_
     assert capsys.readouterr().out == ""
 
 
-def test_a_flash_attention_this_host_cannot_run_falls_back_to_sdpa_and_says_so(tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch,
-                                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_flash_attention_this_host_cannot_run_falls_back_to_sdpa_and_says_so(
+    tmp_path: Path, reporter: StatusReporter, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = ModelSpec(id="tiny/qwen2-chat")
     monkeypatch.setattr(fast.torch.cuda, "is_available", lambda: False)
     fast.choose_attention(base, job_spec(tmp_path, attn_implementation="flash_attention_2"))
     assert model_kwargs(base)["attn_implementation"] == "sdpa" and reporter.fast == {"attn_implementation": "sdpa"}
-    assert ("job.fast_setting_unavailable setting=attn_implementation wanted=flash_attention_2 using=sdpa "
-            "reason=flash attention needs a CUDA GPU and this host has none") in capsys.readouterr().out
+    assert (
+        "job.fast_setting_unavailable setting=attn_implementation wanted=flash_attention_2 using=sdpa "
+        "reason=flash attention needs a CUDA GPU and this host has none"
+    ) in capsys.readouterr().out
     # With a GPU: flash attention needs its own package or the Hub's kernels.
     monkeypatch.setattr(fast.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fast, "installed", lambda module: False)
@@ -150,10 +170,21 @@ def test_a_flash_attention_this_host_cannot_run_falls_back_to_sdpa_and_says_so(t
 
 
 def test_the_fast_settings_cross_the_pipe() -> None:
-    spec = JobSpec(request={}, checkpoints=Path("/c"), artifact=Path("/a"), progress_interval_s=0, memory_fraction=0.5,
-                   fast={"gradient_checkpointing": False, "attn_implementation": "kernels-community/flash-attn2"})
+    spec = JobSpec(
+        request={},
+        checkpoints=Path("/c"),
+        artifact=Path("/a"),
+        progress_interval_s=0,
+        memory_fraction=0.5,
+        fast={"gradient_checkpointing": False, "attn_implementation": "kernels-community/flash-attn2"},
+    )
     assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
-    assert JobSpec.model_validate_json(JobSpec(request={}, checkpoints=Path("/c"), artifact=Path("/a"), progress_interval_s=0).model_dump_json()).fast.attn_implementation is None
+    assert (
+        JobSpec.model_validate_json(
+            JobSpec(request={}, checkpoints=Path("/c"), artifact=Path("/a"), progress_interval_s=0).model_dump_json()
+        ).fast.attn_implementation
+        is None
+    )
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match="memory_fraction"):
             JobSpec(request={}, checkpoints=Path("/c"), artifact=Path("/a"), progress_interval_s=0, memory_fraction=bad)
@@ -190,11 +221,21 @@ def run(tiny_model_dir: Path, work: Path, **fast_settings: Any) -> Run:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(loading, "AutoModelForCausalLM", Spy)
         patch.setattr(transformers.modeling_utils, "checkpoint", checkpoint)
-        request = sft_request("fast-losses", model={"id": str(tiny_model_dir)}, dataset={"rows": CHAT_ROWS}, training=TRAINING, sft={"max_length": 64})
+        request = sft_request(
+            "fast-losses",
+            model={"id": str(tiny_model_dir)},
+            dataset={"rows": CHAT_ROWS},
+            training=TRAINING,
+            sft={"max_length": 64},
+        )
         result, sent = run_handler(request, work, fast=fast_settings)
     assert isinstance(result, TrainResult), result
     last = max((work / "checkpoints").glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
-    losses = {entry["step"]: entry["loss"] for entry in json.loads((last / "trainer_state.json").read_text())["log_history"] if "loss" in entry}
+    losses = {
+        entry["step"]: entry["loss"]
+        for entry in json.loads((last / "trainer_state.json").read_text())["log_history"]
+        if "loss" in entry
+    }
     assert losses == {m["step"]: m["loss"] for m in sent if m["kind"] == "progress" and m.get("loss") is not None}
     assert list(losses) == list(range(1, TRAINING["max_steps"] + 1))
     arguments = torch.load(last / "training_args.bin", weights_only=False)
@@ -208,18 +249,29 @@ def defaults(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return run(tiny_model_dir, tmp_path_factory.mktemp("fast-defaults"))
 
 
-def assert_same_losses(name: str, expected: dict[int, float], measured: dict[int, float], tolerance: float,
-                       columns: tuple[str, str] = ("defaults", "with the setting")) -> None:
+def assert_same_losses(
+    name: str,
+    expected: dict[int, float],
+    measured: dict[int, float],
+    tolerance: float,
+    columns: tuple[str, str] = ("defaults", "with the setting"),
+) -> None:
     print(f"\n{name}: per-step training loss, tolerance {tolerance:g} relative")
     print(f"{'step':>4}  {columns[0]:>18}  {columns[1]:>18}  {'relative':>9}")
     for step, loss in expected.items():
         print(f"{step:>4}  {loss:>18.12f}  {measured[step]:>18.12f}  {abs(measured[step] - loss) / abs(loss):>9.2e}")
-    differing = {step: (loss, measured[step]) for step, loss in expected.items() if abs(measured[step] - loss) > tolerance * abs(loss)}
+    differing = {
+        step: (loss, measured[step])
+        for step, loss in expected.items()
+        if abs(measured[step] - loss) > tolerance * abs(loss)
+    }
     assert not differing, f"{name}: per-step losses differ ({', '.join(columns)}): {differing}"
 
 
 @pytest.mark.slow
-def test_gradient_checkpointing_off_learns_what_trls_default_on_learns(defaults: Run, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_gradient_checkpointing_off_learns_what_trls_default_on_learns(
+    defaults: Run, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     base_result, base_losses, base_arguments, _, base_recomputed = defaults
     result, losses, arguments, _, recomputed = run(tiny_model_dir, tmp_path, gradient_checkpointing=False)
     assert base_arguments.activation_checkpointing is True and arguments.activation_checkpointing is False
@@ -233,9 +285,15 @@ def test_sdpa_and_eager_attention_learn_the_same(defaults: Run, tiny_model_dir: 
     _, base_losses, _, base_attentions, _ = defaults
     sdpa_result, sdpa, _, sdpa_attentions, _ = run(tiny_model_dir, tmp_path / "sdpa", attn_implementation="sdpa")
     eager_result, eager, _, eager_attentions, _ = run(tiny_model_dir, tmp_path / "eager", attn_implementation="eager")
-    assert (base_attentions, sdpa_attentions, eager_attentions) == (["sdpa"], ["sdpa"], ["eager"])  # transformers' default is sdpa
+    assert (base_attentions, sdpa_attentions, eager_attentions) == (
+        ["sdpa"],
+        ["sdpa"],
+        ["eager"],
+    )  # transformers' default is sdpa
     assert sdpa_result.fast == {"attn_implementation": "sdpa"} and eager_result.fast == {"attn_implementation": "eager"}
-    assert_same_losses("attn_implementation sdpa vs transformers' default (sdpa)", base_losses, sdpa, CHECKPOINTING_TOLERANCE)
+    assert_same_losses(
+        "attn_implementation sdpa vs transformers' default (sdpa)", base_losses, sdpa, CHECKPOINTING_TOLERANCE
+    )
     assert_same_losses("attn_implementation eager vs sdpa", sdpa, eager, ATTENTION_TOLERANCE, ("sdpa", "eager"))
 
 

@@ -99,8 +99,13 @@ def cli_config(request: dict[str, Any], data_dir: Path, output_dir: Path) -> dic
         lora = model.peft
         targets = [lora.target_modules] if isinstance(lora.target_modules, str) else lora.target_modules
         config.update(
-            use_peft=True, lora_r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-            lora_target_modules=targets, use_rslora=lora.use_rslora, use_dora=lora.use_dora,
+            use_peft=True,
+            lora_r=lora.r,
+            lora_alpha=lora.lora_alpha,
+            lora_dropout=lora.lora_dropout,
+            lora_target_modules=targets,
+            use_rslora=lora.use_rslora,
+            use_dora=lora.use_dora,
         )
     config.update(ADAPTERD_DEFAULTS)
     config.update(model.set_fields("training"))
@@ -115,13 +120,21 @@ async def run_cli(method: str, config: dict[str, Any], workdir: Path) -> list[di
     config_path.write_text(yaml.safe_dump(config))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_")},
-        "HF_HUB_OFFLINE": "1", "HF_HOME": str(workdir / "hf-home"), "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(workdir / "hf-home"),
+        "CUDA_VISIBLE_DEVICES": "",
     }
     log = workdir / f"trl-{method}.log"
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "trl"), method, "--config", str(config_path),
-            cwd=workdir, env=env, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            str(Path(sys.executable).parent / "trl"),
+            method,
+            "--config",
+            str(config_path),
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
         )
         try:
             async with asyncio.timeout(CLI_TIMEOUT_S):
@@ -149,7 +162,8 @@ def assert_losses_agree(daemon: dict[int, float], cli: dict[int, float], max_ste
     assert list(cli) == list(range(1, max_steps + 1)), cli
     assert list(daemon) == list(cli), (daemon, cli)
     differing = {
-        step: (daemon[step], cli[step]) for step in cli
+        step: (daemon[step], cli[step])
+        for step in cli
         if abs(daemon[step] - cli[step]) > RELATIVE_TOLERANCE * abs(cli[step])
     }
     assert not differing, f"per-step losses differ (daemon, trl CLI): {differing}"
@@ -169,35 +183,59 @@ def model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(tiny_model_dir, tmp_path / "tiny-model"))
 
 
-async def both_routes(settings: Settings, request: dict[str, Any], tmp_path: Path) -> tuple[dict[int, float], dict[int, float]]:
+async def both_routes(
+    settings: Settings, request: dict[str, Any], tmp_path: Path
+) -> tuple[dict[int, float], dict[int, float]]:
     """Per-step losses (daemon, CLI): the two run at once, the CLI in its own folder."""
     workdir = tmp_path / "trl-cli"
     config = cli_config(request, workdir / "data", workdir / "output")
     events, cli_log = await asyncio.gather(run_to_end(settings, request), run_cli(request["method"], config, workdir))
     done = events[-1]
     assert isinstance(done, Succeeded), done
-    daemon_losses = {event.step: event.loss for event in events if isinstance(event, Progress) and event.loss is not None}
+    daemon_losses = {
+        event.step: event.loss for event in events if isinstance(event, Progress) and event.loss is not None
+    }
     checkpoints = settings.jobs_dir / request["request_id"] / "checkpoints"
-    assert daemon_losses == step_losses(checkpoint_log(checkpoints)), "progress events do not carry the trainer's logged losses"
+    assert daemon_losses == step_losses(checkpoint_log(checkpoints)), (
+        "progress events do not carry the trainer's logged losses"
+    )
     return daemon_losses, step_losses(cli_log)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "learning_rate", "block"), [
-    ("sft", 3e-2, {"max_length": 64}),
-    ("dpo", 5e-2, {"beta": 0.1, "loss_type": ["sigmoid"], "max_length": 64}),
-])
+@pytest.mark.parametrize(
+    ("method", "learning_rate", "block"),
+    [
+        ("sft", 3e-2, {"max_length": 64}),
+        ("dpo", 5e-2, {"beta": 0.1, "loss_type": ["sigmoid"], "max_length": 64}),
+    ],
+)
 async def test_lora_losses_match_trls_own_cli(
-    cpu_daemon: DaemonProcess, settings: Settings, model_dir: Path, tmp_path: Path, method: str, learning_rate: float, block: dict[str, Any],
+    cpu_daemon: DaemonProcess,
+    settings: Settings,
+    model_dir: Path,
+    tmp_path: Path,
+    method: str,
+    learning_rate: float,
+    block: dict[str, Any],
 ) -> None:
     """`trl sft` / `trl dpo` and the daemon, on the same request: the same loss at every step."""
     training = {
-        "max_steps": 4, "learning_rate": learning_rate, "per_device_train_batch_size": 2, "lr_scheduler_type": "cosine",
-        "max_grad_norm": 0.1, "seed": 7,
+        "max_steps": 4,
+        "learning_rate": learning_rate,
+        "per_device_train_batch_size": 2,
+        "lr_scheduler_type": "cosine",
+        "max_grad_norm": 0.1,
+        "seed": 7,
     }
     request = example_request(
-        method, f"fidelity-{method}", model={"id": str(model_dir)}, dataset={"rows": CHAT_ROWS if method == "sft" else PREFERENCE_ROWS},
-        peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0}, training=training, **{method: block},
+        method,
+        f"fidelity-{method}",
+        model={"id": str(model_dir)},
+        dataset={"rows": CHAT_ROWS if method == "sft" else PREFERENCE_ROWS},
+        peft={"r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        training=training,
+        **{method: block},
     )
     daemon_losses, cli_losses = await both_routes(settings, request, tmp_path)
     assert_losses_agree(daemon_losses, cli_losses, training["max_steps"])

@@ -13,9 +13,12 @@ from tests.helpers import SMALL_TRAINING, assert_adapter_trained, download, exam
 
 
 @pytest.mark.slow
-async def test_grpo_with_shipped_reward_functions(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_grpo_with_shipped_reward_functions(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     request = example_request(
-        "grpo", "grpo-e2e",
+        "grpo",
+        "grpo-e2e",
         dataset={"rows": PROMPT_ROWS},
         # The example's generation shared_settings, shortened for CPU: 4 completions per prompt, 16 tokens each.
         grpo={"num_generations": 4, "max_completion_length": 16, "beta": 0.0},
@@ -28,22 +31,33 @@ async def test_grpo_with_shipped_reward_functions(shared_daemon: DaemonProcess, 
 
 
 @pytest.mark.slow
-async def test_grpo_with_every_trl_reward_by_name_on_a_math_set(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_grpo_with_every_trl_reward_by_name_on_a_math_set(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     """One request naming every reward function of trl.rewards (and open-r1's tag_count) on the demo's
     sums: TRL calls each by name and logs its mean; the math ones run in the math-verify worker."""
     functions = [
-        {"name": "accuracy"}, {"name": "reasoning_accuracy", "reasoning_delimiters": ["</think>", "is"]},
-        {"name": "cosine_scaled", "max_len": 16}, {"name": "repetition_penalty", "ngram_size": 2, "weight": 0.5},
-        {"name": "soft_overlong_punishment", "max_completion_len": 16, "soft_punish_cache": 8}, {"name": "think_format"}, {"name": "tag_count"},
+        {"name": "accuracy"},
+        {"name": "reasoning_accuracy", "reasoning_delimiters": ["</think>", "is"]},
+        {"name": "cosine_scaled", "max_len": 16},
+        {"name": "repetition_penalty", "ngram_size": 2, "weight": 0.5},
+        {"name": "soft_overlong_punishment", "max_completion_len": 16, "soft_punish_cache": 8},
+        {"name": "think_format"},
+        {"name": "tag_count"},
     ]
     request = example_request(
-        "grpo", "grpo-trl-rewards", dataset={"rows": MATH_ROWS}, rewards={"functions": functions},
+        "grpo",
+        "grpo-trl-rewards",
+        dataset={"rows": MATH_ROWS},
+        rewards={"functions": functions},
         grpo={"num_generations": 4, "max_completion_length": 16, "beta": 0.0},
         training={**SMALL_TRAINING, "per_device_train_batch_size": 4, "logging_steps": 1},
     )
     done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
-    assert_adapter_trained(download(published.endpoint, "results/grpo-trl-rewards", done.commit_sha, tmp_path), tiny_model_dir)
+    assert_adapter_trained(
+        download(published.endpoint, "results/grpo-trl-rewards", done.commit_sha, tmp_path), tiny_model_dir
+    )
     log = (shared_settings.jobs_dir / "grpo-trl-rewards" / "child.log").read_text()
     assert [f["name"] for f in functions if f"'rewards/{f['name']}/mean'" not in log] == [], log[-3000:]
     # The tiny model's answers are wrong and run to 16 tokens, past soft_overlong_punishment's 8: both
@@ -57,10 +71,13 @@ NOWHERE = {"model": {"id": "/nonexistent/model"}, "dataset": {"url": "/nonexiste
 
 
 @pytest.mark.parametrize("method", ["grpo", "rloo"])
-@pytest.mark.parametrize(("missing", "says"), [
-    ("vllm", "vLLM is not installed on this host"),
-    ("cuda", "no CUDA device"),
-])
+@pytest.mark.parametrize(
+    ("missing", "says"),
+    [
+        ("vllm", "vLLM is not installed on this host"),
+        ("cuda", "no CUDA device"),
+    ],
+)
 def test_use_vllm_fails_in_preflight_before_the_dataset_or_a_model_loads(
     method: str, missing: str, says: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -70,7 +87,9 @@ def test_use_vllm_fails_in_preflight_before_the_dataset_or_a_model_loads(
 
     monkeypatch.setattr(vllm_support, "find_spec", lambda name: None if missing == "vllm" else object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: missing != "cuda")
-    request = example_request(method, f"{method}-vllm", **NOWHERE, **{method: {"use_vllm": True, "vllm_mode": "colocate"}})
+    request = example_request(
+        method, f"{method}-vllm", **NOWHERE, **{method: {"use_vllm": True, "vllm_mode": "colocate"}}
+    )
     failure, sent = run_handler(request, tmp_path)
     assert (failure.code, failure.stage, failure.retryable) == ("vllm_unavailable", "preflight", False)
     assert failure.message.startswith(f"{method}.use_vllm: ") and says in failure.message
@@ -79,7 +98,9 @@ def test_use_vllm_fails_in_preflight_before_the_dataset_or_a_model_loads(
     assert [m for m in sent if m["kind"] == "stage"] == []  # never entered load_dataset or load_model
 
 
-def test_server_mode_without_the_operators_server_fails_in_preflight(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_server_mode_without_the_operators_server_fails_in_preflight(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Intake refuses it (daemon.admission.policy); a job spec that reaches a child without the server fails all the same."""
     import torch
 
@@ -87,7 +108,9 @@ def test_server_mode_without_the_operators_server_fails_in_preflight(monkeypatch
 
     monkeypatch.setattr(vllm_support, "find_spec", lambda name: object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    failure, sent = run_handler(example_request("grpo", "grpo-server", **NOWHERE, grpo={"use_vllm": True, "vllm_mode": "server"}), tmp_path)
+    failure, sent = run_handler(
+        example_request("grpo", "grpo-server", **NOWHERE, grpo={"use_vllm": True, "vllm_mode": "server"}), tmp_path
+    )
     assert (failure.code, failure.stage) == ("vllm_unavailable", "preflight")
     assert "no vLLM server configured on this host (vllm_server_base_url)" in failure.message and sent == []
 
@@ -107,16 +130,38 @@ def test_vllm_settings_reach_the_trl_config_and_server_mode_the_operators_server
     def config(block: dict[str, Any], server: str | None) -> Any:
         raw = example_request(method, f"{method}-config", **{method: {"num_generations": 2, **block}})
         request = REQUEST_MODELS[method].model_validate(raw)
-        job = JobSpec(request=raw, checkpoints=tmp_path / "c", artifact=tmp_path / "a", progress_interval_s=0, vllm_server_base_url=server)
+        job = JobSpec(
+            request=raw,
+            checkpoints=tmp_path / "c",
+            artifact=tmp_path / "a",
+            progress_interval_s=0,
+            vllm_server_base_url=server,
+        )
         return trl_config(config_class, request, job, method, **vllm_arguments(request, job, method))
 
     server = config({"use_vllm": True, "vllm_mode": "server"}, operator)
     assert (server.use_vllm, server.vllm_mode, server.vllm_server_base_url) == (True, "server", operator)
 
-    colocate = config({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.5, "top_p": 0.9, "top_k": 20,
-                       "min_p": 0.05, "repetition_penalty": 1.1, "vllm_max_model_length": 1024}, operator)
+    colocate = config(
+        {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": 0.5,
+            "top_p": 0.9,
+            "top_k": 20,
+            "min_p": 0.05,
+            "repetition_penalty": 1.1,
+            "vllm_max_model_length": 1024,
+        },
+        operator,
+    )
     assert (colocate.use_vllm, colocate.vllm_mode, colocate.vllm_server_base_url) == (True, "colocate", None)
-    assert (colocate.vllm_gpu_memory_utilization, colocate.top_p, colocate.top_k, colocate.min_p) == (0.5, 0.9, 20, 0.05)
+    assert (colocate.vllm_gpu_memory_utilization, colocate.top_p, colocate.top_k, colocate.min_p) == (
+        0.5,
+        0.9,
+        20,
+        0.05,
+    )
     assert (colocate.repetition_penalty, colocate.vllm_max_model_length) == (1.1, 1024)
 
     assert config({}, operator).use_vllm is False  # TRL's default: generation with the trained model itself

@@ -12,12 +12,15 @@ from tests.helpers import assert_adapter_trained, download, example_request, oth
 
 KTO_ROWS = [
     {"prompt": row["prompt"], "completion": row[column], "label": column == "chosen"}
-    for row in PREFERENCE_ROWS for column in ("chosen", "rejected")
+    for row in PREFERENCE_ROWS
+    for column in ("chosen", "rejected")
 ]
 
 
 @pytest.mark.slow
-async def test_kto_on_unpaired_labelled_rows(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_kto_on_unpaired_labelled_rows(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     request = example_request("kto", "kto-e2e", dataset={"rows": KTO_ROWS})
     done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
@@ -30,8 +33,14 @@ def test_kto_against_another_ref_model_with_precomputed_log_probs(tiny_model_dir
     reference = other_model(tiny_model_dir, tmp_path / "reference")
 
     def run(name: str, **kto: object) -> float:
-        request = example_request("kto", f"kto-{name}", model={"id": str(tiny_model_dir)}, dataset={"rows": KTO_ROWS}, kto=kto,
-                                  ref_model={"id": str(reference)})
+        request = example_request(
+            "kto",
+            f"kto-{name}",
+            model={"id": str(tiny_model_dir)},
+            dataset={"rows": KTO_ROWS},
+            kto=kto,
+            ref_model={"id": str(reference)},
+        )
         done, sent = run_handler(request, tmp_path / name)
         assert done.trainer == "trl.KTOTrainer/trl.KTOConfig", done
         assert done.ref_model_revision is None and [m["stage"] for m in sent if m["kind"] == "stage"][-1] == "done"

@@ -23,11 +23,15 @@ from testbed.data import CHAT_ROWS
 from tests.helpers import run_handler, sft_request
 
 GIB = 2**30
-OOM_MESSAGE = "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free."
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.06 GiB is free."
+)
 
 
 def tiny_sft(request_id: str, model: Path, **overrides: Any) -> dict[str, Any]:
-    return sft_request(request_id, model={"id": str(model)}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64}, **overrides)
+    return sft_request(
+        request_id, model={"id": str(model)}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64}, **overrides
+    )
 
 
 def test_a_cpu_job_reports_the_peak_resident_set_of_its_process(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -42,7 +46,9 @@ def test_a_cpu_job_reports_the_peak_resident_set_of_its_process(tiny_model_dir: 
     # Not compared with the resident set read from /proc/self/statm: the kernel keeps that count apart from its peak and
     # may sync them late, so the resident set now can read a few pages above the recorded peak (CI saw 112 KiB).
     assert peak_before <= memory.device_peak_bytes <= peak_after
-    assert TrainResult.model_validate_json(result.model_dump_json()).memory == memory  # crosses the status pipe as it is
+    assert (
+        TrainResult.model_validate_json(result.model_dump_json()).memory == memory
+    )  # crosses the status pipe as it is
 
 
 @pytest.fixture
@@ -50,7 +56,11 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     """torch.cuda's memory functions, answering constructed numbers and recording their calls in order."""
     calls: list[tuple[Any, ...]] = []
     used = iter([3 * GIB, 7 * GIB, 5 * GIB, 6 * GIB])  # the device's own figure at each sample: its peak is 7 GiB
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device=None: calls.append(("fraction", fraction, device)))
+    monkeypatch.setattr(
+        torch.cuda,
+        "set_per_process_memory_fraction",
+        lambda fraction, device=None: calls.append(("fraction", fraction, device)),
+    )
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "device_memory_used", lambda device=None: next(used))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 4 * GIB)
@@ -58,7 +68,9 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
     return calls
 
 
-def test_on_cuda_the_allocator_peaks_and_the_devices_own_peak_go_where_they_belong(fake_cuda: list[tuple[Any, ...]]) -> None:
+def test_on_cuda_the_allocator_peaks_and_the_devices_own_peak_go_where_they_belong(
+    fake_cuda: list[tuple[Any, ...]],
+) -> None:
     read, write = os.pipe()
     reporter = StatusReporter(write)
     reporter.send(Heartbeat(step=0))  # before CUDA starts nothing is sampled (the fork server's `ready`, say)
@@ -67,13 +79,17 @@ def test_on_cuda_the_allocator_peaks_and_the_devices_own_peak_go_where_they_belo
     reporter.send(Heartbeat(step=1))  # 7 GiB: the peak
     reporter.send(Heartbeat(step=2))  # 5 GiB
     use = reporter.memory.use()  # samples 6 GiB, then reads the allocator's peaks
-    assert use == MemoryUse(device="cuda", peak_allocated_bytes=4 * GIB, peak_reserved_bytes=5 * GIB, device_peak_bytes=7 * GIB)
+    assert use == MemoryUse(
+        device="cuda", peak_allocated_bytes=4 * GIB, peak_reserved_bytes=5 * GIB, device_peak_bytes=7 * GIB
+    )
     assert fake_cuda == [("fraction", 0.25, device), ("reset", device)]
     reporter.close()
     os.close(read)
 
 
-def test_without_nvml_the_devices_figure_is_total_less_free(monkeypatch: pytest.MonkeyPatch, fake_cuda: list[tuple[Any, ...]]) -> None:
+def test_without_nvml_the_devices_figure_is_total_less_free(
+    monkeypatch: pytest.MonkeyPatch, fake_cuda: list[tuple[Any, ...]]
+) -> None:
     def no_nvml(device: Any = None) -> int:
         raise ModuleNotFoundError("No module named 'pynvml'")
 
@@ -85,7 +101,9 @@ def test_without_nvml_the_devices_figure_is_total_less_free(monkeypatch: pytest.
     assert [call[0] for call in fake_cuda] == ["reset"]  # no share asked for: none set
 
 
-def test_a_sample_that_fails_costs_the_sample_not_the_message(monkeypatch: pytest.MonkeyPatch, fake_cuda: list[tuple[Any, ...]]) -> None:
+def test_a_sample_that_fails_costs_the_sample_not_the_message(
+    monkeypatch: pytest.MonkeyPatch, fake_cuda: list[tuple[Any, ...]]
+) -> None:
     def broken(device: Any = None) -> int:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
@@ -99,7 +117,9 @@ def test_a_sample_that_fails_costs_the_sample_not_the_message(monkeypatch: pytes
 
 @pytest.mark.parametrize("fraction", [0.4, None])
 def test_the_share_is_set_on_the_jobs_gpu_before_its_first_allocation_and_only_when_asked(
-    fraction: float | None, monkeypatch: pytest.MonkeyPatch, fake_cuda: list[tuple[Any, ...]],
+    fraction: float | None,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_cuda: list[tuple[Any, ...]],
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
@@ -128,11 +148,17 @@ def test_out_of_memory_is_told_from_other_errors() -> None:
     wrapped = RuntimeError("the step failed")
     wrapped.__cause__ = torch.cuda.OutOfMemoryError(OOM_MESSAGE)
     failure = out_of_memory(wrapped, "evaluate", None)
-    assert failure is not None and (failure.code, failure.stage, failure.retryable) == ("out_of_memory", "evaluate", True)
+    assert failure is not None and (failure.code, failure.stage, failure.retryable) == (
+        "out_of_memory",
+        "evaluate",
+        True,
+    )
     assert "share" not in failure.message
 
 
-def run_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: dict[str, Any], **job: Any) -> tuple[int, list[dict[str, Any]]]:
+def run_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: dict[str, Any], **job: Any
+) -> tuple[int, list[dict[str, Any]]]:
     """`handlers.child.runner.main` in this process, as a warm child runs a job (what only a real child does
     left out: the parent-death signal, the SIGTERM handler): its exit status and its status lines."""
     from handlers.child import runner
@@ -142,9 +168,15 @@ def run_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: dict[str
     monkeypatch.chdir(tmp_path)  # the child moves into the job's folder; back afterwards
     spec = tmp_path / "job" / "spec.json"
     spec.parent.mkdir()
-    spec.write_text(JobSpec(
-        request=request, checkpoints=tmp_path / "job" / "checkpoints", artifact=tmp_path / "job" / "artifact", progress_interval_s=0, **job,
-    ).model_dump_json())
+    spec.write_text(
+        JobSpec(
+            request=request,
+            checkpoints=tmp_path / "job" / "checkpoints",
+            artifact=tmp_path / "job" / "artifact",
+            progress_interval_s=0,
+            **job,
+        ).model_dump_json()
+    )
     status = tmp_path / "status.jsonl"
     monkeypatch.setenv("ADAPTERD_STATUS_FD", str(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)))
     monkeypatch.setenv("ADAPTERD_JOB", json.dumps({"spec": str(spec), "log": str(tmp_path / "job.log")}))
@@ -156,12 +188,26 @@ def run_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: dict[str
     return code, [json.loads(line) for line in status.read_text().splitlines()]
 
 
-@pytest.mark.parametrize(("where", "error", "fraction", "stage"), [
-    ("training_step", torch.cuda.OutOfMemoryError(OOM_MESSAGE), 0.5, "train"),
-    ("load_causal_lm", RuntimeError(OOM_MESSAGE), None, "load_model"),  # said in a message only, while the base loads
-])
+@pytest.mark.parametrize(
+    ("where", "error", "fraction", "stage"),
+    [
+        ("training_step", torch.cuda.OutOfMemoryError(OOM_MESSAGE), 0.5, "train"),
+        (
+            "load_causal_lm",
+            RuntimeError(OOM_MESSAGE),
+            None,
+            "load_model",
+        ),  # said in a message only, while the base loads
+    ],
+)
 def test_cuda_out_of_memory_ends_the_child_with_its_own_retried_failure_in_its_stage(
-    where: str, error: Exception, fraction: float | None, stage: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    error: Exception,
+    fraction: float | None,
+    stage: str,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trl import SFTTrainer
 
@@ -181,7 +227,9 @@ def test_cuda_out_of_memory_ends_the_child_with_its_own_retried_failure_in_its_s
     assert (share in sent[-1]["message"]) == (fraction is not None), sent[-1]["message"]
 
 
-def test_any_other_error_is_still_a_training_error(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_any_other_error_is_still_a_training_error(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from trl import SFTTrainer
 
     def raises(*args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,10 @@ from tests.helpers import assert_adapter_trained, download, example_request
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(unsupported_reason("ppo") is not None, reason=f"ppo needs trl 1.10-1.12; this environment has trl {trl_version()}"),
+    pytest.mark.skipif(
+        unsupported_reason("ppo") is not None,
+        reason=f"ppo needs trl 1.10-1.12; this environment has trl {trl_version()}",
+    ),
 ]
 
 REWARD_MODEL = "tiny/reward-head"
@@ -55,13 +58,32 @@ def reward_model(published: HubServer, reward_head_dir: Path) -> str:
 
 
 async def test_ppo_trains_and_its_kl_early_stop_really_stops(
-    daemon: DaemonProcess, published: HubServer, reward_model: str, settings: Settings, tiny_model_dir: Path, tmp_path: Path
+    daemon: DaemonProcess,
+    published: HubServer,
+    reward_model: str,
+    settings: Settings,
+    tiny_model_dir: Path,
+    tmp_path: Path,
 ) -> None:
     small, training = SMALL_PPO, SMALL_TRAINING
-    full = example_request("ppo", "ppo-e2e", dataset={"rows": PROMPT_ROWS}, ppo=small, training=training,
-                           reward_model={"id": reward_model}, kl_early_stop=None)
-    stopped = example_request("ppo", "ppo-kl-stop", dataset={"rows": PROMPT_ROWS}, ppo=small, training=training,
-                              reward_model={"id": reward_model}, kl_early_stop={"target_kl": 1e-9})
+    full = example_request(
+        "ppo",
+        "ppo-e2e",
+        dataset={"rows": PROMPT_ROWS},
+        ppo=small,
+        training=training,
+        reward_model={"id": reward_model},
+        kl_early_stop=None,
+    )
+    stopped = example_request(
+        "ppo",
+        "ppo-kl-stop",
+        dataset={"rows": PROMPT_ROWS},
+        ppo=small,
+        training=training,
+        reward_model={"id": reward_model},
+        kl_early_stop={"target_kl": 1e-9},
+    )
     await submit(settings, full)
     await submit(settings, stopped)
     events = await terminal_events(settings, {"ppo-e2e", "ppo-kl-stop"})
@@ -71,7 +93,9 @@ async def test_ppo_trains_and_its_kl_early_stop_really_stops(
     assert done.trainer == "trl.experimental.ppo.PPOTrainer/trl.experimental.ppo.PPOConfig"
     assert done.metrics["steps"] == done.metrics["total_steps"] == 4
     # the same final metrics as the other methods, plus PPO's KL figures
-    assert {"train_runtime", "first_loss", "final_loss", "world_size", "objective/kl", "objective/scores"} <= set(done.metrics)
+    assert {"train_runtime", "first_loss", "final_loss", "world_size", "objective/kl", "objective/scores"} <= set(
+        done.metrics
+    )
     assert_adapter_trained(download(published.endpoint, "results/ppo-e2e", done.commit_sha, tmp_path), tiny_model_dir)
 
     early = events["ppo-kl-stop"][-1]
@@ -115,9 +139,19 @@ def test_ppo_stops_at_a_checkpoint_when_asked_and_the_next_attempt_resumes_there
     from handlers.protocol import JobSpec
     from handlers.toolkit.reporting import EXIT_STOPPED
 
-    request = example_request("ppo", "ppo-stop", model={"id": str(tiny_model_dir)}, dataset={"rows": PROMPT_ROWS},
-                              ppo=SMALL_PPO, training=SMALL_TRAINING, reward_model={"id": str(reward_head_dir)}, kl_early_stop=None)
-    job = JobSpec(request=request, checkpoints=tmp_path / "checkpoints", artifact=tmp_path / "artifact", progress_interval_s=0)
+    request = example_request(
+        "ppo",
+        "ppo-stop",
+        model={"id": str(tiny_model_dir)},
+        dataset={"rows": PROMPT_ROWS},
+        ppo=SMALL_PPO,
+        training=SMALL_TRAINING,
+        reward_model={"id": str(reward_head_dir)},
+        kl_early_stop=None,
+    )
+    job = JobSpec(
+        request=request, checkpoints=tmp_path / "checkpoints", artifact=tmp_path / "artifact", progress_interval_s=0
+    )
 
     stopped, sent = run_in_process(job, stop_at_step=2)
     assert isinstance(stopped, SystemExit) and stopped.code == EXIT_STOPPED

@@ -27,4 +27,4 @@ def test_the_child_beats_while_it_loads_the_model_and_stops_after(monkeypatch: p
     assert not pulse.is_alive()
     reporter.close()
     kinds = [json.loads(line)["kind"] for line in lines.read().splitlines()]
-    assert kinds[kinds.index("stage"):] == ["stage"]  # nothing after entering train: the pulse stopped
+    assert kinds[kinds.index("stage") :] == ["stage"]  # nothing after entering train: the pulse stopped

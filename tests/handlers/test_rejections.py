@@ -38,12 +38,19 @@ NEEDS = {
 }
 
 
-async def test_each_method_rejects_what_it_cannot_train_on(shared_daemon: DaemonProcess, shared_settings: Settings) -> None:
+async def test_each_method_rejects_what_it_cannot_train_on(
+    shared_daemon: DaemonProcess, shared_settings: Settings
+) -> None:
     requests: dict[str, dict[str, Any]] = {
-        f"{method}-columns": example_request(method, f"{method}-columns", dataset={"rows": rows}) for method, rows in WRONG_COLUMNS.items()
+        f"{method}-columns": example_request(method, f"{method}-columns", dataset={"rows": rows})
+        for method, rows in WRONG_COLUMNS.items()
     }
-    requests["grpo-unknown-reward"] = example_request("grpo", "grpo-unknown-reward", rewards={"functions": [{"name": "import_my_module"}]})
-    requests["rloo-unknown-reward"] = example_request("rloo", "rloo-unknown-reward", rewards={"functions": [{"name": "os.system"}]})
+    requests["grpo-unknown-reward"] = example_request(
+        "grpo", "grpo-unknown-reward", rewards={"functions": [{"name": "import_my_module"}]}
+    )
+    requests["rloo-unknown-reward"] = example_request(
+        "rloo", "rloo-unknown-reward", rewards={"functions": [{"name": "os.system"}]}
+    )
     requests["grpo-no-rewards"] = example_request("grpo", "grpo-no-rewards", rewards={"functions": []})
     requests["ppo-on-new-trl"] = example_request("ppo", "ppo-on-new-trl")
     for request in requests.values():
@@ -71,8 +78,13 @@ async def test_each_method_rejects_what_it_cannot_train_on(shared_daemon: Daemon
     ppo = rejected["ppo-on-new-trl"]
     assert ppo.reason == "unsupported_method" and ppo.errors[0].path == "method"
     # The installed TRL's version, whatever the lock (or .ci/canary) moved it to: PPO's range is the point.
-    assert "needs trl>=1.10,<1.13" in ppo.errors[0].message and f"this host has trl {metadata.version('trl')}" in ppo.errors[0].message
+    assert (
+        "needs trl>=1.10,<1.13" in ppo.errors[0].message
+        and f"this host has trl {metadata.version('trl')}" in ppo.errors[0].message
+    )
 
-    dead = await records_of(shared_settings, shared_settings.dlq_topic, [request_id.encode() for request_id in requests])
+    dead = await records_of(
+        shared_settings, shared_settings.dlq_topic, [request_id.encode() for request_id in requests]
+    )
     assert {record.key.decode() for record in dead if record.key} == set(requests)
     assert json.loads(dict(dead[0].headers)["adapterd-errors"])

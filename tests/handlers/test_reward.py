@@ -15,7 +15,12 @@ from tests.helpers import assert_adapter_trained, download, example_request
 async def test_reward_model_adapter_loads_as_a_sequence_classifier(
     shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    request = example_request("reward", "reward-e2e", dataset={"rows": PREFERENCE_ROWS}, output={"repo_id": "results/reward-e2e", "push": "adapter"})
+    request = example_request(
+        "reward",
+        "reward-e2e",
+        dataset={"rows": PREFERENCE_ROWS},
+        output={"repo_id": "results/reward-e2e", "push": "adapter"},
+    )
     done = (await run_to_end(shared_settings, request))[-1]
     assert isinstance(done, Succeeded), done
     assert (done.method, done.trainer) == ("reward", "trl.RewardTrainer/trl.RewardConfig")

@@ -24,10 +24,14 @@ async def test_rloo_against_the_reward_model_a_reward_request_pushed(
 
     # Then RLOO, scoring completions with the regex function and that reward model by repo id.
     request = example_request(
-        "rloo", "rloo-e2e",
+        "rloo",
+        "rloo-e2e",
         dataset={"rows": PROMPT_ROWS},
         rloo={"num_generations": 4, "max_completion_length": 16},
-        rewards={"functions": [{"name": "regex_match", "pattern": "\\d+"}], "model": {"id": "results/reward-for-rloo", "revision": reward_done.commit_sha}},
+        rewards={
+            "functions": [{"name": "regex_match", "pattern": "\\d+"}],
+            "model": {"id": "results/reward-for-rloo", "revision": reward_done.commit_sha},
+        },
         training={**SMALL_TRAINING, "per_device_train_batch_size": 4},
     )
     done = (await run_to_end(shared_settings, request))[-1]

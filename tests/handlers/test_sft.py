@@ -21,12 +21,18 @@ async def test_full_fine_tune_pushes_weights_that_load_without_peft(
     assert "model.safetensors" in done.files and "adapter_config.json" not in done.files
     card = published.commits("results/sft-full")[0].files["README.md"].decode()
     assert "library_name: transformers" in card and "full-fine-tune" in card
-    assert_full_model_trained(download(published.endpoint, "results/sft-full", done.commit_sha, tmp_path), tiny_model_dir)
+    assert_full_model_trained(
+        download(published.endpoint, "results/sft-full", done.commit_sha, tmp_path), tiny_model_dir
+    )
 
 
 @pytest.mark.slow
-async def test_qlora_without_cuda_fails_in_preflight_before_training(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings) -> None:
-    request = example_request("sft", "sft-qlora", dataset={"rows": CHAT_ROWS}, model={"id": "tiny/qwen2-chat", "quantization": "4bit"})
+async def test_qlora_without_cuda_fails_in_preflight_before_training(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings
+) -> None:
+    request = example_request(
+        "sft", "sft-qlora", dataset={"rows": CHAT_ROWS}, model={"id": "tiny/qwen2-chat", "quantization": "4bit"}
+    )
     events = await run_to_end(shared_settings, request)
     failed = events[-1]
     assert isinstance(failed, Failed), failed

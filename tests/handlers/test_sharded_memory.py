@@ -27,25 +27,36 @@ def test_the_collectives_own_bytes_at_the_peak_are_what_a_c10d_or_gloo_operation
     from testbed.allocator_peak import allocator_peak, collective_bytes
 
     def memory(ts: float, tid: int, addr: int, size: int, total: int) -> dict[str, Any]:
-        return {"name": "[memory]", "ph": "i", "ts": ts, "tid": tid, "args": {"Device Type": 0, "Addr": addr, "Bytes": size, "Total Allocated": total}}
+        return {
+            "name": "[memory]",
+            "ph": "i",
+            "ts": ts,
+            "tid": tid,
+            "args": {"Device Type": 0, "Addr": addr, "Bytes": size, "Total Allocated": total},
+        }
 
-    trace = {"traceEvents": [
-        {"name": "c10d::_reduce_scatter_base_", "ph": "X", "ts": 10, "dur": 10, "tid": 1},
-        {"name": "gloo:all_gather", "ph": "X", "ts": 13, "dur": 3, "tid": 2},
-        {"name": "FSDP::all_gather", "ph": "X", "ts": 29, "dur": 3, "tid": 1},
-        memory(12, 1, 0xA, 100, 100),  # the reduce-scatter's clone
-        memory(14, 2, 0xC, 7, 107),  # gloo's copy on its thread, freed unrecorded
-        memory(22, 1, 0xD, 3, 110),  # the main thread's, outside any collective
-        memory(25, 1, 0xC, 7, 117),  # the address back, FSDP2's
-        memory(30, 1, 0xB, 50, 167),  # the peak
-        memory(40, 1, 0xC, -7, 160), memory(41, 1, 0xA, -100, 60),
-    ]}
+    trace = {
+        "traceEvents": [
+            {"name": "c10d::_reduce_scatter_base_", "ph": "X", "ts": 10, "dur": 10, "tid": 1},
+            {"name": "gloo:all_gather", "ph": "X", "ts": 13, "dur": 3, "tid": 2},
+            {"name": "FSDP::all_gather", "ph": "X", "ts": 29, "dur": 3, "tid": 1},
+            memory(12, 1, 0xA, 100, 100),  # the reduce-scatter's clone
+            memory(14, 2, 0xC, 7, 107),  # gloo's copy on its thread, freed unrecorded
+            memory(22, 1, 0xD, 3, 110),  # the main thread's, outside any collective
+            memory(25, 1, 0xC, 7, 117),  # the address back, FSDP2's
+            memory(30, 1, 0xB, 50, 167),  # the peak
+            memory(40, 1, 0xC, -7, 160),
+            memory(41, 1, 0xA, -100, 60),
+        ]
+    }
     assert allocator_peak(trace) == 167
     assert collective_bytes(trace) == 107
 
 
 @pytest.mark.slow
-def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(tmp_path: Path) -> None:
+def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(
+    tmp_path: Path,
+) -> None:
     """The per-GPU estimate of a sharded plan (daemon/jobs/memory.py `estimate(shards=2)`) against the most each of two
     CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
     job meets against its own. A model whose embedding and logits dominate (the tiny model's figures are TRL's
@@ -68,18 +79,38 @@ def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks
     from testbed.child_runs import run_child
 
     model = tmp_path / "model"
-    build(model, {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2})
+    build(
+        model,
+        {
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+    )
     ratios = {}
     for processes, shard in ((1, "none"), (2, "fsdp")):
-        request = sft_request(f"peak-{shard}", model={"id": str(model), "dtype": "float32"}, dataset={"rows": [CHAT_ROWS[0]] * 8}, peft=None,
-                              sft={"max_length": 64}, training={"max_steps": 2, "per_device_train_batch_size": 2},
-                              resources={"gpus": processes, "shard": shard})
+        request = sft_request(
+            f"peak-{shard}",
+            model={"id": str(model), "dtype": "float32"},
+            dataset={"rows": [CHAT_ROWS[0]] * 8},
+            peft=None,
+            sft={"max_length": 64},
+            training={"max_steps": 2, "per_device_train_batch_size": 2},
+            resources={"gpus": processes, "shard": shard},
+        )
         run = run_child(request, tmp_path / shard, processes, allocator=True)
-        assert run.result()["metrics"]["world_size"] == processes and sorted(run.allocator_peaks) == list(range(processes))
+        assert run.result()["metrics"]["world_size"] == processes and sorted(run.allocator_peaks) == list(
+            range(processes)
+        )
         decoded = decode_request(json.dumps(request).encode())
         assert isinstance(decoded, RequestBase)
         metrics = run.result()["metrics"]
-        measured = max(peak - run.allocator_collectives[rank] + metrics[f"rank{rank}_param_bytes"] for rank, peak in run.allocator_peaks.items())
+        measured = max(
+            peak - run.allocator_collectives[rank] + metrics[f"rank{rank}_param_bytes"]
+            for rank, peak in run.allocator_peaks.items()
+        )
         ratios[shard] = measured / estimate(decoded, local_tensors(model), shards=processes).total
     assert ratios["none"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # the one-process tolerance holds...
     assert ratios["fsdp"] == pytest.approx(1.0, abs=ESTIMATE_RTOL), ratios  # ...and the sharded figure meets it

@@ -30,20 +30,35 @@ LOSS_RTOL = 1e-4
 TINY_PARAMS = 28_960  # the tiny model's parameters (handlers/fixtures/tiny_model.py)
 
 
-def launch_two_ranks(request: dict[str, Any], work: Path, stop_at_step: int | None = None) -> tuple[int, list[dict[str, Any]]]:
+def launch_two_ranks(
+    request: dict[str, Any], work: Path, stop_at_step: int | None = None
+) -> tuple[int, list[dict[str, Any]]]:
     """Run `request` as a job of two GPUs on this CPU, as the daemon launches one (daemon/children/warm.py `launch`):
     the launcher's exit status and every message on the status pipe; SIGTERM (the daemon's stop) once the job
     reports `stop_at_step`. The job's folder may hold an earlier attempt's checkpoints."""
     work.mkdir(parents=True, exist_ok=True)
     spec = work / "spec.json"
-    spec.write_text(JobSpec(request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0).model_dump_json())
+    spec.write_text(
+        JobSpec(
+            request=request, checkpoints=work / "checkpoints", artifact=work / "artifact", progress_interval_s=0
+        ).model_dump_json()
+    )
     read, write = os.pipe()
     env = {
-        **os.environ, "CUDA_VISIBLE_DEVICES": "", "ADAPTERD_STATUS_FD": str(write), "ADAPTERD_PARENT_PID": str(os.getpid()),
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "ADAPTERD_STATUS_FD": str(write),
+        "ADAPTERD_PARENT_PID": str(os.getpid()),
         "ADAPTERD_JOB": json.dumps({"spec": str(spec), "log": str(work / "child.log")}),
     }
     with open(work / "child.log", "ab") as log:
-        process = subprocess.Popen([sys.executable, "-m", "handlers.child.launch", "2"], env=env, pass_fds=(write,), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "handlers.child.launch", "2"],
+            env=env,
+            pass_fds=(write,),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     os.close(write)
     messages = []
     with os.fdopen(read) as pipe:
@@ -71,8 +86,14 @@ def step_losses(messages: list[dict[str, Any]]) -> list[float]:
 
 def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> dict[str, Any]:
     # Per-device batch 2 on two ranks: a global batch of 4 either way, 4 steps over 6 rows.
-    return sft_request(request_id, model={"id": str(model), "dtype": "float32"}, dataset={"rows": CHAT_ROWS}, sft={"max_length": 64},
-                       resources={"gpus": 2, "shard": shard}, **overrides)
+    return sft_request(
+        request_id,
+        model={"id": str(model), "dtype": "float32"},
+        dataset={"rows": CHAT_ROWS},
+        sft={"max_length": 64},
+        resources={"gpus": 2, "shard": shard},
+        **overrides,
+    )
 
 
 def assert_rank_figures(result: dict[str, Any], messages: list[dict[str, Any]], log: str) -> None:
@@ -104,7 +125,14 @@ def assert_same_losses(sharded: list[float], data_parallel: list[float]) -> None
 
 def with_checkpointing(on: bool) -> dict[str, Any]:
     """The helper's training block with gradient checkpointing on or off, as a request says it."""
-    return {"training": {"max_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2, "gradient_checkpointing": on}}
+    return {
+        "training": {
+            "max_steps": 4,
+            "learning_rate": 1e-2,
+            "per_device_train_batch_size": 2,
+            "gradient_checkpointing": on,
+        }
+    }
 
 
 def assert_checkpointed(sharded: dict[str, Any], whole: dict[str, Any]) -> None:
@@ -115,9 +143,15 @@ def assert_checkpointed(sharded: dict[str, Any], whole: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
-    sharded, sharded_messages = run_two_ranks(two_gpu_sft("full-fsdp", tiny_model_dir, "fsdp", peft=None, **with_checkpointing(True)), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu_sft("full-dp", tiny_model_dir, "none", peft=None, **with_checkpointing(False)), tmp_path / "dp")
+def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_parallel(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    sharded, sharded_messages = run_two_ranks(
+        two_gpu_sft("full-fsdp", tiny_model_dir, "fsdp", peft=None, **with_checkpointing(True)), tmp_path / "fsdp"
+    )
+    whole, whole_messages = run_two_ranks(
+        two_gpu_sft("full-dp", tiny_model_dir, "none", peft=None, **with_checkpointing(False)), tmp_path / "dp"
+    )
     assert_checkpointed(sharded, whole)
     for rank in (0, 1):
         # Each rank holds half of every parameter (FSDP2 shards each on its first dimension); data-parallel, all of them.
@@ -135,15 +169,22 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    gathered, replica = load_file(tmp_path / "fsdp/artifact/model.safetensors"), load_file(tmp_path / "dp/artifact/model.safetensors")
+    gathered, replica = (
+        load_file(tmp_path / "fsdp/artifact/model.safetensors"),
+        load_file(tmp_path / "dp/artifact/model.safetensors"),
+    )
     assert set(gathered) - set(replica) <= {"lm_head.weight"}
     assert all(torch.allclose(gathered[name], replica[name], rtol=0, atol=1e-6) for name in replica)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp/artifact")
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
-    assert torch.allclose(loaded.model.embed_tokens.weight.detach(), replica["model.embed_tokens.weight"], rtol=0, atol=1e-6)
+    assert torch.allclose(
+        loaded.model.embed_tokens.weight.detach(), replica["model.embed_tokens.weight"], rtol=0, atol=1e-6
+    )
     # Loaded as users load it, the pushed model gives the logits of the model the data-parallel child trained (whose
     # artifact is its trained model as it was, never sharded), and not the base's.
-    assert_same_logits(logits_of(tmp_path / "fsdp/artifact"), logits_of(tmp_path / "dp/artifact"), logits_of(tiny_model_dir))
+    assert_same_logits(
+        logits_of(tmp_path / "fsdp/artifact"), logits_of(tmp_path / "dp/artifact"), logits_of(tiny_model_dir)
+    )
 
 
 def logits_of(model: Path, adapter: Path | None = None) -> Any:
@@ -169,10 +210,16 @@ def assert_same_logits(pushed: Any, trained: Any, base: Any) -> None:
 
 
 @pytest.mark.slow
-def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_parallel(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_parallel(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     merged = {"output": {"repo_id": "results/lora", "push": "merged"}}
-    sharded, sharded_messages = run_two_ranks(two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp", **with_checkpointing(True), **merged), tmp_path / "fsdp")
-    whole, whole_messages = run_two_ranks(two_gpu_sft("lora-dp", tiny_model_dir, "none", **with_checkpointing(False), **merged), tmp_path / "dp")
+    sharded, sharded_messages = run_two_ranks(
+        two_gpu_sft("lora-fsdp", tiny_model_dir, "fsdp", **with_checkpointing(True), **merged), tmp_path / "fsdp"
+    )
+    whole, whole_messages = run_two_ranks(
+        two_gpu_sft("lora-dp", tiny_model_dir, "none", **with_checkpointing(False), **merged), tmp_path / "dp"
+    )
     assert_checkpointed(sharded, whole)
     adapter = whole["metrics"]["rank0_trainable_param_count"]
     assert 0 < adapter < TINY_PARAMS / 4
@@ -190,11 +237,16 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
     files = {p.name for p in (tmp_path / "fsdp/artifact").iterdir()}
     assert "model.safetensors" in files and not files & {"adapter_model.safetensors", "adapter_config.json"}
     assert not (tmp_path / "fsdp/artifact.adapter").exists()
-    gathered, replica = load_file(tmp_path / "fsdp/artifact/model.safetensors"), load_file(tmp_path / "dp/artifact/model.safetensors")
+    gathered, replica = (
+        load_file(tmp_path / "fsdp/artifact/model.safetensors"),
+        load_file(tmp_path / "dp/artifact/model.safetensors"),
+    )
     assert set(gathered) == set(replica)
     assert all(torch.allclose(gathered[name], replica[name], rtol=0, atol=1e-6) for name in replica)
     base = load_file(tiny_model_dir / "model.safetensors")
-    assert not torch.allclose(gathered["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])  # merged in
+    assert not torch.allclose(
+        gathered["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )  # merged in
 
 
 def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,8 +261,13 @@ def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus(monkeypatch: p
     with pytest.raises(JobFailed) as failed:
         distributed_config(request)
     assert (failed.value.code, failed.value.stage) == ("config_invalid", "preflight")
-    assert failed.value.message.startswith("resources.shard: 'fsdp' shards over the job's 2 processes, and this child runs 1")
-    assert distributed_config(REQUEST_MODELS["sft"].model_validate(sft_request("unsharded", resources={"gpus": 2}))) is None
+    assert failed.value.message.startswith(
+        "resources.shard: 'fsdp' shards over the job's 2 processes, and this child runs 1"
+    )
+    assert (
+        distributed_config(REQUEST_MODELS["sft"].model_validate(sft_request("unsharded", resources={"gpus": 2})))
+        is None
+    )
 
 
 def losses_by_step(messages: list[dict[str, Any]]) -> dict[int, float]:
@@ -219,7 +276,8 @@ def losses_by_step(messages: list[dict[str, Any]]) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(
-    tiny_model_dir: Path, tmp_path: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
 ) -> None:
     """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does; the
     checkpoint holds the whole training state (handlers/toolkit/sharded_checkpoints.py: the gathered weights, each
@@ -234,7 +292,13 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     from daemon.settings import Settings
     from tests.helpers import fleet_key
 
-    request = two_gpu_sft("stop-fsdp", tiny_model_dir, "fsdp", peft=None, training={"max_steps": 20, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    request = two_gpu_sft(
+        "stop-fsdp",
+        tiny_model_dir,
+        "fsdp",
+        peft=None,
+        training={"max_steps": 20, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
+    )
     returncode, stopped = launch_two_ranks(request, tmp_path / "host-a", stop_at_step=2)
     stops = [m for m in stopped if m["kind"] == "stopped"]
     assert len(stops) == 1 and 2 <= stops[0]["step"] < 18, stopped
@@ -246,10 +310,13 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     store = CheckpointStore(str(tmp_path / "store"), {}, host="host-a", signing=signing)
     store.upload("stop-fsdp", checkpoint, step)
     [manifest] = store.complete("stop-fsdp")
-    assert {"model.safetensors", "trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(manifest.files)
+    assert {"model.safetensors", "trainer_state.json", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(
+        manifest.files
+    )
     # Each rank's shard of the optimizer's state, in safetensors (no pickle), and nothing else in its folder.
     assert {name for name in manifest.files if name.startswith("sharded/")} == {
-        "sharded/shard-00001-model-00001-of-00001.safetensors", "sharded/shard-00002-model-00001-of-00001.safetensors",
+        "sharded/shard-00001-model-00001-of-00001.safetensors",
+        "sharded/shard-00002-model-00001-of-00001.safetensors",
     }
     download(store, "stop-fsdp", manifest, tmp_path / "host-b" / "checkpoints")
 
@@ -257,9 +324,13 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     resumed = losses_by_step(again)
     assert min(resumed) == step + 1 and max(resumed) == 20  # from the step after the checkpoint, not from step 0
     assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2  # still sharded
-    assert f"sharded: resumed the optimizer and scheduler of {tmp_path / 'host-b'}/checkpoints/checkpoint-{step} at step {step}" in (
-        tmp_path / "host-b" / "child.log").read_text()
+    assert (
+        f"sharded: resumed the optimizer and scheduler of {tmp_path / 'host-b'}/checkpoints/checkpoint-{step} at step {step}"
+        in (tmp_path / "host-b" / "child.log").read_text()
+    )
     _, whole = run_two_ranks(request, tmp_path / "whole")
     never_stopped = losses_by_step(whole)
-    assert [resumed[s] for s in sorted(resumed)] == pytest.approx([never_stopped[s] for s in sorted(resumed)], rel=LOSS_RTOL)
+    assert [resumed[s] for s in sorted(resumed)] == pytest.approx(
+        [never_stopped[s] for s in sorted(resumed)], rel=LOSS_RTOL
+    )
     assert never_stopped[20] < never_stopped[1]  # it trained

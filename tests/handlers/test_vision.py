@@ -26,7 +26,9 @@ NOT_AN_IMAGE = "data:image/png;base64," + base64.b64encode(b"these bytes are not
 
 
 def vision_request(request_id: str, model: Path, dataset: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    return example_request("sft-vision", request_id, **{"model": {"id": str(model)}, "dataset": dataset, "training": TRAINING, **overrides})
+    return example_request(
+        "sft-vision", request_id, **{"model": {"id": str(model)}, "dataset": dataset, "training": TRAINING, **overrides}
+    )
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -42,7 +44,9 @@ def test_sft_trains_the_language_model_only_and_saves_the_processor(tiny_vlm_dir
     assert isinstance(result, TrainResult), result
     assert result.pipeline_tag == "image-text-to-text"
     artifact = tmp_path / "artifact"
-    assert {"adapter_config.json", "processor_config.json", "chat_template.jinja", "tokenizer.json"} <= {p.name for p in artifact.iterdir()}
+    assert {"adapter_config.json", "processor_config.json", "chat_template.jinja", "tokenizer.json"} <= {
+        p.name for p in artifact.iterdir()
+    }
     weights = load_file(artifact / "adapter_model.safetensors")
     assert weights and all(".language_model." in name for name in weights), sorted(weights)[:5]
     assert not [name for name in weights if "vision_tower" in name or "multi_modal_projector" in name]
@@ -70,16 +74,26 @@ def tiny_vlm_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Pat
 @pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
 @pytest.mark.parametrize("family", ["qwen2-vl", "idefics3"])
 def test_other_families_train_their_language_model_only(
-    family: str, method: str, tiny_vlm_of: Callable[[str], Path], tmp_path: Path,
+    family: str,
+    method: str,
+    tiny_vlm_of: Callable[[str], Path],
+    tmp_path: Path,
 ) -> None:
     """Qwen2-VL's language model is `model.language_model`, Idefics3's `model.text_model`: LoRA finds each."""
     from safetensors.torch import load_file
 
     rows = {"sft": VISION_CHAT_ROWS, "dpo": VISION_PREFERENCE_ROWS, "grpo": VISION_PROMPT_ROWS}[method]
     extra = {"grpo": {"grpo": {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}}}.get(method, {})
-    request = example_request(f"{method}-vision", f"{family}-{method}", **{
-        "model": {"id": str(tiny_vlm_of(family))}, "dataset": {"rows": rows}, "training": TRAINING, **extra,
-    })
+    request = example_request(
+        f"{method}-vision",
+        f"{family}-{method}",
+        **{
+            "model": {"id": str(tiny_vlm_of(family))},
+            "dataset": {"rows": rows},
+            "training": TRAINING,
+            **extra,
+        },
+    )
     result, _ = run_handler(request, tmp_path)
     assert isinstance(result, TrainResult), result
     weights = load_file(tmp_path / "artifact" / "adapter_model.safetensors")
@@ -89,27 +103,46 @@ def test_other_families_train_their_language_model_only(
 def test_a_request_may_widen_lora_to_the_vision_tower(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    request = vision_request("vision-wide", tiny_vlm_dir, {"rows": VISION_CHAT_ROWS}, peft={**SMALL_LORA, "target_modules": "all-linear"})
+    request = vision_request(
+        "vision-wide", tiny_vlm_dir, {"rows": VISION_CHAT_ROWS}, peft={**SMALL_LORA, "target_modules": "all-linear"}
+    )
     result, _ = run_handler(request, tmp_path)
     assert isinstance(result, TrainResult), result
     assert any("vision_tower" in name for name in load_file(tmp_path / "artifact" / "adapter_model.safetensors"))
 
 
-@pytest.mark.parametrize(("row", "says"), [
-    ({**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}, "dataset row 1: images.0: not a decodable image"),
-    ({**VISION_CHAT_ROWS[0], "images": [square((1, 2, 3)), square((4, 5, 6))]},
-     "dataset row 1: images: 2 image(s), but the row's messages have 1 image entries"),
-    ({**VISION_CHAT_ROWS[0], "images": ["/etc/hostname"]}, "dataset row 1: images.0: /etc/hostname is outside allowed_local_dataset_roots"),
-    ({**VISION_CHAT_ROWS[0], "images": ["http://images.example/cat.png"]},
-     "dataset row 1: images.0: http://images.example/cat.png is not allowed on this host (allowed_dataset_urls)"),
-    ({**VISION_CHAT_ROWS[0], "images": ["cat.png"]}, "dataset row 1: images.0: 'cat.png' is a relative path"),
-], ids=["undecodable", "count", "host-file", "url", "relative"])
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        ({**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}, "dataset row 1: images.0: not a decodable image"),
+        (
+            {**VISION_CHAT_ROWS[0], "images": [square((1, 2, 3)), square((4, 5, 6))]},
+            "dataset row 1: images: 2 image(s), but the row's messages have 1 image entries",
+        ),
+        (
+            {**VISION_CHAT_ROWS[0], "images": ["/etc/hostname"]},
+            "dataset row 1: images.0: /etc/hostname is outside allowed_local_dataset_roots",
+        ),
+        (
+            {**VISION_CHAT_ROWS[0], "images": ["http://images.example/cat.png"]},
+            "dataset row 1: images.0: http://images.example/cat.png is not allowed on this host (allowed_dataset_urls)",
+        ),
+        ({**VISION_CHAT_ROWS[0], "images": ["cat.png"]}, "dataset row 1: images.0: 'cat.png' is a relative path"),
+    ],
+    ids=["undecodable", "count", "host-file", "url", "relative"],
+)
 def test_a_bad_image_in_a_dataset_fails_in_preflight_naming_row_and_field(
-    row: dict[str, Any], says: str, tiny_vlm_dir: Path, tmp_path: Path,
+    row: dict[str, Any],
+    says: str,
+    tiny_vlm_dir: Path,
+    tmp_path: Path,
 ) -> None:
     data = write_jsonl(tmp_path / "data" / "train.jsonl", [VISION_CHAT_ROWS[1], row, VISION_CHAT_ROWS[2]])
-    failure, sent = run_handler(vision_request("vision-bad", tiny_vlm_dir, {"url": str(data)}), tmp_path / "job",
-                                allowed_local_dataset_roots=[tmp_path / "data"])
+    failure, sent = run_handler(
+        vision_request("vision-bad", tiny_vlm_dir, {"url": str(data)}),
+        tmp_path / "job",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+    )
     assert isinstance(failure, JobFailed), failure
     assert (failure.code, failure.stage) == ("dataset_invalid", "preflight")
     assert failure.message.startswith(says), failure.message
@@ -128,25 +161,44 @@ def test_images_from_allowed_files_and_parquet_bytes_train(tiny_vlm_dir: Path, t
         path.write_bytes(base64.b64decode(row["images"][0].split(",", 1)[1]))
         rows.append({**row, "images": [str(path)]})
     files = write_jsonl(tmp_path / "data" / "paths.jsonl", rows)
-    result, _ = run_handler(vision_request("vision-paths", tiny_vlm_dir, {"url": str(files)}), tmp_path / "paths",
-                            allowed_local_dataset_roots=[tmp_path / "data"])
+    result, _ = run_handler(
+        vision_request("vision-paths", tiny_vlm_dir, {"url": str(files)}),
+        tmp_path / "paths",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+    )
     assert isinstance(result, TrainResult), result
 
-    embedded = [{**row, "images": [{"bytes": Path(r["images"][0]).read_bytes(), "path": None}]} for row, r in zip(VISION_CHAT_ROWS, rows, strict=True)]
-    Dataset.from_list(embedded).cast_column("images", List(Image())).to_parquet(str(tmp_path / "data" / "embedded.parquet"))
-    result, _ = run_handler(vision_request("vision-parquet", tiny_vlm_dir, {"url": str(tmp_path / "data" / "embedded.parquet")}),
-                            tmp_path / "parquet", allowed_local_dataset_roots=[tmp_path / "data"])
+    embedded = [
+        {**row, "images": [{"bytes": Path(r["images"][0]).read_bytes(), "path": None}]}
+        for row, r in zip(VISION_CHAT_ROWS, rows, strict=True)
+    ]
+    Dataset.from_list(embedded).cast_column("images", List(Image())).to_parquet(
+        str(tmp_path / "data" / "embedded.parquet")
+    )
+    result, _ = run_handler(
+        vision_request("vision-parquet", tiny_vlm_dir, {"url": str(tmp_path / "data" / "embedded.parquet")}),
+        tmp_path / "parquet",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+    )
     assert isinstance(result, TrainResult), result
 
 
 def test_a_streamed_dataset_checks_each_row_as_it_is_read(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     good = write_jsonl(tmp_path / "data" / "good.jsonl", VISION_CHAT_ROWS)
-    result, _ = run_handler(vision_request("vision-stream", tiny_vlm_dir, {"url": str(good), "streaming": True}), tmp_path / "good",
-                            allowed_local_dataset_roots=[tmp_path / "data"])
+    result, _ = run_handler(
+        vision_request("vision-stream", tiny_vlm_dir, {"url": str(good), "streaming": True}),
+        tmp_path / "good",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+    )
     assert isinstance(result, TrainResult), result
-    bad = write_jsonl(tmp_path / "data" / "bad.jsonl", [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["/etc/hostname"]}])
-    failure, _ = run_handler(vision_request("vision-stream-bad", tiny_vlm_dir, {"url": str(bad), "streaming": True}), tmp_path / "bad",
-                             allowed_local_dataset_roots=[tmp_path / "data"])
+    bad = write_jsonl(
+        tmp_path / "data" / "bad.jsonl", [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["/etc/hostname"]}]
+    )
+    failure, _ = run_handler(
+        vision_request("vision-stream-bad", tiny_vlm_dir, {"url": str(bad), "streaming": True}),
+        tmp_path / "bad",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+    )
     assert isinstance(failure, JobFailed), failure
     assert (failure.code, failure.stage) == ("dataset_invalid", "train")
     assert failure.message.startswith("dataset row 1: images.0: /etc/hostname is outside allowed_local_dataset_roots")
@@ -155,10 +207,17 @@ def test_a_streamed_dataset_checks_each_row_as_it_is_read(tiny_vlm_dir: Path, tm
 def test_an_image_over_the_operators_bounds_fails(tiny_vlm_dir: Path, tmp_path: Path) -> None:
     bounds = ImageBounds(max_image_pixels=32 * 32 - 1)
     data = write_jsonl(tmp_path / "data" / "train.jsonl", VISION_CHAT_ROWS)
-    failure, _ = run_handler(vision_request("vision-big", tiny_vlm_dir, {"url": str(data)}), tmp_path / "job",
-                             allowed_local_dataset_roots=[tmp_path / "data"], images=bounds)
+    failure, _ = run_handler(
+        vision_request("vision-big", tiny_vlm_dir, {"url": str(data)}),
+        tmp_path / "job",
+        allowed_local_dataset_roots=[tmp_path / "data"],
+        images=bounds,
+    )
     assert isinstance(failure, JobFailed), failure
-    assert failure.message == "dataset row 0: images.0: 32x32 pixels; this host allows at most 1023 per image (max_image_pixels)"
+    assert (
+        failure.message
+        == "dataset row 0: images.0: 32x32 pixels; this host allows at most 1023 per image (max_image_pixels)"
+    )
 
 
 def test_rows_with_images_on_a_text_only_model_fail_naming_the_model(tiny_model_dir: Path, tmp_path: Path) -> None:

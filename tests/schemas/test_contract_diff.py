@@ -10,13 +10,27 @@ from handlers.contract.contract_diff import diff, main
 
 FIELD = {"type": "str", "nullable": False, "default": "a", "choices": ["a", "b"], "object": None, "help": "Pick one."}
 CONTRACT = {
-    "training": {"source": "transformers.TrainingArguments", "package": "transformers", "version": "5.0.0",
-                 "fields": {"learning_rate": {**FIELD, "type": "float", "default": 5e-05, "choices": None, "help": "LR."}}},
-    "dpo": {"source": "trl.DPOConfig", "package": "trl", "version": "1.16.0", "training_defaults": {"learning_rate": 1e-06},
-            "fields": {"loss_type": FIELD, "beta": {**FIELD, "type": "float", "default": 0.1, "choices": None}}},
+    "training": {
+        "source": "transformers.TrainingArguments",
+        "package": "transformers",
+        "version": "5.0.0",
+        "fields": {"learning_rate": {**FIELD, "type": "float", "default": 5e-05, "choices": None, "help": "LR."}},
+    },
+    "dpo": {
+        "source": "trl.DPOConfig",
+        "package": "trl",
+        "version": "1.16.0",
+        "training_defaults": {"learning_rate": 1e-06},
+        "fields": {"loss_type": FIELD, "beta": {**FIELD, "type": "float", "default": 0.1, "choices": None}},
+    },
     "sft": {"source": "trl.SFTConfig", "package": "trl", "version": "1.16.0", "training_defaults": {}, "fields": {}},
-    "ppo": {"source": "trl.experimental.ppo.PPOConfig", "package": "trl", "version": "1.12.0", "training_defaults": {},
-            "fields": {"kl_coef": {**FIELD, "type": "float", "default": 0.05, "choices": None}}},
+    "ppo": {
+        "source": "trl.experimental.ppo.PPOConfig",
+        "package": "trl",
+        "version": "1.12.0",
+        "training_defaults": {},
+        "fields": {"kl_coef": {**FIELD, "type": "float", "default": 0.05, "choices": None}},
+    },
 }
 
 
@@ -39,13 +53,13 @@ def test_each_kind_of_change_has_its_line_and_count() -> None:
     lines, counts = diff(CONTRACT, newer())
     text = "\n".join(lines)
     assert "dpo (trl.DPOConfig, trl 1.16.0 -> 1.17.0)" in text
-    assert '  + gamma: int = 3' in text
+    assert "  + gamma: int = 3" in text
     assert '  ~ loss_type: choices +"c" -"b"' in text
-    assert '  ~ beta: default 0.1 -> 0.2' in text
+    assert "  ~ beta: default 0.1 -> 0.2" in text
     assert "  ~ training default learning_rate: 1e-06 -> 2e-06" in text
     assert "  ~ training default warmup_ratio: training's default -> 0.1" in text
     assert "  + max_length: int | None = null" in text
-    assert '  - kl_coef: was float = 0.05' in text
+    assert "  - kl_coef: was float = 0.05" in text
     assert "transformers" not in text  # the training block: its only change is help text
     assert counts == {"added": 2, "removed": 1, "changed": 2, "training_defaults": 2, "help_only": 1}
 
@@ -59,7 +73,9 @@ def test_help_text_changes_show_only_when_asked() -> None:
 def test_a_block_kept_from_an_older_release_is_named_not_counted() -> None:
     new = copy.deepcopy(CONTRACT)
     lines, counts = diff(CONTRACT, new)
-    assert lines == ["ppo (trl.experimental.ppo.PPOConfig): no changes; kept as read from trl 1.12.0 (the other trl blocks are from 1.16.0)"]
+    assert lines == [
+        "ppo (trl.experimental.ppo.PPOConfig): no changes; kept as read from trl 1.12.0 (the other trl blocks are from 1.16.0)"
+    ]
     assert sum(counts.values()) == 0
 
 
@@ -79,5 +95,7 @@ def test_the_command_ends_with_the_count(tmp_path: Path, capsys: pytest.CaptureF
     assert main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-2] == "(1 fields changed only their help text; --help-text shows them)"
-    assert out[-1] == "contract: 7 changes (2 added, 1 removed, 2 changed, 2 training defaults changed); 1 help-text-only"
+    assert (
+        out[-1] == "contract: 7 changes (2 added, 1 removed, 2 changed, 2 training defaults changed); 1 help-text-only"
+    )
     assert main([str(tmp_path / "old.json"), str(tmp_path / "missing.json")]) == 2

@@ -48,7 +48,9 @@ def test_the_installed_library_matches_the_checked_in_contract(block: str) -> No
     found = differences(block, CHECKED_IN[block], fresh)
     assert not found, (
         f"{rules.BLOCK_SOURCES[block]} differs from schemas/trl_contract.json:\n"
-        + "\n".join(found) + f"\nregenerate with: {REGENERATE}" + (" ppo" if block == "ppo" else "")
+        + "\n".join(found)
+        + f"\nregenerate with: {REGENERATE}"
+        + (" ppo" if block == "ppo" else "")
     )
 
 
@@ -71,7 +73,9 @@ def test_every_field_of_a_method_config_is_settable_or_refused_with_a_reason(blo
         settable = field.name in method_block.model_fields or field.name in training.model_fields
         refused = rules.refusal(block, field.name) or rules.refusal("training", field.name)
         if settable == bool(refused):
-            neither.append(f"{field.name}: {'both settable and refused' if settable else 'neither settable nor refused'}")
+            neither.append(
+                f"{field.name}: {'both settable and refused' if settable else 'neither settable nor refused'}"
+            )
     assert not neither and len(dataclasses.fields(config)) > 100, neither
 
 
@@ -80,8 +84,10 @@ def test_every_lora_and_model_config_field_is_settable_or_refused_or_said_elsewh
     config = dataclass_of(rules.BLOCK_SOURCES[block])
     spec = ModelSpec if block == "model" else REQUEST_MODELS["sft"].model_fields["peft"].annotation.__args__[0]
     neither = [
-        field.name for field in dataclasses.fields(config)
-        if field.name not in spec.model_fields and rules.refusal(block, field.name) is None
+        field.name
+        for field in dataclasses.fields(config)
+        if field.name not in spec.model_fields
+        and rules.refusal(block, field.name) is None
         and not (block == "model" and field.name in rules.MODEL_CONFIG_PATHS)
     ]
     assert not neither
@@ -92,9 +98,16 @@ def _fields_anywhere(block: str) -> set[str]:
     return set().union(*(CHECKED_IN[b]["fields"] for b in blocks))
 
 
-@pytest.mark.parametrize("table", ["REFUSED", "CHOICES", "HELP_CHOICES", "BOUNDS", "DEFAULTS", "TYPES", "SETTABLE_UNDER_POLICY"])
+@pytest.mark.parametrize(
+    "table", ["REFUSED", "CHOICES", "HELP_CHOICES", "BOUNDS", "DEFAULTS", "TYPES", "SETTABLE_UNDER_POLICY"]
+)
 def test_every_rule_names_a_real_field(table: str) -> None:
-    stale = [f"{block}.{name}" for block, entries in getattr(rules, table).items() for name in entries if name not in _fields_anywhere(block)]
+    stale = [
+        f"{block}.{name}"
+        for block, entries in getattr(rules, table).items()
+        for name in entries
+        if name not in _fields_anywhere(block)
+    ]
     assert not stale, f"{table} names fields the contract does not have: {stale}"
 
 
@@ -123,8 +136,15 @@ def test_a_field_removed_from_trl_is_named_until_renamed() -> None:
 def test_a_help_text_choice_list_is_read_from_its_sentence() -> None:
     from handlers.contract.contract_source import help_choices
 
-    assert help_choices("Supported values are 'grpo', 'dapo', and 'cispo'. 'grpo': averages per 'sequence'.") == ["grpo", "dapo", "cispo"]
-    assert help_choices("Possible values are: `reverse_kl` (default), `forward_kl`. Only 'sigmoid' supports it.") == ["reverse_kl", "forward_kl"]
+    assert help_choices("Supported values are 'grpo', 'dapo', and 'cispo'. 'grpo': averages per 'sequence'.") == [
+        "grpo",
+        "dapo",
+        "cispo",
+    ]
+    assert help_choices("Possible values are: `reverse_kl` (default), `forward_kl`. Only 'sigmoid' supports it.") == [
+        "reverse_kl",
+        "forward_kl",
+    ]
 
 
 def test_the_loss_types_and_schedulers_are_trls_own() -> None:
@@ -146,7 +166,12 @@ def test_the_requests_doc_starts_with_every_block_of_a_request_and_regenerating_
     text = DOC_FILE.read_text()
     head = doc_head()
     assert head and text.startswith(head) and text.index(GENERATED_MARKER) < text.index('<a id="training"></a>')
-    rows = {cell.strip("` ") for line in head.splitlines() if line.startswith("| `") for cell in line.split("|")[1].split(",")}
+    rows = {
+        cell.strip("` ")
+        for line in head.splitlines()
+        if line.startswith("| `")
+        for cell in line.split("|")[1].split(",")
+    }
     blocks = {name for model in REQUEST_MODELS.values() for name in model.model_fields} - set(REQUEST_MODELS)
     assert blocks <= rows, f"blocks with no row in docs/requests.md: {sorted(blocks - rows)}"
     assert "<method>` (`sft`" in head  # the method's own block, by its name

@@ -56,7 +56,10 @@ def test_unknown_or_missing_method_names_the_known_ones(method: str | None) -> N
     assert outcome.reason == "unknown_method"
     assert outcome.request_id == "req-1"
     assert outcome.errors[0].path == "method"
-    assert "known methods: cpo, distillation, dpo, gkd, grpo, kto, online_dpo, orpo, ppo, reward, rloo, sft" in outcome.errors[0].message
+    assert (
+        "known methods: cpo, distillation, dpo, gkd, grpo, kto, online_dpo, orpo, ppo, reward, rloo, sft"
+        in outcome.errors[0].message
+    )
 
 
 def test_each_offending_field_is_named() -> None:
@@ -94,7 +97,9 @@ def test_a_token_hidden_behind_json_escapes_is_still_found() -> None:
     escape can, so such a message is walked and the decoded token found."""
     token = "hf_" + "x" * 34
     escaped = "".join(f"\\u{ord(c):04x}" for c in token)
-    raw = ('{"schema_version": 1, "request_id": "r1", "method": "sft", "metadata": {"note": "' + escaped + '"}}').encode()
+    raw = (
+        '{"schema_version": 1, "request_id": "r1", "method": "sft", "metadata": {"note": "' + escaped + '"}}'
+    ).encode()
     rejection = decode_request(raw)
     assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request"
     assert [error.path for error in rejection.errors] == ["metadata.note"]
@@ -110,8 +115,19 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     assert isinstance(decode_request(json.dumps({**sharded, "peft": None}).encode()), SFTRequest)
     # Left out, it is 'auto': the daemon's plan decides (daemon/jobs/shard_plan.py), on one GPU and for any method.
     assert decode_request(json.dumps(valid()).encode()).resources.shard == "auto"  # type: ignore[union-attr]
-    assert decode_request(json.dumps({**valid(), "method": "dpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]},
-                                      "resources": {"gpus": 2}}).encode()).resources.shard == "auto"  # type: ignore[union-attr]
+    assert (
+        decode_request(
+            json.dumps(
+                {
+                    **valid(),
+                    "method": "dpo",
+                    "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]},
+                    "resources": {"gpus": 2},
+                }
+            ).encode()
+        ).resources.shard
+        == "auto"
+    )  # type: ignore[union-attr]
 
     def refused(document: dict[str, Any]) -> dict[str, str]:
         return {error.path: error.message for error in rejection(document).errors}
@@ -119,20 +135,41 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     assert refused({**valid(), "resources": {"gpus": 1, "shard": "fsdp"}}) == {
         "resources.shard": "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
     }
-    assert "not for method orpo" in refused({**sharded, "method": "orpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}})["resources.shard"]
+    assert (
+        "not for method orpo"
+        in refused(
+            {**sharded, "method": "orpo", "dataset": {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}}
+        )["resources.shard"]
+    )
     assert "quantized" in refused({**sharded, "model": {"id": "org/base", "quantization": "4bit"}})["resources.shard"]
     preferences = {"rows": [{"prompt": "a", "chosen": "b", "rejected": "c"}]}
     assert "full fine-tune only" in refused({**sharded, "method": "reward", "dataset": preferences})["resources.shard"]
-    assert isinstance(decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()), RequestBase)
+    assert isinstance(
+        decode_request(json.dumps({**sharded, "method": "reward", "dataset": preferences, "peft": None}).encode()),
+        RequestBase,
+    )
     evaluated = {**sharded, "dataset": {"id": "org/chat", "test_split_size": 0.1}}
-    assert isinstance(decode_request(json.dumps({**evaluated, "evaluation": {"baselines": ["base"]}}).encode()), SFTRequest)
+    assert isinstance(
+        decode_request(json.dumps({**evaluated, "evaluation": {"baselines": ["base"]}}).encode()), SFTRequest
+    )
     rewards = {"suites": [{"kind": "rewards", "functions": [{"name": "think_format"}]}]}
     assert "a 'rewards' suite" in refused({**evaluated, "evaluation": rewards})["resources.shard"]
-    grpo = {**sharded, "method": "grpo", "dataset": {"rows": [{"prompt": "a"}]}, "rewards": {"functions": [{"name": "think_format"}]}}
+    grpo = {
+        **sharded,
+        "method": "grpo",
+        "dataset": {"rows": [{"prompt": "a"}]},
+        "rewards": {"functions": [{"name": "think_format"}]},
+    }
     assert isinstance(decode_request(json.dumps(grpo).encode()), RequestBase)
     assert "vLLM is not offered sharded" in refused({**grpo, "grpo": {"use_vllm": True}})["resources.shard"]
-    assert "peft.modules_to_save" in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
-    assert isinstance(decode_request(json.dumps({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}}).encode()), SFTRequest)
+    assert (
+        "peft.modules_to_save"
+        in refused({**sharded, "peft": {"r": 4, "modules_to_save": ["lm_head"]}})["resources.shard"]
+    )
+    assert isinstance(
+        decode_request(json.dumps({**sharded, "output": {"repo_id": "org/adapter", "push": "merged"}}).encode()),
+        SFTRequest,
+    )
     for field in ("fsdp", "fsdp_config", "deepspeed"):
         message = refused({**sharded, "training": {field: "x"}})[f"training.{field}"]
         assert "resources.shard" in message, message

@@ -24,4 +24,6 @@ def test_vision_example_is_a_valid_request_of_its_method(method: str) -> None:
 
 
 def test_every_example_is_for_a_known_method() -> None:
-    assert {path.stem for path in EXAMPLES_DIR.glob("*.json")} == set(REQUEST_MODELS) | {f"{name}-vision" for name in VISION}
+    assert {path.stem for path in EXAMPLES_DIR.glob("*.json")} == set(REQUEST_MODELS) | {
+        f"{name}-vision" for name in VISION
+    }

@@ -21,9 +21,22 @@ def test_coverage_guided_fuzzing_finds_nothing_that_raises(tmp_path: Path) -> No
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "tests.atheris_intake", f"-runs={RUNS}", "-seed=22", "-max_len=65536", f"-artifact_prefix={tmp_path}/",
-         str(corpus), str(ROOT / "tests" / "corpus" / "hostile"), str(ROOT / "schemas" / "examples")],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "tests.atheris_intake",
+            f"-runs={RUNS}",
+            "-seed=22",
+            "-max_len=65536",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+            str(ROOT / "tests" / "corpus" / "hostile"),
+            str(ROOT / "schemas" / "examples"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"Done {RUNS} runs" in result.stderr

@@ -29,7 +29,11 @@ from tests.hostile import CREDENTIALS
 FUZZ_EXAMPLES = int(os.environ.get("ADAPTERD_FUZZ_EXAMPLES", "200"))
 MAX_EVENT_BYTES = 1_000_000  # the broker's default message.max.bytes is 1 MiB
 CORPUS = Path(__file__).parents[1] / "corpus" / "hostile"
-HOST = Settings(work_dir=Path("/nonexistent/adapterd-fuzz"), allowed_local_dataset_roots=[Path("/data")], allowed_dataset_urls=["s3://bucket/*"])
+HOST = Settings(
+    work_dir=Path("/nonexistent/adapterd-fuzz"),
+    allowed_local_dataset_roots=[Path("/data")],
+    allowed_dataset_urls=["s3://bucket/*"],
+)
 
 LEAVES = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),
@@ -37,10 +41,30 @@ LEAVES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=50),
     st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
-    st.sampled_from(["../../../jobs", "/data/link::file://", "/data*/x.jsonl", "s3://bucket/x::memory://", ".", "..",
-                     "(a+)+$", "a{4294967296}", "(?<=x)y", "[", "\\", "x" * 5000, "a-" * 3000 + "x:/", "refs/pr/1"]),
+    st.sampled_from(
+        [
+            "../../../jobs",
+            "/data/link::file://",
+            "/data*/x.jsonl",
+            "s3://bucket/x::memory://",
+            ".",
+            "..",
+            "(a+)+$",
+            "a{4294967296}",
+            "(?<=x)y",
+            "[",
+            "\\",
+            "x" * 5000,
+            "a-" * 3000 + "x:/",
+            "refs/pr/1",
+        ]
+    ),
     st.sampled_from(sorted(CREDENTIALS.values())),
-    st.recursive(st.none() | st.booleans() | st.text(max_size=5), lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=20),
+    st.recursive(
+        st.none() | st.booleans() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+        max_leaves=20,
+    ),
 )
 
 
@@ -67,7 +91,9 @@ def check(raw: bytes) -> None:
         # again, it is the same request.
         again = decode_request(decoded.model_dump_json(exclude_unset=True).encode(), b"fuzz-key")
         assert again == decoded, (again, decoded)
-        accepted = Accepted(request_id=decoded.request_id, host="h", metadata=decoded.metadata, method=decoded.method, attempt=1)  # type: ignore[attr-defined]
+        accepted = Accepted(
+            request_id=decoded.request_id, host="h", metadata=decoded.metadata, method=decoded.method, attempt=1
+        )  # type: ignore[attr-defined]
         assert len(accepted.model_dump_json().encode()) < MAX_EVENT_BYTES
 
 
@@ -78,7 +104,9 @@ def test_the_corpus_that_found_bugs_is_replayed() -> None:
         check(path.read_bytes())
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(hostile_messages())
 def test_no_hostile_message_makes_deciding_raise(raw: bytes) -> None:
     check(raw)

@@ -13,7 +13,20 @@ def test_request_schema_forbids_unknown_fields() -> None:
     import json
 
     schema = json.loads(generated_schemas()["request.schema.json"])
-    assert set(schema["discriminator"]["mapping"]) == {"sft", "dpo", "kto", "reward", "grpo", "rloo", "distillation", "orpo", "cpo", "gkd", "online_dpo", "ppo"}
+    assert set(schema["discriminator"]["mapping"]) == {
+        "sft",
+        "dpo",
+        "kto",
+        "reward",
+        "grpo",
+        "rloo",
+        "distillation",
+        "orpo",
+        "cpo",
+        "gkd",
+        "online_dpo",
+        "ppo",
+    }
     for name in ("SFTRequest", "DPORequest", "TrainingSpec", "GRPOSpec", "LoraSpec"):
         assert schema["$defs"][name]["additionalProperties"] is False, name
     assert "learning_rate" in schema["$defs"]["TrainingSpec"]["properties"]

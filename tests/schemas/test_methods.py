@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_method_table_is_generated_from_the_table() -> None:
-    assert readme_table() == markdown_table(), "docs/methods.md's method table drifted: run `python -m handlers.contract.methods_doc`"
+    assert readme_table() == markdown_table(), (
+        "docs/methods.md's method table drifted: run `python -m handlers.contract.methods_doc`"
+    )
 
 
 def test_the_request_models_are_the_tables() -> None:
@@ -23,17 +25,34 @@ def test_the_request_models_are_the_tables() -> None:
         assert request.model_fields["method"].annotation.__args__ == (name,)
 
 
-@pytest.mark.parametrize(("version", "expected"), [
-    ("1.12.0", (1, 12, 0)), ("1.10", (1, 10)), ("1.13.0rc1", (1, 13, 0)), ("1.12.0.dev0", (1, 12, 0)), ("2", (2,)),
-])
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("1.12.0", (1, 12, 0)),
+        ("1.10", (1, 10)),
+        ("1.13.0rc1", (1, 13, 0)),
+        ("1.12.0.dev0", (1, 12, 0)),
+        ("2", (2,)),
+    ],
+)
 def test_release_reads_the_leading_integers(version: str, expected: tuple[int, ...]) -> None:
     assert release(version) == expected
 
 
-@pytest.mark.parametrize(("version", "runs"), [
-    ("1.9.9", False), ("1.10", True), ("1.10.0", True), ("1.12.0", True), ("1.12.9", True),
-    ("1.13.0", False), ("1.13.0rc1", False), ("1.16.0", False), ("2.0", False),
-])
+@pytest.mark.parametrize(
+    ("version", "runs"),
+    [
+        ("1.9.9", False),
+        ("1.10", True),
+        ("1.10.0", True),
+        ("1.12.0", True),
+        ("1.12.9", True),
+        ("1.13.0", False),
+        ("1.13.0rc1", False),
+        ("1.16.0", False),
+        ("2.0", False),
+    ],
+)
 def test_ppo_runs_on_trl_1_10_to_1_12_only(version: str, runs: bool) -> None:
     reason = unsupported_reason("ppo", version)
     assert (reason is None) == runs, reason
@@ -65,7 +84,8 @@ def _imported_names(path: Path) -> set[str]:
     """`module.Name` for every `from module import Name` at the top of a file."""
     return {
         f"{node.module}.{alias.name}"
-        for node in ast.parse(path.read_text()).body if isinstance(node, ast.ImportFrom)
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.ImportFrom)
         for alias in node.names
     }
 
@@ -76,7 +96,9 @@ def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str)
     handler = ROOT / f"{method.module.replace('.', '/')}.py"
     assert handler.is_file() and _defines_train(handler), f"{name}: no {handler.relative_to(ROOT)} with a train()"
     # the handler trains with the TRL classes the table names (and events report)
-    assert {method.trainer, method.config} <= _imported_names(handler), f"{name}: handler does not import {method.trained_by}"
+    assert {method.trainer, method.config} <= _imported_names(handler), (
+        f"{name}: handler does not import {method.trained_by}"
+    )
     assert (ROOT / "schemas" / "examples" / f"{name}.json").is_file(), f"{name}: no schemas/examples/{name}.json"
     test = ROOT / "tests" / "handlers" / f"test_{name}.py"
     assert test.is_file() and f'"{name}"' in test.read_text(), f"{name}: no tests/handlers/test_{name}.py that runs it"
@@ -84,7 +106,11 @@ def test_every_method_has_a_handler_an_example_and_an_end_to_end_test(name: str)
 
 def test_every_handler_module_is_in_the_table() -> None:
     methods = ROOT / "handlers" / "methods"
-    handlers = {".".join(path.relative_to(methods).with_suffix("").parts) for path in methods.rglob("*.py") if _defines_train(path)}
+    handlers = {
+        ".".join(path.relative_to(methods).with_suffix("").parts)
+        for path in methods.rglob("*.py")
+        if _defines_train(path)
+    }
     assert handlers == {method.handler for method in METHODS.values()}
 
 

@@ -28,7 +28,9 @@ def _trl_like(**changes: Any) -> types.SimpleNamespace:
     """trl.rewards as a release might have it: its functions, with `changes` (None removes one)."""
     functions = {**trl_functions(trl.rewards), **changes}
     functions = {name: function for name, function in functions.items() if function is not None}
-    return types.SimpleNamespace(__all__=["accuracy_rewards", *functions], accuracy_rewards=trl.rewards.accuracy_rewards, **functions)
+    return types.SimpleNamespace(
+        __all__=["accuracy_rewards", *functions], accuracy_rewards=trl.rewards.accuracy_rewards, **functions
+    )
 
 
 def test_a_reward_trl_adds_fails_the_drift_test() -> None:
@@ -36,24 +38,39 @@ def test_a_reward_trl_adds_fails_the_drift_test() -> None:
         raise AssertionError("never called")
 
     found = reward_drift(_trl_like(get_language_consistency_reward=get_language_consistency_reward))
-    assert found == ["trl.rewards.get_language_consistency_reward: a reward TRL ships that a request cannot name: "
-                     "add it to TRL_REWARDS in schemas/rewards.py"]
+    assert found == [
+        "trl.rewards.get_language_consistency_reward: a reward TRL ships that a request cannot name: "
+        "add it to TRL_REWARDS in schemas/rewards.py"
+    ]
 
 
 def test_a_reward_trl_removes_fails_the_drift_test() -> None:
     found = reward_drift(_trl_like(get_soft_overlong_punishment=None))
-    assert found == ["trl.rewards.get_soft_overlong_punishment: gone from TRL: remove SoftOverlongPunishmentReward from schemas/rewards.py"]
+    assert found == [
+        "trl.rewards.get_soft_overlong_punishment: gone from TRL: remove SoftOverlongPunishmentReward from schemas/rewards.py"
+    ]
 
 
-@pytest.mark.parametrize(("replacement", "expected"), [
-    ("def get_repetition_penalty_reward(ngram_size: int = 4, max_penalty: float = -1.0): ...",
-     "RepetitionPenaltyReward.ngram_size: default 3, TRL's 4"),
-    ("def get_repetition_penalty_reward(ngram_size: int = 3, max_penalty: float = -1.0, unit: str = 'token'): ...",
-     "trl.rewards.get_repetition_penalty_reward(unit): a parameter RepetitionPenaltyReward lacks"),
-    ("def get_repetition_penalty_reward(max_penalty: float = -1.0): ...",
-     "RepetitionPenaltyReward.ngram_size: not a parameter of trl.rewards.get_repetition_penalty_reward"),
-])
+@pytest.mark.parametrize(
+    ("replacement", "expected"),
+    [
+        (
+            "def get_repetition_penalty_reward(ngram_size: int = 4, max_penalty: float = -1.0): ...",
+            "RepetitionPenaltyReward.ngram_size: default 3, TRL's 4",
+        ),
+        (
+            "def get_repetition_penalty_reward(ngram_size: int = 3, max_penalty: float = -1.0, unit: str = 'token'): ...",
+            "trl.rewards.get_repetition_penalty_reward(unit): a parameter RepetitionPenaltyReward lacks",
+        ),
+        (
+            "def get_repetition_penalty_reward(max_penalty: float = -1.0): ...",
+            "RepetitionPenaltyReward.ngram_size: not a parameter of trl.rewards.get_repetition_penalty_reward",
+        ),
+    ],
+)
 def test_a_parameter_trl_changes_fails_the_drift_test(replacement: str, expected: str) -> None:
     namespace: dict[str, Any] = {}
     exec(replacement, namespace)  # a stand-in of our own: TRL's function as a later release might define it
-    assert reward_drift(_trl_like(get_repetition_penalty_reward=namespace["get_repetition_penalty_reward"])) == [expected]
+    assert reward_drift(_trl_like(get_repetition_penalty_reward=namespace["get_repetition_penalty_reward"])) == [
+        expected
+    ]

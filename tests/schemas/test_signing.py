@@ -52,7 +52,11 @@ def test_anything_but_a_trusted_keys_signature_over_those_bytes_is_refused(forge
         "altered": (altered, [(SIGNATURE_HEADER, genuine)], "bad_signature"),  # the fleet's signature, other bytes
         "foreign": (value, [(SIGNATURE_HEADER, stranger.sign(value))], "unknown_key"),
         # A stranger's signature under the fleet's key id: the id only picks the key, the key checks.
-        "garbled": (value, [(SIGNATURE_HEADER, f"ed25519:{fleet.key_id}:".encode() + stranger.sign(value).rsplit(b":", 1)[1])], "bad_signature"),
+        "garbled": (
+            value,
+            [(SIGNATURE_HEADER, f"ed25519:{fleet.key_id}:".encode() + stranger.sign(value).rsplit(b":", 1)[1])],
+            "bad_signature",
+        ),
         "twice": (value, [(SIGNATURE_HEADER, b"ed25519:0:AAAA"), (SIGNATURE_HEADER, genuine)], "malformed"),
         "null": (value, [(SIGNATURE_HEADER, None)], "malformed"),
     }[forge]
@@ -61,7 +65,10 @@ def test_anything_but_a_trusted_keys_signature_over_those_bytes_is_refused(forge
     assert raised.value.reason == reason
 
 
-@pytest.mark.parametrize("header", [b"", b"ed25519", b"rsa:abc:AAAA", b"ed25519:abc:not base64!", b"ed25519:abc:" + base64.b64encode(b"short")])
+@pytest.mark.parametrize(
+    "header",
+    [b"", b"ed25519", b"rsa:abc:AAAA", b"ed25519:abc:not base64!", b"ed25519:abc:" + base64.b64encode(b"short")],
+)
 def test_a_header_that_is_not_a_signature_is_malformed(header: bytes) -> None:
     with pytest.raises(UnverifiedEvent) as raised:
         trusting(signer()).verify(accepted(), [(SIGNATURE_HEADER, header)])
@@ -75,7 +82,11 @@ def test_without_keys_read_event_reads_as_before() -> None:
 
 def test_a_forged_succeeded_is_refused_before_it_is_parsed() -> None:
     """The consumer's case: a `succeeded` written by hand, `published: main`, is never a deployable event."""
-    forged = Succeeded.model_validate(event_document("succeeded", request_id="forged", published="main")).model_dump_json().encode()
+    forged = (
+        Succeeded.model_validate(event_document("succeeded", request_id="forged", published="main"))
+        .model_dump_json()
+        .encode()
+    )
     with pytest.raises(UnverifiedEvent):
         read_event(forged, keys=trusting(signer()), headers=[])
 

@@ -30,7 +30,11 @@ def test_a_key_given_twice_is_rejected_naming_it_without_its_value() -> None:
 
 
 def test_a_nested_key_given_twice_is_named_by_its_path() -> None:
-    raw = json.dumps(sft_request("dup")).encode().replace(b'"output": {', b'"output": {"private": true, "private": false, ', 1)
+    raw = (
+        json.dumps(sft_request("dup"))
+        .encode()
+        .replace(b'"output": {', b'"output": {"private": true, "private": false, ', 1)
+    )
     assert [error.path for error in rejected(raw).errors] == ["output.private"]
 
 
@@ -57,17 +61,20 @@ def test_the_same_key_in_two_objects_is_not_a_repeat() -> None:
     assert isinstance(decode_request(json.dumps(sft_request("ok", metadata={"id": "a"})).encode()), RequestBase)
 
 
-@pytest.mark.parametrize(("block", "field", "value"), [
-    ("training", "per_device_train_batch_size", "8"),
-    ("training", "per_device_train_batch_size", True),
-    ("training", "per_device_train_batch_size", 8.0),
-    ("training", "max_steps", "9" * 4300),
-    ("training", "learning_rate", "1e-4"),
-    ("training", "learning_rate", True),
-    ("output", "private", "no"),
-    ("output", "private", 0),
-    ("peft", "r", "8"),
-])
+@pytest.mark.parametrize(
+    ("block", "field", "value"),
+    [
+        ("training", "per_device_train_batch_size", "8"),
+        ("training", "per_device_train_batch_size", True),
+        ("training", "per_device_train_batch_size", 8.0),
+        ("training", "max_steps", "9" * 4300),
+        ("training", "learning_rate", "1e-4"),
+        ("training", "learning_rate", True),
+        ("output", "private", "no"),
+        ("output", "private", 0),
+        ("peft", "r", "8"),
+    ],
+)
 def test_nothing_is_coerced(block: str, field: str, value: Any) -> None:
     document = sft_request("strict")
     document.setdefault(block, {})[field] = value

@@ -32,14 +32,29 @@ def events(
 
 def jobs(
     config: ConfigOption = None,
-    state: Annotated[list[str] | None, typer.Option("--state", help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.")] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--state",
+            help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.",
+        ),
+    ] = None,
     method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
     host: Annotated[str | None, typer.Option(help="Only requests whose latest event came from this host.")] = None,
-    since: Annotated[str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")] = None,
-    slots: Annotated[int | None, typer.Option(min=1, help=(
-        "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
-        "last 24 hours, each counted with the slots its latest `accepted` event said (one where it said none). Without classes "
-        "each partition is its own queue, and its ETAs follow its running job."))] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only requests with an event in this past age: 30m, 2h, 7d.")
+    ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help=(
+                "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
+                "last 24 hours, each counted with the slots its latest `accepted` event said (one where it said none). Without classes "
+                "each partition is its own queue, and its ETAs follow its running job."
+            ),
+        ),
+    ] = None,
 ) -> None:
     """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
     waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits;
@@ -62,9 +77,14 @@ def jobs(
     now = datetime.now(UTC)
     events = with_kafka(settings, history(settings))
     others = [each for each in state or [] if each != "queued"]
-    listed = [job for job in fold(events).values()
-              if (not state or job.state in others) and (method is None or job.method == method) and (host is None or job.host == host)
-              and (within is None or now - job.last <= within)]
+    listed = [
+        job
+        for job in fold(events).values()
+        if (not state or job.state in others)
+        and (method is None or job.method == method)
+        and (host is None or job.host == host)
+        and (within is None or now - job.last <= within)
+    ]
     if not state or others:
         typer.echo(HEADER)
         for job in sorted(listed, key=lambda job: job.last):
@@ -87,7 +107,9 @@ def jobs(
 def get(
     request_id: str,
     config: ConfigOption = None,
-    slots: Annotated[int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")] = None,
+    slots: Annotated[
+        int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")
+    ] = None,
 ) -> None:
     """One request's whole history, event by event, and where it stands; a waiting one's place and ETA, worked out now,
     and where it waits, or that its cancel is pending; exit 1 when it has no events and waits nowhere."""
@@ -104,7 +126,10 @@ def get(
     if not mine or fold(mine)[request_id].state == "queued":
         waits = with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC), events))
     if not mine and waits is None:
-        typer.echo(f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues", err=True)
+        typer.echo(
+            f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues",
+            err=True,
+        )
         raise typer.Exit(1)
     events = mine
     last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
@@ -116,7 +141,10 @@ def get(
         job = fold(events)[request_id]
         # A `queued` event's place and ETA were its host's when it published it: with the fresh ones below, they are left out.
         detail = "" if waits is not None and job.latest == "queued" else job.detail
-        typer.echo(f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}" + (f"; {detail}" if detail else ""))
+        typer.echo(
+            f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}"
+            + (f"; {detail}" if detail else "")
+        )
     if waits is not None:
         typer.echo(waits)
 
@@ -124,7 +152,9 @@ def get(
 def logs(
     request_id: str,
     config: ConfigOption = None,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing the log as it grows, until the request ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing the log as it grows, until the request ends.")
+    ] = False,
 ) -> None:
     """The trainer's log of a request, from whichever host runs or ran it (its endpoint, with the fleet's logs_token)."""
     from daemon.cli.logs import LogsError, show_log

@@ -64,11 +64,15 @@ def status(
         typer.echo(json.dumps(document, indent=2))
         return
     slots = document["slots"]
-    typer.echo(f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy")
+    typer.echo(
+        f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy"
+    )
     packing = document.get("packing")
     for gpu, held in (packing or {}).get("gpus", {}).items():
-        typer.echo(f"  GPU {gpu}: {held['jobs']} of {packing['max_jobs_per_gpu']} job(s), "
-                   f"{held['reserved_bytes'] / 2**30:.1f} of {packing['usable_bytes'] / 2**30:.1f} GiB held by their shares")
+        typer.echo(
+            f"  GPU {gpu}: {held['jobs']} of {packing['max_jobs_per_gpu']} job(s), "
+            f"{held['reserved_bytes'] / 2**30:.1f} of {packing['usable_bytes'] / 2**30:.1f} GiB held by their shares"
+        )
     for job in document["jobs"]:
         step = f", step {job['step']}/{job['total_steps']}" if job.get("step") is not None else ""
         share = job.get("memory_share_bytes")
@@ -89,8 +93,13 @@ def doctor(config: ConfigOption = None) -> None:
 
 
 def keys(
-    folder: Annotated[Path, typer.Argument(help="Where event-signing-key.pem (owner-only) and event-verify-key.pub go.")],
-    team: Annotated[str | None, typer.Option("--team", help="Make TEAM's producer key pair instead: TEAM-producer-key.pem and .pub.")] = None,
+    folder: Annotated[
+        Path, typer.Argument(help="Where event-signing-key.pem (owner-only) and event-verify-key.pub go.")
+    ],
+    team: Annotated[
+        str | None,
+        typer.Option("--team", help="Make TEAM's producer key pair instead: TEAM-producer-key.pem and .pub."),
+    ] = None,
 ) -> None:
     """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers'
     event_verify_keys; with --team, a team's: the private key for its producers' producer_key_file, the public key for teams.TEAM.producer_keys."""
@@ -108,20 +117,38 @@ def keys(
         raise typer.Exit(2) from exc
     if team is not None:
         private_name, public_name = team_names(team)
-        typer.echo(f"key {key_id}: private key {folder / private_name} (its producers' producer_key_file), public key {folder / public_name}")
-        typer.echo(f"[teams.{team}]\nproducer_keys = [\"{public}\"]")
+        typer.echo(
+            f"key {key_id}: private key {folder / private_name} (its producers' producer_key_file), public key {folder / public_name}"
+        )
+        typer.echo(f'[teams.{team}]\nproducer_keys = ["{public}"]')
         return
-    typer.echo(f"key {key_id}: private key {folder / PRIVATE_NAME} (event_signing_key_file), public key {folder / PUBLIC_NAME}")
-    typer.echo(f"event_verify_keys = [\"{public}\"]")
+    typer.echo(
+        f"key {key_id}: private key {folder / PRIVATE_NAME} (event_signing_key_file), public key {folder / PUBLIC_NAME}"
+    )
+    typer.echo(f'event_verify_keys = ["{public}"]')
 
 
 def topics(
     config: ConfigOption = None,
-    partitions: Annotated[int | None, typer.Option(help="Partitions of each topic; at least the fleet's GPU slots. Default: topic_partitions, else 1.")] = None,
-    replication_factor: Annotated[int, typer.Option(help="Replicas of each partition (3 on a production cluster).")] = 1,
-    grow: Annotated[bool, typer.Option("--grow", help=(
-        "Add partitions to a topic that has fewer than asked. A key may then map to another partition: per-key order holds only "
-        "for records written after growth."))] = False,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            help="Partitions of each topic; at least the fleet's GPU slots. Default: topic_partitions, else 1."
+        ),
+    ] = None,
+    replication_factor: Annotated[
+        int, typer.Option(help="Replicas of each partition (3 on a production cluster).")
+    ] = 1,
+    grow: Annotated[
+        bool,
+        typer.Option(
+            "--grow",
+            help=(
+                "Add partitions to a topic that has fewer than asked. A key may then map to another partition: per-key order holds only "
+                "for records written after growth."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Create every topic the settings name (requests, events, DLQ, control; with classes their queues and the claims topic)
     where missing; say a topic with fewer partitions than asked, and grow it with --grow; exit 1 on a refused or short topic."""
@@ -130,7 +157,9 @@ def topics(
 
     settings = read_settings(config)
     count = partitions if partitions is not None else settings.topic_partitions or 1
-    made = with_kafka(settings, make_topics(settings, partitions=count, replication_factor=replication_factor, grow=grow))
+    made = with_kafka(
+        settings, make_topics(settings, partitions=count, replication_factor=replication_factor, grow=grow)
+    )
     lines, failed = report(made)
     for line in lines:
         typer.echo(line, err=line.startswith("adapterd:"))

@@ -25,7 +25,9 @@ def methods() -> None:
 
 
 def schema(
-    which: Annotated[Literal["request", "event", "control"] | None, typer.Argument(help="One schema; all three when left out.")] = None,
+    which: Annotated[
+        Literal["request", "event", "control"] | None, typer.Argument(help="One schema; all three when left out.")
+    ] = None,
 ) -> None:
     """Print the JSON Schemas of requests, events and control messages (schemas/json/)."""
     from schemas.generated import json_schemas
@@ -35,10 +37,27 @@ def schema(
 
 
 def demo(
-    work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path("adapterd-demo"),
-    method: Annotated[str, typer.Option(help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision, grpo-math (GRPO on sums, TRL's accuracy reward).")] = "sft",
-    gate: Annotated[bool, typer.Option(help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny model poisoned with NaN, fails it.")] = False,
-    keep: Annotated[bool, typer.Option(help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel against them; Ctrl-C stops both.")] = False,
+    work_dir: Annotated[Path, typer.Option(help="Where the broker, the tiny model and the adapter go.")] = Path(
+        "adapterd-demo"
+    ),
+    method: Annotated[
+        str,
+        typer.Option(
+            help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision, grpo-math (GRPO on sums, TRL's accuracy reward)."
+        ),
+    ] = "sft",
+    gate: Annotated[
+        bool,
+        typer.Option(
+            help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny model poisoned with NaN, fails it."
+        ),
+    ] = False,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel against them; Ctrl-C stops both."
+        ),
+    ] = False,
 ) -> None:
     """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
     from daemon.cli.demo import main

@@ -18,7 +18,14 @@ from schemas import Cancel
 
 def validate(
     file: RequestFile,
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge it by this host's settings (policy, bounds, GPUs, memory plan), as its daemon would.")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Also judge it by this host's settings (policy, bounds, GPUs, memory plan), as its daemon would.",
+        ),
+    ] = None,
 ) -> None:
     """Check a request file against the schema, without publishing it; exit 1 when it is not valid."""
     request = read_request(file)
@@ -34,8 +41,13 @@ def validate(
 def submit(
     file: RequestFile,
     config: ConfigOption = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")] = False,
-    key: Annotated[Path | None, typer.Option("--key", help="The team's private key to sign the request with; default: producer_key_file.")] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Follow the request's events; exit 0 on succeeded, 1 otherwise.")
+    ] = False,
+    key: Annotated[
+        Path | None,
+        typer.Option("--key", help="The team's private key to sign the request with; default: producer_key_file."),
+    ] = None,
 ) -> None:
     """Validate a request file and publish it to the requests topic, keyed by its request id, signed with the team's key when there is one."""
     request = read_request(file)
@@ -48,7 +60,9 @@ def submit(
             producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
             try:
                 await producer.start()
-                meta = await producer.send_and_wait(settings.requests_topic, value, key=request.request_id.encode(), headers=headers)
+                meta = await producer.send_and_wait(
+                    settings.requests_topic, value, key=request.request_id.encode(), headers=headers
+                )
             finally:
                 await producer.stop()
             typer.echo(f"submitted {request.request_id} to {meta.topic}[{meta.partition}]@{meta.offset}")
@@ -76,12 +90,17 @@ def producer_signed(value: bytes, key: Path | None, setting: Path | None) -> lis
 
 
 def cancel(
-    request_id: Annotated[str | None, typer.Argument(help="The request to cancel; or leave it out and sweep by --team, --class, --selector.")] = None,
+    request_id: Annotated[
+        str | None,
+        typer.Argument(help="The request to cancel; or leave it out and sweep by --team, --class, --selector."),
+    ] = None,
     config: ConfigOption = None,
     reason: Annotated[str, typer.Option(help="Why; echoed in the cancelled event.")] = "cancelled by an operator",
     team: Annotated[str | None, typer.Option(help="Sweep: every waiting or running request of this team.")] = None,
     priority_class: Annotated[str | None, typer.Option("--class", help="Sweep: ... of this priority class.")] = None,
-    selector: Annotated[list[str] | None, typer.Option(help="Sweep: ... whose metadata has key=value; repeatable, all must match.")] = None,
+    selector: Annotated[
+        list[str] | None, typer.Option(help="Sweep: ... whose metadata has key=value; repeatable, all must match.")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be cancelled, and send nothing.")] = False,
 ) -> None:
     """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent).

@@ -37,11 +37,29 @@ CONVERT_TRL_HELP = (
 
 @convert_app.command("trl-config", help=CONVERT_TRL_HELP)
 def convert_trl_config(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The YAML file a `trl` CLI run takes (`trl sft --config FILE`).")],
-    method: Annotated[str | None, typer.Option(help="The training method; by default the one the file's name starts with (sft.yaml).")] = None,
-    output_repo: Annotated[str | None, typer.Option(help="output.repo_id, NAMESPACE/NAME; by default the file's hub_model_id.")] = None,
-    request_id: Annotated[str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")] = None,
-    host_config: Annotated[Path | None, typer.Option("--config", "-c", help="Also judge the request by this host's settings (policy, bounds), as its daemon would.")] = None,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            exists=True, dir_okay=False, help="The YAML file a `trl` CLI run takes (`trl sft --config FILE`)."
+        ),
+    ],
+    method: Annotated[
+        str | None, typer.Option(help="The training method; by default the one the file's name starts with (sft.yaml).")
+    ] = None,
+    output_repo: Annotated[
+        str | None, typer.Option(help="output.repo_id, NAMESPACE/NAME; by default the file's hub_model_id.")
+    ] = None,
+    request_id: Annotated[
+        str | None, typer.Option(help="The request id; by default the file's name and the time (a new run).")
+    ] = None,
+    host_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Also judge the request by this host's settings (policy, bounds), as its daemon would.",
+        ),
+    ] = None,
 ) -> None:
     """Print the adapterd request a `trl` CLI config file makes (daemon/cli/convert/trl_config.py does the work)."""
     from datetime import UTC, datetime
@@ -54,7 +72,12 @@ def convert_trl_config(
         config = read_trl_config(file)
         keys = list(config)  # the file's own: a renamed key is carried under its new name in `config`
         chosen = method_for(file, method)
-        conversion = convert(config, chosen, request_id or default_request_id(file, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")), output_repo)
+        conversion = convert(
+            config,
+            chosen,
+            request_id or default_request_id(file, datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")),
+            output_repo,
+        )
     except UsageError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -36,7 +36,11 @@ from schemas.generated import load_contract
 from schemas.request_base import REPO_ID_PATTERN, TrainingSpec
 
 # Keys TRL reads only when their strategy is "steps" (TrainingArguments' own rule).
-IGNORED_UNLESS_STEPS = (("save_steps", "save_strategy"), ("eval_steps", "eval_strategy"), ("logging_steps", "logging_strategy"))
+IGNORED_UNLESS_STEPS = (
+    ("save_steps", "save_strategy"),
+    ("eval_steps", "eval_strategy"),
+    ("logging_steps", "logging_strategy"),
+)
 
 
 def convert(config: dict[str, Any], method: str, request_id: str, output_repo: str | None = None) -> Conversion:
@@ -97,8 +101,15 @@ class _Converter(Ledger):
         for steps, strategy in IGNORED_UNLESS_STEPS:
             chosen = self.config.get(strategy, self.training_fields.get(strategy, {}).get("default"))
             if self.has(steps) and chosen != "steps":
-                self.drop(steps, f"ignored by TRL under {strategy} {chosen!r}" + (
-                    "; the daemon saves every training.save_steps (transformers' 500 when unset)" if steps == "save_steps" else ""))
+                self.drop(
+                    steps,
+                    f"ignored by TRL under {strategy} {chosen!r}"
+                    + (
+                        "; the daemon saves every training.save_steps (transformers' 500 when unset)"
+                        if steps == "save_steps"
+                        else ""
+                    ),
+                )
 
     def output(self) -> None:
         hub_model_id = self.get("hub_model_id")
@@ -109,7 +120,9 @@ class _Converter(Ledger):
         elif isinstance(hub_model_id, str) and "/" in hub_model_id:
             self.put("output.repo_id", hub_model_id, "hub_model_id")
         elif hub_model_id is not None:
-            self.error("output.repo_id", f"hub_model_id {hub_model_id!r} has no namespace; give --output-repo NAMESPACE/NAME")
+            self.error(
+                "output.repo_id", f"hub_model_id {hub_model_id!r} has no namespace; give --output-repo NAMESPACE/NAME"
+            )
         else:
             self.error("output.repo_id", "the file has no hub_model_id; give --output-repo NAMESPACE/NAME")
         if self.get("hub_private_repo") is not None:
@@ -118,7 +131,9 @@ class _Converter(Ledger):
             self.put("output.revision", self.config["hub_revision"], "hub_revision")
         if self.has("num_processes"):
             self.put("resources.gpus", self.get("num_processes"), "num_processes")
-        self.drop("accelerate_config", refused("training", "local_rank", "accelerate_config"))  # the daemon launches the processes
+        self.drop(
+            "accelerate_config", refused("training", "local_rank", "accelerate_config")
+        )  # the daemon launches the processes
 
     def blocks(self) -> None:
         """TrainingArguments keys to `training`, the method's own config keys to its block."""
@@ -158,9 +173,16 @@ class _Converter(Ledger):
         carried = [name for name in names if name in allowed]
         for name in names:
             if name == "all":
-                self.dropped.append(Dropped("report_to", f"all: every integration installed on the host; a request names them ({', '.join(allowed)})"))
+                self.dropped.append(
+                    Dropped(
+                        "report_to",
+                        f"all: every integration installed on the host; a request names them ({', '.join(allowed)})",
+                    )
+                )
             elif name not in allowed:
-                self.dropped.append(Dropped("report_to", f"{name}: not an integration a request may turn on ({', '.join(allowed)})"))
+                self.dropped.append(
+                    Dropped("report_to", f"{name}: not an integration a request may turn on ({', '.join(allowed)})")
+                )
         if carried:
             self.put("training.report_to", carried, "report_to")
 
@@ -180,8 +202,13 @@ class _Converter(Ledger):
             why = self.misspelled[key] = f"unknown to {version}'s {self.config_class}; did you mean {meant[0]!r}?"
             self.errors.append(FieldError(path=self.request_path(meant[0]), message=f"the file's key {key!r} is {why}"))
             return
-        self.dropped.append(Dropped(key, f"unknown to {version}'s {self.config_class}, ModelConfig and script arguments "
-                                         "(trl's CLI passes such keys to `accelerate launch`)"))
+        self.dropped.append(
+            Dropped(
+                key,
+                f"unknown to {version}'s {self.config_class}, ModelConfig and script arguments "
+                "(trl's CLI passes such keys to `accelerate launch`)",
+            )
+        )
 
     # --- the check ---
 
@@ -191,13 +218,22 @@ class _Converter(Ledger):
         carried: dict[str, list[str]] = {}
         for path, key in self.origin.items():
             carried.setdefault(key, []).append(path)
-        conversion = Conversion(renamed=self.renamed, dropped=self.dropped, errors=list(self.errors), changed=self.changed,
-                                carried=carried, defaulted=self.defaulted, misspelled=self.misspelled, noted=self.noted)
+        conversion = Conversion(
+            renamed=self.renamed,
+            dropped=self.dropped,
+            errors=list(self.errors),
+            changed=self.changed,
+            carried=carried,
+            defaulted=self.defaulted,
+            misspelled=self.misspelled,
+            noted=self.noted,
+        )
         decoded = decode_request(json.dumps(self.request).encode(), scanner=SCANNER)
         if isinstance(decoded, Rejection):
             named = [error.path for error in self.errors]
             conversion.errors += [
-                FieldError(path=error.path, message=self.annotated(error)) for error in decoded.errors
+                FieldError(path=error.path, message=self.annotated(error))
+                for error in decoded.errors
                 if not any(_within(error.path, path) or _within(path, error.path) for path in named)
             ]
         elif not self.errors:
@@ -211,8 +247,13 @@ class _Converter(Ledger):
             if path in self.origin:
                 return f"{error.message} (from {self.origin[path]})"
             path = path.rpartition(".")[0]
-        needs = {"model": "model_name_or_path", "dataset": "dataset_name or datasets", "output": "hub_model_id NAMESPACE/NAME or --output-repo",
-                 "rewards": "reward_funcs or reward_model_name_or_path", "reward_model": "reward_model_path"}
+        needs = {
+            "model": "model_name_or_path",
+            "dataset": "dataset_name or datasets",
+            "output": "hub_model_id NAMESPACE/NAME or --output-repo",
+            "rewards": "reward_funcs or reward_model_name_or_path",
+            "reward_model": "reward_model_path",
+        }
         top = error.path.split(".")[0]
         return f"{error.message} (set {needs[top]})" if top in needs else error.message
 

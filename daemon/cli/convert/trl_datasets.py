@@ -12,13 +12,29 @@ from daemon.cli.convert.ledger import Changed, Dropped, Ledger
 
 # trl.ScriptArguments (every script) and trl.DatasetMixtureConfig (the `datasets:` mixture), with their defaults (trl 1.16).
 SCRIPT_DEFAULTS: dict[str, Any] = {
-    "dataset_name": None, "dataset_config": None, "dataset_train_split": "train", "dataset_test_split": "test",
-    "dataset_streaming": False, "ignore_bias_buffers": False,
+    "dataset_name": None,
+    "dataset_config": None,
+    "dataset_train_split": "train",
+    "dataset_test_split": "test",
+    "dataset_streaming": False,
+    "ignore_bias_buffers": False,
 }
 MIXTURE_DEFAULTS: dict[str, Any] = {"datasets": [], "streaming": False, "test_split_size": None}
 # datasets' packaged builders a `datasets:` entry may name as its `path`, with the files in `data_files`.
 FILE_BUILDERS = {"json": "json", "csv": "csv", "parquet": "parquet", "arrow": "arrow"}
-OTHER_BUILDERS = {"text", "pandas", "xml", "sql", "generator", "spark", "hdf5", "imagefolder", "audiofolder", "videofolder", "webdataset"}
+OTHER_BUILDERS = {
+    "text",
+    "pandas",
+    "xml",
+    "sql",
+    "generator",
+    "spark",
+    "hdf5",
+    "imagefolder",
+    "audiofolder",
+    "videofolder",
+    "webdataset",
+}
 DATASET_CONFIG_KEYS = ("path", "name", "data_dir", "data_files", "split", "columns", "fraction")
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -32,8 +48,14 @@ def carry_dataset(keys: Ledger) -> None:
     streaming_key = "streaming" if mixture else "dataset_streaming"
     if handbook:
         carry_handbook_mixture(keys)
-        keys.drop("streaming", "unused: it streams a `datasets` mixture; dataset_streaming streams the handbook's", False)
-        keys.drop("test_split_size", "unused: it splits a `datasets` mixture; the handbook's is dataset_mixture.test_split_size", None)
+        keys.drop(
+            "streaming", "unused: it streams a `datasets` mixture; dataset_streaming streams the handbook's", False
+        )
+        keys.drop(
+            "test_split_size",
+            "unused: it splits a `datasets` mixture; the handbook's is dataset_mixture.test_split_size",
+            None,
+        )
     elif mixture:
         for key in ("dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming"):
             keys.drop(key, "ignored by the trl CLI when `datasets` is given", SCRIPT_DEFAULTS[key])
@@ -52,17 +74,31 @@ def carry_dataset(keys: Ledger) -> None:
                 keys.put("dataset.split", keys.get("dataset_train_split"), "dataset_train_split")
     if keys.get(streaming_key, False) and "dataset" in keys.request:
         keys.put("dataset.streaming", True, streaming_key)
-    keys.drop("ignore_bias_buffers", "a DDP workaround of trl's dpo script; adapterd's trainers have no such switch", False)
+    keys.drop(
+        "ignore_bias_buffers", "a DDP workaround of trl's dpo script; adapterd's trainers have no such switch", False
+    )
     carry_prompt_column(keys)
     # trl evaluates on dataset_test_split whenever eval_strategy is not "no".
     evaluates = keys.config.get("eval_strategy", "no") not in ("no", None)
     if not handbook and not mixture:
         if evaluates and "dataset" in keys.request:
-            keys.put("dataset.eval_split", keys.get("dataset_test_split", SCRIPT_DEFAULTS["dataset_test_split"]), "dataset_test_split")
+            keys.put(
+                "dataset.eval_split",
+                keys.get("dataset_test_split", SCRIPT_DEFAULTS["dataset_test_split"]),
+                "dataset_test_split",
+            )
         else:
-            keys.drop("dataset_test_split", "unused: eval_strategy is 'no', so trl evaluates nothing", SCRIPT_DEFAULTS["dataset_test_split"])
+            keys.drop(
+                "dataset_test_split",
+                "unused: eval_strategy is 'no', so trl evaluates nothing",
+                SCRIPT_DEFAULTS["dataset_test_split"],
+            )
     if evaluates and not {"eval_split", "test_split_size"} & set(keys.request.get("dataset", {})):
-        keys.drop("eval_strategy", "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size", "no")
+        keys.drop(
+            "eval_strategy",
+            "no eval set was carried: give dataset.eval, dataset.eval_split or dataset.test_split_size",
+            "no",
+        )
 
 
 def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") -> None:
@@ -83,9 +119,19 @@ def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") ->
             source["proportion"] = entry["fraction"]
         for key in entry:
             if key == "data_dir" and entry[key] is not None:
-                keys.dropped.append(Dropped(f"{prefix}.{index}.data_dir", "a request names a Hub dataset's files in data_files; give data_files inside that folder"))
+                keys.dropped.append(
+                    Dropped(
+                        f"{prefix}.{index}.data_dir",
+                        "a request names a Hub dataset's files in data_files; give data_files inside that folder",
+                    )
+                )
             elif key == "columns" and entry[key] is not None:
-                keys.dropped.append(Dropped(f"{prefix}.{index}.columns", "adapterd's dataset.columns renames columns, it does not select them; the method reads the columns it needs"))
+                keys.dropped.append(
+                    Dropped(
+                        f"{prefix}.{index}.columns",
+                        "adapterd's dataset.columns renames columns, it does not select them; the method reads the columns it needs",
+                    )
+                )
             elif key not in DATASET_CONFIG_KEYS:
                 keys.dropped.append(Dropped(f"{prefix}.{index}.{key}", "unknown to trl's DatasetConfig"))
         sources.append(source)
@@ -98,13 +144,21 @@ def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") ->
         return
     with_share = [source for source in sources if "proportion" in source]
     if len(with_share) != len(sources):
-        keys.error("dataset.mixture", f"{prefix}: give every entry a `fraction`; without them trl concatenates whole datasets, "
-                                      "and adapterd's mixture draws from each source by its proportion")
+        keys.error(
+            "dataset.mixture",
+            f"{prefix}: give every entry a `fraction`; without them trl concatenates whole datasets, "
+            "and adapterd's mixture draws from each source by its proportion",
+        )
         return
     keys.put("dataset", {"mixture": sources}, prefix)
-    keys.changed.append(Changed(prefix, "each entry's fraction of its dataset becomes its share of the mixture: the recipe keeps that "
-                                        "fraction of each dataset's rows and concatenates them, adapterd interleaves the sources by "
-                                        "these shares (normalised), so a source is drawn by its share, not by its size"))
+    keys.changed.append(
+        Changed(
+            prefix,
+            "each entry's fraction of its dataset becomes its share of the mixture: the recipe keeps that "
+            "fraction of each dataset's rows and concatenates them, adapterd interleaves the sources by "
+            "these shares (normalised), so a source is drawn by its share, not by its size",
+        )
+    )
     _carry_test_split(keys)
 
 
@@ -114,7 +168,12 @@ def _carry_test_split(keys: Ledger, key: str = "test_split_size") -> None:
     value = _nested(keys, key)
     if keys.get("streaming", False):
         if value is not None:
-            keys.dropped.append(Dropped(key, "a stream has no length to carve a part of; give an eval set as dataset.eval or dataset.eval_split"))
+            keys.dropped.append(
+                Dropped(
+                    key,
+                    "a stream has no length to carve a part of; give an eval set as dataset.eval or dataset.eval_split",
+                )
+            )
     elif value is not None:
         # trl's own split is unseeded; adapterd's is seeded by training.seed, so every attempt evaluates the same rows.
         keys.put("dataset.test_split_size", value, key)
@@ -143,7 +202,9 @@ def carry_handbook_mixture(keys: Ledger) -> None:
             return
         entries = [_handbook_entry(entry) for entry in mixture["datasets"]]
         if mixture.get("seed") is not None:
-            keys.dropped.append(Dropped("dataset_mixture.seed", "adapterd draws a mixture and carves its eval set with training.seed"))
+            keys.dropped.append(
+                Dropped("dataset_mixture.seed", "adapterd draws a mixture and carves its eval set with training.seed")
+            )
         for extra in set(mixture) - {"datasets", "seed", "test_split_size"}:
             keys.dropped.append(Dropped(f"dataset_mixture.{extra}", "unknown to the handbook's DatasetMixtureConfig"))
         carry_mixture(keys, entries, prefix="dataset_mixture.datasets")
@@ -151,20 +212,35 @@ def carry_handbook_mixture(keys: Ledger) -> None:
         return
     mixer, splits = keys.get("dataset_mixer"), keys.get("dataset_splits", ["train", "test"])
     if not isinstance(mixer, dict) or not isinstance(splits, list):
-        keys.error("dataset", "dataset_mixer: a mapping of dataset ids to weights, with dataset_splits a list of split names")
+        keys.error(
+            "dataset", "dataset_mixer: a mapping of dataset ids to weights, with dataset_splits a list of split names"
+        )
         return
     train = [split for split in splits if "train" in str(split)]
     test = [split for split in splits if "test" in str(split)]
     if len(train) != 1:
-        keys.error("dataset", f"dataset_splits: {splits} names {len(train)} train splits; adapterd reads one per source")
+        keys.error(
+            "dataset", f"dataset_splits: {splits} names {len(train)} train splits; adapterd reads one per source"
+        )
         return
-    carry_mixture(keys, [{"path": name, "split": train[0], "fraction": weight} for name, weight in mixer.items()], prefix="dataset_mixer")
+    carry_mixture(
+        keys,
+        [{"path": name, "split": train[0], "fraction": weight} for name, weight in mixer.items()],
+        prefix="dataset_mixer",
+    )
     evaluates = keys.config.get("eval_strategy", "no") not in ("no", None)
     if test and evaluates and len(mixer) == 1 and "dataset" in keys.request:
-        keys.put("dataset.eval_split", test[0], "dataset_splits")  # the handbook evaluates on the test split of each dataset
+        keys.put(
+            "dataset.eval_split", test[0], "dataset_splits"
+        )  # the handbook evaluates on the test split of each dataset
     elif test and evaluates:
-        keys.dropped.append(Dropped("dataset_splits", f"{test[0]}: the test splits of several datasets are no eval set adapterd reads; "
-                                                      "give dataset.eval or dataset.test_split_size"))
+        keys.dropped.append(
+            Dropped(
+                "dataset_splits",
+                f"{test[0]}: the test splits of several datasets are no eval set adapterd reads; "
+                "give dataset.eval or dataset.test_split_size",
+            )
+        )
 
 
 def _handbook_entry(entry: Any) -> Any:
@@ -178,8 +254,11 @@ def _handbook_entry(entry: Any) -> Any:
 def carry_prompt_column(keys: Ledger) -> None:
     """open-r1's `dataset_prompt_column`: the column its GRPO script reads prompts from, renamed onto
     `prompt`; its `system_prompt`, which that script puts before each prompt, has no place in a request."""
-    keys.drop("system_prompt", "open-r1's GRPO script puts it before each prompt; a request has no system prompt: "
-                               "put the system message in the rows' prompts")
+    keys.drop(
+        "system_prompt",
+        "open-r1's GRPO script puts it before each prompt; a request has no system prompt: "
+        "put the system message in the rows' prompts",
+    )
     column = keys.get("dataset_prompt_column", "prompt")
     if column != "prompt" and "dataset" in keys.request:
         if "mixture" in keys.request["dataset"]:

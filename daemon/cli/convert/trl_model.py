@@ -13,9 +13,20 @@ from schemas.contract_rules import MODEL_CONFIG_PATHS
 # trl.ModelConfig's defaults (trl 1.16) for the keys a request says elsewhere (MODEL_CONFIG_PATHS);
 # the contract's `model` section holds the rest of ModelConfig.
 MODEL_CLI_DEFAULTS: dict[str, Any] = {
-    "model_name_or_path": None, "model_revision": "main", "dtype": "float32", "load_in_4bit": False, "load_in_8bit": False,
-    "use_peft": False, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_target_modules": None,
-    "lora_target_parameters": None, "lora_modules_to_save": None, "lora_task_type": "CAUSAL_LM", "use_rslora": False,
+    "model_name_or_path": None,
+    "model_revision": "main",
+    "dtype": "float32",
+    "load_in_4bit": False,
+    "load_in_8bit": False,
+    "use_peft": False,
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.05,
+    "lora_target_modules": None,
+    "lora_target_parameters": None,
+    "lora_modules_to_save": None,
+    "lora_task_type": "CAUSAL_LM",
+    "use_rslora": False,
     "use_dora": False,
 }
 
@@ -48,7 +59,9 @@ def carry_model_and_peft(keys: Ledger, method: str, model_fields: dict[str, Any]
     if not keys.get("use_peft", False):
         keys.request["peft"] = None
         for key in lora_keys:
-            keys.drop(key, "unused: use_peft is not set, so trl trains the whole model (peft: null)", MODEL_CLI_DEFAULTS[key])
+            keys.drop(
+                key, "unused: use_peft is not set, so trl trains the whole model (peft: null)", MODEL_CLI_DEFAULTS[key]
+            )
         return
     keys.request["peft"] = {}
     # Without lora_target_modules trl leaves the choice to PEFT (per architecture); adapterd's default is all-linear.

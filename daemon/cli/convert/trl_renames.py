@@ -42,16 +42,40 @@ class Removed:
 # Releases read from TRL's git tags and from transformers' wheels on PyPI (the deprecation
 # warning's release first, then the one that removed the old name).
 RENAMES: tuple[Rename, ...] = (
-    Rename(Renamed("torch_dtype", "dtype", "trl 0.27.0", "deprecated in 0.23.0, as transformers 4.56 renamed from_pretrained's argument")),
+    Rename(
+        Renamed(
+            "torch_dtype",
+            "dtype",
+            "trl 0.27.0",
+            "deprecated in 0.23.0, as transformers 4.56 renamed from_pretrained's argument",
+        )
+    ),
     Rename(Renamed("evaluation_strategy", "eval_strategy", "transformers 4.51.0", "deprecated in 4.41.0")),
-    Rename(Renamed("warmup_ratio", "warmup_steps", "transformers 5.15.0", "deprecated in 5.0.0; warmup_steps under 1 is a fraction of the steps"),
-           fraction=True),
+    Rename(
+        Renamed(
+            "warmup_ratio",
+            "warmup_steps",
+            "transformers 5.15.0",
+            "deprecated in 5.0.0; warmup_steps under 1 is a fraction of the steps",
+        ),
+        fraction=True,
+    ),
     Rename(Renamed("max_seq_length", "max_length", "trl 0.20.0", "deprecated in 0.16.0"), frozenset({"sft"})),
     Rename(Renamed("use_liger", "use_liger_kernel", "trl 0.18.0", "deprecated in 0.16.0"), frozenset({"sft"})),
-    Rename(Renamed("use_liger_loss", "use_liger_kernel", "trl 0.28.0", "deprecated in 0.25.0"), frozenset({"dpo", "kto", "grpo"})),
-    Rename(Renamed("vllm_guided_decoding_regex", "vllm_structured_outputs_regex", "trl 0.28.0", "deprecated in 0.27.0"), frozenset({"grpo"})),
-    Rename(Renamed("wandb_log_unique_prompts", "log_unique_prompts", "trl 0.27.0", "deprecated in 0.26.0"), frozenset({"grpo"})),
+    Rename(
+        Renamed("use_liger_loss", "use_liger_kernel", "trl 0.28.0", "deprecated in 0.25.0"),
+        frozenset({"dpo", "kto", "grpo"}),
+    ),
+    Rename(
+        Renamed("vllm_guided_decoding_regex", "vllm_structured_outputs_regex", "trl 0.28.0", "deprecated in 0.27.0"),
+        frozenset({"grpo"}),
+    ),
+    Rename(
+        Renamed("wandb_log_unique_prompts", "log_unique_prompts", "trl 0.27.0", "deprecated in 0.26.0"),
+        frozenset({"grpo"}),
+    ),
 )
+
 
 @dataclass(frozen=True)
 class RenamedValue:
@@ -67,25 +91,64 @@ class RenamedValue:
 
 # Read from TRL's git tags: SFTConfig of v0.19.1 takes "ffd", of v0.20.0 "bfd" only.
 RENAMED_VALUES: tuple[RenamedValue, ...] = (
-    RenamedValue("packing_strategy", "ffd", "bfd", "trl 0.20.0", "the same packing: trl's 'ffd' was best-fit decreasing all along (trl#3696)",
-                 frozenset({"sft"})),
+    RenamedValue(
+        "packing_strategy",
+        "ffd",
+        "bfd",
+        "trl 0.20.0",
+        "the same packing: trl's 'ffd' was best-fit decreasing all along (trl#3696)",
+        frozenset({"sft"}),
+    ),
 )
 
 _FILTER = "filter overlong prompts out of the dataset before training"
 REMOVED: tuple[Removed, ...] = (
-    Removed("overwrite_output_dir", "transformers 5.0.0", "nothing replaced it; each job writes to a fresh folder of its own"),
-    Removed("logging_dir", "transformers 5.15.0", "TensorBoard's folder is the host's (the operator's tensorboard_dir)"),
-    Removed("max_prompt_length", "trl 0.28.0", f"GRPO no longer truncates prompts: {_FILTER}; max_completion_length still caps completions",
-            frozenset({"grpo"})),
+    Removed(
+        "overwrite_output_dir",
+        "transformers 5.0.0",
+        "nothing replaced it; each job writes to a fresh folder of its own",
+    ),
+    Removed(
+        "logging_dir", "transformers 5.15.0", "TensorBoard's folder is the host's (the operator's tensorboard_dir)"
+    ),
+    Removed(
+        "max_prompt_length",
+        "trl 0.28.0",
+        f"GRPO no longer truncates prompts: {_FILTER}; max_completion_length still caps completions",
+        frozenset({"grpo"}),
+    ),
     Removed("max_prompt_length", "trl 0.29.0", f"RLOO no longer truncates prompts: {_FILTER}", frozenset({"rloo"})),
-    Removed("max_prompt_length", "trl 0.29.0", f"max_length caps prompt and completion together; {_FILTER}", frozenset({"dpo"})),
-    Removed("max_completion_length", "trl 0.29.0", "max_length caps prompt and completion together", frozenset({"dpo"})),
-    Removed("max_prompt_length", "trl 0.28.0", f"max_length caps prompt and completion together; {_FILTER}", frozenset({"orpo"})),
-    Removed("vllm_device", "trl 0.18.0", "vllm_mode chose between a vLLM server (the host's vllm_server_base_url) and colocated vLLM",
-            frozenset({"grpo"})),
-    Removed("vllm_dtype", "trl 0.18.0", "vLLM loads the model in the dtype of its own configuration", frozenset({"grpo"})),
+    Removed(
+        "max_prompt_length",
+        "trl 0.29.0",
+        f"max_length caps prompt and completion together; {_FILTER}",
+        frozenset({"dpo"}),
+    ),
+    Removed(
+        "max_completion_length", "trl 0.29.0", "max_length caps prompt and completion together", frozenset({"dpo"})
+    ),
+    Removed(
+        "max_prompt_length",
+        "trl 0.28.0",
+        f"max_length caps prompt and completion together; {_FILTER}",
+        frozenset({"orpo"}),
+    ),
+    Removed(
+        "vllm_device",
+        "trl 0.18.0",
+        "vllm_mode chose between a vLLM server (the host's vllm_server_base_url) and colocated vLLM",
+        frozenset({"grpo"}),
+    ),
+    Removed(
+        "vllm_dtype", "trl 0.18.0", "vLLM loads the model in the dtype of its own configuration", frozenset({"grpo"})
+    ),
     Removed("vllm_enable_prefix_caching", "trl 0.18.0", "no GRPOConfig field replaced it", frozenset({"grpo"})),
-    Removed("vllm_max_model_len", "trl 0.18.0", "vllm_max_model_length (since trl 0.26.0) sets the vLLM context", frozenset({"grpo"})),
+    Removed(
+        "vllm_max_model_len",
+        "trl 0.18.0",
+        "vllm_max_model_length (since trl 0.26.0) sets the vLLM context",
+        frozenset({"grpo"}),
+    ),
 )
 
 
@@ -99,18 +162,26 @@ def carry_renames(ledger: Ledger, method: str, request_path: Callable[[str], str
             continue
         value = ledger.get(old)
         if row.fraction and not (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1):
-            ledger.error(request_path(new), f"{old} {value!r} has no {new} to carry it as: {new} reads a fraction only under 1; give {new} as a count of steps")
+            ledger.error(
+                request_path(new),
+                f"{old} {value!r} has no {new} to carry it as: {new} reads a fraction only under 1; give {new} as a count of steps",
+            )
         elif not ledger.has(new):
             ledger.config[new] = value
             ledger.renamed.append(row.renamed)
         elif same_value(value, ledger.config[new]):
             ledger.dropped.append(Dropped(old, f"already said by {new}, its name since {release}"))
         else:
-            ledger.error(request_path(new), f"{old} (its name before {release}) and {new} are both set, to different values; keep one")
+            ledger.error(
+                request_path(new),
+                f"{old} (its name before {release}) and {new} are both set, to different values; keep one",
+            )
     for value in RENAMED_VALUES:
         if method in value.methods and ledger.config.get(value.key) == value.old:
             ledger.config[value.key] = value.new
-            ledger.changed.append(Changed(value.key, f"its value {value.old!r} is {value.new!r} since {value.release}: {value.why}"))
+            ledger.changed.append(
+                Changed(value.key, f"its value {value.old!r} is {value.new!r} since {value.release}: {value.why}")
+            )
     for removed in REMOVED:
         if method in removed.methods and ledger.has(removed.key):
             ledger.get(removed.key)

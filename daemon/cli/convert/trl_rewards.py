@@ -17,7 +17,11 @@ TRL_SCRIPT_REWARDS: dict[str, dict[str, Any]] = {
     "accuracy_reward": {"name": "accuracy"},
     "reasoning_accuracy_reward": {"name": "reasoning_accuracy"},
     "think_format_reward": {"name": "think_format"},
-    "get_soft_overlong_punishment": {"name": "soft_overlong_punishment", "max_completion_len": 1280, "soft_punish_cache": 256},
+    "get_soft_overlong_punishment": {
+        "name": "soft_overlong_punishment",
+        "max_completion_len": 1280,
+        "soft_punish_cache": 256,
+    },
 }
 SHIPPED = "accuracy, reasoning_accuracy, cosine_scaled, repetition_penalty, soft_overlong_punishment, think_format, tag_count, exact_match, regex_match, length_penalty"
 # Keys that mark a file as open-r1's recipe (its GRPOScriptArguments), whose script defaults reward_funcs.
@@ -28,9 +32,15 @@ def _trl_script(name: str) -> OpenR1Reward | None:
     function = TRL_SCRIPT_REWARDS.get(name.removeprefix("trl.rewards."))
     if function is None:
         return None
-    return OpenR1Reward(dict(function), f"carried as {function['name']}" + (
-        f" (trl's script builds it with max_completion_len {function['max_completion_len']}, soft_punish_cache {function['soft_punish_cache']})"
-        if "max_completion_len" in function else ""))
+    return OpenR1Reward(
+        dict(function),
+        f"carried as {function['name']}"
+        + (
+            f" (trl's script builds it with max_completion_len {function['max_completion_len']}, soft_punish_cache {function['soft_punish_cache']})"
+            if "max_completion_len" in function
+            else ""
+        ),
+    )
 
 
 def carry_rewards(keys: Ledger) -> None:
@@ -57,8 +67,12 @@ def carry_rewards(keys: Ledger) -> None:
             keys.error("rewards", f"{where}: {why}")
             slots.append(None)
             continue
-        keys.noted.append(Noted(where if not open_r1 else f"reward_funcs.{index}", f"{name}: {found.said}" + (
-            " (open-r1's default, the file names no reward_funcs)" if open_r1 else "")))
+        keys.noted.append(
+            Noted(
+                where if not open_r1 else f"reward_funcs.{index}",
+                f"{name}: {found.said}" + (" (open-r1's default, the file names no reward_funcs)" if open_r1 else ""),
+            )
+        )
         for key in found.reads:
             read_by.setdefault(key, str(name))
         if found.function is None:
@@ -77,7 +91,11 @@ def carry_rewards(keys: Ledger) -> None:
         for slot, weight in zip(slots, weights, strict=False):
             if slot is not None:
                 slot["weight"] = weight
-                where = "model" if slot is rewards.get("model") else f"functions.{next(i for i, f in enumerate(rewards['functions']) if f is slot)}"
+                where = (
+                    "model"
+                    if slot is rewards.get("model")
+                    else f"functions.{next(i for i, f in enumerate(rewards['functions']) if f is slot)}"
+                )
                 keys.origin[f"rewards.{where}.weight"] = "reward_weights"
     if rewards:
         keys.request["rewards"] = rewards
@@ -85,8 +103,10 @@ def carry_rewards(keys: Ledger) -> None:
     elif not names and not keys.config.get("reward_model_name_or_path"):
         message = f"the file names no reward (reward_funcs, reward_model_name_or_path): name one ({SHIPPED}), or a reward model"
         if keys.request.get("method") == "grpo":
-            message += (f". open-r1's script would use its default, {', '.join(OPEN_R1_DEFAULT)} "
-                        f"(reward_funcs: [{', '.join(OPEN_R1_DEFAULT)}] converts them)")
+            message += (
+                f". open-r1's script would use its default, {', '.join(OPEN_R1_DEFAULT)} "
+                f"(reward_funcs: [{', '.join(OPEN_R1_DEFAULT)}] converts them)"
+            )
         keys.error("rewards", message)
 
 
@@ -99,5 +119,9 @@ def _open_r1_parameters(keys: Ledger, read_by: dict[str, str], rewards: dict[str
             keys.taken.add(key)
             continue
         reader = read_by.get(key)
-        keys.drop(key, f"read by open-r1's {reader} reward, which is not carried" if reader else
-                  "read only by an open-r1 reward the file does not name")
+        keys.drop(
+            key,
+            f"read by open-r1's {reader} reward, which is not carried"
+            if reader
+            else "read only by an open-r1 reward the file does not name",
+        )

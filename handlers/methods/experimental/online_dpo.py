@@ -33,8 +33,14 @@ def train(request: OnlineDPORequest, job: JobSpec, reporter: StatusReporter) -> 
     trainer = OnlineDPOTrainer(
         model=model,
         reward_funcs=reward_funcs,
-        args=trl_config(OnlineDPOConfig, request, job, "online_dpo", reward_weights=reward_weights,
-                        **vllm_arguments(request, job, "online_dpo")),
+        args=trl_config(
+            OnlineDPOConfig,
+            request,
+            job,
+            "online_dpo",
+            reward_weights=reward_weights,
+            **vllm_arguments(request, job, "online_dpo"),
+        ),
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.tokenizer,

@@ -56,7 +56,9 @@ def tokenize_prompts(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> Da
 
     def tokenize(row: dict[str, Any]) -> dict[str, Any]:
         if conversational:
-            return {"input_ids": tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)}
+            return {
+                "input_ids": tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+            }
         return {"input_ids": tokenizer(row["prompt"]).input_ids}
 
     return dataset.map(tokenize, remove_columns=dataset.column_names)
@@ -67,11 +69,15 @@ def load_reward_model(request: PPORequest, job: JobSpec) -> PreTrainedModel:
     path, _ = resolve_model(request.reward_model, "reward_model", max_bytes=job.max_model_bytes)
     try:
         return AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=DTYPES.get(request.model.dtype, "auto"), trust_remote_code=request.model.trust_remote_code,
+            path,
+            num_labels=1,
+            dtype=DTYPES.get(request.model.dtype, "auto"),
+            trust_remote_code=request.model.trust_remote_code,
         )
     except (OSError, ValueError) as exc:
         raise JobFailed(
-            "model_unavailable", "load_model",
+            "model_unavailable",
+            "load_model",
             f"reward_model.id: {request.reward_model.id} is not a full sequence classifier (push a reward model 'merged'): {exc}",
         ) from exc
 
@@ -109,9 +115,13 @@ def train(request: PPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     reporter.enter("save")
     save_artifact(trainer, request, job.artifact, model=trainer.model.policy)
     state = trainer.state
-    metrics = final_metrics(trainer, {"train_runtime": time.monotonic() - started, "epoch": state.epoch}, loss_key="loss/policy_avg")
+    metrics = final_metrics(
+        trainer, {"train_runtime": time.monotonic() - started, "epoch": state.epoch}, loss_key="loss/policy_avg"
+    )
     logged = [entry for entry in state.log_history if "objective/kl" in entry]
-    metrics.update({key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)})
+    metrics.update(
+        {key: float(value) for key, value in (logged[-1] if logged else {}).items() if isinstance(value, int | float)}
+    )
     metrics["steps"], metrics["total_steps"] = float(state.global_step), float(state.max_steps)
     if checkpoints.resumed_from is not None:
         metrics["resumed_from_step"] = float(checkpoints.resumed_from)

@@ -33,13 +33,19 @@ class PPOCheckpoints(TrainerCallback):
         if checkpoint is None:
             return
         folder, device = Path(checkpoint), trainer.accelerator.device
-        trainer._load_from_checkpoint(checkpoint, model=trainer.model.policy)  # the adapter (or full weights), as Trainer does
+        trainer._load_from_checkpoint(
+            checkpoint, model=trainer.model.policy
+        )  # the adapter (or full weights), as Trainer does
         self.value_model.load_state_dict(torch.load(folder / VALUE_MODEL_FILE, weights_only=True, map_location=device))
         # Trainer._load_optimizer_and_scheduler needs Trainer attributes PPOTrainer never sets: load the two files directly.
         trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=device))
         trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
         saved = json.loads((folder / "trainer_state.json").read_text())
-        self.resumed_from, self._episode, self._log_history = saved["global_step"], saved["episode"], saved["log_history"]
+        self.resumed_from, self._episode, self._log_history = (
+            saved["global_step"],
+            saved["episode"],
+            saved["log_history"],
+        )
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # PPOTrainer.train() has just set the counters to 0 and will loop `num_total_batches` times:

@@ -18,8 +18,9 @@ from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RequestBase
 
 
-def train_reference_free(trainer_class: Any, config_class: Any, request: RequestBase, job: JobSpec,
-                         reporter: StatusReporter, block: str) -> TrainResult:
+def train_reference_free(
+    trainer_class: Any, config_class: Any, request: RequestBase, job: JobSpec, reporter: StatusReporter, block: str
+) -> TrainResult:
     """Train `request` with `trainer_class` and its `config_class`, the config's fields from the
     request's `block` (its method's name)."""
     config = trl_config(config_class, request, job, block)

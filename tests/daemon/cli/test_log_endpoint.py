@@ -25,7 +25,9 @@ from schemas import Started, Succeeded
 from schemas.signing import new_key_pair
 
 TOKEN = "the-fleets-logs-token"
-FLEET_KEY = new_key_pair()[1]  # `adapterd logs` acts only on events it can check; the stream here stands in for the verified one
+FLEET_KEY = new_key_pair()[
+    1
+]  # `adapterd logs` acts only on events it can check; the stream here stands in for the verified one
 
 
 class Recorder(http.server.ThreadingHTTPServer):
@@ -69,7 +71,9 @@ def catcher() -> Iterator[Recorder]:
 def test_a_redirect_to_another_listener_is_reported_and_not_followed(catcher: Recorder) -> None:
     redirector = Recorder(302, {"Location": f"http://{catcher.address}/steal"})
     try:
-        with pytest.raises(LogsError, match=rf"answered 302; it points to http://{catcher.address}/steal, not followed"):
+        with pytest.raises(
+            LogsError, match=rf"answered 302; it points to http://{catcher.address}/steal, not followed"
+        ):
             fetch(redirector.address, "http", "r1", 0, TOKEN)
     finally:
         redirector.shutdown()
@@ -77,9 +81,13 @@ def test_a_redirect_to_another_listener_is_reported_and_not_followed(catcher: Re
     assert catcher.seen == []  # the token stayed with the endpoint the event named
 
 
-@pytest.mark.parametrize("endpoint", ["{catcher}/steal?x=", "user@{catcher}", "http://{catcher}", "{catcher}#", "{catcher}/"])
+@pytest.mark.parametrize(
+    "endpoint", ["{catcher}/steal?x=", "user@{catcher}", "http://{catcher}", "{catcher}#", "{catcher}/"]
+)
 def test_an_endpoint_that_is_not_a_host_and_a_port_gets_nothing(catcher: Recorder, endpoint: str) -> None:
-    with pytest.raises(LogsError, match="the started event's endpoint is refused, the token not sent: expected host:port"):
+    with pytest.raises(
+        LogsError, match="the started event's endpoint is refused, the token not sent: expected host:port"
+    ):
         fetch(endpoint.format(catcher=catcher.address), "http", "r1", 0, TOKEN)
     assert catcher.seen == []
 
@@ -90,7 +98,9 @@ def test_with_the_fleets_ca_an_endpoint_without_tls_gets_nothing(tmp_path: Path)
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     try:
         for scheme in ("http", None):
-            with pytest.raises(LogsError, match=f"the host at {address} serves its log without TLS, and http_cafile is set"):
+            with pytest.raises(
+                LogsError, match=f"the host at {address} serves its log without TLS, and http_cafile is set"
+            ):
                 fetch(address, scheme, "r1", 0, TOKEN, tmp_path / "fleet-ca.pem")
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
@@ -114,7 +124,11 @@ def test_an_errors_body_is_escaped() -> None:
             fetch(hostile.address, "http", "r1", 0, TOKEN)
     finally:
         hostile.shutdown()
-    assert "\x1b" not in str(error.value) and "\x07" not in str(error.value) and "oops \\x1b]0;owned\\x07\\x1b[2J" in str(error.value)
+    assert (
+        "\x1b" not in str(error.value)
+        and "\x07" not in str(error.value)
+        and "oops \\x1b]0;owned\\x07\\x1b[2J" in str(error.value)
+    )
 
 
 class FakeStream:
@@ -136,24 +150,52 @@ class FakeStream:
 
 async def test_adapterd_logs_prints_a_logs_escape_codes_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
     log = b"step 1 \x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m\n"
-    endpoint = HttpEndpoint("127.0.0.1:0", health=lambda: (True, {}), status=dict, job_log=lambda r, o, n: (log[o:o + n], len(log)),
-                            logs_token=TOKEN).start()
-    events = [Started(request_id="r1", method="sft", slot="cpu", pid=1, endpoint=endpoint.address, endpoint_scheme="http"),
-              Succeeded(request_id="r1", sink="local", repo_id="a/b", revision="main", commit_sha=None, commit_url=None, location="/x",
-                        files=[], metrics={}, durations_s={}, versions={}, method="sft", trainer="SFTTrainer", base_model="m",
-                        base_model_revision=None, dataset_fingerprint=None)]
+    endpoint = HttpEndpoint(
+        "127.0.0.1:0",
+        health=lambda: (True, {}),
+        status=dict,
+        job_log=lambda r, o, n: (log[o : o + n], len(log)),
+        logs_token=TOKEN,
+    ).start()
+    events = [
+        Started(request_id="r1", method="sft", slot="cpu", pid=1, endpoint=endpoint.address, endpoint_scheme="http"),
+        Succeeded(
+            request_id="r1",
+            sink="local",
+            repo_id="a/b",
+            revision="main",
+            commit_sha=None,
+            commit_url=None,
+            location="/x",
+            files=[],
+            metrics={},
+            durations_s={},
+            versions={},
+            method="sft",
+            trainer="SFTTrainer",
+            base_model="m",
+            base_model_revision=None,
+            dataset_fingerprint=None,
+        ),
+    ]
     monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))
     printed: list[bytes] = []
     try:
-        await logs.show_log(Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, printed.append)
+        await logs.show_log(
+            Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, printed.append
+        )
     finally:
         endpoint.stop()
     assert b"".join(printed) == b"step 1 \\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred\\x1b[0m\n"
 
 
 async def test_a_host_name_with_escape_codes_is_said_escaped(monkeypatch: pytest.MonkeyPatch) -> None:
-    events = [Started(request_id="r1", method="sft", slot="cpu", pid=1, host="evil\x1b[2J\x1b]0;t\x07")]  # a host serving no logs
+    events = [
+        Started(request_id="r1", method="sft", slot="cpu", pid=1, host="evil\x1b[2J\x1b]0;t\x07")
+    ]  # a host serving no logs
     monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))
     with pytest.raises(LogsError) as error:
-        await logs.show_log(Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, lambda data: None)
+        await logs.show_log(
+            Settings(logs_token=SecretStr(TOKEN), event_verify_keys=[FLEET_KEY]), "r1", False, lambda data: None
+        )
     assert str(error.value) == "evil\\x1b[2J\\x1b]0;t\\x07 runs r1 but serves no logs: its logs_token is not set"

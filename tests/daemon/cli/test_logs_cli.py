@@ -33,17 +33,25 @@ def logs_command(*argv: str) -> list[str]:
     return [sys.executable, "-m", "daemon.cli.app", "logs", *argv]
 
 
-async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_each_requests_log_comes_from_the_host_that_ran_it(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     fleet = make_certificates(tmp_path / "tls")  # host b serves HTTPS with a certificate of the fleet's CA
     signing_key, public_key = new_key_pair()  # the fleet's: both hosts sign their events with it
     (tmp_path / "event-signing-key.pem").write_bytes(signing_key)
     hosts = {
-        name: settings.model_copy(update={
-            "host": f"host-{name}", "logs_token": TOKEN, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}",
-            "requests_topic": f"{settings.requests_topic}-{name}", "group_id": f"{settings.group_id}-{name}",
-            **({"http_tls_certfile": fleet.cert, "http_tls_keyfile": fleet.key} if name == "b" else {}),
-            "event_signing_key_file": tmp_path / "event-signing-key.pem",
-        })
+        name: settings.model_copy(
+            update={
+                "host": f"host-{name}",
+                "logs_token": TOKEN,
+                "work_dir": tmp_path / name,
+                "metrics_address": f"127.0.0.1:{free_port()}",
+                "requests_topic": f"{settings.requests_topic}-{name}",
+                "group_id": f"{settings.group_id}-{name}",
+                **({"http_tls_certfile": fleet.cert, "http_tls_keyfile": fleet.key} if name == "b" else {}),
+                "event_signing_key_file": tmp_path / "event-signing-key.pem",
+            }
+        )
         for name in ("a", "b")
     }
     for host in hosts.values():
@@ -54,8 +62,12 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
     daemons = [DaemonProcess(host, tmp_path / f"daemon-{name}.log").start() for name, host in hosts.items()]
     try:
         # Followed before it exists: the command waits for its start, then copies the log as it grows, until its end.
-        following = await asyncio.create_subprocess_exec(*logs_command("on-b", "--follow"), env=settings_environment(tls_reader),
-                                                          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        following = await asyncio.create_subprocess_exec(
+            *logs_command("on-b", "--follow"),
+            env=settings_environment(tls_reader),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         await submit(hosts["a"], sft_request("on-a"))
         await submit(hosts["b"], sft_request("on-b"))
         events = await terminal_events(settings, {"on-a", "on-b"})
@@ -63,11 +75,15 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
         # After the fact, from host a: with the fleet's token, another, and none.
         right = subprocess.run(logs_command("on-a"), env=settings_environment(reader), capture_output=True, timeout=120)
         # With the fleet's CA set, host a's plain HTTP endpoint gets no token.
-        plain = subprocess.run(logs_command("on-a"), env=settings_environment(tls_reader), capture_output=True, timeout=120)
+        plain = subprocess.run(
+            logs_command("on-a"), env=settings_environment(tls_reader), capture_output=True, timeout=120
+        )
         other = reader.model_copy(update={"logs_token": SecretStr("not-the-fleets-token")})
         wrong = subprocess.run(logs_command("on-a"), env=settings_environment(other), capture_output=True, timeout=120)
         unset = reader.model_copy(update={"logs_token": None})
-        without = subprocess.run(logs_command("on-a"), env=settings_environment(unset), capture_output=True, timeout=120)
+        without = subprocess.run(
+            logs_command("on-a"), env=settings_environment(unset), capture_output=True, timeout=120
+        )
     finally:
         for daemon in daemons:
             daemon.stop()
@@ -78,12 +94,20 @@ async def test_each_requests_log_comes_from_the_host_that_ran_it(settings: Setti
         assert started.host == f"host-{name}" and started.endpoint == hosts[name].metrics_address
         assert started.endpoint_scheme == {"a": "http", "b": "https"}[name]
     assert following.returncode == 0, followed_err
-    on_disk = {request_id: (tmp_path / name / "jobs" / request_id / "child.log").read_bytes() for name, request_id in (("a", "on-a"), ("b", "on-b"))}
+    on_disk = {
+        request_id: (tmp_path / name / "jobs" / request_id / "child.log").read_bytes()
+        for name, request_id in (("a", "on-a"), ("b", "on-b"))
+    }
     assert on_disk["on-b"] and followed == on_disk["on-b"]
     assert right.returncode == 0 and right.stdout == on_disk["on-a"] != on_disk["on-b"]
     assert plain.returncode == 1 and not plain.stdout, plain.stderr
-    assert f"the host at {hosts['a'].metrics_address} serves its log without TLS, and http_cafile is set" in plain.stderr.decode()
-    assert wrong.returncode == 1 and "answered 401" in wrong.stderr.decode() and not wrong.stdout  # a host serves its logs only to the token
+    assert (
+        f"the host at {hosts['a'].metrics_address} serves its log without TLS, and http_cafile is set"
+        in plain.stderr.decode()
+    )
+    assert (
+        wrong.returncode == 1 and "answered 401" in wrong.stderr.decode() and not wrong.stdout
+    )  # a host serves its logs only to the token
     assert without.returncode == 1 and "logs_token is not set" in without.stderr.decode()
 
     # After the fact, with the hosts' daemons stopped: their endpoints are gone, and the command says so.

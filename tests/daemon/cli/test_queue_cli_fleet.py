@@ -31,37 +31,67 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 async def adapterd(settings: Settings, *args: str) -> tuple[int, list[str]]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon.cli.app", *args, env=settings_environment(settings),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "daemon.cli.app",
+        *args,
+        env=settings_environment(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()
     return process.returncode or 0, output.decode().splitlines()
 
 
 def request(request_id: str, **more: Any) -> dict[str, Any]:
-    return sft_request(request_id, dataset={"rows": CHAT_ROWS}, metadata={"sweep": "e2e"},
-                       training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2}, **more)
+    return sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        metadata={"sweep": "e2e"},
+        training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2},
+        **more,
+    )
 
 
 async def test_the_requests_behind_a_busy_host_are_listed_in_order_and_a_sweep_cancels_them_and_the_running_job(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
-    fleet = settings.model_copy(update={
-        **shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes, "default_priority_class": "default",
-        "claims_topic": f"claims-{settings.group_id}", "max_poll_interval_ms": 5_000, "session_timeout_ms": 6_000,
-    })
+    fleet = settings.model_copy(
+        update={
+            **shared_fleet_keys(),
+            "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes,
+            "default_priority_class": "default",
+            "claims_topic": f"claims-{settings.group_id}",
+            "max_poll_interval_ms": 5_000,
+            "session_timeout_ms": 6_000,
+        }
+    )
     await ensure_topics(fleet, partitions=2)
     daemon = DaemonProcess(fleet, tmp_path / "daemon.log").start()
     try:
         async with EventStream(fleet) as stream:
-            await produce(fleet, json.dumps(request("run-long", priority_class="batch", team="search")).encode(), b"run-long",
-                          topic=fleet.class_topics["batch"])
+            await produce(
+                fleet,
+                json.dumps(request("run-long", priority_class="batch", team="search")).encode(),
+                b"run-long",
+                topic=fleet.class_topics["batch"],
+            )
             async for event in stream.events("run-long"):
                 if isinstance(event, Progress):
                     break  # its one slot is busy for as long as the test needs
-        for request_id, cls, team in (("wait-1", "batch", "search"), ("wait-2", "batch", "search"), ("urgent-1", "urgent", "oncall")):
-            await produce(fleet, json.dumps(request(request_id, priority_class=cls, team=team)).encode(), request_id.encode(),
-                          topic=fleet.class_topics[cls])
+        for request_id, cls, team in (
+            ("wait-1", "batch", "search"),
+            ("wait-2", "batch", "search"),
+            ("urgent-1", "urgent", "oncall"),
+        ):
+            await produce(
+                fleet,
+                json.dumps(request(request_id, priority_class=cls, team=team)).encode(),
+                request_id.encode(),
+                topic=fleet.class_topics[cls],
+            )
 
         # Read by no host (its one slot is busy), each is told its place soon after it arrives (daemon/fleet/announcer.py).
         queued: dict[str | None, Queued] = {}
@@ -72,17 +102,30 @@ async def test_the_requests_behind_a_busy_host_are_listed_in_order_and_a_sweep_c
                 if len(queued) == 3:
                     break
         assert {rid: (e.place, e.priority_class, e.team) for rid, e in queued.items()} == {
-            "urgent-1": (1, "urgent", "oncall"), "wait-1": (2, "batch", "search"), "wait-2": (3, "batch", "search")}
+            "urgent-1": (1, "urgent", "oncall"),
+            "wait-1": (2, "batch", "search"),
+            "wait-2": (3, "batch", "search"),
+        }
 
         code, lines = await adapterd(fleet, "jobs", "--state", "queued")
         assert code == 0, lines
         listed = {line.split()[0]: line.split() for line in lines[1:]}
         assert list(listed) == ["urgent-1", "wait-1", "wait-2"]  # the class first; run-long runs, not listed
-        assert [row[1:4] for row in listed.values()] == [["urgent", "oncall", "1"], ["batch", "search", "2"], ["batch", "search", "3"]]
+        assert [row[1:4] for row in listed.values()] == [
+            ["urgent", "oncall", "1"],
+            ["batch", "search", "2"],
+            ["batch", "search", "3"],
+        ]
         # Not claimed (the host has no room): each still in its class's topic, unread or held there by the host.
-        assert all(row[5] in ("unread", "queued") and row[7].startswith(fleet.requests_topic) for row in listed.values())
+        assert all(
+            row[5] in ("unread", "queued") and row[7].startswith(fleet.requests_topic) for row in listed.values()
+        )
         code, lines = await adapterd(fleet, "get", "wait-2")
-        assert code == 0 and lines[-1].startswith("wait-2: waiting (") and ", class batch, team search, place 3 of 3" in lines[-1]
+        assert (
+            code == 0
+            and lines[-1].startswith("wait-2: waiting (")
+            and ", class batch, team search, place 3 of 3" in lines[-1]
+        )
 
         code, lines = await adapterd(fleet, "cancel", "--selector", "sweep=e2e", "--reason", "sweep withdrawn")
         assert code == 0 and lines[0] == "matched 4 request(s) with metadata sweep=e2e: 3 waiting, 1 running", lines

@@ -19,21 +19,28 @@ runner = CliRunner()
 
 
 def convert(name: str, method: str) -> tuple[int, dict[str, Any] | None, list[str]]:
-    result = runner.invoke(app, ["convert", "trl-config", str(RECIPES / name), "--method", method, "--output-repo", "my-org/converted"])
+    result = runner.invoke(
+        app, ["convert", "trl-config", str(RECIPES / name), "--method", method, "--output-repo", "my-org/converted"]
+    )
     return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else None, said(result.stderr)
 
 
 def test_every_recipe_is_listed_with_its_source() -> None:
     sources = (RECIPES / "SOURCES.md").read_text()
     assert sorted(path.name for path in RECIPES.glob("*.yaml")) == sorted(
-        line.split("|")[1].strip() for line in sources.splitlines() if line.startswith("| ") and ".yaml" in line.split("|")[1]
+        line.split("|")[1].strip()
+        for line in sources.splitlines()
+        if line.startswith("| ") and ".yaml" in line.split("|")[1]
     )
 
 
 EACH = [
-    ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"), ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
-    ("open-r1-distill-7b-sft.yaml", "sft"), ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"),
-    ("handbook-smollm3-sft.yaml", "sft"), ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
+    ("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo"),
+    ("handbook-zephyr-141b-orpo-full.yaml", "orpo"),
+    ("open-r1-distill-7b-sft.yaml", "sft"),
+    ("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft"),
+    ("handbook-smollm3-sft.yaml", "sft"),
+    ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
     ("open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml", "grpo"),
 ]
 
@@ -49,28 +56,41 @@ def test_no_key_of_a_recipe_is_unknown_and_its_dtype_and_template_carry(name: st
         if "chat_template" in recipe:
             assert request["model"]["chat_template"] == recipe["chat_template"]
         if "warmup_ratio" in recipe:
-            assert request["training"]["warmup_steps"] == recipe["warmup_ratio"]  # a fraction, as warmup_steps under 1 reads
+            assert (
+                request["training"]["warmup_steps"] == recipe["warmup_ratio"]
+            )  # a fraction, as warmup_steps under 1 reads
 
 
 def test_the_handbooks_older_mixer_and_its_splits_carry_with_the_test_split_to_evaluate_on() -> None:
     code, request, stderr = convert("handbook-zephyr-7b-beta-dpo-qlora.yaml", "dpo")
     assert code == 0, stderr
-    assert request is not None and request["dataset"] == {"id": "HuggingFaceH4/ultrafeedback_binarized", "split": "train_prefs",
-                                                          "eval_split": "test_prefs"}
+    assert request is not None and request["dataset"] == {
+        "id": "HuggingFaceH4/ultrafeedback_binarized",
+        "split": "train_prefs",
+        "eval_split": "test_prefs",
+    }
     assert request["training"]["eval_strategy"] == "steps" and request["model"]["quantization"] == "4bit"
 
 
 def test_the_handbooks_mixture_carries_its_sources_and_says_how_its_weights_change_meaning() -> None:
     code, request, stderr = convert("handbook-zephyr-7b-beta-sft-qlora.yaml", "sft")
     recipe = yaml.safe_load((RECIPES / "handbook-zephyr-7b-beta-sft-qlora.yaml").read_text())["dataset_mixture"]
-    assert any(line.startswith("dataset_mixture.datasets: carried, but each entry's fraction") for line in stderr), stderr
+    assert any(line.startswith("dataset_mixture.datasets: carried, but each entry's fraction") for line in stderr), (
+        stderr
+    )
     assert any(line.startswith("dataset_mixture.seed: adapterd draws a mixture") for line in stderr), stderr
     # Its test_split_size is a count of rows (1000), as datasets' train_test_split reads an integer: carried as a count.
     assert recipe["test_split_size"] == 1000 and code == 0, stderr
-    assert request is not None and request["dataset"]["test_split_size"] == 1000 and len(request["dataset"]["mixture"]) == len(recipe["datasets"])
+    assert (
+        request is not None
+        and request["dataset"]["test_split_size"] == 1000
+        and len(request["dataset"]["mixture"]) == len(recipe["datasets"])
+    )
 
 
-@pytest.mark.parametrize("name", ["open-r1-qwen2.5-1.5b-grpo-demo.yaml", "open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml"])
+@pytest.mark.parametrize(
+    "name", ["open-r1-qwen2.5-1.5b-grpo-demo.yaml", "open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml"]
+)
 def test_open_r1s_grpo_recipes_convert_with_their_rewards_in_the_ledger(name: str) -> None:
     from daemon.cli.convert.open_r1_rewards import FORMAT_PATTERN
 
@@ -78,14 +98,21 @@ def test_open_r1s_grpo_recipes_convert_with_their_rewards_in_the_ledger(name: st
     code, request, stderr = convert(name, "grpo")
     assert code == 0 and request is not None, stderr
     assert recipe["reward_funcs"] == ["accuracy", "format", "tag_count"]
-    assert request["rewards"] == {"functions": [
-        {"name": "accuracy", "weight": recipe["reward_weights"][0]},
-        {"name": "regex_match", "pattern": FORMAT_PATTERN, "weight": recipe["reward_weights"][1]},
-        {"name": "tag_count", "weight": recipe["reward_weights"][2]},
-    ]}
+    assert request["rewards"] == {
+        "functions": [
+            {"name": "accuracy", "weight": recipe["reward_weights"][0]},
+            {"name": "regex_match", "pattern": FORMAT_PATTERN, "weight": recipe["reward_weights"][1]},
+            {"name": "tag_count", "weight": recipe["reward_weights"][2]},
+        ]
+    }
     said = {line.split(":")[0]: line for line in stderr}
-    assert said["reward_funcs.0"].startswith("reward_funcs.0: accuracy: carried as TRL's accuracy") and "first_match" in said["reward_funcs.0"]
-    assert said["reward_funcs.1"].startswith("reward_funcs.1: format: carried as regex_match with open-r1's format_reward pattern")
+    assert (
+        said["reward_funcs.0"].startswith("reward_funcs.0: accuracy: carried as TRL's accuracy")
+        and "first_match" in said["reward_funcs.0"]
+    )
+    assert said["reward_funcs.1"].startswith(
+        "reward_funcs.1: format: carried as regex_match with open-r1's format_reward pattern"
+    )
     assert said["reward_funcs.2"].startswith("reward_funcs.2: tag_count: carried as tag_count")
     assert "a request has no system prompt" in said["system_prompt"]
     assert "dataset_prompt_column" not in said  # carried: the recipe's `problem` column is read as the prompt

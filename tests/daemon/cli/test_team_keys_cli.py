@@ -27,7 +27,9 @@ def test_keys_for_a_team_writes_its_pair_and_prints_the_teams_setting(tmp_path: 
     result = runner.invoke(app, ["keys", str(tmp_path), "--team", "alpha"])
     assert result.exit_code == 0, result.output
     private, public = tmp_path / "alpha-producer-key.pem", tmp_path / "alpha-producer-key.pub"
-    assert private.stat().st_mode & 0o777 == 0o600 and public.read_text().startswith("# adapterd team alpha producer key")
+    assert private.stat().st_mode & 0o777 == 0o600 and public.read_text().startswith(
+        "# adapterd team alpha producer key"
+    )
     setting = tomllib.loads(result.output.split("\n", 1)[1])  # the lines after the first: TOML the operator pastes
     settings = Settings(teams=setting["teams"])
     assert len(Grants.from_settings(settings.teams).keys["alpha"]) == 1
@@ -48,7 +50,9 @@ def test_submit_signs_exactly_the_bytes_it_sends_with_the_flag_or_the_setting(tm
     for flag, setting in ((tmp_path / "beta-producer-key.pem", None), (None, tmp_path / "beta-producer-key.pem")):
         headers = producer_signed(value, flag, setting)
         assert [name for name, _ in headers] == [PRODUCER_SIGNATURE_HEADER]
-        keys.verify(value, headers, PRODUCER_SIGNATURE_HEADER)  # raises if it were not beta's signature over these bytes
+        keys.verify(
+            value, headers, PRODUCER_SIGNATURE_HEADER
+        )  # raises if it were not beta's signature over these bytes
     assert producer_signed(value, None, None) == []  # an open fleet's producer: unsigned, as before
 
 
@@ -66,4 +70,9 @@ def test_doctor_warns_that_open_teams_are_claims_and_says_who_is_bound(tmp_path:
     assert open_check.warn and "claims" in open_check.detail
     assert runner.invoke(app, ["keys", str(tmp_path), "--team", "alpha"]).exit_code == 0
     bound = _teams(Settings(teams={"alpha": {"producer_keys_file": tmp_path / "alpha-producer-key.pub"}}))
-    assert bound.ok and not bound.warn and bound.detail.startswith("bound:") and "alpha (1 key(s), classes all)" in bound.detail
+    assert (
+        bound.ok
+        and not bound.warn
+        and bound.detail.startswith("bound:")
+        and "alpha (1 key(s), classes all)" in bound.detail
+    )

@@ -24,11 +24,19 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 def fleet_settings(settings: Settings, tmp_path: Path, **more: Any) -> Settings:
     suffix = uuid.uuid4().hex[:8]
-    return settings.model_copy(update={
-        **fleet_keys(tmp_path / "keys"), "priority_classes": Settings(priority_classes=CLASSES, **fleet_keys(tmp_path / "keys")).priority_classes,
-        "default_priority_class": "default", "requests_topic": f"fresh-requests-{suffix}", "events_topic": f"fresh-events-{suffix}",
-        "dlq_topic": f"fresh-dlq-{suffix}", "control_topic": f"fresh-control-{suffix}", "claims_topic": f"fresh-claims-{suffix}", **more,
-    })
+    return settings.model_copy(
+        update={
+            **fleet_keys(tmp_path / "keys"),
+            "priority_classes": Settings(priority_classes=CLASSES, **fleet_keys(tmp_path / "keys")).priority_classes,
+            "default_priority_class": "default",
+            "requests_topic": f"fresh-requests-{suffix}",
+            "events_topic": f"fresh-events-{suffix}",
+            "dlq_topic": f"fresh-dlq-{suffix}",
+            "control_topic": f"fresh-control-{suffix}",
+            "claims_topic": f"fresh-claims-{suffix}",
+            **more,
+        }
+    )
 
 
 def topics(settings: Settings, *args: str) -> tuple[int, str]:
@@ -52,8 +60,14 @@ async def partitions(settings: Settings) -> dict[str, int]:
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
-        names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic,
-                 *settings.class_topics.values(), settings.claims_topic]
+        names = [
+            settings.requests_topic,
+            settings.events_topic,
+            settings.dlq_topic,
+            settings.control_topic,
+            *settings.class_topics.values(),
+            settings.claims_topic,
+        ]
         # Only listed topics are described: a metadata request naming a missing topic may make it (auto-creation).
         async with asyncio.timeout(10):
             while settings.requests_topic not in (existing := set(await admin.list_topics())):
@@ -64,7 +78,9 @@ async def partitions(settings: Settings) -> dict[str, int]:
     return {entry["topic"]: len(entry["partitions"]) for entry in described if entry.get("partitions")}
 
 
-def test_every_topic_of_a_fleet_with_classes_is_created_once_with_the_partitions_asked(settings: Settings, tmp_path: Path) -> None:
+def test_every_topic_of_a_fleet_with_classes_is_created_once_with_the_partitions_asked(
+    settings: Settings, tmp_path: Path
+) -> None:
     fleet = fleet_settings(settings, tmp_path)
     code, output = topics(fleet, "--partitions", "3")
     assert code == 0, output
@@ -91,7 +107,17 @@ async def existing_one_partition(fleet: Settings) -> None:
     admin = AIOKafkaAdminClient(**kafka_options(fleet))
     await admin.start()
     try:
-        names = list(dict.fromkeys([fleet.requests_topic, fleet.events_topic, fleet.dlq_topic, fleet.control_topic, *fleet.class_topics.values()]))
+        names = list(
+            dict.fromkeys(
+                [
+                    fleet.requests_topic,
+                    fleet.events_topic,
+                    fleet.dlq_topic,
+                    fleet.control_topic,
+                    *fleet.class_topics.values(),
+                ]
+            )
+        )
         await admin.create_topics([NewTopic(name, 1, 1) for name in names])
         while not set(names) <= set(await admin.list_topics()):  # the controller answers before every broker lists them
             await asyncio.sleep(0.05)
@@ -99,7 +125,9 @@ async def existing_one_partition(fleet: Settings) -> None:
         await admin.close()
 
 
-def test_topics_with_fewer_partitions_than_asked_are_said_not_ready_and_grown_with_grow(settings: Settings, tmp_path: Path) -> None:
+def test_topics_with_fewer_partitions_than_asked_are_said_not_ready_and_grown_with_grow(
+    settings: Settings, tmp_path: Path
+) -> None:
     fleet = fleet_settings(settings, tmp_path)
     asyncio.run(existing_one_partition(fleet))
     code, output = topics(fleet, "--partitions", "4")
@@ -115,7 +143,9 @@ def test_topics_with_fewer_partitions_than_asked_are_said_not_ready_and_grown_wi
     assert found[fleet.requests_topic] == found[f"{fleet.requests_topic}.urgent"] == 4, found
 
 
-def test_doctor_fails_on_queue_topics_with_fewer_partitions_than_the_fleet_has_slots(settings: Settings, tmp_path: Path) -> None:
+def test_doctor_fails_on_queue_topics_with_fewer_partitions_than_the_fleet_has_slots(
+    settings: Settings, tmp_path: Path
+) -> None:
     fleet = fleet_settings(settings, tmp_path, topic_partitions=4)
     asyncio.run(existing_one_partition(fleet))
     code, _ = topics(fleet)  # makes the claims topic; the others exist with 1 partition
@@ -125,11 +155,15 @@ def test_doctor_fails_on_queue_topics_with_fewer_partitions_than_the_fleet_has_s
     assert fleet.requests_topic in line and "4" in line, line
 
 
-def test_doctor_warns_without_topic_partitions_when_the_queue_has_fewer_partitions_than_this_hosts_slots(settings: Settings, tmp_path: Path) -> None:
+def test_doctor_warns_without_topic_partitions_when_the_queue_has_fewer_partitions_than_this_hosts_slots(
+    settings: Settings, tmp_path: Path
+) -> None:
     fleet = fleet_settings(settings, tmp_path, job_slots=2, gpus=[])
     asyncio.run(existing_one_partition(fleet))
     topics(fleet, "--partitions", "1")  # the claims topic
     result = runner.invoke(app, ["doctor"], env=settings_environment(fleet))
     line = next(line for line in result.output.splitlines() if line[5:].startswith("topics"))
     assert line.startswith("WARN") and "2 slot(s)" in line and fleet.requests_topic in line, result.output
-    assert fleet.claims_topic not in line.split(":", 1)[1].split(";")[0] or "(16)" not in line, line  # 16 partitions: enough
+    assert fleet.claims_topic not in line.split(":", 1)[1].split(";")[0] or "(16)" not in line, (
+        line
+    )  # 16 partitions: enough

@@ -23,7 +23,9 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None)
 
 
-async def test_a_request_cancelled_before_it_is_reached_ends_cancelled_with_its_reason_and_trace(settings: Settings) -> None:
+async def test_a_request_cancelled_before_it_is_reached_ends_cancelled_with_its_reason_and_trace(
+    settings: Settings,
+) -> None:
     core = CoreOnFakes(settings)
     cancels = Cancels(settings.host, core.publisher, core.partitions)
     assert cancels.remember(Cancel(request_id="r1", reason="not wanted")) == "not wanted"

@@ -26,7 +26,14 @@ LIMIT = 65_536
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0)
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        max_message_bytes=LIMIT,
+        progress_interval_s=0,
+    )
 
 
 def sized(request_id: str, size: int) -> bytes:
@@ -45,7 +52,11 @@ async def test_a_request_whose_copies_would_not_fit_is_refused_naming_the_limit(
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"big", value)])
     await core.partitions.settled(core.tp)
     [event] = core.events("big")
-    assert event["type"] == "rejected" and event["reason"] == "policy" and "max_message_bytes" in event["errors"][0]["message"]
+    assert (
+        event["type"] == "rejected"
+        and event["reason"] == "policy"
+        and "max_message_bytes" in event["errors"][0]["message"]
+    )
     [dead] = core.dead_letters()
     assert dead.value == b"" and dead.header("adapterd-value-omitted") == str(len(value)).encode()  # said, not lost
     assert core.consumer.committed[core.tp] == 1

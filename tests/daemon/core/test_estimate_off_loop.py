@@ -39,10 +39,19 @@ HANGS = Script(messages=[StageEntered(stage="train")], hang=True)
 
 def small_header(**overrides: list[Any]) -> dict[str, Any]:
     """A two-block model's header: an embedding of 1000 × 64, attention and MLP projections."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}, "model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 64]}}
+    header: dict[str, Any] = {
+        "__metadata__": {"format": "pt"},
+        "model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 64]},
+    }
     for layer in range(2):
-        for name, shape in {"self_attn.q_proj": [64, 64], "self_attn.k_proj": [16, 64], "self_attn.v_proj": [16, 64],
-                            "self_attn.o_proj": [64, 64], "mlp.up_proj": [128, 64], "mlp.down_proj": [64, 128]}.items():
+        for name, shape in {
+            "self_attn.q_proj": [64, 64],
+            "self_attn.k_proj": [16, 64],
+            "self_attn.v_proj": [16, 64],
+            "self_attn.o_proj": [64, 64],
+            "mlp.up_proj": [128, 64],
+            "mlp.down_proj": [64, 128],
+        }.items():
             header[f"model.layers.{layer}.{name}.weight"] = {"dtype": "BF16", "shape": shape}
     for name, shape in overrides.items():
         header[name] = {"dtype": "BF16", "shape": shape}
@@ -58,9 +67,17 @@ def request(request_id: str = "m1", **overrides: Any) -> RequestBase:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     # One declared GPU of 80 GiB (72 for jobs), shared by up to four jobs: estimates are asked for.
-    return Settings(gpus=["0"], max_jobs_per_gpu=4, gpu_memory_bytes=80 * GIB, gpu_memory_headroom=0.1, warm_child=False,
-                    work_dir=tmp_path / "work", hub_token=None, progress_interval_s=0, allowed_local_model_roots=[tmp_path])
-
+    return Settings(
+        gpus=["0"],
+        max_jobs_per_gpu=4,
+        gpu_memory_bytes=80 * GIB,
+        gpu_memory_headroom=0.1,
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        progress_interval_s=0,
+        allowed_local_model_roots=[tmp_path],
+    )
 
 
 class HeldNeeds:
@@ -74,11 +91,15 @@ class HeldNeeds:
     def _answer(self, request_id: str) -> asyncio.Future[Estimate | None]:
         return self.answers.setdefault(request_id, asyncio.get_running_loop().create_future())
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]:
         answer = self.answers.get(request.request_id)
         return (True, answer.result()) if answer is not None and answer.done() else (False, None)
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+    async def need(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> Estimate | None:
         self.started.append(request.request_id)
         return await asyncio.shield(self._answer(request.request_id))  # a cancelled wait leaves the answer to come
 
@@ -86,14 +107,18 @@ class HeldNeeds:
         self._answer(request_id).set_result(Estimate({"weights": need_bytes}, gradient_checkpointing=True))
 
 
-def record_on(core: CoreOnFakes, request_id: str, partition: int, document: dict[str, Any] | None = None) -> tuple[TopicPartition, FakeRecord]:
+def record_on(
+    core: CoreOnFakes, request_id: str, partition: int, document: dict[str, Any] | None = None
+) -> tuple[TopicPartition, FakeRecord]:
     tp = TopicPartition(core.tp.topic, partition)
     core.consumer.committed[tp] = 0
     value = json.dumps(document or sft_request(request_id)).encode()
     return tp, FakeRecord(tp.topic, partition, 7, request_id.encode(), value, [])
 
 
-async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_record_until_its_own_is_ready(settings: Settings) -> None:
+async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_record_until_its_own_is_ready(
+    settings: Settings,
+) -> None:
     core = CoreOnFakes(settings, children=FakeChildren(HANGS))
     needs = HeldNeeds()
     core.scheduler.memory = needs  # type: ignore[assignment]
@@ -114,7 +139,9 @@ async def test_intake_never_waits_for_an_estimate_each_partition_is_held_at_its_
     [job] = core.scheduler.jobs.values()
     assert job.request_id == "r1" and job.placement is not None and job.placement.share_bytes == 30 * GIB
     await core.scheduler.stop_jobs()
-    assert core.scheduler.estimates.pending == {}  # the others' are dropped: their records are read again after a restart
+    assert (
+        core.scheduler.estimates.pending == {}
+    )  # the others' are dropped: their records are read again after a restart
 
 
 async def test_after_a_rebalance_a_record_waiting_for_its_estimate_is_read_and_held_again(settings: Settings) -> None:
@@ -138,7 +165,9 @@ async def test_after_a_rebalance_a_record_waiting_for_its_estimate_is_read_and_h
     await core.scheduler.stop_jobs()
 
 
-async def test_a_requests_models_are_read_at_once_within_one_deadline_and_then_known(settings: Settings, tmp_path: Path) -> None:
+async def test_a_requests_models_are_read_at_once_within_one_deadline_and_then_known(
+    settings: Settings, tmp_path: Path
+) -> None:
     estimator = Estimator(settings, MemoryHistory.load(tmp_path / "memory.json"))
     estimator.DEADLINE_S = 0.2
     started: list[str] = []
@@ -156,7 +185,9 @@ async def test_a_requests_models_are_read_at_once_within_one_deadline_and_then_k
     assert estimator.known(dpo) == (True, None)  # unknown for a while: the next offer of it has its answer at once
 
 
-async def test_requests_of_one_model_share_its_read_and_later_ones_are_estimated_without_one(settings: Settings, tmp_path: Path) -> None:
+async def test_requests_of_one_model_share_its_read_and_later_ones_are_estimated_without_one(
+    settings: Settings, tmp_path: Path
+) -> None:
     estimator = Estimator(settings, MemoryHistory.load(tmp_path / "memory.json"))
     reads: list[str] = []
     headers_come = asyncio.Event()
@@ -210,7 +241,8 @@ def release(fifo: Path) -> None:
 
 
 async def test_model_files_that_never_answer_hold_no_thread_and_a_large_request_is_decoded_beside_them(
-    settings: Settings, fifo_models: list[Path],
+    settings: Settings,
+    fifo_models: list[Path],
 ) -> None:
     estimator = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
     unknown = await asyncio.gather(*(estimator.need(request(model={"id": str(folder)})) for folder in fifo_models))
@@ -224,7 +256,9 @@ async def test_model_files_that_never_answer_hold_no_thread_and_a_large_request_
 
 
 async def test_hub_header_reads_that_do_not_answer_end_by_their_deadline_and_give_their_threads_back(
-    hub: HubServer, settings: Settings, tmp_path: Path,
+    hub: HubServer,
+    settings: Settings,
+    tmp_path: Path,
 ) -> None:
     host = settings.model_copy(update={"hub_endpoint": hub.endpoint})
     prefix = f"stalled-{uuid.uuid4().hex[:8]}"
@@ -242,31 +276,42 @@ async def test_hub_header_reads_that_do_not_answer_end_by_their_deadline_and_giv
     assert found is not None and found.parts["weights"] == 2 * Tensors.from_headers([small_header()]).parameters
 
 
-async def test_a_sharded_hub_model_is_read_from_its_index_and_every_shards_header(hub: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_a_sharded_hub_model_is_read_from_its_index_and_every_shards_header(
+    hub: HubServer, settings: Settings, tmp_path: Path
+) -> None:
     prefix = f"sharded-{uuid.uuid4().hex[:8]}"
     hub.put_files(f"{prefix}/whole", {"model.safetensors": safetensors_header_only(small_header())})
     hub.put_files(f"{prefix}/sharded", sharded_safetensors(small_header(), 5))
     files = sharded_safetensors(small_header(), 2)
     files["model.safetensors.index.json"] = json.dumps({"weight_map": {"x": "../elsewhere.safetensors"}}).encode()
     hub.put_files(f"{prefix}/escaping", files)
-    estimator = Estimator(settings.model_copy(update={"hub_endpoint": hub.endpoint}), MemoryHistory.load(tmp_path / "memory.json"))
+    estimator = Estimator(
+        settings.model_copy(update={"hub_endpoint": hub.endpoint}), MemoryHistory.load(tmp_path / "memory.json")
+    )
     whole, sharded = [await estimator.need(request(model={"id": f"{prefix}/{name}"})) for name in ("whole", "sharded")]
     assert whole is not None and whole == sharded  # five shards' headers make the same model as one file's
-    assert len([path for method, path in hub.requests if path.startswith(f"/{prefix}/sharded/resolve/")]) == 1 + 1 + 5  # probe, index, shards
-    assert await estimator.need(request(model={"id": f"{prefix}/escaping"})) is None  # an index naming a file outside the repo
+    assert (
+        len([path for method, path in hub.requests if path.startswith(f"/{prefix}/sharded/resolve/")]) == 1 + 1 + 5
+    )  # probe, index, shards
+    assert (
+        await estimator.need(request(model={"id": f"{prefix}/escaping"})) is None
+    )  # an index naming a file outside the repo
     assert await estimator.need(request(model={"id": f"{prefix}/missing"})) is None
 
 
-@pytest.mark.parametrize(("shape", "said"), [
-    ([-1000, 64], "a negative dimension (-1000)"),
-    ([10**3999, 64], "a dimension of a number of 4000 digits, beyond any GPU's memory"),
-    ([2**30, 2**30], "1152921504606846976 values, beyond any GPU's memory"),
-    ([True, 64], "not a whole number"),
-    ([1000.0, 64], "not a whole number"),
-    (["1000", 64], "not a whole number"),
-    ([1] * 9, "at most 8 dimensions"),
-    ([0, 64], "a token embedding of shape (0, 64)"),
-])
+@pytest.mark.parametrize(
+    ("shape", "said"),
+    [
+        ([-1000, 64], "a negative dimension (-1000)"),
+        ([10**3999, 64], "a dimension of a number of 4000 digits, beyond any GPU's memory"),
+        ([2**30, 2**30], "1152921504606846976 values, beyond any GPU's memory"),
+        ([True, 64], "not a whole number"),
+        ([1000.0, 64], "not a whole number"),
+        (["1000", 64], "not a whole number"),
+        ([1] * 9, "at most 8 dimensions"),
+        ([0, 64], "a token embedding of shape (0, 64)"),
+    ],
+)
 def test_a_dimension_no_model_has_is_unreadable_weights_naming_the_tensor(shape: list[Any], said: str) -> None:
     with pytest.raises(WeightsUnreadable) as raised:
         Tensors.from_headers([small_header(**{"model.embed_tokens.weight": shape})]).warm()
@@ -283,7 +328,10 @@ def test_headers_of_no_weights_or_of_more_than_any_gpu_holds_are_unreadable() ->
 
 @pytest.mark.parametrize(("dimension", "what"), [(-151936, "negative"), (10**3999, "4,000 digits")])
 async def test_a_model_with_an_absurd_dimension_runs_on_a_whole_gpu_never_on_a_negative_share_nor_internal(
-    settings: Settings, tmp_path: Path, dimension: int, what: str,
+    settings: Settings,
+    tmp_path: Path,
+    dimension: int,
+    what: str,
 ) -> None:
     model = tmp_path / "model"
     model.mkdir()

@@ -38,7 +38,9 @@ def test_the_publisher_signs_exactly_the_bytes_it_sends(tmp_path: Path) -> None:
     settings = Settings(gpus=[], warm_child=False, event_signing_key_file=private)
     message = Publisher(settings, FakeProducer({})).event_message(Accepted(request_id="r-1", method="sft"))
     assert EventKeys.parse([public]).verify(message.value, message.headers) == EventSigner.from_file(private).key_id
-    unsigned = Publisher(Settings(gpus=[], warm_child=False), FakeProducer({})).event_message(Accepted(request_id="r-1", method="sft"))
+    unsigned = Publisher(Settings(gpus=[], warm_child=False), FakeProducer({})).event_message(
+        Accepted(request_id="r-1", method="sft")
+    )
     assert SIGNATURE_HEADER not in dict(unsigned.headers)
 
 
@@ -46,10 +48,16 @@ def test_bad_keys_are_refused_at_start_naming_their_setting(tmp_path: Path) -> N
     (tmp_path / "not-a-key").write_text("hello\n")
     (tmp_path / "keys").write_text("# one good, one not\n" + new_key_pair()[1] + "\nbm90IGEga2V5\n")
     cases = {
-        r"event_signing_key_file: cannot read .*missing: No such file": {"event_signing_key_file": tmp_path / "missing"},
-        r"event_signing_key_file: .*not-a-key: not an Ed25519 private key": {"event_signing_key_file": tmp_path / "not-a-key"},
+        r"event_signing_key_file: cannot read .*missing: No such file": {
+            "event_signing_key_file": tmp_path / "missing"
+        },
+        r"event_signing_key_file: .*not-a-key: not an Ed25519 private key": {
+            "event_signing_key_file": tmp_path / "not-a-key"
+        },
         r"event_verify_keys: key 1: not an Ed25519 public key": {"event_verify_keys": ["hello"]},
-        r"event_verify_keys_file: .*keys: key 2: not an Ed25519 public key": {"event_verify_keys_file": tmp_path / "keys"},
+        r"event_verify_keys_file: .*keys: key 2: not an Ed25519 public key": {
+            "event_verify_keys_file": tmp_path / "keys"
+        },
     }
     for pattern, overrides in cases.items():
         with pytest.raises(ConfigError, match=pattern):
@@ -60,7 +68,9 @@ def test_the_trusted_keys_are_the_listed_the_filed_and_the_hosts_own(tmp_path: P
     private, own = key_files(tmp_path / "own")
     listed, filed, rotated = new_key_pair()[1], new_key_pair()[1], new_key_pair()[1]
     (tmp_path / "keys").write_text(f"{filed}\n{rotated}\n")
-    settings = Settings(event_signing_key_file=private, event_verify_keys=[listed], event_verify_keys_file=tmp_path / "keys")
+    settings = Settings(
+        event_signing_key_file=private, event_verify_keys=[listed], event_verify_keys_file=tmp_path / "keys"
+    )
     keys = event_keys(settings)
     assert keys is not None and set(keys.by_id) == set(EventKeys.parse([own, listed, filed, rotated]).by_id)
     assert event_keys(Settings()) is None and event_signer(Settings()) is None  # no key: events are read unverified
@@ -82,7 +92,9 @@ class ListedReader:
         pass
 
 
-async def test_the_stream_yields_only_what_the_fleet_signed_and_counts_the_rest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+async def test_the_stream_yields_only_what_the_fleet_signed_and_counts_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     private, _ = key_files(tmp_path / "fleet")
     stranger = EventSigner.from_file(key_files(tmp_path / "stranger")[0])
     fleet = EventSigner.from_file(private)
@@ -95,19 +107,25 @@ async def test_the_stream_yields_only_what_the_fleet_signed_and_counts_the_rest(
 
     genuine, other = Accepted(request_id="r-1", method="sft"), Cancelled(request_id="r-2", reason="by an operator")
     stream = EventStream(settings)
-    stream.reader = ListedReader([  # type: ignore[assignment]
-        record(Cancelled(request_id="r-1", reason="forged"), None),  # unsigned
-        record(Cancelled(request_id="r-1", reason="forged"), stranger),  # another key
-        record(genuine, fleet),
-        record(other, fleet, key="r-1"),  # a genuine event of r-2, written again under r-1's key
-        record(Cancelled(request_id="r-1", reason="done"), fleet),
-    ])
+    stream.reader = ListedReader(
+        [  # type: ignore[assignment]
+            record(Cancelled(request_id="r-1", reason="forged"), None),  # unsigned
+            record(Cancelled(request_id="r-1", reason="forged"), stranger),  # another key
+            record(genuine, fleet),
+            record(other, fleet, key="r-1"),  # a genuine event of r-2, written again under r-1's key
+            record(Cancelled(request_id="r-1", reason="done"), fleet),
+        ]
+    )
     seen = [event async for event in stream.events("r-1")]
     assert [event.type for event in seen] == ["accepted", "cancelled"] and seen[1].reason == "done"  # type: ignore[union-attr]
     assert stream.ignored == {"unsigned": 1, "unknown_key": 1, "misplaced": 1}
     await stream.__aexit__(None, None, None)  # the command says how many it ignored, on stderr
     said = capsys.readouterr()
-    assert f"adapterd: ignored 3 event(s) in {settings.events_topic}" in said.err and "1 unsigned" in said.err and not said.out
+    assert (
+        f"adapterd: ignored 3 event(s) in {settings.events_topic}" in said.err
+        and "1 unsigned" in said.err
+        and not said.out
+    )
 
 
 def test_adapterd_keys_makes_a_pair_a_host_and_a_reader_use(tmp_path: Path) -> None:
@@ -121,4 +139,8 @@ def test_adapterd_keys_makes_a_pair_a_host_and_a_reader_use(tmp_path: Path) -> N
     assert keys is not None and signer is not None and list(keys.by_id) == [signer.key_id]
     assert f"key {signer.key_id}" in made.output and 'event_verify_keys = ["' in made.output
     again = CliRunner().invoke(app, ["keys", str(folder)])
-    assert again.exit_code == 2 and "is never overwritten" in again.output and private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
+    assert (
+        again.exit_code == 2
+        and "is never overwritten" in again.output
+        and private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
+    )

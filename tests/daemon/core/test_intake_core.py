@@ -41,20 +41,35 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def settings(tmp_path: Path, root: Path) -> Settings:
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", allowed_local_dataset_roots=[root],
-                    allowed_dataset_urls=["s3://bucket/*"], allowed_report_to=["mlflow", "tensorboard", "trackio"])
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        allowed_local_dataset_roots=[root],
+        allowed_dataset_urls=["s3://bucket/*"],
+        allowed_report_to=["mlflow", "tensorboard", "trackio"],
+    )
 
 
 def hostile_records(settings: Settings, root: Path, tp: TopicPartition) -> tuple[list[FakeRecord], list[str]]:
     cases = hostile_cases(sft_request("valid"), Path("/tmp/root"))
     records = [
-        FakeRecord(tp.topic, tp.partition, offset, f"hostile-{name}".encode(), raw.replace(b"/tmp/root", str(root).encode()), headers)
+        FakeRecord(
+            tp.topic,
+            tp.partition,
+            offset,
+            f"hostile-{name}".encode(),
+            raw.replace(b"/tmp/root", str(root).encode()),
+            headers,
+        )
         for offset, (name, raw, headers, _) in enumerate(cases, start=100)
     ]
     return records, [path for _, _, _, path in cases]
 
 
-async def test_every_hostile_record_is_dead_lettered_and_announced_then_committed(settings: Settings, root: Path) -> None:
+async def test_every_hostile_record_is_dead_lettered_and_announced_then_committed(
+    settings: Settings, root: Path
+) -> None:
     core = CoreOnFakes(settings, FakeProducer())
     tp = TopicPartition(settings.requests_topic, 0)
     records, paths = hostile_records(settings, root, tp)
@@ -73,7 +88,9 @@ async def test_every_hostile_record_is_dead_lettered_and_announced_then_committe
     assert core.producer.batches <= 4  # rejections go out in batches, not one send each
 
 
-async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fails(settings: Settings, root: Path) -> None:
+async def test_nothing_is_committed_before_the_acknowledgements_or_when_one_fails(
+    settings: Settings, root: Path
+) -> None:
     core = CoreOnFakes(settings, FakeProducer(hold_acks=True))
     tp = TopicPartition(settings.requests_topic, 0)
     records, _ = hostile_records(settings, root, tp)
@@ -116,7 +133,9 @@ async def test_the_loop_turns_between_records_of_a_batch(settings: Settings, mon
     assert len(core.dead_letters()) == len(records)
 
 
-async def test_a_batch_gives_the_loop_a_turn_before_its_first_record_and_then_every_turn_every_s(settings: Settings) -> None:
+async def test_a_batch_gives_the_loop_a_turn_before_its_first_record_and_then_every_turn_every_s(
+    settings: Settings,
+) -> None:
     core = CoreOnFakes(settings, FakeProducer())
     records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(5)]
     turned = asyncio.Event()
@@ -131,7 +150,9 @@ async def test_a_batch_gives_the_loop_a_turn_before_its_first_record_and_then_ev
     assert len(core.dead_letters()) == len(records)
 
 
-async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_member(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(intake_module, "TURN_EVERY_S", 0.0)  # a turn at every record: the move lands between two
     core = CoreOnFakes(settings, FakeProducer())
     records = [FakeRecord(core.tp.topic, 0, offset, b"k", b"{not json") for offset in range(10)]
@@ -149,7 +170,8 @@ async def test_a_partition_that_moves_away_between_records_is_left_to_its_new_me
 
 
 async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool_and_others_on_the_loop(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`judge.refusal` is the whole decision, and intake takes its verdict: its checks that read no
     image on the loop (microseconds: a thread's hop would cost more), the images' off it, and only for
@@ -159,7 +181,11 @@ async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool
     def before_images(request: RequestBase, host: Settings, slots: object) -> Rejection | None:
         assert host is settings and slots is core.slots
         seen.setdefault(request.request_id, []).append(("before_images", threading.current_thread().name))
-        return None if request.request_id == "pictured" else Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
+        return (
+            None
+            if request.request_id == "pictured"
+            else Rejection("policy", [FieldError(path="model.id", message="not this one")], request.request_id)
+        )
 
     def images(request: RequestBase, host: Settings) -> Rejection | None:
         assert host is settings
@@ -171,8 +197,13 @@ async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool
     core = CoreOnFakes(settings, FakeProducer())
     plain, pictured = sft_request("plain"), sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS})
     refused = sft_request("refused", dataset={"rows": VISION_CHAT_ROWS})  # refused before its images are read
-    await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, offset, request["request_id"].encode(), json.dumps(request).encode())
-                                     for offset, request in enumerate([plain, pictured, refused])])
+    await core.intake.take(
+        core.tp,
+        [
+            FakeRecord(core.tp.topic, 0, offset, request["request_id"].encode(), json.dumps(request).encode())
+            for offset, request in enumerate([plain, pictured, refused])
+        ],
+    )
     await core.partitions.settled(core.tp)
     main = threading.main_thread().name
     assert seen["plain"] == [("before_images", main)] and seen["refused"] == [("before_images", main)]
@@ -180,11 +211,16 @@ async def test_a_request_with_images_is_judged_in_a_thread_of_the_admission_pool
     assert seen["pictured"][1][1].startswith("adapterd-admission")
     for request_id in ("plain", "pictured"):
         [event] = core.events(request_id)
-        assert event["type"] == "rejected" and event["reason"] == "policy" and [e["path"] for e in event["errors"]] == ["model.id"]
+        assert (
+            event["type"] == "rejected"
+            and event["reason"] == "policy"
+            and [e["path"] for e in event["errors"]] == ["model.id"]
+        )
 
 
 async def test_a_partition_that_moves_away_while_a_large_record_is_decoded_off_the_loop_is_left_there(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Intake looks at the partition's assignment after each of its awaits, not at every record it
     decides on the loop: a move during a large record's decode in a thread stops the batch after it."""
@@ -198,13 +234,17 @@ async def test_a_partition_that_moves_away_while_a_large_record_is_decoded_off_t
 
     monkeypatch.setattr(intake_module, "decoded_request", decoded_while_moving)
     large = b"{not json " + b"x" * intake_module.OFF_LOOP_BYTES
-    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([b"{not json", large, b"{not json", b"{not json"])]
+    records = [
+        FakeRecord(core.tp.topic, 0, offset, b"k", value)
+        for offset, value in enumerate([b"{not json", large, b"{not json", b"{not json"])
+    ]
     await core.intake.take(core.tp, records)
     assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0", b"1"]  # none after the move
 
 
 async def test_a_partition_that_moves_away_while_images_are_judged_off_the_loop_is_left_there(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)
     core = CoreOnFakes(settings, FakeProducer())
@@ -215,8 +255,12 @@ async def test_a_partition_that_moves_away_while_images_are_judged_off_the_loop_
         return await judged_off_loop(request, host)
 
     monkeypatch.setattr(intake_module, "judged_images", judged_while_moving)
-    pictured = json.dumps(sft_request("pictured", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode()
-    records = [FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([pictured, b"{not json"])]
+    pictured = json.dumps(
+        sft_request("pictured", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})
+    ).encode()
+    records = [
+        FakeRecord(core.tp.topic, 0, offset, b"k", value) for offset, value in enumerate([pictured, b"{not json"])
+    ]
     await core.intake.take(core.tp, records)
     assert [m.header("adapterd-source-offset") for m in core.dead_letters()] == [b"0"]
     [event] = core.events("pictured")
@@ -234,15 +278,27 @@ _RECORD_KINDS: dict[str, bytes] = {
     "policy": json.dumps(sft_request("policy", dataset={"path": "/etc/passwd"})).encode(),
     "credential": json.dumps(sft_request("secret", metadata={"note": "hf_" + "a1B2" * 9})).encode(),
     "large": json.dumps(sft_request("large", metadata={"note": "x" * 70_000}, training={"learning_rat": 1})).encode(),
-    "images_refused": json.dumps(sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})).encode(),
-    "images_policy": json.dumps(sft_request("pictured-policy", model={"id": "x/y", "trust_remote_code": True}, dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
-    "bad_image": json.dumps(sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})).encode(),
+    "images_refused": json.dumps(
+        sft_request("pictured", dataset={"rows": VISION_CHAT_ROWS}, resources={"gpus": 64})
+    ).encode(),
+    "images_policy": json.dumps(
+        sft_request(
+            "pictured-policy",
+            model={"id": "x/y", "trust_remote_code": True},
+            dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]},
+        )
+    ).encode(),
+    "bad_image": json.dumps(
+        sft_request("broken", dataset={"rows": [{**VISION_CHAT_ROWS[0], "images": [NOT_AN_IMAGE]}]})
+    ).encode(),
 }
 
 
 @hypothesis_settings(max_examples=30, deadline=None)
 @given(kinds=st.lists(st.sampled_from(sorted(_RECORD_KINDS)), min_size=1, max_size=12))
-def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_give_each_record(kinds: list[str]) -> None:
+def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_give_each_record(
+    kinds: list[str],
+) -> None:
     """take's inline path for small records is `decoded_request` without its coroutine, and its
     admission is `judge.refusal` in two parts (the images' read only for a request the rest lets
     through): every record of any mix gets the rejection they give it alone."""
@@ -253,28 +309,42 @@ def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_gi
 
 async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
     core = CoreOnFakes(host, FakeProducer())
-    records = [FakeRecord(core.tp.topic, 0, offset, f"k-{offset}".encode(), _RECORD_KINDS[kind]) for offset, kind in enumerate(kinds)]
+    records = [
+        FakeRecord(core.tp.topic, 0, offset, f"k-{offset}".encode(), _RECORD_KINDS[kind])
+        for offset, kind in enumerate(kinds)
+    ]
     await core.intake.take(core.tp, records)
     await core.partitions.settled(core.tp)
     expected = []
     for record in records:
         decoded = await intake_module.decoded_request(record.value, record.key)
-        rejection = decoded if isinstance(decoded, Rejection) else refusal(decoded, host, core.slots)  # the whole decision, in one call
+        rejection = (
+            decoded if isinstance(decoded, Rejection) else refusal(decoded, host, core.slots)
+        )  # the whole decision, in one call
         assert rejection is not None
         expected.append((rejection.reason, [(error.path, error.message) for error in rejection.bounded().errors]))
-    got = [(event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])]) for event in core.events()]
+    got = [
+        (event["reason"], [(error["path"], error["message"]) for error in cast(list[dict[str, str]], event["errors"])])
+        for event in core.events()
+    ]
     assert got == expected
 
 
-async def test_a_rejection_is_logged_and_its_letter_and_event_carry_the_records_trace_context(settings: Settings) -> None:
+async def test_a_rejection_is_logged_and_its_letter_and_event_carry_the_records_trace_context(
+    settings: Settings,
+) -> None:
     """The logger is bound once a batch and the trace context read once a rejection, for the DLQ
     record and the event alike: each rejection still logs, and each copy carries the trace."""
     core = CoreOnFakes(settings, FakeProducer())
     parent = b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"
-    records = [FakeRecord(core.tp.topic, 0, offset, f"traced-{offset}".encode(), b"{not json", [("traceparent", parent)]) for offset in range(3)]
+    records = [
+        FakeRecord(core.tp.topic, 0, offset, f"traced-{offset}".encode(), b"{not json", [("traceparent", parent)])
+        for offset in range(3)
+    ]
     with capture_logs() as logs:
         await core.intake.take(core.tp, records)
-    assert [(entry["event"], entry["offset"], entry["reason"]) for entry in logs if entry["event"] == "request.rejected"] == [
-        ("request.rejected", offset, "not_json") for offset in range(3)]
+    assert [
+        (entry["event"], entry["offset"], entry["reason"]) for entry in logs if entry["event"] == "request.rejected"
+    ] == [("request.rejected", offset, "not_json") for offset in range(3)]
     assert [m.header("traceparent") for m in core.dead_letters()] == [parent] * 3
     assert [m.header("traceparent") for m in core.producer.on(settings.events_topic)] == [parent] * 3

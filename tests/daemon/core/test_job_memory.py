@@ -29,9 +29,15 @@ class Needs:
         self.asked: list[bool] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+    async def need(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> Estimate | None:
         self.asked.append(gradient_checkpointing)
-        return None if self.lean is None else Estimate({"weights": self.lean}, gradient_checkpointing=gradient_checkpointing)
+        return (
+            None
+            if self.lean is None
+            else Estimate({"weights": self.lean}, gradient_checkpointing=gradient_checkpointing)
+        )
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         self.learned.append((request.request_id, estimated.total, measured_bytes))
@@ -47,17 +53,29 @@ def host(tmp_path: Path, **overrides: object) -> Settings:
 
 
 @pytest.mark.parametrize(("lean_gib", "needed"), [(50, False), (100, True)])
-async def test_checkpointing_goes_off_only_where_the_lean_estimate_fits_the_whole_gpu(tmp_path: Path, lean_gib: int, needed: bool) -> None:
+async def test_checkpointing_goes_off_only_where_the_lean_estimate_fits_the_whole_gpu(
+    tmp_path: Path, lean_gib: int, needed: bool
+) -> None:
     needs = Needs(lean_gib * GIB)
     with capture_logs() as logs:
-        fast = await fast_settings(request(), host(tmp_path, gradient_checkpointing_when_needed=True), None, 72 * GIB, needs,  # type: ignore[arg-type]
-                                   structlog.get_logger())
+        fast = await fast_settings(
+            request(),
+            host(tmp_path, gradient_checkpointing_when_needed=True),
+            None,
+            72 * GIB,
+            needs,  # type: ignore[arg-type]
+            structlog.get_logger(),
+        )
     assert fast.gradient_checkpointing is needed and needs.asked == [False]  # asked for the estimate without it
-    assert [(entry["event"], entry["needed"], entry["estimate_without"]) for entry in logs] == [("job.checkpointing", needed, lean_gib * GIB)]
+    assert [(entry["event"], entry["needed"], entry["estimate_without"]) for entry in logs] == [
+        ("job.checkpointing", needed, lean_gib * GIB)
+    ]
 
 
 @pytest.mark.parametrize("case", ["switched off", "shared GPU", "room unknown", "estimate unknown"])
-async def test_checkpointing_stays_trls_unless_the_host_asks_and_the_job_has_a_whole_gpu_of_known_room(tmp_path: Path, case: str) -> None:
+async def test_checkpointing_stays_trls_unless_the_host_asks_and_the_job_has_a_whole_gpu_of_known_room(
+    tmp_path: Path, case: str
+) -> None:
     needs = Needs(None if case == "estimate unknown" else GIB)
     settings = host(tmp_path, gradient_checkpointing_when_needed=case != "switched off")
     share = Placement(["0"], share_bytes=10 * GIB, fraction=0.125) if case == "shared GPU" else None
@@ -69,7 +87,9 @@ async def test_checkpointing_stays_trls_unless_the_host_asks_and_the_job_has_a_w
 
 async def test_the_hosts_attention_and_liger_settings_go_to_the_child_as_asked(tmp_path: Path) -> None:
     plain = await fast_settings(request(), host(tmp_path), None, None, None, structlog.get_logger())
-    fastest = await fast_settings(request(), host(tmp_path, fastest_attention=True, liger_kernel=True), None, None, None, structlog.get_logger())
+    fastest = await fast_settings(
+        request(), host(tmp_path, fastest_attention=True, liger_kernel=True), None, None, None, structlog.get_logger()
+    )
     assert (plain.attn_implementation, plain.use_liger_kernel) == (None, None)
     assert (fastest.attn_implementation, fastest.use_liger_kernel) == ("flash_attention_2", True)
 
@@ -78,12 +98,21 @@ def test_a_gpu_peak_is_reported_beside_the_estimate_and_share_and_taught_to_the_
     needs = Needs(None)
     estimate = Estimate({"weights": 8 * GIB}, gradient_checkpointing=True, scale=1.25)
     share = Placement(["0"], share_bytes=12 * GIB, fraction=0.15)
-    measured = MemoryUse(device="cuda", peak_allocated_bytes=9 * GIB, peak_reserved_bytes=10 * GIB, device_peak_bytes=11 * GIB)
+    measured = MemoryUse(
+        device="cuda", peak_allocated_bytes=9 * GIB, peak_reserved_bytes=10 * GIB, device_peak_bytes=11 * GIB
+    )
     ratios = REGISTRY.get_sample_value("adapterd_job_memory_estimate_ratio_count", {"method": "sft"}) or 0.0
     memory = reported_memory(request("r7"), estimate, share, measured, needs, FastSettings())  # type: ignore[arg-type]
-    assert memory.model_dump() == {"estimate_bytes": 10 * GIB, "share_bytes": 12 * GIB, "device": "cuda",
-                                   "peak_allocated_bytes": 9 * GIB, "device_peak_bytes": 11 * GIB}
-    assert needs.learned == [("r7", 8 * GIB, 9 * GIB)]  # the model's figure before the scale, against the allocator's peak
+    assert memory.model_dump() == {
+        "estimate_bytes": 10 * GIB,
+        "share_bytes": 12 * GIB,
+        "device": "cuda",
+        "peak_allocated_bytes": 9 * GIB,
+        "device_peak_bytes": 11 * GIB,
+    }
+    assert needs.learned == [
+        ("r7", 8 * GIB, 9 * GIB)
+    ]  # the model's figure before the scale, against the allocator's peak
     assert REGISTRY.get_sample_value("adapterd_job_memory_estimate_ratio_count", {"method": "sft"}) == ratios + 1
 
 
@@ -93,27 +122,52 @@ def test_a_cpu_peak_or_no_measure_teaches_the_estimator_nothing() -> None:
     on_cpu = MemoryUse(device="cpu", peak_allocated_bytes=None, peak_reserved_bytes=None, device_peak_bytes=3 * GIB)
     cpu = reported_memory(request(), estimate, None, on_cpu, needs)  # type: ignore[arg-type]
     unmeasured = reported_memory(request(), None, None, None, needs)  # type: ignore[arg-type]
-    assert (cpu.device, cpu.peak_allocated_bytes, cpu.device_peak_bytes, cpu.share_bytes) == ("cpu", None, 3 * GIB, None)
-    assert unmeasured.model_dump() == {"estimate_bytes": None, "share_bytes": None, "device": None, "peak_allocated_bytes": None,
-                                       "device_peak_bytes": None}
+    assert (cpu.device, cpu.peak_allocated_bytes, cpu.device_peak_bytes, cpu.share_bytes) == (
+        "cpu",
+        None,
+        3 * GIB,
+        None,
+    )
+    assert unmeasured.model_dump() == {
+        "estimate_bytes": None,
+        "share_bytes": None,
+        "device": None,
+        "peak_allocated_bytes": None,
+        "device_peak_bytes": None,
+    }
     assert needs.learned == []
 
 
-@pytest.mark.parametrize(("training", "fast", "learnt"), [
-    ({}, FastSettings(), True),  # TRL's default turns checkpointing on, as the estimate assumed
-    ({"activation_checkpointing": True}, FastSettings(), True),
-    ({"activation_checkpointing": False}, FastSettings(), False),  # the hostile sample: its own setting, not the model's error
-    ({"gradient_checkpointing": False}, FastSettings(), False),  # the deprecated alias
-    ({"activation_checkpointing_kwargs": {"every_n_layers": 4}}, FastSettings(), False),  # memory the estimate does not model
-    ({}, FastSettings(gradient_checkpointing=False), False),  # the host turned it off: the estimate assumed it on
-    ({}, None, False),  # a result read back from an earlier attempt: how it ran is not known
-])
+@pytest.mark.parametrize(
+    ("training", "fast", "learnt"),
+    [
+        ({}, FastSettings(), True),  # TRL's default turns checkpointing on, as the estimate assumed
+        ({"activation_checkpointing": True}, FastSettings(), True),
+        (
+            {"activation_checkpointing": False},
+            FastSettings(),
+            False,
+        ),  # the hostile sample: its own setting, not the model's error
+        ({"gradient_checkpointing": False}, FastSettings(), False),  # the deprecated alias
+        (
+            {"activation_checkpointing_kwargs": {"every_n_layers": 4}},
+            FastSettings(),
+            False,
+        ),  # memory the estimate does not model
+        ({}, FastSettings(gradient_checkpointing=False), False),  # the host turned it off: the estimate assumed it on
+        ({}, None, False),  # a result read back from an earlier attempt: how it ran is not known
+    ],
+)
 def test_only_a_job_that_ran_with_the_checkpointing_its_estimate_assumed_teaches_the_history(
-    training: dict[str, object], fast: FastSettings | None, learnt: bool,
+    training: dict[str, object],
+    fast: FastSettings | None,
+    learnt: bool,
 ) -> None:
     needs = Needs(None)
     estimate = Estimate({"weights": 17 * GIB}, gradient_checkpointing=True)
-    measured = MemoryUse(device="cuda", peak_allocated_bytes=34 * GIB, peak_reserved_bytes=35 * GIB, device_peak_bytes=36 * GIB)
+    measured = MemoryUse(
+        device="cuda", peak_allocated_bytes=34 * GIB, peak_reserved_bytes=35 * GIB, device_peak_bytes=36 * GIB
+    )
     reported = reported_memory(request("r1", **training), estimate, None, measured, needs, fast)  # type: ignore[arg-type]
     assert reported.peak_allocated_bytes == 34 * GIB  # reported all the same
     assert needs.learned == ([("r1", 17 * GIB, 34 * GIB)] if learnt else [])

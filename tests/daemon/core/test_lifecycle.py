@@ -22,7 +22,9 @@ def test_every_state_is_reached_from_queued_and_every_live_state_can_end() -> No
     assert set(TRANSITIONS) == set(State) and reachable(State.QUEUED) == set(State)  # no state the code cannot enter
     assert all(reachable(state) & FINAL for state in State)  # no live state without a way out
     assert all(not TRANSITIONS[state] for state in FINAL)
-    assert all(State.INTERRUPTED in TRANSITIONS[state] for state in set(State) - FINAL)  # any live job can be interrupted
+    assert all(
+        State.INTERRUPTED in TRANSITIONS[state] for state in set(State) - FINAL
+    )  # any live job can be interrupted
     assert State.CANCELLED not in TRANSITIONS[State.PUSHING] and State.SUCCEEDED not in TRANSITIONS[State.TRAINING]
 
 
@@ -37,14 +39,17 @@ def test_each_published_outcome_is_the_event_type_the_job_enters_it_by() -> None
     assert {state.value for state in OUTCOMES} == types and State.INTERRUPTED.value not in types
 
 
-@pytest.mark.parametrize(("path", "allowed"), [
-    ([State.TRAINING, State.PUSHING, State.SUCCEEDED], True),
-    ([State.PUSHING, State.SUCCEEDED], True),  # an earlier attempt's artifact: pushed, not trained again
-    ([State.SUCCEEDED], True),  # a duplicate
-    ([State.TRAINING, State.SUCCEEDED], False),  # success is pushed first
-    ([State.TRAINING, State.PUSHING, State.CANCELLED], False),  # too late to cancel
-    ([State.SUCCEEDED, State.FAILED], False),  # one outcome per job
-])
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ([State.TRAINING, State.PUSHING, State.SUCCEEDED], True),
+        ([State.PUSHING, State.SUCCEEDED], True),  # an earlier attempt's artifact: pushed, not trained again
+        ([State.SUCCEEDED], True),  # a duplicate
+        ([State.TRAINING, State.SUCCEEDED], False),  # success is pushed first
+        ([State.TRAINING, State.PUSHING, State.CANCELLED], False),  # too late to cancel
+        ([State.SUCCEEDED, State.FAILED], False),  # one outcome per job
+    ],
+)
 def test_only_the_drawn_moves_are_allowed(path: list[State], allowed: bool) -> None:
     lifecycle = Lifecycle()
     try:
@@ -79,7 +84,9 @@ def test_the_drawing_in_docs_architecture_md_is_transitions() -> None:
     from daemon.jobs.lifecycle_doc import DIAGRAM_END, DIAGRAM_START, diagram
 
     text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
-    drawn = text[text.index(DIAGRAM_START):text.index(DIAGRAM_END) + len(DIAGRAM_END)]
-    assert drawn == diagram(), "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.jobs.lifecycle_doc`"
+    drawn = text[text.index(DIAGRAM_START) : text.index(DIAGRAM_END) + len(DIAGRAM_END)]
+    assert drawn == diagram(), (
+        "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.jobs.lifecycle_doc`"
+    )
     edges = {tuple(line.strip().split(" --> ")) for line in drawn.splitlines() if " --> " in line and "[*]" not in line}
     assert edges == {(state.name, target.name) for state, targets in TRANSITIONS.items() for target in targets}

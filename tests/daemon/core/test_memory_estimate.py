@@ -21,13 +21,22 @@ VOCAB, HIDDEN, LAYERS, MLP, KV = 151936, 896, 24, 4864, 128
 
 
 def qwen2_0_5b_header() -> dict[str, Any]:
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}, "model.embed_tokens.weight": {"dtype": "BF16", "shape": [VOCAB, HIDDEN]},
-                              "model.norm.weight": {"dtype": "BF16", "shape": [HIDDEN]}}
+    header: dict[str, Any] = {
+        "__metadata__": {"format": "pt"},
+        "model.embed_tokens.weight": {"dtype": "BF16", "shape": [VOCAB, HIDDEN]},
+        "model.norm.weight": {"dtype": "BF16", "shape": [HIDDEN]},
+    }
     for layer in range(LAYERS):
         prefix = f"model.layers.{layer}."
-        for name, shape in {"self_attn.q_proj": [HIDDEN, HIDDEN], "self_attn.k_proj": [KV, HIDDEN], "self_attn.v_proj": [KV, HIDDEN],
-                            "self_attn.o_proj": [HIDDEN, HIDDEN], "mlp.gate_proj": [MLP, HIDDEN], "mlp.up_proj": [MLP, HIDDEN],
-                            "mlp.down_proj": [HIDDEN, MLP]}.items():
+        for name, shape in {
+            "self_attn.q_proj": [HIDDEN, HIDDEN],
+            "self_attn.k_proj": [KV, HIDDEN],
+            "self_attn.v_proj": [KV, HIDDEN],
+            "self_attn.o_proj": [HIDDEN, HIDDEN],
+            "mlp.gate_proj": [MLP, HIDDEN],
+            "mlp.up_proj": [MLP, HIDDEN],
+            "mlp.down_proj": [HIDDEN, MLP],
+        }.items():
             header[prefix + name + ".weight"] = {"dtype": "BF16", "shape": shape}
         for bias, width in {"self_attn.q_proj": HIDDEN, "self_attn.k_proj": KV, "self_attn.v_proj": KV}.items():
             header[prefix + bias + ".bias"] = {"dtype": "BF16", "shape": [width]}
@@ -50,12 +59,24 @@ def request(method: str = "sft", **overrides: Any) -> RequestBase:
 def test_the_headers_give_the_models_shape() -> None:
     assert 490e6 < QWEN.parameters < 500e6  # Qwen2-0.5B: 494M parameters
     assert QWEN.layers == LAYERS and QWEN.embedding == (VOCAB, HIDDEN)
-    assert {name for name, _, _ in QWEN.linear()} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert {name for name, _, _ in QWEN.linear()} == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert QWEN.stored_bytes() == 2 * QWEN.parameters
 
 
 def test_a_typical_lora_job_on_a_0_5b_model_is_a_few_gigabytes_and_each_part_is_what_the_request_says() -> None:
-    job = request(peft={"r": 16, "target_modules": "all-linear"}, training={"per_device_train_batch_size": 8}, sft={"max_length": 1024})
+    job = request(
+        peft={"r": 16, "target_modules": "all-linear"},
+        training={"per_device_train_batch_size": 8},
+        sft={"max_length": 1024},
+    )
     found = estimate(job, QWEN)
     assert found.parts["weights"] == 2 * QWEN.parameters  # bf16 as stored
     per_layer = 16 * ((HIDDEN + HIDDEN) * 2 + (KV + HIDDEN) * 2 + (MLP + HIDDEN) * 3)
@@ -64,19 +85,31 @@ def test_a_typical_lora_job_on_a_0_5b_model_is_a_few_gigabytes_and_each_part_is_
     assert 3e9 < found.total < 6e9  # the H200 measured 3.2 GB for such a job (batch 8 x ~980 tokens): an upper estimate
     without = estimate(job, QWEN, gradient_checkpointing=False)
     tokens = 8 * 1024
-    assert found.parts["activations"] == tokens * HIDDEN * (2 * LAYERS + 34)  # each layer's input, and one layer's activations
+    assert found.parts["activations"] == tokens * HIDDEN * (
+        2 * LAYERS + 34
+    )  # each layer's input, and one layer's activations
     assert without.parts["activations"] == tokens * HIDDEN * 34 * LAYERS
     assert {key: value for key, value in without.parts.items() if key != "activations"} == {
-        key: value for key, value in found.parts.items() if key != "activations"}
+        key: value for key, value in found.parts.items() if key != "activations"
+    }
 
 
 def test_the_parts_follow_targets_rank_quantization_pairs_generations_and_full_fine_tuning() -> None:
     peft_default = estimate(request(peft={"r": 16, "target_modules": None}), QWEN).parts["trainable"]
-    assert peft_default == 16 * 16 * LAYERS * ((HIDDEN + HIDDEN) + (KV + HIDDEN))  # PEFT's own choice for the model: q_proj and v_proj
+    assert peft_default == 16 * 16 * LAYERS * (
+        (HIDDEN + HIDDEN) + (KV + HIDDEN)
+    )  # PEFT's own choice for the model: q_proj and v_proj
     assert estimate(request(peft={"r": 32, "target_modules": None}), QWEN).parts["trainable"] == 2 * peft_default
-    assert estimate(request(peft={"r": 16, "target_modules": ["q_proj", "v_proj"]}), QWEN).parts["trainable"] == peft_default
-    assert estimate(request(peft={"r": 16}), QWEN).parts["trainable"] > 6 * peft_default  # the request's default: all-linear
-    four_bit = estimate(request(model={"id": "tiny/qwen2-chat", "quantization": "4bit"}, peft={"r": 16}), QWEN).parts["weights"]
+    assert (
+        estimate(request(peft={"r": 16, "target_modules": ["q_proj", "v_proj"]}), QWEN).parts["trainable"]
+        == peft_default
+    )
+    assert (
+        estimate(request(peft={"r": 16}), QWEN).parts["trainable"] > 6 * peft_default
+    )  # the request's default: all-linear
+    four_bit = estimate(request(model={"id": "tiny/qwen2-chat", "quantization": "4bit"}, peft={"r": 16}), QWEN).parts[
+        "weights"
+    ]
     assert four_bit < 0.5 * estimate(request(peft={"r": 16}), QWEN).parts["weights"]
     full = estimate(request(peft=None), QWEN)
     assert full.parts["trainable"] == 4 * 2 * QWEN.parameters  # weights, gradient and two moments at bf16
@@ -102,8 +135,12 @@ def write_safetensors(path: Path, header: dict[str, Any], length: int | None = N
 def test_a_local_folder_is_read_from_its_headers_alone_and_a_hostile_header_is_refused(tmp_path: Path) -> None:
     header = qwen2_0_5b_header()
     names = sorted(header)
-    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {name: header[name] for name in names[: len(names) // 2]})
-    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {name: header[name] for name in names[len(names) // 2:]})
+    write_safetensors(
+        tmp_path / "model-00001-of-00002.safetensors", {name: header[name] for name in names[: len(names) // 2]}
+    )
+    write_safetensors(
+        tmp_path / "model-00002-of-00002.safetensors", {name: header[name] for name in names[len(names) // 2 :]}
+    )
     assert local_tensors(tmp_path) == QWEN  # two shards, no weights on disk: the headers are all it reads
     hostile = tmp_path / "hostile"
     hostile.mkdir()
@@ -125,7 +162,10 @@ def test_the_tiny_models_weights_part_is_its_parameters_as_torch_counts_them(tin
     stored = {name for name in tensors.shapes}
     # Tied embeddings are stored once; torch's count is of unique parameters too.
     assert tensors.parameters == sum(parameter.numel() for parameter in model.parameters()), stored
-    assert estimate(request(model={"id": str(tiny_model_dir), "dtype": "float32"}), tensors).parts["weights"] == 4 * tensors.parameters
+    assert (
+        estimate(request(model={"id": str(tiny_model_dir), "dtype": "float32"}), tensors).parts["weights"]
+        == 4 * tensors.parameters
+    )
 
 
 def test_the_history_scales_later_estimates_by_what_was_measured_and_survives_a_restart(tmp_path: Path) -> None:

@@ -36,13 +36,17 @@ class FixedNeeds:
         self.asked: list[str] = []
         self.learned: list[tuple[str, int, int]] = []
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]:
         """As if every model had been read before: the offer has its answer at once."""
         self.asked.append(request.request_id)
         need = self.needs[request.request_id] if gradient_checkpointing else self.lean.get(request.request_id)
         return True, None if need is None else Estimate({"weights": need}, gradient_checkpointing=True)
 
-    async def need(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> Estimate | None:
+    async def need(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> Estimate | None:
         return self.known(request, gradient_checkpointing=gradient_checkpointing)[1]
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
@@ -52,12 +56,23 @@ class FixedNeeds:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     # One declared GPU of 80 GiB, 10% headroom (72 GiB for jobs), at most four jobs on it.
-    return Settings(gpus=["0"], max_jobs_per_gpu=4, gpu_memory_bytes=80 * GIB, gpu_memory_headroom=0.1, warm_child=False,
-                    work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30, progress_interval_s=0)
+    return Settings(
+        gpus=["0"],
+        max_jobs_per_gpu=4,
+        gpu_memory_bytes=80 * GIB,
+        gpu_memory_headroom=0.1,
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        max_attempts=2,
+        retry_backoff_s=30,
+        progress_interval_s=0,
+    )
 
 
-
-async def offer(core: CoreOnFakes, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None) -> Offered:
+async def offer(
+    core: CoreOnFakes, request_id: str, partition: int, headers: list[tuple[str, bytes]] | None = None
+) -> Offered:
     tp = TopicPartition(core.tp.topic, partition)
     core.consumer.committed[tp] = 0
     record = core.record(sft_request(request_id), 7)
@@ -65,7 +80,9 @@ async def offer(core: CoreOnFakes, request_id: str, partition: int, headers: lis
     return await core.scheduler.offer(tp, record, core.request(record))
 
 
-async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_does_not_waits(settings: Settings) -> None:
+async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_does_not_waits(
+    settings: Settings,
+) -> None:
     children = FakeChildren(HANGS)
     core = CoreOnFakes(settings, children=children)
     core.scheduler.memory = FixedNeeds({"r1": 30 * GIB, "r2": 30 * GIB, "r3": 30 * GIB})  # type: ignore[assignment]
@@ -84,10 +101,20 @@ async def test_jobs_that_fit_share_the_gpu_each_held_to_its_share_and_one_that_d
     await core.scheduler.stop_jobs()
 
 
-async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spending_an_attempt(settings: Settings) -> None:
-    oom = Script(messages=[StageEntered(stage="train"), ChildError(code="out_of_memory", stage="train", message="CUDA out of memory", retryable=True)],
-                 returncode=1, artifact=False)
-    children = FakeChildren(HANGS, by_request={"r2": [oom, HANGS]})  # by name: r1 and r2 take their children in either order
+async def test_a_job_out_of_memory_beside_others_runs_again_alone_without_spending_an_attempt(
+    settings: Settings,
+) -> None:
+    oom = Script(
+        messages=[
+            StageEntered(stage="train"),
+            ChildError(code="out_of_memory", stage="train", message="CUDA out of memory", retryable=True),
+        ],
+        returncode=1,
+        artifact=False,
+    )
+    children = FakeChildren(
+        HANGS, by_request={"r2": [oom, HANGS]}
+    )  # by name: r1 and r2 take their children in either order
     core = CoreOnFakes(settings, children=children)
     needs = FixedNeeds({"r1": 20 * GIB, "r2": 20 * GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
@@ -129,7 +156,9 @@ async def test_without_packing_every_job_has_a_whole_gpu_whatever_its_estimate(s
     needs = FixedNeeds({"r1": GIB, "r2": GIB})
     core.scheduler.memory = needs  # type: ignore[assignment]
     assert await offer(core, "r1", 0) is Offered.STARTED
-    assert await offer(core, "r2", 1) is Offered.NO_SLOT  # today's behaviour: one job a GPU, though a gibibyte would fit
+    assert (
+        await offer(core, "r2", 1) is Offered.NO_SLOT
+    )  # today's behaviour: one job a GPU, though a gibibyte would fit
     assert needs.asked == ["r1", "r2"]  # estimated all the same, for its events
     await core.scheduler.stop_jobs()
 
@@ -145,12 +174,23 @@ def test_an_alone_header_added_to_a_signed_retry_breaks_its_signature(settings: 
     assert core.scheduler.retries.read(core.record(sft_request("r1"), 7, headers=alone)).alone
 
 
-async def test_succeeded_says_the_estimate_the_share_and_the_measured_peak_and_the_history_learns_it(settings: Settings) -> None:
+async def test_succeeded_says_the_estimate_the_share_and_the_measured_peak_and_the_history_learns_it(
+    settings: Settings,
+) -> None:
     from handlers.protocol import FirstStep, MemoryUse, TrainResult
 
-    measured = MemoryUse(device="cuda", peak_allocated_bytes=12 * GIB, peak_reserved_bytes=13 * GIB, device_peak_bytes=40 * GIB)
-    result = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.0}, base_model_revision=None, dataset_fingerprint="f",
-                         durations_s={"train": 0.1}, versions={}, memory=measured)
+    measured = MemoryUse(
+        device="cuda", peak_allocated_bytes=12 * GIB, peak_reserved_bytes=13 * GIB, device_peak_bytes=40 * GIB
+    )
+    result = TrainResult(
+        trainer="trl.SFTTrainer/trl.SFTConfig",
+        metrics={"train_loss": 1.0},
+        base_model_revision=None,
+        dataset_fingerprint="f",
+        durations_s={"train": 0.1},
+        versions={},
+        memory=measured,
+    )
     children = FakeChildren(Script(messages=[StageEntered(stage="train"), FirstStep(time=0.0, step=1), result]))
     core = CoreOnFakes(settings, children=children)
     needs = FixedNeeds({"r1": 10 * GIB})
@@ -161,8 +201,15 @@ async def test_succeeded_says_the_estimate_the_share_and_the_measured_peak_and_t
     assert started["memory_share_bytes"] == 10 * GIB
     succeeded = core.events("r1")[-1]
     assert succeeded["type"] == "succeeded" and succeeded["memory"] == {
-        "estimate_bytes": 10 * GIB, "share_bytes": 10 * GIB, "device": "cuda", "peak_allocated_bytes": 12 * GIB, "device_peak_bytes": 40 * GIB}
-    assert needs.learned == [("r1", 10 * GIB, 12 * GIB)]  # the allocator's peak against the model's figure, for the next estimate
+        "estimate_bytes": 10 * GIB,
+        "share_bytes": 10 * GIB,
+        "device": "cuda",
+        "peak_allocated_bytes": 12 * GIB,
+        "device_peak_bytes": 40 * GIB,
+    }
+    assert needs.learned == [
+        ("r1", 10 * GIB, 12 * GIB)
+    ]  # the allocator's peak against the model's figure, for the next estimate
 
 
 class ScaledNeeds(FixedNeeds):
@@ -172,9 +219,13 @@ class ScaledNeeds(FixedNeeds):
         super().__init__(needs)
         self.history = history
 
-    def known(self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1) -> tuple[bool, Estimate | None]:
+    def known(
+        self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1
+    ) -> tuple[bool, Estimate | None]:
         ready, found = super().known(request, gradient_checkpointing=gradient_checkpointing)
-        return ready, None if found is None else Estimate(found.parts, True, self.history.scale(request.model.id, request.method))
+        return ready, None if found is None else Estimate(
+            found.parts, True, self.history.scale(request.model.id, request.method)
+        )
 
     def learn(self, request: RequestBase, estimated: Estimate, measured_bytes: int) -> None:
         super().learn(request, estimated, measured_bytes)
@@ -182,7 +233,8 @@ class ScaledNeeds(FixedNeeds):
 
 
 async def test_one_request_without_checkpointing_teaches_the_history_nothing_and_four_honest_jobs_still_share_the_gpu(
-    settings: Settings, tmp_path: Path,
+    settings: Settings,
+    tmp_path: Path,
 ) -> None:
     """Issue 61: a request with `activation_checkpointing: false` peaked at twice its estimate (made with checkpointing,
     TRL's default); the history scaled every later estimate of its model and method by 2, and of four honest jobs of
@@ -191,10 +243,27 @@ async def test_one_request_without_checkpointing_teaches_the_history_nothing_and
     from handlers.protocol import FirstStep, MemoryUse, TrainResult
 
     def ran(peak_gib: float) -> Script:
-        measured = MemoryUse(device="cuda", peak_allocated_bytes=int(peak_gib * GIB), peak_reserved_bytes=int(peak_gib * GIB), device_peak_bytes=40 * GIB)
-        return Script(messages=[StageEntered(stage="train"), FirstStep(time=0.0, step=1), TrainResult(
-            trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.0}, base_model_revision=None, dataset_fingerprint="f",
-            durations_s={"train": 0.1}, versions={}, memory=measured)])
+        measured = MemoryUse(
+            device="cuda",
+            peak_allocated_bytes=int(peak_gib * GIB),
+            peak_reserved_bytes=int(peak_gib * GIB),
+            device_peak_bytes=40 * GIB,
+        )
+        return Script(
+            messages=[
+                StageEntered(stage="train"),
+                FirstStep(time=0.0, step=1),
+                TrainResult(
+                    trainer="trl.SFTTrainer/trl.SFTConfig",
+                    metrics={"train_loss": 1.0},
+                    base_model_revision=None,
+                    dataset_fingerprint="f",
+                    durations_s={"train": 0.1},
+                    versions={},
+                    memory=measured,
+                ),
+            ]
+        )
 
     history = MemoryHistory(tmp_path / "memory-history.json")
     honest = [f"h{n}" for n in range(4)]
@@ -209,14 +278,18 @@ async def test_one_request_without_checkpointing_teaches_the_history_nothing_and
     await next(job for job in core.scheduler.jobs.values() if job.request_id == "honest").task
     assert needs.learned == [("honest", 17 * GIB, int(17.5 * GIB))]  # the hostile job's 34 GiB not among them
     assert history.scale(TINY_MODEL, "sft") == pytest.approx(17.5 / 17, abs=1e-3)
-    assert [await offer(core, request_id, n + 2) for n, request_id in enumerate(honest)] == [Offered.STARTED] * 4  # 4 x 17.5 of 72 GiB
+    assert [await offer(core, request_id, n + 2) for n, request_id in enumerate(honest)] == [
+        Offered.STARTED
+    ] * 4  # 4 x 17.5 of 72 GiB
     assert core.slots.jobs_on("0") == 4
     await core.scheduler.stop_jobs()
 
 
 @pytest.mark.parametrize(("lean_gib", "checkpointing"), [(50, False), (100, True)])
 async def test_checkpointing_only_when_needed_turns_it_off_for_a_job_that_fits_its_gpu_without_it(
-    settings: Settings, lean_gib: int, checkpointing: bool,
+    settings: Settings,
+    lean_gib: int,
+    checkpointing: bool,
 ) -> None:
     host = settings.model_copy(update={"max_jobs_per_gpu": 1, "gradient_checkpointing_when_needed": True})
     children = FakeChildren(HANGS)
@@ -232,8 +305,10 @@ async def test_checkpointing_only_when_needed_turns_it_off_for_a_job_that_fits_i
 async def test_the_hosts_speed_settings_reach_the_child_and_are_all_off_by_default(settings: Settings) -> None:
     for host, expected in [
         (settings, FastSettings()),
-        (settings.model_copy(update={"fastest_attention": True, "liger_kernel": True}),
-         FastSettings(attn_implementation="flash_attention_2", use_liger_kernel=True)),
+        (
+            settings.model_copy(update={"fastest_attention": True, "liger_kernel": True}),
+            FastSettings(attn_implementation="flash_attention_2", use_liger_kernel=True),
+        ),
     ]:
         children = FakeChildren(HANGS)
         core = CoreOnFakes(host, children=children)
@@ -260,8 +335,14 @@ async def test_adapterd_status_says_each_gpus_jobs_and_each_jobs_share(settings:
     placed = service.slots.take(1, 30 * GIB)
     assert placed is not None
     document = service.status()
-    assert document["packing"] == {"max_jobs_per_gpu": 4, "usable_bytes": 72 * GIB, "gpus": {"0": {"jobs": 1, "reserved_bytes": 30 * GIB}}}
-    document["jobs"] = [{"request_id": "r1", "method": "sft", "slot": "0", "stage": "train", "memory_share_bytes": 30 * GIB}]
+    assert document["packing"] == {
+        "max_jobs_per_gpu": 4,
+        "usable_bytes": 72 * GIB,
+        "gpus": {"0": {"jobs": 1, "reserved_bytes": 30 * GIB}},
+    }
+    document["jobs"] = [
+        {"request_id": "r1", "method": "sft", "slot": "0", "stage": "train", "memory_share_bytes": 30 * GIB}
+    ]
 
     class Status(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -28,7 +28,9 @@ class CountingPartitioner:
         return DefaultPartitioner()(key, all_partitions, available)
 
 
-async def publisher_on(partitions: Callable[[Settings], dict[str, int]]) -> tuple[Settings, Publisher, FakeProducer, CountingPartitioner]:
+async def publisher_on(
+    partitions: Callable[[Settings], dict[str, int]],
+) -> tuple[Settings, Publisher, FakeProducer, CountingPartitioner]:
     """A publisher on the in-memory producer (tests/fakes.py), its partitioner counting."""
     settings = Settings(gpus=[], warm_child=False)
     producer, partitioner = FakeProducer(partitions(settings)), CountingPartitioner()
@@ -53,9 +55,13 @@ def rejection_messages(publisher: Publisher, settings: Settings, request_id: str
 
 
 async def test_each_key_is_hashed_once_and_lands_where_the_default_partitioner_puts_it() -> None:
-    settings, publisher, producer, partitioner = await publisher_on(lambda s: {s.events_topic: EVENT_PARTITIONS, s.dlq_topic: DLQ_PARTITIONS})
+    settings, publisher, producer, partitioner = await publisher_on(
+        lambda s: {s.events_topic: EVENT_PARTITIONS, s.dlq_topic: DLQ_PARTITIONS}
+    )
     ids = [f"bad-{i}" for i in range(20)]
-    messages = [m for offset, request_id in enumerate(ids) for m in rejection_messages(publisher, settings, request_id, offset)]
+    messages = [
+        m for offset, request_id in enumerate(ids) for m in rejection_messages(publisher, settings, request_id, offset)
+    ]
     messages += rejection_messages(publisher, settings, ids[0], len(ids))  # the same key again, later in the batch
 
     await publisher.send_all(messages)
@@ -66,7 +72,9 @@ async def test_each_key_is_hashed_once_and_lands_where_the_default_partitioner_p
     for topic, count in ((settings.events_topic, EVENT_PARTITIONS), (settings.dlq_topic, DLQ_PARTITIONS)):
         expected: dict[tuple[str, int], list[bytes | None]] = {}
         for message in (m for m in messages if m.topic == topic):
-            expected.setdefault((topic, default(message.key, list(range(count)), list(range(count)))), []).append(message.key)
+            expected.setdefault((topic, default(message.key, list(range(count)), list(range(count)))), []).append(
+                message.key
+            )
         assert {where: keys for where, keys in placed(producer).items() if where[0] == topic} == expected
 
 

@@ -30,10 +30,21 @@ from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChild, FakeChildren, Script
 from tests.helpers import sft_request
 
-RESULT = TrainResult(trainer="trl.SFTTrainer/trl.SFTConfig", metrics={"train_loss": 1.5, "final_loss": 1.2}, base_model_revision="a" * 40,
-                     dataset_fingerprint="f", durations_s={"train": 0.1}, versions={"trl": "test"})
-TRAINS = [StageEntered(stage="load_dataset"), StageEntered(stage="train"), FirstStep(time=time.time(), step=1),
-          ProgressReport(step=1, total_steps=4, loss=1.3), StageEntered(stage="save")]
+RESULT = TrainResult(
+    trainer="trl.SFTTrainer/trl.SFTConfig",
+    metrics={"train_loss": 1.5, "final_loss": 1.2},
+    base_model_revision="a" * 40,
+    dataset_fingerprint="f",
+    durations_s={"train": 0.1},
+    versions={"trl": "test"},
+)
+TRAINS = [
+    StageEntered(stage="load_dataset"),
+    StageEntered(stage="train"),
+    FirstStep(time=time.time(), step=1),
+    ProgressReport(step=1, total_steps=4, loss=1.3),
+    StageEntered(stage="save"),
+]
 SUCCEEDS = Script(messages=[*TRAINS, RESULT])
 
 
@@ -42,15 +53,28 @@ def crash(stage: str = "train") -> Script:
 
 
 def fails(code: str, retryable: bool) -> Script:
-    return Script(messages=[StageEntered(stage="train"), ChildError(code=code, stage="train", message="it broke", retryable=retryable)],  # type: ignore[arg-type]
-                  returncode=1, artifact=False)
+    return Script(
+        messages=[
+            StageEntered(stage="train"),
+            ChildError(code=code, stage="train", message="it broke", retryable=retryable),
+        ],  # type: ignore[arg-type]
+        returncode=1,
+        artifact=False,
+    )
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     # No Hub token: the push goes to the local sink under work_dir, as on a host without one.
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30,
-                    progress_interval_s=0)
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        max_attempts=2,
+        retry_backoff_s=30,
+        progress_interval_s=0,
+    )
 
 
 async def run_one(core: CoreOnFakes, request_id: str = "r1", offset: int = 7, **overrides: object) -> list[State]:
@@ -115,7 +139,12 @@ async def test_the_last_attempt_of_a_retryable_failure_ends_failed_and_in_the_dl
     await core.scheduler.offer(core.tp, record, core.request(record))
     await core.scheduler.jobs[core.tp].task
     failed = core.events("r1")[-1]
-    assert (failed["type"], failed["code"], failed["attempt"], failed["retryable"]) == ("failed", "child_crashed", 2, True)
+    assert (failed["type"], failed["code"], failed["attempt"], failed["retryable"]) == (
+        "failed",
+        "child_crashed",
+        2,
+        True,
+    )
     assert "killed by SIGKILL" in str(failed["message"])
     [dead] = core.dead_letters()
     assert dead.header("adapterd-reason") == b"attempts_exhausted" and dead.header("adapterd-attempts") == b"2"
@@ -138,14 +167,21 @@ async def test_a_child_silent_while_loading_or_training_is_stopped_as_stalled(se
     await run_one(core)
     retrying = core.events("r1")[-1]
     assert (retrying["type"], retrying["code"], retrying["stage"]) == ("retrying", "stalled", stage)
-    assert children.taken[0].stopped_with == 0  # killed at once: a silent child would not save a checkpoint in any grace
+    assert (
+        children.taken[0].stopped_with == 0
+    )  # killed at once: a silent child would not save a checkpoint in any grace
 
 
 async def test_a_failure_that_is_not_retryable_ends_failed_at_once(settings: Settings) -> None:
     core = CoreOnFakes(settings, children=FakeChildren(fails("dataset_invalid", retryable=False)))
     await run_one(core)
     failed = core.events("r1")[-1]
-    assert (failed["type"], failed["code"], failed["stage"], failed["retryable"]) == ("failed", "dataset_invalid", "train", False)
+    assert (failed["type"], failed["code"], failed["stage"], failed["retryable"]) == (
+        "failed",
+        "dataset_invalid",
+        "train",
+        False,
+    )
     assert core.consumer.commits == [(core.tp, 8)] and not core.dead_letters() and not core.requeued()
 
 
@@ -174,7 +210,9 @@ async def test_cancelling_a_running_job_stops_its_child_and_ends_cancelled(setti
     await core.scheduler.cancel(Cancel(request_id="r1", reason="operator asked"))
     await job.task
     assert job.runner.lifecycle.history == [State.QUEUED, State.TRAINING, State.CANCELLED]
-    assert core.types("r1") == ["accepted", "started", "cancelled"] and core.events("r1")[-1]["reason"] == "operator asked"
+    assert (
+        core.types("r1") == ["accepted", "started", "cancelled"] and core.events("r1")[-1]["reason"] == "operator asked"
+    )
     assert child.stopped_with == 0  # a cancel kills at once: no checkpoint wanted
     assert core.consumer.commits == [(core.tp, 8)] and core.slots.busy == 0
 
@@ -199,17 +237,26 @@ async def test_a_daemon_stop_lets_the_job_checkpoint_and_commits_nothing(setting
     assert core.consumer.commits == []
 
 
-async def test_a_stopped_job_says_the_step_it_stopped_and_checkpointed_at_not_its_last_progress_report(settings: Settings) -> None:
+async def test_a_stopped_job_says_the_step_it_stopped_and_checkpointed_at_not_its_last_progress_report(
+    settings: Settings,
+) -> None:
     # Issue 57: progress reports are throttled (progress_interval_s), so the last one trails the stop (335 vs 390):
     # the `preempted` event reads these, and a consumer counting work kept must see 390.
-    core, child, job = await hanging_job(settings, ProgressReport(step=335, total_steps=1000), CheckpointSaved(step=300, path="checkpoint-300"),
-                                         CheckpointSaved(step=390, path="checkpoint-390"), StoppedAtCheckpoint(step=390, path="checkpoint-390"))
+    core, child, job = await hanging_job(
+        settings,
+        ProgressReport(step=335, total_steps=1000),
+        CheckpointSaved(step=300, path="checkpoint-300"),
+        CheckpointSaved(step=390, path="checkpoint-390"),
+        StoppedAtCheckpoint(step=390, path="checkpoint-390"),
+    )
     await core.scheduler.stop_jobs()
     assert job.runner.supervisor.stop_steps() == (390, 390)
 
 
 async def test_a_job_stopped_before_it_saved_on_the_stop_keeps_its_last_checkpoint(settings: Settings) -> None:
-    core, child, job = await hanging_job(settings, CheckpointSaved(step=300, path="checkpoint-300"), ProgressReport(step=335, total_steps=1000))
+    core, child, job = await hanging_job(
+        settings, CheckpointSaved(step=300, path="checkpoint-300"), ProgressReport(step=335, total_steps=1000)
+    )
     await core.scheduler.stop_jobs()
     assert job.runner.supervisor.stop_steps() == (335, 300)  # it stopped at its last report; it resumes from 300
 
@@ -243,12 +290,15 @@ async def test_a_request_that_does_not_fit_holds_its_partition_until_a_slot_free
     await core.scheduler.stop_jobs()  # nothing left hanging after the test
 
 
-
-async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requests_after_it(settings: Settings) -> None:
+async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requests_after_it(
+    settings: Settings,
+) -> None:
     children = FakeChildren(SUCCEEDS)
     core = CoreOnFakes(settings, children=children)
     first = core.record(sft_request("r1"), 7)
-    signed = core.scheduler.retries.headers(first.key, first.value or b"", 2, time.time() + 30)  # attempt 2, due in 30 s
+    signed = core.scheduler.retries.headers(
+        first.key, first.value or b"", 2, time.time() + 30
+    )  # attempt 2, due in 30 s
     early = core.record(sft_request("r1"), 7, headers=signed)
 
     assert await core.scheduler.offer(core.tp, early, core.request(early)) is Offered.WAITING
@@ -264,7 +314,9 @@ async def test_a_retry_read_before_it_is_due_waits_alone_or_goes_behind_the_requ
     assert core.consumer.commits == [(core.tp, 8)] and children.taken == [] and core.events() == []
 
 
-async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The child has exited with its result: the GPU is free, while the upload (minutes for a merged
     # model) goes on. The job's partition stays held until its terminal event is committed.
     import threading
@@ -280,7 +332,9 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: S
         return real_push(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(job_module.hub_push, "push", slow_push)
-    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS, Script(messages=[StageEntered(stage="train")], hang=True)))
+    core = CoreOnFakes(
+        settings, children=FakeChildren(SUCCEEDS, Script(messages=[StageEntered(stage="train")], hang=True))
+    )
     first, second = core.record(sft_request("r1"), 7), core.record(sft_request("r2"), 8)
     other = type(core.tp)(core.tp.topic, 1)
     core.consumer.committed[other] = 0
@@ -288,11 +342,15 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(settings: S
     await asyncio.to_thread(pushing.wait, 30)
     assert core.slots.busy == 0 and core.tp in core.consumer.paused  # the slot is free; the partition is still held
     assert await core.scheduler.offer(other, second, core.request(second)) is Offered.STARTED
-    assert core.types("r1") == ["accepted", "started", "progress"] and core.consumer.commits == []  # r1 is still pushing
+    assert (
+        core.types("r1") == ["accepted", "started", "progress"] and core.consumer.commits == []
+    )  # r1 is still pushing
     release.set()
     await core.scheduler.jobs[core.tp].task
     assert core.types("r1")[-1] == "succeeded" and core.consumer.commits == [(core.tp, 8)]
-    assert core.slots.busy == 1 and [job.request_id for job in core.scheduler.jobs.values()] == ["r2"]  # r2's slot, not given back twice
+    assert core.slots.busy == 1 and [job.request_id for job in core.scheduler.jobs.values()] == [
+        "r2"
+    ]  # r2's slot, not given back twice
     await core.scheduler.stop_jobs()
     assert core.slots.busy == 0
 
@@ -308,7 +366,9 @@ STOP_PATHS = {
 
 
 @pytest.mark.parametrize("path", list(STOP_PATHS))
-async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(settings: Settings, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(
+    settings: Settings, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each path that ends a job early calls `JobRunner.stop` once, with its kind, and the child gets
     that stop's grace through `JobProcess.stop` (never a bare cancel of the task running it); what the
     job ends in is decided by the stop alone."""
@@ -323,7 +383,9 @@ async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(settings: 
         return real_stop(runner, stop)
 
     monkeypatch.setattr(JobRunner, "stop", recording_stop)
-    settings = settings.model_copy(update={"drain_timeout_s": grace or 60.0, "stall_timeout_s": 0.2 if path == "stall" else None})
+    settings = settings.model_copy(
+        update={"drain_timeout_s": grace or 60.0, "stall_timeout_s": 0.2 if path == "stall" else None}
+    )
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
     core = CoreOnFakes(settings, children=children)
     record = core.record(sft_request("r1", **({"timeout_s": 1} if path == "timeout" else {})), 7)
@@ -383,6 +445,8 @@ async def test_a_child_that_runs_elsewhere_fits_the_seam_and_started_names_where
     assert job.runner.status()["pid"] is None
     await job.task
     started = core.events("far")[1]
-    assert started["type"] == "started" and started["pid"] is None and started["child"] == "engine job-1 for 2 GPU(s)", started
+    assert (
+        started["type"] == "started" and started["pid"] is None and started["child"] == "engine job-1 for 2 GPU(s)"
+    ), started
     assert core.types("far") == ["accepted", "started", "progress", "succeeded"] and core.slots.busy == 0
     assert children.taken[0].spec is not None and children.taken[0].spec.request["request_id"] == "far"

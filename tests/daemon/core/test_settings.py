@@ -81,7 +81,11 @@ def test_unreadable_token_file_is_named(tmp_path: Path, monkeypatch: pytest.Monk
 def test_example_config_explains_every_setting_and_loads(tmp_path: Path) -> None:
     example = Path(__file__).parents[3] / "deploy" / "adapterd.example.toml"
     text = example.read_text()
-    keys = {line.lstrip("# ").split("=")[0].strip() for line in text.splitlines() if "=" in line and not line.startswith("# ---")}
+    keys = {
+        line.lstrip("# ").split("=")[0].strip()
+        for line in text.splitlines()
+        if "=" in line and not line.startswith("# ---")
+    }
     assert set(Settings.model_fields) - {"hub_token", "sasl_password", "logs_token"} <= keys  # secrets come from files
     for line in text.splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
@@ -90,7 +94,9 @@ def test_example_config_explains_every_setting_and_loads(tmp_path: Path) -> None
     assert settings.partition_assignment == "sticky" and settings.metrics_address == "127.0.0.1:9464"
 
 
-def test_secret_files_named_in_the_toml_file_and_a_given_secret_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_secret_files_named_in_the_toml_file_and_a_given_secret_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "kafka-password").write_text("scram-from-file\n")
     (tmp_path / "hub-token").write_text("hf_from_file\n")
     config = tmp_path / "adapterd.toml"
@@ -109,7 +115,9 @@ def test_an_unreadable_secret_file_names_the_setting_and_the_reason(tmp_path: Pa
         Settings(sasl_password_file=tmp_path / "missing")
 
 
-def test_hf_token_is_the_hub_token_when_the_operator_named_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hf_token_is_the_hub_token_when_the_operator_named_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from daemon.secret_files import token_from
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -148,24 +156,37 @@ def test_the_endpoints_certificate_needs_its_key_and_addresses_are_host_and_port
         load_settings(http_tls_certfile=tmp_path / "cert.pem")
     with pytest.raises(ConfigError, match=r"advertised_address: Value error, expected host:port .*'10.0.0.5:9464/x'"):
         load_settings(advertised_address="10.0.0.5:9464/x")
-    tls = load_settings(logs_token="sixteen-bytes-ok", http_tls_certfile=tmp_path / "c", http_tls_keyfile=tmp_path / "k")
-    assert tls.logs_endpoint_scheme == "https" and load_settings(logs_token="sixteen-bytes-ok").logs_endpoint_scheme == "http"
+    tls = load_settings(
+        logs_token="sixteen-bytes-ok", http_tls_certfile=tmp_path / "c", http_tls_keyfile=tmp_path / "k"
+    )
+    assert (
+        tls.logs_endpoint_scheme == "https"
+        and load_settings(logs_token="sixteen-bytes-ok").logs_endpoint_scheme == "http"
+    )
     assert load_settings().logs_endpoint_scheme is None  # no token: no endpoint
 
 
-def test_priority_classes_without_event_keys_or_a_fleet_retry_key_are_refused_naming_the_settings(tmp_path: Path) -> None:
+def test_priority_classes_without_event_keys_or_a_fleet_retry_key_are_refused_naming_the_settings(
+    tmp_path: Path,
+) -> None:
     """With classes every host, and the CLI's places, decide from the events topic, and hosts take each other's signed
     retry counts (issue 61): settings with classes and no key to verify events by are refused (any command, exit 2),
     and `adapterd run` refuses to start without the fleet's retry key (exit 2), each naming the settings."""
     keys = fleet_keys(tmp_path / "keys")
     config = tmp_path / "adapterd.toml"
-    config.write_text(f'work_dir = "{tmp_path / "work"}"\npriority_classes = [{{name = "urgent"}}, {{name = "batch"}}]\n')
-    with pytest.raises(ConfigError, match=r"priority_classes need event_signing_key_file or event_verify_keys\(_file\)"):
+    config.write_text(
+        f'work_dir = "{tmp_path / "work"}"\npriority_classes = [{{name = "urgent"}}, {{name = "batch"}}]\n'
+    )
+    with pytest.raises(
+        ConfigError, match=r"priority_classes need event_signing_key_file or event_verify_keys\(_file\)"
+    ):
         load_settings(config, retry_key_file=keys["retry_key_file"])
     for command in (["run"], ["jobs"]):
         result = CliRunner().invoke(app, [*command, "--config", str(config)])
         assert result.exit_code == 2
-        assert all(name in result.output for name in ("priority_classes", "event_signing_key_file", "event_verify_keys"))
+        assert all(
+            name in result.output for name in ("priority_classes", "event_signing_key_file", "event_verify_keys")
+        )
     # Event keys alone: the CLI's settings (an operator's, with the public key), but no daemon.
     config.write_text(config.read_text() + f'event_verify_keys = ["{new_key_pair()[1]}"]\n')
     assert load_settings(config).priority_classes and load_settings(config, **keys).priority_classes

@@ -44,27 +44,43 @@ def test_out_of_memory_on_a_gpu_of_its_own_is_its_own_failure() -> None:
 
 @pytest.fixture
 def core(tmp_path: Path) -> CoreOnFakes:
-    return CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=3, retry_backoff_s=30))
+    return CoreOnFakes(
+        Settings(
+            gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=3, retry_backoff_s=30
+        )
+    )
 
 
 def settler_and_runner(core: CoreOnFakes, offset: int) -> tuple[Settler, JobRunner, FakeRecord]:
     record = core.record(sft_request("r1"), offset)
-    runner = JobRunner(core.request(record), core.settings, core.publisher, core.children, JobPlace("cpu"), received_at=0.0, attempt=1)
+    runner = JobRunner(
+        core.request(record), core.settings, core.publisher, core.children, JobPlace("cpu"), received_at=0.0, attempt=1
+    )
     scheduler = core.scheduler
-    return Settler(core.settings.retry_backoff_s, core.publisher, core.partitions, scheduler.retries, scheduler.faults), runner, record
+    return (
+        Settler(core.settings.retry_backoff_s, core.publisher, core.partitions, scheduler.retries, scheduler.faults),
+        runner,
+        record,
+    )
 
 
 @pytest.mark.parametrize("queue", [None, "requests.urgent"])
-async def test_a_retrying_job_goes_back_signed_for_its_next_attempt_then_is_committed(core: CoreOnFakes, queue: str | None) -> None:
+async def test_a_retrying_job_goes_back_signed_for_its_next_attempt_then_is_committed(
+    core: CoreOnFakes, queue: str | None
+) -> None:
     settler, runner, record = settler_and_runner(core, 4)
     event = runner.events.event(Retrying, code="hub_unavailable", message="503", stage="push", max_attempts=3)
     before = time.time()
-    assert await settler.settle(core.tp, record, runner, event, None if queue is None else lambda retry: dataclasses.replace(retry, topic=queue))
+    assert await settler.settle(
+        core.tp, record, runner, event, None if queue is None else lambda retry: dataclasses.replace(retry, topic=queue)
+    )
 
     [again] = core.producer.on(queue or core.settings.requests_topic)
     assert again.value == record.value
     state = core.scheduler.retries.read(core.record(sft_request("r1"), 9, headers=again.headers))
-    assert state.attempt == 2 and not state.alone and state.due is not None and state.due >= before + 30 - 0.001  # to the millisecond
+    assert (
+        state.attempt == 2 and not state.alone and state.due is not None and state.due >= before + 30 - 0.001
+    )  # to the millisecond
     assert core.consumer.commits == [(core.tp, 5)] and core.dead_letters() == []
 
 

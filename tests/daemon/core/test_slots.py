@@ -39,9 +39,15 @@ def test_a_host_without_gpus_runs_cpu_slots_and_leaves_cuda_alone() -> None:
 
 
 def test_without_packing_an_estimate_changes_nothing_every_job_has_a_whole_gpu() -> None:
-    slots = Slots(["0", "1"], cpu_slots=1, packing=Packing(80 * GIB, headroom=0.1, max_jobs=1))  # max_jobs 1: today's behaviour
+    slots = Slots(
+        ["0", "1"], cpu_slots=1, packing=Packing(80 * GIB, headroom=0.1, max_jobs=1)
+    )  # max_jobs 1: today's behaviour
     assert slots.packing is None
-    assert slots.take(1, 3 * GIB) == Placement(["0"]) and slots.take(1, 3 * GIB) == Placement(["1"]) and slots.take(1, GIB) is None
+    assert (
+        slots.take(1, 3 * GIB) == Placement(["0"])
+        and slots.take(1, 3 * GIB) == Placement(["1"])
+        and slots.take(1, GIB) is None
+    )
 
 
 def test_packing_places_jobs_by_memory_on_the_fullest_gpu_they_fit_and_refuses_when_none_has_room() -> None:

@@ -22,15 +22,24 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None)
 
 
-async def test_a_retry_with_nothing_behind_it_waits_until_due_or_until_a_request_arrives_behind_it(settings: Settings) -> None:
+async def test_a_retry_with_nothing_behind_it_waits_until_due_or_until_a_request_arrives_behind_it(
+    settings: Settings,
+) -> None:
     core = CoreOnFakes(settings)
     waiting = WaitingRetries(core.publisher, core.partitions)
     retry = core.record(sft_request("r1"), 7)
 
     assert not await waiting.not_yet(core.tp, retry, DUE)  # held, not sent behind anything
-    assert core.tp in waiting and core.consumer.sought[core.tp] == 7 and core.requeued() == [] and core.consumer.commits == []
+    assert (
+        core.tp in waiting
+        and core.consumer.sought[core.tp] == 7
+        and core.requeued() == []
+        and core.consumer.commits == []
+    )
 
-    assert waiting.due(DUE - 1, None) == [] and waiting.due(DUE - 1, {core.tp: 8}) == []  # the retry itself ends the partition
+    assert (
+        waiting.due(DUE - 1, None) == [] and waiting.due(DUE - 1, {core.tp: 8}) == []
+    )  # the retry itself ends the partition
     assert core.tp in waiting
     assert waiting.due(DUE - 1, {core.tp: 9}) == [core.tp]  # a request behind it
     assert core.tp not in waiting and waiting.due(DUE, None) == []  # let go once

@@ -44,7 +44,10 @@ async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settin
         daemon.stop()
 
     assert [(e.type, e.attempt) for e in events if e.type in ("started", "retrying", "failed")] == [
-        ("started", 1), ("retrying", 1), ("started", 2), ("failed", 2),
+        ("started", 1),
+        ("retrying", 1),
+        ("started", 2),
+        ("failed", 2),
     ]
     retrying, failed = next(e for e in events if isinstance(e, Retrying)), events[-1]
     assert retrying.code == "child_crashed" and retrying.max_attempts == 2
@@ -56,9 +59,13 @@ async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settin
     assert json.loads(letter.value) == request and letter.key == b"crash-loop"
 
 
-async def test_a_job_that_stops_stepping_is_stopped_as_stalled(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_a_job_that_stops_stepping_is_stopped_as_stalled(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     settings = settings.model_copy(update={"max_attempts": 1, "stall_timeout_s": 3.0})
-    request = sft_request("stalls", dataset={"rows": CHAT_ROWS}, training={"max_steps": 1_000_000, "per_device_train_batch_size": 2})
+    request = sft_request(
+        "stalls", dataset={"rows": CHAT_ROWS}, training={"max_steps": 1_000_000, "per_device_train_batch_size": 2}
+    )
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         async with EventStream(settings) as stream:
@@ -81,7 +88,9 @@ async def test_a_network_error_downloading_the_base_model_is_retryable(settings:
     push: a Hub that does not answer at all is worth another try, not a failure for good."""
     from daemon.local_broker import free_port
 
-    settings = settings.model_copy(update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"})  # nothing listens
+    settings = settings.model_copy(
+        update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"}
+    )  # nothing listens
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         events = await submit_and_follow(settings, sft_request("hub-down", dataset={"rows": CHAT_ROWS}))

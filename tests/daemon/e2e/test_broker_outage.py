@@ -23,11 +23,16 @@ pytestmark = pytest.mark.slow
 OUTAGE_S = 10  # how long the broker stays away: the fault itself, not a wait for anything
 
 
-async def test_broker_stopped_and_restarted_mid_job(own_broker: LocalKafka, settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_broker_stopped_and_restarted_mid_job(
+    own_broker: LocalKafka, settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     settings = settings.model_copy(update={"bootstrap_servers": own_broker.bootstrap_servers})
     await ensure_topics(settings)
-    request = sft_request("through-an-outage", dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 150, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    request = sft_request(
+        "through-an-outage",
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 150, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+    )
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         async with EventStream(settings) as stream:

@@ -24,14 +24,21 @@ pytestmark = pytest.mark.slow
 
 async def adapterd(settings: Settings, *args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "daemon.cli.app", *args, env=settings_environment(settings),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "daemon.cli.app",
+        *args,
+        env=settings_environment(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()
     return process.returncode or 0, output.decode()
 
 
-async def test_cancel_running_and_queued_requests_then_a_timeout(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_cancel_running_and_queued_requests_then_a_timeout(
+    published: HubServer, settings: Settings, tmp_path: Path
+) -> None:
     # A poll interval far shorter than the job: the job runs beside the loop, so no rebalance follows.
     settings = settings.model_copy(update={"max_poll_interval_ms": 5_000, "session_timeout_ms": 6_000})
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
@@ -43,8 +50,11 @@ async def test_cancel_running_and_queued_requests_then_a_timeout(published: HubS
 
 
 async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) -> None:
-    endless = sft_request("cancel-running", dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2})
+    endless = sft_request(
+        "cancel-running",
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2},
+    )
     async with EventStream(settings) as stream:
         await submit(settings, endless)
         events_so_far = []
@@ -60,7 +70,10 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
     # Both requests count as lag: the running one is not committed until it ends.
     assert settings.metrics_address is not None
     async with asyncio.timeout(30):
-        while metric(http_get(settings.metrics_address, "/metrics")[1].decode(), "adapterd_consumer_lag", partition="0") != 2.0:
+        while (
+            metric(http_get(settings.metrics_address, "/metrics")[1].decode(), "adapterd_consumer_lag", partition="0")
+            != 2.0
+        ):
             await asyncio.sleep(0.5)  # the daemon measures lag every few seconds; nothing to wait on but the metric
 
     code, output = await adapterd(settings, "status", "--json")
@@ -72,22 +85,33 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
     # Each cancel says what the events know of its request and what will happen (issue 49): the queued
     # one waits behind the running one on its partition, unread, so no host has said a word of it yet.
     code, said = await adapterd(settings, "cancel", "cancel-queued", "--reason", "superseded")
-    assert code == 0 and said.startswith("cancel-queued: never seen (no host published an event of it); the cancel is sent"), said
+    assert code == 0 and said.startswith(
+        "cancel-queued: never seen (no host published an event of it); the cancel is sent"
+    ), said
     code, said = await adapterd(settings, "cancel", "cancel-running", "--reason", "wrong data")
     assert code == 0 and said.startswith("cancel-running: running on ") and "that host stops the job" in said, said
     events = await terminal_events(settings, {"cancel-running", "cancel-queued"}, timeout_s=60)
 
     cancelled = events["cancel-running"][-1]
     assert isinstance(cancelled, Cancelled) and cancelled.reason == "wrong data"
-    assert (cancelled.time - started_at).total_seconds() > settings.max_poll_interval_ms / 1000  # longer than the poll interval
+    assert (
+        cancelled.time - started_at
+    ).total_seconds() > settings.max_poll_interval_ms / 1000  # longer than the poll interval
     assert sum(1 for e in events["cancel-running"] if isinstance(e, Accepted)) == 1  # and never redelivered
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the trainer's process is gone, and with it its GPU memory
     [skipped] = events["cancel-queued"]  # no accepted, no started: never trained
     assert isinstance(skipped, Cancelled) and skipped.reason == "superseded"
 
-    await submit(settings, sft_request("times-out", dataset={"rows": CHAT_ROWS}, timeout_s=2,
-                                       training={"max_steps": 1_000_000, "per_device_train_batch_size": 2}))
+    await submit(
+        settings,
+        sft_request(
+            "times-out",
+            dataset={"rows": CHAT_ROWS},
+            timeout_s=2,
+            training={"max_steps": 1_000_000, "per_device_train_batch_size": 2},
+        ),
+    )
     timed_out = (await terminal_events(settings, {"times-out"}))["times-out"]
     assert isinstance(timed_out[0], Accepted)
     assert isinstance(timed_out[-1], Failed) and timed_out[-1].code == "timeout" and not timed_out[-1].retryable

@@ -32,7 +32,7 @@ CODECS = ("gzip", "snappy", "lz4", "zstd")
 
 # Imported first by every Python process that has this folder on its path (`site` imports `sitecustomize`):
 # cramjam, aiokafka's one library for snappy, lz4 and zstd, cannot be imported there.
-NO_CRAMJAM = '''
+NO_CRAMJAM = """
 import sys
 
 
@@ -44,20 +44,27 @@ class NoCramjam:
 
 
 sys.meta_path.insert(0, NoCramjam())
-'''
+"""
 
 
 def codec_request(request_id: str) -> bytes:
     """A two-step request, its metadata long and repetitive: every codec shrinks it, so librdkafka sends it
     compressed (it sends a batch as it is when compressing would not make it smaller)."""
-    return json.dumps(sft_request(request_id, training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
-                                  metadata={"team": "tests", "note": "compressible " * 70})).encode()
+    return json.dumps(
+        sft_request(
+            request_id,
+            training={"max_steps": 2, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
+            metadata={"team": "tests", "note": "compressible " * 70},
+        )
+    ).encode()
 
 
 def librdkafka_send(settings: Settings, codec: str, records: list[tuple[str, bytes]]) -> None:
     """Publish to partition 0 of the requests topic as a librdkafka producer configured with `codec` does: one
     batch, acknowledged by every replica; fails on any delivery error."""
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "compression.codec": codec, "acks": "all", "linger.ms": 0})
+    producer = Producer(
+        {"bootstrap.servers": settings.bootstrap_servers, "compression.codec": codec, "acks": "all", "linger.ms": 0}
+    )
     errors: list[KafkaError] = []
 
     def delivered(error: KafkaError | None, message: Message) -> None:
@@ -83,7 +90,10 @@ async def until_decided_while_alive(daemon: DaemonProcess, deciding: Any) -> Any
 
 
 async def test_a_request_in_each_codec_kafka_has_trains(
-    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    shared_daemon: DaemonProcess,
+    published: HubServer,
+    shared_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = shared_settings
     ids = {codec: f"codec-{codec}" for codec in CODECS}
@@ -107,13 +117,17 @@ async def test_a_request_in_each_codec_kafka_has_trains(
 
 
 async def test_a_batch_the_daemon_cannot_decompress_is_dead_lettered_and_the_request_behind_it_trains(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     blocker = tmp_path / "no-cramjam"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(NO_CRAMJAM)
     await asyncio.to_thread(librdkafka_send, settings, "lz4", [("in-lz4", codec_request("in-lz4"))])  # offset 0
-    await asyncio.to_thread(librdkafka_send, settings, "gzip", [("behind-lz4", codec_request("behind-lz4"))])  # offset 1
+    await asyncio.to_thread(
+        librdkafka_send, settings, "gzip", [("behind-lz4", codec_request("behind-lz4"))]
+    )  # offset 1
 
     path = os.pathsep.join(filter(None, [str(blocker), os.environ.get("PYTHONPATH")]))
     daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env={"PYTHONPATH": path}).start()
@@ -125,9 +139,14 @@ async def test_a_batch_the_daemon_cannot_decompress_is_dead_lettered_and_the_req
         daemon.stop()
 
     headers = dict(letter.headers)
-    assert headers["adapterd-exception"] == b"UnsupportedCodecError", headers  # the codec's library was blocked in the daemon
-    assert (headers["adapterd-source-topic"], headers["adapterd-source-partition"], headers["adapterd-source-offset"]) == (
-        settings.requests_topic.encode(), b"0", b"0")
+    assert headers["adapterd-exception"] == b"UnsupportedCodecError", (
+        headers
+    )  # the codec's library was blocked in the daemon
+    assert (
+        headers["adapterd-source-topic"],
+        headers["adapterd-source-partition"],
+        headers["adapterd-source-offset"],
+    ) == (settings.requests_topic.encode(), b"0", b"0")
     assert letter.value == b"" and letter.key is None  # not read: its bytes are where the headers say
     [rejected] = events[None]
     assert isinstance(rejected, Rejected) and rejected.reason == "invalid", rejected

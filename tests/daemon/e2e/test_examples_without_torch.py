@@ -23,7 +23,18 @@ from testbed.client import read_records
 from tests.helpers import event_document, sft_request
 
 ROOT = Path(__file__).parents[3]
-TRAINING_STACK = ("torch", "transformers", "trl", "peft", "datasets", "accelerate", "bitsandbytes", "huggingface_hub", "daemon", "handlers")
+TRAINING_STACK = (
+    "torch",
+    "transformers",
+    "trl",
+    "peft",
+    "datasets",
+    "accelerate",
+    "bitsandbytes",
+    "huggingface_hub",
+    "daemon",
+    "handlers",
+)
 # Runs an example with the training stack (and adapterd's daemon and handlers) unimportable: an import of any raises ImportError.
 RUNNER = f"""
 import runpy, sys
@@ -35,8 +46,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def example(name: str, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / "docs" / "examples" / name), *argv],
-                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", RUNNER, str(ROOT / "docs" / "examples" / name), *argv],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def test_the_producer_publishes_a_checked_request_keyed_by_its_id(settings: Settings, tmp_path: Path) -> None:
@@ -51,19 +68,33 @@ async def test_the_producer_publishes_a_checked_request_keyed_by_its_id(settings
     assert record.key == b"from-a-producer" and record.value == good.read_bytes()
 
 
-async def test_the_producer_signs_with_its_teams_key_over_exactly_the_bytes_it_sends(settings: Settings, tmp_path: Path) -> None:
+async def test_the_producer_signs_with_its_teams_key_over_exactly_the_bytes_it_sends(
+    settings: Settings, tmp_path: Path
+) -> None:
     private, public = new_key_pair()
     (tmp_path / "search-producer-key.pem").write_bytes(private)
     good = tmp_path / "request.json"
     good.write_text(json.dumps(sft_request("signed-by-search", team="search")))
-    published = example("producer.py", settings.bootstrap_servers, str(good), settings.requests_topic, "--key", str(tmp_path / "search-producer-key.pem"))
+    published = example(
+        "producer.py",
+        settings.bootstrap_servers,
+        str(good),
+        settings.requests_topic,
+        "--key",
+        str(tmp_path / "search-producer-key.pem"),
+    )
     assert published.returncode == 0, published.stderr
     [record] = await read_records(settings, settings.requests_topic, 1)
-    EventKeys.parse([public]).verify(record.value, record.headers, PRODUCER_SIGNATURE_HEADER)  # raises unless search's key signed these bytes
+    EventKeys.parse([public]).verify(
+        record.value, record.headers, PRODUCER_SIGNATURE_HEADER
+    )  # raises unless search's key signed these bytes
 
 
 async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Settings, tmp_path: Path) -> None:
-    newer: dict[str, Any] = {**event_document("succeeded", request_id="newer", published="main"), "deployment_hint": "gpu"}  # a later field
+    newer: dict[str, Any] = {
+        **event_document("succeeded", request_id="newer", published="main"),
+        "deployment_hint": "gpu",
+    }  # a later field
     newer["evaluation"] = {**newer["evaluation"], "calibration": 0.9}  # and one deeper in
     events = [
         event_document("succeeded", request_id="passed", published="main", revision="main", duplicate=False),
@@ -76,16 +107,26 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
     for n, document in enumerate(events):  # each its own id, as a daemon's (docs/events.md's examples share theirs)
         document["event_id"] = f"{n:032x}"
     await publish_signed(settings, tmp_path / "keys", events)
-    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
+    consumed = example(
+        "consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic
+    )
     assert consumed.returncode == 0, consumed.stderr
     lines = consumed.stdout.splitlines()
-    assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [f"{events[0]['repo_id']}@main", f"{newer['repo_id']}@{newer['revision']}"]
-    assert "not deployed: failed-gate was published to pr" in lines and "not deployed: passed was published to main (a repeat)" in lines
+    assert [line.split()[1] for line in lines if line.startswith("deploy ")] == [
+        f"{events[0]['repo_id']}@main",
+        f"{newer['repo_id']}@{newer['revision']}",
+    ]
+    assert (
+        "not deployed: failed-gate was published to pr" in lines
+        and "not deployed: passed was published to main (a repeat)" in lines
+    )
 
 
 async def publish_signed(settings: Settings, keys_file: Path, events: list[dict[str, Any]]) -> None:
     """The events, each signed by a new fleet key whose public key is written to `keys_file`."""
-    pem, public = new_key_pair()  # the fleet's key: the consumer takes only what it signed (test_signed_events_e2e.py: forged ones)
+    pem, public = (
+        new_key_pair()
+    )  # the fleet's key: the consumer takes only what it signed (test_signed_events_e2e.py: forged ones)
     fleet = EventSigner(read_private_key(pem))
     keys_file.write_text(public + "\n")
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
@@ -93,22 +134,33 @@ async def publish_signed(settings: Settings, keys_file: Path, events: list[dict[
     try:
         for document in events:
             value = json.dumps(document).encode()
-            await producer.send_and_wait(settings.events_topic, value, key=document["request_id"].encode(),
-                                         headers=[(SIGNATURE_HEADER, fleet.sign(value))])
+            await producer.send_and_wait(
+                settings.events_topic,
+                value,
+                key=document["request_id"].encode(),
+                headers=[(SIGNATURE_HEADER, fleet.sign(value))],
+            )
     finally:
         await producer.stop()
 
 
-async def test_the_consumer_deploys_a_genuine_event_written_three_times_once(settings: Settings, tmp_path: Path) -> None:
+async def test_the_consumer_deploys_a_genuine_event_written_three_times_once(
+    settings: Settings, tmp_path: Path
+) -> None:
     """Issue 61: the same signed bytes verify each time they are written; the consumer drops the repeats by
     `event_id`, as docs/events.md and docs/guarantees.md say it does, and deploys the adapter once."""
     succeeded = event_document("succeeded", request_id="thrice", published="main", revision="main", duplicate=False)
-    await publish_signed(settings, tmp_path / "keys", [succeeded, succeeded, succeeded, event_document("failed", request_id="last")])
-    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
+    await publish_signed(
+        settings, tmp_path / "keys", [succeeded, succeeded, succeeded, event_document("failed", request_id="last")]
+    )
+    consumed = example(
+        "consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic
+    )
     assert consumed.returncode == 0, consumed.stderr
     lines = consumed.stdout.splitlines()
     assert [line for line in lines if line.startswith("deploy ")] == [
-        f"deploy {succeeded['repo_id']}@main ({succeeded['commit_sha']}) for thrice"]
+        f"deploy {succeeded['repo_id']}@main ({succeeded['commit_sha']}) for thrice"
+    ]
     assert sum(line.startswith(f"dropped a repeat of event {succeeded['event_id']}") for line in lines) == 2
     assert lines[-1] == "ignored 0 event(s) without the fleet's signature; dropped 2 repeat(s)"
 
@@ -116,11 +168,20 @@ async def test_the_consumer_deploys_a_genuine_event_written_three_times_once(set
 def test_the_consumers_memory_of_ids_is_bounded() -> None:
     consumer = runpy.run_path(str(ROOT / "docs" / "examples" / "consumer.py"))  # not __main__: nothing runs
     seen = consumer["SeenIds"](size=2)
-    assert [seen.first(event_id) for event_id in ("a", "b", "a", "c", "a", "b")] == [True, True, False, True, True, True]
+    assert [seen.first(event_id) for event_id in ("a", "b", "a", "c", "a", "b")] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+        True,
+    ]
     assert len(seen.ids) == 2 and consumer["SEEN_IDS"] == 100_000
 
 
-async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sinks_folder(kafka: str, tmp_path: Path) -> None:
+async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sinks_folder(
+    kafka: str, tmp_path: Path
+) -> None:
     """docs/events.md's consumer, saved and run as the doc says (`python consume.py SERVERS`), with the
     training stack unimportable: it reads the events already in `adapterd.events` (earliest, a new
     group) and deploys a local-sink adapter from its folder, `location` (issue 49), and only one the fleet
@@ -128,15 +189,25 @@ async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sink
     from daemon.kafka.topics import ensure_topics
 
     text = (ROOT / "docs" / "events.md").read_text()
-    [snippet] = re.findall(r"```python\n(.*?)\n```", text[text.index("## Consuming"):text.index("## How the events change")], re.DOTALL)
+    [snippet] = re.findall(
+        r"```python\n(.*?)\n```", text[text.index("## Consuming") : text.index("## How the events change")], re.DOTALL
+    )
     program = tmp_path / "consume.py"
     program.write_text(snippet + "\n")
     settings = Settings(bootstrap_servers=kafka)  # the topic the doc names, adapterd.events
     await ensure_topics(settings)
     folder = str(tmp_path / "outputs" / "demo" / "tiny-sft-adapter")
     request_id = f"doc-consumer-{tmp_path.name}"
-    local = event_document("succeeded", request_id=request_id, sink="local", commit_sha=None, commit_url=None, location=folder,
-                           published="main", duplicate=False)
+    local = event_document(
+        "succeeded",
+        request_id=request_id,
+        sink="local",
+        commit_sha=None,
+        commit_url=None,
+        location=folder,
+        published="main",
+        duplicate=False,
+    )
     forged = {**local, "event_id": f"forged-{tmp_path.name}", "location": str(tmp_path / "not-the-fleets")}
     pem, public = new_key_pair()  # the fleet's key; the consumer is handed its public key in a file
     fleet = EventSigner(read_private_key(pem))
@@ -145,12 +216,22 @@ async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sink
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:  # published before the consumer exists: it must start from the first event
-        await producer.send_and_wait(settings.events_topic, json.dumps(forged).encode(), key=request_id.encode())  # unsigned
-        await producer.send_and_wait(settings.events_topic, value, key=request_id.encode(), headers=[(SIGNATURE_HEADER, fleet.sign(value))])
+        await producer.send_and_wait(
+            settings.events_topic, json.dumps(forged).encode(), key=request_id.encode()
+        )  # unsigned
+        await producer.send_and_wait(
+            settings.events_topic, value, key=request_id.encode(), headers=[(SIGNATURE_HEADER, fleet.sign(value))]
+        )
     finally:
         await producer.stop()
-    process = subprocess.Popen([sys.executable, "-c", RUNNER, str(program), kafka, str(tmp_path / "keys")], cwd=tmp_path,
-                               env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(program), kafka, str(tmp_path / "keys")],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         wanted = f"deploy {local['repo_id']} from {folder} ({request_id})"
@@ -160,9 +241,13 @@ async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sink
             if line.rstrip() == wanted:
                 break
         else:
-            raise AssertionError(f"the consumer ended without deploying it: {process.stderr.read() if process.stderr else ''}")
+            raise AssertionError(
+                f"the consumer ended without deploying it: {process.stderr.read() if process.stderr else ''}"
+            )
         # The forged one came first: ignored and said, never deployed.
-        assert "ignored an event the fleet did not sign (unsigned)" in printed and not any("not-the-fleets" in line for line in printed), printed
+        assert "ignored an event the fleet did not sign (unsigned)" in printed and not any(
+            "not-the-fleets" in line for line in printed
+        ), printed
     finally:
         process.terminate()
         process.wait(timeout=30)

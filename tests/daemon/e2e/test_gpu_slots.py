@@ -30,13 +30,17 @@ async def adapterd(*args: str) -> tuple[int, str]:
     return process.returncode or 0, output.decode()
 
 
-async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "requests_topic": settings.requests_topic + "-2p"})
     await ensure_topics(two_gpus, partitions=2)
     good, bad = ids_on_partitions("slots", 2)
     files = {}
     for request in (
-        sft_request(good, training={"max_steps": 12, "save_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}),
+        sft_request(
+            good, training={"max_steps": 12, "save_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
+        ),
         sft_request(bad, model={"id": "tiny/no-such-model"}),
     ):
         files[request["request_id"]] = tmp_path / f"{request['request_id']}.json"
@@ -89,7 +93,9 @@ async def test_two_gpus_run_two_jobs_at_once_each_on_its_own(settings: Settings,
         lines = daemon.log_lines()
         job_lines = [line for line in lines if str(line.get("event", "")).startswith("job.")]
         assert job_lines and all(line.get("request_id") in {good, bad} for line in job_lines)
-        child_output = [line for line in lines if line.get("event") == "child.output" and line.get("request_id") == good]
+        child_output = [
+            line for line in lines if line.get("event") == "child.output" and line.get("request_id") == good
+        ]
         assert any("CUDA_VISIBLE_DEVICES=" in line["line"] for line in child_output)
         assert any("'loss'" in line["line"] for line in child_output)  # the trainer's own log lines
     finally:
@@ -125,8 +131,13 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False})
     daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
     try:
-        request = sft_request("sharded-job", peft=None, model={"id": TINY_MODEL, "dtype": "float32"}, sft={"max_length": 64},
-                              resources={"gpus": 2, "shard": "fsdp"})
+        request = sft_request(
+            "sharded-job",
+            peft=None,
+            model={"id": TINY_MODEL, "dtype": "float32"},
+            sft={"max_length": 64},
+            resources={"gpus": 2, "shard": "fsdp"},
+        )
         events = await run_to_end(two_gpus, request)
     finally:
         daemon.stop()
@@ -139,9 +150,13 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     # Each rank's figures reach the events through the daemon: progress names both ranks, succeeded the largest peak.
     progress = [e for e in events if isinstance(e, Progress)]
     assert progress and all([rank.rank for rank in e.ranks or []] == [0, 1] for e in progress)
-    assert done.memory is not None and done.memory.device_peak_bytes == max(done.metrics["rank0_peak_bytes"], done.metrics["rank1_peak_bytes"])
+    assert done.memory is not None and done.memory.device_peak_bytes == max(
+        done.metrics["rank0_peak_bytes"], done.metrics["rank1_peak_bytes"]
+    )
     assert "[rank1] adapterd child " in (two_gpus.jobs_dir / "sharded-job" / "child.log").read_text()
-    assert_full_model_trained(download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir)
+    assert_full_model_trained(
+        download(published.endpoint, done.repo_id, done.commit_sha, tmp_path / "dl"), tiny_model_dir
+    )
 
 
 async def started(settings: Settings, request_ids: set[str], count: int, timeout_s: float = 240) -> None:
@@ -164,7 +179,9 @@ async def test_a_two_gpu_request_behind_a_stream_of_one_gpu_requests_starts_befo
     reserved for the two-GPU request once it is held (daemon/jobs/reservation.py): the stream's requests (no
     `timeout_s` of their own, so none backfills) wait, and it starts as soon as the jobs running then end. Without the
     reservation (`reserve_after_s` 1e9) it started after all six: each slot that freed was taken by the stream."""
-    two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "requests_topic": settings.requests_topic + "-4p", "reserve_after_s": 0.0})
+    two_gpus = settings.model_copy(
+        update={"gpus": ["7", "9"], "requests_topic": settings.requests_topic + "-4p", "reserve_after_s": 0.0}
+    )
     await ensure_topics(two_gpus, partitions=4)
     ids = [ids_on_partitions(f"stream{n}", 4) for n in range(2)]
     first, second, big = ids[0][:3], ids[1][:3], ids[0][3]
@@ -181,8 +198,12 @@ async def test_a_two_gpu_request_behind_a_stream_of_one_gpu_requests_starts_befo
         events = await terminal_events(two_gpus, {*stream, big}, timeout_s=600)
     finally:
         daemon.stop()
-    assert all(isinstance(events[request_id][-1], Succeeded) for request_id in [*stream, big]), {k: v[-1] for k, v in events.items()}
-    began = {request_id: next(e.time for e in events[request_id] if isinstance(e, Started)) for request_id in [*stream, big]}
+    assert all(isinstance(events[request_id][-1], Succeeded) for request_id in [*stream, big]), {
+        k: v[-1] for k, v in events.items()
+    }
+    began = {
+        request_id: next(e.time for e in events[request_id] if isinstance(e, Started)) for request_id in [*stream, big]
+    }
     assert next(e for e in events[big] if isinstance(e, Started)).slot == "7,9"
     after = [request_id for request_id in stream if began[request_id] > began[big]]
     # The two running when it was submitted, and at most one that took the first freed slot before it was read, went first.

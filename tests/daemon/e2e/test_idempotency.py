@@ -16,7 +16,9 @@ from tests.helpers import sft_request
 pytestmark = pytest.mark.slow
 
 
-async def test_one_training_and_one_commit_per_request_id(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings) -> None:
+async def test_one_training_and_one_commit_per_request_id(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings
+) -> None:
     settings = shared_settings
     request = sft_request("once-only")
     published.fail("POST", r"/api/repos/create", 403, times=1)

@@ -17,24 +17,30 @@ from tests.helpers import sft_request
 
 
 def scram_settings(settings: Settings, broker: LocalKafka, password_file: Path) -> Settings:
-    return Settings(**{
-        **settings.model_dump(exclude={"hub_token", "sasl_password"}),
-        "hub_token": settings.hub_token,
-        "bootstrap_servers": broker.sasl_bootstrap_servers,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "SCRAM-SHA-256",
-        "sasl_username": broker.scram_user,
-        "sasl_password_file": password_file,
-        "warm_child": False,
-    })
+    return Settings(
+        **{
+            **settings.model_dump(exclude={"hub_token", "sasl_password"}),
+            "hub_token": settings.hub_token,
+            "bootstrap_servers": broker.sasl_bootstrap_servers,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": broker.scram_user,
+            "sasl_password_file": password_file,
+            "warm_child": False,
+        }
+    )
 
 
 def test_sasl_settings_must_be_complete() -> None:
-    with pytest.raises(ValueError, match="security_protocol SASL_SSL needs sasl_mechanism, sasl_username, sasl_password"):
+    with pytest.raises(
+        ValueError, match="security_protocol SASL_SSL needs sasl_mechanism, sasl_username, sasl_password"
+    ):
         Settings(security_protocol="SASL_SSL")
 
 
-async def test_daemon_and_cli_over_sasl_scram(local_broker: LocalKafka | None, settings: Settings, tmp_path: Path) -> None:
+async def test_daemon_and_cli_over_sasl_scram(
+    local_broker: LocalKafka | None, settings: Settings, tmp_path: Path
+) -> None:
     if local_broker is None:
         pytest.skip("an external cluster's SASL users are unknown here")
     password_file = tmp_path / "kafka-password"
@@ -55,7 +61,11 @@ async def test_daemon_and_cli_over_sasl_scram(local_broker: LocalKafka | None, s
 
     password_file.write_text("not-the-password\n")
     refused = subprocess.run(
-        [sys.executable, "-m", "daemon.cli.app", "run"], env=settings_environment(secured), capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "daemon.cli.app", "run"],
+        env=settings_environment(secured),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert refused.returncode == 1
     assert f"adapterd: Kafka at {local_broker.sasl_bootstrap_servers}" in refused.stderr

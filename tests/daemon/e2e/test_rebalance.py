@@ -21,11 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 async def test_a_daemon_joining_and_leaving_mid_job(settings: Settings, published: HubServer, tmp_path: Path) -> None:
     # Range assignment over members named by client id (adapterd-<host>-...): host-a keeps partition 0.
-    base = settings.model_copy(update={"requests_topic": settings.requests_topic + "-2p", "partition_assignment": "range"})
+    base = settings.model_copy(
+        update={"requests_topic": settings.requests_topic + "-2p", "partition_assignment": "range"}
+    )
     await ensure_topics(base, partitions=2)
     first = base.model_copy(update={"host": "host-a", "job_slots": 2, "work_dir": tmp_path / "a"})
-    second = base.model_copy(update={"host": "host-b", "warm_child": False, "work_dir": tmp_path / "b",
-                                     "metrics_address": None})
+    second = base.model_copy(
+        update={"host": "host-b", "warm_child": False, "work_dir": tmp_path / "b", "metrics_address": None}
+    )
     stays, moves = ids_on_partitions("rebalance", 2)
     training = {"max_steps": 200, "learning_rate": 1e-3, "per_device_train_batch_size": 2}
 
@@ -60,7 +63,12 @@ async def test_a_daemon_joining_and_leaving_mid_job(settings: Settings, publishe
     assert isinstance(moved[-1], Succeeded) and moved[-1].host == "host-b"
     a_log = a.log_lines()
     assert [line["request_id"] for line in a_log if line.get("event") == "job.partition_moved"] == [moves]
-    assert not [line for line in a_log if line.get("event") == "event.published" and line.get("request_id") == moves
-                and line.get("type") in ("succeeded", "failed")]
+    assert not [
+        line
+        for line in a_log
+        if line.get("event") == "event.published"
+        and line.get("request_id") == moves
+        and line.get("type") in ("succeeded", "failed")
+    ]
     for request_id in (stays, moves):
         assert len(published.commits(f"results/{request_id}")) == 1

@@ -22,7 +22,9 @@ from tests.helpers import assert_adapter_trained, download, sft_request
 pytestmark = pytest.mark.slow
 
 
-async def test_sft_request_trains_pushes_and_commits(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path) -> None:
+async def test_sft_request_trains_pushes_and_commits(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path
+) -> None:
     settings = shared_settings
     offset = await submit(settings, sft_request("sft-e2e-1"))
     events = (await terminal_events(settings, {"sft-e2e-1"}))["sft-e2e-1"]
@@ -54,7 +56,9 @@ async def test_sft_request_trains_pushes_and_commits(shared_daemon: DaemonProces
     await wait_for_commit(settings, offset + 1)
 
 
-async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path) -> None:
+async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings, tmp_path: Path
+) -> None:
     misspelled = sft_request("bad-fields")
     misspelled["training"] = {"learning_rat": 0.1, "max_steps": -1}
     outside_policy = sft_request("bad-policy", model={"id": "/etc/models/base"})
@@ -64,11 +68,18 @@ async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(shared_daemon:
     await produce(settings, json.dumps({**sft_request("bad-method"), "method": "sft-turbo"}).encode(), b"bad-method")
     misspelled_at = await produce(settings, json.dumps(misspelled).encode(), b"bad-fields")
     await submit(settings, outside_policy)
-    last = await submit(settings, sft_request("good-after-bad", dataset={"rows": [{"prompt": "2+2=", "completion": "4"}] * 4}))
+    last = await submit(
+        settings, sft_request("good-after-bad", dataset={"rows": [{"prompt": "2+2=", "completion": "4"}] * 4})
+    )
 
-    events = await terminal_events(settings, {"bad-json", "bad-array", "bad-method", "bad-fields", "bad-policy", "good-after-bad"})
+    events = await terminal_events(
+        settings, {"bad-json", "bad-array", "bad-method", "bad-fields", "bad-policy", "good-after-bad"}
+    )
     rejected = {rid: evs[-1] for rid, evs in events.items() if rid != "good-after-bad"}
-    assert all(isinstance(event, Rejected) and len(evs) == 1 for event, evs in zip(rejected.values(), [events[r] for r in rejected], strict=True))
+    assert all(
+        isinstance(event, Rejected) and len(evs) == 1
+        for event, evs in zip(rejected.values(), [events[r] for r in rejected], strict=True)
+    )
     assert rejected["bad-json"].reason == "not_json"
     assert rejected["bad-array"].reason == "not_an_object"
     assert rejected["bad-method"].errors[0].path == "method" and "sft-turbo" in rejected["bad-method"].errors[0].message
@@ -77,7 +88,9 @@ async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(shared_daemon:
     assert rejected["bad-policy"].reason == "policy" and rejected["bad-policy"].errors[0].path == "model.id"
     assert isinstance(events["good-after-bad"][-1], Succeeded)
 
-    dead = await records_of(settings, settings.dlq_topic, [b"bad-json", b"bad-array", b"bad-method", b"bad-fields", b"bad-policy"])
+    dead = await records_of(
+        settings, settings.dlq_topic, [b"bad-json", b"bad-array", b"bad-method", b"bad-fields", b"bad-policy"]
+    )
     assert [record.key for record in dead] == [b"bad-json", b"bad-array", b"bad-method", b"bad-fields", b"bad-policy"]
     assert dead[0].value == b"\x00 this is not json"
     headers = dict(dead[3].headers)
@@ -90,7 +103,9 @@ async def test_bad_input_is_rejected_and_the_daemon_keeps_serving(shared_daemon:
     assert shared_daemon.process is not None and shared_daemon.process.poll() is None
 
 
-async def test_unloadable_model_or_dataset_fails_with_its_stage(shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings) -> None:
+async def test_unloadable_model_or_dataset_fails_with_its_stage(
+    shared_daemon: DaemonProcess, published: HubServer, shared_settings: Settings
+) -> None:
     settings = shared_settings
     await submit(settings, sft_request("no-such-model", model={"id": "tiny/does-not-exist"}))
     last = await submit(settings, sft_request("no-such-dataset", dataset={"id": "tiny/does-not-exist"}))

@@ -88,26 +88,39 @@ async def produce(settings: Settings, records: list[tuple[str, bytes, list[tuple
 
 
 def started(request_id: str, endpoint: str) -> bytes:
-    return Started(request_id=request_id, method="sft", slot="0", pid=4242, endpoint=endpoint, host="gpu-7").model_dump_json().encode()
+    return (
+        Started(request_id=request_id, method="sft", slot="0", pid=4242, endpoint=endpoint, host="gpu-7")
+        .model_dump_json()
+        .encode()
+    )
 
 
 def logs(settings: Settings, request_id: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", "daemon.cli.app", "logs", request_id], env=settings_environment(settings),
-                          capture_output=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "daemon.cli.app", "logs", request_id],
+        env=settings_environment(settings),
+        capture_output=True,
+        timeout=120,
+    )
 
 
-async def test_a_forged_started_never_gets_the_logs_token(settings: Settings, listeners: tuple[Listener, Listener]) -> None:
+async def test_a_forged_started_never_gets_the_logs_token(
+    settings: Settings, listeners: tuple[Listener, Listener]
+) -> None:
     genuine, thief = listeners
     (fleet, public), (stranger, _) = key_pair(), key_pair()
     real = started("r-1", genuine.endpoint)
     forged = started("r-1", thief.endpoint)
-    await produce(settings, [
-        ("r-1", real, [(SIGNATURE_HEADER, fleet.sign(real))]),  # the fleet's start of r-1
-        ("r-1", forged, []),  # then three later starts naming the thief: unsigned,
-        ("r-1", forged, [(SIGNATURE_HEADER, stranger.sign(forged))]),  # signed by another key,
-        ("r-1", forged, [(SIGNATURE_HEADER, fleet.sign(real))]),  # and the fleet's signature of other bytes
-        ("only-forged", started("only-forged", thief.endpoint), []),
-    ])
+    await produce(
+        settings,
+        [
+            ("r-1", real, [(SIGNATURE_HEADER, fleet.sign(real))]),  # the fleet's start of r-1
+            ("r-1", forged, []),  # then three later starts naming the thief: unsigned,
+            ("r-1", forged, [(SIGNATURE_HEADER, stranger.sign(forged))]),  # signed by another key,
+            ("r-1", forged, [(SIGNATURE_HEADER, fleet.sign(real))]),  # and the fleet's signature of other bytes
+            ("only-forged", started("only-forged", thief.endpoint), []),
+        ],
+    )
     reader = settings.model_copy(update={"logs_token": SecretStr(TOKEN), "event_verify_keys": [public]})
 
     read = logs(reader, "r-1")
@@ -131,16 +144,35 @@ async def test_a_forged_started_never_gets_the_logs_token(settings: Settings, li
 async def test_the_consumer_example_deploys_only_what_the_fleet_signed(settings: Settings, tmp_path: Path) -> None:
     fleet, public = key_pair()
     (tmp_path / "keys").write_text(f"# the fleet's event key\n{public}\n")
-    real = Succeeded.model_validate(event_document("succeeded", request_id="made-by-the-fleet", published="main")).model_dump_json().encode()
-    forged = Succeeded.model_validate(event_document("succeeded", request_id="forged", published="main", repo_id="attacker/backdoor")).model_dump_json().encode()
-    last = Succeeded.model_validate(event_document("succeeded", request_id="last", published="pr", event_id="1" * 32)).model_dump_json().encode()
-    await produce(settings, [
-        ("forged", forged, []),
-        ("made-by-the-fleet", real, [(SIGNATURE_HEADER, fleet.sign(real))]),
-        ("forged", forged, [(SIGNATURE_HEADER, fleet.sign(real))]),
-        ("last", last, [(SIGNATURE_HEADER, fleet.sign(last))]),
-    ])
-    consumed = example("consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic)
+    real = (
+        Succeeded.model_validate(event_document("succeeded", request_id="made-by-the-fleet", published="main"))
+        .model_dump_json()
+        .encode()
+    )
+    forged = (
+        Succeeded.model_validate(
+            event_document("succeeded", request_id="forged", published="main", repo_id="attacker/backdoor")
+        )
+        .model_dump_json()
+        .encode()
+    )
+    last = (
+        Succeeded.model_validate(event_document("succeeded", request_id="last", published="pr", event_id="1" * 32))
+        .model_dump_json()
+        .encode()
+    )
+    await produce(
+        settings,
+        [
+            ("forged", forged, []),
+            ("made-by-the-fleet", real, [(SIGNATURE_HEADER, fleet.sign(real))]),
+            ("forged", forged, [(SIGNATURE_HEADER, fleet.sign(real))]),
+            ("last", last, [(SIGNATURE_HEADER, fleet.sign(last))]),
+        ],
+    )
+    consumed = example(
+        "consumer.py", settings.bootstrap_servers, "deployers", str(tmp_path / "keys"), "last", settings.events_topic
+    )
     assert consumed.returncode == 0, consumed.stderr
     deployed = [line for line in consumed.stdout.splitlines() if line.startswith("deploy ")]
     assert len(deployed) == 1 and "for made-by-the-fleet" in deployed[0] and "attacker/backdoor" not in consumed.stdout

@@ -32,9 +32,13 @@ HEADER_DELAY_S = 2.0
 MOST_SINCE_POLL_S = 5.0
 
 
-async def test_slow_weight_headers_on_many_partitions_never_stop_the_loop_polling(settings: Settings, hub: HubServer, tmp_path: Path) -> None:
+async def test_slow_weight_headers_on_many_partitions_never_stop_the_loop_polling(
+    settings: Settings, hub: HubServer, tmp_path: Path
+) -> None:
     # A host with one GPU declared: one-GPU requests are estimated (the children run on the CPU here).
-    host = settings.model_copy(update={"requests_topic": settings.requests_topic + "-slow", "gpus": ["0"], "warm_child": False})
+    host = settings.model_copy(
+        update={"requests_topic": settings.requests_topic + "-slow", "gpus": ["0"], "warm_child": False}
+    )
     await ensure_topics(host, partitions=PARTITIONS)
     prefix = f"slow-headers-{uuid.uuid4().hex[:8]}"
     repos = [f"{prefix}/model-{index}" for index in range(PARTITIONS)]
@@ -56,10 +60,14 @@ async def test_slow_weight_headers_on_many_partitions_never_stop_the_loop_pollin
             while not estimated(daemon, ids) or len(answers) < 10:
                 code, body = await asyncio.to_thread(http_get, address, "/healthz")
                 answers.append((code, json.loads(body)["seconds_since_poll"]))
-                assert answers[-1][0] == 200 and answers[-1][1] <= MOST_SINCE_POLL_S, f"after {len(answers)} answers: {answers[-1]}"
+                assert answers[-1][0] == 200 and answers[-1][1] <= MOST_SINCE_POLL_S, (
+                    f"after {len(answers)} answers: {answers[-1]}"
+                )
                 await asyncio.sleep(0.2)  # sampling the endpoint as a monitor does
         worst = max(since for _, since in answers)
-        print(f"slow headers: {len(answers)} answers of /healthz, worst seconds_since_poll {worst}, header reads served late {slow.served}")
+        print(
+            f"slow headers: {len(answers)} answers of /healthz, worst seconds_since_poll {worst}, header reads served late {slow.served}"
+        )
         lines = [line for line in daemon.log_lines() if line.get("event") == "memory.estimated"]
         assert sorted(line["request_id"] for line in lines) == sorted(ids)  # every request's estimate was worked out...
         assert slow.served >= PARTITIONS  # ... from headers served late: without the fix, the loop waited on them

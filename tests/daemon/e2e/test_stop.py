@@ -19,10 +19,15 @@ from tests.helpers import sft_request
 pytestmark = pytest.mark.slow
 
 
-async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_sigterm_checkpoints_and_a_restart_resumes_there(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     request_id = "stop-resume-1"
-    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    request = sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+    )
     notify = NotifySocket(tmp_path / "notify.sock")
     daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment()).start()
     try:
@@ -60,7 +65,7 @@ async def test_sigterm_checkpoints_and_a_restart_resumes_there(settings: Setting
         restarted.stop()
     done = events[-1]
     assert isinstance(done, Succeeded), done
-    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
     resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
     assert resumed_steps[0] == step + 1 and resumed_steps[-1] == 100  # resumed, not from step 0
     assert len(published.commits(f"results/{request_id}")) == 1
@@ -74,8 +79,11 @@ async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from
     # that long (45 s by default), so the test's session is short.
     settings = settings.model_copy(update={"session_timeout_ms": 10_000})
     request_id = "kill-resume-1"
-    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 100, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    request = sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 100, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+    )
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         async with EventStream(settings) as stream:
@@ -91,7 +99,9 @@ async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from
     await wait_until_gone(child_pid)  # PR_SET_PDEATHSIG: no trainer outlives the daemon
     assert await committed_offset(settings) is None
 
-    checkpoints = sorted(int(p.name.split("-")[1]) for p in (settings.jobs_dir / request_id / "checkpoints").glob("checkpoint-*"))
+    checkpoints = sorted(
+        int(p.name.split("-")[1]) for p in (settings.jobs_dir / request_id / "checkpoints").glob("checkpoint-*")
+    )
     assert checkpoints and checkpoints[-1] % 5 == 0
     restarted = DaemonProcess(settings, tmp_path / "daemon-2.log").start()
     try:
@@ -99,7 +109,7 @@ async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from
     finally:
         restarted.stop()
     assert isinstance(events[-1], Succeeded), events[-1]
-    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
     resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
     assert resumed_steps[0] == checkpoints[-1] + 1 and resumed_steps[-1] == 100
     assert len(published.commits(f"results/{request_id}")) == 1
@@ -115,9 +125,14 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
     # A SIGKILLed member leaves the group only when its session times out: the restart's join waits that long.
     two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False, "session_timeout_ms": 10_000})
     request_id = "sharded-kill-1"
-    request = sft_request(request_id, peft=None, model={"id": TINY_MODEL, "dtype": "float32"}, sft={"max_length": 64},
-                          resources={"gpus": 2, "shard": "fsdp"},
-                          training={"max_steps": 40, "save_steps": 5, "learning_rate": 1e-2, "per_device_train_batch_size": 2})
+    request = sft_request(
+        request_id,
+        peft=None,
+        model={"id": TINY_MODEL, "dtype": "float32"},
+        sft={"max_length": 64},
+        resources={"gpus": 2, "shard": "fsdp"},
+        training={"max_steps": 40, "save_steps": 5, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
+    )
     first: dict[int, float] = {}
     daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
     try:
@@ -131,7 +146,9 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
                     saved = event.step
                 if isinstance(event, Progress) and event.loss is not None:
                     first[event.step] = event.loss
-                    if saved and event.step >= saved + 2:  # trained past its checkpoint: steps the next attempt trains again
+                    if (
+                        saved and event.step >= saved + 2
+                    ):  # trained past its checkpoint: steps the next attempt trains again
                         break
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
     finally:
@@ -139,16 +156,25 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
     await wait_until_gone(child_pid)
     assert await committed_offset(two_gpus) is None
 
-    checkpoints = sorted(int(p.name.split("-")[1]) for p in (two_gpus.jobs_dir / request_id / "checkpoints").glob("checkpoint-*"))
+    checkpoints = sorted(
+        int(p.name.split("-")[1]) for p in (two_gpus.jobs_dir / request_id / "checkpoints").glob("checkpoint-*")
+    )
     assert checkpoints and checkpoints[-1] % 5 == 0
-    assert len(list((two_gpus.jobs_dir / request_id / "checkpoints" / f"checkpoint-{checkpoints[-1]}" / "sharded").iterdir())) == 2
+    assert (
+        len(
+            list(
+                (two_gpus.jobs_dir / request_id / "checkpoints" / f"checkpoint-{checkpoints[-1]}" / "sharded").iterdir()
+            )
+        )
+        == 2
+    )
     restarted = DaemonProcess(two_gpus, tmp_path / "daemon-2.log").start()
     try:
         events = (await terminal_events(two_gpus, {request_id}))[request_id]
     finally:
         restarted.stop()
     assert isinstance(events[-1], Succeeded), events[-1]
-    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1]:]
+    second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
     resumed = {e.step: e.loss for e in second_run if isinstance(e, Progress) and e.loss is not None}
     assert min(resumed) == checkpoints[-1] + 1 and max(resumed) == 40  # resumed, not from step 0
     again = sorted(step for step in first if step in resumed)

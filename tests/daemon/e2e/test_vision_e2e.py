@@ -33,11 +33,19 @@ TRAINING = {"max_steps": 3, "learning_rate": 2e-2, "per_device_train_batch_size"
 NOT_AN_IMAGE = "data:image/png;base64," + base64.b64encode(b"not a picture").decode()
 
 
-def vision_request(name: str, request_id: str, model: Path, dataset: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+def vision_request(
+    name: str, request_id: str, model: Path, dataset: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
     """The README's `<name>.json` example on the tiny model, a small LoRA and a few steps."""
     request = json.loads((EXAMPLES_DIR / f"{name}.json").read_text())
-    request.update(request_id=request_id, model={"id": str(model)}, dataset=dataset, peft=SMALL_LORA, training=TRAINING,
-                   output={"repo_id": f"results/{request_id}"})
+    request.update(
+        request_id=request_id,
+        model={"id": str(model)},
+        dataset=dataset,
+        peft=SMALL_LORA,
+        training=TRAINING,
+        output={"repo_id": f"results/{request_id}"},
+    )
     request.update(overrides)
     request.get("rewards", {}).pop("model", None)
     return request
@@ -51,7 +59,10 @@ def publish_image_dataset(hub: HubServer, folder: Path) -> None:
     from datasets import Dataset, Image, List
     from huggingface_hub import HfApi
 
-    rows = [{**row, "images": [{"bytes": base64.b64decode(row["images"][0].split(",", 1)[1]), "path": None}]} for row in VISION_CHAT_ROWS]
+    rows = [
+        {**row, "images": [{"bytes": base64.b64decode(row["images"][0].split(",", 1)[1]), "path": None}]}
+        for row in VISION_CHAT_ROWS
+    ]
     (folder / "data").mkdir(parents=True)
     Dataset.from_list(rows).cast_column("images", List(Image())).to_parquet(str(folder / "data" / "train.parquet"))
     api = HfApi(endpoint=hub.endpoint, token=HUB_TOKEN)
@@ -60,23 +71,41 @@ def publish_image_dataset(hub: HubServer, folder: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-async def outcomes(kafka: str, hub: HubServer, tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, list[Event]]]:
+async def outcomes(
+    kafka: str, hub: HubServer, tiny_vlm_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[dict[str, list[Event]]]:
     work = tmp_path_factory.mktemp("vision-e2e")
     data = work / "data"
     data.mkdir()
-    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": [NOT_AN_IMAGE]}]))
+    (data / "train.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": [NOT_AN_IMAGE]}])
+    )
     publish_image_dataset(hub, work / "hub-dataset")
-    settings = (await own_settings(kafka, hub, work)).model_copy(update={
-        "allowed_local_model_roots": [tiny_vlm_dir.parent], "allowed_local_dataset_roots": [data],
-    })
+    settings = (await own_settings(kafka, hub, work)).model_copy(
+        update={
+            "allowed_local_model_roots": [tiny_vlm_dir.parent],
+            "allowed_local_dataset_roots": [data],
+        }
+    )
     requests = [
-        vision_request("sft-vision", "vision-bad-inline", tiny_vlm_dir, {"rows": [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["https://x.example/a.png"]}]}),
+        vision_request(
+            "sft-vision",
+            "vision-bad-inline",
+            tiny_vlm_dir,
+            {"rows": [VISION_CHAT_ROWS[0], {**VISION_CHAT_ROWS[1], "images": ["https://x.example/a.png"]}]},
+        ),
         vision_request("sft-vision", "vision-bad-dataset", tiny_vlm_dir, {"url": str(data / "train.jsonl")}),
         vision_request("sft-vision", "vision-sft", tiny_vlm_dir, {"rows": VISION_CHAT_ROWS}),
         vision_request("sft-vision", "vision-hub-dataset", tiny_vlm_dir, {"id": IMAGE_DATASET}),
         vision_request("dpo-vision", "vision-dpo", tiny_vlm_dir, {"rows": VISION_PREFERENCE_ROWS}),
-        vision_request("grpo-vision", "vision-grpo", tiny_vlm_dir, {"rows": VISION_PROMPT_ROWS},
-                       grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.0}, training={**TRAINING, "per_device_train_batch_size": 4}),
+        vision_request(
+            "grpo-vision",
+            "vision-grpo",
+            tiny_vlm_dir,
+            {"rows": VISION_PROMPT_ROWS},
+            grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.0},
+            training={**TRAINING, "per_device_train_batch_size": 4},
+        ),
     ]
     daemon = DaemonProcess(settings, work / "daemon.log").start()
     try:
@@ -97,7 +126,9 @@ def assert_loads_and_generates(hub: HubServer, done: Succeeded, base: Path, cach
     pushed = download(hub.endpoint, done.repo_id, done.commit_sha, cache)
     processor = AutoProcessor.from_pretrained(pushed)
     model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), pushed).eval()
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is this square?"}]}]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What colour is this square?"}]}
+    ]
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True)
     from PIL import Image
 
@@ -121,7 +152,11 @@ def card_metadata(hub: HubServer, done: Succeeded, cache: Path) -> dict[str, Any
 
 @pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
 async def test_vision_job_succeeds_and_its_push_loads_and_generates_from_an_image(
-    method: str, outcomes: dict[str, list[Event]], hub: HubServer, tiny_vlm_dir: Path, tmp_path: Path,
+    method: str,
+    outcomes: dict[str, list[Event]],
+    hub: HubServer,
+    tiny_vlm_dir: Path,
+    tmp_path: Path,
 ) -> None:
     done = outcomes[f"vision-{method}"][-1]
     assert isinstance(done, Succeeded), done

@@ -44,43 +44,74 @@ async def commit(settings: Settings, group: str, tp: TopicPartition, offset: int
         await consumer.stop()
 
 
-async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits(settings: Settings, tmp_path: Path) -> None:
-    fleet = settings.model_copy(update={**shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes,
-                                        "default_priority_class": "batch", "claims_topic": f"claims-{settings.group_id}"})
+async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits(
+    settings: Settings, tmp_path: Path
+) -> None:
+    fleet = settings.model_copy(
+        update={
+            **shared_fleet_keys(),
+            "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes,
+            "default_priority_class": "batch",
+            "claims_topic": f"claims-{settings.group_id}",
+        }
+    )
     await ensure_topics(fleet, partitions=1)
     topic = fleet.class_topics["batch"]
-    offsets = {name: await produce(fleet, json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode(), topic=topic)
-               for name in ("claimed-meanwhile", "still-waiting")}
+    offsets = {
+        name: await produce(
+            fleet, json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode(), topic=topic
+        )
+        for name in ("claimed-meanwhile", "still-waiting")
+    }
     producer = FakeProducer()
 
     class ClaimedWhileRead(Announcer):
         async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
             found = await super().unread()
             assert sorted(waiting.request_id for waiting, _ in found) == ["claimed-meanwhile", "still-waiting"]
-            await commit(fleet, queue_group(fleet.group_id, "batch"), TopicPartition(topic, 0), offsets["claimed-meanwhile"] + 1)
+            await commit(
+                fleet, queue_group(fleet.group_id, "batch"), TopicPartition(topic, 0), offsets["claimed-meanwhile"] + 1
+            )
             return found
 
     retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
-    announcer = ClaimedWhileRead(fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
+    announcer = ClaimedWhileRead(
+        fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries
+    )
     assert await announcer.announce() == 1
     queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
     # Placed without the claimed one: first, to start now on the fleet's one free slot.
-    assert [(type(event), event.request_id, event.place, event.eta_s) for event in queued] == [(Queued, "still-waiting", 1, 0.0)]
+    assert [(type(event), event.request_id, event.place, event.eta_s) for event in queued] == [
+        (Queued, "still-waiting", 1, 0.0)
+    ]
     # Read again with nothing claimed since: the one told already is not told twice.
     plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
     assert await plain.announce() == 0
 
 
-async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_nor_counted_in_the_others_places(tmp_path: Path) -> None:
+async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_nor_counted_in_the_others_places(
+    tmp_path: Path,
+) -> None:
     """Issue 57: a request cancelled while unread was told its place, and counted in the others', until a host with
     room reached it. On the in-memory fakes: the queues as read are given, and none claimed meanwhile."""
-    fleet = Settings(work_dir=tmp_path, priority_classes=CLASSES, default_priority_class="batch", claims_topic="claims", **shared_fleet_keys())
+    fleet = Settings(
+        work_dir=tmp_path,
+        priority_classes=CLASSES,
+        default_priority_class="batch",
+        claims_topic="claims",
+        **shared_fleet_keys(),
+    )
     topic = fleet.class_topics["batch"]
     read = []
     for offset, name in enumerate(("cancelled-1", "still-waiting")):
         request = decode_request(json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode())
         assert isinstance(request, RequestBase)
-        read.append((waiting_for(request, "batch", 1_765_000_000.0 + offset), (request, FakeRecord(topic, 0, offset, name.encode(), b"{}"))))
+        read.append(
+            (
+                waiting_for(request, "batch", 1_765_000_000.0 + offset),
+                (request, FakeRecord(topic, 0, offset, name.encode(), b"{}")),
+            )
+        )
 
     class AsRead(Announcer):
         async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
@@ -91,20 +122,33 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
 
     producer = FakeProducer()
     retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
-    announcer = AsRead(fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries, cancelled={"cancelled-1"})
+    announcer = AsRead(
+        fleet,
+        FleetView(fleet),
+        Publisher(fleet, producer),
+        Partitions(FakeConsumer()),
+        retries,
+        cancelled={"cancelled-1"},
+    )
     assert await announcer.announce() == 1
     queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
-    assert [(event.request_id, event.place) for event in queued] == [("still-waiting", 1)]  # first: cancelled-1 is not ahead of it
+    assert [(event.request_id, event.place) for event in queued] == [
+        ("still-waiting", 1)
+    ]  # first: cancelled-1 is not ahead of it
 
 
 MODEL = sft_request("x")["model"]["id"]
 
 
-def unread_request(fleet: Settings, request_id: str, priority_class: str, offset: int, arrived: float) -> tuple[Waiting, tuple[RequestBase, Record]]:
+def unread_request(
+    fleet: Settings, request_id: str, priority_class: str, offset: int, arrived: float
+) -> tuple[Waiting, tuple[RequestBase, Record]]:
     value = json.dumps(sft_request(request_id, priority_class=priority_class)).encode()
     request = decode_request(value, request_id.encode())
     assert isinstance(request, RequestBase)
-    record = FakeRecord(fleet.class_topics[priority_class], 0, offset, request_id.encode(), value, [], int(arrived * 1000))
+    record = FakeRecord(
+        fleet.class_topics[priority_class], 0, offset, request_id.encode(), value, [], int(arrived * 1000)
+    )
     return waiting_for(request, priority_class, arrived), (request, record)
 
 
@@ -128,18 +172,64 @@ async def test_a_waiting_request_is_told_again_when_a_higher_class_goes_ahead(tm
     fleet = Settings(priority_classes=CLASSES, default_priority_class="batch", work_dir=tmp_path, **shared_fleet_keys())
     now = time.time()
     view = FleetView(fleet)
-    view.observe(read(Accepted(request_id="run-1", method="sft", team="a", priority_class="batch", host_slots=1, model=MODEL, host="gpu-b",
-                               time=datetime.fromtimestamp(now - 60, UTC))), now)
-    view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=30.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
-    view.observe(read(Queued(request_id="batch-1", priority_class="batch", team="default", place=1, eta_s=42.0, host=fleet.host,
-                             time=datetime.fromtimestamp(now - 12, UTC))), now)
+    view.observe(
+        read(
+            Accepted(
+                request_id="run-1",
+                method="sft",
+                team="a",
+                priority_class="batch",
+                host_slots=1,
+                model=MODEL,
+                host="gpu-b",
+                time=datetime.fromtimestamp(now - 60, UTC),
+            )
+        ),
+        now,
+    )
+    view.observe(
+        read(
+            Progress(
+                request_id="run-1",
+                step=10,
+                total_steps=50,
+                eta_s=30.0,
+                host="gpu-b",
+                time=datetime.fromtimestamp(now, UTC),
+            )
+        ),
+        now,
+    )
+    view.observe(
+        read(
+            Queued(
+                request_id="batch-1",
+                priority_class="batch",
+                team="default",
+                place=1,
+                eta_s=42.0,
+                host=fleet.host,
+                time=datetime.fromtimestamp(now - 12, UTC),
+            )
+        ),
+        now,
+    )
     view.durations.add("sft", MODEL, 100.0)  # no steps said: every job of the kind is expected at 100 s
     producer = FakeProducer()
-    announcer = Backlog(fleet, view, Publisher(fleet, producer), Partitions(FakeConsumer()), RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts))
+    announcer = Backlog(
+        fleet,
+        view,
+        Publisher(fleet, producer),
+        Partitions(FakeConsumer()),
+        RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts),
+    )
     announcer.backlog = [unread_request(fleet, "batch-1", "batch", 0, now - 20)]
     assert await announcer.announce() == 0  # its ETA counted down as it should: nothing new
     announcer.backlog.append(unread_request(fleet, "urgent-1", "urgent", 0, now - 1))
     assert await announcer.announce() == 2
-    queued = {event.request_id: (event.place, event.eta_s) for event in map(parse_event, (sent.value for sent in producer.sent))}
+    queued = {
+        event.request_id: (event.place, event.eta_s)
+        for event in map(parse_event, (sent.value for sent in producer.sent))
+    }
     assert queued == {"urgent-1": (1, pytest.approx(30.0, abs=1)), "batch-1": (2, pytest.approx(130.0, abs=1))}
     assert await announcer.announce() == 0  # told; and within RETELL_EVERY_S of it besides

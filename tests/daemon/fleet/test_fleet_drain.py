@@ -42,7 +42,9 @@ class FixedDurations:
     def step_s(self, method: str, model: str, running: Sequence[float] = ()) -> float | None:
         return None
 
-    def expected(self, method: str, model: str, steps: int | None = None, running: Sequence[float] = ()) -> float | None:
+    def expected(
+        self, method: str, model: str, steps: int | None = None, running: Sequence[float] = ()
+    ) -> float | None:
         return self.seconds.get(model)
 
 
@@ -54,7 +56,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def fleet_view(tmp_path: Path, seconds: dict[str, float] | None = None) -> FleetView:
-    settings = Settings(work_dir=tmp_path, priority_classes=CLASSES, reserve_after_s=BOUND_S, **fleet_keys(tmp_path / "keys"))
+    settings = Settings(
+        work_dir=tmp_path, priority_classes=CLASSES, reserve_after_s=BOUND_S, **fleet_keys(tmp_path / "keys")
+    )
     view = FleetView(settings)
     view.durations = FixedDurations(seconds or {})  # type: ignore[assignment]
     return view
@@ -68,7 +72,9 @@ def job(request_id: str, ends: float, now: float, gpus: int = 1) -> Running:
     return Running(request_id, "default", "a", now, "sft", "tiny", eta_s=ends - now, gpus=gpus, host="here")
 
 
-def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_the_bound(tmp_path: Path, clock: Clock) -> None:
+def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_the_bound(
+    tmp_path: Path, clock: Clock
+) -> None:
     """A two-slot host, one-slot requests arriving every 10 s and each running 60 s (of a duration nobody knows), a
     two-slot request arriving at t=5. Each time a slot frees, the host picks as its dispatcher does. Before the bound
     the stream takes the slots; after it the host drains, and the two-slot request starts once the jobs running then
@@ -82,7 +88,11 @@ def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_t
     while "big" not in began and clock.now < start + 1000:
         clock.now = min(running.values())  # the next end
         running = {rid: end for rid, end in running.items() if end > clock.now}
-        waiting += [each for each in arrivals if each.arrived <= clock.now and each not in waiting and each.request_id not in began]
+        waiting += [
+            each
+            for each in arrivals
+            if each.arrived <= clock.now and each not in waiting and each.request_id not in began
+        ]
         while (free := SLOTS - sum(2 if rid == "big" else 1 for rid in running)) > 0:
             here = [job(rid, end, clock.now, gpus=2 if rid == "big" else 1) for rid, end in running.items()]
             chosen = view.pick(waiting, free, {}, here=here, slots=SLOTS)
@@ -95,25 +105,39 @@ def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_t
     assert began["big"] - big.arrived <= BOUND_S + 60  # the bound, then the longest job running when it passed
     after_bound = [rid for rid, at in began.items() if rid != "big" and big.arrived + BOUND_S <= at < began["big"]]
     assert after_bound == []  # no request of the stream started on the drained host
-    assert [rid for rid, at in began.items() if at < big.arrived + BOUND_S] == ["s2"]  # within the bound, the stream went on
+    assert [rid for rid, at in began.items() if at < big.arrived + BOUND_S] == [
+        "s2"
+    ]  # within the bound, the stream went on
 
 
-def test_a_request_backfills_the_drain_only_when_its_expected_end_is_before_the_reservation_is_due(tmp_path: Path, clock: Clock) -> None:
+def test_a_request_backfills_the_drain_only_when_its_expected_end_is_before_the_reservation_is_due(
+    tmp_path: Path, clock: Clock
+) -> None:
     view = fleet_view(tmp_path, {"short": 40.0, "long": 500.0})
     now = clock.now
     big = request("big", now - BOUND_S - 1, gpus=2)  # first in the order (the earliest), and past the bound
     here = [job("s0", now + 100, now)]  # the reservation is due in 100 s
-    short, long, unknown = request("short", now - 5, model="short"), request("long", now - 6, model="long"), request("u", now - 7)
-    assert view.pick([big, long, unknown, short], 1, {}, here=here, slots=SLOTS) == short  # ends in 40 s: before the 100
+    short, long, unknown = (
+        request("short", now - 5, model="short"),
+        request("long", now - 6, model="long"),
+        request("u", now - 7),
+    )
+    assert (
+        view.pick([big, long, unknown, short], 1, {}, here=here, slots=SLOTS) == short
+    )  # ends in 40 s: before the 100
     assert view.pick([big, long, unknown], 1, {}, here=here, slots=SLOTS) is None  # 500 s; and a duration nobody knows
     # A running job whose end nobody knows: the reservation's due time is unknown, so nothing backfills it.
     unknown_end = [Running("s0", "default", "a", now, "sft", "tiny", host="here")]
     assert view.pick([big, short], 1, {}, here=unknown_end, slots=SLOTS) is None
     # Not yet waited the bound: the free slot goes to the first that fits, as without a reservation.
-    assert view.pick([request("big", now - 10, gpus=2), request("long", now - 5, model="long")], 1, {}, here=here, slots=SLOTS) == request("long", now - 5, model="long")
+    assert view.pick(
+        [request("big", now - 10, gpus=2), request("long", now - 5, model="long")], 1, {}, here=here, slots=SLOTS
+    ) == request("long", now - 5, model="long")
 
 
-def test_a_higher_class_or_a_request_of_no_more_gpus_than_are_free_is_not_held_back(tmp_path: Path, clock: Clock) -> None:
+def test_a_higher_class_or_a_request_of_no_more_gpus_than_are_free_is_not_held_back(
+    tmp_path: Path, clock: Clock
+) -> None:
     """The drain is for the first of the fleet's order among the heads: an urgent one-slot request is ahead of a
     default two-slot one, and takes the free slot; a two-slot request with two free slots simply starts."""
     view = fleet_view(tmp_path)
@@ -126,7 +150,9 @@ def test_a_higher_class_or_a_request_of_no_more_gpus_than_are_free_is_not_held_b
     assert drain(request("huge", now - 100, gpus=4), 1, SLOTS, here, view.durations, now, BOUND_S) is None
 
 
-def test_the_etas_count_the_drain_the_request_of_several_gpus_at_its_slots_end_and_those_behind_it_after(tmp_path: Path, clock: Clock) -> None:
+def test_the_etas_count_the_drain_the_request_of_several_gpus_at_its_slots_end_and_those_behind_it_after(
+    tmp_path: Path, clock: Clock
+) -> None:
     """The `queued` ETAs (`places`, list scheduling in the fleet's order) tell what the drain does: the two-slot request
     starts when the host's two jobs have ended (100 s), not when the first ends (30 s), and the one-slot request
     behind it, though a slot frees for it at 30 s, after it. (This was the model before the reservation too; it is

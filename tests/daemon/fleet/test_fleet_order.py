@@ -12,10 +12,16 @@ from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
 from daemon.fleet_config import PriorityClass, TeamShare
 
-CLASSES = [PriorityClass(name="urgent"), PriorityClass(name="default", preemptible=True), PriorityClass(name="batch", preemptible=True)]
+CLASSES = [
+    PriorityClass(name="urgent"),
+    PriorityClass(name="default", preemptible=True),
+    PriorityClass(name="batch", preemptible=True),
+]
 
 
-def waiting(request_id: str, team: str = "a", cls: str = "default", arrived: float = 0.0, gpus: int = 1, method: str = "sft") -> Waiting:
+def waiting(
+    request_id: str, team: str = "a", cls: str = "default", arrived: float = 0.0, gpus: int = 1, method: str = "sft"
+) -> Waiting:
     return Waiting(request_id, cls, team, arrived, method, "tiny", gpus=gpus)
 
 
@@ -35,36 +41,50 @@ def test_a_higher_class_goes_first_whatever_its_arrival_then_arrival_within_a_cl
 
 
 def test_a_class_the_operator_removed_goes_after_every_known_one() -> None:
-    order = fleet_order([waiting("gone", cls="old", arrived=0), waiting("b", cls="batch", arrived=5)], {}, {}, CLASSES, {})
+    order = fleet_order(
+        [waiting("gone", cls="old", arrived=0), waiting("b", cls="batch", arrived=5)], {}, {}, CLASSES, {}
+    )
     assert ids(order) == ["b", "gone"]
 
 
 def test_under_contention_slot_time_follows_the_weights_2_to_1() -> None:
-    order = fleet_order(sweep("a", 30) + sweep("b", 30), {}, {}, CLASSES, {"a": TeamShare(weight=2), "b": TeamShare(weight=1)})
+    order = fleet_order(
+        sweep("a", 30) + sweep("b", 30), {}, {}, CLASSES, {"a": TeamShare(weight=2), "b": TeamShare(weight=1)}
+    )
     assert len(order) == 60
     assert Counter(w.team for w in order[:30]) == {"a": 20, "b": 10}
     # Interleaved all along, not one team's block then the other's: every 3 places hold 2 of a, 1 of b.
-    assert all(Counter(w.team for w in order[i:i + 3]) == {"a": 2, "b": 1} for i in range(0, 30, 3))
+    assert all(Counter(w.team for w in order[i : i + 3]) == {"a": 2, "b": 1} for i in range(0, 30, 3))
     # Within a team, arrival order.
     assert ids([w for w in order if w.team == "a"]) == [f"a{i}" for i in range(30)]
     # Usage tilts it back: a team that used 40 jobs' worth lately, twice its share of b's none, waits while b
     # catches up to half of that (20 jobs), then the 2:1 interleaving resumes.
-    tilted = fleet_order(sweep("a", 30) + sweep("b", 30), {"a": 40 * DEFAULT_WORK_S}, {}, CLASSES, {"a": TeamShare(weight=2)})
+    tilted = fleet_order(
+        sweep("a", 30) + sweep("b", 30), {"a": 40 * DEFAULT_WORK_S}, {}, CLASSES, {"a": TeamShare(weight=2)}
+    )
     assert [w.team for w in tilted[:20]] == ["b"] * 20 and Counter(w.team for w in tilted[20:29]) == {"a": 6, "b": 3}
 
 
 def test_slots_that_free_together_still_follow_the_weights_counting_the_work_under_way() -> None:
     # Three slots of a simulated fleet: the starts at one moment count each other's work (remaining_work),
     # or all three would go to the team that leads at that moment (18:12 instead of 20:10).
-    arrivals = tuple(Arrival(at=0.0, duration_s=10.0, team=team, request_id=f"{team}{i}") for team in "ab" for i in range(30))
-    outcomes = replay(Trace(arrivals, slots=3, teams={"a": TeamShare(weight=2)}, history=(("sft", "tiny", 10.0, None),)))
+    arrivals = tuple(
+        Arrival(at=0.0, duration_s=10.0, team=team, request_id=f"{team}{i}") for team in "ab" for i in range(30)
+    )
+    outcomes = replay(
+        Trace(arrivals, slots=3, teams={"a": TeamShare(weight=2)}, history=(("sft", "tiny", 10.0, None),))
+    )
     first = sorted(outcomes, key=lambda o: (o.started or 0.0, o.request_id))[:30]
     assert Counter(o.request_id[0] for o in first) == {"a": 20, "b": 10}
 
 
 def test_the_work_under_way_is_each_jobs_eta_else_its_expected_rest() -> None:
-    jobs = [Running("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2), Running("r2", "batch", "a", 0.0, "sft", "tiny"),
-            Running("r3", "batch", "b", 0.0, "sft", "tiny"), Running("r4", "batch", "c", 0.0, "grpo", "x")]
+    jobs = [
+        Running("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2),
+        Running("r2", "batch", "a", 0.0, "sft", "tiny"),
+        Running("r3", "batch", "b", 0.0, "sft", "tiny"),
+        Running("r4", "batch", "c", 0.0, "grpo", "x"),
+    ]
     durations = Durations()
     durations.add("sft", "tiny", 100.0)
     assert remaining_work(jobs, durations, now=60.0) == {"a": 60.0 + 40.0, "b": 40.0, "c": 40.0}
@@ -132,11 +152,17 @@ def test_a_team_at_its_cap_is_skipped_while_another_waits_and_its_rest_goes_last
     # a's weight and b's past usage would put all 4 of a's first; its cap lets 2 of them ahead, the rest after b's.
     assert ids(order) == ["a0", "a1", "b0", "b1", "b2", "a2", "a3"]
     # Slots a already holds count against the cap.
-    assert ids(fleet_order(sweep("a", 2) + sweep("b", 1, start=10), {"b": 10 * DEFAULT_WORK_S}, {"a": 2}, CLASSES, teams)) == ["b0", "a0", "a1"]
+    assert ids(
+        fleet_order(sweep("a", 2) + sweep("b", 1, start=10), {"b": 10 * DEFAULT_WORK_S}, {"a": 2}, CLASSES, teams)
+    ) == ["b0", "a0", "a1"]
 
 
 def test_pick_passes_over_a_capped_or_too_large_head_for_one_that_fits() -> None:
-    heads = [waiting("u", "a", "urgent", arrived=5), waiting("big", "b", "urgent", arrived=0, gpus=2), waiting("d", "c", arrived=0)]
+    heads = [
+        waiting("u", "a", "urgent", arrived=5),
+        waiting("big", "b", "urgent", arrived=0, gpus=2),
+        waiting("d", "c", arrived=0),
+    ]
     teams = {"a": TeamShare(max_slots=1)}
     picked = pick(heads, {}, {"a": 1}, CLASSES, teams, free=1)
     assert picked is not None and picked.request_id == "d"
@@ -147,12 +173,32 @@ def test_pick_passes_over_a_capped_or_too_large_head_for_one_that_fits() -> None
     assert pick([], {}, {}, CLASSES, teams) is None
 
 
-def running(request_id: str, cls: str = "batch", started: float = 0.0, preemptions: int = 0, steps: int | None = 0, preemptible: bool = True,
-            gpus: int = 1) -> Running:
-    return Running(request_id, cls, "a", started, "sft", "tiny", preemptible=preemptible, preemptions=preemptions, steps_since_checkpoint=steps, gpus=gpus)
+def running(
+    request_id: str,
+    cls: str = "batch",
+    started: float = 0.0,
+    preemptions: int = 0,
+    steps: int | None = 0,
+    preemptible: bool = True,
+    gpus: int = 1,
+) -> Running:
+    return Running(
+        request_id,
+        cls,
+        "a",
+        started,
+        "sft",
+        "tiny",
+        preemptible=preemptible,
+        preemptions=preemptions,
+        steps_since_checkpoint=steps,
+        gpus=gpus,
+    )
 
 
-def chosen(head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0, free: int = 0) -> str | None:
+def chosen(
+    head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0, free: int = 0
+) -> str | None:
     found = victim(head, jobs, CLASSES, min_run_s, max_count, now, free=free)
     return None if found is None else found.request_id
 
@@ -172,7 +218,11 @@ def test_a_victim_is_preemptible_by_its_class_and_as_a_job_and_of_a_lower_class_
     assert chosen(URGENT, [running("peer", cls="urgent")]) is None  # same class: never
     assert chosen(waiting("b", cls="batch"), [running("peer", cls="batch")]) is None
     assert chosen(waiting("d", cls="default"), [running("higher", cls="urgent")]) is None  # a higher class: never
-    classes = [PriorityClass(name="urgent"), PriorityClass(name="default"), PriorityClass(name="batch", preemptible=True)]
+    classes = [
+        PriorityClass(name="urgent"),
+        PriorityClass(name="default"),
+        PriorityClass(name="batch", preemptible=True),
+    ]
     assert victim(URGENT, [running("d", cls="default")], classes, 0, 9, 1000) is None  # its class may not be preempted
     assert chosen(URGENT, [running("pushing", preemptible=False)]) is None  # the job itself cannot stop now
     assert chosen(waiting("x", cls="removed"), [running("b")]) is None  # a head of no known class preempts nothing

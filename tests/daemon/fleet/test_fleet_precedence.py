@@ -53,7 +53,9 @@ class TopicConsumer:
     def unsubscribe(self) -> None:
         self.leaves += 1
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[Record]]:
         if self.joining is not None:
             await self.joining.on_partitions_assigned({self.tp})
             self.joining = None
@@ -89,7 +91,9 @@ class AnsweredMidPoll(TopicConsumer):
         super().__init__(tp, records)
         self.answered = False
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[Record]]:
         if not self.answered:
             self.answered = True
             return {}
@@ -103,51 +107,99 @@ class AnsweredMidPoll(TopicConsumer):
 def settings(tmp_path: Path) -> Settings:
     key = tmp_path / "event-signing-key.pem"
     key.write_bytes(new_key_pair()[0])
-    return Settings(event_signing_key_file=key, gpus=[], warm_child=False, work_dir=tmp_path / "work", host=HOST, claims_topic=CLAIMS.topic, default_priority_class="default",
-                    priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}],
-                    teams={"t": TeamShare(max_slots=1)})
+    return Settings(
+        event_signing_key_file=key,
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        host=HOST,
+        claims_topic=CLAIMS.topic,
+        default_priority_class="default",
+        priority_classes=[{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}],
+        teams={"t": TeamShare(max_slots=1)},
+    )
 
 
-def request(settings: Settings, request_id: str, priority_class: str, team: str, offset: int, topic_of: str | None = None) -> FakeRecord:
+def request(
+    settings: Settings, request_id: str, priority_class: str, team: str, offset: int, topic_of: str | None = None
+) -> FakeRecord:
     """A request of `team` and `priority_class`, in the topic of class `topic_of` (its own class's by default)."""
     body = json.dumps(sft_request(request_id, priority_class=priority_class, team=team)).encode()
     topic = settings.class_topics[topic_of or priority_class]
     return FakeRecord(topic, 0, offset, request_id.encode(), body, timestamp=1_765_000_000_000 + offset)
 
 
-def host(settings: Settings, records: list[FakeRecord], *, joined: bool = True) -> tuple[Dispatcher, RecordingMover, CoreOnFakes]:
+def host(
+    settings: Settings, records: list[FakeRecord], *, joined: bool = True
+) -> tuple[Dispatcher, RecordingMover, CoreOnFakes]:
     """This host's dispatcher over a consumer per class topic holding `records`, with two claims partitions."""
     core = CoreOnFakes(settings)
     core.consumer.committed[CLAIMS] = core.consumer.committed[CLAIMS_1] = 0
     mover = RecordingMover(settings)
-    dispatcher = Dispatcher(settings, core.scheduler, FleetJobs(settings, mover, core.scheduler.retries, core.scheduler), core.partitions,
-                            mover, core.intake)
-    dispatcher.queues = [replace(queue, consumer=TopicConsumer(TopicPartition(queue.topic, 0), [r for r in records if r.topic == queue.topic]),  # type: ignore[arg-type]
-                                 subscribed=joined, joined=joined)
-                         for queue in dispatcher.queues]
+    dispatcher = Dispatcher(
+        settings,
+        core.scheduler,
+        FleetJobs(settings, mover, core.scheduler.retries, core.scheduler),
+        core.partitions,
+        mover,
+        core.intake,
+    )
+    dispatcher.queues = [
+        replace(
+            queue,
+            consumer=TopicConsumer(TopicPartition(queue.topic, 0), [r for r in records if r.topic == queue.topic]),  # type: ignore[arg-type]
+            subscribed=joined,
+            joined=joined,
+        )
+        for queue in dispatcher.queues
+    ]
     return dispatcher, mover, core
 
 
-def job_here(dispatcher: Dispatcher, core: CoreOnFakes, request_id: str, priority_class: str, team: str, *, slots_freed: bool = False,
-             ran_s: float = 1.0) -> None:
+def job_here(
+    dispatcher: Dispatcher,
+    core: CoreOnFakes,
+    request_id: str,
+    priority_class: str,
+    team: str,
+    *,
+    slots_freed: bool = False,
+    ran_s: float = 1.0,
+) -> None:
     """A job of this host on claims partition 0, begun `ran_s` ago: its slot held, or given back (its child exited, its
     outcome not yet published); the view has read its `accepted`."""
     body = sft_request(request_id, priority_class=priority_class, team=team)
-    claim = FakeRecord(CLAIMS.topic, 0, 0, request_id.encode(), json.dumps(body).encode(), [(CLASS_HEADER, priority_class.encode())])
-    runner: Any = SimpleNamespace(request=core.request(claim), supervisor=SimpleNamespace(progress={}, checkpoint_step=None),
-                                  stop=lambda stop: True)
+    claim = FakeRecord(
+        CLAIMS.topic, 0, 0, request_id.encode(), json.dumps(body).encode(), [(CLASS_HEADER, priority_class.encode())]
+    )
+    runner: Any = SimpleNamespace(
+        request=core.request(claim),
+        supervisor=SimpleNamespace(progress={}, checkpoint_step=None),
+        stop=lambda stop: True,
+    )
     placement = None if slots_freed else core.slots.take(1, None)
     core.scheduler.jobs[CLAIMS] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
     dispatcher.jobs.started[CLAIMS] = (time.time() - ran_s, claim)
-    dispatcher.view.observe(Accepted(request_id=request_id, host=HOST, method="sft", priority_class=priority_class, team=team,
-                                     host_slots=core.slots.total), time.time())
+    dispatcher.view.observe(
+        Accepted(
+            request_id=request_id,
+            host=HOST,
+            method="sft",
+            priority_class=priority_class,
+            team=team,
+            host_slots=core.slots.total,
+        ),
+        time.time(),
+    )
 
 
 def claimed(mover: RecordingMover) -> list[str | None]:
     return [key for key, _ in mover.claims()]
 
 
-async def test_a_slot_freed_by_a_capped_teams_own_job_goes_to_that_teams_urgent_request_not_a_batch_one(settings: Settings) -> None:
+async def test_a_slot_freed_by_a_capped_teams_own_job_goes_to_that_teams_urgent_request_not_a_batch_one(
+    settings: Settings,
+) -> None:
     # Route (a): the slot frees when the child exits, before the job's `succeeded` is published and read back.
     records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-t", "urgent", "t", 0)]
     dispatcher, mover, core = host(settings, records)
@@ -157,7 +209,9 @@ async def test_a_slot_freed_by_a_capped_teams_own_job_goes_to_that_teams_urgent_
     assert claimed(mover) == ["urgent-t"]
 
 
-async def test_a_job_whose_end_this_host_published_holds_no_slot_before_the_end_is_read_back(settings: Settings) -> None:
+async def test_a_job_whose_end_this_host_published_holds_no_slot_before_the_end_is_read_back(
+    settings: Settings,
+) -> None:
     records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-t", "urgent", "t", 0)]
     dispatcher, mover, core = host(settings, records)
     job_here(dispatcher, core, "t-running", "urgent", "t", slots_freed=True)
@@ -172,8 +226,11 @@ async def test_a_job_whose_end_this_host_published_holds_no_slot_before_the_end_
 
 async def test_two_slots_free_in_one_turn_give_a_capped_team_no_more_than_its_cap(settings: Settings) -> None:
     settings = settings.model_copy(update={"job_slots": 2})
-    records = [request(settings, "urgent-t-1", "urgent", "t", 0), request(settings, "urgent-t-2", "urgent", "t", 1),
-               request(settings, "batch-other", "batch", "other", 0)]
+    records = [
+        request(settings, "urgent-t-1", "urgent", "t", 0),
+        request(settings, "urgent-t-2", "urgent", "t", 1),
+        request(settings, "batch-other", "batch", "other", 0),
+    ]
     dispatcher, mover, _ = host(settings, records)
     await turns(dispatcher, lambda: len(mover.claims()) == 2)
     assert claimed(mover) == ["urgent-t-1", "batch-other"]  # the first claim counts at once against t's cap of 1
@@ -189,7 +246,9 @@ async def test_a_full_host_whose_jobs_are_all_too_young_to_preempt_reads_a_highe
     for _ in range(3):
         await dispatcher.turn()
     urgent, default, batch = dispatcher.queues
-    assert urgent.subscribed and default.subscribed and not batch.subscribed  # default's topic, where `submit` writes any class
+    assert (
+        urgent.subscribed and default.subscribed and not batch.subscribed
+    )  # default's topic, where `submit` writes any class
     assert [h.request_id for h in urgent.heads()] == ["urgent-u"]  # read at once...
     assert not mover.moves and CLAIMS not in dispatcher.jobs.preempting  # ...preempting nothing before the minimum
     dispatcher.jobs.started[CLAIMS] = (time.time() - settings.preempt_min_run_s - 1, dispatcher.jobs.started[CLAIMS][1])
@@ -197,27 +256,44 @@ async def test_a_full_host_whose_jobs_are_all_too_young_to_preempt_reads_a_highe
     assert dispatcher.jobs.preempting == {CLAIMS: "urgent-u"} and claimed(mover) == ["urgent-u"]
 
 
-async def test_a_full_host_reads_the_default_classs_topic_for_the_higher_classes_written_there(settings: Settings) -> None:
+async def test_a_full_host_reads_the_default_classs_topic_for_the_higher_classes_written_there(
+    settings: Settings,
+) -> None:
     # `adapterd submit` writes every request to `requests_topic`, the default class's, whence it is moved to its class's:
     # with the default class the lowest, a full host still reads it for the urgent requests that arrive there.
-    settings = settings.model_copy(update={"priority_classes": Settings(
-        priority_classes=[{"name": "urgent"}, {"name": "default", "preemptible": True}], event_signing_key_file=settings.event_signing_key_file,
-    ).priority_classes})
-    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0, topic_of="default")], joined=False)
+    settings = settings.model_copy(
+        update={
+            "priority_classes": Settings(
+                priority_classes=[{"name": "urgent"}, {"name": "default", "preemptible": True}],
+                event_signing_key_file=settings.event_signing_key_file,
+            ).priority_classes
+        }
+    )
+    dispatcher, mover, core = host(
+        settings, [request(settings, "urgent-u", "urgent", "u", 0, topic_of="default")], joined=False
+    )
     job_here(dispatcher, core, "default-young", "default", "other", ran_s=5.0)
     for _ in range(3):
         await dispatcher.turn()
     assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
-    assert [(copy.topic, copy.priority_class) for move in mover.moves for copy in move.copies] == [(settings.class_topics["urgent"], "urgent")]
+    assert [(copy.topic, copy.priority_class) for move in mover.moves for copy in move.copies] == [
+        (settings.class_topics["urgent"], "urgent")
+    ]
 
 
-async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it_may_preempt(settings: Settings) -> None:
+async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it_may_preempt(
+    settings: Settings,
+) -> None:
     # The cost of reading while full: a full member holds its share of the partitions, where a request would wait
     # for the minimum run while another host has a free slot. While the events say one has, it does not read.
     dispatcher, _, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)])
     job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
-    dispatcher.view.observe(Accepted(request_id="elsewhere", host="other-host", method="sft", priority_class="batch", team="other",
-                                     host_slots=2), time.time())
+    dispatcher.view.observe(
+        Accepted(
+            request_id="elsewhere", host="other-host", method="sft", priority_class="batch", team="other", host_slots=2
+        ),
+        time.time(),
+    )
     await dispatcher.turn()
     assert not any(queue.subscribed for queue in dispatcher.queues)
     dispatcher.jobs.started[CLAIMS] = (time.time() - settings.preempt_min_run_s - 1, dispatcher.jobs.started[CLAIMS][1])
@@ -225,23 +301,44 @@ async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it
     assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
 
 
-async def test_a_full_host_whose_jobs_are_too_young_leaves_a_higher_class_to_a_host_whose_job_may_be_stopped_now(settings: Settings) -> None:
+async def test_a_full_host_whose_jobs_are_too_young_leaves_a_higher_class_to_a_host_whose_job_may_be_stopped_now(
+    settings: Settings,
+) -> None:
     dispatcher, _, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)])
     job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
     long_ago = datetime.now(UTC) - timedelta(seconds=settings.preempt_min_run_s + 60)
-    dispatcher.view.observe(Accepted(request_id="batch-old", host="other-host", method="sft", priority_class="batch", team="other",
-                                     host_slots=1, time=long_ago), time.time())
+    dispatcher.view.observe(
+        Accepted(
+            request_id="batch-old",
+            host="other-host",
+            method="sft",
+            priority_class="batch",
+            team="other",
+            host_slots=1,
+            time=long_ago,
+        ),
+        time.time(),
+    )
     await dispatcher.turn()
-    assert not any(queue.subscribed for queue in dispatcher.queues)  # the other host reads it, and stops its job for it at once
+    assert not any(
+        queue.subscribed for queue in dispatcher.queues
+    )  # the other host reads it, and stops its job for it at once
 
 
-async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_before_a_batch_one(settings: Settings) -> None:
+async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_before_a_batch_one(
+    settings: Settings,
+) -> None:
     # Route (b), second half: moved to its class's topic first, it left the turn, and the slot went to a batch request.
-    records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-via-submit", "urgent", "u", 0, topic_of="default")]
+    records = [
+        request(settings, "batch-first", "batch", "other", 0),
+        request(settings, "urgent-via-submit", "urgent", "u", 0, topic_of="default"),
+    ]
     dispatcher, mover, _ = host(settings, records)
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert claimed(mover) == ["urgent-via-submit"]
-    assert [copy.topic for move in mover.moves for copy in move.copies] == [CLAIMS.topic]  # claimed where it was, not moved
+    assert [copy.topic for move in mover.moves for copy in move.copies] == [
+        CLAIMS.topic
+    ]  # claimed where it was, not moved
 
 
 async def test_a_queue_whose_first_answer_came_in_while_the_turn_polled_is_read_before_its_slot_goes_to_a_lower_class(

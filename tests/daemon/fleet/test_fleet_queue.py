@@ -31,22 +31,36 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 
 async def fleet(settings: Settings, **more: Any) -> Settings:
-    fleet_settings = settings.model_copy(update={
-        **shared_fleet_keys(), "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes, "default_priority_class": "default",
-        "claims_topic": f"claims-{settings.group_id}", "session_timeout_ms": 10_000, **more,
-    })
+    fleet_settings = settings.model_copy(
+        update={
+            **shared_fleet_keys(),
+            "priority_classes": Settings(priority_classes=CLASSES, **shared_fleet_keys()).priority_classes,
+            "default_priority_class": "default",
+            "claims_topic": f"claims-{settings.group_id}",
+            "session_timeout_ms": 10_000,
+            **more,
+        }
+    )
     await ensure_topics(fleet_settings, partitions=2)
     return fleet_settings
 
 
 def hosts(settings: Settings, tmp_path: Path, *names: str) -> list[Settings]:
-    return [settings.model_copy(update={"host": name, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}"})
-            for name in names]
+    return [
+        settings.model_copy(
+            update={"host": name, "work_dir": tmp_path / name, "metrics_address": f"127.0.0.1:{free_port()}"}
+        )
+        for name in names
+    ]
 
 
 def request(request_id: str, steps: int, **more: Any) -> dict[str, Any]:
-    return sft_request(request_id, dataset={"rows": CHAT_ROWS},
-                       training={"max_steps": steps, "save_steps": 2, "learning_rate": 1e-3, "per_device_train_batch_size": 2}, **more)
+    return sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": steps, "save_steps": 2, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+        **more,
+    )
 
 
 async def submit_to(settings: Settings, topic: str, body: dict[str, Any], key: bytes | None = None) -> None:
@@ -58,7 +72,9 @@ def of(events: list[EventBase], kind: type[EventBase]) -> list[Any]:
 
 
 async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_sigkilled_hosts_claim_goes_to_the_other(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     fleet_settings = await fleet(settings)
     host_a, host_b = hosts(fleet_settings, tmp_path, "host-a", "host-b")
@@ -68,10 +84,18 @@ async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_si
         async with EventStream(fleet_settings) as stream:
             # Both into ONE queue partition: without the fleet's queue the second waits behind the first on host-a.
             # The first trains far longer than the test runs: it is still training when host-a is killed.
-            await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
-                            request("one-queue-1", 100_000, team="search", priority_class="batch"), key=b"same-key")
-            await submit_to(fleet_settings, fleet_settings.class_topics["batch"],
-                            request("one-queue-2", 8, team="search", priority_class="batch"), key=b"same-key")
+            await submit_to(
+                fleet_settings,
+                fleet_settings.class_topics["batch"],
+                request("one-queue-1", 100_000, team="search", priority_class="batch"),
+                key=b"same-key",
+            )
+            await submit_to(
+                fleet_settings,
+                fleet_settings.class_topics["batch"],
+                request("one-queue-2", 8, team="search", priority_class="batch"),
+                key=b"same-key",
+            )
             async for event in stream.events("one-queue-1"):
                 if isinstance(event, Progress) and event.step >= 2:
                     break
@@ -85,8 +109,12 @@ async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_si
             async for event in stream.events("one-queue-1"):
                 if isinstance(event, Started) and event.host == "host-b":
                     break  # host-a's claim, lost with it, runs on host-b once host-a's session has ended
-        await produce(fleet_settings, Cancel(request_id="one-queue-1", reason="done with it").model_dump_json().encode(), b"one-queue-1",
-                      topic=fleet_settings.control_topic)
+        await produce(
+            fleet_settings,
+            Cancel(request_id="one-queue-1", reason="done with it").model_dump_json().encode(),
+            b"one-queue-1",
+            topic=fleet_settings.control_topic,
+        )
         events = await terminal_events(fleet_settings, {"one-queue-1", "one-queue-2"})
     finally:
         a.stop()
@@ -103,7 +131,9 @@ async def test_a_request_behind_a_busy_host_starts_on_a_host_that_joins_and_a_si
 
 
 async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_resumes_with_no_attempt_spent(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     fleet_settings = await fleet(settings, preempt_min_run_s=0)
     (host,) = hosts(fleet_settings, tmp_path, "host-a")
@@ -111,18 +141,27 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     try:
         async with EventStream(host) as stream:
             # Longer than the test runs on any machine: it is training when the urgent request comes, and again after.
-            await submit_to(host, host.class_topics["batch"], request("batch-long", 100_000, priority_class="batch", team="sweep"))
+            await submit_to(
+                host, host.class_topics["batch"], request("batch-long", 100_000, priority_class="batch", team="sweep")
+            )
             async for event in stream.events("batch-long"):
                 if isinstance(event, Progress) and event.step >= 3:
                     break
         async with EventStream(host, from_end=True) as stream:
-            await submit_to(host, host.class_topics["urgent"], request("urgent-fix", 4, priority_class="urgent", team="oncall"))
+            await submit_to(
+                host, host.class_topics["urgent"], request("urgent-fix", 4, priority_class="urgent", team="oncall")
+            )
             resumed = False
             async for event in stream.events("batch-long", until_terminal=False):
                 resumed = resumed or isinstance(event, Started)
                 if resumed and isinstance(event, Progress):
                     break  # resumed, and trained a step: enough of it
-        await produce(host, Cancel(request_id="batch-long", reason="seen").model_dump_json().encode(), b"batch-long", topic=host.control_topic)
+        await produce(
+            host,
+            Cancel(request_id="batch-long", reason="seen").model_dump_json().encode(),
+            b"batch-long",
+            topic=host.control_topic,
+        )
         events = await terminal_events(host, {"batch-long", "urgent-fix"})
     finally:
         daemon.stop()
@@ -131,19 +170,25 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     assert len(preempted) == 1 and preempted[0].by == "urgent-fix" and preempted[0].preemptions == 1
     assert preempted[0].time < of(urgent, Accepted)[0].time  # the urgent request took the freed slot
     starts = of(batch, Started)
-    assert len(starts) == 2 and starts[1].resumed_step is not None and starts[1].resumed_step >= 2  # from its checkpoint
+    assert (
+        len(starts) == 2 and starts[1].resumed_step is not None and starts[1].resumed_step >= 2
+    )  # from its checkpoint
     # Issue 57: it says the checkpoint it resumes from (the work kept) and the step it stopped at, which is that checkpoint's.
     assert preempted[0].resume_from_step == starts[1].resumed_step == preempted[0].stopped_at_step == preempted[0].step
-    assert preempted[0].stopped_at_step >= max(event.step for event in batch[: batch.index(preempted[0])] if isinstance(event, Progress))
+    assert preempted[0].stopped_at_step >= max(
+        event.step for event in batch[: batch.index(preempted[0])] if isinstance(event, Progress)
+    )
     assert starts[1].time > of(urgent, Started)[0].time
     assert {event.attempt for event in batch} == {1}  # a preemption is not a failure
     assert len(of(urgent, Succeeded)) == 1 and isinstance(batch[-1], Cancelled)
-    steps = [event.step for event in batch[batch.index(starts[1]):] if isinstance(event, Progress)]
+    steps = [event.step for event in batch[batch.index(starts[1]) :] if isinstance(event, Progress)]
     assert steps[0] == starts[1].resumed_step + 1  # nothing trained again beyond the step after the checkpoint
 
 
 async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_later_request_takes_the_free_slot(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     teams = Settings(teams={"vision": {"max_slots": 1}}).teams
     fleet_settings = await fleet(settings, job_slots=2, queue_wait_event_s=0, teams=teams)
@@ -166,10 +211,14 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
         daemon.stop()
     (garbage,) = of(events["garbage-1"], Rejected)
     (huge_rejected,) = of(events["huge-1"], Rejected)
-    assert garbage.reason == "not_json" and "max_message_bytes" in huge_rejected.errors[0].message  # and the queue went on
+    assert (
+        garbage.reason == "not_json" and "max_message_bytes" in huge_rejected.errors[0].message
+    )  # and the queue went on
     queued = of(events["vision-2"], Queued)
     assert queued and queued[0].team == "vision" and queued[0].priority_class == "default" and queued[0].place >= 1
-    assert of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time  # the free slot went to search
+    assert (
+        of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time
+    )  # the free slot went to search
     # Vision waited for its cap: vision-2 was claimed once vision-1's slot freed, when its child exited with its result. Its
     # outcome is judged, pushed and published after that, and the host counts its own freed slot at once (issue 57).
     logged = [(line.get("event"), line.get("request_id")) for line in daemon.log_lines()]

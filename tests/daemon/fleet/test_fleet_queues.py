@@ -42,7 +42,9 @@ class WindowConsumer:
         self.paused = False
         self.seeks: list[int] = []
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[Record]]:
         if self.paused:
             return {}
         batch = [r for r in self.records if r.offset >= self.position][:max_records]
@@ -68,7 +70,10 @@ class WindowConsumer:
 
 
 def queue_over(count: int) -> tuple[ClassQueue, WindowConsumer]:
-    records = [FakeRecord(TP.topic, 0, offset, f"r{offset}".encode(), b"{}", timestamp=1000 * offset) for offset in range(count)]
+    records = [
+        FakeRecord(TP.topic, 0, offset, f"r{offset}".encode(), b"{}", timestamp=1000 * offset)
+        for offset in range(count)
+    ]
     consumer = WindowConsumer(records)
     queue = ClassQueue("batch", TP.topic, "adapterd.queue.batch", consumer)
     queue.subscribed = queue.joined = True
@@ -107,7 +112,9 @@ async def test_a_request_taken_from_inside_the_window_takes_the_ones_before_it_a
 
 def test_an_impossible_timestamp_is_not_written_again_as_it_was() -> None:
     assert kept_timestamp(1_733_400_000_000) == 1_733_400_000_000
-    assert kept_timestamp(-1) is None and kept_timestamp(2**63 - 1) is None  # a producer's; the client would refuse the send
+    assert (
+        kept_timestamp(-1) is None and kept_timestamp(2**63 - 1) is None
+    )  # a producer's; the client would refuse the send
 
 
 def test_a_claims_class_comes_from_the_dispatchers_header_and_only_a_class_the_fleet_has() -> None:
@@ -116,7 +123,9 @@ def test_a_claims_class_comes_from_the_dispatchers_header_and_only_a_class_the_f
     with_header = FakeRecord("claims", 0, 0, b"c1", b"{}", headers=[(CLASS_HEADER, b"urgent")])
     assert claimed_class(with_header, request, settings) == "urgent"
     forged = FakeRecord("claims", 0, 0, b"c1", b"{}", headers=[(CLASS_HEADER, b"platinum")])
-    assert claimed_class(forged, request, settings) == "default"  # not a class: what the request names, else the default
+    assert (
+        claimed_class(forged, request, settings) == "default"
+    )  # not a class: what the request names, else the default
     named = REQUEST_MODELS["sft"].model_validate(sft_request("c2", priority_class="batch"))
     assert claimed_class(FakeRecord("claims", 0, 0, b"c2", b"{}"), named, settings) == "batch"
 
@@ -130,18 +139,24 @@ def test_the_count_of_preemptions_is_read_only_when_a_host_signed_it(tmp_path: P
         return FakeRecord("batch", 0, 0, b"p1", body, headers=headers, timestamp=int(time.time() * 1000))
 
     assert signer.preemptions(record(signed)) == 2
-    assert signer.preemptions(record([("adapterd-preemptions", b"99")])) == 0  # a producer's: it would never be preempted
+    assert (
+        signer.preemptions(record([("adapterd-preemptions", b"99")])) == 0
+    )  # a producer's: it would never be preempted
     assert signer.preemptions(record(signed, body=b"another request")) == 0  # moved onto other bytes
     assert signer.preemptions(record([(name, None) for name, _ in signed])) == 0  # null header values
     assert RetrySigner(b"another fleet's key, long enough", 3).preemptions(record(signed)) == 0
 
 
-async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revocation_waits_for_the_one_in_flight() -> None:
+async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revocation_waits_for_the_one_in_flight() -> (
+    None
+):
     # aiokafka's transactional offset commit carries no group generation: the host fences itself.
     mover = Mover(Settings())
     record = FakeRecord(TP.topic, 0, 5, b"r5", b"{}")
     with pytest.raises(Stale):
-        await mover.move(Move(record, "adapterd.queue.batch", (), lambda: False))  # never reaches the (unstarted) producer
+        await mover.move(
+            Move(record, "adapterd.queue.batch", (), lambda: False)
+        )  # never reaches the (unstarted) producer
 
     queue, _ = queue_over(3)
     order: list[str] = []
@@ -165,15 +180,21 @@ class CodecConsumer(WindowConsumer):
         super().__init__(records)
         self.compressed = compressed
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, Sequence[Record]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[Record]]:
         batch = [r for r in self.records if r.offset >= self.position][:max_records]
         if not self.paused and any(r.offset in self.compressed for r in batch):
             raise UnsupportedCodecError("Unknown compression codec 0x05")
         return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
 
 
-async def test_a_batch_no_codec_reads_takes_its_place_in_the_window_by_offset_to_be_rejected_and_the_rest_is_read() -> None:
-    records = [FakeRecord(TP.topic, 0, offset, f"r{offset}".encode(), b"{}", timestamp=1000 * offset) for offset in range(8)]
+async def test_a_batch_no_codec_reads_takes_its_place_in_the_window_by_offset_to_be_rejected_and_the_rest_is_read() -> (
+    None
+):
+    records = [
+        FakeRecord(TP.topic, 0, offset, f"r{offset}".encode(), b"{}", timestamp=1000 * offset) for offset in range(8)
+    ]
     consumer = CodecConsumer(records, compressed={3, 4})  # one batch of two records
     queue = ClassQueue("batch", TP.topic, "adapterd.queue.batch", consumer)
     queue.subscribed = queue.joined = True

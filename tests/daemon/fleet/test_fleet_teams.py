@@ -33,16 +33,26 @@ async def signed(settings: Settings, by: EventSigner, body: dict[str, Any]) -> N
 
 
 async def test_a_team_cannot_write_as_another_nor_use_a_class_it_is_not_granted_nor_rename_itself_past_its_cap(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     keys = tmp_path / "keys"
     for team in ("alpha", "beta"):
         code, said = await adapterd(settings, "keys", str(keys), "--team", team)
         assert code == 0 and f"[teams.{team}]" in said, said
-    teams = Settings(priority_classes=CLASSES, **shared_fleet_keys(), teams={
-        "alpha": {"producer_keys_file": keys / "alpha-producer-key.pub", "classes": ["default", "batch"], "max_slots": 1},
-        "beta": {"producer_keys_file": keys / "beta-producer-key.pub"},
-    }).teams
+    teams = Settings(
+        priority_classes=CLASSES,
+        **shared_fleet_keys(),
+        teams={
+            "alpha": {
+                "producer_keys_file": keys / "alpha-producer-key.pub",
+                "classes": ["default", "batch"],
+                "max_slots": 1,
+            },
+            "beta": {"producer_keys_file": keys / "beta-producer-key.pub"},
+        },
+    ).teams
     (host,) = hosts(await fleet(settings, job_slots=2, teams=teams), tmp_path, "host-a")
     alpha = EventSigner.from_file(keys / "alpha-producer-key.pem")
     daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
@@ -56,17 +66,24 @@ async def test_a_team_cannot_write_as_another_nor_use_a_class_it_is_not_granted_
         await signed(host, alpha, request("greedy-1", 4, team="alpha", priority_class="urgent"))
         await signed(host, alpha, request("renamed-1", 4, team="alpha-b"))  # at its cap: a new name for a new slot
         (tmp_path / "beta-1.json").write_text(json.dumps(request("beta-1", 4, team="beta", priority_class="urgent")))
-        code, said = await adapterd(host, "submit", str(tmp_path / "beta-1.json"), "--key", str(keys / "beta-producer-key.pem"))
+        code, said = await adapterd(
+            host, "submit", str(tmp_path / "beta-1.json"), "--key", str(keys / "beta-producer-key.pem")
+        )
         assert code == 0, said
         events = await terminal_events(host, {"alpha-1", "beta-1", "forged-1", "greedy-1", "renamed-1"})
     finally:
         daemon.stop()
     rejected = {rid: of(events[rid], Rejected) for rid in ("forged-1", "greedy-1", "renamed-1")}
-    assert all(len(found) == 1 and not of(events[rid], Accepted) for rid, found in rejected.items()), {rid: [e.type for e in events[rid]] for rid in rejected}
+    assert all(len(found) == 1 and not of(events[rid], Accepted) for rid, found in rejected.items()), {
+        rid: [e.type for e in events[rid]] for rid in rejected
+    }
     [forged], [greedy], [renamed] = rejected.values()
     assert forged.errors[0].path == "team" and "not signed by a key of team 'beta'" in forged.errors[0].message
     assert "a key of team 'alpha'" in forged.errors[0].message
-    assert greedy.errors[0].path == "priority_class" and "team 'alpha' may not use class 'urgent'" in greedy.errors[0].message
+    assert (
+        greedy.errors[0].path == "priority_class"
+        and "team 'alpha' may not use class 'urgent'" in greedy.errors[0].message
+    )
     assert renamed.errors[0].path == "team" and "unknown team 'alpha-b'" in renamed.errors[0].message
     assert renamed.time < of(events["alpha-1"], Succeeded)[0].time  # refused while alpha held its cap, not given a slot
     assert of(events["alpha-1"], Succeeded) and of(events["beta-1"], Succeeded)

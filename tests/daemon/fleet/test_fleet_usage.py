@@ -44,16 +44,44 @@ def read(event: EventBase) -> Event:
 
 
 def accepted(request_id: str, team: str | None, seconds: float) -> Event:
-    return read(Accepted(request_id=request_id, method="sft", team=team, priority_class="batch" if team else None, time=at(seconds)))
+    return read(
+        Accepted(
+            request_id=request_id, method="sft", team=team, priority_class="batch" if team else None, time=at(seconds)
+        )
+    )
 
 
-def succeeded(request_id: str, seconds: float, durations_s: dict[str, float] | None = None, method: str = "sft",
-              model: str = "tiny/m", metrics: dict[str, float] | None = None, **fields: Any) -> Event:
-    return read(Succeeded(
-        request_id=request_id, time=at(seconds), sink="local", repo_id="a/b", revision="main", commit_sha=None, commit_url=None,
-        location="/x", files=[], metrics=metrics or {}, durations_s=durations_s or {}, versions={}, method=method, trainer="SFTTrainer",
-        base_model=model, base_model_revision=None, dataset_fingerprint=None, **fields,
-    ))
+def succeeded(
+    request_id: str,
+    seconds: float,
+    durations_s: dict[str, float] | None = None,
+    method: str = "sft",
+    model: str = "tiny/m",
+    metrics: dict[str, float] | None = None,
+    **fields: Any,
+) -> Event:
+    return read(
+        Succeeded(
+            request_id=request_id,
+            time=at(seconds),
+            sink="local",
+            repo_id="a/b",
+            revision="main",
+            commit_sha=None,
+            commit_url=None,
+            location="/x",
+            files=[],
+            metrics=metrics or {},
+            durations_s=durations_s or {},
+            versions={},
+            method=method,
+            trainer="SFTTrainer",
+            base_model=model,
+            base_model_revision=None,
+            dataset_fingerprint=None,
+            **fields,
+        )
+    )
 
 
 def fold(usage: Usage, *events: Event, now: float = T0 + DAY) -> Usage:
@@ -71,12 +99,16 @@ def test_a_job_holds_its_slot_from_accepted_to_its_terminal_event() -> None:
     assert usage.slot_seconds(T0 + 500) == {"a": pytest.approx(100.0)}
 
 
-@pytest.mark.parametrize("end", [
-    Preempted(request_id="r1", by="u1", priority_class="batch", preemptions=1, step=7, time=at(30)),
-    Retrying(request_id="r1", code="x", message="m", stage="train", max_attempts=3, time=at(30)),
-    Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(30)),
-    Cancelled(request_id="r1", reason="asked", time=at(30)),
-], ids=lambda e: e.type)
+@pytest.mark.parametrize(
+    "end",
+    [
+        Preempted(request_id="r1", by="u1", priority_class="batch", preemptions=1, step=7, time=at(30)),
+        Retrying(request_id="r1", code="x", message="m", stage="train", max_attempts=3, time=at(30)),
+        Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(30)),
+        Cancelled(request_id="r1", reason="asked", time=at(30)),
+    ],
+    ids=lambda e: e.type,
+)
 def test_every_event_that_frees_the_slot_ends_the_stretch(end: EventBase) -> None:
     usage = fold(Usage(half_life_s=1e12), accepted("r1", "a", 0), read(end))
     assert usage.running() == {} and usage.slot_seconds(T0 + 500) == {"a": pytest.approx(30.0)}
@@ -84,7 +116,9 @@ def test_every_event_that_frees_the_slot_ends_the_stretch(end: EventBase) -> Non
 
 def test_a_preempted_job_accepted_again_adds_its_second_stretch_and_not_the_wait_between() -> None:
     preempted = read(Preempted(request_id="r1", by="u1", priority_class="batch", preemptions=1, time=at(30)))
-    usage = fold(Usage(half_life_s=1e12), accepted("r1", "b", 0), preempted, accepted("r1", "b", 200), succeeded("r1", 250))
+    usage = fold(
+        Usage(half_life_s=1e12), accepted("r1", "b", 0), preempted, accepted("r1", "b", 200), succeeded("r1", 250)
+    )
     assert usage.slot_seconds(T0 + 1000) == {"b": pytest.approx(80.0)}
 
 
@@ -116,7 +150,9 @@ def test_a_hosts_own_requests_replace_what_the_events_say_of_them_in_the_slots_h
 def test_slot_time_decays_by_its_half_life() -> None:
     usage = fold(Usage(half_life_s=100.0), accepted("r1", "a", 0), succeeded("r1", 100))
     at_end = usage.slot_seconds(T0 + 100)["a"]
-    assert at_end == pytest.approx(50.0 / math.log(2))  # the first half of the stretch has decayed by more than the last
+    assert at_end == pytest.approx(
+        50.0 / math.log(2)
+    )  # the first half of the stretch has decayed by more than the last
     assert usage.slot_seconds(T0 + 200)["a"] == pytest.approx(at_end / 2)
     assert usage.slot_seconds(T0 + 1100)["a"] == pytest.approx(at_end / 1024)
 
@@ -160,7 +196,9 @@ def test_a_requests_length_is_expected_at_the_steady_pace_of_finished_steps() ->
     assert durations.expected("sft", "tiny/m", 40) == pytest.approx(35.0) and durations.step_s("sft", "tiny/m") == 0.5
     # Without the pace, the runtime over the steps: 1 s a step with the set-up in each, 10 + 40 x 1 = 50 s.
     blind = Durations()
-    blind.observe(succeeded("r1", 0, {"total": 20.0}, metrics={"train_runtime": 10.0, "train_steps_per_second": 1.0}), T0)
+    blind.observe(
+        succeeded("r1", 0, {"total": 20.0}, metrics={"train_runtime": 10.0, "train_steps_per_second": 1.0}), T0
+    )
     assert blind.expected("sft", "tiny/m", 40) == pytest.approx(50.0)
 
 
@@ -209,13 +247,31 @@ def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
     assert r1.steps_since_checkpoint == 4 and r1.preemptions == 0 and r1.steps_left == 28
     assert jobs.jobs(T0 + 1000)[0].eta_s == 0.0  # never below nothing
     r2 = by_id["r2"]
-    assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.steps_left, r2.gpus) == ("default", None, None, None, 1)  # nothing known yet
+    assert (r2.team, r2.eta_s, r2.steps_since_checkpoint, r2.steps_left, r2.gpus) == (
+        "default",
+        None,
+        None,
+        None,
+        1,
+    )  # nothing known yet
 
 
 def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_accepted_event_named() -> None:
     jobs = RunningJobs()
-    jobs.observe(read(Accepted(request_id="r1", method="sft", team="a", priority_class="batch", model="org/base", max_steps=40,
-                               time=at(0))), T0 + 10)
+    jobs.observe(
+        read(
+            Accepted(
+                request_id="r1",
+                method="sft",
+                team="a",
+                priority_class="batch",
+                model="org/base",
+                max_steps=40,
+                time=at(0),
+            )
+        ),
+        T0 + 10,
+    )
     [job] = jobs.jobs(T0 + 10)
     assert (job.model, job.steps_left) == ("org/base", 40)  # not the method's median job: its own 40 steps
     jobs.observe(read(Started(request_id="r1", method="sft", slot="cpu", pid=9, resumed_step=8, time=at(1))), T0 + 10)
@@ -228,14 +284,21 @@ def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_accepted_event_n
 
 def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preemptions() -> None:
     jobs = RunningJobs()
-    for event in [accepted("r1", "a", 0), read(Preempted(request_id="r1", by="u", priority_class="batch", preemptions=1, time=at(50)))]:
+    for event in [
+        accepted("r1", "a", 0),
+        read(Preempted(request_id="r1", by="u", priority_class="batch", preemptions=1, time=at(50))),
+    ]:
         jobs.observe(event, T0 + 100)
     assert jobs.jobs(T0 + 100) == []
     jobs.observe(accepted("r1", "a", 200), T0 + 300)
-    jobs.observe(read(Started(request_id="r1", method="sft", slot="cpu", pid=9, resumed_step=8, time=at(201))), T0 + 300)
+    jobs.observe(
+        read(Started(request_id="r1", method="sft", slot="cpu", pid=9, resumed_step=8, time=at(201))), T0 + 300
+    )
     jobs.observe(read(Progress(request_id="r1", step=11, total_steps=40, time=at(250))), T0 + 300)
     [again] = jobs.jobs(T0 + 300)
-    assert again.preemptions == 1 and again.started == T0 + 200 and again.steps_since_checkpoint == 3  # from the step it resumed at
+    assert (
+        again.preemptions == 1 and again.started == T0 + 200 and again.steps_since_checkpoint == 3
+    )  # from the step it resumed at
     jobs.observe(succeeded("r1", 400), T0 + 400)
     assert jobs.jobs(T0 + 400) == []
     jobs.observe(accepted("r1", "a", 500), T0 + 500)  # a request id used again after its end: a new request
@@ -243,9 +306,12 @@ def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preempti
 
 
 def test_retrying_and_every_terminal_event_end_a_running_job() -> None:
-    ends = [read(Retrying(request_id="r1", code="x", message="m", stage="train", max_attempts=3, time=at(9))),
-            read(Cancelled(request_id="r1", reason="asked", time=at(9))), succeeded("r1", 9),
-            read(Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(9)))]
+    ends = [
+        read(Retrying(request_id="r1", code="x", message="m", stage="train", max_attempts=3, time=at(9))),
+        read(Cancelled(request_id="r1", reason="asked", time=at(9))),
+        succeeded("r1", 9),
+        read(Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(9))),
+    ]
     for end in ends:
         jobs = RunningJobs()
         jobs.observe(accepted("r1", "a", 0), T0 + 10)

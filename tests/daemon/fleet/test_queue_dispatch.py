@@ -55,30 +55,51 @@ class RecordingMover(Mover):
         return len(self.moves) if move.copies else None
 
     def claims(self) -> list[tuple[str | None, list[tuple[str, bytes]]]]:
-        return [(copy.record.key.decode() if copy.record.key else None, self._signed(copy))
-                for move in self.moves for copy in move.copies if copy.topic == CLAIMS.topic]
+        return [
+            (copy.record.key.decode() if copy.record.key else None, self._signed(copy))
+            for move in self.moves
+            for copy in move.copies
+            if copy.topic == CLAIMS.topic
+        ]
 
 
 @pytest.fixture
 def fleet_settings(tmp_path: Path) -> Settings:
     key = tmp_path / "event-signing-key.pem"
     key.write_bytes(new_key_pair()[0])
-    settings = Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", priority_classes=CLASSES, default_priority_class="default",
-                        claims_topic=CLAIMS.topic, event_signing_key_file=key)
+    settings = Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        priority_classes=CLASSES,
+        default_priority_class="default",
+        claims_topic=CLAIMS.topic,
+        event_signing_key_file=key,
+    )
     assert settings.class_topics["batch"] == TP.topic
     return settings
 
 
-def dispatcher_over(settings: Settings, records: list[FakeRecord]) -> tuple[Dispatcher, RecordingMover, CoreOnFakes, QueueConsumer]:
+def dispatcher_over(
+    settings: Settings, records: list[FakeRecord]
+) -> tuple[Dispatcher, RecordingMover, CoreOnFakes, QueueConsumer]:
     core = CoreOnFakes(settings)
     core.consumer.committed[CLAIMS] = 0  # this host's one claims partition
     mover = RecordingMover(settings)
-    dispatcher = Dispatcher(settings, core.scheduler, FleetJobs(settings, mover, core.scheduler.retries, core.scheduler), core.partitions,
-                            mover, core.intake)
+    dispatcher = Dispatcher(
+        settings,
+        core.scheduler,
+        FleetJobs(settings, mover, core.scheduler.retries, core.scheduler),
+        core.partitions,
+        mover,
+        core.intake,
+    )
     batch = QueueConsumer(records)
     # Each queue built again over its fake consumer, so that its partitions and its reader poll the fake too.
-    dispatcher.queues = [replace(queue, consumer=batch if queue.topic == TP.topic else QueueConsumer([]), subscribed=True, joined=True)  # type: ignore[arg-type]
-                         for queue in dispatcher.queues]
+    dispatcher.queues = [
+        replace(queue, consumer=batch if queue.topic == TP.topic else QueueConsumer([]), subscribed=True, joined=True)  # type: ignore[arg-type]
+        for queue in dispatcher.queues
+    ]
     return dispatcher, mover, core, batch
 
 
@@ -116,7 +137,9 @@ async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_tim
 async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(fleet_settings: Settings) -> None:
     dispatcher, mover, _, batch = dispatcher_over(fleet_settings, [valid(0, "on-time")])
     reads = iter([1_765_000_000.0, 1_765_000_001.0])
-    dispatcher.heads.arrivals.clock = lambda: next(reads)  # this host's first read of each (a topic made by hand: CreateTime)
+    dispatcher.heads.arrivals.clock = lambda: next(
+        reads
+    )  # this host's first read of each (a topic made by hand: CreateTime)
     for queue in dispatcher.queues:
         queue.joined = False  # a turn right after joining only reads
     await dispatcher.turn()
@@ -133,14 +156,19 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
 ) -> None:
     """Issue 57: a cancelled request was claimed like any other (a free slot, a claims partition of its own) and
     skipped only when the scheduler read its claim; meanwhile the others' `queued` events counted it ahead of them."""
-    settings = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})  # the one still waiting is told its place at once
-    dispatcher, mover, core, _ = dispatcher_over(settings, [valid(0, "ahead-1"), valid(1, "cancelled-1"), valid(2, "behind-1"),
-                                                            valid(3, "behind-2")])
+    settings = fleet_settings.model_copy(
+        update={"queue_wait_event_s": 0.0}
+    )  # the one still waiting is told its place at once
+    dispatcher, mover, core, _ = dispatcher_over(
+        settings, [valid(0, "ahead-1"), valid(1, "cancelled-1"), valid(2, "behind-1"), valid(3, "behind-2")]
+    )
     reads = iter(range(1_765_000_000, 1_765_000_100))
     dispatcher.heads.arrivals.clock = lambda: float(next(reads))  # arrival in offset order
     await core.scheduler.cancel(Cancel(request_id="cancelled-1", reason="sweep withdrawn"))
     assert await turns(dispatcher, lambda: bool(core.events("cancelled-1"))) == 1
-    assert [(event["type"], event["reason"]) for event in core.events("cancelled-1")] == [("cancelled", "sweep withdrawn")]
+    assert [(event["type"], event["reason"]) for event in core.events("cancelled-1")] == [
+        ("cancelled", "sweep withdrawn")
+    ]
     # The first move commits past it, writing ahead-1 (before it in the window) again; no claim of it, ever.
     first = mover.moves[0]
     assert first.record.key == b"cancelled-1" and [copy.record.key for copy in first.copies] == [b"ahead-1"]
@@ -148,22 +176,64 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
     assert [key for key, _ in mover.claims()] == ["behind-1"]  # the host's one slot: the first left in the order
     # behind-2 waits, told place 1: cancelled-1 is not counted ahead of it (ahead-1's copy is not read back: the fake
     # mover only keeps its moves).
-    assert [(event["request_id"], event["place"]) for event in core.events() if event["type"] == "queued"] == [("behind-2", 1)]
+    assert [(event["request_id"], event["place"]) for event in core.events() if event["type"] == "queued"] == [
+        ("behind-2", 1)
+    ]
 
 
-async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_counts_the_cap(fleet_settings: Settings) -> None:
+async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_counts_the_cap(
+    fleet_settings: Settings,
+) -> None:
     """Issue 57: a head held by its team's `max_slots` was told ETA 0 s, and never told again. Team t may hold one slot
     and runs run-1 on gpu-b for 13 s more; gpu-b's other slot is free. Another host told held-1, 40 s ago, that it
     would start in 30 s: this host, holding it, tells it again, its ETA now the 13 s to run-1's end."""
-    capped = fleet_settings.model_copy(update={"teams": Settings(teams={"t": {"max_slots": 1}}).teams, "queue_wait_event_s": 0.0})
+    capped = fleet_settings.model_copy(
+        update={"teams": Settings(teams={"t": {"max_slots": 1}}).teams, "queue_wait_event_s": 0.0}
+    )
     dispatcher, mover, core, _ = dispatcher_over(capped, [valid(0, "held-1", team="t")])
     now = time.time()
     view = dispatcher.view
-    view.observe(read(Accepted(request_id="run-1", method="sft", team="t", priority_class="batch", host_slots=2, host="gpu-b",
-                               time=datetime.fromtimestamp(now - 60, UTC))), now)
-    view.observe(read(Progress(request_id="run-1", step=10, total_steps=50, eta_s=13.0, host="gpu-b", time=datetime.fromtimestamp(now, UTC))), now)
-    view.observe(read(Queued(request_id="held-1", priority_class="batch", team="t", place=1, eta_s=30.0, host="gpu-c",
-                             time=datetime.fromtimestamp(now - 40, UTC))), now)
+    view.observe(
+        read(
+            Accepted(
+                request_id="run-1",
+                method="sft",
+                team="t",
+                priority_class="batch",
+                host_slots=2,
+                host="gpu-b",
+                time=datetime.fromtimestamp(now - 60, UTC),
+            )
+        ),
+        now,
+    )
+    view.observe(
+        read(
+            Progress(
+                request_id="run-1",
+                step=10,
+                total_steps=50,
+                eta_s=13.0,
+                host="gpu-b",
+                time=datetime.fromtimestamp(now, UTC),
+            )
+        ),
+        now,
+    )
+    view.observe(
+        read(
+            Queued(
+                request_id="held-1",
+                priority_class="batch",
+                team="t",
+                place=1,
+                eta_s=30.0,
+                host="gpu-c",
+                time=datetime.fromtimestamp(now - 40, UTC),
+            )
+        ),
+        now,
+    )
     await turns(dispatcher, lambda: bool(core.events("held-1")))
     assert not mover.claims()  # its team is at its cap: it waits
     [queued] = core.events("held-1")
@@ -172,7 +242,9 @@ async def test_a_head_held_by_its_teams_cap_is_told_again_with_an_eta_that_count
     assert len(core.events("held-1")) == 1  # told: not again within RETELL_EVERY_S, nor while nothing moves
 
 
-async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_waits_for_that_job_not_0_s(fleet_settings: Settings) -> None:
+async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_waits_for_that_job_not_0_s(
+    fleet_settings: Settings,
+) -> None:
     """Issue 57: a head was told ETA 0 s in the turn this host gave its one slot to the request ahead of it (the claim's
     `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job. Jobs of its kind take 20 s."""
     told = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})

@@ -39,18 +39,27 @@ async def signed_fleet(settings: Settings, tmp_path: Path) -> Settings:
 async def busy_until_cancelled(host: Settings, request_id: str, priority_class: str) -> None:
     """A job that trains longer than the test runs, holding the host's one slot: the queue waits behind it."""
     async with EventStream(host) as stream:
-        await submit_to(host, host.class_topics[priority_class], request(request_id, 100_000, priority_class=priority_class))
+        await submit_to(
+            host, host.class_topics[priority_class], request(request_id, 100_000, priority_class=priority_class)
+        )
         async for event in stream.events(request_id):
             if isinstance(event, Progress):
                 return
 
 
 async def cancel(host: Settings, request_id: str) -> None:
-    await produce(host, Cancel(request_id=request_id, reason="done with it").model_dump_json().encode(), request_id.encode(), topic=host.control_topic)
+    await produce(
+        host,
+        Cancel(request_id=request_id, reason="done with it").model_dump_json().encode(),
+        request_id.encode(),
+        topic=host.control_topic,
+    )
 
 
 async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_and_the_request_queued_before_it_runs(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     (host,) = hosts(await signed_fleet(settings, tmp_path), tmp_path, "host-a")
     daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
@@ -60,10 +69,14 @@ async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_an
         # A plain producer's request, straight into every claims partition, claiming the highest class in its own header.
         forged = json.dumps(request("forged-1", 2, priority_class="urgent")).encode()
         for partition in sorted(await partition_numbers(host, host.claims_topic)):
-            await produce(host, forged, b"forged-1", host.claims_topic, partition=partition, headers=[(CLASS_HEADER, b"urgent")])
+            await produce(
+                host, forged, b"forged-1", host.claims_topic, partition=partition, headers=[(CLASS_HEADER, b"urgent")]
+            )
         await cancel(host, "busy-1")  # the slot frees: the genuine request takes it
         events = await terminal_events(host, {"busy-1", "queued-1", "forged-1"})
-        letters = await records_of(host, host.dlq_topic, [b"forged-1"], count=len(await partition_numbers(host, host.claims_topic)))
+        letters = await records_of(
+            host, host.dlq_topic, [b"forged-1"], count=len(await partition_numbers(host, host.claims_topic))
+        )
 
         # Replays of the genuine claim: into another partition, relabelled to another class, its signature on another request.
         [claim] = await records_of(host, host.claims_topic, [b"queued-1"])
@@ -71,19 +84,32 @@ async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_an
         relabelled = [(name, b"urgent" if name == CLASS_HEADER else value) for name, value in claim.headers]
         await produce(host, claim.value, claim.key, host.claims_topic, partition=other, headers=list(claim.headers))
         await produce(host, claim.value, claim.key, host.claims_topic, partition=claim.partition, headers=relabelled)
-        await produce(host, json.dumps(request("replayed-1", 2)).encode(), claim.key, host.claims_topic, partition=claim.partition,
-                      headers=list(claim.headers))
+        await produce(
+            host,
+            json.dumps(request("replayed-1", 2)).encode(),
+            claim.key,
+            host.claims_topic,
+            partition=claim.partition,
+            headers=list(claim.headers),
+        )
         letters_of_replays = await records_of(host, host.dlq_topic, [b"queued-1"], count=3, timeout_s=REPLAY_TIMEOUT_S)
         replayed = await terminal_events(host, {"replayed-1"}, timeout_s=REPLAY_TIMEOUT_S)
     finally:
         daemon.stop()
     assert not of(events["forged-1"], Accepted)  # never run, in any of its claims
     refused = of(events["forged-1"], Rejected)
-    assert refused and all(event.reason == "unverified_claim" and "unsigned" in event.errors[0].message for event in refused)
+    assert refused and all(
+        event.reason == "unverified_claim" and "unsigned" in event.errors[0].message for event in refused
+    )
     assert all(dict(letter.headers)["adapterd-reason"] == b"unverified_claim" for letter in letters)
-    assert [event.host for event in of(events["queued-1"], Accepted)] == ["host-a"] and of(events["queued-1"], Succeeded)
+    assert [event.host for event in of(events["queued-1"], Accepted)] == ["host-a"] and of(
+        events["queued-1"], Succeeded
+    )
+
     # Each replay refused, its reason said: none ran (a run would have published an event and written no dead letter).
-    def which(letter: ConsumerRecord[bytes, bytes]) -> str:  # each replay's dead letter, by where it was written and what
+    def which(
+        letter: ConsumerRecord[bytes, bytes],
+    ) -> str:  # each replay's dead letter, by where it was written and what
         if int(dict(letter.headers)["adapterd-source-partition"]) == other:
             return "partition"
         return "signature" if b"replayed-1" in letter.value else "class"
@@ -91,13 +117,21 @@ async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_an
     replays = {which(letter): letter for letter in letters_of_replays}
     assert sorted(replays) == ["class", "partition", "signature"]
     assert {dict(letter.headers)["adapterd-reason"] for letter in replays.values()} == {b"unverified_claim"}
-    reasons = {which: json.loads(dict(letter.headers)["adapterd-errors"])[0]["message"] for which, letter in replays.items()}
-    assert "signed for partition" in reasons["partition"] and CLASS_HEADER in reasons["class"] and "bad_signature" in reasons["signature"], reasons
+    reasons = {
+        which: json.loads(dict(letter.headers)["adapterd-errors"])[0]["message"] for which, letter in replays.items()
+    }
+    assert (
+        "signed for partition" in reasons["partition"]
+        and CLASS_HEADER in reasons["class"]
+        and "bad_signature" in reasons["signature"]
+    ), reasons
     assert [event.type for event in replayed["replayed-1"]] == ["rejected"]
 
 
 async def test_a_backdated_request_does_not_go_first_and_a_flood_of_undecodable_records_costs_no_claim_and_no_rejoin(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     (host,) = hosts(await signed_fleet(settings, tmp_path), tmp_path, "host-a")
     queue = host.class_topics["batch"]  # made by `adapterd topics`' code (tests' `fleet`): the broker stamps arrival
@@ -105,7 +139,14 @@ async def test_a_backdated_request_does_not_go_first_and_a_flood_of_undecodable_
     try:
         await busy_until_cancelled(host, "busy-2", "default")
         await submit_to(host, queue, request("on-time", 2, priority_class="batch"), key=b"a")
-        await produce(host, json.dumps(request("backdated", 2, priority_class="batch")).encode(), b"b", queue, partition=1, timestamp_ms=0)
+        await produce(
+            host,
+            json.dumps(request("backdated", 2, priority_class="batch")).encode(),
+            b"b",
+            queue,
+            partition=1,
+            timestamp_ms=0,
+        )
         await cancel(host, "busy-2")
         ordered = await terminal_events(host, {"busy-2", "on-time", "backdated"})
         flood = 200
@@ -132,5 +173,7 @@ async def test_a_backdated_request_does_not_go_first_and_a_flood_of_undecodable_
     # Between the claim before the flood and the one after it, the slot freed once: each class's group joined again
     # once at most. Each of the 200 claimed would have made the host leave its groups and join them again.
     claims = {line["request_id"]: number for number, line in enumerate(lines) if line.get("event") == "fleet.claimed"}
-    joins = [line for line in lines[claims["backdated"]:claims["after-flood"]] if line.get("event") == "fleet.queue_joined"]
+    joins = [
+        line for line in lines[claims["backdated"] : claims["after-flood"]] if line.get("event") == "fleet.queue_joined"
+    ]
     assert len(joins) <= len(host.class_topics), joins

@@ -34,8 +34,15 @@ def seal_of(signer: EventSigner) -> QueueSeal:
     return QueueSeal(signer, EventKeys([signer.public]))
 
 
-def claim(seal: QueueSeal, *, partition: int = 3, key: bytes | None = b"req-1", value: bytes = b'{"x": 1}', cls: str = "urgent",
-          arrival_ms: int = 1_765_000_000_000) -> FakeRecord:
+def claim(
+    seal: QueueSeal,
+    *,
+    partition: int = 3,
+    key: bytes | None = b"req-1",
+    value: bytes = b'{"x": 1}',
+    cls: str = "urgent",
+    arrival_ms: int = 1_765_000_000_000,
+) -> FakeRecord:
     headers = [(CLASS_HEADER, cls.encode()), *seal.headers(CLAIMS, partition, key, value, cls, "search", arrival_ms)]
     return FakeRecord(CLAIMS, partition, 7, key, value, headers)
 
@@ -44,7 +51,12 @@ def test_a_signed_record_reads_back_what_the_fleet_signed_and_a_moved_signature_
     seal = seal_of(fleet_key())
     record = claim(seal)
     sealed = seal.read(record.topic, record.partition, record.key, record.value, record.headers)
-    assert (sealed.arrival_ms, sealed.priority_class, sealed.team, sealed.partition) == (1_765_000_000_000, "urgent", "search", 3)
+    assert (sealed.arrival_ms, sealed.priority_class, sealed.team, sealed.partition) == (
+        1_765_000_000_000,
+        "urgent",
+        "search",
+        3,
+    )
     signature = dict(record.headers)[SEAL_HEADER]
     assert signature is not None
     moved = {
@@ -84,8 +96,17 @@ def test_a_claim_is_refused_unless_the_fleet_signed_it_for_its_partition_and_its
     seal = seal_of(fleet_key())
     good = claim(seal)
     assert claim_refusal(seal, good) is None
-    forged_class = replace(good, headers=[(CLASS_HEADER, b"urgent"), *good.headers])  # a second header a reader might take first
-    anywhere = FakeRecord(CLAIMS, 3, 7, b"req-1", b"{}", [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, None, b"req-1", b"{}", "urgent", "s", 1)])
+    forged_class = replace(
+        good, headers=[(CLASS_HEADER, b"urgent"), *good.headers]
+    )  # a second header a reader might take first
+    anywhere = FakeRecord(
+        CLAIMS,
+        3,
+        7,
+        b"req-1",
+        b"{}",
+        [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, None, b"req-1", b"{}", "urgent", "s", 1)],
+    )
     plain = FakeRecord(CLAIMS, 3, 7, b"req-1", b"{}", [(CLASS_HEADER, b"urgent")])
     relabelled = replace(good, headers=[(CLASS_HEADER, b"default"), *good.headers[1:]])
     for record in (forged_class, anywhere, plain, relabelled):
@@ -96,15 +117,23 @@ def test_a_claim_is_refused_unless_the_fleet_signed_it_for_its_partition_and_its
     assert not QueueSeal(None, EventKeys([fleet_key().public])).writes_trusted
 
 
-def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> None:
+def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> (
+    None
+):
     seal = seal_of(fleet_key())
     arrivals = Arrivals(seal)
     backdated = FakeRecord(URGENT, 0, 5, b"old", b"{}", [], timestamp=0)  # a producer's 1970, CreateTime
     first = arrivals.of("urgent", backdated)
-    assert first > 1_700_000_000_000 and arrivals.of("urgent", backdated) == first  # this host's first read, kept on a re-read
-    stamped = StampedRecord(URGENT, 0, 6, b"new", b"{}", [], timestamp=1_765_000_000_123, timestamp_type=LOG_APPEND_TIME)
+    assert (
+        first > 1_700_000_000_000 and arrivals.of("urgent", backdated) == first
+    )  # this host's first read, kept on a re-read
+    stamped = StampedRecord(
+        URGENT, 0, 6, b"new", b"{}", [], timestamp=1_765_000_000_123, timestamp_type=LOG_APPEND_TIME
+    )
     assert arrivals.of("urgent", stamped) == 1_765_000_000_123
-    signed = FakeRecord(URGENT, 1, 9, b"k", b"{}", list(seal.headers(URGENT, 1, b"k", b"{}", "urgent", "s", 1_000)), timestamp=5)
+    signed = FakeRecord(
+        URGENT, 1, 9, b"k", b"{}", list(seal.headers(URGENT, 1, b"k", b"{}", "urgent", "s", 1_000)), timestamp=5
+    )
     assert arrivals.of("urgent", signed) == 1_000  # a host's copy keeps the arrival the fleet signed
     assert arrivals.of("default", signed) != 1_000  # signed for another class's queue: a producer's
     forged = replace(signed, headers=[(SEAL_HEADER, dict(signed.headers)[SEAL_HEADER].replace(b";1000;", b";1;"))])  # type: ignore[union-attr]
@@ -123,8 +152,15 @@ class StampedRecord(FakeRecord):
 def fleet_settings(tmp_path: Path) -> Settings:
     key = tmp_path / "event-signing-key.pem"
     key.write_bytes(new_key_pair()[0])
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", priority_classes=CLASSES, default_priority_class="default",
-                    claims_topic=CLAIMS, event_signing_key_file=key)
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        priority_classes=CLASSES,
+        default_priority_class="default",
+        claims_topic=CLAIMS,
+        event_signing_key_file=key,
+    )
 
 
 async def test_intake_dead_letters_a_claim_the_fleet_did_not_sign_and_runs_one_it_did(fleet_settings: Settings) -> None:
@@ -135,10 +171,19 @@ async def test_intake_dead_letters_a_claim_the_fleet_did_not_sign_and_runs_one_i
     forged = json.dumps(sft_request("forged-1")).encode()
     genuine = json.dumps(sft_request("genuine-1")).encode()
     records = [
-        FakeRecord(CLAIMS, 3, 0, b"forged-1", forged, [(CLASS_HEADER, b"urgent")]),  # a plain producer's, its class its own word
+        FakeRecord(
+            CLAIMS, 3, 0, b"forged-1", forged, [(CLASS_HEADER, b"urgent")]
+        ),  # a plain producer's, its class its own word
         # A large one (its signature checked in a thread), and not even a request: refused as a claim first.
         FakeRecord(CLAIMS, 3, 1, b"forged-big", b"x" * 100_000, [(CLASS_HEADER, b"urgent")]),
-        FakeRecord(CLAIMS, 3, 2, b"genuine-1", genuine, [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 3, b"genuine-1", genuine, "urgent", "default", 1)]),
+        FakeRecord(
+            CLAIMS,
+            3,
+            2,
+            b"genuine-1",
+            genuine,
+            [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 3, b"genuine-1", genuine, "urgent", "default", 1)],
+        ),
     ]
     await core.intake.take(tp, records)
     await turns_until(lambda: "accepted" in core.types("genuine-1"))
@@ -147,7 +192,11 @@ async def test_intake_dead_letters_a_claim_the_fleet_did_not_sign_and_runs_one_i
     assert {letter.header("adapterd-reason") for letter in letters} == {b"unverified_claim"}
     assert all(b"unsigned" in (letter.header("adapterd-errors") or b"") for letter in letters)
     [rejected] = core.events("forged-1")
-    assert rejected["type"] == "rejected" and rejected["reason"] == "unverified_claim" and "unsigned" in rejected["errors"][0]["message"]
+    assert (
+        rejected["type"] == "rejected"
+        and rejected["reason"] == "unverified_claim"
+        and "unsigned" in rejected["errors"][0]["message"]
+    )
     assert core.types("genuine-1")[0] == "accepted" and "accepted" not in core.types("forged-1")
 
 
@@ -159,8 +208,15 @@ async def test_a_claimed_requests_retry_and_a_preempted_ones_arrival_are_the_fle
     jobs = FleetJobs(fleet_settings, Mover(fleet_settings), core.scheduler.retries, core.scheduler)
     seal = jobs.mover.seal
     body = json.dumps(sft_request("retried-1", team="search")).encode()
-    claimed = FakeRecord(CLAIMS, 2, 4, b"retried-1", body, [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 2, b"retried-1", body, "urgent", "search", 1_234)],
-                         timestamp=99)
+    claimed = FakeRecord(
+        CLAIMS,
+        2,
+        4,
+        b"retried-1",
+        body,
+        [(CLASS_HEADER, b"urgent"), *seal.headers(CLAIMS, 2, b"retried-1", body, "urgent", "search", 1_234)],
+        timestamp=99,
+    )
     assert jobs.arrival_ms(claimed) == 1_234  # what the fleet signed, not the claim's timestamp
     retry = jobs.requeued(claimed, CoreOnFakes.request(claimed), core.publisher.retry_copy(claimed, []))
     assert retry.topic == fleet_settings.class_topics["urgent"]

@@ -59,11 +59,12 @@ def test_revisions_are_bounded_per_second_the_largest_moves_first_and_first_tell
     backlog = 100
     for index in range(backlog):
         tells.heard(f"r{index}", index + 1, 60.0, NOW - 20, "here")  # all told to start at NOW + 40
-    moved = [placed(f"r{index}", index + 1, 60.0 + 10 * index) for index in range(backlog)]  # r0 keeps its start, r99 moves 1,010 s
+    moved = [
+        placed(f"r{index}", index + 1, 60.0 + 10 * index) for index in range(backlog)
+    ]  # r0 keeps its start, r99 moves 1,010 s
     first = tells.due([*moved, placed("new", 101, 2000.0)], NOW, "here")
     assert len(first) == 1 + RETELL_BURST and first[0][0].request_id == "new"
     assert [w.request_id for w, _, _ in first[1:4]] == ["r99", "r98", "r97"]
     assert tells.due(moved, NOW, "here", dry=True) == []  # the burst spent, nothing is left now
     later = tells.due(moved, NOW + 1.0, "here")
     assert len(later) == RETELLS_PER_S and later[0][0].request_id == "r99"  # not told yet: they go on being due
-

@@ -21,15 +21,21 @@ TOKEN = "hf_" + "Qx7" * 12  # a Hub token's shape, not a real one
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-async def test_hub_ids_never_read_local_folders_and_refusals_leak_nothing(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_hub_ids_never_read_local_folders_and_refusals_leak_nothing(
+    published: HubServer, settings: Settings, tmp_path: Path
+) -> None:
     # The daemon's working directory holds folders named like Hub datasets: one shadows a published
     # dataset with rows SFT cannot use, one exists only here (its rows would train).
     cwd = tmp_path / "daemon-cwd"
     (cwd / CHAT_DATASET).mkdir(parents=True)
     (cwd / CHAT_DATASET / "train.jsonl").write_text(json.dumps({"local_only": "LOCAL-ROWS"}) + "\n")
     (cwd / "tiny" / "local-only").mkdir(parents=True)
-    (cwd / "tiny" / "local-only" / "train.jsonl").write_text("".join(json.dumps({"text": f"local row {i}"}) + "\n" for i in range(6)))
-    settings = settings.model_copy(update={"allowed_dataset_urls": ["s3://ml-data/curated/*"], "allowed_local_dataset_roots": [tmp_path / "data"]})
+    (cwd / "tiny" / "local-only" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": f"local row {i}"}) + "\n" for i in range(6))
+    )
+    settings = settings.model_copy(
+        update={"allowed_dataset_urls": ["s3://ml-data/curated/*"], "allowed_local_dataset_roots": [tmp_path / "data"]}
+    )
 
     requests = {
         "shadowed": sft_request("shadowed"),
@@ -37,7 +43,9 @@ async def test_hub_ids_never_read_local_folders_and_refusals_leak_nothing(publis
         "token-in-metadata": sft_request("token-in-metadata", metadata={"team": "tests", "hf_token": TOKEN}),
         "disallowed-prefix": sft_request("disallowed-prefix", dataset={"url": "s3://ml-data/raw/chat.parquet"}),
         "outside-roots": sft_request("outside-roots", dataset={"url": "/etc/adapterd/*.jsonl"}),
-        "absolute-data-files": sft_request("absolute-data-files", dataset={"id": CHAT_DATASET, "data_files": str(cwd / CHAT_DATASET / "train.jsonl")}),
+        "absolute-data-files": sft_request(
+            "absolute-data-files", dataset={"id": CHAT_DATASET, "data_files": str(cwd / CHAT_DATASET / "train.jsonl")}
+        ),
     }
     daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=S3_CREDENTIALS, cwd=cwd).start()
     try:

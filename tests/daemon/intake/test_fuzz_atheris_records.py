@@ -25,9 +25,21 @@ def test_coverage_guided_record_fuzzing_finds_nothing(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "tests.atheris_records", f"-runs={RUNS}", "-seed=37", "-max_len=4096", f"-artifact_prefix={tmp_path}/",
-         str(corpus), str(CORPUS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "tests.atheris_records",
+            f"-runs={RUNS}",
+            "-seed=37",
+            "-max_len=4096",
+            f"-artifact_prefix={tmp_path}/",
+            str(corpus),
+            str(CORPUS),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"Done {RUNS} runs" in result.stderr

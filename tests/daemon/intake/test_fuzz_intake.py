@@ -29,7 +29,10 @@ async def test_the_daemon_rejects_every_malformed_message_and_keeps_serving(sett
     # Without a warm child, so the test ends at `accepted` rather than waiting for a training process.
     daemon = DaemonProcess(settings.model_copy(update={"warm_child": False}), tmp_path / "daemon.log").start()
     try:
-        events = [parse_event(r.value) for r in await read_records(settings, settings.events_topic, len(messages) + 1, timeout_s=120)]
+        events = [
+            parse_event(r.value)
+            for r in await read_records(settings, settings.events_topic, len(messages) + 1, timeout_s=120)
+        ]
         dead_letters = await read_records(settings, settings.dlq_topic, len(messages), timeout_s=60)
     finally:
         daemon.stop()

@@ -30,16 +30,32 @@ from tests.schemas.test_fuzz_hostile import hostile_messages
 FUZZ_EXAMPLES = int(os.environ.get("ADAPTERD_FUZZ_EXAMPLES", "200"))
 LIMIT = 65_536
 
-NAMES = st.one_of(st.sampled_from([*RETRY_HEADERS, "traceparent", "tracestate", "adapterd-reason", "adapterd-errors", ""]), st.text(max_size=20))
-VALUES = st.one_of(st.none(), st.binary(max_size=64), st.sampled_from([b"99", b"inf", b"-1", b"nan", b"0" * 40, b"\xff\xfe"]),
-                   st.text(max_size=20).map(str.encode))
+NAMES = st.one_of(
+    st.sampled_from([*RETRY_HEADERS, "traceparent", "tracestate", "adapterd-reason", "adapterd-errors", ""]),
+    st.text(max_size=20),
+)
+VALUES = st.one_of(
+    st.none(),
+    st.binary(max_size=64),
+    st.sampled_from([b"99", b"inf", b"-1", b"nan", b"0" * 40, b"\xff\xfe"]),
+    st.text(max_size=20).map(str.encode),
+)
 VALID = json.dumps(sft_request("fuzz-valid")).encode()
 
 
 @st.composite
 def records(draw: st.DrawFn) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]:
-    value = draw(st.one_of(st.just(VALID), hostile_messages(), st.none(), st.binary(max_size=64),
-                           st.integers(LIMIT - 9000, LIMIT + 10).map(lambda n: VALID[:-1] + b', "metadata": {"p": "' + b"a" * n + b'"}}')))
+    value = draw(
+        st.one_of(
+            st.just(VALID),
+            hostile_messages(),
+            st.none(),
+            st.binary(max_size=64),
+            st.integers(LIMIT - 9000, LIMIT + 10).map(
+                lambda n: VALID[:-1] + b', "metadata": {"p": "' + b"a" * n + b'"}}'
+            ),
+        )
+    )
     key = draw(st.one_of(st.none(), st.binary(max_size=16), st.just(b"fuzz-valid")))
     headers = draw(st.lists(st.tuples(NAMES, VALUES), max_size=12))
     timestamp = draw(st.one_of(st.integers(-(2**63), 2**63 - 1), st.just(-1)))
@@ -47,8 +63,12 @@ def records(draw: st.DrawFn) -> tuple[bytes | None, bytes | None, list[tuple[str
 
 
 async def take(record: FakeRecord, work: Path) -> CoreOnFakes:
-    core = CoreOnFakes(Settings(gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0),
-                children=FakeChildren(SUCCEEDS))
+    core = CoreOnFakes(
+        Settings(
+            gpus=[], warm_child=False, work_dir=work, hub_token=None, max_message_bytes=LIMIT, progress_interval_s=0
+        ),
+        children=FakeChildren(SUCCEEDS),
+    )
     await core.intake.take(core.tp, [record])  # raises nothing, whatever the record
     await core.partitions.settled(core.tp)
     job = core.scheduler.jobs.get(core.tp)
@@ -57,9 +77,13 @@ async def take(record: FakeRecord, work: Path) -> CoreOnFakes:
     return core
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(records())
-def test_every_record_ends_in_exactly_one_outcome_and_its_copies_fit(drawn: tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]) -> None:
+def test_every_record_ends_in_exactly_one_outcome_and_its_copies_fit(
+    drawn: tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int],
+) -> None:
     key, value, headers, timestamp = drawn
     record = FakeRecord("requests", 0, 5, key, value, headers, timestamp)
     with tempfile.TemporaryDirectory() as work:

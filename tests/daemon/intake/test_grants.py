@@ -20,7 +20,14 @@ from daemon.kafka.copies import MAX_SIGNATURE_BYTES
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
-from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventSigner, new_key_pair, producer_headers, public_key_text, read_private_key
+from schemas.signing import (
+    PRODUCER_SIGNATURE_HEADER,
+    EventSigner,
+    new_key_pair,
+    producer_headers,
+    public_key_text,
+    read_private_key,
+)
 from testbed.fleet_keys import shared_fleet_keys
 from tests.core import CoreOnFakes
 from tests.daemon.core.test_scheduler_core import fails
@@ -39,19 +46,31 @@ ALPHA, BETA, DEFAULT = signer(), signer(), signer()
 
 def teams(**extra: Any) -> dict[str, Any]:
     """Team alpha may use batch only; beta every class; `default` has a key too (requests that name no team)."""
-    return {"alpha": {"producer_keys": [public_key_text(ALPHA.public)], "classes": ["batch"], **extra},
-            "beta": {"producer_keys": [public_key_text(BETA.public)]},
-            "default": {"producer_keys": [public_key_text(DEFAULT.public)]}}
+    return {
+        "alpha": {"producer_keys": [public_key_text(ALPHA.public)], "classes": ["batch"], **extra},
+        "beta": {"producer_keys": [public_key_text(BETA.public)]},
+        "default": {"producer_keys": [public_key_text(DEFAULT.public)]},
+    }
 
 
 def bound_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    values: dict[str, Any] = {"gpus": [], "warm_child": False, "work_dir": tmp_path / "work", "hub_token": None,
-                              "priority_classes": CLASSES, "teams": teams(), **shared_fleet_keys(), **overrides}
+    values: dict[str, Any] = {
+        "gpus": [],
+        "warm_child": False,
+        "work_dir": tmp_path / "work",
+        "hub_token": None,
+        "priority_classes": CLASSES,
+        "teams": teams(),
+        **shared_fleet_keys(),
+        **overrides,
+    }
     return Settings(**values)
 
 
 def grants(teams_setting: dict[str, Any] | None = None) -> Grants:
-    settings = Settings(priority_classes=CLASSES, teams=teams() if teams_setting is None else teams_setting, **shared_fleet_keys())
+    settings = Settings(
+        priority_classes=CLASSES, teams=teams() if teams_setting is None else teams_setting, **shared_fleet_keys()
+    )
     return Grants.from_settings(settings.teams)
 
 
@@ -65,7 +84,9 @@ def written(doc: dict[str, Any], by: EventSigner | None) -> tuple[RequestBase, b
     return request, value, list(producer_headers(by, value)) if by is not None else []
 
 
-def refused(doc: dict[str, Any], by: EventSigner | None, priority_class: str | None = "batch", bound: Grants | None = None) -> dict[str, str]:
+def refused(
+    doc: dict[str, Any], by: EventSigner | None, priority_class: str | None = "batch", bound: Grants | None = None
+) -> dict[str, str]:
     request, value, headers = written(doc, by)
     rejection = (bound or grants()).refusal(request, value, headers, priority_class)
     assert rejection is None or rejection.reason == "policy"
@@ -74,7 +95,9 @@ def refused(doc: dict[str, Any], by: EventSigner | None, priority_class: str | N
 
 def test_a_request_signed_by_a_key_of_the_team_it_names_in_a_granted_class_is_taken() -> None:
     assert refused(document("a-1", team="alpha", priority_class="batch"), ALPHA) == {}
-    assert refused(document("b-1", team="beta", priority_class="urgent"), BETA, "urgent") == {}  # no classes listed: every class
+    assert (
+        refused(document("b-1", team="beta", priority_class="urgent"), BETA, "urgent") == {}
+    )  # no classes listed: every class
 
 
 def test_a_request_naming_no_team_is_the_default_teams_and_needs_its_key() -> None:
@@ -85,7 +108,10 @@ def test_a_request_naming_no_team_is_the_default_teams_and_needs_its_key() -> No
 def test_a_producer_naming_another_team_is_refused_naming_team() -> None:
     errors = refused(document("a-2", team="beta"), ALPHA)
     assert errors.keys() == {"team"}
-    assert "not signed by a key of team 'beta'" in errors["team"] and f"signed by key {ALPHA.key_id}, a key of team 'alpha'" in errors["team"]
+    assert (
+        "not signed by a key of team 'beta'" in errors["team"]
+        and f"signed by key {ALPHA.key_id}, a key of team 'alpha'" in errors["team"]
+    )
 
 
 def test_an_unsigned_request_is_refused_in_bound_mode() -> None:
@@ -105,9 +131,15 @@ def test_a_request_changed_after_it_was_signed_is_refused() -> None:
 def test_a_key_no_team_holds_and_a_malformed_or_doubled_signature_are_refused() -> None:
     assert "which is no team's key" in refused(document("s-1", team="alpha"), signer())["team"]
     request, value, headers = written(document("s-2", team="alpha"), ALPHA)
-    for bad in ([(PRODUCER_SIGNATURE_HEADER, b"ed25519:xx:notbase64")], headers * 2, [(PRODUCER_SIGNATURE_HEADER, None)]):
+    for bad in (
+        [(PRODUCER_SIGNATURE_HEADER, b"ed25519:xx:notbase64")],
+        headers * 2,
+        [(PRODUCER_SIGNATURE_HEADER, None)],
+    ):
         rejection = grants().refusal(request, value, bad, "batch")
-        assert rejection is not None and rejection.errors[0].path == "team" and "malformed" in rejection.errors[0].message
+        assert (
+            rejection is not None and rejection.errors[0].path == "team" and "malformed" in rejection.errors[0].message
+        )
 
 
 def test_the_fleets_own_signature_header_does_not_count_as_the_producers() -> None:
@@ -117,7 +149,11 @@ def test_the_fleets_own_signature_header_does_not_count_as_the_producers() -> No
 
 def test_a_team_the_operator_does_not_list_is_refused_naming_team() -> None:
     errors = refused(document("n-1", team="vision-b"), ALPHA)
-    assert errors.keys() == {"team"} and "unknown team 'vision-b'" in errors["team"] and "alpha, beta, default" in errors["team"]
+    assert (
+        errors.keys() == {"team"}
+        and "unknown team 'vision-b'" in errors["team"]
+        and "alpha, beta, default" in errors["team"]
+    )
 
 
 def test_a_listed_team_without_keys_cannot_be_written_as() -> None:
@@ -163,7 +199,9 @@ def test_settings_name_a_bad_key_a_missing_file_and_an_unknown_class(tmp_path: P
 
 def test_keys_are_read_from_a_teams_keys_file_as_well(tmp_path: Path) -> None:
     (tmp_path / "alpha.pub").write_text(f"# old and new\n{public_key_text(BETA.public)}\n")
-    bound = grants({"alpha": {"producer_keys": [public_key_text(ALPHA.public)], "producer_keys_file": tmp_path / "alpha.pub"}})
+    bound = grants(
+        {"alpha": {"producer_keys": [public_key_text(ALPHA.public)], "producer_keys_file": tmp_path / "alpha.pub"}}
+    )
     assert refused(document("f-1", team="alpha"), BETA, bound=bound) == {}
     assert refused(document("f-2", team="alpha"), ALPHA, bound=bound) == {}
 
@@ -180,7 +218,11 @@ def test_a_moved_request_keeps_its_producers_signature_and_only_a_signatures_siz
 
 
 async def test_intake_rejects_and_dead_letters_another_teams_request_and_takes_the_honest_one(tmp_path: Path) -> None:
-    core = CoreOnFakes(bound_settings(tmp_path, priority_classes=[], teams={k: {"producer_keys": v["producer_keys"]} for k, v in teams().items()}))
+    core = CoreOnFakes(
+        bound_settings(
+            tmp_path, priority_classes=[], teams={k: {"producer_keys": v["producer_keys"]} for k, v in teams().items()}
+        )
+    )
     records = []
     for offset, (request_id, team, by) in enumerate([("x-1", "beta", ALPHA), ("x-2", "vision-b", ALPHA)]):
         _, value, headers = written(document(request_id, team=team), by)
@@ -191,17 +233,23 @@ async def test_intake_rejects_and_dead_letters_another_teams_request_and_takes_t
     assert [d.key for d in core.dead_letters()] == [b"x-1", b"x-2"] and core.consumer.committed[core.tp] == 2
     _, value, headers = written(document("x-3", team="beta"), BETA)
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 2, b"x-3", value, headers)])
-    assert "x-3" not in {e["request_id"] for e in core.events() if e["type"] == "rejected"} and core.scheduler.holds(core.tp)
+    assert "x-3" not in {e["request_id"] for e in core.events() if e["type"] == "rejected"} and core.scheduler.holds(
+        core.tp
+    )
 
 
 async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_path: Path) -> None:
     settings = bound_settings(tmp_path)
     core = CoreOnFakes(settings)
-    dispatcher = fleet_dispatcher(settings, core.scheduler, core.partitions, core.intake)  # as Service wires a fleet's host
+    dispatcher = fleet_dispatcher(
+        settings, core.scheduler, core.partitions, core.intake
+    )  # as Service wires a fleet's host
     tp = TopicPartition(settings.claims_topic, 0)
     core.consumer.committed[tp] = 0
     _, value, headers = written(document("k-1", team="alpha"), ALPHA)
-    assert core.intake.seal is not None  # a claim the fleet wrote, as the dispatcher signs it (daemon/kafka/queue_seal.py)
+    assert (
+        core.intake.seal is not None
+    )  # a claim the fleet wrote, as the dispatcher signs it (daemon/kafka/queue_seal.py)
     sealed = core.intake.seal.headers(tp.topic, 0, b"k-1", value, "urgent", "alpha", 1_000)
     claim = FakeRecord(tp.topic, 0, 0, b"k-1", value, [*headers, (CLASS_HEADER, b"urgent"), *sealed])
     await core.intake.take(tp, [claim])
@@ -234,8 +282,13 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
 
 async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:
     """A retryable failure writes the request back to its partition: that copy is still its team's, so a bound host takes it."""
-    settings = bound_settings(tmp_path, priority_classes=[], teams={"beta": {"producer_keys": [public_key_text(BETA.public)]}},
-                              max_attempts=2, retry_backoff_s=0)
+    settings = bound_settings(
+        tmp_path,
+        priority_classes=[],
+        teams={"beta": {"producer_keys": [public_key_text(BETA.public)]}},
+        max_attempts=2,
+        retry_backoff_s=0,
+    )
     core = CoreOnFakes(settings, children=FakeChildren(fails("dataset_unavailable", retryable=True)))
     _, value, headers = written(document("retried-1", team="beta"), BETA)
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"retried-1", value, headers)])
@@ -247,7 +300,9 @@ async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path
 
 
 @pytest.mark.parametrize("padding", [0, 70_000])
-async def test_a_large_requests_producer_signature_is_checked_off_the_loop(tmp_path: Path, padding: int, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_large_requests_producer_signature_is_checked_off_the_loop(
+    tmp_path: Path, padding: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Verifying hashes every byte of the value: from OFF_LOOP_BYTES it runs in a thread, as decoding does; a small one on the loop."""
     import threading
 
@@ -262,7 +317,9 @@ async def test_a_large_requests_producer_signature_is_checked_off_the_loop(tmp_p
         return checked(self, *args)
 
     monkeypatch.setattr(Grants, "refusal", refusal)
-    value = json.dumps(document("big-1", team="beta")).encode() + b" " * padding  # JSON's own whitespace: the same request, larger
+    value = (
+        json.dumps(document("big-1", team="beta")).encode() + b" " * padding
+    )  # JSON's own whitespace: the same request, larger
     headers = list(producer_headers(BETA, value))
     assert (len(value) >= OFF_LOOP_BYTES) == bool(padding)
     await core.intake.take(core.tp, [FakeRecord(core.tp.topic, 0, 0, b"big-1", value, headers)])

@@ -23,15 +23,21 @@ from tests.hostile import forged_retry_headers, hostile_cases
 pytestmark = pytest.mark.slow
 
 
-async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(settings: Settings, published: HubServer, tmp_path: Path) -> None:
+async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(
+    settings: Settings, published: HubServer, tmp_path: Path
+) -> None:
     root = tmp_path / "data"
     root.mkdir()
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "rows.jsonl").write_text(json.dumps({"text": "rows outside the root"}) + "\n")
     (root / "link").symlink_to(tmp_path / "outside")
-    settings = settings.model_copy(update={
-        "allowed_local_dataset_roots": [root], "allowed_dataset_urls": ["s3://bucket/*"], "allowed_report_to": ["mlflow", "tensorboard", "trackio"],
-    })
+    settings = settings.model_copy(
+        update={
+            "allowed_local_dataset_roots": [root],
+            "allowed_dataset_urls": ["s3://bucket/*"],
+            "allowed_report_to": ["mlflow", "tensorboard", "trackio"],
+        }
+    )
     cases = hostile_cases(sft_request("valid"), root)
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
@@ -42,7 +48,9 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
         bomb = sft_request("template-bomb", model={"id": "tiny/qwen2-chat", "chat_template": "{{ 'a' * 400000000 }}"})
         await producer.send_and_wait(settings.requests_topic, json.dumps(bomb).encode(), key=b"template-bomb")
         forged = json.dumps(sft_request("forged-retry-headers")).encode()
-        await producer.send_and_wait(settings.requests_topic, forged, key=b"forged-retry-headers", headers=forged_retry_headers())
+        await producer.send_and_wait(
+            settings.requests_topic, forged, key=b"forged-retry-headers", headers=forged_retry_headers()
+        )
         behind = json.dumps(sft_request("right-behind")).encode()
         await producer.send_and_wait(settings.requests_topic, behind, key=b"right-behind")
     finally:
@@ -62,7 +70,11 @@ async def test_no_hostile_message_stops_the_daemon_or_the_requests_behind_it(set
         assert isinstance(terminal, Rejected), (name, terminal)
         assert path in [error.path for error in terminal.errors], (name, terminal.errors)
     bomb_end = events["template-bomb"][-1]
-    assert isinstance(bomb_end, Failed) and bomb_end.code == "config_invalid" and bomb_end.message.startswith("model.chat_template: ")
+    assert (
+        isinstance(bomb_end, Failed)
+        and bomb_end.code == "config_invalid"
+        and bomb_end.message.startswith("model.chat_template: ")
+    )
     for request_id in ("forged-retry-headers", "right-behind"):
         assert isinstance(events[request_id][-1], Succeeded), events[request_id]
     assert events["forged-retry-headers"][0].attempt == 1  # the forged attempt 99 was not believed

@@ -48,12 +48,18 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def host(tmp_path: Path, root: Path) -> Settings:
-    return Settings(work_dir=tmp_path / "work", allowed_local_dataset_roots=[root], allowed_dataset_urls=["s3://bucket/*"],
-                    allowed_report_to=["mlflow", "tensorboard", "trackio"])
+    return Settings(
+        work_dir=tmp_path / "work",
+        allowed_local_dataset_roots=[root],
+        allowed_dataset_urls=["s3://bucket/*"],
+        allowed_report_to=["mlflow", "tensorboard", "trackio"],
+    )
 
 
 @pytest.mark.parametrize("case", hostile_cases(sft_request("valid"), Path("/tmp/root")), ids=lambda case: case[0])
-def test_each_hostile_input_is_rejected_naming_its_field(case: tuple[str, bytes, list[tuple[str, bytes]], str], host: Settings, root: Path) -> None:
+def test_each_hostile_input_is_rejected_naming_its_field(
+    case: tuple[str, bytes, list[tuple[str, bytes]], str], host: Settings, root: Path
+) -> None:
     name, raw, _, path = case
     raw = raw.replace(b"/tmp/root", str(root).encode())
     rejection = decide(raw, host)
@@ -124,9 +130,13 @@ def test_the_local_sink_never_writes_outside_its_folder(host: Settings) -> None:
     request = decode_request(json.dumps(sft_request("sink")).encode())
     assert not isinstance(request, Rejection)
     main = local_target(request, host)
-    branch = local_target(request.model_copy(update={"output": request.output.model_copy(update={"revision": "exp/1"})}), host)
+    branch = local_target(
+        request.model_copy(update={"output": request.output.model_copy(update={"revision": "exp/1"})}), host
+    )
     assert main == host.outputs_dir.resolve() / "results" / "sink"
-    assert branch == host.outputs_dir.resolve() / "results" / "sink@exp" / "1"  # beside main's folder: a main push keeps it
+    assert (
+        branch == host.outputs_dir.resolve() / "results" / "sink@exp" / "1"
+    )  # beside main's folder: a main push keeps it
     for revision in ("../../../jobs", "../../other-org/model", "exp/../../../x"):
         escaped = request.model_copy(update={"output": request.output.model_copy(update={"revision": revision})})
         with pytest.raises(PushFailed):
@@ -149,7 +159,11 @@ def test_intake_scans_with_detect_secrets_rules_besides_its_own() -> None:
         assert kind is not None and "detect-secrets" in kind, (issuer, kind)
         raw = json.dumps(sft_request("ds", metadata={"note": f"see {value}"})).encode()
         rejection = decode_request(raw, scanner=SCANNER)
-        assert isinstance(rejection, Rejection) and rejection.reason == "secret_in_request" and value not in repr(rejection)
+        assert (
+            isinstance(rejection, Rejection)
+            and rejection.reason == "secret_in_request"
+            and value not in repr(rejection)
+        )
     assert SCANNER.kind("hf_" + "x" * 34) == "a Hugging Face token (hf_...)"  # adapterd's rules first
     assert all(": " in line for line in LEFT_OUT) and len(LEFT_OUT) < len(SCANNER.rules)
 
@@ -159,7 +173,16 @@ def test_intake_judges_key_names_by_detect_secrets_keyword_list_besides_its_own(
 
     assert {"password", "secret", "api_?key", "pwd"} <= set(KEYWORDS_DS)  # read from the plugin, not copied
     # (`db_pass`, detect-secrets' too, is adapterd's own since issue 46: `pass` as a whole last word.)
-    for name in ("pwd", "dbpass", "authKey", "service_key", "clientKey", "contraseña", "CONTRASEÑA", "contrase\u00f1a\u200b"):
+    for name in (
+        "pwd",
+        "dbpass",
+        "authKey",
+        "service_key",
+        "clientKey",
+        "contraseña",
+        "CONTRASEÑA",
+        "contrase\u00f1a\u200b",
+    ):
         assert not BUILTIN.keys.names_credential(name), name  # not among adapterd's own keywords
         assert SCANNER.keys.names_credential(name), name
         raw = json.dumps(sft_request("ds-keyword", metadata={name: "short"})).encode()
@@ -195,8 +218,16 @@ def test_no_field_name_of_the_request_contract_is_a_credential_name() -> None:
 def test_the_scan_walks_a_request_only_when_a_string_of_it_may_be_a_credential() -> None:
     from daemon.intake import SCANNER
 
-    image = "data:image/png;base64," + "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg" * 40
-    rows = [{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]}], "images": [image]}]
+    image = (
+        "data:image/png;base64,"
+        + "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg" * 40
+    )
+    rows = [
+        {
+            "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is it?"}]}],
+            "images": [image],
+        }
+    ]
     # An inline image's base64 is never decoded by the scan (only a whole string of that alphabet
     # is), so it does not make the scan walk every string of the request.
     assert not SCANNER.may_hold(json.dumps(sft_request("images", dataset={"rows": rows})).encode())

@@ -21,8 +21,13 @@ HUB_IDS = ["my-org/x.git", "my-org/a--b", "my-org/a..b", "my-org/x.", "my-org/x-
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", allowed_local_model_roots=[tmp_path],
-                    allowed_local_dataset_roots=[tmp_path])
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        allowed_local_model_roots=[tmp_path],
+        allowed_local_dataset_roots=[tmp_path],
+    )
 
 
 def refusal(settings: Settings, **overrides: Any) -> Rejection | None:
@@ -48,12 +53,17 @@ def test_hub_ids_the_hub_takes_pass(settings: Settings) -> None:
     assert refusal(settings, output={"repo_id": "my-org/" + "a" * 96}) is None
 
 
-@pytest.mark.parametrize(("overrides", "path"), [
-    ({"model": {"id": "/x\u0000"}}, "model.id"),
-    ({"dataset": {"url": "/data/a\u0000.jsonl"}}, "dataset.url"),
-    ({"dataset": {"files": {"train": "/data/a\u0000.jsonl"}}}, "dataset.files.train"),
-])
-def test_a_nul_in_a_local_path_is_rejected_naming_the_field(settings: Settings, overrides: dict[str, Any], path: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "path"),
+    [
+        ({"model": {"id": "/x\u0000"}}, "model.id"),
+        ({"dataset": {"url": "/data/a\u0000.jsonl"}}, "dataset.url"),
+        ({"dataset": {"files": {"train": "/data/a\u0000.jsonl"}}}, "dataset.files.train"),
+    ],
+)
+def test_a_nul_in_a_local_path_is_rejected_naming_the_field(
+    settings: Settings, overrides: dict[str, Any], path: str
+) -> None:
     rejection = refusal(settings, **overrides)
     assert rejection is not None and rejection.reason == "policy", rejection
     assert [error.path for error in rejection.errors] == [path] and "NUL" in rejection.errors[0].message

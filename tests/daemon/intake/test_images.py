@@ -35,13 +35,29 @@ def test_good_rows_pass() -> None:
     assert inline_image_errors(request(VISION_PROMPT_ROWS, "grpo-vision"), BOUNDS) == []
 
 
-@pytest.mark.parametrize(("images", "path", "says"), [
-    (["https://images.example/cat.png"], "dataset.rows.1.images.0", "an inline image is base64 data in a data:image/...;base64, URI (a URL is never fetched)"),
-    (["data:image/png;base64,@@@not-base64@@@"], "dataset.rows.1.images.0", "not valid base64"),
-    (["data:image/png;base64," + base64.b64encode(b"GIF? no. text.").decode()], "dataset.rows.1.images.0", "not a decodable image"),
-    ([{"bytes": "abc"}], "dataset.rows.1.images.0", "an inline image is a data:image/...;base64, string; got dict"),
-    ([square((1, 2, 3)), square((4, 5, 6))], "dataset.rows.1.images", "2 image(s), but the row's messages have 1 image entries"),
-], ids=["url", "base64", "undecodable", "not-a-string", "count"])
+@pytest.mark.parametrize(
+    ("images", "path", "says"),
+    [
+        (
+            ["https://images.example/cat.png"],
+            "dataset.rows.1.images.0",
+            "an inline image is base64 data in a data:image/...;base64, URI (a URL is never fetched)",
+        ),
+        (["data:image/png;base64,@@@not-base64@@@"], "dataset.rows.1.images.0", "not valid base64"),
+        (
+            ["data:image/png;base64," + base64.b64encode(b"GIF? no. text.").decode()],
+            "dataset.rows.1.images.0",
+            "not a decodable image",
+        ),
+        ([{"bytes": "abc"}], "dataset.rows.1.images.0", "an inline image is a data:image/...;base64, string; got dict"),
+        (
+            [square((1, 2, 3)), square((4, 5, 6))],
+            "dataset.rows.1.images",
+            "2 image(s), but the row's messages have 1 image entries",
+        ),
+    ],
+    ids=["url", "base64", "undecodable", "not-a-string", "count"],
+)
 def test_each_bad_inline_image_is_named_by_row_and_field(images: list[Any], path: str, says: str) -> None:
     [error] = inline_image_errors(request(with_images(*images)), BOUNDS)
     assert error.path == path and error.message.startswith(says), error
@@ -67,23 +83,36 @@ def test_the_six_formats_are_read_whatever_type_their_uri_declares(form: str) ->
     assert inline_image_errors(request(with_images(_data_uri(image, form, "jpeg"))), BOUNDS) == []
 
 
-@pytest.mark.parametrize("form", ["TGA", "PPM", "ICO"])  # Pillow reads each; a signature-less one costs it every plugin's try
+@pytest.mark.parametrize(
+    "form", ["TGA", "PPM", "ICO"]
+)  # Pillow reads each; a signature-less one costs it every plugin's try
 def test_other_formats_are_refused_by_their_first_bytes(form: str) -> None:
     [error] = inline_image_errors(request(with_images(_data_uri(Image.new("RGB", (16, 16)), form, "png"))), BOUNDS)
-    assert error.path == "dataset.rows.1.images.0" and "start as no PNG, JPEG, GIF, WebP, BMP or TIFF file does" in error.message
+    assert (
+        error.path == "dataset.rows.1.images.0"
+        and "start as no PNG, JPEG, GIF, WebP, BMP or TIFF file does" in error.message
+    )
 
 
 def test_the_operators_bounds() -> None:
     big = square((9, 9, 9), size=64)
     assert inline_image_errors(request(with_images(big)), ImageBounds(max_image_pixels=64 * 64 - 1)) == [
-        FieldError(path="dataset.rows.1.images.0", message="64x64 pixels; this host allows at most 4095 per image (max_image_pixels)"),
+        FieldError(
+            path="dataset.rows.1.images.0",
+            message="64x64 pixels; this host allows at most 4095 per image (max_image_pixels)",
+        ),
     ]
     errors = inline_image_errors(request(with_images(big)), ImageBounds(max_image_bytes=10))
-    assert [e.path for e in errors] == ["dataset.rows.0.images.0", "dataset.rows.1.images.0"]  # every row's image is over 10 bytes
+    assert [e.path for e in errors] == [
+        "dataset.rows.0.images.0",
+        "dataset.rows.1.images.0",
+    ]  # every row's image is over 10 bytes
     assert all(e.message.endswith("this host allows at most 10 per image (max_image_bytes)") for e in errors), errors
     many = {**VISION_CHAT_ROWS[0], "messages": [{"role": "user", "content": [{"type": "image"}] * 3}]}
     assert inline_image_errors(request([many | {"images": [big] * 3}]), ImageBounds(max_images_per_row=2)) == [
-        FieldError(path="dataset.rows.0.images", message="3 images; this host allows at most 2 per row (max_images_per_row)"),
+        FieldError(
+            path="dataset.rows.0.images", message="3 images; this host allows at most 2 per row (max_images_per_row)"
+        ),
     ]
 
 
@@ -95,11 +124,15 @@ def test_a_renamed_image_column_is_named_as_the_rows_name_it() -> None:
 
 def test_a_text_only_method_refuses_rows_with_images() -> None:
     body = json.loads((EXAMPLES_DIR / "kto.json").read_text())
-    body["dataset"] = {"rows": [{"prompt": "What colour?", "completion": "red", "label": True, "images": [square((1, 1, 1))]}]}
+    body["dataset"] = {
+        "rows": [{"prompt": "What colour?", "completion": "red", "label": True, "images": [square((1, 1, 1))]}]
+    }
     rejected = decode_request(json.dumps(body).encode())
     assert not isinstance(rejected, RequestBase)
-    assert any("'images': method kto trains on text only; the vision-language methods are sft, dpo, grpo" in e.message for e in rejected.errors), rejected
-
+    assert any(
+        "'images': method kto trains on text only; the vision-language methods are sft, dpo, grpo" in e.message
+        for e in rejected.errors
+    ), rejected
 
 
 def test_a_text_only_method_refuses_an_image_column_only_some_rows_have() -> None:
@@ -163,7 +196,9 @@ async def test_images_are_checked_off_the_event_loop_by_their_headers(tmp_path: 
     assert took < 1.0 and max(pauses) < 0.1
 
 
-async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_images_that_take_past_the_deadline_are_refused_naming_the_rows(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import threading
 
     from daemon import intake

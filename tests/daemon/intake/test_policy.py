@@ -35,8 +35,9 @@ def test_base_model_outside_the_allow_list() -> None:
 
 
 def test_reward_model_outside_the_allow_list() -> None:
-    raw = sft_request("policy-2", method="grpo", dataset={"rows": PROMPT_ROWS},
-                      rewards={"model": {"id": "other/reward"}})
+    raw = sft_request(
+        "policy-2", method="grpo", dataset={"rows": PROMPT_ROWS}, rewards={"model": {"id": "other/reward"}}
+    )
     grpo = REQUEST_MODELS["grpo"].model_validate(raw)
     errors = refused(grpo, allowed_models=["tiny/*"])
     assert list(errors) == ["rewards.model.id"] and "other/reward" in errors["rewards.model.id"]
@@ -45,26 +46,37 @@ def test_reward_model_outside_the_allow_list() -> None:
 def test_reference_model_under_the_same_rules_as_the_base(tmp_path: Path) -> None:
     for method in ("dpo", "kto"):
         asking = REQUEST_MODELS[method].model_validate(
-            sft_request(f"policy-{method}", method=method, dataset={"id": "tiny/preferences"}, ref_model={"id": "other/sft-model"})
+            sft_request(
+                f"policy-{method}",
+                method=method,
+                dataset={"id": "tiny/preferences"},
+                ref_model={"id": "other/sft-model"},
+            )
         )
         errors = refused(asking, allowed_models=["tiny/*"])
         assert list(errors) == ["ref_model.id"] and "other/sft-model is not allowed" in errors["ref_model.id"]
         assert "allowed_models" in errors["ref_model.id"]
         assert refused(asking, allowed_models=["tiny/*", "other/*"]) == {}
     local = REQUEST_MODELS["dpo"].model_validate(
-        sft_request("policy-dpo-local", method="dpo", dataset={"id": "tiny/preferences"}, ref_model={"id": "/srv/models/sft"})
+        sft_request(
+            "policy-dpo-local", method="dpo", dataset={"id": "tiny/preferences"}, ref_model={"id": "/srv/models/sft"}
+        )
     )
     assert "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["ref_model.id"]
 
 
 def test_a_distillation_teacher_under_the_same_rules_as_the_base(tmp_path: Path) -> None:
-    raw = sft_request("policy-teacher", method="distillation", dataset={"id": "tiny/prompts"}, teacher_model={"id": "other/teacher"})
+    raw = sft_request(
+        "policy-teacher", method="distillation", dataset={"id": "tiny/prompts"}, teacher_model={"id": "other/teacher"}
+    )
     asking = REQUEST_MODELS["distillation"].model_validate(raw)
     errors = refused(asking, allowed_models=["tiny/*"])
     assert list(errors) == ["teacher_model.id"] and "other/teacher is not allowed" in errors["teacher_model.id"]
     assert refused(asking, allowed_models=["tiny/*", "other/*"]) == {}
     local = REQUEST_MODELS["distillation"].model_validate({**raw, "teacher_model": {"id": "/srv/models/teacher"}})
-    assert "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["teacher_model.id"]
+    assert (
+        "outside allowed_local_model_roots" in refused(local, allowed_local_model_roots=[tmp_path])["teacher_model.id"]
+    )
 
 
 def test_local_model_outside_the_allowed_roots(tmp_path: Path) -> None:
@@ -102,7 +114,9 @@ def test_dataset_size_above_the_maximum() -> None:
     assert "max_dataset_rows" in refused(too_many, max_dataset_rows=10)["dataset.max_samples"]
     assert refused(request(dataset={"rows": CHAT_ROWS}), max_dataset_rows=6) == {}
     carved = request(dataset={"id": "tiny/chat-rows", "test_split_size": 10**9})  # a count of rows to carve
-    assert refused(carved, max_dataset_rows=10) == {"dataset.test_split_size": "1000000000 rows; this host allows at most 10 (max_dataset_rows)"}
+    assert refused(carved, max_dataset_rows=10) == {
+        "dataset.test_split_size": "1000000000 rows; this host allows at most 10 (max_dataset_rows)"
+    }
     assert refused(request(dataset={"id": "tiny/chat-rows", "test_split_size": 0.5}), max_dataset_rows=10) == {}
 
 
@@ -128,7 +142,9 @@ def test_trackio_logs_to_the_operators_folder_and_nowhere_else(monkeypatch: pyte
 def test_reporting_integrations_need_the_operators_consent() -> None:
     asking = request(training={"max_steps": 2, "report_to": ["tensorboard"]})
     assert "allowed_report_to" in refused(asking)["training.report_to"]
-    assert refused(asking, allowed_report_to=["tensorboard"], tensorboard_dir=Path("/var/lib/adapterd/tensorboard")) == {}
+    assert (
+        refused(asking, allowed_report_to=["tensorboard"], tensorboard_dir=Path("/var/lib/adapterd/tensorboard")) == {}
+    )
     # Allowed, but with nowhere to write on this host: refused, naming the setting.
     assert "tensorboard_dir" in refused(asking, allowed_report_to=["tensorboard"])["training.report_to"]
     mlflow = request(training={"max_steps": 2, "report_to": ["mlflow"]})
@@ -137,7 +153,10 @@ def test_reporting_integrations_need_the_operators_consent() -> None:
     trackio = request(training={"max_steps": 2, "report_to": ["trackio"]})
     assert "trackio_dir" in refused(trackio, allowed_report_to=["trackio"])["training.report_to"]
     assert refused(trackio, allowed_report_to=["trackio"], trackio_dir=Path("/var/lib/adapterd/trackio")) == {}
-    assert report_to(asking, Settings(report_to=["mlflow"], allowed_report_to=["tensorboard"])) == ["mlflow", "tensorboard"]
+    assert report_to(asking, Settings(report_to=["mlflow"], allowed_report_to=["tensorboard"])) == [
+        "mlflow",
+        "tensorboard",
+    ]
     assert report_to(request(), Settings()) == []
 
 
@@ -161,23 +180,38 @@ def test_local_files_only_under_an_allowed_root(tmp_path: Path) -> None:
     assert "none configured" in refused(inside)["dataset.url"]
     assert refused(inside, allowed_local_dataset_roots=[tmp_path]) == {}
     outside = request(dataset={"url": "/etc/*.json"})
-    assert "outside allowed_local_dataset_roots" in refused(outside, allowed_local_dataset_roots=[tmp_path])["dataset.url"]
+    assert (
+        "outside allowed_local_dataset_roots" in refused(outside, allowed_local_dataset_roots=[tmp_path])["dataset.url"]
+    )
     (tmp_path / "link").symlink_to("/etc")
     through_link = request(dataset={"url": str(tmp_path / "link" / "*.json")})
     assert "dataset.url" in refused(through_link, allowed_local_dataset_roots=[tmp_path])
 
 
 def test_every_source_of_a_mixture_and_the_eval_set_is_checked(tmp_path: Path) -> None:
-    asking = request(dataset={
-        "mixture": [{"id": "tiny/chat-rows", "proportion": 1}, {"url": "s3://other/x.parquet", "proportion": 1}],
-        "eval": {"url": "/srv/eval.jsonl"},
-    })
-    errors = refused(asking, allowed_datasets=["approved/*"], allowed_dataset_urls=["s3://ml-data/*"], allowed_local_dataset_roots=[tmp_path])
+    asking = request(
+        dataset={
+            "mixture": [{"id": "tiny/chat-rows", "proportion": 1}, {"url": "s3://other/x.parquet", "proportion": 1}],
+            "eval": {"url": "/srv/eval.jsonl"},
+        }
+    )
+    errors = refused(
+        asking,
+        allowed_datasets=["approved/*"],
+        allowed_dataset_urls=["s3://ml-data/*"],
+        allowed_local_dataset_roots=[tmp_path],
+    )
     assert set(errors) == {"dataset.mixture.0.id", "dataset.mixture.1.url", "dataset.eval.url"}
 
 
 def grpo_request(method: str = "grpo", **block: Any) -> RequestBase:
-    raw = sft_request("policy-vllm", method=method, dataset={"rows": PROMPT_ROWS}, rewards={"functions": [{"name": "think_format"}]}, **{method: block})
+    raw = sft_request(
+        "policy-vllm",
+        method=method,
+        dataset={"rows": PROMPT_ROWS},
+        rewards={"functions": [{"name": "think_format"}]},
+        **{method: block},
+    )
     return REQUEST_MODELS[method].model_validate(raw)
 
 
@@ -185,7 +219,9 @@ def grpo_request(method: str = "grpo", **block: Any) -> RequestBase:
 def test_vllm_server_mode_only_where_the_operator_configured_a_server(method: str) -> None:
     server = grpo_request(method, use_vllm=True, vllm_mode="server")
     errors = refused(server)
-    assert errors == {f"{method}.vllm_mode": "server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'"}
+    assert errors == {
+        f"{method}.vllm_mode": "server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'"
+    }
     assert refused(server, vllm_server_base_url="http://vllm.internal:8000") == {}
     assert refused(grpo_request(method, use_vllm=True, vllm_mode="colocate")) == {}
     assert refused(grpo_request(method, use_vllm=True)) == {}  # TRL's default mode: colocate
@@ -198,7 +234,12 @@ def test_a_request_never_names_a_vllm_server(field: str) -> None:
     from schemas.decode import Rejection, decode_request
 
     raw = grpo_request().model_dump(mode="json")
-    raw["grpo"] = {**raw["grpo"], "use_vllm": True, "vllm_mode": "server", field: 8000 if field.endswith("port") else "10.0.0.9"}
+    raw["grpo"] = {
+        **raw["grpo"],
+        "use_vllm": True,
+        "vllm_mode": "server",
+        field: 8000 if field.endswith("port") else "10.0.0.9",
+    }
     rejection = decode_request(json.dumps(raw).encode())
     assert isinstance(rejection, Rejection) and rejection.reason == "invalid"
     assert [e.path for e in rejection.errors] == [f"grpo.{field}"]
@@ -211,7 +252,9 @@ def test_the_vllm_server_setting_is_a_url() -> None:
 
     with pytest.raises(ValidationError, match="vllm_server_base_url"):
         Settings(vllm_server_base_url="vllm.internal:8000")
-    assert Settings(vllm_server_base_url="http://vllm.internal:8000/").vllm_server_base_url == "http://vllm.internal:8000"
+    assert (
+        Settings(vllm_server_base_url="http://vllm.internal:8000/").vllm_server_base_url == "http://vllm.internal:8000"
+    )
 
 
 def test_grpo_completions_go_only_to_an_allowed_namespace() -> None:
@@ -220,8 +263,12 @@ def test_grpo_completions_go_only_to_an_allowed_namespace() -> None:
     allowed = {"allowed_output_namespaces": ["results"]}
     assert refused(grpo_request(log_completions_hub_repo="results/completions"), **allowed) == {}
     elsewhere = refused(grpo_request(log_completions_hub_repo="someone-else/completions"), **allowed)
-    assert elsewhere == {"grpo.log_completions_hub_repo": "namespace someone-else is not allowed on this host (allowed_output_namespaces: ['results'])"}
-    assert list(refused(grpo_request(log_completions_hub_repo="completions"), **allowed)) == ["grpo.log_completions_hub_repo"]
+    assert elsewhere == {
+        "grpo.log_completions_hub_repo": "namespace someone-else is not allowed on this host (allowed_output_namespaces: ['results'])"
+    }
+    assert list(refused(grpo_request(log_completions_hub_repo="completions"), **allowed)) == [
+        "grpo.log_completions_hub_repo"
+    ]
     assert refused(grpo_request(log_completions_hub_repo="anyone/completions")) == {}  # no namespaces set: any
 
 
@@ -239,7 +286,9 @@ CLASSES = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptib
 
 
 def test_a_class_the_fleet_has_passes_and_an_unknown_one_is_refused_naming_the_field() -> None:
-    assert refused(request(priority_class="batch", team="vision"), priority_classes=CLASSES, **shared_fleet_keys()) == {}
+    assert (
+        refused(request(priority_class="batch", team="vision"), priority_classes=CLASSES, **shared_fleet_keys()) == {}
+    )
     assert refused(request(), priority_classes=CLASSES, **shared_fleet_keys()) == {}  # absent: the default class
     errors = refused(request(priority_class="asap"), priority_classes=CLASSES, **shared_fleet_keys())
     assert errors == {"priority_class": "unknown class 'asap'; expected one of urgent, default, batch"}
@@ -249,7 +298,10 @@ def test_a_class_the_fleet_has_passes_and_an_unknown_one_is_refused_naming_the_f
 def test_the_default_class_is_the_operators_or_else_the_lowest() -> None:
     assert Settings(priority_classes=CLASSES, **shared_fleet_keys()).default_class == "batch"
     assert Settings(priority_classes=CLASSES, default_priority_class="default", **shared_fleet_keys()).class_topics == {
-        "urgent": "adapterd.requests.urgent", "default": "adapterd.requests", "batch": "adapterd.requests.batch"}
+        "urgent": "adapterd.requests.urgent",
+        "default": "adapterd.requests",
+        "batch": "adapterd.requests.batch",
+    }
     assert Settings().default_class is None and Settings().class_topics == {}
     with pytest.raises(ValueError, match="default_priority_class 'normal' is not one of"):
         Settings(priority_classes=CLASSES, default_priority_class="normal", **shared_fleet_keys())

@@ -31,12 +31,20 @@ pytestmark = pytest.mark.slow
 LIMIT = 131_072  # the daemon's max_message_bytes here: the oversize case stays far under the broker's own
 WATCHDOG_S = 20  # systemd's WatchdogSec for this daemon: it feeds every 10 s, and a gap of 20 s would kill it
 
-HOSTILE_HEADERS = [("adapterd-attempt", None), ("adapterd-not-before", b"\xff\xfe"), ("adapterd-retry-signature", None),
-                   ("traceparent", None), ("tracestate", b"\x80"), *((f"h{i}", None) for i in range(200))]
+HOSTILE_HEADERS = [
+    ("adapterd-attempt", None),
+    ("adapterd-not-before", b"\xff\xfe"),
+    ("adapterd-retry-signature", None),
+    ("traceparent", None),
+    ("tracestate", b"\x80"),
+    *((f"h{i}", None) for i in range(200)),
+]
 
 
 async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
-    settings: Settings, published: HubServer, tmp_path: Path,
+    settings: Settings,
+    published: HubServer,
+    tmp_path: Path,
 ) -> None:
     settings = settings.model_copy(update={"max_message_bytes": LIMIT})
     cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, LIMIT - COPY_HEADROOM_BYTES)
@@ -44,17 +52,22 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
     try:
+
         async def send(value: bytes, key: bytes | None, headers: list[tuple[str, bytes | None]] | None = None) -> None:
             await producer.send_and_wait(settings.requests_topic, value, key=key, partition=0, headers=headers or [])
 
         for name, raw, headers, _ in cases:
             await send(raw, f"record-{name}".encode(), list(headers))
-        await send(b"{not json", None, list(HOSTILE_HEADERS))  # a null key and null headers on a record that is not JSON
+        await send(
+            b"{not json", None, list(HOSTILE_HEADERS)
+        )  # a null key and null headers on a record that is not JSON
         await send(b'{"request_id": "record-binary-key"}', b"\xff\xfe", list(HOSTILE_HEADERS))
         await send(json.dumps(backtracks).encode(), b"backtracks")
         # Last of the hostile ones: a header name aiokafka cannot decode, its batch built by the pure-Python builder.
         with python_record_builder():
-            await send(json.dumps(sft_request("record-header-name")).encode(), b"record-header-name", [(NotUtf8("x"), b"v")])
+            await send(
+                json.dumps(sft_request("record-header-name")).encode(), b"record-header-name", [(NotUtf8("x"), b"v")]
+            )
         await send(json.dumps(sft_request("null-headers")).encode(), None, list(HOSTILE_HEADERS))
         await send(json.dumps(sft_request("right-behind")).encode(), b"right-behind")
     finally:
@@ -62,9 +75,16 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
 
     notify = NotifySocket(tmp_path / "notify.sock")
     listening = asyncio.create_task(notify.listen())
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=WATCHDOG_S * 1_000_000)).start()
+    daemon = DaemonProcess(
+        settings, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=WATCHDOG_S * 1_000_000)
+    ).start()
     try:
-        ids = {f"record-{name}" for name, *_ in cases} | {"record-binary-key", "backtracks", "null-headers", "right-behind"}
+        ids = {f"record-{name}" for name, *_ in cases} | {
+            "record-binary-key",
+            "backtracks",
+            "null-headers",
+            "right-behind",
+        }
         events = await terminal_events(settings, ids, timeout_s=300)
         all_decided = time.monotonic()
         dead_letters = await read_records(settings, settings.dlq_topic, len(cases) + 3, timeout_s=60)
@@ -89,7 +109,9 @@ async def test_no_part_of_a_record_stops_the_daemon_or_the_requests_behind_it(
     assert "max_message_bytes" in events["record-oversize"][-1].errors[0].message
     assert isinstance(events["record-binary-key"][-1], Rejected)
     failed = events["backtracks"][-1]
-    assert isinstance(failed, Failed) and failed.code == "config_invalid" and "peft.target_modules" in failed.message, failed
+    assert isinstance(failed, Failed) and failed.code == "config_invalid" and "peft.target_modules" in failed.message, (
+        failed
+    )
     for request_id in ("null-headers", "right-behind"):
         assert isinstance(events[request_id][-1], Succeeded), events[request_id]
     assert events["null-headers"][0].attempt == 1

@@ -32,8 +32,15 @@ Headers = list[tuple[str, bytes | None]]
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=2, retry_backoff_s=30,
-                    progress_interval_s=0)
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        max_attempts=2,
+        retry_backoff_s=30,
+        progress_interval_s=0,
+    )
 
 
 HOSTILE_HEADERS: dict[str, Headers] = {
@@ -69,7 +76,9 @@ async def test_a_valid_request_with_hostile_headers_runs_as_a_first_attempt(sett
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE_HEADERS))
-async def test_an_invalid_request_with_hostile_headers_is_dead_lettered_and_committed(settings: Settings, name: str) -> None:
+async def test_an_invalid_request_with_hostile_headers_is_dead_lettered_and_committed(
+    settings: Settings, name: str
+) -> None:
     core = CoreOnFakes(settings)
     record = FakeRecord(core.tp.topic, 0, 3, b"r1", b'{"request_id": "r1"}', HOSTILE_HEADERS[name])
     await take_one(core, record)
@@ -99,7 +108,9 @@ async def test_any_timestamp_ends_in_one_terminal_event(settings: Settings, time
     assert core.consumer.committed[core.tp] == 4
 
 
-async def test_an_exception_while_offering_a_request_is_an_internal_rejection(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_an_exception_while_offering_a_request_is_an_internal_rejection(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     core = CoreOnFakes(settings)
 
     async def broken(*args: object, **kwargs: object) -> object:
@@ -125,7 +136,9 @@ async def test_an_exception_while_offering_a_request_is_an_internal_rejection(se
 class YieldingConsumer(FakeConsumer):
     """A fake consumer whose poll gives the loop's other tasks a turn, as a real one's network wait does."""
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, list[FakeRecord]]:
         await asyncio.sleep(0)
         return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
 
@@ -160,8 +173,10 @@ async def test_each_record_case_is_rejected_naming_its_field(settings: Settings)
     limit = 131_072
     core = CoreOnFakes(settings.model_copy(update={"max_message_bytes": limit}))
     cases = record_cases(sft_request("valid"), VISION_CHAT_ROWS, limit - COPY_HEADROOM_BYTES)
-    records = [FakeRecord(core.tp.topic, 0, offset, f"record-{name}".encode(), raw, list(headers))
-               for offset, (name, raw, headers, _) in enumerate(cases)]
+    records = [
+        FakeRecord(core.tp.topic, 0, offset, f"record-{name}".encode(), raw, list(headers))
+        for offset, (name, raw, headers, _) in enumerate(cases)
+    ]
     await core.intake.take(core.tp, records)
     await core.partitions.settled(core.tp)
     for name, _, _, path in cases:
@@ -196,7 +211,9 @@ class AiokafkaLikeConsumer(YieldingConsumer):
     async def position(self, tp: TopicPartition) -> int:
         return self.position_of[tp]
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int, max_records: int) -> Mapping[TopicPartition, list[FakeRecord]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, list[FakeRecord]]:
         await asyncio.sleep(0)
         batches: dict[TopicPartition, list[FakeRecord]] = {}
         for tp in sorted(self.log, key=lambda tp: tp.partition):
@@ -237,7 +254,9 @@ UNREADABLE_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(UNREADABLE_CASES))
-async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_is_lost(settings: Settings, case: str) -> None:
+async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_is_lost(
+    settings: Settings, case: str
+) -> None:
     error, unread_offsets = UNREADABLE_CASES[case]
     first, second = TopicPartition(settings.requests_topic, 0), TopicPartition(settings.requests_topic, 1)
     log = {
@@ -256,7 +275,11 @@ async def test_a_record_the_client_cannot_read_is_stepped_past_and_nothing_else_
     service.stop_requested.set()
     await loop
     dead = service.publisher.producer.on(settings.dlq_topic)  # type: ignore[attr-defined]
-    offsets = sorted((int(m.header("adapterd-source-partition")), int(m.header("adapterd-source-offset"))) for m in dead)
+    offsets = sorted(
+        (int(m.header("adapterd-source-partition")), int(m.header("adapterd-source-offset"))) for m in dead
+    )
     assert offsets == [(0, n) for n in range(5)] + [(1, n) for n in range(6)]  # each once: none lost, none twice
     unread = [m for m in dead if m.header("adapterd-exception") == type(error).__name__.encode()]
-    assert [int(m.header("adapterd-source-offset")) for m in unread] == unread_offsets and all(m.value == b"" for m in unread)
+    assert [int(m.header("adapterd-source-offset")) for m in unread] == unread_offsets and all(
+        m.value == b"" for m in unread
+    )

@@ -33,10 +33,19 @@ REFUSED = {
     "key-db-password": ({"metadata": {"db-password": VALUE}}, "metadata.db-password"),
     "key-x-api-key": ({"metadata": {"x-api-key": VALUE}}, "metadata.x-api-key"),
     "key-Authorization": ({"metadata": {"Authorization": VALUE}}, "metadata.Authorization"),
-    "key-in-kwargs": ({"training": {"max_steps": 4, "lr_scheduler_kwargs": {"api_key": VALUE}}}, "training.lr_scheduler_kwargs.api_key"),
-    "key-fullwidth": ({"metadata": {"\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44": VALUE}}, "metadata.\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44"),
+    "key-in-kwargs": (
+        {"training": {"max_steps": 4, "lr_scheduler_kwargs": {"api_key": VALUE}}},
+        "training.lr_scheduler_kwargs.api_key",
+    ),
+    "key-fullwidth": (
+        {"metadata": {"\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44": VALUE}},
+        "metadata.\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44",
+    ),
     "key-cyrillic": ({"metadata": {"p\u0430ssword": VALUE}}, "metadata.p\u0430ssword"),
-    "key-zero-width": ({"training": {"max_steps": 4, "lr_scheduler_kwargs": {"to\u200bken": VALUE}}}, "training.lr_scheduler_kwargs.to\u200bken"),
+    "key-zero-width": (
+        {"training": {"max_steps": 4, "lr_scheduler_kwargs": {"to\u200bken": VALUE}}},
+        "training.lr_scheduler_kwargs.to\u200bken",
+    ),
     "key-session": ({"metadata": {"session": VALUE}}, "metadata.session"),
     "key-access_key": ({"metadata": {"access_key": VALUE}}, "metadata.access_key"),
     "key-jwt": ({"metadata": {"jwt": VALUE}}, "metadata.jwt"),
@@ -44,22 +53,36 @@ REFUSED = {
     "key-connection_string": ({"metadata": {"connection_string": VALUE}}, "metadata.connection_string"),
     "key-pass": ({"metadata": {"db_pass": VALUE}}, "metadata.db_pass"),
 }
-HARMLESS_METADATA = {"team": "tests", "tokenizer_name": "tiny/qwen2-chat", "max_tokens": "64", "eot_token": "<|eot_id|>",
-                     "boi_token": "<start_of_image>", "eom_token": "<|eom_id|>", "fim_prefix_token": "<|fim_prefix|>",
-                     "assistant_token": "<|assistant|>", "chat_template_token": "<|im_start|>", "max_token": "64",
-                     "pass_threshold": "0.5", "compass": "north"}
+HARMLESS_METADATA = {
+    "team": "tests",
+    "tokenizer_name": "tiny/qwen2-chat",
+    "max_tokens": "64",
+    "eot_token": "<|eot_id|>",
+    "boi_token": "<start_of_image>",
+    "eom_token": "<|eom_id|>",
+    "fim_prefix_token": "<|fim_prefix|>",
+    "assistant_token": "<|assistant|>",
+    "chat_template_token": "<|im_start|>",
+    "max_token": "64",
+    "pass_threshold": "0.5",
+    "compass": "north",
+}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-async def test_credential_named_keys_are_refused_naming_the_key_and_leak_nowhere(published: HubServer, settings: Settings, tmp_path: Path) -> None:
+async def test_credential_named_keys_are_refused_naming_the_key_and_leak_nowhere(
+    published: HubServer, settings: Settings, tmp_path: Path
+) -> None:
     requests = {rid: sft_request(rid, **overrides) for rid, (overrides, _) in REFUSED.items()}
     requests["harmless-names"] = sft_request("harmless-names", metadata=HARMLESS_METADATA)
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         for request in requests.values():  # the harmless one last, behind the refused ones
             if request["request_id"] in REFUSED:  # raw UTF-8, unescaped, as a producer may write it
-                await produce(settings, json.dumps(request, ensure_ascii=False).encode(), request["request_id"].encode())
+                await produce(
+                    settings, json.dumps(request, ensure_ascii=False).encode(), request["request_id"].encode()
+                )
             else:
                 await submit(settings, request)
         events = await terminal_events(settings, set(requests), timeout_s=500)
@@ -82,7 +105,9 @@ async def test_credential_named_keys_are_refused_naming_the_key_and_leak_nowhere
     assert sorted(record.key.decode() for record in dead if record.key) == sorted(REFUSED)
     assert all(VALUE.encode() in (record.value or b"") for record in dead)
     assert not any(VALUE.encode() in value for record in dead for _, value in record.headers)
-    assert any(name == "adapterd-reason" and value == b"secret_in_request" for record in dead for name, value in record.headers)
+    assert any(
+        name == "adapterd-reason" and value == b"secret_in_request" for record in dead for name, value in record.headers
+    )
     assert "request.rejected" in daemon.log_path.read_text()  # the log was written, and holds the rejections...
     assert VALUE not in daemon.log_path.read_text()  # ...but not the value
     assert not any(VALUE in path.read_text(errors="replace") for path in settings.work_dir.rglob("*.log"))

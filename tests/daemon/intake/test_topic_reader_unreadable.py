@@ -19,7 +19,9 @@ async def test_the_reader_steps_past_an_unreadable_record_and_loses_none_around_
         for value in (b"one", b"two"):
             await producer.send_and_wait(settings.control_topic, value, partition=0)
         with python_record_builder():
-            await producer.send_and_wait(settings.control_topic, b"unreadable", partition=0, headers=[(NotUtf8("x"), b"v")])
+            await producer.send_and_wait(
+                settings.control_topic, b"unreadable", partition=0, headers=[(NotUtf8("x"), b"v")]
+            )
         for value in (b"three", b"four"):
             await producer.send_and_wait(settings.control_topic, value, partition=0)
     finally:

@@ -45,11 +45,15 @@ class SteppedClock:
 
     def wait_for(self, readings: int) -> None:
         with self.read:
-            assert self.read.wait_for(lambda: self.readings >= readings, timeout=30), f"{self.readings} readings, not {readings}"
+            assert self.read.wait_for(lambda: self.readings >= readings, timeout=30), (
+                f"{self.readings} readings, not {readings}"
+            )
 
 
 def healthy_endpoint(**options: object) -> HttpEndpoint:
-    return HttpEndpoint("127.0.0.1:0", health=lambda: (True, {"ok": True}), status=lambda: {"jobs": []}, **options).start()  # type: ignore[arg-type]
+    return HttpEndpoint(
+        "127.0.0.1:0", health=lambda: (True, {"ok": True}), status=lambda: {"jobs": []}, **options
+    ).start()  # type: ignore[arg-type]
 
 
 def connect(endpoint: HttpEndpoint) -> socket.socket:
@@ -181,7 +185,12 @@ def test_tls_end_to_end_with_the_operators_certificate(tmp_path: Path) -> None:
         assert served == ["r1"]
         # This host's own commands (status, doctor) reach it too: against the fleet's CA, or the endpoint's certificate alone.
         for cafile in (fleet.ca, None):
-            settings = Settings(metrics_address=endpoint.address, http_tls_certfile=fleet.cert, http_tls_keyfile=fleet.key, http_cafile=cafile)
+            settings = Settings(
+                metrics_address=endpoint.address,
+                http_tls_certfile=fleet.cert,
+                http_tls_keyfile=fleet.key,
+                http_cafile=cafile,
+            )
             url, tls = local_url(settings, "/healthz")
             with urllib.request.urlopen(url, timeout=30, context=tls) as healthz:
                 assert url.startswith("https://") and json.loads(healthz.read()) == {"ok": True}

@@ -45,8 +45,12 @@ def test_structlog_and_standard_library_lines_are_json_lines() -> None:
     # aiokafka's info lines stay out; a coordinator still being elected is info, not an error; a real error stays one.
     assert "test.hidden" not in by_event and "a chatty info line" not in by_event
     failures = [line for line in lines if line["event"].startswith("Group Coordinator Request failed")]
-    assert [(line["level"], line["event"]) for line in failures] == [("error", "Group Coordinator Request failed: a real one")]
-    assert not [line for line in lines if line["event"].startswith("Marking the coordinator dead")]  # a fresh broker's, retried
+    assert [(line["level"], line["event"]) for line in failures] == [
+        ("error", "Group Coordinator Request failed: a real one")
+    ]
+    assert not [
+        line for line in lines if line["event"].startswith("Marking the coordinator dead")
+    ]  # a fresh broker's, retried
 
 
 def test_console_lines_have_no_escape_codes_off_a_terminal() -> None:

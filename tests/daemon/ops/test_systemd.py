@@ -31,7 +31,9 @@ def unit_directives() -> dict[str, list[str]]:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_unit_file_verifies(tmp_path: Path) -> None:
     # verify checks that ExecStart's program exists: point it at this checkout's virtual environment.
-    installed = UNIT.read_text().replace("/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd"))
+    installed = UNIT.read_text().replace(
+        "/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd")
+    )
     unit = tmp_path / "adapterd.service"
     unit.write_text(installed)
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
@@ -41,7 +43,9 @@ def test_unit_file_verifies(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_systemd_rates_the_units_exposure_low(tmp_path: Path) -> None:
-    installed = UNIT.read_text().replace("/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd"))
+    installed = UNIT.read_text().replace(
+        "/opt/adapterd/.venv/bin/adapterd", str(Path(sys.executable).parent / "adapterd")
+    )
     unit = tmp_path / "adapterd.service"
     unit.write_text(installed)
     result = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(unit)], capture_output=True, text=True)
@@ -55,23 +59,36 @@ def test_unit_file_asks_for_what_the_daemon_does() -> None:
     assert unit["Restart"] == ["on-failure"] and unit["KillMode"] == ["mixed"]
     assert unit["RestartPreventExitStatus"] == ["2"]  # what `run` exits with on bad settings: never restarted for ever
     assert int(unit["TimeoutStopSec"][0]) > 60  # the default drain_timeout_s, for checkpoints
-    assert unit["LoadCredential"] == ["hub-token:/etc/adapterd/hub-token", "event-signing-key:/etc/adapterd/event-signing-key.pem"]
+    assert unit["LoadCredential"] == [
+        "hub-token:/etc/adapterd/hub-token",
+        "event-signing-key:/etc/adapterd/event-signing-key.pem",
+    ]
     assert "ADAPTERD_HUB_TOKEN_FILE=%d/hub-token" in unit["Environment"]
-    assert "ADAPTERD_EVENT_SIGNING_KEY_FILE=%d/event-signing-key" in unit["Environment"]  # every event it publishes is signed
+    assert (
+        "ADAPTERD_EVENT_SIGNING_KEY_FILE=%d/event-signing-key" in unit["Environment"]
+    )  # every event it publishes is signed
     assert unit["NoNewPrivileges"] == ["yes"] and unit["ProtectSystem"] == ["strict"]
     assert unit["ReadWritePaths"] == ["/var/lib/adapterd"] and unit["StateDirectory"] == ["adapterd"]
     # The hardening the daemon can run under: no capability, namespace, realtime or kernel log; only
     # the socket families it uses; files not world-readable. None of them closes the GPUs' devices.
     assert unit["CapabilityBoundingSet"] == [""] and unit["RestrictNamespaces"] == ["yes"] and unit["UMask"] == ["0027"]
-    assert unit["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"] and unit["SystemCallArchitectures"] == ["native"]
-    assert unit["ProtectKernelLogs"] == ["yes"] and unit["RestrictRealtime"] == ["yes"] and unit["ProtectHostname"] == ["yes"]
+    assert unit["RestrictAddressFamilies"] == ["AF_UNIX AF_INET AF_INET6 AF_NETLINK"] and unit[
+        "SystemCallArchitectures"
+    ] == ["native"]
+    assert (
+        unit["ProtectKernelLogs"] == ["yes"]
+        and unit["RestrictRealtime"] == ["yes"]
+        and unit["ProtectHostname"] == ["yes"]
+    )
     assert not {"PrivateDevices", "DevicePolicy", "DeviceAllow", "ProtectClock"} & set(unit)
 
 
 async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(settings: Settings, tmp_path: Path) -> None:
     notify = NotifySocket(tmp_path / "notify.sock")
     one_gpu = settings.model_copy(update={"gpus": ["0"], "warm_child": False})
-    daemon = DaemonProcess(one_gpu, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=1_000_000)).start()
+    daemon = DaemonProcess(
+        one_gpu, tmp_path / "daemon.log", extra_env=notify.environment(watchdog_usec=1_000_000)
+    ).start()
     try:
         ready = await notify.wait_for("READY=1", timeout_s=60)
         assert ready == "READY=1"
@@ -100,7 +117,9 @@ async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(sett
         # The start-up line says where artifacts go, and whose the token is (the local Hub's one user); read
         # once the daemon has exited, as READY may come before the line is written.
         [started] = [line for line in daemon.log_lines() if line.get("event") == "daemon.started"]
-        assert (started["sink"], started["token_from"], started["hub_user"]) == ("hub", "hub_token", "adapterd-test"), started
+        assert (started["sink"], started["token_from"], started["hub_user"]) == ("hub", "hub_token", "adapterd-test"), (
+            started
+        )
     finally:
         daemon.stop()
         notify.close()

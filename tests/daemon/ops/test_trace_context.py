@@ -28,15 +28,26 @@ def record(headers: list[tuple[str, bytes]]) -> ConsumerRecord[bytes, bytes]:
 
 
 def test_only_a_well_formed_trace_context_is_carried() -> None:
-    assert trace_context(record([("traceparent", PARENT), ("tracestate", STATE), ("other", b"x")])) == [("traceparent", PARENT), ("tracestate", STATE)]
+    assert trace_context(record([("traceparent", PARENT), ("tracestate", STATE), ("other", b"x")])) == [
+        ("traceparent", PARENT),
+        ("tracestate", STATE),
+    ]
     assert trace_context(record([("tracestate", STATE)])) == []  # a state without a parent means nothing
-    for bad in (b"x" * 10_000, PARENT.upper(), b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01", b"ff-" + PARENT[3:], PARENT + b"\n"):
+    for bad in (
+        b"x" * 10_000,
+        PARENT.upper(),
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+        b"ff-" + PARENT[3:],
+        PARENT + b"\n",
+    ):
         assert trace_context(record([("traceparent", bad), ("tracestate", STATE)])) == []
     assert trace_context(record([("traceparent", PARENT), ("tracestate", b"\xff" * 10)])) == [("traceparent", PARENT)]
 
 
 @pytest.mark.slow
-async def test_a_requests_trace_context_comes_back_on_its_events(shared_daemon: DaemonProcess, shared_settings: Settings, published: HubServer) -> None:
+async def test_a_requests_trace_context_comes_back_on_its_events(
+    shared_daemon: DaemonProcess, shared_settings: Settings, published: HubServer
+) -> None:
     settings = shared_settings
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
     await producer.start()
@@ -44,9 +55,15 @@ async def test_a_requests_trace_context_comes_back_on_its_events(shared_daemon: 
         traced = [("traceparent", PARENT), ("tracestate", STATE)]
         # A forged header first: it is dropped, the record is rejected for what it is, and the
         # requests behind it on the partition go on.
-        await producer.send_and_wait(settings.requests_topic, b"[]", key=b"forged", headers=[("traceparent", b"x" * 10_000)])
-        await producer.send_and_wait(settings.requests_topic, b'{"not": "a request"}', key=b"traced-bad", headers=traced)
-        await producer.send_and_wait(settings.requests_topic, json.dumps(sft_request("traced")).encode(), key=b"traced", headers=traced)
+        await producer.send_and_wait(
+            settings.requests_topic, b"[]", key=b"forged", headers=[("traceparent", b"x" * 10_000)]
+        )
+        await producer.send_and_wait(
+            settings.requests_topic, b'{"not": "a request"}', key=b"traced-bad", headers=traced
+        )
+        await producer.send_and_wait(
+            settings.requests_topic, json.dumps(sft_request("traced")).encode(), key=b"traced", headers=traced
+        )
     finally:
         await producer.stop()
     events = await terminal_events(settings, {"traced", "traced-bad", "forged"})

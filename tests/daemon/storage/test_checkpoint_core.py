@@ -26,8 +26,17 @@ from tests.helpers import fleet_key, sft_request
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(gpus=[], warm_child=False, work_dir=tmp_path / "work", hub_token=None, max_attempts=2, progress_interval_s=0,
-                    checkpoint_store=str(tmp_path / "store"), event_signing_key_file=fleet_key(tmp_path), drain_timeout_s=5.0)
+    return Settings(
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        max_attempts=2,
+        progress_interval_s=0,
+        checkpoint_store=str(tmp_path / "store"),
+        event_signing_key_file=fleet_key(tmp_path),
+        drain_timeout_s=5.0,
+    )
 
 
 def store(settings: Settings) -> CheckpointStore:
@@ -45,14 +54,18 @@ async def start(core: CoreOnFakes, request_id: str = "r1") -> Any:
 
 async def test_a_saved_checkpoint_is_uploaded_said_and_journaled(settings: Settings) -> None:
     saved = make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 2)
-    children = FakeChildren(Script(messages=[*TRAINS[:3], CheckpointSaved(step=2, path=str(saved)), *TRAINS[3:4]], hang=True))
+    children = FakeChildren(
+        Script(messages=[*TRAINS[:3], CheckpointSaved(step=2, path=str(saved)), *TRAINS[3:4]], hang=True)
+    )
     core = CoreOnFakes(settings, children=children)
     job = await start(core)
     await asyncio.wait_for(children.hanging.wait(), 5)
     await job.runner.uploads.finish(None)
     checkpoint = core.events("r1")[-1]
     assert checkpoint["type"] == "checkpoint" and checkpoint["step"] == 2 and checkpoint["path"] == str(saved)
-    assert checkpoint["location"] == "store" and checkpoint["store_url"] == f"{settings.checkpoint_store}/r1/checkpoint-2"
+    assert (
+        checkpoint["location"] == "store" and checkpoint["store_url"] == f"{settings.checkpoint_store}/r1/checkpoint-2"
+    )
     assert Journal(settings.jobs_dir / "r1" / "journal.json").read()["stored_checkpoint"]["step"] == 2
     assert [manifest.step for manifest in store(settings).complete("r1")] == [2]
     await core.scheduler.stop_jobs()
@@ -65,16 +78,22 @@ async def test_a_success_clears_the_requests_checkpoints_from_the_store(settings
     core = CoreOnFakes(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
     await (await start(core)).task
     assert core.types("r1")[-1] == "succeeded"
-    assert store(settings).complete("r1") == [] and [manifest.step for manifest in store(settings).complete("r2")] == [3]  # r2's kept
+    assert store(settings).complete("r1") == [] and [manifest.step for manifest in store(settings).complete("r2")] == [
+        3
+    ]  # r2's kept
     left = store(settings).succeeded("r1")  # its event stays, for a redelivery on any host
     assert left is not None and left["event_id"] == core.events("r1")[-1]["event_id"]
 
 
-async def test_a_request_that_succeeded_on_another_host_is_answered_from_the_store_without_training(settings: Settings, tmp_path: Path) -> None:
+async def test_a_request_that_succeeded_on_another_host_is_answered_from_the_store_without_training(
+    settings: Settings, tmp_path: Path
+) -> None:
     first = CoreOnFakes(settings, children=FakeChildren(Script(messages=[*TRAINS, RESULT])))
     await (await start(first)).task
     original = first.events("r1")[-1]
-    elsewhere = settings.model_copy(update={"work_dir": tmp_path / "other-host", "host": "other-host"})  # the first host's disk is gone
+    elsewhere = settings.model_copy(
+        update={"work_dir": tmp_path / "other-host", "host": "other-host"}
+    )  # the first host's disk is gone
     children = FakeChildren(Script(messages=[*TRAINS, RESULT]))
     second = CoreOnFakes(elsewhere, children=children)
     await (await start(second)).task
@@ -83,7 +102,9 @@ async def test_a_request_that_succeeded_on_another_host_is_answered_from_the_sto
     assert again["duplicate"] is True and again["location"] == original["location"] and again["host"] == "other-host"
 
 
-async def test_a_job_resumes_from_the_stores_newer_checkpoint_and_started_says_so(settings: Settings, tmp_path: Path) -> None:
+async def test_a_job_resumes_from_the_stores_newer_checkpoint_and_started_says_so(
+    settings: Settings, tmp_path: Path
+) -> None:
     store(settings).upload("r1", make_checkpoint(tmp_path / "other-host", 6), 6)  # an attempt on a host since lost
     make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 4)  # this host's own, older
     children = FakeChildren(Script(messages=[StageEntered(stage="train")], hang=True))
@@ -92,15 +113,25 @@ async def test_a_job_resumes_from_the_stores_newer_checkpoint_and_started_says_s
     await asyncio.wait_for(children.hanging.wait(), 5)
     started = core.events("r1")[1]
     assert (started["resumed_step"], started["resumed_from"]) == (6, "store")
-    assert (settings.jobs_dir / "r1" / "checkpoints" / "checkpoint-6" / "trainer_state.json").is_file()  # where the trainer resumes
+    assert (
+        settings.jobs_dir / "r1" / "checkpoints" / "checkpoint-6" / "trainer_state.json"
+    ).is_file()  # where the trainer resumes
     await core.scheduler.stop_jobs()
     await job.task
 
 
 async def test_a_stop_uploads_its_checkpoint_before_the_job_ends(settings: Settings) -> None:
     saved = make_checkpoint(settings.jobs_dir / "r1" / "checkpoints", 3)
-    children = FakeChildren(Script(messages=[StageEntered(stage="train"), CheckpointSaved(step=3, path=str(saved)),
-                                             StoppedAtCheckpoint(step=3, path=str(saved))], hang=True))
+    children = FakeChildren(
+        Script(
+            messages=[
+                StageEntered(stage="train"),
+                CheckpointSaved(step=3, path=str(saved)),
+                StoppedAtCheckpoint(step=3, path=str(saved)),
+            ],
+            hang=True,
+        )
+    )
     core = CoreOnFakes(settings, children=children)
     job = await start(core)
     await asyncio.wait_for(children.hanging.wait(), 5)
@@ -120,7 +151,9 @@ async def test_past_the_stops_deadline_the_checkpoint_is_said_to_be_local_only(s
         release.wait(30)  # a store that takes longer than the deadline
         raise OSError("released")
 
-    children = FakeChildren(Script(messages=[StageEntered(stage="train"), CheckpointSaved(step=3, path=str(saved))], hang=True))
+    children = FakeChildren(
+        Script(messages=[StageEntered(stage="train"), CheckpointSaved(step=3, path=str(saved))], hang=True)
+    )
     core = CoreOnFakes(settings, children=children)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(CheckpointStore, "upload", stuck)

@@ -64,13 +64,20 @@ def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, signing: StoreSi
 
 
 @pytest.fixture(params=["s3", "gcs", "azure", "folder"])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning) -> CheckpointStore:
+def store(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning
+) -> CheckpointStore:
     prefix = f"run-{uuid.uuid4().hex[:8]}"
     if request.param == "s3":
         return cast(CheckpointStore, request.getfixturevalue("s3_store"))
     if request.param == "gcs":
         endpoint = request.getfixturevalue("gcs_endpoint")
-        return CheckpointStore(f"gs://ml-data/{prefix}", {"gs": {"endpoint_url": endpoint, "token": "anon"}}, host="host-a", signing=signing)
+        return CheckpointStore(
+            f"gs://ml-data/{prefix}",
+            {"gs": {"endpoint_url": endpoint, "token": "anon"}},
+            host="host-a",
+            signing=signing,
+        )
     if request.param == "azure":
         from azure.storage.blob import BlobServiceClient
 
@@ -83,11 +90,17 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     return CheckpointStore(str(tmp_path / "shared" / prefix), {}, host="host-a", signing=signing)
 
 
-def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(store: CheckpointStore, tmp_path: Path) -> None:
+def test_an_upload_is_whole_with_its_manifest_and_comes_back_byte_for_byte(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
     saved = make_checkpoint(tmp_path / "host-a", 10)
     store.upload("req-1", saved, 10)
     [manifest] = store.complete("req-1")
-    assert manifest.step == 10 and set(manifest.files) == {"adapter_model.safetensors", "nested/optimizer.pt", "trainer_state.json"}
+    assert manifest.step == 10 and set(manifest.files) == {
+        "adapter_model.safetensors",
+        "nested/optimizer.pt",
+        "trainer_state.json",
+    }
     assert manifest.url.endswith("/req-1/checkpoint-10")
 
     resumed = download(store, "req-1", manifest, tmp_path / "host-b" / "checkpoints")
@@ -108,7 +121,9 @@ def test_a_partial_upload_is_skipped_for_the_one_before_it(s3_store: CheckpointS
     store.upload("req-2", make_checkpoint(tmp_path, 5), 5)
     # An upload cut short (the host lost mid-upload): its files, no manifest.
     newer = make_checkpoint(tmp_path, 10)
-    store.fs.put_file(str(newer / "adapter_model.safetensors"), f"{store.root}/req-2/checkpoint-10/adapter_model.safetensors")
+    store.fs.put_file(
+        str(newer / "adapter_model.safetensors"), f"{store.root}/req-2/checkpoint-10/adapter_model.safetensors"
+    )
     # One whose manifest lists a file that never arrived whole.
     store.upload("req-2", make_checkpoint(tmp_path, 15), 15)
     store.fs.pipe_file(f"{store.root}/req-2/checkpoint-15/nested/optimizer.pt", b"cut")
@@ -128,7 +143,10 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_one_before_it(s3_store: Checkpo
     [newest, _] = store.complete("req-3")
     with pytest.raises(StoreError, match="does not match its manifest"):
         download(store, "req-3", newest, tmp_path / "probe")
-    assert not (tmp_path / "probe" / "checkpoint-10").exists() and not (tmp_path / "probe" / "checkpoint-10.partial").exists()
+    assert (
+        not (tmp_path / "probe" / "checkpoint-10").exists()
+        and not (tmp_path / "probe" / "checkpoint-10.partial").exists()
+    )
 
     checkpoints = tmp_path / "host-b"
     assert fetch(store, "req-3", checkpoints) == (5, "store")
@@ -154,13 +172,17 @@ class Recorded:
         self.events.append(event)
 
 
-def uploads_for(store: CheckpointStore | None, job_dir: Path, request_id: str, keep: int = 2) -> tuple[CheckpointUploads, Recorded]:
+def uploads_for(
+    store: CheckpointStore | None, job_dir: Path, request_id: str, keep: int = 2
+) -> tuple[CheckpointUploads, Recorded]:
     recorded = Recorded()
     events = JobEvents(cast(Publisher, recorded), SFTRequest.model_validate(sft_request(request_id)), "host-a", 1, [])
     return CheckpointUploads(store, request_id, job_dir, Journal(job_dir / "journal.json"), events, keep), recorded
 
 
-async def test_each_checkpoint_is_uploaded_the_journal_says_the_last_and_older_ones_go(s3_store: CheckpointStore, tmp_path: Path) -> None:
+async def test_each_checkpoint_is_uploaded_the_journal_says_the_last_and_older_ones_go(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
     job_dir = tmp_path / "jobs" / "req-5"
     uploads, recorded = uploads_for(s3_store, job_dir, "req-5", keep=2)
     for step in (5, 10, 15):
@@ -179,7 +201,8 @@ async def test_each_checkpoint_is_uploaded_the_journal_says_the_last_and_older_o
 
 
 async def test_a_checkpoint_saved_while_one_uploads_waits_and_an_older_waiting_one_is_passed_over(
-    s3_store: CheckpointStore, tmp_path: Path,
+    s3_store: CheckpointStore,
+    tmp_path: Path,
 ) -> None:
     job_dir = tmp_path / "jobs" / "req-6"
     uploads, recorded = uploads_for(s3_store, job_dir, "req-6")
@@ -192,13 +215,22 @@ async def test_a_checkpoint_saved_while_one_uploads_waits_and_an_older_waiting_o
 
 
 async def test_a_store_that_is_down_leaves_the_checkpoint_local_and_says_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signing: StoreSigning,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    signing: StoreSigning,
 ) -> None:
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
-    down = CheckpointStore(f"s3://{BUCKET}/down", {"s3": {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
-                                                          "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}}},
-                           signing=signing)
+    down = CheckpointStore(
+        f"s3://{BUCKET}/down",
+        {
+            "s3": {
+                "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
+                "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+            }
+        },
+        signing=signing,
+    )
     job_dir = tmp_path / "jobs" / "req-7"
     uploads, recorded = uploads_for(down, job_dir, "req-7")
     saved = make_checkpoint(job_dir / "checkpoints", 4)
@@ -221,19 +253,26 @@ async def test_without_a_store_the_event_says_local(tmp_path: Path) -> None:
 
 def test_a_store_url_is_checked_where_it_is_set(tmp_path: Path) -> None:
     key = fleet_key(tmp_path)
-    assert Settings(checkpoint_store="s3://bucket/prefix/", event_signing_key_file=key).checkpoint_store == "s3://bucket/prefix"
+    assert (
+        Settings(checkpoint_store="s3://bucket/prefix/", event_signing_key_file=key).checkpoint_store
+        == "s3://bucket/prefix"
+    )
     assert Settings(checkpoint_store=str(tmp_path), event_signing_key_file=key).checkpoint_store == str(tmp_path)
     for bad in ("ftp://host/x", "s3://", "relative/folder"):
         with pytest.raises(ValueError, match="checkpoint_store"):
             Settings(checkpoint_store=bad, event_signing_key_file=key)
 
 
-def test_retention_in_the_store_removes_succeeded_aged_and_counted_never_a_running_one(s3_store: CheckpointStore, tmp_path: Path) -> None:
+def test_retention_in_the_store_removes_succeeded_aged_and_counted_never_a_running_one(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
     store, jobs_dir = s3_store, tmp_path / "jobs"
     for request_id in ("done", "running", "old", "partial", "young"):
         store.upload(request_id, make_checkpoint(tmp_path / request_id, 5), 5)
     Journal(jobs_dir / "done" / "journal.json").record("succeeded", {"type": "succeeded"})
-    Journal(jobs_dir / "running" / "journal.json").record("succeeded", {"type": "succeeded"})  # still in use here: left alone
+    Journal(jobs_dir / "running" / "journal.json").record(
+        "succeeded", {"type": "succeeded"}
+    )  # still in use here: left alone
     store.fs.rm(f"{store.root}/partial/checkpoint-5/{MANIFEST}")  # no whole checkpoint: its files' age counts
     now = time.time()
 
@@ -247,11 +286,15 @@ def test_retention_in_the_store_removes_succeeded_aged_and_counted_never_a_runni
     assert store.requests() == ["running"]
 
 
-def test_retention_by_count_takes_the_least_recently_written_and_never_a_recent_one(s3_store: CheckpointStore, tmp_path: Path) -> None:
+def test_retention_by_count_takes_the_least_recently_written_and_never_a_recent_one(
+    s3_store: CheckpointStore, tmp_path: Path
+) -> None:
     store = s3_store
     for request_id in ("first", "second", "third"):
         store.upload(request_id, make_checkpoint(tmp_path / request_id, 5), 5)
     now = time.time()
-    assert prune_store(store, tmp_path / "jobs", (), max_age_s=10 * 86400, max_count=1, now=now).counted == []  # all written just now
+    assert (
+        prune_store(store, tmp_path / "jobs", (), max_age_s=10 * 86400, max_count=1, now=now).counted == []
+    )  # all written just now
     pruned = prune_store(store, tmp_path / "jobs", (), max_age_s=10 * 86400, max_count=1, now=now + RECENT_S + 60)
     assert sorted(pruned.counted) == ["first", "second"] and store.requests() == ["third"]

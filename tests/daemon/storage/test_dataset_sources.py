@@ -27,11 +27,18 @@ def put_parquet(endpoint: str, key: str, rows: list[dict[str, object]]) -> None:
     import pyarrow.parquet as pq
     import s3fs
 
-    credentials = {"aws_access_key_id": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]}
+    credentials = {
+        "aws_access_key_id": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    }
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials)
     if BUCKET not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=BUCKET)
-    fs = s3fs.S3FileSystem(key=credentials["aws_access_key_id"], secret=credentials["aws_secret_access_key"], client_kwargs={"endpoint_url": endpoint})
+    fs = s3fs.S3FileSystem(
+        key=credentials["aws_access_key_id"],
+        secret=credentials["aws_secret_access_key"],
+        client_kwargs={"endpoint_url": endpoint},
+    )
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), buffer)
     fs.pipe(f"{BUCKET}/{key}", buffer.getvalue())
@@ -40,7 +47,10 @@ def put_parquet(endpoint: str, key: str, rows: list[dict[str, object]]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 async def test_object_storage_local_root_mixture_streaming_and_eval_source(
-    published: HubServer, settings: Settings, s3_endpoint: str, tmp_path: Path,
+    published: HubServer,
+    settings: Settings,
+    s3_endpoint: str,
+    tmp_path: Path,
 ) -> None:
     put_parquet(s3_endpoint, "curated/chat/part-0.parquet", CHAT_ROWS[:3])
     put_parquet(s3_endpoint, "curated/chat/part-1.parquet", CHAT_ROWS[3:])
@@ -49,20 +59,27 @@ async def test_object_storage_local_root_mixture_streaming_and_eval_source(
     (root / "chat" / "a.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS[:4]))
     (root / "chat" / "b.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS[4:]))
     (root / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in CHAT_ROWS[:2]))
-    settings = settings.model_copy(update={
-        "allowed_dataset_urls": [f"s3://{BUCKET}/curated/*"],
-        "allowed_local_dataset_roots": [root],
-        "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}},
-    })
+    settings = settings.model_copy(
+        update={
+            "allowed_dataset_urls": [f"s3://{BUCKET}/curated/*"],
+            "allowed_local_dataset_roots": [root],
+            "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}},
+        }
+    )
     s3_chat = f"s3://{BUCKET}/curated/chat/*.parquet"
     training = {"max_steps": 3, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
     requests = {
         "s3-parquet": sft_request("s3-parquet", dataset={"url": s3_chat}),
         "local-jsonl": sft_request("local-jsonl", dataset={"url": f"{root}/chat/", "format": "jsonl"}),
-        "mixture": sft_request("mixture", dataset={"mixture": [{"id": CHAT_DATASET, "proportion": 1}, {"url": s3_chat, "proportion": 3}]}),
+        "mixture": sft_request(
+            "mixture", dataset={"mixture": [{"id": CHAT_DATASET, "proportion": 1}, {"url": s3_chat, "proportion": 3}]}
+        ),
         "streaming": sft_request("streaming", dataset={"url": s3_chat, "streaming": True}, training=training),
-        "eval-source": sft_request("eval-source", dataset={"id": CHAT_DATASET, "eval": {"url": f"{root}/eval.jsonl"}},
-                                   training={**training, "eval_strategy": "steps", "eval_steps": 3}),
+        "eval-source": sft_request(
+            "eval-source",
+            dataset={"id": CHAT_DATASET, "eval": {"url": f"{root}/eval.jsonl"}},
+            training={**training, "eval_strategy": "steps", "eval_steps": 3},
+        ),
     }
     daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=S3_CREDENTIALS).start()
     try:
@@ -77,7 +94,9 @@ async def test_object_storage_local_root_mixture_streaming_and_eval_source(
 
     [s3] = succeeded["s3-parquet"].dataset_sources
     assert s3.kind == "object_storage" and [f.path for f in s3.files] == [
-        f"s3://{BUCKET}/curated/chat/part-0.parquet", f"s3://{BUCKET}/curated/chat/part-1.parquet"]
+        f"s3://{BUCKET}/curated/chat/part-0.parquet",
+        f"s3://{BUCKET}/curated/chat/part-1.parquet",
+    ]
     assert all(f.etag and f.size for f in s3.files)
 
     [local] = succeeded["local-jsonl"].dataset_sources

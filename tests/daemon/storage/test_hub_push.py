@@ -15,10 +15,15 @@ from testbed.hub_server import HubServer
 
 
 def request(request_id: str, **output: object) -> SFTRequest:
-    return SFTRequest.model_validate({
-        "request_id": request_id, "method": "sft", "model": {"id": "tiny/base"},
-        "dataset": {"rows": [{"text": "x"}]}, "output": {"repo_id": f"pushes/{request_id}", **output},
-    })
+    return SFTRequest.model_validate(
+        {
+            "request_id": request_id,
+            "method": "sft",
+            "model": {"id": "tiny/base"},
+            "dataset": {"rows": [{"text": "x"}]},
+            "output": {"repo_id": f"pushes/{request_id}", **output},
+        }
+    )
 
 
 @pytest.fixture
@@ -27,7 +32,9 @@ def artifact(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "adapter_config.json").write_text('{"r": 4}')
     (folder / "adapter_model.safetensors").write_bytes(b"\x00weights")
-    (folder / "README.md").write_text(model_card(request("card"), "trl.SFTTrainer/trl.SFTConfig", "abc123", {"train_loss": 1.5}, {"trl": "1.16.0"}))
+    (folder / "README.md").write_text(
+        model_card(request("card"), "trl.SFTTrainer/trl.SFTConfig", "abc123", {"train_loss": 1.5}, {"trl": "1.16.0"})
+    )
     return folder
 
 
@@ -77,7 +84,11 @@ def test_a_hub_that_stops_answering_times_out_into_a_retry(hub: HubServer, artif
     result = hub_push.push(artifact, request("push-timeout"), hub_settings(hub, tmp_path, hub_timeout_s=1))
     assert hung.answered == 0, "the push waited for the hung call instead of timing out"
     assert [c.sha for c in hub.commits("pushes/push-timeout")] == [result.commit_sha]
-    commit_calls = [path for method, path in hub.requests if method == "POST" and path.startswith("/api/models/pushes/push-timeout/commit/")]
+    commit_calls = [
+        path
+        for method, path in hub.requests
+        if method == "POST" and path.startswith("/api/models/pushes/push-timeout/commit/")
+    ]
     assert len(commit_calls) == 2  # the one that timed out, and the retry
 
 
@@ -117,7 +128,9 @@ def test_the_hub_client_keeps_its_timeout_after_the_library_drops_it() -> None:
     assert huggingface_hub.get_session().timeout.read == 7.0
 
 
-def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(
+    hub: HubServer, artifact: Path, tmp_path: Path
+) -> None:
     import json
 
     from daemon.hub.model_card import card_base_model
@@ -139,14 +152,21 @@ def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(hub
 
 
 def gated(request_id: str, **evaluation: object) -> SFTRequest:
-    return SFTRequest.model_validate({
-        "request_id": request_id, "method": "sft", "model": {"id": "tiny/base"},
-        "dataset": {"rows": [{"text": "x"}], "eval": {"rows": [{"text": "y"}]}}, "output": {"repo_id": f"pushes/{request_id}"},
-        "evaluation": evaluation,
-    })
+    return SFTRequest.model_validate(
+        {
+            "request_id": request_id,
+            "method": "sft",
+            "model": {"id": "tiny/base"},
+            "dataset": {"rows": [{"text": "x"}], "eval": {"rows": [{"text": "y"}]}},
+            "output": {"repo_id": f"pushes/{request_id}"},
+            "evaluation": evaluation,
+        }
+    )
 
 
-def test_a_pull_request_holds_the_commit_main_stays_and_a_redelivery_finds_it(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
+def test_a_pull_request_holds_the_commit_main_stays_and_a_redelivery_finds_it(
+    hub: HubServer, artifact: Path, tmp_path: Path
+) -> None:
     settings, req = hub_settings(hub, tmp_path), gated("pr-1", on_fail="pr")
     assert hub_push.find_commit(req, settings) is None
     result = hub_push.push(artifact, req, settings, "main", create_pr=True)
@@ -158,8 +178,14 @@ def test_a_pull_request_holds_the_commit_main_stays_and_a_redelivery_finds_it(hu
     assert commit.sha == result.commit_sha and "adapter_model.safetensors" in commit.files
     # A redelivered request finds that commit in its pull request (one effect per request id).
     found = hub_push.find_commit(req, settings)
-    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (result.commit_sha, "refs/pr/1", result.pr_url)
-    assert hub_push.find_commit(gated("pr-2", on_fail="pr"), settings) is None  # another request's id finds nothing there
+    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (
+        result.commit_sha,
+        "refs/pr/1",
+        result.pr_url,
+    )
+    assert (
+        hub_push.find_commit(gated("pr-2", on_fail="pr"), settings) is None
+    )  # another request's id finds nothing there
 
 
 def test_a_side_branch_commit_is_found_again(hub: HubServer, artifact: Path, tmp_path: Path) -> None:
@@ -167,17 +193,33 @@ def test_a_side_branch_commit_is_found_again(hub: HubServer, artifact: Path, tmp
     result = hub_push.push(artifact, req, settings, "gate/failed")
     assert result.revision == "gate/failed" and hub.commits("pushes/side-1") == []
     found = hub_push.find_commit(req, settings)
-    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (result.commit_sha, "gate/failed", None)
+    assert found is not None and (found.commit_sha, found.revision, found.pr_url) == (
+        result.commit_sha,
+        "gate/failed",
+        None,
+    )
 
 
-def test_the_local_sinks_pull_request_is_a_folder_of_the_requests_own_beside_main(artifact: Path, tmp_path: Path) -> None:
+def test_the_local_sinks_pull_request_is_a_folder_of_the_requests_own_beside_main(
+    artifact: Path, tmp_path: Path
+) -> None:
     settings = Settings(hub_token=None, work_dir=tmp_path / "work")
     outputs = tmp_path / "work" / "outputs" / "pushes"
     first = hub_push.push(artifact, gated("pr-local", on_fail="pr"), settings, "main", create_pr=True)
-    assert (first.revision, Path(first.location), first.pr_url) == ("pr/pr-local", outputs / "pr-local#pr-local", (outputs / "pr-local#pr-local").as_uri())
+    assert (first.revision, Path(first.location), first.pr_url) == (
+        "pr/pr-local",
+        outputs / "pr-local#pr-local",
+        (outputs / "pr-local#pr-local").as_uri(),
+    )
     assert "adapter_model.safetensors" in first.files and not (outputs / "pr-local").exists()  # main untouched
     # A redelivery replaces its own pull request's folder; another request opens one of its own.
     assert hub_push.push(artifact, gated("pr-local", on_fail="pr"), settings, "main", create_pr=True) == first
-    other = hub_push.push(artifact, gated("pr-local", on_fail="pr").model_copy(update={"request_id": "pr-other"}), settings, "main", create_pr=True)
+    other = hub_push.push(
+        artifact,
+        gated("pr-local", on_fail="pr").model_copy(update={"request_id": "pr-other"}),
+        settings,
+        "main",
+        create_pr=True,
+    )
     assert Path(other.location) == outputs / "pr-local#pr-other"
     assert sorted(p.name for p in outputs.iterdir()) == ["pr-local#pr-local", "pr-local#pr-other"]

@@ -33,18 +33,29 @@ def with_store(settings: Settings, s3_endpoint: str, tmp_path: Path) -> tuple[Se
     """Host A's settings and host B's: the same topics, group and store; their own disks and names."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     if BUCKET not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]:
         client.create_bucket(Bucket=BUCKET)
-    shared = settings.model_copy(update={
-        "checkpoint_store": f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}",
-        "event_signing_key_file": fleet_key(tmp_path),  # the fleet's key: it signs what the hosts write to the store
-        "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}},
-        "session_timeout_ms": 10_000,  # a SIGKILLed member leaves the group when its session times out
-    })
-    return (shared.model_copy(update={"host": "host-a", "work_dir": tmp_path / "host-a"}),
-            shared.model_copy(update={"host": "host-b", "work_dir": tmp_path / "host-b"}))
+    shared = settings.model_copy(
+        update={
+            "checkpoint_store": f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}",
+            "event_signing_key_file": fleet_key(
+                tmp_path
+            ),  # the fleet's key: it signs what the hosts write to the store
+            "dataset_storage_options": {"s3": {"client_kwargs": {"endpoint_url": s3_endpoint}}},
+            "session_timeout_ms": 10_000,  # a SIGKILLed member leaves the group when its session times out
+        }
+    )
+    return (
+        shared.model_copy(update={"host": "host-a", "work_dir": tmp_path / "host-a"}),
+        shared.model_copy(update={"host": "host-b", "work_dir": tmp_path / "host-b"}),
+    )
 
 
 def store_of(settings: Settings) -> CheckpointStore:
@@ -70,14 +81,21 @@ def resumed_run(events: list[EventBase]) -> tuple[Started, list[int]]:
 
 
 async def test_a_host_lost_for_good_its_job_resumes_on_another_from_the_store(
-    settings: Settings, published: HubServer, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    published: HubServer,
+    s3_endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     host_a, host_b = with_store(settings, s3_endpoint, tmp_path)
     request_id = "lost-host-1"
-    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 60, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    request = sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 60, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+    )
     daemon = DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS).start()
     try:
         async with EventStream(host_a) as stream:
@@ -106,15 +124,22 @@ async def test_a_host_lost_for_good_its_job_resumes_on_another_from_the_store(
 
 
 async def test_sigterm_saves_and_uploads_within_the_deadline_and_another_host_resumes(
-    settings: Settings, published: HubServer, s3_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    published: HubServer,
+    s3_endpoint: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in S3_CREDENTIALS.items():
         monkeypatch.setenv(name, value)
     host_a, host_b = with_store(settings, s3_endpoint, tmp_path)
     host_a = host_a.model_copy(update={"drain_timeout_s": 30.0})
     request_id = "deadline-stop-1"
-    request = sft_request(request_id, dataset={"rows": CHAT_ROWS},
-                          training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2})
+    request = sft_request(
+        request_id,
+        dataset={"rows": CHAT_ROWS},
+        training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
+    )
     daemon = DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS).start()
     try:
         async with EventStream(host_a) as stream:

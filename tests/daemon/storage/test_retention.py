@@ -21,7 +21,9 @@ def job(jobs: Path, name: str, days_ago: float, *, succeeded: bool = False, chec
     (folder / "checkpoints" / "checkpoint-4").mkdir(parents=True)
     (folder / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors").write_bytes(b"w" * checkpoint_bytes)
     (folder / "child.log").write_text("step 4\n")
-    (folder / "journal.json").write_text(json.dumps({"succeeded": {"type": "succeeded"}} if succeeded else {"trained": None}))
+    (folder / "journal.json").write_text(
+        json.dumps({"succeeded": {"type": "succeeded"}} if succeeded else {"trained": None})
+    )
     when = NOW - days_ago * DAY
     for path in (folder / "checkpoints", folder / "child.log", folder / "journal.json", folder):
         os.utime(path, (when, when))
@@ -41,7 +43,9 @@ def test_a_pass_removes_what_the_operator_said_and_nothing_else(tmp_path: Path) 
 
     assert pruned.folders == ["old"] and not old.exists()
     assert pruned.checkpoints == ["published"] and not (published / "checkpoints").exists()
-    assert (published / "journal.json").exists() and (published / "child.log").exists()  # the record that answers a redelivery stays
+    assert (published / "journal.json").exists() and (
+        published / "child.log"
+    ).exists()  # the record that answers a redelivery stays
     assert (failed / "checkpoints" / "checkpoint-4").is_dir()  # sent again, it resumes from there
     assert (running / "checkpoints").is_dir() and (tmp_path / "outside").is_dir()
     assert pruned.freed_bytes >= 2000
@@ -52,7 +56,11 @@ def test_beyond_the_count_the_least_recently_changed_go_first(tmp_path: Path) ->
     for index in range(5):
         job(jobs, f"job-{index}", days_ago=index)  # job-0 changed last
     pruned = prune(jobs, running=(), max_age_s=14 * DAY, max_count=3, now=NOW)
-    assert sorted(pruned.folders) == ["job-3", "job-4"] and sorted(path.name for path in jobs.iterdir()) == ["job-0", "job-1", "job-2"]
+    assert sorted(pruned.folders) == ["job-3", "job-4"] and sorted(path.name for path in jobs.iterdir()) == [
+        "job-0",
+        "job-1",
+        "job-2",
+    ]
 
 
 def test_a_log_that_grows_keeps_its_folder(tmp_path: Path) -> None:
@@ -71,7 +79,9 @@ async def test_the_daemons_pass_spares_its_running_jobs_and_counts_what_it_remov
     from daemon.settings import Settings
     from testbed.memory_kafka import FakeConsumer, FakeProducer
 
-    settings = Settings(work_dir=tmp_path / "work", gpus=[], warm_child=False, metrics_address=None, job_retention_days=7)
+    settings = Settings(
+        work_dir=tmp_path / "work", gpus=[], warm_child=False, metrics_address=None, job_retention_days=7
+    )
     service = Service(settings, consumer=FakeConsumer(), producer=FakeProducer())  # type: ignore[arg-type]
     ago = (NOW - time.time()) / DAY  # job() dates folders back from NOW: these are 30 and 31 days old today
     job(settings.jobs_dir, "stale", 30 + ago)
@@ -97,7 +107,9 @@ def test_a_job_that_starts_on_an_old_folder_during_a_pass_keeps_it_and_its_new_l
     def job_starts_then_take(target: Path, folder: Path, changed: float) -> Path | None:
         if folder.name == "sent-again":
             (folder / "child.log").write_text("attempt 2: step 1\n")
-            os.utime(folder / "child.log", (NOW - 1, NOW - 1))  # a second ago, on the test's clock: newer than the pass read
+            os.utime(
+                folder / "child.log", (NOW - 1, NOW - 1)
+            )  # a second ago, on the test's clock: newer than the pass read
         return retention.set_aside(target, folder, changed)
 
     pruned = prune(jobs, running=(), max_age_s=14 * DAY, max_count=500, now=NOW, take=job_starts_then_take)
@@ -107,7 +119,9 @@ def test_a_job_that_starts_on_an_old_folder_during_a_pass_keeps_it_and_its_new_l
     assert sorted(path.name for path in jobs.iterdir()) == ["sent-again"]  # nothing left set aside
 
 
-async def test_a_job_the_daemon_starts_during_a_pass_keeps_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_job_the_daemon_starts_during_a_pass_keeps_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The same race in the daemon, before the job has written anything: the scheduler takes the
     # request while the pass (in its thread) reads the folders. The seam: reading the folder's age,
     # which here waits until the loop has registered the job. The set-aside checks the scheduler's
@@ -120,7 +134,9 @@ async def test_a_job_the_daemon_starts_during_a_pass_keeps_its_folder(tmp_path: 
     from daemon.settings import Settings
     from testbed.memory_kafka import FakeConsumer, FakeProducer
 
-    settings = Settings(work_dir=tmp_path / "work", gpus=[], warm_child=False, metrics_address=None, job_retention_days=7)
+    settings = Settings(
+        work_dir=tmp_path / "work", gpus=[], warm_child=False, metrics_address=None, job_retention_days=7
+    )
     service = Service(settings, consumer=FakeConsumer(), producer=FakeProducer())  # type: ignore[arg-type]
     ago = (NOW - time.time()) / DAY
     folder = job(settings.jobs_dir, "sent-again", 30 + ago)

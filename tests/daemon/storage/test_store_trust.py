@@ -56,7 +56,12 @@ def store(request: pytest.FixtureRequest, tmp_path: Path, fleet: StoreSigning) -
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
         if BUCKET not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]:
             client.create_bucket(Bucket=BUCKET)
-        yield CheckpointStore(f"s3://{BUCKET}/{prefix}", {"s3": {"client_kwargs": {"endpoint_url": endpoint}}}, host="host-a", signing=fleet)
+        yield CheckpointStore(
+            f"s3://{BUCKET}/{prefix}",
+            {"s3": {"client_kwargs": {"endpoint_url": endpoint}}},
+            host="host-a",
+            signing=fleet,
+        )
 
 
 def untrusted(reason: str) -> float:
@@ -68,16 +73,29 @@ def put(store: CheckpointStore, path: str, data: bytes) -> None:
     store.fs.pipe_file(path, data)
 
 
-def plant(store: CheckpointStore, request_id: str, step: int, files: dict[str, bytes], *, signing: StoreSigning | None = None,
-          manifest: dict[str, Any] | None = None) -> None:
+def plant(
+    store: CheckpointStore,
+    request_id: str,
+    step: int,
+    files: dict[str, bytes],
+    *,
+    signing: StoreSigning | None = None,
+    manifest: dict[str, Any] | None = None,
+) -> None:
     """What a writer of the store leaves there: the files and a manifest listing them (its own sizes
     and sha256), in the envelope `signing` seals, or, without it, as the manifest was before signing."""
     import hashlib
 
     for name, data in files.items():
         put(store, store.path(request_id, f"checkpoint-{step}", name), data)
-    document = manifest or {"step": step, "host": "intruder", "written_at": time.time(),  # fresh: retention leaves it
-                            "files": {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}}
+    document = manifest or {
+        "step": step,
+        "host": "intruder",
+        "written_at": time.time(),  # fresh: retention leaves it
+        "files": {
+            name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()
+        },
+    }
     raw = seal(signing, "manifest", request_id, step, document) if signing else json.dumps(document).encode()
     put(store, store.path(request_id, f"checkpoint-{step}", MANIFEST), raw)
 
@@ -90,10 +108,23 @@ def nothing_planted(root: Path) -> None:
     assert [str(path) for path in root.rglob("planted*")] == []
 
 
-@pytest.mark.parametrize("name", ["../../outside/planted.pth", "../planted.pth", "nested/../../planted.pth", "ABSOLUTE", "a//planted.pth",
-                                  "./planted.pth", "nested\\..\\planted.pth"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "../../outside/planted.pth",
+        "../planted.pth",
+        "nested/../../planted.pth",
+        "ABSOLUTE",
+        "a//planted.pth",
+        "./planted.pth",
+        "nested\\..\\planted.pth",
+    ],
+)
 def test_a_manifest_naming_a_path_outside_its_checkpoint_is_skipped_even_signed(
-    store: CheckpointStore, fleet: StoreSigning, tmp_path: Path, name: str,
+    store: CheckpointStore,
+    fleet: StoreSigning,
+    tmp_path: Path,
+    name: str,
 ) -> None:
     name = str(tmp_path / "elsewhere" / "planted.pth") if name == "ABSOLUTE" else name
     honest(store, tmp_path, "req", 5)
@@ -117,7 +148,9 @@ def test_a_download_checks_names_before_it_writes_anything(store: CheckpointStor
 
 
 def test_unsigned_forged_and_misplaced_manifests_are_skipped_for_the_previous_whole_one(
-    store: CheckpointStore, fleet: StoreSigning, tmp_path: Path,
+    store: CheckpointStore,
+    fleet: StoreSigning,
+    tmp_path: Path,
 ) -> None:
     honest(store, tmp_path, "req", 5)
     weights = {"adapter_model.safetensors": b"planted weights"}
@@ -126,13 +159,21 @@ def test_unsigned_forged_and_misplaced_manifests_are_skipped_for_the_previous_wh
     honest(store, tmp_path, "other", 997)  # a genuine checkpoint of another request...
     raw = store.fs.cat_file(store.path("other", "checkpoint-997", MANIFEST))
     for name in ("adapter_model.safetensors", "nested/optimizer.pt", "trainer_state.json"):
-        put(store, store.path("req", "checkpoint-997", name), store.fs.cat_file(store.path("other", "checkpoint-997", name)))
+        put(
+            store,
+            store.path("req", "checkpoint-997", name),
+            store.fs.cat_file(store.path("other", "checkpoint-997", name)),
+        )
     put(store, store.path("req", "checkpoint-997", MANIFEST), raw)  # ...copied to this one
     honest(store, tmp_path, "req", 6)  # a genuine checkpoint of this request, at step 6...
     for name in ("adapter_model.safetensors", "nested/optimizer.pt", "trainer_state.json"):
-        put(store, store.path("req", "checkpoint-996", name), store.fs.cat_file(store.path("req", "checkpoint-6", name)))
+        put(
+            store, store.path("req", "checkpoint-996", name), store.fs.cat_file(store.path("req", "checkpoint-6", name))
+        )
     envelope = json.loads(store.fs.cat_file(store.path("req", "checkpoint-6", MANIFEST)))
-    put(store, store.path("req", "checkpoint-996", MANIFEST), json.dumps({**envelope, "step": 996}).encode())  # ...made to say 996
+    put(
+        store, store.path("req", "checkpoint-996", MANIFEST), json.dumps({**envelope, "step": 996}).encode()
+    )  # ...made to say 996
     tampered = json.loads(store.fs.cat_file(store.path("req", "checkpoint-5", MANIFEST)))
     tampered["document"] = tampered["document"].replace('"host": "host-a"', '"host": "host-b"')
     put(store, store.path("req", "checkpoint-995", MANIFEST), json.dumps({**tampered, "step": 995}).encode())
@@ -140,7 +181,11 @@ def test_unsigned_forged_and_misplaced_manifests_are_skipped_for_the_previous_wh
     counts = {reason: untrusted(reason) for reason in ("unsigned", "unknown_key", "misplaced", "bad_signature")}
     assert [manifest.step for manifest in store.complete("req")] == [6, 5]
     assert {reason: untrusted(reason) - count for reason, count in counts.items()} == {
-        "unsigned": 1, "unknown_key": 1, "misplaced": 1, "bad_signature": 2}
+        "unsigned": 1,
+        "unknown_key": 1,
+        "misplaced": 1,
+        "bad_signature": 2,
+    }
     checkpoints = tmp_path / "host"
     assert fetch(store, "req", checkpoints) == (6, "store")
     assert (checkpoints / "checkpoint-6" / "trainer_state.json").read_text() == json.dumps({"global_step": 6})
@@ -151,14 +196,20 @@ def test_a_store_with_no_signed_checkpoint_trains_from_the_start(store: Checkpoi
     assert store.complete("req") == [] and fetch(store, "req", tmp_path / "host") is None
 
 
-def test_succeeded_counts_only_when_the_fleet_signed_it_for_this_request(store: CheckpointStore, tmp_path: Path) -> None:
+def test_succeeded_counts_only_when_the_fleet_signed_it_for_this_request(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
     event = {"type": "succeeded", "request_id": "req", "repo_id": "theirs/repo", "commit_sha": "f" * 40}
     put(store, store.path("req", SUCCEEDED), json.dumps(event).encode())  # as written before signing: anyone's
     put(store, store.path("junk", SUCCEEDED), json.dumps({"hello": 1}).encode())
     put(store, store.path("cut", SUCCEEDED), b'{"type": "succ')
     before = {reason: untrusted(reason) for reason in ("unsigned", "malformed", "misplaced")}
     assert store.succeeded("req") is None and store.succeeded("junk") is None and store.succeeded("cut") is None
-    assert {reason: untrusted(reason) - count for reason, count in before.items()} == {"unsigned": 2, "malformed": 1, "misplaced": 0}
+    assert {reason: untrusted(reason) - count for reason, count in before.items()} == {
+        "unsigned": 2,
+        "malformed": 1,
+        "misplaced": 0,
+    }
 
     store.mark_succeeded("done", {"type": "succeeded", "request_id": "done"})
     assert store.succeeded("done") == {"type": "succeeded", "request_id": "done"}
@@ -168,13 +219,23 @@ def test_succeeded_counts_only_when_the_fleet_signed_it_for_this_request(store: 
     assert store.succeeded("odd") is None
 
 
-def test_what_a_store_lists_is_bounded(store: CheckpointStore, fleet: StoreSigning, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_a_store_lists_is_bounded(
+    store: CheckpointStore, fleet: StoreSigning, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     honest(store, tmp_path, "req", 5)
     before = untrusted("too_large")
-    put(store, store.path("req", "checkpoint-10", MANIFEST), b" " * (store_documents.MAX_DOCUMENT_BYTES + 10))  # a manifest too big to read
+    put(
+        store, store.path("req", "checkpoint-10", MANIFEST), b" " * (store_documents.MAX_DOCUMENT_BYTES + 10)
+    )  # a manifest too big to read
     plant(store, "req", 11, {f"f{n}": b"x" for n in range(5)}, signing=fleet)  # more files than the bound below
-    small = CheckpointStore(store.url, {"s3": {"client_kwargs": {"endpoint_url": store.fs.client_kwargs["endpoint_url"]}}}
-                            if store.url.startswith("s3://") else {}, signing=fleet, max_bytes=1500)
+    small = CheckpointStore(
+        store.url,
+        {"s3": {"client_kwargs": {"endpoint_url": store.fs.client_kwargs["endpoint_url"]}}}
+        if store.url.startswith("s3://")
+        else {},
+        signing=fleet,
+        max_bytes=1500,
+    )
     monkeypatch.setattr(store_documents, "MAX_FILES", 4)
     assert [manifest.step for manifest in store.complete("req")] == [5]
     assert untrusted("too_large") == before + 2
@@ -199,8 +260,19 @@ def test_a_link_in_a_shared_folder_store_is_never_followed(fleet: StoreSigning, 
     root = tmp_path / "shared" / "req"
     (root / "checkpoint-8" / "adapter_model.safetensors").unlink()
     (root / "checkpoint-8" / "adapter_model.safetensors").symlink_to(secret)  # a link to a file...
-    plant(store, "req", 9, {"trainer_state.json": b"{}"}, signing=fleet,
-          manifest={"step": 9, "files": {"nested/optimizer.pt": {"size": 10, "sha256": __import__("hashlib").sha256(b"o" * 10).hexdigest()}}})
+    plant(
+        store,
+        "req",
+        9,
+        {"trainer_state.json": b"{}"},
+        signing=fleet,
+        manifest={
+            "step": 9,
+            "files": {
+                "nested/optimizer.pt": {"size": 10, "sha256": __import__("hashlib").sha256(b"o" * 10).hexdigest()}
+            },
+        },
+    )
     (root / "checkpoint-9" / "nested").symlink_to(tmp_path / "outside")  # ...and a link to a folder
     before = untrusted("link")
     assert [manifest.step for manifest in store.complete("req")] == [5]
@@ -213,7 +285,11 @@ def test_a_link_in_a_shared_folder_store_is_never_followed(fleet: StoreSigning, 
     store.remove("linked")
     (root / "checkpoint-7").symlink_to(tmp_path / "outside")  # a checkpoint folder that is a link: removed as a link
     assert store.remove_checkpoints("req") == 4
-    assert not (tmp_path / "shared" / "linked").exists() and (tmp_path / "outside" / "optimizer.pt").exists() and secret.exists()
+    assert (
+        not (tmp_path / "shared" / "linked").exists()
+        and (tmp_path / "outside" / "optimizer.pt").exists()
+        and secret.exists()
+    )
 
 
 def test_a_download_never_writes_through_a_link_on_the_host(store: CheckpointStore, tmp_path: Path) -> None:
