@@ -20,7 +20,7 @@ from pathlib import Path
 
 from daemon.admission.judge import refusal
 from daemon.admission.secret_rules import SCANNER
-from daemon.jobs.slots import Slots
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection, decode_request
 

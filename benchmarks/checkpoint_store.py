@@ -30,7 +30,7 @@ os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench
 @functools.cache
 def fleet_signing() -> Any:
     """A key of the uploader's own, made once: the manifest is signed as the daemon signs it (any key costs the same)."""
-    from daemon.jobs.store_documents import StoreSigning
+    from daemon.store.documents import StoreSigning
     from schemas.signing import EventKeys, EventSigner, new_key_pair, read_private_key
 
     signer = EventSigner(read_private_key(new_key_pair()[0]))
@@ -39,7 +39,7 @@ def fleet_signing() -> Any:
 
 def upload(url: str, options: dict[str, Any], folder: str, step: int) -> tuple[float, int]:
     """In the uploader process: one checkpoint's files and its signed manifest; its seconds and bytes."""
-    from daemon.jobs.checkpoint_store import CheckpointStore
+    from daemon.store.checkpoints import CheckpointStore
 
     signing = fleet_signing()
     started = time.perf_counter()
@@ -55,7 +55,7 @@ def train(model_dir: Path, steps: int, store: tuple[str, dict[str, Any]] | None)
     from trl import SFTConfig, SFTTrainer
 
     from daemon.cli.demo_requests import demo_request
-    from daemon.jobs.uploads import snapshot
+    from daemon.job.uploads import snapshot
 
     request = demo_request("sft", model_dir)
     pool = ProcessPoolExecutor(1) if store is not None else None

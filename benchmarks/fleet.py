@@ -53,11 +53,11 @@ from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
 from benchmarks.fleet_watch import Collector, ready
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
-from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import partition_numbers
 from daemon.local_broker import free_port
 from daemon.settings import Settings
+from daemon.settings.fleet import PriorityClass, TeamShare
 from schemas import Event
 from testbed.data import CHAT_ROWS
 from testbed.fleet_keys import shared_fleet_keys

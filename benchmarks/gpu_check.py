@@ -12,7 +12,7 @@ bf16, built here; nothing is downloaded). Its rows (`--plan` lists them and whic
 - memory: GPU memory (nvidia-smi) before each daemon job, its peak and after it (back to the baseline);
 - qlora: a QLoRA 4-bit job through the daemon;
 - packing: 1, 2, 4 and 8 LoRA jobs at once on one GPU through the daemon's own packing
-  (`max_jobs_per_gpu`, daemon/jobs/slots.py): their aggregate tokens/s against one alone;
+  (`max_jobs_per_gpu`, daemon/resources/slots.py): their aggregate tokens/s against one alone;
 - fast: one job with the host's speed settings on against TRL's defaults, through the daemon;
 - lora_7b: a LoRA job of Qwen2.5-7B's shape as a share of the GPU's measured bf16 matmul peak;
 - plain_at_once, checkpointing: plain TRL jobs at once with no daemon, and one with gradient

@@ -122,7 +122,7 @@ def sharded_request(
 ) -> dict[str, Any]:
     """A full fine-tune across `gpus` GPUs, `resources.shard` left to the daemon ('auto'): of Qwen2.5-7B's shape its
     whole copy (bf16 weights, gradients and AdamW's state, about 10 bytes a parameter) is over an 80 GB GPU's room,
-    so the daemon shards it (daemon/jobs/shard_plan.py), as it would any job that fits only so."""
+    so the daemon shards it (daemon/resources/shards.py), as it would any job that fits only so."""
     request = sft_request(model_dir, request_id, steps, rows)
     request["peft"] = None
     request["training"]["per_device_train_batch_size"] = 2

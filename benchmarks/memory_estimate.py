@@ -1,4 +1,4 @@
-"""`python -m benchmarks.memory_estimate`: the memory estimate (daemon/jobs/memory.py) against what a
+"""`python -m benchmarks.memory_estimate`: the memory estimate (daemon/resources/memory.py) against what a
 job measures, on the CPU, for models large enough that their memory stands out of the interpreter's.
 
 Each row trains one SFT LoRA job of a Qwen2-shaped model with random float32 weights (built here,
@@ -122,8 +122,8 @@ def measure(request_path: Path) -> int:
 
 
 def main() -> None:
-    from daemon.jobs.headers import local_tensors
-    from daemon.jobs.memory import estimate
+    from daemon.resources.headers import local_tensors
+    from daemon.resources.memory import estimate
     from schemas import RequestBase, decode_request
 
     mib = 2**20

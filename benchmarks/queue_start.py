@@ -35,7 +35,7 @@ from benchmarks.harness import (
     warm_event,
 )
 from benchmarks.overhead import job
-from daemon.jobs.slots import discover_gpus
+from daemon.resources.slots import discover_gpus
 from schemas import Succeeded
 from testbed.client import terminal_events
 

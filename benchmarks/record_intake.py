@@ -31,7 +31,7 @@ from PIL import Image
 
 from daemon.cli.demo_requests import VISION_CHAT_ROWS
 from daemon.intake import decoded_request, judged
-from daemon.jobs.slots import Slots
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection
 

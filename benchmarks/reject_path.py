@@ -65,9 +65,9 @@ async def microseconds(mix: str, count: int) -> float:
     from aiokafka import TopicPartition
 
     from daemon.intake import Intake
-    from daemon.jobs.slots import Slots
     from daemon.kafka.publisher import Publisher
     from daemon.ops.logs import configure_logging
+    from daemon.resources.slots import Slots
     from daemon.settings import Settings
 
     configure_logging("json", "error")

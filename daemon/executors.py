@@ -4,13 +4,13 @@ event loop's default executor, so one kind cannot take every thread from another
 - `decode`: decoding, validating and scanning a large request (daemon/intake.py);
 - `admission`: judging a valid request with inline images (daemon/admission/judge.py through
   intake), whose headers it reads;
-- `headers`: reading models' safetensors headers for the memory estimate (daemon/jobs/headers.py);
+- `headers`: reading models' safetensors headers for the memory estimate (daemon/resources/headers.py);
 - `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
-- `retention`: passes of retention over the jobs' folders (daemon/jobs/retention.py).
+- `retention`: passes of retention over the jobs' folders (daemon/store/retention.py).
 
 Seven model files that never answered once held every thread of the default executor, and a
 64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
-reads only, and each of them ends by its own deadline (daemon/jobs/headers.py). A thread still
+reads only, and each of them ends by its own deadline (daemon/resources/headers.py). A thread still
 busy when the loop stops waiting for it (a timeout) stays taken until its work returns: that is
 why every kind's work has its own bound, and why the pools are bounded at all.
 """

@@ -5,7 +5,7 @@ A record is rejected when it does not decode or validate (`schemas.decode_reques
 written by a key of the team it names or names a class that team may not use (daemon/admission/grants.py), names a
 method this host's TRL cannot run, asks for more GPUs than the host has, or breaks the operator's
 policy; and, once its memory estimate is worked out, when its job fits none of the host's GPUs,
-whole or sharded (daemon/jobs/shard_plan.py; the scheduler's offer raises `Unfit`). Rejections are
+whole or sharded (daemon/resources/shards.py; the scheduler's offer raises `Unfit`). Rejections are
 pipelined: their DLQ records and events go out in batches and are settled (acknowledged, then committed) in the background, in order; a valid request waits until the
 rejections before it are settled, so offsets are committed in order.
 """
@@ -25,8 +25,6 @@ from daemon.admission.images import has_inline_images
 from daemon.admission.judge import image_refusal, refusal_before_images
 from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
-from daemon.jobs.shard_plan import Unfit
-from daemon.jobs.slots import Slots
 from daemon.kafka.copies import too_large
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
@@ -35,6 +33,8 @@ from daemon.kafka.records import Record
 from daemon.kafka.trace import trace_context
 from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.ops import metrics
+from daemon.resources.shards import Unfit
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
 
@@ -208,7 +208,7 @@ class Intake:
             try:
                 offered = await self.scheduler.offer(tp, record, decoded)
             except Exception as exc:  # as above: rejected, unless the offer got as far as starting its job
-                # A job that fits none of this host's GPUs (daemon/jobs/shard_plan.py) is rejected with its numbers.
+                # A job that fits none of this host's GPUs (daemon/resources/shards.py) is rejected with its numbers.
                 rejection = (
                     exc.rejection if isinstance(exc, Unfit) else internal_rejection(record, exc, decoded.request_id)
                 )

@@ -31,10 +31,7 @@ from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.wiring import fleet_dispatcher, require_fleet_retry_key
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
-from daemon.jobs.retention import Pruned, free_bytes, prune_folders_once
 from daemon.jobs.scheduler import Scheduler
-from daemon.jobs.slots import Slots, discover_gpus, packing_from
-from daemon.jobs.store_retention import prune_store_once
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.lag import ConsumerLag
@@ -47,8 +44,11 @@ from daemon.ops.heap import freeze_startup_heap
 from daemon.ops.http_server import HttpEndpoint, server_tls
 from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
-from daemon.secret_files import token_from
+from daemon.resources.slots import Slots, discover_gpus, packing_from
 from daemon.settings import Settings
+from daemon.settings.secret_files import token_from
+from daemon.store.pruning import prune_store_once
+from daemon.store.retention import Pruned, free_bytes, prune_folders_once
 from schemas.skeleton import prototypes
 
 log = structlog.get_logger()
@@ -281,7 +281,7 @@ class Service:
             await asyncio.sleep(RETENTION_INTERVAL_S)
 
     async def prune_once(self) -> Pruned | None:
-        """One pass of retention over the job folders (daemon/jobs/retention.py), this daemon's running jobs left alone."""
+        """One pass of retention over the job folders (daemon/store/retention.py), this daemon's running jobs left alone."""
         return await prune_folders_once(self.settings, self._running, time.time())
 
     def _running(self) -> set[str]:

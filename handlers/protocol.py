@@ -3,7 +3,7 @@ messages the child sends back, the failure codes both use, and the one rule for 
 are worth another try.
 
 The child (`handlers.child.runner`) writes one message per line on its status pipe; the daemon decodes
-each with `parse_child_message`, in one place (`daemon.jobs.supervisor`). Private to the daemon and
+each with `parse_child_message`, in one place (`daemon.job.supervisor`). Private to the daemon and
 its child, so not in schemas/ (the wire contract). It imports pydantic, schemas and the standard
 library only: the daemon imports this module and nothing else of handlers/, and the child never
 imports the daemon.

@@ -3,7 +3,7 @@ which baselines, and the gate that decides where the artifact goes), the numbers
 (`EvaluationResult`, on the status pipe), and what the `succeeded` event reports of them
 (`EvaluationReport`).
 
-The child measures; the daemon judges (daemon/jobs/gate.py), from the child's numbers alone, so the
+The child measures; the daemon judges (daemon/job/gate.py), from the child's numbers alone, so the
 verdict of a job whose artifact is already on disk is the same on every attempt. A failed gate is
 not a failed job: the request ends `succeeded` with `published` saying where the artifact went.
 """

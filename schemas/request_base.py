@@ -259,7 +259,7 @@ class RequestBase(Frozen):
             problem = self.evaluation_problem(self.evaluation)
             if problem:
                 raise ValueError(problem)
-        if self.resources.shard == "fsdp":  # 'auto' shards only where this allows it (daemon/jobs/shard_plan.py)
+        if self.resources.shard == "fsdp":  # 'auto' shards only where this allows it (daemon/resources/shards.py)
             problem = self.sharding_problem()
             if problem:
                 raise ValueError(problem)

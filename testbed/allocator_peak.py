@@ -1,6 +1,6 @@
 """`python -m testbed.allocator_peak`: a job's child (`handlers.child.runner`, run by its module name as the daemon
 starts it) under torch's profiler, which counts the bytes torch's CPU allocator holds, and the most it held: on the
-CPU, the figure `torch.cuda.max_memory_allocated` is on a GPU and the memory estimate (daemon/jobs/memory.py)
+CPU, the figure `torch.cuda.max_memory_allocated` is on a GPU and the memory estimate (daemon/resources/memory.py)
 models, which the job's own CPU figure (its peak resident set, the interpreter and the libraries in it) is not.
 
 Run as the child is (alone, or as a torchrun worker); each process writes `rank<r>.json` ({"rank", "peak_bytes",

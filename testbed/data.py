@@ -25,7 +25,7 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
 
 def safetensors_header_only(header: dict[str, Any]) -> bytes:
     """A safetensors file of `header` alone, without the weights it describes: what reading the
-    header for the memory estimate needs (daemon/jobs/headers.py), at a few bytes a tensor. Each
+    header for the memory estimate needs (daemon/resources/headers.py), at a few bytes a tensor. Each
     tensor gets the `data_offsets` safetensors writes (huggingface_hub's parser asks for them);
     a shape no tensor has (a test's negative dimension) gets none to speak of."""
     offset, described = 0, {}

@@ -24,9 +24,9 @@ with atheris.instrument_imports(include=["schemas", "daemon"]):
 
     from daemon.admission.judge import refusal
     from daemon.intake import Intake
-    from daemon.jobs.slots import Slots
     from daemon.kafka.publisher import Publisher
     from daemon.ops.logs import configure_logging
+    from daemon.resources.slots import Slots
     from daemon.settings import Settings
     from schemas import Rejected, Rejection, decode_request
 

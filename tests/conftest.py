@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 # wait 60 s); set before gcsfs is imported, here and in the daemons and children the tests start.
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
 # A token in the developer's environment would make every daemon and Settings here push to the
-# Hub (daemon/secret_files.py reads $HF_TOKEN when no token is configured): the tests name theirs.
+# Hub (daemon/settings/secret_files.py reads $HF_TOKEN when no token is configured): the tests name theirs.
 os.environ.pop("HF_TOKEN", None)
 
 import json

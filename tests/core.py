@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from aiokafka import TopicPartition
 
-from daemon.jobs.slots import Slots, packing_from
+from daemon.resources.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
 from schemas import RequestBase, decode_request

@@ -229,8 +229,8 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
 # with what is under it alone. Peers in one layer never import each other.
 DAEMON_LAYERS: list[set[str]] = [
     {"errors", "executors"},  # the error tree; the bounded pools of worker threads
-    # the settings source that reads the operator's secret files; the fleet's classes and teams; the Kafka, job and endpoint settings
-    {"secret_files", "fleet_config", "kafka_settings", "work_settings", "endpoint_settings"},
+    # the settings: the TOML file and environment, the Kafka, job and endpoint settings, the fleet's classes and
+    # teams, and the source that reads the operator's secret files
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd
     {
@@ -239,8 +239,12 @@ DAEMON_LAYERS: list[set[str]] = [
         "admission",
         "hub",
         "local_broker",
-    },  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests
-    {"jobs"},  # the scheduler and one job's lifecycle
+        "store",
+    },  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests;
+    # the checkpoint store and the host's job folders
+    {"resources"},  # what a job needs of the host: slots, memory estimates, shard plans
+    {"job"},  # one job's lifecycle
+    {"jobs"},  # the scheduler
     {"intake"},  # records into requests for the scheduler, or rejections
     {"fleet"},  # the fleet's one queue, in front of the scheduler (with priority classes)
     {"service"},  # the flat loop
@@ -366,7 +370,7 @@ def test_no_import_cycles_anywhere_in_the_project() -> None:
 
 
 def test_a_jobs_events_are_published_through_jobevents_alone() -> None:
-    """daemon/jobs/job_events.py is the one place a job's events go out (intake's rejections, which
+    """daemon/job/events.py is the one place a job's events go out (intake's rejections, which
     are no job's, are sent in batches by `Publisher.send_all`)."""
     publishing = {str(path.relative_to(ROOT)) for path in modules("daemon") if "publisher.publish(" in path.read_text()}
-    assert publishing == {"daemon/jobs/job_events.py"}
+    assert publishing == {"daemon/job/events.py"}

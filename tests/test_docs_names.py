@@ -1,4 +1,4 @@
-"""Every name the docs give a newcomer exists: each repository path (`daemon/jobs/slots.py`,
+"""Every name the docs give a newcomer exists: each repository path (`daemon/resources/slots.py`,
 `tests/daemon/`) that README.md, docs/*.md, deploy/README.md or a docstring of the code names, and
 each dotted module or attribute name (`daemon.service.wire`, `schemas.read_event`,
 `tests.fakes.FakeConsumer.getmany`) they put in backticks.
@@ -246,12 +246,12 @@ def test_every_path_and_dotted_name_the_docs_give_exists() -> None:
 
 def test_the_checker_finds_a_stale_path_and_name_and_passes_real_ones() -> None:
     assert (
-        path_exists("daemon/jobs/slots.py")
+        path_exists("daemon/resources/slots.py")
         and path_exists("tests/daemon/")
         and path_exists("benchmarks/results/<name>.md")
     )
     assert not path_exists("handlers/common.py") and not path_exists("daemon/jobs/nowhere.py")
-    assert resolve("daemon.service.wire") is None and resolve("daemon.jobs.slots.Slots.take") is None
+    assert resolve("daemon.service.wire") is None and resolve("daemon.resources.slots.Slots.take") is None
     assert resolve("tests.core.CoreOnFakes.intake") is None  # bound in __init__ as self.intake
     assert resolve("schemas.read_event") is None  # bound by an import in schemas/__init__.py
     assert resolve("daemon.intake.Intake.nothing_here") == "daemon.intake.Intake.nothing_here"

@@ -51,11 +51,11 @@ def test_a_host_of_one_gpu_skips_the_sharded_row_alone_saying_so() -> None:
 
 def test_the_sharded_rows_model_fits_no_80_gb_gpu_whole_and_two_sharded(tmp_path: Path) -> None:
     """The sharded row's job (benchmarks/gpu_jobs.py `sharded_request`, a full fine-tune of Qwen2.5-7B's shape): the
-    estimate of its whole copy is over an 80 GB GPU's room, so the daemon's plan shards it (daemon/jobs/shard_plan.py),
+    estimate of its whole copy is over an 80 GB GPU's room, so the daemon's plan shards it (daemon/resources/shards.py),
     and its figure a GPU across two fits."""
     from benchmarks.gpu_jobs import QWEN2_7B, sharded_request
     from benchmarks.what_fits import ROOM, Shape
-    from daemon.jobs.memory import estimate
+    from daemon.resources.memory import estimate
     from schemas.request import REQUEST_MODELS
 
     config = {key: int(value) for key, value in QWEN2_7B.items()}

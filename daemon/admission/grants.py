@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from daemon.fleet_config import TeamShare, team_of
-from daemon.secret_files import team_keys
+from daemon.settings.fleet import TeamShare, team_of
+from daemon.settings.secret_files import team_keys
 from schemas import FieldError, Rejection, RequestBase
 from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventKeys, UnverifiedEvent
 

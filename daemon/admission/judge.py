@@ -19,7 +19,7 @@ from schemas import FieldError, Rejection, RequestBase
 
 
 class Gpus(Protocol):
-    """What admission reads of the host's slots (daemon/jobs/slots.py `Slots`, a layer above this one)."""
+    """What admission reads of the host's slots (daemon/resources/slots.py `Slots`, a layer above this one)."""
 
     gpus: list[str]
 

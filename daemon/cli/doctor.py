@@ -26,16 +26,16 @@ from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, Securit
 from daemon.admission.grants import Grants
 from daemon.cli.store_check import store_check
 from daemon.cli.topics_report import topics_verdict
-from daemon.jobs.retention import existing_folder, free_bytes
-from daemon.jobs.slots import discover_gpus
 from daemon.kafka.acl_recipe import recipe, verdict
 from daemon.kafka.acls import principal_of, topics_acls, writers
 from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import load_key, retry_key_id
 from daemon.local_broker.running import local_broker_at
 from daemon.ops.local_endpoint import local_url
-from daemon.secret_files import event_keys, event_signer
+from daemon.resources.slots import discover_gpus
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys, event_signer
+from daemon.store.retention import existing_folder, free_bytes
 
 # Below this much free space in work_dir the disk check fails: a job's checkpoints and its base
 # model's files need several GiB.

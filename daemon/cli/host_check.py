@@ -10,9 +10,9 @@ import typer
 
 from daemon.admission.judge import refusal
 from daemon.errors import ConfigError
-from daemon.jobs.estimator import Estimator, MemoryHistory
-from daemon.jobs.shard_plan import Unfit, planned
-from daemon.jobs.slots import Slots, discover_gpus, packing_from
+from daemon.resources.estimator import Estimator, MemoryHistory
+from daemon.resources.shards import Unfit, planned
+from daemon.resources.slots import Slots, discover_gpus, packing_from
 from daemon.settings import Settings, load_settings
 from schemas import Rejection, RequestBase
 
@@ -37,7 +37,7 @@ def host_check(request: RequestBase, config: Path, what: str) -> str:
 
 
 def plan_said(request: RequestBase, settings: Settings, slots: Slots) -> str:
-    """The memory plan the daemon would make (daemon/jobs/shard_plan.py), from the same estimator, its models'
+    """The memory plan the daemon would make (daemon/resources/shards.py), from the same estimator, its models'
     headers read as the daemon reads them, and the history in its work_dir; raises Unfit as the daemon would
     reject it. '' where the GPUs' memory or the estimate is unknown: the job would run as it asks."""
     if slots.gpu_room is None:

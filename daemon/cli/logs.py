@@ -19,8 +19,8 @@ from pathlib import Path
 from daemon.cli.log_endpoint import LogsError, Printable, fetch, printable
 from daemon.kafka.event_reader import EventStream
 from daemon.ops.http_server import LOG_CHUNK_BYTES
-from daemon.secret_files import event_keys
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
 from schemas import TERMINAL_TYPES, Started
 
 __all__ = ["LogsError", "show_log"]

@@ -11,10 +11,10 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from daemon.jobs.checkpoint_store import StoreError
-from daemon.jobs.store_download import download
-from daemon.jobs.uploads import store_of, store_signing
 from daemon.settings import Settings
+from daemon.store.checkpoints import StoreError
+from daemon.store.download import download
+from daemon.store.opening import store_of, store_signing
 
 # What the probe's line says: ok (True, False, or None for nothing to check), what it found, and whether it is a warning.
 Found = tuple[bool | None, str, bool]

@@ -20,9 +20,9 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.cli.waiting import Backlog, named_in_events, read_backlog
 from daemon.errors import UsageError
-from daemon.fleet_config import team_of
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
+from daemon.settings.fleet import team_of
 from schemas import Cancel
 from schemas.request_base import QUEUE_NAME_PATTERN
 

@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
-from daemon.fleet_config import CLASS_HEADER, queue_group, team_of
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER, queue_group, team_of
 from schemas import Event, Rejection, decode_request
 
 

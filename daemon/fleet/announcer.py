@@ -24,8 +24,7 @@ from aiokafka import TopicPartition
 from daemon.errors import TopicMissing
 from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import queue_group
-from daemon.jobs.job_events import JobEvents
+from daemon.job.events import JobEvents
 from daemon.kafka.group_offsets import committed_offsets
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
@@ -33,6 +32,7 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
+from daemon.settings.fleet import queue_group
 from schemas import Queued, RequestBase, decode_request
 
 log = structlog.get_logger()

@@ -14,13 +14,13 @@ from aiokafka import TopicPartition
 from daemon.admission.grants import Grants
 from daemon.fleet.arrival import Arrivals
 from daemon.fleet.order import Waiting, waiting_for
-from daemon.fleet_config import team_of
 from daemon.intake import internal_rejection
 from daemon.kafka.copies import too_large
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.settings import Settings
+from daemon.settings.fleet import team_of
 from schemas import Rejection, RequestBase, decode_request
 
 

@@ -1,6 +1,6 @@
 """The host's side of the fleet's one queue: take requests from the classes' queues while this host has room.
 
-Each class's requests wait in a topic of their own (daemon/fleet_config.py). This host reads a class's
+Each class's requests wait in a topic of their own (daemon/settings/fleet.py). This host reads a class's
 topic, as a member of the group `<group_id>.queue.<class>`, only while it has a free slot, or while it
 runs a job a request of the class may preempt: now, or once the job has run `preempt_min_run_s` while
 no other host could start it sooner (`_reads_while_full`). A host that is full otherwise leaves the group, so
@@ -38,7 +38,6 @@ from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Running, Waiting
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import CLASS_HEADER, queue_group
 from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.options import kafka_options
@@ -46,6 +45,7 @@ from daemon.kafka.partitions import Partitions
 from daemon.kafka.retry_state import RetrySigner
 from daemon.ops import metrics
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER, queue_group
 
 log = structlog.get_logger()
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from daemon.fleet.order import Running, Waiting, at_cap, remaining_work, share_of, start_order, time_left, victim
 from daemon.fleet.usage import Pace
-from daemon.fleet_config import PriorityClass, TeamShare
+from daemon.settings.fleet import PriorityClass, TeamShare
 
 
 @dataclass(frozen=True)

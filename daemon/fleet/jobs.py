@@ -18,9 +18,8 @@ from aiokafka import TopicPartition
 
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
 from daemon.fleet.order import Running
-from daemon.fleet_config import team_of
-from daemon.jobs.job import JobRunner
-from daemon.jobs.lifecycle import Stop
+from daemon.job.lifecycle import Stop
+from daemon.job.runner import JobRunner
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.publisher import Outgoing
 from daemon.kafka.queue_seal import Unsealed
@@ -28,6 +27,7 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.ops import metrics
 from daemon.settings import Settings
+from daemon.settings.fleet import team_of
 from schemas import Preempted, RequestBase
 
 log = structlog.get_logger()

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from daemon.fleet.usage import Durations, Pace, Paced
-from daemon.fleet_config import PriorityClass, TeamShare, team_of
+from daemon.settings.fleet import PriorityClass, TeamShare, team_of
 from schemas import RequestBase
 
 # The slot-seconds a waiting request of unknown length counts for in the fair share, when no job

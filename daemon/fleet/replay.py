@@ -20,7 +20,7 @@ from daemon.fleet.eta import etas, ranked
 from daemon.fleet.order import Running, Waiting, pick, remaining_work, start_order
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
-from daemon.fleet_config import PriorityClass, TeamShare
+from daemon.settings.fleet import PriorityClass, TeamShare
 from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
 
 TELL_EVERY_S = 2.0  # how often the simulated fleet looks for what to tell again (daemon/fleet/announcer.py ANNOUNCE_S)

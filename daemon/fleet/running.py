@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from daemon.fleet.order import Running
-from daemon.fleet_config import team_of
+from daemon.settings.fleet import team_of
 from schemas import Accepted, Cancelled, Checkpoint, Event, Failed, Preempted, Progress, Retrying, Started, Succeeded
 
 TERMINAL = (Succeeded, Failed, Cancelled)

@@ -11,7 +11,7 @@ from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from daemon.fleet_config import team_of
+from daemon.settings.fleet import team_of
 from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
 
 ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted)  # the events that free a job's slots

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.jobs.job_events import JobEvents
+from daemon.job.events import JobEvents
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record

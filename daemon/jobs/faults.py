@@ -8,7 +8,7 @@ from __future__ import annotations
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.jobs.job import JobRunner
+from daemon.job.runner import JobRunner
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from aiokafka import TopicPartition
 
-from daemon.jobs.job import JobRunner
+from daemon.job.runner import JobRunner
 from daemon.kafka.publisher import Outgoing
 from daemon.kafka.records import Record
 from schemas import RequestBase

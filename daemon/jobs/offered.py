@@ -7,8 +7,8 @@ import asyncio
 from dataclasses import dataclass
 from enum import StrEnum
 
-from daemon.jobs.job import JobRunner
-from daemon.jobs.slots import Placement
+from daemon.job.runner import JobRunner
+from daemon.resources.slots import Placement
 
 
 class Offered(StrEnum):

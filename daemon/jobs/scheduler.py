@@ -11,9 +11,9 @@
   end of its partition again. Only when nothing stands behind it does its partition wait, until it
   is due or until a new request arrives behind it (`wake`; daemon/jobs/waiting_retries.py).
 - A cancel stops the running job, or skips the request when it is reached.
-- A request's memory estimate is worked out beside the loop (daemon/jobs/estimates.py): its
+- A request's memory estimate is worked out beside the loop (daemon/resources/estimates.py): its
   partition is held at it meanwhile (`ESTIMATING`), and read again when the estimate is ready. The
-  estimate plans the job: a whole copy on each GPU, or sharded, or rejected (daemon/jobs/shard_plan.py).
+  estimate plans the job: a whole copy on each GPU, or sharded, or rejected (daemon/resources/shards.py).
 - A request of several GPUs held for want of free slots for `reserve_after_s` has the host reserved for it: no
   other job starts unless it is expected to end before the reservation is due (daemon/jobs/reservation.py). With
   priority classes the dispatcher claims only what fits the free slots, and drains the host itself
@@ -33,27 +33,27 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.children.processes import ChildSource
+from daemon.job.lifecycle import Stop
+from daemon.job.plan import JobPlace, MemoryPlan
+from daemon.job.runner import JobRunner
+from daemon.job.supervisor import time_limit
 from daemon.jobs.cancels import Cancels
-from daemon.jobs.estimates import Estimates
-from daemon.jobs.estimator import Estimator, MemoryHistory
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.fleet_hooks import FleetHooks
-from daemon.jobs.job import JobRunner
-from daemon.jobs.lifecycle import Stop
-from daemon.jobs.memory import Estimate
 from daemon.jobs.offered import Offered, RunningJob
-from daemon.jobs.plan import JobPlace, MemoryPlan
 from daemon.jobs.reservation import Reservations, backfills
 from daemon.jobs.settle import Settler
-from daemon.jobs.shard_plan import PLANS, planned
-from daemon.jobs.slots import Placement, Slots
-from daemon.jobs.supervisor import time_limit
 from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.trace import trace_context
+from daemon.resources.estimates import Estimates
+from daemon.resources.estimator import Estimator, MemoryHistory
+from daemon.resources.memory import Estimate
+from daemon.resources.shards import PLANS, planned
+from daemon.resources.slots import Placement, Slots
 from daemon.settings import Settings
 from schemas import Accepted, Cancel, RequestBase
 
@@ -79,7 +79,7 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
         self.cancelled = Cancels(settings.host, publisher, partitions)  # the control topic's (daemon/jobs/cancels.py)
-        # Each job's memory, before it is placed on a shared GPU (daemon/jobs/estimator.py).
+        # Each job's memory, before it is placed on a shared GPU (daemon/resources/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
         # Reads and signs a retry's attempt and due time (daemon/kafka/retry_state.py).
@@ -113,7 +113,7 @@ class Scheduler:
             self.reservations.gone(tp)
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
-        # each GPU or sharded, or rejected when it fits neither way: daemon/jobs/shard_plan.py, raising Unfit, which
+        # each GPU or sharded, or rejected when it fits neither way: daemon/resources/shards.py, raising Unfit, which
         # intake rejects), and its share of a GPU when GPUs are packed (never for a job sent back to run alone, nor
         # one of several GPUs: `Slots.take`). A job of several GPUs is estimated only where the GPUs' memory is known:
         # elsewhere there is nothing to plan it by, and it starts without waiting for its models' headers.

@@ -16,8 +16,8 @@ import structlog
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
+from daemon.job.runner import JobRunner
 from daemon.jobs.faults import RecordFaults
-from daemon.jobs.job import JobRunner
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.records import Record
@@ -32,7 +32,7 @@ log = structlog.get_logger()
 class NextTry:
     attempt: int
     due: float  # time.time() at which it may run
-    alone: bool  # on a GPU of its own (daemon/jobs/slots.py), whatever its estimate
+    alone: bool  # on a GPU of its own (daemon/resources/slots.py), whatever its estimate
 
 
 def next_try(code: str, attempt: int, shared: bool, base_backoff_s: float, now: float) -> NextTry:

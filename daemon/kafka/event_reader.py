@@ -20,8 +20,8 @@ from types import TracebackType
 from daemon.kafka.event_ids import EventIds
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
-from daemon.secret_files import event_keys
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
 from schemas import TERMINAL_TYPES, Event, parse_event
 from schemas.signing import UnverifiedEvent
 

@@ -23,8 +23,8 @@ from daemon.kafka.clients import Producer, kafka_producer
 from daemon.kafka.copies import dlq_value, errors_header, producer_signature
 from daemon.kafka.records import Record
 from daemon.kafka.trace import Headers, trace_context
-from daemon.secret_files import event_signer
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_signer
 from schemas import FieldError, Rejection
 from schemas.events import EventBase, Failed
 from schemas.signing import SIGNATURE_HEADER

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.records import Record
-from daemon.secret_files import event_keys, event_signer
+from daemon.settings.fleet import CLASS_HEADER
+from daemon.settings.secret_files import event_keys, event_signer
 from schemas.common import AdapterdError
 from schemas.signing import SIGNATURE_HEADER, EventKeys, EventSigner, UnverifiedEvent
 

@@ -52,7 +52,7 @@ def backoff_s(base_s: float, attempt: int) -> float:
 class RetryState:
     attempt: int  # 1 for a first try
     due: float | None  # time.time() before which it does not run; None for a first try
-    alone: bool = False  # runs on a GPU of its own (daemon/jobs/slots.py), whatever its estimate
+    alone: bool = False  # runs on a GPU of its own (daemon/resources/slots.py), whatever its estimate
 
 
 FIRST = RetryState(1, None)

@@ -12,7 +12,7 @@ reference) is the same for every model:
 - `current`: the adapter now at `output.repo_id`@`output.revision` on the Hub (or, on a host
   without one, in its local sink), when there is one.
 
-The numbers go to the daemon, which judges them (daemon/jobs/gate.py); nothing here decides.
+The numbers go to the daemon, which judges them (daemon/job/gate.py); nothing here decides.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from schemas.request import ModelSpec, RequestBase
 def distributed_config(request: RequestBase) -> DistributedConfig | None:
     """How the policy is loaded for the request's `resources.shard`: None for a whole copy per process (a
     one-GPU job, or data-parallel), else FSDP2 over all of the job's processes. The daemon resolves 'auto' to
-    'none' or 'fsdp' before the job starts (daemon/jobs/shard_plan.py); a child given 'auto' (run without the
+    'none' or 'fsdp' before the job starts (daemon/resources/shards.py); a child given 'auto' (run without the
     daemon's plan) loads a whole copy, as 'none'."""
     if request.resources.shard != "fsdp":
         return None

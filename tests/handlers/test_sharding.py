@@ -286,10 +286,10 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     (uploaded with its signed manifest, downloaded with names and sizes checked), the next attempt goes on at the step
     after it, and from there its per-step losses are those of the same job never stopped. A large learning rate, so
     that a lost optimizer or scheduler state shows (without the optimizer's, the losses part after the first step)."""
-    from daemon.jobs.checkpoint_store import CheckpointStore
-    from daemon.jobs.store_download import download
-    from daemon.jobs.uploads import store_signing
     from daemon.settings import Settings
+    from daemon.store.checkpoints import CheckpointStore
+    from daemon.store.download import download
+    from daemon.store.opening import store_signing
     from tests.helpers import fleet_key
 
     request = two_gpu_sft(

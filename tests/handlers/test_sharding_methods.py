@@ -78,7 +78,7 @@ def test_a_sharded_dpo_holds_half_the_policy_per_rank_and_trains_as_data_paralle
     for rank in (
         0,
         1,
-    ):  # what daemon/jobs/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
+    ):  # what daemon/resources/memory.py counts: the reference's weights whole on each rank (copies_base_as_reference)
         assert sharded["metrics"].get(f"rank{rank}_ref_param_count") == (TINY_PARAMS if peft is None else None)
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
     measured, expected = sharded["evaluation"], whole["evaluation"]

@@ -113,7 +113,7 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
     request = decode_request(json.dumps(sharded).encode())
     assert isinstance(request, SFTRequest) and request.resources.shard == "fsdp"
     assert isinstance(decode_request(json.dumps({**sharded, "peft": None}).encode()), SFTRequest)
-    # Left out, it is 'auto': the daemon's plan decides (daemon/jobs/shard_plan.py), on one GPU and for any method.
+    # Left out, it is 'auto': the daemon's plan decides (daemon/resources/shards.py), on one GPU and for any method.
     assert decode_request(json.dumps(valid()).encode()).resources.shard == "auto"  # type: ignore[union-attr]
     assert (
         decode_request(

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from daemon.admission.judge import refusal
-from daemon.jobs.slots import Slots
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Accepted, Rejection, decode_request
 from tests.fuzz import EXAMPLES, leaf_paths, set_leaf

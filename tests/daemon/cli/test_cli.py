@@ -315,10 +315,10 @@ def test_doctor_with_no_broker_says_it_once_in_its_own_words(tmp_path: Path) -> 
 def test_validate_with_a_hosts_settings_says_its_memory_plan_sharded_whole_or_rejected(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """`validate -c` plans the job as the host's daemon would (daemon/jobs/shard_plan.py), its model's headers read
+    """`validate -c` plans the job as the host's daemon would (daemon/resources/shards.py), its model's headers read
     from the allowed local folder: the host's GPU memory is set between the tiny model's figures for a whole copy and
     a shard across two GPUs, below both, and above both."""
-    from daemon.jobs.estimator import Estimator, MemoryHistory
+    from daemon.resources.estimator import Estimator, MemoryHistory
     from schemas import RequestBase, decode_request
 
     body = sft_request(

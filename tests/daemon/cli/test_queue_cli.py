@@ -18,11 +18,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.fleet_config import PriorityClass
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
-from daemon.secret_files import event_signer
 from daemon.settings import Settings
+from daemon.settings.fleet import PriorityClass
+from daemon.settings.secret_files import event_signer
 from schemas import parse_event
 from schemas.signing import SIGNATURE_HEADER
 from testbed.fleet_keys import shared_fleet_keys

@@ -16,8 +16,8 @@ from daemon.cli.places import default_slots, place_and_eta, queue_table, where_i
 from daemon.cli.sweep import matches, selector
 from daemon.cli.waiting import Queue, SentCancel, Waiting, combine
 from daemon.errors import UsageError
-from daemon.fleet_config import PriorityClass
 from daemon.settings import Settings
+from daemon.settings.fleet import PriorityClass
 from schemas import Event, parse_event
 from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeRecord

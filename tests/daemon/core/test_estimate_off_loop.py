@@ -20,9 +20,9 @@ from aiokafka import TopicPartition
 
 from daemon import executors
 from daemon.intake import OFF_LOOP_BYTES, decoded_request
-from daemon.jobs.estimator import Estimator, MemoryHistory
-from daemon.jobs.headers import Deadline, read_header
-from daemon.jobs.memory import Estimate, Tensors, WeightsUnreadable
+from daemon.resources.estimator import Estimator, MemoryHistory
+from daemon.resources.headers import Deadline, read_header
+from daemon.resources.memory import Estimate, Tensors, WeightsUnreadable
 from daemon.settings import Settings
 from handlers.protocol import StageEntered
 from schemas import RequestBase, decode_request

@@ -17,8 +17,8 @@ from daemon.cli.app import app
 from daemon.errors import ConfigError
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.publisher import Publisher
-from daemon.secret_files import event_keys, event_signer
 from daemon.settings import Settings, load_settings
+from daemon.settings.secret_files import event_keys, event_signer
 from schemas import SIGNATURE_HEADER, Accepted, Cancelled
 from schemas.signing import EventKeys, EventSigner, new_key_pair
 from testbed.memory_kafka import FakeRecord

@@ -1,4 +1,4 @@
-"""The gate (daemon/jobs/gate.py) and the `evaluation` block's own rules (schemas/evaluation.py), in
+"""The gate (daemon/job/gate.py) and the `evaluation` block's own rules (schemas/evaluation.py), in
 process: each rule judged against the child's numbers, the verdict, where it sends the artifact,
 and the requests the block refuses, each naming its field."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from daemon.admission.policy import policy_errors
-from daemon.jobs.gate import destination, judge
-from daemon.jobs.lifecycle import State
+from daemon.job.gate import destination, judge
+from daemon.job.lifecycle import State
 from daemon.jobs.offered import Offered
 from daemon.settings import Settings
 from handlers.protocol import StageEntered, TrainResult

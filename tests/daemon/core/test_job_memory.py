@@ -1,4 +1,4 @@
-"""A job's memory beside its lifecycle (daemon/jobs/job_memory.py), without a scheduler or a child:
+"""A job's memory beside its lifecycle (daemon/job/memory.py), without a scheduler or a child:
 the speed settings its estimate allows, and the memory its `succeeded` reports and the estimator learns from."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import structlog
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from daemon.jobs.job_memory import fast_settings, reported_memory
-from daemon.jobs.memory import Estimate
-from daemon.jobs.slots import Placement
+from daemon.job.memory import fast_settings, reported_memory
+from daemon.resources.memory import Estimate
+from daemon.resources.slots import Placement
 from daemon.settings import Settings
 from handlers.protocol import FastSettings, MemoryUse
 from schemas import REQUEST_MODELS, RequestBase

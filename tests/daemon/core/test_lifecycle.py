@@ -1,4 +1,4 @@
-"""The job state machine itself (daemon/jobs/lifecycle.py): every state has its transitions, final states
+"""The job state machine itself (daemon/job/lifecycle.py): every state has its transitions, final states
 have none, a move it does not have is refused, and the stop rules (an interrupt overrides a cancel,
 a cancel is too late once the push began)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.jobs.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
+from daemon.job.lifecycle import FINAL, OUTCOMES, TRANSITIONS, IllegalTransition, Lifecycle, State, Stop
 
 
 def reachable(start: State) -> set[State]:
@@ -78,15 +78,15 @@ def test_an_interrupt_overrides_a_cancel_and_a_cancel_comes_too_late_once_pushin
 
 
 def test_the_drawing_in_docs_architecture_md_is_transitions() -> None:
-    """The one drawing of the lifecycle is generated from TRANSITIONS (`python -m daemon.jobs.lifecycle_doc`)."""
+    """The one drawing of the lifecycle is generated from TRANSITIONS (`python -m daemon.job.lifecycle_doc`)."""
     from pathlib import Path
 
-    from daemon.jobs.lifecycle_doc import DIAGRAM_END, DIAGRAM_START, diagram
+    from daemon.job.lifecycle_doc import DIAGRAM_END, DIAGRAM_START, diagram
 
     text = (Path(__file__).parents[3] / "docs" / "architecture.md").read_text()
     drawn = text[text.index(DIAGRAM_START) : text.index(DIAGRAM_END) + len(DIAGRAM_END)]
     assert drawn == diagram(), (
-        "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.jobs.lifecycle_doc`"
+        "docs/architecture.md's lifecycle drifted from TRANSITIONS: run `python -m daemon.job.lifecycle_doc`"
     )
     edges = {tuple(line.strip().split(" --> ")) for line in drawn.splitlines() if " --> " in line and "[*]" not in line}
     assert edges == {(state.name, target.name) for state, targets in TRANSITIONS.items() for target in targets}

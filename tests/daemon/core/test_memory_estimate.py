@@ -1,4 +1,4 @@
-"""The memory estimate (daemon/jobs/memory.py): what it reads from a model's safetensors headers, how
+"""The memory estimate (daemon/resources/memory.py): what it reads from a model's safetensors headers, how
 each part moves with what the request says, hostile headers, and the measured history that scales it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from daemon.jobs.estimator import MemoryHistory
-from daemon.jobs.headers import local_tensors, read_header
-from daemon.jobs.memory import Tensors, WeightsUnreadable, estimate
+from daemon.resources.estimator import MemoryHistory
+from daemon.resources.headers import local_tensors, read_header
+from daemon.resources.memory import Tensors, WeightsUnreadable, estimate
 from schemas import RequestBase, decode_request
 from tests.helpers import sft_request
 
@@ -180,7 +180,7 @@ def test_the_history_scales_later_estimates_by_what_was_measured_and_survives_a_
 
 
 async def test_a_model_whose_headers_cannot_be_read_is_unknown_and_not_asked_again_at_once(tmp_path: Path) -> None:
-    from daemon.jobs.estimator import Estimator
+    from daemon.resources.estimator import Estimator
     from daemon.settings import Settings
 
     estimator = Estimator(Settings(work_dir=tmp_path, hub_token=None), MemoryHistory.load(tmp_path / "memory.json"))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from daemon.jobs.estimator import MemoryHistory
-from daemon.jobs.memory import Estimate
 from daemon.jobs.offered import Offered
 from daemon.kafka.retry_state import ALONE_HEADER
+from daemon.resources.estimator import MemoryHistory
+from daemon.resources.memory import Estimate
 from daemon.settings import Settings
 from handlers.protocol import ChildError, FastSettings, StageEntered
 from schemas import Cancel, RequestBase

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.children.processes import ChildHandle, ChildJob, JobProcess
-from daemon.jobs.lifecycle import State, Stop
+from daemon.job.lifecycle import State, Stop
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
 from handlers.protocol import (
@@ -321,7 +321,7 @@ async def test_a_jobs_slot_takes_the_next_request_while_it_is_pushed(
     # model) goes on. The job's partition stays held until its terminal event is committed.
     import threading
 
-    from daemon.jobs import job as job_module
+    from daemon.job import runner as job_module
 
     pushing, release = threading.Event(), threading.Event()
     real_push = job_module.hub_push.push
@@ -372,7 +372,7 @@ async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(
     """Each path that ends a job early calls `JobRunner.stop` once, with its kind, and the child gets
     that stop's grace through `JobProcess.stop` (never a bare cancel of the task running it); what the
     job ends in is decided by the stop alone."""
-    from daemon.jobs.job import JobRunner
+    from daemon.job.runner import JobRunner
 
     kind, ending, published, grace = STOP_PATHS[path]
     stops: list[Stop] = []

@@ -13,11 +13,11 @@ from aiokafka import TopicPartition
 from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
-from daemon.jobs.job import JobRunner
-from daemon.jobs.plan import JobPlace
+from daemon.job.plan import JobPlace
+from daemon.job.runner import JobRunner
 from daemon.jobs.scheduler import Scheduler
-from daemon.jobs.slots import Slots
 from daemon.kafka.publisher import Outgoing, Publisher
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Accepted, Failed, decode_request
 from schemas.events import EventBase

@@ -118,7 +118,7 @@ def test_an_unreadable_secret_file_names_the_setting_and_the_reason(tmp_path: Pa
 def test_hf_token_is_the_hub_token_when_the_operator_named_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from daemon.secret_files import token_from
+    from daemon.settings.secret_files import token_from
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert Settings().hub_token is None and token_from(Settings()) is None  # the local sink

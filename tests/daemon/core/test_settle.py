@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.jobs.job import JobRunner
-from daemon.jobs.plan import JobPlace
+from daemon.job.plan import JobPlace
+from daemon.job.runner import JobRunner
 from daemon.jobs.settle import NextTry, Settler, next_try
 from daemon.kafka.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings

@@ -1,4 +1,4 @@
-"""The memory plan (daemon/jobs/shard_plan.py), decided on the fakes by the real estimator, its models' tensors
+"""The memory plan (daemon/resources/shards.py), decided on the fakes by the real estimator, its models' tensors
 known (Llama-3.1-8B's and a 70B's shapes, tests/daemon/core/test_sharded_estimate.py) on a host of eight 80 GiB
 GPUs: a request that leaves `resources.shard` out is sharded without asking when only a shard fits, and its
 `accepted` says so; one that fits no GPU even sharded is rejected naming resources.gpus with the numbers."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from daemon.jobs.memory import Tensors
+from daemon.resources.memory import Tensors
 from daemon.settings import Settings
 from handlers.protocol import StageEntered
 from tests.core import CoreOnFakes, turns_until

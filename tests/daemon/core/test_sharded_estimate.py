@@ -1,4 +1,4 @@
-"""The memory estimate under sharding (daemon/jobs/memory.py, `shards`): one GPU's figure when a job's base is
+"""The memory estimate under sharding (daemon/resources/memory.py, `shards`): one GPU's figure when a job's base is
 sharded across N GPUs by FSDP2 full-shard, worked out by hand for the tiny model and for Llama-3.1-8B's shapes,
 and the tiny model's sharded weights against what each of two ranks holds (tests/handlers/test_sharding.py)."""
 
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from daemon.jobs.headers import local_tensors
-from daemon.jobs.memory import Tensors, estimate, trainable_parameters
+from daemon.resources.headers import local_tensors
+from daemon.resources.memory import Tensors, estimate, trainable_parameters
 from schemas import RequestBase, decode_request
 from tests.handlers.test_sharding import TINY_PARAMS
 from tests.helpers import sft_request

@@ -1,7 +1,7 @@
 """GPU discovery and the slot table: lowest free ids first, each job its own GPUs."""
 
-from daemon.jobs.plan import JobPlace
-from daemon.jobs.slots import Packing, Placement, Slots, discover_gpus
+from daemon.job.plan import JobPlace
+from daemon.resources.slots import Packing, Placement, Slots, discover_gpus
 
 GIB = 2**30
 

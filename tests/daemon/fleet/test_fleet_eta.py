@@ -16,8 +16,8 @@ from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error,
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Switches
 from daemon.fleet.view import FleetView
-from daemon.fleet_config import PriorityClass, TeamShare
 from daemon.settings import Settings
+from daemon.settings.fleet import PriorityClass, TeamShare
 from schemas import Accepted, Failed, Preempted, Progress, Started
 from testbed.fleet_keys import shared_fleet_keys
 from tests.daemon.fleet.test_fleet_usage import accepted, at, read, succeeded

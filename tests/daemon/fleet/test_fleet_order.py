@@ -10,7 +10,7 @@ from collections import Counter
 from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, remaining_work, victim
 from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
-from daemon.fleet_config import PriorityClass, TeamShare
+from daemon.settings.fleet import PriorityClass, TeamShare
 
 CLASSES = [
     PriorityClass(name="urgent"),

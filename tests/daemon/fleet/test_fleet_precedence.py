@@ -20,10 +20,10 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.jobs import FleetJobs
-from daemon.fleet_config import CLASS_HEADER, TeamShare
 from daemon.jobs.offered import RunningJob
 from daemon.kafka.records import Record
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER, TeamShare
 from schemas import Accepted, Cancelled
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes

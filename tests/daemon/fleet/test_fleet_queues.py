@@ -19,11 +19,11 @@ from daemon.fleet.choice import Head, HeadReader
 from daemon.fleet.jobs import claimed_class
 from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
 from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
-from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.unreadable import UnreadableRecord
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER
 from schemas import REQUEST_MODELS
 from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeRecord

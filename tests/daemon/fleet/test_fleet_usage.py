@@ -13,7 +13,7 @@ import pytest
 from daemon.fleet.order import Waiting, fleet_order
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Usage
-from daemon.fleet_config import PriorityClass
+from daemon.settings.fleet import PriorityClass
 from schemas import (
     Accepted,
     Cancelled,

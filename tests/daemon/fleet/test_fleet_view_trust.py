@@ -15,8 +15,8 @@ from daemon.fleet.order import Waiting
 from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView
 from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import EventStream
-from daemon.secret_files import event_signer
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_signer
 from schemas import Accepted, Cancelled, Event, Started
 from schemas.signing import SIGNATURE_HEADER, EventSigner
 from testbed.fleet_keys import fleet_keys

@@ -13,11 +13,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
-from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topics import partition_numbers
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER
 from schemas import Accepted, Cancel, Progress, Rejected, Succeeded
 from schemas.signing import new_key_pair
 from testbed.client import produce, records_of, terminal_events

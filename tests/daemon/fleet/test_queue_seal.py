@@ -13,9 +13,9 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon.fleet.arrival import LOG_APPEND_TIME, Arrivals
-from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.queue_seal import SEAL_HEADER, QueueSeal, Unsealed, claim_refusal, signed_bytes
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER
 from schemas.signing import EventKeys, EventSigner, new_key_pair, read_private_key
 from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeRecord

@@ -15,10 +15,10 @@ from aiokafka import TopicPartition
 from daemon.admission.grants import Grants
 from daemon.fleet.moves import carried
 from daemon.fleet.wiring import fleet_dispatcher
-from daemon.fleet_config import CLASS_HEADER
 from daemon.kafka.copies import MAX_SIGNATURE_BYTES
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER
 from schemas import REQUEST_MODELS, RequestBase
 from schemas.signing import (
     PRODUCER_SIGNATURE_HEADER,

@@ -16,8 +16,8 @@ from aiokafka.structs import ConsumerRecord
 from daemon.admission.judge import refusal
 from daemon.hub.push import PushFailed, local_target
 from daemon.intake import internal_rejection
-from daemon.jobs.slots import Slots
 from daemon.kafka.retry_state import FIRST, RetrySigner
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from handlers.contract.jsonschema import generated_schemas
 from schemas import FieldError, Rejection, decode_request

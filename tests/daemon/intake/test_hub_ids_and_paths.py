@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from daemon.admission.judge import refusal as judged
-from daemon.jobs.slots import Slots
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection, RequestBase, decode_request
 from tests.helpers import sft_request

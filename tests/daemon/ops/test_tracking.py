@@ -126,7 +126,7 @@ async def test_a_jobs_mlflow_run_is_read_back_from_the_tracking_server(
 
     # A host without a tracking server refuses the same request rather than log to a local folder.
     from daemon.admission.judge import refusal
-    from daemon.jobs.slots import Slots
+    from daemon.resources.slots import Slots
     from schemas import decode_request
 
     refused = refusal(decode_request(json.dumps(tracked).encode()), untracked_host, Slots([], 1))  # type: ignore[arg-type]  # a valid request

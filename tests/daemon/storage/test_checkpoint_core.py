@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from daemon.jobs.checkpoint_store import CheckpointStore
-from daemon.jobs.journal import Journal
-from daemon.jobs.uploads import store_of
 from daemon.settings import Settings
+from daemon.store.checkpoints import CheckpointStore
+from daemon.store.journal import Journal
+from daemon.store.opening import store_of
 from handlers.protocol import CheckpointSaved, StageEntered, StoppedAtCheckpoint
 from tests.core import CoreOnFakes
 from tests.daemon.core.test_scheduler_core import RESULT, TRAINS

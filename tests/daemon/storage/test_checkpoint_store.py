@@ -14,16 +14,17 @@ from typing import Any, cast
 
 import pytest
 
-from daemon.jobs.checkpoint_files import local_checkpoints
-from daemon.jobs.checkpoint_store import MANIFEST, CheckpointStore, StoreError
-from daemon.jobs.job_events import JobEvents
-from daemon.jobs.journal import Journal
-from daemon.jobs.store_documents import StoreSigning
-from daemon.jobs.store_download import download
-from daemon.jobs.store_retention import RECENT_S, prune_store
-from daemon.jobs.uploads import CheckpointUploads, fetch, store_signing
+from daemon.job.events import JobEvents
+from daemon.job.uploads import CheckpointUploads, fetch
 from daemon.kafka.publisher import Publisher
 from daemon.settings import Settings
+from daemon.store.checkpoints import MANIFEST, CheckpointStore, StoreError
+from daemon.store.documents import StoreSigning
+from daemon.store.download import download
+from daemon.store.host_checkpoints import local_checkpoints
+from daemon.store.journal import Journal
+from daemon.store.opening import store_signing
+from daemon.store.pruning import RECENT_S, prune_store
 from schemas.events import Checkpoint, EventBase
 from schemas.request import SFTRequest
 from tests.conftest import S3_CREDENTIALS, free_port

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.jobs.checkpoint_store import CheckpointStore
-from daemon.jobs.uploads import store_of as opened_store
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
+from daemon.store.checkpoints import CheckpointStore
+from daemon.store.opening import store_of as opened_store
 from schemas import Checkpoint, Progress, Started, Succeeded
 from schemas.events import EventBase
 from testbed.client import submit, terminal_events

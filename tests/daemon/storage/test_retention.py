@@ -1,4 +1,4 @@
-"""Retention of job folders (daemon/jobs/retention.py): a succeeded job's checkpoints first, whole
+"""Retention of job folders (daemon/store/retention.py): a succeeded job's checkpoints first, whole
 folders by age and by count, the least recently changed first; never a running job's folder, and a
 failed or unfinished job keeps its checkpoints while its folder is kept."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.jobs.retention import prune
+from daemon.store.retention import prune
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -98,7 +98,7 @@ def test_a_job_that_starts_on_an_old_folder_during_a_pass_keeps_it_and_its_new_l
     # Issue 46: the pass reads the folders, then a job starts on an old one (a request sent again)
     # and writes its log before the pass removes it. The seam: the pass's `take`, which a job's
     # first line precedes here, exactly between the read and the removal.
-    from daemon.jobs import retention
+    from daemon.store import retention
 
     jobs = tmp_path / "jobs"
     old = job(jobs, "sent-again", 30)
@@ -129,9 +129,9 @@ async def test_a_job_the_daemon_starts_during_a_pass_keeps_its_folder(
     import asyncio
     import time
 
-    from daemon.jobs import retention
     from daemon.service import Service
     from daemon.settings import Settings
+    from daemon.store import retention
     from testbed.memory_kafka import FakeConsumer, FakeProducer
 
     settings = Settings(

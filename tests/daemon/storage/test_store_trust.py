@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from daemon.jobs import store_documents
-from daemon.jobs.checkpoint_files import bounded_copy, local_checkpoints, write_new
-from daemon.jobs.checkpoint_store import MANIFEST, SUCCEEDED, CheckpointStore, Manifest, StoreError
-from daemon.jobs.store_documents import StoreSigning, seal
-from daemon.jobs.store_download import download
-from daemon.jobs.uploads import fetch, store_signing
+from daemon.job.uploads import fetch
 from daemon.settings import Settings
+from daemon.store import documents as store_documents
+from daemon.store.checkpoints import MANIFEST, SUCCEEDED, CheckpointStore, Manifest, StoreError
+from daemon.store.documents import StoreSigning, seal
+from daemon.store.download import download
+from daemon.store.host_checkpoints import bounded_copy, local_checkpoints, write_new
+from daemon.store.opening import store_signing
 from tests.conftest import S3_CREDENTIALS
 from tests.daemon.storage.test_checkpoint_store import BUCKET, make_checkpoint
 from tests.helpers import fleet_key

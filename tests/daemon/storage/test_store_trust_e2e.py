@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.jobs.checkpoint_store import SUCCEEDED, CheckpointStore
-from daemon.jobs.uploads import store_of
 from daemon.settings import Settings
+from daemon.store.checkpoints import SUCCEEDED, CheckpointStore
+from daemon.store.opening import store_of
 from schemas import Progress, Started, Succeeded
 from testbed.client import submit, terminal_events
 from testbed.data import CHAT_ROWS

@@ -12,10 +12,10 @@ from structlog.typing import FilteringBoundLogger
 from daemon import executors
 from daemon.hub import push as hub_push
 from daemon.hub.push import PushResult
-from daemon.jobs.job_events import JobEvents
-from daemon.jobs.journal import Journal
-from daemon.jobs.uploads import CheckpointUploads
+from daemon.job.events import JobEvents
+from daemon.job.uploads import CheckpointUploads
 from daemon.settings import Settings
+from daemon.store.journal import Journal
 from handlers.protocol import TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import JobMemory, Succeeded

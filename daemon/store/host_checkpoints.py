@@ -1,6 +1,6 @@
 """A host's side of its checkpoints: the trainer's checkpoint folders, the files of one as they are
 uploaded, and the writes of a download, which go into new files only, never through a link and never
-past a file's listed size (daemon/jobs/checkpoint_store.py reads the store's side)."""
+past a file's listed size (daemon/store/checkpoints.py reads the store's side)."""
 
 from __future__ import annotations
 

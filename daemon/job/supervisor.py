@@ -19,10 +19,10 @@ import structlog
 
 from daemon.children.child import ChildOutcome
 from daemon.children.processes import ChildHandle, ChildJob, ChildSource, JobProcess
-from daemon.jobs.job_events import JobEvents
-from daemon.jobs.lifecycle import Stop
-from daemon.jobs.plan import JobPlace
-from daemon.jobs.uploads import CheckpointUploads, Where
+from daemon.job.events import JobEvents
+from daemon.job.lifecycle import Stop
+from daemon.job.plan import JobPlace
+from daemon.job.uploads import CheckpointUploads, Where
 from daemon.settings import Settings
 from handlers.protocol import (
     CheckpointSaved,
@@ -94,14 +94,14 @@ class Supervisor:
     ) -> None:
         self.request = request
         self.settings = settings
-        self.events = events  # the job's one way to publish (daemon/jobs/job_events.py)
+        self.events = events  # the job's one way to publish (daemon/job/events.py)
         self.children = children
         self.place = place  # its slot, its devices, and on a shared GPU the memory its child is held to (for `started`)
         self.timeout_s = time_limit(
             request.timeout_s, settings.max_timeout_s
         )  # counted from its child's start (`_timeout`)
         self.stop_job = stop  # JobRunner.stop: the job's one way to stop early
-        self.uploads = uploads  # where each checkpoint the child saves goes (daemon/jobs/uploads.py)
+        self.uploads = uploads  # where each checkpoint the child saves goes (daemon/job/uploads.py)
         self.resumed: tuple[int, Where] | None = None  # the checkpoint this run resumes from, and where it came from
         self.log = log.bind(request_id=request.request_id, method=request.method, slot=place.slot)
         self.stage = "preflight"  # the child's stage, as its messages say: the one place it is kept

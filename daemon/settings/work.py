@@ -32,7 +32,7 @@ class WorkSettings(BaseModel):
         ge=1,
         le=16,
         description=(
-            "One-GPU jobs placed on one GPU at once while their memory estimates fit (daemon/jobs/slots.py); "
+            "One-GPU jobs placed on one GPU at once while their memory estimates fit (daemon/resources/slots.py); "
             "1, the default: every job has a whole GPU."
         ),
     )
@@ -42,7 +42,7 @@ class WorkSettings(BaseModel):
         lt=1,
         description=(
             "The share of each GPU's memory no job takes: not packed (max_jobs_per_gpu > 1), nor planned on (a job's memory plan: "
-            "a whole copy, sharded, or rejected; daemon/jobs/shard_plan.py)."
+            "a whole copy, sharded, or rejected; daemon/resources/shards.py)."
         ),
     )
     gpu_memory_bytes: int | None = Field(
@@ -142,7 +142,7 @@ class WorkSettings(BaseModel):
             "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., az://container/prefix or "
             "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials; "
             "needs event_signing_key_file, whose key signs what the fleet writes there. "
-            "Unset: checkpoints stay on this host's disk (daemon/jobs/checkpoint_store.py)."
+            "Unset: checkpoints stay on this host's disk (daemon/store/checkpoints.py)."
         ),
     )
     checkpoint_store_keep: int = Field(

@@ -1,8 +1,8 @@
-"""Retention in the checkpoint store, by the disk's rules (daemon/jobs/retention.py): a succeeded job's
+"""Retention in the checkpoint store, by the disk's rules (daemon/store/retention.py): a succeeded job's
 checkpoints go (its `succeeded` event stays), then a request's all by age and by count, never those
 of a job this daemon runs.
 
-A job's own host removes its checkpoints from the store when it succeeds (daemon/jobs/uploads.py,
+A job's own host removes its checkpoints from the store when it succeeds (daemon/job/uploads.py,
 `abandon`); this pass catches what that missed (the store was down then, or the host was lost after
 its push): a request whose journal on this host says `succeeded`; a request whose newest checkpoint
 is older than `job_retention_days`; and past `job_retention_count` requests, the least recently
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import structlog
 
-from daemon.jobs.checkpoint_store import CheckpointStore, StoreError
-from daemon.jobs.retention import succeeded
-from daemon.jobs.uploads import store_of
 from daemon.settings import Settings
+from daemon.store.checkpoints import CheckpointStore, StoreError
+from daemon.store.opening import store_of
+from daemon.store.retention import succeeded
 
 log = structlog.get_logger()
 

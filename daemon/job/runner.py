@@ -1,5 +1,5 @@
 """One accepted request's lifecycle, to its terminal event: an earlier success answered again, or
-training in a child (`daemon.jobs.supervisor`), then the push, then `succeeded`; or `failed`,
+training in a child (`daemon.job.supervisor`), then the push, then `succeeded`; or `failed`,
 `retrying` or `cancelled`.
 
 Every event of the job is published (and acknowledged) before the next step; the terminal event is
@@ -21,21 +21,22 @@ import structlog
 from daemon import executors
 from daemon.children.processes import ChildSource
 from daemon.hub import push as hub_push
-from daemon.jobs.gate import Destination, destination, judge
-from daemon.jobs.job_events import JobEvents
-from daemon.jobs.job_memory import fast_settings, reported_memory
-from daemon.jobs.job_report import stage_durations, write_card
-from daemon.jobs.journal import Journal
-from daemon.jobs.lifecycle import Lifecycle, State, Stop
-from daemon.jobs.plan import JobPlace, MemoryPlan
-from daemon.jobs.spec import job_spec
-from daemon.jobs.succeeded import earlier_success, succeeded_event
-from daemon.jobs.supervisor import Supervisor, event_stage
-from daemon.jobs.uploads import CheckpointUploads, fetch, store_of
+from daemon.job.events import JobEvents
+from daemon.job.gate import Destination, destination, judge
+from daemon.job.lifecycle import Lifecycle, State, Stop
+from daemon.job.memory import fast_settings, reported_memory
+from daemon.job.plan import JobPlace, MemoryPlan
+from daemon.job.report import stage_durations, write_card
+from daemon.job.spec import job_spec
+from daemon.job.succeeded import earlier_success, succeeded_event
+from daemon.job.supervisor import Supervisor, event_stage
+from daemon.job.uploads import CheckpointUploads, fetch
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.trace import Headers, traceparent
 from daemon.ops.metrics import JOBS
 from daemon.settings import Settings
+from daemon.store.journal import Journal
+from daemon.store.opening import store_of
 from handlers.protocol import FastSettings, JobFailed, TrainResult
 from schemas.evaluation import EvaluationReport
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
@@ -49,7 +50,7 @@ class JobRunner:
     or None when the job was interrupted (nothing published: the request is read again).
 
     `stop(Stop)` is the one way a job ends early (a cancel, its timeout, a stall, an interrupt):
-    see `stop` and daemon/jobs/lifecycle.py.
+    see `stop` and daemon/job/lifecycle.py.
     """
 
     def __init__(
@@ -91,7 +92,7 @@ class JobRunner:
         self.events = JobEvents(
             publisher, request, settings.host, attempt, self.trace
         )  # every event of the job goes through it
-        # Its checkpoints into the operator's store, when there is one (daemon/jobs/uploads.py).
+        # Its checkpoints into the operator's store, when there is one (daemon/job/uploads.py).
         self.uploads = CheckpointUploads(
             store_of(settings),
             request.request_id,
@@ -103,7 +104,7 @@ class JobRunner:
         self.supervisor = Supervisor(
             request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads
         )
-        self.lifecycle = Lifecycle()  # daemon/jobs/lifecycle.py: its states, their transitions, and why it stops early
+        self.lifecycle = Lifecycle()  # daemon/job/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._deadline: float | None = None  # a stop's: its child's save and the upload of that checkpoint end by then

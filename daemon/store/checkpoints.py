@@ -9,14 +9,14 @@ sha256. A checkpoint counts only with its manifest and files that match it, so a
 succeeded keeps only `<store>/<request id>/succeeded.json`, its event: a host it is delivered to again
 answers with it rather than training it again (the journal that says so is on the first host's disk).
 
-The store is a trust boundary (daemon/jobs/store_documents.py): the manifest and succeeded.json are
+The store is a trust boundary (daemon/store/documents.py): the manifest and succeeded.json are
 signed by the fleet and verified before use; a manifest's names are paths inside its checkpoint's
 folder, checked before any download; no link is followed in a shared folder, nor written through on
-this host (daemon/jobs/store_download.py); and what a manifest lists is bounded
+this host (daemon/store/download.py); and what a manifest lists is bounded
 (`checkpoint_store_max_bytes`, the disk's free space). Removing a request's checkpoints never
 follows a link either: what a link names, elsewhere, is never emptied.
 
-Blocking (fsspec's calls are); the daemon runs these in worker threads (daemon/jobs/uploads.py).
+Blocking (fsspec's calls are); the daemon runs these in worker threads (daemon/job/uploads.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from daemon.errors import AdapterdError
-from daemon.jobs.checkpoint_files import CHECKPOINT, checkpoint_files, sha256
-from daemon.jobs.store_documents import (
+from daemon.store.documents import (
     MAX_DOCUMENT_BYTES,
     Kind,
     StoreSigning,
@@ -44,6 +43,7 @@ from daemon.jobs.store_documents import (
     skipped,
     unseal,
 )
+from daemon.store.host_checkpoints import CHECKPOINT, checkpoint_files, sha256
 from schemas.common import REQUEST_ID_PATTERN
 
 MANIFEST = "manifest.json"

@@ -39,7 +39,7 @@ loss's backward, tests/handlers/test_sharded_memory.py):
 
 It is a model of the memory, not a measurement: what a job measured (`succeeded.memory`) is kept by
 model and method, and the next estimate for them is scaled by the largest ratio seen
-(daemon/jobs/estimator.py, which also reads the headers for a request's models).
+(daemon/resources/estimator.py, which also reads the headers for a request's models).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class WeightsUnreadable(AdapterdError, ValueError):
 class Tensors:
     """What a model's safetensors headers say: each tensor's dtype and shape. What the estimate asks
     of them is worked out once (cached properties), in the thread that read them
-    (daemon/jobs/estimator.py), so that an estimate from known tensors is quick on the event loop."""
+    (daemon/resources/estimator.py), so that an estimate from known tensors is quick on the event loop."""
 
     shapes: Mapping[str, tuple[str, tuple[int, ...]]]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from daemon.jobs.estimator import Estimator
-from daemon.jobs.memory import Estimate
-from daemon.jobs.slots import Placement, Slots
+from daemon.resources.estimator import Estimator
+from daemon.resources.memory import Estimate
+from daemon.resources.slots import Placement, Slots
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class JobPlace:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """A job's memory as planned before it started: its estimate (daemon/jobs/memory.py; None unknown), a whole GPU's
+    """A job's memory as planned before it started: its estimate (daemon/resources/memory.py; None unknown), a whole GPU's
     memory for jobs when known (whether it fits without gradient checkpointing), and the estimator its measured peak
     teaches. The default plan knows nothing: a CPU host's, or a job's whose model was not estimated."""
 

@@ -1,7 +1,7 @@
 """Reading a model's safetensors headers (8 bytes of little-endian length, then that much JSON) for
 the memory estimate, in reads that end by a deadline: a read that does not answer gives its thread
 back when the deadline passes instead of holding it (issue 46). Each function here runs in a thread
-of the `headers` pool (daemon/executors.py); daemon/jobs/estimator.py starts them.
+of the `headers` pool (daemon/executors.py); daemon/resources/estimator.py starts them.
 
 - A local file is opened without blocking and read only when it is a regular file: a FIFO under an
   allowed root, whose `open` would wait for a writer for ever, is refused at once.
@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from daemon.jobs.memory import Tensors, WeightsUnreadable
+from daemon.resources.memory import Tensors, WeightsUnreadable
 
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on a header
 MAX_INDEX_BYTES = 16 * 2**20  # model.safetensors.index.json: a name a tensor
@@ -105,7 +105,7 @@ def read_header(path: Path, deadline: Deadline | None = None) -> dict[str, Any]:
 
 def local_tensors(folder: Path, deadline: Deadline | None = None) -> Tensors:
     """A local model's tensors, its files read one after another (for benchmarks and tests; the
-    daemon reads them at once, daemon/jobs/estimator.py)."""
+    daemon reads them at once, daemon/resources/estimator.py)."""
     deadline = deadline or Deadline.after(60)
     return Tensors.from_headers([read_header(path, deadline) for path in local_files(folder)]).warm()
 

@@ -1,4 +1,4 @@
-"""One job's checkpoints into the operator's store (daemon/jobs/checkpoint_store.py), beside its
+"""One job's checkpoints into the operator's store (daemon/store/checkpoints.py), beside its
 training, and the resume from there.
 
 The child saves a checkpoint and says so; its supervisor hands it here (`saved`). Its files are
@@ -24,58 +24,16 @@ from typing import Any, Literal
 
 import structlog
 
-from daemon.jobs.checkpoint_files import local_checkpoints
-from daemon.jobs.checkpoint_store import CheckpointStore, StoreError
-from daemon.jobs.job_events import JobEvents
-from daemon.jobs.journal import Journal
-from daemon.jobs.store_documents import StoreSigning
-from daemon.jobs.store_download import download
-from daemon.secret_files import event_keys, event_signer
-from daemon.settings import Settings
+from daemon.job.events import JobEvents
+from daemon.store.checkpoints import CheckpointStore, StoreError
+from daemon.store.download import download
+from daemon.store.host_checkpoints import local_checkpoints
+from daemon.store.journal import Journal
 from schemas.events import Checkpoint
 
 log = structlog.get_logger()
 
 Where = Literal["local", "store"]
-
-
-# The store's keys by the settings that name them: read once per process (a rotated key comes with a restart).
-_SIGNING: dict[tuple[object, ...], StoreSigning | None] = {}
-
-
-def store_signing(settings: Settings) -> StoreSigning | None:
-    """The fleet's key that signs what this host writes to the store, and the keys it trusts there
-    (those it trusts on events); None without a signing key. Read once per process and key files:
-    each job opens the store on the event loop, which reads no file for it."""
-    names = (settings.event_signing_key_file, tuple(settings.event_verify_keys), settings.event_verify_keys_file)
-    if names not in _SIGNING:
-        signer, keys = event_signer(settings), event_keys(settings)
-        _SIGNING[names] = None if signer is None or keys is None else StoreSigning(signer, keys)
-    return _SIGNING[names]
-
-
-def store_of(settings: Settings) -> CheckpointStore | None:
-    """The host's checkpoint store, None without one (or one fsspec cannot open, or, past the
-    settings' own check, no key to sign and verify it by: said, and jobs go on locally)."""
-    if settings.checkpoint_store is None:
-        return None
-    signing = store_signing(settings)
-    if signing is None:  # settings refuse this at start; a copy of them made in code is not validated again
-        log.warning(
-            "checkpoint_store.unsigned", error="checkpoint_store without event_signing_key_file: the store is not used"
-        )
-        return None
-    try:
-        return CheckpointStore(
-            settings.checkpoint_store,
-            settings.dataset_storage_options,
-            host=settings.host,
-            signing=signing,
-            max_bytes=settings.checkpoint_store_max_bytes,
-        )
-    except StoreError as exc:
-        log.warning("checkpoint_store.unusable", error=str(exc))
-        return None
 
 
 def fetch(store: CheckpointStore | None, request_id: str, checkpoints: Path) -> tuple[int, Where] | None:
@@ -231,7 +189,7 @@ class CheckpointUploads:
         """The job succeeded: its checkpoints serve no one now. Uploads stop (what was not uploaded is
         said to be local), the store's checkpoints go and its `succeeded` event is left there; a
         manifest a stopped upload's thread still writes is removed by the store's retention
-        (daemon/jobs/store_retention.py: the journal says succeeded)."""
+        (daemon/store/pruning.py: the journal says succeeded)."""
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)

@@ -20,14 +20,14 @@ from typing import Protocol
 import structlog
 from aiokafka import TopicPartition
 
-from daemon.jobs.memory import Estimate
+from daemon.resources.memory import Estimate
 from schemas import RequestBase
 
 log = structlog.get_logger()
 
 
 class Estimating(Protocol):
-    """What `Estimates` asks of the estimator (daemon/jobs/estimator.py; a fake in tests)."""
+    """What `Estimates` asks of the estimator (daemon/resources/estimator.py; a fake in tests)."""
 
     def known(
         self, request: RequestBase, *, gradient_checkpointing: bool = True, shards: int = 1

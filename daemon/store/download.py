@@ -10,9 +10,9 @@ import os
 import shutil
 from pathlib import Path
 
-from daemon.jobs.checkpoint_files import bounded_copy, remove_folder, write_new
-from daemon.jobs.checkpoint_store import CheckpointStore, Manifest, StoreError
-from daemon.jobs.store_documents import Untrusted, safe_name, skipped
+from daemon.store.checkpoints import CheckpointStore, Manifest, StoreError
+from daemon.store.documents import Untrusted, safe_name, skipped
+from daemon.store.host_checkpoints import bounded_copy, remove_folder, write_new
 
 FREE_MARGIN = 2**30  # left free on the job's disk by a download
 

@@ -166,7 +166,7 @@ def last_change(folder: Path) -> float:
 
 
 def succeeded(folder: Path) -> bool:
-    """Whether the job's journal records its `succeeded` event (daemon/jobs/journal.py)."""
+    """Whether the job's journal records its `succeeded` event (daemon/store/journal.py)."""
     try:
         return "succeeded" in json.loads((folder / "journal.json").read_text())
     except (OSError, ValueError):

@@ -1,6 +1,6 @@
 """The daemon's settings: a TOML file, overridden by `ADAPTERD_*` environment variables (how it reaches
-Kafka: daemon/kafka_settings.py; how it runs jobs: daemon/work_settings.py; its endpoint:
-daemon/endpoint_settings.py; mixins of `Settings`).
+Kafka: daemon/settings/kafka.py; how it runs jobs: daemon/settings/work.py; its endpoint:
+daemon/settings/endpoints.py; mixins of `Settings`).
 
 Validated once at start; a wrong value stops the daemon with the setting's name and what was wrong.
 """
@@ -22,12 +22,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from daemon.endpoint_settings import EndpointSettings
 from daemon.errors import ConfigError
-from daemon.fleet_config import CLASS_HEADER, PriorityClass, TeamShare, queue_topic
-from daemon.kafka_settings import KafkaSettings
-from daemon.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
-from daemon.work_settings import WorkSettings
+from daemon.settings.endpoints import EndpointSettings
+from daemon.settings.fleet import CLASS_HEADER, PriorityClass, TeamShare, queue_topic
+from daemon.settings.kafka import KafkaSettings
+from daemon.settings.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
+from daemon.settings.work import WorkSettings
 from schemas.images import ImageBounds
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
@@ -50,11 +50,11 @@ VETTED_EVALUATION_TASKS = (
 
 class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
-    # Kafka (daemon/kafka_settings.py), then Work (daemon/work_settings.py), then the endpoint (daemon/endpoint_settings.py):
+    # Kafka (daemon/settings/kafka.py), then Work (daemon/settings/work.py), then the endpoint (daemon/settings/endpoints.py):
     # the mixins' fields come first, as they always have
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
-    # The fleet's queue (daemon/fleet_config.py; deploy/README.md): none by default.
+    # The fleet's queue (daemon/settings/fleet.py; deploy/README.md): none by default.
     priority_classes: list[PriorityClass] = Field(
         default_factory=list,
         description=(
@@ -249,14 +249,14 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     @model_validator(mode="after")
     def _event_keys(self) -> Settings:
         """Every key readable now, each problem named by its setting, rather than at the first event.
-        Here rather than beside its fields (daemon/endpoint_settings.py): it reads them through secret_files, a layer beside that mixin."""
+        Here rather than beside its fields (daemon/settings/endpoints.py): it reads them through secret_files, a layer beside that mixin."""
         event_signer(self)
         event_keys(self)
         return self
 
     @model_validator(mode="after")
     def _signed_store(self) -> Settings:
-        """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/jobs/store_documents.py): without the key
+        """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/store/documents.py): without the key
         a host could neither sign what it writes there nor tell the fleet's checkpoints from anyone's."""
         if self.checkpoint_store is not None and self.event_signing_key_file is None:
             raise ValueError(

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from structlog.typing import FilteringBoundLogger
 
-from daemon.jobs.estimator import Estimator
-from daemon.jobs.memory import Estimate
-from daemon.jobs.shard_plan import shards
-from daemon.jobs.slots import Placement
 from daemon.ops.metrics import JOB_MEMORY_PEAK, JOB_MEMORY_RATIO
+from daemon.resources.estimator import Estimator
+from daemon.resources.memory import Estimate
+from daemon.resources.shards import shards
+from daemon.resources.slots import Placement
 from daemon.settings import Settings
 from handlers.protocol import FastSettings, MemoryUse
 from schemas.events import JobMemory

@@ -1,4 +1,4 @@
-"""Estimates of requests' jobs on this host (daemon/jobs/memory.py's model of the memory), read
+"""Estimates of requests' jobs on this host (daemon/resources/memory.py's model of the memory), read
 from their models' safetensors headers, and corrected by what earlier jobs measured
 (`MemoryHistory`)."""
 
@@ -16,10 +16,10 @@ import structlog
 
 from daemon import executors
 from daemon.admission.policy import other_models
-from daemon.jobs.headers import Deadline, HubModel, local_files, read_header
-from daemon.jobs.journal import write_atomically
-from daemon.jobs.memory import Estimate, Tensors, estimate
+from daemon.resources.headers import Deadline, HubModel, local_files, read_header
+from daemon.resources.memory import Estimate, Tensors, estimate
 from daemon.settings import Settings
+from daemon.store.journal import write_atomically
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -31,7 +31,7 @@ class MemoryHistory:
     the next estimate for the same model and method is scaled by the largest ratio seen (never
     below 1: an estimate is only ever raised by what was measured). The largest, so one sample moves
     it: only jobs that ran with the settings their estimate assumed are taught to it
-    (daemon/jobs/job_memory.py `ran_as_estimated`)."""
+    (daemon/job/memory.py `ran_as_estimated`)."""
 
     path: Path
     ratios: dict[str, list[float]] = field(default_factory=dict)
@@ -77,8 +77,8 @@ class Estimator:
 
     `known` answers at once, from what was read before: the scheduler's offer asks it on the event
     loop. `need` reads what is missing, every model of the request at once, all within one deadline
-    (`DEADLINE_S`) in the `headers` pool's threads (daemon/jobs/headers.py: reads that end by it); the
-    scheduler runs it beside the loop (daemon/jobs/estimates.py). A model whose headers could not be
+    (`DEADLINE_S`) in the `headers` pool's threads (daemon/resources/headers.py: reads that end by it); the
+    scheduler runs it beside the loop (daemon/resources/estimates.py). A model whose headers could not be
     read in time, or say no model (a negative dimension), is unknown for `UNKNOWN_FOR_S`: a job of it
     takes a whole GPU. `KEEP_MODELS` models' tensors are kept, the least recently used let go."""
 
@@ -106,7 +106,7 @@ class Estimator:
     ) -> tuple[bool, Estimate | None]:
         """(True, the estimate) when every model of the request was read before, (True, None) when one
         is unknown, (False, None) when one must be read first (`need`). Quick: no read, no wait. With
-        `shards` above 1: one GPU's figure with the base sharded across that many (daemon/jobs/memory.py)."""
+        `shards` above 1: one GPU's figure with the base sharded across that many (daemon/resources/memory.py)."""
         now = time.monotonic()
         keys = self.models(request)
         if any(key not in self._tensors and self._unknown.get(key, 0.0) <= now for key in keys):

@@ -1,7 +1,7 @@
 """What a succeeded job reports beside its event's common fields: the seconds each of its stages took
 (the `succeeded` event's `durations_s`, each observed into the stage histogram) and its artifact's
-model card (daemon/hub/model_card.py). Its memory is daemon/jobs/job_memory.py's; the event itself
-is built by daemon/jobs/succeeded.py."""
+model card (daemon/hub/model_card.py). Its memory is daemon/job/memory.py's; the event itself
+is built by daemon/job/succeeded.py."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import structlog
 
-from daemon.jobs.memory import Estimate
+from daemon.resources.memory import Estimate
 from schemas import FieldError, Rejection, RequestBase
 from schemas.common import AdapterdError
 
@@ -31,7 +31,7 @@ PLANS = {"none": "data-parallel", "fsdp": "sharded", "auto": "data-parallel"}
 
 
 class Sharding(Protocol):
-    """What the plan asks of the estimator (daemon/jobs/estimator.py): one GPU's figure with the base sharded,
+    """What the plan asks of the estimator (daemon/resources/estimator.py): one GPU's figure with the base sharded,
     from models read before (the whole copy's estimate read them)."""
 
     def known(

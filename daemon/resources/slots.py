@@ -93,7 +93,7 @@ class Placement:
 
 def packing_from(settings: Settings) -> Packing | None:
     """The GPUs' memory as the operator packs them (max_jobs_per_gpu; 1: a whole GPU each), when
-    known; else None. Known, it also plans every job's memory (daemon/jobs/shard_plan.py: a whole copy
+    known; else None. Known, it also plans every job's memory (daemon/resources/shards.py: a whole copy
     or sharded, or rejected when it fits neither way) whether or not GPUs are packed."""
     memory = settings.gpu_memory_bytes or discover_gpu_memory()
     if memory is None:
@@ -149,7 +149,7 @@ class Slots:
         """A placement for a job of `count` slots needing `need_bytes` on one GPU (None: unknown, or
         to run alone), or None when it does not fit now."""
         packing = self.packing
-        # A need of no bytes or fewer is no estimate (daemon/jobs/memory.py refuses such headers): a whole GPU.
+        # A need of no bytes or fewer is no estimate (daemon/resources/memory.py refuses such headers): a whole GPU.
         if packing is not None and count == 1 and need_bytes is not None and 0 < need_bytes <= packing.usable:
             fits = [slot for slot in self.free if packing.usable - self.reserved(slot) >= need_bytes]
             if not fits:
