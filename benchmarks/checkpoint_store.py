@@ -54,7 +54,7 @@ def train(model_dir: Path, steps: int, store: tuple[str, dict[str, Any]] | None)
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from daemon.cli.demo_requests import demo_request
+    from daemon.cli.demo.requests import demo_request
     from daemon.job.uploads import snapshot
 
     request = demo_request("sft", model_dir)

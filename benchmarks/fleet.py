@@ -53,8 +53,8 @@ from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
 from benchmarks.fleet_watch import Collector, ready
 from benchmarks.harness import HUB_TOKEN, Environment
 from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
+from daemon.kafka.admin.topics import partition_numbers
 from daemon.kafka.options import kafka_options
-from daemon.kafka.topics import partition_numbers
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from daemon.settings.fleet import PriorityClass, TeamShare

@@ -131,7 +131,7 @@ def sharded_request(
 
 
 def grpo_request(model_dir: Path, request_id: str, steps: int) -> dict[str, Any]:
-    from daemon.cli.demo_requests import PROMPT_ROWS
+    from daemon.cli.demo.requests import PROMPT_ROWS
 
     example = json.loads((Path(__file__).parents[1] / "schemas" / "examples" / "grpo.json").read_text())
     return {

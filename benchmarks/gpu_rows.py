@@ -227,7 +227,7 @@ async def grpo_vllm(run: Run, daemon: Daemon, check: Check) -> None:
 async def methods(run: Run, daemon: Daemon, check: Check) -> None:
     from importlib.metadata import version
 
-    from daemon.cli.demo_requests import demo_request
+    from daemon.cli.demo.requests import demo_request
     from schemas.methods import METHODS, unsupported_reason
 
     shipped = [name for name in METHODS if unsupported_reason(name, version("trl")) is None]

@@ -24,8 +24,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.options import kafka_options
-from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from schemas.signing import new_key_pair

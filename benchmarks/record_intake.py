@@ -29,7 +29,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from daemon.cli.demo_requests import VISION_CHAT_ROWS
+from daemon.cli.demo.requests import VISION_CHAT_ROWS
 from daemon.intake import decoded_request, judged
 from daemon.resources.slots import Slots
 from daemon.settings import Settings

@@ -2,7 +2,7 @@
 
 The loop is flat: poll the requests topic (paused partitions fetch nothing, but the poll keeps the
 member in its group through jobs of many hours), hand each partition's records to `Intake`, wake
-retries that are due, measure the consumer lag (daemon/kafka/lag.py). Jobs run beside the loop
+retries that are due, measure the consumer lag (daemon/kafka/admin/lag.py). Jobs run beside the loop
 (`Scheduler`).
 
 Graceful stop (SIGTERM, SIGINT → `request_stop`): the loop ends at its next turn; rejections in
@@ -32,9 +32,9 @@ from daemon.fleet.wiring import fleet_dispatcher, require_fleet_retry_key
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
+from daemon.kafka.admin.lag import ConsumerLag
 from daemon.kafka.clients import Consumer, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
-from daemon.kafka.lag import ConsumerLag
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
@@ -127,7 +127,7 @@ class Service:
         self.stop_requested = asyncio.Event()
         self.ready = asyncio.Event()
         self.last_turn = time.monotonic()
-        self.lag = ConsumerLag(self.consumer)  # daemon/kafka/lag.py
+        self.lag = ConsumerLag(self.consumer)  # daemon/kafka/admin/lag.py
 
     def request_stop(self) -> None:
         running = len(self.scheduler.jobs)

@@ -50,7 +50,7 @@ from pathlib import Path
 import atheris
 
 with atheris.instrument_imports(include=["schemas", "daemon"]):
-    from daemon.cli.demo_requests import VISION_CHAT_ROWS
+    from daemon.cli.demo.requests import VISION_CHAT_ROWS
     from daemon.kafka.retry_state import RETRY_HEADERS
     from daemon.ops.logs import configure_logging
     from daemon.settings import Settings

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS
-from daemon.kafka.topics import ensure_topics
+from daemon.cli.demo.requests import PREFERENCE_ROWS
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from testbed.data import CHAT_DATASET, CHAT_ROWS, HUB_TOKEN, PREFERENCE_DATASET, TINY_MODEL

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli.doctor import _local_broker
+from daemon.cli.checks.doctor import _local_broker
 from daemon.local_broker import LocalKafka
 from daemon.local_broker.generate_jars import POM, render, resolve
 from daemon.local_broker.jars import JARS, MAVEN_CENTRAL, Jar, ensure_jars, jar_list

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
 from daemon.errors import TopicMissing
-from daemon.kafka.group_offsets import committed_offsets
+from daemon.kafka.admin.group_offsets import committed_offsets
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader

@@ -5,7 +5,7 @@ a higher class go ahead).
 
 A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
 behind a busy fleet are read for this from the outside, without joining a group: each class's topic
-from its queue group's committed offset (daemon/kafka/group_offsets.py), every `ANNOUNCE_S`. One host
+from its queue group's committed offset (daemon/kafka/admin/group_offsets.py), every `ANNOUNCE_S`. One host
 does it, the one the claims group gave partition 0 (Kafka's own assignment chooses it: no election of
 ours); after a rebalance another may, and the events say what each request was last told
 (`FleetView.telling`), so the new one goes on from there.
@@ -25,7 +25,7 @@ from daemon.errors import TopicMissing
 from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet.view import FleetView
 from daemon.job.events import JobEvents
-from daemon.kafka.group_offsets import committed_offsets
+from daemon.kafka.admin.group_offsets import committed_offsets
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record

@@ -4,7 +4,7 @@ producer's own clock, which it sets to anything (a record backdated to 1970 woul
 - A copy a host wrote (moved, written again, retried, sent back when preempted) carries the arrival the
   fleet signed (daemon/kafka/queue_seal.py): trusted only when its signature verifies, for this topic and class.
 - Otherwise, on a class topic that `adapterd topics` made (`message.timestamp.type=LogAppendTime`,
-  daemon/kafka/topics.py), the broker's append time: when the fleet first had it.
+  daemon/kafka/admin/topics.py), the broker's append time: when the fleet first had it.
 - Otherwise (a topic made by hand, CreateTime), the time this host first read the record.
 """
 

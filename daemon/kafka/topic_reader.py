@@ -23,10 +23,10 @@ from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from daemon.kafka.admin.topics import partition_numbers
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.records import Record
-from daemon.kafka.topics import partition_numbers
 from daemon.kafka.unreadable import CarefulReader
 from daemon.settings import Settings
 

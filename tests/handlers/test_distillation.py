@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi
 
-from daemon.cli.demo_requests import PROMPT_ROWS
+from daemon.cli.demo.requests import PROMPT_ROWS
 from daemon.settings import Settings
 from handlers.fixtures.tiny_model import save_tiny_model
 from schemas import Succeeded

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import LABELLED_ROWS, PREFERENCE_ROWS, PROMPT_ROWS
+from daemon.cli.demo.requests import LABELLED_ROWS, PREFERENCE_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from handlers.protocol import TrainResult
 from schemas import Succeeded

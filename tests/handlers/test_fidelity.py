@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS
+from daemon.cli.demo.requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Progress, Succeeded
 from schemas.request import REQUEST_MODELS

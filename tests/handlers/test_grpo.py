@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import MATH_ROWS, PROMPT_ROWS
+from daemon.cli.demo.requests import MATH_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from testbed.client import run_to_end

@@ -110,7 +110,7 @@ def test_layers_pattern_takes_the_names_peft_documents(layers: Any) -> None:
 def test_a_job_with_a_pattern_trains_lora_on_the_modules_it_matches(
     method: str, tiny_model_dir: Any, tmp_path: Any
 ) -> None:
-    from daemon.cli.demo_requests import ROWS
+    from daemon.cli.demo.requests import ROWS
     from tests.helpers import example_request, run_handler
 
     peft = {"r": 4, "lora_alpha": 8, "target_modules": r".*\.(q_proj|v_proj)", "rank_pattern": {"q_proj": 2}}

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS
+from daemon.cli.demo.requests import PREFERENCE_ROWS
 from daemon.settings import Settings
 from schemas import Succeeded
 from testbed.client import run_to_end

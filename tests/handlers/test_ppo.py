@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from daemon.admission.capabilities import trl_version, unsupported_reason
-from daemon.cli.demo_requests import PROMPT_ROWS
+from daemon.cli.demo.requests import PROMPT_ROWS
 from daemon.settings import Settings
 from handlers.protocol import JobSpec
 from schemas import Progress, Succeeded

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.cli.demo_requests import PREFERENCE_ROWS
+from daemon.cli.demo.requests import PREFERENCE_ROWS
 from handlers.protocol import TrainResult
 from testbed.data import CHAT_ROWS
 from tests.helpers import run_handler

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import PREFERENCE_ROWS
+from daemon.cli.demo.requests import PREFERENCE_ROWS
 from tests.handlers.test_sharding import (
     LOSS_RTOL,
     TINY_PARAMS,
@@ -153,7 +153,7 @@ def test_a_sharded_lora_grpo_generates_from_the_sharded_policy_and_trains_as_dat
     """GRPO's completions come from the sharded policy's `generate` (transformers keeps the ranks in step, `synced_gpus`,
     for a model FSDP manages: a rank whose completions end early runs forward passes until every rank's have). Sampling
     draws the same numbers on each rank either way, so the completions, rewards and losses are the data-parallel job's."""
-    from daemon.cli.demo_requests import PROMPT_ROWS
+    from daemon.cli.demo.requests import PROMPT_ROWS
 
     grpo = {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}
     sharded, sharded_messages = run_two_ranks(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.demo_requests import (
+from daemon.cli.demo.requests import (
     VISION_CHAT_ROWS,
     VISION_PREFERENCE_ROWS,
     VISION_PROMPT_ROWS,

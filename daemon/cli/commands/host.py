@@ -82,7 +82,7 @@ def status(
 
 def doctor(config: ConfigOption = None) -> None:
     """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
-    from daemon.cli.doctor import examine
+    from daemon.cli.checks.doctor import examine
 
     settings = read_settings(config)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the kafka check says what aiokafka would log
@@ -152,8 +152,8 @@ def topics(
 ) -> None:
     """Create every topic the settings name (requests, events, DLQ, control; with classes their queues and the claims topic)
     where missing; say a topic with fewer partitions than asked, and grow it with --grow; exit 1 on a refused or short topic."""
-    from daemon.cli.topics_report import report
-    from daemon.kafka.topics import make_topics
+    from daemon.cli.checks.topics import report
+    from daemon.kafka.admin.topics import make_topics
 
     settings = read_settings(config)
     count = partitions if partitions is not None else settings.topic_partitions or 1

@@ -31,7 +31,7 @@ def validate(
     request = read_request(file)
     said = ""
     if config is not None:
-        from daemon.cli.host_check import host_check
+        from daemon.cli.checks.host import host_check
 
         plan = host_check(request, config, str(file))
         said = f", and {config} would take it" + (f": {plan}" if plan else "")

@@ -89,7 +89,7 @@ def convert_trl_config(
             typer.echo(f"  {error.path or '(request)'}: {error.message}", err=True)
         raise typer.Exit(1)
     if host_config is not None:
-        from daemon.cli.host_check import host_check
+        from daemon.cli.checks.host import host_check
 
         plan = host_check(conversion.request, host_config, f"{file}'s request")
         if plan:

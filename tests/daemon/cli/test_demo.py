@@ -111,7 +111,7 @@ def test_the_readmes_demo_runs_to_succeeded_reads_cleanly_and_leaves_an_adapter_
 def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> None:
     from daemon.admission.images import inline_image_errors
     from daemon.cli.demo import method_problem
-    from daemon.cli.demo_requests import demo_request
+    from daemon.cli.demo.requests import demo_request
     from schemas.images import ImageBounds
 
     request = demo_request(name, tmp_path / "tiny-vlm")
@@ -122,7 +122,7 @@ def test_the_vision_demos_requests_pass_intake(name: str, tmp_path: Path) -> Non
 
 def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: Path) -> None:
     from daemon.cli.demo import method_problem
-    from daemon.cli.demo_requests import MATH_ROWS, demo_request
+    from daemon.cli.demo.requests import MATH_ROWS, demo_request
 
     request = demo_request("grpo-math", tmp_path / "tiny-model")
     assert request.method == "grpo" and request.dataset.rows == MATH_ROWS and len(MATH_ROWS) >= 8
@@ -137,7 +137,7 @@ def test_the_math_demo_trains_grpo_on_sums_with_trls_accuracy_reward(tmp_path: P
 
 
 def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_installed(tmp_path: Path) -> None:
-    from daemon.cli.demo_keep import project_folder, tour
+    from daemon.cli.demo.keep import project_folder, tour
 
     assert project_folder() == Path(__file__).resolve().parents[3]  # this checkout
     config, request = tmp_path / "adapterd.toml", tmp_path / "request.json"
@@ -159,7 +159,7 @@ def test_the_kept_demos_commands_are_uv_run_in_a_checkout_and_bare_where_install
 def test_the_kept_demos_settings_file_holds_its_endpoint_and_logs_token_for_its_owner_only(tmp_path: Path) -> None:
     import tomllib
 
-    from daemon.cli.demo_keep import keep_running_config
+    from daemon.cli.demo.keep import keep_running_config
     from daemon.settings import Settings
 
     settings = Settings(

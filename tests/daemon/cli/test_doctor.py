@@ -19,13 +19,13 @@ from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
-from daemon.cli.doctor import Check, _acls
-from daemon.kafka import acls
-from daemon.kafka.acl_recipe import Rule, recipe, verdict
-from daemon.kafka.acls import Acl, Writers, writers
+from daemon.cli.checks.doctor import Check, _acls
+from daemon.kafka.admin import acls
+from daemon.kafka.admin.acl_recipe import Rule, recipe, verdict
+from daemon.kafka.admin.acls import Acl, Writers, writers
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import retry_key_id
-from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas.signing import EventSigner, new_key_pair, read_private_key

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from daemon.kafka.topics import ensure_topics
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Started, Succeeded

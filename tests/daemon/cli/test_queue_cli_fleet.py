@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Cancelled, Progress, Queued, Started
 from testbed.client import produce, terminal_events

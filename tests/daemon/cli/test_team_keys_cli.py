@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from daemon.admission.grants import Grants
 from daemon.cli.app import app
+from daemon.cli.checks.doctor import _teams
 from daemon.cli.commands.requests import producer_signed
-from daemon.cli.doctor import _teams
 from daemon.settings import Settings
 from schemas.signing import PRODUCER_SIGNATURE_HEADER, EventKeys
 from tests.helpers import sft_request

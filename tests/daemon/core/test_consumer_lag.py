@@ -1,4 +1,4 @@
-"""`ConsumerLag` (daemon/kafka/lag.py) on the in-memory consumer: each partition's lag counts from its
+"""`ConsumerLag` (daemon/kafka/admin/lag.py) on the in-memory consumer: each partition's lag counts from its
 running job's request when it has one (not committed until the job ends), else from the consumer's
 position; it is measured at most every LAG_INTERVAL_S, and the end offsets it read are returned."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from daemon.kafka.lag import LAG_INTERVAL_S, ConsumerLag
+from daemon.kafka.admin.lag import LAG_INTERVAL_S, ConsumerLag
 from daemon.ops import metrics
 from testbed.memory_kafka import FakeConsumer
 

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from daemon import intake as intake_module
 from daemon.admission.judge import refusal
-from daemon.cli.demo_requests import VISION_CHAT_ROWS
+from daemon.cli.demo.requests import VISION_CHAT_ROWS
 from daemon.settings import Settings
 from schemas import FieldError, Rejection, RequestBase
 from tests.core import CoreOnFakes

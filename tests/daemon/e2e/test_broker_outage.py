@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas import Accepted, Progress, Started, Succeeded

@@ -186,7 +186,7 @@ async def test_the_events_docs_consumer_runs_as_written_and_names_the_local_sink
     training stack unimportable: it reads the events already in `adapterd.events` (earliest, a new
     group) and deploys a local-sink adapter from its folder, `location` (issue 49), and only one the fleet
     signed: a forged `succeeded` written before it is ignored, said, and never deployed (issue 46)."""
-    from daemon.kafka.topics import ensure_topics
+    from daemon.kafka.admin.topics import ensure_topics
 
     text = (ROOT / "docs" / "events.md").read_text()
     [snippet] = re.findall(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.topic_reader import TopicReader
-from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import TERMINAL_TYPES, Checkpoint, Failed, Progress, Started, Succeeded, parse_event
 from testbed.client import run_to_end, submit, terminal_events

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from schemas import Progress, Started, Succeeded
 from testbed.client import submit, terminal_events, wait_for_commit

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.kafka.topics import ensure_topics
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.settings import Settings
 from testbed.client import submit
 from testbed.data import sharded_safetensors

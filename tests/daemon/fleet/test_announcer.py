@@ -15,12 +15,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from daemon.fleet.announcer import Announcer
 from daemon.fleet.order import Waiting, waiting_for
 from daemon.fleet.view import FleetView
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
-from daemon.kafka.topics import ensure_topics
 from daemon.settings import Settings
 from daemon.settings.fleet import queue_group
 from schemas import Accepted, Progress, Queued, RequestBase, decode_request, parse_event

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from daemon.kafka.admin.topics import ARRIVAL_STAMPED, wanted
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
-from daemon.kafka.topics import ARRIVAL_STAMPED, wanted
 from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from schemas import Accepted, Cancel

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.event_reader import EventStream
-from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import free_port
 from daemon.settings import Settings
 from schemas import Accepted, Cancel, Cancelled, Preempted, Progress, Queued, Rejected, Started, Succeeded

@@ -13,9 +13,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 
+from daemon.kafka.admin.topics import partition_numbers
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
-from daemon.kafka.topics import partition_numbers
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER
 from schemas import Accepted, Cancel, Progress, Rejected, Succeeded

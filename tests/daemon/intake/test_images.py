@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from daemon.admission.images import inline_image_errors
-from daemon.cli.demo_requests import VISION_CHAT_ROWS, VISION_PROMPT_ROWS, square
+from daemon.cli.demo.requests import VISION_CHAT_ROWS, VISION_PROMPT_ROWS, square
 from schemas import FieldError, RequestBase, decode_request
 from schemas.images import ImageBounds
 from tests.helpers import EXAMPLES_DIR

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from daemon.admission.policy import policy_errors, report_to
-from daemon.cli.demo_requests import PROMPT_ROWS
+from daemon.cli.demo.requests import PROMPT_ROWS
 from daemon.settings import Settings
 from schemas import REQUEST_MODELS, RequestBase
 from testbed.data import CHAT_ROWS

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from daemon.cli.demo_requests import VISION_CHAT_ROWS
+from daemon.cli.demo.requests import VISION_CHAT_ROWS
 from daemon.kafka.copies import COPY_HEADROOM_BYTES
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings

@@ -166,7 +166,7 @@ async def test_no_exception_leaves_the_service_loop(settings: Settings, monkeypa
 
 async def test_each_record_case_is_rejected_naming_its_field(settings: Settings) -> None:
     """tests/hostile.py's `record_cases` on the fakes, as the end-to-end test sends them to a daemon."""
-    from daemon.cli.demo_requests import VISION_CHAT_ROWS
+    from daemon.cli.demo.requests import VISION_CHAT_ROWS
     from daemon.kafka.copies import COPY_HEADROOM_BYTES
     from tests.hostile import record_cases
 

@@ -24,10 +24,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, SecurityDisabled
 
 from daemon.admission.grants import Grants
-from daemon.cli.store_check import store_check
-from daemon.cli.topics_report import topics_verdict
-from daemon.kafka.acl_recipe import recipe, verdict
-from daemon.kafka.acls import principal_of, topics_acls, writers
+from daemon.cli.checks.store import store_check
+from daemon.cli.checks.topics import topics_verdict
+from daemon.kafka.admin.acl_recipe import recipe, verdict
+from daemon.kafka.admin.acls import principal_of, topics_acls, writers
 from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import load_key, retry_key_id
 from daemon.local_broker.running import local_broker_at
@@ -131,7 +131,7 @@ def _local_broker(settings: Settings) -> list[Check]:
 
 
 async def _acls(settings: Settings) -> Check:
-    """Who may write each of the fleet's topics, against docs/guarantees.md's recipe (daemon/kafka/acl_recipe.py):
+    """Who may write each of the fleet's topics, against docs/guarantees.md's recipe (daemon/kafka/admin/acl_recipe.py):
     this host's principal must write what the fleet writes, and no one else may write the claims topic (a claim
     is run), the events topic (a consumer acts on an event) or the DLQ."""
     rules, principal = recipe(settings), principal_of(settings)

@@ -69,7 +69,7 @@ def tour(config: Path, request_file: Path, request_id: str, in_project: bool = T
 
 def project_folder() -> Path | None:
     """The checkout this adapterd runs from (where `uv run` works), or None for an installed one."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     return root if (root / "pyproject.toml").is_file() else None
 
 

@@ -1,5 +1,5 @@
 """Who may write each of the fleet's topics, as docs/guarantees.md's recipe says ("Whom to trust"), and
-the brokers' ACLs judged against it: `adapterd doctor`'s acls line (daemon/cli/doctor.py).
+the brokers' ACLs judged against it: `adapterd doctor`'s acls line (daemon/cli/checks/doctor.py).
 
 - the requests topic (the default class's queue): upstream producers, and the fleet (retries; with
   priority classes the records it writes again);
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from daemon.kafka.acls import ANYONE, Writers
+from daemon.kafka.admin.acls import ANYONE, Writers
 from daemon.settings import Settings
 
 

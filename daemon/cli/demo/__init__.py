@@ -11,7 +11,7 @@ the local sink, a folder of its own beside main's). With `--keep`, the broker an
 running afterwards, the daemon serving its endpoint (status, health, job logs) on a free port, with
 a settings file beside the work (broker, endpoint, logs token) and the commands, as typed in the
 project's folder, to submit, list, inspect, read the log of, follow and cancel requests against them
-(daemon/cli/demo_keep.py).
+(daemon/cli/demo/keep.py).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from aiokafka import AIOKafkaProducer
 
 from daemon.admission.capabilities import available_methods, unsupported_reason
 from daemon.cli.console import follow_to_end
-from daemon.cli.demo_keep import keep_running
-from daemon.cli.demo_requests import (
+from daemon.cli.demo.keep import keep_running
+from daemon.cli.demo.requests import (
     demo_request,
     gated_demo_requests,
     is_vision,
@@ -40,9 +40,9 @@ from daemon.cli.demo_requests import (
 )
 from daemon.cli.keys import PRIVATE_NAME, make_key_pair
 from daemon.hub.local_sink import local_pull_request, local_target
+from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
-from daemon.kafka.topics import ensure_topics
 from daemon.local_broker import LocalKafka, free_port
 from daemon.ops.logs import configure_logging
 from daemon.service import Service

@@ -1,4 +1,4 @@
-"""What the commands say of the topics: `adapterd topics` of what it found and did (daemon/kafka/topics.py
+"""What the commands say of the topics: `adapterd topics` of what it found and did (daemon/kafka/admin/topics.py
 `make_topics`), one line a finding, and `adapterd doctor` of each topic's partitions against the settings.
 
 What doctor compares against: `topic_partitions`, the partitions the operator wants (the default of `adapterd
@@ -10,7 +10,7 @@ leaves slots idle; fewer is a warning, since the fleet's size is not known here.
 
 from __future__ import annotations
 
-from daemon.kafka.topics import GROWTH, TopicsMade
+from daemon.kafka.admin.topics import GROWTH, TopicsMade
 from daemon.settings import Settings
 
 

@@ -1,5 +1,5 @@
 """Who may write a topic, as the brokers' ACLs say: for `adapterd doctor`'s check of the fleet's topics
-against docs/guarantees.md's recipe (daemon/kafka/acl_recipe.py).
+against docs/guarantees.md's recipe (daemon/kafka/admin/acl_recipe.py).
 
 Whoever can write `adapterd.events` speaks for the fleet to every consumer, and whoever can write the
 claims topic puts work where a host runs it, so a host should know whether its own principal may write

@@ -1,0 +1,2 @@
+"""The operator's checks of a host before it serves: `adapterd doctor` (brokers, topics, the Hub, GPUs),
+`adapterd validate -c` (the settings and the memory plan), `adapterd store check` and the topics report."""
