@@ -2,7 +2,7 @@
 
 math-verify bounds parsing (10 s) and comparison (5 s) with signal.alarm: in a main thread only; in
 any other thread TRL turns the bounds off. adapterd runs TRL's function in a worker process with a
-hard kill (handlers/toolkit/math_verifier.py: ITEM_SECONDS an answer, CALL_SECONDS a call). For each
+hard kill (handlers/toolkit/rewards/math_verifier.py: ITEM_SECONDS an answer, CALL_SECONDS a call). For each
 hostile LaTeX text (as the completion, or as the row's solution), seconds and reward: TRL's
 accuracy_reward in a main thread, the same in a thread (capped at --cap seconds: past it, a job
 would hang), and adapterd's. Each TRL run in a fresh process.
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from handlers.toolkit.math_verifier import ITEM_SECONDS, MathVerifier
+from handlers.toolkit.rewards.math_verifier import ITEM_SECONDS, MathVerifier
 
 # name → hostile text aimed at one weakness of LaTeX parsing or sympy.
 CASES = {

@@ -66,7 +66,7 @@ class Refusal:
 
 _HUB = Refusal("daemon", "the daemon pushes the result to `output.repo_id` once training succeeds", "output.*")
 # Sharding is asked for in the request's resources (`resources.shard`), which the child applies itself
-# (handlers/toolkit/sharding.py): the trainer's own FSDP arguments shard only on GPUs, and silently not on CPU.
+# (handlers/toolkit/distributed/fsdp.py): the trainer's own FSDP arguments shard only on GPUs, and silently not on CPU.
 _LAUNCH = Refusal(
     "daemon",
     "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards them as `resources.shard` asks",

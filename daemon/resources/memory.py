@@ -17,7 +17,7 @@ The estimate is of the allocator's peak (`torch.cuda.max_memory_allocated`), in 
 - `logits`: the step's tokens × vocabulary, one value each;
 - `generation` (GRPO, RLOO, online DPO): the KV cache of the sequences generated at once.
 
-Sharded across N GPUs (`shards`, FSDP2 full-shard as handlers/toolkit/sharding.py applies it), the
+Sharded across N GPUs (`shards`, FSDP2 full-shard as handlers/toolkit/distributed/fsdp.py applies it), the
 figure is one GPU's: the base's `weights` divided by N, and a full fine-tune's `trainable` state
 (gradients, AdamW's moments) divided by N; a LoRA adapter and its optimizer state stay whole on every
 rank (PEFT attaches them after the sharding: what the sharded tests measured), and so do the other

@@ -2,7 +2,7 @@
 
 It is torchrun's agent (`torch.distributed.run`) starting N `handlers.child.runner` workers on this host,
 one per GPU of the job (CUDA_VISIBLE_DEVICES): data-parallel, or sharded where the request's
-`resources.shard` asks (handlers/toolkit/sharding.py). On a host without GPUs the workers are CPU
+`resources.shard` asks (handlers/toolkit/distributed/fsdp.py). On a host without GPUs the workers are CPU
 processes (gloo), which is how the tests run a job of two GPUs. Like every child it dies with the
 daemon, and its workers die with it. Stopping it (SIGTERM) stops its workers, which save a checkpoint.
 

@@ -1,5 +1,5 @@
 """The math-verify worker: `python -m handlers.child.math_worker PARENT_PID`, started by
-handlers/toolkit/math_verifier.py. It scores one completion at a time with TRL's own math rewards
+handlers/toolkit/rewards/math_verifier.py. It scores one completion at a time with TRL's own math rewards
 (accuracy_reward, reasoning_accuracy_reward, get_cosine_scaled_reward) in its main thread, where
 math-verify's signal.alarm timeouts work, and answers on a pipe of its own.
 

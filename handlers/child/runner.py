@@ -55,8 +55,8 @@ def main() -> int:
 
     with deferred.deferring():  # all of the training stack's imports (handlers/methods/ defers only during its own)
         from handlers.methods import HANDLERS
+        from handlers.toolkit.distributed.ranks import leave
         from handlers.toolkit.memory import out_of_memory
-        from handlers.toolkit.ranks import leave
         from handlers.toolkit.reporting import EXIT_STOPPED, StatusReporter
         from schemas.request import REQUEST_MODELS
 

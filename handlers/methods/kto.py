@@ -11,10 +11,10 @@ from trl import KTOConfig, KTOTrainer
 
 from handlers.protocol import JobSpec, TrainResult
 from handlers.toolkit.callbacks import JobCallback
+from handlers.toolkit.distributed.fsdp import distributed_config
 from handlers.toolkit.loading import load_causal_lm
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, load_reference, train_and_save
-from handlers.toolkit.sharding import distributed_config
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import KTORequest
 

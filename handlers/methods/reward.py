@@ -10,10 +10,10 @@ from trl import RewardConfig, RewardTrainer
 
 from handlers.protocol import JobSpec, TrainResult
 from handlers.toolkit.callbacks import JobCallback
+from handlers.toolkit.distributed.fsdp import distributed_config
 from handlers.toolkit.loading import load_sequence_classifier
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, train_and_save
-from handlers.toolkit.sharding import distributed_config
 from handlers.toolkit.training import lora_config, trl_config
 from schemas.request import RewardRequest
 

@@ -16,7 +16,7 @@ import torch
 from transformers import TrainerCallback
 
 from handlers.protocol import CheckpointSaved, FirstStep, Heartbeat, JobSpec, ProgressReport, StoppedAtCheckpoint
-from handlers.toolkit.ranks import TokenCount, gather, peak_bytes, world_size
+from handlers.toolkit.distributed.ranks import TokenCount, gather, peak_bytes, world_size
 from handlers.toolkit.reporting import EXIT_STOPPED, HEARTBEAT_S, StatusReporter
 from schemas.common import RankProgress
 

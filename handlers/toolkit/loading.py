@@ -113,7 +113,7 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
 def load_causal_lm(
     path: str, spec: ModelSpec, field: str = "model", distributed: DistributedConfig | None = None
 ) -> PreTrainedModel:
-    """`distributed`: how the model is sharded across the job's processes as it loads (handlers/toolkit/sharding.py)."""
+    """`distributed`: how the model is sharded across the job's processes as it loads (handlers/toolkit/distributed/fsdp.py)."""
     sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():

@@ -26,8 +26,11 @@ from transformers import (
 )
 
 from handlers.protocol import JobFailed, JobSpec, TrainResult
-from handlers.toolkit import fast, sharded_checkpoints
+from handlers.toolkit import fast
 from handlers.toolkit.chat_template import check_template_render
+from handlers.toolkit.distributed import checkpoints as sharded_checkpoints
+from handlers.toolkit.distributed.fsdp import distributed_config, is_sharded
+from handlers.toolkit.distributed.ranks import largest
 from handlers.toolkit.evaluation import evaluate
 from handlers.toolkit.loading import (
     check_chat_template,
@@ -41,9 +44,7 @@ from handlers.toolkit.loading import (
     model_kwargs,
     resolve_model,
 )
-from handlers.toolkit.ranks import largest
 from handlers.toolkit.reporting import StatusReporter, start_cuda
-from handlers.toolkit.sharding import distributed_config, is_sharded
 from handlers.toolkit.sources import AnyDataset
 from handlers.toolkit.training import (
     final_metrics,
@@ -144,7 +145,7 @@ def load_policy(
 ) -> PreTrainedModel:
     """The model to train from the base's folder: a vision-language model as transformers loads one
     (`AutoModelForImageTextToText`), else a causal LM; given the `request`, sharded across the job's
-    processes as its `resources.shard` asks (handlers/toolkit/sharding.py)."""
+    processes as its `resources.shard` asks (handlers/toolkit/distributed/fsdp.py)."""
     distributed = distributed_config(request) if request is not None else None
     if base.vision:
         if distributed is not None:
@@ -210,7 +211,7 @@ def train_and_save(
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
-    (handlers/toolkit/evaluation.py; after the save, so the artifact is the trained model untouched), and report."""
+    (handlers/toolkit/evaluation/__init__.py; after the save, so the artifact is the trained model untouched), and report."""
     reporter.enter("train")
     checkpoint = last_checkpoint(job)
     if is_sharded(

@@ -19,8 +19,8 @@ from transformers.trainer_utils import get_last_checkpoint
 from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit import fast
 from handlers.toolkit.callbacks import JobCallback, StepClock
+from handlers.toolkit.distributed.fsdp import is_sharded, rank_holdings, save_merged
 from handlers.toolkit.lora_patterns import resolved
-from handlers.toolkit.sharding import is_sharded, rank_holdings, save_merged
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -99,7 +99,7 @@ def trl_config(
     )
     if request.resources.shard == "fsdp":
         # The Trainer checkpoints no optimizer state for a model sharded as it loads, and refuses to start unless
-        # told to save the model alone: handlers/toolkit/sharded_checkpoints.py saves the rest of the state.
+        # told to save the model alone: handlers/toolkit/distributed/checkpoints.py saves the rest of the state.
         arguments["save_only_model"] = True
     try:
         return config_class(**with_objects(config_class, arguments))

@@ -128,7 +128,7 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
     )
     metrics = final_metrics(trainer, {"train_runtime": 34.0})
     assert metrics["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
-    # What the one process held of the model (handlers/toolkit/sharding.py): all of it, 6 weights and 3 biases in float32.
+    # What the one process held of the model (handlers/toolkit/distributed/fsdp.py): all of it, 6 weights and 3 biases in float32.
     assert (metrics["rank0_param_count"], metrics["rank0_param_bytes"], metrics["rank0_trainable_param_count"]) == (
         9.0,
         36.0,

@@ -1,4 +1,4 @@
-"""The request's `evaluation` (handlers/toolkit/evaluation.py, daemon/job/gate.py): in the child, each model
+"""The request's `evaluation` (handlers/toolkit/evaluation/__init__.py, daemon/job/gate.py): in the child, each model
 measured by its trainer on the eval rows; through the daemon, the gate's verdict deciding where the
 adapter goes on the (local) Hub: main, a pull request, judged against the adapter already there."""
 

@@ -87,7 +87,7 @@ def test_limit_scores_the_first_rows_and_few_shot_examples_come_from_the_same_ro
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from handlers.toolkit import evaluation_task
+    from handlers.toolkit.evaluation import task as evaluation_task
 
     model, tokenizer = (
         AutoModelForCausalLM.from_pretrained(tiny_model_dir),
@@ -150,7 +150,7 @@ def test_every_task_the_host_allows_by_default_runs_offline_on_given_rows(
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from handlers.toolkit import evaluation_task
+    from handlers.toolkit.evaluation import task as evaluation_task
 
     assert set(VETTED_ROWS) == set(VETTED_EVALUATION_TASKS)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing fetched: the rows are the request's
@@ -179,7 +179,7 @@ def test_every_task_the_host_allows_by_default_runs_offline_on_given_rows(
 def test_a_task_the_installed_library_lacks_fails_naming_the_field(
     task: str, why: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from handlers.toolkit import evaluation_task
+    from handlers.toolkit.evaluation import task as evaluation_task
 
     suite = TaskSuite(kind="task", task=task, source={"rows": arc_rows("A")})  # type: ignore[arg-type]
     job = task_job("eval-missing", tiny_model_dir, tmp_path)
@@ -203,7 +203,7 @@ def test_rows_without_the_tasks_columns_fail_as_the_datasets_fault(tiny_model_di
 def test_the_task_file_names_only_the_rows_written_for_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The harness's own dataset (a Hub id) never reaches it: the file it reads says `json` and the
     job's own rows file, whatever the included YAML says."""
-    from handlers.toolkit import evaluation_task
+    from handlers.toolkit.evaluation import task as evaluation_task
 
     job = task_job("eval-file", tiny_model_dir, tmp_path)
     suite = TaskSuite(kind="task", task="hellaswag", source={"rows": [VETTED_ROWS["hellaswag"]]})  # type: ignore[arg-type]

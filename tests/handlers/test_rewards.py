@@ -17,8 +17,8 @@ from trl.rewards import (
     think_format_reward,
 )
 
-from handlers.toolkit.math_verifier import MathVerifier
 from handlers.toolkit.rewards import reward_functions
+from handlers.toolkit.rewards.math_verifier import MathVerifier
 from schemas.request import OnlineRewards
 
 ANSWERS = [

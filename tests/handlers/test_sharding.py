@@ -1,9 +1,9 @@
-"""Sharded training (`resources.shard: fsdp`, handlers/toolkit/sharding.py) on two CPU ranks standing in for
+"""Sharded training (`resources.shard: fsdp`, handlers/toolkit/distributed/fsdp.py) on two CPU ranks standing in for
 two GPUs: the child launched as the daemon launches a job of two GPUs (`python -m handlers.child.launch 2`,
 torchrun's agent and two workers, gloo), on the tiny model. A sharded job's ranks each hold half of the
 base's parameters (what the child reports in `succeeded`'s metrics), and its per-step losses are those of
 the same job run data-parallel with the same global batch; stopped, it resumes from its checkpoint at the step
-after it (handlers/toolkit/sharded_checkpoints.py) with the losses of a run never stopped. Its progress and result
+after it (handlers/toolkit/distributed/checkpoints.py) with the losses of a run never stopped. Its progress and result
 say each rank's tokens/s and peak memory (the largest as the job's), and its one log marks each rank's lines.
 The other methods sharded: test_sharding_methods.py; the estimate against the ranks' peaks: test_sharded_memory.py."""
 
@@ -97,7 +97,7 @@ def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> d
 
 
 def assert_rank_figures(result: dict[str, Any], messages: list[dict[str, Any]], log: str) -> None:
-    """Each rank's figures (handlers/toolkit/ranks.py) in a two-rank job's progress and result, and its lines in the log."""
+    """Each rank's figures (handlers/toolkit/distributed/ranks.py) in a two-rank job's progress and result, and its lines in the log."""
     progress = [m for m in messages if m["kind"] == "progress"]
     for report in progress:
         assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
@@ -229,7 +229,7 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
         assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == adapter
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS + adapter
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-    # output.push merged: the adapter merged into the base on the host (handlers/toolkit/sharding.py `save_merged`) is the
+    # output.push merged: the adapter merged into the base on the host (handlers/toolkit/distributed/fsdp.py `save_merged`) is the
     # data-parallel job's merge, weight for weight, with nothing of the adapter left beside it.
     import torch
     from safetensors.torch import load_file
@@ -250,10 +250,10 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
 
 
 def test_a_sharded_job_runs_on_as_many_processes_as_it_asked_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check of handlers/toolkit/sharding.py no two-rank run reaches: a child whose process count is not the
+    """The check of handlers/toolkit/distributed/fsdp.py no two-rank run reaches: a child whose process count is not the
     request's GPUs fails in preflight naming resources.shard."""
     from handlers.protocol import JobFailed
-    from handlers.toolkit.sharding import distributed_config
+    from handlers.toolkit.distributed.fsdp import distributed_config
     from schemas import REQUEST_MODELS
 
     request = REQUEST_MODELS["sft"].model_validate(sft_request("shard-checks", resources={"gpus": 2, "shard": "fsdp"}))
@@ -280,7 +280,7 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     tmp_path: Path,
 ) -> None:
     """A stop (SIGTERM) saves a checkpoint on every rank and ends the job `stopped`, as a data-parallel job's does; the
-    checkpoint holds the whole training state (handlers/toolkit/sharded_checkpoints.py: the gathered weights, each
+    checkpoint holds the whole training state (handlers/toolkit/distributed/checkpoints.py: the gathered weights, each
     rank's shard of the optimizer's state in torch distributed checkpoint files, the scheduler's and the random
     generators' states). Taken through the checkpoint store to another host's job folder as the daemon takes it
     (uploaded with its signed manifest, downloaded with names and sizes checked), the next attempt goes on at the step

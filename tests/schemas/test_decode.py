@@ -107,7 +107,7 @@ def test_a_token_hidden_behind_json_escapes_is_still_found() -> None:
 
 
 def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() -> None:
-    """`resources.shard: fsdp` (handlers/toolkit/sharding.py) across 2 GPUs or more, for what shards so far;
+    """`resources.shard: fsdp` (handlers/toolkit/distributed/fsdp.py) across 2 GPUs or more, for what shards so far;
     the trainer's own FSDP and DeepSpeed arguments stay refused, pointing at it."""
     sharded = {**valid(), "resources": {"gpus": 2, "shard": "fsdp"}}
     request = decode_request(json.dumps(sharded).encode())

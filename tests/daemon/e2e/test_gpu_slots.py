@@ -127,7 +127,7 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     settings: Settings, published: HubServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """`resources.shard: fsdp` through the daemon (two GPU ids on a host without GPUs: two CPU ranks, gloo): each rank
-    held half the model (handlers/toolkit/sharding.py), and the Hub got one full model, gathered from the shards."""
+    held half the model (handlers/toolkit/distributed/fsdp.py), and the Hub got one full model, gathered from the shards."""
     two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False})
     daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
     try:

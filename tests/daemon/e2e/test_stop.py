@@ -119,7 +119,7 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
     settings: Settings, published: HubServer, tmp_path: Path
 ) -> None:
     """A sharded full fine-tune (two CPU ranks) whose daemon is SIGKILLed mid-job: after a restart it resumes from its
-    last checkpoint (handlers/toolkit/sharded_checkpoints.py: the optimizer's state in torch distributed checkpoint
+    last checkpoint (handlers/toolkit/distributed/checkpoints.py: the optimizer's state in torch distributed checkpoint
     files, each rank its shard) at the step after it, its losses over the steps the first attempt had trained past
     that checkpoint are the first attempt's, and the Hub gets one commit."""
     # A SIGKILLed member leaves the group only when its session times out: the restart's join waits that long.

@@ -29,9 +29,9 @@ from peft import LoraConfig, PeftModel
 from transformers import Trainer
 
 from handlers.protocol import JobFailed, JobSpec
-from handlers.toolkit import evaluation_task
-from handlers.toolkit.evaluation_rewards import RewardModel, score
-from handlers.toolkit.evaluation_task import PreparedTask
+from handlers.toolkit.evaluation import task as evaluation_task
+from handlers.toolkit.evaluation.rewards import RewardModel, score
+from handlers.toolkit.evaluation.task import PreparedTask
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sources import AnyDataset, check_download_size
 from schemas.evaluation import Baseline, EvaluationResult, RewardsSuite, Scores, TaskSuite

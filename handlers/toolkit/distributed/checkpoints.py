@@ -1,4 +1,4 @@
-"""The checkpoints of a sharded job (`resources.shard: fsdp`, handlers/toolkit/sharding.py) that resume: what the
+"""The checkpoints of a sharded job (`resources.shard: fsdp`, handlers/toolkit/distributed/fsdp.py) that resume: what the
 Trainer keeps of a model sharded at load time, completed with the rest of the training state, and loaded back.
 
 The Trainer checkpoints such a model alone (`save_only_model`: it refuses to save its optimizer), its full weights

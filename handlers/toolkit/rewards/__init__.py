@@ -5,7 +5,7 @@ and open-r1's tag_count.
 A request picks from this fixed set (or names a reward model by repo id); it can never name code
 to import. Each function takes TRL's reward-function arguments and returns one float (or None, "not
 given") per completion. The math rewards run TRL's functions in a worker process with a hard kill
-(handlers/toolkit/math_verifier.py); the others run TRL's functions here.
+(handlers/toolkit/rewards/math_verifier.py); the others run TRL's functions here.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from trl.rewards import get_repetition_penalty_reward, get_soft_overlong_punishm
 
 from handlers.protocol import JobFailed, JobSpec
 from handlers.toolkit.loading import resolve_model
-from handlers.toolkit.math_verifier import verifier
+from handlers.toolkit.rewards.math_verifier import verifier
 from schemas.regex import compile_pattern
 from schemas.request import (
     AccuracyReward,

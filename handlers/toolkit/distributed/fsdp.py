@@ -15,7 +15,7 @@ Merging (`output.push: merged`): `save_merged`, on the host, as its docstring sa
 
 Checkpoints: the Trainer saves a model sharded at load time alone (`save_only_model`, set in
 handlers/toolkit/training.py: it keeps no optimizer state for one), its full weights gathered from the shards;
-handlers/toolkit/sharded_checkpoints.py adds the optimizer's state (torch distributed checkpoint), the scheduler's
+handlers/toolkit/distributed/checkpoints.py adds the optimizer's state (torch distributed checkpoint), the scheduler's
 and the random generators', and resumes a later attempt from them at the step after the checkpoint.
 """
 

@@ -1,7 +1,7 @@
 """The `rewards` suite of a request's evaluation: the model answers each eval row's prompt once,
-greedily, and the shipped reward functions (handlers/toolkit/rewards.py, GRPO's) score the answers.
+greedily, and the shipped reward functions (handlers/toolkit/rewards/__init__.py, GRPO's) score the answers.
 
-Called by handlers/toolkit/evaluation.py for each model it measures (the adapter active on the model, or a
+Called by handlers/toolkit/evaluation/__init__.py for each model it measures (the adapter active on the model, or a
 baseline's), so every model answers the same prompts with the same settings.
 """
 
