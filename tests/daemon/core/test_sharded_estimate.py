@@ -8,10 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from daemon.resources.headers import local_tensors
 from daemon.resources.memory import Tensors, estimate, trainable_parameters
 from schemas import RequestBase, decode_request
-from tests.handlers.test_sharding import TINY_PARAMS
 from tests.helpers import sft_request
 
 # Llama-3.1-8B's shapes: 32 blocks, hidden 4096, 32 heads and 8 KV heads of 128, MLP 14336, vocabulary 128256, an untied head.
@@ -130,50 +128,6 @@ def test_a_full_dpo_counts_trls_copy_of_the_base_whole_on_every_rank_and_lora_no
         == 2 * PARAMS // 8
     )
     assert estimate(dpo(), LLAMA_8B, shards=8).parts["weights"] == 2 * PARAMS // 8
-
-
-def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_model_dir: Path) -> None:
-    """Per rank, the estimate's weights are the bytes the sharded tests measure each rank holding (rank<r>_param_bytes,
-    tests/handlers/test_sharding.py), exactly as the one-GPU figure is torch's count (test_memory_estimate.py);
-    and the LoRA adapter each rank holds whole is the one PEFT attaches."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    tensors = local_tensors(tiny_model_dir)
-    assert tensors.parameters == TINY_PARAMS
-    assert tensors.by_layer == (
-        9_344,
-        10_272,
-    )  # a block of hidden 32, MLP 64, KV 16, q/k/v biases; the 320 × 32 embedding and the norm
-    full = estimate(request(model={"id": str(tiny_model_dir), "dtype": "float32"}, peft=None), tensors, shards=2)
-    assert (
-        full.parts["weights"] == TINY_PARAMS // 2 * 4 == 57_920
-    )  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
-    assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
-    assert tensors.tied_head and not LLAMA_8B.tied_head  # the tiny model's head is its embedding; Llama's is its own
-    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in tests/handlers/test_sharded_memory.py).
-    assert full.parts["gathered"] == (2 * 9_344 + 10_272 + 320 * 32) * 4
-    assert full.parts["unsharded_gradients"] == (9_344 + 10_272) * 4
-    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
-    # and rank<r>_ref_param_count TINY_PARAMS, float32).
-    dpo = request(
-        method="dpo",
-        model={"id": str(tiny_model_dir), "dtype": "float32"},
-        dataset={"id": "tiny/preferences"},
-        peft=None,
-    )
-    assert estimate(dpo, tensors, shards=2).parts["weights"] == TINY_PARAMS // 2 * 4 + TINY_PARAMS * 4
-    lora = request(model={"id": str(tiny_model_dir), "dtype": "float32"})  # the helper's LoRA: r 4, all-linear
-    sharded = estimate(lora, tensors, shards=2)
-    assert sharded.parts["weights"] == 57_920
-    peft = lora.peft
-    assert peft is not None
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=peft.r, target_modules=peft.target_modules)
-    )
-    attached = sum(parameter.numel() for parameter in model.parameters() if parameter.requires_grad)
-    assert trainable_parameters(lora, tensors) == attached == 4_096  # whole on each rank: rank<r>_trainable_param_count
-    assert sharded.parts["trainable"] == 16 * attached
 
 
 def test_what_fits_where_is_what_the_estimator_says() -> None:
