@@ -14,7 +14,8 @@ from daemon.jobs.slots import Placement, Slots
 @dataclass(frozen=True)
 class JobPlace:
     """Where a job runs: `slot` as `started` names it ("cpu", or its GPUs), the CUDA_VISIBLE_DEVICES of its child
-    (None on the CPU: the environment is left alone), and on a GPU shared with other jobs its share (None: whole GPUs)."""
+    (None on the CPU: the environment is left alone), and on a GPU shared with other jobs
+    its share (None: whole GPUs)."""
 
     slot: str
     visible_devices: str | None = None
