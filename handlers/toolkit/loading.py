@@ -85,7 +85,8 @@ def check_hardware(spec: ModelSpec) -> None:
         raise JobFailed(
             "cuda_required",
             "preflight",
-            f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host has none; use quantization 'none'",
+            f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host "
+            "has none; use quantization 'none'",
         )
 
 
@@ -237,7 +238,8 @@ def load_dataset_sources(
         raise JobFailed(
             "dataset_too_large",
             "load_dataset",
-            f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} (max_dataset_rows); set dataset.max_samples",
+            f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} "
+            "(max_dataset_rows); set dataset.max_samples",
         )
     return train, evaluation, sources
 

@@ -167,7 +167,8 @@ def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> Lo
 
 @dataclass(frozen=True)
 class Reference:
-    model: PreTrainedModel  # a frozen model beside the policy: the reference it is compared with, or the teacher it learns from
+    # a frozen model beside the policy: the reference it is compared with, or the teacher it learns from
+    model: PreTrainedModel
     revision: str | None  # the Hub commit it resolved to; None for a local folder
 
 
