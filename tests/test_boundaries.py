@@ -229,7 +229,8 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
 # with what is under it alone. Peers in one layer never import each other.
 DAEMON_LAYERS: list[set[str]] = [
     {"errors", "executors"},  # the error tree; the bounded pools of worker threads
-    # the settings source that reads the operator's secret files; the fleet's classes and teams; the Kafka, job and endpoint settings
+    # the settings source that reads the operator's secret files; the fleet's classes and teams; the
+    # Kafka, job and endpoint settings
     {"secret_files", "fleet_config", "kafka_settings", "work_settings", "endpoint_settings"},
     {"settings"},
     {"ops"},  # logs, metrics, the health endpoint, systemd

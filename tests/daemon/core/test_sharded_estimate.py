@@ -14,7 +14,8 @@ from schemas import RequestBase, decode_request
 from tests.handlers.test_sharding import TINY_PARAMS
 from tests.helpers import sft_request
 
-# Llama-3.1-8B's shapes: 32 blocks, hidden 4096, 32 heads and 8 KV heads of 128, MLP 14336, vocabulary 128256, an untied head.
+# Llama-3.1-8B's shapes: 32 blocks, hidden 4096, 32 heads and 8 KV heads of 128, MLP 14336,
+# vocabulary 128256, an untied head.
 VOCAB, HIDDEN, LAYERS, MLP, KV = 128256, 4096, 32, 14336, 1024
 BLOCK = (
     2 * HIDDEN * HIDDEN + 2 * KV * HIDDEN + 3 * MLP * HIDDEN + 2 * HIDDEN
@@ -151,11 +152,12 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     )  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
     assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
     assert tensors.tied_head and not LLAMA_8B.tied_head  # the tiny model's head is its embedding; Llama's is its own
-    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in tests/handlers/test_sharded_memory.py).
+    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in
+    # tests/handlers/test_sharded_memory.py).
     assert full.parts["gathered"] == (2 * 9_344 + 10_272 + 320 * 32) * 4
     assert full.parts["unsharded_gradients"] == (9_344 + 10_272) * 4
-    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
-    # and rank<r>_ref_param_count TINY_PARAMS, float32).
+    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count
+    # TINY_PARAMS / 2 and rank<r>_ref_param_count TINY_PARAMS, float32).
     dpo = request(
         method="dpo",
         model={"id": str(tiny_model_dir), "dtype": "float32"},
@@ -177,7 +179,8 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
 
 
 def test_what_fits_where_is_what_the_estimator_says() -> None:
-    """docs/what-fits.md is what `python -m benchmarks.what_fits` prints from the estimate (regenerate it so after a change)."""
+    """docs/what-fits.md is what `python -m benchmarks.what_fits` prints from the estimate
+    (regenerate it so after a change)."""
     from benchmarks.what_fits import render
 
     assert (Path(__file__).parents[3] / "docs" / "what-fits.md").read_text() == render(), (

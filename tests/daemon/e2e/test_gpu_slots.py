@@ -206,5 +206,6 @@ async def test_a_two_gpu_request_behind_a_stream_of_one_gpu_requests_starts_befo
     }
     assert next(e for e in events[big] if isinstance(e, Started)).slot == "7,9"
     after = [request_id for request_id in stream if began[request_id] > began[big]]
-    # The two running when it was submitted, and at most one that took the first freed slot before it was read, went first.
+    # The two running when it was submitted, and at most one that took the first freed slot
+    # before it was read, went first.
     assert len(after) >= 3, sorted(began.items(), key=lambda item: item[1])

@@ -30,7 +30,8 @@ CLAIMS = TopicPartition("adapterd.claims", 0)
 
 
 class QueueConsumer(WindowConsumer):
-    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and its group's joins and leaves."""
+    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and
+    its group's joins and leaves."""
 
     def __init__(self, records: list[FakeRecord]) -> None:
         super().__init__(records)
@@ -246,7 +247,8 @@ async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_wai
     fleet_settings: Settings,
 ) -> None:
     """Issue 57: a head was told ETA 0 s in the turn this host gave its one slot to the request ahead of it (the claim's
-    `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job. Jobs of its kind take 20 s."""
+    `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job.
+    Jobs of its kind take 20 s."""
     told = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})
     dispatcher, mover, core, _ = dispatcher_over(told, [valid(0, "first-1"), valid(1, "next-1")])
     now = time.time()
