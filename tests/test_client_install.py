@@ -167,7 +167,7 @@ import aiokafka.codec
 print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
                   "codecs": [aiokafka.codec.has_gzip(), aiokafka.codec.has_snappy(), aiokafka.codec.has_lz4(), aiokafka.codec.has_zstd()],
                   "absent": [name for name in {TRAINING_STACK!r} if importlib.util.find_spec(name) is None]}}))
-"""
+"""  # noqa: E501 (a script's text, run as written)
     ran = subprocess.run(
         [str(python), "-c", probe],
         cwd=tmp_path,

@@ -306,7 +306,7 @@ from tests.helpers import run_handler, sft_request
 from testbed.data import CHAT_ROWS
 result, _ = run_handler(sft_request("local-only", dataset={"rows": CHAT_ROWS}, model={"id": sys.argv[1]}, training={"max_steps": 2}), Path(sys.argv[2]))
 print(type(result).__name__)
-"""
+"""  # noqa: E501 (a script's text, run as written)
 
 
 @pytest.mark.slow

@@ -59,7 +59,7 @@ os.close(write)
 child = json.loads(os.read(read, 65536))
 os.waitpid(pid, 0)
 print(json.dumps({"server": server, "child": child}))
-"""
+"""  # noqa: E501 (a script's text, run as written)
 
 
 @pytest.mark.slow

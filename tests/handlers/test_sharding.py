@@ -277,7 +277,7 @@ def losses_by_step(messages: list[dict[str, Any]]) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(
+def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(  # noqa: E501 (the test's name says what it checks)
     tiny_model_dir: Path,
     tmp_path: Path,
 ) -> None:

@@ -565,7 +565,7 @@ def test_a_preemptions_switch_is_measured_from_the_victims_stop_to_the_new_jobs_
     assert switches.seconds() == pytest.approx(6.0)
 
 
-def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> (
+def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> (  # noqa: E501 (the test's name says what it checks)
     None
 ):
     """Issue 57: the ETAs stay current. One slot, jobs of a known 10 s: b0 starts at 0, b1 and b2 are told 10 and 20 s.

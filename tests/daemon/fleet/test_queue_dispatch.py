@@ -117,7 +117,7 @@ def valid(offset: int, request_id: str, timestamp: int = 1_765_000_000_000, team
     return FakeRecord(TP.topic, 0, offset, request_id.encode(), body, timestamp=timestamp)
 
 
-async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_time_and_the_valid_one_behind_it_is_claimed(
+async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_time_and_the_valid_one_behind_it_is_claimed(  # noqa: E501 (the test's name says what it checks)
     fleet_settings: Settings,
 ) -> None:
     flood = [FakeRecord(TP.topic, 0, offset, b"flood", b"not a request %d" % offset) for offset in range(200)]

@@ -118,7 +118,7 @@ def test_a_claim_is_refused_unless_the_fleet_signed_it_for_its_partition_and_its
     assert not QueueSeal(None, EventKeys([fleet_key().public])).writes_trusted
 
 
-def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> (
+def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> (  # noqa: E501 (the test's name says what it checks)
     None
 ):
     seal = seal_of(fleet_key())
