@@ -73,7 +73,8 @@ if __name__ == "__main__":
         "--overhead-target",
         type=float,
         default=0.018,
-        help="stop the pairs once the pace ratio's 95%% interval is narrower than this either side (checked every 20 pairs from 40)",
+        help="stop the pairs once the pace ratio's 95%% interval is narrower than this either side "
+        "(checked every 20 pairs from 40)",
     )
     parser.add_argument("--intake-messages", type=int, default=20_000)
     parser.add_argument("--queue-jobs", type=int, default=20, help="short jobs queued on one slot (queue start)")

@@ -87,7 +87,10 @@ def main() -> None:
                 bad.append(milliseconds(hostile, args.repeats))
                 good.append(milliseconds(benign, args.repeats))
             ratio = statistics.median(bad) / statistics.median(good)
-            row = f"{name:32s} {len(hostile):9d} {statistics.median(bad):15.2f} {statistics.median(good):10.2f} {ratio:6.2f}"
+            row = (
+                f"{name:32s} {len(hostile):9d} {statistics.median(bad):15.2f} "
+                f"{statistics.median(good):10.2f} {ratio:6.2f}"
+            )
             print(row, flush=True)
             worst = max(worst, (ratio, row))
     print(f"worst ratio: {worst[0]:.2f} ({worst[1].split('  ')[0].strip()})")

@@ -29,7 +29,8 @@ os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench
 
 @functools.cache
 def fleet_signing() -> Any:
-    """A key of the uploader's own, made once: the manifest is signed as the daemon signs it (any key costs the same)."""
+    """A key of the uploader's own, made once: the manifest is signed as the daemon signs
+    it (any key costs the same)."""
     from daemon.store.documents import StoreSigning
     from schemas.signing import EventKeys, EventSigner, new_key_pair, read_private_key
 

@@ -46,7 +46,8 @@ def main() -> None:
     ):
         runs = [microseconds(messages) for _ in range(args.runs)]
         print(
-            f"{name:10s} {statistics.median(runs):6.2f} us/message [{min(runs):.2f}, {max(runs):.2f}] over {args.runs} runs"
+            f"{name:10s} {statistics.median(runs):6.2f} us/message [{min(runs):.2f}, "
+            f"{max(runs):.2f}] over {args.runs} runs"
         )
 
 

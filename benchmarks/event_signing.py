@@ -62,7 +62,8 @@ def _cases(
         "verify": lambda: keys.verify(value, record.headers),
         "publish (event_message), signed": lambda: publishers["signed"].event_message(event),
         "publish (event_message), unsigned": lambda: publishers["unsigned"].event_message(event),
-        # After its first call each read is a repeat (the same event_id): verified and parsed all the same, then dropped by id.
+        # After its first call each read is a repeat (the same event_id): verified and parsed
+        # all the same, then dropped by id.
         "read (verify + parse), verified": lambda: stream.verified(record),
         "read (parse alone), unverified": lambda: unverified.verified(record),
         "parse_event alone": lambda: parse_event(value),

@@ -5,9 +5,11 @@ its weight (the fair share between teams of one class), then `urgent` requests f
 every slot is busy, on daemons in processes of their own and the local broker (benchmarks/fleet_metrics.py
 says what each figure is; `eta_replay_error` is the ETA's error on the run replayed, `replayed_eta_error`).
 
-    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (60 to 240 steps) + 2 urgent (4 steps)
+    uv run python -m benchmarks.fleet               # 2 daemons × 1 slot, 8 + 4 batch (60 to 240 steps)
+                                                    # + 2 urgent (4 steps)
     uv run python -m benchmarks.fleet --fifo        # the same on today's partitions: no classes
-    uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent: what tests/test_fleet_bench.py runs
+    uv run python -m benchmarks.fleet --quick       # 4 + 0 batch (2 to 4 steps) + 1 urgent:
+                                                    # what tests/test_fleet_bench.py runs
     uv run python -m benchmarks.fleet --contention  # the queue's hard cases (below)
 
 `--contention` is the scenario of the queue's defects (issue 57): the `evals` and urgent teams capped at one
@@ -87,7 +89,8 @@ class Plan:
     busy_timeout_s: float = 120  # the urgent requests go anyway if the slots are not all busy by then
     min_run_s: float = 1.0  # preempt_min_run_s
     caps: tuple[tuple[str, int], ...] = ()  # teams' max_slots
-    submit: bool = False  # urgent requests by `adapterd submit`, each once the one before it started; else all at once to their topic
+    # urgent requests by `adapterd submit`, each once the one before it started; else all at once to their topic
+    submit: bool = False
     timeout_s: float = 420  # the run ends then, whatever is unfinished counted lost
     threads: int | None = None  # each job's OpenMP threads; None: this machine's cores over the fleet's slots
 
@@ -177,7 +180,8 @@ class Submit:
         self.writer: TextIO | None = None
 
     async def start(self) -> Submit:
-        """Start submit and return once it reads the pipe (its start-up done: a Python start took 13 to 47 s here under load)."""
+        """Start submit and return once it reads the pipe (its start-up done: a Python start took
+        13 to 47 s here under load)."""
         os.mkfifo(self.pipe)
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -213,7 +217,8 @@ class Submit:
             await consumer.stop()
         # Said, since the scenario depends on it: how long submit took to read the request and to publish it.
         print(
-            f"fleet: {body['request_id']} landed {record.timestamp / 1000 - written:.2f}s after it was written to submit",
+            f"fleet: {body['request_id']} landed {record.timestamp / 1000 - written:.2f}s "
+            "after it was written to submit",
             file=sys.stderr,
         )
         return Arrival(body["request_id"], record.timestamp / 1000, body["priority_class"], team)

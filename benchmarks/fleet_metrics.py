@@ -22,7 +22,8 @@ from benchmarks.fleet_waits import MIN_WAIT_S, eta_error_current_median, unneede
 
 
 def idle_share(arrivals: Sequence[Arrival], events: Sequence[Seen], slots: dict[str, int], end: float) -> float:
-    """Slot-seconds a slot was free while a request waited anywhere, over all slot-seconds from the first arrival to `end`."""
+    """Slot-seconds a slot was free while a request waited anywhere, over all slot-seconds from
+    the first arrival to `end`."""
     slices = timeline(arrivals, events, end)
     total = sum(slots.values()) * (end - min(a.at for a in arrivals))
     idle = 0.0

@@ -129,7 +129,8 @@ def order_share_error(
 
 
 def largest_gap(actual: dict[str, float], ideal: dict[str, float]) -> float | None:
-    """The largest gap between a team's share of `actual` slot-time and its share of the `ideal`; None when either is none."""
+    """The largest gap between a team's share of `actual` slot-time and its share of the
+    `ideal`; None when either is none."""
     used, fair = sum(actual.values()), sum(ideal.values())
     if used <= 0 or fair <= 0:
         return None

@@ -174,7 +174,8 @@ def timeline(arrivals: Sequence[Arrival], events: Sequence[Seen], end: float) ->
 
 
 def first_step_at(events: Sequence[Seen]) -> dict[str, float]:
-    """When each request reached its first optimizer step (its first training `progress`; its `started` if it sent none)."""
+    """When each request reached its first optimizer step (its first training `progress`; its
+    `started` if it sent none)."""
     progress: dict[str, float] = {}
     started: dict[str, float] = {}
     for event in sorted(events, key=lambda e: e.at):

@@ -25,7 +25,8 @@ WAITS_AGAIN = frozenset({"preempted", "retrying"})
 
 
 def unneeded_preemptions(arrivals: Sequence[Arrival], events: Sequence[Seen], classes: Sequence[str]) -> int:
-    """Preemptions (their `by` known) for a request while a slot went to a lower class between its arrival and the preemption."""
+    """Preemptions (their `by` known) for a request while a slot went to a lower class between its
+    arrival and the preemption."""
     rank = {name: n for n, name in enumerate(classes)}
     by_id = {arrival.request_id: arrival for arrival in arrivals}
     accepted = [event for event in events if event.type == "accepted" and event.request_id in by_id]
@@ -44,7 +45,8 @@ def unneeded_preemptions(arrivals: Sequence[Arrival], events: Sequence[Seen], cl
 
 
 def told_errors(arrivals: Sequence[Arrival], events: Sequence[Seen]) -> list[tuple[float, float]]:
-    """(error, seconds it was the one last told) for each ETA a waiting request was told, over every wait that ended in a start."""
+    """(error, seconds it was the one last told) for each ETA a waiting request was told, over every
+    wait that ended in a start."""
     ordered = sorted(events, key=lambda e: e.at)
     found: list[tuple[float, float]] = []
     for arrival in arrivals:

@@ -97,11 +97,14 @@ def probe(force_cpu: bool = False) -> Host:
     """What this host has, asked of another interpreter: this one never touches CUDA, so the GPU
     memory it reads is the daemon's and its children's only."""
     script = (
-        "import json, torch, importlib.metadata as m; from importlib.util import find_spec as f; c = torch.cuda.is_available(); v = {}\n"
-        "for p in ['torch','transformers','trl','peft','datasets','accelerate','bitsandbytes','vllm','pydantic','aiokafka']:\n"
+        "import json, torch, importlib.metadata as m; from importlib.util import find_spec as f; c = "
+        "torch.cuda.is_available(); v = {}\n"
+        "for p in "
+        "['torch','transformers','trl','peft','datasets','accelerate','bitsandbytes','vllm','pydantic','aiokafka']:\n"
         "  try: v[p] = m.version(p)\n  except Exception: v[p] = 'missing'\n"
-        "print(json.dumps({'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else '', 'gpus': torch.cuda.device_count() if c else 0, 'vllm': f('vllm') is not None,"
-        " 'bitsandbytes': f('bitsandbytes') is not None, 'versions': sorted(v.items())}))"
+        "print(json.dumps({'cuda': c, 'gpu': torch.cuda.get_device_name(0) if c else '', 'gpus': "
+        "torch.cuda.device_count() if c else 0, 'vllm': f('vllm') is not None, 'bitsandbytes': f('bitsandbytes') is "
+        "not None, 'versions': sorted(v.items())}))"
     )
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True).stdout
     found = json.loads(out.strip().splitlines()[-1])

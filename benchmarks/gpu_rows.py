@@ -48,7 +48,8 @@ class Run:
         return request
 
     def build(self, name: str, *flags: str) -> Path:
-        """A Qwen2 of a real model's shape, random weights, bf16, in a child interpreter (torch stays out of this one)."""
+        """A Qwen2 of a real model's shape, random weights, bf16, in a child interpreter
+        (torch stays out of this one)."""
         path = self.args.root / name
         if not (path / "config.json").exists():
             subprocess.run(
@@ -62,7 +63,10 @@ class Run:
 
 def brief(final: dict[str, Any]) -> str:
     if final.get("type") == "succeeded":
-        return f"samples/s {final['metrics'].get('train_samples_per_second')}, median step {final['metrics'].get('median_step_s')} s"
+        return (
+            f"samples/s {final['metrics'].get('train_samples_per_second')}, median step "
+            f"{final['metrics'].get('median_step_s')} s"
+        )
     return json.dumps({k: final.get(k) for k in ("type", "code", "message", "errors", "stage")}, default=str)[:500]
 
 
@@ -248,7 +252,8 @@ async def methods(run: Run, daemon: Daemon, check: Check) -> None:
 async def sharded(run: Run, daemon: Daemon, check: Check) -> None:
     """A model whose whole copy does not fit one of the host's GPUs (a full fine-tune of Qwen2.5-7B's shape), across all
     of them, `resources.shard` left to the daemon: the plan it chose (`accepted.plan`, sharded only where a whole copy's
-    estimate is over a GPU's room), tokens/s, and each GPU's allocator peak (`rank<r>_peak_bytes`) against the estimate."""
+    estimate is over a GPU's room), tokens/s, and each GPU's allocator peak
+    (`rank<r>_peak_bytes`) against the estimate."""
     gpus = run.table.host.gpus
     title = f"7B-shaped full fine-tune across {gpus} GPUs, sharded by the daemon's plan"
     if run.table.left() < 300:
@@ -273,7 +278,8 @@ async def sharded(run: Run, daemon: Daemon, check: Check) -> None:
     run.table.row(
         title,
         value,
-        f"per-GPU peak {peaks} GiB (allocator), estimate {round((accepted.get('estimate_bytes_per_gpu') or 0) / GIB, 2)} GiB a GPU; "
-        f"parameters held {held} GiB a GPU; median step {metrics.get('median_step_s')} s",
+        f"per-GPU peak {peaks} GiB (allocator), estimate "
+        f"{round((accepted.get('estimate_bytes_per_gpu') or 0) / GIB, 2)} GiB a GPU; parameters held {held} GiB a GPU; "
+        f"median step {metrics.get('median_step_s')} s",
         check.target,
     )

@@ -50,9 +50,10 @@ async def packing(run: Run, daemon: Daemon, check: Check) -> None:
             run.table.row(
                 f"{count} LoRA job(s) at once through max_jobs_per_gpu: aggregate tokens/s",
                 round(aggregate),
-                f"{aggregate / alone:.2f}x one alone; most jobs on one GPU at once (the daemon's slots): {result['most_on_a_gpu']}; "
-                f"wall {result['wall']:.1f} s; child peaks {[gib(m, 'peak_allocated_bytes') for m in memories]} GiB, "
-                f"estimate {gib(memories[0], 'estimate_bytes')} GiB; GPU peak {result['peak']:.0f} MiB",
+                f"{aggregate / alone:.2f}x one alone; most jobs on one GPU at once (the daemon's slots): "
+                f"{result['most_on_a_gpu']}; wall {result['wall']:.1f} s; child peaks "
+                f"{[gib(m, 'peak_allocated_bytes') for m in memories]} GiB, estimate "
+                f"{gib(memories[0], 'estimate_bytes')} GiB; GPU peak {result['peak']:.0f} MiB",
                 check.target if count == 8 else "",
             )
     finally:
@@ -87,8 +88,9 @@ async def fast(run: Run, daemon: Daemon, check: Check) -> None:
     run.table.row(
         "speed settings on: tokens/s over TRL's defaults",
         round(a["train_samples_per_second"] / b["train_samples_per_second"], 3),
-        f"{a['train_samples_per_second'] * run.tokens:.0f} vs {b['train_samples_per_second'] * run.tokens:.0f} tokens/s; train_loss differs by "
-        f"{loss:.2e} (relative); child peaks {gib(on['final'].get('memory'), 'peak_allocated_bytes')} vs "
+        f"{a['train_samples_per_second'] * run.tokens:.0f} vs {b['train_samples_per_second'] * run.tokens:.0f} "
+        f"tokens/s; train_loss differs by {loss:.2e} (relative); child peaks "
+        f"{gib(on['final'].get('memory'), 'peak_allocated_bytes')} vs "
         f"{gib(off['final'].get('memory'), 'peak_allocated_bytes')} GiB",
         check.target,
     )
@@ -114,8 +116,9 @@ async def lora_7b(run: Run, daemon: Daemon, check: Check) -> None:
     run.table.row(
         "7B-shaped LoRA job: share of the measured bf16 peak",
         f"{100 * achieved / peak:.1f}%",
-        f"{rate:.0f} tokens/s x 6N (checkpointing on, TRL's default) = {achieved:.0f} TFLOP/s of {peak:.0f} measured; child peak "
-        f"{gib(final.get('memory'), 'peak_allocated_bytes')} GiB, estimate {gib(final.get('memory'), 'estimate_bytes')} GiB",
+        f"{rate:.0f} tokens/s x 6N (checkpointing on, TRL's default) = {achieved:.0f} TFLOP/s of {peak:.0f} measured; "
+        f"child peak {gib(final.get('memory'), 'peak_allocated_bytes')} GiB, estimate "
+        f"{gib(final.get('memory'), 'estimate_bytes')} GiB",
         check.target,
     )
 

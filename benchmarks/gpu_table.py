@@ -55,9 +55,9 @@ class Table:
     def header(self) -> str:
         versions = dict(self.host.versions)
         return (
-            f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {self.host.gpu or 'no GPU (CPU mode)'}; torch "
-            f"{versions.get('torch')}, trl {versions.get('trl')}, transformers {versions.get('transformers')}, "
-            f"{len(os.sched_getaffinity(0))} cores"
+            f"adapterd GPU check, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, "
+            f"{self.host.gpu or 'no GPU (CPU mode)'}; torch {versions.get('torch')}, trl {versions.get('trl')}, "
+            f"transformers {versions.get('transformers')}, {len(os.sched_getaffinity(0))} cores"
         )
 
     def markdown(self) -> str:

@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(staging, args.out)
     size = size_mib(args.out)
     print(
-        f"{len(list(args.out.glob('*.whl')))} wheels and bnb.zip in {args.out}: {size:.1f} MiB (limit {args.limit_mib:.0f})"
+        f"{len(list(args.out.glob('*.whl')))} wheels and bnb.zip in {args.out}: {size:.1f} "
+        f"MiB (limit {args.limit_mib:.0f})"
     )
     return 0 if size <= args.limit_mib else 1
 

@@ -114,7 +114,8 @@ class Environment:
         return settings
 
     def fleet_key(self) -> Path:
-        """The fleet's event-signing key, made once: settings with a checkpoint store need it (it signs what hosts write there)."""
+        """The fleet's event-signing key, made once: settings with a checkpoint store need it (it
+        signs what hosts write there)."""
         path = self.root / "fleet-signing-key.pem"
         if not path.exists():
             path.write_bytes(new_key_pair()[0])

@@ -99,7 +99,8 @@ async def run(env: Environment, count: int) -> list[Row]:
             round(rate),
             "msg/s",
             "no worse than before",
-            note="log_level=error; judged side by side (benchmarks.compare REV); where it is bound: benchmarks.intake_profile, benchmarks.reject_path",
+            note="log_level=error; judged side by side (benchmarks.compare REV); where it is bound: "
+            "benchmarks.intake_profile, benchmarks.reject_path",
         ),
         Row(
             "intake",

@@ -76,7 +76,8 @@ def main() -> None:
     verifier = MathVerifier()
     verifier.score("accuracy", {}, [("\\boxed{1}", "$1$", 1)])  # the worker started, as in a job after its first call
     print(
-        f"adapterd: {ITEM_SECONDS:.0f} s an answer, hard kill | TRL main thread: alarms 10 s + 5 s | TRL in a thread: no bound (capped {args.cap:.0f} s)"
+        f"adapterd: {ITEM_SECONDS:.0f} s an answer, hard kill | TRL main thread: alarms 10 s + 5 s | TRL in a thread: "
+        f"no bound (capped {args.cap:.0f} s)"
     )
     print(f"{'case':<20} {'where':<9} {'chars':>7} | {'adapterd':<22} | {'TRL, main thread':<22} | TRL, in a thread")
     for name, text in CASES.items():

@@ -157,7 +157,8 @@ def main() -> None:
                 parts = ", ".join(f"{part} {value / mib:.0f}" for part, value in found.parts.items() if value)
                 print(
                     f"{name:>6} {batch:>5} {str(checkpointing):>5} {found.total / mib:>12.0f} {measured / mib:>12.0f} "
-                    f"{measured / found.total:>6.2f} {(found.total - first[0]) / mib:>12.0f} {(measured - first[1]) / mib:>13.0f}  {parts}",
+                    f"{measured / found.total:>6.2f} {(found.total - first[0]) / mib:>12.0f} "
+                    f"{(measured - first[1]) / mib:>13.0f}  {parts}",
                     flush=True,
                 )
 

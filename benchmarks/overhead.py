@@ -202,8 +202,8 @@ async def run(
             f"{median:.3f} [{low:.3f}, {high:.3f}]",
             "",
             ">= 0.98",
-            note=f"{how}; {runs}; interval half-width ±{relative_half_width(median, low, high):.1%} (bootstrap over pairs), "
-            f"pairs' range [{min(values):.3f}, {max(values):.3f}]",
+            note=f"{how}; {runs}; interval half-width ±{relative_half_width(median, low, high):.1%} (bootstrap over "
+            f"pairs), pairs' range [{min(values):.3f}, {max(values):.3f}]",
         )
 
     pace_ci = median_ci(step_ratios)
@@ -275,7 +275,8 @@ async def run(
             spread(wall_ratios),
             "",
             "<= 1.05",
-            note="daemon: submission to succeeded, child forked; plain: the job in a running script (no imports either side)",
+            note="daemon: submission to succeeded, child forked; plain: the job in a running "
+            "script (no imports either side)",
         ),
         Row(
             "overhead",

@@ -165,7 +165,8 @@ async def run(sizes: list[int], repeats: int) -> None:
     ticking = asyncio.create_task(ticker())
     worst: tuple[float, str] = (0.0, "")
     print(
-        f"{'shape':34s} {'bytes':>9s} {'adversarial ms':>15s} {'benign ms':>10s} {'ratio':>6s} {'spread':>12s} {'loop pause ms':>14s}"
+        f"{'shape':34s} {'bytes':>9s} {'adversarial ms':>15s} {'benign ms':>10s} {'ratio':>6s} "
+        f"{'spread':>12s} {'loop pause ms':>14s}"
     )
     for size in sizes:
         for name, shape in {**SHAPES, **REFERENCES}.items():
@@ -181,8 +182,8 @@ async def run(sizes: list[int], repeats: int) -> None:
             pause = max(pauses, default=0.0) * 1e3
             label = name if name in SHAPES else f"({name})"
             row = (
-                f"{label:34s} {len(hostile):9d} {statistics.median(bad_ms):15.2f} {statistics.median(good_ms):10.2f} {ratio:6.2f} "
-                f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12s} {pause:14.1f}"
+                f"{label:34s} {len(hostile):9d} {statistics.median(bad_ms):15.2f} {statistics.median(good_ms):10.2f} "
+                f"{ratio:6.2f} {f'{min(ratios):.2f}-{max(ratios):.2f}':>12s} {pause:14.1f}"
             )
             print(row, flush=True)
             if name in SHAPES:

@@ -31,7 +31,8 @@ PARTITIONS = 6  # of the events topic and the DLQ, as the stand-in reports them
 
 
 def refused_message(index: int) -> bytes:
-    """A valid request this host refuses (more GPUs than it has): the path through `daemon.admission.judge.refusal`, in intake's thread."""
+    """A valid request this host refuses (more GPUs than it has): the path through
+    `daemon.admission.judge.refusal`, in intake's thread."""
     return json.dumps(
         {
             "schema_version": 1,

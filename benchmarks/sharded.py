@@ -10,7 +10,8 @@ resident set, the interpreter and libraries included; on a GPU torch's allocator
 parameters (`rank<r>_param_bytes`); and, on the CPU, once per row, the most each rank's allocator held
 (testbed/allocator_peak.py, under torch's profiler: the figure a GPU's allocator peak is, which the resident set
 is not). On the CPU every process has one OpenMP thread, as torchrun gives its workers (a one-process job left to
-use every core would be measured against ranks held to one each). `loss_max_rel_diff` compares the sharded job's per-step losses with the data-parallel job's.
+use every core would be measured against ranks held to one each). `loss_max_rel_diff` compares the sharded job's
+per-step losses with the data-parallel job's.
 """
 
 from __future__ import annotations
@@ -154,12 +155,14 @@ def main() -> None:
         root = Path(scratch)
         model = save_tiny_model(root / "tiny-model")
         print(
-            f"tiny model, full fine-tune, float32, global batch {GLOBAL_BATCH} ({GLOBAL_BATCH // 2} a rank on two), {args.steps} steps, "
-            f"{args.repeats} repeat(s); peak memory a rank: the job's rank<r>_peak_bytes (CPU: peak resident set)",
+            f"tiny model, full fine-tune, float32, global batch {GLOBAL_BATCH} ({GLOBAL_BATCH // 2} a rank on "
+            f"two), {args.steps} steps, {args.repeats} repeat(s); peak memory a rank: the job's "
+            "rank<r>_peak_bytes (CPU: peak resident set)",
             flush=True,
         )
         print(
-            "| device | job | step s, median (min-max) | peak MiB a rank | parameter bytes a rank | CPU allocator peak KiB a rank |"
+            "| device | job | step s, median (min-max) | peak MiB a rank | parameter bytes a rank | "
+            "CPU allocator peak KiB a rank |"
         )
         print("|---|---|---|---|---|---|")
         rows: dict[tuple[str, str], Row] = {}

@@ -7,8 +7,9 @@ a terminal event, judged per partition from the group's committed offsets), requ
 unfinished when the run ended (uncommitted), duplicate Hub commits (more than one commit for a
 request id), duplicate trainings (a request trained to its last step twice) and requests with a
 checkpointed step trained again (a retry resumes from the last checkpoint on the same host; on
-another host it starts over, unless a checkpoint store holds it), and how many requests were started more than once. The daemons use
-static membership by default, as deploy/README.md advises (`--no-static-membership` to leave it out). Not a unit test: it runs for as long as it takes.
+another host it starts over, unless a checkpoint store holds it), and how many requests were started more than once. The
+daemons use static membership by default, as deploy/README.md advises (`--no-static-membership` to leave it out). Not a
+unit test: it runs for as long as it takes.
 
 `--checkpoint-store` gives the daemons one checkpoint store on a local S3 server (moto's, in a process
 of its own); `--lose-host-after S` SIGKILLs the first daemon S seconds in and never restarts it (a

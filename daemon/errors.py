@@ -7,11 +7,15 @@
     ├── ForkServerGone             the fork server exited: a job's child is started another way (a ConnectionError too)
     ├── IllegalTransition          (daemon.job.lifecycle) a move the job's state machine does not have: a bug
     ├── LogsError                  (daemon.cli.log_endpoint) a request's log cannot be read from its host
-    ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's deadline (a TimeoutError too)
+    ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's
+    │                              deadline (a TimeoutError too)
     ├── StoreError                 (daemon.store.checkpoints) the checkpoint store could not be read or written
-    ├── Untrusted                  (daemon.store.documents) a store's document or file not the fleet's, or unsafe: skipped, never acted on
-    ├── Unsealed                   (daemon.kafka.queue_seal) a queue record's signature header that is not one (a ValueError too)
-    ├── WeightsUnreadable          (daemon.resources.memory) a model's safetensors headers cannot be read: no estimate (a ValueError too)
+    ├── Untrusted                  (daemon.store.documents) a store's document or file not the fleet's, or unsafe:
+    │                              skipped, never acted on
+    ├── Unsealed                   (daemon.kafka.queue_seal) a queue record's signature header that is not one
+    │                              (a ValueError too)
+    ├── WeightsUnreadable          (daemon.resources.memory) a model's safetensors headers cannot be read: no estimate
+    │                              (a ValueError too)
     ├── Stale                      (daemon.fleet.moves) a move of a record read before a rebalance: not made, read again
     └── JobFailed                  (handlers.protocol) a job could not finish: a `failed` event
         └── PushFailed             the artifact could not be written to its sink

@@ -6,8 +6,9 @@ written by a key of the team it names or names a class that team may not use (da
 method this host's TRL cannot run, asks for more GPUs than the host has, or breaks the operator's
 policy; and, once its memory estimate is worked out, when its job fits none of the host's GPUs,
 whole or sharded (daemon/resources/shards.py; the scheduler's offer raises `Unfit`). Rejections are
-pipelined: their DLQ records and events go out in batches and are settled (acknowledged, then committed) in the background, in order; a valid request waits until the
-rejections before it are settled, so offsets are committed in order.
+pipelined: their DLQ records and events go out in batches and are settled (acknowledged, then committed) in the
+background, in order; a valid request waits until the rejections before it are settled, so offsets are committed in
+order.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ TURN_EVERY_S = 0.005
 async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
     """`decode_request` with the daemon's scanner: on the loop for a small record (most of them,
     thousands a second on the rejection path, where a thread's hop would cost more than the work),
-    in a thread of the `decode` pool (daemon/executors.py) from OFF_LOOP_BYTES, where parsing, validating and scanning grow with the
-    content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code
-    that gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
+    in a thread of the `decode` pool (daemon/executors.py) from OFF_LOOP_BYTES, where parsing, validating and scanning
+    grow with the content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code that
+    gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
     decoded = decoded_on_loop(value, key)
     return (
         decoded if decoded is not None else await executors.run("decode", decode_request, value, key, scanner=SCANNER)
@@ -106,7 +107,10 @@ def internal_rejection(record: Record, exc: Exception, request_id: str | None = 
     exception's class in the DLQ, the traceback in the log, and counted."""
     log.exception("intake.internal_error", offset=record.offset, partition=record.partition, error=type(exc).__name__)
     metrics.INTAKE_ERRORS.labels(type(exc).__name__).inc()
-    message = f"adapterd failed to decide about this request ({type(exc).__name__}); the record is in the DLQ and the daemon's log says why"
+    message = (
+        f"adapterd failed to decide about this request ({type(exc).__name__}); the record is in the "
+        "DLQ and the daemon's log says why"
+    )
     return Rejection("internal", [FieldError(path="", message=message)], request_id, type(exc).__name__)
 
 
@@ -124,7 +128,8 @@ class Intake:
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
-        """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode: every valid record passes)."""
+        """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode:
+        every valid record passes)."""
         return self.grants.refusal(
             request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class)
         )
@@ -132,7 +137,8 @@ class Intake:
     @staticmethod
     async def signature_check(record: Record, check: Callable[..., T], *args: Any) -> tuple[T, bool]:
         """`check(*args)` of a check that verifies a signature over the record's value, which hashes every byte: on the
-        loop for a small record (~0.1 ms), in a thread of the `decode` pool from OFF_LOOP_BYTES; and whether it awaited."""
+        loop for a small record (~0.1 ms), in a thread of the `decode` pool from
+        OFF_LOOP_BYTES; and whether it awaited."""
         if len(record.value or b"") < OFF_LOOP_BYTES:
             return check(*args), False
         return await executors.run("decode", check, *args), True

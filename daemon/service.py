@@ -281,7 +281,8 @@ class Service:
             await asyncio.sleep(RETENTION_INTERVAL_S)
 
     async def prune_once(self) -> Pruned | None:
-        """One pass of retention over the job folders (daemon/store/retention.py), this daemon's running jobs left alone."""
+        """One pass of retention over the job folders (daemon/store/retention.py), this
+        daemon's running jobs left alone."""
         return await prune_folders_once(self.settings, self._running, time.time())
 
     def _running(self) -> set[str]:

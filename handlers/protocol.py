@@ -28,7 +28,8 @@ class FastSettings(Frozen):
 
     gradient_checkpointing: bool | None = Field(
         None,
-        description="training.gradient_checkpointing (activation_checkpointing) where the request sets neither; None: TRL's own default, which turns it on.",
+        description="training.gradient_checkpointing (activation_checkpointing) where the request sets neither; None: "
+        "TRL's own default, which turns it on.",
     )
     attn_implementation: (
         Literal[
@@ -43,13 +44,15 @@ class FastSettings(Frozen):
     ) = Field(
         None,
         description=(
-            "model.attn_implementation where the request leaves it unset; None: transformers' default (sdpa where the model has it). "
-            "A flash attention the host cannot run (no CUDA, neither its package nor `kernels` installed) falls back to sdpa."
+            "model.attn_implementation where the request leaves it unset; None: transformers' default (sdpa where the "
+            "model has it). A flash attention the host cannot run (no CUDA, neither its package nor `kernels` "
+            "installed) falls back to sdpa."
         ),
     )
     use_liger_kernel: bool | None = Field(
         None,
-        description="training.use_liger_kernel where the request leaves it unset, and only where liger_kernel is installed; None: TRL's default (off).",
+        description="training.use_liger_kernel where the request leaves it unset, and only where liger_kernel is "
+        "installed; None: TRL's default (off).",
     )
 
 
@@ -69,7 +72,8 @@ class JobSpec(Frozen):
     )
     max_model_bytes: int | None = Field(
         None,
-        description="The most bytes of a Hub model (base, reference, reward) the child downloads, by the Hub's listed sizes.",
+        description="The most bytes of a Hub model (base, reference, reward) the child "
+        "downloads, by the Hub's listed sizes.",
     )
     max_template_bytes: int = Field(
         256 * 2**20, description="The memory a request's chat template may take to render once, in preflight."
@@ -79,7 +83,8 @@ class JobSpec(Frozen):
     )
     max_dataset_bytes: int | None = Field(
         None,
-        description="The most bytes of a dataset source the child downloads (Hub, object storage, local files), by their listed sizes.",
+        description="The most bytes of a dataset source the child downloads (Hub, object storage, local "
+        "files), by their listed sizes.",
     )
     report_to: list[str] = Field(default_factory=list, description="TRL `report_to` integrations; empty means none.")
     allowed_local_dataset_roots: list[Path] = Field(
@@ -105,17 +110,20 @@ class JobSpec(Frozen):
     )
     hub: bool = Field(
         True,
-        description="Whether the host publishes to the Hub; without one the child asks the Hub nothing about the request's output.",
+        description="Whether the host publishes to the Hub; without one the child asks the Hub "
+        "nothing about the request's output.",
     )
     local_current_adapter: Path | None = Field(
         None,
-        description="The local sink's adapter at the request's target, for the evaluation's 'current' baseline on a host without a Hub.",
+        description="The local sink's adapter at the request's target, for the evaluation's 'current' "
+        "baseline on a host without a Hub.",
     )
     memory_fraction: float | None = Field(
         None,
         gt=0,
         le=1,
-        description="The share of its GPU the child may allocate (torch.cuda.set_per_process_memory_fraction); None: the whole GPU.",
+        description="The share of its GPU the child may allocate "
+        "(torch.cuda.set_per_process_memory_fraction); None: the whole GPU.",
     )
     fast: FastSettings = Field(
         default_factory=FastSettings,
@@ -133,7 +141,8 @@ FailureCode = Literal[
     "dataset_unavailable",  # the dataset cannot be loaded
     "dataset_invalid",  # the dataset loads, but its columns or rows do not fit the method
     "dataset_too_large",  # more rows than the operator's max_dataset_rows
-    "download_too_large",  # a model or dataset whose files add up to more than max_model_bytes / max_dataset_bytes, found before downloading
+    # a model or dataset whose files add up to more than max_model_bytes / max_dataset_bytes, found before downloading
+    "download_too_large",
     "config_invalid",  # TRL refused the trainer arguments
     "cuda_required",  # QLoRA on a host without CUDA
     "vllm_unavailable",  # use_vllm on a host without vLLM installed or without CUDA
@@ -145,7 +154,8 @@ FailureCode = Literal[
     "hub_unauthorized",  # the Hub refused the token (401/403)
     "hub_error",  # the Hub answered the push with another error
     "hub_unreachable",  # the Hub did not answer the push
-    "internal",  # handling the request failed unexpectedly max_record_faults times in a row (a bug of adapterd's); dead-lettered
+    # handling the request failed unexpectedly max_record_faults times in a row (a bug of adapterd's); dead-lettered
+    "internal",
 ]
 
 # HTTP answers that say "try again later": a timeout, rate limiting, and the server-side errors
@@ -233,15 +243,18 @@ class MemoryUse(Frozen):
 
     device: Literal["cuda", "cpu"] = Field(description="Where the job ran: its GPU, or the CPU.")
     peak_allocated_bytes: int | None = Field(
-        description="torch's allocator peak (torch.cuda.max_memory_allocated): the tensors' bytes at their most; None on the CPU.",
+        description="torch's allocator peak (torch.cuda.max_memory_allocated): the tensors' bytes "
+        "at their most; None on the CPU.",
     )
     peak_reserved_bytes: int | None = Field(
-        description="torch's caching allocator peak (torch.cuda.max_memory_reserved): what it held from the device at its most; None on the CPU.",
+        description="torch's caching allocator peak (torch.cuda.max_memory_reserved): what it held from the "
+        "device at its most; None on the CPU.",
     )
     device_peak_bytes: int = Field(
         description=(
-            "On CUDA the device's own figure: the most memory the device reported used (every process on it) when the child sampled it, "
-            "at its heartbeats and progress, so a peak between two samples may be missed. On the CPU the process's peak resident set (ru_maxrss)."
+            "On CUDA the device's own figure: the most memory the device reported used (every process on it) when the "
+            "child sampled it, at its heartbeats and progress, so a peak between two samples may be missed. On the CPU "
+            "the process's peak resident set (ru_maxrss)."
         )
     )
 

@@ -29,7 +29,8 @@ def split_host_port(address: str) -> tuple[str, int]:
     match = _HOST_PORT.fullmatch(address) if len(address) <= MAX_HOST_CHARS + 6 else None
     if match is None:
         raise ValueError(
-            f"expected host:port (a host name or IP address and a port, no scheme, user, path or query), got {address!r}"
+            "expected host:port (a host name or IP address and a port, no scheme, user, "
+            f"path or query), got {address!r}"
         )
     host, port = match.group(1), int(match.group(2))
     if not 1 <= port <= 65535:

@@ -100,7 +100,8 @@ RejectReason = Literal[
     "resources",
     "secret_in_request",  # a value that looks like a credential; the event names its path, never the value
     "internal",  # deciding about the record raised unexpectedly: a bug of adapterd's, dead-lettered rather than re-read
-    "unverified_claim",  # a record of the claims topic without the fleet's valid signature (daemon/kafka/queue_seal.py): never run
+    # a record of the claims topic without the fleet's valid signature (daemon/kafka/queue_seal.py): never run
+    "unverified_claim",
 ]
 
 

@@ -69,7 +69,8 @@ _HUB = Refusal("daemon", "the daemon pushes the result to `output.repo_id` once 
 # (handlers/toolkit/distributed/fsdp.py): the trainer's own FSDP arguments shard only on GPUs, and silently not on CPU.
 _LAUNCH = Refusal(
     "daemon",
-    "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards them as `resources.shard` asks",
+    "the daemon launches the job's processes (torchrun over `resources.gpus`) and shards "
+    "them as `resources.shard` asks",
     "resources.gpus and resources.shard",
 )
 _CODE = Refusal("policy", "remote code runs only where the operator's policy allows it", "model.trust_remote_code")
@@ -223,7 +224,8 @@ CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
         "importance_sampling_level": ("token", "sequence"),
         "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
     },
-    # DistillationConfig's help puts these in double quotes and OnlineDPOConfig's in backquoted quotes, neither of which HELP_CHOICES reads.
+    # DistillationConfig's help puts these in double quotes and OnlineDPOConfig's in backquoted quotes,
+    # neither of which HELP_CHOICES reads.
     "distillation": _VLLM_CHOICES,
     "online_dpo": _VLLM_CHOICES,
 }

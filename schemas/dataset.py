@@ -50,7 +50,8 @@ class SourceSpec(Frozen):
     url: str | None = Field(
         None,
         pattern=LOCATION_PATTERN,
-        description="s3://, gs://, az:// or abfs:// URL, or an absolute local path: a file, a glob, or a folder (every file of the format in it).",
+        description="s3://, gs://, az:// or abfs:// URL, or an absolute local path: a file, a glob, or a folder "
+        "(every file of the format in it).",
     )
     files: dict[str, str | list[str]] | None = Field(
         None, description="Locations (URLs or absolute local paths, globs allowed) per split."
@@ -110,14 +111,16 @@ class SourceSpec(Frozen):
                 or re.match(r"^[A-Za-z]:", item)
             ):
                 raise ValueError(
-                    "data_files: a Hub dataset's data_files are paths inside its repo, not an absolute path, a URL or '..'"
+                    "data_files: a Hub dataset's data_files are paths inside its repo, not "
+                    "an absolute path, a URL or '..'"
                 )
         return self
 
     def _check_one_source(self) -> None:
         if len(self.given()) != 1:
             raise ValueError(
-                "give exactly one of 'id' (a Hub dataset), 'url' or 'files' (object storage or a local root) or 'rows' (inline rows)"
+                "give exactly one of 'id' (a Hub dataset), 'url' or 'files' (object storage or a "
+                "local root) or 'rows' (inline rows)"
             )
 
 
@@ -149,9 +152,10 @@ class DatasetSpec(SourceSpec):
     test_split_size: int | float | None = Field(
         None,
         description=(
-            "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this fraction of them (0 < x < 1), "
-            "or this many rows (an integer, as datasets' train_test_split reads it; bounded by max_dataset_rows), "
-            "chosen by training.seed (42 when unset), the same rows on every attempt; TRL's DatasetMixtureConfig name."
+            "An eval set carved from the training rows (after a mixture is drawn, before max_samples): this "
+            "fraction of them (0 < x < 1), or this many rows (an integer, as datasets' train_test_split reads it; "
+            "bounded by max_dataset_rows), chosen by training.seed (42 when unset), the same rows on every attempt; "
+            "TRL's DatasetMixtureConfig name."
         ),
     )
     mixture: list[MixtureComponent] | None = Field(

@@ -71,7 +71,8 @@ def _path(loc: tuple[int | str, ...], document: object = None) -> str:
             and part in {node.get(tag) for tag in _TAGS}
             and (part not in node or following in node)
         ):
-            continue  # the tag; a tag that is also a field's name ('task') is the tag when the next part is a field of this node
+            # the tag; a tag that is also a field's name ('task') is the tag when the next part is a field of this node
+            continue
         parts.append(str(part))
         if isinstance(node, dict) and isinstance(part, str):
             node = node.get(part)

@@ -57,8 +57,8 @@ class RewardsSuite(Frozen):
     model: RewardModelSpec | None = Field(
         None,
         description=(
-            "A sequence-classification reward model (e.g. a reward request's output), under the host's model policy as the base is; "
-            "its score of prompt and answer is `rewards/model/mean`, weighted into reward_mean."
+            "A sequence-classification reward model (e.g. a reward request's output), under the host's model policy as "
+            "the base is; its score of prompt and answer is `rewards/model/mean`, weighted into reward_mean."
         ),
     )
     max_new_tokens: int = Field(
@@ -111,7 +111,8 @@ class TaskSuite(Frozen):
         256,
         ge=1,
         description=(
-            "For a task that generates (output_type generate_until): the most tokens of each answer; bounded by the operator's max_new_tokens."
+            "For a task that generates (output_type generate_until): the most tokens of each answer; bounded by "
+            "the operator's max_new_tokens."
         ),
     )
 
@@ -146,7 +147,8 @@ class GateRule(Frozen):
     )
     of: Baseline | None = Field(
         None,
-        description="Compare with this baseline's value of the same metric: 'base' (the base model) or 'current' (the adapter now at the target revision).",
+        description="Compare with this baseline's value of the same metric: 'base' (the base model) or 'current' (the "
+        "adapter now at the target revision).",
     )
 
     @model_validator(mode="after")
@@ -170,8 +172,9 @@ class EvaluationSpec(Frozen):
         ["base"],
         max_length=2,
         description=(
-            "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh LoRA adapter, zero at the start) and "
-            "'current' (the adapter at output.repo_id's output.revision, when there is one; its commit recorded)."
+            "Also evaluated once per job on the same rows with the same settings: 'base' (the base model: a fresh "
+            "LoRA adapter, zero at the start) and 'current' (the adapter at output.repo_id's output.revision, when "
+            "there is one; its commit recorded)."
         ),
     )
     gate: list[GateRule] = Field(
@@ -193,7 +196,8 @@ class EvaluationSpec(Frozen):
     fail_branch: str | None = Field(
         None,
         max_length=255,
-        description="The branch for on_fail 'branch' (git's rules for a branch name); created from the default branch if missing.",
+        description="The branch for on_fail 'branch' (git's rules for a branch name); created from "
+        "the default branch if missing.",
     )
 
     @field_validator("baselines")
@@ -252,7 +256,8 @@ class EvaluationResult(Frozen):
         default_factory=dict, description="A baseline asked for that the job had none of, and why."
     )
     rows: int | None = Field(
-        description="How many eval-set rows each model was measured on; null for a streamed eval set, or with task suites only (their rows are theirs)."
+        description="How many eval-set rows each model was measured on; null for a streamed eval set, or with task "
+        "suites only (their rows are theirs)."
     )
     nonfinite_losses: int = Field(0, description="How many logged training losses were NaN or infinite.")
     best_checkpoint_step: int | None = Field(

@@ -62,46 +62,49 @@ class Accepted(EventBase):
     )
     team: str | None = Field(
         None,
-        description="The request's team as the fleet resolved it ('default' when it named none); null on a host with no classes.",
+        description="The request's team as the fleet resolved it ('default' when it named none); "
+        "null on a host with no classes.",
     )
     host_slots: int | None = Field(
         None,
         ge=1,
         description=(
-            "How many jobs the accepting host runs at once: the fleet's slots, summed over its hosts, for the waiting requests' ETAs; "
-            "null on a host with no classes."
+            "How many jobs the accepting host runs at once: the fleet's slots, summed over its hosts, for the waiting "
+            "requests' ETAs; null on a host with no classes."
         ),
     )
     model: str | None = Field(
         None,
         max_length=1024,
         description=(
-            "The base model the request names (model.id), so every host expects the job's length from jobs of the same model; "
-            "null on a host with no classes."
+            "The base model the request names (model.id), so every host expects the job's length from jobs of the same "
+            "model; null on a host with no classes."
         ),
     )
     max_steps: int | None = Field(
         None,
         ge=1,
         description=(
-            "The request's training.max_steps, so every host paces the job's length before its first progress; null when it names "
-            "none, and on a host with no classes."
+            "The request's training.max_steps, so every host paces the job's length before its first progress; null "
+            "when it names none, and on a host with no classes."
         ),
     )
     plan: Literal["data-parallel", "sharded"] | None = Field(
         None,
         description=(
-            "How the job's GPUs hold its model: 'data-parallel', a whole copy on each (one GPU: one copy), or 'sharded' across "
-            "them (resources.shard 'fsdp', asked, or chosen for 'auto' because a whole copy does not fit one of the host's GPUs "
-            "and a shard does: docs/methods.md); null from a daemon before the plan was said."
+            "How the job's GPUs hold its model: 'data-parallel', a whole copy on each (one GPU: one copy), "
+            "or 'sharded' across them (resources.shard 'fsdp', asked, or chosen for 'auto' because a whole "
+            "copy does not fit one of the host's GPUs and a shard does: docs/methods.md); null from a "
+            "daemon before the plan was said."
         ),
     )
     estimate_bytes_per_gpu: int | None = Field(
         None,
         ge=0,
         description=(
-            "The job's memory estimate on each of its GPUs under that plan (as succeeded.memory.estimate_bytes); null when its "
-            "models' weight headers could not be read, and for a job on a host that does not estimate it (a CPU host's Hub model)."
+            "The job's memory estimate on each of its GPUs under that plan (as succeeded.memory.estimate_bytes); "
+            "null when its models' weight headers could not be read, and for a job on a host that does not "
+            "estimate it (a CPU host's Hub model)."
         ),
     )
 
@@ -117,9 +120,10 @@ class JobMemory(Frozen):
 
     estimate_bytes: int | None = Field(
         description=(
-            "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md) on each of its "
-            "GPUs under its plan (sharded: its shard, plus the layers gathered to compute), scaled by what earlier one-GPU jobs of the "
-            "same model and method measured on this host; null when its models' weight headers could not be read."
+            "The estimated allocator peak (weights, trainable state, activations, logits, generation: docs/events.md) "
+            "on each of its GPUs under its plan (sharded: its shard, plus the layers gathered to compute), scaled by "
+            "what earlier one-GPU jobs of the same model and method measured on this host; null when its models' "
+            "weight headers could not be read."
         )
     )
     share_bytes: int | None = Field(
@@ -134,8 +138,8 @@ class JobMemory(Frozen):
     device_peak_bytes: int | None = Field(
         None,
         description=(
-            "The device's own figure: the most memory the GPU reported in use while the job ran (sampled, so a peak between two "
-            "samples can be missed), or on the CPU the child's peak resident set."
+            "The device's own figure: the most memory the GPU reported in use while the job ran (sampled, so a peak "
+            "between two samples can be missed), or on the CPU the child's peak resident set."
         ),
     )
 
@@ -147,47 +151,51 @@ class Started(EventBase):
     memory_share_bytes: int | None = Field(
         None,
         description=(
-            "On a GPU shared with other jobs (the host's max_jobs_per_gpu): the memory the job may allocate there; null on whole GPUs."
+            "On a GPU shared with other jobs (the host's max_jobs_per_gpu): the memory the job may "
+            "allocate there; null on whole GPUs."
         ),
     )
     pid: int | None = Field(
         description=(
-            "The child's process id on the daemon's host (a job of several GPUs: torchrun's agent); null for a child that "
-            "runs elsewhere (a remote engine), whose `child` says where."
+            "The child's process id on the daemon's host (a job of several GPUs: torchrun's agent); null for a child "
+            "that runs elsewhere (a remote engine), whose `child` says where."
         )
     )
     child: str | None = Field(
         None,
         description=(
-            "Where the job's child runs, as the daemon names it in its logs: 'pid 4242' for a process on its host. Null from "
-            "daemons older than this field."
+            "Where the job's child runs, as the daemon names it in its logs: 'pid 4242' for a process on its host. "
+            "Null from daemons older than this field."
         ),
     )
     endpoint: HostPort | None = Field(
         None,
         description=(
-            "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log (/jobs/ID/log, with the "
-            "fleet's logs_token); null when that daemon serves no logs. A host and a port only: no scheme, user, path or query."
+            "host:port of the endpoint of the daemon that runs the job, where `adapterd logs` reads its log "
+            "(/jobs/ID/log, with the fleet's logs_token); null when that daemon serves no logs. A host and a port "
+            "only: no scheme, user, path or query."
         ),
     )
     endpoint_scheme: Literal["http", "https"] | None = Field(
         None,
         description=(
-            "How the endpoint is reached: 'https' when its daemon serves it over TLS (http_tls_certfile), 'http' without; null "
-            "with no endpoint (an endpoint of an event without it is http)."
+            "How the endpoint is reached: 'https' when its daemon serves it over TLS (http_tls_certfile), 'http' "
+            "without; null with no endpoint (an endpoint of an event without it is http)."
         ),
     )
     resumed_step: int | None = Field(
         None,
         description=(
-            "The step of the checkpoint the job resumes from (its first trained step is the one after); null when it starts at step 0."
+            "The step of the checkpoint the job resumes from (its first trained step is the one after); "
+            "null when it starts at step 0."
         ),
     )
     resumed_from: Literal["local", "store"] | None = Field(
         None,
         description=(
-            "Where that checkpoint came from: 'local', this host's disk (an earlier attempt here); 'store', the operator's "
-            "checkpoint_store, downloaded because it was newer than anything on this host (an attempt on another host); null with no resume."
+            "Where that checkpoint came from: 'local', this host's disk (an earlier attempt here); 'store', the "
+            "operator's checkpoint_store, downloaded because it was newer than anything on this host (an attempt on "
+            "another host); null with no resume."
         ),
     )
 
@@ -203,8 +211,9 @@ class Checkpoint(EventBase):
     location: Literal["local", "store"] = Field(
         "local",
         description=(
-            "'store': the checkpoint is whole in the host's checkpoint_store (at store_url), where any host resumes from it; "
-            "'local': it is on this host's disk only (no store is set, or the upload failed: store_error says why)."
+            "'store': the checkpoint is whole in the host's checkpoint_store (at store_url), where any host "
+            "resumes from it; 'local': it is on this host's disk only (no store is set, or the upload "
+            "failed: store_error says why)."
         ),
     )
     store_url: str | None = Field(None, description="The checkpoint's folder in the store, with location 'store'.")
@@ -219,8 +228,9 @@ class Succeeded(EventBase):
     repo_id: str
     revision: str = Field(
         description=(
-            "Where the artifact was committed: output.revision; for an adapter that failed its gate, the pull request's ref "
-            "(refs/pr/N; on the local sink pr/<request_id>) or evaluation.fail_branch; for published 'none', output.revision, where nothing was committed."
+            "Where the artifact was committed: output.revision; for an adapter that failed its gate, the pull "
+            "request's ref (refs/pr/N; on the local sink pr/<request_id>) or evaluation.fail_branch; for published "
+            "'none', output.revision, where nothing was committed."
         )
     )
     commit_sha: str | None = Field(
@@ -229,49 +239,50 @@ class Succeeded(EventBase):
     commit_url: str | None
     location: str = Field(
         description=(
-            "Where the artifact is: the Hub repo URL; on the local sink (sink 'local', commit_sha null) the folder holding the "
-            "adapter, the pointer to deploy from; or (published 'none') the folder on the host."
+            "Where the artifact is: the Hub repo URL; on the local sink (sink 'local', commit_sha null) the folder "
+            "holding the adapter, the pointer to deploy from; or (published 'none') the folder on the host."
         )
     )
     published: Published = Field(
         "main",
         description=(
-            "Where the artifact went: 'main' is the requested output.revision (the gate passed, or the request had no evaluation); "
-            "an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to evaluation.fail_branch ('branch'), "
-            "or nowhere ('none'). Deploy only what says 'main'."
+            "Where the artifact went: 'main' is the requested output.revision (the gate passed, or the request had no "
+            "evaluation); an adapter that failed its gate went to a Hub pull request ('pr', see pr_url), to "
+            "evaluation.fail_branch ('branch'), or nowhere ('none'). Deploy only what says 'main'."
         ),
     )
     pr_url: str | None = Field(
         None,
-        description="The pull request that holds the adapter, for published 'pr': the Hub's URL, or the local sink's folder as a file:// URL.",
+        description="The pull request that holds the adapter, for published 'pr': the Hub's URL, or the local "
+        "sink's folder as a file:// URL.",
     )
     evaluation: EvaluationReport | None = Field(
         None,
         description=(
-            "What the request's evaluation measured (the adapter's numbers, each baseline's beside them), each gate rule's outcome "
-            "and the verdict; null without an evaluation block."
+            "What the request's evaluation measured (the adapter's numbers, each baseline's beside them), each gate "
+            "rule's outcome and the verdict; null without an evaluation block."
         ),
     )
     files: list[str]
     metrics: dict[str, FiniteFloat] = Field(
         description=(
-            "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and final_loss, "
-            "eval_loss when it evaluated, world_size, median_step_s: the median seconds between optimizer steps, "
-            "the first step's set-up left out (when this attempt ran two steps or more), and what each of the job's processes "
-            "held of the model's parameters, rank<r>_param_count, rank<r>_param_bytes and rank<r>_trainable_param_count "
-            "(a whole copy each, or its shard under resources.shard 'fsdp'); in a job of several processes each one's peak memory, "
-            "rank<r>_peak_bytes, and tokens/s, rank<r>_tokens_per_s."
+            "The trainer's summary (train_runtime, train_samples_per_second, train_loss, ...), first_loss and "
+            "final_loss, eval_loss when it evaluated, world_size, median_step_s: the median seconds between optimizer "
+            "steps, the first step's set-up left out (when this attempt ran two steps or more), and what each of the "
+            "job's processes held of the model's parameters, rank<r>_param_count, rank<r>_param_bytes and "
+            "rank<r>_trainable_param_count (a whole copy each, or its shard under resources.shard 'fsdp'); in a job of "
+            "several processes each one's peak memory, rank<r>_peak_bytes, and tokens/s, rank<r>_tokens_per_s."
         )
     )
     durations_s: dict[str, float] = Field(
         description=(
-            "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and save, "
-            "then push and total; until_first_step (arrival to the first optimizer step) when this attempt trained. "
-            "Two stages are split into parts that add up to them, keyed '<stage>.<part>': load_model.files (finding or "
-            "downloading the model, its tokenizer), load_model.cuda_init (CUDA's own start; absent without CUDA), "
-            "load_model.weights (from_pretrained), load_model.trainer (the trainer's construction: tokenization, PEFT, "
-            "moving to the device); train.first_step (set-up to the end of the first optimizer step) and train.steps. "
-            "Empty for a duplicate found by its Hub commit."
+            "Seconds per stage: queue (arrival to start), the child's preflight, load_dataset, load_model, train and "
+            "save, then push and total; until_first_step (arrival to the first optimizer step) when this attempt "
+            "trained. Two stages are split into parts that add up to them, keyed '<stage>.<part>': load_model.files "
+            "(finding or downloading the model, its tokenizer), load_model.cuda_init (CUDA's own start; absent without "
+            "CUDA), load_model.weights (from_pretrained), load_model.trainer (the trainer's construction: "
+            "tokenization, PEFT, moving to the device); train.first_step (set-up to the end of the first optimizer "
+            "step) and train.steps. Empty for a duplicate found by its Hub commit."
         )
     )
     versions: dict[str, str] = Field(description="adapterd, trl, transformers, peft, torch, datasets.")
@@ -283,7 +294,8 @@ class Succeeded(EventBase):
     )
     ref_model: str | None = Field(
         None,
-        description="The reference model a dpo or kto request named (ref_model.id); null when the base was the reference.",
+        description="The reference model a dpo or kto request named (ref_model.id); null "
+        "when the base was the reference.",
     )
     ref_model_revision: str | None = Field(
         None, description="The resolved commit of ref_model, when it came from the Hub."
@@ -298,13 +310,15 @@ class Succeeded(EventBase):
     dataset_sources: list[ResolvedSource] = Field(
         default_factory=list,
         description=(
-            "The resolved dataset sources: Hub commit, object ETags or version ids, files and sizes; empty for a duplicate found by its Hub commit."
+            "The resolved dataset sources: Hub commit, object ETags or version ids, files and sizes; empty for a "
+            "duplicate found by its Hub commit."
         ),
     )
     tracking: list[TrackedRun] = Field(
         default_factory=list,
         description=(
-            "The experiment-tracker runs the job reported its metrics to (report_to), each with its id and, for MLflow, its URL."
+            "The experiment-tracker runs the job reported its metrics to (report_to), each with "
+            "its id and, for MLflow, its URL."
         ),
     )
     duplicate: bool = Field(False, description="True when a redelivered request had already succeeded.")
@@ -352,8 +366,8 @@ class Queued(EventBase):
         None,
         ge=0,
         description=(
-            "Seconds until it is expected to start, from the running jobs' own ETAs and recent durations of the same method "
-            "and model; null when nothing is known to estimate from."
+            "Seconds until it is expected to start, from the running jobs' own ETAs and recent durations of the same "
+            "method and model; null when nothing is known to estimate from."
         ),
     )
 
@@ -369,8 +383,8 @@ class Preempted(EventBase):
     stopped_at_step: int | None = Field(
         None,
         description=(
-            "The optimizer step the job stopped at: the step of the checkpoint it saved on the stop, else (it ended before saving one) "
-            "the last step it reported; null when it reported none."
+            "The optimizer step the job stopped at: the step of the checkpoint it saved on the stop, else (it ended "
+            "before saving one) the last step it reported; null when it reported none."
         ),
     )
     resume_from_step: int | None = Field(

@@ -75,7 +75,8 @@ def row_problems(row: Mapping[str, Any], column: str, bounds: ImageBounds) -> li
         return [
             (
                 column,
-                f"{len(images)} images; this host allows at most {bounds.max_images_per_row} per row (max_images_per_row)",
+                f"{len(images)} images; this host allows at most "
+                f"{bounds.max_images_per_row} per row (max_images_per_row)",
             )
         ]
     entries = image_entries(row)
@@ -83,7 +84,8 @@ def row_problems(row: Mapping[str, Any], column: str, bounds: ImageBounds) -> li
         return [
             (
                 column,
-                f'{len(images)} image(s), but the row\'s messages have {entries} image entries ({{"type": "image"}}); they must match',
+                f'{len(images)} image(s), but the row\'s messages have {entries} image entries ({{"type": "image"}}); '
+                "they must match",
             )
         ]
     return []
@@ -100,7 +102,8 @@ def data_uri_bytes(value: str, bounds: ImageBounds) -> bytes:
     encoded = value[match.end() :]
     if len(encoded) * 3 // 4 > bounds.max_image_bytes + 3:  # before decoding: the bound holds for what is read too
         raise ValueError(
-            f"about {len(encoded) * 3 // 4} bytes; this host allows at most {bounds.max_image_bytes} per image (max_image_bytes)"
+            f"about {len(encoded) * 3 // 4} bytes; this host allows at most "
+            f"{bounds.max_image_bytes} per image (max_image_bytes)"
         )
     try:
         data = base64.b64decode(encoded, validate=True)

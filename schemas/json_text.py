@@ -69,7 +69,8 @@ def repeated_keys(document: object, path: str = "", found: list[FieldError] | No
             found.append(
                 FieldError(
                     path=f"{path}.{name}" if path else name,
-                    message="given more than once in one JSON object; a key may appear once (the copies would not all be read)",
+                    message="given more than once in one JSON object; a key may appear once "
+                    "(the copies would not all be read)",
                 )
             )
     children: list[tuple[object, object]] = (

@@ -117,8 +117,8 @@ class ReferencedRequest(RequestBase):
         block = self.method
         if getattr(self, block).precompute_ref_log_probs and self.dataset.streaming:
             raise ValueError(
-                f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed ahead; "
-                "set dataset.streaming false or leave precompute_ref_log_probs out"
+                f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed "
+                "ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
             )
         return self
 

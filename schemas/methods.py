@@ -7,7 +7,8 @@ reads (in words, for docs/methods.md), whether it trains vision-language models 
 the TRL releases that ship it. Everything else that lists methods follows `METHODS`: the request
 models by name (schemas/request.py, checked against the table by tests/schemas/test_methods.py),
 the handler modules the child imports (handlers/methods/__init__.py), what this host's TRL can run
-(daemon/admission/capabilities.py, `adapterd methods`) and docs/methods.md's method table (`python -m handlers.contract.methods_doc`).
+(daemon/admission/capabilities.py, `adapterd methods`) and docs/methods.md's method table (`python -m
+handlers.contract.methods_doc`).
 
 The table imports no request model, so the request models can read it (whether a method is
 experimental or trains on images) without an import cycle.

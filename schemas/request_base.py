@@ -55,8 +55,8 @@ class ModelSpec(ModelConfigFields):
     chat_template: str | None = Field(
         None,
         max_length=65536,
-        description="A Jinja chat template, inline, that replaces the tokenizer's own for this job and is pushed with the result "
-        "(TRL's chat_template_path, without reading a host path).",
+        description="A Jinja chat template, inline, that replaces the tokenizer's own for this job and is pushed with "
+        "the result (TRL's chat_template_path, without reading a host path).",
     )
 
 
@@ -151,7 +151,8 @@ class OutputSpec(Frozen):
         return value
 
 
-# The methods whose requests may ask for `resources.shard: fsdp`, each checked by a two-rank test (docs/methods.md says why only these).
+# The methods whose requests may ask for `resources.shard: fsdp`, each checked by a two-rank test
+# (docs/methods.md says why only these).
 SHARDED_METHODS = frozenset({"sft", "dpo", "reward", "kto", "grpo"})
 
 
@@ -160,16 +161,18 @@ class Resources(Frozen):
         1,
         ge=1,
         le=64,
-        description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, unless `shard` says otherwise.",
+        description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, "
+        "unless `shard` says otherwise.",
     )
     shard: Literal["auto", "none", "fsdp"] = Field(
         "auto",
         description=(
-            "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards the "
-            "parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about 1/gpus of them; "
-            "'auto' (the default) is 'none' unless the job's memory estimate says a whole copy does not fit one of the host's "
-            "GPUs and a shard across its gpus does, where sharding is offered for it: the `accepted` event names the plan. "
-            "'fsdp' needs gpus 2 or more; the methods and options it is offered with are in docs/methods.md."
+            "How the job's GPUs share the model: 'none' gives each GPU a whole copy (data-parallel); 'fsdp' shards "
+            "the parameters, gradients and optimizer state across them (FSDP2 full-shard), so each holds about "
+            "1/gpus of them; 'auto' (the default) is 'none' unless the job's memory estimate says a whole copy "
+            "does not fit one of the host's GPUs and a shard across its gpus does, where sharding is offered for "
+            "it: the `accepted` event names the plan. 'fsdp' needs gpus 2 or more; the methods and options it is "
+            "offered with are in docs/methods.md."
         ),
     )
 
@@ -178,7 +181,8 @@ class Resources(Frozen):
         if self.shard == "fsdp" and self.gpus < 2:
             # A check on the block names its field inside it (schemas/decode.py): the path is resources.shard.
             raise ValueError(
-                f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is {self.gpus}: set gpus to 2 or more"
+                f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is "
+                f"{self.gpus}: set gpus to 2 or more"
             )
         return self
 
@@ -210,8 +214,8 @@ class RequestBase(Frozen):
     evaluation: EvaluationSpec | None = Field(
         None,
         description=(
-            "Evaluate the adapter on held-out rows after training, beside baselines, and publish it to output.revision only when "
-            "it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
+            "Evaluate the adapter on held-out rows after training, beside baselines, and publish it to output.revision "
+            "only when it passes the gate (schemas/evaluation.py); absent: no evaluation, published as trained."
         ),
     )
     timeout_s: int | None = Field(
@@ -221,22 +225,24 @@ class RequestBase(Frozen):
         None,
         pattern=QUEUE_NAME_PATTERN,
         description=(
-            "One of the operator's priority classes (deploy/README.md): a higher class starts first and may preempt a preemptible "
-            "lower one; absent: the operator's default class. A class the fleet does not have is rejected."
+            "One of the operator's priority classes (deploy/README.md): a higher class starts first and may preempt a "
+            "preemptible lower one; absent: the operator's default class. A class the fleet does not have is rejected."
         ),
     )
     team: str | None = Field(
         None,
         pattern=QUEUE_NAME_PATTERN,
         description=(
-            "Whose request it is, for the fleet's fair share between teams (weights and caps are the operator's); absent: 'default'."
+            "Whose request it is, for the fleet's fair share between teams (weights and caps are the "
+            "operator's); absent: 'default'."
         ),
     )
     # Bounded so that an event, which echoes it, stays far below the broker's message size.
     metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict,
         max_length=64,
-        description="Free key-value pairs (64 at most, keys up to 128 characters, values up to 1024), echoed in every event.",
+        description="Free key-value pairs (64 at most, keys up to 128 characters, values up "
+        "to 1024), echoed in every event.",
     )
 
     @model_validator(mode="after")
@@ -267,15 +273,18 @@ class RequestBase(Frozen):
 
     def sharding_problem(self) -> str | None:
         """Why this request cannot train sharded (`resources.shard: fsdp`, asked or chosen for 'auto'), or None: what
-        shards is what the sharded tests check (docs/methods.md's table of method × adapter kind), and the rest is refused,
-        naming why, rather than run unsharded."""
+        shards is what the sharded tests check (docs/methods.md's table of method × adapter kind), and the rest is
+        refused, naming why, rather than run unsharded."""
         shard = "resources.shard: 'fsdp'"
         if self.method not in SHARDED_METHODS:
-            return f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its trainer is not wired or tested sharded (docs/methods.md)"
+            return (
+                f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its "
+                "trainer is not wired or tested sharded (docs/methods.md)"
+            )
         if self.method == "reward" and self.peft is not None:
             return (
-                f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score head "
-                "beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null"
+                f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score "
+                "head beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null"
             )
         if getattr(getattr(self, self.method, None), "use_vllm", None):
             return (
@@ -288,15 +297,19 @@ class RequestBase(Frozen):
             if self.peft is not None and getattr(self.peft, name) is not None
         ]
         if copies:
-            return f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which FSDP2 never gathers; leave it out"
-        if self.model.quantization != "none":
-            # Tried on two CPU ranks (bitsandbytes 0.50.2, 4-bit with a float storage dtype as in the FSDP+QLoRA recipe): the
-            # base loads sharded, and its first forward fails (bitsandbytes repacks a 4-bit weight for its CPU kernel into a
-            # shape other than the shard FSDP2 registered). A route the CPU tests cannot run is not offered (docs/methods.md).
             return (
-                f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's shards of "
-                "bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not offered sharded; "
-                "use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')"
+                f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which "
+                "FSDP2 never gathers; leave it out"
+            )
+        if self.model.quantization != "none":
+            # Tried on two CPU ranks (bitsandbytes 0.50.2, 4-bit with a float storage dtype as in the FSDP+QLoRA
+            # recipe): the base loads sharded, and its first forward fails (bitsandbytes repacks a 4-bit weight for its
+            # CPU kernel into a shape other than the shard FSDP2 registered). A route the CPU tests cannot run is not
+            # offered (docs/methods.md).
+            return (
+                f"{shard} does not shard a quantized base (model.quantization {self.model.quantization}): FSDP2's "
+                "shards of bitsandbytes' packed weights fail on the CPU ranks adapterd is tested on, so QLoRA is not "
+                "offered sharded; use quantization 'none' (LoRA on a sharded bf16 base) or a whole copy (shard 'none')"
             )
         others = (
             [suite.kind for suite in self.evaluation.suites if not isinstance(suite, MethodSuite)]
@@ -305,8 +318,8 @@ class RequestBase(Frozen):
         )
         if others:
             return (
-                f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a '{others[0]}' "
-                "suite generates and scores on each rank apart, not checked sharded; leave it out"
+                f"{shard} evaluates with the method's own measure only (the trainer's evaluate, on every rank): a "
+                f"'{others[0]}' suite generates and scores on each rank apart, not checked sharded; leave it out"
             )
         return None
 
@@ -322,13 +335,14 @@ class RequestBase(Frozen):
             and self.dataset.test_split_size is None
         ):
             return (
-                f"evaluation.suites.{reads_eval_set[0]}: a '{evaluation.suites[reads_eval_set[0]].kind}' suite runs on the eval set: "
-                "set dataset.eval, dataset.eval_split or dataset.test_split_size (a 'task' suite brings its own rows)"
+                f"evaluation.suites.{reads_eval_set[0]}: a '{evaluation.suites[reads_eval_set[0]].kind}' suite "
+                "runs on the eval set: set dataset.eval, dataset.eval_split or dataset.test_split_size (a "
+                "'task' suite brings its own rows)"
             )
         if evaluation.on_fail == "pr" and self.output.revision != "main":
             return (
-                f"evaluation.on_fail: a pull request is opened against main, and output.revision is '{self.output.revision}': "
-                "use on_fail 'branch'"
+                "evaluation.on_fail: a pull request is opened against main, and output.revision is "
+                f"'{self.output.revision}': use on_fail 'branch'"
             )
         if evaluation.fail_branch is not None and evaluation.fail_branch == self.output.revision:
             return "evaluation.fail_branch: must differ from output.revision, where an adapter that passes goes"
@@ -343,7 +357,10 @@ class RequestBase(Frozen):
                 "evaluation.require_finite_losses looks for; leave it unset or set require_finite_losses false"
             )
         if "base" in evaluation.baselines and self.peft is None:
-            return "evaluation.baselines: 'base' is measured with the adapter disabled, and a full fine-tune (peft: null) has none"
+            return (
+                "evaluation.baselines: 'base' is measured with the adapter disabled, and a full "
+                "fine-tune (peft: null) has none"
+            )
         return None
 
     @property
@@ -362,7 +379,10 @@ class RequestBase(Frozen):
         images = image_column(columns)
         if images is not None and not METHODS[method].vision:
             vision = ", ".join(name for name, row in METHODS.items() if row.vision)
-            return f"dataset.columns: '{images}': method {method} trains on text only; the vision-language methods are {vision}"
+            return (
+                f"dataset.columns: '{images}': method {method} trains on text only; the "
+                f"vision-language methods are {vision}"
+            )
         return None
 
     def dataset_problem(self, columns: list[str]) -> str | None:

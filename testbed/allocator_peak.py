@@ -80,8 +80,8 @@ def collective_bytes(trace: dict[str, Any]) -> int:
         index = bisect.bisect_right(starts, event["ts"]) - 1
         return index >= 0 and event["ts"] <= ends[index]
 
-    # By address, the allocations not yet freed, latest last: gloo frees its copies on its own threads, and some of those
-    # frees are never recorded, so an address comes back allocated while the allocator's total still counts it.
+    # By address, the allocations not yet freed, latest last: gloo frees its copies on its own threads, and some of
+    # those frees are never recorded, so an address comes back allocated while the allocator's total still counts it.
     live: dict[Any, list[tuple[int, bool]]] = {}
     best, held = -1, 0
     for event in _memory_events(trace):

@@ -1,6 +1,6 @@
-"""The keys a fleet with priority classes must have (daemon/settings/__init__.py `_classes_trust`, daemon/fleet/wiring.py
-`require_fleet_retry_key`), made for the tests and the benchmarks: one event signing key every host signs with
-(and so trusts) and one retry key."""
+"""The keys a fleet with priority classes must have (daemon/settings/__init__.py `_classes_trust`,
+daemon/fleet/wiring.py `require_fleet_retry_key`), made for the tests and the benchmarks: one event signing key every
+host signs with (and so trusts) and one retry key."""
 
 from __future__ import annotations
 

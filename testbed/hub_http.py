@@ -1,5 +1,5 @@
-"""The HTTP side of the local Hub (`testbed/hub_server.py`, its state in `testbed/hub_state.py`): routes the calls `huggingface_hub` and
-`datasets` make (repo creation, preupload, NDJSON commits, revision info, trees, resolve) to the
+"""The HTTP side of the local Hub (`testbed/hub_server.py`, its state in `testbed/hub_state.py`): routes the calls
+`huggingface_hub` and `datasets` make (repo creation, preupload, NDJSON commits, revision info, trees, resolve) to the
 server's in-memory repos, and answers injected faults first. The bodies of revision info and trees are
 `testbed/hub_reads.py`'s; a model card is judged by `testbed/hub_cards.py`."""
 

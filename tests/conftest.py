@@ -1,6 +1,6 @@
 """The fixtures that start real services, all in one place: a Kafka broker, the local Hub server,
-a tiny model and datasets published to it, object stores (moto's S3, a GCS emulator, Azurite), an MLflow tracking server, and the
-daemon itself as a child process.
+a tiny model and datasets published to it, object stores (moto's S3, a GCS emulator, Azurite), an MLflow tracking
+server, and the daemon itself as a child process.
 
 Set ADAPTERD_TEST_BOOTSTRAP_SERVERS to use an external Kafka cluster instead of the local broker.
 """

@@ -24,7 +24,9 @@ Case = tuple[str, bytes, list[tuple[str, bytes]], str]
 # Credentials of each kind the scan must know (made-up values of the issuers' shapes).
 CREDENTIALS = {
     "aws_secret": "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-    "azure_account_key": "AccountName=x;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+    "azure_account_key": (
+        "AccountName=x;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+    ),
     "azure_sas": "https://acct.blob.core.windows.net/c/b?sv=2020-08-04&sig=abcdEFGH1234ijklMNOP5678qrst%2B",
     "openai": "sk-proj-abcdefghijklmnopqrstuvwxyz012345",
     "anthropic": "sk-ant-api03-abcdefghijklmnopqrstuvwxyz",
@@ -214,8 +216,8 @@ def record_cases(valid: dict[str, Any], vision_rows: list[dict[str, Any]], overs
     """Issue 37's inputs, each rejected naming its field: duplicate keys, coerced types, Hub ids the
     Hub refuses, a NUL in a local path, a pattern RE2 cannot run or one PEFT would backtrack on
     (layers_pattern), revisions git refuses, an undecodable inline image and one of a format intake
-    does not read (TGA), and a request too large for its copies (`oversize` bytes, named by its limit, path ''). Built from
-    `valid` (an SFT request) and `vision_rows` (chat rows with images); ids are `record-<name>`."""
+    does not read (TGA), and a request too large for its copies (`oversize` bytes, named by its limit, path ''). Built
+    from `valid` (an SFT request) and `vision_rows` (chat rows with images); ids are `record-<name>`."""
 
     def variant(name: str, path: str, base: dict[str, Any] | None = None, **changes: Any) -> Case:
         document = copy.deepcopy(base or valid)

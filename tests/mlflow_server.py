@@ -3,8 +3,8 @@ folder), run from an environment of its own: mlflow 3.17's server pins a pyarrow
 project's. The project's environment has only the client (mlflow-skinny), which transformers'
 MLflowCallback reports through, as on an operator's host.
 
-The server's environment is made once per machine under adapterd's cache folder (`~/.cache/adapterd/mlflow-venv`) with uv
-(`.ci/run` does it, and so does the first test that needs it).
+The server's environment is made once per machine under adapterd's cache folder (`~/.cache/adapterd/mlflow-venv`) with
+uv (`.ci/run` does it, and so does the first test that needs it).
 """
 
 from __future__ import annotations

@@ -31,7 +31,10 @@ def test_a_run_rewrites_its_own_sections_and_keeps_the_others() -> None:
 
 
 def test_a_file_from_before_the_sections_is_replaced_by_the_run() -> None:
-    old = "adapterd benchmarks, 2026-12-02\n\n| benchmark | measure | value | unit | target | note |\n|---|---|---|---|---|---|\n"
+    old = (
+        "adapterd benchmarks, 2026-12-02\n\n| benchmark | measure | value | unit | target | note "
+        "|\n|---|---|---|---|---|---|\n"
+    )
     assert latest.sections(old) == {}
     assert latest.sections(latest.updated(old, {"start": table("start latency", 0.4, "now")})) == {
         "start": table("start latency", 0.4, "now")

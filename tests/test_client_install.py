@@ -1,8 +1,8 @@
 """The client install (issue 49): `client/` builds a wheel, `adapterd-client`, holding this repository's
 `schemas` package and asking for pydantic, aiokafka (with its snappy, lz4 and zstd extras: issue 61), cryptography and
 confusable-homoglyphs only. Installed into a fresh environment with the network off, it brings a `schemas` that decodes
-requests and events, an aiokafka that reads every codec Kafka has, and no torch, TRL, transformers, PEFT or datasets, nor
-the daemon.
+requests and events, an aiokafka that reads every codec Kafka has, and no torch, TRL, transformers,
+PEFT or datasets, nor the daemon.
 
 The wheel is built in the test (`uv build --offline --wheel client`). Its dependencies come from a
 folder of wheels the test packs from this environment's own installed copies (their RECORD files say
@@ -167,7 +167,7 @@ import aiokafka.codec
 print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
                   "codecs": [aiokafka.codec.has_gzip(), aiokafka.codec.has_snappy(), aiokafka.codec.has_lz4(), aiokafka.codec.has_zstd()],
                   "absent": [name for name in {TRAINING_STACK!r} if importlib.util.find_spec(name) is None]}}))
-"""
+"""  # noqa: E501 (a script's text, run as written)
     ran = subprocess.run(
         [str(python), "-c", probe],
         cwd=tmp_path,

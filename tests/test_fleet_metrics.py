@@ -180,7 +180,8 @@ def test_the_eta_error_is_the_median_relative_error_of_the_first_queued_eta() ->
         Seen("started", "r4", 10, "a"),  # no ETA given: not judged
     ]
     assert eta_median_error(events) == pytest.approx(0.5)
-    # A wait under the 1 s floor: the error is the seconds off over 1 s (an ETA of 0 for a start 0.1 s later is right to 0.1 s).
+    # A wait under the 1 s floor: the error is the seconds off over 1 s (an ETA of 0 for a start
+    # 0.1 s later is right to 0.1 s).
     assert eta_median_error([Seen("queued", "r1", 0, "a", eta_s=3), Seen("started", "r1", 0.1, "a")]) == pytest.approx(
         2.9
     )
@@ -218,17 +219,20 @@ def test_a_preemption_is_unneeded_when_a_slot_went_to_a_lower_class_while_its_re
         *job("u1", "a", 16, 20),
     ]
     assert unneeded_preemptions(arrivals, events, CLASSES) == 1
-    # Had b3 been given the slot before u1 arrived, or u1 taken b's free slot, the preemption was the only way, or none happened.
+    # Had b3 been given the slot before u1 arrived, or u1 taken b's free slot, the preemption was
+    # the only way, or none happened.
     before = [replace(e, at=e.at - 3) if e.request_id == "b3" and e.type == "accepted" else e for e in events]
     assert unneeded_preemptions(arrivals, before, CLASSES) == 0
-    # A slot going to a request of u1's own class or higher is no inversion; a preemption whose taker is unknown is not judged.
+    # A slot going to a request of u1's own class or higher is no inversion; a preemption whose
+    # taker is unknown is not judged.
     assert unneeded_preemptions([*arrivals[:2], urgent("b3", 0), arrivals[3]], events, CLASSES) == 0
     assert unneeded_preemptions(arrivals, [replace(e, by=None) for e in events], CLASSES) == 0
     assert figures(arrivals, events, TWO_HOSTS, CLASSES, {}, {})["unneeded_preemptions"] == 1
 
 
 def test_the_current_eta_error_weighs_each_told_eta_by_how_long_it_was_the_last_told() -> None:
-    # r1 waits 0 to 40: told 10 s at 2 (error |10 - 38| / 38), then 30 s at 10 (exact) for 30 of the 38 s it was told anything.
+    # r1 waits 0 to 40: told 10 s at 2 (error |10 - 38| / 38), then 30 s at 10 (exact) for 30 of
+    # the 38 s it was told anything.
     arrivals = [batch("r1")]
     events = [
         Seen("queued", "r1", 2, "a", eta_s=10),

@@ -37,7 +37,8 @@ class Grants:
 
     @classmethod
     def from_settings(cls, teams: Mapping[str, TeamShare]) -> Grants:
-        """The grants of `teams` (settings already validated: each class known); a ValueError names a key that is wrong."""
+        """The grants of `teams` (settings already validated: each class known); a
+        ValueError names a key that is wrong."""
         classes = {name: None if team.classes is None else frozenset(team.classes) for name, team in teams.items()}
         return cls({name: team_keys(name, team) for name, team in teams.items()}, classes)
 
@@ -50,11 +51,12 @@ class Grants:
         """What the binding is, for the start-up log and `adapterd doctor`."""
         if not self.bound:
             return (
-                "open: a request's team and priority_class are claims, not checked: any producer may name any team and class "
-                "(bind them: teams.<name>.producer_keys, deploy/README.md)"
+                "open: a request's team and priority_class are claims, not checked: any producer may name any team and "
+                "class (bind them: teams.<name>.producer_keys, deploy/README.md)"
             )
         teams = ", ".join(
-            f"{team} ({len(keys)} key(s), classes {'all' if self.classes.get(team) is None else ', '.join(sorted(self.classes[team] or ())) or 'none'})"
+            f"{team} ({len(keys)} key(s), classes "
+            f"{'all' if self.classes.get(team) is None else ', '.join(sorted(self.classes[team] or ())) or 'none'})"
             for team, keys in sorted(self.keys.items())
         )
         return (

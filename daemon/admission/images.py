@@ -95,7 +95,10 @@ def _image_problem(value: object, bounds: ImageBounds) -> str | None:
         data = data_uri_bytes(value, bounds)
         kind = image_format(data)
         if kind is None:
-            return f"not a decodable image: its bytes start as no PNG, JPEG, GIF, WebP, BMP or TIFF file does ({data[:12]!r})"
+            return (
+                "not a decodable image: its bytes start as no PNG, JPEG, GIF, WebP, BMP or "
+                f"TIFF file does ({data[:12]!r})"
+            )
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data), formats=[kind]) as image:
@@ -104,7 +107,8 @@ def _image_problem(value: object, bounds: ImageBounds) -> str | None:
     except ValueError as exc:
         return str(exc)
     except UnidentifiedImageError:
-        # Pillow's message names the BytesIO object's address: meaningless to a producer, and different at every judging.
+        # Pillow's message names the BytesIO object's address: meaningless to a producer,
+        # and different at every judging.
         return f"not a decodable image: Pillow cannot read it as the {kind} file its first bytes say it is"
     except (OSError, Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
         return f"not a decodable image: {exc}"

@@ -49,7 +49,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             errors.append(
                 FieldError(
                     path="dataset.max_samples",
-                    message=f"{dataset.max_samples}; this host allows at most {settings.max_dataset_rows} (max_dataset_rows)",
+                    message=f"{dataset.max_samples}; this host allows at most "
+                    f"{settings.max_dataset_rows} (max_dataset_rows)",
                 )
             )
     errors += _task_suite_errors(request, settings)
@@ -74,7 +75,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         errors.append(
             FieldError(
                 path="resources.gpus",
-                message=f"{request.resources.gpus} GPUs; this host allows at most {settings.max_gpus_per_job} per job (max_gpus_per_job)",
+                message=f"{request.resources.gpus} GPUs; this host allows at most "
+                f"{settings.max_gpus_per_job} per job (max_gpus_per_job)",
             )
         )
     errors += bound_errors(request, settings)
@@ -84,7 +86,8 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             errors.append(
                 FieldError(
                     path="training.report_to",
-                    message=f"{integration} is not allowed on this host (allowed_report_to: {settings.allowed_report_to})",
+                    message=f"{integration} is not allowed on this host "
+                    f"(allowed_report_to: {settings.allowed_report_to})",
                 )
             )
         elif integration in TRACKER_HOSTS and getattr(settings, TRACKER_HOSTS[integration][0]) is None:
@@ -171,7 +174,8 @@ def _task_suite_errors(request: RequestBase, settings: Settings) -> list[FieldEr
                 FieldError(
                     path=f"{prefix}.task",
                     message=(
-                        f"{suite.task} is not allowed on this host (allowed_evaluation_tasks: {settings.allowed_evaluation_tasks or 'none'})"
+                        f"{suite.task} is not allowed on this host (allowed_evaluation_tasks: "
+                        f"{settings.allowed_evaluation_tasks or 'none'})"
                     ),
                 )
             )
@@ -214,7 +218,8 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
         errors.append(
             FieldError(
                 path=f"{block}.vllm_mode",
-                message="server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'",
+                message="server: this host has no vLLM server configured "
+                "(vllm_server_base_url); use vllm_mode 'colocate'",
             )
         )
     return errors

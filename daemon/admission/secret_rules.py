@@ -7,9 +7,9 @@ not used: it runs its patterns one by one on Python's re, and its entropy plugin
 plugin's regexes judge source code, not JSON values (the keyword plugin's list of names is used,
 below). A pattern RE2 cannot compile (look-around) or written in
 verbose mode is left out, and `LEFT_OUT` names it (the same on every host of a release; the
-canary's tests notice when a release changes it). Why detect-secrets and not gitleaks: it is a Python package, installed with
-adapterd from PyPI, whose rules are read at run time through its public plugin API, so they move
-with its releases; gitleaks' rules live in a Go project's configuration.
+canary's tests notice when a release changes it). Why detect-secrets and not gitleaks: it is a Python package, installed
+with adapterd from PyPI, whose rules are read at run time through its public plugin API, so they move with its releases;
+gitleaks' rules live in a Go project's configuration.
 
 Key names: detect-secrets' `KeywordDetector` (found by its secret type, `Secret Keyword`, in the same
 plugin mapping) judges a line of code by the name a value is assigned to (`password = "..."`); its

@@ -18,7 +18,8 @@ from daemon.cli.convert import convert_app
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, 2 usage or configuration error.",
+    help="Run TRL post-training jobs from a Kafka stream. Exit codes: 0 done, 1 failed, "
+    "2 usage or configuration error.",
 )
 
 

@@ -52,14 +52,15 @@ def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Pla
         )
     return Plan(
         True,
-        f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when "
-        "it is reached, with a `cancelled` event and no training; until then `adapterd jobs --state queued` leaves it out "
+        f"{request_id}: queued on {job.host}; the cancel is sent to {control_topic}: the request is skipped when it is "
+        "reached, with a `cancelled` event and no training; until then `adapterd jobs --state queued` leaves it out "
         "and `adapterd get` says its cancel is pending",
     )
 
 
 async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:
-    """Read the request's events, send the cancel when it can still do something (not on a dry run), and say what happens."""
+    """Read the request's events, send the cancel when it can still do something (not on a dry
+    run), and say what happens."""
     request_id = message.request_id
     decided = plan(request_id, fold(await history(settings, request_id)).get(request_id), settings.control_topic)
     if decided.send and dry_run:

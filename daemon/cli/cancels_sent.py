@@ -48,7 +48,8 @@ async def sent_cancels(settings: Settings, now: datetime) -> dict[str, SentCance
 
 
 def mark_cancelled(waiting: list[Waiting], cancels: dict[str, SentCancel]) -> None:
-    """Mark each waiting request with its pending cancel (`Waiting.cancel`); a record that is not a request has none to honour."""
+    """Mark each waiting request with its pending cancel (`Waiting.cancel`); a record that is not a
+    request has none to honour."""
     for each in waiting:
         if each.stage != "undecodable":
             each.cancel = cancels.get(each.request_id)

@@ -53,8 +53,9 @@ class Placed:
     def line(self) -> str:
         w = self.request
         return (
-            f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} {self.place or '-':>5} {eta_text(self.eta_s):>7}  "
-            f"{w.stage:<11} {w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else "")
+            f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} "
+            f"{self.place or '-':>5} {eta_text(self.eta_s):>7}  {w.stage:<11} "
+            f"{w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else "")
         )
 
 
@@ -137,7 +138,8 @@ def _in_partitions(
 
 def default_slots(events: list[Event], now: datetime) -> int:
     """The fleet's slots when --slots is not given: the hosts that started or accepted a job in the last 24 hours,
-    each with as many slots as its latest `accepted` said (`host_slots`: a fleet host says it), else one (at least 1)."""
+    each with as many slots as its latest `accepted` said (`host_slots`: a fleet host says
+    it), else one (at least 1)."""
     slots: dict[str, int] = {}
     for event in events:
         if event.type in ("started", "accepted") and now - event.time <= RECENT_HOSTS:
@@ -185,8 +187,8 @@ def where_it_waits(placed: Placed, now: datetime) -> str:
         return f"{w.request_id}: a record in {w.where} that is not a request: {w.detail}"
     if w.cancel is not None:
         return (
-            f"{w.request_id}: cancel pending ({w.cancel.said()}), its `cancelled` event not yet published: it waits ({w.stage}) {where} "
-            "until a host reaches it and skips it, placed nowhere and counted in no one's place"
+            f"{w.request_id}: cancel pending ({w.cancel.said()}), its `cancelled` event not yet published: it waits "
+            f"({w.stage}) {where} until a host reaches it and skips it, placed nowhere and counted in no one's place"
         )
     if w.stage == "accepted":
         return f"{w.request_id}: accepted ({where}): it has a slot on {w.host} and starts now"
@@ -221,6 +223,6 @@ def pending_said(pending: list[Waiting]) -> str | None:
     named = ", ".join(f"{w.request_id} ({w.cancel.said() if w.cancel else ''})" for w in pending[:PENDING_NAMED])
     more = f" and {len(pending) - PENDING_NAMED} more" if len(pending) > PENDING_NAMED else ""
     return (
-        f"{len(pending)} waiting request(s) with a cancel pending, not listed and counted in no one's place until their `cancelled` "
-        f"events (adapterd get ID): {named}{more}"
+        f"{len(pending)} waiting request(s) with a cancel pending, not listed and counted in no one's place until "
+        f"their `cancelled` events (adapterd get ID): {named}{more}"
     )

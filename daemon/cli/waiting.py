@@ -141,7 +141,8 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
         if job is None or arrived_after_end:
             waiting[each.request_id] = each  # no host has said a word of it (since it last ended: sent again)
         elif job.state == "queued":
-            # In the claims topic it is claimed, whatever it went through before (queued, preempted) until it is accepted.
+            # In the claims topic it is claimed, whatever it went through before (queued,
+            # preempted) until it is accepted.
             each.stage = job.latest if queue.stage != "claimed" or job.latest == "accepted" else "claimed"
             each.host = job.host
             each.arrived = min(each.arrived, job.since)

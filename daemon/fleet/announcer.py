@@ -135,7 +135,8 @@ class Announcer:
         }
 
     async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
-        """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes them."""
+        """The requests of each class's topic past its group's committed offset, decoded as
+        the dispatcher decodes them."""
         topics = self.settings.class_topics
         found = await committed_offsets(
             self.settings, [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()]

@@ -12,12 +12,13 @@ daemon/fleet/queues.py), picks one for each free slot (the highest class first, 
 share, then arrival: daemon/fleet/order.py, with the usage read from the events: daemon/fleet/view.py),
 and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
 offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and jobs as it knows them, not
-only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without classes:
-one job per partition, committed after its terminal event, read again by another host if this one dies.
-A record naming another class than its topic's is weighed as its own class where it is (claimed there if
-it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's copies, is dead-lettered where it is (no
-claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds up
-none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
+only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without
+classes: one job per partition, committed after its terminal event, read again by another host if this one dies. A
+record naming another class than its topic's is weighed as its own class where it is (claimed there if it is picked),
+else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's
+copies, is dead-lettered where it is (no claim, no rejoin), and one whose cancel this host has read ends there with its
+`cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds up none behind it.
+Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
 """
 
 from __future__ import annotations
@@ -205,7 +206,8 @@ class Dispatcher:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)
                 continue
-            # Nothing fits a free slot: the first in the fleet's order that fits none may preempt a job of a lower class.
+            # Nothing fits a free slot: the first in the fleet's order that fits none may
+            # preempt a job of a lower class.
             first = self.view.pick(waiting, None, self._mine())
             victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
             if (
@@ -232,11 +234,11 @@ class Dispatcher:
     def _reads_while_full(self, queue: ClassQueue) -> bool:
         """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;
         and while one may once the job has run `preempt_min_run_s`, unless the events say another host could start it
-        now (a free slot, a job old enough to stop). The minimum bounds preemption, not reading: on a full fleet a higher
-        class's arrival is read at once, and its preemption waits only for the minimum. But a full member holds its share
-        of the queue's partitions, where a request waits for that minimum: while another host can start it sooner, the
-        partitions are left to the hosts that can. The default class's topic is where producers naming any class write
-        (`adapterd submit`): read as the highest's."""
+        now (a free slot, a job old enough to stop). The minimum bounds preemption, not reading: on a full fleet a
+        higher class's arrival is read at once, and its preemption waits only for the minimum. But a full member holds
+        its share of the queue's partitions, where a request waits for that minimum: while another host can start it
+        sooner, the partitions are left to the hosts that can. The default class's topic is where producers naming any
+        class write (`adapterd submit`): read as the highest's."""
         mine, free = self.jobs.running(), len(self.scheduler.slots.free)
         if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
             return True
@@ -258,7 +260,8 @@ class Dispatcher:
         return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
 
     def _here(self) -> list[Running]:
-        """This host's jobs and its claims on their way to one (as started now), as it knows them: the ETAs' slots here."""
+        """This host's jobs and its claims on their way to one (as started now), as it knows
+        them: the ETAs' slots here."""
         now, host = time.time(), self.settings.host
         claims = [
             Running(
@@ -277,7 +280,8 @@ class Dispatcher:
         return [*self.jobs.running(), *claims]
 
     async def _announce(self, waiting: list[Head]) -> None:
-        """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it moves (daemon/fleet/telling.py)."""
+        """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it
+        moves (daemon/fleet/telling.py)."""
         now, telling = time.time(), self.view.telling
         heads = {
             h.request_id: h
@@ -312,7 +316,8 @@ class Dispatcher:
         return next(queue for queue in self.queues if queue.name == head.queue)
 
     def _again(self, queue: ClassQueue, head: Head) -> Copy:
-        """`head`, ahead of one taken from its window, written again at the end of its own partition with its arrival."""
+        """`head`, ahead of one taken from its window, written again at the end of its own
+        partition with its arrival."""
         return Copy(
             head.record,
             head.record.topic,
@@ -351,7 +356,8 @@ class Dispatcher:
         )
 
     async def _move(self, queue: ClassQueue, head: Head, topic: str) -> None:
-        """A request first in a class's topic that names another class goes to that class's topic, keeping its arrival."""
+        """A request first in a class's topic that names another class goes to that class's
+        topic, keeping its arrival."""
         copy = Copy(
             head.record, topic, head.priority_class, head.team, head.arrival_ms, carried(head.record, self.retries)
         )
@@ -377,10 +383,10 @@ class Dispatcher:
         return head.request is not None and head.request_id in self.scheduler.cancelled
 
     async def _withdraw(self, queue: ClassQueue, window: list[Head]) -> None:
-        """A window's requests whose cancel this host has read: each ends here with its `cancelled` event, then is committed
-        past (`_end_in_window`). Claimed first and skipped by the scheduler, each would wait for a free slot and an idle
-        claims partition of its own: a swept queue took a claim a request, and its `cancelled` events came tens of seconds
-        late. A retry not yet due ends too: the cancel outranks it."""
+        """A window's requests whose cancel this host has read: each ends here with its `cancelled` event, then is
+        committed past (`_end_in_window`). Claimed first and skipped by the scheduler, each would wait for a free slot
+        and an idle claims partition of its own: a swept queue took a claim a request, and its `cancelled` events came
+        tens of seconds late. A retry not yet due ends too: the cancel outranks it."""
         cancelled = [h for h in window if self._cancelled(h)]
         for head in cancelled:
             assert head.request is not None

@@ -1,6 +1,7 @@
 """When each waiting request is expected to start, and its place: list scheduling of the order they are expected to
 start in onto the fleet's slots, after the preemptions the order will make (`places`). Pure: the caller passes the
-waiting requests, the teams' usage, the running jobs, the fleet's slots, the teams' caps, the preemption's bounds and `now`.
+waiting requests, the teams' usage, the running jobs, the fleet's slots, the teams' caps, the
+preemption's bounds and `now`.
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ def places(
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
     the fleet's `slots` (`etas`, each team held to its cap), placed by their starts (`ranked`). One function for what
-    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say (daemon/cli/places.py)."""
+    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs`
+    say (daemon/cli/places.py)."""
     order = start_order(waiting, usage, bounds.classes, teams, pace, ahead=remaining_work(running, pace, now))
     after, starts = preempting(order, running, slots, bounds, pace, now, teams)
     eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams), **starts}
@@ -122,7 +124,8 @@ def places(
 
 def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[Waiting, int, float | None]]:
     """Each request of `order` (`order.start_order`) with its place and its ETA: places in the order of the expected
-    starts (a request held by its team's cap starts after some of those behind it), those with none after, in `order`."""
+    starts (a request held by its team's cap starts after some of those behind it), those
+    with none after, in `order`."""
     index = sorted(
         range(len(order)), key=lambda i: (eta.get(order[i].request_id) is None, eta.get(order[i].request_id) or 0.0, i)
     )

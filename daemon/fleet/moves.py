@@ -35,7 +35,8 @@ log = structlog.get_logger()
 class Copy:
     """A record to write: its key and value as they were, with `headers` (the caller's: never a producer's
     own headers, whose size it chose), to `topic` (partition `partition`, else by its key), signed by the
-    fleet with its class, team and arrival (daemon/kafka/queue_seal.py): only a host's copy is run or keeps its place."""
+    fleet with its class, team and arrival (daemon/kafka/queue_seal.py): only a host's
+    copy is run or keeps its place."""
 
     record: Record
     topic: str
@@ -158,7 +159,8 @@ def kept_timestamp(timestamp: int) -> int | None:
 def carried(record: Record, retries: RetrySigner, *, preemptions: int | None = None) -> tuple[tuple[str, bytes], ...]:
     """The headers a moved request keeps: its retry state and count of preemptions, signed again (a producer's
     unsigned ones are dropped, as `RetrySigner.read` would ignore them), its producer's signature, and its trace
-    context; nothing else of a producer's, whose headers could make the copy larger than the brokers take. `preemptions` replaces the count."""
+    context; nothing else of a producer's, whose headers could make the copy larger than the brokers take.
+    `preemptions` replaces the count."""
     value = record.value or b""
     state = retries.read(record)
     kept = (

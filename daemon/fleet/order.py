@@ -5,8 +5,8 @@ the benchmark's replay) pass in what they read, and `now`.
 The rules (docs/architecture.md, "The fleet's order"):
 - class first, in the operator's order (highest first);
 - within a class, fair share: again and again the team with the least (decayed slot-seconds + the rest
-  of its running jobs + the expected work already placed ahead of it) / weight; a team at its `max_slots` cap is skipped while
-  a team below its cap waits (a cap is hard: `pick` never gives such a team a slot);
+  of its running jobs + the expected work already placed ahead of it) / weight; a team at its `max_slots` cap is skipped
+  while a team below its cap waits (a cap is hard: `pick` never gives such a team a slot);
 - then arrival. A share left idle is lent: a team alone waiting gets every slot up to its cap.
 """
 

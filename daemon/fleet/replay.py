@@ -143,7 +143,8 @@ def replay(trace: Trace) -> list[Outcome]:
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
     def estimated(now: float) -> tuple[list[Waiting], dict[str, float | None]]:
-        """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them out."""
+        """The waiting requests in the order they are expected to start, and each one's ETA,
+        as the hosts work them out."""
         jobs = seen(now)
         order = start_order(
             waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now)

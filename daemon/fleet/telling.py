@@ -54,8 +54,8 @@ class Told:
 
 
 def move(told: Told, place: int, eta_s: float | None, now: float) -> float | None:
-    """How much telling `place` and `eta_s` now would say that is new, as a fraction of the wait or the place (the larger,
-    the more), or None when it is not news (the module's rules)."""
+    """How much telling `place` and `eta_s` now would say that is new, as a fraction of the wait or the place (the
+    larger, the more), or None when it is not news (the module's rules)."""
     if told.eta_s is None and eta_s is not None:
         return 1.0  # an ETA at last
     if told.eta_s is not None and eta_s is not None:
@@ -72,7 +72,8 @@ class Telling:
 
     def __init__(self) -> None:
         self.told: dict[str, Told] = {}
-        self._tokens = RETELL_BURST  # the revisions this host may publish now (a token bucket: `RETELLS_PER_S`, up to `RETELL_BURST`)
+        # the revisions this host may publish now (a token bucket: `RETELLS_PER_S`, up to `RETELL_BURST`)
+        self._tokens = RETELL_BURST
         self._filled: float | None = None  # when they were last counted
 
     def heard(self, request_id: str, place: int, eta_s: float | None, at: float, host: str) -> None:
@@ -86,7 +87,8 @@ class Telling:
         self.told.pop(request_id, None)
 
     def maybe(self, request_ids: Iterable[str], now: float) -> bool:
-        """Whether any of these could be due now (never told, or told long enough ago): the places are worked out only then."""
+        """Whether any of these could be due now (never told, or told long enough ago): the
+        places are worked out only then."""
         return any((told := self.told.get(r)) is None or now - told.at >= RETELL_EVERY_S for r in request_ids)
 
     def due(self, placed: Sequence[Placed], now: float, host: str, *, dry: bool = False) -> list[Placed]:

@@ -74,7 +74,8 @@ class Usage:
         """The slots each team's running jobs hold now (for the teams' `max_slots` caps). `mine`: what this host knows
         of its own requests by request id, (team, slots held now), which replaces what the events said of them: a host
         knows at once what it claimed, started, and freed (a job's slots free before its outcome is published, and its
-        outcome is read back later still), and a cap read only from the events would give a freed slot to a lower class."""
+        outcome is read back later still), and a cap read only from the events would give a
+        freed slot to a lower class."""
         held: Counter[str] = Counter()
         for request_id, (team, _, slots) in self._open.items():
             if mine is None or request_id not in mine:
@@ -111,8 +112,8 @@ class Durations:
         self._expected: dict[
             tuple[str, str], float | None
         ] = {}  # answers since the last add: the order asks once per request
-        # With the steps it trained (its `metrics`: train_runtime x train_steps_per_second): the seconds it held its slot
-        # outside training, and a step's seconds, so a request of another length is expected at its own.
+        # With the steps it trained (its `metrics`: train_runtime x train_steps_per_second): the seconds it held its
+        # slot outside training, and a step's seconds, so a request of another length is expected at its own.
         self._steps_by_model: dict[tuple[str, str], deque[tuple[float, float]]] = {}
         self._steps_by_method: dict[str, deque[tuple[float, float]]] = {}
         self._steps_all: deque[tuple[float, float]] = deque(maxlen=window)

@@ -103,7 +103,9 @@ def model_card(
         + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
         + f"- Versions: {version_line}\n"
         + "".join(
-            f"- Metrics tracked in {run.tracker}: run `{run.run_id}`{f' of project `{run.project}`' if run.project else ''}{f' ({run.url})' if run.url else ''}\n"
+            f"- Metrics tracked in {run.tracker}: run "
+            f"`{run.run_id}`{f' of project `{run.project}`' if run.project else ''}"
+            f"{f' ({run.url})' if run.url else ''}\n"
             for run in tracking
         )
         + "\n"
@@ -175,7 +177,8 @@ def _evaluation_section(report: EvaluationReport) -> str:
         for r in report.rules
     )
     return (
-        f"## Evaluation\n\nOn {report.rows} held-out rows; gate verdict: **{report.verdict}**.\n\n{revisions}{missing}{best}\n"
+        f"## Evaluation\n\nOn {report.rows} held-out rows; gate verdict: "
+        f"**{report.verdict}**.\n\n{revisions}{missing}{best}\n"
         f"{header}{rows}\n| gate rule | value | bound | outcome |\n|---|---|---|---|\n{rules}\n"
     )
 
@@ -197,7 +200,8 @@ def _vision_usage(base: str | None, repo_id: str, is_adapter: bool) -> str:
         + imports
         + f"processor = AutoProcessor.from_pretrained({repo_id!r})\n"
         + load
-        + 'messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]\n'
+        + 'messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": '
+        '"What is in this picture?"}]}]\n'
         + "prompt = processor.apply_chat_template(messages, add_generation_prompt=True)\n"
         + 'inputs = processor(images=[image], text=prompt, return_tensors="pt")\n'
         + "print(processor.decode(model.generate(**inputs, max_new_tokens=32)[0]))\n```\n\n"

@@ -30,7 +30,8 @@ class JobEvents:
     def for_record(
         cls, publisher: Publisher, request: RequestBase, host: str, attempt: int, record: Record
     ) -> JobEvents:
-        """The events of a request read from `record`, with its trace headers (those of a request without a running job)."""
+        """The events of a request read from `record`, with its trace headers (those of a
+        request without a running job)."""
         return cls(publisher, request, host, attempt, trace_context(record))
 
     def common(self, *, metadata: bool = True) -> dict[str, Any]:

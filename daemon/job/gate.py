@@ -72,7 +72,8 @@ def judge_rule(rule: GateRule, result: EvaluationResult) -> RuleOutcome:
                 baseline=baseline,
                 bound=None,
                 outcome="failed",
-                reason=f"the {rule.of} baseline's {rule.metric} is {baseline:g}: a relative bound needs a positive baseline; use an absolute bound",
+                reason=f"the {rule.of} baseline's {rule.metric} is {baseline:g}: a relative bound needs a positive "
+                "baseline; use an absolute bound",
             )
         limit *= baseline
     if raw is None:
@@ -83,7 +84,8 @@ def judge_rule(rule: GateRule, result: EvaluationResult) -> RuleOutcome:
             baseline=baseline,
             bound=limit,
             outcome="failed",
-            reason=f"the evaluation reported no {rule.metric} (it reported {', '.join(sorted(result.adapter.metrics)) or 'nothing'})",
+            reason=f"the evaluation reported no {rule.metric} (it reported "
+            f"{', '.join(sorted(result.adapter.metrics)) or 'nothing'})",
         )
     if value is None:
         return RuleOutcome(

@@ -5,8 +5,8 @@ request that stops a job early. docs/architecture.md draws it, generated from TR
 JUDGING is the gate (daemon/job/gate.py): the request's rules against the numbers the child measured
 after training; it decides where the artifact goes, and a failed gate is still SUCCEEDED (pushed to a
 pull request or a side branch, or nowhere). QUEUED also goes straight to PUSHING or JUDGING (an earlier
-attempt's artifact is complete on disk: nothing is trained twice) and to SUCCEEDED (the request already succeeded: answered as a duplicate). A final
-state is entered once its event is acknowledged; then only the commit is left.
+attempt's artifact is complete on disk: nothing is trained twice) and to SUCCEEDED (the request already succeeded:
+answered as a duplicate). A final state is entered once its event is acknowledged; then only the commit is left.
 
 A job ends early only by a `Stop`, through `JobRunner.stop` (daemon/job/runner.py): a cancel (it ends
 CANCELLED), a timeout or a stall (FAILED or RETRYING, named so), each with its child killed at once;

@@ -14,7 +14,8 @@ from daemon.resources.slots import Placement, Slots
 @dataclass(frozen=True)
 class JobPlace:
     """Where a job runs: `slot` as `started` names it ("cpu", or its GPUs), the CUDA_VISIBLE_DEVICES of its child
-    (None on the CPU: the environment is left alone), and on a GPU shared with other jobs its share (None: whole GPUs)."""
+    (None on the CPU: the environment is left alone), and on a GPU shared with other jobs
+    its share (None: whole GPUs)."""
 
     slot: str
     visible_devices: str | None = None
@@ -35,9 +36,9 @@ class JobPlace:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """A job's memory as planned before it started: its estimate (daemon/resources/memory.py; None unknown), a whole GPU's
-    memory for jobs when known (whether it fits without gradient checkpointing), and the estimator its measured peak
-    teaches. The default plan knows nothing: a CPU host's, or a job's whose model was not estimated."""
+    """A job's memory as planned before it started: its estimate (daemon/resources/memory.py; None unknown), a whole
+    GPU's memory for jobs when known (whether it fits without gradient checkpointing), and the estimator its measured
+    peak teaches. The default plan knows nothing: a CPU host's, or a job's whose model was not estimated."""
 
     estimate: Estimate | None = None
     gpu_room: int | None = None

@@ -164,7 +164,8 @@ class JobRunner:
             await self._stopping  # its child is gone before its end is published
         stop = self.lifecycle.stop
         if isinstance(outcome, Succeeded) and (stop is None or stop.kind != "interrupt"):
-            # Published: its checkpoints in the store serve no one now; its event there answers a redelivery on any host.
+            # Published: its checkpoints in the store serve no one now; its event there
+            # answers a redelivery on any host.
             await self.uploads.abandon(None if outcome.duplicate else outcome.model_dump(mode="json"))
         else:  # its last checkpoint reaches the store (within a stop's deadline) before its end is said
             await self.uploads.finish(None if self._deadline is None else max(0.0, self._deadline - time.monotonic()))
@@ -214,8 +215,8 @@ class JobRunner:
         message = failure.message
         if failure.code == "out_of_memory" and self.place.share is not None:
             message += (
-                f" (on a GPU shared with other jobs, held to {self.place.share.share_bytes} bytes, {self.place.share.fraction} of it); "
-                "it runs again on a GPU of its own"
+                f" (on a GPU shared with other jobs, held to {self.place.share.share_bytes} bytes, "
+                f"{self.place.share.fraction} of it); it runs again on a GPU of its own"
             )
         elif not (failure.retryable and self.attempt < self.settings.max_attempts):
             return self.events.event(
@@ -296,7 +297,8 @@ class JobRunner:
         spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
-        # The newest checkpoint, from this host or from the store (an attempt on another host): the trainer resumes there.
+        # The newest checkpoint, from this host or from the store (an attempt on another
+        # host): the trainer resumes there.
         self.supervisor.resumed = await asyncio.to_thread(
             fetch, self.uploads.store, self.request.request_id, spec.checkpoints
         )

@@ -146,8 +146,8 @@ class Supervisor:
         return outcome.result, outcome.first_step_at
 
     def stop_steps(self) -> tuple[int | None, int | None]:
-        """Where a stopped job stopped, and the step of the checkpoint it resumes from (the work it kept). The first is the
-        checkpoint the child saved on the stop, else its last progress report, which is sent at most every
+        """Where a stopped job stopped, and the step of the checkpoint it resumes from (the work it kept). The first is
+        the checkpoint the child saved on the stop, else its last progress report, which is sent at most every
         progress_interval_s and so may trail the step it reached by many; the second its last checkpoint of this run,
         else the one this run resumed from (None: none, it starts over)."""
         stopped = self.stopped_step if self.stopped_step is not None else self.progress.get("step")

@@ -160,7 +160,8 @@ class CheckpointUploads:
         await self.events.publish(Checkpoint, step=step, path=path, location="local", store_error=error)
 
     async def earlier_success(self) -> dict[str, Any] | None:
-        """The request's `succeeded` as another host left it in the store; None without one (or a store that is down: said)."""
+        """The request's `succeeded` as another host left it in the store; None without one (or
+        a store that is down: said)."""
         if self.store is None:
             return None
         try:

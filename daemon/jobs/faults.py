@@ -43,7 +43,10 @@ class RecordFaults:
     async def _give_up(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception) -> bool:
         """End the record: `failed` (code internal), its bytes in the DLQ, its offset committed.
         False when even that cannot be sent (it is read again)."""
-        message = f"handling the request failed {self.settings.max_record_faults} times in a row ({type(exc).__name__}); see the daemon's log"
+        message = (
+            f"handling the request failed {self.settings.max_record_faults} times in a row "
+            f"({type(exc).__name__}); see the daemon's log"
+        )
         return await self.end(tp, record, runner, exc, message)
 
     async def end(self, tp: TopicPartition, record: Record, runner: JobRunner, exc: Exception, message: str) -> bool:

@@ -27,4 +27,5 @@ class FleetHooks(Protocol):
     def forget(self, tp: TopicPartition) -> None: ...
 
     def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
-        """A claimed request's retry, sent to the queue of the class it runs as (where it waits), signed by the fleet."""
+        """A claimed request's retry, sent to the queue of the class it runs as (where it
+        waits), signed by the fleet."""

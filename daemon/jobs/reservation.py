@@ -66,7 +66,8 @@ class Reservations:
             self.heads[key] = Head(key, offset, request_id, gpus, now)
 
     def offered(self, key: Hashable, offset: int) -> None:
-        """`key`'s record at `offset` is offered: a head recorded at another offset of it has gone (read past, or moved)."""
+        """`key`'s record at `offset` is offered: a head recorded at another offset of it has
+        gone (read past, or moved)."""
         head = self.heads.get(key)
         if head is not None and head.offset != offset:
             del self.heads[key]

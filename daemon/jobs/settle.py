@@ -70,7 +70,8 @@ class Settler:
     ) -> bool:
         """After `event` (terminal or `retrying`): its record's retry or dead letter, then its commit.
         `requeue`, with priority classes: the retry sent to the queue of the class the request runs as, where it waits.
-        False when the broker refused its retry: the record is ended by `RecordFaults.end` (or held, to be read again)."""
+        False when the broker refused its retry: the record is ended by `RecordFaults.end`
+        (or held, to be read again)."""
         offset = record.offset
         if isinstance(event, Retrying):
             # Back to the end of its partition, so the requests behind it are not held up.
@@ -89,7 +90,10 @@ class Settler:
                 log.error(
                     "job.retry_refused", request_id=runner.request.request_id, offset=offset, error=type(exc).__name__
                 )
-                message = f"the broker refused its retry ({type(exc).__name__}); it is not tried again (see max_message_bytes)"
+                message = (
+                    f"the broker refused its retry ({type(exc).__name__}); it is not "
+                    "tried again (see max_message_bytes)"
+                )
                 if not await self.faults.end(tp, record, runner, exc, message):
                     self.partitions.hold(tp, offset)  # not even that could be sent: read again, as after a restart
                 return False

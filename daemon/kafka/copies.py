@@ -21,7 +21,9 @@ from daemon.kafka.records import Record
 from schemas import FieldError
 from schemas.signing import PRODUCER_SIGNATURE_HEADER
 
-COPY_HEADROOM_BYTES = 8192  # retry headers ~150 B, trace context at most ~600 B, a producer's signature at most 256 B, DLQ headers <= 5 KiB, framing
+# retry headers ~150 B, trace context at most ~600 B, a producer's signature at most 256 B,
+# DLQ headers <= 5 KiB, framing
+COPY_HEADROOM_BYTES = 8192
 ERRORS_HEADER_BYTES = 4096  # the DLQ's `adapterd-errors`; the `rejected` event carries them all
 FIELD_ERRORS = TypeAdapter(list[FieldError])
 
@@ -40,8 +42,9 @@ def too_large(record: Record, max_message_bytes: int) -> FieldError | None:
     return FieldError(
         path="",
         message=(
-            f"the record is {size} bytes (key and value); a request is at most {most} bytes, so that the daemon's retry and DLQ "
-            f"copies, which add up to {COPY_HEADROOM_BYTES} bytes of headers, fit the brokers' {max_message_bytes} (max_message_bytes)"
+            f"the record is {size} bytes (key and value); a request is at most {most} bytes, so that the daemon's "
+            f"retry and DLQ copies, which add up to {COPY_HEADROOM_BYTES} bytes of headers, fit the brokers' "
+            f"{max_message_bytes} (max_message_bytes)"
         ),
     )
 
@@ -74,7 +77,8 @@ def errors_header(errors: list[FieldError]) -> bytes:
     )
 
 
-# A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header is not one, and is not carried.
+# A producer's signature is some 110 bytes (`ed25519:<16 hex>:<88 base64>`): a larger header
+# is not one, and is not carried.
 MAX_SIGNATURE_BYTES = 256
 
 

@@ -81,8 +81,8 @@ class EventStream:
         """How many events were skipped as taken already (or older than the window), in one line."""
         why = ", ".join(f"{count} {reason}" for reason, count in sorted(self.repeated.items()))
         return (
-            f"skipped {self.repeated.total()} event(s) in {self.settings.events_topic} read already or older than what is "
-            f"folded ({why})"
+            f"skipped {self.repeated.total()} event(s) in {self.settings.events_topic} read already or "
+            f"older than what is folded ({why})"
         )
 
     def verified(self, record: Record, now: float | None = None) -> Event | None:

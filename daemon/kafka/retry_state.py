@@ -44,7 +44,8 @@ MAX_BACKOFF_S = 3600.0  # the longest wait before a retry (`backoff_s`)
 
 
 def backoff_s(base_s: float, attempt: int) -> float:
-    """The wait before `attempt` (2, 3, ...): `base_s` (retry_backoff_s), doubled for each later try, at most an hour."""
+    """The wait before `attempt` (2, 3, ...): `base_s` (retry_backoff_s), doubled for each
+    later try, at most an hour."""
     return min(base_s * 2 ** (attempt - 2), MAX_BACKOFF_S)
 
 

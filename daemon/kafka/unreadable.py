@@ -61,7 +61,9 @@ BATCH_ERRORS: tuple[type[KafkaError], ...] = (UnsupportedCodecError, CorruptReco
 # What a producer can do about each, said in the rejection.
 HINTS: dict[type[BaseException], str] = {
     UnicodeDecodeError: "a header name must be UTF-8",
-    UnsupportedCodecError: "its batch is compressed with a codec this host cannot decompress: gzip, snappy, lz4 and zstd are read",
+    UnsupportedCodecError: (
+        "its batch is compressed with a codec this host cannot decompress: gzip, snappy, lz4 and zstd are read"
+    ),
     CorruptRecordException: "its batch is corrupt",
 }
 
@@ -74,8 +76,9 @@ def unreadable(exc: BaseException) -> bool:
 def rejection_of(record: UnreadableRecord, exc: BaseException) -> Rejection:
     hint = next((text for kind, text in HINTS.items() if isinstance(exc, kind)), None)
     message = (
-        f"the Kafka client could not read this record ({type(exc).__name__}: {str(exc)[:200]}{'; ' + hint if hint else ''}); "
-        f"its bytes are at offset {record.offset} of {record.topic}/{record.partition}"
+        f"the Kafka client could not read this record ({type(exc).__name__}: "
+        f"{str(exc)[:200]}{'; ' + hint if hint else ''}); its bytes are at offset {record.offset} of "
+        f"{record.topic}/{record.partition}"
     )
     return Rejection("invalid", [FieldError(path="", message=message)], None, type(exc).__name__)
 

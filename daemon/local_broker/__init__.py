@@ -73,7 +73,9 @@ class LocalKafka:
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "sasl.enabled.mechanisms": "SCRAM-SHA-256",
-            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
             "log.dirs": str(self.data_dir / "logs"),
             "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "4",

@@ -68,7 +68,8 @@ def _fetch(jar: Jar, folder: Path) -> None:
     if digest.hexdigest() != jar.sha256:
         target.unlink()
         raise RuntimeError(
-            f"the Kafka broker's jar {jar.url} is not the one listed: sha256 {digest.hexdigest()}, expected {jar.sha256}"
+            f"the Kafka broker's jar {jar.url} is not the one listed: sha256 "
+            f"{digest.hexdigest()}, expected {jar.sha256}"
         )
 
 

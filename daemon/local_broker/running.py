@@ -50,7 +50,8 @@ def _alive(pid: int) -> bool:
 
 
 def local_broker_at(bootstrap_servers: str) -> dict[str, Any] | None:
-    """The record of the local broker these bootstrap servers name, when one of them is a live local broker's address."""
+    """The record of the local broker these bootstrap servers name, when one of them is a
+    live local broker's address."""
     for server in bootstrap_servers.split(","):
         host, _, port = server.strip().rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():

@@ -44,8 +44,9 @@ WARM_START = Gauge(
 QUEUE_WAITING = Gauge(
     "adapterd_queue_waiting",
     (
-        "With priority classes: requests this host holds read from its classes' queues that could start (due, decoded) "
-        "and have not, by class; a host with room reads the queues, so a free slot beside a count above 0 is a request it may not take."
+        "With priority classes: requests this host holds read from its classes' queues that could start (due, "
+        "decoded) and have not, by class; a host with room reads the queues, so a free slot beside a count above "
+        "0 is a request it may not take."
     ),
     ["priority_class"],
 )
@@ -65,7 +66,8 @@ GPU_MEMORY_RESERVED = Gauge(
 )
 JOB_MEMORY_PEAK = Histogram(
     "adapterd_job_memory_peak_bytes",
-    "Jobs' measured memory peak on their device (GPU allocator peak, or the child's peak RSS on a CPU host), by method.",
+    "Jobs' measured memory peak on their device (GPU allocator peak, or the child's peak "
+    "RSS on a CPU host), by method.",
     ["method"],
     buckets=tuple(2.0**power for power in range(28, 38)),  # 256 MiB to 128 GiB
 )
@@ -94,8 +96,9 @@ def rejected(reason: str) -> Counter:
 STORE_UNTRUSTED = Counter(
     "adapterd_checkpoint_store_untrusted",
     (
-        "Documents and files read from the checkpoint store that were skipped, not used (docs/guarantees.md, 'Whom to trust'), by reason: "
-        "unsigned, unknown_key, bad_signature, malformed, misplaced (signed for another request, step or kind), unsafe_name, link, too_large."
+        "Documents and files read from the checkpoint store that were skipped, not used (docs/guarantees.md, 'Whom to "
+        "trust'), by reason: unsigned, unknown_key, bad_signature, malformed, misplaced (signed for another request, "
+        "step or kind), unsafe_name, link, too_large."
     ),
     ["reason"],
 )

@@ -170,7 +170,8 @@ class Tensors:
 
     @cached_property
     def tied_head(self) -> bool:
-        """Whether the output head is the token embedding: no second tensor of the embedding's shape outside the blocks."""
+        """Whether the output head is the token embedding: no second tensor of the
+        embedding's shape outside the blocks."""
         vocab, hidden = self.embedding
         return (
             sum(1 for name, (_, shape) in self.shapes.items() if shape == (vocab, hidden) and not _LAYER.search(name))

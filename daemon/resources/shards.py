@@ -61,7 +61,8 @@ def shards(request: RequestBase) -> int:
 
 
 def resolved(request: RequestBase, shard: str) -> RequestBase:
-    """The request with `resources.shard` set to the plan's (the record's bytes are untouched: a retry is planned again)."""
+    """The request with `resources.shard` set to the plan's (the record's bytes are
+    untouched: a retry is planned again)."""
     if request.resources.shard == shard:
         return request
     return request.model_copy(update={"resources": request.resources.model_copy(update={"shard": shard})})
@@ -136,7 +137,10 @@ def _rejection(
         elif host_gpus > gpus:
             widest = _sharded(request, estimator, host_gpus)
             if widest is not None and widest.needed <= gpu_room:
-                message += f"; sharded across this host's {host_gpus} GPUs it would need {_gb(widest.needed)} a GPU: ask for gpus {host_gpus} (shard 'auto' or 'fsdp')"
+                message += (
+                    f"; sharded across this host's {host_gpus} GPUs it would need {_gb(widest.needed)} a GPU: ask for "
+                    f"gpus {host_gpus} (shard 'auto' or 'fsdp')"
+                )
     log.info(
         "job.does_not_fit",
         request_id=request.request_id,

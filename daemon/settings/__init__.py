@@ -50,15 +50,16 @@ VETTED_EVALUATION_TASKS = (
 
 class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     model_config = SettingsConfigDict(env_prefix="ADAPTERD_", extra="forbid", frozen=True)
-    # Kafka (daemon/settings/kafka.py), then Work (daemon/settings/work.py), then the endpoint (daemon/settings/endpoints.py):
-    # the mixins' fields come first, as they always have
+    # Kafka (daemon/settings/kafka.py), then Work (daemon/settings/work.py), then the endpoint
+    # (daemon/settings/endpoints.py): the mixins' fields come first, as they always have
 
     # Policy: what requests may ask of this host. A request outside it is rejected with the rule it broke.
     # The fleet's queue (daemon/settings/fleet.py; deploy/README.md): none by default.
     priority_classes: list[PriorityClass] = Field(
         default_factory=list,
         description=(
-            "The fleet's priority classes, highest first; empty: each requests partition is its own first-in-first-out queue."
+            "The fleet's priority classes, highest first; empty: each requests partition is "
+            "its own first-in-first-out queue."
         ),
     )
     default_priority_class: str | None = Field(
@@ -67,19 +68,21 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     teams: dict[str, TeamShare] = Field(
         default_factory=dict,
         description=(
-            "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not listed has "
-            "weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
+            "Each team's weight and cap of slots, and who may write as it (producer_keys) in which classes; a team not "
+            "listed has weight 1 and no cap, and once any team has producer keys, a team not listed is refused."
         ),
     )
-    # What the minimum costs: on a full fleet of young preemptible jobs, an urgent request is read at once but waits this
-    # long at most before a job is stopped for it (then the stop's checkpoint, within drain_timeout_s). 600 s made that ten
-    # minutes; 120 s still lets a job load its model and reach training, so a stop saves a checkpoint it resumes from.
+    # What the minimum costs: on a full fleet of young preemptible jobs, an urgent request is read at once but waits
+    # this long at most before a job is stopped for it (then the stop's checkpoint, within drain_timeout_s). 600 s made
+    # that ten minutes; 120 s still lets a job load its model and reach training, so a stop saves a checkpoint it
+    # resumes from.
     preempt_min_run_s: float = Field(
         120.0,
         ge=0,
         description=(
-            "A job runs at least this long before a higher class may preempt it: the longest a higher class's request waits on a "
-            "full fleet for a job to be stopped for it (it is read at once), before the stop's checkpoint (within drain_timeout_s)."
+            "A job runs at least this long before a higher class may preempt it: the longest a higher class's "
+            "request waits on a full fleet for a job to be stopped for it (it is read at once), before the stop's "
+            "checkpoint (within drain_timeout_s)."
         ),
     )
     preempt_max_count: int = Field(2, ge=0, description="A request preempted this many times is not preempted again.")
@@ -94,8 +97,9 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
         60.0,
         ge=0,
         description=(
-            "A request of several GPUs that has waited this long for enough free slots at once has the host reserved for it: "
-            "no job starts there unless it is expected to end before the reservation is due (backfill); 0: at once."
+            "A request of several GPUs that has waited this long for enough free slots at once has the "
+            "host reserved for it: no job starts there unless it is expected to end before the reservation "
+            "is due (backfill); 0: at once."
         ),
     )
 
@@ -111,7 +115,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     )
     allowed_dataset_urls: list[str] = Field(
         default_factory=list,
-        description="Glob patterns of object-storage URLs datasets may come from (s3://bucket/prefix/*); empty allows none.",
+        description="Glob patterns of object-storage URLs datasets may come from "
+        "(s3://bucket/prefix/*); empty allows none.",
     )
     allowed_local_dataset_roots: list[Path] = Field(
         default_factory=list, description="Folders datasets may be read from; empty allows none."
@@ -119,15 +124,15 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     dataset_storage_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description=(
-            "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, not "
-            "credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
+            "fsspec options per URL scheme, e.g. {s3 = {client_kwargs = {endpoint_url = ...}}}: endpoints and regions, "
+            "not credentials (those come from the environment or credential files, e.g. AWS_SHARED_CREDENTIALS_FILE)."
         ),
     )
     allowed_evaluation_tasks: list[str] = Field(
         default_factory=lambda: list(VETTED_EVALUATION_TASKS),
         description=(
-            "Glob patterns of lm-eval task names an evaluation's 'task' suite may run (each on the request's own rows); "
-            "by default tasks whose prompts and metrics run offline on given rows; empty allows none."
+            "Glob patterns of lm-eval task names an evaluation's 'task' suite may run (each on the request's own "
+            "rows); by default tasks whose prompts and metrics run offline on given rows; empty allows none."
         ),
     )
     local_model_hub_ids: dict[str, str] = Field(
@@ -179,7 +184,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     max_dataset_bytes: int = Field(
         100_000_000_000,
         ge=1,
-        description="A dataset source whose files add up to more fails before it is read (a stream is not downloaded whole).",
+        description="A dataset source whose files add up to more fails before it is read (a "
+        "stream is not downloaded whole).",
     )
     # Images of vision-language jobs, inline (checked at intake) or in a dataset (checked by the child before training).
     max_images_per_row: int = Field(
@@ -198,8 +204,9 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     mlflow_tracking_uri: str | None = Field(
         None,
         description=(
-            "The MLflow tracking server jobs with report_to 'mlflow' log to (the child's MLFLOW_TRACKING_URI); unset: such requests "
-            "are rejected. Its credentials come from the unit's environment (MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
+            "The MLflow tracking server jobs with report_to 'mlflow' log to (the child's MLFLOW_TRACKING_URI); "
+            "unset: such requests are rejected. Its credentials come from the unit's environment "
+            "(MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD)."
         ),
     )
     mlflow_experiment: str = Field(
@@ -215,15 +222,16 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     trackio_dir: Path | None = Field(
         None,
         description=(
-            "Where jobs with report_to 'trackio' log (the child's TRACKIO_DIR: a SQLite file per training.project; serve it with "
-            "`trackio show`). Only this folder: a Space, a server or a bucket on the Hub is never used. Unset: such requests are rejected."
+            "Where jobs with report_to 'trackio' log (the child's TRACKIO_DIR: a SQLite file per training.project; "
+            "serve it with `trackio show`). Only this folder: a Space, a server or a bucket on the Hub is never used. "
+            "Unset: such requests are rejected."
         ),
     )
     vllm_server_base_url: str | None = Field(
         None,
         description=(
-            "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; unset: "
-            "such requests are rejected. A request never names a server itself."
+            "The vLLM server (`trl vllm-serve`) that GRPO and RLOO requests with vllm_mode 'server' generate with; "
+            "unset: such requests are rejected. A request never names a server itself."
         ),
     )
 
@@ -231,7 +239,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     hub_endpoint: str = DEFAULT_HUB_ENDPOINT
     hub_token: SecretStr | None = Field(
         None,
-        description="Without one (nor hub_token_file, nor $HF_TOKEN), artifacts go to the local sink under work_dir/outputs.",
+        description="Without one (nor hub_token_file, nor $HF_TOKEN), artifacts go to the "
+        "local sink under work_dir/outputs.",
     )
     hub_token_file: Path | None = Field(
         None, description="A file holding the token (systemd: %d/hub-token from LoadCredential=)."
@@ -249,15 +258,17 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     @model_validator(mode="after")
     def _event_keys(self) -> Settings:
         """Every key readable now, each problem named by its setting, rather than at the first event.
-        Here rather than beside its fields (daemon/settings/endpoints.py): it reads them through secret_files, a layer beside that mixin."""
+        Here rather than beside its fields (daemon/settings/endpoints.py): it reads them through
+        secret_files, a layer beside that mixin."""
         event_signer(self)
         event_keys(self)
         return self
 
     @model_validator(mode="after")
     def _signed_store(self) -> Settings:
-        """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/store/documents.py): without the key
-        a host could neither sign what it writes there nor tell the fleet's checkpoints from anyone's."""
+        """A checkpoint store is trusted only as far as what the fleet signed in it (daemon/store/documents.py):
+        without the key a host could neither sign what it writes there nor tell the fleet's checkpoints from
+        anyone's."""
         if self.checkpoint_store is not None and self.event_signing_key_file is None:
             raise ValueError(
                 "checkpoint_store needs event_signing_key_file: the fleet's key signs each checkpoint's manifest and "
@@ -278,9 +289,10 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     @model_validator(mode="after")
     def _classes_trust(self) -> Settings:
-        """With classes every host and the CLI's places decide from the events (daemon/fleet/view.py): without a key to verify
-        them, one unsigned event steers them. Refused, not warned; a single host too (one `adapterd keys` pair is all it needs).
-        The retry key is required where the daemon starts (daemon/fleet/wiring.py): a CLI never holds it."""
+        """With classes every host and the CLI's places decide from the events (daemon/fleet/view.py): without a key to
+        verify them, one unsigned event steers them. Refused, not warned; a single host too (one `adapterd keys` pair is
+        all it needs). The retry key is required where the daemon starts (daemon/fleet/wiring.py): a CLI never holds
+        it."""
         if (
             self.priority_classes
             and self.event_signing_key_file is None
@@ -295,7 +307,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
 
     @model_validator(mode="after")
     def _teams(self) -> Settings:
-        """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each problem named by its setting."""
+        """Every team's producer keys readable and its classes known now (daemon/admission/grants.py), each
+        problem named by its setting."""
         names = [c.name for c in self.priority_classes]
         owners: dict[str, str] = {}
         for name, team in self.teams.items():
@@ -303,7 +316,8 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
                 # A key listed for two teams would speak for both: the binding would be none.
                 if owners.setdefault(key, name) != name:
                     raise ValueError(
-                        f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; give each team a key of its own"
+                        f"teams.{name}.producer_keys: key {key} is team {owners[key]}'s too; "
+                        "give each team a key of its own"
                     )
             unknown = [c for c in team.classes or () if c not in names]
             if unknown:

@@ -28,8 +28,9 @@ class EndpointSettings(BaseModel):
     logs_token: SecretStr | None = Field(
         None,
         description=(
-            "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each job's log at "
-            "/jobs/ID/log to whoever sends it (adapterd logs), and its `started` events say where; without one, it serves no log."
+            "A secret shared by the fleet's operators (16 bytes or more): with one, this host's endpoint serves each "
+            "job's log at /jobs/ID/log to whoever sends it (adapterd logs), and its `started` events say where; "
+            "without one, it serves no log."
         ),
     )
     logs_token_file: Path | None = Field(
@@ -39,17 +40,17 @@ class EndpointSettings(BaseModel):
     event_signing_key_file: Path | None = Field(
         None,
         description=(
-            "The fleet's Ed25519 private key (PEM, or its 32 raw bytes; systemd: %d/event-signing-key from LoadCredential=), "
-            "which signs every event this host publishes; `adapterd keys` makes one. Unset: its events go out unsigned, "
-            "and readers that verify ignore them."
+            "The fleet's Ed25519 private key (PEM, or its 32 raw bytes; systemd: %d/event-signing-key from "
+            "LoadCredential=), which signs every event this host publishes; `adapterd keys` makes one. Unset: its "
+            "events go out unsigned, and readers that verify ignore them."
         ),
     )
     event_verify_keys: list[str] = Field(
         default_factory=list,
         description=(
-            "Public keys (base64 of 32 bytes, as `adapterd keys` prints) whose signatures the commands that read events "
-            "trust. With any here, in event_verify_keys_file, or a signing key (its public key counts), an unsigned or "
-            "wrongly signed event is ignored and counted; with none, events are read unverified."
+            "Public keys (base64 of 32 bytes, as `adapterd keys` prints) whose signatures the commands that read "
+            "events trust. With any here, in event_verify_keys_file, or a signing key (its public key counts), an "
+            "unsigned or wrongly signed event is ignored and counted; with none, events are read unverified."
         ),
     )
     event_verify_keys_file: Path | None = Field(
@@ -59,21 +60,22 @@ class EndpointSettings(BaseModel):
     producer_key_file: Path | None = Field(
         None,
         description=(
-            "A team's Ed25519 private key (`adapterd keys --team`), with which `adapterd submit` signs each request it sends "
-            "(adapterd-producer-signature), as a fleet with bound teams requires; the daemon does not read it."
+            "A team's Ed25519 private key (`adapterd keys --team`), with which `adapterd submit` signs each request it "
+            "sends (adapterd-producer-signature), as a fleet with bound teams requires; the daemon does not read it."
         ),
     )
     advertised_address: str | None = Field(
         None,
         description=(
-            "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd logs; metrics_address when unset."
+            "host:port at which other machines reach this host's endpoint, said in `started` events for adapterd "
+            "logs; metrics_address when unset."
         ),
     )
     http_tls_certfile: Path | None = Field(
         None,
         description=(
-            "A certificate (PEM, its chain after it) for the endpoint at metrics_address: with it and http_tls_keyfile the endpoint "
-            "serves HTTPS only, and `started` events say so (endpoint_scheme)."
+            "A certificate (PEM, its chain after it) for the endpoint at metrics_address: with it and http_tls_keyfile "
+            "the endpoint serves HTTPS only, and `started` events say so (endpoint_scheme)."
         ),
     )
     http_tls_keyfile: Path | None = Field(
@@ -82,7 +84,8 @@ class EndpointSettings(BaseModel):
     http_cafile: Path | None = Field(
         None,
         description=(
-            "CA bundle that signed the fleet's endpoint certificates: with it, `adapterd logs` sends the logs token over verified TLS only."
+            "CA bundle that signed the fleet's endpoint certificates: with it, `adapterd logs` sends the "
+            "logs token over verified TLS only."
         ),
     )
 
@@ -100,8 +103,8 @@ class EndpointSettings(BaseModel):
         # Like the retry key: a short secret guarding every job's log could be guessed.
         if value is not None and len(value.get_secret_value().encode()) < MIN_LOGS_TOKEN_BYTES:
             raise ValueError(
-                f"a token of at least {MIN_LOGS_TOKEN_BYTES} bytes (this one has {len(value.get_secret_value().encode())}): "
-                "make one with `openssl rand -hex 32`"
+                f"a token of at least {MIN_LOGS_TOKEN_BYTES} bytes (this one has "
+                f"{len(value.get_secret_value().encode())}): make one with `openssl rand -hex 32`"
             )
         return value
 

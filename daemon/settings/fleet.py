@@ -40,8 +40,8 @@ class TeamShare(BaseModel):
         default_factory=list,
         max_length=64,
         description=(
-            "Ed25519 public keys (base64 of 32 bytes, or PEM) whose adapterd-producer-signature makes a request this team's; "
-            "once any team has keys, requests must be signed by a key of the team they name."
+            "Ed25519 public keys (base64 of 32 bytes, or PEM) whose adapterd-producer-signature makes a request this "
+            "team's; once any team has keys, requests must be signed by a key of the team they name."
         ),
     )
     producer_keys_file: Path | None = Field(
@@ -51,7 +51,8 @@ class TeamShare(BaseModel):
     classes: list[str] | None = Field(
         None,
         description=(
-            "The priority classes this team's requests may use; unset: every class. Enforced once any team has producer keys."
+            "The priority classes this team's requests may use; unset: every class. Enforced "
+            "once any team has producer keys."
         ),
     )
 

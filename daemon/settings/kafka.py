@@ -22,8 +22,8 @@ class KafkaSettings(BaseModel):
     claims_topic: str = Field(
         "adapterd.claims",
         description=(
-            "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least as many "
-            "partitions as the fleet has slots); the requests topics are then the classes' queues."
+            "With priority_classes: the topic a host moves each request it takes into, one job per partition (at least "
+            "as many partitions as the fleet has slots); the requests topics are then the classes' queues."
         ),
     )
     topic_partitions: int | None = Field(
@@ -31,8 +31,9 @@ class KafkaSettings(BaseModel):
         ge=1,
         le=100_000,
         description=(
-            "The partitions each topic should have: `adapterd topics` makes them (its --partitions default) and `adapterd doctor` "
-            "fails a topic with fewer. The requests, class and claims topics need at least as many as the fleet has slots; unset: not checked."
+            "The partitions each topic should have: `adapterd topics` makes them (its --partitions default) and "
+            "`adapterd doctor` fails a topic with fewer. The requests, class and claims topics need at least as many "
+            "as the fleet has slots; unset: not checked."
         ),
     )
     group_id: str = "adapterd"

@@ -41,23 +41,24 @@ class WorkSettings(BaseModel):
         ge=0,
         lt=1,
         description=(
-            "The share of each GPU's memory no job takes: not packed (max_jobs_per_gpu > 1), nor planned on (a job's memory plan: "
-            "a whole copy, sharded, or rejected; daemon/resources/shards.py)."
+            "The share of each GPU's memory no job takes: not packed (max_jobs_per_gpu > 1), nor planned on (a job's "
+            "memory plan: a whole copy, sharded, or rejected; daemon/resources/shards.py)."
         ),
     )
     gpu_memory_bytes: int | None = Field(
         None,
         ge=1,
         description=(
-            "Each GPU's memory, for packing and for each job's memory plan; unset: what nvidia-smi says (no plan without either)."
+            "Each GPU's memory, for packing and for each job's memory plan; unset: what nvidia-smi "
+            "says (no plan without either)."
         ),
     )
     # The host's speed settings (handlers/toolkit/fast.py), each off by default; a request's own field always wins.
     gradient_checkpointing_when_needed: bool = Field(
         False,
         description=(
-            "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on a whole GPU "
-            "whose memory estimate without it fits the GPU trains without it."
+            "TRL turns gradient checkpointing on for every job (about 20% slower, its help says); with this, a job on "
+            "a whole GPU whose memory estimate without it fits the GPU trains without it."
         ),
     )
     fastest_attention: bool = Field(
@@ -72,16 +73,16 @@ class WorkSettings(BaseModel):
     child_start: Literal["fork", "spawn"] = Field(
         "fork",
         description=(
-            "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack once "
-            "(every start warm, CUDA untouched in the server); 'spawn' starts a fresh interpreter per job, one ahead per "
-            "free slot (only a slot's first job after a pause starts warm)."
+            "With warm_child: 'fork' forks every one-GPU job's child from a server that imported the training stack "
+            "once (every start warm, CUDA untouched in the server); 'spawn' starts a fresh interpreter per job, one "
+            "ahead per free slot (only a slot's first job after a pause starts warm)."
         ),
     )
     child_env: list[str] = Field(
         default_factory=list,
         description=(
-            "Further variables of the daemon's environment every job's child gets, by name or by prefix ending in '*' (FOO_*), "
-            "beyond what daemon/children/environment.py passes on; anything listed reaches every job's code."
+            "Further variables of the daemon's environment every job's child gets, by name or by prefix ending in '*' "
+            "(FOO_*), beyond what daemon/children/environment.py passes on; anything listed reaches every job's code."
         ),
     )
     progress_interval_s: float = Field(
@@ -99,15 +100,17 @@ class WorkSettings(BaseModel):
     max_message_bytes: int = Field(
         1_048_576,
         ge=65_536,
-        description="The largest record the brokers take on the requests and DLQ topics (message.max.bytes, max.message.bytes); "
-        "a request is accepted only when its retry and DLQ copies fit under it (daemon/kafka/copies.py).",
+        description="The largest record the brokers take on the requests and DLQ topics "
+        "(message.max.bytes, max.message.bytes); a request is accepted only when its retry and DLQ copies "
+        "fit under it (daemon/kafka/copies.py).",
     )
     max_record_faults: int = Field(
         3,
         ge=1,
         description=(
-            "A record whose handling fails unexpectedly (outside its job: an event the broker refuses, a bug) this many "
-            "times in a row ends in failed (code internal) and goes to the DLQ, rather than being read again for ever."
+            "A record whose handling fails unexpectedly (outside its job: an event the broker refuses, a "
+            "bug) this many times in a row ends in failed (code internal) and goes to the DLQ, rather "
+            "than being read again for ever."
         ),
     )
     retry_key_file: Path | None = Field(
@@ -120,7 +123,8 @@ class WorkSettings(BaseModel):
     stall_timeout_s: float | None = Field(
         1800.0,
         gt=0,
-        description="A job silent this long while loading its model, training or evaluating is stopped (failed: stalled).",
+        description="A job silent this long while loading its model, training or "
+        "evaluating is stopped (failed: stalled).",
     )
     drain_timeout_s: float = Field(
         60.0, gt=0, description="On stop, how long running jobs get to save a checkpoint before they are killed."
@@ -129,8 +133,9 @@ class WorkSettings(BaseModel):
         14.0,
         gt=0,
         description=(
-            "A job's folder (work_dir/jobs/ID: log, checkpoints, artifact, journal) is removed once nothing in it changed for this "
-            "long; a succeeded job's checkpoints go at once. Adapters published to the local sink (work_dir/outputs) are kept."
+            "A job's folder (work_dir/jobs/ID: log, checkpoints, artifact, journal) is removed once nothing in it "
+            "changed for this long; a succeeded job's checkpoints go at once. Adapters published to the local "
+            "sink (work_dir/outputs) are kept."
         ),
     )
     job_retention_count: int = Field(
@@ -139,10 +144,11 @@ class WorkSettings(BaseModel):
     checkpoint_store: str | None = Field(
         None,
         description=(
-            "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., az://container/prefix or "
-            "a shared folder's absolute path; read and written with fsspec, dataset_storage_options and the host's own credentials; "
-            "needs event_signing_key_file, whose key signs what the fleet writes there. "
-            "Unset: checkpoints stay on this host's disk (daemon/store/checkpoints.py)."
+            "Where every checkpoint is also kept, for any host to resume from: s3://bucket/prefix, gs://..., "
+            "az://container/prefix or a shared folder's absolute path; read and written with fsspec, "
+            "dataset_storage_options and the host's own credentials; needs event_signing_key_file, whose key signs "
+            "what the fleet writes there. Unset: checkpoints stay on this host's disk "
+            "(daemon/store/checkpoints.py)."
         ),
     )
     checkpoint_store_keep: int = Field(
@@ -152,8 +158,9 @@ class WorkSettings(BaseModel):
         200 * 10**9,
         ge=1,
         description=(
-            "The most bytes one checkpoint in the store may list (all its files): a larger one is not downloaded, nor one that "
-            "would leave less than 1 GiB free on work_dir's disk. A checkpoint store needs event_signing_key_file (docs/guarantees.md)."
+            "The most bytes one checkpoint in the store may list (all its files): a larger one is not downloaded, nor "
+            "one that would leave less than 1 GiB free on work_dir's disk. A checkpoint store needs "
+            "event_signing_key_file (docs/guarantees.md)."
         ),
     )
 
@@ -165,7 +172,8 @@ class WorkSettings(BaseModel):
         scheme, _, rest = value.partition("://")
         if scheme not in CHECKPOINT_STORE_SCHEMES or not rest.strip("/"):
             raise ValueError(
-                f"expected {', '.join(s + '://bucket/prefix' for s in CHECKPOINT_STORE_SCHEMES)} or an absolute folder, got {value!r}"
+                f"expected {', '.join(s + '://bucket/prefix' for s in CHECKPOINT_STORE_SCHEMES)} or an "
+                f"absolute folder, got {value!r}"
             )
         return value.rstrip("/")
 

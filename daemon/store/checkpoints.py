@@ -215,7 +215,8 @@ class CheckpointStore:
         )
 
     def mark_succeeded(self, request_id: str, event: dict[str, Any]) -> None:
-        """The request's `succeeded` event, signed, for any host it is delivered to again (a duplicate is answered with it)."""
+        """The request's `succeeded` event, signed, for any host it is delivered to again (a
+        duplicate is answered with it)."""
         try:
             self.fs.makedirs(self.path(request_id), exist_ok=True)  # a shared folder needs it; object stores ignore it
             self.fs.pipe_file(

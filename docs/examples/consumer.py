@@ -76,7 +76,8 @@ async def consume(
             except UnverifiedEvent as exc:
                 ignored += 1  # not the fleet's: never acted on
                 print(
-                    f"ignored an event without the fleet's signature ({exc.reason}) at {record.partition}@{record.offset}",
+                    f"ignored an event without the fleet's signature ({exc.reason}) at "
+                    f"{record.partition}@{record.offset}",
                     flush=True,
                 )
                 await consumer.commit()

@@ -70,7 +70,8 @@ def main() -> int:
     reporter.restart_clock()
     rank = f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}, " if is_torchrun_worker() else ""
     print(
-        f"adapterd child {os.getpid()}: {rank}job {job['spec']}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}",
+        f"adapterd child {os.getpid()}: {rank}job {job['spec']}, "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}",
         flush=True,
     )
     # What the job got of the daemon's environment (daemon/children/environment.py): names, never values.

@@ -94,7 +94,8 @@ def render_module(contract: dict[str, Any]) -> str:
         "",
         "from schemas.trl_block import TRLBlock",
         "",
-        f"GENERATED_FROM = {json.dumps({b: s['package'] + ' ' + s['version'] for b, s in contract.items()}, sort_keys=True)}",
+        "GENERATED_FROM = "
+        f"{json.dumps({b: s['package'] + ' ' + s['version'] for b, s in contract.items()}, sort_keys=True)}",
     ]
     for block in BLOCK_SOURCES:
         if block not in contract:
@@ -104,7 +105,8 @@ def render_module(contract: dict[str, Any]) -> str:
             "",
             "",
             f"class {class_name(block)}(TRLBlock):",
-            f'    """`{section["source"]}` fields a request may set in `{block}` ({section["package"]} {section["version"]})."""',
+            f'    """`{section["source"]}` fields a request may set in `{block}` '
+            f'({section["package"]} {section["version"]})."""',
             "",
             f"    block: ClassVar[str] = {block!r}",
         ]
@@ -133,7 +135,8 @@ def _table(block: str, fields: dict[str, Any]) -> list[str]:
         refused = refusal(block, name)
         kind = f"**refused** ({refused.message(name).split(': ', 1)[1]})" if refused else _cell(spec["help"])
         rows.append(
-            f"| `{name}` | {_cell(field_type(block, name, spec))} | `{_cell(DEFAULTS.get(block, {}).get(name, spec['default']))}` | {kind} |"
+            f"| `{name}` | {_cell(field_type(block, name, spec))} | "
+            f"`{_cell(DEFAULTS.get(block, {}).get(name, spec['default']))}` | {kind} |"
         )
     return rows
 
@@ -156,7 +159,8 @@ def render_doc(contract: dict[str, Any], head: str | None = None) -> str:
     titles = {
         "training": "every method's `training` block",
         "peft": "`peft` (LoRA; `null` for a full fine-tune)",
-        "model": "`model`: loading options (besides `id`, `revision`, `dtype`, `trust_remote_code`, `quantization`, `chat_template`)",
+        "model": "`model`: loading options (besides `id`, `revision`, `dtype`, `trust_remote_code`, "
+        "`quantization`, `chat_template`)",
     }
     for block in BLOCK_SOURCES:
         if block not in contract:

@@ -31,7 +31,8 @@ def markdown_table() -> str:
             else "no"
         )
         lines.append(
-            f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | {vision} | {example} | {fields} |"
+            f"| `{name}` | `{method.trainer}` | `{method.config}` | {status} | {method.columns} | "
+            f"{vision} | {example} | {fields} |"
         )
     return "\n".join(lines) + "\n"
 

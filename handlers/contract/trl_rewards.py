@@ -44,7 +44,8 @@ def reward_drift(module: Any) -> list[str]:
     """What differs between `module`'s reward functions and TRL_REWARDS, one line each."""
     functions = trl_functions(module)
     found = [
-        f"trl.rewards.{name}: a reward TRL ships that a request cannot name: add it to TRL_REWARDS in schemas/rewards.py"
+        f"trl.rewards.{name}: a reward TRL ships that a request cannot name: add it to "
+        "TRL_REWARDS in schemas/rewards.py"
         for name in sorted(set(functions) - set(TRL_REWARDS))
     ]
     found += [

@@ -84,12 +84,14 @@ def drift(report: dict[str, Any]) -> list[str]:
         said = f"trl{row['range']}" if row["range"] != "any" else "every trl release"
         if row["supported"] and not row["present"]:
             problems.append(
-                f"method {method}: the table runs it on {said}, and trl {trl} lacks {row['trainer']} or {row['config']}: "
-                f"TRL removed it by {trl}; end the row's range (trl_below) at the first release without it"
+                f"method {method}: the table runs it on {said}, and trl {trl} lacks "
+                f"{row['trainer']} or {row['config']}: TRL removed it by {trl}; end the row's range "
+                "(trl_below) at the first release without it"
             )
         elif not row["supported"] and row["present"]:
             problems.append(
-                f"method {method}: the table runs it on {said} only, and trl {trl} has {row['trainer']}: widen the row's range"
+                f"method {method}: the table runs it on {said} only, and trl {trl} has "
+                f"{row['trainer']}: widen the row's range"
             )
     return problems
 
@@ -113,7 +115,8 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         before = old["methods"].get(name, {}).get("present")
         if before is not None and before != row["present"]:
             lines.append(
-                f"method {name}: trl {new['trl']} {'has' if row['present'] else 'lacks'} {row['trainer']} (trl {old['trl']} {'had' if before else 'lacked'} it)"
+                f"method {name}: trl {new['trl']} {'has' if row['present'] else 'lacks'} {row['trainer']} (trl "
+                f"{old['trl']} {'had' if before else 'lacked'} it)"
             )
     return lines
 

@@ -24,7 +24,8 @@ def train(request: KTORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
     reference = load_reference(request, job, base)
-    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's processes where resources.shard asks.
+    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's
+    # processes where resources.shard asks.
     model = load_causal_lm(base.path, request.model, distributed=distributed_config(request))
     trainer = KTOTrainer(
         model=model,

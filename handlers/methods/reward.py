@@ -22,7 +22,8 @@ def train(request: RewardRequest, job: JobSpec, reporter: StatusReporter) -> Tra
     config = trl_config(RewardConfig, request, job, "reward")
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
-    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's processes where resources.shard asks.
+    # Before the trainer: the LoRA patterns are matched on its modules. Sharded across the job's
+    # processes where resources.shard asks.
     model = load_sequence_classifier(base.path, request.model, base.tokenizer, distributed_config(request))
     trainer = RewardTrainer(
         model=model,

@@ -62,7 +62,8 @@ def check_template_render(template: str, *, max_bytes: int, max_s: float) -> Non
         raise JobFailed(
             "config_invalid",
             "preflight",
-            f"model.chat_template: rendering a three-message conversation needs more than {max_bytes:,} bytes of memory",
+            "model.chat_template: rendering a three-message conversation needs more "
+            f"than {max_bytes:,} bytes of memory",
         )
 
 

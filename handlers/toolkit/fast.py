@@ -67,7 +67,8 @@ def training_arguments(job: JobSpec, requested: dict[str, Any], fields: set[str]
     arguments) leaves it unset; `fields`: the config class's field names."""
     host, arguments = job.fast, {}
     if host.gradient_checkpointing is not None and not set(CHECKPOINTING_FIELDS) & set(requested):
-        # By its current name where the config has it: TRL's default is set on the old alias, which the new name overrides.
+        # By its current name where the config has it: TRL's default is set on the old
+        # alias, which the new name overrides.
         name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
         arguments[name] = host.gradient_checkpointing
         applied("gradient_checkpointing", host.gradient_checkpointing)

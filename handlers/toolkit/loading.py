@@ -85,7 +85,8 @@ def check_hardware(spec: ModelSpec) -> None:
         raise JobFailed(
             "cuda_required",
             "preflight",
-            f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host has none; use quantization 'none'",
+            f"model.quantization: {spec.quantization} (QLoRA) needs a CUDA GPU and this host "
+            "has none; use quantization 'none'",
         )
 
 
@@ -113,7 +114,8 @@ def model_kwargs(spec: ModelSpec) -> dict[str, Any]:
 def load_causal_lm(
     path: str, spec: ModelSpec, field: str = "model", distributed: DistributedConfig | None = None
 ) -> PreTrainedModel:
-    """`distributed`: how the model is sharded across the job's processes as it loads (handlers/toolkit/distributed/fsdp.py)."""
+    """`distributed`: how the model is sharded across the job's processes as it loads
+    (handlers/toolkit/distributed/fsdp.py)."""
     sharded = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
@@ -237,7 +239,8 @@ def load_dataset_sources(
         raise JobFailed(
             "dataset_too_large",
             "load_dataset",
-            f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} (max_dataset_rows); set dataset.max_samples",
+            f"dataset: {len(train)} training rows; this host allows at most {job.max_dataset_rows} "
+            "(max_dataset_rows); set dataset.max_samples",
         )
     return train, evaluation, sources
 

@@ -99,7 +99,8 @@ class StatusReporter:
         StatusReporter.active = self
         # Set on SIGTERM while training: the trainer saves a checkpoint at its next step and stops.
         self.stop_requested = False
-        # The model the request's evaluation is measuring (handlers/toolkit/evaluation/__init__.py), for its progress reports.
+        # The model the request's evaluation is measuring (handlers/toolkit/evaluation/__init__.py), for its progress
+        # reports.
         self.evaluating: Literal["adapter", "base", "current"] | None = None
         self._lock = threading.Lock()  # the pulse thread writes too
         self._pulse: threading.Thread | None = None

@@ -168,7 +168,8 @@ def policy_lora(spec: LoraSpec | None, base: Base, model: PreTrainedModel) -> Lo
 
 @dataclass(frozen=True)
 class Reference:
-    model: PreTrainedModel  # a frozen model beside the policy: the reference it is compared with, or the teacher it learns from
+    # a frozen model beside the policy: the reference it is compared with, or the teacher it learns from
+    model: PreTrainedModel
     revision: str | None  # the Hub commit it resolved to; None for a local folder
 
 
@@ -211,7 +212,8 @@ def train_and_save(
 ) -> TrainResult:
     """Stages `train`, `save` and `evaluate`: train from the last checkpoint of an earlier attempt
     (step 0 when there is none), write the artifact, measure it as the request's evaluation asks
-    (handlers/toolkit/evaluation/__init__.py; after the save, so the artifact is the trained model untouched), and report."""
+    (handlers/toolkit/evaluation/__init__.py; after the save, so the artifact is the trained model untouched), and
+    report."""
     reporter.enter("train")
     checkpoint = last_checkpoint(job)
     if is_sharded(

@@ -86,7 +86,8 @@ def _hub(
             raise JobFailed(
                 "dataset_unavailable",
                 "load_dataset",
-                f"{field}.id: {source.id} also names a local path in the job's folder; a Hub id is read from the Hub only",
+                f"{field}.id: {source.id} also names a local path in the job's folder; a "
+                "Hub id is read from the Hub only",
             )
     info = HfApi().dataset_info(source.id, revision=source.revision, files_metadata=True)
     if not streaming:
@@ -181,6 +182,7 @@ def _builder(source: SourceSpec, files: list[SourceFile], field: str) -> str:
         raise JobFailed(
             "dataset_invalid",
             "load_dataset",
-            f"{field}.format: cannot tell the format from the file names; set format (json, jsonl, parquet, csv, arrow)",
+            f"{field}.format: cannot tell the format from the file names; set format "
+            "(json, jsonl, parquet, csv, arrow)",
         )
     return kinds.pop()  # type: ignore[return-value]

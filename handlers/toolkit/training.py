@@ -131,7 +131,8 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
     else:
         if request.output.push == "merged" and isinstance(trained, PeftModel):
             trained = trained.merge_and_unload()
-        # A sharded model's full weights are gathered from every rank's shard as it saves: each rank takes part, rank 0 writes.
+        # A sharded model's full weights are gathered from every rank's shard as it saves: each
+        # rank takes part, rank 0 writes.
         trained.save_pretrained(artifact, is_main_process=main)
     if not main:
         return

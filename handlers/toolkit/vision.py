@@ -126,7 +126,8 @@ def _read_location(location: str, job: JobSpec, roots: list[Path]) -> bytes:
             location
         ):
             raise ValueError(
-                f"{location} is not allowed on this host (allowed_dataset_urls); an image URL is read only where a dataset may be"
+                f"{location} is not allowed on this host (allowed_dataset_urls); an image URL is "
+                "read only where a dataset may be"
             )
         opened = fsspec.open(location, "rb", **job.storage_options.get(protocol, {}))
     else:

@@ -128,7 +128,8 @@ def test_the_median_step_time_leaves_the_first_step_out(tmp_path: Path, monkeypa
     )
     metrics = final_metrics(trainer, {"train_runtime": 34.0})
     assert metrics["median_step_s"] == 0.75  # of 1.0, 0.5, 2.0, 0.5
-    # What the one process held of the model (handlers/toolkit/distributed/fsdp.py): all of it, 6 weights and 3 biases in float32.
+    # What the one process held of the model (handlers/toolkit/distributed/fsdp.py): all of it, 6
+    # weights and 3 biases in float32.
     assert (metrics["rank0_param_count"], metrics["rank0_param_bytes"], metrics["rank0_trainable_param_count"]) == (
         9.0,
         36.0,
@@ -305,7 +306,7 @@ from tests.helpers import run_handler, sft_request
 from testbed.data import CHAT_ROWS
 result, _ = run_handler(sft_request("local-only", dataset={"rows": CHAT_ROWS}, model={"id": sys.argv[1]}, training={"max_steps": 2}), Path(sys.argv[2]))
 print(type(result).__name__)
-"""
+"""  # noqa: E501 (a script's text, run as written)
 
 
 @pytest.mark.slow
@@ -364,7 +365,8 @@ def test_a_job_whose_model_and_data_are_local_makes_no_hub_call(tiny_model_dir: 
 
 def test_the_eta_runs_at_the_pace_of_the_steps_after_the_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first step carries the run's set-up: an ETA paced by it would be several times too long (a resumed job
-    with 25 steps left said 40 s for 15). None until a second step has ended; then the later steps' pace; 0 at the end."""
+    with 25 steps left said 40 s for 15). None until a second step has ended; then the
+    later steps' pace; 0 at the end."""
     from handlers.toolkit import reporting
 
     now = [1000.0]

@@ -59,7 +59,7 @@ os.close(write)
 child = json.loads(os.read(read, 65536))
 os.waitpid(pid, 0)
 print(json.dumps({"server": server, "child": child}))
-"""
+"""  # noqa: E501 (a script's text, run as written)
 
 
 @pytest.mark.slow
@@ -154,7 +154,8 @@ def test_importing_the_methods_defers_only_while_it_runs() -> None:
             sys.executable,
             "-c",
             "import sys\nfrom handlers.toolkit import deferred\nfrom handlers.methods import HANDLERS\n"
-            "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, 'bitsandbytes.nn' in sys.modules)",
+            "print(deferred.pending(), deferred._finder is None, 'mlflow.tracking' in sys.modules, "
+            "'bitsandbytes.nn' in sys.modules)",
         ],
         capture_output=True,
         text=True,

@@ -47,11 +47,12 @@ def test_the_tiny_models_sharded_figure_is_what_each_of_two_ranks_holds(tiny_mod
     )  # test_sharding: rank<r>_param_bytes == TINY_PARAMS / 2 * 4
     assert full.parts["trainable"] == TINY_PARAMS * 4 * 4 // 2
     assert tensors.tied_head and not LLAMA_8B.tied_head  # the tiny model's head is its embedding; Llama's is its own
-    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in tests/handlers/test_sharded_memory.py).
+    # The tied embedding gathered twice (the embedding's unit's copy and the root's, measured in
+    # tests/handlers/test_sharded_memory.py).
     assert full.parts["gathered"] == (2 * 9_344 + 10_272 + 320 * 32) * 4
     assert full.parts["unsharded_gradients"] == (9_344 + 10_272) * 4
-    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count TINY_PARAMS / 2
-    # and rank<r>_ref_param_count TINY_PARAMS, float32).
+    # A full DPO: each rank's shard of the policy and TRL's reference whole (test_sharding: rank<r>_param_count
+    # TINY_PARAMS / 2 and rank<r>_ref_param_count TINY_PARAMS, float32).
     dpo = request(
         method="dpo",
         model={"id": str(tiny_model_dir), "dtype": "float32"},

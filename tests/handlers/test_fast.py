@@ -108,8 +108,8 @@ def test_liger_not_installed_is_left_off_and_said(
     assert "use_liger_kernel" not in reporter.fast
     said = capsys.readouterr().out
     assert (
-        "job.fast_setting_unavailable setting=use_liger_kernel wanted=True using=False reason=liger_kernel is not installed"
-        in said
+        "job.fast_setting_unavailable setting=use_liger_kernel wanted=True using=False "
+        "reason=liger_kernel is not installed" in said
     )
     assert sft_config(tmp_path, use_liger_kernel=False).use_liger_kernel is False  # off needs nothing installed
     assert reporter.fast == {"use_liger_kernel": False}

@@ -101,7 +101,8 @@ def test_use_vllm_fails_in_preflight_before_the_dataset_or_a_model_loads(
 def test_server_mode_without_the_operators_server_fails_in_preflight(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Intake refuses it (daemon.admission.policy); a job spec that reaches a child without the server fails all the same."""
+    """Intake refuses it (daemon.admission.policy); a job spec that reaches a child without
+    the server fails all the same."""
     import torch
 
     from handlers.toolkit import vllm_support

@@ -42,9 +42,10 @@ def test_a_cpu_job_reports_the_peak_resident_set_of_its_process(tiny_model_dir: 
     memory = result.memory
     assert memory is not None and memory.device == "cpu"
     assert memory.peak_allocated_bytes is None and memory.peak_reserved_bytes is None
-    # This process's peak, in bytes (ru_maxrss is KiB on Linux: a figure left in KiB would be a thousandth of the peak before).
-    # Not compared with the resident set read from /proc/self/statm: the kernel keeps that count apart from its peak and
-    # may sync them late, so the resident set now can read a few pages above the recorded peak (CI saw 112 KiB).
+    # This process's peak, in bytes (ru_maxrss is KiB on Linux: a figure left in KiB would be a thousandth of the peak
+    # before). Not compared with the resident set read from /proc/self/statm: the kernel keeps that count apart from its
+    # peak and may sync them late, so the resident set now can read a few pages above the recorded peak (CI saw
+    # 112 KiB).
     assert peak_before <= memory.device_peak_bytes <= peak_after
     assert (
         TrainResult.model_validate_json(result.model_dump_json()).memory == memory

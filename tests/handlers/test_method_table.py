@@ -37,8 +37,9 @@ def test_a_trainer_the_table_names_that_this_trl_lacks_fails_naming_the_releases
     ppo = {**installed["methods"]["ppo"], "range": "any", "supported": True}  # type: ignore[index]
     problems = drift({**installed, "methods": {"gone": gone, "ppo": ppo}})
     assert problems[0] == (
-        f"method gone: the table runs it on trl>=1.10,<2, and trl {trl} lacks trl.experimental.gone.GoneTrainer or "
-        f"trl.experimental.gone.GoneConfig: TRL removed it by {trl}; end the row's range (trl_below) at the first release without it"
+        f"method gone: the table runs it on trl>=1.10,<2, and trl {trl} lacks "
+        f"trl.experimental.gone.GoneTrainer or trl.experimental.gone.GoneConfig: TRL removed it by {trl}; end "
+        "the row's range (trl_below) at the first release without it"
     )
     if ppo["present"]:  # the trl 1.12 lane: PPO is here, and the table's range says so
         assert problems[1:] == [] and unsupported_reason("ppo", str(trl)) is None

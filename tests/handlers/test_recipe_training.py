@@ -24,7 +24,8 @@ from tests.helpers import run_handler
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 runner = CliRunner()
 
-CONVERSATIONAL_PREFERENCES = [  # ultrafeedback_binarized's and capybara-dpo's columns: chosen and rejected conversations
+# ultrafeedback_binarized's and capybara-dpo's columns: chosen and rejected conversations
+CONVERSATIONAL_PREFERENCES = [
     {
         "prompt": [{"role": "user", "content": row["prompt"]}],
         "chosen": [{"role": "assistant", "content": row["chosen"]}],

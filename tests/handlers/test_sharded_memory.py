@@ -1,5 +1,5 @@
-"""The sharded memory estimate (daemon/resources/memory.py `estimate(shards=N)`) against what two CPU ranks' allocator held
-at its peak (testbed/allocator_peak.py, torch's profiler), within the tolerance the one-process estimate meets, and
+"""The sharded memory estimate (daemon/resources/memory.py `estimate(shards=N)`) against what two CPU ranks' allocator
+held at its peak (testbed/allocator_peak.py, torch's profiler), within the tolerance the one-process estimate meets, and
 the testbed's count of gloo's own collective buffers that a GPU (NCCL) would not hold."""
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def test_the_collectives_own_bytes_at_the_peak_are_what_a_c10d_or_gloo_operation
 def test_the_sharded_estimate_meets_the_one_process_tolerance_against_each_ranks_measured_allocator_peak(
     tmp_path: Path,
 ) -> None:
-    """The per-GPU estimate of a sharded plan (daemon/resources/memory.py `estimate(shards=2)`) against the most each of two
-    CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
+    """The per-GPU estimate of a sharded plan (daemon/resources/memory.py `estimate(shards=2)`) against the most each of
+    two CPU ranks' allocator held (testbed/allocator_peak.py), within the tolerance the one-process estimate of the same
     job meets against its own. A model whose embedding and logits dominate (the tiny model's figures are TRL's
     chunked-loss buffer, a fixed 64 KiB a token), rows of one length so that every rank's batches are alike.
 

@@ -97,7 +97,8 @@ def two_gpu_sft(request_id: str, model: Path, shard: str, **overrides: Any) -> d
 
 
 def assert_rank_figures(result: dict[str, Any], messages: list[dict[str, Any]], log: str) -> None:
-    """Each rank's figures (handlers/toolkit/distributed/ranks.py) in a two-rank job's progress and result, and its lines in the log."""
+    """Each rank's figures (handlers/toolkit/distributed/ranks.py) in a two-rank job's progress and
+    result, and its lines in the log."""
     progress = [m for m in messages if m["kind"] == "progress"]
     for report in progress:
         assert [rank["rank"] for rank in report["ranks"]] == [0, 1]
@@ -154,7 +155,8 @@ def test_a_sharded_full_fine_tune_holds_half_per_rank_and_trains_as_data_paralle
     )
     assert_checkpointed(sharded, whole)
     for rank in (0, 1):
-        # Each rank holds half of every parameter (FSDP2 shards each on its first dimension); data-parallel, all of them.
+        # Each rank holds half of every parameter (FSDP2 shards each on its first
+        # dimension); data-parallel, all of them.
         assert sharded["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS / 2
         assert sharded["metrics"][f"rank{rank}_param_bytes"] == TINY_PARAMS / 2 * 4  # float32
         assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == TINY_PARAMS / 2
@@ -229,8 +231,8 @@ def test_a_sharded_lora_sft_holds_half_the_base_per_rank_and_trains_as_data_para
         assert sharded["metrics"][f"rank{rank}_trainable_param_count"] == adapter
         assert whole["metrics"][f"rank{rank}_param_count"] == TINY_PARAMS + adapter
     assert_same_losses(step_losses(sharded_messages), step_losses(whole_messages))
-    # output.push merged: the adapter merged into the base on the host (handlers/toolkit/distributed/fsdp.py `save_merged`) is the
-    # data-parallel job's merge, weight for weight, with nothing of the adapter left beside it.
+    # output.push merged: the adapter merged into the base on the host (handlers/toolkit/distributed/fsdp.py
+    # `save_merged`) is the data-parallel job's merge, weight for weight, with nothing of the adapter left beside it.
     import torch
     from safetensors.torch import load_file
 
@@ -275,7 +277,7 @@ def losses_by_step(messages: list[dict[str, Any]]) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(
+def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_step_after_with_the_losses_of_a_run_never_stopped(  # noqa: E501 (the test's name says what it checks)
     tiny_model_dir: Path,
     tmp_path: Path,
 ) -> None:
@@ -325,8 +327,8 @@ def test_a_sharded_job_stopped_at_a_checkpoint_resumes_on_another_host_at_the_st
     assert min(resumed) == step + 1 and max(resumed) == 20  # from the step after the checkpoint, not from step 0
     assert done["metrics"]["rank0_param_count"] == TINY_PARAMS / 2  # still sharded
     assert (
-        f"sharded: resumed the optimizer and scheduler of {tmp_path / 'host-b'}/checkpoints/checkpoint-{step} at step {step}"
-        in (tmp_path / "host-b" / "child.log").read_text()
+        f"sharded: resumed the optimizer and scheduler of {tmp_path / 'host-b'}/checkpoints/checkpoint-{step} "
+        f"at step {step}" in (tmp_path / "host-b" / "child.log").read_text()
     )
     _, whole = run_two_ranks(request, tmp_path / "whole")
     never_stopped = losses_by_step(whole)

@@ -25,8 +25,8 @@ from tests.helpers import SMALL_LORA, example_request
 def two_gpu(
     method: str, request_id: str, model: Path, shard: str, rows: list[dict[str, Any]], **overrides: Any
 ) -> dict[str, Any]:
-    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4, 4 steps;
-    with an `evaluation`, the rows are its eval set too."""
+    """The README's example of `method` on the tiny model as a job of two GPUs: per-device batch 2, a global batch of 4,
+    4 steps; with an `evaluation`, the rows are its eval set too."""
     dataset = {"rows": rows, **({"eval": {"rows": rows}} if "evaluation" in overrides else {})}
     return example_request(
         method,
@@ -150,9 +150,10 @@ def test_a_sharded_lora_kto_holds_half_the_base_per_rank_and_trains_as_data_para
 def test_a_sharded_lora_grpo_generates_from_the_sharded_policy_and_trains_as_data_parallel(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """GRPO's completions come from the sharded policy's `generate` (transformers keeps the ranks in step, `synced_gpus`,
-    for a model FSDP manages: a rank whose completions end early runs forward passes until every rank's have). Sampling
-    draws the same numbers on each rank either way, so the completions, rewards and losses are the data-parallel job's."""
+    """GRPO's completions come from the sharded policy's `generate` (transformers keeps the ranks in step,
+    `synced_gpus`, for a model FSDP manages: a rank whose completions end early runs forward passes until every rank's
+    have). Sampling draws the same numbers on each rank either way, so the completions, rewards and losses are the
+    data-parallel job's."""
     from daemon.cli.demo.requests import PROMPT_ROWS
 
     grpo = {"num_generations": 2, "max_completion_length": 8, "beta": 0.0}

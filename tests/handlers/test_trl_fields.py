@@ -18,7 +18,10 @@ from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
 from tests.helpers import download, sft_request
 
-TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # Twenty-one fields that schema version 1 refused as unknown until its blocks were generated.
@@ -122,7 +125,8 @@ def test_the_generated_fields_reach_trls_config(tiny_model_dir: Path, tmp_path: 
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     lora = lora_config(SFTRequest.model_validate(raw).peft, "CAUSAL_LM", model)
-    # rank_pattern's key is matched by adapterd (handlers/toolkit/lora_patterns.py): PEFT gets each module it names, escaped.
+    # rank_pattern's key is matched by adapterd (handlers/toolkit/lora_patterns.py): PEFT gets
+    # each module it names, escaped.
     q_projs = {re.escape(name): 8 for name, _ in model.named_modules() if name.endswith(".q_proj")}
     assert len(q_projs) == 2
     assert (lora.bias, lora.init_lora_weights, lora.rank_pattern, lora.layers_to_transform) == (
@@ -169,7 +173,8 @@ async def test_a_job_setting_twenty_formerly_refused_fields_trains_end_to_end(
     assert isinstance(done, Succeeded), done
     pushed = download(published.endpoint, "results/sft-wide", done.commit_sha, tmp_path / "pushed")
     adapter = json.loads((pushed / "adapter_config.json").read_text())
-    # The patterns' keys reach PEFT as the modules adapterd matched them to (handlers/toolkit/lora_patterns.py), escaped.
+    # The patterns' keys reach PEFT as the modules adapterd matched them to
+    # (handlers/toolkit/lora_patterns.py), escaped.
     patterns = {"rank_pattern", "alpha_pattern"}
     assert {key: adapter[key] for key in FORMERLY_REFUSED["peft"] if key not in patterns} == {
         key: WIDE["peft"][key] for key in FORMERLY_REFUSED["peft"] if key not in patterns

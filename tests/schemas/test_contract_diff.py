@@ -74,7 +74,8 @@ def test_a_block_kept_from_an_older_release_is_named_not_counted() -> None:
     new = copy.deepcopy(CONTRACT)
     lines, counts = diff(CONTRACT, new)
     assert lines == [
-        "ppo (trl.experimental.ppo.PPOConfig): no changes; kept as read from trl 1.12.0 (the other trl blocks are from 1.16.0)"
+        "ppo (trl.experimental.ppo.PPOConfig): no changes; kept as read from trl 1.12.0 (the "
+        "other trl blocks are from 1.16.0)"
     ]
     assert sum(counts.values()) == 0
 

@@ -133,7 +133,9 @@ def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() ->
         return {error.path: error.message for error in rejection(document).errors}
 
     assert refused({**valid(), "resources": {"gpus": 1, "shard": "fsdp"}}) == {
-        "resources.shard": "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
+        "resources.shard": (
+            "'fsdp' shards the model across the job's GPUs, and resources.gpus is 1: set gpus to 2 or more"
+        )
     }
     assert (
         "not for method orpo"

@@ -47,7 +47,8 @@ def test_a_reward_trl_adds_fails_the_drift_test() -> None:
 def test_a_reward_trl_removes_fails_the_drift_test() -> None:
     found = reward_drift(_trl_like(get_soft_overlong_punishment=None))
     assert found == [
-        "trl.rewards.get_soft_overlong_punishment: gone from TRL: remove SoftOverlongPunishmentReward from schemas/rewards.py"
+        "trl.rewards.get_soft_overlong_punishment: gone from TRL: remove "
+        "SoftOverlongPunishmentReward from schemas/rewards.py"
     ]
 
 
@@ -59,7 +60,8 @@ def test_a_reward_trl_removes_fails_the_drift_test() -> None:
             "RepetitionPenaltyReward.ngram_size: default 3, TRL's 4",
         ),
         (
-            "def get_repetition_penalty_reward(ngram_size: int = 3, max_penalty: float = -1.0, unit: str = 'token'): ...",
+            "def get_repetition_penalty_reward(ngram_size: int = 3, max_penalty: float = "
+            "-1.0, unit: str = 'token'): ...",
             "trl.rewards.get_repetition_penalty_reward(unit): a parameter RepetitionPenaltyReward lacks",
         ),
         (

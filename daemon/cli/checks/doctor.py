@@ -188,7 +188,8 @@ def _events(settings: Settings) -> Check:
         return Check(
             "events",
             None,
-            f"no event_signing_key_file: this host's events go out unsigned, which readers holding keys ignore{trusted}",
+            "no event_signing_key_file: this host's events go out unsigned, which "
+            f"readers holding keys ignore{trusted}",
             warn=True,
         )
     return Check("events", True, f"signs its events with key {signer.key_id}{trusted}")

@@ -16,7 +16,8 @@ from daemon.store.checkpoints import StoreError
 from daemon.store.download import download
 from daemon.store.opening import store_of, store_signing
 
-# What the probe's line says: ok (True, False, or None for nothing to check), what it found, and whether it is a warning.
+# What the probe's line says: ok (True, False, or None for nothing to check), what it
+# found, and whether it is a warning.
 Found = tuple[bool | None, str, bool]
 
 
@@ -29,7 +30,8 @@ def store_check(settings: Settings) -> Found:
     if signing is None or store is None:
         return (
             False,
-            f"{settings.checkpoint_store} cannot be used: no event_signing_key_file, or fsspec cannot open it (the log says which)",
+            f"{settings.checkpoint_store} cannot be used: no event_signing_key_file, or fsspec "
+            "cannot open it (the log says which)",
             False,
         )
     probe = f"adapterd-doctor-{uuid.uuid4().hex[:12]}"

@@ -15,7 +15,8 @@ from daemon.settings import Settings
 
 
 def report(made: TopicsMade) -> tuple[list[str], bool]:
-    """The lines to print and whether the command failed: a topic refused, or one with fewer partitions than asked and not grown."""
+    """The lines to print and whether the command failed: a topic refused, or one with fewer
+    partitions than asked and not grown."""
     lines = [f"adapterd: topic {name} was not created: {reason}" for name, reason in made.refused.items()]
     lines += [
         f"adapterd: topic {name} has {have} partition(s), fewer than the {want} asked; not changed"

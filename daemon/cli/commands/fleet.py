@@ -49,16 +49,17 @@ def jobs(
         typer.Option(
             min=1,
             help=(
-                "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts that started a job in the "
-                "last 24 hours, each counted with the slots its latest `accepted` event said (one where it said none). Without classes "
-                "each partition is its own queue, and its ETAs follow its running job."
+                "The fleet's slots, for the ETAs of --state queued with priority classes; default: the hosts "
+                "that started a job in the last 24 hours, each counted with the slots its latest `accepted` "
+                "event said (one where it said none). Without classes each partition is its own queue, and "
+                "its ETAs follow its running job."
             ),
         ),
     ] = None,
 ) -> None:
     """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
-    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it waits;
-    those with a cancel pending are left out, counted in no one's place, and named on stderr."""
+    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it
+    waits; those with a cancel pending are left out, counted in no one's place, and named on stderr."""
     from datetime import UTC, datetime
 
     from daemon.cli.jobs import HEADER, STATES, age, fold, history
@@ -139,7 +140,8 @@ def get(
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
     if events:
         job = fold(events)[request_id]
-        # A `queued` event's place and ETA were its host's when it published it: with the fresh ones below, they are left out.
+        # A `queued` event's place and ETA were its host's when it published it: with the fresh
+        # ones below, they are left out.
         detail = "" if waits is not None and job.latest == "queued" else job.detail
         typer.echo(
             f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}"
@@ -156,7 +158,8 @@ def logs(
         bool, typer.Option("--follow", "-f", help="Keep printing the log as it grows, until the request ends.")
     ] = False,
 ) -> None:
-    """The trainer's log of a request, from whichever host runs or ran it (its endpoint, with the fleet's logs_token)."""
+    """The trainer's log of a request, from whichever host runs or ran it (its endpoint,
+    with the fleet's logs_token)."""
     from daemon.cli.logs import LogsError, show_log
 
     settings = read_settings(config)

@@ -81,7 +81,8 @@ def status(
 
 
 def doctor(config: ConfigOption = None) -> None:
-    """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs, disk, a running daemon; exit 1 on a failure."""
+    """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs,
+    disk, a running daemon; exit 1 on a failure."""
     from daemon.cli.checks.doctor import examine
 
     settings = read_settings(config)
@@ -101,8 +102,9 @@ def keys(
         typer.Option("--team", help="Make TEAM's producer key pair instead: TEAM-producer-key.pem and .pub."),
     ] = None,
 ) -> None:
-    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for readers'
-    event_verify_keys; with --team, a team's: the private key for its producers' producer_key_file, the public key for teams.TEAM.producer_keys."""
+    """Make a key pair for signed events: the private key for each host's event_signing_key_file, the public key for
+    readers' event_verify_keys; with --team, a team's: the private key for its producers' producer_key_file, the public
+    key for teams.TEAM.producer_keys."""
     from daemon.cli.keys import PRIVATE_NAME, PUBLIC_NAME, make_key_pair, team_names
     from daemon.errors import UsageError
     from schemas.request_base import QUEUE_NAME_PATTERN
@@ -118,7 +120,8 @@ def keys(
     if team is not None:
         private_name, public_name = team_names(team)
         typer.echo(
-            f"key {key_id}: private key {folder / private_name} (its producers' producer_key_file), public key {folder / public_name}"
+            f"key {key_id}: private key {folder / private_name} (its producers' producer_key_file), "
+            f"public key {folder / public_name}"
         )
         typer.echo(f'[teams.{team}]\nproducer_keys = ["{public}"]')
         return
@@ -144,14 +147,15 @@ def topics(
         typer.Option(
             "--grow",
             help=(
-                "Add partitions to a topic that has fewer than asked. A key may then map to another partition: per-key order holds only "
-                "for records written after growth."
+                "Add partitions to a topic that has fewer than asked. A key may then map to another partition: per-key "
+                "order holds only for records written after growth."
             ),
         ),
     ] = False,
 ) -> None:
-    """Create every topic the settings name (requests, events, DLQ, control; with classes their queues and the claims topic)
-    where missing; say a topic with fewer partitions than asked, and grow it with --grow; exit 1 on a refused or short topic."""
+    """Create every topic the settings name (requests, events, DLQ, control; with classes their queues and the claims
+    topic) where missing; say a topic with fewer partitions than asked, and grow it with --grow; exit 1 on a refused or
+    short topic."""
     from daemon.cli.checks.topics import report
     from daemon.kafka.admin.topics import make_topics
 

@@ -43,23 +43,27 @@ def demo(
     method: Annotated[
         str,
         typer.Option(
-            help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision, grpo-math (GRPO on sums, TRL's accuracy reward)."
+            help="The training method to show (see `adapterd methods`), or sft-vision, dpo-vision, grpo-vision, "
+            "grpo-math (GRPO on sums, TRL's accuracy reward)."
         ),
     ] = "sft",
     gate: Annotated[
         bool,
         typer.Option(
-            help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny model poisoned with NaN, fails it."
+            help="Two SFT requests judged before publishing: one passes its gate; one, on the tiny "
+            "model poisoned with NaN, fails it."
         ),
     ] = False,
     keep: Annotated[
         bool,
         typer.Option(
-            help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel against them; Ctrl-C stops both."
+            help="Leave the broker and the daemon running afterwards, to try submit, jobs, get, events and cancel "
+            "against them; Ctrl-C stops both."
         ),
     ] = False,
 ) -> None:
-    """Run the main job on built-in defaults: local broker, tiny model, one request (SFT unless --method), local output."""
+    """Run the main job on built-in defaults: local broker, tiny model, one request (SFT
+    unless --method), local output."""
     from daemon.cli.demo import main
 
     sys.exit(main(work_dir, method, gate, keep))

@@ -49,7 +49,8 @@ def submit(
         typer.Option("--key", help="The team's private key to sign the request with; default: producer_key_file."),
     ] = None,
 ) -> None:
-    """Validate a request file and publish it to the requests topic, keyed by its request id, signed with the team's key when there is one."""
+    """Validate a request file and publish it to the requests topic, keyed by its request id, signed with the
+    team's key when there is one."""
     request = read_request(file)
     settings = read_settings(config)
     value = request.model_dump_json(exclude_unset=True).encode()
@@ -103,8 +104,9 @@ def cancel(
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be cancelled, and send nothing.")] = False,
 ) -> None:
-    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left (nothing sent).
-    Or a sweep: every waiting and running request that matches --team, --class and each --selector, counted and listed."""
+    """Cancel a request on whichever host holds it: a running job stops, a queued one is skipped; one that ended is left
+    (nothing sent). Or a sweep: every waiting and running request that matches --team, --class and each --selector,
+    counted and listed."""
     from daemon.cli.cancel import cancel as send_cancel
     from daemon.cli.sweep import selector as sweep_selector
     from daemon.cli.sweep import sweep

@@ -59,9 +59,10 @@ def open_r1_reward(name: str, parameters: dict[str, Any]) -> OpenR1Reward | None
         return OpenR1Reward(
             {"name": "accuracy"},
             (
-                "carried as TRL's accuracy (open-r1's accuracy as TRL took it over: math-verify against the `solution` column, "
-                "\\boxed first, a solution it cannot parse skips the row); open-r1's own parses the solution with first_match "
-                "and leaves malformed operators and nits unrepaired, so an answer in odd LaTeX may score otherwise"
+                "carried as TRL's accuracy (open-r1's accuracy as TRL took it over: math-verify against the "
+                "`solution` column, \\boxed first, a solution it cannot parse skips the row); open-r1's own "
+                "parses the solution with first_match and leaves malformed operators and nits unrepaired, so an "
+                "answer in odd LaTeX may score otherwise"
             ),
         )
     if name == "format":
@@ -98,8 +99,8 @@ def open_r1_reward(name: str, parameters: dict[str, Any]) -> OpenR1Reward | None
         return OpenR1Reward(
             {"name": "regex_match", "pattern": CODE_FORMAT_PATTERN.format(language=language)},
             (
-                f"carried as regex_match with open-r1's code_format_reward pattern for {language}; open-r1 reads a row's "
-                "`language` column in its place where the dataset has one, which a pattern cannot"
+                f"carried as regex_match with open-r1's code_format_reward pattern for {language}; open-r1 reads a "
+                "row's `language` column in its place where the dataset has one, which a pattern cannot"
             ),
             ("code_language",),
         )
@@ -110,8 +111,9 @@ def open_r1_reward(name: str, parameters: dict[str, Any]) -> OpenR1Reward | None
 # open-r1's rewards with no faithful counterpart: why, and the keys each reads.
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "cosine": (
-        "no faithful counterpart: open-r1's cosine scales by the answer's length in characters and gives 1.0 where the "
-        "solution cannot be parsed; TRL's cosine_scaled counts tokens and skips the row: name it in rewards.functions if it will do",
+        "no faithful counterpart: open-r1's cosine scales by the answer's length in characters and gives 1.0 where "
+        "the solution cannot be parsed; TRL's cosine_scaled counts tokens and skips the row: name it in "
+        "rewards.functions if it will do",
         tuple(key for key in OPEN_R1_PARAMETERS if key.startswith("cosine_")),
     ),
     "repetition_penalty": (
@@ -124,12 +126,14 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         (),
     ),
     "length": (
-        "no faithful counterpart: open-r1's (Kimi 1.5's) scores each answer's length against its group's, by correctness",
+        "no faithful counterpart: open-r1's (Kimi 1.5's) scores each answer's length "
+        "against its group's, by correctness",
         (),
     ),
     **{
         name: (
-            f"no counterpart: open-r1's {name} runs the completion's code in a sandbox; adapterd never runs a completion's code",
+            f"no counterpart: open-r1's {name} runs the completion's code in a sandbox; adapterd "
+            "never runs a completion's code",
             reads,
         )
         for name, reads in (

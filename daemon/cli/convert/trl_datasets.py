@@ -10,7 +10,8 @@ from typing import Any
 
 from daemon.cli.convert.ledger import Changed, Dropped, Ledger
 
-# trl.ScriptArguments (every script) and trl.DatasetMixtureConfig (the `datasets:` mixture), with their defaults (trl 1.16).
+# trl.ScriptArguments (every script) and trl.DatasetMixtureConfig (the `datasets:` mixture),
+# with their defaults (trl 1.16).
 SCRIPT_DEFAULTS: dict[str, Any] = {
     "dataset_name": None,
     "dataset_config": None,
@@ -129,7 +130,8 @@ def carry_mixture(keys: Ledger, entries: list[Any], prefix: str = "datasets") ->
                 keys.dropped.append(
                     Dropped(
                         f"{prefix}.{index}.columns",
-                        "adapterd's dataset.columns renames columns, it does not select them; the method reads the columns it needs",
+                        "adapterd's dataset.columns renames columns, it does not select them; the "
+                        "method reads the columns it needs",
                     )
                 )
             elif key not in DATASET_CONFIG_KEYS:

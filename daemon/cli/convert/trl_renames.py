@@ -164,7 +164,8 @@ def carry_renames(ledger: Ledger, method: str, request_path: Callable[[str], str
         if row.fraction and not (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1):
             ledger.error(
                 request_path(new),
-                f"{old} {value!r} has no {new} to carry it as: {new} reads a fraction only under 1; give {new} as a count of steps",
+                f"{old} {value!r} has no {new} to carry it as: {new} reads a fraction only under 1; "
+                f"give {new} as a count of steps",
             )
         elif not ledger.has(new):
             ledger.config[new] = value

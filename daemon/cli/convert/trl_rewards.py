@@ -23,7 +23,10 @@ TRL_SCRIPT_REWARDS: dict[str, dict[str, Any]] = {
         "soft_punish_cache": 256,
     },
 }
-SHIPPED = "accuracy, reasoning_accuracy, cosine_scaled, repetition_penalty, soft_overlong_punishment, think_format, tag_count, exact_match, regex_match, length_penalty"
+SHIPPED = (
+    "accuracy, reasoning_accuracy, cosine_scaled, repetition_penalty, soft_overlong_punishment, think_format, "
+    "tag_count, exact_match, regex_match, length_penalty"
+)
 # Keys that mark a file as open-r1's recipe (its GRPOScriptArguments), whose script defaults reward_funcs.
 OPEN_R1_KEYS = frozenset({"dataset_prompt_column", "system_prompt", *OPEN_R1_PARAMETERS})
 
@@ -36,7 +39,8 @@ def _trl_script(name: str) -> OpenR1Reward | None:
         dict(function),
         f"carried as {function['name']}"
         + (
-            f" (trl's script builds it with max_completion_len {function['max_completion_len']}, soft_punish_cache {function['soft_punish_cache']})"
+            f" (trl's script builds it with max_completion_len {function['max_completion_len']}, soft_punish_cache "
+            f"{function['soft_punish_cache']})"
             if "max_completion_len" in function
             else ""
         ),
@@ -101,7 +105,10 @@ def carry_rewards(keys: Ledger) -> None:
         keys.request["rewards"] = rewards
         keys.origin["rewards"] = "reward_funcs"
     elif not names and not keys.config.get("reward_model_name_or_path"):
-        message = f"the file names no reward (reward_funcs, reward_model_name_or_path): name one ({SHIPPED}), or a reward model"
+        message = (
+            "the file names no reward (reward_funcs, reward_model_name_or_path): name one "
+            f"({SHIPPED}), or a reward model"
+        )
         if keys.request.get("method") == "grpo":
             message += (
                 f". open-r1's script would use its default, {', '.join(OPEN_R1_DEFAULT)} "

@@ -63,7 +63,8 @@ def loading_snippet(request: RequestBase, adapter_dir: Path, vision: bool = Fals
         return (
             f"from peft import PeftModel\n"
             f"from transformers import AutoModelForImageTextToText, AutoProcessor\n"
-            f"model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained({str(request.model.id)!r}), {str(adapter_dir)!r})\n"
+            "model = PeftModel.from_pretrained("
+            f"AutoModelForImageTextToText.from_pretrained({str(request.model.id)!r}), {str(adapter_dir)!r})\n"
             f"processor = AutoProcessor.from_pretrained({str(adapter_dir)!r})\n"
         )
     if request.method == "reward":  # a sequence-classification head, one score
@@ -73,7 +74,8 @@ def loading_snippet(request: RequestBase, adapter_dir: Path, vision: bool = Fals
     return (
         f"from peft import PeftModel\n"
         f"from transformers import {loader}\n"
-        f"model = PeftModel.from_pretrained({loader}.from_pretrained({str(request.model.id)!r}{kwargs}), {str(adapter_dir)!r})\n"
+        f"model = PeftModel.from_pretrained({loader}.from_pretrained({str(request.model.id)!r}{kwargs}), "
+        f"{str(adapter_dir)!r})\n"
     )
 
 
@@ -132,7 +134,8 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
                 await asyncio.to_thread(build_tiny_model, teacher_dir(model_dir), "handlers.fixtures.tiny_model", "1")
             if gate:
                 print(
-                    f"building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), in {nan_model_dir(model_dir)}..."
+                    "building the failing run's model, the same tiny model with a NaN final norm (every loss NaN), "
+                    f"in {nan_model_dir(model_dir)}..."
                 )
                 await asyncio.to_thread(
                     build_tiny_model, nan_model_dir(model_dir), "handlers.fixtures.tiny_model", "--nan"
@@ -147,7 +150,8 @@ async def run_demo(work_dir: Path, method: str, gate: bool = False, keep: bool =
                 async with EventStream(settings, from_end=True) as stream:  # positioned before the request exists
                     await submit(settings, request)
                     print(
-                        f"submitted {request.method} request {request.request_id}; the daemon trains it (without a Hub token, into a local folder):"
+                        f"submitted {request.method} request {request.request_id}; the daemon trains it (without a "
+                        "Hub token, into a local folder):"
                     )
                     outcomes.append(await follow_to_end(stream, request.request_id))
             if keep and not any(outcomes):
@@ -172,8 +176,8 @@ def report(requests: list[RequestBase], settings: Settings, method: str, gate: b
     if gate:
         passed, failed = local_target(requests[0], settings), local_pull_request(requests[1], settings)
         print(
-            f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it and is in the pull "
-            f"request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)"
+            f"\nthe adapter that passed its gate is in {passed} (main); the one trained on the NaN model failed it "
+            f"and is in the pull request {failed}, beside main, not in it (with a Hub token, a pull request on the Hub)"
         )
         return
     request = requests[0]

@@ -82,13 +82,14 @@ async def keep_running(settings: Settings, request: RequestBase) -> None:
     project = project_folder()
     where = f"in the project's folder ({project})" if project else "where adapterd is installed"
     print(
-        f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep running; "
-        f"Ctrl-C stops both. In another terminal, {where}:\n"
+        f"\nthe broker ({settings.bootstrap_servers}) and the daemon (endpoint {settings.metrics_address}) keep "
+        f"running; Ctrl-C stops both. In another terminal, {where}:\n"
     )
     for command in tour(config, request_file, again.request_id, in_project=project is not None):
         print(f"  {command}")
     print(
-        f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the daemon's endpoint)"
+        f"\na job's own log is {settings.jobs_dir}/<request id>/child.log (adapterd logs reads it through the "
+        "daemon's endpoint)"
     )
     print(flush=True)
     stop = asyncio.Event()

@@ -48,7 +48,8 @@ class TopicsMade:
 
 
 def wanted(settings: Settings, partitions: int) -> dict[str, int]:
-    """Each topic the settings name, once (the default class's queue is the requests topic itself), with its partitions."""
+    """Each topic the settings name, once (the default class's queue is the requests topic
+    itself), with its partitions."""
     names = [
         settings.requests_topic,
         settings.events_topic,
@@ -66,7 +67,8 @@ def wanted(settings: Settings, partitions: int) -> dict[str, int]:
 async def make_topics(
     settings: Settings, partitions: int = 1, replication_factor: int = 1, grow: bool = False
 ) -> TopicsMade:
-    """Create the missing topics, read the broker's answer for each, and say (or with `grow`, grow) those with too few partitions."""
+    """Create the missing topics, read the broker's answer for each, and say (or with `grow`, grow)
+    those with too few partitions."""
     asked = wanted(settings, partitions)
     queues = set(settings.class_topics.values())
     made = TopicsMade()
@@ -129,8 +131,9 @@ def _errors(topic_errors: list[tuple[object, ...]]) -> dict[str, tuple[type[Kafk
 
 
 async def _listed(admin: AIOKafkaAdminClient, expected: dict[str, int]) -> None:
-    """Wait, at most LISTED_WITHIN_S, until the brokers' metadata lists what the controller made: it answers first, and a
-    `doctor` or a daemon started at once would otherwise find a topic "created" missing. Kafka has no notice of it to await."""
+    """Wait, at most LISTED_WITHIN_S, until the brokers' metadata lists what the controller made: it answers first, and
+    a `doctor` or a daemon started at once would otherwise find a topic "created" missing. Kafka has no notice of it to
+    await."""
     if not expected:
         return
     with contextlib.suppress(TimeoutError):  # said as made all the same: the controller made it
@@ -155,7 +158,8 @@ async def _partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str,
 
 
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:
-    """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not exist (never made by asking)."""
+    """The partitions of a topic; TopicMissing (a LookupError) naming it when it does not
+    exist (never made by asking)."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     try:
         await admin.start()

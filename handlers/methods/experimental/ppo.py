@@ -7,7 +7,8 @@ off); the value model is the base with a one-label value head; the reward model 
 classifier by repo id, e.g. the merged output of a `reward` request.
 
 PPOTrainer has its own loop (`train()` takes no checkpoint and ignores `should_training_stop`), so
-this handler does by hand what `train_and_save` gets from `Trainer`: see handlers/methods/experimental/ppo_checkpoints.py.
+this handler does by hand what `train_and_save` gets from `Trainer`: see
+handlers/methods/experimental/ppo_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def load_reward_model(request: PPORequest, job: JobSpec) -> PreTrainedModel:
         raise JobFailed(
             "model_unavailable",
             "load_model",
-            f"reward_model.id: {request.reward_model.id} is not a full sequence classifier (push a reward model 'merged'): {exc}",
+            f"reward_model.id: {request.reward_model.id} is not a full sequence classifier (push "
+            f"a reward model 'merged'): {exc}",
         ) from exc
 
 

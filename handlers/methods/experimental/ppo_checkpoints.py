@@ -37,7 +37,8 @@ class PPOCheckpoints(TrainerCallback):
             checkpoint, model=trainer.model.policy
         )  # the adapter (or full weights), as Trainer does
         self.value_model.load_state_dict(torch.load(folder / VALUE_MODEL_FILE, weights_only=True, map_location=device))
-        # Trainer._load_optimizer_and_scheduler needs Trainer attributes PPOTrainer never sets: load the two files directly.
+        # Trainer._load_optimizer_and_scheduler needs Trainer attributes PPOTrainer never
+        # sets: load the two files directly.
         trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location=device))
         trainer.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
         saved = json.loads((folder / "trainer_state.json").read_text())

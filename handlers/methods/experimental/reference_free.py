@@ -1,8 +1,8 @@
 """The preference methods that train without a reference model (ORPO, CPO), said once: TRL's
 trainer built from the policy, the LoRA config and the job's callback, then trained and saved.
 
-Each method keeps its own module (handlers/methods/experimental/orpo.py, handlers/methods/experimental/cpo.py) naming its TRL classes and
-calling `train_reference_free` explicitly; what they share is only this sequence.
+Each method keeps its own module (handlers/methods/experimental/orpo.py, handlers/methods/experimental/cpo.py) naming
+its TRL classes and calling `train_reference_free` explicitly; what they share is only this sequence.
 """
 
 from __future__ import annotations

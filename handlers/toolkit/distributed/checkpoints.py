@@ -1,5 +1,5 @@
-"""The checkpoints of a sharded job (`resources.shard: fsdp`, handlers/toolkit/distributed/fsdp.py) that resume: what the
-Trainer keeps of a model sharded at load time, completed with the rest of the training state, and loaded back.
+"""The checkpoints of a sharded job (`resources.shard: fsdp`, handlers/toolkit/distributed/fsdp.py) that resume: what
+the Trainer keeps of a model sharded at load time, completed with the rest of the training state, and loaded back.
 
 The Trainer checkpoints such a model alone (`save_only_model`: it refuses to save its optimizer), its full weights
 gathered from the shards into the checkpoint folder, with `trainer_state.json`. `ShardedCheckpoints`, a callback
@@ -37,7 +37,8 @@ from transformers import Trainer, TrainerCallback
 
 from handlers.toolkit.callbacks import JobCallback
 
-SHARDED_STATE = "sharded"  # the checkpoint's folder of DCP files (not named "optimizer*": the Trainer would look in it for optimizer.pt)
+# the checkpoint's folder of DCP files (not named "optimizer*": the Trainer would look in it for optimizer.pt)
+SHARDED_STATE = "sharded"
 SCHEDULER = "scheduler.pt"  # the Trainer's name for it
 
 
@@ -57,7 +58,8 @@ def attach(trainer: Trainer, checkpoint: str | None) -> str | None:
     start = checkpoint if resumable(checkpoint) else None
     if checkpoint is not None and start is None:
         print(
-            f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to resume; training starts at step 0",
+            f"adapterd child {os.getpid()}: sharded: {checkpoint} has no optimizer state to "
+            "resume; training starts at step 0",
             flush=True,
         )
     trainer.model.register_load_state_dict_pre_hook(take_full_weights)  # type: ignore[union-attr]
@@ -135,7 +137,8 @@ class ShardedCheckpoints(TrainerCallback):
         for group, rate in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
             group["lr"] = rate  # what the scheduler last set: the Trainer restores it with the optimizer's own state
         print(
-            f"adapterd child {os.getpid()}: sharded: resumed the optimizer and scheduler of {self.resume_from} at step {state.global_step}",
+            f"adapterd child {os.getpid()}: sharded: resumed the optimizer and scheduler of "
+            f"{self.resume_from} at step {state.global_step}",
             flush=True,
         )
 

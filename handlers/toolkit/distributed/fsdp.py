@@ -49,7 +49,8 @@ def distributed_config(request: RequestBase) -> DistributedConfig | None:
         raise JobFailed(
             "config_invalid",
             "preflight",
-            f"resources.shard: '{request.resources.shard}' shards over the job's {request.resources.gpus} processes, and this child runs {world}",
+            f"resources.shard: '{request.resources.shard}' shards over the job's {request.resources.gpus} "
+            f"processes, and this child runs {world}",
         )
     return DistributedConfig(fsdp_size=world)
 
@@ -64,7 +65,8 @@ def save_merged(model: PeftModel, spec: ModelSpec, artifact: Path, main: bool) -
     beside the artifact, and rank 0 loads the base whole on the host, in the dtype it trained in, merges the adapter
     into it with PEFT (`merge_and_unload`) and writes the merged model, as a whole-copy job's merge does. Merging in
     place would add each plain LoRA delta to a DTensor shard; the host's memory holds the whole base, a GPU's need not.
-    Every rank calls it (the adapter's save is a collective of the sharded model's state); the others wait at a barrier."""
+    Every rank calls it (the adapter's save is a collective of the sharded model's state);
+    the others wait at a barrier."""
     adapter = artifact.parent / f"{artifact.name}.adapter"
     model.save_pretrained(str(adapter), is_main_process=main)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()

@@ -165,7 +165,8 @@ def evaluate(
             trained_init = trained_config.init_lora_weights
             if isinstance(trained_init, str) and trained_init.startswith(BASE_CHANGING_INITS):
                 missing["base"] = (
-                    f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the base is not on the model any more"
+                    f"init_lora_weights '{trained_init}' changed the base weights when the adapter was made: the "
+                    "base is not on the model any more"
                 )
                 continue
             fresh = copy.deepcopy(trained_config)
@@ -185,9 +186,8 @@ def evaluate(
             model.load_adapter(path, adapter_name="current")
         except (RuntimeError, ValueError, KeyError, OSError) as exc:  # another base's shapes, a broken file
             missing["current"] = (
-                f"the adapter at {request.output.repo_id}@{request.output.revision} does not load onto this base: {exc}"[
-                    :500
-                ]
+                f"the adapter at {request.output.repo_id}@{request.output.revision} does "
+                f"not load onto this base: {exc}"[:500]
             )
             continue
         with _active(model, "current"):

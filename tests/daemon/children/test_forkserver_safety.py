@@ -57,7 +57,7 @@ os.close(write)
 child = json.loads(os.read(read, 65536))
 os.waitpid(pid, 0)
 print(json.dumps({"server": server, "child": child}))
-"""
+"""  # noqa: E501 (a script's text, run as written)
 
 
 def test_bitsandbytes_is_imported_in_name_only_in_the_server_and_runs_in_the_forked_child() -> None:

@@ -159,7 +159,10 @@ def test_a_trl_dpo_config_converts_with_its_method_from_the_file_name(tmp_path: 
 
 
 def test_without_use_peft_the_request_is_a_full_fine_tune_and_lora_keys_are_named_unused(tmp_path: Path) -> None:
-    text = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nlora_r: 8\nlora_alpha: 32\nhub_model_id: org/full\n"
+    text = (
+        "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nlora_r: 8\nlora_alpha: "
+        "32\nhub_model_id: org/full\n"
+    )
     code, request, stderr = convert(tmp_path, "sft.yaml", text)
     assert code == 0, stderr
     assert request is not None and request["peft"] is None
@@ -244,7 +247,8 @@ def test_keys_trl_and_transformers_renamed_carry_under_their_new_names_each_said
     assert said["use_liger"].startswith("use_liger: carried as use_liger_kernel (renamed in trl 0.18.0")
     assert (
         said["overwrite_output_dir"]
-        == "overwrite_output_dir: removed in transformers 5.0.0: nothing replaced it; each job writes to a fresh folder of its own"
+        == "overwrite_output_dir: removed in transformers 5.0.0: nothing replaced it; each job "
+        "writes to a fresh folder of its own"
     )
     assert set(said) == {
         "torch_dtype",
@@ -284,7 +288,10 @@ def test_a_warmup_ratio_that_is_no_fraction_under_one_is_refused_not_turned_into
 
 
 def test_a_removed_key_is_named_with_the_release_and_what_replaced_it_for_its_method_only(tmp_path: Path) -> None:
-    grpo = "model_name_or_path: m/m\ndataset_name: d/d\nreward_funcs: [think_format_reward]\nmax_prompt_length: 256\nuse_liger_loss: true\n"
+    grpo = (
+        "model_name_or_path: m/m\ndataset_name: d/d\nreward_funcs: [think_format_reward]\nmax_prompt_length: "
+        "256\nuse_liger_loss: true\n"
+    )
     code, request, stderr = convert(tmp_path, "grpo.yaml", grpo, "--output-repo", "my-org/grpo")
     assert code == 0, stderr
     assert request is not None and request["training"]["use_liger_kernel"] is True
@@ -457,8 +464,8 @@ def test_the_model_config_keys_said_elsewhere_have_their_trl_defaults_here() -> 
 @pytest.mark.slow  # imports TRL and torch: half a minute on 2 cores
 @pytest.mark.parametrize("method", ["sft", "dpo", "kto", "reward", "grpo", "rloo"])
 def test_the_keys_the_converter_knows_are_the_keys_trls_own_parser_takes(method: str) -> None:
-    """The contract's fields and the arguments listed in daemon/cli/convert/trl_model.py and beside it, against the parser
-    of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
+    """The contract's fields and the arguments listed in daemon/cli/convert/trl_model.py and beside it, against the
+    parser of `trl <method>` (trl/scripts/<method>.py make_parser), with the same defaults."""
     parser = importlib.import_module(f"trl.scripts.{method}").make_parser()
     defaults = {action.dest: action.default for action in parser._actions if action.dest != "help"}
     listed = (
@@ -537,7 +544,10 @@ def test_a_count_of_rows_carves_that_many_and_a_float_is_never_read_as_a_count()
 
 
 def test_a_value_trl_renamed_is_read_as_todays_and_said(tmp_path: Path) -> None:
-    text = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\npacking: true\npacking_strategy: ffd\nhub_model_id: org/packed\n"
+    text = (
+        "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\npacking: true\npacking_strategy: "
+        "ffd\nhub_model_id: org/packed\n"
+    )
     code, request, stderr = convert(tmp_path, "sft.yaml", text)
     assert code == 0, stderr
     # 'bfd' is today's default, which the request leaves unsaid; 'ffd' itself would be refused by the schema.
@@ -575,7 +585,10 @@ def test_a_steps_key_trl_ignores_under_its_strategy_is_left_out_with_a_word(tmp_
         said["eval_steps"] == "eval_steps: ignored by TRL under eval_strategy 'no'"
     )  # read under evaluation_strategy's new name
     assert said["logging_steps"] == "logging_steps: ignored by TRL under logging_strategy 'epoch'"
-    kept = "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nsave_steps: 7\nlogging_steps: 3\nhub_model_id: org/x\n"
+    kept = (
+        "model_name_or_path: Qwen/Qwen2-0.5B\ndataset_name: trl-lib/Capybara\nsave_steps: 7\nlogging_steps: "
+        "3\nhub_model_id: org/x\n"
+    )
     code, request, stderr = convert(tmp_path, "sft.yaml", kept)  # under the default strategies, 'steps', both are read
     assert (
         request is not None and request["training"]["save_steps"] == 7 and request["training"]["logging_steps"] == 3
@@ -589,8 +602,8 @@ def test_a_grpo_recipe_without_rewards_names_open_r1s_defaults_and_the_closest_s
     assert code == 1 and request is None
     [line] = [line.strip() for line in stderr if line.strip().startswith("rewards:")]
     assert (
-        "open-r1's script would use its default, accuracy, format, tag_count (reward_funcs: [accuracy, format, tag_count] converts them)"
-        in line
+        "open-r1's script would use its default, accuracy, format, tag_count (reward_funcs: [accuracy, "
+        "format, tag_count] converts them)" in line
     )
     assert "Field required" not in "\n".join(stderr)
     code, _, stderr = convert(
@@ -630,8 +643,8 @@ def test_trls_script_rewards_carry_as_its_script_builds_them(tmp_path: Path) -> 
         {"name": "think_format"},
     ]
     assert (
-        "reward_funcs.1: get_soft_overlong_punishment: carried as soft_overlong_punishment (trl's script builds it with max_completion_len 1280"
-        in stderr[1]
+        "reward_funcs.1: get_soft_overlong_punishment: carried as soft_overlong_punishment (trl's script builds "
+        "it with max_completion_len 1280" in stderr[1]
     )
 
 

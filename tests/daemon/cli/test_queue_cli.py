@@ -223,7 +223,8 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
         code == 0
         and len(lines) == 1
         and lines[0].startswith(
-            f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing to estimate from); worked out at "
+            f"b1: waiting (unread) in {batch}[0]@1, class batch, team search, place 4 of 5, starts in unknown (nothing "
+            "to estimate from); worked out at "
         )
     )
     code, lines = cli(fleet, "get", "held-1")
@@ -270,7 +271,8 @@ def test_a_request_cancelled_while_it_waits_leaves_the_queue_at_once_and_get_say
 
 
 def test_get_says_one_place_and_one_eta_for_a_waiting_request_and_when_they_were_worked_out(fleet: Settings) -> None:
-    """Issue 57: `get` printed its last `queued` event's place and ETA and a fresh estimate, two different ones, not saying which held."""
+    """Issue 57: `get` printed its last `queued` event's place and ETA and a fresh estimate, two different
+    ones, not saying which held."""
     batch = fleet.class_topics["batch"]
     write(fleet, batch, sft_request("w1", team="search"), minutes_ago=10)
     publish(
@@ -283,7 +285,8 @@ def test_get_says_one_place_and_one_eta_for_a_waiting_request_and_when_they_were
         lines[-1]
     ]  # the queued event's place 7 and 600 s are not shown as if current
     assert lines[-1].startswith(
-        f"w1: waiting (queued) in {batch}[0]@0, class batch, team search, place 1 of 1, starts in about 0s; worked out at "
+        f"w1: waiting (queued) in {batch}[0]@0, class batch, team search, place 1 of 1, "
+        "starts in about 0s; worked out at "
     )
     assert lines[-1].endswith("Z from the queues and the events")
 

@@ -93,7 +93,8 @@ async def test_the_requests_behind_a_busy_host_are_listed_in_order_and_a_sweep_c
                 topic=fleet.class_topics[cls],
             )
 
-        # Read by no host (its one slot is busy), each is told its place soon after it arrives (daemon/fleet/announcer.py).
+        # Read by no host (its one slot is busy), each is told its place soon after it
+        # arrives (daemon/fleet/announcer.py).
         queued: dict[str | None, Queued] = {}
         async with asyncio.timeout(60), EventStream(fleet) as stream:
             async for event in stream.events(until_terminal=False):

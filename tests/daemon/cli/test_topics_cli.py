@@ -47,7 +47,8 @@ def topics(settings: Settings, *args: str) -> tuple[int, str]:
 
 
 async def grown(settings: Settings, count: int) -> dict[str, int]:
-    """The topics' partitions once each has at least `count`: the controller grew them; each broker's metadata says so a moment later."""
+    """The topics' partitions once each has at least `count`: the controller grew them; each broker's
+    metadata says so a moment later."""
     async with asyncio.timeout(10):
         while True:
             found = await partitions(settings)

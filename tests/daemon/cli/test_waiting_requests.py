@@ -177,13 +177,15 @@ def test_a_request_with_a_cancel_pending_leaves_the_queue_at_once_and_counts_in_
     )  # the filters take h1 (its host's)
     assert queue_table(list(placed.values()), "dpo", None, None, NOW)[1] is None  # ...and none of them here
     assert where_it_waits(placed["b2"], NOW) == (
-        f"b2: cancel pending (sent {sent:%Y-%m-%d %H:%M:%S}Z: sweep withdrawn), its `cancelled` event not yet published: it waits (unread) "
-        "in requests[0]@1 until a host reaches it and skips it, placed nowhere and counted in no one's place"
+        f"b2: cancel pending (sent {sent:%Y-%m-%d %H:%M:%S}Z: sweep withdrawn), its `cancelled` event not "
+        "yet published: it waits (unread) in requests[0]@1 until a host reaches it and skips it, placed "
+        "nowhere and counted in no one's place"
     )
 
 
 def test_a_waiting_requests_line_says_one_place_and_one_eta_and_when_they_were_worked_out(settings: Settings) -> None:
-    """Issue 57: `get` printed the place and ETA of the request's last `queued` event beside a fresh one, not saying which held."""
+    """Issue 57: `get` printed the place and ETA of the request's last `queued` event beside a fresh
+    one, not saying which held."""
     events = [event("queued", "h1", 6, host="gpu-b", priority_class="batch", team="ads", place=4, eta_s=600.0)]
     backlog = combine([record(BATCH, 0, 9, sft_request("b1", team="search"))], events, settings)
     placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 2, NOW)}

@@ -420,9 +420,15 @@ def test_a_task_suite_runs_only_a_task_the_operator_allows_on_rows_from_an_allow
     )
     errors = {e.path: e.message for e in policy_errors(refused, host) if e.path.startswith("evaluation")}
     assert errors == {
-        "evaluation.suites.0.task": f"humaneval is not allowed on this host (allowed_evaluation_tasks: {host.allowed_evaluation_tasks})",
-        "evaluation.suites.0.source.url": f"local path /etc/passwd is outside allowed_local_dataset_roots (['{tmp_path}'])",
-        "evaluation.suites.0.max_new_tokens": f"1e+06; this host allows at most {host.max_new_tokens:g} (max_new_tokens)",
+        "evaluation.suites.0.task": (
+            f"humaneval is not allowed on this host (allowed_evaluation_tasks: {host.allowed_evaluation_tasks})"
+        ),
+        "evaluation.suites.0.source.url": (
+            f"local path /etc/passwd is outside allowed_local_dataset_roots (['{tmp_path}'])"
+        ),
+        "evaluation.suites.0.max_new_tokens": (
+            f"1e+06; this host allows at most {host.max_new_tokens:g} (max_new_tokens)"
+        ),
     }
     too_many = task_request({"kind": "task", "task": "arc_easy", "source": {"rows": [{"q": 1}, {"q": 2}, {"q": 3}]}})
     assert [(e.path, e.message) for e in policy_errors(too_many, host)] == [

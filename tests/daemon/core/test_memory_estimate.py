@@ -16,7 +16,8 @@ from daemon.resources.memory import Tensors, WeightsUnreadable, estimate
 from schemas import RequestBase, decode_request
 from tests.helpers import sft_request
 
-# Qwen2-0.5B's shapes: 24 blocks, hidden 896, 14 heads and 2 KV heads of 64, MLP 4864, vocabulary 151936, tied embedding.
+# Qwen2-0.5B's shapes: 24 blocks, hidden 896, 14 heads and 2 KV heads of 64, MLP 4864,
+# vocabulary 151936, tied embedding.
 VOCAB, HIDDEN, LAYERS, MLP, KV = 151936, 896, 24, 4864, 128
 
 

@@ -423,7 +423,8 @@ async def test_a_job_stopped_before_its_child_starts_publishes_only_what_its_sto
 
 
 class Elsewhere(FakeChildren):
-    """A source whose children run on another machine (a remote engine's jobs): no pid on this host, a name of its own."""
+    """A source whose children run on another machine (a remote engine's jobs): no pid on
+    this host, a name of its own."""
 
     async def start(self, job: ChildJob) -> JobProcess:
         child = await super().start(job)

@@ -24,7 +24,8 @@ BIG = "meta-llama/Llama-3.1-70B"
 
 
 def llama_70b() -> Tensors:
-    """Llama-3.1-70B's shapes: 80 blocks, hidden 8192, 8 KV heads of 128, MLP 28672, an untied head (70.6B parameters)."""
+    """Llama-3.1-70B's shapes: 80 blocks, hidden 8192, 8 KV heads of 128, MLP 28672, an
+    untied head (70.6B parameters)."""
     vocab, hidden, layers, mlp, kv = 128256, 8192, 80, 28672, 1024
     shapes = {
         "model.embed_tokens.weight": ("BF16", (vocab, hidden)),
@@ -49,7 +50,8 @@ def llama_70b() -> Tensors:
 
 @pytest.fixture
 def core(tmp_path: Path) -> CoreOnFakes:
-    # Eight declared GPUs of 80 GiB, 10% headroom: 72 GiB each for jobs (77.3 GB). No packing: the plan needs only the memory.
+    # Eight declared GPUs of 80 GiB, 10% headroom: 72 GiB each for jobs (77.3 GB). No packing:
+    # the plan needs only the memory.
     settings = Settings(
         gpus=[str(gpu) for gpu in range(8)],
         gpu_memory_bytes=80 * GIB,
@@ -118,8 +120,8 @@ async def test_a_job_that_fits_no_gpu_even_sharded_is_rejected_naming_resources_
         {
             "path": "resources.gpus",
             "message": (
-                "its memory estimate is 709.3 GB a GPU for a whole copy, 370.1 GB a GPU sharded across its 2 GPUs, and this host's GPUs "
-                "hold 77.3 GB each for jobs"
+                "its memory estimate is 709.3 GB a GPU for a whole copy, 370.1 GB a GPU sharded across its 2 GPUs, and "
+                "this host's GPUs hold 77.3 GB each for jobs"
             ),
         }
     ]  # not even across all eight: no hint to ask for more
@@ -138,8 +140,8 @@ async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(
     assert messages["one"] == {
         "path": "resources.gpus",
         "message": (
-            "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across this "
-            "host's 8 GPUs it would need 16.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')"
+            "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; "
+            "sharded across this host's 8 GPUs it would need 16.9 GB a GPU: ask for gpus 8 (shard 'auto' or 'fsdp')"
         ),
     }
     assert (
@@ -153,8 +155,8 @@ async def test_a_job_that_would_fit_across_more_gpus_or_cannot_shard_is_told_so(
     assert messages["none"] == {
         "path": "resources.shard",
         "message": (
-            "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; sharded across its 8 "
-            "GPUs it would need 16.9 GB a GPU: set shard 'fsdp' or 'auto'"
+            "its memory estimate is 81.7 GB a GPU for a whole copy and this host's GPUs hold 77.3 GB each for jobs; "
+            "sharded across its 8 GPUs it would need 16.9 GB a GPU: set shard 'fsdp' or 'auto'"
         ),
     }
     assert not core.children.taken

@@ -12,7 +12,8 @@ from daemon.resources.memory import Tensors, estimate, trainable_parameters
 from schemas import RequestBase, decode_request
 from tests.helpers import sft_request
 
-# Llama-3.1-8B's shapes: 32 blocks, hidden 4096, 32 heads and 8 KV heads of 128, MLP 14336, vocabulary 128256, an untied head.
+# Llama-3.1-8B's shapes: 32 blocks, hidden 4096, 32 heads and 8 KV heads of 128, MLP 14336,
+# vocabulary 128256, an untied head.
 VOCAB, HIDDEN, LAYERS, MLP, KV = 128256, 4096, 32, 14336, 1024
 BLOCK = (
     2 * HIDDEN * HIDDEN + 2 * KV * HIDDEN + 3 * MLP * HIDDEN + 2 * HIDDEN
@@ -131,7 +132,8 @@ def test_a_full_dpo_counts_trls_copy_of_the_base_whole_on_every_rank_and_lora_no
 
 
 def test_what_fits_where_is_what_the_estimator_says() -> None:
-    """docs/what-fits.md is what `python -m benchmarks.what_fits` prints from the estimate (regenerate it so after a change)."""
+    """docs/what-fits.md is what `python -m benchmarks.what_fits` prints from the estimate
+    (regenerate it so after a change)."""
     from benchmarks.what_fits import render
 
     assert (Path(__file__).parents[3] / "docs" / "what-fits.md").read_text() == render(), (

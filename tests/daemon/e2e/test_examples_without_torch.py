@@ -1,7 +1,8 @@
 """A producer and a consumer need only pydantic, aiokafka and adapterd's `schemas/` (the consumer, which
-checks the fleet's signatures, cryptography too): the two examples in docs/examples run against a real broker with torch, transformers, TRL, PEFT, datasets, accelerate,
-huggingface_hub and the daemon's own packages made unimportable. The consumer deploys only what says
-`published: "main"`, and reads a newer daemon's fields and event types without stopping."""
+checks the fleet's signatures, cryptography too): the two examples in docs/examples run against a real broker with
+torch, transformers, TRL, PEFT, datasets, accelerate, huggingface_hub and the daemon's own packages made unimportable.
+The consumer deploys only what says `published: "main"`, and reads a newer daemon's fields and event types without
+stopping."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ TRAINING_STACK = (
     "daemon",
     "handlers",
 )
-# Runs an example with the training stack (and adapterd's daemon and handlers) unimportable: an import of any raises ImportError.
+# Runs an example with the training stack (and adapterd's daemon and handlers) unimportable: an
+# import of any raises ImportError.
 RUNNER = f"""
 import runpy, sys
 for name in {TRAINING_STACK!r}:

@@ -127,7 +127,8 @@ async def test_a_two_gpu_request_sharded_pushes_the_full_model_gathered_from_its
     settings: Settings, published: HubServer, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """`resources.shard: fsdp` through the daemon (two GPU ids on a host without GPUs: two CPU ranks, gloo): each rank
-    held half the model (handlers/toolkit/distributed/fsdp.py), and the Hub got one full model, gathered from the shards."""
+    held half the model (handlers/toolkit/distributed/fsdp.py), and the Hub got one full model, gathered from the
+    shards."""
     two_gpus = settings.model_copy(update={"gpus": ["7", "9"], "warm_child": False})
     daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
     try:
@@ -206,5 +207,6 @@ async def test_a_two_gpu_request_behind_a_stream_of_one_gpu_requests_starts_befo
     }
     assert next(e for e in events[big] if isinstance(e, Started)).slot == "7,9"
     after = [request_id for request_id in stream if began[request_id] > began[big]]
-    # The two running when it was submitted, and at most one that took the first freed slot before it was read, went first.
+    # The two running when it was submitted, and at most one that took the first freed slot
+    # before it was read, went first.
     assert len(after) >= 3, sorted(began.items(), key=lambda item: item[1])

@@ -66,7 +66,8 @@ async def test_slow_weight_headers_on_many_partitions_never_stop_the_loop_pollin
                 await asyncio.sleep(0.2)  # sampling the endpoint as a monitor does
         worst = max(since for _, since in answers)
         print(
-            f"slow headers: {len(answers)} answers of /healthz, worst seconds_since_poll {worst}, header reads served late {slow.served}"
+            f"slow headers: {len(answers)} answers of /healthz, worst seconds_since_poll {worst}, header "
+            f"reads served late {slow.served}"
         )
         lines = [line for line in daemon.log_lines() if line.get("event") == "memory.estimated"]
         assert sorted(line["request_id"] for line in lines) == sorted(ids)  # every request's estimate was worked out...

@@ -3,8 +3,8 @@ on rows with images succeed, and what they push loads back with `AutoProcessor` 
 generates from an image; a bad inline image is rejected at intake and a bad image in a dataset
 fails the job, each naming its row and field, while the daemon goes on with the others.
 
-A Hub dataset with an `Image` feature trains too. One daemon runs all six requests, submitted together (one CPU slot takes them in turn); each test
-reads its own request's events."""
+A Hub dataset with an `Image` feature trains too. One daemon runs all six requests, submitted together (one CPU slot
+takes them in turn); each test reads its own request's events."""
 
 import base64
 import json

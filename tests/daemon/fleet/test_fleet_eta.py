@@ -472,7 +472,8 @@ def test_a_capped_heavier_teams_later_requests_are_told_when_their_teams_jobs_en
 
 
 def test_places_follow_the_expected_starts() -> None:
-    """A request held by its team's cap is placed after those that start before it, though the fair share put it first."""
+    """A request held by its team's cap is placed after those that start before it, though
+    the fair share put it first."""
     now = time.time()
     teams = {"evals": TeamShare(weight=2.0, max_slots=1)}
     view = FleetView(Settings(priority_classes=[PriorityClass(name="batch")], teams=teams, **shared_fleet_keys()))
@@ -544,7 +545,8 @@ def test_a_request_that_will_preempt_starts_when_the_victim_has_run_its_minimum_
     assert place == 1 and eta == pytest.approx(70.0, abs=1)
     [(_, _, eta)] = preempting_view(now, 0.0).places([urgent], 0)
     assert eta == pytest.approx(10.0, abs=1)  # may be stopped now: the switch alone
-    # A minimum run past the job's end (its 300 steps to go, no progress yet): it is not stopped, urgent-1 takes its slot when it ends.
+    # A minimum run past the job's end (its 300 steps to go, no progress yet): it is not stopped,
+    # urgent-1 takes its slot when it ends.
     [(_, _, eta)] = preempting_view(now, 600.0).places([urgent], 0)
     assert eta == pytest.approx(300.0, abs=1)
 
@@ -563,7 +565,7 @@ def test_a_preemptions_switch_is_measured_from_the_victims_stop_to_the_new_jobs_
     assert switches.seconds() == pytest.approx(6.0)
 
 
-def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> (
+def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead_and_judges_each_eta_while_it_was_current() -> (  # noqa: E501 (the test's name says what it checks)
     None
 ):
     """Issue 57: the ETAs stay current. One slot, jobs of a known 10 s: b0 starts at 0, b1 and b2 are told 10 and 20 s.

@@ -90,7 +90,8 @@ async def test_a_class_topic_created_after_the_daemon_started_is_read_within_sec
     daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
     try:
         async with EventStream(settings) as stream:
-            # Its queues are read (the default class's topic exists): the host is past its start, subscribed to urgent's too.
+            # Its queues are read (the default class's topic exists): the host is past its
+            # start, subscribed to urgent's too.
             await produce(
                 settings,
                 json.dumps(sft_request("first", priority_class="default")).encode(),

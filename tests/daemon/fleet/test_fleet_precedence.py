@@ -259,8 +259,8 @@ async def test_a_full_host_whose_jobs_are_all_too_young_to_preempt_reads_a_highe
 async def test_a_full_host_reads_the_default_classs_topic_for_the_higher_classes_written_there(
     settings: Settings,
 ) -> None:
-    # `adapterd submit` writes every request to `requests_topic`, the default class's, whence it is moved to its class's:
-    # with the default class the lowest, a full host still reads it for the urgent requests that arrive there.
+    # `adapterd submit` writes every request to `requests_topic`, the default class's, whence it is moved to its
+    # class's: with the default class the lowest, a full host still reads it for the urgent requests that arrive there.
     settings = settings.model_copy(
         update={
             "priority_classes": Settings(
@@ -344,8 +344,8 @@ async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_b
 async def test_a_queue_whose_first_answer_came_in_while_the_turn_polled_is_read_before_its_slot_goes_to_a_lower_class(
     settings: Settings,
 ) -> None:
-    # After a join: the urgent queue's first fetch is answered during the poll (its records not yet in its window). Counted
-    # as known by its high watermark alone, the turn gave the free slot to the batch request it had read.
+    # After a join: the urgent queue's first fetch is answered during the poll (its records not yet in its window).
+    # Counted as known by its high watermark alone, the turn gave the free slot to the batch request it had read.
     records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-u", "urgent", "u", 0)]
     dispatcher, mover, _ = host(settings, records)
     urgent = dispatcher.queues[0]

@@ -173,7 +173,8 @@ async def test_an_urgent_request_preempts_a_batch_job_at_its_checkpoint_which_re
     assert (
         len(starts) == 2 and starts[1].resumed_step is not None and starts[1].resumed_step >= 2
     )  # from its checkpoint
-    # Issue 57: it says the checkpoint it resumes from (the work kept) and the step it stopped at, which is that checkpoint's.
+    # Issue 57: it says the checkpoint it resumes from (the work kept) and the step it stopped
+    # at, which is that checkpoint's.
     assert preempted[0].resume_from_step == starts[1].resumed_step == preempted[0].stopped_at_step == preempted[0].step
     assert preempted[0].stopped_at_step >= max(
         event.step for event in batch[: batch.index(preempted[0])] if isinstance(event, Progress)
@@ -219,10 +220,10 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
     assert (
         of(events["search-1"], Accepted)[0].time < of(events["vision-1"], Succeeded)[0].time
     )  # the free slot went to search
-    # Vision waited for its cap: vision-2 was claimed once vision-1's slot freed, when its child exited with its result. Its
-    # outcome is judged, pushed and published after that, and the host counts its own freed slot at once (issue 57).
+    # Vision waited for its cap: vision-2 was claimed once vision-1's slot freed, when its child exited with its result.
+    # Its outcome is judged, pushed and published after that, and the host counts its own freed slot at once (issue 57).
     logged = [(line.get("event"), line.get("request_id")) for line in daemon.log_lines()]
     assert logged.index(("job.slots_freed", "vision-1")) < logged.index(("fleet.claimed", "vision-2"))
-    # search-1 may be announced too: with queue_wait_event_s=0 the announcer names whatever it reads unclaimed, and it can read
-    # search-1 in the moment between its move to the class topic and its claim (CI did, once). The two lines above say it did
-    # not wait for the cap.
+    # search-1 may be announced too: with queue_wait_event_s=0 the announcer names whatever it reads unclaimed, and it
+    # can read search-1 in the moment between its move to the class topic and its claim (CI did, once). The two lines
+    # above say it did not wait for the cap.

@@ -147,7 +147,7 @@ def test_the_count_of_preemptions_is_read_only_when_a_host_signed_it(tmp_path: P
     assert RetrySigner(b"another fleet's key, long enough", 3).preemptions(record(signed)) == 0
 
 
-async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revocation_waits_for_the_one_in_flight() -> (
+async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revocation_waits_for_the_one_in_flight() -> (  # noqa: E501 (the test's name says what it checks)
     None
 ):
     # aiokafka's transactional offset commit carries no group generation: the host fences itself.

@@ -140,8 +140,8 @@ def test_started_names_the_slots_a_job_holds() -> None:
 
 
 def test_a_hosts_own_requests_replace_what_the_events_say_of_them_in_the_slots_held() -> None:
-    # Issue 57: this host knows at once what it claimed (held before its `accepted`) and what it freed (a job's slots free
-    # when its child exits, before its outcome is published); the other hosts' jobs are as the events say.
+    # Issue 57: this host knows at once what it claimed (held before its `accepted`) and what it freed (a job's slots
+    # free when its child exits, before its outcome is published); the other hosts' jobs are as the events say.
     usage = fold(Usage(), accepted("mine-done", "a", 0), accepted("theirs", "a", 0))
     assert usage.running() == {"a": 2}
     assert usage.running({"mine-done": ("a", 0), "mine-claimed": ("b", 2)}) == {"a": 1, "b": 2}

@@ -30,7 +30,8 @@ CLAIMS = TopicPartition("adapterd.claims", 0)
 
 
 class QueueConsumer(WindowConsumer):
-    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and its group's joins and leaves."""
+    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and
+    its group's joins and leaves."""
 
     def __init__(self, records: list[FakeRecord]) -> None:
         super().__init__(records)
@@ -116,7 +117,7 @@ def valid(offset: int, request_id: str, timestamp: int = 1_765_000_000_000, team
     return FakeRecord(TP.topic, 0, offset, request_id.encode(), body, timestamp=timestamp)
 
 
-async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_time_and_the_valid_one_behind_it_is_claimed(
+async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_time_and_the_valid_one_behind_it_is_claimed(  # noqa: E501 (the test's name says what it checks)
     fleet_settings: Settings,
 ) -> None:
     flood = [FakeRecord(TP.topic, 0, offset, b"flood", b"not a request %d" % offset) for offset in range(200)]
@@ -246,7 +247,8 @@ async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_wai
     fleet_settings: Settings,
 ) -> None:
     """Issue 57: a head was told ETA 0 s in the turn this host gave its one slot to the request ahead of it (the claim's
-    `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job. Jobs of its kind take 20 s."""
+    `accepted` not yet read back, the ETAs saw the slot free), then waited that whole job.
+    Jobs of its kind take 20 s."""
     told = fleet_settings.model_copy(update={"queue_wait_event_s": 0.0})
     dispatcher, mover, core, _ = dispatcher_over(told, [valid(0, "first-1"), valid(1, "next-1")])
     now = time.time()

@@ -66,7 +66,8 @@ async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_an
     try:
         await busy_until_cancelled(host, "busy-1", "batch")
         await submit_to(host, host.class_topics["default"], request("queued-1", 2))  # waits for the one slot
-        # A plain producer's request, straight into every claims partition, claiming the highest class in its own header.
+        # A plain producer's request, straight into every claims partition, claiming the
+        # highest class in its own header.
         forged = json.dumps(request("forged-1", 2, priority_class="urgent")).encode()
         for partition in sorted(await partition_numbers(host, host.claims_topic)):
             await produce(
@@ -78,7 +79,8 @@ async def test_a_claim_the_fleet_did_not_write_is_dead_lettered_and_never_run_an
             host, host.dlq_topic, [b"forged-1"], count=len(await partition_numbers(host, host.claims_topic))
         )
 
-        # Replays of the genuine claim: into another partition, relabelled to another class, its signature on another request.
+        # Replays of the genuine claim: into another partition, relabelled to another class,
+        # its signature on another request.
         [claim] = await records_of(host, host.claims_topic, [b"queued-1"])
         other = (claim.partition + 1) % len(await partition_numbers(host, host.claims_topic))
         relabelled = [(name, b"urgent" if name == CLASS_HEADER else value) for name, value in claim.headers]

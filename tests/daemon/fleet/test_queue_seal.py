@@ -112,12 +112,13 @@ def test_a_claim_is_refused_unless_the_fleet_signed_it_for_its_partition_and_its
     for record in (forged_class, anywhere, plain, relabelled):
         assert claim_refusal(seal, record) is not None, record.headers
     assert "unsigned" in (claim_refusal(seal, plain) or "")
-    # A host with no key at all checks nothing (the daemon refuses to start so); a host that checks but cannot sign claims nothing.
+    # A host with no key at all checks nothing (the daemon refuses to start so); a host that checks
+    # but cannot sign claims nothing.
     assert claim_refusal(QueueSeal(None, None), plain) is None and QueueSeal(None, None).writes_trusted
     assert not QueueSeal(None, EventKeys([fleet_key().public])).writes_trusted
 
 
-def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> (
+def test_arrival_is_the_fleets_signed_one_else_the_brokers_append_time_else_this_hosts_first_read_never_the_producers() -> (  # noqa: E501 (the test's name says what it checks)
     None
 ):
     seal = seal_of(fleet_key())

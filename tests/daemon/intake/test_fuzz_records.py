@@ -5,7 +5,8 @@ and drives `Intake.take` on the in-memory fakes (tests/core.py).
 
 Properties, for every record: nothing raises out of intake; exactly one outcome (a `rejected`
 event with its DLQ record, or `accepted` and one terminal event); none is `internal` (the guard
-that keeps the daemon up met a bug); the daemon's DLQ copies fit `max_message_bytes`. `ADAPTERD_FUZZ_EXAMPLES` sets how many (200 by default).
+that keeps the daemon up met a bug); the daemon's DLQ copies fit `max_message_bytes`. `ADAPTERD_FUZZ_EXAMPLES`
+sets how many (200 by default).
 """
 
 from __future__ import annotations

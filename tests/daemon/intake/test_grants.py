@@ -281,7 +281,8 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
 
 
 async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:
-    """A retryable failure writes the request back to its partition: that copy is still its team's, so a bound host takes it."""
+    """A retryable failure writes the request back to its partition: that copy is still its
+    team's, so a bound host takes it."""
     settings = bound_settings(
         tmp_path,
         priority_classes=[],
@@ -303,7 +304,8 @@ async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path
 async def test_a_large_requests_producer_signature_is_checked_off_the_loop(
     tmp_path: Path, padding: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Verifying hashes every byte of the value: from OFF_LOOP_BYTES it runs in a thread, as decoding does; a small one on the loop."""
+    """Verifying hashes every byte of the value: from OFF_LOOP_BYTES it runs in a thread, as decoding
+    does; a small one on the loop."""
     import threading
 
     from daemon.intake import OFF_LOOP_BYTES

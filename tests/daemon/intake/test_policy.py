@@ -220,7 +220,9 @@ def test_vllm_server_mode_only_where_the_operator_configured_a_server(method: st
     server = grpo_request(method, use_vllm=True, vllm_mode="server")
     errors = refused(server)
     assert errors == {
-        f"{method}.vllm_mode": "server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'"
+        f"{method}.vllm_mode": (
+            "server: this host has no vLLM server configured (vllm_server_base_url); use vllm_mode 'colocate'"
+        )
     }
     assert refused(server, vllm_server_base_url="http://vllm.internal:8000") == {}
     assert refused(grpo_request(method, use_vllm=True, vllm_mode="colocate")) == {}
@@ -264,7 +266,9 @@ def test_grpo_completions_go_only_to_an_allowed_namespace() -> None:
     assert refused(grpo_request(log_completions_hub_repo="results/completions"), **allowed) == {}
     elsewhere = refused(grpo_request(log_completions_hub_repo="someone-else/completions"), **allowed)
     assert elsewhere == {
-        "grpo.log_completions_hub_repo": "namespace someone-else is not allowed on this host (allowed_output_namespaces: ['results'])"
+        "grpo.log_completions_hub_repo": (
+            "namespace someone-else is not allowed on this host (allowed_output_namespaces: ['results'])"
+        )
     }
     assert list(refused(grpo_request(log_completions_hub_repo="completions"), **allowed)) == [
         "grpo.log_completions_hub_repo"

@@ -183,7 +183,8 @@ def test_tls_end_to_end_with_the_operators_certificate(tmp_path: Path) -> None:
         with pytest.raises(OSError):  # plain HTTP gets no answer either
             urllib.request.urlopen(f"http://{endpoint.address}/healthz", timeout=30)
         assert served == ["r1"]
-        # This host's own commands (status, doctor) reach it too: against the fleet's CA, or the endpoint's certificate alone.
+        # This host's own commands (status, doctor) reach it too: against the fleet's CA, or
+        # the endpoint's certificate alone.
         for cafile in (fleet.ca, None):
             settings = Settings(
                 metrics_address=endpoint.address,

@@ -62,7 +62,8 @@ def plant_all(store: CheckpointStore, backend: str, ids: dict[str, str], tmp_pat
     """Every case's planting; the absolute path one of them names."""
     fleet, intruder = signing_in(tmp_path / "fleet"), signing_in(tmp_path / "intruder")
     absolute = tmp_path / "absolute-target" / "planted.pth"
-    outside = "../../../../outside/planted.pth"  # from the download's folder in work_dir/jobs/ID/checkpoints: work_dir/outside
+    # from the download's folder in work_dir/jobs/ID/checkpoints: work_dir/outside
+    outside = "../../../../outside/planted.pth"
     paths = ids["paths"]
     plant(store, paths, 999, {outside: PLANTED})
     plant(store, paths, 998, {outside: PLANTED}, signing=fleet)
