@@ -226,7 +226,8 @@ def test_importing_every_daemon_module_loads_no_training_stack() -> None:
 
 # daemon/'s parts, lowest first: each imports only the parts of the layers below it, so the tree
 # reads as the architecture does (docs/architecture.md) and a part can be understood, and tested,
-# with what is under it alone. Peers in one layer never import each other.
+# with what is under it alone. Peers in one layer never import each other. docs/architecture.md lists the parts in
+# this order (tests/test_architecture_doc.py): a part added here is added there.
 DAEMON_LAYERS: list[set[str]] = [
     {"errors", "executors"},  # the error tree; the bounded pools of worker threads
     # the settings: the TOML file and environment, the Kafka, job and endpoint settings, the fleet's classes and

@@ -1,5 +1,5 @@
 """The host's checkpoint store, opened from the operator's settings with the fleet's signing key: one
-rule for every job, the retention sweep and `adapterd store check`."""
+rule for every job, the retention sweep and `adapterd doctor`'s store line."""
 
 from __future__ import annotations
 
