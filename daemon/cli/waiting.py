@@ -55,8 +55,9 @@ class SentCancel:
 
 
 @dataclass
-class Waiting:
-    """One waiting request: what it is, and where and how it waits."""
+class WaitingRequest:
+    """One waiting request as the CLI reads it from Kafka: what it is, and where and how it waits (the fleet's
+    order takes its own `daemon.fleet.order.Waiting` of it: daemon/cli/places.py)."""
 
     request_id: str
     priority_class: str | None
@@ -81,10 +82,10 @@ class Waiting:
 class Backlog:
     """The waiting requests, and what was read to find them."""
 
-    waiting: list[Waiting]
+    waiting: list[WaitingRequest]
     # Every request decoded from a record past a committed offset, the running ones too (their record
     # is not committed until they end): the sweep matches running requests by their record.
-    records: dict[str, Waiting]
+    records: dict[str, WaitingRequest]
     jobs: dict[str, RequestSummary]
     events: list[Event]
     missing: list[str] = field(default_factory=list)  # queue topics that do not exist: nothing waits there
@@ -123,9 +124,9 @@ async def read_backlog(settings: Settings, events: list[Event] | None = None) ->
 def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Settings) -> Backlog:
     """The waiting requests, from the records past the committed offsets (in the order read) and the events."""
     jobs = fold(events)
-    records: dict[str, Waiting] = {}
-    waiting: dict[str, Waiting] = {}
-    undecodable: list[Waiting] = []
+    records: dict[str, WaitingRequest] = {}
+    waiting: dict[str, WaitingRequest] = {}
+    undecodable: list[WaitingRequest] = []
     for queue, record in read:
         each = from_record(queue, record, settings)
         if each.stage == "undecodable":
@@ -153,7 +154,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
     for request_id, job in jobs.items():
         if job.state == "queued" and request_id not in waiting:
             priority_class, team, metadata = named.get(request_id, (None, None, {}))
-            waiting[request_id] = Waiting(
+            waiting[request_id] = WaitingRequest(
                 request_id,
                 priority_class or settings.default_class,
                 team_of(team),
@@ -170,7 +171,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
     return Backlog(list(waiting.values()) + undecodable, records, jobs, events)
 
 
-def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
+def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequest:
     """What a record of a queue says of its request; an undecodable one is listed with why, never raised."""
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     arrived = datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC)
@@ -184,7 +185,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
             if decoded.errors
             else decoded.reason
         )
-        return Waiting(
+        return WaitingRequest(
             decoded.request_id or "-",
             queue.priority_class,
             "-",
@@ -199,7 +200,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
         )
     preempted = _header(record, PREEMPTIONS_HEADER)  # as the record says: only a host with the retry key can verify it
     claimed_as = _header(record, CLASS_HEADER) if queue.stage == "claimed" else None
-    return Waiting(
+    return WaitingRequest(
         decoded.request_id,
         claimed_as or decoded.priority_class or queue.priority_class or settings.default_class,
         team_of(decoded.team),
