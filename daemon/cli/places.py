@@ -35,6 +35,7 @@ from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
 from schemas import Event
+from schemas.events import Accepted
 
 RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts for the default --slots
 UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
@@ -141,7 +142,7 @@ def default_slots(events: list[Event], now: datetime) -> int:
     slots: dict[str, int] = {}
     for event in events:
         if event.type in ("started", "accepted") and now - event.time <= RECENT_HOSTS:
-            said = getattr(event, "host_slots", None)
+            said = event.host_slots if isinstance(event, Accepted) else None
             slots[event.host] = said if said is not None else slots.get(event.host, 1)
     return max(1, sum(slots.values()))
 

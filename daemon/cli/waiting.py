@@ -31,6 +31,7 @@ from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from schemas import Event, Rejection, decode_request
+from schemas.events import Accepted, Preempted, Queued
 
 
 @dataclass(frozen=True)
@@ -235,11 +236,11 @@ def named_in_events(events: list[Event]) -> dict[str, tuple[str | None, str | No
     queued, preempted): for a request that waits where only its events say so."""
     named: dict[str, tuple[str | None, str | None, dict[str, str]]] = {}
     for event in events:
-        if event.request_id is not None and event.type in ("accepted", "queued", "preempted"):
+        if event.request_id is not None and isinstance(event, Accepted | Queued | Preempted):
             previous = named.get(event.request_id, (None, None, {}))
             named[event.request_id] = (
-                getattr(event, "priority_class", None) or previous[0],
-                getattr(event, "team", None) or previous[1],
+                event.priority_class or previous[0],
+                (event.team if not isinstance(event, Preempted) else None) or previous[1],
                 event.metadata,
             )
     return named
