@@ -169,6 +169,16 @@ def is_transient(http_status: int | None) -> bool:
     return http_status is None or http_status in TRANSIENT_HTTP_STATUS
 
 
+def is_transient_failure(exc: BaseException) -> bool:
+    """`is_transient` for the exception of a failed Hub call (an HfHubHTTPError or an httpx2 TransportError: the
+    caller, daemon/hub/push.py or handlers/toolkit/loading.py, has judged it one), read the same on both sides: the
+    Hub's error carries its answer, a transport error none (no answer came)."""
+    response = getattr(
+        exc, "response", None
+    )  # the HTTP client's answer; the protocol imports no HTTP client to name it
+    return is_transient(response.status_code if response is not None else None)
+
+
 class JobFailed(AdapterdError):
     """A valid request whose job could not finish; becomes a `failed` (or `retrying`) event.
     Raised by handlers in the child and by the daemon's own steps (the push, a timeout)."""

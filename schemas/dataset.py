@@ -67,7 +67,8 @@ class SourceSpec(Frozen):
 
     def given(self) -> list[str]:
         """The source fields set; exactly one must be."""
-        return [name for name in ("id", "url", "files", "rows") if getattr(self, name) is not None]
+        given = {"id": self.id, "url": self.url, "files": self.files, "rows": self.rows}
+        return [name for name, value in given.items() if value is not None]
 
     def locations(self) -> list[tuple[str, str]]:
         """(field path, location) of every URL or local path this source names."""
@@ -84,8 +85,8 @@ class SourceSpec(Frozen):
     def _well_formed(self) -> SourceSpec:
         self._check_one_source()
         if self.id is None:
-            for name in ("config", "revision", "data_files"):
-                if getattr(self, name) is not None:
+            for name, value in (("config", self.config), ("revision", self.revision), ("data_files", self.data_files)):
+                if value is not None:
                     raise ValueError(
                         f"{name}: belongs to a Hub dataset ('id'); other sources name their files in 'url' or 'files'"
                     )

@@ -114,11 +114,11 @@ class ReferencedRequest(RequestBase):
     def _reference_fits(self) -> ReferencedRequest:
         """TRL computes reference log-probs ahead (`precompute_ref_log_probs`) only over a map-style
         dataset, never a stream."""
-        block = self.method
-        if getattr(self, block).precompute_ref_log_probs and self.dataset.streaming:
+        config = self.method_config
+        if isinstance(config, DPOSpec | KTOSpec) and config.precompute_ref_log_probs and self.dataset.streaming:
             raise ValueError(
-                f"{block}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs computed "
-                "ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
+                f"{self.method}.precompute_ref_log_probs: a streaming dataset cannot have its reference log-probs "
+                "computed ahead; set dataset.streaming false or leave precompute_ref_log_probs out"
             )
         return self
 

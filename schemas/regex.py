@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - a producer's environment without googl
     engine = re
     _OPTIONS = 0  # re.compile's flags
 
-ENGINE = getattr(engine, "__name__", "re")
+ENGINE = getattr(engine, "__name__", "re")  # the module imported above: re2, or re where it is not installed
 
 
 def compile_pattern(pattern: str | bytes) -> Any:

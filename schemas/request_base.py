@@ -23,6 +23,7 @@ from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec, MethodSuite
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.regex import library_pattern_problem
+from schemas.trl_block import TRLBlock
 from schemas.trl_fields import (
     LoraConfigFields,
     ModelConfigFields,
@@ -90,16 +91,16 @@ class LoraSpec(LoraConfigFields):
                     "parts joined by '.', at most 200 characters, e.g. 'layers' or 'model.layers'); a regular "
                     "expression is not accepted here"
                 )
-        for name in ("target_modules", "exclude_modules"):
-            value = getattr(self, name)  # a list is of module names, which PEFT compares as text
+        # a list is of module names, which PEFT compares as text
+        for name, value in (("target_modules", self.target_modules), ("exclude_modules", self.exclude_modules)):
             if isinstance(value, str) and not (name == "target_modules" and value == "all-linear"):  # PEFT's keyword
                 problem = library_pattern_problem(value)
                 if problem:
                     raise ValueError(f"{name}: {problem}")
-        for name in ("rank_pattern", "alpha_pattern"):
-            if len(getattr(self, name) or {}) > MAX_PATTERNS:
-                raise ValueError(f"{name}: {len(getattr(self, name))} keys; at most {MAX_PATTERNS}")
-            for key in getattr(self, name) or {}:
+        for name, patterns in (("rank_pattern", self.rank_pattern or {}), ("alpha_pattern", self.alpha_pattern or {})):
+            if len(patterns) > MAX_PATTERNS:
+                raise ValueError(f"{name}: {len(patterns)} keys; at most {MAX_PATTERNS}")
+            for key in patterns:
                 problem = library_pattern_problem(key)
                 if problem:
                     raise ValueError(f"{name}: the key {key[:64]!r}: {problem}")
@@ -286,16 +287,23 @@ class RequestBase(Frozen):
                 f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score "
                 "head beside the sharded one (modules_to_save), which FSDP2 never gathers; set peft null"
             )
-        if getattr(getattr(self, self.method, None), "use_vllm", None):
+        if getattr(self.method_config, "use_vllm", None):  # only the online methods' TRL configs have use_vllm
             return (
                 f"{shard} generates with the sharded policy's own generate: vLLM is not offered sharded (it would need "
                 "the full weights gathered into its engine on every rank at each step); set use_vllm false"
             )
-        copies = [
-            name
-            for name in ("modules_to_save", "trainable_token_indices")
-            if self.peft is not None and getattr(self.peft, name) is not None
-        ]
+        copies = (
+            []
+            if self.peft is None
+            else [
+                name
+                for name, value in (
+                    ("modules_to_save", self.peft.modules_to_save),
+                    ("trainable_token_indices", self.peft.trainable_token_indices),
+                )
+                if value is not None
+            ]
+        )
         if copies:
             return (
                 f"{shard}: peft.{copies[0]} trains a whole copy of sharded modules beside them, which "
@@ -396,6 +404,13 @@ class RequestBase(Frozen):
         options = " or ".join(" and ".join(f"'{c}'" for c in sorted(form)) for form in formats)
         return f"dataset.columns: method {self.method} needs {options}; found {sorted(columns)}"
 
+    @property
+    def method_config(self) -> TRLBlock:
+        """The block of the method's own TRL config fields (`sft`, `dpo`, ...)."""
+        block: TRLBlock = getattr(self, self.method)  # each request class names its block after its method
+        return block
+
     def set_fields(self, block: str) -> dict[str, Any]:
         """The fields of one block that the request set, to pass on to TRL as keyword arguments."""
-        return getattr(self, block).set_fields()
+        named: TRLBlock = getattr(self, block)  # a block by its name in the request: `training` or the method's
+        return named.set_fields()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -15,7 +16,7 @@ from daemon.kafka.event_reader import EventStream
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Event, parse_event
+from schemas import TERMINAL_TYPES, Event, Progress, Started, parse_event
 
 EVENT_TIMEOUT_S = 240.0  # a request's events, from its submission to its terminal one, on a busy 2-core machine
 
@@ -122,10 +123,30 @@ async def run_to_end(settings: Settings, request: dict[str, Any]) -> list[Event]
 
 
 async def submit_and_follow(
-    settings: Settings, request: dict[str, Any], timeout_s: float = EVENT_TIMEOUT_S
+    settings: Settings,
+    request: dict[str, Any],
+    until: Callable[[list[Event]], bool] | None = None,
+    timeout_s: float = EVENT_TIMEOUT_S,
 ) -> list[Event]:
-    """Submit a request and return its events up to its terminal one, reading from the end of the
-    events topic as it was before the submission: an earlier request with the same id is not seen."""
+    """Submit a request and return its events up to its terminal one, or up to the first after which `until` (shown
+    the events so far, the newest last, as each comes: it may act on them, kill the child a `started` names, say)
+    says the test has what it waits for. Read from the end of the events topic as it was before the submission: an
+    earlier request with the same id is not seen."""
+    events: list[Event] = []
     async with asyncio.timeout(timeout_s), EventStream(settings, from_end=True) as stream:
         await submit(settings, request)
-        return [event async for event in stream.events(request["request_id"])]
+        async for event in stream.events(request["request_id"]):
+            events.append(event)
+            if until is not None and until(events):
+                break
+    return events
+
+
+def past_step(step: int) -> Callable[[list[Event]], bool]:
+    """For `submit_and_follow`'s `until`: the job has reported training step `step` or a later one."""
+    return lambda events: isinstance(events[-1], Progress) and events[-1].step >= step
+
+
+def child_pid(events: list[Event]) -> int:
+    """The pid of the child the latest `started` of these events names."""
+    return [event for event in events if isinstance(event, Started)][-1].pid

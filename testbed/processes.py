@@ -19,8 +19,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from daemon.settings import Settings
+from schemas import Event
 from schemas.signing import new_key_pair
-from testbed.client import EVENT_TIMEOUT_S
+from testbed.client import EVENT_TIMEOUT_S, terminal_events
 
 
 def write_config(settings: Settings, path: Path) -> Path:
@@ -115,6 +116,14 @@ class DaemonProcess:
         )
         return self
 
+    def __enter__(self) -> DaemonProcess:
+        """`with DaemonProcess(...) as daemon:` starts it (unless started) and stops it at the end, however the block
+        ends."""
+        return self if self.process is not None else self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = 60) -> int:
         assert self.process is not None
         if self.process.poll() is None:
@@ -134,6 +143,12 @@ class DaemonProcess:
             except json.JSONDecodeError:
                 lines.append({"event": "raw", "text": line})
         return lines
+
+
+async def run_to_terminal(daemon: DaemonProcess, request_id: str, timeout_s: float = EVENT_TIMEOUT_S) -> list[Event]:
+    """Start `daemon` (a restart, or another host), read a request's events up to its terminal one, and stop it."""
+    with daemon:
+        return (await terminal_events(daemon.settings, {request_id}, timeout_s))[request_id]
 
 
 class NotifySocket:

@@ -13,6 +13,7 @@ from typing import Any
 
 from daemon.settings import Settings
 from schemas import FieldError, RequestBase
+from schemas.evaluation import RewardsSuite, TaskSuite
 
 # Field (as TRL names it, in `training` or the method's block) → the setting that bounds it.
 BOUNDS: dict[str, str] = {
@@ -48,20 +49,18 @@ def bound_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     """Each field of the request above the operator's bound for it."""
     errors: list[FieldError] = []
     method = request.method
-    for block_name in ("training", method):
-        block = getattr(request, block_name, None)
-        if block is None:
-            continue
+    for block_name, block in (("training", request.training), (method, request.method_config)):
+        # BOUNDS names fields of TRL's config classes, each class having some of them
         for field, setting in BOUNDS.items():
             errors += _over(f"{block_name}.{field}", getattr(block, field, None), setting, settings)
-        generation = getattr(block, "generation_kwargs", None)
+        generation = getattr(block, "generation_kwargs", None)  # the online methods' configs have it
         if isinstance(generation, dict):
             for key, setting in GENERATION_BOUNDS.items():
                 errors += _over(f"{block_name}.generation_kwargs.{key}", generation.get(key), setting, settings)
     for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
         errors += _over(
             f"evaluation.suites.{index}.max_new_tokens",
-            getattr(suite, "max_new_tokens", None),
+            suite.max_new_tokens if isinstance(suite, RewardsSuite | TaskSuite) else None,
             "max_new_tokens",
             settings,
         )
@@ -69,7 +68,7 @@ def bound_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
 
 
 def _over(path: str, value: Any, setting: str, settings: Settings) -> list[FieldError]:
-    bound = getattr(settings, setting)
+    bound = getattr(settings, setting)  # the setting named in BOUNDS or GENERATION_BOUNDS
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= bound:
         return []
     return [FieldError(path=path, message=f"{value:g}; this host allows at most {bound:g} ({setting})")]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 
 from schemas import FieldError
-from schemas.request import RequestBase
+from schemas.evaluation import TaskSuite
+from schemas.request import GRPORequest, RequestBase
 
 
 def hub_id_errors(request: RequestBase, models: list[tuple[str, str]]) -> list[FieldError]:
@@ -21,13 +22,11 @@ def hub_id_errors(request: RequestBase, models: list[tuple[str, str]]) -> list[F
         if source.id is not None:
             named.append((f"{prefix}.id", source.id))
     for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
-        suite_source = getattr(suite, "source", None)  # a task suite's rows
-        if suite_source is not None and suite_source.id is not None:
-            named.append((f"evaluation.suites.{index}.source.id", suite_source.id))
+        if isinstance(suite, TaskSuite) and suite.source.id is not None:  # a task suite's rows
+            named.append((f"evaluation.suites.{index}.source.id", suite.source.id))
     named.append(("output.repo_id", request.output.repo_id))
-    completions_repo = getattr(getattr(request, "grpo", None), "log_completions_hub_repo", None)
-    if completions_repo is not None:
-        named.append(("grpo.log_completions_hub_repo", completions_repo))
+    if isinstance(request, GRPORequest) and request.grpo.log_completions_hub_repo is not None:
+        named.append(("grpo.log_completions_hub_repo", request.grpo.log_completions_hub_repo))
     errors = []
     for path, repo_id in named:
         try:

@@ -14,9 +14,20 @@ from daemon.admission.hub_ids import hub_id_errors
 from daemon.settings import Settings
 from schemas import FieldError
 from schemas.dataset import SourceSpec
-from schemas.evaluation import TaskSuite
+from schemas.evaluation import RewardsSuite, TaskSuite
 from schemas.locations import local_location_inside, within
-from schemas.request import ReferenceModelSpec, RequestBase, RewardModelSpec
+from schemas.request import (
+    DistillationRequest,
+    GKDRequest,
+    GRPORequest,
+    OnlineDPORequest,
+    PPORequest,
+    ReferencedRequest,
+    ReferenceModelSpec,
+    RequestBase,
+    RewardModelSpec,
+    RLOORequest,
+)
 
 
 def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
@@ -55,7 +66,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
             )
     errors += _task_suite_errors(request, settings)
     errors += _namespace_errors("output.repo_id", request.output.repo_id, settings)
-    completions_repo = getattr(getattr(request, "grpo", None), "log_completions_hub_repo", None)
+    completions_repo = request.grpo.log_completions_hub_repo if isinstance(request, GRPORequest) else None
     if (
         completions_repo is not None
     ):  # TRL pushes completions there with the host's token: the same namespaces as the result
@@ -90,6 +101,7 @@ def policy_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
                     f"(allowed_report_to: {settings.allowed_report_to})",
                 )
             )
+        # the tracker's host setting, named in TRACKER_HOSTS
         elif integration in TRACKER_HOSTS and getattr(settings, TRACKER_HOSTS[integration][0]) is None:
             setting, what = TRACKER_HOSTS[integration]
             errors.append(
@@ -208,7 +220,7 @@ def _vllm_errors(request: RequestBase, settings: Settings) -> list[FieldError]:
     it only where the operator configured one. Naming a server is refused by the schema itself
     (`vllm_server_*` are in the refusal table, schemas/contract_rules.py)."""
     block = request.method  # a method's TRL fields are in the block named after it
-    fields = getattr(request, block, None)
+    fields = request.method_config  # only the online methods' TRL configs have use_vllm and vllm_mode
     errors = []
     if (
         getattr(fields, "use_vllm", None)
@@ -229,22 +241,17 @@ def other_models(request: RequestBase) -> list[tuple[str, RewardModelSpec | Refe
     """The models a request names besides its base (reward models, DPO's and KTO's reference,
     distillation's teacher, an evaluation's reward model), each under the same rules as the base."""
     found: list[tuple[str, RewardModelSpec | ReferenceModelSpec]] = []
-    rewards = getattr(request, "rewards", None)
-    if rewards is not None and rewards.model is not None:
-        found.append(("rewards.model.id", rewards.model))
-    reward_model = getattr(request, "reward_model", None)
-    if reward_model is not None:
-        found.append(("reward_model.id", reward_model))
-    ref_model = getattr(request, "ref_model", None)
-    if ref_model is not None:
-        found.append(("ref_model.id", ref_model))
-    teacher = getattr(request, "teacher_model", None)
-    if teacher is not None:
-        found.append(("teacher_model.id", teacher))
+    if isinstance(request, GRPORequest | RLOORequest | OnlineDPORequest) and request.rewards.model is not None:
+        found.append(("rewards.model.id", request.rewards.model))
+    if isinstance(request, PPORequest):
+        found.append(("reward_model.id", request.reward_model))
+    if isinstance(request, ReferencedRequest) and request.ref_model is not None:
+        found.append(("ref_model.id", request.ref_model))
+    if isinstance(request, DistillationRequest | GKDRequest):
+        found.append(("teacher_model.id", request.teacher_model))
     for index, suite in enumerate(request.evaluation.suites if request.evaluation is not None else []):
-        model = getattr(suite, "model", None)
-        if model is not None:
-            found.append((f"evaluation.suites.{index}.model.id", model))
+        if isinstance(suite, RewardsSuite) and suite.model is not None:
+            found.append((f"evaluation.suites.{index}.model.id", suite.model))
     return found
 
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
-from daemon.cli.waiting import SentCancel, Waiting
+from daemon.cli.waiting import SentCancel, WaitingRequest
 from daemon.errors import TopicMissing
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
@@ -47,9 +47,9 @@ async def sent_cancels(settings: Settings, now: datetime) -> dict[str, SentCance
     return found
 
 
-def mark_cancelled(waiting: list[Waiting], cancels: dict[str, SentCancel]) -> None:
-    """Mark each waiting request with its pending cancel (`Waiting.cancel`); a record that is not a
-    request has none to honour."""
+def mark_cancelled(waiting: list[WaitingRequest], cancels: dict[str, SentCancel]) -> None:
+    """Mark each waiting request with its pending cancel (`WaitingRequest.cancel`); a record that is not a request has
+    none to honour."""
     for each in waiting:
         if each.stage != "undecodable":
             each.cancel = cancels.get(each.request_id)

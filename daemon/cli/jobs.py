@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Event
+from schemas.events import Accepted, Started, Succeeded
 
 # The state a request is in after each event type.
 STATE_AFTER = {
@@ -81,11 +82,11 @@ def fold(events: Iterable[Event]) -> dict[str, RequestSummary]:
             job = jobs[event.request_id] = RequestSummary(
                 event.request_id, "queued", None, event.host, event.attempt, event.time, event.time, "", 0
             )
-        if event.type == "succeeded" and getattr(event, "duplicate", False) and job.state == "succeeded":
+        if isinstance(event, Succeeded) and event.duplicate and job.state == "succeeded":
             job.events += 1
             continue  # a redelivered request's repeat: the same outcome
         job.state, job.host, job.attempt, job.last = STATE_AFTER[event.type], event.host, event.attempt, event.time
-        job.method = getattr(event, "method", None) or job.method
+        job.method = event.method if isinstance(event, Accepted | Started | Succeeded) else job.method
         job.detail, job.latest = detail(event), event.type
         job.events += 1
     return jobs

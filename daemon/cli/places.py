@@ -28,13 +28,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
-from daemon.cli.waiting import Backlog, Waiting, read_backlog
+from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import Bounds, etas, places
 from daemon.fleet.running import RunningJobs
 from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
 from schemas import Event
+from schemas.events import Accepted
 
 RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts for the default --slots
 UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
@@ -45,7 +46,7 @@ PENDING_NAMED = 5  # the requests with a cancel pending named under the queue's 
 class Placed:
     """A waiting request, its place (1: next to start; None: not in the order) and its ETA in seconds."""
 
-    request: Waiting
+    request: WaitingRequest
     place: int | None
     eta_s: float | None
     of: int = 0  # how many are placed in the queue its place is in: the fleet's, or (without classes) its partition's
@@ -63,12 +64,12 @@ HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {
 
 
 def place_and_eta(
-    waiting: list[Waiting],
+    waiting: list[WaitingRequest],
     events: list[Event],
     settings: Settings,
     slots: int,
     now: datetime,
-    records: dict[str, Waiting] | None = None,
+    records: dict[str, WaitingRequest] | None = None,
 ) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
     (`accepted`: ETA 0) and the rest unplaced: records that are not requests, requests with a cancel pending
@@ -103,7 +104,7 @@ def place_and_eta(
     ]
 
 
-def _in_order(w: Waiting) -> fleet.Waiting:
+def _in_order(w: WaitingRequest) -> fleet.Waiting:
     return fleet.Waiting(
         w.request_id,
         w.priority_class or "",
@@ -117,10 +118,10 @@ def _in_order(w: Waiting) -> fleet.Waiting:
 
 
 def _in_partitions(
-    waiting: list[Waiting], records: dict[str, Waiting], jobs: list[fleet.Running], pace: Pace, at: float
+    waiting: list[WaitingRequest], records: dict[str, WaitingRequest], jobs: list[fleet.Running], pace: Pace, at: float
 ) -> list[Placed]:
     """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
-    queues: dict[tuple[str, int], list[Waiting]] = {}
+    queues: dict[tuple[str, int], list[WaitingRequest]] = {}
     for w in sorted(waiting, key=lambda w: w.at or ("", 0, 0)):
         queues.setdefault((w.at or ("", 0, 0))[:2], []).append(w)
     running = {job.request_id for job in jobs}  # from its `accepted` on: the job a partition is paused for
@@ -143,7 +144,7 @@ def default_slots(events: list[Event], now: datetime) -> int:
     slots: dict[str, int] = {}
     for event in events:
         if event.type in ("started", "accepted") and now - event.time <= RECENT_HOSTS:
-            said = getattr(event, "host_slots", None)
+            said = event.host_slots if isinstance(event, Accepted) else None
             slots[event.host] = said if said is not None else slots.get(event.host, 1)
     return max(1, sum(slots.values()))
 
@@ -216,7 +217,7 @@ def queue_table(
     return [HEADER] + [each.line() for each in taken if each.request.cancel is None], pending_said(pending)
 
 
-def pending_said(pending: list[Waiting]) -> str | None:
+def pending_said(pending: list[WaitingRequest]) -> str | None:
     """One line for the waiting requests with a cancel pending: how many, and the first few."""
     if not pending:
         return None

@@ -31,6 +31,7 @@ from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER, queue_group, team_of
 from schemas import Event, Rejection, decode_request
+from schemas.events import Accepted, Preempted, Queued
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ class SentCancel:
 
 
 @dataclass
-class Waiting:
-    """One waiting request: what it is, and where and how it waits."""
+class WaitingRequest:
+    """One waiting request as the CLI reads it from Kafka: what it is, and where and how it waits (the fleet's
+    order takes its own `daemon.fleet.order.Waiting` of it: daemon/cli/places.py)."""
 
     request_id: str
     priority_class: str | None
@@ -81,10 +83,10 @@ class Waiting:
 class Backlog:
     """The waiting requests, and what was read to find them."""
 
-    waiting: list[Waiting]
+    waiting: list[WaitingRequest]
     # Every request decoded from a record past a committed offset, the running ones too (their record
     # is not committed until they end): the sweep matches running requests by their record.
-    records: dict[str, Waiting]
+    records: dict[str, WaitingRequest]
     jobs: dict[str, RequestSummary]
     events: list[Event]
     missing: list[str] = field(default_factory=list)  # queue topics that do not exist: nothing waits there
@@ -123,9 +125,9 @@ async def read_backlog(settings: Settings, events: list[Event] | None = None) ->
 def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Settings) -> Backlog:
     """The waiting requests, from the records past the committed offsets (in the order read) and the events."""
     jobs = fold(events)
-    records: dict[str, Waiting] = {}
-    waiting: dict[str, Waiting] = {}
-    undecodable: list[Waiting] = []
+    records: dict[str, WaitingRequest] = {}
+    waiting: dict[str, WaitingRequest] = {}
+    undecodable: list[WaitingRequest] = []
     for queue, record in read:
         each = from_record(queue, record, settings)
         if each.stage == "undecodable":
@@ -154,7 +156,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
     for request_id, job in jobs.items():
         if job.state == "queued" and request_id not in waiting:
             priority_class, team, metadata = named.get(request_id, (None, None, {}))
-            waiting[request_id] = Waiting(
+            waiting[request_id] = WaitingRequest(
                 request_id,
                 priority_class or settings.default_class,
                 team_of(team),
@@ -171,7 +173,7 @@ def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Set
     return Backlog(list(waiting.values()) + undecodable, records, jobs, events)
 
 
-def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
+def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequest:
     """What a record of a queue says of its request; an undecodable one is listed with why, never raised."""
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     arrived = datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC)
@@ -185,7 +187,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
             if decoded.errors
             else decoded.reason
         )
-        return Waiting(
+        return WaitingRequest(
             decoded.request_id or "-",
             queue.priority_class,
             "-",
@@ -200,7 +202,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> Waiting:
         )
     preempted = _header(record, PREEMPTIONS_HEADER)  # as the record says: only a host with the retry key can verify it
     claimed_as = _header(record, CLASS_HEADER) if queue.stage == "claimed" else None
-    return Waiting(
+    return WaitingRequest(
         decoded.request_id,
         claimed_as or decoded.priority_class or queue.priority_class or settings.default_class,
         team_of(decoded.team),
@@ -235,11 +237,11 @@ def named_in_events(events: list[Event]) -> dict[str, tuple[str | None, str | No
     queued, preempted): for a request that waits where only its events say so."""
     named: dict[str, tuple[str | None, str | None, dict[str, str]]] = {}
     for event in events:
-        if event.request_id is not None and event.type in ("accepted", "queued", "preempted"):
+        if event.request_id is not None and isinstance(event, Accepted | Queued | Preempted):
             previous = named.get(event.request_id, (None, None, {}))
             named[event.request_id] = (
-                getattr(event, "priority_class", None) or previous[0],
-                getattr(event, "team", None) or previous[1],
+                event.priority_class or previous[0],
+                (event.team if not isinstance(event, Preempted) else None) or previous[1],
                 event.metadata,
             )
     return named

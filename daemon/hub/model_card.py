@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCardData
@@ -55,20 +56,26 @@ def _source_lines(sources: Sequence[ResolvedSource]) -> str:
     return "\n".join(lines)
 
 
-def model_card(
-    request: RequestBase,
-    trainer: str,
-    base_model_revision: str | None,
-    metrics: dict[str, float],
-    versions: dict[str, str],
-    *,
-    dataset_sources: Sequence[ResolvedSource] = (),
-    dataset_fingerprint: str | None = None,
-    local_model_hub_ids: dict[str, str] | None = None,
-    pipeline_tag: str | None = None,
-    tracking: Sequence[TrackedRun] = (),
-    evaluation: EvaluationReport | None = None,
-) -> str:
+@dataclass(frozen=True)
+class CardContents:
+    """What a model card says of one artifact: the request that made it and what its training reported
+    (the child's TrainResult: daemon/job/report.py fills it), and the gate's evaluation if it ran."""
+
+    request: RequestBase
+    trainer: str  # the TRL trainer and config that trained it, e.g. "trl.SFTTrainer/trl.SFTConfig"
+    base_model_revision: str | None = None  # the base model's resolved commit, when it came from the Hub
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    versions: Mapping[str, str] = field(default_factory=dict)  # the libraries it trained with
+    dataset_sources: Sequence[ResolvedSource] = ()
+    dataset_fingerprint: str | None = None
+    pipeline_tag: str | None = None  # the Hub task of a model that is not a plain text generator
+    tracking: Sequence[TrackedRun] = ()
+    evaluation: EvaluationReport | None = None
+
+
+def model_card(contents: CardContents, local_model_hub_ids: dict[str, str] | None = None) -> str:
+    """The card's text; a local base is named by the Hub id the operator's `local_model_hub_ids` give it."""
+    request, pipeline_tag, evaluation = contents.request, contents.pipeline_tag, contents.evaluation
     is_adapter = request.peft is not None and request.output.push == "adapter"
     base = card_base_model(request.model.id, local_model_hub_ids)
     vision = pipeline_tag == "image-text-to-text"
@@ -87,29 +94,29 @@ def model_card(
         model_name=request.output.repo_id if evaluation is not None else None,
         eval_results=_eval_results(request, evaluation, pipeline_tag) if evaluation is not None else None,
     )
-    metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(metrics.items()))
-    version_line = ", ".join(f"{name} {value}" for name, value in sorted(versions.items()))
+    metric_lines = "\n".join(f"| {name} | {value:.6g} |" for name, value in sorted(contents.metrics.items()))
+    version_line = ", ".join(f"{name} {value}" for name, value in sorted(contents.versions.items()))
     # A local base is named by its Hub id when known, else only as a local model: its path stays on the host.
     base_text = f"`{base}`" if base else "a local model"
     dataset = request.dataset.id or ("inline rows" if request.dataset.rows is not None else "see below")
     return (
         f"---\n{card.to_yaml()}\n---\n\n"
         f"# {request.output.repo_id}\n\n"
-        f"{'A LoRA adapter' if is_adapter else 'A model'} trained by adapterd with TRL's `{trainer}` "
+        f"{'A LoRA adapter' if is_adapter else 'A model'} trained by adapterd with TRL's `{contents.trainer}` "
         f"(method `{request.method}`) on the base model {base_text}"
-        f"{f' at revision `{base_model_revision}`' if base_model_revision else ''}.\n\n"
+        f"{f' at revision `{contents.base_model_revision}`' if contents.base_model_revision else ''}.\n\n"
         f"- Request id: `{request.request_id}`\n"
         f"- Dataset: `{dataset}`\n"
-        + (f"- Dataset fingerprint: `{dataset_fingerprint}`\n" if dataset_fingerprint else "")
+        + (f"- Dataset fingerprint: `{contents.dataset_fingerprint}`\n" if contents.dataset_fingerprint else "")
         + f"- Versions: {version_line}\n"
         + "".join(
             f"- Metrics tracked in {run.tracker}: run "
             f"`{run.run_id}`{f' of project `{run.project}`' if run.project else ''}"
             f"{f' ({run.url})' if run.url else ''}\n"
-            for run in tracking
+            for run in contents.tracking
         )
         + "\n"
-        + (f"## Training data\n\n{_source_lines(dataset_sources)}\n\n" if dataset_sources else "")
+        + (f"## Training data\n\n{_source_lines(contents.dataset_sources)}\n\n" if contents.dataset_sources else "")
         + (_vision_usage(base, request.output.repo_id, is_adapter) if vision else "")
         + (_evaluation_section(evaluation) if evaluation is not None else "")
         + f"| metric | value |\n|---|---|\n{metric_lines}\n"

@@ -29,7 +29,7 @@ from daemon.errors import PushFailed
 from daemon.hub.local_sink import local_pull_request, local_target
 from daemon.ops.metrics import HUB_RETRIES
 from daemon.settings import Settings
-from handlers.protocol import is_transient
+from handlers.protocol import is_transient_failure
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -51,17 +51,16 @@ class PushResult:
     )
 
 
-def _is_transient(exc: BaseException) -> bool:
-    """`handlers.protocol.is_transient`, the rule the child's downloads follow too."""
-    if isinstance(exc, HfHubHTTPError):
-        return is_transient(exc.response.status_code if exc.response is not None else None)
-    return isinstance(exc, httpx2.TransportError)
+def is_transient_push_failure(exc: BaseException) -> bool:
+    """Whether a push's failure is worth another try: a Hub call's that `handlers.protocol.is_transient_failure` says
+    is transient, the rule the child's downloads follow too (handlers/toolkit/loading.py); anything else is not."""
+    return isinstance(exc, HfHubHTTPError | httpx2.TransportError) and is_transient_failure(exc)
 
 
 def _wait(state: RetryCallState) -> float:
     """Honour the Hub's Retry-After when it sends one; otherwise back off exponentially."""
     exc = state.outcome.exception() if state.outcome else None
-    response = getattr(exc, "response", None)
+    response = exc.response if isinstance(exc, HfHubHTTPError) else None
     retry_after = response.headers.get("Retry-After") if response is not None else None
     if retry_after and retry_after.isdigit():
         return min(float(retry_after), 120.0)
@@ -127,7 +126,7 @@ def push_to_hub(
     output = request.output
 
     @retry(
-        retry=retry_if_exception(_is_transient),
+        retry=retry_if_exception(is_transient_push_failure),
         wait=_wait,
         stop=stop_after_attempt(settings.hub_push_attempts),
         reraise=True,
@@ -167,7 +166,9 @@ def push_to_hub(
                 retryable=False,
             ) from exc
         raise PushFailed(
-            "hub_error", f"output.repo_id: pushing to {output.repo_id} failed: {exc}", retryable=_is_transient(exc)
+            "hub_error",
+            f"output.repo_id: pushing to {output.repo_id} failed: {exc}",
+            retryable=is_transient_push_failure(exc),
         ) from exc
     except httpx2.TransportError as exc:
         raise PushFailed(

@@ -54,18 +54,12 @@ def ran_as_estimated(request: RequestBase, estimate: Estimate, fast: FastSetting
     they fit. Checkpointing kwargs (every_n_layers, offload) change memory the estimate does not model: not learnt;
     nor a job whose host settings are unknown (a result read back from an earlier attempt's journal)."""
     training = request.training
-    if any(
-        getattr(training, name, None) is not None
-        for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
-    ):
+    if training.activation_checkpointing_kwargs is not None or training.gradient_checkpointing_kwargs is not None:
         return False
-    said = next(
-        (
-            value
-            for name in ("activation_checkpointing", "gradient_checkpointing")
-            if (value := getattr(training, name, None)) is not None
-        ),
-        None,
+    said = (
+        training.activation_checkpointing
+        if training.activation_checkpointing is not None
+        else training.gradient_checkpointing  # TRL's deprecated alias
     )
     if said is None:
         if fast is None:

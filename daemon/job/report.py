@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from daemon.hub.model_card import model_card
+from daemon.hub.model_card import CardContents, model_card
 from daemon.ops.metrics import STAGE_SECONDS
 from daemon.settings import Settings
 from handlers.protocol import TrainResult
@@ -45,7 +45,7 @@ def write_card(
     artifact: Path, request: RequestBase, result: TrainResult, report: EvaluationReport | None, settings: Settings
 ) -> None:
     """The artifact's README.md: its model card, from the request, the child's result and the gate's report."""
-    card = model_card(
+    contents = CardContents(
         request,
         result.trainer,
         result.base_model_revision,
@@ -53,9 +53,8 @@ def write_card(
         result.versions,
         dataset_sources=result.dataset_sources,
         dataset_fingerprint=result.dataset_fingerprint,
-        local_model_hub_ids=settings.local_model_hub_ids,
         pipeline_tag=result.pipeline_tag,
         tracking=result.tracking,
         evaluation=report,
     )
-    (artifact / "README.md").write_text(card)
+    (artifact / "README.md").write_text(model_card(contents, settings.local_model_hub_ids))

@@ -14,6 +14,7 @@ import asyncio
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -45,6 +46,25 @@ from schemas.request import RequestBase
 log = structlog.get_logger()
 
 
+@dataclass(frozen=True)
+class Arrival:
+    """The request a job runs, as this attempt received it."""
+
+    request: RequestBase
+    received_at: float  # wall-clock time the request reached Kafka
+    attempt: int = 1
+    trace: Headers = field(default_factory=list)  # its W3C trace headers (daemon/kafka/trace.py), on each of its events
+
+
+@dataclass(frozen=True)
+class JobServices:
+    """What every job of the host runs with: the settings, the publisher of its events, the source of its children."""
+
+    settings: Settings
+    publisher: Publisher
+    children: ChildSource
+
+
 class JobRunner:
     """One request's job on its slots. `run()` returns the published terminal (or `retrying`) event,
     or None when the job was interrupted (nothing published: the request is read again).
@@ -55,33 +75,27 @@ class JobRunner:
 
     def __init__(
         self,
-        request: RequestBase,
-        settings: Settings,
-        publisher: Publisher,
-        children: ChildSource,
+        arrival: Arrival,
+        services: JobServices,
         place: JobPlace,
         *,
-        received_at: float,
-        attempt: int = 1,
-        trace: Headers | None = None,
-        on_trained: Callable[[], Awaitable[None]] | None = None,
         memory: MemoryPlan | None = None,
+        on_trained: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        request, settings = arrival.request, services.settings
         self.request = request
-        self.place = (
-            place  # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
-        )
+        # its slots and devices, and on a GPU shared with other jobs its share, which its child is held to
+        self.place = place
         self.memory = memory or MemoryPlan()  # its estimate, a whole GPU's room and the estimator its peak teaches
-        self.fast: FastSettings | None = (
-            None  # the speed settings its child trained with, this attempt (none: read back from the journal)
-        )
+        # the speed settings its child trained with, this attempt (none: read back from the journal)
+        self.fast: FastSettings | None = None
         # Called once the child has exited with its result: the GPUs are free for the next job while
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
-        self.trace = trace or []  # the request's W3C trace headers (daemon/kafka/trace.py), on each of its events
+        self.trace = arrival.trace
         self.settings = settings
-        self.received_at = received_at  # wall-clock time the request reached Kafka
-        self.attempt = attempt
+        self.received_at = arrival.received_at
+        self.attempt = arrival.attempt
         self.job_dir = (
             settings.jobs_dir / request.request_id
         ).absolute()  # the child runs in it: paths in its spec stay absolute
@@ -89,9 +103,8 @@ class JobRunner:
         self.log = log.bind(
             request_id=request.request_id, method=request.method, slot=place.slot, traceparent=traceparent(self.trace)
         )
-        self.events = JobEvents(
-            publisher, request, settings.host, attempt, self.trace
-        )  # every event of the job goes through it
+        # every event of the job goes through it
+        self.events = JobEvents(services.publisher, request, settings.host, arrival.attempt, self.trace)
         # Its checkpoints into the operator's store, when there is one (daemon/job/uploads.py).
         self.uploads = CheckpointUploads(
             store_of(settings),
@@ -102,7 +115,7 @@ class JobRunner:
             settings.checkpoint_store_keep,
         )
         self.supervisor = Supervisor(
-            request, settings, self.events, children, place=place, stop=self.stop, uploads=self.uploads
+            request, settings, self.events, services.children, place=place, stop=self.stop, uploads=self.uploads
         )
         self.lifecycle = Lifecycle()  # daemon/job/lifecycle.py: its states, their transitions, and why it stops early
         self._work: asyncio.Task[EventBase] | None = None

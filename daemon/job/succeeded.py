@@ -19,7 +19,7 @@ from daemon.store.journal import Journal
 from handlers.protocol import TrainResult
 from schemas.evaluation import EvaluationReport, Published
 from schemas.events import JobMemory, Succeeded
-from schemas.request import RequestBase
+from schemas.request import DistillationRequest, GKDRequest, ReferencedRequest, RequestBase
 
 # What an earlier run's Hub commit, found by its request id, tells of its training: nothing the
 # daemon can vouch for (the metrics and versions were in that run's event).
@@ -33,11 +33,14 @@ FOUND_ON_THE_HUB = TrainResult(
 )
 
 
-def _named_model(request: RequestBase, field: str) -> str | None:
-    """The id of the model a request names in `field` (a dpo or kto `ref_model`, a distillation
-    `teacher_model`); None where the method has none or the request left it out."""
-    model = getattr(request, field, None)
-    return model.id if model is not None else None
+def _ref_model(request: RequestBase) -> str | None:
+    """The id of a dpo or kto request's `ref_model`; None where the method has none or the request left it out."""
+    return request.ref_model.id if isinstance(request, ReferencedRequest) and request.ref_model is not None else None
+
+
+def _teacher_model(request: RequestBase) -> str | None:
+    """The id of a distillation or gkd request's `teacher_model`; None for every other method."""
+    return request.teacher_model.id if isinstance(request, DistillationRequest | GKDRequest) else None
 
 
 def succeeded_event(
@@ -70,9 +73,9 @@ def succeeded_event(
         trainer=result.trainer,
         base_model=request.model.id,
         base_model_revision=result.base_model_revision,
-        ref_model=_named_model(request, "ref_model"),
+        ref_model=_ref_model(request),
         ref_model_revision=result.ref_model_revision,
-        teacher_model=_named_model(request, "teacher_model"),
+        teacher_model=_teacher_model(request),
         teacher_model_revision=result.teacher_model_revision,
         dataset_fingerprint=result.dataset_fingerprint,
         dataset_sources=result.dataset_sources,

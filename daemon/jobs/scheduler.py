@@ -35,7 +35,7 @@ from aiokafka import TopicPartition
 from daemon.children.processes import ChildSource
 from daemon.job.lifecycle import Stop
 from daemon.job.plan import JobPlace, MemoryPlan
-from daemon.job.runner import JobRunner
+from daemon.job.runner import Arrival, JobRunner, JobServices
 from daemon.job.supervisor import time_limit
 from daemon.jobs.cancels import Cancels
 from daemon.jobs.faults import RecordFaults
@@ -198,16 +198,11 @@ class Scheduler:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
-            request,
-            self.settings,
-            self.publisher,
-            self.children,
+            Arrival(request, record.timestamp / 1000, attempt, trace_context(record)),
+            JobServices(self.settings, self.publisher, self.children),
             JobPlace.on(self.slots, placement),
-            received_at=record.timestamp / 1000,
-            attempt=attempt,
-            trace=trace_context(record),
-            on_trained=functools.partial(self._free_slots, tp, record.offset),
             memory=MemoryPlan(need, self.slots.gpu_room, self.memory),
+            on_trained=functools.partial(self._free_slots, tp, record.offset),
         )
         task = asyncio.create_task(self._run(tp, record, runner), name=f"job-{request.request_id}")
         self.jobs[tp] = RunningJob(request.request_id, record.offset, runner, placement, task, started=self.clock())

@@ -98,7 +98,7 @@ class Estimator:
         """The models a request's job loads: its base first."""
         return [
             (request.model.id, request.model.revision),
-            *((spec.id, getattr(spec, "revision", None)) for _, spec in other_models(request)),
+            *((spec.id, spec.revision) for _, spec in other_models(request)),
         ]
 
     def known(

@@ -51,6 +51,7 @@ from functools import cached_property
 from typing import Any
 
 from schemas.common import AdapterdError
+from schemas.request import ReferencedRequest
 
 DTYPE_BYTES = {
     "F64": 8,
@@ -245,13 +246,9 @@ class Estimate:
         return int(self.total * self.scale)
 
 
-def _method_block(request: Any) -> Any:
-    return getattr(request, request.method, None)
-
-
 def step_tokens(request: Any) -> int:
     """The tokens of one training step on one device: batch × length, for what the method feeds."""
-    block = _method_block(request)
+    block = request.method_config  # each TRL config class has its own lengths: read where it has them
     batch = request.training.per_device_train_batch_size or 8  # TrainingArguments' default
     length = getattr(block, "max_length", None) or 1024  # TRL's default for SFT, DPO, KTO, ORPO, CPO, reward
     if request.method in {"dpo", "orpo", "cpo", "reward"}:
@@ -280,9 +277,9 @@ def copies_base_as_reference(request: Any) -> bool:
         off) of DPO or KTO without a `ref_model` and without `precompute_ref_log_probs` (which computes the reference's
         log-probs with the policy before it trains), or of GRPO or RLOO with a KL term (`beta` above 0). TRL loads it
     from the base's folder as a whole model (`create_model_from_path`), on every rank of a sharded job too."""
-    if request.peft is not None or getattr(request, "ref_model", None) is not None:
+    if request.peft is not None or (isinstance(request, ReferencedRequest) and request.ref_model is not None):
         return False
-    block = _method_block(request)
+    block = request.method_config  # DPO's, KTO's, GRPO's or RLOO's TRL config: the fields read below are theirs
     if request.method in {"dpo", "kto"}:
         return not getattr(block, "precompute_ref_log_probs", None)
     if request.method in {"grpo", "rloo"}:

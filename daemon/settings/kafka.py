@@ -65,9 +65,12 @@ class KafkaSettings(BaseModel):
     @model_validator(mode="after")
     def _sasl_complete(self) -> Self:
         if self.security_protocol.startswith("SASL_"):
-            missing = [
-                name for name in ("sasl_mechanism", "sasl_username", "sasl_password") if getattr(self, name) is None
-            ]
+            sasl = {
+                "sasl_mechanism": self.sasl_mechanism,
+                "sasl_username": self.sasl_username,
+                "sasl_password": self.sasl_password,
+            }
+            missing = [name for name, value in sasl.items() if value is None]
             if missing:
                 raise ValueError(f"security_protocol {self.security_protocol} needs {', '.join(missing)}")
         return self

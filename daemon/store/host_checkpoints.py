@@ -49,7 +49,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
 
 def write_new(target: Path) -> int:
     """A new file's descriptor: never through a link, never over a file already there."""
-    return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    return os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)  # POSIX only
 
 
 def bounded_copy(source: IO[bytes], descriptor: int, size: int) -> tuple[int, str]:

@@ -36,7 +36,7 @@ def dataclass_of(source: str) -> type | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # trl.experimental warns on import
         try:
-            return getattr(importlib.import_module(module), name)
+            return getattr(importlib.import_module(module), name)  # a class named by its path in TRL's install
         except (ImportError, AttributeError):
             return None
 

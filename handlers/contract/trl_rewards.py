@@ -22,6 +22,7 @@ SCORING_ARGUMENTS = frozenset(
 
 def trl_functions(module: Any) -> dict[str, Any]:
     """The reward functions `module` (trl.rewards) exports: its `__all__`, less its submodules."""
+    # the module's names, read from the install: what this TRL ships is known only here
     return {
         name: getattr(module, name)
         for name in module.__all__

@@ -23,7 +23,7 @@ def resolves(path: str) -> bool:
     """Whether `trl.experimental.orpo.ORPOTrainer` (a class by its import path) imports here."""
     module, _, name = path.rpartition(".")
     try:
-        return hasattr(importlib.import_module(module), name)
+        return hasattr(importlib.import_module(module), name)  # what this install of TRL has, by its name
     except ImportError:
         return False
 
@@ -50,6 +50,7 @@ def experimental_trainers() -> list[str]:
             for name in dir(loaded)
             if name.endswith("Trainer")
             and not name.startswith("_")
+            # a trainer of the module's own, not one it imports from elsewhere
             and getattr(getattr(loaded, name), "__module__", "").startswith(f"trl.experimental.{module.name}")
         ]
     return sorted(found)

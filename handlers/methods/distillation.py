@@ -25,7 +25,7 @@ def train(request: DistillationRequest, job: JobSpec, reporter: StatusReporter) 
     data = load_data(request, job, reporter)
     base = load_base(request, job, reporter, data)
     model = load_policy(base, request.model)
-    teacher = load_beside_base(request, job, base, "teacher_model", "the teacher")
+    teacher = load_beside_base(request, job, base, request.teacher_model, "teacher_model", "the teacher")
     trainer = DistillationTrainer(
         model=model,
         teacher_model=teacher.model,

@@ -95,6 +95,7 @@ class JobCallback(StepClock):
             return  # an evaluation during training: its numbers are in the trainer's log
         self.eval_batch += 1
         batches = kwargs.get("eval_dataloader")
+        # a dataloader over a stream has no length
         total = len(batches) if batches is not None and hasattr(batches, "__len__") else None
         if now - self.last_sent_at >= self.job.progress_interval_s or self.eval_batch == total:
             self.last_sent_at = now

@@ -25,7 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from handlers.protocol import JobFailed, JobSpec, is_transient
+from handlers.protocol import JobFailed, JobSpec, is_transient_failure
 from handlers.toolkit import fast
 from handlers.toolkit.reporting import loading_weights
 from handlers.toolkit.sources import AnyDataset, check_download_size, load_source
@@ -35,10 +35,10 @@ from schemas.request import DatasetSpec, ModelSpec, RequestBase, RewardModelSpec
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _http_status(exc: BaseException) -> int | None:
-    """The HTTP status of a failed Hub call; None when no answer came (a network error, a timeout)."""
-    response = getattr(exc, "response", None)
-    return getattr(response, "status_code", None)
+def is_transient_download_failure(exc: BaseException) -> bool:
+    """Whether a download's failure is worth another try: a Hub call's that `handlers.protocol.is_transient_failure`
+    says is transient, the rule the daemon's push follows too (daemon/hub/push.py); anything else is not."""
+    return isinstance(exc, HfHubHTTPError | TransportError) and is_transient_failure(exc)
 
 
 def resolve_model(
@@ -61,7 +61,7 @@ def resolve_model(
             "model_unavailable",
             "load_model",
             f"{field}.id: cannot download {spec.id}@{spec.revision or 'main'} from the Hub: {exc!r}",
-            retryable=is_transient(_http_status(exc)),
+            retryable=is_transient_download_failure(exc),
         ) from exc
 
 
@@ -226,7 +226,7 @@ def load_dataset_sources(
             "dataset_unavailable",
             "load_dataset",
             f"dataset: cannot load {source}: {type(exc).__name__}: {exc}",
-            retryable=isinstance(exc, HfHubHTTPError | TransportError) and is_transient(_http_status(exc)),
+            retryable=is_transient_download_failure(exc),
         ) from exc
     if spec.test_split_size is not None:
         train, evaluation = _carved(train, spec.test_split_size, seed)

@@ -66,7 +66,7 @@ from schemas.evaluation import EvaluationResult
 from schemas.images import image_column
 from schemas.methods import METHODS
 from schemas.provenance import ResolvedSource, TrackedRun
-from schemas.request import LoraSpec, ModelSpec, RequestBase
+from schemas.request import LoraSpec, ModelSpec, ReferencedRequest, ReferenceModelSpec, RequestBase
 
 if TYPE_CHECKING:
     import torch
@@ -176,15 +176,16 @@ class Reference:
 def load_reference(request: RequestBase, job: JobSpec, base: Base) -> Reference | None:
     """Stage `load_model`, for DPO and KTO: the request's `ref_model` (`load_beside_base`), or None
     when the base is the reference (TRL's default)."""
-    spec = getattr(request, "ref_model", None)
-    return None if spec is None else load_beside_base(request, job, base, "ref_model", "the reference model")
+    spec = request.ref_model if isinstance(request, ReferencedRequest) else None
+    return None if spec is None else load_beside_base(request, job, base, spec, "ref_model", "the reference model")
 
 
-def load_beside_base(request: RequestBase, job: JobSpec, base: Base, field: str, role: str) -> Reference:
+def load_beside_base(
+    request: RequestBase, job: JobSpec, base: Base, spec: ReferenceModelSpec, field: str, role: str
+) -> Reference:
     """Stage `load_model`: the frozen model the request names in `field` (DPO's and KTO's reference,
     distillation's teacher), loaded like the base (its dtype, quantization and trust_remote_code). The
     trainer feeds it the base tokenizer's ids, so it must have an embedding for each of them."""
-    spec = getattr(request, field)
     as_base = request.model.model_copy(update={"id": spec.id, "revision": spec.revision})
     path, revision = resolve_model(as_base, field, max_bytes=job.max_model_bytes)
     model = load_policy(Base(path, revision, base.tokenizer, base.processor), as_base, field)

@@ -160,9 +160,8 @@ def final_metrics(trainer: Trainer, summary: dict[str, Any], loss_key: str = "lo
     metrics["checkpointed_modules"] = float(
         sum(bool(getattr(module, "gradient_checkpointing", False)) for module in trainer.model.modules())
     )
-    reference = getattr(
-        trainer, "ref_model", None
-    )  # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO)
+    # a frozen reference the trainer loaded or was given (DPO, KTO, GRPO): only those trainers have one
+    reference = getattr(trainer, "ref_model", None)
     if isinstance(reference, torch.nn.Module):
         metrics.update(rank_holdings(reference, "ref_"))
     clocks = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepClock)]

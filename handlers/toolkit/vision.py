@@ -162,7 +162,7 @@ def is_vision_model(path: str, spec: ModelSpec) -> bool:
         raise JobFailed(
             "model_unavailable", "load_model", f"model.id: {spec.id} has no loadable config: {exc}"
         ) from exc
-    return getattr(config, "vision_config", None) is not None
+    return getattr(config, "vision_config", None) is not None  # only a vision-language config class has one
 
 
 def load_processor(path: str, spec: ModelSpec) -> ProcessorMixin:
@@ -174,6 +174,7 @@ def load_processor(path: str, spec: ModelSpec) -> ProcessorMixin:
         raise JobFailed(
             "model_unavailable", "load_model", f"model.id: {spec.id} has no loadable processor: {exc}"
         ) from exc
+    # a processor of text alone has no image processor
     if not isinstance(processor, ProcessorMixin) or getattr(processor, "image_processor", None) is None:
         raise JobFailed(
             "model_unavailable",

@@ -217,7 +217,11 @@ def _retry(settings: Settings) -> Check:
     try:
         key = load_key(path, settings.work_dir)
     except (OSError, ValueError) as exc:
-        return Check("retry", False, f"retry_key_file {path}: {getattr(exc, 'strerror', None) or exc}")
+        return Check(
+            "retry",
+            False,
+            f"retry_key_file {path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}",
+        )
     return Check("retry", True, f"retry key {retry_key_id(key)} from {path} (the same id on every host of the fleet)")
 
 

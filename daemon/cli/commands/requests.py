@@ -85,7 +85,9 @@ def producer_signed(value: bytes, key: Path | None, setting: Path | None) -> lis
     try:
         signer = EventSigner.from_file(path)
     except (OSError, ValueError) as exc:
-        typer.echo(f"adapterd: {name}: {path}: {getattr(exc, 'strerror', None) or exc}", err=True)
+        typer.echo(
+            f"adapterd: {name}: {path}: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}", err=True
+        )
         raise typer.Exit(2) from exc
     return producer_headers(signer, value)
 

@@ -57,7 +57,7 @@ def distributed_config(request: RequestBase) -> DistributedConfig | None:
 
 def is_sharded(model: object) -> bool:
     """Whether the model was sharded as it loaded (a PEFT model asks the model it wraps)."""
-    return bool(getattr(model, "is_distributed_loading_by_transformers", False))
+    return bool(getattr(model, "is_distributed_loading_by_transformers", False))  # set by transformers when it shards
 
 
 def save_merged(model: PeftModel, spec: ModelSpec, artifact: Path, main: bool) -> None:

@@ -59,9 +59,8 @@ def _measure(
     reporter.evaluating = who  # its progress reports name the model measured
     metrics: dict[str, float] = {}
     assert trainer.processing_class is not None
-    tokenizer: Any = getattr(
-        trainer.processing_class, "tokenizer", trainer.processing_class
-    )  # a processor's own tokenizer
+    # a processor's own tokenizer; a tokenizer has none and is its own
+    tokenizer: Any = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
     for index, suite in enumerate(request.evaluation.suites):
         if isinstance(suite, RewardsSuite):
             assert eval_rows is not None  # the request's schema requires an eval set
@@ -203,7 +202,7 @@ def evaluate(
         adapter=adapter,
         baselines=baselines,
         missing_baselines=missing,
-        rows=len(rows) if hasattr(rows, "__len__") else None,  # type: ignore[arg-type]
+        rows=len(rows) if hasattr(rows, "__len__") else None,  # type: ignore[arg-type]  # a stream has no length
         nonfinite_losses=sum(1 for loss in training_losses if not math.isfinite(loss)),
         best_checkpoint_step=int(best.rsplit("-", 1)[-1]) if best else None,
         task_sources=[prepared.source for prepared in tasks.values()],

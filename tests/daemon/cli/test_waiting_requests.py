@@ -14,7 +14,7 @@ import pytest
 from daemon.cli.cancels_sent import mark_cancelled
 from daemon.cli.places import default_slots, place_and_eta, queue_table, where_it_waits
 from daemon.cli.sweep import matches, selector
-from daemon.cli.waiting import Queue, SentCancel, Waiting, combine
+from daemon.cli.waiting import Queue, SentCancel, WaitingRequest, combine
 from daemon.errors import UsageError
 from daemon.settings import Settings
 from daemon.settings.fleet import PriorityClass
@@ -264,8 +264,8 @@ def waiting(
     model: str = "m",
     method: str = "sft",
     steps: int | None = None,
-) -> Waiting:
-    return Waiting(
+) -> WaitingRequest:
+    return WaitingRequest(
         request_id,
         priority_class,
         "t",
@@ -346,8 +346,8 @@ def test_an_accepted_request_has_its_slot_is_listed_without_a_place_and_holds_th
 def test_the_fair_share_puts_the_team_that_has_had_less_slot_time_first(settings: Settings) -> None:
     heavy = [event("accepted", "big-1", 50, method="sft", team="search"), event("succeeded", "big-1", 10, method="sft")]
     queue = [
-        Waiting("s1", "batch", "search", NOW - timedelta(minutes=9), "sft", "m", 1, {}, "unread", "q[0]@0"),
-        Waiting("a1", "batch", "ads", NOW - timedelta(minutes=5), "sft", "m", 1, {}, "unread", "q[0]@1"),
+        WaitingRequest("s1", "batch", "search", NOW - timedelta(minutes=9), "sft", "m", 1, {}, "unread", "q[0]@0"),
+        WaitingRequest("a1", "batch", "ads", NOW - timedelta(minutes=5), "sft", "m", 1, {}, "unread", "q[0]@1"),
     ]
     assert [p.request.request_id for p in place_and_eta(queue, heavy, settings, 1, NOW)] == ["a1", "s1"]
     assert [p.request.request_id for p in place_and_eta(queue, [], settings, 1, NOW)] == [

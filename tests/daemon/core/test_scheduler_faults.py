@@ -14,7 +14,7 @@ from aiokafka.errors import MessageSizeTooLargeError
 from aiokafka.structs import ConsumerRecord
 
 from daemon.job.plan import JobPlace
-from daemon.job.runner import JobRunner
+from daemon.job.runner import Arrival, JobRunner, JobServices
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.resources.slots import Slots
@@ -78,7 +78,7 @@ async def test_a_record_that_keeps_failing_outside_its_job_ends_failed_in_the_dl
     record = ConsumerRecord("requests", 0, 41, 0, 0, b"too-large", raw, None, 9, len(raw), [])
     request = decode_request(raw, record.key)
     for attempt in range(1, 4):
-        runner = JobRunner(request, settings, broker, Children(), JobPlace("cpu"), received_at=0.0, attempt=1)  # type: ignore[arg-type]
+        runner = JobRunner(Arrival(request, 0.0), JobServices(settings, broker, Children()), JobPlace("cpu"))  # type: ignore[arg-type]
         await scheduler._run(TP, record, runner)
         if attempt < 3:  # read again from the same record, nothing sent, nothing committed
             assert partitions.held[-1] == 41 and partitions.committed == [] and broker.sent == []

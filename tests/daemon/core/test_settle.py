@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from daemon.job.plan import JobPlace
-from daemon.job.runner import JobRunner
+from daemon.job.runner import Arrival, JobRunner, JobServices
 from daemon.jobs.settle import NextTry, Settler, next_try
 from daemon.kafka.retry_state import MAX_BACKOFF_S
 from daemon.settings import Settings
@@ -54,7 +54,9 @@ def core(tmp_path: Path) -> CoreOnFakes:
 def settler_and_runner(core: CoreOnFakes, offset: int) -> tuple[Settler, JobRunner, FakeRecord]:
     record = core.record(sft_request("r1"), offset)
     runner = JobRunner(
-        core.request(record), core.settings, core.publisher, core.children, JobPlace("cpu"), received_at=0.0, attempt=1
+        Arrival(core.request(record), received_at=0.0),
+        JobServices(core.settings, core.publisher, core.children),
+        JobPlace("cpu"),
     )
     scheduler = core.scheduler
     return (

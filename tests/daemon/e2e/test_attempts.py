@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import Failed, Progress, Retrying, Started
-from testbed.client import read_records, submit, submit_and_follow, wait_for_commit
+from schemas import Event, Failed, Progress, Retrying, Started
+from testbed.client import child_pid, read_records, submit_and_follow, wait_for_commit
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, wait_until_gone
@@ -29,19 +28,16 @@ pytestmark = pytest.mark.slow
 async def test_a_child_that_crashes_every_time_ends_in_failed_and_the_dlq(settings: Settings, tmp_path: Path) -> None:
     settings = settings.model_copy(update={"max_attempts": 2, "retry_backoff_s": 0})
     request = sft_request("crash-loop", dataset={"rows": CHAT_ROWS})
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    events = []
-    try:
-        async with EventStream(settings) as stream:
-            await submit(settings, request)
-            async for event in stream.events("crash-loop"):
-                events.append(event)
-                if isinstance(event, Started):
-                    os.kill(event.pid, signal.SIGKILL)  # the out-of-memory killer, say
+
+    def kill_each_child(events: list[Event]) -> bool:
+        if isinstance(events[-1], Started):
+            os.kill(events[-1].pid, signal.SIGKILL)  # the out-of-memory killer, say
+        return False  # to its terminal event
+
+    with DaemonProcess(settings, tmp_path / "daemon.log"):
+        events = await submit_and_follow(settings, request, until=kill_each_child)
         dead = await read_records(settings, settings.dlq_topic, 1)
         await wait_for_commit(settings, 2)  # the request and its retry
-    finally:
-        daemon.stop()
 
     assert [(e.type, e.attempt) for e in events if e.type in ("started", "retrying", "failed")] == [
         ("started", 1),
@@ -66,21 +62,18 @@ async def test_a_job_that_stops_stepping_is_stopped_as_stalled(
     request = sft_request(
         "stalls", dataset={"rows": CHAT_ROWS}, training={"max_steps": 1_000_000, "per_device_train_batch_size": 2}
     )
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        async with EventStream(settings) as stream:
-            await submit(settings, request)
-            async for event in stream.events("stalls"):
-                if isinstance(event, Started):
-                    pid = event.pid
-                if isinstance(event, Progress):
-                    os.kill(pid, signal.SIGSTOP)  # hung, as on a collective that never returns
-                if isinstance(event, Failed):
-                    break
-    finally:
-        daemon.stop()
+
+    def hang_the_child(events: list[Event]) -> bool:
+        if isinstance(events[-1], Progress):
+            os.kill(child_pid(events), signal.SIGSTOP)  # hung, as on a collective that never returns
+        return False  # to its terminal event
+
+    with DaemonProcess(settings, tmp_path / "daemon.log"):
+        events = await submit_and_follow(settings, request, until=hang_the_child)
+    event = events[-1]
+    assert isinstance(event, Failed), event
     assert event.code == "stalled" and event.stage == "train" and "stall_timeout_s" in event.message
-    await wait_until_gone(pid, timeout_s=10)
+    await wait_until_gone(child_pid(events), timeout_s=10)
 
 
 async def test_a_network_error_downloading_the_base_model_is_retryable(settings: Settings, tmp_path: Path) -> None:
@@ -91,11 +84,8 @@ async def test_a_network_error_downloading_the_base_model_is_retryable(settings:
     settings = settings.model_copy(
         update={"max_attempts": 1, "hub_endpoint": f"http://127.0.0.1:{free_port()}"}
     )  # nothing listens
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
+    with DaemonProcess(settings, tmp_path / "daemon.log"):
         events = await submit_and_follow(settings, sft_request("hub-down", dataset={"rows": CHAT_ROWS}))
-    finally:
-        daemon.stop()
     failed = events[-1]
     assert isinstance(failed, Failed), failed
     assert (failed.code, failed.stage, failed.retryable) == ("model_unavailable", "load_model", True)

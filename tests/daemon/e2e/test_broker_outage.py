@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from daemon.kafka.admin.topics import ensure_topics
-from daemon.kafka.event_reader import EventStream
 from daemon.local_broker import LocalKafka
 from daemon.settings import Settings
 from schemas import Accepted, Progress, Started, Succeeded
-from testbed.client import committed_offset, submit, terminal_events
+from testbed.client import committed_offset, past_step, submit_and_follow, terminal_events
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
@@ -33,13 +32,8 @@ async def test_broker_stopped_and_restarted_mid_job(
         dataset={"rows": CHAT_ROWS},
         training={"max_steps": 150, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
     )
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        async with EventStream(settings) as stream:
-            await submit(settings, request)
-            async for event in stream.events("through-an-outage"):
-                if isinstance(event, Progress):
-                    break
+    with DaemonProcess(settings, tmp_path / "daemon.log") as daemon:
+        await submit_and_follow(settings, request, until=past_step(1))
         await asyncio.to_thread(own_broker.stop)
         away_from = datetime.now(UTC)
         await asyncio.sleep(OUTAGE_S)
@@ -47,8 +41,6 @@ async def test_broker_stopped_and_restarted_mid_job(
         await asyncio.to_thread(own_broker.start)
         events = (await terminal_events(settings, {"through-an-outage"}))["through-an-outage"]
         assert daemon.process is not None and daemon.process.poll() is None  # it rode the outage out
-    finally:
-        daemon.stop()
 
     assert isinstance(events[-1], Succeeded), events[-1]
     unique = {e.event_id: e for e in events}.values()  # a retried send may repeat an event, with its event_id

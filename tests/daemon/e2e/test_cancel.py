@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.kafka.event_reader import EventStream
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from schemas import Accepted, Cancelled, Failed, Progress, Started
-from testbed.client import submit, terminal_events, wait_for_commit
+from schemas import Accepted, Cancelled, Failed
+from testbed.client import child_pid, past_step, submit, submit_and_follow, terminal_events, wait_for_commit
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, http_get, metric, settings_environment
@@ -41,11 +40,8 @@ async def test_cancel_running_and_queued_requests_then_a_timeout(
 ) -> None:
     # A poll interval far shorter than the job: the job runs beside the loop, so no rebalance follows.
     settings = settings.model_copy(update={"max_poll_interval_ms": 5_000, "session_timeout_ms": 6_000})
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
+    with DaemonProcess(settings, tmp_path / "daemon.log") as daemon:
         await cancel_running_and_queued_requests_then_a_timeout(settings)
-    finally:
-        daemon.stop()
     assert sum(1 for line in daemon.log_lines() if line.get("event") == "partitions.assigned") == 1
 
 
@@ -55,15 +51,8 @@ async def cancel_running_and_queued_requests_then_a_timeout(settings: Settings) 
         dataset={"rows": CHAT_ROWS},
         training={"max_steps": 1_000_000, "save_steps": 1_000_000, "per_device_train_batch_size": 2},
     )
-    async with EventStream(settings) as stream:
-        await submit(settings, endless)
-        events_so_far = []
-        async for event in stream.events("cancel-running"):
-            events_so_far.append(event)
-            if isinstance(event, Started):
-                pid = event.pid
-            if isinstance(event, Progress):
-                break
+    events_so_far = await submit_and_follow(settings, endless, until=past_step(1))
+    pid = child_pid(events_so_far)
     # One slot, one partition: this one waits in Kafka behind the running job.
     await submit(settings, sft_request("cancel-queued", dataset={"rows": CHAT_ROWS}))
 

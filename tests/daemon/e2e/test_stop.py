@@ -9,11 +9,11 @@ import pytest
 
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
-from schemas import TERMINAL_TYPES, Checkpoint, Progress, Started, Succeeded
-from testbed.client import committed_offset, submit, terminal_events
+from schemas import TERMINAL_TYPES, Checkpoint, Event, Progress, Started, Succeeded
+from testbed.client import child_pid, committed_offset, past_step, submit_and_follow
 from testbed.data import CHAT_ROWS, TINY_MODEL
 from testbed.hub_server import HubServer
-from testbed.processes import DaemonProcess, NotifySocket, wait_until_gone
+from testbed.processes import DaemonProcess, NotifySocket, run_to_terminal, wait_until_gone
 from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
@@ -29,40 +29,29 @@ async def test_sigterm_checkpoints_and_a_restart_resumes_there(
         training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
     )
     notify = NotifySocket(tmp_path / "notify.sock")
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment()).start()
     try:
-        await notify.wait_for("READY=1", timeout_s=60)
-        async with EventStream(settings) as stream:
-            await submit(settings, request)
-            async for event in stream.events(request_id):
-                if isinstance(event, Started):
-                    child_pid = event.pid
-                if isinstance(event, Progress) and event.step >= 3:
-                    break
-        assert daemon.process is not None
-        daemon.process.send_signal(signal.SIGTERM)
-        await notify.wait_for("STOPPING=1", timeout_s=30)
-        extend = await notify.wait_for("EXTEND_TIMEOUT_USEC=", timeout_s=30)
-        assert int(extend.split("=")[1]) >= settings.drain_timeout_s * 1_000_000
-        assert daemon.stop(timeout_s=settings.drain_timeout_s + 30) == 0
+        with DaemonProcess(settings, tmp_path / "daemon.log", extra_env=notify.environment()) as daemon:
+            await notify.wait_for("READY=1", timeout_s=60)
+            trainer = child_pid(await submit_and_follow(settings, request, until=past_step(3)))
+            assert daemon.process is not None
+            daemon.process.send_signal(signal.SIGTERM)
+            await notify.wait_for("STOPPING=1", timeout_s=30)
+            extend = await notify.wait_for("EXTEND_TIMEOUT_USEC=", timeout_s=30)
+            assert int(extend.split("=")[1]) >= settings.drain_timeout_s * 1_000_000
+            assert daemon.stop(timeout_s=settings.drain_timeout_s + 30) == 0
     finally:
-        daemon.stop()
         notify.close()
 
     stopped = [line for line in daemon.log_lines() if line.get("event") == "job.stopped_at_checkpoint"]
     assert len(stopped) == 1 and stopped[0]["request_id"] == request_id
     step = stopped[0]["step"]
     assert 3 <= step < 100 and (settings.jobs_dir / request_id / "checkpoints" / f"checkpoint-{step}").is_dir()
-    await wait_until_gone(child_pid, timeout_s=5)  # the trainer did not outlive the daemon
+    await wait_until_gone(trainer, timeout_s=5)  # the trainer did not outlive the daemon
     assert await committed_offset(settings) is None  # not committed: the request will be read again
     async with EventStream(settings) as stream:
         assert not [e async for e in stream.events(request_id, follow=False) if e.type in TERMINAL_TYPES]
 
-    restarted = DaemonProcess(settings, tmp_path / "daemon-2.log").start()
-    try:
-        events = (await terminal_events(settings, {request_id}))[request_id]
-    finally:
-        restarted.stop()
+    events = await run_to_terminal(DaemonProcess(settings, tmp_path / "daemon-2.log"), request_id)
     done = events[-1]
     assert isinstance(done, Succeeded), done
     second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
@@ -84,30 +73,19 @@ async def test_sigkill_mid_training_kills_the_trainer_and_a_restart_resumes_from
         dataset={"rows": CHAT_ROWS},
         training={"max_steps": 100, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
     )
-    daemon = DaemonProcess(settings, tmp_path / "daemon.log").start()
-    try:
-        async with EventStream(settings) as stream:
-            await submit(settings, request)
-            async for event in stream.events(request_id):
-                if isinstance(event, Started):
-                    child_pid = event.pid
-                if isinstance(event, Checkpoint) and event.step >= 5:
-                    break
+    with DaemonProcess(settings, tmp_path / "daemon.log") as daemon:
+        saved = await submit_and_follow(
+            settings, request, until=lambda events: isinstance(events[-1], Checkpoint) and events[-1].step >= 5
+        )
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
-    finally:
-        daemon.stop()
-    await wait_until_gone(child_pid)  # PR_SET_PDEATHSIG: no trainer outlives the daemon
+    await wait_until_gone(child_pid(saved))  # PR_SET_PDEATHSIG: no trainer outlives the daemon
     assert await committed_offset(settings) is None
 
     checkpoints = sorted(
         int(p.name.split("-")[1]) for p in (settings.jobs_dir / request_id / "checkpoints").glob("checkpoint-*")
     )
     assert checkpoints and checkpoints[-1] % 5 == 0
-    restarted = DaemonProcess(settings, tmp_path / "daemon-2.log").start()
-    try:
-        events = (await terminal_events(settings, {request_id}))[request_id]
-    finally:
-        restarted.stop()
+    events = await run_to_terminal(DaemonProcess(settings, tmp_path / "daemon-2.log"), request_id)
     assert isinstance(events[-1], Succeeded), events[-1]
     second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
     resumed_steps = [e.step for e in second_run if isinstance(e, Progress)]
@@ -133,27 +111,12 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
         resources={"gpus": 2, "shard": "fsdp"},
         training={"max_steps": 40, "save_steps": 5, "learning_rate": 1e-2, "per_device_train_batch_size": 2},
     )
-    first: dict[int, float] = {}
-    daemon = DaemonProcess(two_gpus, tmp_path / "daemon.log").start()
-    try:
-        async with EventStream(two_gpus) as stream:
-            await submit(two_gpus, request)
-            saved = 0
-            async for event in stream.events(request_id):
-                if isinstance(event, Started):
-                    child_pid = event.pid
-                if isinstance(event, Checkpoint):
-                    saved = event.step
-                if isinstance(event, Progress) and event.loss is not None:
-                    first[event.step] = event.loss
-                    if (
-                        saved and event.step >= saved + 2
-                    ):  # trained past its checkpoint: steps the next attempt trains again
-                        break
+    with DaemonProcess(two_gpus, tmp_path / "daemon.log") as daemon:
+        # until it trained past its checkpoint: steps the next attempt trains again
+        trained = await submit_and_follow(two_gpus, request, until=past_its_checkpoint, timeout_s=600)
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL
-    finally:
-        daemon.stop()
-    await wait_until_gone(child_pid)
+    first = {e.step: e.loss for e in trained if isinstance(e, Progress) and e.loss is not None}
+    await wait_until_gone(child_pid(trained))
     assert await committed_offset(two_gpus) is None
 
     checkpoints = sorted(
@@ -168,11 +131,7 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
         )
         == 2
     )
-    restarted = DaemonProcess(two_gpus, tmp_path / "daemon-2.log").start()
-    try:
-        events = (await terminal_events(two_gpus, {request_id}))[request_id]
-    finally:
-        restarted.stop()
+    events = await run_to_terminal(DaemonProcess(two_gpus, tmp_path / "daemon-2.log"), request_id)
     assert isinstance(events[-1], Succeeded), events[-1]
     second_run = events[[i for i, e in enumerate(events) if isinstance(e, Started)][-1] :]
     resumed = {e.step: e.loss for e in second_run if isinstance(e, Progress) and e.loss is not None}
@@ -182,3 +141,10 @@ async def test_a_sharded_job_sigkilled_with_its_daemon_resumes_after_a_restart_a
     assert [resumed[step] for step in again] == pytest.approx([first[step] for step in again], rel=1e-4)
     assert events[-1].metrics["rank0_param_count"] == 28_960 / 2
     assert len(published.commits(f"results/{request_id}")) == 1
+
+
+def past_its_checkpoint(events: list[Event]) -> bool:
+    """Two steps with a loss trained past its latest checkpoint."""
+    saved = [e.step for e in events if isinstance(e, Checkpoint)]
+    last = events[-1]
+    return bool(saved) and isinstance(last, Progress) and last.loss is not None and last.step >= saved[-1] + 2

@@ -7,7 +7,7 @@ from prometheus_client import REGISTRY
 
 from daemon.errors import PushFailed
 from daemon.hub import push as hub_push
-from daemon.hub.model_card import model_card
+from daemon.hub.model_card import CardContents, model_card
 from daemon.settings import Settings
 from schemas import SFTRequest
 from testbed.data import HUB_TOKEN
@@ -33,7 +33,11 @@ def artifact(tmp_path: Path) -> Path:
     (folder / "adapter_config.json").write_text('{"r": 4}')
     (folder / "adapter_model.safetensors").write_bytes(b"\x00weights")
     (folder / "README.md").write_text(
-        model_card(request("card"), "trl.SFTTrainer/trl.SFTConfig", "abc123", {"train_loss": 1.5}, {"trl": "1.16.0"})
+        model_card(
+            CardContents(
+                request("card"), "trl.SFTTrainer/trl.SFTConfig", "abc123", {"train_loss": 1.5}, {"trl": "1.16.0"}
+            )
+        )
     )
     return folder
 
@@ -143,7 +147,7 @@ def test_a_local_base_names_its_hub_id_or_nothing_and_the_hub_refuses_a_path(
     (local / "config.json").write_text(json.dumps({"_name_or_path": "/home/someone/checkpoints/x"}))
     assert card_base_model(str(local)) is None
     on_local = SFTRequest.model_validate({**request("push-local").model_dump(), "model": {"id": str(local)}})
-    card = model_card(on_local, "trl.SFTTrainer/trl.SFTConfig", None, {}, {})
+    card = model_card(CardContents(on_local, "trl.SFTTrainer/trl.SFTConfig"))
     assert "base_model" not in card.split("---")[1] and str(local) not in card
     # The local Hub refuses a card naming a host path, as the Hub does: such a push fails.
     (artifact / "README.md").write_text("---\nbase_model: /abs/path/on/the/host\n---\n")

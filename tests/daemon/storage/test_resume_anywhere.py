@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from daemon.store.checkpoints import CheckpointStore
 from daemon.store.opening import store_of as opened_store
 from schemas import Checkpoint, Progress, Started, Succeeded
 from schemas.events import EventBase
-from testbed.client import submit, terminal_events
+from testbed.client import child_pid, past_step, submit_and_follow
 from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
-from testbed.processes import DaemonProcess, wait_until_gone
+from testbed.processes import DaemonProcess, run_to_terminal, wait_until_gone
 from tests.conftest import S3_CREDENTIALS
 from tests.helpers import fleet_key, sft_request
 
@@ -65,11 +64,7 @@ def store_of(settings: Settings) -> CheckpointStore:
 
 
 async def run_on_b(host_b: Settings, tmp_path: Path, request_id: str) -> list[EventBase]:
-    daemon = DaemonProcess(host_b, tmp_path / "host-b.log", extra_env=S3_CREDENTIALS).start()
-    try:
-        return (await terminal_events(host_b, {request_id}))[request_id]
-    finally:
-        daemon.stop()
+    return await run_to_terminal(DaemonProcess(host_b, tmp_path / "host-b.log", extra_env=S3_CREDENTIALS), request_id)
 
 
 def resumed_run(events: list[EventBase]) -> tuple[Started, list[int]]:
@@ -96,20 +91,18 @@ async def test_a_host_lost_for_good_its_job_resumes_on_another_from_the_store(
         dataset={"rows": CHAT_ROWS},
         training={"max_steps": 60, "save_steps": 5, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
     )
-    daemon = DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS).start()
-    try:
-        async with EventStream(host_a) as stream:
-            await submit(host_a, request)
-            async for event in stream.events(request_id):
-                if isinstance(event, Started):
-                    child_pid = event.pid
-                if isinstance(event, Checkpoint) and event.location == "store" and event.step >= 10:
-                    stored = event
-                    break
+    with DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS) as daemon:
+        events = await submit_and_follow(
+            host_a,
+            request,
+            until=lambda events: (
+                isinstance(events[-1], Checkpoint) and events[-1].location == "store" and events[-1].step >= 10
+            ),
+        )
         assert daemon.stop(signal.SIGKILL) == -signal.SIGKILL  # lost for good: never restarted
-    finally:
-        daemon.stop()
-    await wait_until_gone(child_pid)
+    stored = events[-1]
+    assert isinstance(stored, Checkpoint), stored
+    await wait_until_gone(child_pid(events))
     assert stored.store_url == f"{host_a.checkpoint_store}/{request_id}/checkpoint-{stored.step}"
 
     events = await run_on_b(host_b, tmp_path, request_id)
@@ -140,16 +133,9 @@ async def test_sigterm_saves_and_uploads_within_the_deadline_and_another_host_re
         dataset={"rows": CHAT_ROWS},
         training={"max_steps": 100, "save_steps": 10_000, "learning_rate": 1e-3, "per_device_train_batch_size": 2},
     )
-    daemon = DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS).start()
-    try:
-        async with EventStream(host_a) as stream:
-            await submit(host_a, request)
-            async for event in stream.events(request_id):
-                if isinstance(event, Progress) and event.step >= 3:
-                    break
+    with DaemonProcess(host_a, tmp_path / "host-a.log", extra_env=S3_CREDENTIALS) as daemon:
+        await submit_and_follow(host_a, request, until=past_step(3))
         assert daemon.stop(signal.SIGTERM, timeout_s=host_a.drain_timeout_s + 30) == 0
-    finally:
-        daemon.stop()
     lines = daemon.log_lines()
     [stopped] = [line for line in lines if line.get("event") == "job.stopped_at_checkpoint"]
     [uploaded] = [line for line in lines if line.get("event") == "checkpoint_store.uploaded"]
