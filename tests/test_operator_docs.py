@@ -58,3 +58,13 @@ def test_the_lag_gauge_and_the_idle_slot_alert_say_what_to_do_and_name_real_thin
         assert cause in idle, cause
     for command in re.findall(r"`adapterd (\w+)[^`]*`", lag + idle):  # each command it names is one the CLI has
         assert command in {"status", "jobs"}, command
+
+
+def test_the_upgrade_syncs_the_same_extras_as_the_install() -> None:
+    """`uv sync` removes every package its flags do not name: an upgrade that leaves out `--extra lm-eval` uninstalls
+    lm-eval, and every evaluation `task` suite fails from then on (issue 63)."""
+    syncs = re.findall(r"uv sync (--frozen[^\n#]*)", DEPLOY)
+    install = next(flags for flags in syncs if "--no-dev" in flags)
+    upgrade = re.search(r"git pull && sudo /opt/uv/bin/uv sync ([^\n]*)", DEPLOY)
+    assert upgrade is not None
+    assert sorted(upgrade.group(1).split()) == sorted(install.split())

@@ -40,3 +40,19 @@ def test_every_link_resolves(page: Path) -> None:
         assert file.exists(), f"{page.relative_to(ROOT)}: {target} names nothing"
         if anchor and file.suffix == ".md":
             assert anchor in anchors(file), f"{page.relative_to(ROOT)}: {target}: no such heading"
+
+
+def test_a_method_the_locked_trl_lacks_is_not_claimed_without_saying_so() -> None:
+    """The README's opening names the methods adapterd trains; one the locked TRL does not have (`adapterd methods`:
+    unavailable) is named only beside the reason (issue 63: PPO, removed in TRL 1.13, was listed as trained)."""
+    from daemon.admission.capabilities import unsupported_reason
+    from schemas.methods import METHODS
+
+    opening = " ".join((ROOT / "README.md").read_text().split("\n\n")[1].split())
+    missing = [method for method in METHODS if unsupported_reason(method) is not None]
+    assert missing, "every method is available: nothing for this test to hold"
+    for method in missing:
+        name = method.upper()
+        assert name in opening, f"the README's opening does not name {name}"
+        said = opening[opening.index(name) :][:120]
+        assert "removed" in said and "adapterd methods" in said, said
