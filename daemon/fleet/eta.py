@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running, Waiting, at_cap, remaining_work, share_of, start_order, time_left, victim
+from daemon.fleet.order import FleetJob, FleetRequest, at_cap, remaining_work, share_of, start_order, time_left, victim
 from daemon.fleet.usage import Pace
 from daemon.fleet_config import PriorityClass, TeamShare
 
@@ -28,14 +28,14 @@ class Bounds:
 
 
 def preempting(
-    order: list[Waiting],
-    running: list[Running],
+    order: list[FleetRequest],
+    running: list[FleetJob],
     slots: int,
     bounds: Bounds,
     durations: Pace,
     now: float,
     teams: Mapping[str, TeamShare] | None = None,
-) -> tuple[list[Running], dict[str, float]]:
+) -> tuple[list[FleetJob], dict[str, float]]:
     """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
 
     In order, each request that finds no free slot of the fleet's `slots`, its team below its cap (`order.pick`
@@ -85,7 +85,7 @@ def preempting(
         starts[request.request_id] = start
         expected = durations.expected(request.method, request.model, request.steps)
         after.append(
-            Running(
+            FleetJob(
                 request.request_id,
                 request.priority_class,
                 request.team,
@@ -100,15 +100,15 @@ def preempting(
 
 
 def places(
-    waiting: list[Waiting],
+    waiting: list[FleetRequest],
     usage: Mapping[str, float],
-    running: list[Running],
+    running: list[FleetJob],
     slots: int,
     bounds: Bounds,
     pace: Pace,
     now: float,
     teams: Mapping[str, TeamShare],
-) -> list[tuple[Waiting, int, float | None]]:
+) -> list[tuple[FleetRequest, int, float | None]]:
     """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
@@ -120,7 +120,7 @@ def places(
     return ranked(order, eta)
 
 
-def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[Waiting, int, float | None]]:
+def ranked(order: list[FleetRequest], eta: Mapping[str, float | None]) -> list[tuple[FleetRequest, int, float | None]]:
     """Each request of `order` (`order.start_order`) with its place and its ETA: places in the order of the expected
     starts (a request held by its team's cap starts after some of those behind it), those with none after, in `order`."""
     index = sorted(
@@ -130,8 +130,8 @@ def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[
 
 
 def etas(
-    order: list[Waiting],
-    running: list[Running],
+    order: list[FleetRequest],
+    running: list[FleetJob],
     slots: int,
     durations: Pace,
     now: float,

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.fleet.eta import etas, ranked
-from daemon.fleet.order import Running, Waiting, pick, remaining_work, start_order
+from daemon.fleet.order import FleetJob, FleetRequest, pick, remaining_work, start_order
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.fleet_config import PriorityClass, TeamShare
@@ -85,8 +85,8 @@ def replay(trace: Trace) -> list[Outcome]:
     for method, model, seconds, steps in trace.history:
         _learn(durations, method, model, seconds, steps)
     by_id = {a.request_id: a for a in arrivals}
-    waiting: list[Waiting] = []
-    running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
+    waiting: list[FleetRequest] = []
+    running: dict[str, tuple[float, FleetJob]] = {}  # request id → (its end, the job)
     eta_at_arrival: dict[str, float | None] = {}
     started: dict[str, float] = {}
     telling = Telling()
@@ -95,7 +95,7 @@ def replay(trace: Trace) -> list[Outcome]:
     def free_slots() -> int:
         return trace.slots - sum(job.gpus for _, job in running.values())
 
-    def seen(now: float) -> list[Running]:
+    def seen(now: float) -> list[FleetJob]:
         """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one but
         with the steps they have left (as their progress events say), when their steps are known."""
         return [
@@ -130,7 +130,7 @@ def replay(trace: Trace) -> list[Outcome]:
             started[head.request_id] = now
             running[head.request_id] = (
                 now + by_id[head.request_id].duration_s,
-                Running(
+                FleetJob(
                     head.request_id,
                     head.priority_class,
                     head.team,
@@ -142,7 +142,7 @@ def replay(trace: Trace) -> list[Outcome]:
             )
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
-    def estimated(now: float) -> tuple[list[Waiting], dict[str, float | None]]:
+    def estimated(now: float) -> tuple[list[FleetRequest], dict[str, float | None]]:
         """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them out."""
         jobs = seen(now)
         order = start_order(
@@ -166,7 +166,7 @@ def replay(trace: Trace) -> list[Outcome]:
             index += 1
             now = arrival.at
             waiting.append(
-                Waiting(
+                FleetRequest(
                     arrival.request_id,
                     arrival.priority_class,
                     arrival.team,

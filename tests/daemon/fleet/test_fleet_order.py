@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, remaining_work, victim
+from daemon.fleet.order import DEFAULT_WORK_S, FleetJob, FleetRequest, fleet_order, pick, remaining_work, victim
 from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
 from daemon.fleet_config import PriorityClass, TeamShare
@@ -21,15 +21,15 @@ CLASSES = [
 
 def waiting(
     request_id: str, team: str = "a", cls: str = "default", arrived: float = 0.0, gpus: int = 1, method: str = "sft"
-) -> Waiting:
-    return Waiting(request_id, cls, team, arrived, method, "tiny", gpus=gpus)
+) -> FleetRequest:
+    return FleetRequest(request_id, cls, team, arrived, method, "tiny", gpus=gpus)
 
 
-def sweep(team: str, count: int, cls: str = "default", start: float = 0.0) -> list[Waiting]:
+def sweep(team: str, count: int, cls: str = "default", start: float = 0.0) -> list[FleetRequest]:
     return [waiting(f"{team}{i}", team, cls, arrived=start + i) for i in range(count)]
 
 
-def ids(order: list[Waiting]) -> list[str]:
+def ids(order: list[FleetRequest]) -> list[str]:
     return [w.request_id for w in order]
 
 
@@ -80,10 +80,10 @@ def test_slots_that_free_together_still_follow_the_weights_counting_the_work_und
 
 def test_the_work_under_way_is_each_jobs_eta_else_its_expected_rest() -> None:
     jobs = [
-        Running("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2),
-        Running("r2", "batch", "a", 0.0, "sft", "tiny"),
-        Running("r3", "batch", "b", 0.0, "sft", "tiny"),
-        Running("r4", "batch", "c", 0.0, "grpo", "x"),
+        FleetJob("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2),
+        FleetJob("r2", "batch", "a", 0.0, "sft", "tiny"),
+        FleetJob("r3", "batch", "b", 0.0, "sft", "tiny"),
+        FleetJob("r4", "batch", "c", 0.0, "grpo", "x"),
     ]
     durations = Durations()
     durations.add("sft", "tiny", 100.0)
@@ -181,8 +181,8 @@ def running(
     steps: int | None = 0,
     preemptible: bool = True,
     gpus: int = 1,
-) -> Running:
-    return Running(
+) -> FleetJob:
+    return FleetJob(
         request_id,
         cls,
         "a",
@@ -197,7 +197,12 @@ def running(
 
 
 def chosen(
-    head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0, free: int = 0
+    head: FleetRequest,
+    jobs: list[FleetJob],
+    min_run_s: float = 60.0,
+    max_count: int = 2,
+    now: float = 1000.0,
+    free: int = 0,
 ) -> str | None:
     found = victim(head, jobs, CLASSES, min_run_s, max_count, now, free=free)
     return None if found is None else found.request_id
