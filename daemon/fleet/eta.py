@@ -11,7 +11,17 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import FleetJob, FleetRequest, at_cap, remaining_work, share_of, start_order, time_left, victim
+from daemon.fleet.order import (
+    FleetJob,
+    FleetRequest,
+    Standing,
+    at_cap,
+    remaining_work,
+    share_of,
+    start_order,
+    time_left,
+    victim,
+)
 from daemon.fleet.usage import Pace
 from daemon.fleet_config import PriorityClass, TeamShare
 
@@ -114,7 +124,8 @@ def places(
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
     the fleet's `slots` (`etas`, each team held to its cap), placed by their starts (`ranked`). One function for what
     a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say (daemon/cli/places.py)."""
-    order = start_order(waiting, usage, bounds.classes, teams, pace, ahead=remaining_work(running, pace, now))
+    ahead = remaining_work(running, pace, now)
+    order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
     after, starts = preempting(order, running, slots, bounds, pace, now, teams)
     eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams), **starts}
     return ranked(order, eta)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from daemon.fleet.usage import Durations, Pace, Paced
 from daemon.fleet_config import PriorityClass, TeamShare, team_of
@@ -125,30 +125,35 @@ def remaining_work(running: list[FleetJob], durations: Pace | None, now: float) 
     return ahead
 
 
-def fleet_order(
-    waiting: list[FleetRequest],
-    usage: Mapping[str, float],
-    running: Mapping[str, int],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    ahead: Mapping[str, float] | None = None,
-) -> list[FleetRequest]:
-    """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
-    team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
-    (`Usage.running`), `ahead` the slot-seconds its running jobs still have to go (`remaining_work`). A
-    request of a class not in `classes` (one the operator since removed) goes last."""
+@dataclass(frozen=True)
+class Standing:
+    """What the fleet's order weighs besides the requests themselves: the operator's classes (highest first) and teams'
+    shares, each team's decayed slot-seconds (`Usage.slot_seconds`), the slots each holds now (`Usage.running`), the
+    slot-seconds its running jobs still have to go (`remaining_work`), and a step's pace (`paced`; None: every
+    request counts for DEFAULT_WORK_S)."""
+
+    classes: Sequence[PriorityClass]
+    teams: Mapping[str, TeamShare] = field(default_factory=dict)
+    usage: Mapping[str, float] = field(default_factory=dict)
+    holding: Mapping[str, int] = field(default_factory=dict)
+    ahead: Mapping[str, float] = field(default_factory=dict)
+    pace: Pace | None = None
+
+
+def fleet_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRequest]:
+    """Every waiting request in the order the fleet starts them (see the module's rules), as `standing` weighs them.
+    A request of a class not in its classes (one the operator since removed) goes last."""
+    classes, teams = standing.classes, standing.teams
     rank = {c.name: index for index, c in enumerate(classes)}
     groups: dict[int, dict[str, deque[FleetRequest]]] = {}
     for request in sorted(waiting, key=lambda w: (rank.get(w.priority_class, len(classes)), w.arrived, w.request_id)):
         groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(
             request
         )
-    spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
-    for team, seconds in (ahead or {}).items():
+    spent = dict(standing.usage)  # each team's slot-seconds, growing with the work placed ahead
+    for team, seconds in standing.ahead.items():
         spent[team] = spent.get(team, 0.0) + seconds
-    holding = dict(running)  # each team's slots, growing with the requests placed ahead
+    holding = dict(standing.holding)  # each team's slots, growing with the requests placed ahead
     order: list[FleetRequest] = []
 
     def entry(team: str, queue: deque[FleetRequest]) -> tuple[float, float, str]:
@@ -168,7 +173,7 @@ def fleet_order(
             _, _, team = heapq.heappop(contending)
             request = queues[team].popleft()
             order.append(request)
-            spent[team] = spent.get(team, 0.0) + expected_work(request, durations)
+            spent[team] = spent.get(team, 0.0) + expected_work(request, standing.pace)
             holding[team] = holding.get(team, 0) + request.gpus
             if not queues[team]:
                 continue
@@ -179,15 +184,7 @@ def fleet_order(
     return order
 
 
-def start_order(
-    waiting: list[FleetRequest],
-    usage: Mapping[str, float],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    ahead: Mapping[str, float] | None = None,
-) -> list[FleetRequest]:
+def start_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRequest]:
     """The waiting requests in the order they are expected to start, for their places and ETAs (daemon/fleet/eta.py):
     the fleet's order with no team deferred for its cap. `fleet_order` puts a team that reaches its `max_slots`
     behind every other team of its class, which is what the next free slot does (`pick`); but once one of its jobs
@@ -195,8 +192,8 @@ def start_order(
     by the deferred order, a capped team's requests were told 85 to 117 s and started after 34 to 77 s). `etas` holds
     each to its cap instead: it starts when enough of its team's jobs end, the slots freeing meanwhile going to those
     behind it."""
-    uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in teams.items()}
-    return fleet_order(waiting, usage, {}, classes, uncapped, durations, ahead=ahead)
+    uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in standing.teams.items()}
+    return fleet_order(waiting, replace(standing, teams=uncapped, holding={}))
 
 
 def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
@@ -204,22 +201,16 @@ def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare]
     return cap is not None and holding.get(team, 0) + need > cap
 
 
-def pick(
-    heads: list[FleetRequest],
-    usage: Mapping[str, float],
-    running: Mapping[str, int],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    free: int | None = None,
-    ahead: Mapping[str, float] | None = None,
-) -> FleetRequest | None:
+def pick(heads: list[FleetRequest], standing: Standing, *, free: int | None = None) -> FleetRequest | None:
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
     given `free` (the host's free slots), when it needs no more GPUs than that. None: nothing it sees may start."""
-    fits = [h for h in heads if (free is None or h.gpus <= free) and not at_cap(h.team, running, teams, h.gpus)]
-    order = fleet_order(fits, usage, running, classes, teams, durations, ahead=ahead)
+    fits = [
+        h
+        for h in heads
+        if (free is None or h.gpus <= free) and not at_cap(h.team, standing.holding, standing.teams, h.gpus)
+    ]
+    order = fleet_order(fits, standing)
     return order[0] if order else None
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.fleet.eta import etas, ranked
-from daemon.fleet.order import FleetJob, FleetRequest, pick, remaining_work, start_order
+from daemon.fleet.order import FleetJob, FleetRequest, Standing, pick, remaining_work, start_order
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.fleet_config import PriorityClass, TeamShare
@@ -116,13 +116,8 @@ def replay(trace: Trace) -> list[Outcome]:
             ahead = remaining_work(seen(now), durations, now)
             head = pick(
                 waiting,
-                usage.slot_seconds(now),
-                usage.running(),
-                classes,
-                teams,
-                durations,
+                Standing(classes, teams, usage.slot_seconds(now), usage.running(), ahead, durations),
                 free=free_slots(),
-                ahead=ahead,
             )
             if head is None:
                 return
@@ -145,9 +140,8 @@ def replay(trace: Trace) -> list[Outcome]:
     def estimated(now: float) -> tuple[list[FleetRequest], dict[str, float | None]]:
         """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them out."""
         jobs = seen(now)
-        order = start_order(
-            waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now)
-        )
+        ahead = remaining_work(jobs, durations, now)
+        order = start_order(waiting, Standing(classes, teams, usage.slot_seconds(now), ahead=ahead, pace=durations))
         return order, etas(order, jobs, trace.slots, durations, now, teams)
 
     def tell(now: float) -> None:

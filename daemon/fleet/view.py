@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
-from daemon.fleet.order import FleetJob, FleetRequest, paced, pick, remaining_work, victim
+from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
 from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
@@ -175,15 +175,18 @@ class FleetView:
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        usage, held, settings, ahead = (
+        settings = self.settings
+        standing = Standing(
+            settings.priority_classes,
+            settings.teams,
             self.usage.slot_seconds(now),
             self.held(mine or {}),
-            self.settings,
             remaining_work(running, pace, now),
+            pace,
         )
         candidates = list(heads)
         if free is not None and here is not None and slots is not None:
-            first = pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, ahead=ahead)
+            first = pick(candidates, standing)
             reserved = drain(first, free, slots, here, pace, now, settings.reserve_after_s)
             if reserved is not None:
                 candidates = [head for head in candidates if backfills(head, reserved, pace, now)]
@@ -196,7 +199,7 @@ class FleetView:
                         due_s=None if reserved.due == float("inf") else round(reserved.due - now, 1),
                     )
             self.drained_for = None if reserved is None else reserved.head.request_id
-        return pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, free=free, ahead=ahead)
+        return pick(candidates, standing, free=free)
 
     def victim(self, head: FleetRequest, mine: list[FleetJob], free: int, *, ever: bool = False) -> FleetJob | None:
         """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""

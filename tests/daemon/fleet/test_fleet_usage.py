@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.order import FleetRequest, fleet_order
+from daemon.fleet.order import FleetRequest, Standing, fleet_order
 from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Usage
 from daemon.fleet_config import PriorityClass
@@ -176,7 +176,9 @@ def test_usage_folded_from_events_tilts_the_fleets_order() -> None:
     waiting = [
         FleetRequest(f"{team}{i}", "batch", team, T0 + 3000 + i, "sft", "tiny/m") for team in "ab" for i in range(3)
     ]
-    order = fleet_order(waiting, usage.slot_seconds(T0 + 3000), usage.running(), [PriorityClass(name="batch")], {})
+    order = fleet_order(
+        waiting, Standing([PriorityClass(name="batch")], usage=usage.slot_seconds(T0 + 3000), holding=usage.running())
+    )
     assert [w.team for w in order] == ["b", "b", "b", "a", "a", "a"]
 
 
