@@ -105,12 +105,7 @@ class Service:
     """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
 
     def __init__(
-        self,
-        settings: Settings,
-        *,
-        consumer: Consumer | None = None,
-        producer: Producer | None = None,
-        fleet: FleetKafka | None = None,
+        self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None
     ) -> None:
         require_fleet_retry_key(settings)  # before anything is made: a ConfigError, exit 2
         self.settings = settings
@@ -128,7 +123,6 @@ class Service:
             Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)),
             self.children,
             on_change=self._report_status,
-            fleet=fleet,
         )
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,
