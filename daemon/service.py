@@ -29,6 +29,7 @@ from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.view import FleetView
 from daemon.fleet.wiring import claimed_jobs, kafka_fleet, require_fleet_retry_key
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
@@ -85,20 +86,21 @@ def wire(
 ) -> Core:
     """The core over these clients; with priority classes the fleet's over `fleet` (aiokafka's when None, as the
     publisher's producer)."""
-    publisher = Publisher(settings, producer)
     partitions = Partitions(consumer)
     if not settings.class_topics:
+        publisher = Publisher(settings, producer)
         scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change)
         return Core(
             publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots), None
         )
+    view = FleetView(settings)  # the fleet as the events say it, with this host's own ends as it sends them
+    publisher = Publisher(settings, producer, watchers=[view.sending])
     kafka = fleet if fleet is not None else kafka_fleet(settings)
     claimed = claimed_jobs(settings, kafka, slots, partitions)
     scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, fleet=claimed)
     intake = Intake(settings, publisher, partitions, scheduler, slots)
-    return Core(
-        publisher, partitions, slots, scheduler, intake, Dispatcher(settings, scheduler, claimed, intake, kafka)
-    )
+    dispatcher = Dispatcher(settings, scheduler, claimed, intake, kafka, view)
+    return Core(publisher, partitions, slots, scheduler, intake, dispatcher)
 
 
 class Service:

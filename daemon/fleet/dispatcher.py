@@ -51,7 +51,13 @@ TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arriv
 
 class Dispatcher:
     def __init__(
-        self, settings: Settings, scheduler: Scheduler, claimed: ClaimedJobs, intake: Intake, kafka: FleetKafka
+        self,
+        settings: Settings,
+        scheduler: Scheduler,
+        claimed: ClaimedJobs,
+        intake: Intake,
+        kafka: FleetKafka,
+        view: FleetView,
     ) -> None:
         self.settings = settings
         self.intake = intake  # its rejections: a record too large to move is rejected here, as intake would
@@ -74,8 +80,9 @@ class Dispatcher:
         self.pending: dict[
             TopicPartition, tuple[int, FleetRequest]
         ] = {}  # claims partition → the claim written there, not yet run: its offset, itself
-        self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
-        scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
+        # The teams' usage and the fleet's running jobs, from the events, and this host's own ends at once (the
+        # publisher's watcher, daemon/service.py `wire`).
+        self.view = view
         self.heads = HeadReader(
             settings, intake.grants, self.retries, Arrivals(self.mover.seal)
         )  # a record as the turn weighs it
