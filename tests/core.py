@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka import TopicPartition
 
+from daemon.fleet.dispatcher import Dispatcher
 from daemon.jobs.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
@@ -55,6 +56,18 @@ class CoreOnFakes:
         )
         self.tp = TopicPartition(settings.requests_topic, 0)
         self.consumer.committed[self.tp] = 0  # assigned to this member
+
+    def fleet_host(self, claims_partitions: int, records: Iterable[FakeRecord] = ()) -> Dispatcher:
+        """This core as a host of a fleet with priority classes: its loop holds `claims_partitions` of the claims
+        topic (not the requests topic), and the classes' topics hold `records` (offsets from 0 in each partition).
+        Its dispatcher, as `wire` built it."""
+        del self.consumer.committed[self.tp]
+        for partition in range(claims_partitions):
+            self.consumer.committed[TopicPartition(self.settings.claims_topic, partition)] = 0
+        for record in records:
+            self.fleet.log(TopicPartition(record.topic, record.partition)).append(record)
+        assert self.dispatcher is not None, "no priority classes: no fleet"
+        return self.dispatcher
 
     def record(
         self, document: dict[str, object], offset: int = 0, headers: list[tuple[str, bytes]] | None = None

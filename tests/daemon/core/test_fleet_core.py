@@ -55,11 +55,7 @@ def host(
     """A host as `wire` builds it, with its claims partitions (by default two: one for its slot, one to claim into
     while it is full)."""
     core = CoreOnFakes(settings, children=children)
-    del core.consumer.committed[core.tp]  # the loop reads the claims topic, not the requests topic
-    for partition in range(claims_partitions):
-        core.consumer.committed[TopicPartition(CLAIMS.topic, partition)] = 0
-    assert core.dispatcher is not None
-    return core, core.dispatcher
+    return core, core.fleet_host(claims_partitions)
 
 
 def submit(core: CoreOnFakes, request_id: str, priority_class: str, team: str = "t", *, at_ms: int = 0) -> FakeRecord:

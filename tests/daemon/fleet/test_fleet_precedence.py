@@ -84,11 +84,8 @@ def host(
     """This host's dispatcher, as `wire` builds it, over the class topics holding `records`, with two claims
     partitions."""
     core = CoreOnFakes(settings, fleet=fleet)
-    core.consumer.committed[CLAIMS] = core.consumer.committed[CLAIMS_1] = 0
-    for record in records:
-        core.fleet.log(TopicPartition(record.topic, record.partition)).append(record)
-    assert core.dispatcher is not None
-    return core.dispatcher, Moves(core.fleet, core.dispatcher.mover.seal), core
+    dispatcher = core.fleet_host(2, records)
+    return dispatcher, Moves(core.fleet, dispatcher.mover.seal), core
 
 
 def job_here(

@@ -66,12 +66,9 @@ def dispatcher_over(
     """This host's dispatcher, as `wire` builds it, over the fleet's Kafka in memory holding `records` (offsets from 0
     in each partition), with one claims partition; and the batch class's queue consumer."""
     core = CoreOnFakes(settings)
-    core.consumer.committed[CLAIMS] = 0  # this host's one claims partition
-    for record in records:
-        core.fleet.log(TopicPartition(record.topic, record.partition)).append(record)
-    assert core.dispatcher is not None
+    dispatcher = core.fleet_host(1, records)  # one claims partition
     batch = core.fleet.queue_consumer(queue_group(settings.group_id, "batch"))
-    return core.dispatcher, Moves(core.fleet, core.dispatcher.mover.seal), core, batch
+    return dispatcher, Moves(core.fleet, dispatcher.mover.seal), core, batch
 
 
 async def turns(dispatcher: Dispatcher, until: Callable[[], bool], most: int = 50) -> int:
