@@ -28,12 +28,14 @@ from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
 from daemon.children.warm import WarmChildren, child_environment
-from daemon.fleet.wiring import fleet_dispatcher, require_fleet_retry_key
+from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.view import FleetView
+from daemon.fleet.wiring import claimed_jobs, kafka_fleet, require_fleet_retry_key
 from daemon.hub.whoami import hub_user
 from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.admin.lag import ConsumerLag
-from daemon.kafka.clients import Consumer, Producer, kafka_consumer
+from daemon.kafka.clients import Consumer, FleetKafka, Producer, kafka_consumer
 from daemon.kafka.control import ControlReader
 from daemon.kafka.partitions import Partitions, RebalanceListener
 from daemon.kafka.publisher import Publisher
@@ -61,13 +63,16 @@ RETENTION_INTERVAL_S = 3600.0
 @dataclass(frozen=True)
 class Core:
     """The parts that decide what becomes of each record, wired one way: `Service` runs them over
-    Kafka and the children, and the unit tests (tests/core.py) run the same wiring on fakes."""
+    Kafka and the children, and the unit tests (tests/core.py) run the same wiring on fakes. With
+    priority classes the fleet's `dispatcher` takes requests from the classes' queues into this host's
+    claims partitions, which `partitions` are then (daemon/fleet/dispatcher.py); without, it is None."""
 
     publisher: Publisher
     partitions: Partitions
     slots: Slots
     scheduler: Scheduler
     intake: Intake
+    dispatcher: Dispatcher | None
 
 
 def wire(
@@ -77,11 +82,25 @@ def wire(
     slots: Slots,
     children: ChildSource,
     on_change: Callable[[], None],
+    fleet: FleetKafka | None = None,
 ) -> Core:
-    publisher = Publisher(settings, producer)
+    """The core over these clients; with priority classes the fleet's over `fleet` (aiokafka's when None, as the
+    publisher's producer)."""
     partitions = Partitions(consumer)
-    scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change)
-    return Core(publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots))
+    if not settings.class_topics:
+        publisher = Publisher(settings, producer)
+        scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change)
+        return Core(
+            publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots), None
+        )
+    view = FleetView(settings)  # the fleet as the events say it, with this host's own ends as it sends them
+    publisher = Publisher(settings, producer, watchers=[view.sending])
+    kafka = fleet if fleet is not None else kafka_fleet(settings)
+    claimed = claimed_jobs(settings, kafka, slots, partitions)
+    scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, fleet=claimed)
+    intake = Intake(settings, publisher, partitions, scheduler, slots)
+    dispatcher = Dispatcher(settings, scheduler, claimed, intake, kafka, view)
+    return Core(publisher, partitions, slots, scheduler, intake, dispatcher)
 
 
 class Service:
@@ -107,19 +126,17 @@ class Service:
             self.children,
             on_change=self._report_status,
         )
-        self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
+        self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,
             core.partitions,
             core.slots,
             core.scheduler,
             core.intake,
+            core.dispatcher,
         )
         self.reader = CarefulReader(self.consumer, self.partitions)
         # With priority classes, requests wait in the classes' queues and this host takes them into
         # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
-        self.dispatcher = (
-            fleet_dispatcher(settings, self.scheduler, self.partitions, self.intake) if settings.class_topics else None
-        )
         self.topic = settings.claims_topic if self.dispatcher is not None else settings.requests_topic
         self.control = ControlReader(settings, self.scheduler.cancel)
         self.notifier = Notifier()

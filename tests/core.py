@@ -1,45 +1,73 @@
 """The daemon's core wired as `Service` wires it (`daemon.service.wire`, the one wiring), on the
-in-memory fakes of tests/fakes.py: the publisher, partitions, slots, scheduler and intake, with
-nothing of Kafka, the child or torch underneath."""
+in-memory fakes of tests/fakes.py: the publisher, partitions, slots, scheduler and intake, and with
+priority classes the fleet's dispatcher (over `FakeFleetKafka`), with nothing of Kafka, the child or
+torch underneath."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from aiokafka import TopicPartition
 
+from daemon.fleet.dispatcher import Dispatcher
 from daemon.resources.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
 from schemas import RequestBase, decode_request
-from tests.fakes import FakeChildren, FakeConsumer, FakeProducer, FakeRecord, Script, Sent
+from tests.fakes import FakeChildren, FakeConsumer, FakeFleetKafka, FakeProducer, FakeRecord, Script, Sent
 
 
 class CoreOnFakes:
     """`daemon.service.Core` as `wire` builds it, with the fakes it runs on and helpers to feed and read them."""
 
     def __init__(
-        self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None
+        self,
+        settings: Settings,
+        producer: FakeProducer | None = None,
+        children: FakeChildren | None = None,
+        fleet: FakeFleetKafka | None = None,
     ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
         self.children = children if children is not None else FakeChildren(Script())
+        self.fleet = fleet if fleet is not None else FakeFleetKafka()  # the fleet's Kafka, with priority classes
         slots = Slots(
             settings.gpus or [], settings.job_slots, packing_from(settings)
         )  # as Service builds them, GPUs declared
-        core = wire(settings, self.consumer, self.producer, slots, self.children, on_change=lambda: None)
-        self.publisher, self.partitions, self.slots, self.scheduler, self.intake = (
+        core = wire(
+            settings,
+            self.consumer,
+            self.producer,
+            slots,
+            self.children,
+            on_change=lambda: None,
+            fleet=self.fleet.kafka(),
+        )
+        self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,
             core.partitions,
             core.slots,
             core.scheduler,
             core.intake,
+            core.dispatcher,
         )
         self.tp = TopicPartition(settings.requests_topic, 0)
         self.consumer.committed[self.tp] = 0  # assigned to this member
+
+    def fleet_host(self, claims_partitions: int, records: Iterable[FakeRecord] = ()) -> Dispatcher:
+        """This core as a host of a fleet with priority classes: its loop holds `claims_partitions` of the claims
+        topic (not the requests topic), and the classes' topics hold `records` (offsets from 0 in each partition).
+        Its dispatcher, as `wire` built it."""
+        del self.consumer.committed[self.tp]
+        for partition in range(claims_partitions):
+            self.consumer.committed[TopicPartition(self.settings.claims_topic, partition)] = 0
+        for record in records:
+            self.fleet.log(TopicPartition(record.topic, record.partition)).append(record)
+        assert self.dispatcher is not None, "no priority classes: no fleet"
+        return self.dispatcher
 
     def record(
         self, document: dict[str, object], offset: int = 0, headers: list[tuple[str, bytes]] | None = None

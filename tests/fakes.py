@@ -2,6 +2,9 @@
 child (daemon/children/processes.py's), for unit tests of the daemon's core without a broker or torch:
 
 - `FakeProducer` and `FakeConsumer`, Kafka in memory (testbed/memory_kafka.py, shared with the GPU check);
+- `FakeFleetKafka`, what the fleet's queue asks of Kafka (daemon/kafka/clients.py `FleetKafka`): the classes'
+  and the claims topics as logs, the queue groups' consumers and committed offsets, and transactions that
+  write their copies and commit their offset together (or, refused, neither);
 - `FakeChildren` hands each job a `FakeChild` that follows a `Script`: the messages a real child
   would send, then how it ends (an exit status, or hanging until it is stopped).
 
@@ -11,17 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from daemon.children.child import ChildHandle, ChildJob, ChildOutcome, OnMessage, follow
 from daemon.children.processes import ChildSource, JobProcess
-from daemon.kafka.clients import Consumer, Producer
+from daemon.kafka.clients import Consumer, FleetKafka, Producer, QueueConsumer, QueueReads, Transactions, Write
 from daemon.kafka.records import Record
 from handlers.protocol import ChildMessage, JobSpec
 from testbed.memory_kafka import FakeBatch, FakeConsumer, FakeProducer, FakeRecord, Sent
 
-__all__ = ["FakeBatch", "FakeChild", "FakeChildren", "FakeConsumer", "FakeProducer", "FakeRecord", "Script", "Sent"]
+__all__ = [
+    "FakeBatch",
+    "FakeChild",
+    "FakeChildren",
+    "FakeConsumer",
+    "FakeFleetKafka",
+    "FakeProducer",
+    "FakeQueueConsumer",
+    "FakeRecord",
+    "Script",
+    "Sent",
+]
 
 
 @dataclass
@@ -132,13 +149,179 @@ class FakeChildren:
         self.closed = True
 
 
+@dataclass(frozen=True)
+class Moved:
+    """One transaction of `FakeFleetKafka`: what it wrote, and the offset it committed for `group`."""
+
+    writes: list[FakeRecord]
+    group: str
+    tp: TopicPartition
+    offset: int
+
+
+class FakeFleetKafka:
+    """The fleet's Kafka in memory: each topic partition a log (`logs`, offsets from 0), each queue group's committed
+    offsets (`offsets`), its consumers (`consumers`, by group), and the transactions made (`moves`). A transaction
+    writes its copies and commits its offset, or raises `refuse` and does neither, as a broker's abort."""
+
+    def __init__(self, partitions: Mapping[str, int] | None = None) -> None:
+        self.partitions = dict(partitions or {})  # topic → its partitions (1 when unnamed)
+        self.logs: dict[TopicPartition, list[FakeRecord]] = {}
+        self.offsets: dict[tuple[str, TopicPartition], int] = {}  # (group, partition) → its committed offset
+        self.consumers: dict[str, FakeQueueConsumer] = {}
+        self.moves: list[Moved] = []
+        self.refuse: BaseException | None = None
+        self.started = False
+
+    def kafka(self) -> FleetKafka:
+        return FleetKafka(self, self.queue_consumer, self)
+
+    def log(self, tp: TopicPartition) -> list[FakeRecord]:
+        return self.logs.setdefault(tp, [])
+
+    def on(self, topic: str) -> list[FakeRecord]:
+        """What the topic holds, partition by partition."""
+        return [record for tp in sorted(self.logs) if tp.topic == topic for record in self.logs[tp]]
+
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Iterable[tuple[str, bytes]] = (),
+        *,
+        partition: int = 0,
+        timestamp: int | None = None,
+    ) -> FakeRecord:
+        """A record written outside a transaction: a producer's request."""
+        log = self.log(TopicPartition(topic, partition))
+        stamp = int(time.time() * 1000) if timestamp is None else timestamp
+        log.append(FakeRecord(topic, partition, len(log), key, value, list(headers), timestamp=stamp))
+        return log[-1]
+
+    # Transactions
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    async def commit_with(self, writes: Sequence[Write], group: str, tp: TopicPartition, offset: int) -> int | None:
+        if self.refuse is not None:
+            raise self.refuse
+        written = [
+            self.produce(
+                w.topic,
+                w.key,
+                w.value,
+                w.headers,
+                partition=w.partition if w.partition is not None else 0,
+                timestamp=w.timestamp_ms,
+            )
+            for w in writes
+        ]
+        self.offsets[(group, tp)] = offset
+        self.moves.append(Moved(written, group, tp, offset))
+        return written[-1].offset if written else None
+
+    # The queue consumers
+    def queue_consumer(self, group: str) -> FakeQueueConsumer:
+        return self.consumers.setdefault(group, FakeQueueConsumer(self, group))
+
+    # QueueReads
+    async def committed(self, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[int, int]]:
+        return {
+            (group, topic): {
+                tp.partition: at for (g, tp), at in self.offsets.items() if g == group and tp.topic == topic
+            }
+            for group, topic in wanted
+        }
+
+    async def waiting(self, topic: str, start_at: Mapping[int, int], most: int) -> list[FakeRecord]:
+        found = [r for r in self.on(topic) if r.offset >= start_at.get(r.partition, 0)]
+        return found[:most]
+
+
+class FakeQueueConsumer:
+    """A class topic's consumer in its queue group, alone in it: the next poll after `subscribe` is assigned every
+    partition of the topic (aiokafka's rebalance happens within a poll), from the group's committed offsets."""
+
+    def __init__(self, fleet: FakeFleetKafka, group: str) -> None:
+        self.fleet, self.group = fleet, group
+        self.topic: str | None = None
+        self.listener: ConsumerRebalanceListener | None = None
+        self.assigned: set[TopicPartition] = set()
+        self.positions: dict[TopicPartition, int] = {}
+        self.paused: set[TopicPartition] = set()
+        self.joins = self.leaves = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
+        [self.topic] = topics
+        self.listener = listener
+        self.joins += 1
+
+    def unsubscribe(self) -> None:
+        self.topic, self.listener, self.assigned = None, None, set()
+        self.leaves += 1
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
+    ) -> Mapping[TopicPartition, Sequence[FakeRecord]]:
+        if self.listener is not None and self.topic is not None and not self.assigned:
+            self.assigned = {TopicPartition(self.topic, n) for n in range(self.fleet.partitions.get(self.topic, 1))}
+            for tp in self.assigned:
+                self.positions[tp] = self.fleet.offsets.get((self.group, tp), 0)
+            self.paused.clear()
+            await self.listener.on_partitions_assigned(set(self.assigned))
+        batches = {}
+        for tp in sorted(self.assigned):
+            if tp in self.paused or (partitions and tp not in partitions):
+                continue
+            batch = [r for r in self.fleet.log(tp) if r.offset >= self.positions[tp]][:max_records]
+            if batch:
+                batches[tp] = batch
+                self.positions[tp] = batch[-1].offset + 1
+        return batches
+
+    def assignment(self) -> Collection[TopicPartition]:
+        return set(self.assigned)
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return len(self.fleet.log(tp))
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.positions[tp] = offset
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.paused.difference_update(partitions)
+
+    async def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        raise AssertionError("a queue's offsets are committed by moves only")
+
+    async def end_offsets(self, partitions: list[TopicPartition]) -> Mapping[TopicPartition, int]:
+        return {tp: len(self.fleet.log(tp)) for tp in partitions}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions.get(tp, 0)
+
+
 def _conforms(
     producer: FakeProducer,
     consumer: FakeConsumer,
     record: FakeRecord,
     child: FakeChild,
     children: FakeChildren,
-) -> tuple[Producer, Consumer, Record, JobProcess, ChildSource]:
+    fleet: FakeFleetKafka,
+) -> tuple[Producer, Consumer, Record, JobProcess, ChildSource, Transactions, QueueConsumer, QueueReads]:
     """Never called: mypy (`.ci/run` checks this module) fails here when a fake stops being what the
     daemon's Protocols ask for."""
-    return producer, consumer, record, child, children
+    return producer, consumer, record, child, children, fleet, fleet.queue_consumer(""), fleet

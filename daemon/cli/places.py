@@ -2,7 +2,7 @@
 and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
 
 The events are folded as every host folds them (daemon/fleet/usage.py `Usage`, `Durations` and `Switches`,
-daemon/fleet/running.py `RunningJobs`); the places and ETAs are daemon/fleet/eta.py `places`, as a host
+daemon/fleet/running.py `Occupancy`); the places and ETAs are daemon/fleet/eta.py `places`, as a host
 tells them in its `queued` events (the order they are expected to start in: class, then the teams' fair
 share, then arrival, each team held to its cap; the preemptions within the operator's bounds; list
 scheduling onto the fleet's slots, unknown rather than guessed where a start needs an end nothing says).
@@ -31,7 +31,7 @@ from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
 from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import Bounds, etas, places
-from daemon.fleet.running import RunningJobs
+from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
 from schemas import Event
@@ -76,7 +76,7 @@ def place_and_eta(
     and, without classes, requests no record says where they wait. `records`: every request read past the
     committed offsets, the running ones too (without classes, whose partition each running job holds)."""
     at = now.timestamp()
-    usage, durations, running, switches = Usage(), Durations(), RunningJobs(), Switches()
+    usage, durations, running, switches = Usage(), Durations(), Occupancy(), Switches()
     for event in events:
         for fold in (usage, durations, running, switches):
             fold.observe(event, at)
@@ -104,8 +104,8 @@ def place_and_eta(
     ]
 
 
-def _in_order(w: WaitingRequest) -> fleet.Waiting:
-    return fleet.Waiting(
+def _in_order(w: WaitingRequest) -> fleet.FleetRequest:
+    return fleet.FleetRequest(
         w.request_id,
         w.priority_class or "",
         w.team,
@@ -118,7 +118,7 @@ def _in_order(w: WaitingRequest) -> fleet.Waiting:
 
 
 def _in_partitions(
-    waiting: list[WaitingRequest], records: dict[str, WaitingRequest], jobs: list[fleet.Running], pace: Pace, at: float
+    waiting: list[WaitingRequest], records: dict[str, WaitingRequest], jobs: list[fleet.FleetJob], pace: Pace, at: float
 ) -> list[Placed]:
     """Without classes: each partition a queue of its own, in offset order, behind the job that holds it."""
     queues: dict[tuple[str, int], list[WaitingRequest]] = {}

@@ -5,7 +5,7 @@ a higher class go ahead).
 
 A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
 behind a busy fleet are read for this from the outside, without joining a group: each class's topic
-from its queue group's committed offset (daemon/kafka/admin/group_offsets.py), every `ANNOUNCE_S`. One host
+from its queue group's committed offset (`QueueReads`, daemon/kafka/clients.py), every `ANNOUNCE_S`. One host
 does it, the one the claims group gave partition 0 (Kafka's own assignment chooses it: no election of
 ours); after a rebalance another may, and the events say what each request was last told
 (`FleetView.telling`), so the new one goes on from there.
@@ -22,15 +22,14 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.errors import TopicMissing
-from daemon.fleet.order import Waiting, waiting_for
+from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.fleet.view import FleetView
 from daemon.job.events import JobEvents
-from daemon.kafka.admin.group_offsets import committed_offsets
+from daemon.kafka.clients import QueueReads
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
-from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.fleet import queue_group
 from schemas import Queued, RequestBase, decode_request
@@ -46,7 +45,7 @@ async def publish_queued(
     host: str,
     retries: RetrySigner,
     read: tuple[RequestBase, Record],
-    waiting: Waiting,
+    waiting: FleetRequest,
     place: int,
     eta: float | None,
 ) -> None:
@@ -71,9 +70,11 @@ class Announcer:
         publisher: Publisher,
         claims: Partitions,
         retries: RetrySigner,
+        reads: QueueReads,
         cancelled: Container[str] = frozenset(),
     ) -> None:
         self.settings = settings
+        self.reads = reads  # the queues from outside their groups (daemon/kafka/clients.py)
         # The requests whose cancel this host has read (Scheduler.cancelled): skipped when reached, so neither told
         # they wait nor counted in the places of the others.
         self.cancelled = cancelled
@@ -127,44 +128,34 @@ class Announcer:
         groups = {
             topic: queue_group(self.settings.group_id, name) for name, topic in self.settings.class_topics.items()
         }
-        found = await committed_offsets(self.settings, {(groups[record.topic], record.topic) for record in records})
+        found = await self.reads.committed({(groups[record.topic], record.topic) for record in records})
         return {
             (r.topic, r.partition, r.offset)
             for r in records
             if found[(groups[r.topic], r.topic)].get(r.partition, 0) > r.offset
         }
 
-    async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
-        """The requests of each class's topic past its group's committed offset, decoded as
-        the dispatcher decodes them."""
+    async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
+        """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes
+        them."""
         topics = self.settings.class_topics
-        found = await committed_offsets(
-            self.settings, [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()]
+        found = await self.reads.committed(
+            [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()]
         )
         running = {job.request_id for job in self.view.running_jobs.jobs(time.time())}
-        unread: list[tuple[Waiting, tuple[RequestBase, Record]]] = []
+        unread: list[tuple[FleetRequest, tuple[RequestBase, Record]]] = []
         for name, topic in topics.items():
             try:
-                async with TopicReader(
-                    self.settings,
-                    topic,
-                    start_at=found[(queue_group(self.settings.group_id, name), topic)],
-                    read_committed=True,
-                ) as reader:
-                    count = 0
-                    async for record in reader.records(follow=False):
-                        count += 1
-                        if count > MAX_READ:
-                            break
-                        request = decode_request(record.value or b"", record.key)
-                        if not isinstance(request, RequestBase) or request.request_id in running:
-                            continue
-                        unread.append(
-                            (
-                                waiting_for(request, request.priority_class or name, record.timestamp / 1000),
-                                (request, record),
-                            )
-                        )
+                records = await self.reads.waiting(
+                    topic, found[(queue_group(self.settings.group_id, name), topic)], MAX_READ
+                )
             except TopicMissing:
                 continue
+            for record in records:
+                request = decode_request(record.value or b"", record.key)
+                if not isinstance(request, RequestBase) or request.request_id in running:
+                    continue
+                unread.append(
+                    (waiting_for(request, request.priority_class or name, record.timestamp / 1000), (request, record))
+                )
         return unread

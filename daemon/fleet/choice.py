@@ -1,27 +1,42 @@
 """The first waiting records of a queue partition this host holds (`Head`), as the fleet's rules see them:
-a `Waiting` request of daemon/fleet/order.py, whose key is the head itself; and how a record read from a
+a `FleetRequest` request of daemon/fleet/order.py, whose key is the head itself; and how a record read from a
 class's queue becomes one (`HeadReader`): decoded as intake decodes, judged by the same grants and size rule,
-with its retry state and the fleet's arrival."""
+with its retry state and the fleet's arrival (`Arrivals`).
+
+The arrival: when a request of a class's queue arrived, as the fleet's order takes it (issue 61): never the
+producer's own clock, which it sets to anything (a record backdated to 1970 would go first).
+
+- A copy a host wrote (moved, written again, retried, sent back when preempted) carries the arrival the
+  fleet signed (daemon/kafka/queue_seal.py): trusted only when its signature verifies, for this topic and class.
+- Otherwise, on a class topic that `adapterd topics` made (`message.timestamp.type=LogAppendTime`,
+  daemon/kafka/admin/topics.py), the broker's append time: when the fleet first had it.
+- Otherwise (a topic made by hand, CreateTime), the time this host first read the record.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiokafka import TopicPartition
 
 from daemon.admission.grants import Grants
-from daemon.fleet.arrival import Arrivals
-from daemon.fleet.order import Waiting, waiting_for
+from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.intake import internal_rejection
 from daemon.kafka.copies import too_large
+from daemon.kafka.queue_seal import QueueSeal, Unsealed
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.settings import Settings
 from daemon.settings.fleet import team_of
 from schemas import Rejection, RequestBase, decode_request
+
+LOG_APPEND_TIME = 1  # a record's `timestamp_type` when the broker stamped it (aiokafka's ConsumerRecord)
+REMEMBERED = 65_536  # records whose first read this host remembers, across its re-reads of a partition
 
 
 class Queue(Protocol):
@@ -49,7 +64,7 @@ class Head:
     rejection: Rejection | None = None
     generation: int = 0  # its queue's rebalances when it was read (ClassQueue.generation)
     seen_at: float = field(default_factory=time.time)
-    arrived_ms: int | None = None  # when it arrived (daemon/fleet/arrival.py); None: when this host read it
+    arrived_ms: int | None = None  # when it arrived (`Arrivals`); None: when this host read it
 
     @property
     def request_id(self) -> str:
@@ -74,10 +89,10 @@ class Head:
     def not_yet_due(self, now: float) -> bool:
         return self.due is not None and self.due > now
 
-    def waiting(self) -> Waiting:
+    def waiting(self) -> FleetRequest:
         if self.request is not None:
             return waiting_for(self.request, self.priority_class, self.arrived, key=self)
-        return Waiting(self.request_id, self.priority_class, self.team, self.arrived, "", "", 1, key=self)
+        return FleetRequest(self.request_id, self.priority_class, self.team, self.arrived, "", "", 1, key=self)
 
 
 @dataclass(frozen=True)
@@ -140,3 +155,29 @@ class HeadReader:
             generation=queue.generation,
             rejection=rejection_of(record, exc),
         )
+
+
+class Arrivals:
+    """Each queue record's arrival in milliseconds since the epoch (`of`)."""
+
+    def __init__(self, seal: QueueSeal, clock: Callable[[], float] = time.time) -> None:
+        self.seal = seal
+        self.clock = clock
+        self.first_read: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+
+    def of(self, priority_class: str, record: Record) -> int:
+        try:
+            sealed = self.seal.read(record.topic, record.partition, record.key, record.value, record.headers)
+            if sealed.priority_class == priority_class:
+                return sealed.arrival_ms
+        except Unsealed:
+            pass  # a producer's record, or one whose signature does not hold: its own claim of a time is not taken
+        if getattr(record, "timestamp_type", None) == LOG_APPEND_TIME:
+            return record.timestamp
+        where = (record.topic, record.partition, record.offset)
+        first = self.first_read.get(where)
+        if first is None:
+            first = self.first_read[where] = int(self.clock() * 1000)
+            if len(self.first_read) > REMEMBERED:
+                self.first_read.popitem(last=False)
+        return first

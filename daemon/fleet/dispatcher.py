@@ -13,12 +13,13 @@ share, then arrival: daemon/fleet/order.py, with the usage read from the events:
 and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
 offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and jobs as it knows them, not
 only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without
-classes: one job per partition, committed after its terminal event, read again by another host if this one dies. A
-record naming another class than its topic's is weighed as its own class where it is (claimed there if it is picked),
-else moved to that class's topic when it is first in its partition; one that does not decode, or too large for a move's
-copies, is dead-lettered where it is (no claim, no rejoin), and one whose cancel this host has read ends there with its
-`cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds up none behind it.
-Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/arrival.py).
+classes: one job per partition, committed after its terminal event, read again by another host if this one dies.
+A record naming another class than its topic's is weighed as its own class where it is (claimed there if
+it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too
+large for a move's copies, is dead-lettered where it is (no claim, no rejoin), and one whose cancel this host has read
+ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds
+up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's
+(daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
@@ -29,21 +30,18 @@ import time
 from collections.abc import Callable
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from daemon.fleet.announcer import Announcer, publish_queued
-from daemon.fleet.arrival import Arrivals
-from daemon.fleet.choice import Head, HeadReader
-from daemon.fleet.jobs import FleetJobs
-from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
-from daemon.fleet.order import Running, Waiting
+from daemon.fleet.choice import Arrivals, Head, HeadReader
+from daemon.fleet.claimed import ClaimedJobs
+from daemon.fleet.moves import Copy, Move, Stale, carried
+from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.intake import Intake
 from daemon.jobs.scheduler import Scheduler
-from daemon.kafka.options import kafka_options
-from daemon.kafka.partitions import Partitions
-from daemon.kafka.retry_state import RetrySigner
+from daemon.kafka.clients import FleetKafka
 from daemon.ops import metrics
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER, queue_group
@@ -51,16 +49,6 @@ from daemon.settings.fleet import CLASS_HEADER, queue_group
 log = structlog.get_logger()
 
 TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arrive
-# A queue group rebalances whenever a host fills or frees a slot: its members learn of it at their next
-# heartbeat, and a fetch of a queue partition answers at once when it has records, else after FETCH_WAIT_MS.
-# Both short, so that a slot that frees takes its next request within a fraction of a second.
-HEARTBEAT_MS = 250
-FETCH_WAIT_MS = 100
-# A queue consumer subscribed to a class topic that does not exist yet (made after this host started) learns of it
-# only at its next metadata refresh: aiokafka's default of 5 minutes left requests waiting that long on an idle fleet.
-# Every 2 s it is noticed within seconds, and partitions added by `adapterd topics --grow` too; the cost is one
-# metadata request (the class's one topic) per class per host every 2 s, small beside the fetches every 100 ms.
-QUEUE_METADATA_MAX_AGE_MS = 2_000
 
 
 class Dispatcher:
@@ -68,46 +56,37 @@ class Dispatcher:
         self,
         settings: Settings,
         scheduler: Scheduler,
-        jobs: FleetJobs,
-        claims: Partitions,
-        mover: Mover,
+        claimed: ClaimedJobs,
         intake: Intake,
+        kafka: FleetKafka,
+        view: FleetView,
     ) -> None:
         self.settings = settings
         self.intake = intake  # its rejections: a record too large to move is rejected here, as intake would
         self.scheduler = scheduler
-        self.jobs = jobs
-        self.claims = claims
-        self.mover = mover
-        self.retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
+        self.jobs = claimed  # the scheduler's fleet hooks: its jobs as the fleet sees them, and their preemption
+        self.claims = scheduler.partitions  # this host's claims partitions, which the scheduler runs
+        self.mover = claimed.mover
+        self.kafka = kafka
+        self.retries = claimed.retries
         self.queues = [
             ClassQueue(
                 name,
                 topic,
                 queue_group(settings.group_id, name),
-                settled=mover.settled,
-                consumer=AIOKafkaConsumer(
-                    **kafka_options(settings),
-                    group_id=queue_group(settings.group_id, name),
-                    client_id=f"adapterd-{settings.host}-queue",
-                    enable_auto_commit=False,
-                    auto_offset_reset="earliest",
-                    isolation_level="read_committed",
-                    heartbeat_interval_ms=HEARTBEAT_MS,
-                    fetch_max_wait_ms=FETCH_WAIT_MS,
-                    session_timeout_ms=settings.session_timeout_ms,
-                    metadata_max_age_ms=QUEUE_METADATA_MAX_AGE_MS,
-                ),
+                settled=self.mover.settled,
+                consumer=kafka.queue_consumer(queue_group(settings.group_id, name)),
             )
             for name, topic in settings.class_topics.items()
         ]
         self.pending: dict[
-            TopicPartition, tuple[int, Waiting]
+            TopicPartition, tuple[int, FleetRequest]
         ] = {}  # claims partition → the claim written there, not yet run: its offset, itself
-        self.view = FleetView(settings)  # the teams' usage and the fleet's running jobs, from the events
-        scheduler.publisher.watchers.append(self.view.sending)  # and this host's own ends, at once
+        # The teams' usage and the fleet's running jobs, from the events, and this host's own ends at once (the
+        # publisher's watcher, daemon/service.py `wire`).
+        self.view = view
         self.heads = HeadReader(
-            settings, intake.grants, self.retries, Arrivals(mover.seal)
+            settings, intake.grants, self.retries, Arrivals(self.mover.seal)
         )  # a record as the turn weighs it
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
@@ -129,7 +108,13 @@ class Dispatcher:
 
     async def run(self, stopping: asyncio.Event) -> None:
         announcer = Announcer(
-            self.settings, self.view, self.scheduler.publisher, self.claims, self.retries, self.scheduler.cancelled
+            self.settings,
+            self.view,
+            self.scheduler.publisher,
+            self.claims,
+            self.retries,
+            self.kafka.reads,
+            self.scheduler.cancelled,
         )
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
         try:
@@ -209,12 +194,14 @@ class Dispatcher:
             # Nothing fits a free slot: the first in the fleet's order that fits none may
             # preempt a job of a lower class.
             first = self.view.pick(waiting, None, self._mine())
-            victim = self.view.victim(first, self.jobs.running(), free) if first is not None else None
+            victim = (
+                self.view.victim(first, self.jobs.running(self.scheduler.jobs), free) if first is not None else None
+            )
             if (
                 first is not None
                 and victim is not None
                 and self.idle_claims()
-                and self.jobs.preempt(victim.key, by=first.request_id)
+                and self.jobs.preempt(self.scheduler.jobs, victim.key, by=first.request_id)
             ):
                 log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
                 # Claimed at once: it waits in this host's claims for the victim's slot (the scheduler starts it when
@@ -239,15 +226,15 @@ class Dispatcher:
         its share of the queue's partitions, where a request waits for that minimum: while another host can start it
         sooner, the partitions are left to the hosts that can. The default class's topic is where producers naming any
         class write (`adapterd submit`): read as the highest's."""
-        mine, free = self.jobs.running(), len(self.scheduler.slots.free)
-        if self.view.victim(Waiting("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
+        mine, free = self.jobs.running(self.scheduler.jobs), len(self.scheduler.slots.free)
+        if self.view.victim(FleetRequest("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
             return True
         arriving = (
             [c.name for c in self.settings.priority_classes]
             if queue.topic == self.settings.requests_topic
             else [queue.name]
         )
-        probes = [Waiting("", name, "", 0.0, "", "", 1) for name in arriving]
+        probes = [FleetRequest("", name, "", 0.0, "", "", 1) for name in arriving]
         return any(
             self.view.victim(probe, mine, free, ever=True) is not None
             and not self.view.startable_elsewhere(self.settings.host, probe)
@@ -256,15 +243,18 @@ class Dispatcher:
 
     def _mine(self) -> dict[str, tuple[str, int]]:
         """This host's own requests as it knows them now, by request id: (team, slots held) of each job, none once its
-        slots are freed (`FleetJobs.held`), and of each claim on its way to a job."""
-        return {**self.jobs.held(), **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()}}
+        slots are freed (`ClaimedJobs.held`), and of each claim on its way to a job."""
+        return {
+            **self.jobs.held(self.scheduler.jobs),
+            **{w.request_id: (w.team, w.gpus) for _, w in self.pending.values()},
+        }
 
-    def _here(self) -> list[Running]:
-        """This host's jobs and its claims on their way to one (as started now), as it knows
-        them: the ETAs' slots here."""
+    def _here(self) -> list[FleetJob]:
+        """This host's jobs and its claims on their way to one (as started now), as it knows them: the ETAs' slots
+        here."""
         now, host = time.time(), self.settings.host
         claims = [
-            Running(
+            FleetJob(
                 w.request_id,
                 w.priority_class,
                 w.team,
@@ -277,7 +267,7 @@ class Dispatcher:
             )
             for _, w in self.pending.values()
         ]
-        return [*self.jobs.running(), *claims]
+        return [*self.jobs.running(self.scheduler.jobs), *claims]
 
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it

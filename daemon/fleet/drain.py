@@ -7,8 +7,8 @@ dispatcher holds the request at the head of its window, by the class queue's con
 claim it. It is reserved when the request is the first of the fleet's order among the heads it holds (`order.pick`
 with no regard to free slots: a higher class or a team further below its share goes first, as ever), needs more
 GPUs than are free there and no more than the host has, and has waited `reserve_after_s` since its arrival (the
-signed arrival every host reads alike: daemon/fleet/arrival.py). The reservation is due when the host's jobs are
-expected to free enough slots (`order.time_left`: their ETAs, else their steps left at the pace, else their expected
+signed arrival every host reads alike: daemon/fleet/choice.py `Arrivals`). The reservation is due when the host's jobs
+are expected to free enough slots (`order.time_left`: their ETAs, else their steps left at the pace, else their expected
 rest); meanwhile a request starts there only when its expected duration (`Pace.expected` at its `max_steps`) ends
 it no later (`backfills`). One of unknown duration never does, nor any while a job's end is unknown.
 """
@@ -19,7 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.fleet.order import Running, Waiting, time_left
+from daemon.fleet.order import FleetJob, FleetRequest, time_left
 from daemon.fleet.usage import Pace
 from daemon.jobs import reservation
 
@@ -28,13 +28,19 @@ from daemon.jobs import reservation
 class Drain:
     """This host reserved for `head`: enough of its slots are expected free at `due` (epoch seconds; inf: unknown)."""
 
-    head: Waiting
+    head: FleetRequest
     due: float
     free_at: dict[str, float]  # each of the host's slots: when it is expected free (now: free now)
 
 
 def drain(
-    first: Waiting | None, free: int, slots: int, here: Sequence[Running], durations: Pace, now: float, after_s: float
+    first: FleetRequest | None,
+    free: int,
+    slots: int,
+    here: Sequence[FleetJob],
+    durations: Pace,
+    now: float,
+    after_s: float,
 ) -> Drain | None:
     """Whether this host drains for `first`, the first of the fleet's order among the heads it holds: the module's rule.
     `free`: its slots free now for a new request; `slots`: all of them; `here`: its jobs and claims holding the rest."""
@@ -50,7 +56,7 @@ def drain(
     return Drain(first, reservation.due(free_at, first.gpus), free_at)
 
 
-def backfills(request: Waiting, held: Drain, durations: Pace, now: float) -> bool:
+def backfills(request: FleetRequest, held: Drain, durations: Pace, now: float) -> bool:
     """Whether `request` may start on a host drained for `held.head` (the reservation itself always may)."""
     if request.request_id == held.head.request_id:
         return True

@@ -12,7 +12,17 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running, Waiting, at_cap, remaining_work, share_of, start_order, time_left, victim
+from daemon.fleet.order import (
+    FleetJob,
+    FleetRequest,
+    Standing,
+    at_cap,
+    remaining_work,
+    share_of,
+    start_order,
+    time_left,
+    victim,
+)
 from daemon.fleet.usage import Pace
 from daemon.settings.fleet import PriorityClass, TeamShare
 
@@ -29,14 +39,14 @@ class Bounds:
 
 
 def preempting(
-    order: list[Waiting],
-    running: list[Running],
+    order: list[FleetRequest],
+    running: list[FleetJob],
     slots: int,
     bounds: Bounds,
     durations: Pace,
     now: float,
     teams: Mapping[str, TeamShare] | None = None,
-) -> tuple[list[Running], dict[str, float]]:
+) -> tuple[list[FleetJob], dict[str, float]]:
     """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
 
     In order, each request that finds no free slot of the fleet's `slots`, its team below its cap (`order.pick`
@@ -86,7 +96,7 @@ def preempting(
         starts[request.request_id] = start
         expected = durations.expected(request.method, request.model, request.steps)
         after.append(
-            Running(
+            FleetJob(
                 request.request_id,
                 request.priority_class,
                 request.team,
@@ -101,28 +111,29 @@ def preempting(
 
 
 def places(
-    waiting: list[Waiting],
+    waiting: list[FleetRequest],
     usage: Mapping[str, float],
-    running: list[Running],
+    running: list[FleetJob],
     slots: int,
     bounds: Bounds,
     pace: Pace,
     now: float,
     teams: Mapping[str, TeamShare],
-) -> list[tuple[Waiting, int, float | None]]:
+) -> list[tuple[FleetRequest, int, float | None]]:
     """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
     the fleet's `slots` (`etas`, each team held to its cap), placed by their starts (`ranked`). One function for what
-    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs`
-    say (daemon/cli/places.py)."""
-    order = start_order(waiting, usage, bounds.classes, teams, pace, ahead=remaining_work(running, pace, now))
+    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say
+    (daemon/cli/places.py)."""
+    ahead = remaining_work(running, pace, now)
+    order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
     after, starts = preempting(order, running, slots, bounds, pace, now, teams)
     eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams), **starts}
     return ranked(order, eta)
 
 
-def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[Waiting, int, float | None]]:
+def ranked(order: list[FleetRequest], eta: Mapping[str, float | None]) -> list[tuple[FleetRequest, int, float | None]]:
     """Each request of `order` (`order.start_order`) with its place and its ETA: places in the order of the expected
     starts (a request held by its team's cap starts after some of those behind it), those
     with none after, in `order`."""
@@ -133,8 +144,8 @@ def ranked(order: list[Waiting], eta: Mapping[str, float | None]) -> list[tuple[
 
 
 def etas(
-    order: list[Waiting],
-    running: list[Running],
+    order: list[FleetRequest],
+    running: list[FleetJob],
     slots: int,
     durations: Pace,
     now: float,

@@ -3,10 +3,10 @@ offset it was read at is committed together, or neither is.
 
 This is what makes the fleet's queue safe under SIGKILL and broker restarts: a request taken from a
 class's queue into a host's claims partition (daemon/fleet/dispatcher.py), or sent back to its queue
-when it is preempted (daemon/fleet/jobs.py), is never in both places, nor in neither. The
-producer's transactional id is this host's, so a daemon restarted on the host fences the old one's
-unfinished transaction (Kafka aborts it); the claims topic is read `read_committed`, so an aborted
-copy is never run.
+when it is preempted (daemon/fleet/claimed.py), is never in both places, nor in neither. The
+transaction is the house's `Transactions` seam (daemon/kafka/clients.py: aiokafka's transactional producer,
+whose id is this host's, so a daemon restarted on the host fences the old one's unfinished transaction; an
+in-memory one in the tests); the claims topic is read `read_committed`, so an aborted copy is never run.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
+from aiokafka import TopicPartition
 
+from daemon.kafka.clients import Transactions, Write
 from daemon.kafka.copies import producer_signature
-from daemon.kafka.options import kafka_options
 from daemon.kafka.queue_seal import QueueSeal
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
@@ -42,7 +41,7 @@ class Copy:
     topic: str
     priority_class: str  # the class of `topic`, or, in the claims topic, the class the request runs as
     team: str
-    arrival_ms: int  # when the request arrived (daemon/fleet/arrival.py); also the record's timestamp
+    arrival_ms: int  # when the request arrived (daemon/fleet/choice.py `Arrivals`); also the record's timestamp
     headers: tuple[tuple[str, bytes], ...] = ()
     partition: int | None = None
 
@@ -67,17 +66,11 @@ class Stale(AdapterdError):
 
 
 class Mover:
-    """The host's transactional producer; one move at a time (a producer has one open transaction)."""
+    """Moves over the host's `Transactions` (daemon/kafka/clients.py); one at a time (a producer has one open
+    transaction), each copy signed by the fleet."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.producer = AIOKafkaProducer(
-            **kafka_options(settings),
-            client_id=f"adapterd-{settings.host}-moves",
-            transactional_id=f"adapterd-moves-{settings.group_id}-{settings.host}",
-            enable_idempotence=True,
-            acks="all",
-            max_request_size=settings.max_message_bytes,
-        )
+    def __init__(self, settings: Settings, transactions: Transactions) -> None:
+        self.transactions = transactions
         self.seal = QueueSeal.from_settings(settings)  # signs every copy a move writes
         # One move at a time; a rebalance of a group whose offsets a move commits waits for the move in flight
         # (`settled`), and a move whose read is older than the rebalance is not made (`Move.still_ours`).
@@ -86,7 +79,7 @@ class Mover:
     async def start(self) -> None:
         if self.seal.signer is None:  # the daemon's start-up refuses classes without keys; what a host does if it ran
             log.warning("fleet.queue_unsigned", claims_verified=self.seal.verifies, claiming=self.seal.writes_trusted)
-        await self.producer.start()
+        await self.transactions.start()
 
     async def settled(self) -> None:
         """Wait for a move in flight. A rebalance listener awaits it before its member gives its partitions up
@@ -96,7 +89,7 @@ class Mover:
             pass
 
     async def stop(self) -> None:
-        await self.producer.stop()
+        await self.transactions.stop()
 
     async def move(self, move: Move) -> int | None:
         """Do `move`; the offset of its last copy (None without one). Raises (the transaction aborted, nothing
@@ -105,35 +98,34 @@ class Mover:
         async with self.lock:
             if not move.still_ours():
                 raise Stale(f"{record.topic}[{record.partition}] moved to another member since its record was read")
-            async with self.producer.transaction():
-                sent = [
-                    await self.producer.send(
-                        copy.topic,
-                        value=copy.record.value or b"",
-                        key=copy.record.key,
-                        partition=copy.partition,
-                        timestamp_ms=kept_timestamp(copy.arrival_ms),
-                        headers=self._signed(copy),
-                    )
-                    for copy in move.copies
-                ]
-                await self.producer.send_offsets_to_transaction(
-                    {TopicPartition(record.topic, record.partition): OffsetAndMetadata(record.offset + 1, "")},
-                    move.group,
-                )
-            if not sent:
-                return None
-            metadata = await sent[-1]
-        log.debug(
-            "fleet.moved",
-            from_topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            to_topic=metadata.topic,
-            to_partition=metadata.partition,
-            to_offset=metadata.offset,
+            offset = await self.transactions.commit_with(
+                [self._written(copy) for copy in move.copies],
+                move.group,
+                TopicPartition(record.topic, record.partition),
+                record.offset + 1,
+            )
+        if offset is not None:
+            log.debug(
+                "fleet.moved",
+                from_topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                to_topic=move.copies[-1].topic,
+                to_partition=move.copies[-1].partition,
+                to_offset=offset,
+            )
+        return offset
+
+    def _written(self, copy: Copy) -> Write:
+        """`copy` as its transaction writes it: its record's key, value and arrival, signed by the fleet."""
+        return Write(
+            copy.topic,
+            copy.partition,
+            copy.record.key,
+            copy.record.value or b"",
+            kept_timestamp(copy.arrival_ms),
+            self._signed(copy),
         )
-        return int(metadata.offset)
 
     def _signed(self, copy: Copy) -> list[tuple[str, bytes]]:
         return [

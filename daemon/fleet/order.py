@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from daemon.fleet.usage import Durations, Pace, Paced
 from daemon.settings.fleet import PriorityClass, TeamShare, team_of
@@ -29,7 +29,7 @@ NO_SHARE = TeamShare()  # a team the operator did not list: weight 1, no cap
 
 
 @dataclass(frozen=True)
-class Waiting:
+class FleetRequest:
     """A request waiting anywhere in the fleet: not yet read from its class's queue, or read and not yet started."""
 
     request_id: str
@@ -44,7 +44,7 @@ class Waiting:
 
 
 @dataclass(frozen=True)
-class Running:
+class FleetJob:
     """A job running somewhere in the fleet."""
 
     request_id: str
@@ -64,9 +64,9 @@ class Running:
     gpus: int = 1
 
 
-def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: object = None) -> Waiting:
+def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: object = None) -> FleetRequest:
     """A decoded request as the fleet's order weighs it: its class, team, arrival, method, model, GPUs and steps."""
-    return Waiting(
+    return FleetRequest(
         request.request_id,
         priority_class,
         team_of(request.team),
@@ -83,8 +83,8 @@ def share_of(team: str, teams: Mapping[str, TeamShare]) -> TeamShare:
     return teams.get(team, NO_SHARE)
 
 
-def paced(durations: Durations, running: Iterable[Running]) -> Paced:
-    """`durations` read with the running jobs' paces now (`Running.step_s`): what every reading of the order takes."""
+def paced(durations: Durations, running: Iterable[FleetJob]) -> Paced:
+    """`durations` read with the running jobs' paces now (`FleetJob.step_s`): what every reading of the order takes."""
     paces: dict[tuple[str, str], list[float]] = {}
     for job in running:
         if job.step_s is not None:
@@ -92,13 +92,13 @@ def paced(durations: Durations, running: Iterable[Running]) -> Paced:
     return Paced(durations, paces)
 
 
-def expected_work(request: Waiting, durations: Pace | None) -> float:
+def expected_work(request: FleetRequest, durations: Pace | None) -> float:
     """The slot-seconds a waiting request is expected to take: its expected duration times its GPUs."""
     expected = durations.expected(request.method, request.model, request.steps) if durations is not None else None
     return (DEFAULT_WORK_S if expected is None else expected) * request.gpus
 
 
-def time_left(job: Running, durations: Pace | None, now: float) -> float | None:
+def time_left(job: FleetJob, durations: Pace | None, now: float) -> float | None:
     """The seconds a running job is expected to hold its slots from `now`, or None when nothing says: its own ETA
     (`eta_s`, from its progress), else its steps left (from its progress, or its `accepted` event's max_steps) at the
     step's pace of its method and model (`durations`: finished jobs', taken with the running jobs' where `paced`),
@@ -112,7 +112,7 @@ def time_left(job: Running, durations: Pace | None, now: float) -> float | None:
     return None if expected is None else max(0.0, expected - (now - job.started))
 
 
-def remaining_work(running: list[Running], durations: Pace | None, now: float) -> dict[str, float]:
+def remaining_work(running: list[FleetJob], durations: Pace | None, now: float) -> dict[str, float]:
     """The slot-seconds each team's running jobs are still expected to take (`time_left`; unknown: DEFAULT_WORK_S
     less the time it has run), times its GPUs. The fair share counts it as work placed ahead: without it the
     slots that free together all go to whichever team leads, since a job just started has no slot-time yet."""
@@ -125,33 +125,38 @@ def remaining_work(running: list[Running], durations: Pace | None, now: float) -
     return ahead
 
 
-def fleet_order(
-    waiting: list[Waiting],
-    usage: Mapping[str, float],
-    running: Mapping[str, int],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    ahead: Mapping[str, float] | None = None,
-) -> list[Waiting]:
-    """Every waiting request in the order the fleet starts them (see the module's rules). `usage` is each
-    team's decayed slot-seconds (`Usage.slot_seconds`), `running` the slots each team holds now
-    (`Usage.running`), `ahead` the slot-seconds its running jobs still have to go (`remaining_work`). A
-    request of a class not in `classes` (one the operator since removed) goes last."""
+@dataclass(frozen=True)
+class Standing:
+    """What the fleet's order weighs besides the requests themselves: the operator's classes (highest first) and teams'
+    shares, each team's decayed slot-seconds (`Usage.slot_seconds`), the slots each holds now (`Usage.running`), the
+    slot-seconds its running jobs still have to go (`remaining_work`), and a step's pace (`paced`; None: every
+    request counts for DEFAULT_WORK_S)."""
+
+    classes: Sequence[PriorityClass]
+    teams: Mapping[str, TeamShare] = field(default_factory=dict)
+    usage: Mapping[str, float] = field(default_factory=dict)
+    holding: Mapping[str, int] = field(default_factory=dict)
+    ahead: Mapping[str, float] = field(default_factory=dict)
+    pace: Pace | None = None
+
+
+def fleet_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRequest]:
+    """Every waiting request in the order the fleet starts them (see the module's rules), as `standing` weighs them.
+    A request of a class not in its classes (one the operator since removed) goes last."""
+    classes, teams = standing.classes, standing.teams
     rank = {c.name: index for index, c in enumerate(classes)}
-    groups: dict[int, dict[str, deque[Waiting]]] = {}
+    groups: dict[int, dict[str, deque[FleetRequest]]] = {}
     for request in sorted(waiting, key=lambda w: (rank.get(w.priority_class, len(classes)), w.arrived, w.request_id)):
         groups.setdefault(rank.get(request.priority_class, len(classes)), {}).setdefault(request.team, deque()).append(
             request
         )
-    spent = dict(usage)  # each team's slot-seconds, growing with the work placed ahead
-    for team, seconds in (ahead or {}).items():
+    spent = dict(standing.usage)  # each team's slot-seconds, growing with the work placed ahead
+    for team, seconds in standing.ahead.items():
         spent[team] = spent.get(team, 0.0) + seconds
-    holding = dict(running)  # each team's slots, growing with the requests placed ahead
-    order: list[Waiting] = []
+    holding = dict(standing.holding)  # each team's slots, growing with the requests placed ahead
+    order: list[FleetRequest] = []
 
-    def entry(team: str, queue: deque[Waiting]) -> tuple[float, float, str]:
+    def entry(team: str, queue: deque[FleetRequest]) -> tuple[float, float, str]:
         return spent.get(team, 0.0) / share_of(team, teams).weight, queue[0].arrived, team
 
     for _, queues in sorted(groups.items()):
@@ -168,7 +173,7 @@ def fleet_order(
             _, _, team = heapq.heappop(contending)
             request = queues[team].popleft()
             order.append(request)
-            spent[team] = spent.get(team, 0.0) + expected_work(request, durations)
+            spent[team] = spent.get(team, 0.0) + expected_work(request, standing.pace)
             holding[team] = holding.get(team, 0) + request.gpus
             if not queues[team]:
                 continue
@@ -179,15 +184,7 @@ def fleet_order(
     return order
 
 
-def start_order(
-    waiting: list[Waiting],
-    usage: Mapping[str, float],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    ahead: Mapping[str, float] | None = None,
-) -> list[Waiting]:
+def start_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRequest]:
     """The waiting requests in the order they are expected to start, for their places and ETAs (daemon/fleet/eta.py):
     the fleet's order with no team deferred for its cap. `fleet_order` puts a team that reaches its `max_slots`
     behind every other team of its class, which is what the next free slot does (`pick`); but once one of its jobs
@@ -195,8 +192,8 @@ def start_order(
     by the deferred order, a capped team's requests were told 85 to 117 s and started after 34 to 77 s). `etas` holds
     each to its cap instead: it starts when enough of its team's jobs end, the slots freeing meanwhile going to those
     behind it."""
-    uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in teams.items()}
-    return fleet_order(waiting, usage, {}, classes, uncapped, durations, ahead=ahead)
+    uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in standing.teams.items()}
+    return fleet_order(waiting, replace(standing, teams=uncapped, holding={}))
 
 
 def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare], need: int = 1) -> bool:
@@ -204,35 +201,29 @@ def at_cap(team: str, holding: Mapping[str, int], teams: Mapping[str, TeamShare]
     return cap is not None and holding.get(team, 0) + need > cap
 
 
-def pick(
-    heads: list[Waiting],
-    usage: Mapping[str, float],
-    running: Mapping[str, int],
-    classes: list[PriorityClass],
-    teams: Mapping[str, TeamShare],
-    durations: Pace | None = None,
-    *,
-    free: int | None = None,
-    ahead: Mapping[str, float] | None = None,
-) -> Waiting | None:
+def pick(heads: list[FleetRequest], standing: Standing, *, free: int | None = None) -> FleetRequest | None:
     """What one free slot takes among the requests it can see (a dispatcher: its queues' heads): the first of
     the fleet's order among those that fit. A request fits when its team stays within its cap with it, and,
     given `free` (the host's free slots), when it needs no more GPUs than that. None: nothing it sees may start."""
-    fits = [h for h in heads if (free is None or h.gpus <= free) and not at_cap(h.team, running, teams, h.gpus)]
-    order = fleet_order(fits, usage, running, classes, teams, durations, ahead=ahead)
+    fits = [
+        h
+        for h in heads
+        if (free is None or h.gpus <= free) and not at_cap(h.team, standing.holding, standing.teams, h.gpus)
+    ]
+    order = fleet_order(fits, standing)
     return order[0] if order else None
 
 
 def victim(
-    head: Waiting,
-    running: list[Running],
+    head: FleetRequest,
+    running: list[FleetJob],
     classes: list[PriorityClass],
     min_run_s: float,
     max_count: int,
     now: float,
     *,
     free: int = 0,
-) -> Running | None:
+) -> FleetJob | None:
     """The running job `head` (a waiting request that fits no free slot) stops at its checkpoint, or None.
 
     Only a job of a class lower than head's, of a class the operator made preemptible and itself

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.fleet.eta import etas, ranked
-from daemon.fleet.order import Running, Waiting, pick, remaining_work, start_order
+from daemon.fleet.order import FleetJob, FleetRequest, Standing, pick, remaining_work, start_order
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.settings.fleet import PriorityClass, TeamShare
@@ -85,8 +85,8 @@ def replay(trace: Trace) -> list[Outcome]:
     for method, model, seconds, steps in trace.history:
         _learn(durations, method, model, seconds, steps)
     by_id = {a.request_id: a for a in arrivals}
-    waiting: list[Waiting] = []
-    running: dict[str, tuple[float, Running]] = {}  # request id → (its end, the job)
+    waiting: list[FleetRequest] = []
+    running: dict[str, tuple[float, FleetJob]] = {}  # request id → (its end, the job)
     eta_at_arrival: dict[str, float | None] = {}
     started: dict[str, float] = {}
     telling = Telling()
@@ -95,7 +95,7 @@ def replay(trace: Trace) -> list[Outcome]:
     def free_slots() -> int:
         return trace.slots - sum(job.gpus for _, job in running.values())
 
-    def seen(now: float) -> list[Running]:
+    def seen(now: float) -> list[FleetJob]:
         """The running jobs as the fleet sees them: with their true remaining time as their ETA, or without one but
         with the steps they have left (as their progress events say), when their steps are known."""
         return [
@@ -116,13 +116,8 @@ def replay(trace: Trace) -> list[Outcome]:
             ahead = remaining_work(seen(now), durations, now)
             head = pick(
                 waiting,
-                usage.slot_seconds(now),
-                usage.running(),
-                classes,
-                teams,
-                durations,
+                Standing(classes, teams, usage.slot_seconds(now), usage.running(), ahead, durations),
                 free=free_slots(),
-                ahead=ahead,
             )
             if head is None:
                 return
@@ -130,7 +125,7 @@ def replay(trace: Trace) -> list[Outcome]:
             started[head.request_id] = now
             running[head.request_id] = (
                 now + by_id[head.request_id].duration_s,
-                Running(
+                FleetJob(
                     head.request_id,
                     head.priority_class,
                     head.team,
@@ -142,13 +137,12 @@ def replay(trace: Trace) -> list[Outcome]:
             )
             usage.start(head.request_id, head.team, now, slots=head.gpus)
 
-    def estimated(now: float) -> tuple[list[Waiting], dict[str, float | None]]:
-        """The waiting requests in the order they are expected to start, and each one's ETA,
-        as the hosts work them out."""
+    def estimated(now: float) -> tuple[list[FleetRequest], dict[str, float | None]]:
+        """The waiting requests in the order they are expected to start, and each one's ETA, as the hosts work them
+        out."""
         jobs = seen(now)
-        order = start_order(
-            waiting, usage.slot_seconds(now), classes, teams, durations, ahead=remaining_work(jobs, durations, now)
-        )
+        ahead = remaining_work(jobs, durations, now)
+        order = start_order(waiting, Standing(classes, teams, usage.slot_seconds(now), ahead=ahead, pace=durations))
         return order, etas(order, jobs, trace.slots, durations, now, teams)
 
     def tell(now: float) -> None:
@@ -167,7 +161,7 @@ def replay(trace: Trace) -> list[Outcome]:
             index += 1
             now = arrival.at
             waiting.append(
-                Waiting(
+                FleetRequest(
                     arrival.request_id,
                     arrival.priority_class,
                     arrival.team,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import Running
+from daemon.fleet.order import FleetJob
 from daemon.settings.fleet import team_of
 from schemas import Accepted, Cancelled, Checkpoint, Event, Failed, Preempted, Progress, Retrying, Started, Succeeded
 
@@ -18,13 +18,13 @@ TERMINAL = (Succeeded, Failed, Cancelled)
 class _Seen:
     """A running job as its events describe it so far."""
 
-    job: Running
+    job: FleetJob
     eta_at: float | None = None  # when its last progress event's ETA was given
     step: int | None = None  # its last progress event's step
     saved: int = 0  # the step its last checkpoint holds (or it resumed from)
 
 
-class RunningJobs:
+class Occupancy:
     """Each request between its `accepted` event and its terminal, `retrying` or `preempted` one: its class,
     team, method, host, start, GPUs (from `started`), the ETA its last `progress` event gave, the steps since
     its last checkpoint, and how often it was preempted; its model and steps left from a fleet host's `accepted`
@@ -45,7 +45,7 @@ class RunningJobs:
             # Its model and max_steps (a fleet host's `accepted` names them): before its first progress it is expected
             # at its own length, not the method's median job's.
             self._seen[request_id] = _Seen(
-                Running(
+                FleetJob(
                     request_id,
                     event.priority_class or "",
                     team_of(event.team),
@@ -88,7 +88,7 @@ class RunningJobs:
         elif isinstance(event, Checkpoint):
             self._seen[request_id] = replace(seen, saved=event.step)
 
-    def jobs(self, now: float) -> list[Running]:
+    def jobs(self, now: float) -> list[FleetJob]:
         """The running jobs as of `now`: each ETA counted down from when it was given."""
         return [
             replace(

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import FleetRequest
 
 RETELL_EVERY_S = 5.0
 RETELL_MIN_S = 5.0
@@ -40,7 +40,7 @@ RETELLS_PER_S = 5.0
 RETELL_BURST = 20.0
 RETELL_HANDOVER_S = 30.0
 
-Placed = tuple[Waiting, int, float | None]  # a waiting request, its place and its ETA (`FleetView.places`)
+Placed = tuple[FleetRequest, int, float | None]  # a waiting request, its place and its ETA (`FleetView.places`)
 
 
 @dataclass(frozen=True)

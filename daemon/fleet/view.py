@@ -4,7 +4,7 @@ on every host, and how long jobs of each method and model took; and the decision
 The events are the fleet's only shared record of who ran what (no coordination service): every host
 folds the same verified events (schemas.signing: an unsigned or forged event is not counted; settings
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
-written again is not counted again), into `Usage`, `RunningJobs` and `Durations` (daemon/fleet/usage.py,
+written again is not counted again), into `Usage`, `Occupancy` and `Durations` (daemon/fleet/usage.py,
 running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
 that window is not folded. The decisions are the pure rules of daemon/fleet/order.py, with what this host
 knows of its own requests before their events are read back (`held`: its claims, its freed slots, the ends
@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
-from daemon.fleet.order import Running, Waiting, paced, pick, remaining_work, victim
-from daemon.fleet.running import RunningJobs
+from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
+from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
 from daemon.kafka.event_reader import EventStream
@@ -46,7 +46,7 @@ class FleetView:
         self.settings = settings
         self.usage = Usage(HALF_LIFE_S)
         self.durations = Durations()
-        self.running_jobs = RunningJobs()
+        self.running_jobs = Occupancy()
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
         self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
@@ -82,7 +82,7 @@ class FleetView:
         by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
         return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
 
-    def startable_elsewhere(self, host: str, head: Waiting) -> bool:
+    def startable_elsewhere(self, host: str, head: FleetRequest) -> bool:
         """Whether another host than `host` could start `head` now, as the events say: it has a free slot (its slots,
         from its last `accepted`, above the GPUs of the jobs it runs), or runs a job `head` may preempt now (`victim`,
         every job of a preemptible class taken to be at a step it can stop, as `_preempted` takes them). Not exact (a
@@ -104,7 +104,7 @@ class FleetView:
             is not None
         )
 
-    def fleet_slots(self, free_here: int, running: Sequence[Running] | None = None) -> int:
+    def fleet_slots(self, free_here: int, running: Sequence[FleetJob] | None = None) -> int:
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the slots of the jobs running
         on it (`running`, else the events') plus this host's free ones."""
         jobs = self.running_jobs.jobs(time.time()) if running is None else running
@@ -117,7 +117,7 @@ class FleetView:
             self.usage, self.durations, self.running_jobs, self.switches = (
                 Usage(HALF_LIFE_S),
                 Durations(),
-                RunningJobs(),
+                Occupancy(),
                 Switches(),
             )
             self.host_slots, self.skipped = {}, Counter()
@@ -161,13 +161,13 @@ class FleetView:
 
     def pick(
         self,
-        heads: Sequence[Waiting],
+        heads: Sequence[FleetRequest],
         free: int | None,
         mine: Mapping[str, tuple[str, int]] | None = None,
         *,
-        here: Sequence[Running] | None = None,
+        here: Sequence[FleetJob] | None = None,
         slots: int | None = None,
-    ) -> Waiting | None:
+    ) -> FleetRequest | None:
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
         caps read with this host's own claims and jobs as it knows them (`held`). Given `here` (those jobs and claims)
         and `slots` (all of this host's), a host drained for a request of several GPUs first in the order takes only
@@ -175,15 +175,18 @@ class FleetView:
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
-        usage, held, settings, ahead = (
+        settings = self.settings
+        standing = Standing(
+            settings.priority_classes,
+            settings.teams,
             self.usage.slot_seconds(now),
             self.held(mine or {}),
-            self.settings,
             remaining_work(running, pace, now),
+            pace,
         )
         candidates = list(heads)
         if free is not None and here is not None and slots is not None:
-            first = pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, ahead=ahead)
+            first = pick(candidates, standing)
             reserved = drain(first, free, slots, here, pace, now, settings.reserve_after_s)
             if reserved is not None:
                 candidates = [head for head in candidates if backfills(head, reserved, pace, now)]
@@ -196,9 +199,9 @@ class FleetView:
                         due_s=None if reserved.due == float("inf") else round(reserved.due - now, 1),
                     )
             self.drained_for = None if reserved is None else reserved.head.request_id
-        return pick(candidates, usage, held, settings.priority_classes, settings.teams, pace, free=free, ahead=ahead)
+        return pick(candidates, standing, free=free)
 
-    def victim(self, head: Waiting, mine: list[Running], free: int, *, ever: bool = False) -> Running | None:
+    def victim(self, head: FleetRequest, mine: list[FleetJob], free: int, *, ever: bool = False) -> FleetJob | None:
         """Which of this host's running jobs `head` may preempt (`ever`: now or once it has run `preempt_min_run_s`)."""
         settings = self.settings
         min_run_s = 0.0 if ever else settings.preempt_min_run_s
@@ -207,8 +210,8 @@ class FleetView:
         )
 
     def places(
-        self, waiting: Sequence[Waiting], free: int, here: Sequence[Running] | None = None
-    ) -> list[tuple[Waiting, int, float | None]]:
+        self, waiting: Sequence[FleetRequest], free: int, here: Sequence[FleetJob] | None = None
+    ) -> list[tuple[FleetRequest, int, float | None]]:
         """Each waiting request with its place in the order they are expected to start and its ETA (seconds), as far as
         this host sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py
         `preempting`, within the operator's bounds and after the measured switch), then list scheduling of the rest

@@ -1,15 +1,21 @@
-"""The fleet's parts, wired for one daemon: its transactional mover, shared by the dispatcher (claims)
-and the scheduler's preemptions (requeues); and what a daemon with priority classes needs to start."""
+"""The fleet's parts, wired for one daemon (daemon/service.py `wire` calls these): the scheduler's fleet hooks
+(`ClaimedJobs`, with the transactional mover it shares with the dispatcher: claims, and preemptions' requeues),
+given to the scheduler at its construction, and the dispatcher's over them (daemon/fleet/dispatcher.py); the fleet's
+Kafka (`FleetKafka`: aiokafka's here, in-memory ones in the tests); and what a daemon with priority classes needs to
+start."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from daemon.errors import ConfigError
-from daemon.fleet.dispatcher import Dispatcher
-from daemon.fleet.jobs import FleetJobs
+from daemon.fleet.claimed import ClaimedJobs
 from daemon.fleet.moves import Mover
-from daemon.intake import Intake
-from daemon.jobs.scheduler import Scheduler
+from daemon.kafka.admin.group_offsets import KafkaQueueReads
+from daemon.kafka.clients import FleetKafka, KafkaTransactions, queue_consumer
 from daemon.kafka.partitions import Partitions
+from daemon.kafka.retry_state import RetrySigner
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 
 
@@ -27,8 +33,13 @@ def require_fleet_retry_key(settings: Settings) -> None:
         )
 
 
-def fleet_dispatcher(settings: Settings, scheduler: Scheduler, claims: Partitions, intake: Intake) -> Dispatcher:
-    mover = Mover(settings)
-    jobs = FleetJobs(settings, mover, scheduler.retries, scheduler)
-    scheduler.fleet = jobs
-    return Dispatcher(settings, scheduler, jobs, claims, mover, intake)
+def kafka_fleet(settings: Settings) -> FleetKafka:
+    """The fleet's Kafka over aiokafka: the host's transactional producer, a consumer per class's queue group, and
+    the admin client and readers of the queues from outside their groups."""
+    return FleetKafka(KafkaTransactions(settings), partial(queue_consumer, settings), KafkaQueueReads(settings))
+
+
+def claimed_jobs(settings: Settings, kafka: FleetKafka, slots: Slots, claims: Partitions) -> ClaimedJobs:
+    """The scheduler's fleet hooks, over the host's claims partitions (`claims`, which the scheduler runs)."""
+    retries = RetrySigner.from_settings(settings.retry_key_file, settings.work_dir, settings.max_attempts)
+    return ClaimedJobs(settings, Mover(settings, kafka.transactions), retries, slots, claims)

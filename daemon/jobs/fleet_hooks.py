@@ -1,6 +1,7 @@
-"""What the fleet's queue adds to the scheduler's jobs, with priority classes only: the seam the
-scheduler calls (`Scheduler.fleet`), which daemon/fleet/jobs.py's `FleetJobs` fills; without classes
-there is none, and the scheduler runs a partition's requests as its own queue.
+"""What the fleet's queue adds to the scheduler's jobs: the seam the scheduler calls (`Scheduler.fleet`,
+given at its construction), which daemon/fleet/claimed.py's `ClaimedJobs` fills with priority classes;
+without classes it is `NO_FLEET`, which adds nothing, and the scheduler runs a partition's requests as its
+own queue.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from schemas import RequestBase
 
 
 class FleetHooks(Protocol):
-    """What the fleet's queue adds to a job (daemon/fleet/jobs.py), with priority classes only."""
+    """What the fleet's queue adds to a job: daemon/fleet/claimed.py's with priority classes, `NO_FLEET` without."""
+
+    # Whether the fleet drains a host for a request of several GPUs (daemon/fleet/drain.py); without, the scheduler
+    # reserves the host for one waiting at a partition's head (daemon/jobs/reservation.py).
+    @property
+    def drains(self) -> bool: ...
 
     def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
         """The `accepted` event's class and team; the job is counted as started."""
@@ -27,5 +33,26 @@ class FleetHooks(Protocol):
     def forget(self, tp: TopicPartition) -> None: ...
 
     def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
-        """A claimed request's retry, sent to the queue of the class it runs as (where it
-        waits), signed by the fleet."""
+        """A claimed request's retry, sent to the queue of the class it runs as (where it waits), signed by the
+        fleet."""
+
+
+class NoFleet:
+    """The fleet hooks of a daemon without priority classes: a request runs where it was read, as it is."""
+
+    drains = False
+
+    def accepted_fields(self, tp: TopicPartition, record: Record, request: RequestBase) -> dict[str, str | int]:
+        return {}
+
+    async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
+        return False  # never preempted: read again, as after a daemon stop
+
+    def forget(self, tp: TopicPartition) -> None:
+        pass
+
+    def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
+        return retry  # back to the topic it was read from
+
+
+NO_FLEET = NoFleet()

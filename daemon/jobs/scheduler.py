@@ -39,7 +39,7 @@ from daemon.job.runner import Arrival, JobRunner, JobServices
 from daemon.job.supervisor import time_limit
 from daemon.jobs.cancels import Cancels
 from daemon.jobs.faults import RecordFaults
-from daemon.jobs.fleet_hooks import FleetHooks
+from daemon.jobs.fleet_hooks import NO_FLEET, FleetHooks
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.reservation import Reservations, backfills
 from daemon.jobs.settle import Settler
@@ -69,6 +69,7 @@ class Scheduler:
         slots: Slots,
         children: ChildSource,
         on_change: Callable[[], None],
+        fleet: FleetHooks = NO_FLEET,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -88,9 +89,7 @@ class Scheduler:
         self.settler = Settler(
             settings.retry_backoff_s, publisher, partitions, self.retries, self.faults
         )  # its record after a job's end
-        self.fleet: FleetHooks | None = (
-            None  # with priority classes: claimed jobs, and preemption (daemon/fleet/jobs.py)
-        )
+        self.fleet = fleet  # with priority classes: claimed jobs, and preemption (daemon/fleet/claimed.py)
         # The requests of several GPUs waiting at their partitions' heads, and the one the host is reserved for.
         self.reservations = Reservations(settings.reserve_after_s)
         self.clock: Callable[[], float] = time.time  # the reservation's clock (the tests' to set)
@@ -131,7 +130,7 @@ class Scheduler:
             self.slots.give_back(placement)  # the host is reserved for a request of several GPUs
             placement = None
         if placement is None:
-            if self.fleet is None and 1 < request.resources.gpus <= self.slots.total:
+            if not self.fleet.drains and 1 < request.resources.gpus <= self.slots.total:
                 self.reservations.waiting(tp, record.offset, request.request_id, request.resources.gpus, self.clock())
             self.partitions.hold(tp, record.offset)  # until a job ends and frees its slots (or its memory)
             self.pause_idle_partitions()
@@ -212,7 +211,7 @@ class Scheduler:
     async def _run(self, tp: TopicPartition, record: Record, runner: JobRunner) -> None:
         offset = record.offset
         try:
-            fleet = self.fleet.accepted_fields(tp, record, runner.request) if self.fleet is not None else {}
+            fleet = self.fleet.accepted_fields(tp, record, runner.request)
             estimate = runner.memory.estimate
             await runner.events.publish(
                 Accepted,
@@ -225,10 +224,10 @@ class Scheduler:
             if event is None:
                 # Interrupted: nothing published, nothing committed; the request is read again. A preempted
                 # one is back in its class's queue, its claim committed in the same transaction.
-                if self.fleet is not None and await self.fleet.after_interrupt(tp, record, runner):
+                if await self.fleet.after_interrupt(tp, record, runner):
                     self.partitions.committed[tp] = offset + 1
                 return
-            requeue = functools.partial(self.fleet.requeued, record, runner.request) if self.fleet is not None else None
+            requeue = functools.partial(self.fleet.requeued, record, runner.request)
             if not await self.settler.settle(tp, record, runner, event, requeue):
                 return  # its retry refused: ended (or held) by the faults' path
         except Exception as exc:
@@ -243,8 +242,7 @@ class Scheduler:
             if job is not None and job.offset == offset:
                 del self.jobs[tp]
                 self._give_back(job)
-                if self.fleet is not None:
-                    self.fleet.forget(tp)
+                self.fleet.forget(tp)
             await self._slots_changed()
 
     async def _free_slots(self, tp: TopicPartition, offset: int) -> None:

@@ -10,7 +10,7 @@ futures of their acknowledgements; order is kept per partition.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -48,6 +48,8 @@ class Publisher:
         settings: Settings,
         producer: Producer | None = None,
         partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None,
+        *,
+        watchers: Sequence[Callable[[EventBase], None]] = (),
     ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else kafka_producer(settings)
@@ -55,7 +57,7 @@ class Publisher:
         self.signer = event_signer(settings)
         # Called with each event `publish` is about to send: the fleet's view counts this host's own ends at once,
         # before it reads them back (daemon/fleet/view.py, `FleetView.sending`).
-        self.watchers: list[Callable[[EventBase], None]] = []
+        self.watchers = tuple(watchers)
 
     async def start(self) -> None:
         await self.producer.start()

@@ -36,7 +36,7 @@ DUE_HEADER = "adapterd-not-before"
 SIGNATURE_HEADER = "adapterd-retry-signature"
 ALONE_HEADER = "adapterd-alone"  # "1": it ran out of memory on a shared GPU and runs again on a GPU of its own
 RETRY_HEADERS = (ATTEMPT_HEADER, DUE_HEADER, SIGNATURE_HEADER)
-# How often the fleet has preempted the request (daemon/fleet/jobs.py), signed the same way: a producer's
+# How often the fleet has preempted the request (daemon/fleet/claimed.py), signed the same way: a producer's
 # `adapterd-preemptions: 99` would make its request one that is never preempted again.
 PREEMPTIONS_HEADER = "adapterd-preemptions"
 PREEMPTIONS_SIGNATURE_HEADER = "adapterd-preemptions-signature"

@@ -65,7 +65,7 @@ def queue_topic(requests_topic: str, classes: list[PriorityClass], default_class
     return requests_topic if name == default_class else f"{requests_topic}.{name}"
 
 
-# The header a host's dispatcher sets on a request it claims: the class it runs as (daemon/fleet/jobs.py reads it
+# The header a host's dispatcher sets on a request it claims: the class it runs as (daemon/fleet/claimed.py reads it
 # for the job, daemon/cli/waiting.py for the listing).
 CLASS_HEADER = "adapterd-class"
 

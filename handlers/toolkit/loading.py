@@ -116,7 +116,7 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """`distributed`: how the model is sharded across the job's processes as it loads
     (handlers/toolkit/distributed/fsdp.py)."""
-    sharded = {"distributed_config": distributed} if distributed is not None else {}
+    sharded: dict[str, Any] = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
             return AutoModelForCausalLM.from_pretrained(path, **model_kwargs(spec), **sharded)
@@ -134,7 +134,7 @@ def load_sequence_classifier(
 ) -> PreTrainedModel:
     """A one-label sequence classifier (a reward model) on the base's weights, with a new score head; `distributed`
     as for `load_causal_lm`."""
-    sharded = {"distributed_config": distributed} if distributed is not None else {}
+    sharded: dict[str, Any] = {"distributed_config": distributed} if distributed is not None else {}
     try:
         with loading_weights():
             model = AutoModelForSequenceClassification.from_pretrained(

@@ -4,18 +4,24 @@ the group (joining would start a rebalance of the daemons that are its members).
 The group's coordinator may not answer at once: on a cluster where no group has committed yet the
 offsets topic is still being created, and after a broker restart it is being loaded; Kafka says so
 with a retriable error, so the read is tried again for a few seconds before the error is the answer.
+
+`KafkaQueueReads` is what the fleet's announcer reads of the classes' queues this way (`QueueReads`,
+daemon/kafka/clients.py): each
+group's committed offsets, and the records past them.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from daemon.kafka.options import kafka_options
+from daemon.kafka.records import Record
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 
 
@@ -48,3 +54,22 @@ async def _offsets(admin: AIOKafkaAdminClient, group: str, tries: int = 20) -> d
                 raise
         attempt += 1
         await asyncio.sleep(0.5)  # the coordinator is being made or loaded: Kafka offers nothing to await
+
+
+class KafkaQueueReads:
+    """`QueueReads` over aiokafka: a short-lived admin client and reader for each read."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def committed(self, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[int, int]]:
+        return await committed_offsets(self.settings, wanted)
+
+    async def waiting(self, topic: str, start_at: Mapping[int, int], most: int) -> list[Record]:
+        found: list[Record] = []
+        async with TopicReader(self.settings, topic, start_at=start_at, read_committed=True) as reader:
+            async for record in reader.records(follow=False):
+                if len(found) >= most:
+                    break
+                found.append(record)
+        return found

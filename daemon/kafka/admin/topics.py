@@ -8,7 +8,7 @@ only among records written after it.
 
 The priority classes' topics are made with `message.timestamp.type=LogAppendTime`: the broker stamps each
 record with the time it had it, so a request's place in the fleet's order is its arrival, never its
-producer's own clock (daemon/fleet/arrival.py).
+producer's own clock (daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations

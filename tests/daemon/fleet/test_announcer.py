@@ -13,8 +13,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from daemon.fleet.announcer import Announcer
-from daemon.fleet.order import Waiting, waiting_for
+from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.fleet.view import FleetView
+from daemon.kafka.admin.group_offsets import KafkaQueueReads
 from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
@@ -28,6 +29,7 @@ from testbed.client import produce
 from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeConsumer, FakeProducer, FakeRecord
 from tests.daemon.fleet.test_fleet_usage import read
+from tests.fakes import FakeFleetKafka
 from tests.helpers import sft_request
 
 CLASSES = [{"name": "urgent"}, {"name": "batch", "preemptible": True}]
@@ -66,7 +68,7 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
     producer = FakeProducer()
 
     class ClaimedWhileRead(Announcer):
-        async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+        async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
             found = await super().unread()
             assert sorted(waiting.request_id for waiting, _ in found) == ["claimed-meanwhile", "still-waiting"]
             await commit(
@@ -75,8 +77,9 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
             return found
 
     retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
+    reads = KafkaQueueReads(fleet)  # the real reads: what only a broker shows is their offsets and records
     announcer = ClaimedWhileRead(
-        fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries
+        fleet, FleetView(fleet), Publisher(fleet, producer), Partitions(FakeConsumer()), retries, reads
     )
     assert await announcer.announce() == 1
     queued = [parse_event(sent.value) for sent in producer.sent if sent.topic == fleet.events_topic]
@@ -85,7 +88,7 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
         (Queued, "still-waiting", 1, 0.0)
     ]
     # Read again with nothing claimed since: the one told already is not told twice.
-    plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries)
+    plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries, reads)
     assert await plain.announce() == 0
 
 
@@ -114,7 +117,7 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
         )
 
     class AsRead(Announcer):
-        async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+        async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
             return read
 
         async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
@@ -128,6 +131,7 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
         Publisher(fleet, producer),
         Partitions(FakeConsumer()),
         retries,
+        FakeFleetKafka(),
         cancelled={"cancelled-1"},
     )
     assert await announcer.announce() == 1
@@ -142,7 +146,7 @@ MODEL = sft_request("x")["model"]["id"]
 
 def unread_request(
     fleet: Settings, request_id: str, priority_class: str, offset: int, arrived: float
-) -> tuple[Waiting, tuple[RequestBase, Record]]:
+) -> tuple[FleetRequest, tuple[RequestBase, Record]]:
     value = json.dumps(sft_request(request_id, priority_class=priority_class)).encode()
     request = decode_request(value, request_id.encode())
     assert isinstance(request, RequestBase)
@@ -155,9 +159,9 @@ def unread_request(
 class Backlog(Announcer):
     """The announcer over a backlog kept in memory: its unread requests are `backlog`, none claimed meanwhile."""
 
-    backlog: list[tuple[Waiting, tuple[RequestBase, Record]]]
+    backlog: list[tuple[FleetRequest, tuple[RequestBase, Record]]]
 
-    async def unread(self) -> list[tuple[Waiting, tuple[RequestBase, Record]]]:
+    async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
         return list(self.backlog)
 
     async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
@@ -222,6 +226,7 @@ async def test_a_waiting_request_is_told_again_when_a_higher_class_goes_ahead(tm
         Publisher(fleet, producer),
         Partitions(FakeConsumer()),
         RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts),
+        FakeFleetKafka(),
     )
     announcer.backlog = [unread_request(fleet, "batch-1", "batch", 0, now - 20)]
     assert await announcer.announce() == 0  # its ETA counted down as it should: nothing new

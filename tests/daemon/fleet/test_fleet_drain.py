@@ -13,7 +13,7 @@ import pytest
 from daemon.fleet import view as view_module
 from daemon.fleet.drain import drain
 from daemon.fleet.eta import Bounds, places
-from daemon.fleet.order import Running, Waiting
+from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
 from testbed.fleet_keys import fleet_keys
@@ -64,12 +64,12 @@ def fleet_view(tmp_path: Path, seconds: dict[str, float] | None = None) -> Fleet
     return view
 
 
-def request(request_id: str, arrived: float, gpus: int = 1, model: str = "tiny", cls: str = "default") -> Waiting:
-    return Waiting(request_id, cls, "a", arrived, "sft", model, gpus=gpus)
+def request(request_id: str, arrived: float, gpus: int = 1, model: str = "tiny", cls: str = "default") -> FleetRequest:
+    return FleetRequest(request_id, cls, "a", arrived, "sft", model, gpus=gpus)
 
 
-def job(request_id: str, ends: float, now: float, gpus: int = 1) -> Running:
-    return Running(request_id, "default", "a", now, "sft", "tiny", eta_s=ends - now, gpus=gpus, host="here")
+def job(request_id: str, ends: float, now: float, gpus: int = 1) -> FleetJob:
+    return FleetJob(request_id, "default", "a", now, "sft", "tiny", eta_s=ends - now, gpus=gpus, host="here")
 
 
 def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_the_bound(
@@ -83,7 +83,7 @@ def test_a_two_slot_request_behind_a_stream_of_one_slot_requests_starts_within_t
     running = {"s0": start + 60, "s1": start + 30}  # request → its end
     arrivals = [request(f"s{n}", start + 10 * n) for n in range(2, 200)]
     big = request("big", start + 5, gpus=2)
-    waiting: list[Waiting] = [big]
+    waiting: list[FleetRequest] = [big]
     began: dict[str, float] = {}
     while "big" not in began and clock.now < start + 1000:
         clock.now = min(running.values())  # the next end
@@ -127,7 +127,7 @@ def test_a_request_backfills_the_drain_only_when_its_expected_end_is_before_the_
     )  # ends in 40 s: before the 100
     assert view.pick([big, long, unknown], 1, {}, here=here, slots=SLOTS) is None  # 500 s; and a duration nobody knows
     # A running job whose end nobody knows: the reservation's due time is unknown, so nothing backfills it.
-    unknown_end = [Running("s0", "default", "a", now, "sft", "tiny", host="here")]
+    unknown_end = [FleetJob("s0", "default", "a", now, "sft", "tiny", host="here")]
     assert view.pick([big, short], 1, {}, here=unknown_end, slots=SLOTS) is None
     # Not yet waited the bound: the free slot goes to the first that fits, as without a reservation.
     assert view.pick(

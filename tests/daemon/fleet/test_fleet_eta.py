@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 
 from daemon.fleet.eta import etas
-from daemon.fleet.order import Running, Waiting, expected_work, paced, remaining_work, time_left
+from daemon.fleet.order import FleetJob, FleetRequest, expected_work, paced, remaining_work, time_left
 from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, eta_error_current, replay
-from daemon.fleet.running import RunningJobs
+from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Switches
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
@@ -25,14 +25,14 @@ from tests.daemon.fleet.test_fleet_usage import accepted, at, read, succeeded
 NOW = 1_800_000_000.0
 
 
-def waiting(request_id: str, method: str = "sft", gpus: int = 1) -> Waiting:
-    return Waiting(request_id, "batch", "a", NOW, method, "tiny", gpus=gpus)
+def waiting(request_id: str, method: str = "sft", gpus: int = 1) -> FleetRequest:
+    return FleetRequest(request_id, "batch", "a", NOW, method, "tiny", gpus=gpus)
 
 
 def running(
     request_id: str, started: float = NOW, eta_s: float | None = None, gpus: int = 1, method: str = "sft"
-) -> Running:
-    return Running(request_id, "batch", "a", started, method, "tiny", eta_s=eta_s, gpus=gpus)
+) -> FleetJob:
+    return FleetJob(request_id, "batch", "a", started, method, "tiny", eta_s=eta_s, gpus=gpus)
 
 
 def known(seconds: float = 100.0) -> Durations:
@@ -71,10 +71,10 @@ def test_a_job_with_steps_left_and_no_eta_yet_ends_at_the_pace_of_finished_steps
     durations = Durations()
     durations.add("sft", "tiny", 6.0, steps=8, training_s=4.0)  # 2 s outside training, 0.5 s a step
     assert durations.step_s("sft", "tiny") == 0.5
-    long_job = Running("r1", "batch", "a", NOW - 3, "sft", "tiny", steps_left=30)
+    long_job = FleetJob("r1", "batch", "a", NOW - 3, "sft", "tiny", steps_left=30)
     assert etas([waiting("w1")], [long_job], 1, durations, NOW) == {"w1": 15.0}
     # Without its steps left it falls back to the whole duration less the time run: 6 - 3.
-    assert etas([waiting("w1")], [Running("r1", "batch", "a", NOW - 3, "sft", "tiny")], 1, durations, NOW) == {
+    assert etas([waiting("w1")], [FleetJob("r1", "batch", "a", NOW - 3, "sft", "tiny")], 1, durations, NOW) == {
         "w1": 3.0
     }
 
@@ -240,11 +240,11 @@ def test_a_waiting_request_that_will_preempt_is_expected_to_start_now_in_the_sto
         view.durations.add("sft", "m", 300.0)
         return view
 
-    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m")
+    urgent = FleetRequest("urgent-1", "urgent", "oncall", now, "sft", "m")
     placed = {
         w.request_id: (place, eta)
         for w, place, eta in view_of(settings).places(
-            [urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0
+            [urgent, FleetRequest("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0
         )
     }
     assert placed["urgent-1"] == (1, 0.0)  # batch-1 is stopped at its checkpoint for it
@@ -285,10 +285,10 @@ def urgent_over_batch(
     for event in progress:
         view.observe(read(event), now)
     view.durations.add("sft", "m", 100.0, steps=100, training_s=100.0)  # a step a second, nothing outside training
-    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    urgent = FleetRequest("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
     return {
         w.request_id: (place, eta)
-        for w, place, eta in view.places([urgent, Waiting("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)
+        for w, place, eta in view.places([urgent, FleetRequest("batch-2", "batch", "sweep", now - 5, "sft", "m")], 0)
     }
 
 
@@ -320,7 +320,7 @@ def test_a_waiting_requests_step_pace_is_taken_with_the_running_jobs_of_its_meth
         replace(running("r1", eta_s=30.0), steps_left=10, step_s=3.0),
         replace(running("r2", eta_s=60.0), steps_left=20, step_s=3.0),
     ]
-    order = [Waiting(name, "batch", "a", NOW, "sft", "tiny", steps=100) for name in ("w0", "w1", "w2")]
+    order = [FleetRequest(name, "batch", "a", NOW, "sft", "tiny", steps=100) for name in ("w0", "w1", "w2")]
     eta = etas(order, jobs, 2, paced(durations, jobs), NOW)  # as the fleet reads it (FleetView.places, the queue CLI)
     assert (eta["w0"], eta["w1"]) == (pytest.approx(30.0), pytest.approx(60.0))
     assert eta["w2"] == pytest.approx(30.0 + 10.0 + 3.0 * 100)
@@ -330,7 +330,7 @@ def test_a_waiting_requests_step_pace_is_taken_with_the_running_jobs_of_its_meth
 
 
 def test_a_running_jobs_pace_is_its_last_progress_eta_over_its_steps_left() -> None:
-    jobs = RunningJobs()
+    jobs = Occupancy()
     jobs.observe(
         read(
             Accepted(
@@ -355,11 +355,13 @@ def test_the_fair_share_and_a_running_jobs_time_left_read_a_steps_pace_as_the_et
     pace = paced(durations, [r1, r2])
     assert time_left(r1, pace, NOW) == pytest.approx(600.0) and time_left(r1, durations, NOW) == pytest.approx(300.0)
     assert remaining_work([r1, r2], pace, NOW) == {"a": pytest.approx(600.0 + 30.0)}
-    request = Waiting("w1", "batch", "a", NOW, "sft", "tiny", steps=100)
+    request = FleetRequest("w1", "batch", "a", NOW, "sft", "tiny", steps=100)
     assert expected_work(request, pace) == pytest.approx(210.0) and expected_work(request, durations) == pytest.approx(
         110.0
     )
-    other = Waiting("w2", "batch", "a", NOW, "dpo", "tiny", steps=100)  # another method: r2's pace says nothing of it
+    other = FleetRequest(
+        "w2", "batch", "a", NOW, "dpo", "tiny", steps=100
+    )  # another method: r2's pace says nothing of it
     assert expected_work(other, pace) == expected_work(other, durations)
 
 
@@ -440,7 +442,7 @@ def test_the_fleet_view_places_a_request_held_by_its_teams_cap_after_its_teams_j
     view.observe(
         read(Progress(request_id="r1", step=10, total_steps=50, eta_s=13.0, time=datetime.fromtimestamp(now, UTC))), now
     )
-    [(_, place, eta)] = view.places([Waiting("held", "batch", "a", now, "sft", "tiny")], 1)
+    [(_, place, eta)] = view.places([FleetRequest("held", "batch", "a", now, "sft", "tiny")], 1)
     assert place == 1 and eta == pytest.approx(13.0, abs=1)
 
 
@@ -478,10 +480,10 @@ def test_places_follow_the_expected_starts() -> None:
     teams = {"evals": TeamShare(weight=2.0, max_slots=1)}
     view = FleetView(Settings(priority_classes=[PriorityClass(name="batch")], teams=teams, **shared_fleet_keys()))
     view.durations.add("sft", "tiny", 10.0)
-    jobs = [Running("e0", "batch", "evals", now, "sft", "tiny", eta_s=30.0)]
+    jobs = [FleetJob("e0", "batch", "evals", now, "sft", "tiny", eta_s=30.0)]
     waiting = [
-        Waiting("e1", "batch", "evals", now - 5, "sft", "tiny"),
-        Waiting("s1", "batch", "sweep", now, "sft", "tiny"),
+        FleetRequest("e1", "batch", "evals", now - 5, "sft", "tiny"),
+        FleetRequest("s1", "batch", "sweep", now, "sft", "tiny"),
     ]
     found = [(w.request_id, place, eta) for w, place, eta in view.places(waiting, 1, here=jobs)]
     assert found == [("s1", 1, 0.0), ("e1", 2, pytest.approx(30.0, abs=1))]
@@ -540,7 +542,7 @@ def test_a_request_that_will_preempt_starts_when_the_victim_has_run_its_minimum_
     batch-1 has run 60 s of the 120 it must before a higher class may stop it: urgent-1 starts at 60 s, plus the 10 s
     the last switch took (before: 0 s, as if preempting were instant and unbounded)."""
     now = time.time()
-    urgent = Waiting("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
+    urgent = FleetRequest("urgent-1", "urgent", "oncall", now, "sft", "m", steps=100)
     [(_, place, eta)] = preempting_view(now, 120.0).places([urgent], 0)
     assert place == 1 and eta == pytest.approx(70.0, abs=1)
     [(_, _, eta)] = preempting_view(now, 0.0).places([urgent], 0)

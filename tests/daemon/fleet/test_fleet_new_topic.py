@@ -1,6 +1,6 @@
 """A class's queue topic made after the daemons started is read within seconds (issue 57): a host subscribed to a
 topic that did not exist learns of it at its consumer's next metadata refresh, which for the queues' consumers is
-QUEUE_METADATA_MAX_AGE_MS (daemon/fleet/dispatcher.py), not aiokafka's five-minute default. On a broker of the
+QUEUE_METADATA_MAX_AGE_MS (daemon/kafka/clients.py), not aiokafka's five-minute default. On a broker of the
 test's own that creates no topic by itself, as a production cluster should not."""
 
 from __future__ import annotations

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from daemon.fleet.order import DEFAULT_WORK_S, Running, Waiting, fleet_order, pick, remaining_work, victim
+from daemon.fleet.order import (
+    DEFAULT_WORK_S,
+    FleetJob,
+    FleetRequest,
+    Standing,
+    fleet_order,
+    pick,
+    remaining_work,
+    victim,
+)
 from daemon.fleet.replay import Arrival, Trace, replay
 from daemon.fleet.usage import Durations
 from daemon.settings.fleet import PriorityClass, TeamShare
@@ -21,15 +30,15 @@ CLASSES = [
 
 def waiting(
     request_id: str, team: str = "a", cls: str = "default", arrived: float = 0.0, gpus: int = 1, method: str = "sft"
-) -> Waiting:
-    return Waiting(request_id, cls, team, arrived, method, "tiny", gpus=gpus)
+) -> FleetRequest:
+    return FleetRequest(request_id, cls, team, arrived, method, "tiny", gpus=gpus)
 
 
-def sweep(team: str, count: int, cls: str = "default", start: float = 0.0) -> list[Waiting]:
+def sweep(team: str, count: int, cls: str = "default", start: float = 0.0) -> list[FleetRequest]:
     return [waiting(f"{team}{i}", team, cls, arrived=start + i) for i in range(count)]
 
 
-def ids(order: list[Waiting]) -> list[str]:
+def ids(order: list[FleetRequest]) -> list[str]:
     return [w.request_id for w in order]
 
 
@@ -37,19 +46,19 @@ def test_a_higher_class_goes_first_whatever_its_arrival_then_arrival_within_a_cl
     batch = [waiting("b1", cls="batch", arrived=1), waiting("b2", cls="batch", arrived=2)]
     urgent = [waiting("u1", cls="urgent", arrived=9), waiting("u2", cls="urgent", arrived=5)]
     default = [waiting("d1", arrived=3)]
-    assert ids(fleet_order(batch + default + urgent, {}, {}, CLASSES, {})) == ["u2", "u1", "d1", "b1", "b2"]
+    assert ids(fleet_order(batch + default + urgent, Standing(CLASSES))) == ["u2", "u1", "d1", "b1", "b2"]
 
 
 def test_a_class_the_operator_removed_goes_after_every_known_one() -> None:
     order = fleet_order(
-        [waiting("gone", cls="old", arrived=0), waiting("b", cls="batch", arrived=5)], {}, {}, CLASSES, {}
+        [waiting("gone", cls="old", arrived=0), waiting("b", cls="batch", arrived=5)], Standing(CLASSES)
     )
     assert ids(order) == ["b", "gone"]
 
 
 def test_under_contention_slot_time_follows_the_weights_2_to_1() -> None:
     order = fleet_order(
-        sweep("a", 30) + sweep("b", 30), {}, {}, CLASSES, {"a": TeamShare(weight=2), "b": TeamShare(weight=1)}
+        sweep("a", 30) + sweep("b", 30), Standing(CLASSES, {"a": TeamShare(weight=2), "b": TeamShare(weight=1)})
     )
     assert len(order) == 60
     assert Counter(w.team for w in order[:30]) == {"a": 20, "b": 10}
@@ -60,7 +69,7 @@ def test_under_contention_slot_time_follows_the_weights_2_to_1() -> None:
     # Usage tilts it back: a team that used 40 jobs' worth lately, twice its share of b's none, waits while b
     # catches up to half of that (20 jobs), then the 2:1 interleaving resumes.
     tilted = fleet_order(
-        sweep("a", 30) + sweep("b", 30), {"a": 40 * DEFAULT_WORK_S}, {}, CLASSES, {"a": TeamShare(weight=2)}
+        sweep("a", 30) + sweep("b", 30), Standing(CLASSES, {"a": TeamShare(weight=2)}, {"a": 40 * DEFAULT_WORK_S})
     )
     assert [w.team for w in tilted[:20]] == ["b"] * 20 and Counter(w.team for w in tilted[20:29]) == {"a": 6, "b": 3}
 
@@ -80,10 +89,10 @@ def test_slots_that_free_together_still_follow_the_weights_counting_the_work_und
 
 def test_the_work_under_way_is_each_jobs_eta_else_its_expected_rest() -> None:
     jobs = [
-        Running("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2),
-        Running("r2", "batch", "a", 0.0, "sft", "tiny"),
-        Running("r3", "batch", "b", 0.0, "sft", "tiny"),
-        Running("r4", "batch", "c", 0.0, "grpo", "x"),
+        FleetJob("r1", "batch", "a", 0.0, "sft", "tiny", eta_s=30.0, gpus=2),
+        FleetJob("r2", "batch", "a", 0.0, "sft", "tiny"),
+        FleetJob("r3", "batch", "b", 0.0, "sft", "tiny"),
+        FleetJob("r4", "batch", "c", 0.0, "grpo", "x"),
     ]
     durations = Durations()
     durations.add("sft", "tiny", 100.0)
@@ -91,15 +100,15 @@ def test_the_work_under_way_is_each_jobs_eta_else_its_expected_rest() -> None:
     assert remaining_work(jobs[1:2], durations, now=500.0) == {"a": 0.0}  # overdue: nothing more is counted
     assert remaining_work(jobs[1:2], None, now=0.0) == {"a": DEFAULT_WORK_S}
     # Counted as work placed ahead: a's running jobs put b's first.
-    order = fleet_order(sweep("a", 2) + sweep("b", 2), {}, {}, CLASSES, {}, durations, ahead={"a": 50.0})
+    order = fleet_order(sweep("a", 2) + sweep("b", 2), Standing(CLASSES, ahead={"a": 50.0}, pace=durations))
     assert ids(order) == ["b0", "a0", "b1", "a1"]
 
 
 def test_equal_weights_alternate_and_past_usage_tilts_the_order_back() -> None:
     requests = sweep("a", 10) + sweep("b", 10)
-    assert [w.team for w in fleet_order(requests, {}, {}, CLASSES, {})[:4]] == ["a", "b", "a", "b"]
+    assert [w.team for w in fleet_order(requests, Standing(CLASSES))[:4]] == ["a", "b", "a", "b"]
     # Team a used 5 jobs' worth of slot-time lately: b's first 5 go ahead of any of a's, then they alternate.
-    tilted = fleet_order(requests, {"a": 5 * DEFAULT_WORK_S}, {}, CLASSES, {})
+    tilted = fleet_order(requests, Standing(CLASSES, usage={"a": 5 * DEFAULT_WORK_S}))
     assert [w.team for w in tilted[:7]] == ["b"] * 5 + ["a", "b"]
 
 
@@ -109,18 +118,18 @@ def test_the_work_placed_ahead_is_the_expected_duration_so_long_jobs_count_for_m
     durations.add("sft", "tiny", 100.0)
     long_jobs = [waiting(f"a{i}", "a", arrived=i, method="grpo") for i in range(6)]
     short_jobs = [waiting(f"b{i}", "b", arrived=i, method="sft") for i in range(6)]
-    order = fleet_order(long_jobs + short_jobs, {}, {}, CLASSES, {}, durations)
+    order = fleet_order(long_jobs + short_jobs, Standing(CLASSES, pace=durations))
     # Each of a's takes 300 s, each of b's 100 s: after a's first, three of b's catch up with it.
     assert [w.team for w in order[:8]] == ["a", "b", "b", "b", "a", "b", "b", "b"]
 
 
 def test_weights_share_within_a_class_and_a_higher_class_still_goes_first() -> None:
     requests = sweep("a", 4, cls="batch") + sweep("b", 4, cls="batch") + [waiting("u", "b", "urgent", arrived=99)]
-    order = fleet_order(requests, {}, {}, CLASSES, {"a": TeamShare(weight=3)})
+    order = fleet_order(requests, Standing(CLASSES, {"a": TeamShare(weight=3)}))
     assert ids(order)[0] == "u"
     # b's urgent request counts as b's work placed ahead: a's weight of 3 leads the batch class by one more.
     assert [w.team for w in order[1:5]] == ["a", "a", "a", "b"]
-    without = fleet_order(requests[:-1], {}, {}, CLASSES, {"a": TeamShare(weight=3)})
+    without = fleet_order(requests[:-1], Standing(CLASSES, {"a": TeamShare(weight=3)}))
     assert [w.team for w in without[:4]] == ["a", "b", "a", "a"]
 
 
@@ -131,7 +140,7 @@ def test_share_left_idle_is_lent_a_team_alone_gets_every_slot() -> None:
     held: dict[str, int] = {}
     taken = []
     for _ in range(5):
-        head = pick([w for w in alone if w.request_id not in taken], {"a": 0.0}, held, CLASSES, teams)
+        head = pick([w for w in alone if w.request_id not in taken], Standing(CLASSES, teams, {"a": 0.0}, held))
         assert head is not None
         taken.append(head.request_id)
         held["b"] = held.get("b", 0) + 1
@@ -140,20 +149,22 @@ def test_share_left_idle_is_lent_a_team_alone_gets_every_slot() -> None:
 
 def test_a_cap_is_hard_a_free_slot_stays_free_rather_than_exceed_it() -> None:
     teams = {"a": TeamShare(max_slots=2)}
-    assert pick(sweep("a", 3), {}, {"a": 2}, CLASSES, teams) is None
-    assert ids([pick(sweep("a", 3), {}, {"a": 1}, CLASSES, teams)]) == ["a0"]  # type: ignore[list-item]
+    assert pick(sweep("a", 3), Standing(CLASSES, teams, holding={"a": 2})) is None
+    assert ids([pick(sweep("a", 3), Standing(CLASSES, teams, holding={"a": 1}))]) == ["a0"]  # type: ignore[list-item]
     # A request needing two GPUs does not fit a cap with one left, whatever the free slots.
-    assert pick([waiting("big", "a", gpus=2)], {}, {"a": 1}, CLASSES, teams) is None
+    assert pick([waiting("big", "a", gpus=2)], Standing(CLASSES, teams, holding={"a": 1})) is None
 
 
 def test_a_team_at_its_cap_is_skipped_while_another_waits_and_its_rest_goes_last() -> None:
     teams = {"a": TeamShare(weight=10, max_slots=2)}
-    order = fleet_order(sweep("a", 4) + sweep("b", 3, start=10), {"b": 10 * DEFAULT_WORK_S}, {}, CLASSES, teams)
+    order = fleet_order(sweep("a", 4) + sweep("b", 3, start=10), Standing(CLASSES, teams, {"b": 10 * DEFAULT_WORK_S}))
     # a's weight and b's past usage would put all 4 of a's first; its cap lets 2 of them ahead, the rest after b's.
     assert ids(order) == ["a0", "a1", "b0", "b1", "b2", "a2", "a3"]
     # Slots a already holds count against the cap.
     assert ids(
-        fleet_order(sweep("a", 2) + sweep("b", 1, start=10), {"b": 10 * DEFAULT_WORK_S}, {"a": 2}, CLASSES, teams)
+        fleet_order(
+            sweep("a", 2) + sweep("b", 1, start=10), Standing(CLASSES, teams, {"b": 10 * DEFAULT_WORK_S}, {"a": 2})
+        )
     ) == ["b0", "a0", "a1"]
 
 
@@ -164,13 +175,13 @@ def test_pick_passes_over_a_capped_or_too_large_head_for_one_that_fits() -> None
         waiting("d", "c", arrived=0),
     ]
     teams = {"a": TeamShare(max_slots=1)}
-    picked = pick(heads, {}, {"a": 1}, CLASSES, teams, free=1)
+    picked = pick(heads, Standing(CLASSES, teams, holding={"a": 1}), free=1)
     assert picked is not None and picked.request_id == "d"
-    picked = pick(heads, {}, {"a": 0}, CLASSES, teams, free=1)
+    picked = pick(heads, Standing(CLASSES, teams, holding={"a": 0}), free=1)
     assert picked is not None and picked.request_id == "u"
-    picked = pick(heads, {}, {}, CLASSES, teams, free=2)
+    picked = pick(heads, Standing(CLASSES, teams), free=2)
     assert picked is not None and picked.request_id == "big"
-    assert pick([], {}, {}, CLASSES, teams) is None
+    assert pick([], Standing(CLASSES, teams)) is None
 
 
 def running(
@@ -181,8 +192,8 @@ def running(
     steps: int | None = 0,
     preemptible: bool = True,
     gpus: int = 1,
-) -> Running:
-    return Running(
+) -> FleetJob:
+    return FleetJob(
         request_id,
         cls,
         "a",
@@ -197,7 +208,12 @@ def running(
 
 
 def chosen(
-    head: Waiting, jobs: list[Running], min_run_s: float = 60.0, max_count: int = 2, now: float = 1000.0, free: int = 0
+    head: FleetRequest,
+    jobs: list[FleetJob],
+    min_run_s: float = 60.0,
+    max_count: int = 2,
+    now: float = 1000.0,
+    free: int = 0,
 ) -> str | None:
     found = victim(head, jobs, CLASSES, min_run_s, max_count, now, free=free)
     return None if found is None else found.request_id

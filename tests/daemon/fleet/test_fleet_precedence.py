@@ -9,98 +9,47 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 
 from daemon.fleet.dispatcher import Dispatcher
-from daemon.fleet.jobs import FleetJobs
 from daemon.jobs.offered import RunningJob
-from daemon.kafka.records import Record
 from daemon.settings import Settings
-from daemon.settings.fleet import CLASS_HEADER, TeamShare
+from daemon.settings.fleet import CLASS_HEADER, TeamShare, queue_group
 from schemas import Accepted, Cancelled
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes
-from tests.daemon.fleet.test_queue_dispatch import CLAIMS, RecordingMover, turns
-from tests.fakes import FakeRecord
+from tests.daemon.fleet.test_queue_dispatch import CLAIMS, Moves, turns
+from tests.fakes import FakeFleetKafka, FakeQueueConsumer, FakeRecord
 from tests.helpers import sft_request
 
 CLAIMS_1 = TopicPartition(CLAIMS.topic, 1)
 HOST = "this-host"
 
 
-class TopicConsumer:
-    """The calls a class's queue makes of its consumer, over one partition of its topic; a join is assigned that
-    partition at the next poll, as aiokafka's rebalance happens in one."""
-
-    def __init__(self, tp: TopicPartition, records: list[FakeRecord]) -> None:
-        self.tp, self.records = tp, records
-        self.next = 0
-        self.paused = False
-        self.joins = self.leaves = 0
-        self.joining: ConsumerRebalanceListener | None = None
-
-    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
-        self.joins += 1
-        self.joining = listener
-
-    def unsubscribe(self) -> None:
-        self.leaves += 1
-
-    async def getmany(
-        self, *partitions: TopicPartition, timeout_ms: int, max_records: int
-    ) -> Mapping[TopicPartition, Sequence[Record]]:
-        if self.joining is not None:
-            await self.joining.on_partitions_assigned({self.tp})
-            self.joining = None
-        batch = [] if self.paused else [r for r in self.records if r.offset >= self.next][:max_records]
-        if batch:
-            self.next = batch[-1].offset + 1
-        return {self.tp: batch} if batch else {}
-
-    async def position(self, tp: TopicPartition) -> int:
-        return self.next
-
-    def seek(self, tp: TopicPartition, offset: int) -> None:
-        self.next = offset
-
-    def pause(self, tp: TopicPartition) -> None:
-        self.paused = True
-
-    def resume(self, tp: TopicPartition) -> None:
-        self.paused = False
-
-    def assignment(self) -> set[TopicPartition]:
-        return {self.tp}
-
-    def highwater(self, tp: TopicPartition) -> int | None:
-        return len(self.records)
-
-
-class AnsweredMidPoll(TopicConsumer):
+class AnsweredMidPoll(FakeQueueConsumer):
     """A partition whose first fetch's answer comes in while the poll is under way: its high watermark is known at
     once, its records only at the next poll."""
 
-    def __init__(self, tp: TopicPartition, records: list[FakeRecord]) -> None:
-        super().__init__(tp, records)
+    def __init__(self, fleet: FakeFleetKafka, group: str) -> None:
+        super().__init__(fleet, group)
         self.answered = False
 
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: int, max_records: int
-    ) -> Mapping[TopicPartition, Sequence[Record]]:
-        if not self.answered:
+    ) -> Mapping[TopicPartition, Sequence[FakeRecord]]:
+        if self.assigned and not self.answered:
             self.answered = True
             return {}
         return await super().getmany(*partitions, timeout_ms=timeout_ms, max_records=max_records)
 
     def highwater(self, tp: TopicPartition) -> int | None:
-        return len(self.records) if self.answered else None
+        return super().highwater(tp) if self.answered else None
 
 
 @pytest.fixture
@@ -130,30 +79,13 @@ def request(
 
 
 def host(
-    settings: Settings, records: list[FakeRecord], *, joined: bool = True
-) -> tuple[Dispatcher, RecordingMover, CoreOnFakes]:
-    """This host's dispatcher over a consumer per class topic holding `records`, with two claims partitions."""
-    core = CoreOnFakes(settings)
-    core.consumer.committed[CLAIMS] = core.consumer.committed[CLAIMS_1] = 0
-    mover = RecordingMover(settings)
-    dispatcher = Dispatcher(
-        settings,
-        core.scheduler,
-        FleetJobs(settings, mover, core.scheduler.retries, core.scheduler),
-        core.partitions,
-        mover,
-        core.intake,
-    )
-    dispatcher.queues = [
-        replace(
-            queue,
-            consumer=TopicConsumer(TopicPartition(queue.topic, 0), [r for r in records if r.topic == queue.topic]),  # type: ignore[arg-type]
-            subscribed=joined,
-            joined=joined,
-        )
-        for queue in dispatcher.queues
-    ]
-    return dispatcher, mover, core
+    settings: Settings, records: list[FakeRecord], fleet: FakeFleetKafka | None = None
+) -> tuple[Dispatcher, Moves, CoreOnFakes]:
+    """This host's dispatcher, as `wire` builds it, over the class topics holding `records`, with two claims
+    partitions."""
+    core = CoreOnFakes(settings, fleet=fleet)
+    dispatcher = core.fleet_host(2, records)
+    return dispatcher, Moves(core.fleet, dispatcher.mover.seal), core
 
 
 def job_here(
@@ -193,7 +125,7 @@ def job_here(
     )
 
 
-def claimed(mover: RecordingMover) -> list[str | None]:
+def claimed(mover: Moves) -> list[str | None]:
     return [key for key, _ in mover.claims()]
 
 
@@ -240,7 +172,7 @@ async def test_a_full_host_whose_jobs_are_all_too_young_to_preempt_reads_a_highe
     settings: Settings,
 ) -> None:
     # Route (b): every job younger than preempt_min_run_s; the host had left the higher classes' queues.
-    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)], joined=False)
+    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0)])
     job_here(dispatcher, core, "batch-young", "batch", "other", ran_s=5.0)
     assert dispatcher.room() == 0 and settings.preempt_min_run_s > 5
     for _ in range(3):
@@ -269,16 +201,14 @@ async def test_a_full_host_reads_the_default_classs_topic_for_the_higher_classes
             ).priority_classes
         }
     )
-    dispatcher, mover, core = host(
-        settings, [request(settings, "urgent-u", "urgent", "u", 0, topic_of="default")], joined=False
-    )
+    dispatcher, mover, core = host(settings, [request(settings, "urgent-u", "urgent", "u", 0, topic_of="default")])
     job_here(dispatcher, core, "default-young", "default", "other", ran_s=5.0)
     for _ in range(3):
         await dispatcher.turn()
     assert [q.name for q in dispatcher.queues if q.subscribed] == ["urgent", "default"]
-    assert [(copy.topic, copy.priority_class) for move in mover.moves for copy in move.copies] == [
-        (settings.class_topics["urgent"], "urgent")
-    ]
+    [moved] = [write for move in mover.moves for write in move.writes]
+    sealed = mover.seal.read(moved.topic, moved.partition, moved.key, moved.value, moved.headers)
+    assert (moved.topic, sealed.priority_class) == (settings.class_topics["urgent"], "urgent")
 
 
 async def test_a_full_host_leaves_a_higher_class_to_the_hosts_with_room_until_it_may_preempt(
@@ -336,7 +266,7 @@ async def test_an_urgent_request_read_in_the_default_topic_takes_the_free_slot_b
     dispatcher, mover, _ = host(settings, records)
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert claimed(mover) == ["urgent-via-submit"]
-    assert [copy.topic for move in mover.moves for copy in move.copies] == [
+    assert [write.topic for move in mover.moves for write in move.writes] == [
         CLAIMS.topic
     ]  # claimed where it was, not moved
 
@@ -347,8 +277,9 @@ async def test_a_queue_whose_first_answer_came_in_while_the_turn_polled_is_read_
     # After a join: the urgent queue's first fetch is answered during the poll (its records not yet in its window).
     # Counted as known by its high watermark alone, the turn gave the free slot to the batch request it had read.
     records = [request(settings, "batch-first", "batch", "other", 0), request(settings, "urgent-u", "urgent", "u", 0)]
-    dispatcher, mover, _ = host(settings, records)
-    urgent = dispatcher.queues[0]
-    dispatcher.queues[0] = replace(urgent, consumer=AnsweredMidPoll(TopicPartition(urgent.topic, 0), [records[1]]))  # type: ignore[arg-type]
+    fleet = FakeFleetKafka()
+    urgent = queue_group(settings.group_id, "urgent")
+    fleet.consumers[urgent] = AnsweredMidPoll(fleet, urgent)
+    dispatcher, mover, _ = host(settings, records, fleet)
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert claimed(mover) == ["urgent-u"]

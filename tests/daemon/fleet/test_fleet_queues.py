@@ -16,7 +16,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import UnsupportedCodecError
 
 from daemon.fleet.choice import Head, HeadReader
-from daemon.fleet.jobs import claimed_class
+from daemon.fleet.claimed import claimed_class
 from daemon.fleet.moves import Move, Mover, Stale, kept_timestamp
 from daemon.fleet.queues import WINDOW, ClassQueue, QueueListener
 from daemon.kafka.records import Record
@@ -27,6 +27,7 @@ from daemon.settings.fleet import CLASS_HEADER
 from schemas import REQUEST_MODELS
 from testbed.fleet_keys import shared_fleet_keys
 from testbed.memory_kafka import FakeRecord
+from tests.fakes import FakeFleetKafka
 from tests.helpers import sft_request
 
 TP = TopicPartition("adapterd.requests.batch", 0)
@@ -151,7 +152,7 @@ async def test_a_move_of_a_record_read_before_a_rebalance_is_not_made_and_a_revo
     None
 ):
     # aiokafka's transactional offset commit carries no group generation: the host fences itself.
-    mover = Mover(Settings())
+    mover = Mover(Settings(), FakeFleetKafka())
     record = FakeRecord(TP.topic, 0, 5, b"r5", b"{}")
     with pytest.raises(Stale):
         await mover.move(

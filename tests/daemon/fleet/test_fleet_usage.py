@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.order import Waiting, fleet_order
-from daemon.fleet.running import RunningJobs
+from daemon.fleet.order import FleetRequest, Standing, fleet_order
+from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Usage
 from daemon.settings.fleet import PriorityClass
 from schemas import (
@@ -173,8 +173,12 @@ def test_a_clock_running_ahead_adds_no_slot_time_from_the_future() -> None:
 
 def test_usage_folded_from_events_tilts_the_fleets_order() -> None:
     usage = fold(Usage(), accepted("a1", "a", 0), succeeded("a1", 3000), accepted("a2", "a", 0), now=T0 + 3000)
-    waiting = [Waiting(f"{team}{i}", "batch", team, T0 + 3000 + i, "sft", "tiny/m") for team in "ab" for i in range(3)]
-    order = fleet_order(waiting, usage.slot_seconds(T0 + 3000), usage.running(), [PriorityClass(name="batch")], {})
+    waiting = [
+        FleetRequest(f"{team}{i}", "batch", team, T0 + 3000 + i, "sft", "tiny/m") for team in "ab" for i in range(3)
+    ]
+    order = fleet_order(
+        waiting, Standing([PriorityClass(name="batch")], usage=usage.slot_seconds(T0 + 3000), holding=usage.running())
+    )
     assert [w.team for w in order] == ["b", "b", "b", "a", "a", "a"]
 
 
@@ -229,7 +233,7 @@ def test_bad_parameters_are_named() -> None:
 
 
 def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
-    jobs = RunningJobs()
+    jobs = Occupancy()
     events = [
         read(Accepted(request_id="r1", method="dpo", team="a", priority_class="batch", host="h1", time=at(0))),
         read(Started(request_id="r1", method="dpo", slot="2,3", pid=9, host="h1", time=at(5))),
@@ -257,7 +261,7 @@ def test_the_fleets_running_jobs_are_folded_from_their_events() -> None:
 
 
 def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_accepted_event_named() -> None:
-    jobs = RunningJobs()
+    jobs = Occupancy()
     jobs.observe(
         read(
             Accepted(
@@ -283,7 +287,7 @@ def test_a_job_with_no_progress_yet_has_the_model_and_steps_its_accepted_event_n
 
 
 def test_a_preempted_job_leaves_the_running_and_comes_back_counting_its_preemptions() -> None:
-    jobs = RunningJobs()
+    jobs = Occupancy()
     for event in [
         accepted("r1", "a", 0),
         read(Preempted(request_id="r1", by="u", priority_class="batch", preemptions=1, time=at(50))),
@@ -313,11 +317,11 @@ def test_retrying_and_every_terminal_event_end_a_running_job() -> None:
         read(Failed(request_id="r1", code="x", message="m", stage="train", retryable=False, time=at(9))),
     ]
     for end in ends:
-        jobs = RunningJobs()
+        jobs = Occupancy()
         jobs.observe(accepted("r1", "a", 0), T0 + 10)
         jobs.observe(end, T0 + 10)
         assert jobs.jobs(T0 + 10) == [], end.type
     # Events of a job this reader never saw accepted say nothing it can place.
-    jobs = RunningJobs()
+    jobs = Occupancy()
     jobs.observe(read(Progress(request_id="zz", step=1, total_steps=2, eta_s=5.0, time=at(1))), T0 + 10)
     assert jobs.jobs(T0 + 10) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import FleetRequest
 from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView
 from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import EventStream
@@ -49,7 +49,7 @@ def fold(settings: Settings, records: list[FakeRecord]) -> FleetView:
     return view
 
 
-VISION = Waiting(
+VISION = FleetRequest(
     "v-next", "batch", "vision", time.time(), "sft", "tiny"
 )  # vision's next request, behind its cap of 1 slot
 

@@ -7,61 +7,40 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 
 from daemon.fleet.dispatcher import Dispatcher
-from daemon.fleet.jobs import FleetJobs
-from daemon.fleet.moves import Move, Mover
+from daemon.kafka.queue_seal import QueueSeal
 from daemon.settings import Settings
+from daemon.settings.fleet import queue_group
 from schemas import Accepted, Cancel, Progress, Queued
 from schemas.signing import new_key_pair
 from tests.core import CoreOnFakes
-from tests.daemon.fleet.test_fleet_queues import CLASSES, TP, WindowConsumer
+from tests.daemon.fleet.test_fleet_queues import CLASSES, TP
 from tests.daemon.fleet.test_fleet_usage import T0, read, succeeded
-from tests.fakes import FakeRecord
+from tests.fakes import FakeFleetKafka, FakeQueueConsumer, FakeRecord, Moved
 from tests.helpers import sft_request
 
 CLAIMS = TopicPartition("adapterd.claims", 0)
 
 
-class QueueConsumer(WindowConsumer):
-    """A class topic's consumer as the dispatcher's queue uses it: the window's calls, and
-    its group's joins and leaves."""
+class Moves:
+    """The fleet's transactions (tests/fakes.py `FakeFleetKafka`) as these tests read them."""
 
-    def __init__(self, records: list[FakeRecord]) -> None:
-        super().__init__(records)
-        self.joins = self.leaves = 0
+    def __init__(self, fleet: FakeFleetKafka, seal: QueueSeal) -> None:
+        self.fleet, self.seal = fleet, seal
 
-    def subscribe(self, topics: list[str], listener: ConsumerRebalanceListener) -> None:
-        self.joins += 1
+    @property
+    def moves(self) -> list[Moved]:
+        return self.fleet.moves
 
-    def unsubscribe(self) -> None:
-        self.leaves += 1
-
-
-class RecordingMover(Mover):
-    """The moves, kept instead of sent: each one's copies signed as the real producer's would be."""
-
-    def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
-        self.moves: list[Move] = []
-
-    async def move(self, move: Move) -> int | None:
-        self.moves.append(move)
-        return len(self.moves) if move.copies else None
-
-    def claims(self) -> list[tuple[str | None, list[tuple[str, bytes]]]]:
-        return [
-            (copy.record.key.decode() if copy.record.key else None, self._signed(copy))
-            for move in self.moves
-            for copy in move.copies
-            if copy.topic == CLAIMS.topic
-        ]
+    def claims(self) -> list[tuple[str | None, list[tuple[str, bytes | None]]]]:
+        """The claims written: each one's key and headers, signed as the fleet signs them."""
+        return [(r.key.decode() if r.key else None, r.headers) for r in self.fleet.on(CLAIMS.topic)]
 
 
 @pytest.fixture
@@ -83,25 +62,13 @@ def fleet_settings(tmp_path: Path) -> Settings:
 
 def dispatcher_over(
     settings: Settings, records: list[FakeRecord]
-) -> tuple[Dispatcher, RecordingMover, CoreOnFakes, QueueConsumer]:
+) -> tuple[Dispatcher, Moves, CoreOnFakes, FakeQueueConsumer]:
+    """This host's dispatcher, as `wire` builds it, over the fleet's Kafka in memory holding `records` (offsets from 0
+    in each partition), with one claims partition; and the batch class's queue consumer."""
     core = CoreOnFakes(settings)
-    core.consumer.committed[CLAIMS] = 0  # this host's one claims partition
-    mover = RecordingMover(settings)
-    dispatcher = Dispatcher(
-        settings,
-        core.scheduler,
-        FleetJobs(settings, mover, core.scheduler.retries, core.scheduler),
-        core.partitions,
-        mover,
-        core.intake,
-    )
-    batch = QueueConsumer(records)
-    # Each queue built again over its fake consumer, so that its partitions and its reader poll the fake too.
-    dispatcher.queues = [
-        replace(queue, consumer=batch if queue.topic == TP.topic else QueueConsumer([]), subscribed=True, joined=True)  # type: ignore[arg-type]
-        for queue in dispatcher.queues
-    ]
-    return dispatcher, mover, core, batch
+    dispatcher = core.fleet_host(1, records)  # one claims partition
+    batch = core.fleet.queue_consumer(queue_group(settings.group_id, "batch"))
+    return dispatcher, Moves(core.fleet, dispatcher.mover.seal), core, batch
 
 
 async def turns(dispatcher: Dispatcher, until: Callable[[], bool], most: int = 50) -> int:
@@ -131,8 +98,8 @@ async def test_a_flood_of_undecodable_records_is_dead_lettered_a_window_at_a_tim
     assert len(letters) == 200 and {letter.header("adapterd-reason") for letter in letters} == {b"not_json"}
     assert [event["reason"] for event in core.events() if event["type"] == "rejected"] == ["not_json"] * 200
     # One transaction a window commits past its rejected records, writing nothing; then the claim.
-    assert [len(move.copies) for move in mover.moves] == [0] * 7 + [1] and taken <= 8
-    assert batch.joins == 0 and batch.leaves <= 1  # no rejoin for them: the host left once, full with the valid one
+    assert [len(move.writes) for move in mover.moves] == [0] * 7 + [1] and taken <= 8
+    assert batch.joins == 1 and batch.leaves <= 1  # no rejoin for them: the host left once, full with the valid one
 
 
 async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(fleet_settings: Settings) -> None:
@@ -145,7 +112,7 @@ async def test_a_record_backdated_to_1970_is_not_picked_before_one_read_earlier(
         queue.joined = False  # a turn right after joining only reads
     await dispatcher.turn()
     assert not mover.moves and [h.request_id for h in dispatcher.queues[2].heads()] == ["on-time"]
-    batch.records.append(valid(1, "backdated", timestamp=0))  # its producer's clock says 1970
+    batch.fleet.log(TP).append(valid(1, "backdated", timestamp=0))  # its producer's clock says 1970
     for queue in dispatcher.queues:
         queue.joined = True
     await turns(dispatcher, lambda: bool(mover.claims()))
@@ -166,14 +133,15 @@ async def test_a_request_cancelled_in_the_queue_ends_within_a_turn_unclaimed_and
     reads = iter(range(1_765_000_000, 1_765_000_100))
     dispatcher.heads.arrivals.clock = lambda: float(next(reads))  # arrival in offset order
     await core.scheduler.cancel(Cancel(request_id="cancelled-1", reason="sweep withdrawn"))
-    assert await turns(dispatcher, lambda: bool(core.events("cancelled-1"))) == 1
+    # The first turn joins the queues and reads them (a turn right after a join weighs nothing); the next ends it.
+    assert await turns(dispatcher, lambda: bool(core.events("cancelled-1"))) == 2
     assert [(event["type"], event["reason"]) for event in core.events("cancelled-1")] == [
         ("cancelled", "sweep withdrawn")
     ]
     # The first move commits past it, writing ahead-1 (before it in the window) again; no claim of it, ever.
     first = mover.moves[0]
-    assert first.record.key == b"cancelled-1" and [copy.record.key for copy in first.copies] == [b"ahead-1"]
-    assert first.copies[0].topic == TP.topic and first.copies[0].partition == TP.partition
+    assert (first.tp, first.offset) == (TP, 2) and [write.key for write in first.writes] == [b"ahead-1"]
+    assert first.writes[0].topic == TP.topic and first.writes[0].partition == TP.partition
     assert [key for key, _ in mover.claims()] == ["behind-1"]  # the host's one slot: the first left in the order
     # behind-2 waits, told place 1: cancelled-1 is not counted ahead of it (ahead-1's copy is not read back: the fake
     # mover only keeps its moves).

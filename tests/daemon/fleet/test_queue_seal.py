@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from daemon.fleet.arrival import LOG_APPEND_TIME, Arrivals
+from daemon.fleet.choice import LOG_APPEND_TIME, Arrivals
 from daemon.kafka.queue_seal import SEAL_HEADER, QueueSeal, Unsealed, claim_refusal, signed_bytes
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER
@@ -202,11 +202,9 @@ async def test_intake_dead_letters_a_claim_the_fleet_did_not_sign_and_runs_one_i
 
 
 async def test_a_claimed_requests_retry_and_a_preempted_ones_arrival_are_the_fleets(fleet_settings: Settings) -> None:
-    from daemon.fleet.jobs import FleetJobs
-    from daemon.fleet.moves import Mover
-
     core = CoreOnFakes(fleet_settings)
-    jobs = FleetJobs(fleet_settings, Mover(fleet_settings), core.scheduler.retries, core.scheduler)
+    assert core.dispatcher is not None
+    jobs = core.dispatcher.jobs  # the scheduler's fleet hooks
     seal = jobs.mover.seal
     body = json.dumps(sft_request("retried-1", team="search")).encode()
     claimed = FakeRecord(

@@ -3,14 +3,14 @@ most every RETELL_EVERY_S a request, and at most RETELLS_PER_S a host, the large
 
 from __future__ import annotations
 
-from daemon.fleet.order import Waiting
+from daemon.fleet.order import FleetRequest
 from daemon.fleet.telling import RETELL_BURST, RETELL_EVERY_S, RETELL_HANDOVER_S, RETELLS_PER_S, Telling, Told, move
 
 NOW = 1_800_000_000.0
 
 
-def placed(request_id: str, place: int, eta_s: float | None) -> tuple[Waiting, int, float | None]:
-    return Waiting(request_id, "batch", "a", NOW - 100, "sft", "m"), place, eta_s
+def placed(request_id: str, place: int, eta_s: float | None) -> tuple[FleetRequest, int, float | None]:
+    return FleetRequest(request_id, "batch", "a", NOW - 100, "sft", "m"), place, eta_s
 
 
 def test_a_move_is_news_when_the_expected_start_moved_by_more_than_a_fifth_of_the_wait_and_ten_seconds() -> None:

@@ -14,7 +14,6 @@ from aiokafka import TopicPartition
 
 from daemon.admission.grants import Grants
 from daemon.fleet.moves import carried
-from daemon.fleet.wiring import fleet_dispatcher
 from daemon.kafka.copies import MAX_SIGNATURE_BYTES
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
@@ -241,9 +240,7 @@ async def test_intake_rejects_and_dead_letters_another_teams_request_and_takes_t
 async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_path: Path) -> None:
     settings = bound_settings(tmp_path)
     core = CoreOnFakes(settings)
-    dispatcher = fleet_dispatcher(
-        settings, core.scheduler, core.partitions, core.intake
-    )  # as Service wires a fleet's host
+    assert core.dispatcher is not None  # as Service wires a fleet's host
     tp = TopicPartition(settings.claims_topic, 0)
     core.consumer.committed[tp] = 0
     _, value, headers = written(document("k-1", team="alpha"), ALPHA)
@@ -256,13 +253,13 @@ async def test_intake_judges_a_claim_by_the_class_the_dispatcher_gave_it(tmp_pat
     await core.partitions.settled(tp)
     [event] = core.events("k-1")
     assert event["type"] == "rejected" and event["errors"][0]["path"] == "priority_class"
-    await dispatcher.mover.producer.stop()
 
 
 async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_ordering_it(tmp_path: Path) -> None:
     settings = bound_settings(tmp_path)
     core = CoreOnFakes(settings)
-    dispatcher = fleet_dispatcher(settings, core.scheduler, core.partitions, core.intake)
+    dispatcher = core.dispatcher
+    assert dispatcher is not None
     urgent = next(q for q in dispatcher.queues if q.name == "urgent")
     tp = TopicPartition(urgent.topic, 0)
 
@@ -277,7 +274,6 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
     [not_granted, moved] = [head("q-3", ALPHA, team="alpha"), head("q-4", ALPHA, team="alpha", priority_class="batch")]
     assert not_granted.rejection is not None and [e.path for e in not_granted.rejection.errors] == ["priority_class"]
     assert moved.rejection is None and moved.moves_to == settings.class_topics["batch"]
-    await dispatcher.mover.producer.stop()
 
 
 async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:

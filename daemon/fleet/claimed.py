@@ -1,5 +1,7 @@
 """This host's claimed jobs as the fleet sees them, and preemption: stop one at its checkpoint and send its
-request back to its class's queue without spending an attempt.
+request back to its class's queue without spending an attempt. `ClaimedJobs` is the scheduler's fleet hooks
+(daemon/jobs/fleet_hooks.py), given to it at its construction (daemon/service.py `wire`); the dispatcher asks
+it of the scheduler's jobs (`running`, `held`, `preempt`).
 
 A preempted job is stopped like a daemon stop (`Stop.interrupt`: the child saves a checkpoint within
 `drain_timeout_s`, uploaded to the checkpoint store when there is one). Its claim is then moved back to
@@ -12,20 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 
 import structlog
 from aiokafka import TopicPartition
 
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
-from daemon.fleet.order import Running
+from daemon.fleet.order import FleetJob
 from daemon.job.lifecycle import Stop
 from daemon.job.runner import JobRunner
-from daemon.jobs.scheduler import Scheduler
+from daemon.jobs.offered import RunningJob
+from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing
 from daemon.kafka.queue_seal import Unsealed
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.ops import metrics
+from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from daemon.settings.fleet import team_of
 from schemas import Preempted, RequestBase
@@ -38,12 +43,17 @@ def claimed_class(record: Record, request: RequestBase, settings: Settings) -> s
     return settings.runs_as(record.headers, request.priority_class) or ""
 
 
-class FleetJobs:
+class ClaimedJobs:
     """Holds what the scheduler's jobs need for the fleet: when each started, and which are being preempted."""
 
-    def __init__(self, settings: Settings, mover: Mover, retries: RetrySigner, scheduler: Scheduler) -> None:
+    drains = True  # the fleet drains a host for a request of several GPUs (daemon/fleet/drain.py), not the scheduler
+
+    def __init__(
+        self, settings: Settings, mover: Mover, retries: RetrySigner, slots: Slots, claims: Partitions
+    ) -> None:
         self.settings = settings
-        self.scheduler = scheduler
+        self.slots = slots
+        self.claims = claims  # the claims partitions the scheduler runs
         self.mover = mover
         self.retries = retries
         self.started: dict[TopicPartition, tuple[float, Record]] = {}
@@ -55,17 +65,18 @@ class FleetJobs:
         fields: dict[str, str | int] = {
             "priority_class": claimed_class(record, request, self.settings),
             "team": team_of(request.team),
-            "host_slots": self.scheduler.slots.total,
+            "host_slots": self.slots.total,
             "model": request.model.id,
         }
         if request.training.max_steps is not None:
             fields["max_steps"] = request.training.max_steps
         return fields
 
-    def running(self) -> list[Running]:
-        """This host's jobs that hold slots, for the fleet's choice of a job to preempt (daemon/fleet/view.py)."""
+    def running(self, jobs: Mapping[TopicPartition, RunningJob]) -> list[FleetJob]:
+        """This host's jobs (the scheduler's `jobs`) that hold slots, for the fleet's choice of a job to preempt
+        (daemon/fleet/view.py)."""
         out = []
-        for tp, job in self.scheduler.jobs.items():
+        for tp, job in jobs.items():
             if job.placement is None:
                 continue  # trained: judged or pushed now, its slot free
             runner = job.runner
@@ -76,7 +87,7 @@ class FleetJobs:
             step = runner.supervisor.progress.get("step")
             saved = runner.supervisor.checkpoint_step
             out.append(
-                Running(
+                FleetJob(
                     request_id=runner.request.request_id,
                     priority_class=cls,
                     team=team_of(runner.request.team),
@@ -94,18 +105,18 @@ class FleetJobs:
             )
         return out
 
-    def held(self) -> dict[str, tuple[str, int]]:
+    def held(self, jobs: Mapping[TopicPartition, RunningJob]) -> dict[str, tuple[str, int]]:
         """Each of this host's jobs by request id: its team and the slots it holds now, none from when its child exited
         (its slots free then, before its outcome is judged, pushed and published: daemon/jobs/scheduler.py)."""
         return {
             job.request_id: (team_of(job.runner.request.team), 0 if job.placement is None else len(job.placement.slots))
-            for job in self.scheduler.jobs.values()
+            for job in jobs.values()
         }
 
-    def preempt(self, tp: object, by: str) -> bool:
-        """Stop the job of claims partition `tp` (a `Running`'s key) at its checkpoint so that request `by` takes its
-        slot; False when there is none or it is too late (its outcome is being published)."""
-        job = self.scheduler.jobs.get(tp) if isinstance(tp, TopicPartition) else None
+    def preempt(self, jobs: Mapping[TopicPartition, RunningJob], tp: object, by: str) -> bool:
+        """Stop the job of claims partition `tp` (a `FleetJob`'s key; the scheduler's `jobs`) at its checkpoint so that
+        request `by` takes its slot; False when there is none or it is too late (its outcome is being published)."""
+        job = jobs.get(tp) if isinstance(tp, TopicPartition) else None
         if (
             job is None
             or not isinstance(tp, TopicPartition)
@@ -134,9 +145,7 @@ class FleetJobs:
             carried(record, self.retries, preemptions=count),
         )
         try:
-            await self.mover.move(
-                Move(record, self.settings.group_id, (back,), lambda: tp in self.scheduler.partitions.assigned())
-            )
+            await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.claims.assigned()))
         except Stale:  # its claims partition moved meanwhile: whoever holds it now runs it, from its checkpoint
             log.warning("job.preempted_not_requeued", request_id=runner.request.request_id, by=by)
             return False
