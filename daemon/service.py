@@ -83,13 +83,14 @@ def wire(
     children: ChildSource,
     on_change: Callable[[], None],
     fleet: FleetKafka | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Core:
     """The core over these clients; with priority classes the fleet's over `fleet` (aiokafka's when None, as the
-    publisher's producer)."""
+    publisher's producer). `clock` is the scheduler's (the tests' way to move it)."""
     partitions = Partitions(consumer)
     if not settings.class_topics:
         publisher = Publisher(settings, producer)
-        scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change)
+        scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, clock=clock)
         return Core(
             publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots), None
         )
@@ -97,7 +98,9 @@ def wire(
     publisher = Publisher(settings, producer, watchers=[view.sending])
     kafka = fleet if fleet is not None else kafka_fleet(settings)
     claimed = claimed_jobs(settings, kafka, slots, partitions)
-    scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, fleet=claimed)
+    scheduler = Scheduler(
+        settings, publisher, partitions, slots, children, on_change=on_change, fleet=claimed, clock=clock
+    )
     intake = Intake(settings, publisher, partitions, scheduler, slots)
     dispatcher = Dispatcher(settings, scheduler, claimed, intake, kafka, view)
     return Core(publisher, partitions, slots, scheduler, intake, dispatcher)

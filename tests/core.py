@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterable
 
 from aiokafka import TopicPartition
@@ -28,6 +29,7 @@ class CoreOnFakes:
         producer: FakeProducer | None = None,
         children: FakeChildren | None = None,
         fleet: FakeFleetKafka | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()
@@ -45,6 +47,7 @@ class CoreOnFakes:
             self.children,
             on_change=lambda: None,
             fleet=self.fleet.kafka(),
+            clock=clock,
         )
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,

@@ -70,6 +70,7 @@ class Scheduler:
         children: ChildSource,
         on_change: Callable[[], None],
         fleet: FleetHooks = NO_FLEET,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
@@ -92,7 +93,7 @@ class Scheduler:
         self.fleet = fleet  # with priority classes: claimed jobs, and preemption (daemon/fleet/claimed.py)
         # The requests of several GPUs waiting at their partitions' heads, and the one the host is reserved for.
         self.reservations = Reservations(settings.reserve_after_s)
-        self.clock: Callable[[], float] = time.time  # the reservation's clock (the tests' to set)
+        self.clock = clock  # the reservations' and jobs' start times (a test's own clock moves them)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:

@@ -54,10 +54,8 @@ class Clock:
 
 
 def core_on(settings: Settings, children: FakeChildren) -> tuple[CoreOnFakes, Clock]:
-    core = CoreOnFakes(settings, children=children)
     clock = Clock()
-    core.scheduler.clock = clock
-    return core, clock
+    return CoreOnFakes(settings, children=children, clock=clock), clock
 
 
 async def offer(core: CoreOnFakes, request_id: str, partition: int, offset: int = 7, **overrides: Any) -> Offered:
