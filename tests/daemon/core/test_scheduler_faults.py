@@ -21,6 +21,7 @@ from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Accepted, Failed, decode_request
 from schemas.events import EventBase
+from tests.fakes import FakeProducer
 from tests.helpers import sft_request
 
 TP = TopicPartition("requests", 0)
@@ -53,7 +54,7 @@ class Broker(Publisher):
     """The real publisher's messages, sent to a list; `accepted` events are refused as too large."""
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+        super().__init__(settings, FakeProducer())  # never used (deliver and publish are this list's), never opened
         self.sent: list[Outgoing | EventBase] = []
 
     async def deliver(self, message: Outgoing) -> None:
