@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from aiokafka import TopicPartition
 
+from daemon.children.processes import ChildSource
 from daemon.jobs.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
@@ -21,11 +22,12 @@ class CoreOnFakes:
     """`daemon.service.Core` as `wire` builds it, with the fakes it runs on and helpers to feed and read them."""
 
     def __init__(
-        self, settings: Settings, producer: FakeProducer | None = None, children: FakeChildren | None = None
+        self, settings: Settings, producer: FakeProducer | None = None, children: ChildSource | None = None
     ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
+        # A scripted child by default; any ChildSource will do (tests/daemon/core/test_child_seam.py's runs elsewhere).
         self.children = children if children is not None else FakeChildren(Script())
         slots = Slots(
             settings.gpus or [], settings.job_slots, packing_from(settings)
