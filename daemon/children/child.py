@@ -32,7 +32,8 @@ from handlers.protocol import ChildMessage, JobSpec, Ready, Refused, parse_child
 
 log = structlog.get_logger()
 
-# In a job's folder on this host: the spec a local child reads (its output goes to LOG_NAME, the log the endpoint serves).
+# In a job's folder on this host: the spec a local child reads (its output goes to LOG_NAME, the log the
+# endpoint serves).
 SPEC_NAME = "spec.json"
 
 

@@ -151,7 +151,8 @@ class Supervisor:
         """Run the job in a child; its result and the time of its first optimizer step. Cancelled (the daemon going
         down) without a stop first, the child is killed at once."""
         job = ChildJob(spec, self.place.visible_devices, self.request.resources.gpus)
-        # Which kind of child (forked, warm, cold, a launcher, one elsewhere) and where its spec goes: the source's choice.
+        # Which kind of child (forked, warm, cold, a launcher, one elsewhere) and where its spec goes: the
+        # source's choice.
         child = self.child = await self.children.start(job)
         self._following = True
         outcome = ChildOutcome()
