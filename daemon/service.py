@@ -118,6 +118,7 @@ class Service:
         self.children = WarmChildren(
             child_environment(settings),
             settings.work_dir / "children.log",
+            settings.jobs_dir,
             enabled=settings.warm_child,
             mode=settings.child_start,
         )

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from aiokafka import TopicPartition
 
+from daemon.children.processes import ChildSource
 from daemon.fleet.dispatcher import Dispatcher
 from daemon.resources.slots import Slots, packing_from
 from daemon.service import wire
@@ -27,13 +28,14 @@ class CoreOnFakes:
         self,
         settings: Settings,
         producer: FakeProducer | None = None,
-        children: FakeChildren | None = None,
+        children: ChildSource | None = None,
         fleet: FakeFleetKafka | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.producer = producer if producer is not None else FakeProducer()
         self.consumer = FakeConsumer()
+        # A scripted child by default; any ChildSource will do (tests/daemon/core/test_child_seam.py's runs elsewhere).
         self.children = children if children is not None else FakeChildren(Script())
         self.fleet = fleet if fleet is not None else FakeFleetKafka()  # the fleet's Kafka, with priority classes
         slots = Slots(

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from daemon.children.child import ChildHandle, ChildJob, ChildOutcome, OnMessage, follow
+from daemon.children.child import ChildExit, ChildHandle, ChildJob
 from daemon.children.processes import ChildSource, JobProcess
 from daemon.kafka.clients import Consumer, FleetKafka, Producer, QueueConsumer, QueueReads, Transactions, Write
 from daemon.kafka.records import Record
@@ -60,20 +60,21 @@ class FakeChild:
     def __init__(
         self,
         script: Script,
-        visible_devices: str | None,
+        job: ChildJob,
         hanging: asyncio.Event | None = None,
         by_request: dict[str, list[Script]] | None = None,
     ) -> None:
+        self.visible_devices = job.visible_devices
+        self.spec: JobSpec = job.spec  # the job as its source was handed it
+        turns = (by_request or {}).get(job.request_id)
+        if turns:  # this request's next script (its last repeats), whichever child it took
+            script = turns.pop(0) if len(turns) > 1 else turns[0]
         self.script = script
-        self.by_request = by_request or {}
-        self.visible_devices = visible_devices
-        self.log_context: dict[str, str] = {}
         self.where = ChildHandle.local(
             next(self._pids)
         )  # a child elsewhere is named otherwise (tests/daemon/core/test_child_seam.py)
-        self.spec: JobSpec | None = None
         self.stops: list[float] = []  # the grace of each `stop` it was given
-        self.cancelled_unstopped = False  # the task running it was cancelled without a `stop` first
+        self.cancelled_unstopped = False  # a read of its messages was cancelled without a `stop` first
         self.hanging = hanging if hanging is not None else asyncio.Event()  # set once it waits to be stopped
         self._stopped = asyncio.Event()
 
@@ -91,20 +92,15 @@ class FakeChild:
         self.stops.append(grace_s)
         self._stopped.set()
 
-    async def run(
-        self, job: ChildJob, on_start: Callable[[ChildHandle], Awaitable[None]], on_message: OnMessage
-    ) -> ChildOutcome:
-        outcome = ChildOutcome(returncode=0)
-        self.spec = JobSpec.model_validate_json(job.spec_path.read_text())
-        turns = self.by_request.get(str(self.spec.request["request_id"]))
-        if turns:  # this request's next script (its last repeats), whichever child it took
-            self.script = turns.pop(0) if len(turns) > 1 else turns[0]
-        await on_start(self.handle)
+    def messages(self) -> AsyncIterator[ChildMessage]:
+        return self._follow_script()
+
+    async def _follow_script(self) -> AsyncIterator[ChildMessage]:
         if self.script.artifact:
             self.spec.artifact.mkdir(parents=True, exist_ok=True)
             (self.spec.artifact / "adapter_config.json").write_text('{"peft_type": "LORA"}')
         for message in self.script.messages:
-            await follow(message, outcome, on_message)
+            yield message
         if self.script.hang:
             self.hanging.set()
             try:
@@ -112,10 +108,11 @@ class FakeChild:
             except asyncio.CancelledError:
                 self.cancelled_unstopped = not self.stops
                 raise
-            outcome.returncode = -15 if self.stops[0] > 0 else -9  # SIGTERM, or SIGKILL at once
-            return outcome
-        outcome.returncode = self.script.returncode
-        return outcome
+
+    async def wait(self) -> ChildExit:
+        if self.script.hang:
+            return ChildExit(-15 if self.stops[0] > 0 else -9)  # SIGTERM, or SIGKILL at once
+        return ChildExit(self.script.returncode)
 
 
 class FakeChildren:
@@ -141,7 +138,7 @@ class FakeChildren:
         if job.gpus > 1:
             self.launched.append((job.visible_devices, job.gpus))
         script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
-        child = FakeChild(script, job.visible_devices, self.hanging, self.by_request)
+        child = FakeChild(script, job, self.hanging, self.by_request)
         self.taken.append(child)
         return child
 

@@ -1,9 +1,11 @@
 """One child process that runs one job, without ever importing torch here.
 
 A child is a fresh interpreter running `handlers.child.runner`: it imports the training stack, says
-`ready` on its status pipe, then reads one job (a JSON line) on stdin and runs it. Each child runs
-one job and exits, so every job gets a clean process (`daemon.children.warm` starts them ahead of time).
-Its status pipe carries `handlers.protocol` messages, decoded here and nowhere else.
+`ready` on its status pipe, then reads one job (a JSON line: its spec's path and its log's) on stdin
+and runs it. Each child runs one job and exits, so every job gets a clean process
+(`daemon.children.warm` starts them ahead of time). Its status pipe carries `handlers.protocol`
+messages, decoded here and nowhere else, and handed on as a stream (`Child.messages`): the pipe is
+this module's, never the supervisor's.
 
 Every child runs in its own process group (a cancel or timeout kills everything it started), dies
 with the daemon (PR_SET_PDEATHSIG), and writes JSON lines to a pipe of its own; its stdout and
@@ -17,7 +19,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -25,57 +27,75 @@ from typing import BinaryIO
 import structlog
 from pydantic import ValidationError
 
-from handlers.protocol import (
-    ChildError,
-    ChildMessage,
-    FirstStep,
-    Ready,
-    Refused,
-    TrainResult,
-    parse_child_message,
-)
+from daemon.ops.job_logs import LOG_NAME
+from handlers.protocol import ChildMessage, JobSpec, Ready, Refused, parse_child_message
 
 log = structlog.get_logger()
 
-OnMessage = Callable[[ChildMessage], Awaitable[None]]
+# In a job's folder on this host: the spec a local child reads (its output goes to LOG_NAME, the log the
+# endpoint serves).
+SPEC_NAME = "spec.json"
 
 
 @dataclass(frozen=True)
 class ChildJob:
-    """One job as its child is given it: the spec the daemon wrote (the request, its data, where to save) and
-    the log the child's output goes to; the devices it runs on and its processes, one per GPU."""
+    """One job as its child's source is handed it, a value a source elsewhere could ship: the spec (the request,
+    its data, where to save), the devices it runs on and its processes, one per GPU. Where its spec is written
+    and its output goes is the source's business (`write_job` on this host); its handle says where the log is."""
+
+    spec: JobSpec
+    visible_devices: str | None
+    gpus: int = 1
+
+    @property
+    def request_id(self) -> str:
+        return str(self.spec.request["request_id"])
+
+
+@dataclass(frozen=True)
+class LocalJob:
+    """A job as a child on this host is given it: the paths of its spec, written by `write_job`, and of its log."""
 
     spec_path: Path
     log_path: Path
-    visible_devices: str | None
-    gpus: int = 1
+
+    def line(self) -> str:
+        """The job as the child reads it, on its stdin or (a launcher's workers) in ADAPTERD_JOB."""
+        return json.dumps({"spec": str(self.spec_path), "log": str(self.log_path)})
+
+
+def write_job(job: ChildJob, folder: Path) -> LocalJob:
+    """Write the job's spec into its folder on this host (`spec.json`; its log, `child.log`, beside it), where a
+    local child reads it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_path = folder / SPEC_NAME
+    spec_path.write_text(job.spec.model_dump_json(indent=2))
+    return LocalJob(spec_path, folder / LOG_NAME)
 
 
 @dataclass(frozen=True)
 class ChildHandle:
     """A started child as events and logs name it: `where` says where it runs ('pid 4242' for a process here; a
-    child elsewhere, its engine's name for it), `pid` only for a process on this host (the `started` event's)."""
+    child elsewhere, its engine's name for it), `pid` only for a process on this host (the `started` event's), `log`
+    where its output is (a file on this host; a child elsewhere, its engine's address for it)."""
 
     where: str
     pid: int | None = None
+    log: str | None = None
 
     @classmethod
-    def local(cls, pid: int) -> ChildHandle:
-        return cls(f"pid {pid}", pid)
+    def local(cls, pid: int, log: Path | None = None) -> ChildHandle:
+        return cls(f"pid {pid}", pid, None if log is None else str(log))
 
 
-@dataclass
-class ChildOutcome:
-    """How a child's run ended: its exit status, its result or its own account of its failure.
-    (Its stage is followed by its supervisor, from the same messages.)"""
+@dataclass(frozen=True)
+class ChildExit:
+    """How a child ended: its exit status (negative: the signal that killed it) and its log's last lines."""
 
     returncode: int
-    result: TrainResult | None = None
-    error: ChildError | None = None
-    first_step_at: float | None = None
     log_tail: list[str] = field(default_factory=list)
 
-    def describe_exit(self) -> str:
+    def describe(self) -> str:
         if self.returncode < 0:
             return f"killed by {signal.Signals(-self.returncode).name}"
         return f"exit status {self.returncode}"
@@ -102,7 +122,8 @@ def read_tail(path: Path, lines: int = 20) -> list[str]:
 
 
 class Child:
-    """One started child interpreter, waiting for its job."""
+    """One started child interpreter: waiting for its job, then (`begin`) running it, followed through its
+    `messages`, stopped with `stop`, ended with `wait`."""
 
     def __init__(
         self,
@@ -120,13 +141,12 @@ class Child:
         self.log_path = log_path
         self.log_context: dict[str, str] = {}
         self.output_task: asyncio.Task[None] = asyncio.create_task(self._forward_output())
-        # How long a stopped child may take to save a checkpoint before it is killed; 0 kills at once.
-        # The only reader of the pipe until the child is ready; `run` reads it after this ends.
+        # The only reader of the pipe until the child is ready; `messages` reads it after this ends.
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
     @property
     def handle(self) -> ChildHandle:
-        return ChildHandle.local(self.process.pid)
+        return ChildHandle.local(self.process.pid, self.log_path)
 
     @classmethod
     async def spawn(
@@ -187,13 +207,23 @@ class Child:
 
     async def _messages(self) -> AsyncIterator[ChildMessage]:
         """The child's messages, decoded; a line that is not one is logged and skipped."""
-        async for line in self.reader:
+        while True:
+            message = await self._next_message()
+            if message is None:
+                return
+            yield message
+
+    async def _next_message(self) -> ChildMessage | None:
+        """The pipe's next message, decoded (a line that is not one is logged and skipped); None at its end. A read
+        cancelled loses nothing: what the pipe held stays in the reader. ValueError for a line over STATUS_LIMIT."""
+        while line := await self.reader.readline():
             try:
-                yield parse_child_message(line)
+                return parse_child_message(line)
             except ValidationError as exc:
                 log.warning(
                     "child.bad_message", pid=self.process.pid, line=line[:200].decode(errors="replace"), error=str(exc)
                 )
+        return None
 
     @property
     def refusal(self) -> str | None:
@@ -208,39 +238,35 @@ class Child:
             self._early.append(message)
         return False
 
-    async def run(
-        self,
-        job: ChildJob,
-        on_start: Callable[[ChildHandle], Awaitable[None]],
-        on_message: OnMessage,
-    ) -> ChildOutcome:
-        """Hand the child its job and follow it to its end, a `stop` included (SIGTERM: a training
-        child saves a checkpoint and exits). Cancelling the awaiting task kills the child's whole
-        process group at once. (A launcher was given its job as it started, and reads nothing here.)"""
-        outcome = ChildOutcome(returncode=0)
-        log_path = self.log_path = job.log_path
+    async def begin(self, job: LocalJob, request_id: str) -> None:
+        """Hand the child its job: the paths of its spec and its log on its stdin (a launcher, given its job as it
+        started, reads nothing there); its output goes to the job's log from now on. Killed at once if this is
+        cancelled."""
+        self.log_path = job.log_path
+        self.log_context = {"request_id": request_id}
         try:
             assert self.process.stdin is not None
-            self.process.stdin.write(json.dumps({"spec": str(job.spec_path), "log": str(log_path)}).encode() + b"\n")
+            self.process.stdin.write(job.line().encode() + b"\n")
             await self.process.stdin.drain()
             self.process.stdin.close()
-            await on_start(self.handle)
-            await self.ready_task
-            for message in self._early:
-                await follow(message, outcome, on_message)
-            async for message in self._messages():
-                await follow(message, outcome, on_message)
-            outcome.returncode = await self.process.wait()
-            _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
-            await self._output_done()
         except BaseException:
             await self.stop(0)
-            await self._drain(outcome, on_message)
             raise
+
+    def messages(self) -> ChildMessages:
+        """What the child says about its job, decoded, from its start (what it said before it was ready included) to
+        its status pipe's end."""
+        return ChildMessages(self)
+
+    async def wait(self) -> ChildExit:
+        """Its exit, once its messages have ended: its status, and its log's last lines once its output is all in it."""
+        try:
+            returncode = await self.process.wait()
+            _signal_group(self.process.pid, signal.SIGKILL)  # whatever the trainer started and left behind
+            await self._output_done()
         finally:
             self.transport.close()
-        outcome.log_tail = read_tail(log_path)
-        return outcome
+        return ChildExit(returncode, read_tail(self.log_path))
 
     async def _output_done(self) -> None:
         try:
@@ -248,20 +274,10 @@ class Child:
         except TimeoutError:
             log.warning("child.output_open", pid=self.process.pid)  # a descendant still holds stdout open
 
-    async def _drain(self, outcome: ChildOutcome, on_message: OnMessage) -> None:
-        """After a stop: what the child said while stopping (the checkpoint it saved), now that it has exited."""
-        if not self.ready_task.done() or self.ready_task.cancelled():
-            return  # it was stopped before it was ready: it said nothing worth reading
-        try:
-            async with asyncio.timeout(5):
-                async for message in self._messages():
-                    await follow(message, outcome, on_message)
-        except (TimeoutError, ValueError) as exc:
-            log.warning("child.unread_messages", pid=self.process.pid, error=repr(exc))
-
     async def stop(self, grace_s: float) -> None:
         """SIGTERM to the child's process group, SIGKILL after `grace_s` (at once for 0); returns once
-        it has exited and its output is all in its log."""
+        it has exited and its output is all in its log. What it said while stopping (the checkpoint it
+        saved) is still in `messages`."""
         process = self.process
         if process.returncode is None:
             _signal_group(process.pid, signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
@@ -279,15 +295,33 @@ class Child:
         await self._output_done()
 
 
-async def follow(message: ChildMessage, outcome: ChildOutcome, on_message: OnMessage) -> None:
-    """Take one message of the child's into its outcome (its result, error, first step), then hand it on."""
-    if isinstance(message, TrainResult):
-        outcome.result = message
-    elif isinstance(message, ChildError):
-        outcome.error = message
-    elif isinstance(message, FirstStep):
-        outcome.first_step_at = message.time
-    await on_message(message)
+class ChildMessages:
+    """A local child's messages as a stream: the messages it sent before it was ready, then its status pipe's, to
+    its end. Not a generator, so that a read cancelled (a job stopped, the daemon going down) ends nothing: what the
+    child says while it stops is read after, from the same stream. A child stopped before it was ready ends it: it
+    said nothing worth reading."""
+
+    def __init__(self, child: Child) -> None:
+        self._child = child
+        self._replayed = 0  # of the child's messages from before it was ready
+
+    def __aiter__(self) -> ChildMessages:
+        return self
+
+    async def __anext__(self) -> ChildMessage:
+        ready = self._child.ready_task
+        if not ready.done():
+            await asyncio.wait([ready])  # a read cancelled here leaves it be; a `stop` cancels it
+        if ready.cancelled():
+            raise StopAsyncIteration
+        early = self._child._early
+        if self._replayed < len(early):
+            self._replayed += 1
+            return early[self._replayed - 1]
+        message = await self._child._next_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Literal
 
 import structlog
 
-from daemon.children.child import Child, ChildJob
+from daemon.children.child import Child, ChildJob, LocalJob, write_job
 from daemon.children.environment import passed_on
 from daemon.children.forkserver import ForkServer
 from daemon.ops import metrics
@@ -74,8 +73,9 @@ def log_readiness(ready: str, died: str, pid: int, ready_task: asyncio.Task[bool
 
 
 class WarmChildren:
-    """Where a job's child comes from (`start`): for a job of several GPUs, torchrun's launcher started for it
-    alone; for a one-GPU job, a child whose imports were done ahead of the job:
+    """Where a job's child comes from (`start`), on this host: its spec written into the job's folder under
+    `jobs_dir` (`spec.json`, its output to `child.log` beside it); for a job of several GPUs, torchrun's launcher
+    started for it alone; for a one-GPU job, a child whose imports were done ahead of the job:
 
     - `fork` (the default): one fork server for the host, started ahead; every job's child is forked
       from it, so every start is warm, back-to-back jobs on a slot included. A fresh server is
@@ -93,10 +93,16 @@ class WarmChildren:
     """
 
     def __init__(
-        self, env: Mapping[str, str], log_path: Path, enabled: bool, mode: Literal["fork", "spawn"] = "fork"
+        self,
+        env: Mapping[str, str],
+        log_path: Path,
+        jobs_dir: Path,
+        enabled: bool,
+        mode: Literal["fork", "spawn"] = "fork",
     ) -> None:
         self.env = env
-        self.log_path = log_path
+        self.log_path = log_path  # the output of children not yet given a job, and of the fork server
+        self.jobs_dir = jobs_dir.absolute()  # a job's folder is <it>/<request id>, where its child runs
         self.enabled = enabled
         self.mode = mode
         self.server: ForkServer | None = None
@@ -182,10 +188,12 @@ class WarmChildren:
             self._fall_back("forkserver.given_up", deaths=self._deaths)
 
     async def start(self, job: ChildJob) -> Child:
-        """The job's child: torchrun's launcher for a job of several GPUs (`_launch`), else one process (`_take`)."""
-        if job.gpus > 1:
-            return await self._launch(job)
-        return await self._take(job.visible_devices)
+        """The job's child, given its job: torchrun's launcher for a job of several GPUs (`_launch`), else one process
+        (`_take`)."""
+        given = write_job(job, self.jobs_dir / job.request_id)
+        child = await (self._launch(job, given) if job.gpus > 1 else self._take(job.visible_devices))
+        await child.begin(given, job.request_id)
+        return child
 
     async def _take(self, visible_devices: str | None) -> Child:
         """A child for one job on these devices: forked, or a live warm one (ready or still importing),
@@ -206,15 +214,14 @@ class WarmChildren:
                 return child
         return await Child.spawn(self.environment(visible_devices), self.log_path)
 
-    async def _launch(self, job: ChildJob) -> Child:
+    async def _launch(self, job: ChildJob, given: LocalJob) -> Child:
         """A multi-GPU job's child (data-parallel, or sharded as `resources.shard` asks): torchrun's agent, which starts
         one worker per GPU (handlers/child/launch.py).
         Started for this job, never forked: the workers set up their devices and process group themselves. The
         job (its spec and log) goes in the environment, as torchrun passes it on to every worker."""
-        given = json.dumps({"spec": str(job.spec_path), "log": str(job.log_path)})
         return await Child.spawn(
-            {**self.environment(job.visible_devices), "ADAPTERD_JOB": given},
-            job.log_path,
+            {**self.environment(job.visible_devices), "ADAPTERD_JOB": given.line()},
+            given.log_path,
             entry=("handlers.child.launch", str(job.gpus)),
         )
 

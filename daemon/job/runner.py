@@ -157,6 +157,7 @@ class JobRunner:
             "slot": self.place.slot,
             "stage": self.stage,
             "pid": self.supervisor.child.handle.pid if self.supervisor.child else None,
+            "child": self.supervisor.child.handle.where if self.supervisor.child else None,
             "memory_share_bytes": self.place.share_bytes,
             "memory_estimate_bytes": self.memory.estimate.needed if self.memory.estimate is not None else None,
             **self.supervisor.progress,
@@ -306,8 +307,6 @@ class JobRunner:
             memory_fraction=self.place.share.fraction if self.place.share is not None else None,
             fast=fast,
         )
-        spec_path = self.job_dir / "spec.json"
-        spec_path.write_text(spec.model_dump_json(indent=2))
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
         # The newest checkpoint, from this host or from the store (an attempt on another
@@ -315,7 +314,7 @@ class JobRunner:
         self.supervisor.resumed = await asyncio.to_thread(
             fetch, self.uploads.store, self.request.request_id, spec.checkpoints
         )
-        result, first_step_at = await self.supervisor.train(spec_path, self.job_dir / "child.log")
+        result, first_step_at = await self.supervisor.train(spec)  # its source writes it where its child reads it
         self.journal.record("trained", result.model_dump(mode="json"))
         return result, first_step_at
 

@@ -1,8 +1,10 @@
-"""Supervise one job's child process: hand it the job, turn what it says into events, and watch its
-time and its silence.
+"""Supervise one job's child: have its source start it with the job, turn the stream of what it says into
+events, and watch its time and its silence.
 
 Returns the child's `TrainResult`, or raises `JobFailed` with the child's own account of its
-failure or one derived from how it died. A job past its timeout or silent while it trains is
+failure or one derived from how it ended. Everything goes through the child's handle
+(daemon/children/processes.py's `JobProcess`: its messages, its stop, its exit), so a child elsewhere is
+supervised as one here. A job past its timeout or silent while it trains is
 stopped through the job's one way to stop (`JobRunner.stop`), handed in as `stop`; the stop
 (`Stop`) says why, and the job decides what that ends in.
 """
@@ -11,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from daemon.children.child import ChildOutcome
-from daemon.children.processes import ChildHandle, ChildJob, ChildSource, JobProcess
+from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildSource, JobProcess
 from daemon.job.events import JobEvents
 from daemon.job.lifecycle import Stop
 from daemon.job.plan import JobPlace
@@ -26,8 +27,11 @@ from daemon.job.uploads import CheckpointUploads, Where
 from daemon.settings import Settings
 from handlers.protocol import (
     CheckpointSaved,
+    ChildError,
     ChildMessage,
+    FirstStep,
     JobFailed,
+    JobSpec,
     ProgressReport,
     StageEntered,
     StoppedAtCheckpoint,
@@ -57,17 +61,35 @@ def event_stage(stage: str) -> Stage:
     return stage if stage in STAGES else "save"  # type: ignore[return-value]
 
 
-def failure_of(outcome: ChildOutcome, stage: str) -> JobFailed | None:
-    """The child's own account of its failure, or one derived from how it died in `stage`."""
+@dataclass
+class ChildOutcome:
+    """What a child's messages came to: its result or its own account of its failure, and the time of its first
+    step. (Its stage is followed by its supervisor, from the same messages.)"""
+
+    result: TrainResult | None = None
+    error: ChildError | None = None
+    first_step_at: float | None = None
+
+    def take(self, message: ChildMessage) -> None:
+        if isinstance(message, TrainResult):
+            self.result = message
+        elif isinstance(message, ChildError):
+            self.error = message
+        elif isinstance(message, FirstStep):
+            self.first_step_at = message.time
+
+
+def failure_of(outcome: ChildOutcome, exited: ChildExit, stage: str) -> JobFailed | None:
+    """The child's own account of its failure, or one derived from how it ended in `stage`."""
     if outcome.error is not None:
         error = outcome.error
         return JobFailed(error.code, event_stage(error.stage), error.message, retryable=error.retryable)
-    if outcome.returncode != 0 or outcome.result is None:
-        tail = " | ".join(line.strip() for line in outcome.log_tail[-5:] if line.strip())
+    if exited.returncode != 0 or outcome.result is None:
+        tail = " | ".join(line.strip() for line in exited.log_tail[-5:] if line.strip())
         return JobFailed(
             "child_crashed",
             event_stage(stage),
-            f"the training process died ({outcome.describe_exit()}) during {stage}; last output: {tail or '(none)'}",
+            f"the training process died ({exited.describe()}) during {stage}; last output: {tail or '(none)'}",
             retryable=True,
         )
     return None
@@ -113,37 +135,61 @@ class Supervisor:
         self.stopped_step: int | None = (
             None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
         )
-        self.child: JobProcess | None = None
-        self._running: asyncio.Task[ChildOutcome] | None = None
+        self.child: JobProcess | None = None  # its handle, once its source has started it
+        self._following = False  # while its messages are read: a stop then reaches it (`stop_child`)
+        self._stopped = False  # a stop has ended it (`stop_child`): one at once on a cancel is not wanted too
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
 
     async def stop_child(self, grace_s: float) -> None:
-        """End the running child: SIGTERM, SIGKILL after `grace_s` (at once for 0); nothing when no
-        child runs. Its `run` then returns with how it ended."""
-        if self.child is not None and self._running is not None and not self._running.done():
+        """End the running child through its handle: a stop at a checkpoint, killed after `grace_s` (at once for 0);
+        nothing when no child runs. Its messages then end, and `train` with how it ended."""
+        if self.child is not None and self._following:
             await self.child.stop(grace_s)
+            self._stopped = True
 
-    async def train(self, spec_path: Path, log_path: Path) -> tuple[TrainResult, float | None]:
-        """Run the job in a child; its result and the time of its first optimizer step."""
-        job = ChildJob(spec_path, log_path, self.place.visible_devices, self.request.resources.gpus)
-        child = await self.children.start(
-            job
-        )  # which kind of child (forked, warm, cold, a launcher) is the source's choice
-        self.child = child
-        child.log_context = {"request_id": self.request.request_id}
-        self._running = run = asyncio.create_task(child.run(job, self._on_start, self._on_message))
+    async def train(self, spec: JobSpec) -> tuple[TrainResult, float | None]:
+        """Run the job in a child; its result and the time of its first optimizer step. Cancelled (the daemon going
+        down) without a stop first, the child is killed at once."""
+        job = ChildJob(spec, self.place.visible_devices, self.request.resources.gpus)
+        # Which kind of child (forked, warm, cold, a launcher, one elsewhere) and where its spec goes: the
+        # source's choice.
+        child = self.child = await self.children.start(job)
+        self._following = True
+        outcome = ChildOutcome()
         watches = [asyncio.create_task(self._timeout()), asyncio.create_task(self._stall())]
         try:
-            outcome = await run  # to the child's end: its own, or a stop's (JobRunner.stop)
+            messages = child.messages()
+            try:
+                await self._on_start(child.handle)
+                async for message in messages:  # to the child's end: its own, or a stop's (JobRunner.stop)
+                    await self._on_message(message, outcome)
+            except BaseException:
+                if not self._stopped:
+                    await child.stop(0)
+                await self._drain(messages, outcome)
+                raise
+            exited = await child.wait()
         finally:
+            self._following = False
             for watch in watches:
                 watch.cancel()
             await asyncio.gather(*watches, return_exceptions=True)
-        failure = failure_of(outcome, self.stage)
+        failure = failure_of(outcome, exited, self.stage)
         if failure is not None:
             raise failure
         assert outcome.result is not None
         return outcome.result, outcome.first_step_at
+
+    async def _drain(self, messages: AsyncIterator[ChildMessage], outcome: ChildOutcome) -> None:
+        """After a stop: what the child said while stopping (the checkpoint it saved), now that it has ended."""
+        try:
+            async with asyncio.timeout(5):
+                async for message in messages:
+                    await self._on_message(message, outcome)
+        except (TimeoutError, ValueError) as exc:
+            self.log.warning(
+                "child.unread_messages", child=self.child.handle.where if self.child else None, error=repr(exc)
+            )
 
     def stop_steps(self) -> tuple[int | None, int | None]:
         """Where a stopped job stopped, and the step of the checkpoint it resumes from (the work it kept). The first is
@@ -156,7 +202,11 @@ class Supervisor:
 
     async def _on_start(self, handle: ChildHandle) -> None:
         self.log.info(
-            "job.started", child=handle.where, visible_devices=self.place.visible_devices, timeout_s=self.timeout_s
+            "job.started",
+            child=handle.where,
+            child_log=handle.log,
+            visible_devices=self.place.visible_devices,
+            timeout_s=self.timeout_s,
         )
         await self.events.publish(
             Started,
@@ -171,8 +221,9 @@ class Supervisor:
             resumed_from=self.resumed[1] if self.resumed else None,
         )
 
-    async def _on_message(self, message: ChildMessage) -> None:
+    async def _on_message(self, message: ChildMessage, outcome: ChildOutcome) -> None:
         self.last_heard = time.monotonic()
+        outcome.take(message)
         if isinstance(message, ProgressReport):
             fields = message.model_dump(exclude={"kind"})
             self.progress = {"step": message.step, "total_steps": message.total_steps, "eta_s": message.eta_s}

@@ -104,7 +104,7 @@ async def test_a_server_unfit_to_fork_refuses_and_the_daemon_goes_on_without_one
     site.mkdir()
     (site / "sitecustomize.py").write_text(A_THREAD_AT_START)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    warm = WarmChildren(env, tmp_path / "children.log", enabled=True)
+    warm = WarmChildren(env, tmp_path / "children.log", tmp_path / "jobs", enabled=True)
     refused_before = metrics.FORKSERVER_FAILURES.labels("refused")._value.get()
     with structlog.testing.capture_logs() as logs:
         await warm.prepare([None])
@@ -135,7 +135,7 @@ async def test_a_server_unfit_to_fork_refuses_and_the_daemon_goes_on_without_one
 
 
 async def test_a_server_that_keeps_dying_is_given_up_after_three(tmp_path: Path) -> None:
-    warm = WarmChildren(dict(os.environ), tmp_path / "children.log", enabled=True)
+    warm = WarmChildren(dict(os.environ), tmp_path / "children.log", tmp_path / "jobs", enabled=True)
     servers = []
     with structlog.testing.capture_logs() as logs:
         try:

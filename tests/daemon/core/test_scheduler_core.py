@@ -435,8 +435,9 @@ class Elsewhere(FakeChildren):
 
 async def test_a_child_that_runs_elsewhere_fits_the_seam_and_started_names_where_it_runs(settings: Settings) -> None:
     """The child seam (daemon/children/processes.py) takes a child with no process on this host: the source is handed
-    the whole job (spec, log, devices, GPUs) and chooses the child; `started` says where it runs, its pid null, and the
-    job's lifecycle, events and status run as for a local child."""
+    the whole job (its spec as a value, devices, GPUs) and chooses the child; `started` says where it runs, its pid
+    null, and the job's lifecycle, events and status run as for a local child (tests/daemon/core/test_child_seam.py:
+    a child that is no process at all)."""
     children = Elsewhere(SUCCEEDS)
     core = CoreOnFakes(settings.model_copy(update={"gpus": ["0", "1"]}), children=children)
     record = core.record(sft_request("far", resources={"gpus": 2}), 7)
