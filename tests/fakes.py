@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from daemon.children.child import ChildExit, ChildHandle, ChildJob
-from daemon.children.processes import ChildSource, JobProcess
+from daemon.children.child import ChildExit, ChildJob, ChildPlace
+from daemon.children.processes import ChildHandle, ChildSource
 from daemon.kafka.clients import Consumer, FleetKafka, Producer, QueueConsumer, QueueReads, Transactions, Write
 from daemon.kafka.records import Record
 from handlers.protocol import ChildMessage, JobSpec
@@ -70,7 +70,7 @@ class FakeChild:
         if turns:  # this request's next script (its last repeats), whichever child it took
             script = turns.pop(0) if len(turns) > 1 else turns[0]
         self.script = script
-        self.where = ChildHandle.local(
+        self.where = ChildPlace.local(
             next(self._pids)
         )  # a child elsewhere is named otherwise (tests/daemon/core/test_child_seam.py)
         self.stops: list[float] = []  # the grace of each `stop` it was given
@@ -79,7 +79,7 @@ class FakeChild:
         self._stopped = asyncio.Event()
 
     @property
-    def handle(self) -> ChildHandle:
+    def place(self) -> ChildPlace:
         return self.where
 
     @property
@@ -133,7 +133,7 @@ class FakeChildren:
     async def prepare(self, wanted: list[str | None]) -> None:
         self.prepared.append(wanted)
 
-    async def start(self, job: ChildJob) -> JobProcess:
+    async def start(self, job: ChildJob) -> ChildHandle:
         """The job's child, following the next script; a job of several GPUs (its launcher) noted in `launched`."""
         if job.gpus > 1:
             self.launched.append((job.visible_devices, job.gpus))
@@ -318,7 +318,7 @@ def _conforms(
     child: FakeChild,
     children: FakeChildren,
     fleet: FakeFleetKafka,
-) -> tuple[Producer, Consumer, Record, JobProcess, ChildSource, Transactions, QueueConsumer, QueueReads]:
+) -> tuple[Producer, Consumer, Record, ChildHandle, ChildSource, Transactions, QueueConsumer, QueueReads]:
     """Never called: mypy (`.ci/run` checks this module) fails here when a fake stops being what the
     daemon's Protocols ask for."""
     return producer, consumer, record, child, children, fleet, fleet.queue_consumer(""), fleet

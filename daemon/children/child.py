@@ -74,7 +74,7 @@ def write_job(job: ChildJob, folder: Path) -> LocalJob:
 
 
 @dataclass(frozen=True)
-class ChildHandle:
+class ChildPlace:
     """A started child as events and logs name it: `where` says where it runs ('pid 4242' for a process here; a
     child elsewhere, its engine's name for it), `pid` only for a process on this host (the `started` event's), `log`
     where its output is (a file on this host; a child elsewhere, its engine's address for it)."""
@@ -84,7 +84,7 @@ class ChildHandle:
     log: str | None = None
 
     @classmethod
-    def local(cls, pid: int, log: Path | None = None) -> ChildHandle:
+    def local(cls, pid: int, log: Path | None = None) -> ChildPlace:
         return cls(f"pid {pid}", pid, None if log is None else str(log))
 
 
@@ -145,8 +145,8 @@ class Child:
         self.ready_task: asyncio.Task[bool] = asyncio.create_task(self._read_until_ready())
 
     @property
-    def handle(self) -> ChildHandle:
-        return ChildHandle.local(self.process.pid, self.log_path)
+    def place(self) -> ChildPlace:
+        return ChildPlace.local(self.process.pid, self.log_path)
 
     @classmethod
     async def spawn(

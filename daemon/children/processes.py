@@ -2,8 +2,8 @@
 elsewhere (a remote engine) fits as well as a process here.
 
 A job hands its child's source a `ChildJob` (the spec as a value, its devices, how many processes: what a
-source elsewhere could ship), and gets back a `JobProcess`, the running child's handle: it names where
-the child runs (`ChildHandle`, a pid only for a process on this host, and where its log is), gives the
+source elsewhere could ship), and gets back a `ChildHandle`, the running child's handle: it names where
+the child runs (`ChildPlace`, a pid only for a process on this host, and where its log is), gives the
 stream of its decoded messages (`messages`, never a file descriptor), stops it (`stop`) and says how it
 ended (`wait`). Which kind of child a job gets (forked, warm, cold, torchrun's launcher) and where its spec
 and log are written is the source's choice (`ChildSource.start`), not the job's.
@@ -17,20 +17,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from daemon.children.child import ChildExit, ChildHandle, ChildJob
+from daemon.children.child import ChildExit, ChildJob, ChildPlace
 from handlers.protocol import ChildMessage
 
-__all__ = ["ChildExit", "ChildHandle", "ChildJob", "ChildSource", "JobProcess"]
+__all__ = ["ChildExit", "ChildPlace", "ChildJob", "ChildSource", "ChildHandle"]
 
 
-class JobProcess(Protocol):
+class ChildHandle(Protocol):
     """A child running its job, as its supervisor follows it: `messages` from its start to its end (a read of them
     cancelled loses none, so what a stopped child says while stopping is read after; ValueError for a message too
     long to read whole), `stop(grace_s)` to end it (a stop at a checkpoint, killed after the grace; at once for 0),
     and `wait` for how it ended once its messages have."""
 
     @property
-    def handle(self) -> ChildHandle: ...
+    def place(self) -> ChildPlace: ...
 
     def messages(self) -> AsyncIterator[ChildMessage]: ...
 
@@ -45,5 +45,5 @@ class ChildSource(Protocol):
     alone); `prepare` readies children ahead for the devices likely wanted next."""
 
     async def prepare(self, wanted: list[str | None]) -> None: ...
-    async def start(self, job: ChildJob) -> JobProcess: ...
+    async def start(self, job: ChildJob) -> ChildHandle: ...
     async def close(self) -> None: ...

@@ -130,7 +130,7 @@ class JobRunner:
 
     def stop(self, stop: Stop) -> bool:
         """End the job early, the one way it is done: record why (its lifecycle's `stop`), give a
-        running child `stop.grace_s` to save a checkpoint (`JobProcess.stop`), then end the job's
+        running child `stop.grace_s` to save a checkpoint (`ChildHandle.stop`), then end the job's
         own work. `run()` then reads the stop alone to decide what the job ends in. False when it
         is too late (see `Lifecycle.request_stop`)."""
         if not self.lifecycle.request_stop(stop):
@@ -156,8 +156,8 @@ class JobRunner:
             "method": self.request.method,
             "slot": self.place.slot,
             "stage": self.stage,
-            "pid": self.supervisor.child.handle.pid if self.supervisor.child else None,
-            "child": self.supervisor.child.handle.where if self.supervisor.child else None,
+            "pid": self.supervisor.child.place.pid if self.supervisor.child else None,
+            "child": self.supervisor.child.place.where if self.supervisor.child else None,
             "memory_share_bytes": self.place.share_bytes,
             "memory_estimate_bytes": self.memory.estimate.needed if self.memory.estimate is not None else None,
             **self.supervisor.progress,

@@ -3,7 +3,7 @@ events, and watch its time and its silence.
 
 Returns the child's `TrainResult`, or raises `JobFailed` with the child's own account of its
 failure or one derived from how it ended. Everything goes through the child's handle
-(daemon/children/processes.py's `JobProcess`: its messages, its stop, its exit), so a child elsewhere is
+(daemon/children/processes.py's `ChildHandle`: its messages, its stop, its exit), so a child elsewhere is
 supervised as one here. A job past its timeout or silent while it trains is
 stopped through the job's one way to stop (`JobRunner.stop`), handed in as `stop`; the stop
 (`Stop`) says why, and the job decides what that ends in.
@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildSource, JobProcess
+from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildPlace, ChildSource
 from daemon.job.events import JobEvents
 from daemon.job.lifecycle import Stop
 from daemon.job.plan import JobPlace
@@ -135,7 +135,7 @@ class Supervisor:
         self.stopped_step: int | None = (
             None  # the step the child stopped at, when it saved a checkpoint on being asked to stop
         )
-        self.child: JobProcess | None = None  # its handle, once its source has started it
+        self.child: ChildHandle | None = None  # its handle, once its source has started it
         self._following = False  # while its messages are read: a stop then reaches it (`stop_child`)
         self._stopped = False  # a stop has ended it (`stop_child`): one at once on a cancel is not wanted too
         self.last_heard = time.monotonic()  # the last message from the child, for the stall watchdog
@@ -160,7 +160,7 @@ class Supervisor:
         try:
             messages = child.messages()
             try:
-                await self._on_start(child.handle)
+                await self._on_start(child.place)
                 async for message in messages:  # to the child's end: its own, or a stop's (JobRunner.stop)
                     await self._on_message(message, outcome)
             except BaseException:
@@ -188,7 +188,7 @@ class Supervisor:
                     await self._on_message(message, outcome)
         except (TimeoutError, ValueError) as exc:
             self.log.warning(
-                "child.unread_messages", child=self.child.handle.where if self.child else None, error=repr(exc)
+                "child.unread_messages", child=self.child.place.where if self.child else None, error=repr(exc)
             )
 
     def stop_steps(self) -> tuple[int | None, int | None]:
@@ -200,11 +200,11 @@ class Supervisor:
         kept = self.checkpoint_step if self.checkpoint_step is not None else (self.resumed[0] if self.resumed else None)
         return stopped, kept
 
-    async def _on_start(self, handle: ChildHandle) -> None:
+    async def _on_start(self, started: ChildPlace) -> None:
         self.log.info(
             "job.started",
-            child=handle.where,
-            child_log=handle.log,
+            child=started.where,
+            child_log=started.log,
             visible_devices=self.place.visible_devices,
             timeout_s=self.timeout_s,
         )
@@ -212,8 +212,8 @@ class Supervisor:
             Started,
             method=self.request.method,
             slot=self.place.slot,
-            pid=handle.pid,
-            child=handle.where,
+            pid=started.pid,
+            child=started.where,
             endpoint=self.settings.logs_endpoint,
             endpoint_scheme=self.settings.logs_endpoint_scheme,
             memory_share_bytes=self.place.share_bytes,

@@ -31,7 +31,7 @@ async def test_a_local_childs_messages_come_as_a_stream_through_its_stop_and_its
         given = write_job(ChildJob(spec, None), folder)
         await child.begin(given, "r1")
         assert JobSpec.model_validate_json((folder / "spec.json").read_text()) == spec
-        assert child.handle.pid == child.process.pid and child.handle.log == str(folder / "child.log")
+        assert child.place.pid == child.process.pid and child.place.log == str(folder / "child.log")
         messages = child.messages()
         async with asyncio.timeout(30):  # a stream that loses a message fails here rather than hangs
             # What it said before it was ready, then what it says of its job.

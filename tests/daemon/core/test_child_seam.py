@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.children.processes import ChildExit, ChildHandle, ChildJob, JobProcess
+from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildPlace
 from daemon.job.lifecycle import State
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
@@ -37,13 +37,13 @@ class EngineRun:
 
     def __init__(self, job: ChildJob, number: int) -> None:
         self.job = job
-        self._handle = ChildHandle(f"engine run-{number}", log=f"engine://runs/{number}/log")
+        self._handle = ChildPlace(f"engine run-{number}", log=f"engine://runs/{number}/log")
         self._said: asyncio.Queue[ChildMessage | None] = asyncio.Queue()
         self.stops: list[float] = []
         self.returncode: int | None = None
 
     @property
-    def handle(self) -> ChildHandle:
+    def place(self) -> ChildPlace:
         return self._handle
 
     def say(self, *messages: ChildMessage) -> None:
@@ -88,7 +88,7 @@ class Engine:
     async def prepare(self, wanted: list[str | None]) -> None:
         return None
 
-    async def start(self, job: ChildJob) -> JobProcess:
+    async def start(self, job: ChildJob) -> ChildHandle:
         run = EngineRun(job, len(self.runs) + 1)
         self.runs.append(run)
         self.started.set()

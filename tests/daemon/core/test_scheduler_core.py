@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.children.processes import ChildHandle, ChildJob, JobProcess
+from daemon.children.processes import ChildHandle, ChildJob, ChildPlace
 from daemon.job.lifecycle import State, Stop
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
@@ -370,7 +370,7 @@ async def test_every_way_a_job_is_stopped_goes_through_jobrunner_stop(
     settings: Settings, path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each path that ends a job early calls `JobRunner.stop` once, with its kind, and the child gets
-    that stop's grace through `JobProcess.stop` (never a bare cancel of the task running it); what the
+    that stop's grace through `ChildHandle.stop` (never a bare cancel of the task running it); what the
     job ends in is decided by the stop alone."""
     from daemon.job.runner import JobRunner
 
@@ -426,10 +426,10 @@ class Elsewhere(FakeChildren):
     """A source whose children run on another machine (a remote engine's jobs): no pid on
     this host, a name of its own."""
 
-    async def start(self, job: ChildJob) -> JobProcess:
+    async def start(self, job: ChildJob) -> ChildHandle:
         child = await super().start(job)
         assert isinstance(child, FakeChild)
-        child.where = ChildHandle(f"engine job-{len(self.taken)} for {job.gpus} GPU(s)")
+        child.where = ChildPlace(f"engine job-{len(self.taken)} for {job.gpus} GPU(s)")
         return child
 
 
