@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,11 @@ def _event_examples() -> dict[str, str]:
 def event_document(kind: str, **fields: Any) -> dict[str, Any]:
     """An event of `kind` as docs/events.md's example shows it, with `fields` replaced or added."""
     return {**json.loads(_event_examples()[kind]), **fields}
+
+
+# What starts a fuzzer (libFuzzer through atheris) from a test: a small Python process that runs it as its own
+# child. Linux carries a process's peak resident size across exec, so a fuzzer exec'd straight from a pytest worker
+# starts with the worker's peak (2 GB and more once the worker has loaded torch) and libFuzzer's `-rss_limit_mb`
+# (2 GB) calls that out of memory before any input is to blame (CI, 2026-12-06). Forked from this small process,
+# the fuzzer's peak is its own, which is what the limit is there to bound.
+FUZZER_PARENT = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"]

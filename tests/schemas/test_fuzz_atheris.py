@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FUZZER_PARENT
+
 ROOT = Path(__file__).parents[2]
 RUNS = 100_000
 
@@ -22,6 +24,7 @@ def test_coverage_guided_fuzzing_finds_nothing_that_raises(tmp_path: Path) -> No
     corpus.mkdir()
     result = subprocess.run(
         [
+            *FUZZER_PARENT,
             sys.executable,
             "-m",
             "tests.atheris_intake",
@@ -40,3 +43,15 @@ def test_coverage_guided_fuzzing_finds_nothing_that_raises(tmp_path: Path) -> No
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert f"Done {RUNS} runs" in result.stderr
+
+
+def test_the_fuzzers_peak_is_its_own_not_the_workers_that_started_it() -> None:
+    """libFuzzer's memory limit reads the process's peak resident size, which Linux carries across exec: a child
+    exec'd from this (inflated) process starts with its peak; one started through FUZZER_PARENT does not."""
+    inflated = bytearray(400 * 2**20)
+    inflated[:: 2**12] = b"\x01" * len(inflated[:: 2**12])  # touch every page: resident, not only reserved
+    peak = [sys.executable, "-c", "import resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"]
+    direct = int(subprocess.run(peak, capture_output=True, text=True, check=True).stdout) // 1024  # MiB
+    fresh = int(subprocess.run([*FUZZER_PARENT, *peak], capture_output=True, text=True, check=True).stdout) // 1024
+    assert direct >= 400 > fresh, (direct, fresh)  # the first is this process's peak, the second the child's own
+    del inflated

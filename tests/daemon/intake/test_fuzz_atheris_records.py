@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FUZZER_PARENT
+
 ROOT = Path(__file__).parents[3]
 CORPUS = ROOT / "tests" / "corpus" / "records"
 RUNS = 3_000
@@ -26,6 +28,7 @@ def test_coverage_guided_record_fuzzing_finds_nothing(tmp_path: Path) -> None:
     corpus.mkdir()
     result = subprocess.run(
         [
+            *FUZZER_PARENT,
             sys.executable,
             "-m",
             "tests.atheris_records",
