@@ -19,6 +19,23 @@ class KafkaSettings(BaseModel):
     events_topic: str = "adapterd.events"
     dlq_topic: str = "adapterd.dlq"
     control_topic: str = "adapterd.control"
+    state_topic: str = Field(
+        "adapterd.state",
+        description=(
+            "The table of requests: a compacted topic keyed by request id whose value is the request's state as its "
+            "latest event says it (daemon/table/), kept by the daemons from the events topic; `adapterd jobs` and "
+            "`get` and the fleet's view read it. Derived: the events topic stays the record."
+        ),
+    )
+    state_retention_s: float = Field(
+        7 * 86_400.0,
+        ge=60,
+        le=10 * 365 * 86_400.0,
+        description=(
+            "How long a request stays in the table of requests after its terminal event; then its keeper writes its "
+            "tombstone and compaction removes it (its events stay in the events topic for that topic's retention)."
+        ),
+    )
     claims_topic: str = Field(
         "adapterd.claims",
         description=(

@@ -62,7 +62,7 @@ def jobs(
     waits; those with a cancel pending are left out, counted in no one's place, and named on stderr."""
     from datetime import UTC, datetime
 
-    from daemon.cli.jobs import HEADER, STATES, age, fold, history
+    from daemon.cli.jobs import HEADER, STATES, age, fold, history, line
 
     settings = read_settings(config)
     unknown = sorted(set(state or []) - set(STATES))
@@ -89,7 +89,7 @@ def jobs(
     if not state or others:
         typer.echo(HEADER)
         for job in sorted(listed, key=lambda job: job.last):
-            typer.echo(job.line(now))
+            typer.echo(line(job, now))
     if state and "queued" in state:
         from daemon.cli.places import placed_backlog, queue_table
 
@@ -99,8 +99,8 @@ def jobs(
         for topic in backlog.missing:
             typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
         table, pending = queue_table(placed, method, host, within, now)
-        for line in table:
-            typer.echo(line)
+        for row in table:
+            typer.echo(row)
         if pending is not None:
             typer.echo(f"adapterd: {pending}", err=True)  # on stderr, as the missing topics: the table alone on stdout
 

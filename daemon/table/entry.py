@@ -1,0 +1,146 @@
+"""One request's state in the table of requests (`TableEntry`), and the one fold of an event into it (`folded`).
+
+The same fold makes the table (its keeper, daemon/table/keeper.py), brings an entry up to date with the events
+published after it (the commands and the fleet's view read the table, then the events past it), and lists a
+request's own events (`adapterd get`): what a request's state is has one definition.
+
+An entry keeps, beside what `adapterd jobs` shows, the latest event of each type (`recent`): what the fleet's view
+folds of a request (its `accepted` with its class and team, its `started` with its GPUs, its latest `progress` and
+`checkpoint`, a `preempted`'s count, the `queued` it was last told, its end), so a host's view is made from the table
+without reading every event of the jobs it describes. And the ids of its latest events (`ids`) and the events
+topic's offset of the latest one folded (`offset`): an event is folded once, whether read again after a restart or
+written again by anyone.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas import Event
+from schemas.events import Accepted, Started, Succeeded
+
+# The state a request is in after each event type.
+STATE_AFTER = {
+    "accepted": "queued",
+    "retrying": "queued",
+    "started": "running",
+    "progress": "running",
+    "checkpoint": "running",
+    "succeeded": "succeeded",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "rejected": "rejected",
+    # With priority classes: read and waiting for a slot; stopped for a higher class, and waiting again.
+    "queued": "queued",
+    "preempted": "queued",
+}
+STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
+ENDED = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest 32 events is not folded again
+
+State = Literal["queued", "running", "succeeded", "failed", "cancelled", "rejected"]
+
+
+class TableEntry(BaseModel):
+    """One request as its events say it is now: the value of its key in the state topic."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1] = 1
+    request_id: str
+    state: State
+    method: str | None = None
+    host: str
+    attempt: int = Field(ge=1)
+    since: datetime = Field(description="Its first event's time, as folded.")
+    last: datetime = Field(description="Its latest event's time.")
+    latest: str = Field(description="Its latest event's type.")
+    detail: str = Field(description="What an operator wants to see of its latest event, on one line.")
+    events: int = Field(ge=0, description="How many of its events were folded.")
+    partition: int = Field(-1, ge=-1, description="The events topic's partition of its latest event folded; -1: none.")
+    offset: int = Field(-1, ge=-1, description="The offset of its latest event folded in that partition; -1: none.")
+    recent: list[Event] = Field(default_factory=list, description="The latest event of each type, oldest first.")
+    ids: list[str] = Field(default_factory=list, description="The ids of its latest events folded, oldest first.")
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: int = -1) -> TableEntry | None:
+    """`entry` with `event` folded in (None for no entry yet: a new one), or None when the event is not folded: it
+    has no request id (a rejected message whose id could not be read), or was folded already: its `event_id` is among
+    the entry's, or its place in the events topic (`partition`, `offset`) is at or before the entry's latest (a topic
+    given more partitions since puts a request's later events in another partition, whose offsets say nothing of the
+    first's). A redelivered request's repeat of its success changes nothing but the count."""
+    request_id = event.request_id
+    if request_id is None:
+        return None
+    if entry is not None and (
+        event.event_id in entry.ids or (partition == entry.partition and 0 <= offset <= entry.offset)
+    ):
+        return None
+    place = {"partition": partition, "offset": offset} if offset >= 0 else {}
+    ids = [*(entry.ids if entry is not None else ()), event.event_id][-KEPT_IDS:]
+    if entry is not None and isinstance(event, Succeeded) and event.duplicate and entry.state == "succeeded":
+        return entry.model_copy(update={"events": entry.events + 1, "ids": ids, **place})
+    if entry is None or (event.type == "accepted" and entry.ended):
+        # A request's first event, or a request ended and accepted again (its id used again, or its request
+        # redelivered): its state starts again from this event.
+        entry = TableEntry(
+            request_id=request_id,
+            state="queued",
+            host=event.host,
+            attempt=event.attempt,
+            since=event.time,
+            last=event.time,
+            latest=event.type,
+            detail="",
+            events=0,
+        )
+    method = event.method if isinstance(event, Accepted | Started | Succeeded) else entry.method
+    return entry.model_copy(
+        update={
+            "state": STATE_AFTER[event.type],
+            "method": method,
+            "host": event.host,
+            "attempt": event.attempt,
+            "last": event.time,
+            "latest": event.type,
+            "detail": detail(event),
+            "events": entry.events + 1,
+            **place,
+            "recent": [*(kept for kept in entry.recent if kept.type != event.type), event],
+            "ids": ids,
+        }
+    )
+
+
+def detail(event: Event) -> str:
+    """What an operator wants to see of a request's latest event, on one line."""
+    kind = event.type
+    if kind == "succeeded":
+        where = f" ({event.sink})" if event.sink == "local" else ""  # type: ignore[union-attr]
+        return f"published {event.published}: {event.repo_id}@{event.revision}{where}"  # type: ignore[union-attr]
+    if kind in ("failed", "retrying"):
+        return f"{event.code} in {event.stage}: {event.message[:120]}"  # type: ignore[union-attr]
+    if kind == "rejected":
+        first = event.errors[0]  # type: ignore[union-attr]
+        return f"{event.reason}: {first.path or '(message)'}: {first.message[:100]}"  # type: ignore[union-attr]
+    if kind == "progress":
+        return f"{event.stage} step {event.step}/{event.total_steps}"  # type: ignore[union-attr]
+    if kind == "started":
+        return f"slot {event.slot}"  # type: ignore[union-attr]
+    if kind == "checkpoint":
+        return f"checkpoint at step {event.step}"  # type: ignore[union-attr]
+    if kind == "cancelled":
+        return event.reason  # type: ignore[union-attr]
+    if kind == "queued":
+        eta = f", ETA {event.eta_s:.0f} s" if event.eta_s is not None else ""  # type: ignore[union-attr]
+        return f"{event.priority_class}/{event.team}: place {event.place}{eta}"  # type: ignore[union-attr]
+    if kind == "preempted":
+        return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]
+    return ""
