@@ -8,4 +8,5 @@ the events.
 
 - entry.py: one request's state (`TableEntry`) and the fold of an event into it;
 - codec.py: an entry as a signed record of the state topic, and back (verified as events are);
+- topic.py: the state topic's compaction settings and the keepers' group;
 """
