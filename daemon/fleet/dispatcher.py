@@ -40,6 +40,7 @@ from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.intake import Intake
+from daemon.job.events import JobEvents
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.clients import FleetKafka
 from daemon.ops import metrics
@@ -287,15 +288,11 @@ class Dispatcher:
             head = heads[waiting_one.request_id]
             assert head.request is not None
             telling.heard(head.request_id, place, eta, now, self.settings.host)
-            await publish_queued(
-                self.scheduler.publisher,
-                self.settings.host,
-                self.retries,
-                (head.request, head.record),
-                head.waiting(),
-                place,
-                eta,
+            attempt = self.retries.read(head.record).attempt
+            events = JobEvents.for_record(
+                self.scheduler.publisher, head.request, self.settings.host, attempt, head.record
             )
+            await publish_queued(events, head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
     @staticmethod

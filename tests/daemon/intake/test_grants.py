@@ -263,15 +263,18 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
     urgent = next(q for q in dispatcher.queues if q.name == "urgent")
     tp = TopicPartition(urgent.topic, 0)
 
-    def head(request_id: str, by: EventSigner, **fields: Any) -> Any:
+    async def head(request_id: str, by: EventSigner, **fields: Any) -> Any:
         _, value, headers = written(document(request_id, **fields), by)
-        return dispatcher.heads.read(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
+        return await dispatcher.heads.read(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
 
-    assert head("q-1", BETA, team="beta").rejection is None  # beta may use urgent
-    renamed = head("q-2", ALPHA, team="vision-b")
+    assert (await head("q-1", BETA, team="beta")).rejection is None  # beta may use urgent
+    renamed = await head("q-2", ALPHA, team="vision-b")
     assert renamed.rejection is not None and [e.path for e in renamed.rejection.errors] == ["team"]
     # Alpha naming no class but written to urgent's topic runs as urgent, which it may not use.
-    [not_granted, moved] = [head("q-3", ALPHA, team="alpha"), head("q-4", ALPHA, team="alpha", priority_class="batch")]
+    [not_granted, moved] = [
+        await head("q-3", ALPHA, team="alpha"),
+        await head("q-4", ALPHA, team="alpha", priority_class="batch"),
+    ]
     assert not_granted.rejection is not None and [e.path for e in not_granted.rejection.errors] == ["priority_class"]
     assert moved.rejection is None and moved.moves_to == settings.class_topics["batch"]
 
@@ -304,7 +307,7 @@ async def test_a_large_requests_producer_signature_is_checked_off_the_loop(
     does; a small one on the loop."""
     import threading
 
-    from daemon.intake import OFF_LOOP_BYTES
+    from daemon.decoding import OFF_LOOP_BYTES
 
     core = CoreOnFakes(bound_settings(tmp_path))
     threads: list[str] = []
