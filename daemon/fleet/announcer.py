@@ -28,6 +28,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon import decoding
+from daemon.admission.grants import Grants
 from daemon.errors import TopicMissing
 from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.fleet.view import FleetView
@@ -79,15 +80,19 @@ class NamedRequest:
 
 
 class Unreads:
-    """The records of the classes' topics past their queue groups' committed offsets, each read and decoded once:
-    kept by partition and offset (a record that is no request too, as None, so it is not decoded again), at most
+    """The records of the classes' topics past their queue groups' committed offsets, each read, decoded and its
+    grant checked once: kept by partition and offset (a record that is no request too, as None, so it is not decoded
+    again), at most
     MAX_READ a topic, forgotten once its group has committed past it. `read` reads only past what it has read."""
 
-    def __init__(self, settings: Settings, publisher: Publisher, retries: RetrySigner, reads: QueueReads) -> None:
+    def __init__(
+        self, settings: Settings, publisher: Publisher, retries: RetrySigner, reads: QueueReads, grants: Grants
+    ) -> None:
         self.settings = settings
         self.publisher = publisher
         self.retries = retries
         self.reads = reads
+        self.grants = grants
         # topic → partition → offset → the request read there (None: no request; a daemon rejects it where it is)
         self.kept: dict[str, dict[int, dict[int, Unread | None]]] = {}
         self.next: dict[tuple[str, int], int] = {}  # where each partition is read next
@@ -114,7 +119,8 @@ class Unreads:
         return [each for partition in sorted(kept) for each in kept[partition].values() if each is not None]
 
     async def unread(self, priority_class: str, record: Record) -> Unread | None:
-        """A record as the announcer keeps it; None for one that is no request (a daemon rejects it)."""
+        """A record as the announcer keeps it; None for one that is no request, or whose team or class is not granted
+        to its writer (a daemon rejects it)."""
         try:
             request = await decoding.decoded(record, self.settings.max_message_bytes)
         except Exception as exc:  # a bug of ours met by this record: not told it waits, and the round goes on
@@ -122,11 +128,18 @@ class Unreads:
             return None
         if not isinstance(request, RequestBase):
             return None
+        priority_class = request.priority_class or priority_class
+        # Its writer's grant, as the dispatcher checks it at the head (a refused one is dead-lettered there).
+        refused, _ = await decoding.checked(
+            record, self.grants.refusal, request, record.value, record.headers, priority_class
+        )
+        if refused is not None:
+            return None
         named = NamedRequest(request.request_id, dict(request.metadata))
         events = JobEvents.for_record(
             self.publisher, named, self.settings.host, self.retries.read(record).attempt, record
         )
-        waiting = waiting_for(request, request.priority_class or priority_class, record.timestamp / 1000)
+        waiting = waiting_for(request, priority_class, record.timestamp / 1000)
         return Unread(waiting, (record.topic, record.partition, record.offset), events)
 
     def forget(self, topic: str) -> None:
@@ -146,6 +159,7 @@ class Announcer:
         retries: RetrySigner,
         reads: QueueReads,
         cancelled: Container[str] = frozenset(),
+        grants: Grants | None = None,
     ) -> None:
         self.settings = settings
         self.reads = reads  # the queues from outside their groups (daemon/kafka/clients.py)
@@ -156,7 +170,9 @@ class Announcer:
         self.publisher = publisher
         self.claims = claims
         self.retries = retries
-        self.unreads = Unreads(settings, publisher, retries, reads)
+        # The teams' grants (the dispatcher's, which intake's are: daemon/admission/grants.py).
+        grants = grants if grants is not None else Grants.from_settings(settings.teams)
+        self.unreads = Unreads(settings, publisher, retries, reads, grants)
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

@@ -116,6 +116,7 @@ class Dispatcher:
             self.retries,
             self.kafka.reads,
             self.scheduler.cancelled,
+            self.intake.grants,
         )
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
         try:

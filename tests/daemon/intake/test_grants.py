@@ -279,6 +279,36 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
     assert moved.rejection is None and moved.moves_to == settings.class_topics["batch"]
 
 
+async def test_the_announcer_tells_no_request_whose_team_or_class_the_dispatcher_would_refuse(tmp_path: Path) -> None:
+    """The announcer judges a record's grant as the dispatcher's head does (once, as it decodes it): a request it
+    would dead-letter is never told it waits."""
+    from daemon.fleet.announcer import Announcer
+
+    settings = bound_settings(tmp_path)
+    core = CoreOnFakes(settings)
+    dispatcher = core.dispatcher
+    assert dispatcher is not None
+    topic = settings.class_topics["urgent"]
+    for request_id, by, fields in (
+        ("granted", BETA, {"team": "beta"}),
+        ("renamed", ALPHA, {"team": "vision-b"}),  # alpha's key, another team's name
+        ("not-granted", ALPHA, {"team": "alpha"}),  # alpha may not use urgent
+    ):
+        _, value, headers = written(document(request_id, **fields), by)
+        core.fleet.produce(topic, request_id.encode(), value, [(k, v) for k, v in headers if v is not None])
+    announcer = Announcer(
+        settings,
+        dispatcher.view,
+        core.publisher,
+        core.partitions,
+        dispatcher.retries,
+        core.fleet.kafka().reads,
+        core.scheduler.cancelled,
+        core.intake.grants,
+    )
+    assert [each.waiting.request_id for each in await announcer.unread()] == ["granted"]
+
+
 async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:
     """A retryable failure writes the request back to its partition: that copy is still its
     team's, so a bound host takes it."""
