@@ -18,24 +18,35 @@ interpreter every few milliseconds, so the loop keeps turning beside it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from daemon import executors
-from daemon.admission.secret_rules import SCANNER
 from daemon.kafka.copies import too_large
 from daemon.kafka.records import Record
 from schemas import Rejection, RequestBase, decode_request
+from schemas.secrets import SecretScanner
 
 # From this size a record is decoded, and its signatures checked, in a worker thread.
 OFF_LOOP_BYTES = 65_536
 T = TypeVar("T")
 
 
+@functools.cache
+def scanner() -> SecretScanner:
+    """The daemon's credential rules, built at their first use: importing detect-secrets and compiling the rules into
+    one RE2 automaton takes ~0.5 s, which a CLI command that finds no waiting record need not pay. The daemon builds
+    them as it starts (`Intake`), not at its first record's decode on the loop."""
+    from daemon.admission.secret_rules import SCANNER
+
+    return SCANNER
+
+
 def decoded_now(record: Record, max_message_bytes: int) -> RequestBase | Rejection:
     """The record's request, or why it is none, decoded here and now: in the `decode` pool's thread, or by the CLI
     (a command has no loop to keep turning). Never raises for bad input."""
-    decoded = decode_request(record.value, record.key, scanner=SCANNER)
+    decoded = decode_request(record.value, record.key, scanner=scanner())
     if isinstance(decoded, Rejection):
         return decoded  # its own errors first: a field to fix says more than a size
     oversize = too_large(record, max_message_bytes)

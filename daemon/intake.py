@@ -104,6 +104,7 @@ class Intake:
         # With priority classes the daemon runs the claims topic: only a claim the fleet signed runs (issue 61).
         self.seal = QueueSeal.from_settings(settings) if settings.class_topics else None
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
+        decoding.scanner()  # the credential rules built now, not at the first record's decode on the loop
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
         """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode:
