@@ -82,8 +82,8 @@ class NamedRequest:
 class Unreads:
     """The records of the classes' topics past their queue groups' committed offsets, each read, decoded and its
     grant checked once: kept by partition and offset (a record that is no request too, as None, so it is not decoded
-    again), at most
-    MAX_READ a topic, forgotten once its group has committed past it. `read` reads only past what it has read."""
+    again), at most MAX_READ a topic, forgotten once its group has committed past it. `read` reads only past what it
+    has read."""
 
     def __init__(
         self, settings: Settings, publisher: Publisher, retries: RetrySigner, reads: QueueReads, grants: Grants
@@ -102,8 +102,8 @@ class Unreads:
         kept = self.kept.setdefault(topic, {})
         for partition, by_offset in kept.items():
             behind = committed.get(partition, 0)
-            for offset in [offset for offset in by_offset if offset < behind]:
-                del by_offset[offset]
+            while by_offset and (first := next(iter(by_offset))) < behind:  # kept in offset order: the first go
+                del by_offset[first]
         room = MAX_READ - sum(len(by_offset) for by_offset in kept.values())
         if room > 0:
             partitions = {*committed, *(p for t, p in self.next if t == topic)}
@@ -114,8 +114,10 @@ class Unreads:
                 self.forget(topic)
                 raise
             for record in records:
+                each = await self.unread(priority_class, record)
+                # Past it only once it is kept: a round cancelled during its decode reads it again.
+                kept.setdefault(record.partition, {})[record.offset] = each
                 self.next[(topic, record.partition)] = record.offset + 1
-                kept.setdefault(record.partition, {})[record.offset] = await self.unread(priority_class, record)
         return [each for partition in sorted(kept) for each in kept[partition].values() if each is not None]
 
     async def unread(self, priority_class: str, record: Record) -> Unread | None:
