@@ -15,11 +15,11 @@ offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and j
 only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without
 classes: one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is weighed as its own class where it is (claimed there if
-it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too
-large for a move's copies, is dead-lettered where it is (no claim, no rejoin), and one whose cancel this host has read
-ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds
-up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's
-(daemon/fleet/choice.py `Arrivals`).
+it is picked), else moved to that class's topic when it is first in its partition; one that does not decode as intake
+decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
+claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
+not start yet (a retry not yet due, a team at its cap) holds up none behind it. Copies are signed by the fleet
+(daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
