@@ -29,11 +29,13 @@ from pathlib import Path
 
 from PIL import Image
 
+from daemon import decoding
 from daemon.cli.demo.requests import VISION_CHAT_ROWS
-from daemon.intake import decoded_request, judged
+from daemon.intake import judged
 from daemon.resources.slots import Slots
 from daemon.settings import Settings
 from schemas import Rejection
+from testbed.memory_kafka import FakeRecord
 
 HOST = Settings(work_dir=Path("/nonexistent/adapterd-bench"), allowed_local_model_roots=[Path("/models")])
 SLOTS = Slots([], 1)
@@ -136,7 +138,7 @@ def benign(size: int) -> bytes:
 
 async def decide(raw: bytes) -> object:
     """Intake's decision about one record, as `Intake.take` makes it."""
-    decoded = await decoded_request(raw, b"bench-1")
+    decoded = await decoding.decoded(FakeRecord("bench", 0, 0, b"bench-1", raw), HOST.max_message_bytes)
     return decoded if isinstance(decoded, Rejection) else await judged(decoded, HOST, SLOTS)
 
 

@@ -1,7 +1,8 @@
 """The daemon's worker threads: a bounded pool for each kind of blocking work, none of them the
 event loop's default executor, so one kind cannot take every thread from another.
 
-- `decode`: decoding, validating and scanning a large request (daemon/intake.py);
+- `decode`: decoding, validating and scanning a large request, and checking its signatures (daemon/decoding.py:
+  for intake, the fleet's dispatcher and its announcer);
 - `admission`: judging a valid request with inline images (daemon/admission/judge.py through
   intake), whose headers it reads;
 - `headers`: reading models' safetensors headers for the memory estimate (daemon/resources/headers.py);

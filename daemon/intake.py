@@ -1,7 +1,8 @@
 """Intake: every record of the requests topic becomes a valid request for the scheduler, or a
 rejection — a `rejected` event naming each bad field, and the record's bytes in the DLQ.
 
-A record is rejected when it does not decode or validate (`schemas.decode_request`), is not
+A record is rejected when it does not decode or validate, carries a credential, or is too large for the
+daemon's copies of it (daemon/decoding.py: the fleet's readers decode it the same way), is not
 written by a key of the team it names or names a class that team may not use (daemon/admission/grants.py), names a
 method this host's TRL cannot run, asks for more GPUs than the host has, or breaks the operator's
 policy; and, once its memory estimate is worked out, when its job fits none of the host's GPUs,
@@ -14,19 +15,17 @@ order.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from aiokafka import TopicPartition
 
-from daemon import executors
+from daemon import decoding, executors
 from daemon.admission.grants import Grants
 from daemon.admission.images import has_inline_images
 from daemon.admission.judge import image_refusal, refusal_before_images
-from daemon.admission.secret_rules import SCANNER
 from daemon.jobs.scheduler import Scheduler
-from daemon.kafka.copies import too_large
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Outgoing, Publisher
 from daemon.kafka.queue_seal import QueueSeal, claim_refusal
@@ -37,7 +36,7 @@ from daemon.ops import metrics
 from daemon.resources.shards import Unfit
 from daemon.resources.slots import Slots
 from daemon.settings import Settings
-from schemas import FieldError, Rejected, Rejection, RequestBase, decode_request
+from schemas import FieldError, Rejected, Rejection, RequestBase
 
 log = structlog.get_logger()
 
@@ -45,31 +44,10 @@ log = structlog.get_logger()
 # may take; well inside systemd's WatchdogSec (120) and the loop's STUCK_AFTER_S (30), which the
 # service loop's turns feed.
 JUDGE_DEADLINE_S = 20.0
-# From this size a record is decoded in a worker thread (`decoded_request`).
-OFF_LOOP_BYTES = 65_536
-T = TypeVar("T")
 # How long intake decides records without giving the loop a turn: far inside aiokafka's heartbeat
 # (3 s) and the watchdog's STUCK_AFTER_S. A turn for every record cost the rejection path a third of
 # its rate end to end (benchmarks.intake: 3,400 against 5,100/s, 9,600 against 10,400/s, alternating; issue 52).
 TURN_EVERY_S = 0.005
-
-
-async def decoded_request(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
-    """`decode_request` with the daemon's scanner: on the loop for a small record (most of them,
-    thousands a second on the rejection path, where a thread's hop would cost more than the work),
-    in a thread of the `decode` pool (daemon/executors.py) from OFF_LOOP_BYTES, where parsing, validating and scanning
-    grow with the content (a 1 MB request of short strings: 80 ms of secret scan). The thread runs Python code that
-    gives up the interpreter every few milliseconds, so the loop keeps turning beside it."""
-    decoded = decoded_on_loop(value, key)
-    return (
-        decoded if decoded is not None else await executors.run("decode", decode_request, value, key, scanner=SCANNER)
-    )
-
-
-def decoded_on_loop(value: bytes | None, key: bytes | None) -> RequestBase | Rejection | None:
-    """`decoded_request`'s part on the loop, without a coroutine (`Intake.take` calls it for each record):
-    a small record decoded; None for one of OFF_LOOP_BYTES or more, left to the thread."""
-    return decode_request(value, key, scanner=SCANNER) if len(value or b"") < OFF_LOOP_BYTES else None
 
 
 async def judged(request: RequestBase, settings: Settings, slots: Slots) -> Rejection | None:
@@ -126,6 +104,7 @@ class Intake:
         # With priority classes the daemon runs the claims topic: only a claim the fleet signed runs (issue 61).
         self.seal = QueueSeal.from_settings(settings) if settings.class_topics else None
         self.grants = Grants.from_settings(settings.teams)  # the dispatcher's heads are judged by it too
+        decoding.scanner()  # the credential rules built now, not at the first record's decode on the loop
 
     def grant_refusal(self, record: Record, request: RequestBase) -> Rejection | None:
         """`Grants.refusal` of a decoded record, in the class it runs as (None in open mode:
@@ -133,15 +112,6 @@ class Intake:
         return self.grants.refusal(
             request, record.value, record.headers, self.settings.runs_as(record.headers, request.priority_class)
         )
-
-    @staticmethod
-    async def signature_check(record: Record, check: Callable[..., T], *args: Any) -> tuple[T, bool]:
-        """`check(*args)` of a check that verifies a signature over the record's value, which hashes every byte: on the
-        loop for a small record (~0.1 ms), in a thread of the `decode` pool from
-        OFF_LOOP_BYTES; and whether it awaited."""
-        if len(record.value or b"") < OFF_LOOP_BYTES:
-            return check(*args), False
-        return await executors.run("decode", check, *args), True
 
     async def take(self, tp: TopicPartition, records: Sequence[Record]) -> None:
         """Handle one partition's fetched records in order, until the scheduler holds the partition."""
@@ -173,12 +143,12 @@ class Intake:
                 # A claim the fleet did not write is refused whatever it holds: its signature checked first.
                 unclaimed, waited = None, False
                 if self.seal is not None and record.topic == self.settings.claims_topic:
-                    unclaimed, waited = await self.signature_check(record, claim_refusal, self.seal, record)
+                    unclaimed, waited = await decoding.checked(record, claim_refusal, self.seal, record)
                 turned = turned or waited
-                # `decoded_request` and `judged`, their coroutines awaited only for work off the loop.
-                decoded = decoded_on_loop(record.value, record.key)
+                # `decoding.decoded` and `judged`, their coroutines awaited only for work off the loop.
+                decoded = decoding.decoded_on_loop(record, self.settings.max_message_bytes)
                 if decoded is None:
-                    decoded, turned = await decoded_request(record.value, record.key), True
+                    decoded, turned = await decoding.decoded(record, self.settings.max_message_bytes), True
                 if unclaimed is not None:
                     rejection = Rejection(
                         "unverified_claim", [FieldError(path="", message=unclaimed)], decoded.request_id
@@ -188,7 +158,7 @@ class Intake:
                 else:
                     # Who wrote it first: a request its team did not sign is refused before anything it asks is judged.
                     rejection, waited = (
-                        await self.signature_check(record, self.grant_refusal, record, decoded)
+                        await decoding.checked(record, self.grant_refusal, record, decoded)
                         if self.grants.bound
                         else (None, False)
                     )
@@ -197,9 +167,6 @@ class Intake:
                         rejection, images = judged_on_loop(decoded, self.settings, self.slots)
                         if images:
                             rejection, turned = await judged_images(decoded, self.settings), True
-                oversize = too_large(record, self.settings.max_message_bytes) if rejection is None else None
-                if oversize is not None:  # its retry and DLQ copies would not fit: decided now, not at the first retry
-                    rejection = Rejection("policy", [oversize], decoded.request_id)
             except Exception as exc:  # a bug of ours, met by this record: rejected, never a crash or a re-read
                 decoded, rejection, turned = None, internal_rejection(record, exc), True
             if rejection is not None:

@@ -243,6 +243,7 @@ DAEMON_LAYERS: list[set[str]] = [
         "store",
     },  # Kafka I/O; the processes that train; admission rules; publishing; a broker for the demo and the tests;
     # the checkpoint store and the host's job folders
+    {"decoding"},  # a record of a request decoded by intake's rules, for every reader of requests
     {"table"},  # the table of requests: each request's state from its events, in a compacted topic
     {"resources"},  # what a job needs of the host: slots, memory estimates, shard plans
     {"job"},  # one job's lifecycle

@@ -14,7 +14,8 @@ A request whose latest event is `accepted` has its slot and starts now; it is li
 
 The offsets come from the admin client and the records from a reader of assigned partitions, so
 nothing here joins a group: listing the queue never rebalances the daemons. The records are decoded
-as a daemon decodes them (schemas.decode_request); one that is not a request is listed as such.
+as a daemon decodes them (daemon/decoding.py: its credential scanner and size bound too); one that is
+not a request, or that a daemon would refuse for a credential or its size, is listed as such.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from daemon.cli.jobs import RequestSummary, fold, history
+from daemon.decoding import decoded_now
 from daemon.errors import TopicMissing
 from daemon.kafka.admin.group_offsets import committed_offsets
 from daemon.kafka.records import Record
@@ -30,7 +32,7 @@ from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER, queue_group, team_of
-from schemas import Event, Rejection, decode_request
+from schemas import Event, Rejection
 from schemas.events import Accepted, Preempted, Queued
 
 
@@ -178,8 +180,8 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
     where = f"{record.topic}[{record.partition}]@{record.offset}"
     arrived = datetime.fromtimestamp(max(record.timestamp, 0) / 1000, UTC)
     try:
-        decoded = decode_request(record.value, record.key)
-    except Exception as exc:  # decode_request is total; this guards the listing against a bug in it all the same
+        decoded = decoded_now(record, settings.max_message_bytes)
+    except Exception as exc:  # decoding is total; this guards the listing against a bug in it all the same
         decoded = Rejection("internal", [], None, type(exc).__name__)
     if isinstance(decoded, Rejection):
         why = (

@@ -9,6 +9,11 @@ from its queue group's committed offset (`QueueReads`, daemon/kafka/clients.py),
 does it, the one the claims group gave partition 0 (Kafka's own assignment chooses it: no election of
 ours); after a rebalance another may, and the events say what each request was last told
 (`FleetView.telling`), so the new one goes on from there.
+
+Each record is read and decoded once (`Unreads`): as intake decodes it (daemon/decoding.py: a large one in a worker
+thread, so a topic of 1 MB requests never holds the loop), kept between rounds by its topic, partition and offset
+(what its `queued` events need, not its bytes) until its group commits past it; a round reads only the records
+past those it has read. At rest, with nothing new, a round reads and decodes nothing.
 """
 
 from __future__ import annotations
@@ -16,11 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Container
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass
 
 import structlog
 from aiokafka import TopicPartition
 
+from daemon import decoding
+from daemon.admission.grants import Grants
 from daemon.errors import TopicMissing
 from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.fleet.view import FleetView
@@ -32,27 +40,18 @@ from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from daemon.settings.fleet import queue_group
-from schemas import Queued, RequestBase, decode_request
+from schemas import Queued, RequestBase
 
 log = structlog.get_logger()
 
 ANNOUNCE_S = 2.0  # how soon after its arrival a request read by no host is told its place
-MAX_READ = 2000  # the records of one class's topic read for it, at most: beyond, no place is said
+MAX_READ = 2000  # the records of one class's topic kept for it, at most: beyond, no place is said
 
 
-async def publish_queued(
-    publisher: Publisher,
-    host: str,
-    retries: RetrySigner,
-    read: tuple[RequestBase, Record],
-    waiting: FleetRequest,
-    place: int,
-    eta: float | None,
-) -> None:
+async def publish_queued(events: JobEvents, waiting: FleetRequest, place: int, eta: float | None) -> None:
     """A waiting request's `queued` event, with its place and ETA (this round's: tenths of a second, none below 0), as
-    its attempt and trace headers say (the dispatcher's for a request it read, the announcer's for one no host has)."""
-    request, record = read
-    events = JobEvents.for_record(publisher, request, host, retries.read(record).attempt, record)
+    its attempt and trace headers say (`events`: the dispatcher's for a request it read, the announcer's for one no
+    host has)."""
     await events.publish(
         Queued,
         priority_class=waiting.priority_class,
@@ -60,6 +59,96 @@ async def publish_queued(
         place=place,
         eta_s=None if eta is None else round(max(0.0, eta), 1),
     )
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A request of a class's topic no host has read, as the announcer keeps it: its place in the fleet's order, where
+    its record is, and its `queued` events' fields (id, metadata, attempt, trace headers): never its bytes."""
+
+    waiting: FleetRequest
+    where: tuple[str, int, int]  # its record's topic, partition and offset
+    events: JobEvents
+
+
+@dataclass(frozen=True)
+class NamedRequest:
+    """What a `queued` event carries of its request (daemon/job/events.py `Named`)."""
+
+    request_id: str
+    metadata: dict[str, str]
+
+
+class Unreads:
+    """The records of the classes' topics past their queue groups' committed offsets, each read, decoded and its
+    grant checked once: kept by partition and offset (a record that is no request too, as None, so it is not decoded
+    again), at most MAX_READ a topic, forgotten once its group has committed past it. `read` reads only past what it
+    has read."""
+
+    def __init__(
+        self, settings: Settings, publisher: Publisher, retries: RetrySigner, reads: QueueReads, grants: Grants
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.retries = retries
+        self.reads = reads
+        self.grants = grants
+        # topic → partition → offset → the request read there (None: no request; a daemon rejects it where it is)
+        self.kept: dict[str, dict[int, dict[int, Unread | None]]] = {}
+        self.next: dict[tuple[str, int], int] = {}  # where each partition is read next
+
+    async def read(self, priority_class: str, topic: str, committed: Mapping[int, int]) -> list[Unread]:
+        """The requests of `topic` (the class's) past `committed` (its group's offsets), in partition order."""
+        kept = self.kept.setdefault(topic, {})
+        for partition, by_offset in kept.items():
+            behind = committed.get(partition, 0)
+            while by_offset and (first := next(iter(by_offset))) < behind:  # kept in offset order: the first go
+                del by_offset[first]
+        room = MAX_READ - sum(len(by_offset) for by_offset in kept.values())
+        if room > 0:
+            partitions = {*committed, *(p for t, p in self.next if t == topic)}
+            start = {p: max(committed.get(p, 0), self.next.get((topic, p), 0)) for p in partitions}
+            try:
+                records = await self.reads.waiting(topic, start, room)
+            except TopicMissing:
+                self.forget(topic)
+                raise
+            for record in records:
+                each = await self.unread(priority_class, record)
+                # Past it only once it is kept: a round cancelled during its decode reads it again.
+                kept.setdefault(record.partition, {})[record.offset] = each
+                self.next[(topic, record.partition)] = record.offset + 1
+        return [each for partition in sorted(kept) for each in kept[partition].values() if each is not None]
+
+    async def unread(self, priority_class: str, record: Record) -> Unread | None:
+        """A record as the announcer keeps it; None for one that is no request, or whose team or class is not granted
+        to its writer (a daemon rejects it)."""
+        try:
+            request = await decoding.decoded(record, self.settings.max_message_bytes)
+        except Exception as exc:  # a bug of ours met by this record: not told it waits, and the round goes on
+            log.warning("fleet.announce_undecoded", topic=record.topic, offset=record.offset, error=type(exc).__name__)
+            return None
+        if not isinstance(request, RequestBase):
+            return None
+        priority_class = request.priority_class or priority_class
+        # Its writer's grant, as the dispatcher checks it at the head (a refused one is dead-lettered there).
+        refused, _ = await decoding.checked(
+            record, self.grants.refusal, request, record.value, record.headers, priority_class
+        )
+        if refused is not None:
+            return None
+        named = NamedRequest(request.request_id, dict(request.metadata))
+        events = JobEvents.for_record(
+            self.publisher, named, self.settings.host, self.retries.read(record).attempt, record
+        )
+        waiting = waiting_for(request, priority_class, record.timestamp / 1000)
+        return Unread(waiting, (record.topic, record.partition, record.offset), events)
+
+    def forget(self, topic: str) -> None:
+        """A topic gone (deleted, perhaps made again from offset 0): what was read of it."""
+        self.kept.pop(topic, None)
+        for where in [where for where in self.next if where[0] == topic]:
+            del self.next[where]
 
 
 class Announcer:
@@ -72,6 +161,7 @@ class Announcer:
         retries: RetrySigner,
         reads: QueueReads,
         cancelled: Container[str] = frozenset(),
+        grants: Grants | None = None,
     ) -> None:
         self.settings = settings
         self.reads = reads  # the queues from outside their groups (daemon/kafka/clients.py)
@@ -82,6 +172,9 @@ class Announcer:
         self.publisher = publisher
         self.claims = claims
         self.retries = retries
+        # The teams' grants (the dispatcher's, which intake's are: daemon/admission/grants.py).
+        grants = grants if grants is not None else Grants.from_settings(settings.teams)
+        self.unreads = Unreads(settings, publisher, retries, reads, grants)
 
     async def run(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
@@ -98,64 +191,54 @@ class Announcer:
         """One round: a `queued` event for each unread request that has none, or whose place or ETA moved since its
         last (daemon/fleet/telling.py); how many were published."""
         view = self.view
-        unread = [(w, read) for w, read in await self.unread() if w.request_id not in self.cancelled]
+        unread = [each for each in await self.unread() if each.waiting.request_id not in self.cancelled]
         now = time.time()
-        if not view.telling.maybe([w.request_id for w, _ in unread], now):
+        if not view.telling.maybe([each.waiting.request_id for each in unread], now):
             return 0  # every one told too recently to be told again
-        placed = view.places([w for w, _ in unread], 0)
+        placed = view.places([each.waiting for each in unread], 0)
         if not view.telling.due(placed, now, self.settings.host, dry=True):
             return 0  # every one told, and nothing moved since
         # A host may have claimed one while the queues were read (its claim commits the queue's offset past the record,
         # in the claim's own transaction): told `queued` now, its consumers would see it wait after its `started`.
-        taken = await self.claimed([record for _, (_, record) in unread])
+        taken = await self.claimed([each.where for each in unread])
         if taken:  # the others' places are worked out again without them
-            unread = [
-                (w, read) for w, read in unread if (read[1].topic, read[1].partition, read[1].offset) not in taken
-            ]
-            placed = view.places([w for w, _ in unread], 0)
-        records = {waiting.request_id: read for waiting, read in unread}
+            unread = [each for each in unread if each.where not in taken]
+            placed = view.places([each.waiting for each in unread], 0)
+        events = {each.waiting.request_id: each.events for each in unread}
         published = 0
         for waiting, place, eta in view.telling.due(placed, now, self.settings.host):
             view.telling.heard(waiting.request_id, place, eta, now, self.settings.host)
-            await publish_queued(
-                self.publisher, self.settings.host, self.retries, records[waiting.request_id], waiting, place, eta
-            )
+            await publish_queued(events[waiting.request_id], waiting, place, eta)
             published += 1
         return published
 
-    async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
-        """Of these records of the classes' topics, those their queue group has committed past since they were read."""
+    async def claimed(self, records: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+        """Of these records of the classes' topics (topic, partition, offset), those their queue group has committed
+        past since they were read."""
+        records = list(records)
         groups = {
             topic: queue_group(self.settings.group_id, name) for name, topic in self.settings.class_topics.items()
         }
-        found = await self.reads.committed({(groups[record.topic], record.topic) for record in records})
+        found = await self.reads.committed({(groups[topic], topic) for topic, _, _ in records})
         return {
-            (r.topic, r.partition, r.offset)
-            for r in records
-            if found[(groups[r.topic], r.topic)].get(r.partition, 0) > r.offset
+            (topic, partition, offset)
+            for topic, partition, offset in records
+            if found[(groups[topic], topic)].get(partition, 0) > offset
         }
 
-    async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
+    async def unread(self) -> list[Unread]:
         """The requests of each class's topic past its group's committed offset, decoded as the dispatcher decodes
-        them."""
+        them, once each (`Unreads`)."""
         topics = self.settings.class_topics
         found = await self.reads.committed(
             [(queue_group(self.settings.group_id, name), topic) for name, topic in topics.items()]
         )
         running = {job.request_id for job in self.view.running_jobs.jobs(time.time())}
-        unread: list[tuple[FleetRequest, tuple[RequestBase, Record]]] = []
+        unread: list[Unread] = []
         for name, topic in topics.items():
             try:
-                records = await self.reads.waiting(
-                    topic, found[(queue_group(self.settings.group_id, name), topic)], MAX_READ
-                )
+                read = await self.unreads.read(name, topic, found[(queue_group(self.settings.group_id, name), topic)])
             except TopicMissing:
                 continue
-            for record in records:
-                request = decode_request(record.value or b"", record.key)
-                if not isinstance(request, RequestBase) or request.request_id in running:
-                    continue
-                unread.append(
-                    (waiting_for(request, request.priority_class or name, record.timestamp / 1000), (request, record))
-                )
+            unread += [each for each in read if each.waiting.request_id not in running]
         return unread

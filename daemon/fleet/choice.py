@@ -23,17 +23,17 @@ from typing import Protocol
 
 from aiokafka import TopicPartition
 
+from daemon import decoding
 from daemon.admission.grants import Grants
 from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.intake import internal_rejection
-from daemon.kafka.copies import too_large
 from daemon.kafka.queue_seal import QueueSeal, Unsealed
 from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.kafka.unreadable import UnreadableRecord, rejection_of
 from daemon.settings import Settings
 from daemon.settings.fleet import team_of
-from schemas import Rejection, RequestBase, decode_request
+from schemas import Rejection, RequestBase
 
 LOG_APPEND_TIME = 1  # a record's `timestamp_type` when the broker stamped it (aiokafka's ConsumerRecord)
 REMEMBERED = 65_536  # records whose first read this host remembers, across its re-reads of a partition
@@ -106,24 +106,21 @@ class HeadReader:
     retries: RetrySigner
     arrivals: Arrivals
 
-    def read(self, queue: Queue, tp: TopicPartition, record: Record) -> Head:
-        oversize = too_large(record, self.settings.max_message_bytes)
+    async def read(self, queue: Queue, tp: TopicPartition, record: Record) -> Head:
+        """The record as a head, decoded as intake decodes it (daemon/decoding.py: a large one in a worker thread, so
+        a window of 1 MB records never holds the loop) and its writer's grant checked as intake checks it."""
         try:
-            decoded = decode_request(record.value or b"", record.key)
+            decoded = await decoding.decoded(record, self.settings.max_message_bytes)
         except Exception as exc:  # a bug of ours met by this record: dead-lettered, as intake would
             decoded = internal_rejection(record, exc)
         request = decoded if isinstance(decoded, RequestBase) else None
         priority_class = (request.priority_class if request is not None else None) or queue.name
-        refused = (
-            self.grants.refusal(request, record.value, record.headers, priority_class) if request is not None else None
-        )
-        rejection = (
-            Rejection("policy", [oversize], decoded.request_id)
-            if oversize
-            else decoded
-            if isinstance(decoded, Rejection)
-            else refused
-        )
+        refused: Rejection | None = None
+        if request is not None:
+            refused, _ = await decoding.checked(
+                record, self.grants.refusal, request, record.value, record.headers, priority_class
+            )
+        rejection = decoded if isinstance(decoded, Rejection) else refused
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]

@@ -15,11 +15,11 @@ offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and j
 only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without
 classes: one job per partition, committed after its terminal event, read again by another host if this one dies.
 A record naming another class than its topic's is weighed as its own class where it is (claimed there if
-it is picked), else moved to that class's topic when it is first in its partition; one that does not decode, or too
-large for a move's copies, is dead-lettered where it is (no claim, no rejoin), and one whose cancel this host has read
-ends there with its `cancelled` event. A request that may not start yet (a retry not yet due, a team at its cap) holds
-up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's
-(daemon/fleet/choice.py `Arrivals`).
+it is picked), else moved to that class's topic when it is first in its partition; one that does not decode as intake
+decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
+claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
+not start yet (a retry not yet due, a team at its cap) holds up none behind it. Copies are signed by the fleet
+(daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.intake import Intake
+from daemon.job.events import JobEvents
 from daemon.jobs.scheduler import Scheduler
 from daemon.kafka.clients import FleetKafka
 from daemon.ops import metrics
@@ -115,6 +116,7 @@ class Dispatcher:
             self.retries,
             self.kafka.reads,
             self.scheduler.cancelled,
+            self.intake.grants,
         )
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
         try:
@@ -287,15 +289,11 @@ class Dispatcher:
             head = heads[waiting_one.request_id]
             assert head.request is not None
             telling.heard(head.request_id, place, eta, now, self.settings.host)
-            await publish_queued(
-                self.scheduler.publisher,
-                self.settings.host,
-                self.retries,
-                (head.request, head.record),
-                head.waiting(),
-                place,
-                eta,
+            attempt = self.retries.read(head.record).attempt
+            events = JobEvents.for_record(
+                self.scheduler.publisher, head.request, self.settings.host, attempt, head.record
             )
+            await publish_queued(events, head.waiting(), place, eta)
             log.info("fleet.queued", request_id=head.request_id, place=place, eta_s=eta)
 
     @staticmethod

@@ -84,7 +84,7 @@ class ClassQueue:
 
     async def fetch(
         self,
-        head: Callable[[ClassQueue, TopicPartition, Record], Head],
+        head: Callable[[ClassQueue, TopicPartition, Record], Awaitable[Head]],
         unreadable: Callable[[ClassQueue, TopicPartition, UnreadableRecord, BaseException], Head],
     ) -> None:
         """Fill each partition's window from what the consumer has fetched; a full window pauses its partition."""
@@ -96,13 +96,19 @@ class ClassQueue:
         for unread, exc in met:  # one a partition at most, the next record of its partition: read one at a time
             tp = TopicPartition(unread.topic, unread.partition)
             self.windows.setdefault(tp, []).append(unreadable(self, tp, unread, exc))
+        generation = self.generation
         for tp, records in batches.items():
             window = self.windows.setdefault(tp, [])
             for record in records:
                 if len(window) >= WINDOW:
                     self.partitions.hold(tp, record.offset)  # read again once the window has room
                     break
-                window.append(head(self, tp, record))
+                # Each record is decoded once, as it joins its window (a large one in a worker thread: the loop turns
+                # meanwhile, and a rebalance may land).
+                read = await head(self, tp, record)
+                if self.generation != generation:
+                    return  # the partitions were taken back meanwhile: read again from the group's offsets
+                window.append(read)
             if len(window) >= WINDOW:
                 self.consumer.pause(tp)
 

@@ -7,19 +7,29 @@ before the job takes its next step."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
 from daemon.kafka.trace import Headers, trace_context
 from schemas.events import EventBase
-from schemas.request import RequestBase
 
 E = TypeVar("E", bound=EventBase)
 
 
+class Named(Protocol):
+    """What a job's events carry of its request: its id and metadata. A `RequestBase` is one; the fleet's announcer
+    keeps only these of a request no host has read (daemon/fleet/announcer.py), not its decoded rows."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def metadata(self) -> dict[str, str]: ...
+
+
 class JobEvents:
-    def __init__(self, publisher: Publisher, request: RequestBase, host: str, attempt: int, trace: Headers) -> None:
+    def __init__(self, publisher: Publisher, request: Named, host: str, attempt: int, trace: Headers) -> None:
         self.publisher = publisher
         self.request = request
         self.host = host
@@ -27,9 +37,7 @@ class JobEvents:
         self.trace = trace
 
     @classmethod
-    def for_record(
-        cls, publisher: Publisher, request: RequestBase, host: str, attempt: int, record: Record
-    ) -> JobEvents:
+    def for_record(cls, publisher: Publisher, request: Named, host: str, attempt: int, record: Record) -> JobEvents:
         """The events of a request read from `record`, with its trace headers (those of a
         request without a running job)."""
         return cls(publisher, request, host, attempt, trace_context(record))

@@ -19,7 +19,8 @@ import pytest
 from aiokafka import TopicPartition
 
 from daemon import executors
-from daemon.intake import OFF_LOOP_BYTES, decoded_request
+from daemon.decoding import OFF_LOOP_BYTES
+from daemon.decoding import decoded as decoded_request
 from daemon.resources.estimator import Estimator, MemoryHistory
 from daemon.resources.headers import Deadline, read_header
 from daemon.resources.memory import Estimate, Tensors, WeightsUnreadable
@@ -251,7 +252,7 @@ async def test_model_files_that_never_answer_hold_no_thread_and_a_large_request_
     value = json.dumps(big).encode()
     assert len(value) >= OFF_LOOP_BYTES  # decoded in a worker thread
     async with asyncio.timeout(60):  # a guard against a hang without the fix, not a measure of speed
-        decoded = await decoded_request(value, b"big")
+        decoded = await decoded_request(FakeRecord("t", 0, 0, b"big", value), settings.max_message_bytes)
     assert isinstance(decoded, RequestBase) and decoded.request_id == "big"
 
 

@@ -19,9 +19,11 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from daemon import decoding
 from daemon import intake as intake_module
 from daemon.admission.judge import refusal
 from daemon.cli.demo.requests import VISION_CHAT_ROWS
+from daemon.kafka.records import Record
 from daemon.settings import Settings
 from schemas import FieldError, Rejection, RequestBase
 from tests.core import CoreOnFakes
@@ -226,14 +228,14 @@ async def test_a_partition_that_moves_away_while_a_large_record_is_decoded_off_t
     decides on the loop: a move during a large record's decode in a thread stops the batch after it."""
     monkeypatch.setattr(intake_module, "TURN_EVERY_S", 3600.0)  # no turn but the batch's first
     core = CoreOnFakes(settings, FakeProducer())
-    decoded_off_loop = intake_module.decoded_request
+    decoded_off_loop = decoding.decoded
 
-    async def decoded_while_moving(value: bytes | None, key: bytes | None) -> RequestBase | Rejection:
+    async def decoded_while_moving(record: Record, max_message_bytes: int) -> RequestBase | Rejection:
         del core.consumer.committed[core.tp]  # the rebalance lands while the record is decoded
-        return await decoded_off_loop(value, key)
+        return await decoded_off_loop(record, max_message_bytes)
 
-    monkeypatch.setattr(intake_module, "decoded_request", decoded_while_moving)
-    large = b"{not json " + b"x" * intake_module.OFF_LOOP_BYTES
+    monkeypatch.setattr(decoding, "decoded", decoded_while_moving)
+    large = b"{not json " + b"x" * decoding.OFF_LOOP_BYTES
     records = [
         FakeRecord(core.tp.topic, 0, offset, b"k", value)
         for offset, value in enumerate([b"{not json", large, b"{not json", b"{not json"])
@@ -296,10 +298,10 @@ _RECORD_KINDS: dict[str, bytes] = {
 
 @hypothesis_settings(max_examples=30, deadline=None)
 @given(kinds=st.lists(st.sampled_from(sorted(_RECORD_KINDS)), min_size=1, max_size=12))
-def test_a_batch_decided_inline_gets_the_verdicts_decoded_request_and_refusal_give_each_record(
+def test_a_batch_decided_inline_gets_the_verdicts_decoded_and_refusal_give_each_record(
     kinds: list[str],
 ) -> None:
-    """take's inline path for small records is `decoded_request` without its coroutine, and its
+    """take's inline path for small records is `decoding.decoded` without its coroutine, and its
     admission is `judge.refusal` in two parts (the images' read only for a request the rest lets
     through): every record of any mix gets the rejection they give it alone."""
     with tempfile.TemporaryDirectory() as work:
@@ -317,7 +319,7 @@ async def _inline_against_alone(host: Settings, kinds: list[str]) -> None:
     await core.partitions.settled(core.tp)
     expected = []
     for record in records:
-        decoded = await intake_module.decoded_request(record.value, record.key)
+        decoded = await decoding.decoded(record, host.max_message_bytes)
         rejection = (
             decoded if isinstance(decoded, Rejection) else refusal(decoded, host, core.slots)
         )  # the whole decision, in one call

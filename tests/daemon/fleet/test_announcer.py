@@ -6,28 +6,29 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from daemon.fleet.announcer import Announcer
-from daemon.fleet.order import FleetRequest, waiting_for
+from daemon.fleet.announcer import Announcer, Unread
+from daemon.fleet.order import waiting_for
 from daemon.fleet.view import FleetView
+from daemon.job.events import JobEvents
 from daemon.kafka.admin.group_offsets import KafkaQueueReads
 from daemon.kafka.admin.topics import ensure_topics
 from daemon.kafka.options import kafka_options
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
-from daemon.kafka.records import Record
 from daemon.kafka.retry_state import RetrySigner
 from daemon.settings import Settings
 from daemon.settings.fleet import queue_group
 from schemas import Accepted, Progress, Queued, RequestBase, decode_request, parse_event
 from testbed.client import produce
 from testbed.fleet_keys import shared_fleet_keys
-from testbed.memory_kafka import FakeConsumer, FakeProducer, FakeRecord
+from testbed.memory_kafka import FakeConsumer, FakeProducer
 from tests.daemon.fleet.test_fleet_usage import read
 from tests.fakes import FakeFleetKafka
 from tests.helpers import sft_request
@@ -68,9 +69,9 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
     producer = FakeProducer()
 
     class ClaimedWhileRead(Announcer):
-        async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
+        async def unread(self) -> list[Unread]:
             found = await super().unread()
-            assert sorted(waiting.request_id for waiting, _ in found) == ["claimed-meanwhile", "still-waiting"]
+            assert sorted(each.waiting.request_id for each in found) == ["claimed-meanwhile", "still-waiting"]
             await commit(
                 fleet, queue_group(fleet.group_id, "batch"), TopicPartition(topic, 0), offsets["claimed-meanwhile"] + 1
             )
@@ -105,25 +106,21 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
         **shared_fleet_keys(),
     )
     topic = fleet.class_topics["batch"]
+    producer = FakeProducer()
     read = []
     for offset, name in enumerate(("cancelled-1", "still-waiting")):
         request = decode_request(json.dumps(sft_request(name, priority_class="batch")).encode(), name.encode())
         assert isinstance(request, RequestBase)
-        read.append(
-            (
-                waiting_for(request, "batch", 1_765_000_000.0 + offset),
-                (request, FakeRecord(topic, 0, offset, name.encode(), b"{}")),
-            )
-        )
+        events = JobEvents(Publisher(fleet, producer), request, fleet.host, 1, [])
+        read.append(Unread(waiting_for(request, "batch", 1_765_000_000.0 + offset), (topic, 0, offset), events))
 
     class AsRead(Announcer):
-        async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
+        async def unread(self) -> list[Unread]:
             return read
 
-        async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
+        async def claimed(self, records: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
             return set()
 
-    producer = FakeProducer()
     retries = RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts)
     announcer = AsRead(
         fleet,
@@ -144,27 +141,24 @@ async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_no
 MODEL = sft_request("x")["model"]["id"]
 
 
-def unread_request(
-    fleet: Settings, request_id: str, priority_class: str, offset: int, arrived: float
-) -> tuple[FleetRequest, tuple[RequestBase, Record]]:
+def unread_request(announcer: Announcer, request_id: str, priority_class: str, offset: int, arrived: float) -> Unread:
     value = json.dumps(sft_request(request_id, priority_class=priority_class)).encode()
     request = decode_request(value, request_id.encode())
     assert isinstance(request, RequestBase)
-    record = FakeRecord(
-        fleet.class_topics[priority_class], 0, offset, request_id.encode(), value, [], int(arrived * 1000)
-    )
-    return waiting_for(request, priority_class, arrived), (request, record)
+    events = JobEvents(announcer.publisher, request, announcer.settings.host, 1, [])
+    where = (announcer.settings.class_topics[priority_class], 0, offset)
+    return Unread(waiting_for(request, priority_class, arrived), where, events)
 
 
 class Backlog(Announcer):
     """The announcer over a backlog kept in memory: its unread requests are `backlog`, none claimed meanwhile."""
 
-    backlog: list[tuple[FleetRequest, tuple[RequestBase, Record]]]
+    backlog: list[Unread]
 
-    async def unread(self) -> list[tuple[FleetRequest, tuple[RequestBase, Record]]]:
+    async def unread(self) -> list[Unread]:
         return list(self.backlog)
 
-    async def claimed(self, records: list[Record]) -> set[tuple[str, int, int]]:
+    async def claimed(self, records: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
         return set()
 
 
@@ -228,9 +222,9 @@ async def test_a_waiting_request_is_told_again_when_a_higher_class_goes_ahead(tm
         RetrySigner.from_settings(fleet.retry_key_file, tmp_path, fleet.max_attempts),
         FakeFleetKafka(),
     )
-    announcer.backlog = [unread_request(fleet, "batch-1", "batch", 0, now - 20)]
+    announcer.backlog = [unread_request(announcer, "batch-1", "batch", 0, now - 20)]
     assert await announcer.announce() == 0  # its ETA counted down as it should: nothing new
-    announcer.backlog.append(unread_request(fleet, "urgent-1", "urgent", 0, now - 1))
+    announcer.backlog.append(unread_request(announcer, "urgent-1", "urgent", 0, now - 1))
     assert await announcer.announce() == 2
     queued = {
         event.request_id: (event.place, event.eta_s)

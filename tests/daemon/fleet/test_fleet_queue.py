@@ -196,7 +196,10 @@ async def test_a_team_at_its_cap_waits_with_a_queued_event_while_another_teams_l
     (host,) = hosts(fleet_settings, tmp_path, "host-a")
     # A hostile producer's first: a record that is no request, and one too large for the copy a move makes.
     await produce(host, b"\xff not json", b"garbage-1")
-    huge = {**request("huge-1", 4), "padding": "x" * (host.max_message_bytes - 4000)}
+    # Valid but for its size (an unknown field would be refused first, as intake refuses it: daemon/decoding.py).
+    padded = {"role": "user", "content": "x" * (host.max_message_bytes - 4000)}
+    huge = request("huge-1", 4)
+    huge["dataset"] = {"rows": [*CHAT_ROWS, {"messages": [padded, CHAT_ROWS[0]["messages"][1]]}]}
     await produce(host, json.dumps(huge).encode(), b"huge-1")
     daemon = DaemonProcess(host, tmp_path / "host-a.log").start()
     try:

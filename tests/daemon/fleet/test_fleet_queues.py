@@ -81,7 +81,7 @@ def queue_over(count: int) -> tuple[ClassQueue, WindowConsumer]:
     return queue, consumer
 
 
-def head(queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
+async def head(queue: ClassQueue, tp: TopicPartition, record: Record) -> Head:
     return Head(record=record, tp=tp, queue=queue.name, group=queue.group, request=None, priority_class="batch")
 
 

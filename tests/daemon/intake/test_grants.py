@@ -263,17 +263,50 @@ async def test_the_dispatchers_head_rejects_a_team_or_class_not_granted_before_o
     urgent = next(q for q in dispatcher.queues if q.name == "urgent")
     tp = TopicPartition(urgent.topic, 0)
 
-    def head(request_id: str, by: EventSigner, **fields: Any) -> Any:
+    async def head(request_id: str, by: EventSigner, **fields: Any) -> Any:
         _, value, headers = written(document(request_id, **fields), by)
-        return dispatcher.heads.read(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
+        return await dispatcher.heads.read(urgent, tp, FakeRecord(tp.topic, 0, 0, request_id.encode(), value, headers))
 
-    assert head("q-1", BETA, team="beta").rejection is None  # beta may use urgent
-    renamed = head("q-2", ALPHA, team="vision-b")
+    assert (await head("q-1", BETA, team="beta")).rejection is None  # beta may use urgent
+    renamed = await head("q-2", ALPHA, team="vision-b")
     assert renamed.rejection is not None and [e.path for e in renamed.rejection.errors] == ["team"]
     # Alpha naming no class but written to urgent's topic runs as urgent, which it may not use.
-    [not_granted, moved] = [head("q-3", ALPHA, team="alpha"), head("q-4", ALPHA, team="alpha", priority_class="batch")]
+    [not_granted, moved] = [
+        await head("q-3", ALPHA, team="alpha"),
+        await head("q-4", ALPHA, team="alpha", priority_class="batch"),
+    ]
     assert not_granted.rejection is not None and [e.path for e in not_granted.rejection.errors] == ["priority_class"]
     assert moved.rejection is None and moved.moves_to == settings.class_topics["batch"]
+
+
+async def test_the_announcer_tells_no_request_whose_team_or_class_the_dispatcher_would_refuse(tmp_path: Path) -> None:
+    """The announcer judges a record's grant as the dispatcher's head does (once, as it decodes it): a request it
+    would dead-letter is never told it waits."""
+    from daemon.fleet.announcer import Announcer
+
+    settings = bound_settings(tmp_path)
+    core = CoreOnFakes(settings)
+    dispatcher = core.dispatcher
+    assert dispatcher is not None
+    topic = settings.class_topics["urgent"]
+    for request_id, by, fields in (
+        ("granted", BETA, {"team": "beta"}),
+        ("renamed", ALPHA, {"team": "vision-b"}),  # alpha's key, another team's name
+        ("not-granted", ALPHA, {"team": "alpha"}),  # alpha may not use urgent
+    ):
+        _, value, headers = written(document(request_id, **fields), by)
+        core.fleet.produce(topic, request_id.encode(), value, [(k, v) for k, v in headers if v is not None])
+    announcer = Announcer(
+        settings,
+        dispatcher.view,
+        core.publisher,
+        core.partitions,
+        dispatcher.retries,
+        core.fleet.kafka().reads,
+        core.scheduler.cancelled,
+        core.intake.grants,
+    )
+    assert [each.waiting.request_id for each in await announcer.unread()] == ["granted"]
 
 
 async def test_a_retry_keeps_its_producers_signature_and_is_taken_again(tmp_path: Path) -> None:
@@ -304,7 +337,7 @@ async def test_a_large_requests_producer_signature_is_checked_off_the_loop(
     does; a small one on the loop."""
     import threading
 
-    from daemon.intake import OFF_LOOP_BYTES
+    from daemon.decoding import OFF_LOOP_BYTES
 
     core = CoreOnFakes(bound_settings(tmp_path))
     threads: list[str] = []

@@ -216,7 +216,7 @@ def test_no_field_name_of_the_request_contract_is_a_credential_name() -> None:
 
 
 def test_the_scan_walks_a_request_only_when_a_string_of_it_may_be_a_credential() -> None:
-    from daemon.intake import SCANNER
+    from daemon.admission.secret_rules import SCANNER
 
     image = (
         "data:image/png;base64,"
