@@ -281,9 +281,11 @@ def test_jobs_and_get_from_a_lagging_table_fold_the_events_past_it(fleet: Settin
     publish(fleet, events)
     half = {partition: end // 2 for partition, end in ends(fleet).items()}
     assert keep(fleet, half) == half  # no keeper read on: the second half of each partition is in no entry
+    table = asyncio.run(read_table(fleet, tail=False))
+    assert table.events_from == half and not table.events_to  # where a follower of the events begins
     read = asyncio.run(read_table(fleet))
     assert read.events_from == half and read.events_to == ends(fleet)
-    assert len(read.entries) == len(requests_of(events))
+    assert len(read.entries) == len(requests_of(events)) > len(table.entries)
     assert_same_as_every_event_folded(fleet)
 
 
