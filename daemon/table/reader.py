@@ -11,7 +11,7 @@ entry with them, move to a partition of a higher number) keeps the entry whose l
 taken: the key's genuine state is then its earlier genuine entry, or what the events say.
 
 The table is complete up to the keepers' committed offsets on the events topic (`keeper_group`,
-daemon/table/keeper.py); the events past them (the tail) are read to the topic's end as of the read, verified by
+the table's keeper); the events past them (the tail) are read to the topic's end as of the read, verified by
 `EventStream`'s own rules in batches (`EventStream.verified_many`: the fleet's keys, each event taken once by its id,
 a genuine event under another request's key refused as `misplaced`), and folded on top with `folded`, which skips an
 event the entry holds already (its id, or its offset). So what is read is as current as the events topic, whether

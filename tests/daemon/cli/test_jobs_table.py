@@ -3,7 +3,7 @@ same history as the fold of every event (`daemon.cli.jobs.fold` of `history`: wh
 table), whether the table is kept to the end of the events topic, lags behind it (its keepers' committed offsets
 half-way), or is not kept at all; a forged entry ignored and said; `get` reading one partition of each topic.
 
-The keeper (daemon/table/keeper.py) is not what is tested here: `keep` writes the entries as it does, each changed
+The table's keeper is not what is tested here: `keep` writes the entries as it does, each changed
 entry signed to the partition number its event came from, and commits the keepers' group's offsets."""
 
 from __future__ import annotations
