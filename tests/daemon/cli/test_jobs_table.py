@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from typer.testing import CliRunner
 
@@ -405,3 +405,30 @@ def test_the_reader_keeps_each_keys_latest_entry_drops_a_tombstoned_one_and_coun
     assert {request_id: entry for request_id, entry in read.entries.items() if request_id != "busy-1"} == {
         request_id: entry for request_id, entry in kept.items() if request_id not in ("done-0", "busy-1")
     }
+
+
+def test_get_finds_a_request_whose_key_hashes_elsewhere_since_the_events_topic_grew(fleet: Settings) -> None:
+    """Given partitions after a request's events (`adapterd topics --grow`), its key hashes to a partition that holds
+    nothing of it: `get` reads the other state partitions for its key and its events where its entry says."""
+    events = fleet_events()
+    publish(fleet, events)
+    keep(fleet)
+    moved = next(r for r in SHOWN if key_partition(r, range(PARTITIONS)) != key_partition(r, range(2 * PARTITIONS)))
+    before = expected_get(fleet, moved)
+
+    async def grow() -> None:
+        admin = AIOKafkaAdminClient(**kafka_options(fleet))
+        await admin.start()
+        try:
+            await admin.create_partitions(
+                {topic: NewPartitions(2 * PARTITIONS) for topic in (fleet.events_topic, fleet.state_topic)}
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(grow())
+    code, lines, stderr = cli(fleet, "get", moved)
+    assert code == 0, stderr
+    assert lines == before
+    read = asyncio.run(table_reader.read_request(fleet, moved))
+    assert set(read.events_to) == {key_partition(moved, range(PARTITIONS)), key_partition(moved, range(2 * PARTITIONS))}
