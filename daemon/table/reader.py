@@ -16,7 +16,8 @@ the table's keeper); the events past them (the tail) are read to the topic's end
 a genuine event under another request's key refused as `misplaced`), and folded on top with `folded`, which skips an
 event the entry holds already (its id, or its offset). So what is read is as current as the events topic, whether
 the keepers are current, lag, or never ran (no offset committed: the tail is the whole events topic, and the result
-is the fold of every event, as `adapterd jobs` read it before the table; no state topic at all: the same). What it
+is the fold of every event, as `adapterd jobs` read it before the table; no state topic at all, or a state partition
+never written, as a topic made again is: the same, for those partitions). What it
 reports beside the entries: the refused entries and ignored events by reason, where the tail began and where it was
 read to in each partition (a follower of the events goes on from `events_to`). With `tail=False` it reads the table
 alone and says where its tail begins (`events_from`: the keepers' committed offsets), for a reader that follows the
@@ -118,6 +119,9 @@ async def read_table(settings: Settings, *, tail: bool = True) -> TableRead:
         await _read_entries(settings, keys, read, None, None)
     except TopicMissing:
         read.table, committed = False, {}  # no table yet (`adapterd topics` not run since): every event is read
+    # A state partition never written (made again empty, or the table's topic given more partitions than it had) holds
+    # nothing of what its keepers committed past: its events are read from their beginning.
+    committed = {partition: offset for partition, offset in committed.items() if read.state_to.get(partition, 0) > 0}
     _say_refused(settings, read)
     if not tail:
         read.events_from = committed  # a partition left out: from its beginning

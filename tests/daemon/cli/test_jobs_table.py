@@ -432,3 +432,16 @@ def test_get_finds_a_request_whose_key_hashes_elsewhere_since_the_events_topic_g
     assert lines == before
     read = asyncio.run(table_reader.read_request(fleet, moved))
     assert set(read.events_to) == {key_partition(moved, range(PARTITIONS)), key_partition(moved, range(2 * PARTITIONS))}
+
+
+def test_a_state_partition_never_written_has_its_events_read_from_their_beginning(fleet: Settings) -> None:
+    """The keepers' offsets committed at the end, but the state topic empty (made again, say): nothing in the table
+    holds what they committed past, so every event is read, not none."""
+    events = fleet_events()
+    publish(fleet, events)
+    asyncio.run(commit(fleet, ends(fleet)))
+    read = asyncio.run(read_table(fleet))
+    assert read.events_from == {partition: 0 for partition in range(PARTITIONS)}
+    assert len(read.entries) == len(requests_of(events))
+    code, lines, _ = cli(fleet, "jobs")
+    assert code == 0 and lines == expected_jobs(fleet)
