@@ -14,9 +14,10 @@ it sent), so that a slot it frees is never given by a stale count of its own.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -28,9 +29,11 @@ from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, re
 from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
+from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
 from daemon.settings import Settings
+from daemon.table.entry import TableEntry
 from schemas import Accepted, Event, Queued
 from schemas.events import EventBase
 
@@ -41,17 +44,81 @@ HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
 FOLLOW_AGAIN_S = 5.0
 
 
-class FleetView:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+class Folds:
+    """What the view folds of the fleet's events, and only that: `Usage`, `Durations`, `Occupancy`, `Switches`, each
+    host's slots and what each waiting request was told, with the ids of the events folded (each once, none older than
+    `USAGE_LOOKBACK_S`: daemon/kafka/event_ids.py) and the events not folded, by why. Pure: no Kafka, no clock.
+
+    Made from the table (`load`: each entry's `recent` events within the window, every entry's merged in time order)
+    and the events past it (`tail`), it says for the decisions what folding every event of the window says, except
+    where the table keeps less: an entry keeps only the latest event of each type of its request (daemon/table/entry.py
+    `folded`), so of a request that ran twice within the window (preempted, retried, or redelivered after its end) only
+    its latest run's slot-time is counted (the earlier run's `accepted` and `started` were replaced), and a redelivered
+    request's earlier success is not among the durations (an entry starts again at an `accepted` after its end); a
+    running job's pace is its latest `progress` event's (an earlier one's, where the latest has no ETA, is not kept)."""
+
+    def __init__(self) -> None:
         self.usage = Usage(HALF_LIFE_S)
         self.durations = Durations()
         self.running_jobs = Occupancy()
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
-        self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
+        self.ids = EventIds(USAGE_LOOKBACK_S)  # the events folded: each once, none older than the window
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
+        # Each request of the table: the events topic's partition and offset of the latest event its entry holds. An
+        # event of the tail at or before it is in the entry already (the keepers write entries before they commit).
+        self.tabled: dict[str, tuple[int, int]] = {}
+
+    def observe(self, event: Event, now: float) -> None:
+        for fold in (self.usage, self.durations, self.running_jobs, self.switches):
+            fold.observe(event, now)
+        if isinstance(event, Accepted) and event.host_slots is not None:
+            self.host_slots[event.host] = event.host_slots
+        elif isinstance(event, Queued) and event.request_id is not None:
+            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
+        if isinstance(event, Accepted) and event.request_id is not None:
+            self.telling.started(event.request_id)
+
+    def fold(self, event: Event, now: float) -> str | None:
+        """Fold a verified event unless it was folded already or is older than the window; else why not (counted)."""
+        refused = self.ids.refused(event, now)
+        if refused is not None:
+            self.skipped[refused] += 1
+            return refused
+        self.observe(event, now)
+        return None
+
+    def load(self, entries: Iterable[TableEntry], now: float) -> None:
+        """Fold the table's entries (verified): each one's `recent` events of the window, every entry's merged in
+        time order, each request's in its own order (the order they were folded in: a host's clock running behind
+        another's does not put a request's `accepted` after its end). Older events are left out, not counted."""
+        start, recents = now - USAGE_LOOKBACK_S, []
+        for entry in entries:
+            if entry.partition >= 0:
+                self.tabled[entry.request_id] = (entry.partition, entry.offset)
+            recent = [event for event in entry.recent if event.time.timestamp() >= start]
+            if recent:
+                recents.append(recent)
+        for event in heapq.merge(*recents, key=lambda event: event.time):
+            self.fold(event, now)
+
+    def tail(self, event: Event, partition: int, offset: int, now: float) -> str | None:
+        """Fold a verified event of the events topic read past the table (`load`), unless its request's entry holds it
+        already (at or before the entry's place in the same partition, as daemon/table/entry.py `folded` says); else
+        why not."""
+        place = self.tabled.get(event.request_id or "")
+        if place is not None and partition == place[0] and 0 <= offset <= place[1]:
+            self.skipped["tabled"] += 1
+            return "tabled"
+        return self.fold(event, now)
+
+
+class FleetView(Folds):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.caught_up = asyncio.Event()  # set once the table and the events up to the start have been folded
         # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
         # from when its end is sent, whatever the events read so far say (`held`). Kept beside the folds, not folded in:
         # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
@@ -63,14 +130,7 @@ class FleetView:
 
     def observe(self, event: Event, now: float) -> None:
         self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
-        for fold in (self.usage, self.durations, self.running_jobs, self.switches):
-            fold.observe(event, now)
-        if isinstance(event, Accepted) and event.host_slots is not None:
-            self.host_slots[event.host] = event.host_slots
-        elif isinstance(event, Queued) and event.request_id is not None:
-            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
-        if isinstance(event, Accepted) and event.request_id is not None:
-            self.telling.started(event.request_id)
+        super().observe(event, now)
 
     def sending(self, event: EventBase) -> None:
         """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
