@@ -6,7 +6,10 @@ event loop's default executor, so one kind cannot take every thread from another
   intake), whose headers it reads;
 - `headers`: reading models' safetensors headers for the memory estimate (daemon/resources/headers.py);
 - `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
-- `retention`: passes of retention over the jobs' folders (daemon/store/retention.py).
+- `retention`: passes of retention over the jobs' folders (daemon/store/retention.py);
+- `verify`: checking the signatures of records read in bulk, and parsing them (the table's reader,
+  daemon/table/reader.py, through `run_chunks`): Ed25519's verify releases the interpreter, so one
+  thread a core verifies beside the loop and on every core.
 
 Seven model files that never answered once held every thread of the default executor, and a
 64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
@@ -20,19 +23,29 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
-THREADS: dict[Kind, int] = {"decode": 2, "admission": 2, "headers": 8, "hub": 8, "retention": 1}
+# Verifying is mostly outside the interpreter (the signature's arithmetic): a thread a core.
+THREADS: dict[Kind, int] = {
+    "decode": 2,
+    "admission": 2,
+    "headers": 8,
+    "hub": 8,
+    "retention": 1,
+    "verify": max(1, os.cpu_count() or 1),
+}
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
 
 _pools: dict[Kind, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
@@ -51,3 +64,18 @@ async def run(kind: Kind, function: Callable[P, T], *args: P.args, **kwargs: P.k
     bound values), as `asyncio.to_thread` does in the default executor."""
     call = functools.partial(contextvars.copy_context().run, function, *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(pool(kind), call)
+
+
+async def run_chunks(kind: Kind, function: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """`[function(item) for item in items]`, in order, the items cut into one run of consecutive items for each of
+    `kind`'s threads (a few calls into the pool for a batch, not one per item)."""
+    if not items:
+        return []
+    size = -(-len(items) // THREADS[kind])
+    chunks = [items[start : start + size] for start in range(0, len(items), size)]
+    done = await asyncio.gather(*(run(kind, _each, function, chunk) for chunk in chunks))
+    return [result for chunk in done for result in chunk]
+
+
+def _each(function: Callable[[T], R], chunk: Sequence[T]) -> list[R]:
+    return [function(item) for item in chunk]

@@ -1,6 +1,7 @@
 """`adapterd cancel ID`: what the request's events say of it, and what the cancel will do.
 
-It reads the request's events (as `adapterd get` does) before sending anything: a running request's
+It reads the request's state (as `adapterd get` does: its entry in the table of requests and its events past it,
+from one partition of each, daemon/table/reader.py `read_request`) before sending anything: a running request's
 host stops the job; a queued one is skipped when it is reached; one that already ended is left as
 it is and nothing is sent. A request no host has published an event of may still wait unread in
 the requests topic (a partition busy with an earlier request), so the cancel is sent: daemons keep
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 
-from daemon.cli.jobs import RequestSummary, fold, history
+from daemon.cli.jobs import RequestSummary, say
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
+from daemon.table.reader import read_request
 from schemas import Cancel
 
 ENDED = ("succeeded", "failed", "cancelled", "rejected")
@@ -59,10 +61,12 @@ def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Pla
 
 
 async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:
-    """Read the request's events, send the cancel when it can still do something (not on a dry
+    """Read the request's state, send the cancel when it can still do something (not on a dry
     run), and say what happens."""
     request_id = message.request_id
-    decided = plan(request_id, fold(await history(settings, request_id)).get(request_id), settings.control_topic)
+    read = await read_request(settings, request_id)
+    say(read)
+    decided = plan(request_id, read.entries.get(request_id), settings.control_topic)
     if decided.send and dry_run:
         return f"{decided.said} (dry run: nothing sent)"
     if decided.send:

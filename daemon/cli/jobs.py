@@ -1,25 +1,33 @@
-"""`adapterd jobs` and `adapterd get`: where every request stands across the fleet, from the events topic.
+"""`adapterd jobs` and `adapterd get`: where every request stands across the fleet, from the table of requests.
 
-The events topic already holds every request's whole history, from every host, and is what
-consumers read; the latest state of a request is its last event. So both verbs read it from its
-beginning to its end as of the call and fold the events by request id, rather than the daemon
-keeping a compacted state topic beside it: that would be one more topic to create, to size and to
-keep true under the same faults, for a listing that reading the events gives already. What it
-costs: a request older than the events topic's retention is not listed.
+A request's latest state is its events folded (daemon/table/entry.py `folded`), and the daemons keep that fold in a
+compacted state topic, the table of requests (daemon/table/), so neither verb reads every event the fleet ever said:
+`jobs` reads the table and folds on top the events past the keepers' committed offsets (daemon/table/reader.py
+`read_table`); `get` reads its request's entry from one partition of the state topic and that request's events from
+one partition of the events topic, from its entry's first event on (`read_request`). Entries and events are taken
+only when the fleet's keys verify them; what was not taken is said on stderr, one line each (`say`). The events topic
+stays the record: where no keeper runs, or lags, the reader folds the events themselves, and the listing is the
+same. What it costs: an ended request leaves the table `state_retention_s` after it ended (its tombstone), and, where
+no table is kept, a request older than the events topic's retention is not listed.
+
+`history` and `fold` read and fold the whole events topic, as both verbs did before the table: what the tests hold
+the table's listing equal to.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from daemon.table.entry import STATES, TableEntry, folded
+from daemon.table.reader import TableRead
 from schemas import Event
 
-__all__ = ["HEADER", "STATES", "RequestSummary", "age", "fold", "history", "line"]
+__all__ = ["HEADER", "STATES", "RequestSummary", "age", "fold", "history", "line", "say"]
 
 _AGE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -42,6 +50,13 @@ async def history(settings: Settings, request_id: str | None = None) -> list[Eve
     """The events topic from its beginning to its end as of now, or one request's events in it."""
     async with EventStream(settings) as stream:
         return [event async for event in stream.events(request_id, until_terminal=False, follow=False)]
+
+
+def say(read: TableRead) -> None:
+    """What the table's reader did not take (forged or malformed entries, events not verified or repeated), on stderr,
+    one line each, as EventStream says the events it ignored."""
+    for note in read.notes:
+        print(f"adapterd: {note}", file=sys.stderr, flush=True)
 
 
 def fold(events: Iterable[Event]) -> dict[str, TableEntry]:

@@ -2,11 +2,13 @@
 and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
 
 The events are folded as every host folds them (daemon/fleet/usage.py `Usage`, `Durations` and `Switches`,
-daemon/fleet/running.py `Occupancy`); the places and ETAs are daemon/fleet/eta.py `places`, as a host
-tells them in its `queued` events (the order they are expected to start in: class, then the teams' fair
-share, then arrival, each team held to its cap; the preemptions within the operator's bounds; list
-scheduling onto the fleet's slots, unknown rather than guessed where a start needs an end nothing says).
-The one thing the CLI supplies is the number of the fleet's slots (`--slots`, else `default_slots`).
+daemon/fleet/running.py `Occupancy`): the events of the table of requests, each entry's latest event of each
+type (daemon/table/reader.py `TableRead.recent`), as the fleet's view takes them from the table; the places
+and ETAs are daemon/fleet/eta.py `places`, as a host tells them in its `queued` events (the order they are
+expected to start in: class, then the teams' fair share, then arrival, each team held to its cap; the
+preemptions within the operator's bounds; list scheduling onto the fleet's slots, unknown rather than guessed
+where a start needs an end nothing says). The one thing the CLI supplies is the number of the fleet's slots
+(`--slots`, else `default_slots`).
 
 Without priority classes there is no fleet's order: each partition of the requests topic is a
 first-in-first-out queue read one job at a time, so a request's place is its place in its partition
@@ -34,6 +36,7 @@ from daemon.fleet.eta import Bounds, etas, places
 from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
+from daemon.table.reader import TableRead
 from schemas import Event
 from schemas.events import Accepted
 
@@ -160,22 +163,20 @@ def eta_text(eta_s: float | None) -> str:
 
 
 async def placed_backlog(
-    settings: Settings, slots: int | None, now: datetime, events: list[Event] | None = None
+    settings: Settings, slots: int | None, now: datetime, table: TableRead | None = None
 ) -> tuple[Backlog, list[Placed]]:
     """Every waiting request (daemon/cli/waiting.py), those with a cancel pending marked, the others placed in the
-    fleet's order with their ETAs."""
-    backlog = await read_backlog(settings, events)
+    fleet's order with their ETAs (`table`: the table of requests, when read already)."""
+    backlog = await read_backlog(settings, table)
     mark_cancelled(backlog.waiting, await sent_cancels(settings, now))
     return backlog, place_and_eta(
         backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records
     )
 
 
-async def waiting_line(
-    settings: Settings, request_id: str, slots: int | None, now: datetime, events: list[Event]
-) -> str | None:
+async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime) -> str | None:
     """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
-    _, placed = await placed_backlog(settings, slots, now, events)
+    _, placed = await placed_backlog(settings, slots, now)
     found = next((each for each in placed if each.request.request_id == request_id), None)
     return None if found is None else where_it_waits(found, now)
 

@@ -1,12 +1,13 @@
 """`adapterd cancel --team T --class C --selector key=value`: cancel a sweep, every request that matches,
 waiting or running, and say how many and which.
 
-Waiting requests are those `adapterd jobs --state queued` lists (daemon/cli/waiting.py); running ones
-are those whose latest event says so. A request matches when every given test holds: its team, its
-class, and each metadata pair. A request's class, team and metadata are read from its record where
-one is past a committed offset (a running job's is, until it ends), else from its events. Each match
-gets the control topic's ordinary cancel (daemon/cli/cancel.py's message, keyed by the request id):
-a running job stops and publishes `cancelled`; a waiting one is skipped when a daemon reaches it.
+Waiting requests are those `adapterd jobs --state queued` lists (daemon/cli/waiting.py); running ones are
+those whose latest event says so (the table of requests and the events past it, daemon/table/reader.py). A
+request matches when every given test holds: its team, its class, and each metadata pair. A request's class,
+team and metadata are read from its record where one is past a committed offset (a running job's is, until it
+ends), else from its events. Each match gets the control topic's ordinary cancel (daemon/cli/cancel.py's
+message, keyed by the request id): a running job stops and publishes `cancelled`; a waiting one is skipped
+when a daemon reaches it.
 With `--dry-run` the matches are listed and nothing is sent.
 """
 
@@ -18,11 +19,13 @@ from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
 
+from daemon.cli.jobs import say
 from daemon.cli.waiting import Backlog, named_in_events, read_backlog
 from daemon.errors import UsageError
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from daemon.settings.fleet import team_of
+from daemon.table.reader import read_table
 from schemas import Cancel
 from schemas.request_base import QUEUE_NAME_PATTERN
 
@@ -110,7 +113,9 @@ def matches(backlog: Backlog, chosen: Selector, settings: Settings) -> list[Matc
 
 async def sweep(settings: Settings, chosen: Selector, reason: str, dry_run: bool) -> list[str]:
     """Find the matches, send each its cancel unless it is a dry run, and say what was matched and done."""
-    found = matches(await read_backlog(settings), chosen, settings)
+    table = await read_table(settings)
+    say(table)
+    found = matches(await read_backlog(settings, table), chosen, settings)
     waiting = sum(1 for match in found if match.state == "waiting")
     lines = [f"matched {len(found)} request(s) with {chosen.said()}: {waiting} waiting, {len(found) - waiting} running"]
     lines += [match.line() for match in found]

@@ -12,6 +12,12 @@ A waiting request is in one of two places (docs/architecture.md, "The fleet's or
 A request whose latest event is `accepted` has its slot and starts now; it is listed too (stage
 `accepted`: the events' table calls it queued), and daemon/cli/places.py gives it no place.
 
+What the events say of each request comes from the table of requests and the events past it
+(daemon/table/reader.py `read_table`), not from every event: a request's latest state is its entry, and
+what the fleet's order folds of the requests (their `accepted`, `queued` and `preempted`: class, team,
+metadata, slots; their starts and ends: usage and durations) is each entry's latest event of each type
+(`TableRead.recent`).
+
 The offsets come from the admin client and the records from a reader of assigned partitions, so
 nothing here joins a group: listing the queue never rebalances the daemons. The records are decoded
 as a daemon decodes them (schemas.decode_request); one that is not a request is listed as such.
@@ -22,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from daemon.cli.jobs import RequestSummary, fold, history
+from daemon.cli.jobs import RequestSummary, fold
 from daemon.errors import TopicMissing
 from daemon.kafka.admin.group_offsets import committed_offsets
 from daemon.kafka.records import Record
@@ -30,6 +36,7 @@ from daemon.kafka.retry_state import PREEMPTIONS_HEADER
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.fleet import CLASS_HEADER, queue_group, team_of
+from daemon.table.reader import TableRead, read_table
 from schemas import Event, Rejection, decode_request
 from schemas.events import Accepted, Preempted, Queued
 
@@ -88,7 +95,7 @@ class Backlog:
     # is not committed until they end): the sweep matches running requests by their record.
     records: dict[str, WaitingRequest]
     jobs: dict[str, RequestSummary]
-    events: list[Event]
+    events: list[Event]  # what the fleet's folds take: every entry's latest event of each type, by time
     missing: list[str] = field(default_factory=list)  # queue topics that do not exist: nothing waits there
 
 
@@ -102,9 +109,9 @@ def queues(settings: Settings) -> list[Queue]:
     ] + [Queue(settings.group_id, settings.claims_topic, "claimed", None)]
 
 
-async def read_backlog(settings: Settings, events: list[Event] | None = None) -> Backlog:
-    """Read the queues past their groups' committed offsets and the events topic (unless its `events`
-    are given, read already), and find who waits."""
+async def read_backlog(settings: Settings, table: TableRead | None = None) -> Backlog:
+    """Read the queues past their groups' committed offsets and the table of requests (unless it is given, read
+    already), and find who waits."""
     found = await committed_offsets(settings, [(queue.group, queue.topic) for queue in queues(settings)])
     read: list[tuple[Queue, Record]] = []
     missing = []
@@ -117,14 +124,21 @@ async def read_backlog(settings: Settings, events: list[Event] | None = None) ->
                 read += [(queue, record) async for record in reader.records(follow=False)]
         except TopicMissing:
             missing.append(queue.topic)
-    backlog = combine(read, await history(settings) if events is None else events, settings)
+    table = await read_table(settings) if table is None else table
+    backlog = combine(read, table.recent(), settings, table.entries)
     backlog.missing = missing
     return backlog
 
 
-def combine(read: list[tuple[Queue, Record]], events: list[Event], settings: Settings) -> Backlog:
-    """The waiting requests, from the records past the committed offsets (in the order read) and the events."""
-    jobs = fold(events)
+def combine(
+    read: list[tuple[Queue, Record]],
+    events: list[Event],
+    settings: Settings,
+    jobs: dict[str, RequestSummary] | None = None,
+) -> Backlog:
+    """The waiting requests, from the records past the committed offsets (in the order read), the requests' states
+    (`jobs`; else the fold of `events`) and the `events` that name their class, team and metadata."""
+    jobs = fold(events) if jobs is None else jobs
     records: dict[str, WaitingRequest] = {}
     waiting: dict[str, WaitingRequest] = {}
     undecodable: list[WaitingRequest] = []

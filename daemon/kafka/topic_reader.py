@@ -1,7 +1,8 @@
 """Read every partition of one topic without a consumer group: the one reader behind the control
 topic (every daemon reads every cancel), the events topic (the CLI, the demo) and the tests.
 
-It starts at the beginning of each partition, at its end as of `start()`, at its first record at or
+It reads every partition of the topic, or the few named (`partitions`: one request's key's partition, for
+`adapterd get`). It starts at the beginning of each partition, at its end as of `start()`, at its first record at or
 after a time (`since`: the fleet's view of recent events), or at given offsets (a group's committed
 offsets: `adapterd jobs --state queued`), and knows when it has caught up with the
 ends it saw at `start()`, so a reader can stop there or go on following. Caught up is judged by the
@@ -18,7 +19,7 @@ and every CLI command reads these topics, so each would send a copy.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -46,6 +47,7 @@ class TopicReader:
         since: float | None = None,
         start_at: Mapping[int, int] | None = None,
         read_committed: bool = False,
+        partitions: Collection[int] | None = None,
     ) -> None:
         self.settings = settings
         self.topic = topic
@@ -53,6 +55,7 @@ class TopicReader:
         self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
         # Partition → the offset to begin at (a partition left out: its first record); never before the log's start.
         self.start_at = start_at
+        self.only = None if partitions is None else frozenset(partitions)  # None: every partition of the topic
         self.consumer = AIOKafkaConsumer(
             **kafka_options(settings),
             group_id=None,
@@ -69,7 +72,8 @@ class TopicReader:
         self.caught_up = asyncio.Event()
 
     async def start(self) -> TopicReader:
-        """Assign every partition of the topic and place the reader; a LookupError if the topic is missing."""
+        """Assign every partition of the topic (or those asked for that it has) and place the reader; a LookupError if
+        the topic is missing."""
         try:
             numbers = await partition_numbers(self.settings, self.topic)
             await self.consumer.start()
@@ -78,7 +82,9 @@ class TopicReader:
                 self.consumer.stop()
             )  # a broker that does not answer leaves no open client behind ("Unclosed AIOKafkaConsumer")
             raise
-        partitions = [TopicPartition(self.topic, number) for number in sorted(numbers)]
+        partitions = [
+            TopicPartition(self.topic, number) for number in sorted(numbers) if self.only is None or number in self.only
+        ]
         self.consumer.assign(partitions)
         self.ends = await self.consumer.end_offsets(partitions)
         start = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}

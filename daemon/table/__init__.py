@@ -9,4 +9,5 @@ the events.
 - entry.py: one request's state (`TableEntry`) and the fold of an event into it;
 - codec.py: an entry as a signed record of the state topic, and back (verified as events are);
 - topic.py: the state topic's compaction settings and the keepers' group;
+- reader.py: the one reader of the table: its entries, and the events past it folded on top (all, or one request's);
 """

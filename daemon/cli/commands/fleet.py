@@ -57,12 +57,14 @@ def jobs(
         ),
     ] = None,
 ) -> None:
-    """Every request's latest state across the fleet, from the events topic; newest last. --state queued lists every
-    waiting request, read from the queues themselves, in the fleet's order: its class, team, place, ETA and where it
-    waits; those with a cancel pending are left out, counted in no one's place, and named on stderr."""
+    """Every request's latest state across the fleet, from the table of requests and the events past it; newest last.
+    --state queued lists every waiting request, read from the queues themselves, in the fleet's order: its class,
+    team, place, ETA and where it waits; those with a cancel pending are left out, counted in no one's place, and named
+    on stderr."""
     from datetime import UTC, datetime
 
-    from daemon.cli.jobs import HEADER, STATES, age, fold, history, line
+    from daemon.cli.jobs import HEADER, STATES, age, line, say
+    from daemon.table.reader import read_table
 
     settings = read_settings(config)
     unknown = sorted(set(state or []) - set(STATES))
@@ -76,11 +78,12 @@ def jobs(
         raise typer.Exit(2) from exc
 
     now = datetime.now(UTC)
-    events = with_kafka(settings, history(settings))
+    table = with_kafka(settings, read_table(settings))
+    say(table)
     others = [each for each in state or [] if each != "queued"]
     listed = [
         job
-        for job in fold(events).values()
+        for job in table.entries.values()
         if (not state or job.state in others)
         and (method is None or job.method == method)
         and (host is None or job.host == host)
@@ -88,18 +91,18 @@ def jobs(
     ]
     if not state or others:
         typer.echo(HEADER)
-        for job in sorted(listed, key=lambda job: job.last):
+        for job in sorted(listed, key=lambda job: (job.last, job.since, job.request_id)):
             typer.echo(line(job, now))
     if state and "queued" in state:
         from daemon.cli.places import placed_backlog, queue_table
 
         if others:
             typer.echo()  # the waiting requests are a table of their own, with their own columns
-        backlog, placed = with_kafka(settings, placed_backlog(settings, slots, now, events))
+        backlog, placed = with_kafka(settings, placed_backlog(settings, slots, now, table))
         for topic in backlog.missing:
             typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
-        table, pending = queue_table(placed, method, host, within, now)
-        for row in table:
+        rows, pending = queue_table(placed, method, host, within, now)
+        for row in rows:
             typer.echo(row)
         if pending is not None:
             typer.echo(f"adapterd: {pending}", err=True)  # on stderr, as the missing topics: the table alone on stdout
@@ -112,34 +115,37 @@ def get(
         int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")
     ] = None,
 ) -> None:
-    """One request's whole history, event by event, and where it stands; a waiting one's place and ETA, worked out now,
-    and where it waits, or that its cancel is pending; exit 1 when it has no events and waits nowhere."""
+    """One request's history, event by event, and where it stands; a waiting one's place and ETA, worked out now, and
+    where it waits, or that its cancel is pending; exit 1 when it has no events and waits nowhere. Its state is its
+    entry in the table of requests with its later events folded on; its history, its events since its entry's start
+    (or all of them where it has no entry): one partition of each topic, its key's."""
     from datetime import UTC, datetime
 
     from daemon.cli.console import describe
-    from daemon.cli.jobs import fold, history
+    from daemon.cli.jobs import say
     from daemon.cli.places import waiting_line
+    from daemon.table.reader import read_request
 
     settings = read_settings(config)
-    events = with_kafka(settings, history(settings))
-    mine = [event for event in events if event.request_id == request_id]
+    read = with_kafka(settings, read_request(settings, request_id))
+    say(read)
+    job = read.entries.get(request_id)
     waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
-    if not mine or fold(mine)[request_id].state == "queued":
-        waits = with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC), events))
-    if not mine and waits is None:
+    if job is None or job.state == "queued":
+        waits = with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC)))
+    if job is None and waits is None:
         typer.echo(
             f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues",
             err=True,
         )
         raise typer.Exit(1)
-    events = mine
+    events = read.events
     last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
     for index, event in enumerate(events):
         if event.type == "progress" and index != last_progress:
             continue  # one line a step would bury the rest: the latest is shown
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
-    if events:
-        job = fold(events)[request_id]
+    if job is not None:
         # A `queued` event's place and ETA were its host's when it published it: with the fresh
         # ones below, they are left out.
         detail = "" if waits is not None and job.latest == "queued" else job.detail

@@ -1,0 +1,202 @@
+"""The one reader of the table of requests: each request's state now, as the table and the events past it say it,
+for `adapterd jobs`, `get` and `cancel` and for the fleet's view.
+
+`read_table` reads every partition of the state topic from its beginning to its end as of the read, each record
+taken by `read_entry` (verified with the fleet's event keys, as events are), in batches in the `verify` worker
+threads (daemon/executors.py: Ed25519's verify releases the interpreter, so they run beside the event loop and on
+every core). In a partition a key's later record replaces its earlier one and a tombstone removes it, as compaction
+will; a key found in two partitions (the events topic given more partitions since: a request's later events, and its
+entry with them, move to a partition of a higher number) keeps the entry whose latest event is placed highest, by
+(partition, offset) of the events topic. A record that is not a genuine entry is refused and counted by why, never
+taken: the key's genuine state is then its earlier genuine entry, or what the events say.
+
+The table is complete up to the keepers' committed offsets on the events topic (`keeper_group`,
+daemon/table/keeper.py); the events past them (the tail) are read to the topic's end as of the read, verified by
+`EventStream`'s own rules in batches (`EventStream.verified_many`: the fleet's keys, each event taken once by its id,
+a genuine event under another request's key refused as `misplaced`), and folded on top with `folded`, which skips an
+event the entry holds already (its id, or its offset). So what is read is as current as the events topic, whether
+the keepers are current, lag, or never ran (no offset committed: the tail is the whole events topic, and the result
+is the fold of every event, as `adapterd jobs` read it before the table; no state topic at all: the same). What it
+reports beside the entries: the refused entries and ignored events by reason, where the tail began and where it was
+read to in each partition (a follower of the events goes on from `events_to`).
+
+`read_request` reads one request (`adapterd get`, `adapterd cancel`): its key's partition of the state topic (the
+partition its events go to, `partition_of`: aiokafka's default partitioner, murmur2 of the key over the events
+topic's partitions, and an entry is written to the partition number its event came from), keeping that key's
+latest record; then its events in the same-numbered partition of the events topic, the records of its key alone
+verified, from its entry's first event's time less a minute (the hosts' clocks differ; Kafka finds the offset by
+time) or, with no entry, from that partition's beginning, to the end, folded on top. It keeps those events in order
+(`events`: the request's history since its entry's start) and reads nothing of any other partition.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+from aiokafka.partitioner import DefaultPartitioner
+
+from daemon.errors import TopicMissing
+from daemon.executors import run_chunks
+from daemon.kafka.admin.group_offsets import committed_offsets
+from daemon.kafka.admin.topics import partition_numbers
+from daemon.kafka.event_reader import EventStream
+from daemon.kafka.records import Record
+from daemon.kafka.topic_reader import TopicReader
+from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
+from daemon.table.codec import Refused, Tombstone, read_entry
+from daemon.table.entry import TableEntry, folded
+from daemon.table.topic import keeper_group
+from schemas import Event
+from schemas.signing import EventKeys
+
+BATCH = 4096  # records verified together: a few calls into the worker threads for each, and bounded memory between
+CLOCKS_S = 60.0  # how far before a request's first event its events are read from: the hosts' clocks differ
+
+
+@dataclass
+class TableRead:
+    """What was read: the entries by request id, what was not taken and why, and how far each topic was read."""
+
+    entries: dict[str, TableEntry] = field(default_factory=dict)
+    refused: Counter[str] = field(default_factory=Counter)  # state topic records not taken, by `Refused.reason`
+    ignored: Counter[str] = field(default_factory=Counter)  # events of the tail not taken (EventStream's reasons)
+    repeated: Counter[str] = field(default_factory=Counter)  # genuine events of the tail taken already
+    state_to: dict[int, int] = field(default_factory=dict)  # state partition → its end as of the read, read to there
+    events_from: dict[int, int] = field(default_factory=dict)  # events partition → where the tail began
+    events_to: dict[int, int] = field(default_factory=dict)  # events partition → its end as of the read, read to there
+    events: list[Event] = field(default_factory=list)  # `read_request`: the request's events read, in order
+    table: bool = True  # False when the state topic does not exist: everything came from the events
+    notes: list[str] = field(default_factory=list)  # what was not taken, one line each, for stderr
+
+    def recent(self) -> list[Event]:
+        """Every entry's latest event of each type, by their time: what the fleet's folds (daemon/fleet/usage.py,
+        running.py) take of the requests, without reading every event of them."""
+        return recent_events(self.entries.values())
+
+
+def recent_events(entries: Iterable[TableEntry]) -> list[Event]:
+    """The entries' `recent` events, all of them, in the order of their time."""
+    return sorted((event for entry in entries for event in entry.recent), key=lambda event: event.time)
+
+
+def key_partition(request_id: str, partitions: Sequence[int]) -> int:
+    """The partition the producer's default partitioner gives a request's key among `partitions`
+    (daemon/kafka/publisher.py publishes every event keyed by its request id with it)."""
+    numbers = sorted(partitions)
+    return int(DefaultPartitioner()(request_id.encode(), numbers, numbers))
+
+
+async def partition_of(settings: Settings, request_id: str) -> int:
+    """The events topic's partition of a request's events, and so of its entry in the state topic."""
+    return key_partition(request_id, list(await partition_numbers(settings, settings.events_topic)))
+
+
+async def read_table(settings: Settings) -> TableRead:
+    """Every request's state: the table, then the events past the keepers' committed offsets folded on top."""
+    keys = event_keys(settings)
+    read = TableRead()
+    group, topic = keeper_group(settings.group_id), settings.events_topic
+    # The offsets before the table: a keeper commits only once its entries are written, so the table read after holds
+    # every event before them (and perhaps some past them, which the fold then skips). Read the other way round, a
+    # keeper writing and committing in between would leave its events in neither.
+    committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)]
+    try:
+        await _read_entries(settings, keys, read, None)
+    except TopicMissing:
+        read.table, committed = False, {}  # no table yet (`adapterd topics` not run since): every event is read
+    await _read_tail(settings, read, TopicReader(settings, topic, start_at=committed), None)
+    return read
+
+
+async def read_request(settings: Settings, request_id: str) -> TableRead:
+    """One request's state and its events: one partition of the state topic and one of the events topic."""
+    keys = event_keys(settings)
+    read = TableRead()
+    partition = await partition_of(settings, request_id)
+    try:
+        await _read_entries(settings, keys, read, (partition, request_id))
+    except TopicMissing:
+        read.table = False
+    entry = read.entries.get(request_id)
+    since = None if entry is None else entry.since.timestamp() - CLOCKS_S
+    reader = TopicReader(
+        settings,
+        settings.events_topic,
+        since=since,
+        start_at=None if since is not None else {},
+        partitions=[partition],
+    )
+    await _read_tail(settings, read, reader, request_id)
+    return read
+
+
+async def _read_entries(
+    settings: Settings, keys: EventKeys | None, read: TableRead, one: tuple[int, str] | None
+) -> None:
+    """The state topic into `read.entries` (with `one`: that partition, that key's records alone)."""
+    key = None if one is None else one[1].encode()
+    latest: dict[int, dict[str, TableEntry]] = {}
+    async with TopicReader(
+        settings, settings.state_topic, start_at={}, partitions=None if one is None else [one[0]]
+    ) as reader:
+        read.state_to = {tp.partition: end for tp, end in reader.ends.items()}
+        async for batch in _batches(reader.records(follow=False), key):
+            taken = await run_chunks("verify", partial(read_entry, keys=keys), batch)
+            for record, result in zip(batch, taken, strict=True):
+                mine = latest.setdefault(record.partition, {})
+                if isinstance(result, Refused):
+                    read.refused[result.reason] += 1
+                elif isinstance(result, Tombstone):
+                    mine.pop(result.request_id, None)
+                else:
+                    mine[result.request_id] = result
+    for mine in latest.values():
+        for request_id, entry in mine.items():
+            kept = read.entries.get(request_id)
+            if kept is None or (entry.partition, entry.offset) > (kept.partition, kept.offset):
+                read.entries[request_id] = entry
+    if read.refused:
+        why = ", ".join(f"{count} {reason}" for reason, count in sorted(read.refused.items()))
+        read.notes.append(
+            f"ignored {read.refused.total()} entry(ies) in {settings.state_topic} without a valid signature of a "
+            f"trusted key, or not an entry of its key ({why})"
+        )
+
+
+async def _read_tail(settings: Settings, read: TableRead, reader: TopicReader, request_id: str | None) -> None:
+    """The events `reader` is placed at, to its ends, folded onto `read.entries` (with `request_id`: that key's
+    records alone, and kept in `read.events`)."""
+    key = None if request_id is None else request_id.encode()
+    async with EventStream(settings, quiet=True, reader=reader) as stream:
+        read.events_from = {tp.partition: position for tp, position in reader.next_offset.items()}
+        read.events_to = {tp.partition: end for tp, end in reader.ends.items()}
+        async for batch in _batches(reader.records(follow=False), key):
+            for record, event in zip(batch, await stream.verified_many(batch), strict=True):
+                if event is None or event.request_id is None:
+                    continue
+                entry = folded(read.entries.get(event.request_id), event, record.partition, record.offset)
+                if entry is not None:
+                    read.entries[entry.request_id] = entry
+                if key is not None:
+                    read.events.append(event)
+        read.ignored, read.repeated = stream.ignored, stream.repeated
+        read.notes += [stream.ignored_note()] if stream.ignored else []
+        read.notes += [stream.repeated_note()] if stream.repeated else []
+
+
+async def _batches(records: AsyncIterator[Record], key: bytes | None) -> AsyncIterator[list[Record]]:
+    """The records in batches of up to BATCH (with `key`: that key's alone)."""
+    batch: list[Record] = []
+    async for record in records:
+        if key is not None and record.key != key:
+            continue
+        batch.append(record)
+        if len(batch) >= BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
