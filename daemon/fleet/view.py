@@ -1,14 +1,23 @@
-"""The fleet as this host sees it from the events topic: each team's recent slot-time, the jobs running
-on every host, and how long jobs of each method and model took; and the decisions taken with it.
+"""The fleet as this host sees it: each team's recent slot-time, the jobs running on every host, and how long jobs
+of each method and model took; and the decisions taken with it.
 
 The events are the fleet's only shared record of who ran what (no coordination service): every host
 folds the same verified events (schemas.signing: an unsigned or forged event is not counted; settings
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
 written again is not counted again), into `Usage`, `Occupancy` and `Durations` (daemon/fleet/usage.py,
-running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
-that window is not folded. The decisions are the pure rules of daemon/fleet/order.py, with what this host
-knows of its own requests before their events are read back (`held`: its claims, its freed slots, the ends
-it sent), so that a slot it frees is never given by a stale count of its own.
+running.py); an event older than `USAGE_LOOKBACK_S` is not folded.
+
+A daemon does not read those hours of events to start deciding: it loads the table of requests (daemon/table/:
+each request's state, kept from the events by the keepers) with the events past the keepers' committed offsets
+folded on top, verified and parsed in worker threads by the table's reader; folds each entry's `recent` events (its
+latest of each type) of the window, in a worker thread too (`Folds.load`), and takes the folds whole on the loop
+(`FleetView.adopt`); then follows the events topic from where the reader stopped, each poll's records verified in
+worker threads and folded on the loop. So nothing on the loop grows with the topic, and a restarted daemon decides
+with a whole view once the table is read (`caught_up`). What the table cannot say exactly is said at `Folds`.
+
+The decisions are the pure rules of daemon/fleet/order.py, with what this host knows of its own requests before
+their events are read back (`held`: its claims, its freed slots, the ends it sent), so that a slot it frees is never
+given by a stale count of its own.
 """
 
 from __future__ import annotations
@@ -19,10 +28,12 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 import structlog
-from pydantic import ValidationError
 
+from daemon import executors
+from daemon.executors import run_chunks
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
 from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
@@ -30,16 +41,20 @@ from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
 from daemon.kafka.event_ids import EventIds
-from daemon.kafka.event_reader import EventStream
+from daemon.kafka.event_reader import checked
 from daemon.kafka.records import Record
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
 from daemon.table.entry import TableEntry
+from daemon.table.reader import read_table
 from schemas import Accepted, Event, Queued
 from schemas.events import EventBase
+from schemas.signing import UnverifiedEvent
 
 log = structlog.get_logger()
 
-USAGE_LOOKBACK_S = 4 * 3600.0  # the events read at start: four half-lives of the fair share's memory
+USAGE_LOOKBACK_S = 4 * 3600.0  # the events folded: four half-lives of the fair share's memory
 HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
 FOLLOW_AGAIN_S = 5.0
 
@@ -53,9 +68,12 @@ class Folds:
     and the events past it (`tail`), it says for the decisions what folding every event of the window says, except
     where the table keeps less: an entry keeps only the latest event of each type of its request (daemon/table/entry.py
     `folded`), so of a request that ran twice within the window (preempted, retried, or redelivered after its end) only
-    its latest run's slot-time is counted (the earlier run's `accepted` and `started` were replaced), and a redelivered
-    request's earlier success is not among the durations (an entry starts again at an `accepted` after its end); a
-    running job's pace is its latest `progress` event's (an earlier one's, where the latest has no ETA, is not kept)."""
+    its latest run's slot-time is counted (the earlier run's `accepted` and `started` were replaced); a request
+    redelivered after its success and answered from it has that answer (`duplicate`, not a duration) as its latest
+    `succeeded`, so its first success is not among the durations; a host whose only `accepted` of the window was
+    replaced by its request's later one is not among `host_slots`; a running job's pace is its latest `progress`
+    event's (an earlier one's, where the latest has no ETA, is not kept). The daemon's table reader folds the tail
+    into the entries itself (daemon/table/reader.py), so the same holds of the tail there."""
 
     def __init__(self) -> None:
         self.usage = Usage(HALF_LIFE_S)
@@ -100,7 +118,8 @@ class Folds:
             recent = [event for event in entry.recent if event.time.timestamp() >= start]
             if recent:
                 recents.append(recent)
-        for event in heapq.merge(*recents, key=lambda event: event.time):
+        # By the time as a number: a (trusted) event's time without a zone is not comparable with one with a zone.
+        for event in heapq.merge(*recents, key=lambda event: event.time.timestamp()):
             self.fold(event, now)
 
     def tail(self, event: Event, partition: int, offset: int, now: float) -> str | None:
@@ -112,6 +131,13 @@ class Folds:
             self.skipped["tabled"] += 1
             return "tabled"
         return self.fold(event, now)
+
+
+def loaded(entries: Iterable[TableEntry], now: float) -> Folds:
+    """The folds of the table's entries (`Folds.load`), made afresh: a worker thread's work for `FleetView.adopt`."""
+    folds = Folds()
+    folds.load(entries, now)
+    return folds
 
 
 class FleetView(Folds):
@@ -171,16 +197,10 @@ class FleetView(Folds):
         return sum(self.host_slots.values()) or max(1, sum(job.gpus for job in jobs) + free_here)
 
     async def follow(self) -> None:
-        """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
-        from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
+        """Load the view from the table and the events past it, then fold every verified event after, for as long as
+        the daemon runs; loaded again from scratch after the brokers fail it (made afresh and taken whole: an event is
+        never counted twice, and the decisions meanwhile read what was folded before)."""
         while True:
-            self.usage, self.durations, self.running_jobs, self.switches = (
-                Usage(HALF_LIFE_S),
-                Durations(),
-                Occupancy(),
-                Switches(),
-            )
-            self.host_slots, self.skipped = {}, Counter()
             try:
                 await self._follow()
             except Exception as exc:  # the brokers away: decisions go on with what was folded, until read again
@@ -188,36 +208,58 @@ class FleetView(Folds):
                 await asyncio.sleep(FOLLOW_AGAIN_S)
 
     async def _follow(self) -> None:
-        async with EventStream(
-            self.settings, since=time.time() - USAGE_LOOKBACK_S, window_s=USAGE_LOOKBACK_S, quiet=True
-        ) as stream:
-            async for record in stream.reader.records():
-                self.take(stream, record)
-                if stream.reader.caught_up.is_set() and not self.caught_up.is_set():
-                    self.caught_up.set()
-                    log.info(
-                        "fleet.usage_read",
-                        teams=sorted(self.usage.slot_seconds(time.time())),
-                        skipped=dict(self.skipped),
-                    )
+        # The table's entries, verified and parsed in worker threads, with the events past the keepers' committed
+        # offsets folded on top (daemon/table/reader.py); their folds made in a worker thread too, and taken at once.
+        read = await read_table(self.settings)
+        self.adopt(await executors.run("verify", loaded, list(read.entries.values()), time.time()))
+        self.caught_up.set()
+        log.info(
+            "fleet.usage_read",
+            teams=sorted(self.usage.slot_seconds(time.time())),
+            requests=len(read.entries),
+            tail_from=read.events_from,
+            tail_to=read.events_to,
+            refused=dict(read.refused),
+            ignored=dict(read.ignored),
+            skipped=dict(self.skipped),
+        )
+        keys = event_keys(self.settings)
+        async with TopicReader(self.settings, self.settings.events_topic, start_at=read.events_to) as reader:
+            async for batch in reader.batches():
+                found = await run_chunks("verify", partial(checked, keys=keys), batch)
+                now = time.time()
+                for record, event in zip(batch, found, strict=True):
+                    self.take(record, event, now)
 
-    def take(self, stream: EventStream, record: Record) -> None:
-        """Fold one record of the events topic: its event when verified and not taken before, else counted."""
-        try:
-            event = stream.verified(record)
-        except (ValidationError, ValueError):
-            return  # not an event of this version: nothing to count
-        if event is not None:
-            self.observe(event, time.time())
+    def adopt(self, folds: Folds) -> None:
+        """Take folds made afresh (`loaded`, off the loop) in place of these. What each waiting request was told is
+        kept where this host told it later; this host's ends are forgotten where the folds hold them (read back)."""
+        self.usage, self.durations, self.running_jobs, self.switches = (
+            folds.usage,
+            folds.durations,
+            folds.running_jobs,
+            folds.switches,
+        )
+        self.host_slots, self.ids, self.skipped, self.tabled = folds.host_slots, folds.ids, folds.skipped, folds.tabled
+        for request_id, told in folds.telling.told.items():
+            self.telling.heard(request_id, told.place, told.eta_s, told.at, told.host)
+        for event_id in [event_id for event_id in self.ended_here if event_id in folds.ids]:
+            del self.ended_here[event_id]
+
+    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> None:
+        """Fold one record of the events topic, as a worker thread found it (daemon/kafka/event_reader.py `checked`):
+        its event when verified and not folded before, else counted by why; the first of each reason is logged at once,
+        the counts with `fleet.usage_read` (a flood of forged events is one line per reason, not one per event)."""
+        if isinstance(event, UnverifiedEvent):
+            reason: str | None = event.reason
+            self.skipped[event.reason] += 1
+        elif isinstance(event, ValueError):
+            reason = "not_an_event"
+            self.skipped[reason] += 1
         else:
-            self._skipped(stream.ignored + stream.repeated, record.offset, record.partition)
-
-    def _skipped(self, counts: Counter[str], offset: int, partition: int) -> None:
-        """Count an event not folded (unverified, repeated, stale); the first of each reason is logged at once, the
-        counts with `fleet.usage_read` (a flood of forged events is one line per reason, not one per event)."""
-        for reason in counts.keys() - self.skipped.keys():
-            log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
-        self.skipped = Counter(counts)
+            reason = self.tail(event, record.partition, record.offset, now)
+        if reason is not None and self.skipped[reason] == 1:
+            log.warning("fleet.event_skipped", reason=reason, partition=record.partition, offset=record.offset)
 
     def pick(
         self,

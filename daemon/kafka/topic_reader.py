@@ -111,6 +111,13 @@ class TopicReader:
 
     async def records(self, *, follow: bool = True) -> AsyncIterator[Record]:
         """The records in partition order. Without `follow`, stop once caught up with the ends as of `start()`."""
+        async for batch in self.batches(follow=follow):
+            for record in batch:
+                yield record
+
+    async def batches(self, *, follow: bool = True) -> AsyncIterator[list[Record]]:
+        """The records as each poll brings them, a partition's list at a time (a reader that verifies them in worker
+        threads sends a batch, not each record); otherwise as `records`."""
         behind = {tp for tp, end in self.ends.items() if end > self.next_offset.get(tp, 0)}
         while True:
             if not behind and not self.caught_up.is_set():
@@ -118,13 +125,14 @@ class TopicReader:
             if not behind and not follow:
                 return
             # A record none can read is stepped past inside the poll, logged and counted there (and dropped here).
-            batches, _ = await self.careful.poll(timeout_ms=1000, max_records=MAX_RECORDS)
-            for tp, records in batches.items():
-                for record in records:
-                    self.next_offset[tp] = record.offset + 1
-                    yield record
-                    if record.offset + 1 >= self.ends.get(tp, 0):
-                        behind.discard(tp)
+            polled, _ = await self.careful.poll(timeout_ms=1000, max_records=MAX_RECORDS)
+            for tp, records in polled.items():
+                if not records:
+                    continue
+                self.next_offset[tp] = records[-1].offset + 1
+                yield list(records)
+                if records[-1].offset + 1 >= self.ends.get(tp, 0):
+                    behind.discard(tp)
             for tp in list(behind):
                 if await self.consumer.position(tp) >= self.ends[tp]:
                     behind.discard(tp)  # past a marker or an aborted batch: no record to yield, yet caught up

@@ -95,46 +95,51 @@ def preempted(request_id: str, host: str, ago: float, by: str, count: int) -> Ev
 # Jobs on two hosts with progress and checkpoints; a job preempted (its first run before the window) and resumed on
 # the other host, its preemption carried; finished jobs (durations); waiting requests told `queued`,
 # by two hosts, one of them since accepted; a job whose `accepted` is older than the window.
-HISTORY = [
-    accepted("old", "gpu-b", USAGE_LOOKBACK_S + 600),
-    accepted("pre", "gpu-a", USAGE_LOOKBACK_S + 500, host_slots=4),
-    started("pre", "gpu-a", USAGE_LOOKBACK_S + 490, slot="0,1"),
-    started("old", "gpu-b", USAGE_LOOKBACK_S + 400),
-    checkpoint("pre", "gpu-a", 3300, 40),
-    accepted("f1", "gpu-b", 3200, host_slots=2, max_steps=50),
-    started("f1", "gpu-b", 3190),
-    preempted("pre", "gpu-a", 3100, by="urgent-1", count=1),
-    accepted("urgent-1", "gpu-a", 3095, priority_class="urgent", team="text", host_slots=4),
-    started("urgent-1", "gpu-a", 3090, slot="0,1"),
-    progress("f1", "gpu-b", 3000, 10),
-    progress("f1", "gpu-b", 2900, 30, eta_s=120.0),
-    succeeded("f1", "gpu-b", 2700, 500.0),
-    queued("w1", "gpu-a", 2600, 3, None),
-    queued("w2", "gpu-b", 2590, 2, 900.0),
-    accepted("pre", "gpu-b", 2500, host_slots=2),
-    started("pre", "gpu-b", 2490, slot="0", resumed_step=40),
-    queued("w1", "gpu-b", 2400, 2, 600.0),
-    accepted("f2", "gpu-a", 2300, method="dpo", max_steps=20),
-    started("f2", "gpu-a", 2290, slot="2,3"),
-    succeeded("f2", "gpu-a", 1900, 380.0, method="dpo"),
-    progress("pre", "gpu-b", 1700, 50, eta_s=500.0),
-    progress("old", "gpu-b", 1650, 70, eta_s=100.0),
-    accepted("r1", "gpu-a", 1600, max_steps=100),
-    started("r1", "gpu-a", 1590, slot="2,3"),
-    progress("r1", "gpu-a", 1500, 10),
-    queued("w3", "gpu-a", 1450, 1, 60.0),
-    progress("r1", "gpu-a", 1400, 20, eta_s=800.0),
-    checkpoint("r1", "gpu-a", 1390, 20),
-    checkpoint("pre", "gpu-b", 1300, 60),
-    accepted("w3", "gpu-b", 1200),
-    started("w3", "gpu-b", 1190),
-    progress("r1", "gpu-a", 1000, 30, eta_s=700.0),
-    progress("pre", "gpu-b", 900, 65, eta_s=350.0),
-    queued("w2", "gpu-a", 800, 1, 300.0),
-    progress("w3", "gpu-b", 600, 5, eta_s=90.0),
-    succeeded("w3", "gpu-b", 500, 700.0),
-    progress("r1", "gpu-a", 100, 40, eta_s=600.0),
-]
+def history() -> list[Event]:
+    """The history, its events of ids of their own at each call (a real-broker test's are its own)."""
+    return [
+        accepted("old", "gpu-b", USAGE_LOOKBACK_S + 600),
+        accepted("pre", "gpu-a", USAGE_LOOKBACK_S + 500, host_slots=4),
+        started("pre", "gpu-a", USAGE_LOOKBACK_S + 490, slot="0,1"),
+        started("old", "gpu-b", USAGE_LOOKBACK_S + 400),
+        checkpoint("pre", "gpu-a", 3300, 40),
+        accepted("f1", "gpu-b", 3200, host_slots=2, max_steps=50),
+        started("f1", "gpu-b", 3190),
+        preempted("pre", "gpu-a", 3100, by="urgent-1", count=1),
+        accepted("urgent-1", "gpu-a", 3095, priority_class="urgent", team="text", host_slots=4),
+        started("urgent-1", "gpu-a", 3090, slot="0,1"),
+        progress("f1", "gpu-b", 3000, 10),
+        progress("f1", "gpu-b", 2900, 30, eta_s=120.0),
+        succeeded("f1", "gpu-b", 2700, 500.0),
+        queued("w1", "gpu-a", 2600, 3, None),
+        queued("w2", "gpu-b", 2590, 2, 900.0),
+        accepted("pre", "gpu-b", 2500, host_slots=2),
+        started("pre", "gpu-b", 2490, slot="0", resumed_step=40),
+        queued("w1", "gpu-b", 2400, 2, 600.0),
+        accepted("f2", "gpu-a", 2300, method="dpo", max_steps=20),
+        started("f2", "gpu-a", 2290, slot="2,3"),
+        succeeded("f2", "gpu-a", 1900, 380.0, method="dpo"),
+        progress("pre", "gpu-b", 1700, 50, eta_s=500.0),
+        progress("old", "gpu-b", 1650, 70, eta_s=100.0),
+        accepted("r1", "gpu-a", 1600, max_steps=100),
+        started("r1", "gpu-a", 1590, slot="2,3"),
+        progress("r1", "gpu-a", 1500, 10),
+        queued("w3", "gpu-a", 1450, 1, 60.0),
+        progress("r1", "gpu-a", 1400, 20, eta_s=800.0),
+        checkpoint("r1", "gpu-a", 1390, 20),
+        checkpoint("pre", "gpu-b", 1300, 60),
+        accepted("w3", "gpu-b", 1200),
+        started("w3", "gpu-b", 1190),
+        progress("r1", "gpu-a", 1000, 30, eta_s=700.0),
+        progress("pre", "gpu-b", 900, 65, eta_s=350.0),
+        queued("w2", "gpu-a", 800, 1, 300.0),
+        progress("w3", "gpu-b", 600, 5, eta_s=90.0),
+        succeeded("w3", "gpu-b", 500, 700.0),
+        progress("r1", "gpu-a", 100, 40, eta_s=600.0),
+    ]
+
+
+HISTORY = history()
 
 
 def placed(history: list[Event]) -> list[tuple[Event, int, int]]:
@@ -276,3 +281,15 @@ def test_a_repeated_event_in_the_tail_and_events_before_the_window_are_not_folde
     assert folds.tail(event, partition, 10_000, NOW) == "repeated"  # the same event written again, further on
     assert folds.skipped == {"repeated": 1}  # the table's events older than the window are left out, not counted
     assert decisions(folds) == decisions(every_event(history))
+
+
+def test_an_event_whose_time_has_no_zone_is_merged_with_the_others() -> None:
+    """A genuine event's time may be written without a zone (the schema takes it): the entries are merged by their
+    times as numbers, never failing the whole load on a comparison of the two kinds."""
+    naive = read(
+        Started(request_id="r1", host="gpu-a", method="sft", pid=1, slot="0", time=at(100).replace(tzinfo=None))
+    )
+    entries = table(placed([accepted("r1", "gpu-a", 200), naive, accepted("r2", "gpu-b", 150)]))
+    folds = Folds()
+    folds.load(entries, NOW)
+    assert sorted(job.request_id for job in folds.running_jobs.jobs(NOW)) == ["r1", "r2"]
