@@ -7,6 +7,7 @@ loading a large table, the event loop waits on none of the verifying, parsing or
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -197,7 +198,14 @@ async def test_loading_a_large_table_holds_the_event_loop_for_none_of_its_work(
     entry_s, event_s = 1.5 * threads / requests, 0.75 * threads / tail
     monkeypatch.setattr(daemon.table.reader, "read_entry", slowed(daemon.table.reader.read_entry, entry_s))
     monkeypatch.setattr(daemon.kafka.event_reader, "checked", slowed(daemon.kafka.event_reader.checked, event_s))
-    monkeypatch.setattr(Folds, "observe", slowed(Folds.observe, 1.5 / (2 * requests)))  # every fold: 1.5 s
+    observe, oldest = slowed(Folds.observe, 1.5 / (2 * requests)), []  # every fold: 1.5 s
+
+    def noted(folds: Folds, event: Event, now: float) -> None:
+        oldest.append(gc.get_threshold()[2])  # the full collections held while the table loads (their pauses hold
+        observe(folds, event, now)  # every thread for as long as they walk the load's objects)
+
+    monkeypatch.setattr(Folds, "observe", noted)
+    before = gc.get_threshold()
 
     gaps: list[float] = []
 
@@ -216,6 +224,7 @@ async def test_loading_a_large_table_holds_the_event_loop_for_none_of_its_work(
         await asyncio.wait_for(view.caught_up.wait(), 60)
         assert len(view.running_jobs.jobs(time.time())) == requests
         assert max(gaps) < 0.5, f"the loop was held {max(gaps):.3f} s"
+        assert set(oldest) == {1 << 30} and gc.get_threshold() == before
     finally:
         for task in (following, probing):
             task.cancel()
