@@ -11,14 +11,17 @@ entry with them, move to a partition of a higher number) keeps the entry whose l
 taken: the key's genuine state is then its earlier genuine entry, or what the events say.
 
 The table is complete up to the keepers' committed offsets on the events topic (`keeper_group`,
-daemon/table/keeper.py); the events past them (the tail) are read to the topic's end as of the read, verified by
+the table's keeper); the events past them (the tail) are read to the topic's end as of the read, verified by
 `EventStream`'s own rules in batches (`EventStream.verified_many`: the fleet's keys, each event taken once by its id,
 a genuine event under another request's key refused as `misplaced`), and folded on top with `folded`, which skips an
 event the entry holds already (its id, or its offset). So what is read is as current as the events topic, whether
 the keepers are current, lag, or never ran (no offset committed: the tail is the whole events topic, and the result
-is the fold of every event, as `adapterd jobs` read it before the table; no state topic at all: the same). What it
+is the fold of every event, as `adapterd jobs` read it before the table; no state topic at all, or a state partition
+never written, as a topic made again is: the same, for those partitions). What it
 reports beside the entries: the refused entries and ignored events by reason, where the tail began and where it was
-read to in each partition (a follower of the events goes on from `events_to`).
+read to in each partition (a follower of the events goes on from `events_to`). With `tail=False` it reads the table
+alone and says where its tail begins (`events_from`: the keepers' committed offsets), for a reader that follows the
+events itself from there (the fleet's view).
 
 `read_request` reads one request (`adapterd get`, `adapterd cancel`): its key's partition of the state topic (the
 partition its events go to, `partition_of`: aiokafka's default partitioner, murmur2 of the key over the events
@@ -26,7 +29,11 @@ topic's partitions, and an entry is written to the partition number its event ca
 latest record; then its events in the same-numbered partition of the events topic, the records of its key alone
 verified, from its entry's first event's time less a minute (the hosts' clocks differ; Kafka finds the offset by
 time) or, with no entry, from that partition's beginning, to the end, folded on top. It keeps those events in order
-(`events`: the request's history since its entry's start) and reads nothing of any other partition.
+(`events`: the request's history since its entry's start) and reads nothing of any other partition, but in one
+case: where its partition holds nothing of it (no entry, no event) and the events topic has other partitions, the
+topic may have been given partitions since its latest event (its key hashed elsewhere then), so the other state
+partitions' records of its key are read (that key's alone verified), and its events where its entry says its latest
+one is. A request never seen costs that too.
 """
 
 from __future__ import annotations
@@ -53,7 +60,9 @@ from daemon.table.topic import keeper_group
 from schemas import Event
 from schemas.signing import EventKeys
 
-BATCH = 4096  # records verified together: a few calls into the worker threads for each, and bounded memory between
+# Records verified together: a few calls into the worker threads for each, and what is then done on the loop for them
+# (the fold, ~20 µs an event) stays near 20 ms a batch, for a daemon reading the table beside its work.
+BATCH = 1024
 CLOCKS_S = 60.0  # how far before a request's first event its events are read from: the hosts' clocks differ
 
 
@@ -95,8 +104,10 @@ async def partition_of(settings: Settings, request_id: str) -> int:
     return key_partition(request_id, list(await partition_numbers(settings, settings.events_topic)))
 
 
-async def read_table(settings: Settings) -> TableRead:
-    """Every request's state: the table, then the events past the keepers' committed offsets folded on top."""
+async def read_table(settings: Settings, *, tail: bool = True) -> TableRead:
+    """Every request's state: the table, then the events past the keepers' committed offsets folded on top. Without
+    `tail`, the table alone, and `events_from` says where the events past it begin (a follower of the events, the
+    fleet's view, folds them itself from there)."""
     keys = event_keys(settings)
     read = TableRead()
     group, topic = keeper_group(settings.group_id), settings.events_topic
@@ -105,45 +116,60 @@ async def read_table(settings: Settings) -> TableRead:
     # keeper writing and committing in between would leave its events in neither.
     committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)]
     try:
-        await _read_entries(settings, keys, read, None)
+        await _read_entries(settings, keys, read, None, None)
     except TopicMissing:
         read.table, committed = False, {}  # no table yet (`adapterd topics` not run since): every event is read
+    # A state partition never written (made again empty, or the table's topic given more partitions than it had) holds
+    # nothing of what its keepers committed past: its events are read from their beginning.
+    committed = {partition: offset for partition, offset in committed.items() if read.state_to.get(partition, 0) > 0}
+    _say_refused(settings, read)
+    if not tail:
+        read.events_from = committed  # a partition left out: from its beginning
+        return read
     await _read_tail(settings, read, TopicReader(settings, topic, start_at=committed), None)
     return read
 
 
 async def read_request(settings: Settings, request_id: str) -> TableRead:
-    """One request's state and its events: one partition of the state topic and one of the events topic."""
+    """One request's state and its events: one partition of the state topic and one of the events topic (where the
+    events topic was given partitions since the request's latest event, and its partition now holds nothing of it:
+    the other state partitions' records of its key, then its events where its entry says they are)."""
     keys = event_keys(settings)
     read = TableRead()
-    partition = await partition_of(settings, request_id)
+    numbers = sorted(await partition_numbers(settings, settings.events_topic))
+    partition = key_partition(request_id, numbers)
     try:
-        await _read_entries(settings, keys, read, (partition, request_id))
+        await _read_entries(settings, keys, read, [partition], request_id)
     except TopicMissing:
         read.table = False
     entry = read.entries.get(request_id)
-    since = None if entry is None else entry.since.timestamp() - CLOCKS_S
-    reader = TopicReader(
-        settings,
-        settings.events_topic,
-        since=since,
-        start_at=None if since is not None else {},
-        partitions=[partition],
-    )
-    await _read_tail(settings, read, reader, request_id)
+    await _read_tail(settings, read, _request_reader(settings, entry, partition), request_id)
+    if entry is None and not read.events and read.table and len(numbers) > 1:
+        await _read_entries(settings, keys, read, [number for number in numbers if number != partition], request_id)
+        entry = read.entries.get(request_id)
+        if entry is not None and 0 <= entry.partition != partition:
+            await _read_tail(settings, read, _request_reader(settings, entry, entry.partition), request_id)
+    _say_refused(settings, read)
     return read
 
 
+def _request_reader(settings: Settings, entry: TableEntry | None, partition: int) -> TopicReader:
+    """A reader of one partition of the events topic from a minute before the entry's first event, or, with no
+    entry, from its beginning."""
+    since = None if entry is None else entry.since.timestamp() - CLOCKS_S
+    return TopicReader(
+        settings, settings.events_topic, since=since, start_at=None if since is not None else {}, partitions=[partition]
+    )
+
+
 async def _read_entries(
-    settings: Settings, keys: EventKeys | None, read: TableRead, one: tuple[int, str] | None
+    settings: Settings, keys: EventKeys | None, read: TableRead, partitions: list[int] | None, request_id: str | None
 ) -> None:
-    """The state topic into `read.entries` (with `one`: that partition, that key's records alone)."""
-    key = None if one is None else one[1].encode()
+    """The state topic's `partitions` (None: all) into `read.entries` (with `request_id`: that key's records alone)."""
+    key = None if request_id is None else request_id.encode()
     latest: dict[int, dict[str, TableEntry]] = {}
-    async with TopicReader(
-        settings, settings.state_topic, start_at={}, partitions=None if one is None else [one[0]]
-    ) as reader:
-        read.state_to = {tp.partition: end for tp, end in reader.ends.items()}
+    async with TopicReader(settings, settings.state_topic, start_at={}, partitions=partitions) as reader:
+        read.state_to.update({tp.partition: end for tp, end in reader.ends.items()})
         async for batch in _batches(reader.records(follow=False), key):
             taken = await run_chunks("verify", partial(read_entry, keys=keys), batch)
             for record, result in zip(batch, taken, strict=True):
@@ -155,10 +181,13 @@ async def _read_entries(
                 else:
                     mine[result.request_id] = result
     for mine in latest.values():
-        for request_id, entry in mine.items():
-            kept = read.entries.get(request_id)
+        for each, entry in mine.items():
+            kept = read.entries.get(each)
             if kept is None or (entry.partition, entry.offset) > (kept.partition, kept.offset):
-                read.entries[request_id] = entry
+                read.entries[each] = entry
+
+
+def _say_refused(settings: Settings, read: TableRead) -> None:
     if read.refused:
         why = ", ".join(f"{count} {reason}" for reason, count in sorted(read.refused.items()))
         read.notes.append(
@@ -172,8 +201,8 @@ async def _read_tail(settings: Settings, read: TableRead, reader: TopicReader, r
     records alone, and kept in `read.events`)."""
     key = None if request_id is None else request_id.encode()
     async with EventStream(settings, quiet=True, reader=reader) as stream:
-        read.events_from = {tp.partition: position for tp, position in reader.next_offset.items()}
-        read.events_to = {tp.partition: end for tp, end in reader.ends.items()}
+        read.events_from.update({tp.partition: position for tp, position in reader.next_offset.items()})
+        read.events_to.update({tp.partition: end for tp, end in reader.ends.items()})
         async for batch in _batches(reader.records(follow=False), key):
             for record, event in zip(batch, await stream.verified_many(batch), strict=True):
                 if event is None or event.request_id is None:
@@ -183,7 +212,8 @@ async def _read_tail(settings: Settings, read: TableRead, reader: TopicReader, r
                     read.entries[entry.request_id] = entry
                 if key is not None:
                     read.events.append(event)
-        read.ignored, read.repeated = stream.ignored, stream.repeated
+        read.ignored.update(stream.ignored)
+        read.repeated.update(stream.repeated)
         read.notes += [stream.ignored_note()] if stream.ignored else []
         read.notes += [stream.repeated_note()] if stream.repeated else []
 

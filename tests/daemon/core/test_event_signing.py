@@ -144,3 +144,35 @@ def test_adapterd_keys_makes_a_pair_a_host_and_a_reader_use(tmp_path: Path) -> N
         and "is never overwritten" in again.output
         and private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
     )
+
+
+async def test_a_batch_is_taken_by_the_streams_own_rules_in_order(tmp_path: Path) -> None:
+    """`verified_many` (the table's reader): the same verdicts as `verified`, one a record, in order, from the worker
+    threads; a record that is not an event counted rather than raised; a misplaced copy refused before its id is
+    taken, so the genuine event after it is still taken once."""
+    private, _ = key_files(tmp_path / "fleet")
+    stranger = EventSigner.from_file(key_files(tmp_path / "stranger")[0])
+    fleet = EventSigner.from_file(private)
+    settings = Settings(event_signing_key_file=private)
+
+    def record(value: bytes, signer: EventSigner | None, key: str) -> FakeRecord:
+        headers: list[tuple[str, bytes | None]] = [(SIGNATURE_HEADER, signer.sign(value))] if signer else []
+        return FakeRecord(settings.events_topic, 0, 0, key.encode(), value, headers)
+
+    genuine = Accepted(request_id="r-1", method="sft").model_dump_json().encode()
+    batch = [
+        record(genuine, fleet, "r-2"),  # a genuine event of r-1 written again under r-2's key
+        record(genuine, stranger, "r-1"),
+        record(b'{"not": "an event"}', fleet, "r-1"),
+        record(genuine, fleet, "r-1"),
+        record(genuine, fleet, "r-1"),  # the same, again
+        *(
+            record(Cancelled(request_id=f"r-{n}", reason="x").model_dump_json().encode(), fleet, f"r-{n}")
+            for n in (3, 4)
+        ),
+    ]
+    stream = EventStream(settings, quiet=True)
+    taken = await stream.verified_many(batch)
+    assert [event.request_id if event else None for event in taken] == [None, None, None, "r-1", None, "r-3", "r-4"]
+    assert stream.ignored == {"misplaced": 1, "unknown_key": 1, "not_an_event": 1}
+    assert stream.repeated == {"repeated": 1}
