@@ -8,12 +8,14 @@ written again is not counted again), into `Usage`, `Occupancy` and `Durations` (
 running.py); an event older than `USAGE_LOOKBACK_S` is not folded.
 
 A daemon does not read those hours of events to start deciding: it loads the table of requests (daemon/table/:
-each request's state, kept from the events by the keepers) with the events past the keepers' committed offsets
-folded on top, verified and parsed in worker threads by the table's reader; folds each entry's `recent` events (its
-latest of each type) of the window, in a worker thread too (`Folds.load`), and takes the folds whole on the loop
-(`FleetView.adopt`); then follows the events topic from where the reader stopped, each poll's records verified in
-worker threads and folded on the loop. So nothing on the loop grows with the topic, and a restarted daemon decides
-with a whole view once the table is read (`caught_up`). What the table cannot say exactly is said at `Folds`.
+each request's state, kept from the events by the keepers), its entries verified and parsed in worker threads by the
+table's reader, and folds each entry's `recent` events (its latest of each type) of the window in a worker thread
+(`Folds.load`); then the events past the keepers' committed offsets (the tail; in a partition they committed none of,
+those of the window), each poll's records verified and folded in worker threads into those folds (`Folds.taken`),
+which the loop then takes whole (`FleetView.adopt`) and sets `caught_up`; then it follows the events on from there,
+each poll's records verified in worker threads and folded on the loop. So nothing on the loop grows with the topic or
+the table, and a restarted daemon decides with a whole view once the table and its tail are read. What the table
+cannot say exactly is said at `Folds`.
 
 The decisions are the pure rules of daemon/fleet/order.py, with what this host knows of its own requests before
 their events are read back (`held`: its claims, its freed slots, the ends it sent), so that a slot it frees is never
@@ -59,6 +61,7 @@ log = structlog.get_logger()
 USAGE_LOOKBACK_S = 4 * 3600.0  # the events folded: four half-lives of the fair share's memory
 HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
 FOLLOW_AGAIN_S = 5.0
+CLOCKS_S = 60.0  # the events of a partition with no table read from this much before the window: hosts' clocks differ
 
 
 class Folds:
@@ -74,8 +77,7 @@ class Folds:
     redelivered after its success and answered from it has that answer (`duplicate`, not a duration) as its latest
     `succeeded`, so its first success is not among the durations; a host whose only `accepted` of the window was
     replaced by its request's later one is not among `host_slots`; a running job's pace is its latest `progress`
-    event's (an earlier one's, where the latest has no ETA, is not kept). The daemon's table reader folds the tail
-    into the entries itself (daemon/table/reader.py), so the same holds of the tail there."""
+    event's (an earlier one's, where the latest has no ETA, is not kept). The tail is folded event by event: exact."""
 
     def __init__(self) -> None:
         self.usage = Usage(HALF_LIFE_S)
@@ -133,6 +135,24 @@ class Folds:
             self.skipped["tabled"] += 1
             return "tabled"
         return self.fold(event, now)
+
+    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> str | None:
+        """Fold one record of the events topic as a worker thread found it (daemon/kafka/event_reader.py `checked`): its
+        event when verified and not folded before (`tail`); else why not, counted."""
+        if isinstance(event, UnverifiedEvent):
+            self.skipped[event.reason] += 1
+            return event.reason
+        if isinstance(event, ValueError):
+            self.skipped["not_an_event"] += 1
+            return "not_an_event"
+        return self.tail(event, record.partition, record.offset, now)
+
+    def taken(
+        self, records: Sequence[Record], found: Sequence[Event | UnverifiedEvent | ValueError], now: float
+    ) -> None:
+        """`take` of each record of a batch, in order (what a worker thread does with folds not yet in use)."""
+        for record, event in zip(records, found, strict=True):
+            self.take(record, event, now)
 
 
 @contextlib.contextmanager
@@ -225,26 +245,40 @@ class FleetView(Folds):
                 await asyncio.sleep(FOLLOW_AGAIN_S)
 
     async def _follow(self) -> None:
-        # The table's entries, verified and parsed in worker threads, with the events past the keepers' committed
-        # offsets folded on top (daemon/table/reader.py); their folds made in a worker thread too, and taken at once.
+        keys = event_keys(self.settings)
         with full_collections_held():
-            read = await read_table(self.settings)
-            self.adopt(await executors.run("verify", loaded, list(read.entries.values()), time.time()))
+            # The table's entries, verified and parsed in worker threads (daemon/table/reader.py), folded in one.
+            table = await read_table(self.settings, tail=False)
+            folds = await executors.run("verify", loaded, list(table.entries.values()), time.time())
+            requests, refused, tail_from = len(table.entries), dict(table.refused), table.events_from
+            del table  # the entries freed now, as they go out of use (no cycles among them: no collection needed)
+        # The events past the keepers' committed offsets (in a partition they committed none of, those of the window):
+        # each poll's verified, then folded, in worker threads, into the folds not yet taken; then taken whole.
+        reader = TopicReader(
+            self.settings,
+            self.settings.events_topic,
+            start_at=tail_from,
+            since=time.time() - USAGE_LOOKBACK_S - CLOCKS_S,
+        )
+        async with reader:
+            with full_collections_held():
+                began = {tp.partition: offset for tp, offset in reader.next_offset.items()}
+                async for batch in reader.batches(follow=False):
+                    found = await run_chunks("verify", partial(checked, keys=keys), batch)
+                    await executors.run("verify", folds.taken, batch, found, time.time())
+                self.adopt(folds)
+                del folds
             self.caught_up.set()
             log.info(
                 "fleet.usage_read",
                 teams=sorted(self.usage.slot_seconds(time.time())),
-                requests=len(read.entries),
-                tail_from=read.events_from,
-                tail_to=read.events_to,
-                refused=dict(read.refused),
-                ignored=dict(read.ignored),
+                requests=requests,
+                refused=refused,
+                tail_from=began,
+                tail_to={tp.partition: end for tp, end in reader.ends.items()},
                 skipped=dict(self.skipped),
             )
-            events_to = read.events_to
-            del read  # the entries freed now, as they go out of use (no cycles among them: no collection needed)
-        keys = event_keys(self.settings)
-        async with TopicReader(self.settings, self.settings.events_topic, start_at=events_to) as reader:
+            # Then on from there: each poll's records verified in worker threads, and folded here.
             async for batch in reader.batches():
                 found = await run_chunks("verify", partial(checked, keys=keys), batch)
                 now = time.time()
@@ -266,20 +300,13 @@ class FleetView(Folds):
         for event_id in [event_id for event_id in self.ended_here if event_id in folds.ids]:
             del self.ended_here[event_id]
 
-    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> None:
-        """Fold one record of the events topic, as a worker thread found it (daemon/kafka/event_reader.py `checked`):
-        its event when verified and not folded before, else counted by why; the first of each reason is logged at once,
-        the counts with `fleet.usage_read` (a flood of forged events is one line per reason, not one per event)."""
-        if isinstance(event, UnverifiedEvent):
-            reason: str | None = event.reason
-            self.skipped[event.reason] += 1
-        elif isinstance(event, ValueError):
-            reason = "not_an_event"
-            self.skipped[reason] += 1
-        else:
-            reason = self.tail(event, record.partition, record.offset, now)
+    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> str | None:
+        """`Folds.take`, the first event not folded for each reason logged at once, the counts with `fleet.usage_read`
+        (a flood of forged events is one line per reason, not one per event)."""
+        reason = super().take(record, event, now)
         if reason is not None and self.skipped[reason] == 1:
             log.warning("fleet.event_skipped", reason=reason, partition=record.partition, offset=record.offset)
+        return reason
 
     def pick(
         self,

@@ -17,10 +17,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-import daemon.kafka.event_reader
 import daemon.table.reader
 from daemon import executors
-from daemon.fleet.view import FleetView, Folds
+from daemon.fleet import view as view_module
+from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView, Folds
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
@@ -60,8 +60,9 @@ async def fleet(settings: Settings) -> Settings:
     return fleet
 
 
-async def publish(settings: Settings, events: Sequence[Event]) -> list[int]:
-    """The events as the fleet's hosts publish them, signed and keyed by their request: their offsets."""
+async def publish(settings: Settings, events: Sequence[Event], stamped: bool = False) -> list[int]:
+    """The events as the fleet's hosts publish them, signed and keyed by their request: their offsets (`stamped`: the
+    records' timestamps their events' times, as for events published then; else now)."""
     signer = event_signer(settings)
     assert signer is not None
     producer = AIOKafkaProducer(**kafka_options(settings), acks="all")
@@ -76,6 +77,7 @@ async def publish(settings: Settings, events: Sequence[Event]) -> list[int]:
                 key=(event.request_id or "").encode(),
                 partition=0,
                 headers=[(SIGNATURE_HEADER, signer.sign(value))],
+                timestamp_ms=int(event.time.timestamp() * 1000) if stamped else None,
             )
             offsets.append(sent.offset)
         return offsets
@@ -161,11 +163,30 @@ async def test_a_restarted_view_is_whole_from_the_table_and_reads_only_the_tail_
             while "tail-1" in {job.request_id for job in view.running_jobs.jobs(time.time())}:
                 await asyncio.sleep(0.05)
         assert view.usage.running() == {"vision": 3, "text": 2}
-        # The events topic read from the keepers' committed offset (the tail), then followed on from where that read
-        # stopped; the state topic once.
+        # The events topic read from the keepers' committed offset (the tail) and followed on; the state topic once.
         events_read = [offsets for topic, offsets in began if topic == fleet.events_topic]
-        assert events_read == [{0: len(past)}, {0: len(past) + len(more)}]
+        assert events_read == [{0: len(past)}]  # one reader: the tail, then followed on
         assert [topic for topic, _ in began].count(fleet.state_topic) == 1
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
+async def test_with_no_table_the_view_reads_the_events_of_the_window(
+    fleet: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keeper has run (no entry, no committed offset: the table made since, or not at all): the view reads the
+    events of the window, as it did before the table, not the whole topic."""
+    past = history()
+    await publish(fleet, past, stamped=True)
+    began = starts(monkeypatch)
+    view = FleetView(fleet)
+    following = asyncio.create_task(view.follow())
+    try:
+        await asyncio.wait_for(view.caught_up.wait(), 60)
+        assert decisions(view) == decisions(every_event(past))
+        first = next(n for n, event in enumerate(past) if event.time.timestamp() >= time.time() - USAGE_LOOKBACK_S - 60)
+        assert first > 0 and [offsets for topic, offsets in began if topic == fleet.events_topic] == [{0: first}]
     finally:
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
@@ -185,7 +206,7 @@ async def test_loading_a_large_table_holds_the_event_loop_for_none_of_its_work(
     """Each entry's verify and parse, each event's of the tail, and each event's fold made slow (a thread's sleep,
     not this machine's speed): any part of the work done on the loop would hold it 0.75 s and more, where the loop
     is held at most a tenth of that plus what a busy machine's scheduler costs (the threads' own start among it)."""
-    requests, tail = 200, 40
+    requests, tail = 200, 200
     past = [
         each
         for n in range(requests)
@@ -197,8 +218,8 @@ async def test_loading_a_large_table_holds_the_event_loop_for_none_of_its_work(
     # A worker thread's chunk of the entries (requests / threads of them): 1.5 s; of the tail's events: 0.75 s.
     entry_s, event_s = 1.5 * threads / requests, 0.75 * threads / tail
     monkeypatch.setattr(daemon.table.reader, "read_entry", slowed(daemon.table.reader.read_entry, entry_s))
-    monkeypatch.setattr(daemon.kafka.event_reader, "checked", slowed(daemon.kafka.event_reader.checked, event_s))
-    observe, oldest = slowed(Folds.observe, 1.5 / (2 * requests)), []  # every fold: 1.5 s
+    monkeypatch.setattr(view_module, "checked", slowed(view_module.checked, event_s))
+    observe, oldest = slowed(Folds.observe, 1.5 / (2 * requests)), []  # the table's folds 1.5 s, the tail's 0.75
 
     def noted(folds: Folds, event: Event, now: float) -> None:
         oldest.append(gc.get_threshold()[2])  # the full collections held while the table loads (their pauses hold
