@@ -50,6 +50,7 @@ from daemon.settings.fleet import CLASS_HEADER, queue_group
 log = structlog.get_logger()
 
 TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arrive
+VIEW_WAIT_S = 30.0  # the longest the first turn waits for the fleet's view to be whole (the brokers away: it goes on)
 
 
 class Dispatcher:
@@ -108,6 +109,7 @@ class Dispatcher:
         await self.mover.stop()
 
     async def run(self, stopping: asyncio.Event) -> None:
+        await self._view_whole(stopping)
         announcer = Announcer(
             self.settings,
             self.view,
@@ -124,6 +126,19 @@ class Dispatcher:
         finally:
             announcing.cancel()
             await asyncio.gather(announcing, return_exceptions=True)
+
+    async def _view_whole(self, stopping: asyncio.Event) -> None:
+        """Wait until the fleet's view is whole (`FleetView.caught_up`: the table and the events past it folded, in
+        seconds), so that the first picks, preemptions and tellings are not made from an empty view: every team idle,
+        every request never told. At most `VIEW_WAIT_S`, or until the stop; after it, decisions read what is folded."""
+        whole, stop = asyncio.create_task(self.view.caught_up.wait()), asyncio.create_task(stopping.wait())
+        try:
+            await asyncio.wait([whole, stop], timeout=VIEW_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (whole, stop):
+                task.cancel()
+        if not self.view.caught_up.is_set() and not stopping.is_set():
+            log.warning("fleet.view_partial", waited_s=VIEW_WAIT_S)
 
     async def _turns(self, stopping: asyncio.Event) -> None:
         while not stopping.is_set():

@@ -1,57 +1,187 @@
-"""The fleet as this host sees it from the events topic: each team's recent slot-time, the jobs running
-on every host, and how long jobs of each method and model took; and the decisions taken with it.
+"""The fleet as this host sees it: each team's recent slot-time, the jobs running on every host, and how long jobs
+of each method and model took; and the decisions taken with it.
 
 The events are the fleet's only shared record of who ran what (no coordination service): every host
 folds the same verified events (schemas.signing: an unsigned or forged event is not counted; settings
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
 written again is not counted again), into `Usage`, `Occupancy` and `Durations` (daemon/fleet/usage.py,
-running.py), read from `USAGE_LOOKBACK_S` before its start and followed from there; an event older than
-that window is not folded. The decisions are the pure rules of daemon/fleet/order.py, with what this host
-knows of its own requests before their events are read back (`held`: its claims, its freed slots, the ends
-it sent), so that a slot it frees is never given by a stale count of its own.
+running.py); an event older than `USAGE_LOOKBACK_S` is not folded.
+
+A daemon does not read those hours of events to start deciding: it loads the table of requests (daemon/table/:
+each request's state, kept from the events by the keepers), its entries verified and parsed in worker threads by the
+table's reader, and folds each entry's `recent` events (its latest of each type) of the window in a worker thread
+(`Folds.load`); then the events past the keepers' committed offsets (the tail; in a partition they committed none of,
+those of the window), each poll's records verified and folded in worker threads into those folds (`Folds.taken`),
+which the loop then takes whole (`FleetView.adopt`) and sets `caught_up`; then it follows the events on from there,
+each poll's records verified in worker threads and folded on the loop. So nothing on the loop grows with the topic or
+the table, and a restarted daemon decides with a whole view once the table and its tail are read. What the table
+cannot say exactly is said at `Folds`.
+
+The decisions are the pure rules of daemon/fleet/order.py, with what this host knows of its own requests before
+their events are read back (`held`: its claims, its freed slots, the ends it sent), so that a slot it frees is never
+given by a stale count of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import heapq
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 
 import structlog
-from pydantic import ValidationError
 
+from daemon import executors
+from daemon.executors import run_chunks
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
 from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
 from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import ENDS, Durations, Switches, Usage
-from daemon.kafka.event_reader import EventStream
+from daemon.kafka.event_ids import EventIds
+from daemon.kafka.event_reader import checked
 from daemon.kafka.records import Record
+from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
+from daemon.table.entry import TableEntry
+from daemon.table.reader import read_table
 from schemas import Accepted, Event, Queued
 from schemas.events import EventBase
+from schemas.signing import UnverifiedEvent
 
 log = structlog.get_logger()
 
-USAGE_LOOKBACK_S = 4 * 3600.0  # the events read at start: four half-lives of the fair share's memory
+USAGE_LOOKBACK_S = 4 * 3600.0  # the events folded: four half-lives of the fair share's memory
 HALF_LIFE_S = 3600.0  # slot-time an hour old counts half
 FOLLOW_AGAIN_S = 5.0
+CLOCKS_S = 60.0  # the events of a partition with no table read from this much before the window: hosts' clocks differ
 
 
-class FleetView:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+class Folds:
+    """What the view folds of the fleet's events, and only that: `Usage`, `Durations`, `Occupancy`, `Switches`, each
+    host's slots and what each waiting request was told, with the ids of the events folded (each once, none older than
+    `USAGE_LOOKBACK_S`: daemon/kafka/event_ids.py) and the events not folded, by why. Pure: no Kafka, no clock.
+
+    Made from the table (`load`: each entry's `recent` events within the window, every entry's merged in time order)
+    and the events past it (`tail`), it says for the decisions what folding every event of the window says, except
+    where the table keeps less: an entry keeps only the latest event of each type of its request (daemon/table/entry.py
+    `folded`), so of a request that ran twice within the window (preempted, retried, or redelivered after its end) only
+    its latest run's slot-time is counted (the earlier run's `accepted` and `started` were replaced); a request
+    redelivered after its success and answered from it has that answer (`duplicate`, not a duration) as its latest
+    `succeeded`, so its first success is not among the durations; a host whose only `accepted` of the window was
+    replaced by its request's later one is not among `host_slots`; a running job's pace is its latest `progress`
+    event's (an earlier one's, where the latest has no ETA, is not kept). The tail is folded event by event: exact."""
+
+    def __init__(self) -> None:
         self.usage = Usage(HALF_LIFE_S)
         self.durations = Durations()
         self.running_jobs = Occupancy()
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
-        self.caught_up = asyncio.Event()  # set once the events up to the start have been folded
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
+        self.ids = EventIds(USAGE_LOOKBACK_S)  # the events folded: each once, none older than the window
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
+        # Each request of the table: the events topic's partition and offset of the latest event its entry holds. An
+        # event of the tail at or before it is in the entry already (the keepers write entries before they commit).
+        self.tabled: dict[str, tuple[int, int]] = {}
+
+    def observe(self, event: Event, now: float) -> None:
+        for fold in (self.usage, self.durations, self.running_jobs, self.switches):
+            fold.observe(event, now)
+        if isinstance(event, Accepted) and event.host_slots is not None:
+            self.host_slots[event.host] = event.host_slots
+        elif isinstance(event, Queued) and event.request_id is not None:
+            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
+        if isinstance(event, Accepted) and event.request_id is not None:
+            self.telling.started(event.request_id)
+
+    def fold(self, event: Event, now: float) -> str | None:
+        """Fold a verified event unless it was folded already or is older than the window; else why not (counted)."""
+        refused = self.ids.refused(event, now)
+        if refused is not None:
+            self.skipped[refused] += 1
+            return refused
+        self.observe(event, now)
+        return None
+
+    def load(self, entries: Iterable[TableEntry], now: float) -> None:
+        """Fold the table's entries (verified): each one's `recent` events of the window, every entry's merged in
+        time order, each request's in its own order (the order they were folded in: a host's clock running behind
+        another's does not put a request's `accepted` after its end). Older events are left out, not counted."""
+        start, recents = now - USAGE_LOOKBACK_S, []
+        for entry in entries:
+            if entry.partition >= 0:
+                self.tabled[entry.request_id] = (entry.partition, entry.offset)
+            recent = [event for event in entry.recent if event.time.timestamp() >= start]
+            if recent:
+                recents.append(recent)
+        # By the time as a number: a (trusted) event's time without a zone is not comparable with one with a zone.
+        for event in heapq.merge(*recents, key=lambda event: event.time.timestamp()):
+            self.fold(event, now)
+
+    def tail(self, event: Event, partition: int, offset: int, now: float) -> str | None:
+        """Fold a verified event of the events topic read past the table (`load`), unless its request's entry holds it
+        already (at or before the entry's place in the same partition, as daemon/table/entry.py `folded` says); else
+        why not."""
+        place = self.tabled.get(event.request_id or "")
+        if place is not None and partition == place[0] and 0 <= offset <= place[1]:
+            self.skipped["tabled"] += 1
+            return "tabled"
+        return self.fold(event, now)
+
+    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> str | None:
+        """Fold one record of the events topic as a worker thread found it (daemon/kafka/event_reader.py `checked`): its
+        event when verified and not folded before (`tail`); else why not, counted."""
+        if isinstance(event, UnverifiedEvent):
+            self.skipped[event.reason] += 1
+            return event.reason
+        if isinstance(event, ValueError):
+            self.skipped["not_an_event"] += 1
+            return "not_an_event"
+        return self.tail(event, record.partition, record.offset, now)
+
+    def taken(
+        self, records: Sequence[Record], found: Sequence[Event | UnverifiedEvent | ValueError], now: float
+    ) -> None:
+        """`take` of each record of a batch, in order (what a worker thread does with folds not yet in use)."""
+        for record, event in zip(records, found, strict=True):
+            self.take(record, event, now)
+
+
+@contextlib.contextmanager
+def full_collections_held() -> Iterator[None]:
+    """No automatic collection of the oldest generation while the table loads. The load makes hundreds of thousands of
+    objects that live until it ends (the entries and their events), and each full collection, which the interpreter
+    starts as the heap grows by a quarter, walks them all while holding every thread, the event loop's too: 0.5 to 1.8 s
+    each with 20,000 requests on a loaded machine of 2 cores. The young generations are collected as ever; the
+    thresholds are set back after, whether the load ended or failed (the brokers away: only for that try)."""
+    young, middle, oldest = gc.get_threshold()
+    gc.set_threshold(young, middle, 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, middle, oldest)
+
+
+def loaded(entries: Iterable[TableEntry], now: float) -> Folds:
+    """The folds of the table's entries (`Folds.load`), made afresh: a worker thread's work for `FleetView.adopt`."""
+    folds = Folds()
+    folds.load(entries, now)
+    return folds
+
+
+class FleetView(Folds):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.caught_up = asyncio.Event()  # set once the table and the events up to the start have been folded
         # The ends this host published (event id → request id), until this view reads them back: the job holds no slot
         # from when its end is sent, whatever the events read so far say (`held`). Kept beside the folds, not folded in:
         # an end folded before the stream reads its job's `accepted` (a stream behind, or read again from scratch) would
@@ -63,14 +193,7 @@ class FleetView:
 
     def observe(self, event: Event, now: float) -> None:
         self.ended_here.pop(event.event_id, None)  # read back: the folds say it now
-        for fold in (self.usage, self.durations, self.running_jobs, self.switches):
-            fold.observe(event, now)
-        if isinstance(event, Accepted) and event.host_slots is not None:
-            self.host_slots[event.host] = event.host_slots
-        elif isinstance(event, Queued) and event.request_id is not None:
-            self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
-        if isinstance(event, Accepted) and event.request_id is not None:
-            self.telling.started(event.request_id)
+        super().observe(event, now)
 
     def sending(self, event: EventBase) -> None:
         """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
@@ -111,16 +234,10 @@ class FleetView:
         return sum(self.host_slots.values()) or max(1, sum(job.gpus for job in jobs) + free_here)
 
     async def follow(self) -> None:
-        """Fold every verified event, from `USAGE_LOOKBACK_S` ago, for as long as the daemon runs; read again
-        from scratch after the brokers fail it (the folds start afresh: an event is never counted twice)."""
+        """Load the view from the table and the events past it, then fold every verified event after, for as long as
+        the daemon runs; loaded again from scratch after the brokers fail it (made afresh and taken whole: an event is
+        never counted twice, and the decisions meanwhile read what was folded before)."""
         while True:
-            self.usage, self.durations, self.running_jobs, self.switches = (
-                Usage(HALF_LIFE_S),
-                Durations(),
-                Occupancy(),
-                Switches(),
-            )
-            self.host_slots, self.skipped = {}, Counter()
             try:
                 await self._follow()
             except Exception as exc:  # the brokers away: decisions go on with what was folded, until read again
@@ -128,36 +245,68 @@ class FleetView:
                 await asyncio.sleep(FOLLOW_AGAIN_S)
 
     async def _follow(self) -> None:
-        async with EventStream(
-            self.settings, since=time.time() - USAGE_LOOKBACK_S, window_s=USAGE_LOOKBACK_S, quiet=True
-        ) as stream:
-            async for record in stream.reader.records():
-                self.take(stream, record)
-                if stream.reader.caught_up.is_set() and not self.caught_up.is_set():
-                    self.caught_up.set()
-                    log.info(
-                        "fleet.usage_read",
-                        teams=sorted(self.usage.slot_seconds(time.time())),
-                        skipped=dict(self.skipped),
-                    )
+        keys = event_keys(self.settings)
+        with full_collections_held():
+            # The table's entries, verified and parsed in worker threads (daemon/table/reader.py), folded in one.
+            table = await read_table(self.settings, tail=False)
+            folds = await executors.run("verify", loaded, list(table.entries.values()), time.time())
+            requests, refused, tail_from = len(table.entries), dict(table.refused), table.events_from
+            del table  # the entries freed now, as they go out of use (no cycles among them: no collection needed)
+        # The events past the keepers' committed offsets (in a partition they committed none of, those of the window):
+        # each poll's verified, then folded, in worker threads, into the folds not yet taken; then taken whole.
+        reader = TopicReader(
+            self.settings,
+            self.settings.events_topic,
+            start_at=tail_from,
+            since=time.time() - USAGE_LOOKBACK_S - CLOCKS_S,
+        )
+        async with reader:
+            with full_collections_held():
+                began = {tp.partition: offset for tp, offset in reader.next_offset.items()}
+                async for batch in reader.batches(follow=False):
+                    found = await run_chunks("verify", partial(checked, keys=keys), batch)
+                    await executors.run("verify", folds.taken, batch, found, time.time())
+                self.adopt(folds)
+                del folds
+            self.caught_up.set()
+            log.info(
+                "fleet.usage_read",
+                teams=sorted(self.usage.slot_seconds(time.time())),
+                requests=requests,
+                refused=refused,
+                tail_from=began,
+                tail_to={tp.partition: end for tp, end in reader.ends.items()},
+                skipped=dict(self.skipped),
+            )
+            # Then on from there: each poll's records verified in worker threads, and folded here.
+            async for batch in reader.batches():
+                found = await run_chunks("verify", partial(checked, keys=keys), batch)
+                now = time.time()
+                for record, event in zip(batch, found, strict=True):
+                    self.take(record, event, now)
 
-    def take(self, stream: EventStream, record: Record) -> None:
-        """Fold one record of the events topic: its event when verified and not taken before, else counted."""
-        try:
-            event = stream.verified(record)
-        except (ValidationError, ValueError):
-            return  # not an event of this version: nothing to count
-        if event is not None:
-            self.observe(event, time.time())
-        else:
-            self._skipped(stream.ignored + stream.repeated, record.offset, record.partition)
+    def adopt(self, folds: Folds) -> None:
+        """Take folds made afresh (`loaded`, off the loop) in place of these. What each waiting request was told is
+        kept where this host told it later; this host's ends are forgotten where the folds hold them (read back)."""
+        self.usage, self.durations, self.running_jobs, self.switches = (
+            folds.usage,
+            folds.durations,
+            folds.running_jobs,
+            folds.switches,
+        )
+        self.host_slots, self.ids, self.skipped, self.tabled = folds.host_slots, folds.ids, folds.skipped, folds.tabled
+        for request_id, told in folds.telling.told.items():
+            self.telling.heard(request_id, told.place, told.eta_s, told.at, told.host)
+        for event_id in [event_id for event_id in self.ended_here if event_id in folds.ids]:
+            del self.ended_here[event_id]
 
-    def _skipped(self, counts: Counter[str], offset: int, partition: int) -> None:
-        """Count an event not folded (unverified, repeated, stale); the first of each reason is logged at once, the
-        counts with `fleet.usage_read` (a flood of forged events is one line per reason, not one per event)."""
-        for reason in counts.keys() - self.skipped.keys():
-            log.warning("fleet.event_skipped", reason=reason, partition=partition, offset=offset)
-        self.skipped = Counter(counts)
+    def take(self, record: Record, event: Event | UnverifiedEvent | ValueError, now: float) -> str | None:
+        """`Folds.take`, the first event not folded for each reason logged at once, the counts with `fleet.usage_read`
+        (a flood of forged events is one line per reason, not one per event)."""
+        reason = super().take(record, event, now)
+        if reason is not None and self.skipped[reason] == 1:
+            log.warning("fleet.event_skipped", reason=reason, partition=record.partition, offset=record.offset)
+        return reason
 
     def pick(
         self,

@@ -31,6 +31,9 @@ class EventIds:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._ids
+
     def refused(self, event: Event, now: float) -> Refused | None:
         """None, remembering its id, the first time an event is offered within the window; else why not."""
         if self.window_s is not None:

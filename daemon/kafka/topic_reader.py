@@ -3,9 +3,9 @@ topic (every daemon reads every cancel), the events topic (the CLI, the demo) an
 
 It reads every partition of the topic, or the few named (`partitions`: one request's key's partition, for
 `adapterd get`). It starts at the beginning of each partition, at its end as of `start()`, at its first record at or
-after a time (`since`: the fleet's view of recent events), or at given offsets (a group's committed
-offsets: `adapterd jobs --state queued`), and knows when it has caught up with the
-ends it saw at `start()`, so a reader can stop there or go on following. Caught up is judged by the
+after a time (`since`), or at given offsets (a group's committed offsets: `adapterd jobs --state queued`; the
+fleet's view, past the table's keepers', and at `since` where they committed none), and knows when it has caught up
+with the ends it saw at `start()`, so a reader can stop there or go on following. Caught up is judged by the
 consumer's position, not by the last record's offset: a topic written in transactions (the fleet's
 claims and queue topics) ends in a commit marker, which is an offset but never a record.
 
@@ -53,7 +53,8 @@ class TopicReader:
         self.topic = topic
         self.from_end = from_end
         self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
-        # Partition → the offset to begin at (a partition left out: its first record); never before the log's start.
+        # Partition → the offset to begin at (a partition left out: its first record, or `since`'s where that is given
+        # too); never before the log's start.
         self.start_at = start_at
         self.only = None if partitions is None else frozenset(partitions)  # None: every partition of the topic
         self.consumer = AIOKafkaConsumer(
@@ -93,7 +94,13 @@ class TopicReader:
             start = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
         if self.start_at is not None:
             first = await self.consumer.beginning_offsets(partitions)
-            start = {tp: min(self.ends[tp], max(first[tp], self.start_at.get(tp.partition, 0))) for tp in partitions}
+            # A partition `start_at` leaves out begins at its first record, or with `since` too at that time's.
+            start = {
+                tp: min(self.ends[tp], max(first[tp], self.start_at[tp.partition]))
+                if tp.partition in self.start_at
+                else (start[tp] if self.since is not None else first[tp])
+                for tp in partitions
+            }
         for tp in partitions:
             self.partitions.read_from(tp, start[tp])
         return self
@@ -111,6 +118,13 @@ class TopicReader:
 
     async def records(self, *, follow: bool = True) -> AsyncIterator[Record]:
         """The records in partition order. Without `follow`, stop once caught up with the ends as of `start()`."""
+        async for batch in self.batches(follow=follow):
+            for record in batch:
+                yield record
+
+    async def batches(self, *, follow: bool = True) -> AsyncIterator[list[Record]]:
+        """The records as each poll brings them, a partition's list at a time (a reader that verifies them in worker
+        threads sends a batch, not each record); otherwise as `records`."""
         behind = {tp for tp, end in self.ends.items() if end > self.next_offset.get(tp, 0)}
         while True:
             if not behind and not self.caught_up.is_set():
@@ -118,13 +132,14 @@ class TopicReader:
             if not behind and not follow:
                 return
             # A record none can read is stepped past inside the poll, logged and counted there (and dropped here).
-            batches, _ = await self.careful.poll(timeout_ms=1000, max_records=MAX_RECORDS)
-            for tp, records in batches.items():
-                for record in records:
-                    self.next_offset[tp] = record.offset + 1
-                    yield record
-                    if record.offset + 1 >= self.ends.get(tp, 0):
-                        behind.discard(tp)
+            polled, _ = await self.careful.poll(timeout_ms=1000, max_records=MAX_RECORDS)
+            for tp, records in polled.items():
+                if not records:
+                    continue
+                self.next_offset[tp] = records[-1].offset + 1
+                yield list(records)
+                if records[-1].offset + 1 >= self.ends.get(tp, 0):
+                    behind.discard(tp)
             for tp in list(behind):
                 if await self.consumer.position(tp) >= self.ends[tp]:
                     behind.discard(tp)  # past a marker or an aborted batch: no record to yield, yet caught up

@@ -1,6 +1,7 @@
 """The fleet's view folds only verified events, each `event_id` once (issue 61): a forged unsigned event, or
 a genuine one written again, moves none of the teams' usage, caps, the hosts' slots or the running jobs.
-In process: records handed to `FleetView.take` as the events topic's reader yields them."""
+In process: records handed to `FleetView.take` as the events topic's reader yields them and a worker thread checks
+them (daemon/kafka/event_reader.py `checked`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from structlog.testing import capture_logs
 from daemon.fleet.order import FleetRequest
 from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView
 from daemon.kafka.event_ids import EventIds
-from daemon.kafka.event_reader import EventStream
+from daemon.kafka.event_reader import checked
 from daemon.settings import Settings
-from daemon.settings.secret_files import event_signer
+from daemon.settings.secret_files import event_keys, event_signer
 from schemas import Accepted, Cancelled, Event, Started
 from schemas.signing import SIGNATURE_HEADER, EventSigner
 from testbed.fleet_keys import fleet_keys
@@ -43,9 +44,9 @@ def record(settings: Settings, event: Event, signer: EventSigner | None) -> Fake
 
 
 def fold(settings: Settings, records: list[FakeRecord]) -> FleetView:
-    view, stream = FleetView(settings), EventStream(settings, window_s=USAGE_LOOKBACK_S, quiet=True)
+    view, keys, now = FleetView(settings), event_keys(settings), time.time()
     for each in records:
-        view.take(stream, each)
+        view.take(each, checked(each, keys), now)
     return view
 
 

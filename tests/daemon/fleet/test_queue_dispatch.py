@@ -4,6 +4,7 @@ request behind it is claimed, signed by the fleet; a backdated record does not g
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -227,3 +228,25 @@ async def test_the_request_behind_a_claim_of_this_hosts_last_slot_is_told_it_wai
     [queued] = core.events("next-1")
     assert (queued["type"], queued["place"]) == ("queued", 1)
     assert queued["eta_s"] == pytest.approx(20.0, abs=2)  # first-1's expected 20 s, from now
+
+
+async def test_the_first_turn_waits_for_the_fleets_view_to_be_whole(fleet_settings: Settings) -> None:
+    """A restarted host decides nothing until its view of the fleet is loaded (`FleetView.caught_up`): from an empty
+    view every team is idle and under its cap."""
+    dispatcher, mover, _, _ = dispatcher_over(fleet_settings, [valid(0, "first")])
+    stopping = asyncio.Event()
+    running = asyncio.create_task(dispatcher.run(stopping))
+    try:
+        for _ in range(2000):  # turns enough to claim it (below, once the view is whole)
+            dispatcher.wake.set()
+            await asyncio.sleep(0)
+        assert not mover.moves and not running.done()
+        dispatcher.view.caught_up.set()
+        for _ in range(2000):
+            dispatcher.wake.set()  # a turn now, not after TURN_S
+            await asyncio.sleep(0)
+        assert [key for key, _ in mover.claims()] == ["first"]
+    finally:
+        stopping.set()
+        dispatcher.wake.set()
+        await asyncio.wait_for(running, 10)
