@@ -88,8 +88,9 @@ class TableRead:
 
 
 def recent_events(entries: Iterable[TableEntry]) -> list[Event]:
-    """The entries' `recent` events, all of them, in the order of their time."""
-    return sorted((event for entry in entries for event in entry.recent), key=lambda event: event.time)
+    """The entries' `recent` events, all of them, in the order of their time (as numbers: an event's time may come with
+    a time zone or without one, and the two do not compare as datetimes)."""
+    return sorted((event for entry in entries for event in entry.recent), key=lambda event: event.time.timestamp())
 
 
 def key_partition(request_id: str, partitions: Sequence[int]) -> int:

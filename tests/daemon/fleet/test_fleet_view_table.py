@@ -15,6 +15,7 @@ import pytest
 from daemon.fleet.view import USAGE_LOOKBACK_S, Folds
 from daemon.kafka.event_ids import EventIds
 from daemon.table.entry import TableEntry, folded
+from daemon.table.reader import recent_events
 from schemas import Accepted, Checkpoint, Event, Preempted, Progress, Queued, Started, Succeeded, parse_event
 from schemas.events import EventBase
 
@@ -293,3 +294,5 @@ def test_an_event_whose_time_has_no_zone_is_merged_with_the_others() -> None:
     folds = Folds()
     folds.load(entries, NOW)
     assert sorted(job.request_id for job in folds.running_jobs.jobs(NOW)) == ["r1", "r2"]
+    # The commands' fleet order (`adapterd jobs --state queued`) takes the same events from the table's reader.
+    assert [event.type for event in recent_events(entries)] == ["accepted", "accepted", "started"]
