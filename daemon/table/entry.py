@@ -89,7 +89,8 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
         return entry.model_copy(update={"events": entry.events + 1, "ids": ids, **place})
     if entry is None or (event.type == "accepted" and entry.ended):
         # A request's first event, or a request ended and accepted again (its id used again, or its request
-        # redelivered): its state starts again from this event.
+        # redelivered): its state starts again from this event. Its latest events stay for the fleet's folds (an earlier
+        # success's duration is still a duration), each replaced as this run's come.
         entry = TableEntry(
             request_id=request_id,
             state="queued",
@@ -100,6 +101,7 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
             latest=event.type,
             detail="",
             events=0,
+            recent=entry.recent if entry is not None else [],
         )
     method = event.method if isinstance(event, Accepted | Started | Succeeded) else entry.method
     return entry.model_copy(
@@ -113,10 +115,21 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
             "detail": detail(event),
             "events": entry.events + 1,
             **place,
-            "recent": [*(kept for kept in entry.recent if kept.type != event.type), event],
+            "recent": recent(entry.recent, event),
             "ids": ids,
         }
     )
+
+
+def recent(events: list[Event], event: Event) -> list[Event]:
+    """The latest event of each type with `event` taken in, oldest first. A success answered again to a redelivery
+    (`duplicate`) is a type of its own here: it ends its run (the fleet's folds free its slot), and it trained
+    nothing, so it does not replace a success that did, whose duration the fleet's order reads."""
+    return [*(kept for kept in events if _kind(kept) != _kind(event)), event]
+
+
+def _kind(event: Event) -> str:
+    return "succeeded-duplicate" if isinstance(event, Succeeded) and event.duplicate else event.type
 
 
 def detail(event: Event) -> str:

@@ -118,3 +118,19 @@ def test_an_entry_is_taken_when_a_trusted_key_signed_it_and_refused_naming_why_o
     assert isinstance(junk, Refused) and junk.reason == "malformed"
     assert read_entry(FakeRecord("t", 0, 0, b"r1", None), trusted) == Tombstone("r1")
     assert read_entry(signed_record(entry, None), None) == entry  # a reader without keys reads unverified
+
+
+def test_a_request_accepted_again_keeps_its_earlier_success_for_the_fleets_durations() -> None:
+    """Redelivered after its success, a request is accepted again and answered from that success (`duplicate`): its
+    entry's state starts again, but the success that trained stays among its recent events, which the fleet's view
+    folds into the durations it expects jobs to take."""
+    first = event("succeeded")
+    done = fold_all([(event("accepted"), 1), (event("started"), 2), (first, 3)])
+    again = fold_all([(event("accepted"), 4), (event("succeeded", duplicate=True), 5)])
+    assert done is not None and again is not None
+    entry = done
+    for each, offset in [(e, o) for e, o in zip(again.recent, (4, 5), strict=True)]:
+        entry = folded(entry, each, 0, offset) or entry
+    assert (entry.state, entry.latest, entry.events) == ("succeeded", "succeeded", 2)
+    assert [e.event_id for e in entry.recent if e.type == "succeeded"] == [first.event_id, again.recent[-1].event_id]
+    assert [e.type for e in entry.recent] == ["started", "succeeded", "accepted", "succeeded"]

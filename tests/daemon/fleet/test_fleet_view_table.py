@@ -256,10 +256,10 @@ def test_a_request_that_ran_twice_within_the_window_counts_its_latest_run_only()
     assert made.usage.slot_seconds(NOW)["vision"] < whole.usage.slot_seconds(NOW)["vision"] - 1000
 
 
-def test_a_success_answered_again_to_a_redelivery_hides_the_first_from_the_durations() -> None:
-    """Where the table cannot be exact: a request redelivered after its success is accepted again (its entry starts
-    afresh) and answered from the success (`duplicate`, trained nothing), which replaces the first as its latest
-    `succeeded`: the durations do not have the first (every event's fold has it)."""
+def test_a_success_answered_again_to_a_redelivery_keeps_the_first_in_the_durations_and_ends_its_run() -> None:
+    """A request redelivered after its success is accepted again (its entry's state starts afresh) and answered from
+    the success (`duplicate`, trained nothing): the entry keeps the first success beside the duplicate, so the
+    durations have the first as every event's fold has it, and the second run ends (no slot held for ever)."""
     history = [
         accepted("f2", "gpu-a", 2300, method="dpo", host_slots=4),
         started("f2", "gpu-a", 2290, slot="2,3"),
@@ -269,7 +269,9 @@ def test_a_success_answered_again_to_a_redelivery_hides_the_first_from_the_durat
     ]
     whole, made = every_event(history), from_table(history, len(history))
     assert whole.durations.expected("dpo", "tiny/m") == pytest.approx(375.0)
-    assert made.durations.expected("dpo", "tiny/m") is None
+    assert made.durations.expected("dpo", "tiny/m") == pytest.approx(375.0)
+    assert made.running_jobs.jobs(NOW) == [] and made.usage.running() == {}
+    # The first run's slot-time is the one thing not kept (its `accepted` was replaced by the second's).
     assert made.usage.slot_seconds(NOW) == pytest.approx(every_event(history[3:]).usage.slot_seconds(NOW))
 
 
