@@ -6,7 +6,10 @@ event loop's default executor, so one kind cannot take every thread from another
   intake), whose headers it reads;
 - `headers`: reading models' safetensors headers for the memory estimate (daemon/resources/headers.py);
 - `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
-- `retention`: passes of retention over the jobs' folders (daemon/store/retention.py).
+- `retention`: passes of retention over the jobs' folders (daemon/store/retention.py);
+- `table`: the table's keeper: verifying, parsing and folding events, verifying and signing entries, a batch at
+  a time (daemon/table/keeper.py). Ed25519's verification releases the interpreter, so two threads verify
+  beside the loop and on both cores.
 
 Seven model files that never answered once held every thread of the default executor, and a
 64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
@@ -25,11 +28,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "table"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
-THREADS: dict[Kind, int] = {"decode": 2, "admission": 2, "headers": 8, "hub": 8, "retention": 1}
+THREADS: dict[Kind, int] = {"decode": 2, "admission": 2, "headers": 8, "hub": 8, "retention": 1, "table": 2}
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -202,6 +202,7 @@ async def own_settings(kafka: str, hub: HubServer, tmp_path: Path) -> Settings:
         events_topic=f"events-{suffix}",
         dlq_topic=f"dlq-{suffix}",
         control_topic=f"control-{suffix}",
+        state_topic=f"state-{suffix}",
         group_id=f"adapterd-{suffix}",
         work_dir=tmp_path / "work",
         hub_endpoint=hub.endpoint,

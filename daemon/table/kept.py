@@ -1,0 +1,208 @@
+"""The entries of one events partition as its keeper holds them (daemon/table/keeper.py), with no Kafka in it: the
+state partition's records restored into entries (`Restoring`), the events folded into them (`KeptPartition.fold`),
+ended requests past their retention found (`KeptPartition.expired`). Each step is a function of its input, so it is
+tested alone, and each takes a batch of records, so the keeper runs it in a worker thread (verifying, parsing,
+folding and signing are the work in proportion to the topic, never done on the event loop).
+
+Restoring keeps, per key, the entry with the highest place in the events topic (partition, offset): a genuine entry
+written late (a keeper that lost its partition still writing) is never taken over a newer one. A record refused
+(unsigned, a key not trusted, malformed, misplaced) is counted by reason and never taken; where a key's latest
+record is not the entry kept (a forged or replayed record after it, a tombstone of a request not past its
+retention), the entry kept is written again (`Restored.writes`), so that the compacted topic keeps it, not the
+other record.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from daemon.kafka.records import Record
+from daemon.table.codec import (
+    MAX_ENTRY_BYTES,
+    VERSION_HEADER,
+    Refused,
+    Tombstone,
+    entry_headers,
+    entry_value,
+    read_entry,
+)
+from daemon.table.entry import TableEntry, folded
+from schemas import parse_event
+from schemas.signing import EventKeys, EventSigner, UnverifiedEvent
+
+# The largest entry written: the broker's default record limit (1 MiB and 12 bytes) less room for the key, the
+# headers and the record's framing. An entry larger (a request whose latest events are each near their own limit)
+# is not written, and said: the readers fold its events from the events topic instead.
+WRITTEN_MAX = MAX_ENTRY_BYTES - 16_384
+
+
+@dataclass(frozen=True)
+class Write:
+    """A record of the state topic to write: an entry (its value and headers), or a tombstone (`value` None)."""
+
+    key: bytes
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+
+
+def entry_write(entry: TableEntry, signer: EventSigner | None) -> Write | None:
+    """The entry as a signed record; None when it is larger than WRITTEN_MAX."""
+    value = entry_value(entry)
+    if len(value) > WRITTEN_MAX:
+        return None
+    headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
+    return Write(entry.request_id.encode(), value, headers)
+
+
+def tombstone_write(request_id: str) -> Write:
+    return Write(request_id.encode(), None, [(VERSION_HEADER, b"1")])
+
+
+def expired(entry: TableEntry, now: float, retention_s: float) -> bool:
+    """Ended for longer than the retention, by its latest event's time."""
+    return entry.ended and entry.last.timestamp() < now - retention_s
+
+
+@dataclass
+class Written:
+    """What a batch changed: the records to write (entries changed, tombstones of entries ended past retention),
+    the events refused by why, and the entries too large to write (request ids)."""
+
+    writes: list[Write] = field(default_factory=list)
+    refused: Counter[str] = field(default_factory=Counter)
+    too_large: list[str] = field(default_factory=list)
+
+
+class KeptPartition:
+    """The entries of the requests whose events are in events partition `partition`."""
+
+    def __init__(self, partition: int, entries: dict[str, TableEntry] | None = None) -> None:
+        self.partition = partition
+        self.entries: dict[str, TableEntry] = entries if entries is not None else {}
+
+    def fold(
+        self,
+        records: Sequence[Record],
+        keys: EventKeys | None,
+        signer: EventSigner | None,
+        now: float,
+        retention_s: float,
+    ) -> Written:
+        """Fold a batch of this partition's event records (verified when there are `keys`, as `EventStream` reads
+        them); the records that write what changed, each request's latest state once. An entry that is already
+        ended past its retention is written as its tombstone and forgotten."""
+        written = Written()
+        changed: dict[str, TableEntry] = {}
+        for record in records:
+            value = record.value or b""
+            if keys is not None:
+                try:
+                    keys.verify(value, record.headers)
+                except UnverifiedEvent as exc:
+                    written.refused[exc.reason] += 1
+                    continue
+            try:
+                event = parse_event(value)
+            except (ValidationError, ValueError):
+                written.refused["malformed"] += 1
+                continue
+            if event.request_id is None:
+                continue
+            entry = folded(self.entries.get(event.request_id), event, self.partition, record.offset)
+            if entry is not None:
+                self.entries[entry.request_id] = changed[entry.request_id] = entry
+        for request_id, entry in changed.items():
+            if expired(entry, now, retention_s):
+                del self.entries[request_id]
+                written.writes.append(tombstone_write(request_id))
+                continue
+            write = entry_write(entry, signer)
+            if write is None:
+                written.too_large.append(request_id)
+            else:
+                written.writes.append(write)
+        return written
+
+    def expired(self, now: float, retention_s: float) -> list[Write]:
+        """The tombstones of the entries ended past their retention, which are forgotten."""
+        gone = [request_id for request_id, entry in self.entries.items() if expired(entry, now, retention_s)]
+        for request_id in gone:
+            del self.entries[request_id]
+        return [tombstone_write(request_id) for request_id in gone]
+
+
+@dataclass
+class Restored:
+    """A state partition restored: its entries, what to write so that the compacted topic keeps them (entries
+    written again, tombstones of entries past retention), and the records refused by why."""
+
+    kept: KeptPartition
+    writes: list[Write]
+    refused: Counter[str]
+    too_large: list[str]
+
+
+class Restoring:
+    """A state partition read from its beginning, batch by batch (`take`), into its entries (`done`)."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.kept: dict[str, TableEntry] = {}
+        self.stale: set[str] = set()  # keys whose latest record is not the entry kept: it is written again
+        self.tombstoned: set[str] = set()  # keys whose latest record is a tombstone
+        self.refused: Counter[str] = Counter()
+        self.read = 0  # records read, tombstones and refused ones included
+
+    def take(self, records: Sequence[Record], keys: EventKeys | None) -> None:
+        for record in records:
+            self.read += 1
+            found = read_entry(record, keys)
+            if isinstance(found, TableEntry) and found.partition != self.partition:
+                # A keeper writes the entries of events partition p to state partition p only: this one is a
+                # genuine entry written again where it does not belong.
+                found = Refused("misplaced", f"an entry of events partition {found.partition} in {self.partition}")
+            if isinstance(found, Refused):
+                self.refused[found.reason] += 1
+                key = (record.key or b"").decode("utf-8", errors="replace")
+                if key in self.kept:  # only keys with an entry matter: memory stays bounded by the entries
+                    self.stale.add(key)
+                    self.tombstoned.discard(key)
+                continue
+            if isinstance(found, Tombstone):
+                if found.request_id in self.kept:
+                    self.tombstoned.add(found.request_id)
+                    self.stale.discard(found.request_id)
+                continue
+            key = found.request_id
+            self.tombstoned.discard(key)
+            kept = self.kept.get(key)
+            if kept is None or (found.partition, found.offset) > (kept.partition, kept.offset):
+                self.kept[key] = found
+                self.stale.discard(key)
+            elif found == kept:
+                self.stale.discard(key)  # the same entry written again: what the topic keeps is right
+            else:
+                self.stale.add(key)  # an older entry after the newest: a replay, or a late keeper's
+
+    def done(self, signer: EventSigner | None, now: float, retention_s: float) -> Restored:
+        writes: list[Write] = []
+        too_large: list[str] = []
+        for key in self.tombstoned:
+            if not expired(self.kept[key], now, retention_s):
+                self.stale.add(key)  # a tombstone of a request not past its retention: not the keepers'
+            else:
+                del self.kept[key]  # tombstoned already: nothing to write
+        kept = KeptPartition(self.partition, self.kept)
+        gone = kept.expired(now, retention_s)
+        for key in sorted(self.stale):
+            if key in kept.entries:
+                write = entry_write(kept.entries[key], signer)
+                if write is None:
+                    too_large.append(key)
+                else:
+                    writes.append(write)
+        return Restored(kept, [*writes, *gone], self.refused, too_large)
