@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.admin import CreateAclsRequest
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -424,3 +425,32 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
         )
     finally:
         broker.stop()
+
+
+def test_a_state_topic_not_compacted_or_with_fewer_partitions_than_the_events_topic_fails(
+    settings: Settings,
+) -> None:
+    async def made(name: str, partitions: int) -> None:
+        admin = AIOKafkaAdminClient(**kafka_options(settings))
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])  # the broker's default: cleanup.policy=delete
+            while name not in set(await admin.list_topics()):
+                await asyncio.sleep(0.05)
+        finally:
+            await admin.close()
+
+    deleting = f"{settings.state_topic}-deleting"
+    asyncio.run(made(deleting, 1))
+    code, lines = doctor(settings, state_topic=deleting)
+    assert code == 1 and lines["table"].startswith(f"FAIL table   state_topic {deleting} is not compacted"), lines
+    assert "cleanup.policy=delete" in lines["table"] and "--add-config cleanup.policy=compact," in lines["table"]
+    code, lines = doctor(settings, state_topic=f"{settings.state_topic}-missing")
+    assert code == 1 and "is missing: no daemon keeps the table; create it (adapterd topics)" in lines["table"]
+    short = settings.model_copy(update={"events_topic": f"{settings.events_topic}-wide"})
+    asyncio.run(made(short.events_topic, 2))
+    code, lines = doctor(short)
+    assert code == 1 and lines["table"] == (
+        f"FAIL table   state_topic {settings.state_topic} has 1 partition(s), fewer than {short.events_topic}'s 2: "
+        "no daemon keeps the table; adapterd topics --grow adds them"
+    )
