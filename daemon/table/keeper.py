@@ -14,7 +14,9 @@ assigned, a keeper:
    crash is harmless), writes each changed entry, signed, once per poll, and commits the events offsets once the
    brokers acknowledged the entries. So the table is complete up to the group's committed offsets, which is where
    the readers start folding the tail (daemon/table/reader.py);
-3. on revocation, finishes the batch in hand (written, committed) and forgets the partition's entries;
+3. on revocation, finishes the batch in hand (written, committed) and forgets the partition's entries (every
+   rebalance revokes all: aiokafka's are eager, so an assignment is restored again, as Kafka Streams does
+   without local state);
 4. writes a tombstone for each entry ended longer than `state_retention_s` ago (at restore, every SWEEP_INTERVAL_S,
    and instead of an entry already that old), and forgets it.
 
@@ -218,6 +220,16 @@ class Keeper:
 
     async def _keep(self) -> bool:
         """Keep the table until the stop (True), or find that none can be kept (False)."""
+        if self.keys is not None and self.signer is None:
+            # Its entries would be unsigned, and every reader that verifies (this host's included) refuses them: it
+            # stays out of the keepers' group, and the hosts that sign keep the table.
+            self._once(
+                "cannot-sign",
+                "table.cannot_sign",
+                reason="events are verified here but this host signs none: no table kept by this host",
+                fix="event_signing_key_file",
+            )
+            return False
         events, state = await self.kafka.partition_counts()
         if not events:
             self._once(
@@ -303,7 +315,7 @@ class Keeper:
                 )
                 written.setdefault(tp.partition, []).extend(batch.writes)
                 self._refused("events", batch.refused)
-                self._too_large(tp.partition, batch.too_large)
+                self._trimmed(tp.partition, batch.trimmed)
             ends[tp] = records[-1].offset + 1
         await asyncio.gather(*(self.kafka.write(partition, writes) for partition, writes in written.items() if writes))
         for tp, end in ends.items():
@@ -344,7 +356,7 @@ class Keeper:
         if restored.writes:
             await self.kafka.write(tp.partition, restored.writes)
         self._refused("state", restored.refused)
-        self._too_large(tp.partition, restored.too_large)
+        self._trimmed(tp.partition, restored.trimmed)
         log.info(
             "table.restored",
             partition=tp.partition,
@@ -375,13 +387,13 @@ class Keeper:
                 note="ignored, never folded; said once per reason",
             )
 
-    def _too_large(self, partition: int, request_ids: list[str]) -> None:
+    def _trimmed(self, partition: int, request_ids: list[str]) -> None:
         if request_ids:
-            log.error(
-                "table.entry_too_large",
+            log.warning(
+                "table.entry_trimmed",
                 partition=partition,
                 requests=[request_id[:80] for request_id in request_ids[:5]],
-                reason="not written: the readers fold their events from the events topic",
+                reason="larger than a record of the state topic may be: written with fewer of its recent events",
             )
 
     def _once(self, key: str, event: str, *, warning: bool = False, **values: object) -> None:

@@ -35,8 +35,8 @@ from schemas import parse_event
 from schemas.signing import EventKeys, EventSigner, UnverifiedEvent
 
 # The largest entry written: the broker's default record limit (1 MiB and 12 bytes) less room for the key, the
-# headers and the record's framing. An entry larger (a request whose latest events are each near their own limit)
-# is not written, and said: the readers fold its events from the events topic instead.
+# headers and the record's framing. An entry larger (a request whose latest events of each type are each near their
+# own limit) is written with fewer of its recent events: its latest only, else none (`trimmed`, and said).
 WRITTEN_MAX = MAX_ENTRY_BYTES - 16_384
 
 
@@ -49,13 +49,16 @@ class Write:
     headers: list[tuple[str, bytes]]
 
 
-def entry_write(entry: TableEntry, signer: EventSigner | None) -> Write | None:
-    """The entry as a signed record; None when it is larger than WRITTEN_MAX."""
+def entry_write(entry: TableEntry, signer: EventSigner | None) -> tuple[Write, bool]:
+    """The entry as a signed record, and whether it was trimmed to fit WRITTEN_MAX (fewer recent events)."""
     value = entry_value(entry)
-    if len(value) > WRITTEN_MAX:
-        return None
+    trimmed = len(value) > WRITTEN_MAX
+    for recent in (entry.recent[-1:], []):
+        if len(value) <= WRITTEN_MAX:
+            break
+        value = entry_value(entry.model_copy(update={"recent": recent}))
     headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
-    return Write(entry.request_id.encode(), value, headers)
+    return Write(entry.request_id.encode(), value, headers), trimmed
 
 
 def tombstone_write(request_id: str) -> Write:
@@ -70,11 +73,11 @@ def expired(entry: TableEntry, now: float, retention_s: float) -> bool:
 @dataclass
 class Written:
     """What a batch changed: the records to write (entries changed, tombstones of entries ended past retention),
-    the events refused by why, and the entries too large to write (request ids)."""
+    the events refused by why, and the entries written trimmed (request ids)."""
 
     writes: list[Write] = field(default_factory=list)
     refused: Counter[str] = field(default_factory=Counter)
-    too_large: list[str] = field(default_factory=list)
+    trimmed: list[str] = field(default_factory=list)
 
 
 class KeptPartition:
@@ -120,11 +123,10 @@ class KeptPartition:
                 del self.entries[request_id]
                 written.writes.append(tombstone_write(request_id))
                 continue
-            write = entry_write(entry, signer)
-            if write is None:
-                written.too_large.append(request_id)
-            else:
-                written.writes.append(write)
+            write, trimmed = entry_write(entry, signer)
+            written.writes.append(write)
+            if trimmed:
+                written.trimmed.append(request_id)
         return written
 
     def expired(self, now: float, retention_s: float) -> list[Write]:
@@ -143,7 +145,7 @@ class Restored:
     kept: KeptPartition
     writes: list[Write]
     refused: Counter[str]
-    too_large: list[str]
+    trimmed: list[str]
 
 
 class Restoring:
@@ -190,7 +192,7 @@ class Restoring:
 
     def done(self, signer: EventSigner | None, now: float, retention_s: float) -> Restored:
         writes: list[Write] = []
-        too_large: list[str] = []
+        trimmed: list[str] = []
         for key in self.tombstoned:
             if not expired(self.kept[key], now, retention_s):
                 self.stale.add(key)  # a tombstone of a request not past its retention: not the keepers'
@@ -200,9 +202,8 @@ class Restoring:
         gone = kept.expired(now, retention_s)
         for key in sorted(self.stale):
             if key in kept.entries:
-                write = entry_write(kept.entries[key], signer)
-                if write is None:
-                    too_large.append(key)
-                else:
-                    writes.append(write)
-        return Restored(kept, [*writes, *gone], self.refused, too_large)
+                write, cut = entry_write(kept.entries[key], signer)
+                writes.append(write)
+                if cut:
+                    trimmed.append(key)
+        return Restored(kept, [*writes, *gone], self.refused, trimmed)

@@ -13,7 +13,7 @@ from typing import Any
 from daemon.cli.jobs import fold
 from daemon.table.codec import Refused, Tombstone, entry_headers, entry_value, read_entry
 from daemon.table.entry import TableEntry
-from daemon.table.kept import KeptPartition, Restoring, Write, tombstone_write
+from daemon.table.kept import WRITTEN_MAX, KeptPartition, Restoring, Write, tombstone_write
 from schemas import parse_event
 from schemas.signing import SIGNATURE_HEADER, EventKeys, EventSigner, new_key_pair, read_private_key
 from testbed.memory_kafka import FakeRecord
@@ -153,3 +153,18 @@ def test_a_restore_forgets_an_entry_tombstoned_past_its_retention_and_tombstones
     restoring.take([state_record(write, offset) for offset, write in enumerate(log)], keys)
     restored = restoring.done(sign, later, RETENTION)
     assert restored.kept.entries == {} and restored.writes == [tombstone_write("b")]
+
+
+def test_an_entry_larger_than_a_record_may_be_is_written_with_fewer_recent_events_and_said() -> None:
+    sign, keys = signer()
+    big = {"note": "x" * 400_000}  # metadata is echoed in every event: three such events make an entry over 1 MiB
+    values = [event_bytes(kind, "big", metadata=big) for kind in ("accepted", "started", "checkpoint")]
+    kept = KeptPartition(0)
+    written = kept.fold(records(values, sign), keys, sign, datetime.now(UTC).timestamp(), RETENTION)
+    assert written.trimmed == ["big"] and len(written.writes) == 1
+    assert written.writes[0].value is not None and len(written.writes[0].value) <= WRITTEN_MAX
+    entry = read_entry(state_record(written.writes[0], 0), keys)
+    assert (
+        isinstance(entry, TableEntry) and entry.state == "running" and [e.type for e in entry.recent] == ["checkpoint"]
+    )
+    assert len(kept.entries["big"].recent) == 3  # the keeper's own entry is whole: only what is written is trimmed
