@@ -87,14 +87,20 @@ async def table_when(
     settings: Settings, wanted: Callable[[dict[str, Found]], bool], within_s: float = 120.0
 ) -> dict[str, Found]:
     """The state topic as a table (each key's latest record, verified with the fleet's keys), read and followed until
-    it is as `wanted` says; a TimeoutError with what it was otherwise."""
+    it is as `wanted` says: judged once every record there at the start is read (the table as it was part-way is
+    not the table), then at each record written since; an AssertionError with what it was otherwise."""
     keys = event_keys(settings)
     table: dict[str, Found] = {}
     try:
         async with asyncio.timeout(within_s), TopicReader(settings, settings.state_topic) as reader:
+            behind = {tp.partition: end for tp, end in reader.ends.items() if end > 0}
+            if not behind and wanted(table):
+                return table
             async for record in reader.records(follow=True):
                 table[(record.key or b"").decode()] = read_entry(record, keys)
-                if wanted(table):
+                if record.offset + 1 >= behind.get(record.partition, 0):
+                    behind.pop(record.partition, None)
+                if not behind and wanted(table):
                     return table
     except TimeoutError:
         raise AssertionError(f"the table never got there: {table}") from None
