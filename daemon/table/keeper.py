@@ -13,7 +13,7 @@ assigned, a keeper:
    its request's entry (`folded`: an event at or before an entry's place is skipped, so reading again after any
    crash is harmless), writes each changed entry, signed, once per poll, and commits the events offsets once the
    brokers acknowledged the entries. So the table is complete up to the group's committed offsets, which is where
-   the readers start folding the tail (daemon/table/reader.py);
+   the readers (`adapterd jobs`, `get`, the fleet's view) start folding the tail;
 3. on revocation, finishes the batch in hand (written, committed) and forgets the partition's entries (every
    rebalance revokes all: aiokafka's are eager, so an assignment is restored again, as Kafka Streams does
    without local state);

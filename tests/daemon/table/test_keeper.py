@@ -103,7 +103,8 @@ async def table_when(
                 if not behind and wanted(table):
                     return table
     except TimeoutError:
-        raise AssertionError(f"the table never got there: {table}") from None
+        said = {key: getattr(found, "state", found) for key, found in table.items()}
+        raise AssertionError(f"the table never got there: {said}") from None
     raise AssertionError("unreachable")
 
 
