@@ -18,7 +18,10 @@ assigned, a keeper:
    rebalance revokes all: aiokafka's are eager, so an assignment is restored again, as Kafka Streams does
    without local state);
 4. writes a tombstone for each entry ended longer than `state_retention_s` ago (at restore, every SWEEP_INTERVAL_S,
-   and instead of an entry already that old), and forgets it.
+   and instead of an entry already that old), and forgets it;
+5. every SWEEP_INTERVAL_S, reads its state partitions again beside the loop (an audit): where a key's latest record
+   is not what it holds (a record another wrote while it keeps the partition: forged, replayed), it writes its own
+   again, so that compaction never leaves the other alone.
 
 Verifying, parsing, folding and signing run in the `table` worker threads, a batch of CHUNK records at a time, the
 loop turning between batches. Memory holds the entries of the keeper's partitions (each bounded: `TableEntry`).
@@ -186,6 +189,7 @@ class Keeper:
         self.turn = asyncio.Lock()  # a poll's fold, writes and commits: a revocation waits for the one in hand
         self.said: set[str] = set()  # what is logged once: a reason of refusal, a topic's finding
         self.last_sweep = 0.0
+        self.auditing: asyncio.Task[None] | None = None
         self.consumer: Consumer | None = None
         self.partitions: Partitions | None = None
 
@@ -277,6 +281,8 @@ class Keeper:
                             await self._sweep()
             finally:
                 self.forget(set(self.kept) | set(self.restoring))
+                if self.auditing is not None:
+                    self.auditing.cancel()
                 self.consumer = None
                 await consumer.stop()  # leaves the group: another keeper takes the partitions from the commits
         finally:
@@ -329,6 +335,35 @@ class Keeper:
             if gone:
                 await self.kafka.write(partition, gone)
                 log.info("table.tombstoned", partition=partition, requests=len(gone))
+        if self.auditing is None or self.auditing.done():
+            self.auditing = asyncio.create_task(self._audit(list(self.kept)), name="table-audit")
+
+    async def _audit(self, partitions: list[int]) -> None:
+        """Each partition's state read again, and written over where its latest record of a key is not the keeper's
+        (`Restoring.audit`). A failure is logged: the next sweep audits again."""
+        for partition in partitions:
+            kept = self.kept.get(partition)
+            if kept is None:
+                continue  # revoked meanwhile
+            try:
+                restoring = Restoring(partition)
+                async for records in self.kafka.state(partition):
+                    for start in range(0, len(records), CHUNK):
+                        await executors.run("table", restoring.take, records[start : start + CHUNK], self.keys)
+                async with self.turn:  # no fold writes meanwhile: what is held is what was written
+                    if self.kept.get(partition) is not kept:
+                        continue
+                    writes = await executors.run("table", restoring.audit, kept, self.signer)
+                    if writes:
+                        await self.kafka.write(partition, writes)
+            except Exception as exc:
+                log.warning("table.audit_failed", partition=partition, error=type(exc).__name__, detail=str(exc)[:300])
+                continue
+            self._refused("state", restoring.refused)
+            if writes:
+                log.warning(
+                    "table.rewritten", partition=partition, records=len(writes), refused=restoring.refused.total()
+                )
 
     def assigned(self, assigned: Collection[TopicPartition]) -> None:
         """Pause what is assigned until it is restored (a restore each, beside the loop)."""

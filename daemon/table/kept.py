@@ -9,7 +9,8 @@ written late (a keeper that lost its partition still writing) is never taken ove
 (unsigned, a key not trusted, malformed, misplaced) is counted by reason and never taken; where a key's latest
 record is not the entry kept (a forged or replayed record after it, a tombstone of a request not past its
 retention), the entry kept is written again (`Restored.writes`), so that the compacted topic keeps it, not the
-other record.
+other record. The keeper reads its partitions so again every SWEEP_INTERVAL_S (`Restoring.audit`): a record written
+by another while it keeps them is written over within minutes, before compaction can leave it alone.
 """
 
 from __future__ import annotations
@@ -207,3 +208,16 @@ class Restoring:
                 if cut:
                     trimmed.append(key)
         return Restored(kept, [*writes, *gone], self.refused, trimmed)
+
+    def audit(self, kept: KeptPartition, signer: EventSigner | None) -> list[Write]:
+        """The writes that make each key's latest record in the state partition read (this restoring's) what `kept`
+        holds now: its entry where the latest record is another (forged, replayed, an older one), a tombstone where
+        the latest is a genuine entry of a request `kept` no longer holds. An entry changed since the read is written
+        again too, harmlessly (it is the entry)."""
+        writes = [
+            entry_write(entry, signer)[0]
+            for key, entry in kept.entries.items()
+            if key in self.stale or key in self.tombstoned or self.kept.get(key) != entry
+        ]
+        writes += [tombstone_write(key) for key in self.kept if key not in kept.entries and key not in self.tombstoned]
+        return writes

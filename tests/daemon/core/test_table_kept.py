@@ -168,3 +168,22 @@ def test_an_entry_larger_than_a_record_may_be_is_written_with_fewer_recent_event
         isinstance(entry, TableEntry) and entry.state == "running" and [e.type for e in entry.recent] == ["checkpoint"]
     )
     assert len(kept.entries["big"].recent) == 3  # the keeper's own entry is whole: only what is written is trimmed
+
+
+def test_an_audit_writes_over_what_another_wrote_after_the_keepers_entries_and_nothing_else() -> None:
+    sign, keys = signer()
+    now = datetime.now(UTC).timestamp()
+    kept = KeptPartition(0)
+    written = kept.fold(records([event_bytes("accepted", f"r{n}") for n in range(3)], sign), keys, sign, now, RETENTION)
+    consistent = Restoring(0)
+    consistent.take([state_record(write, offset) for offset, write in enumerate(written.writes)], keys)
+    assert consistent.audit(kept, sign) == []  # every key's latest record is the keeper's entry
+
+    forged_signer, _ = signer()
+    forged_value = entry_value(kept.entries["r1"].model_copy(update={"state": "failed"}))
+    ended = KeptPartition(0, {key: entry for key, entry in kept.entries.items() if key != "r2"})  # r2 forgotten
+    log = [*written.writes, Write(b"r1", forged_value, signed(forged_value, forged_signer))]
+    audited = Restoring(0)
+    audited.take([state_record(write, offset) for offset, write in enumerate(log)], keys)
+    rewrites = audited.audit(ended, sign)
+    assert entries_of(rewrites, keys) == {"r1": kept.entries["r1"], "r2": Tombstone("r2")}
