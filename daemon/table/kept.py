@@ -96,9 +96,9 @@ class KeptPartition:
         now: float,
         retention_s: float,
     ) -> Written:
-        """Fold a batch of this partition's event records (verified when there are `keys`, as `EventStream` reads
-        them); the records that write what changed, each request's latest state once. An entry that is already
-        ended past its retention is written as its tombstone and forgotten."""
+        """Fold a batch of this partition's event records (verified when there are `keys`, and under their own
+        request's key, as `EventStream` reads them); the records that write what changed, each request's latest
+        state once. An entry that is already ended past its retention is written as its tombstone and forgotten."""
         written = Written()
         changed: dict[str, TableEntry] = {}
         for record in records:
@@ -115,6 +115,11 @@ class KeptPartition:
                 written.refused["malformed"] += 1
                 continue
             if event.request_id is None:
+                continue
+            if record.key != event.request_id.encode():
+                # A genuine event of another request written again under this key (the readers refuse it too): a
+                # reader of its own request's partition would never see it.
+                written.refused["misplaced"] += 1
                 continue
             entry = folded(self.entries.get(event.request_id), event, self.partition, record.offset)
             if entry is not None:

@@ -36,7 +36,12 @@ def event_bytes(kind: str, request_id: str, **fields: Any) -> bytes:
 def records(values: list[bytes], sign: EventSigner | None, partition: int = 0, first: int = 0) -> list[FakeRecord]:
     return [
         FakeRecord(
-            "events", partition, first + index, None, value, [(SIGNATURE_HEADER, sign.sign(value))] if sign else []
+            "events",
+            partition,
+            first + index,
+            json.loads(value)["request_id"].encode(),  # keyed by its request, as the publisher keys it
+            value,
+            [(SIGNATURE_HEADER, sign.sign(value))] if sign else [],
         )
         for index, value in enumerate(values)
     ]
@@ -71,12 +76,15 @@ def test_a_batch_writes_each_changed_request_once_as_the_fold_says_signed_and_re
     forged_signer, _ = signer()
     forged = records([event_bytes("failed", "r1")], forged_signer, first=len(values))  # signed, by no trusted key
     unsigned = records([event_bytes("failed", "r2")], None, first=len(values) + 1)
+    [genuine_r2] = records([event_bytes("failed", "r2")], sign, first=len(values) + 2)
+    misplaced = FakeRecord("events", 0, len(values) + 2, b"r1", genuine_r2.value, genuine_r2.headers)  # under r1's key
     kept = KeptPartition(0)
     written = kept.fold(
-        [*records(values, sign), *forged, *unsigned], keys, sign, datetime.now(UTC).timestamp(), RETENTION
+        [*records(values, sign), *forged, *unsigned, misplaced], keys, sign, datetime.now(UTC).timestamp(), RETENTION
     )
 
-    assert len(written.writes) == 2 and written.refused.total() == 2  # r1 once (its latest), r2 once
+    assert len(written.writes) == 2  # r1 once (its latest), r2 once
+    assert written.refused == {"unknown_key": 1, "unsigned": 1, "misplaced": 1}
     table = entries_of(written.writes, keys)  # verified with the fleet's key: signed as events are
     expected = fold(parse_event(value) for value in values)
     assert {key: placeless(entry) for key, entry in table.items() if isinstance(entry, TableEntry)} == expected
