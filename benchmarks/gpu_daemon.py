@@ -90,7 +90,7 @@ class Daemon:
 
         from daemon.service import Service
         from daemon.settings import Settings
-        from testbed.memory_kafka import FakeConsumer, FakeProducer
+        from testbed.memory_kafka import FakeConsumer, FakeProducer, NoTable
 
         self.settings = Settings(
             work_dir=work_dir,
@@ -126,7 +126,7 @@ class Daemon:
                 self.records[tp] = [record for record in self.log.get(tp, []) if record.offset >= offset]
 
         self.consumer, self.producer = PolledConsumer(), FakeProducer()
-        self.service = Service(self.settings, consumer=self.consumer, producer=self.producer)
+        self.service = Service(self.settings, consumer=self.consumer, producer=self.producer, table=NoTable())
         self.service.control = NoControl()  # type: ignore[assignment]
         self.partitions = [TopicPartition(self.settings.requests_topic, index) for index in range(partitions)]
         for tp in self.partitions:

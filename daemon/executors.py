@@ -11,6 +11,9 @@ event loop's default executor, so one kind cannot take every thread from another
 - `verify`: checking the signatures of records read in bulk, and parsing them (the table's reader,
   daemon/table/reader.py, through `run_chunks`): Ed25519's verify releases the interpreter, so one
   thread a core verifies beside the loop and on every core.
+- `table`: the table's keeper: verifying, parsing and folding events, verifying and signing entries, a batch at
+  a time (daemon/table/keeper.py). Ed25519's verification releases the interpreter, so two threads verify
+  beside the loop and on both cores.
 
 Seven model files that never answered once held every thread of the default executor, and a
 64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
@@ -30,11 +33,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "table"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
-# Verifying is mostly outside the interpreter (the signature's arithmetic): a thread a core.
+# Verifying is mostly outside the interpreter (the signature's arithmetic): a thread a core. The keeper's
+# pool is its own, so the table's keeping never takes the threads a command or the fleet's view reads with.
 THREADS: dict[Kind, int] = {
     "decode": 2,
     "admission": 2,
@@ -42,6 +46,7 @@ THREADS: dict[Kind, int] = {
     "hub": 8,
     "retention": 1,
     "verify": max(1, os.cpu_count() or 1),
+    "table": 2,
 }
 
 P = ParamSpec("P")

@@ -51,12 +51,14 @@ from daemon.settings import Settings
 from daemon.settings.secret_files import token_from
 from daemon.store.pruning import prune_store_once
 from daemon.store.retention import Pruned, free_bytes, prune_folders_once
+from daemon.table.keeper import KafkaTable, Keeper, TableKafka
 from schemas.skeleton import prototypes
 
 log = structlog.get_logger()
 
 # The Kafka loop counts as stuck (unhealthy) when it has not turned for this long.
 STUCK_AFTER_S = 30.0
+KEEPER_STOP_S = 30.0  # how long a stop waits for the table's keeper to write and commit the batch in hand
 RETENTION_INTERVAL_S = 3600.0
 
 
@@ -65,7 +67,8 @@ class Core:
     """The parts that decide what becomes of each record, wired one way: `Service` runs them over
     Kafka and the children, and the unit tests (tests/core.py) run the same wiring on fakes. With
     priority classes the fleet's `dispatcher` takes requests from the classes' queues into this host's
-    claims partitions, which `partitions` are then (daemon/fleet/dispatcher.py); without, it is None."""
+    claims partitions, which `partitions` are then (daemon/fleet/dispatcher.py); without, it is None. Every daemon
+    keeps the table of requests beside them (`keeper`, daemon/table/keeper.py), as one of the keepers' group."""
 
     publisher: Publisher
     partitions: Partitions
@@ -73,6 +76,7 @@ class Core:
     scheduler: Scheduler
     intake: Intake
     dispatcher: Dispatcher | None
+    keeper: Keeper
 
 
 def wire(
@@ -84,16 +88,18 @@ def wire(
     on_change: Callable[[], None],
     fleet: FleetKafka | None = None,
     clock: Callable[[], float] = time.time,
+    table: TableKafka | None = None,
 ) -> Core:
     """The core over these clients; with priority classes the fleet's over `fleet` (aiokafka's when None, as the
-    publisher's producer). `clock` is the scheduler's (the tests' way to move it)."""
+    publisher's producer), the table's keeper over `table` (the same). `clock` is the scheduler's (the tests' way to
+    move it)."""
     partitions = Partitions(consumer)
+    keeper = Keeper(settings, table if table is not None else KafkaTable(settings))
     if not settings.class_topics:
         publisher = Publisher(settings, producer)
         scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, clock=clock)
-        return Core(
-            publisher, partitions, slots, scheduler, Intake(settings, publisher, partitions, scheduler, slots), None
-        )
+        intake = Intake(settings, publisher, partitions, scheduler, slots)
+        return Core(publisher, partitions, slots, scheduler, intake, None, keeper)
     view = FleetView(settings)  # the fleet as the events say it, with this host's own ends as it sends them
     publisher = Publisher(settings, producer, watchers=[view.sending])
     kafka = fleet if fleet is not None else kafka_fleet(settings)
@@ -103,14 +109,20 @@ def wire(
     )
     intake = Intake(settings, publisher, partitions, scheduler, slots)
     dispatcher = Dispatcher(settings, scheduler, claimed, intake, kafka, view)
-    return Core(publisher, partitions, slots, scheduler, intake, dispatcher)
+    return Core(publisher, partitions, slots, scheduler, intake, dispatcher, keeper)
 
 
 class Service:
-    """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py)."""
+    """The daemon. Its Kafka clients are aiokafka's unless a test passes its own (daemon/kafka/clients.py; the
+    table's keeper's, daemon/table/keeper.py `TableKafka`)."""
 
     def __init__(
-        self, settings: Settings, *, consumer: Consumer | None = None, producer: Producer | None = None
+        self,
+        settings: Settings,
+        *,
+        consumer: Consumer | None = None,
+        producer: Producer | None = None,
+        table: TableKafka | None = None,
     ) -> None:
         require_fleet_retry_key(settings)  # before anything is made: a ConfigError, exit 2
         self.settings = settings
@@ -129,6 +141,7 @@ class Service:
             Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)),
             self.children,
             on_change=self._report_status,
+            table=table,
         )
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,
@@ -138,6 +151,7 @@ class Service:
             core.intake,
             core.dispatcher,
         )
+        self.keeper = core.keeper
         self.reader = CarefulReader(self.consumer, self.partitions)
         # With priority classes, requests wait in the classes' queues and this host takes them into
         # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
@@ -178,6 +192,7 @@ class Service:
         await executors.run("decode", prototypes)
         await self.scheduler.prepare_children()
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
+        keeping = asyncio.create_task(self.keeper.run(), name="table-keeper")
         try:
             token = token_from(self.settings)  # whose token, asked before the consumer starts: not while it joins
             sink = (
@@ -226,12 +241,22 @@ class Service:
                 await self.consumer.stop()
         finally:
             self._pruning.cancel()
+            await self._stop_keeper(keeping)
             await self.control.stop()
             await self.children.close()
             await self.publisher.stop()
             if self.http is not None:
                 self.http.stop()
             log.info("daemon.stopped")
+
+    async def _stop_keeper(self, keeping: asyncio.Task[None]) -> None:
+        """The table's keeper stopped: what it folded is written and committed, then it leaves its group (cut short
+        after KEEPER_STOP_S: what it had not committed is folded again by the next keeper, harmlessly)."""
+        self.keeper.stop()
+        try:
+            await asyncio.wait_for(keeping, KEEPER_STOP_S)
+        except TimeoutError:
+            log.warning("table.keeper_stop_timeout", after_s=KEEPER_STOP_S)
 
     async def _start_dispatcher(self) -> asyncio.Future[None]:
         """The fleet's dispatcher, running beside the loop until the stop (a finished future without classes)."""

@@ -4,19 +4,23 @@ the GPU check on a machine that has no JVM (benchmarks/gpu_daemon.py).
 
 - `FakeProducer` keeps what was sent per topic and partition and acknowledges it at once (or holds
   the acknowledgements until `release`);
-- `FakeConsumer` hands out the records it is given and keeps what was committed, paused and sought.
+- `FakeConsumer` hands out the records it is given and keeps what was committed, paused and sought;
+- `NoTable` is Kafka as the table's keeper sees it with no topics (daemon/table/keeper.py `TableKafka`): the
+  keeper keeps no table, and asks nothing more.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from daemon.kafka.clients import Batch
+from daemon.kafka.clients import Batch, Consumer
+from daemon.kafka.records import Record
+from daemon.table.kept import Write
 
 
 @dataclass(frozen=True)
@@ -162,3 +166,26 @@ class FakeConsumer:
 
     async def position(self, tp: TopicPartition) -> int:
         return self.committed.get(tp, 0)
+
+
+class NoTable:
+    """The table's Kafka with no events topic: the keeper finds nothing to keep and waits (daemon/table/keeper.py)."""
+
+    async def partition_counts(self) -> tuple[int, int]:
+        return 0, 0
+
+    def group(self) -> Consumer:
+        raise AssertionError("no events topic: no keepers' group")
+
+    async def state(self, partition: int) -> AsyncIterator[Sequence[Record]]:
+        raise AssertionError("no state topic")
+        yield []  # an async generator, as the Protocol's
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def write(self, partition: int, writes: Sequence[Write]) -> None:
+        raise AssertionError("no state topic")

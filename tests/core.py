@@ -18,6 +18,7 @@ from daemon.resources.slots import Slots, packing_from
 from daemon.service import wire
 from daemon.settings import Settings
 from schemas import RequestBase, decode_request
+from testbed.memory_kafka import NoTable
 from tests.fakes import FakeChildren, FakeConsumer, FakeFleetKafka, FakeProducer, FakeRecord, Script, Sent
 
 
@@ -50,6 +51,7 @@ class CoreOnFakes:
             on_change=lambda: None,
             fleet=self.fleet.kafka(),
             clock=clock,
+            table=NoTable(),  # the table's keeper is wired, never run: the core decides without it
         )
         self.publisher, self.partitions, self.slots, self.scheduler, self.intake, self.dispatcher = (
             core.publisher,

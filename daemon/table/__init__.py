@@ -9,5 +9,7 @@ the events.
 - entry.py: one request's state (`TableEntry`) and the fold of an event into it;
 - codec.py: an entry as a signed record of the state topic, and back (verified as events are);
 - topic.py: the state topic's compaction settings and the keepers' group;
+- kept.py: one events partition's entries as its keeper holds them: restored, folded, swept (no Kafka);
+- keeper.py: the keeper, every daemon's: the state topic kept as the fold of the events topic (a KTable);
 - reader.py: the one reader of the table: its entries, and the events past it folded on top (all, or one request's);
 """

@@ -4,15 +4,9 @@ quiet), and the keepers' consumer group, whose committed offsets on the events t
 
 from __future__ import annotations
 
-# What `adapterd topics` creates the state topic with, and `adapterd doctor` checks: compaction keeps each key's
-# latest record; the active segment rolls every hour (`segment.ms`) so a quiet table compacts too (the cleaner never
-# touches the active segment); a tombstone stays a day (`delete.retention.ms`) so a reader part-way through sees it.
-COMPACTED = {
-    "cleanup.policy": "compact",
-    "segment.ms": str(3_600_000),
-    "min.cleanable.dirty.ratio": "0.1",
-    "delete.retention.ms": str(86_400_000),
-}
+# What `adapterd topics` creates the state topic with, and `adapterd doctor` checks (defined with the other topics'
+# configurations, in the Kafka layer below this one, where `adapterd topics` makes them).
+from daemon.kafka.admin.topics import COMPACTED as COMPACTED
 
 
 def keeper_group(group_id: str) -> str:

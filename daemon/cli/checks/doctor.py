@@ -25,9 +25,10 @@ from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, Securit
 
 from daemon.admission.grants import Grants
 from daemon.cli.checks.store import store_check
-from daemon.cli.checks.topics import topics_verdict
+from daemon.cli.checks.topics import table_verdict, topics_verdict
 from daemon.kafka.admin.acl_recipe import recipe, verdict
 from daemon.kafka.admin.acls import principal_of, topics_acls, writers
+from daemon.kafka.admin.topics import described_config
 from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import load_key, retry_key_id
 from daemon.local_broker.running import local_broker_at
@@ -62,7 +63,7 @@ class Check:
 
 async def examine(settings: Settings) -> list[Check]:
     """Every check, in the order an operator mends them."""
-    kafka, topics = await _kafka(settings)
+    kafka, topics, table = await _kafka(settings)
     acls = await _acls(settings) if kafka.ok else Check("acls", None, "not checked: Kafka does not answer")
     store = Check("store", *await asyncio.to_thread(store_check, settings))
     broker = _local_broker(settings)
@@ -70,6 +71,7 @@ async def examine(settings: Settings) -> list[Check]:
         kafka,
         *broker,
         topics,
+        table,
         acls,
         _events(settings),
         _retry(settings),
@@ -82,7 +84,7 @@ async def examine(settings: Settings) -> list[Check]:
     ]
 
 
-async def _kafka(settings: Settings) -> tuple[Check, Check]:
+async def _kafka(settings: Settings) -> tuple[Check, Check, Check]:
     names = [settings.requests_topic, settings.events_topic, settings.dlq_topic, settings.control_topic]
     # With priority classes the fleet also reads each class's queue and runs from the claims topic (the default
     # class's queue is the requests topic itself): a host missing one would never start that class's requests.
@@ -95,23 +97,30 @@ async def _kafka(settings: Settings) -> tuple[Check, Check]:
             # Only listed topics are described: a metadata request naming a missing topic lets a broker with
             # auto.create.topics.enable make it, with its default partitions, and the check would then pass.
             existing = set(await admin.list_topics())
+            table = [settings.state_topic] if settings.state_topic in existing else []
             described = (
-                await admin.describe_topics([name for name in names if name in existing])
-                if existing & set(names)
+                await admin.describe_topics([name for name in [*names, *table] if name in existing])
+                if existing & {*names, *table}
                 else []
             )
+            config = await described_config(admin, settings.state_topic) if table else {}
     except (KafkaError, TimeoutError, OSError) as exc:
         reason = str(exc) or type(exc).__name__  # aiokafka's errors name their class themselves
         return (
             Check("kafka", False, f"no broker answers at {settings.bootstrap_servers}: {reason}"),
             Check("topics", None, "not checked: Kafka does not answer"),
+            Check("table", None, "not checked: Kafka does not answer"),
         )
     finally:
         await admin.close()
     partitions = {entry["topic"]: len(entry["partitions"]) for entry in described if entry.get("partitions")}
     kafka = Check("kafka", True, f"{settings.bootstrap_servers} answers")
     slots = len(discover_gpus(settings.gpus)) or settings.job_slots
-    return kafka, Check("topics", *topics_verdict(settings, names, partitions, slots))
+    return (
+        kafka,
+        Check("topics", *topics_verdict(settings, names, partitions, slots)),
+        Check("table", *table_verdict(settings, partitions, config)),
+    )
 
 
 def _local_broker(settings: Settings) -> list[Check]:

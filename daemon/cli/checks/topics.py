@@ -6,11 +6,14 @@ topics --partitions`, so what was asked is what is checked); a topic with fewer 
 queue (the requests, class and claims topics) is compared, with this host's own slots, a lower bound of the
 fleet's: one partition is read by one host at a time, so a queue with fewer partitions than the fleet has slots
 leaves slots idle; fewer is a warning, since the fleet's size is not known here.
+
+The state topic (the table of requests) is checked apart (`table_verdict`): compacted, and with at least the events
+topic's partitions, else the daemons keep no table.
 """
 
 from __future__ import annotations
 
-from daemon.kafka.admin.topics import GROWTH, TopicsMade
+from daemon.kafka.admin.topics import COMPACTED, GROWTH, TopicsMade
 from daemon.settings import Settings
 
 
@@ -73,3 +76,29 @@ def topics_verdict(
             True,
         )
     return True, f"{found}; partitions not compared with the fleet's slots (set topic_partitions)", False
+
+
+def table_verdict(settings: Settings, partitions: dict[str, int], config: dict[str, str]) -> tuple[bool, str]:
+    """The doctor's table check: (ok, detail) for the state topic of `partitions` (absent: missing) and `config`."""
+    state, events = settings.state_topic, settings.events_topic
+    if state not in partitions:
+        return False, f"state_topic {state} is missing: no daemon keeps the table; create it (adapterd topics)"
+    policy = config.get("cleanup.policy", "")
+    if "compact" not in policy.split(","):
+        return (
+            False,
+            (
+                f"state_topic {state} is not compacted (cleanup.policy={policy or 'unknown'}): it would keep every "
+                f"entry ever written, or delete current ones; kafka-configs --alter --entity-type topics --entity-name "
+                f"{state} --add-config " + ",".join(f"{name}={value}" for name, value in COMPACTED.items())
+            ),
+        )
+    if events in partitions and partitions[state] < partitions[events]:
+        return (
+            False,
+            (
+                f"state_topic {state} has {partitions[state]} partition(s), fewer than {events}'s "
+                f"{partitions[events]}: no daemon keeps the table; adapterd topics --grow adds them"
+            ),
+        )
+    return True, f"{state} compacted (cleanup.policy={policy}), {partitions[state]} partitions"

@@ -6,9 +6,13 @@ the brokers' ACLs judged against it: `adapterd doctor`'s acls line (daemon/cli/c
 - each other class's topic: the fleet (a request naming its class is moved there), and producers only
   where the operator lets them submit to that class directly;
 - the claims topic, the events topic and the DLQ: the fleet alone (a claim is run, an event is acted on);
+- the state topic (the table of requests): the fleet alone (its keepers; `adapterd jobs` and the fleet's view
+  read it, and a tombstone, which no signature covers, removes a request from it);
 - the control topic: operators and producers (cancels); the fleet reads it.
 
-adapterd keeps no other topic: a retry's state and a preemption's count travel in signed headers.
+adapterd keeps no other topic: a retry's state and a preemption's count travel in signed headers. The fleet's
+principal also reads its consumer groups' offsets and joins them: the requests' group, the class topics' queue
+groups, and the table keepers' (`<group_id>.table`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ def recipe(settings: Settings) -> list[Rule]:
     rules += [
         Rule(settings.events_topic, True, ""),
         Rule(settings.dlq_topic, True, ""),
+        Rule(settings.state_topic, True, ""),
         Rule(settings.control_topic, False, "operators, producers"),
     ]
     return rules

@@ -9,6 +9,10 @@ only among records written after it.
 The priority classes' topics are made with `message.timestamp.type=LogAppendTime`: the broker stamps each
 record with the time it had it, so a request's place in the fleet's order is its arrival, never its
 producer's own clock (daemon/fleet/choice.py `Arrivals`).
+
+The state topic (the table of requests, daemon/table/) is made compacted (`COMPACTED`), with the events topic's
+partitions (the keeper of events partition p writes its entries to state partition p): as many as it has when it
+exists, else as many as asked for it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from daemon.errors import ConfigError, TopicMissing
@@ -26,6 +31,16 @@ from daemon.settings import Settings
 
 CLAIMS_PARTITIONS = 16  # the claims topic made here: enough for a small fleet's slots
 ARRIVAL_STAMPED = {"message.timestamp.type": "LogAppendTime"}  # a class topic's: the broker says when a request came
+# The state topic's (the table of requests, daemon/table/topic.py names it there too): compaction keeps each key's
+# latest record; the active segment rolls every hour (`segment.ms`) so a quiet table compacts too (the cleaner never
+# touches the active segment); a tombstone stays a day (`delete.retention.ms`) so a reader part-way through sees it.
+# Defined here, in the Kafka layer, because `adapterd topics` makes the topic with it below the table's layer.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3_600_000),
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(86_400_000),
+}
 LISTED_WITHIN_S = 10.0  # how long `make_topics` waits for the brokers to list what it made
 GROWTH = "a key may map to another partition after growth: per-key order holds only for records written after it"
 
@@ -57,7 +72,7 @@ def wanted(settings: Settings, partitions: int) -> dict[str, int]:
         settings.control_topic,
         *settings.class_topics.values(),
     ]
-    topics = dict.fromkeys(names, partitions)
+    topics = dict.fromkeys([*names, settings.state_topic], partitions)
     if settings.class_topics:
         # One job per claims partition: at least as many as the fleet has slots (deploy/README.md).
         topics.setdefault(settings.claims_topic, max(partitions, CLAIMS_PARTITIONS))
@@ -76,8 +91,11 @@ async def make_topics(
     try:
         await admin.start()  # inside: a broker that does not answer leaves no client open
         have = await _partitions(admin, list(asked))
+        # The table's partitions are the events topic's, as it is or as it is made.
+        asked[settings.state_topic] = max(asked[settings.state_topic], have.get(settings.events_topic, 0))
+        configs = {**dict.fromkeys(queues, ARRIVAL_STAMPED), settings.state_topic: COMPACTED}
         missing = [
-            NewTopic(name, count, replication_factor, topic_configs=ARRIVAL_STAMPED if name in queues else None)
+            NewTopic(name, count, replication_factor, topic_configs=configs.get(name))
             for name, count in asked.items()
             if name not in have
         ]
@@ -155,6 +173,39 @@ async def _partitions(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str,
         return {}
     described = await admin.describe_topics(names)
     return {entry["topic"]: len(entry["partitions"]) for entry in described if entry.get("partitions")}
+
+
+async def partition_counts(settings: Settings, names: list[str]) -> dict[str, int]:
+    """The partitions of those of `names` that exist (a missing one left out, never made by asking)."""
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    try:
+        await admin.start()
+        return await _partitions(admin, names)
+    finally:
+        await admin.close()
+
+
+async def topic_config(settings: Settings, name: str) -> dict[str, str]:
+    """The configuration of an existing topic, as the brokers report it (their defaults included)."""
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    try:
+        await admin.start()
+        return await described_config(admin, name)
+    finally:
+        await admin.close()
+
+
+async def described_config(admin: AIOKafkaAdminClient, name: str) -> dict[str, str]:
+    """`topic_config` through an admin client already started."""
+    [response] = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+    found: dict[str, str] = {}
+    for resource in response.resources:  # (error code, message, type, name, entries)
+        code, message, entries = int(resource[0]), resource[1], resource[4]
+        if code:
+            error = for_code(code)
+            raise error(f"describing topic {name}'s configuration: {message or error.description}")
+        found |= {str(entry[0]): str(entry[1]) for entry in entries if entry[1] is not None}
+    return found
 
 
 async def partition_numbers(settings: Settings, topic: str) -> set[int]:

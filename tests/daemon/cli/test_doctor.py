@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.protocol.admin import CreateAclsRequest
 from pydantic import SecretStr
 from typer.testing import CliRunner
@@ -80,15 +81,20 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     local = set() if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") else {"broker"}
     assert (
         set(lines)
-        == {"kafka", "topics", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"} | local
+        == {"kafka", "topics", "table", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"}
+        | local
     )
+    assert lines["table"] == f"ok   table   {settings.state_topic} compacted (cleanup.policy=compact), 1 partitions"
     if local:
         assert (
             lines["broker"].startswith("ok") and "runs on Java" in lines["broker"] and "kafka-jars-" in lines["broker"]
         ), lines["broker"]
     assert lines["store"].startswith("--") and "no" in lines["store"]  # none configured: nothing to check
     # The test broker has no authorizer: said plainly, as a warning that does not fail the host.
-    topics = f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.control_topic}"
+    topics = (
+        f"{settings.requests_topic}, {settings.events_topic}, {settings.dlq_topic}, {settings.state_topic}, "
+        f"{settings.control_topic}"
+    )
     assert lines["acls"] == (
         "WARN acls    ACLs are not enabled on the brokers (no authorizer): anyone who reaches them can write every "
         f"topic ({topics}), put work in the fleet's queue and speak for the fleet; enable one and let only the fleet's "
@@ -280,12 +286,14 @@ def test_every_topic_of_the_fleet_is_judged_against_who_the_recipe_lets_write_it
         "adapterd.claims",
         "adapterd.events",
         "adapterd.dlq",
+        "adapterd.state",
         "adapterd.control",
     ]
     assert [topic for topic, rule in rules.items() if rule.fleet_writes and not rule.others] == [
         "adapterd.claims",
         "adapterd.events",
         "adapterd.dlq",
+        "adapterd.state",
     ]
     assert "adapterd.claims" not in [rule.topic for rule in recipe(Settings())]  # no classes, no claims topic
     me = "User:adapterd"
@@ -369,6 +377,7 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
             "adapterd.claims",
             "adapterd.events",
             "adapterd.dlq",
+            "adapterd.state",
             "adapterd.control",
         ]
         assert await _acls(host) == Check(
@@ -395,7 +404,8 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
             (
                 f"{me} may write what the fleet writes; who else may write each topic: adapterd.requests: also "
                 "User:pipeline; adapterd.requests.urgent: also User:pipeline; adapterd.claims: the fleet alone; "
-                "adapterd.events: the fleet alone; adapterd.dlq: the fleet alone; adapterd.control: User:ops"
+                "adapterd.events: the fleet alone; adapterd.dlq: the fleet alone; adapterd.state: the fleet alone; "
+                "adapterd.control: User:ops"
             ),
         )
         # A producer let write the claims topic: said, by name, against the recipe.
@@ -415,3 +425,32 @@ async def test_the_acls_line_with_an_authorizer(tmp_path: Path) -> None:
         )
     finally:
         broker.stop()
+
+
+def test_a_state_topic_not_compacted_or_with_fewer_partitions_than_the_events_topic_fails(
+    settings: Settings,
+) -> None:
+    async def made(name: str, partitions: int) -> None:
+        admin = AIOKafkaAdminClient(**kafka_options(settings))
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])  # the broker's default: cleanup.policy=delete
+            while name not in set(await admin.list_topics()):
+                await asyncio.sleep(0.05)
+        finally:
+            await admin.close()
+
+    deleting = f"{settings.state_topic}-deleting"
+    asyncio.run(made(deleting, 1))
+    code, lines = doctor(settings, state_topic=deleting)
+    assert code == 1 and lines["table"].startswith(f"FAIL table   state_topic {deleting} is not compacted"), lines
+    assert "cleanup.policy=delete" in lines["table"] and "--add-config cleanup.policy=compact," in lines["table"]
+    code, lines = doctor(settings, state_topic=f"{settings.state_topic}-missing")
+    assert code == 1 and "is missing: no daemon keeps the table; create it (adapterd topics)" in lines["table"]
+    short = settings.model_copy(update={"events_topic": f"{settings.events_topic}-wide"})
+    asyncio.run(made(short.events_topic, 2))
+    code, lines = doctor(short)
+    assert code == 1 and lines["table"] == (
+        f"FAIL table   state_topic {settings.state_topic} has 1 partition(s), fewer than {short.events_topic}'s 2: "
+        "no daemon keeps the table; adapterd topics --grow adds them"
+    )

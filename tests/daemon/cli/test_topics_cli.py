@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from daemon.kafka.admin.topics import topic_config
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from testbed.fleet_keys import fleet_keys
@@ -34,6 +35,7 @@ def fleet_settings(settings: Settings, tmp_path: Path, **more: Any) -> Settings:
             "dlq_topic": f"fresh-dlq-{suffix}",
             "control_topic": f"fresh-control-{suffix}",
             "claims_topic": f"fresh-claims-{suffix}",
+            "state_topic": f"fresh-state-{suffix}",
             **more,
         }
     )
@@ -68,6 +70,7 @@ async def partitions(settings: Settings) -> dict[str, int]:
             settings.control_topic,
             *settings.class_topics.values(),
             settings.claims_topic,
+            settings.state_topic,
         ]
         # Only listed topics are described: a metadata request naming a missing topic may make it (auto-creation).
         async with asyncio.timeout(10):
@@ -91,6 +94,8 @@ def test_every_topic_of_a_fleet_with_classes_is_created_once_with_the_partitions
     assert found[f"{requests}.urgent"] == found[f"{requests}.batch"] == 3, found
     assert found[fleet.events_topic] == found[fleet.dlq_topic] == found[fleet.control_topic] == 3, found
     assert found[fleet.claims_topic] >= 3, found
+    assert found[fleet.state_topic] == 3, found  # the table of requests: the events topic's partitions, compacted
+    assert asyncio.run(topic_config(fleet, fleet.state_topic))["cleanup.policy"] == "compact"
     assert "topics ready" in output
 
 
@@ -168,3 +173,23 @@ def test_doctor_warns_without_topic_partitions_when_the_queue_has_fewer_partitio
     assert fleet.claims_topic not in line.split(":", 1)[1].split(";")[0] or "(16)" not in line, (
         line
     )  # 16 partitions: enough
+
+
+async def made(settings: Settings, *topics: NewTopic) -> None:
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    try:
+        await admin.create_topics(list(topics))
+        while not {topic.name for topic in topics} <= set(await admin.list_topics()):
+            await asyncio.sleep(0.05)  # the controller answers before every broker lists them
+    finally:
+        await admin.close()
+
+
+def test_the_state_topic_takes_the_partitions_the_events_topic_has(settings: Settings, tmp_path: Path) -> None:
+    fleet = fleet_settings(settings, tmp_path)
+    asyncio.run(made(fleet, NewTopic(fleet.events_topic, 4, 1)))
+    code, output = topics(fleet, "--partitions", "2")
+    assert code == 0, output
+    # The keeper of events partition 3 writes to state partition 3.
+    assert f"created {fleet.state_topic} (4 partitions)" in output, output

@@ -1,0 +1,259 @@
+"""The table's keeper on the real broker (daemon/table/keeper.py): the state topic follows the events topic as the one
+fold says (`adapterd jobs`' `fold`), through a daemon SIGKILLed while events went on (repaired from its committed
+offset when it starts again), tombstones an entry ended past its retention, and writes a genuine entry again over a
+forged one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from daemon.cli.jobs import fold
+from daemon.kafka.admin.group_offsets import committed_offsets
+from daemon.kafka.admin.topics import ensure_topics, topic_config
+from daemon.kafka.options import kafka_options
+from daemon.kafka.publisher import Publisher
+from daemon.kafka.topic_reader import TopicReader
+from daemon.settings import Settings
+from daemon.settings.secret_files import event_keys
+from daemon.table.codec import Refused, Tombstone, entry_headers, entry_value, read_entry
+from daemon.table.entry import TableEntry
+from daemon.table.keeper import KafkaTable, Keeper
+from daemon.table.topic import keeper_group
+from schemas import Event, parse_event
+from schemas.signing import EventSigner, new_key_pair, read_private_key
+from testbed.fleet_keys import fleet_keys
+from testbed.processes import DaemonProcess, wait_until_gone
+from tests.helpers import event_document
+
+Found = TableEntry | Tombstone | Refused
+
+
+async def table_settings(settings: Settings, tmp_path: Path, partitions: int = 2, **more: Any) -> Settings:
+    """The test's settings with events and state topics of `partitions` of their own, and the fleet's signing key."""
+    suffix = uuid.uuid4().hex[:8]
+    keyed = settings.model_copy(
+        update={
+            **fleet_keys(tmp_path / "keys"),
+            "events_topic": f"events-table-{suffix}",
+            "state_topic": f"state-table-{suffix}",
+            **more,
+        }
+    )
+    await ensure_topics(keyed, partitions=partitions)
+    return keyed
+
+
+def event(kind: str, request_id: str, **fields: Any) -> Event:
+    document = event_document(kind, request_id=request_id, event_id=secrets.token_hex(16), host="h1", **fields)
+    return parse_event(json.dumps(document).encode())
+
+
+def lifecycle(request_id: str, *kinds: str) -> list[Event]:
+    return [event(kind, request_id, **({"step": n} if kind == "progress" else {})) for n, kind in enumerate(kinds)]
+
+
+async def publish(settings: Settings, events: list[Event]) -> None:
+    """Published as a host publishes them: signed with the fleet's key, keyed by request id."""
+    publisher = Publisher(settings)
+    await publisher.start()
+    try:
+        for each in events:
+            await publisher.publish(each)
+    finally:
+        await publisher.stop()
+
+
+def state(found: Found | None) -> str | None:
+    return found.state if isinstance(found, TableEntry) else None
+
+
+def placeless(found: Found) -> Found:
+    return found.model_copy(update={"partition": -1, "offset": -1}) if isinstance(found, TableEntry) else found
+
+
+async def table_when(
+    settings: Settings, wanted: Callable[[dict[str, Found]], bool], within_s: float = 120.0
+) -> dict[str, Found]:
+    """The state topic as a table (each key's latest record, verified with the fleet's keys), read and followed until
+    it is as `wanted` says: judged once every record there at the start is read (the table as it was part-way is
+    not the table), then at each record written since; an AssertionError with what it was otherwise."""
+    keys = event_keys(settings)
+    table: dict[str, Found] = {}
+    try:
+        async with asyncio.timeout(within_s), TopicReader(settings, settings.state_topic) as reader:
+            behind = {tp.partition: end for tp, end in reader.ends.items() if end > 0}
+            if not behind and wanted(table):
+                return table
+            async for record in reader.records(follow=True):
+                table[(record.key or b"").decode()] = read_entry(record, keys)
+                if record.offset + 1 >= behind.get(record.partition, 0):
+                    behind.pop(record.partition, None)
+                if not behind and wanted(table):
+                    return table
+    except TimeoutError:
+        said = {key: getattr(found, "state", found) for key, found in table.items()}
+        raise AssertionError(f"the table never got there: {said}") from None
+    raise AssertionError("unreachable")
+
+
+async def table_now(settings: Settings) -> dict[str, Found]:
+    keys = event_keys(settings)
+    async with TopicReader(settings, settings.state_topic) as reader:
+        return {(record.key or b"").decode(): read_entry(record, keys) async for record in reader.records(follow=False)}
+
+
+def folds_to(events: list[Event]) -> Callable[[dict[str, Found]], bool]:
+    expected = fold(events)
+    return lambda table: {key: placeless(found) for key, found in table.items()} == expected
+
+
+async def keeping(keeper: Keeper) -> asyncio.Task[None]:
+    return asyncio.create_task(keeper.run())
+
+
+async def stopped(keeper: Keeper, task: asyncio.Task[None]) -> None:
+    keeper.stop()
+    await asyncio.wait_for(task, 60)
+
+
+async def test_the_keeper_writes_the_fold_of_the_events_of_every_partition(settings: Settings, tmp_path: Path) -> None:
+    keyed = await table_settings(settings, tmp_path)
+    topic = await topic_config(keyed, keyed.state_topic)
+    assert topic["cleanup.policy"] == "compact" and topic["segment.ms"] == "3600000"  # `adapterd topics` made it
+    events = [
+        each
+        for n in range(6)
+        for each in lifecycle(f"follow-{n}", "accepted", "started", "progress", "progress", "succeeded")[: 2 + n % 4]
+    ]
+    await publish(keyed, events)
+    keeper = Keeper(keyed, KafkaTable(keyed))
+    task = await keeping(keeper)
+    try:
+        table = await table_when(keyed, folds_to(events))
+    finally:
+        await stopped(keeper, task)
+    assert {entry.partition for entry in table.values() if isinstance(entry, TableEntry)} == {0, 1}
+    # Stopped gracefully: what it wrote is committed, so the table is whole up to the keepers' committed offsets.
+    group = keeper_group(keyed.group_id)
+    committed = await committed_offsets(keyed, [(group, keyed.events_topic)])
+    async with TopicReader(keyed, keyed.events_topic) as reader:
+        ends = {tp.partition: end for tp, end in reader.ends.items()}
+    assert committed[(group, keyed.events_topic)] == ends
+    # Its entries are signed as events are: none refused with the fleet's keys, every one refused without them.
+    assert all(isinstance(found, TableEntry) for found in table.values())
+
+
+async def test_a_daemon_sigkilled_while_events_go_on_is_followed_by_the_table_when_it_starts_again(
+    settings: Settings, tmp_path: Path
+) -> None:
+    keyed = await table_settings(settings, tmp_path, session_timeout_ms=6_000, warm_child=False)
+    first = [each for n in range(4) for each in lifecycle(f"killed-{n}", "accepted", "started")]
+    await publish(keyed, first)
+    host = DaemonProcess(keyed, tmp_path / "daemon.log").start()
+    again: DaemonProcess | None = None
+    try:
+        await table_when(keyed, folds_to(first))
+        assert host.process is not None
+        host.process.send_signal(signal.SIGKILL)
+        await wait_until_gone(host.process.pid)
+        # Events while no keeper runs: each request's latest event has no entry yet, and new requests none at all.
+        later = [
+            *(each for n in range(4) for each in lifecycle(f"killed-{n}", "progress", "succeeded")),
+            *lifecycle("killed-new", "accepted", "started"),
+        ]
+        await publish(keyed, later)
+        assert not folds_to([*first, *later])(await table_now(keyed))  # the table lags the events
+        again = DaemonProcess(keyed, tmp_path / "daemon-again.log").start()
+        await table_when(keyed, folds_to([*first, *later]))
+    finally:
+        host.stop()
+        if again is not None:
+            again.stop()
+
+
+async def test_an_entry_ended_past_its_retention_is_tombstoned(settings: Settings, tmp_path: Path) -> None:
+    keyed = await table_settings(settings, tmp_path, partitions=1)
+    old = (datetime.now(UTC) - timedelta(seconds=keyed.state_retention_s + 3600)).isoformat()
+    events = [
+        *lifecycle("ends-now", "accepted", "succeeded"),
+        *lifecycle("runs", "accepted", "started"),
+        # Ended long ago (its events read late): its entry is its tombstone at once.
+        event("accepted", "ended-long-ago", time=old),
+        event("failed", "ended-long-ago", time=old),
+    ]
+    await publish(keyed, events)
+    keeper = Keeper(keyed, KafkaTable(keyed))
+    task = await keeping(keeper)
+    try:
+        await table_when(
+            keyed,
+            lambda table: (
+                table.get("ended-long-ago") == Tombstone("ended-long-ago")
+                and state(table.get("ends-now")) == "succeeded"
+                and state(table.get("runs")) == "running"
+            ),
+        )
+    finally:
+        await stopped(keeper, task)
+    # A keeper a retention later: the restore tombstones what has ended since, and keeps what runs.
+    later = Keeper(keyed, KafkaTable(keyed), clock=lambda: time.time() + keyed.state_retention_s + 60)
+    task = await keeping(later)
+    try:
+        table = await table_when(keyed, lambda table: table["ends-now"] == Tombstone("ends-now"))
+    finally:
+        await stopped(later, task)
+    assert state(table["runs"]) == "running"
+
+
+@pytest.mark.parametrize("forgery", ["untrusted key", "unsigned", "while kept"])
+async def test_a_forged_entry_is_ignored_and_the_genuine_one_written_again(
+    settings: Settings, tmp_path: Path, forgery: str
+) -> None:
+    """Forged while no keeper ran: the next one's restore writes the genuine entry over it; forged while one keeps
+    the partition: its audit does (every SWEEP_INTERVAL_S; here every 0.2 s)."""
+    keyed = await table_settings(settings, tmp_path, partitions=1)
+    events = lifecycle("forged", "accepted", "started")
+    await publish(keyed, events)
+    keeper = Keeper(keyed, KafkaTable(keyed))
+    task = await keeping(keeper)
+    try:
+        table = await table_when(keyed, folds_to(events))
+    finally:
+        await stopped(keeper, task)
+    genuine = table["forged"]
+    assert isinstance(genuine, TableEntry)
+    value = entry_value(genuine.model_copy(update={"state": "succeeded", "offset": genuine.offset + 1000}))
+    signer = EventSigner(read_private_key(new_key_pair()[0])) if forgery != "unsigned" else None
+    if forgery == "while kept":
+        keeper = Keeper(keyed, KafkaTable(keyed), sweep_every_s=0.2)
+        task = await keeping(keeper)
+        async with asyncio.timeout(60):
+            while 0 not in keeper.kept:  # restored (no event says it): what it writes over now, its audits do
+                await asyncio.sleep(0.05)
+    producer = AIOKafkaProducer(**kafka_options(keyed))
+    await producer.start()
+    try:
+        headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
+        await producer.send_and_wait(keyed.state_topic, value, key=b"forged", partition=0, headers=headers)
+    finally:
+        await producer.stop()
+    if forgery != "while kept":
+        assert isinstance((await table_now(keyed))["forged"], Refused)  # the table's latest record is the forgery
+        keeper = Keeper(keyed, KafkaTable(keyed))
+        task = await keeping(keeper)
+    try:
+        await table_when(keyed, lambda table: table["forged"] == genuine)
+    finally:
+        await stopped(keeper, task)
