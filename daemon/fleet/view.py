@@ -71,13 +71,12 @@ class Folds:
 
     Made from the table (`load`: each entry's `recent` events within the window, every entry's merged in time order)
     and the events past it (`tail`), it says for the decisions what folding every event of the window says, except
-    where the table keeps less: an entry keeps only the latest event of each type of its request (daemon/table/entry.py
-    `folded`), so of a request that ran twice within the window (preempted, retried, or redelivered after its end) only
-    its latest run's slot-time is counted (the earlier run's `accepted` and `started` were replaced); a request
-    redelivered after its success and answered from it has that answer (`duplicate`, not a duration) as its latest
-    `succeeded`, so its first success is not among the durations; a host whose only `accepted` of the window was
-    replaced by its request's later one is not among `host_slots`; a running job's pace is its latest `progress`
-    event's (an earlier one's, where the latest has no ETA, is not kept). The tail is folded event by event: exact."""
+    where the table keeps less: an entry keeps the latest event of each type of its request and its earlier runs'
+    `accepted`, `started` and end (daemon/table/entry.py `folded`, the last EARLIER_RUNS of them), so of a request
+    that ran more than EARLIER_RUNS + 1 times within the window the oldest runs' slot-time is not counted; a host whose
+    only `accepted` of the window was its request's earlier one is not among `host_slots`; a running job's pace is its
+    latest `progress` event's (an earlier one's, where the latest has no ETA, is not kept). The tail is folded event by
+    event: exact."""
 
     def __init__(self) -> None:
         self.usage = Usage(HALF_LIFE_S)
@@ -119,7 +118,10 @@ class Folds:
         for entry in entries:
             if entry.partition >= 0:
                 self.tabled[entry.request_id] = (entry.partition, entry.offset)
-            recent = [event for event in entry.recent if event.time.timestamp() >= start]
+            # Its earlier runs first (their `accepted`, `started` and end), then its latest events, each once.
+            ran = {event.event_id for event in entry.earlier}
+            events = [*entry.earlier, *(event for event in entry.recent if event.event_id not in ran)]
+            recent = [event for event in events if event.time.timestamp() >= start]
             if recent:
                 recents.append(recent)
         # By the time as a number: a (trusted) event's time without a zone is not comparable with one with a zone.

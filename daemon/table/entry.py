@@ -6,10 +6,11 @@ request's own events (`adapterd get`): what a request's state is has one definit
 
 An entry keeps, beside what `adapterd jobs` shows, the latest event of each type (`recent`): what the fleet's view
 folds of a request (its `accepted` with its class and team, its `started` with its GPUs, its latest `progress` and
-`checkpoint`, a `preempted`'s count, the `queued` it was last told, its end), so a host's view is made from the table
-without reading every event of the jobs it describes. And the ids of its latest events (`ids`) and the events
-topic's offset of the latest one folded (`offset`): an event is folded once, whether read again after a restart or
-written again by anyone.
+`checkpoint`, a `preempted`'s count, the `queued` it was last told, its end), and of its earlier runs their
+`accepted`, `started` and end (`earlier`: the slot-time a request preempted or retried held before), so a host's view
+is made from the table without reading every event of the jobs it describes. And the ids of its latest events (`ids`)
+and the events topic's place of the latest one folded (`partition`, `offset`): an event is folded once, whether read
+again after a restart or written again by anyone.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ STATE_AFTER = {
 STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
 ENDED = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest 32 events is not folded again
+EARLIER_RUNS = (
+    2  # the runs before its latest whose slot-time an entry keeps (a request preempted, retried, redelivered)
+)
+RUN_ENDS = frozenset({"succeeded", "failed", "cancelled", "retrying", "preempted"})  # the events that end a run
 
 State = Literal["queued", "running", "succeeded", "failed", "cancelled", "rejected"]
 
@@ -63,6 +68,10 @@ class TableEntry(BaseModel):
     partition: int = Field(-1, ge=-1, description="The events topic's partition of its latest event folded; -1: none.")
     offset: int = Field(-1, ge=-1, description="The offset of its latest event folded in that partition; -1: none.")
     recent: list[Event] = Field(default_factory=list, description="The latest event of each type, oldest first.")
+    earlier: list[Event] = Field(
+        default_factory=list,
+        description="Its earlier runs' `accepted`, `started` and end (the last EARLIER_RUNS runs): their slot-time.",
+    )
     ids: list[str] = Field(default_factory=list, description="The ids of its latest events folded, oldest first.")
 
     @property
@@ -102,6 +111,7 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
             detail="",
             events=0,
             recent=entry.recent if entry is not None else [],
+            earlier=entry.earlier if entry is not None else [],
         )
     method = event.method if isinstance(event, Accepted | Started | Succeeded) else entry.method
     return entry.model_copy(
@@ -116,6 +126,7 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
             "events": entry.events + 1,
             **place,
             "recent": recent(entry.recent, event),
+            "earlier": earlier(entry, event),
             "ids": ids,
         }
     )
@@ -126,6 +137,33 @@ def recent(events: list[Event], event: Event) -> list[Event]:
     (`duplicate`) is a type of its own here: it ends its run (the fleet's folds free its slot), and it trained
     nothing, so it does not replace a success that did, whose duration the fleet's order reads."""
     return [*(kept for kept in events if _kind(kept) != _kind(event)), event]
+
+
+def earlier(entry: TableEntry, event: Event) -> list[Event]:
+    """The entry's earlier runs with `event` taken in: an `accepted` starts a run, so the run before it (its `accepted`,
+    its `started` and its end, those of them after its `accepted`) joins them, the last EARLIER_RUNS runs kept. A run
+    its host did not end (a host lost) has no end: the next `accepted` ends it, as the fleet's folds say."""
+    if not isinstance(event, Accepted):
+        return entry.earlier
+    run: list[Event] = [each for each in entry.recent if each.type == "accepted"]
+    if not run:
+        return entry.earlier
+    began = run[0].time.timestamp()
+    started: list[Event] = [each for each in entry.recent if each.type == "started" and each.time.timestamp() >= began]
+    ends: list[Event] = [each for each in entry.recent if each.type in RUN_ENDS and each.time.timestamp() >= began]
+    run += started[-1:] + sorted(ends, key=lambda each: each.time.timestamp())[-1:]
+    runs = [*_runs(entry.earlier), run][-EARLIER_RUNS:]
+    return [each for one in runs for each in one]
+
+
+def _runs(events: list[Event]) -> list[list[Event]]:
+    """Earlier runs' events, one list a run (each begins with its `accepted`)."""
+    runs: list[list[Event]] = []
+    for each in events:
+        if each.type == "accepted" or not runs:
+            runs.append([])
+        runs[-1].append(each)
+    return runs
 
 
 def _kind(event: Event) -> str:

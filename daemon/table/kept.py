@@ -57,7 +57,7 @@ def entry_write(entry: TableEntry, signer: EventSigner | None) -> tuple[Write, b
     for recent in (entry.recent[-1:], []):
         if len(value) <= WRITTEN_MAX:
             break
-        value = entry_value(entry.model_copy(update={"recent": recent}))
+        value = entry_value(entry.model_copy(update={"recent": recent, "earlier": []}))
     headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
     return Write(entry.request_id.encode(), value, headers), trimmed
 

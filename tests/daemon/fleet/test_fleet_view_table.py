@@ -14,9 +14,20 @@ import pytest
 
 from daemon.fleet.view import USAGE_LOOKBACK_S, Folds
 from daemon.kafka.event_ids import EventIds
-from daemon.table.entry import TableEntry, folded
+from daemon.table.entry import EARLIER_RUNS, TableEntry, folded
 from daemon.table.reader import recent_events
-from schemas import Accepted, Checkpoint, Event, Preempted, Progress, Queued, Started, Succeeded, parse_event
+from schemas import (
+    Accepted,
+    Checkpoint,
+    Event,
+    Preempted,
+    Progress,
+    Queued,
+    Retrying,
+    Started,
+    Succeeded,
+    parse_event,
+)
 from schemas.events import EventBase
 
 NOW = time.time()
@@ -82,6 +93,21 @@ def queued(request_id: str, host: str, ago: float, place: int, eta_s: float | No
             team="text",
             place=place,
             eta_s=eta_s,
+            time=at(ago),
+        )
+    )
+
+
+def retrying(request_id: str, host: str, ago: float, attempt: int) -> Event:
+    return read(
+        Retrying(
+            request_id=request_id,
+            host=host,
+            attempt=attempt,
+            code="oom",
+            message="out of memory",
+            stage="train",
+            max_attempts=9,
             time=at(ago),
         )
     )
@@ -235,10 +261,11 @@ def test_entries_written_past_the_keepers_committed_offsets_are_not_folded_twice
     assert made.skipped["tabled"] > 0
 
 
-def test_a_request_that_ran_twice_within_the_window_counts_its_latest_run_only() -> None:
-    """Where the table cannot be exact: an entry keeps the latest event of each type, so of a request preempted (or
-    retried) and run again within the window, the first run's `accepted` and `started` are gone and its slot-time
-    is not counted; all else (its preemption count, the switch, the running jobs) is as every event says."""
+def test_a_request_that_ran_twice_within_the_window_counts_both_runs() -> None:
+    """An entry keeps its earlier runs' `accepted`, `started` and end beside its latest events, so of a request
+    preempted and run again within the window both runs' slot-time counts, as every event says; and its preemption
+    count, the switch and the running jobs too. Of a request run more often than the entry keeps runs, the oldest
+    runs' slot-time is what is left out."""
     history = [
         accepted("twice", "gpu-a", 3000, host_slots=4),
         started("twice", "gpu-a", 2990, slot="0,1"),
@@ -251,9 +278,21 @@ def test_a_request_that_ran_twice_within_the_window_counts_its_latest_run_only()
     whole, made = every_event(history), from_table(history, len(history))
     assert decisions(made) == decisions(whole)
     assert sorted((job.request_id, job.preemptions) for job in made.running_jobs.jobs(NOW)) == [("twice", 1), ("u", 0)]
-    first_run_left_out = every_event(history[2:])
-    assert made.usage.slot_seconds(NOW) == pytest.approx(first_run_left_out.usage.slot_seconds(NOW), rel=1e-9)
-    assert made.usage.slot_seconds(NOW)["vision"] < whole.usage.slot_seconds(NOW)["vision"] - 1000
+    assert made.usage.slot_seconds(NOW) == pytest.approx(whole.usage.slot_seconds(NOW), rel=1e-9)
+    # Run four times (three retries on gpu-c): the entry keeps the latest run and the EARLIER_RUNS before it.
+    runs = [
+        event
+        for n, ago in enumerate((3500, 3000, 2500, 2000))
+        for event in (
+            accepted("often", "gpu-c", ago, attempt=n + 1, host_slots=1),
+            started("often", "gpu-c", ago - 10, slot="0"),
+            retrying("often", "gpu-c", ago - 100, attempt=n + 1),
+        )
+    ]
+    made = from_table(runs, len(runs))
+    kept = every_event(runs[3 * (4 - 1 - EARLIER_RUNS) :])
+    assert made.usage.slot_seconds(NOW) == pytest.approx(kept.usage.slot_seconds(NOW), rel=1e-9)
+    assert made.usage.slot_seconds(NOW)["vision"] < every_event(runs).usage.slot_seconds(NOW)["vision"]
 
 
 def test_a_success_answered_again_to_a_redelivery_keeps_the_first_in_the_durations_and_ends_its_run() -> None:
@@ -271,8 +310,7 @@ def test_a_success_answered_again_to_a_redelivery_keeps_the_first_in_the_duratio
     assert whole.durations.expected("dpo", "tiny/m") == pytest.approx(375.0)
     assert made.durations.expected("dpo", "tiny/m") == pytest.approx(375.0)
     assert made.running_jobs.jobs(NOW) == [] and made.usage.running() == {}
-    # The first run's slot-time is the one thing not kept (its `accepted` was replaced by the second's).
-    assert made.usage.slot_seconds(NOW) == pytest.approx(every_event(history[3:]).usage.slot_seconds(NOW))
+    assert made.usage.slot_seconds(NOW) == pytest.approx(whole.usage.slot_seconds(NOW), rel=1e-9)  # both runs
 
 
 def test_a_repeated_event_in_the_tail_and_events_before_the_window_are_not_folded() -> None:
