@@ -166,26 +166,61 @@ def _request_reader(settings: Settings, entry: TableEntry | None, partition: int
 async def _read_entries(
     settings: Settings, keys: EventKeys | None, read: TableRead, partitions: list[int] | None, request_id: str | None
 ) -> None:
-    """The state topic's `partitions` (None: all) into `read.entries` (with `request_id`: that key's records alone)."""
+    """The state topic's `partitions` (None: all) into `read.entries` (with `request_id`: that key's records alone).
+
+    A state partition not yet compacted holds many records of a key (its keeper writes an entry at each change): each
+    key's latest record is kept as it is read, and only those are verified and parsed, a batch at a time in worker
+    threads. A key whose latest record is refused (forged, malformed) is read again, all its records in order, for
+    its latest record that is taken; a key whose latest is a tombstone is gone."""
     key = None if request_id is None else request_id.encode()
-    latest: dict[int, dict[str, TableEntry]] = {}
+    latest: dict[tuple[int, bytes | None], Record] = {}  # (partition, key) → its latest record
     async with TopicReader(settings, settings.state_topic, start_at={}, partitions=partitions) as reader:
         read.state_to.update({tp.partition: end for tp, end in reader.ends.items()})
-        async for batch in _batches(reader.records(follow=False), key):
-            taken = await run_chunks("verify", partial(read_entry, keys=keys), batch)
-            for record, result in zip(batch, taken, strict=True):
-                mine = latest.setdefault(record.partition, {})
-                if isinstance(result, Refused):
-                    read.refused[result.reason] += 1
-                elif isinstance(result, Tombstone):
-                    mine.pop(result.request_id, None)
-                else:
-                    mine[result.request_id] = result
-    for mine in latest.values():
+        async for record in reader.records(follow=False):
+            if key is None or record.key == key:
+                latest[(record.partition, record.key)] = record
+    found: dict[int, dict[str, TableEntry]] = {}
+    refused: set[tuple[int, bytes | None]] = set()
+    records = list(latest.values())
+    for start in range(0, len(records), BATCH):
+        batch = records[start : start + BATCH]
+        for record, result in zip(
+            batch, await run_chunks("verify", partial(read_entry, keys=keys), batch), strict=True
+        ):
+            if isinstance(result, Refused):
+                read.refused[result.reason] += 1
+                refused.add((record.partition, record.key))
+            elif isinstance(result, TableEntry):
+                found.setdefault(record.partition, {})[result.request_id] = result
+    if refused:
+        await _read_past_refused(settings, keys, read, refused, found)
+    for mine in found.values():
         for each, entry in mine.items():
             kept = read.entries.get(each)
             if kept is None or (entry.partition, entry.offset) > (kept.partition, kept.offset):
                 read.entries[each] = entry
+
+
+async def _read_past_refused(
+    settings: Settings,
+    keys: EventKeys | None,
+    read: TableRead,
+    refused: set[tuple[int, bytes | None]],
+    found: dict[int, dict[str, TableEntry]],
+) -> None:
+    """The keys whose latest record was refused, read again in their partitions: each one's latest record taken (an
+    entry, or a tombstone that removes it), the records after it being refused (said already)."""
+    partitions = sorted({partition for partition, _ in refused})
+    async with TopicReader(settings, settings.state_topic, start_at={}, partitions=partitions) as reader:
+        async for batch in _batches(reader.records(follow=False), None):
+            batch = [record for record in batch if (record.partition, record.key) in refused]
+            for record, result in zip(
+                batch, await run_chunks("verify", partial(read_entry, keys=keys), batch), strict=True
+            ):
+                if isinstance(result, Tombstone):
+                    found.get(record.partition, {}).pop(result.request_id, None)
+                elif isinstance(result, TableEntry):
+                    found.setdefault(record.partition, {})[result.request_id] = result
 
 
 def _say_refused(settings: Settings, read: TableRead) -> None:

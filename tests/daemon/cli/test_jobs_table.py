@@ -335,6 +335,30 @@ def test_a_forged_entry_is_ignored_and_said_while_the_genuine_state_is_shown(fle
         assert "ignored 1 entry(ies)" in stderr and "(1 unknown_key)" in stderr
 
 
+def test_a_forged_latest_record_of_a_key_leaves_its_genuine_entry_in_the_table(fleet: Settings) -> None:
+    """The reader verifies only each key's latest record of the state topic (a partition not yet compacted holds many
+    of a key); where that one is refused, the key's records are read again for the latest one a trusted key signed."""
+    publish(fleet, fleet_events())
+    keep(fleet)
+    table = asyncio.run(read_table(fleet, tail=False)).entries
+    request_id = sorted(table)[0]
+    genuine = table[request_id]
+    untrusted = EventSigner(Ed25519PrivateKey.generate())
+
+    async def forge() -> None:
+        producer = AIOKafkaProducer(**kafka_options(fleet), acks="all")
+        await producer.start()
+        try:
+            lie = genuine.model_copy(update={"state": "failed", "offset": genuine.offset + 10_000})
+            await write_entry(producer, fleet, lie, genuine.partition, untrusted)
+        finally:
+            await producer.stop()
+
+    asyncio.run(forge())
+    read = asyncio.run(read_table(fleet, tail=False))
+    assert read.entries[request_id] == genuine and read.refused == {"unknown_key": 1}
+
+
 def test_get_reads_one_partition_of_each_topic_from_its_entrys_start(
     fleet: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
