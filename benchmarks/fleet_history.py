@@ -63,7 +63,7 @@ class Fleet:
 
     gpus: int = 256
     days: float = 7.0
-    progress_s: float = 180.0
+    progress_s: float = 170.0
     waiting: int = 10_000
     large: int = 50
     teams: int = 8
