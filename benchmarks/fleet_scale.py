@@ -49,13 +49,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from benchmarks.fleet_history import CLASSES, Built, Fleet, build
 from daemon.kafka.options import kafka_options
 from daemon.local_broker import LocalKafka, free_port
 from daemon.settings import Settings
 from daemon.settings.fleet import PriorityClass
-from daemon.table.topic import keeper_group
+from daemon.table.topic import COMPACTED, keeper_group
 from schemas.signing import EventSigner, public_key_text
 from testbed.fleet_keys import fleet_keys
 from testbed.processes import DaemonProcess, settings_environment
@@ -220,24 +221,34 @@ def task_cpu(state: dict[str, Any], name: str) -> float:
     return float(state.get("cpu", {}).get(name, 0.0)) + float(state.get("pool_cpu", {}).get(name, 0.0))
 
 
-async def rest_cpu(daemon: ProbedDaemon, windows: int, window_s: float) -> dict[str, list[float]]:
-    """Per window: the announcer's, the dispatcher's and the process's CPU seconds per second."""
-    found: dict[str, list[float]] = {"announcer": [], "dispatcher": [], "process": []}
+def cpu_rates(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """The announcer's, the dispatcher's and the process's CPU seconds per second between two probe states."""
+    elapsed = after["time"] - before["time"]
+    rates = {
+        key: (task_cpu(after, label) - task_cpu(before, label)) / elapsed
+        for key, label in (("announcer", "fleet-announcer"), ("dispatcher", "fleet-dispatcher"))
+    }
+    rates["process"] = (after["process_cpu"] - before["process_cpu"]) / elapsed
+    return rates
+
+
+async def rest_cpu(
+    daemon: ProbedDaemon, windows: int, window_s: float
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """The CPU per second at rest (`cpu_rates`), per window and over them all."""
+    states = [daemon.state()]
     for _ in range(windows):
-        before = daemon.state()
         await asyncio.sleep(window_s)
-        after = daemon.state()
-        elapsed = after["time"] - before["time"]
-        for key, label in (("announcer", "fleet-announcer"), ("dispatcher", "fleet-dispatcher")):
-            found[key].append((task_cpu(after, label) - task_cpu(before, label)) / elapsed)
-        found["process"].append((after["process_cpu"] - before["process_cpu"]) / elapsed)
-    return found
+        states.append(daemon.state())
+    per_window = [cpu_rates(before, after) for before, after in zip(states, states[1:], strict=False)]
+    return {key: [rates[key] for rates in per_window] for key in per_window[0]}, cpu_rates(states[0], states[-1])
 
 
 async def keeper_caught_up(settings: Settings, ends: dict[TopicPartition, int], timeout_s: float) -> float | None:
     """When (epoch seconds) the keepers' group had committed every events partition up to `ends`; None past the
     timeout."""
     deadline = time.monotonic() + timeout_s
+    said = time.monotonic()
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     await admin.start()
     try:
@@ -245,10 +256,42 @@ async def keeper_caught_up(settings: Settings, ends: dict[TopicPartition, int], 
             committed = await admin.list_consumer_group_offsets(keeper_group(settings.group_id))
             if all(tp in committed and committed[tp].offset >= end for tp, end in ends.items()):
                 return time.time()
+            if time.monotonic() >= said + 60:
+                done = sum(min(committed[tp].offset, end) for tp, end in ends.items() if tp in committed)
+                say(f"fleet_scale: the keepers' group has committed {done:,} of {sum(ends.values()):,} events")
+                said = time.monotonic()
             await asyncio.sleep(0.5)
     finally:
         await admin.close()
     return None
+
+
+def table_bytes(data: Path, topic: str) -> int:
+    """The bytes of the state topic's log segments in the broker's folder."""
+    return sum(path.stat().st_size for path in (data / "logs").glob(f"{topic}-*/*.log"))
+
+
+async def compact_table(settings: Settings, data: Path, timeout_s: float) -> tuple[int, int, float]:
+    """Let the broker compact the table the keeper just wrote, as it does within `segment.ms` (an hour) of its
+    writes: the state topic's segments rolled at once (`segment.ms` 1 s, then set back), until its log stops
+    shrinking. The bytes before and after, and the seconds it took."""
+    started = time.monotonic()
+    before = table_bytes(data, settings.state_topic)
+    admin = AIOKafkaAdminClient(**kafka_options(settings))
+    await admin.start()
+    topic = ConfigResource(ConfigResourceType.TOPIC, settings.state_topic, configs={**COMPACTED, "segment.ms": "1000"})
+    try:
+        await admin.alter_configs([topic])
+        sizes = [before]
+        while time.monotonic() - started < timeout_s:
+            await asyncio.sleep(5)
+            sizes.append(table_bytes(data, settings.state_topic))
+            if len(sizes) > 4 and sizes[-1] < before * 0.9 and sizes[-1] == sizes[-2] == sizes[-3]:
+                break
+    finally:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, settings.state_topic, configs=COMPACTED)])
+        await admin.close()
+    return before, table_bytes(data, settings.state_topic), time.monotonic() - started
 
 
 async def end_offsets(settings: Settings) -> dict[TopicPartition, int]:
@@ -354,17 +397,23 @@ async def run(args: argparse.Namespace) -> None:
         say(f"fleet_scale: first start: view whole {whole:.1f}s after the daemon's start")
         keeper_s = None
         if find_spec("daemon.table.keeper") is not None:
-            kept_at = await keeper_caught_up(settings, ends, args.timeout)
+            kept_at = await keeper_caught_up(settings, ends, args.keeper_timeout)
             keeper_s = None if kept_at is None else kept_at - daemon.started
             total = sum(ends.values())
             if keeper_s is None:
-                say(f"fleet_scale: the keepers' group did not commit the history within {args.timeout:.0f}s")
+                say(f"fleet_scale: the keepers' group did not commit the history within {args.keeper_timeout:.0f}s")
             else:
                 say(
                     f"fleet_scale: the table's keeper folded the history ({total:,} events) {keeper_s:.1f}s after the "
                     f"daemon's start "
                     f"({total / max(keeper_s, 1e-9):,.0f} events/s): once, on deploying the table"
                 )
+                if args.compact:
+                    before, after, took = await compact_table(settings, data, args.keeper_timeout)
+                    say(
+                        f"fleet_scale: the table compacted by the broker (segment.ms 1 s for it, then set back): "
+                        f"{before / 2**20:,.0f} -> {after / 2**20:,.0f} MiB in {took:.0f}s"
+                    )
         else:
             say("fleet_scale: no table keeper on this checkout (daemon/table/keeper.py): today's path")
         await asyncio.sleep(SETTLE_S)
@@ -396,12 +445,15 @@ async def run(args: argparse.Namespace) -> None:
         )
         say(f"fleet_scale: loop lag until then: worst {lag_whole:.0f} ms; {verdict('loop_lag_max_ms', lag_whole)}")
         await asyncio.sleep(SETTLE_S)
-        cpu = await rest_cpu(daemon, args.windows, args.window_s)
+        cpu, rest = await rest_cpu(daemon, args.windows, args.window_s)
         lag_rest = daemon.lag_max_ms(whole_at, time.time())
         say(f"fleet_scale: loop lag after, at rest: worst {lag_rest:.0f} ms")
         for key in ("announcer", "dispatcher"):
-            say(f"fleet_scale: {key} CPU at rest: {spread(cpu[key])} of a core; {verdict(key + '_cpu', max(cpu[key]))}")
-        say(f"fleet_scale: the daemon's process at rest: {spread(cpu['process'])} of a core")
+            say(
+                f"fleet_scale: {key} CPU at rest: {rest[key]:.3f} of a core over {args.windows * args.window_s:g}s "
+                f"(windows of {args.window_s:g}s: {spread(cpu[key])}); {verdict(key + '_cpu', rest[key])}"
+            )
+        say(f"fleet_scale: the daemon's process at rest: {rest['process']:.3f} of a core ({spread(cpu['process'])})")
         state = daemon.state()
         busiest = sorted(
             ((task_cpu(state, label), label) for label in set(state.get("cpu", {})) | set(state.get("pool_cpu", {}))),
@@ -427,9 +479,9 @@ async def run(args: argparse.Namespace) -> None:
             "get_s": round(min(got), 2),
             "view_whole_s": round(whole, 2),
             "loop_lag_max_ms": round(lag),
-            "announcer_cpu": round(max(cpu["announcer"]), 4),
-            "dispatcher_cpu": round(max(cpu["dispatcher"]), 4),
-            "process_cpu": round(statistics.median(cpu["process"]), 4),
+            "announcer_cpu": round(rest["announcer"], 4),
+            "dispatcher_cpu": round(rest["dispatcher"], 4),
+            "process_cpu": round(rest["process"], 4),
             "keeper_catch_up_s": None if keeper_s is None else round(keeper_s, 1),
         }
         say("FLEET_SCALE " + " ".join(f"{key}={'n/a' if value is None else value}" for key, value in figures.items()))
@@ -452,7 +504,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each command (one where it takes over 60 s)")
     parser.add_argument("--windows", type=int, default=3, help="windows of the CPU at rest")
     parser.add_argument("--window-s", type=float, default=10.0)
-    parser.add_argument("--timeout", type=float, default=300.0, help="the longest a view or keeper is waited for")
+    parser.add_argument("--timeout", type=float, default=300.0, help="the longest a daemon's view is waited for")
+    parser.add_argument(
+        "--compact",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after the keeper's catch-up, have the broker compact the table before the measures, as it does within "
+        "an hour of the writes (--no-compact: measured as just written)",
+    )
+    parser.add_argument(
+        "--keeper-timeout", type=float, default=1200.0, help="the longest the keeper's catch-up is waited for"
+    )
     args = parser.parse_args()
     asyncio.run(run(args))
 
