@@ -50,6 +50,10 @@ from daemon.settings.fleet import CLASS_HEADER, queue_group
 log = structlog.get_logger()
 
 TURN_S = 0.2  # the longest a turn waits for a slot to free or a record to arrive
+# A turn whose heads, room, claims on their way and fleet view are those of the last decision decides again only this
+# long after it: what changes with time alone (a retry coming due, a job reaching `preempt_min_run_s`, a telling due
+# again) is seen within it, and a host at rest does not work out the fleet's order five times a second.
+DECIDE_AGAIN_S = 1.0
 VIEW_WAIT_S = 30.0  # the longest the first turn waits for the fleet's view to be whole (the brokers away: it goes on)
 
 
@@ -92,6 +96,8 @@ class Dispatcher:
         )  # a record as the turn weighs it
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
+        self.decided: tuple[object, ...] = ()  # what the last decision read (`_seen`), and when
+        self.decided_at = 0.0
 
     async def start(self) -> None:
         await self.mover.start()
@@ -193,6 +199,9 @@ class Dispatcher:
                 if any(self._cancelled(h) for h in window):
                     await self._withdraw(queue, window)
         now = time.time()
+        seen = self._seen(room)
+        if seen == self.decided and now - self.decided_at < DECIDE_AGAIN_S:
+            return  # nothing a decision reads has changed since the last one
         # A request read in another class's topic is weighed as its own class where it is: moved first, it would leave
         # this turn's heads, and its free slot would go to a lower class (it is moved below if it stays).
         ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.rejection is None]
@@ -234,6 +243,13 @@ class Dispatcher:
         for queue in self.queues:
             metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
+        self.decided, self.decided_at = seen, now  # decided whole (a turn that failed part-way decides again)
+
+    def _seen(self, room: int) -> tuple[object, ...]:
+        """What a turn's decision reads, as a value to compare: the heads (by their records), the room, the claims on
+        their way, this host's jobs and the fleet view's changes."""
+        heads = frozenset((h.tp, h.record.offset) for queue in self.queues for h in queue.heads())
+        return (heads, room, frozenset(self.pending), frozenset(self.scheduler.jobs), self.view.changes)
 
     def _reads_while_full(self, queue: ClassQueue) -> bool:
         """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;

@@ -87,11 +87,13 @@ class Folds:
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.ids = EventIds(USAGE_LOOKBACK_S)  # the events folded: each once, none older than the window
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
+        self.changes = 0  # events folded so far: a decision taken on the same count saw the same folds
         # Each request of the table: the events topic's partition and offset of the latest event its entry holds. An
         # event of the tail at or before it is in the entry already (the keepers write entries before they commit).
         self.tabled: dict[str, tuple[int, int]] = {}
 
     def observe(self, event: Event, now: float) -> None:
+        self.changes += 1
         for fold in (self.usage, self.durations, self.running_jobs, self.switches):
             fold.observe(event, now)
         if isinstance(event, Accepted) and event.host_slots is not None:
@@ -201,6 +203,7 @@ class FleetView(Folds):
         """An event this host is about to publish (`Publisher.watchers`): an end is counted at once (`held`)."""
         if isinstance(event, ENDS) and event.request_id is not None:
             self.ended_here[event.event_id] = event.request_id
+            self.changes += 1
 
     def held(self, mine: Mapping[str, tuple[str, int]]) -> dict[str, int]:
         """The slots each team holds now: the events' count, with this host's own requests as it knows them (`mine`,
@@ -297,6 +300,7 @@ class FleetView(Folds):
             folds.switches,
         )
         self.host_slots, self.ids, self.skipped, self.tabled = folds.host_slots, folds.ids, folds.skipped, folds.tabled
+        self.changes += folds.changes + 1
         for request_id, told in folds.telling.told.items():
             self.telling.heard(request_id, told.place, told.eta_s, told.at, told.host)
         for event_id in [event_id for event_id in self.ended_here if event_id in folds.ids]:

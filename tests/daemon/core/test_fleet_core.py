@@ -175,3 +175,37 @@ async def test_a_request_no_host_has_read_is_told_its_place_and_one_already_clai
     assert (queued["type"], queued["priority_class"], queued["place"]) == ("queued", "batch", 1)
     assert core.events("waiting-1") == []
     assert await announcer.announce() == 0  # told: not again while nothing moves
+
+
+async def test_a_host_at_rest_decides_again_only_when_what_it_reads_changes_or_a_while_after(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host whose heads, room, claims and view are those of its last decision does not work out the fleet's order
+    again at every turn (five a second), only `DECIDE_AGAIN_S` after it; a new request read, or an event folded into
+    the view, is decided on at the next turn."""
+    from daemon.fleet import dispatcher as dispatching
+
+    core, dispatcher = host(settings.model_copy(update={"job_slots": 1}))
+    clock = [1000.0]
+    monkeypatch.setattr(dispatching.time, "time", lambda: clock[0])
+    picks: list[int] = []
+    pick = dispatcher.view.pick
+    monkeypatch.setattr(dispatcher.view, "pick", lambda *a, **k: (picks.append(1), pick(*a, **k))[1])
+    wide = sft_request("wide", priority_class="batch", team="t", resources={"gpus": 2})  # fits no slot of this host
+    core.fleet.produce(settings.class_topics["batch"], b"wide", json.dumps(wide).encode(), timestamp=1_765_000_000_000)
+    await turns(dispatcher)
+    decided = len(picks)
+    assert decided > 0 and claims(core) == []
+    await turns(dispatcher, 10)
+    assert len(picks) == decided  # nothing changed: no decision
+    dispatcher.view.changes += 1  # an event folded into the view
+    await turns(dispatcher, 1)
+    assert len(picks) > decided
+    decided = len(picks)
+    clock[0] += dispatching.DECIDE_AGAIN_S
+    await turns(dispatcher, 1)
+    assert len(picks) > decided  # time alone, once DECIDE_AGAIN_S passed
+    decided = len(picks)
+    submit(core, "urgent-1", "urgent")
+    await turns(dispatcher, 3)
+    assert claims(core) == [b"urgent-1"]
