@@ -257,3 +257,26 @@ async def test_a_forged_entry_is_ignored_and_the_genuine_one_written_again(
         await table_when(keyed, lambda table: table["forged"] == genuine)
     finally:
         await stopped(keeper, task)
+
+
+async def test_a_poll_writes_each_changed_entry_once_however_many_chunks_changed_it(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper folds a poll's events a chunk at a time in worker threads; an entry several chunks changed is written
+    once, its latest: a keeper catching up with a history otherwise writes a request's entry at every chunk of every
+    round, and the state topic holds many times its requests until the broker compacts it."""
+    from daemon.table import keeper as keeping_module
+
+    monkeypatch.setattr(keeping_module, "CHUNK", 1)  # each event a chunk of its own
+    keyed = await table_settings(settings, tmp_path, partitions=1)
+    events = [each for n in range(3) for each in lifecycle(f"once-{n}", "accepted", "started", "progress", "succeeded")]
+    await publish(keyed, events)
+    keeper = Keeper(keyed, KafkaTable(keyed))
+    task = await keeping(keeper)
+    try:
+        await table_when(keyed, folds_to(events))
+    finally:
+        await stopped(keeper, task)
+    async with TopicReader(keyed, keyed.state_topic) as reader:
+        keys = [record.key async for record in reader.records(follow=False)]
+    assert sorted(keys) == [b"once-0", b"once-1", b"once-2"]  # one poll, one record a request (12 events folded)
