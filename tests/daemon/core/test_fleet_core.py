@@ -209,3 +209,37 @@ async def test_a_host_at_rest_decides_again_only_when_what_it_reads_changes_or_a
     submit(core, "urgent-1", "urgent")
     await turns(dispatcher, 3)
     assert claims(core) == [b"urgent-1"]
+
+
+async def test_the_announcer_works_out_the_same_requests_places_on_the_same_view_once_until_a_while_after(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The announcer's round works out the fleet's order of every unread request (thousands on a busy fleet, on the
+    loop): with the same requests on a view that folded nothing since, only `PLACE_AGAIN_S` after the last time; a new
+    request, or an event folded, at the next round."""
+    from daemon.fleet import announcer as announcing
+
+    core, dispatcher = host(settings)
+    clock = [2000.0]
+    monkeypatch.setattr(announcing.time, "time", lambda: clock[0])
+    monkeypatch.setattr(announcing, "ANNOUNCE_S", 0.0)
+    submit(core, "waiting-1", "batch", at_ms=0)
+    announcer = Announcer(
+        settings, dispatcher.view, core.publisher, core.partitions, dispatcher.retries, core.fleet.kafka().reads
+    )
+    placings: list[int] = []
+    places = dispatcher.view.places
+    monkeypatch.setattr(dispatcher.view, "places", lambda *a, **k: (placings.append(1), places(*a, **k))[1])
+    assert await announcer.announce() == 1 and len(placings) == 1
+    for _ in range(2):
+        clock[0] += 10.0  # past the telling's own RETELL_EVERY_S: it may be told again if its place moved
+        assert await announcer.announce() == 0 and len(placings) == 1  # the same request, the same view: not again
+    dispatcher.view.changes += 1  # an event folded
+    await announcer.announce()
+    assert len(placings) == 2
+    clock[0] += announcing.PLACE_AGAIN_S
+    await announcer.announce()
+    assert len(placings) == 3  # the clock alone, once PLACE_AGAIN_S passed
+    submit(core, "waiting-2", "batch", at_ms=1)
+    await announcer.announce()
+    assert len(placings) == 4 and [e["type"] for e in core.events("waiting-2")] == ["queued"]
