@@ -249,7 +249,8 @@ class Dispatcher:
         """What a turn's decision reads, as a value to compare: the heads (by their records), the room, the claims on
         their way, this host's jobs and the fleet view's changes."""
         heads = frozenset((h.tp, h.record.offset) for queue in self.queues for h in queue.heads())
-        return (heads, room, frozenset(self.pending), frozenset(self.scheduler.jobs), self.view.changes)
+        running = tuple(self.jobs.running(self.scheduler.jobs))  # each job's start, class, progress: what preempts
+        return (heads, room, frozenset(self.pending), frozenset(self.scheduler.jobs), running, self.view.changes)
 
     def _reads_while_full(self, queue: ClassQueue) -> bool:
         """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;
