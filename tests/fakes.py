@@ -238,6 +238,9 @@ class FakeFleetKafka:
         found = [r for r in self.on(topic) if r.offset >= start_at.get(r.partition, 0)]
         return found[:most]
 
+    async def close(self) -> None:
+        pass
+
 
 class FakeQueueConsumer:
     """A class topic's consumer in its queue group, alone in it: the next poll after `subscribe` is assigned every

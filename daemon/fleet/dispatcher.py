@@ -112,6 +112,7 @@ class Dispatcher:
         for queue in self.queues:
             with contextlib.suppress(Exception):
                 await queue.consumer.stop()  # leaves the group: its partitions go to hosts with room
+        await self.kafka.reads.close()  # the announcer's
         await self.mover.stop()
 
     async def run(self, stopping: asyncio.Event) -> None:

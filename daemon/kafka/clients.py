@@ -116,6 +116,9 @@ class QueueReads(Protocol):
         """The first `most` committed records of `topic` from `start_at` (partition → offset; left out: its first
         record) up to its end now, in partition order; TopicMissing when it does not exist."""
 
+    async def close(self) -> None:
+        """Close what the reads keep open between them (the dispatcher's stop)."""
+
 
 @dataclass(frozen=True)
 class FleetKafka:

@@ -87,7 +87,23 @@ class TopicReader:
             TopicPartition(self.topic, number) for number in sorted(numbers) if self.only is None or number in self.only
         ]
         self.consumer.assign(partitions)
+        await self._place(partitions)
+        return self
+
+    async def again(self, start_at: Mapping[int, int]) -> None:
+        """Placed again at `start_at`, as `start` places a reader given it, to read up to the ends as of now: a reader
+        kept open between reads (the announcer's, daemon/kafka/admin/group_offsets.py) makes no new client each time."""
+        self.start_at, self.since, self.from_end = start_at, None, False
+        await self._place(list(self.ends))
+
+    def rest(self) -> None:
+        """Fetch nothing until placed again (`again`): the consumer would otherwise go on fetching, in the background,
+        what no one reads."""
+        self.consumer.pause(*self.ends)
+
+    async def _place(self, partitions: list[TopicPartition]) -> None:
         self.ends = await self.consumer.end_offsets(partitions)
+        self.caught_up.clear()
         start = {tp: self.ends[tp] if self.from_end else 0 for tp in partitions}
         if self.since is not None and not self.from_end:
             found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
@@ -103,7 +119,6 @@ class TopicReader:
             }
         for tp in partitions:
             self.partitions.read_from(tp, start[tp])
-        return self
 
     async def stop(self) -> None:
         await self.consumer.stop()

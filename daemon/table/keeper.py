@@ -21,7 +21,10 @@ assigned, a keeper:
    and instead of an entry already that old), and forgets it;
 5. every SWEEP_INTERVAL_S, reads its state partitions again beside the loop (an audit): where a key's latest record
    is not what it holds (a record another wrote while it keeps the partition: forged, replayed), it writes its own
-   again, so that compaction never leaves the other alone.
+   again, so that compaction never leaves the other alone;
+6. at most every SEAL_INTERVAL_S, once it wrote anything to a partition since, writes the partition's seal
+   (daemon/table/codec.py `Seal`: the digest of each entry's value as written, under one signature), so a reader of
+   the whole table verifies a few seals and the entries written since, not every entry.
 
 Verifying, parsing, folding and signing run in the `table` worker threads, a batch of CHUNK records at a time, the
 loop turning between batches. Memory holds the entries of the keeper's partitions (each bounded: `TableEntry`).
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from typing import Protocol
@@ -64,6 +68,9 @@ MAX_RECORDS = 10_000
 CHUNK = 2_000  # the records a worker thread takes at once; the loop turns meanwhile
 POLL_MS = 500  # a stop is noticed within this
 SWEEP_INTERVAL_S = 600.0  # how often the entries ended past their retention are tombstoned
+# How often a partition written to is sealed at most: a reader verifies each entry written since its seal (a fleet of
+# 256 GPUs changes ~100 entries a minute), and each seal is a few hundred KB written.
+SEAL_INTERVAL_S = 60.0
 CHECK_INTERVAL_S = 60.0  # how often a missing or short state topic is looked at again
 RETRY_MAX_S = 60.0  # the longest wait before starting again after a failure (doubling from 1 s)
 
@@ -179,11 +186,13 @@ class Keeper:
         kafka: TableKafka,
         clock: Callable[[], float] = time.time,
         sweep_every_s: float = SWEEP_INTERVAL_S,
+        seal_every_s: float = SEAL_INTERVAL_S,
     ) -> None:
         self.settings = settings
         self.kafka = kafka
         self.clock = clock
         self.sweep_every_s = sweep_every_s
+        self.seal_every_s = seal_every_s
         self.keys = event_keys(settings)  # None: events and entries are read unverified, as EventStream reads them
         self.signer = event_signer(settings)
         self.kept: dict[int, KeptPartition] = {}  # events partition → its entries, once restored
@@ -192,6 +201,7 @@ class Keeper:
         self.turn = asyncio.Lock()  # a poll's fold, writes and commits: a revocation waits for the one in hand
         self.said: set[str] = set()  # what is logged once: a reason of refusal, a topic's finding
         self.last_sweep = 0.0
+        self.sealed_at: dict[int, float] = {}  # events partition → when its keeper last sealed it
         self.auditing: asyncio.Task[None] | None = None
         self.consumer: Consumer | None = None
         self.partitions: Partitions | None = None
@@ -282,6 +292,7 @@ class Keeper:
                         await self._take(batches)
                         if self.clock() - self.last_sweep >= self.sweep_every_s:
                             await self._sweep()
+                        await self._seal()
             finally:
                 self.forget(set(self.kept) | set(self.restoring))
                 if self.auditing is not None:
@@ -343,6 +354,17 @@ class Keeper:
         if self.auditing is None or self.auditing.done():
             self.auditing = asyncio.create_task(self._audit(list(self.kept)), name="table-audit")
 
+    async def _seal(self) -> None:
+        """Seal each partition written to since its seal, once `seal_every_s` passed since (the first at once)."""
+        now = self.clock()
+        for partition, kept in list(self.kept.items()):
+            if not kept.unsealed or now - self.sealed_at.get(partition, -self.seal_every_s) < self.seal_every_s:
+                continue
+            writes = await executors.run("table", kept.seal, self.signer, uuid.uuid4().hex, now)
+            await self.kafka.write(partition, writes)
+            self.sealed_at[partition] = now
+            log.debug("table.sealed", partition=partition, entries=len(kept.digests), records=len(writes))
+
     async def _audit(self, partitions: list[int]) -> None:
         """Each partition's state read again, and written over where its latest record of a key is not the keeper's
         (`Restoring.audit`). A failure is logged: the next sweep audits again."""
@@ -361,6 +383,7 @@ class Keeper:
                     writes = await executors.run("table", restoring.audit, kept, self.signer)
                     if writes:
                         await self.kafka.write(partition, writes)
+                    kept.unsealed = True  # sealed again at the next turn: a seal another wrote over is not left
             except Exception as exc:
                 log.warning("table.audit_failed", partition=partition, error=type(exc).__name__, detail=str(exc)[:300])
                 continue
@@ -384,6 +407,7 @@ class Keeper:
             if task is not None:
                 task.cancel()
             self.kept.pop(partition, None)
+            self.sealed_at.pop(partition, None)
 
     async def _restore(self, tp: TopicPartition) -> None:
         restoring = Restoring(tp.partition)

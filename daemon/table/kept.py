@@ -16,7 +16,7 @@ by another while it keeps them is written over within minutes, before compaction
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -24,12 +24,19 @@ from pydantic import ValidationError
 from daemon.kafka.records import Record
 from daemon.table.codec import (
     MAX_ENTRY_BYTES,
+    MAX_SEAL_CHUNKS,
+    SEAL_KEYS,
+    SEAL_PREFIX,
     VERSION_HEADER,
     Refused,
+    Seal,
     Tombstone,
+    digest,
     entry_headers,
     entry_value,
+    is_seal,
     read_entry,
+    seal_key,
 )
 from daemon.table.entry import TableEntry, folded
 from schemas import parse_event
@@ -62,6 +69,30 @@ def entry_write(entry: TableEntry, signer: EventSigner | None) -> tuple[Write, b
     return Write(entry.request_id.encode(), value, headers), trimmed
 
 
+def seal_writes(
+    partition: int, digests: Mapping[str, str], signer: EventSigner | None, generation: str, now: float, before: int
+) -> list[Write]:
+    """A partition's seal of `digests` (each entry's value's, as written), SEAL_KEYS a record, signed; and the
+    tombstones of the chunks of its seal `before` (how many it had) that this one has not."""
+    ids = sorted(digests)
+    chunks = max(1, -(-len(ids) // SEAL_KEYS))
+    writes = []
+    for chunk in range(chunks):
+        seal = Seal(
+            partition=partition,
+            generation=generation,
+            sealed_at=now,
+            chunk=chunk,
+            chunks=chunks,
+            digests={each: digests[each] for each in ids[chunk * SEAL_KEYS : (chunk + 1) * SEAL_KEYS]},
+        )
+        value = seal.model_dump_json().encode()
+        headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
+        writes.append(Write(seal_key(partition, chunk), value, headers))
+    gone = [Write(seal_key(partition, chunk), None, [(VERSION_HEADER, b"1")]) for chunk in range(chunks, before)]
+    return writes + gone
+
+
 def tombstone_write(request_id: str) -> Write:
     return Write(request_id.encode(), None, [(VERSION_HEADER, b"1")])
 
@@ -84,9 +115,27 @@ class Written:
 class KeptPartition:
     """The entries of the requests whose events are in events partition `partition`."""
 
-    def __init__(self, partition: int, entries: dict[str, TableEntry] | None = None) -> None:
+    def __init__(
+        self, partition: int, entries: dict[str, TableEntry] | None = None, digests: dict[str, str] | None = None
+    ) -> None:
         self.partition = partition
         self.entries: dict[str, TableEntry] = entries if entries is not None else {}
+        # Each entry's value's digest, as last written (or restored): what the partition's seal vouches for.
+        self.digests: dict[str, str] = digests if digests is not None else {}
+        self.unsealed = True  # written since its last seal (or never sealed)
+        self.seal_chunks = 0  # the chunks of its last seal
+
+    def wrote(self, writes: Sequence[Write]) -> None:
+        """Writes of this partition's entries (or tombstones) made: the digests follow them."""
+        for write in writes:
+            if is_seal_key(write.key):
+                continue
+            request_id = write.key.decode()
+            if write.value is None:
+                self.digests.pop(request_id, None)
+            else:
+                self.digests[request_id] = digest(write.value)
+            self.unsealed = True
 
     def fold(
         self,
@@ -133,6 +182,7 @@ class KeptPartition:
             written.writes.append(write)
             if trimmed:
                 written.trimmed.append(request_id)
+        self.wrote(written.writes)
         return written
 
     def expired(self, now: float, retention_s: float) -> list[Write]:
@@ -140,7 +190,16 @@ class KeptPartition:
         gone = [request_id for request_id, entry in self.entries.items() if expired(entry, now, retention_s)]
         for request_id in gone:
             del self.entries[request_id]
-        return [tombstone_write(request_id) for request_id in gone]
+        writes = [tombstone_write(request_id) for request_id in gone]
+        self.wrote(writes)
+        return writes
+
+    def seal(self, signer: EventSigner | None, generation: str, now: float) -> list[Write]:
+        """The partition's seal of its entries as written now (`seal_writes`)."""
+        writes = seal_writes(self.partition, self.digests, signer, generation, now, self.seal_chunks)
+        self.seal_chunks = sum(1 for write in writes if write.value is not None)
+        self.unsealed = False
+        return writes
 
 
 @dataclass
@@ -160,6 +219,8 @@ class Restoring:
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.kept: dict[str, TableEntry] = {}
+        self.digests: dict[str, str] = {}  # the digest of each kept entry's record's value
+        self.seal_chunks = 0  # the chunks of the seal found (its records are the keeper's own, written again)
         self.stale: set[str] = set()  # keys whose latest record is not the entry kept: it is written again
         self.tombstoned: set[str] = set()  # keys whose latest record is a tombstone
         self.refused: Counter[str] = Counter()
@@ -168,6 +229,10 @@ class Restoring:
     def take(self, records: Sequence[Record], keys: EventKeys | None) -> None:
         for record in records:
             self.read += 1
+            if is_seal(record):
+                if record.value is not None:
+                    self.seal_chunks = max(self.seal_chunks, _seal_chunk(record.key) + 1)
+                continue
             found = read_entry(record, keys)
             if isinstance(found, TableEntry) and found.partition != self.partition:
                 # A keeper writes the entries of events partition p to state partition p only: this one is a
@@ -190,6 +255,7 @@ class Restoring:
             kept = self.kept.get(key)
             if kept is None or (found.partition, found.offset) > (kept.partition, kept.offset):
                 self.kept[key] = found
+                self.digests[key] = digest(record.value or b"")
                 self.stale.discard(key)
             elif found == kept:
                 self.stale.discard(key)  # the same entry written again: what the topic keeps is right
@@ -204,7 +270,8 @@ class Restoring:
                 self.stale.add(key)  # a tombstone of a request not past its retention: not the keepers'
             else:
                 del self.kept[key]  # tombstoned already: nothing to write
-        kept = KeptPartition(self.partition, self.kept)
+        kept = KeptPartition(self.partition, self.kept, {key: self.digests[key] for key in self.kept})
+        kept.seal_chunks = self.seal_chunks
         gone = kept.expired(now, retention_s)
         for key in sorted(self.stale):
             if key in kept.entries:
@@ -212,6 +279,7 @@ class Restoring:
                 writes.append(write)
                 if cut:
                     trimmed.append(key)
+        kept.wrote(writes)
         return Restored(kept, [*writes, *gone], self.refused, trimmed)
 
     def audit(self, kept: KeptPartition, signer: EventSigner | None) -> list[Write]:
@@ -225,4 +293,15 @@ class Restoring:
             if key in self.stale or key in self.tombstoned or self.kept.get(key) != entry
         ]
         writes += [tombstone_write(key) for key in self.kept if key not in kept.entries and key not in self.tombstoned]
+        kept.wrote(writes)
         return writes
+
+
+def is_seal_key(key: bytes) -> bool:
+    return key.startswith(SEAL_PREFIX)
+
+
+def _seal_chunk(key: bytes | None) -> int:
+    """The chunk number a seal's key names (0 for one that names none: its records are written over anyway)."""
+    number = (key or b"").rpartition(b"/")[2]
+    return min(int(number), MAX_SEAL_CHUNKS - 1) if number.isdigit() and len(number) <= 6 else 0

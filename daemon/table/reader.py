@@ -54,7 +54,7 @@ from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
-from daemon.table.codec import Refused, Tombstone, read_entry
+from daemon.table.codec import Refused, Seal, Tombstone, is_seal, read_entry, read_seal, sealed
 from daemon.table.entry import TableEntry, folded
 from daemon.table.topic import keeper_group
 from schemas import Event
@@ -181,12 +181,13 @@ async def _read_entries(
                 latest[(record.partition, record.key)] = record
     found: dict[int, dict[str, TableEntry]] = {}
     refused: set[tuple[int, bytes | None]] = set()
-    records = list(latest.values())
+    seals = [record for record in latest.values() if is_seal(record)]
+    records = [record for record in latest.values() if not is_seal(record)]
+    digests = await _sealed(keys, seals, read) if keys is not None and seals else {}
     for start in range(0, len(records), BATCH):
         batch = records[start : start + BATCH]
-        for record, result in zip(
-            batch, await run_chunks("verify", partial(read_entry, keys=keys), batch), strict=True
-        ):
+        taken = await run_chunks("verify", partial(_read_sealed, keys=keys, digests=digests), batch)
+        for record, result in zip(batch, taken, strict=True):
             if isinstance(result, Refused):
                 read.refused[result.reason] += 1
                 refused.add((record.partition, record.key))
@@ -199,6 +200,24 @@ async def _read_entries(
             kept = read.entries.get(each)
             if kept is None or (entry.partition, entry.offset) > (kept.partition, kept.offset):
                 read.entries[each] = entry
+
+
+async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict[int, dict[str, str]]:
+    """The partitions' seals verified (`codec.sealed`): partition → request id → its entry's digest; a seal refused is
+    counted as an entry is."""
+    taken = await run_chunks("verify", partial(read_seal, keys=keys), seals)
+    for result in taken:
+        if isinstance(result, Refused):
+            read.refused[result.reason] += 1
+    return sealed(result for result in taken if isinstance(result, Seal))
+
+
+def _read_sealed(
+    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, str]]
+) -> TableEntry | Tombstone | Refused:
+    """`read_entry`, unverified where a verified seal holds its value's digest."""
+    key = (record.key or b"").decode("utf-8", errors="replace")
+    return read_entry(record, keys, digests.get(record.partition, {}).get(key))
 
 
 async def _read_past_refused(

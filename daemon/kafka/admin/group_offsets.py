@@ -6,19 +6,23 @@ offsets topic is still being created, and after a broker restart it is being loa
 with a retriable error, so the read is tried again for a few seconds before the error is the answer.
 
 `KafkaQueueReads` is what the fleet's announcer reads of the classes' queues this way (`QueueReads`,
-daemon/kafka/clients.py): each
-group's committed offsets, and the records past them.
+daemon/kafka/clients.py): each group's committed offsets, and the records past them, every two seconds, through one
+admin client and one reader a topic kept open between the reads (a client made for each read cost the announcer a
+tenth of a core at rest: benchmarks.fleet_scale), each made again after an error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
+from daemon.errors import TopicMissing
+from daemon.kafka.admin.topics import topic_partitions
 from daemon.kafka.options import kafka_options
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
@@ -31,16 +35,22 @@ async def committed_offsets(
     """For each (group, topic): partition → the group's committed offset, the next record it will read.
     A partition the group never committed is left out (its members start at the first record)."""
     admin = AIOKafkaAdminClient(**kafka_options(settings))
-    found: dict[tuple[str, str], dict[int, int]] = {}
     try:
         await admin.start()
-        for group, topic in wanted:
-            offsets = await _offsets(admin, group)
-            found[(group, topic)] = {
-                tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0
-            }
+        return await _committed(admin, wanted)
     finally:
         await admin.close()
+
+
+async def _committed(
+    admin: AIOKafkaAdminClient, wanted: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], dict[int, int]]:
+    found: dict[tuple[str, str], dict[int, int]] = {}
+    for group, topic in wanted:
+        offsets = await _offsets(admin, group)
+        found[(group, topic)] = {
+            tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0
+        }
     return found
 
 
@@ -57,19 +67,75 @@ async def _offsets(admin: AIOKafkaAdminClient, group: str, tries: int = 20) -> d
 
 
 class KafkaQueueReads:
-    """`QueueReads` over aiokafka: a short-lived admin client and reader for each read."""
+    """`QueueReads` over aiokafka: one admin client, and a reader for each topic, kept open between reads and made
+    again after an error; `close` closes them."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.admin: AIOKafkaAdminClient | None = None
+        self.readers: dict[str, TopicReader] = {}
 
     async def committed(self, wanted: Iterable[tuple[str, str]]) -> dict[tuple[str, str], dict[int, int]]:
-        return await committed_offsets(self.settings, wanted)
+        try:
+            return await _committed(await self._admin(), wanted)
+        except BaseException:
+            await self._close_admin()
+            raise
 
     async def waiting(self, topic: str, start_at: Mapping[int, int], most: int) -> list[Record]:
-        found: list[Record] = []
-        async with TopicReader(self.settings, topic, start_at=start_at, read_committed=True) as reader:
+        # The topic's partitions asked each time: a topic deleted is TopicMissing (the announcer forgets what it read of
+        # it), and one given partitions since gets a reader of them all.
+        try:
+            numbers = await topic_partitions(await self._admin(), self.settings, topic)
+        except TopicMissing:
+            await self._close_reader(topic)
+            raise
+        except BaseException:
+            await self._close_admin()
+            raise
+        reader = self.readers.get(topic)
+        try:
+            if reader is not None and {tp.partition for tp in reader.ends} == numbers:
+                await reader.again(start_at)
+            else:
+                await self._close_reader(topic)
+                reader = TopicReader(self.settings, topic, start_at=start_at, read_committed=True)
+                self.readers[topic] = await reader.start()
+            found: list[Record] = []
             async for record in reader.records(follow=False):
                 if len(found) >= most:
                     break
                 found.append(record)
-        return found
+            reader.rest()
+            return found
+        except BaseException:
+            await self._close_reader(topic)
+            raise
+
+    async def close(self) -> None:
+        await self._close_admin()
+        for topic in list(self.readers):
+            await self._close_reader(topic)
+
+    async def _admin(self) -> AIOKafkaAdminClient:
+        if self.admin is None:
+            admin = AIOKafkaAdminClient(**kafka_options(self.settings))
+            try:
+                await admin.start()
+            except BaseException:
+                await admin.close()
+                raise
+            self.admin = admin
+        return self.admin
+
+    async def _close_admin(self) -> None:
+        admin, self.admin = self.admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await admin.close()
+
+    async def _close_reader(self, topic: str) -> None:
+        reader = self.readers.pop(topic, None)
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.stop()

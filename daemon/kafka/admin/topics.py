@@ -214,9 +214,14 @@ async def partition_numbers(settings: Settings, topic: str) -> set[int]:
     admin = AIOKafkaAdminClient(**kafka_options(settings))
     try:
         await admin.start()
-        described = await admin.describe_topics([topic]) if topic in set(await admin.list_topics()) else []
+        return await topic_partitions(admin, settings, topic)
     finally:
         await admin.close()
+
+
+async def topic_partitions(admin: AIOKafkaAdminClient, settings: Settings, topic: str) -> set[int]:
+    """`partition_numbers` with an admin client already open."""
+    described = await admin.describe_topics([topic]) if topic in set(await admin.list_topics()) else []
     numbers = {
         partition["partition"] for entry in described if entry["topic"] == topic for partition in entry["partitions"]
     }

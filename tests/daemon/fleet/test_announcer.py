@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
+from daemon.errors import TopicMissing
 from daemon.fleet.announcer import Announcer, Unread
 from daemon.fleet.order import waiting_for
 from daemon.fleet.view import FleetView
@@ -91,6 +93,45 @@ async def test_a_request_claimed_while_the_queues_were_read_is_not_told_it_waits
     # Read again with nothing claimed since: the one told already is not told twice.
     plain = Announcer(fleet, announcer.view, Publisher(fleet, producer), Partitions(FakeConsumer()), retries, reads)
     assert await plain.announce() == 0
+    await reads.close()
+
+
+async def test_the_queue_reads_keep_their_clients_between_reads_and_go_on_past_what_they_read(
+    settings: Settings,
+) -> None:
+    """Issue 59: the announcer's reads made an admin client and a reader for each read, every two seconds (a tenth of
+    a core at rest with 10,000 waiting): they are kept open, placed again each read, and read what came since; a
+    topic deleted is TopicMissing (the announcer forgets what it read of it), and `close` closes them all."""
+    topic = f"queue-{settings.group_id}"
+    await ensure_topics(settings.model_copy(update={"requests_topic": topic}), partitions=2)
+    reads = KafkaQueueReads(settings)
+    try:
+        for n in range(3):
+            await produce(settings, f"r{n}".encode(), f"k{n}".encode(), topic=topic)
+        found = await reads.waiting(topic, {}, 10)
+        assert sorted(r.value for r in found) == [b"r0", b"r1", b"r2"]
+        admin, reader = reads.admin, reads.readers[topic]
+        await produce(settings, b"r3", b"k0", topic=topic)
+        after = {r.partition: r.offset + 1 for r in found}  # where a round goes on from
+        again = await reads.waiting(topic, after, 10)
+        assert [r.value for r in again] == [b"r3"]
+        assert (reads.admin, reads.readers[topic]) == (admin, reader)  # the same clients, placed again
+        assert len(await reads.waiting(topic, {}, 2)) == 2  # at most `most`, from the beginning again
+        committed = await reads.committed([(queue_group(settings.group_id, "x"), topic)])
+        assert committed == {(queue_group(settings.group_id, "x"), topic): {}}
+        assert reads.admin is admin
+        admin_client = AIOKafkaAdminClient(**kafka_options(settings))
+        await admin_client.start()
+        try:
+            await admin_client.delete_topics([topic])
+        finally:
+            await admin_client.close()
+        with pytest.raises(TopicMissing):
+            await reads.waiting(topic, {}, 10)
+        assert topic not in reads.readers
+    finally:
+        await reads.close()
+    assert reads.admin is None and not reads.readers
 
 
 async def test_a_request_whose_cancel_this_host_has_read_is_not_told_it_waits_nor_counted_in_the_others_places(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from typing import Any
 from datetime import UTC, datetime
 
 import pytest
@@ -591,3 +592,40 @@ def test_the_replay_tells_a_waiting_request_again_when_a_higher_class_goes_ahead
     }
     assert eta_error(trace) == pytest.approx((1 / 3 + 0.0) / 2)  # at arrival: 0, 0, 1/3 (b2), 1/2 (b1)
     assert eta_error_current(trace) == 0.0
+
+
+def test_the_preemptions_ahead_are_found_once_for_each_class_and_size_of_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 59: 10,000 requests waiting behind a full fleet each looked through every running job at every moment one
+    may be stopped (the announcer's round held the loop half a second). What a request may stop depends on its class
+    and GPUs alone, until a job is stopped: found once for each, not for each request."""
+    import daemon.fleet.eta as eta
+
+    classes = [
+        PriorityClass(name="urgent"),
+        PriorityClass(name="default"),
+        PriorityClass(name="batch", preemptible=True),
+    ]
+    bounds = eta.Bounds(classes, min_run_s=600.0, max_count=2, switch_s=5.0)
+    jobs = [
+        FleetJob(f"run-{n}", "batch" if n % 3 else "default", f"t{n % 4}", NOW - 60 * n, "sft", "tiny", gpus=1 + n % 2)
+        for n in range(24)
+    ]
+    order = [
+        FleetRequest(f"w-{n}", ("urgent", "default", "batch")[n % 3], f"t{n % 5}", NOW, "sft", "tiny", gpus=1 + n % 2)
+        for n in range(600)
+    ]
+    asked: list[str] = []
+    victim = eta.victim
+
+    def counted(head: FleetRequest, *args: Any, **kwargs: Any) -> FleetJob | None:
+        asked.append(head.request_id)
+        return victim(head, *args, **kwargs)
+
+    monkeypatch.setattr(eta, "victim", counted)
+    _, starts = eta.preempting(order, jobs, 36, bounds, known(), NOW)
+    classes_of = {w.request_id: w.priority_class for w in order}
+    assert starts and {classes_of[request_id] for request_id in starts} <= {"urgent", "default"}  # batch stops none
+    kinds = {(w.priority_class, w.gpus) for w in order}
+    assert len(set(asked)) <= len(kinds) * (len(starts) + 1) < len(order)

@@ -27,12 +27,23 @@ from daemon.kafka.publisher import Publisher
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
-from daemon.table.codec import Refused, Tombstone, entry_headers, entry_value, read_entry
+from daemon.table.codec import (
+    Refused,
+    Seal,
+    Tombstone,
+    digest,
+    entry_headers,
+    entry_value,
+    is_seal,
+    read_entry,
+    seal_key,
+)
 from daemon.table.entry import TableEntry
 from daemon.table.keeper import KafkaTable, Keeper
+from daemon.table.reader import read_table
 from daemon.table.topic import keeper_group
 from schemas import Event, parse_event
-from schemas.signing import EventSigner, new_key_pair, read_private_key
+from schemas.signing import EventKeys, EventSigner, new_key_pair, read_private_key
 from testbed.fleet_keys import fleet_keys
 from testbed.processes import DaemonProcess, wait_until_gone
 from tests.helpers import event_document
@@ -97,7 +108,8 @@ async def table_when(
             if not behind and wanted(table):
                 return table
             async for record in reader.records(follow=True):
-                table[(record.key or b"").decode()] = read_entry(record, keys)
+                if not is_seal(record):  # the keepers' seals: read by the table's reader (test_seals)
+                    table[(record.key or b"").decode()] = read_entry(record, keys)
                 if record.offset + 1 >= behind.get(record.partition, 0):
                     behind.pop(record.partition, None)
                 if not behind and wanted(table):
@@ -111,7 +123,11 @@ async def table_when(
 async def table_now(settings: Settings) -> dict[str, Found]:
     keys = event_keys(settings)
     async with TopicReader(settings, settings.state_topic) as reader:
-        return {(record.key or b"").decode(): read_entry(record, keys) async for record in reader.records(follow=False)}
+        return {
+            (record.key or b"").decode(): read_entry(record, keys)
+            async for record in reader.records(follow=False)
+            if not is_seal(record)
+        }
 
 
 def folds_to(events: list[Event]) -> Callable[[dict[str, Found]], bool]:
@@ -181,6 +197,66 @@ async def test_a_daemon_sigkilled_while_events_go_on_is_followed_by_the_table_wh
         host.stop()
         if again is not None:
             again.stop()
+
+
+async def test_a_reader_of_the_whole_table_verifies_the_keepers_seals_not_each_entry(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59: `adapterd jobs` verified each of 22,605 entries (2.7 s of its 5.4): it verifies the partitions'
+    seals and takes each entry whose value they hold; a forged entry, or a forged seal vouching for it, is refused."""
+    keyed = await table_settings(settings, tmp_path)
+    events = [each for n in range(30) for each in lifecycle(f"sealed-{n}", "accepted", "started")]
+    await publish(keyed, events)
+    keeper = Keeper(keyed, KafkaTable(keyed), seal_every_s=0.0)  # sealed after every turn that wrote
+    task = await keeping(keeper)
+    try:
+        await table_when(keyed, folds_to(events))
+    finally:
+        await stopped(keeper, task)  # its turn in hand ends first: the last writes sealed
+    calls: list[bytes] = []
+    verify = EventKeys.verify
+
+    def counted(self: EventKeys, value: bytes, headers: Any) -> None:
+        calls.append(value)
+        verify(self, value, headers)
+
+    monkeypatch.setattr(EventKeys, "verify", counted)
+    read = await read_table(keyed, tail=False)
+    assert {key: placeless(entry) for key, entry in read.entries.items()} == fold(events) and not read.refused
+    assert len(calls) == 2 and all(b'"digests"' in value for value in calls)  # the two partitions' seals alone
+
+    # A forged entry under a sealed key, with a forged seal of its partition vouching for it: both refused, and the
+    # genuine entry taken (read again past the forged record).
+    genuine = read.entries["sealed-7"]
+    forged = entry_value(genuine.model_copy(update={"state": "succeeded", "detail": "forged"}))
+    stranger = EventSigner(read_private_key(new_key_pair()[0]))
+    seal = (
+        Seal(
+            partition=genuine.partition,
+            generation="forged",
+            sealed_at=time.time(),
+            chunk=0,
+            chunks=1,
+            digests={"sealed-7": digest(forged)},
+        )
+        .model_dump_json()
+        .encode()
+    )
+    producer = AIOKafkaProducer(**kafka_options(keyed))
+    await producer.start()
+    try:
+        for key, value in ((b"sealed-7", forged), (seal_key(genuine.partition, 0), seal)):
+            headers = [(name, header) for name, header in entry_headers(value, stranger) if header is not None]
+            await producer.send_and_wait(
+                keyed.state_topic, value, key=key, partition=genuine.partition, headers=headers
+            )
+    finally:
+        await producer.stop()
+    calls.clear()
+    again = await read_table(keyed, tail=False)
+    assert again.entries["sealed-7"] == genuine and again.refused == {"unknown_key": 2}
+    # The forged partition's entries verified one by one (its seal refused), the other's by its seal.
+    assert len(calls) > 2
 
 
 async def test_an_entry_ended_past_its_retention_is_tombstoned(settings: Settings, tmp_path: Path) -> None:
