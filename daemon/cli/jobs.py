@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
-from daemon.table.entry import STATES, TableEntry, folded
+from daemon.table.entry import STATES, EntryHead, TableEntry, folded
 from daemon.table.reader import TableRead
 from schemas import Event
 
@@ -35,7 +35,7 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 RequestSummary = TableEntry  # one request as its events say it is now (daemon/table/entry.py)
 
 
-def line(job: TableEntry, now: datetime) -> str:
+def line(job: EntryHead, now: datetime) -> str:
     """A request's line of `adapterd jobs`."""
     return (
         f"{job.request_id:<28} {job.state:<10} {job.method or '-':<12} {job.host:<16} {job.attempt:>3} "

@@ -44,13 +44,16 @@ KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest
 EARLIER_RUNS = (
     2  # the runs before its latest whose slot-time an entry keeps (a request preempted, retried, redelivered)
 )
+# What the fleet's folds read of a success's metrics (daemon/fleet/usage.py `Durations.observe`: the steps it trained
+# and a step's steady pace); beside them, its durations.
+KEPT_METRICS = frozenset({"train_runtime", "train_steps_per_second", "median_step_s"})
 RUN_ENDS = frozenset({"succeeded", "failed", "cancelled", "retrying", "preempted"})  # the events that end a run
 
 State = Literal["queued", "running", "succeeded", "failed", "cancelled", "rejected"]
 
 
-class TableEntry(BaseModel):
-    """One request as its events say it is now: the value of its key in the state topic."""
+class EntryHead(BaseModel):
+    """What `adapterd jobs` lists of a request: its entry without its events (`TableEntry`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -67,12 +70,17 @@ class TableEntry(BaseModel):
     events: int = Field(ge=0, description="How many of its events were folded.")
     partition: int = Field(-1, ge=-1, description="The events topic's partition of its latest event folded; -1: none.")
     offset: int = Field(-1, ge=-1, description="The offset of its latest event folded in that partition; -1: none.")
+    ids: list[str] = Field(default_factory=list, description="The ids of its latest events folded, oldest first.")
+
+
+class TableEntry(EntryHead):
+    """One request as its events say it is now: the value of its key in the state topic."""
+
     recent: list[Event] = Field(default_factory=list, description="The latest event of each type, oldest first.")
     earlier: list[Event] = Field(
         default_factory=list,
         description="Its earlier runs' `accepted`, `started` and end (the last EARLIER_RUNS runs): their slot-time.",
     )
-    ids: list[str] = Field(default_factory=list, description="The ids of its latest events folded, oldest first.")
 
     @property
     def ended(self) -> bool:
@@ -133,10 +141,20 @@ def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: 
 
 
 def recent(events: list[Event], event: Event) -> list[Event]:
-    """The latest event of each type with `event` taken in, oldest first. A success answered again to a redelivery
-    (`duplicate`) is a type of its own here: it ends its run (the fleet's folds free its slot), and it trained
-    nothing, so it does not replace a success that did, whose duration the fleet's order reads."""
-    return [*(kept for kept in events if _kind(kept) != _kind(event)), event]
+    """The latest event of each type with `event` taken in (`kept`), oldest first. A success answered again to a
+    redelivery (`duplicate`) is a type of its own here: it ends its run (the fleet's folds free its slot), and it
+    trained nothing, so it does not replace a success that did, whose duration the fleet's order reads."""
+    return [*(each for each in events if _kind(each) != _kind(event)), kept(event)]
+
+
+def kept(event: Event) -> Event:
+    """An event as an entry keeps it: a success without what the fleet's folds never read (its files, versions and
+    evaluation, its metrics but KEPT_METRICS), which made a success two thirds of an entry's bytes
+    (benchmarks.fleet_scale); every other event whole. `adapterd get` shows a request's events from the events topic."""
+    if not isinstance(event, Succeeded):
+        return event
+    metrics = {name: value for name, value in event.metrics.items() if name in KEPT_METRICS}
+    return event.model_copy(update={"metrics": metrics, "files": [], "versions": {}, "evaluation": None})
 
 
 def earlier(entry: TableEntry, event: Event) -> list[Event]:

@@ -54,8 +54,8 @@ from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
-from daemon.table.codec import Refused, Seal, Tombstone, is_seal, read_entry, read_seal, sealed
-from daemon.table.entry import TableEntry, folded
+from daemon.table.codec import Refused, Seal, Tombstone, is_seal, read_entry, read_head, read_seal, sealed
+from daemon.table.entry import EntryHead, TableEntry, folded
 from daemon.table.topic import keeper_group
 from schemas import Event
 from schemas.signing import EventKeys
@@ -71,6 +71,10 @@ class TableRead:
     """What was read: the entries by request id, what was not taken and why, and how far each topic was read."""
 
     entries: dict[str, TableEntry] = field(default_factory=dict)
+    # With `heads` (`adapterd jobs`): the entries the tail did not change, parsed without their events, and the record
+    # of each, parsed whole if an event of the tail comes for it.
+    heads: dict[str, EntryHead] = field(default_factory=dict)
+    unparsed: dict[str, Record] = field(default_factory=dict)
     refused: Counter[str] = field(default_factory=Counter)  # state topic records not taken, by `Refused.reason`
     ignored: Counter[str] = field(default_factory=Counter)  # events of the tail not taken (EventStream's reasons)
     repeated: Counter[str] = field(default_factory=Counter)  # genuine events of the tail taken already
@@ -78,8 +82,13 @@ class TableRead:
     events_from: dict[int, int] = field(default_factory=dict)  # events partition → where the tail began
     events_to: dict[int, int] = field(default_factory=dict)  # events partition → its end as of the read, read to there
     events: list[Event] = field(default_factory=list)  # `read_request`: the request's events read, in order
+    skipped: dict[int, tuple[int, int]] = field(default_factory=dict)  # `read_request`: offsets stepped over (`_gap`)
     table: bool = True  # False when the state topic does not exist: everything came from the events
     notes: list[str] = field(default_factory=list)  # what was not taken, one line each, for stderr
+
+    def listed(self) -> list[EntryHead]:
+        """Every request read, whole or its head."""
+        return [*self.heads.values(), *self.entries.values()]
 
     def recent(self) -> list[Event]:
         """Every entry's latest event of each type, by their time: what the fleet's folds (daemon/fleet/usage.py,
@@ -105,10 +114,11 @@ async def partition_of(settings: Settings, request_id: str) -> int:
     return key_partition(request_id, list(await partition_numbers(settings, settings.events_topic)))
 
 
-async def read_table(settings: Settings, *, tail: bool = True) -> TableRead:
+async def read_table(settings: Settings, *, tail: bool = True, heads: bool = False) -> TableRead:
     """Every request's state: the table, then the events past the keepers' committed offsets folded on top. Without
     `tail`, the table alone, and `events_from` says where the events past it begin (a follower of the events, the
-    fleet's view, folds them itself from there)."""
+    fleet's view, folds them itself from there). With `heads`, an entry no event of the tail changes is read as its
+    head, without its events (`TableRead.heads`: what `adapterd jobs` lists)."""
     keys = event_keys(settings)
     read = TableRead()
     group, topic = keeper_group(settings.group_id), settings.events_topic
@@ -117,7 +127,7 @@ async def read_table(settings: Settings, *, tail: bool = True) -> TableRead:
     # keeper writing and committing in between would leave its events in neither.
     committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)]
     try:
-        await _read_entries(settings, keys, read, None, None)
+        await _read_entries(settings, keys, read, None, None, heads=heads)
     except TopicMissing:
         read.table, committed = False, {}  # no table yet (`adapterd topics` not run since): every event is read
     # A state partition never written (made again empty, or the table's topic given more partitions than it had) holds
@@ -144,7 +154,8 @@ async def read_request(settings: Settings, request_id: str) -> TableRead:
     except TopicMissing:
         read.table = False
     entry = read.entries.get(request_id)
-    await _read_tail(settings, read, _request_reader(settings, entry, partition), request_id)
+    gap = await _gap(settings, read, entry, partition) if read.table else None
+    await _read_tail(settings, read, _request_reader(settings, entry, partition), request_id, gap)
     if entry is None and not read.events and read.table and len(numbers) > 1:
         await _read_entries(settings, keys, read, [number for number in numbers if number != partition], request_id)
         entry = read.entries.get(request_id)
@@ -152,6 +163,19 @@ async def read_request(settings: Settings, request_id: str) -> TableRead:
             await _read_tail(settings, read, _request_reader(settings, entry, entry.partition), request_id)
     _say_refused(settings, read)
     return read
+
+
+async def _gap(settings: Settings, read: TableRead, entry: TableEntry | None, partition: int) -> tuple[int, int] | None:
+    """The offsets of the request's events partition past its entry's latest event and before the keepers' committed
+    offset, which hold none of its events (a keeper commits only once the entries of the events before are written,
+    and the entry read is the latest written): `adapterd get` of a request that ended days ago read every event of its
+    partition since. None where that cannot be said: no entry, one taken from before a refused record, one of another
+    partition."""
+    if entry is None or entry.partition != partition or entry.offset < 0 or read.refused:
+        return None
+    group, topic = keeper_group(settings.group_id), settings.events_topic
+    committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)].get(partition, 0)
+    return (entry.offset + 1, committed) if committed > entry.offset + 1 else None
 
 
 def _request_reader(settings: Settings, entry: TableEntry | None, partition: int) -> TopicReader:
@@ -164,7 +188,13 @@ def _request_reader(settings: Settings, entry: TableEntry | None, partition: int
 
 
 async def _read_entries(
-    settings: Settings, keys: EventKeys | None, read: TableRead, partitions: list[int] | None, request_id: str | None
+    settings: Settings,
+    keys: EventKeys | None,
+    read: TableRead,
+    partitions: list[int] | None,
+    request_id: str | None,
+    *,
+    heads: bool = False,
 ) -> None:
     """The state topic's `partitions` (None: all) into `read.entries` (with `request_id`: that key's records alone).
 
@@ -179,27 +209,33 @@ async def _read_entries(
         async for record in reader.records(follow=False):
             if key is None or record.key == key:
                 latest[(record.partition, record.key)] = record
-    found: dict[int, dict[str, TableEntry]] = {}
+    found: dict[int, dict[str, EntryHead]] = {}
     refused: set[tuple[int, bytes | None]] = set()
     seals = [record for record in latest.values() if is_seal(record)]
     records = [record for record in latest.values() if not is_seal(record)]
     digests = await _sealed(keys, seals, read) if keys is not None and seals else {}
     for start in range(0, len(records), BATCH):
         batch = records[start : start + BATCH]
-        taken = await run_chunks("verify", partial(_read_sealed, keys=keys, digests=digests), batch)
+        taken = await run_chunks("verify", partial(_read_sealed, keys=keys, digests=digests, heads=heads), batch)
         for record, result in zip(batch, taken, strict=True):
             if isinstance(result, Refused):
                 read.refused[result.reason] += 1
                 refused.add((record.partition, record.key))
-            elif isinstance(result, TableEntry):
+            elif isinstance(result, EntryHead):
                 found.setdefault(record.partition, {})[result.request_id] = result
     if refused:
         await _read_past_refused(settings, keys, read, refused, found)
-    for mine in found.values():
+    for partition, mine in found.items():
         for each, entry in mine.items():
-            kept = read.entries.get(each)
+            kept = read.entries.get(each) or read.heads.get(each)
             if kept is None or (entry.partition, entry.offset) > (kept.partition, kept.offset):
-                read.entries[each] = entry
+                read.entries.pop(each, None)
+                read.heads.pop(each, None)
+                read.unparsed.pop(each, None)
+                if isinstance(entry, TableEntry):
+                    read.entries[each] = entry
+                else:
+                    read.heads[each], read.unparsed[each] = entry, latest[(partition, each.encode())]
 
 
 async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict[int, dict[str, str]]:
@@ -213,11 +249,11 @@ async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict
 
 
 def _read_sealed(
-    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, str]]
-) -> TableEntry | Tombstone | Refused:
-    """`read_entry`, unverified where a verified seal holds its value's digest."""
+    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, str]], heads: bool
+) -> EntryHead | Tombstone | Refused:
+    """`read_entry` (`read_head` with `heads`), unverified where a verified seal holds its value's digest."""
     key = (record.key or b"").decode("utf-8", errors="replace")
-    return read_entry(record, keys, digests.get(record.partition, {}).get(key))
+    return (read_head if heads else read_entry)(record, keys, digests.get(record.partition, {}).get(key))
 
 
 async def _read_past_refused(
@@ -225,7 +261,7 @@ async def _read_past_refused(
     keys: EventKeys | None,
     read: TableRead,
     refused: set[tuple[int, bytes | None]],
-    found: dict[int, dict[str, TableEntry]],
+    found: dict[int, dict[str, EntryHead]],
 ) -> None:
     """The keys whose latest record was refused, read again in their partitions: each one's latest record taken (an
     entry, or a tombstone that removes it), the records after it being refused (said already)."""
@@ -251,32 +287,62 @@ def _say_refused(settings: Settings, read: TableRead) -> None:
         )
 
 
-async def _read_tail(settings: Settings, read: TableRead, reader: TopicReader, request_id: str | None) -> None:
+async def _read_tail(
+    settings: Settings, read: TableRead, reader: TopicReader, request_id: str | None, gap: tuple[int, int] | None = None
+) -> None:
     """The events `reader` is placed at, to its ends, folded onto `read.entries` (with `request_id`: that key's
-    records alone, and kept in `read.events`)."""
+    records alone, and kept in `read.events`; with `gap`, offsets of its one partition known to hold none of them,
+    stepped over)."""
     key = None if request_id is None else request_id.encode()
     async with EventStream(settings, quiet=True, reader=reader) as stream:
         read.events_from.update({tp.partition: position for tp, position in reader.next_offset.items()})
         read.events_to.update({tp.partition: end for tp, end in reader.ends.items()})
-        async for batch in _batches(reader.records(follow=False), key):
-            for record, event in zip(batch, await stream.verified_many(batch), strict=True):
-                if event is None or event.request_id is None:
-                    continue
-                entry = folded(read.entries.get(event.request_id), event, record.partition, record.offset)
-                if entry is not None:
-                    read.entries[entry.request_id] = entry
-                if key is not None:
-                    read.events.append(event)
+        await _fold_tail(read, stream, reader, key, None if gap is None else gap[0])
+        if gap is not None:  # read up to its start (it is before the ends: the keepers committed past it)
+            read.skipped.update({tp.partition: gap for tp in reader.ends})
+            await reader.again({tp.partition: gap[1] for tp in reader.ends})
+            read.events_to.update({tp.partition: end for tp, end in reader.ends.items()})
+            await _fold_tail(read, stream, reader, key, None)
         read.ignored.update(stream.ignored)
         read.repeated.update(stream.repeated)
         read.notes += [stream.ignored_note()] if stream.ignored else []
         read.notes += [stream.repeated_note()] if stream.repeated else []
 
 
-async def _batches(records: AsyncIterator[Record], key: bytes | None) -> AsyncIterator[list[Record]]:
-    """The records in batches of up to BATCH (with `key`: that key's alone)."""
+async def _fold_tail(
+    read: TableRead, stream: EventStream, reader: TopicReader, key: bytes | None, until: int | None
+) -> None:
+    """The events read on to the reader's ends (or up to offset `until`), folded on."""
+    async for batch in _batches(reader.records(follow=False), key, until):
+        for record, event in zip(batch, await stream.verified_many(batch), strict=True):
+            if event is None or event.request_id is None:
+                continue
+            entry = folded(_whole(read, event.request_id), event, record.partition, record.offset)
+            if entry is not None:
+                read.entries[entry.request_id] = entry
+            if key is not None:
+                read.events.append(event)
+
+
+def _whole(read: TableRead, request_id: str) -> TableEntry | None:
+    """A request's entry as the fold takes it: an entry read as its head parsed whole (its record verified already)."""
+    if request_id in read.heads:
+        del read.heads[request_id]
+        found = read_entry(read.unparsed.pop(request_id), None)
+        if isinstance(found, TableEntry):
+            read.entries[request_id] = found
+    return read.entries.get(request_id)
+
+
+async def _batches(
+    records: AsyncIterator[Record], key: bytes | None, until: int | None = None
+) -> AsyncIterator[list[Record]]:
+    """The records in batches of up to BATCH (with `key`: that key's alone; with `until`, those before that offset of
+    a reader of one partition)."""
     batch: list[Record] = []
     async for record in records:
+        if until is not None and record.offset >= until:
+            break
         if key is not None and record.key != key:
             continue
         batch.append(record)

@@ -78,12 +78,13 @@ def jobs(
         raise typer.Exit(2) from exc
 
     now = datetime.now(UTC)
-    table = with_kafka(settings, read_table(settings))
+    queued = bool(state and "queued" in state)  # the places read the entries' events (their usage): read whole
+    table = with_kafka(settings, read_table(settings, heads=not queued))
     say(table)
     others = [each for each in state or [] if each != "queued"]
     listed = [
         job
-        for job in table.entries.values()
+        for job in table.listed()
         if (not state or job.state in others)
         and (method is None or job.method == method)
         and (host is None or job.host == host)
@@ -93,7 +94,7 @@ def jobs(
         typer.echo(HEADER)
         for job in sorted(listed, key=lambda job: (job.last, job.since, job.request_id)):
             typer.echo(line(job, now))
-    if state and "queued" in state:
+    if queued:
         from daemon.cli.places import placed_backlog, queue_table
 
         if others:

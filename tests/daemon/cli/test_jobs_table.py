@@ -286,6 +286,17 @@ def test_jobs_and_get_from_a_lagging_table_fold_the_events_past_it(fleet: Settin
     read = asyncio.run(read_table(fleet))
     assert read.events_from == half and read.events_to == ends(fleet)
     assert len(read.entries) == len(requests_of(events)) > len(table.entries)
+    # `adapterd jobs` reads an entry as its head, without its events, but where the tail changes it (issue 59: a fifth
+    # of the parse): the same states; whole exactly where an event of the tail was folded on.
+    heads = asyncio.run(read_table(fleet, heads=True))
+    said = {job.request_id: (job.state, job.detail, job.last, job.attempt, job.host) for job in heads.listed()}
+    assert said == {
+        job.request_id: (job.state, job.detail, job.last, job.attempt, job.host) for job in read.entries.values()
+    }
+    assert heads.heads and all(
+        type(job) is not TableEntry and job.offset < half[job.partition] for job in heads.heads.values()
+    )
+    assert heads.entries and all(job.offset >= half[job.partition] for job in heads.entries.values())
     assert_same_as_every_event_folded(fleet)
 
 
@@ -366,8 +377,10 @@ def test_get_reads_one_partition_of_each_topic_from_its_entrys_start(
     of the events topic, that one from the request's first event's time less a minute, where its entry says when."""
     old = [event("accepted", f"old-{number}", 600, method="sft") for number in range(20)]  # in every partition
     events = fleet_events()
-    publish(fleet, old + events)
+    later = [event("accepted", f"later-{number}", 0, method="sft") for number in range(20)]  # after they all ended
+    publish(fleet, old + events + later)
     keep(fleet)
+    end = ends(fleet)
     reads: list[TableRead] = []
     read_request = table_reader.read_request
 
@@ -387,6 +400,10 @@ def test_get_reads_one_partition_of_each_topic_from_its_entrys_start(
         assert [each.event_id for each in read.events] == [
             each.event_id for each in events if each.request_id == request_id
         ]
+        # Issue 59: from past its entry's latest event to the keepers' committed offset (here the end), the partition
+        # holds none of its events: stepped over, not read (a request ended days ago read every event since).
+        entry = read.entries[request_id]
+        assert read.skipped == {partition: (entry.offset + 1, end[partition])} and entry.offset + 1 < end[partition]
 
 
 def test_the_reader_keeps_each_keys_latest_entry_drops_a_tombstoned_one_and_counts_what_it_refuses(

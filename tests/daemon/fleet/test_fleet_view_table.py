@@ -336,3 +336,26 @@ def test_an_event_whose_time_has_no_zone_is_merged_with_the_others() -> None:
     assert sorted(job.request_id for job in folds.running_jobs.jobs(NOW)) == ["r1", "r2"]
     # The commands' fleet order (`adapterd jobs --state queued`) takes the same events from the table's reader.
     assert [event.type for event in recent_events(entries)] == ["accepted", "accepted", "started"]
+
+
+def test_an_entry_keeps_of_a_success_what_the_fleets_pace_reads_and_no_more() -> None:
+    """Issue 59: a success's files, versions, evaluation and metrics were two thirds of an entry's bytes, read by no
+    fold of the fleet. Kept without them, it paces the fleet's expected durations as the whole one does."""
+    from daemon.fleet.usage import Durations
+    from daemon.table.entry import KEPT_METRICS, folded
+    from tests.daemon.fleet.test_fleet_usage import succeeded
+
+    metrics = {"train_runtime": 40.0, "train_steps_per_second": 0.5, "median_step_s": 1.8, "train_loss": 0.3}
+    metrics |= {f"rank{n}_peak_bytes": 1e9 for n in range(8)}
+    whole = succeeded("paced", 100.0, {"total": 60.0, "queue": 5.0, "push": 3.0}, metrics=metrics)
+    whole = whole.model_copy(update={"files": ["adapter_model.safetensors"] * 50, "versions": {"trl": "1"}})
+    entry = folded(None, whole)
+    assert entry is not None
+    (kept,) = entry.recent
+    assert kept.metrics == {name: metrics[name] for name in KEPT_METRICS} and not kept.files and not kept.versions
+    assert len(kept.model_dump_json()) < len(whole.model_dump_json()) / 2
+    paced = [Durations(), Durations()]
+    for durations, event in zip(paced, (whole, kept), strict=True):
+        durations.observe(event, 0.0)
+    assert paced[0].expected("sft", "tiny/m", 30) == paced[1].expected("sft", "tiny/m", 30) is not None
+    assert paced[0].step_s("sft", "tiny/m") == paced[1].step_s("sft", "tiny/m") == 1.8
