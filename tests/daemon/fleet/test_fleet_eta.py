@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Any
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
