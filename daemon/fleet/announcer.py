@@ -10,10 +10,11 @@ does it, the one the claims group gave partition 0 (Kafka's own assignment choos
 ours); after a rebalance another may, and the events say what each request was last told
 (`FleetView.telling`), so the new one goes on from there.
 
-Each record is read and decoded once (`Unreads`): as intake decodes it (daemon/decoding.py: a large one in a worker
-thread, so a topic of 1 MB requests never holds the loop), kept between rounds by its topic, partition and offset
-(what its `queued` events need, not its bytes) until its group commits past it; a round reads only the records
-past those it has read. At rest, with nothing new, a round reads and decodes nothing.
+Each record is read and decoded once (`Unreads`): as intake decodes it (daemon/decoding.py), each in a worker thread
+of the `decode` pool, CHUNK records at a time (a round's 2,000 small requests decoded, and their grants checked, on
+the loop held it half a second; a topic of 1 MB requests never holds it either); kept between rounds by its topic,
+partition and offset (what its `queued` events need, not its bytes) until its group commits past it; a round reads
+only the records past those it has read. At rest, with nothing new, a round reads and decodes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import structlog
 from aiokafka import TopicPartition
 
-from daemon import decoding
+from daemon import decoding, executors
 from daemon.admission.grants import Grants
 from daemon.errors import TopicMissing
 from daemon.fleet.order import FleetRequest, waiting_for
@@ -46,6 +47,7 @@ log = structlog.get_logger()
 
 ANNOUNCE_S = 2.0  # how soon after its arrival a request read by no host is told its place
 MAX_READ = 2000  # the records of one class's topic kept for it, at most: beyond, no place is said
+CHUNK = 64  # the records a worker thread decodes at once
 # The places of the same unread requests, on a view that folded nothing since, are worked out again only this long
 # after: nothing they are made of moved but the clock (a running job past its ETA), and working out the order of
 # thousands of waiting requests every round held the loop (benchmarks.fleet_scale: 0.14 of a core at rest, the loop
@@ -118,18 +120,23 @@ class Unreads:
             except TopicMissing:
                 self.forget(topic)
                 raise
-            for record in records:
-                each = await self.unread(priority_class, record)
-                # Past it only once it is kept: a round cancelled during its decode reads it again.
-                kept.setdefault(record.partition, {})[record.offset] = each
-                self.next[(topic, record.partition)] = record.offset + 1
+            for first in range(0, len(records), CHUNK):
+                chunk = records[first : first + CHUNK]
+                found = await executors.run("decode", self.unread_all, priority_class, chunk)
+                for record, each in zip(chunk, found, strict=True):
+                    # Past it only once it is kept: a round cancelled during its decode reads it again.
+                    kept.setdefault(record.partition, {})[record.offset] = each
+                    self.next[(topic, record.partition)] = record.offset + 1
         return [each for partition in sorted(kept) for each in kept[partition].values() if each is not None]
 
-    async def unread(self, priority_class: str, record: Record) -> Unread | None:
+    def unread_all(self, priority_class: str, records: list[Record]) -> list[Unread | None]:
+        return [self.unread(priority_class, record) for record in records]
+
+    def unread(self, priority_class: str, record: Record) -> Unread | None:
         """A record as the announcer keeps it; None for one that is no request, or whose team or class is not granted
         to its writer (a daemon rejects it)."""
         try:
-            request = await decoding.decoded(record, self.settings.max_message_bytes)
+            request = decoding.decoded_now(record, self.settings.max_message_bytes)
         except Exception as exc:  # a bug of ours met by this record: not told it waits, and the round goes on
             log.warning("fleet.announce_undecoded", topic=record.topic, offset=record.offset, error=type(exc).__name__)
             return None
@@ -137,10 +144,7 @@ class Unreads:
             return None
         priority_class = request.priority_class or priority_class
         # Its writer's grant, as the dispatcher checks it at the head (a refused one is dead-lettered there).
-        refused, _ = await decoding.checked(
-            record, self.grants.refusal, request, record.value, record.headers, priority_class
-        )
-        if refused is not None:
+        if self.grants.refusal(request, record.value, record.headers, priority_class) is not None:
             return None
         named = NamedRequest(request.request_id, dict(request.metadata))
         events = JobEvents.for_record(

@@ -53,8 +53,8 @@ class TopicReader:
         self.topic = topic
         self.from_end = from_end
         self.since = since  # epoch seconds: read from the first record at or after it (the end when there is none)
-        # Partition → the offset to begin at (a partition left out: its first record, or `since`'s where that is given
-        # too); never before the log's start.
+        # Partition → the offset to begin at, or with `since` too, at the later of it and the time's (a partition left
+        # out: its first record, or `since`'s where that is given too); never before the log's start.
         self.start_at = start_at
         self.only = None if partitions is None else frozenset(partitions)  # None: every partition of the topic
         self.consumer = AIOKafkaConsumer(
@@ -108,11 +108,13 @@ class TopicReader:
         if self.since is not None and not self.from_end:
             found = await self.consumer.offsets_for_times({tp: max(0, int(self.since * 1000)) for tp in partitions})
             start = {tp: found[tp].offset if found.get(tp) is not None else self.ends[tp] for tp in partitions}
+        since_at = dict(start) if self.since is not None else {}
         if self.start_at is not None:
             first = await self.consumer.beginning_offsets(partitions)
-            # A partition `start_at` leaves out begins at its first record, or with `since` too at that time's.
+            # A partition `start_at` leaves out begins at its first record, or with `since` too at that time's; with
+            # both, a partition begins at the later of its offset and its time's.
             start = {
-                tp: min(self.ends[tp], max(first[tp], self.start_at[tp.partition]))
+                tp: min(self.ends[tp], max(first[tp], self.start_at[tp.partition], since_at.get(tp, 0)))
                 if tp.partition in self.start_at
                 else (start[tp] if self.since is not None else first[tp])
                 for tp in partitions

@@ -192,6 +192,28 @@ async def test_with_no_table_the_view_reads_the_events_of_the_window(
         await asyncio.gather(following, return_exceptions=True)
 
 
+async def test_a_table_still_catching_up_leaves_the_view_the_events_of_the_window_not_the_history(
+    fleet: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59: the table deployed on a fleet with a history, its keepers have committed only its first events: a
+    daemon started then read every event from there (a week's, minutes), where the events before the window say
+    nothing the view folds that the window does not say again. It reads from the later of the two."""
+    past = history()
+    offsets = await publish(fleet, past, stamped=True)
+    await keep(fleet, table([(past[0], 0, offsets[0])]), 1)
+    began = starts(monkeypatch)
+    view = FleetView(fleet)
+    following = asyncio.create_task(view.follow())
+    try:
+        await asyncio.wait_for(view.caught_up.wait(), 60)
+        first = next(n for n, event in enumerate(past) if event.time.timestamp() >= time.time() - USAGE_LOOKBACK_S - 60)
+        assert first > 1 and [offsets for topic, offsets in began if topic == fleet.events_topic] == [{0: first}]
+        assert decisions(view) == decisions(every_event(past))
+    finally:
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+
+
 def slowed(function: Callable[..., Any], seconds: float) -> Callable[..., Any]:
     def slow(*args: Any, **kwargs: Any) -> Any:
         time.sleep(seconds)
