@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -129,7 +129,7 @@ class Unreads:
                     self.next[(topic, record.partition)] = record.offset + 1
         return [each for partition in sorted(kept) for each in kept[partition].values() if each is not None]
 
-    def unread_all(self, priority_class: str, records: list[Record]) -> list[Unread | None]:
+    def unread_all(self, priority_class: str, records: Sequence[Record]) -> list[Unread | None]:
         return [self.unread(priority_class, record) for record in records]
 
     def unread(self, priority_class: str, record: Record) -> Unread | None:
