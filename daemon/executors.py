@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "table"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "table", "order"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
@@ -47,6 +47,7 @@ THREADS: dict[Kind, int] = {
     "retention": 1,
     "verify": max(1, os.cpu_count() or 1),
     "table": 2,
+    "order": 1,  # the fleet's order of thousands of waiting requests, worked out beside the loop (the announcer's)
 }
 
 P = ParamSpec("P")

@@ -209,7 +209,7 @@ class Announcer:
         seen = (frozenset(each.where for each in unread), view.changes)
         if seen == self.placed and now - self.placed_at < PLACE_AGAIN_S:
             return 0  # the same requests on the same view: their places have not moved
-        placed = view.places([each.waiting for each in unread], 0)
+        placed = await view.places_beside([each.waiting for each in unread], 0)
         self.placed, self.placed_at = seen, now
         if not view.telling.due(placed, now, self.settings.host, dry=True):
             return 0  # every one told, and nothing moved since
@@ -218,7 +218,7 @@ class Announcer:
         taken = await self.claimed([each.where for each in unread])
         if taken:  # the others' places are worked out again without them
             unread = [each for each in unread if each.where not in taken]
-            placed = view.places([each.waiting for each in unread], 0)
+            placed = await view.places_beside([each.waiting for each in unread], 0)
         events = {each.waiting.request_id: each.events for each in unread}
         published = 0
         for waiting, place, eta in view.telling.due(placed, now, self.settings.host):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -214,9 +215,9 @@ async def test_a_host_at_rest_decides_again_only_when_what_it_reads_changes_or_a
 async def test_the_announcer_works_out_the_same_requests_places_on_the_same_view_once_until_a_while_after(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The announcer's round works out the fleet's order of every unread request (thousands on a busy fleet, on the
-    loop): with the same requests on a view that folded nothing since, only `PLACE_AGAIN_S` after the last time; a new
-    request, or an event folded, at the next round."""
+    """The announcer's round works out the fleet's order of every unread request (thousands on a busy fleet): with the
+    same requests on a view that folded nothing since, only `PLACE_AGAIN_S` after the last time; a new request, or an
+    event folded, at the next round."""
     from daemon.fleet import announcer as announcing
 
     core, dispatcher = host(settings)
@@ -228,8 +229,13 @@ async def test_the_announcer_works_out_the_same_requests_places_on_the_same_view
         settings, dispatcher.view, core.publisher, core.partitions, dispatcher.retries, core.fleet.kafka().reads
     )
     placings: list[int] = []
-    places = dispatcher.view.places
-    monkeypatch.setattr(dispatcher.view, "places", lambda *a, **k: (placings.append(1), places(*a, **k))[1])
+    places = dispatcher.view.places_beside
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        placings.append(1)
+        return await places(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher.view, "places_beside", counted)
     assert await announcer.announce() == 1 and len(placings) == 1
     for _ in range(2):
         clock[0] += 10.0  # past the telling's own RETELL_EVERY_S: it may be told again if its place moved

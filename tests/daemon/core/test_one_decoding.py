@@ -207,3 +207,32 @@ def test_a_request_is_decoded_in_a_thread_from_off_loop_bytes(tmp_path: Path) ->
     small = FakeRecord("t", 0, 0, b"s", json.dumps(sft_request("s")).encode())
     assert isinstance(decoding.decoded_on_loop(small, 1_048_576), RequestBase)
     assert decoding.decoded_on_loop(FakeRecord("t", 0, 1, b"b", large("b")), 1_048_576) is None  # left to the thread
+
+
+async def test_the_announcers_places_of_thousands_waiting_never_hold_the_loop(
+    settings: Settings,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 59: with 10,000 waiting, the announcer's places (the fleet's order, its preemptions and ETAs) held the loop
+    half a second every round it worked them out. Made slow here (a sleep of SLOW_S, not this machine's speed), they
+    are worked out in the `order` pool's thread while the loop turns."""
+    import daemon.fleet.view as view_module
+
+    core, dispatcher = host(settings)
+    for index in range(3):
+        value = json.dumps(sft_request(f"w-{index}", priority_class="batch")).encode()
+        core.fleet.produce(settings.class_topics["batch"], f"w-{index}".encode(), value)
+    ran: list[str] = []
+    places = view_module.places
+
+    def slow(*args: object) -> object:
+        ran.append(threading.current_thread().name)
+        time.sleep(SLOW_S)
+        return places(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(view_module, "places", slow)
+    announcer = announcer_of(core, dispatcher)
+    async with loop_lag() as lag:
+        told = await announcer.announce()
+    assert told == 3 and ran and all(name.startswith("adapterd-order") for name in ran), ran
+    assert lag() < SLOW_S / 3, lag()
