@@ -7,6 +7,8 @@ runs `adapterd run` (any command) on a loop that, besides the daemon's own work:
 - wakes every 10 ms and keeps each wake-up's lateness over 5 ms (`lags`: time, seconds): the loop's lag, the longest
   any callback or task step held it;
 - notes when each `FleetView` made in the process has `caught_up` set (`view_whole_at`, epoch seconds);
+- keeps every task step that held the loop over LONG_STEP_S, with where it resumed and where it stopped
+  (`long_steps`), and every garbage collection that long (`long_collections`: it holds every thread);
 - times every step of every task with the thread's CPU clock (`time.thread_time`), under the task's label: its name
   when it was given one (the daemon names its long-lived tasks: `fleet-announcer`, `fleet-dispatcher`), else its
   parent task's label (a task started by the announcer is the announcer's work: its Kafka client's fetches), else its
@@ -20,6 +22,7 @@ process's CPU time, to the file.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -41,6 +44,33 @@ _lags: list[tuple[float, float]] = []
 _views: list[Any] = []
 _whole: list[float] = []
 _loop_thread: list[int] = []
+LONG_STEP_S = 0.05
+# The task steps that held the loop over LONG_STEP_S: when, how long, the task's label and coroutine, and where it
+# resumed and was suspended again (its innermost await's file, line and function).
+_steps: list[tuple[float, float, str, str, str]] = []
+
+
+_collections: list[tuple[float, float, int]] = []  # the garbage collections over LONG_STEP_S: when, how long, gen
+_collecting: list[float] = []
+
+
+def _collected(phase: str, info: dict[str, Any]) -> None:
+    """gc's callback: a collection's time, kept where it held every thread over LONG_STEP_S."""
+    if phase == "start":
+        _collecting[:] = [time.perf_counter()]
+    elif _collecting and (held := time.perf_counter() - _collecting[0]) > LONG_STEP_S:
+        _collections.append((time.time(), held, int(info.get("generation", -1))))
+
+
+def _awaiting(coro: Any) -> str:
+    """Where a coroutine is suspended: its innermost awaited coroutine's frame."""
+    frame = None
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or frame
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    if frame is None:
+        return "?"
+    return f"{frame.f_code.co_filename.rpartition('/')[2]}:{frame.f_lineno} {frame.f_code.co_name}"
 
 
 class _Timed(Coroutine[Any, Any, Any]):
@@ -60,11 +90,16 @@ class _Timed(Coroutine[Any, Any, Any]):
         return getattr(self.coro, "__qualname__", type(self.coro).__name__)
 
     def send(self, value: Any) -> Any:
-        started = time.thread_time()
+        started, wall = time.thread_time(), time.perf_counter()
+        where = _awaiting(self.coro)
         try:
             return self.coro.send(value)
         finally:
             _cpu[self.label()] += time.thread_time() - started
+            held = time.perf_counter() - wall
+            if held > LONG_STEP_S:
+                name = f"{self.label()} {getattr(self.coro, '__qualname__', '')}"
+                _steps.append((time.time(), held, name, where, _awaiting(self.coro)))
 
     def throw(self, *args: Any) -> Any:
         started = time.thread_time()
@@ -145,6 +180,8 @@ def _write(path: Path) -> None:
             "cpu": dict(_cpu),
             "pool_cpu": dict(_pool_cpu),
             "lags": list(_lags),
+            "long_steps": list(_steps),
+            "long_collections": list(_collections),
             "view_whole_at": _whole[0] if _whole else None,
             "views": len(_views),
         }
@@ -170,6 +207,7 @@ def main() -> None:
     path = Path(os.environ["LOOP_PROBE_FILE"])
     asyncio.set_event_loop_policy(_Policy())
     ThreadPoolExecutor.submit = _timed_submit  # type: ignore[method-assign,assignment]
+    gc.callbacks.append(_collected)
     _watch_views()
     threading.Thread(target=_write, args=(path,), daemon=True, name="loop-probe").start()
     from daemon.cli.app import app
