@@ -74,6 +74,11 @@ def digest(value: bytes) -> str:
     return base64.b64encode(hashlib.sha256(value).digest()).decode()
 
 
+def sealed_value(value: bytes, sealed_as: bytes) -> bool:
+    """Whether `value` is what a seal holds (`sealed_as`: its digest decoded, `sealed`)."""
+    return hashlib.sha256(value).digest() == sealed_as
+
+
 def seal_key(partition: int, chunk: int) -> bytes:
     return SEAL_PREFIX + f"{partition}/{chunk}".encode()
 
@@ -101,9 +106,9 @@ def read_seal(record: Record, keys: EventKeys) -> Seal | Tombstone | Refused:
     return seal
 
 
-def sealed(seals: Iterable[Seal]) -> dict[int, dict[str, str]]:
-    """Partition → request id → its entry's digest, as each partition's latest whole seal says (every chunk of its
-    generation read; an older seal's chunks left behind by one of fewer chunks are not of it)."""
+def sealed(seals: Iterable[Seal]) -> dict[int, dict[str, bytes]]:
+    """Partition → request id → its entry's digest (decoded), as each partition's latest whole seal says (every chunk
+    of its generation read; an older seal's chunks left behind by one of fewer chunks are not of it)."""
     by_generation: dict[tuple[int, str], list[Seal]] = {}
     for seal in seals:
         by_generation.setdefault((seal.partition, seal.generation), []).append(seal)
@@ -113,9 +118,16 @@ def sealed(seals: Iterable[Seal]) -> dict[int, dict[str, str]]:
         if whole and (partition not in latest or chunks[0].sealed_at > latest[partition][0].sealed_at):
             latest[partition] = chunks
     return {
-        partition: {request_id: each for seal in chunks for request_id, each in seal.digests.items()}
+        partition: {request_id: _decoded(each) for seal in chunks for request_id, each in seal.digests.items()}
         for partition, chunks in latest.items()
     }
+
+
+def _decoded(each: str) -> bytes:
+    try:
+        return base64.b64decode(each, validate=True)
+    except ValueError:
+        return b""  # no value's digest: its entry is verified
 
 
 def entry_value(entry: TableEntry) -> bytes:
@@ -129,14 +141,16 @@ def entry_headers(value: bytes, signer: EventSigner | None) -> list[tuple[str, b
 
 
 def read_entry(
-    record: Record, keys: EventKeys | None, sealed_as: str | None = None
+    record: Record, keys: EventKeys | None, sealed_as: bytes | None = None
 ) -> TableEntry | Tombstone | Refused:
     """The record as the table takes it: an entry (verified when there are `keys`, unless its value's digest is
     `sealed_as`, what a verified seal holds of its key), a tombstone, or refused."""
     return _read(record, keys, sealed_as, TableEntry)
 
 
-def read_head(record: Record, keys: EventKeys | None, sealed_as: str | None = None) -> EntryHead | Tombstone | Refused:
+def read_head(
+    record: Record, keys: EventKeys | None, sealed_as: bytes | None = None
+) -> EntryHead | Tombstone | Refused:
     """`read_entry` for a reader that lists the requests (`adapterd jobs`): the entry's events skipped, not parsed (a
     fifth of the parse). Its bytes are verified all the same."""
     return _read(record, keys, sealed_as, _Head)
@@ -147,14 +161,14 @@ class _Head(EntryHead):
 
 
 def _read(
-    record: Record, keys: EventKeys | None, sealed_as: str | None, model: type[Entry]
+    record: Record, keys: EventKeys | None, sealed_as: bytes | None, model: type[Entry]
 ) -> Entry | Tombstone | Refused:
     key = (record.key or b"").decode("utf-8", errors="replace")
     if record.value is None:
         return Tombstone(key)
     if len(record.value) > MAX_ENTRY_BYTES:
         return Refused("malformed", f"{len(record.value)} bytes, above {MAX_ENTRY_BYTES}")
-    if keys is not None and (sealed_as is None or digest(record.value) != sealed_as):
+    if keys is not None and (sealed_as is None or not sealed_value(record.value, sealed_as)):
         try:
             keys.verify(record.value, record.headers)
         except UnverifiedEvent as exc:

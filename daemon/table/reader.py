@@ -238,7 +238,7 @@ async def _read_entries(
                     read.heads[each], read.unparsed[each] = entry, latest[(partition, each.encode())]
 
 
-async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict[int, dict[str, str]]:
+async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict[int, dict[str, bytes]]:
     """The partitions' seals verified (`codec.sealed`): partition → request id → its entry's digest; a seal refused is
     counted as an entry is."""
     taken = await run_chunks("verify", partial(read_seal, keys=keys), seals)
@@ -249,7 +249,7 @@ async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict
 
 
 def _read_sealed(
-    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, str]], heads: bool
+    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, bytes]], heads: bool
 ) -> EntryHead | Tombstone | Refused:
     """`read_entry` (`read_head` with `heads`), unverified where a verified seal holds its value's digest."""
     key = (record.key or b"").decode("utf-8", errors="replace")

@@ -91,9 +91,9 @@ def jobs(
         and (within is None or now - job.last <= within)
     ]
     if not state or others:
-        typer.echo(HEADER)
-        for job in sorted(listed, key=lambda job: (job.last, job.since, job.request_id)):
-            typer.echo(line(job, now))
+        # One write: an echo a line (each asking whether the output is a terminal) was a tenth of 22,605 lines' time.
+        jobs_in_order = sorted(listed, key=lambda job: (job.last, job.since, job.request_id))
+        typer.echo("\n".join([HEADER, *(line(job, now) for job in jobs_in_order)]))
     if queued:
         from daemon.cli.places import placed_backlog, queue_table
 

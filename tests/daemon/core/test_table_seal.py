@@ -5,6 +5,8 @@ says; a keeper's digests follow its writes and tombstones, and a seal of fewer c
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from daemon.table import codec, kept
@@ -95,9 +97,10 @@ def test_the_latest_whole_seal_is_taken_and_a_partial_or_older_one_is_not(monkey
         (codec.seal_key(0, 2), True),
     ]
     seals = [Seal.model_validate_json(write.value) for write in [*old, *new] if write.value is not None]
-    assert sealed(seals)[0] == partition.digests  # the newest, whole
+    newest = {key: base64.b64decode(each) for key, each in partition.digests.items()}
+    assert sealed(seals)[0] == newest  # the newest, whole
     assert sealed([seal for seal in seals if not (seal.generation == "new" and seal.chunk == 1)])[0] != (
-        partition.digests
+        newest
     )  # the newest lacks a chunk: the older whole one is taken
     assert sealed([seal for seal in seals if seal.chunk != 1]) == {}  # neither whole: none
 
