@@ -74,11 +74,6 @@ def digest(value: bytes) -> str:
     return base64.b64encode(hashlib.sha256(value).digest()).decode()
 
 
-def sealed_value(value: bytes, sealed_as: bytes) -> bool:
-    """Whether `value` is what a seal holds (`sealed_as`: its digest decoded, `sealed`)."""
-    return hashlib.sha256(value).digest() == sealed_as
-
-
 def seal_key(partition: int, chunk: int) -> bytes:
     return SEAL_PREFIX + f"{partition}/{chunk}".encode()
 
@@ -153,32 +148,52 @@ def read_head(
 ) -> EntryHead | Tombstone | Refused:
     """`read_entry` for a reader that lists the requests (`adapterd jobs`): the entry's events skipped, not parsed (a
     fifth of the parse). Its bytes are verified all the same."""
-    return _read(record, keys, sealed_as, _Head)
+    return _read(record, keys, sealed_as, Head)
 
 
-class _Head(EntryHead):
+class Head(EntryHead):
+    """An entry read as its head (`read_head`)."""
+
     model_config = ConfigDict(frozen=True, extra="ignore")  # an entry's `recent` and `earlier`, skipped
 
 
 def _read(
     record: Record, keys: EventKeys | None, sealed_as: bytes | None, model: type[Entry]
 ) -> Entry | Tombstone | Refused:
+    found, value_digest = parsed(record, model)
+    if isinstance(found, Refused) and not value_digest:
+        return found  # larger than a record may be: not hashed, not verified
+    if keys is not None and not isinstance(found, Tombstone) and record.value is not None:
+        if sealed_as is None or value_digest != sealed_as:
+            refused = unverified(record, keys)
+            if refused is not None:
+                return refused
+    return found
+
+
+def parsed(record: Record, model: type[Entry]) -> tuple[Entry | Tombstone | Refused, bytes]:
+    """The record parsed, not verified (`unverified` says whether a trusted key signed it), and its value's SHA-256
+    (what a seal holds of it); a reader parses as the records come and verifies once it has read the seals."""
     key = (record.key or b"").decode("utf-8", errors="replace")
     if record.value is None:
-        return Tombstone(key)
+        return Tombstone(key), b""
     if len(record.value) > MAX_ENTRY_BYTES:
-        return Refused("malformed", f"{len(record.value)} bytes, above {MAX_ENTRY_BYTES}")
-    if keys is not None and (sealed_as is None or not sealed_value(record.value, sealed_as)):
-        try:
-            keys.verify(record.value, record.headers)
-        except UnverifiedEvent as exc:
-            return Refused(exc.reason, str(exc))
+        return Refused("malformed", f"{len(record.value)} bytes, above {MAX_ENTRY_BYTES}"), b""
+    value_digest = hashlib.sha256(record.value).digest()
     try:
         entry = model.model_validate_json(record.value)
     except ValidationError as exc:
-        return Refused(
-            "malformed", f"not an entry of version 1: {exc.error_count()} error(s), first: {exc.errors()[0]['msg']}"
-        )
+        why = f"not an entry of version 1: {exc.error_count()} error(s), first: {exc.errors()[0]['msg']}"
+        return Refused("malformed", why), value_digest
     if entry.request_id != key:
-        return Refused("misplaced", f"the entry of {entry.request_id[:80]!r} under the key {key[:80]!r}")
-    return entry
+        return Refused("misplaced", f"the entry of {entry.request_id[:80]!r} under the key {key[:80]!r}"), value_digest
+    return entry, value_digest
+
+
+def unverified(record: Record, keys: EventKeys) -> Refused | None:
+    """Why no trusted key signed exactly the record's value; None when one did."""
+    try:
+        keys.verify(record.value or b"", record.headers)
+    except UnverifiedEvent as exc:
+        return Refused(exc.reason, str(exc))
+    return None

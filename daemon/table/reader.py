@@ -54,7 +54,18 @@ from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
-from daemon.table.codec import Refused, Seal, Tombstone, is_seal, read_entry, read_head, read_seal, sealed
+from daemon.table.codec import (
+    Head,
+    Refused,
+    Seal,
+    Tombstone,
+    is_seal,
+    parsed,
+    read_entry,
+    read_seal,
+    sealed,
+    unverified,
+)
 from daemon.table.entry import EntryHead, TableEntry, folded
 from daemon.table.topic import keeper_group
 from schemas import Event
@@ -203,26 +214,45 @@ async def _read_entries(
     threads. A key whose latest record is refused (forged, malformed) is read again, all its records in order, for
     its latest record that is taken; a key whose latest is a tombstone is gone."""
     key = None if request_id is None else request_id.encode()
+    model: type[EntryHead] = Head if heads else TableEntry
     latest: dict[tuple[int, bytes | None], Record] = {}  # (partition, key) → its latest record
+    # Each record parsed and hashed in the worker threads as its poll comes (the client fetches the next meanwhile),
+    # verified once the seals are read: a record's key may come again later in its partition, and its seal after it.
+    taken: dict[tuple[int, bytes | None], tuple[EntryHead | Tombstone | Refused, bytes]] = {}
     async with TopicReader(settings, settings.state_topic, start_at={}, partitions=partitions) as reader:
         read.state_to.update({tp.partition: end for tp, end in reader.ends.items()})
-        async for record in reader.records(follow=False):
-            if key is None or record.key == key:
+        async for batch in _batches(reader.records(follow=False), key):
+            entries = []
+            for record in batch:
                 latest[(record.partition, record.key)] = record
+                if not is_seal(record):
+                    entries.append(record)
+            results = await run_chunks("verify", partial(parsed, model=model), entries)
+            for record, result in zip(entries, results, strict=True):
+                taken[(record.partition, record.key)] = result
+    seals = [record for record in latest.values() if is_seal(record)]
+    digests = await _sealed(keys, seals, read) if keys is not None and seals else {}
+    to_verify = [
+        latest[where]
+        for where, (result, value_digest) in taken.items()
+        if keys is not None
+        and not isinstance(result, Tombstone)
+        and value_digest  # hashed: not one larger than a record may be (refused as it is)
+        and value_digest != digests.get(where[0], {}).get((where[1] or b"").decode("utf-8", errors="replace"))
+    ]
+    if to_verify and keys is not None:
+        whys = await run_chunks("verify", partial(unverified, keys=keys), to_verify)
+        for record, why in zip(to_verify, whys, strict=True):
+            if why is not None:
+                taken[(record.partition, record.key)] = (why, b"")
     found: dict[int, dict[str, EntryHead]] = {}
     refused: set[tuple[int, bytes | None]] = set()
-    seals = [record for record in latest.values() if is_seal(record)]
-    records = [record for record in latest.values() if not is_seal(record)]
-    digests = await _sealed(keys, seals, read) if keys is not None and seals else {}
-    for start in range(0, len(records), BATCH):
-        batch = records[start : start + BATCH]
-        taken = await run_chunks("verify", partial(_read_sealed, keys=keys, digests=digests, heads=heads), batch)
-        for record, result in zip(batch, taken, strict=True):
-            if isinstance(result, Refused):
-                read.refused[result.reason] += 1
-                refused.add((record.partition, record.key))
-            elif isinstance(result, EntryHead):
-                found.setdefault(record.partition, {})[result.request_id] = result
+    for (partition, record_key), (outcome, _) in taken.items():
+        if isinstance(outcome, Refused):
+            read.refused[outcome.reason] += 1
+            refused.add((partition, record_key))
+        elif isinstance(outcome, EntryHead):
+            found.setdefault(partition, {})[outcome.request_id] = outcome
     if refused:
         await _read_past_refused(settings, keys, read, refused, found)
     for partition, mine in found.items():
@@ -246,14 +276,6 @@ async def _sealed(keys: EventKeys, seals: list[Record], read: TableRead) -> dict
         if isinstance(result, Refused):
             read.refused[result.reason] += 1
     return sealed(result for result in taken if isinstance(result, Seal))
-
-
-def _read_sealed(
-    record: Record, keys: EventKeys | None, digests: dict[int, dict[str, bytes]], heads: bool
-) -> EntryHead | Tombstone | Refused:
-    """`read_entry` (`read_head` with `heads`), unverified where a verified seal holds its value's digest."""
-    key = (record.key or b"").decode("utf-8", errors="replace")
-    return (read_head if heads else read_entry)(record, keys, digests.get(record.partition, {}).get(key))
 
 
 async def _read_past_refused(
