@@ -38,6 +38,7 @@ one is. A request never seen costs that too.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ from schemas.signing import EventKeys
 # (the fold, ~20 µs an event) stays near 20 ms a batch, for a daemon reading the table beside its work.
 BATCH = 1024
 CLOCKS_S = 60.0  # how far before a request's first event its events are read from: the hosts' clocks differ
+LOADING_S, LOADING_TRIES = 0.5, 20  # how often, and how many times, the keepers' offsets are asked while none is read
 
 
 @dataclass
@@ -132,11 +134,11 @@ async def read_table(settings: Settings, *, tail: bool = True, heads: bool = Fal
     head, without its events (`TableRead.heads`: what `adapterd jobs` lists)."""
     keys = event_keys(settings)
     read = TableRead()
-    group, topic = keeper_group(settings.group_id), settings.events_topic
+    topic = settings.events_topic
     # The offsets before the table: a keeper commits only once its entries are written, so the table read after holds
     # every event before them (and perhaps some past them, which the fold then skips). Read the other way round, a
     # keeper writing and committing in between would leave its events in neither.
-    committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)]
+    committed = await _keepers_committed(settings)
     try:
         await _read_entries(settings, keys, read, None, None, heads=heads)
     except TopicMissing:
@@ -150,6 +152,29 @@ async def read_table(settings: Settings, *, tail: bool = True, heads: bool = Fal
         return read
     await _read_tail(settings, read, TopicReader(settings, topic, start_at=committed), None)
     return read
+
+
+async def _keepers_committed(settings: Settings) -> dict[int, int]:
+    """The keepers' committed offsets on the events topic. A broker just started answers a group's offsets with none
+    while its coordinator loads them (aiokafka reads no error), and `adapterd jobs` then folded every event of the
+    topic (minutes, on a week's): where none is committed yet the state topic holds entries, which a keeper writes only
+    before its commits, they are asked again, every LOADING_S for LOADING_TRIES."""
+    group, topic = keeper_group(settings.group_id), settings.events_topic
+    for _ in range(LOADING_TRIES):
+        committed = (await committed_offsets(settings, [(group, topic)]))[(group, topic)]
+        if committed or not await _state_written(settings):
+            return committed
+        await asyncio.sleep(LOADING_S)
+    return committed
+
+
+async def _state_written(settings: Settings) -> bool:
+    """Whether any partition of the state topic holds a record."""
+    try:
+        async with TopicReader(settings, settings.state_topic, start_at={}) as reader:
+            return any(end > 0 for end in reader.ends.values())
+    except TopicMissing:
+        return False
 
 
 async def read_request(settings: Settings, request_id: str) -> TableRead:

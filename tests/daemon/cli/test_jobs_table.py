@@ -486,3 +486,30 @@ def test_a_state_partition_never_written_has_its_events_read_from_their_beginnin
     assert len(read.entries) == len(requests_of(events))
     code, lines, _ = cli(fleet, "jobs")
     assert code == 0 and lines == expected_jobs(fleet)
+
+
+def test_a_coordinator_still_loading_the_keepers_offsets_is_asked_again_not_read_as_no_table(
+    fleet: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59: a broker just started answers a group's offsets with none for a moment while its coordinator loads
+    them (seen: 0.5 s; aiokafka reads no error), and `adapterd jobs` then folded every event of a week (117 s). Where
+    the state topic holds entries, which a keeper writes only before committing, none committed is asked again."""
+    events = fleet_events()
+    publish(fleet, events)
+    committed = keep(fleet)
+    asked: list[int] = []
+    real = table_reader.committed_offsets
+
+    async def loading(settings: Settings, wanted: Any) -> dict[tuple[str, str], dict[int, int]]:
+        asked.append(1)
+        found = await real(settings, wanted)
+        return {where: {} for where in found} if len(asked) <= 2 else found  # none, twice, as a loading one says
+
+    monkeypatch.setattr(table_reader, "committed_offsets", loading)
+    monkeypatch.setattr(table_reader, "LOADING_S", 0.01)
+    read = asyncio.run(read_table(fleet))
+    assert len(asked) == 3 and read.events_from == committed  # the tail from the keepers' offsets, not the beginning
+    # No entry in a state topic (here none at all): none committed is the answer, asked once.
+    asked.clear()
+    missing = fleet.model_copy(update={"state_topic": f"{fleet.state_topic}-never-made"})
+    assert asyncio.run(table_reader._keepers_committed(missing)) == {} and len(asked) == 1
