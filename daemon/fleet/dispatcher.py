@@ -316,7 +316,7 @@ class Dispatcher:
         }
         if not heads or not telling.maybe(heads, now):
             return
-        everyone = self.view.places([h.waiting() for h in waiting], self.room(), self._here())
+        everyone = await self.view.places_beside([h.waiting() for h in waiting], self.room(), self._here())
         placed = [each for each in everyone if each[0].request_id in heads]
         for waiting_one, place, eta in telling.due(placed, now, self.settings.host):
             head = heads[waiting_one.request_id]

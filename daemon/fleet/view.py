@@ -378,11 +378,11 @@ class FleetView(Folds):
         return places(list(waiting), *self._placing(free, here, copied=False))
 
     async def places_beside(
-        self, waiting: Sequence[FleetRequest], free: int
+        self, waiting: Sequence[FleetRequest], free: int, here: Sequence[FleetJob] | None = None
     ) -> list[tuple[FleetRequest, int, float | None]]:
         """`places`, worked out in the `order` pool's thread on a copy of what it reads: the announcer's 10,000 waiting
         requests took the loop half a second (benchmarks.fleet_scale), and the loop goes on folding events meanwhile."""
-        return await executors.run("order", places, list(waiting), *self._placing(free, None, copied=True))
+        return await executors.run("order", places, list(waiting), *self._placing(free, here, copied=True))
 
     def _placing(self, free: int, here: Sequence[FleetJob] | None, *, copied: bool) -> tuple[Any, ...]:
         """What `eta.places` reads besides the waiting requests, now (`copied`: the durations copied, as the loop folds
