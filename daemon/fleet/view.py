@@ -25,13 +25,11 @@ given by a stale count of its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import gc
 import heapq
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -50,6 +48,7 @@ from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import checked
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
+from daemon.ops.heap import full_collections_held
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
 from daemon.table.entry import TableEntry
@@ -159,21 +158,6 @@ class Folds:
         """`take` of each record of a batch, in order (what a worker thread does with folds not yet in use)."""
         for record, event in zip(records, found, strict=True):
             self.take(record, event, now)
-
-
-@contextlib.contextmanager
-def full_collections_held() -> Iterator[None]:
-    """No automatic collection of the oldest generation while the table loads. The load makes hundreds of thousands of
-    objects that live until it ends (the entries and their events), and each full collection, which the interpreter
-    starts as the heap grows by a quarter, walks them all while holding every thread, the event loop's too: 0.5 to 1.8 s
-    each with 20,000 requests on a loaded machine of 2 cores. The young generations are collected as ever; the
-    thresholds are set back after, whether the load ended or failed (the brokers away: only for that try)."""
-    young, middle, oldest = gc.get_threshold()
-    gc.set_threshold(young, middle, 1 << 30)
-    try:
-        yield
-    finally:
-        gc.set_threshold(young, middle, oldest)
 
 
 def loaded(entries: Iterable[TableEntry], now: float) -> Folds:

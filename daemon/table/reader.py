@@ -53,6 +53,7 @@ from daemon.kafka.admin.topics import partition_numbers
 from daemon.kafka.event_reader import EventStream
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
+from daemon.ops.heap import full_collections_held
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys
 from daemon.table.codec import (
@@ -140,7 +141,8 @@ async def read_table(settings: Settings, *, tail: bool = True, heads: bool = Fal
     # keeper writing and committing in between would leave its events in neither.
     committed = await _keepers_committed(settings)
     try:
-        await _read_entries(settings, keys, read, None, None, heads=heads)
+        with full_collections_held():  # 22,605 entries: each full collection while they load walks them all
+            await _read_entries(settings, keys, read, None, None, heads=heads)
     except TopicMissing:
         read.table, committed = False, {}  # no table yet (`adapterd topics` not run since): every event is read
     # A state partition never written (made again empty, or the table's topic given more partitions than it had) holds
