@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -103,6 +103,16 @@ class TableRead:
     def listed(self) -> list[EntryHead]:
         """Every request read, whole or its head."""
         return [*self.heads.values(), *self.entries.values()]
+
+    def whole(self) -> Iterator[TableEntry]:
+        """Every entry whole, those read as heads parsed one at a time as they are taken (their records were verified):
+        a reader that folds them where it iterates (the fleet's view, in a worker thread) never holds them all, and
+        what it does not keep is freed there, not on the loop."""
+        yield from self.entries.values()
+        for record in self.unparsed.values():
+            found = read_entry(record, None)
+            if isinstance(found, TableEntry):
+                yield found
 
     def recent(self) -> list[Event]:
         """Every entry's latest event of each type, by their time: what the fleet's folds (daemon/fleet/usage.py,
