@@ -72,6 +72,10 @@ class EntryHead(BaseModel):
     offset: int = Field(-1, ge=-1, description="The offset of its latest event folded in that partition; -1: none.")
     ids: list[str] = Field(default_factory=list, description="The ids of its latest events folded, oldest first.")
 
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
 
 class TableEntry(EntryHead):
     """One request as its events say it is now: the value of its key in the state topic."""
@@ -81,10 +85,6 @@ class TableEntry(EntryHead):
         default_factory=list,
         description="Its earlier runs' `accepted`, `started` and end (the last EARLIER_RUNS runs): their slot-time.",
     )
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED
 
 
 def folded(entry: TableEntry | None, event: Event, partition: int = -1, offset: int = -1) -> TableEntry | None:

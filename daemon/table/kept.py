@@ -36,10 +36,10 @@ from daemon.table.codec import (
     entry_headers,
     entry_value,
     is_seal,
-    read_entry,
+    read_head,
     seal_key,
 )
-from daemon.table.entry import TableEntry, folded
+from daemon.table.entry import EntryHead, TableEntry, folded
 from schemas import parse_event
 from schemas.signing import EventKeys, EventSigner, UnverifiedEvent
 
@@ -72,12 +72,16 @@ class Held(NamedTuple):
     last: float  # its latest event's time, epoch seconds
 
     @classmethod
-    def of(cls, entry: TableEntry, value: bytes) -> Held:
+    def of(cls, entry: EntryHead, value: bytes) -> Held:
         return cls(value, entry.partition, entry.offset, entry.ended, entry.last.timestamp())
 
-    def entry(self) -> TableEntry:
-        """The entry, parsed (its bytes were verified, or made here)."""
-        return TableEntry.model_validate_json(self.value)
+    def entry(self) -> TableEntry | None:
+        """The entry, parsed whole (its bytes were verified, or made here); None where its head was read but not its
+        events (a restore reads heads): a genuine entry of another version, whose events the next one starts again."""
+        try:
+            return TableEntry.model_validate_json(self.value)
+        except ValidationError:
+            return None
 
 
 def entry_write(entry: TableEntry, signer: EventSigner | None, value: bytes | None = None) -> tuple[Write, bool]:
@@ -165,7 +169,7 @@ class KeptPartition:
     @property
     def entries(self) -> dict[str, TableEntry]:
         """Every entry held, parsed (what a test compares; the keeper parses only what an event changes)."""
-        return {request_id: held.entry() for request_id, held in self.held.items()}
+        return {request_id: entry for request_id, held in self.held.items() if (entry := held.entry()) is not None}
 
     def wrote(self, writes: Sequence[Write]) -> None:
         """Writes of this partition's entries (or tombstones) made: the digests follow them."""
@@ -280,8 +284,8 @@ class Restoring:
                 if record.value is not None:
                     self.seal_chunks = max(self.seal_chunks, _seal_chunk(record.key) + 1)
                 continue
-            found = read_entry(record, keys)
-            if isinstance(found, TableEntry) and found.partition != self.partition:
+            found = read_head(record, keys)  # what the keeper holds of an entry: parsed whole where an event changes it
+            if isinstance(found, EntryHead) and found.partition != self.partition:
                 # A keeper writes the entries of events partition p to state partition p only: this one is a
                 # genuine entry written again where it does not belong.
                 found = Refused("misplaced", f"an entry of events partition {found.partition} in {self.partition}")
@@ -329,7 +333,7 @@ class Restoring:
         the one the keeper wrote), a tombstone where the latest is a genuine entry of a request `kept` no longer
         holds. An entry changed since the read is written again too, harmlessly (it is the entry)."""
         writes = [
-            entry_write(held.entry(), signer, held.value)[0]
+            signed_write(key, held.value, signer)
             for key, held in kept.held.items()
             if key in self.stale or key in self.tombstoned or self.digests.get(key) != kept.digests.get(key)
         ]

@@ -149,6 +149,30 @@ def test_a_restore_keeps_the_newest_genuine_entry_and_writes_it_again_where_the_
     assert again.done(sign, now, RETENTION).writes == []
 
 
+def test_a_restore_reads_heads_and_an_entry_whose_events_are_of_another_version_starts_again_at_its_next_event() -> (
+    None
+):
+    """A restore parses each entry's head, not its events (what the keeper holds until an event changes it). A genuine
+    entry whose recent events this version cannot read (a later keeper's) is held by its head; its request's next event
+    starts its entry again, as a restore that refused it did, and nothing fails."""
+    sign, keys = signer()
+    now = datetime.now(UTC).timestamp()
+    kept = KeptPartition(0)
+    kept.fold(records([event_bytes("accepted", "r0")], sign), keys, sign, now, RETENTION)
+    document = json.loads(kept.held["r0"].value)
+    document["recent"][0]["type"] = "a-type-of-a-later-version"
+    later = json.dumps(document).encode()
+    restoring = Restoring(0)
+    restoring.take([state_record(Write(b"r0", later, signed(later, sign)), 0)], keys)
+    restored = restoring.done(sign, now, RETENTION)
+    assert restored.refused == {} and restored.kept.held["r0"].value == later and restored.kept.entries == {}
+
+    written = restored.kept.fold(records([event_bytes("started", "r0")], sign, first=1), keys, sign, now, RETENTION)
+    entry = restored.kept.entries["r0"]
+    assert [write.key for write in written.writes] == [b"r0"]
+    assert (entry.state, entry.events, [each.type for each in entry.recent]) == ("running", 1, ["started"])
+
+
 def test_a_restore_forgets_an_entry_tombstoned_past_its_retention_and_tombstones_those_ended_since() -> None:
     sign, keys = signer()
     then = datetime.now(UTC).timestamp()
