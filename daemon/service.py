@@ -94,13 +94,18 @@ def wire(
     publisher's producer), the table's keeper over `table` (the same). `clock` is the scheduler's (the tests' way to
     move it)."""
     partitions = Partitions(consumer)
-    keeper = Keeper(settings, table if table is not None else KafkaTable(settings))
-    if not settings.class_topics:
+    # The fleet as the events say it, with this host's own ends as it sends them (a host with priority classes).
+    view = FleetView(settings) if settings.class_topics else None
+    keeper = Keeper(
+        settings,
+        table if table is not None else KafkaTable(settings),
+        view_whole=None if view is None else view.caught_up,  # the view restored first
+    )
+    if view is None:
         publisher = Publisher(settings, producer)
         scheduler = Scheduler(settings, publisher, partitions, slots, children, on_change=on_change, clock=clock)
         intake = Intake(settings, publisher, partitions, scheduler, slots)
         return Core(publisher, partitions, slots, scheduler, intake, None, keeper)
-    view = FleetView(settings)  # the fleet as the events say it, with this host's own ends as it sends them
     publisher = Publisher(settings, producer, watchers=[view.sending])
     kafka = fleet if fleet is not None else kafka_fleet(settings)
     claimed = claimed_jobs(settings, kafka, slots, partitions)

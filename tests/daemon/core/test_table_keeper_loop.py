@@ -54,3 +54,41 @@ async def test_a_state_topic_short_of_the_events_topics_partitions_keeps_no_tabl
     [short] = [line for line in logs if line["event"] == "table.state_topic_short"]
     assert (short["state_partitions"], short["events_partitions"], short["log_level"]) == (2, 4, "error")
     assert "adapterd topics --grow" in short["fix"] and kafka.looks == 1  # and nothing of the group was asked
+
+
+async def test_a_fleet_hosts_keeper_restores_once_its_view_is_whole(tmp_path: Path) -> None:
+    """The keeper of a host with a fleet's view begins (its first look at the topics) only once the view is whole."""
+    kafka = Counted(counts=(4, 2))
+    whole = asyncio.Event()
+    keeper = Keeper(Settings(work_dir=tmp_path, hub_token=None), kafka, view_whole=whole)  # type: ignore[arg-type]
+    task = asyncio.create_task(keeper.run())
+    for _ in range(20):  # the keeper's task has run to its wait, and on: it looked at nothing
+        await asyncio.sleep(0)
+    assert kafka.looks == 0 and not task.done()
+    whole.set()
+    await kafka.looked.wait()
+    keeper.stop()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_view_that_is_never_whole_delays_the_keeper_only_so_long(tmp_path: Path) -> None:
+    kafka = Counted(counts=(4, 2))
+    keeper = Keeper(
+        Settings(work_dir=tmp_path, hub_token=None),  # type: ignore[arg-type]
+        kafka,
+        view_whole=asyncio.Event(),  # never set
+        view_wait_s=0.0,
+    )
+    with capture_logs() as logs:
+        await looked_then_stopped(keeper, kafka)
+    assert [line["waited_s"] for line in logs if line["event"] == "table.view_late"] == [0.0]
+
+
+async def test_a_stop_ends_the_keeper_waiting_for_its_view(tmp_path: Path) -> None:
+    kafka = Counted(counts=(4, 2))
+    keeper = Keeper(Settings(work_dir=tmp_path, hub_token=None), kafka, view_whole=asyncio.Event())  # type: ignore[arg-type]
+    task = asyncio.create_task(keeper.run())
+    await asyncio.sleep(0)
+    keeper.stop()
+    await asyncio.wait_for(task, 5)
+    assert kafka.looks == 0
