@@ -15,6 +15,12 @@ event loop's default executor, so one kind cannot take every thread from another
   a time (daemon/table/keeper.py). Ed25519's verification releases the interpreter, so two threads verify
   beside the loop and on both cores.
 
+The loop shares the interpreter with these threads: it gives it up at every socket call and select, and waits for
+it back while a thread parses. Under CPython's default switch interval (5 ms) each such wait can last 5 ms for each
+thread holding it, and a restarted fleet host's loop, whose steps make dozens of socket calls while the table's
+threads parse, was held 100 to 360 ms at a time (the convoy effect; benchmarks.fleet_scale). `favour_the_loop` sets
+the daemon's interval to SWITCH_INTERVAL_S: a thread holding the interpreter hands it over within 1 ms.
+
 Seven model files that never answered once held every thread of the default executor, and a
 64 KiB request then waited 15 s to be decoded (issue 46): now header reads wait behind header
 reads only, and each of them ends by its own deadline (daemon/resources/headers.py). A thread still
@@ -28,6 +34,7 @@ import asyncio
 import contextvars
 import functools
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -50,12 +57,21 @@ THREADS: dict[Kind, int] = {
     "order": 1,  # the fleet's order of thousands of waiting requests, worked out beside the loop (the announcer's)
 }
 
+SWITCH_INTERVAL_S = 0.001  # the daemon's interpreter switch interval (CPython's default: 0.005)
+
 P = ParamSpec("P")
 T = TypeVar("T")
 R = TypeVar("R")
 
 _pools: dict[Kind, ThreadPoolExecutor] = {}
 _lock = threading.Lock()
+
+
+def favour_the_loop() -> float:
+    """Set the interpreter's switch interval to SWITCH_INTERVAL_S (the module's docstring), for the daemon's process;
+    the interval set."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return sys.getswitchinterval()
 
 
 def pool(kind: Kind) -> ThreadPoolExecutor:

@@ -200,6 +200,7 @@ class Service:
         # what they hold: a collection then walked their loading too (0.5 s with 22,605 requests on
         # benchmarks.fleet_scale) and set its passing objects apart for ever.
         frozen = freeze_startup_heap()
+        switch_interval_s = executors.favour_the_loop()  # before the worker threads parse beside the loop
         self._pruning = asyncio.create_task(self._prune_job_folders(), name="retention")
         keeping = asyncio.create_task(self.keeper.run(), name="table-keeper")
         try:
@@ -236,6 +237,7 @@ class Service:
                 if self.publisher.signer is not None
                 else None,  # None: unsigned
                 heap_frozen=frozen,
+                switch_interval_s=switch_interval_s,
                 teams=self.intake.grants.describe(),
             )
             try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.executors import SWITCH_INTERVAL_S
 from daemon.settings import Settings
 from schemas import Rejected
 from testbed.client import submit, terminal_events
@@ -120,6 +121,7 @@ async def test_ready_watchdog_health_and_stopping_over_a_real_notify_socket(sett
         assert (started["sink"], started["token_from"], started["hub_user"]) == ("hub", "hub_token", "adapterd-test"), (
             started
         )
+        assert started["switch_interval_s"] == SWITCH_INTERVAL_S  # the loop favoured (daemon/executors.py)
     finally:
         daemon.stop()
         notify.close()
