@@ -129,9 +129,10 @@ def entry_value(entry: TableEntry) -> bytes:
     return entry.model_dump_json().encode()
 
 
-def entry_headers(value: bytes, signer: EventSigner | None) -> list[tuple[str, bytes | None]]:
-    """The headers of an entry whose record value is exactly `value`: its version, and the host's signature."""
-    signature: list[tuple[str, bytes | None]] = [(SIGNATURE_HEADER, signer.sign(value))] if signer else []
+def entry_headers(value: bytes, signer: EventSigner | None) -> list[tuple[str, bytes]]:
+    """The headers of an entry (or a seal) whose record value is exactly `value`: its version, and the host's
+    signature where it signs."""
+    signature = [(SIGNATURE_HEADER, signer.sign(value))] if signer else []
     return [(VERSION_HEADER, b"1"), *signature]
 
 

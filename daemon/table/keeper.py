@@ -456,7 +456,6 @@ class Keeper:
         if restored.writes:
             await self.kafka.write(tp.partition, restored.writes)
         self._refused("state", restored.refused)
-        self._trimmed(tp.partition, restored.trimmed)
         log.info(
             "table.restored",
             partition=tp.partition,

@@ -98,8 +98,7 @@ def entry_write(entry: TableEntry, signer: EventSigner | None, value: bytes | No
 
 def signed_write(request_id: str, value: bytes, signer: EventSigner | None) -> Write:
     """An entry's bytes as a signed record (a held entry written again: no parse, no dump)."""
-    headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
-    return Write(request_id.encode(), value, headers)
+    return Write(request_id.encode(), value, entry_headers(value, signer))
 
 
 def seal_writes(
@@ -120,8 +119,7 @@ def seal_writes(
             digests={each: digests[each] for each in ids[chunk * SEAL_KEYS : (chunk + 1) * SEAL_KEYS]},
         )
         value = seal.model_dump_json().encode()
-        headers = [(name, header) for name, header in entry_headers(value, signer) if header is not None]
-        writes.append(Write(seal_key(partition, chunk), value, headers))
+        writes.append(Write(seal_key(partition, chunk), value, entry_headers(value, signer)))
     gone = [Write(seal_key(partition, chunk), None, [(VERSION_HEADER, b"1")]) for chunk in range(chunks, before)]
     return writes + gone
 
@@ -261,7 +259,6 @@ class Restored:
     kept: KeptPartition
     writes: list[Write]
     refused: Counter[str]
-    trimmed: list[str]
 
 
 class Restoring:
@@ -325,7 +322,7 @@ class Restoring:
         gone = kept.expired(now, retention_s)
         writes = [signed_write(key, kept.held[key].value, signer) for key in sorted(self.stale) if key in kept.held]
         kept.wrote(writes)
-        return Restored(kept, [*writes, *gone], self.refused, [])
+        return Restored(kept, [*writes, *gone], self.refused)
 
     def audit(self, kept: KeptPartition, signer: EventSigner | None) -> list[Write]:
         """The writes that make each key's latest record in the state partition read (this restoring's) what `kept`

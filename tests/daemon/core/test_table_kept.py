@@ -49,7 +49,7 @@ def records(values: list[bytes], sign: EventSigner | None, partition: int = 0, f
 
 
 def signed(value: bytes, sign: EventSigner) -> list[tuple[str, bytes]]:
-    return [(name, header) for name, header in entry_headers(value, sign) if header is not None]
+    return entry_headers(value, sign)
 
 
 def state_record(write: Write, offset: int, partition: int = 0) -> FakeRecord:
