@@ -69,9 +69,14 @@ class Seal(BaseModel):
     digests: dict[str, str] = Field(description="request id → the base64 SHA-256 of its entry's value")
 
 
-def digest(value: bytes) -> str:
-    """What a seal holds of an entry's value."""
-    return base64.b64encode(hashlib.sha256(value).digest()).decode()
+def digest(value: bytes) -> bytes:
+    """What a seal holds of an entry's value: its SHA-256 (in the seal's record, as base64)."""
+    return hashlib.sha256(value).digest()
+
+
+def digest_text(each: bytes) -> str:
+    """A digest as a seal's record says it."""
+    return base64.b64encode(each).decode()
 
 
 def seal_key(partition: int, chunk: int) -> bytes:
@@ -180,7 +185,7 @@ def parsed(record: Record, model: type[Entry]) -> tuple[Entry | Tombstone | Refu
         return Tombstone(key), b""
     if len(record.value) > MAX_ENTRY_BYTES:
         return Refused("malformed", f"{len(record.value)} bytes, above {MAX_ENTRY_BYTES}"), b""
-    value_digest = hashlib.sha256(record.value).digest()
+    value_digest = digest(record.value)
     try:
         entry = model.model_validate_json(record.value)
     except ValidationError as exc:

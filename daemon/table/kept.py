@@ -33,6 +33,7 @@ from daemon.table.codec import (
     Seal,
     Tombstone,
     digest,
+    digest_text,
     entry_headers,
     entry_value,
     is_seal,
@@ -102,7 +103,7 @@ def signed_write(request_id: str, value: bytes, signer: EventSigner | None) -> W
 
 
 def seal_writes(
-    partition: int, digests: Mapping[str, str], signer: EventSigner | None, generation: str, now: float, before: int
+    partition: int, digests: Mapping[str, bytes], signer: EventSigner | None, generation: str, now: float, before: int
 ) -> list[Write]:
     """A partition's seal of `digests` (each entry's value's, as written), SEAL_KEYS a record, signed; and the
     tombstones of the chunks of its seal `before` (how many it had) that this one has not."""
@@ -116,7 +117,7 @@ def seal_writes(
             sealed_at=now,
             chunk=chunk,
             chunks=chunks,
-            digests={each: digests[each] for each in ids[chunk * SEAL_KEYS : (chunk + 1) * SEAL_KEYS]},
+            digests={each: digest_text(digests[each]) for each in ids[chunk * SEAL_KEYS : (chunk + 1) * SEAL_KEYS]},
         )
         value = seal.model_dump_json().encode()
         writes.append(Write(seal_key(partition, chunk), value, entry_headers(value, signer)))
@@ -150,13 +151,13 @@ class KeptPartition:
         self,
         partition: int,
         entries: Mapping[str, TableEntry] | None = None,
-        digests: dict[str, str] | None = None,
+        digests: dict[str, bytes] | None = None,
         held: dict[str, Held] | None = None,
     ) -> None:
         self.partition = partition
         self.held: dict[str, Held] = held if held is not None else {}
         # Each entry's value's digest, as last written (or restored): what the partition's seal vouches for.
-        self.digests: dict[str, str] = digests if digests is not None else {}
+        self.digests: dict[str, bytes] = digests if digests is not None else {}
         for request_id, entry in (entries or {}).items():  # entries given: held as if written whole
             value = entry_value(entry)
             self.held[request_id] = Held.of(entry, value)
@@ -267,7 +268,7 @@ class Restoring:
     def __init__(self, partition: int) -> None:
         self.partition = partition
         self.held: dict[str, Held] = {}  # each key's entry kept, as its record's bytes
-        self.digests: dict[str, str] = {}  # the digest of each kept entry's record's value
+        self.digests: dict[str, bytes] = {}  # the digest of each kept entry's record's value
         self.seal_chunks = 0  # the chunks of the seal found (its records are the keeper's own, written again)
         self.stale: set[str] = set()  # keys whose latest record is not the entry kept: it is written again
         self.tombstoned: set[str] = set()  # keys whose latest record is a tombstone
