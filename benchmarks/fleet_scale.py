@@ -4,6 +4,7 @@ dispatcher at rest, on a week of a 256-GPU fleet's history; prints one line, `FL
     uv run python -m benchmarks.fleet_scale                   # 256 GPUs, 7 days, 10,000 waiting (1.04M events)
     uv run python -m benchmarks.fleet_scale --reuse DIR       # build the history once into DIR, copy it from there
     uv run python -m benchmarks.fleet_scale --small           # 8 GPUs, 1 day, 300 waiting: a check in a minute
+    uv run python -m benchmarks.fleet_scale --restarts 8      # and 8 restarts more: the loop lag's spread
 
 On a local broker (daemon/local_broker) of its own, with the topics `adapterd topics --partitions 4` makes under the
 shipped names, it writes the history benchmarks/fleet_history.py describes (every event signed by the fleet's key,
@@ -214,6 +215,30 @@ class ProbedDaemon:
 
     def stop(self) -> None:
         self.process.stop()
+
+
+async def restarts(settings: Settings, root: Path, count: int, timeout_s: float) -> None:
+    """The daemon restarted `count` times more on the same history: the spread of its loop's worst lag until its view
+    is whole, and over SETTLE_S after (the keeper's restores run then)."""
+    until, after = [], []
+    for n in range(count):
+        daemon = ProbedDaemon(settings, root, f"again-{n}").start()
+        try:
+            whole_at = daemon.started + await daemon.whole(timeout_s)
+            await asyncio.sleep(SETTLE_S)
+            until.append(daemon.lag_max_ms(daemon.started, whole_at))
+            after.append(daemon.lag_max_ms(whole_at, time.time()))
+        finally:
+            daemon.stop()
+    over = sum(1 for lag in until if lag > TARGETS["loop_lag_max_ms"])
+
+    def ms(values: list[float]) -> str:
+        return f"median {statistics.median(values):.0f} ms [{min(values):.0f}, {max(values):.0f}]"
+
+    say(
+        f"fleet_scale: {count} restarts more: worst loop lag until whole {ms(until)} ({over} of {count} over "
+        f"{TARGETS['loop_lag_max_ms']:g}); over the {SETTLE_S:g}s after, {ms(after)}"
+    )
 
 
 def task_cpu(state: dict[str, Any], name: str) -> float:
@@ -468,6 +493,8 @@ async def run(args: argparse.Namespace) -> None:
         published = daemon.published()
         daemon.stop()
         daemon = None
+        if args.restarts:
+            await restarts(settings, root, args.restarts, args.timeout)
         ran = sum(counts.get(kind, 0) for counts in (first_published, published) for kind in ("accepted", "started"))
         say(f"fleet_scale: the host published {first_published} at its first start, {published} restarted")
         if ran:
@@ -505,6 +532,9 @@ def main() -> None:
     parser.add_argument("--reuse", help="a folder to keep the built history in, and copy it from on later runs")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each command (one where it takes over 60 s)")
     parser.add_argument("--windows", type=int, default=3, help="windows of the CPU at rest")
+    parser.add_argument(
+        "--restarts", type=int, default=0, help="restart the daemon so many times more, for the loop lag's spread"
+    )
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=300.0, help="the longest a daemon's view is waited for")
     parser.add_argument(
