@@ -22,3 +22,11 @@ def test_every_example_parses_and_every_type_has_one() -> None:
     assert all_types == types
     for example in examples:
         assert json.loads(example)["schema_version"] == 1
+
+
+def test_every_example_carries_every_field_its_type_has_in_the_order_the_daemon_writes_them() -> None:
+    """An example is what a consumer reads from the topic: an event parsed and written back (as the daemon writes it,
+    every field, null ones too) is the example itself, so no field real events carry is missing from the doc."""
+    for example in re.findall(r"```json\n(.*?)\n```", DOC.read_text(), re.DOTALL):
+        written = parse_event(example.encode()).model_dump_json()
+        assert list(json.loads(example).items()) == list(json.loads(written).items()), example[:300]
