@@ -69,6 +69,7 @@ async def consume(
     )
     ignored, repeated, seen = 0, 0, SeenIds()
     await consumer.start()
+    print(f"reading {topic} as the group {group_id} (Ctrl-C stops)", flush=True)
     try:
         async for record in consumer:
             try:
@@ -106,4 +107,7 @@ async def consume(
 
 
 if __name__ == "__main__":
-    asyncio.run(consume(sys.argv[1], sys.argv[2], sys.argv[3], *sys.argv[4:6]))
+    try:
+        asyncio.run(consume(sys.argv[1], sys.argv[2], sys.argv[3], *sys.argv[4:6]))
+    except KeyboardInterrupt:  # Ctrl-C: the consumer was closed on the way out (`finally`), no traceback to show
+        sys.exit(130)

@@ -49,4 +49,7 @@ if __name__ == "__main__":
     if "--key" in arguments:
         at = arguments.index("--key")
         signing_key, arguments = Path(arguments[at + 1]), arguments[:at] + arguments[at + 2 :]
-    sys.exit(asyncio.run(publish(arguments[0], Path(arguments[1]), *arguments[2:3], key=signing_key)))
+    try:
+        sys.exit(asyncio.run(publish(arguments[0], Path(arguments[1]), *arguments[2:3], key=signing_key)))
+    except KeyboardInterrupt:  # Ctrl-C: the producer was closed on the way out (`finally`), no traceback to show
+        sys.exit(130)

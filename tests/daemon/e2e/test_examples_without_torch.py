@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,28 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
         "not deployed: failed-gate was published to pr" in lines
         and "not deployed: passed was published to main (a repeat)" in lines
     )
+
+
+def test_ctrl_c_stops_the_consumer_without_a_traceback(settings: Settings, tmp_path: Path) -> None:
+    (tmp_path / "keys").write_text(new_key_pair()[1] + "\n")
+    consumer = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(ROOT / "docs" / "examples" / "consumer.py"), settings.bootstrap_servers]
+        + ["ctrl-c", str(tmp_path / "keys"), "none", settings.events_topic],
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert consumer.stdout is not None
+        assert consumer.stdout.readline().startswith("reading "), consumer.stderr  # started: reading the topic
+        consumer.send_signal(signal.SIGINT)
+        out, err = consumer.communicate(timeout=60)
+    finally:
+        consumer.kill()
+    assert consumer.returncode == 130 and "Traceback" not in err, err
+    assert "ignored 0 event(s)" in out  # its `finally` ran: the consumer closed
 
 
 async def publish_signed(settings: Settings, keys_file: Path, events: list[dict[str, Any]]) -> None:
