@@ -9,13 +9,15 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
 from schemas.json_text import SUSPECT_LEAF, encodable, leaf_problems, loads, repeated_keys, unreadable_numbers
 from schemas.request import REQUEST_MODELS, RequestBase
 from schemas.secrets import BUILTIN, SecretScanner
+from schemas.typos import closest, meant_field
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,11 @@ def _path(loc: tuple[int | str, ...], document: object = None) -> str:
     return ".".join(parts)
 
 
-def _message(error: dict[str, object]) -> str:
+def _message(error: dict[str, Any], model: type[BaseModel] | None) -> str:
     if error["type"] == "extra_forbidden":
-        return "unknown field; not part of schema version 1 (check the spelling)"
+        meant = meant_field(model, tuple(error["loc"])) if model is not None else None
+        hint = f"; did you mean {meant!r}?" if meant else " (check the spelling)"
+        return f"unknown field; not part of schema version 1{hint}"
     return str(error["msg"])
 
 
@@ -96,12 +100,15 @@ _NAMED_FIELD = re.compile(r"^Value error, ([A-Za-z_][\w.]*): (.*)$", re.DOTALL)
 _REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 
-def field_errors(exc: ValidationError, document: object = None) -> list[FieldError]:
+def field_errors(
+    exc: ValidationError, document: object = None, model: type[BaseModel] | None = None
+) -> list[FieldError]:
     """Each error of a validation, by the field it concerns (`document`: the request validated, to
-    tell its fields from what pydantic adds to a location)."""
+    tell its fields from what pydantic adds to a location; `model`: the class validated, whose
+    fields name the one an unknown field is most likely a typo of)."""
     errors = []
     for error in exc.errors():
-        path, message = _path(tuple(error["loc"]), document), _message(dict(error))
+        path, message = _path(tuple(error["loc"]), document), _message(dict(error), model)
         named = _NAMED_FIELD.match(message)
         if named:  # a check on a block names its field inside the block: "dataset" + "data_files"
             path, message = (f"{path}.{named.group(1)}" if path else named.group(1)), named.group(2)
@@ -173,6 +180,8 @@ def decode_request(
     if not isinstance(method, str) or method not in REQUEST_MODELS:
         known = ", ".join(sorted(REQUEST_MODELS))
         message = "missing" if method is None else f"unknown method {str(method)[:64]!r}"
+        if method is None and (typo := next((key for key in document if closest(key, ["method"])), None)):
+            message += f" (did you mean 'method' for {typo[:64]!r}?)"
         return Rejection(
             "unknown_method", [FieldError(path="method", message=f"{message}; known methods: {known}")], request_id
         )
@@ -182,7 +191,7 @@ def decode_request(
         # On the text, so that strict still reads a JSON array as a tuple and a string as a Literal.
         return REQUEST_MODELS[method].model_validate_json(text, strict=True)
     except ValidationError as exc:
-        return Rejection("invalid", field_errors(exc, document), request_id)
+        return Rejection("invalid", field_errors(exc, document, REQUEST_MODELS[method]), request_id)
     except RecursionError:
         return Rejection("invalid", [FieldError(path="", message="nested too deeply to validate")], request_id)
 

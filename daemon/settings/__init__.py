@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -29,6 +30,7 @@ from daemon.settings.kafka import KafkaSettings
 from daemon.settings.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
 from daemon.settings.work import WorkSettings
 from schemas.images import ImageBounds
+from schemas.typos import meant_field
 
 DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
 
@@ -436,7 +438,13 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Setti
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {_problem(e)}" for e in exc.errors())
         raise ConfigError(f"invalid settings: {problems}") from exc
     finally:
         _CONFIG_FILE.reset(token)
+
+
+def _problem(error: ErrorDetails) -> str:
+    """What is wrong with one setting; a key no setting has names the one it is most likely a typo of."""
+    meant = meant_field(Settings, tuple(error["loc"])) if error["type"] == "extra_forbidden" else None
+    return f"{error['msg']}; did you mean {meant!r}?" if meant else error["msg"]

@@ -77,6 +77,42 @@ def test_each_offending_field_is_named() -> None:
     assert outcome.request_id is None
 
 
+def test_an_unknown_field_names_the_field_it_is_most_likely_a_typo_of() -> None:
+    nested = rejection({**valid(), "training": {"learning_rat": 0.1}})
+    assert [(e.path, e.message) for e in nested.errors] == [
+        ("training.learning_rat", "unknown field; not part of schema version 1; did you mean 'learning_rate'?")
+    ]
+    top = rejection({**valid(), "trainig": {"learning_rate": 0.1}})
+    assert [(e.path, e.message) for e in top.errors] == [
+        ("trainig", "unknown field; not part of schema version 1; did you mean 'training'?")
+    ]
+    # the method's own block, and a reward function picked by its `name` (a discriminated union)
+    grpo = {**valid(), "method": "grpo", "dataset": {"rows": [{"prompt": "p", "answer": "a"}]}}
+    block = rejection({**grpo, "rewards": {"functions": [{"name": "exact_match", "colum": "answer"}]}})
+    assert {(e.path, e.message) for e in block.errors} >= {
+        ("rewards.functions.0.colum", "unknown field; not part of schema version 1; did you mean 'column'?")
+    }
+    method_block = rejection({**grpo, "grpo": {"num_generation": 4}}).errors[0]
+    assert method_block.message.endswith("did you mean 'num_generations'?")
+
+
+def test_an_unknown_field_with_nothing_close_gets_no_guess() -> None:
+    outcome = rejection({**valid(), "training": {"xyzzy": 1}})
+    assert [(e.path, e.message) for e in outcome.errors] == [
+        ("training.xyzzy", "unknown field; not part of schema version 1 (check the spelling)")
+    ]
+
+
+def test_a_misspelt_method_key_is_named() -> None:
+    document = valid()
+    document["methd"] = document.pop("method")
+    outcome = rejection(document)
+    assert outcome.reason == "unknown_method"
+    assert outcome.errors[0].message.startswith("missing (did you mean 'method' for 'methd'?); known methods: ")
+    del document["methd"]
+    assert rejection(document).errors[0].message.startswith("missing; known methods: ")
+
+
 def test_dataset_needs_exactly_one_source() -> None:
     document = valid()
     document["dataset"] = {"id": "org/data", "rows": [{"text": "x"}]}

@@ -17,7 +17,6 @@ same decoder the daemon uses (`schemas.decode_request`) before it is handed back
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import typing
@@ -34,6 +33,7 @@ from schemas.common import REQUEST_ID_PATTERN
 from schemas.contract_rules import MODEL_CONFIG_PATHS, refusal
 from schemas.generated import load_contract
 from schemas.request_base import REPO_ID_PATTERN, TrainingSpec
+from schemas.typos import closest
 
 # Keys TRL reads only when their strategy is "steps" (TrainingArguments' own rule).
 IGNORED_UNLESS_STEPS = (
@@ -57,11 +57,6 @@ def _literals(annotation: Any) -> list[str]:
     if typing.get_origin(annotation) is typing.Literal:
         return [value for value in typing.get_args(annotation) if isinstance(value, str)]
     return [value for argument in typing.get_args(annotation) for value in _literals(argument)]
-
-
-# How close an unknown key must be to a known one to be taken for its typo (difflib's ratio):
-# learning_rat is 0.96 from learning_rate; max_sequence_len, 0.54 from max_length, is not one.
-TYPO_CUTOFF = 0.85
 
 
 class _Converter(Ledger):
@@ -197,10 +192,10 @@ class _Converter(Ledger):
         it out would train with the default the file meant to change); any other is left out, named."""
         version = f"{self.section['package']} {self.section['version']}"
         known = [*self.training_fields, *self.method_fields, *self.model_fields, *MODEL_CONFIG_PATHS]
-        meant = difflib.get_close_matches(key, known, n=1, cutoff=TYPO_CUTOFF)
+        meant = closest(key, known)
         if meant:
-            why = self.misspelled[key] = f"unknown to {version}'s {self.config_class}; did you mean {meant[0]!r}?"
-            self.errors.append(FieldError(path=self.request_path(meant[0]), message=f"the file's key {key!r} is {why}"))
+            why = self.misspelled[key] = f"unknown to {version}'s {self.config_class}; did you mean {meant!r}?"
+            self.errors.append(FieldError(path=self.request_path(meant), message=f"the file's key {key!r} is {why}"))
             return
         self.dropped.append(
             Dropped(

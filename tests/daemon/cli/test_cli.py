@@ -37,9 +37,14 @@ def test_validate_accepts_a_valid_request(tmp_path: Path) -> None:
 def test_validate_names_each_bad_field(tmp_path: Path) -> None:
     request = sft_request("cli-bad")
     request["peft"] = {"r": 0, "alpha": 3}
+    request["training"] = {"learning_rat": 1e-5}
     result = runner.invoke(app, ["validate", str(write(tmp_path, request))])
     assert result.exit_code == 1  # the request failed the check; 2 is for usage errors
     assert "peft.r:" in result.output and "peft.alpha: unknown field" in result.output
+    assert (
+        "training.learning_rat: unknown field; not part of schema version 1; did you mean 'learning_rate'?"
+        in result.output
+    )
 
 
 @pytest.mark.parametrize(

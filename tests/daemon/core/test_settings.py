@@ -59,6 +59,19 @@ def test_bad_values_are_named(tmp_path: Path) -> None:
     assert "unknown_setting" in message
 
 
+def test_a_misspelt_key_names_the_setting_it_is_most_likely_a_typo_of(tmp_path: Path) -> None:
+    config = tmp_path / "adapterd.toml"
+    config.write_text('boostrap_servers = "kafka-1:9092"\nxyzzy = 1\n[teams.ml]\nweightt = 2.0\n')
+    with pytest.raises(ConfigError) as error:
+        load_settings(config)
+    message = str(error.value)
+    assert "boostrap_servers: Extra inputs are not permitted; did you mean 'bootstrap_servers'?" in message
+    # inside a table, that table's fields
+    assert "teams.ml.weightt: Extra inputs are not permitted; did you mean 'weight'?" in message
+    assert "xyzzy: Extra inputs are not permitted" in message  # nothing close: named, no guess
+    assert message.count("did you mean") == 2
+
+
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")
