@@ -127,6 +127,9 @@ class TrainingProgress(Frozen):
     grad_norm: float | None = None
     eta_s: float | None = None
     tokens_per_s: float | None = None
+    # The online methods' (GRPO, RLOO, online DPO...) mean reward of the step's completions, as TRL logs it (`reward`):
+    # the figure their users watch, where the loss says little (GRPO's starts at 0). Null for the other methods.
+    reward: float | None = None
     # During the request's evaluation after training (stage `evaluate`): `step` stays the last
     # training step, and these say which model is being measured and how far its pass has come.
     stage: Literal["train", "evaluate"] = "train"

@@ -1,4 +1,4 @@
-"""Following a request on a terminal: a progress bar (loss, steps done of all, ETA) while it trains and one
+"""Following a request on a terminal: a progress bar (loss, reward, steps done of all, ETA) while it trains and one
 readable line per other event; for `adapterd submit --wait` and the demo."""
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ async def follow_to_end(stream: EventStream, request_id: str) -> int:
                 )
                 continue
             if isinstance(event, Progress):
-                loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-                bar.update(
-                    task, description=f"{request_id}: training{loss}", completed=event.step, total=event.total_steps
-                )
+                bar.update(task, description=training(request_id, event), completed=event.step, total=event.total_steps)
                 continue
             # Not wrapped at the console's width: in output that is not a terminal rich assumes 80
             # columns, and would break a path mid-word.
@@ -44,6 +41,13 @@ async def follow_to_end(stream: EventStream, request_id: str) -> int:
             if event.type in TERMINAL_TYPES:
                 return 0 if event.type == "succeeded" else 1
     return 1
+
+
+def training(request_id: str, event: Progress) -> str:
+    """The progress bar's words while a request trains: its loss, and the online methods' reward beside it."""
+    loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+    reward = f", reward {event.reward:.4f}" if event.reward is not None else ""
+    return f"{request_id}: training{loss}{reward}"
 
 
 def describe(event: Event) -> str:

@@ -174,6 +174,7 @@ class JobCallback(StepClock):
                 loss=logs.get("loss"),
                 learning_rate=logs.get("learning_rate"),
                 grad_norm=logs.get("grad_norm"),
+                reward=logs.get("reward"),  # the online methods' mean reward over the logged steps
                 tokens_per_s=tokens_per_s,
                 eta_s=eta,
                 ranks=ranks,

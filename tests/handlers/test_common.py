@@ -28,7 +28,7 @@ def messages(read_fd: int) -> list[dict[str, Any]]:
         return [json.loads(line) for line in pipe]
 
 
-def run_logs(tmp_path: Path, steps: int, **fields: Any) -> list[dict[str, Any]]:
+def run_logs(tmp_path: Path, steps: int, extra: dict[str, float] | None = None, **fields: Any) -> list[dict[str, Any]]:
     """Feed a JobCallback the logs of `steps` steps, as a trainer would, and read what it sent."""
     read_fd, write_fd = os.pipe()
     reporter = StatusReporter(write_fd)
@@ -43,7 +43,13 @@ def run_logs(tmp_path: Path, steps: int, **fields: Any) -> list[dict[str, Any]]:
             args,
             state,
             control,
-            logs={"loss": 1.0 / step, "learning_rate": 0.1, "grad_norm": 0.5, "num_tokens": 100.0 * step},
+            logs={
+                "loss": 1.0 / step,
+                "learning_rate": 0.1,
+                "grad_norm": 0.5,
+                "num_tokens": 100.0 * step,
+                **(extra or {}),
+            },
         )
     reporter._stream.close()
     return messages(read_fd)
@@ -56,6 +62,15 @@ def test_progress_every_n_steps_and_always_the_last(tmp_path: Path) -> None:
     assert progress[-1]["total_steps"] == 10 and progress[-1]["eta_s"] == 0
     assert all(m["tokens_per_s"] > 0 for m in progress)
     assert [m["step"] for m in sent if m["kind"] == "first_step"] == [1]
+
+
+def test_progress_carries_the_online_methods_reward_as_trl_logs_it(tmp_path: Path) -> None:
+    """GRPO and RLOO log `reward` (the mean over the step's completions) beside a loss that says little: a report
+    carries it; a trainer that logs none (SFT) reports null."""
+    grpo = run_logs(tmp_path / "grpo", 2, {"reward": 0.625, "reward_std": 0.1}, progress_interval_s=0)
+    sft = run_logs(tmp_path / "sft", 2, progress_interval_s=0)
+    assert [m["reward"] for m in grpo if m["kind"] == "progress"] == [0.625, 0.625]
+    assert [m["reward"] for m in sft if m["kind"] == "progress"] == [None, None]
 
 
 def test_progress_at_most_once_per_interval_in_seconds(tmp_path: Path) -> None:

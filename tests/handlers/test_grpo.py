@@ -5,7 +5,7 @@ import pytest
 
 from daemon.cli.demo.requests import MATH_ROWS, PROMPT_ROWS
 from daemon.settings import Settings
-from schemas import Succeeded
+from schemas import Progress, Succeeded
 from testbed.client import run_to_end
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess
@@ -53,11 +53,15 @@ async def test_grpo_with_every_trl_reward_by_name_on_a_math_set(
         grpo={"num_generations": 4, "max_completion_length": 16, "beta": 0.0},
         training={**SMALL_TRAINING, "per_device_train_batch_size": 4, "logging_steps": 1},
     )
-    done = (await run_to_end(shared_settings, request))[-1]
+    events = await run_to_end(shared_settings, request)
+    done = events[-1]
     assert isinstance(done, Succeeded), done
     assert_adapter_trained(
         download(published.endpoint, "results/grpo-trl-rewards", done.commit_sha, tmp_path), tiny_model_dir
     )
+    # Each progress event carries the step's mean reward (what the demo's bar shows beside the loss).
+    rewards = [event.reward for event in events if isinstance(event, Progress)]
+    assert rewards and all(isinstance(reward, float) for reward in rewards), rewards
     log = (shared_settings.jobs_dir / "grpo-trl-rewards" / "child.log").read_text()
     assert [f["name"] for f in functions if f"'rewards/{f['name']}/mean'" not in log] == [], log[-3000:]
     # The tiny model's answers are wrong and run to 16 tokens, past soft_overlong_punishment's 8: both

@@ -47,3 +47,16 @@ async def test_event_lines_are_not_wrapped_and_the_label_says_training(capsys: p
         line.endswith(f"succeeded on {succeeded['host']}: {LONG}") for line in err.splitlines()
     ), err
     assert "r-1: training, loss 5.6963" in err and "step, loss" not in err, err
+
+
+async def test_an_online_methods_progress_shows_its_reward_beside_its_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    """GRPO's loss starts at 0 and says little: the bar shows the mean reward TRL logs beside it (the grpo-math demo
+    ended on "loss 0.0000" alone); a method without rewards shows none."""
+    grpo = event_document("progress", request_id="r-2", step=2, total_steps=4, loss=0.0, reward=0.75, stage="train")
+    sft = event_document("progress", request_id="r-2", step=3, total_steps=4, loss=1.25, reward=None, stage="train")
+    failed = event_document("failed", request_id="r-2")
+    assert await follow_to_end(Stream([grpo, failed]), "r-2") == 1  # type: ignore[arg-type]
+    assert "r-2: training, loss 0.0000, reward 0.7500" in capsys.readouterr().err
+    await follow_to_end(Stream([sft, failed]), "r-2")  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert "r-2: training, loss 1.2500" in err and "reward" not in err, err
