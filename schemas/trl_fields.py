@@ -15,11 +15,11 @@ from pydantic import Field
 
 from schemas.trl_block import TRLBlock
 
-GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "online_dpo": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.24.0"}
+GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "online_dpo": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.25.0"}
 
 
 class TrainingArgumentsFields(TRLBlock):
-    """`transformers.TrainingArguments` fields a request may set in `training` (transformers 5.24.0)."""
+    """`transformers.TrainingArguments` fields a request may set in `training` (transformers 5.25.0)."""
 
     block: ClassVar[str] = 'training'
     per_device_train_batch_size: int = Field(None, description='The batch size per device for training. (default in TrainingArguments: 8)', ge=1)
