@@ -48,6 +48,10 @@ def child_environment(settings: Settings) -> dict[str, str]:
     # builds to the Hub (/api/telemetry/trl/SFTTrainer) and huggingface_hub fetches its agent registry
     # (/api/agent-harnesses) for its user agent. The operator may set it to 0 to allow them.
     env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # transformers (5.25 on, with `kernels`) fetches kernels for a model's layers from the Hub by default: code from
+    # the Hub, run in the job. Only where the operator says so: `child_env = ["USE_HUB_KERNELS"]` with it set to YES in
+    # the daemon's environment (handlers/toolkit/deferred.py `hub_kernels_withheld` reads it too, for bitsandbytes).
+    env.setdefault("USE_HUB_KERNELS", "NO")
     if settings.mlflow_tracking_uri is not None:  # the operator's tracker, never a request's
         env["MLFLOW_TRACKING_URI"] = settings.mlflow_tracking_uri
         env["MLFLOW_EXPERIMENT_NAME"] = settings.mlflow_experiment

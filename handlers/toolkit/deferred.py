@@ -200,13 +200,37 @@ def load(module: types.ModuleType) -> types.ModuleType:
     real = importlib.util.module_from_spec(real_spec)
     sys.modules[name] = real
     try:
-        real_spec.loader.exec_module(real)
+        with hub_kernels_withheld():
+            real_spec.loader.exec_module(real)
     except BaseException:
         sys.modules[name] = module
         raise
     # Whoever holds the deferred module (peft's `bnb`) now reads the real one's names directly.
     module.__dict__.update(real.__dict__)
     return real
+
+
+@contextmanager
+def hub_kernels_withheld() -> Iterator[None]:
+    """The Hub offline, for the `kernels` package, while a deferred module runs, unless the operator allows hub kernels
+    (USE_HUB_KERNELS=YES in the job's environment, the variable transformers reads for its own). bitsandbytes' CPU
+    backend fetches a kernel from the Hub when it is imported (kernels-community/quantization-bitsandbytes, on a CPU
+    with AVX512-BF16) wherever `kernels` is installed, which transformers requires from 5.25: code from the Hub, run
+    in the job, by no rule of the operator's, and a call to the Hub from a job whose model and data are local. Offline,
+    `kernels` looks in the local cache only, finds nothing, and bitsandbytes runs its own CPU code (it logs that it
+    could not load the kernel). `huggingface_hub.constants.HF_HUB_OFFLINE` is what `kernels.get_kernel` reads at each
+    call; it is set back after."""
+    if os.environ.get("USE_HUB_KERNELS", "").strip().upper() in {"1", "Y", "YES", "TRUE", "ON"}:
+        yield
+        return
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def pending() -> list[str]:

@@ -165,3 +165,31 @@ def test_importing_the_methods_defers_only_while_it_runs() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "['bitsandbytes', 'boto3', 'mlflow'] True False False"
+
+
+def test_a_deferred_module_runs_with_the_hub_offline_for_kernels_unless_the_operator_allows_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bitsandbytes' CPU backend asks the Hub for a kernel when it is imported (transformers 5.25 installs `kernels`):
+    a deferred module's code runs with huggingface_hub's offline flag set (what `kernels.get_kernel` reads), unless
+    USE_HUB_KERNELS says yes; the flag is set back after. Constructed: a module that records what it saw."""
+    from huggingface_hub import constants
+
+    (tmp_path / "kernel_fetcher.py").write_text(
+        "from huggingface_hub import constants\nSAW = constants.HF_HUB_OFFLINE\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # a host online (the suite's own setting aside)
+    for allowed, saw in (("", True), ("NO", True), ("YES", False)):
+        monkeypatch.setenv("USE_HUB_KERNELS", allowed)
+        finder = deferred.DeferringFinder(["kernel_fetcher"])
+        sys.meta_path.insert(0, finder)
+        try:
+            import kernel_fetcher  # type: ignore[import-not-found]  # in name only: nothing ran yet
+
+            assert isinstance(kernel_fetcher, deferred.DeferredModule)
+            assert kernel_fetcher.SAW is saw, allowed  # its code ran at this first use
+        finally:
+            sys.meta_path.remove(finder)
+            sys.modules.pop("kernel_fetcher", None)
+        assert constants.HF_HUB_OFFLINE is False  # set back
