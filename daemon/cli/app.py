@@ -47,6 +47,7 @@ for command in (
     fleet.jobs,
     fleet.get,
     fleet.logs,
+    fleet.usage,
     requests.cancel,
     host.status,
     host.doctor,

@@ -1,4 +1,4 @@
-"""The commands that read the fleet from its topics and its hosts: `events`, `jobs`, `get` and `logs`."""
+"""The commands that read the fleet from its topics and its hosts: `events`, `jobs`, `get`, `logs` and `usage`."""
 
 from __future__ import annotations
 
@@ -180,3 +180,52 @@ def logs(
     except LogsError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+def usage(
+    config: ConfigOption = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="The period: this past age up to now (30m, 12h, 30d); 30d when no period is given."),
+    ] = None,
+    start: Annotated[
+        str | None, typer.Option("--from", help="The period's start, ISO-8601 (2026-11-01; UTC unless it says).")
+    ] = None,
+    end: Annotated[str | None, typer.Option("--to", help="The period's end, ISO-8601; default now.")] = None,
+    by: Annotated[str, typer.Option(help="team, class, or team,class: what each line totals.")] = "team,class",
+    look_back: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "How far before the period's start events are read, for the runs that began before it: a run that "
+                "began earlier is not seen. Default: max_timeout_s (the longest a job runs) and a day."
+            )
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="A JSON array, an object a line of the table.")] = False,
+) -> None:
+    """GPU-hours, jobs and runs per team and priority class in a period, for chargeback, from the events: a run holds
+    the GPUs its `started` event names from then to its end (or, its daemon stopped, to its request's next `accepted`);
+    a run straddling the period's edges counts its part inside; one still going counts up to now. CPU jobs are jobs of
+    no GPU-hours."""
+    from datetime import UTC, datetime
+
+    from daemon.cli import usage as chargeback
+    from daemon.fleet.chargeback import report
+
+    settings = read_settings(config)
+    now = datetime.now(UTC)
+    try:
+        begins, ends = chargeback.period(since, start, end, now)
+        grouped = chargeback.groupings(by)
+        before = chargeback.look_back(settings, look_back)
+    except ValueError as exc:
+        typer.echo(f"adapterd: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    events = with_kafka(settings, chargeback.read_events(settings, begins - before))
+    rows = report(events, begins, ends, now.timestamp(), by=grouped)
+    ends = min(ends, now)  # what the figures cover: nothing is counted past now
+    if as_json:
+        typer.echo(chargeback.as_json(rows, grouped, begins, ends))
+    else:
+        chargeback.print_table(rows, grouped, begins, ends)

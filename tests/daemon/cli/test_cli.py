@@ -177,6 +177,7 @@ def test_schema_prints_the_one_asked_for(which: str) -> None:
         ["submit", "REQUEST"],
         ["jobs"],
         ["get", "some-request"],
+        ["usage"],
         ["submit", "REQUEST", "--wait"],
     ],
 )
