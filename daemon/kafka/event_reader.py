@@ -47,6 +47,12 @@ def checked(record: Record, keys: EventKeys | None) -> Event | UnverifiedEvent |
         return exc
 
 
+def misplaced(record: Record, event: Event) -> bool:
+    """A genuine event of another request than the record's key names, written again under this key by someone: a
+    reader of its own request's partition never sees it, so no reader takes it."""
+    return event.request_id is not None and record.key != event.request_id.encode()
+
+
 class EventStream:
     """Events of every partition of the events topic, from its beginning or from its end as of entering.
 
@@ -134,8 +140,8 @@ class EventStream:
                 self._unverified(result)
             elif isinstance(result, ValueError):
                 self.ignored["not_an_event"] += 1
-            elif result.request_id is not None and record.key != result.request_id.encode():
-                self.ignored["misplaced"] += 1  # a genuine event of another request, written again under this key
+            elif misplaced(record, result):
+                self.ignored["misplaced"] += 1
             elif (refused := self.ids.refused(result, at)) is not None:
                 self.repeated[refused] += 1
             else:

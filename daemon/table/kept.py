@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from daemon.kafka.event_reader import checked, misplaced
 from daemon.kafka.records import Record
 from daemon.table.codec import (
     MAX_ENTRY_BYTES,
@@ -41,7 +42,6 @@ from daemon.table.codec import (
     seal_key,
 )
 from daemon.table.entry import EntryHead, TableEntry, folded
-from schemas import parse_event
 from schemas.signing import EventKeys, EventSigner, UnverifiedEvent
 
 # The largest entry written: the broker's default record limit (1 MiB and 12 bytes) less room for the key, the
@@ -196,23 +196,16 @@ class KeptPartition:
         written = Written()
         changed: dict[str, TableEntry] = {}  # each request changed, parsed once a batch
         for record in records:
-            value = record.value or b""
-            if keys is not None:
-                try:
-                    keys.verify(value, record.headers)
-                except UnverifiedEvent as exc:
-                    written.refused[exc.reason] += 1
-                    continue
-            try:
-                event = parse_event(value)
-            except (ValidationError, ValueError):
+            event = checked(record, keys)
+            if isinstance(event, UnverifiedEvent):
+                written.refused[event.reason] += 1
+                continue
+            if isinstance(event, ValueError):
                 written.refused["malformed"] += 1
                 continue
             if event.request_id is None:
                 continue
-            if record.key != event.request_id.encode():
-                # A genuine event of another request written again under this key (the readers refuse it too): a
-                # reader of its own request's partition would never see it.
+            if misplaced(record, event):  # the readers refuse it too
                 written.refused["misplaced"] += 1
                 continue
             request_id = event.request_id
