@@ -278,3 +278,12 @@ def test_doctor_json_is_its_checks_and_its_exit_code_the_same(monkeypatch: pytes
         {"name": "disk", "ok": False, "warn": False, "detail": "1 GiB free"},
     ]
     assert all(list(each) == list(CHECK_FIELDS) for each in json.loads(result.stdout))
+
+
+def test_the_operator_docs_name_every_json_field() -> None:
+    """deploy/README.md's "Machine-readable output" lists each document's fields as the code gives them."""
+    text = (ROOT / "deploy" / "README.md").read_text()
+    section = text[text.index("### Machine-readable output") :]
+    section = section[: section.index("\n#", 1)]
+    for fields in (JOB_FIELDS, WAITING_FIELDS, METHOD_FIELDS, CHECK_FIELDS):
+        assert ", ".join(f"`{name}`" for name in fields) in " ".join(section.split()), fields
