@@ -10,6 +10,9 @@ stays the record: where no keeper runs, or lags, the reader folds the events the
 same. What it costs: an ended request leaves the table `state_retention_s` after it ended (its tombstone), and, where
 no table is kept, a request older than the events topic's retention is not listed.
 
+A request is a row of the table (`COLUMNS`, `row`) or, with `--json`, an object (`document`): daemon/cli/listing.py
+prints either.
+
 `history` and `fold` read and fold the whole events topic, as both verbs did before the table: what the tests hold
 the table's listing equal to.
 """
@@ -20,14 +23,16 @@ import re
 import sys
 from collections.abc import Iterable
 from datetime import datetime, timedelta
+from typing import Any
 
+from daemon.cli.listing import JOB_FIELDS, Column
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from daemon.table.entry import STATES, EntryHead, TableEntry, folded
 from daemon.table.reader import TableRead
 from schemas import Event
 
-__all__ = ["HEADER", "STATES", "RequestSummary", "age", "fold", "history", "line", "say"]
+__all__ = ["COLUMNS", "STATES", "RequestSummary", "age", "document", "fold", "history", "row", "say"]
 
 _AGE = re.compile(r"(\d+)([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -35,15 +40,25 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 RequestSummary = TableEntry  # one request as its events say it is now (daemon/table/entry.py)
 
 
-def line(job: EntryHead, now: datetime) -> str:
-    """A request's line of `adapterd jobs`."""
-    return (
-        f"{job.request_id:<28} {job.state:<10} {job.method or '-':<12} {job.host:<16} {job.attempt:>3} "
-        f"{_ago(now - job.last):>8}  {job.detail}"
-    )
+COLUMNS = (
+    Column("REQUEST"),
+    Column("STATE"),
+    Column("METHOD"),
+    Column("HOST"),
+    Column("TRY", right=True),
+    Column("LAST", right=True),
+    Column("DETAIL"),
+)
 
 
-HEADER = f"{'REQUEST':<28} {'STATE':<10} {'METHOD':<12} {'HOST':<16} {'TRY':>3} {'LAST':>8}  DETAIL"
+def row(job: EntryHead, now: datetime) -> list[str]:
+    """A request's row of `adapterd jobs`' table (`COLUMNS`)."""
+    return [job.request_id, job.state, job.method or "-", job.host, str(job.attempt), _ago(now - job.last), job.detail]
+
+
+def document(job: EntryHead) -> dict[str, Any]:
+    """A request as `adapterd jobs --json` and `get --json` give it: its `JOB_FIELDS`."""
+    return {name: getattr(job, name) for name in JOB_FIELDS}
 
 
 async def history(settings: Settings, request_id: str | None = None) -> list[Event]:

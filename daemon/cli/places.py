@@ -28,8 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
+from daemon.cli.listing import Column
 from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import Bounds, etas, places
@@ -54,16 +56,54 @@ class Placed:
     eta_s: float | None
     of: int = 0  # how many are placed in the queue its place is in: the fleet's, or (without classes) its partition's
 
-    def line(self) -> str:
+    def row(self) -> list[str]:
+        """Its row of `adapterd jobs --state queued`' table (`COLUMNS`)."""
         w = self.request
-        return (
-            f"{w.request_id:<28} {w.priority_class or '-':<10} {w.team:<12} "
-            f"{self.place or '-':>5} {eta_text(self.eta_s):>7}  {w.stage:<11} "
-            f"{w.method or '-':<12} {w.where}" + (f"  {w.detail}" if w.detail else "")
-        )
+        return [
+            w.request_id,
+            w.priority_class or "-",
+            w.team,
+            str(self.place or "-"),
+            eta_text(self.eta_s),
+            w.stage,
+            w.method or "-",
+            w.where + (f"  {w.detail}" if w.detail else ""),
+        ]
+
+    def document(self) -> dict[str, Any]:
+        """What `adapterd jobs --state queued --json` gives of it, and `get --json` as `waiting` (`WAITING_FIELDS`)."""
+        w = self.request
+        return {
+            "request_id": w.request_id,
+            "state": "queued",
+            "priority_class": w.priority_class,
+            "team": w.team,
+            "place": self.place,
+            "of": self.of,
+            "eta_s": self.eta_s,
+            "stage": w.stage,
+            "method": w.method,
+            "model": w.model,
+            "gpus": w.gpus,
+            "where": w.where,
+            "host": w.host,
+            "arrived": w.arrived,
+            "detail": w.detail,
+            "metadata": w.metadata,
+            "cancel": None if w.cancel is None else {"sent": w.cancel.sent, "reason": w.cancel.reason},
+        }
 
 
-HEADER = f"{'REQUEST':<28} {'CLASS':<10} {'TEAM':<12} {'PLACE':>5} {'ETA':>7}  {'WAITING':<11} {'METHOD':<12} WHERE"
+COLUMNS = (
+    Column("REQUEST"),
+    Column("CLASS"),
+    Column("TEAM"),
+    Column("PLACE", right=True),
+    Column("ETA", right=True),
+    Column("WAITING"),
+    Column("METHOD"),
+    Column("WHERE"),
+)
 
 
 def place_and_eta(
@@ -174,11 +214,10 @@ async def placed_backlog(
     )
 
 
-async def waiting_line(settings: Settings, request_id: str, slots: int | None, now: datetime) -> str | None:
-    """`adapterd get`'s line for a request that waits anywhere (`where_it_waits`); None when it waits nowhere."""
+async def waiting_placed(settings: Settings, request_id: str, slots: int | None, now: datetime) -> Placed | None:
+    """`adapterd get`'s request where it waits, placed (`where_it_waits` says it); None when it waits nowhere."""
     _, placed = await placed_backlog(settings, slots, now)
-    found = next((each for each in placed if each.request.request_id == request_id), None)
-    return None if found is None else where_it_waits(found, now)
+    return next((each for each in placed if each.request.request_id == request_id), None)
 
 
 def where_it_waits(placed: Placed, now: datetime) -> str:
@@ -204,9 +243,9 @@ def where_it_waits(placed: Placed, now: datetime) -> str:
 
 def queue_table(
     placed: list[Placed], method: str | None, host: str | None, within: timedelta | None, now: datetime
-) -> tuple[list[str], str | None]:
-    """`adapterd jobs --state queued`: the waiting requests in the fleet's order, with `jobs`' filters (host: its latest
-    event's); and, apart, what to say of those the filters take that have a cancel pending (None: none has)."""
+) -> tuple[list[Placed], str | None]:
+    """`adapterd jobs --state queued`: the waiting requests in the fleet's order that `jobs`' filters take (host: its
+    latest event's), those with a cancel pending left out; and, apart, what to say of those (None: none has)."""
     taken = [
         each
         for each in placed
@@ -215,7 +254,7 @@ def queue_table(
         and (within is None or now - each.request.arrived <= within)
     ]
     pending = [each.request for each in taken if each.request.cancel is not None]
-    return [HEADER] + [each.line() for each in taken if each.request.cancel is None], pending_said(pending)
+    return [each for each in taken if each.request.cancel is None], pending_said(pending)
 
 
 def pending_said(pending: list[WaitingRequest]) -> str | None:

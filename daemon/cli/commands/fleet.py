@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from daemon.cli.listing import JOB_FIELDS, WAITING_FIELDS
 from daemon.cli.options import ConfigOption, read_settings, with_kafka
 from daemon.kafka.event_reader import EventStream
 
@@ -56,6 +57,19 @@ def jobs(
             ),
         ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help=(
+                "Print one JSON array, an object a request, oldest latest event first: "
+                + ", ".join(JOB_FIELDS)
+                + " (times ISO 8601); with --state queued, each waiting request's: "
+                + ", ".join(WAITING_FIELDS)
+                + ". What is said beside it stays on stderr."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """Every request's latest state across the fleet, from the table of requests and the events past it; newest last.
     --state queued lists every waiting request, read from the queues themselves, in the fleet's order: its class,
@@ -63,7 +77,8 @@ def jobs(
     on stderr."""
     from datetime import UTC, datetime
 
-    from daemon.cli.jobs import HEADER, STATES, age, line, say
+    from daemon.cli.jobs import COLUMNS, STATES, age, document, row, say
+    from daemon.cli.listing import show_json, show_table
     from daemon.table.reader import read_table
 
     settings = read_settings(config)
@@ -90,23 +105,31 @@ def jobs(
         and (host is None or job.host == host)
         and (within is None or now - job.last <= within)
     ]
+    documents: list[dict[str, Any]] = []  # with --json: the requests of both tables, in one array
     if not state or others:
-        # One write: an echo a line (each asking whether the output is a terminal) was a tenth of 22,605 lines' time.
         jobs_in_order = sorted(listed, key=lambda job: (job.last, job.since, job.request_id))
-        typer.echo("\n".join([HEADER, *(line(job, now) for job in jobs_in_order)]))
+        if as_json:
+            documents += [document(job) for job in jobs_in_order]
+        else:
+            show_table(COLUMNS, [row(job, now) for job in jobs_in_order])
     if queued:
+        from daemon.cli.places import COLUMNS as QUEUE_COLUMNS
         from daemon.cli.places import placed_backlog, queue_table
 
-        if others:
-            typer.echo()  # the waiting requests are a table of their own, with their own columns
         backlog, placed = with_kafka(settings, placed_backlog(settings, slots, now, table))
         for topic in backlog.missing:
             typer.echo(f"adapterd: topic {topic} does not exist; nothing waits there", err=True)
-        rows, pending = queue_table(placed, method, host, within, now)
-        for row in rows:
-            typer.echo(row)
+        waiting, pending = queue_table(placed, method, host, within, now)
+        if as_json:
+            documents += [each.document() for each in waiting]
+        else:
+            if others:
+                typer.echo()  # the waiting requests are a table of their own, with their own columns
+            show_table(QUEUE_COLUMNS, [each.row() for each in waiting])
         if pending is not None:
             typer.echo(f"adapterd: {pending}", err=True)  # on stderr, as the missing topics: the table alone on stdout
+    if as_json:
+        show_json(documents)
 
 
 def get(
@@ -115,6 +138,20 @@ def get(
     slots: Annotated[
         int | None, typer.Option(min=1, help="The fleet's slots, for a waiting request's ETA (as in `adapterd jobs`).")
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help=(
+                "Print one JSON object: the request's "
+                + ", ".join(JOB_FIELDS)
+                + " as `jobs --json` (state queued and the rest null where no host has said a word of it yet); "
+                "`history`, its events as `adapterd events` "
+                "prints them, the latest progress only; `waiting`, where it waits as `jobs --state queued --json` "
+                "gives it with `worked_out_at`, or null."
+            ),
+        ),
+    ] = False,
 ) -> None:
     """One request's history, event by event, and where it stands; a waiting one's place and ETA, worked out now, and
     where it waits, or that its cancel is pending; exit 1 when it has no events and waits nowhere. Its state is its
@@ -123,8 +160,9 @@ def get(
     from datetime import UTC, datetime
 
     from daemon.cli.console import describe
-    from daemon.cli.jobs import say
-    from daemon.cli.places import waiting_line
+    from daemon.cli.jobs import document, say
+    from daemon.cli.listing import show_json
+    from daemon.cli.places import waiting_placed, where_it_waits
     from daemon.table.reader import read_request
 
     settings = read_settings(config)
@@ -132,30 +170,44 @@ def get(
     say(read)
     job = read.entries.get(request_id)
     waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
+    now = datetime.now(UTC)
     if job is None or job.state == "queued":
-        waits = with_kafka(settings, waiting_line(settings, request_id, slots, datetime.now(UTC)))
+        waits = with_kafka(settings, waiting_placed(settings, request_id, slots, now))
     if job is None and waits is None:
         typer.echo(
             f"adapterd: no events for {request_id} in {settings.events_topic}, and it waits in none of the queues",
             err=True,
         )
         raise typer.Exit(1)
-    events = read.events
-    last_progress = max((index for index, event in enumerate(events) if event.type == "progress"), default=None)
-    for index, event in enumerate(events):
-        if event.type == "progress" and index != last_progress:
-            continue  # one line a step would bury the rest: the latest is shown
+    last_progress = max((index for index, event in enumerate(read.events) if event.type == "progress"), default=None)
+    # One line a step would bury the rest: the latest is shown.
+    events = [event for index, event in enumerate(read.events) if event.type != "progress" or index == last_progress]
+    # A `queued` event's place and ETA were its host's when it published it: with the fresh ones below, they are left
+    # out.
+    detail = "" if job is None or (waits is not None and job.latest == "queued") else job.detail
+    if as_json:
+        said = (
+            {**document(job), "detail": detail}
+            if job is not None
+            else {**dict.fromkeys(JOB_FIELDS), "request_id": request_id, "state": "queued"}
+        )
+        show_json(
+            {
+                **said,
+                "history": [event.model_dump(mode="json") for event in events],
+                "waiting": None if waits is None else {**waits.document(), "worked_out_at": now},
+            }
+        )
+        return
+    for event in events:
         typer.echo(describe(event) + (f" (step {event.step}/{event.total_steps})" if event.type == "progress" else ""))
     if job is not None:
-        # A `queued` event's place and ETA were its host's when it published it: with the fresh
-        # ones below, they are left out.
-        detail = "" if waits is not None and job.latest == "queued" else job.detail
         typer.echo(
             f"{request_id}: {job.state}, method {job.method or '-'}, attempt {job.attempt}, on {job.host}"
             + (f"; {detail}" if detail else "")
         )
     if waits is not None:
-        typer.echo(waits)
+        typer.echo(where_it_waits(waits, now))
 
 
 def logs(

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from aiokafka.errors import KafkaError
 
+from daemon.cli.listing import CHECK_FIELDS
 from daemon.cli.options import ConfigOption, read_settings, with_kafka
 from daemon.errors import ConfigError
 from daemon.ops.local_endpoint import local_url
@@ -50,9 +51,20 @@ def run(config: ConfigOption = None) -> None:
 
 def status(
     config: ConfigOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the daemon's /status document as it is.")] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print the daemon's /status document as it is, one JSON object: host, group_id, gpus, slots (total, "
+            "busy, free), packing, jobs (each with request_id, method, slot, stage, pid, child, memory_share_bytes, "
+            "memory_estimate_bytes, step, total_steps, eta_s once it trains, partition, offset), children.",
+        ),
+    ] = False,
 ) -> None:
-    """What the daemon on this host is running (read from its metrics_address)."""
+    """What the daemon on this host is running (read from its metrics_address): its slots, each GPU's jobs with
+    packing, and a table of its jobs."""
+    from daemon.cli.listing import Column, show_json, show_table
+
     settings = read_settings(config)
     if not settings.metrics_address:
         typer.echo("adapterd: metrics_address is switched off, so the daemon's status cannot be read", err=True)
@@ -65,7 +77,7 @@ def status(
         typer.echo(f"adapterd: no daemon answers at {url}: {exc}", err=True)
         raise typer.Exit(1) from exc
     if as_json:
-        typer.echo(json.dumps(document, indent=2))
+        show_json(document)
         return
     slots = document["slots"]
     typer.echo(
@@ -77,23 +89,60 @@ def status(
             f"  GPU {gpu}: {held['jobs']} of {packing['max_jobs_per_gpu']} job(s), "
             f"{held['reserved_bytes'] / 2**30:.1f} of {packing['usable_bytes'] / 2**30:.1f} GiB held by their shares"
         )
+    if not document["jobs"]:
+        return  # nothing runs: the slots' line says so
+    rows = []
     for job in document["jobs"]:
-        step = f", step {job['step']}/{job['total_steps']}" if job.get("step") is not None else ""
         share = job.get("memory_share_bytes")
-        held = f", share {share / 2**30:.1f} GiB" if share else ""
-        typer.echo(f"  {job['request_id']}  {job['method']}  slot {job['slot']}{held}  {job['stage']}{step}")
+        step = f"{job['step']}/{job['total_steps']}" if job.get("step") is not None else "-"
+        rows.append(
+            [
+                job["request_id"],
+                job["method"],
+                str(job["slot"]),
+                f"{share / 2**30:.1f} GiB" if share else "-",
+                job["stage"],
+                step,
+            ]
+        )
+    show_table(
+        [
+            Column("REQUEST"),
+            Column("METHOD"),
+            Column("SLOT"),
+            Column("SHARE", right=True),
+            Column("STAGE"),
+            Column("STEP", right=True),
+        ],
+        rows,
+    )
 
 
-def doctor(config: ConfigOption = None) -> None:
+def doctor(
+    config: ConfigOption = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON array, an object a check: "
+            + ", ".join(CHECK_FIELDS)
+            + " (ok: true, false, or null where there was nothing to check). The exit code is the same.",
+        ),
+    ] = False,
+) -> None:
     """Check this host before it takes work: Kafka, the topics, who may write the events topic, the Hub token, GPUs,
     disk, a running daemon; exit 1 on a failure."""
     from daemon.cli.checks.doctor import examine
+    from daemon.cli.listing import show_json
 
     settings = read_settings(config)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the kafka check says what aiokafka would log
     found = asyncio.run(examine(settings))
-    for check in found:
-        typer.echo(check.line())
+    if as_json:
+        show_json([{name: getattr(check, name) for name in CHECK_FIELDS} for check in found])
+    else:
+        for check in found:
+            typer.echo(check.line())
     raise typer.Exit(1 if any(check.ok is False for check in found) else 0)
 
 

@@ -9,19 +9,45 @@ from typing import Annotated, Literal
 
 import typer
 
+from daemon.cli.listing import METHOD_FIELDS
 
-def methods() -> None:
+
+def methods(
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object: trl (its version) and methods, an object a method: "
+            + ", ".join(METHOD_FIELDS)
+            + " (reason: why this host cannot run it, or null).",
+        ),
+    ] = False,
+) -> None:
     """List the training methods, the TRL trainer of each, and whether this host's TRL can run it."""
     from daemon.admission.capabilities import trl_version, unsupported_reason
+    from daemon.cli.listing import Column, show_json, show_table
     from schemas.methods import METHODS
 
+    listed = [(name, method, unsupported_reason(name)) for name, method in METHODS.items()]
+    if as_json:
+        show_json(
+            {
+                "trl": trl_version(),
+                "methods": [
+                    dict(zip(METHOD_FIELDS, (name, method.trainer, method.status, reason is None, reason), strict=True))
+                    for name, method, reason in listed
+                ],
+            }
+        )
+        return
     typer.echo(f"trl {trl_version()}")
-    rows = [(name, method.trainer, method.status) for name, method in METHODS.items()]
-    widths = [max(len(row[column]) for row in rows) for column in range(3)]  # aligned whatever the longest name
-    for name, trainer, stage in rows:
-        reason = unsupported_reason(name)
-        status = "available" if reason is None else f"unavailable: {reason}"
-        typer.echo(f"  {name:<{widths[0]}}  {trainer:<{widths[1]}}  {stage:<{widths[2]}}  {status}")
+    show_table(
+        [Column("METHOD"), Column("TRAINER"), Column("STATUS"), Column("HERE")],
+        [
+            [name, method.trainer, method.status, "available" if reason is None else f"unavailable: {reason}"]
+            for name, method, reason in listed
+        ],
+    )
 
 
 def schema(

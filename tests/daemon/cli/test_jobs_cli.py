@@ -134,3 +134,84 @@ def test_get_tells_one_requests_history_and_where_it_stands(settings: Settings) 
     )
     code, _ = cli(settings, "get", "never-sent")
     assert code == 1
+
+
+def json_of(settings: Settings, *args: str) -> tuple[int, Any, str]:
+    """The command's exit code, its stdout parsed as JSON (None when empty) and its stderr."""
+    result = runner.invoke(app, list(args), env=settings_environment(settings))
+    return result.exit_code, json.loads(result.stdout) if result.stdout else None, result.stderr
+
+
+def test_jobs_json_is_each_requests_fields_as_the_table_lists_them(settings: Settings) -> None:
+    """Issue 63: `adapterd jobs --json`, one JSON array, the table's requests in its order, times in ISO 8601."""
+    publish(settings, HISTORY)
+    code, said, stderr = json_of(settings, "jobs", "--json")
+    assert code == 0, stderr
+    assert [each["request_id"] for each in said] == list(rows(cli(settings, "jobs")[1]))
+    done = said[0]
+    assert done == {
+        "request_id": "done-1",
+        "state": "succeeded",
+        "method": "sft",
+        "host": "gpu-a",
+        "attempt": 1,
+        "since": done["since"],
+        "last": done["last"],
+        "latest": "succeeded",
+        "detail": "published main: my-org/done-1@main",
+        "events": 5,
+    }
+    assert datetime.fromisoformat(done["since"]) == HISTORY[0].time
+    assert datetime.fromisoformat(done["last"]) == HISTORY[4].time
+    broken = said[1]
+    assert (broken["state"], broken["attempt"], broken["host"]) == ("failed", 2, "gpu-b")
+    # The filters are the table's.
+    assert [each["request_id"] for each in json_of(settings, "jobs", "--json", "--state", "running")[1]] == ["busy-3"]
+    assert [each["request_id"] for each in json_of(settings, "jobs", "--json", "--host", "gpu-a")[1]] == [
+        "done-1",
+        "busy-3",
+    ]
+
+
+def test_get_json_is_the_request_with_its_history(settings: Settings) -> None:
+    publish(settings, HISTORY)
+    code, said, stderr = json_of(settings, "get", "done-1", "--json")
+    assert code == 0, stderr
+    assert (said["request_id"], said["state"], said["method"], said["attempt"], said["events"]) == (
+        "done-1",
+        "succeeded",
+        "sft",
+        1,
+        5,
+    )
+    assert said["detail"] == "published main: my-org/done-1@main" and said["waiting"] is None
+    # Its events as `adapterd events` prints them, the latest progress only, as the text shows them.
+    shown = [HISTORY[index] for index in (0, 1, 3, 4)]
+    assert said["history"] == [json.loads(event.model_dump_json()) for event in shown]
+    code, said, stderr = json_of(settings, "get", "never-sent", "--json")
+    assert code == 1 and said is None and "no events for never-sent" in stderr
+
+
+def test_a_100_character_request_id_leaves_every_column_of_jobs_in_its_place(settings: Settings) -> None:
+    """Issue 63: the REQUEST column was 28 characters wide, and a longer id (the demo's second, 30) pushed the rest of
+    its row right. Each column is now as wide as its widest cell: every value starts under its header."""
+    long = "sweep-lr-grid-3-" + "x" * 84
+    publish(
+        settings,
+        [
+            event("accepted", long, "gpu-a", 3, method="sft"),
+            event("started", long, "gpu-a", 2, method="sft"),
+            event("accepted", "r-2", "gpu-b", 1, method="dpo"),
+        ],
+    )
+    code, lines = cli(settings, "jobs")
+    assert code == 0 and len(lines) == 3
+    header = lines[0]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        [long, "running", "sft", "gpu-a"],
+        ["r-2", "queued", "dpo", "gpu-b"],
+    ]
+    for line in lines[1:]:
+        for name, value in zip(("STATE", "METHOD", "HOST"), line.split()[1:4], strict=True):
+            assert line[header.index(name) :].startswith(value + " "), (name, line)
+        assert line[header.index("TRY") + len("TRY") - 1] == "1"  # right-aligned under its header

@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from daemon.cli.app import app
 from daemon.cli.console import describe
-from daemon.cli.jobs import HEADER, fold, history, line
+from daemon.cli.jobs import COLUMNS, fold, history, row
+from daemon.cli.listing import plain
 from daemon.kafka.options import kafka_options
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
@@ -224,7 +225,8 @@ def expected_jobs(settings: Settings) -> list[str]:
     """`adapterd jobs` as it was before the table: every event folded."""
     jobs = fold(asyncio.run(history(settings)))
     now = datetime.now(UTC)
-    return [HEADER] + [line(job, now) for job in sorted(jobs.values(), key=lambda job: (job.last, job.since))]
+    in_order = sorted(jobs.values(), key=lambda job: (job.last, job.since))
+    return plain(COLUMNS, [row(job, now) for job in in_order]).splitlines()
 
 
 def expected_get(settings: Settings, request_id: str) -> list[str]:

@@ -217,6 +217,35 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
     code, lines = cli(fleet, "jobs", "--state", "running", "--state", "queued")
     assert code == 0 and lines[0].split()[:2] == ["REQUEST", "STATE"] and lines[1].split()[:2] == ["run-1", "running"]
     assert lines[2] == "" and lines[3].split()[:2] == ["REQUEST", "CLASS"] and len(lines) == 4 + len(listed)
+    # Issue 63: --json, one array of the same requests in the same order, each with its place, ETA and where it waits.
+    result = runner.invoke(
+        app, ["jobs", "--state", "queued", "--slots", "1", "--json"], env=settings_environment(fleet)
+    )
+    assert result.exit_code == 0, result.stderr
+    said = {each["request_id"]: each for each in json.loads(result.stdout)}
+    assert list(said) == list(listed) and {each["state"] for each in said.values()} == {"queued"}
+    assert [said[request_id]["place"] for request_id in ("u1", "b0", "held-1", "b1", "b2", "junk-1")] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        None,
+    ]
+    assert (said["u1"]["priority_class"], said["u1"]["team"], said["u1"]["stage"], said["u1"]["where"]) == (
+        "urgent",
+        "fixes",
+        "unread",
+        f"{urgent}[0]@0",
+    )
+    assert said["b1"]["of"] == 5 and said["b1"]["eta_s"] is None and said["b1"]["method"] == "sft"
+    assert said["held-1"]["host"] == "gpu-c" and said["junk-1"]["stage"] == "undecodable"
+    result = runner.invoke(
+        app, ["jobs", "--state", "running", "--state", "queued", "--json"], env=settings_environment(fleet)
+    )
+    mixed = json.loads(result.stdout)
+    assert [(each["request_id"], each["state"]) for each in mixed[:2]] == [("run-1", "running"), ("u1", "queued")]
+    assert len(mixed) == 1 + len(listed) and mixed[0]["method"] == "sft" and "place" not in mixed[0]
 
     code, lines = cli(fleet, "get", "b1", "--slots", "1")
     assert (
@@ -227,6 +256,19 @@ def test_every_waiting_request_unread_claimed_or_held_is_listed_in_the_fleets_or
             "to estimate from); worked out at "
         )
     )
+    result = runner.invoke(app, ["get", "b1", "--slots", "1", "--json"], env=settings_environment(fleet))
+    assert result.exit_code == 0, result.stderr
+    got = json.loads(result.stdout)
+    assert (got["request_id"], got["state"], got["method"], got["history"]) == ("b1", "queued", None, [])
+    assert {key: got["waiting"][key] for key in ("place", "of", "eta_s", "stage", "where", "team")} == {
+        "place": 4,
+        "of": 5,
+        "eta_s": None,
+        "stage": "unread",
+        "where": f"{batch}[0]@1",
+        "team": "search",
+    }
+    assert datetime.fromisoformat(got["waiting"]["worked_out_at"]) > NOW
     code, lines = cli(fleet, "get", "held-1")
     assert (
         code == 0

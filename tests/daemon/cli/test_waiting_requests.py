@@ -164,8 +164,8 @@ def test_a_request_with_a_cancel_pending_leaves_the_queue_at_once_and_counts_in_
     assert (placed["b2"].place, placed["b2"].eta_s, placed["h1"].place) == (None, None, None)
     assert placed["junk-1"].request.cancel is None  # not a request: no cancel to honour, listed as it was
 
-    table, pending = queue_table(list(placed.values()), None, None, None, NOW)
-    assert [line.split()[0] for line in table[1:]] == ["b1", "b3", "junk-1"]
+    listed, pending = queue_table(list(placed.values()), None, None, None, NOW)
+    assert [each.request.request_id for each in listed] == ["b1", "b3", "junk-1"]
     assert (
         pending is not None
         and pending.startswith("2 waiting request(s) with a cancel pending")

@@ -362,4 +362,7 @@ async def test_adapterd_status_says_each_gpus_jobs_and_each_jobs_share(settings:
         server.shutdown()
     assert result.exit_code == 0, result.output
     assert "GPU 0: 1 of 4 job(s), 30.0 of 72.0 GiB held by their shares" in result.output
-    assert "r1  sft  slot 0, share 30.0 GiB  train" in result.output
+    assert result.stdout.splitlines()[-2:] == [
+        "REQUEST  METHOD  SLOT     SHARE  STAGE  STEP",
+        "r1       sft     0     30.0 GiB  train     -",
+    ]
