@@ -4,11 +4,11 @@ Depends on pydantic only, so that producers and consumers can import it; checkin
 signatures (schemas/signing.py) also needs `cryptography`, imported only when a key is read.
 """
 
-from schemas.common import SCHEMA_VERSION, FieldError
-from schemas.control import Cancel
-from schemas.decode import Rejection, decode_request
-from schemas.event_reading import parse_event, read_event
-from schemas.events import (
+from .common import SCHEMA_VERSION, FieldError
+from .control import Cancel
+from .decode import Rejection, decode_request
+from .event_reading import parse_event, read_event
+from .events import (
     TERMINAL_TYPES,
     Accepted,
     Cancelled,
@@ -23,8 +23,8 @@ from schemas.events import (
     Started,
     Succeeded,
 )
-from schemas.request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
-from schemas.signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
+from .request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
+from .signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
 
 __all__ = [
     "REQUEST_MODELS",

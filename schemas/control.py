@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
+from .common import REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen
 
 
 class Cancel(Frozen):

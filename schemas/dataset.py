@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from schemas.common import HUB_ID_PATTERN, Frozen, HubRevision
-from schemas.locations import has_parent_segment
+from .common import HUB_ID_PATTERN, Frozen, HubRevision
+from .locations import has_parent_segment
 
 MAX_INLINE_ROWS = 10_000
 # The handbook's SmolLM3 SFT recipe mixes 25 sources; each is one more listing and load in the child.

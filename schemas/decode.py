@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from schemas.common import REQUEST_ID_PATTERN, FieldError, RejectReason
-from schemas.json_text import SUSPECT_LEAF, encodable, leaf_problems, loads, repeated_keys, unreadable_numbers
-from schemas.request import REQUEST_MODELS, RequestBase
-from schemas.secrets import BUILTIN, SecretScanner
-from schemas.typos import closest, meant_field
+from .common import REQUEST_ID_PATTERN, FieldError, RejectReason
+from .json_text import SUSPECT_LEAF, encodable, leaf_problems, loads, repeated_keys, unreadable_numbers
+from .request import REQUEST_MODELS, RequestBase
+from .secrets import BUILTIN, SecretScanner
+from .typos import closest, meant_field
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from schemas.common import Frozen, branch_problem
-from schemas.dataset import SourceSpec
-from schemas.provenance import ResolvedSource
-from schemas.rewards import RewardFunction, RewardModelSpec
+from .common import Frozen, branch_problem
+from .dataset import SourceSpec
+from .provenance import ResolvedSource
+from .rewards import RewardFunction, RewardModelSpec
 
 # A metric's name as TRL logs it (`eval_loss`, `eval_rewards/accuracies`): short, and nothing that
 # could be mistaken for a path or markup when it lands in the model card.

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.events import EVENT_ADAPTER, Event
-from schemas.signing import EventKeys
+from .events import EVENT_ADAPTER, Event
+from .signing import EventKeys
 
 
 def parse_event(raw: bytes) -> Event:

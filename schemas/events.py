@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from schemas.addresses import HostPort
-from schemas.common import (
+from .addresses import HostPort
+from .common import (
     SCHEMA_VERSION,
     FieldError,
     Frozen,
     RejectReason,
     TrainingProgress,
 )
-from schemas.evaluation import EvaluationReport, Published
-from schemas.provenance import ResolvedSource, TrackedRun
+from .evaluation import EvaluationReport, Published
+from .provenance import ResolvedSource, TrackedRun
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 

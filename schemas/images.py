@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field
 
-from schemas.common import Frozen
+from .common import Frozen
 
 IMAGE_COLUMNS = ("images", "image")  # TRL's column names: a list of images per row, or one image
 DATA_URI = re.compile(r"^data:image/[A-Za-z0-9.+-]+;base64,")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 
-from schemas.common import MAX_INT, AdapterdError, FieldError
+from .common import MAX_INT, AdapterdError, FieldError
 
 
 class _RepeatedKey(AdapterdError):

@@ -10,10 +10,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.common import Frozen, HubRevision
-from schemas.request_base import MODEL_ID_PATTERN, RequestBase
-from schemas.rewards import OnlineRewards, RewardModelSpec
-from schemas.trl_fields import (
+from .common import Frozen, HubRevision
+from .request_base import MODEL_ID_PATTERN, RequestBase
+from .rewards import OnlineRewards, RewardModelSpec
+from .trl_fields import (
     CPOConfigFields,
     DistillationConfigFields,
     DPOConfigFields,

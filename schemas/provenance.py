@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.common import Frozen
+from .common import Frozen
 
 
 class SourceFile(Frozen):

@@ -14,7 +14,7 @@ from typing import Annotated, get_args
 
 from pydantic import Field
 
-from schemas.method_requests import (
+from .method_requests import (
     CPORequest,
     CPOSpec,
     DistillationRequest,
@@ -44,7 +44,7 @@ from schemas.method_requests import (
     SFTSpec,
     TeacherModelSpec,
 )
-from schemas.request_base import (
+from .request_base import (
     MAX_INLINE_ROWS,
     MODEL_ID_PATTERN,
     REPO_ID_PATTERN,
@@ -56,7 +56,7 @@ from schemas.request_base import (
     Resources,
     TrainingSpec,
 )
-from schemas.rewards import (
+from .rewards import (
     AccuracyReward,
     CosineScaledReward,
     ExactMatchReward,

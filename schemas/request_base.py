@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from schemas.common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, HubRevision, branch_problem
+from .common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, HubRevision, branch_problem
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
-from schemas.dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
-from schemas.evaluation import EVAL_SET_SUITES, EvaluationSpec, MethodSuite
-from schemas.images import image_column
-from schemas.methods import METHODS
-from schemas.regex import library_pattern_problem
-from schemas.trl_block import TRLBlock
-from schemas.trl_fields import (
+from .dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
+from .evaluation import EVAL_SET_SUITES, EvaluationSpec, MethodSuite
+from .images import image_column
+from .methods import METHODS
+from .regex import library_pattern_problem
+from .trl_block import TRLBlock
+from .trl_fields import (
     LoraConfigFields,
     ModelConfigFields,
     TrainingArgumentsFields,

@@ -13,8 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from schemas.common import MODEL_ID_PATTERN, Frozen
-from schemas.regex import pattern_problem
+from .common import MODEL_ID_PATTERN, Frozen
+from .regex import pattern_problem
 
 
 class ExactMatchReward(Frozen):

@@ -48,8 +48,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from schemas.regex import compile_pattern
-from schemas.skeleton import skeleton
+from .regex import compile_pattern
+from .skeleton import skeleton
 
 # Judged anywhere in a key's words; regex fragments over lowercase words joined by `_`, as
 # detect-secrets writes its own (`api_?key` covers `api_key`, `apiKey`, `x-api-key`, `APIKEY`).

@@ -26,9 +26,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from schemas.regex import compile_any, compile_matching, compile_pattern
-from schemas.secret_keys import CredentialKeys
-from schemas.secret_patterns import PATTERNS, shares_automaton
+from .regex import compile_any, compile_matching, compile_pattern
+from .secret_keys import CredentialKeys
+from .secret_patterns import PATTERNS, shares_automaton
 
 # A metadata value that is one long token of base64's alphabet, with letters of both cases and
 # digits, and close to random (bits per character): a key or a password, whatever its issuer.

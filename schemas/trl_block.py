@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 from pydantic import SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from schemas.common import Frozen
-from schemas.contract_rules import BLOCK_SOURCES, RENAMED, refusal, refused_names
+from .common import Frozen
+from .contract_rules import BLOCK_SOURCES, RENAMED, refusal, refused_names
 
 
 class TRLBlock(Frozen):

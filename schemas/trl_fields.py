@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from schemas.trl_block import TRLBlock
+from .trl_block import TRLBlock
 
 GENERATED_FROM = {"cpo": "trl 1.16.0", "distillation": "trl 1.16.0", "dpo": "trl 1.16.0", "gkd": "trl 1.16.0", "grpo": "trl 1.16.0", "kto": "trl 1.16.0", "model": "trl 1.16.0", "online_dpo": "trl 1.16.0", "orpo": "trl 1.16.0", "peft": "peft 0.21.2", "ppo": "trl 1.12.0", "reward": "trl 1.16.0", "rloo": "trl 1.16.0", "sft": "trl 1.16.0", "training": "transformers 5.25.0"}
 

@@ -13,6 +13,8 @@ inside functions too, so an import that only runs on some path cannot slip throu
 - handlers/ in layers by where the code runs: the entry points the daemon starts (handlers/child/)
   above the methods (handlers/methods/), above the toolkit they stand on (handlers/toolkit/). Nothing
   imports an entry point but another entry point, and the toolkit imports no method.
+- `schemas/`'s modules import each other relatively, never as `schemas.`: the client wheel installs
+  them under another name, `adapterd_schemas`.
 - `schemas/` depends on pydantic (and the standard library) only, so producers and consumers can
   import it; `schemas/regex.py` alone may use RE2 when it is installed, and without it the
   contract gives the same verdicts; `schemas/signing.py` alone imports `cryptography`, inside the
@@ -178,6 +180,13 @@ def test_the_entry_points_the_daemon_starts_exist() -> None:
 )
 def test_nothing_but_the_tests_imports_the_tests(path: Path) -> None:
     assert "tests" not in imported_packages(path)
+
+
+@pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_schemas_import_each_other_relatively(path: Path) -> None:
+    # The client wheel installs these files as `adapterd_schemas` (issue 63): an absolute `schemas.` import
+    # there would load the deprecated shim, or another project's `schemas`, instead of the package itself.
+    assert "schemas" not in imported_packages(path)
 
 
 @pytest.mark.parametrize("path", modules("schemas"), ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,8 +1,11 @@
 """The client install (issue 49): `client/` builds a wheel, `adapterd-client`, holding this repository's
-`schemas` package and asking for pydantic, aiokafka (with its snappy, lz4 and zstd extras: issue 61), cryptography and
+`schemas` package, installed as `adapterd_schemas` (issue 63: `schemas` is a name any team's project may have), and
+asking for pydantic, aiokafka (with its snappy, lz4 and zstd extras: issue 61), cryptography and
 confusable-homoglyphs only. Installed into a fresh environment with the network off, it brings a `schemas` that decodes
 requests and events, an aiokafka that reads every codec Kafka has, and no torch, TRL, transformers,
-PEFT or datasets, nor the daemon.
+PEFT or datasets, nor the daemon. The old name, `schemas`, stays for a release as a deprecated alias
+(client/schemas_shim/): it warns on import and gives adapterd_schemas's very modules, so a class is one class
+under both names.
 
 The wheel is built in the test (`uv build --offline --wheel client`). Its dependencies come from a
 folder of wheels the test packs from this environment's own installed copies (their RECORD files say
@@ -86,7 +89,7 @@ def pack(distribution: metadata.Distribution, folder: Path) -> Path:
     return wheel
 
 
-def test_the_client_wheel_installs_offline_with_schemas_and_none_of_the_training_stack(tmp_path: Path) -> None:
+def test_the_client_wheel_installs_offline_with_adapterd_schemas_and_none_of_the_training_stack(tmp_path: Path) -> None:
     built = subprocess.run(
         ["uv", "build", "--offline", "--wheel", str(ROOT / "client"), "-o", str(tmp_path / "dist")],
         capture_output=True,
@@ -109,12 +112,14 @@ def test_the_client_wheel_installs_offline_with_schemas_and_none_of_the_training
         "confusable-homoglyphs",
     }
     assert {name.split("/")[0] for name in names} == {
-        "schemas",
+        "adapterd_schemas",
+        "schemas",  # the deprecated alias alone
         wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info",
     }
     assert {path.name for path in (ROOT / "schemas").glob("*.py")} <= {
-        name.split("/")[1] for name in names if name.count("/") == 1
+        name.split("/")[1] for name in names if name.count("/") == 1 and name.startswith("adapterd_schemas/")
     }
+    assert [name for name in names if name.startswith("schemas/")] == ["schemas/__init__.py"]  # no second copy
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
@@ -154,8 +159,13 @@ def test_the_client_wheel_installs_offline_with_schemas_and_none_of_the_training
     )
     assert {canonicalize_name(row["name"]) for row in json.loads(listed.stdout)} == {"adapterd-client", *needed}
     probe = f"""
-import importlib.util, json, pathlib, schemas
-from schemas import RequestBase, decode_request, parse_event
+import importlib.util, json, pathlib, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import adapterd_schemas
+    from adapterd_schemas import RequestBase, decode_request, parse_event
+    from adapterd_schemas.signing import EventKeys
+current = [str(warning.message) for warning in caught]
 request = decode_request(pathlib.Path({str(ROOT / "schemas" / "examples" / "sft.json")!r}).read_bytes())
 assert isinstance(request, RequestBase), request
 # A credential-named key in lookalikes (Cyrillic а) is refused there too: the confusables came along.
@@ -163,8 +173,23 @@ document = json.loads(pathlib.Path({str(ROOT / "schemas" / "examples" / "sft.jso
 document["metadata"] = {{"p\u0430ssword": "hunter2"}}
 refused = decode_request(json.dumps(document).encode())
 assert not isinstance(refused, RequestBase), refused
+# The old name: warned of once, and the very same modules (a second copy would hold other classes).
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import schemas
+    from schemas import RequestBase as OldBase, decode_request as old_decode
+    import schemas.signing
+    from schemas.events import Progress
+legacy = [(warning.category.__name__, str(warning.message)) for warning in caught]
+old_request = old_decode(pathlib.Path({str(ROOT / "schemas" / "examples" / "sft.json")!r}).read_bytes())
+same = [schemas is adapterd_schemas, schemas.signing is adapterd_schemas.signing, OldBase is RequestBase,
+        schemas.signing.EventKeys is EventKeys, Progress is adapterd_schemas.events.Progress,
+        isinstance(old_request, RequestBase), adapterd_schemas.signing.__spec__.name == "adapterd_schemas.signing",
+        all(module is sys.modules["adapterd_schemas" + name[len("schemas"):]]
+            for name, module in list(sys.modules.items()) if name.split(".")[0] == "schemas")]
 import aiokafka.codec
-print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
+print(json.dumps({{"schemas": adapterd_schemas.__file__, "request": request.request_id,
+                  "current": current, "legacy": legacy, "same": same,
                   "codecs": [aiokafka.codec.has_gzip(), aiokafka.codec.has_snappy(), aiokafka.codec.has_lz4(), aiokafka.codec.has_zstd()],
                   "absent": [name for name in {TRAINING_STACK!r} if importlib.util.find_spec(name) is None]}}))
 """  # noqa: E501 (a script's text, run as written)
@@ -181,3 +206,19 @@ print(json.dumps({{"schemas": schemas.__file__, "request": request.request_id,
     assert said["schemas"].startswith(str(environment)) and said["request"] == "example-sft-1"
     assert said["absent"] == list(TRAINING_STACK)
     assert said["codecs"] == [True, True, True, True]  # every codec Kafka has: gzip, snappy, lz4, zstd
+    assert said["current"] == []  # adapterd_schemas imports without a warning
+    [(category, message)] = said["legacy"]  # `schemas`: one warning, however many of its modules are imported
+    assert category == "DeprecationWarning" and "adapterd_schemas" in message and "0.3.0" in message, message
+    assert said["same"] == [True] * 8, said["same"]
+
+    # Under Python's default filters the warning shows where a script imports the old name.
+    shown = subprocess.run(
+        [str(python), "-c", "import schemas.signing"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0 and shown.stderr.count("DeprecationWarning") == 1, shown.stderr
+    assert "<string>:1: DeprecationWarning" in shown.stderr, shown.stderr

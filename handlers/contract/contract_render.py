@@ -92,7 +92,7 @@ def render_module(contract: dict[str, Any]) -> str:
         "",
         "from pydantic import Field",
         "",
-        "from schemas.trl_block import TRLBlock",
+        "from .trl_block import TRLBlock",
         "",
         "GENERATED_FROM = "
         f"{json.dumps({b: s['package'] + ' ' + s['version'] for b, s in contract.items()}, sort_keys=True)}",

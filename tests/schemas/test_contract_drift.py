@@ -119,7 +119,8 @@ def test_every_model_config_path_names_a_real_field() -> None:
 def test_a_renamed_field_is_accepted_under_its_old_name_and_marked_deprecated(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a TRL rename does: the old name stays in the contract, deprecated, and reaches TRL under the new one."""
     monkeypatch.setitem(rules.RENAMED, "sft", {"max_seq_length": "max_length"})
-    namespace: dict[str, Any] = {}
+    # Run as a module of the schemas package would be: the generated text imports its base relatively.
+    namespace: dict[str, Any] = {"__name__": "schemas.trl_fields_renamed", "__package__": "schemas"}
     exec(compile(render_module(CHECKED_IN), "trl_fields_renamed", "exec"), namespace)  # our own generated text
     block = namespace["SFTConfigFields"]
     block.model_rebuild(_types_namespace=namespace)
