@@ -4,13 +4,16 @@ reading events back is `testbed.client`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import os
 import re
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +234,30 @@ def event_document(kind: str, **fields: Any) -> dict[str, Any]:
 # (2 GB) calls that out of memory before any input is to blame (CI, 2026-12-06). Forked from this small process,
 # the fuzzer's peak is its own, which is what the limit is there to bound.
 FUZZER_PARENT = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"]
+
+
+@contextlib.contextmanager
+def status_config(document: dict[str, Any], folder: Path) -> Iterator[Path]:
+    """A daemon's /status serving `document` (as it is when asked) on the loopback, and a settings file in `folder`
+    whose metrics_address names it: what `adapterd status -c FILE` reads."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Status(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(document).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass  # not on the command's output
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    config = folder / "host.toml"
+    config.write_text(f'metrics_address = "127.0.0.1:{server.server_address[1]}"\n')
+    try:
+        yield config
+    finally:
+        server.shutdown()

@@ -9,10 +9,8 @@ import io
 import json
 import re
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from daemon.cli.places import Placed
 from daemon.cli.waiting import SentCancel, WaitingRequest
 from daemon.table.entry import EntryHead
 from schemas.methods import METHODS
+from tests.helpers import status_config
 
 runner = CliRunner()
 ROOT = Path(__file__).parents[3]
@@ -202,22 +201,8 @@ def daemon_status(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any]]]:
         "children": {"mode": "spawn"},
     }
 
-    class Status(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(document).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
-    config = tmp_path / "host.toml"
-    config.write_text(f'metrics_address = "127.0.0.1:{server.server_address[1]}"\n')
-    try:
+    with status_config(document, tmp_path) as config:
         yield config, document
-    finally:
-        server.shutdown()
 
 
 def test_status_lists_the_jobs_in_a_table_that_fits_a_100_character_id(daemon_status: tuple[Path, Any]) -> None:

@@ -21,7 +21,7 @@ from schemas import Cancel, RequestBase
 from testbed.data import TINY_MODEL
 from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChildren, Script
-from tests.helpers import sft_request
+from tests.helpers import sft_request, status_config
 
 GIB = 2**30
 HANGS = Script(messages=[StageEntered(stage="train")], hang=True)
@@ -321,9 +321,6 @@ async def test_the_hosts_speed_settings_reach_the_child_and_are_all_off_by_defau
 
 async def test_adapterd_status_says_each_gpus_jobs_and_each_jobs_share(settings: Settings, tmp_path: Path) -> None:
     """The daemon's /status document with packing on (Service.status), as `adapterd status` prints it."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from typer.testing import CliRunner
 
@@ -344,22 +341,8 @@ async def test_adapterd_status_says_each_gpus_jobs_and_each_jobs_share(settings:
         {"request_id": "r1", "method": "sft", "slot": "0", "stage": "train", "memory_share_bytes": 30 * GIB}
     ]
 
-    class Status(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(document).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Status)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        config = tmp_path / "host.toml"
-        config.write_text(f'metrics_address = "127.0.0.1:{server.server_address[1]}"\n')
+    with status_config(document, tmp_path) as config:
         result = await asyncio.to_thread(CliRunner().invoke, app, ["status", "-c", str(config)])
-    finally:
-        server.shutdown()
     assert result.exit_code == 0, result.output
     assert "GPU 0: 1 of 4 job(s), 30.0 of 72.0 GiB held by their shares" in result.output
     assert result.stdout.splitlines()[-2:] == [
