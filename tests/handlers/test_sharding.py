@@ -24,9 +24,11 @@ from testbed.data import CHAT_ROWS
 from tests.helpers import sft_request
 
 # Sharded and data-parallel losses differ only by the order of floating-point sums (a reduce-scatter
-# against an all-reduce; on these CPUs they came out equal): far below this, and far above it when the
-# ranks train on other batches or one rank's gradient is lost.
-LOSS_RTOL = 1e-4
+# against an all-reduce), which Adam's steps then carry: equal on some CPUs, 2.3e-4 apart (relative) at the
+# fourth step of a full-fine-tune DPO on an Intel Xeon with AVX-512 (the sum's order is the CPU's kernels').
+# Below this on any CPU, and far above it when the ranks train on other batches or one rank's gradient is
+# lost (a step's update, which moves the loss by a tenth or more here).
+LOSS_RTOL = 1e-3
 TINY_PARAMS = 28_960  # the tiny model's parameters (handlers/fixtures/tiny_model.py)
 
 
