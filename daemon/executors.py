@@ -11,6 +11,7 @@ event loop's default executor, so one kind cannot take every thread from another
 - `verify`: checking the signatures of records read in bulk, and parsing them (the table's reader,
   daemon/table/reader.py, through `run_chunks`): Ed25519's verify releases the interpreter, so one
   thread a core verifies beside the loop and on every core.
+- `parse`: parsing and hashing the table's records as a reader polls them (daemon/table/reader.py), one thread.
 - `table`: the table's keeper: verifying, parsing and folding events, verifying and signing entries, a batch at
   a time (daemon/table/keeper.py). Ed25519's verification releases the interpreter, so two threads verify
   beside the loop and on both cores.
@@ -40,7 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "table", "order"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "parse", "table", "order"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
@@ -53,6 +54,9 @@ THREADS: dict[Kind, int] = {
     "hub": 8,
     "retention": 1,
     "verify": max(1, os.cpu_count() or 1),
+    # Parsing the table's records holds the interpreter (pydantic's JSON parser): a second thread parses no faster,
+    # and takes the interpreter from the loop as often again (a restarted fleet host's view loads 22,605 heads).
+    "parse": 1,
     "table": 2,
     "order": 1,  # the fleet's order of thousands of waiting requests, worked out beside the loop (the announcer's)
 }

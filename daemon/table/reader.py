@@ -264,7 +264,7 @@ async def _read_entries(
                 latest[(record.partition, record.key)] = record
                 if not is_seal(record):
                     entries.append(record)
-            results = await run_chunks("verify", partial(parsed, model=model), entries)
+            results = await run_chunks("parse", partial(parsed, model=model), entries)
             for record, result in zip(entries, results, strict=True):
                 taken[(record.partition, record.key)] = result
     seals = [record for record in latest.values() if is_seal(record)]
