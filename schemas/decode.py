@@ -70,7 +70,7 @@ def _path(loc: tuple[int | str, ...], document: object = None) -> str:
         if (
             isinstance(node, dict)
             and isinstance(part, str)
-            and part in {node.get(tag) for tag in _TAGS}
+            and any(node.get(tag) == part for tag in _TAGS)  # a tag's value may be anything a writer sent: a list
             and (part not in node or following in node)
         ):
             # the tag; a tag that is also a field's name ('task') is the tag when the next part is a field of this node
