@@ -263,6 +263,7 @@ def usage(
     from datetime import UTC, datetime
 
     from daemon.cli import usage as chargeback
+    from daemon.cli.listing import show_json, show_table
     from daemon.fleet.chargeback import report
 
     settings = read_settings(config)
@@ -278,6 +279,8 @@ def usage(
     rows = report(events, begins, ends, now.timestamp(), by=grouped)
     ends = min(ends, now)  # what the figures cover: nothing is counted past now
     if as_json:
-        typer.echo(chargeback.as_json(rows, grouped, begins, ends))
-    else:
-        chargeback.print_table(rows, grouped, begins, ends)
+        show_json(chargeback.rows_of(rows, grouped, begins, ends))
+        return
+    # The period beside the listing, on stderr as every listing verb says what is not its rows: stdout is the table.
+    typer.echo(f"GPU-hours from {begins.isoformat()} to {ends.isoformat()}", err=True)
+    show_table(*chargeback.table_of(rows, grouped))
