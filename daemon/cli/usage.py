@@ -74,7 +74,8 @@ async def read_events(settings: Settings, since: datetime) -> list[Event]:
 
 
 def rows_of(rows: Sequence[Row], by: Sequence[str], begins: datetime, ends: datetime) -> list[dict[str, object]]:
-    """`--json`'s document: an object a row, the groupings asked for, gpu_hours, jobs, runs and the period."""
+    """`--json`'s document: an object a row, with `USAGE_FIELDS` (daemon/cli/listing.py) in their order, the groupings
+    only where asked for."""
     return [
         {
             **({"team": row.team} if "team" in by else {}),

@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from daemon.cli.listing import USAGE_FIELDS
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Event, parse_event
@@ -116,6 +117,7 @@ def test_usage_totals_gpu_hours_per_team_and_class_read_from_the_periods_start_l
         ("search", 8.0, 2),
     ]
     assert all("priority_class" not in row for row in json.loads(output))
+    assert list(json.loads(output)[0]) == [name for name in USAGE_FIELDS if name != "priority_class"]
 
     code, output = cli(settings, *period)
     assert code == 0, output
