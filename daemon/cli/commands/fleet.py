@@ -171,7 +171,7 @@ def get(
     job = read.entries.get(request_id)
     waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
     now = datetime.now(UTC)
-    if job is None or job.state == "queued":
+    if job is None or job.state in ("queued", "held"):
         waits = with_kafka(settings, waiting_placed(settings, request_id, slots, now))
     if job is None and waits is None:
         typer.echo(
