@@ -21,7 +21,8 @@ from tests.helpers import sft_request
 
 pytestmark = pytest.mark.slow
 
-TRAINING = {"max_steps": 24, "save_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
+MAX_STEPS = 24
+TRAINING = {"max_steps": MAX_STEPS, "save_steps": 4, "learning_rate": 1e-2, "per_device_train_batch_size": 2}
 
 
 def losses(events: list[Event]) -> dict[int, float]:
@@ -75,11 +76,11 @@ async def test_a_paused_job_waits_without_training_and_resumed_ends_as_an_uninte
     assert len(starts) == 2
     before, after = losses(events[: starts[1]]), losses(events[starts[1] :])
     kept = paused.resume_from_step
-    assert min(after) == kept + 1 and max(after) == TRAINING["max_steps"]  # resumed there: no step trained twice
+    assert min(after) == kept + 1 and max(after) == MAX_STEPS  # resumed there: no step trained twice
     assert max(before) <= kept  # and none of the first run's past what it kept
     run = {**before, **after}
     expected = losses(reference)
-    assert sorted(run) == sorted(expected) == list(range(1, TRAINING["max_steps"] + 1))
+    assert sorted(run) == sorted(expected) == list(range(1, MAX_STEPS + 1))
     # One host's CPU kernels both times: the same losses (observed equal to the bit); another batch, or an optimizer
     # state not restored, moves a step's loss by a thousandth or more at this learning rate.
     assert [run[step] for step in sorted(run)] == pytest.approx([expected[step] for step in sorted(expected)], rel=1e-5)
