@@ -26,7 +26,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.job.events import JobEvents
-from daemon.job.lifecycle import Stop
+from daemon.job.lifecycle import State, Stop
 from daemon.job.runner import JobRunner
 from daemon.jobs.offered import Offered
 from daemon.jobs.waiting_retries import WaitingRetries
@@ -97,7 +97,13 @@ class Holds:
         for tp, job in list(scheduler.jobs.items()):
             if job.request_id != request_id or tp in self.pausing:
                 continue
-            if job.runner.stop(Stop.interrupt(f"paused: {reason}", scheduler.settings.drain_timeout_s)):
+            # Trained (its slots free, judged or pushed now) or pushing: too late, as for a cancel. An interrupt would
+            # be taken, but it would stop a push half done for nothing: the slots are free already.
+            if (
+                job.placement is not None
+                and job.runner.lifecycle.state is not State.PUSHING
+                and job.runner.stop(Stop.interrupt(f"paused: {reason}", scheduler.settings.drain_timeout_s))
+            ):
                 self.pausing[tp] = reason
             else:
                 log.warning("pause.too_late", request_id=request_id, stage=job.runner.stage)

@@ -230,9 +230,9 @@ class Scheduler:
             if event is None:
                 # Interrupted: nothing published, nothing committed; the request is read again. A preempted
                 # one is back in its class's queue, its claim committed in the same transaction.
-                # A paused one waits again, held (daemon/jobs/holds.py).
-                if await self.fleet.after_interrupt(tp, record, runner) or await self.held.after_pause(
-                    tp, record, runner, self
+                # A paused one waits again, held (daemon/jobs/holds.py): first, as a pause outranks a preemption.
+                if await self.held.after_pause(tp, record, runner, self) or await self.fleet.after_interrupt(
+                    tp, record, runner
                 ):
                     self.partitions.committed[tp] = offset + 1
                 return

@@ -174,3 +174,32 @@ async def test_a_hold_leaves_a_running_job_running_and_a_pause_of_no_job_holds_i
     await core.scheduler.control(Pause(request_id="r2", reason="later"))
     assert await offer(core, "r2", 8) is Offered.WAITING
     assert [(e["type"], e["reason"]) for e in core.events("r2")] == [("held", "later")]
+
+
+async def test_a_pause_once_the_job_has_trained_is_too_late_and_it_ends_as_it_would(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its child gone and its slots free, the job is judged and pushed: an interrupt would stop a push half done and
+    free nothing."""
+    import threading
+
+    from daemon.job import runner as job_module
+
+    pushing, release = threading.Event(), threading.Event()
+    real_push = job_module.hub_push.push
+
+    def slow_push(*args: object, **kwargs: object) -> object:
+        pushing.set()
+        release.wait(30)
+        return real_push(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(job_module.hub_push, "push", slow_push)
+    core = CoreOnFakes(settings, children=FakeChildren(SUCCEEDS))
+    assert await offer(core, "r1", 7) is Offered.STARTED
+    job = core.scheduler.jobs[core.tp]
+    await asyncio.to_thread(pushing.wait, 30)
+    await core.scheduler.control(Pause(request_id="r1", reason="too late"))
+    release.set()
+    await job.task
+    assert core.types("r1")[-1] == "succeeded" and "paused" not in core.types("r1")
+    assert core.consumer.commits == [(core.tp, 8)] and core.requeued() == []
