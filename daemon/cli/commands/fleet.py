@@ -37,7 +37,10 @@ def jobs(
         list[str] | None,
         typer.Option(
             "--state",
-            help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.",
+            help=(
+                "Only requests in this state (queued, held, running, succeeded, failed, cancelled, rejected); "
+                "repeatable."
+            ),
         ),
     ] = None,
     method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
