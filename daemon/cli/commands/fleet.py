@@ -37,7 +37,10 @@ def jobs(
         list[str] | None,
         typer.Option(
             "--state",
-            help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.",
+            help=(
+                "Only requests in this state (queued, held, running, succeeded, failed, cancelled, rejected); "
+                "repeatable."
+            ),
         ),
     ] = None,
     method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
@@ -171,7 +174,7 @@ def get(
     job = read.entries.get(request_id)
     waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
     now = datetime.now(UTC)
-    if job is None or job.state == "queued":
+    if job is None or job.state in ("queued", "held"):
         waits = with_kafka(settings, waiting_placed(settings, request_id, slots, now))
     if job is None and waits is None:
         typer.echo(
