@@ -18,9 +18,9 @@ and its request waits held.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 from aiokafka import TopicPartition
@@ -28,17 +28,32 @@ from aiokafka import TopicPartition
 from daemon.job.events import JobEvents
 from daemon.job.lifecycle import State, Stop
 from daemon.job.runner import JobRunner
-from daemon.jobs.offered import Offered
+from daemon.jobs.fleet_hooks import FleetHooks
+from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.waiting_retries import WaitingRetries
 from daemon.kafka.partitions import Partitions
 from daemon.kafka.publisher import Publisher
 from daemon.kafka.records import Record
+from daemon.resources.slots import Slots
+from daemon.settings import Settings
 from schemas import Cancel, Control, Held, Hold, Pause, Paused, Released, RequestBase
 
-if TYPE_CHECKING:
-    from daemon.jobs.scheduler import Scheduler
-
 log = structlog.get_logger()
+
+
+class Scheduler(Protocol):
+    """What holds read of the scheduler (daemon/jobs/scheduler.py), which holds them: named here rather than imported,
+    so that neither module imports the other."""
+
+    settings: Settings
+    slots: Slots
+    fleet: FleetHooks
+
+    @property
+    def jobs(self) -> Mapping[TopicPartition, RunningJob]: ...
+
+    def holds(self, tp: TopicPartition) -> bool: ...
+
 
 HELD = float("inf")  # a held request's due time as a waiting retry's: only a release or a new arrival wakes it
 
