@@ -22,6 +22,7 @@ from .events import (
     Retrying,
     Started,
     Succeeded,
+    Waiting,
 )
 from .request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
 from .signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
@@ -51,6 +52,7 @@ __all__ = [
     "Succeeded",
     "TrainingRequest",
     "UnverifiedEvent",
+    "Waiting",
     "decode_request",
     "parse_event",
     "read_event",

@@ -34,7 +34,12 @@ START_FROM_DESCRIPTION = (
 )
 
 
-def chain_problem(request_id: str, after: list[str], start_from: str | None) -> str | None:
+# The methods whose handlers load a start (handlers/toolkit/start_from.py), each checked by a test; another method's
+# request naming one is refused rather than trained from the bare base.
+STARTS_FROM_METHODS = frozenset({"sft", "dpo"})
+
+
+def chain_problem(request_id: str, method: str, after: list[str], start_from: str | None) -> str | None:
     """Why `after` and `start_from` cannot be as given, naming the field first ("after: ..."), or None."""
     if request_id in after:
         return f"after: names the request itself ({request_id!r}); a request cannot wait for itself"
@@ -43,6 +48,8 @@ def chain_problem(request_id: str, after: list[str], start_from: str | None) -> 
         if each in seen:
             return f"after: {each!r} is named twice"
         seen.add(each)
+    if start_from is not None and method not in STARTS_FROM_METHODS:
+        return f"start_from: offered for {', '.join(sorted(STARTS_FROM_METHODS))}, not for method {method} yet"
     if start_from is not None and start_from not in seen:
         return f"start_from: {start_from!r} is not among after {after}; a request starts only from one it waits for"
     return None

@@ -399,6 +399,15 @@ class Preempted(EventBase):
     )
 
 
+class Waiting(EventBase):
+    """Not terminal: the request was reached and waits for requests its `after` names to succeed (docs/requests.md,
+    Pipelines). Published when it starts waiting and again whenever the set it waits for changes; it then starts, or
+    ends `failed` (`prerequisite_failed`) when one of them fails, is cancelled or is rejected."""
+
+    type: Literal["waiting"] = "waiting"
+    after: list[str] = Field(description="The ids of its `after` that have not succeeded yet.")
+
+
 Event = Annotated[
     Accepted
     | Rejected
@@ -410,7 +419,8 @@ Event = Annotated[
     | Failed
     | Cancelled
     | Queued
-    | Preempted,
+    | Preempted
+    | Waiting,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -251,7 +251,7 @@ class RequestBase(Frozen):
 
     @model_validator(mode="after")
     def _inline_rows_fit_the_method(self) -> RequestBase:
-        chain = chain_problem(self.request_id, self.after, self.start_from)
+        chain = chain_problem(self.request_id, self.method, self.after, self.start_from)
         if chain:
             raise ValueError(chain)
         if self.dataset.rows is not None:

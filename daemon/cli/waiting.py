@@ -236,9 +236,9 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
 
 
 def _said(job: RequestSummary) -> str:
-    """What a waiting request's latest event adds: why it waits again (a retry, a preemption). A `queued`
+    """What a waiting request's latest event adds: why it waits again (a retry, a preemption, its `after`). A `queued`
     event's place is left out: it is the place when that host said it; the listing's place is now's."""
-    return job.detail if job.latest in ("retrying", "preempted") else ""
+    return job.detail if job.latest in ("retrying", "preempted", "waiting") else ""
 
 
 def _header(record: Record, name: str) -> str | None:
