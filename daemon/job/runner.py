@@ -256,7 +256,7 @@ class JobRunner:
                 await self.on_trained()
             report, where = self._judged(result)
             write_card(
-                self.job_dir / "artifact", self.request, result, report, self.settings
+                self.job_dir / "artifact", self.request, result, report, self.settings, self.start
             )  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()
             if where.published == "none":

@@ -59,6 +59,9 @@ async def test_a_dpo_waits_for_its_sft_and_trains_the_sft_adapter(
     pushed = download(published.endpoint, "results/chain-dpo", dpo_events[-1].commit_sha, tmp_path / "hf")
     assert json.loads((Path(pushed) / "adapter_config.json").read_text())["r"] == 4
     assert not (Path(pushed) / "ref").exists()
+    card = (Path(pushed) / "README.md").read_text()  # the model card names the chain
+    assert "- After: `chain-sft`" in card
+    assert f"- Started from: `results/chain-sft` at `{sft_done.commit_sha}`, published by `chain-sft`" in card
 
     # The request waiting for one that failed ends failed, naming it and why, without training.
     assert isinstance(events["chain-broken"][-1], Failed)
