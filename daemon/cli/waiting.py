@@ -229,7 +229,12 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
         dict(decoded.metadata),
         queue.stage,
         where,
-        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
+        "; ".join(
+            [
+                *([f"preempted {preempted}x, resumes from its checkpoint"] if preempted else []),
+                *([f"after {', '.join(decoded.after)}"] if decoded.after else []),  # its request's own `after`
+            ]
+        ),
         at=(record.topic, record.partition, record.offset),
         steps=decoded.training.max_steps,
     )

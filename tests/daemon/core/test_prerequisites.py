@@ -5,6 +5,7 @@ once that succeeded, ends failed when one failed, and is rejected naming `after`
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -209,3 +210,51 @@ async def test_a_request_without_after_asks_the_fleet_nothing(settings: Settings
     record = core.record(sft_request("plain"), 0)
     assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
     assert fleet.asked == [] and time.time() > 0
+
+
+async def test_with_priority_classes_a_request_whose_prerequisite_runs_is_not_claimed_and_holds_up_none(
+    tmp_path: Path,
+) -> None:
+    from schemas import parse_event
+    from schemas.signing import new_key_pair
+    from tests.daemon.core.test_fleet_core import claims, host, submit, turns
+
+    key = tmp_path / "event-signing-key.pem"
+    key.write_bytes(new_key_pair()[0])
+    retry_key = tmp_path / "retry-key"
+    retry_key.write_bytes(b"the fleet's one retry key, long enough")
+    settings = Settings(
+        event_signing_key_file=key,
+        retry_key_file=retry_key,
+        gpus=[],
+        warm_child=False,
+        work_dir=tmp_path / "work",
+        hub_token=None,
+        host="this-host",
+        claims_topic="adapterd.claims",
+        default_priority_class="default",
+        priority_classes=[{"name": "default"}],
+        queue_wait_event_s=0.0,
+        job_slots=2,
+    )
+    core, dispatcher = host(settings, claims_partitions=2)
+
+    def started(request_id: str, kind: str) -> None:  # an event of another host, as the view folds it
+        fields = {"type": kind, "request_id": request_id, "host": "elsewhere", "attempt": 1, "schema_version": 1}
+        extra = {"started": {"slot": 0, "method": "sft", "pid": 1}, "accepted": {"method": "sft"}}.get(kind, {})
+        dispatcher.view.observe(parse_event(json.dumps({**fields, **extra}).encode()), time.time())  # type: ignore[arg-type]
+
+    started("sft-1", "accepted")
+    body = dependant()
+    core.fleet.produce(settings.class_topics["default"], b"dpo-1", json.dumps(body).encode(), timestamp=1)
+    submit(core, "plain-after", "default", at_ms=2)
+    await turns(dispatcher)
+    assert claims(core) == [b"plain-after"]  # the one behind it is claimed; it is not
+
+    fleet_done = Fleet()
+    fleet_done.succeeded("sft-1")
+    done = fleet_done.known["sft-1"].succeeded
+    assert done is not None
+    dispatcher.view.observe(done, time.time())
+    await turns(dispatcher)
+    assert claims(core) == [b"plain-after", b"dpo-1"]
