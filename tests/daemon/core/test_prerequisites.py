@@ -258,3 +258,28 @@ async def test_with_priority_classes_a_request_whose_prerequisite_runs_is_not_cl
     dispatcher.view.observe(done, time.time())
     await turns(dispatcher)
     assert claims(core) == [b"plain-after", b"dpo-1"]
+
+
+def test_jobs_and_get_say_what_a_waiting_request_waits_for() -> None:
+    from daemon.cli.console import describe
+    from daemon.cli.jobs import document
+    from daemon.table.entry import folded
+    from schemas import parse_event
+
+    waiting = parse_event(
+        json.dumps(
+            {
+                "schema_version": 1,
+                "type": "waiting",
+                "request_id": "dpo-1",
+                "host": "h",
+                "attempt": 1,
+                "after": ["a", "b"],
+            }
+        ).encode()
+    )
+    entry = folded(None, waiting)  # type: ignore[arg-type]
+    assert entry is not None
+    said = document(entry)  # `adapterd jobs --json` (and `get --json`)
+    assert (said["state"], said["latest"], said["detail"]) == ("queued", "waiting", "waits for a, b")
+    assert describe(waiting).endswith("dpo-1 waiting on h: waits for a, b")  # type: ignore[arg-type]
