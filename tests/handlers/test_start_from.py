@@ -63,3 +63,44 @@ def test_dpo_starts_from_the_sft_adapter_trained_and_as_its_reference(tiny_model
     before, after = (load_file(folder / "adapter_model.safetensors") for folder in (adapter, artifact))
     assert set(before) == set(after)
     assert any(not before[name].equal(after[name]) for name in before)
+
+
+@pytest.mark.slow
+def test_sft_from_a_merged_model_takes_it_for_the_base(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file as load
+
+    rows = [{"prompt": "2+2=", "completion": "4"}] * 4
+    merged, _ = run_handler(
+        example_request(
+            "sft",
+            "chain-merged",
+            model={"id": str(tiny_model_dir)},
+            dataset={"rows": rows},
+            output={"repo_id": "results/chain-merged", "push": "merged"},
+        ),
+        tmp_path / "merged",
+    )
+    folder = tmp_path / "merged" / "artifact"
+    assert not (folder / "adapter_config.json").exists()
+    start = StartPoint(request_id="chain-merged", repo_id="results/chain-merged", folder=folder)
+    again, _ = run_handler(
+        example_request(
+            "sft",
+            "chain-next",
+            model={"id": str(tiny_model_dir)},
+            dataset={"rows": rows},
+            training={**SMALL_TRAINING, "max_steps": 1, "learning_rate": 1e-12},
+            output={"repo_id": "results/chain-next", "push": "merged"},
+            after=["chain-merged"],
+            start_from="chain-merged",
+        ),
+        tmp_path / "next",
+        start=start,
+    )
+    assert merged.trainer == again.trainer == "trl.SFTTrainer/trl.SFTConfig", again
+    # Next to no learning: what is pushed is the base it started from, the merged model, not the tiny model it named.
+    start_weights, pushed = (load(each / "model.safetensors") for each in (folder, tmp_path / "next" / "artifact"))
+    base = load(tiny_model_dir / "model.safetensors")
+    assert all(torch.allclose(start_weights[name], pushed[name], atol=1e-6) for name in start_weights)
+    assert any(not torch.allclose(base[name], pushed[name], atol=1e-4) for name in base if name in pushed)
