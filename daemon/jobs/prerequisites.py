@@ -17,6 +17,7 @@ its entry, so as current as the events topic): at most MAX_AFTER reads, each bou
   `wake` asks each turn). So it is read again, and its prerequisites looked up again, at least every `recheck_s`.
   A waiting request publishes `waiting` (not terminal) naming the ids it waits for, once for each set of them, so
   `adapterd jobs` and `get` say what it waits for.
+- The table cannot be read (the brokers away): it waits as above, and is looked at again.
 - An id the fleet has never heard of (no entry, no event): a pipeline publishes its first request and the next one at
   once, and without priority classes a request has no event until a host starts it (it may wait behind a long job in
   its partition). So an unknown id is waited for like one queued, for `unknown_wait_s` after this host first read the
@@ -112,7 +113,12 @@ class Prerequisites:
         if not request.after:
             return None
         lookup = self.lookup if self.lookup is not None else self._table_lookup
-        known = dict(zip(request.after, await asyncio.gather(*(lookup(each) for each in request.after)), strict=True))
+        try:
+            answers = await asyncio.gather(*(lookup(each) for each in request.after))
+        except Exception as exc:  # the brokers away, a topic missing: not the request's fault, so it waits, not ends
+            log.warning("request.prerequisites_unread", request_id=request.request_id, error=repr(exc))
+            return await self._wait(tp, record, request, self.clock())
+        known = dict(zip(request.after, answers, strict=True))
         ended = _ended(request, known)
         if ended is not None:
             await self._end(tp, record, request, attempt, ended)

@@ -283,3 +283,16 @@ def test_jobs_and_get_say_what_a_waiting_request_waits_for() -> None:
     said = document(entry)  # `adapterd jobs --json` (and `get --json`)
     assert (said["state"], said["latest"], said["detail"]) == ("queued", "waiting", "waits for a, b")
     assert describe(waiting).endswith("dpo-1 waiting on h: waits for a, b")  # type: ignore[arg-type]
+
+
+async def test_a_table_that_cannot_be_read_leaves_the_dependant_waiting_not_ended(settings: Settings) -> None:
+    fleet = Fleet()
+    core = core_on(settings, fleet)
+
+    async def away(request_id: str) -> Known:
+        raise ConnectionError("the brokers are away")
+
+    core.scheduler.prerequisites.lookup = away
+    record = core.record(dependant(), 7)
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.WAITING
+    assert core.events() == [] and core.consumer.commits == [] and core.scheduler.holds(core.tp)
