@@ -231,9 +231,12 @@ def _ended(request: RequestBase, known: dict[str, Known]) -> str | None:
         if request.request_id in one.waits_for:
             return f"after: {each} waits for {request.request_id} in turn: a cycle, neither can start"
     start = request.start_from
-    if start is not None and known[start].succeeded is not None and known[start].succeeded.published != "main":  # type: ignore[union-attr]
-        done = known[start].succeeded
-        assert done is not None
+    done = known[start].succeeded if start is not None else None
+    if start is not None and known[start].state == "succeeded" and done is None:
+        return (
+            f"start_from: {start} succeeded, and its `succeeded` event, which says where its artifact is, is not kept"
+        )
+    if done is not None and done.published != "main":
         return (
             f"start_from: {start} succeeded but published {done.published!r}, not to its requested revision "
             f"({done.repo_id}@{done.revision}): there is nothing to start from"
