@@ -86,6 +86,7 @@ class WaitingRequest:
     )
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
     cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
+    after: list[str] = field(default_factory=list)  # its request's `after`, as its record says
 
 
 @dataclass
@@ -237,6 +238,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
         ),
         at=(record.topic, record.partition, record.offset),
         steps=decoded.training.max_steps,
+        after=list(decoded.after),
     )
 
 

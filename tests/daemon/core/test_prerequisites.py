@@ -296,3 +296,17 @@ async def test_a_table_that_cannot_be_read_leaves_the_dependant_waiting_not_ende
     record = core.record(dependant(), 7)
     assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.WAITING
     assert core.events() == [] and core.consumer.commits == [] and core.scheduler.holds(core.tp)
+
+
+def test_a_waiting_records_listing_names_its_after(tmp_path: Path) -> None:
+    from daemon.cli.places import Placed
+    from daemon.cli.waiting import Queue, from_record
+    from testbed.memory_kafka import FakeRecord
+
+    settings = Settings(work_dir=tmp_path)
+    queue = Queue(settings.group_id, settings.requests_topic, "unread", None)
+    value = json.dumps(dependant(after=["data-1", "sft-1"])).encode()
+    waiting = from_record(queue, FakeRecord(queue.topic, 0, 3, b"dpo-1", value, [], 1_000), settings)
+    assert waiting.after == ["data-1", "sft-1"] and "after data-1, sft-1" in waiting.detail
+    said = Placed(waiting, None, None).document()  # `adapterd jobs --state queued --json`
+    assert said["after"] == ["data-1", "sft-1"]
