@@ -36,7 +36,7 @@ START_FROM_DESCRIPTION = (
 
 # The methods whose handlers load a start (handlers/toolkit/start_from.py), each checked by a test; another method's
 # request naming one is refused rather than trained from the bare base.
-STARTS_FROM_METHODS = frozenset({"sft", "dpo"})
+STARTS_FROM_METHODS = frozenset({"sft", "dpo", "grpo"})
 
 
 def chain_problem(request_id: str, method: str, after: list[str], start_from: str | None) -> str | None:

@@ -288,6 +288,8 @@ class RequestBase(Frozen):
                 f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its "
                 "trainer is not wired or tested sharded (docs/methods.md)"
             )
+        if self.start_from is not None:  # its adapter is loaded on a whole model (handlers/toolkit/start_from.py)
+            return f"{shard}: start_from {self.start_from} trains on a whole copy of the model; use shard 'none'"
         if self.method == "reward" and self.peft is not None:
             return (
                 f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score "

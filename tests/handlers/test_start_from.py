@@ -104,3 +104,28 @@ def test_sft_from_a_merged_model_takes_it_for_the_base(tiny_model_dir: Path, tmp
     base = load(tiny_model_dir / "model.safetensors")
     assert all(torch.allclose(start_weights[name], pushed[name], atol=1e-6) for name in start_weights)
     assert any(not torch.allclose(base[name], pushed[name], atol=1e-4) for name in base if name in pushed)
+
+
+@pytest.mark.slow
+def test_grpo_starts_from_the_sft_adapter(tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from daemon.cli.demo.requests import PROMPT_ROWS
+
+    adapter = _sft(tiny_model_dir, tmp_path / "sft")
+    start = StartPoint(request_id="chain-sft", repo_id="results/chain-sft", folder=adapter)
+    request = example_request(
+        "grpo",
+        "chain-grpo",
+        model={"id": str(tiny_model_dir)},
+        dataset={"rows": PROMPT_ROWS},
+        grpo={"num_generations": 4, "max_completion_length": 8, "beta": 0.04},
+        training={**SMALL_TRAINING, "max_steps": 1, "per_device_train_batch_size": 4},
+        peft={"r": 8, "lora_alpha": 16},  # not applied: the SFT adapter's own configuration is trained on
+        after=["chain-sft"],
+        start_from="chain-sft",
+    )
+    done, _ = run_handler(request, tmp_path / "grpo", start=start)
+    assert done.trainer == "trl.GRPOTrainer/trl.GRPOConfig", done
+    assert f"start_from chain-sft: {adapter} (adapter, trainable and as the reference)" in capsys.readouterr().err
+    artifact = tmp_path / "grpo" / "artifact"
+    assert json.loads((artifact / "adapter_config.json").read_text())["r"] == SMALL_LORA["r"]
+    assert not (artifact / "ref").exists()

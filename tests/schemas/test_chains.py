@@ -48,3 +48,9 @@ def test_start_from_is_refused_for_a_method_that_does_not_load_it() -> None:
     rejection = decoded("kto", after=["sft-1"], start_from="sft-1")
     assert isinstance(rejection, Rejection)
     assert rejection.errors[0].path == "start_from" and "not for method kto" in rejection.errors[0].message
+
+
+def test_a_start_is_not_trained_sharded() -> None:
+    rejection = decoded(after=["sft-1"], start_from="sft-1", resources={"gpus": 2, "shard": "fsdp"})
+    assert isinstance(rejection, Rejection)
+    assert rejection.errors[0].path == "resources.shard" and "start_from sft-1" in rejection.errors[0].message
