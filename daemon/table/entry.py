@@ -39,8 +39,12 @@ STATE_AFTER = {
     "preempted": "queued",
     # Reached, and waiting for the requests its `after` names (daemon/jobs/prerequisites.py).
     "waiting": "queued",
+    # Held while waiting, or paused while running, until a release (daemon/jobs/holds.py); then waiting again.
+    "held": "held",
+    "paused": "held",
+    "released": "queued",
 }
-STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
+STATES = ("queued", "held", "running", "succeeded", "failed", "cancelled", "rejected")
 ENDED = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest 32 events is not folded again
 EARLIER_RUNS = (
@@ -49,9 +53,11 @@ EARLIER_RUNS = (
 # What the fleet's folds read of a success's metrics (daemon/fleet/usage.py `Durations.observe`: the steps it trained
 # and a step's steady pace); beside them, its durations.
 KEPT_METRICS = frozenset({"train_runtime", "train_steps_per_second", "median_step_s"})
-RUN_ENDS = frozenset({"succeeded", "failed", "cancelled", "retrying", "preempted"})  # the events that end a run
+RUN_ENDS = frozenset(
+    {"succeeded", "failed", "cancelled", "retrying", "preempted", "paused"}
+)  # the events that end a run
 
-State = Literal["queued", "running", "succeeded", "failed", "cancelled", "rejected"]
+State = Literal["queued", "held", "running", "succeeded", "failed", "cancelled", "rejected"]
 
 
 class EntryHead(BaseModel):
@@ -216,4 +222,12 @@ def detail(event: Event) -> str:
         return f"waits for {', '.join(event.after)}"  # type: ignore[union-attr]
     if kind == "preempted":
         return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]
+    if kind == "held":
+        return f"held: {event.reason}"  # type: ignore[union-attr]
+    if kind == "paused":
+        kept = event.resume_from_step  # type: ignore[union-attr]
+        resumes = "starts over" if kept is None else f"resumes from step {kept}"
+        return f"paused at step {event.stopped_at_step}: {event.reason}; held, {resumes}"  # type: ignore[union-attr]
+    if kind == "released":
+        return f"released: {event.reason}"  # type: ignore[union-attr]
     return ""
