@@ -56,6 +56,16 @@ class FastSettings(Frozen):
     )
 
 
+class StartPoint(Frozen):
+    """What a request starts from (its `start_from`, issue 63): the artifact its prerequisite published, as that
+    request's `succeeded` event says: a Hub repo at its commit, or the local sink's folder."""
+
+    request_id: str = Field(description="The prerequisite that published it.")
+    repo_id: str
+    commit_sha: str | None = Field(None, description="The Hub commit; None on the local sink.")
+    folder: Path | None = Field(None, description="On the local sink: the folder holding the artifact.")
+
+
 class JobSpec(Frozen):
     """What the parent hands a child: the validated request, where to put things, and how to report.
     Written as JSON into the job's folder; the child hands it to the method's handler as it is."""
@@ -129,6 +139,9 @@ class JobSpec(Frozen):
         default_factory=FastSettings,
         description="The host's speed settings, each applied where the request leaves the same field unset.",
     )
+    start: StartPoint | None = Field(
+        None, description="The artifact the request's `start_from` names (handlers/toolkit/start_from.py); None: none."
+    )
 
 
 # The stages a child goes through; `done` is the child's own (the daemon's `push` follows it).
@@ -156,6 +169,8 @@ FailureCode = Literal[
     "hub_unreachable",  # the Hub did not answer the push
     # handling the request failed unexpectedly max_record_faults times in a row (a bug of adapterd's); dead-lettered
     "internal",
+    # a request's `after` names one that failed, was cancelled or rejected, or published nothing to start from
+    "prerequisite_failed",
 ]
 
 # HTTP answers that say "try again later": a timeout, rate limiting, and the server-side errors

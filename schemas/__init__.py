@@ -25,6 +25,7 @@ from .events import (
     Retrying,
     Started,
     Succeeded,
+    Waiting,
 )
 from .request import REQUEST_MODELS, RequestBase, SFTRequest, TrainingRequest
 from .signing import SIGNATURE_HEADER, EventKeys, UnverifiedEvent
@@ -63,6 +64,7 @@ __all__ = [
     "Succeeded",
     "TrainingRequest",
     "UnverifiedEvent",
+    "Waiting",
     "decode_request",
     "parse_event",
     "read_event",

@@ -399,6 +399,15 @@ class Preempted(EventBase):
     )
 
 
+class Waiting(EventBase):
+    """Not terminal: the request was reached and waits for requests its `after` names to succeed (docs/requests.md,
+    Pipelines). Published when it starts waiting and again whenever the set it waits for changes; it then starts, or
+    ends `failed` (`prerequisite_failed`) when one of them fails, is cancelled or is rejected."""
+
+    type: Literal["waiting"] = "waiting"
+    after: list[str] = Field(description="The ids of its `after` that have not succeeded yet.")
+
+
 class Held(EventBase):
     """Not terminal: a request reached while it is held (`adapterd hold` or `pause`) is not started; it waits, the
     requests behind it going first, until a release. Published by the host that reached it, once per hold."""
@@ -441,6 +450,7 @@ Event = Annotated[
     | Cancelled
     | Queued
     | Preempted
+    | Waiting
     | Held
     | Paused
     | Released,

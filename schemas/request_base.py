@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from .chains import START_FROM_DESCRIPTION, AfterIds, chain_problem
 from .common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, HubRevision, branch_problem
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
@@ -238,6 +239,8 @@ class RequestBase(Frozen):
             "operator's); absent: 'default'."
         ),
     )
+    after: AfterIds = Field(default_factory=list)  # a pipeline's earlier steps (schemas/chains.py)
+    start_from: str | None = Field(None, pattern=REQUEST_ID_PATTERN, description=START_FROM_DESCRIPTION)
     # Bounded so that an event, which echoes it, stays far below the broker's message size.
     metadata: dict[Annotated[str, Field(min_length=1, max_length=128)], Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=dict,
@@ -248,6 +251,9 @@ class RequestBase(Frozen):
 
     @model_validator(mode="after")
     def _inline_rows_fit_the_method(self) -> RequestBase:
+        chain = chain_problem(self.request_id, self.method, self.after, self.start_from)
+        if chain:
+            raise ValueError(chain)
         if self.dataset.rows is not None:
             common = set.intersection(*(set(row) for row in self.dataset.rows))
             every = set.union(
@@ -282,6 +288,8 @@ class RequestBase(Frozen):
                 f"{shard} is offered for {', '.join(sorted(SHARDED_METHODS))}, not for method {self.method}: its "
                 "trainer is not wired or tested sharded (docs/methods.md)"
             )
+        if self.start_from is not None:  # its adapter is loaded on a whole model (handlers/toolkit/start_from.py)
+            return f"{shard}: start_from {self.start_from} trains on a whole copy of the model; use shard 'none'"
         if self.method == "reward" and self.peft is not None:
             return (
                 f"{shard} trains a reward model as a full fine-tune only: with LoRA, PEFT trains a copy of the score "

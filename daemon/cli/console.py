@@ -61,6 +61,7 @@ def describe(event: Event) -> str:
         ),
         "failed": lambda e: f"{e.code} in {e.stage}: {e.message}",
         "cancelled": lambda e: e.reason,
+        "waiting": lambda e: "waits for " + ", ".join(e.after),  # the ids of its `after` not succeeded yet
     }
     detail = details.get(event.type)
     line = f"{event.time:%H:%M:%S} {event.request_id} {event.type} on {event.host}" + (

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 JOB_FIELDS = ("request_id", "state", "method", "host", "attempt", "since", "last", "latest", "detail", "events")
 # `adapterd jobs --state queued`: a waiting request (daemon/cli/places.py `Placed`, daemon/cli/waiting.py
 # `WaitingRequest`); `state` is always "queued", the state `--state` names it by; `stage` how it waits (the table's
-# WAITING); `of` how many are placed in its queue; `cancel` its cancel pending, with `sent` and `reason`, or null.
+# WAITING); `of` how many are placed in its queue; `after` the ids its request waits for (its record's `after`, empty
+# where only its events are read); `cancel` its cancel pending, with `sent` and `reason`, or null.
 WAITING_FIELDS = (
     "request_id",
     "state",
@@ -52,6 +53,7 @@ WAITING_FIELDS = (
     "host",
     "arrived",
     "detail",
+    "after",
     "metadata",
     "cancel",
 )

@@ -91,6 +91,7 @@ class Placed:
             "host": w.host,
             "arrived": w.arrived,
             "detail": w.detail,
+            "after": w.after,
             "metadata": w.metadata,
             "cancel": None if w.cancel is None else {"sent": w.cancel.sent, "reason": w.cancel.reason},
         }

@@ -86,6 +86,7 @@ class WaitingRequest:
     )
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
     cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
+    after: list[str] = field(default_factory=list)  # its request's `after`, as its record says
 
 
 @dataclass
@@ -229,16 +230,22 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
         dict(decoded.metadata),
         queue.stage,
         where,
-        f"preempted {preempted}x, resumes from its checkpoint" if preempted else "",
+        "; ".join(
+            [
+                *([f"preempted {preempted}x, resumes from its checkpoint"] if preempted else []),
+                *([f"after {', '.join(decoded.after)}"] if decoded.after else []),  # its request's own `after`
+            ]
+        ),
         at=(record.topic, record.partition, record.offset),
         steps=decoded.training.max_steps,
+        after=list(decoded.after),
     )
 
 
 def _said(job: RequestSummary) -> str:
-    """What a waiting request's latest event adds: why it waits again (a retry, a preemption). A `queued`
+    """What a waiting request's latest event adds: why it waits again (a retry, a preemption, its `after`). A `queued`
     event's place is left out: it is the place when that host said it; the listing's place is now's."""
-    return job.detail if job.latest in ("retrying", "preempted") else ""
+    return job.detail if job.latest in ("retrying", "preempted", "waiting") else ""
 
 
 def _header(record: Record, name: str) -> str | None:

@@ -18,8 +18,9 @@ A record naming another class than its topic's is weighed as its own class where
 it is picked), else moved to that class's topic when it is first in its partition; one that does not decode as intake
 decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
-not start yet (a retry not yet due, a team at its cap, one held: daemon/jobs/holds.py) holds up none behind it.
-Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/choice.py `Arrivals`).
+not start yet (a retry not yet due, a team at its cap, one held: daemon/jobs/holds.py, its `after` not ended:
+daemon/fleet/after.py) holds up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is
+the fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class Dispatcher:
             for h in queue.heads()
             if not h.not_yet_due(now) and h.rejection is None and h.request_id not in self.scheduler.held
         ]
+        ready = [h for h in ready if h.request is None or not self.view.latest.pending(h.request.after)]  # `after`
         waiting = [h.waiting() for h in ready]
         while waiting:
             free = self.room()

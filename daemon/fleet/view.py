@@ -38,6 +38,7 @@ import structlog
 
 from daemon import executors
 from daemon.executors import run_chunks
+from daemon.fleet.after import Latest
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
 from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
@@ -92,11 +93,13 @@ class Folds:
         # Each request of the table: the events topic's partition and offset of the latest event its entry holds. An
         # event of the tail at or before it is in the entry already (the keepers write entries before they commit).
         self.tabled: dict[str, tuple[int, int]] = {}
+        self.latest = Latest()  # each request's latest event type: what `after` waits for (daemon/fleet/after.py)
 
     def observe(self, event: Event, now: float) -> None:
         self.changes += 1
         for fold in (self.usage, self.durations, self.running_jobs, self.switches):
             fold.observe(event, now)
+        self.latest.observe(event)
         if isinstance(event, Accepted) and event.host_slots is not None:
             self.host_slots[event.host] = event.host_slots
         elif isinstance(event, Queued) and event.request_id is not None:
@@ -288,6 +291,7 @@ class FleetView(Folds):
             folds.switches,
         )
         self.host_slots, self.ids, self.skipped, self.tabled = folds.host_slots, folds.ids, folds.skipped, folds.tabled
+        self.latest = folds.latest
         self.changes += folds.changes + 1
         for request_id, told in folds.telling.told.items():
             self.telling.heard(request_id, told.place, told.eta_s, told.at, told.host)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCardData
 
+from handlers.protocol import StartPoint
 from schemas.common import HUB_ID_PATTERN
 from schemas.evaluation import EvaluationReport
 from schemas.provenance import ResolvedSource, TrackedRun
@@ -71,6 +72,7 @@ class CardContents:
     pipeline_tag: str | None = None  # the Hub task of a model that is not a plain text generator
     tracking: Sequence[TrackedRun] = ()
     evaluation: EvaluationReport | None = None
+    start: StartPoint | None = None  # what its `start_from` published (daemon/jobs/prerequisites.py)
 
 
 def model_card(contents: CardContents, local_model_hub_ids: dict[str, str] | None = None) -> str:
@@ -108,6 +110,7 @@ def model_card(contents: CardContents, local_model_hub_ids: dict[str, str] | Non
         f"- Request id: `{request.request_id}`\n"
         f"- Dataset: `{dataset}`\n"
         + (f"- Dataset fingerprint: `{contents.dataset_fingerprint}`\n" if contents.dataset_fingerprint else "")
+        + _chain_lines(request, contents.start)
         + f"- Versions: {version_line}\n"
         + "".join(
             f"- Metrics tracked in {run.tracker}: run "
@@ -121,6 +124,17 @@ def model_card(contents: CardContents, local_model_hub_ids: dict[str, str] | Non
         + (_evaluation_section(evaluation) if evaluation is not None else "")
         + f"| metric | value |\n|---|---|\n{metric_lines}\n"
     )
+
+
+def _chain_lines(request: RequestBase, start: StartPoint | None) -> str:
+    """The pipeline it is a step of (`after`, `start_from`): the requests it followed and the artifact it trained on."""
+    if not request.after:
+        return ""
+    lines = f"- After: {', '.join(f'`{each}`' for each in request.after)}\n"
+    if start is not None:
+        at = f"`{start.repo_id}` at `{start.commit_sha}`" if start.commit_sha else f"`{start.repo_id}` (local sink)"
+        lines += f"- Started from: {at}, published by `{start.request_id}`\n"
+    return lines
 
 
 def _eval_dataset(request: RequestBase) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from daemon.hub.model_card import CardContents, model_card
 from daemon.ops.metrics import STAGE_SECONDS
 from daemon.settings import Settings
-from handlers.protocol import TrainResult
+from handlers.protocol import StartPoint, TrainResult
 from schemas.evaluation import EvaluationReport
 from schemas.request import RequestBase
 
@@ -42,7 +42,12 @@ def stage_durations(
 
 
 def write_card(
-    artifact: Path, request: RequestBase, result: TrainResult, report: EvaluationReport | None, settings: Settings
+    artifact: Path,
+    request: RequestBase,
+    result: TrainResult,
+    report: EvaluationReport | None,
+    settings: Settings,
+    start: StartPoint | None = None,
 ) -> None:
     """The artifact's README.md: its model card, from the request, the child's result and the gate's report."""
     contents = CardContents(
@@ -56,5 +61,6 @@ def write_card(
         pipeline_tag=result.pipeline_tag,
         tracking=result.tracking,
         evaluation=report,
+        start=start,
     )
     (artifact / "README.md").write_text(model_card(contents, settings.local_model_hub_ids))

@@ -38,7 +38,7 @@ from daemon.ops.metrics import JOBS
 from daemon.settings import Settings
 from daemon.store.journal import Journal
 from daemon.store.opening import store_of
-from handlers.protocol import FastSettings, JobFailed, TrainResult
+from handlers.protocol import FastSettings, JobFailed, StartPoint, TrainResult
 from schemas.evaluation import EvaluationReport
 from schemas.events import Cancelled, EventBase, Failed, Retrying, Succeeded
 from schemas.request import RequestBase
@@ -54,6 +54,7 @@ class Arrival:
     received_at: float  # wall-clock time the request reached Kafka
     attempt: int = 1
     trace: Headers = field(default_factory=list)  # its W3C trace headers (daemon/kafka/trace.py), on each of its events
+    start: StartPoint | None = None  # what its `start_from` published (daemon/jobs/prerequisites.py)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class JobRunner:
         # this one is judged and pushed (the scheduler gives its slots back then).
         self.on_trained = on_trained
         self.trace = arrival.trace
+        self.start = arrival.start
         self.settings = settings
         self.received_at = arrival.received_at
         self.attempt = arrival.attempt
@@ -254,7 +256,7 @@ class JobRunner:
                 await self.on_trained()
             report, where = self._judged(result)
             write_card(
-                self.job_dir / "artifact", self.request, result, report, self.settings
+                self.job_dir / "artifact", self.request, result, report, self.settings, self.start
             )  # also on an artifact kept on the host: it says why
             push_started = time.monotonic()
             if where.published == "none":
@@ -306,6 +308,7 @@ class JobRunner:
             traceparent(self.trace),
             memory_fraction=self.place.share.fraction if self.place.share is not None else None,
             fast=fast,
+            start=self.start,
         )
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
         shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt

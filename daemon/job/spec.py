@@ -8,7 +8,7 @@ from pathlib import Path
 from daemon.admission.policy import report_to
 from daemon.hub.local_sink import local_target
 from daemon.settings import Settings
-from handlers.protocol import FastSettings, JobSpec
+from handlers.protocol import FastSettings, JobSpec, StartPoint
 from schemas.request import RequestBase
 
 
@@ -19,6 +19,7 @@ def job_spec(
     traceparent: str | None,
     memory_fraction: float | None = None,
     fast: FastSettings | None = None,
+    start: StartPoint | None = None,
 ) -> JobSpec:
     """The request with the operator's bounds and rules for its child; paths under `job_dir`."""
     return JobSpec(
@@ -44,6 +45,7 @@ def job_spec(
         local_current_adapter=_local_current_adapter(request, settings),
         memory_fraction=memory_fraction,
         fast=fast or FastSettings(),
+        start=start,
     )
 
 

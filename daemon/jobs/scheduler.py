@@ -42,6 +42,7 @@ from daemon.jobs.faults import RecordFaults
 from daemon.jobs.fleet_hooks import NO_FLEET, FleetHooks
 from daemon.jobs.holds import Holds
 from daemon.jobs.offered import Offered, RunningJob
+from daemon.jobs.prerequisites import Prerequisites
 from daemon.jobs.reservation import Reservations, backfills
 from daemon.jobs.settle import Settler
 from daemon.jobs.waiting_retries import WaitingRetries
@@ -96,12 +97,14 @@ class Scheduler:
         # The requests of several GPUs waiting at their partitions' heads, and the one the host is reserved for.
         self.reservations = Reservations(settings.reserve_after_s)
         self.clock = clock  # the reservations' and jobs' start times (a test's own clock moves them)
+        # Requests waiting for others (`after`) and what each starts from (daemon/jobs/prerequisites.py).
+        self.prerequisites = Prerequisites(settings, publisher, partitions, clock=clock)
         self.stopping = False
 
     def holds(self, tp: TopicPartition) -> bool:
         """Whether `tp` is paused for a reason of the scheduler's (a running job, a retry not yet due,
-        an estimate being worked out)."""
-        return tp in self.jobs or tp in self.waiting or self.estimates.running(tp)
+        an estimate being worked out, a request waiting for its `after`)."""
+        return tp in self.jobs or tp in self.waiting or self.estimates.running(tp) or tp in self.prerequisites
 
     async def offer(self, tp: TopicPartition, record: Record, request: RequestBase) -> Offered:
         """Take a valid request: start its job, hold its partition, or pass it by (see `Offered`)."""
@@ -117,6 +120,10 @@ class Scheduler:
         if retry.due is not None and retry.due > time.time():
             self.reservations.gone(tp)
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
+        waited = await self.prerequisites.offer(tp, record, request, retry.attempt)  # its `after` not all succeeded
+        if waited is not None:
+            self.reservations.gone(tp)
+            return waited
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
         # each GPU or sharded, or rejected when it fits neither way: daemon/resources/shards.py, raising Unfit, which
         # intake rejects), and its share of a GPU when GPUs are packed (never for a job sent back to run alone, nor
@@ -185,7 +192,7 @@ class Scheduler:
 
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
-        for tp in self.waiting.due(time.time(), end_offsets):
+        for tp in [*self.waiting.due(time.time(), end_offsets), *self.prerequisites.due()]:
             if self.slots.free:
                 self.partitions.resume([tp])
 
@@ -203,7 +210,9 @@ class Scheduler:
             log.warning("job.experimental_method", request_id=request.request_id, method=request.method)
         self.partitions.hold(tp, record.offset + 1)
         runner = JobRunner(
-            Arrival(request, record.timestamp / 1000, attempt, trace_context(record)),
+            Arrival(
+                request, record.timestamp / 1000, attempt, trace_context(record), self.prerequisites.start_of(request)
+            ),
             JobServices(self.settings, self.publisher, self.children),
             JobPlace.on(self.slots, placement),
             memory=MemoryPlan(need, self.slots.gpu_room, self.memory),
@@ -289,6 +298,7 @@ class Scheduler:
             return False
         self.reservations.gone(tp)
         self.waiting.forget(tp)
+        self.prerequisites.forget(tp)
         self.estimates.forget(tp)
         self.partitions.read_from(tp, next_offset)
         self.pause_idle_partitions()
@@ -325,6 +335,7 @@ class Scheduler:
                 log.warning("job.partition_moved", request_id=job.request_id, partition=tp.partition)
                 job.runner.stop(Stop.interrupt("partition moved", self.settings.drain_timeout_s))
         self.waiting.forget_all()  # their partitions start again at the retry, which is read anew
+        self.prerequisites.forget_all()  # and at a request waiting for its `after`
         self.reservations.keep(assigned)  # a head still here is read again at the same offset, and keeps its wait
         self.estimates.forget_all()  # their records are read again from the committed offsets
         self.pause_idle_partitions()

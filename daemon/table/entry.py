@@ -37,6 +37,8 @@ STATE_AFTER = {
     # With priority classes: read and waiting for a slot; stopped for a higher class, and waiting again.
     "queued": "queued",
     "preempted": "queued",
+    # Reached, and waiting for the requests its `after` names (daemon/jobs/prerequisites.py).
+    "waiting": "queued",
     # Held while waiting, or paused while running, until a release (daemon/jobs/holds.py); then waiting again.
     "held": "held",
     "paused": "held",
@@ -216,6 +218,8 @@ def detail(event: Event) -> str:
     if kind == "queued":
         eta = f", ETA {event.eta_s:.0f} s" if event.eta_s is not None else ""  # type: ignore[union-attr]
         return f"{event.priority_class}/{event.team}: place {event.place}{eta}"  # type: ignore[union-attr]
+    if kind == "waiting":
+        return f"waits for {', '.join(event.after)}"  # type: ignore[union-attr]
     if kind == "preempted":
         return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]
     if kind == "held":

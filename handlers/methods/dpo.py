@@ -15,6 +15,7 @@ from handlers.protocol import JobSpec, TrainResult
 from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, load_policy, load_reference, policy_lora, train_and_save
+from handlers.toolkit.start_from import start_adapter
 from handlers.toolkit.training import trl_config
 from schemas.request import DPORequest
 
@@ -27,14 +28,16 @@ def train(request: DPORequest, job: JobSpec, reporter: StatusReporter) -> TrainR
         base, request.model, request=request
     )  # sharded across the job's processes where resources.shard asks
     reference = load_reference(request, job, base)
+    # From a published adapter (`start_from`): it is the policy, and the reference where no ref_model is named.
+    started = start_adapter(model, request, job, reference=reference is None)
     trainer = DPOTrainer(
-        model=model,
+        model=started if started is not None else model,
         ref_model=reference.model if reference is not None else None,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.processing_class,
-        peft_config=policy_lora(request.peft, base, model),
+        peft_config=policy_lora(request.peft, base, model) if started is None else None,
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base, reference)

@@ -16,6 +16,7 @@ from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.rewards import check_reward_columns, load_rewards
 from handlers.toolkit.sequence import load_base, load_data, load_policy, policy_lora, train_and_save
+from handlers.toolkit.start_from import start_adapter
 from handlers.toolkit.training import trl_config
 from handlers.toolkit.vllm_support import check_vllm, vllm_arguments
 from schemas.request import GRPORequest
@@ -30,8 +31,10 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
         base, request.model, request=request
     )  # sharded across the job's processes where resources.shard asks
     reward_funcs, reward_weights = load_rewards(request.rewards, job)
+    # From a published adapter (`start_from`): it is the policy, and with beta > 0 the reference (TRL's `ref` copy).
+    started = start_adapter(model, request, job, reference=bool(request.grpo.beta))  # TRL's default beta is 0.0
     trainer = GRPOTrainer(
-        model=model,
+        model=started if started is not None else model,
         reward_funcs=reward_funcs,
         args=trl_config(
             GRPOConfig, request, job, "grpo", reward_weights=reward_weights, **vllm_arguments(request, job, "grpo")
@@ -39,7 +42,7 @@ def train(request: GRPORequest, job: JobSpec, reporter: StatusReporter) -> Train
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.processing_class,
-        peft_config=policy_lora(request.peft, base, model),
+        peft_config=policy_lora(request.peft, base, model) if started is None else None,
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

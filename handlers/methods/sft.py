@@ -13,6 +13,7 @@ from handlers.protocol import JobSpec, TrainResult
 from handlers.toolkit.callbacks import JobCallback
 from handlers.toolkit.reporting import StatusReporter
 from handlers.toolkit.sequence import load_base, load_data, load_policy, policy_lora, train_and_save
+from handlers.toolkit.start_from import start_adapter
 from handlers.toolkit.training import trl_config
 from schemas.request import SFTRequest
 
@@ -24,13 +25,14 @@ def train(request: SFTRequest, job: JobSpec, reporter: StatusReporter) -> TrainR
     model = load_policy(
         base, request.model, request=request
     )  # sharded across the job's processes where resources.shard asks
+    started = start_adapter(model, request, job, reference=False)  # from a published adapter (`start_from`)
     trainer = SFTTrainer(
-        model=model,
+        model=started if started is not None else model,
         args=config,
         train_dataset=data.train,
         eval_dataset=data.eval,
         processing_class=base.processing_class,
-        peft_config=policy_lora(request.peft, base, model),
+        peft_config=policy_lora(request.peft, base, model) if started is None else None,
         callbacks=[JobCallback(reporter, job)],
     )
     return train_and_save(trainer, request, job, reporter, data, base)

@@ -46,6 +46,7 @@ from handlers.toolkit.loading import (
 )
 from handlers.toolkit.reporting import StatusReporter, start_cuda
 from handlers.toolkit.sources import AnyDataset
+from handlers.toolkit.start_from import start_base
 from handlers.toolkit.training import (
     final_metrics,
     last_checkpoint,
@@ -121,7 +122,8 @@ def load_base(request: RequestBase, job: JobSpec, reporter: StatusReporter, data
     chat template when the rows are conversational; for rows with images, the base must be a
     vision-language model and its processor is loaded too. The handler loads the model itself, as its method needs."""
     reporter.enter("load_model")
-    path, revision = resolve_model(request.model, max_bytes=job.max_model_bytes)
+    # A job started from a published whole model has it for its base (handlers/toolkit/start_from.py).
+    path, revision = start_base(request, job) or resolve_model(request.model, max_bytes=job.max_model_bytes)
     start_cuda(reporter.memory, job.memory_fraction)
     fast.choose_attention(request.model, job)
     images = image_column(column_names(data.train))

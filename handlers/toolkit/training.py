@@ -21,6 +21,7 @@ from handlers.toolkit import fast
 from handlers.toolkit.callbacks import JobCallback, StepClock
 from handlers.toolkit.distributed.fsdp import is_sharded, rank_holdings, save_merged
 from handlers.toolkit.lora_patterns import resolved
+from handlers.toolkit.start_from import saved_adapters
 from schemas.provenance import TrackedRun
 from schemas.request import LoraSpec, RequestBase
 
@@ -133,7 +134,7 @@ def save_artifact(trainer: Trainer, request: RequestBase, artifact: Path, model:
             trained = trained.merge_and_unload()
         # A sharded model's full weights are gathered from every rank's shard as it saves: each
         # rank takes part, rank 0 writes.
-        trained.save_pretrained(artifact, is_main_process=main)
+        trained.save_pretrained(artifact, is_main_process=main, **saved_adapters(trained))  # not the reference
     if not main:
         return
     assert trainer.processing_class is not None, "every handler gives its trainer a tokenizer or processor"
