@@ -46,7 +46,7 @@ from daemon.ops.heap import freeze_startup_heap
 from daemon.ops.http_server import HttpEndpoint, server_tls
 from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
-from daemon.resources.slots import Slots, discover_gpus, packing_from
+from daemon.resources.slots import Slots, slots_of
 from daemon.settings import Settings
 from daemon.settings.secret_files import token_from
 from daemon.store.pruning import prune_store_once
@@ -143,7 +143,7 @@ class Service:
             settings,
             self.consumer,
             producer,
-            Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)),
+            slots_of(settings),
             self.children,
             on_change=self._report_status,
             table=table,
