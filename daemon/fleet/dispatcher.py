@@ -18,7 +18,8 @@ A record naming another class than its topic's is weighed as its own class where
 it is picked), else moved to that class's topic when it is first in its partition; one that does not decode as intake
 decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
-not start yet (a retry not yet due, a team at its cap) holds up none behind it. Copies are signed by the fleet
+not start yet (a retry not yet due, a team at its cap), or not here (GPUs of a kind it does not ask for:
+daemon/fleet/kinds.py `servable`), holds up none behind it. Copies are signed by the fleet
 (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
@@ -35,6 +36,7 @@ from aiokafka import TopicPartition
 from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Arrivals, Head, HeadReader
 from daemon.fleet.claimed import ClaimedJobs
+from daemon.fleet.kinds import servable
 from daemon.fleet.moves import Copy, Move, Stale, carried
 from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
@@ -208,9 +210,9 @@ class Dispatcher:
         ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.rejection is None]
         waiting = [h.waiting() for h in ready]
         while waiting:
-            free = self.room()
+            free, mine = self.room(), servable(waiting, self.scheduler.slots.kind)  # its GPUs' kind serves these
             chosen = (
-                self.view.pick(waiting, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
+                self.view.pick(mine, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
                 if free > 0
                 else None
             )
@@ -220,7 +222,7 @@ class Dispatcher:
                 continue
             # Nothing fits a free slot: the first in the fleet's order that fits none may
             # preempt a job of a lower class.
-            first = self.view.pick(waiting, None, self._mine())
+            first = self.view.pick(mine, None, self._mine())
             victim = (
                 self.view.victim(first, self.jobs.running(self.scheduler.jobs), free) if first is not None else None
             )
