@@ -354,6 +354,8 @@ class Service:
             "host": self.settings.host,
             "group_id": self.settings.group_id,
             "gpus": self.slots.gpus,
+            "gpu_kind": self.slots.kind.kind,  # as requests' resources.gpu_kind name it; None without GPUs or unknown
+            "gpu_memory_gib": self.slots.kind.memory_gib,
             "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
             # With packing: each GPU's jobs and the memory their shares hold (each job's own share is in `jobs`).
             "packing": None
