@@ -234,7 +234,7 @@ def etas(
     lost: set[str | None] = set()  # kinds where a start needed a slot of unknown end: no later start is known there
     for request in order:
         limit = cap(request.team)
-        serving = kinds.serve(request, pools) if kinds is not None else [None]
+        serving = kinds.serve(request, pools) if kinds is not None else ONE_KIND
         fits = [on for on in serving if request.gpus <= pools[on].total]
         if not fits or (limit is not None and request.gpus > limit):
             result[request.request_id] = None
@@ -249,15 +249,12 @@ def etas(
             # Held at t: the ends after t. The k-th end leaves at most len - k held, and the request needs limit - gpus.
             k = len(ends) - (limit - request.gpus)
             ready = max(now, ends[k - 1]) if k > 0 else now
-        starts = {on: pools[on].start(request.gpus, ready) for on in fits}
-        known = {on: start for on, start in starts.items() if start is not None}
-        soonest = min(known, key=lambda on: known[on]) if known else None  # the kinds' order breaks ties
-        # A kind whose start is unknown may start it sooner than any known one, unless one starts it when it is ready.
-        if not known or (len(known) < len(starts) and known[soonest] > ready):
+        chosen = _soonest(pools, fits, request.gpus, ready)
+        if chosen is None:
             lost.update(fits)
             result[request.request_id] = None
             continue
-        start, pool = known[soonest], pools[soonest]
+        start, pool = chosen
         taken = bisect.bisect_right(pool.known, start)
         del pool.known[taken - request.gpus : taken]
         result[request.request_id] = start - now
@@ -272,6 +269,30 @@ def etas(
                 bisect.insort(pool.known, start + expected)
         hold(request.team, math.inf if expected is None else start + expected, request.gpus)
     return result
+
+
+ONE_KIND: list[str | None] = [None]  # the slots of a fleet whose hosts said no kind: one pool (never changed)
+
+
+def _soonest(
+    pools: Mapping[str | None, _Pool], fits: list[str | None], gpus: int, ready: float
+) -> tuple[float, _Pool] | None:
+    """The start of a request of `gpus` ready at `ready` on the kind of `fits` it starts soonest on (among equals the
+    first), and that kind's pool; None when a kind whose start is unknown (a slot of unknown end) may start it sooner
+    than any known one, which it may unless one starts it when it is ready."""
+    if len(fits) == 1:  # one kind (every fleet whose hosts say none): no choice to make
+        pool = pools[fits[0]]
+        start = pool.start(gpus, ready)
+        return None if start is None else (start, pool)
+    best: tuple[float, _Pool] | None = None
+    unknown = False
+    for on in fits:
+        start = pools[on].start(gpus, ready)
+        if start is None:
+            unknown = True
+        elif best is None or start < best[0]:
+            best = (start, pools[on])
+    return None if best is None or (unknown and best[0] > ready) else best
 
 
 @dataclass
