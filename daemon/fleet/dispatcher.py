@@ -37,6 +37,7 @@ from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Arrivals, Head, HeadReader
 from daemon.fleet.claimed import ClaimedJobs
 from daemon.fleet.kinds import servable
+from daemon.fleet.kinds_away import AwayForKinds
 from daemon.fleet.moves import Copy, Move, Stale, carried
 from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
@@ -96,6 +97,7 @@ class Dispatcher:
         self.heads = HeadReader(
             settings, intake.grants, self.retries, Arrivals(self.mover.seal)
         )  # a record as the turn weighs it
+        self.away = AwayForKinds(view, scheduler.slots.kind)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.decided: tuple[object, ...] = ()  # what the last decision read (`_seen`), and when
@@ -189,8 +191,8 @@ class Dispatcher:
         room = self.room()
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
-        for queue in self.queues:
-            queue.follow(room > 0 or self._reads_while_full(queue))
+        for queue in self.queues:  # and out of one whose requests only other kinds of GPU serve, for a while
+            queue.follow((room > 0 or self._reads_while_full(queue)) and self.away.may_read(queue))
         for queue in self.queues:
             await queue.fetch(self.heads.read, self.heads.unreadable)
         if not all(queue.known() for queue in self.queues):

@@ -6,6 +6,8 @@ and a request no declared kind serves is rejected where it waits."""
 from __future__ import annotations
 
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +157,48 @@ async def test_a_request_no_declared_kind_serves_is_rejected_where_it_waits(l4_h
     assert event["reason"] == "resources"
     assert [error["path"] for error in event["errors"]] == ["resources.gpu_kind"]  # type: ignore[union-attr,index]
     assert not mover.claims()
+
+
+def h100_host_said(view: FleetView, slots: int) -> None:
+    """A host of H100s accepted a job (it runs it) and said it has `slots` slots."""
+    said = Accepted(
+        request_id="on-h100",
+        method="sft",
+        host="h100-host",
+        host_slots=slots,
+        gpu_kind="h100-80gb",
+        time=datetime.now(UTC),
+    )
+    view.observe(read(said), time.time())
+
+
+@pytest.mark.parametrize("h100_free", [True, False])
+async def test_a_host_holding_only_requests_it_cannot_serve_leaves_their_queue_while_a_host_that_can_has_room(
+    l4_host: Settings, h100_free: bool
+) -> None:
+    dispatcher, mover, _, batch = dispatcher_over(l4_host, [record(0, "wants-h100", gpu_kind="h100-80gb")])
+    h100_host_said(dispatcher.view, 2 if h100_free else 1)  # its one job leaves one slot free, or none
+    for _ in range(6):
+        await dispatcher.turn()
+    assert not mover.claims()
+    batch_queue = next(queue for queue in dispatcher.queues if queue.name == "batch")
+    if not h100_free:  # nobody could start it sooner: the host keeps the partition and waits with it
+        assert batch.leaves == 0 and batch_queue.subscribed
+        return
+    # It left the queue (the rebalance gives its partitions to the hosts that stay) and stays out a while...
+    assert batch.leaves == 1 and not batch_queue.subscribed
+    assert dispatcher.away.until["batch"] > time.time()
+    # ...then joins again.
+    dispatcher.away.until["batch"] = 0.0
+    await dispatcher.turn()
+    assert batch_queue.subscribed and batch.joins == 2
+    # The other classes' queues, holding nothing, were never left.
+    assert all(queue.subscribed for queue in dispatcher.queues)
+
+
+async def test_a_host_that_serves_one_of_its_requests_stays(l4_host: Settings) -> None:
+    records = [record(0, "wants-h100", gpu_kind="h100-80gb"), record(1, "not-yet", gpu_kind="l4-24gb")]
+    dispatcher, mover, _, batch = dispatcher_over(l4_host, records)
+    h100_host_said(dispatcher.view, 2)
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    assert [key for key, _ in mover.claims()] == ["not-yet"] and batch.leaves <= 1  # left only once full
