@@ -161,7 +161,7 @@ class Service:
         # With priority classes, requests wait in the classes' queues and this host takes them into
         # its claims partitions while it has room (daemon/fleet/dispatcher.py); the loop runs the claims.
         self.topic = settings.claims_topic if self.dispatcher is not None else settings.requests_topic
-        self.control = ControlReader(settings, self.scheduler.cancel)
+        self.control = ControlReader(settings, self.scheduler.control)
         self.notifier = Notifier()
         self.http: HttpEndpoint | None = None
         self.stop_requested = asyncio.Event()

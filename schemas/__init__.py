@@ -5,7 +5,7 @@ signatures (schemas/signing.py) also needs `cryptography`, imported only when a 
 """
 
 from .common import SCHEMA_VERSION, FieldError
-from .control import Cancel
+from .control import CONTROL_ADAPTER, Cancel, Control, Hold, Pause, Release, Resume
 from .decode import Rejection, decode_request
 from .event_reading import parse_event, read_event
 from .events import (
@@ -15,10 +15,13 @@ from .events import (
     Checkpoint,
     Event,
     Failed,
+    Held,
+    Paused,
     Preempted,
     Progress,
     Queued,
     Rejected,
+    Released,
     Retrying,
     Started,
     Succeeded,
@@ -34,6 +37,15 @@ __all__ = [
     "Accepted",
     "Cancel",
     "Cancelled",
+    "CONTROL_ADAPTER",
+    "Control",
+    "Held",
+    "Hold",
+    "Pause",
+    "Paused",
+    "Release",
+    "Released",
+    "Resume",
     "Checkpoint",
     "Event",
     "EventKeys",

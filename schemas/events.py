@@ -409,6 +409,36 @@ class Preempted(EventBase):
     )
 
 
+class Held(EventBase):
+    """Not terminal: a request reached while it is held (`adapterd hold` or `pause`) is not started; it waits, the
+    requests behind it going first, until a release. Published by the host that reached it, once per hold."""
+
+    type: Literal["held"] = "held"
+    reason: str = Field(description="The hold's (or pause's) reason.")
+
+
+class Paused(EventBase):
+    """Not terminal: a running job was paused (`adapterd pause`). It saved a checkpoint on the stop, as on a daemon
+    stop, and its request waits held without spending an attempt; released, it resumes from that checkpoint."""
+
+    type: Literal["paused"] = "paused"
+    reason: str = Field(description="The pause's reason.")
+    stopped_at_step: int | None = Field(
+        None, description="The optimizer step the job stopped at, as in `preempted`; null when it reported none."
+    )
+    resume_from_step: int | None = Field(
+        None, description="The step of the last checkpoint it saved, which it resumes from; null: it starts over."
+    )
+
+
+class Released(EventBase):
+    """Not terminal: a held or paused request was released (`adapterd release` or `resume`) and waits as any other.
+    Published by each host that told it `held` or `paused`."""
+
+    type: Literal["released"] = "released"
+    reason: str = Field(description="The release's (or resume's) reason.")
+
+
 Event = Annotated[
     Accepted
     | Rejected
@@ -420,7 +450,10 @@ Event = Annotated[
     | Failed
     | Cancelled
     | Queued
-    | Preempted,
+    | Preempted
+    | Held
+    | Paused
+    | Released,
     Field(discriminator="type"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

@@ -223,6 +223,29 @@ def _event_examples() -> dict[str, str]:
     return {json.loads(text)["type"]: text for text in examples}
 
 
+def local_success(request_id: str, **fields: Any) -> schemas.Succeeded:
+    """A `succeeded` event of an SFT job pushed to the local sink, every required field given; `fields` override them.
+    The tests that fold successes (durations, metrics, the table, the view) vary only a few of its fields."""
+    required: dict[str, Any] = {
+        "sink": "local",
+        "repo_id": "a/b",
+        "revision": "main",
+        "commit_sha": None,
+        "commit_url": None,
+        "location": "/x",
+        "files": [],
+        "metrics": {},
+        "durations_s": {},
+        "versions": {},
+        "method": "sft",
+        "trainer": "SFTTrainer",
+        "base_model": "tiny",
+        "base_model_revision": None,
+        "dataset_fingerprint": None,
+    }
+    return schemas.Succeeded(request_id=request_id, **{**required, **fields})
+
+
 def event_document(kind: str, **fields: Any) -> dict[str, Any]:
     """An event of `kind` as docs/events.md's example shows it, with `fields` replaced or added."""
     return {**json.loads(_event_examples()[kind]), **fields}

@@ -17,8 +17,9 @@ from benchmarks.fleet_metrics import parse_fleet_line
 from benchmarks.fleet_timeline import Arrival
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
-from schemas import Accepted, Event, RequestBase, Started, Succeeded
+from schemas import Accepted, Event, RequestBase, Started
 from schemas.decode import decode_request
+from tests.helpers import local_success
 
 ROOT = Path(__file__).parents[1]
 KEYS = [
@@ -100,24 +101,11 @@ def run_of_one_slot(durations: list[float]) -> tuple[list[Event], list[Arrival]]
         events += [
             Accepted(request_id=request_id, method="sft", time=at(start)),
             Started(request_id=request_id, method="sft", slot="cpu", pid=1, time=at(start)),
-            Succeeded(
-                request_id=request_id,
+            local_success(
+                request_id,
                 time=at(end),
-                sink="local",
-                repo_id="a/b",
-                revision="main",
-                commit_sha=None,
-                commit_url=None,
-                location="/x",
-                files=[],
-                metrics={},
                 durations_s={"queue": start, "push": 0.0, "total": end},
-                versions={},
-                method="sft",
-                trainer="SFTTrainer",
                 base_model="tiny",
-                base_model_revision=None,
-                dataset_fingerprint=None,
             ),
         ]
         start = end

@@ -27,7 +27,8 @@ from benchmarks.fleet_metrics import (
 from benchmarks.fleet_shares import fair_share_error, order_share_error, water_fill
 from benchmarks.fleet_timeline import Arrival, Seen, holding, seen
 from benchmarks.fleet_waits import eta_error_current_median, told_errors, unneeded_preemptions
-from schemas import Preempted, Progress, Queued, Started, Succeeded
+from schemas import Preempted, Progress, Queued, Started
+from tests.helpers import local_success
 
 CLASSES = ["urgent", "default", "batch"]
 TWO_HOSTS = {"a": 1, "b": 1}
@@ -334,25 +335,12 @@ def test_events_are_read_from_the_daemons_own_events() -> None:
     )
     assert preempted is not None and preempted.step == 4
     succeeded = seen(
-        Succeeded(
-            request_id="r1",
+        local_success(
+            "r1",
             host="b",
             time=at,
-            sink="local",
-            repo_id="a/b",
-            revision="main",
-            commit_sha=None,
-            commit_url=None,
-            location="/x",
-            files=[],
-            metrics={},
             durations_s={"push": 0.25, "total": 9.0},
-            versions={},
-            method="sft",
-            trainer="SFTTrainer",
             base_model="tiny",
-            base_model_revision=None,
-            dataset_fingerprint=None,
         )
     )
     assert succeeded is not None and succeeded.push_s == 0.25 and not succeeded.duplicate

@@ -1,7 +1,7 @@
-"""How a listing verb (`adapterd jobs`, `get`, `status`, `methods`, `doctor`) prints what it lists: a table whose
-columns are as wide as their content (`show_table`), or, with `--json`, one JSON document (`show_json`). What a verb
-says beside its listing (what it did not take, a topic that is missing) goes to stderr either way, so stdout holds the
-listing alone and, with `--json`, parses as JSON.
+"""How a listing verb (`adapterd jobs`, `get`, `status`, `methods`, `doctor`, `usage`) prints what it lists: a table
+whose columns are as wide as their content (`show_table`), or, with `--json`, one JSON document (`show_json`). What a
+verb says beside its listing (what it did not take, a topic that is missing) goes to stderr either way, so stdout holds
+the listing alone and, with `--json`, parses as JSON.
 
 A table goes to a terminal as rich's Table: each column as wide as its widest cell, the id's never cut; only the last
 column (free text: a detail, where a request waits) wraps at the terminal's width. Anywhere else (a pipe, a file) it
@@ -60,6 +60,9 @@ WAITING_FIELDS = (
 METHOD_FIELDS = ("method", "trainer", "status", "available", "reason")
 # `adapterd doctor`: a check (daemon/cli/checks/doctor.py `Check`); `ok` null where there was nothing to check.
 CHECK_FIELDS = ("name", "ok", "warn", "detail")
+# `adapterd usage` (daemon/cli/usage.py `rows_of`): a row of the report; `team` and `priority_class` only where `--by`
+# groups by them, `from` and `to` the period.
+USAGE_FIELDS = ("team", "priority_class", "gpu_hours", "jobs", "runs", "from", "to")
 
 TERMINAL_ROWS = 1000  # above it, rich's layout (0.35 ms a row) costs more than a box is worth: plain columns
 GAP = "  "  # between two columns of the plain text

@@ -45,7 +45,9 @@ from schemas import Event
 from schemas.events import Accepted
 
 RECENT_HOSTS = timedelta(hours=24)  # a host that started a job in this past counts for the default --slots
-UNPLACED = ("undecodable", "accepted")  # not in the order: a record that is not a request; a request that has its slot
+# Not in the order: a record that is not a request; a request that has its slot; one held or paused (its latest event
+# says so: daemon/jobs/holds.py), which starts nowhere until released.
+UNPLACED = ("undecodable", "accepted", "held", "paused")
 PENDING_NAMED = 5  # the requests with a cancel pending named under the queue's table; the rest counted
 
 

@@ -9,11 +9,11 @@ longest a job may run (the host's `max_timeout_s`) and a day; a run that started
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from daemon.cli.jobs import age
+from daemon.cli.listing import Column
 from daemon.fleet.chargeback import GROUPINGS, Row
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
@@ -73,45 +73,31 @@ async def read_events(settings: Settings, since: datetime) -> list[Event]:
         return [event async for event in stream.events(until_terminal=False, follow=False)]
 
 
-def as_json(rows: Sequence[Row], by: Sequence[str], begins: datetime, ends: datetime) -> str:
-    """A JSON array, an object a row: the groupings asked for, gpu_hours, jobs, runs and the period."""
-    return json.dumps(
-        [
-            {
-                **({"team": row.team} if "team" in by else {}),
-                **({"priority_class": row.priority_class} if "class" in by else {}),
-                "gpu_hours": round(row.gpu_hours, 4),
-                "jobs": row.jobs,
-                "runs": row.runs,
-                "from": begins.isoformat(),
-                "to": ends.isoformat(),
-            }
-            for row in rows
-        ],
-        indent=2,
-    )
+def rows_of(rows: Sequence[Row], by: Sequence[str], begins: datetime, ends: datetime) -> list[dict[str, object]]:
+    """`--json`'s document: an object a row, with `USAGE_FIELDS` (daemon/cli/listing.py) in their order, the groupings
+    only where asked for."""
+    return [
+        {
+            **({"team": row.team} if "team" in by else {}),
+            **({"priority_class": row.priority_class} if "class" in by else {}),
+            "gpu_hours": round(row.gpu_hours, 4),
+            "jobs": row.jobs,
+            "runs": row.runs,
+            "from": begins.isoformat(),
+            "to": ends.isoformat(),
+        }
+        for row in rows
+    ]
 
 
-def print_table(rows: Sequence[Row], by: Sequence[str], begins: datetime, ends: datetime) -> None:
-    """The period in a line, then the rows as a table, on stdout."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=box.SIMPLE)
-    if "team" in by:
-        table.add_column("TEAM", no_wrap=True)
-    if "class" in by:
-        table.add_column("CLASS", no_wrap=True)
-    for name in ("GPU-HOURS", "JOBS", "RUNS"):
-        table.add_column(name, justify="right", no_wrap=True)
+def table_of(rows: Sequence[Row], by: Sequence[str]) -> tuple[list[Column], list[list[str]]]:
+    """The table's columns and cells, as every listing verb prints them (daemon/cli/listing.py `show_table`)."""
+    columns = [Column("TEAM")] if "team" in by else []
+    columns += [Column("CLASS")] if "class" in by else []
+    columns += [Column("GPU-HOURS", right=True), Column("JOBS", right=True), Column("RUNS", right=True)]
+    cells = []
     for row in rows:
         names = [row.team or "-"] if "team" in by else []
         names += [row.priority_class or "-"] if "class" in by else []
-        table.add_row(*names, f"{row.gpu_hours:.2f}", str(row.jobs), str(row.runs))
-    console = Console()
-    if not console.is_terminal:
-        console.width = 200  # rich assumes 80 columns where the output is not a terminal: a long team name wraps
-    # The period as a line of its own: as the table's title it would wrap at the table's width.
-    console.print(f"GPU-hours from {begins.isoformat()} to {ends.isoformat()}", soft_wrap=True, highlight=False)
-    console.print(table)
+        cells.append([*names, f"{row.gpu_hours:.2f}", str(row.jobs), str(row.runs)])
+    return columns, cells

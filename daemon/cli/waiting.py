@@ -160,7 +160,7 @@ def combine(
         )
         if job is None or arrived_after_end:
             waiting[each.request_id] = each  # no host has said a word of it (since it last ended: sent again)
-        elif job.state == "queued":
+        elif job.state in ("queued", "held"):
             # In the claims topic it is claimed, whatever it went through before (queued,
             # preempted) until it is accepted.
             each.stage = job.latest if queue.stage != "claimed" or job.latest == "accepted" else "claimed"
@@ -172,7 +172,7 @@ def combine(
             waiting.pop(each.request_id, None)  # running, or ended and about to be committed
     named = named_in_events(events)
     for request_id, job in jobs.items():
-        if job.state == "queued" and request_id not in waiting:
+        if job.state in ("queued", "held") and request_id not in waiting:
             priority_class, team, metadata = named.get(request_id, (None, None, {}))
             waiting[request_id] = WaitingRequest(
                 request_id,

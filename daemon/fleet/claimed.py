@@ -135,22 +135,11 @@ class ClaimedJobs:
         by = self.preempting.pop(tp, None)
         if by is None:
             return False
-        cls = claimed_class(record, runner.request, self.settings)
         count = self.retries.preemptions(record) + 1
-        # Back to its class's queue with its arrival time: it keeps its place there.
-        back = Copy(
-            record,
-            self.settings.class_topics[cls],
-            cls,
-            team_of(runner.request.team),
-            self.arrival_ms(record),
-            carried(record, self.retries, preemptions=count),
-        )
-        try:
-            await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.claims.assigned()))
-        except Stale:  # its claims partition moved meanwhile: whoever holds it now runs it, from its checkpoint
+        if not await self.back_to_queue(tp, record, runner.request, preemptions=count):
             log.warning("job.preempted_not_requeued", request_id=runner.request.request_id, by=by)
             return False
+        cls = claimed_class(record, runner.request, self.settings)
         metrics.PREEMPTIONS.inc()
         log.warning("job.preempted", request_id=runner.request.request_id, by=by, preemptions=count, priority_class=cls)
         # Where it stopped and the checkpoint it resumes from, not its last progress report, which may trail both.
@@ -164,6 +153,28 @@ class ClaimedJobs:
             resume_from_step=kept,
             step=stopped,
         )
+        return True
+
+    async def back_to_queue(
+        self, tp: TopicPartition, record: Record, request: RequestBase, *, preemptions: int | None = None
+    ) -> bool:
+        """A claim back to the end of its class's queue with its arrival (it keeps its place there) and its attempt
+        headers, in one transaction that commits the claim; `preemptions` its new count (unchanged by default: a hold
+        or a pause, daemon/jobs/holds.py). False when its claims partition moved meanwhile: whoever holds it now runs
+        it, from its checkpoint."""
+        cls = claimed_class(record, request, self.settings)
+        back = Copy(
+            record,
+            self.settings.class_topics[cls],
+            cls,
+            team_of(request.team),
+            self.arrival_ms(record),
+            carried(record, self.retries, preemptions=preemptions),
+        )
+        try:
+            await self.mover.move(Move(record, self.settings.group_id, (back,), lambda: tp in self.claims.assigned()))
+        except Stale:
+            return False
         return True
 
     def arrival_ms(self, record: Record) -> int:

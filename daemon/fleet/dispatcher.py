@@ -18,8 +18,8 @@ A record naming another class than its topic's is weighed as its own class where
 it is picked), else moved to that class's topic when it is first in its partition; one that does not decode as intake
 decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
-not start yet (a retry not yet due, a team at its cap), or not here (GPUs of a kind it does not ask for:
-daemon/fleet/kinds.py `servable`), holds up none behind it. Copies are signed by the fleet
+not start yet (a retry not yet due, a team at its cap, one held: daemon/jobs/holds.py), or not here (GPUs of a kind
+it does not ask for: daemon/fleet/kinds.py `servable`), holds up none behind it. Copies are signed by the fleet
 (daemon/kafka/queue_seal.py); arrival is the fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
@@ -102,6 +102,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self.decided: tuple[object, ...] = ()  # what the last decision read (`_seen`), and when
         self.decided_at = 0.0
+        scheduler.held.on_release.append(self.wake.set)  # a released request is weighed at once
 
     async def start(self) -> None:
         await self.mover.start()
@@ -128,7 +129,7 @@ class Dispatcher:
             self.claims,
             self.retries,
             self.kafka.reads,
-            self.scheduler.cancelled,
+            self.scheduler.held.unplaced(self.scheduler.cancelled),  # neither told nor counted ahead of others
             self.intake.grants,
         )
         announcing = asyncio.create_task(announcer.run(stopping), name="fleet-announcer")
@@ -203,13 +204,21 @@ class Dispatcher:
                     await self._reject(queue, window)
                 if any(self._cancelled(h) for h in window):
                     await self._withdraw(queue, window)
+                for h in window if self.scheduler.held.reasons else ():  # held: told so, and passed by below
+                    if h.request is not None:
+                        await self.scheduler.held.tell(h.request, h.record, self.retries.read(h.record).attempt)
         now = time.time()
         seen = self._seen(room)
         if seen == self.decided and now - self.decided_at < DECIDE_AGAIN_S:
             return  # nothing a decision reads has changed since the last one
         # A request read in another class's topic is weighed as its own class where it is: moved first, it would leave
         # this turn's heads, and its free slot would go to a lower class (it is moved below if it stays).
-        ready = [h for queue in self.queues for h in queue.heads() if not h.not_yet_due(now) and h.rejection is None]
+        ready = [
+            h
+            for queue in self.queues
+            for h in queue.heads()
+            if not h.not_yet_due(now) and h.rejection is None and h.request_id not in self.scheduler.held
+        ]
         waiting = [h.waiting() for h in ready]
         while waiting:
             free, mine = self.room(), servable(waiting, self.scheduler.slots.kind)  # its GPUs' kind serves these
@@ -255,7 +264,8 @@ class Dispatcher:
         their way, this host's jobs and the fleet view's changes."""
         heads = frozenset((h.tp, h.record.offset) for queue in self.queues for h in queue.heads())
         running = tuple(self.jobs.running(self.scheduler.jobs))  # each job's start, class, progress: what preempts
-        return (heads, room, frozenset(self.pending), frozenset(self.scheduler.jobs), running, self.view.changes)
+        holds = self.scheduler.held.changes
+        return (heads, room, frozenset(self.pending), frozenset(self.scheduler.jobs), running, self.view.changes, holds)
 
     def _reads_while_full(self, queue: ClassQueue) -> bool:
         """Whether this host, full, reads a class's queue: while a request of the class may preempt one of its jobs now;

@@ -21,7 +21,7 @@ from daemon.fleet.order import FleetJob, FleetRequest, Standing, pick, remaining
 from daemon.fleet.telling import Telling
 from daemon.fleet.usage import Durations, Usage, trained_steps
 from daemon.settings.fleet import PriorityClass, TeamShare
-from schemas import Accepted, Event, Preempted, Retrying, Started, Succeeded
+from schemas import Accepted, Event, Paused, Preempted, Retrying, Started, Succeeded
 
 TELL_EVERY_S = 2.0  # how often the simulated fleet looks for what to tell again (daemon/fleet/announcer.py ANNOUNCE_S)
 
@@ -248,7 +248,7 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
             first_accepted.setdefault(request_id, event.time.timestamp())
         elif isinstance(event, Started):
             gpus[request_id] = 1 if event.slot == "cpu" else len(event.slot.split(","))
-        elif isinstance(event, Preempted | Retrying) and request_id in accepted:
+        elif isinstance(event, Preempted | Retrying | Paused) and request_id in accepted:
             earlier[request_id] = (
                 earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()
             )

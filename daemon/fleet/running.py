@@ -9,7 +9,19 @@ from dataclasses import dataclass, replace
 
 from daemon.fleet.order import FleetJob
 from daemon.settings.fleet import team_of
-from schemas import Accepted, Cancelled, Checkpoint, Event, Failed, Preempted, Progress, Retrying, Started, Succeeded
+from schemas import (
+    Accepted,
+    Cancelled,
+    Checkpoint,
+    Event,
+    Failed,
+    Paused,
+    Preempted,
+    Progress,
+    Retrying,
+    Started,
+    Succeeded,
+)
 
 TERMINAL = (Succeeded, Failed, Cancelled)
 
@@ -60,7 +72,7 @@ class Occupancy:
         elif isinstance(event, Preempted):
             self._preemptions[request_id] = event.preemptions
             self._seen.pop(request_id, None)
-        elif isinstance(event, Retrying):
+        elif isinstance(event, Retrying | Paused):  # it waits again, its slot freed
             self._seen.pop(request_id, None)
         elif isinstance(event, TERMINAL):
             self._seen.pop(request_id, None)

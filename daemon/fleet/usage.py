@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from daemon.settings.fleet import team_of
-from schemas import Accepted, Cancelled, Event, Failed, Preempted, Retrying, Started, Succeeded
+from schemas import Accepted, Cancelled, Event, Failed, Paused, Preempted, Retrying, Started, Succeeded
 
-ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted)  # the events that free a job's slots
+ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted, Paused)  # the events that free a job's slots
 
 
 class Usage:

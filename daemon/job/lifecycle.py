@@ -10,8 +10,9 @@ answered as a duplicate). A final state is entered once its event is acknowledge
 
 A job ends early only by a `Stop`, through `JobRunner.stop` (daemon/job/runner.py): a cancel (it ends
 CANCELLED), a timeout or a stall (FAILED or RETRYING, named so), each with its child killed at once;
-or an interrupt (a daemon stop or a partition that moved: its child saves a checkpoint within the
-grace, nothing is published, and the request is read again). An interrupt overrides any other stop;
+or an interrupt (a daemon stop, a partition that moved, a preemption or a pause: its child saves a checkpoint
+within the grace, nothing is published by the job, and the request is read again; a preempted or paused one is
+put back to wait by whoever stopped it, daemon/fleet/claimed.py, daemon/jobs/holds.py). An interrupt overrides any stop;
 no other replaces the first; none is taken once the push has begun, but an interrupt.
 """
 

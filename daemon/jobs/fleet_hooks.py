@@ -30,6 +30,10 @@ class FleetHooks(Protocol):
     async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
         """After a job ended interrupted: True when it was preempted and its claim is committed."""
 
+    async def back_to_queue(self, tp: TopicPartition, record: Record, request: RequestBase) -> bool:
+        """A claim held or paused (daemon/jobs/holds.py): back to its class's queue, its claim committed; False when
+        its claims partition moved meanwhile."""
+
     def forget(self, tp: TopicPartition) -> None: ...
 
     def requeued(self, record: Record, request: RequestBase, retry: Outgoing) -> Outgoing:
@@ -47,6 +51,9 @@ class NoFleet:
 
     async def after_interrupt(self, tp: TopicPartition, record: Record, runner: JobRunner) -> bool:
         return False  # never preempted: read again, as after a daemon stop
+
+    async def back_to_queue(self, tp: TopicPartition, record: Record, request: RequestBase) -> bool:
+        return False  # no queue but the partition it was read from: daemon/jobs/holds.py sends it to its end
 
     def forget(self, tp: TopicPartition) -> None:
         pass

@@ -40,6 +40,7 @@ from daemon.job.supervisor import time_limit
 from daemon.jobs.cancels import Cancels
 from daemon.jobs.faults import RecordFaults
 from daemon.jobs.fleet_hooks import NO_FLEET, FleetHooks
+from daemon.jobs.holds import Holds
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.jobs.reservation import Reservations, backfills
 from daemon.jobs.settle import Settler
@@ -55,7 +56,7 @@ from daemon.resources.memory import Estimate
 from daemon.resources.shards import PLANS, planned
 from daemon.resources.slots import Placement, Slots
 from daemon.settings import Settings
-from schemas import Accepted, Cancel, RequestBase
+from schemas import Accepted, Cancel, Control, RequestBase
 
 log = structlog.get_logger()
 
@@ -81,6 +82,7 @@ class Scheduler:
         self.jobs: dict[TopicPartition, RunningJob] = {}
         self.waiting = WaitingRetries(publisher, partitions)  # retries not yet due (daemon/jobs/waiting_retries.py)
         self.cancelled = Cancels(settings.host, publisher, partitions)  # the control topic's (daemon/jobs/cancels.py)
+        self.held = Holds(settings.host, publisher, partitions, self.waiting)  # holds, pauses: daemon/jobs/holds.py
         # Each job's memory, before it is placed on a shared GPU (daemon/resources/estimator.py).
         self.memory = Estimator(settings, MemoryHistory.load(settings.work_dir / "memory.json"))
         self.estimates = Estimates(on_done=self._estimated)  # those worked out beside the loop
@@ -109,6 +111,9 @@ class Scheduler:
             self.reservations.gone(tp)
             await self.cancelled.skip(tp, record, request, retry.attempt)
             return Offered.SKIPPED
+        if (held := await self.held.offer(tp, record, request, retry.attempt, self)) is not None:
+            self.reservations.gone(tp)
+            return held
         if retry.due is not None and retry.due > time.time():
             self.reservations.gone(tp)
             return Offered.DEFERRED if await self.waiting.not_yet(tp, record, retry.due) else Offered.WAITING
@@ -225,7 +230,10 @@ class Scheduler:
             if event is None:
                 # Interrupted: nothing published, nothing committed; the request is read again. A preempted
                 # one is back in its class's queue, its claim committed in the same transaction.
-                if await self.fleet.after_interrupt(tp, record, runner):
+                # A paused one waits again, held (daemon/jobs/holds.py): first, as a pause outranks a preemption.
+                if await self.held.after_pause(tp, record, runner, self) or await self.fleet.after_interrupt(
+                    tp, record, runner
+                ):
                     self.partitions.committed[tp] = offset + 1
                 return
             requeue = functools.partial(self.fleet.requeued, record, runner.request)
@@ -293,6 +301,12 @@ class Scheduler:
     def resume_idle_partitions(self) -> None:
         if self.slots.free:
             self.partitions.resume([tp for tp in self.partitions.assigned() if not self.holds(tp)])
+
+    async def control(self, message: Control) -> None:
+        """From the control topic: a cancel, or a hold, release, pause or resume (daemon/jobs/holds.py)."""
+        if isinstance(message, Cancel):
+            await self.cancel(message)
+        await self.held.control(message, self)
 
     async def cancel(self, cancel: Cancel) -> None:
         """From the control topic: stop the request's running job, or remember to skip it."""

@@ -24,6 +24,13 @@ log = structlog.get_logger()
 class WaitingRetry:
     offset: int
     due: float  # time.time() at which the retry may run
+    # The partition's end when it began to wait: a request past it is a new one behind (a retry waits only with nothing
+    # behind it, so offset + 1; a held request may wait with held ones behind it, daemon/jobs/holds.py).
+    end: int = -1
+
+    @property
+    def behind_from(self) -> int:
+        return self.end if self.end >= 0 else self.offset + 1
 
 
 class WaitingRetries:
@@ -51,9 +58,13 @@ class WaitingRetries:
                 due_in_s=round(due - time.time(), 1),
             )
             return True
-        self.partitions.hold(tp, record.offset)
-        self.waiting[tp] = WaitingRetry(record.offset, due)
+        self.hold_at(tp, record.offset, due)
         return False
+
+    def hold_at(self, tp: TopicPartition, offset: int, due: float, end: int = -1) -> None:
+        """Hold `tp` at `offset` until `due`, or until a request arrives past `end` (default: just past it)."""
+        self.partitions.hold(tp, offset)
+        self.waiting[tp] = WaitingRetry(offset, due, end)
 
     def due(self, now: float, end_offsets: Mapping[TopicPartition, int] | None) -> list[TopicPartition]:
         """The partitions whose retry is due at `now`, or has requests behind it by `end_offsets` (when
@@ -61,7 +72,7 @@ class WaitingRetries:
         ready = [
             tp
             for tp, waiting in self.waiting.items()
-            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.offset + 1)
+            if now >= waiting.due or (end_offsets is not None and end_offsets.get(tp, 0) > waiting.behind_from)
         ]
         for tp in ready:
             del self.waiting[tp]

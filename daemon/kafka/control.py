@@ -1,5 +1,6 @@
 """Read `adapterd.control`: every daemon reads every message (no consumer group), so a cancel reaches
-whichever host holds the request, running or not yet started.
+whichever host holds the request, running or not yet started; so does a hold, release, pause or resume
+(daemon/jobs/holds.py).
 
 At start the reader catches up on the messages of the last `control_lookback_s` before the daemon
 takes any request, so a request cancelled while no daemon was running is still skipped.
@@ -17,15 +18,15 @@ from pydantic import ValidationError
 from daemon.kafka.records import Record
 from daemon.kafka.topic_reader import TopicReader
 from daemon.settings import Settings
-from schemas.control import Cancel
+from schemas.control import CONTROL_ADAPTER, Control
 
 log = structlog.get_logger()
 
 
 class ControlReader:
-    def __init__(self, settings: Settings, on_cancel: Callable[[Cancel], Awaitable[None]]) -> None:
+    def __init__(self, settings: Settings, on_control: Callable[[Control], Awaitable[None]]) -> None:
         self.settings = settings
-        self.on_cancel = on_cancel
+        self.on_control = on_control
         self.reader = TopicReader(settings, settings.control_topic, client_id=f"adapterd-control-{settings.host}")
         self._task: asyncio.Task[None] | None = None
 
@@ -54,11 +55,11 @@ class ControlReader:
 
     async def _handle(self, record: Record) -> None:
         try:
-            cancel = Cancel.model_validate_json(record.value or b"")
+            message = CONTROL_ADAPTER.validate_json(record.value or b"")
         except ValidationError as exc:
             # Logged, not dead-lettered: every daemon reads every control message, so each would send a copy.
             errors = [f"{'.'.join(map(str, e['loc'])) or '(message)'}: {e['msg']}" for e in exc.errors()]
             log.warning("control.invalid", partition=record.partition, offset=record.offset, errors=errors)
             return
-        log.info("control.cancel", request_id=cancel.request_id, reason=cancel.reason)
-        await self.on_cancel(cancel)
+        log.info(f"control.{message.type}", request_id=message.request_id, reason=message.reason)
+        await self.on_control(message)

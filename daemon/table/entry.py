@@ -37,8 +37,12 @@ STATE_AFTER = {
     # With priority classes: read and waiting for a slot; stopped for a higher class, and waiting again.
     "queued": "queued",
     "preempted": "queued",
+    # Held while waiting, or paused while running, until a release (daemon/jobs/holds.py); then waiting again.
+    "held": "held",
+    "paused": "held",
+    "released": "queued",
 }
-STATES = ("queued", "running", "succeeded", "failed", "cancelled", "rejected")
+STATES = ("queued", "held", "running", "succeeded", "failed", "cancelled", "rejected")
 ENDED = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest 32 events is not folded again
 EARLIER_RUNS = (
@@ -47,9 +51,11 @@ EARLIER_RUNS = (
 # What the fleet's folds read of a success's metrics (daemon/fleet/usage.py `Durations.observe`: the steps it trained
 # and a step's steady pace); beside them, its durations.
 KEPT_METRICS = frozenset({"train_runtime", "train_steps_per_second", "median_step_s"})
-RUN_ENDS = frozenset({"succeeded", "failed", "cancelled", "retrying", "preempted"})  # the events that end a run
+RUN_ENDS = frozenset(
+    {"succeeded", "failed", "cancelled", "retrying", "preempted", "paused"}
+)  # the events that end a run
 
-State = Literal["queued", "running", "succeeded", "failed", "cancelled", "rejected"]
+State = Literal["queued", "held", "running", "succeeded", "failed", "cancelled", "rejected"]
 
 
 class EntryHead(BaseModel):
@@ -212,4 +218,12 @@ def detail(event: Event) -> str:
         return f"{event.priority_class}/{event.team}: place {event.place}{eta}"  # type: ignore[union-attr]
     if kind == "preempted":
         return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]
+    if kind == "held":
+        return f"held: {event.reason}"  # type: ignore[union-attr]
+    if kind == "paused":
+        kept = event.resume_from_step  # type: ignore[union-attr]
+        resumes = "starts over" if kept is None else f"resumes from step {kept}"
+        return f"paused at step {event.stopped_at_step}: {event.reason}; held, {resumes}"  # type: ignore[union-attr]
+    if kind == "released":
+        return f"released: {event.reason}"  # type: ignore[union-attr]
     return ""

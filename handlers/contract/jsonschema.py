@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from schemas.control import Cancel
+from schemas.control import CONTROL_ADAPTER
 from schemas.events import Event
 from schemas.generated import SCHEMA_DIR
 from schemas.request import TrainingRequest
@@ -21,7 +21,7 @@ def generated_schemas() -> dict[str, str]:
     documents = {
         "request.schema.json": TypeAdapter(TrainingRequest).json_schema(),
         "event.schema.json": TypeAdapter(Event).json_schema(),
-        "control.schema.json": Cancel.model_json_schema(),
+        "control.schema.json": CONTROL_ADAPTER.json_schema(),
     }
     for name, document in documents.items():
         document["$schema"] = "https://json-schema.org/draft/2020-12/schema"

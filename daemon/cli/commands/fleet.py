@@ -37,7 +37,10 @@ def jobs(
         list[str] | None,
         typer.Option(
             "--state",
-            help="Only requests in this state (queued, running, succeeded, failed, cancelled, rejected); repeatable.",
+            help=(
+                "Only requests in this state (queued, held, running, succeeded, failed, cancelled, rejected); "
+                "repeatable."
+            ),
         ),
     ] = None,
     method: Annotated[str | None, typer.Option(help="Only requests of this method.")] = None,
@@ -171,7 +174,7 @@ def get(
     job = read.entries.get(request_id)
     waits = None  # where it waits, when its events do not say it runs or ended: read from the queues themselves
     now = datetime.now(UTC)
-    if job is None or job.state == "queued":
+    if job is None or job.state in ("queued", "held"):
         waits = with_kafka(settings, waiting_placed(settings, request_id, slots, now))
     if job is None and waits is None:
         typer.echo(
@@ -263,6 +266,7 @@ def usage(
     from datetime import UTC, datetime
 
     from daemon.cli import usage as chargeback
+    from daemon.cli.listing import show_json, show_table
     from daemon.fleet.chargeback import report
 
     settings = read_settings(config)
@@ -278,6 +282,8 @@ def usage(
     rows = report(events, begins, ends, now.timestamp(), by=grouped)
     ends = min(ends, now)  # what the figures cover: nothing is counted past now
     if as_json:
-        typer.echo(chargeback.as_json(rows, grouped, begins, ends))
-    else:
-        chargeback.print_table(rows, grouped, begins, ends)
+        show_json(chargeback.rows_of(rows, grouped, begins, ends))
+        return
+    # The period beside the listing, on stderr as every listing verb says what is not its rows: stdout is the table.
+    typer.echo(f"GPU-hours from {begins.isoformat()} to {ends.isoformat()}", err=True)
+    show_table(*chargeback.table_of(rows, grouped))

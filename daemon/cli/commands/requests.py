@@ -1,4 +1,5 @@
-"""The commands that send requests in: `validate`, `submit` and `cancel` (one request, or a sweep)."""
+"""The commands that send requests in: `validate`, `submit` and `cancel` (one request, or a sweep), and `hold`,
+`release`, `pause`, `resume` (one request)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,70 @@ def cancel(
         typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(with_kafka(settings, send_cancel(settings, message, dry_run=dry_run)))
+
+
+RequestId = Annotated[str, typer.Argument(help="The request's id.")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Say what would happen, and send nothing.")]
+
+
+def _send_hold(kind: str, request_id: str, config: Path | None, reason: str, dry_run: bool) -> None:
+    """A hold, release, pause or resume of one request (daemon/cli/holds.py)."""
+    from daemon.cli.holds import send
+    from schemas import Hold, Pause, Release, Resume
+
+    settings = read_settings(config)
+    models: dict[str, type[Hold | Release | Pause | Resume]] = {
+        "hold": Hold,
+        "release": Release,
+        "pause": Pause,
+        "resume": Resume,
+    }
+    model = models[kind]
+    try:
+        message = model(request_id=request_id, reason=reason)
+    except ValidationError as exc:
+        typer.echo(f"adapterd: not a request id: {request_id!r}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(with_kafka(settings, send(settings, message, dry_run=dry_run)))
+
+
+def hold(
+    request_id: RequestId,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the held event.")] = "held by an operator",
+    dry_run: DryRun = False,
+) -> None:
+    """Hold a waiting request: it is not started until `adapterd release` (the requests behind it go first). A running
+    job is left to run; `adapterd pause` stops it."""
+    _send_hold("hold", request_id, config, reason, dry_run)
+
+
+def release(
+    request_id: RequestId,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the released event.")] = "released by an operator",
+    dry_run: DryRun = False,
+) -> None:
+    """Release a held or paused request: it waits as any other and starts (from its checkpoint) when reached."""
+    _send_hold("release", request_id, config, reason, dry_run)
+
+
+def pause(
+    request_id: RequestId,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the paused event.")] = "paused by an operator",
+    dry_run: DryRun = False,
+) -> None:
+    """Pause a request: a running job stops at a checkpoint, no attempt spent, and waits held until `adapterd resume`;
+    a waiting one is held."""
+    _send_hold("pause", request_id, config, reason, dry_run)
+
+
+def resume(
+    request_id: RequestId,
+    config: ConfigOption = None,
+    reason: Annotated[str, typer.Option(help="Why; echoed in the released event.")] = "resumed by an operator",
+    dry_run: DryRun = False,
+) -> None:
+    """Resume a paused (or held) request: the next host to reach it resumes it from its checkpoint."""
+    _send_hold("resume", request_id, config, reason, dry_run)

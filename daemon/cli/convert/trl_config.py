@@ -24,6 +24,7 @@ from typing import Any
 
 from daemon.admission.secret_rules import SCANNER
 from daemon.cli.convert.ledger import Conversion, Dropped, Ledger, UsageError, refused, same_value
+from daemon.cli.convert.open_r1_config import carry_open_r1
 from daemon.cli.convert.trl_datasets import carry_dataset
 from daemon.cli.convert.trl_model import carry_model_and_peft
 from daemon.cli.convert.trl_renames import carry_renames
@@ -80,6 +81,7 @@ class _Converter(Ledger):
         carry_dataset(self)
         if self.method in REWARD_METHODS:
             carry_rewards(self)
+        carry_open_r1(self)  # open-r1's own config keys, its branch to push to among them: before the output
         self.output()
         self.blocks()
         for key in self.config:

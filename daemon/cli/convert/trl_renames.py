@@ -82,14 +82,15 @@ class RenamedValue:
     """A value of a key that TRL renamed (the key kept its name): read as today's value, said."""
 
     key: str
-    old: str
+    old: str | bool
     new: str
     release: str
     why: str
     methods: frozenset[str] = ALL_METHODS
 
 
-# Read from TRL's git tags: SFTConfig of v0.19.1 takes "ffd", of v0.20.0 "bfd" only.
+# Read from TRL's git tags: SFTConfig of v0.19.1 takes "ffd", of v0.20.0 "bfd" only; GRPOConfig's scale_rewards took a
+# bool before v0.23.0 (trl#3992), and its __post_init__ still reads one as the value it meant.
 RENAMED_VALUES: tuple[RenamedValue, ...] = (
     RenamedValue(
         "packing_strategy",
@@ -98,6 +99,17 @@ RENAMED_VALUES: tuple[RenamedValue, ...] = (
         "trl 0.20.0",
         "the same packing: trl's 'ffd' was best-fit decreasing all along (trl#3696)",
         frozenset({"sft"}),
+    ),
+    *(
+        RenamedValue(
+            "scale_rewards",
+            old,
+            new,
+            "trl 0.23.0",
+            "GRPOConfig's __post_init__ reads it so, the same scaling (trl#3992)",
+            frozenset({"grpo"}),
+        )
+        for old, new in ((True, "group"), (False, "none"))
     ),
 )
 
@@ -178,7 +190,9 @@ def carry_renames(ledger: Ledger, method: str, request_path: Callable[[str], str
                 f"{old} (its name before {release}) and {new} are both set, to different values; keep one",
             )
     for value in RENAMED_VALUES:
-        if method in value.methods and ledger.config.get(value.key) == value.old:
+        found = ledger.config.get(value.key)
+        # `is` for a bool: YAML's `1` is not `true` to TRL's parser, and 1 == True in Python.
+        if method in value.methods and (found is value.old if isinstance(value.old, bool) else found == value.old):
             ledger.config[value.key] = value.new
             ledger.changed.append(
                 Changed(value.key, f"its value {value.old!r} is {value.new!r} since {value.release}: {value.why}")

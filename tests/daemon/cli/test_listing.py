@@ -25,6 +25,7 @@ from daemon.cli.listing import (
     CHECK_FIELDS,
     JOB_FIELDS,
     METHOD_FIELDS,
+    USAGE_FIELDS,
     WAITING_FIELDS,
     Column,
     plain,
@@ -270,5 +271,5 @@ def test_the_operator_docs_name_every_json_field() -> None:
     text = (ROOT / "deploy" / "README.md").read_text()
     section = text[text.index("### Machine-readable output") :]
     section = section[: section.index("\n#", 1)]
-    for fields in (JOB_FIELDS, WAITING_FIELDS, METHOD_FIELDS, CHECK_FIELDS):
+    for fields in (JOB_FIELDS, WAITING_FIELDS, METHOD_FIELDS, CHECK_FIELDS, USAGE_FIELDS):
         assert ", ".join(f"`{name}`" for name in fields) in " ".join(section.split()), fields

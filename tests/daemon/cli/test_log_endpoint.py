@@ -21,8 +21,9 @@ from daemon.cli.log_endpoint import LogsError, Printable, fetch, printable
 from daemon.ops import metrics  # noqa: F401 - registers adapterd's metrics, as the daemon does
 from daemon.ops.http_server import HttpEndpoint
 from daemon.settings import Settings
-from schemas import Started, Succeeded
+from schemas import Started
 from schemas.signing import new_key_pair
+from tests.helpers import local_success
 
 TOKEN = "the-fleets-logs-token"
 FLEET_KEY = new_key_pair()[
@@ -159,23 +160,9 @@ async def test_adapterd_logs_prints_a_logs_escape_codes_escaped(monkeypatch: pyt
     ).start()
     events = [
         Started(request_id="r1", method="sft", slot="cpu", pid=1, endpoint=endpoint.address, endpoint_scheme="http"),
-        Succeeded(
-            request_id="r1",
-            sink="local",
-            repo_id="a/b",
-            revision="main",
-            commit_sha=None,
-            commit_url=None,
-            location="/x",
-            files=[],
-            metrics={},
-            durations_s={},
-            versions={},
-            method="sft",
-            trainer="SFTTrainer",
+        local_success(
+            "r1",
             base_model="m",
-            base_model_revision=None,
-            dataset_fingerprint=None,
         ),
     ]
     monkeypatch.setattr(logs, "EventStream", lambda settings: FakeStream(events))

@@ -42,6 +42,7 @@ EACH = [
     ("handbook-smollm3-sft.yaml", "sft"),
     ("open-r1-qwen2.5-1.5b-grpo-demo.yaml", "grpo"),
     ("open-r1-deepseek-r1-distill-qwen-1.5b-grpo-demo.yaml", "grpo"),
+    ("open-r1-qwen2.5-coder-7b-grpo-codeforces.yaml", "grpo"),
 ]
 
 
@@ -117,3 +118,31 @@ def test_open_r1s_grpo_recipes_convert_with_their_rewards_in_the_ledger(name: st
     assert "a request has no system prompt" in said["system_prompt"]
     assert "dataset_prompt_column" not in said  # carried: the recipe's `problem` column is read as the prompt
     assert request["dataset"]["columns"] == {"problem": "prompt"}
+
+
+def test_open_r1s_own_config_keys_are_carried_or_said_and_only_its_sandboxed_reward_refuses(tmp_path: Path) -> None:
+    """open-r1's codeforces recipe carries keys of open-r1's own config classes (its branch to push to, LightEval
+    benchmarks, callbacks, W&B's entity) and a scale_rewards of TRL's older bool: each is carried or named, and the
+    conversion fails on its code-running reward alone, which adapterd has no counterpart of."""
+    name = "open-r1-qwen2.5-coder-7b-grpo-codeforces.yaml"
+    code, request, stderr = convert(name, "grpo")
+    lines = {line.split(":")[0]: line for line in stderr}
+    errors = stderr[stderr.index(next(line for line in stderr if "is not valid" in line)) + 1 :]
+    assert code == 1 and len(errors) == 1 and errors[0].strip().startswith("rewards: reward_funcs.0: cf_code"), stderr
+    for key in ("benchmarks", "callbacks", "wandb_entity", "wandb_project"):
+        assert "open-r1" in lines[key] and "unknown" not in lines[key], lines[key]
+    assert "hub_model_revision" not in lines, stderr  # carried: said() leaves out the lines of keys carried as they are
+    assert lines["scale_rewards"].startswith("scale_rewards: carried, but its value False is 'none' since trl 0.23.0")
+
+    # Without the sandboxed reward, the recipe converts: pushed to open-r1's branch, the rewards scaled as TRL would.
+    recipe = yaml.safe_load((RECIPES / name).read_text())
+    recipe["reward_funcs"], recipe["reward_weights"] = recipe["reward_funcs"][1:], recipe["reward_weights"][1:]
+    edited = tmp_path / "codeforces-format-only.yaml"
+    edited.write_text(yaml.safe_dump(recipe))
+    result = runner.invoke(
+        app, ["convert", "trl-config", str(edited), "--method", "grpo", "--output-repo", "my-org/converted"]
+    )
+    assert result.exit_code == 0, result.stderr
+    converted = json.loads(result.stdout)
+    assert converted["output"]["revision"] == recipe["hub_model_revision"] == "v01.00"
+    assert converted["grpo"]["scale_rewards"] == "none" and converted["grpo"]["loss_type"] == "dr_grpo"

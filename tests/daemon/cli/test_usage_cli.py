@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from daemon.cli.listing import USAGE_FIELDS
 from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from schemas import Event, parse_event
@@ -77,7 +78,7 @@ def publish(settings: Settings, events: list[Event]) -> None:
 
 def cli(settings: Settings, *args: str) -> tuple[int, str]:
     result = runner.invoke(app, ["usage", *args], env=settings_environment(settings))
-    return result.exit_code, result.output
+    return result.exit_code, result.stdout
 
 
 def test_usage_totals_gpu_hours_per_team_and_class_read_from_the_periods_start_less_the_look_back(
@@ -116,11 +117,13 @@ def test_usage_totals_gpu_hours_per_team_and_class_read_from_the_periods_start_l
         ("search", 8.0, 2),
     ]
     assert all("priority_class" not in row for row in json.loads(output))
+    assert list(json.loads(output)[0]) == [name for name in USAGE_FIELDS if name != "priority_class"]
 
     code, output = cli(settings, *period)
     assert code == 0, output
-    lines = [line.split() for line in output.splitlines() if line.strip()]
-    assert ["TEAM", "CLASS", "GPU-HOURS", "JOBS", "RUNS"] in lines
+    # Plain columns in a pipe, as every listing verb's (daemon/cli/listing.py): the header first, the period on stderr.
+    lines = [line.split() for line in output.splitlines()]
+    assert lines[0] == ["TEAM", "CLASS", "GPU-HOURS", "JOBS", "RUNS"]
     assert ["ads", "urgent", "14.00", "3", "3"] in lines and ["search", "batch", "8.00", "2", "2"] in lines
 
     code, output = cli(settings, "--since", "6d", "--by", "class", "--json")  # 6 days ago to now: the running one
@@ -139,5 +142,5 @@ def test_a_period_or_grouping_that_is_not_one_is_refused_by_its_option(settings:
         (["--by", "host"], "--by: 'host' is not team, class, or team,class"),
         (["--look-back", "forever"], "--look-back: not an age"),
     ]:
-        code, output = cli(settings, *args)
-        assert code == 2 and said in output, (args, output)
+        result = runner.invoke(app, ["usage", *args], env=settings_environment(settings))
+        assert result.exit_code == 2 and said in result.stderr, (args, result.output)

@@ -455,3 +455,31 @@ def test_a_request_held_by_its_teams_cap_is_told_when_its_teams_job_ends_not_now
     assert [p.eta_s for p in place_and_eta([waiting("held", "batch", 1)], events, settings, 2, NOW)] == [
         0.0
     ]  # no cap: the free slot
+
+
+def test_a_held_or_paused_request_is_listed_waiting_held_and_counts_in_no_ones_place(settings: Settings) -> None:
+    """Issue 63: a request whose latest event is `held` or `paused` starts nowhere until released: listed with that
+    stage, placed nowhere, and the others' places do not count it; released, it is placed again."""
+    read = [
+        record(BATCH, 0, 9, sft_request("held-1")),
+        record(BATCH, 1, 8, sft_request("paused-1")),
+        record(BATCH, 2, 7, sft_request("b3")),
+    ]
+    events = [
+        event("held", "held-1", 6, reason="review"),
+        event("accepted", "paused-1", 20, method="sft"),
+        event("paused", "paused-1", 5, reason="demo"),
+    ]
+    placed = {
+        p.request.request_id: p
+        for p in place_and_eta(combine(read, events, settings).waiting, events, settings, 1, NOW)
+    }
+    assert (placed["held-1"].request.stage, placed["held-1"].place) == ("held", None)
+    assert (placed["paused-1"].request.stage, placed["paused-1"].place) == ("paused", None)
+    assert (placed["b3"].place, placed["b3"].of) == (1, 1)
+    events.append(event("released", "held-1", 1, reason="reviewed"))
+    placed = {
+        p.request.request_id: p
+        for p in place_and_eta(combine(read, events, settings).waiting, events, settings, 1, NOW)
+    }
+    assert (placed["held-1"].place, placed["b3"].place) == (1, 2)

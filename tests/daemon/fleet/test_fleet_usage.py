@@ -25,10 +25,10 @@ from schemas import (
     Queued,
     Retrying,
     Started,
-    Succeeded,
     parse_event,
 )
 from schemas.events import EventBase
+from tests.helpers import local_success
 
 T0 = 1_800_000_000.0
 DAY = 86_400.0
@@ -61,24 +61,13 @@ def succeeded(
     **fields: Any,
 ) -> Event:
     return read(
-        Succeeded(
-            request_id=request_id,
+        local_success(
+            request_id,
             time=at(seconds),
-            sink="local",
-            repo_id="a/b",
-            revision="main",
-            commit_sha=None,
-            commit_url=None,
-            location="/x",
-            files=[],
             metrics=metrics or {},
             durations_s=durations_s or {},
-            versions={},
             method=method,
-            trainer="SFTTrainer",
             base_model=model,
-            base_model_revision=None,
-            dataset_fingerprint=None,
             **fields,
         )
     )

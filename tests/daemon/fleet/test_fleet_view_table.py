@@ -25,10 +25,10 @@ from schemas import (
     Queued,
     Retrying,
     Started,
-    Succeeded,
     parse_event,
 )
 from schemas.events import EventBase
+from tests.helpers import local_success
 
 NOW = time.time()
 
@@ -60,25 +60,14 @@ def checkpoint(request_id: str, host: str, ago: float, step: int) -> Event:
 
 def succeeded(request_id: str, host: str, ago: float, total: float, method: str = "sft", **fields: Any) -> Event:
     return read(
-        Succeeded(
-            request_id=request_id,
+        local_success(
+            request_id,
             host=host,
             time=at(ago),
-            sink="local",
-            repo_id="a/b",
-            revision="main",
-            commit_sha=None,
-            commit_url=None,
-            location="/x",
-            files=[],
             metrics={"train_runtime": total / 2, "train_steps_per_second": 0.5},
             durations_s={"queue": 5.0, "total": total},
-            versions={},
             method=method,
-            trainer="SFTTrainer",
             base_model="tiny/m",
-            base_model_revision=None,
-            dataset_fingerprint=None,
             **fields,
         )
     )
