@@ -119,9 +119,9 @@ def host_errors(request: RequestBase, settings: Settings, host: HostGpus) -> lis
         FieldError(
             path=path,
             message=(
-                f"this host's GPUs ({host.said()}) do not serve it, and without priority classes a request runs on "
-                "the host that reads its partition; a fleet of several kinds needs priority_classes, so that a host "
-                "that serves it claims it (deploy/README.md)"
+                f"not served by this host ({host.said()}), and without priority classes a request runs on the host "
+                "that reads its partition; a fleet of several kinds needs priority_classes, so that a host that "
+                "serves it claims it (deploy/README.md)"
             ),
         )
     ]

@@ -60,10 +60,12 @@ def test_without_classes_a_host_refuses_what_its_own_gpus_do_not_serve(tmp_path:
     assert paths(request(gpu_kind=["l4-24gb", "h100-80gb"]), fleet) == []  # one of them is this host's
     assert paths(request(min_gpu_memory_gib=24), fleet) == []
     assert paths(request(gpu_kind="l4-24gb"), Settings(gpus=[]), HostGpus()) == [("resources", "resources.gpu_kind")]
+    cpu = refusal(request(min_gpu_memory_gib=8), Settings(gpus=[]), Slots([], 1))
+    assert cpu is not None and cpu.errors[0].path == "resources.min_gpu_memory_gib"
+    assert cpu.errors[0].message.startswith("not served by this host (no GPU)")
     refused = refusal(request(gpu_kind="h100-80gb"), fleet, Slots(["0"], 1, kind=L4))
-    assert (
-        refused is not None and "this host's GPUs (l4-24gb, 24 GiB each) do not serve it" in refused.errors[0].message
-    )
+    assert refused is not None
+    assert refused.errors[0].message.startswith("not served by this host (l4-24gb, 24 GiB each), and without priority")
     assert "needs priority_classes" in refused.errors[0].message
     # With classes, a host that cannot serve it does not refuse it: a host that can claims it.
     key = tmp_path / "key.pem"
