@@ -46,7 +46,7 @@ from daemon.ops.heap import freeze_startup_heap
 from daemon.ops.http_server import HttpEndpoint, server_tls
 from daemon.ops.job_logs import read_job_log
 from daemon.ops.systemd import Notifier
-from daemon.resources.slots import Slots, discover_gpus, packing_from
+from daemon.resources.slots import Slots, slots_of
 from daemon.settings import Settings
 from daemon.settings.secret_files import token_from
 from daemon.store.pruning import prune_store_once
@@ -143,7 +143,7 @@ class Service:
             settings,
             self.consumer,
             producer,
-            Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings)),
+            slots_of(settings),
             self.children,
             on_change=self._report_status,
             table=table,
@@ -354,6 +354,8 @@ class Service:
             "host": self.settings.host,
             "group_id": self.settings.group_id,
             "gpus": self.slots.gpus,
+            "gpu_kind": self.slots.kind.kind,  # as requests' resources.gpu_kind name it; None without GPUs or unknown
+            "gpu_memory_gib": self.slots.kind.memory_gib,
             "slots": {"total": self.slots.total, "busy": self.slots.busy, "free": self.slots.free},
             # With packing: each GPU's jobs and the memory their shares hold (each job's own share is in `jobs`).
             "packing": None

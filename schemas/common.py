@@ -17,6 +17,9 @@ MODEL_ID_PATTERN = rf"^(/\S+|{HUB_ID})$"
 
 # An idempotency key: it names Hub commits, work directories and Kafka keys, so it stays path-safe;
 # it may not start with a dot ("." and ".." would name the work folder or the jobs folder itself).
+# A kind of GPU (`h100-80gb`, `a100-40gb`, `l4-24gb`: daemon/resources/kinds.py makes them from what nvidia-smi says),
+# as requests, hosts and the operator name them: short, lower case, bounded.
+GPU_KIND_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,31}$"
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"
 
 # Every integer a request carries fits in 64 bits: Python's own ints have no bound, and a number of

@@ -15,6 +15,7 @@ from pydantic import Field, TypeAdapter
 
 from .addresses import HostPort
 from .common import (
+    GPU_KIND_PATTERN,
     SCHEMA_VERSION,
     FieldError,
     Frozen,
@@ -71,6 +72,15 @@ class Accepted(EventBase):
         description=(
             "How many jobs the accepting host runs at once: the fleet's slots, summed over its hosts, for the waiting "
             "requests' ETAs; null on a host with no classes."
+        ),
+    )
+    gpu_kind: str | None = Field(
+        None,
+        pattern=GPU_KIND_PATTERN,
+        description=(
+            "The kind of the accepting host's GPUs ('h100-80gb'), so the waiting requests' ETAs place a request that "
+            "asks for a kind or a GPU's memory only on slots that serve it; null on a host with no classes, without "
+            "GPUs, or whose kind is unknown."
         ),
     )
     model: str | None = Field(

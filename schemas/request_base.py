@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .chains import START_FROM_DESCRIPTION, AfterIds, chain_problem
-from .common import MODEL_ID_PATTERN, REQUEST_ID_PATTERN, SCHEMA_VERSION, Frozen, HubRevision, branch_problem
+from .common import (
+    GPU_KIND_PATTERN,
+    MODEL_ID_PATTERN,
+    REQUEST_ID_PATTERN,
+    SCHEMA_VERSION,
+    Frozen,
+    HubRevision,
+    branch_problem,
+)
 
 # The dataset specs live in schemas/dataset.py; imported here too, where they always were.
 from .dataset import MAX_INLINE_ROWS, DatasetSpec, MixtureComponent, SourceSpec  # noqa: F401
@@ -34,6 +42,7 @@ from .trl_fields import (
 REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$"
 # A priority class or a team: part of a topic's name for a class, so Kafka's own topic characters, bounded.
 QUEUE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+MAX_GPU_KINDS = 16  # the kinds one request may accept
 DEFAULT_TEAM = "default"
 
 
@@ -177,6 +186,45 @@ class Resources(Frozen):
             "offered with are in docs/methods.md."
         ),
     )
+
+    gpu_kind: str | list[str] | None = Field(
+        None,
+        description=(
+            "The kind of GPU the job needs ('h100-80gb'), or a list of the kinds it accepts; absent: any. The fleet's "
+            "kinds are the operator's (gpu_kinds, deploy/README.md); one no kind of the fleet matches is rejected."
+        ),
+    )
+    min_gpu_memory_gib: float | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description=(
+            "The least memory each of the job's GPUs must have, in GiB (a kind's nominal size: 'h100-80gb' has 80); "
+            "absent: any."
+        ),
+    )
+
+    @field_validator("gpu_kind")
+    @classmethod
+    def _kind_names(cls, value: str | list[str] | None) -> str | list[str] | None:
+        """Checked here rather than by the type's constraints, so that a bad name is said once, by its field."""
+        names = [value] if isinstance(value, str) else value or []
+        if isinstance(value, list) and not 1 <= len(value) <= MAX_GPU_KINDS:
+            raise ValueError(f"a list of 1 to {MAX_GPU_KINDS} kinds, got {len(value)}")
+        for name in names:
+            if not re.fullmatch(GPU_KIND_PATTERN, name):
+                raise ValueError(
+                    f"{name[:40]!r} is not a GPU kind's name (lower-case letters, digits, '.', '_' and '-', "
+                    "at most 32, e.g. 'h100-80gb')"
+                )
+        return value
+
+    @property
+    def gpu_kinds(self) -> tuple[str, ...] | None:
+        """The kinds it accepts (None: any)."""
+        if self.gpu_kind is None:
+            return None
+        return (self.gpu_kind,) if isinstance(self.gpu_kind, str) else tuple(self.gpu_kind)
 
     @model_validator(mode="after")
     def _shards_across_gpus(self) -> Resources:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from aiokafka import TopicPartition
 
+from daemon.admission.gpu_kinds import HostGpus, kind_memory
 from daemon.children.processes import ChildSource
 from daemon.fleet.dispatcher import Dispatcher
 from daemon.resources.slots import Slots, packing_from
@@ -39,9 +40,11 @@ class CoreOnFakes:
         # A scripted child by default; any ChildSource will do (tests/daemon/core/test_child_seam.py's runs elsewhere).
         self.children = children if children is not None else FakeChildren(Script())
         self.fleet = fleet if fleet is not None else FakeFleetKafka()  # the fleet's Kafka, with priority classes
-        slots = Slots(
-            settings.gpus or [], settings.job_slots, packing_from(settings)
-        )  # as Service builds them, GPUs declared
+        gpus = settings.gpus or []
+        # As Service builds them, GPUs declared, and their kind too (nvidia-smi is never asked here).
+        named = settings.gpu_kind
+        kind = HostGpus(named, kind_memory(named, settings.gpu_kinds), True) if gpus and named else None
+        slots = Slots(gpus, settings.job_slots, packing_from(settings), kind)
         core = wire(
             settings,
             self.consumer,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from daemon.admission.capabilities import unsupported_reason
+from daemon.admission.gpu_kinds import HostGpus, kind_errors
 from daemon.admission.images import inline_image_errors
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
@@ -22,13 +23,15 @@ class Gpus(Protocol):
     """What admission reads of the host's slots (daemon/resources/slots.py `Slots`, a layer above this one)."""
 
     gpus: list[str]
+    kind: HostGpus
 
     def most_per_job(self) -> int: ...
 
 
 def refusal(request: RequestBase, settings: Settings, slots: Gpus) -> Rejection | None:
     """Why this host will not run a valid request, or None when it takes it. The first that applies:
-    a method its TRL lacks, more GPUs than it has, anything outside the operator's policy (each broken
+    a method its TRL lacks, more GPUs than it has, GPUs of a kind no host of the fleet has (or, without priority
+    classes, this host lacks: daemon/admission/gpu_kinds.py), anything outside the operator's policy (each broken
     rule named), inline images that do not decode or break the operator's bounds (each named by its row)."""
     return refusal_before_images(request, settings, slots) or image_refusal(request, settings)
 
@@ -50,6 +53,9 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
             [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")],
             request.request_id,
         )
+    kinds = kind_errors(request, settings, slots.kind)
+    if kinds:
+        return Rejection("resources", kinds, request.request_id)
     errors = policy_errors(request, settings)
     return Rejection("policy", errors, request.request_id) if errors else None
 

@@ -8,7 +8,8 @@ and ETAs are daemon/fleet/eta.py `places`, as a host tells them in its `queued` 
 expected to start in: class, then the teams' fair share, then arrival, each team held to its cap; the
 preemptions within the operator's bounds; list scheduling onto the fleet's slots, unknown rather than guessed
 where a start needs an end nothing says). The one thing the CLI supplies is the number of the fleet's slots
-(`--slots`, else `default_slots`).
+(`--slots`, else `default_slots`, by the kind of their GPUs where the hosts said it: `slots_by_kind`, so a request
+that asks for a kind is placed only on slots of a kind that serves it).
 
 Without priority classes there is no fleet's order: each partition of the requests topic is a
 first-in-first-out queue read one job at a time, so a request's place is its place in its partition
@@ -35,6 +36,7 @@ from daemon.cli.listing import Column
 from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
 from daemon.fleet import order as fleet
 from daemon.fleet.eta import Bounds, etas, places
+from daemon.fleet.kinds import SlotKinds, slot_kinds
 from daemon.fleet.running import Occupancy
 from daemon.fleet.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
@@ -116,11 +118,13 @@ def place_and_eta(
     slots: int,
     now: datetime,
     records: dict[str, WaitingRequest] | None = None,
+    kinds: SlotKinds | None = None,
 ) -> list[Placed]:
     """The waiting requests in the fleet's order, each with its place and ETA; then those that have a slot
     (`accepted`: ETA 0) and the rest unplaced: records that are not requests, requests with a cancel pending
     and, without classes, requests no record says where they wait. `records`: every request read past the
-    committed offsets, the running ones too (without classes, whose partition each running job holds)."""
+    committed offsets, the running ones too (without classes, whose partition each running job holds). `kinds`: the
+    fleet's slots by the kind of their GPUs (`slots_by_kind`), in place of `slots`, where its hosts said them."""
     at = now.timestamp()
     usage, durations, running, switches = Usage(), Durations(), Occupancy(), Switches()
     for event in events:
@@ -138,7 +142,15 @@ def place_and_eta(
             settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, switches.seconds()
         )
         found = places(
-            [_in_order(w) for w in mine.values()], usage.slot_seconds(at), jobs, slots, bounds, pace, at, settings.teams
+            [_in_order(w) for w in mine.values()],
+            usage.slot_seconds(at),
+            jobs,
+            slots,
+            bounds,
+            pace,
+            at,
+            settings.teams,
+            kinds,
         )
         placed = [Placed(mine[request.request_id], place, eta, len(found)) for request, place, eta in found]
     else:
@@ -160,6 +172,7 @@ def _in_order(w: WaitingRequest) -> fleet.FleetRequest:
         w.model or "",
         w.gpus,
         steps=w.steps,
+        need=w.need,
     )
 
 
@@ -195,6 +208,17 @@ def default_slots(events: list[Event], now: datetime) -> int:
     return max(1, sum(slots.values()))
 
 
+def slots_by_kind(events: list[Event], now: datetime, settings: Settings) -> SlotKinds | None:
+    """The fleet's slots by the kind of their GPUs, when its hosts said them: each host that accepted a job in the last
+    24 hours with the slots and kind its latest `accepted` said (daemon/fleet/kinds.py); None when none said a kind."""
+    slots: dict[str, int] = {}
+    kinds: dict[str, str | None] = {}
+    for event in events:
+        if isinstance(event, Accepted) and event.host_slots is not None and now - event.time <= RECENT_HOSTS:
+            slots[event.host], kinds[event.host] = event.host_slots, event.gpu_kind
+    return slot_kinds(slots, kinds, settings.gpu_kinds)
+
+
 def eta_text(eta_s: float | None) -> str:
     if eta_s is None:
         return "-"
@@ -212,8 +236,16 @@ async def placed_backlog(
     fleet's order with their ETAs (`table`: the table of requests, when read already)."""
     backlog = await read_backlog(settings, table)
     mark_cancelled(backlog.waiting, await sent_cancels(settings, now))
+    # --slots given: the operator's count, of no kind; else the hosts' own, by kind where they said their GPUs'.
+    kinds = None if slots else slots_by_kind(backlog.events, now, settings)
     return backlog, place_and_eta(
-        backlog.waiting, backlog.events, settings, slots or default_slots(backlog.events, now), now, backlog.records
+        backlog.waiting,
+        backlog.events,
+        settings,
+        slots or default_slots(backlog.events, now),
+        now,
+        backlog.records,
+        kinds,
     )
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from daemon.admission.gpu_kinds import GpuNeed
 from daemon.cli.jobs import RequestSummary, fold
 from daemon.decoding import decoded_now
 from daemon.errors import TopicMissing
@@ -87,6 +88,7 @@ class WaitingRequest:
     steps: int | None = None  # its training.max_steps, from its record: its ETA's length (None: the median job's)
     cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
     after: list[str] = field(default_factory=list)  # its request's `after`, as its record says
+    need: GpuNeed | None = None  # the GPUs' kind or memory it asks for (resources.gpu_kind...): the slots that serve it
 
 
 @dataclass
@@ -239,6 +241,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
         at=(record.topic, record.partition, record.offset),
         steps=decoded.training.max_steps,
         after=list(decoded.after),
+        need=GpuNeed.of(decoded.resources),
     )
 
 

@@ -24,6 +24,7 @@ from typing import Protocol
 from aiokafka import TopicPartition
 
 from daemon import decoding
+from daemon.admission.gpu_kinds import fleet_rejection
 from daemon.admission.grants import Grants
 from daemon.fleet.order import FleetRequest, waiting_for
 from daemon.intake import internal_rejection
@@ -98,8 +99,9 @@ class Head:
 @dataclass(frozen=True)
 class HeadReader:
     """A record of a class's queue as a `Head`: decoded as intake decodes it; rejected where it is when it does not
-    decode, is too large for the copies a move makes, or names a team or class not granted to its writer (never ordered
-    as it); to be moved when it names another class that has a topic."""
+    decode, is too large for the copies a move makes, names a team or class not granted to its writer (never ordered
+    as it), or asks for GPUs no kind of the fleet's has (daemon/admission/gpu_kinds.py); to be moved when it names
+    another class that has a topic."""
 
     settings: Settings
     grants: Grants
@@ -120,7 +122,7 @@ class HeadReader:
             refused, _ = await decoding.checked(
                 record, self.grants.refusal, request, record.value, record.headers, priority_class
             )
-        rejection = decoded if isinstance(decoded, Rejection) else refused
+        rejection = decoded if isinstance(decoded, Rejection) else refused or fleet_rejection(request, self.settings)
         moves_to = None
         if request is not None and priority_class != queue.name and priority_class in self.settings.class_topics:
             moves_to = self.settings.class_topics[priority_class]

@@ -70,6 +70,8 @@ class ClaimedJobs:
         }
         if request.training.max_steps is not None:
             fields["max_steps"] = request.training.max_steps
+        if self.slots.kind.kind is not None:  # the waiting requests' ETAs place each on the kinds that serve it
+            fields["gpu_kind"] = self.slots.kind.kind
         return fields
 
     def running(self, jobs: Mapping[TopicPartition, RunningJob]) -> list[FleetJob]:

@@ -19,8 +19,9 @@ it is picked), else moved to that class's topic when it is first in its partitio
 decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
 not start yet (a retry not yet due, a team at its cap, one held: daemon/jobs/holds.py, its `after` not ended:
-daemon/fleet/after.py) holds up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is
-the fleet's (daemon/fleet/choice.py `Arrivals`).
+daemon/fleet/after.py), or not here (GPUs of a kind it does not ask for: daemon/fleet/kinds.py `servable`), holds up
+none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's
+(daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from aiokafka import TopicPartition
 from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Arrivals, Head, HeadReader
 from daemon.fleet.claimed import ClaimedJobs
+from daemon.fleet.kinds import servable
+from daemon.fleet.kinds_away import AwayForKinds
 from daemon.fleet.moves import Copy, Move, Stale, carried
 from daemon.fleet.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
@@ -95,6 +98,7 @@ class Dispatcher:
         self.heads = HeadReader(
             settings, intake.grants, self.retries, Arrivals(self.mover.seal)
         )  # a record as the turn weighs it
+        self.away = AwayForKinds(view, scheduler.slots.kind)
         self._following: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.decided: tuple[object, ...] = ()  # what the last decision read (`_seen`), and when
@@ -189,8 +193,8 @@ class Dispatcher:
         room = self.room()
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
-        for queue in self.queues:
-            queue.follow(room > 0 or self._reads_while_full(queue))
+        for queue in self.queues:  # and out of one whose requests only other kinds of GPU serve, for a while
+            queue.follow((room > 0 or self._reads_while_full(queue)) and self.away.may_read(queue))
         for queue in self.queues:
             await queue.fetch(self.heads.read, self.heads.unreadable)
         if not all(queue.known() for queue in self.queues):
@@ -219,9 +223,9 @@ class Dispatcher:
         ready = [h for h in ready if h.request is None or not self.view.latest.pending(h.request.after)]  # `after`
         waiting = [h.waiting() for h in ready]
         while waiting:
-            free = self.room()
+            free, mine = self.room(), servable(waiting, self.scheduler.slots.kind)  # its GPUs' kind serves these
             chosen = (
-                self.view.pick(waiting, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
+                self.view.pick(mine, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
                 if free > 0
                 else None
             )
@@ -231,7 +235,7 @@ class Dispatcher:
                 continue
             # Nothing fits a free slot: the first in the fleet's order that fits none may
             # preempt a job of a lower class.
-            first = self.view.pick(waiting, None, self._mine())
+            first = self.view.pick(mine, None, self._mine())
             victim = (
                 self.view.victim(first, self.jobs.running(self.scheduler.jobs), free) if first is not None else None
             )

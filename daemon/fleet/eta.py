@@ -10,8 +10,10 @@ import bisect
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from daemon.admission.gpu_kinds import GpuNeed
+from daemon.fleet.kinds import SlotKinds
 from daemon.fleet.order import (
     FleetJob,
     FleetRequest,
@@ -46,6 +48,7 @@ def preempting(
     durations: Pace,
     now: float,
     teams: Mapping[str, TeamShare] | None = None,
+    kinds: SlotKinds | None = None,
 ) -> tuple[list[FleetJob], dict[str, float]]:
     """The running jobs as they will be once the waiting requests that preempt have, and each such request's ETA.
 
@@ -56,8 +59,12 @@ def preempting(
     starts then plus the switch's seconds, in the victim's slots, and holds them for its expected time (at
     `durations`); the job it stops waits again (not counted: it resumes after the requests that ETAs are given for
     here, as far as they go). A request that a job's own end frees a slot for by then takes that slot instead
-    (`etas` starts it there)."""
-    free = slots - sum(job.gpus for job in running)
+    (`etas` starts it there). With `kinds`, free slots and victims are counted by kind: a request takes a free slot,
+    or stops a job, only on a kind of GPU that serves it (daemon/fleet/kinds.py)."""
+    free: dict[str | None, int] = dict(kinds.slots) if kinds is not None else {None: slots}
+    for job in running:
+        on = kinds.of_job(job) if kinds is not None else None
+        free[on] = free.get(on, 0) - job.gpus
     holding: Counter[str] = Counter()
     for job in running:
         holding[job.team] += job.gpus
@@ -67,17 +74,20 @@ def preempting(
     # is stopped: found once for each (class, GPUs) until then. Thousands waiting behind a full fleet each looked
     # through every running job at every moment one may be stopped, and took the announcer's round half a second
     # (benchmarks.fleet_scale, 10,000 waiting).
-    found_for: dict[tuple[str, int], tuple[float, FleetJob] | None] = {}
+    found_for: dict[tuple[str, int, GpuNeed | None], tuple[float, FleetJob] | None] = {}
     for request in order:
         if at_cap(request.team, holding, teams or {}, request.gpus):
             continue
-        if request.gpus <= free:  # it takes a free slot: `etas` starts it there
-            free -= request.gpus
+        serving = kinds.serve(request, kinds.order()) if kinds is not None else [None]
+        roomy = [on for on in serving if request.gpus <= free.get(on, 0)]
+        if roomy:  # it takes a free slot: `etas` starts it there
+            free[roomy[0]] -= request.gpus
             holding[request.team] += request.gpus
             continue
-        kind = (request.priority_class, request.gpus)
+        kind = (request.priority_class, request.gpus, request.need)
         if kind not in found_for:
-            found_for[kind] = _first_victim(request, candidates, bounds, now)
+            stoppable = [job for job in candidates if kinds is None or kinds.of_job(job) in serving]
+            found_for[kind] = _first_victim(request, stoppable, bounds, now)
         found = found_for[kind]
         if found is None:
             continue
@@ -102,6 +112,7 @@ def preempting(
                 request.method,
                 request.model,
                 eta_s=None if expected is None else start + expected,
+                host=stopped.host,  # in the victim's slots, of its host's kind
                 gpus=request.gpus,
             )
         )
@@ -136,17 +147,19 @@ def places(
     pace: Pace,
     now: float,
     teams: Mapping[str, TeamShare],
+    kinds: SlotKinds | None = None,
 ) -> list[tuple[FleetRequest, int, float | None]]:
     """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
-    the fleet's `slots` (`etas`, each team held to its cap), placed by their starts (`ranked`). One function for what
+    the fleet's `slots` (`etas`, each team held to its cap; with `kinds`, each request on the kinds of GPU that serve
+    it), placed by their starts (`ranked`). One function for what
     a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say
     (daemon/cli/places.py)."""
     ahead = remaining_work(running, pace, now)
     order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
-    after, starts = preempting(order, running, slots, bounds, pace, now, teams)
-    eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams), **starts}
+    after, starts = preempting(order, running, slots, bounds, pace, now, teams, kinds)
+    eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams, kinds), **starts}
     return ranked(order, eta)
 
 
@@ -167,6 +180,7 @@ def etas(
     durations: Pace,
     now: float,
     teams: Mapping[str, TeamShare] | None = None,
+    kinds: SlotKinds | None = None,
 ) -> dict[str, float | None]:
     """Each waiting request's ETA in seconds from `now`, by request id; None where nothing honest can be said.
 
@@ -177,18 +191,22 @@ def etas(
     (`durations.expected` at its steps). The fleet passes `order.paced` durations: a step's pace taken with the
     running jobs' of its method and model, for both.
 
+    With `kinds` (daemon/fleet/kinds.py: the hosts said their GPUs' kinds) the slots are those of `kinds` by kind,
+    each running job on its host's kind, and a request that asks for a kind or a GPU's memory (`need`) takes slots of
+    one kind that serves it, the kind it starts soonest on (among equals the one of least memory): an H100-only
+    request waits for an H100 slot even when an L4 one frees first.
+
     A team's `max_slots` cap (`teams`) is hard, as `order.pick` keeps it: a request of a team that holds its cap
     (its running jobs, and the requests of the order placed before it, each until its end) starts no sooner than
     enough of them end. It then takes the free slots that are free last by its start (best fit), so a slot that
     frees while it still waits for its team goes to the requests behind it, as the dispatcher gives it to them.
 
-    A start that needs a slot, or a team's job, whose end is unknown, and every start after it, is None
-    rather than a made-up figure (a request that finds a slot free now, its team below its cap, still starts
-    now). A request needing more GPUs than the fleet has, or than its team's cap, never starts: None, and it
-    holds nothing up."""
+    A start that needs a slot, or a team's job, whose end is unknown, and every start after it on those kinds, is
+    None rather than a made-up figure (a request that finds a slot free now, its team below its cap, still starts
+    now). A request needing more GPUs than the fleet has of any kind that serves it, or than its team's cap, never
+    starts: None, and it holds nothing up."""
     expected_s: dict[tuple[str, str, int | None], float | None] = {}
-    known: list[float] = []  # the free times of the slots whose end is known, sorted
-    unknown = 0  # slots whose end is not known
+    pools: dict[str | None, _Pool] = {on: _Pool() for on in (kinds.order() if kinds is not None else [None])}
     held: dict[str, list[float]] = {}  # each capped team's slots held, by their ends (inf: unknown), sorted
 
     def cap(team: str) -> int | None:
@@ -200,20 +218,29 @@ def etas(
                 bisect.insort(held.setdefault(team, []), end)
 
     for job in running:
+        pool = pools.setdefault(kinds.of_job(job) if kinds is not None else None, _Pool())
         left = time_left(job, durations, now)
         if left is None:
-            unknown += job.gpus
+            pool.unknown += job.gpus
         else:
-            known.extend([now + left] * job.gpus)
+            pool.known.extend([now + left] * job.gpus)
         hold(job.team, math.inf if left is None else now + left, job.gpus)
-    known.extend([now] * max(0, slots - len(known) - unknown))
-    total = len(known) + unknown
-    known.sort()
+    for on, pool in pools.items():
+        size = kinds.slots.get(on, 0) if kinds is not None else slots
+        pool.known.extend([now] * max(0, size - len(pool.known) - pool.unknown))
+        pool.known.sort()
+        pool.total = len(pool.known) + pool.unknown
     result: dict[str, float | None] = {}
-    lost = False  # a start needed a slot of unknown end: no later start is known either
+    lost: set[str | None] = set()  # kinds where a start needed a slot of unknown end: no later start is known there
     for request in order:
         limit = cap(request.team)
-        if lost or request.gpus > total or (limit is not None and request.gpus > limit):
+        serving = kinds.serve(request, pools) if kinds is not None else ONE_KIND
+        fits = [on for on in serving if request.gpus <= pools[on].total]
+        if not fits or (limit is not None and request.gpus > limit):
+            result[request.request_id] = None
+            continue
+        if lost.intersection(fits):
+            lost.update(fits)
             result[request.request_id] = None
             continue
         ready = now  # when its team holds few enough slots for it
@@ -222,22 +249,64 @@ def etas(
             # Held at t: the ends after t. The k-th end leaves at most len - k held, and the request needs limit - gpus.
             k = len(ends) - (limit - request.gpus)
             ready = max(now, ends[k - 1]) if k > 0 else now
-        if ready == math.inf or len(known) < request.gpus or (unknown and known[request.gpus - 1] > ready):
-            lost = True
+        chosen = _soonest(pools, fits, request.gpus, ready)
+        if chosen is None:
+            lost.update(fits)
             result[request.request_id] = None
             continue
-        start = max(ready, known[request.gpus - 1])
-        taken = bisect.bisect_right(known, start)
-        del known[taken - request.gpus : taken]
+        start, pool = chosen
+        taken = bisect.bisect_right(pool.known, start)
+        del pool.known[taken - request.gpus : taken]
         result[request.request_id] = start - now
         kind = (request.method, request.model)
         if (*kind, request.steps) not in expected_s:
             expected_s[(*kind, request.steps)] = durations.expected(*kind, request.steps)
         expected = expected_s[(*kind, request.steps)]
         if expected is None:
-            unknown += request.gpus
+            pool.unknown += request.gpus
         else:
             for _ in range(request.gpus):
-                bisect.insort(known, start + expected)
+                bisect.insort(pool.known, start + expected)
         hold(request.team, math.inf if expected is None else start + expected, request.gpus)
     return result
+
+
+ONE_KIND: list[str | None] = [None]  # the slots of a fleet whose hosts said no kind: one pool (never changed)
+
+
+def _soonest(
+    pools: Mapping[str | None, _Pool], fits: list[str | None], gpus: int, ready: float
+) -> tuple[float, _Pool] | None:
+    """The start of a request of `gpus` ready at `ready` on the kind of `fits` it starts soonest on (among equals the
+    first), and that kind's pool; None when a kind whose start is unknown (a slot of unknown end) may start it sooner
+    than any known one, which it may unless one starts it when it is ready."""
+    if len(fits) == 1:  # one kind (every fleet whose hosts say none): no choice to make
+        pool = pools[fits[0]]
+        start = pool.start(gpus, ready)
+        return None if start is None else (start, pool)
+    best: tuple[float, _Pool] | None = None
+    unknown = False
+    for on in fits:
+        start = pools[on].start(gpus, ready)
+        if start is None:
+            unknown = True
+        elif best is None or start < best[0]:
+            best = (start, pools[on])
+    return None if best is None or (unknown and best[0] > ready) else best
+
+
+@dataclass
+class _Pool:
+    """The slots of one kind: the free times of those whose end is known (sorted), how many have an unknown end, and
+    how many there are."""
+
+    known: list[float] = field(default_factory=list)
+    unknown: int = 0
+    total: int = 0
+
+    def start(self, gpus: int, ready: float) -> float | None:
+        """When `gpus` of these slots are free for a request ready at `ready`; None when a slot of unknown end is
+        needed for it (or the team is never ready)."""
+        if ready == math.inf or len(self.known) < gpus or (self.unknown and self.known[gpus - 1] > ready):
+            return None
+        return max(ready, self.known[gpus - 1])

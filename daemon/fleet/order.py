@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from daemon.admission.gpu_kinds import GpuNeed
 from daemon.fleet.usage import Durations, Pace, Paced
 from daemon.settings.fleet import PriorityClass, TeamShare, team_of
 from schemas import RequestBase
@@ -41,6 +42,7 @@ class FleetRequest:
     gpus: int = 1
     key: object = None  # the caller's handle (a TopicPartition, a record), passed through untouched
     steps: int | None = None  # its max_steps, when it names them: its expected duration scales with them
+    need: GpuNeed | None = None  # the GPUs' kind or memory it asks for (resources.gpu_kind...); None: any
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: 
         request.resources.gpus,
         key=key,
         steps=request.training.max_steps,
+        need=GpuNeed.of(request.resources),
     )
 
 

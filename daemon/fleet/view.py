@@ -41,6 +41,7 @@ from daemon.executors import run_chunks
 from daemon.fleet.after import Latest
 from daemon.fleet.drain import backfills, drain
 from daemon.fleet.eta import Bounds, places
+from daemon.fleet.kinds import slot_kinds
 from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
 from daemon.fleet.running import Occupancy
 from daemon.fleet.telling import Telling
@@ -86,6 +87,7 @@ class Folds:
         self.running_jobs = Occupancy()
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
+        self.host_kinds: dict[str, str | None] = {}  # and the kind of its GPUs (daemon/fleet/kinds.py)
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.ids = EventIds(USAGE_LOOKBACK_S)  # the events folded: each once, none older than the window
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
@@ -102,6 +104,7 @@ class Folds:
         self.latest.observe(event)
         if isinstance(event, Accepted) and event.host_slots is not None:
             self.host_slots[event.host] = event.host_slots
+            self.host_kinds[event.host] = event.gpu_kind
         elif isinstance(event, Queued) and event.request_id is not None:
             self.telling.heard(event.request_id, event.place, event.eta_s, event.time.timestamp(), event.host)
         if isinstance(event, Accepted) and event.request_id is not None:
@@ -292,6 +295,7 @@ class FleetView(Folds):
         )
         self.host_slots, self.ids, self.skipped, self.tabled = folds.host_slots, folds.ids, folds.skipped, folds.tabled
         self.latest = folds.latest
+        self.host_kinds = folds.host_kinds
         self.changes += folds.changes + 1
         for request_id, told in folds.telling.told.items():
             self.telling.heard(request_id, told.place, told.eta_s, told.at, told.host)
@@ -360,11 +364,11 @@ class FleetView(Folds):
         self, waiting: Sequence[FleetRequest], free: int, here: Sequence[FleetJob] | None = None
     ) -> list[tuple[FleetRequest, int, float | None]]:
         """Each waiting request with its place in the order they are expected to start and its ETA (seconds), as far as
-        this host sees the fleet (`fleet_slots`): the preemptions the order will make first (daemon/fleet/eta.py
-        `preempting`, within the operator's bounds and after the measured switch), then list scheduling of the rest
-        (`etas`, each team held to its cap), placed by their starts (`ranked`). `here`: this host's jobs and claims as
-        it knows them now, in place of what the events say of this host (a slot it just gave is not free for the ETA of
-        the request behind: told 0 s, it waited a whole job)."""
+        this host sees the fleet (`fleet_slots`, by kind where the hosts said their GPUs' kinds): the preemptions the
+        order will make first (daemon/fleet/eta.py `preempting`, within the operator's bounds and after the measured
+        switch), then list scheduling of the rest (`etas`, each team held to its cap), placed by their starts
+        (`ranked`). `here`: this host's jobs and claims as it knows them now, in place of what the events say of this
+        host (a slot it just gave is not free for the ETA of the request behind: told 0 s, it waited a whole job)."""
         return places(list(waiting), *self._placing(free, here, copied=False))
 
     async def places_beside(
@@ -398,4 +402,5 @@ class FleetView(Folds):
             pace,
             now,
             settings.teams,
+            slot_kinds(self.host_slots, self.host_kinds, settings.gpu_kinds),
         )

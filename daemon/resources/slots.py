@@ -15,37 +15,18 @@ one that needs more than a GPU, one sent back to run alone and every multi-GPU j
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 
+from daemon.admission.gpu_kinds import HostGpus
 from daemon.ops import metrics
+from daemon.resources.kinds import host_gpus
+from daemon.resources.nvidia_smi import query_gpus
 from daemon.settings import Settings
 
 log = structlog.get_logger()
-
-
-def _query_gpus(field: str, environ: Mapping[str, str]) -> list[str] | None:
-    """One field of every GPU as nvidia-smi lists them (`--query-gpu`), or None without nvidia-smi
-    or when it fails (logged)."""
-    nvidia_smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
-    if nvidia_smi is None:
-        return None
-    try:
-        listed = subprocess.run(
-            [nvidia_smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("gpus.discovery_failed", field=field, error=str(exc))
-        return None
-    return [line.strip() for line in listed.splitlines() if line.strip()]
 
 
 def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.environ) -> list[str]:
@@ -55,12 +36,12 @@ def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [gpu.strip() for gpu in visible.split(",") if gpu.strip() and gpu.strip() != "-1"]
-    return _query_gpus("index", environ) or []
+    return query_gpus("index", environ) or []
 
 
 def discover_gpu_memory(environ: Mapping[str, str] = os.environ) -> int | None:
     """The smallest GPU's memory in bytes, as nvidia-smi reports it; None without one."""
-    listed = _query_gpus("memory.total", environ)
+    listed = query_gpus("memory.total", environ)
     try:
         return min(int(float(line)) for line in listed) * 2**20 if listed else None  # MiB
     except ValueError as exc:
@@ -104,8 +85,12 @@ def packing_from(settings: Settings) -> Packing | None:
 
 
 class Slots:
-    def __init__(self, gpus: list[str], cpu_slots: int, packing: Packing | None = None) -> None:
+    def __init__(
+        self, gpus: list[str], cpu_slots: int, packing: Packing | None = None, kind: HostGpus | None = None
+    ) -> None:
         self.gpus = gpus
+        # Their kind and memory, as requests' resources.gpu_kind and min_gpu_memory_gib read them (`kinds.host_gpus`).
+        self.kind = kind if kind is not None else HostGpus(has_gpus=bool(gpus))
         # A whole GPU's memory for jobs (less the headroom), when known: what a job on one may use (its memory plan).
         self.gpu_room = packing.usable if gpus and packing is not None else None
         self.packing = packing if gpus and packing is not None and packing.max_jobs > 1 else None
@@ -188,3 +173,9 @@ class Slots:
 
     def label(self, slots: list[str]) -> str:
         return ",".join(slots) if self.gpus else "cpu"
+
+
+def slots_of(settings: Settings) -> Slots:
+    """This host's slots as its settings and nvidia-smi say them: its GPUs, their packing and their kind."""
+    gpus = discover_gpus(settings.gpus)
+    return Slots(gpus, settings.job_slots, packing_from(settings), host_gpus(settings, gpus))

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from schemas.common import GPU_KIND_PATTERN
+
 # The object stores a checkpoint_store URL may name (s3fs, gcsfs, adlfs), besides a shared folder.
 CHECKPOINT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs")
 
@@ -51,6 +53,23 @@ class WorkSettings(BaseModel):
         description=(
             "Each GPU's memory, for packing and for each job's memory plan; unset: what nvidia-smi "
             "says (no plan without either)."
+        ),
+    )
+    # What requests may ask of the GPUs (resources.gpu_kind, min_gpu_memory_gib; daemon/resources/kinds.py).
+    gpu_kind: str | None = Field(
+        None,
+        pattern=GPU_KIND_PATTERN,
+        description=(
+            "This host's kind of GPU, as requests name it (resources.gpu_kind); unset: made from nvidia-smi's name and "
+            "memory ('h100-80gb', 'a100-40gb', 'l4-24gb'). A host without GPUs has none."
+        ),
+    )
+    gpu_kinds: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "The fleet's kinds of GPU and each one's memory in GiB, the same on every host, e.g. "
+            '{"a100-40gb" = 40, "h100-80gb" = 80, "l4-24gb" = 24}: a request no kind of them serves is rejected at '
+            "once; empty: a host knows only its own kind."
         ),
     )
     # The host's speed settings (handlers/toolkit/fast.py), each off by default; a request's own field always wins.
@@ -163,6 +182,16 @@ class WorkSettings(BaseModel):
             "event_signing_key_file (docs/guarantees.md)."
         ),
     )
+
+    @field_validator("gpu_kinds")
+    @classmethod
+    def _kinds(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, gib in value.items():
+            if not re.fullmatch(GPU_KIND_PATTERN, name):
+                raise ValueError(f"{name[:40]!r} is not a GPU kind's name (lower-case letters, digits, '.', '_', '-')")
+            if not 0 < gib <= 4096:
+                raise ValueError(f"{name}: {gib} GiB; expected a GPU's memory, above 0 and at most 4096")
+        return value
 
     @field_validator("checkpoint_store")
     @classmethod

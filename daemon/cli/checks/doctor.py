@@ -33,6 +33,7 @@ from daemon.kafka.options import kafka_options
 from daemon.kafka.retry_state import load_key, retry_key_id
 from daemon.local_broker.running import local_broker_at
 from daemon.ops.local_endpoint import local_url
+from daemon.resources.kinds import host_gpus
 from daemon.resources.slots import discover_gpus
 from daemon.settings import Settings
 from daemon.settings.secret_files import event_keys, event_signer
@@ -279,7 +280,8 @@ def _gpus(settings: Settings) -> Check:
     gpus = discover_gpus(settings.gpus)
     if not gpus:
         return Check("gpus", None, f"none: jobs run on the CPU, {settings.job_slots} at a time")
-    return Check("gpus", True, f"{len(gpus)}: {', '.join(gpus)}")
+    # Their kind, as requests' resources.gpu_kind name it (detected, or the operator's gpu_kind).
+    return Check("gpus", True, f"{len(gpus)}: {', '.join(gpus)}; {host_gpus(settings, gpus).said()}")
 
 
 def _disk(settings: Settings) -> Check:

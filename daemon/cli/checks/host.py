@@ -12,7 +12,7 @@ from daemon.admission.judge import refusal
 from daemon.errors import ConfigError
 from daemon.resources.estimator import Estimator, MemoryHistory
 from daemon.resources.shards import Unfit, planned
-from daemon.resources.slots import Slots, discover_gpus, packing_from
+from daemon.resources.slots import Slots, slots_of
 from daemon.settings import Settings, load_settings
 from schemas import Rejection, RequestBase
 
@@ -25,7 +25,7 @@ def host_check(request: RequestBase, config: Path, what: str) -> str:
     except ConfigError as exc:
         typer.echo(f"adapterd: {exc}", err=True)
         raise typer.Exit(2) from exc
-    slots = Slots(discover_gpus(settings.gpus), settings.job_slots, packing_from(settings))
+    slots = slots_of(settings)
     refused = refusal(request, settings, slots)
     if refused is None:
         try:

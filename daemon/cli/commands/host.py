@@ -55,7 +55,8 @@ def status(
         bool,
         typer.Option(
             "--json",
-            help="Print the daemon's /status document as it is, one JSON object: host, group_id, gpus, slots (total, "
+            help="Print the daemon's /status document as it is, one JSON object: host, group_id, gpus, gpu_kind, "
+            "gpu_memory_gib, slots (total, "
             "busy, free), packing, jobs (each with request_id, method, slot, stage, pid, child, memory_share_bytes, "
             "memory_estimate_bytes, step, total_steps, eta_s once it trains, partition, offset), children.",
         ),
@@ -80,8 +81,11 @@ def status(
         show_json(document)
         return
     slots = document["slots"]
+    kind, memory = document.get("gpu_kind"), document.get("gpu_memory_gib")  # absent from a daemon before kinds
+    said = f"; GPUs {kind}" + (f", {memory:g} GiB each" if memory else "") if kind else ""
     typer.echo(
         f"host {document['host']}, group {document['group_id']}: {slots['busy']} of {slots['total']} slot(s) busy"
+        + said
     )
     packing = document.get("packing")
     for gpu, held in (packing or {}).get("gpus", {}).items():

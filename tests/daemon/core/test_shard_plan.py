@@ -18,6 +18,8 @@ from tests.daemon.core.test_sharded_estimate import LLAMA_8B
 from tests.fakes import FakeChildren, FakeRecord, Script
 from tests.helpers import sft_request
 
+NO_KIND = {"gpu_kind": None, "min_gpu_memory_gib": None}  # what the spec says of a request naming no GPU kind
+
 GIB = 2**30
 LLAMA = "meta-llama/Llama-3.1-8B"
 BIG = "meta-llama/Llama-3.1-70B"
@@ -92,7 +94,7 @@ async def test_a_full_fine_tune_of_an_8b_model_that_fits_only_sharded_is_sharded
     # 81.7 GB for a whole copy (test_sharded_estimate), more than a GPU's 77.3 GB; 16.9 GB a GPU sharded across eight.
     assert accepted["plan"] == "sharded" and accepted["estimate_bytes_per_gpu"] == 16_896_627_712
     spec = core.children.taken[0].spec
-    assert spec is not None and spec.request["resources"] == {"gpus": 8, "shard": "fsdp"}  # the child shards it
+    assert spec is not None and spec.request["resources"] == {**NO_KIND, "gpus": 8, "shard": "fsdp"}  # it shards it
     assert core.children.launched == [("0,1,2,3,4,5,6,7", 8)]
 
 
@@ -104,7 +106,7 @@ async def test_a_job_that_fits_a_gpu_whole_runs_data_parallel_and_accepted_says_
     accepted = next(event for event in core.events("lora") if event["type"] == "accepted")
     assert accepted["plan"] == "data-parallel" and 16e9 < accepted["estimate_bytes_per_gpu"] < 30e9
     spec = core.children.taken[0].spec
-    assert spec is not None and spec.request["resources"] == {"gpus": 2, "shard": "none"}
+    assert spec is not None and spec.request["resources"] == {**NO_KIND, "gpus": 2, "shard": "none"}
 
 
 async def test_a_job_that_fits_no_gpu_even_sharded_is_rejected_naming_resources_gpus_with_the_numbers(
