@@ -54,7 +54,7 @@ from benchmarks.fleet_metrics import figures, fleet_line
 from benchmarks.fleet_timeline import Arrival, Seen, holding, terminal_at
 from benchmarks.fleet_watch import Collector, ready
 from benchmarks.harness import HUB_TOKEN, Environment
-from daemon.fleet.replay import Trace, arrivals_from_events, eta_error
+from daemon.fleet.policy.replay import Trace, arrivals_from_events, eta_error
 from daemon.kafka.admin.topics import partition_numbers
 from daemon.kafka.options import kafka_options
 from daemon.local_broker import free_port
@@ -235,7 +235,7 @@ def started(events: list[Seen], request_id: str) -> bool:
 
 
 def replayed_eta_error(events: list[Event], arrivals: list[Arrival], slots: int) -> float | None:
-    """The ETA's median error on this run replayed (daemon/fleet/replay.py): its measured requests, each of the
+    """The ETA's median error on this run replayed (daemon/fleet/policy/replay.py): its measured requests, each of the
     benchmark's class and team (so a run without classes is replayed as the fleet with them would order it),
     through a simulated fleet of as many slots that knows the run's durations ahead, as a fleet that ran such
     jobs before does (cold, every request of a burst before the first end gets no ETA but the first few). None

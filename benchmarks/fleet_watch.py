@@ -54,7 +54,7 @@ class Collector:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.events: list[Seen] = []
-        self.raw: list[Event] = []  # as read, for the ETA's replay (daemon/fleet/replay.py)
+        self.raw: list[Event] = []  # as read, for the ETA's replay (daemon/fleet/policy/replay.py)
         self.changed = asyncio.Condition()
 
     async def run(self) -> None:

@@ -1,10 +1,10 @@
 """Each waiting request's place in the fleet's order and its ETA, as `adapterd jobs --state queued`
 and `adapterd get` show them: one function, `place_and_eta`, on the fleet's own rules.
 
-The events are folded as every host folds them (daemon/fleet/usage.py `Usage`, `Durations` and `Switches`,
-daemon/fleet/running.py `Occupancy`): the events of the table of requests, each entry's latest event of each
+The events are folded as every host folds them (daemon/fleet/policy/usage.py `Usage`, `Durations` and `Switches`,
+daemon/fleet/policy/running.py `Occupancy`): the events of the table of requests, each entry's latest event of each
 type (daemon/table/reader.py `TableRead.recent`), as the fleet's view takes them from the table; the places
-and ETAs are daemon/fleet/eta.py `places`, as a host tells them in its `queued` events (the order they are
+and ETAs are daemon/fleet/policy/eta.py `places`, as a host tells them in its `queued` events (the order they are
 expected to start in: class, then the teams' fair share, then arrival, each team held to its cap; the
 preemptions within the operator's bounds; list scheduling onto the fleet's slots, unknown rather than guessed
 where a start needs an end nothing says). The one thing the CLI supplies is the number of the fleet's slots
@@ -34,11 +34,11 @@ from typing import Any
 from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
 from daemon.cli.listing import Column
 from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
-from daemon.fleet import order as fleet
-from daemon.fleet.eta import Bounds, etas, places
-from daemon.fleet.kinds import SlotKinds, slot_kinds
-from daemon.fleet.running import Occupancy
-from daemon.fleet.usage import Durations, Pace, Switches, Usage
+from daemon.fleet.policy import order as fleet
+from daemon.fleet.policy.eta import Bounds, etas, places
+from daemon.fleet.policy.kinds import SlotKinds, slot_kinds
+from daemon.fleet.policy.running import Occupancy
+from daemon.fleet.policy.usage import Durations, Pace, Switches, Usage
 from daemon.settings import Settings
 from daemon.table.reader import TableRead
 from schemas import Event
@@ -210,7 +210,8 @@ def default_slots(events: list[Event], now: datetime) -> int:
 
 def slots_by_kind(events: list[Event], now: datetime, settings: Settings) -> SlotKinds | None:
     """The fleet's slots by the kind of their GPUs, when its hosts said them: each host that accepted a job in the last
-    24 hours with the slots and kind its latest `accepted` said (daemon/fleet/kinds.py); None when none said a kind."""
+    24 hours with the slots and kind its latest `accepted` said (daemon/fleet/policy/kinds.py); None when none said a
+    kind."""
     slots: dict[str, int] = {}
     kinds: dict[str, str | None] = {}
     for event in events:

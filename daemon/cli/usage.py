@@ -1,5 +1,5 @@
 """`adapterd usage`: the period asked for, the events of it read from the events topic, and the GPU-hours per team and
-class (daemon/fleet/chargeback.py's fold) printed as a table or JSON.
+class (daemon/fleet/policy/chargeback.py's fold) printed as a table or JSON.
 
 Only the events from the period's start less a look-back are read: the broker finds where each partition's records of
 that time begin (the reader's `since`, Kafka's offsets_for_times), so a month's report reads a month and a week, not
@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from daemon.cli.jobs import age
 from daemon.cli.listing import Column
-from daemon.fleet.chargeback import GROUPINGS, Row
+from daemon.fleet.policy.chargeback import GROUPINGS, Row
 from daemon.kafka.event_reader import EventStream
 from daemon.settings import Settings
 from schemas import Event

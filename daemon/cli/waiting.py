@@ -68,7 +68,7 @@ class SentCancel:
 @dataclass
 class WaitingRequest:
     """One waiting request as the CLI reads it from Kafka: what it is, and where and how it waits (the fleet's
-    order takes its own `daemon.fleet.order.FleetRequest` of it: daemon/cli/places.py)."""
+    order takes its own `daemon.fleet.policy.order.FleetRequest` of it: daemon/cli/places.py)."""
 
     request_id: str
     priority_class: str | None

@@ -1,6 +1,6 @@
 """`queued` events for the requests no host has read yet: each gets one soon after it arrives, with its
 place in the fleet's order and an ETA, so a producer learns at once how long it will wait, and another whenever
-they move materially (daemon/fleet/telling.py: once an ETA can be said where none could, or when heavier teams or
+they move materially (daemon/fleet/policy/telling.py: once an ETA can be said where none could, or when heavier teams or
 a higher class go ahead).
 
 A host with no room does not read the queues (daemon/fleet/dispatcher.py), so the requests waiting
@@ -31,7 +31,7 @@ from aiokafka import TopicPartition
 from daemon import decoding, executors
 from daemon.admission.grants import Grants
 from daemon.errors import TopicMissing
-from daemon.fleet.order import FleetRequest, waiting_for
+from daemon.fleet.policy.order import FleetRequest, waiting_for
 from daemon.fleet.view import FleetView
 from daemon.job.events import JobEvents
 from daemon.kafka.clients import QueueReads
@@ -200,7 +200,7 @@ class Announcer:
 
     async def announce(self) -> int:
         """One round: a `queued` event for each unread request that has none, or whose place or ETA moved since its
-        last (daemon/fleet/telling.py); how many were published."""
+        last (daemon/fleet/policy/telling.py); how many were published."""
         view = self.view
         unread = [each for each in await self.unread() if each.waiting.request_id not in self.cancelled]
         now = time.time()

@@ -1,5 +1,5 @@
 """The first waiting records of a queue partition this host holds (`Head`), as the fleet's rules see them:
-a `FleetRequest` request of daemon/fleet/order.py, whose key is the head itself; and how a record read from a
+a `FleetRequest` request of daemon/fleet/policy/order.py, whose key is the head itself; and how a record read from a
 class's queue becomes one (`HeadReader`): decoded as intake decodes, judged by the same grants and size rule,
 with its retry state and the fleet's arrival (`Arrivals`).
 
@@ -26,7 +26,7 @@ from aiokafka import TopicPartition
 from daemon import decoding
 from daemon.admission.gpu_kinds import fleet_rejection
 from daemon.admission.grants import Grants
-from daemon.fleet.order import FleetRequest, waiting_for
+from daemon.fleet.policy.order import FleetRequest, waiting_for
 from daemon.intake import internal_rejection
 from daemon.kafka.queue_seal import QueueSeal, Unsealed
 from daemon.kafka.records import Record

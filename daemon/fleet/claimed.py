@@ -20,7 +20,7 @@ import structlog
 from aiokafka import TopicPartition
 
 from daemon.fleet.moves import Copy, Move, Mover, Stale, carried
-from daemon.fleet.order import FleetJob
+from daemon.fleet.policy.order import FleetJob
 from daemon.job.lifecycle import Stop
 from daemon.job.runner import JobRunner
 from daemon.jobs.offered import RunningJob
@@ -46,7 +46,9 @@ def claimed_class(record: Record, request: RequestBase, settings: Settings) -> s
 class ClaimedJobs:
     """Holds what the scheduler's jobs need for the fleet: when each started, and which are being preempted."""
 
-    drains = True  # the fleet drains a host for a request of several GPUs (daemon/fleet/drain.py), not the scheduler
+    drains = (
+        True  # the fleet drains a host for a request of several GPUs (daemon/fleet/policy/drain.py), not the scheduler
+    )
 
     def __init__(
         self, settings: Settings, mover: Mover, retries: RetrySigner, slots: Slots, claims: Partitions

@@ -9,7 +9,7 @@ another has a slot (the fleet's consumer groups are its only coordination).
 
 Each turn it looks at the first waiting records of each partition it holds (a window of them,
 daemon/fleet/queues.py), picks one for each free slot (the highest class first, then the teams' fair
-share, then arrival: daemon/fleet/order.py, with the usage read from the events: daemon/fleet/view.py),
+share, then arrival: daemon/fleet/policy/order.py, with the usage read from the events: daemon/fleet/view.py),
 and moves it in one transaction into one of this host's idle claims partitions, committing the queue's
 offset (daemon/fleet/moves.py); a team's cap counts this host's own claims and jobs as it knows them, not
 only as their events are read back (`_mine`). The daemon runs the claims topic as it runs the requests topic without
@@ -19,9 +19,9 @@ it is picked), else moved to that class's topic when it is first in its partitio
 decodes it (daemon/decoding.py: a credential, too large for a move's copies), is dead-lettered where it is (no
 claim, no rejoin), and one whose cancel this host has read ends there with its `cancelled` event. A request that may
 not start yet (a retry not yet due, a team at its cap, one held: daemon/jobs/holds.py, its `after` not ended:
-daemon/fleet/after.py), or not here (GPUs of a kind it does not ask for: daemon/fleet/kinds.py `servable`), holds up
-none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the fleet's
-(daemon/fleet/choice.py `Arrivals`).
+daemon/fleet/policy/after.py), or not here (GPUs of a kind it does not ask for: daemon/fleet/policy/kinds.py
+`servable`), holds up none behind it. Copies are signed by the fleet (daemon/kafka/queue_seal.py); arrival is the
+fleet's (daemon/fleet/choice.py `Arrivals`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from aiokafka import TopicPartition
 from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Arrivals, Head, HeadReader
 from daemon.fleet.claimed import ClaimedJobs
-from daemon.fleet.kinds import servable
 from daemon.fleet.kinds_away import AwayForKinds
 from daemon.fleet.moves import Copy, Move, Stale, carried
-from daemon.fleet.order import FleetJob, FleetRequest
+from daemon.fleet.policy.kinds import servable
+from daemon.fleet.policy.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 from daemon.intake import Intake
@@ -322,7 +322,7 @@ class Dispatcher:
 
     async def _announce(self, waiting: list[Head]) -> None:
         """A `queued` event for each head read and waiting past `queue_wait_event_s`, and again as it
-        moves (daemon/fleet/telling.py)."""
+        moves (daemon/fleet/policy/telling.py)."""
         now, telling = time.time(), self.view.telling
         heads = {
             h.request_id: h

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import structlog
 
 from daemon.admission.gpu_kinds import HostGpus, kind_memory, serves
-from daemon.fleet.order import FleetJob, FleetRequest
+from daemon.fleet.policy.order import FleetJob, FleetRequest
 from daemon.fleet.queues import ClassQueue
 from daemon.fleet.view import FleetView
 

@@ -4,7 +4,7 @@ of each method and model took; and the decisions taken with it.
 The events are the fleet's only shared record of who ran what (no coordination service): every host
 folds the same verified events (schemas.signing: an unsigned or forged event is not counted; settings
 refuse priority classes without keys), each `event_id` once (daemon/kafka/event_ids.py: a genuine event
-written again is not counted again), into `Usage`, `Occupancy` and `Durations` (daemon/fleet/usage.py,
+written again is not counted again), into `Usage`, `Occupancy` and `Durations` (daemon/fleet/policy/usage.py,
 running.py); an event older than `USAGE_LOOKBACK_S` is not folded.
 
 A daemon does not read those hours of events to start deciding: it loads the table of requests (daemon/table/:
@@ -17,7 +17,7 @@ each poll's records verified in worker threads and folded on the loop. So nothin
 the table, and a restarted daemon decides with a whole view once the table and its tail are read. What the table
 cannot say exactly is said at `Folds`.
 
-The decisions are the pure rules of daemon/fleet/order.py, with what this host knows of its own requests before
+The decisions are the pure rules of daemon/fleet/policy/order.py, with what this host knows of its own requests before
 their events are read back (`held`: its claims, its freed slots, the ends it sent), so that a slot it frees is never
 given by a stale count of its own.
 """
@@ -38,14 +38,14 @@ import structlog
 
 from daemon import executors
 from daemon.executors import run_chunks
-from daemon.fleet.after import Latest
-from daemon.fleet.drain import backfills, drain
-from daemon.fleet.eta import Bounds, places
-from daemon.fleet.kinds import slot_kinds
-from daemon.fleet.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
-from daemon.fleet.running import Occupancy
-from daemon.fleet.telling import Telling
-from daemon.fleet.usage import ENDS, Durations, Switches, Usage
+from daemon.fleet.policy.after import Latest
+from daemon.fleet.policy.drain import backfills, drain
+from daemon.fleet.policy.eta import Bounds, places
+from daemon.fleet.policy.kinds import slot_kinds
+from daemon.fleet.policy.order import FleetJob, FleetRequest, Standing, paced, pick, remaining_work, victim
+from daemon.fleet.policy.running import Occupancy
+from daemon.fleet.policy.telling import Telling
+from daemon.fleet.policy.usage import ENDS, Durations, Switches, Usage
 from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import checked
 from daemon.kafka.records import Record
@@ -87,7 +87,7 @@ class Folds:
         self.running_jobs = Occupancy()
         self.switches = Switches()  # a preemption's seconds from the victim's stop to the new job's start
         self.host_slots: dict[str, int] = {}  # each host's slots, as its last `accepted` said
-        self.host_kinds: dict[str, str | None] = {}  # and the kind of its GPUs (daemon/fleet/kinds.py)
+        self.host_kinds: dict[str, str | None] = {}  # and the kind of its GPUs (daemon/fleet/policy/kinds.py)
         self.telling = Telling()  # what each waiting request was last told by a `queued` event, of any host
         self.ids = EventIds(USAGE_LOOKBACK_S)  # the events folded: each once, none older than the window
         self.skipped: Counter[str] = Counter()  # events not folded since the last read from scratch, by why
@@ -95,7 +95,9 @@ class Folds:
         # Each request of the table: the events topic's partition and offset of the latest event its entry holds. An
         # event of the tail at or before it is in the entry already (the keepers write entries before they commit).
         self.tabled: dict[str, tuple[int, int]] = {}
-        self.latest = Latest()  # each request's latest event type: what `after` waits for (daemon/fleet/after.py)
+        self.latest = (
+            Latest()
+        )  # each request's latest event type: what `after` waits for (daemon/fleet/policy/after.py)
 
     def observe(self, event: Event, now: float) -> None:
         self.changes += 1
@@ -184,7 +186,7 @@ class FleetView(Folds):
         # be refused as repeated when read, and the `accepted` read after it would hold a slot for ever.
         self.ended_here: dict[str, str] = {}
         self.drained_for: str | None = (
-            None  # the request this host last drained for (daemon/fleet/drain.py), for its log line
+            None  # the request this host last drained for (daemon/fleet/policy/drain.py), for its log line
         )
 
     def observe(self, event: Event, now: float) -> None:
@@ -322,7 +324,7 @@ class FleetView(Folds):
         """What one of this host's `free` slots takes among the heads it holds (None: whatever their GPUs), the teams'
         caps read with this host's own claims and jobs as it knows them (`held`). Given `here` (those jobs and claims)
         and `slots` (all of this host's), a host drained for a request of several GPUs first in the order takes only
-        what backfills its drain (daemon/fleet/drain.py)."""
+        what backfills its drain (daemon/fleet/policy/drain.py)."""
         now = time.time()
         running = self.running_jobs.jobs(now)
         pace = paced(self.durations, running)
@@ -365,8 +367,8 @@ class FleetView(Folds):
     ) -> list[tuple[FleetRequest, int, float | None]]:
         """Each waiting request with its place in the order they are expected to start and its ETA (seconds), as far as
         this host sees the fleet (`fleet_slots`, by kind where the hosts said their GPUs' kinds): the preemptions the
-        order will make first (daemon/fleet/eta.py `preempting`, within the operator's bounds and after the measured
-        switch), then list scheduling of the rest (`etas`, each team held to its cap), placed by their starts
+        order will make first (daemon/fleet/policy/eta.py `preempting`, within the operator's bounds and after the
+        measured switch), then list scheduling of the rest (`etas`, each team held to its cap), placed by their starts
         (`ranked`). `here`: this host's jobs and claims as it knows them now, in place of what the events say of this
         host (a slot it just gave is not free for the ETA of the request behind: told 0 s, it waited a whole job)."""
         return places(list(waiting), *self._placing(free, here, copied=False))

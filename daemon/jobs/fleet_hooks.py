@@ -19,8 +19,8 @@ from schemas import RequestBase
 class FleetHooks(Protocol):
     """What the fleet's queue adds to a job: daemon/fleet/claimed.py's with priority classes, `NO_FLEET` without."""
 
-    # Whether the fleet drains a host for a request of several GPUs (daemon/fleet/drain.py); without, the scheduler
-    # reserves the host for one waiting at a partition's head (daemon/jobs/reservation.py).
+    # Whether the fleet drains a host for a request of several GPUs (daemon/fleet/policy/drain.py); without, the
+    # scheduler reserves the host for one waiting at a partition's head (daemon/jobs/reservation.py).
     @property
     def drains(self) -> bool: ...
 

@@ -17,7 +17,7 @@
 - A request of several GPUs held for want of free slots for `reserve_after_s` has the host reserved for it: no
   other job starts unless it is expected to end before the reservation is due (daemon/jobs/reservation.py). With
   priority classes the dispatcher claims only what fits the free slots, and drains the host itself
-  (daemon/fleet/drain.py): nothing is reserved here.
+  (daemon/fleet/policy/drain.py): nothing is reserved here.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ KEPT_IDS = 32  # the event ids an entry remembers: a repeat of any of its latest
 EARLIER_RUNS = (
     2  # the runs before its latest whose slot-time an entry keeps (a request preempted, retried, redelivered)
 )
-# What the fleet's folds read of a success's metrics (daemon/fleet/usage.py `Durations.observe`: the steps it trained
-# and a step's steady pace); beside them, its durations.
+# What the fleet's folds read of a success's metrics (daemon/fleet/policy/usage.py `Durations.observe`: the steps it
+# trained and a step's steady pace); beside them, its durations.
 KEPT_METRICS = frozenset({"train_runtime", "train_steps_per_second", "median_step_s"})
 RUN_ENDS = frozenset(
     {"succeeded", "failed", "cancelled", "retrying", "preempted", "paused"}

@@ -115,7 +115,7 @@ class TableRead:
                 yield found
 
     def recent(self) -> list[Event]:
-        """Every entry's latest event of each type, by their time: what the fleet's folds (daemon/fleet/usage.py,
+        """Every entry's latest event of each type, by their time: what the fleet's folds (daemon/fleet/policy/usage.py,
         running.py) take of the requests, without reading every event of them."""
         return recent_events(self.entries.values())
 

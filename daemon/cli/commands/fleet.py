@@ -267,7 +267,7 @@ def usage(
 
     from daemon.cli import usage as chargeback
     from daemon.cli.listing import show_json, show_table
-    from daemon.fleet.chargeback import report
+    from daemon.fleet.policy.chargeback import report
 
     settings = read_settings(config)
     now = datetime.now(UTC)

@@ -119,7 +119,7 @@ def test_a_request_waits_where_its_record_is_unless_its_events_say_it_runs_or_en
     assert waiting["junk-1"].stage == "undecodable" and "not a request (not_json" in waiting["junk-1"].detail
     assert backlog.records["r1"].metadata == {"sweep": "s1"}  # a running request's record, for the sweep
 
-    # The fleet's order (daemon/fleet/order.py): the class first; within batch the fair share puts ads, which
+    # The fleet's order (daemon/fleet/policy/order.py): the class first; within batch the fair share puts ads, which
     # has had no slot-time, ahead of the teams that have, though h1 arrived after p1, b1 and k1.
     placed = place_and_eta(backlog.waiting, events, settings, 2, NOW)
     assert [p.request.request_id for p in placed][:3] == ["u1", "k2", "h1"] and placed[

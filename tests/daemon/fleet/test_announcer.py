@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from daemon.errors import TopicMissing
 from daemon.fleet.announcer import Announcer, Unread
-from daemon.fleet.order import waiting_for
+from daemon.fleet.policy.order import waiting_for
 from daemon.fleet.view import FleetView
 from daemon.job.events import JobEvents
 from daemon.kafka.admin.group_offsets import KafkaQueueReads

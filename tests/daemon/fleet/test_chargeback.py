@@ -1,5 +1,5 @@
-"""`adapterd usage`'s fold (daemon/fleet/chargeback.py) on constructed events: GPU-hours, jobs and runs per team and
-class in a period, a run cut at the period's edges, one still running counted up to now, a preempted request resumed
+"""`adapterd usage`'s fold (daemon/fleet/policy/chargeback.py) on constructed events: GPU-hours, jobs and runs per team
+and class in a period, a run cut at the period's edges, one still running counted up to now, a preempted request resumed
 counted as two runs, a daemon stop's run ended where its request is accepted again, CPU jobs as jobs of no GPU-hours."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.chargeback import UNKNOWN_TEAM, Row, gpus_of, report, runs_of
+from daemon.fleet.policy.chargeback import UNKNOWN_TEAM, Row, gpus_of, report, runs_of
 from schemas import Event, parse_event
 from tests.helpers import event_document
 

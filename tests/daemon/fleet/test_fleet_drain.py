@@ -1,6 +1,6 @@
 """A request of several GPUs is not starved by one-GPU requests on a fleet with priority classes (issue 62, item 6):
 the host holding it first in its view of the fleet's order drains for it once it has waited `reserve_after_s`, and a
-request backfills the drain only when its expected end is before the reservation is due (daemon/fleet/drain.py,
+request backfills the drain only when its expected end is before the reservation is due (daemon/fleet/policy/drain.py,
 `FleetView.pick`). Decisions on a fake view: a `FleetView` whose clock and durations are the test's."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from daemon.fleet import view as view_module
-from daemon.fleet.drain import drain
-from daemon.fleet.eta import Bounds, places
-from daemon.fleet.order import FleetJob, FleetRequest
+from daemon.fleet.policy.drain import drain
+from daemon.fleet.policy.eta import Bounds, places
+from daemon.fleet.policy.order import FleetJob, FleetRequest
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
 from testbed.fleet_keys import fleet_keys

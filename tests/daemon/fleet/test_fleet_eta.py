@@ -1,5 +1,5 @@
-"""Each waiting request's ETA by list scheduling of the fleet's order (daemon/fleet/eta.py), and the
-ETA's error measured on a replayed trace through a simulated fleet (daemon/fleet/replay.py)."""
+"""Each waiting request's ETA by list scheduling of the fleet's order (daemon/fleet/policy/eta.py), and the
+ETA's error measured on a replayed trace through a simulated fleet (daemon/fleet/policy/replay.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.eta import etas
-from daemon.fleet.order import FleetJob, FleetRequest, expected_work, paced, remaining_work, time_left
-from daemon.fleet.replay import Arrival, Trace, arrivals_from_events, eta_error, eta_error_current, replay
-from daemon.fleet.running import Occupancy
-from daemon.fleet.usage import Durations, Switches
+from daemon.fleet.policy.eta import etas
+from daemon.fleet.policy.order import FleetJob, FleetRequest, expected_work, paced, remaining_work, time_left
+from daemon.fleet.policy.replay import Arrival, Trace, arrivals_from_events, eta_error, eta_error_current, replay
+from daemon.fleet.policy.running import Occupancy
+from daemon.fleet.policy.usage import Durations, Switches
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
 from daemon.settings.fleet import PriorityClass, TeamShare
@@ -600,7 +600,7 @@ def test_the_preemptions_ahead_are_found_once_for_each_class_and_size_of_request
     """Issue 59: 10,000 requests waiting behind a full fleet each looked through every running job at every moment one
     may be stopped (the announcer's round held the loop half a second). What a request may stop depends on its class
     and GPUs alone, until a job is stopped: found once for each, not for each request."""
-    import daemon.fleet.eta as eta
+    import daemon.fleet.policy.eta as eta
 
     classes = [
         PriorityClass(name="urgent"),

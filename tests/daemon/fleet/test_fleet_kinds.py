@@ -1,5 +1,5 @@
-"""The fleet with GPUs of several kinds (daemon/fleet/kinds.py): the ETAs place a request that asks for a kind or a
-GPU's memory only on slots that serve it; a host's dispatcher claims only what its GPUs serve, leaving the rest in
+"""The fleet with GPUs of several kinds (daemon/fleet/policy/kinds.py): the ETAs place a request that asks for a kind or
+a GPU's memory only on slots that serve it; a host's dispatcher claims only what its GPUs serve, leaving the rest in
 the queue for a host that can, held up by none; a host says its kind in its `accepted` events, which every host folds;
 and a request no declared kind serves is rejected where it waits."""
 
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from daemon.admission.gpu_kinds import GpuNeed
-from daemon.fleet.eta import Bounds, etas, places, preempting
-from daemon.fleet.kinds import SlotKinds, slot_kinds
-from daemon.fleet.order import FleetJob, FleetRequest
-from daemon.fleet.usage import Durations
+from daemon.fleet.policy.eta import Bounds, etas, places, preempting
+from daemon.fleet.policy.kinds import SlotKinds, slot_kinds
+from daemon.fleet.policy.order import FleetJob, FleetRequest
+from daemon.fleet.policy.usage import Durations
 from daemon.fleet.view import FleetView
 from daemon.settings import Settings
 from daemon.settings.fleet import PriorityClass

@@ -1,4 +1,4 @@
-"""The fleet's order and its preemption choice, as pure functions (daemon/fleet/order.py): class first,
+"""The fleet's order and its preemption choice, as pure functions (daemon/fleet/policy/order.py): class first,
 fair share between teams by weight (usage tilting it back, idle share lent, caps hard), then arrival;
 the victim of a preemption within the operator's bounds, losing the least work.
 (An unknown class is refused at intake: tests/daemon/intake/test_policy.py.)"""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from daemon.fleet.order import (
+from daemon.fleet.policy.order import (
     DEFAULT_WORK_S,
     FleetJob,
     FleetRequest,
@@ -17,8 +17,8 @@ from daemon.fleet.order import (
     remaining_work,
     victim,
 )
-from daemon.fleet.replay import Arrival, Trace, replay
-from daemon.fleet.usage import Durations
+from daemon.fleet.policy.replay import Arrival, Trace, replay
+from daemon.fleet.policy.usage import Durations
 from daemon.settings.fleet import PriorityClass, TeamShare
 
 CLASSES = [

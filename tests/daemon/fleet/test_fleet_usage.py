@@ -1,5 +1,5 @@
-"""Each team's slot-time, the recent job durations (daemon/fleet/usage.py) and the fleet's running jobs
-(daemon/fleet/running.py), folded from the fleet's own events: real schemas events, read back as a host
+"""Each team's slot-time, the recent job durations (daemon/fleet/policy/usage.py) and the fleet's running jobs
+(daemon/fleet/policy/running.py), folded from the fleet's own events: real schemas events, read back as a host
 reads them from the events topic."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from daemon.fleet.order import FleetRequest, Standing, fleet_order
-from daemon.fleet.running import Occupancy
-from daemon.fleet.usage import Durations, Usage
+from daemon.fleet.policy.order import FleetRequest, Standing, fleet_order
+from daemon.fleet.policy.running import Occupancy
+from daemon.fleet.policy.usage import Durations, Usage
 from daemon.settings.fleet import PriorityClass
 from schemas import (
     Accepted,

@@ -330,7 +330,7 @@ def test_an_event_whose_time_has_no_zone_is_merged_with_the_others() -> None:
 def test_an_entry_keeps_of_a_success_what_the_fleets_pace_reads_and_no_more() -> None:
     """Issue 59: a success's files, versions, evaluation and metrics were two thirds of an entry's bytes, read by no
     fold of the fleet. Kept without them, it paces the fleet's expected durations as the whole one does."""
-    from daemon.fleet.usage import Durations
+    from daemon.fleet.policy.usage import Durations
     from daemon.table.entry import KEPT_METRICS, folded
     from tests.daemon.fleet.test_fleet_usage import succeeded
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.fleet.order import FleetRequest
+from daemon.fleet.policy.order import FleetRequest
 from daemon.fleet.view import USAGE_LOOKBACK_S, FleetView
 from daemon.kafka.event_ids import EventIds
 from daemon.kafka.event_reader import checked

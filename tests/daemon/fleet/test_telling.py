@@ -1,10 +1,18 @@
-"""When a waiting request is told its place and ETA again (daemon/fleet/telling.py): when they move materially, at
-most every RETELL_EVERY_S a request, and at most RETELLS_PER_S a host, the largest moves first. Pure: no broker."""
+"""When a waiting request is told its place and ETA again (daemon/fleet/policy/telling.py): when they move materially,
+at most every RETELL_EVERY_S a request, and at most RETELLS_PER_S a host, the largest moves first. Pure: no broker."""
 
 from __future__ import annotations
 
-from daemon.fleet.order import FleetRequest
-from daemon.fleet.telling import RETELL_BURST, RETELL_EVERY_S, RETELL_HANDOVER_S, RETELLS_PER_S, Telling, Told, move
+from daemon.fleet.policy.order import FleetRequest
+from daemon.fleet.policy.telling import (
+    RETELL_BURST,
+    RETELL_EVERY_S,
+    RETELL_HANDOVER_S,
+    RETELLS_PER_S,
+    Telling,
+    Told,
+    move,
+)
 
 NOW = 1_800_000_000.0
 

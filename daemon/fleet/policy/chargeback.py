@@ -4,8 +4,8 @@ for chargeback. Pure: no Kafka, no clock; the caller gives the events, the perio
 A run holds its GPUs from its `started` event (its `slot` names them: "0,1" is two, "cpu" none) to its end: a terminal,
 `retrying` or `preempted` event, or (a daemon stopped under it, which publishes nothing) the request's next `accepted`
 event, where it is taken again; a run with no end yet counts up to `now`. As the fair share's `Usage`
-(daemon/fleet/usage.py) folds the same events, undecayed, and from `started` rather than `accepted`: chargeback counts
-the time a job held its GPUs, not its model's loading before. A run's team and class are its request's latest
+(daemon/fleet/policy/usage.py) folds the same events, undecayed, and from `started` rather than `accepted`: chargeback
+counts the time a job held its GPUs, not its model's loading before. A run's team and class are its request's latest
 `accepted` event's (the fleet resolved them there), else its latest `queued` event's (an `accepted` older than what
 was read).
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from daemon.fleet.usage import ENDS
+from daemon.fleet.policy.usage import ENDS
 from daemon.settings.fleet import team_of
 from schemas import Accepted, Event, Queued, Rejected, Started
 

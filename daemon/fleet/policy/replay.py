@@ -1,7 +1,7 @@
 """The ETA's error, measured by replaying a trace of arrivals through a simulated fleet of N slots that
 decides as the real one does (`pick`, `start_order`, `etas`, the teams' caps): each request's ETA at its
 arrival is compared with the start the simulation then gives it (`eta_error`), and so is each ETA it is
-told while it waits, by the rule the hosts tell them by (daemon/fleet/telling.py, looked at every
+told while it waits, by the rule the hosts tell them by (daemon/fleet/policy/telling.py, looked at every
 `TELL_EVERY_S` as the announcer does), each for as long as it was the latest (`eta_error_current`).
 benchmarks.fleet replays its measured run (`arrivals_from_events`).
 
@@ -16,10 +16,10 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from daemon.fleet.eta import etas, ranked
-from daemon.fleet.order import FleetJob, FleetRequest, Standing, pick, remaining_work, start_order
-from daemon.fleet.telling import Telling
-from daemon.fleet.usage import Durations, Usage, trained_steps
+from daemon.fleet.policy.eta import etas, ranked
+from daemon.fleet.policy.order import FleetJob, FleetRequest, Standing, pick, remaining_work, start_order
+from daemon.fleet.policy.telling import Telling
+from daemon.fleet.policy.usage import Durations, Usage, trained_steps
 from daemon.settings.fleet import PriorityClass, TeamShare
 from schemas import Accepted, Event, Paused, Preempted, Retrying, Started, Succeeded
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from daemon.fleet.order import FleetRequest
+from daemon.fleet.policy.order import FleetRequest
 
 RETELL_EVERY_S = 5.0
 RETELL_MIN_S = 5.0

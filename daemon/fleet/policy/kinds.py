@@ -1,7 +1,7 @@
 """The fleet's slots by the kind of their GPUs, as its hosts say them in their `accepted` events (`gpu_kind`,
-`host_slots`), for the waiting requests' ETAs (daemon/fleet/eta.py): a request that asks for a kind or a GPU's memory
-(`FleetRequest.need`) is placed only on slots that serve it. And which waiting requests this host's GPUs serve, the
-only ones its dispatcher picks."""
+`host_slots`), for the waiting requests' ETAs (daemon/fleet/policy/eta.py): a request that asks for a kind or a GPU's
+memory (`FleetRequest.need`) is placed only on slots that serve it. And which waiting requests this host's GPUs serve,
+the only ones its dispatcher picks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from daemon.admission.gpu_kinds import HostGpus, kind_memory, serves
-from daemon.fleet.order import FleetJob, FleetRequest
+from daemon.fleet.policy.order import FleetJob, FleetRequest
 
 
 @dataclass(frozen=True)

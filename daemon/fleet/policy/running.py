@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from daemon.fleet.order import FleetJob
+from daemon.fleet.policy.order import FleetJob
 from daemon.settings.fleet import team_of
 from schemas import (
     Accepted,

@@ -19,8 +19,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.fleet.order import FleetJob, FleetRequest, time_left
-from daemon.fleet.usage import Pace
+from daemon.fleet.policy.order import FleetJob, FleetRequest, time_left
+from daemon.fleet.policy.usage import Pace
 from daemon.jobs import reservation
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from daemon.admission.gpu_kinds import GpuNeed
-from daemon.fleet.usage import Durations, Pace, Paced
+from daemon.fleet.policy.usage import Durations, Pace, Paced
 from daemon.settings.fleet import PriorityClass, TeamShare, team_of
 from schemas import RequestBase
 
@@ -188,13 +188,13 @@ def fleet_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRe
 
 
 def start_order(waiting: list[FleetRequest], standing: Standing) -> list[FleetRequest]:
-    """The waiting requests in the order they are expected to start, for their places and ETAs (daemon/fleet/eta.py):
-    the fleet's order with no team deferred for its cap. `fleet_order` puts a team that reaches its `max_slots`
-    behind every other team of its class, which is what the next free slot does (`pick`); but once one of its jobs
-    ends the team competes again by its weight, so its later requests start long before the end of the class (told
-    by the deferred order, a capped team's requests were told 85 to 117 s and started after 34 to 77 s). `etas` holds
-    each to its cap instead: it starts when enough of its team's jobs end, the slots freeing meanwhile going to those
-    behind it."""
+    """The waiting requests in the order they are expected to start, for their places and ETAs
+    (daemon/fleet/policy/eta.py): the fleet's order with no team deferred for its cap. `fleet_order` puts a team that
+    reaches its `max_slots` behind every other team of its class, which is what the next free slot does (`pick`); but
+    once one of its jobs ends the team competes again by its weight, so its later requests start long before the end of
+    the class (told by the deferred order, a capped team's requests were told 85 to 117 s and started after 34 to 77 s).
+    `etas` holds each to its cap instead: it starts when enough of its team's jobs end, the slots freeing meanwhile
+    going to those behind it."""
     uncapped = {name: share.model_copy(update={"max_slots": None}) for name, share in standing.teams.items()}
     return fleet_order(waiting, replace(standing, teams=uncapped, holding={}))
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from daemon.admission.gpu_kinds import GpuNeed
-from daemon.fleet.kinds import SlotKinds
-from daemon.fleet.order import (
+from daemon.fleet.policy.kinds import SlotKinds
+from daemon.fleet.policy.order import (
     FleetJob,
     FleetRequest,
     Standing,
@@ -25,14 +25,15 @@ from daemon.fleet.order import (
     time_left,
     victim,
 )
-from daemon.fleet.usage import Pace
+from daemon.fleet.policy.usage import Pace
 from daemon.settings.fleet import PriorityClass, TeamShare
 
 
 @dataclass(frozen=True)
 class Bounds:
     """What a preemption waits for: the operator's `preempt_min_run_s` and `preempt_max_count`, and the switch's
-    seconds (daemon/fleet/usage.py `Switches`: from the victim's `preempted` event to the new job's `started`)."""
+    seconds (daemon/fleet/policy/usage.py `Switches`: from the victim's `preempted` event to the new job's
+    `started`)."""
 
     classes: list[PriorityClass]
     min_run_s: float
@@ -60,7 +61,7 @@ def preempting(
     `durations`); the job it stops waits again (not counted: it resumes after the requests that ETAs are given for
     here, as far as they go). A request that a job's own end frees a slot for by then takes that slot instead
     (`etas` starts it there). With `kinds`, free slots and victims are counted by kind: a request takes a free slot,
-    or stops a job, only on a kind of GPU that serves it (daemon/fleet/kinds.py)."""
+    or stops a job, only on a kind of GPU that serves it (daemon/fleet/policy/kinds.py)."""
     free: dict[str | None, int] = dict(kinds.slots) if kinds is not None else {None: slots}
     for job in running:
         on = kinds.of_job(job) if kinds is not None else None
@@ -184,16 +185,16 @@ def etas(
 ) -> dict[str, float | None]:
     """Each waiting request's ETA in seconds from `now`, by request id; None where nothing honest can be said.
 
-    Each of the fleet's `slots` is free when its running job ends (daemon/fleet/order.py `time_left`: its own
+    Each of the fleet's `slots` is free when its running job ends (daemon/fleet/policy/order.py `time_left`: its own
     ETA, else its steps left at a step's pace, else its expected duration less the time it has run),
     else unknown; a slot with no job is free now. In order, each request takes free slots (as many as its
     GPUs) and starts when the last of them is free; they are then free again after its own expected duration
     (`durations.expected` at its steps). The fleet passes `order.paced` durations: a step's pace taken with the
     running jobs' of its method and model, for both.
 
-    With `kinds` (daemon/fleet/kinds.py: the hosts said their GPUs' kinds) the slots are those of `kinds` by kind,
-    each running job on its host's kind, and a request that asks for a kind or a GPU's memory (`need`) takes slots of
-    one kind that serves it, the kind it starts soonest on (among equals the one of least memory): an H100-only
+    With `kinds` (daemon/fleet/policy/kinds.py: the hosts said their GPUs' kinds) the slots are those of `kinds` by
+    kind, each running job on its host's kind, and a request that asks for a kind or a GPU's memory (`need`) takes slots
+    of one kind that serves it, the kind it starts soonest on (among equals the one of least memory): an H100-only
     request waits for an H100 slot even when an L4 one frees first.
 
     A team's `max_slots` cap (`teams`) is hard, as `order.pick` keeps it: a request of a team that holds its cap
