@@ -21,6 +21,13 @@ def local_target(request: RequestBase, settings: Settings, branch: str | None = 
     return _inside_outputs(output.repo_id if branch == "main" else f"{output.repo_id}@{branch}", settings)
 
 
+def published_folder(repo_id: str, settings: Settings) -> Path:
+    """Where the local sink published `repo_id` to its main revision on this host: what a pipeline's next step starts
+    from (daemon/jobs/prerequisites.py). From the repo id alone, never from a folder an event names: an event is not a
+    rule of the operator's, and the sink writes nowhere else."""
+    return _inside_outputs(repo_id, settings)
+
+
 def local_pull_request(request: RequestBase, settings: Settings) -> Path:
     """The local sink's pull request: the artifact proposed beside main's folder, never in it, as
     <name>#<request id>. One per request (a retry replaces it, as a Hub pull request is found again by

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import structlog
 from aiokafka import TopicPartition
 
+from daemon.errors import PushFailed
+from daemon.hub.local_sink import published_folder
 from daemon.job.events import JobEvents
 from daemon.jobs.offered import Offered
 from daemon.kafka.partitions import Partitions
@@ -128,7 +130,12 @@ class Prerequisites:
         if not waits_for:
             self._forget(request.request_id)
             if request.start_from is not None:
-                self.starts[request.request_id] = _start_point(request.start_from, known[request.start_from])
+                try:
+                    start = _start_point(request.start_from, known[request.start_from], self.settings)
+                except PushFailed as exc:  # a repo id with no folder of its own in the local sink
+                    await self._end(tp, record, request, attempt, f"start_from: {request.start_from}: {exc}"[:1000])
+                    return Offered.SKIPPED
+                self.starts[request.request_id] = start
             return None
         first = self.first_read.setdefault(request.request_id, now)
         unknown = [each for each in waits_for if known[each].state is None]
@@ -244,8 +251,10 @@ def _ended(request: RequestBase, known: dict[str, Known]) -> str | None:
     return None
 
 
-def _start_point(request_id: str, known: Known) -> StartPoint:
+def _start_point(request_id: str, known: Known, settings: Settings) -> StartPoint:
     done = known.succeeded
     assert done is not None  # succeeded, by the caller
-    folder = done.location if done.sink == "local" else None
+    # The local sink's folder of that repo on this host, from its id: never the event's `location`, a path any writer
+    # of the events topic could name (the child checks the folder is there: handlers/toolkit/start_from.py).
+    folder = published_folder(done.repo_id, settings) if done.sink == "local" else None
     return StartPoint(request_id=request_id, repo_id=done.repo_id, commit_sha=done.commit_sha, folder=folder)

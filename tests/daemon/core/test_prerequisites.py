@@ -48,17 +48,18 @@ class Fleet:
         self.asked.append(request_id)
         return self.known.get(request_id, Known(None))
 
-    def succeeded(self, request_id: str, published: str = "main") -> None:
+    def succeeded(self, request_id: str, published: str = "main", location: str | None = None) -> None:
+        local = location is not None  # published by the local sink, its event naming `location` as its folder
         event = Succeeded(
             request_id=request_id,
             host="h",
             attempt=1,
-            sink="hub",
+            sink="local" if local else "hub",
             repo_id=f"results/{request_id}",
             revision="main",
-            commit_sha=SHA,
+            commit_sha=None if local else SHA,
             commit_url=None,
-            location=f"https://hub/results/{request_id}",
+            location=location or f"https://hub/results/{request_id}",
             published=published,  # type: ignore[arg-type]
             trainer="t",
             metrics={},
@@ -117,6 +118,27 @@ async def test_a_dependant_waits_alone_says_for_what_and_starts_from_the_publish
         request_id="sft-1", repo_id="results/sft-1", commit_sha=SHA, folder=None
     )
     assert fleet.asked == ["sft-1"] * 3
+
+
+async def test_a_start_published_by_the_local_sink_is_its_folder_of_that_repo_never_a_path_the_event_names(
+    settings: Settings,
+) -> None:
+    """A writer of the events topic could name any folder of the host in a `succeeded` event's `location`: the start is
+    the local sink's own folder of the event's repo, under the operator's work_dir."""
+    fleet = Fleet()
+    fleet.succeeded("sft-1", location="/etc")
+    children = FakeChildren(Script(messages=[RESULT]))
+    core = core_on(settings, fleet, children)
+    record = core.record(dependant(), 7)
+
+    assert await core.scheduler.offer(core.tp, record, core.request(record)) is Offered.STARTED
+    await turns_until(lambda: bool(children.taken))
+    assert children.taken[0].spec.start == StartPoint(
+        request_id="sft-1",
+        repo_id="results/sft-1",
+        commit_sha=None,
+        folder=settings.outputs_dir.resolve() / "results/sft-1",
+    )
 
 
 async def test_a_dependant_with_requests_behind_it_goes_behind_them_at_most_once_a_recheck(settings: Settings) -> None:
