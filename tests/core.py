@@ -111,10 +111,22 @@ class CoreOnFakes:
         return self.producer.on(self.settings.requests_topic)
 
 
+THREADS_WAIT_S = 30.0  # the most a core's worker threads are given, on a loaded machine, to get a task further
+
+
 async def turns_until(condition: Callable[[], bool]) -> None:
-    """Give the loop turns (no timed sleep) until the core's tasks have got as far as `condition`."""
+    """Give the loop turns until the core's tasks have got as far as `condition`: first turns alone (no timed sleep:
+    what runs on the loop gets there in them), then, where a task waits for a worker thread (a job's folder written, a
+    seal verified in the `verify` threads), turns a millisecond apart for up to THREADS_WAIT_S. Turns alone failed
+    on CI's loaded 2 cores: ten thousand of them passed before a thread had its turn of the interpreter."""
     for _ in range(10_000):
         if condition():
             return
         await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + THREADS_WAIT_S
+    while loop.time() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.001)
     raise AssertionError("never got there")

@@ -3,15 +3,18 @@ kinds (`slots_by_kind`), and a request that asks for a kind is placed only on sl
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from daemon.cli.app import app
+from daemon.cli.checks import doctor
 from daemon.cli.checks.doctor import _gpus as gpus_check
 from daemon.cli.places import place_and_eta, slots_by_kind
 from daemon.cli.waiting import combine
+from daemon.resources.kinds import host_gpus
 from daemon.settings import Settings
 from tests.daemon.cli.test_waiting_requests import BATCH, NOW, event, record, settings  # noqa: F401 (the fixture)
 from tests.daemon.core.test_gpu_kinds import fake_nvidia_smi
@@ -65,8 +68,10 @@ def test_status_says_the_hosts_kind_of_gpu(tmp_path: Path) -> None:
 
 
 def test_doctor_says_the_hosts_kind_of_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    fake_nvidia_smi(tmp_path, "0, NVIDIA L4, 23034")
+    # The fake nvidia-smi given to the detection alone, not as the process's PATH: under xdist the worker's other
+    # threads see os.environ too (this test once found no nvidia-smi on CI's loaded workers).
+    environ = fake_nvidia_smi(tmp_path, "0, NVIDIA L4, 23034")
+    monkeypatch.setattr(doctor, "host_gpus", functools.partial(host_gpus, environ=environ))
     check = gpus_check(Settings(gpus=["0"]))
     assert check.ok and check.detail == "1: 0; l4-24gb, 24 GiB each"
     assert gpus_check(Settings(gpus=["0"], gpu_kind="mystery")).detail == "1: 0; mystery, memory unknown"

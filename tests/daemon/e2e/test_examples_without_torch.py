@@ -103,7 +103,7 @@ async def test_the_consumer_deploys_only_what_was_published_to_main(settings: Se
         event_document("succeeded", request_id="passed", published="main", revision="main", duplicate=False),
         event_document("succeeded", request_id="failed-gate", published="pr", revision="refs/pr/1"),
         event_document("succeeded", request_id="passed", published="main", revision="main", duplicate=True),
-        {**event_document("accepted", request_id="later"), "type": "paused", "until": "tomorrow"},  # a later type
+        {**event_document("accepted", request_id="later"), "type": "migrated", "until": "tomorrow"},  # a later type
         newer,
         event_document("failed", request_id="last"),
     ]
