@@ -25,10 +25,12 @@ its entry, so as current as the events topic): at most MAX_AFTER reads, each bou
   past that the request is rejected, naming `after`: an id mistyped ends the request within a bounded time, an id
   merely slow to be read does not, unless it stays unheard of that long.
 
-Cycles: a request cannot name itself (schemas/chains.py, rejected at decoding). Two requests naming each other: the
-first reached waits (the other unknown, or queued), publishing its `waiting`; the second, reached, finds the first
-waiting for it and ends failed (`prerequisite_failed`, "a cycle"), and the first then ends failed for it. A longer
-cycle (a → b → c → a) is not traced: each waits, its `waiting` visible in `adapterd jobs`, until one is cancelled.
+Cycles: a request cannot name itself (schemas/chains.py, rejected at decoding). Requests that wait for each other in
+a ring (a for b, b for c, c for a): each reached first waits (the next unknown, or queued), publishing its `waiting`;
+the last one reached follows the waits of its prerequisites through their `waiting` events (`_cycle`, at most
+MAX_CYCLE_LOOKUPS ids beyond its own), finds its way back to itself and ends failed (`prerequisite_failed`, "a
+cycle", naming the ring), and the others then end failed for it. A ring longer than the bound waits, each of its
+requests saying in `adapterd jobs` what it waits for, until one is cancelled.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from schemas.events import Succeeded, Waiting
 log = structlog.get_logger()
 
 RECHECK_S = 5.0  # how often a waiting request's prerequisites are looked up again, at most
+MAX_CYCLE_LOOKUPS = 64  # the most ids looked up beyond a request's own `after` to find a cycle of waits through them
 UNKNOWN_WAIT_S = 3600.0  # how long an id no host has heard of is waited for before the request is rejected
 CODE = "prerequisite_failed"
 
@@ -121,7 +124,12 @@ class Prerequisites:
             log.warning("request.prerequisites_unread", request_id=request.request_id, error=repr(exc))
             return await self._wait(tp, record, request, self.clock())
         known = dict(zip(request.after, answers, strict=True))
-        ended = _ended(request, known)
+        try:
+            cycle = await _cycle(request.request_id, known, lookup)
+        except Exception as exc:  # as above: a lookup that fails leaves the request waiting
+            log.warning("request.prerequisites_unread", request_id=request.request_id, error=repr(exc))
+            return await self._wait(tp, record, request, self.clock())
+        ended = cycle or _ended(request, known)
         if ended is not None:
             await self._end(tp, record, request, attempt, ended)
             return Offered.SKIPPED
@@ -230,13 +238,33 @@ def known_of(entry: object) -> Known:
     return Known(entry.state, entry.detail, succeeded if entry.state == "succeeded" else None, waits_for)
 
 
+async def _cycle(request_id: str, known: dict[str, Known], lookup: Lookup) -> str | None:
+    """A chain of waits from the request's prerequisites back to it (a waits for b, b for c, c for a), followed through
+    each waiting request's `waiting` event (`Known.waits_for`), looking up at most MAX_CYCLE_LOOKUPS more ids: the
+    message that ends it, naming the chain, or None. A cycle longer than the bound waits, each of its requests saying
+    what it waits for, until one is cancelled."""
+    paths = {each: [each] for each in known}
+    frontier = list(known.items())
+    looked_up = 0
+    while frontier:
+        each, one = frontier.pop(0)
+        for following in one.waits_for:
+            path = [*paths[each], following]
+            if following == request_id:
+                return f"after: {' waits for '.join([request_id, *path])}: a cycle, none of them can start"
+            if following in paths or looked_up >= MAX_CYCLE_LOOKUPS:
+                continue
+            looked_up += 1
+            paths[following] = path
+            frontier.append((following, await lookup(following)))
+    return None
+
+
 def _ended(request: RequestBase, known: dict[str, Known]) -> str | None:
     """Why the request ends without starting (a message naming the prerequisite), or None."""
     for each, one in known.items():
         if one.state in ("failed", "cancelled", "rejected"):
             return f"after: {each} {one.state}: {one.detail}"[:1000]
-        if request.request_id in one.waits_for:
-            return f"after: {each} waits for {request.request_id} in turn: a cycle, neither can start"
     start = request.start_from
     done = known[start].succeeded if start is not None else None
     if start is not None and known[start].state == "succeeded" and done is None:

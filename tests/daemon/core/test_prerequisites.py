@@ -209,6 +209,20 @@ async def test_two_requests_naming_each_other_end_failed_as_a_cycle(settings: Se
     assert failed["code"] == "prerequisite_failed" and "a cycle" in failed["message"]
 
 
+async def test_a_ring_of_three_waiting_for_each_other_ends_failed_naming_the_ring(settings: Settings) -> None:
+    fleet = Fleet()
+    core = core_on(settings, fleet)
+    # a waits for b and b for c, each told in its `waiting` event as the table folds it; c, reached last, names a.
+    fleet.known["a"] = Known("queued", "waits for b", waits_for=("b",))
+    fleet.known["b"] = Known("queued", "waits for c", waits_for=("c",))
+    last = core.record(dependant("c", after=["a"], start_from=None), 8)
+    assert await core.scheduler.offer(core.tp, last, core.request(last)) is Offered.SKIPPED
+    [failed] = core.events("c")
+    assert failed["code"] == "prerequisite_failed"
+    assert failed["message"] == "after: c waits for a waits for b waits for c: a cycle, none of them can start"
+    assert fleet.asked == ["a", "b"]  # b looked up through a's waits; c is the request itself
+
+
 async def test_an_id_unheard_of_past_the_bound_is_rejected_naming_after(settings: Settings) -> None:
     fleet = Fleet()
     children = FakeChildren(Script(messages=[RESULT]))
