@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from daemon.cli.cancels_sent import mark_cancelled, sent_cancels
+from daemon.cli.cancels_sent import mark_sent, sent_control
 from daemon.cli.listing import Column
 from daemon.cli.waiting import Backlog, WaitingRequest, read_backlog
 from daemon.fleet.policy import order as fleet
@@ -236,7 +236,7 @@ async def placed_backlog(
     """Every waiting request (daemon/cli/waiting.py), those with a cancel pending marked, the others placed in the
     fleet's order with their ETAs (`table`: the table of requests, when read already)."""
     backlog = await read_backlog(settings, table)
-    mark_cancelled(backlog.waiting, await sent_cancels(settings, now))
+    mark_sent(backlog.waiting, await sent_control(settings, now))
     # --slots given: the operator's count, of no kind; else the hosts' own, by kind where they said their GPUs'.
     kinds = None if slots else slots_by_kind(backlog.events, now, settings)
     return backlog, place_and_eta(

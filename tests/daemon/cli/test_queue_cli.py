@@ -312,6 +312,24 @@ def test_a_request_cancelled_while_it_waits_leaves_the_queue_at_once_and_get_say
     assert code == 0 and ", place 2 of 2, " in lines[-1]
 
 
+def test_a_request_held_before_a_host_reached_it_is_listed_held_until_released(fleet: Settings) -> None:
+    """A hold is honoured (its `held` event) when a host reaches the request: the listing reads the control topic as
+    for a cancel pending, so a held request is not placed ahead of the others meanwhile; one released is placed."""
+    batch = fleet.class_topics["batch"]
+    write(fleet, batch, *[sft_request(f"w{n}", team="search") for n in range(1, 4)], minutes_ago=10)
+    for verb, request_id in (("hold", "w1"), ("hold", "w2"), ("release", "w2")):
+        code, lines = cli(fleet, verb, request_id, "--reason", "maintenance")
+        assert code == 0, lines
+    code, lines = cli(fleet, "jobs", "--state", "queued", "--slots", "1")
+    assert code == 0, lines
+    listed = rows(lines)
+    assert [(request_id, row[3], row[5]) for request_id, row in listed.items()] == [
+        ("w2", "1", "unread"),
+        ("w3", "2", "unread"),
+        ("w1", "-", "held"),
+    ]
+
+
 def test_get_says_one_place_and_one_eta_for_a_waiting_request_and_when_they_were_worked_out(fleet: Settings) -> None:
     """Issue 57: `get` printed its last `queued` event's place and ETA and a fresh estimate, two different
     ones, not saying which held."""

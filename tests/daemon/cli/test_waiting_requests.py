@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from daemon.cli.cancels_sent import mark_cancelled
+from daemon.cli.cancels_sent import SentControl, mark_sent
 from daemon.cli.places import default_slots, place_and_eta, queue_table, where_it_waits
 from daemon.cli.sweep import matches, selector
 from daemon.cli.waiting import Queue, SentCancel, WaitingRequest, combine
@@ -146,14 +146,16 @@ def test_a_request_with_a_cancel_pending_leaves_the_queue_at_once_and_counts_in_
     ]
     sent = NOW - timedelta(seconds=5)
     backlog = combine(read, events, settings)
-    mark_cancelled(
+    mark_sent(
         backlog.waiting,
-        {
-            "b2": SentCancel(sent, "sweep withdrawn"),
-            "h1": SentCancel(sent, "cancelled"),
-            "gone-1": SentCancel(sent, "again"),
-            "junk-1": SentCancel(sent, "cancelled"),
-        },
+        SentControl(
+            cancels={
+                "b2": SentCancel(sent, "sweep withdrawn"),
+                "h1": SentCancel(sent, "cancelled"),
+                "gone-1": SentCancel(sent, "again"),
+                "junk-1": SentCancel(sent, "cancelled"),
+            }
+        ),
     )
     placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, events, settings, 1, NOW)}
     assert set(placed) == {"b1", "b2", "b3", "h1", "junk-1"}  # gone-1 ended: its cancel changes nothing
@@ -181,6 +183,21 @@ def test_a_request_with_a_cancel_pending_leaves_the_queue_at_once_and_counts_in_
         "yet published: it waits (unread) in requests[0]@1 until a host reaches it and skips it, placed "
         "nowhere and counted in no one's place"
     )
+
+
+def test_a_request_held_before_any_host_reached_it_is_listed_held_and_placed_nowhere(settings: Settings) -> None:
+    """A hold is honoured when a host reaches the request (its `held` event): until then the control topic's hold, with
+    no release after it, keeps it out of the order, as a cancel pending does; one released again is placed."""
+    read = [record(BATCH, 0, 9, sft_request("b1")), record(BATCH, 1, 8, sft_request("b2"))]
+    backlog = combine(read, [], settings)
+    mark_sent(backlog.waiting, SentControl(held={"b1": "maintenance"}))
+    placed = {p.request.request_id: p for p in place_and_eta(backlog.waiting, [], settings, 1, NOW)}
+    assert (placed["b1"].place, placed["b1"].request.stage, placed["b1"].request.detail) == (
+        None,
+        "held",
+        "hold sent: maintenance",
+    )
+    assert (placed["b2"].place, placed["b2"].of) == (1, 1)  # b1 counted in no one's place
 
 
 def test_a_waiting_requests_line_says_one_place_and_one_eta_and_when_they_were_worked_out(settings: Settings) -> None:
