@@ -11,6 +11,7 @@ seen, in case it was mistyped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaProducer
@@ -20,6 +21,7 @@ from daemon.kafka.options import kafka_options
 from daemon.settings import Settings
 from daemon.table.reader import read_request
 from schemas import Cancel
+from schemas.control import Control
 
 ENDED = ("succeeded", "failed", "cancelled", "rejected")
 
@@ -63,10 +65,21 @@ def plan(request_id: str, job: RequestSummary | None, control_topic: str) -> Pla
 async def cancel(settings: Settings, message: Cancel, *, dry_run: bool = False) -> str:
     """Read the request's state, send the cancel when it can still do something (not on a dry
     run), and say what happens."""
+    return await send_when_it_can(
+        settings, message, lambda job: plan(message.request_id, job, settings.control_topic), dry_run=dry_run
+    )
+
+
+async def send_when_it_can(
+    settings: Settings, message: Control, decide: Callable[[RequestSummary | None], Plan], *, dry_run: bool
+) -> str:
+    """The one way a control message is sent (a cancel, a hold, a pause...: daemon/cli/holds.py too): the request's
+    state read from the table of requests and shown, `decide` says whether the message can still do something and what
+    happens, and it is sent (acknowledged by every in-sync replica) unless it cannot or this is a dry run."""
     request_id = message.request_id
     read = await read_request(settings, request_id)
     say(read)
-    decided = plan(request_id, read.entries.get(request_id), settings.control_topic)
+    decided = decide(read.entries.get(request_id))
     if decided.send and dry_run:
         return f"{decided.said} (dry run: nothing sent)"
     if decided.send:

@@ -8,13 +8,9 @@ say of it, and what the message will do, then the message sent to the control to
 
 from __future__ import annotations
 
-from aiokafka import AIOKafkaProducer
-
-from daemon.cli.cancel import ENDED, Plan
-from daemon.cli.jobs import RequestSummary, say
-from daemon.kafka.options import kafka_options
+from daemon.cli.cancel import ENDED, Plan, send_when_it_can
+from daemon.cli.jobs import RequestSummary
 from daemon.settings import Settings
-from daemon.table.reader import read_request
 from schemas import Hold, Pause, Release, Resume
 
 HoldMessage = Hold | Release | Pause | Resume
@@ -54,22 +50,9 @@ def plan(message: HoldMessage, job: RequestSummary | None, control_topic: str) -
 async def send(settings: Settings, message: HoldMessage, *, dry_run: bool = False) -> str:
     """Read the request's state, send `message` when it can still do something (not on a dry run), and say what
     happens."""
-    request_id = message.request_id
-    read = await read_request(settings, request_id)
-    say(read)
-    decided = plan(message, read.entries.get(request_id), settings.control_topic)
-    if decided.send and dry_run:
-        return f"{decided.said} (dry run: nothing sent)"
-    if decided.send:
-        producer = AIOKafkaProducer(**kafka_options(settings), acks="all", enable_idempotence=True)
-        try:
-            await producer.start()
-            await producer.send_and_wait(
-                settings.control_topic, message.model_dump_json().encode(), key=request_id.encode()
-            )
-        finally:
-            await producer.stop()
-    return decided.said
+    return await send_when_it_can(
+        settings, message, lambda job: plan(message, job, settings.control_topic), dry_run=dry_run
+    )
 
 
 async def hold(settings: Settings, request_id: str, reason: str = "") -> str:
