@@ -5,6 +5,8 @@
     │   └── TopicMissing           a topic it needs does not exist (a LookupError too)
     ├── UsageError                 a command line or a file the CLI cannot use at all (exit 2)
     ├── ForkServerGone             the fork server exited: a job's child is started another way (a ConnectionError too)
+    ├── EngineUnreachable          the engine a job runs on (a Ray cluster) does not answer: the job waits (a
+    │                              ConnectionError too)
     ├── IllegalTransition          (daemon.job.lifecycle) a move the job's state machine does not have: a bug
     ├── LogsError                  (daemon.cli.log_endpoint) a request's log cannot be read from its host
     ├── DeadlineExceeded           (daemon.ops.http_connections) a connection to the endpoint ran past its request's
@@ -31,7 +33,16 @@ from __future__ import annotations
 from handlers.protocol import FailureCode, JobFailed
 from schemas.common import AdapterdError
 
-__all__ = ["AdapterdError", "ConfigError", "ForkServerGone", "JobFailed", "PushFailed", "TopicMissing", "UsageError"]
+__all__ = [
+    "AdapterdError",
+    "ConfigError",
+    "EngineUnreachable",
+    "ForkServerGone",
+    "JobFailed",
+    "PushFailed",
+    "TopicMissing",
+    "UsageError",
+]
 
 
 class ConfigError(AdapterdError):
@@ -48,6 +59,10 @@ class UsageError(AdapterdError):
 
 class ForkServerGone(AdapterdError, ConnectionError):
     """The fork server exited before it answered: the job's child is started another way."""
+
+
+class EngineUnreachable(AdapterdError, ConnectionError):
+    """The engine a job is run on (the operator's Ray cluster) does not answer: the job waits for it, not failed."""
 
 
 class PushFailed(JobFailed):

@@ -7,6 +7,7 @@ event loop's default executor, so one kind cannot take every thread from another
   intake), whose headers it reads;
 - `headers`: reading models' safetensors headers for the memory estimate (daemon/resources/headers.py);
 - `hub`: Hub calls: pushes, finding an earlier push, whose the token is;
+- `ray`: calls to the Ray cluster's Jobs API (daemon/children/ray_jobs.py), which block;
 - `retention`: passes of retention over the jobs' folders (daemon/store/retention.py);
 - `verify`: checking the signatures of records read in bulk, and parsing them (the table's reader,
   daemon/table/reader.py, through `run_chunks`): Ed25519's verify releases the interpreter, so one
@@ -41,7 +42,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, ParamSpec, TypeVar
 
-Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "parse", "table", "order"]
+Kind = Literal["decode", "admission", "headers", "hub", "retention", "verify", "parse", "table", "order", "ray"]
 # Threads of each kind. Decoding and judging are Python code holding the interpreter most of
 # the time: more threads than the cores would not go faster. Header reads and Hub calls wait on the
 # network: more of them at once; the header reads of one request are started together.
@@ -59,6 +60,7 @@ THREADS: dict[Kind, int] = {
     "parse": 1,
     "table": 2,
     "order": 1,  # the fleet's order of thousands of waiting requests, worked out beside the loop (the announcer's)
+    "ray": 4,  # calls to a Ray cluster's Jobs API (daemon/children/ray_jobs.py): waits on the network
 }
 
 SWITCH_INTERVAL_S = 0.001  # the daemon's interpreter switch interval (CPython's default: 0.005)

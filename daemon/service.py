@@ -27,6 +27,8 @@ from aiokafka import TopicPartition
 from daemon import executors
 from daemon.admission.capabilities import available_methods
 from daemon.children.processes import ChildSource
+from daemon.children.ray_jobs import RayChildSource
+from daemon.children.routed import RoutedChildren
 from daemon.children.warm import WarmChildren, child_environment
 from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.view import FleetView
@@ -132,12 +134,23 @@ class Service:
         require_fleet_retry_key(settings)  # before anything is made: a ConfigError, exit 2
         self.settings = settings
         self.consumer = consumer if consumer is not None else kafka_consumer(settings)
-        self.children = WarmChildren(
+        self.warm = WarmChildren(
             child_environment(settings),
             settings.work_dir / "children.log",
             settings.jobs_dir,
             enabled=settings.warm_child,
             mode=settings.child_start,
+        )
+        # A job bigger than this host runs on the operator's Ray cluster, when there is one (daemon/settings/ray.py).
+        self.children: ChildSource = (
+            self.warm
+            if settings.ray is None
+            else RoutedChildren(
+                self.warm,
+                RayChildSource(
+                    settings.ray, child_environment(settings), settings.ray.stop_grace_s or settings.drain_timeout_s
+                ),
+            )
         )
         core = wire(
             settings,
@@ -369,7 +382,7 @@ class Service:
                 },
             },
             "jobs": self.scheduler.status(),
-            "children": self.children.describe(),
+            "children": self.warm.describe(),
         }
 
     def _report_status(self) -> None:

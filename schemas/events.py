@@ -410,12 +410,17 @@ class Preempted(EventBase):
 
 
 class Waiting(EventBase):
-    """Not terminal: the request was reached and waits for requests its `after` names to succeed (docs/requests.md,
-    Pipelines). Published when it starts waiting and again whenever the set it waits for changes; it then starts, or
-    ends `failed` (`prerequisite_failed`) when one of them fails, is cancelled or is rejected."""
+    """Not terminal: the request was reached and waits, for requests its `after` names to succeed (docs/requests.md,
+    Pipelines), or for the Ray cluster it runs on to answer (`engine`). Published when it starts waiting and, for
+    `after`, again whenever the set it waits for changes; it then starts, or ends `failed` (`prerequisite_failed`)
+    when one of them fails, is cancelled or is rejected. A cluster's outage fails no request: it starts once the
+    cluster answers."""
 
     type: Literal["waiting"] = "waiting"
-    after: list[str] = Field(description="The ids of its `after` that have not succeeded yet.")
+    after: list[str] = Field(default_factory=list, description="The ids of its `after` that have not succeeded yet.")
+    engine: str | None = Field(
+        None, description="Why the engine it runs on cannot take it now (its Ray cluster does not answer); else null."
+    )
 
 
 class Held(EventBase):

@@ -44,7 +44,9 @@ class CoreOnFakes:
         # As Service builds them, GPUs declared, and their kind too (nvidia-smi is never asked here).
         named = settings.gpu_kind
         kind = HostGpus(named, kind_memory(named, settings.gpu_kinds), True) if gpus and named else None
-        slots = Slots(gpus, settings.job_slots, packing_from(settings), kind)
+        slots = Slots(
+            gpus, settings.job_slots, packing_from(settings), kind, settings.ray.max_jobs if settings.ray else 0
+        )
         core = wire(
             settings,
             self.consumer,

@@ -42,12 +42,17 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
     unsupported = unsupported_reason(request.method)
     if unsupported:
         return Rejection("unsupported_method", [FieldError(path="method", message=unsupported)], request.request_id)
+    if runs_on_ray(request, settings, slots):
+        errors = policy_errors(request, settings)
+        return Rejection("policy", errors, request.request_id) if errors else None
     if request.resources.gpus > slots.most_per_job():
         host = (
             f"this host has {len(slots.gpus)} GPU(s)"
             if slots.gpus
             else "this host has no GPU (it runs one-GPU requests on the CPU)"
         )
+        if settings.ray is not None:
+            host += f", and its Ray cluster takes at most {settings.ray.max_gpus} (ray.max_gpus)"
         return Rejection(
             "resources",
             [FieldError(path="resources.gpus", message=f"asks for {request.resources.gpus} GPUs; {host}")],
@@ -58,6 +63,12 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
         return Rejection("resources", kinds, request.request_id)
     errors = policy_errors(request, settings)
     return Rejection("policy", errors, request.request_id) if errors else None
+
+
+def runs_on_ray(request: RequestBase, settings: Settings, slots: Gpus) -> bool:
+    """Whether a request goes to the operator's Ray cluster: it asks more GPUs than this host has, within what the
+    cluster takes (`ray.max_gpus`). Its GPUs' kind is the cluster's, not this host's: not judged here."""
+    return settings.ray is not None and slots.most_per_job() < request.resources.gpus <= settings.ray.max_gpus
 
 
 def image_refusal(request: RequestBase, settings: Settings) -> Rejection | None:

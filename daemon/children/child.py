@@ -22,7 +22,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 import structlog
 from pydantic import ValidationError
@@ -40,12 +40,15 @@ SPEC_NAME = "spec.json"
 @dataclass(frozen=True)
 class ChildJob:
     """One job as its child's source is handed it, a value a source elsewhere could ship: the spec (the request,
-    its data, where to save), the devices it runs on and its processes, one per GPU. Where its spec is written
-    and its output goes is the source's business (`write_job` on this host); its handle says where the log is."""
+    its data, where to save), the devices it runs on, its processes (one per GPU), its attempt and its engine. Where
+    its spec is written and its output goes is the source's business (`write_job` on this host); its handle says where
+    the log is."""
 
     spec: JobSpec
     visible_devices: str | None
     gpus: int = 1
+    attempt: int = 1  # which attempt of the request this is (a source elsewhere names its run by it)
+    engine: Literal["local", "ray"] = "local"  # where it runs: this host, or the operator's Ray cluster
 
     @property
     def request_id(self) -> str:

@@ -5,6 +5,7 @@ with (`MemoryPlan`: its estimate, a whole GPU's room, the estimator that learns 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from daemon.resources.estimator import Estimator
 from daemon.resources.memory import Estimate
@@ -20,9 +21,12 @@ class JobPlace:
     slot: str
     visible_devices: str | None = None
     share: Placement | None = None
+    engine: Literal["local", "ray"] = "local"  # this host's slots, or the Ray cluster's (daemon/children/ray_jobs.py)
 
     @classmethod
     def on(cls, slots: Slots, placement: Placement) -> JobPlace:
+        if slots.is_remote(placement):
+            return cls("ray", None, None, "ray")
         return cls(
             slots.label(placement.slots),
             slots.visible_devices(placement.slots),

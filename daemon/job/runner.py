@@ -98,9 +98,9 @@ class JobRunner:
         self.settings = settings
         self.received_at = arrival.received_at
         self.attempt = arrival.attempt
-        self.job_dir = (
-            settings.jobs_dir / request.request_id
-        ).absolute()  # the child runs in it: paths in its spec stay absolute
+        # The child runs in it: paths in its spec stay absolute. A job on Ray: on the folder the cluster shares.
+        jobs_dir = settings.ray.shared_dir if place.engine == "ray" and settings.ray is not None else settings.jobs_dir
+        self.job_dir = (jobs_dir / request.request_id).absolute()
         self.journal = Journal(self.job_dir / "journal.json")
         self.log = log.bind(
             request_id=request.request_id, method=request.method, slot=place.slot, traceparent=traceparent(self.trace)

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildPlace, ChildSource
+from daemon.errors import EngineUnreachable
 from daemon.job.events import JobEvents
 from daemon.job.lifecycle import Stop
 from daemon.job.plan import JobPlace
@@ -37,7 +38,7 @@ from handlers.protocol import (
     StoppedAtCheckpoint,
     TrainResult,
 )
-from schemas.events import STAGES, Checkpoint, Progress, Stage, Started
+from schemas.events import STAGES, Checkpoint, Progress, Stage, Started, Waiting
 from schemas.request import RequestBase
 
 log = structlog.get_logger()
@@ -150,10 +151,12 @@ class Supervisor:
     async def train(self, spec: JobSpec) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step. Cancelled (the daemon going
         down) without a stop first, the child is killed at once."""
-        job = ChildJob(spec, self.place.visible_devices, self.request.resources.gpus)
+        job = ChildJob(
+            spec, self.place.visible_devices, self.request.resources.gpus, self.events.attempt, self.place.engine
+        )
         # Which kind of child (forked, warm, cold, a launcher, one elsewhere) and where its spec goes: the
         # source's choice.
-        child = self.child = await self.children.start(job)
+        child = self.child = await self._start(job)
         self._following = True
         outcome = ChildOutcome()
         watches = [asyncio.create_task(self._timeout()), asyncio.create_task(self._stall())]
@@ -179,6 +182,20 @@ class Supervisor:
             raise failure
         assert outcome.result is not None
         return outcome.result, outcome.first_step_at
+
+    async def _start(self, job: ChildJob) -> ChildHandle:
+        """The job's child from its source; while the engine it runs on does not answer (a Ray cluster away), the job
+        waits and says so in one `waiting` event, asking again every `ray.retry_s`: an outage fails no job."""
+        said = False
+        while True:
+            try:
+                return await self.children.start(job)
+            except EngineUnreachable as exc:
+                self.log.warning("job.engine_unreachable", error=str(exc))
+                if not said:
+                    await self.events.publish(Waiting, after=[], engine=str(exc))
+                    said = True
+                await asyncio.sleep(self.settings.ray.retry_s if self.settings.ray is not None else 30.0)
 
     async def _drain(self, messages: AsyncIterator[ChildMessage], outcome: ChildOutcome) -> None:
         """After a stop: what the child said while stopping (the checkpoint it saved), now that it has ended."""

@@ -32,6 +32,7 @@ from typing import Any
 import structlog
 from aiokafka import TopicPartition
 
+from daemon.admission.judge import runs_on_ray
 from daemon.children.processes import ChildSource
 from daemon.job.lifecycle import Stop
 from daemon.job.plan import JobPlace, MemoryPlan
@@ -124,6 +125,15 @@ class Scheduler:
         if waited is not None:
             self.reservations.gone(tp)
             return waited
+        if runs_on_ray(request, self.settings, self.slots):  # bigger than this host: a run on the Ray cluster
+            self.reservations.gone(tp)
+            remote = self.slots.take_remote()
+            if remote is None:
+                self.partitions.hold(tp, record.offset)  # until one of this host's Ray jobs ends
+                self.pause_idle_partitions()
+                return Offered.NO_SLOT
+            self._start(tp, record, request, remote, retry.attempt, None)
+            return Offered.STARTED
         # Its memory, on a GPU host (or for a local model: its headers are on this disk): its plan (a whole copy on
         # each GPU or sharded, or rejected when it fits neither way: daemon/resources/shards.py, raising Unfit, which
         # intake rejects), and its share of a GPU when GPUs are packed (never for a job sent back to run alone, nor
@@ -193,7 +203,7 @@ class Scheduler:
     def wake(self, end_offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Resume the partitions of waiting retries that are due, or that have requests behind them."""
         for tp in [*self.waiting.due(time.time(), end_offsets), *self.prerequisites.due()]:
-            if self.slots.free:
+            if self._room():
                 self.partitions.resume([tp])
 
     def _start(
@@ -304,12 +314,16 @@ class Scheduler:
         self.pause_idle_partitions()
         return True
 
+    def _room(self) -> bool:
+        """Whether a request read now could start: a slot of this host's free, or one of its Ray jobs'."""
+        return bool(self.slots.free) or self.slots.remote_free
+
     def pause_idle_partitions(self) -> None:
-        if not self.slots.free:
+        if not self._room():
             self.partitions.pause([tp for tp in self.partitions.assigned() if not self.holds(tp)])
 
     def resume_idle_partitions(self) -> None:
-        if self.slots.free:
+        if self._room():
             self.partitions.resume([tp for tp in self.partitions.assigned() if not self.holds(tp)])
 
     async def control(self, message: Control) -> None:

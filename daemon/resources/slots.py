@@ -28,6 +28,8 @@ from daemon.settings import Settings
 
 log = structlog.get_logger()
 
+REMOTE = "ray"  # the names of the slots of jobs on the Ray cluster: ray0, ray1...
+
 
 def discover_gpus(configured: list[str] | None, environ: Mapping[str, str] = os.environ) -> list[str]:
     """The GPU ids jobs may use: the configured list, else $CUDA_VISIBLE_DEVICES, else what nvidia-smi lists."""
@@ -86,7 +88,12 @@ def packing_from(settings: Settings) -> Packing | None:
 
 class Slots:
     def __init__(
-        self, gpus: list[str], cpu_slots: int, packing: Packing | None = None, kind: HostGpus | None = None
+        self,
+        gpus: list[str],
+        cpu_slots: int,
+        packing: Packing | None = None,
+        kind: HostGpus | None = None,
+        remote_jobs: int = 0,
     ) -> None:
         self.gpus = gpus
         # Their kind and memory, as requests' resources.gpu_kind and min_gpu_memory_gib read them (`kinds.host_gpus`).
@@ -98,6 +105,9 @@ class Slots:
         self._jobs: dict[str, list[int | None]] = {
             slot: [] for slot in self._all
         }  # each job's share on it; None: the whole slot
+        # The Ray jobs this host supervises (`ray.max_jobs`): slots of none of its GPUs, so a job bigger than the host
+        # never takes the ones its own jobs run on. Not among `names`, `free` or `busy`, which are this host's.
+        self._remote: dict[str, bool] = {f"{REMOTE}{i}": False for i in range(remote_jobs)}
 
     @property
     def total(self) -> int:
@@ -154,7 +164,25 @@ class Slots:
 
     def give_back(self, placement: Placement) -> None:
         for slot in placement.slots:
-            self._jobs[slot].remove(placement.share_bytes)
+            if slot in self._remote:
+                self._remote[slot] = False
+            else:
+                self._jobs[slot].remove(placement.share_bytes)
+
+    def take_remote(self) -> Placement | None:
+        """A slot for a job run on the Ray cluster, or None when this host supervises as many as it may."""
+        slot = next((slot for slot, taken in self._remote.items() if not taken), None)
+        if slot is None:
+            return None
+        self._remote[slot] = True
+        return Placement([slot])
+
+    @property
+    def remote_free(self) -> bool:
+        return not all(self._remote.values())
+
+    def is_remote(self, placement: Placement) -> bool:
+        return any(slot in self._remote for slot in placement.slots)
 
     def by_gpu(self) -> dict[str, tuple[int, int]]:
         """Each GPU's jobs and the memory their shares hold (for metrics and `adapterd status`)."""
@@ -176,6 +204,8 @@ class Slots:
 
 
 def slots_of(settings: Settings) -> Slots:
-    """This host's slots as its settings and nvidia-smi say them: its GPUs, their packing and their kind."""
+    """This host's slots as its settings and nvidia-smi say them: its GPUs, their packing and their kind; and the Ray
+    jobs it may supervise (`ray.max_jobs`)."""
     gpus = discover_gpus(settings.gpus)
-    return Slots(gpus, settings.job_slots, packing_from(settings), host_gpus(settings, gpus))
+    remote = settings.ray.max_jobs if settings.ray is not None else 0
+    return Slots(gpus, settings.job_slots, packing_from(settings), host_gpus(settings, gpus), remote)

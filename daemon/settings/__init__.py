@@ -27,6 +27,7 @@ from daemon.errors import ConfigError
 from daemon.settings.endpoints import EndpointSettings
 from daemon.settings.fleet import CLASS_HEADER, PriorityClass, TeamShare, queue_topic
 from daemon.settings.kafka import KafkaSettings
+from daemon.settings.ray import RaySettings
 from daemon.settings.secret_files import HfTokenSource, SecretFilesSource, event_keys, event_signer, team_keys
 from daemon.settings.work import WorkSettings
 from schemas.images import ImageBounds
@@ -250,6 +251,11 @@ class Settings(BaseSettings, EndpointSettings, WorkSettings, KafkaSettings):
     hub_push_attempts: int = Field(5, ge=1)
     hub_timeout_s: float = Field(
         120.0, gt=0, description="A Hub call without an answer for this long fails, and is retried."
+    )
+
+    # Jobs bigger than this host (daemon/settings/ray.py; deploy/README.md): none by default.
+    ray: RaySettings | None = Field(
+        None, description="The Ray cluster requests asking more GPUs than this host has run on; unset: rejected."
     )
 
     # Logs

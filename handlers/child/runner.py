@@ -41,10 +41,15 @@ def is_torchrun_worker() -> bool:
 
 def status_fd() -> int:
     """Where this process reports to the daemon. A multi-GPU job's rank 0 reaches the daemon's pipe
-    through the agent (torchrun closes inherited descriptors in its workers); other ranks stay silent."""
+    through the agent (torchrun closes inherited descriptors in its workers), a Ray job's through its actor;
+    other ranks stay silent."""
     fd = int(os.environ["ADAPTERD_STATUS_FD"])
     if not is_torchrun_worker():
         return fd
+    if (
+        os.environ.get("ADAPTERD_RAY") == "1"
+    ):  # a rank on Ray: its actor passed the pipe itself (handlers/child/ray_job.py)
+        return fd if os.environ.get("RANK") == "0" else os.open(os.devnull, os.O_WRONLY)
     if os.environ.get("RANK") == "0":
         return os.open(f"/proc/{os.getppid()}/fd/{fd}", os.O_WRONLY)
     return os.open(os.devnull, os.O_WRONLY)
