@@ -1,0 +1,211 @@
+"""A real local Ray cluster (one head node) that tests start and stop: the Jobs API the daemon submits jobs bigger
+than one host to, on this machine, with ports of its own so that several may run side by side."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from daemon.local_broker import free_port
+
+# Every process of the cluster inherits this variable (set to the cluster's temp dir): the job drivers run in
+# sessions of their own and Ray's workers rename themselves (`ray::IDLE`), so neither the process group nor the
+# command line finds them all; the environment a process was started with does.
+TAG = "TESTBED_RAY_CLUSTER"
+# `ray start --block` stops its services on SIGTERM; past this, what is left is killed.
+GRACE_S = 20.0
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+class RayCluster:
+    """A Ray head started for the tests: `ray start --head --block` in its own session."""
+
+    def __init__(self, directory: Path, num_cpus: int = 2) -> None:
+        self.directory = directory
+        self.num_cpus = num_cpus
+        # Ray's unix sockets live under the temp dir and must stay under 107 bytes: a pytest tmp_path is too long.
+        self.temp_dir = Path(f"/tmp/ar-{uuid.uuid4().hex[:8]}")
+        # Chosen once, so that a cluster stopped (an outage) comes back at the same address.
+        self.ports = {
+            option: free_port()
+            for option in (
+                "--port",
+                "--dashboard-port",
+                "--ray-client-server-port",
+                "--dashboard-agent-grpc-port",
+                "--dashboard-agent-listen-port",
+                "--metrics-export-port",
+                "--runtime-env-agent-port",
+                "--node-manager-port",
+                "--object-manager-port",
+            )
+        }
+        self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
+        self.log_path = directory / "ray.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
+        command += ["--num-cpus", str(self.num_cpus), "--disable-usage-stats", "--include-dashboard=true"]
+        command += ["--dashboard-host", "127.0.0.1", "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.temp_dir)]
+        for option, port in self.ports.items():
+            command += [option, str(port)]
+        # Workers bind ports the kernel picks (0): Ray's default range 10002-19999 is shared by every cluster on
+        # the machine, and a fixed range of our own could be taken by anything between two starts.
+        command += ["--min-worker-port", "0", "--max-worker-port", "0"]
+        # The object store's default is 30% of memory; the tests move nothing large through it.
+        command += ["--object-store-memory", str(100_000_000)]
+        return command
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the tests' own cluster, never another
+        env.update(
+            {
+                TAG: str(self.temp_dir),
+                "RAY_DEDUP_LOGS": "0",  # each worker's lines as they are, for the tests to read
+                "RAY_USAGE_STATS_ENABLED": "0",
+                # Ray turns --node-ip-address 127.0.0.1 into the machine's outward address; this keeps the GCS,
+                # raylet and workers on the loopback (its cost: no other node may join this one-node cluster).
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                # On SIGTERM the node waits (30 s by default) for the GCS to drain it before stopping its
+                # processes; a test's outage is meant to be abrupt.
+                "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+                # Ray's memory monitor kills workers when the machine's memory runs short, which on a shared
+                # test machine is other sessions' doing, not the job's.
+                "RAY_memory_monitor_refresh_ms": "0",
+                # A driver with `uv run` among its ancestors (pytest under `uv run`, above this cluster) has Ray
+                # start its workers through `uv run` too, which syncs the venv first: they run this venv's Python
+                # as they are.
+                "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+                # Job entrypoints (`python ...`) and workers run this venv's Python and import this checkout.
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+                "PYTHONPATH": os.pathsep.join(p for p in (str(CHECKOUT), env.get("PYTHONPATH", "")) if p),
+            }
+        )
+        return env
+
+    def start(self, timeout_s: float = 120) -> None:
+        """Start the head; returns once GET {address}/api/version answers 200."""
+        if self.running():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command(),
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group, which stop() signals as a whole
+                cwd=self.directory,
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self._answers():
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the Ray head exited ({self.process.returncode}) before it answered (see {self.log_path})"
+                )
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"the Ray head did not answer at {self.address} in {timeout_s} s (see {self.log_path})"
+                )
+            time.sleep(0.5)  # an external process's HTTP server: nothing to await but its answer
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.address}/api/version", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM to its process group, SIGKILL after 20 s; returns once no process of the cluster is left and
+        its temp dir is removed. Never `ray stop`: that stops every Ray cluster on the machine."""
+        process = self.process
+        if process is not None:
+            # Its group, while `ray start` is unreaped (so its pid, the group's id, is no one else's yet).
+            if process.returncode is None:
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        # What outlived `ray start` (its services past the grace period, job drivers and their watchers in
+        # sessions of their own; all carry the tag, `ray start` too): terminated, then killed.
+        self._end(self.processes(), signal.SIGTERM, 5)
+        self._end(self.processes(), signal.SIGKILL, GRACE_S)
+        if process is not None:
+            process.wait()
+        self.process = None
+        left = self.processes()
+        if left:
+            raise RuntimeError(f"processes of the Ray cluster {self.temp_dir} outlived SIGKILL: {sorted(left)}")
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _end(self, pids: set[int], signal_number: int, wait_s: float) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal_number)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            if self.process is not None:
+                self.process.poll()  # reaps `ray start` itself, our child, else a zombie
+            pids &= self.processes()
+            if pids:
+                time.sleep(0.1)
+
+    def processes(self) -> set[int]:
+        """The live processes of this cluster: those started with its tag in their environment or its temp dir on
+        their command line (zombies, already dead, are not counted)."""
+        found = set()
+        marker = f"{TAG}={self.temp_dir}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if (entry / "stat").read_bytes().rpartition(b")")[2].split()[0] == b"Z":
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            if marker in environ or str(self.temp_dir).encode() in cmdline:
+                found.add(int(entry.name))
+        return found
+
+    def memory_bytes(self) -> int:
+        """The memory of all the cluster's processes together, now: their proportional set sizes (a page shared by
+        n processes counts 1/n in each), since the dashboard's modules are forked from one server and share most."""
+        total = 0
+        for pid in self.processes():
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+            except OSError:
+                continue
+        return total
+
+    def __enter__(self) -> RayCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
