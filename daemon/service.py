@@ -358,8 +358,12 @@ class Service:
         return {job.request_id for job in self.scheduler.jobs.values()}
 
     def job_log(self, request_id: str, offset: int, limit: int) -> tuple[bytes, int] | None:
-        """A job's log (its child's output) from `offset`, read in the endpoint's thread (daemon/ops/job_logs.py)."""
-        return read_job_log(self.settings.jobs_dir, request_id, offset, limit)
+        """A job's log (its child's output) from `offset`, read in the endpoint's thread (daemon/ops/job_logs.py); a
+        job run on Ray has its folder on the folder the cluster shares (its Ray job's log, as this host read it)."""
+        found = read_job_log(self.settings.jobs_dir, request_id, offset, limit)
+        if found is None and self.settings.ray is not None:
+            found = read_job_log(self.settings.ray.shared_dir, request_id, offset, limit)
+        return found
 
     def status(self) -> dict[str, Any]:
         """What this host is running: for `adapterd status` and operators."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import shutil
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ class RayChildSource:
         raise RuntimeError(f"{job.request_id}: a thousand runs of attempt {job.attempt} on Ray")
 
     async def _submit(self, job: ChildJob, sid: str, folder: Path) -> RayRun:
+        shutil.rmtree(job.spec.artifact, ignore_errors=True)  # a half-written artifact of an earlier run
         given = write_job(job, folder)
         run_file = folder / RUN_NAME
         run_file.write_text(

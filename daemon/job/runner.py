@@ -311,7 +311,10 @@ class JobRunner:
             start=self.start,
         )
         self.journal.forget("trained")  # an earlier attempt's result: this attempt trains the artifact anew
-        shutil.rmtree(spec.artifact, ignore_errors=True)  # a half-written artifact from an earlier attempt
+        if self.place.engine == "local":  # a half-written artifact from an earlier attempt
+            # (A run on Ray may have finished this attempt's, whole, before a restart: its source removes it only
+            # when it submits a new run, daemon/children/ray_jobs.py.)
+            shutil.rmtree(spec.artifact, ignore_errors=True)
         # The newest checkpoint, from this host or from the store (an attempt on another
         # host): the trainer resumes there.
         self.supervisor.resumed = await asyncio.to_thread(
