@@ -208,6 +208,14 @@ class Started(EventBase):
             "another host); null with no resume."
         ),
     )
+    gpus: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "The GPUs of a job run on the operator's Ray cluster (its ranks), which `slot` ('ray') does not name; "
+            "null for a job on its host's own slots."
+        ),
+    )
 
 
 class Progress(TrainingProgress, EventBase):

@@ -236,6 +236,7 @@ class Supervisor:
             memory_share_bytes=self.place.share_bytes,
             resumed_step=self.resumed[0] if self.resumed else None,
             resumed_from=self.resumed[1] if self.resumed else None,
+            gpus=self.request.resources.gpus if self.place.engine == "ray" else None,
         )
 
     async def _on_message(self, message: ChildMessage, outcome: ChildOutcome) -> None:

@@ -210,6 +210,8 @@ def detail(event: Event) -> str:
     if kind == "progress":
         return f"{event.stage} step {event.step}/{event.total_steps}"  # type: ignore[union-attr]
     if kind == "started":
+        if event.gpus is not None:  # type: ignore[union-attr]
+            return f"{event.child}, {event.gpus} GPUs"  # type: ignore[union-attr]
         return f"slot {event.slot}"  # type: ignore[union-attr]
     if kind == "checkpoint":
         return f"checkpoint at step {event.step}"  # type: ignore[union-attr]
@@ -219,6 +221,8 @@ def detail(event: Event) -> str:
         eta = f", ETA {event.eta_s:.0f} s" if event.eta_s is not None else ""  # type: ignore[union-attr]
         return f"{event.priority_class}/{event.team}: place {event.place}{eta}"  # type: ignore[union-attr]
     if kind == "waiting":
+        if event.engine is not None:  # type: ignore[union-attr]
+            return f"waits: {event.engine}"  # type: ignore[union-attr]
         return f"waits for {', '.join(event.after)}"  # type: ignore[union-attr]
     if kind == "preempted":
         return f"preempted by {event.by} at step {event.step} ({event.preemptions}x); waits again"  # type: ignore[union-attr]

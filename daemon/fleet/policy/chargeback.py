@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from daemon.fleet.policy.usage import ENDS
+from daemon.fleet.policy.usage import ENDS, gpus_of
 from daemon.settings.fleet import team_of
 from schemas import Accepted, Event, Queued, Rejected, Started
 
@@ -47,11 +47,6 @@ class Row:
     runs: int
 
 
-def gpus_of(slot: str) -> int:
-    """The GPUs a `started` event's slot names: "cpu" none, "0,1" two."""
-    return 0 if slot == "cpu" else len([part for part in slot.split(",") if part.strip()])
-
-
 def runs_of(events: Iterable[Event], now: float) -> list[Run]:
     """Every run the events tell, in the order each ended (those still running last). An event's time is bounded by
     `now`: a host whose clock runs ahead adds no time from the future."""
@@ -79,7 +74,7 @@ def runs_of(events: Iterable[Event], now: float) -> list[Run]:
         elif isinstance(event, Started):
             end(request_id, at)
             team, priority_class = owner.get(request_id, (UNKNOWN_TEAM, None))
-            running[request_id] = Run(request_id, team, priority_class, gpus_of(event.slot), at, None)
+            running[request_id] = Run(request_id, team, priority_class, gpus_of(event), at, None)
         elif isinstance(event, (*ENDS, Rejected)):
             end(request_id, at)
     return done + list(running.values())

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from daemon.fleet.policy.eta import etas, ranked
 from daemon.fleet.policy.order import FleetJob, FleetRequest, Standing, pick, remaining_work, start_order
 from daemon.fleet.policy.telling import Telling
-from daemon.fleet.policy.usage import Durations, Usage, trained_steps
+from daemon.fleet.policy.usage import Durations, Usage, slots_of, trained_steps
 from daemon.settings.fleet import PriorityClass, TeamShare
 from schemas import Accepted, Event, Paused, Preempted, Retrying, Started, Succeeded
 
@@ -247,7 +247,7 @@ def arrivals_from_events(events: Iterable[Event]) -> tuple[Arrival, ...]:
             accepted[request_id] = event
             first_accepted.setdefault(request_id, event.time.timestamp())
         elif isinstance(event, Started):
-            gpus[request_id] = 1 if event.slot == "cpu" else len(event.slot.split(","))
+            gpus[request_id] = slots_of(event)
         elif isinstance(event, Preempted | Retrying | Paused) and request_id in accepted:
             earlier[request_id] = (
                 earlier.get(request_id, 0.0) + (event.time - accepted[request_id].time).total_seconds()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from daemon.fleet.policy.order import FleetJob
+from daemon.fleet.policy.usage import slots_of
 from daemon.settings.fleet import team_of
 from schemas import (
     Accepted,
@@ -80,7 +81,7 @@ class Occupancy:
         elif seen is None:
             return
         elif isinstance(event, Started):
-            gpus = 1 if event.slot == "cpu" else len(event.slot.split(","))
+            gpus = slots_of(event)
             resumed = event.resumed_step or 0
             left = (
                 seen.job.steps_left

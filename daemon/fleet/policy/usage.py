@@ -17,6 +17,19 @@ from schemas import Accepted, Cancelled, Event, Failed, Paused, Preempted, Retry
 ENDS = (Succeeded, Failed, Cancelled, Retrying, Preempted, Paused)  # the events that free a job's slots
 
 
+def gpus_of(started: Started) -> int:
+    """The GPUs a `started` event's job runs on: a job on Ray its `gpus`; else those its slot names, "cpu" none, "0,1"
+    two."""
+    if started.gpus is not None:
+        return started.gpus
+    return 0 if started.slot == "cpu" else len([part for part in started.slot.split(",") if part.strip()])
+
+
+def slots_of(started: Started) -> int:
+    """The slots a `started` event's job takes in the fleet's counts: its GPUs, one on the CPU."""
+    return gpus_of(started) or 1
+
+
 class Usage:
     """Each team's recent slot-time: a job holds its slots from its `accepted` event to its terminal,
     `retrying` or `preempted` event, as many as its `started` event names GPUs (1 until then). Time
@@ -45,7 +58,7 @@ class Usage:
         elif isinstance(event, Started) and event.request_id in self._open:
             team, _, _ = self._open[event.request_id]
             self.end(event.request_id, at)
-            self.start(event.request_id, team, at, slots=1 if event.slot == "cpu" else len(event.slot.split(",")))
+            self.start(event.request_id, team, at, slots=slots_of(event))
         elif isinstance(event, ENDS):
             self.end(event.request_id, at)
 

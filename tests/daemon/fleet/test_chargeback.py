@@ -33,8 +33,8 @@ def accepted(request_id: str, hours: float, team: str | None, priority_class: st
     return event("accepted", request_id, hours, team=team, priority_class=priority_class)
 
 
-def started(request_id: str, hours: float, slot: str) -> Event:
-    return event("started", request_id, hours, slot=slot)
+def started(request_id: str, hours: float, slot: str, **fields: Any) -> Event:
+    return event("started", request_id, hours, slot=slot, **fields)
 
 
 def ended(kind: str, request_id: str, hours: float, **fields: Any) -> Event:
@@ -71,8 +71,11 @@ EVENTS = [
 ]
 
 
-def test_gpus_are_those_the_slot_names() -> None:
-    assert (gpus_of("cpu"), gpus_of("0"), gpus_of("0,1"), gpus_of("2,3,4,5")) == (0, 1, 2, 4)
+def test_gpus_are_those_the_slot_names_or_a_ray_jobs_own() -> None:
+    slots = ("cpu", "0", "0,1", "2,3,4,5")
+    assert [gpus_of(started("x", 0, slot)) for slot in slots] == [0, 1, 2, 4]  # type: ignore[arg-type]
+    # A job run on the Ray cluster takes none of its host's slots: its GPUs are its ranks, counted like any other's.
+    assert gpus_of(started("x", 0, "ray", gpus=16, child="ray job adapterd-x-a1")) == 16  # type: ignore[arg-type]
 
 
 def test_gpu_hours_jobs_and_runs_per_team_and_class() -> None:
