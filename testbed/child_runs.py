@@ -2,7 +2,8 @@
 (`handlers.child.runner`) or, for a job of several GPUs, torchrun's agent and a worker per rank
 (`handlers.child.launch N`), the job given in the environment; what it says on the status pipe, read to its end.
 With `allocator`, each process runs under torch's profiler (testbed/allocator_peak.py) and the run also says the
-most each rank's CPU allocator held. For benchmarks.sharded and the tests that measure a job's ranks.
+most each rank's CPU allocator held. For benchmarks.sharded, benchmarks.ray_job and the tests that measure a job's
+ranks.
 """
 
 from __future__ import annotations

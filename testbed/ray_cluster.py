@@ -1,5 +1,5 @@
-"""A real local Ray cluster (one head node) that tests start and stop: the Jobs API the daemon submits jobs bigger
-than one host to, on this machine, with ports of its own so that several may run side by side."""
+"""A real local Ray cluster (one head node) that tests and benchmarks.ray_job start and stop: the Jobs API the daemon
+submits jobs bigger than one host to, on this machine, with ports of its own so that several may run side by side."""
 
 from __future__ import annotations
 
