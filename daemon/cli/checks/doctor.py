@@ -2,8 +2,8 @@
 
 What an operator otherwise learns only from a job that fails after training: a broker it cannot
 reach, a topic nobody created, a Hub token that is wrong or cannot write where requests push, no
-GPU, a work folder it cannot write or a disk nearly full, a checkpoint store it cannot reach, write or
-verify what it wrote there. Each check says what it found; a check
+GPU, a Ray cluster that does not answer, a work folder it cannot write or a disk nearly full, a checkpoint store it
+cannot reach, write or verify what it wrote there. Each check says what it found; a check
 that fails says what to do. The settings themselves are checked by loading them (exit 2 on a bad
 one, as `run` does). Run it when a host is set up or changed (deploy/README.md), not from the unit's
 `ExecStartPre=`: a Hub or broker outage would then keep every host from starting, where a running
@@ -13,6 +13,7 @@ daemon waits for the broker and retries a push.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import urllib.error
@@ -79,6 +80,7 @@ async def examine(settings: Settings) -> list[Check]:
         _teams(settings),
         await asyncio.to_thread(_hub, settings),
         _gpus(settings),
+        await asyncio.to_thread(_ray, settings),
         _disk(settings),
         store,
         _daemon(settings),
@@ -282,6 +284,27 @@ def _gpus(settings: Settings) -> Check:
         return Check("gpus", None, f"none: jobs run on the CPU, {settings.job_slots} at a time")
     # Their kind, as requests' resources.gpu_kind name it (detected, or the operator's gpu_kind).
     return Check("gpus", True, f"{len(gpus)}: {', '.join(gpus)}; {host_gpus(settings, gpus).said()}")
+
+
+def _ray(settings: Settings) -> Check:
+    """The Ray cluster requests bigger than this host run on (`[ray]`): its Jobs API answers, the client is installed,
+    the shared folder is writable here; warned when the Hub token is passed to its workers."""
+    ray = settings.ray
+    if ray is None:
+        return Check("ray", None, "none: a request for more GPUs than this host has is rejected (resources.gpus)")
+    if importlib.util.find_spec("ray") is None:
+        return Check("ray", False, "the Ray client is not installed here: install adapterd's `ray` extra")
+    try:
+        with urllib.request.urlopen(f"{ray.address.rstrip('/')}/api/version", timeout=10) as answer:
+            version = json.loads(answer.read(65_536)).get("ray_version", "?")
+    except (OSError, ValueError) as exc:
+        return Check("ray", False, f"the Jobs API at {ray.address} does not answer: {exc}")
+    if not (ray.shared_dir.is_dir() and os.access(ray.shared_dir, os.W_OK)):
+        return Check("ray", False, f"{ray.shared_dir} (ray.shared_dir) is not a folder this user can write")
+    said = f"{ray.address}: Ray {version}; {ray.max_jobs} job(s) of up to {ray.max_gpus} GPUs; folder {ray.shared_dir}"
+    if ray.pass_hub_token:
+        return Check("ray", True, f"{said}; the Hub token goes to its workers (pass_hub_token)", warn=True)
+    return Check("ray", True, said)
 
 
 def _disk(settings: Settings) -> Check:

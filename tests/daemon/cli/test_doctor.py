@@ -81,7 +81,7 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     local = set() if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") else {"broker"}
     assert (
         set(lines)
-        == {"kafka", "topics", "table", "acls", "events", "retry", "teams", "hub", "gpus", "disk", "store", "daemon"}
+        == {"kafka", "topics", "table", "acls", "events", "retry", "teams", "hub", "gpus", "ray", "disk", "store", "daemon"}
         | local
     )
     assert lines["table"] == f"ok   table   {settings.state_topic} compacted (cleanup.policy=compact), 1 partitions"
@@ -454,3 +454,42 @@ def test_a_state_topic_not_compacted_or_with_fewer_partitions_than_the_events_to
         f"FAIL table   state_topic {settings.state_topic} has 1 partition(s), fewer than {short.events_topic}'s 2: "
         "no daemon keeps the table; adapterd topics --grow adds them"
     )
+
+
+def test_the_ray_cluster_answers_and_its_folder_is_writable(settings: Settings, tmp_path: Path) -> None:
+    """`[ray]`: the Jobs API asked for its version (a server on the loopback answering as Ray's dashboard does), the
+    shared folder written; a cluster that does not answer fails the check, one that is not configured is said."""
+    import http.server
+    import json
+    import threading
+
+    class Dashboard(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"version": "4", "ray_version": "2.60.0"}).encode()
+            self.send_response(200 if self.path == "/api/version" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    address = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        _, lines = doctor(settings, ray={"address": address, "shared_dir": shared, "max_gpus": 16})
+        assert lines["ray"] == f"ok   ray     {address}: Ray 2.60.0; 1 job(s) of up to 16 GPUs; folder {shared}"
+        _, passing = doctor(settings, ray={"address": address, "shared_dir": shared, "pass_hub_token": True})
+        assert passing["ray"].startswith("WARN") and "the Hub token goes to its workers" in passing["ray"]
+        code, missing = doctor(settings, ray={"address": address, "shared_dir": tmp_path / "nowhere"})
+        assert code == 1 and missing["ray"].startswith("FAIL") and "(ray.shared_dir)" in missing["ray"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    code, away = doctor(settings, ray={"address": address, "shared_dir": shared})
+    assert code == 1 and away["ray"].startswith(f"FAIL ray     the Jobs API at {address} does not answer")
+    _, none = doctor(settings)
+    assert none["ray"].startswith("--   ray     none: a request for more GPUs")
