@@ -183,14 +183,28 @@ class Dispatcher:
     def room(self) -> int:
         """Requests this host may claim now: its free slots less the claims on their way to them."""
         idle = self.idle_claims()  # first: it forgets the claims that have started
-        return max(0, min(len(self.scheduler.slots.free) - len(self.pending), len(idle)))
+        pending = sum(1 for _, w in self.pending.values() if not self._on_ray(w))
+        return max(0, min(len(self.scheduler.slots.free) - pending, len(idle)))
+
+    def _on_ray(self, waiting: FleetRequest) -> bool:
+        """Whether a request is bigger than this host and within what its Ray cluster takes (`[ray]`): it runs there,
+        on none of this host's slots (daemon/admission/judge.py `runs_on_ray`)."""
+        ray = self.settings.ray
+        return ray is not None and self.scheduler.slots.most_per_job() < waiting.gpus <= ray.max_gpus
+
+    def ray_room(self) -> int:
+        """Requests bigger than this host it may claim now: its free Ray slots (`ray.max_jobs`) less the claims of such
+        requests on their way to them."""
+        idle = self.idle_claims()
+        pending = sum(1 for _, w in self.pending.values() if self._on_ray(w))
+        return max(0, min(self.scheduler.slots.remote_free_count - pending, len(idle)))
 
     async def turn(self) -> None:
         if not self.mover.seal.writes_trusted:  # it would claim what every host refuses: it reads no queue
             for queue in self.queues:
                 queue.follow(False)
             return
-        room = self.room()
+        room = self.room() + self.ray_room()
         # A host that has preempted for a request has claimed it already: it leaves a queue it can do nothing more for
         # at once, so that the rebalance gives the requests behind it to a host that can.
         for queue in self.queues:  # and out of one whose requests only other kinds of GPU serve, for a while
@@ -222,6 +236,14 @@ class Dispatcher:
         ]
         ready = [h for h in ready if h.request is None or not self.view.latest.pending(h.request.after)]  # `after`
         waiting = [h.waiting() for h in ready]
+        # Requests bigger than this host, claimed for a free Ray slot of its own in the fleet's order (their team's
+        # cap counts their GPUs): they take none of its GPUs, so they are weighed apart from what its slots take.
+        while self.ray_room() > 0:
+            bigger = self.view.pick([w for w in waiting if self._on_ray(w)], None, self._mine())
+            if bigger is None:
+                break
+            await self._claim(bigger.key)  # type: ignore[arg-type]
+            waiting.remove(bigger)
         while waiting:
             free, mine = self.room(), servable(waiting, self.scheduler.slots.kind)  # its GPUs' kind serves these
             chosen = (

@@ -179,7 +179,11 @@ class Slots:
 
     @property
     def remote_free(self) -> bool:
-        return not all(self._remote.values())
+        return self.remote_free_count > 0
+
+    @property
+    def remote_free_count(self) -> int:
+        return sum(1 for taken in self._remote.values() if not taken)
 
     def is_remote(self, placement: Placement) -> bool:
         return any(slot in self._remote for slot in placement.slots)

@@ -81,7 +81,21 @@ def test_a_host_ready_for_work(settings: Settings, strict_hub: HubServer) -> Non
     local = set() if os.environ.get("ADAPTERD_TEST_BOOTSTRAP_SERVERS") else {"broker"}
     assert (
         set(lines)
-        == {"kafka", "topics", "table", "acls", "events", "retry", "teams", "hub", "gpus", "ray", "disk", "store", "daemon"}
+        == {
+            "kafka",
+            "topics",
+            "table",
+            "acls",
+            "events",
+            "retry",
+            "teams",
+            "hub",
+            "gpus",
+            "ray",
+            "disk",
+            "store",
+            "daemon",
+        }
         | local
     )
     assert lines["table"] == f"ok   table   {settings.state_topic} compacted (cleanup.policy=compact), 1 partitions"
