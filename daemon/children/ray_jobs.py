@@ -24,6 +24,7 @@ import asyncio
 import json
 import shlex
 import shutil
+import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,32 @@ class RayChildSource:
             return await RayRun.attached(self, sid, folder / LOG_NAME)
         raise RuntimeError(f"{job.request_id}: a thousand runs of attempt {job.attempt} on Ray")
 
+    async def _stop_earlier(self, job: ChildJob, sid: str) -> None:
+        """One run of a request at a time: an earlier run still going (a stall's stop that did not reach the cluster, a
+        host that lost the request while its run went on) is stopped, and awaited, before a new one is submitted."""
+        going = [
+            each.submission_id
+            for each in await self._call("list_jobs")
+            if (each.metadata or {}).get("adapterd_request_id") == job.request_id
+            and each.submission_id != sid
+            and str(getattr(each.status, "value", each.status)) not in TERMINAL
+        ]
+        for earlier in going:
+            log.warning("ray.earlier_run_stopped", request_id=job.request_id, submission_id=earlier, new=sid)
+            await self._call("stop_job", earlier)
+        deadline = time.monotonic() + float(self.env["RAY_JOB_STOP_WAIT_TIME_S"]) + 60
+        while going and time.monotonic() < deadline:
+            details = [await self.info(earlier) for earlier in going]
+            going = [
+                earlier
+                for earlier, each in zip(going, details, strict=True)
+                if each is not None and str(getattr(each.status, "value", each.status)) not in TERMINAL
+            ]
+            if going:
+                await asyncio.sleep(min(1.0, self.settings.retry_s))  # Ray's word on a job's end is asked, not told
+
     async def _submit(self, job: ChildJob, sid: str, folder: Path) -> RayRun:
+        await self._stop_earlier(job, sid)
         shutil.rmtree(job.spec.artifact, ignore_errors=True)  # a half-written artifact of an earlier run
         given = write_job(job, folder)
         run_file = folder / RUN_NAME

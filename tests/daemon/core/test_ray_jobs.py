@@ -51,6 +51,8 @@ RESULT = TrainResult(
 class Details:
     status: str
     driver_exit_code: int | None = None
+    submission_id: str = ""
+    metadata: dict[str, str] | None = None
 
 
 class FakeJobs:
@@ -58,6 +60,7 @@ class FakeJobs:
 
     def __init__(self) -> None:
         self.jobs: dict[str, Details] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
         self.logs: dict[str, str] = {}
         self.submitted: list[dict[str, Any]] = []
         self.stopped: list[str] = []
@@ -82,9 +85,13 @@ class FakeJobs:
                 f"Request failed with status code 500: ValueError: Job with submission_id {sid} already exists."
             )
         self.submitted.append(submission)
+        self.metadata[sid] = submission["metadata"]
         self.jobs[sid] = Details("PENDING")
         self.logs[sid] = ""
         return str(sid)
+
+    def list_jobs(self) -> list[Details]:
+        return [Details(d.status, d.driver_exit_code, sid, self.metadata.get(sid)) for sid, d in self.jobs.items()]
 
     def get_job_logs(self, sid: str) -> str:
         return self.logs[sid]
@@ -284,6 +291,19 @@ async def test_a_run_that_succeeded_is_followed_to_its_result_while_its_artifact
     there = await source(tmp_path, jobs).start(job)
     assert there.sid == sid and [message async for message in there.messages()] == [RESULT]
     assert (await there.wait()).returncode == 0
+
+
+async def test_an_earlier_run_still_going_is_stopped_before_the_next_is_submitted(tmp_path: Path) -> None:
+    """A stall's stop that never reached the cluster left attempt 1's run training: attempt 2's submission stops it
+    first, so the request never trains twice at once. Another request's run is left alone."""
+    jobs = FakeJobs()
+    here = source(tmp_path, jobs)
+    first = await here.start(ray_job(tmp_path))
+    other = await here.start(ray_job(tmp_path, "other"))
+    jobs.jobs[first.sid] = jobs.jobs[other.sid] = Details("RUNNING")
+    second = await here.start(ray_job(tmp_path, attempt=2))
+    assert jobs.stopped == [first.sid] and second.sid == "adapterd-big-a2"
+    assert jobs.jobs[first.sid].status == "STOPPED" and jobs.jobs[other.sid].status == "RUNNING"
 
 
 async def test_a_run_submitted_by_a_peer_at_the_same_moment_is_followed(tmp_path: Path) -> None:
