@@ -21,8 +21,19 @@ from aiokafka.partitioner import DefaultPartitioner
 
 import schemas
 from daemon.settings import Settings
+from handlers.protocol import TrainResult
 from testbed.client import submit, terminal_events
 from testbed.data import CHAT_DATASET, HUB_TOKEN, TINY_MODEL
+
+# A one-GPU SFT job's result as a child says it: what a test's scripted or remote child ends with.
+TRAIN_RESULT = TrainResult(
+    trainer="trl.SFTTrainer/trl.SFTConfig",
+    metrics={"train_loss": 1.5},
+    base_model_revision="a" * 40,
+    dataset_fingerprint="f",
+    durations_s={"train": 0.1},
+    versions={"trl": "test"},
+)
 
 
 def parquet_bytes(rows: list[dict[str, Any]]) -> bytes:

@@ -15,19 +15,11 @@ from daemon.children.processes import ChildExit, ChildHandle, ChildJob, ChildPla
 from daemon.job.lifecycle import State
 from daemon.jobs.offered import Offered, RunningJob
 from daemon.settings import Settings
-from handlers.protocol import ChildMessage, ProgressReport, StageEntered, StoppedAtCheckpoint, TrainResult
+from handlers.protocol import ChildMessage, ProgressReport, StageEntered, StoppedAtCheckpoint
 from schemas import Cancel
 from tests.core import CoreOnFakes, turns_until
+from tests.helpers import TRAIN_RESULT as RESULT
 from tests.helpers import sft_request
-
-RESULT = TrainResult(
-    trainer="trl.SFTTrainer/trl.SFTConfig",
-    metrics={"train_loss": 1.5},
-    base_model_revision="a" * 40,
-    dataset_fingerprint="f",
-    durations_s={"train": 0.1},
-    versions={"trl": "test"},
-)
 
 
 class EngineRun:

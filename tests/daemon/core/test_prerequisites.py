@@ -14,21 +14,14 @@ import pytest
 from daemon.jobs.offered import Offered
 from daemon.jobs.prerequisites import Known
 from daemon.settings import Settings
-from handlers.protocol import StartPoint, TrainResult
+from handlers.protocol import StartPoint
 from schemas import Succeeded
 from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChildren, Script
+from tests.helpers import TRAIN_RESULT as RESULT
 from tests.helpers import sft_request
 
 SHA = "c" * 40
-RESULT = TrainResult(
-    trainer="trl.SFTTrainer/trl.SFTConfig",
-    metrics={"train_loss": 1.5},
-    base_model_revision="a" * 40,
-    dataset_fingerprint="f",
-    durations_s={"train": 0.1},
-    versions={"trl": "test"},
-)
 
 
 @pytest.fixture

@@ -30,21 +30,12 @@ from handlers.protocol import (
     ProgressReport,
     StageEntered,
     StoppedAtCheckpoint,
-    TrainResult,
 )
 from schemas import Rejection
 from tests.core import CoreOnFakes, turns_until
 from tests.fakes import FakeChildren, Script
+from tests.helpers import TRAIN_RESULT as RESULT
 from tests.helpers import sft_request
-
-RESULT = TrainResult(
-    trainer="trl.SFTTrainer/trl.SFTConfig",
-    metrics={"train_loss": 1.5},
-    base_model_revision="a" * 40,
-    dataset_fingerprint="f",
-    durations_s={"train": 0.1},
-    versions={"trl": "test"},
-)
 
 
 @dataclass
