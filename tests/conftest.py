@@ -187,9 +187,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    """One local Ray head per test process (about 4 s to start, 1 GB): tests take it through `ray_cluster`."""
+    """One local Ray head per test module that needs one (about 4 s to start, 1 GB; its two dozen processes, idle, still
+    take the CPU a little, so it does not outlive its module): tests take it through `ray_cluster`."""
     cluster = RayCluster(tmp_path_factory.mktemp("ray"))
     cluster.start()
     yield cluster

@@ -55,6 +55,10 @@ def test_a_job_runs_and_the_cluster_comes_back_at_its_address_after_an_outage(ra
     marker = f"outage-{uuid.uuid4().hex[:8]}"
     running = client.submit_job(entrypoint=f'python -c "import time; {marker!r}; time.sleep(600)"')
     assert wait_for(client, running, {JobStatus.RUNNING}) == JobStatus.RUNNING
+    # RUNNING is said as the driver is started: its process may not be there yet.
+    deadline = time.monotonic() + 60
+    while not commands_naming(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert commands_naming(marker)
     assert commands_naming(str(ray_cluster.temp_dir))
     address = ray_cluster.address

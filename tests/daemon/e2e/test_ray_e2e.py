@@ -9,6 +9,7 @@ request wait, saying so, and it runs once the cluster is back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
@@ -99,6 +100,13 @@ def ranks_running(request_id: str) -> list[int]:
     return found
 
 
+async def until_logged(daemon: DaemonProcess, event: str, timeout_s: float = 180) -> None:
+    """Until the daemon's log has `event`. A log file gives no notification: this polls it, as test_pause.py does."""
+    async with asyncio.timeout(timeout_s):
+        while not any(line.get("event") == event for line in daemon.log_lines()):
+            await asyncio.sleep(0.2)
+
+
 def environment(pid: int) -> list[bytes]:
     return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
 
@@ -158,16 +166,22 @@ async def test_a_cancelled_job_on_ray_leaves_the_ray_job_stopped_and_no_rank_run
 async def test_a_daemon_killed_mid_job_follows_the_same_ray_job_after_its_restart_to_one_commit(
     settings: Settings, published: HubServer, ray_cluster: RayCluster, model: Path, tmp_path: Path
 ) -> None:
-    host = on_ray(settings, ray_cluster, tmp_path)
+    # A SIGKILLed member leaves the group only when its session times out: the restart's join waits that long.
+    host = on_ray(settings, ray_cluster, tmp_path, session_timeout_ms=10_000)
     daemon = DaemonProcess(host, tmp_path / "daemon.log").start()
     try:
-        # Long enough to outlast the restart (the group gives the killed daemon's partition back after its session).
         await submit_and_follow(
-            host, two_ranks("restart-ray", model, 1500, save_steps=100), until=lambda e: isinstance(e[-1], Checkpoint)
+            host, two_ranks("restart-ray", model, 200, save_steps=20), until=lambda e: isinstance(e[-1], Checkpoint)
         )
         daemon.stop(signal.SIGKILL)
-        assert ranks_running("restart-ray")  # the Ray job goes on without its daemon
+        ranks = ranks_running("restart-ray")
+        assert len(ranks) == 2  # the Ray job goes on without its daemon...
+        for rank in ranks:  # ...held still while the daemon is away, so it is surely mid-job when followed again
+            os.kill(rank, signal.SIGSTOP)
         daemon = DaemonProcess(host, tmp_path / "daemon-2.log").start()
+        await until_logged(daemon, "ray.attached")
+        for rank in ranks:
+            os.kill(rank, signal.SIGCONT)
         events = (await terminal_events(host, {"restart-ray"}))["restart-ray"]
     finally:
         daemon.stop()
@@ -188,7 +202,7 @@ async def test_a_rank_killed_mid_job_resumes_from_the_stores_checkpoint_without_
     with DaemonProcess(host, tmp_path / "daemon.log"):
         before = await submit_and_follow(
             host,
-            two_ranks("lost-rank", model, 200, save_steps=20),
+            two_ranks("lost-rank", model, 120, save_steps=10),
             until=lambda e: isinstance(e[-1], Checkpoint) and e[-1].location == "store",
         )
         assert before[-1].attempt == 1
