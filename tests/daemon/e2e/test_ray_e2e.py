@@ -30,7 +30,7 @@ from testbed.data import CHAT_ROWS
 from testbed.hub_server import HubServer
 from testbed.processes import DaemonProcess, settings_environment
 from testbed.ray_cluster import RayCluster
-from tests.handlers.test_sharding import launch_two_ranks, step_losses
+from tests.handlers.test_sharding import TINY_PARAMS, launch_two_ranks, step_losses
 from tests.helpers import fleet_key, sft_request
 
 pytestmark = pytest.mark.slow
@@ -115,11 +115,12 @@ def losses(events: list[Event]) -> dict[int, float]:
     return {e.step: e.loss for e in events if isinstance(e, Progress) and e.loss is not None}
 
 
-async def test_a_request_bigger_than_the_host_trains_on_ray_as_on_two_local_ranks(
+async def test_a_request_bigger_than_the_host_trains_sharded_on_ray_as_on_two_local_ranks(
     settings: Settings, published: HubServer, ray_cluster: RayCluster, model: Path, tmp_path: Path
 ) -> None:
     host = on_ray(settings, ray_cluster, tmp_path)
-    request = two_ranks("on-ray", model, 4)
+    # A full fine-tune sharded across the two workers (FSDP2, `resources.shard`): each holds half the model.
+    request = {**two_ranks("on-ray", model, 4), "peft": None, "resources": {"gpus": 2, "shard": "fsdp"}}
     with DaemonProcess(host, tmp_path / "daemon.log"):
         await submit(host, request)
         events = (await terminal_events(host, {"on-ray"}))["on-ray"]
@@ -134,7 +135,9 @@ async def test_a_request_bigger_than_the_host_trains_on_ray_as_on_two_local_rank
     assert isinstance(done, Succeeded), done
     started = next(e for e in events if isinstance(e, Started))
     assert started.child == "ray job adapterd-on-ray-a1" and started.pid is None and started.slot == "ray"
-    assert done.metrics["world_size"] == 2.0  # data-parallel over the two ranks Ray placed
+    assert done.metrics["world_size"] == 2.0  # over the two ranks Ray placed...
+    assert done.metrics["rank0_param_count"] == done.metrics["rank1_param_count"] == TINY_PARAMS / 2  # ...sharded
+    assert "model.safetensors" in done.files  # the full model, gathered from the shards
     [ray_job] = ray_jobs_of(ray_cluster, "on-ray")
     assert ray_job.submission_id == "adapterd-on-ray-a1" and str(ray_job.status.value) == "SUCCEEDED"
     # The same job on two local ranks (torchrun, as the daemon launches a job of two GPUs): the same losses.
