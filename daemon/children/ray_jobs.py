@@ -82,6 +82,11 @@ def ray_environment(env: Mapping[str, str], settings: RaySettings, stop_grace_s:
     return passed
 
 
+def status_of(details: Any) -> str:
+    """A JobDetails' status as its name ("RUNNING"): Ray gives a JobStatus enum, a fake may give the string."""
+    return str(getattr(details.status, "value", details.status))
+
+
 def unreachable(exc: BaseException) -> bool:
     """Whether a failed call means the cluster did not answer (it is waited for) rather than refused (a fault)."""
     return isinstance(exc, OSError)  # requests' and Ray's connection errors are OSErrors
@@ -140,7 +145,7 @@ class RayChildSource:
             details = await self.info(sid)
             if details is None:
                 return await self._submit(job, sid, folder)
-            status = str(getattr(details.status, "value", details.status))
+            status = status_of(details)
             if status == "STOPPED":
                 continue  # stopped at a checkpoint (a pause, a preemption, a daemon's stop): the next run resumes
             if status == "SUCCEEDED" and not job.spec.artifact.is_dir():
@@ -157,7 +162,7 @@ class RayChildSource:
             for each in await self._call("list_jobs")
             if (each.metadata or {}).get("adapterd_request_id") == job.request_id
             and each.submission_id != sid
-            and str(getattr(each.status, "value", each.status)) not in TERMINAL
+            and status_of(each) not in TERMINAL
         ]
         for earlier in going:
             log.warning("ray.earlier_run_stopped", request_id=job.request_id, submission_id=earlier, new=sid)
@@ -168,7 +173,7 @@ class RayChildSource:
             going = [
                 earlier
                 for earlier, each in zip(going, details, strict=True)
-                if each is not None and str(getattr(each.status, "value", each.status)) not in TERMINAL
+                if each is not None and status_of(each) not in TERMINAL
             ]
             if going:
                 await asyncio.sleep(min(1.0, self.settings.retry_s))  # Ray's word on a job's end is asked, not told
@@ -304,7 +309,7 @@ class RayRun:
             return None
         if details is None:
             return ("LOST", None)  # the cluster lost it (a head restarted without its state): over, as a crash
-        status = str(getattr(details.status, "value", details.status))
+        status = status_of(details)
         return status, getattr(details, "driver_exit_code", None)
 
     def _take(self, lines: list[str]) -> None:
