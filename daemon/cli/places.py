@@ -151,6 +151,7 @@ def place_and_eta(
             at,
             settings.teams,
             kinds,
+            most_per_host(events, now),
         )
         placed = [Placed(mine[request.request_id], place, eta, len(found)) for request, place, eta in found]
     else:
@@ -206,6 +207,17 @@ def default_slots(events: list[Event], now: datetime) -> int:
             said = event.host_slots if isinstance(event, Accepted) else None
             slots[event.host] = said if said is not None else slots.get(event.host, 1)
     return max(1, sum(slots.values()))
+
+
+def most_per_host(events: list[Event], now: datetime) -> int | None:
+    """The most slots a host that accepted a job in the last 24 hours said it has (`host_slots`); None when none said:
+    a request asking more runs on a Ray cluster if anywhere, and gets no ETA from the fleet's slots."""
+    said = [
+        event.host_slots
+        for event in events
+        if isinstance(event, Accepted) and event.host_slots is not None and now - event.time <= RECENT_HOSTS
+    ]
+    return max(said, default=None)
 
 
 def slots_by_kind(events: list[Event], now: datetime, settings: Settings) -> SlotKinds | None:

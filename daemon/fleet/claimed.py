@@ -105,6 +105,7 @@ class ClaimedJobs:
                     host=self.settings.host,
                     key=tp,
                     gpus=runner.request.resources.gpus,
+                    on_ray=self.slots.is_remote(job.placement),
                 )
             )
         return out

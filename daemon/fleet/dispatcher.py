@@ -244,8 +244,13 @@ class Dispatcher:
                 break
             await self._claim(bigger.key)  # type: ignore[arg-type]
             waiting.remove(bigger)
-        while waiting:
-            free, mine = self.room(), servable(waiting, self.scheduler.slots.kind)  # its GPUs' kind serves these
+        # Its Ray slots full: the first of them in the fleet's order may preempt a job of a lower class on Ray.
+        bigger = self.view.pick([w for w in waiting if self._on_ray(w)], None, self._mine())
+        if bigger is not None and self.ray_room() == 0 and await self._preempt_for(bigger):
+            waiting.remove(bigger)
+        here = [w for w in waiting if not self._on_ray(w)]
+        while here:
+            free, mine = self.room(), servable(here, self.scheduler.slots.kind)  # its GPUs' kind serves these
             chosen = (
                 self.view.pick(mine, free, self._mine(), here=self._here(), slots=self.scheduler.slots.total)
                 if free > 0
@@ -254,23 +259,12 @@ class Dispatcher:
             if chosen is not None:
                 await self._claim(chosen.key)  # type: ignore[arg-type]
                 waiting.remove(chosen)
+                here.remove(chosen)
                 continue
             # Nothing fits a free slot: the first in the fleet's order that fits none may
             # preempt a job of a lower class.
             first = self.view.pick(mine, None, self._mine())
-            victim = (
-                self.view.victim(first, self.jobs.running(self.scheduler.jobs), free) if first is not None else None
-            )
-            if (
-                first is not None
-                and victim is not None
-                and self.idle_claims()
-                and self.jobs.preempt(self.scheduler.jobs, victim.key, by=first.request_id)
-            ):
-                log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=free)
-                # Claimed at once: it waits in this host's claims for the victim's slot (the scheduler starts it when
-                # the slot frees), so no other host, in a rebalance meanwhile, preempts a second job for it.
-                await self._claim(first.key)  # type: ignore[arg-type]
+            if first is not None and await self._preempt_for(first):
                 waiting.remove(first)
             break
         for queue in self.queues:
@@ -282,6 +276,30 @@ class Dispatcher:
             metrics.QUEUE_WAITING.labels(queue.name).set(sum(1 for w in waiting if w.priority_class == queue.name))
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
         self.decided, self.decided_at = seen, now  # decided whole (a turn that failed part-way decides again)
+
+    def _victim(self, head: FleetRequest, *, ever: bool = False) -> FleetJob | None:
+        """The job of this host `head` may preempt (daemon/fleet/view.py `victim`). For a request bigger than the host,
+        one of its jobs on Ray: stopping it frees a Ray slot, whatever its GPUs (the cluster places a job's GPUs, this
+        host bounds how many jobs it supervises there). For any other, a job on its GPUs that frees enough of them with
+        those free: a job on Ray frees none of them."""
+        on_ray = self._on_ray(head)
+        mine = [job for job in self.jobs.running(self.scheduler.jobs) if job.on_ray == on_ray]
+        return self.view.victim(head, mine, head.gpus if on_ray else self.room(), ever=ever)
+
+    async def _preempt_for(self, first: FleetRequest) -> bool:
+        """Stop a job of a lower class at its checkpoint for `first` (`_victim`), and claim `first` at once: it waits in
+        this host's claims for the victim's slot (the scheduler starts it when the slot frees), so no other host, in a
+        rebalance meanwhile, preempts a second job for it. False when no job may be stopped for it."""
+        victim = self._victim(first)
+        if (
+            victim is None
+            or not self.idle_claims()
+            or not self.jobs.preempt(self.scheduler.jobs, victim.key, by=first.request_id)
+        ):
+            return False
+        log.info("fleet.preempting", request_id=victim.request_id, by=first.request_id, host_free_slots=self.room())
+        await self._claim(first.key)  # type: ignore[arg-type]
+        return True
 
     def _seen(self, room: int) -> tuple[object, ...]:
         """What a turn's decision reads, as a value to compare: the heads (by their records), the room, the claims on
@@ -299,18 +317,20 @@ class Dispatcher:
         its share of the queue's partitions, where a request waits for that minimum: while another host can start it
         sooner, the partitions are left to the hosts that can. The default class's topic is where producers naming any
         class write (`adapterd submit`): read as the highest's."""
-        mine, free = self.jobs.running(self.scheduler.jobs), len(self.scheduler.slots.free)
-        if self.view.victim(FleetRequest("", queue.name, "", 0.0, "", "", 1), mine, free) is not None:
+        # A request of one GPU stands for those the host's GPUs take; one bigger than the host, for those its Ray takes.
+        most, ray = self.scheduler.slots.most_per_job(), self.settings.ray
+        sizes = [1, most + 1] if ray is not None and most < ray.max_gpus else [1]
+        if any(self._victim(FleetRequest("", queue.name, "", 0.0, "", "", gpus)) is not None for gpus in sizes):
             return True
         arriving = (
             [c.name for c in self.settings.priority_classes]
             if queue.topic == self.settings.requests_topic
             else [queue.name]
         )
-        probes = [FleetRequest("", name, "", 0.0, "", "", 1) for name in arriving]
+        probes = [FleetRequest("", name, "", 0.0, "", "", gpus) for name in arriving for gpus in sizes]
         return any(
-            self.view.victim(probe, mine, free, ever=True) is not None
-            and not self.view.startable_elsewhere(self.settings.host, probe)
+            self._victim(probe, ever=True) is not None
+            and not self.view.startable_elsewhere(self.settings.host, probe, on_ray=probe.gpus > most)
             for probe in probes
         )
 

@@ -204,24 +204,32 @@ class FleetView(Folds):
         by request id: (team, slots) of its claims and jobs; `Usage.running`) and its ends not yet read back as none."""
         return self.usage.running({**dict.fromkeys(self.ended_here.values(), ("", 0)), **mine})
 
-    def startable_elsewhere(self, host: str, head: FleetRequest) -> bool:
+    def startable_elsewhere(self, host: str, head: FleetRequest, *, on_ray: bool = False) -> bool:
         """Whether another host than `host` could start `head` now, as the events say: it has a free slot (its slots,
-        from its last `accepted`, above the GPUs of the jobs it runs), or runs a job `head` may preempt now (`victim`,
-        every job of a preemptible class taken to be at a step it can stop, as `_preempted` takes them). Not exact (a
-        host gone away still counts its slots for `USAGE_LOOKBACK_S`, a slot freed before its job's outcome is
-        published counts as held); it decides only whether a full host leaves a class's queue to the hosts that can
-        start its requests now (daemon/fleet/dispatcher.py `_reads_while_full`)."""
+        from its last `accepted`, above the GPUs of the jobs it runs there: a job on Ray holds none of them), or runs a
+        job `head` may preempt now (`victim`, every job of a preemptible class taken to be at a step it can stop, as
+        `_preempted` takes them). `on_ray`: `head` is bigger than a host and goes to a Ray cluster, where only stopping
+        a job on Ray makes room that the events show (a host's free Ray slots they do not say). Not exact (a host gone
+        away still counts its slots for `USAGE_LOOKBACK_S`, a slot freed before its job's outcome is published counts
+        as held); it decides only whether a full host leaves a class's queue to the hosts that can start its requests
+        now (daemon/fleet/dispatcher.py `_reads_while_full`)."""
         now, settings = time.time(), self.settings
         others = [job for job in self.running_jobs.jobs(now) if job.host != host]
         used: Counter[str] = Counter()
         for job in others:
-            used[job.host] += job.gpus
-        if any(slots > used[name] for name, slots in self.host_slots.items() if name != host):
+            used[job.host] += 0 if job.on_ray else job.gpus
+        if not on_ray and any(slots > used[name] for name, slots in self.host_slots.items() if name != host):
             return True
-        stoppable = [replace(job, preemptible=True) for job in others]
+        stoppable = [replace(job, preemptible=True) for job in others if job.on_ray == on_ray]
         return (
             victim(
-                head, stoppable, settings.priority_classes, settings.preempt_min_run_s, settings.preempt_max_count, now
+                head,
+                stoppable,
+                settings.priority_classes,
+                settings.preempt_min_run_s,
+                settings.preempt_max_count,
+                now,
+                free=head.gpus if on_ray else 0,  # a job on Ray frees a Ray slot, whatever its GPUs
             )
             is not None
         )
@@ -230,7 +238,7 @@ class FleetView(Folds):
         """The fleet's slots, as the hosts' `accepted` events said them, or failing that the slots of the jobs running
         on it (`running`, else the events') plus this host's free ones."""
         jobs = self.running_jobs.jobs(time.time()) if running is None else running
-        return sum(self.host_slots.values()) or max(1, sum(job.gpus for job in jobs) + free_here)
+        return sum(self.host_slots.values()) or max(1, sum(job.gpus for job in jobs if not job.on_ray) + free_here)
 
     async def follow(self) -> None:
         """Load the view from the table and the events past it, then fold every verified event after, for as long as
@@ -405,4 +413,5 @@ class FleetView(Folds):
             now,
             settings.teams,
             slot_kinds(self.host_slots, self.host_kinds, settings.gpu_kinds),
+            max(self.host_slots.values(), default=None),
         )

@@ -64,12 +64,13 @@ def preempting(
     or stops a job, only on a kind of GPU that serves it (daemon/fleet/policy/kinds.py)."""
     free: dict[str | None, int] = dict(kinds.slots) if kinds is not None else {None: slots}
     for job in running:
-        on = kinds.of_job(job) if kinds is not None else None
-        free[on] = free.get(on, 0) - job.gpus
+        if not job.on_ray:  # a job on Ray holds its team's share, none of the fleet's slots
+            on = kinds.of_job(job) if kinds is not None else None
+            free[on] = free.get(on, 0) - job.gpus
     holding: Counter[str] = Counter()
     for job in running:
         holding[job.team] += job.gpus
-    candidates = [replace(job, preemptible=True) for job in running]
+    candidates = [replace(job, preemptible=True) for job in running if not job.on_ray]
     after, starts = list(running), {}
     # What `victim` finds depends on a request's class and GPUs alone, and on the candidates, which change only when one
     # is stopped: found once for each (class, GPUs) until then. Thousands waiting behind a full fleet each looked
@@ -149,18 +150,21 @@ def places(
     now: float,
     teams: Mapping[str, TeamShare],
     kinds: SlotKinds | None = None,
+    most_per_host: int | None = None,
 ) -> list[tuple[FleetRequest, int, float | None]]:
     """Each waiting request with its place in the order they are expected to start and its ETA (seconds): the fleet's
     order with no team deferred for its cap (`order.start_order`: `usage`, each team's decayed slot-seconds, and the
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
     the fleet's `slots` (`etas`, each team held to its cap; with `kinds`, each request on the kinds of GPU that serve
-    it), placed by their starts (`ranked`). One function for what
-    a host tells in a `queued` event (daemon/fleet/view.py) and what `adapterd get` and `jobs` say
-    (daemon/cli/places.py)."""
+    it), placed by their starts (`ranked`). A request of more GPUs than any host has (`most_per_host`, as the hosts
+    said them) runs on a Ray cluster if anywhere, not on these slots: it keeps its place in the order, takes none of
+    them and has no ETA. One function for what a host tells in a `queued` event (daemon/fleet/view.py) and what
+    `adapterd get` and `jobs` say (daemon/cli/places.py)."""
     ahead = remaining_work(running, pace, now)
     order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
-    after, starts = preempting(order, running, slots, bounds, pace, now, teams, kinds)
-    eta = {**etas([w for w in order if w.request_id not in starts], after, slots, pace, now, teams, kinds), **starts}
+    on_slots = [w for w in order if most_per_host is None or w.gpus <= most_per_host]
+    after, starts = preempting(on_slots, running, slots, bounds, pace, now, teams, kinds)
+    eta = {**etas([w for w in on_slots if w.request_id not in starts], after, slots, pace, now, teams, kinds), **starts}
     return ranked(order, eta)
 
 
@@ -205,7 +209,8 @@ def etas(
     A start that needs a slot, or a team's job, whose end is unknown, and every start after it on those kinds, is
     None rather than a made-up figure (a request that finds a slot free now, its team below its cap, still starts
     now). A request needing more GPUs than the fleet has of any kind that serves it, or than its team's cap, never
-    starts: None, and it holds nothing up."""
+    starts: None, and it holds nothing up. A job on a host's Ray cluster (`on_ray`) holds its team's share until its
+    end and none of these slots: its GPUs are the cluster's."""
     expected_s: dict[tuple[str, str, int | None], float | None] = {}
     pools: dict[str | None, _Pool] = {on: _Pool() for on in (kinds.order() if kinds is not None else [None])}
     held: dict[str, list[float]] = {}  # each capped team's slots held, by their ends (inf: unknown), sorted
@@ -219,8 +224,11 @@ def etas(
                 bisect.insort(held.setdefault(team, []), end)
 
     for job in running:
-        pool = pools.setdefault(kinds.of_job(job) if kinds is not None else None, _Pool())
         left = time_left(job, durations, now)
+        if job.on_ray:  # its team's share until its end, none of the fleet's slots
+            hold(job.team, math.inf if left is None else now + left, job.gpus)
+            continue
+        pool = pools.setdefault(kinds.of_job(job) if kinds is not None else None, _Pool())
         if left is None:
             pool.unknown += job.gpus
         else:

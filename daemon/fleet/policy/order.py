@@ -64,6 +64,8 @@ class FleetJob:
     host: str = ""
     key: object = None
     gpus: int = 1
+    # Run on the host's Ray cluster (`[ray]`): its GPUs are the cluster's, none of its host's, though its team's.
+    on_ray: bool = False
 
 
 def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: object = None) -> FleetRequest:

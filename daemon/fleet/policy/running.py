@@ -89,7 +89,9 @@ class Occupancy:
                 else max(0, seen.job.steps_left - resumed)
             )
             self._seen[request_id] = replace(
-                seen, job=replace(seen.job, gpus=gpus, host=event.host, steps_left=left), saved=resumed
+                seen,
+                job=replace(seen.job, gpus=gpus, host=event.host, steps_left=left, on_ray=event.gpus is not None),
+                saved=resumed,
             )
         elif isinstance(event, Progress):
             left = max(0, event.total_steps - event.step)

@@ -1,17 +1,37 @@
 """The fleet with priority classes and a Ray cluster (`[ray]`): a host's dispatcher claims a request bigger than
 itself for a free Ray slot of its own, in the fleet's order, beside what its GPUs take, and no more of them than it
-supervises at once (`ray.max_jobs`). On the fakes."""
+supervises at once (`ray.max_jobs`). A preemption stops a job where it frees what the request needs: a job on Ray for
+a request bigger than the host (its Ray slot, whatever its GPUs), a job on the host's GPUs for any other (a job on
+Ray frees none of them); and a job on Ray holds none of its host's slots in the fleet's ETAs. On the fakes."""
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from aiokafka import TopicPartition
 
+from daemon.fleet.dispatcher import Dispatcher
+from daemon.fleet.policy.eta import etas
+from daemon.fleet.policy.order import FleetJob, FleetRequest
+from daemon.jobs.offered import RunningJob
 from daemon.settings import Settings
+from daemon.settings.fleet import CLASS_HEADER
+from schemas import Accepted, Started
 from tests.core import CoreOnFakes
+from tests.daemon.fleet.test_fleet_eta import NOW, known
 from tests.daemon.fleet.test_fleet_kinds import record
-from tests.daemon.fleet.test_queue_dispatch import Moves, fleet_settings, turns  # noqa: F401 (a fixture)
+from tests.daemon.fleet.test_queue_dispatch import CLAIMS, Moves, fleet_settings, turns  # noqa: F401 (a fixture)
+from tests.fakes import FakeRecord
+from tests.helpers import sft_request
+
+CLAIMS_1, CLAIMS_2 = TopicPartition(CLAIMS.topic, 1), TopicPartition(CLAIMS.topic, 2)
 
 
 @pytest.fixture
@@ -34,3 +54,143 @@ async def test_a_host_claims_a_request_bigger_than_itself_for_its_ray_slot_besid
     # The first big one for its one Ray slot (ray.max_jobs), the small one for its GPU; big-2 waits for a Ray slot.
     assert sorted(key for key, _ in mover.claims()) == ["big-1", "small"]
     assert not [e for e in core.events() if e["type"] == "rejected"]
+
+
+@pytest.fixture
+def classes_host(ray_host: Settings) -> Settings:
+    """`ray_host` with a preemptible class below the others, its jobs old enough to be stopped."""
+    classes = [{"name": "urgent"}, {"name": "default"}, {"name": "batch", "preemptible": True}]
+    return Settings.model_validate({**ray_host.model_dump(), "priority_classes": classes})
+
+
+def waiting(settings: Settings, request_id: str, offset: int, gpus: int) -> FakeRecord:
+    body = sft_request(request_id, priority_class="urgent", team=request_id, resources={"gpus": gpus})
+    topic = settings.class_topics["urgent"]
+    return FakeRecord(topic, 0, offset, request_id.encode(), json.dumps(body).encode(), timestamp=1_765_000_000_000)
+
+
+def running_here(
+    dispatcher: Dispatcher,
+    core: CoreOnFakes,
+    tp: TopicPartition,
+    request_id: str,
+    priority_class: str,
+    *,
+    gpus: int,
+    steps_since_checkpoint: int,
+) -> None:
+    """A job of this host on claims partition `tp`, begun an hour ago, `steps_since_checkpoint` past its last
+    checkpoint: on Ray when it is bigger than the host (a Ray slot), else on its GPU."""
+    body = sft_request(request_id, priority_class=priority_class, team=request_id, resources={"gpus": gpus})
+    claim = FakeRecord(
+        tp.topic,
+        tp.partition,
+        0,
+        request_id.encode(),
+        json.dumps(body).encode(),
+        [(CLASS_HEADER, priority_class.encode())],
+    )
+    runner: Any = SimpleNamespace(
+        request=core.request(claim),
+        supervisor=SimpleNamespace(progress={"step": 10 + steps_since_checkpoint}, checkpoint_step=10),
+        stop=lambda stop: True,
+    )
+    placement = core.slots.take_remote() if gpus > core.slots.total else core.slots.take(gpus, None)
+    assert placement is not None
+    core.scheduler.jobs[tp] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
+    dispatcher.jobs.started[tp] = (time.time() - 3600, claim)
+    dispatcher.view.observe(
+        Accepted(
+            request_id=request_id,
+            host=core.settings.host,
+            method="sft",
+            priority_class=priority_class,
+            team=request_id,
+            host_slots=core.slots.total,
+        ),
+        time.time(),
+    )
+
+
+async def test_a_request_bigger_than_the_host_preempts_a_lower_classs_job_on_ray_smaller_than_itself(
+    classes_host: Settings,
+) -> None:
+    core = CoreOnFakes(classes_host)
+    dispatcher = core.fleet_host(3, [waiting(classes_host, "urgent-big", 0, gpus=4)])
+    # The host's one Ray slot holds a batch job of two GPUs; its own GPU is free, and no use to a job of four.
+    running_here(dispatcher, core, CLAIMS, "batch-ray", "batch", gpus=2, steps_since_checkpoint=3)
+    mover = Moves(core.fleet, dispatcher.mover.seal)
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    # Its Ray slot is what the request needs: the cluster places the GPUs of the job it runs there.
+    assert dispatcher.jobs.preempting == {CLAIMS: "urgent-big"}
+    assert [key for key, _ in mover.claims()] == ["urgent-big"]
+
+
+async def test_a_request_for_the_hosts_gpu_preempts_the_job_on_it_not_one_on_ray_that_would_lose_less(
+    classes_host: Settings,
+) -> None:
+    core = CoreOnFakes(classes_host)
+    dispatcher = core.fleet_host(3, [waiting(classes_host, "urgent-small", 0, gpus=1)])
+    running_here(dispatcher, core, CLAIMS, "batch-gpu", "batch", gpus=1, steps_since_checkpoint=7)
+    # At its checkpoint: of the two the one that loses least, but stopping it frees a Ray slot, not the host's GPU.
+    running_here(dispatcher, core, CLAIMS_1, "batch-ray", "batch", gpus=2, steps_since_checkpoint=0)
+    mover = Moves(core.fleet, dispatcher.mover.seal)
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    assert dispatcher.jobs.preempting == {CLAIMS: "urgent-small"}
+
+
+async def test_a_request_bigger_than_the_host_with_nothing_to_stop_on_ray_holds_up_no_preemption_behind_it(
+    classes_host: Settings,
+) -> None:
+    # First in the order, the big one finds its Ray slot held by a job of its own class: nothing it may stop there.
+    records = [waiting(classes_host, "urgent-big", 0, gpus=4), waiting(classes_host, "urgent-small", 1, gpus=1)]
+    core = CoreOnFakes(classes_host)
+    dispatcher = core.fleet_host(3, records)
+    running_here(dispatcher, core, CLAIMS, "batch-gpu", "batch", gpus=1, steps_since_checkpoint=7)
+    running_here(dispatcher, core, CLAIMS_1, "urgent-ray", "urgent", gpus=2, steps_since_checkpoint=0)
+    mover = Moves(core.fleet, dispatcher.mover.seal)
+    await turns(dispatcher, lambda: bool(mover.claims()))
+    for _ in range(3):
+        await dispatcher.turn()
+    assert dispatcher.jobs.preempting == {CLAIMS: "urgent-small"}
+    assert [key for key, _ in mover.claims()] == ["urgent-small"]  # the big one waits for its Ray slot
+
+
+def test_a_job_on_ray_holds_none_of_the_fleets_slots_in_the_etas_but_its_teams_share() -> None:
+    on_ray = FleetJob("big", "batch", "a", NOW, "sft", "tiny", gpus=4, on_ray=True)  # ends in 100 s, as its kind does
+    assert etas([FleetRequest("w1", "batch", "b", NOW, "sft", "tiny")], [on_ray], 1, known(), NOW) == {"w1": 0.0}
+    # Its GPUs count against its team's cap, as they do in the fleet's fair share: team a's request waits for its end.
+    capped = Settings(teams={"a": {"max_slots": 4}}).teams
+    assert etas([FleetRequest("w2", "batch", "a", NOW, "sft", "tiny")], [on_ray], 1, known(), NOW, capped) == {
+        "w2": 100.0
+    }
+
+
+def test_a_host_whose_job_runs_on_ray_can_still_start_a_request_on_its_gpu_as_the_events_say(
+    classes_host: Settings,
+) -> None:
+    view = CoreOnFakes(classes_host).fleet_host(1).view
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    for event in (
+        Accepted(
+            request_id="batch-ray",
+            host="other-host",
+            method="sft",
+            priority_class="batch",
+            team="other",
+            host_slots=1,
+            time=long_ago,
+        ),
+        Started(request_id="batch-ray", host="other-host", method="sft", slot="ray", pid=None, gpus=4, time=long_ago),
+    ):
+        view.observe(event, time.time())
+    [job] = view.running_jobs.jobs(time.time())
+    assert job.on_ray and job.gpus == 4  # as `started` said: four GPUs of the cluster's
+    # Its GPU is free: a request of one GPU can start there now, no preemption needed (of the batch class, it may stop
+    # nothing); four GPUs counted against that one slot, it could not.
+    small = FleetRequest("", "batch", "", 0.0, "", "", 1)
+    assert view.startable_elsewhere(classes_host.host, small)
+    # One bigger than a host can start there by stopping the batch job on Ray (its Ray slot, whatever its GPUs).
+    big = FleetRequest("", "urgent", "", 0.0, "", "", 8)
+    assert view.startable_elsewhere(classes_host.host, big, on_ray=True)
+    assert not view.startable_elsewhere(classes_host.host, replace(big, priority_class="batch"), on_ray=True)
