@@ -59,9 +59,11 @@ def host(
     return core, core.fleet_host(claims_partitions)
 
 
-def submit(core: CoreOnFakes, request_id: str, priority_class: str, team: str = "t", *, at_ms: int = 0) -> FakeRecord:
+def submit(
+    core: CoreOnFakes, request_id: str, priority_class: str, team: str = "t", *, at_ms: int = 0, **more: Any
+) -> FakeRecord:
     """A producer's request in its class's topic, arrived `at_ms` (the broker's append time)."""
-    body = sft_request(request_id, priority_class=priority_class, team=team)
+    body = sft_request(request_id, priority_class=priority_class, team=team, **more)
     return core.fleet.produce(
         core.settings.class_topics[priority_class],
         request_id.encode(),
@@ -249,3 +251,39 @@ async def test_the_announcer_works_out_the_same_requests_places_on_the_same_view
     submit(core, "waiting-2", "batch", at_ms=1)
     await announcer.announce()
     assert len(placings) == 4 and [e["type"] for e in core.events("waiting-2")] == ["queued"]
+
+
+async def test_an_urgent_request_bigger_than_the_host_preempts_the_batch_job_on_ray_which_ray_stops(
+    settings: Settings, tmp_path: Path
+) -> None:
+    from daemon.children.routed import RoutedChildren
+    from tests.daemon.core.test_ray_jobs import FakeJobs, Routed
+
+    jobs = FakeJobs()
+    routed = Routed(tmp_path, jobs)
+    ray = {"address": "http://ray-head:8265", "shared_dir": str(tmp_path / "shared"), "max_gpus": 8, "retry_s": 0.01}
+    with_ray = Settings.model_validate({**settings.model_dump(), "gpus": ["0"], "ray": ray})
+    core = CoreOnFakes(with_ray, children=RoutedChildren(routed.local, routed.ray))
+    dispatcher = core.fleet_host(2)
+    submit(core, "batch-big", "batch", resources={"gpus": 2})
+    await turns(dispatcher)
+    [claim] = core.fleet.on(CLAIMS.topic)
+    await core.intake.take(TopicPartition(CLAIMS.topic, claim.partition), [claim])
+    await turns_until(lambda: "started" in core.types("batch-big"))
+    batch_run = "adapterd-batch-big-a1"
+    jobs.end(batch_run, "RUNNING")
+    jobs.say(batch_run, 1, StageEntered(stage="train"))
+    assert not core.slots.remote_free and core.slots.free == ["0"]  # the host's GPU free, of no use to it
+    submit(core, "urgent-big", "urgent", resources={"gpus": 4})
+    await turns(dispatcher)
+    # Stopped through Ray's stop (its ranks save a checkpoint), and the urgent one claimed for its Ray slot: what it
+    # needs of this host, though the job stopped had fewer GPUs than it asks (the cluster places them).
+    assert claims(core) == [b"batch-big", b"urgent-big"]
+    await turns_until(lambda: "preempted" in core.types("batch-big"))
+    assert jobs.stopped == [batch_run]
+    preempted = core.events("batch-big")[-1]
+    assert (preempted["by"], preempted["preemptions"]) == ("urgent-big", 1)
+    assert core.fleet.moves[-1].writes[0].topic == with_ray.class_topics["batch"]  # back in its class's queue
+    urgent = core.fleet.on(CLAIMS.topic)[1]
+    await core.intake.take(TopicPartition(CLAIMS.topic, urgent.partition), [urgent])
+    await turns_until(lambda: "adapterd-urgent-big-a1" in jobs.jobs)  # in the Ray slot the batch job freed
