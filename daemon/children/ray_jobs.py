@@ -25,7 +25,7 @@ import json
 import shlex
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +108,17 @@ class RayChildSource:
 
     async def _connect(self) -> Any:
         if self._client is None:
-            try:
-                self._client = await executors.run("ray", _client_for, self.settings.address)
-            except Exception as exc:
-                if unreachable(exc):
-                    raise EngineUnreachable(
-                        f"the Ray cluster at {self.settings.address} does not answer: {exc}"
-                    ) from exc
-                raise
+            self._client = await self._answered(_client_for, self.settings.address)
         return self._client
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         client = await self._connect()
+        return await self._answered(getattr(client, name), *args, **kwargs)
+
+    async def _answered(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A blocking call of the Ray client, in the `ray` pool; EngineUnreachable when the cluster does not answer."""
         try:
-            return await executors.run("ray", getattr(client, name), *args, **kwargs)
+            return await executors.run("ray", call, *args, **kwargs)
         except Exception as exc:
             if unreachable(exc):
                 raise EngineUnreachable(f"the Ray cluster at {self.settings.address} does not answer: {exc}") from exc
