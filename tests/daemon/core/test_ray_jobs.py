@@ -434,3 +434,21 @@ async def test_a_cluster_away_makes_the_job_wait_saying_so_then_it_starts(tmp_pa
     await turns_until(lambda: bool(jobs.submitted))
     await turns_until(lambda: "started" in core.types("big"))
     assert core.types("big") == ["accepted", "waiting", "started"]
+
+
+async def test_a_request_bigger_than_the_cluster_takes_is_rejected_naming_resources_and_the_one_behind_it_runs(
+    tmp_path: Path,
+) -> None:
+    from daemon.children.routed import RoutedChildren
+
+    jobs = FakeJobs()
+    routed = Routed(tmp_path, jobs)
+    core = CoreOnFakes(ray_host(tmp_path), children=RoutedChildren(routed.local, routed.ray))
+    too_big = core.record(sft_request("too-big", resources={"gpus": 9}), 0)  # ray.max_gpus is 8
+    behind = core.record(sft_request("behind", resources={"gpus": 2}), 1)
+    await core.intake.take(core.tp, [too_big, behind])
+    await turns_until(lambda: bool(jobs.submitted))
+    [rejected] = core.events("too-big")
+    assert rejected["type"] == "rejected" and rejected["errors"][0]["path"] == "resources.gpus"  # type: ignore[index]
+    assert [letter.key for letter in core.dead_letters()] == [b"too-big"]
+    assert [submission["submission_id"] for submission in jobs.submitted] == ["adapterd-behind-a1"]
