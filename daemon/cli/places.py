@@ -209,27 +209,27 @@ def default_slots(events: list[Event], now: datetime) -> int:
     return max(1, sum(slots.values()))
 
 
-def most_per_host(events: list[Event], now: datetime) -> int | None:
-    """The most slots a host that accepted a job in the last 24 hours said it has (`host_slots`); None when none said:
-    a request asking more runs on a Ray cluster if anywhere, and gets no ETA from the fleet's slots."""
-    said = [
-        event.host_slots
-        for event in events
-        if isinstance(event, Accepted) and event.host_slots is not None and now - event.time <= RECENT_HOSTS
-    ]
-    return max(said, default=None)
-
-
-def slots_by_kind(events: list[Event], now: datetime, settings: Settings) -> SlotKinds | None:
-    """The fleet's slots by the kind of their GPUs, when its hosts said them: each host that accepted a job in the last
-    24 hours with the slots and kind its latest `accepted` said (daemon/fleet/policy/kinds.py); None when none said a
-    kind."""
+def hosts_said(events: list[Event], now: datetime) -> tuple[dict[str, int], dict[str, str | None]]:
+    """Each host that accepted a job in the last 24 hours: the slots and the kind of GPU its latest `accepted` said, as
+    the hosts' fleet view keeps them (daemon/fleet/view.py `host_slots`, `host_kinds`)."""
     slots: dict[str, int] = {}
     kinds: dict[str, str | None] = {}
     for event in events:
         if isinstance(event, Accepted) and event.host_slots is not None and now - event.time <= RECENT_HOSTS:
             slots[event.host], kinds[event.host] = event.host_slots, event.gpu_kind
-    return slot_kinds(slots, kinds, settings.gpu_kinds)
+    return slots, kinds
+
+
+def most_per_host(events: list[Event], now: datetime) -> int | None:
+    """The most slots a host says it has (`hosts_said`); None when none said: a request asking more runs on a Ray
+    cluster if anywhere, and gets no ETA from the fleet's slots."""
+    return max(hosts_said(events, now)[0].values(), default=None)
+
+
+def slots_by_kind(events: list[Event], now: datetime, settings: Settings) -> SlotKinds | None:
+    """The fleet's slots by the kind of their GPUs, when its hosts said them (`hosts_said`,
+    daemon/fleet/policy/kinds.py); None when none said a kind."""
+    return slot_kinds(*hosts_said(events, now), settings.gpu_kinds)
 
 
 def eta_text(eta_s: float | None) -> str:
