@@ -277,20 +277,20 @@ class Dispatcher:
         await self._announce([w.key for w in waiting])  # type: ignore[misc]
         self.decided, self.decided_at = seen, now  # decided whole (a turn that failed part-way decides again)
 
-    def _victim(self, head: FleetRequest, *, ever: bool = False) -> FleetJob | None:
-        """The job of this host `head` may preempt (daemon/fleet/view.py `victim`). For a request bigger than the host,
-        one of its jobs on Ray: stopping it frees a Ray slot, whatever its GPUs (the cluster places a job's GPUs, this
-        host bounds how many jobs it supervises there). For any other, a job on its GPUs that frees enough of them with
-        those free: a job on Ray frees none of them."""
+    def _victim(self, head: FleetRequest, running: list[FleetJob], *, ever: bool = False) -> FleetJob | None:
+        """The job of this host's `running` (`ClaimedJobs.running`) `head` may preempt (daemon/fleet/view.py `victim`).
+        For a request bigger than the host, one of its jobs on Ray: stopping it frees a Ray slot, whatever its GPUs (the
+        cluster places a job's GPUs, this host bounds how many jobs it supervises there). For any other, a job on its
+        GPUs that frees enough of them with those free: a job on Ray frees none of them."""
         on_ray = self._on_ray(head)
-        mine = [job for job in self.jobs.running(self.scheduler.jobs) if job.on_ray == on_ray]
+        mine = [job for job in running if job.on_ray == on_ray]
         return self.view.victim(head, mine, head.gpus if on_ray else self.room(), ever=ever)
 
     async def _preempt_for(self, first: FleetRequest) -> bool:
         """Stop a job of a lower class at its checkpoint for `first` (`_victim`), and claim `first` at once: it waits in
         this host's claims for the victim's slot (the scheduler starts it when the slot frees), so no other host, in a
         rebalance meanwhile, preempts a second job for it. False when no job may be stopped for it."""
-        victim = self._victim(first)
+        victim = self._victim(first, self.jobs.running(self.scheduler.jobs))
         if (
             victim is None
             or not self.idle_claims()
@@ -320,7 +320,10 @@ class Dispatcher:
         # A request of one GPU stands for those the host's GPUs take; one bigger than the host, for those its Ray takes.
         most, ray = self.scheduler.slots.most_per_job(), self.settings.ray
         sizes = [1, most + 1] if ray is not None and most < ray.max_gpus else [1]
-        if any(self._victim(FleetRequest("", queue.name, "", 0.0, "", "", gpus)) is not None for gpus in sizes):
+        running = self.jobs.running(self.scheduler.jobs)  # once: each probe below looks through the same jobs
+        if any(
+            self._victim(FleetRequest("", queue.name, "", 0.0, "", "", gpus), running) is not None for gpus in sizes
+        ):
             return True
         arriving = (
             [c.name for c in self.settings.priority_classes]
@@ -329,8 +332,8 @@ class Dispatcher:
         )
         probes = [FleetRequest("", name, "", 0.0, "", "", gpus) for name in arriving for gpus in sizes]
         return any(
-            self._victim(probe, ever=True) is not None
-            and not self.view.startable_elsewhere(self.settings.host, probe, on_ray=probe.gpus > most)
+            self._victim(probe, running, ever=True) is not None
+            and not self.view.startable_elsewhere(self.settings.host, probe, on_ray=self._on_ray(probe))
             for probe in probes
         )
 
