@@ -97,25 +97,37 @@ def job_here(
     *,
     slots_freed: bool = False,
     ran_s: float = 1.0,
+    tp: TopicPartition = CLAIMS,
+    gpus: int = 1,
+    steps_since_checkpoint: int | None = None,
 ) -> None:
-    """A job of this host on claims partition 0, begun `ran_s` ago: its slot held, or given back (its child exited, its
-    outcome not yet published); the view has read its `accepted`."""
-    body = sft_request(request_id, priority_class=priority_class, team=team)
+    """A job of this host on claims partition `tp`, begun `ran_s` ago: its slot held (a Ray slot when it asks more GPUs
+    than the host has, tests/daemon/fleet/test_fleet_ray.py), or given back (its child exited, its outcome not yet
+    published); `steps_since_checkpoint` past its last checkpoint when given; the view has read its `accepted`."""
+    body = sft_request(request_id, priority_class=priority_class, team=team, resources={"gpus": gpus})
     claim = FakeRecord(
-        CLAIMS.topic, 0, 0, request_id.encode(), json.dumps(body).encode(), [(CLASS_HEADER, priority_class.encode())]
+        tp.topic,
+        tp.partition,
+        0,
+        request_id.encode(),
+        json.dumps(body).encode(),
+        [(CLASS_HEADER, priority_class.encode())],
     )
+    progress, saved = ({}, None) if steps_since_checkpoint is None else ({"step": 10 + steps_since_checkpoint}, 10)
     runner: Any = SimpleNamespace(
         request=core.request(claim),
-        supervisor=SimpleNamespace(progress={}, checkpoint_step=None),
+        supervisor=SimpleNamespace(progress=progress, checkpoint_step=saved),
         stop=lambda stop: True,
     )
-    placement = None if slots_freed else core.slots.take(1, None)
-    core.scheduler.jobs[CLAIMS] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
-    dispatcher.jobs.started[CLAIMS] = (time.time() - ran_s, claim)
+    placement = (
+        None if slots_freed else core.slots.take_remote() if gpus > core.slots.total else core.slots.take(gpus, None)
+    )
+    core.scheduler.jobs[tp] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
+    dispatcher.jobs.started[tp] = (time.time() - ran_s, claim)
     dispatcher.view.observe(
         Accepted(
             request_id=request_id,
-            host=HOST,
+            host=core.settings.host,
             method="sft",
             priority_class=priority_class,
             team=team,

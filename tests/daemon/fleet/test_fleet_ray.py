@@ -11,22 +11,18 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 
-from daemon.fleet.dispatcher import Dispatcher
 from daemon.fleet.policy.eta import etas
 from daemon.fleet.policy.order import FleetJob, FleetRequest
-from daemon.jobs.offered import RunningJob
 from daemon.settings import Settings
-from daemon.settings.fleet import CLASS_HEADER
 from schemas import Accepted, Started
 from tests.core import CoreOnFakes
 from tests.daemon.fleet.test_fleet_eta import NOW, known
 from tests.daemon.fleet.test_fleet_kinds import record
+from tests.daemon.fleet.test_fleet_precedence import job_here
 from tests.daemon.fleet.test_queue_dispatch import CLAIMS, Moves, fleet_settings, turns  # noqa: F401 (a fixture)
 from tests.fakes import FakeRecord
 from tests.helpers import sft_request
@@ -69,56 +65,15 @@ def waiting(settings: Settings, request_id: str, offset: int, gpus: int) -> Fake
     return FakeRecord(topic, 0, offset, request_id.encode(), json.dumps(body).encode(), timestamp=1_765_000_000_000)
 
 
-def running_here(
-    dispatcher: Dispatcher,
-    core: CoreOnFakes,
-    tp: TopicPartition,
-    request_id: str,
-    priority_class: str,
-    *,
-    gpus: int,
-    steps_since_checkpoint: int,
-) -> None:
-    """A job of this host on claims partition `tp`, begun an hour ago, `steps_since_checkpoint` past its last
-    checkpoint: on Ray when it is bigger than the host (a Ray slot), else on its GPU."""
-    body = sft_request(request_id, priority_class=priority_class, team=request_id, resources={"gpus": gpus})
-    claim = FakeRecord(
-        tp.topic,
-        tp.partition,
-        0,
-        request_id.encode(),
-        json.dumps(body).encode(),
-        [(CLASS_HEADER, priority_class.encode())],
-    )
-    runner: Any = SimpleNamespace(
-        request=core.request(claim),
-        supervisor=SimpleNamespace(progress={"step": 10 + steps_since_checkpoint}, checkpoint_step=10),
-        stop=lambda stop: True,
-    )
-    placement = core.slots.take_remote() if gpus > core.slots.total else core.slots.take(gpus, None)
-    assert placement is not None
-    core.scheduler.jobs[tp] = RunningJob(request_id, 0, runner, placement, None)  # type: ignore[arg-type]
-    dispatcher.jobs.started[tp] = (time.time() - 3600, claim)
-    dispatcher.view.observe(
-        Accepted(
-            request_id=request_id,
-            host=core.settings.host,
-            method="sft",
-            priority_class=priority_class,
-            team=request_id,
-            host_slots=core.slots.total,
-        ),
-        time.time(),
-    )
-
-
 async def test_a_request_bigger_than_the_host_preempts_a_lower_classs_job_on_ray_smaller_than_itself(
     classes_host: Settings,
 ) -> None:
     core = CoreOnFakes(classes_host)
     dispatcher = core.fleet_host(3, [waiting(classes_host, "urgent-big", 0, gpus=4)])
     # The host's one Ray slot holds a batch job of two GPUs; its own GPU is free, and no use to a job of four.
-    running_here(dispatcher, core, CLAIMS, "batch-ray", "batch", gpus=2, steps_since_checkpoint=3)
+    job_here(
+        dispatcher, core, "batch-ray", "batch", "batch-ray", tp=CLAIMS, gpus=2, steps_since_checkpoint=3, ran_s=3600
+    )
     mover = Moves(core.fleet, dispatcher.mover.seal)
     await turns(dispatcher, lambda: bool(mover.claims()))
     # Its Ray slot is what the request needs: the cluster places the GPUs of the job it runs there.
@@ -131,9 +86,13 @@ async def test_a_request_for_the_hosts_gpu_preempts_the_job_on_it_not_one_on_ray
 ) -> None:
     core = CoreOnFakes(classes_host)
     dispatcher = core.fleet_host(3, [waiting(classes_host, "urgent-small", 0, gpus=1)])
-    running_here(dispatcher, core, CLAIMS, "batch-gpu", "batch", gpus=1, steps_since_checkpoint=7)
+    job_here(
+        dispatcher, core, "batch-gpu", "batch", "batch-gpu", tp=CLAIMS, gpus=1, steps_since_checkpoint=7, ran_s=3600
+    )
     # At its checkpoint: of the two the one that loses least, but stopping it frees a Ray slot, not the host's GPU.
-    running_here(dispatcher, core, CLAIMS_1, "batch-ray", "batch", gpus=2, steps_since_checkpoint=0)
+    job_here(
+        dispatcher, core, "batch-ray", "batch", "batch-ray", tp=CLAIMS_1, gpus=2, steps_since_checkpoint=0, ran_s=3600
+    )
     mover = Moves(core.fleet, dispatcher.mover.seal)
     await turns(dispatcher, lambda: bool(mover.claims()))
     assert dispatcher.jobs.preempting == {CLAIMS: "urgent-small"}
@@ -146,8 +105,20 @@ async def test_a_request_bigger_than_the_host_with_nothing_to_stop_on_ray_holds_
     records = [waiting(classes_host, "urgent-big", 0, gpus=4), waiting(classes_host, "urgent-small", 1, gpus=1)]
     core = CoreOnFakes(classes_host)
     dispatcher = core.fleet_host(3, records)
-    running_here(dispatcher, core, CLAIMS, "batch-gpu", "batch", gpus=1, steps_since_checkpoint=7)
-    running_here(dispatcher, core, CLAIMS_1, "urgent-ray", "urgent", gpus=2, steps_since_checkpoint=0)
+    job_here(
+        dispatcher, core, "batch-gpu", "batch", "batch-gpu", tp=CLAIMS, gpus=1, steps_since_checkpoint=7, ran_s=3600
+    )
+    job_here(
+        dispatcher,
+        core,
+        "urgent-ray",
+        "urgent",
+        "urgent-ray",
+        tp=CLAIMS_1,
+        gpus=2,
+        steps_since_checkpoint=0,
+        ran_s=3600,
+    )
     mover = Moves(core.fleet, dispatcher.mover.seal)
     await turns(dispatcher, lambda: bool(mover.claims()))
     for _ in range(3):
