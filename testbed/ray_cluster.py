@@ -4,8 +4,10 @@ submits jobs bigger than one host to, on this machine, with ports of its own so 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,8 +17,6 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from daemon.local_broker import free_port
-
 # Every process of the cluster inherits this variable (set to the cluster's temp dir): the job drivers run in
 # sessions of their own and Ray's workers rename themselves (`ray::IDLE`), so neither the process group nor the
 # command line finds them all; the environment a process was started with does.
@@ -24,6 +24,45 @@ TAG = "TESTBED_RAY_CLUSTER"
 # `ray start --block` stops its services on SIGTERM; past this, what is left is killed.
 GRACE_S = 20.0
 CHECKOUT = Path(__file__).resolve().parents[1]
+# A head that exits before it answers is started again with other ports, this many times in all, on its first start
+# only: a restart after an outage must come back at the address it had.
+STARTS = 3
+# Below Linux's default ephemeral range (32768-60999, where every bind to port 0 and every outgoing connection takes
+# its port, our own workers', brokers' and clients' included) and above Ray's default worker range (10002-19999).
+QUIET_PORTS = range(20000, 32768)
+OPTIONS = (
+    "--port",
+    "--dashboard-port",
+    "--ray-client-server-port",
+    "--dashboard-agent-grpc-port",
+    "--dashboard-agent-listen-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+def quiet_ports(count: int) -> list[int]:
+    """`count` distinct ports from QUIET_PORTS that no socket holds now. A port the kernel hands out for port 0 (as
+    `daemon.local_broker.free_port` takes) can be taken again by any process's next connection before `ray start`
+    binds it (CI once saw a head exit before it answered, its log out of reach; a GCS port taken meanwhile makes
+    exactly that exit); a port the kernel never hands out can only be taken by another choice like this one."""
+    ports: list[int] = []
+    for port in random.sample(QUIET_PORTS, len(QUIET_PORTS)):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} ports free in {QUIET_PORTS}")
+
+
+class HeadExited(RuntimeError):
+    """`ray start` ended before its dashboard answered."""
 
 
 class RayCluster:
@@ -34,24 +73,15 @@ class RayCluster:
         self.num_cpus = num_cpus
         # Ray's unix sockets live under the temp dir and must stay under 107 bytes: a pytest tmp_path is too long.
         self.temp_dir = Path(f"/tmp/ar-{uuid.uuid4().hex[:8]}")
-        # Chosen once, so that a cluster stopped (an outage) comes back at the same address.
-        self.ports = {
-            option: free_port()
-            for option in (
-                "--port",
-                "--dashboard-port",
-                "--ray-client-server-port",
-                "--dashboard-agent-grpc-port",
-                "--dashboard-agent-listen-port",
-                "--metrics-export-port",
-                "--runtime-env-agent-port",
-                "--node-manager-port",
-                "--object-manager-port",
-            )
-        }
-        self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
         self.log_path = directory / "ray.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.answered = False  # once it has, its ports are its address and stay
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        # Kept across stops, so that a cluster stopped (an outage) comes back at the same address.
+        self.ports = dict(zip(OPTIONS, quiet_ports(len(OPTIONS)), strict=True))
+        self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
@@ -94,10 +124,26 @@ class RayCluster:
         return env
 
     def start(self, timeout_s: float = 120) -> None:
-        """Start the head; returns once GET {address}/api/version answers 200."""
+        """Start the head; returns once GET {address}/api/version answers 200. A head that never answered yet and
+        exits first is started again on other ports, STARTS times in all; the error names each exit's last log lines."""
         if self.running():
             return
+        exits = []
+        for _ in range(1 if self.answered else STARTS):
+            try:
+                self._start_once(timeout_s)
+            except HeadExited as exited:
+                exits.append(str(exited))
+                if not self.answered:
+                    self._choose_ports()
+                continue
+            self.answered = True
+            return
+        raise RuntimeError("\n".join(exits))
+
+    def _start_once(self, timeout_s: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.command(),
@@ -111,8 +157,13 @@ class RayCluster:
         deadline = time.monotonic() + timeout_s
         while not self._answers():
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the Ray head exited ({self.process.returncode}) before it answered (see {self.log_path})"
+                with self.log_path.open("rb") as log:
+                    log.seek(start)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
+                self.stop()  # what it left of its services, and its temp dir, before another start
+                raise HeadExited(
+                    f"the Ray head on {self.ports['--port']} exited before it answered ({self.log_path}): "
+                    + " | ".join(tail)
                 )
             if time.monotonic() > deadline:
                 self.stop()

@@ -1,9 +1,11 @@
 """testbed/ray_cluster.py's local Ray cluster: it runs a job submitted through the Jobs API, stops (an outage)
 leaving no process of it behind, and comes back at the same address; and what the daemon's Ray client relies on
-of the Jobs API: a job is forgotten by a restarted cluster, and a submission id is taken once."""
+of the Jobs API: a job is forgotten by a restarted cluster, and a submission id is taken once. A head whose port is
+taken when it first starts comes up on others; at a restart it keeps its address and says why it could not."""
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 import uuid
@@ -114,3 +116,37 @@ def test_a_jobs_tasks_run_this_venvs_python_and_import_this_checkout(ray_cluster
     # Started by the raylet itself: not through `uv run` (Ray's hook for drivers under `uv run`, as pytest is
     # here), which would sync the venv before each worker.
     assert f"task: {sys.executable} {handlers} raylet" in client.get_job_logs(job).splitlines()
+
+
+def held(port: int) -> socket.socket:
+    """A listening socket on the loopback's `port`, as another process's server would hold it."""
+    holder = socket.socket()
+    # The head's own connections, just closed, leave the port in TIME_WAIT, which a listener may bind over.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    return holder
+
+
+def test_a_head_whose_port_is_taken_starts_on_others_at_first_and_says_why_at_a_restart(tmp_path: Path) -> None:
+    """The dashboard's port stands for any of them: `ray start` says at once that it cannot bind it (the GCS's,
+    the port of CI's failure, takes Ray 40 s to give up on)."""
+    cluster = RayCluster(tmp_path)
+    first = cluster.address
+    try:
+        with held(cluster.ports["--dashboard-port"]):
+            cluster.start()
+            assert cluster.running()
+            assert cluster.address != first
+            assert JobSubmissionClient(cluster.address).list_jobs() == []
+        address = cluster.address
+        cluster.stop()
+
+        with held(cluster.ports["--dashboard-port"]), pytest.raises(RuntimeError, match="already occupied") as error:
+            cluster.start()
+        assert str(error.value).count("exited before it answered") == 1  # a restart keeps its ports: one try
+        assert cluster.address == address
+        assert not cluster.running()
+        assert not commands_naming(str(cluster.temp_dir))
+    finally:
+        cluster.stop()
