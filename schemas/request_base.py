@@ -175,6 +175,16 @@ class Resources(Frozen):
         description="GPUs for the job; more than one runs data-parallel (torchrun) on one host, "
         "unless `shard` says otherwise.",
     )
+    hosts: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "The hosts the job's GPUs span: more than one runs it on the operator's Ray cluster, its gpus split "
+            "evenly across that many nodes (gpus a multiple of hosts). A job of more GPUs than a host has goes "
+            "there whatever this says (deploy/README.md, Jobs bigger than one host)."
+        ),
+    )
     shard: Literal["auto", "none", "fsdp"] = Field(
         "auto",
         description=(
@@ -233,6 +243,11 @@ class Resources(Frozen):
             raise ValueError(
                 f"shard: '{self.shard}' shards the model across the job's GPUs, and resources.gpus is "
                 f"{self.gpus}: set gpus to 2 or more"
+            )
+        if self.gpus % self.hosts:
+            raise ValueError(
+                f"hosts: {self.hosts} hosts share the job's GPUs evenly, and resources.gpus is {self.gpus}: "
+                "set gpus to a multiple of hosts"
             )
         return self
 

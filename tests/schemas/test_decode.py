@@ -142,6 +142,25 @@ def test_a_token_hidden_behind_json_escapes_is_still_found() -> None:
     assert token not in repr(rejection)
 
 
+def test_a_job_may_name_the_hosts_its_gpus_span_a_multiple_of_them() -> None:
+    """`resources.hosts`: how many hosts the job's GPUs span (a run on the Ray cluster when more than one), each
+    host as many of them; left out, one."""
+    spread = decode_request(json.dumps({**valid(), "resources": {"gpus": 4, "hosts": 2}}).encode())
+    assert isinstance(spread, SFTRequest) and (spread.resources.gpus, spread.resources.hosts) == (4, 2)
+    assert decode_request(json.dumps(valid()).encode()).resources.hosts == 1  # type: ignore[union-attr]
+    uneven = rejection({**valid(), "resources": {"gpus": 3, "hosts": 2}}).errors
+    assert [(e.path, e.message) for e in uneven] == [
+        (
+            "resources.hosts",
+            "2 hosts share the job's GPUs evenly, and resources.gpus is 3: set gpus to a multiple of hosts",
+        )
+    ]
+    assert [e.path for e in rejection({**valid(), "resources": {"gpus": 65, "hosts": 65}}).errors] == [
+        "resources.gpus",
+        "resources.hosts",
+    ]
+
+
 def test_sharding_is_asked_in_resources_and_refused_where_it_does_not_apply() -> None:
     """`resources.shard: fsdp` (handlers/toolkit/distributed/fsdp.py) across 2 GPUs or more, for what shards so far;
     the trainer's own FSDP and DeepSpeed arguments stay refused, pointing at it."""

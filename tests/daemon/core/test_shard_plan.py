@@ -18,7 +18,7 @@ from tests.daemon.core.test_sharded_estimate import LLAMA_8B
 from tests.fakes import FakeChildren, FakeRecord, Script
 from tests.helpers import sft_request
 
-NO_KIND = {"gpu_kind": None, "min_gpu_memory_gib": None}  # what the spec says of a request naming no GPU kind
+NO_KIND = {"gpu_kind": None, "min_gpu_memory_gib": None, "hosts": 1}  # a request naming no GPU kind nor hosts
 
 GIB = 2**30
 LLAMA = "meta-llama/Llama-3.1-8B"
