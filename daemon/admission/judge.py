@@ -16,6 +16,7 @@ from daemon.admission.gpu_kinds import HostGpus, kind_errors
 from daemon.admission.images import inline_image_errors
 from daemon.admission.policy import policy_errors
 from daemon.settings import Settings
+from daemon.settings.ray import RaySettings
 from schemas import FieldError, Rejection, RequestBase
 
 
@@ -45,7 +46,20 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
     if runs_on_ray(request, settings, slots):
         errors = policy_errors(request, settings)
         return Rejection("policy", errors, request.request_id) if errors else None
-    if request.resources.gpus > slots.most_per_job():
+    hosts = request.resources.hosts
+    if hosts > 1 and settings.ray is None:
+        return Rejection(
+            "resources",
+            [
+                FieldError(
+                    path="resources.hosts",
+                    message=f"asks for {hosts} hosts; a job across hosts runs on a Ray cluster, and this host has none "
+                    "([ray])",
+                )
+            ],
+            request.request_id,
+        )
+    if hosts > 1 or request.resources.gpus > slots.most_per_job():
         host = (
             f"this host has {len(slots.gpus)} GPU(s)"
             if slots.gpus
@@ -66,9 +80,17 @@ def refusal_before_images(request: RequestBase, settings: Settings, slots: Gpus)
 
 
 def runs_on_ray(request: RequestBase, settings: Settings, slots: Gpus) -> bool:
-    """Whether a request goes to the operator's Ray cluster: it asks more GPUs than this host has, within what the
-    cluster takes (`ray.max_gpus`). Its GPUs' kind is the cluster's, not this host's: not judged here."""
-    return settings.ray is not None and slots.most_per_job() < request.resources.gpus <= settings.ray.max_gpus
+    """Whether a request goes to the operator's Ray cluster: it asks more GPUs than this host has, or names several
+    hosts, within what the cluster takes (`ray.max_gpus`). Its GPUs' kind is the cluster's, not this host's: not
+    judged here."""
+    resources = request.resources
+    return settings.ray is not None and on_ray(resources.gpus, resources.hosts, slots.most_per_job(), settings.ray)
+
+
+def on_ray(gpus: int, hosts: int, most_per_job: int, ray: RaySettings) -> bool:
+    """`runs_on_ray` of a request of `gpus` across `hosts`, on a host whose jobs take at most `most_per_job` GPUs:
+    what the fleet's dispatcher asks of a request it has read only so far (daemon/fleet/dispatcher.py)."""
+    return (hosts > 1 or gpus > most_per_job) and gpus <= ray.max_gpus
 
 
 def image_refusal(request: RequestBase, settings: Settings) -> Rejection | None:

@@ -49,6 +49,7 @@ class ChildJob:
     gpus: int = 1
     attempt: int = 1  # which attempt of the request this is (a source elsewhere names its run by it)
     engine: Literal["local", "ray"] = "local"  # where it runs: this host, or the operator's Ray cluster
+    hosts: int = 1  # the hosts its processes span (resources.hosts: on the Ray cluster, gpus / hosts on each)
 
     @property
     def request_id(self) -> str:

@@ -185,6 +185,7 @@ class RayChildSource:
                 {
                     "job": {"spec": str(given.spec_path), "log": str(given.log_path)},
                     "workers": job.gpus,
+                    "hosts": job.hosts,
                     "bundle": self.settings.worker_resources,
                     "strategy": self.settings.placement_strategy,
                     "placement_timeout_s": self.settings.placement_timeout_s,

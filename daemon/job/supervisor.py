@@ -151,8 +151,9 @@ class Supervisor:
     async def train(self, spec: JobSpec) -> tuple[TrainResult, float | None]:
         """Run the job in a child; its result and the time of its first optimizer step. Cancelled (the daemon going
         down) without a stop first, the child is killed at once."""
+        resources = self.request.resources
         job = ChildJob(
-            spec, self.place.visible_devices, self.request.resources.gpus, self.events.attempt, self.place.engine
+            spec, self.place.visible_devices, resources.gpus, self.events.attempt, self.place.engine, resources.hosts
         )
         # Which kind of child (forked, warm, cold, a launcher, one elsewhere) and where its spec goes: the
         # source's choice.

@@ -1,19 +1,19 @@
 """The entry point of a job run on the operator's Ray cluster: `python -m handlers.child.ray_job RUN_FILE`.
 
-The daemon submits it through Ray's Jobs API (daemon/children/ray_jobs.py): it is the Ray job's driver. It places
-the job's ranks at once (a placement group of one bundle per rank: Ray's gang scheduling, never adapterd's) and starts
-one `RankWorker` actor per rank, which runs today's child, `handlers.child.runner`, as a process of its own with
-torchrun's worker environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...): the runner, accelerate and FSDP2 set
-up the process group themselves, as under `handlers.child.launch`, so a job trains the same on Ray as on a host's
-ranks. Not Ray Train's TorchTrainer: it runs the training function in a thread of the actor (the runner needs a
-process: its SIGTERM handler, its death with its parent) and brings its own retries and storage, which would
-duplicate adapterd's attempts and checkpoint store.
+The daemon submits it through Ray's Jobs API (daemon/children/ray_jobs.py): it is the Ray job's driver. It places the
+job's ranks at once (a placement group of one bundle per rank, or per host for a job across hosts: Ray's gang
+scheduling, never adapterd's) and starts one `RankWorker` actor per rank, which runs today's child,
+`handlers.child.runner`, as a process of its own with torchrun's worker environment (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR...): the runner, accelerate and FSDP2 set up the process group themselves, as under `handlers.child.launch`,
+so a job trains the same on Ray as on a host's ranks. Not Ray Train's TorchTrainer: it runs the training function in a
+thread of the actor (the runner needs a process: its SIGTERM handler, its death with its parent) and brings its own
+retries and storage, which would duplicate adapterd's attempts and checkpoint store.
 
 What reaches the daemon: rank 0's status lines (`handlers.protocol` messages), printed here on the driver's stdout,
 which is the Ray job's log, as marker lines `@@adapterd <seq> <json>` (`MARKER`; seq counts from 1, so a daemon that
 attaches again reads from the log's start and knows what it has seen). Every rank's output reaches the same log
 through Ray (`[rank r] ` lines). The run file (JSON, on the folder the daemon and the cluster share) names the job
-(its spec and log paths, read by the runners), the ranks and each one's bundle.
+(its spec and log paths, read by the runners), the ranks, the hosts they span and each one's bundle.
 
 Stopping: Ray's `stop_job` SIGTERMs this driver; it SIGTERMs every rank, which stop at a checkpoint as a local child
 does (the ranks agree on the step), and exits once they have: 75 when they stopped at one. A rank that dies (a lost
@@ -53,6 +53,22 @@ def rank_environment(
         "OMP_NUM_THREADS": "1",
         "ADAPTERD_RAY": "1",  # the runner reports on ADAPTERD_STATUS_FD itself (handlers/child/runner.py)
     }
+
+
+def placement(
+    workers: int, hosts: int, bundle: dict[str, float], strategy: str
+) -> tuple[list[dict[str, float]], str, list[int]]:
+    """The placement group's bundles and strategy, and each rank's bundle: one bundle per rank, placed as the
+    operator's `strategy` says; for a job across `hosts` (resources.hosts), one bundle per host holding its
+    workers / hosts ranks' resources, each on a node of its own (STRICT_SPREAD: Ray's guarantee, not ours)."""
+    if hosts <= 1:
+        return [bundle] * workers, strategy, list(range(workers))
+    each = workers // hosts  # the request's check: gpus a multiple of hosts (schemas/request_base.py)
+    return (
+        [{name: amount * each for name, amount in bundle.items()}] * hosts,
+        "STRICT_SPREAD",
+        [rank // each for rank in range(workers)],
+    )
 
 
 class RankProcess:
@@ -162,13 +178,15 @@ def main() -> int:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     run = json.loads(open(sys.argv[1]).read())
-    workers, bundle = int(run["workers"]), dict(run["bundle"])
+    workers, hosts, bundle = int(run["workers"]), int(run.get("hosts", 1)), dict(run["bundle"])
     ray.init(log_to_driver=True)
 
-    group = placement_group([bundle] * workers, strategy=run.get("strategy", "PACK"))
+    bundles, strategy, bundle_of = placement(workers, hosts, bundle, run.get("strategy", "PACK"))
+    group = placement_group(bundles, strategy=strategy)
     if not group.wait(float(run.get("placement_timeout_s", 900))):
+        across = f" across {hosts} nodes" if hosts > 1 else ""
         print(
-            f"adapterd ray job: the cluster had no room for {workers} ranks of {bundle} "
+            f"adapterd ray job: the cluster had no room for {workers} ranks of {bundle}{across} "
             f"within {run.get('placement_timeout_s')} s",
             flush=True,
         )
@@ -180,7 +198,7 @@ def main() -> int:
         actor.options(
             num_cpus=bundle.get("CPU", 0),
             num_gpus=bundle.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle_of[i]),
         ).remote(i)
         for i in range(workers)
     ]

@@ -417,6 +417,46 @@ async def test_without_a_ray_cluster_a_request_bigger_than_the_host_is_rejected_
     )
 
 
+async def test_a_request_naming_two_hosts_runs_on_ray_though_the_hosts_gpus_would_hold_it(tmp_path: Path) -> None:
+    """`resources.hosts`: a job spread over hosts goes to the Ray cluster, whose driver gets the hosts in its run file
+    (one bundle per host, STRICT_SPREAD: `placement`); without a cluster it is rejected naming the field."""
+    from daemon.admission.judge import refusal
+    from daemon.children.routed import RoutedChildren
+
+    jobs = FakeJobs()
+    routed = Routed(tmp_path, jobs)
+    settings = ray_host(tmp_path).model_copy(update={"gpus": ["0", "1"]})
+    core = CoreOnFakes(settings, children=RoutedChildren(routed.local, routed.ray))
+    spread = core.record(sft_request("spread", resources={"gpus": 2, "hosts": 2}), 0)
+    assert await core.scheduler.offer(core.tp, spread, core.request(spread)) is Offered.STARTED
+    await turns_until(lambda: bool(jobs.submitted))
+    [submission] = jobs.submitted
+    run = json.loads(Path(submission["entrypoint"].split()[-1]).read_text())
+    assert (run["workers"], run["hosts"]) == (2, 2)
+    assert core.slots.free == ["0", "1"]  # the host's two GPUs stay its own
+    rejection = refusal(core.request(spread), settings.model_copy(update={"ray": None}), core.slots)
+    assert isinstance(rejection, Rejection) and [(e.path, e.message) for e in rejection.errors] == [
+        (
+            "resources.hosts",
+            "asks for 2 hosts; a job across hosts runs on a Ray cluster, and this host has none ([ray])",
+        )
+    ]
+    too_many = sft_request("too-many", resources={"gpus": 16, "hosts": 2})  # ray.max_gpus is 8
+    rejection = refusal(core.request(core.record(too_many, 1)), settings, core.slots)
+    assert isinstance(rejection, Rejection) and rejection.errors[0].path == "resources.gpus"
+
+
+def test_the_driver_places_one_bundle_per_rank_or_one_per_host_on_nodes_of_their_own() -> None:
+    from handlers.child.ray_job import placement
+
+    assert placement(4, 1, {"CPU": 1, "GPU": 1}, "PACK") == ([{"CPU": 1, "GPU": 1}] * 4, "PACK", [0, 1, 2, 3])
+    assert placement(4, 2, {"CPU": 1, "GPU": 1}, "PACK") == (
+        [{"CPU": 2, "GPU": 2}] * 2,
+        "STRICT_SPREAD",
+        [0, 0, 1, 1],
+    )
+
+
 async def test_a_cluster_away_makes_the_job_wait_saying_so_then_it_starts(tmp_path: Path) -> None:
     from daemon.children.routed import RoutedChildren
 
