@@ -174,6 +174,7 @@ def _in_order(w: WaitingRequest) -> fleet.FleetRequest:
         w.gpus,
         steps=w.steps,
         need=w.need,
+        hosts=w.hosts,
     )
 
 

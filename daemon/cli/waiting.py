@@ -89,6 +89,7 @@ class WaitingRequest:
     cancel: SentCancel | None = None  # a cancel sent and not yet honoured (daemon/cli/cancels_sent.py): placed nowhere
     after: list[str] = field(default_factory=list)  # its request's `after`, as its record says
     need: GpuNeed | None = None  # the GPUs' kind or memory it asks for (resources.gpu_kind...): the slots that serve it
+    hosts: int = 1  # the hosts its GPUs span (resources.hosts): more than one, it takes none of the fleet's slots
 
 
 @dataclass
@@ -242,6 +243,7 @@ def from_record(queue: Queue, record: Record, settings: Settings) -> WaitingRequ
         steps=decoded.training.max_steps,
         after=list(decoded.after),
         need=GpuNeed.of(decoded.resources),
+        hosts=decoded.resources.hosts,
     )
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import structlog
 from aiokafka import TopicPartition
 
+from daemon.admission.judge import on_ray
 from daemon.fleet.announcer import Announcer, publish_queued
 from daemon.fleet.choice import Arrivals, Head, HeadReader
 from daemon.fleet.claimed import ClaimedJobs
@@ -187,10 +188,10 @@ class Dispatcher:
         return max(0, min(len(self.scheduler.slots.free) - pending, len(idle)))
 
     def _on_ray(self, waiting: FleetRequest) -> bool:
-        """Whether a request is bigger than this host and within what its Ray cluster takes (`[ray]`): it runs there,
-        on none of this host's slots (daemon/admission/judge.py `runs_on_ray`)."""
+        """Whether a request is bigger than this host (or names several hosts) and within what its Ray cluster takes
+        (`[ray]`): it runs there, on none of this host's slots (daemon/admission/judge.py `runs_on_ray`)."""
         ray = self.settings.ray
-        return ray is not None and self.scheduler.slots.most_per_job() < waiting.gpus <= ray.max_gpus
+        return ray is not None and on_ray(waiting.gpus, waiting.hosts, self.scheduler.slots.most_per_job(), ray)
 
     def ray_room(self) -> int:
         """Requests bigger than this host it may claim now: its free Ray slots (`ray.max_jobs`) less the claims of such

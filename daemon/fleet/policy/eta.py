@@ -157,12 +157,13 @@ def places(
     running jobs' work left), the preemptions it will make first (`preempting`), then list scheduling of the rest onto
     the fleet's `slots` (`etas`, each team held to its cap; with `kinds`, each request on the kinds of GPU that serve
     it), placed by their starts (`ranked`). A request of more GPUs than any host has (`most_per_host`, as the hosts
-    said them) runs on a Ray cluster if anywhere, not on these slots: it keeps its place in the order, takes none of
-    them and has no ETA. One function for what a host tells in a `queued` event (daemon/fleet/view.py) and what
+    said them), or across several hosts, runs on a Ray cluster if anywhere, not on these slots: it keeps its place
+    in the order, takes none of them and has no ETA. One function for what a host tells in a `queued` event
+    (daemon/fleet/view.py) and what
     `adapterd get` and `jobs` say (daemon/cli/places.py)."""
     ahead = remaining_work(running, pace, now)
     order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
-    on_slots = [w for w in order if most_per_host is None or w.gpus <= most_per_host]
+    on_slots = [w for w in order if w.hosts == 1 and (most_per_host is None or w.gpus <= most_per_host)]
     after, starts = preempting(on_slots, running, slots, bounds, pace, now, teams, kinds)
     eta = {**etas([w for w in on_slots if w.request_id not in starts], after, slots, pace, now, teams, kinds), **starts}
     return ranked(order, eta)

@@ -43,6 +43,7 @@ class FleetRequest:
     key: object = None  # the caller's handle (a TopicPartition, a record), passed through untouched
     steps: int | None = None  # its max_steps, when it names them: its expected duration scales with them
     need: GpuNeed | None = None  # the GPUs' kind or memory it asks for (resources.gpu_kind...); None: any
+    hosts: int = 1  # the hosts its GPUs span (resources.hosts): more than one, it runs on a Ray cluster if anywhere
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def waiting_for(request: RequestBase, priority_class: str, arrived: float, key: 
         key=key,
         steps=request.training.max_steps,
         need=GpuNeed.of(request.resources),
+        hosts=request.resources.hosts,
     )
 
 

@@ -502,24 +502,26 @@ def test_a_held_or_paused_request_is_listed_waiting_held_and_counts_in_no_ones_p
     assert (placed["held-1"].place, placed["b3"].place) == (1, 2)
 
 
+@pytest.mark.parametrize("big", [{"gpus": 3}, {"gpus": 2, "hosts": 2}], ids=["more-gpus", "two-hosts"])
 def test_a_request_bigger_than_any_host_is_placed_in_order_with_no_eta_and_takes_no_slot_of_the_fleets(
-    settings: Settings,
+    settings: Settings, big: dict[str, int]
 ) -> None:
-    # Two hosts of one GPU each, free again; a request of two GPUs first in the order runs on a Ray cluster if anywhere.
+    # Two hosts of two GPUs each, free again; a request of more GPUs than a host has, or across two hosts, first in the
+    # order runs on a Ray cluster if anywhere.
     events = [
-        event("accepted", "old-1", 60, host="host-a", method="sft", host_slots=1),
+        event("accepted", "old-1", 60, host="host-a", method="sft", host_slots=2),
         event("succeeded", "old-1", 50, host="host-a"),
-        event("accepted", "old-2", 60, host="host-b", method="sft", host_slots=1),
+        event("accepted", "old-2", 60, host="host-b", method="sft", host_slots=2),
         event("succeeded", "old-2", 50, host="host-b"),
     ]
+    smalls = [f"small-{i}" for i in range(1, 5)]
     read = [
-        record(BATCH, 0, 3, sft_request("big", resources={"gpus": 2})),
-        record(BATCH, 1, 2, sft_request("small-1")),
-        record(BATCH, 2, 1, sft_request("small-2")),
+        record(BATCH, 0, 5, sft_request("big", resources=big)),
+        *(record(BATCH, 1 + i, 4 - i, sft_request(name)) for i, name in enumerate(smalls)),
     ]
     backlog = combine(read, events, settings)
     placed = {
-        p.request.request_id: (p.place, p.eta_s) for p in place_and_eta(backlog.waiting, events, settings, 2, NOW)
+        p.request.request_id: (p.place, p.eta_s) for p in place_and_eta(backlog.waiting, events, settings, 4, NOW)
     }
-    # Both small ones start now, one on each host (the two slots taken by the big one, they would wait a job's length).
-    assert placed == {"small-1": (1, 0.0), "small-2": (2, 0.0), "big": (3, None)}
+    # The four small ones start now, two on each host (had the big one taken slots, some would wait a job's length).
+    assert placed == {**{name: (i, 0.0) for i, name in enumerate(smalls, 1)}, "big": (5, None)}

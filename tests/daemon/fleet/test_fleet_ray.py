@@ -1,8 +1,9 @@
-"""The fleet with priority classes and a Ray cluster (`[ray]`): a host's dispatcher claims a request bigger than
-itself for a free Ray slot of its own, in the fleet's order, beside what its GPUs take, and no more of them than it
-supervises at once (`ray.max_jobs`). A preemption stops a job where it frees what the request needs: a job on Ray for
-a request bigger than the host (its Ray slot, whatever its GPUs), a job on the host's GPUs for any other (a job on
-Ray frees none of them); and a job on Ray holds none of its host's slots in the fleet's ETAs. On the fakes."""
+"""The fleet with priority classes and a Ray cluster (`[ray]`): a host's dispatcher claims a request bigger than itself
+(or naming several hosts) for a free Ray slot of its own, in the fleet's order, beside what its GPUs take, and no
+more of them than it supervises at once (`ray.max_jobs`). A preemption stops a job where it frees what the request
+needs: a job on Ray for a request bigger than the host (its Ray slot, whatever its GPUs), a job on the host's GPUs
+for any other (a job on Ray frees none of them); and a job on Ray holds none of its host's slots in the fleet's ETAs.
+On the fakes."""
 
 from __future__ import annotations
 
@@ -50,6 +51,20 @@ async def test_a_host_claims_a_request_bigger_than_itself_for_its_ray_slot_besid
     # The first big one for its one Ray slot (ray.max_jobs), the small one for its GPU; big-2 waits for a Ray slot.
     assert sorted(key for key, _ in mover.claims()) == ["big-1", "small"]
     assert not [e for e in core.events() if e["type"] == "rejected"]
+
+
+async def test_a_host_claims_a_request_naming_two_hosts_for_its_ray_slot_though_its_gpus_would_hold_it(
+    ray_host: Settings,
+) -> None:
+    # A host of two GPUs: the request across two hosts asks no more than that, and still goes to Ray, leaving them
+    # to the request behind it.
+    two_gpus = ray_host.model_copy(update={"gpus": ["0", "1"]})
+    records = [record(0, "spread", gpus=2, hosts=2), record(1, "here", gpus=2)]
+    core = CoreOnFakes(two_gpus)
+    dispatcher = core.fleet_host(3, records)  # claims partitions enough for every request: its slots decide
+    mover = Moves(core.fleet, dispatcher.mover.seal)
+    await turns(dispatcher, lambda: len(mover.claims()) == 2)
+    assert sorted(key for key, _ in mover.claims()) == ["here", "spread"]
 
 
 @pytest.fixture
