@@ -1,8 +1,10 @@
-"""A real local Ray cluster (one head node) that tests and benchmarks.ray_job start and stop: the Jobs API the daemon
-submits jobs bigger than one host to, on this machine, with ports of its own so that several may run side by side."""
+"""A real local Ray cluster (a head node, and worker nodes where a test asks for several) that tests and
+benchmarks.ray_job start and stop: the Jobs API the daemon submits jobs bigger than one host to, on this machine, with
+ports of its own so that several may run side by side."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -41,6 +43,15 @@ OPTIONS = (
     "--node-manager-port",
     "--object-manager-port",
 )
+# A worker node's own ports (the rest are the head's).
+NODE_OPTIONS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--metrics-export-port",
+    "--runtime-env-agent-port",
+    "--dashboard-agent-grpc-port",
+    "--dashboard-agent-listen-port",
+)
 
 
 def quiet_ports(count: int) -> list[int]:
@@ -66,11 +77,19 @@ class HeadExited(RuntimeError):
 
 
 class RayCluster:
-    """A Ray head started for the tests: `ray start --head --block` in its own session."""
+    """A Ray head started for the tests: `ray start --head --block` in its own session; with `nodes` above 1, as many
+    nodes in all, each a `ray start --address` of its own with `num_cpus` (standing in for hosts: a placement
+    group's STRICT_SPREAD puts each of its bundles on another one)."""
 
-    def __init__(self, directory: Path, num_cpus: int = 2) -> None:
+    def __init__(self, directory: Path, num_cpus: int = 2, nodes: int = 1) -> None:
         self.directory = directory
         self.num_cpus = num_cpus
+        # Each node on a loopback address of its own. A node joining a cluster needs
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1, under which Ray turns the address 127.0.0.1 (only that one) into the
+        # machine's outward address: a cluster of several nodes has its head on 127.0.0.2.
+        self.node_ip = "127.0.0.1" if nodes == 1 else "127.0.0.2"
+        self.node_ips = [f"127.0.0.{3 + i}" for i in range(nodes - 1)]
+        self.node_processes: list[subprocess.Popen[bytes]] = []
         # Ray's unix sockets live under the temp dir and must stay under 107 bytes: a pytest tmp_path is too long.
         self.temp_dir = Path(f"/tmp/ar-{uuid.uuid4().hex[:8]}")
         self.log_path = directory / "ray.log"
@@ -80,21 +99,36 @@ class RayCluster:
 
     def _choose_ports(self) -> None:
         # Kept across stops, so that a cluster stopped (an outage) comes back at the same address.
-        self.ports = dict(zip(OPTIONS, quiet_ports(len(OPTIONS)), strict=True))
+        ports = quiet_ports(len(OPTIONS) + len(NODE_OPTIONS) * len(self.node_ips))
+        self.ports = dict(zip(OPTIONS, ports, strict=False))
+        rest = ports[len(OPTIONS) :]
+        self.node_ports = [
+            dict(zip(NODE_OPTIONS, rest[i * len(NODE_OPTIONS) : (i + 1) * len(NODE_OPTIONS)], strict=True))
+            for i in range(len(self.node_ips))
+        ]
         self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
 
     def command(self) -> list[str]:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block"]
         command += ["--num-cpus", str(self.num_cpus), "--disable-usage-stats", "--include-dashboard=true"]
-        command += ["--dashboard-host", "127.0.0.1", "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.temp_dir)]
-        for option, port in self.ports.items():
-            command += [option, str(port)]
+        command += ["--dashboard-host", "127.0.0.1", "--node-ip-address", self.node_ip]
+        command += ["--temp-dir", str(self.temp_dir)]
+        return command + self._node_options(self.ports)
+
+    def node_command(self, index: int) -> list[str]:
+        command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats"]
+        command += ["--address", f"{self.node_ip}:{self.ports['--port']}", "--num-cpus", str(self.num_cpus)]
+        command += ["--node-ip-address", self.node_ips[index]]
+        return command + self._node_options(self.node_ports[index])
+
+    @staticmethod
+    def _node_options(ports: dict[str, int]) -> list[str]:
+        options = [item for option, port in ports.items() for item in (option, str(port))]
         # Workers bind ports the kernel picks (0): Ray's default range 10002-19999 is shared by every cluster on
         # the machine, and a fixed range of our own could be taken by anything between two starts.
-        command += ["--min-worker-port", "0", "--max-worker-port", "0"]
+        options += ["--min-worker-port", "0", "--max-worker-port", "0"]
         # The object store's default is 30% of memory; the tests move nothing large through it.
-        command += ["--object-store-memory", str(100_000_000)]
-        return command
+        return options + ["--object-store-memory", str(100_000_000)]
 
     def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the tests' own cluster, never another
@@ -104,7 +138,7 @@ class RayCluster:
                 "RAY_DEDUP_LOGS": "0",  # each worker's lines as they are, for the tests to read
                 "RAY_USAGE_STATS_ENABLED": "0",
                 # Ray turns --node-ip-address 127.0.0.1 into the machine's outward address; this keeps the GCS,
-                # raylet and workers on the loopback (its cost: no other node may join this one-node cluster).
+                # raylet and workers on the loopback (its cost: no other node may join; nodes set it again).
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                 # On SIGTERM the node waits (30 s by default) for the GCS to drain it before stopping its
                 # processes; a test's outage is meant to be abrupt.
@@ -138,8 +172,40 @@ class RayCluster:
                     self._choose_ports()
                 continue
             self.answered = True
+            self._start_nodes(timeout_s)
             return
         raise RuntimeError("\n".join(exits))
+
+    def _start_nodes(self, timeout_s: float) -> None:
+        """Start the worker nodes and return once the dashboard lists every node alive."""
+        for index in range(len(self.node_ips)):
+            with (self.directory / f"node-{index + 1}.log").open("ab") as log:
+                self.node_processes.append(
+                    subprocess.Popen(
+                        self.node_command(index),
+                        env={**self.environment(), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                        cwd=self.directory,
+                    )
+                )
+        deadline = time.monotonic() + timeout_s
+        while self.alive_nodes() < 1 + len(self.node_ips):
+            if any(node.poll() is not None for node in self.node_processes) or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"a node of the Ray cluster did not join in {timeout_s} s (see {self.directory})")
+            time.sleep(0.5)  # an external process's join: nothing to await but the dashboard's word
+
+    def alive_nodes(self) -> int:
+        """How many of the cluster's nodes the dashboard says are alive."""
+        try:
+            with urllib.request.urlopen(f"{self.address}/nodes?view=summary", timeout=5) as answer:
+                nodes = json.load(answer)["data"]["summary"]
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return 0
+        return sum(1 for node in nodes if node.get("raylet", {}).get("state") == "ALIVE")
 
     def _start_once(self, timeout_s: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -186,21 +252,22 @@ class RayCluster:
         """SIGTERM to its process group, SIGKILL after 20 s; returns once no process of the cluster is left and
         its temp dir is removed. Never `ray stop`: that stops every Ray cluster on the machine."""
         process = self.process
-        if process is not None:
+        for each in [*self.node_processes, *([process] if process is not None else [])]:  # the nodes first
             # Its group, while `ray start` is unreaped (so its pid, the group's id, is no one else's yet).
-            if process.returncode is None:
-                os.killpg(process.pid, signal.SIGTERM)
+            if each.returncode is None:
+                os.killpg(each.pid, signal.SIGTERM)
             try:
-                process.wait(timeout=GRACE_S)
+                each.wait(timeout=GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
         # What outlived `ray start` (its services past the grace period, job drivers and their watchers in
         # sessions of their own; all carry the tag, `ray start` too): terminated, then killed.
         self._end(self.processes(), signal.SIGTERM, 5)
         self._end(self.processes(), signal.SIGKILL, GRACE_S)
-        if process is not None:
-            process.wait()
+        for each in [*self.node_processes, *([process] if process is not None else [])]:
+            each.wait()
         self.process = None
+        self.node_processes = []
         left = self.processes()
         if left:
             raise RuntimeError(f"processes of the Ray cluster {self.temp_dir} outlived SIGKILL: {sorted(left)}")
@@ -214,8 +281,8 @@ class RayCluster:
                 pass
         deadline = time.monotonic() + wait_s
         while pids and time.monotonic() < deadline:
-            if self.process is not None:
-                self.process.poll()  # reaps `ray start` itself, our child, else a zombie
+            for each in [*self.node_processes, *([self.process] if self.process is not None else [])]:
+                each.poll()  # reaps a `ray start` itself, our child, else a zombie
             pids &= self.processes()
             if pids:
                 time.sleep(0.1)
