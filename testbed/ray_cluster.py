@@ -32,18 +32,7 @@ STARTS = 3
 # Below Linux's default ephemeral range (32768-60999, where every bind to port 0 and every outgoing connection takes
 # its port, our own workers', brokers' and clients' included) and above Ray's default worker range (10002-19999).
 QUIET_PORTS = range(20000, 32768)
-OPTIONS = (
-    "--port",
-    "--dashboard-port",
-    "--ray-client-server-port",
-    "--dashboard-agent-grpc-port",
-    "--dashboard-agent-listen-port",
-    "--metrics-export-port",
-    "--runtime-env-agent-port",
-    "--node-manager-port",
-    "--object-manager-port",
-)
-# A worker node's own ports (the rest are the head's).
+# Every node's own ports; the head has these and the cluster's (its GCS, dashboard and client server).
 NODE_OPTIONS = (
     "--node-manager-port",
     "--object-manager-port",
@@ -52,6 +41,7 @@ NODE_OPTIONS = (
     "--dashboard-agent-grpc-port",
     "--dashboard-agent-listen-port",
 )
+OPTIONS = ("--port", "--dashboard-port", "--ray-client-server-port", *NODE_OPTIONS)
 
 
 def quiet_ports(count: int) -> list[int]:
@@ -99,13 +89,9 @@ class RayCluster:
 
     def _choose_ports(self) -> None:
         # Kept across stops, so that a cluster stopped (an outage) comes back at the same address.
-        ports = quiet_ports(len(OPTIONS) + len(NODE_OPTIONS) * len(self.node_ips))
-        self.ports = dict(zip(OPTIONS, ports, strict=False))
-        rest = ports[len(OPTIONS) :]
-        self.node_ports = [
-            dict(zip(NODE_OPTIONS, rest[i * len(NODE_OPTIONS) : (i + 1) * len(NODE_OPTIONS)], strict=True))
-            for i in range(len(self.node_ips))
-        ]
+        ports = iter(quiet_ports(len(OPTIONS) + len(NODE_OPTIONS) * len(self.node_ips)))  # one choice: all distinct
+        self.ports = {option: next(ports) for option in OPTIONS}
+        self.node_ports = [{option: next(ports) for option in NODE_OPTIONS} for _ in self.node_ips]
         self.address = f"http://127.0.0.1:{self.ports['--dashboard-port']}"
 
     def command(self) -> list[str]:
@@ -113,16 +99,16 @@ class RayCluster:
         command += ["--num-cpus", str(self.num_cpus), "--disable-usage-stats", "--include-dashboard=true"]
         command += ["--dashboard-host", "127.0.0.1", "--node-ip-address", self.node_ip]
         command += ["--temp-dir", str(self.temp_dir)]
-        return command + self._node_options(self.ports)
+        return command + self._port_options(self.ports)
 
     def node_command(self, index: int) -> list[str]:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats"]
         command += ["--address", f"{self.node_ip}:{self.ports['--port']}", "--num-cpus", str(self.num_cpus)]
         command += ["--node-ip-address", self.node_ips[index]]
-        return command + self._node_options(self.node_ports[index])
+        return command + self._port_options(self.node_ports[index])
 
     @staticmethod
-    def _node_options(ports: dict[str, int]) -> list[str]:
+    def _port_options(ports: dict[str, int]) -> list[str]:
         options = [item for option, port in ports.items() for item in (option, str(port))]
         # Workers bind ports the kernel picks (0): Ray's default range 10002-19999 is shared by every cluster on
         # the machine, and a fixed range of our own could be taken by anything between two starts.
@@ -251,8 +237,8 @@ class RayCluster:
     def stop(self) -> None:
         """SIGTERM to its process group, SIGKILL after 20 s; returns once no process of the cluster is left and
         its temp dir is removed. Never `ray stop`: that stops every Ray cluster on the machine."""
-        process = self.process
-        for each in [*self.node_processes, *([process] if process is not None else [])]:  # the nodes first
+        starts = self._starts()
+        for each in starts:
             # Its group, while `ray start` is unreaped (so its pid, the group's id, is no one else's yet).
             if each.returncode is None:
                 os.killpg(each.pid, signal.SIGTERM)
@@ -264,7 +250,7 @@ class RayCluster:
         # sessions of their own; all carry the tag, `ray start` too): terminated, then killed.
         self._end(self.processes(), signal.SIGTERM, 5)
         self._end(self.processes(), signal.SIGKILL, GRACE_S)
-        for each in [*self.node_processes, *([process] if process is not None else [])]:
+        for each in starts:
             each.wait()
         self.process = None
         self.node_processes = []
@@ -272,6 +258,10 @@ class RayCluster:
         if left:
             raise RuntimeError(f"processes of the Ray cluster {self.temp_dir} outlived SIGKILL: {sorted(left)}")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _starts(self) -> list[subprocess.Popen[bytes]]:
+        """The `ray start` processes this cluster runs, the nodes' before the head's (stopped in that order)."""
+        return [*self.node_processes, *([self.process] if self.process is not None else [])]
 
     def _end(self, pids: set[int], signal_number: int, wait_s: float) -> None:
         for pid in pids:
@@ -281,7 +271,7 @@ class RayCluster:
                 pass
         deadline = time.monotonic() + wait_s
         while pids and time.monotonic() < deadline:
-            for each in [*self.node_processes, *([self.process] if self.process is not None else [])]:
+            for each in self._starts():
                 each.poll()  # reaps a `ray start` itself, our child, else a zombie
             pids &= self.processes()
             if pids:

@@ -159,8 +159,7 @@ def places(
     it), placed by their starts (`ranked`). A request of more GPUs than any host has (`most_per_host`, as the hosts
     said them), or across several hosts, runs on a Ray cluster if anywhere, not on these slots: it keeps its place
     in the order, takes none of them and has no ETA. One function for what a host tells in a `queued` event
-    (daemon/fleet/view.py) and what
-    `adapterd get` and `jobs` say (daemon/cli/places.py)."""
+    (daemon/fleet/view.py) and what `adapterd get` and `jobs` say (daemon/cli/places.py)."""
     ahead = remaining_work(running, pace, now)
     order = start_order(waiting, Standing(bounds.classes, teams, usage, ahead=ahead, pace=pace))
     on_slots = [w for w in order if w.hosts == 1 and (most_per_host is None or w.gpus <= most_per_host)]
