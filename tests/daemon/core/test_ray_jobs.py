@@ -33,6 +33,7 @@ from handlers.protocol import (
 )
 from schemas import Rejection
 from tests.core import CoreOnFakes, turns_until
+from tests.daemon.core.test_scheduler_core import SUCCEEDS
 from tests.fakes import FakeChildren, Script
 from tests.helpers import TRAIN_RESULT as RESULT
 from tests.helpers import sft_request
@@ -492,3 +493,23 @@ async def test_a_request_bigger_than_the_cluster_takes_is_rejected_naming_resour
     assert rejected["type"] == "rejected" and rejected["errors"][0]["path"] == "resources.gpus"  # type: ignore[index]
     assert [letter.key for letter in core.dead_letters()] == [b"too-big"]
     assert [submission["submission_id"] for submission in jobs.submitted] == ["adapterd-behind-a1"]
+
+
+async def test_hosts_uneven_or_without_a_ray_cluster_are_rejected_naming_resources_hosts_and_the_one_behind_trains(
+    tmp_path: Path,
+) -> None:
+    """`resources.hosts` through intake, on a host without `[ray]` (nor a GPU: the request behind trains on the CPU):
+    gpus not a multiple of it is `invalid`, several hosts with no cluster to run them is `rejected`; each names the
+    field, goes to the DLQ, and the request behind them on the same partition trains."""
+    core = CoreOnFakes(ray_host(tmp_path).model_copy(update={"ray": None, "gpus": []}), children=FakeChildren(SUCCEEDS))
+    uneven = core.record(sft_request("uneven", resources={"gpus": 3, "hosts": 2}), 0)
+    no_ray = core.record(sft_request("no-ray", resources={"gpus": 2, "hosts": 2}), 1)
+    behind = core.record(sft_request("behind"), 2)
+    await core.intake.take(core.tp, [uneven, no_ray, behind])
+    await turns_until(lambda: "succeeded" in core.types("behind"))
+    assert core.types("behind")[0] == "accepted" and core.types("behind")[-1] == "succeeded"
+    for request_id, reason in (("uneven", "invalid"), ("no-ray", "resources")):
+        [rejected] = core.events(request_id)
+        assert rejected["type"] == "rejected" and rejected["reason"] == reason, rejected
+        assert [error["path"] for error in rejected["errors"]] == ["resources.hosts"]  # type: ignore[union-attr]
+    assert [letter.key for letter in core.dead_letters()] == [b"uneven", b"no-ray"]
